@@ -1,0 +1,47 @@
+# Thin wrapper over CMake and pytest: these targets are what README.md promises.
+#   make run    set up, build, train configs/tiny.yml on the fortunes corpus
+#   make test   set up, build, run every test (C under ASan+UBSan, pytest, e2e)
+.PHONY: setup build build-asan run test test-c test-py test-e2e bench clean
+
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+PY := .venv/bin/python
+
+setup:
+	@scripts/setup.sh
+
+build: setup
+	@cmake -S . -B build -DSTRATA_TESTS=OFF >/dev/null
+	@cmake --build build -j $(JOBS)
+
+build-asan: setup
+	@cmake -S . -B build-asan -DSTRATA_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
+	@cmake --build build-asan -j $(JOBS)
+
+run: build
+	@./build/strata train configs/tiny.yml
+
+# Each runner prints its own summary; the first failure fails the target,
+# but all three runners still run so the summaries are complete.
+test: build build-asan
+	@rc=0; \
+	$(MAKE) --no-print-directory test-c || rc=1; \
+	$(MAKE) --no-print-directory test-py || rc=1; \
+	$(MAKE) --no-print-directory test-e2e || rc=1; \
+	exit $$rc
+
+test-c:
+	@cd build-asan && ASAN_OPTIONS=$${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0} \
+	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/c/lsan.supp:print_suppressions=0 \
+	  ctest --output-on-failure -j 1
+
+test-py:
+	@$(PY) -m pytest -q tests/py
+
+test-e2e:
+	@tests/e2e/run_all.sh
+
+bench: build
+	@$(PY) bench/run.py
+
+clean:
+	rm -rf build build-asan

@@ -1,0 +1,68 @@
+/*
+ * strata/config.h — configuration: YAML files composed base -> parents ->
+ * file, then key=value overrides, checked against one typed schema
+ * (src/config/schema.c) before any work starts.
+ *
+ * Only config/ reads YAML. Other modules take typed values through the
+ * getters below (or typed options structs filled from them).
+ *
+ * Keys are dotted paths ("train.steps"). Asking a getter for a key that is
+ * not in the schema, or with the wrong type, is a programmer error: it
+ * aborts with the key named (never reachable from user input, which is
+ * validated at load time).
+ */
+#ifndef STRATA_CONFIG_H
+#define STRATA_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "strata/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct st_config st_config;
+
+/* Loads |path| (NULL: schema defaults only), composing configs/base.yml and
+ * any `base_config:` parents (resolved relative to the including file, then
+ * to the configs/ folder), then applies |overrides| ("key=value", dotted
+ * keys, lists as "[a, b]"). Validates types, ranges, allowed values and
+ * cross-field rules. Errors are ST_CODE_CONFIG and name the key, the value,
+ * what was expected and where the value came from (file:line or
+ * "command line"), with a "did you mean" for unknown keys. */
+st_status st_config_load(const char* path, int override_count, char* const* overrides,
+                         st_config** out_config /* owned by caller */);
+void st_config_destroy(st_config* config); /* NULL is a no-op */
+
+int64_t st_config_int(const st_config* config, const char* key);
+double st_config_float(const st_config* config, const char* key);
+bool st_config_bool(const st_config* config, const char* key);
+/* Strings and enums. Owned by the config. */
+const char* st_config_string(const st_config* config, const char* key);
+/* Lists (of strings; numbers are kept as written). Owned by the config. */
+int st_config_list_count(const st_config* config, const char* key);
+const char* st_config_list_item(const st_config* config, const char* key, int index);
+
+/* Where a key's value came from: "default", "configs/tiny.yml:4", "command line". */
+const char* st_config_source(const st_config* config, const char* key);
+
+/* Writes the fully resolved config as YAML (every schema key, nested maps,
+ * schema order). Feeding it back to st_config_load gives the same config. */
+st_status st_config_write_yaml(const st_config* config, FILE* out);
+/* Prints the resolved config with each value's source (`strata config`). */
+st_status st_config_print_sources(const st_config* config, FILE* out);
+/* Writes the schema reference as Markdown (`strata config --schema`, docs/config.md). */
+st_status st_config_write_schema_markdown(FILE* out);
+
+/* Stable 64-bit hash (hex, 16 chars + NUL into |out|) of the resolved values
+ * of every key whose dotted name starts with one of |prefixes| (all keys
+ * when |prefix_count| is 0). Used for the config hash and bundle key. */
+void st_config_hash(const st_config* config, const char* const* prefixes, int prefix_count, char out[17]);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* STRATA_CONFIG_H */

@@ -1,0 +1,236 @@
+/*
+ * strata/runtime.h — strata's only door to XLA: a PJRT plugin loaded with
+ * dlopen, driven through strata's own declarations of the PJRT C ABI
+ * (src/runtime/pjrt_abi.h; upstream's header is not copied).
+ *
+ * Objects and lifetimes
+ *   st_runtime   one plugin + one client. Created by st_runtime_create,
+ *                destroyed by st_runtime_destroy after every program, buffer
+ *                and event made from it. The plugin is never dlclosed.
+ *   st_program   a compiled (or cache-loaded) executable plus its signature.
+ *   st_buffer    a device buffer with dtype and dims. A buffer passed as a
+ *                *donated* input to st_program_execute is consumed: it stays
+ *                a valid handle (destroy it as usual) but holds no data, and
+ *                any later use is an error naming it.
+ *   st_event     completion of an asynchronous transfer or execution.
+ *
+ * Every function that can fail returns st_status (ST_CODE_RUNTIME for
+ * plugin/compile/execute errors) carrying strata's context (program name,
+ * input index) and the plugin's own message.
+ *
+ * Thread-safety: an st_runtime may be used from several threads for
+ * execute/transfer/await; create/destroy are thread-compatible. Event
+ * callbacks may run on a plugin thread.
+ */
+#ifndef STRATA_RUNTIME_H
+#define STRATA_RUNTIME_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "strata/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*===-------------------------------------------------------------------===*/
+/* Element types                                                            */
+/*===-------------------------------------------------------------------===*/
+
+typedef enum st_dtype {
+  ST_DTYPE_INVALID = 0,
+  ST_DTYPE_PRED, /* bool, 1 byte */
+  ST_DTYPE_S8,
+  ST_DTYPE_S16,
+  ST_DTYPE_S32,
+  ST_DTYPE_S64,
+  ST_DTYPE_U8,
+  ST_DTYPE_U16,
+  ST_DTYPE_U32,
+  ST_DTYPE_U64,
+  ST_DTYPE_F16,
+  ST_DTYPE_BF16,
+  ST_DTYPE_F32,
+  ST_DTYPE_F64,
+} st_dtype;
+
+size_t st_dtype_size(st_dtype dtype);       /* bytes per element, 0 if invalid */
+const char* st_dtype_name(st_dtype dtype);  /* "f32", "bf16", "s32", "pred", ... */
+/* Parses the names above, also numpy/JAX spellings ("float32", "int32",
+ * "bfloat16", "bool", "uint32"). ST_DTYPE_INVALID when unknown. */
+st_dtype st_dtype_parse(const char* name);
+
+#define ST_MAX_RANK 8
+
+/* A tensor's type: dtype and dims (row-major, dense). */
+typedef struct st_tensor_type {
+  st_dtype dtype;
+  int rank;
+  int64_t dims[ST_MAX_RANK];
+} st_tensor_type;
+
+int64_t st_tensor_type_elements(const st_tensor_type* t);
+size_t st_tensor_type_bytes(const st_tensor_type* t);
+/* Formats as "f32[4,8]" into |buf|; returns |buf|. */
+char* st_tensor_type_format(const st_tensor_type* t, char* buf, size_t buf_size);
+
+/*===-------------------------------------------------------------------===*/
+/* Runtime                                                                  */
+/*===-------------------------------------------------------------------===*/
+
+typedef struct st_runtime_options {
+  /* Plugin path from config (runtime.plugin); NULL or "" to search:
+   * then $STRATA_PJRT_PLUGIN, then the CPU plugin installed in .venv. */
+  const char* plugin_path;
+  int cpu_devices;    /* runtime.cpu_devices; only passed to CPU plugins */
+  bool deterministic; /* runtime.deterministic: bitwise-repeatable execution */
+  /* runtime.xla_options: "name=value" strings passed as per-compile option
+   * overrides (env_option_overrides). Borrowed for the create call only. */
+  const char* const* xla_options;
+  int xla_option_count;
+  /* Executable cache folder; NULL or "" disables the cache. */
+  const char* cache_dir;
+} st_runtime_options;
+
+/* Defaults: search for the plugin, 2 CPU devices, not deterministic, no
+ * XLA options, no cache. */
+void st_runtime_options_init(st_runtime_options* options);
+
+typedef struct st_runtime st_runtime;
+
+st_status st_runtime_create(const st_runtime_options* options, st_runtime** out_runtime /* owned by caller */);
+void st_runtime_destroy(st_runtime* runtime); /* NULL is a no-op */
+
+/* Facts for `strata doctor`, context.json and cache keys. All strings are
+ * owned by the runtime and live as long as it. */
+typedef struct st_runtime_info {
+  const char* plugin_path;
+  const char* platform_name;    /* "cpu", "cuda", ... */
+  const char* platform_version;
+  const char* xla_version;      /* plugin attribute, "" when absent */
+  int api_major, api_minor;     /* the plugin's PJRT C API version */
+  int device_count;             /* addressable devices */
+} st_runtime_info;
+void st_runtime_get_info(const st_runtime* runtime, st_runtime_info* out_info);
+
+/* Description of device |device| ("TFRT_CPU_0"-like kind + id) and its
+ * memory spaces' kinds ("device", "pinned_host", ...). Strings owned by the
+ * runtime. */
+typedef struct st_device_info {
+  int id;
+  const char* kind;
+  const char* description;
+  int memory_count;
+  const char* memory_kinds[8];
+  int default_memory; /* index into memory_kinds */
+} st_device_info;
+st_status st_runtime_device_info(const st_runtime* runtime, int device, st_device_info* out_info);
+
+/* Counters, for tests and metrics. Monotonic over the runtime's life. */
+typedef struct st_runtime_stats {
+  int64_t compiles;        /* programs compiled by XLA */
+  int64_t cache_hits;      /* programs loaded from the executable cache */
+  int64_t cache_misses;    /* lookups that found nothing usable */
+  int64_t cache_corrupt;   /* entries found damaged, discarded, recompiled */
+  int64_t executions;
+  int64_t h2d_bytes, d2h_bytes;
+  int64_t live_buffers;    /* st_buffers not yet destroyed */
+} st_runtime_stats;
+void st_runtime_get_stats(const st_runtime* runtime, st_runtime_stats* out_stats);
+
+/*===-------------------------------------------------------------------===*/
+/* Events                                                                   */
+/*===-------------------------------------------------------------------===*/
+
+typedef struct st_event st_event;
+
+/* Blocks until the event completes; returns the operation's error if any.
+ * May be called more than once. */
+st_status st_event_await(st_event* event);
+bool st_event_is_ready(st_event* event);
+/* Calls |fn(status, user)| once when the event completes (possibly at once,
+ * possibly on a plugin thread). |fn| owns |status|. */
+typedef void (*st_event_fn)(st_status status, void* user);
+st_status st_event_on_ready(st_event* event, st_event_fn fn, void* user);
+void st_event_destroy(st_event* event); /* NULL is a no-op; does not wait */
+
+/*===-------------------------------------------------------------------===*/
+/* Buffers                                                                  */
+/*===-------------------------------------------------------------------===*/
+
+typedef struct st_buffer st_buffer;
+
+/* Copies |data| (dense, row-major, st_tensor_type_bytes(type) bytes) to
+ * device |device|. The copy of |data| is taken during the call, so |data|
+ * may be reused at once; the device side may still be in flight, which
+ * later executions order after automatically. */
+st_status st_buffer_from_host(st_runtime* runtime, int device, const st_tensor_type* type, const void* data,
+                              st_buffer** out_buffer /* owned by caller */);
+
+/* Starts a device->host copy into |dst| (|dst_size| must be the buffer's
+ * byte size). |dst| must stay alive until *out_event completes. */
+st_status st_buffer_to_host_async(st_buffer* buffer, void* dst, size_t dst_size,
+                                  st_event** out_event /* owned by caller */);
+/* Synchronous convenience: copy and wait. */
+st_status st_buffer_to_host(st_buffer* buffer, void* dst, size_t dst_size);
+
+const st_tensor_type* st_buffer_type(const st_buffer* buffer);
+size_t st_buffer_bytes(const st_buffer* buffer);
+int st_buffer_device(const st_buffer* buffer);
+bool st_buffer_is_consumed(const st_buffer* buffer); /* donated away */
+/* Event that fires when the buffer's contents are ready (its producer done). */
+st_status st_buffer_ready_event(st_buffer* buffer, st_event** out_event /* owned by caller */);
+void st_buffer_destroy(st_buffer* buffer); /* NULL is a no-op; frees device memory */
+
+/*===-------------------------------------------------------------------===*/
+/* Programs                                                                 */
+/*===-------------------------------------------------------------------===*/
+
+typedef struct st_program st_program;
+
+/* What the caller knows of a program's interface. When |inputs| is NULL the
+ * runtime parses the signature of `func.func public @main` from text MLIR
+ * (bytecode programs without a signature are executed unchecked). */
+typedef struct st_program_signature {
+  int input_count;
+  const st_tensor_type* inputs;
+  int output_count;
+  const st_tensor_type* outputs;
+} st_program_signature;
+
+/* Compiles |code| (StableHLO as MLIR text or bytecode, |code_size| bytes)
+ * for single-device execution, through the executable cache when enabled.
+ * |name| names the program in errors (e.g. "block_fwd" or a file path).
+ * |signature| may be NULL. */
+st_status st_program_compile(st_runtime* runtime, const char* name, const void* code, size_t code_size,
+                             const st_program_signature* signature, st_program** out_program /* owned by caller */);
+/* Reads |path| and compiles it; errors name the file. */
+st_status st_program_compile_file(st_runtime* runtime, const char* path, const st_program_signature* signature,
+                                  st_program** out_program /* owned by caller */);
+void st_program_destroy(st_program* program); /* NULL is a no-op */
+
+const char* st_program_name(const st_program* program);
+int st_program_input_count(const st_program* program);   /* -1 when unknown */
+int st_program_output_count(const st_program* program);
+/* Type of input/output |i|, NULL when unknown. */
+const st_tensor_type* st_program_input_type(const st_program* program, int i);
+const st_tensor_type* st_program_output_type(const st_program* program, int i);
+/* True when the program donates input |i| (aliases it to an output). */
+bool st_program_input_donated(const st_program* program, int i);
+
+/* Runs |program| on |device|. Inputs are checked (count, dtype, dims,
+ * consumed) before launch; a mismatch names the input index, expected and
+ * given. Donated inputs are consumed. |outputs| (array of
+ * st_program_output_count entries) receives new buffers owned by the
+ * caller. |out_done|, when not NULL, receives an event that completes when
+ * the execution does; execution errors surface there or from awaiting any
+ * output. Returns without waiting for the device. */
+st_status st_program_execute(st_program* program, int device, st_buffer* const* inputs, int input_count,
+                             st_buffer** outputs, int output_count, st_event** out_done /* owned by caller */);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* STRATA_RUNTIME_H */

@@ -1,0 +1,116 @@
+/* status.c — st_status: a heap-allocated code + message, NULL for OK. */
+#include "strata/status.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct st_status_s {
+  st_code code;
+  char* message; /* owned */
+};
+
+/* Returned when allocating a status itself fails: it must never be freed. */
+static struct st_status_s st__oom_status = {ST_CODE_INTERNAL, "out of memory while reporting an error"};
+
+static char* st__vformat(const char* fmt, va_list ap) {
+  va_list ap2;
+  va_copy(ap2, ap);
+  int n = vsnprintf(NULL, 0, fmt, ap2);
+  va_end(ap2);
+  if (n < 0) return NULL;
+  char* buf = malloc((size_t)n + 1);
+  if (!buf) return NULL;
+  vsnprintf(buf, (size_t)n + 1, fmt, ap);
+  return buf;
+}
+
+st_status st_status_makev(st_code code, const char* fmt, va_list ap) {
+  st_status s = malloc(sizeof(*s));
+  if (!s) return &st__oom_status;
+  s->code = code == ST_CODE_OK ? ST_CODE_INTERNAL : code;
+  s->message = st__vformat(fmt, ap);
+  if (!s->message) {
+    free(s);
+    return &st__oom_status;
+  }
+  return s;
+}
+
+st_status st_status_make(st_code code, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  st_status s = st_status_makev(code, fmt, ap);
+  va_end(ap);
+  return s;
+}
+
+st_status st_status_annotate(st_status status, const char* fmt, ...) {
+  if (!status || status == &st__oom_status) return status;
+  va_list ap;
+  va_start(ap, fmt);
+  char* prefix = st__vformat(fmt, ap);
+  va_end(ap);
+  if (!prefix) return status;
+  if (prefix[0] == '\0') {
+    free(prefix);
+    return status;
+  }
+  size_t n = strlen(prefix) + 2 + strlen(status->message) + 1;
+  char* joined = malloc(n);
+  if (joined) {
+    snprintf(joined, n, "%s: %s", prefix, status->message);
+    free(status->message);
+    status->message = joined;
+  }
+  free(prefix);
+  return status;
+}
+
+st_code st_status_code(st_status status) { return status ? status->code : ST_CODE_OK; }
+
+const char* st_status_message(st_status status) { return status ? status->message : ""; }
+
+void st_status_free(st_status status) {
+  if (!status || status == &st__oom_status) return;
+  free(status->message);
+  free(status);
+}
+
+st_status st_status_join(st_status first, st_status second) {
+  if (first) {
+    st_status_free(second);
+    return first;
+  }
+  return second;
+}
+
+int st_status_exit_code(st_status status) {
+  switch (st_status_code(status)) {
+    case ST_CODE_OK: return 0;
+    case ST_CODE_CONFIG: return 2;
+    case ST_CODE_DATA: return 3;
+    case ST_CODE_RUNTIME: return 4;
+    case ST_CODE_NUMERICS: return 5;
+    case ST_CODE_HANG: return 6;
+    case ST_CODE_CKPT: return 7;
+    case ST_CODE_IO:
+    case ST_CODE_INTERNAL: return 1;
+  }
+  return 1;
+}
+
+const char* st_code_name(st_code code) {
+  switch (code) {
+    case ST_CODE_OK: return "ok";
+    case ST_CODE_CONFIG: return "config error";
+    case ST_CODE_DATA: return "data error";
+    case ST_CODE_RUNTIME: return "runtime error";
+    case ST_CODE_NUMERICS: return "numerics error";
+    case ST_CODE_HANG: return "hang";
+    case ST_CODE_CKPT: return "checkpoint error";
+    case ST_CODE_IO: return "i/o error";
+    case ST_CODE_INTERNAL: return "internal error";
+  }
+  return "unknown error";
+}

@@ -1,0 +1,19 @@
+/* commands.h — one function per `strata` subcommand (DESIGN §6). Each takes
+ * the arguments after the subcommand name and returns a process exit code
+ * (DESIGN §4: 0 ok, 2 usage/config, 3 data, 4 runtime, 5 numerics, 6 hang,
+ * 7 checkpoint). */
+#ifndef STRATA_CLI_COMMANDS_H
+#define STRATA_CLI_COMMANDS_H
+
+#include "strata/status.h"
+
+int st_cli_doctor(int argc, char** argv);
+int st_cli_config(int argc, char** argv);
+int st_cli_export(int argc, char** argv);
+int st_cli_train(int argc, char** argv);
+int st_cli_plan(int argc, char** argv);
+
+/* Prints "strata: <class>: <message>" to stderr and returns the exit code. */
+int st_cli_report(st_status status);
+
+#endif

@@ -1,0 +1,46 @@
+/* main.c — the `strata` binary: dispatch to one subcommand (DESIGN §6). */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+
+typedef struct {
+  const char* name;
+  int (*fn)(int argc, char** argv);
+  const char* usage;
+} st_cli_command;
+
+static const st_cli_command kCommands[] = {
+    {"doctor", st_cli_doctor, "doctor                      environment: plugin, API version, devices, matmul GFLOP/s"},
+    {"config", st_cli_config, "config CONFIG [k=v ...]     print the resolved config with sources (--schema: reference)"},
+    {"export", st_cli_export, "export CONFIG [k=v ...]     write the program bundle"},
+    {"train", st_cli_train, "train CONFIG [k=v ...]      train (exports the bundle if needed)"},
+    {"plan", st_cli_plan, "plan CONFIG [k=v ...]       print the step plan (the ops one step runs)"},
+};
+
+static void st_cli_usage(FILE* out) {
+  fprintf(out, "usage: strata <command> [args]\n\ncommands:\n");
+  for (size_t i = 0; i < sizeof(kCommands) / sizeof(kCommands[0]); ++i) fprintf(out, "  %s\n", kCommands[i].usage);
+  fprintf(out, "\nexit codes: 0 ok, 2 usage/config, 3 data, 4 runtime/plugin/compile, 5 numerics, 6 hang, 7 checkpoint\n");
+}
+
+int st_cli_report(st_status status) {
+  if (!status) return 0;
+  fprintf(stderr, "strata: %s: %s\n", st_code_name(st_status_code(status)), st_status_message(status));
+  int code = st_status_exit_code(status);
+  st_status_free(status);
+  return code;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+    st_cli_usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  for (size_t i = 0; i < sizeof(kCommands) / sizeof(kCommands[0]); ++i) {
+    if (!strcmp(argv[1], kCommands[i].name)) return kCommands[i].fn(argc - 2, argv + 2);
+  }
+  fprintf(stderr, "strata: unknown command '%s'\n\n", argv[1]);
+  st_cli_usage(stderr);
+  return 2;
+}
