@@ -1,0 +1,112 @@
+/*
+ * strata/base.h — small utilities every module uses: a growable string,
+ * files written durably, hashes, and a JSON reader/writer.
+ *
+ * Nothing here keeps global state; everything is reentrant.
+ */
+#ifndef STRATA_BASE_H
+#define STRATA_BASE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "strata/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*===-------------------------------------------------------------------===*/
+/* st_strbuf: a growable NUL-terminated string                              */
+/*===-------------------------------------------------------------------===*/
+
+typedef struct st_strbuf {
+  char* data; /* owned; NULL until the first append */
+  size_t len;
+  size_t cap;
+} st_strbuf;
+
+void st_strbuf_append(st_strbuf* b, const char* s);
+void st_strbuf_append_n(st_strbuf* b, const char* s, size_t n);
+void st_strbuf_printf(st_strbuf* b, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Appends |s| as a JSON string literal, quotes included. */
+void st_strbuf_json_string(st_strbuf* b, const char* s);
+/* Appends a double so that it reads back to the same value ("null" for non-finite). */
+void st_strbuf_json_number(st_strbuf* b, double v);
+const char* st_strbuf_cstr(const st_strbuf* b); /* "" when empty */
+void st_strbuf_reset(st_strbuf* b);              /* keeps capacity */
+void st_strbuf_free(st_strbuf* b);
+/* Aborts on out of memory: strings are small and an OOM here means the
+ * process cannot report anything anyway. */
+
+/*===-------------------------------------------------------------------===*/
+/* Files                                                                    */
+/*===-------------------------------------------------------------------===*/
+
+/* Reads a whole file. *out_data is NUL-terminated (not counted in size) and
+ * owned by the caller (free). Errors are ST_CODE_IO naming |path|. */
+st_status st_fs_read_file(const char* path, char** out_data, size_t* out_size);
+/* Writes |path| durably: temp file in the same folder, fsync, rename, fsync
+ * of the folder. Either the old or the new content survives a crash. */
+st_status st_fs_write_atomic(const char* path, const void* data, size_t size);
+/* mkdir -p. */
+st_status st_fs_mkdirs(const char* path);
+bool st_fs_exists(const char* path);
+bool st_fs_is_dir(const char* path);
+/* rm -rf; missing is fine. */
+st_status st_fs_remove_tree(const char* path);
+/* Joins two path parts into a new string owned by the caller (free). */
+char* st_path_join(const char* a, const char* b);
+/* Default cache root: $STRATA_CACHE_DIR, else $HOME/.cache/strata, else
+ * ./.strata-cache. Returns a new string owned by the caller. */
+char* st_cache_root(const char* configured /* runtime.cache_dir, may be NULL/"" */);
+
+/*===-------------------------------------------------------------------===*/
+/* Hashes                                                                   */
+/*===-------------------------------------------------------------------===*/
+
+void st_sha256_hex(const void* data, size_t size, char out[65]);
+/* SHA-256 of a file; ST_CODE_IO naming |path| on failure. */
+st_status st_sha256_file_hex(const char* path, char out[65]);
+uint64_t st_hash64(const void* data, size_t size, uint64_t seed); /* XXH64 */
+
+/*===-------------------------------------------------------------------===*/
+/* JSON reader                                                              */
+/*===-------------------------------------------------------------------===*/
+
+typedef enum st_json_kind {
+  ST_JSON_NULL,
+  ST_JSON_BOOL,
+  ST_JSON_NUMBER,
+  ST_JSON_STRING,
+  ST_JSON_ARRAY,
+  ST_JSON_OBJECT,
+} st_json_kind;
+
+typedef struct st_json st_json;
+struct st_json {
+  st_json_kind kind;
+  bool boolean;
+  double number;
+  char* string;   /* ST_JSON_STRING */
+  size_t count;   /* ARRAY / OBJECT */
+  st_json* items; /* ARRAY / OBJECT values */
+  char** keys;    /* OBJECT keys */
+};
+
+/* Parses |text|; errors are ST_CODE_RUNTIME naming |origin| (a file name)
+ * with line:column. The tree is owned by the caller (st_json_free). */
+st_status st_json_parse(const char* text, size_t size, const char* origin, st_json** out_json);
+void st_json_free(st_json* json); /* NULL is a no-op */
+/* Member |key| of an object, NULL when absent or not an object. */
+const st_json* st_json_get(const st_json* obj, const char* key);
+/* Typed getters: they fail with a message naming |origin| and |key|. */
+st_status st_json_get_int(const st_json* obj, const char* key, const char* origin, int64_t* out);
+st_status st_json_get_string(const st_json* obj, const char* key, const char* origin, const char** out);
+st_status st_json_get_array(const st_json* obj, const char* key, const char* origin, const st_json** out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* STRATA_BASE_H */

@@ -1,0 +1,178 @@
+/* fs.c — whole-file reads, durable writes (Redis rdbSave recipe), paths. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "strata/base.h"
+
+st_status st_fs_read_file(const char* path, char** out_data, size_t* out_size) {
+  *out_data = NULL;
+  *out_size = 0;
+  FILE* f = fopen(path, "rb");
+  if (!f) return st_status_make(ST_CODE_IO, "cannot open '%s': %s", path, strerror(errno));
+  if (fseek(f, 0, SEEK_END) != 0) {
+    fclose(f);
+    return st_status_make(ST_CODE_IO, "cannot seek '%s': %s", path, strerror(errno));
+  }
+  long n = ftell(f);
+  if (n < 0) {
+    fclose(f);
+    return st_status_make(ST_CODE_IO, "'%s' is not a regular file", path);
+  }
+  rewind(f);
+  char* data = malloc((size_t)n + 1);
+  if (!data) {
+    fclose(f);
+    return st_status_make(ST_CODE_IO, "out of memory reading '%s' (%ld bytes)", path, n);
+  }
+  size_t got = fread(data, 1, (size_t)n, f);
+  int err = ferror(f);
+  fclose(f);
+  if (err || got != (size_t)n) {
+    free(data);
+    return st_status_make(ST_CODE_IO, "short read of '%s' (%zu of %ld bytes)", path, got, n);
+  }
+  data[n] = '\0';
+  *out_data = data;
+  *out_size = (size_t)n;
+  return ST_OK;
+}
+
+static st_status st__fsync_dir_of(const char* path) {
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof(dir), "%s", path);
+  char* slash = strrchr(dir, '/');
+  if (slash == dir) {
+    dir[1] = '\0';
+  } else if (slash) {
+    *slash = '\0';
+  } else {
+    snprintf(dir, sizeof(dir), ".");
+  }
+  int fd = open(dir, O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return st_status_make(ST_CODE_IO, "cannot open folder '%s': %s", dir, strerror(errno));
+  int rc = fsync(fd);
+  int saved = errno;
+  close(fd);
+  if (rc != 0) return st_status_make(ST_CODE_IO, "fsync of folder '%s' failed: %s", dir, strerror(saved));
+  return ST_OK;
+}
+
+st_status st_fs_write_atomic(const char* path, const void* data, size_t size) {
+  char tmp[PATH_MAX];
+  if (snprintf(tmp, sizeof(tmp), "%s.tmp-%ld", path, (long)getpid()) >= (int)sizeof(tmp))
+    return st_status_make(ST_CODE_IO, "path too long: '%s'", path);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return st_status_make(ST_CODE_IO, "cannot create '%s': %s", tmp, strerror(errno));
+  const char* p = data;
+  size_t left = size;
+  while (left > 0) {
+    ssize_t w = write(fd, p, left);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      int saved = errno;
+      close(fd);
+      unlink(tmp);
+      return st_status_make(ST_CODE_IO, "write to '%s' failed: %s", tmp, strerror(saved));
+    }
+    p += w;
+    left -= (size_t)w;
+  }
+  if (fsync(fd) != 0) {
+    int saved = errno;
+    close(fd);
+    unlink(tmp);
+    return st_status_make(ST_CODE_IO, "fsync of '%s' failed: %s", tmp, strerror(saved));
+  }
+  if (close(fd) != 0) {
+    int saved = errno;
+    unlink(tmp);
+    return st_status_make(ST_CODE_IO, "close of '%s' failed: %s", tmp, strerror(saved));
+  }
+  if (rename(tmp, path) != 0) {
+    int saved = errno;
+    unlink(tmp);
+    return st_status_make(ST_CODE_IO, "rename '%s' -> '%s' failed: %s", tmp, path, strerror(saved));
+  }
+  return st__fsync_dir_of(path);
+}
+
+st_status st_fs_mkdirs(const char* path) {
+  char buf[PATH_MAX];
+  if (snprintf(buf, sizeof(buf), "%s", path) >= (int)sizeof(buf))
+    return st_status_make(ST_CODE_IO, "path too long: '%s'", path);
+  for (char* p = buf + 1; *p; ++p) {
+    if (*p != '/') continue;
+    *p = '\0';
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+      return st_status_make(ST_CODE_IO, "cannot create folder '%s': %s", buf, strerror(errno));
+    *p = '/';
+  }
+  if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+    return st_status_make(ST_CODE_IO, "cannot create folder '%s': %s", buf, strerror(errno));
+  if (!st_fs_is_dir(buf)) return st_status_make(ST_CODE_IO, "'%s' exists and is not a folder", buf);
+  return ST_OK;
+}
+
+bool st_fs_exists(const char* path) {
+  struct stat st;
+  return stat(path, &st) == 0;
+}
+
+bool st_fs_is_dir(const char* path) {
+  struct stat st;
+  return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+st_status st_fs_remove_tree(const char* path) {
+  struct stat st;
+  if (lstat(path, &st) != 0) return errno == ENOENT ? ST_OK : st_status_make(ST_CODE_IO, "cannot stat '%s': %s", path, strerror(errno));
+  if (S_ISDIR(st.st_mode)) {
+    DIR* d = opendir(path);
+    if (!d) return st_status_make(ST_CODE_IO, "cannot open folder '%s': %s", path, strerror(errno));
+    struct dirent* e;
+    st_status s = ST_OK;
+    while (!s && (e = readdir(d)) != NULL) {
+      if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+      char* child = st_path_join(path, e->d_name);
+      s = st_fs_remove_tree(child);
+      free(child);
+    }
+    closedir(d);
+    if (s) return s;
+    if (rmdir(path) != 0) return st_status_make(ST_CODE_IO, "cannot remove folder '%s': %s", path, strerror(errno));
+    return ST_OK;
+  }
+  if (unlink(path) != 0) return st_status_make(ST_CODE_IO, "cannot remove '%s': %s", path, strerror(errno));
+  return ST_OK;
+}
+
+char* st_path_join(const char* a, const char* b) {
+  st_strbuf s = {0};
+  st_strbuf_append(&s, a);
+  if (s.len > 0 && s.data[s.len - 1] != '/') st_strbuf_append(&s, "/");
+  st_strbuf_append(&s, b);
+  return s.data;
+}
+
+char* st_cache_root(const char* configured) {
+  st_strbuf s = {0};
+  const char* env = getenv("STRATA_CACHE_DIR");
+  const char* home = getenv("HOME");
+  if (configured && configured[0]) {
+    st_strbuf_append(&s, configured);
+  } else if (env && env[0]) {
+    st_strbuf_append(&s, env);
+  } else if (home && home[0]) {
+    st_strbuf_printf(&s, "%s/.cache/strata", home);
+  } else {
+    st_strbuf_append(&s, ".strata-cache");
+  }
+  return s.data;
+}
