@@ -1,0 +1,341 @@
+/* dataset.c — byte-level tokenizer, token files, splits and the sampler
+ * (docs/data.md is the specification; keep the two in step). */
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "strata/base.h"
+#include "strata/data.h"
+
+struct st_dataset {
+  char* token_path;
+  uint32_t vocab_size;
+  uint64_t count;
+  uint16_t* tokens; /* owned; all tokens (u32 files are narrowed after the range check) */
+  uint64_t n_train;  /* tokens [0, n_train) train, [n_train, count) validation */
+  uint64_t seed;
+  int64_t seq_len;
+};
+
+/*===-------------------------------------------------------------------===*/
+/* Sampler                                                                  */
+/*===-------------------------------------------------------------------===*/
+
+static uint64_t st__splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  uint64_t z = x;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t st_data_window_start(uint64_t seed, uint64_t stream, uint64_t index, uint64_t n_tokens, uint64_t seq_len) {
+  return st__splitmix64(st__splitmix64(seed ^ (stream << 32)) ^ index) % (n_tokens - seq_len);
+}
+
+/*===-------------------------------------------------------------------===*/
+/* Token files                                                              */
+/*===-------------------------------------------------------------------===*/
+
+static void st__put_u32(unsigned char* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = (unsigned char)(v >> (8 * i));
+}
+static void st__put_u64(unsigned char* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t st__get_u32(const unsigned char* p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t st__get_u64(const unsigned char* p) {
+  return (uint64_t)st__get_u32(p) | (uint64_t)st__get_u32(p + 4) << 32;
+}
+
+st_status st_token_file_write(const char* path, uint32_t vocab_size, const uint16_t* tokens, uint64_t count) {
+  size_t size = ST_TOKEN_FILE_HEADER_BYTES + (size_t)count * 2;
+  unsigned char* buf = malloc(size);
+  if (!buf) return st_status_make(ST_CODE_DATA, "out of memory writing token file '%s'", path);
+  memset(buf, 0, ST_TOKEN_FILE_HEADER_BYTES);
+  memcpy(buf, ST_TOKEN_FILE_MAGIC, 8);
+  st__put_u32(buf + 8, ST_TOKEN_FILE_VERSION);
+  st__put_u32(buf + 12, vocab_size);
+  st__put_u32(buf + 16, 2);
+  st__put_u64(buf + 24, count);
+  for (uint64_t i = 0; i < count; ++i) {
+    buf[ST_TOKEN_FILE_HEADER_BYTES + 2 * i] = (unsigned char)(tokens[i] & 0xFF);
+    buf[ST_TOKEN_FILE_HEADER_BYTES + 2 * i + 1] = (unsigned char)(tokens[i] >> 8);
+  }
+  st_status s = st_fs_write_atomic(path, buf, size);
+  free(buf);
+  return s;
+}
+
+static bool st__is_token_file(const char* path) {
+  FILE* f = fopen(path, "rb");
+  if (!f) return false;
+  char magic[8];
+  bool yes = fread(magic, 1, 8, f) == 8 && !memcmp(magic, ST_TOKEN_FILE_MAGIC, 8);
+  fclose(f);
+  return yes;
+}
+
+/* Reads and validates a token file (docs/data.md) into |ds|. */
+static st_status st__token_file_read(const char* path, uint32_t vocab_size, st_dataset* ds) {
+  char* data = NULL;
+  size_t size = 0;
+  st_status s = st_fs_read_file(path, &data, &size);
+  if (s) {
+    /* A missing or unreadable token file is a data error (exit 3), not a generic I/O one. */
+    st_status d = st_status_make(ST_CODE_DATA, "cannot read token file: %s", st_status_message(s));
+    st_status_free(s);
+    return d;
+  }
+  const unsigned char* p = (const unsigned char*)data;
+  s = ST_OK;
+  if (size < ST_TOKEN_FILE_HEADER_BYTES || memcmp(p, ST_TOKEN_FILE_MAGIC, 8) != 0) {
+    s = st_status_make(ST_CODE_DATA, "token file '%s': bad header (no '%s' magic); rebuild it from the text corpus", path,
+                       ST_TOKEN_FILE_MAGIC);
+  } else if (st__get_u32(p + 8) != ST_TOKEN_FILE_VERSION) {
+    s = st_status_make(ST_CODE_DATA, "token file '%s': version %u, this strata reads version %u", path, st__get_u32(p + 8),
+                       ST_TOKEN_FILE_VERSION);
+  } else if (st__get_u32(p + 16) != 2 && st__get_u32(p + 16) != 4) {
+    s = st_status_make(ST_CODE_DATA, "token file '%s': token_bytes is %u, expected 2 or 4", path, st__get_u32(p + 16));
+  } else if (st__get_u32(p + 12) > vocab_size) {
+    s = st_status_make(ST_CODE_DATA, "token file '%s': written for vocab_size %u, but model.vocab_size is %u", path,
+                       st__get_u32(p + 12), vocab_size);
+  }
+  if (s) {
+    free(data);
+    return s;
+  }
+  uint32_t tb = st__get_u32(p + 16);
+  uint64_t count = st__get_u64(p + 24);
+  if (count > (size - ST_TOKEN_FILE_HEADER_BYTES) / tb || ST_TOKEN_FILE_HEADER_BYTES + count * tb != size) {
+    free(data);
+    return st_status_make(ST_CODE_DATA, "token file '%s': header says %" PRIu64 " tokens of %u bytes but the file has %zu bytes after the header (truncated?)",
+                          path, count, tb, size - ST_TOKEN_FILE_HEADER_BYTES);
+  }
+  if (count == 0) {
+    free(data);
+    return st_status_make(ST_CODE_DATA, "token file '%s' holds no tokens", path);
+  }
+  ds->tokens = malloc(count * sizeof(uint16_t));
+  if (!ds->tokens) {
+    free(data);
+    return st_status_make(ST_CODE_DATA, "out of memory loading '%s'", path);
+  }
+  const unsigned char* t = p + ST_TOKEN_FILE_HEADER_BYTES;
+  for (uint64_t i = 0; i < count; ++i) {
+    uint32_t v = tb == 2 ? (uint32_t)t[2 * i] | (uint32_t)t[2 * i + 1] << 8 : st__get_u32(t + 4 * i);
+    if (v >= vocab_size) {
+      free(data);
+      return st_status_make(ST_CODE_DATA, "token file '%s': token %" PRIu64 " is %u, not below model.vocab_size %u", path, i, v,
+                            vocab_size);
+    }
+    ds->tokens[i] = (uint16_t)v;
+  }
+  free(data);
+  ds->count = count;
+  return ST_OK;
+}
+
+/*===-------------------------------------------------------------------===*/
+/* Corpus -> token file                                                     */
+/*===-------------------------------------------------------------------===*/
+
+static int st__cmp_str(const void* a, const void* b) { return strcmp(*(char* const*)a, *(char* const*)b); }
+
+/* Lists the corpus files of |path| (a file, or a folder's regular files
+ * that are not symlinks or *.dat indexes) sorted byte-wise. */
+static st_status st__corpus_files(const char* path, char*** out_files, size_t* out_count) {
+  *out_files = NULL;
+  *out_count = 0;
+  struct stat st;
+  if (stat(path, &st) != 0)
+    return st_status_make(ST_CODE_DATA, "data.path '%s' does not exist (%s); point data.path at a text file, a folder of text files or a token file",
+                          path, strerror(errno));
+  if (!S_ISDIR(st.st_mode)) {
+    char** files = malloc(sizeof(char*));
+    files[0] = strdup(path);
+    *out_files = files;
+    *out_count = 1;
+    return ST_OK;
+  }
+  DIR* d = opendir(path);
+  if (!d) return st_status_make(ST_CODE_DATA, "cannot open corpus folder '%s': %s", path, strerror(errno));
+  char** files = NULL;
+  size_t n = 0;
+  struct dirent* e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.') continue;
+    size_t len = strlen(e->d_name);
+    if (len > 4 && !strcmp(e->d_name + len - 4, ".dat")) continue;
+    char* full = st_path_join(path, e->d_name);
+    struct stat fst;
+    if (lstat(full, &fst) != 0 || !S_ISREG(fst.st_mode)) {
+      free(full);
+      continue;
+    }
+    files = realloc(files, (n + 1) * sizeof(char*));
+    files[n++] = full;
+  }
+  closedir(d);
+  qsort(files, n, sizeof(char*), st__cmp_str);
+  *out_files = files;
+  *out_count = n;
+  return ST_OK;
+}
+
+static void st__free_list(char** files, size_t n) {
+  for (size_t i = 0; i < n; ++i) free(files[i]);
+  free(files);
+}
+
+/* Tokenizes the corpus at |path| into <cache>/tokens/<hash>.tok unless a
+ * token file for the same names, sizes and mtimes is already there. */
+static st_status st__tokenize_corpus(const char* path, const char* cache_dir, char** out_token_path) {
+  char** files = NULL;
+  size_t n = 0;
+  ST_RETURN(st__corpus_files(path, &files, &n));
+  st_strbuf ident = {0};
+  st_strbuf_append(&ident, "byte-tokenizer-v1\n");
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    struct stat st;
+    if (stat(files[i], &st) != 0) continue;
+    st_strbuf_printf(&ident, "%s %lld %lld\n", files[i], (long long)st.st_size, (long long)st.st_mtime);
+    total += (uint64_t)st.st_size;
+  }
+  if (n == 0 || total == 0) {
+    st_strbuf_free(&ident);
+    st__free_list(files, n);
+    return st_status_make(ST_CODE_DATA, "corpus '%s' is empty (no text files with content); set data.path to a text corpus or data.synthetic=true",
+                          path);
+  }
+  char hash[65];
+  st_sha256_hex(ident.data, ident.len, hash);
+  st_strbuf_free(&ident);
+  char name[64];
+  snprintf(name, sizeof(name), "tokens/%.16s.tok", hash);
+  char* out = st_path_join(cache_dir, name);
+  if (st__is_token_file(out)) {
+    st__free_list(files, n);
+    *out_token_path = out;
+    return ST_OK;
+  }
+  uint16_t* tokens = malloc(total * sizeof(uint16_t));
+  uint64_t k = 0;
+  st_status s = ST_OK;
+  for (size_t i = 0; i < n && !s; ++i) {
+    char* data = NULL;
+    size_t size = 0;
+    st_status r = st_fs_read_file(files[i], &data, &size);
+    if (r) {
+      s = st_status_make(ST_CODE_DATA, "reading corpus file: %s", st_status_message(r));
+      st_status_free(r);
+      break;
+    }
+    for (size_t j = 0; j < size && k < total; ++j) tokens[k++] = (unsigned char)data[j];
+    free(data);
+  }
+  st__free_list(files, n);
+  if (!s) {
+    char* folder = st_path_join(cache_dir, "tokens");
+    s = st_fs_mkdirs(folder);
+    free(folder);
+  }
+  if (!s) s = st_token_file_write(out, 256, tokens, k);
+  free(tokens);
+  if (s) {
+    free(out);
+    return s;
+  }
+  *out_token_path = out;
+  return ST_OK;
+}
+
+static st_status st__synthetic(const st_data_options* o, const char* cache_dir, char** out_token_path) {
+  const uint64_t n = 65536;
+  uint16_t* tokens = malloc(n * sizeof(uint16_t));
+  for (uint64_t i = 0; i < n; ++i) tokens[i] = (uint16_t)((i % 97 + 3 * ((i / 97) % 13)) % o->vocab_size);
+  char name[64];
+  snprintf(name, sizeof(name), "tokens/synthetic-v%u.tok", o->vocab_size);
+  char* out = st_path_join(cache_dir, name);
+  char* folder = st_path_join(cache_dir, "tokens");
+  st_status s = st_fs_mkdirs(folder);
+  free(folder);
+  if (!s) s = st_token_file_write(out, o->vocab_size, tokens, n);
+  free(tokens);
+  if (s) {
+    free(out);
+    return s;
+  }
+  *out_token_path = out;
+  return ST_OK;
+}
+
+st_status st_dataset_open(const st_data_options* o, st_dataset** out_dataset) {
+  *out_dataset = NULL;
+  st_dataset* ds = calloc(1, sizeof(*ds));
+  ds->vocab_size = o->vocab_size;
+  ds->seed = o->seed;
+  ds->seq_len = o->seq_len;
+  const char* path = o->path && o->path[0] ? o->path : ST_DATA_DEFAULT_CORPUS;
+  st_status s;
+  if (o->synthetic) {
+    s = st__synthetic(o, o->cache_dir, &ds->token_path);
+  } else if (!st_fs_is_dir(path) && st__is_token_file(path)) {
+    ds->token_path = strdup(path);
+    s = ST_OK;
+  } else {
+    s = st__tokenize_corpus(path, o->cache_dir, &ds->token_path);
+  }
+  if (!s) s = st__token_file_read(ds->token_path, o->vocab_size, ds);
+  if (!s) {
+    uint64_t n_val = (uint64_t)((double)ds->count * o->val_fraction);
+    ds->n_train = ds->count - n_val;
+    uint64_t need = (uint64_t)o->seq_len + 1;
+    if (ds->n_train < need || n_val < need)
+      s = st_status_make(ST_CODE_DATA,
+                         "corpus '%s' has %" PRIu64 " tokens: too few for a training and a validation split of at least model.seq_len+1 = %" PRIu64
+                         " tokens each (data.val_fraction=%g)",
+                         ds->token_path, ds->count, need, o->val_fraction);
+  }
+  if (s) {
+    st_dataset_destroy(ds);
+    return s;
+  }
+  *out_dataset = ds;
+  return ST_OK;
+}
+
+void st_dataset_destroy(st_dataset* ds) {
+  if (!ds) return;
+  free(ds->token_path);
+  free(ds->tokens);
+  free(ds);
+}
+
+const char* st_dataset_token_path(const st_dataset* ds) { return ds->token_path; }
+uint64_t st_dataset_token_count(const st_dataset* ds) { return ds->count; }
+uint64_t st_dataset_split_tokens(const st_dataset* ds, int stream) {
+  return stream == ST_STREAM_TRAIN ? ds->n_train : ds->count - ds->n_train;
+}
+
+void st_dataset_fill(const st_dataset* ds, int stream, uint64_t first, int64_t count, int32_t* inputs, int32_t* targets,
+                     float* mask) {
+  const uint16_t* base = stream == ST_STREAM_TRAIN ? ds->tokens : ds->tokens + ds->n_train;
+  uint64_t n = st_dataset_split_tokens(ds, stream);
+  int64_t T = ds->seq_len;
+  for (int64_t i = 0; i < count; ++i) {
+    uint64_t s = st_data_window_start(ds->seed, (uint64_t)stream, first + (uint64_t)i, n, (uint64_t)T);
+    for (int64_t t = 0; t < T; ++t) {
+      inputs[i * T + t] = base[s + (uint64_t)t];
+      targets[i * T + t] = base[s + (uint64_t)t + 1];
+      if (mask) mask[i * T + t] = 1.0f;
+    }
+  }
+}
