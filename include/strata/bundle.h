@@ -1,0 +1,116 @@
+/*
+ * strata/bundle.h — the program bundle (docs/bundle.md): the manifest the
+ * front-end writes and the C framework reads. Reading validates the schema
+ * version, every tensor type, and each program file's sha256.
+ *
+ * Errors are ST_CODE_RUNTIME (exit 4) and name the manifest or program file.
+ */
+#ifndef STRATA_BUNDLE_H
+#define STRATA_BUNDLE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "strata/runtime.h"
+#include "strata/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ST_BUNDLE_SCHEMA_VERSION 1
+
+typedef struct st_bundle_tensor {
+  char* name;
+  char* role; /* "param", "grad", "activation", "batch", "scalar", ... */
+  st_tensor_type type;
+} st_bundle_tensor;
+
+typedef struct st_bundle_program {
+  char* name;
+  char* path; /* absolute or bundle-relative path of the .mlir file */
+  char sha256[65];
+  int input_count;
+  st_bundle_tensor* inputs;
+  int output_count;
+  st_bundle_tensor* outputs;
+  bool* donated; /* [input_count] */
+  double flops;
+} st_bundle_program;
+
+typedef struct st_bundle_group {
+  char* name;
+  int param_count;
+  char** params; /* local names, in program order */
+} st_bundle_group;
+
+typedef struct st_bundle_param {
+  char* name;  /* "layers.3.wq" */
+  char* group; /* "block" */
+  char* local; /* "wq" */
+  int layer;   /* -1 for non-layer params */
+  st_tensor_type type;
+  bool decay;
+} st_bundle_param;
+
+typedef struct st_bundle_model {
+  int64_t vocab_size, d_model, n_layers, n_heads, d_ff, seq_len, microbatch_size;
+  bool tie_embeddings;
+  char compute_dtype[8];
+  double rope_theta, init_std;
+} st_bundle_model;
+
+typedef struct st_bundle {
+  char* dir;
+  char* key;
+  int schema_version;
+  char* jax_version;
+  st_bundle_model model;
+  int program_count;
+  st_bundle_program* programs;
+  int group_count;
+  st_bundle_group* groups;
+  int param_count;
+  st_bundle_param* params;
+} st_bundle;
+
+/* Reads and validates <dir>/manifest.json and the program files' sha256. */
+st_status st_bundle_open(const char* dir, st_bundle** out_bundle /* owned by caller */);
+void st_bundle_destroy(st_bundle* bundle); /* NULL is a no-op */
+
+/* Lookups; NULL when absent. */
+const st_bundle_program* st_bundle_program_find(const st_bundle* bundle, const char* name);
+const st_bundle_group* st_bundle_group_find(const st_bundle* bundle, const char* name);
+/* Index of parameter |name| in bundle->params, -1 when absent. */
+int st_bundle_param_index(const st_bundle* bundle, const char* name);
+/* Signature of a program, for st_program_compile; points into |program|. */
+void st_bundle_program_signature(const st_bundle_program* program, st_tensor_type* inputs, st_tensor_type* outputs,
+                                 st_program_signature* out_signature);
+
+/* What the exporter needs, and where the bundle should live. */
+typedef struct st_bundle_request {
+  const char* model_json; /* the "model" object of docs/bundle.md */
+  const char* cache_root; /* bundles go to <cache_root>/bundles/<key> unless |dir| is set */
+  const char* dir;        /* bundle.dir, may be NULL/"" */
+} st_bundle_request;
+
+/* Bundle key: hash of the model JSON, the schema version and the exporter's
+ * source files (so a changed exporter re-exports). 16 hex chars + NUL. */
+void st_bundle_key(const char* model_json, char out[17]);
+
+/* Opens the bundle for |request|, exporting it first when it is missing, its
+ * key differs, or a program file is missing or altered (a stale bundle is
+ * re-exported, never used). *out_exported tells which happened. */
+st_status st_bundle_ensure(const st_bundle_request* request, st_bundle** out_bundle, bool* out_exported);
+
+/* Runs `python -m strata_jax.export` into |dir|. */
+st_status st_bundle_export(const char* model_json, const char* key, const char* dir);
+
+/* The Python interpreter strata uses for export: $STRATA_PYTHON, else the
+ * repo's .venv. New string owned by caller. */
+char* st_bundle_python(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* STRATA_BUNDLE_H */
