@@ -1,0 +1,128 @@
+"""Token files, split and sampler of docs/data.md, bit-exact with src/data/.
+
+Used by the monolithic reference and the tests only.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+MAGIC = b"STRATOK1"
+HEADER = struct.Struct("<8sIIIIQ")  # magic, version, vocab, token_bytes, reserved, count
+MASK64 = (1 << 64) - 1
+TRAIN_STREAM = 0
+EVAL_STREAM = 1
+
+
+class DataError(Exception):
+    """A malformed token file (the C side exits with code 3)."""
+
+
+def read_token_file(path: str) -> tuple[np.ndarray, int]:
+    """Returns (tokens as int64 array, vocab_size); validates the whole file."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < HEADER.size:
+        raise DataError(f"{path}: too short for a token file header")
+    magic, version, vocab, token_bytes, _reserved, count = HEADER.unpack_from(raw)
+    if magic != MAGIC:
+        raise DataError(f"{path}: bad magic {magic!r}")
+    if version != 1:
+        raise DataError(f"{path}: unsupported version {version}")
+    if token_bytes not in (2, 4):
+        raise DataError(f"{path}: token_bytes must be 2 or 4, got {token_bytes}")
+    if len(raw) != HEADER.size + count * token_bytes:
+        raise DataError(f"{path}: size {len(raw)} != 32 + {count} * {token_bytes}")
+    dtype = np.dtype("<u2" if token_bytes == 2 else "<u4")
+    tokens = np.frombuffer(raw, dtype=dtype, offset=HEADER.size, count=count).astype(np.int64)
+    if count and int(tokens.max()) >= vocab:
+        raise DataError(f"{path}: token {int(tokens.max())} >= vocab_size {vocab}")
+    return tokens, int(vocab)
+
+
+def write_token_file(path: str, tokens: np.ndarray, vocab_size: int) -> None:
+    tokens = np.asarray(tokens)
+    token_bytes = 2 if vocab_size <= 1 << 16 else 4
+    dtype = np.dtype("<u2" if token_bytes == 2 else "<u4")
+    with open(path, "wb") as f:
+        f.write(HEADER.pack(MAGIC, 1, vocab_size, token_bytes, 0, len(tokens)))
+        f.write(tokens.astype(dtype).tobytes())
+
+
+def synthetic_tokens(vocab_size: int, n: int = 65536) -> np.ndarray:
+    """data.synthetic=true: t[i] = (i % 97 + 3 * ((i / 97) % 13)) % vocab_size."""
+    i = np.arange(n, dtype=np.int64)
+    return (i % 97 + 3 * ((i // 97) % 13)) % vocab_size
+
+
+def split(tokens: np.ndarray, val_fraction: float, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val): the last floor(N * f) tokens are validation."""
+    n = len(tokens)
+    n_val = int(math.floor(float(n) * val_fraction))
+    train, val = tokens[: n - n_val], tokens[n - n_val:]
+    for name, part in (("training", train), ("validation", val)):
+        if len(part) < seq_len + 1:
+            raise DataError(f"{name} split has {len(part)} tokens, needs >= seq_len + 1 = {seq_len + 1}")
+    return train, val
+
+
+def splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    z = x
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def window_start(seed: int, stream: int, index: int, n_tokens: int, seq_len: int) -> int:
+    """Start of sequence `index` of `stream` over a split of n_tokens tokens."""
+    s = (seed & MASK64) ^ ((stream << 32) & MASK64)
+    return splitmix64(splitmix64(s) ^ (index & MASK64)) % (n_tokens - seq_len)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Arrays shaped [n_micro, mb, T]: tokens/targets int32, mask float32."""
+    tokens: np.ndarray
+    targets: np.ndarray
+    mask: np.ndarray
+
+
+def sequences(split_tokens: np.ndarray, seed: int, stream: int, first_index: int, count: int,
+              seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, targets), each int32 [count, T], for indices first_index.. of a stream."""
+    n = len(split_tokens)
+    starts = [window_start(seed, stream, first_index + j, n, seq_len) for j in range(count)]
+    seqs = np.stack([split_tokens[s: s + seq_len + 1] for s in starts])
+    return seqs[:, :-1].astype(np.int32), seqs[:, 1:].astype(np.int32)
+
+
+class Sampler:
+    """Training and evaluation batches of docs/data.md for one run."""
+
+    def __init__(self, tokens: np.ndarray, *, seed: int, val_fraction: float, seq_len: int,
+                 batch_size: int, microbatches: int) -> None:
+        if batch_size % microbatches:
+            raise ValueError("train.batch_size must be a multiple of train.microbatches")
+        self.train, self.val = split(tokens, val_fraction, seq_len)
+        self.seed, self.seq_len = seed, seq_len
+        self.batch_size, self.microbatches = batch_size, microbatches
+
+    def _make(self, split_tokens: np.ndarray, stream: int, first: int, count: int) -> Batch:
+        x, y = sequences(split_tokens, self.seed, stream, first, count, self.seq_len)
+        shape = (count // (self.batch_size // self.microbatches), self.batch_size // self.microbatches,
+                 self.seq_len)
+        return Batch(x.reshape(shape), y.reshape(shape), np.ones(shape, np.float32))
+
+    def batch(self, step: int) -> Batch:
+        """Training batch of step `step` (0-based): indices step*B .. step*B + B - 1."""
+        B = self.batch_size
+        return self._make(self.train, TRAIN_STREAM, step * B, B)
+
+    def eval_batch(self, eval_batches: int) -> Batch:
+        """The fixed evaluation set: indices 0 .. eval_batches*B - 1 of stream 1."""
+        return self._make(self.val, EVAL_STREAM, 0, eval_batches * self.batch_size)

@@ -1,0 +1,167 @@
+"""Writes a program bundle (docs/bundle.md).
+
+    python -m strata_jax.export --model-json FILE_OR_JSON --out DIR [--bundle-key KEY]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+from typing import Any
+
+import jax
+import jaxlib
+
+from . import __version__
+from . import model as M
+from .model import ModelConfig
+from .programs import GROUPS, Program, build_programs
+
+SCHEMA_VERSION = 1
+
+
+class ExportError(Exception):
+    pass
+
+
+def lower_program(prog: Program) -> tuple[str, float]:
+    """(StableHLO MLIR text, flops estimate or 0) of one program."""
+    jitted = jax.jit(prog.fn, donate_argnums=prog.donated, keep_unused=True)
+    lowered = jitted.lower(*(s.struct() for s in prog.inputs))
+    outs = jax.tree_util.tree_leaves(lowered.out_info)
+    got = [(tuple(o.shape), str(o.dtype)) for o in outs]
+    want = [(s.shape, str(s.struct().dtype)) for s in prog.outputs]
+    if got != want:
+        raise ExportError(f"{prog.name}: outputs {got} do not match the contract {want}")
+    text = lowered.as_text()
+    if "func.func public @main(" not in text:
+        raise ExportError(f"{prog.name}: lowered text has no public @main")
+    return text, _flops(lowered)
+
+
+def _flops(lowered: Any) -> float:
+    try:  # HLO cost analysis of the lowered module: cheap, no compilation
+        ca = lowered.cost_analysis()
+        if isinstance(ca, (list, tuple)):
+            ca = ca[0] if ca else {}
+        return float(ca.get("flops", 0.0)) if ca else 0.0
+    except Exception:  # noqa: BLE001 - flops are optional
+        return 0.0
+
+
+def param_table(cfg: ModelConfig) -> list[dict[str, Any]]:
+    def entry(name: str, group: str, layer: int, local: str) -> dict[str, Any]:
+        shape = M.param_shape(cfg, local)
+        std = M.param_init_std(cfg, local)
+        return {"name": name, "group": group, "layer": layer, "local": local, "shape": list(shape),
+                "dtype": "f32", "init": "ones" if std is None else f"normal({std!r})",
+                "decay": len(shape) >= 2}
+
+    rows = [entry("wte", "embed", -1, "wte")]
+    for i in range(cfg.n_layers):
+        rows += [entry(f"layers.{i}.{n}", "block", i, n) for n in M.BLOCK_PARAMS]
+    rows += [entry(n, "head", -1, n) for n in M.head_param_names(cfg)]
+    return rows
+
+
+def default_bundle_key(cfg: ModelConfig) -> str:
+    canon = json.dumps(cfg.to_dict(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+
+def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str) -> dict[str, Any]:
+    """Writes programs/ and manifest.json into out_dir (which must exist); returns the manifest."""
+    prog_dir = os.path.join(out_dir, "programs")
+    os.makedirs(prog_dir, exist_ok=True)
+    entries = []
+    for prog in build_programs(cfg):
+        text, flops = lower_program(prog)
+        data = text.encode("utf-8")
+        rel = f"programs/{prog.name}.mlir"
+        with open(os.path.join(out_dir, rel), "wb") as f:
+            f.write(data)
+        entries.append({
+            "name": prog.name, "file": rel, "sha256": hashlib.sha256(data).hexdigest(),
+            "inputs": [s.to_json() for s in prog.inputs],
+            "outputs": [s.to_json() for s in prog.outputs],
+            "donated": list(prog.donated), "flops": int(flops),
+        })
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "bundle_key": bundle_key,
+        "exporter": {"name": "strata_jax", "version": __version__},
+        "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__},
+        "model": cfg.to_dict(),
+        "programs": entries,
+        "groups": [{"name": g, "params": list(M.group_param_names(cfg, g))} for g in GROUPS],
+        "params": param_table(cfg),
+        "layers": [{"index": i, "kind": "block", "group": "block",
+                    "programs": {"init": "block_init", "fwd": "block_fwd", "bwd": "block_bwd"}}
+                   for i in range(cfg.n_layers)],
+    }
+    with open(os.path.join(out_dir, "manifest.json"), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2)
+        f.write("\n")
+    return manifest
+
+
+def export_bundle(cfg: ModelConfig, out: str, bundle_key: str | None = None) -> dict[str, Any]:
+    """Writes the bundle atomically: into <out>.tmp-<pid>, then renamed to <out> (replacing it)."""
+    out = os.path.abspath(out)
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    tmp = f"{out}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        manifest = build_bundle(cfg, tmp, bundle_key if bundle_key is not None else default_bundle_key(cfg))
+        if os.path.lexists(out):
+            old = f"{out}.old-{os.getpid()}"
+            os.rename(out, old)
+            os.rename(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _load_model_json(arg: str) -> ModelConfig:
+    s = arg.strip()
+    if not s.startswith("{"):
+        with open(arg, encoding="utf-8") as f:
+            s = f.read()
+    d = json.loads(s)
+    if isinstance(d.get("model"), dict):  # a whole resolved config: take its model section
+        d = d["model"]
+    return ModelConfig.from_dict(d)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m strata_jax.export", description=__doc__.strip().splitlines()[0])
+    ap.add_argument("--model-json", required=True, help="model config: a JSON file or a JSON string")
+    ap.add_argument("--out", required=True, help="bundle folder to write (replaced atomically)")
+    ap.add_argument("--bundle-key", default=None, help="echoed into manifest.json (default: hash of the model)")
+    args = ap.parse_args(argv)
+    try:
+        cfg = _load_model_json(args.model_json)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"strata_jax.export: bad model config: {e}", file=sys.stderr)
+        return 2
+    try:
+        manifest = export_bundle(cfg, args.out, args.bundle_key)
+    except ExportError as e:
+        print(f"strata_jax.export: {e}", file=sys.stderr)
+        return 1
+    print(f"strata_jax.export: wrote {len(manifest['programs'])} programs to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""The decoder-only transformer, as pure functions on parameter dicts.
+
+Everything here is shape-static and side-effect free so that the same
+functions back both the exported per-layer programs (export.py) and the
+monolithic reference (reference_train.py). See docs/model.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+Params = dict[str, Array]
+
+BLOCK_PARAMS: tuple[str, ...] = (
+    "attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down",
+)
+BLOCK_MATRICES: tuple[str, ...] = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+RESIDUAL_OUT: frozenset[str] = frozenset({"wo", "w_down"})  # scaled by 1/sqrt(2 n_layers)
+NORM_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_ff: int
+    seq_len: int
+    tie_embeddings: bool
+    compute_dtype: str  # "f32" | "bf16"
+    rope_theta: float
+    init_std: float
+    microbatch_size: int
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.vocab_size > 0, "vocab_size must be > 0"),
+            (self.d_model > 0, "d_model must be > 0"),
+            (self.n_layers > 0, "n_layers must be > 0"),
+            (self.n_heads > 0 and self.d_model % self.n_heads == 0,
+             "d_model must be a multiple of n_heads"),
+            ((self.d_model // max(self.n_heads, 1)) % 2 == 0, "head dim must be even (RoPE)"),
+            (self.d_ff > 0, "d_ff must be > 0"),
+            (self.seq_len > 0, "seq_len must be > 0"),
+            (self.compute_dtype in ("f32", "bf16"), "compute_dtype must be f32 or bf16"),
+            (self.rope_theta > 0, "rope_theta must be > 0"),
+            (self.init_std > 0, "init_std must be > 0"),
+            (self.microbatch_size > 0, "microbatch_size must be > 0"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ValueError(f"model config: {msg} (got {self.to_dict()})")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":
+        names = [f.name for f in fields(cls)]
+        missing = [n for n in names if n not in d]
+        if missing:
+            raise ValueError(f"model config: missing keys {missing}")
+        return cls(
+            vocab_size=int(d["vocab_size"]), d_model=int(d["d_model"]),
+            n_layers=int(d["n_layers"]), n_heads=int(d["n_heads"]), d_ff=int(d["d_ff"]),
+            seq_len=int(d["seq_len"]), tie_embeddings=bool(d["tie_embeddings"]),
+            compute_dtype=str(d["compute_dtype"]), rope_theta=float(d["rope_theta"]),
+            init_std=float(d["init_std"]), microbatch_size=int(d["microbatch_size"]),
+        )
+
+    @classmethod
+    def from_json(cls, text_or_path: str) -> "ModelConfig":
+        """Accepts a JSON string or the path of a JSON file."""
+        s = text_or_path.strip()
+        if not s.startswith("{"):
+            with open(text_or_path, encoding="utf-8") as f:
+                s = f.read()
+        return cls.from_dict(json.loads(s))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def cdtype(self) -> jnp.dtype:
+        return jnp.dtype(jnp.bfloat16 if self.compute_dtype == "bf16" else jnp.float32)
+
+
+# --- parameter structure -------------------------------------------------------
+
+def head_param_names(cfg: ModelConfig) -> tuple[str, ...]:
+    return ("final_norm",) if cfg.tie_embeddings else ("final_norm", "w_out")
+
+
+def group_param_names(cfg: ModelConfig, group: str) -> tuple[str, ...]:
+    if group == "embed":
+        return ("wte",)
+    if group == "block":
+        return BLOCK_PARAMS
+    if group == "head":
+        return head_param_names(cfg)
+    raise ValueError(f"unknown group {group!r}")
+
+
+def param_shape(cfg: ModelConfig, local: str) -> tuple[int, ...]:
+    V, D, F = cfg.vocab_size, cfg.d_model, cfg.d_ff
+    return {
+        "wte": (V, D), "attn_norm": (D,), "wq": (D, D), "wk": (D, D), "wv": (D, D),
+        "wo": (D, D), "mlp_norm": (D,), "w_gate": (D, F), "w_up": (D, F), "w_down": (F, D),
+        "final_norm": (D,), "w_out": (D, V),
+    }[local]
+
+
+def param_init_std(cfg: ModelConfig, local: str) -> float | None:
+    """Std of the normal init, or None for norms (initialised to ones)."""
+    if len(param_shape(cfg, local)) < 2:
+        return None
+    if local in RESIDUAL_OUT:
+        return cfg.init_std / math.sqrt(2.0 * cfg.n_layers)
+    return cfg.init_std
+
+
+# --- init ----------------------------------------------------------------------
+
+def _normal(key: Array, shape: tuple[int, ...], std: float) -> Array:
+    return jax.random.normal(key, shape, jnp.float32) * jnp.float32(std)
+
+
+def init_embed(cfg: ModelConfig, seed: Array) -> Params:
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), 0)
+    return {"wte": _normal(key, param_shape(cfg, "wte"), cfg.init_std)}
+
+
+def init_block(cfg: ModelConfig, seed: Array, layer: Array) -> Params:
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), 1), layer)
+    keys = jax.random.split(key, len(BLOCK_MATRICES))
+    mats = dict(zip(BLOCK_MATRICES, keys))
+    out: Params = {}
+    for name in BLOCK_PARAMS:
+        std = param_init_std(cfg, name)
+        shape = param_shape(cfg, name)
+        out[name] = jnp.ones(shape, jnp.float32) if std is None else _normal(mats[name], shape, std)
+    return out
+
+
+def init_head(cfg: ModelConfig, seed: Array) -> Params:
+    out: Params = {"final_norm": jnp.ones(param_shape(cfg, "final_norm"), jnp.float32)}
+    if not cfg.tie_embeddings:
+        key = jax.random.fold_in(jax.random.PRNGKey(seed), 2)
+        out["w_out"] = _normal(key, param_shape(cfg, "w_out"), cfg.init_std)
+    return out
+
+
+# --- forward -------------------------------------------------------------------
+
+def _mm(cfg: ModelConfig, a: Array, b: Array) -> Array:
+    """Matmul over the last dim of a / first dim of b in compute dtype, f32 result."""
+    return jnp.matmul(a.astype(cfg.cdtype), b.astype(cfg.cdtype),
+                      preferred_element_type=jnp.float32)
+
+
+def rms_norm(x: Array, gain: Array) -> Array:
+    x = x.astype(jnp.float32)
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + NORM_EPS) * gain
+
+
+def rope_tables(cfg: ModelConfig) -> tuple[Array, Array]:
+    """cos, sin of shape [T, Dh] (rotate-half layout: the half-table repeated)."""
+    half = cfg.head_dim // 2
+    inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(half, dtype=jnp.float32) * 2.0 / cfg.head_dim))
+    ang = jnp.arange(cfg.seq_len, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+    ang = jnp.concatenate([ang, ang], axis=-1)
+    return jnp.cos(ang), jnp.sin(ang)
+
+
+def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
+    """x: [B, T, H, Dh] f32; cos/sin: [T, Dh]."""
+    half = x.shape[-1] // 2
+    rot = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[None, :, None, :] + rot * sin[None, :, None, :]
+
+
+def attention(cfg: ModelConfig, p: Params, x: Array) -> Array:
+    B, T, D = x.shape
+    H, Dh = cfg.n_heads, cfg.head_dim
+    q = _mm(cfg, x, p["wq"]).reshape(B, T, H, Dh)
+    k = _mm(cfg, x, p["wk"]).reshape(B, T, H, Dh)
+    v = _mm(cfg, x, p["wv"]).reshape(B, T, H, Dh)
+    cos, sin = rope_tables(cfg)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    c = cfg.cdtype
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q.astype(c), k.astype(c),
+                        preferred_element_type=jnp.float32) / jnp.float32(math.sqrt(Dh))
+    causal = jnp.tril(jnp.ones((T, T), dtype=jnp.bool_))
+    scores = jnp.where(causal[None, None], scores, jnp.float32(-1e30))
+    probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), v.astype(c),
+                     preferred_element_type=jnp.float32).reshape(B, T, D)
+    return _mm(cfg, out, p["wo"])
+
+
+def mlp(cfg: ModelConfig, p: Params, x: Array) -> Array:
+    return _mm(cfg, jax.nn.silu(_mm(cfg, x, p["w_gate"])) * _mm(cfg, x, p["w_up"]), p["w_down"])
+
+
+def block_fwd(cfg: ModelConfig, p: Params, x: Array) -> Array:
+    """One transformer block: x [B,T,D] f32 -> y [B,T,D] f32."""
+    x = x + attention(cfg, p, rms_norm(x, p["attn_norm"]))
+    return x + mlp(cfg, p, rms_norm(x, p["mlp_norm"]))
+
+
+def embed_fwd(cfg: ModelConfig, wte: Array, tokens: Array) -> Array:
+    del cfg
+    return jnp.take(wte, tokens, axis=0).astype(jnp.float32)
+
+
+def head_logits(cfg: ModelConfig, p: Params, wte: Array | None, x: Array) -> Array:
+    h = rms_norm(x, p["final_norm"])
+    w_out = wte.T if cfg.tie_embeddings else p["w_out"]
+    assert w_out is not None
+    return _mm(cfg, h, w_out)
+
+
+def masked_ce(logits: Array, targets: Array, mask: Array) -> Array:
+    """sum(cross_entropy * mask) / sum(mask), log-softmax in f32."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    ce = -jnp.take_along_axis(logp, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    mask = mask.astype(jnp.float32)
+    return jnp.sum(ce * mask) / jnp.sum(mask)
+
+
+def head_loss(cfg: ModelConfig, p: Params, wte: Array | None, x: Array,
+              targets: Array, mask: Array) -> Array:
+    return masked_ce(head_logits(cfg, p, wte, x), targets, mask)
+
+
+# --- the whole model (reference, tests) ---------------------------------------
+
+FullParams = dict[str, Any]  # {"embed": Params, "blocks": list[Params], "head": Params}
+
+
+@functools.lru_cache(maxsize=16)
+def _jitted_inits(cfg: ModelConfig) -> tuple[Any, Any, Any]:
+    return (jax.jit(functools.partial(init_embed, cfg)), jax.jit(functools.partial(init_block, cfg)),
+            jax.jit(functools.partial(init_head, cfg)))
+
+
+def init_params(cfg: ModelConfig, seed: int) -> FullParams:
+    """Same values as the embed_init/block_init/head_init programs."""
+    emb, blk, head = _jitted_inits(cfg)
+    s = jnp.int32(seed)
+    return {"embed": emb(s), "blocks": [blk(s, jnp.int32(i)) for i in range(cfg.n_layers)],
+            "head": head(s)}
+
+
+def model_loss(cfg: ModelConfig, params: FullParams, tokens: Array, targets: Array,
+               mask: Array) -> Array:
+    wte = params["embed"]["wte"]
+    x = embed_fwd(cfg, wte, tokens)
+    for p in params["blocks"]:
+        x = block_fwd(cfg, p, x)
+    return head_loss(cfg, params["head"], wte if cfg.tie_embeddings else None, x, targets, mask)
+
+
+def flat_param_names(cfg: ModelConfig) -> list[str]:
+    """Names of the manifest's parameter table, in table order."""
+    names = ["wte"]
+    for i in range(cfg.n_layers):
+        names += [f"layers.{i}.{n}" for n in BLOCK_PARAMS]
+    return names + list(head_param_names(cfg))
+
+
+def flatten_params(params: FullParams) -> dict[str, Array]:
+    out: dict[str, Array] = dict(params["embed"])
+    for i, p in enumerate(params["blocks"]):
+        out.update({f"layers.{i}.{k}": v for k, v in p.items()})
+    out.update(params["head"])
+    return out

@@ -1,0 +1,216 @@
+"""Monolithic reference trainer: the same model, init, data, schedule, clipping
+and AdamW as the C trainer, as one jitted train step (MaxText style).
+
+It exists for equivalence tests and benchmarks only (docs/model.md).
+
+    python -m strata_jax.reference_train --config-json FILE --tokens TOKFILE --out DIR [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import model as M
+from .data import Batch, DataError, Sampler, read_token_file
+from .model import FullParams, ModelConfig
+from .optim import adamw_update, clip_scale, lr_at, sqnorm
+
+Array = jax.Array
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int
+    batch_size: int
+    microbatches: int
+    lr: float
+    min_lr_ratio: float
+    warmup_steps: int
+    weight_decay: float
+    beta1: float
+    beta2: float
+    eps: float
+    grad_clip: float
+    eval_every: int
+    eval_batches: int
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
+        ints = {"steps", "batch_size", "microbatches", "warmup_steps", "eval_every", "eval_batches"}
+        kw = {k: (int(d[k]) if k in ints else float(d[k])) for k in cls.__dataclass_fields__}
+        return cls(**kw)
+
+    @property
+    def hyper(self) -> np.ndarray:
+        return np.array([self.beta1, self.beta2, self.eps, self.weight_decay], np.float32)
+
+
+def load_config(path_or_json: str) -> dict[str, Any]:
+    s = path_or_json.strip()
+    if not s.startswith("{"):
+        with open(path_or_json, encoding="utf-8") as f:
+            s = f.read()
+    cfg = json.loads(s)
+    model = dict(cfg["model"])
+    train = cfg["train"]
+    if int(train["batch_size"]) % int(train["microbatches"]):
+        raise ValueError("train.batch_size must be a multiple of train.microbatches")
+    mb = int(train["batch_size"]) // int(train["microbatches"])
+    if "microbatch_size" in model and int(model["microbatch_size"]) != mb:
+        raise ValueError(f"model.microbatch_size {model['microbatch_size']} != batch_size/microbatches {mb}")
+    model["microbatch_size"] = mb
+    cfg["model"] = model
+    return cfg
+
+
+def make_train_step(cfg: ModelConfig) -> Callable[..., Any]:
+    """jit(params, m, v, tokens, targets, mask, step, lr, hyper, grad_clip) ->
+    (params, m, v, micro_losses[n_micro], group_sqnorms[n_groups])."""
+    loss_and_grad = jax.value_and_grad(lambda p, t, y, k: M.model_loss(cfg, p, t, y, k))
+
+    def step_fn(params: FullParams, m: FullParams, v: FullParams, tokens: Array, targets: Array,
+                mask: Array, step: Array, lr: Array, hyper: Array, grad_clip: Array) -> Any:
+        n_micro = tokens.shape[0]
+
+        def micro(gsum: FullParams, xs: tuple[Array, Array, Array]) -> tuple[FullParams, Array]:
+            loss, g = loss_and_grad(params, *xs)
+            return jax.tree.map(jnp.add, gsum, g), loss
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        grads, losses = jax.lax.scan(micro, zeros, (tokens, targets, mask))
+
+        groups = [(params["embed"], grads["embed"], m["embed"], v["embed"])]
+        groups += [(params["blocks"][i], grads["blocks"][i], m["blocks"][i], v["blocks"][i])
+                   for i in range(cfg.n_layers)]
+        groups.append((params["head"], grads["head"], m["head"], v["head"]))
+        order = [M.group_param_names(cfg, "embed")] + [M.BLOCK_PARAMS] * cfg.n_layers
+        order.append(M.group_param_names(cfg, "head"))
+        sqn = jnp.stack([sqnorm([g[k] for k in names]) for (_, g, _, _), names in zip(groups, order)])
+        total = jnp.float32(0.0)
+        for i in range(sqn.shape[0]):  # in group order, like the C trainer (which sums in f64)
+            total = total + sqn[i]
+        norm = jnp.sqrt(total) / n_micro
+        clip = jnp.where(grad_clip > 0, jnp.minimum(1.0, grad_clip / (norm + 1e-6)), 1.0)
+        gscale = clip / n_micro
+
+        new = []
+        for (p, g, mi, vi), names in zip(groups, order):
+            np_, nm, nv = adamw_update([p[k] for k in names], [g[k] for k in names],
+                                       [mi[k] for k in names], [vi[k] for k in names],
+                                       [p[k].ndim >= 2 for k in names], step, lr, gscale, hyper)
+            new.append(tuple(dict(zip(names, a)) for a in (np_, nm, nv)))
+
+        def regroup(j: int) -> FullParams:
+            return {"embed": new[0][j], "blocks": [n[j] for n in new[1:-1]], "head": new[-1][j]}
+
+        return regroup(0), regroup(1), regroup(2), losses, sqn
+
+    return jax.jit(step_fn, donate_argnums=(0, 1, 2))
+
+
+def make_eval(cfg: ModelConfig) -> Callable[..., Array]:
+    """jit(params, tokens, targets, mask) -> per-microbatch losses."""
+    def fn(params: FullParams, tokens: Array, targets: Array, mask: Array) -> Array:
+        return jax.lax.map(lambda xs: M.model_loss(cfg, params, *xs), (tokens, targets, mask))
+    return jax.jit(fn)
+
+
+def _batch_arrays(b: Batch) -> tuple[Array, Array, Array]:
+    return jnp.asarray(b.tokens), jnp.asarray(b.targets), jnp.asarray(b.mask)
+
+
+def train(config: dict[str, Any], tokens: np.ndarray, steps: int | None = None,
+          log: Callable[[str], None] | None = None) -> tuple[FullParams, dict[str, Any]]:
+    """Runs the reference; returns (final params, history as written to losses.json)."""
+    cfg = ModelConfig.from_dict(config["model"])
+    tc = TrainConfig.from_dict(config["train"])
+    if steps is not None:
+        tc = TrainConfig.from_dict({**config["train"], "steps": steps})
+    seed = int(config["seed"])
+    sampler = Sampler(tokens, seed=seed, val_fraction=float(config["data"]["val_fraction"]),
+                      seq_len=cfg.seq_len, batch_size=tc.batch_size, microbatches=tc.microbatches)
+
+    params = M.init_params(cfg, seed)
+    m = jax.tree.map(jnp.zeros_like, params)
+    v = jax.tree.map(jnp.zeros_like, params)
+    step_fn, eval_fn = make_train_step(cfg), make_eval(cfg)
+    hyper, clip = jnp.asarray(tc.hyper), jnp.float32(tc.grad_clip)
+    eval_data = _batch_arrays(sampler.eval_batch(tc.eval_batches)) if tc.eval_batches > 0 else None
+
+    hist: dict[str, Any] = {"loss": [], "grad_norm": [], "lr": [], "step_time_s": [], "eval": []}
+    for k in range(tc.steps):
+        t = k + 1
+        lr = lr_at(t, lr=tc.lr, min_lr_ratio=tc.min_lr_ratio, warmup_steps=tc.warmup_steps, steps=tc.steps)
+        t0 = time.perf_counter()
+        params, m, v, losses, sqn = step_fn(params, m, v, *_batch_arrays(sampler.batch(k)),
+                                            jnp.float32(t), jnp.float32(lr), hyper, clip)
+        losses_h = np.asarray(losses, np.float64)
+        sqn_h = np.asarray(sqn, np.float64)
+        hist["step_time_s"].append(time.perf_counter() - t0)
+        loss = float(np.sum(losses_h) / len(losses_h))
+        norm = math.sqrt(float(sum(sqn_h))) / tc.microbatches
+        hist["loss"].append(loss)
+        hist["grad_norm"].append(norm)
+        hist["lr"].append(lr)
+        line = f"step {t} loss {loss:.6f} grad_norm {norm:.4f} lr {lr:.3e} clip {clip_scale(norm, tc.grad_clip):.3f}"
+        if eval_data is not None and tc.eval_every > 0 and (t % tc.eval_every == 0 or t == tc.steps):
+            ev = np.asarray(eval_fn(params, *eval_data), np.float64)
+            hist["eval"].append({"step": t, "loss": float(np.sum(ev) / len(ev))})
+            line += f" eval {hist['eval'][-1]['loss']:.6f}"
+        if log:
+            log(line)
+    return params, hist
+
+
+def save_params(params: FullParams, path: str) -> None:
+    from safetensors.numpy import save_file
+    save_file({k: np.asarray(a) for k, a in M.flatten_params(params).items()}, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m strata_jax.reference_train",
+                                 description="monolithic JAX reference of the strata trainer")
+    ap.add_argument("--config-json", required=True, help="resolved config (JSON file or string)")
+    ap.add_argument("--tokens", required=True, help="token file (.tok, docs/data.md)")
+    ap.add_argument("--out", required=True, help="folder for losses.json and params.safetensors")
+    ap.add_argument("--steps", type=int, default=None, help="override train.steps (schedule included)")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        config = load_config(args.config_json)
+        tokens, vocab = read_token_file(args.tokens)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"reference_train: bad config: {e}", file=sys.stderr)
+        return 2
+    except DataError as e:
+        print(f"reference_train: data error: {e}", file=sys.stderr)
+        return 3
+    if vocab > int(config["model"]["vocab_size"]):
+        print(f"reference_train: data error: {args.tokens}: vocab {vocab} > model.vocab_size", file=sys.stderr)
+        return 3
+    try:
+        params, hist = train(config, tokens, args.steps, None if args.quiet else print)
+    except DataError as e:
+        print(f"reference_train: data error: {e}", file=sys.stderr)
+        return 3
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "losses.json"), "w", encoding="utf-8") as f:
+        json.dump(hist, f, indent=1)
+        f.write("\n")
+    save_params(params, os.path.join(args.out, "params.safetensors"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
