@@ -132,6 +132,9 @@ void st_executor_destroy(st_executor* executor); /* frees every slot's buffer */
 /* Puts |buffer| into slot |slot| (takes ownership; frees what was there). */
 void st_executor_set(st_executor* executor, int slot, st_buffer* buffer);
 st_buffer* st_executor_get(st_executor* executor, int slot); /* borrowed, NULL when empty */
+/* Puts |buffer| into |slot| without taking ownership (another executor owns
+ * it); NULL empties the slot without freeing. Used to share parameters. */
+void st_executor_set_borrowed(st_executor* executor, int slot, st_buffer* buffer);
 
 /* Runs every op of the plan once. Statistics are reset at the start. */
 st_status st_executor_run(st_executor* executor, const st_executor_hooks* hooks);

@@ -13,7 +13,8 @@ struct st_executor {
   st_program* const* programs;
   int device;
   bool eager;
-  st_buffer** slots; /* [slot_count], owned */
+  st_buffer** slots; /* [slot_count], owned unless borrowed[slot] */
+  bool* borrowed;
   st_executor_stats stats;
   /* scratch arrays sized for the widest op */
   st_buffer** in;
@@ -50,6 +51,7 @@ st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_progra
   ex->device = device;
   ex->eager = eager;
   ex->slots = calloc((size_t)plan->slot_count + 1, sizeof(st_buffer*));
+  ex->borrowed = calloc((size_t)plan->slot_count + 1, sizeof(bool));
   ex->in = calloc((size_t)widest, sizeof(st_buffer*));
   ex->out = calloc((size_t)widest, sizeof(st_buffer*));
   *out_executor = ex;
@@ -58,8 +60,10 @@ st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_progra
 
 void st_executor_destroy(st_executor* ex) {
   if (!ex) return;
-  for (int i = 0; i < ex->plan->slot_count; ++i) st_buffer_destroy(ex->slots[i]);
+  for (int i = 0; i < ex->plan->slot_count; ++i)
+    if (!ex->borrowed[i]) st_buffer_destroy(ex->slots[i]);
   free(ex->slots);
+  free(ex->borrowed);
   free(ex->in);
   free(ex->out);
   free(ex);
@@ -72,8 +76,16 @@ static void st__account(st_executor* ex, int slot, int sign) {
 
 void st_executor_set(st_executor* ex, int slot, st_buffer* buffer) {
   if (ex->slots[slot]) st__account(ex, slot, -1);
-  st_buffer_destroy(ex->slots[slot]);
+  if (!ex->borrowed[slot]) st_buffer_destroy(ex->slots[slot]);
   ex->slots[slot] = buffer;
+  ex->borrowed[slot] = false;
+  if (buffer) st__account(ex, slot, +1);
+}
+
+void st_executor_set_borrowed(st_executor* ex, int slot, st_buffer* buffer) {
+  st_executor_set(ex, slot, NULL);
+  ex->slots[slot] = buffer;
+  ex->borrowed[slot] = buffer != NULL;
   if (buffer) st__account(ex, slot, +1);
 }
 

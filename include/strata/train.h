@@ -1,0 +1,80 @@
+/*
+ * strata/train.h — the training lifecycle (DESIGN §3 "train"):
+ * init -> compile -> run -> evaluate -> save, every transition an event in
+ * <run>/events.jsonl.
+ *
+ * One step, top to bottom (src/train/step_plan.c builds it as a plan):
+ *   batch -> embed_fwd -> block_fwd x L (keeping each block's input)
+ *   -> head_loss (loss + head grads + dx) -> block_bwd x L in reverse
+ *   -> embed_bwd -> (accumulate over microbatches) -> squared norms
+ *   -> clip scale on the host -> adamw per layer.
+ */
+#ifndef STRATA_TRAIN_H
+#define STRATA_TRAIN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "strata/bundle.h"
+#include "strata/config.h"
+#include "strata/data.h"
+#include "strata/runtime.h"
+#include "strata/sched.h"
+#include "strata/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct st_train_options {
+  int64_t steps, batch_size, microbatches, warmup_steps, eval_every, eval_batches;
+  double lr, min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip;
+  uint64_t seed;
+  const char* run_dir; /* run.dir ("" = runs/<run id>) */
+  const char* run_id;  /* run.id ("" = generated) */
+  int progress;        /* 0 off, 1 on, 2 when stderr is a terminal */
+  const char* bundle_dir;
+  char* cache_root;    /* owned */
+  char* model_json;    /* owned: the bundle's "model" object */
+  st_data_options data;
+  st_runtime_options runtime;
+} st_train_options;
+
+/* Fills |out| from a validated config. Free with st_train_options_deinit. */
+void st_train_options_from_config(const st_config* config, st_train_options* out);
+void st_train_options_deinit(st_train_options* options);
+
+/* Learning rate of optimizer step t (1-based): linear warm-up, then cosine
+ * decay to lr * min_lr_ratio (docs/model.md). */
+double st_train_lr(const st_train_options* options, int64_t t);
+
+/* Tags the trainer's callbacks use to recognise H2D / READ / HOST ops. */
+enum {
+  ST_TAG_TOKENS = 1,
+  ST_TAG_TARGETS,
+  ST_TAG_MASK,
+  ST_TAG_STEP,
+  ST_TAG_LR,
+  ST_TAG_GSCALE,
+  ST_TAG_HYPER,
+  ST_TAG_LOSS,
+  ST_TAG_SQNORM,
+  ST_TAG_CLIP,
+  ST_TAG_EVAL_TOKENS,
+  ST_TAG_EVAL_TARGETS,
+  ST_TAG_EVAL_MASK,
+  ST_TAG_EVAL_LOSS,
+};
+
+/* Builds the training-step plan and the evaluation plan for |bundle|. */
+st_status st_train_build_plans(const st_bundle* bundle, const st_train_options* options, st_plan* out_step,
+                               st_plan* out_eval);
+
+/* Runs `strata train`: the whole lifecycle. Prints the run directory. */
+st_status st_train_main(const st_config* config);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* STRATA_TRAIN_H */

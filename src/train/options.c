@@ -1,0 +1,85 @@
+/* options.c — typed trainer options from the validated config, the model
+ * JSON that keys the bundle, and the learning-rate schedule. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "strata/base.h"
+#include "strata/train.h"
+
+void st_train_options_from_config(const st_config* c, st_train_options* o) {
+  memset(o, 0, sizeof(*o));
+  o->steps = st_config_int(c, "train.steps");
+  o->batch_size = st_config_int(c, "train.batch_size");
+  o->microbatches = st_config_int(c, "train.microbatches");
+  o->warmup_steps = st_config_int(c, "train.warmup_steps");
+  o->eval_every = st_config_int(c, "train.eval_every");
+  o->eval_batches = st_config_int(c, "train.eval_batches");
+  o->lr = st_config_float(c, "train.lr");
+  o->min_lr_ratio = st_config_float(c, "train.min_lr_ratio");
+  o->weight_decay = st_config_float(c, "train.weight_decay");
+  o->beta1 = st_config_float(c, "train.beta1");
+  o->beta2 = st_config_float(c, "train.beta2");
+  o->eps = st_config_float(c, "train.eps");
+  o->grad_clip = st_config_float(c, "train.grad_clip");
+  o->seed = (uint64_t)st_config_int(c, "seed");
+  o->run_dir = st_config_string(c, "run.dir");
+  o->run_id = st_config_string(c, "run.id");
+  const char* progress = st_config_string(c, "run.progress");
+  o->progress = !strcmp(progress, "on") ? 1 : !strcmp(progress, "off") ? 0 : 2;
+  o->bundle_dir = st_config_string(c, "bundle.dir");
+  o->cache_root = st_cache_root(st_config_string(c, "runtime.cache_dir"));
+
+  st_strbuf m = {0};
+  /* Canonical order and formatting: this string is hashed into the bundle key. */
+  st_strbuf_printf(&m,
+                   "{\"vocab_size\": %lld, \"d_model\": %lld, \"n_layers\": %lld, \"n_heads\": %lld, \"d_ff\": %lld, "
+                   "\"seq_len\": %lld, \"tie_embeddings\": %s, \"compute_dtype\": \"%s\", \"rope_theta\": ",
+                   (long long)st_config_int(c, "model.vocab_size"), (long long)st_config_int(c, "model.d_model"),
+                   (long long)st_config_int(c, "model.n_layers"), (long long)st_config_int(c, "model.n_heads"),
+                   (long long)st_config_int(c, "model.d_ff"), (long long)st_config_int(c, "model.seq_len"),
+                   st_config_bool(c, "model.tie_embeddings") ? "true" : "false", st_config_string(c, "model.compute_dtype"));
+  st_strbuf_json_number(&m, st_config_float(c, "model.rope_theta"));
+  st_strbuf_append(&m, ", \"init_std\": ");
+  st_strbuf_json_number(&m, st_config_float(c, "model.init_std"));
+  st_strbuf_printf(&m, ", \"microbatch_size\": %lld}", (long long)(o->batch_size / o->microbatches));
+  o->model_json = m.data;
+
+  o->data.path = st_config_string(c, "data.path");
+  o->data.synthetic = st_config_bool(c, "data.synthetic");
+  o->data.vocab_size = (uint32_t)st_config_int(c, "model.vocab_size");
+  o->data.val_fraction = st_config_float(c, "data.val_fraction");
+  o->data.seq_len = st_config_int(c, "model.seq_len");
+  o->data.seed = o->seed;
+  o->data.cache_dir = o->cache_root;
+
+  st_runtime_options_init(&o->runtime);
+  o->runtime.plugin_path = st_config_string(c, "runtime.plugin");
+  o->runtime.cpu_devices = (int)st_config_int(c, "runtime.cpu_devices");
+  o->runtime.deterministic = st_config_bool(c, "runtime.deterministic");
+  int nx = st_config_list_count(c, "runtime.xla_options");
+  if (nx > 0) {
+    const char** xs = calloc((size_t)nx, sizeof(char*));
+    for (int i = 0; i < nx; ++i) xs[i] = st_config_list_item(c, "runtime.xla_options", i);
+    o->runtime.xla_options = xs;
+    o->runtime.xla_option_count = nx;
+  }
+}
+
+void st_train_options_deinit(st_train_options* o) {
+  free(o->cache_root);
+  free(o->model_json);
+  free((void*)o->runtime.xla_options);
+  free((void*)o->runtime.cache_dir);
+  memset(o, 0, sizeof(*o));
+}
+
+double st_train_lr(const st_train_options* o, int64_t t) {
+  if (o->warmup_steps > 0 && t <= o->warmup_steps) return o->lr * (double)t / (double)o->warmup_steps;
+  int64_t span = o->steps - o->warmup_steps;
+  double p = (double)(t - o->warmup_steps) / (double)(span > 1 ? span : 1);
+  if (p > 1) p = 1;
+  double min_lr = o->lr * o->min_lr_ratio;
+  return min_lr + (o->lr - min_lr) * 0.5 * (1.0 + cos(M_PI * p));
+}

@@ -1,0 +1,530 @@
+/* trainer.c — `strata train`: the lifecycle, read top to bottom:
+ *
+ *   init     run directory, resolved config, event log, data
+ *   compile  bundle (export if needed), runtime, programs, plans
+ *   run      initialise parameters, then step after step: fill the batch,
+ *            execute the step plan, record metrics, evaluate now and then
+ *   save     final parameters as safetensors
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "strata/base.h"
+#include "strata/ckpt.h"
+#include "strata/obs.h"
+#include "strata/train.h"
+
+typedef struct {
+  const st_train_options* o;
+  const st_bundle* bundle;
+  st_runtime* runtime;
+  st_dataset* data;
+  st_runlog* log;
+  char* run_dir;
+
+  /* compiled programs by bundle program index (owned) */
+  st_program** compiled;
+  st_plan step_plan, eval_plan;
+  st_program** step_programs; /* borrowed from compiled, by plan program index */
+  st_program** eval_programs;
+  st_executor* ex;      /* owns the persistent state (params, m, v) */
+  st_executor* eval_ex; /* borrows the params from ex before every eval */
+
+  /* per-step host state */
+  int64_t mb;            /* microbatch size */
+  int64_t T;
+  int32_t* tokens;       /* [batch, T] (or eval batch) */
+  int32_t* targets;
+  float* mask;
+  double* losses;        /* [microbatches] or [eval microbatches] */
+  double* sqnorms;       /* [group instances] */
+  int n_sq;
+  int64_t step;          /* 0-based step being run */
+  double grad_norm, gscale, lr;
+} st__trainer;
+
+static double st__now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/*===-------------------------------------------------------------------===*/
+/* Executor callbacks                                                       */
+/*===-------------------------------------------------------------------===*/
+
+static st_status st__scalar_buffer(st__trainer* t, float v, st_buffer** out) {
+  st_tensor_type s = {ST_DTYPE_F32, 0, {0}};
+  return st_buffer_from_host(t->runtime, 0, &s, &v, out);
+}
+
+static st_status st__h2d(void* user, const st_op* op, st_buffer** out) {
+  st__trainer* t = user;
+  int64_t n = t->mb * t->T;
+  st_tensor_type bt = {ST_DTYPE_S32, 2, {t->mb, t->T}};
+  switch (op->tag) {
+    case ST_TAG_TOKENS:
+    case ST_TAG_EVAL_TOKENS:
+      return st_buffer_from_host(t->runtime, 0, &bt, t->tokens + op->micro * n, out);
+    case ST_TAG_TARGETS:
+    case ST_TAG_EVAL_TARGETS:
+      return st_buffer_from_host(t->runtime, 0, &bt, t->targets + op->micro * n, out);
+    case ST_TAG_MASK:
+    case ST_TAG_EVAL_MASK:
+      bt.dtype = ST_DTYPE_F32;
+      return st_buffer_from_host(t->runtime, 0, &bt, t->mask + op->micro * n, out);
+    case ST_TAG_STEP:
+      return st__scalar_buffer(t, (float)(t->step + 1), out);
+    case ST_TAG_LR:
+      return st__scalar_buffer(t, (float)t->lr, out);
+    case ST_TAG_GSCALE:
+      return st__scalar_buffer(t, (float)t->gscale, out);
+    case ST_TAG_HYPER: {
+      float h[4] = {(float)t->o->beta1, (float)t->o->beta2, (float)t->o->eps, (float)t->o->weight_decay};
+      st_tensor_type ht = {ST_DTYPE_F32, 1, {4}};
+      return st_buffer_from_host(t->runtime, 0, &ht, h, out);
+    }
+    default:
+      return st_status_make(ST_CODE_INTERNAL, "H2D op with unknown tag %d", op->tag);
+  }
+}
+
+static st_status st__read(void* user, const st_op* op, st_buffer* b) {
+  st__trainer* t = user;
+  float v = 0;
+  ST_RETURN(st_buffer_to_host(b, &v, sizeof(v)));
+  switch (op->tag) {
+    case ST_TAG_LOSS:
+    case ST_TAG_EVAL_LOSS:
+      t->losses[op->micro] = v;
+      return ST_OK;
+    case ST_TAG_SQNORM:
+      t->sqnorms[op->micro] = v;
+      return ST_OK;
+    default:
+      return st_status_make(ST_CODE_INTERNAL, "READ op with unknown tag %d", op->tag);
+  }
+}
+
+/* The global norm and clip scale (docs/bundle.md): norms are summed in f64
+ * in instance order, the mean over microbatches is folded into gscale. */
+static st_status st__host(void* user, const st_op* op) {
+  st__trainer* t = user;
+  if (op->tag != ST_TAG_CLIP) return st_status_make(ST_CODE_INTERNAL, "HOST op with unknown tag %d", op->tag);
+  double sum = 0;
+  for (int i = 0; i < t->n_sq; ++i) sum += t->sqnorms[i];
+  double n_micro = (double)t->o->microbatches;
+  t->grad_norm = sqrt(sum) / n_micro;
+  if (!isfinite(t->grad_norm))
+    return st_status_make(ST_CODE_NUMERICS, "step %lld: gradient norm is not finite (%g); stopping before the update", (long long)t->step + 1,
+                          t->grad_norm);
+  double clip = 1.0;
+  if (t->o->grad_clip > 0) {
+    clip = t->o->grad_clip / (t->grad_norm + 1e-6);
+    if (clip > 1) clip = 1;
+  }
+  t->gscale = clip / n_micro;
+  t->lr = st_train_lr(t->o, t->step + 1);
+  return ST_OK;
+}
+
+/*===-------------------------------------------------------------------===*/
+/* Lifecycle pieces                                                         */
+/*===-------------------------------------------------------------------===*/
+
+static st_status st__make_run_dir(const st_config* cfg, const st_train_options* o, char** out_dir) {
+  st_strbuf d = {0};
+  if (o->run_dir[0]) {
+    st_strbuf_append(&d, o->run_dir);
+  } else {
+    char id[64];
+    if (o->run_id[0]) {
+      snprintf(id, sizeof(id), "%s", o->run_id);
+    } else {
+      time_t now = time(NULL);
+      struct tm tm;
+      localtime_r(&now, &tm);
+      strftime(id, sizeof(id), "%Y%m%d-%H%M%S", &tm);
+      snprintf(id + strlen(id), sizeof(id) - strlen(id), "-%d", (int)getpid());
+    }
+    st_strbuf_printf(&d, "runs/%s", id);
+  }
+  char* metrics = st_path_join(d.data, "metrics.jsonl");
+  bool used = st_fs_exists(metrics);
+  free(metrics);
+  if (used) {
+    st_status s = st_status_make(ST_CODE_CONFIG, "run directory '%s' already holds a run (metrics.jsonl); set run.dir to a new folder",
+                                 d.data);
+    st_strbuf_free(&d);
+    return s;
+  }
+  st_status s = st_fs_mkdirs(d.data);
+  if (!s) {
+    char* path = st_path_join(d.data, "config.yaml");
+    char* buf = NULL;
+    size_t size = 0;
+    FILE* f = open_memstream(&buf, &size);
+    s = st_config_write_yaml(cfg, f);
+    fclose(f);
+    if (!s) s = st_fs_write_atomic(path, buf, size);
+    free(buf);
+    free(path);
+  }
+  if (s) {
+    st_strbuf_free(&d);
+    return s;
+  }
+  *out_dir = d.data;
+  return ST_OK;
+}
+
+/* Compiles every program a plan uses, once, and maps plan indices to them. */
+static st_status st__compile_plan(st__trainer* t, const st_plan* plan, st_program*** out) {
+  st_program** v = calloc((size_t)plan->program_count + 1, sizeof(st_program*));
+  for (int i = 0; i < plan->program_count; ++i) {
+    const st_bundle_program* bp = st_bundle_program_find(t->bundle, plan->programs[i]);
+    if (!bp) {
+      free(v);
+      return st_status_make(ST_CODE_RUNTIME, "bundle %s has no program '%s'", t->bundle->dir, plan->programs[i]);
+    }
+    int idx = (int)(bp - t->bundle->programs);
+    if (!t->compiled[idx]) {
+      st_tensor_type* ins = calloc((size_t)bp->input_count + 1, sizeof(st_tensor_type));
+      st_tensor_type* outs = calloc((size_t)bp->output_count + 1, sizeof(st_tensor_type));
+      st_program_signature sig;
+      st_bundle_program_signature(bp, ins, outs, &sig);
+      st_status s = st_program_compile_file(t->runtime, bp->path, &sig, &t->compiled[idx]);
+      free(ins);
+      free(outs);
+      if (s) {
+        free(v);
+        return st_status_annotate(s, "compiling program '%s'", bp->name);
+      }
+    }
+    v[i] = t->compiled[idx];
+  }
+  *out = v;
+  return ST_OK;
+}
+
+static st_status st__compile_named(st__trainer* t, const char* name, st_program** out) {
+  st_plan tmp;
+  st_plan_init(&tmp);
+  st_plan_program(&tmp, name);
+  st_program** v = NULL;
+  st_status s = st__compile_plan(t, &tmp, &v);
+  if (!s) *out = v[0];
+  free(v);
+  st_plan_deinit(&tmp);
+  return s;
+}
+
+/* Runs the init programs (seeded, per layer) and zeroes m and v. */
+static st_status st__init_state(st__trainer* t) {
+  const st_bundle* b = t->bundle;
+  st_tensor_type s32 = {ST_DTYPE_S32, 0, {0}};
+  int32_t seed = (int32_t)t->o->seed;
+  st_buffer* seed_buf = NULL;
+  ST_RETURN(st_buffer_from_host(t->runtime, 0, &s32, &seed, &seed_buf));
+  st_status s = ST_OK;
+  const char* groups[3] = {"embed", "block", "head"};
+  for (int g = 0; g < 3 && !s; ++g) {
+    char prog[32];
+    snprintf(prog, sizeof(prog), "%s_init", groups[g]);
+    st_program* p = NULL;
+    s = st__compile_named(t, prog, &p);
+    int layers = g == 1 ? (int)b->model.n_layers : 1;
+    const st_bundle_group* grp = st_bundle_group_find(b, groups[g]);
+    for (int l = 0; l < layers && !s; ++l) {
+      st_buffer* in[2] = {seed_buf, NULL};
+      int32_t layer = l;
+      if (g == 1) s = st_buffer_from_host(t->runtime, 0, &s32, &layer, &in[1]);
+      st_buffer* outs[64] = {0};
+      if (!s) s = st_program_execute(p, 0, in, g == 1 ? 2 : 1, outs, grp->param_count, NULL);
+      st_buffer_destroy(in[1]);
+      for (int k = 0; k < grp->param_count; ++k) {
+        if (s) {
+          st_buffer_destroy(outs[k]);
+          continue;
+        }
+        char name[256];
+        if (g == 1) {
+          snprintf(name, sizeof(name), "layers.%d.%s", l, grp->params[k]);
+        } else {
+          snprintf(name, sizeof(name), "%s", grp->params[k]);
+        }
+        int slot = st_plan_slot_find(&t->step_plan, name);
+        if (slot < 0) {
+          st_buffer_destroy(outs[k]);
+          s = st_status_make(ST_CODE_INTERNAL, "init: no slot for parameter '%s'", name);
+          continue;
+        }
+        st_executor_set(t->ex, slot, outs[k]);
+      }
+    }
+    if (s) s = st_status_annotate(s, "initialising parameters with %s", prog);
+  }
+  st_buffer_destroy(seed_buf);
+  if (s) return s;
+  /* Optimizer state starts at zero. */
+  size_t biggest = 0;
+  for (int i = 0; i < b->param_count; ++i) {
+    size_t n = st_tensor_type_bytes(&b->params[i].type);
+    if (n > biggest) biggest = n;
+  }
+  void* zeros = calloc(1, biggest ? biggest : 1);
+  for (int i = 0; i < t->step_plan.slot_count && !s; ++i) {
+    const st_slot* sl = &t->step_plan.slots[i];
+    if (sl->category != ST_SLOT_OPT) continue;
+    st_buffer* z = NULL;
+    s = st_buffer_from_host(t->runtime, 0, &sl->type, zeros, &z);
+    if (!s) st_executor_set(t->ex, i, z);
+  }
+  free(zeros);
+  return s;
+}
+
+static void st__fill_train_batch(st__trainer* t) {
+  uint64_t first = (uint64_t)(t->step * t->o->batch_size);
+  st_dataset_fill(t->data, ST_STREAM_TRAIN, first, t->o->batch_size, t->tokens, t->targets, t->mask);
+}
+
+/* Evaluation: the same fixed validation sequences every time. */
+static st_status st__evaluate(st__trainer* t, double* out_loss) {
+  const st_plan* ep = &t->eval_plan;
+  int64_t n_seq = t->o->eval_batches * t->o->batch_size;
+  st_dataset_fill(t->data, ST_STREAM_EVAL, 0, n_seq, t->tokens, t->targets, t->mask);
+  st_executor_hooks hooks = {t, st__h2d, st__read, st__host};
+  st_status s = ST_OK;
+  /* The eval executor borrows the current parameters for the run. */
+  for (int i = 0; i < ep->slot_count; ++i) {
+    if (ep->slots[i].category != ST_SLOT_PARAM) continue;
+    int src = st_plan_slot_find(&t->step_plan, ep->slots[i].name);
+    st_executor_set_borrowed(t->eval_ex, i, st_executor_get(t->ex, src));
+  }
+  s = st_executor_run(t->eval_ex, &hooks);
+  for (int i = 0; i < ep->slot_count; ++i) {
+    if (ep->slots[i].category == ST_SLOT_PARAM) st_executor_set_borrowed(t->eval_ex, i, NULL);
+  }
+  if (s) return st_status_annotate(s, "evaluation");
+  int64_t em = t->o->eval_batches * t->o->microbatches;
+  double sum = 0;
+  for (int64_t m = 0; m < em; ++m) sum += t->losses[m];
+  *out_loss = sum / (double)em;
+  return ST_OK;
+}
+
+static st_status st__save_params(st__trainer* t, const char* path) {
+  const st_bundle* b = t->bundle;
+  st_named_tensor* ts = calloc((size_t)b->param_count + 1, sizeof(*ts));
+  void** host = calloc((size_t)b->param_count + 1, sizeof(void*));
+  st_status s = ST_OK;
+  for (int i = 0; i < b->param_count && !s; ++i) {
+    int slot = st_plan_slot_find(&t->step_plan, b->params[i].name);
+    st_buffer* buf = slot >= 0 ? st_executor_get(t->ex, slot) : NULL;
+    if (!buf) {
+      s = st_status_make(ST_CODE_INTERNAL, "parameter '%s' has no device buffer", b->params[i].name);
+      break;
+    }
+    size_t n = st_buffer_bytes(buf);
+    host[i] = malloc(n ? n : 1);
+    s = st_buffer_to_host(buf, host[i], n);
+    ts[i].name = b->params[i].name;
+    ts[i].type = b->params[i].type;
+    ts[i].data = host[i];
+  }
+  if (!s) s = st_safetensors_write(path, ts, b->param_count);
+  for (int i = 0; i < b->param_count; ++i) free(host[i]);
+  free(host);
+  free(ts);
+  return s;
+}
+
+static void st__trainer_free(st__trainer* t) {
+  st_executor_destroy(t->eval_ex);
+  st_executor_destroy(t->ex);
+  free(t->step_programs);
+  free(t->eval_programs);
+  if (t->compiled) {
+    for (int i = 0; i < t->bundle->program_count; ++i) st_program_destroy(t->compiled[i]);
+    free(t->compiled);
+  }
+  st_plan_deinit(&t->step_plan);
+  st_plan_deinit(&t->eval_plan);
+  free(t->tokens);
+  free(t->targets);
+  free(t->mask);
+  free(t->losses);
+  free(t->sqnorms);
+}
+
+static st_status st__event(st__trainer* t, const char* name, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+static st_status st__event(st__trainer* t, const char* name, const char* fmt, ...) {
+  char buf[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  return st_runlog_event(t->log, name, buf);
+}
+
+/* The run itself, once everything is compiled. */
+static st_status st__run(st__trainer* t, bool progress) {
+  const st_train_options* o = t->o;
+  st_executor_hooks hooks = {t, st__h2d, st__read, st__host};
+  double t_start = st__now();
+  double last_loss = NAN;
+  for (t->step = 0; t->step < o->steps; ++t->step) {
+    double t0 = st__now();
+    st__fill_train_batch(t);
+    ST_RETURN_IF_ERROR(st_executor_run(t->ex, &hooks), "step %lld", (long long)t->step + 1);
+    double loss = 0;
+    for (int64_t m = 0; m < o->microbatches; ++m) loss += t->losses[m];
+    loss /= (double)o->microbatches;
+    if (!isfinite(loss))
+      return st_status_make(ST_CODE_NUMERICS, "step %lld: loss is not finite (%g); try a lower train.lr", (long long)t->step + 1, loss);
+    last_loss = loss;
+    double dt = st__now() - t0;
+    int64_t tokens = o->batch_size * t->T;
+    const st_executor_stats* es = st_executor_stats_get(t->ex);
+    st_strbuf m = {0};
+    st_strbuf_printf(&m, "{\"step\": %lld, \"loss\": ", (long long)t->step + 1);
+    st_strbuf_json_number(&m, loss);
+    st_strbuf_append(&m, ", \"lr\": ");
+    st_strbuf_json_number(&m, t->lr);
+    st_strbuf_append(&m, ", \"grad_norm\": ");
+    st_strbuf_json_number(&m, t->grad_norm);
+    st_strbuf_printf(&m, ", \"tokens\": %lld, \"step_time_s\": %.6f, \"tokens_per_s\": %.1f, \"launches\": %lld, "
+                         "\"wait_s\": %.6f, \"peak_live_bytes\": %lld}",
+                     (long long)tokens, dt, (double)tokens / dt, (long long)es->launches, es->read_wait_s,
+                     (long long)es->peak_live_bytes);
+    st_status s = st_runlog_metrics(t->log, m.data);
+    st_strbuf_free(&m);
+    ST_RETURN(s);
+    double elapsed = st__now() - t_start;
+    double eta = elapsed / (double)(t->step + 1) * (double)(o->steps - t->step - 1);
+    st_progress_print(progress, t->step + 1, o->steps, loss, (double)tokens / dt, eta);
+
+    bool last = t->step + 1 == o->steps;
+    if ((o->eval_every > 0 && (t->step + 1) % o->eval_every == 0) || last) {
+      double eval_loss = 0;
+      ST_RETURN(st__evaluate(t, &eval_loss));
+      st_strbuf e = {0};
+      st_strbuf_printf(&e, "{\"step\": %lld, \"eval_loss\": ", (long long)t->step + 1);
+      st_strbuf_json_number(&e, eval_loss);
+      st_strbuf_append(&e, "}");
+      s = st_runlog_metrics(t->log, e.data);
+      st_strbuf_free(&e);
+      ST_RETURN(s);
+      if (progress) {
+        st_progress_end(true);
+        fprintf(stderr, "eval at step %lld: loss %.4f\n", (long long)t->step + 1, eval_loss);
+      }
+      ST_RETURN(st__event(t, "eval", "\"step\": %lld, \"eval_loss\": %.6f", (long long)t->step + 1, eval_loss));
+    }
+  }
+  st_progress_end(progress);
+  ST_RETURN(st__event(t, "run_done", "\"steps\": %lld, \"final_loss\": %.6f, \"seconds\": %.3f", (long long)o->steps, last_loss,
+                      st__now() - t_start));
+  return ST_OK;
+}
+
+st_status st_train_main(const st_config* cfg) {
+  st_train_options o;
+  st_train_options_from_config(cfg, &o);
+  st__trainer t;
+  memset(&t, 0, sizeof(t));
+  t.o = &o;
+  st_bundle* bundle = NULL;
+  bool progress = o.progress == 1 || (o.progress == 2 && isatty(2));
+  double t0 = st__now();
+
+  /* --- init ------------------------------------------------------------ */
+  st_status s = st__make_run_dir(cfg, &o, &t.run_dir);
+  if (!s) s = st_runlog_open(t.run_dir, &t.log);
+  if (!s) s = st__event(&t, "init", "\"run_dir\": \"%s\", \"steps\": %lld", t.run_dir, (long long)o.steps);
+  if (!s) s = st_dataset_open(&o.data, &t.data);
+  if (!s)
+    s = st__event(&t, "data", "\"token_file\": \"%s\", \"tokens\": %llu, \"train_tokens\": %llu, \"val_tokens\": %llu",
+                  st_dataset_token_path(t.data), (unsigned long long)st_dataset_token_count(t.data),
+                  (unsigned long long)st_dataset_split_tokens(t.data, 0), (unsigned long long)st_dataset_split_tokens(t.data, 1));
+
+  /* --- compile --------------------------------------------------------- */
+  bool exported = false;
+  if (!s) {
+    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir};
+    s = st_bundle_ensure(&req, &bundle, &exported);
+  }
+  t.bundle = bundle;
+  if (!s) s = st__event(&t, "bundle", "\"dir\": \"%s\", \"key\": \"%s\", \"exported\": %s", bundle->dir, bundle->key, exported ? "true" : "false");
+  if (!s) {
+    char* exe_cache = st_path_join(o.cache_root, "executables");
+    o.runtime.cache_dir = exe_cache;
+    s = st_runtime_create(&o.runtime, &t.runtime);
+  }
+  double t_compile = st__now();
+  if (!s) s = st_train_build_plans(bundle, &o, &t.step_plan, &t.eval_plan);
+  if (!s) {
+    t.compiled = calloc((size_t)bundle->program_count + 1, sizeof(st_program*));
+    s = st__compile_plan(&t, &t.step_plan, &t.step_programs);
+  }
+  if (!s) s = st__compile_plan(&t, &t.eval_plan, &t.eval_programs);
+  if (!s) s = st_executor_create(&t.step_plan, t.runtime, t.step_programs, 0, false, &t.ex);
+  if (!s) s = st_executor_create(&t.eval_plan, t.runtime, t.eval_programs, 0, false, &t.eval_ex);
+  if (!s) {
+    st_runtime_stats rs;
+    st_runtime_get_stats(t.runtime, &rs);
+    s = st__event(&t, "compile", "\"seconds\": %.3f, \"compiled\": %lld, \"cache_hits\": %lld, \"plan_ops\": %d",
+                  st__now() - t_compile, (long long)rs.compiles, (long long)rs.cache_hits, t.step_plan.op_count);
+  }
+
+  /* --- run ------------------------------------------------------------- */
+  if (!s) {
+    t.mb = o.batch_size / o.microbatches;
+    t.T = o.data.seq_len;
+    int64_t rows = o.batch_size * (o.eval_batches > 1 ? o.eval_batches : 1);
+    t.tokens = calloc((size_t)(rows * t.T), sizeof(int32_t));
+    t.targets = calloc((size_t)(rows * t.T), sizeof(int32_t));
+    t.mask = calloc((size_t)(rows * t.T), sizeof(float));
+    t.losses = calloc((size_t)(o.microbatches * (o.eval_batches > 1 ? o.eval_batches : 1)), sizeof(double));
+    t.n_sq = (int)bundle->model.n_layers + 2;
+    t.sqnorms = calloc((size_t)t.n_sq, sizeof(double));
+    s = st__init_state(&t);
+  }
+  if (!s) s = st__event(&t, "run", "\"startup_seconds\": %.3f", st__now() - t0);
+  if (!s) s = st__run(&t, progress);
+
+  /* --- save ------------------------------------------------------------ */
+  if (!s) {
+    char* path = st_path_join(t.run_dir, "params.safetensors");
+    s = st__save_params(&t, path);
+    if (!s) s = st__event(&t, "saved", "\"path\": \"%s\"", path);
+    free(path);
+  }
+  if (s && t.log) {
+    st_strbuf e = {0};
+    st_strbuf_append(&e, "\"error\": ");
+    st_strbuf_json_string(&e, st_status_message(s));
+    st_strbuf_printf(&e, ", \"exit_code\": %d", st_status_exit_code(s));
+    st_status_free(st_runlog_event(t.log, "failed", e.data));
+    st_strbuf_free(&e);
+  } else if (!s) {
+    st_status_free(st_runlog_event(t.log, "done", ""));
+    printf("run directory: %s\n", t.run_dir);
+  }
+  st__trainer_free(&t);
+  st_runtime_destroy(t.runtime);
+  st_dataset_destroy(t.data);
+  st_bundle_destroy(bundle);
+  st_runlog_close(t.log);
+  free(t.run_dir);
+  st_train_options_deinit(&o);
+  return s;
+}
