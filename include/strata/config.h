@@ -57,6 +57,20 @@ st_status st_config_print_sources(const st_config* config, FILE* out);
 /* Writes the schema reference as Markdown (`strata config --schema`, docs/config.md). */
 st_status st_config_write_schema_markdown(FILE* out);
 
+/* Writes the resolved config as nested JSON, schema order (`strata config
+ * --json`; for tools outside C, e.g. the Python reference trainer). */
+st_status st_config_write_json(const st_config* config, FILE* out);
+/* Writes st_config_write_yaml's output to |path| atomically (temporary file
+ * in the same folder, fsync, rename): the run directory's config.yaml. */
+st_status st_config_save(const st_config* config, const char* path);
+
+/* Sets one key of a loaded config, parsed and checked exactly like a
+ * command-line override ("key", "value" as typed after '='), recording
+ * |source| (NULL: "command line") as its origin; the cross-field rules are
+ * re-checked and on error the config is left unchanged. For values decided
+ * at run time (a generated run.id) that the snapshot must record. */
+st_status st_config_set(st_config* config, const char* key, const char* value, const char* source);
+
 /* Stable 64-bit hash (hex, 16 chars + NUL into |out|) of the resolved values
  * of every key whose dotted name starts with one of |prefixes| (all keys
  * when |prefix_count| is 0). Used for the config hash and bundle key. */

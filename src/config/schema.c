@@ -1,0 +1,224 @@
+/*
+ * schema.c — every configuration key strata knows: type, default, allowed
+ * range or values, one-line doc; the cross-field rules; the documented
+ * environment variables. `strata config --schema` and docs/config.md are
+ * generated from these tables.
+ *
+ * To add a key: add one row to kKeys, keeping rows of one section together
+ * (the YAML writer nests by section and a test checks they are contiguous),
+ * add the key with its default to configs/base.yml (a test checks base.yml
+ * covers every key with the schema default), then regenerate docs/config.md:
+ *   ./build/strata config --schema > docs/config.md
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "config/internal.h"
+
+/* Rows: key, type, default (as text), then range/choices and doc. */
+static const st__cfg_key kKeys[] = {
+    {"seed", ST__CFG_INT, "0", .lo = 0, .hi = 2147483647, .doc = "Seeds parameter init and the data sampler."},
+
+    {"model.vocab_size", ST__CFG_INT, "256", .lo = 2, .hi = 1048576,
+     .doc = "Vocabulary size; at least 256 for the byte tokenizer (unless data.synthetic)."},
+    {"model.d_model", ST__CFG_INT, "128", .lo = 8, .hi = 65536, .doc = "Residual stream width."},
+    {"model.n_layers", ST__CFG_INT, "2", .lo = 1, .hi = 1024, .doc = "Number of transformer blocks."},
+    {"model.n_heads", ST__CFG_INT, "4", .lo = 1, .hi = 1024,
+     .doc = "Attention heads; must divide model.d_model with an even head size (RoPE)."},
+    {"model.d_ff", ST__CFG_INT, "512", .lo = 1, .hi = 1048576, .doc = "Hidden width of the MLP."},
+    {"model.seq_len", ST__CFG_INT, "128", .lo = 2, .hi = 8192, .doc = "Tokens per training sequence."},
+    {"model.tie_embeddings", ST__CFG_BOOL, "true", .doc = "Share the input embedding with the output projection."},
+    {"model.compute_dtype", ST__CFG_ENUM, "f32", .choices = "f32|bf16",
+     .doc = "Dtype of matmuls and activations (parameters stay f32)."},
+    {"model.rope_theta", ST__CFG_FLOAT, "10000", .lo = 0, .lo_open = true, .hi = 1e9, .doc = "RoPE base frequency."},
+    {"model.init_std", ST__CFG_FLOAT, "0.02", .lo = 0, .lo_open = true, .hi = 10,
+     .doc = "Standard deviation of the normal parameter init."},
+
+    {"train.steps", ST__CFG_INT, "100", .lo = 1, .hi = 100000000, .doc = "Optimizer steps to run."},
+    {"train.batch_size", ST__CFG_INT, "8", .lo = 1, .hi = 1048576,
+     .doc = "Sequences per optimizer step; must be divisible by train.microbatches."},
+    {"train.microbatches", ST__CFG_INT, "1", .lo = 1, .hi = 65536,
+     .doc = "Gradient-accumulation microbatches per step."},
+    {"train.lr", ST__CFG_FLOAT, "0.003", .lo = 0, .hi = 10, .doc = "Peak learning rate."},
+    {"train.min_lr_ratio", ST__CFG_FLOAT, "0.1", .lo = 0, .hi = 1,
+     .doc = "Final learning rate of the cosine decay, as a fraction of train.lr."},
+    {"train.warmup_steps", ST__CFG_INT, "10", .lo = 0, .hi = 100000000, .doc = "Linear warmup steps."},
+    {"train.weight_decay", ST__CFG_FLOAT, "0.1", .lo = 0, .hi = 10, .doc = "AdamW decoupled weight decay."},
+    {"train.beta1", ST__CFG_FLOAT, "0.9", .lo = 0, .hi = 1, .hi_open = true, .doc = "Adam first-moment decay."},
+    {"train.beta2", ST__CFG_FLOAT, "0.95", .lo = 0, .hi = 1, .hi_open = true, .doc = "Adam second-moment decay."},
+    {"train.eps", ST__CFG_FLOAT, "1e-8", .lo = 0, .lo_open = true, .hi = 1, .doc = "Adam epsilon."},
+    {"train.grad_clip", ST__CFG_FLOAT, "1.0", .lo = 0, .hi = 1e9,
+     .doc = "Global gradient-norm clip; 0 disables clipping."},
+    {"train.eval_every", ST__CFG_INT, "50", .lo = 0, .hi = 100000000,
+     .doc = "Evaluate every N steps; 0 evaluates only at the end."},
+    {"train.eval_batches", ST__CFG_INT, "4", .lo = 1, .hi = 100000, .doc = "Validation batches per evaluation."},
+
+    {"data.path", ST__CFG_STRING, "",
+     .doc = "Text corpus (file or folder); empty: Debian's fortunes corpus /usr/share/games/fortunes."},
+    {"data.synthetic", ST__CFG_BOOL, "false", .doc = "Train on generated tokens instead of a corpus."},
+    {"data.val_fraction", ST__CFG_FLOAT, "0.05", .lo = 0, .lo_open = true, .hi = 0.5,
+     .doc = "Fraction of the corpus held out for validation."},
+
+    {"run.dir", ST__CFG_STRING, "", .doc = "Run directory; empty: runs/<run.id>."},
+    {"run.id", ST__CFG_STRING, "", .doc = "Run name; empty: generated from the date and time."},
+    {"run.progress", ST__CFG_ENUM, "auto", .choices = "auto|on|off",
+     .doc = "Console progress line; auto: only when stderr is a terminal."},
+
+    {"runtime.plugin", ST__CFG_STRING, "",
+     .doc = "PJRT plugin (.so); empty: $STRATA_PJRT_PLUGIN, then the .venv CPU plugin."},
+    {"runtime.cpu_devices", ST__CFG_INT, "2", .lo = 1, .hi = 256, .doc = "Devices the CPU plugin exposes."},
+    {"runtime.deterministic", ST__CFG_BOOL, "false", .doc = "Ask XLA for deterministic (slower) kernels."},
+    {"runtime.xla_options", ST__CFG_LIST, "[]", .doc = "Extra compile options, strings \"name=value\"."},
+    {"runtime.cache_dir", ST__CFG_STRING, "",
+     .doc = "Compile and bundle cache; empty: $STRATA_CACHE_DIR, else ~/.cache/strata."},
+
+    {"bundle.dir", ST__CFG_STRING, "", .doc = "Program bundle folder; empty: <cache>/bundles/<bundle key>."},
+};
+
+static const st__cfg_section kSections[] = {
+    {"", "Keys outside any section."},
+    {"model", "The transformer: shapes, dtype, init."},
+    {"train", "Optimizer, schedule, batch and evaluation."},
+    {"data", "Corpus, tokenization, split."},
+    {"run", "Run directory and console output."},
+    {"runtime", "PJRT plugin, devices, compilation."},
+    {"bundle", "Exported programs."},
+};
+
+static const st__cfg_env kEnvs[] = {
+    {"STRATA_PJRT_PLUGIN", "PJRT plugin used when runtime.plugin is empty."},
+    {"STRATA_CACHE_DIR", "Cache folder used when runtime.cache_dir is empty."},
+};
+
+/* ---- cross-field rules -------------------------------------------------- */
+
+/* Messages name both keys with their values and sources, so the user knows
+ * which of the two to change and where it was set. */
+
+static st_status st__rule_heads(const st_config* c) {
+  int64_t d = st_config_int(c, "model.d_model"), h = st_config_int(c, "model.n_heads");
+  if (d % h != 0)
+    return st_status_make(ST_CODE_CONFIG,
+                          "model.d_model (%lld, %s) is not divisible by model.n_heads (%lld, %s)", (long long)d,
+                          st_config_source(c, "model.d_model"), (long long)h, st_config_source(c, "model.n_heads"));
+  if ((d / h) % 2 != 0)
+    return st_status_make(ST_CODE_CONFIG,
+                          "head size model.d_model / model.n_heads = %lld / %lld = %lld must be even for RoPE "
+                          "(model.d_model: %s, model.n_heads: %s)",
+                          (long long)d, (long long)h, (long long)(d / h), st_config_source(c, "model.d_model"),
+                          st_config_source(c, "model.n_heads"));
+  return ST_OK;
+}
+
+static st_status st__rule_microbatches(const st_config* c) {
+  int64_t b = st_config_int(c, "train.batch_size"), m = st_config_int(c, "train.microbatches");
+  if (b % m != 0)
+    return st_status_make(ST_CODE_CONFIG,
+                          "train.batch_size (%lld, %s) is not divisible by train.microbatches (%lld, %s)",
+                          (long long)b, st_config_source(c, "train.batch_size"), (long long)m,
+                          st_config_source(c, "train.microbatches"));
+  return ST_OK;
+}
+
+static st_status st__rule_vocab(const st_config* c) {
+  int64_t v = st_config_int(c, "model.vocab_size");
+  if (v < 256 && !st_config_bool(c, "data.synthetic"))
+    return st_status_make(ST_CODE_CONFIG,
+                          "model.vocab_size (%lld, %s) must be at least 256 for the byte tokenizer when "
+                          "data.synthetic is false (%s)",
+                          (long long)v, st_config_source(c, "model.vocab_size"), st_config_source(c, "data.synthetic"));
+  return ST_OK;
+}
+
+static const st__cfg_rule kRules[] = {
+    {"model.d_model is divisible by model.n_heads, and the head size model.d_model / model.n_heads is even (RoPE).",
+     st__rule_heads},
+    {"train.batch_size is divisible by train.microbatches.", st__rule_microbatches},
+    {"model.vocab_size is at least 256 (the byte tokenizer) unless data.synthetic is true.", st__rule_vocab},
+};
+
+/* ---- lookups ------------------------------------------------------------ */
+
+#define ST__COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+const st__cfg_key* st__cfg_schema(int* count) {
+  *count = ST__COUNT(kKeys);
+  return kKeys;
+}
+const st__cfg_rule* st__cfg_rules(int* count) {
+  *count = ST__COUNT(kRules);
+  return kRules;
+}
+const st__cfg_env* st__cfg_envs(int* count) {
+  *count = ST__COUNT(kEnvs);
+  return kEnvs;
+}
+const st__cfg_section* st__cfg_sections(int* count) {
+  *count = ST__COUNT(kSections);
+  return kSections;
+}
+
+int st__cfg_find(const char* key, size_t len) {
+  for (int i = 0; i < ST__COUNT(kKeys); ++i)
+    if (strlen(kKeys[i].key) == len && memcmp(kKeys[i].key, key, len) == 0) return i;
+  return -1;
+}
+
+bool st__cfg_is_section(const char* prefix, size_t len) {
+  for (int i = 0; i < ST__COUNT(kKeys); ++i)
+    if (strlen(kKeys[i].key) > len && memcmp(kKeys[i].key, prefix, len) == 0 && kKeys[i].key[len] == '.') return true;
+  return false;
+}
+
+const char* st__cfg_type_name(st__cfg_type type) {
+  switch (type) {
+    case ST__CFG_INT: return "int";
+    case ST__CFG_FLOAT: return "float";
+    case ST__CFG_BOOL: return "bool";
+    case ST__CFG_STRING: return "string";
+    case ST__CFG_ENUM: return "enum";
+    case ST__CFG_LIST: return "list";
+  }
+  return "?";
+}
+
+void st__cfg_range(const st__cfg_key* k, char* buf, size_t cap) {
+  char lo[40], hi[40];
+  if (k->type == ST__CFG_INT) {
+    snprintf(lo, sizeof(lo), "%.0f", k->lo);
+    snprintf(hi, sizeof(hi), "%.0f", k->hi);
+  } else {
+    st__cfg_fmt_bound(k->lo, lo);
+    st__cfg_fmt_bound(k->hi, hi);
+  }
+  snprintf(buf, cap, "%c%s, %s%c", k->lo_open ? '(' : '[', lo, hi, k->hi_open ? ')' : ']');
+}
+
+void st__cfg_expected(const st__cfg_key* k, char* buf, size_t cap) {
+  char range[96];
+  switch (k->type) {
+    case ST__CFG_INT:
+    case ST__CFG_FLOAT:
+      st__cfg_range(k, range, sizeof(range));
+      snprintf(buf, cap, "expected %s in %s", st__cfg_type_name(k->type), range);
+      return;
+    case ST__CFG_BOOL: snprintf(buf, cap, "expected true or false"); return;
+    case ST__CFG_STRING: snprintf(buf, cap, "expected a string"); return;
+    case ST__CFG_ENUM: {
+      /* "f32|bf16" -> "one of f32, bf16" */
+      size_t n = (size_t)snprintf(buf, cap, "expected one of ");
+      for (const char* p = k->choices; *p && n + 3 < cap; ++p) {
+        if (*p == '|') {
+          buf[n++] = ',';
+          buf[n++] = ' ';
+        } else {
+          buf[n++] = *p;
+        }
+      }
+      buf[n < cap ? n : cap - 1] = '\0';
+      return;
+    }
+    case ST__CFG_LIST: snprintf(buf, cap, "expected a list of strings, written [a, b]"); return;
+  }
+  snprintf(buf, cap, "expected ?");
+}

@@ -1,0 +1,228 @@
+/* util.c — small string helpers for src/config/: a growable buffer, float
+ * formatting that round-trips, message quoting, edit distance. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config/internal.h"
+
+static void st__buf_reserve(st__cfg_buf* b, size_t extra) {
+  if (b->oom) return;
+  if (b->len + extra + 1 <= b->cap) return;
+  size_t cap = b->cap ? b->cap : 64;
+  while (cap < b->len + extra + 1) cap *= 2;
+  char* p = realloc(b->data, cap);
+  if (!p) {
+    b->oom = true;
+    return;
+  }
+  b->data = p;
+  b->cap = cap;
+}
+
+void st__cfg_buf_put(st__cfg_buf* b, const char* s, size_t n) {
+  st__buf_reserve(b, n);
+  if (b->oom) return;
+  if (n) memcpy(b->data + b->len, s, n);
+  b->len += n;
+  b->data[b->len] = '\0';
+}
+
+void st__cfg_buf_puts(st__cfg_buf* b, const char* s) { st__cfg_buf_put(b, s, strlen(s)); }
+
+void st__cfg_buf_printf(st__cfg_buf* b, const char* fmt, ...) {
+  va_list ap, ap2;
+  va_start(ap, fmt);
+  va_copy(ap2, ap);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  if (n < 0) {
+    b->oom = true;
+  } else {
+    st__buf_reserve(b, (size_t)n);
+    if (!b->oom) {
+      vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap2);
+      b->len += (size_t)n;
+    }
+  }
+  va_end(ap2);
+}
+
+void st__cfg_buf_free(st__cfg_buf* b) {
+  free(b->data);
+  memset(b, 0, sizeof(*b));
+}
+
+char* st__cfg_strndup(const char* s, size_t n) {
+  char* p = malloc(n + 1);
+  if (!p) return NULL;
+  if (n) memcpy(p, s, n);
+  p[n] = '\0';
+  return p;
+}
+
+char* st__cfg_strdup(const char* s) { return st__cfg_strndup(s, strlen(s)); }
+
+/* "1e+09" -> "1e9", "1e-08" -> "1e-8": the C exponent padding is noise. */
+static void st__tidy_exponent(char* s) {
+  char* e = strchr(s, 'e');
+  if (!e) return;
+  char* src = e + 1;
+  char* dst = e + 1;
+  if (*src == '+') ++src;
+  if (*src == '-') *dst++ = *src++;
+  while (*src == '0' && src[1]) ++src;
+  memmove(dst, src, strlen(src) + 1);
+}
+
+/* Fewest %g digits that read back to |x| exactly. */
+static void st__shortest_g(double x, char out[40]) {
+  for (int p = 1; p <= 17; ++p) {
+    snprintf(out, 40, "%.*g", p, x);
+    if (strtod(out, NULL) == x) break;
+  }
+  st__tidy_exponent(out);
+}
+
+/* Replaces an exponent form with plain digits when |x| lies in [lo, hi):
+ * "10000.0" and "10" read better than "1e4" and "1e1". */
+static void st__plain_between(double x, double lo, double hi, char out[40]) {
+  double ax = fabs(x);
+  if (!strchr(out, 'e') || ax < lo || ax >= hi) return;
+  for (int d = 0; d <= 20; ++d) {
+    char tmp[40];
+    snprintf(tmp, sizeof(tmp), "%.*f", d, x);
+    if (strtod(tmp, NULL) == x) {
+      memcpy(out, tmp, sizeof(tmp));
+      return;
+    }
+  }
+}
+
+void st__cfg_fmt_bound(double x, char out[40]) {
+  st__shortest_g(x, out);
+  st__plain_between(x, 1e-4, 1e6, out);
+}
+
+void st__cfg_fmt_float(double x, char out[40]) {
+  if (!isfinite(x)) {
+    /* Never stored (the loader rejects them), but keep the output readable. */
+    snprintf(out, 40, "%s", isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf"));
+    return;
+  }
+  st__shortest_g(x, out);
+  st__plain_between(x, 1e-5, 1e16, out);
+  if (!strpbrk(out, ".e")) {
+    size_t n = strlen(out);
+    if (n + 2 < 40) memcpy(out + n, ".0", 3);
+  }
+}
+
+void st__cfg_quote(const char* s, size_t n, char* out, size_t cap) {
+  /* Messages go to a terminal: escape control bytes, cut very long values. */
+  const size_t max_shown = 80;
+  size_t o = 0;
+  for (size_t i = 0; i < n && o + 8 < cap; ++i) {
+    if (i == max_shown) {
+      memcpy(out + o, "...", 3);
+      o += 3;
+      break;
+    }
+    unsigned char c = (unsigned char)s[i];
+    if (c == '\n') {
+      out[o++] = '\\';
+      out[o++] = 'n';
+    } else if (c == '\t') {
+      out[o++] = '\\';
+      out[o++] = 't';
+    } else if (c < 0x20 || c == 0x7f) {
+      o += (size_t)snprintf(out + o, cap - o, "\\x%02x", c);
+    } else {
+      out[o++] = (char)c;
+    }
+  }
+  out[o] = '\0';
+}
+
+void st__cfg_buf_json(st__cfg_buf* b, const char* s) {
+  st__cfg_buf_put(b, "\"", 1);
+  for (const unsigned char* p = (const unsigned char*)s; *p; ++p) {
+    switch (*p) {
+      case '"': st__cfg_buf_put(b, "\\\"", 2); break;
+      case '\\': st__cfg_buf_put(b, "\\\\", 2); break;
+      case '\n': st__cfg_buf_put(b, "\\n", 2); break;
+      case '\r': st__cfg_buf_put(b, "\\r", 2); break;
+      case '\t': st__cfg_buf_put(b, "\\t", 2); break;
+      default:
+        if (*p < 0x20 || *p == 0x7f)
+          st__cfg_buf_printf(b, "\\u%04x", *p);
+        else
+          st__cfg_buf_put(b, (const char*)p, 1);
+    }
+  }
+  st__cfg_buf_put(b, "\"", 1);
+}
+
+bool st__cfg_utf8_valid(const char* s, size_t n) {
+  const unsigned char* p = (const unsigned char*)s;
+  size_t i = 0;
+  while (i < n) {
+    unsigned c = p[i];
+    size_t extra;
+    unsigned min;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xe0) == 0xc0) {
+      extra = 1, min = 0x80, c &= 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+      extra = 2, min = 0x800, c &= 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+      extra = 3, min = 0x10000, c &= 0x07;
+    } else {
+      return false;
+    }
+    if (i + extra >= n) return false; /* truncated sequence */
+    for (size_t k = 1; k <= extra; ++k) {
+      if ((p[i + k] & 0xc0) != 0x80) return false;
+      c = (c << 6) | (p[i + k] & 0x3f);
+    }
+    /* Overlong forms, surrogates and values past U+10FFFF are not UTF-8. */
+    if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff)) return false;
+    i += extra + 1;
+  }
+  return true;
+}
+
+int st__cfg_edit_distance(const char* a, size_t an, const char* b, size_t bn) {
+  /* Keys are short; anything long is not worth a suggestion. */
+  enum { kMax = 128 };
+  if (an >= kMax || bn >= kMax) return 1 << 20;
+  int d[kMax + 1][kMax + 1];
+  for (size_t i = 0; i <= an; ++i) d[i][0] = (int)i;
+  for (size_t j = 0; j <= bn; ++j) d[0][j] = (int)j;
+  for (size_t i = 1; i <= an; ++i) {
+    for (size_t j = 1; j <= bn; ++j) {
+      int cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      int best = d[i - 1][j] + 1;
+      if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+      if (d[i - 1][j - 1] + cost < best) best = d[i - 1][j - 1] + cost;
+      /* "setps" vs "steps" is one slip of the fingers, not two. */
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < best)
+        best = d[i - 2][j - 2] + 1;
+      d[i][j] = best;
+    }
+  }
+  return d[an][bn];
+}
+
+void st__cfg_die(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "strata: internal error: ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  abort();
+}
