@@ -100,7 +100,9 @@ void st_bundle_key(const char* model_json, char out[17]);
 
 /* Opens the bundle for |request|, exporting it first when it is missing, its
  * key differs, or a program file is missing or altered (a stale bundle is
- * re-exported, never used). *out_exported tells which happened. */
+ * re-exported, never used). A stale bundle at an explicit |dir| is not
+ * replaced but reported (ST_CODE_RUNTIME naming it). *out_exported tells
+ * whether an export ran. */
 st_status st_bundle_ensure(const st_bundle_request* request, st_bundle** out_bundle, bool* out_exported);
 
 /* Runs `python -m strata_jax.export` into |dir|. */

@@ -418,7 +418,15 @@ st_status st_bundle_ensure(const st_bundle_request* req, st_bundle** out_bundle,
       st_bundle_destroy(b);
       b = NULL;
     }
+    if (s && req->dir && req->dir[0]) {
+      /* A bundle the user named (bundle.dir) is never overwritten: it may be
+       * the artefact another team handed over. Say what is wrong with it. */
+      free(dir);
+      return st_status_annotate(s, "bundle.dir '%s' does not match this config (remove it, or unset bundle.dir to use the cache)",
+                                req->dir);
+    }
     if (s) {
+      /* A cached bundle is ours to replace: stale means re-export. */
       fprintf(stderr, "strata: stale bundle, re-exporting: %s\n", st_status_message(s));
       st_status_free(s);
       s = ST_OK;
