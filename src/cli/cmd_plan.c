@@ -1,11 +1,51 @@
-/* cmd_plan.c — `strata plan`: not implemented yet (placeholder so the binary links). */
+/* cmd_plan.c — `strata plan [--json] CONFIG [k=v ...]`: the ops of one
+ * training step (and of one evaluation), with predicted live bytes. Exports
+ * the bundle if needed; compiles nothing. */
 #include <stdio.h>
+#include <string.h>
 
+#include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "strata/train.h"
 
 int st_cli_plan(int argc, char** argv) {
-  (void)argc;
-  (void)argv;
-  fprintf(stderr, "strata plan: not implemented yet\n");
-  return 1;
+  bool json = false;
+  if (argc > 0 && !strcmp(argv[0], "--json")) {
+    json = true;
+    --argc;
+    ++argv;
+  }
+  st_config* cfg = NULL;
+  st_status s = st_cli_load_config("plan", argc, argv, &cfg);
+  st_train_options o;
+  st_bundle* bundle = NULL;
+  bool exported = false;
+  st_plan step, eval;
+  st_plan_init(&step);
+  st_plan_init(&eval);
+  if (!s) {
+    st_train_options_from_config(cfg, &o);
+    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir};
+    s = st_bundle_ensure(&req, &bundle, &exported);
+    if (!s) s = st_train_build_plans(bundle, &o, &step, &eval);
+    if (!s && json) {
+      printf("{\"bundle\": \"%s\", \"step\": ", bundle->dir);
+      fflush(stdout);
+      st_plan_print_json(&step, stdout);
+      printf(", \"eval\": ");
+      st_plan_print_json(&eval, stdout);
+      printf("}\n");
+    } else if (!s) {
+      printf("# bundle %s\n# training step\n", bundle->dir);
+      st_plan_print(&step, stdout);
+      printf("# evaluation\n");
+      st_plan_print(&eval, stdout);
+    }
+    st_train_options_deinit(&o);
+  }
+  st_plan_deinit(&step);
+  st_plan_deinit(&eval);
+  st_bundle_destroy(bundle);
+  st_config_destroy(cfg);
+  return st_cli_report(s);
 }

@@ -1,11 +1,12 @@
-/* cmd_train.c — `strata train`: not implemented yet (placeholder so the binary links). */
-#include <stdio.h>
-
+/* cmd_train.c — `strata train CONFIG [k=v ...]`. */
+#include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "strata/train.h"
 
 int st_cli_train(int argc, char** argv) {
-  (void)argc;
-  (void)argv;
-  fprintf(stderr, "strata train: not implemented yet\n");
-  return 1;
+  st_config* cfg = NULL;
+  st_status s = st_cli_load_config("train", argc, argv, &cfg);
+  if (!s) s = st_train_main(cfg);
+  st_config_destroy(cfg);
+  return st_cli_report(s);
 }

@@ -15,6 +15,7 @@ static const st_cli_command kCommands[] = {
     {"config", st_cli_config, "config CONFIG [k=v ...]     print the resolved config with sources (--schema: reference)"},
     {"export", st_cli_export, "export CONFIG [k=v ...]     write the program bundle"},
     {"train", st_cli_train, "train CONFIG [k=v ...]      train (exports the bundle if needed)"},
+    {"data", st_cli_data, "data CONFIG [k=v ...]       tokenize the corpus; print the token file and split sizes"},
     {"plan", st_cli_plan, "plan CONFIG [k=v ...]       print the step plan (the ops one step runs)"},
 };
 
