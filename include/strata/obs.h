@@ -39,3 +39,27 @@ void st_progress_end(bool enabled);
 }
 #endif
 #endif /* STRATA_OBS_H */
+
+/*===-------------------------------------------------------------------===*/
+/* Task context (context.json)                                              */
+/*===-------------------------------------------------------------------===*/
+
+#include "strata/runtime.h"
+
+/* Facts the caller knows; the rest (host, CPU, memory, git, environment)
+ * is gathered here. Strings are borrowed. */
+typedef struct st_context_facts {
+  const char* run_id;
+  const char* config_hash;
+  const char* bundle_key;
+  const char* jax_version; /* from the bundle manifest */
+  const st_runtime* runtime;
+} st_context_facts;
+
+/* Builds the context as one JSON object (new string owned by the caller):
+ * run id, strata version, git commit and dirtiness, jax/jaxlib/plugin
+ * versions, PJRT platform, devices, host name, CPU model, cores, memory,
+ * behaviour-changing environment variables, config hash and bundle key. */
+char* st_context_json(const st_context_facts* facts);
+
+#define STRATA_VERSION "0.1.0"

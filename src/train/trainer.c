@@ -367,7 +367,7 @@ static void st__trainer_free(st__trainer* t) {
 
 static st_status st__event(st__trainer* t, const char* name, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
 static st_status st__event(st__trainer* t, const char* name, const char* fmt, ...) {
-  char buf[2048];
+  char buf[16384];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(buf, sizeof(buf), fmt, ap);
@@ -449,12 +449,7 @@ st_status st_train_main(const st_config* cfg) {
   /* --- init ------------------------------------------------------------ */
   st_status s = st__make_run_dir(cfg, &o, &t.run_dir);
   if (!s) s = st_runlog_open(t.run_dir, &t.log);
-  if (!s) s = st__event(&t, "init", "\"run_dir\": \"%s\", \"steps\": %lld", t.run_dir, (long long)o.steps);
   if (!s) s = st_dataset_open(&o.data, &t.data);
-  if (!s)
-    s = st__event(&t, "data", "\"token_file\": \"%s\", \"tokens\": %llu, \"train_tokens\": %llu, \"val_tokens\": %llu",
-                  st_dataset_token_path(t.data), (unsigned long long)st_dataset_token_count(t.data),
-                  (unsigned long long)st_dataset_split_tokens(t.data, 0), (unsigned long long)st_dataset_split_tokens(t.data, 1));
 
   /* --- compile --------------------------------------------------------- */
   bool exported = false;
@@ -463,12 +458,29 @@ st_status st_train_main(const st_config* cfg) {
     s = st_bundle_ensure(&req, &bundle, &exported);
   }
   t.bundle = bundle;
-  if (!s) s = st__event(&t, "bundle", "\"dir\": \"%s\", \"key\": \"%s\", \"exported\": %s", bundle->dir, bundle->key, exported ? "true" : "false");
   if (!s) {
     char* exe_cache = st_path_join(o.cache_root, "executables");
     o.runtime.cache_dir = exe_cache;
     s = st_runtime_create(&o.runtime, &t.runtime);
   }
+  /* The task context: context.json, and the same facts as the first event. */
+  if (!s) {
+    char hash[17];
+    st_config_hash(cfg, NULL, 0, hash);
+    const char* slash = strrchr(t.run_dir, '/');
+    st_context_facts facts = {slash ? slash + 1 : t.run_dir, hash, bundle->key, bundle->jax_version, t.runtime};
+    char* ctx = st_context_json(&facts);
+    char* path = st_path_join(t.run_dir, "context.json");
+    s = st_fs_write_atomic(path, ctx, strlen(ctx));
+    free(path);
+    if (!s) s = st__event(&t, "init", "\"run_dir\": \"%s\", \"steps\": %lld, \"context\": %s", t.run_dir, (long long)o.steps, ctx);
+    free(ctx);
+  }
+  if (!s)
+    s = st__event(&t, "data", "\"token_file\": \"%s\", \"tokens\": %llu, \"train_tokens\": %llu, \"val_tokens\": %llu",
+                  st_dataset_token_path(t.data), (unsigned long long)st_dataset_token_count(t.data),
+                  (unsigned long long)st_dataset_split_tokens(t.data, 0), (unsigned long long)st_dataset_split_tokens(t.data, 1));
+  if (!s) s = st__event(&t, "bundle", "\"dir\": \"%s\", \"key\": \"%s\", \"exported\": %s", bundle->dir, bundle->key, exported ? "true" : "false");
   double t_compile = st__now();
   if (!s) s = st_train_build_plans(bundle, &o, &t.step_plan, &t.eval_plan);
   if (!s) {
