@@ -575,9 +575,8 @@ static st_status st__cycle_error(st__cfg_file* chain, int n, const char* again) 
 /* Reads |path| and its base_config parents into chain[0..*n) (the file
  * first, its root parent last). */
 static st_status st__load_chain(const char* path, st__cfg_file* chain, int* n) {
-  *n = 0;
+  *n = 1; /* even on failure, so the caller frees what was filled */
   ST_RETURN(st__load_file(&chain[0], path, NULL));
-  *n = 1;
   while (chain[*n - 1].doc.base_config) {
     st__cfg_file* child = &chain[*n - 1];
     const char* rel = child->doc.base_config;

@@ -1,0 +1,665 @@
+/* test_config.c — the config module: schema sanity, composition, overrides,
+ * every error class (exact key, location and exit code), round trips, the
+ * generated reference. Runs from the repository root (configs/, docs/). */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "config/internal.h"
+#include "strata/config.h"
+
+/* ---- helpers ------------------------------------------------------------ */
+
+typedef struct {
+  char dir[64];
+} fixture;
+
+static int setup(void** state) {
+  fixture* f = calloc(1, sizeof(*f));
+  snprintf(f->dir, sizeof(f->dir), "/tmp/strata-test-config-XXXXXX");
+  if (!mkdtemp(f->dir)) return -1;
+  *state = f;
+  return 0;
+}
+
+static int teardown(void** state) {
+  fixture* f = *state;
+  char cmd[128];
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", f->dir);
+  if (system(cmd) != 0) return -1;
+  free(f);
+  return 0;
+}
+
+/* Writes |text| to <dir>/<name>; returns the path (static per slot). */
+static const char* put(const fixture* f, const char* name, const char* text) {
+  static char paths[8][256];
+  static int slot;
+  char* p = paths[slot++ % 8];
+  snprintf(p, 256, "%s/%s", f->dir, name);
+  FILE* out = fopen(p, "w");
+  assert_non_null(out);
+  fputs(text, out);
+  fclose(out);
+  return p;
+}
+
+static char* fmt(const char* f, ...) {
+  static char buf[4][1024];
+  static int slot;
+  char* b = buf[slot++ % 4];
+  va_list ap;
+  va_start(ap, f);
+  vsnprintf(b, 1024, f, ap);
+  va_end(ap);
+  return b;
+}
+
+static st_config* load_ok(const char* path, int n, char** ov) {
+  st_config* c = NULL;
+  st_status s = st_config_load(path, n, ov, &c);
+  if (s) fail_msg("unexpected error: %s", st_status_message(s));
+  assert_non_null(c);
+  return c;
+}
+
+/* Every config error: class CONFIG, exit code 2, exact message, no config. */
+static void load_fails(const char* path, int n, char** ov, const char* message) {
+  st_config* c = (st_config*)&c;
+  st_status s = st_config_load(path, n, ov, &c);
+  assert_non_null(s);
+  assert_null(c);
+  assert_int_equal(st_status_code(s), ST_CODE_CONFIG);
+  assert_int_equal(st_status_exit_code(s), 2);
+  assert_string_equal(st_status_message(s), message);
+  st_status_free(s);
+}
+
+static void override_fails(const char* arg, const char* message) {
+  char* ov[] = {(char*)arg};
+  load_fails("configs/test.yml", 1, ov, message);
+}
+
+static char* capture(st_status (*fn)(const st_config*, FILE*), const st_config* c) {
+  char* data = NULL;
+  size_t len = 0;
+  FILE* m = open_memstream(&data, &len);
+  assert_non_null(m);
+  st_status s = fn(c, m);
+  if (s) fail_msg("%s", st_status_message(s));
+  fclose(m);
+  return data;
+}
+
+static char* read_all(const char* path) {
+  FILE* f = fopen(path, "rb");
+  if (!f) return NULL;
+  char* data = NULL;
+  size_t len = 0;
+  FILE* m = open_memstream(&data, &len);
+  char chunk[4096];
+  size_t n;
+  while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0) fwrite(chunk, 1, n, m);
+  fclose(f);
+  fclose(m);
+  return data;
+}
+
+static void hash_all(const st_config* c, char out[17]) { st_config_hash(c, NULL, 0, out); }
+
+/* ---- schema ------------------------------------------------------------- */
+
+static void test_schema_table(void** state) {
+  (void)state;
+  int n;
+  const st__cfg_key* keys = st__cfg_schema(&n);
+  assert_true(n > 30);
+  for (int i = 0; i < n; ++i) {
+    assert_non_null(keys[i].doc);
+    assert_true(strlen(keys[i].doc) > 0);
+    assert_null(strchr(keys[i].doc, '\n'));
+    assert_int_equal(st__cfg_find(keys[i].key, strlen(keys[i].key)), i); /* unique */
+    /* No key is also a section ("train" and "train.steps"). */
+    assert_false(st__cfg_is_section(keys[i].key, strlen(keys[i].key)));
+    if (keys[i].type == ST__CFG_ENUM) assert_non_null(keys[i].choices);
+    if (keys[i].type == ST__CFG_INT || keys[i].type == ST__CFG_FLOAT) assert_true(keys[i].lo <= keys[i].hi);
+    /* A section's keys are contiguous: the writers nest in one pass. */
+    const char* dot = strrchr(keys[i].key, '.');
+    size_t sec = dot ? (size_t)(dot - keys[i].key) : 0;
+    for (int j = i + 2; j < n && sec; ++j) {
+      const char* pd = strrchr(keys[j - 1].key, '.');
+      size_t psec = pd ? (size_t)(pd - keys[j - 1].key) : 0;
+      bool prev_same = psec == sec && !memcmp(keys[j - 1].key, keys[i].key, sec);
+      const char* jd = strrchr(keys[j].key, '.');
+      size_t jsec = jd ? (size_t)(jd - keys[j].key) : 0;
+      bool same = jsec == sec && !memcmp(keys[j].key, keys[i].key, sec);
+      if (same && !prev_same) fail_msg("section of %s is split by %s", keys[j].key, keys[j - 1].key);
+    }
+  }
+}
+
+static void test_defaults(void** state) {
+  (void)state;
+  st_config* c = load_ok(NULL, 0, NULL); /* every default parses and is in range */
+  assert_int_equal(st_config_int(c, "seed"), 0);
+  assert_int_equal(st_config_int(c, "model.d_model"), 128);
+  assert_true(st_config_bool(c, "model.tie_embeddings"));
+  assert_string_equal(st_config_string(c, "model.compute_dtype"), "f32");
+  assert_true(st_config_float(c, "model.rope_theta") == 10000.0);
+  assert_true(st_config_float(c, "train.eps") == 1e-8);
+  assert_string_equal(st_config_string(c, "data.path"), "");
+  assert_int_equal(st_config_list_count(c, "runtime.xla_options"), 0);
+  assert_string_equal(st_config_source(c, "train.steps"), "default");
+  st_config_destroy(c);
+  st_config_destroy(NULL);
+}
+
+/* configs/base.yml is the commented mirror of the schema: it sets every key,
+ * to the schema's default. */
+static void test_base_yml_mirrors_schema(void** state) {
+  (void)state;
+  st_config* d = load_ok(NULL, 0, NULL);
+  st_config* b = load_ok("configs/base.yml", 0, NULL);
+  int n;
+  const st__cfg_key* keys = st__cfg_schema(&n);
+  for (int i = 0; i < n; ++i) {
+    const char* src = st_config_source(b, keys[i].key);
+    if (strncmp(src, "configs/base.yml:", 17)) fail_msg("configs/base.yml does not set %s", keys[i].key);
+  }
+  char hd[17], hb[17];
+  hash_all(d, hd);
+  hash_all(b, hb);
+  assert_string_equal(hd, hb);
+  st_config_destroy(d);
+  st_config_destroy(b);
+}
+
+static void test_presets(void** state) {
+  (void)state;
+  st_config* c = load_ok("configs/tiny.yml", 0, NULL);
+  assert_int_equal(st_config_int(c, "model.d_model"), 128);
+  assert_int_equal(st_config_int(c, "model.n_layers"), 4);
+  assert_int_equal(st_config_int(c, "model.n_heads"), 4);
+  assert_int_equal(st_config_int(c, "model.d_ff"), 512);
+  assert_int_equal(st_config_int(c, "model.seq_len"), 128);
+  assert_int_equal(st_config_int(c, "train.steps"), 600);
+  assert_int_equal(st_config_int(c, "train.batch_size"), 16);
+  assert_int_equal(st_config_int(c, "train.microbatches"), 1);
+  assert_true(st_config_float(c, "train.lr") == 3e-3);
+  assert_int_equal(st_config_int(c, "train.warmup_steps"), 30);
+  assert_int_equal(st_config_int(c, "train.eval_every"), 100);
+  assert_int_equal(st_config_int(c, "train.eval_batches"), 4);
+  assert_string_equal(st_config_source(c, "model.n_layers"), "configs/tiny.yml:6");
+  assert_string_equal(st_config_source(c, "model.vocab_size"), "configs/base.yml:12");
+  st_config_destroy(c);
+
+  c = load_ok("configs/small.yml", 0, NULL);
+  assert_int_equal(st_config_int(c, "model.d_model"), 256);
+  assert_int_equal(st_config_int(c, "model.n_layers"), 8);
+  assert_int_equal(st_config_int(c, "model.n_heads"), 8);
+  assert_int_equal(st_config_int(c, "model.d_ff"), 1024);
+  assert_int_equal(st_config_int(c, "model.seq_len"), 256);
+  assert_int_equal(st_config_int(c, "train.batch_size"), 8);
+  assert_int_equal(st_config_int(c, "train.steps"), 200);
+  st_config_destroy(c);
+
+  c = load_ok("configs/test.yml", 0, NULL);
+  assert_int_equal(st_config_int(c, "model.d_model"), 32);
+  assert_int_equal(st_config_int(c, "model.n_layers"), 2);
+  assert_int_equal(st_config_int(c, "model.n_heads"), 2);
+  assert_int_equal(st_config_int(c, "model.d_ff"), 64);
+  assert_int_equal(st_config_int(c, "model.seq_len"), 16);
+  assert_int_equal(st_config_int(c, "train.batch_size"), 4);
+  assert_int_equal(st_config_int(c, "train.microbatches"), 2);
+  assert_int_equal(st_config_int(c, "train.steps"), 10);
+  assert_true(st_config_bool(c, "data.synthetic"));
+  assert_int_equal(st_config_int(c, "train.eval_every"), 5);
+  assert_int_equal(st_config_int(c, "train.eval_batches"), 1);
+  st_config_destroy(c);
+}
+
+/* ---- composition and overrides ------------------------------------------ */
+
+static void test_composition(void** state) {
+  fixture* f = *state;
+  put(f, "parent.yml", "model:\n  n_layers: 3\n  d_ff: 100\n");
+  /* base_config relative to the including file; flat dotted keys and nested
+   * maps mix; the file overrides its parent. */
+  const char* exp = put(f, "exp.yml", "base_config: parent.yml\nmodel.d_ff: 200\ntrain: {steps: 7}\n");
+  char* ov[] = {"train.steps=9", "model.n_layers=5", "model.n_layers=6",
+                "runtime.xla_options=[a=1, 'b, c']"};
+  st_config* c = load_ok(exp, 4, ov);
+  assert_int_equal(st_config_int(c, "model.d_ff"), 200);
+  assert_string_equal(st_config_source(c, "model.d_ff"), fmt("%s:2", exp));
+  assert_int_equal(st_config_int(c, "model.n_layers"), 6); /* the last override wins */
+  assert_string_equal(st_config_source(c, "model.n_layers"), "command line");
+  assert_int_equal(st_config_int(c, "train.steps"), 9);
+  assert_int_equal(st_config_list_count(c, "runtime.xla_options"), 2);
+  assert_string_equal(st_config_list_item(c, "runtime.xla_options", 0), "a=1");
+  assert_string_equal(st_config_list_item(c, "runtime.xla_options", 1), "b, c");
+  assert_string_equal(st_config_source(c, "seed"), "configs/base.yml:9");
+  st_config_destroy(c);
+
+  /* Without the override, the parent's value and line show. */
+  c = load_ok(exp, 0, NULL);
+  assert_int_equal(st_config_int(c, "model.n_layers"), 3);
+  assert_string_equal(st_config_source(c, "model.n_layers"), fmt("%s/parent.yml:2", f->dir));
+  st_config_destroy(c);
+
+  /* A parent not next to the file is looked up in configs/. */
+  const char* exp2 = put(f, "exp2.yml", "base_config: tiny.yml\ntrain:\n  steps: 3\n");
+  c = load_ok(exp2, 0, NULL);
+  assert_int_equal(st_config_int(c, "model.n_layers"), 4);
+  assert_string_equal(st_config_source(c, "model.n_layers"), "configs/tiny.yml:6");
+  assert_int_equal(st_config_int(c, "train.steps"), 3);
+  st_config_destroy(c);
+
+  /* Empty and null values: strings become "", lists []; empty sections are fine. */
+  const char* e = put(f, "empty.yml", "data:\n  path:\nruntime:\n  xla_options: ~\nmodel: {}\ntrain:\n");
+  c = load_ok(e, 0, NULL);
+  assert_string_equal(st_config_string(c, "data.path"), "");
+  assert_int_equal(st_config_list_count(c, "runtime.xla_options"), 0);
+  st_config_destroy(c);
+  c = load_ok(put(f, "nothing.yml", "# only a comment\n"), 0, NULL);
+  st_config_destroy(c);
+}
+
+/* ---- error classes ------------------------------------------------------ */
+
+static void test_unknown_key(void** state) {
+  fixture* f = *state;
+  const char* exp = put(f, "exp.yml", "# experiment\nmodel:\n  d_model: 64\ntrain.setps: 5\n");
+  load_fails(exp, 0, NULL, fmt("unknown key 'train.setps' in %s:4 (did you mean 'train.steps'?)", exp));
+  /* Nested form: the line of the key itself. */
+  exp = put(f, "exp.yml", "train:\n  lr: 0.1\n  setps: 5\n");
+  load_fails(exp, 0, NULL, fmt("unknown key 'train.setps' in %s:3 (did you mean 'train.steps'?)", exp));
+  /* The right name in the wrong place. */
+  exp = put(f, "exp.yml", "n_layers: 4\n");
+  load_fails(exp, 0, NULL, fmt("unknown key 'n_layers' in %s:1 (did you mean 'model.n_layers'?)", exp));
+  exp = put(f, "exp.yml", "trian: {}\n");
+  load_fails(exp, 0, NULL, fmt("unknown key 'trian' in %s:1 (did you mean 'train'?)", exp));
+  exp = put(f, "exp.yml", "model:\n  zzzzzz: 1\n");
+  load_fails(exp, 0, NULL, fmt("unknown key 'model.zzzzzz' in %s:2 (see `strata config --schema`)", exp));
+  /* base_config is a top-level key only. */
+  exp = put(f, "exp.yml", "train:\n  base_config: x.yml\n");
+  load_fails(exp, 0, NULL, fmt("unknown key 'train.base_config' in %s:2 (see `strata config --schema`)", exp));
+
+  override_fails("train.setps=5", "unknown key 'train.setps' on the command line (did you mean 'train.steps'?)");
+  override_fails("model.nlayers=5", "unknown key 'model.nlayers' on the command line (did you mean 'model.n_layers'?)");
+  override_fails("bogus=1", "unknown key 'bogus' on the command line (see `strata config --schema`)");
+  override_fails("train=1", "'train' is a section, not a key: set its keys (train.<key>) (command line)");
+  override_fails("train.steps", "'train.steps' is not key=value (command line)");
+  override_fails("=5", "'=5' is not key=value (command line)");
+  override_fails("base_config=x.yml", "base_config can only be set in a file, not on the command line");
+}
+
+static void test_type_errors(void** state) {
+  fixture* f = *state;
+  /* The acceptance example. */
+  override_fails("model.n_layers=x", "model.n_layers: 'x' is not an int (expected int in [1, 1024]) (command line)");
+  override_fails("model.n_layers=4.0",
+                 "model.n_layers: '4.0' is not an int (expected int in [1, 1024]) (command line)");
+  override_fails("model.n_layers=", "model.n_layers: '' is not an int (expected int in [1, 1024]) (command line)");
+  override_fails("train.lr=fast", "train.lr: 'fast' is not a float (expected float in [0, 10]) (command line)");
+  override_fails("train.lr=nan", "train.lr: 'nan' is not a float (expected float in [0, 10]) (command line)");
+  override_fails("train.lr=0x1p3", "train.lr: '0x1p3' is not a float (expected float in [0, 10]) (command line)");
+  override_fails("data.synthetic=yes", "data.synthetic: 'yes' is not a bool (expected true or false) (command line)");
+  override_fails("model.compute_dtype=fp16",
+                 "model.compute_dtype: 'fp16' is not an allowed value (expected one of f32, bf16) (command line)");
+  override_fails("runtime.xla_options=a=b",
+                 "runtime.xla_options: 'a=b' is not a list (expected a list of strings, written [a, b]) (command line)");
+  override_fails("runtime.xla_options=[a,]",
+                 "runtime.xla_options: '[a,]' is not a list (expected a list of strings, written [a, b]) (command line)");
+  override_fails("run.id=\xff\xfe", "run.id: value is not valid UTF-8 (command line)");
+
+  const char* exp = put(f, "exp.yml", "model:\n  d_model: 64\n  n_layers: four\n");
+  load_fails(exp, 0, NULL, fmt("model.n_layers: 'four' is not an int (expected int in [1, 1024]) (%s:3)", exp));
+  exp = put(f, "exp.yml", "model:\n  n_layers: [1, 2]\n");
+  load_fails(exp, 0, NULL, fmt("model.n_layers: got a list, expected int in [1, 1024] (%s:2)", exp));
+  exp = put(f, "exp.yml", "model:\n  n_layers:\n    deep: 1\n");
+  load_fails(exp, 0, NULL, fmt("model.n_layers: got a mapping, expected int in [1, 1024] (%s:2)", exp));
+  exp = put(f, "exp.yml", "runtime:\n  xla_options: a=b\n");
+  load_fails(exp, 0, NULL,
+             fmt("runtime.xla_options: 'a=b' is not a list (expected a list of strings, written [a, b]) (%s:2)", exp));
+  exp = put(f, "exp.yml", "runtime:\n  xla_options: [[a]]\n");
+  load_fails(exp, 0, NULL, fmt("runtime.xla_options: list items must be plain values, not lists or mappings (%s:2)", exp));
+  exp = put(f, "exp.yml", "data:\n  path: \"a\\0b\"\n");
+  load_fails(exp, 0, NULL, fmt("data.path: value contains a NUL character (%s:2)", exp));
+  exp = put(f, "exp.yml", "model: 5\n");
+  load_fails(exp, 0, NULL, fmt("'model' is a section, not a key: set its keys (model.<key>) (%s:1)", exp));
+  exp = put(f, "exp.yml", "data:\n  synthetic: on\n");
+  load_fails(exp, 0, NULL, fmt("data.synthetic: 'on' is not a bool (expected true or false) (%s:2)", exp));
+}
+
+static void test_range_errors(void** state) {
+  fixture* f = *state;
+  const char* exp = put(f, "foo.yml", "train:\n  steps: 5\n  lr: 20\n");
+  load_fails(exp, 0, NULL, fmt("train.lr: 20 is out of range [0, 10] (%s:3)", exp));
+  override_fails("model.n_layers=0", "model.n_layers: 0 is out of range [1, 1024] (command line)");
+  override_fails("model.n_layers=-3", "model.n_layers: -3 is out of range [1, 1024] (command line)");
+  override_fails("model.n_layers=99999999999999999999",
+                 "model.n_layers: 99999999999999999999 is out of range [1, 1024] (command line)");
+  override_fails("model.rope_theta=0", "model.rope_theta: 0 is out of range (0, 1e9] (command line)");
+  override_fails("train.beta2=1", "train.beta2: 1 is out of range [0, 1) (command line)");
+  override_fails("train.eps=1e999", "train.eps: 1e999 is out of range (0, 1] (command line)");
+  override_fails("model.seq_len=8193", "model.seq_len: 8193 is out of range [2, 8192] (command line)");
+}
+
+static void test_yaml_errors(void** state) {
+  fixture* f = *state;
+  const char* exp = put(f, "bad.yml", "model:\n  d_model: 64\n  n_heads: [4\n");
+  load_fails(exp, 0, NULL,
+             fmt("%s:4:1: YAML syntax error: did not find expected ',' or ']' (while parsing a flow sequence at line 3)",
+                 exp));
+  exp = put(f, "bad.yml", "model:\n  d_model: 64\n   n_heads: 4\n");
+  load_fails(exp, 0, NULL, fmt("%s:3:11: YAML syntax error: mapping values are not allowed in this context", exp));
+  exp = put(f, "bad.yml", "seed: &a 1\nmodel:\n  n_layers: *a\n");
+  load_fails(exp, 0, NULL, fmt("%s:3:13: YAML aliases are not supported in config files", exp));
+  exp = put(f, "bad.yml", "seed: 1\n---\nseed: 2\n");
+  load_fails(exp, 0, NULL, fmt("%s:2:1: only one YAML document per config file", exp));
+  exp = put(f, "bad.yml", "- 1\n- 2\n");
+  load_fails(exp, 0, NULL, fmt("%s:1:1: a config file must be a mapping of keys (key: value)", exp));
+  exp = put(f, "bad.yml", "train:\n  steps: 1\ntrain.steps: 2\n");
+  load_fails(exp, 0, NULL, fmt("duplicate key 'train.steps' in %s:3 (first set at line 2)", exp));
+  exp = put(f, "bad.yml", "seed: 1\n\xff\n");
+  load_fails(exp, 0, NULL, fmt("%s: YAML error at byte 8: invalid leading UTF-8 octet", exp));
+}
+
+static void test_file_errors(void** state) {
+  fixture* f = *state;
+  load_fails(fmt("%s/none.yml", f->dir), 0, NULL,
+             fmt("cannot read config file '%s/none.yml': No such file or directory", f->dir));
+  load_fails(f->dir, 0, NULL, fmt("cannot read config file '%s': Is a directory", f->dir));
+  const char* exp = put(f, "exp.yml", "seed: 1\nbase_config: models/nope.yml\n");
+  load_fails(exp, 0, NULL,
+             fmt("base_config 'models/nope.yml' named in %s:2 not found (looked for %s/models/nope.yml and "
+                 "%s/configs/models/nope.yml)",
+                 exp, f->dir, STRATA_SOURCE_DIR));
+  const char* a = put(f, "a.yml", "base_config: b.yml\n");
+  put(f, "b.yml", "base_config: a.yml\n");
+  load_fails(a, 0, NULL, fmt("base_config cycle: %s -> %s/b.yml -> %s/a.yml", a, f->dir, f->dir));
+  const char* self = put(f, "self.yml", "base_config: self.yml\n");
+  load_fails(self, 0, NULL, fmt("base_config cycle: %s -> %s", self, self));
+  exp = put(f, "exp.yml", "base_config: [a.yml]\n");
+  load_fails(exp, 0, NULL, fmt("base_config: expected a file path (%s:1)", exp));
+  /* An error in a parent names the parent. */
+  put(f, "p.yml", "train:\n  lr: -1\n");
+  exp = put(f, "exp.yml", "base_config: p.yml\n");
+  load_fails(exp, 0, NULL, fmt("train.lr: -1 is out of range [0, 10] (%s/p.yml:2)", f->dir));
+}
+
+static void test_cross_field(void** state) {
+  fixture* f = *state;
+  char* heads[] = {"model.n_heads=3"};
+  load_fails("configs/tiny.yml", 1, heads,
+             "model.d_model (128, configs/tiny.yml:5) is not divisible by model.n_heads (3, command line)");
+  char* odd[] = {"model.d_model=96", "model.n_heads=32"};
+  load_fails("configs/tiny.yml", 2, odd,
+             "head size model.d_model / model.n_heads = 96 / 32 = 3 must be even for RoPE "
+             "(model.d_model: command line, model.n_heads: command line)");
+  char* mb[] = {"train.microbatches=3"};
+  load_fails("configs/tiny.yml", 1, mb,
+             "train.batch_size (16, configs/tiny.yml:13) is not divisible by train.microbatches (3, command line)");
+  const char* exp = put(f, "v.yml", "model:\n  vocab_size: 100\n");
+  load_fails(exp, 0, NULL,
+             fmt("model.vocab_size (100, %s:2) must be at least 256 for the byte tokenizer when data.synthetic is "
+                 "false (configs/base.yml:40)",
+                 exp));
+  char* synth[] = {"data.synthetic=true"};
+  st_config* c = load_ok(exp, 1, synth);
+  assert_int_equal(st_config_int(c, "model.vocab_size"), 100);
+  st_config_destroy(c);
+}
+
+/* ---- output ------------------------------------------------------------- */
+
+static void assert_same_values(const st_config* a, const st_config* b) {
+  char ha[17], hb[17];
+  hash_all(a, ha);
+  hash_all(b, hb);
+  assert_string_equal(ha, hb);
+  int n;
+  const st__cfg_key* keys = st__cfg_schema(&n);
+  for (int i = 0; i < n; ++i) {
+    st__cfg_buf x = {0}, y = {0};
+    st__cfg_value_text(a, i, &x);
+    st__cfg_value_text(b, i, &y);
+    assert_string_equal(x.data, y.data);
+    st__cfg_buf_free(&x);
+    st__cfg_buf_free(&y);
+  }
+  (void)keys;
+}
+
+static void test_round_trip(void** state) {
+  fixture* f = *state;
+  char* ov[] = {"train.lr=0.00123456789012345", "run.id=on",        "data.path=a \"quoted\" path: #x\\n",
+                "runtime.xla_options=[x=1, '', \"y: z\"]", "run.dir=null", "model.init_std=1e-7",
+                "run.progress=off", "seed=2147483647",  "train.eps=3.0000000000000001e-9"};
+  st_config* c = load_ok("configs/tiny.yml", 9, ov);
+  char* yaml = capture(st_config_write_yaml, c);
+  const char* path = put(f, "config.yaml", yaml);
+  st_config* back = load_ok(path, 0, NULL);
+  assert_same_values(c, back);
+  assert_string_equal(st_config_string(back, "run.dir"), "null");
+  assert_string_equal(st_config_string(back, "data.path"), "a \"quoted\" path: #x\\n");
+  assert_string_equal(st_config_list_item(back, "runtime.xla_options", 1), "");
+  /* A second round gives the same text. */
+  char* yaml2 = capture(st_config_write_yaml, back);
+  assert_string_equal(yaml, yaml2);
+  st_config_destroy(back);
+
+  /* st_config_save writes the same through a temporary file. */
+  const char* saved = fmt("%s/run-config.yaml", f->dir);
+  st_status s = st_config_save(c, saved);
+  assert_null(s);
+  char* text = read_all(saved);
+  assert_string_equal(text, yaml);
+  st_config_destroy(c);
+  free(text);
+  free(yaml);
+  free(yaml2);
+}
+
+static void test_json(void** state) {
+  (void)state;
+  char* ov[] = {"runtime.xla_options=[a=\"1\"]", "run.id=x\ty"};
+  st_config* c = load_ok("configs/test.yml", 2, ov);
+  char* json = capture(st_config_write_json, c);
+  assert_non_null(strstr(json, "{\n  \"seed\": 0,\n  \"model\": {\n    \"vocab_size\": 256,\n    \"d_model\": 32,\n"));
+  assert_non_null(strstr(json, "\"compute_dtype\": \"f32\",\n"));
+  assert_non_null(strstr(json, "\"rope_theta\": 10000.0,\n"));
+  assert_non_null(strstr(json, "\"eps\": 1e-8,\n"));
+  assert_non_null(strstr(json, "\"synthetic\": true,\n"));
+  assert_non_null(strstr(json, "\"xla_options\": [\"a=\\\"1\\\"\"],\n"));
+  assert_non_null(strstr(json, "\"id\": \"x\\ty\",\n"));
+  assert_non_null(strstr(json, "  \"bundle\": {\n    \"dir\": \"\"\n  }\n}\n"));
+  free(json);
+  st_config_destroy(c);
+}
+
+static void test_print_sources(void** state) {
+  (void)state;
+  char* ov[] = {"train.steps=42"};
+  st_config* c = load_ok("configs/tiny.yml", 1, ov);
+  char* text = capture(st_config_print_sources, c);
+  assert_non_null(strstr(text, "model.n_layers         4        configs/tiny.yml:6\n"));
+  assert_non_null(strstr(text, "train.steps            42       command line\n"));
+  char h[17];
+  hash_all(c, h);
+  assert_non_null(strstr(text, fmt("config hash: %s\n", h)));
+  free(text);
+  st_config_destroy(c);
+}
+
+/* docs/config.md is generated from the schema; it must not drift. */
+static void test_docs_match_schema(void** state) {
+  (void)state;
+  char* doc = read_all("docs/config.md");
+  assert_non_null(doc);
+  char* data = NULL;
+  size_t len = 0;
+  FILE* m = open_memstream(&data, &len);
+  assert_null(st_config_write_schema_markdown(m));
+  fclose(m);
+  if (strcmp(doc, data))
+    fail_msg("docs/config.md differs from `strata config --schema`; regenerate: ./build/strata config --schema > "
+             "docs/config.md");
+  free(doc);
+  free(data);
+}
+
+static void test_hash(void** state) {
+  (void)state;
+  char* a_ov[] = {"train.steps=11"};
+  char* b_ov[] = {"model.n_layers=3"};
+  st_config* base = load_ok("configs/test.yml", 0, NULL);
+  st_config* a = load_ok("configs/test.yml", 1, a_ov);
+  st_config* b = load_ok("configs/test.yml", 1, b_ov);
+  const char* model[] = {"model."};
+  char h0[17], h1[17], m0[17], ma[17], mb[17];
+  hash_all(base, h0);
+  hash_all(a, h1);
+  assert_int_equal(strlen(h0), 16);
+  assert_string_not_equal(h0, h1);
+  st_config_hash(base, model, 1, m0);
+  st_config_hash(a, model, 1, ma);
+  st_config_hash(b, model, 1, mb);
+  assert_string_equal(m0, ma); /* train.* is not part of the model hash */
+  assert_string_not_equal(m0, mb);
+  /* Where a value came from is not part of it: same values, same hash. */
+  char* same[] = {"train.steps=10"};
+  st_config* s = load_ok("configs/test.yml", 1, same);
+  hash_all(s, h1);
+  assert_string_equal(h0, h1);
+  st_config_destroy(s);
+  st_config_destroy(base);
+  st_config_destroy(a);
+  st_config_destroy(b);
+}
+
+static void test_set(void** state) {
+  (void)state;
+  st_config* c = load_ok("configs/test.yml", 0, NULL);
+  assert_null(st_config_set(c, "run.id", "20260101-120000", "generated"));
+  assert_string_equal(st_config_string(c, "run.id"), "20260101-120000");
+  assert_string_equal(st_config_source(c, "run.id"), "generated");
+  st_status s = st_config_set(c, "model.n_heads", "3", NULL);
+  assert_int_equal(st_status_code(s), ST_CODE_CONFIG);
+  assert_string_equal(st_status_message(s),
+                      "model.d_model (32, configs/test.yml:6) is not divisible by model.n_heads (3, command line)");
+  st_status_free(s);
+  assert_int_equal(st_config_int(c, "model.n_heads"), 2); /* unchanged */
+  assert_string_equal(st_config_source(c, "model.n_heads"), "configs/test.yml:8");
+  s = st_config_set(c, "model.n_heads", "x", "test");
+  assert_string_equal(st_status_message(s), "model.n_heads: 'x' is not an int (expected int in [1, 1024]) (test)");
+  st_status_free(s);
+  s = st_config_set(c, "nope", "1", "test");
+  assert_string_equal(st_status_message(s), "unknown key 'nope' from test (see `strata config --schema`)");
+  st_status_free(s);
+  st_config_destroy(c);
+}
+
+static void test_load_text(void** state) {
+  (void)state;
+  st_config* c = NULL;
+  const char* y = "model: {n_layers: 3}\n";
+  char* ov[] = {"seed=5"};
+  assert_null(st__cfg_load_text("mem.yml", y, strlen(y), 1, ov, &c));
+  assert_int_equal(st_config_int(c, "model.n_layers"), 3);
+  assert_string_equal(st_config_source(c, "model.n_layers"), "mem.yml:1");
+  assert_string_equal(st_config_source(c, "model.d_model"), "default");
+  st_config_destroy(c);
+  const char* inc = "base_config: tiny.yml\n";
+  st_status s = st__cfg_load_text("mem.yml", inc, strlen(inc), 0, NULL, &c);
+  assert_string_equal(st_status_message(s), "mem.yml:1: base_config is not supported here");
+  assert_null(c);
+  st_status_free(s);
+}
+
+/* Getter misuse is a programmer error: abort, with the key named. */
+static void expect_abort(void (*fn)(const st_config*), const st_config* c) {
+  fflush(stderr);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    if (!freopen("/dev/null", "w", stderr)) _exit(3);
+    fn(c);
+    _exit(0);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFSIGNALED(status));
+  assert_int_equal(WTERMSIG(status), SIGABRT);
+}
+static void get_unknown(const st_config* c) { (void)st_config_int(c, "train.setps"); }
+static void get_wrong_type(const st_config* c) { (void)st_config_int(c, "train.lr"); }
+static void get_bad_index(const st_config* c) { (void)st_config_list_item(c, "runtime.xla_options", 0); }
+
+static void test_getters_abort(void** state) {
+  (void)state;
+  st_config* c = load_ok(NULL, 0, NULL);
+  expect_abort(get_unknown, c);
+  expect_abort(get_wrong_type, c);
+  expect_abort(get_bad_index, c);
+  st_config_destroy(c);
+}
+
+static void test_format_helpers(void** state) {
+  (void)state;
+  char b[40];
+  st__cfg_fmt_float(10000, b);
+  assert_string_equal(b, "10000.0");
+  st__cfg_fmt_float(0.003, b);
+  assert_string_equal(b, "0.003");
+  st__cfg_fmt_float(1e-8, b);
+  assert_string_equal(b, "1e-8");
+  st__cfg_fmt_float(1e20, b);
+  assert_string_equal(b, "1e20");
+  st__cfg_fmt_float(0.1 + 0.2, b);
+  assert_true(strtod(b, NULL) == 0.1 + 0.2);
+  st__cfg_fmt_bound(1e9, b);
+  assert_string_equal(b, "1e9");
+  st__cfg_fmt_bound(10, b);
+  assert_string_equal(b, "10");
+  assert_int_equal(st__cfg_edit_distance("setps", 5, "steps", 5), 1);
+  assert_int_equal(st__cfg_edit_distance("", 0, "abc", 3), 3);
+  assert_true(st__cfg_utf8_valid("h\xc3\xa9", 3));
+  assert_false(st__cfg_utf8_valid("\xc3", 1));
+  assert_false(st__cfg_utf8_valid("\xed\xa0\x80", 3)); /* surrogate */
+  assert_false(st__cfg_utf8_valid("\xc0\x80", 2));     /* overlong */
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_schema_table),
+      cmocka_unit_test(test_defaults),
+      cmocka_unit_test(test_base_yml_mirrors_schema),
+      cmocka_unit_test(test_presets),
+      cmocka_unit_test_setup_teardown(test_composition, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_unknown_key, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_type_errors, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_range_errors, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_yaml_errors, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_file_errors, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cross_field, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_round_trip, setup, teardown),
+      cmocka_unit_test(test_json),
+      cmocka_unit_test(test_print_sources),
+      cmocka_unit_test(test_docs_match_schema),
+      cmocka_unit_test(test_hash),
+      cmocka_unit_test(test_set),
+      cmocka_unit_test(test_load_text),
+      cmocka_unit_test(test_getters_abort),
+      cmocka_unit_test(test_format_helpers),
+  };
+  return cmocka_run_group_tests_name("config", tests, NULL, NULL);
+}
