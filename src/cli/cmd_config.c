@@ -47,10 +47,9 @@ int st_cli_config(int argc, char** argv) {
     if (i < argc) return st_cli_report(st_status_make(ST_CODE_CONFIG, "--schema takes no other arguments"));
     return st_cli_report(st_config_write_schema_markdown(stdout));
   }
-  if (i >= argc) {
-    st__config_usage(stderr);
-    return st_cli_report(st_status_make(ST_CODE_CONFIG, "missing CONFIG (a YAML file, e.g. configs/tiny.yml)"));
-  }
+  if (i >= argc)
+    return st_cli_report(st_status_make(ST_CODE_CONFIG, "missing CONFIG (a YAML file, e.g. configs/tiny.yml; "
+                                                        "see strata config --help)"));
   const char* path = argv[i++];
   st_config* config = NULL;
   st_status s = st_config_load(path, argc - i, argv + i, &config);

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# test_config.sh — `strata config` end to end: exit codes, exact messages on
+# stderr, nothing on stdout for errors, the generated reference, the YAML
+# snapshot round trip. Run from the repository root (run_all.sh does).
+set -uo pipefail
+
+STRATA=$(realpath "${STRATA:-./build/strata}")
+ROOT=$PWD
+TMP=$(mktemp -d /tmp/strata-e2e-config-XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+
+checks=0
+fails=0
+ok() { checks=$((checks + 1)); }
+bad() {
+  checks=$((checks + 1))
+  fails=$((fails + 1))
+  echo "FAIL: $*" >&2
+}
+
+# expect_error DIR RC MESSAGE -- ARGS...: runs `strata ARGS` in DIR and wants
+# exit code RC, exactly "strata: config error: MESSAGE" on stderr and nothing
+# on stdout.
+expect_error() {
+  local dir=$1 rc=$2 msg=$3
+  shift 4
+  local out err code
+  out=$(cd "$dir" && "$STRATA" "$@" 2>"$TMP/stderr")
+  code=$?
+  err=$(cat "$TMP/stderr")
+  if [ "$code" != "$rc" ]; then
+    bad "strata $*: exit $code, want $rc (stderr: $err)"
+  elif [ "$err" != "strata: config error: $msg" ]; then
+    bad "strata $*: stderr was
+  $err
+want
+  strata: config error: $msg"
+  elif [ -n "$out" ]; then
+    bad "strata $*: wrote to stdout on error: $out"
+  else
+    ok
+  fi
+}
+
+# expect_ok DIR PATTERN -- ARGS...: exit 0 and stdout contains PATTERN (fixed string).
+expect_ok() {
+  local dir=$1 pattern=$2
+  shift 3
+  local out code
+  out=$(cd "$dir" && "$STRATA" "$@" 2>"$TMP/stderr")
+  code=$?
+  if [ "$code" != 0 ]; then
+    bad "strata $*: exit $code, want 0 (stderr: $(cat "$TMP/stderr"))"
+  elif ! grep -qF -- "$pattern" <<<"$out"; then
+    bad "strata $*: stdout lacks '$pattern'"
+  else
+    ok
+  fi
+}
+
+# --- success paths ---------------------------------------------------------
+expect_ok "$ROOT" "model.n_layers         4        configs/tiny.yml:6" -- config configs/tiny.yml
+expect_ok "$ROOT" "train.steps            42       command line" -- config configs/tiny.yml train.steps=42
+expect_ok "$ROOT" "config hash: " -- config configs/small.yml
+expect_ok "$ROOT" "  microbatches: 2" -- config --yaml configs/test.yml
+expect_ok "$ROOT" "usage: strata config" -- config --help
+
+# --json is valid JSON with nested sections.
+if "$STRATA" config --json configs/test.yml model.n_layers=3 >"$TMP/c.json" &&
+  python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); assert c["model"]["n_layers"]==3 and c["model"]["d_model"]==32 and c["train"]["eps"]==1e-8 and c["data"]["synthetic"] is True, c' "$TMP/c.json"; then
+  ok
+else
+  bad "config --json is not the expected JSON"
+fi
+
+# --schema is exactly docs/config.md.
+if "$STRATA" config --schema >"$TMP/schema.md" && diff -u docs/config.md "$TMP/schema.md" >"$TMP/schema.diff"; then
+  ok
+else
+  bad "docs/config.md differs from 'strata config --schema' (regenerate it): $(head -20 "$TMP/schema.diff")"
+fi
+
+# The snapshot reproduces the config: same hash when loaded back.
+"$STRATA" config --yaml configs/tiny.yml train.steps=7 'runtime.xla_options=[a=1, "b c"]' run.id=x >"$TMP/config.yaml"
+h1=$("$STRATA" config configs/tiny.yml train.steps=7 'runtime.xla_options=[a=1, "b c"]' run.id=x | grep 'config hash')
+h2=$("$STRATA" config "$TMP/config.yaml" | grep 'config hash')
+if [ -n "$h1" ] && [ "$h1" = "$h2" ]; then ok; else bad "snapshot hash '$h2' differs from '$h1'"; fi
+
+# --- the acceptance example ----------------------------------------------------
+expect_error "$ROOT" 2 "model.n_layers: 'x' is not an int (expected int in [1, 1024]) (command line)" \
+  -- config configs/tiny.yml model.n_layers=x
+
+# --- unknown keys ----------------------------------------------------------------
+printf '# experiment\nmodel:\n  d_model: 64\ntrain.setps: 5\n' >"$TMP/exp.yml"
+expect_error "$TMP" 2 "unknown key 'train.setps' in exp.yml:4 (did you mean 'train.steps'?)" -- config exp.yml
+expect_error "$ROOT" 2 "unknown key 'train.setps' on the command line (did you mean 'train.steps'?)" \
+  -- config configs/tiny.yml train.setps=5
+expect_error "$ROOT" 2 "unknown key 'steps' on the command line (did you mean 'train.steps'?)" \
+  -- config configs/tiny.yml steps=5
+
+# --- types and ranges -----------------------------------------------------------
+printf 'train:\n  steps: 5\n  lr: 20\n' >"$TMP/foo.yml"
+expect_error "$TMP" 2 "train.lr: 20 is out of range [0, 10] (foo.yml:3)" -- config foo.yml
+expect_error "$ROOT" 2 "train.beta2: 1 is out of range [0, 1) (command line)" -- config configs/tiny.yml train.beta2=1
+expect_error "$ROOT" 2 "model.compute_dtype: 'fp16' is not an allowed value (expected one of f32, bf16) (command line)" \
+  -- config configs/tiny.yml model.compute_dtype=fp16
+expect_error "$ROOT" 2 "data.synthetic: 'yes' is not a bool (expected true or false) (command line)" \
+  -- config configs/tiny.yml data.synthetic=yes
+printf 'model:\n  n_layers: [1, 2]\n' >"$TMP/list.yml"
+expect_error "$TMP" 2 "model.n_layers: got a list, expected int in [1, 1024] (list.yml:2)" -- config list.yml
+
+# --- YAML and files ---------------------------------------------------------------
+printf 'model:\n  d_model: 64\n   n_heads: 4\n' >"$TMP/syntax.yml"
+expect_error "$TMP" 2 "syntax.yml:3:11: YAML syntax error: mapping values are not allowed in this context" \
+  -- config syntax.yml
+expect_error "$TMP" 2 "cannot read config file 'missing.yml': No such file or directory" -- config missing.yml
+printf 'base_config: models/small.yml\n' >"$TMP/child.yml"
+expect_error "$TMP" 2 "base_config 'models/small.yml' named in child.yml:1 not found (looked for models/small.yml and $ROOT/configs/models/small.yml)" \
+  -- config child.yml
+printf 'base_config: b.yml\n' >"$TMP/a.yml"
+printf 'seed: 1\nbase_config: a.yml\n' >"$TMP/b.yml"
+expect_error "$TMP" 2 "base_config cycle: a.yml -> b.yml -> a.yml" -- config a.yml
+printf 'base_config: small.yml\ntrain:\n  steps: 3\n' >"$TMP/preset.yml"
+expect_ok "$TMP" "model.n_layers         8        $ROOT/configs/small.yml:6" -- config preset.yml
+
+# --- cross-field ---------------------------------------------------------------------
+expect_error "$ROOT" 2 "model.d_model (128, configs/tiny.yml:5) is not divisible by model.n_heads (3, command line)" \
+  -- config configs/tiny.yml model.n_heads=3
+expect_error "$ROOT" 2 "train.batch_size (16, configs/tiny.yml:13) is not divisible by train.microbatches (3, command line)" \
+  -- config configs/tiny.yml train.microbatches=3
+expect_error "$ROOT" 2 "model.vocab_size (100, command line) must be at least 256 for the byte tokenizer when data.synthetic is false (configs/base.yml:40)" \
+  -- config configs/tiny.yml model.vocab_size=100
+
+# --- usage -------------------------------------------------------------------------
+expect_error "$ROOT" 2 "missing CONFIG (a YAML file, e.g. configs/tiny.yml; see strata config --help)" -- config
+expect_error "$ROOT" 2 "unknown option '--bogus' (see strata config --help)" -- config --bogus configs/tiny.yml
+
+echo "test_config.sh: $((checks - fails))/$checks checks passed"
+[ "$fails" -eq 0 ]
