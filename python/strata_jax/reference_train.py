@@ -148,7 +148,7 @@ def train(config: dict[str, Any], tokens: np.ndarray, steps: int | None = None,
     hyper, clip = jnp.asarray(tc.hyper), jnp.float32(tc.grad_clip)
     eval_data = _batch_arrays(sampler.eval_batch(tc.eval_batches)) if tc.eval_batches > 0 else None
 
-    hist: dict[str, Any] = {"loss": [], "grad_norm": [], "lr": [], "step_time_s": [], "eval": []}
+    hist: dict[str, Any] = {"losses": [], "grad_norms": [], "lrs": [], "step_time_s": [], "eval_losses": []}
     for k in range(tc.steps):
         t = k + 1
         lr = lr_at(t, lr=tc.lr, min_lr_ratio=tc.min_lr_ratio, warmup_steps=tc.warmup_steps, steps=tc.steps)
@@ -160,14 +160,14 @@ def train(config: dict[str, Any], tokens: np.ndarray, steps: int | None = None,
         hist["step_time_s"].append(time.perf_counter() - t0)
         loss = float(np.sum(losses_h) / len(losses_h))
         norm = math.sqrt(float(sum(sqn_h))) / tc.microbatches
-        hist["loss"].append(loss)
-        hist["grad_norm"].append(norm)
-        hist["lr"].append(lr)
+        hist["losses"].append(loss)
+        hist["grad_norms"].append(norm)
+        hist["lrs"].append(lr)
         line = f"step {t} loss {loss:.6f} grad_norm {norm:.4f} lr {lr:.3e} clip {clip_scale(norm, tc.grad_clip):.3f}"
-        if eval_data is not None and tc.eval_every > 0 and (t % tc.eval_every == 0 or t == tc.steps):
+        if eval_data is not None and ((tc.eval_every > 0 and t % tc.eval_every == 0) or t == tc.steps):
             ev = np.asarray(eval_fn(params, *eval_data), np.float64)
-            hist["eval"].append({"step": t, "loss": float(np.sum(ev) / len(ev))})
-            line += f" eval {hist['eval'][-1]['loss']:.6f}"
+            hist["eval_losses"].append([t, float(np.sum(ev) / len(ev))])
+            line += f" eval {hist['eval_losses'][-1][1]:.6f}"
         if log:
             log(line)
     return params, hist

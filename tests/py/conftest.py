@@ -41,6 +41,7 @@ class MlirRunner:
 
     def __init__(self, bundle_dir: str, manifest: dict[str, Any]) -> None:
         import jax
+        import jax.extend.backend
         from jax._src.lib import xla_client as xc
 
         self._jax = jax
@@ -66,6 +67,7 @@ class MlirRunner:
 def mlir_runner_factory() -> Callable[[str, dict[str, Any]], MlirRunner]:
     try:
         import jax
+        import jax.extend.backend
         from jax._src.lib import xla_client  # noqa: F401
         jax.extend.backend.get_backend().compile_and_load  # noqa: B018
     except Exception as e:  # noqa: BLE001
