@@ -1,0 +1,258 @@
+/* compile_options.c — hand-encodes the serialized xla.CompileOptionsProto
+ * that PJRT_Client_Compile takes (protobuf wire format; strata links no
+ * protobuf library).
+ *
+ * What is encoded (field numbers from xla/pjrt/proto/compile_options.proto):
+ *   CompileOptionsProto
+ *     3  executable_build_options (message ExecutableBuildOptionsProto)
+ *          1  device_ordinal = -1   (unset: the executable is not tied to a device)
+ *          4  num_replicas   = 1
+ *          5  num_partitions = 1
+ *     4  compile_portable_executable = true  (run on any device via execute_device)
+ *     7  env_option_overrides: map<string, OptionOverrideProto>, one entry
+ *          per XLA option, sorted by name so equal settings give equal bytes
+ *          (the bytes are part of the executable-cache key)
+ *          OptionOverrideProto oneof: 1 string, 2 bool, 3 int64, 4 double
+ *
+ * Never empty: an empty CompileOptionsProto means 0 replicas, which aborts
+ * the CPU plugin inside the default device assignment.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/rt_internal.h"
+
+/*--- a tiny protobuf writer --------------------------------------------------*/
+
+typedef struct {
+  uint8_t* p;
+  size_t n, cap;
+  bool oom;
+} st__pb;
+
+static void st__pb_put(st__pb* b, const void* data, size_t n) {
+  if (b->oom) return;
+  if (b->n + n > b->cap) {
+    size_t cap = b->cap ? b->cap * 2 : 64;
+    while (cap < b->n + n) cap *= 2;
+    uint8_t* q = realloc(b->p, cap);
+    if (!q) {
+      b->oom = true;
+      return;
+    }
+    b->p = q;
+    b->cap = cap;
+  }
+  memcpy(b->p + b->n, data, n);
+  b->n += n;
+}
+
+static void st__pb_varint(st__pb* b, uint64_t v) {
+  uint8_t tmp[10];
+  size_t n = 0;
+  do {
+    uint8_t byte = v & 0x7f;
+    v >>= 7;
+    tmp[n++] = (uint8_t)(byte | (v ? 0x80 : 0));
+  } while (v);
+  st__pb_put(b, tmp, n);
+}
+
+enum { ST__WT_VARINT = 0, ST__WT_I64 = 1, ST__WT_LEN = 2 };
+
+static void st__pb_tag(st__pb* b, int field, int wire) { st__pb_varint(b, ((uint64_t)field << 3) | (uint64_t)wire); }
+
+/* int64/bool fields: negative numbers are 10-byte two's complement varints. */
+static void st__pb_int(st__pb* b, int field, int64_t v) {
+  st__pb_tag(b, field, ST__WT_VARINT);
+  st__pb_varint(b, (uint64_t)v);
+}
+
+static void st__pb_bytes(st__pb* b, int field, const void* data, size_t n) {
+  st__pb_tag(b, field, ST__WT_LEN);
+  st__pb_varint(b, n);
+  st__pb_put(b, data, n);
+}
+
+static void st__pb_double(st__pb* b, int field, double v) {
+  uint64_t bits;
+  memcpy(&bits, &v, sizeof(bits));
+  uint8_t le[8];
+  for (int i = 0; i < 8; ++i) le[i] = (uint8_t)(bits >> (8 * i));
+  st__pb_tag(b, field, ST__WT_I64);
+  st__pb_put(b, le, 8);
+}
+
+/*--- XLA options -------------------------------------------------------------*/
+
+typedef enum { ST__OPT_STRING = 1, ST__OPT_BOOL = 2, ST__OPT_INT = 3, ST__OPT_DOUBLE = 4 } st__opt_kind;
+
+typedef struct {
+  char* name;
+  char* text; /* the value as written */
+  st__opt_kind kind;
+  bool b;
+  int64_t i;
+  double d;
+} st__opt;
+
+/* Settings deterministic mode adds unless the user set the same name. They
+ * take XLA's CPU backend off its multi-threaded Eigen paths, whose
+ * work-splitting may depend on thread timing (see docs/runtime.md, where the
+ * measurements that chose this list are recorded). */
+static const char* const kDeterministicOptions[] = {
+    "xla_cpu_multi_thread_eigen=false",
+};
+
+/* Classifies |value|: true/false -> bool, a whole integer -> int, a finite
+ * number -> double, anything else -> string. */
+static void st__classify(st__opt* o) {
+  const char* v = o->text;
+  if (!strcmp(v, "true") || !strcmp(v, "false")) {
+    o->kind = ST__OPT_BOOL;
+    o->b = v[0] == 't';
+    return;
+  }
+  if (v[0]) {
+    char* end = NULL;
+    errno = 0;
+    long long i = strtoll(v, &end, 10);
+    if (errno == 0 && end && *end == '\0') {
+      o->kind = ST__OPT_INT;
+      o->i = i;
+      return;
+    }
+    errno = 0;
+    double d = strtod(v, &end);
+    if (errno == 0 && end && *end == '\0' && isfinite(d) && !isspace((unsigned char)v[0])) {
+      o->kind = ST__OPT_DOUBLE;
+      o->d = d;
+      return;
+    }
+  }
+  o->kind = ST__OPT_STRING;
+}
+
+static bool st__valid_name(const char* s, size_t n) {
+  if (n == 0) return false;
+  for (size_t i = 0; i < n; ++i)
+    if (!(isalnum((unsigned char)s[i]) || s[i] == '_')) return false;
+  return true;
+}
+
+static st_status st__parse_opt(const char* spec, st__opt* o) {
+  memset(o, 0, sizeof(*o));
+  const char* eq = spec ? strchr(spec, '=') : NULL;
+  if (!eq)
+    return st_status_make(ST_CODE_CONFIG, "runtime.xla_options: '%s' is not of the form name=value", spec ? spec : "(null)");
+  size_t n = (size_t)(eq - spec);
+  while (n > 0 && spec[n - 1] == ' ') --n;
+  const char* start = spec;
+  while (*start == ' ' && start < spec + n) ++start, --n;
+  if (!st__valid_name(start, n))
+    return st_status_make(ST_CODE_CONFIG, "runtime.xla_options: '%s': option name must be letters, digits and _",
+                          spec);
+  const char* val = eq + 1;
+  while (*val == ' ') ++val;
+  o->name = st__strndup(start, n);
+  o->text = st__strdup(val);
+  if (!o->name || !o->text) return st_status_make(ST_CODE_INTERNAL, "out of memory (xla option)");
+  size_t tl = strlen(o->text);
+  while (tl > 0 && o->text[tl - 1] == ' ') o->text[--tl] = '\0';
+  st__classify(o);
+  return ST_OK;
+}
+
+static int st__opt_cmp(const void* a, const void* b) {
+  return strcmp(((const st__opt*)a)->name, ((const st__opt*)b)->name);
+}
+
+static void st__encode_override(st__pb* b, const st__opt* o) {
+  st__pb val = {0};
+  switch (o->kind) {
+    case ST__OPT_STRING: st__pb_bytes(&val, 1, o->text, strlen(o->text)); break;
+    case ST__OPT_BOOL: st__pb_int(&val, 2, o->b ? 1 : 0); break;
+    case ST__OPT_INT: st__pb_int(&val, 3, o->i); break;
+    case ST__OPT_DOUBLE: st__pb_double(&val, 4, o->d); break;
+  }
+  st__pb entry = {0};
+  st__pb_bytes(&entry, 1, o->name, strlen(o->name));
+  st__pb_bytes(&entry, 2, val.p, val.n);
+  entry.oom |= val.oom;
+  st__pb_bytes(b, 7, entry.p, entry.n);
+  b->oom |= entry.oom;
+  free(val.p);
+  free(entry.p);
+}
+
+st_status st__compile_options_build(const char* const* xla_options, int count, bool deterministic,
+                                    uint8_t** out_bytes, size_t* out_size) {
+  *out_bytes = NULL;
+  *out_size = 0;
+  int extra = deterministic ? (int)(sizeof(kDeterministicOptions) / sizeof(kDeterministicOptions[0])) : 0;
+  st__opt* opts = calloc((size_t)(count + extra) + 1, sizeof(*opts));
+  if (!opts) return st_status_make(ST_CODE_INTERNAL, "out of memory (xla options)");
+  int n = 0;
+  st_status s = ST_OK;
+  for (int i = 0; i < count && !s; ++i) {
+    st__opt o;
+    s = st__parse_opt(xla_options[i], &o);
+    if (s) {
+      free(o.name);
+      free(o.text);
+      break;
+    }
+    /* A repeated name: the last setting wins, as with command-line flags. */
+    int j = 0;
+    while (j < n && strcmp(opts[j].name, o.name)) ++j;
+    if (j < n) {
+      free(opts[j].name);
+      free(opts[j].text);
+      opts[j] = o;
+    } else {
+      opts[n++] = o;
+    }
+  }
+  for (int k = 0; k < extra && !s; ++k) {
+    st__opt o;
+    s = st__parse_opt(kDeterministicOptions[k], &o);
+    if (s) break;
+    int j = 0;
+    while (j < n && strcmp(opts[j].name, o.name)) ++j;
+    if (j < n) { /* the user's explicit setting wins */
+      free(o.name);
+      free(o.text);
+    } else {
+      opts[n++] = o;
+    }
+  }
+  if (!s) {
+    qsort(opts, (size_t)n, sizeof(*opts), st__opt_cmp);
+    st__pb build = {0};
+    st__pb_int(&build, 1, -1); /* device_ordinal: unset */
+    st__pb_int(&build, 4, 1);  /* num_replicas */
+    st__pb_int(&build, 5, 1);  /* num_partitions */
+    st__pb out = {0};
+    st__pb_bytes(&out, 3, build.p, build.n);
+    out.oom |= build.oom;
+    st__pb_int(&out, 4, 1); /* compile_portable_executable */
+    for (int i = 0; i < n; ++i) st__encode_override(&out, &opts[i]);
+    free(build.p);
+    if (out.oom) {
+      free(out.p);
+      s = st_status_make(ST_CODE_INTERNAL, "out of memory (compile options)");
+    } else {
+      *out_bytes = out.p;
+      *out_size = out.n;
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    free(opts[i].name);
+    free(opts[i].text);
+  }
+  free(opts);
+  return s;
+}

@@ -1,0 +1,504 @@
+/*
+ * pjrt_abi.h — strata's own declarations of the subset of the PJRT C ABI
+ * (v0.x, written against minor 114) that the runtime uses.
+ *
+ * These are NOT upstream's pjrt_c_api.h: they were written for strata from
+ * the ABI's documented layout (openxla/xla xla/pjrt/c/pjrt_c_api.h was read,
+ * not copied). Only what strata calls is declared; the function table keeps
+ * upstream's exact slot order up to the last slot strata uses, with unused
+ * slots declared as opaque pointers.
+ *
+ * ABI rules this file relies on (and why the layouts look the way they do):
+ *   - every argument struct starts with {size_t struct_size; void* ext;}
+ *     and the plugin rejects a struct_size smaller than its own, so argument
+ *     structs are declared up to the *last field known at minor 114*, even
+ *     fields strata never sets (they are zeroed);
+ *   - new fields and new table slots are only ever appended, so a plugin
+ *     with a newer minor still works; a plugin with an older minor may lack
+ *     table slots, so callers check offsetof(slot) < api->struct_size.
+ *
+ * Names use a pj_ prefix so they can never clash with upstream's header.
+ */
+#ifndef STRATA_RUNTIME_PJRT_ABI_H
+#define STRATA_RUNTIME_PJRT_ABI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* The ABI version these declarations describe. Major must match exactly;
+ * the plugin's minor must be >= PJ_ABI_MIN_MINOR (the oldest minor whose
+ * struct layouts agree with the ones below for every call strata makes). */
+#define PJ_ABI_MAJOR 0
+#define PJ_ABI_MINOR 114
+#define PJ_ABI_MIN_MINOR 114
+
+/* Opaque plugin objects. */
+typedef struct pj_error pj_error;
+typedef struct pj_event pj_event;
+typedef struct pj_client pj_client;
+typedef struct pj_device pj_device;
+typedef struct pj_device_desc pj_device_desc;
+typedef struct pj_memory pj_memory;
+typedef struct pj_executable pj_executable;
+typedef struct pj_loaded_exe pj_loaded_exe;
+typedef struct pj_buffer pj_buffer;
+typedef struct pj_serialized pj_serialized;
+
+typedef struct pj_ext {
+  size_t struct_size;
+  int type;
+  struct pj_ext* next;
+} pj_ext;
+
+/* Common header of every argument struct. */
+#define PJ_HEAD   \
+  size_t struct_size; \
+  pj_ext* ext
+
+/* Size up to and including |field| (the ABI's notion of struct size). */
+#define PJ_SIZE(type, field) (offsetof(type, field) + sizeof(((type*)0)->field))
+
+typedef struct pj_version {
+  PJ_HEAD;
+  int major;
+  int minor;
+} pj_version;
+
+/*--- errors ---------------------------------------------------------------*/
+
+typedef struct pj_error_destroy_args {
+  PJ_HEAD;
+  pj_error* error;
+} pj_error_destroy_args;
+
+typedef struct pj_error_message_args {
+  PJ_HEAD;
+  const pj_error* error;
+  const char* message; /* out, lives as long as error */
+  size_t message_size; /* out */
+} pj_error_message_args;
+
+typedef struct pj_error_code_args {
+  PJ_HEAD;
+  const pj_error* error;
+  int code; /* out: absl status code */
+} pj_error_code_args;
+
+/*--- named values ---------------------------------------------------------*/
+
+enum {
+  PJ_NV_STRING = 0,
+  PJ_NV_INT64 = 1,
+  PJ_NV_INT64_LIST = 2,
+  PJ_NV_FLOAT = 3,
+  PJ_NV_BOOL = 4,
+};
+
+typedef struct pj_named_value {
+  PJ_HEAD;
+  const char* name;
+  size_t name_size;
+  int type;
+  union {
+    const char* s;
+    int64_t i64;
+    const int64_t* i64_list;
+    float f;
+    bool b;
+  } v;
+  size_t value_size; /* elements for strings/lists, 1 for scalars */
+} pj_named_value;
+
+/*--- plugin ---------------------------------------------------------------*/
+
+typedef struct pj_plugin_init_args {
+  PJ_HEAD;
+} pj_plugin_init_args;
+
+typedef struct pj_plugin_attrs_args {
+  PJ_HEAD;
+  const pj_named_value* attrs; /* out, process lifetime */
+  size_t num_attrs;            /* out */
+} pj_plugin_attrs_args;
+
+/*--- events ---------------------------------------------------------------*/
+
+typedef struct pj_event_args {
+  PJ_HEAD;
+  pj_event* event;
+} pj_event_args; /* Destroy, Error, Await */
+
+typedef struct pj_event_ready_args {
+  PJ_HEAD;
+  pj_event* event;
+  bool is_ready; /* out */
+} pj_event_ready_args;
+
+/* The callback owns |error| and must destroy it. */
+typedef void (*pj_on_ready_fn)(pj_error* error, void* user);
+
+typedef struct pj_event_on_ready_args {
+  PJ_HEAD;
+  pj_event* event;
+  pj_on_ready_fn callback;
+  void* user;
+} pj_event_on_ready_args;
+
+/*--- client ---------------------------------------------------------------*/
+
+typedef struct pj_client_create_args {
+  PJ_HEAD;
+  const pj_named_value* options;
+  size_t num_options;
+  void* kv_get;
+  void* kv_get_user;
+  void* kv_put;
+  void* kv_put_user;
+  pj_client* client; /* out */
+  void* kv_try_get;
+  void* kv_try_get_user;
+} pj_client_create_args;
+
+typedef struct pj_client_args {
+  PJ_HEAD;
+  pj_client* client;
+} pj_client_args; /* Destroy */
+
+typedef struct pj_client_string_args {
+  PJ_HEAD;
+  pj_client* client;
+  const char* str; /* out, lives as long as the client */
+  size_t str_size; /* out */
+} pj_client_string_args; /* PlatformName, PlatformVersion */
+
+typedef struct pj_client_devices_args {
+  PJ_HEAD;
+  pj_client* client;
+  pj_device* const* devices; /* out */
+  size_t num_devices;        /* out */
+} pj_client_devices_args; /* Devices, AddressableDevices */
+
+typedef struct pj_program {
+  PJ_HEAD;
+  const char* code;
+  size_t code_size;
+  const char* format;
+  size_t format_size;
+} pj_program;
+
+typedef struct pj_compile_args {
+  PJ_HEAD;
+  pj_client* client;
+  const pj_program* program;
+  const char* options; /* serialized xla.CompileOptionsProto */
+  size_t options_size;
+  pj_loaded_exe* executable; /* out */
+} pj_compile_args;
+
+/* PJRT element types (the ABI's numbering, not st_dtype's). */
+enum {
+  PJ_T_INVALID = 0,
+  PJ_T_PRED = 1,
+  PJ_T_S8 = 2,
+  PJ_T_S16 = 3,
+  PJ_T_S32 = 4,
+  PJ_T_S64 = 5,
+  PJ_T_U8 = 6,
+  PJ_T_U16 = 7,
+  PJ_T_U32 = 8,
+  PJ_T_U64 = 9,
+  PJ_T_F16 = 10,
+  PJ_T_F32 = 11,
+  PJ_T_F64 = 12,
+  PJ_T_BF16 = 13,
+};
+
+enum {
+  PJ_HOST_IMMUTABLE_ONLY_DURING_CALL = 0,
+  PJ_HOST_IMMUTABLE_UNTIL_TRANSFER_COMPLETES = 1,
+  PJ_HOST_IMMUTABLE_ZERO_COPY = 2,
+  PJ_HOST_MUTABLE_ZERO_COPY = 3,
+};
+
+typedef struct pj_from_host_args {
+  PJ_HEAD;
+  pj_client* client;
+  const void* data;
+  int type;
+  const int64_t* dims;
+  size_t num_dims;
+  const int64_t* byte_strides; /* NULL: dense row-major */
+  size_t num_byte_strides;
+  int semantics;
+  pj_device* device;
+  pj_memory* memory;   /* NULL: the device's default memory */
+  void* device_layout; /* NULL: dense row-major */
+  pj_event* done_with_host_buffer; /* out, caller destroys */
+  pj_buffer* buffer;               /* out */
+} pj_from_host_args;
+
+/*--- devices and memories -------------------------------------------------*/
+
+typedef struct pj_desc_id_args {
+  PJ_HEAD;
+  pj_device_desc* desc;
+  int id; /* out */
+} pj_desc_id_args;
+
+typedef struct pj_desc_string_args {
+  PJ_HEAD;
+  pj_device_desc* desc;
+  const char* str; /* out */
+  size_t str_size; /* out */
+} pj_desc_string_args; /* Kind, DebugString, ToString */
+
+typedef struct pj_device_desc_args {
+  PJ_HEAD;
+  pj_device* device;
+  pj_device_desc* desc; /* out */
+} pj_device_desc_args;
+
+typedef struct pj_device_memories_args {
+  PJ_HEAD;
+  pj_device* device;
+  pj_memory* const* memories; /* out */
+  size_t num_memories;        /* out */
+} pj_device_memories_args;
+
+typedef struct pj_device_default_memory_args {
+  PJ_HEAD;
+  pj_device* device;
+  pj_memory* memory; /* out */
+} pj_device_default_memory_args;
+
+typedef struct pj_memory_kind_args {
+  PJ_HEAD;
+  pj_memory* memory;
+  const char* kind; /* out */
+  size_t kind_size; /* out */
+} pj_memory_kind_args;
+
+/*--- executables ----------------------------------------------------------*/
+
+typedef struct pj_executable_args {
+  PJ_HEAD;
+  pj_executable* executable;
+} pj_executable_args; /* Executable_Destroy */
+
+typedef struct pj_loaded_args {
+  PJ_HEAD;
+  pj_loaded_exe* executable;
+} pj_loaded_args; /* LoadedExecutable_Destroy */
+
+typedef struct pj_get_executable_args {
+  PJ_HEAD;
+  pj_loaded_exe* loaded;
+  pj_executable* executable; /* out, caller destroys */
+} pj_get_executable_args;
+
+typedef struct pj_num_outputs_args {
+  PJ_HEAD;
+  pj_executable* executable;
+  size_t num_outputs; /* out */
+} pj_num_outputs_args;
+
+typedef struct pj_serialize_args {
+  PJ_HEAD;
+  const pj_executable* executable;
+  const char* bytes; /* out, lives as long as |serialized| */
+  size_t bytes_size; /* out */
+  pj_serialized* serialized;               /* out */
+  void (*deleter)(pj_serialized* serialized); /* out, call exactly once */
+} pj_serialize_args;
+
+typedef struct pj_deserialize_args {
+  PJ_HEAD;
+  pj_client* client;
+  const char* bytes;
+  size_t bytes_size;
+  pj_loaded_exe* executable; /* out */
+  const char* override_options; /* NULL: the options stored in |bytes| */
+  size_t override_options_size;
+  void* load_options; /* NULL */
+} pj_deserialize_args;
+
+typedef struct pj_execute_options {
+  PJ_HEAD;
+  void** send_callbacks;
+  void** recv_callbacks;
+  size_t num_send_ops;
+  size_t num_recv_ops;
+  int launch_id;
+  const int64_t* non_donatable;
+  size_t num_non_donatable;
+  void* context;
+  const char* call_location;
+  size_t num_tasks;
+  int* task_ids;
+  int64_t* incarnation_ids;
+  void* multi_slice_config;
+  bool major_to_minor_for_callbacks;
+  void* hlo_output_callbacks;
+  size_t num_hlo_output_callbacks;
+} pj_execute_options;
+
+typedef struct pj_execute_args {
+  PJ_HEAD;
+  pj_loaded_exe* executable;
+  pj_execute_options* options; /* never NULL: the plugin dereferences it */
+  pj_buffer* const* const* argument_lists; /* [num_devices][num_args] */
+  size_t num_devices;
+  size_t num_args;
+  pj_buffer** const* output_lists; /* [num_devices][num_outputs], caller-allocated */
+  pj_event** device_complete_events; /* optional, [num_devices] */
+  pj_device* execute_device;         /* set for portable executables */
+} pj_execute_args;
+
+/*--- buffers --------------------------------------------------------------*/
+
+typedef struct pj_buffer_args {
+  PJ_HEAD;
+  pj_buffer* buffer;
+} pj_buffer_args; /* Destroy, Delete */
+
+typedef struct pj_buffer_type_args {
+  PJ_HEAD;
+  pj_buffer* buffer;
+  int type; /* out */
+} pj_buffer_type_args;
+
+typedef struct pj_buffer_dims_args {
+  PJ_HEAD;
+  pj_buffer* buffer;
+  const int64_t* dims; /* out, lives as long as the buffer */
+  size_t num_dims;     /* out */
+} pj_buffer_dims_args;
+
+typedef struct pj_buffer_bool_args {
+  PJ_HEAD;
+  pj_buffer* buffer;
+  bool value; /* out */
+} pj_buffer_bool_args; /* IsDeleted */
+
+typedef struct pj_to_host_args {
+  PJ_HEAD;
+  pj_buffer* src;
+  void* host_layout; /* NULL: the buffer's layout (dense row-major on CPU) */
+  void* dst;
+  size_t dst_size;
+  pj_event* event; /* out */
+} pj_to_host_args;
+
+typedef struct pj_buffer_event_args {
+  PJ_HEAD;
+  pj_buffer* buffer;
+  pj_event* event; /* out */
+} pj_buffer_event_args; /* ReadyEvent */
+
+/*--- the function table ---------------------------------------------------*/
+
+typedef pj_error* (*pj_fn)(void* args);
+#define PJ_FN(name, args_type) pj_error* (*name)(args_type * args)
+#define PJ_UNUSED(name) void* name
+
+typedef struct pj_api {
+  size_t struct_size;
+  pj_ext* ext;
+  pj_version version;
+
+  void (*error_destroy)(pj_error_destroy_args* args);
+  void (*error_message)(pj_error_message_args* args);
+  PJ_FN(error_get_code, pj_error_code_args);
+
+  PJ_FN(plugin_initialize, pj_plugin_init_args);
+  PJ_FN(plugin_attributes, pj_plugin_attrs_args);
+
+  PJ_FN(event_destroy, pj_event_args);
+  PJ_FN(event_is_ready, pj_event_ready_args);
+  PJ_FN(event_error, pj_event_args);
+  PJ_FN(event_await, pj_event_args);
+  PJ_FN(event_on_ready, pj_event_on_ready_args);
+
+  PJ_FN(client_create, pj_client_create_args);
+  PJ_FN(client_destroy, pj_client_args);
+  PJ_FN(client_platform_name, pj_client_string_args);
+  PJ_UNUSED(client_process_index);
+  PJ_FN(client_platform_version, pj_client_string_args);
+  PJ_FN(client_devices, pj_client_devices_args);
+  PJ_FN(client_addressable_devices, pj_client_devices_args);
+  PJ_UNUSED(client_lookup_device);
+  PJ_UNUSED(client_lookup_addressable_device);
+  PJ_UNUSED(client_addressable_memories);
+  PJ_FN(client_compile, pj_compile_args);
+  PJ_UNUSED(client_default_device_assignment);
+  PJ_FN(client_buffer_from_host, pj_from_host_args);
+
+  PJ_FN(desc_id, pj_desc_id_args);
+  PJ_UNUSED(desc_process_index);
+  PJ_UNUSED(desc_attributes);
+  PJ_FN(desc_kind, pj_desc_string_args);
+  PJ_FN(desc_debug_string, pj_desc_string_args);
+  PJ_FN(desc_to_string, pj_desc_string_args);
+
+  PJ_FN(device_get_description, pj_device_desc_args);
+  PJ_UNUSED(device_is_addressable);
+  PJ_UNUSED(device_local_hardware_id);
+  PJ_FN(device_addressable_memories, pj_device_memories_args);
+  PJ_FN(device_default_memory, pj_device_default_memory_args);
+  PJ_UNUSED(device_memory_stats);
+
+  PJ_UNUSED(memory_id);
+  PJ_FN(memory_kind, pj_memory_kind_args);
+  PJ_UNUSED(memory_debug_string);
+  PJ_UNUSED(memory_to_string);
+  PJ_UNUSED(memory_addressable_by_devices);
+
+  PJ_FN(executable_destroy, pj_executable_args);
+  PJ_UNUSED(executable_name);
+  PJ_UNUSED(executable_num_replicas);
+  PJ_UNUSED(executable_num_partitions);
+  PJ_FN(executable_num_outputs, pj_num_outputs_args);
+  PJ_UNUSED(executable_code_size);
+  PJ_UNUSED(executable_cost_analysis);
+  PJ_UNUSED(executable_output_memory_kinds);
+  PJ_UNUSED(executable_optimized_program);
+  PJ_FN(executable_serialize, pj_serialize_args);
+
+  PJ_FN(loaded_destroy, pj_loaded_args);
+  PJ_FN(loaded_get_executable, pj_get_executable_args);
+  PJ_UNUSED(loaded_addressable_devices);
+  PJ_UNUSED(loaded_delete);
+  PJ_UNUSED(loaded_is_deleted);
+  PJ_FN(loaded_execute, pj_execute_args);
+  PJ_FN(executable_deserialize_and_load, pj_deserialize_args);
+  PJ_UNUSED(loaded_fingerprint);
+
+  PJ_FN(buffer_destroy, pj_buffer_args);
+  PJ_FN(buffer_element_type, pj_buffer_type_args);
+  PJ_FN(buffer_dimensions, pj_buffer_dims_args);
+  PJ_UNUSED(buffer_unpadded_dimensions);
+  PJ_UNUSED(buffer_dynamic_dimension_indices);
+  PJ_UNUSED(buffer_get_memory_layout);
+  PJ_UNUSED(buffer_on_device_size);
+  PJ_UNUSED(buffer_device);
+  PJ_UNUSED(buffer_memory);
+  PJ_UNUSED(buffer_delete);
+  PJ_FN(buffer_is_deleted, pj_buffer_bool_args);
+  PJ_UNUSED(buffer_copy_to_device);
+  PJ_FN(buffer_to_host, pj_to_host_args);
+  PJ_UNUSED(buffer_is_on_cpu);
+  PJ_FN(buffer_ready_event, pj_buffer_event_args);
+  /* Later slots are not used by strata. */
+} pj_api;
+
+#undef PJ_FN
+#undef PJ_UNUSED
+
+/* True when the plugin's table is long enough to hold |slot|. */
+#define PJ_HAS(api, slot) \
+  (offsetof(pj_api, slot) < (api)->struct_size && (api)->slot != NULL)
+
+typedef const pj_api* (*pj_get_api_fn)(void);
+
+#endif /* STRATA_RUNTIME_PJRT_ABI_H */

@@ -1,0 +1,153 @@
+/*
+ * rt_internal.h — private to src/runtime: the definitions of the objects
+ * declared opaque in strata/runtime.h and helpers shared by its files.
+ */
+#ifndef STRATA_RUNTIME_RT_INTERNAL_H
+#define STRATA_RUNTIME_RT_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/pjrt_abi.h"
+#include "strata/runtime.h"
+#include "strata/status.h"
+
+#define ST__MAX_MEMORIES 8
+
+typedef struct st__device {
+  pj_device* handle;
+  int id;
+  char* kind;
+  char* description;
+  int memory_count;
+  char* memory_kinds[ST__MAX_MEMORIES];
+  int default_memory;
+} st__device;
+
+struct st_runtime {
+  const pj_api* api;
+  pj_client* client;
+
+  char* plugin_path;      /* as found (absolute when possible) */
+  int64_t plugin_size;    /* for cache keys: a rebuilt plugin never hits */
+  int64_t plugin_mtime_ns;
+  char* platform_name;
+  char* platform_version;
+  char* xla_version; /* "" when the plugin has no such attribute */
+  int api_major, api_minor;
+
+  int device_count;
+  st__device* devices;
+
+  bool deterministic;
+  char* cache_dir; /* NULL when the cache is off */
+
+  /* The serialized xla.CompileOptionsProto every compile uses (owned). */
+  uint8_t* compile_options;
+  size_t compile_options_size;
+
+  /* Counters: atomics because execute/transfer may run on several threads. */
+  _Atomic int64_t n_compiles, n_cache_hits, n_cache_misses, n_cache_corrupt;
+  _Atomic int64_t n_executions, n_h2d_bytes, n_d2h_bytes, n_live_buffers;
+};
+
+struct st_buffer {
+  st_runtime* rt;
+  pj_buffer* handle; /* kept after consumption: PJRT still needs Destroy */
+  st_tensor_type type;
+  int device;
+  bool consumed;
+  char consumed_by[96]; /* program that consumed it, for error messages */
+};
+
+struct st_event {
+  const pj_api* api;
+  pj_event* handle; /* NULL: an already-complete event */
+  char* context;    /* prefixed to the event's error (owned) */
+};
+
+struct st_program {
+  st_runtime* rt;
+  char* name;
+  pj_loaded_exe* exe;
+  int input_count; /* -1 when unknown (bytecode without signature) */
+  st_tensor_type* inputs;
+  bool* donated; /* input_count entries; NULL when unknown */
+  int output_count;
+  st_tensor_type* outputs; /* NULL when output types are unknown */
+};
+
+/*--- runtime.c --------------------------------------------------------------*/
+
+/* Turns a plugin error into an ST_CODE_RUNTIME status "<context>: <plugin
+ * message>" and destroys |error|. Returns ST_OK for a NULL error. */
+st_status st__pj_status(const pj_api* api, pj_error* error, const char* fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Destroys |error| (NULL is fine) without looking at it. */
+void st__pj_error_free(const pj_api* api, pj_error* error);
+/* A copy of the plugin's message for |error| (caller frees); "" if none. */
+char* st__pj_message(const pj_api* api, const pj_error* error);
+void st__pj_event_free(const pj_api* api, pj_event* event);
+
+char* st__strdup(const char* s);
+char* st__strndup(const char* s, size_t n);
+char* st__sprintf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/*--- transfer.c -------------------------------------------------------------*/
+
+/* Wraps |handle| (ownership moves in; NULL makes a completed event) with
+ * |context_owned| (moved in) as the prefix of its error. On failure the
+ * handle is destroyed. */
+st_status st__event_make(const pj_api* api, pj_event* handle, char* context_owned, st_event** out);
+/* Wraps a plugin buffer (ownership moves in; destroyed on failure). */
+st_status st__buffer_wrap(st_runtime* rt, pj_buffer* handle, int device, const st_tensor_type* type, st_buffer** out);
+
+/*--- dtype.c ----------------------------------------------------------------*/
+
+int st__dtype_to_pj(st_dtype dtype);
+st_dtype st__dtype_from_pj(int pj_type);
+/* MLIR element type spelling ("f32", "i1", "ui32", "bf16"); INVALID else. */
+st_dtype st__dtype_from_mlir(const char* s, size_t n);
+
+/*--- mlir_sig.c -------------------------------------------------------------*/
+
+typedef struct st__signature {
+  int input_count;
+  st_tensor_type* inputs;
+  bool* donated;
+  int output_count;
+  st_tensor_type* outputs;
+} st__signature;
+
+/* True when |code| looks like MLIR bytecode (magic "ML\xEFR"). */
+bool st__mlir_is_bytecode(const void* code, size_t size);
+/* Parses `func.func public @main(...) -> ...` from MLIR text. On success
+ * fills |sig| (caller frees with st__signature_free) and returns true;
+ * returns false when the text has no parsable main signature. */
+bool st__mlir_parse_main(const char* text, size_t size, st__signature* sig);
+void st__signature_free(st__signature* sig);
+
+/*--- compile_options.c ------------------------------------------------------*/
+
+/* Builds the serialized xla.CompileOptionsProto for a portable single-device
+ * executable with |count| "name=value" overrides (plus the deterministic
+ * ones when |deterministic|). Errors name a malformed option. */
+st_status st__compile_options_build(const char* const* xla_options, int count, bool deterministic,
+                                    uint8_t** out_bytes, size_t* out_size);
+
+/*--- exe_cache.c ------------------------------------------------------------*/
+
+/* SHA-256 cache key (hex, 65 bytes with NUL) for |code| under |rt|. */
+st_status st__cache_key(const st_runtime* rt, const void* code, size_t code_size, char out_hex[65]);
+/* Looks |key| up. On a hit returns the loaded executable in *out (and counts
+ * the hit); on a miss or damaged entry sets *out = NULL (counting miss /
+ * corrupt; a damaged entry is removed). Only unexpected I/O failures are
+ * returned as errors, and even those are reported as misses by the caller. */
+void st__cache_lookup(st_runtime* rt, const char* key, pj_loaded_exe** out);
+/* Serializes |exe| and writes it atomically under |key|. Failures are not
+ * fatal to compiling; the status says what went wrong. */
+st_status st__cache_store(st_runtime* rt, const char* key, pj_loaded_exe* exe);
+
+#endif /* STRATA_RUNTIME_RT_INTERNAL_H */

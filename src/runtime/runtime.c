@@ -1,0 +1,554 @@
+/* runtime.c — plugin discovery and loading, the PJRT client, devices, facts
+ * and counters, and the plugin-error -> st_status bridge. */
+#include <dlfcn.h>
+#include <errno.h>
+#include <glob.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "runtime/rt_internal.h"
+
+#ifndef STRATA_SOURCE_DIR
+#define STRATA_SOURCE_DIR ""
+#endif
+
+/*===-------------------------------------------------------------------===*/
+/* Small helpers                                                            */
+/*===-------------------------------------------------------------------===*/
+
+char* st__strdup(const char* s) { return st__strndup(s ? s : "", s ? strlen(s) : 0); }
+
+char* st__strndup(const char* s, size_t n) {
+  char* p = malloc(n + 1);
+  if (!p) return NULL;
+  if (n) memcpy(p, s, n);
+  p[n] = '\0';
+  return p;
+}
+
+char* st__sprintf(const char* fmt, ...) {
+  va_list ap, ap2;
+  va_start(ap, fmt);
+  va_copy(ap2, ap);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  char* p = n < 0 ? NULL : malloc((size_t)n + 1);
+  if (p) vsnprintf(p, (size_t)n + 1, fmt, ap2);
+  va_end(ap2);
+  return p;
+}
+
+static st_status st__oom(const char* what) { return st_status_make(ST_CODE_INTERNAL, "out of memory (%s)", what); }
+
+/*===-------------------------------------------------------------------===*/
+/* Plugin errors                                                            */
+/*===-------------------------------------------------------------------===*/
+
+void st__pj_error_free(const pj_api* api, pj_error* error) {
+  if (!error) return;
+  pj_error_destroy_args a = {.struct_size = sizeof(a), .error = error};
+  api->error_destroy(&a);
+}
+
+char* st__pj_message(const pj_api* api, const pj_error* error) {
+  if (!error) return st__strdup("");
+  pj_error_message_args a = {.struct_size = sizeof(a), .error = error};
+  api->error_message(&a);
+  return st__strndup(a.message ? a.message : "", a.message ? a.message_size : 0);
+}
+
+st_status st__pj_status(const pj_api* api, pj_error* error, const char* fmt, ...) {
+  if (!error) return ST_OK;
+  char* msg = st__pj_message(api, error);
+  st__pj_error_free(api, error);
+  char context[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(context, sizeof(context), fmt, ap);
+  va_end(ap);
+  st_status s = st_status_make(ST_CODE_RUNTIME, "%s: %s", context, msg ? msg : "(no message)");
+  free(msg);
+  return s;
+}
+
+void st__pj_event_free(const pj_api* api, pj_event* event) {
+  if (!event) return;
+  pj_event_args a = {.struct_size = sizeof(a), .event = event};
+  st__pj_error_free(api, api->event_destroy(&a));
+}
+
+/*===-------------------------------------------------------------------===*/
+/* Discovery                                                                */
+/*===-------------------------------------------------------------------===*/
+
+/* Growing text of the places searched, for the not-found message. */
+typedef struct {
+  char buf[4096];
+  size_t n;
+} st__searched;
+
+static void st__searched_add(st__searched* s, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static void st__searched_add(st__searched* s, const char* fmt, ...) {
+  if (s->n >= sizeof(s->buf) - 1) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int k = vsnprintf(s->buf + s->n, sizeof(s->buf) - s->n, fmt, ap);
+  va_end(ap);
+  if (k > 0) s->n += (size_t)k;
+  if (s->n >= sizeof(s->buf)) s->n = sizeof(s->buf) - 1;
+}
+
+static bool st__is_file(const char* path) {
+  struct stat st;
+  return path && stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* First match of |pattern| (sorted, so the newest python3.N wins last... we
+ * take the last entry, which glob sorts highest). */
+static char* st__glob_last(const char* pattern) {
+  glob_t g;
+  memset(&g, 0, sizeof(g));
+  char* found = NULL;
+  if (glob(pattern, 0, NULL, &g) == 0) {
+    for (size_t i = g.gl_pathc; i-- > 0;) {
+      if (st__is_file(g.gl_pathv[i])) {
+        found = st__strdup(g.gl_pathv[i]);
+        break;
+      }
+    }
+  }
+  globfree(&g);
+  return found;
+}
+
+/* The Python-wheel layouts strata knows, relative to a repository root. The
+ * first is lammps-jax-pjrt-cpu (checked); the second is a best guess at the
+ * xla-cpu-pjrt wheel (any *pjrt*.so inside its package folder). */
+static const char* const kVenvLayouts[] = {
+    ".venv/lib/python3*/site-packages/lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so",
+    ".venv/lib/python3*/site-packages/xla_cpu_pjrt/*pjrt*.so",
+};
+
+static char* st__search_root(const char* root, st__searched* searched) {
+  for (size_t i = 0; i < sizeof(kVenvLayouts) / sizeof(kVenvLayouts[0]); ++i) {
+    char pattern[PATH_MAX];
+    if (root && root[0])
+      snprintf(pattern, sizeof(pattern), "%s/%s", root, kVenvLayouts[i]);
+    else
+      snprintf(pattern, sizeof(pattern), "%s", kVenvLayouts[i]);
+    st__searched_add(searched, "\n  %s", pattern);
+    char* hit = st__glob_last(pattern);
+    if (hit) return hit;
+  }
+  return NULL;
+}
+
+/* Finds the plugin file. Explicit settings (config, then environment) are
+ * final: when set but missing, that is the error, so a typo never silently
+ * falls back to another plugin. */
+static st_status st__find_plugin(const st_runtime_options* o, char** out_path) {
+  *out_path = NULL;
+  if (o->plugin_path && o->plugin_path[0]) {
+    if (!st__is_file(o->plugin_path))
+      return st_status_make(ST_CODE_RUNTIME,
+                            "PJRT plugin not found: runtime.plugin=%s does not name a file "
+                            "(set runtime.plugin=PATH to an existing pjrt_c_api_*_plugin.so)",
+                            o->plugin_path);
+    *out_path = st__strdup(o->plugin_path);
+    return *out_path ? ST_OK : st__oom("plugin path");
+  }
+  const char* env = getenv("STRATA_PJRT_PLUGIN");
+  if (env && env[0]) {
+    if (!st__is_file(env))
+      return st_status_make(ST_CODE_RUNTIME,
+                            "PJRT plugin not found: STRATA_PJRT_PLUGIN=%s does not name a file "
+                            "(set STRATA_PJRT_PLUGIN or runtime.plugin=PATH to an existing plugin)",
+                            env);
+    *out_path = st__strdup(env);
+    return *out_path ? ST_OK : st__oom("plugin path");
+  }
+  st__searched searched = {.n = 0};
+  st__searched_add(&searched, "\n  runtime.plugin (not set)\n  $STRATA_PJRT_PLUGIN (not set)");
+  char cwd[PATH_MAX];
+  const char* cwd_ok = getcwd(cwd, sizeof(cwd));
+  char* hit = st__search_root(NULL, &searched);
+  if (hit && cwd_ok && hit[0] != '/') {
+    /* Keep an absolute path: the cwd may change before cache keys use it. */
+    char* abs = st__sprintf("%s/%s", cwd, hit);
+    free(hit);
+    hit = abs;
+  }
+  if (!hit) {
+    /* The repository's own .venv; STRATA_SOURCE_DIR in the environment
+     * replaces the compiled-in path (relocated trees, tests). */
+    const char* src = getenv("STRATA_SOURCE_DIR");
+    if (!src) src = STRATA_SOURCE_DIR;
+    if (src[0]) hit = st__search_root(src, &searched);
+  }
+  if (hit) {
+    *out_path = hit;
+    return ST_OK;
+  }
+  return st_status_make(ST_CODE_RUNTIME,
+                        "no PJRT plugin found (current directory %s). Searched:%s\n"
+                        "To fix: set runtime.plugin=PATH or STRATA_PJRT_PLUGIN=PATH to a PJRT plugin "
+                        "(e.g. pjrt_c_api_cpu_plugin.so), or run `make setup` to install the CPU plugin in .venv",
+                        cwd_ok ? cwd : "?", searched.buf);
+}
+
+/*===-------------------------------------------------------------------===*/
+/* Loading                                                                  */
+/*===-------------------------------------------------------------------===*/
+
+/* Plugins loaded by this process, by path: PJRT_Plugin_Initialize runs once
+ * per plugin, and dlclose is never called (plugins keep threads and
+ * registries that do not survive unloading). */
+typedef struct {
+  char* path;
+  const pj_api* api;
+} st__loaded_plugin;
+
+static pthread_mutex_t g_plugins_mu = PTHREAD_MUTEX_INITIALIZER;
+static st__loaded_plugin g_plugins[8];
+static int g_plugin_count;
+
+static st_status st__load_plugin_locked(const char* path, const pj_api** out_api) {
+  *out_api = NULL;
+  char real[PATH_MAX];
+  const char* key = realpath(path, real) ? real : path;
+  for (int i = 0; i < g_plugin_count; ++i) {
+    if (!strcmp(g_plugins[i].path, key)) {
+      *out_api = g_plugins[i].api;
+      return ST_OK;
+    }
+  }
+  dlerror();
+  void* handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!handle) {
+    const char* why = dlerror();
+    return st_status_make(ST_CODE_RUNTIME, "cannot load PJRT plugin %s: %s", path, why ? why : "dlopen failed");
+  }
+  dlerror();
+  void* sym = dlsym(handle, "GetPjrtApi");
+  if (!sym) {
+    /* Deliberately not dlclosed: some libraries misbehave when unloaded. */
+    return st_status_make(ST_CODE_RUNTIME, "%s is not a PJRT plugin: it has no GetPjrtApi symbol", path);
+  }
+  pj_get_api_fn get_api;
+  memcpy(&get_api, &sym, sizeof(get_api)); /* object -> function pointer */
+  const pj_api* api = get_api();
+  if (!api) return st_status_make(ST_CODE_RUNTIME, "PJRT plugin %s: GetPjrtApi returned NULL", path);
+  if (api->struct_size < offsetof(pj_api, error_destroy))
+    return st_status_make(ST_CODE_RUNTIME, "PJRT plugin %s: implausible API table size %zu", path, api->struct_size);
+  int major = api->version.major, minor = api->version.minor;
+  if (major != PJ_ABI_MAJOR || minor < PJ_ABI_MIN_MINOR)
+    return st_status_make(ST_CODE_RUNTIME,
+                          "PJRT plugin %s has C API version %d.%d; strata needs %d.%d or a later 0.x "
+                          "(use a plugin built from a newer XLA, e.g. lammps-jax-pjrt-cpu>=0.11.2)",
+                          path, major, minor, PJ_ABI_MAJOR, PJ_ABI_MIN_MINOR);
+  /* Every slot strata calls must be inside the plugin's table. */
+  if (api->struct_size < PJ_SIZE(pj_api, buffer_ready_event))
+    return st_status_make(ST_CODE_RUNTIME,
+                          "PJRT plugin %s (API %d.%d): function table too short (%zu bytes, need %zu)", path,
+                          major, minor, api->struct_size, PJ_SIZE(pj_api, buffer_ready_event));
+  pj_plugin_init_args ia = {.struct_size = sizeof(ia)};
+  st_status s = st__pj_status(api, api->plugin_initialize(&ia), "PJRT plugin %s: initialization failed", path);
+  if (s) return s;
+  if (g_plugin_count < (int)(sizeof(g_plugins) / sizeof(g_plugins[0]))) {
+    char* copy = st__strdup(key);
+    if (copy) {
+      g_plugins[g_plugin_count].path = copy;
+      g_plugins[g_plugin_count].api = api;
+      ++g_plugin_count;
+    }
+  }
+  *out_api = api;
+  return ST_OK;
+}
+
+static st_status st__load_plugin(const char* path, const pj_api** out_api) {
+  pthread_mutex_lock(&g_plugins_mu);
+  st_status s = st__load_plugin_locked(path, out_api);
+  pthread_mutex_unlock(&g_plugins_mu);
+  return s;
+}
+
+/*===-------------------------------------------------------------------===*/
+/* Client                                                                   */
+/*===-------------------------------------------------------------------===*/
+
+void st_runtime_options_init(st_runtime_options* options) {
+  if (!options) return;
+  memset(options, 0, sizeof(*options));
+  options->cpu_devices = 2;
+}
+
+static st_status st__read_attributes(st_runtime* rt) {
+  const pj_api* api = rt->api;
+  pj_plugin_attrs_args a = {.struct_size = sizeof(a)};
+  st_status s = st__pj_status(api, api->plugin_attributes(&a), "PJRT plugin %s: reading attributes", rt->plugin_path);
+  if (s) return s;
+  for (size_t i = 0; i < a.num_attrs; ++i) {
+    const pj_named_value* v = &a.attrs[i];
+    if (!v->name || v->name_size != strlen("xla_version") || memcmp(v->name, "xla_version", v->name_size)) continue;
+    free(rt->xla_version);
+    if (v->type == PJ_NV_STRING)
+      rt->xla_version = st__strndup(v->v.s ? v->v.s : "", v->v.s ? v->value_size : 0);
+    else if (v->type == PJ_NV_INT64)
+      rt->xla_version = st__sprintf("%lld", (long long)v->v.i64);
+    else
+      rt->xla_version = st__strdup("");
+  }
+  if (!rt->xla_version) rt->xla_version = st__strdup("");
+  return rt->xla_version ? ST_OK : st__oom("xla_version");
+}
+
+static st_status st__client_string(st_runtime* rt, bool version, char** out) {
+  const pj_api* api = rt->api;
+  pj_client_string_args a = {.struct_size = sizeof(a), .client = rt->client};
+  pj_error* e = version ? api->client_platform_version(&a) : api->client_platform_name(&a);
+  ST_RETURN(st__pj_status(api, e, "PJRT client: reading platform %s", version ? "version" : "name"));
+  *out = st__strndup(a.str ? a.str : "", a.str ? a.str_size : 0);
+  return *out ? ST_OK : st__oom("platform string");
+}
+
+static st_status st__read_devices(st_runtime* rt) {
+  const pj_api* api = rt->api;
+  pj_client_devices_args a = {.struct_size = sizeof(a), .client = rt->client};
+  ST_RETURN(st__pj_status(api, api->client_addressable_devices(&a), "PJRT client: listing addressable devices"));
+  if (a.num_devices == 0) return st_status_make(ST_CODE_RUNTIME, "PJRT plugin %s has no addressable devices", rt->plugin_path);
+  rt->devices = calloc(a.num_devices, sizeof(*rt->devices));
+  if (!rt->devices) return st__oom("devices");
+  rt->device_count = (int)a.num_devices;
+  for (size_t i = 0; i < a.num_devices; ++i) {
+    st__device* d = &rt->devices[i];
+    d->handle = a.devices[i];
+    pj_device_desc_args da = {.struct_size = sizeof(da), .device = d->handle};
+    ST_RETURN(st__pj_status(api, api->device_get_description(&da), "device %zu: description", i));
+    pj_desc_id_args ia = {.struct_size = sizeof(ia), .desc = da.desc};
+    ST_RETURN(st__pj_status(api, api->desc_id(&ia), "device %zu: id", i));
+    d->id = ia.id;
+    pj_desc_string_args ka = {.struct_size = sizeof(ka), .desc = da.desc};
+    ST_RETURN(st__pj_status(api, api->desc_kind(&ka), "device %zu: kind", i));
+    d->kind = st__strndup(ka.str ? ka.str : "", ka.str ? ka.str_size : 0);
+    pj_desc_string_args ta = {.struct_size = sizeof(ta), .desc = da.desc};
+    ST_RETURN(st__pj_status(api, api->desc_to_string(&ta), "device %zu: description", i));
+    d->description = st__strndup(ta.str ? ta.str : "", ta.str ? ta.str_size : 0);
+    if (!d->kind || !d->description) return st__oom("device strings");
+
+    pj_device_memories_args ma = {.struct_size = sizeof(ma), .device = d->handle};
+    ST_RETURN(st__pj_status(api, api->device_addressable_memories(&ma), "device %zu: memory spaces", i));
+    pj_device_default_memory_args dm = {.struct_size = sizeof(dm), .device = d->handle};
+    pj_error* e = api->device_default_memory(&dm);
+    /* Some plugins have no default memory; that is not fatal. */
+    st__pj_error_free(api, e);
+    if (e) dm.memory = NULL;
+    d->default_memory = 0;
+    for (size_t j = 0; j < ma.num_memories && j < ST__MAX_MEMORIES; ++j) {
+      pj_memory_kind_args mk = {.struct_size = sizeof(mk), .memory = ma.memories[j]};
+      ST_RETURN(st__pj_status(api, api->memory_kind(&mk), "device %zu: memory %zu kind", i, j));
+      d->memory_kinds[j] = st__strndup(mk.kind ? mk.kind : "", mk.kind ? mk.kind_size : 0);
+      if (!d->memory_kinds[j]) return st__oom("memory kind");
+      d->memory_count = (int)j + 1;
+      if (ma.memories[j] == dm.memory) d->default_memory = (int)j;
+    }
+  }
+  return ST_OK;
+}
+
+static void st__plugin_file_facts(st_runtime* rt) {
+  struct stat st;
+  if (stat(rt->plugin_path, &st) == 0) {
+    rt->plugin_size = (int64_t)st.st_size;
+    rt->plugin_mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+  }
+}
+
+/* Creates the client. The CPU plugin takes `cpu_device_count`; other
+ * plugins may reject it, so a creation that fails naming the option is
+ * retried without options.
+ *
+ * Deterministic mode pins the CPU intra-op pool to one thread by setting
+ * PJRT_NPROC=1 for the duration of the create call (the CPU client sizes its
+ * pool from it at creation), then restores the previous value. */
+static pj_error* st__try_create(const pj_api* api, const pj_named_value* opts, size_t n, pj_client** out) {
+  pj_client_create_args a = {.struct_size = sizeof(a), .options = n ? opts : NULL, .num_options = n};
+  pj_error* e = api->client_create(&a);
+  *out = e ? NULL : a.client;
+  return e;
+}
+
+static st_status st__create_client(st_runtime* rt, const st_runtime_options* o) {
+  const pj_api* api = rt->api;
+  pj_named_value opt = {.struct_size = sizeof(opt)};
+  opt.name = "cpu_device_count";
+  opt.name_size = strlen(opt.name);
+  opt.type = PJ_NV_INT64;
+  opt.v.i64 = o->cpu_devices > 0 ? o->cpu_devices : 2;
+  opt.value_size = 1;
+
+  char* saved_nproc = NULL;
+  if (rt->deterministic) {
+    const char* cur = getenv("PJRT_NPROC");
+    if (cur) saved_nproc = st__strdup(cur);
+    setenv("PJRT_NPROC", "1", 1);
+  }
+  pj_error* e = st__try_create(api, &opt, 1, &rt->client);
+  if (e) {
+    char* msg = st__pj_message(api, e);
+    if (msg && strstr(msg, "cpu_device_count")) {
+      st__pj_error_free(api, e);
+      e = st__try_create(api, NULL, 0, &rt->client);
+    }
+    free(msg);
+  }
+  if (rt->deterministic) {
+    if (saved_nproc)
+      setenv("PJRT_NPROC", saved_nproc, 1);
+    else
+      unsetenv("PJRT_NPROC");
+    free(saved_nproc);
+  }
+  return st__pj_status(api, e, "PJRT plugin %s: creating the client", rt->plugin_path);
+}
+
+/* XLA checks option overrides only when compiling. A tiny probe compile at
+ * creation reports a misspelled or mistyped runtime.xla_options entry right
+ * away, naming it, instead of at the first real program. The probe is not
+ * counted in the stats (it is not a user program). */
+static st_status st__validate_overrides(st_runtime* rt) {
+  static const char kProbe[] =
+      "module @strata_option_probe {\n"
+      "  func.func public @main(%arg0: tensor<f32>) -> tensor<f32> {\n"
+      "    return %arg0 : tensor<f32>\n"
+      "  }\n"
+      "}\n";
+  pj_program prog = {.struct_size = sizeof(prog), .code = kProbe, .code_size = sizeof(kProbe) - 1,
+                     .format = "mlir", .format_size = 4};
+  pj_compile_args a = {.struct_size = sizeof(a), .client = rt->client, .program = &prog,
+                       .options = (const char*)rt->compile_options, .options_size = rt->compile_options_size};
+  pj_error* e = rt->api->client_compile(&a);
+  if (e) return st__pj_status(rt->api, e, "runtime.xla_options rejected by XLA");
+  pj_loaded_args d = {.struct_size = sizeof(d), .executable = a.executable};
+  st__pj_error_free(rt->api, rt->api->loaded_destroy(&d));
+  return ST_OK;
+}
+
+st_status st_runtime_create(const st_runtime_options* options, st_runtime** out_runtime) {
+  if (!out_runtime) return st_status_make(ST_CODE_INTERNAL, "st_runtime_create: out_runtime is NULL");
+  *out_runtime = NULL;
+  st_runtime_options defaults;
+  if (!options) {
+    st_runtime_options_init(&defaults);
+    options = &defaults;
+  }
+  if (options->cpu_devices < 0 || options->cpu_devices > 4096)
+    return st_status_make(ST_CODE_CONFIG, "runtime.cpu_devices=%d is out of range (1..4096)", options->cpu_devices);
+  if (options->xla_option_count < 0 || (options->xla_option_count > 0 && !options->xla_options))
+    return st_status_make(ST_CODE_CONFIG, "runtime.xla_options: bad option list");
+
+  st_runtime* rt = calloc(1, sizeof(*rt));
+  if (!rt) return st__oom("runtime");
+  rt->deterministic = options->deterministic;
+  st_status s = st__find_plugin(options, &rt->plugin_path);
+  /* Options are validated before the plugin is touched, so a typo in an XLA
+   * option is reported even when the plugin is slow to load. */
+  if (!s)
+    s = st__compile_options_build(options->xla_options, options->xla_option_count, options->deterministic,
+                                  &rt->compile_options, &rt->compile_options_size);
+  if (!s && options->cache_dir && options->cache_dir[0]) {
+    rt->cache_dir = st__strdup(options->cache_dir);
+    if (!rt->cache_dir) s = st__oom("cache dir");
+  }
+  if (!s) s = st__load_plugin(rt->plugin_path, &rt->api);
+  if (!s) {
+    rt->api_major = rt->api->version.major;
+    rt->api_minor = rt->api->version.minor;
+    st__plugin_file_facts(rt);
+    s = st__read_attributes(rt);
+  }
+  if (!s) s = st__create_client(rt, options);
+  if (!s) s = st__client_string(rt, false, &rt->platform_name);
+  if (!s) s = st__client_string(rt, true, &rt->platform_version);
+  if (!s) s = st__read_devices(rt);
+  if (!s && (options->xla_option_count > 0 || options->deterministic)) s = st__validate_overrides(rt);
+  if (s) {
+    st_runtime_destroy(rt);
+    return s;
+  }
+  *out_runtime = rt;
+  return ST_OK;
+}
+
+void st_runtime_destroy(st_runtime* rt) {
+  if (!rt) return;
+  if (rt->client) {
+    pj_client_args a = {.struct_size = sizeof(a), .client = rt->client};
+    st__pj_error_free(rt->api, rt->api->client_destroy(&a));
+  }
+  for (int i = 0; i < rt->device_count; ++i) {
+    st__device* d = &rt->devices[i];
+    free(d->kind);
+    free(d->description);
+    for (int j = 0; j < d->memory_count; ++j) free(d->memory_kinds[j]);
+  }
+  free(rt->devices);
+  free(rt->plugin_path);
+  free(rt->platform_name);
+  free(rt->platform_version);
+  free(rt->xla_version);
+  free(rt->cache_dir);
+  free(rt->compile_options);
+  free(rt);
+}
+
+void st_runtime_get_info(const st_runtime* rt, st_runtime_info* out) {
+  if (!out) return;
+  memset(out, 0, sizeof(*out));
+  if (!rt) return;
+  out->plugin_path = rt->plugin_path;
+  out->platform_name = rt->platform_name;
+  out->platform_version = rt->platform_version;
+  out->xla_version = rt->xla_version;
+  out->api_major = rt->api_major;
+  out->api_minor = rt->api_minor;
+  out->device_count = rt->device_count;
+}
+
+st_status st_runtime_device_info(const st_runtime* rt, int device, st_device_info* out) {
+  if (!rt || !out) return st_status_make(ST_CODE_INTERNAL, "st_runtime_device_info: NULL argument");
+  memset(out, 0, sizeof(*out));
+  if (device < 0 || device >= rt->device_count)
+    return st_status_make(ST_CODE_RUNTIME, "device %d does not exist (the runtime has %d device%s)", device,
+                          rt->device_count, rt->device_count == 1 ? "" : "s");
+  const st__device* d = &rt->devices[device];
+  out->id = d->id;
+  out->kind = d->kind;
+  out->description = d->description;
+  out->memory_count = d->memory_count;
+  for (int j = 0; j < d->memory_count; ++j) out->memory_kinds[j] = d->memory_kinds[j];
+  out->default_memory = d->default_memory;
+  return ST_OK;
+}
+
+void st_runtime_get_stats(const st_runtime* rt, st_runtime_stats* out) {
+  if (!out) return;
+  memset(out, 0, sizeof(*out));
+  if (!rt) return;
+  /* Each counter is read atomically; the set is not a snapshot. */
+  st_runtime* m = (st_runtime*)rt;
+  out->compiles = atomic_load(&m->n_compiles);
+  out->cache_hits = atomic_load(&m->n_cache_hits);
+  out->cache_misses = atomic_load(&m->n_cache_misses);
+  out->cache_corrupt = atomic_load(&m->n_cache_corrupt);
+  out->executions = atomic_load(&m->n_executions);
+  out->h2d_bytes = atomic_load(&m->n_h2d_bytes);
+  out->d2h_bytes = atomic_load(&m->n_d2h_bytes);
+  out->live_buffers = atomic_load(&m->n_live_buffers);
+}

@@ -1,0 +1,228 @@
+/* transfer.c — st_event (a PJRT_Event plus context for its error) and
+ * st_buffer (a PJRT_Buffer plus strata's view of its type and state):
+ * host<->device copies and readiness. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/rt_internal.h"
+
+/*===-------------------------------------------------------------------===*/
+/* Events                                                                   */
+/*===-------------------------------------------------------------------===*/
+
+/* Wraps |handle| (ownership moves to the event; NULL makes a completed
+ * event). On failure the handle is destroyed. */
+static st_status st__event_wrap(const pj_api* api, pj_event* handle, char* context_owned, st_event** out) {
+  *out = NULL;
+  st_event* ev = calloc(1, sizeof(*ev));
+  if (!ev) {
+    st__pj_event_free(api, handle);
+    free(context_owned);
+    return st_status_make(ST_CODE_INTERNAL, "out of memory (event)");
+  }
+  ev->api = api;
+  ev->handle = handle;
+  ev->context = context_owned;
+  *out = ev;
+  return ST_OK;
+}
+
+st_status st__event_make(const pj_api* api, pj_event* handle, char* context_owned, st_event** out) {
+  return st__event_wrap(api, handle, context_owned, out);
+}
+
+st_status st_event_await(st_event* ev) {
+  if (!ev) return st_status_make(ST_CODE_INTERNAL, "st_event_await: NULL event");
+  if (!ev->handle) return ST_OK;
+  pj_event_args a = {.struct_size = sizeof(a), .event = ev->handle};
+  return st__pj_status(ev->api, ev->api->event_await(&a), "%s", ev->context ? ev->context : "event");
+}
+
+bool st_event_is_ready(st_event* ev) {
+  if (!ev || !ev->handle) return true;
+  pj_event_ready_args a = {.struct_size = sizeof(a), .event = ev->handle};
+  pj_error* e = ev->api->event_is_ready(&a);
+  if (e) {
+    /* Cannot ask: report ready so pollers move on to await, which reports. */
+    st__pj_error_free(ev->api, e);
+    return true;
+  }
+  return a.is_ready;
+}
+
+typedef struct {
+  const pj_api* api;
+  st_event_fn fn;
+  void* user;
+  char* context;
+} st__ready_ctx;
+
+/* Runs on a plugin thread (or inline): converts the plugin's error, which
+ * this callback owns, and hands the status to the user's function. */
+static void st__on_ready_trampoline(pj_error* error, void* user) {
+  st__ready_ctx* c = user;
+  st_status s = st__pj_status(c->api, error, "%s", c->context ? c->context : "event");
+  c->fn(s, c->user);
+  free(c->context);
+  free(c);
+}
+
+static void st__call_now(st_event_fn fn, void* user) { fn(ST_OK, user); }
+
+st_status st_event_on_ready(st_event* ev, st_event_fn fn, void* user) {
+  if (!ev || !fn) return st_status_make(ST_CODE_INTERNAL, "st_event_on_ready: NULL argument");
+  if (!ev->handle) {
+    st__call_now(fn, user);
+    return ST_OK;
+  }
+  st__ready_ctx* c = calloc(1, sizeof(*c));
+  if (!c) return st_status_make(ST_CODE_INTERNAL, "out of memory (event callback)");
+  c->api = ev->api;
+  c->fn = fn;
+  c->user = user;
+  c->context = st__strdup(ev->context ? ev->context : "event");
+  pj_event_on_ready_args a = {.struct_size = sizeof(a), .event = ev->handle, .callback = st__on_ready_trampoline, .user = c};
+  pj_error* e = ev->api->event_on_ready(&a);
+  if (e) {
+    /* Not registered: the callback will never run, so free its context. */
+    free(c->context);
+    free(c);
+    return st__pj_status(ev->api, e, "%s: registering a completion callback", ev->context ? ev->context : "event");
+  }
+  return ST_OK;
+}
+
+void st_event_destroy(st_event* ev) {
+  if (!ev) return;
+  st__pj_event_free(ev->api, ev->handle);
+  free(ev->context);
+  free(ev);
+}
+
+/*===-------------------------------------------------------------------===*/
+/* Buffers                                                                  */
+/*===-------------------------------------------------------------------===*/
+
+static st_status st__check_type(const st_tensor_type* t) {
+  if (!t) return st_status_make(ST_CODE_INTERNAL, "tensor type is NULL");
+  if (st_dtype_size(t->dtype) == 0) return st_status_make(ST_CODE_RUNTIME, "invalid dtype %d", (int)t->dtype);
+  if (t->rank < 0 || t->rank > ST_MAX_RANK)
+    return st_status_make(ST_CODE_RUNTIME, "rank %d is out of range (0..%d)", t->rank, ST_MAX_RANK);
+  for (int i = 0; i < t->rank; ++i)
+    if (t->dims[i] < 0) return st_status_make(ST_CODE_RUNTIME, "dimension %d is negative (%lld)", i, (long long)t->dims[i]);
+  return ST_OK;
+}
+
+st_status st__buffer_wrap(st_runtime* rt, pj_buffer* handle, int device, const st_tensor_type* type, st_buffer** out) {
+  *out = NULL;
+  st_buffer* b = calloc(1, sizeof(*b));
+  if (!b) {
+    pj_buffer_args a = {.struct_size = sizeof(a), .buffer = handle};
+    st__pj_error_free(rt->api, rt->api->buffer_destroy(&a));
+    return st_status_make(ST_CODE_INTERNAL, "out of memory (buffer)");
+  }
+  b->rt = rt;
+  b->handle = handle;
+  b->type = *type;
+  b->device = device;
+  atomic_fetch_add(&rt->n_live_buffers, 1);
+  *out = b;
+  return ST_OK;
+}
+
+st_status st_buffer_from_host(st_runtime* rt, int device, const st_tensor_type* type, const void* data,
+                              st_buffer** out_buffer) {
+  if (!out_buffer) return st_status_make(ST_CODE_INTERNAL, "st_buffer_from_host: out_buffer is NULL");
+  *out_buffer = NULL;
+  if (!rt) return st_status_make(ST_CODE_INTERNAL, "st_buffer_from_host: runtime is NULL");
+  ST_RETURN_IF_ERROR(st__check_type(type), "host->device copy");
+  char tbuf[128];
+  st_tensor_type_format(type, tbuf, sizeof(tbuf));
+  if (device < 0 || device >= rt->device_count)
+    return st_status_make(ST_CODE_RUNTIME, "host->device copy of %s: device %d does not exist (%d devices)", tbuf, device,
+                          rt->device_count);
+  size_t bytes = st_tensor_type_bytes(type);
+  static const uint64_t kEmpty = 0; /* a valid pointer for zero-byte tensors */
+  if (!data && bytes) return st_status_make(ST_CODE_INTERNAL, "host->device copy of %s: data is NULL", tbuf);
+  pj_from_host_args a = {.struct_size = sizeof(a)};
+  a.client = rt->client;
+  a.data = data ? data : (const void*)&kEmpty;
+  a.type = st__dtype_to_pj(type->dtype);
+  a.dims = type->dims;
+  a.num_dims = (size_t)type->rank;
+  /* The plugin copies |data| before returning, so callers may reuse it. */
+  a.semantics = PJ_HOST_IMMUTABLE_ONLY_DURING_CALL;
+  a.device = rt->devices[device].handle;
+  pj_error* e = rt->api->client_buffer_from_host(&a);
+  ST_RETURN(st__pj_status(rt->api, e, "host->device copy of %s to device %d", tbuf, device));
+  /* With copy-during-call semantics the host data is already released; the
+   * event carries no information strata needs. */
+  st__pj_event_free(rt->api, a.done_with_host_buffer);
+  st_status s = st__buffer_wrap(rt, a.buffer, device, type, out_buffer);
+  if (!s) atomic_fetch_add(&rt->n_h2d_bytes, (int64_t)bytes);
+  return s;
+}
+
+static st_status st__consumed_error(const st_buffer* b, const char* what) {
+  char tbuf[128];
+  return st_status_make(ST_CODE_RUNTIME,
+                        "%s: buffer %s on device %d was consumed (donated to program '%s'); it holds no data", what,
+                        st_tensor_type_format(&b->type, tbuf, sizeof(tbuf)), b->device, b->consumed_by);
+}
+
+st_status st_buffer_to_host_async(st_buffer* b, void* dst, size_t dst_size, st_event** out_event) {
+  if (!out_event) return st_status_make(ST_CODE_INTERNAL, "st_buffer_to_host_async: out_event is NULL");
+  *out_event = NULL;
+  if (!b) return st_status_make(ST_CODE_INTERNAL, "st_buffer_to_host_async: buffer is NULL");
+  if (b->consumed) return st__consumed_error(b, "device->host copy");
+  char tbuf[128];
+  st_tensor_type_format(&b->type, tbuf, sizeof(tbuf));
+  size_t bytes = st_tensor_type_bytes(&b->type);
+  if (dst_size != bytes)
+    return st_status_make(ST_CODE_RUNTIME, "device->host copy of %s: destination has %zu bytes, the buffer %zu", tbuf,
+                          dst_size, bytes);
+  if (!dst && bytes) return st_status_make(ST_CODE_INTERNAL, "device->host copy of %s: dst is NULL", tbuf);
+  if (bytes == 0) return st__event_wrap(b->rt->api, NULL, st__sprintf("device->host copy of %s", tbuf), out_event);
+  pj_to_host_args a = {.struct_size = sizeof(a), .src = b->handle, .dst = dst, .dst_size = dst_size};
+  pj_error* e = b->rt->api->buffer_to_host(&a);
+  ST_RETURN(st__pj_status(b->rt->api, e, "device->host copy of %s from device %d", tbuf, b->device));
+  atomic_fetch_add(&b->rt->n_d2h_bytes, (int64_t)bytes);
+  return st__event_wrap(b->rt->api, a.event, st__sprintf("device->host copy of %s from device %d", tbuf, b->device),
+                        out_event);
+}
+
+st_status st_buffer_to_host(st_buffer* b, void* dst, size_t dst_size) {
+  st_event* ev = NULL;
+  ST_RETURN(st_buffer_to_host_async(b, dst, dst_size, &ev));
+  st_status s = st_event_await(ev);
+  st_event_destroy(ev);
+  return s;
+}
+
+const st_tensor_type* st_buffer_type(const st_buffer* b) { return b ? &b->type : NULL; }
+size_t st_buffer_bytes(const st_buffer* b) { return b ? st_tensor_type_bytes(&b->type) : 0; }
+int st_buffer_device(const st_buffer* b) { return b ? b->device : -1; }
+bool st_buffer_is_consumed(const st_buffer* b) { return b && b->consumed; }
+
+st_status st_buffer_ready_event(st_buffer* b, st_event** out_event) {
+  if (!out_event) return st_status_make(ST_CODE_INTERNAL, "st_buffer_ready_event: out_event is NULL");
+  *out_event = NULL;
+  if (!b) return st_status_make(ST_CODE_INTERNAL, "st_buffer_ready_event: buffer is NULL");
+  if (b->consumed) return st__consumed_error(b, "ready event");
+  char tbuf[128];
+  st_tensor_type_format(&b->type, tbuf, sizeof(tbuf));
+  pj_buffer_event_args a = {.struct_size = sizeof(a), .buffer = b->handle};
+  ST_RETURN(st__pj_status(b->rt->api, b->rt->api->buffer_ready_event(&a), "ready event of buffer %s", tbuf));
+  return st__event_wrap(b->rt->api, a.event, st__sprintf("buffer %s on device %d", tbuf, b->device), out_event);
+}
+
+void st_buffer_destroy(st_buffer* b) {
+  if (!b) return;
+  if (b->handle) {
+    pj_buffer_args a = {.struct_size = sizeof(a), .buffer = b->handle};
+    st__pj_error_free(b->rt->api, b->rt->api->buffer_destroy(&a));
+  }
+  atomic_fetch_sub(&b->rt->n_live_buffers, 1);
+  free(b);
+}
