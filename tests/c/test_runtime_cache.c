@@ -1,0 +1,318 @@
+/* test_runtime_cache.c — the executable cache (hits across runtimes, misses
+ * on changed options, damaged entries detected and replaced) and
+ * deterministic execution. */
+#include <dirent.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <xxhash.h>
+
+#include "strata/runtime.h"
+#include "test_util.h"
+
+static tu_testprogs g_tp;
+
+#define ASSERT_OK(expr)                                                              \
+  do {                                                                               \
+    st_status s_ = (expr);                                                           \
+    if (s_) fail_msg("%s failed: %s", #expr, st_status_message(s_));                 \
+  } while (0)
+
+static const tu_prog* prog(const char* name) {
+  const tu_prog* p = tu_testprogs_get(&g_tp, name);
+  if (!p) fail_msg("test program %s missing from the index", name);
+  return p;
+}
+
+static st_runtime* make_runtime(const char* cache_dir, const char* const* xla, int nxla, bool det, int devices) {
+  st_runtime_options o;
+  st_runtime_options_init(&o);
+  o.cache_dir = cache_dir;
+  o.xla_options = xla;
+  o.xla_option_count = nxla;
+  o.deterministic = det;
+  o.cpu_devices = devices;
+  st_runtime* rt = NULL;
+  ASSERT_OK(st_runtime_create(&o, &rt));
+  return rt;
+}
+
+static st_buffer* upload_to(st_runtime* rt, int device, const tu_tensor* t) {
+  size_t n = 0;
+  void* data = tu_read_file(t->file, &n);
+  assert_non_null(data);
+  st_buffer* b = NULL;
+  ASSERT_OK(st_buffer_from_host(rt, device, &t->type, data, &b));
+  free(data);
+  return b;
+}
+
+static st_buffer* upload(st_runtime* rt, const tu_tensor* t) { return upload_to(rt, 0, t); }
+
+
+/* Compiles |p| (through the cache), runs it on |device| and checks output 0. */
+static void compile_run_check_on(st_runtime* rt, const tu_prog* p, int device) {
+  st_program* prg = NULL;
+  ASSERT_OK(st_program_compile_file(rt, p->file, NULL, &prg));
+  st_buffer* in[TU_MAX_TENSORS];
+  st_buffer* out[TU_MAX_TENSORS];
+  for (int i = 0; i < p->n_in; ++i) in[i] = upload_to(rt, device, &p->in[i]);
+  ASSERT_OK(st_program_execute(prg, device, in, p->n_in, out, p->n_out, NULL));
+  size_t n = st_buffer_bytes(out[0]);
+  void* got = malloc(n);
+  ASSERT_OK(st_buffer_to_host(out[0], got, n));
+  void* want = tu_read_file(p->out[0].file, NULL);
+  char why[256];
+  if (!tu_close(&p->out[0].type, got, want, 2e-6, 1e-6, why, sizeof(why))) fail_msg("%s: %s", p->name, why);
+  free(got);
+  free(want);
+  for (int i = 0; i < p->n_out; ++i) st_buffer_destroy(out[i]);
+  for (int i = 0; i < p->n_in; ++i) st_buffer_destroy(in[i]);
+  st_program_destroy(prg);
+}
+
+static void compile_run_check(st_runtime* rt, const tu_prog* p) { compile_run_check_on(rt, p, 0); }
+
+static void expect_stats(st_runtime* rt, int64_t compiles, int64_t hits, int64_t misses, int64_t corrupt) {
+  st_runtime_stats s;
+  st_runtime_get_stats(rt, &s);
+  if (s.compiles != compiles || s.cache_hits != hits || s.cache_misses != misses || s.cache_corrupt != corrupt)
+    fail_msg("stats: compiles %lld hits %lld misses %lld corrupt %lld; expected %lld %lld %lld %lld",
+             (long long)s.compiles, (long long)s.cache_hits, (long long)s.cache_misses, (long long)s.cache_corrupt,
+             (long long)compiles, (long long)hits, (long long)misses, (long long)corrupt);
+}
+
+/* The single *.xexe entry in |dir| (path into |out|); fails if not one. */
+static void only_entry(const char* dir, char* out, size_t out_size) {
+  DIR* d = opendir(dir);
+  assert_non_null(d);
+  int n = 0;
+  struct dirent* e;
+  while ((e = readdir(d))) {
+    size_t l = strlen(e->d_name);
+    if (l > 5 && !strcmp(e->d_name + l - 5, ".xexe")) {
+      snprintf(out, out_size, "%s/%s", dir, e->d_name);
+      ++n;
+    } else if (e->d_name[0] == '.' && strstr(e->d_name, ".tmp")) {
+      fail_msg("temporary file left behind: %s", e->d_name);
+    }
+  }
+  closedir(d);
+  assert_int_equal(n, 1);
+}
+
+static int count_entries(const char* dir) {
+  DIR* d = opendir(dir);
+  if (!d) return 0;
+  int n = 0;
+  struct dirent* e;
+  while ((e = readdir(d))) {
+    size_t l = strlen(e->d_name);
+    if (l > 5 && !strcmp(e->d_name + l - 5, ".xexe")) ++n;
+  }
+  closedir(d);
+  return n;
+}
+
+/*===-------------------------------------------------------------------===*/
+
+static void test_cache_hit(void** state) {
+  (void)state;
+  char* dir = tu_tmpdir("cache");
+  char sub[1024];
+  snprintf(sub, sizeof(sub), "%s/nested/xexe", dir); /* created on demand */
+  const tu_prog* mp = prog("matmul");
+
+  st_runtime* rt = make_runtime(sub, NULL, 0, false, 1);
+  compile_run_check(rt, mp);
+  expect_stats(rt, 1, 0, 1, 0);
+  /* Same runtime, same program: loaded from the cache, not compiled. */
+  compile_run_check(rt, mp);
+  expect_stats(rt, 1, 1, 1, 0);
+  st_runtime_destroy(rt);
+  char entry[2048];
+  only_entry(sub, entry, sizeof(entry));
+
+  /* A new runtime (a new process, as far as the cache knows). */
+  rt = make_runtime(sub, NULL, 0, false, 1);
+  compile_run_check(rt, mp);
+  expect_stats(rt, 0, 1, 0, 0);
+  /* A different program is a different entry. */
+  compile_run_check(rt, prog("reduction"));
+  expect_stats(rt, 1, 1, 1, 0);
+  st_runtime_destroy(rt);
+  /* The cached executable is portable: it runs on device 1 too. */
+  rt = make_runtime(sub, NULL, 0, false, 2);
+  compile_run_check_on(rt, mp, 1);
+  expect_stats(rt, 0, 1, 0, 0);
+  st_runtime_destroy(rt);
+  assert_int_equal(count_entries(sub), 2);
+  tu_rmtree(dir);
+  free(dir);
+}
+
+static void test_cache_option_change_misses(void** state) {
+  (void)state;
+  char* dir = tu_tmpdir("cache");
+  const tu_prog* mp = prog("matmul");
+  st_runtime* rt = make_runtime(dir, NULL, 0, false, 1);
+  compile_run_check(rt, mp);
+  st_runtime_destroy(rt);
+
+  const char* opt_a[] = {"xla_cpu_enable_fast_math=false"};
+  rt = make_runtime(dir, opt_a, 1, false, 1);
+  compile_run_check(rt, mp);
+  expect_stats(rt, 1, 0, 1, 0);
+  st_runtime_destroy(rt);
+
+  const char* opt_b[] = {"xla_cpu_enable_fast_math=true"};
+  rt = make_runtime(dir, opt_b, 1, false, 1);
+  compile_run_check(rt, mp);
+  expect_stats(rt, 1, 0, 1, 0);
+  st_runtime_destroy(rt);
+
+  /* Deterministic mode changes the options too. */
+  rt = make_runtime(dir, NULL, 0, true, 1);
+  compile_run_check(rt, mp);
+  expect_stats(rt, 1, 0, 1, 0);
+  st_runtime_destroy(rt);
+
+  /* The first setting again: a hit. */
+  rt = make_runtime(dir, opt_a, 1, false, 1);
+  compile_run_check(rt, mp);
+  expect_stats(rt, 0, 1, 0, 0);
+  st_runtime_destroy(rt);
+  assert_int_equal(count_entries(dir), 4);
+  tu_rmtree(dir);
+  free(dir);
+}
+
+typedef enum { DAMAGE_FLIP_PAYLOAD, DAMAGE_TRUNCATE, DAMAGE_MAGIC, DAMAGE_EMPTY, DAMAGE_GARBAGE_WITH_SUM } damage;
+
+static void damage_entry(const char* path, damage how) {
+  size_t n = 0;
+  unsigned char* data = tu_read_file(path, &n);
+  assert_non_null(data);
+  assert_true(n > 64);
+  switch (how) {
+    case DAMAGE_FLIP_PAYLOAD:
+      for (size_t i = 40; i < n; i += 97) data[i] ^= 0x5a;
+      break;
+    case DAMAGE_TRUNCATE: n = 32 + (n - 32) / 2; break;
+    case DAMAGE_MAGIC: data[0] ^= 0xff; break;
+    case DAMAGE_EMPTY: n = 0; break;
+    case DAMAGE_GARBAGE_WITH_SUM: {
+      /* A well-formed entry whose payload is not an executable: only the
+       * plugin can tell, and it must say so rather than crash. */
+      for (size_t i = 32; i < n; ++i) data[i] = (unsigned char)(i * 131u + 7u);
+      uint64_t sum = XXH64(data + 32, n - 32, 0);
+      for (int i = 0; i < 8; ++i) data[24 + i] = (unsigned char)(sum >> (8 * i));
+      break;
+    }
+  }
+  assert_int_equal(tu_write_file(path, data, n), 0);
+  free(data);
+}
+
+static void test_cache_corrupt_entries(void** state) {
+  (void)state;
+  const tu_prog* mp = prog("matmul");
+  const damage kinds[] = {DAMAGE_FLIP_PAYLOAD, DAMAGE_TRUNCATE, DAMAGE_MAGIC, DAMAGE_EMPTY, DAMAGE_GARBAGE_WITH_SUM};
+  for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); ++k) {
+    char* dir = tu_tmpdir("cache");
+    st_runtime* rt = make_runtime(dir, NULL, 0, false, 1);
+    compile_run_check(rt, mp);
+    st_runtime_destroy(rt);
+    char entry[2048];
+    only_entry(dir, entry, sizeof(entry));
+    struct stat before;
+    assert_int_equal(stat(entry, &before), 0);
+    damage_entry(entry, kinds[k]);
+
+    /* Detected, counted, recompiled; the result is still right. */
+    rt = make_runtime(dir, NULL, 0, false, 1);
+    compile_run_check(rt, mp);
+    expect_stats(rt, 1, 0, 1, 1);
+    st_runtime_destroy(rt);
+    /* ... and the entry was rewritten whole, so the next runtime hits. */
+    struct stat after;
+    assert_int_equal(stat(entry, &after), 0);
+    assert_int_equal(after.st_size, before.st_size);
+    rt = make_runtime(dir, NULL, 0, false, 1);
+    compile_run_check(rt, mp);
+    expect_stats(rt, 0, 1, 0, 0);
+    st_runtime_destroy(rt);
+    tu_rmtree(dir);
+    free(dir);
+  }
+}
+
+/* deterministic=true: a program with large reductions (a 4M-element sum,
+ * a column sum over 1024 rows, a dot with a 4096-long contraction), run 20
+ * times, gives bitwise-identical results — and matches JAX closely. */
+static void test_deterministic_repeatable(void** state) {
+  (void)state;
+  const tu_prog* bp = prog("bigreduce");
+  st_runtime* rt = make_runtime(NULL, NULL, 0, true, 2);
+  st_program* p = NULL;
+  ASSERT_OK(st_program_compile_file(rt, bp->file, NULL, &p));
+  st_buffer* in[2] = {upload(rt, &bp->in[0]), upload(rt, &bp->in[1])};
+  void* first[3] = {0};
+  for (int run = 0; run < 20; ++run) {
+    st_buffer* out[3];
+    ASSERT_OK(st_program_execute(p, 0, in, 2, out, 3, NULL));
+    for (int i = 0; i < 3; ++i) {
+      size_t n = st_buffer_bytes(out[i]);
+      void* host = malloc(n);
+      ASSERT_OK(st_buffer_to_host(out[i], host, n));
+      st_buffer_destroy(out[i]);
+      if (run == 0) {
+        first[i] = host;
+        void* want = tu_read_file(bp->out[i].file, NULL);
+        char why[256];
+        /* Long float sums: ordering differences vs JAX are expected to be
+         * small but not zero. */
+        if (!tu_close(&bp->out[i].type, host, want, 1e-3, 1e-2, why, sizeof(why)))
+          fail_msg("bigreduce output %d vs JAX: %s", i, why);
+        free(want);
+      } else {
+        if (memcmp(first[i], host, n)) fail_msg("run %d: output %d differs bitwise from run 0", run, i);
+        free(host);
+      }
+    }
+  }
+  for (int i = 0; i < 3; ++i) free(first[i]);
+  st_buffer_destroy(in[0]);
+  st_buffer_destroy(in[1]);
+  st_program_destroy(p);
+  st_runtime_destroy(rt);
+}
+
+static int group_setup(void** state) {
+  (void)state;
+  return tu_testprogs_make(&g_tp);
+}
+
+static int group_teardown(void** state) {
+  (void)state;
+  tu_testprogs_free(&g_tp);
+  return 0;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_cache_hit),
+      cmocka_unit_test(test_cache_option_change_misses),
+      cmocka_unit_test(test_cache_corrupt_entries),
+      cmocka_unit_test(test_deterministic_repeatable),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
