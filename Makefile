@@ -45,3 +45,16 @@ bench: build
 
 clean:
 	rm -rf build build-asan
+
+# Config fuzzing (tests/fuzz/run.sh): libFuzzer + ASan + UBSan over the YAML,
+# override and schema path, corpus seeded from configs/. Crashes land in
+# build-fuzz/. `make fuzz` is the CI run; test-fuzz is the short one for `make test`.
+.PHONY: fuzz test-fuzz
+FUZZ_SECONDS ?= 60
+TEST_FUZZ_SECONDS ?= 20
+
+fuzz:
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh
+
+test-fuzz:
+	@FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) tests/fuzz/run.sh
