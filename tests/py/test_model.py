@@ -25,7 +25,7 @@ def _rand_block(cfg: ModelConfig, rng: np.random.Generator, std: float = 0.3) ->
 
 
 def test_init_is_seeded_and_scaled() -> None:
-    cfg = ModelConfig.from_dict(tiny_model(d_model=64, d_ff=128, vocab_size=256, n_layers=4))
+    cfg = ModelConfig.from_dict(tiny_model(d_model=64, d_ff=128, vocab_size=256, n_layers=3))
     a, b = M.init_params(cfg, 3), M.init_params(cfg, 3)
     c = M.init_params(cfg, 4)
     np.testing.assert_array_equal(a["blocks"][1]["wq"], b["blocks"][1]["wq"])
@@ -36,7 +36,7 @@ def test_init_is_seeded_and_scaled() -> None:
     np.testing.assert_array_equal(a["head"]["final_norm"], np.ones(64, np.float32))
     assert "w_out" not in a["head"]
     assert abs(float(np.std(a["embed"]["wte"])) - 0.02) < 0.002
-    assert abs(float(np.std(a["blocks"][2]["w_down"])) - 0.02 / math.sqrt(8)) < 0.001
+    assert abs(float(np.std(a["blocks"][2]["w_down"])) - 0.02 / math.sqrt(6)) < 0.001
     assert abs(float(np.std(a["blocks"][2]["w_up"])) - 0.02) < 0.002
     # the init programs give the same values as init_params
     progs = programs_by_name(cfg)
@@ -44,9 +44,6 @@ def test_init_is_seeded_and_scaled() -> None:
     blk = jax.jit(progs["block_init"].fn)(seed, layer)
     for n, arr in zip(M.BLOCK_PARAMS, blk):
         np.testing.assert_array_equal(arr, a["blocks"][2][n])
-    untied = ModelConfig.from_dict(tiny_model(tie_embeddings=False))
-    head = M.init_params(untied, 3)["head"]
-    assert head["w_out"].shape == (32, 64)
 
 
 def test_attention_is_causal_and_rope_preserves_norm() -> None:
@@ -100,7 +97,8 @@ def test_block_bwd_matches_finite_differences() -> None:
         assert abs(analytic - numeric) <= 1e-3 * max(1.0, abs(analytic)), (trial, analytic, numeric)
 
 
-@pytest.mark.parametrize("tied,dtype", [(True, "f32"), (False, "f32"), (True, "bf16")])
+# tied f32 is also covered, through the MLIR texts, by test_reference's layer-by-layer run
+@pytest.mark.parametrize("tied,dtype", [(False, "f32"), (True, "bf16")])
 def test_chained_programs_match_full_model_grad(tied: bool, dtype: str) -> None:
     """embed_fwd -> block_fwd* -> head_loss -> block_bwd* -> embed_bwd == jax.grad(model)."""
     cfg = ModelConfig.from_dict(tiny_model(tie_embeddings=tied, compute_dtype=dtype, init_std=0.2))
