@@ -157,7 +157,7 @@ static st_status st__parse_value(const st__cfg_key* k, const st__cfg_entry* e, c
     st__cfg_expected(k, expected, sizeof(expected));
     return st_status_make(ST_CODE_CONFIG, "%s: got a list, %s (%s)", k->key, expected, src);
   }
-  if (e->kind == ST__ENTRY_MAP || e->kind == ST__ENTRY_EMPTY_MAP) {
+  if (e->kind == ST__ENTRY_EMPTY_MAP) {
     st__cfg_expected(k, expected, sizeof(expected));
     return st_status_make(ST_CODE_CONFIG, "%s: got a mapping, %s (%s)", k->key, expected, src);
   }

@@ -111,8 +111,8 @@ typedef enum st__cfg_entry_kind {
   ST__ENTRY_SCALAR,
   ST__ENTRY_NULL, /* empty, ~ or null, unquoted */
   ST__ENTRY_LIST,
-  ST__ENTRY_MAP, /* a mapping under a key that is a schema leaf: always an error */
-  ST__ENTRY_EMPTY_MAP, /* "key: {}" — harmless for a section, unknown otherwise */
+  ST__ENTRY_EMPTY_MAP, /* "key: {}": harmless for a section, unknown otherwise (a mapping
+                        * under a schema leaf is rejected while reading) */
 } st__cfg_entry_kind;
 
 /* One leaf of a file, flattened to its dotted key. */
