@@ -185,6 +185,26 @@ static void test_signature_parsed(void** state) {
   assert_false(st_program_input_donated(p, 1));
   st_program_destroy(p);
 
+  /* Attributes with strings, braces and commas; jax.buffer_donor; a single
+   * unparenthesized result; ui8. */
+  static const char tricky[] =
+      "module @sig_test attributes {mhlo.num_partitions = 1 : i32} {\n"
+      "  func.func public @main(%arg0: tensor<2x3xf32> {mhlo.sharding = \"{replicated}\", mhlo.layout_mode = "
+      "\"default\"}, %arg1: tensor<i1> {jax.buffer_donor = true}, %arg2: tensor<4xui8>) -> tensor<2x3xf32> {\n"
+      "    return %arg0 : tensor<2x3xf32>\n"
+      "  }\n"
+      "}\n";
+  ASSERT_OK(st_program_compile(g_rt, "sig_test", tricky, sizeof(tricky) - 1, NULL, &p));
+  assert_int_equal(st_program_input_count(p), 3);
+  assert_string_equal(st_tensor_type_format(st_program_input_type(p, 0), buf, sizeof(buf)), "f32[2,3]");
+  assert_string_equal(st_tensor_type_format(st_program_input_type(p, 1), buf, sizeof(buf)), "pred[]");
+  assert_string_equal(st_tensor_type_format(st_program_input_type(p, 2), buf, sizeof(buf)), "u8[4]");
+  assert_false(st_program_input_donated(p, 0));
+  assert_true(st_program_input_donated(p, 1));
+  assert_int_equal(st_program_output_count(p), 1);
+  assert_string_equal(st_tensor_type_format(st_program_output_type(p, 0), buf, sizeof(buf)), "f32[2,3]");
+  st_program_destroy(p);
+
   /* Bytecode: no signature, outputs counted by the plugin. */
   p = compile(g_rt, prog("elementwise_bc"));
   assert_int_equal(st_program_input_count(p), -1);
