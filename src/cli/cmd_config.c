@@ -2,6 +2,7 @@
  * every value, or as YAML / JSON, or the schema reference as Markdown. */
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/commands.h"
 #include "strata/config.h"
@@ -48,9 +49,14 @@ int st_cli_config(int argc, char** argv) {
     return st_cli_report(st_config_write_schema_markdown(stdout));
   }
   if (i >= argc)
-    return st_cli_report(st_status_make(ST_CODE_CONFIG, "missing CONFIG (a YAML file, e.g. configs/tiny.yml; "
-                                                        "see strata config --help)"));
+    return st_cli_report(st_status_make(ST_CODE_CONFIG,
+                                        "missing CONFIG (a YAML file, e.g. configs/tiny.yml; "
+                                        "see strata config --help)"));
   const char* path = argv[i++];
+  /* `strata config train.steps=5`: an override where the file should be. */
+  if (strchr(path, '=') && access(path, F_OK) != 0)
+    return st_cli_report(
+        st_status_make(ST_CODE_CONFIG, "missing CONFIG before '%s' (strata config CONFIG [key=value ...])", path));
   st_config* config = NULL;
   st_status s = st_config_load(path, argc - i, argv + i, &config);
   if (!s) {

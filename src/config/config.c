@@ -34,7 +34,7 @@ typedef struct st__cfg_value {
   int64_t i;
   double f;
   bool b;
-  char* s; /* STRING and ENUM; owned */
+  char* s;      /* STRING and ENUM; owned */
   char** items; /* LIST; owned */
   int n;
   char* source; /* owned: "default", "configs/tiny.yml:4", "command line" */
@@ -64,8 +64,7 @@ void st_config_destroy(st_config* config) {
 
 /* ---- typed parsing ------------------------------------------------------ */
 
-static st_status st__type_error(const st__cfg_key* k, const char* text, size_t len, const char* what,
-                                const char* src) {
+static st_status st__type_error(const st__cfg_key* k, const char* text, size_t len, const char* what, const char* src) {
   char shown[400], expected[200];
   st__cfg_quote(text, len, shown, sizeof(shown));
   st__cfg_expected(k, expected, sizeof(expected));
@@ -144,9 +143,9 @@ static bool st__enum_has(const char* choices, const char* s, size_t n) {
  * value), valid UTF-8 (the YAML writer needs it; files are checked by libyaml
  * but the command line is not). */
 static st_status st__check_text(const st__cfg_key* k, const char* s, size_t n, const char* src) {
-  if (memchr(s, '\0', n))
-    return st_status_make(ST_CODE_CONFIG, "%s: value contains a NUL character (%s)", k->key, src);
-  if (!st__cfg_utf8_valid(s, n)) return st_status_make(ST_CODE_CONFIG, "%s: value is not valid UTF-8 (%s)", k->key, src);
+  if (memchr(s, '\0', n)) return st_status_make(ST_CODE_CONFIG, "%s: value contains a NUL character (%s)", k->key, src);
+  if (!st__cfg_utf8_valid(s, n))
+    return st_status_make(ST_CODE_CONFIG, "%s: value is not valid UTF-8 (%s)", k->key, src);
   return ST_OK;
 }
 
@@ -679,8 +678,8 @@ st_status st_config_load(const char* path, int override_count, char* const* over
   return ST_OK;
 }
 
-st_status st__cfg_load_text(const char* name, const char* text, size_t len, int override_count,
-                               char* const* overrides, st_config** out_config) {
+st_status st__cfg_load_text(const char* name, const char* text, size_t len, int override_count, char* const* overrides,
+                            st_config** out_config) {
   *out_config = NULL;
   st_config* c = NULL;
   ST_RETURN(st__defaults(&c));
@@ -739,8 +738,7 @@ static const st__cfg_value* st__get(const st_config* c, const char* key, st__cfg
   int count;
   const st__cfg_key* k = &st__cfg_schema(&count)[idx];
   if (k->type != want && k->type != also)
-    st__cfg_die("%s: config key '%s' is a %s, not a %s", fn, key, st__cfg_type_name(k->type),
-                   st__cfg_type_name(want));
+    st__cfg_die("%s: config key '%s' is a %s, not a %s", fn, key, st__cfg_type_name(k->type), st__cfg_type_name(want));
   return &c->v[idx];
 }
 
@@ -761,7 +759,8 @@ int st_config_list_count(const st_config* config, const char* key) {
 }
 const char* st_config_list_item(const st_config* config, const char* key, int index) {
   const st__cfg_value* v = st__get(config, key, ST__CFG_LIST, ST__CFG_LIST, __func__);
-  if (index < 0 || index >= v->n) st__cfg_die("st_config_list_item: index %d out of range for '%s' (%d items)", index, key, v->n);
+  if (index < 0 || index >= v->n)
+    st__cfg_die("st_config_list_item: index %d out of range for '%s' (%d items)", index, key, v->n);
   return v->items[index];
 }
 

@@ -119,9 +119,9 @@ typedef enum st__cfg_entry_kind {
 typedef struct st__cfg_entry {
   char* key; /* owned */
   st__cfg_entry_kind kind;
-  char* text; /* SCALAR: owned, NUL-terminated */
+  char* text;      /* SCALAR: owned, NUL-terminated */
   size_t text_len; /* may differ from strlen when the YAML held "\0" */
-  char** items; /* LIST: owned */
+  char** items;    /* LIST: owned */
   size_t* item_lens;
   int item_count;
   int line, col; /* 1-based, of the key */
@@ -143,8 +143,8 @@ void st__cfg_doc_free(st__cfg_doc* doc);
 
 /* Loads YAML text held in memory: no base_config parents, no implicit
  * configs/base.yml. For the fuzz target and tests. */
-st_status st__cfg_load_text(const char* name, const char* text, size_t len, int override_count,
-                               char* const* overrides, st_config** out_config);
+st_status st__cfg_load_text(const char* name, const char* text, size_t len, int override_count, char* const* overrides,
+                            st_config** out_config);
 
 /* Canonical text of one value ("128", "0.003", "true", "\"\"", "[\"a\"]"),
  * the form hashed, printed and written as JSON. */

@@ -98,9 +98,9 @@ static const st__cfg_env kEnvs[] = {
 static st_status st__rule_heads(const st_config* c) {
   int64_t d = st_config_int(c, "model.d_model"), h = st_config_int(c, "model.n_heads");
   if (d % h != 0)
-    return st_status_make(ST_CODE_CONFIG,
-                          "model.d_model (%lld, %s) is not divisible by model.n_heads (%lld, %s)", (long long)d,
-                          st_config_source(c, "model.d_model"), (long long)h, st_config_source(c, "model.n_heads"));
+    return st_status_make(ST_CODE_CONFIG, "model.d_model (%lld, %s) is not divisible by model.n_heads (%lld, %s)",
+                          (long long)d, st_config_source(c, "model.d_model"), (long long)h,
+                          st_config_source(c, "model.n_heads"));
   if ((d / h) % 2 != 0)
     return st_status_make(ST_CODE_CONFIG,
                           "head size model.d_model / model.n_heads = %lld / %lld = %lld must be even for RoPE "
@@ -113,10 +113,9 @@ static st_status st__rule_heads(const st_config* c) {
 static st_status st__rule_microbatches(const st_config* c) {
   int64_t b = st_config_int(c, "train.batch_size"), m = st_config_int(c, "train.microbatches");
   if (b % m != 0)
-    return st_status_make(ST_CODE_CONFIG,
-                          "train.batch_size (%lld, %s) is not divisible by train.microbatches (%lld, %s)",
-                          (long long)b, st_config_source(c, "train.batch_size"), (long long)m,
-                          st_config_source(c, "train.microbatches"));
+    return st_status_make(
+        ST_CODE_CONFIG, "train.batch_size (%lld, %s) is not divisible by train.microbatches (%lld, %s)", (long long)b,
+        st_config_source(c, "train.batch_size"), (long long)m, st_config_source(c, "train.microbatches"));
   return ST_OK;
 }
 

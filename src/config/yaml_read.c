@@ -32,9 +32,10 @@ static st_status st__syntax_error(st__reader* r) {
   }
   st__cfg_buf b = {0};
   st__cfg_buf_printf(&b, "%s:%zu:%zu: YAML syntax error: %s", r->name, p->problem_mark.line + 1,
-                 p->problem_mark.column + 1, p->problem ? p->problem : "invalid YAML");
+                     p->problem_mark.column + 1, p->problem ? p->problem : "invalid YAML");
   if (p->context) st__cfg_buf_printf(&b, " (%s at line %zu)", p->context, p->context_mark.line + 1);
-  st_status s = b.oom ? st_status_make(ST_CODE_INTERNAL, "out of memory") : st_status_make(ST_CODE_CONFIG, "%s", b.data);
+  st_status s =
+      b.oom ? st_status_make(ST_CODE_INTERNAL, "out of memory") : st_status_make(ST_CODE_CONFIG, "%s", b.data);
   st__cfg_buf_free(&b);
   return s;
 }
@@ -45,8 +46,8 @@ static st_status st__next(st__reader* r, yaml_event_t* ev) {
 }
 
 static st_status st__at(st__reader* r, const yaml_event_t* ev, const char* what) {
-  return st_status_make(ST_CODE_CONFIG, "%s:%zu:%zu: %s", r->name, ev->start_mark.line + 1,
-                        ev->start_mark.column + 1, what);
+  return st_status_make(ST_CODE_CONFIG, "%s:%zu:%zu: %s", r->name, ev->start_mark.line + 1, ev->start_mark.column + 1,
+                        what);
 }
 
 static bool st__is_null(const yaml_event_t* ev) {
@@ -199,8 +200,8 @@ static st_status st__read_map(st__reader* r, int depth) {
             s = st_status_make(ST_CODE_CONFIG, "base_config: expected a file path (%s:%zu)", r->name,
                                ev.start_mark.line + 1);
           } else if (r->doc->base_config) {
-            s = st_status_make(ST_CODE_CONFIG, "duplicate key 'base_config' in %s:%zu (first set at line %d)",
-                               r->name, ev.start_mark.line + 1, r->doc->base_line);
+            s = st_status_make(ST_CODE_CONFIG, "duplicate key 'base_config' in %s:%zu (first set at line %d)", r->name,
+                               ev.start_mark.line + 1, r->doc->base_line);
           } else {
             r->doc->base_config = st__cfg_strndup((const char*)v.data.scalar.value, v.data.scalar.length);
             r->doc->base_line = (int)ev.start_mark.line + 1;

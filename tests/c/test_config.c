@@ -1,6 +1,7 @@
 /* test_config.c — the config module: schema sanity, composition, overrides,
  * every error class (exact key, location and exit code), round trips, the
  * generated reference. Runs from the repository root (configs/, docs/). */
+#include <cmocka.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -10,8 +11,6 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <cmocka.h>
 
 #include "config/internal.h"
 #include "strata/config.h"
@@ -234,8 +233,7 @@ static void test_composition(void** state) {
   /* base_config relative to the including file; flat dotted keys and nested
    * maps mix; the file overrides its parent. */
   const char* exp = put(f, "exp.yml", "base_config: parent.yml\nmodel.d_ff: 200\ntrain: {steps: 7}\n");
-  char* ov[] = {"train.steps=9", "model.n_layers=5", "model.n_layers=6",
-                "runtime.xla_options=[a=1, 'b, c']"};
+  char* ov[] = {"train.steps=9", "model.n_layers=5", "model.n_layers=6", "runtime.xla_options=[a=1, 'b, c']"};
   st_config* c = load_ok(exp, 4, ov);
   assert_int_equal(st_config_int(c, "model.d_ff"), 200);
   assert_string_equal(st_config_source(c, "model.d_ff"), fmt("%s:2", exp));
@@ -314,10 +312,12 @@ static void test_type_errors(void** state) {
   override_fails("data.synthetic=yes", "data.synthetic: 'yes' is not a bool (expected true or false) (command line)");
   override_fails("model.compute_dtype=fp16",
                  "model.compute_dtype: 'fp16' is not an allowed value (expected one of f32, bf16) (command line)");
-  override_fails("runtime.xla_options=a=b",
-                 "runtime.xla_options: 'a=b' is not a list (expected a list of strings, written [a, b]) (command line)");
-  override_fails("runtime.xla_options=[a,]",
-                 "runtime.xla_options: '[a,]' is not a list (expected a list of strings, written [a, b]) (command line)");
+  override_fails(
+      "runtime.xla_options=a=b",
+      "runtime.xla_options: 'a=b' is not a list (expected a list of strings, written [a, b]) (command line)");
+  override_fails(
+      "runtime.xla_options=[a,]",
+      "runtime.xla_options: '[a,]' is not a list (expected a list of strings, written [a, b]) (command line)");
   override_fails("run.id=\xff\xfe", "run.id: value is not valid UTF-8 (command line)");
 
   const char* exp = put(f, "exp.yml", "model:\n  d_model: 64\n  n_layers: four\n");
@@ -330,7 +330,8 @@ static void test_type_errors(void** state) {
   load_fails(exp, 0, NULL,
              fmt("runtime.xla_options: 'a=b' is not a list (expected a list of strings, written [a, b]) (%s:2)", exp));
   exp = put(f, "exp.yml", "runtime:\n  xla_options: [[a]]\n");
-  load_fails(exp, 0, NULL, fmt("runtime.xla_options: list items must be plain values, not lists or mappings (%s:2)", exp));
+  load_fails(exp, 0, NULL,
+             fmt("runtime.xla_options: list items must be plain values, not lists or mappings (%s:2)", exp));
   exp = put(f, "exp.yml", "data:\n  path: \"a\\0b\"\n");
   load_fails(exp, 0, NULL, fmt("data.path: value contains a NUL character (%s:2)", exp));
   exp = put(f, "exp.yml", "model: 5\n");
@@ -356,9 +357,10 @@ static void test_range_errors(void** state) {
 static void test_yaml_errors(void** state) {
   fixture* f = *state;
   const char* exp = put(f, "bad.yml", "model:\n  d_model: 64\n  n_heads: [4\n");
-  load_fails(exp, 0, NULL,
-             fmt("%s:4:1: YAML syntax error: did not find expected ',' or ']' (while parsing a flow sequence at line 3)",
-                 exp));
+  load_fails(
+      exp, 0, NULL,
+      fmt("%s:4:1: YAML syntax error: did not find expected ',' or ']' (while parsing a flow sequence at line 3)",
+          exp));
   exp = put(f, "bad.yml", "model:\n  d_model: 64\n   n_heads: 4\n");
   load_fails(exp, 0, NULL, fmt("%s:3:11: YAML syntax error: mapping values are not allowed in this context", exp));
   exp = put(f, "bad.yml", "seed: &a 1\nmodel:\n  n_layers: *a\n");
@@ -441,9 +443,15 @@ static void assert_same_values(const st_config* a, const st_config* b) {
 
 static void test_round_trip(void** state) {
   fixture* f = *state;
-  char* ov[] = {"train.lr=0.00123456789012345", "run.id=on",        "data.path=a \"quoted\" path: #x\\n",
-                "runtime.xla_options=[x=1, '', \"y: z\"]", "run.dir=null", "model.init_std=1e-7",
-                "run.progress=off", "seed=2147483647",  "train.eps=3.0000000000000001e-9"};
+  char* ov[] = {"train.lr=0.00123456789012345",
+                "run.id=on",
+                "data.path=a \"quoted\" path: #x\\n",
+                "runtime.xla_options=[x=1, '', \"y: z\"]",
+                "run.dir=null",
+                "model.init_std=1e-7",
+                "run.progress=off",
+                "seed=2147483647",
+                "train.eps=3.0000000000000001e-9"};
   st_config* c = load_ok("configs/tiny.yml", 9, ov);
   char* yaml = capture(st_config_write_yaml, c);
   const char* path = put(f, "config.yaml", yaml);
@@ -511,8 +519,9 @@ static void test_docs_match_schema(void** state) {
   assert_null(st_config_write_schema_markdown(m));
   fclose(m);
   if (strcmp(doc, data))
-    fail_msg("docs/config.md differs from `strata config --schema`; regenerate: ./build/strata config --schema > "
-             "docs/config.md");
+    fail_msg(
+        "docs/config.md differs from `strata config --schema`; regenerate: ./build/strata config --schema > "
+        "docs/config.md");
   free(doc);
   free(data);
 }

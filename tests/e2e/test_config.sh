@@ -133,6 +133,7 @@ expect_error "$ROOT" 2 "model.vocab_size (100, command line) must be at least 25
 
 # --- usage -------------------------------------------------------------------------
 expect_error "$ROOT" 2 "missing CONFIG (a YAML file, e.g. configs/tiny.yml; see strata config --help)" -- config
+expect_error "$ROOT" 2 "missing CONFIG before 'train.steps=5' (strata config CONFIG [key=value ...])" -- config train.steps=5
 expect_error "$ROOT" 2 "unknown option '--bogus' (see strata config --help)" -- config --bogus configs/tiny.yml
 
 echo "test_config.sh: $((checks - fails))/$checks checks passed"
