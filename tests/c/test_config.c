@@ -1,7 +1,6 @@
 /* test_config.c — the config module: schema sanity, composition, overrides,
  * every error class (exact key, location and exit code), round trips, the
  * generated reference. Runs from the repository root (configs/, docs/). */
-#include <cmocka.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -11,6 +10,10 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+// clang-format off
+#include <cmocka.h> /* after stddef.h, stdarg.h and setjmp.h, which it needs */
+// clang-format on
 
 #include "config/internal.h"
 #include "strata/config.h"
