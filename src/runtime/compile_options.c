@@ -148,10 +148,12 @@ static st_status st__parse_opt(const char* spec, st__opt* o) {
   const char* eq = spec ? strchr(spec, '=') : NULL;
   if (!eq)
     return st_status_make(ST_CODE_CONFIG, "runtime.xla_options: '%s' is not of the form name=value", spec ? spec : "(null)");
-  size_t n = (size_t)(eq - spec);
-  while (n > 0 && spec[n - 1] == ' ') --n;
+  /* Spaces around the name and the value are forgiven ("a = b"). */
   const char* start = spec;
-  while (*start == ' ' && start < spec + n) ++start, --n;
+  while (start < eq && *start == ' ') ++start;
+  const char* end = eq;
+  while (end > start && end[-1] == ' ') --end;
+  size_t n = (size_t)(end - start);
   if (!st__valid_name(start, n))
     return st_status_make(ST_CODE_CONFIG, "runtime.xla_options: '%s': option name must be letters, digits and _",
                           spec);

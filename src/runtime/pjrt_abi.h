@@ -398,7 +398,6 @@ typedef struct pj_buffer_event_args {
 
 /*--- the function table ---------------------------------------------------*/
 
-typedef pj_error* (*pj_fn)(void* args);
 #define PJ_FN(name, args_type) pj_error* (*name)(args_type * args)
 #define PJ_UNUSED(name) void* name
 
@@ -495,9 +494,9 @@ typedef struct pj_api {
 #undef PJ_FN
 #undef PJ_UNUSED
 
-/* True when the plugin's table is long enough to hold |slot|. */
-#define PJ_HAS(api, slot) \
-  (offsetof(pj_api, slot) < (api)->struct_size && (api)->slot != NULL)
+/* The loader checks once that the plugin's table reaches the last slot
+ * strata calls (buffer_ready_event); a slot added later must move that
+ * check or be tested with offsetof(pj_api, slot) < api->struct_size. */
 
 typedef const pj_api* (*pj_get_api_fn)(void);
 

@@ -141,10 +141,11 @@ st_status st__compile_options_build(const char* const* xla_options, int count, b
 
 /* SHA-256 cache key (hex, 65 bytes with NUL) for |code| under |rt|. */
 st_status st__cache_key(const st_runtime* rt, const void* code, size_t code_size, char out_hex[65]);
-/* Looks |key| up. On a hit returns the loaded executable in *out (and counts
- * the hit); on a miss or damaged entry sets *out = NULL (counting miss /
- * corrupt; a damaged entry is removed). Only unexpected I/O failures are
- * returned as errors, and even those are reported as misses by the caller. */
+/* Looks |key| up. On a hit returns the loaded executable in *out (owned by
+ * the caller) and counts the hit. Otherwise sets *out = NULL and counts a
+ * miss; a damaged entry (bad header, size, checksum, or refused by the
+ * plugin) is also counted as corrupt, reported on stderr and removed. Never
+ * fails: a cache problem only costs a compile. */
 void st__cache_lookup(st_runtime* rt, const char* key, pj_loaded_exe** out);
 /* Serializes |exe| and writes it atomically under |key|. Failures are not
  * fatal to compiling; the status says what went wrong. */

@@ -67,7 +67,7 @@ st_status st__pj_status(const pj_api* api, pj_error* error, const char* fmt, ...
   if (!error) return ST_OK;
   char* msg = st__pj_message(api, error);
   st__pj_error_free(api, error);
-  char context[512];
+  char context[1536];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(context, sizeof(context), fmt, ap);
@@ -109,8 +109,8 @@ static bool st__is_file(const char* path) {
   return path && stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* First match of |pattern| (sorted, so the newest python3.N wins last... we
- * take the last entry, which glob sorts highest). */
+/* The last existing file matching |pattern|: glob sorts its matches, so
+ * with several python3.N folders the highest-sorting one wins. */
 static char* st__glob_last(const char* pattern) {
   glob_t g;
   memset(&g, 0, sizeof(g));

@@ -68,12 +68,10 @@ static void st__on_ready_trampoline(pj_error* error, void* user) {
   free(c);
 }
 
-static void st__call_now(st_event_fn fn, void* user) { fn(ST_OK, user); }
-
 st_status st_event_on_ready(st_event* ev, st_event_fn fn, void* user) {
   if (!ev || !fn) return st_status_make(ST_CODE_INTERNAL, "st_event_on_ready: NULL argument");
-  if (!ev->handle) {
-    st__call_now(fn, user);
+  if (!ev->handle) { /* already complete: call at once, as PJRT would */
+    fn(ST_OK, user);
     return ST_OK;
   }
   st__ready_ctx* c = calloc(1, sizeof(*c));

@@ -2,6 +2,7 @@
  * exported by JAX run through strata and match JAX's own outputs; devices,
  * transfers and events; donation; input checking; bad programs and
  * options; plugin discovery. (Cache and determinism: test_runtime_cache.c.) */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -559,6 +560,67 @@ static void test_plugin_discovery(void** state) {
   st_runtime_destroy(rt);
 }
 
+/* Several threads share one runtime and one program (the documented
+ * thread-safety contract): each uploads, runs and reads back 20 times. */
+typedef struct {
+  st_program* prog;
+  const tu_prog* tp;
+  int device;
+  int failures;
+  char why[256];
+} thread_job;
+
+static void* thread_main(void* arg) {
+  thread_job* j = arg;
+  size_t n0 = 0, n1 = 0, nw = 0;
+  void* d0 = tu_read_file(j->tp->in[0].file, &n0);
+  void* d1 = tu_read_file(j->tp->in[1].file, &n1);
+  void* want = tu_read_file(j->tp->out[0].file, &nw);
+  void* got = malloc(nw);
+  for (int r = 0; r < 20 && d0 && d1 && want && got; ++r) {
+    st_buffer* in[2] = {NULL, NULL};
+    st_buffer* out[1] = {NULL};
+    st_status s = st_buffer_from_host(g_rt, j->device, &j->tp->in[0].type, d0, &in[0]);
+    if (!s) s = st_buffer_from_host(g_rt, j->device, &j->tp->in[1].type, d1, &in[1]);
+    if (!s) s = st_program_execute(j->prog, j->device, in, 2, out, 1, NULL);
+    if (!s) s = st_buffer_to_host(out[0], got, nw);
+    if (s) {
+      snprintf(j->why, sizeof(j->why), "%s", st_status_message(s));
+      st_status_free(s);
+      ++j->failures;
+    } else if (!tu_close(&j->tp->out[0].type, got, want, 2e-6, 1e-6, j->why, sizeof(j->why))) {
+      ++j->failures;
+    }
+    st_buffer_destroy(out[0]);
+    st_buffer_destroy(in[0]);
+    st_buffer_destroy(in[1]);
+  }
+  free(d0);
+  free(d1);
+  free(want);
+  free(got);
+  return NULL;
+}
+
+static void test_threads(void** state) {
+  (void)state;
+  const tu_prog* mp = prog("matmul");
+  st_program* p = compile(g_rt, mp);
+  thread_job jobs[4];
+  pthread_t th[4];
+  for (int i = 0; i < 4; ++i) {
+    jobs[i] = (thread_job){.prog = p, .tp = mp, .device = i % 2};
+    assert_int_equal(pthread_create(&th[i], NULL, thread_main, &jobs[i]), 0);
+  }
+  for (int i = 0; i < 4; ++i) pthread_join(th[i], NULL);
+  for (int i = 0; i < 4; ++i)
+    if (jobs[i].failures) fail_msg("thread %d: %d failures, last: %s", i, jobs[i].failures, jobs[i].why);
+  st_runtime_stats st;
+  st_runtime_get_stats(g_rt, &st);
+  assert_int_equal(st.live_buffers, 0);
+  st_program_destroy(p);
+}
+
 static void test_stats(void** state) {
   (void)state;
   st_runtime_options o;
@@ -616,6 +678,7 @@ int main(void) {
       cmocka_unit_test(test_bad_programs),
       cmocka_unit_test(test_xla_options),
       cmocka_unit_test_setup_teardown(test_plugin_discovery, discovery_setup, discovery_teardown),
+      cmocka_unit_test(test_threads),
       cmocka_unit_test(test_stats),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
