@@ -20,7 +20,10 @@ STRATA = os.path.join(ROOT, "build", "strata")
 
 OVERRIDES = [
     "model.n_layers=2", "model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.seq_len=32",
-    "train.steps=30", "train.batch_size=4", "train.microbatches=2", "train.lr=0.01", "train.warmup_steps=5",
+    # lr 2e-3: Adam divides by sqrt(v), so f32 rounding in the gradients of
+    # near-zero components becomes an lr-sized parameter difference; at lr 1e-2
+    # the worst one is ~3e-5 (docs/model.md, "Equivalence and its tolerance").
+    "train.steps=30", "train.batch_size=4", "train.microbatches=2", "train.lr=0.002", "train.warmup_steps=5",
     # A clip threshold below the early gradient norms, so clipping is exercised.
     "train.grad_clip=0.5", "train.eval_every=10", "train.eval_batches=1",
     "data.path=/usr/share/games/fortunes", "data.synthetic=false", "runtime.deterministic=true", "seed=7",
@@ -74,6 +77,8 @@ def test_final_parameters_match_reference(runs: dict) -> None:
     ours = load_file(str(runs["run_dir"] / "params.safetensors"))
     ref = load_file(str(runs["ref_dir"] / "params.safetensors"))
     assert sorted(ours) == sorted(ref)
+    worst = max(float(np.max(np.abs(ours[n] - ref[n]) / (1e-5 + 1e-3 * np.abs(ref[n])))) for n in ref)
+    print(f"worst parameter difference as a fraction of the tolerance: {worst:.3f}")
     for name in sorted(ref):
         np.testing.assert_allclose(ours[name], ref[name], rtol=1e-3, atol=1e-5, err_msg=name)
 
