@@ -3,6 +3,7 @@ and AdamW as the C trainer, as one jitted train step (MaxText style).
 
 It exists for equivalence tests and benchmarks only (docs/model.md).
 
+    python -m strata_jax.reference_train CONFIG [k=v ...] --out DIR [--steps N]
     python -m strata_jax.reference_train --config-json FILE --tokens TOKFILE --out DIR [--steps N]
 """
 
@@ -178,15 +179,40 @@ def save_params(params: FullParams, path: str) -> None:
     save_file({k: np.asarray(a) for k, a in M.flatten_params(params).items()}, path)
 
 
+def _strata(args: list[str]) -> str:
+    """Runs the strata binary ($STRATA_BIN, else build/strata of this checkout)."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    exe = os.environ.get("STRATA_BIN", os.path.join(root, "build", "strata"))
+    r = subprocess.run([exe, *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{exe} {' '.join(args)} exited {r.returncode}: {r.stderr.strip()}")
+    return r.stdout
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m strata_jax.reference_train",
                                  description="monolithic JAX reference of the strata trainer")
-    ap.add_argument("--config-json", required=True, help="resolved config (JSON file or string)")
-    ap.add_argument("--tokens", required=True, help="token file (.tok, docs/data.md)")
+    ap.add_argument("config", nargs="?", help="strata config file (resolved with `strata config --json`)")
+    ap.add_argument("overrides", nargs="*", help="key=value overrides, as for `strata train`")
+    ap.add_argument("--config-json", help="resolved config (JSON file or string) instead of CONFIG")
+    ap.add_argument("--tokens", help="token file (.tok, docs/data.md); default: `strata data CONFIG`")
     ap.add_argument("--out", required=True, help="folder for losses.json and params.safetensors")
     ap.add_argument("--steps", type=int, default=None, help="override train.steps (schedule included)")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
+    if args.config:
+        # The C side is the one source of truth for config resolution and
+        # tokenization: ask the strata binary rather than re-implementing them.
+        try:
+            args.config_json = args.config_json or _strata(["config", "--json", args.config, *args.overrides])
+            args.tokens = args.tokens or _strata(["data", args.config, *args.overrides]).splitlines()[0]
+        except RuntimeError as e:
+            print(f"reference_train: {e}", file=sys.stderr)
+            return 2
+    if not args.config_json or not args.tokens:
+        ap.error("give CONFIG [k=v ...], or both --config-json and --tokens")
     try:
         config = load_config(args.config_json)
         tokens, vocab = read_token_file(args.tokens)

@@ -806,7 +806,10 @@ void st_config_hash(const st_config* config, const char* const* prefixes, int pr
   XXH64_state_t state;
   XXH64_reset(&state, 0);
   for (int i = 0; i < count; ++i) {
-    bool selected = prefix_count == 0;
+    /* The whole-config hash identifies the experiment: where a run is
+     * written and how it reports progress (run.*) do not change it, so a
+     * run's config.yaml replayed into a new run.dir hashes the same. */
+    bool selected = prefix_count == 0 && strncmp(keys[i].key, "run.", 4) != 0;
     for (int p = 0; p < prefix_count && !selected; ++p)
       selected = !strncmp(keys[i].key, prefixes[p], strlen(prefixes[p]));
     if (!selected) continue;

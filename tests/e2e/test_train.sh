@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# test_train.sh — `strata train`, `plan`, `data` end to end on the real
+# exporter and CPU plugin: the run directory contract (DESIGN §4), the
+# snapshot round trip (issue 4), and every bad-input class of issue 3 with
+# its exit code and the file it names. Run from the repository root.
+set -uo pipefail
+
+STRATA=$(realpath "${STRATA:-./build/strata}")
+PY=${PY:-.venv/bin/python}
+TMP=$(mktemp -d /tmp/strata-e2e-train-XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+# A private cache so bundle tampering below cannot disturb other tests.
+export STRATA_CACHE_DIR="$TMP/cache"
+
+checks=0
+fails=0
+ok() { checks=$((checks + 1)); }
+bad() {
+  checks=$((checks + 1))
+  fails=$((fails + 1))
+  echo "FAIL: $*" >&2
+}
+check() { if eval "$2"; then ok; else bad "$1"; fi; }
+
+# expect_exit RC PATTERN ARGS...: `strata ARGS` exits RC and stderr matches
+# the extended regex PATTERN.
+expect_exit() {
+  local rc=$1 pat=$2
+  shift 2
+  "$STRATA" "$@" >"$TMP/out" 2>"$TMP/err"
+  local code=$?
+  if [ "$code" != "$rc" ]; then
+    bad "strata $*: exit $code, want $rc; stderr: $(tail -3 "$TMP/err")"
+  elif ! grep -Eq "$pat" "$TMP/err"; then
+    bad "strata $*: stderr does not match /$pat/: $(tail -3 "$TMP/err")"
+  else
+    ok
+  fi
+}
+
+BASE=(configs/test.yml runtime.deterministic=true run.progress=off)
+
+# --- a good run and its directory -------------------------------------------
+if "$STRATA" train "${BASE[@]}" run.dir="$TMP/r1" >"$TMP/out1" 2>"$TMP/err1"; then ok; else bad "train exited $?: $(tail -5 "$TMP/err1")"; fi
+check "prints the run directory" "grep -q 'run directory: $TMP/r1' '$TMP/out1'"
+for f in config.yaml context.json events.jsonl metrics.jsonl params.safetensors; do
+  check "run dir has $f" "[ -s '$TMP/r1/$f' ]"
+done
+check "metrics lines carry the contract fields" "$PY - '$TMP/r1/metrics.jsonl' <<'PYEOF'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+steps = [l for l in lines if 'loss' in l]
+evals = [l for l in lines if 'eval_loss' in l]
+need = {'step', 'loss', 'lr', 'grad_norm', 'tokens', 'step_time_s', 'tokens_per_s'}
+assert len(steps) == 10 and all(need <= set(l) for l in steps), steps[:1]
+assert [l['step'] for l in steps] == list(range(1, 11))
+assert evals and evals[-1]['step'] == 10
+PYEOF"
+check "context.json holds versions, plugin, devices, hashes" "$PY - '$TMP/r1/context.json' <<'PYEOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+for k in ('run_id', 'strata_version', 'git_commit', 'jax_version', 'platform_name', 'pjrt_api_version',
+          'devices', 'host', 'cpu_model', 'cpu_cores', 'memory', 'environment', 'config_hash', 'bundle_key'):
+    assert k in c, k
+assert c['platform_name'] == 'cpu' and len(c['devices']) >= 1
+PYEOF"
+check "first event carries the context" "head -1 '$TMP/r1/events.jsonl' | grep -q '\"context\"'"
+check "events record the lifecycle" "grep -q '\"run_done\"' '$TMP/r1/events.jsonl' && tail -1 '$TMP/r1/events.jsonl' | grep -q '\"done\"'"
+
+# --- the snapshot reproduces the run -----------------------------------------
+if "$STRATA" train "$TMP/r1/config.yaml" run.dir="$TMP/r2" >/dev/null 2>"$TMP/err2"; then ok; else bad "replay exited $?: $(tail -3 "$TMP/err2")"; fi
+check "replayed config has the same config hash and bundle key" "$PY - '$TMP/r1' '$TMP/r2' <<'PYEOF'
+import json, sys
+a, b = (json.load(open(d + '/context.json')) for d in sys.argv[1:])
+assert a['config_hash'] == b['config_hash'], (a['config_hash'], b['config_hash'])
+assert a['bundle_key'] == b['bundle_key']
+PYEOF"
+check "replayed run has the same first 10 losses" "diff <(grep '\"loss\"' '$TMP/r1/metrics.jsonl' | head -10 | sed 's/.*\"loss\": \([^,]*\),.*/\1/') <(grep '\"loss\"' '$TMP/r2/metrics.jsonl' | head -10 | sed 's/.*\"loss\": \([^,]*\),.*/\1/')"
+
+# --- an existing run directory is refused ------------------------------------
+expect_exit 2 "run directory '$TMP/r1' already holds a run" train "${BASE[@]}" run.dir="$TMP/r1"
+
+# --- strata plan ---------------------------------------------------------------
+if "$STRATA" plan "${BASE[@]}" >"$TMP/plan" 2>"$TMP/err"; then ok; else bad "plan exited $?"; fi
+check "plan lists per-layer launches" "grep -Eq 'LAUNCH block_fwd layer=1' '$TMP/plan' && grep -Eq 'LAUNCH block_bwd layer=0' '$TMP/plan' && grep -q 'LAUNCH adamw_block layer=1' '$TMP/plan'"
+check "plan --json parses" "'$STRATA' plan --json ${BASE[*]} 2>/dev/null | $PY -c 'import json,sys; d=json.load(sys.stdin); assert d[\"step\"][\"ops\"]'"
+
+# --- bad data: exit 3 naming the file ------------------------------------------
+expect_exit 3 "data.path '/nonexistent/corpus' does not exist" train "${BASE[@]}" data.synthetic=false data.path=/nonexistent/corpus run.dir="$TMP/d1"
+: >"$TMP/empty.txt"
+expect_exit 3 "corpus '$TMP/empty.txt' is empty" train "${BASE[@]}" data.synthetic=false data.path="$TMP/empty.txt" run.dir="$TMP/d2"
+mkdir -p "$TMP/emptydir"
+expect_exit 3 "corpus '$TMP/emptydir' is empty" train "${BASE[@]}" data.synthetic=false data.path="$TMP/emptydir" run.dir="$TMP/d3"
+# token files: header fields per docs/data.md
+mktok() { # PATH VERSION VOCAB TOKEN_BYTES COUNT_IN_HEADER TOKENS...
+  $PY - "$@" <<'PYEOF'
+import struct, sys
+path, ver, vocab, tb, count, *toks = sys.argv[1:]
+with open(path, 'wb') as f:
+    f.write(b'STRATOK1' + struct.pack('<IIII', int(ver), int(vocab), int(tb), 0) + struct.pack('<Q', int(count)))
+    f.write(b''.join(struct.pack('<H' if tb == '2' else '<I', int(t)) for t in toks))
+PYEOF
+}
+toks=$(seq 0 199 | tr '\n' ' ')
+mktok "$TMP/big.tok" 1 256 4 201 $toks 300
+expect_exit 3 "token file '$TMP/big.tok': token 200 is 300, not below model.vocab_size 256" train "${BASE[@]}" data.synthetic=false data.path="$TMP/big.tok" run.dir="$TMP/d4"
+mktok "$TMP/ver.tok" 7 256 2 200 $toks
+expect_exit 3 "token file '$TMP/ver.tok': version 7" train "${BASE[@]}" data.synthetic=false data.path="$TMP/ver.tok" run.dir="$TMP/d5"
+mktok "$TMP/short.tok" 1 256 2 500 $toks
+expect_exit 3 "token file '$TMP/short.tok': header says 500 tokens .*truncated" train "${BASE[@]}" data.synthetic=false data.path="$TMP/short.tok" run.dir="$TMP/d6"
+mktok "$TMP/tb.tok" 1 256 3 200 $toks
+expect_exit 3 "token file '$TMP/tb.tok': token_bytes is 3" train "${BASE[@]}" data.synthetic=false data.path="$TMP/tb.tok" run.dir="$TMP/d7"
+check "no run directory files were left by data errors" "[ ! -e '$TMP/d4/params.safetensors' ] && [ ! -e '$TMP/d4/metrics.jsonl' ] || [ ! -s '$TMP/d4/metrics.jsonl' ]"
+
+# --- bundles: a named stale bundle is an error, a cached one is re-exported ---
+"$STRATA" export "${BASE[@]}" bundle.dir="$TMP/bundle" >/dev/null 2>&1 && ok || bad "export into bundle.dir failed"
+echo "// tampered" >>"$TMP/bundle/programs/block_fwd.mlir"
+expect_exit 4 "bundle program file '$TMP/bundle/programs/block_fwd.mlir' was altered" train "${BASE[@]}" bundle.dir="$TMP/bundle" run.dir="$TMP/b1"
+"$STRATA" export "${BASE[@]}" bundle.dir="$TMP/bundle2" >/dev/null 2>&1 && ok || bad "export into bundle.dir failed"
+rm "$TMP/bundle2/programs/head_loss.mlir"
+expect_exit 4 "bundle program 'head_loss' is missing: cannot open '$TMP/bundle2/programs/head_loss.mlir'" train "${BASE[@]}" bundle.dir="$TMP/bundle2" run.dir="$TMP/b0"
+"$STRATA" export "${BASE[@]}" >"$TMP/out" 2>/dev/null
+cached=$(sed 's/ (.*//' "$TMP/out")
+echo "// tampered" >>"$cached/programs/block_bwd.mlir"
+if "$STRATA" train "${BASE[@]}" run.dir="$TMP/b2" >/dev/null 2>"$TMP/err"; then ok; else bad "train over a tampered cached bundle exited $?"; fi
+check "a tampered cached bundle is re-exported, not used" "grep -q 'stale bundle, re-exporting: bundle program file .*block_bwd.mlir. was altered' '$TMP/err'"
+check "a re-exported bundle trains to the same losses" "diff <(grep -o '\"loss\": [^,]*' '$TMP/r1/metrics.jsonl') <(grep -o '\"loss\": [^,]*' '$TMP/b2/metrics.jsonl')"
+
+echo "test_train.sh: $((checks - fails))/$checks checks passed"
+[ "$fails" -eq 0 ]
