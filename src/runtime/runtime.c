@@ -229,6 +229,11 @@ static st_status st__load_plugin_locked(const char* path, const pj_api** out_api
     }
   }
   dlerror();
+  /* XLA's INFO lines ("cpu_device_count set via create_options") would
+   * interleave with strata's own output on every run. Keep warnings and
+   * errors; a user who wants the INFO lines sets TF_CPP_MIN_LOG_LEVEL=0
+   * (we never overwrite a value already set). Read once, at plugin load. */
+  setenv("TF_CPP_MIN_LOG_LEVEL", "1", 0);
   void* handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!handle) {
     const char* why = dlerror();
