@@ -184,6 +184,20 @@ bool st_buffer_is_consumed(const st_buffer* buffer); /* donated away */
 st_status st_buffer_ready_event(st_buffer* buffer, st_event** out_event /* owned by caller */);
 void st_buffer_destroy(st_buffer* buffer); /* NULL is a no-op; frees device memory */
 
+/* Memory spaces (st_device_info.memory_kinds). A buffer lives in one memory
+ * space of its device: the default one ("device") unless copied elsewhere.
+ * st_buffer_copy_to_memory copies |buffer| into memory space |memory_kind|
+ * of the same device (PJRT_Buffer_CopyToMemory) and returns the copy
+ * without waiting: later executions and copies order after it, and its
+ * ready event says when it is done. |buffer| is left as it was. Errors name
+ * the memory space when the device lacks it or the plugin lacks the call.
+ * Programs run on buffers in the default memory; a buffer in a host memory
+ * space is for keeping data between uses (see docs/scheduling.md). */
+st_status st_buffer_copy_to_memory(st_buffer* buffer, const char* memory_kind, st_buffer** out_buffer /* owned by caller */);
+const char* st_buffer_memory_kind(const st_buffer* buffer); /* "device", "pinned_host", ...; "" for NULL */
+/* True when |device| has memory space |memory_kind| and the plugin can copy into it. */
+bool st_runtime_can_copy_to_memory(const st_runtime* runtime, int device, const char* memory_kind);
+
 /*===-------------------------------------------------------------------===*/
 /* Programs                                                                 */
 /*===-------------------------------------------------------------------===*/

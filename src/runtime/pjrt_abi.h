@@ -396,6 +396,13 @@ typedef struct pj_buffer_event_args {
   pj_event* event; /* out */
 } pj_buffer_event_args; /* ReadyEvent */
 
+typedef struct pj_copy_to_memory_args {
+  PJ_HEAD;
+  pj_buffer* buffer;
+  pj_memory* dst_memory;
+  pj_buffer* dst_buffer; /* out, caller destroys */
+} pj_copy_to_memory_args;
+
 /*--- the function table ---------------------------------------------------*/
 
 #define PJ_FN(name, args_type) pj_error* (*name)(args_type * args)
@@ -488,6 +495,31 @@ typedef struct pj_api {
   PJ_FN(buffer_to_host, pj_to_host_args);
   PJ_UNUSED(buffer_is_on_cpu);
   PJ_FN(buffer_ready_event, pj_buffer_event_args);
+  PJ_UNUSED(buffer_unsafe_pointer);
+  PJ_UNUSED(buffer_increase_external_refcount);
+  PJ_UNUSED(buffer_decrease_external_refcount);
+  PJ_UNUSED(buffer_opaque_device_memory_pointer);
+
+  PJ_UNUSED(copy_stream_destroy);
+  PJ_UNUSED(copy_stream_add_chunk);
+  PJ_UNUSED(copy_stream_total_bytes);
+  PJ_UNUSED(copy_stream_granule_size);
+  PJ_UNUSED(copy_stream_current_bytes);
+
+  PJ_UNUSED(topology_create);
+  PJ_UNUSED(topology_destroy);
+  PJ_UNUSED(topology_platform_name);
+  PJ_UNUSED(topology_platform_version);
+  PJ_UNUSED(topology_device_descriptions);
+  PJ_UNUSED(topology_serialize);
+  PJ_UNUSED(topology_attributes);
+
+  PJ_UNUSED(compile);
+  PJ_UNUSED(executable_output_element_types);
+  PJ_UNUSED(executable_output_dimensions);
+  /* Optional: callers check offsetof(pj_api, buffer_copy_to_memory) <
+   * api->struct_size (st__api_has_copy_to_memory). */
+  PJ_FN(buffer_copy_to_memory, pj_copy_to_memory_args);
   /* Later slots are not used by strata. */
 } pj_api;
 

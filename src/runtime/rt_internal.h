@@ -23,6 +23,7 @@ typedef struct st__device {
   char* description;
   int memory_count;
   char* memory_kinds[ST__MAX_MEMORIES];
+  pj_memory* memories[ST__MAX_MEMORIES]; /* owned by the client */
   int default_memory;
 } st__device;
 
@@ -60,6 +61,7 @@ struct st_buffer {
   int device;
   bool consumed;
   char consumed_by[96]; /* program that consumed it, for error messages */
+  int memory;           /* index into the device's memory spaces; -1: its default */
 };
 
 struct st_event {

@@ -359,6 +359,7 @@ static st_status st__read_devices(st_runtime* rt) {
       pj_memory_kind_args mk = {.struct_size = sizeof(mk), .memory = ma.memories[j]};
       ST_RETURN(st__pj_status(api, api->memory_kind(&mk), "device %zu: memory %zu kind", i, j));
       d->memory_kinds[j] = st__strndup(mk.kind ? mk.kind : "", mk.kind ? mk.kind_size : 0);
+      d->memories[j] = ma.memories[j];
       if (!d->memory_kinds[j]) return st__oom("memory kind");
       d->memory_count = (int)j + 1;
       if (ma.memories[j] == dm.memory) d->default_memory = (int)j;

@@ -124,6 +124,7 @@ st_status st__buffer_wrap(st_runtime* rt, pj_buffer* handle, int device, const s
   b->handle = handle;
   b->type = *type;
   b->device = device;
+  b->memory = -1;
   atomic_fetch_add(&rt->n_live_buffers, 1);
   *out = b;
   return ST_OK;
@@ -223,4 +224,62 @@ void st_buffer_destroy(st_buffer* b) {
   }
   atomic_fetch_sub(&b->rt->n_live_buffers, 1);
   free(b);
+}
+
+/*===-------------------------------------------------------------------===*/
+/* Memory spaces                                                            */
+/*===-------------------------------------------------------------------===*/
+
+static int st__memory_find(const st__device* d, const char* kind) {
+  for (int j = 0; j < d->memory_count; ++j)
+    if (d->memories[j] && !strcmp(d->memory_kinds[j], kind)) return j;
+  return -1;
+}
+
+/* The slot is an optional, later addition to the table (see pjrt_abi.h). */
+static bool st__api_has_copy_to_memory(const pj_api* api) {
+  return api->struct_size >= PJ_SIZE(pj_api, buffer_copy_to_memory) && api->buffer_copy_to_memory != NULL;
+}
+
+bool st_runtime_can_copy_to_memory(const st_runtime* rt, int device, const char* kind) {
+  if (!rt || !kind || device < 0 || device >= rt->device_count) return false;
+  return st__api_has_copy_to_memory(rt->api) && st__memory_find(&rt->devices[device], kind) >= 0;
+}
+
+const char* st_buffer_memory_kind(const st_buffer* b) {
+  if (!b) return "";
+  const st__device* d = &b->rt->devices[b->device];
+  int j = b->memory >= 0 ? b->memory : d->default_memory;
+  return j < d->memory_count ? d->memory_kinds[j] : "";
+}
+
+st_status st_buffer_copy_to_memory(st_buffer* b, const char* kind, st_buffer** out_buffer) {
+  if (!out_buffer) return st_status_make(ST_CODE_INTERNAL, "st_buffer_copy_to_memory: out_buffer is NULL");
+  *out_buffer = NULL;
+  if (!b || !kind) return st_status_make(ST_CODE_INTERNAL, "st_buffer_copy_to_memory: NULL argument");
+  if (b->consumed) return st__consumed_error(b, "memory-space copy");
+  st_runtime* rt = b->rt;
+  char tbuf[128];
+  st_tensor_type_format(&b->type, tbuf, sizeof(tbuf));
+  const st__device* d = &rt->devices[b->device];
+  int j = st__memory_find(d, kind);
+  if (j < 0)
+    return st_status_make(ST_CODE_RUNTIME, "copy of %s to memory '%s': device %d has no such memory space", tbuf, kind,
+                          b->device);
+  if (!st__api_has_copy_to_memory(rt->api))
+    return st_status_make(ST_CODE_RUNTIME, "copy of %s to memory '%s': the plugin lacks PJRT_Buffer_CopyToMemory", tbuf,
+                          kind);
+  pj_copy_to_memory_args a = {.struct_size = sizeof(a), .buffer = b->handle, .dst_memory = d->memories[j]};
+  ST_RETURN(st__pj_status(rt->api, rt->api->buffer_copy_to_memory(&a), "copy of %s on device %d from memory '%s' to '%s'",
+                          tbuf, b->device, st_buffer_memory_kind(b), kind));
+  st_status s = st__buffer_wrap(rt, a.dst_buffer, b->device, &b->type, out_buffer);
+  if (s) return s;
+  (*out_buffer)->memory = j;
+  /* Leaving the default memory is a device->host move; entering it, host->device. */
+  int64_t bytes = (int64_t)st_tensor_type_bytes(&b->type);
+  if (j == d->default_memory)
+    atomic_fetch_add(&rt->n_h2d_bytes, bytes);
+  else
+    atomic_fetch_add(&rt->n_d2h_bytes, bytes);
+  return ST_OK;
 }
