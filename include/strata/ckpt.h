@@ -1,9 +1,27 @@
 /*
- * strata/ckpt.h — tensors on disk. For now: safetensors files (readable by
- * the Python `safetensors` package), written atomically.
+ * strata/ckpt.h — tensors and training state on disk (docs/checkpoints.md).
+ *
+ *   safetensors   the tensor file format (readable by the Python
+ *                 `safetensors` package): writer and validating reader.
+ *   checkpoint    <run>/checkpoints/step_<N>/{params,optimizer}.safetensors
+ *                 + manifest.json (step, data position, RNG, schedule,
+ *                 resolved config, bundle key, shape/dtype/xxh64 per
+ *                 tensor), committed atomically (temporary folder, fsync,
+ *                 rename, then LATEST), verified on every load.
+ *   writer        a thread that writes snapshots while training continues.
+ *
+ * Every failure is ST_CODE_CKPT (exit 7) and names the folder, the file and,
+ * where one is involved, the tensor.
+ *
+ * Thread-safety: everything here is reentrant; an st_ckpt_writer is driven
+ * from one thread (its own worker aside).
  */
 #ifndef STRATA_CKPT_H
 #define STRATA_CKPT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
 #include "strata/runtime.h"
 #include "strata/status.h"
@@ -11,6 +29,10 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/*===-------------------------------------------------------------------===*/
+/* safetensors                                                              */
+/*===-------------------------------------------------------------------===*/
 
 typedef struct st_named_tensor {
   const char* name;
@@ -22,6 +44,235 @@ typedef struct st_named_tensor {
  * little-endian header size, JSON header, raw little-endian data), through
  * a temporary file + fsync + rename. ST_CODE_CKPT on failure. */
 st_status st_safetensors_write(const char* path, const st_named_tensor* tensors, int count);
+
+/* The header of a safetensors file for |tensors| (laid out back to back in
+ * order), padded to a multiple of 8, with the 8-byte length prefix:
+ * |out_header| receives a new buffer (caller frees) of *out_header_size
+ * bytes; *out_data_size is the size of the data that follows. */
+st_status st_safetensors_header(const st_named_tensor* tensors, int count, const char* origin, char** out_header,
+                                size_t* out_header_size, size_t* out_data_size);
+
+/* Safetensors dtype spelling ("F32", "BF16", "I32", ...) and back. */
+const char* st_safetensors_dtype_name(st_dtype dtype); /* NULL when not representable */
+st_dtype st_safetensors_dtype_parse(const char* name);  /* ST_DTYPE_INVALID when unknown */
+
+typedef struct st_safetensors_entry {
+  char* name;
+  st_tensor_type type;
+  size_t offset; /* from the start of the file */
+  size_t bytes;
+} st_safetensors_entry;
+
+/* A whole safetensors file in memory, structure checked: the header length
+ * fits the file, the header is JSON, every entry has a known dtype, a shape
+ * whose size matches its offsets, and the entries tile the data region
+ * exactly (what the Python package requires too). */
+typedef struct st_safetensors {
+  char* path;
+  unsigned char* data; /* the file */
+  size_t size;
+  size_t data_start; /* 8 + header length */
+  int count;
+  st_safetensors_entry* entries; /* in file order */
+} st_safetensors;
+
+st_status st_safetensors_read(const char* path, st_safetensors** out /* owned by caller */);
+/* Same, from bytes already in memory (takes ownership of |data|, malloc'ed). */
+st_status st_safetensors_parse(const char* path, unsigned char* data, size_t size, st_safetensors** out);
+const st_safetensors_entry* st_safetensors_find(const st_safetensors* file, const char* name);
+void st_safetensors_free(st_safetensors* file); /* NULL is a no-op */
+
+/*===-------------------------------------------------------------------===*/
+/* Checkpoints: layout and state                                            */
+/*===-------------------------------------------------------------------===*/
+
+#define ST_CKPT_FORMAT "strata-checkpoint"
+#define ST_CKPT_VERSION 1
+#define ST_CKPT_MANIFEST "manifest.json"
+#define ST_CKPT_LATEST "LATEST"
+#define ST_CKPT_TMP_PREFIX ".tmp-" /* folders of saves in progress (or crashed) */
+
+/* What a checkpoint records besides tensors. Strings are borrowed. */
+typedef struct st_ckpt_meta {
+  int64_t step;           /* optimizer steps completed */
+  int64_t optimizer_step; /* AdamW's t (bias correction) of the last update */
+  int64_t data_position;  /* training sequences consumed (docs/data.md) */
+  int64_t batch_size;
+  uint64_t seed;          /* the only RNG state: init and sampler are pure functions of it */
+  double lr;              /* learning rate of the last completed step */
+  int64_t total_steps;    /* train.steps, for the schedule */
+  const char* config_json; /* the resolved config as a JSON object */
+  const char* config_hash;
+  const char* bundle_key;
+  const char* model_json;  /* the bundle's "model" object */
+} st_ckpt_meta;
+
+/* A host copy of the training state, ready to be written. The writer reads
+ * it; the trainer fills it (st_ckpt_snapshot_data) and can reuse it for the
+ * next save once the previous save has completed. */
+typedef struct st_ckpt_snapshot st_ckpt_snapshot;
+
+/* |count| tensors; names and files ("params.safetensors") are copied. */
+st_ckpt_snapshot* st_ckpt_snapshot_create(int count, const char* const* names, const char* const* files,
+                                          const st_tensor_type* types);
+void st_ckpt_snapshot_destroy(st_ckpt_snapshot* snapshot); /* NULL is a no-op */
+/* Host memory of tensor |i| (st_tensor_type_bytes bytes), owned by the snapshot. */
+void* st_ckpt_snapshot_data(st_ckpt_snapshot* snapshot, int i);
+int st_ckpt_snapshot_count(const st_ckpt_snapshot* snapshot);
+int64_t st_ckpt_snapshot_bytes(const st_ckpt_snapshot* snapshot); /* tensor bytes */
+/* Copies |meta| (strings included) into the snapshot. */
+void st_ckpt_snapshot_set_meta(st_ckpt_snapshot* snapshot, const st_ckpt_meta* meta);
+const st_ckpt_meta* st_ckpt_snapshot_meta(const st_ckpt_snapshot* snapshot);
+
+/* Points in a save where a fault hook is called (fault injection, and the
+ * crash-at-every-instant tests). |path| is the file or folder involved. */
+typedef enum st_ckpt_point {
+  ST_CKPT_AT_BEGIN,        /* temporary folder created, nothing written */
+  ST_CKPT_AT_FILE_MIDDLE,  /* half of a tensor file's bytes written */
+  ST_CKPT_AT_FILE_DONE,    /* a tensor file written and fsynced */
+  ST_CKPT_AT_MANIFEST,     /* manifest written and fsynced, folder not renamed */
+  ST_CKPT_AT_RENAMED,      /* step_<N> in place, LATEST not yet updated */
+  ST_CKPT_AT_COMMITTED,    /* LATEST updated */
+  ST_CKPT_POINT_COUNT,
+} st_ckpt_point;
+const char* st_ckpt_point_name(st_ckpt_point point);
+
+/* Called at each point. A non-OK status makes the save fail there exactly
+ * as an I/O error would (the hook's message is kept); the hook may also
+ * end the process. */
+typedef st_status (*st_ckpt_hook_fn)(void* user, st_ckpt_point point, const char* path);
+
+typedef struct st_ckpt_save_options {
+  const char* root;  /* <run>/checkpoints; created when missing */
+  int64_t keep;      /* keep the newest N committed checkpoints (>= 1) */
+  int64_t keep_every; /* also keep steps that are multiples of K; 0 = off */
+  st_ckpt_hook_fn hook; /* may be NULL */
+  void* hook_user;
+} st_ckpt_save_options;
+
+typedef struct st_ckpt_save_result {
+  int64_t step;
+  char* dir;        /* committed folder (owned), NULL on failure */
+  double write_s;   /* from creating the temporary folder to LATEST */
+  int64_t bytes;    /* bytes written, manifest included */
+  int removed;      /* older checkpoints removed by retention */
+  st_status status; /* st_ckpt_writer_take only: the save's outcome (owned) */
+} st_ckpt_save_result;
+void st_ckpt_save_result_clear(st_ckpt_save_result* result); /* frees dir and status */
+
+/* Writes |snapshot| as <root>/step_<N> (N = meta.step): files into
+ * <root>/.tmp-step_<N>-<pid>, each fsynced, manifest last, folder fsynced,
+ * renamed to step_<N> (replacing an existing one), <root> fsynced, then
+ * LATEST replaced atomically; then retention. On failure the temporary
+ * folder is removed and the previous checkpoints are untouched. |result|
+ * (may be NULL) receives the timings and the folder; its status is not set. */
+st_status st_ckpt_save(const st_ckpt_save_options* options, const st_ckpt_snapshot* snapshot, st_ckpt_save_result* result);
+
+/* Removes step_<N> folders beyond the newest |keep|, except multiples of
+ * |keep_every| and the one LATEST names. Returns how many were removed. */
+int st_ckpt_retain(const char* root, int64_t keep, int64_t keep_every);
+
+/* Removes .tmp-* folders left by crashed saves. *out_names (may be NULL)
+ * receives a comma-separated list of what was removed (caller frees). */
+st_status st_ckpt_remove_temporaries(const char* root, char** out_names);
+
+/*===-------------------------------------------------------------------===*/
+/* Checkpoints: reading and verification                                    */
+/*===-------------------------------------------------------------------===*/
+
+/* What the reader expects (the model being trained). Borrowed. */
+typedef struct st_ckpt_expect {
+  const char* bundle_key; /* NULL: not checked */
+  const char* model_json; /* NULL: not checked */
+  int count;              /* 0: tensor set not checked */
+  const char* const* names;
+  const st_tensor_type* types;
+} st_ckpt_expect;
+
+typedef struct st_ckpt_tensor_info {
+  char* name;
+  char* file;
+  st_tensor_type type;
+  size_t offset, bytes;
+  uint64_t xxh64;
+} st_ckpt_tensor_info;
+
+typedef struct st_ckpt_file_info {
+  char* file;
+  size_t bytes;
+  uint64_t xxh64;
+} st_ckpt_file_info;
+
+/* A verified checkpoint: manifest fields, and the tensor data when loaded. */
+typedef struct st_ckpt {
+  char* dir;
+  int version;
+  int64_t step, optimizer_step, data_position, batch_size, total_steps;
+  uint64_t seed;
+  double lr, created;
+  char* config_hash;
+  char* bundle_key;
+  char* model_json; /* canonical re-serialization of the manifest's "model" */
+  char* config_json;
+  int tensor_count;
+  st_ckpt_tensor_info* tensors;
+  int file_count;
+  st_ckpt_file_info* files;
+  st_safetensors** loaded; /* [file_count], NULL when opened without data */
+} st_ckpt;
+
+/* Opens and verifies <dir>: manifest present, parseable, self-checksum,
+ * format and version; then against |expect| (may be NULL); then every file:
+ * size (truncation), safetensors structure, each tensor's dtype/shape/
+ * offsets against the manifest, each tensor's xxh64, the file's xxh64.
+ * The first problem is the error, naming <dir>, the file and the tensor.
+ * Corrupt data is never returned. */
+st_status st_ckpt_open(const char* dir, const st_ckpt_expect* expect, st_ckpt** out /* owned by caller */);
+void st_ckpt_free(st_ckpt* ckpt); /* NULL is a no-op */
+/* Data of tensor |name| (NULL when absent); borrowed from |ckpt|. */
+const void* st_ckpt_tensor_data(const st_ckpt* ckpt, const char* name, const st_ckpt_tensor_info** out_info);
+
+/* The committed checkpoints under |root| (folders step_<N>), newest first. */
+typedef struct st_ckpt_entry {
+  int64_t step;
+  char* name; /* "step_40" */
+  char* dir;
+} st_ckpt_entry;
+st_status st_ckpt_list(const char* root, st_ckpt_entry** out_entries, int* out_count);
+void st_ckpt_entries_free(st_ckpt_entry* entries, int count);
+/* LATEST's content ("step_40"), NULL when missing or unreadable (caller frees). */
+char* st_ckpt_read_latest(const char* root);
+
+/* Called for each checkpoint skipped while looking for a valid one. */
+typedef void (*st_ckpt_skip_fn)(void* user, const st_ckpt_entry* entry, st_status why /* borrowed */);
+
+/* The newest checkpoint under |root| that verifies against |expect|,
+ * skipping (and reporting) invalid ones. *out is NULL when there is none
+ * (not an error); *out_skipped counts the skipped ones. */
+st_status st_ckpt_find_valid(const char* root, const st_ckpt_expect* expect, st_ckpt_skip_fn on_skip, void* user,
+                             st_ckpt** out, int* out_skipped);
+
+/*===-------------------------------------------------------------------===*/
+/* Asynchronous writer                                                      */
+/*===-------------------------------------------------------------------===*/
+
+/* One worker thread; at most one save in flight (a new submit while one is
+ * running is refused: the caller waits first, which bounds both host memory
+ * and the steps a crash can lose). */
+typedef struct st_ckpt_writer st_ckpt_writer;
+
+/* |options| strings are copied. */
+st_status st_ckpt_writer_create(const st_ckpt_save_options* options, st_ckpt_writer** out /* owned by caller */);
+/* Starts saving |snapshot| (borrowed until the save is reported done). */
+st_status st_ckpt_writer_submit(st_ckpt_writer* writer, const st_ckpt_snapshot* snapshot);
+bool st_ckpt_writer_busy(st_ckpt_writer* writer);
+/* When a save has finished since the last call, moves its result into
+ * |out| and returns true; |wait| blocks until the in-flight save is done
+ * (returns false at once when none is in flight or pending). */
+bool st_ckpt_writer_take(st_ckpt_writer* writer, bool wait, st_ckpt_save_result* out);
+/* Waits for the in-flight save, then stops the thread. NULL is a no-op. An
+ * unreported result is discarded (freed). */
+void st_ckpt_writer_destroy(st_ckpt_writer* writer);
 
 #ifdef __cplusplus
 }

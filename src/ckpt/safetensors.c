@@ -1,40 +1,54 @@
-/* safetensors.c — the safetensors file format, written by hand:
+/* safetensors.c — the safetensors file format, written and read by hand:
  *
  *   [u64 little-endian N][N bytes JSON header, space-padded][tensor data]
  *
  * The header maps each tensor name to {"dtype", "shape", "data_offsets":
- * [begin, end)} with offsets relative to the start of the data. */
+ * [begin, end)} with offsets relative to the start of the data, plus an
+ * optional "__metadata__" object of strings. The reader accepts only files
+ * the Python package would accept too (entries tiling the data region
+ * exactly), so a file strata loads is a file every other tool loads. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "strata/base.h"
 #include "strata/ckpt.h"
 
-static const char* st__safetensors_dtype(st_dtype d) {
-  switch (d) {
-    case ST_DTYPE_F32: return "F32";
-    case ST_DTYPE_BF16: return "BF16";
-    case ST_DTYPE_F16: return "F16";
-    case ST_DTYPE_F64: return "F64";
-    case ST_DTYPE_S32: return "I32";
-    case ST_DTYPE_S64: return "I64";
-    case ST_DTYPE_U32: return "U32";
-    case ST_DTYPE_U8: return "U8";
-    case ST_DTYPE_S8: return "I8";
-    case ST_DTYPE_PRED: return "BOOL";
-    default: return NULL;
-  }
+/* Headers of real checkpoints are kilobytes; anything near this is damage. */
+#define ST__MAX_HEADER (100u << 20)
+
+static const struct {
+  st_dtype dtype;
+  const char* name;
+} kDtypes[] = {
+    {ST_DTYPE_F32, "F32"},  {ST_DTYPE_BF16, "BF16"}, {ST_DTYPE_F16, "F16"}, {ST_DTYPE_F64, "F64"},
+    {ST_DTYPE_S32, "I32"},  {ST_DTYPE_S64, "I64"},   {ST_DTYPE_S16, "I16"}, {ST_DTYPE_S8, "I8"},
+    {ST_DTYPE_U32, "U32"},  {ST_DTYPE_U64, "U64"},   {ST_DTYPE_U16, "U16"}, {ST_DTYPE_U8, "U8"},
+    {ST_DTYPE_PRED, "BOOL"},
+};
+
+const char* st_safetensors_dtype_name(st_dtype d) {
+  for (size_t i = 0; i < sizeof(kDtypes) / sizeof(kDtypes[0]); ++i)
+    if (kDtypes[i].dtype == d) return kDtypes[i].name;
+  return NULL;
 }
 
-st_status st_safetensors_write(const char* path, const st_named_tensor* tensors, int count) {
+st_dtype st_safetensors_dtype_parse(const char* name) {
+  for (size_t i = 0; i < sizeof(kDtypes) / sizeof(kDtypes[0]); ++i)
+    if (!strcmp(kDtypes[i].name, name)) return kDtypes[i].dtype;
+  return ST_DTYPE_INVALID;
+}
+
+st_status st_safetensors_header(const st_named_tensor* tensors, int count, const char* origin, char** out_header,
+                                size_t* out_header_size, size_t* out_data_size) {
+  *out_header = NULL;
   st_strbuf h = {0};
   st_strbuf_append(&h, "{\"__metadata__\": {\"format\": \"pt\", \"writer\": \"strata\"}");
   size_t offset = 0;
   for (int i = 0; i < count; ++i) {
-    const char* dt = st__safetensors_dtype(tensors[i].type.dtype);
+    const char* dt = st_safetensors_dtype_name(tensors[i].type.dtype);
     if (!dt) {
       st_strbuf_free(&h);
-      return st_status_make(ST_CODE_CKPT, "%s: tensor '%s' has dtype %s, which safetensors cannot hold", path, tensors[i].name,
+      return st_status_make(ST_CODE_CKPT, "%s: tensor '%s' has dtype %s, which safetensors cannot hold", origin, tensors[i].name,
                             st_dtype_name(tensors[i].type.dtype));
     }
     size_t n = st_tensor_type_bytes(&tensors[i].type);
@@ -46,23 +60,41 @@ st_status st_safetensors_write(const char* path, const st_named_tensor* tensors,
     offset += n;
   }
   st_strbuf_append(&h, "}");
-  while (h.len % 8) st_strbuf_append(&h, " ");
-  size_t total = 8 + h.len + offset;
-  unsigned char* buf = malloc(total);
-  if (!buf) {
+  /* Data starts 8-byte aligned, so a reader may map it as f64/i64. */
+  while ((8 + h.len) % 8) st_strbuf_append(&h, " ");
+  char* out = malloc(8 + h.len);
+  if (!out) {
     st_strbuf_free(&h);
-    return st_status_make(ST_CODE_CKPT, "%s: out of memory (%zu bytes)", path, total);
+    return st_status_make(ST_CODE_CKPT, "%s: out of memory", origin);
   }
   uint64_t n = h.len;
-  for (int i = 0; i < 8; ++i) buf[i] = (unsigned char)(n >> (8 * i));
-  memcpy(buf + 8, h.data, h.len);
-  size_t at = 8 + h.len;
+  for (int i = 0; i < 8; ++i) out[i] = (char)(unsigned char)(n >> (8 * i));
+  memcpy(out + 8, h.data, h.len);
+  *out_header = out;
+  *out_header_size = 8 + h.len;
+  *out_data_size = offset;
+  st_strbuf_free(&h);
+  return ST_OK;
+}
+
+st_status st_safetensors_write(const char* path, const st_named_tensor* tensors, int count) {
+  char* header = NULL;
+  size_t header_size = 0, data_size = 0;
+  ST_RETURN(st_safetensors_header(tensors, count, path, &header, &header_size, &data_size));
+  size_t total = header_size + data_size;
+  unsigned char* buf = malloc(total ? total : 1);
+  if (!buf) {
+    free(header);
+    return st_status_make(ST_CODE_CKPT, "%s: out of memory (%zu bytes)", path, total);
+  }
+  memcpy(buf, header, header_size);
+  free(header);
+  size_t at = header_size;
   for (int i = 0; i < count; ++i) {
     size_t bytes = st_tensor_type_bytes(&tensors[i].type);
     memcpy(buf + at, tensors[i].data, bytes);
     at += bytes;
   }
-  st_strbuf_free(&h);
   st_status s = st_fs_write_atomic(path, buf, total);
   free(buf);
   if (s) {
@@ -71,4 +103,149 @@ st_status st_safetensors_write(const char* path, const st_named_tensor* tensors,
     return c;
   }
   return ST_OK;
+}
+
+/*===-------------------------------------------------------------------===*/
+/* Reader                                                                   */
+/*===-------------------------------------------------------------------===*/
+
+void st_safetensors_free(st_safetensors* f) {
+  if (!f) return;
+  for (int i = 0; i < f->count; ++i) free(f->entries[i].name);
+  free(f->entries);
+  free(f->data);
+  free(f->path);
+  free(f);
+}
+
+const st_safetensors_entry* st_safetensors_find(const st_safetensors* f, const char* name) {
+  for (int i = 0; i < f->count; ++i)
+    if (!strcmp(f->entries[i].name, name)) return &f->entries[i];
+  return NULL;
+}
+
+static int st__by_offset(const void* a, const void* b) {
+  const st_safetensors_entry* x = a;
+  const st_safetensors_entry* y = b;
+  return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+static st_status st__parse_entry(const char* path, const char* name, const st_json* v, size_t data_size,
+                                 st_safetensors_entry* e) {
+  const st_json* dt = st_json_get(v, "dtype");
+  const st_json* shape = st_json_get(v, "shape");
+  const st_json* off = st_json_get(v, "data_offsets");
+  if (v->kind != ST_JSON_OBJECT || !dt || dt->kind != ST_JSON_STRING || !shape || shape->kind != ST_JSON_ARRAY || !off ||
+      off->kind != ST_JSON_ARRAY || off->count != 2)
+    return st_status_make(ST_CODE_CKPT, "%s: tensor '%s': header entry needs \"dtype\", \"shape\" and \"data_offsets\": [begin, end]",
+                          path, name);
+  e->type.dtype = st_safetensors_dtype_parse(dt->string);
+  if (e->type.dtype == ST_DTYPE_INVALID)
+    return st_status_make(ST_CODE_CKPT, "%s: tensor '%s': unknown dtype \"%s\"", path, name, dt->string);
+  if (shape->count > ST_MAX_RANK)
+    return st_status_make(ST_CODE_CKPT, "%s: tensor '%s': rank %zu exceeds %d", path, name, shape->count, ST_MAX_RANK);
+  e->type.rank = (int)shape->count;
+  for (size_t d = 0; d < shape->count; ++d) {
+    double x = shape->items[d].number;
+    if (shape->items[d].kind != ST_JSON_NUMBER || x < 0 || x != (double)(int64_t)x || x > 9.007199254740992e15)
+      return st_status_make(ST_CODE_CKPT, "%s: tensor '%s': shape dimension %zu is not a non-negative integer", path, name, d);
+    e->type.dims[d] = (int64_t)x;
+  }
+  double b = off->items[0].number, en = off->items[1].number;
+  if (off->items[0].kind != ST_JSON_NUMBER || off->items[1].kind != ST_JSON_NUMBER || b < 0 || en < b || b != (double)(int64_t)b ||
+      en != (double)(int64_t)en)
+    return st_status_make(ST_CODE_CKPT, "%s: tensor '%s': data_offsets are not integers begin <= end", path, name);
+  if (en > (double)data_size)
+    return st_status_make(ST_CODE_CKPT, "%s: tensor '%s': data_offsets end %.0f is past the end of the data (%zu bytes): truncated file?",
+                          path, name, en, data_size);
+  size_t want = st_tensor_type_bytes(&e->type);
+  if ((size_t)(en - b) != want) {
+    char t[96];
+    return st_status_make(ST_CODE_CKPT, "%s: tensor '%s': %s needs %zu bytes but data_offsets span %.0f", path, name,
+                          st_tensor_type_format(&e->type, t, sizeof(t)), want, en - b);
+  }
+  e->offset = (size_t)b;
+  e->bytes = want;
+  return ST_OK;
+}
+
+st_status st_safetensors_parse(const char* path, unsigned char* data, size_t size, st_safetensors** out) {
+  *out = NULL;
+  st_safetensors* f = calloc(1, sizeof(*f));
+  f->path = strdup(path);
+  f->data = data;
+  f->size = size;
+  st_status s = ST_OK;
+  st_json* h = NULL;
+  uint64_t n = 0;
+  if (size < 8) {
+    s = st_status_make(ST_CODE_CKPT, "%s: %zu bytes is too short for a safetensors file (truncated?)", path, size);
+    goto done;
+  }
+  for (int i = 0; i < 8; ++i) n |= (uint64_t)data[i] << (8 * i);
+  if (n > size - 8 || n > ST__MAX_HEADER) {
+    s = st_status_make(ST_CODE_CKPT, "%s: header length %llu does not fit in the file's %zu bytes (truncated or not safetensors)",
+                       path, (unsigned long long)n, size);
+    goto done;
+  }
+  f->data_start = 8 + (size_t)n;
+  s = st_json_parse((const char*)data + 8, (size_t)n, path, &h);
+  if (s) {
+    st_status c = st_status_make(ST_CODE_CKPT, "%s: header: %s", path, st_status_message(s));
+    st_status_free(s);
+    s = c;
+    goto done;
+  }
+  if (h->kind != ST_JSON_OBJECT) {
+    s = st_status_make(ST_CODE_CKPT, "%s: header is not a JSON object", path);
+    goto done;
+  }
+  f->entries = calloc(h->count + 1, sizeof(*f->entries));
+  size_t data_size = size - f->data_start;
+  for (size_t i = 0; i < h->count && !s; ++i) {
+    if (!strcmp(h->keys[i], "__metadata__")) continue;
+    st_safetensors_entry* e = &f->entries[f->count];
+    s = st__parse_entry(path, h->keys[i], &h->items[i], data_size, e);
+    if (s) break;
+    e->name = strdup(h->keys[i]);
+    f->count++;
+  }
+  if (s) goto done;
+  /* The entries must cover [0, data_size) without gaps or overlaps. */
+  st_safetensors_entry* sorted = malloc(((size_t)f->count + 1) * sizeof(*sorted));
+  memcpy(sorted, f->entries, (size_t)f->count * sizeof(*sorted));
+  qsort(sorted, (size_t)f->count, sizeof(*sorted), st__by_offset);
+  size_t at = 0;
+  for (int i = 0; i < f->count && !s; ++i) {
+    if (sorted[i].offset != at)
+      s = st_status_make(ST_CODE_CKPT, "%s: tensor '%s' starts at data offset %zu, expected %zu (%s)", path, sorted[i].name,
+                         sorted[i].offset, at, sorted[i].offset > at ? "gap" : "overlap");
+    at = sorted[i].offset + sorted[i].bytes;
+  }
+  free(sorted);
+  if (!s && at != data_size)
+    s = st_status_make(ST_CODE_CKPT, "%s: tensors cover %zu data bytes but the file holds %zu (%s)", path, at, data_size,
+                       at < data_size ? "trailing bytes" : "truncated");
+  for (int i = 0; i < f->count; ++i) f->entries[i].offset += f->data_start;
+done:
+  st_json_free(h);
+  if (s) {
+    st_safetensors_free(f);
+    return s;
+  }
+  *out = f;
+  return ST_OK;
+}
+
+st_status st_safetensors_read(const char* path, st_safetensors** out) {
+  *out = NULL;
+  char* data = NULL;
+  size_t size = 0;
+  st_status s = st_fs_read_file(path, &data, &size);
+  if (s) {
+    st_status c = st_status_make(ST_CODE_CKPT, "%s", st_status_message(s));
+    st_status_free(s);
+    return c;
+  }
+  return st_safetensors_parse(path, (unsigned char*)data, size, out);
 }

@@ -13,6 +13,9 @@ int st_cli_export(int argc, char** argv);
 int st_cli_train(int argc, char** argv);
 int st_cli_plan(int argc, char** argv);
 int st_cli_data(int argc, char** argv);
+int st_cli_resume(int argc, char** argv);
+int st_cli_run(int argc, char** argv);
+int st_cli_ckpt(int argc, char** argv);
 
 /* Prints "strata: <class>: <message>" to stderr and returns the exit code. */
 int st_cli_report(st_status status);

@@ -15,6 +15,9 @@ static const st_cli_command kCommands[] = {
     {"config", st_cli_config, "config CONFIG [k=v ...]     print the resolved config with sources (--schema: reference)"},
     {"export", st_cli_export, "export CONFIG [k=v ...]     write the program bundle"},
     {"train", st_cli_train, "train CONFIG [k=v ...]      train (exports the bundle if needed)"},
+    {"resume", st_cli_resume, "resume RUN_DIR [k=v ...]     continue a run from its newest valid checkpoint"},
+    {"run", st_cli_run, "run CONFIG [k=v ...]        train supervised: restart on crash or hang, resume, record recovery.json"},
+    {"ckpt", st_cli_ckpt, "ckpt list|verify|inspect PATH  checkpoints of a run: list, verify checksums, show manifest and tensors"},
     {"data", st_cli_data, "data CONFIG [k=v ...]       tokenize the corpus; print the token file and split sizes"},
     {"plan", st_cli_plan, "plan CONFIG [k=v ...]       print the step plan (the ops one step runs)"},
 };

@@ -63,6 +63,8 @@ static const st__cfg_key kKeys[] = {
     {"run.id", ST__CFG_STRING, "", .doc = "Run name; empty: generated from the date and time."},
     {"run.progress", ST__CFG_ENUM, "auto", .choices = "auto|on|off",
      .doc = "Console progress line; auto: only when stderr is a terminal."},
+    {"run.resume", ST__CFG_BOOL, "false",
+     .doc = "Continue the run in run.dir from its newest valid checkpoint instead of refusing an existing run directory."},
 
     {"runtime.plugin", ST__CFG_STRING, "",
      .doc = "PJRT plugin (.so); empty: $STRATA_PJRT_PLUGIN, then the .venv CPU plugin."},
@@ -73,6 +75,39 @@ static const st__cfg_key kKeys[] = {
      .doc = "Compile and bundle cache; empty: $STRATA_CACHE_DIR, else ~/.cache/strata."},
 
     {"bundle.dir", ST__CFG_STRING, "", .doc = "Program bundle folder; empty: <cache>/bundles/<bundle key>."},
+
+    {"ckpt.every", ST__CFG_INT, "50", .lo = 0, .hi = 100000000,
+     .doc = "Save a checkpoint every N steps (and always after the last step); 0: only after the last step."},
+    {"ckpt.keep", ST__CFG_INT, "3", .lo = 1, .hi = 1000000, .doc = "Keep the newest N checkpoints; older ones are deleted."},
+    {"ckpt.keep_every", ST__CFG_INT, "0", .lo = 0, .hi = 100000000,
+     .doc = "Also keep every checkpoint whose step is a multiple of K; 0: off."},
+    {"ckpt.on_error", ST__CFG_ENUM, "stop", .choices = "stop|continue",
+     .doc = "A failed save stops training (exit 7) or is logged and training continues."},
+    {"ckpt.async", ST__CFG_BOOL, "true",
+     .doc = "Write checkpoints on a writer thread; training only waits for the device-to-host copy."},
+
+    {"recovery.max_restarts", ST__CFG_INT, "3", .lo = 0, .hi = 1000,
+     .doc = "strata run: restarts after crashes before giving up."},
+    {"recovery.backoff_s", ST__CFG_FLOAT, "1", .lo = 0, .hi = 3600,
+     .doc = "strata run: wait before the first restart; doubles with each restart."},
+    {"recovery.backoff_max_s", ST__CFG_FLOAT, "60", .lo = 0, .hi = 86400,
+     .doc = "strata run: upper bound of the restart wait."},
+    {"recovery.hang_timeout_s", ST__CFG_FLOAT, "0", .lo = 0, .hi = 604800,
+     .doc = "strata run: kill and restart a child that wrote no event or metrics line for this long; 0: off."},
+
+    {"faults.crash_at_step", ST__CFG_INT, "0", .lo = 0, .hi = 100000000,
+     .doc = "Drill: SIGKILL the trainer during step N (after the device ran it, before it is recorded); 0: off."},
+    {"faults.crash_in_save", ST__CFG_INT, "0", .lo = 0, .hi = 1000000,
+     .doc = "Drill: SIGKILL the trainer halfway through writing its N-th checkpoint; 0: off."},
+    {"faults.corrupt_latest", ST__CFG_INT, "0", .lo = 0, .hi = 1000000,
+     .doc = "Drill: flip one byte of tensor data in the N-th checkpoint right after it is committed; 0: off."},
+    {"faults.io_error_at_save", ST__CFG_INT, "0", .lo = 0, .hi = 1000000,
+     .doc = "Drill: make the N-th checkpoint save fail halfway with faults.io_error; 0: off."},
+    {"faults.io_error", ST__CFG_ENUM, "ENOSPC", .choices = "ENOSPC|EIO", .doc = "Drill: the errno of faults.io_error_at_save."},
+    {"faults.hang_at_step", ST__CFG_INT, "0", .lo = 0, .hi = 100000000,
+     .doc = "Drill: stop making progress (sleep forever) during step N; 0: off."},
+    {"faults.repeat", ST__CFG_BOOL, "false",
+     .doc = "Drill: fire faults in every attempt; default: each fires once per run directory (diag/faults.fired)."},
 };
 
 static const st__cfg_section kSections[] = {
@@ -83,6 +118,9 @@ static const st__cfg_section kSections[] = {
     {"run", "Run directory and console output."},
     {"runtime", "PJRT plugin, devices, compilation."},
     {"bundle", "Exported programs."},
+    {"ckpt", "Checkpoints: cadence, retention, failure policy (docs/checkpoints.md)."},
+    {"recovery", "The supervisor (strata run): restarts, backoff, hang timeout."},
+    {"faults", "Fault injection for recovery drills; all off by default."},
 };
 
 static const st__cfg_env kEnvs[] = {

@@ -20,6 +20,7 @@
 #include "strata/ckpt.h"
 #include "strata/obs.h"
 #include "strata/train.h"
+#include "train/checkpoint_io.h"
 
 typedef struct {
   const st_train_options* o;
@@ -48,6 +49,8 @@ typedef struct {
   int n_sq;
   int64_t step;          /* 0-based step being run */
   double grad_norm, gscale, lr;
+  st_train_ckpt* ckpt;   /* checkpoints, resume, step faults (checkpoint_io.c) */
+  int64_t start_step;    /* steps already done when resuming */
 } st__trainer;
 
 static double st__now(void) {
@@ -159,9 +162,11 @@ static st_status st__make_run_dir(const st_config* cfg, const st_train_options* 
   char* metrics = st_path_join(d.data, "metrics.jsonl");
   bool used = st_fs_exists(metrics);
   free(metrics);
-  if (used) {
-    st_status s = st_status_make(ST_CODE_CONFIG, "run directory '%s' already holds a run (metrics.jsonl); set run.dir to a new folder",
-                                 d.data);
+  if (used && !st_config_bool(cfg, "run.resume")) {
+    st_status s = st_status_make(ST_CODE_CONFIG,
+                                 "run directory '%s' already holds a run (metrics.jsonl); set run.dir to a new folder, or "
+                                 "continue it with `strata resume %s`",
+                                 d.data, d.data);
     st_strbuf_free(&d);
     return s;
   }
@@ -381,10 +386,11 @@ static st_status st__run(st__trainer* t, bool progress) {
   st_executor_hooks hooks = {t, st__h2d, st__read, st__host};
   double t_start = st__now();
   double last_loss = NAN;
-  for (t->step = 0; t->step < o->steps; ++t->step) {
+  for (t->step = t->start_step; t->step < o->steps; ++t->step) {
     double t0 = st__now();
     st__fill_train_batch(t);
     ST_RETURN_IF_ERROR(st_executor_run(t->ex, &hooks), "step %lld", (long long)t->step + 1);
+    st_train_ckpt_step_ran(t->ckpt, t->step + 1);
     double loss = 0;
     for (int64_t m = 0; m < o->microbatches; ++m) loss += t->losses[m];
     loss /= (double)o->microbatches;
@@ -429,6 +435,7 @@ static st_status st__run(st__trainer* t, bool progress) {
       }
       ST_RETURN(st__event(t, "eval", "\"step\": %lld, \"eval_loss\": %.6f", (long long)t->step + 1, eval_loss));
     }
+    ST_RETURN(st_train_ckpt_step_done(t->ckpt, t->step + 1));
   }
   st_progress_end(progress);
   ST_RETURN(st__event(t, "run_done", "\"steps\": %lld, \"final_loss\": %.6f, \"seconds\": %.3f", (long long)o->steps, last_loss,
@@ -510,6 +517,11 @@ st_status st_train_main(const st_config* cfg) {
     t.sqnorms = calloc((size_t)t.n_sq, sizeof(double));
     s = st__init_state(&t);
   }
+  if (!s) {
+    st_train_ckpt_init ci = {cfg, &o, t.run_dir, bundle, &t.step_plan, t.ex, t.runtime, t.log};
+    s = st_train_ckpt_create(&ci, &t.ckpt);
+  }
+  if (!s) s = st_train_ckpt_restore(t.ckpt, &t.start_step);
   if (!s) s = st__event(&t, "run", "\"startup_seconds\": %.3f", st__now() - t0);
   if (!s) s = st__run(&t, progress);
 
@@ -531,6 +543,7 @@ st_status st_train_main(const st_config* cfg) {
     st_status_free(st_runlog_event(t.log, "done", ""));
     printf("run directory: %s\n", t.run_dir);
   }
+  st_train_ckpt_destroy(t.ckpt);
   st__trainer_free(&t);
   st_runtime_destroy(t.runtime);
   st_dataset_destroy(t.data);

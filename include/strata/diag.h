@@ -1,0 +1,93 @@
+/*
+ * strata/diag.h — diagnostics: fault injection for recovery drills, and the
+ * supervisor that turns crashes into restarts (docs/checkpoints.md).
+ *
+ * Fault injection (config faults.*, all off by default) makes the failure
+ * paths testable on purpose: crash at a step, crash in the middle of a
+ * checkpoint write, corrupt the newest checkpoint, fail a save with ENOSPC
+ * or EIO, stop making progress. Armed faults are announced loudly (stderr
+ * and events.jsonl); each one fires once per run directory — it is recorded
+ * durably in <run>/diag/faults.fired before it acts, and a resumed attempt
+ * disarms it — unless faults.repeat is true.
+ */
+#ifndef STRATA_DIAG_H
+#define STRATA_DIAG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "strata/ckpt.h"
+#include "strata/config.h"
+#include "strata/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*===-------------------------------------------------------------------===*/
+/* Fault injection                                                          */
+/*===-------------------------------------------------------------------===*/
+
+typedef struct st_faults st_faults;
+typedef struct st_runlog st_runlog; /* strata/obs.h */
+
+/* Reads faults.* from |config|. Faults already recorded in
+ * <run_dir>/diag/faults.fired are disarmed (unless faults.repeat). */
+st_status st_faults_create(const st_config* config, const char* run_dir, st_faults** out /* owned by caller */);
+void st_faults_destroy(st_faults* faults); /* NULL is a no-op */
+
+/* "crash_at_step=37, io_error_at_save=2 (ENOSPC)"; "" when nothing is armed.
+ * Owned by |faults|. */
+const char* st_faults_armed(const st_faults* faults);
+/* Faults configured but disarmed because they fired in an earlier attempt
+ * ("crash_at_step=37"); "" when none. Owned by |faults|. */
+const char* st_faults_disarmed(const st_faults* faults);
+
+/* Where firing faults are announced besides stderr (may be NULL; borrowed). */
+void st_faults_set_log(st_faults* faults, st_runlog* log);
+
+/* Called by the trainer after step |step| (1-based) ran on the device and
+ * before it is recorded: crash_at_step kills the process here (SIGKILL,
+ * nothing flushed beyond what is already durable), hang_at_step stops
+ * here forever. Returns normally otherwise. */
+void st_faults_at_step(st_faults* faults, int64_t step);
+
+/* An st_ckpt_hook_fn (user = the st_faults). Counts saves (the N of
+ * crash_in_save / io_error_at_save / corrupt_latest is the N-th save of
+ * this process) and fires the save faults at their points. Called on the
+ * writer thread. */
+st_status st_faults_ckpt_hook(void* faults, st_ckpt_point point, const char* path);
+
+/* Flips one byte of tensor data in checkpoint folder |dir| (fsynced): the
+ * corrupt_latest fault, also used by tests. Returns the file changed
+ * (caller frees) through |out_file| when not NULL. */
+st_status st_faults_corrupt_checkpoint(const char* dir, char** out_file);
+
+/*===-------------------------------------------------------------------===*/
+/* Supervisor (`strata run`)                                                */
+/*===-------------------------------------------------------------------===*/
+
+typedef struct st_supervisor_request {
+  const char* exe;         /* the strata binary to run children with */
+  const char* config_path; /* CONFIG as the user gave it */
+  int override_count;
+  char* const* overrides;  /* key=value as the user gave them */
+  const st_config* config; /* the same, loaded and validated */
+} st_supervisor_request;
+
+/* Runs `strata train CONFIG k=v... run.dir=<dir>` as a child process and,
+ * when it dies by a signal, exits non-zero (other than 2 config or 3 data
+ * errors) or stops making progress for recovery.hang_timeout_s, restarts
+ * it as `strata resume <dir>` after recovery.backoff_s (doubling, capped
+ * at recovery.backoff_max_s), at most recovery.max_restarts times. Each
+ * incident is measured (detection, restart, restore, steps lost, time to
+ * the first good step) into events.jsonl and <dir>/recovery.json.
+ * *out_exit_code: 0 when the run completed, else the last attempt's exit
+ * code (1 when it died by a signal). The status reports the supervisor's
+ * own failures (run directory, fork). */
+st_status st_supervise(const st_supervisor_request* request, int* out_exit_code);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* STRATA_DIAG_H */

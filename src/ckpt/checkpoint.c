@@ -1,0 +1,561 @@
+/* checkpoint.c — checkpoint folders: snapshot, atomic save, retention,
+ * verification, discovery of the newest valid one (docs/checkpoints.md).
+ *
+ * The commit recipe is the one databases use for their own files: write
+ * everything under a name no reader looks at, make it durable, then make it
+ * visible with one rename, then make the rename durable. A reader only ever
+ * sees step_<N> folders that were complete and fsynced before the rename;
+ * a crash leaves at worst a .tmp-* folder, which nothing treats as a
+ * checkpoint and the next resume deletes. Verification on load is the
+ * second line of defence: against bit rot, truncation, and tampering. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "strata/base.h"
+#include "strata/ckpt.h"
+
+static double st__now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+const char* st_ckpt_point_name(st_ckpt_point p) {
+  switch (p) {
+    case ST_CKPT_AT_BEGIN: return "begin";
+    case ST_CKPT_AT_FILE_MIDDLE: return "file_middle";
+    case ST_CKPT_AT_FILE_DONE: return "file_done";
+    case ST_CKPT_AT_MANIFEST: return "manifest";
+    case ST_CKPT_AT_RENAMED: return "renamed";
+    case ST_CKPT_AT_COMMITTED: return "committed";
+    case ST_CKPT_POINT_COUNT: break;
+  }
+  return "?";
+}
+
+/*===-------------------------------------------------------------------===*/
+/* Snapshot                                                                 */
+/*===-------------------------------------------------------------------===*/
+
+struct st_ckpt_snapshot {
+  int count;
+  char** names;
+  char** files;
+  st_tensor_type* types;
+  void** data;
+  int64_t bytes;
+  st_ckpt_meta meta;
+  char* strs[4]; /* owned copies behind meta's strings */
+};
+
+st_ckpt_snapshot* st_ckpt_snapshot_create(int count, const char* const* names, const char* const* files,
+                                          const st_tensor_type* types) {
+  st_ckpt_snapshot* s = calloc(1, sizeof(*s));
+  s->count = count;
+  s->names = calloc((size_t)count + 1, sizeof(char*));
+  s->files = calloc((size_t)count + 1, sizeof(char*));
+  s->types = calloc((size_t)count + 1, sizeof(st_tensor_type));
+  s->data = calloc((size_t)count + 1, sizeof(void*));
+  for (int i = 0; i < count; ++i) {
+    s->names[i] = strdup(names[i]);
+    s->files[i] = strdup(files[i]);
+    s->types[i] = types[i];
+    size_t n = st_tensor_type_bytes(&types[i]);
+    /* Zero-filled now so the pages exist before the first save: the copy at
+     * the step boundary is on the training thread's clock. */
+    s->data[i] = calloc(1, n ? n : 1);
+    memset(s->data[i], 0, n ? n : 1);
+    s->bytes += (int64_t)n;
+  }
+  return s;
+}
+
+void st_ckpt_snapshot_destroy(st_ckpt_snapshot* s) {
+  if (!s) return;
+  for (int i = 0; i < s->count; ++i) {
+    free(s->names[i]);
+    free(s->files[i]);
+    free(s->data[i]);
+  }
+  free(s->names);
+  free(s->files);
+  free(s->types);
+  free(s->data);
+  for (int i = 0; i < 4; ++i) free(s->strs[i]);
+  free(s);
+}
+
+void* st_ckpt_snapshot_data(st_ckpt_snapshot* s, int i) { return s->data[i]; }
+int st_ckpt_snapshot_count(const st_ckpt_snapshot* s) { return s->count; }
+int64_t st_ckpt_snapshot_bytes(const st_ckpt_snapshot* s) { return s->bytes; }
+const st_ckpt_meta* st_ckpt_snapshot_meta(const st_ckpt_snapshot* s) { return &s->meta; }
+
+void st_ckpt_snapshot_set_meta(st_ckpt_snapshot* s, const st_ckpt_meta* meta) {
+  const char* src[4] = {meta->config_json, meta->config_hash, meta->bundle_key, meta->model_json};
+  for (int i = 0; i < 4; ++i) {
+    /* The strings rarely change between saves; keep the copy when equal. */
+    if (s->strs[i] && src[i] && !strcmp(s->strs[i], src[i])) continue;
+    free(s->strs[i]);
+    s->strs[i] = strdup(src[i] ? src[i] : "");
+  }
+  s->meta = *meta;
+  s->meta.config_json = s->strs[0];
+  s->meta.config_hash = s->strs[1];
+  s->meta.bundle_key = s->strs[2];
+  s->meta.model_json = s->strs[3];
+}
+
+void st_ckpt_save_result_clear(st_ckpt_save_result* r) {
+  free(r->dir);
+  st_status_free(r->status);
+  memset(r, 0, sizeof(*r));
+}
+
+/*===-------------------------------------------------------------------===*/
+/* Save                                                                     */
+/*===-------------------------------------------------------------------===*/
+
+/* Any failure below is a checkpoint failure (exit 7), whatever its origin. */
+static st_status st__as_ckpt(st_status s) {
+  if (!s || st_status_code(s) == ST_CODE_CKPT) return s;
+  st_status c = st_status_make(ST_CODE_CKPT, "%s", st_status_message(s));
+  st_status_free(s);
+  return c;
+}
+
+static st_status st__errno(const char* what, const char* path, int err) {
+  return st_status_make(ST_CODE_CKPT, "%s '%s' failed: %s", what, path, strerror(err));
+}
+
+static st_status st__fsync_path(const char* path) {
+  int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return st__errno("opening folder", path, errno);
+  int rc = fsync(fd);
+  int err = errno;
+  close(fd);
+  return rc == 0 ? ST_OK : st__errno("fsync of folder", path, err);
+}
+
+static st_status st__hook(const st_ckpt_save_options* o, st_ckpt_point p, const char* path) {
+  if (!o->hook) return ST_OK;
+  st_status s = o->hook(o->hook_user, p, path);
+  return st__as_ckpt(s);
+}
+
+typedef struct {
+  int fd;
+  const char* path;
+  XXH64_state_t* hash;
+  size_t written, total;
+  bool middle_done;
+  const st_ckpt_save_options* o;
+} st__out;
+
+static st_status st__write_all(st__out* w, const void* data, size_t n) {
+  const char* p = data;
+  while (n > 0) {
+    /* Chunks, so the mid-file hook point is reached with bytes on disk. */
+    size_t chunk = n < (1u << 20) ? n : (1u << 20);
+    if (!w->middle_done && w->written + chunk > w->total / 2 && w->written < w->total / 2) chunk = w->total / 2 - w->written;
+    if (chunk == 0) chunk = n;
+    ssize_t k = write(w->fd, p, chunk);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      return st__errno("writing", w->path, errno);
+    }
+    XXH64_update(w->hash, p, (size_t)k);
+    p += k;
+    n -= (size_t)k;
+    w->written += (size_t)k;
+    if (!w->middle_done && w->written >= w->total / 2) {
+      w->middle_done = true;
+      ST_RETURN(st__hook(w->o, ST_CKPT_AT_FILE_MIDDLE, w->path));
+    }
+  }
+  return ST_OK;
+}
+
+/* Per-file facts collected while writing, for the manifest. */
+typedef struct {
+  const char* file;
+  size_t bytes;
+  uint64_t xxh64;
+} st__file_rec;
+
+typedef struct {
+  size_t offset;
+  uint64_t xxh64;
+} st__tensor_rec;
+
+static st_status st__write_tensor_file(const st_ckpt_save_options* o, const st_ckpt_snapshot* snap, const char* dir,
+                                       const char* file, st__file_rec* frec, st__tensor_rec* trec) {
+  int n = 0;
+  for (int i = 0; i < snap->count; ++i) n += !strcmp(snap->files[i], file);
+  st_named_tensor* ts = calloc((size_t)n + 1, sizeof(*ts));
+  int* idx = calloc((size_t)n + 1, sizeof(int));
+  int k = 0;
+  for (int i = 0; i < snap->count; ++i) {
+    if (strcmp(snap->files[i], file)) continue;
+    ts[k].name = snap->names[i];
+    ts[k].type = snap->types[i];
+    ts[k].data = snap->data[i];
+    idx[k++] = i;
+  }
+  char* path = st_path_join(dir, file);
+  char* header = NULL;
+  size_t header_size = 0, data_size = 0;
+  st_status s = st_safetensors_header(ts, n, path, &header, &header_size, &data_size);
+  st__out w = {-1, path, XXH64_createState(), 0, header_size + data_size, false, o};
+  XXH64_reset(w.hash, 0);
+  if (!s) {
+    w.fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (w.fd < 0) s = st__errno("creating", path, errno);
+  }
+  if (!s) s = st__write_all(&w, header, header_size);
+  size_t offset = header_size;
+  for (int j = 0; j < n && !s; ++j) {
+    size_t bytes = st_tensor_type_bytes(&ts[j].type);
+    trec[idx[j]].offset = offset;
+    trec[idx[j]].xxh64 = st_hash64(ts[j].data, bytes, 0);
+    s = st__write_all(&w, ts[j].data, bytes);
+    offset += bytes;
+  }
+  if (!s && fsync(w.fd) != 0) s = st__errno("fsync of", path, errno);
+  if (w.fd >= 0 && close(w.fd) != 0 && !s) s = st__errno("closing", path, errno);
+  if (!s) {
+    frec->file = file;
+    frec->bytes = header_size + data_size;
+    frec->xxh64 = XXH64_digest(w.hash);
+    s = st__hook(o, ST_CKPT_AT_FILE_DONE, path);
+  }
+  XXH64_freeState(w.hash);
+  free(header);
+  free(path);
+  free(ts);
+  free(idx);
+  return s;
+}
+
+static void st__hex64(uint64_t v, char out[17]) { snprintf(out, 17, "%016" PRIx64, v); }
+
+#define ST__MANIFEST_MARK "\"manifest_xxh64\""
+
+static char* st__manifest_text(const st_ckpt_snapshot* snap, const st__file_rec* files, int file_count, const st__tensor_rec* trec) {
+  const st_ckpt_meta* m = &snap->meta;
+  struct timeval tv;
+  gettimeofday(&tv, NULL);
+  st_strbuf b = {0};
+  st_strbuf_printf(&b, "{\n  \"format\": \"%s\",\n  \"version\": %d,\n", ST_CKPT_FORMAT, ST_CKPT_VERSION);
+  st_strbuf_printf(&b, "  \"created\": %.3f,\n", (double)tv.tv_sec + 1e-6 * (double)tv.tv_usec);
+  st_strbuf_printf(&b, "  \"step\": %lld,\n  \"optimizer_step\": %lld,\n", (long long)m->step, (long long)m->optimizer_step);
+  st_strbuf_printf(&b, "  \"data\": {\"position\": %lld, \"unit\": \"sequences\", \"batch_size\": %lld},\n",
+                   (long long)m->data_position, (long long)m->batch_size);
+  st_strbuf_printf(&b,
+                   "  \"rng\": {\"seed\": %llu, \"state\": \"stateless: init and the sampler are pure functions of the seed "
+                   "and the position (docs/data.md)\"},\n",
+                   (unsigned long long)m->seed);
+  st_strbuf_printf(&b, "  \"lr_schedule\": {\"step\": %lld, \"total_steps\": %lld, \"lr\": ", (long long)m->step,
+                   (long long)m->total_steps);
+  st_strbuf_json_number(&b, m->lr);
+  st_strbuf_append(&b, "},\n  \"config_hash\": ");
+  st_strbuf_json_string(&b, m->config_hash ? m->config_hash : "");
+  st_strbuf_append(&b, ",\n  \"bundle_key\": ");
+  st_strbuf_json_string(&b, m->bundle_key ? m->bundle_key : "");
+  st_strbuf_printf(&b, ",\n  \"model\": %s,\n", m->model_json && m->model_json[0] ? m->model_json : "{}");
+  st_strbuf_printf(&b, "  \"config\": %s,\n", m->config_json && m->config_json[0] ? m->config_json : "{}");
+  st_strbuf_append(&b, "  \"files\": [");
+  char hex[17];
+  for (int i = 0; i < file_count; ++i) {
+    st__hex64(files[i].xxh64, hex);
+    st_strbuf_append(&b, i ? ",\n    " : "\n    ");
+    st_strbuf_append(&b, "{\"file\": ");
+    st_strbuf_json_string(&b, files[i].file);
+    st_strbuf_printf(&b, ", \"bytes\": %zu, \"xxh64\": \"%s\"}", files[i].bytes, hex);
+  }
+  st_strbuf_append(&b, "\n  ],\n  \"tensors\": [");
+  for (int i = 0; i < snap->count; ++i) {
+    st__hex64(trec[i].xxh64, hex);
+    st_strbuf_append(&b, i ? ",\n    " : "\n    ");
+    st_strbuf_append(&b, "{\"name\": ");
+    st_strbuf_json_string(&b, snap->names[i]);
+    st_strbuf_append(&b, ", \"file\": ");
+    st_strbuf_json_string(&b, snap->files[i]);
+    st_strbuf_printf(&b, ", \"dtype\": \"%s\", \"shape\": [", st_safetensors_dtype_name(snap->types[i].dtype));
+    for (int d = 0; d < snap->types[i].rank; ++d) st_strbuf_printf(&b, "%s%lld", d ? ", " : "", (long long)snap->types[i].dims[d]);
+    st_strbuf_printf(&b, "], \"offset\": %zu, \"bytes\": %zu, \"xxh64\": \"%s\"}", trec[i].offset,
+                     st_tensor_type_bytes(&snap->types[i]), hex);
+  }
+  st_strbuf_append(&b, "\n  ],\n");
+  /* The manifest checks itself: xxh64 of every byte before this line. */
+  st__hex64(st_hash64(b.data, b.len, 0), hex);
+  st_strbuf_printf(&b, "  " ST__MANIFEST_MARK ": \"%s\"\n}\n", hex);
+  return b.data;
+}
+
+static st_status st__write_small(const char* path, const char* text) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return st__errno("creating", path, errno);
+  size_t n = strlen(text);
+  const char* p = text;
+  st_status s = ST_OK;
+  while (n > 0) {
+    ssize_t k = write(fd, p, n);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      s = st__errno("writing", path, errno);
+      break;
+    }
+    p += k;
+    n -= (size_t)k;
+  }
+  if (!s && fsync(fd) != 0) s = st__errno("fsync of", path, errno);
+  if (close(fd) != 0 && !s) s = st__errno("closing", path, errno);
+  return s;
+}
+
+st_status st_ckpt_save(const st_ckpt_save_options* o, const st_ckpt_snapshot* snap, st_ckpt_save_result* result) {
+  double t0 = st__now();
+  char name[64];
+  snprintf(name, sizeof(name), "step_%lld", (long long)snap->meta.step);
+  if (result) {
+    memset(result, 0, sizeof(*result));
+    result->step = snap->meta.step;
+  }
+  if (snap->meta.step < 0) return st_status_make(ST_CODE_INTERNAL, "checkpoint with negative step %lld", (long long)snap->meta.step);
+  st_status s = st_fs_mkdirs(o->root);
+  if (s) return st_status_annotate(st__as_ckpt(s), "checkpoint %s", name);
+  char tmpname[128];
+  snprintf(tmpname, sizeof(tmpname), "%s%s-%ld", ST_CKPT_TMP_PREFIX, name, (long)getpid());
+  char* tmp = st_path_join(o->root, tmpname);
+  char* final = st_path_join(o->root, name);
+  st_status_free(st_fs_remove_tree(tmp));
+  bool created = false;
+  if (mkdir(tmp, 0755) != 0) {
+    s = st__errno("creating folder", tmp, errno);
+  } else {
+    created = true;
+  }
+  if (!s) s = st__hook(o, ST_CKPT_AT_BEGIN, tmp);
+
+  /* Files in order of first appearance (params, then optimizer state). */
+  int file_count = 0;
+  const char** files = calloc((size_t)snap->count + 1, sizeof(char*));
+  for (int i = 0; i < snap->count; ++i) {
+    bool seen = false;
+    for (int j = 0; j < file_count; ++j) seen |= !strcmp(files[j], snap->files[i]);
+    if (!seen) files[file_count++] = snap->files[i];
+  }
+  st__file_rec* frec = calloc((size_t)file_count + 1, sizeof(*frec));
+  st__tensor_rec* trec = calloc((size_t)snap->count + 1, sizeof(*trec));
+  for (int f = 0; f < file_count && !s; ++f) s = st__write_tensor_file(o, snap, tmp, files[f], &frec[f], trec);
+  int64_t bytes = 0;
+  for (int f = 0; f < file_count; ++f) bytes += (int64_t)frec[f].bytes;
+  if (!s) {
+    char* text = st__manifest_text(snap, frec, file_count, trec);
+    char* mpath = st_path_join(tmp, ST_CKPT_MANIFEST);
+    s = st__write_small(mpath, text);
+    bytes += (int64_t)strlen(text);
+    free(mpath);
+    free(text);
+  }
+  if (!s) s = st__fsync_path(tmp);
+  if (!s) s = st__hook(o, ST_CKPT_AT_MANIFEST, tmp);
+  /* Visible from here on. An existing step_<N> (one a resume skipped as
+   * invalid, then re-reached) is moved aside first: rename(2) cannot
+   * replace a non-empty folder. */
+  bool renamed = false;
+  if (!s) {
+    char* old = NULL;
+    if (st_fs_exists(final)) {
+      char oldname[160];
+      snprintf(oldname, sizeof(oldname), "%sold-%s-%ld", ST_CKPT_TMP_PREFIX, name, (long)getpid());
+      old = st_path_join(o->root, oldname);
+      st_status_free(st_fs_remove_tree(old));
+      if (rename(final, old) != 0) s = st__errno("moving aside", final, errno);
+    }
+    if (!s && rename(tmp, final) != 0) s = st__errno("renaming to step folder", tmp, errno);
+    if (!s) renamed = true;
+    if (old) {
+      st_status_free(st_fs_remove_tree(old));
+      free(old);
+    }
+  }
+  if (!s) s = st__fsync_path(o->root);
+  if (!s) s = st__hook(o, ST_CKPT_AT_RENAMED, final);
+  if (!s) {
+    char* latest = st_path_join(o->root, ST_CKPT_LATEST);
+    char text[80];
+    snprintf(text, sizeof(text), "%s\n", name);
+    st_status w = st_fs_write_atomic(latest, text, strlen(text));
+    if (w) {
+      s = st_status_make(ST_CODE_CKPT, "updating %s: %s (%s itself is complete and valid)", latest, st_status_message(w), final);
+      st_status_free(w);
+    }
+    free(latest);
+  }
+  if (!s) s = st__hook(o, ST_CKPT_AT_COMMITTED, final);
+  int removed = 0;
+  if (!s) removed = st_ckpt_retain(o->root, o->keep, o->keep_every);
+  if (s && created && !renamed) st_status_free(st_fs_remove_tree(tmp));
+  if (result) {
+    result->write_s = st__now() - t0;
+    result->bytes = bytes;
+    result->removed = removed;
+    if (!s) result->dir = strdup(final);
+  }
+  free(files);
+  free(frec);
+  free(trec);
+  free(tmp);
+  free(final);
+  if (s) return st_status_annotate(s, "checkpoint %s", name);
+  return ST_OK;
+}
+
+/*===-------------------------------------------------------------------===*/
+/* Listing, retention, temporaries                                          */
+/*===-------------------------------------------------------------------===*/
+
+/* "step_<digits>" exactly; anything else is not a committed checkpoint. */
+static bool st__parse_step_name(const char* name, int64_t* out) {
+  if (strncmp(name, "step_", 5) != 0 || !name[5]) return false;
+  int64_t v = 0;
+  for (const char* p = name + 5; *p; ++p) {
+    if (*p < '0' || *p > '9' || v > (INT64_MAX - 9) / 10) return false;
+    v = v * 10 + (*p - '0');
+  }
+  *out = v;
+  return true;
+}
+
+static int st__by_step_desc(const void* a, const void* b) {
+  const st_ckpt_entry* x = a;
+  const st_ckpt_entry* y = b;
+  return x->step > y->step ? -1 : x->step < y->step;
+}
+
+st_status st_ckpt_list(const char* root, st_ckpt_entry** out_entries, int* out_count) {
+  *out_entries = NULL;
+  *out_count = 0;
+  DIR* d = opendir(root);
+  if (!d) {
+    if (errno == ENOENT) return ST_OK;
+    return st__errno("listing", root, errno);
+  }
+  int cap = 16, n = 0;
+  st_ckpt_entry* v = calloc((size_t)cap, sizeof(*v));
+  struct dirent* e;
+  while ((e = readdir(d)) != NULL) {
+    int64_t step;
+    if (!st__parse_step_name(e->d_name, &step)) continue;
+    char* dir = st_path_join(root, e->d_name);
+    if (!st_fs_is_dir(dir)) {
+      free(dir);
+      continue;
+    }
+    if (n == cap) {
+      cap *= 2;
+      v = realloc(v, (size_t)cap * sizeof(*v));
+    }
+    v[n].step = step;
+    v[n].name = strdup(e->d_name);
+    v[n].dir = dir;
+    ++n;
+  }
+  closedir(d);
+  qsort(v, (size_t)n, sizeof(*v), st__by_step_desc);
+  *out_entries = v;
+  *out_count = n;
+  return ST_OK;
+}
+
+void st_ckpt_entries_free(st_ckpt_entry* v, int n) {
+  if (!v) return;
+  for (int i = 0; i < n; ++i) {
+    free(v[i].name);
+    free(v[i].dir);
+  }
+  free(v);
+}
+
+char* st_ckpt_read_latest(const char* root) {
+  char* path = st_path_join(root, ST_CKPT_LATEST);
+  char* data = NULL;
+  size_t size = 0;
+  st_status s = st_fs_read_file(path, &data, &size);
+  free(path);
+  if (s) {
+    st_status_free(s);
+    return NULL;
+  }
+  while (size > 0 && (data[size - 1] == '\n' || data[size - 1] == ' ' || data[size - 1] == '\r')) data[--size] = '\0';
+  return data;
+}
+
+int st_ckpt_retain(const char* root, int64_t keep, int64_t keep_every) {
+  st_ckpt_entry* v = NULL;
+  int n = 0;
+  st_status s = st_ckpt_list(root, &v, &n);
+  if (s) {
+    st_status_free(s);
+    return 0;
+  }
+  char* latest = st_ckpt_read_latest(root);
+  int removed = 0;
+  for (int i = 0; i < n; ++i) {
+    bool keepit = i < keep || (keep_every > 0 && v[i].step % keep_every == 0) || (latest && !strcmp(latest, v[i].name));
+    if (keepit) continue;
+    st_status r = st_fs_remove_tree(v[i].dir);
+    if (r) {
+      st_status_free(r);
+    } else {
+      ++removed;
+    }
+  }
+  free(latest);
+  st_ckpt_entries_free(v, n);
+  return removed;
+}
+
+st_status st_ckpt_remove_temporaries(const char* root, char** out_names) {
+  if (out_names) *out_names = NULL;
+  DIR* d = opendir(root);
+  if (!d) return errno == ENOENT ? ST_OK : st__errno("listing", root, errno);
+  st_strbuf names = {0};
+  st_status s = ST_OK;
+  struct dirent* e;
+  while (!s && (e = readdir(d)) != NULL) {
+    bool tmp = !strncmp(e->d_name, ST_CKPT_TMP_PREFIX, strlen(ST_CKPT_TMP_PREFIX)) ||
+               !strncmp(e->d_name, ST_CKPT_LATEST ".tmp-", strlen(ST_CKPT_LATEST ".tmp-"));
+    if (!tmp) continue;
+    char* p = st_path_join(root, e->d_name);
+    s = st_fs_remove_tree(p);
+    free(p);
+    if (!s) {
+      if (names.len) st_strbuf_append(&names, ", ");
+      st_strbuf_append(&names, e->d_name);
+    }
+  }
+  closedir(d);
+  if (s) {
+    st_strbuf_free(&names);
+    return st_status_annotate(st__as_ckpt(s), "removing temporaries of crashed saves");
+  }
+  if (out_names) {
+    *out_names = names.data;
+  } else {
+    st_strbuf_free(&names);
+  }
+  return ST_OK;
+}

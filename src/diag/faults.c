@@ -1,0 +1,221 @@
+/* faults.c — fault injection (config faults.*) for recovery drills.
+ *
+ * A fault is recorded durably in <run>/diag/faults.fired *before* it acts,
+ * so the attempt that resumes after it knows it already happened and does
+ * not fire it again (a crash at step 37 would otherwise crash every
+ * resumed attempt at step 37 too). faults.repeat=true keeps them armed,
+ * which is how the "gives up after max_restarts" path is drilled. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "strata/base.h"
+#include "strata/diag.h"
+#include "strata/obs.h"
+
+enum { F_CRASH_STEP, F_CRASH_SAVE, F_CORRUPT, F_IO_ERROR, F_HANG, F_COUNT };
+static const char* const kNames[F_COUNT] = {"crash_at_step", "crash_in_save", "corrupt_latest", "io_error_at_save", "hang_at_step"};
+
+struct st_faults {
+  int64_t at[F_COUNT]; /* 0 = off (or disarmed) */
+  int io_errno;
+  bool repeat;
+  char* fired_path;
+  st_runlog* log;
+  atomic_int saves; /* saves begun by this process */
+  int64_t save_of_current;
+  char armed[512];
+  char disarmed[512];
+};
+
+/* Kinds listed in diag/faults.fired ("<kind> <n> <unix time> <pid>" lines). */
+static bool st__already_fired(const char* text, const char* kind) {
+  size_t n = strlen(kind);
+  for (const char* p = text; p && *p;) {
+    if (!strncmp(p, kind, n) && p[n] == ' ') return true;
+    p = strchr(p, '\n');
+    if (p) ++p;
+  }
+  return false;
+}
+
+st_status st_faults_create(const st_config* cfg, const char* run_dir, st_faults** out) {
+  *out = NULL;
+  st_faults* f = calloc(1, sizeof(*f));
+  const char* keys[F_COUNT] = {"faults.crash_at_step", "faults.crash_in_save", "faults.corrupt_latest", "faults.io_error_at_save",
+                               "faults.hang_at_step"};
+  for (int i = 0; i < F_COUNT; ++i) f->at[i] = st_config_int(cfg, keys[i]);
+  f->io_errno = !strcmp(st_config_string(cfg, "faults.io_error"), "EIO") ? EIO : ENOSPC;
+  f->repeat = st_config_bool(cfg, "faults.repeat");
+  char* diag = st_path_join(run_dir, "diag");
+  f->fired_path = st_path_join(diag, "faults.fired");
+  free(diag);
+  char* text = NULL;
+  size_t size = 0;
+  st_status r = st_fs_read_file(f->fired_path, &text, &size);
+  st_status_free(r); /* absent: nothing fired yet */
+  st_strbuf a = {0}, d = {0};
+  for (int i = 0; i < F_COUNT; ++i) {
+    if (!f->at[i]) continue;
+    st_strbuf* b = &a;
+    if (!f->repeat && text && st__already_fired(text, kNames[i])) {
+      b = &d;
+      st_strbuf_printf(b, "%s%s=%lld", b->len ? ", " : "", kNames[i], (long long)f->at[i]);
+      f->at[i] = 0;
+      continue;
+    }
+    st_strbuf_printf(b, "%s%s=%lld", b->len ? ", " : "", kNames[i], (long long)f->at[i]);
+    if (i == F_IO_ERROR) st_strbuf_printf(b, " (%s)", f->io_errno == EIO ? "EIO" : "ENOSPC");
+  }
+  if (a.len && f->repeat) st_strbuf_append(&a, ", repeat");
+  snprintf(f->armed, sizeof(f->armed), "%s", st_strbuf_cstr(&a));
+  snprintf(f->disarmed, sizeof(f->disarmed), "%s", st_strbuf_cstr(&d));
+  st_strbuf_free(&a);
+  st_strbuf_free(&d);
+  free(text);
+  *out = f;
+  return ST_OK;
+}
+
+void st_faults_destroy(st_faults* f) {
+  if (!f) return;
+  free(f->fired_path);
+  free(f);
+}
+
+const char* st_faults_armed(const st_faults* f) { return f->armed; }
+const char* st_faults_disarmed(const st_faults* f) { return f->disarmed; }
+void st_faults_set_log(st_faults* f, st_runlog* log) { f->log = log; }
+
+/* Durable record first, then a loud line on stderr and in events.jsonl.
+ * Runs on the training or the writer thread; stdio streams are locked per
+ * call, and each event is one fputs, so lines stay whole. */
+static void st__fire(st_faults* f, int kind, int64_t n, const char* detail) {
+  char dir[4096];
+  snprintf(dir, sizeof(dir), "%s", f->fired_path);
+  char* slash = strrchr(dir, '/');
+  if (slash) *slash = '\0';
+  st_status_free(st_fs_mkdirs(dir));
+  int fd = open(f->fired_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd >= 0) {
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    char line[256];
+    int len = snprintf(line, sizeof(line), "%s %lld %.3f %ld\n", kNames[kind], (long long)n,
+                       (double)tv.tv_sec + 1e-6 * (double)tv.tv_usec, (long)getpid());
+    if (write(fd, line, (size_t)len) != len) { /* best effort: the fault fires anyway */
+    }
+    fsync(fd);
+    close(fd);
+  }
+  fprintf(stderr, "strata: FAULT INJECTED: %s=%lld: %s\n", kNames[kind], (long long)n, detail);
+  fflush(stderr);
+  if (f->log) {
+    st_strbuf e = {0};
+    st_strbuf_printf(&e, "\"fault\": \"%s\", \"n\": %lld, \"detail\": ", kNames[kind], (long long)n);
+    st_strbuf_json_string(&e, detail);
+    st_status_free(st_runlog_event(f->log, "fault_injected", e.data));
+    st_strbuf_free(&e);
+  }
+}
+
+static void st__die(void) {
+  /* SIGKILL: no handlers, no atexit, no flushing: the harshest crash. */
+  raise(SIGKILL);
+  _exit(137); /* not reached */
+}
+
+void st_faults_at_step(st_faults* f, int64_t step) {
+  if (!f) return;
+  if (f->at[F_CRASH_STEP] && step == f->at[F_CRASH_STEP]) {
+    st__fire(f, F_CRASH_STEP, step, "SIGKILL during the step, before it is recorded");
+    st__die();
+  }
+  if (f->at[F_HANG] && step == f->at[F_HANG]) {
+    st__fire(f, F_HANG, step, "the trainer stops making progress (sleeps forever)");
+    for (;;) pause();
+  }
+}
+
+st_status st_faults_corrupt_checkpoint(const char* dir, char** out_file) {
+  if (out_file) *out_file = NULL;
+  /* The parameters file when present, else any tensor file. */
+  char* path = st_path_join(dir, "params.safetensors");
+  if (!st_fs_exists(path)) {
+    free(path);
+    path = NULL;
+    DIR* d = opendir(dir);
+    struct dirent* e;
+    while (d && !path && (e = readdir(d)) != NULL) {
+      size_t n = strlen(e->d_name);
+      if (n > 12 && !strcmp(e->d_name + n - 12, ".safetensors")) path = st_path_join(dir, e->d_name);
+    }
+    if (d) closedir(d);
+  }
+  if (!path) return st_status_make(ST_CODE_CKPT, "%s: no tensor file to corrupt", dir);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  struct stat st;
+  st_status s = ST_OK;
+  if (fd < 0 || fstat(fd, &st) != 0 || st.st_size < 16) {
+    s = st_status_make(ST_CODE_CKPT, "%s: cannot open for corruption: %s", path, strerror(errno));
+  } else {
+    /* Three quarters in: tensor data, well past the header. */
+    off_t at = st.st_size - st.st_size / 4;
+    unsigned char b = 0;
+    if (pread(fd, &b, 1, at) != 1) {
+      s = st_status_make(ST_CODE_CKPT, "%s: read failed: %s", path, strerror(errno));
+    } else {
+      b ^= 0x40;
+      if (pwrite(fd, &b, 1, at) != 1 || fsync(fd) != 0) s = st_status_make(ST_CODE_CKPT, "%s: write failed: %s", path, strerror(errno));
+    }
+  }
+  if (fd >= 0) close(fd);
+  if (!s && out_file) {
+    *out_file = path;
+  } else {
+    free(path);
+  }
+  return s;
+}
+
+st_status st_faults_ckpt_hook(void* user, st_ckpt_point point, const char* path) {
+  st_faults* f = user;
+  if (point == ST_CKPT_AT_BEGIN) {
+    f->save_of_current = atomic_fetch_add(&f->saves, 1) + 1;
+    return ST_OK;
+  }
+  int64_t n = f->save_of_current;
+  if (point == ST_CKPT_AT_FILE_MIDDLE) {
+    if (f->at[F_CRASH_SAVE] && n == f->at[F_CRASH_SAVE]) {
+      char d[4200];
+      snprintf(d, sizeof(d), "SIGKILL halfway through writing %s", path);
+      st__fire(f, F_CRASH_SAVE, n, d);
+      st__die();
+    }
+    if (f->at[F_IO_ERROR] && n == f->at[F_IO_ERROR]) {
+      char d[4200];
+      snprintf(d, sizeof(d), "write of %s fails with %s", path, strerror(f->io_errno));
+      st__fire(f, F_IO_ERROR, n, d);
+      return st_status_make(ST_CODE_CKPT, "writing '%s' failed: %s (injected by faults.io_error_at_save=%lld)", path, strerror(f->io_errno),
+                            (long long)n);
+    }
+  }
+  if (point == ST_CKPT_AT_COMMITTED && f->at[F_CORRUPT] && n == f->at[F_CORRUPT]) {
+    char* file = NULL;
+    st_status s = st_faults_corrupt_checkpoint(path, &file);
+    char d[4200];
+    snprintf(d, sizeof(d), "flipped one byte of %s", file ? file : path);
+    if (!s) st__fire(f, F_CORRUPT, n, d);
+    free(file);
+    st_status_free(s);
+  }
+  return ST_OK;
+}

@@ -1,0 +1,512 @@
+/* supervisor.c — `strata run`: the trainer as a child process, restarted
+ * on crashes and hangs, every incident measured (docs/checkpoints.md,
+ * "Recovery metrics").
+ *
+ * The supervisor never touches training state. It learns what a child did
+ * from the run directory the child writes anyway: metrics.jsonl (the last
+ * step recorded before a crash) and events.jsonl (`resumed` with the step
+ * and restore time, `first_step` when the restarted child has made
+ * progress). That keeps it correct for any child, including one killed by
+ * SIGKILL in the middle of a line write — the run log writes whole lines. */
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "strata/base.h"
+#include "strata/diag.h"
+#include "strata/obs.h"
+
+static volatile sig_atomic_t g_stop_signal = 0;
+static volatile sig_atomic_t g_child = 0;
+
+static void st__on_signal(int sig) {
+  g_stop_signal = sig;
+  if (g_child > 0) kill((pid_t)g_child, sig);
+}
+
+static double st__wall(void) {
+  struct timeval tv;
+  gettimeofday(&tv, NULL);
+  return (double)tv.tv_sec + 1e-6 * (double)tv.tv_usec;
+}
+
+static void st__sleep(double s) {
+  if (s <= 0) return;
+  struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
+  nanosleep(&ts, NULL); /* a signal cuts it short, which is what stopping wants */
+}
+
+static double st__mtime(const char* path) {
+  struct stat st;
+  if (stat(path, &st) != 0) return 0;
+  return (double)st.st_mtim.tv_sec + 1e-9 * (double)st.st_mtim.tv_nsec;
+}
+
+static long st__size(const char* path) {
+  struct stat st;
+  return stat(path, &st) == 0 ? (long)st.st_size : 0;
+}
+
+typedef struct {
+  int n;
+  int attempt; /* the attempt that failed */
+  char cause[160];
+  int exit_code, signal;
+  double last_alive, detected_at, restarted_at, resumed_at, recovered_at;
+  double backoff_s, restore_s;
+  int64_t last_step, from_step;
+  bool restarted, resumed, recovered;
+} st__incident;
+
+typedef struct {
+  const st_supervisor_request* req;
+  char* dir;
+  char* events_path;
+  char* metrics_path;
+  st_runlog* log;
+  int64_t max_restarts;
+  double backoff_s, backoff_max_s, hang_timeout_s;
+  double t_start;
+  int restarts, attempts;
+  st__incident* inc;
+  int inc_count;
+  long tail_offset; /* events.jsonl bytes already read */
+  const char* outcome;
+  int exit_code;
+} st__sup;
+
+/*===-------------------------------------------------------------------===*/
+/* Run directory reading                                                    */
+/*===-------------------------------------------------------------------===*/
+
+/* The step of the last metrics line with a loss: the last step the
+ * crashed child recorded. */
+static int64_t st__last_recorded_step(const st__sup* S) {
+  char* text = NULL;
+  size_t size = 0;
+  st_status s = st_fs_read_file(S->metrics_path, &text, &size);
+  if (s) {
+    st_status_free(s);
+    return -1;
+  }
+  int64_t step = -1;
+  char* line = text;
+  while (line && *line) {
+    char* nl = strchr(line, '\n');
+    if (nl) *nl = '\0';
+    if (strstr(line, "\"loss\"")) {
+      st_json* j = NULL;
+      st_status r = st_json_parse(line, strlen(line), "metrics.jsonl", &j);
+      int64_t v = 0;
+      if (!r && j->kind == ST_JSON_OBJECT && st_json_get(j, "loss") && !(r = st_json_get_int(j, "step", "metrics.jsonl", &v))) step = v;
+      st_status_free(r);
+      st_json_free(j);
+    }
+    line = nl ? nl + 1 : NULL;
+  }
+  free(text);
+  return step;
+}
+
+static void st__write_summary(st__sup* S);
+
+static void st__event(st__sup* S, const char* name, const char* fields) { st_status_free(st_runlog_event(S->log, name, fields)); }
+
+static void st__incident_json(const st__incident* I, st_strbuf* b) {
+  st_strbuf_printf(b, "\"incident\": %d, \"attempt\": %d, \"cause\": ", I->n, I->attempt);
+  st_strbuf_json_string(b, I->cause);
+  st_strbuf_printf(b, ", \"exit_code\": %d, \"signal\": %d, \"last_step\": %lld, \"last_alive\": %.3f, \"detected_at\": %.3f, \"detection_s\": %.3f",
+                   I->exit_code, I->signal, (long long)I->last_step, I->last_alive, I->detected_at, I->detected_at - I->last_alive);
+  if (I->restarted)
+    st_strbuf_printf(b, ", \"backoff_s\": %.3f, \"restarted_at\": %.3f, \"restart_s\": %.3f", I->backoff_s, I->restarted_at,
+                     I->restarted_at - I->detected_at);
+  if (I->resumed)
+    st_strbuf_printf(b, ", \"from_step\": %lld, \"steps_lost\": %lld, \"restore_s\": %.6f, \"resumed_at\": %.3f", (long long)I->from_step,
+                     (long long)(I->last_step > I->from_step ? I->last_step - I->from_step : 0), I->restore_s, I->resumed_at);
+  if (I->recovered)
+    st_strbuf_printf(b, ", \"recovered_at\": %.3f, \"rto_s\": %.3f, \"ttr_s\": %.3f", I->recovered_at, I->recovered_at - I->detected_at,
+                     I->recovered_at - I->last_alive);
+  st_strbuf_printf(b, ", \"recovered\": %s", I->recovered ? "true" : "false");
+}
+
+/* New complete lines of events.jsonl since the last call: completes the
+ * open incident with the restarted child's `resumed` and `first_step`. */
+static void st__tail_events(st__sup* S) {
+  long size = st__size(S->events_path);
+  if (size <= S->tail_offset) return;
+  FILE* f = fopen(S->events_path, "rb");
+  if (!f) return;
+  if (fseek(f, S->tail_offset, SEEK_SET) != 0) {
+    fclose(f);
+    return;
+  }
+  size_t want = (size_t)(size - S->tail_offset);
+  char* buf = malloc(want + 1);
+  size_t got = fread(buf, 1, want, f);
+  fclose(f);
+  buf[got] = '\0';
+  char* line = buf;
+  for (;;) {
+    char* nl = strchr(line, '\n');
+    if (!nl) break; /* a partial line: read it next time */
+    *nl = '\0';
+    S->tail_offset += (long)(nl - line) + 1;
+    st__incident* I = S->inc_count ? &S->inc[S->inc_count - 1] : NULL;
+    if (I && I->restarted && !I->recovered && (strstr(line, "\"resumed\"") || strstr(line, "\"first_step\""))) {
+      st_json* j = NULL;
+      st_status r = st_json_parse(line, strlen(line), S->events_path, &j);
+      const st_json* ev = r ? NULL : st_json_get(j, "event");
+      const st_json* t = r ? NULL : st_json_get(j, "time");
+      double when = t && t->kind == ST_JSON_NUMBER ? t->number : st__wall();
+      if (ev && ev->kind == ST_JSON_STRING && !strcmp(ev->string, "resumed")) {
+        int64_t from = 0;
+        st_status_free(st_json_get_int(j, "from_step", "", &from));
+        const st_json* rs = st_json_get(j, "restore_s");
+        I->from_step = from;
+        I->restore_s = rs && rs->kind == ST_JSON_NUMBER ? rs->number : 0;
+        I->resumed_at = when;
+        I->resumed = true;
+      } else if (ev && ev->kind == ST_JSON_STRING && !strcmp(ev->string, "first_step")) {
+        I->recovered_at = when;
+        I->recovered = true;
+        st_strbuf e = {0};
+        st__incident_json(I, &e);
+        st__event(S, "recovered", e.data);
+        st_strbuf_free(&e);
+        fprintf(stderr, "strata run: recovered from incident %d: resumed at step %lld, %lld steps lost, first good step %.2f s after detection\n",
+                I->n, (long long)I->from_step, (long long)(I->last_step > I->from_step ? I->last_step - I->from_step : 0),
+                I->recovered_at - I->detected_at);
+        st__write_summary(S);
+      }
+      st_status_free(r);
+      st_json_free(j);
+    }
+    line = nl + 1;
+  }
+  free(buf);
+}
+
+/*===-------------------------------------------------------------------===*/
+/* recovery.json                                                            */
+/*===-------------------------------------------------------------------===*/
+
+static void st__write_summary(st__sup* S) {
+  double sum_ttr = 0, sum_det = 0, sum_restore = 0, sum_rto = 0;
+  int n_rec = 0, n_res = 0;
+  int64_t max_lost = 0, total_lost = 0;
+  for (int i = 0; i < S->inc_count; ++i) {
+    const st__incident* I = &S->inc[i];
+    sum_det += I->detected_at - I->last_alive;
+    if (I->resumed) {
+      int64_t lost = I->last_step > I->from_step ? I->last_step - I->from_step : 0;
+      total_lost += lost;
+      if (lost > max_lost) max_lost = lost;
+      sum_restore += I->restore_s;
+      ++n_res;
+    }
+    if (I->recovered) {
+      sum_ttr += I->recovered_at - I->last_alive;
+      sum_rto += I->recovered_at - I->detected_at;
+      ++n_rec;
+    }
+  }
+  st_strbuf b = {0};
+  st_strbuf_append(&b, "{\n  \"run_dir\": ");
+  st_strbuf_json_string(&b, S->dir);
+  st_strbuf_append(&b, ",\n  \"outcome\": ");
+  st_strbuf_json_string(&b, S->outcome);
+  st_strbuf_printf(&b, ",\n  \"exit_code\": %d,\n  \"attempts\": %d,\n  \"restarts\": %d,\n  \"max_restarts\": %lld,\n", S->exit_code, S->attempts,
+                   S->restarts, (long long)S->max_restarts);
+  st_strbuf_printf(&b, "  \"incidents_total\": %d,\n  \"recovered\": %d,\n", S->inc_count, n_rec);
+  st_strbuf_append(&b, "  \"mttr_s\": ");
+  st_strbuf_json_number(&b, n_rec ? sum_ttr / n_rec : NAN);
+  st_strbuf_append(&b, ",\n  \"mean_detection_s\": ");
+  st_strbuf_json_number(&b, S->inc_count ? sum_det / S->inc_count : NAN);
+  st_strbuf_append(&b, ",\n  \"mean_restore_s\": ");
+  st_strbuf_json_number(&b, n_res ? sum_restore / n_res : NAN);
+  st_strbuf_append(&b, ",\n  \"mean_rto_s\": ");
+  st_strbuf_json_number(&b, n_rec ? sum_rto / n_rec : NAN);
+  st_strbuf_printf(&b, ",\n  \"max_steps_lost\": %lld,\n  \"total_steps_lost\": %lld,\n  \"wall_s\": %.3f,\n  \"incidents\": [",
+                   (long long)max_lost, (long long)total_lost, st__wall() - S->t_start);
+  for (int i = 0; i < S->inc_count; ++i) {
+    st_strbuf_append(&b, i ? ",\n    {" : "\n    {");
+    st__incident_json(&S->inc[i], &b);
+    st_strbuf_append(&b, "}");
+  }
+  st_strbuf_append(&b, S->inc_count ? "\n  ]\n}\n" : "]\n}\n");
+  char* path = st_path_join(S->dir, "recovery.json");
+  st_status s = st_fs_write_atomic(path, b.data, b.len);
+  if (s) fprintf(stderr, "strata run: cannot write %s: %s\n", path, st_status_message(s));
+  st_status_free(s);
+  free(path);
+  st_strbuf_free(&b);
+}
+
+/*===-------------------------------------------------------------------===*/
+/* Children                                                                 */
+/*===-------------------------------------------------------------------===*/
+
+static st_status st__spawn(char* const* argv, pid_t* out) {
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid < 0) return st_status_make(ST_CODE_IO, "strata run: fork failed: %s", strerror(errno));
+  if (pid == 0) {
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
+    execv(argv[0], argv);
+    fprintf(stderr, "strata run: cannot execute %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+  *out = pid;
+  return ST_OK;
+}
+
+/* Waits for the child while tailing the run log and watching for a hang.
+ * Returns the wait status; *out_hung when the supervisor killed it. */
+static int st__wait_child(st__sup* S, pid_t pid, double spawned_at, bool* out_hung) {
+  *out_hung = false;
+  int status = 0;
+  for (;;) {
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) break;
+    if (r < 0 && errno != EINTR) break;
+    st__tail_events(S);
+    if (S->hang_timeout_s > 0 && !*out_hung) {
+      double alive = fmax(spawned_at, fmax(st__mtime(S->events_path), st__mtime(S->metrics_path)));
+      if (st__wall() - alive > S->hang_timeout_s) {
+        fprintf(stderr, "strata run: no event or metrics line for %.1f s (recovery.hang_timeout_s); killing pid %ld as hung\n",
+                st__wall() - alive, (long)pid);
+        kill(pid, SIGKILL);
+        *out_hung = true;
+      }
+    }
+    st__sleep(0.01);
+  }
+  st__tail_events(S);
+  return status;
+}
+
+static char* st__default_run_dir(const st_config* cfg) {
+  const char* dir = st_config_string(cfg, "run.dir");
+  if (dir[0]) return strdup(dir);
+  const char* id = st_config_string(cfg, "run.id");
+  char buf[128];
+  if (id[0]) {
+    snprintf(buf, sizeof(buf), "runs/%s", id);
+  } else {
+    time_t now = time(NULL);
+    struct tm tm;
+    localtime_r(&now, &tm);
+    char stamp[64];
+    strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &tm);
+    snprintf(buf, sizeof(buf), "runs/%s-%d", stamp, (int)getpid());
+  }
+  return strdup(buf);
+}
+
+st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
+  *out_exit_code = 1;
+  const st_config* cfg = req->config;
+  st__sup S;
+  memset(&S, 0, sizeof(S));
+  S.req = req;
+  S.t_start = st__wall();
+  S.dir = st__default_run_dir(cfg);
+  S.events_path = st_path_join(S.dir, "events.jsonl");
+  S.metrics_path = st_path_join(S.dir, "metrics.jsonl");
+  S.max_restarts = st_config_int(cfg, "recovery.max_restarts");
+  S.backoff_s = st_config_float(cfg, "recovery.backoff_s");
+  S.backoff_max_s = st_config_float(cfg, "recovery.backoff_max_s");
+  S.hang_timeout_s = st_config_float(cfg, "recovery.hang_timeout_s");
+  S.outcome = "running";
+  st_status s = ST_OK;
+  if (st_fs_exists(S.metrics_path) && !st_config_bool(cfg, "run.resume"))
+    s = st_status_make(ST_CODE_CONFIG,
+                       "run directory '%s' already holds a run (metrics.jsonl); set run.dir to a new folder, or continue it "
+                       "supervised with run.resume=true (or unsupervised: strata resume %s)",
+                       S.dir, S.dir);
+  if (!s) s = st_fs_mkdirs(S.dir);
+  if (!s) s = st_runlog_open(S.dir, &S.log);
+  if (s) goto done;
+  S.tail_offset = st__size(S.events_path);
+
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = st__on_signal;
+  sigemptyset(&sa.sa_mask);
+  struct sigaction old_int, old_term, old_hup;
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  sigaction(SIGHUP, &sa, &old_hup);
+
+  {
+    char f[1024];
+    snprintf(f, sizeof(f), "\"pid\": %ld, \"max_restarts\": %lld, \"backoff_s\": %.3f, \"backoff_max_s\": %.3f, \"hang_timeout_s\": %.3f",
+             (long)getpid(), (long long)S.max_restarts, S.backoff_s, S.backoff_max_s, S.hang_timeout_s);
+    st__event(&S, "supervisor_start", f);
+  }
+  char dir_arg[4200];
+  snprintf(dir_arg, sizeof(dir_arg), "run.dir=%s", S.dir);
+  for (;;) {
+    /* First attempt: the user's command. Later ones resume from the
+     * snapshot config.yaml the first one wrote (if it got that far). */
+    char* config_yaml = st_path_join(S.dir, "config.yaml");
+    bool have_snapshot = st_fs_exists(config_yaml);
+    free(config_yaml);
+    int argc = 0;
+    char** argv = calloc((size_t)req->override_count + 8, sizeof(char*));
+    argv[argc++] = (char*)req->exe;
+    if (S.attempts > 0 && have_snapshot) {
+      argv[argc++] = "resume";
+      argv[argc++] = S.dir;
+    } else {
+      argv[argc++] = "train";
+      argv[argc++] = (char*)req->config_path;
+      for (int i = 0; i < req->override_count; ++i) argv[argc++] = req->overrides[i];
+      argv[argc++] = dir_arg;
+      if (S.attempts > 0) argv[argc++] = "run.resume=true";
+    }
+    argv[argc] = NULL;
+    st_strbuf cmd = {0};
+    for (int i = 1; i < argc; ++i) st_strbuf_printf(&cmd, "%s%s", i > 1 ? " " : "", argv[i]);
+    pid_t pid = 0;
+    S.tail_offset = st__size(S.events_path);
+    s = st__spawn(argv, &pid);
+    free(argv);
+    if (s) {
+      st_strbuf_free(&cmd);
+      break;
+    }
+    double spawned_at = st__wall();
+    g_child = pid;
+    S.attempts++;
+    if (S.inc_count && !S.inc[S.inc_count - 1].restarted) {
+      st__incident* I = &S.inc[S.inc_count - 1];
+      I->restarted = true;
+      I->restarted_at = spawned_at;
+    }
+    {
+      st_strbuf e = {0};
+      st_strbuf_printf(&e, "\"attempt\": %d, \"pid\": %ld, \"command\": ", S.attempts, (long)pid);
+      st_strbuf_json_string(&e, cmd.data);
+      st__event(&S, S.attempts == 1 ? "child_start" : "restart", e.data);
+      st_strbuf_free(&e);
+    }
+    fprintf(stderr, "strata run: attempt %d: strata %s (pid %ld)\n", S.attempts, cmd.data, (long)pid);
+    st_strbuf_free(&cmd);
+
+    bool hung = false;
+    int status = st__wait_child(&S, pid, spawned_at, &hung);
+    g_child = 0;
+    double detected_at = st__wall();
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    /* A restarted child that finished without running a step (the crash
+     * came after the last step) has still recovered. */
+    if (code == 0 && S.inc_count && !S.inc[S.inc_count - 1].recovered && S.inc[S.inc_count - 1].restarted) {
+      S.inc[S.inc_count - 1].recovered = true;
+      S.inc[S.inc_count - 1].recovered_at = detected_at;
+    }
+    if (code == 0) {
+      S.outcome = "completed";
+      S.exit_code = 0;
+      break;
+    }
+    S.exit_code = code >= 0 ? code : 1;
+    if (g_stop_signal) {
+      S.outcome = "interrupted";
+      char f[96];
+      snprintf(f, sizeof(f), "\"signal\": %d, \"child_exit_code\": %d", (int)g_stop_signal, code);
+      st__event(&S, "supervisor_interrupted", f);
+      fprintf(stderr, "strata run: stopped by signal %d; not restarting\n", (int)g_stop_signal);
+      break;
+    }
+    if (code == 2 || code == 3) {
+      S.outcome = "not_restartable";
+      char f[160];
+      snprintf(f, sizeof(f), "\"exit_code\": %d, \"reason\": \"%s error: a restart would fail the same way\"", code,
+               code == 2 ? "config" : "data");
+      st__event(&S, "giving_up", f);
+      fprintf(stderr, "strata run: the trainer exited %d (%s error); not restarting\n", code, code == 2 ? "config" : "data");
+      break;
+    }
+    /* An incident. */
+    S.inc = realloc(S.inc, (size_t)(S.inc_count + 1) * sizeof(*S.inc));
+    st__incident* I = &S.inc[S.inc_count++];
+    memset(I, 0, sizeof(*I));
+    I->n = S.inc_count;
+    I->attempt = S.attempts;
+    I->exit_code = code;
+    I->signal = sig;
+    if (hung) {
+      snprintf(I->cause, sizeof(I->cause), "hang: no progress for %.1f s (recovery.hang_timeout_s), killed", S.hang_timeout_s);
+    } else if (sig) {
+      snprintf(I->cause, sizeof(I->cause), "killed by signal %d (%s)", sig, strsignal(sig));
+    } else if (code == 6) {
+      snprintf(I->cause, sizeof(I->cause), "exit 6 (hang detected by the trainer)");
+    } else {
+      snprintf(I->cause, sizeof(I->cause), "exit %d", code);
+    }
+    I->detected_at = detected_at;
+    I->last_alive = fmax(spawned_at, fmax(st__mtime(S.events_path), st__mtime(S.metrics_path)));
+    if (I->last_alive > detected_at) I->last_alive = detected_at;
+    I->last_step = st__last_recorded_step(&S);
+    if (I->last_step < 0) I->last_step = 0;
+    bool give_up = S.restarts >= S.max_restarts;
+    I->backoff_s = give_up ? 0 : fmin(S.backoff_s * pow(2.0, S.restarts), S.backoff_max_s);
+    {
+      st_strbuf e = {0};
+      st__incident_json(I, &e);
+      st_strbuf_printf(&e, ", \"backoff_s\": %.3f, \"will_restart\": %s", I->backoff_s, give_up ? "false" : "true");
+      st__event(&S, "incident", e.data);
+      st_strbuf_free(&e);
+    }
+    fprintf(stderr, "strata run: incident %d: %s after step %lld; %s\n", I->n, I->cause, (long long)I->last_step,
+            give_up ? "max_restarts reached, giving up" : "restarting");
+    if (give_up) {
+      S.outcome = "gave_up";
+      char f[96];
+      snprintf(f, sizeof(f), "\"restarts\": %d, \"max_restarts\": %lld", S.restarts, (long long)S.max_restarts);
+      st__event(&S, "giving_up", f);
+      break;
+    }
+    st__write_summary(&S);
+    st__sleep(I->backoff_s);
+    if (g_stop_signal) {
+      S.outcome = "interrupted";
+      break;
+    }
+    S.restarts++;
+  }
+  sigaction(SIGINT, &old_int, NULL);
+  sigaction(SIGTERM, &old_term, NULL);
+  sigaction(SIGHUP, &old_hup, NULL);
+  {
+    st_strbuf e = {0};
+    st_strbuf_append(&e, "\"outcome\": ");
+    st_strbuf_json_string(&e, S.outcome);
+    st_strbuf_printf(&e, ", \"exit_code\": %d, \"attempts\": %d, \"restarts\": %d", S.exit_code, S.attempts, S.restarts);
+    st__event(&S, "supervisor_done", e.data);
+    st_strbuf_free(&e);
+  }
+  st__write_summary(&S);
+  if (!s) *out_exit_code = S.exit_code;
+done:
+  st_runlog_close(S.log);
+  free(S.inc);
+  free(S.dir);
+  free(S.events_path);
+  free(S.metrics_path);
+  return s;
+}

@@ -1,0 +1,392 @@
+/* checkpoint_io.c — training state <-> checkpoints (see checkpoint_io.h).
+ *
+ * The state is every persistent parameter and optimizer slot of the step
+ * plan, by slot name ("layers.0.wq", "m:layers.0.wq", "v:..."): params go
+ * to params.safetensors, m and v to optimizer.safetensors. Together with
+ * the step (which fixes the data position, the LR and AdamW's t) that is
+ * all a bitwise-exact resume needs: init, the sampler and the schedule are
+ * pure functions of the seed and the step. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "strata/base.h"
+#include "strata/ckpt.h"
+#include "strata/diag.h"
+#include "strata/obs.h"
+#include "train/checkpoint_io.h"
+
+struct st_train_ckpt {
+  st_train_ckpt_init in;
+  char* root; /* <run>/checkpoints */
+  int64_t every, keep, keep_every;
+  bool async, stop_on_error, resume;
+
+  int count; /* state tensors */
+  int* slots;
+  const char** names;
+  const char** files;
+  st_tensor_type* types;
+  st_ckpt_snapshot* snap;
+  st_event** events;
+
+  st_faults* faults;
+  st_ckpt_save_options save_opts;
+  st_ckpt_writer* writer;
+  /* the save in flight on the writer */
+  bool inflight;
+  int64_t inflight_step;
+  double inflight_blocking_s, inflight_waited_s;
+
+  char* config_json;
+  char config_hash[17];
+  bool first_step_logged;
+  double t_created;
+  int64_t start_step;
+};
+
+static double st__now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A parameter or optimizer slot whose value outlives the step: persistent
+ * itself, or offloaded (a non-persistent device slot whose persistent home
+ * is "host:<name>"). Checkpoints name the logical slot, never the home, so
+ * a checkpoint does not depend on the offload policy that wrote it;
+ * st_executor_get/set follow an offloaded slot to its home. */
+static bool st__is_state_slot(const st_plan* p, const st_slot* s) {
+  if (s->category != ST_SLOT_PARAM && s->category != ST_SLOT_OPT) return false;
+  if (!strncmp(s->name, "host:", 5)) return false;
+  if (s->persistent) return true;
+  char home[600];
+  snprintf(home, sizeof(home), "host:%s", s->name);
+  return st_plan_slot_find(p, home) >= 0;
+}
+
+st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out) {
+  *out = NULL;
+  st_train_ckpt* c = calloc(1, sizeof(*c));
+  c->in = *in;
+  c->t_created = st__now();
+  const st_config* cfg = in->config;
+  c->root = st_path_join(in->run_dir, "checkpoints");
+  c->every = st_config_int(cfg, "ckpt.every");
+  c->keep = st_config_int(cfg, "ckpt.keep");
+  c->keep_every = st_config_int(cfg, "ckpt.keep_every");
+  c->async = st_config_bool(cfg, "ckpt.async");
+  c->stop_on_error = !strcmp(st_config_string(cfg, "ckpt.on_error"), "stop");
+  c->resume = st_config_bool(cfg, "run.resume");
+
+  const st_plan* p = in->plan;
+  c->slots = calloc((size_t)p->slot_count + 1, sizeof(int));
+  c->names = calloc((size_t)p->slot_count + 1, sizeof(char*));
+  c->files = calloc((size_t)p->slot_count + 1, sizeof(char*));
+  c->types = calloc((size_t)p->slot_count + 1, sizeof(st_tensor_type));
+  /* Parameters first, then optimizer state: the files read in that order. */
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int i = 0; i < p->slot_count; ++i) {
+      const st_slot* s = &p->slots[i];
+      if (!st__is_state_slot(p, s) || (pass == 0) != (s->category == ST_SLOT_PARAM)) continue;
+      c->slots[c->count] = i;
+      c->names[c->count] = s->name;
+      c->files[c->count] = pass == 0 ? "params.safetensors" : "optimizer.safetensors";
+      c->types[c->count] = s->type;
+      c->count++;
+    }
+  }
+  c->snap = st_ckpt_snapshot_create(c->count, c->names, c->files, c->types);
+  c->events = calloc((size_t)c->count + 1, sizeof(st_event*));
+
+  char* buf = NULL;
+  size_t size = 0;
+  FILE* f = open_memstream(&buf, &size);
+  st_status s = st_config_write_json(cfg, f);
+  fclose(f);
+  c->config_json = buf;
+  st_config_hash(cfg, NULL, 0, c->config_hash);
+
+  if (!s) s = st_faults_create(cfg, in->run_dir, &c->faults);
+  if (!s) {
+    st_faults_set_log(c->faults, in->log);
+    const char* armed = st_faults_armed(c->faults);
+    const char* disarmed = st_faults_disarmed(c->faults);
+    if (armed[0] || disarmed[0]) {
+      if (armed[0]) fprintf(stderr, "strata: FAULT INJECTION ARMED: %s\n", armed);
+      if (disarmed[0]) fprintf(stderr, "strata: fault injection: %s already fired in an earlier attempt; disarmed\n", disarmed);
+      st_strbuf e = {0};
+      st_strbuf_append(&e, "\"armed\": ");
+      st_strbuf_json_string(&e, armed);
+      st_strbuf_append(&e, ", \"disarmed\": ");
+      st_strbuf_json_string(&e, disarmed);
+      s = st_runlog_event(in->log, "faults_armed", e.data);
+      st_strbuf_free(&e);
+    }
+  }
+  c->save_opts = (st_ckpt_save_options){c->root, c->keep, c->keep_every, st_faults_ckpt_hook, c->faults};
+  if (!s && c->async) s = st_ckpt_writer_create(&c->save_opts, &c->writer);
+  if (s) {
+    st_train_ckpt_destroy(c);
+    return s;
+  }
+  *out = c;
+  return ST_OK;
+}
+
+/*===-------------------------------------------------------------------===*/
+/* Restore                                                                  */
+/*===-------------------------------------------------------------------===*/
+
+static void st__on_skip(void* user, const st_ckpt_entry* entry, st_status why) {
+  st_train_ckpt* c = user;
+  fprintf(stderr, "strata: skipping checkpoint %s: %s\n", entry->name, st_status_message(why));
+  st_strbuf e = {0};
+  st_strbuf_append(&e, "\"checkpoint\": ");
+  st_strbuf_json_string(&e, entry->name);
+  st_strbuf_append(&e, ", \"reason\": ");
+  st_strbuf_json_string(&e, st_status_message(why));
+  st_status_free(st_runlog_event(c->in.log, "ckpt_skipped", e.data));
+  st_strbuf_free(&e);
+}
+
+st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step) {
+  *out_step = 0;
+  if (!c->resume) return ST_OK;
+  double t0 = st__now();
+  char* removed = NULL;
+  ST_RETURN(st_ckpt_remove_temporaries(c->root, &removed));
+  if (removed && removed[0]) {
+    fprintf(stderr, "strata: removed unfinished checkpoint writes of a crashed attempt: %s\n", removed);
+    st_strbuf e = {0};
+    st_strbuf_append(&e, "\"removed\": ");
+    st_strbuf_json_string(&e, removed);
+    st_status_free(st_runlog_event(c->in.log, "ckpt_temporaries_removed", e.data));
+    st_strbuf_free(&e);
+  }
+  free(removed);
+
+  st_ckpt_expect expect = {c->in.bundle->key, c->in.options->model_json, c->count, c->names, c->types};
+  st_ckpt* ck = NULL;
+  int skipped = 0;
+  ST_RETURN(st_ckpt_find_valid(c->root, &expect, st__on_skip, c, &ck, &skipped));
+  if (!ck) {
+    if (skipped > 0)
+      return st_status_make(ST_CODE_CKPT,
+                            "no valid checkpoint in '%s': all %d were skipped (reasons above and in events.jsonl); corrupt data is "
+                            "never loaded. To start over, use a new run.dir (or move '%s' away)",
+                            c->root, skipped, c->root);
+    fprintf(stderr, "strata: resume: no checkpoint in '%s' yet; starting from step 0\n", c->root);
+    return st_runlog_event(c->in.log, "resumed", "\"from_step\": 0, \"checkpoint\": null, \"restore_s\": 0, \"skipped\": 0");
+  }
+  const st_train_options* o = c->in.options;
+  st_status s = ST_OK;
+  if (ck->data_position != ck->step * o->batch_size)
+    s = st_status_make(ST_CODE_CKPT,
+                       "%s: consumed %lld training sequences in %lld steps; with train.batch_size=%lld the sampler would be at %lld. "
+                       "Resume with the batch size the checkpoint was written with (%lld)",
+                       ck->dir, (long long)ck->data_position, (long long)ck->step, (long long)o->batch_size,
+                       (long long)(ck->step * o->batch_size), (long long)ck->batch_size);
+  if (!s && ck->step > o->steps)
+    s = st_status_make(ST_CODE_CKPT, "%s: is at step %lld, past train.steps=%lld; raise train.steps to continue", ck->dir,
+                       (long long)ck->step, (long long)o->steps);
+  for (int i = 0; i < c->count && !s; ++i) {
+    const st_ckpt_tensor_info* info = NULL;
+    const void* data = st_ckpt_tensor_data(ck, c->names[i], &info);
+    if (!data) {
+      s = st_status_make(ST_CODE_INTERNAL, "%s: verified checkpoint lacks '%s'", ck->dir, c->names[i]);
+      break;
+    }
+    st_buffer* b = NULL;
+    s = st_buffer_from_host(c->in.runtime, 0, &c->types[i], data, &b);
+    if (!s) st_executor_set(c->in.executor, c->slots[i], b);
+  }
+  if (s) {
+    st_ckpt_free(ck);
+    return st_status_annotate(s, "restoring");
+  }
+  double restore_s = st__now() - t0;
+  char* latest = st_ckpt_read_latest(c->root);
+  const char* slash = strrchr(ck->dir, '/');
+  const char* name = slash ? slash + 1 : ck->dir;
+  bool changed = strcmp(ck->config_hash, c->config_hash) != 0;
+  fprintf(stderr, "strata: resuming from %s (step %lld)%s\n", ck->dir, (long long)ck->step,
+          changed ? "; the config differs from the checkpoint's (see the resumed event)" : "");
+  st_strbuf e = {0};
+  st_strbuf_printf(&e, "\"from_step\": %lld, \"checkpoint\": ", (long long)ck->step);
+  st_strbuf_json_string(&e, ck->dir);
+  st_strbuf_printf(&e, ", \"restore_s\": %.6f, \"skipped\": %d, \"latest\": ", restore_s, skipped);
+  if (latest) {
+    st_strbuf_json_string(&e, latest);
+  } else {
+    st_strbuf_append(&e, "null");
+  }
+  st_strbuf_printf(&e, ", \"latest_was_newest_valid\": %s, \"config_hash\": \"%s\", \"checkpoint_config_hash\": \"%s\"",
+                   latest && !strcmp(latest, name) ? "true" : "false", c->config_hash, ck->config_hash);
+  s = st_runlog_event(c->in.log, "resumed", e.data);
+  st_strbuf_free(&e);
+  free(latest);
+  *out_step = ck->step;
+  c->start_step = ck->step;
+  st_ckpt_free(ck);
+  return s;
+}
+
+/*===-------------------------------------------------------------------===*/
+/* Save                                                                     */
+/*===-------------------------------------------------------------------===*/
+
+void st_train_ckpt_step_ran(st_train_ckpt* c, int64_t step) { st_faults_at_step(c->faults, step); }
+
+/* Logs one finished save; applies ckpt.on_error to a failed one. */
+static st_status st__report(st_train_ckpt* c, st_ckpt_save_result* r, double blocking_s, double waited_s, bool last) {
+  st_status s = ST_OK;
+  st_strbuf e = {0};
+  if (!r->status) {
+    double mbps = r->write_s > 0 ? (double)r->bytes / 1e6 / r->write_s : 0;
+    st_strbuf_printf(&e, "\"step\": %lld, \"dir\": ", (long long)r->step);
+    st_strbuf_json_string(&e, r->dir);
+    st_strbuf_printf(&e, ", \"blocking_s\": %.6f, \"waited_for_previous_s\": %.6f, \"write_s\": %.6f, \"bytes\": %lld, \"mb_per_s\": %.1f, "
+                         "\"removed\": %d, \"async\": %s",
+                     blocking_s, waited_s, r->write_s, (long long)r->bytes, mbps, r->removed, c->async ? "true" : "false");
+    s = st_runlog_event(c->in.log, "ckpt_saved", e.data);
+    st_strbuf m = {0};
+    st_strbuf_printf(&m, "{\"step\": %lld, \"ckpt_blocking_s\": %.6f, \"ckpt_write_s\": %.6f, \"ckpt_bytes\": %lld, \"ckpt_mb_per_s\": %.1f}",
+                     (long long)r->step, blocking_s, r->write_s, (long long)r->bytes, mbps);
+    if (!s) s = st_runlog_metrics(c->in.log, m.data);
+    st_strbuf_free(&m);
+  } else {
+    bool stop = c->stop_on_error;
+    fprintf(stderr, "strata: checkpoint at step %lld FAILED: %s; %s\n", (long long)r->step, st_status_message(r->status),
+            stop ? "stopping (ckpt.on_error=stop)" : last ? "the run ends without its final checkpoint (ckpt.on_error=continue)"
+                                                          : "training continues (ckpt.on_error=continue)");
+    st_strbuf_printf(&e, "\"step\": %lld, \"error\": ", (long long)r->step);
+    st_strbuf_json_string(&e, st_status_message(r->status));
+    st_strbuf_printf(&e, ", \"on_error\": \"%s\", \"write_s\": %.6f", stop ? "stop" : "continue", r->write_s);
+    s = st_runlog_event(c->in.log, "ckpt_failed", e.data);
+    if (stop && !s) {
+      s = r->status;
+      r->status = ST_OK;
+      s = st_status_annotate(s, "saving a checkpoint (ckpt.on_error=stop; the previous checkpoint is intact)");
+    }
+  }
+  st_strbuf_free(&e);
+  st_ckpt_save_result_clear(r);
+  return s;
+}
+
+/* Reports a save the writer finished; |wait| blocks for one in flight. */
+static st_status st__collect(st_train_ckpt* c, bool wait, double* waited_s) {
+  if (waited_s) *waited_s = 0;
+  if (!c->writer || !c->inflight) return ST_OK;
+  double t0 = st__now();
+  st_ckpt_save_result r;
+  if (!st_ckpt_writer_take(c->writer, wait, &r)) return ST_OK;
+  if (waited_s) *waited_s = st__now() - t0;
+  c->inflight = false;
+  return st__report(c, &r, c->inflight_blocking_s, c->inflight_waited_s, false);
+}
+
+/* Device -> host copy of the whole state into the snapshot: all copies are
+ * started, then awaited, so they overlap each other. */
+static st_status st__snapshot(st_train_ckpt* c, int64_t step) {
+  st_status s = ST_OK;
+  int started = 0;
+  for (int i = 0; i < c->count && !s; ++i) {
+    st_buffer* b = st_executor_get(c->in.executor, c->slots[i]);
+    if (!b) {
+      s = st_status_make(ST_CODE_INTERNAL, "checkpoint: state slot '%s' is empty at the end of step %lld", c->names[i], (long long)step);
+      break;
+    }
+    s = st_buffer_to_host_async(b, st_ckpt_snapshot_data(c->snap, i), st_tensor_type_bytes(&c->types[i]), &c->events[i]);
+    if (!s) started = i + 1;
+  }
+  for (int i = 0; i < started; ++i) {
+    st_status w = st_event_await(c->events[i]);
+    s = st_status_join(s, w);
+    st_event_destroy(c->events[i]);
+    c->events[i] = NULL;
+  }
+  if (s) {
+    st_status c2 = st_status_make(ST_CODE_CKPT, "checkpoint snapshot at step %lld: %s", (long long)step, st_status_message(s));
+    st_status_free(s);
+    return c2;
+  }
+  const st_train_options* o = c->in.options;
+  st_ckpt_meta m = {
+      .step = step,
+      .optimizer_step = step,
+      .data_position = step * o->batch_size,
+      .batch_size = o->batch_size,
+      .seed = o->seed,
+      .lr = st_train_lr(o, step),
+      .total_steps = o->steps,
+      .config_json = c->config_json,
+      .config_hash = c->config_hash,
+      .bundle_key = c->in.bundle->key,
+      .model_json = o->model_json,
+  };
+  st_ckpt_snapshot_set_meta(c->snap, &m);
+  return ST_OK;
+}
+
+static st_status st__save(st_train_ckpt* c, int64_t step, bool last) {
+  double t0 = st__now();
+  double waited = 0;
+  /* Back-pressure: the previous save must be done before the snapshot it
+   * reads is overwritten. */
+  ST_RETURN(st__collect(c, true, &waited));
+  ST_RETURN(st__snapshot(c, step));
+  if (c->writer && !last) {
+    ST_RETURN(st_ckpt_writer_submit(c->writer, c->snap));
+    c->inflight = true;
+    c->inflight_step = step;
+    c->inflight_blocking_s = st__now() - t0;
+    c->inflight_waited_s = waited;
+    return ST_OK;
+  }
+  /* The last save, or ckpt.async=false: the run waits for it. */
+  st_ckpt_save_result r;
+  if (c->writer) {
+    ST_RETURN(st_ckpt_writer_submit(c->writer, c->snap));
+    st_ckpt_writer_take(c->writer, true, &r);
+  } else {
+    r.status = st_ckpt_save(&c->save_opts, c->snap, &r);
+  }
+  return st__report(c, &r, st__now() - t0, waited, last);
+}
+
+st_status st_train_ckpt_step_done(st_train_ckpt* c, int64_t step) {
+  if (!c->first_step_logged) {
+    c->first_step_logged = true;
+    /* The supervisor's "first good step" after a restart (RTO). */
+    char f[96];
+    snprintf(f, sizeof(f), "\"step\": %lld, \"since_start_s\": %.6f", (long long)step, st__now() - c->t_created);
+    ST_RETURN(st_runlog_event(c->in.log, "first_step", f));
+  }
+  ST_RETURN(st__collect(c, false, NULL));
+  bool last = step >= c->in.options->steps;
+  if (last || (c->every > 0 && step % c->every == 0)) return st__save(c, step, last);
+  return ST_OK;
+}
+
+void st_train_ckpt_destroy(st_train_ckpt* c) {
+  if (!c) return;
+  if (c->writer && c->inflight) {
+    st_ckpt_save_result r;
+    if (st_ckpt_writer_take(c->writer, true, &r)) st_status_free(st__report(c, &r, c->inflight_blocking_s, c->inflight_waited_s, false));
+  }
+  st_ckpt_writer_destroy(c->writer);
+  st_faults_destroy(c->faults);
+  st_ckpt_snapshot_destroy(c->snap);
+  free(c->events);
+  free(c->slots);
+  free(c->names);
+  free(c->files);
+  free(c->types);
+  free(c->config_json);
+  free(c->root);
+  free(c);
+}

@@ -1,0 +1,54 @@
+/* checkpoint_io.h — the trainer's side of checkpoints (docs/checkpoints.md):
+ * which executor slots are the training state, the device->host snapshot
+ * at a step boundary, handing it to the writer thread, logging each save,
+ * restoring the newest valid checkpoint on resume, and the step faults.
+ *
+ * trainer.c calls these from a few lines of its lifecycle:
+ *   create      after the executor exists
+ *   restore     after parameters are initialised (overwrites them on resume)
+ *   step_ran    after a step ran on the device, before it is recorded
+ *   step_done   after a step is recorded (metrics, eval)
+ *   destroy     at shutdown (finishes a save in flight) */
+#ifndef STRATA_TRAIN_CHECKPOINT_IO_H
+#define STRATA_TRAIN_CHECKPOINT_IO_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "strata/bundle.h"
+#include "strata/config.h"
+#include "strata/runtime.h"
+#include "strata/sched.h"
+#include "strata/status.h"
+#include "strata/train.h"
+
+typedef struct st_train_ckpt st_train_ckpt;
+/* strata/obs.h, not included here: it must be included once per file. */
+typedef struct st_runlog st_runlog;
+
+/* Everything borrowed; must outlive the st_train_ckpt. */
+typedef struct st_train_ckpt_init {
+  const st_config* config;
+  const st_train_options* options;
+  const char* run_dir;
+  const st_bundle* bundle;
+  const st_plan* plan; /* the step plan: its persistent params and m/v slots are the state */
+  st_executor* executor;
+  st_runtime* runtime;
+  st_runlog* log;
+} st_train_ckpt_init;
+
+st_status st_train_ckpt_create(const st_train_ckpt_init* init, st_train_ckpt** out /* owned by caller */);
+/* With run.resume: removes temporaries of crashed saves, loads the newest
+ * valid checkpoint into the executor (reporting every one it skips and
+ * why) and sets *out_step to its step; 0 when starting fresh. */
+st_status st_train_ckpt_restore(st_train_ckpt* ckpt, int64_t* out_step);
+/* Step |step| (1-based) ran on the device: the step faults fire here. */
+void st_train_ckpt_step_ran(st_train_ckpt* ckpt, int64_t step);
+/* Step |step| is recorded: reports finished saves, saves when due (every
+ * ckpt.every steps, and synchronously after the last step). */
+st_status st_train_ckpt_step_done(st_train_ckpt* ckpt, int64_t step);
+/* Waits for a save in flight and reports it. NULL is a no-op. */
+void st_train_ckpt_destroy(st_train_ckpt* ckpt);
+
+#endif
