@@ -63,3 +63,30 @@ typedef struct st_context_facts {
 char* st_context_json(const st_context_facts* facts);
 
 #define STRATA_VERSION "0.1.0"
+
+/*===-------------------------------------------------------------------===*/
+/* Chrome trace-event JSON (<run>/trace/, docs/scheduling.md)               */
+/*===-------------------------------------------------------------------===*/
+
+/* A trace being assembled in memory: one process, named tracks (threads),
+ * complete events ("ph": "X") and counters ("ph": "C"). Times are in
+ * microseconds. The file is the JSON object format
+ * {"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}
+ * that Perfetto (ui.perfetto.dev) and chrome://tracing open. */
+typedef struct st_trace st_trace;
+
+st_trace* st_trace_new(const char* process_name); /* free with st_trace_free */
+void st_trace_free(st_trace* trace);              /* NULL is a no-op */
+/* Names track |tid| and orders it among the tracks (sort index = tid). */
+void st_trace_track(st_trace* trace, int tid, const char* name);
+/* A slice [ts, ts + dur] on track |tid|. |args_json|: "" or JSON members
+ * ("\"op\": 3, \"layer\": 1") put into the event's args object. Slices of
+ * one track must nest or be disjoint (the importer drops misnested ones). */
+void st_trace_slice(st_trace* trace, int tid, const char* name, const char* category, double ts_us, double dur_us,
+                    const char* args_json);
+/* A counter sample: |args_json| holds the series as JSON members ("\"params\": 10"). */
+void st_trace_counter(st_trace* trace, const char* name, double ts_us, const char* args_json);
+/* Adds "key": value to otherData; |value_json| is any JSON value. */
+void st_trace_meta(st_trace* trace, const char* key, const char* value_json);
+/* Writes the trace atomically to |path| (its folder must exist). */
+st_status st_trace_write(const st_trace* trace, const char* path);

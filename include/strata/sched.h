@@ -1,25 +1,39 @@
 /*
- * strata/sched.h — the step as an explicit plan of typed ops, and its
- * executor (DESIGN §5).
+ * strata/sched.h — the step as an explicit plan of typed ops, the policies
+ * that shape it, and its executor (DESIGN §5, docs/scheduling.md).
  *
  * A plan is built once per configuration and executed every step. It names
- * device buffers by *slot* (an index into a table the executor owns), so the
- * same plan runs step after step and can be printed, inspected and
- * reordered without touching the trainer.
+ * buffers by *slot* (an index into a table the executor owns), so the same
+ * plan runs step after step and can be printed, inspected and replayed
+ * without touching the trainer.
  *
- *   LAUNCH  run program P (for layer L, microbatch M) on input slots, filling
- *           output slots. Inputs the program donates are consumed: their
- *           slots become empty (the program's outputs usually refill them).
- *   H2D     fill a slot from the host (a batch tensor, a scalar): the host
- *           side is produced by the trainer's callback.
- *   READ    device -> host copy of a slot into the trainer's memory (the
- *           loss, a squared norm); the only op that waits on the device.
- *   HOST    host computation between device ops (clip scale from norms).
- *   FREE    destroy the buffer in a slot.
+ *   LAUNCH     run program P (for layer L, microbatch M) on input slots,
+ *              filling output slots. Inputs the program donates are
+ *              consumed: their slots become empty (the program's outputs
+ *              usually refill them).
+ *   RECOMPUTE  a LAUNCH that recomputes a forward inside the backward pass
+ *              (sched.remat); counted and timed apart.
+ *   H2D        fill a device slot: from the trainer's callback (no input: a
+ *              batch tensor, a scalar) or from the slot's home in host
+ *              memory (one input: an offloaded buffer coming back).
+ *   D2H        copy a device slot to its home in host memory (offload).
+ *   READ       device -> host copy of a slot into the trainer's memory (the
+ *              loss, a squared norm).
+ *   WAIT       block the host until the producers of the input slots are
+ *              done; with no inputs, until everything issued so far is.
+ *   HOST       host computation between device ops (clip scale from norms).
+ *   FREE       destroy the buffer in a slot.
  *
- * Launches do not block: PJRT orders each execution after the producers of
- * its inputs, so the host runs ahead until a READ needs a value (deferred
- * waits). `eager` mode waits after every launch instead, for comparison.
+ * Dependencies are explicit: st_plan_finalize gives every op the earlier ops
+ * whose results it needs (deps). The executor issues ops in plan order
+ * without blocking — PJRT orders each execution and copy after the
+ * producers of its inputs — so the host only stops at WAIT and READ ops.
+ * Where the WAITs go is itself policy (sched.wait): `deferred` waits only
+ * where the host consumes a value, `eager` after every launch and transfer.
+ *
+ * Slots live in device memory unless `host` is set: a host slot is the home
+ * of an offloaded device slot (its `twin`) between uses and never counts as
+ * live device bytes.
  */
 #ifndef STRATA_SCHED_H
 #define STRATA_SCHED_H
@@ -41,13 +55,18 @@ typedef enum st_op_kind {
   ST_OP_READ,
   ST_OP_HOST,
   ST_OP_FREE,
+  ST_OP_D2H,
+  ST_OP_WAIT,
+  ST_OP_RECOMPUTE,
 } st_op_kind;
+
+const char* st_op_kind_name(st_op_kind kind); /* "LAUNCH", ... */
 
 typedef enum st_slot_category {
   ST_SLOT_PARAM,
   ST_SLOT_GRAD,
   ST_SLOT_OPT,   /* optimizer state m, v */
-  ST_SLOT_ACT,   /* activations and their gradients */
+  ST_SLOT_ACT,   /* activations, residuals and their gradients */
   ST_SLOT_XFER,  /* batch tensors, scalars, read-back values */
   ST_SLOT_CATEGORY_COUNT,
 } st_slot_category;
@@ -55,15 +74,17 @@ typedef enum st_slot_category {
 const char* st_slot_category_name(st_slot_category c);
 
 typedef struct st_slot {
-  char* name; /* "layers.1.wq", "grad:wte", "x[2]", "tokens[0]" */
+  char* name; /* "layers.1.wq", "grad:wte", "x[2]", "tokens[0]", "host:m:wte" */
   st_slot_category category;
   st_tensor_type type;
-  bool persistent; /* lives across steps (params, optimizer state) */
+  bool persistent; /* lives across steps (params, optimizer state, host homes) */
+  bool host;       /* lives in host memory: the home of an offloaded slot */
+  int twin;        /* offloaded device slot <-> its host home; -1 when none */
 } st_slot;
 
 typedef struct st_op {
   st_op_kind kind;
-  int program; /* LAUNCH: index into the plan's program names */
+  int program; /* LAUNCH / RECOMPUTE: index into the plan's program names */
   int layer;   /* -1 when not per layer */
   int micro;   /* microbatch, -1 when not per microbatch */
   int tag;     /* H2D / READ / HOST: what the trainer's callback should do */
@@ -71,6 +92,8 @@ typedef struct st_op {
   int* inputs; /* slots */
   int output_count;
   int* outputs; /* slots */
+  int dep_count;
+  int* deps; /* earlier ops whose results this op needs (st_plan_finalize) */
 } st_op;
 
 typedef struct st_plan {
@@ -80,9 +103,10 @@ typedef struct st_plan {
   st_op* ops;
   int program_count;
   char** programs; /* program names, index = st_op.program */
+  char* policy;    /* one line naming the policies that built the plan (owned; may be NULL) */
 } st_plan;
 
-/* Building (used by train/): all functions abort on out of memory. */
+/* Building (used by train/): these abort on out of memory. */
 void st_plan_init(st_plan* plan);
 void st_plan_deinit(st_plan* plan);
 int st_plan_slot(st_plan* plan, const char* name, st_slot_category category, const st_tensor_type* type, bool persistent);
@@ -90,24 +114,88 @@ int st_plan_slot_find(const st_plan* plan, const char* name); /* -1 when absent 
 int st_plan_program(st_plan* plan, const char* name);          /* interned */
 st_op* st_plan_add(st_plan* plan, st_op_kind kind, int program, int layer, int micro, int tag, int input_count,
                    const int* inputs, int output_count, const int* outputs);
+void st_plan_set_policy(st_plan* plan, const char* policy);
+/* Deep copy of |src| into |dst| (initialised here). */
+void st_plan_copy(const st_plan* src, st_plan* dst);
+
+/* Computes every op's deps and checks the plan: every input is live when
+ * read (persistent slots start live), programs only see device slots, H2D
+ * and D2H connect a slot with its twin, and every non-persistent slot is
+ * empty again at the end (so step after step starts from the same state).
+ * Errors (ST_CODE_INTERNAL) name the op and slot. */
+st_status st_plan_finalize(st_plan* plan);
 
 /* Predicted live device bytes after every op, by category. |out| has
- * op_count * ST_SLOT_CATEGORY_COUNT entries; persistent slots count as live
- * from the start. Returns the predicted peak (all categories). */
-int64_t st_plan_predict_live(const st_plan* plan, int64_t* out /* may be NULL */);
+ * op_count * ST_SLOT_CATEGORY_COUNT entries; persistent device slots count
+ * as live from the start, host slots never. Returns the predicted peak
+ * (all categories). |out_peak_by_category| (may be NULL) receives the
+ * categories at the first op where the peak is reached (at the start, when
+ * nothing exceeds the persistent state). */
+int64_t st_plan_predict_live(const st_plan* plan, int64_t* out /* may be NULL */,
+                             int64_t* out_peak_by_category /* [ST_SLOT_CATEGORY_COUNT], may be NULL */);
+/* Bytes in host slots (offloaded homes), which are all persistent. */
+int64_t st_plan_host_bytes(const st_plan* plan);
 
-/* Prints the plan, one op a line, with predicted live bytes. */
+/* Prints the plan, one op a line, with deps and predicted live bytes. */
 void st_plan_print(const st_plan* plan, FILE* out);
-/* Prints the plan as JSON. */
+/* Prints the plan as JSON (docs/scheduling.md). */
 void st_plan_print_json(const st_plan* plan, FILE* out);
 
-/* Executor ---------------------------------------------------------------*/
+/*===-------------------------------------------------------------------===*/
+/* Policies and the passes that apply them                                  */
+/*===-------------------------------------------------------------------===*/
+
+enum {
+  ST_OFFLOAD_OPTIMIZER = 1, /* m, v live in host memory between optimizer updates */
+  ST_OFFLOAD_PARAMS = 2,    /* block parameters live in host memory between uses */
+};
+
+typedef struct st_sched_policy {
+  const char* remat;        /* sched.remat; NULL or "" means "full" */
+  int offload;              /* ST_OFFLOAD_* bits */
+  int prefetch_depth;       /* sched.prefetch_depth */
+  bool eager;               /* sched.wait = eager */
+  bool per_layer_optimizer; /* sched.optimizer = per_layer */
+} st_sched_policy;
+
+/* Parses sched.remat: "none", "full", "every:K" (recompute layers 0, K,
+ * 2K, ...; K >= 1) or a comma-separated list of layer indices ("0,2,5").
+ * With n_layers >= 0, fills |out_remat| (n_layers entries, may be NULL)
+ * and rejects layers >= n_layers; with n_layers < 0 checks only syntax.
+ * Errors (ST_CODE_CONFIG) say what was wrong and what is accepted. */
+st_status st_sched_remat_parse(const char* spec, int n_layers, bool* out_remat);
+
+/* "none" | "optimizer" | "params" | "both" -> ST_OFFLOAD_* bits; -1 when unknown. */
+int st_sched_offload_parse(const char* name);
+
+/* Offload pass: every slot s with unit_of_slot[s] >= 0 becomes a
+ * non-persistent device slot with a persistent host home ("host:<name>",
+ * appended after the existing slots, so slot numbers do not move). Slots of
+ * one unit travel together. Before each launch that uses a unit, the unit
+ * is brought back (H2D from its home) if it is not on the device, and the
+ * units of the next |prefetch_depth| unit-using launches are brought back
+ * too; after a launch, a unit leaves the device (D2H home first when the
+ * launch wrote it, else just FREE) unless a launch within the prefetch
+ * window uses it again. Only LAUNCH / RECOMPUTE ops may touch unit slots.
+ * |out| is initialised here. */
+st_status st_plan_offload(const st_plan* in, const int* unit_of_slot, int prefetch_depth, st_plan* out);
+
+/* Wait pass: a WAIT on the read slot before every READ; with |eager| also a
+ * WAIT on the outputs of every LAUNCH, RECOMPUTE, H2D and D2H right after
+ * it; and a final WAIT on everything (the step barrier, so a step's
+ * accounting and timestamps are complete when it returns). |out| is
+ * initialised here. */
+void st_plan_add_waits(const st_plan* in, bool eager, st_plan* out);
+
+/*===-------------------------------------------------------------------===*/
+/* Executor                                                                 */
+/*===-------------------------------------------------------------------===*/
 
 typedef struct st_executor st_executor;
 
-/* Called for H2D (must return a new buffer for |op|'s output slot in
- * *out_buffer), READ (receives the slot's buffer; copy it to the host) and
- * HOST ops. */
+/* Called for H2D ops without an input (must return a new buffer for |op|'s
+ * output slot in *out_buffer), READ (receives the slot's buffer; copy it to
+ * the host) and HOST ops. */
 typedef struct st_executor_hooks {
   void* user;
   st_status (*h2d)(void* user, const st_op* op, st_buffer** out_buffer);
@@ -115,30 +203,79 @@ typedef struct st_executor_hooks {
   st_status (*host)(void* user, const st_op* op);
 } st_executor_hooks;
 
+/* Per-op timestamps of the last run, in seconds since the run started.
+ * issue: the host issued the op. complete: the op's PJRT event fired
+ * (st_event_on_ready), or the host call returned for ops without one
+ * (READ, WAIT, HOST, FREE). start: when the op could begin — the later of
+ * issue and its deps' completion (the device's own start time is not
+ * observable through PJRT; docs/scheduling.md). */
+typedef struct st_op_timing {
+  double issue_s, start_s, complete_s;
+  double blocked_s; /* WAIT / READ: host time spent blocked */
+  bool blocked;     /* WAIT: an awaited op was not done when the wait began */
+} st_op_timing;
+
 typedef struct st_executor_stats {
-  int64_t launches;
+  int64_t launches;   /* LAUNCH and RECOMPUTE ops */
+  int64_t recomputes; /* RECOMPUTE ops */
+  double recompute_s; /* their summed start..complete time */
   int64_t reads;
-  double read_wait_s; /* host time blocked in READ ops */
-  int64_t h2d_bytes, d2h_bytes;
-  int64_t live_bytes[ST_SLOT_CATEGORY_COUNT];
-  int64_t peak_live_bytes; /* accounted peak over the step, all categories */
+  int64_t waits;         /* WAIT ops */
+  int64_t waits_blocked; /* ... that found an awaited op not yet done */
+  double wait_s;         /* host time blocked in WAIT and READ ops (unhidden waiting) */
+  int64_t h2d_bytes, d2h_bytes; /* into / out of device memory (batch, reads, offload) */
+  double transfer_s;        /* summed start..complete time of H2D and D2H ops */
+  double transfer_hidden_s; /* ... of it while a launch was running */
+  int max_inflight;         /* most issued-but-not-complete device ops at once */
+  int64_t live_bytes[ST_SLOT_CATEGORY_COUNT]; /* device bytes live now, by category */
+  int64_t peak_live_bytes;                    /* accounted peak over the run, all categories */
+  int64_t peak_by_category[ST_SLOT_CATEGORY_COUNT]; /* categories at the accounted peak */
+  int64_t predicted_peak_bytes;               /* st_plan_predict_live of the plan */
+  int64_t host_bytes;                         /* bytes held in host-memory slots */
 } st_executor_stats;
 
-/* |programs[i]| is the compiled program for plan->programs[i] (borrowed). */
+/* |programs[i]| is the compiled program for plan->programs[i] (borrowed).
+ * |plan| must be finalized and outlive the executor. A plan with host slots
+ * needs a host memory space on |device| ("pinned_host", else
+ * "unpinned_host"); without one this fails naming the device's spaces. */
 st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_program* const* programs, int device,
-                             bool eager, st_executor** out_executor /* owned by caller */);
+                             st_executor** out_executor /* owned by caller */);
 void st_executor_destroy(st_executor* executor); /* frees every slot's buffer */
 
-/* Puts |buffer| into slot |slot| (takes ownership; frees what was there). */
+/* The memory space offloaded slots live in ("" when the plan has none). */
+const char* st_executor_host_memory(const st_executor* executor);
+
+/* Puts |buffer| into slot |slot| between runs (takes ownership; frees what
+ * was there). An offloaded slot's value lives in its host home, so for
+ * such a slot (or a host slot) the buffer is copied into host memory and
+ * stored there, and |buffer| is destroyed. Errors only for that copy. */
+st_status st_executor_put(st_executor* executor, int slot, st_buffer* buffer);
+/* st_executor_put without an error: a failed copy is reported on stderr
+ * and leaves the slot empty (the next run then fails naming it). */
 void st_executor_set(st_executor* executor, int slot, st_buffer* buffer);
-st_buffer* st_executor_get(st_executor* executor, int slot); /* borrowed, NULL when empty */
+/* The buffer holding |slot|'s value between runs (borrowed; NULL when
+ * empty): the device buffer, or for an offloaded slot its host home. */
+st_buffer* st_executor_get(st_executor* executor, int slot);
 /* Puts |buffer| into |slot| without taking ownership (another executor owns
  * it); NULL empties the slot without freeing. Used to share parameters. */
 void st_executor_set_borrowed(st_executor* executor, int slot, st_buffer* buffer);
 
-/* Runs every op of the plan once. Statistics are reset at the start. */
+/* Runs every op of the plan once. Statistics and timings are reset at the
+ * start and complete when it returns (the executor waits for every op's
+ * completion callback before returning). */
 st_status st_executor_run(st_executor* executor, const st_executor_hooks* hooks);
 const st_executor_stats* st_executor_stats_get(const st_executor* executor);
+/* op_count entries for the last run (borrowed, valid until the next run). */
+const st_op_timing* st_executor_timings(const st_executor* executor);
+/* Predicted live bytes by category after every op (op_count *
+ * ST_SLOT_CATEGORY_COUNT) and the accounted ones of the last run. */
+const int64_t* st_executor_live_predicted(const st_executor* executor);
+const int64_t* st_executor_live_accounted(const st_executor* executor);
+
+/* Writes the last run as Chrome trace-event JSON (docs/scheduling.md):
+ * launches, transfers and host waits on their own tracks, host ops on a
+ * fourth, counters for live device bytes. |step| labels it. */
+st_status st_executor_write_trace(const st_executor* executor, const char* path, int64_t step);
 
 #ifdef __cplusplus
 }

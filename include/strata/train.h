@@ -39,6 +39,9 @@ typedef struct st_train_options {
   char* model_json;    /* owned: the bundle's "model" object */
   st_data_options data;
   st_runtime_options runtime;
+  st_sched_policy sched;  /* sched.*: remat, offload, prefetch, waits, optimizer placement */
+  int trace_step_count;   /* trace.steps: steps (1-based) written as Chrome traces */
+  int64_t* trace_steps;   /* owned */
 } st_train_options;
 
 /* Fills |out| from a validated config. Free with st_train_options_deinit. */
@@ -65,6 +68,7 @@ enum {
   ST_TAG_EVAL_TARGETS,
   ST_TAG_EVAL_MASK,
   ST_TAG_EVAL_LOSS,
+  ST_TAG_SCHEDULE, /* HOST: lr and gscale before the backward (sched.optimizer=per_layer) */
 };
 
 /* Builds the training-step plan and the evaluation plan for |bundle|. */

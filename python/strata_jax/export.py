@@ -100,7 +100,8 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str) -> dict[str, A
         "groups": [{"name": g, "params": list(M.group_param_names(cfg, g))} for g in GROUPS],
         "params": param_table(cfg),
         "layers": [{"index": i, "kind": "block", "group": "block",
-                    "programs": {"init": "block_init", "fwd": "block_fwd", "bwd": "block_bwd"}}
+                    "programs": {"init": "block_init", "fwd": "block_fwd", "bwd": "block_bwd",
+                                 "fwd_res": "block_fwd_res", "bwd_res": "block_bwd_res"}}
                    for i in range(cfg.n_layers)],
     }
     with open(os.path.join(out_dir, "manifest.json"), "w", encoding="utf-8") as f:

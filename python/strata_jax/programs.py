@@ -7,6 +7,7 @@ reference can call the very same functions.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -134,7 +135,141 @@ def build_programs(cfg: ModelConfig) -> list[Program]:
     ]
     for g in GROUPS:
         progs += _group_programs(cfg, g)
+    progs += _remat_programs(cfg)
     return progs
+
+
+# --- residual-keeping block programs (sched.remat) -------------------------------
+#
+# block_fwd_res returns y and the residuals the backward needs; block_bwd_res
+# consumes them instead of recomputing the forward from x. What is saved: every
+# matmul output the backward reads (q and k after RoPE, v, the attention output
+# before wo, the MLP gate and up projections), the residual stream between the
+# two halves (x_mid) and the attention log-sum-exp (one f32 per query and head,
+# instead of the [T, T] probabilities). RMSNorm outputs and elementwise
+# functions are recomputed from x and x_mid: cheap, and it keeps the saved set
+# at 5 D + 2 F + H floats per token (JAX's "dots saveable" choice, with a
+# flash-attention style softmax backward). block_fwd_res computes y with the
+# very operations of model.block_fwd, in the same order.
+
+RESIDUALS: tuple[str, ...] = ("q", "k", "v", "attn_out", "attn_lse", "x_mid", "gate", "up")
+
+
+def residual_specs(cfg: ModelConfig) -> list[TensorSpec]:
+    mb, T, D, H, Dh, F = cfg.microbatch_size, cfg.seq_len, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff
+    shapes = {"q": (mb, T, H, Dh), "k": (mb, T, H, Dh), "v": (mb, T, H, Dh), "attn_out": (mb, T, D),
+              "attn_lse": (mb, H, T), "x_mid": (mb, T, D), "gate": (mb, T, F), "up": (mb, T, F)}
+    return [TensorSpec(n, shapes[n], "f32", "residual") for n in RESIDUALS]
+
+
+def _causal(T: int) -> Array:
+    return jnp.tril(jnp.ones((T, T), dtype=jnp.bool_))
+
+
+def _qkv(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tuple[Array, Array, Array]:
+    """RMSNorm, q/k/v projections and RoPE, as in model.attention."""
+    B, T, _ = x.shape
+    H, Dh = cfg.n_heads, cfg.head_dim
+    h = M.rms_norm(x, p["attn_norm"])
+    q = M._mm(cfg, h, p["wq"]).reshape(B, T, H, Dh)
+    k = M._mm(cfg, h, p["wk"]).reshape(B, T, H, Dh)
+    v = M._mm(cfg, h, p["wv"]).reshape(B, T, H, Dh)
+    cos, sin = M.rope_tables(cfg)
+    return M.apply_rope(q, cos, sin), M.apply_rope(k, cos, sin), v
+
+
+def _scores(cfg: ModelConfig, q: Array, k: Array) -> Array:
+    c = cfg.cdtype
+    s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(c), k.astype(c),
+                   preferred_element_type=jnp.float32) / jnp.float32(math.sqrt(cfg.head_dim))
+    return jnp.where(_causal(q.shape[1])[None, None], s, jnp.float32(-1e30))
+
+
+def block_fwd_res(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tuple[Array, tuple[Array, ...]]:
+    """y and the residuals (RESIDUALS order)."""
+    B, T, D = x.shape
+    q, k, v = _qkv(cfg, p, x)
+    scores = _scores(cfg, q, k)
+    probs = jax.nn.softmax(scores, axis=-1)
+    lse = jax.nn.logsumexp(scores, axis=-1)
+    c = cfg.cdtype
+    o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), v.astype(c),
+                   preferred_element_type=jnp.float32).reshape(B, T, D)
+    x_mid = x + M._mm(cfg, o, p["wo"])
+    h2 = M.rms_norm(x_mid, p["mlp_norm"])
+    gate, up = M._mm(cfg, h2, p["w_gate"]), M._mm(cfg, h2, p["w_up"])
+    y = x_mid + M._mm(cfg, jax.nn.silu(gate) * up, p["w_down"])
+    return y, (q, k, v, o, lse, x_mid, gate, up)
+
+
+def _attention_core_bwd(cfg: ModelConfig, q: Array, k: Array, v: Array, o: Array, lse: Array,
+                        do: Array) -> tuple[Array, Array, Array]:
+    """Gradients of o = softmax(q k / sqrt(Dh) + causal) v from the saved log-sum-exp:
+    p = exp(s - lse), ds = p (dp - rowsum(do * o)) (the softmax Jacobian without [T, T] residuals)."""
+    B, T, H, Dh = q.shape
+    c = cfg.cdtype
+    do4, o4 = do.reshape(B, T, H, Dh), o.reshape(B, T, H, Dh)
+    probs = jnp.exp(_scores(cfg, q, k) - lse[..., None])
+    dv = jnp.einsum("bhqk,bqhd->bkhd", probs.astype(c), do4.astype(c), preferred_element_type=jnp.float32)
+    dp = jnp.einsum("bqhd,bkhd->bhqk", do4.astype(c), v.astype(c), preferred_element_type=jnp.float32)
+    delta = jnp.transpose(jnp.sum(do4 * o4, axis=-1), (0, 2, 1))  # [B, H, T]
+    ds = probs * (dp - delta[..., None]) / jnp.float32(math.sqrt(Dh))
+    dq = jnp.einsum("bhqk,bkhd->bqhd", ds.astype(c), k.astype(c), preferred_element_type=jnp.float32)
+    dk = jnp.einsum("bhqk,bqhd->bkhd", ds.astype(c), q.astype(c), preferred_element_type=jnp.float32)
+    return dq, dk, dv
+
+
+def block_bwd_res(cfg: ModelConfig, p: dict[str, Array], x: Array, res: tuple[Array, ...],
+                  dy: Array) -> tuple[dict[str, Array], Array]:
+    """(param grads, dx) from the residuals. Each jax.vjp below covers one stage whose
+    inputs are saved; its primal matmuls are dead code that XLA removes."""
+    q, k, v, o, lse, x_mid, gate, up = res
+    _, vjp = jax.vjp(lambda g_, u_, w: M._mm(cfg, jax.nn.silu(g_) * u_, w), gate, up, p["w_down"])
+    dgate, dup, dw_down = vjp(dy)
+
+    def mlp_in(x_, gain, wg, wu):  # type: ignore[no-untyped-def]
+        h = M.rms_norm(x_, gain)
+        return M._mm(cfg, h, wg), M._mm(cfg, h, wu)
+
+    _, vjp = jax.vjp(mlp_in, x_mid, p["mlp_norm"], p["w_gate"], p["w_up"])
+    dx_mid_n, dmlp_norm, dw_gate, dw_up = vjp((dgate, dup))
+    dx_mid = dy + dx_mid_n
+    _, vjp = jax.vjp(lambda o_, w: M._mm(cfg, o_, w), o, p["wo"])
+    do, dwo = vjp(dx_mid)
+    dq, dk, dv = _attention_core_bwd(cfg, q, k, v, o, lse, do)
+    _, vjp = jax.vjp(lambda x_, gain, wq, wk, wv: _qkv(cfg, {"attn_norm": gain, "wq": wq, "wk": wk, "wv": wv}, x_),
+                     x, p["attn_norm"], p["wq"], p["wk"], p["wv"])
+    dx_n, dattn_norm, dwq, dwk, dwv = vjp((dq, dk, dv))
+    grads = {"attn_norm": dattn_norm, "wq": dwq, "wk": dwk, "wv": dwv, "wo": dwo, "mlp_norm": dmlp_norm,
+             "w_gate": dw_gate, "w_up": dw_up, "w_down": dw_down}
+    return grads, dx_mid + dx_n
+
+
+def _remat_programs(cfg: ModelConfig) -> list[Program]:
+    blk = M.BLOCK_PARAMS
+    nb, nr = len(blk), len(RESIDUALS)
+    mb, T, D = cfg.microbatch_size, cfg.seq_len, cfg.d_model
+    x = TensorSpec("x", (mb, T, D), "f32", "activation")
+    y = TensorSpec("y", (mb, T, D), "f32", "activation")
+    dy = TensorSpec("dy", (mb, T, D), "f32", "activation_grad")
+    dx = TensorSpec("dx", (mb, T, D), "f32", "activation_grad")
+    params = _specs(cfg, blk, "param")
+
+    def fwd_res(*args: Array) -> tuple[Array, ...]:
+        yv, res = block_fwd_res(cfg, dict(zip(blk, args[:nb])), args[nb])
+        return (yv,) + res
+
+    def bwd_res(*args: Array) -> tuple[Array, ...]:
+        p, xin = dict(zip(blk, args[:nb])), args[nb]
+        res, g = tuple(args[nb + 1:nb + 1 + nr]), args[nb + 1 + nr]
+        dp, dxin = block_bwd_res(cfg, p, xin, res, g)
+        return tuple(dp[n] for n in blk) + (dxin,)
+
+    return [
+        Program("block_fwd_res", fwd_res, params + [x], [y] + residual_specs(cfg)),
+        Program("block_bwd_res", bwd_res, params + [x] + residual_specs(cfg) + [dy],
+                _specs(cfg, blk, "grad", "grad_") + [dx]),
+    ]
 
 
 def _group_programs(cfg: ModelConfig, group: str) -> list[Program]:

@@ -11,9 +11,11 @@
  *   ./build/strata config --schema > docs/config.md
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "config/internal.h"
+#include "strata/sched.h"
 
 /* Rows: key, type, default (as text), then range/choices and doc. */
 static const st__cfg_key kKeys[] = {
@@ -74,6 +76,22 @@ static const st__cfg_key kKeys[] = {
     {"runtime.cache_dir", ST__CFG_STRING, "",
      .doc = "Compile and bundle cache; empty: $STRATA_CACHE_DIR, else ~/.cache/strata."},
 
+    {"sched.remat", ST__CFG_STRING, "full",
+     .doc = "Layers that recompute their forward in the backward: none, full, every:K (layers 0, K, 2K, ...) or a "
+            "list such as \"0,2\"; the others keep their residuals."},
+    {"sched.offload", ST__CFG_ENUM, "none", .choices = "none|optimizer|params|both",
+     .doc = "What lives in host memory between uses: optimizer state (m, v), block parameters, or both."},
+    {"sched.prefetch_depth", ST__CFG_INT, "1", .lo = 0, .hi = 64,
+     .doc = "How many launches ahead offloaded buffers are brought back to the device."},
+    {"sched.wait", ST__CFG_ENUM, "deferred", .choices = "deferred|eager",
+     .doc = "deferred: block only where the host consumes a value; eager: block after every launch and transfer."},
+    {"sched.optimizer", ST__CFG_ENUM, "after_backward", .choices = "after_backward|per_layer",
+     .doc = "Update after the whole backward (global clipping), or each layer as soon as its gradient is final "
+            "(needs train.grad_clip=0)."},
+
+    {"trace.steps", ST__CFG_LIST, "[]",
+     .doc = "Steps (1-based) written as Chrome trace-event JSON to <run>/trace/step_<N>.json (Perfetto)."},
+
     {"bundle.dir", ST__CFG_STRING, "", .doc = "Program bundle folder; empty: <cache>/bundles/<bundle key>."},
 
     {"ckpt.every", ST__CFG_INT, "50", .lo = 0, .hi = 100000000,
@@ -118,6 +136,8 @@ static const st__cfg_section kSections[] = {
     {"run", "Run directory and console output."},
     {"runtime", "PJRT plugin, devices, compilation."},
     {"bundle", "Exported programs."},
+    {"sched", "The step plan's policies: remat, offload, prefetch, waits, optimizer placement (docs/scheduling.md)."},
+    {"trace", "Chrome traces of chosen steps (docs/scheduling.md)."},
     {"ckpt", "Checkpoints: cadence, retention, failure policy (docs/checkpoints.md)."},
     {"recovery", "The supervisor (strata run): restarts, backoff, hang timeout."},
     {"faults", "Fault injection for recovery drills; all off by default."},
@@ -167,11 +187,50 @@ static st_status st__rule_vocab(const st_config* c) {
   return ST_OK;
 }
 
+static st_status st__rule_remat(const st_config* c) {
+  st_status s = st_sched_remat_parse(st_config_string(c, "sched.remat"), (int)st_config_int(c, "model.n_layers"), NULL);
+  if (s) s = st_status_annotate(s, "sched.remat (%s), model.n_layers (%s)", st_config_source(c, "sched.remat"),
+                                st_config_source(c, "model.n_layers"));
+  return s;
+}
+
+static st_status st__rule_per_layer(const st_config* c) {
+  double clip = st_config_float(c, "train.grad_clip");
+  if (!strcmp(st_config_string(c, "sched.optimizer"), "per_layer") && clip > 0)
+    return st_status_make(ST_CODE_CONFIG,
+                          "sched.optimizer=per_layer (%s) updates each layer before the global gradient norm is known, so "
+                          "it cannot clip: train.grad_clip is %g (%s); set train.grad_clip=0 or "
+                          "sched.optimizer=after_backward",
+                          st_config_source(c, "sched.optimizer"), clip, st_config_source(c, "train.grad_clip"));
+  return ST_OK;
+}
+
+static st_status st__rule_trace_steps(const st_config* c) {
+  int64_t steps = st_config_int(c, "train.steps");
+  int n = st_config_list_count(c, "trace.steps");
+  for (int i = 0; i < n; ++i) {
+    const char* v = st_config_list_item(c, "trace.steps", i);
+    char* end = NULL;
+    long long k = strtoll(v, &end, 10);
+    if (!v[0] || *end || k < 1)
+      return st_status_make(ST_CODE_CONFIG, "trace.steps (%s): item %d is '%s', expected a step number >= 1",
+                            st_config_source(c, "trace.steps"), i + 1, v);
+    if (k > steps)
+      return st_status_make(ST_CODE_CONFIG, "trace.steps (%s) lists step %lld, but train.steps is %lld (%s)",
+                            st_config_source(c, "trace.steps"), k, (long long)steps, st_config_source(c, "train.steps"));
+  }
+  return ST_OK;
+}
+
 static const st__cfg_rule kRules[] = {
     {"model.d_model is divisible by model.n_heads, and the head size model.d_model / model.n_heads is even (RoPE).",
      st__rule_heads},
     {"train.batch_size is divisible by train.microbatches.", st__rule_microbatches},
     {"model.vocab_size is at least 256 (the byte tokenizer) unless data.synthetic is true.", st__rule_vocab},
+    {"sched.remat is none, full, every:K (K >= 1) or a list of layers below model.n_layers.", st__rule_remat},
+    {"sched.optimizer=per_layer needs train.grad_clip=0 (clipping needs the global norm before any update).",
+     st__rule_per_layer},
+    {"trace.steps are step numbers from 1 to train.steps.", st__rule_trace_steps},
 };
 
 /* ---- lookups ------------------------------------------------------------ */

@@ -1,24 +1,50 @@
-/* executor.c — runs a plan: launches without blocking, waits only where a
- * READ needs a value (or after every launch in eager mode), and accounts
- * live device bytes by category exactly as st_plan_predict_live predicts. */
+/* executor.c — runs a plan: issues every op in plan order without blocking,
+ * blocks the host only in WAIT and READ ops, timestamps every op (PJRT
+ * completion callbacks for device work), and accounts live device bytes by
+ * category exactly as st_plan_predict_live predicts. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "sched/sched_internal.h"
+#include "strata/base.h"
+#include "strata/obs.h"
 #include "strata/sched.h"
+
+typedef struct {
+  struct st_executor* ex;
+  int op;
+} st__cb;
 
 struct st_executor {
   const st_plan* plan;
   st_runtime* runtime;
   st_program* const* programs;
   int device;
-  bool eager;
-  st_buffer** slots; /* [slot_count], owned unless borrowed[slot] */
+  char device_kind[32]; /* the device's default memory space */
+  char host_kind[32];   /* where host slots live; "" when the plan has none */
+  st_buffer** slots;    /* [slot_count], owned unless borrowed[slot] */
   bool* borrowed;
   st_executor_stats stats;
   /* scratch arrays sized for the widest op */
   st_buffer** in;
   st_buffer** out;
+
+  /* the last run */
+  st_op_timing* timings; /* [op_count] */
+  st_event** events;     /* [op_count]: completion of each async op, NULL otherwise */
+  st__cb* cbs;           /* [op_count]: callback contexts */
+  int64_t* live_pred;    /* [op_count * categories] */
+  int64_t* live_acct;
+  double t0;
+
+  /* Completion callbacks run on plugin threads: they write timings[i].
+   * complete_s and count down |pending| under |mu|. */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int pending;
+  st_status cb_error; /* first error reported by a callback */
 };
 
 static double st__now(void) {
@@ -27,7 +53,12 @@ static double st__now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_program* const* programs, int device, bool eager,
+static const char* st__op_program(const st_executor* ex, const st_op* op) {
+  return (op->kind == ST_OP_LAUNCH || op->kind == ST_OP_RECOMPUTE) ? ex->plan->programs[op->program]
+                                                                   : st_op_kind_name(op->kind);
+}
+
+st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_program* const* programs, int device,
                              st_executor** out_executor) {
   *out_executor = NULL;
   int widest = 1;
@@ -37,44 +68,122 @@ st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_progra
   }
   for (int i = 0; i < plan->op_count; ++i) {
     const st_op* op = &plan->ops[i];
-    if (op->kind != ST_OP_LAUNCH) continue;
+    if (op->kind != ST_OP_LAUNCH && op->kind != ST_OP_RECOMPUTE) continue;
+    const char* name = plan->programs[op->program];
     st_program* p = programs[op->program];
-    if (!p) return st_status_make(ST_CODE_INTERNAL, "plan op %d: program '%s' is not compiled", i, plan->programs[op->program]);
+    if (!p) return st_status_make(ST_CODE_INTERNAL, "plan op %d: program '%s' is not compiled", i, name);
     if (st_program_output_count(p) != op->output_count)
-      return st_status_make(ST_CODE_RUNTIME, "plan op %d: program '%s' has %d outputs, the plan expects %d", i,
-                            plan->programs[op->program], st_program_output_count(p), op->output_count);
+      return st_status_make(ST_CODE_RUNTIME, "plan op %d: program '%s' has %d outputs, the plan expects %d", i, name,
+                            st_program_output_count(p), op->output_count);
+    if (st_program_input_count(p) >= 0 && st_program_input_count(p) != op->input_count)
+      return st_status_make(ST_CODE_RUNTIME, "plan op %d: program '%s' has %d inputs, the plan passes %d", i, name,
+                            st_program_input_count(p), op->input_count);
+    /* Liveness prediction relies on a donated slot being refilled by the
+     * op that consumed it; a plan that breaks this would be mis-accounted. */
+    for (int j = 0; j < op->input_count; ++j) {
+      if (!st_program_input_donated(p, j)) continue;
+      bool refilled = false;
+      for (int k = 0; k < op->output_count; ++k) refilled |= op->outputs[k] == op->inputs[j];
+      if (!refilled)
+        return st_status_make(ST_CODE_INTERNAL, "plan op %d: program '%s' donates input %d (slot '%s') but does not refill it", i,
+                              name, j, plan->slots[op->inputs[j]].name);
+    }
+  }
+  st_device_info di;
+  ST_RETURN(st_runtime_device_info(runtime, device, &di));
+  char host_kind[32] = "";
+  bool has_host = false;
+  for (int i = 0; i < plan->slot_count; ++i) has_host |= plan->slots[i].host;
+  if (has_host) {
+    const char* prefs[2] = {"pinned_host", "unpinned_host"};
+    for (int k = 0; k < 2 && !host_kind[0]; ++k)
+      if (st_runtime_can_copy_to_memory(runtime, device, prefs[k])) snprintf(host_kind, sizeof(host_kind), "%s", prefs[k]);
+    if (!host_kind[0]) {
+      char kinds[256] = "";
+      for (int k = 0; k < di.memory_count; ++k)
+        snprintf(kinds + strlen(kinds), sizeof(kinds) - strlen(kinds), "%s%s", k ? ", " : "", di.memory_kinds[k]);
+      return st_status_make(ST_CODE_RUNTIME,
+                            "sched.offload needs a host memory space (pinned_host or unpinned_host) that the plugin can copy "
+                            "into; device %d has: %s. Set sched.offload=none",
+                            device, kinds[0] ? kinds : "none listed");
+    }
   }
   st_executor* ex = calloc(1, sizeof(*ex));
   ex->plan = plan;
   ex->runtime = runtime;
   ex->programs = programs;
   ex->device = device;
-  ex->eager = eager;
+  snprintf(ex->device_kind, sizeof(ex->device_kind), "%s",
+           di.default_memory < di.memory_count ? di.memory_kinds[di.default_memory] : "device");
+  snprintf(ex->host_kind, sizeof(ex->host_kind), "%s", host_kind);
   ex->slots = calloc((size_t)plan->slot_count + 1, sizeof(st_buffer*));
   ex->borrowed = calloc((size_t)plan->slot_count + 1, sizeof(bool));
   ex->in = calloc((size_t)widest, sizeof(st_buffer*));
   ex->out = calloc((size_t)widest, sizeof(st_buffer*));
+  size_t n = (size_t)plan->op_count + 1;
+  ex->timings = calloc(n, sizeof(st_op_timing));
+  ex->events = calloc(n, sizeof(st_event*));
+  ex->cbs = calloc(n, sizeof(st__cb));
+  ex->live_pred = calloc(n * ST_SLOT_CATEGORY_COUNT, sizeof(int64_t));
+  ex->live_acct = calloc(n * ST_SLOT_CATEGORY_COUNT, sizeof(int64_t));
+  ex->stats.predicted_peak_bytes = st_plan_predict_live(plan, ex->live_pred, NULL);
+  pthread_mutex_init(&ex->mu, NULL);
+  pthread_cond_init(&ex->cv, NULL);
   *out_executor = ex;
   return ST_OK;
 }
 
+/* Blocks until every registered completion callback has run. */
+static void st__drain(st_executor* ex) {
+  pthread_mutex_lock(&ex->mu);
+  while (ex->pending > 0) pthread_cond_wait(&ex->cv, &ex->mu);
+  pthread_mutex_unlock(&ex->mu);
+}
+
+static void st__events_free(st_executor* ex) {
+  for (int i = 0; i < ex->plan->op_count; ++i) {
+    st_event_destroy(ex->events[i]);
+    ex->events[i] = NULL;
+  }
+}
+
 void st_executor_destroy(st_executor* ex) {
   if (!ex) return;
+  st__drain(ex);
+  st__events_free(ex);
+  st_status_free(ex->cb_error);
   for (int i = 0; i < ex->plan->slot_count; ++i)
     if (!ex->borrowed[i]) st_buffer_destroy(ex->slots[i]);
+  pthread_mutex_destroy(&ex->mu);
+  pthread_cond_destroy(&ex->cv);
   free(ex->slots);
   free(ex->borrowed);
   free(ex->in);
   free(ex->out);
+  free(ex->timings);
+  free(ex->events);
+  free(ex->cbs);
+  free(ex->live_pred);
+  free(ex->live_acct);
   free(ex);
 }
 
+const char* st_executor_host_memory(const st_executor* ex) { return ex->host_kind; }
+
+/*===-------------------------------------------------------------------===*/
+/* Slots                                                                    */
+/*===-------------------------------------------------------------------===*/
+
 static void st__account(st_executor* ex, int slot, int sign) {
   const st_slot* s = &ex->plan->slots[slot];
-  ex->stats.live_bytes[s->category] += sign * (int64_t)st_tensor_type_bytes(&s->type);
+  int64_t bytes = sign * (int64_t)st_tensor_type_bytes(&s->type);
+  if (s->host)
+    ex->stats.host_bytes += bytes;
+  else
+    ex->stats.live_bytes[s->category] += bytes;
 }
 
-void st_executor_set(st_executor* ex, int slot, st_buffer* buffer) {
+static void st__slot_put(st_executor* ex, int slot, st_buffer* buffer) {
   if (ex->slots[slot]) st__account(ex, slot, -1);
   if (!ex->borrowed[slot]) st_buffer_destroy(ex->slots[slot]);
   ex->slots[slot] = buffer;
@@ -82,21 +191,92 @@ void st_executor_set(st_executor* ex, int slot, st_buffer* buffer) {
   if (buffer) st__account(ex, slot, +1);
 }
 
+st_status st_executor_put(st_executor* ex, int slot, st_buffer* buffer) {
+  const st_slot* s = &ex->plan->slots[slot];
+  int target = (!s->host && s->twin >= 0) ? s->twin : slot;
+  if (buffer && ex->plan->slots[target].host && strcmp(st_buffer_memory_kind(buffer), ex->host_kind) != 0) {
+    st_buffer* h = NULL;
+    st_status st = st_buffer_copy_to_memory(buffer, ex->host_kind, &h);
+    st_buffer_destroy(buffer);
+    if (st) {
+      st__slot_put(ex, target, NULL);
+      return st_status_annotate(st, "moving slot '%s' to its home in %s memory", s->name, ex->host_kind);
+    }
+    buffer = h;
+  }
+  st__slot_put(ex, target, buffer);
+  return ST_OK;
+}
+
+void st_executor_set(st_executor* ex, int slot, st_buffer* buffer) {
+  st_status s = st_executor_put(ex, slot, buffer);
+  if (s) {
+    fprintf(stderr, "strata: %s\n", st_status_message(s));
+    st_status_free(s);
+  }
+}
+
 void st_executor_set_borrowed(st_executor* ex, int slot, st_buffer* buffer) {
-  st_executor_set(ex, slot, NULL);
+  st__slot_put(ex, slot, NULL);
   ex->slots[slot] = buffer;
   ex->borrowed[slot] = buffer != NULL;
   if (buffer) st__account(ex, slot, +1);
 }
 
-st_buffer* st_executor_get(st_executor* ex, int slot) { return ex->slots[slot]; }
+st_buffer* st_executor_get(st_executor* ex, int slot) {
+  const st_slot* s = &ex->plan->slots[slot];
+  if (!ex->slots[slot] && !s->host && s->twin >= 0) return ex->slots[s->twin];
+  return ex->slots[slot];
+}
 
 const st_executor_stats* st_executor_stats_get(const st_executor* ex) { return &ex->stats; }
+const st_op_timing* st_executor_timings(const st_executor* ex) { return ex->timings; }
+const int64_t* st_executor_live_predicted(const st_executor* ex) { return ex->live_pred; }
+const int64_t* st_executor_live_accounted(const st_executor* ex) { return ex->live_acct; }
 
-static void st__track_peak(st_executor* ex) {
-  int64_t total = 0;
-  for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) total += ex->stats.live_bytes[k];
-  if (total > ex->stats.peak_live_bytes) ex->stats.peak_live_bytes = total;
+/*===-------------------------------------------------------------------===*/
+/* Running                                                                  */
+/*===-------------------------------------------------------------------===*/
+
+static void st__on_complete(st_status status, void* user) {
+  st__cb* cb = user;
+  st_executor* ex = cb->ex;
+  double t = st__now();
+  pthread_mutex_lock(&ex->mu);
+  ex->timings[cb->op].complete_s = t - ex->t0;
+  if (status && !ex->cb_error) {
+    const st_op* op = &ex->plan->ops[cb->op];
+    ex->cb_error = st_status_annotate(status, "plan op %d (%s, layer %d, microbatch %d)", cb->op, st__op_program(ex, op),
+                                      op->layer, op->micro);
+  } else {
+    st_status_free(status);
+  }
+  ex->pending--;
+  pthread_cond_broadcast(&ex->cv);
+  pthread_mutex_unlock(&ex->mu);
+}
+
+/* Keeps |ev| as op |i|'s completion event and timestamps it when it fires. */
+static st_status st__track(st_executor* ex, int i, st_event* ev) {
+  ex->events[i] = ev;
+  ex->cbs[i].ex = ex;
+  ex->cbs[i].op = i;
+  pthread_mutex_lock(&ex->mu);
+  ex->pending++;
+  pthread_mutex_unlock(&ex->mu);
+  st_status s = st_event_on_ready(ev, st__on_complete, &ex->cbs[i]);
+  if (s) {
+    pthread_mutex_lock(&ex->mu);
+    ex->pending--;
+    pthread_mutex_unlock(&ex->mu);
+  }
+  return s;
+}
+
+static st_status st__track_buffer(st_executor* ex, int i, st_buffer* b) {
+  st_event* ev = NULL;
+  ST_RETURN(st_buffer_ready_event(b, &ev));
+  return st__track(ex, i, ev);
 }
 
 static st_status st__launch(st_executor* ex, int index, const st_op* op) {
@@ -109,68 +289,351 @@ static st_status st__launch(st_executor* ex, int index, const st_op* op) {
                             plan->programs[op->program], op->layer, plan->slots[op->inputs[j]].name);
   }
   st_event* done = NULL;
-  st_status s = st_program_execute(prog, ex->device, ex->in, op->input_count, ex->out, op->output_count,
-                                   ex->eager ? &done : NULL);
+  st_status s = st_program_execute(prog, ex->device, ex->in, op->input_count, ex->out, op->output_count, &done);
   if (s) {
     return st_status_annotate(s, "launching %s (layer %d, microbatch %d)", plan->programs[op->program], op->layer,
                               op->micro);
   }
   ex->stats.launches++;
+  if (op->kind == ST_OP_RECOMPUTE) ex->stats.recomputes++;
   /* Donated inputs now hold nothing: drop them from their slots before the
-   * outputs (which typically alias them) take their place. */
+   * outputs (which alias them) take their place. */
   for (int j = 0; j < op->input_count; ++j) {
-    if (st_buffer_is_consumed(ex->in[j])) st_executor_set(ex, op->inputs[j], NULL);
+    if (st_buffer_is_consumed(ex->in[j])) st__slot_put(ex, op->inputs[j], NULL);
   }
-  for (int j = 0; j < op->output_count; ++j) st_executor_set(ex, op->outputs[j], ex->out[j]);
-  st__track_peak(ex);
-  if (done) {
-    double t0 = st__now();
-    s = st_event_await(done);
-    ex->stats.read_wait_s += st__now() - t0;
-    st_event_destroy(done);
-    if (s) return st_status_annotate(s, "executing %s (layer %d, microbatch %d)", plan->programs[op->program], op->layer, op->micro);
+  for (int j = 0; j < op->output_count; ++j) st__slot_put(ex, op->outputs[j], ex->out[j]);
+  return st__track(ex, index, done);
+}
+
+static st_status st__wait(st_executor* ex, int i, const st_op* op) {
+  st_op_timing* t = &ex->timings[i];
+  for (int d = 0; d < op->dep_count; ++d) {
+    st_event* ev = ex->events[op->deps[d]];
+    if (!ev) continue;
+    if (!st_event_is_ready(ev)) t->blocked = true;
+    st_status s = st_event_await(ev);
+    if (s) {
+      const st_op* dep = &ex->plan->ops[op->deps[d]];
+      return st_status_annotate(s, "plan op %d (%s, layer %d, microbatch %d)", op->deps[d], st__op_program(ex, dep),
+                                dep->layer, dep->micro);
+    }
   }
+  ex->stats.waits++;
+  if (t->blocked) ex->stats.waits_blocked++;
   return ST_OK;
+}
+
+static st_status st__run_op(st_executor* ex, const st_executor_hooks* hooks, int i) {
+  const st_plan* plan = ex->plan;
+  const st_op* op = &plan->ops[i];
+  switch (op->kind) {
+    case ST_OP_LAUNCH:
+    case ST_OP_RECOMPUTE:
+      return st__launch(ex, i, op);
+    case ST_OP_H2D: {
+      st_buffer* b = NULL;
+      if (op->input_count == 0) {
+        ST_RETURN(hooks->h2d(hooks->user, op, &b));
+      } else {
+        st_buffer* home = ex->slots[op->inputs[0]];
+        if (!home) return st_status_make(ST_CODE_INTERNAL, "plan op %d: H2D from empty slot '%s'", i, plan->slots[op->inputs[0]].name);
+        ST_RETURN_IF_ERROR(st_buffer_copy_to_memory(home, ex->device_kind, &b), "plan op %d: bringing '%s' back to the device",
+                           i, plan->slots[op->outputs[0]].name);
+      }
+      ex->stats.h2d_bytes += (int64_t)st_buffer_bytes(b);
+      st__slot_put(ex, op->outputs[0], b);
+      return st__track_buffer(ex, i, b);
+    }
+    case ST_OP_D2H: {
+      st_buffer* src = ex->slots[op->inputs[0]];
+      if (!src) return st_status_make(ST_CODE_INTERNAL, "plan op %d: D2H of empty slot '%s'", i, plan->slots[op->inputs[0]].name);
+      st_buffer* b = NULL;
+      ST_RETURN_IF_ERROR(st_buffer_copy_to_memory(src, ex->host_kind, &b), "plan op %d: offloading '%s' to %s memory", i,
+                         plan->slots[op->inputs[0]].name, ex->host_kind);
+      ex->stats.d2h_bytes += (int64_t)st_buffer_bytes(b);
+      st__slot_put(ex, op->outputs[0], b);
+      return st__track_buffer(ex, i, b);
+    }
+    case ST_OP_READ: {
+      st_buffer* b = ex->slots[op->inputs[0]];
+      if (!b) return st_status_make(ST_CODE_INTERNAL, "plan op %d: READ of empty slot '%s'", i, plan->slots[op->inputs[0]].name);
+      ST_RETURN(hooks->read(hooks->user, op, b));
+      ex->stats.reads++;
+      ex->stats.d2h_bytes += (int64_t)st_buffer_bytes(b);
+      return ST_OK;
+    }
+    case ST_OP_HOST:
+      return hooks->host(hooks->user, op);
+    case ST_OP_FREE:
+      for (int j = 0; j < op->input_count; ++j) st__slot_put(ex, op->inputs[j], NULL);
+      return ST_OK;
+    case ST_OP_WAIT:
+      return st__wait(ex, i, op);
+  }
+  return st_status_make(ST_CODE_INTERNAL, "plan op %d has unknown kind %d", i, (int)op->kind);
+}
+
+static int st__cmp_double(const void* a, const void* b) {
+  double x = *(const double*)a, y = *(const double*)b;
+  return x < y ? -1 : x > y;
+}
+
+typedef struct {
+  double t;
+  int delta;
+} st__edge;
+
+static int st__cmp_edge(const void* a, const void* b) {
+  const st__edge *x = a, *y = b;
+  if (x->t != y->t) return x->t < y->t ? -1 : 1;
+  return x->delta - y->delta; /* completions before issues at the same instant */
+}
+
+/* Start times, causal clean-up and the derived statistics of a run. */
+static void st__derive(st_executor* ex, int ran) {
+  const st_plan* plan = ex->plan;
+  st_executor_stats* st = &ex->stats;
+  /* Callbacks of different ops can be delivered out of order, and a
+   * callback may run after a waiter has already resumed: clamp so that no
+   * op starts before its deps complete nor completes before it starts. */
+  for (int i = 0; i < ran; ++i) {
+    st_op_timing* t = &ex->timings[i];
+    const st_op* op = &plan->ops[i];
+    double start = t->issue_s;
+    for (int d = 0; d < op->dep_count; ++d)
+      if (ex->timings[op->deps[d]].complete_s > start) start = ex->timings[op->deps[d]].complete_s;
+    if (op->kind == ST_OP_HOST || op->kind == ST_OP_FREE) {
+      /* host work that waits for nothing: as the host saw it (a FREE only
+       * drops a reference; PJRT releases the memory once its users are done) */
+      t->start_s = t->issue_s;
+    } else if (op->kind == ST_OP_WAIT || op->kind == ST_OP_READ) {
+      /* the host resumes no earlier than what it waited for */
+      t->start_s = t->issue_s;
+      if (t->complete_s < start) t->complete_s = start;
+    } else {
+      t->start_s = start;
+    }
+    if (t->complete_s < t->start_s) t->complete_s = t->start_s;
+    if (op->kind == ST_OP_WAIT || op->kind == ST_OP_READ) {
+      t->blocked_s = t->complete_s - t->issue_s;
+      st->wait_s += t->blocked_s;
+    }
+    if (op->kind == ST_OP_RECOMPUTE) st->recompute_s += t->complete_s - t->start_s;
+  }
+  /* Overlap: transfer time covered by the union of launch intervals. */
+  double* iv = malloc(((size_t)ran + 1) * 2 * sizeof(double));
+  int n = 0;
+  for (int i = 0; i < ran; ++i) {
+    st_op_kind k = plan->ops[i].kind;
+    if (k != ST_OP_LAUNCH && k != ST_OP_RECOMPUTE) continue;
+    iv[2 * n] = ex->timings[i].start_s;
+    iv[2 * n + 1] = ex->timings[i].complete_s;
+    ++n;
+  }
+  qsort(iv, (size_t)n, 2 * sizeof(double), st__cmp_double); /* by start */
+  int m = 0;
+  for (int k = 0; k < n; ++k) {
+    if (m > 0 && iv[2 * k] <= iv[2 * (m - 1) + 1]) {
+      if (iv[2 * k + 1] > iv[2 * (m - 1) + 1]) iv[2 * (m - 1) + 1] = iv[2 * k + 1];
+    } else {
+      iv[2 * m] = iv[2 * k];
+      iv[2 * m + 1] = iv[2 * k + 1];
+      ++m;
+    }
+  }
+  for (int i = 0; i < ran; ++i) {
+    st_op_kind k = plan->ops[i].kind;
+    if (k != ST_OP_H2D && k != ST_OP_D2H) continue;
+    double a = ex->timings[i].start_s, b = ex->timings[i].complete_s;
+    st->transfer_s += b - a;
+    for (int j = 0; j < m; ++j) {
+      double lo = a > iv[2 * j] ? a : iv[2 * j], hi = b < iv[2 * j + 1] ? b : iv[2 * j + 1];
+      if (hi > lo) st->transfer_hidden_s += hi - lo;
+    }
+  }
+  free(iv);
+  /* Queue depth: device ops issued and not yet complete. */
+  st__edge* e = malloc(((size_t)ran + 1) * 2 * sizeof(st__edge));
+  int ne = 0;
+  for (int i = 0; i < ran; ++i) {
+    if (!st__op_is_async(plan->ops[i].kind)) continue;
+    e[ne++] = (st__edge){ex->timings[i].issue_s, +1};
+    e[ne++] = (st__edge){ex->timings[i].complete_s, -1};
+  }
+  qsort(e, (size_t)ne, sizeof(st__edge), st__cmp_edge);
+  int depth = 0;
+  for (int k = 0; k < ne; ++k) {
+    depth += e[k].delta;
+    if (depth > st->max_inflight) st->max_inflight = depth;
+  }
+  free(e);
 }
 
 st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
   const st_plan* plan = ex->plan;
+  st__drain(ex);
+  st__events_free(ex);
+  st_status_free(ex->cb_error);
+  ex->cb_error = NULL;
   int64_t live[ST_SLOT_CATEGORY_COUNT];
   memcpy(live, ex->stats.live_bytes, sizeof(live));
+  int64_t host_bytes = ex->stats.host_bytes, predicted = ex->stats.predicted_peak_bytes;
   memset(&ex->stats, 0, sizeof(ex->stats));
   memcpy(ex->stats.live_bytes, live, sizeof(live));
-  st__track_peak(ex);
-  for (int i = 0; i < plan->op_count; ++i) {
-    const st_op* op = &plan->ops[i];
-    switch (op->kind) {
-      case ST_OP_LAUNCH:
-        ST_RETURN(st__launch(ex, i, op));
-        break;
-      case ST_OP_H2D: {
-        st_buffer* b = NULL;
-        ST_RETURN(hooks->h2d(hooks->user, op, &b));
-        ex->stats.h2d_bytes += (int64_t)st_buffer_bytes(b);
-        st_executor_set(ex, op->outputs[0], b);
-        st__track_peak(ex);
-        break;
-      }
-      case ST_OP_READ: {
-        st_buffer* b = ex->slots[op->inputs[0]];
-        if (!b) return st_status_make(ST_CODE_INTERNAL, "plan op %d: READ of empty slot '%s'", i, plan->slots[op->inputs[0]].name);
-        double t0 = st__now();
-        ST_RETURN(hooks->read(hooks->user, op, b));
-        ex->stats.read_wait_s += st__now() - t0;
-        ex->stats.reads++;
-        ex->stats.d2h_bytes += (int64_t)st_buffer_bytes(b);
-        break;
-      }
-      case ST_OP_HOST:
-        ST_RETURN(hooks->host(hooks->user, op));
-        break;
-      case ST_OP_FREE:
-        for (int j = 0; j < op->input_count; ++j) st_executor_set(ex, op->inputs[j], NULL);
-        break;
+  ex->stats.host_bytes = host_bytes;
+  ex->stats.predicted_peak_bytes = predicted;
+  for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) ex->stats.peak_live_bytes += live[k];
+  memcpy(ex->stats.peak_by_category, live, sizeof(live));
+  memset(ex->timings, 0, (size_t)plan->op_count * sizeof(st_op_timing));
+  ex->t0 = st__now();
+  st_status s = ST_OK;
+  int i = 0;
+  for (; i < plan->op_count && !s; ++i) {
+    st_op_timing* t = &ex->timings[i];
+    t->issue_s = st__now() - ex->t0;
+    s = st__run_op(ex, hooks, i);
+    if (!ex->events[i]) t->complete_s = st__now() - ex->t0;
+    int64_t total = 0;
+    for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) {
+      ex->live_acct[(size_t)i * ST_SLOT_CATEGORY_COUNT + (size_t)k] = ex->stats.live_bytes[k];
+      total += ex->stats.live_bytes[k];
+    }
+    if (total > ex->stats.peak_live_bytes) {
+      ex->stats.peak_live_bytes = total;
+      memcpy(ex->stats.peak_by_category, ex->stats.live_bytes, sizeof(live));
     }
   }
-  return ST_OK;
+  /* Callbacks still reference this run's timings: never return before they
+   * have all run, error or not. */
+  st__drain(ex);
+  if (!s && ex->cb_error) {
+    s = ex->cb_error;
+    ex->cb_error = NULL;
+  }
+  st__derive(ex, i);
+  return s;
+}
+
+/*===-------------------------------------------------------------------===*/
+/* Trace                                                                    */
+/*===-------------------------------------------------------------------===*/
+
+/* Slices on one Chrome-trace track must not overlap, so concurrent ops of
+ * one kind are spread over numbered lanes of that track. */
+typedef struct {
+  int base;     /* first tid */
+  int lanes;    /* used so far */
+  double* end;  /* [8]: last end of each lane */
+  const char* name;
+} st__track_group;
+
+static int st__lane(st_trace* tr, st__track_group* g, double start, double end) {
+  int k = 0;
+  while (k < g->lanes && g->end[k] > start) ++k;
+  if (k == 8) k = 7; /* more than 8 concurrent ops: let the importer nest them */
+  if (k == g->lanes) {
+    char name[64];
+    if (k == 0)
+      snprintf(name, sizeof(name), "%s", g->name);
+    else
+      snprintf(name, sizeof(name), "%s (concurrent %d)", g->name, k + 1);
+    st_trace_track(tr, g->base + k, name);
+    g->lanes = k + 1;
+  }
+  if (end > g->end[k]) g->end[k] = end;
+  return g->base + k;
+}
+
+st_status st_executor_write_trace(const st_executor* ex, const char* path, int64_t step) {
+  const st_plan* plan = ex->plan;
+  char title[64];
+  snprintf(title, sizeof(title), "strata step %lld", (long long)step);
+  st_trace* tr = st_trace_new(title);
+  if (!tr) return st_status_make(ST_CODE_INTERNAL, "out of memory (trace)");
+  double ends[4][8] = {{0}};
+  st__track_group groups[4] = {{10, 0, ends[0], "launches"},
+                               {20, 0, ends[1], "transfers"},
+                               {30, 0, ends[2], "host waits"},
+                               {40, 0, ends[3], "host ops"}};
+  st_strbuf a = {0}, name = {0};
+  for (int i = 0; i < plan->op_count; ++i) {
+    const st_op* op = &plan->ops[i];
+    const st_op_timing* t = &ex->timings[i];
+    int g = 3;
+    switch (op->kind) {
+      case ST_OP_LAUNCH:
+      case ST_OP_RECOMPUTE: g = 0; break;
+      case ST_OP_H2D:
+      case ST_OP_D2H: g = 1; break;
+      case ST_OP_WAIT:
+      case ST_OP_READ: g = 2; break;
+      case ST_OP_HOST:
+      case ST_OP_FREE: g = 3; break;
+    }
+    /* Device work is drawn from when it could start; host work from when
+     * the host issued it. */
+    double ts = g <= 1 ? t->start_s : t->issue_s;
+    st_strbuf_reset(&name);
+    if (g == 0) {
+      st_strbuf_append(&name, plan->programs[op->program]);
+    } else {
+      st_strbuf_append(&name, st_op_kind_name(op->kind));
+      int slot = op->input_count ? op->inputs[0] : op->output_count ? op->outputs[0] : -1;
+      if (op->kind == ST_OP_H2D || op->kind == ST_OP_D2H) slot = op->kind == ST_OP_H2D ? op->outputs[0] : op->inputs[0];
+      if (slot >= 0) st_strbuf_printf(&name, " %s%s", plan->slots[slot].name, op->input_count > 1 ? " ..." : "");
+      if (op->kind == ST_OP_WAIT && op->input_count == 0) st_strbuf_append(&name, " all (step barrier)");
+    }
+    st_strbuf_reset(&a);
+    st_strbuf_printf(&a,
+                     "\"op\": %d, \"kind\": \"%s\", \"layer\": %d, \"micro\": %d, \"issue_us\": %.3f, \"start_us\": %.3f, "
+                     "\"complete_us\": %.3f, \"deps\": [",
+                     i, st_op_kind_name(op->kind), op->layer, op->micro, t->issue_s * 1e6, t->start_s * 1e6,
+                     t->complete_s * 1e6);
+    for (int d = 0; d < op->dep_count; ++d) st_strbuf_printf(&a, "%s%d", d ? ", " : "", op->deps[d]);
+    st_strbuf_append(&a, "]");
+    if (g == 1) {
+      int slot = op->kind == ST_OP_H2D ? op->outputs[0] : op->inputs[0];
+      st_strbuf_printf(&a, ", \"bytes\": %zu", st_tensor_type_bytes(&plan->slots[slot].type));
+    }
+    if (op->kind == ST_OP_WAIT) st_strbuf_printf(&a, ", \"blocked\": %s", t->blocked ? "true" : "false");
+    int tid = st__lane(tr, &groups[g], ts, t->complete_s);
+    st_trace_slice(tr, tid, name.data, g == 0 ? (op->kind == ST_OP_RECOMPUTE ? "recompute" : "launch")
+                                              : g == 1 ? "transfer" : g == 2 ? "wait" : "host",
+                   ts * 1e6, (t->complete_s - ts) * 1e6, a.data);
+    st_strbuf_reset(&a);
+    const int64_t* l = &ex->live_acct[(size_t)i * ST_SLOT_CATEGORY_COUNT];
+    for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k)
+      st_strbuf_printf(&a, "%s\"%s\": %lld", k ? ", " : "", st_slot_category_name((st_slot_category)k), (long long)l[k]);
+    st_trace_counter(tr, "live device bytes", t->issue_s * 1e6, a.data);
+    int64_t pred = 0;
+    for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) pred += ex->live_pred[(size_t)i * ST_SLOT_CATEGORY_COUNT + (size_t)k];
+    st_strbuf_reset(&a);
+    st_strbuf_printf(&a, "\"bytes\": %lld", (long long)pred);
+    st_trace_counter(tr, "predicted live device bytes", t->issue_s * 1e6, a.data);
+  }
+  const st_executor_stats* s = &ex->stats;
+  char v[64];
+  snprintf(v, sizeof(v), "%lld", (long long)step);
+  st_trace_meta(tr, "step", v);
+  st_strbuf_reset(&a);
+  if (plan->policy)
+    st_strbuf_json_string(&a, plan->policy);
+  else
+    st_strbuf_append(&a, "null");
+  st_trace_meta(tr, "policy", a.data);
+  st_trace_meta(tr, "time_origin", "\"the start of the step, in microseconds\"");
+  snprintf(v, sizeof(v), "%d", plan->op_count);
+  st_trace_meta(tr, "op_count", v);
+  snprintf(v, sizeof(v), "%lld", (long long)s->predicted_peak_bytes);
+  st_trace_meta(tr, "predicted_peak_bytes", v);
+  snprintf(v, sizeof(v), "%lld", (long long)s->peak_live_bytes);
+  st_trace_meta(tr, "peak_live_bytes", v);
+  st_strbuf_reset(&a);
+  st_strbuf_json_string(&a, ex->host_kind);
+  st_trace_meta(tr, "host_memory", a.data);
+  st_strbuf_free(&a);
+  st_strbuf_free(&name);
+  st_status st = st_trace_write(tr, path);
+  st_trace_free(tr);
+  return st;
 }

@@ -1,12 +1,13 @@
-/* plan.c — the plan IR: slots, interned program names, ops, liveness
- * prediction and printing. */
+/* plan.c — the plan IR: slots, interned program names, ops, dependencies,
+ * validation, liveness prediction and printing. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "sched/sched_internal.h"
 #include "strata/base.h"
 #include "strata/sched.h"
 
-static void* st__xrealloc(void* p, size_t n) {
+void* st__sched_xrealloc(void* p, size_t n) {
   void* q = realloc(p, n ? n : 1);
   if (!q) {
     fprintf(stderr, "strata: out of memory building a plan\n");
@@ -27,6 +28,20 @@ const char* st_slot_category_name(st_slot_category c) {
   return "?";
 }
 
+const char* st_op_kind_name(st_op_kind k) {
+  switch (k) {
+    case ST_OP_LAUNCH: return "LAUNCH";
+    case ST_OP_H2D: return "H2D";
+    case ST_OP_READ: return "READ";
+    case ST_OP_HOST: return "HOST";
+    case ST_OP_FREE: return "FREE";
+    case ST_OP_D2H: return "D2H";
+    case ST_OP_WAIT: return "WAIT";
+    case ST_OP_RECOMPUTE: return "RECOMPUTE";
+  }
+  return "?";
+}
+
 void st_plan_init(st_plan* plan) { memset(plan, 0, sizeof(*plan)); }
 
 void st_plan_deinit(st_plan* plan) {
@@ -35,11 +50,18 @@ void st_plan_deinit(st_plan* plan) {
   for (int i = 0; i < plan->op_count; ++i) {
     free(plan->ops[i].inputs);
     free(plan->ops[i].outputs);
+    free(plan->ops[i].deps);
   }
   free(plan->ops);
   for (int i = 0; i < plan->program_count; ++i) free(plan->programs[i]);
   free(plan->programs);
+  free(plan->policy);
   memset(plan, 0, sizeof(*plan));
+}
+
+static char* st__xstrdup(const char* s) {
+  size_t n = strlen(s) + 1;
+  return memcpy(st__sched_xrealloc(NULL, n), s, n);
 }
 
 int st_plan_slot_find(const st_plan* plan, const char* name) {
@@ -51,57 +73,209 @@ int st_plan_slot_find(const st_plan* plan, const char* name) {
 int st_plan_slot(st_plan* plan, const char* name, st_slot_category category, const st_tensor_type* type, bool persistent) {
   int found = st_plan_slot_find(plan, name);
   if (found >= 0) return found;
-  plan->slots = st__xrealloc(plan->slots, (size_t)(plan->slot_count + 1) * sizeof(st_slot));
+  plan->slots = st__sched_xrealloc(plan->slots, (size_t)(plan->slot_count + 1) * sizeof(st_slot));
   st_slot* s = &plan->slots[plan->slot_count];
-  s->name = strdup(name);
+  memset(s, 0, sizeof(*s));
+  s->name = st__xstrdup(name);
   s->category = category;
   s->type = *type;
   s->persistent = persistent;
+  s->twin = -1;
   return plan->slot_count++;
 }
 
 int st_plan_program(st_plan* plan, const char* name) {
   for (int i = 0; i < plan->program_count; ++i)
     if (!strcmp(plan->programs[i], name)) return i;
-  plan->programs = st__xrealloc(plan->programs, (size_t)(plan->program_count + 1) * sizeof(char*));
-  plan->programs[plan->program_count] = strdup(name);
+  plan->programs = st__sched_xrealloc(plan->programs, (size_t)(plan->program_count + 1) * sizeof(char*));
+  plan->programs[plan->program_count] = st__xstrdup(name);
   return plan->program_count++;
+}
+
+static int* st__ints(const int* v, int n) {
+  int* p = st__sched_xrealloc(NULL, (size_t)n * sizeof(int));
+  if (n) memcpy(p, v, (size_t)n * sizeof(int));
+  return p;
 }
 
 st_op* st_plan_add(st_plan* plan, st_op_kind kind, int program, int layer, int micro, int tag, int input_count,
                    const int* inputs, int output_count, const int* outputs) {
-  plan->ops = st__xrealloc(plan->ops, (size_t)(plan->op_count + 1) * sizeof(st_op));
+  plan->ops = st__sched_xrealloc(plan->ops, (size_t)(plan->op_count + 1) * sizeof(st_op));
   st_op* op = &plan->ops[plan->op_count++];
+  memset(op, 0, sizeof(*op));
   op->kind = kind;
   op->program = program;
   op->layer = layer;
   op->micro = micro;
   op->tag = tag;
   op->input_count = input_count;
-  op->inputs = st__xrealloc(NULL, (size_t)input_count * sizeof(int));
-  if (input_count) memcpy(op->inputs, inputs, (size_t)input_count * sizeof(int));
+  op->inputs = st__ints(inputs, input_count);
   op->output_count = output_count;
-  op->outputs = st__xrealloc(NULL, (size_t)output_count * sizeof(int));
-  if (output_count) memcpy(op->outputs, outputs, (size_t)output_count * sizeof(int));
+  op->outputs = st__ints(outputs, output_count);
+  op->deps = st__ints(NULL, 0);
   return op;
 }
 
-/* Liveness follows the executor's rules exactly: an output slot becomes
- * live when written (replacing what it held), FREE empties a slot, and a
- * donated input's memory is reused by the output that aliases it — which
- * the slot model captures because donated slots are always refilled by the
- * same op. Persistent slots start live. */
-int64_t st_plan_predict_live(const st_plan* plan, int64_t* out) {
+void st_plan_set_policy(st_plan* plan, const char* policy) {
+  free(plan->policy);
+  plan->policy = policy ? st__xstrdup(policy) : NULL;
+}
+
+void st_plan_copy(const st_plan* src, st_plan* dst) {
+  st_plan_init(dst);
+  for (int i = 0; i < src->slot_count; ++i) {
+    const st_slot* s = &src->slots[i];
+    dst->slots = st__sched_xrealloc(dst->slots, (size_t)(dst->slot_count + 1) * sizeof(st_slot));
+    dst->slots[dst->slot_count] = *s;
+    dst->slots[dst->slot_count++].name = st__xstrdup(s->name);
+  }
+  for (int i = 0; i < src->program_count; ++i) st_plan_program(dst, src->programs[i]);
+  for (int i = 0; i < src->op_count; ++i) {
+    const st_op* o = &src->ops[i];
+    st_op* n = st_plan_add(dst, o->kind, o->program, o->layer, o->micro, o->tag, o->input_count, o->inputs,
+                           o->output_count, o->outputs);
+    free(n->deps);
+    n->deps = st__ints(o->deps, o->dep_count);
+    n->dep_count = o->dep_count;
+  }
+  st_plan_set_policy(dst, src->policy);
+}
+
+bool st__op_is_async(st_op_kind k) {
+  return k == ST_OP_LAUNCH || k == ST_OP_RECOMPUTE || k == ST_OP_H2D || k == ST_OP_D2H;
+}
+
+/*===-------------------------------------------------------------------===*/
+/* Dependencies and validation                                              */
+/*===-------------------------------------------------------------------===*/
+
+static st_status st__bad(const st_plan* plan, int i, const char* what, int slot) {
+  const st_op* op = &plan->ops[i];
+  return st_status_make(ST_CODE_INTERNAL, "plan op %d (%s%s%s, layer %d): %s slot '%s'", i, st_op_kind_name(op->kind),
+                        op->program >= 0 && op->program < plan->program_count ? " " : "",
+                        op->program >= 0 && op->program < plan->program_count ? plan->programs[op->program] : "",
+                        op->layer, what, slot >= 0 ? plan->slots[slot].name : "?");
+}
+
+st_status st_plan_finalize(st_plan* plan) {
+  const int n = plan->slot_count;
+  int* writer = malloc(((size_t)n + 1) * sizeof(int));
+  bool* live = calloc((size_t)n + 1, sizeof(bool));
+  int* deps = malloc(((size_t)plan->op_count + 1) * sizeof(int));
+  st_status s = ST_OK;
+  for (int k = 0; k < n; ++k) {
+    writer[k] = -1;
+    live[k] = plan->slots[k].persistent;
+    const st_slot* sl = &plan->slots[k];
+    if (sl->twin >= 0 && (sl->twin >= n || plan->slots[sl->twin].twin != k || plan->slots[sl->twin].host == sl->host))
+      s = st_status_make(ST_CODE_INTERNAL, "plan slot '%s': its twin is not a slot in the other memory", sl->name);
+  }
+  for (int i = 0; i < plan->op_count && !s; ++i) {
+    st_op* op = &plan->ops[i];
+    int nd = 0;
+    /* Inputs must hold something; their writers become deps. */
+    for (int j = 0; j < op->input_count && !s; ++j) {
+      int x = op->inputs[j];
+      if (x < 0 || x >= n) {
+        s = st_status_make(ST_CODE_INTERNAL, "plan op %d: input slot %d out of range", i, x);
+        break;
+      }
+      if (!live[x]) s = st__bad(plan, i, "reads the empty", x);
+      if (writer[x] >= 0) {
+        bool seen = false;
+        for (int d = 0; d < nd; ++d) seen |= deps[d] == writer[x];
+        if (!seen) deps[nd++] = writer[x];
+      }
+    }
+    for (int j = 0; j < op->output_count && !s; ++j)
+      if (op->outputs[j] < 0 || op->outputs[j] >= n)
+        s = st_status_make(ST_CODE_INTERNAL, "plan op %d: output slot %d out of range", i, op->outputs[j]);
+    if (s) break;
+    switch (op->kind) {
+      case ST_OP_LAUNCH:
+      case ST_OP_RECOMPUTE:
+        if (op->program < 0 || op->program >= plan->program_count) s = st__bad(plan, i, "names no program; first input", -1);
+        for (int j = 0; j < op->input_count && !s; ++j)
+          if (plan->slots[op->inputs[j]].host) s = st__bad(plan, i, "passes a program the host-memory", op->inputs[j]);
+        for (int j = 0; j < op->output_count && !s; ++j)
+          if (plan->slots[op->outputs[j]].host) s = st__bad(plan, i, "writes program output into the host-memory", op->outputs[j]);
+        break;
+      case ST_OP_H2D:
+        if (op->output_count != 1 || op->input_count > 1) {
+          s = st__bad(plan, i, "needs one output (and at most one input); first output", op->output_count ? op->outputs[0] : -1);
+        } else if (plan->slots[op->outputs[0]].host) {
+          s = st__bad(plan, i, "fills the host-memory", op->outputs[0]);
+        } else if (op->input_count == 1 && plan->slots[op->inputs[0]].twin != op->outputs[0]) {
+          s = st__bad(plan, i, "copies from a slot that is not the home of", op->outputs[0]);
+        }
+        break;
+      case ST_OP_D2H:
+        if (op->input_count != 1 || op->output_count != 1 || plan->slots[op->inputs[0]].twin != op->outputs[0] ||
+            !plan->slots[op->outputs[0]].host)
+          s = st__bad(plan, i, "must copy a device slot to its host home; input", op->input_count ? op->inputs[0] : -1);
+        break;
+      case ST_OP_READ:
+        if (op->input_count != 1 || op->output_count != 0) s = st__bad(plan, i, "reads exactly one slot; first", -1);
+        else if (plan->slots[op->inputs[0]].host) s = st__bad(plan, i, "reads the host-memory", op->inputs[0]);
+        break;
+      case ST_OP_FREE:
+        for (int j = 0; j < op->input_count && !s; ++j)
+          if (plan->slots[op->inputs[j]].persistent) s = st__bad(plan, i, "frees the persistent", op->inputs[j]);
+        break;
+      case ST_OP_WAIT:
+        if (op->input_count == 0) { /* the barrier: everything issued so far */
+          nd = 0;
+          for (int k = 0; k < i; ++k)
+            if (st__op_is_async(plan->ops[k].kind)) deps[nd++] = k;
+        }
+        break;
+      case ST_OP_HOST:
+        break;
+    }
+    if (s) break;
+    free(op->deps);
+    op->deps = st__ints(deps, nd);
+    op->dep_count = nd;
+    if (op->kind == ST_OP_FREE)
+      for (int j = 0; j < op->input_count; ++j) live[op->inputs[j]] = false;
+    for (int j = 0; j < op->output_count; ++j) {
+      live[op->outputs[j]] = true;
+      writer[op->outputs[j]] = i;
+    }
+  }
+  for (int k = 0; k < n && !s; ++k)
+    if (live[k] && !plan->slots[k].persistent)
+      s = st_status_make(ST_CODE_INTERNAL, "plan leaves slot '%s' filled at the end of the step; add a FREE",
+                         plan->slots[k].name);
+  free(writer);
+  free(live);
+  free(deps);
+  return s;
+}
+
+/*===-------------------------------------------------------------------===*/
+/* Liveness                                                                 */
+/*===-------------------------------------------------------------------===*/
+
+/* Follows the executor's rules exactly: an output slot becomes live when
+ * written (replacing what it held), FREE empties a slot, and a donated
+ * input's memory is reused by the output that aliases it — which the slot
+ * model captures because the executor requires donated slots to be
+ * refilled by the same op. Persistent device slots start live; host slots
+ * are not device memory. */
+int64_t st_plan_predict_live(const st_plan* plan, int64_t* out, int64_t* out_peak_by_category) {
   bool* live = calloc((size_t)plan->slot_count + 1, sizeof(bool));
   int64_t cat[ST_SLOT_CATEGORY_COUNT] = {0};
   for (int i = 0; i < plan->slot_count; ++i) {
-    if (plan->slots[i].persistent) {
+    const st_slot* sl = &plan->slots[i];
+    if (sl->persistent && !sl->host) {
       live[i] = true;
-      cat[plan->slots[i].category] += (int64_t)st_tensor_type_bytes(&plan->slots[i].type);
+      cat[sl->category] += (int64_t)st_tensor_type_bytes(&sl->type);
     }
   }
   int64_t peak = 0;
   for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) peak += cat[k];
+  if (out_peak_by_category) memcpy(out_peak_by_category, cat, sizeof(cat));
   for (int i = 0; i < plan->op_count; ++i) {
     const st_op* op = &plan->ops[i];
     if (op->kind == ST_OP_FREE) {
@@ -113,6 +287,7 @@ int64_t st_plan_predict_live(const st_plan* plan, int64_t* out) {
     }
     for (int j = 0; j < op->output_count; ++j) {
       int s = op->outputs[j];
+      if (plan->slots[s].host) continue;
       if (!live[s]) cat[plan->slots[s].category] += (int64_t)st_tensor_type_bytes(&plan->slots[s].type);
       live[s] = true;
     }
@@ -121,22 +296,25 @@ int64_t st_plan_predict_live(const st_plan* plan, int64_t* out) {
       total += cat[k];
       if (out) out[(size_t)i * ST_SLOT_CATEGORY_COUNT + (size_t)k] = cat[k];
     }
-    if (total > peak) peak = total;
+    if (total > peak) {
+      peak = total;
+      if (out_peak_by_category) memcpy(out_peak_by_category, cat, sizeof(cat));
+    }
   }
   free(live);
   return peak;
 }
 
-static const char* st__op_name(st_op_kind k) {
-  switch (k) {
-    case ST_OP_LAUNCH: return "LAUNCH";
-    case ST_OP_H2D: return "H2D";
-    case ST_OP_READ: return "READ";
-    case ST_OP_HOST: return "HOST";
-    case ST_OP_FREE: return "FREE";
-  }
-  return "?";
+int64_t st_plan_host_bytes(const st_plan* plan) {
+  int64_t n = 0;
+  for (int i = 0; i < plan->slot_count; ++i)
+    if (plan->slots[i].host) n += (int64_t)st_tensor_type_bytes(&plan->slots[i].type);
+  return n;
 }
+
+/*===-------------------------------------------------------------------===*/
+/* Printing                                                                 */
+/*===-------------------------------------------------------------------===*/
 
 static void st__slot_list(const st_plan* plan, const int* slots, int n, st_strbuf* b) {
   st_strbuf_append(b, "[");
@@ -146,16 +324,17 @@ static void st__slot_list(const st_plan* plan, const int* slots, int n, st_strbu
 
 void st_plan_print(const st_plan* plan, FILE* out) {
   int64_t* live = calloc((size_t)plan->op_count * ST_SLOT_CATEGORY_COUNT + 1, sizeof(int64_t));
-  int64_t peak = st_plan_predict_live(plan, live);
-  fprintf(out, "# %d ops, %d slots, %d programs; predicted peak live device bytes %lld\n", plan->op_count,
-          plan->slot_count, plan->program_count, (long long)peak);
+  int64_t peak = st_plan_predict_live(plan, live, NULL);
+  fprintf(out, "# %d ops, %d slots, %d programs; predicted peak live device bytes %lld; host-memory bytes %lld\n",
+          plan->op_count, plan->slot_count, plan->program_count, (long long)peak, (long long)st_plan_host_bytes(plan));
+  if (plan->policy) fprintf(out, "# policy: %s\n", plan->policy);
   fprintf(out, "# live bytes after each op: params/grads/optimizer/activations/transfer\n");
   st_strbuf b = {0};
   for (int i = 0; i < plan->op_count; ++i) {
     const st_op* op = &plan->ops[i];
     st_strbuf_reset(&b);
-    st_strbuf_printf(&b, "%5d %-6s", i, st__op_name(op->kind));
-    if (op->kind == ST_OP_LAUNCH) st_strbuf_printf(&b, " %s", plan->programs[op->program]);
+    st_strbuf_printf(&b, "%5d %-9s", i, st_op_kind_name(op->kind));
+    if (op->kind == ST_OP_LAUNCH || op->kind == ST_OP_RECOMPUTE) st_strbuf_printf(&b, " %s", plan->programs[op->program]);
     if (op->layer >= 0) st_strbuf_printf(&b, " layer=%d", op->layer);
     if (op->micro >= 0) st_strbuf_printf(&b, " micro=%d", op->micro);
     if (op->input_count) {
@@ -165,6 +344,11 @@ void st_plan_print(const st_plan* plan, FILE* out) {
     if (op->output_count) {
       st_strbuf_append(&b, " out=");
       st__slot_list(plan, op->outputs, op->output_count, &b);
+    }
+    if (op->dep_count) {
+      st_strbuf_append(&b, " deps=[");
+      for (int j = 0; j < op->dep_count; ++j) st_strbuf_printf(&b, "%s%d", j ? " " : "", op->deps[j]);
+      st_strbuf_append(&b, "]");
     }
     const int64_t* l = &live[(size_t)i * ST_SLOT_CATEGORY_COUNT];
     fprintf(out, "%s  live=%lld/%lld/%lld/%lld/%lld\n", b.data, (long long)l[0], (long long)l[1], (long long)l[2],
@@ -176,9 +360,18 @@ void st_plan_print(const st_plan* plan, FILE* out) {
 
 void st_plan_print_json(const st_plan* plan, FILE* out) {
   int64_t* live = calloc((size_t)plan->op_count * ST_SLOT_CATEGORY_COUNT + 1, sizeof(int64_t));
-  int64_t peak = st_plan_predict_live(plan, live);
+  int64_t by_cat[ST_SLOT_CATEGORY_COUNT];
+  int64_t peak = st_plan_predict_live(plan, live, by_cat);
   st_strbuf b = {0};
-  st_strbuf_printf(&b, "{\"predicted_peak_bytes\": %lld, \"programs\": [", (long long)peak);
+  st_strbuf_printf(&b, "{\"predicted_peak_bytes\": %lld, \"predicted_peak_by_category\": {", (long long)peak);
+  for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k)
+    st_strbuf_printf(&b, "%s\"%s\": %lld", k ? ", " : "", st_slot_category_name((st_slot_category)k), (long long)by_cat[k]);
+  st_strbuf_printf(&b, "}, \"host_bytes\": %lld, \"policy\": ", (long long)st_plan_host_bytes(plan));
+  if (plan->policy)
+    st_strbuf_json_string(&b, plan->policy);
+  else
+    st_strbuf_append(&b, "null");
+  st_strbuf_append(&b, ", \"programs\": [");
   for (int i = 0; i < plan->program_count; ++i) {
     if (i) st_strbuf_append(&b, ", ");
     st_strbuf_json_string(&b, plan->programs[i]);
@@ -189,15 +382,18 @@ void st_plan_print_json(const st_plan* plan, FILE* out) {
     char t[128];
     st_strbuf_append(&b, i ? ",\n  {\"name\": " : "\n  {\"name\": ");
     st_strbuf_json_string(&b, s->name);
-    st_strbuf_printf(&b, ", \"category\": \"%s\", \"type\": \"%s\", \"bytes\": %zu, \"persistent\": %s}",
+    st_strbuf_printf(&b,
+                     ", \"category\": \"%s\", \"type\": \"%s\", \"bytes\": %zu, \"persistent\": %s, \"memory\": \"%s\", "
+                     "\"twin\": %d}",
                      st_slot_category_name(s->category), st_tensor_type_format(&s->type, t, sizeof(t)),
-                     st_tensor_type_bytes(&s->type), s->persistent ? "true" : "false");
+                     st_tensor_type_bytes(&s->type), s->persistent ? "true" : "false", s->host ? "host" : "device",
+                     s->twin);
   }
   st_strbuf_append(&b, "],\n \"ops\": [");
   for (int i = 0; i < plan->op_count; ++i) {
     const st_op* op = &plan->ops[i];
-    st_strbuf_printf(&b, "%s\n  {\"index\": %d, \"kind\": \"%s\"", i ? "," : "", i, st__op_name(op->kind));
-    if (op->kind == ST_OP_LAUNCH) {
+    st_strbuf_printf(&b, "%s\n  {\"index\": %d, \"kind\": \"%s\"", i ? "," : "", i, st_op_kind_name(op->kind));
+    if (op->kind == ST_OP_LAUNCH || op->kind == ST_OP_RECOMPUTE) {
       st_strbuf_append(&b, ", \"program\": ");
       st_strbuf_json_string(&b, plan->programs[op->program]);
     }
@@ -205,6 +401,8 @@ void st_plan_print_json(const st_plan* plan, FILE* out) {
     for (int j = 0; j < op->input_count; ++j) st_strbuf_printf(&b, "%s%d", j ? ", " : "", op->inputs[j]);
     st_strbuf_append(&b, "], \"outputs\": [");
     for (int j = 0; j < op->output_count; ++j) st_strbuf_printf(&b, "%s%d", j ? ", " : "", op->outputs[j]);
+    st_strbuf_append(&b, "], \"deps\": [");
+    for (int j = 0; j < op->dep_count; ++j) st_strbuf_printf(&b, "%s%d", j ? ", " : "", op->deps[j]);
     st_strbuf_append(&b, "], \"live_bytes\": {");
     for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k)
       st_strbuf_printf(&b, "%s\"%s\": %lld", k ? ", " : "", st_slot_category_name((st_slot_category)k),

@@ -58,6 +58,19 @@ void st_train_options_from_config(const st_config* c, st_train_options* o) {
   o->runtime.plugin_path = st_config_string(c, "runtime.plugin");
   o->runtime.cpu_devices = (int)st_config_int(c, "runtime.cpu_devices");
   o->runtime.deterministic = st_config_bool(c, "runtime.deterministic");
+  o->sched.remat = st_config_string(c, "sched.remat");
+  o->sched.offload = st_sched_offload_parse(st_config_string(c, "sched.offload"));
+  if (o->sched.offload < 0) o->sched.offload = 0; /* the schema admits only known names */
+  o->sched.prefetch_depth = (int)st_config_int(c, "sched.prefetch_depth");
+  o->sched.eager = !strcmp(st_config_string(c, "sched.wait"), "eager");
+  o->sched.per_layer_optimizer = !strcmp(st_config_string(c, "sched.optimizer"), "per_layer");
+  int nt = st_config_list_count(c, "trace.steps");
+  if (nt > 0) {
+    o->trace_steps = calloc((size_t)nt, sizeof(int64_t));
+    for (int i = 0; i < nt; ++i) o->trace_steps[i] = strtoll(st_config_list_item(c, "trace.steps", i), NULL, 10);
+    o->trace_step_count = nt;
+  }
+
   int nx = st_config_list_count(c, "runtime.xla_options");
   if (nx > 0) {
     const char** xs = calloc((size_t)nx, sizeof(char*));
@@ -72,6 +85,7 @@ void st_train_options_deinit(st_train_options* o) {
   free(o->model_json);
   free((void*)o->runtime.xla_options);
   free((void*)o->runtime.cache_dir);
+  free(o->trace_steps);
   memset(o, 0, sizeof(*o));
 }
 

@@ -1,12 +1,18 @@
-/* step_plan.c — builds the per-step plan of launches from the bundle's
- * layer and parameter tables (docs/bundle.md gives each program's inputs and
- * outputs; this file is where their order is relied on).
+/* step_plan.c — builds the per-step plan from the bundle's layer and
+ * parameter tables and the sched.* policies (docs/scheduling.md;
+ * docs/bundle.md gives each program's inputs and outputs, and this file is
+ * where their order is relied on).
+ *
+ * The builder emits the logical step (forward, backward with remat,
+ * optimizer after the backward or per layer); st_plan_offload then weaves
+ * in the host-memory moves and st_plan_add_waits the waits.
  *
  * Slot names: parameters by their bundle name ("layers.1.wq"); "grad:",
  * "gtmp:" (a later microbatch's gradient before accumulation), "m:", "v:"
- * prefixes; activations "x[l]" (block l's input) and "dx"; batch tensors
- * "tokens[m]", "targets[m]", "mask[m]"; scalars "loss[m]", "sq[i]", "step",
- * "lr", "gscale", "hyper". */
+ * prefixes; activations "x[l]" (block l's input), "res[l].<name>" (block
+ * l's residuals), "y_re" (a recomputed output nobody reads) and "dx"; batch
+ * tensors "tokens[m]", "targets[m]", "mask[m]"; scalars "loss[m]", "sq[i]",
+ * "step", "lr", "gscale", "hyper"; host homes "host:<slot>". */
 #include <stdlib.h>
 #include <string.h>
 
@@ -88,12 +94,15 @@ static int st__xfer(st__builder* B, const char* name, const st_tensor_type* t) {
 }
 
 /* Emits the forward pass of microbatch |m| up to x[L]; returns the slots of
- * tokens[m], targets[m], mask[m] and x[L]. */
-static st_status st__forward(st__builder* B, const st__instance* inst, int n_inst, int m, bool eval, int* tok, int* tgt,
-                             int* mask, int* x_last) {
+ * tokens[m], targets[m], mask[m] and x[L]. Layers with remat[l] (and every
+ * layer of an evaluation) run block_fwd and keep only x[l]; the others run
+ * block_fwd_res and keep their residuals for block_bwd_res. */
+static st_status st__forward(st__builder* B, const st__instance* inst, int n_inst, int m, bool eval, const bool* remat,
+                             int* tok, int* tgt, int* mask, int* x_last) {
   st_status s = ST_OK;
   const st_bundle_program* ef = st__prog(B, "embed_fwd", &s);
   const st_bundle_program* bf = st__prog(B, "block_fwd", &s);
+  const st_bundle_program* br = eval ? NULL : st__prog(B, "block_fwd_res", &s);
   if (s) return s;
   char name[64];
   snprintf(name, sizeof(name), "tokens[%d]", m);
@@ -109,7 +118,7 @@ static st_status st__forward(st__builder* B, const st__instance* inst, int n_ins
   st_plan_add(B->plan, ST_OP_H2D, -1, -1, m, eval ? ST_TAG_EVAL_MASK : ST_TAG_MASK, 0, NULL, 1, mask);
 
   int x0 = st__act(B, "x[0]", &ef->outputs[0].type);
-  int in[ST__MAX_GROUP_PARAMS + 8];
+  int in[ST__MAX_GROUP_PARAMS + 8], out[ST__MAX_GROUP_PARAMS + 8];
   in[0] = st__pslot(B, "", inst[0].params[0], ST_SLOT_PARAM, true);
   in[1] = *tok;
   st_plan_add(B->plan, ST_OP_LAUNCH, st_plan_program(B->plan, "embed_fwd"), -1, m, 0, 2, in, 1, &x0);
@@ -121,7 +130,17 @@ static st_status st__forward(st__builder* B, const st__instance* inst, int n_ins
     in[I->count] = x;
     snprintf(name, sizeof(name), "x[%d]", l + 1);
     int y = st__act(B, name, &bf->outputs[0].type);
-    st_plan_add(B->plan, ST_OP_LAUNCH, st_plan_program(B->plan, "block_fwd"), l, m, 0, I->count + 1, in, 1, &y);
+    if (eval || remat[l]) {
+      st_plan_add(B->plan, ST_OP_LAUNCH, st_plan_program(B->plan, "block_fwd"), l, m, 0, I->count + 1, in, 1, &y);
+    } else {
+      out[0] = y;
+      for (int r = 1; r < br->output_count; ++r) {
+        snprintf(name, sizeof(name), "res[%d].%s", l, br->outputs[r].name);
+        out[r] = st__act(B, name, &br->outputs[r].type);
+      }
+      st_plan_add(B->plan, ST_OP_LAUNCH, st_plan_program(B->plan, "block_fwd_res"), l, m, 0, I->count + 1, in,
+                  br->output_count, out);
+    }
     /* Evaluation keeps nothing for a backward pass. */
     if (eval) st_plan_add(B->plan, ST_OP_FREE, -1, l, m, 0, 1, &x, 0, NULL);
     x = y;
@@ -149,29 +168,144 @@ static void st__accumulate(st__builder* B, const st__instance* I, const char* tm
   st_plan_add(B->plan, ST_OP_FREE, -1, I->layer, m, 0, n, in + n, 0, NULL);
 }
 
-st_status st_train_build_plans(const st_bundle* b, const st_train_options* o, st_plan* step, st_plan* eval) {
-  st_plan_init(step);
-  st_plan_init(eval);
+/* sqnorm_<group>(grads...) -> sq[i] for group instance |i|. */
+static int st__sqnorm(st__builder* B, const st__instance* I, int i) {
+  const st_tensor_type scalar = {ST_DTYPE_F32, 0, {0}};
+  int in[ST__MAX_GROUP_PARAMS];
+  char name[64];
+  for (int k = 0; k < I->count; ++k) in[k] = st__pslot(B, "grad:", I->params[k], ST_SLOT_GRAD, false);
+  snprintf(name, sizeof(name), "sq[%d]", i);
+  int sq = st__xfer(B, name, &scalar);
+  snprintf(name, sizeof(name), "sqnorm_%s", I->group);
+  st_plan_add(B->plan, ST_OP_LAUNCH, st_plan_program(B->plan, name), I->layer, -1, 0, I->count, in, 1, &sq);
+  return sq;
+}
+
+/* adamw_<group>(params, grads, m, v, step, lr, gscale, hyper) -> params, m, v;
+ * then the gradients are freed. |sc| holds the four scalar slots. */
+static void st__adamw(st__builder* B, const st__instance* I, const int* sc) {
+  int in[4 * ST__MAX_GROUP_PARAMS + 8], out[3 * ST__MAX_GROUP_PARAMS];
+  int n = 0, no = 0;
+  for (int k = 0; k < I->count; ++k) in[n++] = st__pslot(B, "", I->params[k], ST_SLOT_PARAM, true);
+  for (int k = 0; k < I->count; ++k) in[n++] = st__pslot(B, "grad:", I->params[k], ST_SLOT_GRAD, false);
+  for (int k = 0; k < I->count; ++k) in[n++] = st__pslot(B, "m:", I->params[k], ST_SLOT_OPT, true);
+  for (int k = 0; k < I->count; ++k) in[n++] = st__pslot(B, "v:", I->params[k], ST_SLOT_OPT, true);
+  for (int j = 0; j < 4; ++j) in[n++] = sc[j];
+  for (int k = 0; k < I->count; ++k) out[no++] = in[k];
+  for (int k = 0; k < I->count; ++k) out[no++] = in[2 * I->count + k];
+  for (int k = 0; k < I->count; ++k) out[no++] = in[3 * I->count + k];
+  char name[64];
+  snprintf(name, sizeof(name), "adamw_%s", I->group);
+  st_plan_add(B->plan, ST_OP_LAUNCH, st_plan_program(B->plan, name), I->layer, -1, 0, n, in, no, out);
+  st_plan_add(B->plan, ST_OP_FREE, -1, I->layer, -1, 0, I->count, in + I->count, 0, NULL);
+}
+
+/* The four optimizer scalars, filled by the trainer once lr and gscale are known. */
+static void st__scalars(st__builder* B, int* sc) {
+  const st_tensor_type scalar = {ST_DTYPE_F32, 0, {0}};
+  const st_tensor_type hyper = {ST_DTYPE_F32, 1, {4}};
+  sc[0] = st__xfer(B, "step", &scalar);
+  sc[1] = st__xfer(B, "lr", &scalar);
+  sc[2] = st__xfer(B, "gscale", &scalar);
+  sc[3] = st__xfer(B, "hyper", &hyper);
+  const int tags[4] = {ST_TAG_STEP, ST_TAG_LR, ST_TAG_GSCALE, ST_TAG_HYPER};
+  for (int j = 0; j < 4; ++j) st_plan_add(B->plan, ST_OP_H2D, -1, -1, -1, tags[j], 0, NULL, 1, &sc[j]);
+}
+
+/* sched.optimizer=per_layer: instance |i| is final once its last
+ * microbatch's gradient is accumulated: take its norm and update it now. */
+static void st__update_now(st__builder* B, const st__instance* I, int i, const int* sc, int* sq) {
+  sq[i] = st__sqnorm(B, I, i);
+  st__adamw(B, I, sc);
+}
+
+/* Offload units: optimizer state per group instance, parameters per block
+ * (the embedding and head, used at both ends of the step, stay). */
+static int* st__offload_units(const st_plan* plan, const st_bundle* b, const st__instance* inst, int n_inst, int offload) {
+  int* unit = malloc(((size_t)plan->slot_count + 1) * sizeof(int));
+  for (int s = 0; s < plan->slot_count; ++s) unit[s] = -1;
+  int next = 0;
+  for (int i = 0; i < n_inst; ++i) {
+    bool opt = offload & ST_OFFLOAD_OPTIMIZER, par = (offload & ST_OFFLOAD_PARAMS) && inst[i].layer >= 0;
+    if (!opt && !par) continue;
+    int u_opt = opt ? next++ : -1, u_par = par ? next++ : -1;
+    for (int k = 0; k < inst[i].count; ++k) {
+      const char* pname = b->params[inst[i].params[k]].name;
+      char name[300];
+      int s;
+      if (par && (s = st_plan_slot_find(plan, pname)) >= 0) unit[s] = u_par;
+      snprintf(name, sizeof(name), "m:%s", pname);
+      if (opt && (s = st_plan_slot_find(plan, name)) >= 0) unit[s] = u_opt;
+      snprintf(name, sizeof(name), "v:%s", pname);
+      if (opt && (s = st_plan_slot_find(plan, name)) >= 0) unit[s] = u_opt;
+    }
+  }
+  return unit;
+}
+
+/* Logical plan -> offload pass -> wait pass -> finalize. Takes |logical|. */
+static st_status st__apply_policies(st_plan* logical, const st_bundle* b, const st__instance* inst, int n_inst,
+                                    const st_sched_policy* p, int offload, st_plan* out) {
+  st_plan off;
+  int* unit = st__offload_units(logical, b, inst, n_inst, offload);
+  st_status s = st_plan_offload(logical, unit, p->prefetch_depth, &off);
+  free(unit);
+  st_plan_deinit(logical);
+  if (s) return s;
+  st_plan_add_waits(&off, p->eager, out);
+  st_plan_deinit(&off);
+  s = st_plan_finalize(out);
+  if (s) st_plan_deinit(out);
+  return s;
+}
+
+st_status st_train_build_plans(const st_bundle* b, const st_train_options* o, st_plan* step_out, st_plan* eval_out) {
+  st_plan_init(step_out);
+  st_plan_init(eval_out);
+  const st_sched_policy* pol = &o->sched;
   st__instance* inst = NULL;
   int n_inst = 0;
   ST_RETURN(st__instances(b, &inst, &n_inst));
   const int L = n_inst - 2;
   const int M = (int)o->microbatches;
   const bool tied = b->model.tie_embeddings;
-  const st__instance* E = &inst[0];
-  const st__instance* H = &inst[n_inst - 1];
-  st_status s = ST_OK;
-  st__builder B = {step, b};
-  const st_bundle_program* hl = st__prog(&B, "head_loss", &s);
-  const st_bundle_program* bb = st__prog(&B, "block_bwd", &s);
+  const bool per_layer = pol->per_layer_optimizer;
+  if (per_layer && o->grad_clip > 0) {
+    free(inst);
+    return st_status_make(ST_CODE_CONFIG,
+                          "sched.optimizer=per_layer updates each layer before the global gradient norm is known, so it "
+                          "cannot clip (train.grad_clip is %g); set train.grad_clip=0 or sched.optimizer=after_backward",
+                          o->grad_clip);
+  }
+  bool* remat = calloc((size_t)L + 1, sizeof(bool));
+  st_status s = st_sched_remat_parse(pol->remat, L, remat);
   if (s) {
+    free(remat);
     free(inst);
     return s;
   }
-  const st_tensor_type scalar = {ST_DTYPE_F32, 0, {0}};
-  const st_tensor_type hyper = {ST_DTYPE_F32, 1, {4}};
+  const st__instance* E = &inst[0];
+  const st__instance* H = &inst[n_inst - 1];
+  st_plan step, eval;
+  st_plan_init(&step);
+  st_plan_init(&eval);
+  st__builder B = {&step, b};
+  const st_bundle_program* hl = st__prog(&B, "head_loss", &s);
+  const st_bundle_program* br = st__prog(&B, "block_fwd_res", &s);
+  const st_bundle_program* bb = st__prog(&B, "block_bwd_res", &s);
+  if (!s && (bb->input_count != inst[1].count + br->output_count + 1 || bb->output_count != inst[1].count + 1))
+    s = st_status_make(ST_CODE_RUNTIME, "bundle %s: block_bwd_res does not take block_fwd_res's residuals (docs/bundle.md)",
+                       b->dir);
+  if (s) {
+    free(remat);
+    free(inst);
+    return s;
+  }
+  const int R = br->output_count - 1; /* residuals per layer */
   char name[64];
-  int in[4 * ST__MAX_GROUP_PARAMS + 8], out[4 * ST__MAX_GROUP_PARAMS + 8];
+  int in[4 * ST__MAX_GROUP_PARAMS + 16], out[4 * ST__MAX_GROUP_PARAMS + 16];
+  int sc[4] = {-1, -1, -1, -1};
+  int* sq = calloc((size_t)n_inst, sizeof(int));
 
   /* Persistent state first, so slot numbering is stable and readable. */
   for (int i = 0; i < n_inst; ++i)
@@ -185,9 +319,15 @@ st_status st_train_build_plans(const st_bundle* b, const st_train_options* o, st
   /* --- forward and backward, microbatch by microbatch ------------------ */
   for (int m = 0; m < M && !s; ++m) {
     const char* gp = m == 0 ? "grad:" : "gtmp:";
+    const bool last = m == M - 1;
     int tok, tgt, mask, x;
-    s = st__forward(&B, inst, n_inst, m, false, &tok, &tgt, &mask, &x);
+    s = st__forward(&B, inst, n_inst, m, false, remat, &tok, &tgt, &mask, &x);
     if (s) break;
+    if (last && per_layer) {
+      /* No clipping: lr and gscale are known before any gradient. */
+      st_plan_add(&step, ST_OP_HOST, -1, -1, -1, ST_TAG_SCHEDULE, 0, NULL, 0, NULL);
+      st__scalars(&B, sc);
+    }
     /* head_loss(head params, [wte], x, targets, mask) -> loss, head grads, [dwte], dx */
     int n = 0;
     for (int k = 0; k < H->count; ++k) in[n++] = st__pslot(&B, "", H->params[k], ST_SLOT_PARAM, true);
@@ -202,95 +342,92 @@ st_status st_train_build_plans(const st_bundle* b, const st_train_options* o, st
     if (tied) out[no++] = st__pslot(&B, "hgrad:", E->params[0], ST_SLOT_GRAD, false);
     int dx = st__act(&B, "dx", &hl->outputs[hl->output_count - 1].type);
     out[no++] = dx;
-    st_plan_add(step, ST_OP_LAUNCH, st_plan_program(step, "head_loss"), -1, m, 0, n, in, no, out);
+    st_plan_add(&step, ST_OP_LAUNCH, st_plan_program(&step, "head_loss"), -1, m, 0, n, in, no, out);
     int freed[3] = {x, tgt, mask};
-    st_plan_add(step, ST_OP_FREE, -1, -1, m, 0, 3, freed, 0, NULL);
+    st_plan_add(&step, ST_OP_FREE, -1, -1, m, 0, 3, freed, 0, NULL);
     if (m > 0) st__accumulate(&B, H, "gtmp:", m, -1);
+    if (last && per_layer) st__update_now(&B, H, n_inst - 1, sc, sq);
 
-    /* block_bwd(params, x, dy) -> grads..., dx, in reverse layer order */
+    /* Backward in reverse layer order: block_bwd_res(params, x, residuals, dy)
+     * -> grads..., dx. A remat layer first recomputes its residuals. */
     for (int l = L - 1; l >= 0; --l) {
       const st__instance* I = &inst[1 + l];
+      snprintf(name, sizeof(name), "x[%d]", l);
+      int xl = st__act(&B, name, &br->inputs[I->count].type);
+      int res[32];
+      for (int r = 0; r < R && r < 32; ++r) {
+        snprintf(name, sizeof(name), "res[%d].%s", l, br->outputs[1 + r].name);
+        res[r] = st__act(&B, name, &br->outputs[1 + r].type);
+      }
       n = 0;
       for (int k = 0; k < I->count; ++k) in[n++] = st__pslot(&B, "", I->params[k], ST_SLOT_PARAM, true);
-      snprintf(name, sizeof(name), "x[%d]", l);
-      int xl = st__act(&B, name, &bb->inputs[I->count].type);
       in[n++] = xl;
+      if (remat[l]) {
+        int y_re = st__act(&B, "y_re", &br->outputs[0].type);
+        out[0] = y_re;
+        for (int r = 0; r < R; ++r) out[1 + r] = res[r];
+        st_plan_add(&step, ST_OP_RECOMPUTE, st_plan_program(&step, "block_fwd_res"), l, m, 0, n, in, 1 + R, out);
+        st_plan_add(&step, ST_OP_FREE, -1, l, m, 0, 1, &y_re, 0, NULL);
+      }
+      for (int r = 0; r < R; ++r) in[n++] = res[r];
       in[n++] = dx;
       no = 0;
       for (int k = 0; k < I->count; ++k) out[no++] = st__pslot(&B, gp, I->params[k], ST_SLOT_GRAD, false);
       out[no++] = dx;
-      st_plan_add(step, ST_OP_LAUNCH, st_plan_program(step, "block_bwd"), l, m, 0, n, in, no, out);
-      st_plan_add(step, ST_OP_FREE, -1, l, m, 0, 1, &xl, 0, NULL);
+      st_plan_add(&step, ST_OP_LAUNCH, st_plan_program(&step, "block_bwd_res"), l, m, 0, n, in, no, out);
+      int dead[33];
+      dead[0] = xl;
+      for (int r = 0; r < R; ++r) dead[1 + r] = res[r];
+      st_plan_add(&step, ST_OP_FREE, -1, l, m, 0, 1 + R, dead, 0, NULL);
       if (m > 0) st__accumulate(&B, I, "gtmp:", m, -1);
+      if (last && per_layer) st__update_now(&B, I, 1 + l, sc, sq);
     }
     /* embed_bwd(wte, tokens, dx) -> dwte */
     in[0] = st__pslot(&B, "", E->params[0], ST_SLOT_PARAM, true);
     in[1] = tok;
     in[2] = dx;
     out[0] = st__pslot(&B, gp, E->params[0], ST_SLOT_GRAD, false);
-    st_plan_add(step, ST_OP_LAUNCH, st_plan_program(step, "embed_bwd"), -1, m, 0, 3, in, 1, out);
+    st_plan_add(&step, ST_OP_LAUNCH, st_plan_program(&step, "embed_bwd"), -1, m, 0, 3, in, 1, out);
     int freed2[2] = {dx, tok};
-    st_plan_add(step, ST_OP_FREE, -1, -1, m, 0, 2, freed2, 0, NULL);
+    st_plan_add(&step, ST_OP_FREE, -1, -1, m, 0, 2, freed2, 0, NULL);
     if (m > 0) st__accumulate(&B, E, "gtmp:", m, -1);
     if (tied) st__accumulate(&B, E, "hgrad:", m, E->params[0]);
+    if (last && per_layer) st__update_now(&B, E, 0, sc, sq);
   }
 
   /* --- losses and the global gradient norm ----------------------------- */
   for (int m = 0; m < M && !s; ++m) {
     snprintf(name, sizeof(name), "loss[%d]", m);
-    int ls = st_plan_slot_find(step, name);
-    st_plan_add(step, ST_OP_READ, -1, -1, m, ST_TAG_LOSS, 1, &ls, 0, NULL);
-    st_plan_add(step, ST_OP_FREE, -1, -1, m, 0, 1, &ls, 0, NULL);
-  }
-  int* sq = calloc((size_t)n_inst, sizeof(int));
-  for (int i = 0; i < n_inst && !s; ++i) {
-    const st__instance* I = &inst[i];
-    for (int k = 0; k < I->count; ++k) in[k] = st__pslot(&B, "grad:", I->params[k], ST_SLOT_GRAD, false);
-    snprintf(name, sizeof(name), "sq[%d]", i);
-    sq[i] = st__xfer(&B, name, &scalar);
-    snprintf(name, sizeof(name), "sqnorm_%s", I->group);
-    st_plan_add(step, ST_OP_LAUNCH, st_plan_program(step, name), I->layer, -1, 0, I->count, in, 1, &sq[i]);
+    int ls = st_plan_slot_find(&step, name);
+    st_plan_add(&step, ST_OP_READ, -1, -1, m, ST_TAG_LOSS, 1, &ls, 0, NULL);
+    st_plan_add(&step, ST_OP_FREE, -1, -1, m, 0, 1, &ls, 0, NULL);
   }
   /* All norms are launched before the first read: one wait, not n_inst. */
+  for (int i = 0; i < n_inst && !s && !per_layer; ++i) sq[i] = st__sqnorm(&B, &inst[i], i);
   for (int i = 0; i < n_inst && !s; ++i) {
-    st_plan_add(step, ST_OP_READ, -1, inst[i].layer, i, ST_TAG_SQNORM, 1, &sq[i], 0, NULL);
-    st_plan_add(step, ST_OP_FREE, -1, inst[i].layer, i, 0, 1, &sq[i], 0, NULL);
+    st_plan_add(&step, ST_OP_READ, -1, inst[i].layer, i, ST_TAG_SQNORM, 1, &sq[i], 0, NULL);
+    st_plan_add(&step, ST_OP_FREE, -1, inst[i].layer, i, 0, 1, &sq[i], 0, NULL);
+  }
+  if (!s) {
+    st_plan_add(&step, ST_OP_HOST, -1, -1, -1, ST_TAG_CLIP, 0, NULL, 0, NULL);
+    /* --- AdamW per group instance, after the backward ------------------ */
+    if (!per_layer) {
+      st__scalars(&B, sc);
+      for (int i = 0; i < n_inst; ++i) st__adamw(&B, &inst[i], sc);
+    }
+    st_plan_add(&step, ST_OP_FREE, -1, -1, -1, 0, 4, sc, 0, NULL);
   }
   free(sq);
-  if (!s) {
-    st_plan_add(step, ST_OP_HOST, -1, -1, -1, ST_TAG_CLIP, 0, NULL, 0, NULL);
-    int sc[4] = {st__xfer(&B, "step", &scalar), st__xfer(&B, "lr", &scalar), st__xfer(&B, "gscale", &scalar),
-                 st__xfer(&B, "hyper", &hyper)};
-    const int tags[4] = {ST_TAG_STEP, ST_TAG_LR, ST_TAG_GSCALE, ST_TAG_HYPER};
-    for (int j = 0; j < 4; ++j) st_plan_add(step, ST_OP_H2D, -1, -1, -1, tags[j], 0, NULL, 1, &sc[j]);
-
-    /* --- AdamW per group instance -------------------------------------- */
-    for (int i = 0; i < n_inst; ++i) {
-      const st__instance* I = &inst[i];
-      int n = 0, no = 0;
-      for (int k = 0; k < I->count; ++k) in[n++] = st__pslot(&B, "", I->params[k], ST_SLOT_PARAM, true);
-      for (int k = 0; k < I->count; ++k) in[n++] = st__pslot(&B, "grad:", I->params[k], ST_SLOT_GRAD, false);
-      for (int k = 0; k < I->count; ++k) in[n++] = st__pslot(&B, "m:", I->params[k], ST_SLOT_OPT, true);
-      for (int k = 0; k < I->count; ++k) in[n++] = st__pslot(&B, "v:", I->params[k], ST_SLOT_OPT, true);
-      for (int j = 0; j < 4; ++j) in[n++] = sc[j];
-      for (int k = 0; k < I->count; ++k) out[no++] = in[k];
-      for (int k = 0; k < I->count; ++k) out[no++] = in[2 * I->count + k];
-      for (int k = 0; k < I->count; ++k) out[no++] = in[3 * I->count + k];
-      snprintf(name, sizeof(name), "adamw_%s", I->group);
-      st_plan_add(step, ST_OP_LAUNCH, st_plan_program(step, name), I->layer, -1, 0, n, in, no, out);
-      st_plan_add(step, ST_OP_FREE, -1, I->layer, -1, 0, I->count, in + I->count, 0, NULL);
-    }
-    st_plan_add(step, ST_OP_FREE, -1, -1, -1, 0, 4, sc, 0, NULL);
-  }
 
   /* --- evaluation plan: forward and loss only -------------------------- */
-  B.plan = eval;
+  B.plan = &eval;
   for (int i = 0; i < n_inst && !s; ++i)
     for (int k = 0; k < inst[i].count; ++k) st__pslot(&B, "", inst[i].params[k], ST_SLOT_PARAM, true);
+  const st_tensor_type scalar = {ST_DTYPE_F32, 0, {0}};
   const int EM = (int)(o->eval_batches * o->microbatches);
   for (int m = 0; m < EM && !s; ++m) {
     int tok, tgt, mask, x;
-    s = st__forward(&B, inst, n_inst, m, true, &tok, &tgt, &mask, &x);
+    s = st__forward(&B, inst, n_inst, m, true, remat, &tok, &tgt, &mask, &x);
     if (s) break;
     int n = 0;
     for (int k = 0; k < H->count; ++k) in[n++] = st__pslot(&B, "", H->params[k], ST_SLOT_PARAM, true);
@@ -299,16 +436,34 @@ st_status st_train_build_plans(const st_bundle* b, const st_train_options* o, st
     in[n++] = tgt;
     in[n++] = mask;
     int loss = st__xfer(&B, "eval_loss", &scalar);
-    st_plan_add(eval, ST_OP_LAUNCH, st_plan_program(eval, "head_eval"), -1, m, 0, n, in, 1, &loss);
+    st_plan_add(&eval, ST_OP_LAUNCH, st_plan_program(&eval, "head_eval"), -1, m, 0, n, in, 1, &loss);
     int freed[3] = {x, tgt, mask};
-    st_plan_add(eval, ST_OP_FREE, -1, -1, m, 0, 3, freed, 0, NULL);
-    st_plan_add(eval, ST_OP_READ, -1, -1, m, ST_TAG_EVAL_LOSS, 1, &loss, 0, NULL);
-    st_plan_add(eval, ST_OP_FREE, -1, -1, m, 0, 1, &loss, 0, NULL);
+    st_plan_add(&eval, ST_OP_FREE, -1, -1, m, 0, 3, freed, 0, NULL);
+    st_plan_add(&eval, ST_OP_READ, -1, -1, m, ST_TAG_EVAL_LOSS, 1, &loss, 0, NULL);
+    st_plan_add(&eval, ST_OP_FREE, -1, -1, m, 0, 1, &loss, 0, NULL);
   }
+  free(remat);
+
+  /* --- policies: offload, waits ----------------------------------------- */
+  char policy[256];
+  snprintf(policy, sizeof(policy), "remat=%s offload=%s prefetch_depth=%d wait=%s optimizer=%s",
+           pol->remat && pol->remat[0] ? pol->remat : "full",
+           pol->offload == 3 ? "both" : pol->offload == ST_OFFLOAD_OPTIMIZER ? "optimizer"
+                                    : pol->offload == ST_OFFLOAD_PARAMS  ? "params"
+                                                                         : "none",
+           pol->prefetch_depth, pol->eager ? "eager" : "deferred", per_layer ? "per_layer" : "after_backward");
+  if (!s) s = st__apply_policies(&step, b, inst, n_inst, pol, pol->offload, step_out);
+  else st_plan_deinit(&step);
+  /* Evaluation has no optimizer state; offloaded parameters stream as in training. */
+  if (!s) s = st__apply_policies(&eval, b, inst, n_inst, pol, pol->offload & ST_OFFLOAD_PARAMS, eval_out);
+  else st_plan_deinit(&eval);
   free(inst);
   if (s) {
-    st_plan_deinit(step);
-    st_plan_deinit(eval);
+    st_plan_deinit(step_out);
+    st_plan_deinit(eval_out);
+    return s;
   }
-  return s;
+  st_plan_set_policy(step_out, policy);
+  st_plan_set_policy(eval_out, policy);
+  return ST_OK;
 }

@@ -120,6 +120,12 @@ static st_status st__read(void* user, const st_op* op, st_buffer* b) {
  * in instance order, the mean over microbatches is folded into gscale. */
 static st_status st__host(void* user, const st_op* op) {
   st__trainer* t = user;
+  if (op->tag == ST_TAG_SCHEDULE) {
+    /* sched.optimizer=per_layer (no clipping): known before the backward. */
+    t->gscale = 1.0 / (double)t->o->microbatches;
+    t->lr = st_train_lr(t->o, t->step + 1);
+    return ST_OK;
+  }
   if (op->tag != ST_TAG_CLIP) return st_status_make(ST_CODE_INTERNAL, "HOST op with unknown tag %d", op->tag);
   double sum = 0;
   for (int i = 0; i < t->n_sq; ++i) sum += t->sqnorms[i];
@@ -287,7 +293,8 @@ static st_status st__init_state(st__trainer* t) {
   void* zeros = calloc(1, biggest ? biggest : 1);
   for (int i = 0; i < t->step_plan.slot_count && !s; ++i) {
     const st_slot* sl = &t->step_plan.slots[i];
-    if (sl->category != ST_SLOT_OPT) continue;
+    /* Persistent slots only: an offloaded slot's value lives in its host home. */
+    if (sl->category != ST_SLOT_OPT || !sl->persistent) continue;
     st_buffer* z = NULL;
     s = st_buffer_from_host(t->runtime, 0, &sl->type, zeros, &z);
     if (!s) st_executor_set(t->ex, i, z);
@@ -310,13 +317,15 @@ static st_status st__evaluate(st__trainer* t, double* out_loss) {
   st_status s = ST_OK;
   /* The eval executor borrows the current parameters for the run. */
   for (int i = 0; i < ep->slot_count; ++i) {
-    if (ep->slots[i].category != ST_SLOT_PARAM) continue;
+    /* Persistent slots only: offloaded parameters are borrowed through their
+     * host homes and streamed by the eval plan itself. */
+    if (ep->slots[i].category != ST_SLOT_PARAM || !ep->slots[i].persistent) continue;
     int src = st_plan_slot_find(&t->step_plan, ep->slots[i].name);
     st_executor_set_borrowed(t->eval_ex, i, st_executor_get(t->ex, src));
   }
   s = st_executor_run(t->eval_ex, &hooks);
   for (int i = 0; i < ep->slot_count; ++i) {
-    if (ep->slots[i].category == ST_SLOT_PARAM) st_executor_set_borrowed(t->eval_ex, i, NULL);
+    if (ep->slots[i].category == ST_SLOT_PARAM && ep->slots[i].persistent) st_executor_set_borrowed(t->eval_ex, i, NULL);
   }
   if (s) return st_status_annotate(s, "evaluation");
   int64_t em = t->o->eval_batches * t->o->microbatches;
@@ -380,6 +389,62 @@ static st_status st__event(st__trainer* t, const char* name, const char* fmt, ..
   return st_runlog_event(t->log, name, buf);
 }
 
+/* The scheduler's accounting of one step (docs/scheduling.md), appended to
+ * the metrics line after the contract fields. */
+static void st__sched_metrics(const st_executor_stats* es, st_strbuf* m) {
+  st_strbuf_printf(m,
+                   ", \"recomputes\": %lld, \"recompute_s\": %.6f, \"waits\": %lld, \"waits_blocked\": %lld, "
+                   "\"h2d_bytes\": %lld, \"d2h_bytes\": %lld, \"transfer_s\": %.6f, \"overlap_ratio\": ",
+                   (long long)es->recomputes, es->recompute_s, (long long)es->waits, (long long)es->waits_blocked,
+                   (long long)es->h2d_bytes, (long long)es->d2h_bytes, es->transfer_s);
+  if (es->transfer_s > 0)
+    st_strbuf_printf(m, "%.4f", es->transfer_hidden_s / es->transfer_s);
+  else
+    st_strbuf_append(m, "null");
+  st_strbuf_printf(m, ", \"max_inflight\": %d, \"peak_live_bytes_predicted\": %lld, \"peak_live_by_category\": {",
+                   es->max_inflight, (long long)es->predicted_peak_bytes);
+  for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k)
+    st_strbuf_printf(m, "%s\"%s\": %lld", k ? ", " : "", st_slot_category_name((st_slot_category)k),
+                     (long long)es->peak_by_category[k]);
+  st_strbuf_printf(m, "}, \"host_bytes\": %lld", (long long)es->host_bytes);
+}
+
+/* trace.steps: the step just run as Chrome trace-event JSON under <run>/trace/. */
+static st_status st__maybe_trace(st__trainer* t) {
+  int64_t step = t->step + 1;
+  bool want = false;
+  for (int i = 0; i < t->o->trace_step_count; ++i) want |= t->o->trace_steps[i] == step;
+  if (!want) return ST_OK;
+  char* dir = st_path_join(t->run_dir, "trace");
+  st_status s = st_fs_mkdirs(dir);
+  char file[64];
+  snprintf(file, sizeof(file), "step_%lld.json", (long long)step);
+  char* path = st_path_join(dir, file);
+  if (!s) s = st_executor_write_trace(t->ex, path, step);
+  if (!s) s = st__event(t, "trace", "\"step\": %lld, \"path\": \"%s\"", (long long)step, path);
+  free(path);
+  free(dir);
+  return s;
+}
+
+/* The policies and what the plan predicts, once, before the run. */
+static st_status st__plan_event(st__trainer* t) {
+  const st_plan* p = &t->step_plan;
+  int counts[8] = {0};
+  for (int i = 0; i < p->op_count; ++i) counts[p->ops[i].kind]++;
+  st_strbuf e = {0};
+  st_strbuf_append(&e, "\"policy\": ");
+  st_strbuf_json_string(&e, p->policy ? p->policy : "");
+  st_strbuf_printf(&e, ", \"ops\": %d, \"op_counts\": {", p->op_count);
+  for (int k = 0; k < 8; ++k) st_strbuf_printf(&e, "%s\"%s\": %d", k ? ", " : "", st_op_kind_name((st_op_kind)k), counts[k]);
+  st_strbuf_printf(&e, "}, \"predicted_peak_bytes\": %lld, \"host_bytes\": %lld, \"host_memory\": \"%s\"",
+                   (long long)st_plan_predict_live(p, NULL, NULL), (long long)st_plan_host_bytes(p),
+                   st_executor_host_memory(t->ex));
+  st_status s = st_runlog_event(t->log, "plan", e.data);
+  st_strbuf_free(&e);
+  return s;
+}
+
 /* The run itself, once everything is compiled. */
 static st_status st__run(st__trainer* t, bool progress) {
   const st_train_options* o = t->o;
@@ -408,10 +473,13 @@ static st_status st__run(st__trainer* t, bool progress) {
     st_strbuf_append(&m, ", \"grad_norm\": ");
     st_strbuf_json_number(&m, t->grad_norm);
     st_strbuf_printf(&m, ", \"tokens\": %lld, \"step_time_s\": %.6f, \"tokens_per_s\": %.1f, \"launches\": %lld, "
-                         "\"wait_s\": %.6f, \"peak_live_bytes\": %lld}",
-                     (long long)tokens, dt, (double)tokens / dt, (long long)es->launches, es->read_wait_s,
+                         "\"wait_s\": %.6f, \"peak_live_bytes\": %lld",
+                     (long long)tokens, dt, (double)tokens / dt, (long long)es->launches, es->wait_s,
                      (long long)es->peak_live_bytes);
+    st__sched_metrics(es, &m);
+    st_strbuf_append(&m, "}");
     st_status s = st_runlog_metrics(t->log, m.data);
+    if (!s) s = st__maybe_trace(t);
     st_strbuf_free(&m);
     ST_RETURN(s);
     double elapsed = st__now() - t_start;
@@ -495,8 +563,9 @@ st_status st_train_main(const st_config* cfg) {
     s = st__compile_plan(&t, &t.step_plan, &t.step_programs);
   }
   if (!s) s = st__compile_plan(&t, &t.eval_plan, &t.eval_programs);
-  if (!s) s = st_executor_create(&t.step_plan, t.runtime, t.step_programs, 0, false, &t.ex);
-  if (!s) s = st_executor_create(&t.eval_plan, t.runtime, t.eval_programs, 0, false, &t.eval_ex);
+  if (!s) s = st_executor_create(&t.step_plan, t.runtime, t.step_programs, 0, &t.ex);
+  if (!s) s = st_executor_create(&t.eval_plan, t.runtime, t.eval_programs, 0, &t.eval_ex);
+  if (!s) s = st__plan_event(&t);
   if (!s) {
     st_runtime_stats rs;
     st_runtime_get_stats(t.runtime, &rs);

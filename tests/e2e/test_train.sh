@@ -82,7 +82,7 @@ expect_exit 2 "run directory '$TMP/r1' already holds a run" train "${BASE[@]}" r
 
 # --- strata plan ---------------------------------------------------------------
 if "$STRATA" plan "${BASE[@]}" >"$TMP/plan" 2>"$TMP/err"; then ok; else bad "plan exited $?"; fi
-check "plan lists per-layer launches" "grep -Eq 'LAUNCH block_fwd layer=1' '$TMP/plan' && grep -Eq 'LAUNCH block_bwd layer=0' '$TMP/plan' && grep -q 'LAUNCH adamw_block layer=1' '$TMP/plan'"
+check "plan lists per-layer launches" "grep -Eq 'LAUNCH +block_fwd layer=1' '$TMP/plan' && grep -Eq 'LAUNCH +block_bwd_res layer=0' '$TMP/plan' && grep -Eq 'LAUNCH +adamw_block layer=1' '$TMP/plan'"
 check "plan --json parses" "'$STRATA' plan --json ${BASE[*]} 2>/dev/null | $PY -c 'import json,sys; d=json.load(sys.stdin); assert d[\"step\"][\"ops\"]'"
 
 # --- bad data: exit 3 naming the file ------------------------------------------

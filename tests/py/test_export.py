@@ -25,7 +25,7 @@ EXPECTED_PROGRAMS = [
     "embed_init", "block_init", "head_init", "embed_fwd", "embed_bwd", "block_fwd", "block_bwd",
     "head_loss", "head_eval",
     "accum_embed", "sqnorm_embed", "adamw_embed", "accum_block", "sqnorm_block", "adamw_block",
-    "accum_head", "sqnorm_head", "adamw_head",
+    "accum_head", "sqnorm_head", "adamw_head", "block_fwd_res", "block_bwd_res",
 ]
 
 
