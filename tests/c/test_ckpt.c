@@ -1,0 +1,667 @@
+/* test_ckpt.c — checkpoints without a trainer: real files, real fork+exit
+ * crashes, real threads.
+ *   - safetensors: round trip; the reader refuses truncation, bad header
+ *     lengths, gaps, unknown dtypes;
+ *   - save/open round trip of every manifest field and every byte;
+ *   - each corruption of issue 5 is detected and named (file, tensor), and
+ *     st_ckpt_find_valid falls back past it;
+ *   - a crash (child process _exit) at every hook point of a save leaves
+ *     the old or the new checkpoint as the newest valid one, and nothing
+ *     that looks committed fails verification;
+ *   - an I/O error in the middle of a save leaves the previous checkpoint
+ *     and LATEST untouched and no temporary behind;
+ *   - retention (keep, keep_every, LATEST protected);
+ *   - the writer thread (one save in flight);
+ *   - fault injection: crash_in_save kills with SIGKILL and is recorded,
+ *     a second st_faults disarms it; io_error_at_save; corrupt_checkpoint. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "strata/base.h"
+#include "strata/ckpt.h"
+#include "strata/config.h"
+#include "strata/diag.h"
+#include "test_util.h"
+
+#define ASSERT_OK(expr)                                         \
+  do {                                                          \
+    st_status s__ = (expr);                                     \
+    if (s__) fail_msg("%s: %s", #expr, st_status_message(s__)); \
+  } while (0)
+
+/* Fails unless |expr| fails with ST_CODE_CKPT and a message containing
+ * every one of the NULL-terminated needles. */
+static void expect_ckpt_error(st_status s, const char* what, ...) {
+  if (!s) fail_msg("%s: expected a checkpoint error, got OK", what);
+  const char* msg = st_status_message(s);
+  if (st_status_code(s) != ST_CODE_CKPT) fail_msg("%s: code %s, want checkpoint error: %s", what, st_code_name(st_status_code(s)), msg);
+  va_list ap;
+  va_start(ap, what);
+  for (const char* n = va_arg(ap, const char*); n; n = va_arg(ap, const char*))
+    if (!strstr(msg, n)) fail_msg("%s: message lacks \"%s\": %s", what, n, msg);
+  va_end(ap);
+  printf("# %s -> %s\n", what, msg);
+  st_status_free(s);
+}
+
+/*--- a small training state ------------------------------------------------*/
+
+#define NT 4
+static const char* kNames[NT] = {"wte", "layers.0.wq", "m:wte", "v:wte"};
+static const char* kFiles[NT] = {"params.safetensors", "params.safetensors", "optimizer.safetensors", "optimizer.safetensors"};
+static const char* kModel = "{\"d_model\": 8, \"n_layers\": 1, \"vocab_size\": 16}";
+
+static st_tensor_type type_of(int i) {
+  st_tensor_type t = {ST_DTYPE_F32, 2, {16, 8}};
+  if (i == 1) t.dims[0] = 8;
+  return t;
+}
+
+static st_ckpt_snapshot* make_snapshot(int64_t step) {
+  st_tensor_type types[NT];
+  for (int i = 0; i < NT; ++i) types[i] = type_of(i);
+  st_ckpt_snapshot* s = st_ckpt_snapshot_create(NT, kNames, kFiles, types);
+  for (int i = 0; i < NT; ++i) {
+    float* d = st_ckpt_snapshot_data(s, i);
+    int64_t n = st_tensor_type_elements(&types[i]);
+    for (int64_t k = 0; k < n; ++k) d[k] = (float)(step * 1000 + i * 100 + k) * 0.5f;
+  }
+  st_ckpt_meta m = {.step = step,
+                    .optimizer_step = step,
+                    .data_position = step * 4,
+                    .batch_size = 4,
+                    .seed = 7,
+                    .lr = 0.001 * (double)step,
+                    .total_steps = 100,
+                    .config_json = "{\"seed\": 7}",
+                    .config_hash = "00112233aabbccdd",
+                    .bundle_key = "bundlekey0000001",
+                    .model_json = kModel};
+  st_ckpt_snapshot_set_meta(s, &m);
+  return s;
+}
+
+static st_ckpt_expect expect_model(void) {
+  static st_tensor_type types[NT];
+  for (int i = 0; i < NT; ++i) types[i] = type_of(i);
+  st_ckpt_expect e = {"bundlekey0000001", kModel, NT, kNames, types};
+  return e;
+}
+
+static void save_step(const char* root, int64_t step, int64_t keep) {
+  st_ckpt_snapshot* s = make_snapshot(step);
+  st_ckpt_save_options o = {root, keep, 0, NULL, NULL};
+  st_ckpt_save_result r;
+  ASSERT_OK(st_ckpt_save(&o, s, &r));
+  assert_non_null(r.dir);
+  assert_true(r.bytes > 0);
+  st_ckpt_save_result_clear(&r);
+  st_ckpt_snapshot_destroy(s);
+}
+
+static char* path2(const char* a, const char* b) { return st_path_join(a, b); }
+
+static int64_t newest_valid_step(const char* root) {
+  st_ckpt_expect e = expect_model();
+  st_ckpt* c = NULL;
+  int skipped = 0;
+  ASSERT_OK(st_ckpt_find_valid(root, &e, NULL, NULL, &c, &skipped));
+  int64_t step = c ? c->step : -1;
+  st_ckpt_free(c);
+  return step;
+}
+
+/*--- safetensors -----------------------------------------------------------*/
+
+static void test_safetensors_round_trip_and_refusals(void** state) {
+  (void)state;
+  char* dir = tu_tmpdir("st");
+  char* path = path2(dir, "a.safetensors");
+  float a[6] = {1, 2, 3, 4, 5, 6};
+  int32_t b[3] = {-1, 0, 7};
+  st_named_tensor ts[2] = {{"a", {ST_DTYPE_F32, 2, {2, 3}}, a}, {"b.c", {ST_DTYPE_S32, 1, {3}}, b}};
+  ASSERT_OK(st_safetensors_write(path, ts, 2));
+  st_safetensors* f = NULL;
+  ASSERT_OK(st_safetensors_read(path, &f));
+  assert_int_equal(f->count, 2);
+  assert_int_equal(f->data_start % 8, 0);
+  const st_safetensors_entry* e = st_safetensors_find(f, "b.c");
+  assert_non_null(e);
+  assert_int_equal(e->type.dtype, ST_DTYPE_S32);
+  assert_memory_equal(f->data + e->offset, b, sizeof(b));
+  assert_memory_equal(f->data + st_safetensors_find(f, "a")->offset, a, sizeof(a));
+  size_t size = f->size;
+  st_safetensors_free(f);
+
+  unsigned char* raw = tu_read_file(path, &size);
+  /* truncated: the last tensor's bytes are gone */
+  tu_write_file(path, raw, size - 4);
+  expect_ckpt_error(st_safetensors_read(path, &f), "truncated safetensors", "'b.c'", "past the end", NULL);
+  /* header length larger than the file */
+  unsigned char* bad = malloc(size);
+  memcpy(bad, raw, size);
+  bad[0] = 0xff;
+  bad[1] = 0xff;
+  tu_write_file(path, bad, size);
+  expect_ckpt_error(st_safetensors_read(path, &f), "header length", "does not fit", NULL);
+  /* trailing bytes after the last tensor (what the Python package refuses too) */
+  unsigned char* longer = malloc(size + 8);
+  memcpy(longer, raw, size);
+  memset(longer + size, 0, 8);
+  tu_write_file(path, longer, size + 8);
+  expect_ckpt_error(st_safetensors_read(path, &f), "trailing", "trailing bytes", NULL);
+  /* unknown dtype: "F32" -> "X32" in the header */
+  memcpy(bad, raw, size);
+  char* hit = memmem(bad, size, "\"F32\"", 5);
+  assert_non_null(hit);
+  hit[1] = 'X';
+  tu_write_file(path, bad, size);
+  expect_ckpt_error(st_safetensors_read(path, &f), "dtype", "unknown dtype \"X32\"", NULL);
+  free(longer);
+  free(bad);
+  free(raw);
+  free(path);
+  tu_rmtree(dir);
+  free(dir);
+}
+
+/*--- save / open -----------------------------------------------------------*/
+
+static void test_save_open_round_trip(void** state) {
+  (void)state;
+  char* root = tu_tmpdir("ckpt");
+  save_step(root, 20, 3);
+  char* d = path2(root, "step_20");
+  st_ckpt_expect e = expect_model();
+  st_ckpt* c = NULL;
+  ASSERT_OK(st_ckpt_open(d, &e, &c));
+  assert_int_equal(c->step, 20);
+  assert_int_equal(c->optimizer_step, 20);
+  assert_int_equal(c->data_position, 80);
+  assert_int_equal(c->batch_size, 4);
+  assert_int_equal(c->seed, 7);
+  assert_int_equal(c->total_steps, 100);
+  assert_true(c->lr == 0.001 * 20);
+  assert_string_equal(c->bundle_key, "bundlekey0000001");
+  assert_string_equal(c->config_hash, "00112233aabbccdd");
+  assert_int_equal(c->tensor_count, NT);
+  assert_int_equal(c->file_count, 2);
+  st_ckpt_snapshot* want = make_snapshot(20);
+  for (int i = 0; i < NT; ++i) {
+    const st_ckpt_tensor_info* info = NULL;
+    const void* data = st_ckpt_tensor_data(c, kNames[i], &info);
+    assert_non_null(data);
+    assert_string_equal(info->file, kFiles[i]);
+    st_tensor_type t = type_of(i);
+    assert_memory_equal(data, st_ckpt_snapshot_data(want, i), st_tensor_type_bytes(&t));
+  }
+  st_ckpt_snapshot_destroy(want);
+  st_ckpt_free(c);
+  char* latest = st_ckpt_read_latest(root);
+  assert_string_equal(latest, "step_20");
+  free(latest);
+  /* no temporaries left */
+  char* names = NULL;
+  ASSERT_OK(st_ckpt_remove_temporaries(root, &names));
+  assert_true(!names || !names[0]);
+  free(names);
+  free(d);
+  tu_rmtree(root);
+  free(root);
+}
+
+/*--- the corruption matrix -------------------------------------------------*/
+
+typedef void (*corrupt_fn)(const char* dir);
+
+static void flip_byte(const char* path, long from_end) {
+  size_t n = 0;
+  unsigned char* b = tu_read_file(path, &n);
+  assert_non_null(b);
+  b[n - (size_t)from_end] ^= 0x01;
+  tu_write_file(path, b, n);
+  free(b);
+}
+
+static void c_truncate(const char* dir) {
+  char* p = path2(dir, "optimizer.safetensors");
+  size_t n = 0;
+  unsigned char* b = tu_read_file(p, &n);
+  tu_write_file(p, b, n / 2);
+  free(b);
+  free(p);
+}
+static void c_flip(const char* dir) {
+  char* p = path2(dir, "params.safetensors");
+  flip_byte(p, 10); /* inside the last params tensor */
+  free(p);
+}
+static void c_no_manifest(const char* dir) {
+  char* p = path2(dir, ST_CKPT_MANIFEST);
+  unlink(p);
+  free(p);
+}
+static void c_bad_manifest(const char* dir) {
+  char* p = path2(dir, ST_CKPT_MANIFEST);
+  tu_write_file(p, "{\"format\": \"strata-checkpoint\", \"step\": ", 40);
+  free(p);
+}
+static void c_edited_manifest(const char* dir) {
+  /* "step": 30 -> "step": 31: still JSON, only the checksum can tell. */
+  char* p = path2(dir, ST_CKPT_MANIFEST);
+  size_t n = 0;
+  char* t = tu_read_file(p, &n);
+  char* hit = memmem(t, n, "\"step\": 30", 10);
+  assert_non_null(hit);
+  hit[9] = '1';
+  tu_write_file(p, t, n);
+  free(t);
+  free(p);
+}
+static void c_shape_in_file(const char* dir) {
+  /* [8, 8] -> [4, 16] in the file header: same size, different shape. */
+  char* p = path2(dir, "params.safetensors");
+  size_t n = 0;
+  char* t = tu_read_file(p, &n);
+  char* hit = memmem(t, n, "\"shape\": [8, 8]", 15);
+  assert_non_null(hit);
+  memcpy(hit, "\"shape\": [4,16]", 15);
+  tu_write_file(p, t, n);
+  free(t);
+  free(p);
+}
+static void c_missing_file(const char* dir) {
+  char* p = path2(dir, "params.safetensors");
+  unlink(p);
+  free(p);
+}
+
+/* The "different model" and "different bundle" cases write a checkpoint
+ * whose manifest is valid in itself but not for this model. */
+static void write_foreign(const char* root, int64_t step, const char* model, const char* bundle, bool other_shape) {
+  st_tensor_type types[NT];
+  for (int i = 0; i < NT; ++i) {
+    types[i] = type_of(i);
+    if (other_shape && i == 1) types[i].dims[1] = 4;
+  }
+  st_ckpt_snapshot* s = st_ckpt_snapshot_create(NT, kNames, kFiles, types);
+  st_ckpt_meta m = {.step = step, .optimizer_step = step, .data_position = step * 4, .batch_size = 4, .seed = 7, .total_steps = 100,
+                    .config_json = "{}", .config_hash = "0", .bundle_key = bundle, .model_json = model};
+  st_ckpt_snapshot_set_meta(s, &m);
+  st_ckpt_save_options o = {root, 100, 0, NULL, NULL};
+  ASSERT_OK(st_ckpt_save(&o, s, NULL));
+  st_ckpt_snapshot_destroy(s);
+}
+
+static void test_corruption_matrix(void** state) {
+  (void)state;
+  struct {
+    const char* what;
+    corrupt_fn fn;
+    const char* needle1;
+    const char* needle2;
+  } cases[] = {
+      {"truncated tensor file", c_truncate, "optimizer.safetensors", "truncated"},
+      {"flipped byte", c_flip, "params.safetensors", "checksum mismatch"},
+      {"missing manifest", c_no_manifest, "manifest.json' is missing", "not a complete checkpoint"},
+      {"malformed manifest", c_bad_manifest, "manifest.json' is malformed", "invalid JSON"},
+      {"edited manifest", c_edited_manifest, "manifest.json' fails its checksum", "modified or damaged"},
+      {"shape mismatch in file", c_shape_in_file, "tensor 'layers.0.wq' is f32[4,16] in the file but f32[8,8] in the manifest", "shape/dtype"},
+      {"missing tensor file", c_missing_file, "params.safetensors", "missing"},
+  };
+  for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); ++k) {
+    char* root = tu_tmpdir("corrupt");
+    save_step(root, 20, 10);
+    save_step(root, 30, 10);
+    char* d = path2(root, "step_30");
+    cases[k].fn(d);
+    st_ckpt_expect e = expect_model();
+    st_ckpt* c = NULL;
+    expect_ckpt_error(st_ckpt_open(d, &e, &c), cases[k].what, d, cases[k].needle1, cases[k].needle2, NULL);
+    assert_null(c);
+    /* fallback: step_30 skipped, step_20 chosen */
+    int skipped = 0;
+    ASSERT_OK(st_ckpt_find_valid(root, &e, NULL, NULL, &c, &skipped));
+    assert_non_null(c);
+    assert_int_equal(c->step, 20);
+    assert_int_equal(skipped, 1);
+    st_ckpt_free(c);
+    free(d);
+    tu_rmtree(root);
+    free(root);
+  }
+  /* A checkpoint of another model, and one of another bundle, both newer. */
+  char* root = tu_tmpdir("foreign");
+  save_step(root, 20, 10);
+  write_foreign(root, 40, "{\"d_model\": 4, \"n_layers\": 1, \"vocab_size\": 16}", "bundlekey0000001", true);
+  write_foreign(root, 30, kModel, "otherbundle00002", false);
+  st_ckpt_expect e = expect_model();
+  char* d40 = path2(root, "step_40");
+  char* d30 = path2(root, "step_30");
+  st_ckpt* c = NULL;
+  expect_ckpt_error(st_ckpt_open(d40, &e, &c), "different model", "written for a different model config",
+                    "model.d_model 4 in the checkpoint, 8 now", NULL);
+  expect_ckpt_error(st_ckpt_open(d30, &e, &c), "different bundle", "written with bundle otherbundle00002", "bundlekey0000001", NULL);
+  /* Same model JSON, different tensor shape: the tensor is named. */
+  st_ckpt_expect e2 = e;
+  e2.model_json = NULL;
+  expect_ckpt_error(st_ckpt_open(d40, &e2, &c), "shape mismatch vs model", "tensor 'layers.0.wq' is f32[8,4] in the checkpoint",
+                    "the model needs f32[8,8]", NULL);
+  int skipped = 0;
+  ASSERT_OK(st_ckpt_find_valid(root, &e, NULL, NULL, &c, &skipped));
+  assert_non_null(c);
+  assert_int_equal(c->step, 20);
+  assert_int_equal(skipped, 2);
+  st_ckpt_free(c);
+  /* Without expectations (strata ckpt verify), both are valid checkpoints. */
+  ASSERT_OK(st_ckpt_open(d40, NULL, &c));
+  st_ckpt_free(c);
+  free(d40);
+  free(d30);
+  tu_rmtree(root);
+  free(root);
+}
+
+/*--- crash at every instant ------------------------------------------------*/
+
+typedef struct {
+  st_ckpt_point point;
+  int nth; /* which occurrence of the point */
+  int seen;
+} crash_at;
+
+static st_status crash_hook(void* user, st_ckpt_point p, const char* path) {
+  crash_at* c = user;
+  (void)path;
+  if (p == c->point && ++c->seen == c->nth) _exit(42); /* no cleanup: like a kill */
+  return ST_OK;
+}
+
+static void test_crash_at_every_point(void** state) {
+  (void)state;
+  int cases = 0;
+  for (int p = 0; p < ST_CKPT_POINT_COUNT; ++p) {
+    int max_nth = (p == ST_CKPT_AT_FILE_MIDDLE || p == ST_CKPT_AT_FILE_DONE) ? 2 : 1;
+    for (int nth = 1; nth <= max_nth; ++nth) {
+      char* root = tu_tmpdir("crash");
+      save_step(root, 10, 5);
+      fflush(NULL);
+      pid_t pid = fork();
+      assert_true(pid >= 0);
+      if (pid == 0) {
+        crash_at c = {(st_ckpt_point)p, nth, 0};
+        st_ckpt_snapshot* s = make_snapshot(20);
+        st_ckpt_save_options o = {root, 5, 0, crash_hook, &c};
+        st_status r = st_ckpt_save(&o, s, NULL);
+        _exit(r ? 1 : 0);
+      }
+      int status = 0;
+      waitpid(pid, &status, 0);
+      assert_true(WIFEXITED(status));
+      assert_int_equal(WEXITSTATUS(status), 42);
+      /* Every committed-looking folder verifies; the newest valid is old or new. */
+      st_ckpt_entry* v = NULL;
+      int n = 0;
+      ASSERT_OK(st_ckpt_list(root, &v, &n));
+      st_ckpt_expect e = expect_model();
+      for (int i = 0; i < n; ++i) {
+        st_ckpt* c = NULL;
+        st_status s = st_ckpt_open(v[i].dir, &e, &c);
+        if (s) fail_msg("crash at %s #%d left an invalid %s: %s", st_ckpt_point_name((st_ckpt_point)p), nth, v[i].name, st_status_message(s));
+        st_ckpt_free(c);
+      }
+      st_ckpt_entries_free(v, n);
+      int64_t newest = newest_valid_step(root);
+      int64_t want = p >= ST_CKPT_AT_RENAMED ? 20 : 10;
+      printf("# crash at %-11s #%d: newest valid step_%lld\n", st_ckpt_point_name((st_ckpt_point)p), nth, (long long)newest);
+      assert_int_equal(newest, want);
+      char* latest = st_ckpt_read_latest(root);
+      assert_non_null(latest);
+      /* LATEST names a valid checkpoint (the old one until it is replaced). */
+      assert_string_equal(latest, p >= ST_CKPT_AT_COMMITTED ? "step_20" : "step_10");
+      free(latest);
+      /* The next resume removes what the crash left. */
+      char* names = NULL;
+      ASSERT_OK(st_ckpt_remove_temporaries(root, &names));
+      if (p < ST_CKPT_AT_RENAMED) assert_true(names && strstr(names, ".tmp-step_20-"));
+      free(names);
+      /* ... and a save of the same step after it succeeds. */
+      save_step(root, 20, 5);
+      assert_int_equal(newest_valid_step(root), 20);
+      tu_rmtree(root);
+      free(root);
+      ++cases;
+    }
+  }
+  assert_int_equal(cases, ST_CKPT_POINT_COUNT + 2);
+}
+
+/*--- I/O errors ------------------------------------------------------------*/
+
+static st_status enospc_hook(void* user, st_ckpt_point p, const char* path) {
+  (void)user;
+  if (p == ST_CKPT_AT_FILE_MIDDLE) return st_status_make(ST_CODE_IO, "writing '%s' failed: No space left on device", path);
+  return ST_OK;
+}
+
+static void test_io_error_keeps_previous(void** state) {
+  (void)state;
+  char* root = tu_tmpdir("ioerr");
+  save_step(root, 10, 5);
+  st_ckpt_snapshot* s = make_snapshot(20);
+  st_ckpt_save_options o = {root, 5, 0, enospc_hook, NULL};
+  st_ckpt_save_result r;
+  expect_ckpt_error(st_ckpt_save(&o, s, &r), "ENOSPC mid-save", "checkpoint step_20", "No space left on device", NULL);
+  assert_null(r.dir);
+  st_ckpt_save_result_clear(&r);
+  char* latest = st_ckpt_read_latest(root);
+  assert_string_equal(latest, "step_10");
+  free(latest);
+  assert_int_equal(newest_valid_step(root), 10);
+  char* names = NULL;
+  ASSERT_OK(st_ckpt_remove_temporaries(root, &names));
+  assert_true(!names || !names[0]); /* the failed save cleaned up after itself */
+  free(names);
+  st_ckpt_snapshot_destroy(s);
+  tu_rmtree(root);
+  free(root);
+}
+
+/*--- retention -------------------------------------------------------------*/
+
+static void test_retention(void** state) {
+  (void)state;
+  char* root = tu_tmpdir("keep");
+  st_ckpt_snapshot* s = make_snapshot(0);
+  for (int64_t step = 5; step <= 40; step += 5) {
+    st_ckpt_meta m = *st_ckpt_snapshot_meta(s);
+    m.step = step;
+    st_ckpt_snapshot_set_meta(s, &m);
+    st_ckpt_save_options o = {root, 2, 20, NULL, NULL};
+    ASSERT_OK(st_ckpt_save(&o, s, NULL));
+  }
+  st_ckpt_entry* v = NULL;
+  int n = 0;
+  ASSERT_OK(st_ckpt_list(root, &v, &n));
+  /* newest 2 (40, 35) + multiples of 20 (20; 40 already kept) */
+  assert_int_equal(n, 3);
+  assert_int_equal(v[0].step, 40);
+  assert_int_equal(v[1].step, 35);
+  assert_int_equal(v[2].step, 20);
+  st_ckpt_entries_free(v, n);
+  /* LATEST is protected even when it is not among the newest. */
+  char* latest = path2(root, ST_CKPT_LATEST);
+  tu_write_file(latest, "step_20\n", 8);
+  free(latest);
+  assert_int_equal(st_ckpt_retain(root, 1, 0), 1); /* 35 goes; 40 newest, 20 LATEST */
+  ASSERT_OK(st_ckpt_list(root, &v, &n));
+  assert_int_equal(n, 2);
+  assert_int_equal(v[1].step, 20);
+  st_ckpt_entries_free(v, n);
+  st_ckpt_snapshot_destroy(s);
+  tu_rmtree(root);
+  free(root);
+}
+
+/*--- the writer thread -----------------------------------------------------*/
+
+static void test_writer_thread(void** state) {
+  (void)state;
+  char* root = tu_tmpdir("writer");
+  st_ckpt_save_options o = {root, 10, 0, NULL, NULL};
+  st_ckpt_writer* w = NULL;
+  ASSERT_OK(st_ckpt_writer_create(&o, &w));
+  st_ckpt_save_result r;
+  assert_false(st_ckpt_writer_take(w, true, &r)); /* nothing in flight */
+  st_ckpt_snapshot* s = make_snapshot(10);
+  ASSERT_OK(st_ckpt_writer_submit(w, s));
+  /* a second submit before the first is taken is refused */
+  st_status busy = st_ckpt_writer_submit(w, s);
+  assert_non_null(busy);
+  assert_int_equal(st_status_code(busy), ST_CODE_INTERNAL);
+  st_status_free(busy);
+  assert_true(st_ckpt_writer_take(w, true, &r));
+  assert_null(r.status);
+  assert_int_equal(r.step, 10);
+  assert_non_null(strstr(r.dir, "step_10"));
+  st_ckpt_save_result_clear(&r);
+  for (int64_t step = 20; step <= 50; step += 10) {
+    st_ckpt_meta m = *st_ckpt_snapshot_meta(s);
+    m.step = step;
+    st_ckpt_snapshot_set_meta(s, &m);
+    ASSERT_OK(st_ckpt_writer_submit(w, s));
+    assert_true(st_ckpt_writer_take(w, true, &r));
+    assert_null(r.status);
+    st_ckpt_save_result_clear(&r);
+  }
+  /* destroy with a save in flight finishes it */
+  st_ckpt_meta m = *st_ckpt_snapshot_meta(s);
+  m.step = 60;
+  st_ckpt_snapshot_set_meta(s, &m);
+  ASSERT_OK(st_ckpt_writer_submit(w, s));
+  st_ckpt_writer_destroy(w);
+  assert_int_equal(newest_valid_step(root), 60);
+  st_ckpt_snapshot_destroy(s);
+  tu_rmtree(root);
+  free(root);
+}
+
+/*--- fault injection -------------------------------------------------------*/
+
+static st_config* faults_config(const char* overrides) {
+  char* ov[8];
+  int n = 0;
+  char* copy = strdup(overrides);
+  for (char* t = strtok(copy, " "); t && n < 8; t = strtok(NULL, " ")) ov[n++] = t;
+  st_config* c = NULL;
+  ASSERT_OK(st_config_load(NULL, n, ov, &c));
+  free(copy);
+  return c;
+}
+
+static void test_faults(void** state) {
+  (void)state;
+  char* run = tu_tmpdir("faults");
+  char* root = path2(run, "checkpoints");
+  save_step(root, 10, 5);
+  /* crash_in_save=1: SIGKILL halfway through the first file of the first save */
+  st_config* cfg = faults_config("faults.crash_in_save=1");
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    st_faults* f = NULL;
+    if (st_faults_create(cfg, run, &f)) _exit(3);
+    st_ckpt_snapshot* s = make_snapshot(20);
+    st_ckpt_save_options o = {root, 5, 0, st_faults_ckpt_hook, f};
+    st_status r = st_ckpt_save(&o, s, NULL);
+    _exit(r ? 1 : 0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  assert_true(WIFSIGNALED(status));
+  assert_int_equal(WTERMSIG(status), SIGKILL);
+  assert_int_equal(newest_valid_step(root), 10);
+  char* fired = path2(run, "diag/faults.fired");
+  size_t n = 0;
+  char* text = tu_read_file(fired, &n);
+  assert_non_null(text);
+  assert_non_null(strstr(text, "crash_in_save 1 "));
+  free(text);
+  /* the next attempt is told, and does not fire it again */
+  st_faults* f = NULL;
+  ASSERT_OK(st_faults_create(cfg, run, &f));
+  assert_string_equal(st_faults_armed(f), "");
+  assert_string_equal(st_faults_disarmed(f), "crash_in_save=1");
+  st_ckpt_snapshot* s = make_snapshot(20);
+  st_ckpt_save_options o = {root, 5, 0, st_faults_ckpt_hook, f};
+  ASSERT_OK(st_ckpt_save(&o, s, NULL));
+  st_faults_destroy(f);
+  st_config_destroy(cfg);
+  /* faults.repeat keeps it armed */
+  cfg = faults_config("faults.crash_in_save=1 faults.repeat=true");
+  ASSERT_OK(st_faults_create(cfg, run, &f));
+  assert_string_equal(st_faults_armed(f), "crash_in_save=1, repeat");
+  st_faults_destroy(f);
+  st_config_destroy(cfg);
+  /* io_error_at_save=2 (EIO): the second save of this process fails, the first and third succeed */
+  cfg = faults_config("faults.io_error_at_save=2 faults.io_error=EIO");
+  ASSERT_OK(st_faults_create(cfg, run, &f));
+  assert_string_equal(st_faults_armed(f), "io_error_at_save=2 (EIO)");
+  o.hook_user = f;
+  for (int64_t step = 30; step <= 50; step += 10) {
+    st_ckpt_meta m = *st_ckpt_snapshot_meta(s);
+    m.step = step;
+    st_ckpt_snapshot_set_meta(s, &m);
+    st_status r = st_ckpt_save(&o, s, NULL);
+    if (step == 40) {
+      expect_ckpt_error(r, "injected EIO", "Input/output error", "faults.io_error_at_save=2", NULL);
+      assert_int_equal(newest_valid_step(root), 30);
+    } else {
+      ASSERT_OK(r);
+    }
+  }
+  assert_int_equal(newest_valid_step(root), 50);
+  st_faults_destroy(f);
+  st_config_destroy(cfg);
+  /* corrupt_checkpoint: detected as a checksum mismatch, fallback works */
+  char* d50 = path2(root, "step_50");
+  char* file = NULL;
+  ASSERT_OK(st_faults_corrupt_checkpoint(d50, &file));
+  assert_non_null(strstr(file, "params.safetensors"));
+  st_ckpt* c = NULL;
+  st_ckpt_expect e = expect_model();
+  expect_ckpt_error(st_ckpt_open(d50, &e, &c), "corrupt_latest", "params.safetensors", "checksum mismatch", NULL);
+  assert_int_equal(newest_valid_step(root), 30);
+  free(file);
+  free(d50);
+  st_ckpt_snapshot_destroy(s);
+  free(fired);
+  free(root);
+  tu_rmtree(run);
+  free(run);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_safetensors_round_trip_and_refusals),
+      cmocka_unit_test(test_save_open_round_trip),
+      cmocka_unit_test(test_corruption_matrix),
+      cmocka_unit_test(test_crash_at_every_point),
+      cmocka_unit_test(test_io_error_keeps_previous),
+      cmocka_unit_test(test_retention),
+      cmocka_unit_test(test_writer_thread),
+      cmocka_unit_test(test_faults),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
