@@ -231,6 +231,7 @@ typedef struct st_executor_stats {
   int64_t peak_live_bytes;                    /* accounted peak over the run, all categories */
   int64_t peak_by_category[ST_SLOT_CATEGORY_COUNT]; /* categories at the accounted peak */
   int64_t predicted_peak_bytes;               /* st_plan_predict_live of the plan */
+  int live_mismatch_op; /* first op whose accounted live bytes differ from the prediction; -1: none */
   int64_t host_bytes;                         /* bytes held in host-memory slots */
 } st_executor_stats;
 

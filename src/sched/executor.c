@@ -482,6 +482,7 @@ st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
   memcpy(ex->stats.live_bytes, live, sizeof(live));
   ex->stats.host_bytes = host_bytes;
   ex->stats.predicted_peak_bytes = predicted;
+  ex->stats.live_mismatch_op = -1;
   for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) ex->stats.peak_live_bytes += live[k];
   memcpy(ex->stats.peak_by_category, live, sizeof(live));
   memset(ex->timings, 0, (size_t)plan->op_count * sizeof(st_op_timing));
@@ -495,8 +496,10 @@ st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
     if (!ex->events[i]) t->complete_s = st__now() - ex->t0;
     int64_t total = 0;
     for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) {
-      ex->live_acct[(size_t)i * ST_SLOT_CATEGORY_COUNT + (size_t)k] = ex->stats.live_bytes[k];
+      size_t at = (size_t)i * ST_SLOT_CATEGORY_COUNT + (size_t)k;
+      ex->live_acct[at] = ex->stats.live_bytes[k];
       total += ex->stats.live_bytes[k];
+      if (ex->live_acct[at] != ex->live_pred[at] && ex->stats.live_mismatch_op < 0) ex->stats.live_mismatch_op = i;
     }
     if (total > ex->stats.peak_live_bytes) {
       ex->stats.peak_live_bytes = total;

@@ -406,7 +406,8 @@ static void st__sched_metrics(const st_executor_stats* es, st_strbuf* m) {
   for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k)
     st_strbuf_printf(m, "%s\"%s\": %lld", k ? ", " : "", st_slot_category_name((st_slot_category)k),
                      (long long)es->peak_by_category[k]);
-  st_strbuf_printf(m, "}, \"host_bytes\": %lld", (long long)es->host_bytes);
+  st_strbuf_printf(m, "}, \"host_bytes\": %lld, \"live_mismatch_op\": %d", (long long)es->host_bytes,
+                   es->live_mismatch_op);
 }
 
 /* trace.steps: the step just run as Chrome trace-event JSON under <run>/trace/. */

@@ -1,0 +1,517 @@
+/* test_sched.c — the scheduler (docs/scheduling.md):
+ *   - sched.remat parsing;
+ *   - the offload pass on a small synthetic plan: where transfers go for
+ *     prefetch depths 0, 1, 2, and the predicted live bytes, exactly;
+ *   - the wait pass (eager / deferred) and the dependencies finalize
+ *     computes; the plans finalize rejects;
+ *   - st_buffer_copy_to_memory on the real CPU plugin;
+ *   - the memory test: real training runs (exporter, CPU plugin) whose
+ *     accounted peak live device bytes equal the plan's prediction at every
+ *     op, and fall by exactly the predicted, independently derived amounts
+ *     for sched.remat=full (vs none) and optimizer-state offload (vs none). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "strata/base.h"
+#include "strata/bundle.h"
+#include "strata/config.h"
+#include "strata/runtime.h"
+#include "strata/sched.h"
+#include "strata/train.h"
+#include "test_util.h"
+
+#define ASSERT_OK(expr)                                         \
+  do {                                                          \
+    st_status s__ = (expr);                                     \
+    if (s__) fail_msg("%s: %s", #expr, st_status_message(s__)); \
+  } while (0)
+
+static char* g_tmp;
+
+static int setup(void** state) {
+  (void)state;
+  g_tmp = tu_tmpdir("sched");
+  assert_non_null(g_tmp);
+  return 0;
+}
+
+static int teardown(void** state) {
+  (void)state;
+  if (!getenv("STRATA_KEEP_TEST_FILES")) tu_rmtree(g_tmp);
+  free(g_tmp);
+  return 0;
+}
+
+/*===-------------------------------------------------------------------===*/
+/* sched.remat                                                              */
+/*===-------------------------------------------------------------------===*/
+
+static void expect_remat(const char* spec, int n, const char* want /* '1' = recompute */) {
+  bool r[16];
+  memset(r, 0xAA, sizeof(r));
+  ASSERT_OK(st_sched_remat_parse(spec, n, r));
+  char got[17] = {0};
+  for (int l = 0; l < n; ++l) got[l] = r[l] ? '1' : '0';
+  if (strcmp(got, want)) fail_msg("sched.remat '%s' over %d layers: got %s, want %s", spec, n, got, want);
+}
+
+static void expect_remat_error(const char* spec, int n, const char* needle) {
+  bool r[16];
+  st_status s = st_sched_remat_parse(spec, n, r);
+  if (!s) fail_msg("sched.remat '%s' was accepted", spec);
+  assert_int_equal(st_status_code(s), ST_CODE_CONFIG);
+  if (!strstr(st_status_message(s), needle)) fail_msg("'%s': message '%s' lacks '%s'", spec, st_status_message(s), needle);
+  st_status_free(s);
+}
+
+static void test_remat_parse(void** state) {
+  (void)state;
+  expect_remat("full", 4, "1111");
+  expect_remat(NULL, 3, "111"); /* unset = full, the default */
+  expect_remat("none", 4, "0000");
+  expect_remat("every:2", 5, "10101");
+  expect_remat("every:1", 3, "111");
+  expect_remat("every:3", 7, "1001001");
+  expect_remat("0,2", 4, "1010");
+  expect_remat(" 3 , 1", 4, "0101");
+  expect_remat("2", 3, "001");
+  expect_remat_error("every:0", 4, "K must be a whole number >= 1");
+  expect_remat_error("every:x", 4, "K must be");
+  expect_remat_error("every:2x", 4, "K must be");
+  expect_remat_error("some", 4, "expected none, full, every:K");
+  expect_remat_error("0,,1", 4, "unexpected");
+  expect_remat_error("0;1", 4, "unexpected ';1'");
+  expect_remat_error("1,4", 4, "lists layer 4, but the model has 4 layers (0..3)");
+  /* Syntax only (the config check before the model is known). */
+  ASSERT_OK(st_sched_remat_parse("7,9", -1, NULL));
+  assert_int_equal(st_sched_offload_parse("both"), ST_OFFLOAD_OPTIMIZER | ST_OFFLOAD_PARAMS);
+  assert_int_equal(st_sched_offload_parse("params"), ST_OFFLOAD_PARAMS);
+  assert_int_equal(st_sched_offload_parse("none"), 0);
+  assert_int_equal(st_sched_offload_parse("gpu"), -1);
+}
+
+/*===-------------------------------------------------------------------===*/
+/* Passes on a synthetic plan                                               */
+/*===-------------------------------------------------------------------===*/
+
+/* Three layers: P<l> (100 bytes, persistent), M<l> (200 bytes, persistent),
+ * activations x0..x3 (40 bytes each):
+ *   H2D x0; f(P0,x0)->x1; f(P1,x1)->x2; f(P2,x2)->x3; FREE x0..x2; READ x3;
+ *   FREE x3; upd(P<l>,M<l>)->P<l>,M<l> for l = 0, 1, 2. */
+static void synthetic(st_plan* p) {
+  st_plan_init(p);
+  st_tensor_type tp = {ST_DTYPE_F32, 1, {25}}, tm = {ST_DTYPE_F32, 1, {50}}, tx = {ST_DTYPE_F32, 1, {10}};
+  int P[3], M[3], x[4];
+  char name[16];
+  for (int l = 0; l < 3; ++l) {
+    snprintf(name, sizeof(name), "P%d", l);
+    P[l] = st_plan_slot(p, name, ST_SLOT_PARAM, &tp, true);
+  }
+  for (int l = 0; l < 3; ++l) {
+    snprintf(name, sizeof(name), "M%d", l);
+    M[l] = st_plan_slot(p, name, ST_SLOT_OPT, &tm, true);
+  }
+  for (int l = 0; l < 4; ++l) {
+    snprintf(name, sizeof(name), "x%d", l);
+    x[l] = st_plan_slot(p, name, ST_SLOT_ACT, &tx, false);
+  }
+  int f = st_plan_program(p, "f"), upd = st_plan_program(p, "upd");
+  st_plan_add(p, ST_OP_H2D, -1, -1, 0, 1, 0, NULL, 1, &x[0]);
+  for (int l = 0; l < 3; ++l) {
+    int in[2] = {P[l], x[l]};
+    st_plan_add(p, ST_OP_LAUNCH, f, l, 0, 0, 2, in, 1, &x[l + 1]);
+  }
+  st_plan_add(p, ST_OP_FREE, -1, -1, 0, 0, 3, x, 0, NULL);
+  st_plan_add(p, ST_OP_READ, -1, -1, 0, 2, 1, &x[3], 0, NULL);
+  st_plan_add(p, ST_OP_FREE, -1, -1, 0, 0, 1, &x[3], 0, NULL);
+  for (int l = 0; l < 3; ++l) {
+    int io[2] = {P[l], M[l]};
+    st_plan_add(p, ST_OP_LAUNCH, upd, l, -1, 0, 2, io, 2, io);
+  }
+}
+
+/* "H2D P0" / "f" / "FREE P0 ..." / "D2H P0" per op, joined by "; ". */
+static void describe(const st_plan* p, char* buf, size_t cap) {
+  size_t n = 0;
+  buf[0] = 0;
+  for (int i = 0; i < p->op_count && n + 64 < cap; ++i) {
+    const st_op* op = &p->ops[i];
+    const char* sep = i ? "; " : "";
+    if (op->kind == ST_OP_LAUNCH)
+      n += (size_t)snprintf(buf + n, cap - n, "%s%s%d", sep, p->programs[op->program], op->layer);
+    else if (op->kind == ST_OP_WAIT && op->input_count == 0)
+      n += (size_t)snprintf(buf + n, cap - n, "%sWAIT*", sep);
+    else {
+      int slot = op->kind == ST_OP_H2D ? op->outputs[0] : op->input_count ? op->inputs[0] : -1;
+      n += (size_t)snprintf(buf + n, cap - n, "%s%s %s", sep, st_op_kind_name(op->kind), slot >= 0 ? p->slots[slot].name : "");
+    }
+  }
+}
+
+static void expect_offload(int depth, const char* want, int64_t want_peak) {
+  st_plan base, off;
+  synthetic(&base);
+  int unit[10];
+  for (int s = 0; s < base.slot_count; ++s) unit[s] = -1;
+  for (int l = 0; l < 3; ++l) unit[st_plan_slot_find(&base, l == 0 ? "P0" : l == 1 ? "P1" : "P2")] = l;
+  ASSERT_OK(st_plan_offload(&base, unit, depth, &off));
+  ASSERT_OK(st_plan_finalize(&off));
+  char got[4096];
+  describe(&off, got, sizeof(got));
+  if (strcmp(got, want)) fail_msg("prefetch_depth %d:\n got  %s\n want %s", depth, got, want);
+  /* Homes are appended, the device slots keep their numbers and lose persistence. */
+  assert_int_equal(off.slot_count, base.slot_count + 3);
+  int p0 = st_plan_slot_find(&off, "P0"), h0 = st_plan_slot_find(&off, "host:P0");
+  assert_int_equal(p0, 0);
+  assert_true(h0 >= base.slot_count);
+  assert_true(off.slots[h0].host && off.slots[h0].persistent && !off.slots[p0].persistent);
+  assert_int_equal(off.slots[p0].twin, h0);
+  assert_int_equal(off.slots[h0].twin, p0);
+  assert_int_equal(st_plan_host_bytes(&off), 300);
+  int64_t peak = st_plan_predict_live(&off, NULL, NULL);
+  if (peak != want_peak) fail_msg("prefetch_depth %d: predicted peak %lld, want %lld", depth, (long long)peak, (long long)want_peak);
+  st_plan_deinit(&base);
+  st_plan_deinit(&off);
+}
+
+static void test_offload_pass(void** state) {
+  (void)state;
+  st_plan base;
+  synthetic(&base);
+  ASSERT_OK(st_plan_finalize(&base));
+  /* Everything resident: 3*100 + 3*200 persistent, x0..x3 at once after f2. */
+  int64_t by_cat[ST_SLOT_CATEGORY_COUNT];
+  assert_int_equal(st_plan_predict_live(&base, NULL, by_cat), 900 + 160);
+  assert_int_equal(by_cat[ST_SLOT_ACT], 160);
+  assert_int_equal(by_cat[ST_SLOT_PARAM], 300);
+  st_plan_deinit(&base);
+
+  /* Depth 0: each parameter comes back right before its launch and leaves
+   * right after; updated ones are written home first. */
+  expect_offload(0,
+                 "H2D x0; H2D P0; f0; FREE P0; H2D P1; f1; FREE P1; H2D P2; f2; FREE P2; FREE x0; READ x3; FREE x3; "
+                 "H2D P0; upd0; D2H P0; FREE P0; H2D P1; upd1; D2H P1; FREE P1; H2D P2; upd2; D2H P2; FREE P2",
+                 600 + 100 + 160);
+  /* Depth 1: the next launch's parameter comes back one launch early (P0
+   * for upd0 already during f2). */
+  expect_offload(1,
+                 "H2D x0; H2D P0; H2D P1; f0; FREE P0; H2D P2; f1; FREE P1; H2D P0; f2; FREE P2; FREE x0; READ x3; "
+                 "FREE x3; H2D P1; upd0; D2H P0; FREE P0; H2D P2; upd1; D2H P1; FREE P1; upd2; D2H P2; FREE P2",
+                 600 + 200 + 160);
+  /* Depth 2: each parameter is needed again within the window (its update
+   * is 3 launches later), so none leaves between forward and update. */
+  expect_offload(2,
+                 "H2D x0; H2D P0; H2D P1; H2D P2; f0; f1; f2; FREE x0; READ x3; FREE x3; upd0; D2H P0; FREE P0; upd1; "
+                 "D2H P1; FREE P1; upd2; D2H P2; FREE P2",
+                 600 + 300 + 160);
+}
+
+static void test_wait_pass_and_deps(void** state) {
+  (void)state;
+  st_plan base, deferred, eager;
+  synthetic(&base);
+  st_plan_add_waits(&base, false, &deferred);
+  st_plan_add_waits(&base, true, &eager);
+  ASSERT_OK(st_plan_finalize(&deferred));
+  ASSERT_OK(st_plan_finalize(&eager));
+  char got[4096];
+  describe(&deferred, got, sizeof(got));
+  assert_string_equal(got, "H2D x0; f0; f1; f2; FREE x0; WAIT x3; READ x3; FREE x3; upd0; upd1; upd2; WAIT*");
+  describe(&eager, got, sizeof(got));
+  assert_string_equal(got,
+                      "H2D x0; WAIT x0; f0; WAIT x1; f1; WAIT x2; f2; WAIT x3; FREE x0; WAIT x3; READ x3; FREE x3; upd0; "
+                      "WAIT P0; upd1; WAIT P1; upd2; WAIT P2; WAIT*");
+  /* Deps: each launch needs the one before; the read's wait needs f2; the
+   * barrier every device op; persistent inputs written in an earlier step
+   * add none. */
+  const st_op* ops = deferred.ops;
+  assert_int_equal(ops[1].dep_count, 1);
+  assert_int_equal(ops[1].deps[0], 0);
+  assert_int_equal(ops[3].dep_count, 1);
+  assert_int_equal(ops[3].deps[0], 2);
+  assert_int_equal(ops[5].kind, ST_OP_WAIT);
+  assert_int_equal(ops[5].dep_count, 1);
+  assert_int_equal(ops[5].deps[0], 3);
+  assert_int_equal(ops[8].dep_count, 0);
+  const st_op* barrier = &ops[deferred.op_count - 1];
+  assert_int_equal(barrier->dep_count, 7); /* H2D, f0..f2, upd0..upd2 */
+  st_plan_deinit(&base);
+  st_plan_deinit(&deferred);
+  st_plan_deinit(&eager);
+}
+
+static void expect_rejected(st_plan* p, const char* needle) {
+  st_status s = st_plan_finalize(p);
+  if (!s) fail_msg("plan was accepted; expected an error with '%s'", needle);
+  if (!strstr(st_status_message(s), needle)) fail_msg("message '%s' lacks '%s'", st_status_message(s), needle);
+  st_status_free(s);
+  st_plan_deinit(p);
+}
+
+static void test_finalize_rejects(void** state) {
+  (void)state;
+  st_tensor_type t = {ST_DTYPE_F32, 1, {4}};
+  st_plan p;
+  /* Reading what nothing filled. */
+  st_plan_init(&p);
+  int a = st_plan_slot(&p, "a", ST_SLOT_ACT, &t, false), b = st_plan_slot(&p, "b", ST_SLOT_ACT, &t, false);
+  st_plan_add(&p, ST_OP_LAUNCH, st_plan_program(&p, "f"), 0, 0, 0, 1, &a, 1, &b);
+  expect_rejected(&p, "reads the empty slot 'a'");
+  /* Leaving a step-local slot filled (the next step would start different). */
+  st_plan_init(&p);
+  a = st_plan_slot(&p, "a", ST_SLOT_ACT, &t, false);
+  st_plan_add(&p, ST_OP_H2D, -1, -1, 0, 1, 0, NULL, 1, &a);
+  expect_rejected(&p, "leaves slot 'a' filled");
+  /* Freeing persistent state. */
+  st_plan_init(&p);
+  a = st_plan_slot(&p, "w", ST_SLOT_PARAM, &t, true);
+  st_plan_add(&p, ST_OP_FREE, -1, -1, 0, 0, 1, &a, 0, NULL);
+  expect_rejected(&p, "frees the persistent slot 'w'");
+  /* Handing a program a host-memory buffer. */
+  st_plan_init(&p);
+  a = st_plan_slot(&p, "w", ST_SLOT_PARAM, &t, false);
+  int h = st_plan_slot(&p, "host:w", ST_SLOT_PARAM, &t, true);
+  p.slots[h].host = true;
+  p.slots[h].twin = a;
+  p.slots[a].twin = h;
+  b = st_plan_slot(&p, "y", ST_SLOT_ACT, &t, false);
+  st_plan_add(&p, ST_OP_LAUNCH, st_plan_program(&p, "f"), 0, 0, 0, 1, &h, 1, &b);
+  expect_rejected(&p, "passes a program the host-memory slot 'host:w'");
+  /* The offload pass refuses units touched by anything but launches. */
+  st_plan_init(&p);
+  a = st_plan_slot(&p, "w", ST_SLOT_PARAM, &t, true);
+  st_plan_add(&p, ST_OP_READ, -1, -1, 0, 1, 1, &a, 0, NULL);
+  int unit[1] = {0};
+  st_plan off;
+  st_status s = st_plan_offload(&p, unit, 1, &off);
+  assert_non_null(s);
+  assert_non_null(strstr(st_status_message(s), "touches offloaded slot 'w'"));
+  st_status_free(s);
+  st_plan_deinit(&p);
+}
+
+/*===-------------------------------------------------------------------===*/
+/* Memory spaces on the CPU plugin                                          */
+/*===-------------------------------------------------------------------===*/
+
+static void test_copy_to_memory(void** state) {
+  (void)state;
+  st_runtime_options ro;
+  st_runtime_options_init(&ro);
+  ro.cpu_devices = 1;
+  st_runtime* rt = NULL;
+  ASSERT_OK(st_runtime_create(&ro, &rt));
+  assert_true(st_runtime_can_copy_to_memory(rt, 0, "pinned_host"));
+  assert_false(st_runtime_can_copy_to_memory(rt, 0, "hbm_of_dreams"));
+  st_tensor_type t = {ST_DTYPE_F32, 2, {3, 5}};
+  float v[15], back[15];
+  for (int i = 0; i < 15; ++i) v[i] = (float)i * 0.5f - 3.0f;
+  st_buffer *d = NULL, *h = NULL, *d2 = NULL;
+  ASSERT_OK(st_buffer_from_host(rt, 0, &t, v, &d));
+  assert_string_equal(st_buffer_memory_kind(d), "device");
+  st_runtime_stats before, after;
+  st_runtime_get_stats(rt, &before);
+  ASSERT_OK(st_buffer_copy_to_memory(d, "pinned_host", &h));
+  assert_string_equal(st_buffer_memory_kind(h), "pinned_host");
+  ASSERT_OK(st_buffer_copy_to_memory(h, "device", &d2));
+  assert_string_equal(st_buffer_memory_kind(d2), "device");
+  st_runtime_get_stats(rt, &after);
+  assert_int_equal(after.d2h_bytes - before.d2h_bytes, 60);
+  assert_int_equal(after.h2d_bytes - before.h2d_bytes, 60);
+  memset(back, 0, sizeof(back));
+  ASSERT_OK(st_buffer_to_host(h, back, sizeof(back)));
+  assert_memory_equal(back, v, sizeof(v));
+  memset(back, 0, sizeof(back));
+  ASSERT_OK(st_buffer_to_host(d2, back, sizeof(back)));
+  assert_memory_equal(back, v, sizeof(v));
+  st_buffer* bad = NULL;
+  st_status s = st_buffer_copy_to_memory(d, "hbm_of_dreams", &bad);
+  assert_non_null(s);
+  assert_null(bad);
+  assert_non_null(strstr(st_status_message(s), "no such memory space"));
+  st_status_free(s);
+  st_buffer_destroy(d);
+  st_buffer_destroy(h);
+  st_buffer_destroy(d2);
+  st_runtime_destroy(rt);
+}
+
+/*===-------------------------------------------------------------------===*/
+/* The memory test: real runs                                               */
+/*===-------------------------------------------------------------------===*/
+
+typedef struct {
+  int steps;
+  int64_t peak[8], predicted[8];
+  int64_t peak_opt[8], peak_act[8];
+  int64_t host_bytes, h2d_bytes, d2h_bytes, recomputes, waits;
+} run_metrics;
+
+/* Trains configs/test.yml for 3 steps with |extra| overrides (NULL-ended)
+ * and reads back the per-step accounting from metrics.jsonl. */
+static void train(const char* tag, const char* const* extra, run_metrics* out) {
+  char dir[1024], cache[1024];
+  snprintf(dir, sizeof(dir), "run.dir=%s/%s", g_tmp, tag);
+  snprintf(cache, sizeof(cache), "runtime.cache_dir=%s/cache", g_tmp);
+  const char* base[] = {dir, cache, "train.steps=3", "runtime.deterministic=true", "runtime.cpu_devices=1",
+                        "run.progress=off", "train.eval_every=0", "model.n_layers=3"};
+  char* ov[32];
+  int n = 0;
+  for (size_t i = 0; i < sizeof(base) / sizeof(base[0]); ++i) ov[n++] = (char*)base[i];
+  for (int i = 0; extra && extra[i]; ++i) ov[n++] = (char*)extra[i];
+  st_config* cfg = NULL;
+  ASSERT_OK(st_config_load(STRATA_SOURCE_DIR "/configs/test.yml", n, ov, &cfg));
+  ASSERT_OK(st_train_main(cfg));
+  st_config_destroy(cfg);
+
+  char path[1100];
+  snprintf(path, sizeof(path), "%s/%s/metrics.jsonl", g_tmp, tag);
+  size_t size = 0;
+  char* raw = tu_read_file(path, &size);
+  assert_non_null(raw);
+  char* text = calloc(size + 1, 1); /* tu_read_file does not terminate */
+  memcpy(text, raw, size);
+  free(raw);
+  memset(out, 0, sizeof(*out));
+  for (char* line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+    st_json* j = NULL;
+    st_status ps = st_json_parse(line, strlen(line), path, &j);
+    if (ps) fail_msg("%s: %s\nline: %s", tag, st_status_message(ps), line);
+    int64_t v = 0;
+    if (!st_json_get(j, "loss")) {
+      st_json_free(j);
+      continue;
+    }
+    assert_true(out->steps < 8);
+    int k = out->steps++;
+    ASSERT_OK(st_json_get_int(j, "peak_live_bytes", path, &out->peak[k]));
+    ASSERT_OK(st_json_get_int(j, "peak_live_bytes_predicted", path, &out->predicted[k]));
+    const st_json* cat = st_json_get(j, "peak_live_by_category");
+    assert_non_null(cat);
+    ASSERT_OK(st_json_get_int(cat, "optimizer", path, &out->peak_opt[k]));
+    ASSERT_OK(st_json_get_int(cat, "activations", path, &out->peak_act[k]));
+    ASSERT_OK(st_json_get_int(j, "host_bytes", path, &out->host_bytes));
+    ASSERT_OK(st_json_get_int(j, "h2d_bytes", path, &out->h2d_bytes));
+    ASSERT_OK(st_json_get_int(j, "d2h_bytes", path, &out->d2h_bytes));
+    ASSERT_OK(st_json_get_int(j, "recomputes", path, &out->recomputes));
+    ASSERT_OK(st_json_get_int(j, "waits", path, &v));
+    out->waits = v;
+    ASSERT_OK(st_json_get_int(j, "live_mismatch_op", path, &v));
+    if (v != -1) fail_msg("%s step %d: accounted live bytes differ from the plan's prediction after op %lld", tag, k + 1, (long long)v);
+    st_json_free(j);
+  }
+  free(text);
+  assert_int_equal(out->steps, 3);
+  for (int k = 0; k < out->steps; ++k) {
+    if (out->peak[k] != out->predicted[k])
+      fail_msg("%s step %d: accounted peak %lld != predicted %lld", tag, k + 1, (long long)out->peak[k],
+               (long long)out->predicted[k]);
+    assert_int_equal(out->peak[k], out->peak[0]); /* the same plan every step */
+  }
+}
+
+/* The bundle the runs used, for numbers the plan builder did not make. */
+static st_bundle* test_bundle(void) {
+  char cache[1024];
+  snprintf(cache, sizeof(cache), "runtime.cache_dir=%s/cache", g_tmp);
+  char* ov[2] = {cache, "model.n_layers=3"};
+  st_config* cfg = NULL;
+  ASSERT_OK(st_config_load(STRATA_SOURCE_DIR "/configs/test.yml", 2, ov, &cfg));
+  st_train_options o;
+  st_train_options_from_config(cfg, &o);
+  st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir};
+  st_bundle* b = NULL;
+  bool exported = false;
+  ASSERT_OK(st_bundle_ensure(&req, &b, &exported));
+  st_train_options_deinit(&o);
+  st_config_destroy(cfg);
+  return b;
+}
+
+static void test_memory_accounting(void** state) {
+  (void)state;
+  run_metrics none, full, opt0, opt1, both;
+  const char* r_none[] = {"sched.remat=none", NULL};
+  const char* r_full[] = {"sched.remat=full", NULL};
+  const char* o_opt0[] = {"sched.offload=optimizer", "sched.prefetch_depth=0", NULL};
+  const char* o_opt1[] = {"sched.offload=optimizer", "sched.prefetch_depth=1", NULL};
+  /* Everything at once, for the sanitizers: offload of both, per-layer
+   * updates, eager waits, partial remat, a trace. */
+  const char* o_all[] = {"sched.offload=both", "sched.prefetch_depth=2", "sched.optimizer=per_layer", "train.grad_clip=0",
+                         "sched.wait=eager", "sched.remat=every:2", "trace.steps=[2]", NULL};
+  train("none", r_none, &none);
+  train("full", r_full, &full);
+  train("opt0", o_opt0, &opt0);
+  train("opt1", o_opt1, &opt1);
+  train("all", o_all, &both);
+
+  st_bundle* b = test_bundle();
+  const st_bundle_program* fr = st_bundle_program_find(b, "block_fwd_res");
+  assert_non_null(fr);
+  int64_t residual_bytes = 0; /* one layer's residuals: block_fwd_res's outputs after y */
+  for (int i = 1; i < fr->output_count; ++i) residual_bytes += (int64_t)st_tensor_type_bytes(&fr->outputs[i].type);
+  int64_t param_bytes = 0;
+  for (int i = 0; i < b->param_count; ++i) param_bytes += (int64_t)st_tensor_type_bytes(&b->params[i].type);
+  int64_t layers = b->model.n_layers;
+  st_bundle_destroy(b);
+
+  /* remat=full: the peak is the first backward launch of the last
+   * microbatch, where remat=none holds every layer's residuals and full
+   * only the one it just recomputed: L - 1 layers' residuals fewer. */
+  int64_t remat_drop = none.peak[0] - full.peak[0];
+  printf("# remat none: peak %lld B (activations %lld); full: %lld B (activations %lld); drop %lld B = (%lld - 1) x %lld B "
+         "residuals per layer\n",
+         (long long)none.peak[0], (long long)none.peak_act[0], (long long)full.peak[0], (long long)full.peak_act[0],
+         (long long)remat_drop, (long long)layers, (long long)residual_bytes);
+  assert_int_equal(remat_drop, (layers - 1) * residual_bytes);
+  assert_int_equal(none.peak_act[0] - full.peak_act[0], (layers - 1) * residual_bytes);
+  assert_int_equal(none.recomputes, 0);
+  assert_int_equal(layers, 3);
+  assert_int_equal(full.recomputes, 2 * layers); /* every layer, both microbatches */
+
+  /* Optimizer offload, prefetch 0: no m or v is on the device during the
+   * backward (the peak), so the peak falls by all of them: 2 x parameters. */
+  int64_t opt_drop = full.peak[0] - opt0.peak[0];
+  printf("# optimizer offload (prefetch 0): peak %lld B, drop %lld B = 2 x %lld B parameters; host %lld B\n",
+         (long long)opt0.peak[0], (long long)opt_drop, (long long)param_bytes, (long long)opt0.host_bytes);
+  assert_int_equal(opt_drop, 2 * param_bytes);
+  assert_int_equal(opt0.peak_opt[0], 0);
+  assert_int_equal(opt0.host_bytes, 2 * param_bytes);
+  /* Every m and v goes down and comes back once a step; the batch and the
+   * scalars go down, losses and norms come back, as in the default plan. */
+  assert_int_equal(opt0.h2d_bytes - full.h2d_bytes, 2 * param_bytes);
+  assert_int_equal(opt0.d2h_bytes - full.d2h_bytes, 2 * param_bytes);
+  printf("# optimizer offload (prefetch 1): peak %lld B (accounted = predicted)\n", (long long)opt1.peak[0]);
+  assert_true(opt1.peak[0] >= opt0.peak[0]); /* prefetching holds more, never less */
+  printf("# offload both, per-layer optimizer, eager, every:2: peak %lld B, host %lld B\n", (long long)both.peak[0],
+         (long long)both.host_bytes);
+  char trace[1100];
+  snprintf(trace, sizeof(trace), "%s/all/trace/step_2.json", g_tmp);
+  size_t n = 0;
+  char* text = tu_read_file(trace, &n);
+  assert_non_null(text);
+  st_json* j = NULL;
+  ASSERT_OK(st_json_parse(text, n, trace, &j));
+  assert_non_null(st_json_get(j, "traceEvents"));
+  st_json_free(j);
+  free(text);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_remat_parse),
+      cmocka_unit_test(test_offload_pass),
+      cmocka_unit_test(test_wait_pass_and_deps),
+      cmocka_unit_test(test_finalize_rejects),
+      cmocka_unit_test(test_copy_to_memory),
+      cmocka_unit_test(test_memory_accounting),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
