@@ -51,6 +51,11 @@ void st_faults_set_log(st_faults* faults, st_runlog* log);
  * nothing flushed beyond what is already durable), hang_at_step stops
  * here forever. Returns normally otherwise. */
 void st_faults_at_step(st_faults* faults, int64_t step);
+/* Whether st_faults_at_step will crash or hang at |step|. The trainer lets
+ * an in-flight checkpoint write finish first, so a step fault's outcome
+ * (which checkpoint the next attempt resumes from) does not depend on disk
+ * speed; crashes at random moments are what the kill drill is for. */
+bool st_faults_fire_at_step(const st_faults* faults, int64_t step);
 
 /* An st_ckpt_hook_fn (user = the st_faults). Counts saves (the N of
  * crash_in_save / io_error_at_save / corrupt_latest is the N-th save of

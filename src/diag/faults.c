@@ -133,6 +133,10 @@ static void st__die(void) {
   _exit(137); /* not reached */
 }
 
+bool st_faults_fire_at_step(const st_faults* f, int64_t step) {
+  return f && step > 0 && (f->at[F_CRASH_STEP] == step || f->at[F_HANG] == step);
+}
+
 void st_faults_at_step(st_faults* f, int64_t step) {
   if (!f) return;
   if (f->at[F_CRASH_STEP] && step == f->at[F_CRASH_STEP]) {

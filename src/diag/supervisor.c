@@ -9,6 +9,7 @@
  * progress). That keeps it correct for any child, including one killed by
  * SIGKILL in the middle of a line write — the run log writes whole lines. */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -23,7 +24,6 @@
 
 #include "strata/base.h"
 #include "strata/diag.h"
-#include "strata/obs.h"
 
 static volatile sig_atomic_t g_stop_signal = 0;
 static volatile sig_atomic_t g_child = 0;
@@ -72,7 +72,6 @@ typedef struct {
   char* dir;
   char* events_path;
   char* metrics_path;
-  st_runlog* log;
   int64_t max_restarts;
   double backoff_s, backoff_max_s, hang_timeout_s;
   double t_start;
@@ -119,7 +118,22 @@ static int64_t st__last_recorded_step(const st__sup* S) {
 
 static void st__write_summary(st__sup* S);
 
-static void st__event(st__sup* S, const char* name, const char* fields) { st_status_free(st_runlog_event(S->log, name, fields)); }
+/* events.jsonl lines in the run log's format. Not st_runlog: opening one
+ * creates metrics.jsonl, and a run directory with metrics.jsonl is one the
+ * first child would refuse. One write(2) per line, O_APPEND: whole lines
+ * even while a child appends too. */
+static void st__event(st__sup* S, const char* name, const char* fields) {
+  st_strbuf b = {0};
+  st_strbuf_printf(&b, "{\"time\": %.3f, \"event\": ", st__wall());
+  st_strbuf_json_string(&b, name);
+  if (fields && fields[0]) st_strbuf_printf(&b, ", %s", fields);
+  st_strbuf_append(&b, "}\n");
+  int fd = open(S->events_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0 || write(fd, b.data, b.len) != (ssize_t)b.len)
+    fprintf(stderr, "strata run: cannot append to %s: %s\n", S->events_path, strerror(errno));
+  if (fd >= 0) close(fd);
+  st_strbuf_free(&b);
+}
 
 static void st__incident_json(const st__incident* I, st_strbuf* b) {
   st_strbuf_printf(b, "\"incident\": %d, \"attempt\": %d, \"cause\": ", I->n, I->attempt);
@@ -337,7 +351,6 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
                        "supervised with run.resume=true (or unsupervised: strata resume %s)",
                        S.dir, S.dir);
   if (!s) s = st_fs_mkdirs(S.dir);
-  if (!s) s = st_runlog_open(S.dir, &S.log);
   if (s) goto done;
   S.tail_offset = st__size(S.events_path);
 
@@ -503,7 +516,6 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
   st__write_summary(&S);
   if (!s) *out_exit_code = S.exit_code;
 done:
-  st_runlog_close(S.log);
   free(S.inc);
   free(S.dir);
   free(S.events_path);

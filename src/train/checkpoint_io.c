@@ -238,7 +238,12 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step) {
 /* Save                                                                     */
 /*===-------------------------------------------------------------------===*/
 
-void st_train_ckpt_step_ran(st_train_ckpt* c, int64_t step) { st_faults_at_step(c->faults, step); }
+static st_status st__collect(st_train_ckpt* c, bool wait, double* waited_s);
+
+void st_train_ckpt_step_ran(st_train_ckpt* c, int64_t step) {
+  if (st_faults_fire_at_step(c->faults, step)) st_status_free(st__collect(c, true, NULL));
+  st_faults_at_step(c->faults, step);
+}
 
 /* Logs one finished save; applies ckpt.on_error to a failed one. */
 static st_status st__report(st_train_ckpt* c, st_ckpt_save_result* r, double blocking_s, double waited_s, bool last) {

@@ -1,0 +1,223 @@
+#!/usr/bin/env bash
+# test_ckpt.sh — checkpoints, resume and recovery end to end (issue 5), on
+# the real trainer, CPU plugin, files, processes and signals:
+#   1. determinism first: an uninterrupted run repeated is bitwise identical
+#   2. kill drill: >= 10 SIGKILLs at random moments (mid-step, mid-save,
+#      seeds printed), each resumed; final params bitwise identical to the
+#      uninterrupted run, every replayed step's loss identical
+#   3. corruption matrix: each corruption detected by `strata ckpt verify`
+#      naming file and tensor; `strata resume` skips it, says why, falls back
+#   4. I/O faults: injected ENOSPC/EIO and a really full tmpfs; the previous
+#      checkpoint verifies; ckpt.on_error=continue|stop decides
+#   5. supervisor drills under `strata run`: crash at step 37 of 60, crash in
+#      a save, corrupt newest + crash, hang, give-up, no restart of config
+#      errors; recovery.json and events
+# Run from the repository root.
+set -uo pipefail
+
+STRATA=$(realpath "${STRATA:-./build/strata}")
+PY=$(realpath "${PY:-.venv/bin/python}")
+DRILL="$PY $(realpath tests/e2e/ckpt_drill.py)"
+TMP=$(mktemp -d /tmp/strata-e2e-ckpt-XXXXXX)
+MNT=""
+cleanup() {
+  [ -n "$MNT" ] && umount "$MNT" 2>/dev/null
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+# One cache for the whole file: compiled once, every restart loads it.
+export STRATA_CACHE_DIR="$TMP/cache"
+
+checks=0
+fails=0
+ok() { checks=$((checks + 1)); }
+bad() {
+  checks=$((checks + 1))
+  fails=$((fails + 1))
+  echo "FAIL: $*" >&2
+}
+check() { if eval "$2"; then ok; else bad "$1"; fi; }
+
+# expect_exit RC PATTERN ARGS...: `strata ARGS` exits RC, stderr matches PATTERN.
+expect_exit() {
+  local rc=$1 pat=$2
+  shift 2
+  "$STRATA" "$@" >"$TMP/out" 2>"$TMP/err"
+  local code=$?
+  if [ "$code" != "$rc" ]; then
+    bad "strata $*: exit $code, want $rc; stderr: $(tail -3 "$TMP/err")"
+  elif ! grep -Eq -- "$pat" "$TMP/err" "$TMP/out"; then
+    bad "strata $*: output does not match /$pat/: $(tail -3 "$TMP/err")"
+  else
+    ok
+  fi
+}
+
+# Deterministic, one device (docs/runtime.md): bitwise-repeatable steps.
+BASE=(configs/test.yml runtime.deterministic=true runtime.cpu_devices=1 run.progress=off)
+R60=("${BASE[@]}" train.steps=60)
+train() { "$STRATA" train "$@" >/dev/null 2>>"$TMP/train.log"; }
+
+# --- 1. determinism: the reference, twice ----------------------------------------
+train "${R60[@]}" ckpt.every=10 run.dir="$TMP/ref" && ok || bad "reference run failed: $(tail -3 "$TMP/train.log")"
+train "${R60[@]}" ckpt.every=10 run.dir="$TMP/ref2" && ok || bad "second reference run failed"
+check "an uninterrupted run repeated is bitwise identical" "cmp -s '$TMP/ref/params.safetensors' '$TMP/ref2/params.safetensors'"
+check "... including the optimizer state of its final checkpoint" \
+  "cmp -s '$TMP/ref/checkpoints/step_60/optimizer.safetensors' '$TMP/ref2/checkpoints/step_60/optimizer.safetensors'"
+check "metrics carry per-save numbers" "grep -q '\"ckpt_blocking_s\"' '$TMP/ref/metrics.jsonl' && grep -q '\"mb_per_s\"' '$TMP/ref/events.jsonl'"
+check "retention keeps the newest 3 (ckpt.keep)" "[ \"\$(ls '$TMP/ref/checkpoints' | tr '\n' ' ')\" = 'LATEST step_40 step_50 step_60 ' ]"
+expect_exit 0 "all 3 checkpoints verified" ckpt verify "$TMP/ref"
+expect_exit 0 "step 60, 60 tensors in 2 files" ckpt verify "$TMP/ref/checkpoints/step_60"
+expect_exit 0 "LATEST" ckpt list "$TMP/ref"
+expect_exit 0 "layers.1.w_down .*F32 .*\\[64,32\\]" ckpt inspect "$TMP/ref/checkpoints/step_60"
+expect_exit 0 "data position   240 sequences" ckpt inspect "$TMP/ref/checkpoints/step_60"
+expect_exit 2 "already holds a run .*strata resume $TMP/ref" train "${R60[@]}" run.dir="$TMP/ref"
+expect_exit 2 "usage: strata ckpt" ckpt frobnicate "$TMP/ref"
+expect_exit 2 "is not a run directory" resume "$TMP/nowhere"
+
+# --- 2. kill drill --------------------------------------------------------------
+SEED=${STRATA_DRILL_SEED:-$((RANDOM * 32768 + RANDOM))}
+echo "kill drill seed: $SEED (rerun with STRATA_DRILL_SEED=$SEED)"
+if $DRILL kill --strata "$STRATA" --dir "$TMP/kill" --kills 10 --seed "$SEED" "${R60[@]}" ckpt.every=5 ckpt.keep=2; then
+  ok
+else
+  bad "kill drill: the final resume failed: $(tail -5 "$TMP/kill.log")"
+fi
+check "kill drill: >= 10 SIGKILLs, some mid-step and some mid-save" "$PY - '$TMP/kill.kills.json' <<'PYEOF'
+import json, sys
+k = json.load(open(sys.argv[1]))
+assert k['kills'] >= 10 and k['mid_step'] >= 1 and k['mid_save'] >= 1, k
+PYEOF"
+check "kill drill: final params bitwise identical, replayed losses identical" \
+  "$DRILL same '$TMP/ref' '$TMP/kill' --final step_60 --min-replayed 1"
+check "kill drill: every resume is in events.jsonl" "[ \$(grep -c '\"event\": \"resumed\"' '$TMP/kill/events.jsonl') -ge 10 ]"
+check "kill drill: partial saves were found and removed" "grep -q ckpt_temporaries_removed '$TMP/kill/events.jsonl' && [ -z \"\$(ls -A '$TMP/kill/checkpoints' | grep '^\\.tmp')\" ]"
+
+# --- 3. corruption matrix -------------------------------------------------------
+R20=("${BASE[@]}" train.steps=20 ckpt.every=5 ckpt.keep=10)
+train "${R20[@]}" run.dir="$TMP/c20" && ok || bad "corruption reference run failed"
+train "${BASE[@]}" train.steps=20 ckpt.every=5 model.d_model=64 run.dir="$TMP/other" && ok || bad "other-model run failed"
+# corrupt NAME PATTERN COMMAND [model]: copies the run, applies COMMAND in
+# its step_20; `strata ckpt verify` must fail naming PATTERN (for "model":
+# the checkpoint is valid in itself, only a run of this model can tell, so
+# verify passes), and resume must skip step_20 saying why, fall back to
+# step_15 and end bitwise identical to the uninterrupted run.
+corrupt() {
+  local name=$1 pat=$2 cmd=$3 kind=${4:-}
+  local d="$TMP/cm-$name"
+  cp -a "$TMP/c20" "$d"
+  (cd "$d/checkpoints/step_20" && eval "$cmd")
+  if [ "$kind" = model ]; then
+    expect_exit 0 "OK .*step_20" ckpt verify "$d/checkpoints/step_20"
+  else
+    expect_exit 7 "$pat" ckpt verify "$d/checkpoints/step_20"
+    expect_exit 7 "1 of 4 checkpoints in .* are invalid" ckpt verify "$d"
+  fi
+  if "$STRATA" resume "$d" >"$TMP/out" 2>"$TMP/err"; then ok; else bad "$name: resume exited $?: $(tail -3 "$TMP/err")"; fi
+  check "$name: resume says it skipped step_20 and why" "grep -Eq -- \"skipping checkpoint step_20: .*\$pat\" '$TMP/err'"
+  check "$name: resume fell back to step_15" "grep -q 'resuming from .*step_15 (step 15)' '$TMP/err'"
+  check "$name: the skip is an event with its reason" "grep -q '\"ckpt_skipped\", \"checkpoint\": \"step_20\"' '$d/events.jsonl'"
+  check "$name: final params identical to the uninterrupted run" "cmp -s '$TMP/c20/params.safetensors' '$d/params.safetensors'"
+}
+corrupt truncated "optimizer.safetensors: truncated: [0-9]+ of [0-9]+ bytes" \
+  "$PY -c 'import os; n=os.path.getsize(\"optimizer.safetensors\"); os.truncate(\"optimizer.safetensors\", n // 2)'"
+corrupt flipped "params.safetensors: tensor '[^']+': checksum mismatch" \
+  "$PY -c 'b=bytearray(open(\"params.safetensors\",\"rb\").read()); b[-100]^=1; open(\"params.safetensors\",\"wb\").write(b)'"
+corrupt no-manifest "manifest.json' is missing" "rm manifest.json"
+corrupt bad-manifest "manifest.json' is malformed" "head -c 200 manifest.json > m && mv m manifest.json"
+corrupt edited-manifest "manifest.json' fails its checksum" "sed -i 's/\"step\": 20,/\"step\": 21,/' manifest.json"
+corrupt shape "params.safetensors: tensor 'layers.0.w_down' is f32\\[32,64\\] in the file but f32\\[64,32\\] in the manifest" \
+  "$DRILL shape params.safetensors '\"layers.0.w_down\": {\"dtype\": \"F32\", \"shape\": [64, 32]' '\"layers.0.w_down\": {\"dtype\": \"F32\", \"shape\": [32, 64]'"
+corrupt dtype "params.safetensors: tensor 'wte' is s32\\[256,32\\] in the file but f32\\[256,32\\] in the manifest" \
+  "$DRILL shape params.safetensors '\"wte\": {\"dtype\": \"F32\"' '\"wte\": {\"dtype\": \"I32\"'"
+corrupt other-bundle "written with bundle 0123456789abcdef, this run uses bundle" "$DRILL fixmanifest . bundle_key '\"0123456789abcdef\"'" model
+corrupt other-model "written for a different model config \\(model.d_model 64 in the checkpoint, 32 now" \
+  "rm -rf ./* && cp -a '$TMP/other/checkpoints/step_20/.' ." model
+corrupt missing-file "params.safetensors: tensor file is missing" "rm params.safetensors"
+# nothing valid left: refuse, never load corrupt data
+cp -a "$TMP/c20" "$TMP/cm-all"
+for s in 5 10 15 20; do rm "$TMP/cm-all/checkpoints/step_$s/manifest.json"; done
+expect_exit 7 "no valid checkpoint in .*all 4 were skipped" resume "$TMP/cm-all"
+
+# --- 4. I/O faults ----------------------------------------------------------------
+R30=("${BASE[@]}" train.steps=30 ckpt.every=5)
+train "${R30[@]}" run.dir="$TMP/io-ref" && ok || bad "io reference run failed"
+expect_exit 0 "FAULT INJECTED: io_error_at_save=2: .*No space left on device" \
+  train "${R30[@]}" run.dir="$TMP/io-cont" faults.io_error_at_save=2 ckpt.on_error=continue
+check "ENOSPC, continue: the failure is an event" "grep -q '\"ckpt_failed\", \"step\": 10, \"error\": \".*No space left on device' '$TMP/io-cont/events.jsonl'"
+check "ENOSPC, continue: training went on to the end, identical" "cmp -s '$TMP/io-ref/params.safetensors' '$TMP/io-cont/params.safetensors'"
+expect_exit 0 "OK .*step_30" ckpt verify "$TMP/io-cont/checkpoints/step_30"
+check "ENOSPC, continue: no partial folder left" "[ -z \"\$(ls -A '$TMP/io-cont/checkpoints' | grep '^\\.tmp')\" ]"
+expect_exit 7 "checkpoint step_10: writing .*Input/output error.*ckpt.on_error=stop" \
+  train "${R30[@]}" run.dir="$TMP/io-stop" faults.io_error_at_save=2 faults.io_error=EIO
+expect_exit 0 "OK .*step_5" ckpt verify "$TMP/io-stop/checkpoints/step_5"
+check "EIO, stop: LATEST still names the previous checkpoint" "[ \"\$(cat '$TMP/io-stop/checkpoints/LATEST')\" = step_5 ]"
+check "EIO, stop: the failure is in events.jsonl with the exit code" "grep -q '\"ckpt_failed\"' '$TMP/io-stop/events.jsonl' && grep -q '\"exit_code\": 7' '$TMP/io-stop/events.jsonl'"
+if "$STRATA" resume "$TMP/io-stop" >/dev/null 2>"$TMP/err"; then ok; else bad "resume after EIO stop exited $?"; fi
+check "EIO, stop, resumed: identical to the uninterrupted run" "cmp -s '$TMP/io-ref/params.safetensors' '$TMP/io-stop/params.safetensors'"
+
+# A really full file system: a 600 KiB tmpfs under checkpoints/ holds one
+# checkpoint (~355 KiB) but not a second one next to it.
+full_fs() { # NAME ON_ERROR
+  local d="$TMP/full-$1"
+  mkdir -p "$d/checkpoints"
+  if ! mount -t tmpfs -o size=600k tmpfs "$d/checkpoints" 2>"$TMP/mount.err"; then
+    return 1
+  fi
+  MNT="$d/checkpoints"
+  "$STRATA" train "${R30[@]}" run.dir="$d" ckpt.keep=1 ckpt.on_error="$2" >"$TMP/out" 2>"$TMP/err"
+  echo $? >"$TMP/rc"
+  return 0
+}
+if full_fs stop stop; then
+  check "full tmpfs, stop: exit 7" "[ \$(cat '$TMP/rc') = 7 ]"
+  check "full tmpfs, stop: the error is ENOSPC from the kernel, naming the file" "grep -q 'writing .*safetensors.* failed: No space left on device' '$TMP/err'"
+  expect_exit 0 "OK .*step_5" ckpt verify "$TMP/full-stop/checkpoints/step_5"
+  check "full tmpfs, stop: the failed save's partial folder is gone" "[ -z \"\$(ls -A '$TMP/full-stop/checkpoints' | grep '^\\.tmp')\" ]"
+  umount "$MNT" && MNT=""
+  full_fs cont continue
+  check "full tmpfs, continue: the run finishes (exit 0)" "[ \$(cat '$TMP/rc') = 0 ]"
+  check "full tmpfs, continue: every later save failed and was logged" "[ \$(grep -c '\"ckpt_failed\"' '$TMP/full-cont/events.jsonl') -ge 5 ]"
+  check "full tmpfs, continue: the final one too, loudly" "grep -q 'ends without its final checkpoint' '$TMP/err'"
+  expect_exit 0 "OK .*step_5" ckpt verify "$TMP/full-cont/checkpoints/step_5"
+  check "full tmpfs, continue: params identical anyway" "cmp -s '$TMP/io-ref/params.safetensors' '$TMP/full-cont/params.safetensors'"
+  umount "$MNT" && MNT=""
+else
+  echo "NOTE: cannot mount a size-limited tmpfs here ($(cat "$TMP/mount.err")); the full-disk case is covered by the injected ENOSPC above only"
+fi
+
+# --- 5. supervisor drills -------------------------------------------------------
+SUP=("${R60[@]}" ckpt.every=10 recovery.backoff_s=0.05)
+if "$STRATA" run "${SUP[@]}" faults.crash_at_step=37 run.dir="$TMP/sup" >"$TMP/out" 2>"$TMP/err"; then ok; else bad "strata run (crash at 37) exited $?: $(tail -3 "$TMP/err")"; fi
+check "supervised crash at 37: final params bitwise identical" "$DRILL same '$TMP/ref' '$TMP/sup' --final step_60 --min-replayed 6"
+check "supervised crash at 37: recovery.json has one restart, steps lost <= ckpt.every" "$PY - '$TMP/sup/recovery.json' <<'PYEOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print('  recovery.json:', {k: r[k] for k in ('outcome', 'restarts', 'mttr_s', 'mean_detection_s', 'mean_restore_s', 'mean_rto_s', 'max_steps_lost')})
+assert r['outcome'] == 'completed' and r['exit_code'] == 0 and r['restarts'] == 1 and r['attempts'] == 2, r
+i = r['incidents'][0]
+assert i['signal'] == 9 and i['last_step'] == 36 and i['from_step'] == 30 and i['steps_lost'] == 6 <= 10, i
+assert i['recovered'] and 0 <= i['detection_s'] < 5 and i['restore_s'] > 0 and i['rto_s'] >= i['restart_s'] >= 0.05, i
+assert r['max_steps_lost'] == 6 and r['mttr_s'] > 0
+PYEOF"
+check "supervised: incident, restart and recovered events" "grep -q '\"incident\"' '$TMP/sup/events.jsonl' && grep -q '\"event\": \"restart\"' '$TMP/sup/events.jsonl' && grep -q '\"event\": \"recovered\"' '$TMP/sup/events.jsonl' && tail -1 '$TMP/sup/events.jsonl' | grep -q supervisor_done"
+check "supervised: armed faults are announced" "grep -q 'FAULT INJECTION ARMED: crash_at_step=37' '$TMP/err' && grep -q '\"faults_armed\"' '$TMP/sup/events.jsonl'"
+
+if "$STRATA" run "${SUP[@]}" faults.crash_in_save=3 run.dir="$TMP/sup-save" >/dev/null 2>"$TMP/err"; then ok; else bad "strata run (crash in save) exited $?"; fi
+check "supervised crash in the 3rd save: identical, one restart" "$DRILL same '$TMP/ref' '$TMP/sup-save' --final step_60 >/dev/null && grep -q '\"restarts\": 1,' '$TMP/sup-save/recovery.json'"
+check "supervised crash in save: killed halfway through a tensor file" "grep -q 'FAULT INJECTED: crash_in_save=3: SIGKILL halfway through writing .*/.tmp-step_30-' '$TMP/err'"
+
+if "$STRATA" run "${SUP[@]}" faults.corrupt_latest=3 faults.crash_at_step=37 run.dir="$TMP/sup-corrupt" >/dev/null 2>"$TMP/err"; then ok; else bad "strata run (corrupt + crash) exited $?"; fi
+check "corrupt newest + crash: step_30 skipped, resumed from step_20, identical" "grep -q 'skipping checkpoint step_30: .*checksum mismatch' '$TMP/err' && grep -q 'resuming from .*step_20' '$TMP/err' && $DRILL same '$TMP/ref' '$TMP/sup-corrupt' >/dev/null"
+
+if "$STRATA" run "${SUP[@]}" faults.hang_at_step=25 recovery.hang_timeout_s=1 run.dir="$TMP/sup-hang" >/dev/null 2>"$TMP/err"; then ok; else bad "strata run (hang) exited $?"; fi
+check "hang: killed after recovery.hang_timeout_s and restarted, identical" "grep -q '\"cause\": \"hang: no progress' '$TMP/sup-hang/recovery.json' && $DRILL same '$TMP/ref' '$TMP/sup-hang' >/dev/null"
+
+expect_exit 1 "max_restarts reached, giving up" run "${SUP[@]}" faults.crash_at_step=12 faults.repeat=true recovery.max_restarts=2 recovery.backoff_s=0 run.dir="$TMP/sup-giveup"
+check "give up: outcome, 3 attempts, 2 restarts" "grep -q '\"outcome\": \"gave_up\"' '$TMP/sup-giveup/recovery.json' && grep -q '\"attempts\": 3,' '$TMP/sup-giveup/recovery.json' && grep -q '\"restarts\": 2,' '$TMP/sup-giveup/recovery.json'"
+expect_exit 3 "not restarting" run "${SUP[@]}" data.synthetic=false data.path=/nonexistent/corpus run.dir="$TMP/sup-data"
+check "a data error is not restarted" "grep -q '\"outcome\": \"not_restartable\"' '$TMP/sup-data/recovery.json' && grep -q '\"attempts\": 1,' '$TMP/sup-data/recovery.json'"
+expect_exit 2 "already holds a run" run "${SUP[@]}" run.dir="$TMP/sup"
+
+echo "test_ckpt.sh: $((checks - fails))/$checks checks passed"
+[ "$fails" -eq 0 ]
