@@ -144,8 +144,9 @@ static void st__incident_json(const st__incident* I, st_strbuf* b) {
     st_strbuf_printf(b, ", \"backoff_s\": %.3f, \"restarted_at\": %.3f, \"restart_s\": %.3f", I->backoff_s, I->restarted_at,
                      I->restarted_at - I->detected_at);
   if (I->resumed)
-    st_strbuf_printf(b, ", \"from_step\": %lld, \"steps_lost\": %lld, \"restore_s\": %.6f, \"resumed_at\": %.3f", (long long)I->from_step,
-                     (long long)(I->last_step > I->from_step ? I->last_step - I->from_step : 0), I->restore_s, I->resumed_at);
+    st_strbuf_printf(b, ", \"from_step\": %lld, \"steps_lost\": %lld, \"startup_s\": %.3f, \"restore_s\": %.6f, \"resumed_at\": %.3f",
+                     (long long)I->from_step, (long long)(I->last_step > I->from_step ? I->last_step - I->from_step : 0),
+                     I->resumed_at - I->restarted_at, I->restore_s, I->resumed_at);
   if (I->recovered)
     st_strbuf_printf(b, ", \"recovered_at\": %.3f, \"rto_s\": %.3f, \"ttr_s\": %.3f", I->recovered_at, I->recovered_at - I->detected_at,
                      I->recovered_at - I->last_alive);
@@ -386,7 +387,9 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
     } else {
       argv[argc++] = "train";
       argv[argc++] = (char*)req->config_path;
-      for (int i = 0; i < req->override_count; ++i) argv[argc++] = req->overrides[i];
+      /* The run directory is the supervisor's (same value, made explicit). */
+      for (int i = 0; i < req->override_count; ++i)
+        if (strncmp(req->overrides[i], "run.dir=", 8)) argv[argc++] = req->overrides[i];
       argv[argc++] = dir_arg;
       if (S.attempts > 0) argv[argc++] = "run.resume=true";
     }
