@@ -206,12 +206,14 @@ typedef struct st_executor_hooks {
 /* Per-op timestamps of the last run, in seconds since the run started.
  * issue: the host issued the op. complete: the op's PJRT event fired
  * (st_event_on_ready), or the host call returned for ops without one
- * (READ, WAIT, HOST, FREE). start: when the op could begin — the later of
- * issue and its deps' completion (the device's own start time is not
- * observable through PJRT; docs/scheduling.md). */
+ * (READ, WAIT, HOST, FREE). start: an estimate, since PJRT does not report
+ * it — the later of issue and its deps' completion, and for a launch also
+ * the previous launch's completion (one queue per device). Timestamps are
+ * made causally consistent: nothing completes before it starts or starts
+ * before its deps complete (docs/scheduling.md). */
 typedef struct st_op_timing {
   double issue_s, start_s, complete_s;
-  double blocked_s; /* WAIT / READ: host time spent blocked */
+  double blocked_s; /* WAIT / READ: host time spent blocked, as the host measured it */
   bool blocked;     /* WAIT: an awaited op was not done when the wait began */
 } st_op_timing;
 

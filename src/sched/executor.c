@@ -393,15 +393,22 @@ static int st__cmp_edge(const void* a, const void* b) {
 static void st__derive(st_executor* ex, int ran) {
   const st_plan* plan = ex->plan;
   st_executor_stats* st = &ex->stats;
-  /* Callbacks of different ops can be delivered out of order, and a
-   * callback may run after a waiter has already resumed: clamp so that no
+  /* PJRT reports when work completes, not when it starts. An op can start
+   * once it is issued and its deps are complete; a launch also waits for
+   * the launch before it (one execution queue per device, as a GPU stream;
+   * on the CPU plugin executions use every core, so they barely overlap
+   * either). Callbacks of different ops can be delivered out of order, and
+   * a callback may run after a waiter has already resumed: clamp so that no
    * op starts before its deps complete nor completes before it starts. */
+  double prev_launch = 0;
   for (int i = 0; i < ran; ++i) {
     st_op_timing* t = &ex->timings[i];
     const st_op* op = &plan->ops[i];
     double start = t->issue_s;
     for (int d = 0; d < op->dep_count; ++d)
       if (ex->timings[op->deps[d]].complete_s > start) start = ex->timings[op->deps[d]].complete_s;
+    bool launch = op->kind == ST_OP_LAUNCH || op->kind == ST_OP_RECOMPUTE;
+    if (launch && prev_launch > start) start = prev_launch;
     if (op->kind == ST_OP_HOST || op->kind == ST_OP_FREE) {
       /* host work that waits for nothing: as the host saw it (a FREE only
        * drops a reference; PJRT releases the memory once its users are done) */
@@ -414,10 +421,8 @@ static void st__derive(st_executor* ex, int ran) {
       t->start_s = start;
     }
     if (t->complete_s < t->start_s) t->complete_s = t->start_s;
-    if (op->kind == ST_OP_WAIT || op->kind == ST_OP_READ) {
-      t->blocked_s = t->complete_s - t->issue_s;
-      st->wait_s += t->blocked_s;
-    }
+    if (launch) prev_launch = t->complete_s;
+    if (op->kind == ST_OP_WAIT || op->kind == ST_OP_READ) st->wait_s += t->blocked_s;
     if (op->kind == ST_OP_RECOMPUTE) st->recompute_s += t->complete_s - t->start_s;
   }
   /* Overlap: transfer time covered by the union of launch intervals. */
@@ -494,6 +499,8 @@ st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
     t->issue_s = st__now() - ex->t0;
     s = st__run_op(ex, hooks, i);
     if (!ex->events[i]) t->complete_s = st__now() - ex->t0;
+    /* As the host saw it, before any causal clean-up of the timestamps. */
+    if (plan->ops[i].kind == ST_OP_WAIT || plan->ops[i].kind == ST_OP_READ) t->blocked_s = t->complete_s - t->issue_s;
     int64_t total = 0;
     for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) {
       size_t at = (size_t)i * ST_SLOT_CATEGORY_COUNT + (size_t)k;
@@ -599,6 +606,7 @@ st_status st_executor_write_trace(const st_executor* ex, const char* path, int64
       st_strbuf_printf(&a, ", \"bytes\": %zu", st_tensor_type_bytes(&plan->slots[slot].type));
     }
     if (op->kind == ST_OP_WAIT) st_strbuf_printf(&a, ", \"blocked\": %s", t->blocked ? "true" : "false");
+    if (op->kind == ST_OP_WAIT || op->kind == ST_OP_READ) st_strbuf_printf(&a, ", \"blocked_us\": %.3f", t->blocked_s * 1e6);
     int tid = st__lane(tr, &groups[g], ts, t->complete_s);
     st_trace_slice(tr, tid, name.data, g == 0 ? (op->kind == ST_OP_RECOMPUTE ? "recompute" : "launch")
                                               : g == 1 ? "transfer" : g == 2 ? "wait" : "host",

@@ -1,0 +1,229 @@
+#!/usr/bin/env bash
+# test_sched.sh — the scheduler end to end (docs/scheduling.md), on the real
+# exporter and CPU plugin:
+#   1. the equivalence matrix: every policy combination (remat none/full/
+#      every:2 x offload none/optimizer/params/both x prefetch 0/1/2 x wait
+#      eager/deferred x optimizer after_backward/per_layer) trains 10 steps;
+#      its losses and eval losses must equal the default plan's: bitwise when
+#      the remat choice is the default's (the same programs run on the same
+#      values; only issue order, waits and copies differ), within 1e-6 when
+#      it is not (block_fwd and block_fwd_res are different XLA programs and
+#      may round y differently in the last bit). per_layer needs
+#      train.grad_clip=0, so those runs compare with the default plan at
+#      grad_clip=0. Every run's accounted live bytes must match the plan's
+#      prediction at every op.
+#   2. a written trace parsed against the plan: every op once, consistent
+#      timestamps, the four tracks, live-byte counters.
+#   3. `strata plan` text and JSON with the new ops; config errors.
+# All runs share one bundle and executable cache (about 0.3 s per run).
+set -uo pipefail
+
+STRATA=$(realpath "${STRATA:-./build/strata}")
+PY=${PY:-.venv/bin/python}
+TMP=$(mktemp -d /tmp/strata-e2e-sched-XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+export STRATA_CACHE_DIR="$TMP/cache"
+
+checks=0
+fails=0
+ok() { checks=$((checks + 1)); }
+bad() {
+  checks=$((checks + 1))
+  fails=$((fails + 1))
+  echo "FAIL: $*" >&2
+}
+check() { if eval "$2"; then ok; else bad "$1"; fi; }
+
+expect_exit() { # RC PATTERN ARGS...
+  local rc=$1 pat=$2
+  shift 2
+  "$STRATA" "$@" >"$TMP/out" 2>"$TMP/err"
+  local code=$?
+  if [ "$code" != "$rc" ]; then
+    bad "strata $*: exit $code, want $rc; stderr: $(tail -3 "$TMP/err")"
+  elif ! grep -Eq -- "$pat" "$TMP/err"; then
+    bad "strata $*: stderr does not match /$pat/: $(tail -3 "$TMP/err")"
+  else
+    ok
+  fi
+}
+
+BASE=(configs/test.yml runtime.deterministic=true runtime.cpu_devices=1 run.progress=off)
+
+# --- 1. the equivalence matrix ---------------------------------------------------
+train() { # DIR OVERRIDES...
+  local dir=$1
+  shift
+  if ! "$STRATA" train "${BASE[@]}" run.dir="$dir" "$@" >/dev/null 2>"$dir.err"; then
+    bad "train $*: exit $?: $(tail -3 "$dir.err")"
+    return 1
+  fi
+}
+t0=$(date +%s)
+mkdir -p "$TMP/m"
+train "$TMP/m/base-clip" || true
+train "$TMP/m/base-noclip" train.grad_clip=0 || true
+n=0
+for opt in after_backward per_layer; do
+  clip=()
+  [ "$opt" = per_layer ] && clip=(train.grad_clip=0)
+  for remat in none full every:2; do
+    for off in none optimizer params both; do
+      for pf in 0 1 2; do
+        for wait in eager deferred; do
+          n=$((n + 1))
+          d="$TMP/m/$opt.$remat.$off.$pf.$wait"
+          train "$d" sched.optimizer=$opt sched.remat=$remat sched.offload=$off sched.prefetch_depth=$pf \
+            sched.wait=$wait "${clip[@]}" || true
+        done
+      done
+    done
+  done
+done
+echo "# equivalence matrix: $n combinations trained in $(($(date +%s) - t0)) s"
+check "equivalence matrix: losses equal the default plan's, accounting matches the plan" "$PY - '$TMP/m' <<'PYEOF'
+import glob, json, os, sys
+root = sys.argv[1]
+
+def read(d):
+    steps, evals = [], []
+    for line in open(os.path.join(d, 'metrics.jsonl')):
+        m = json.loads(line)
+        if 'loss' in m:
+            steps.append(m)
+        elif 'eval_loss' in m:
+            evals.append(m['eval_loss'])
+    return steps, evals
+
+base = {'after_backward': read(os.path.join(root, 'base-clip')), 'per_layer': read(os.path.join(root, 'base-noclip'))}
+runs = sorted(d for d in glob.glob(os.path.join(root, '*.*.*.*.*')) if os.path.isdir(d))
+assert len(runs) == 144, len(runs)
+bad, bitwise, worst = [], 0, 0.0
+for d in runs:
+    opt, remat, off, pf, wait = os.path.basename(d).split('.', 4)
+    steps, evals = read(d)
+    b_steps, b_evals = base[opt]
+    got = [m['loss'] for m in steps] + evals
+    want = [m['loss'] for m in b_steps] + b_evals
+    if len(steps) != 10 or len(got) != len(want):
+        bad.append(f'{d}: {len(steps)} steps, {len(got)} values')
+        continue
+    diff = max(abs(a - b) for a, b in zip(got, want))
+    if diff == 0:
+        bitwise += 1
+    if remat == 'full' and diff != 0:
+        bad.append(f'{os.path.basename(d)}: same programs as the default plan but not bitwise equal (max diff {diff:.3g})')
+    if diff > 1e-6:
+        bad.append(f'{os.path.basename(d)}: max loss difference {diff:.3g} > 1e-6')
+    if remat != 'full':
+        worst = max(worst, diff)
+    for m in steps:
+        if m['live_mismatch_op'] != -1 or m['peak_live_bytes'] != m['peak_live_bytes_predicted']:
+            bad.append(f'{os.path.basename(d)} step {m[\"step\"]}: accounted live bytes differ from the plan')
+            break
+    if off != 'none' and steps[0]['host_bytes'] <= 0:
+        bad.append(f'{os.path.basename(d)}: offload {off} but no host bytes')
+    if wait == 'eager' and steps[0]['waits'] <= steps[0]['launches']:
+        bad.append(f'{os.path.basename(d)}: eager but only {steps[0][\"waits\"]} waits for {steps[0][\"launches\"]} launches')
+print(f'# {len(runs)} combinations: {bitwise} bitwise equal to the default plan; remat none/every:2 max |diff| {worst:.3g} (bound 1e-6)')
+for b in bad[:20]:
+    print('  ' + b)
+sys.exit(1 if bad else 0)
+PYEOF"
+check "policies recorded: resolved config and the plan event" "grep -q 'remat: \"every:2\"' '$TMP/m/per_layer.every:2.both.1.eager/config.yaml' && grep '\"event\": \"plan\"' '$TMP/m/per_layer.every:2.both.1.eager/events.jsonl' | grep -q 'remat=every:2 offload=both prefetch_depth=1 wait=eager optimizer=per_layer'"
+
+# --- 2. a trace, parsed against the plan ---------------------------------------------
+TRACE_POL=(sched.remat=every:2 sched.offload=both sched.prefetch_depth=1 sched.optimizer=per_layer train.grad_clip=0)
+train "$TMP/tr" "${TRACE_POL[@]}" "trace.steps=[2, 3]" || true
+"$STRATA" plan --json "${BASE[@]}" "${TRACE_POL[@]}" >"$TMP/plan.json" 2>/dev/null || bad "plan --json failed"
+check "trace files and events for steps 2 and 3 only" "[ -s '$TMP/tr/trace/step_2.json' ] && [ -s '$TMP/tr/trace/step_3.json' ] && [ \$(ls '$TMP/tr/trace' | wc -l) = 2 ] && [ \$(grep -c '\"event\": \"trace\"' '$TMP/tr/events.jsonl') = 2 ]"
+check "trace: every plan op once, consistent timestamps, tracks and counters" "$PY - '$TMP/tr/trace/step_2.json' '$TMP/plan.json' <<'PYEOF'
+import json, sys
+trace = json.load(open(sys.argv[1]))
+plan = json.load(open(sys.argv[2]))['step']
+ops = plan['ops']
+ev = trace['traceEvents']
+assert isinstance(ev, list) and trace['displayTimeUnit'] == 'ms'
+for e in ev:
+    assert e['ph'] in ('X', 'C', 'M') and isinstance(e['pid'], int), e
+    if e['ph'] != 'M':
+        assert isinstance(e['ts'], (int, float)) and e['ts'] >= 0, e
+tracks = {e['tid']: e['args']['name'] for e in ev if e['ph'] == 'M' and e['name'] == 'thread_name'}
+for want in ('launches', 'transfers', 'host waits', 'host ops'):
+    assert want in tracks.values(), (want, tracks)
+xs = [e for e in ev if e['ph'] == 'X']
+by_op = {}
+for e in xs:
+    i = e['args']['op']
+    assert i not in by_op, f'op {i} appears twice'
+    by_op[i] = e
+assert sorted(by_op) == list(range(len(ops))), f'{len(by_op)} ops in the trace, {len(ops)} in the plan'
+track_of = {'LAUNCH': 'launches', 'RECOMPUTE': 'launches', 'H2D': 'transfers', 'D2H': 'transfers',
+            'WAIT': 'host waits', 'READ': 'host waits', 'HOST': 'host ops', 'FREE': 'host ops'}
+eps = 1e-3  # microseconds: timestamps are printed with 3 decimals
+prev_issue = -1.0
+for i, op in enumerate(ops):
+    e = by_op[i]
+    a = e['args']
+    assert a['kind'] == op['kind'] and a['layer'] == op['layer'] and a['micro'] == op['micro'], (i, a, op)
+    assert a['deps'] == op['deps'], (i, a['deps'], op['deps'])
+    assert tracks[e['tid']].startswith(track_of[op['kind']]), (i, tracks[e['tid']], op['kind'])
+    if op['kind'] in ('LAUNCH', 'RECOMPUTE'):
+        assert e['name'] == op['program'], (e['name'], op['program'])
+    iss, st, co = a['issue_us'], a['start_us'], a['complete_us']
+    assert iss + eps >= prev_issue, f'op {i} issued before op {i - 1}'
+    prev_issue = iss
+    assert iss <= st + eps and st <= co + eps, (i, iss, st, co)
+    dev = op['kind'] in ('LAUNCH', 'RECOMPUTE', 'H2D', 'D2H')
+    assert abs(e['ts'] - (st if dev else iss)) <= eps, (i, e['ts'], st, iss)
+    assert abs(e['ts'] + e['dur'] - co) <= 2 * eps, (i, e['ts'], e['dur'], co)
+    for d in op['deps']:
+        done = by_op[d]['args']['complete_us']
+        if dev:
+            assert st + eps >= done, f'op {i} starts at {st} before its dep {d} completes at {done}'
+        if op['kind'] in ('WAIT', 'READ'):
+            assert co + eps >= done, f'{op[\"kind\"]} {i} ends at {co} before its dep {d} completes at {done}'
+    if op['kind'] == 'WAIT':
+        assert isinstance(a['blocked'], bool)
+    if op['kind'] in ('H2D', 'D2H'):
+        assert a['bytes'] > 0
+# counters: accounted live bytes after every op equal the plan's prediction
+live = [e for e in ev if e['ph'] == 'C' and e['name'] == 'live device bytes']
+pred = [e for e in ev if e['ph'] == 'C' and e['name'] == 'predicted live device bytes']
+assert len(live) == len(ops) and len(pred) == len(ops)
+for i, (c, p) in enumerate(zip(live, pred)):
+    assert c['args'] == ops[i]['live_bytes'], (i, c['args'], ops[i]['live_bytes'])
+    assert p['args']['bytes'] == sum(ops[i]['live_bytes'].values())
+meta = trace['otherData']
+assert meta['step'] == 2 and meta['op_count'] == len(ops) and meta['host_memory'] in ('pinned_host', 'unpinned_host')
+assert meta['predicted_peak_bytes'] == plan['predicted_peak_bytes'] == meta['peak_live_bytes'], meta
+kinds = {op['kind'] for op in ops}
+assert kinds >= {'LAUNCH', 'RECOMPUTE', 'H2D', 'D2H', 'WAIT', 'READ', 'HOST', 'FREE'}, kinds
+print(f'# trace: {len(ops)} ops on {len(tracks)} tracks, every op once, timestamps consistent')
+PYEOF"
+
+# --- 3. strata plan with the new ops; config errors --------------------------------
+if "$STRATA" plan "${BASE[@]}" "${TRACE_POL[@]}" sched.wait=eager >"$TMP/plan.txt" 2>"$TMP/err"; then ok; else bad "plan exited $?"; fi
+check "plan text shows policies, recompute, offload transfers, waits, deps" "grep -q '# policy: remat=every:2 offload=both prefetch_depth=1 wait=eager optimizer=per_layer' '$TMP/plan.txt' && grep -Eq 'RECOMPUTE +block_fwd_res layer=0' '$TMP/plan.txt' && grep -Eq 'H2D .*in=\[host:m:layers.1.wq' '$TMP/plan.txt' && grep -Eq 'D2H .*out=\[host:layers.0.wq\]' '$TMP/plan.txt' && grep -Eq 'WAIT .* deps=\[' '$TMP/plan.txt' && grep -Eq 'host-memory bytes [1-9]' '$TMP/plan.txt'"
+check "plan JSON: live bytes per op by category, host slots, peak = max" "$PY - '$TMP/plan.json' <<'PYEOF'
+import json, sys
+p = json.load(open(sys.argv[1]))['step']
+cats = ['params', 'grads', 'optimizer', 'activations', 'transfer']
+assert all(list(op['live_bytes']) == cats and 'deps' in op for op in p['ops'])
+start = sum(s['bytes'] for s in p['slots'] if s['persistent'] and s['memory'] == 'device')
+peak = max([start] + [sum(op['live_bytes'].values()) for op in p['ops']])
+assert peak == p['predicted_peak_bytes'], (peak, p['predicted_peak_bytes'])
+hosts = [s for s in p['slots'] if s['memory'] == 'host']
+assert hosts and all(s['persistent'] and p['slots'][s['twin']]['twin'] == p['slots'].index(s) for s in hosts)
+assert p['host_bytes'] == sum(s['bytes'] for s in hosts)
+PYEOF"
+expect_exit 2 "sched.optimizer=per_layer .*train.grad_clip is 1" config "${BASE[@]}" sched.optimizer=per_layer
+expect_exit 2 "sched.remat 'every:0': K must be a whole number >= 1" config "${BASE[@]}" sched.remat=every:0
+expect_exit 2 "sched.remat '1,5' lists layer 5, but the model has 2 layers" config "${BASE[@]}" sched.remat=1,5
+expect_exit 2 "sched.offload" config "${BASE[@]}" sched.offload=gpu
+expect_exit 2 "sched.prefetch_depth" config "${BASE[@]}" sched.prefetch_depth=-1
+expect_exit 2 "trace.steps .*lists step 11, but train.steps is 10" config "${BASE[@]}" "trace.steps=[2, 11]"
+expect_exit 2 "trace.steps .*item 1 is 'x'" config "${BASE[@]}" "trace.steps=[x]"
+
+echo "test_sched.sh: $((checks - fails)) of $checks checks passed"
+[ "$fails" -eq 0 ]
