@@ -1,0 +1,766 @@
+"""`make bench`: strata against the monolithic jax.jit anchors, one machine, one run.
+
+Measures (docs/performance.md explains the method and shows the numbers):
+
+  step      median step time of strata, the anchor with layers unrolled and
+            the anchor with lax.scan over layers (jaxlib's CPU client), plus
+            the unrolled anchor on strata's own PJRT plugin (same client as
+            strata), on the tiny and small presets, in interleaved rounds;
+            peak RSS of every process, strata's accounted peak live bytes
+  compile   cold start (empty bundle and executable caches) for
+            model.n_layers in {2, 8, 32} against both anchors' trace+lower
+            and XLA compile times; strata's warm start (everything cached)
+  overhead  strata and the unrolled anchor under `perf record`: CPU time of
+            the host (main) thread per step against the step time, and how
+            busy XLA's worker threads are
+  extra     every other bench/bench_*.py, whose Markdown output is folded in
+
+Results: bench/results/<date>-<host>.json and a Markdown section appended to
+bench/results/README.md (both skipped with --no-save). Speed targets are
+reported, never asserted.
+
+    .venv/bin/python bench/run.py [--quick] [--sections step,compile,overhead,extra]
+        [--rounds N] [--no-save]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import flops as FL  # noqa: E402
+import perfsplit  # noqa: E402
+
+SECTIONS = ("step", "compile", "overhead", "extra")
+OWN_HELPERS = {"bench_ckpt.py", "bench_sched.py"}  # not special: listed here only for the docs' sake
+
+
+@dataclass
+class Plan:
+    """What to run; --quick shrinks everything to check the pipeline in a minute or two."""
+    presets: dict[str, tuple[str, list[str]]]
+    steps: int           # steps per step-time run (warm-up included)
+    warmup: int          # leading steps left out of the medians
+    rounds: int          # interleaved rounds of every variant
+    depth_config: tuple[str, list[str]]
+    depths: list[int]
+    overhead_preset: str
+    overhead_steps: int
+    overhead_warmup: int
+    extra_timeout_s: int
+
+
+FULL = Plan(
+    presets={"tiny": ("configs/tiny.yml", []), "small": ("configs/small.yml", [])},
+    steps=25, warmup=5, rounds=2,
+    depth_config=("configs/small.yml", []), depths=[2, 8, 32],
+    overhead_preset="small", overhead_steps=16, overhead_warmup=4,
+    extra_timeout_s=240,
+)
+QUICK = Plan(
+    presets={"test": ("configs/test.yml", [])},
+    steps=8, warmup=2, rounds=1,
+    depth_config=("configs/test.yml", []), depths=[2, 4],
+    overhead_preset="test", overhead_steps=8, overhead_warmup=2,
+    extra_timeout_s=120,
+)
+
+
+# --- small pure helpers (tests/py/test_bench.py) -------------------------------
+
+def median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+    out = []
+    if not os.path.exists(path):
+        return out
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass  # a line cut by a kill: the rest of the file still counts
+    return out
+
+
+def step_metrics(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Training step lines only (eval lines carry eval_loss and no step_time_s)."""
+    return [m for m in metrics if isinstance(m.get("step_time_s"), (int, float)) and "eval_loss" not in m]
+
+
+def strata_step_summary(metrics: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+    """Median step time after warm-up and the host share of it, read
+    defensively: fields other than step_time_s may be absent or renamed."""
+    steps = step_metrics(metrics)[warmup:]
+    times = [m["step_time_s"] for m in steps]
+    out: dict[str, Any] = {"n": len(times), "median_s": median(times),
+                           "min_s": min(times) if times else None, "max_s": max(times) if times else None}
+    waits = [m.get("wait_s") for m in steps]
+    if times and all(isinstance(w, (int, float)) for w in waits):
+        host = [t - w for t, w in zip(times, waits)]  # type: ignore[operator]
+        out["host_s_median"] = median(host)
+        out["host_fraction"] = median([h / t for h, t in zip(host, times) if t > 0])
+    peaks = [m.get("peak_live_bytes") for m in step_metrics(metrics)]
+    peaks = [p for p in peaks if isinstance(p, (int, float))]
+    out["peak_live_bytes"] = int(max(peaks)) if peaks else None
+    launches = [m.get("launches") for m in steps if isinstance(m.get("launches"), (int, float))]
+    out["launches_per_step"] = int(median(launches)) if launches else None  # type: ignore[arg-type]
+    return out
+
+
+def events_by_name(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The first event of each name."""
+    out: dict[str, dict[str, Any]] = {}
+    for e in events:
+        out.setdefault(str(e.get("event")), e)
+    return out
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b not in (None, 0) else None
+
+
+def fmt(x: Any, unit: str = "", digits: int = 3) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:.{digits}g}{unit}" if abs(x) < 1000 else f"{x:.0f}{unit}"
+    return f"{x}{unit}"
+
+
+def fmt_bytes(n: Any) -> str:
+    if not isinstance(n, (int, float)):
+        return "–"
+    return f"{n / 2**20:.0f} MiB"
+
+
+def md_table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def target_line(name: str, value: float | None, limit: float, better: str, unit: str = "") -> dict[str, Any]:
+    """better: 'le' (value <= limit passes) or 'ge'."""
+    if value is None:
+        return {"target": name, "value": None, "limit": limit, "met": None}
+    met = value <= limit if better == "le" else value >= limit
+    return {"target": name, "value": value, "limit": limit, "met": met, "unit": unit}
+
+
+# --- processes -----------------------------------------------------------------
+
+def _proc_stat_busy() -> float:
+    """Busy CPU seconds of the whole machine since boot (all CPUs)."""
+    with open("/proc/stat", encoding="ascii") as f:
+        parts = f.readline().split()[1:]
+    v = [int(x) for x in parts]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class ProcResult:
+    rc: int
+    wall_s: float
+    maxrss_bytes: int
+    cpu_s: float
+    other_load: float  # CPUs kept busy by *other* processes during the run (0..ncpu)
+    start_unix: float
+    stderr_tail: str
+    killed: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def run_proc(cmd: list[str], env: dict[str, str], timeout_s: float, stop_when: Callable[[], bool] | None = None,
+             log: str | None = None) -> ProcResult:
+    """Runs cmd; returns its own peak RSS and CPU time (os.wait4, so per
+    process, children that it waited for included) and how much CPU other
+    processes used meanwhile. stop_when, polled every 20 ms, ends the run with
+    SIGTERM once it returns True (a cold start needs no training)."""
+    errf = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
+    busy0, t0, start_unix = _proc_stat_busy(), time.monotonic(), time.time()
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL if not log else open(log, "w"),
+                         stderr=errf)
+    killed = False
+    while True:
+        pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.monotonic() - t0 > timeout_s:
+            p.kill()
+            killed = True
+        elif stop_when is not None and not killed and stop_when():
+            p.send_signal(signal.SIGTERM)
+            killed = True
+        time.sleep(0.02)
+    wall = time.monotonic() - t0
+    busy = _proc_stat_busy() - busy0
+    p.returncode = os.waitstatus_to_exitcode(status)
+    cpu = ru.ru_utime + ru.ru_stime
+    other = max(0.0, (busy - cpu) / wall) if wall > 0 else 0.0
+    errf.seek(0)
+    tail = errf.read()[-2000:]
+    errf.close()
+    return ProcResult(p.returncode, wall, int(ru.ru_maxrss) * 1024, cpu, other, start_unix, tail, killed)
+
+
+class Bench:
+    def __init__(self, plan: Plan, work: str, log: Callable[[str], None], strata: str | None = None) -> None:
+        self.plan, self.work, self.log = plan, work, log
+        self.strata = strata or os.environ.get("STRATA_BIN", os.path.join(ROOT, "build", "strata"))
+        self.python = sys.executable
+        self.cache = os.path.join(work, "cache")  # warm bundle/executable/token cache
+        self.env = {**os.environ, "STRATA_CACHE_DIR": self.cache, "STRATA_BIN": self.strata,
+                    "PYTHONPATH": os.path.join(ROOT, "python"),
+                    "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1")}
+        # An inherited XLA flag would apply to the anchors only; a platform
+        # list would hide strata's plugin from the anchor.
+        self.env.pop("XLA_FLAGS", None)
+        self.env.pop("JAX_PLATFORMS", None)
+        self.plugin = self._plugin_path()
+        self.n = 0
+
+    def _plugin_path(self) -> str | None:
+        r = subprocess.run([self.python, "-c", "import lammps_jax_pjrt_cpu as p; print(p.PLUGIN_PATH)"],
+                           capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else None
+
+    def tmp(self, name: str) -> str:
+        self.n += 1
+        return os.path.join(self.work, f"{self.n:03d}-{name}")
+
+    # --- one strata run ---
+    def strata_train(self, config: str, overrides: list[str], name: str, env: dict[str, str] | None = None,
+                     stop_at_run: bool = False, timeout_s: float = 900, perf: str | None = None) -> dict[str, Any]:
+        run_dir = self.tmp(name)
+        cmd = [self.strata, "train", config, *overrides, f"run.dir={run_dir}", "run.progress=off"]
+        if perf:
+            cmd = perfsplit.record_prefix(perf) + cmd
+        events_path = os.path.join(run_dir, "events.jsonl")
+
+        def at_run() -> bool:
+            return any(e.get("event") == "run" for e in read_jsonl(events_path))
+
+        pr = run_proc(cmd, env or self.env, timeout_s, at_run if stop_at_run else None)
+        events = read_jsonl(events_path)
+        ok = pr.rc == 0 or (stop_at_run and pr.killed and "run" in events_by_name(events))
+        if not ok:
+            raise RuntimeError(f"{' '.join(cmd)} exited {pr.rc}:\n{pr.stderr_tail}")
+        return {"proc": pr, "events": events, "metrics": read_jsonl(os.path.join(run_dir, "metrics.jsonl")),
+                "run_dir": run_dir}
+
+    # --- one anchor run ---
+    def anchor(self, config: str | None, overrides: list[str], variant: str, name: str, steps: int | None,
+               plugin: bool = False, compile_only: bool = False, perf: str | None = None,
+               timeout_s: float = 900, inputs: tuple[str, str] | None = None) -> dict[str, Any]:
+        """inputs: (resolved config JSON file, token file) instead of config + overrides."""
+        out = self.tmp(name) + ".json"
+        src = ["--config-json", inputs[0], "--tokens", inputs[1]] if inputs else [config or "", *overrides]
+        cmd = [self.python, "-m", "strata_jax.anchor", *src, "--variant", variant, "--out", out]
+        if steps is not None:
+            cmd += ["--steps", str(steps)]
+        if compile_only:
+            cmd.append("--compile-only")
+        if plugin:
+            if not self.plugin:
+                raise RuntimeError("strata's CPU plugin (lammps_jax_pjrt_cpu) is not installed in this Python")
+            cmd += ["--plugin", self.plugin, "--cpu-devices", "2"]  # as runtime.cpu_devices's default
+        if perf:
+            cmd = perfsplit.record_prefix(perf) + cmd
+        pr = run_proc(cmd, self.env, timeout_s)
+        if pr.rc != 0:
+            raise RuntimeError(f"{' '.join(cmd)} exited {pr.rc}:\n{pr.stderr_tail}")
+        with open(out, encoding="utf-8") as f:
+            res = json.load(f)
+        return {"proc": pr, "result": res}
+
+
+# --- sections ------------------------------------------------------------------
+
+def resolved_config(b: Bench, config: str, overrides: list[str]) -> dict[str, Any]:
+    r = subprocess.run([b.strata, "config", "--json", config, *overrides], cwd=ROOT, env=b.env,
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"strata config {config} failed: {r.stderr.strip()}")
+    return json.loads(r.stdout)
+
+
+# Extra strata runs in the step section when the build has the key and its
+# default differs: the bundle's block_bwd recomputes the block forward, which
+# the anchors do not do (docs/performance.md).
+STRATA_VARIANTS = [("sched.remat", "none")]
+
+
+def strata_variants(b: Bench, config: str, over: list[str], cfg: dict[str, Any]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for key, value in STRATA_VARIANTS:
+        sect, _, name = key.partition(".")
+        if cfg.get(sect, {}).get(name, value) == value:
+            continue  # absent from this build, or already the default
+        try:
+            resolved_config(b, config, [*over, f"{key}={value}"])
+        except RuntimeError:
+            continue
+        out[f"strata {key}={value}"] = [f"{key}={value}"]
+    return out
+
+
+def section_step(b: Bench) -> dict[str, Any]:
+    p = b.plan
+    out: dict[str, Any] = {"steps_per_run": p.steps, "warmup": p.warmup, "rounds": p.rounds, "presets": {}}
+    for preset, (config, over) in p.presets.items():
+        b.log(f"step: {preset}: warming the bundle and executable caches")
+        b.strata_train(config, [*over, "train.steps=1", "train.eval_batches=1"], f"warm-{preset}")
+        cfg = resolved_config(b, config, over)
+        extra = strata_variants(b, config, over, cfg)
+        variants: dict[str, list[dict[str, Any]]] = {"strata": [], **{k: [] for k in extra},
+                                                     "unroll": [], "scan": [], "unroll@plugin": []}
+        common = [*over, "train.eval_every=0", "train.eval_batches=1"]
+        for rnd in range(p.rounds):
+            for v in variants:
+                b.log(f"step: {preset}: round {rnd + 1}/{p.rounds}: {v}")
+                if v.startswith("strata"):
+                    r = b.strata_train(config, [*common, *extra.get(v, []), f"train.steps={p.steps}"],
+                                       f"step-{preset}-{v.replace(' ', '-')}")
+                    s = strata_step_summary(r["metrics"], p.warmup)
+                else:
+                    if v == "unroll@plugin" and not b.plugin:
+                        continue
+                    r = b.anchor(config, common, v.split("@")[0], f"step-{preset}-{v}", p.steps,
+                                 plugin=v.endswith("@plugin"))
+                    t = r["result"]["step_time_s"][p.warmup:]
+                    s = {"n": len(t), "median_s": median(t), "min_s": min(t) if t else None,
+                         "max_s": max(t) if t else None, "client": r["result"].get("client"),
+                         "xla_peak_bytes_estimate": (r["result"].get("memory") or {}).get("peak_bytes_estimate"),
+                         "compile_s": r["result"].get("compile_s")}
+                pr: ProcResult = r["proc"]
+                s.update({"round": rnd, "maxrss_bytes": pr.maxrss_bytes, "wall_s": pr.wall_s,
+                          "other_load": round(pr.other_load, 3)})
+                variants[v].append(s)
+        res: dict[str, Any] = {"config": config, "overrides": over, "model_flops_per_step": FL.step_flops(cfg),
+                               "runs": variants, "best": {}}
+        # Contention from other processes only ever slows a run down, so each
+        # variant is represented by its fastest run's median (all runs are kept).
+        for v, runs in variants.items():
+            meds = [r["median_s"] for r in runs if r.get("median_s") is not None]
+            if meds:
+                best = min(runs, key=lambda r: r["median_s"] if r.get("median_s") is not None else 1e30)
+                res["best"][v] = {"median_s": best["median_s"], "all_medians_s": meds,
+                                  "maxrss_bytes": max(r["maxrss_bytes"] for r in runs)}
+        bs = res["best"].get("strata", {}).get("median_s")
+        res["ratio"] = {v: ratio(bs, d["median_s"]) for v, d in res["best"].items() if v != "strata"}
+        for sv in extra:
+            bv = res["best"].get(sv, {}).get("median_s")
+            res.setdefault("ratio_variants", {})[sv] = {
+                v: ratio(bv, d["median_s"]) for v, d in res["best"].items() if not v.startswith("strata")}
+        # Per round, the same ratio from runs made minutes apart: its spread is the noise.
+        per_round = {}
+        for v in variants:
+            if v == "strata":
+                continue
+            pr_ = [ratio(a.get("median_s"), c.get("median_s")) for a, c in zip(variants["strata"], variants[v])]
+            per_round[v] = [x for x in pr_ if x is not None]
+        res["ratio_per_round"] = per_round
+        out["presets"][preset] = res
+    return out
+
+
+def section_compile(b: Bench) -> dict[str, Any]:
+    p = b.plan
+    config, over = p.depth_config
+    # Token files are data, not compile caches: seed each empty cache with them
+    # so a cold start does not also time tokenizing the corpus.
+    b.strata_train(config, [*over, "train.steps=1", "train.eval_batches=1"], "tokens")
+    tokens_src = os.path.join(b.cache, "tokens")
+    out: dict[str, Any] = {"config": config, "overrides": over, "depths": {}}
+    for n in p.depths:
+        cold_cache = os.path.join(b.work, f"cold-cache-{n}")
+        shutil.rmtree(cold_cache, ignore_errors=True)
+        os.makedirs(cold_cache)
+        if os.path.isdir(tokens_src):
+            shutil.copytree(tokens_src, os.path.join(cold_cache, "tokens"))
+        env = {**b.env, "STRATA_CACHE_DIR": cold_cache}
+        ov = [*over, f"model.n_layers={n}", "train.steps=1", "train.eval_batches=1"]
+        row: dict[str, Any] = {}
+        for kind in ("cold", "warm"):
+            b.log(f"compile: n_layers={n}: strata {kind}")
+            r = b.strata_train(config, ov, f"compile-{n}-{kind}", env=env, stop_at_run=True)
+            ev = events_by_name(r["events"])
+            pr: ProcResult = r["proc"]
+            d: dict[str, Any] = {
+                "startup_s": ev.get("run", {}).get("startup_seconds"),
+                "to_first_step_wall_s": (ev["run"]["time"] - pr.start_unix) if "run" in ev else None,
+                "compile_s": ev.get("compile", {}).get("seconds"),
+                "programs_compiled": ev.get("compile", {}).get("compiled"),
+                "cache_hits": ev.get("compile", {}).get("cache_hits"),
+                "exported": ev.get("bundle", {}).get("exported"),
+                "maxrss_bytes": pr.maxrss_bytes, "other_load": round(pr.other_load, 3),
+            }
+            if "bundle" in ev:
+                # process start -> bundle ready: exec, config, data (cached), export, runtime
+                d["before_compile_s"] = ev["bundle"]["time"] - pr.start_unix
+            if "compile" in ev and "run" in ev:
+                d["init_s"] = ev["run"]["time"] - ev["compile"]["time"]  # init programs: compile + run
+            row[f"strata_{kind}"] = d
+        for v in ("unroll", "scan"):
+            b.log(f"compile: n_layers={n}: anchor {v}")
+            r = b.anchor(config, [*over, f"model.n_layers={n}"], v, f"compile-{n}-{v}", None, compile_only=True)
+            res = r["result"]
+            row[v] = {"lower_s": res["lower_s"], "compile_s": res["compile_s"], "init_s": res["init_s"],
+                      "lower_plus_compile_s": res["lower_s"] + res["compile_s"],
+                      "process_wall_s": r["proc"].wall_s, "maxrss_bytes": r["proc"].maxrss_bytes,
+                      "other_load": round(r["proc"].other_load, 3)}
+        out["depths"][str(n)] = row
+    return out
+
+
+def _offset() -> float:
+    """realtime - monotonic: events carry wall-clock times, perf CLOCK_MONOTONIC ones."""
+    return time.time() - time.monotonic()
+
+
+def section_overhead(b: Bench) -> dict[str, Any]:
+    p = b.plan
+    why = perfsplit.available()
+    config, over = p.presets[p.overhead_preset]
+    common = [*over, "train.eval_every=0", "train.eval_batches=1"]
+    out: dict[str, Any] = {"preset": p.overhead_preset, "steps": p.overhead_steps, "warmup": p.overhead_warmup,
+                           "method": "perf record -e cpu-clock -c 1ms, steady-state window" if not why else None}
+    # Metrics-only figure (no perf needed): step time minus time blocked in reads.
+    b.log("overhead: strata (metrics)")
+    r = b.strata_train(config, [*common, f"train.steps={p.overhead_steps}"], "overhead-metrics")
+    out["metrics"] = strata_step_summary(r["metrics"], p.overhead_warmup)
+    if why:
+        out["perf"] = None
+        out["perf_unavailable"] = why
+        return out
+    off = _offset()
+    ncpu = os.cpu_count() or 1
+    b.log("overhead: strata under perf")
+    data = b.tmp("perf-strata.data")
+    r = b.strata_train(config, [*common, f"train.steps={p.overhead_steps}"], "overhead-strata", perf=data)
+    ev = events_by_name(r["events"])
+    times = [m["step_time_s"] for m in step_metrics(r["metrics"])]
+    t0 = ev["run"]["time"] + sum(times[:p.overhead_warmup])
+    t1 = ev["run"]["time"] + sum(times)
+    # perf's own pid is the process we started; strata is its only child:
+    # the sampled process with the most samples in the window.
+    s_split = _split_busiest(data, t0 - off, t1 - off)
+    n_steps = len(times) - p.overhead_warmup
+    med = median(times[p.overhead_warmup:])
+    out["strata"] = _overhead_summary(s_split, n_steps, med, ncpu)
+    b.log("overhead: unrolled anchor under perf")
+    data = b.tmp("perf-anchor.data")
+    r = b.anchor(config, common, "unroll", "overhead-anchor", p.overhead_steps, perf=data)
+    res = r["result"]
+    st, tt = res["step_start_unix"], res["step_time_s"]
+    a_split = _split_busiest(data, st[p.overhead_warmup] - off, st[-1] + tt[-1] - off)
+    out["unroll"] = _overhead_summary(a_split, len(tt) - p.overhead_warmup, median(tt[p.overhead_warmup:]), ncpu)
+    return out
+
+
+def _split_busiest(data: str, t0: float, t1: float) -> dict[str, Any]:
+    r = subprocess.run(["perf", "script", "-i", data, "-F", "pid,tid,time,ip,sym,dso"], capture_output=True,
+                       text=True, timeout=600)
+    rows = perfsplit.parse_script(r.stdout)
+    counts: dict[int, int] = {}
+    for pid, _tid, ts, _s, _d in rows:
+        if t0 <= ts <= t1:
+            counts[pid] = counts.get(pid, 0) + 1
+    if not counts:
+        raise RuntimeError(f"perf recorded no samples in the window ({data})")
+    pid = max(counts, key=lambda k: counts[k])
+    res = perfsplit.split(rows, pid, t0, t1)
+    os.remove(data)  # tens of MB each
+    return res
+
+
+def _overhead_summary(sp: dict[str, Any], n_steps: int, step_s: float | None, ncpu: int) -> dict[str, Any]:
+    main_per_step = sp["main_cpu_s"] / max(n_steps, 1)
+    kernel = sp["worker_by_object_s"].get("kernel", 0.0)
+    return {
+        "split": sp, "steps_in_window": n_steps, "median_step_s": step_s,
+        "main_thread_cpu_per_step_s": main_per_step,
+        "main_thread_fraction": ratio(main_per_step, step_s),
+        "worker_utilisation": sp["worker_cpu_s"] / (sp["window_s"] * ncpu),
+        "worker_kernel_fraction": ratio(kernel, sp["worker_cpu_s"]),
+    }
+
+
+def section_extra(b: Bench) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path in sorted(glob.glob(os.path.join(HERE, "bench_*.py"))):
+        name = os.path.basename(path)
+        b.log(f"extra: {name}")
+        # The helpers' contract: run from the repository root, binary in
+        # $STRATA (or --strata), Markdown on stdout, non-zero exit on failure.
+        env = {**b.env, "STRATA": b.strata}
+        t0 = time.monotonic()
+        try:
+            r = subprocess.run([b.python, path], cwd=ROOT, env=env, capture_output=True, text=True,
+                               timeout=b.plan.extra_timeout_s)
+            out[name] = {"rc": r.returncode, "seconds": round(time.monotonic() - t0, 1),
+                         "markdown": r.stdout.strip(), "stderr_tail": r.stderr[-1500:] if r.returncode else ""}
+        except subprocess.TimeoutExpired as e:
+            so = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            out[name] = {"rc": None, "seconds": b.plan.extra_timeout_s, "markdown": so.strip(),
+                         "stderr_tail": f"timed out after {b.plan.extra_timeout_s} s"}
+    return out
+
+
+# --- environment, targets, report ----------------------------------------------
+
+def environment(b: Bench) -> dict[str, Any]:
+    def sh(cmd: list[str]) -> str:
+        try:
+            r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, env=b.env)
+            return r.stdout.strip() if r.returncode == 0 else ""
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
+    except OSError:
+        pass
+    doctor = sh([b.strata, "doctor"])
+    gflops = None
+    for line in doctor.splitlines():
+        if line.startswith("matmul:") and "GFLOP/s" in line:
+            try:
+                gflops = float(line.split(":")[2].split("GFLOP/s")[0]) if line.count(":") > 1 else None
+            except ValueError:
+                gflops = None
+    jaxv = sh([b.python, "-c", "import jax, jaxlib; print(jax.__version__, jaxlib.__version__)"])
+    return {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"), "host": platform.node(),
+        "cpu": cpu, "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(),
+        "git_commit": sh(["git", "rev-parse", "HEAD"]), "git_dirty": bool(sh(["git", "status", "--porcelain"])),
+        "strata": b.strata, "plugin": b.plugin, "jax": jaxv, "doctor_matmul_gflops": gflops,
+        "doctor": doctor,
+    }
+
+
+def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
+    t: list[dict[str, Any]] = []
+    for preset, pr in res.get("step", {}).get("presets", {}).items():
+        t.append(target_line(f"step time strata/unroll ({preset})", pr["ratio"].get("unroll"), 1.10, "le"))
+        t.append(target_line(f"step time strata/scan ({preset})", pr["ratio"].get("scan"), 1.10, "le"))
+    depths = res.get("compile", {}).get("depths", {})
+    if depths:
+        ks = sorted(depths, key=int)
+        lo, hi = depths[ks[0]], depths[ks[-1]]
+        t.append(target_line(f"strata cold start {ks[-1]} vs {ks[0]} layers",
+                             ratio(hi["strata_cold"]["startup_s"], lo["strata_cold"]["startup_s"]), 1.2, "le"))
+        t.append(target_line(f"unroll lower+compile / strata cold start at {ks[-1]} layers",
+                             ratio(hi["unroll"]["lower_plus_compile_s"], hi["strata_cold"]["startup_s"]), 5.0, "ge"))
+        warm = max(depths[k]["strata_warm"]["startup_s"] or 0 for k in ks)
+        t.append(target_line("strata warm start (slowest depth)", warm, 1.0, "le", " s"))
+    ov = res.get("overhead", {})
+    hf = (ov.get("strata") or {}).get("main_thread_fraction")
+    if hf is None:
+        hf = (ov.get("metrics") or {}).get("host_fraction")
+    if ov:
+        t.append(target_line(f"framework overhead ({ov.get('preset')})", hf, 0.05, "le"))
+    return t
+
+
+def markdown(res: dict[str, Any]) -> str:
+    env = res["environment"]
+    L = [f"## {env['date']} on {env['host']} ({env['cpus']} CPUs: {env['cpu']})", "",
+         f"commit `{env['git_commit'][:12]}`{' (dirty tree)' if env['git_dirty'] else ''}, jax {env['jax']}, "
+         f"load average at start {', '.join(f'{x:.2f}' for x in env['loadavg_start'])}"
+         + (f", `strata doctor` matmul {env['doctor_matmul_gflops']} GFLOP/s" if env.get("doctor_matmul_gflops") else "")
+         + f"; bench took {res.get('seconds', 0):.0f} s" + (" (--quick)" if res.get("quick") else ""), ""]
+    st = res.get("step")
+    if st:
+        L += [f"### Step time (median of {st['steps_per_run'] - st['warmup']} steps after {st['warmup']} warm-up, "
+              f"best of {st['rounds']} interleaved rounds)", ""]
+        rows = []
+        for preset, pr in st["presets"].items():
+            bst = pr["best"]
+            for v in pr["runs"]:
+                if v not in bst:
+                    continue
+                runs = pr["runs"][v]
+                mf = pr["model_flops_per_step"] / bst[v]["median_s"] / 1e9
+                per_round = pr["ratio_per_round"].get(v, [])
+                rows.append([preset, v, fmt(bst[v]["median_s"] * 1e3, " ms"),
+                             ", ".join(fmt(m * 1e3, "") for m in bst[v]["all_medians_s"]),
+                             "1" if v == "strata" else fmt(pr["ratio"].get(v)),
+                             ", ".join(fmt(x) for x in per_round) if per_round else "",
+                             f"{mf:.1f}", fmt_bytes(bst[v]["maxrss_bytes"]),
+                             fmt_bytes(runs[0].get("peak_live_bytes") if v.startswith("strata")
+                                       else runs[0].get("xla_peak_bytes_estimate")),
+                             ", ".join(f"{r['other_load']:.2f}" for r in runs)])
+        for preset, pr in st["presets"].items():
+            for sv, rs in (pr.get("ratio_variants") or {}).items():
+                L.append(f"- {preset}: {sv} / " + ", ".join(f"{v} {fmt(x)}" for v, x in rs.items()))
+        if any(pr.get("ratio_variants") for pr in st["presets"].values()):
+            L.append("")
+        L += [md_table(["preset", "run", "step (best)", "medians per round (ms)", "strata / this",
+                        "ratio per round", "model GFLOP/s", "peak RSS", "device bytes¹", "other load²"], rows), "",
+              "¹ strata: accounted peak live bytes (metrics `peak_live_bytes`); anchors: XLA's memory analysis "
+              "of the compiled step (arguments + outputs − aliased + temporaries).  ",
+              "² CPUs kept busy by other processes during each run (from /proc/stat minus the run's own CPU time).", ""]
+    co = res.get("compile")
+    if co:
+        L += [f"### Start-up and compile time against depth ({co['config']} {' '.join(co['overrides'])}, "
+              "model.n_layers varied)", ""]
+        rows = []
+        for n, row in co["depths"].items():
+            c, w, u, s = row["strata_cold"], row["strata_warm"], row["unroll"], row["scan"]
+            rows.append([n, fmt(c["startup_s"], " s"), fmt(c.get("before_compile_s"), " s"), fmt(c["compile_s"], " s"),
+                         fmt(c.get("init_s"), " s"), fmt(w["startup_s"], " s"),
+                         f"{fmt(u['lower_s'], ' s')} + {fmt(u['compile_s'], ' s')}",
+                         f"{fmt(s['lower_s'], ' s')} + {fmt(s['compile_s'], ' s')}",
+                         fmt(ratio(u["lower_plus_compile_s"], c["startup_s"]), "×")])
+        L += [md_table(["layers", "strata cold start", "of which: until bundle ready³", "XLA compile",
+                        "init programs", "strata warm start", "unroll lower + compile", "scan lower + compile",
+                        "unroll / strata cold"], rows), "",
+              "³ process start to the `bundle` event: config, data (token file cached), the exporter "
+              "(a Python process: interpreter + jax import + lowering 18 programs), runtime creation.", ""]
+    ov = res.get("overhead")
+    if ov:
+        L += [f"### Framework overhead ({ov['preset']} preset, {ov['steps']} steps, {ov['warmup']} warm-up)", ""]
+        m = ov.get("metrics") or {}
+        L.append(f"- metrics: step time − time blocked in reads = {fmt((m.get('host_s_median') or 0) * 1e3, ' ms')} "
+                 f"per step = {fmt((m.get('host_fraction') or 0) * 100, ' %')} of {fmt((m.get('median_s') or 0) * 1e3, ' ms')}"
+                 if m.get("host_fraction") is not None else "- metrics: wait_s not reported by this build")
+        if ov.get("perf_unavailable"):
+            L.append(f"- perf: not measured ({ov['perf_unavailable']})")
+        for k in ("strata", "unroll"):
+            o = ov.get(k)
+            if not o:
+                continue
+            sp = o["split"]
+            objs = ", ".join(f"{n} {v * 1e3 / o['steps_in_window']:.2f}" for n, v in sp["main_by_object_s"].items())
+            L.append(f"- perf, {k}: main thread {o['main_thread_cpu_per_step_s'] * 1e3:.2f} ms CPU per step "
+                     f"= {fmt(o['main_thread_fraction'] * 100 if o['main_thread_fraction'] is not None else None, ' %')} "
+                     f"of the step (ms/step by object: {objs}); worker threads busy "
+                     f"{o['worker_utilisation'] * 100:.0f} % of the window on {res['environment']['cpus']} CPUs, "
+                     f"{fmt((o['worker_kernel_fraction'] or 0) * 100, ' %')} of their CPU time in the kernel")
+        L.append("")
+    tg = res.get("targets")
+    if tg:
+        L += ["### Targets (reported, not asserted)", ""]
+        L += [md_table(["target", "measured", "limit", "met"],
+                       [[t["target"], fmt(t["value"], t.get("unit", "")), fmt(t["limit"], t.get("unit", "")),
+                         "–" if t["met"] is None else ("yes" if t["met"] else "**no**")] for t in tg]), ""]
+    ex = res.get("extra")
+    if ex:
+        L += ["### Other benchmarks (bench/bench_*.py)", ""]
+        for name, e in ex.items():
+            L += [f"#### {name} (exit {e['rc']}, {e['seconds']} s)", "", e["markdown"] or "(no output)", ""]
+            if e.get("stderr_tail"):
+                L += ["```", e["stderr_tail"].strip(), "```", ""]
+    return "\n".join(L) + "\n"
+
+
+def save(res: dict[str, Any], md: str, out_dir: str) -> str:
+    os.makedirs(out_dir, exist_ok=True)
+    stem = f"{datetime.date.today().isoformat()}-{platform.node() or 'host'}"
+    path = os.path.join(out_dir, f"{stem}.json")
+    k = 2
+    while os.path.exists(path):
+        path = os.path.join(out_dir, f"{stem}-{k}.json")
+        k += 1
+    tmp = path + f".tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(res, f, indent=1, default=str)
+        f.write("\n")
+    os.replace(tmp, path)
+    readme = os.path.join(out_dir, "README.md")
+    if not os.path.exists(readme):
+        with open(readme, "w", encoding="utf-8") as f:
+            f.write("# Benchmark results\n\nOne section per `make bench` run, newest last; the JSON file named in "
+                    "each section has every number. Method: docs/performance.md.\n\n")
+    with open(readme, "a", encoding="utf-8") as f:
+        f.write(md.replace("\n### ", f"\n(`{os.path.basename(path)}`)\n\n### ", 1) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="test preset, few steps: checks the pipeline only")
+    ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
+    ap.add_argument("--rounds", type=int, help="interleaved rounds of the step-time runs")
+    ap.add_argument("--steps", type=int, help="steps per step-time run (warm-up included)")
+    ap.add_argument("--no-save", action="store_true", help="print the Markdown only")
+    ap.add_argument("--out-dir", default=os.path.join(HERE, "results"))
+    ap.add_argument("--keep", action="store_true", help="keep the work folder (run dirs, JSON of every run)")
+    args = ap.parse_args(argv)
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    bad = [s for s in sections if s not in SECTIONS]
+    if bad:
+        ap.error(f"unknown section(s) {bad}; choose from {SECTIONS}")
+    plan = QUICK if args.quick else FULL
+    if args.rounds:
+        plan.rounds = args.rounds
+    if args.steps:
+        if args.steps <= plan.warmup:
+            ap.error(f"--steps must exceed the {plan.warmup} warm-up steps")
+        plan.steps = args.steps
+    work = tempfile.mkdtemp(prefix="strata-bench-")
+    t_start = time.monotonic()
+
+    def log(msg: str) -> None:
+        print(f"[bench {time.monotonic() - t_start:6.0f}s] {msg}", file=sys.stderr, flush=True)
+
+    b = Bench(plan, work, log)
+    if not os.access(b.strata, os.X_OK):
+        print(f"bench: {b.strata} is missing: run `make build` (or set STRATA_BIN)", file=sys.stderr)
+        return 2
+    res: dict[str, Any] = {"schema": 1, "quick": args.quick, "environment": environment(b)}
+    failed = []
+    for sec in sections:
+        fn = {"step": section_step, "compile": section_compile, "overhead": section_overhead,
+              "extra": section_extra}[sec]
+        try:
+            res[sec] = fn(b)
+        except Exception as e:  # noqa: BLE001 - one broken section must not lose the others' numbers
+            log(f"{sec}: FAILED: {e}")
+            res[sec + "_error"] = str(e)
+            failed.append(sec)
+    res["seconds"] = time.monotonic() - t_start
+    res["environment"]["loadavg_end"] = os.getloadavg()
+    res["targets"] = targets(res)
+    md = markdown(res)
+    for sec in failed:
+        md += f"\n**section {sec} failed:** {res[sec + '_error'][:1500]}\n"
+    print(md)
+    if not args.no_save:
+        path = save(res, md, args.out_dir)
+        log(f"results: {os.path.relpath(path, ROOT)} and {os.path.relpath(os.path.join(args.out_dir, 'README.md'), ROOT)}")
+    if args.keep:
+        log(f"work folder kept: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

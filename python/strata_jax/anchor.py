@@ -1,0 +1,298 @@
+"""Monolithic performance anchors for bench/ (docs/performance.md).
+
+The same train step as reference_train.py, as one jax.jit, in two shapes
+MaxText users choose between:
+
+- ``unroll``: the Python loop over blocks is traced N times, so XLA sees
+  every layer (reference_train.make_train_step itself; compile time grows
+  with depth);
+- ``scan``: block parameters stacked along a leading layer axis and the
+  blocks run by ``lax.scan`` (compile time roughly flat in depth, like
+  strata's one-program-per-structure bundle).
+
+Both do the arithmetic of docs/model.md (microbatches under ``lax.scan``,
+per-group-instance squared norms, clip, ``optim.adamw_update``), so their
+losses match the reference to float rounding (tests/py/test_anchor.py).
+
+    python -m strata_jax.anchor CONFIG [k=v ...] --variant unroll|scan --out FILE.json
+        [--steps N] [--compile-only] [--config-json FILE --tokens TOKFILE]
+
+Writes one JSON object: trace/lower/compile seconds, per-step seconds,
+XLA's memory analysis of the compiled step and the process's peak RSS.
+Nothing is cached across processes (JAX's persistent compilation cache is
+switched off), so every run is a cold compile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import model as M
+from .data import DataError, Sampler, read_token_file
+from .model import ModelConfig
+from .optim import adamw_update, lr_at, sqnorm
+from .reference_train import TrainConfig, _strata, load_config, make_train_step
+
+Array = jax.Array
+VARIANTS = ("unroll", "scan")
+# Diagnostic only: unrolled, each block under jax.checkpoint, so its forward
+# runs again inside the backward pass as strata's block_bwd program does.
+DIAG_VARIANTS = ("unroll_remat",)
+
+
+# --- the scan-over-layers step -----------------------------------------------
+
+def stack_blocks(params: M.FullParams) -> dict[str, Any]:
+    """{"embed", "blocks": [dict] * N, "head"} -> blocks as {name: [N, ...]}."""
+    blocks = {k: jnp.stack([b[k] for b in params["blocks"]]) for k in M.BLOCK_PARAMS}
+    return {"embed": params["embed"], "blocks": blocks, "head": params["head"]}
+
+
+def unstack_blocks(params: dict[str, Any], n_layers: int) -> M.FullParams:
+    blocks = [{k: params["blocks"][k][i] for k in M.BLOCK_PARAMS} for i in range(n_layers)]
+    return {"embed": params["embed"], "blocks": blocks, "head": params["head"]}
+
+
+def scan_model_loss(cfg: ModelConfig, params: dict[str, Any], tokens: Array, targets: Array,
+                    mask: Array) -> Array:
+    wte = params["embed"]["wte"]
+    x = M.embed_fwd(cfg, wte, tokens)
+    x, _ = jax.lax.scan(lambda h, p: (M.block_fwd(cfg, p, h), None), x, params["blocks"])
+    return M.head_loss(cfg, params["head"], wte if cfg.tie_embeddings else None, x, targets, mask)
+
+
+def remat_model_loss(cfg: ModelConfig, params: M.FullParams, tokens: Array, targets: Array,
+                     mask: Array) -> Array:
+    wte = params["embed"]["wte"]
+    x = M.embed_fwd(cfg, wte, tokens)
+    blk = jax.checkpoint(lambda p, h: M.block_fwd(cfg, p, h))
+    for p in params["blocks"]:
+        x = blk(p, x)
+    return M.head_loss(cfg, params["head"], wte if cfg.tie_embeddings else None, x, targets, mask)
+
+
+def make_scan_train_step(cfg: ModelConfig) -> Callable[..., Any]:
+    """Like reference_train.make_train_step, on stacked block parameters:
+    jit(params, m, v, tokens, targets, mask, step, lr, hyper, grad_clip) ->
+    (params, m, v, micro_losses, group_sqnorms[embed, layers..., head])."""
+    loss_and_grad = jax.value_and_grad(lambda p, t, y, k: scan_model_loss(cfg, p, t, y, k))
+    emb_names = M.group_param_names(cfg, "embed")
+    head_names = M.group_param_names(cfg, "head")
+
+    def step_fn(params: Any, m: Any, v: Any, tokens: Array, targets: Array, mask: Array,
+                step: Array, lr: Array, hyper: Array, grad_clip: Array) -> Any:
+        n_micro = tokens.shape[0]
+
+        def micro(gsum: Any, xs: tuple[Array, Array, Array]) -> tuple[Any, Array]:
+            loss, g = loss_and_grad(params, *xs)
+            return jax.tree.map(jnp.add, gsum, g), loss
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        grads, losses = jax.lax.scan(micro, zeros, (tokens, targets, mask))
+        g_emb, g_blk, g_head = grads["embed"], grads["blocks"], grads["head"]
+        # Per-layer norms of the stacked gradients, in the reference's group order.
+        blk_sq = jax.vmap(lambda *gs: sqnorm(list(gs)))(*[g_blk[k] for k in M.BLOCK_PARAMS])
+        sqn = jnp.concatenate([sqnorm([g_emb[k] for k in emb_names])[None], blk_sq,
+                               sqnorm([g_head[k] for k in head_names])[None]])
+        total = jnp.float32(0.0)
+        for i in range(sqn.shape[0]):
+            total = total + sqn[i]
+        norm = jnp.sqrt(total) / n_micro
+        clip = jnp.where(grad_clip > 0, jnp.minimum(1.0, grad_clip / (norm + 1e-6)), 1.0)
+        gscale = clip / n_micro
+
+        out: dict[str, tuple[dict[str, Array], ...]] = {}
+        for group, names, lead in (("embed", emb_names, 0), ("blocks", M.BLOCK_PARAMS, 1),
+                                   ("head", head_names, 0)):
+            p, g, mi, vi = params[group], grads[group], m[group], v[group]
+            # AdamW is elementwise, so it applies to stacked layers as they
+            # are; weight decay follows the per-layer rank.
+            res = adamw_update([p[k] for k in names], [g[k] for k in names], [mi[k] for k in names],
+                               [vi[k] for k in names], [p[k].ndim - lead >= 2 for k in names],
+                               step, lr, gscale, hyper)
+            out[group] = tuple(dict(zip(names, a)) for a in res)
+
+        def regroup(j: int) -> Any:
+            return {g: out[g][j] for g in ("embed", "blocks", "head")}
+
+        return regroup(0), regroup(1), regroup(2), losses, sqn
+
+    return jax.jit(step_fn, donate_argnums=(0, 1, 2))
+
+
+# --- measurement --------------------------------------------------------------
+
+def _peak_rss_bytes() -> int:
+    # ru_maxrss is in KiB on Linux.
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _memory_analysis(compiled: Any) -> dict[str, int] | None:
+    try:
+        ma = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 - not every backend implements it
+        return None
+    if ma is None:
+        return None
+    keys = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+            "temp_size_in_bytes", "generated_code_size_in_bytes")
+    out = {k: int(getattr(ma, k)) for k in keys if hasattr(ma, k)}
+    # Live device bytes at the peak of one step: inputs, plus outputs that do
+    # not reuse a donated input, plus XLA's temporaries.
+    out["peak_bytes_estimate"] = (out.get("argument_size_in_bytes", 0) + out.get("output_size_in_bytes", 0)
+                                  - out.get("alias_size_in_bytes", 0) + out.get("temp_size_in_bytes", 0))
+    return out
+
+
+def plugin_device(path: str, cpu_devices: int = 0) -> Any:
+    """Loads a PJRT plugin into JAX as its own backend and returns its device 0.
+
+    With strata's CPU plugin this runs the anchor on the very client strata
+    uses (same XLA build, same thread pool sizing) instead of jaxlib's
+    built-in CPU client. Must be called before JAX initialises its backends.
+    cpu_devices > 0 passes cpu_device_count (CPU plugins only), as strata's
+    runtime.cpu_devices does."""
+    from jax._src import xla_bridge as xb  # plugin registration has no public API in 0.11
+
+    opts = {"cpu_device_count": cpu_devices} if cpu_devices > 0 else None
+    xb.register_plugin("strata_plugin", library_path=path, priority=-1, options=opts)
+    platforms = jax.config.jax_platforms
+    if platforms and "strata_plugin" not in platforms.split(","):
+        jax.config.update("jax_platforms", f"{platforms},strata_plugin")
+    return jax.devices("strata_plugin")[0]
+
+
+def run(config: dict[str, Any], tokens: np.ndarray, variant: str, steps: int | None = None,
+        compile_only: bool = False, device: Any = None) -> dict[str, Any]:
+    """Compiles the chosen step (timed: trace+lower, then XLA compile) and,
+    unless compile_only, trains `steps` steps timing each one from the host
+    batch to the losses on the host (what strata's step_time_s covers).
+    `device`: where everything runs (default: JAX's default device)."""
+    if device is None:
+        return _run(config, tokens, variant, steps, compile_only)
+    with jax.default_device(device):
+        r = _run(config, tokens, variant, steps, compile_only)
+    r["devices"] = [str(device)]
+    r["client"] = f"plugin {device.client.platform} {device.client.platform_version}"
+    return r
+
+
+def _run(config: dict[str, Any], tokens: np.ndarray, variant: str, steps: int | None,
+         compile_only: bool) -> dict[str, Any]:
+    if variant not in VARIANTS + DIAG_VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS + DIAG_VARIANTS}, got {variant!r}")
+    cfg = ModelConfig.from_dict(config["model"])
+    tc = TrainConfig.from_dict({**config["train"], **({"steps": steps} if steps is not None else {})})
+    seed = int(config["seed"])
+    sampler = Sampler(tokens, seed=seed, val_fraction=float(config["data"]["val_fraction"]),
+                      seq_len=cfg.seq_len, batch_size=tc.batch_size, microbatches=tc.microbatches)
+    t0 = time.perf_counter()
+    params = M.init_params(cfg, seed)
+    if variant == "scan":
+        params = stack_blocks(params)
+    jax.block_until_ready(params)
+    init_s = time.perf_counter() - t0
+    m = jax.tree.map(jnp.zeros_like, params)
+    v = jax.tree.map(jnp.zeros_like, params)
+    if variant == "scan":
+        step_fn = make_scan_train_step(cfg)
+    elif variant == "unroll_remat":
+        step_fn = make_train_step(cfg, remat_model_loss)
+    else:
+        step_fn = make_train_step(cfg)
+    hyper, clip = jnp.asarray(tc.hyper), jnp.float32(tc.grad_clip)
+
+    def batch(k: int) -> tuple[Array, Array, Array]:
+        b = sampler.batch(k)
+        return jnp.asarray(b.tokens), jnp.asarray(b.targets), jnp.asarray(b.mask)
+
+    t0 = time.perf_counter()
+    lowered = step_fn.lower(params, m, v, *batch(0), jnp.float32(1), jnp.float32(0), hyper, clip)
+    lower_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    compiled = lowered.compile()
+    compile_s = time.perf_counter() - t0
+    result: dict[str, Any] = {
+        "variant": variant, "n_layers": cfg.n_layers, "compute_dtype": cfg.compute_dtype,
+        "jax_version": jax.__version__, "backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()], "client": f"jaxlib {jax.default_backend()}",
+        "host": platform.node(),
+        "init_s": init_s, "lower_s": lower_s, "compile_s": compile_s,
+        "memory": _memory_analysis(compiled), "steps": 0, "step_time_s": [], "losses": [],
+        "step_start_unix": [],
+    }
+    if not compile_only:
+        for k in range(tc.steps):
+            t = k + 1
+            lr = lr_at(t, lr=tc.lr, min_lr_ratio=tc.min_lr_ratio, warmup_steps=tc.warmup_steps,
+                       steps=tc.steps)
+            result["step_start_unix"].append(time.time())
+            t0 = time.perf_counter()
+            params, m, v, losses, sqn = compiled(params, m, v, *batch(k), jnp.float32(t),
+                                                 jnp.float32(lr), hyper, clip)
+            loss = float(np.mean(np.asarray(losses, np.float64)))
+            np.asarray(sqn)
+            result["step_time_s"].append(time.perf_counter() - t0)
+            result["losses"].append(loss)
+        result["steps"] = tc.steps
+    result["peak_rss_bytes"] = _peak_rss_bytes()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m strata_jax.anchor",
+                                 description="monolithic jax.jit anchor (unrolled or scanned layers) for bench/")
+    ap.add_argument("config", nargs="?", help="strata config file (resolved with `strata config --json`)")
+    ap.add_argument("overrides", nargs="*", help="key=value overrides, as for `strata train`")
+    ap.add_argument("--config-json", help="resolved config (JSON file or string) instead of CONFIG")
+    ap.add_argument("--tokens", help="token file; default: `strata data CONFIG`")
+    ap.add_argument("--variant", choices=VARIANTS + DIAG_VARIANTS, required=True)
+    ap.add_argument("--steps", type=int, default=None, help="override train.steps")
+    ap.add_argument("--compile-only", action="store_true", help="stop after compiling the step")
+    ap.add_argument("--plugin", help="run on this PJRT plugin (e.g. strata's CPU plugin) instead of jaxlib's client")
+    ap.add_argument("--cpu-devices", type=int, default=0, help="with --plugin: cpu_device_count (CPU plugins)")
+    ap.add_argument("--out", required=True, help="JSON result file")
+    args = ap.parse_args(argv)
+    # A warm persistent cache would turn the compile time into a lookup time.
+    jax.config.update("jax_enable_compilation_cache", False)
+    if args.config:
+        try:
+            args.config_json = args.config_json or _strata(["config", "--json", args.config, *args.overrides])
+            args.tokens = args.tokens or _strata(["data", args.config, *args.overrides]).splitlines()[0]
+        except RuntimeError as e:
+            print(f"anchor: {e}", file=sys.stderr)
+            return 2
+    if not args.config_json or not args.tokens:
+        ap.error("give CONFIG [k=v ...], or both --config-json and --tokens")
+    try:
+        config = load_config(args.config_json)
+        tokens, _vocab = read_token_file(args.tokens)
+        device = plugin_device(args.plugin, args.cpu_devices) if args.plugin else None
+        result = run(config, tokens, args.variant, args.steps, args.compile_only, device)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"anchor: bad config: {e}", file=sys.stderr)
+        return 2
+    except DataError as e:
+        print(f"anchor: data error: {e}", file=sys.stderr)
+        return 3
+    tmp = f"{args.out}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

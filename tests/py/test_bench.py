@@ -1,0 +1,153 @@
+"""bench/: the pieces of `make bench` and bench/gpu.sh that do not need a
+quiet machine or a GPU (parsing, statistics, FLOPs, the report), and the
+GPU script's plumbing in its CPU dry run. No timing is asserted anywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from conftest import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import flops as FL  # noqa: E402
+import gpu_report as G  # noqa: E402
+import perfsplit as P  # noqa: E402
+import run as R  # noqa: E402
+
+
+def test_step_summary_reads_fields_defensively() -> None:
+    metrics = [{"step": i + 1, "loss": 1.0, "step_time_s": t, "wait_s": t - 0.01, "peak_live_bytes": 100 + i,
+                "launches": 24} for i, t in enumerate([0.9, 0.5, 0.2, 0.3, 0.1])]
+    metrics.append({"step": 5, "eval_loss": 2.0})  # eval line: no step time, must be ignored
+    s = R.strata_step_summary(metrics, warmup=2)
+    assert s["n"] == 3 and s["median_s"] == pytest.approx(0.2) and s["min_s"] == 0.1 and s["max_s"] == 0.3
+    assert s["host_s_median"] == pytest.approx(0.01)
+    assert s["host_fraction"] == pytest.approx(0.01 / 0.2)
+    assert s["peak_live_bytes"] == 104 and s["launches_per_step"] == 24
+    # A build without wait_s / peak_live_bytes (or with them renamed): no
+    # host share, no peak, but the step times still count.
+    bare = [{"step": 1, "step_time_s": 0.4}, {"step": 2, "step_time_s": 0.2, "wait_s": None}]
+    s = R.strata_step_summary(bare, warmup=0)
+    assert s["median_s"] == pytest.approx(0.3) and "host_fraction" not in s and s["peak_live_bytes"] is None
+    assert R.strata_step_summary([], warmup=3)["median_s"] is None
+
+
+def test_read_jsonl_skips_a_cut_line(tmp_path: Any) -> None:
+    p = tmp_path / "m.jsonl"
+    p.write_text('{"step": 1, "step_time_s": 0.5}\n\n{"step": 2, "step_ti')
+    assert R.read_jsonl(str(p)) == [{"step": 1, "step_time_s": 0.5}]
+    assert R.read_jsonl(str(tmp_path / "missing.jsonl")) == []
+
+
+def test_targets_and_ratios() -> None:
+    assert R.ratio(3.0, 2.0) == 1.5 and R.ratio(1.0, None) is None and R.ratio(None, 1.0) is None
+    assert R.ratio(1.0, 0) is None
+    assert R.target_line("x", 1.2, 1.1, "le")["met"] is False
+    assert R.target_line("x", 6.0, 5.0, "ge")["met"] is True
+    assert R.target_line("x", None, 5.0, "ge")["met"] is None
+    res = {"compile": {"depths": {
+        "2": {"strata_cold": {"startup_s": 4.0}, "strata_warm": {"startup_s": 0.2}, "unroll": {"lower_plus_compile_s": 3.0}},
+        "32": {"strata_cold": {"startup_s": 5.0}, "strata_warm": {"startup_s": 0.4}, "unroll": {"lower_plus_compile_s": 30.0}}}},
+        "overhead": {"preset": "small", "metrics": {"host_fraction": 0.01}, "strata": None}}
+    t = {x["target"]: x for x in R.targets(res)}
+    assert t["strata cold start 32 vs 2 layers"]["value"] == pytest.approx(1.25)
+    assert t["strata cold start 32 vs 2 layers"]["met"] is False
+    assert t["unroll lower+compile / strata cold start at 32 layers"]["value"] == pytest.approx(6.0)
+    assert t["strata warm start (slowest depth)"]["value"] == pytest.approx(0.4)
+    assert t["framework overhead (small)"]["value"] == pytest.approx(0.01)  # metrics fallback without perf
+
+
+def test_perf_script_parsing_and_split() -> None:
+    text = "\n".join([
+        " 100/100  10.000000:  55d1 st_executor_run (/repo/build/strata)",
+        " 100/100  10.001000:  7f01 [unknown] (/x/pjrt_c_api_cpu_plugin.so)",
+        " 100/101  10.002000:  ffffffff8164 clear_page_erms ([kernel.kallsyms])",
+        " 100/101  10.003000:  7f02 [unknown] (/x/pjrt_c_api_cpu_plugin.so)",
+        " 100/102  10.004000: ",                           # no symbol / object
+        " 100/101  99.000000:  7f02 [unknown] (/x/pjrt_c_api_cpu_plugin.so)",  # outside the window
+        " 200/200  10.002000:  7f02 main (/usr/bin/other)",  # another process
+        "garbage line",
+    ])
+    rows = P.parse_script(text)
+    assert len(rows) == 7 and rows[0] == (100, 100, 10.0, "st_executor_run", "/repo/build/strata")
+    assert rows[4][3:] == ("", "")
+    sp = P.split(rows, 100, 9.5, 10.5)
+    assert sp["main_cpu_s"] == pytest.approx(0.002)
+    assert sp["main_by_object_s"] == {"strata": 0.001, "pjrt_c_api_cpu_plugin.so": 0.001}
+    assert sp["worker_cpu_s"] == pytest.approx(0.003)
+    assert sp["worker_by_object_s"]["kernel"] == pytest.approx(0.001)
+    assert sp["window_s"] == pytest.approx(1.0)
+
+
+def test_model_flops() -> None:
+    m = {"d_model": 256, "d_ff": 1024, "seq_len": 256, "vocab_size": 256, "n_layers": 8}
+    per_layer = 2 * (4 * 256 * 256 + 3 * 256 * 1024) + 4 * 256 * 256
+    assert FL.forward_flops_per_token(m) == 8 * per_layer + 2 * 256 * 256
+    cfg = {"model": m, "train": {"batch_size": 8}}
+    assert FL.step_flops(cfg) == 3 * 8 * 256 * FL.forward_flops_per_token(m)
+
+
+def test_markdown_report_renders_every_section() -> None:
+    run = {"median_s": 0.2, "maxrss_bytes": 2**28, "other_load": 0.1, "peak_live_bytes": 2**20,
+           "xla_peak_bytes_estimate": 2**21}
+    res = {
+        "quick": False, "seconds": 10.0,
+        "environment": {"date": "d", "host": "h", "cpus": 2, "cpu": "c", "git_commit": "abc", "git_dirty": False,
+                        "jax": "0.11.2", "loadavg_start": (0.1, 0.2, 0.3), "doctor_matmul_gflops": 90.0},
+        "step": {"steps_per_run": 25, "warmup": 5, "rounds": 1, "presets": {"tiny": {
+            "model_flops_per_step": 10**9, "runs": {"strata": [run], "unroll": [run]},
+            "best": {"strata": {"median_s": 0.2, "all_medians_s": [0.2], "maxrss_bytes": 2**28},
+                     "unroll": {"median_s": 0.1, "all_medians_s": [0.1], "maxrss_bytes": 2**28}},
+            "ratio": {"unroll": 2.0}, "ratio_per_round": {"unroll": [2.0]}}}},
+    }
+    res["targets"] = R.targets(res)
+    md = R.markdown(res)
+    assert "| tiny | unroll | 100 ms |" in md and "| step time strata/unroll (tiny) | 2 | 1.1 | **no** |" in md
+
+
+def test_gpu_fallback_config_matches_strata() -> None:
+    """gpu_report's built-in config (for a GPU machine where strata could not be
+    built) must equal what `strata config --json` resolves."""
+    strata = os.path.join(ROOT, "build", "strata")
+    if not os.access(strata, os.X_OK):
+        raise AssertionError(f"{strata} is missing: run `make build` first (make test does)")
+    for dry, config, over in ((True, G.DRY_CONFIG, G.DRY_OVERRIDES), (False, G.GPU_CONFIG, G.GPU_OVERRIDES)):
+        r = subprocess.run([strata, "config", "--json", config, *over], cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        full = json.loads(r.stdout)
+        mine = G.fallback_config(dry, over)
+        for sect in ("model", "train"):
+            for k, v in mine[sect].items():
+                assert full[sect][k] == pytest.approx(v), (config, sect, k)
+        assert full["seed"] == mine["seed"] and full["data"]["val_fraction"] == mine["data"]["val_fraction"]
+
+
+def test_gpu_script_dry_run(tmp_path: Any) -> None:
+    """bench/gpu.sh on CPU (configs/test.yml, bf16): every part runs and the
+    report has MFU for all three rows. Costs ~30 s, mostly XLA compiles."""
+    script = os.path.join(ROOT, "bench", "gpu.sh")
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    r = subprocess.run([script, "--bogus"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown argument '--bogus'" in r.stderr
+    out = tmp_path / "gpu"
+    env = {k: v for k, v in os.environ.items() if k not in ("STRATA_BIN", "STRATA_PYTHON", "OUT")}
+    env["STRATA_CACHE_DIR"] = str(tmp_path / "cache")
+    r = subprocess.run([script, "--dry-run", "--out", str(out)], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads(next(out.glob("gpu-dry-*.json")).read_text())
+    assert {k: v["status"] for k, v in res["parts"].items()} == {
+        "matmul_peak": "ok", "inputs": "ok", "strata_cold_and_steps": "ok", "strata_warm_start": "ok",
+        "anchor_unroll": "ok", "anchor_scan": "ok"}
+    assert res["matmul"]["peak_tflops"] > 0 and res["model_flops_per_step"] > 0
+    for k in ("strata", "unroll", "scan"):
+        assert res[k]["median_s"] > 0, k
+    assert res["strata_warm"]["cache_hits"] > 0
+    md = next(out.glob("gpu-dry-*.md")).read_text()
+    assert md.count("| strata |") == 1 and "| unroll |" in md and "| scan |" in md
