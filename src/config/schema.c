@@ -103,6 +103,8 @@ static const st__cfg_key kKeys[] = {
      .doc = "A failed save stops training (exit 7) or is logged and training continues."},
     {"ckpt.async", ST__CFG_BOOL, "true",
      .doc = "Write checkpoints on a writer thread; training only waits for the device-to-host copy."},
+    {"ckpt.allow_bundle_change", ST__CFG_BOOL, "false",
+     .doc = "Resume from checkpoints written with another bundle key (same model config, tensors, shapes, dtypes), e.g. after an exporter update."},
 
     {"recovery.max_restarts", ST__CFG_INT, "3", .lo = 0, .hi = 1000,
      .doc = "strata run: restarts after crashes before giving up."},

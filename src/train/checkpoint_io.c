@@ -22,7 +22,7 @@ struct st_train_ckpt {
   st_train_ckpt_init in;
   char* root; /* <run>/checkpoints */
   int64_t every, keep, keep_every;
-  bool async, stop_on_error, resume;
+  bool async, stop_on_error, resume, allow_bundle_change;
 
   int count; /* state tensors */
   int* slots;
@@ -80,6 +80,7 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
   c->async = st_config_bool(cfg, "ckpt.async");
   c->stop_on_error = !strcmp(st_config_string(cfg, "ckpt.on_error"), "stop");
   c->resume = st_config_bool(cfg, "run.resume");
+  c->allow_bundle_change = st_config_bool(cfg, "ckpt.allow_bundle_change");
 
   const st_plan* p = in->plan;
   c->slots = calloc((size_t)p->slot_count + 1, sizeof(int));
@@ -168,7 +169,10 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step) {
   }
   free(removed);
 
-  st_ckpt_expect expect = {c->in.bundle->key, c->in.options->model_json, c->count, c->names, c->types};
+  /* The bundle key also hashes the exporter's sources; with
+   * ckpt.allow_bundle_change only the model config and the tensors must match. */
+  st_ckpt_expect expect = {c->allow_bundle_change ? NULL : c->in.bundle->key, c->in.options->model_json, c->count, c->names,
+                           c->types};
   st_ckpt* ck = NULL;
   int skipped = 0;
   ST_RETURN(st_ckpt_find_valid(c->root, &expect, st__on_skip, c, &ck, &skipped));
@@ -212,6 +216,10 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step) {
   const char* slash = strrchr(ck->dir, '/');
   const char* name = slash ? slash + 1 : ck->dir;
   bool changed = strcmp(ck->config_hash, c->config_hash) != 0;
+  bool bundle_changed = strcmp(ck->bundle_key, c->in.bundle->key) != 0;
+  if (bundle_changed)
+    fprintf(stderr, "strata: warning: %s was written with bundle %s, this run uses %s (allowed by ckpt.allow_bundle_change)\n", ck->dir,
+            ck->bundle_key, c->in.bundle->key);
   fprintf(stderr, "strata: resuming from %s (step %lld)%s\n", ck->dir, (long long)ck->step,
           changed ? "; the config differs from the checkpoint's (see the resumed event)" : "");
   st_strbuf e = {0};
@@ -223,8 +231,10 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step) {
   } else {
     st_strbuf_append(&e, "null");
   }
-  st_strbuf_printf(&e, ", \"latest_was_newest_valid\": %s, \"config_hash\": \"%s\", \"checkpoint_config_hash\": \"%s\"",
-                   latest && !strcmp(latest, name) ? "true" : "false", c->config_hash, ck->config_hash);
+  st_strbuf_printf(&e, ", \"latest_was_newest_valid\": %s, \"config_hash\": \"%s\", \"checkpoint_config_hash\": \"%s\", "
+                       "\"bundle_key\": \"%s\", \"checkpoint_bundle_key\": \"%s\"",
+                   latest && !strcmp(latest, name) ? "true" : "false", c->config_hash, ck->config_hash, c->in.bundle->key,
+                   ck->bundle_key);
   s = st_runlog_event(c->in.log, "resumed", e.data);
   st_strbuf_free(&e);
   free(latest);

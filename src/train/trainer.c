@@ -507,7 +507,10 @@ static st_status st__run(st__trainer* t, bool progress) {
     ST_RETURN(st_train_ckpt_step_done(t->ckpt, t->step + 1));
   }
   st_progress_end(progress);
-  ST_RETURN(st__event(t, "run_done", "\"steps\": %lld, \"final_loss\": %.6f, \"seconds\": %.3f", (long long)o->steps, last_loss,
+  /* A resume at the last step runs no step: no loss to report. */
+  char final_loss[32] = "null";
+  if (isfinite(last_loss)) snprintf(final_loss, sizeof(final_loss), "%.6f", last_loss);
+  ST_RETURN(st__event(t, "run_done", "\"steps\": %lld, \"final_loss\": %s, \"seconds\": %.3f", (long long)o->steps, final_loss,
                       st__now() - t_start));
   return ST_OK;
 }

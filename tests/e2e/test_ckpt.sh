@@ -74,6 +74,11 @@ expect_exit 0 "data position   240 sequences" ckpt inspect "$TMP/ref/checkpoints
 expect_exit 2 "already holds a run .*strata resume $TMP/ref" train "${R60[@]}" run.dir="$TMP/ref"
 expect_exit 2 "usage: strata ckpt" ckpt frobnicate "$TMP/ref"
 expect_exit 2 "is not a run directory" resume "$TMP/nowhere"
+cp -a "$TMP/ref2" "$TMP/done"
+expect_exit 0 "resuming from .*step_60 \\(step 60\\)" resume "$TMP/done"
+check "resuming a finished run changes nothing, events stay JSON" "cmp -s '$TMP/ref/params.safetensors' '$TMP/done/params.safetensors' && $PY -c '
+import json, sys
+[json.loads(l) for l in open(sys.argv[1])]' '$TMP/done/events.jsonl'"
 
 # --- 2. kill drill --------------------------------------------------------------
 SEED=${STRATA_DRILL_SEED:-$((RANDOM * 32768 + RANDOM))}
@@ -134,6 +139,12 @@ corrupt other-bundle "written with bundle 0123456789abcdef, this run uses bundle
 corrupt other-model "written for a different model config \\(model.d_model 64 in the checkpoint, 32 now" \
   "rm -rf ./* && cp -a '$TMP/other/checkpoints/step_20/.' ." model
 corrupt missing-file "params.safetensors: tensor file is missing" "rm params.safetensors"
+# ckpt.allow_bundle_change accepts the other bundle's checkpoint (same model and tensors), with a warning
+cp -a "$TMP/c20" "$TMP/cm-allow"
+(cd "$TMP/cm-allow/checkpoints/step_20" && $DRILL fixmanifest . bundle_key '"0123456789abcdef"')
+if "$STRATA" resume "$TMP/cm-allow" ckpt.allow_bundle_change=true >/dev/null 2>"$TMP/err"; then ok; else bad "resume with allow_bundle_change exited $?"; fi
+check "allow_bundle_change: resumes from step_20, says the bundle differs" \
+  "grep -q 'written with bundle 0123456789abcdef, this run uses .*allowed by ckpt.allow_bundle_change' '$TMP/err' && grep -q 'resuming from .*step_20 (step 20)' '$TMP/err'"
 # nothing valid left: refuse, never load corrupt data
 cp -a "$TMP/c20" "$TMP/cm-all"
 for s in 5 10 15 20; do rm "$TMP/cm-all/checkpoints/step_$s/manifest.json"; done
@@ -210,7 +221,7 @@ check "supervised crash in save: killed halfway through a tensor file" "grep -q 
 if "$STRATA" run "${SUP[@]}" faults.corrupt_latest=3 faults.crash_at_step=37 run.dir="$TMP/sup-corrupt" >/dev/null 2>"$TMP/err"; then ok; else bad "strata run (corrupt + crash) exited $?"; fi
 check "corrupt newest + crash: step_30 skipped, resumed from step_20, identical" "grep -q 'skipping checkpoint step_30: .*checksum mismatch' '$TMP/err' && grep -q 'resuming from .*step_20' '$TMP/err' && $DRILL same '$TMP/ref' '$TMP/sup-corrupt' >/dev/null"
 
-if "$STRATA" run "${SUP[@]}" faults.hang_at_step=25 recovery.hang_timeout_s=1 run.dir="$TMP/sup-hang" >/dev/null 2>"$TMP/err"; then ok; else bad "strata run (hang) exited $?"; fi
+if "$STRATA" run "${SUP[@]}" faults.hang_at_step=25 recovery.hang_timeout_s=2 run.dir="$TMP/sup-hang" >/dev/null 2>"$TMP/err"; then ok; else bad "strata run (hang) exited $?"; fi
 check "hang: killed after recovery.hang_timeout_s and restarted, identical" "grep -q '\"cause\": \"hang: no progress' '$TMP/sup-hang/recovery.json' && $DRILL same '$TMP/ref' '$TMP/sup-hang' >/dev/null"
 
 expect_exit 1 "max_restarts reached, giving up" run "${SUP[@]}" faults.crash_at_step=12 faults.repeat=true recovery.max_restarts=2 recovery.backoff_s=0 run.dir="$TMP/sup-giveup"
@@ -218,6 +229,13 @@ check "give up: outcome, 3 attempts, 2 restarts" "grep -q '\"outcome\": \"gave_u
 expect_exit 3 "not restarting" run "${SUP[@]}" data.synthetic=false data.path=/nonexistent/corpus run.dir="$TMP/sup-data"
 check "a data error is not restarted" "grep -q '\"outcome\": \"not_restartable\"' '$TMP/sup-data/recovery.json' && grep -q '\"attempts\": 1,' '$TMP/sup-data/recovery.json'"
 expect_exit 2 "already holds a run" run "${SUP[@]}" run.dir="$TMP/sup"
+# SIGTERM to the supervisor: forwarded to the child, no restart
+"$STRATA" run "${SUP[@]}" faults.hang_at_step=5 run.dir="$TMP/sup-term" >/dev/null 2>"$TMP/err" &
+sup_pid=$!
+for _ in $(seq 1 300); do grep -q hang_at_step "$TMP/sup-term/diag/faults.fired" 2>/dev/null && break; sleep 0.05; done
+kill -TERM "$sup_pid"
+wait "$sup_pid"
+check "SIGTERM: the supervisor stops the child and does not restart it" "grep -q '\"outcome\": \"interrupted\"' '$TMP/sup-term/recovery.json' && grep -q '\"attempts\": 1,' '$TMP/sup-term/recovery.json' && grep -q 'stopped by signal 15; not restarting' '$TMP/err'"
 
 echo "test_ckpt.sh: $((checks - fails))/$checks checks passed"
 [ "$fails" -eq 0 ]
