@@ -145,6 +145,12 @@ cp -a "$TMP/c20" "$TMP/cm-allow"
 if "$STRATA" resume "$TMP/cm-allow" ckpt.allow_bundle_change=true >/dev/null 2>"$TMP/err"; then ok; else bad "resume with allow_bundle_change exited $?"; fi
 check "allow_bundle_change: resumes from step_20, says the bundle differs" \
   "grep -q 'written with bundle 0123456789abcdef, this run uses .*allowed by ckpt.allow_bundle_change' '$TMP/err' && grep -q 'resuming from .*step_20 (step 20)' '$TMP/err'"
+# a checkpoint names logical slots, not offload homes: one written without
+# offload resumes under sched.offload=both
+"$STRATA" train "${R20[@]}" run.dir="$TMP/xpol" faults.crash_at_step=12 >/dev/null 2>&1
+check "crash_at_step exits by SIGKILL (137)" "[ $? = 137 ]"
+if "$STRATA" resume "$TMP/xpol" sched.offload=both >/dev/null 2>"$TMP/err"; then ok; else bad "resume under sched.offload=both exited $?: $(tail -3 "$TMP/err")"; fi
+check "resumed under another offload policy: bitwise identical" "cmp -s '$TMP/c20/params.safetensors' '$TMP/xpol/params.safetensors'"
 # nothing valid left: refuse, never load corrupt data
 cp -a "$TMP/c20" "$TMP/cm-all"
 for s in 5 10 15 20; do rm "$TMP/cm-all/checkpoints/step_$s/manifest.json"; done
