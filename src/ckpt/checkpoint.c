@@ -74,7 +74,7 @@ st_ckpt_snapshot* st_ckpt_snapshot_create(int count, const char* const* names, c
     size_t n = st_tensor_type_bytes(&types[i]);
     /* Zero-filled now so the pages exist before the first save: the copy at
      * the step boundary is on the training thread's clock. */
-    s->data[i] = calloc(1, n ? n : 1);
+    s->data[i] = malloc(n ? n : 1);
     memset(s->data[i], 0, n ? n : 1);
     s->bytes += (int64_t)n;
   }
@@ -384,10 +384,13 @@ st_status st_ckpt_save(const st_ckpt_save_options* o, const st_ckpt_snapshot* sn
       st_status_free(st_fs_remove_tree(old));
       if (rename(final, old) != 0) s = st__errno("moving aside", final, errno);
     }
-    if (!s && rename(tmp, final) != 0) s = st__errno("renaming to step folder", tmp, errno);
+    if (!s && rename(tmp, final) != 0) {
+      s = st__errno("renaming to step folder", tmp, errno);
+      if (old) rename(old, final); /* put the previous one back */
+    }
     if (!s) renamed = true;
     if (old) {
-      st_status_free(st_fs_remove_tree(old));
+      if (renamed) st_status_free(st_fs_remove_tree(old));
       free(old);
     }
   }

@@ -194,7 +194,9 @@ int st_cli_ckpt(int argc, char** argv) {
   if (n != 2 || (strcmp(args[0], "list") && strcmp(args[0], "verify") && strcmp(args[0], "inspect")))
     return st_cli_report(st_status_make(ST_CODE_CONFIG, "%s", kUsage));
   const char* cmd = args[0];
-  const char* path = args[1];
+  char path[4096];
+  snprintf(path, sizeof(path), "%s", args[1]);
+  for (size_t n = strlen(path); n > 1 && path[n - 1] == '/'; --n) path[n - 1] = '\0';
   if (!st_fs_exists(path)) return st_cli_report(st_status_make(ST_CODE_CONFIG, "strata ckpt %s: '%s' does not exist", cmd, path));
   if (!strcmp(cmd, "inspect")) return st__inspect(path, json);
   if (!strcmp(cmd, "verify") && st__is_ckpt_dir(path)) {

@@ -90,15 +90,22 @@ typedef struct {
 /* The step of the last metrics line with a loss: the last step the
  * crashed child recorded. */
 static int64_t st__last_recorded_step(const st__sup* S) {
-  char* text = NULL;
-  size_t size = 0;
-  st_status s = st_fs_read_file(S->metrics_path, &text, &size);
-  if (s) {
-    st_status_free(s);
-    return -1;
-  }
+  /* The tail is enough: the last step line is near the end (eval and
+   * checkpoint lines come between step lines, never many). */
+  FILE* f = fopen(S->metrics_path, "rb");
+  if (!f) return -1;
+  long size = st__size(S->metrics_path);
+  long from = size > (1 << 20) ? size - (1 << 20) : 0;
+  char* text = malloc((size_t)(size - from) + 1);
+  size_t got = fseek(f, from, SEEK_SET) == 0 ? fread(text, 1, (size_t)(size - from), f) : 0;
+  fclose(f);
+  text[got] = '\0';
   int64_t step = -1;
   char* line = text;
+  if (from > 0) { /* skip the partial first line */
+    char* nl = strchr(line, '\n');
+    line = nl ? nl + 1 : NULL;
+  }
   while (line && *line) {
     char* nl = strchr(line, '\n');
     if (nl) *nl = '\0';
