@@ -83,7 +83,9 @@ import json, sys
 # --- 2. kill drill --------------------------------------------------------------
 SEED=${STRATA_DRILL_SEED:-$((RANDOM * 32768 + RANDOM))}
 echo "kill drill seed: $SEED (rerun with STRATA_DRILL_SEED=$SEED)"
-if $DRILL kill --strata "$STRATA" --dir "$TMP/kill" --kills 10 --seed "$SEED" "${R60[@]}" ckpt.every=5 ckpt.keep=2; then
+# 120 steps: room for 10 attempts that each get a few steps further.
+train "${BASE[@]}" train.steps=120 ckpt.every=5 run.dir="$TMP/ref120" && ok || bad "120-step reference run failed"
+if $DRILL kill --strata "$STRATA" --dir "$TMP/kill" --kills 10 --seed "$SEED" "${BASE[@]}" train.steps=120 ckpt.every=5 ckpt.keep=2; then
   ok
 else
   bad "kill drill: the final resume failed: $(tail -5 "$TMP/kill.log")"
@@ -94,7 +96,7 @@ k = json.load(open(sys.argv[1]))
 assert k['kills'] >= 10 and k['mid_step'] >= 1 and k['mid_save'] >= 1, k
 PYEOF"
 check "kill drill: final params bitwise identical, replayed losses identical" \
-  "$DRILL same '$TMP/ref' '$TMP/kill' --final step_60 --min-replayed 1"
+  "$DRILL same '$TMP/ref120' '$TMP/kill' --final step_120 --min-replayed 1"
 check "kill drill: every resume is in events.jsonl" "[ \$(grep -c '\"event\": \"resumed\"' '$TMP/kill/events.jsonl') -ge 10 ]"
 check "kill drill: partial saves were found and removed" "grep -q ckpt_temporaries_removed '$TMP/kill/events.jsonl' && [ -z \"\$(ls -A '$TMP/kill/checkpoints' | grep '^\\.tmp')\" ]"
 
