@@ -156,8 +156,9 @@ def same(args: argparse.Namespace) -> int:
     if sorted(gl) != sorted(rl):
         print(f"FAIL: steps recorded differ: {sorted(set(rl) ^ set(gl))}")
         ok = False
-    print(f"  losses: {len(gl)} steps equal to the uninterrupted run; {len(replayed)} steps replayed "
-          f"({sum(replayed.values()) - len(replayed)} extra lines), all identical")
+    if ok:
+        print(f"  losses: {len(gl)} steps equal to the uninterrupted run; {len(replayed)} steps replayed "
+              f"({sum(replayed.values()) - len(replayed)} extra lines), all identical")
     if args.min_replayed and len(replayed) < args.min_replayed:
         print(f"FAIL: only {len(replayed)} replayed steps, expected at least {args.min_replayed}")
         ok = False
