@@ -226,8 +226,8 @@ typedef struct st_executor_stats {
   int64_t waits_blocked; /* ... that found an awaited op not yet done */
   double wait_s;         /* host time blocked in WAIT and READ ops (unhidden waiting) */
   int64_t h2d_bytes, d2h_bytes; /* into / out of device memory (batch, reads, offload) */
-  double transfer_s;        /* summed start..complete time of H2D and D2H ops */
-  double transfer_hidden_s; /* ... of it while a launch was running */
+  double transfer_s;        /* time some H2D or D2H op was in flight (union of start..complete) */
+  double transfer_hidden_s; /* ... of it while some launch was running too */
   int max_inflight;         /* most issued-but-not-complete device ops at once */
   int64_t live_bytes[ST_SLOT_CATEGORY_COUNT]; /* device bytes live now, by category */
   int64_t peak_live_bytes;                    /* accounted peak over the run, all categories */

@@ -217,8 +217,8 @@ static const char* st__last_component(const char* key) {
   return dot ? dot + 1 : key;
 }
 
-/* The schema key (or section) closest to |key|, into |out|; "" when nothing
- * is close enough to be a likely typo. */
+/* The schema key (or section) closest to |key|, quoted, into |out|
+ * ("'train.steps'"); "" when nothing is close enough to be a likely typo. */
 static void st__suggest(const char* key, char* out, size_t cap) {
   int count;
   const st__cfg_key* keys = st__cfg_schema(&count);
@@ -232,7 +232,7 @@ static void st__suggest(const char* key, char* out, size_t cap) {
       int d = st__cfg_edit_distance(key, kn, cand, len);
       if (d < best) {
         best = d;
-        snprintf(out, cap, "%.*s", (int)len, cand);
+        snprintf(out, cap, "'%.*s'", (int)len, cand);
       }
       const char* dot = NULL;
       for (size_t j = len; j > 0; --j)
@@ -247,16 +247,19 @@ static void st__suggest(const char* key, char* out, size_t cap) {
   if (best <= 2 || (size_t)best * 3 <= kn) return;
   out[0] = '\0';
   /* Not a typo: maybe the right name in the wrong section ("steps" ->
-   * "train.steps"), when exactly one key has that name. */
+   * "train.steps"); every key with that name, when a few have it
+   * ("'train.steps' or 'trace.steps'"). */
   const char* leaf = st__last_component(key);
-  int found = -1;
+  int found[4], n = 0;
   for (int i = 0; i < count; ++i) {
     if (!strcmp(st__last_component(keys[i].key), leaf)) {
-      if (found >= 0) return;
-      found = i;
+      if (n == 4) return;
+      found[n++] = i;
     }
   }
-  if (found >= 0) snprintf(out, cap, "%s", keys[found].key);
+  size_t used = 0;
+  for (int k = 0; k < n && used < cap; ++k)
+    used += (size_t)snprintf(out + used, cap - used, "%s'%s'", k == 0 ? "" : k == n - 1 ? " or " : ", ", keys[found[k]].key);
 }
 
 static st_status st__unknown_key(const char* key, const char* where) {
@@ -264,7 +267,7 @@ static st_status st__unknown_key(const char* key, const char* where) {
   st__suggest(key, suggestion, sizeof(suggestion));
   st__cfg_quote(key, strlen(key), shown, sizeof(shown));
   if (suggestion[0])
-    return st_status_make(ST_CODE_CONFIG, "unknown key '%s' %s (did you mean '%s'?)", shown, where, suggestion);
+    return st_status_make(ST_CODE_CONFIG, "unknown key '%s' %s (did you mean %s?)", shown, where, suggestion);
   return st_status_make(ST_CODE_CONFIG, "unknown key '%s' %s (see `strata config --schema`)", shown, where);
 }
 

@@ -378,6 +378,23 @@ static int st__cmp_double(const void* a, const void* b) {
   return x < y ? -1 : x > y;
 }
 
+/* Merges |n| [start, end] pairs in place into disjoint sorted intervals;
+ * returns how many remain. */
+static int st__union(double* iv, int n) {
+  qsort(iv, (size_t)n, 2 * sizeof(double), st__cmp_double); /* by start */
+  int m = 0;
+  for (int k = 0; k < n; ++k) {
+    if (m > 0 && iv[2 * k] <= iv[2 * (m - 1) + 1]) {
+      if (iv[2 * k + 1] > iv[2 * (m - 1) + 1]) iv[2 * (m - 1) + 1] = iv[2 * k + 1];
+    } else {
+      iv[2 * m] = iv[2 * k];
+      iv[2 * m + 1] = iv[2 * k + 1];
+      ++m;
+    }
+  }
+  return m;
+}
+
 typedef struct {
   double t;
   int delta;
@@ -425,38 +442,32 @@ static void st__derive(st_executor* ex, int ran) {
     if (op->kind == ST_OP_WAIT || op->kind == ST_OP_READ) st->wait_s += t->blocked_s;
     if (op->kind == ST_OP_RECOMPUTE) st->recompute_s += t->complete_s - t->start_s;
   }
-  /* Overlap: transfer time covered by the union of launch intervals. */
-  double* iv = malloc(((size_t)ran + 1) * 2 * sizeof(double));
-  int n = 0;
+  /* Overlap: the time some transfer was in flight, and how much of it some
+   * launch was running too. Unions, so concurrent copies count once. */
+  double* lv = malloc(((size_t)ran + 1) * 2 * sizeof(double));
+  double* tv = malloc(((size_t)ran + 1) * 2 * sizeof(double));
+  int nl = 0, nt = 0;
   for (int i = 0; i < ran; ++i) {
     st_op_kind k = plan->ops[i].kind;
-    if (k != ST_OP_LAUNCH && k != ST_OP_RECOMPUTE) continue;
-    iv[2 * n] = ex->timings[i].start_s;
-    iv[2 * n + 1] = ex->timings[i].complete_s;
-    ++n;
+    double* v = (k == ST_OP_LAUNCH || k == ST_OP_RECOMPUTE) ? lv : (k == ST_OP_H2D || k == ST_OP_D2H) ? tv : NULL;
+    if (!v) continue;
+    int* n = v == lv ? &nl : &nt;
+    v[2 * *n] = ex->timings[i].start_s;
+    v[2 * *n + 1] = ex->timings[i].complete_s;
+    ++*n;
   }
-  qsort(iv, (size_t)n, 2 * sizeof(double), st__cmp_double); /* by start */
-  int m = 0;
-  for (int k = 0; k < n; ++k) {
-    if (m > 0 && iv[2 * k] <= iv[2 * (m - 1) + 1]) {
-      if (iv[2 * k + 1] > iv[2 * (m - 1) + 1]) iv[2 * (m - 1) + 1] = iv[2 * k + 1];
-    } else {
-      iv[2 * m] = iv[2 * k];
-      iv[2 * m + 1] = iv[2 * k + 1];
-      ++m;
-    }
-  }
-  for (int i = 0; i < ran; ++i) {
-    st_op_kind k = plan->ops[i].kind;
-    if (k != ST_OP_H2D && k != ST_OP_D2H) continue;
-    double a = ex->timings[i].start_s, b = ex->timings[i].complete_s;
-    st->transfer_s += b - a;
-    for (int j = 0; j < m; ++j) {
-      double lo = a > iv[2 * j] ? a : iv[2 * j], hi = b < iv[2 * j + 1] ? b : iv[2 * j + 1];
+  nl = st__union(lv, nl);
+  nt = st__union(tv, nt);
+  for (int j = 0; j < nt; ++j) {
+    st->transfer_s += tv[2 * j + 1] - tv[2 * j];
+    for (int k = 0; k < nl; ++k) {
+      double lo = tv[2 * j] > lv[2 * k] ? tv[2 * j] : lv[2 * k];
+      double hi = tv[2 * j + 1] < lv[2 * k + 1] ? tv[2 * j + 1] : lv[2 * k + 1];
       if (hi > lo) st->transfer_hidden_s += hi - lo;
     }
   }
-  free(iv);
+  free(lv);
+  free(tv);
   /* Queue depth: device ops issued and not yet complete. */
   st__edge* e = malloc(((size_t)ran + 1) * 2 * sizeof(st__edge));
   int ne = 0;
@@ -531,17 +542,18 @@ st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
 /* Slices on one Chrome-trace track must not overlap, so concurrent ops of
  * one kind are spread over numbered lanes of that track. */
 typedef struct {
-  int base;     /* first tid */
-  int lanes;    /* used so far */
-  double* end;  /* [8]: last end of each lane */
+  int base;    /* first tid */
+  int lanes;   /* used so far */
+  double* end; /* [lanes]: last end of each lane (owned) */
   const char* name;
 } st__track_group;
 
 static int st__lane(st_trace* tr, st__track_group* g, double start, double end) {
   int k = 0;
   while (k < g->lanes && g->end[k] > start) ++k;
-  if (k == 8) k = 7; /* more than 8 concurrent ops: let the importer nest them */
   if (k == g->lanes) {
+    g->end = st__sched_xrealloc(g->end, (size_t)(k + 1) * sizeof(double));
+    g->end[k] = 0;
     char name[64];
     if (k == 0)
       snprintf(name, sizeof(name), "%s", g->name);
@@ -560,11 +572,11 @@ st_status st_executor_write_trace(const st_executor* ex, const char* path, int64
   snprintf(title, sizeof(title), "strata step %lld", (long long)step);
   st_trace* tr = st_trace_new(title);
   if (!tr) return st_status_make(ST_CODE_INTERNAL, "out of memory (trace)");
-  double ends[4][8] = {{0}};
-  st__track_group groups[4] = {{10, 0, ends[0], "launches"},
-                               {20, 0, ends[1], "transfers"},
-                               {30, 0, ends[2], "host waits"},
-                               {40, 0, ends[3], "host ops"}};
+  /* tids: 1000 per group leaves room for any number of lanes */
+  st__track_group groups[4] = {{1000, 0, NULL, "launches"},
+                               {2000, 0, NULL, "transfers"},
+                               {3000, 0, NULL, "host waits"},
+                               {4000, 0, NULL, "host ops"}};
   st_strbuf a = {0}, name = {0};
   for (int i = 0; i < plan->op_count; ++i) {
     const st_op* op = &plan->ops[i];
@@ -644,6 +656,7 @@ st_status st_executor_write_trace(const st_executor* ex, const char* path, int64
   st_trace_meta(tr, "host_memory", a.data);
   st_strbuf_free(&a);
   st_strbuf_free(&name);
+  for (int g = 0; g < 4; ++g) free(groups[g].end);
   st_status st = st_trace_write(tr, path);
   st_trace_free(tr);
   return st;

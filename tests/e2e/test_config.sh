@@ -97,7 +97,7 @@ printf '# experiment\nmodel:\n  d_model: 64\ntrain.setps: 5\n' >"$TMP/exp.yml"
 expect_error "$TMP" 2 "unknown key 'train.setps' in exp.yml:4 (did you mean 'train.steps'?)" -- config exp.yml
 expect_error "$ROOT" 2 "unknown key 'train.setps' on the command line (did you mean 'train.steps'?)" \
   -- config configs/tiny.yml train.setps=5
-expect_error "$ROOT" 2 "unknown key 'steps' on the command line (did you mean 'train.steps'?)" \
+expect_error "$ROOT" 2 "unknown key 'steps' on the command line (did you mean 'train.steps' or 'trace.steps'?)" \
   -- config configs/tiny.yml steps=5
 
 # --- types and ranges -----------------------------------------------------------

@@ -187,6 +187,14 @@ for i, op in enumerate(ops):
         assert isinstance(a['blocked'], bool)
     if op['kind'] in ('H2D', 'D2H'):
         assert a['bytes'] > 0
+# Perfetto drops misnested slices: on every track they must be disjoint
+lanes = {}
+for e in xs:
+    lanes.setdefault(e['tid'], []).append((e['ts'], e['ts'] + e['dur']))
+for tid, iv in lanes.items():
+    iv.sort()
+    for (a0, a1), (b0, b1) in zip(iv, iv[1:]):
+        assert b0 + eps >= a1, f'track {tracks[tid]}: slices [{a0}, {a1}] and [{b0}, {b1}] overlap'
 # counters: accounted live bytes after every op equal the plan's prediction
 live = [e for e in ev if e['ph'] == 'C' and e['name'] == 'live device bytes']
 pred = [e for e in ev if e['ph'] == 'C' and e['name'] == 'predicted live device bytes']
