@@ -149,8 +149,8 @@ check "allow_bundle_change: resumes from step_20, says the bundle differs" \
   "grep -q 'written with bundle 0123456789abcdef, this run uses .*allowed by ckpt.allow_bundle_change' '$TMP/err' && grep -q 'resuming from .*step_20 (step 20)' '$TMP/err'"
 # a checkpoint names logical slots, not offload homes: one written without
 # offload resumes under sched.offload=both
-("$STRATA" train "${R20[@]}" run.dir="$TMP/xpol" faults.crash_at_step=12 >/dev/null 2>&1) 2>/dev/null
-check "crash_at_step exits by SIGKILL (137)" "[ $? = 137 ]"
+("$STRATA" train "${R20[@]}" run.dir="$TMP/xpol" faults.crash_at_step=12 >/dev/null 2>&1; echo $? >"$TMP/rc") 2>/dev/null
+check "crash_at_step exits by SIGKILL (137)" "[ \$(cat '$TMP/rc') = 137 ]"
 if "$STRATA" resume "$TMP/xpol" sched.offload=both >/dev/null 2>"$TMP/err"; then ok; else bad "resume under sched.offload=both exited $?: $(tail -3 "$TMP/err")"; fi
 check "resumed under another offload policy: bitwise identical" "cmp -s '$TMP/c20/params.safetensors' '$TMP/xpol/params.safetensors'"
 # nothing valid left: refuse, never load corrupt data
