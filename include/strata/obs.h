@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "strata/runtime.h"
 #include "strata/status.h"
 
 #ifdef __cplusplus
@@ -35,16 +36,10 @@ st_status st_runlog_metrics(st_runlog* log, const char* object_json);
 void st_progress_print(bool enabled, int64_t step, int64_t total, double loss, double tokens_per_s, double eta_s);
 void st_progress_end(bool enabled);
 
-#ifdef __cplusplus
-}
-#endif
-#endif /* STRATA_OBS_H */
 
 /*===-------------------------------------------------------------------===*/
 /* Task context (context.json)                                              */
 /*===-------------------------------------------------------------------===*/
-
-#include "strata/runtime.h"
 
 /* Facts the caller knows; the rest (host, CPU, memory, git, environment)
  * is gathered here. Strings are borrowed. */
@@ -90,3 +85,8 @@ void st_trace_counter(st_trace* trace, const char* name, double ts_us, const cha
 void st_trace_meta(st_trace* trace, const char* key, const char* value_json);
 /* Writes the trace atomically to |path| (its folder must exist). */
 st_status st_trace_write(const st_trace* trace, const char* path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* STRATA_OBS_H */
