@@ -92,10 +92,17 @@ typedef struct st_runtime_options {
   int xla_option_count;
   /* Executable cache folder; NULL or "" disables the cache. */
   const char* cache_dir;
+  /* Host allocator policy for XLA's CPU buffers (docs/runtime.md, "Host
+   * allocator"): glibc keeps freed blocks for reuse instead of unmapping
+   * them, so a program's buffers are not page-faulted in again on every
+   * launch. Process-wide, applied once, at the first plugin load; skipped
+   * when $STRATA_MALLOC_TUNING=0 or the environment already sets glibc's
+   * malloc tunables (GLIBC_TUNABLES=glibc.malloc.*, MALLOC_*_). */
+  bool tune_host_malloc;
 } st_runtime_options;
 
 /* Defaults: search for the plugin, 2 CPU devices, not deterministic, no
- * XLA options, no cache. */
+ * XLA options, no cache, host malloc tuning on. */
 void st_runtime_options_init(st_runtime_options* options);
 
 typedef struct st_runtime st_runtime;

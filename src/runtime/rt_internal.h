@@ -153,4 +153,10 @@ void st__cache_lookup(st_runtime* rt, const char* key, pj_loaded_exe** out);
  * fatal to compiling; the status says what went wrong. */
 st_status st__cache_store(st_runtime* rt, const char* key, pj_loaded_exe* exe);
 
+/* Whether to apply the host malloc policy (runtime.c), from the option and
+ * the environment: $STRATA_MALLOC_TUNING, $GLIBC_TUNABLES and whether any
+ * MALLOC_*_ variable of glibc is set. Pure, for tests. */
+bool st__malloc_tuning_wanted(bool option, const char* strata_malloc_tuning, const char* glibc_tunables,
+                              bool malloc_env_set);
+
 #endif /* STRATA_RUNTIME_RT_INTERNAL_H */

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <glob.h>
 #include <limits.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -214,6 +215,42 @@ typedef struct {
   const pj_api* api;
 } st__loaded_plugin;
 
+/* Host allocator policy. XLA's CPU client allocates every program's outputs
+ * and its temporary buffer with malloc on the executing (worker) thread.
+ * glibc serves those from per-thread arenas, whose heaps cannot grow past
+ * 64 MiB, and from fresh mmaps above the dynamic mmap threshold; freed, they
+ * go back to the kernel (munmap, heap trim). The next launch faults the same
+ * amount in again and the kernel zeroes every page: measured with the
+ * small preset on 2 cores, 260k minor faults and 0.5 s of system CPU per
+ * 1.6 s step (docs/performance.md). One arena with no mmap/trim below 1 GiB
+ * keeps the freed blocks for reuse: ~0 faults per step, at the price of RSS
+ * staying at its high-water mark (the step needs that memory again anyway). */
+bool st__malloc_tuning_wanted(bool option, const char* strata_malloc_tuning, const char* glibc_tunables,
+                              bool malloc_env_set) {
+  if (!option || malloc_env_set) return false;
+  if (strata_malloc_tuning && !strcmp(strata_malloc_tuning, "0")) return false;
+  if (glibc_tunables && strstr(glibc_tunables, "glibc.malloc.")) return false; /* the user's own policy */
+  return true;
+}
+
+static void st__tune_host_malloc(bool option) {
+  bool env = getenv("MALLOC_ARENA_MAX") || getenv("MALLOC_MMAP_THRESHOLD_") || getenv("MALLOC_TRIM_THRESHOLD_") ||
+             getenv("MALLOC_TOP_PAD_");
+  if (!st__malloc_tuning_wanted(option, getenv("STRATA_MALLOC_TUNING"), getenv("GLIBC_TUNABLES"), env)) return;
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ST__ASAN 1
+#endif
+#endif
+#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__) && !defined(ST__ASAN)
+  /* Before the client starts its threads: M_ARENA_MAX only limits arenas
+   * created from now on. Under ASan the sanitizer's allocator is in charge. */
+  mallopt(M_ARENA_MAX, 1);
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
+}
+
 static pthread_mutex_t g_plugins_mu = PTHREAD_MUTEX_INITIALIZER;
 static st__loaded_plugin g_plugins[8];
 static int g_plugin_count;
@@ -277,8 +314,9 @@ static st_status st__load_plugin_locked(const char* path, const pj_api** out_api
   return ST_OK;
 }
 
-static st_status st__load_plugin(const char* path, const pj_api** out_api) {
+static st_status st__load_plugin(const char* path, bool tune_malloc, const pj_api** out_api) {
   pthread_mutex_lock(&g_plugins_mu);
+  if (g_plugin_count == 0) st__tune_host_malloc(tune_malloc); /* before any plugin thread exists */
   st_status s = st__load_plugin_locked(path, out_api);
   pthread_mutex_unlock(&g_plugins_mu);
   return s;
@@ -292,6 +330,7 @@ void st_runtime_options_init(st_runtime_options* options) {
   if (!options) return;
   memset(options, 0, sizeof(*options));
   options->cpu_devices = 2;
+  options->tune_host_malloc = true;
 }
 
 static st_status st__read_attributes(st_runtime* rt) {
@@ -472,7 +511,7 @@ st_status st_runtime_create(const st_runtime_options* options, st_runtime** out_
     rt->cache_dir = st__strdup(options->cache_dir);
     if (!rt->cache_dir) s = st__oom("cache dir");
   }
-  if (!s) s = st__load_plugin(rt->plugin_path, &rt->api);
+  if (!s) s = st__load_plugin(rt->plugin_path, options->tune_host_malloc, &rt->api);
   if (!s) {
     rt->api_major = rt->api->version.major;
     rt->api_minor = rt->api->version.minor;
