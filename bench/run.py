@@ -53,12 +53,19 @@ OWN_HELPERS = {"bench_ckpt.py", "bench_sched.py"}  # not special: listed here on
 
 
 @dataclass
+class Preset:
+    config: str
+    overrides: list[str]
+    steps: int   # steps per step-time run, warm-up included
+    warmup: int  # leading steps left out of the medians
+    diagnostics: bool = False  # also run the one-round diagnostic variants
+
+
+@dataclass
 class Plan:
     """What to run; --quick shrinks everything to check the pipeline in a minute or two."""
-    presets: dict[str, tuple[str, list[str]]]
-    steps: int           # steps per step-time run (warm-up included)
-    warmup: int          # leading steps left out of the medians
-    rounds: int          # interleaved rounds of every variant
+    presets: dict[str, Preset]
+    rounds: int          # interleaved rounds of the main variants
     depth_config: tuple[str, list[str]]
     depths: list[int]
     overhead_preset: str
@@ -68,19 +75,24 @@ class Plan:
 
 
 FULL = Plan(
-    presets={"tiny": ("configs/tiny.yml", []), "small": ("configs/small.yml", [])},
-    steps=25, warmup=5, rounds=2,
+    presets={"tiny": Preset("configs/tiny.yml", [], steps=25, warmup=5),
+             "small": Preset("configs/small.yml", [], steps=23, warmup=3, diagnostics=True)},
+    rounds=2,
     depth_config=("configs/small.yml", []), depths=[2, 8, 32],
-    overhead_preset="small", overhead_steps=16, overhead_warmup=4,
-    extra_timeout_s=240,
+    overhead_preset="small", overhead_steps=14, overhead_warmup=3,
+    extra_timeout_s=420,
 )
 QUICK = Plan(
-    presets={"test": ("configs/test.yml", [])},
-    steps=8, warmup=2, rounds=1,
+    presets={"test": Preset("configs/test.yml", [], steps=8, warmup=2, diagnostics=True)},
+    rounds=1,
     depth_config=("configs/test.yml", []), depths=[2, 4],
     overhead_preset="test", overhead_steps=8, overhead_warmup=2,
     extra_timeout_s=120,
 )
+
+# The malloc policy strata's runtime applies to itself (docs/runtime.md,
+# "Host allocator"), for the anchor's like-for-like diagnostic run.
+MALLOC_TUNABLES = "glibc.malloc.arena_max=1:glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=1073741824"
 
 
 # --- small pure helpers (tests/py/test_bench.py) -------------------------------
@@ -190,12 +202,53 @@ class ProcResult:
     other_load: float  # CPUs kept busy by *other* processes during the run (0..ncpu)
     start_unix: float
     stderr_tail: str
+    minor_faults: int = 0
     killed: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def proc_cpu_and_faults(pid: int) -> tuple[float, int] | None:
+    """(CPU seconds of all threads, minor faults) of a live process, from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # after the command name: state(0) ... minflt(7) ... utime(11) stime(12)
+    tick = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / tick, int(fields[7])
+
+
+class StepWindow:
+    """Polled while strata trains: snapshots the process's CPU time and minor
+    faults when metrics.jsonl reaches `first` step lines and again at `last`,
+    so the two cover the steady-state steps only (±one 20 ms poll)."""
+
+    def __init__(self, metrics_path: str, first: int, last: int) -> None:
+        self.path, self.first, self.last = metrics_path, first, last
+        self.start: tuple[float, int] | None = None
+        self.end: tuple[float, int] | None = None
+
+    def __call__(self, pid: int) -> None:
+        if self.end is not None or not os.path.exists(self.path):
+            return
+        with open(self.path, "rb") as f:
+            n = f.read().count(b'"step_time_s"')
+        if self.start is None and n >= self.first:
+            self.start = proc_cpu_and_faults(pid)
+        elif self.start is not None and n >= self.last:
+            self.end = proc_cpu_and_faults(pid)
+
+    def per_step(self) -> dict[str, float | None]:
+        if not self.start or not self.end or self.last <= self.first:
+            return {"cpu_s_per_step": None, "minor_faults_per_step": None}
+        n = self.last - self.first
+        return {"cpu_s_per_step": (self.end[0] - self.start[0]) / n,
+                "minor_faults_per_step": (self.end[1] - self.start[1]) / n}
+
+
 def run_proc(cmd: list[str], env: dict[str, str], timeout_s: float, stop_when: Callable[[], bool] | None = None,
-             log: str | None = None) -> ProcResult:
+             log: str | None = None, sampler: Callable[[int], None] | None = None) -> ProcResult:
     """Runs cmd; returns its own peak RSS and CPU time (os.wait4, so per
     process, children that it waited for included) and how much CPU other
     processes used meanwhile. stop_when, polled every 20 ms, ends the run with
@@ -215,6 +268,8 @@ def run_proc(cmd: list[str], env: dict[str, str], timeout_s: float, stop_when: C
         elif stop_when is not None and not killed and stop_when():
             p.send_signal(signal.SIGTERM)
             killed = True
+        if sampler is not None:
+            sampler(p.pid)
         time.sleep(0.02)
     wall = time.monotonic() - t0
     busy = _proc_stat_busy() - busy0
@@ -224,7 +279,8 @@ def run_proc(cmd: list[str], env: dict[str, str], timeout_s: float, stop_when: C
     errf.seek(0)
     tail = errf.read()[-2000:]
     errf.close()
-    return ProcResult(p.returncode, wall, int(ru.ru_maxrss) * 1024, cpu, other, start_unix, tail, killed)
+    return ProcResult(p.returncode, wall, int(ru.ru_maxrss) * 1024, cpu, other, start_unix, tail,
+                      int(ru.ru_minflt), killed)
 
 
 class Bench:
@@ -254,7 +310,10 @@ class Bench:
 
     # --- one strata run ---
     def strata_train(self, config: str, overrides: list[str], name: str, env: dict[str, str] | None = None,
-                     stop_at_run: bool = False, timeout_s: float = 900, perf: str | None = None) -> dict[str, Any]:
+                     stop_at_run: bool = False, timeout_s: float = 900, perf: str | None = None,
+                     window: tuple[int, int] | None = None) -> dict[str, Any]:
+        """window: (first, last) step lines between which CPU time and page
+        faults are sampled (not with perf: then the process is perf's)."""
         run_dir = self.tmp(name)
         cmd = [self.strata, "train", config, *overrides, f"run.dir={run_dir}", "run.progress=off"]
         if perf:
@@ -264,7 +323,10 @@ class Bench:
         def at_run() -> bool:
             return any(e.get("event") == "run" for e in read_jsonl(events_path))
 
-        pr = run_proc(cmd, env or self.env, timeout_s, at_run if stop_at_run else None)
+        sw = StepWindow(os.path.join(run_dir, "metrics.jsonl"), *window) if window and not perf else None
+        pr = run_proc(cmd, env or self.env, timeout_s, at_run if stop_at_run else None, sampler=sw)
+        if sw is not None:
+            pr.extra.update(sw.per_step())
         events = read_jsonl(events_path)
         ok = pr.rc == 0 or (stop_at_run and pr.killed and "run" in events_by_name(events))
         if not ok:
@@ -275,7 +337,8 @@ class Bench:
     # --- one anchor run ---
     def anchor(self, config: str | None, overrides: list[str], variant: str, name: str, steps: int | None,
                plugin: bool = False, compile_only: bool = False, perf: str | None = None,
-               timeout_s: float = 900, inputs: tuple[str, str] | None = None) -> dict[str, Any]:
+               timeout_s: float = 900, inputs: tuple[str, str] | None = None,
+               env: dict[str, str] | None = None) -> dict[str, Any]:
         """inputs: (resolved config JSON file, token file) instead of config + overrides."""
         out = self.tmp(name) + ".json"
         src = ["--config-json", inputs[0], "--tokens", inputs[1]] if inputs else [config or "", *overrides]
@@ -290,7 +353,7 @@ class Bench:
             cmd += ["--plugin", self.plugin, "--cpu-devices", "2"]  # as runtime.cpu_devices's default
         if perf:
             cmd = perfsplit.record_prefix(perf) + cmd
-        pr = run_proc(cmd, self.env, timeout_s)
+        pr = run_proc(cmd, env or self.env, timeout_s)
         if pr.rc != 0:
             raise RuntimeError(f"{' '.join(cmd)} exited {pr.rc}:\n{pr.stderr_tail}")
         with open(out, encoding="utf-8") as f:
@@ -308,83 +371,109 @@ def resolved_config(b: Bench, config: str, overrides: list[str]) -> dict[str, An
     return json.loads(r.stdout)
 
 
-# Extra strata runs in the step section when the build has the key and its
-# default differs: the bundle's block_bwd recomputes the block forward, which
-# the anchors do not do (docs/performance.md).
-STRATA_VARIANTS = [("sched.remat", "none")]
+@dataclass
+class Variant:
+    name: str
+    kind: str  # "strata" | "anchor"
+    overrides: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    anchor: str = ""  # unroll | scan
+    plugin: bool = False
+    diagnostic: bool = False  # one round only, not in the targets
 
 
-def strata_variants(b: Bench, config: str, over: list[str], cfg: dict[str, Any]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for key, value in STRATA_VARIANTS:
-        sect, _, name = key.partition(".")
-        if cfg.get(sect, {}).get(name, value) == value:
-            continue  # absent from this build, or already the default
+# Diagnostics (one round, the preset marked diagnostics=True): each isolates
+# one cause of a step-time difference (docs/performance.md, "Why").
+def variants_for(b: Bench, preset: Preset, cfg: dict[str, Any]) -> list[Variant]:
+    v = [Variant("strata", "strata"), Variant("unroll", "anchor", anchor="unroll"),
+         Variant("scan", "anchor", anchor="scan")]
+    if not preset.diagnostics:
+        return v
+    # block_bwd recomputes the block forward; the anchors keep activations.
+    remat = cfg.get("sched", {}).get("remat")
+    if remat is not None and remat != "none":
         try:
-            resolved_config(b, config, [*over, f"{key}={value}"])
+            resolved_config(b, preset.config, [*preset.overrides, "sched.remat=none"])
+            v.append(Variant("strata sched.remat=none", "strata", ["sched.remat=none"], diagnostic=True))
         except RuntimeError:
-            continue
-        out[f"strata {key}={value}"] = [f"{key}={value}"]
-    return out
+            pass
+    # strata's host malloc policy off (as the anchors run by default) ...
+    v.append(Variant("strata malloc=glibc default", "strata", env={"STRATA_MALLOC_TUNING": "0"}, diagnostic=True))
+    # ... and on for the anchor
+    v.append(Variant("unroll malloc=strata's", "anchor", anchor="unroll", env={"GLIBC_TUNABLES": MALLOC_TUNABLES},
+                     diagnostic=True))
+    # the same XLA client as strata: its PJRT plugin, 2 devices
+    if b.plugin:
+        v.append(Variant("unroll on strata's plugin", "anchor", anchor="unroll", plugin=True, diagnostic=True))
+    return v
+
+
+def run_variant(b: Bench, preset_name: str, preset: Preset, v: Variant, common: list[str]) -> dict[str, Any]:
+    env = {**b.env, **v.env}
+    tag = f"step-{preset_name}-{v.name.replace(' ', '_').replace('=', '-')}"
+    if v.kind == "strata":
+        r = b.strata_train(preset.config, [*common, *v.overrides, f"train.steps={preset.steps}"], tag, env=env,
+                           window=(preset.warmup, preset.steps))
+        s = strata_step_summary(r["metrics"], preset.warmup)
+        s.update(r["proc"].extra)
+    else:
+        r = b.anchor(preset.config, common, v.anchor, tag, preset.steps, plugin=v.plugin, env=env)
+        x = r["result"]
+        t = x["step_time_s"][preset.warmup:]
+        cpu = x.get("step_cpu_s", [])[preset.warmup:]
+        flt = x.get("step_minor_faults", [])[preset.warmup:]
+        s = {"n": len(t), "median_s": median(t), "min_s": min(t) if t else None, "max_s": max(t) if t else None,
+             "client": x.get("client"), "compile_s": x.get("compile_s"),
+             "xla_peak_bytes_estimate": (x.get("memory") or {}).get("peak_bytes_estimate"),
+             "cpu_s_per_step": sum(cpu) / len(cpu) if cpu else None,
+             "minor_faults_per_step": sum(flt) / len(flt) if flt else None}
+    pr: ProcResult = r["proc"]
+    s.update({"maxrss_bytes": pr.maxrss_bytes, "wall_s": pr.wall_s, "other_load": round(pr.other_load, 3)})
+    return s
 
 
 def section_step(b: Bench) -> dict[str, Any]:
     p = b.plan
-    out: dict[str, Any] = {"steps_per_run": p.steps, "warmup": p.warmup, "rounds": p.rounds, "presets": {}}
-    for preset, (config, over) in p.presets.items():
-        b.log(f"step: {preset}: warming the bundle and executable caches")
-        b.strata_train(config, [*over, "train.steps=1", "train.eval_batches=1"], f"warm-{preset}")
-        cfg = resolved_config(b, config, over)
-        extra = strata_variants(b, config, over, cfg)
-        variants: dict[str, list[dict[str, Any]]] = {"strata": [], **{k: [] for k in extra},
-                                                     "unroll": [], "scan": [], "unroll@plugin": []}
-        common = [*over, "train.eval_every=0", "train.eval_batches=1"]
+    out: dict[str, Any] = {"rounds": p.rounds, "presets": {}}
+    for name, preset in p.presets.items():
+        b.log(f"step: {name}: warming the bundle and executable caches")
+        b.strata_train(preset.config, [*preset.overrides, "train.steps=1", "train.eval_batches=1"], f"warm-{name}")
+        cfg = resolved_config(b, preset.config, preset.overrides)
+        vs = variants_for(b, preset, cfg)
+        runs: dict[str, list[dict[str, Any]]] = {v.name: [] for v in vs}
+        common = [*preset.overrides, "train.eval_every=0", "train.eval_batches=1"]
         for rnd in range(p.rounds):
-            for v in variants:
-                b.log(f"step: {preset}: round {rnd + 1}/{p.rounds}: {v}")
-                if v.startswith("strata"):
-                    r = b.strata_train(config, [*common, *extra.get(v, []), f"train.steps={p.steps}"],
-                                       f"step-{preset}-{v.replace(' ', '-')}")
-                    s = strata_step_summary(r["metrics"], p.warmup)
-                else:
-                    if v == "unroll@plugin" and not b.plugin:
-                        continue
-                    r = b.anchor(config, common, v.split("@")[0], f"step-{preset}-{v}", p.steps,
-                                 plugin=v.endswith("@plugin"))
-                    t = r["result"]["step_time_s"][p.warmup:]
-                    s = {"n": len(t), "median_s": median(t), "min_s": min(t) if t else None,
-                         "max_s": max(t) if t else None, "client": r["result"].get("client"),
-                         "xla_peak_bytes_estimate": (r["result"].get("memory") or {}).get("peak_bytes_estimate"),
-                         "compile_s": r["result"].get("compile_s")}
-                pr: ProcResult = r["proc"]
-                s.update({"round": rnd, "maxrss_bytes": pr.maxrss_bytes, "wall_s": pr.wall_s,
-                          "other_load": round(pr.other_load, 3)})
-                variants[v].append(s)
-        res: dict[str, Any] = {"config": config, "overrides": over, "model_flops_per_step": FL.step_flops(cfg),
-                               "runs": variants, "best": {}}
-        # Contention from other processes only ever slows a run down, so each
-        # variant is represented by its fastest run's median (all runs are kept).
-        for v, runs in variants.items():
-            meds = [r["median_s"] for r in runs if r.get("median_s") is not None]
-            if meds:
-                best = min(runs, key=lambda r: r["median_s"] if r.get("median_s") is not None else 1e30)
-                res["best"][v] = {"median_s": best["median_s"], "all_medians_s": meds,
-                                  "maxrss_bytes": max(r["maxrss_bytes"] for r in runs)}
-        bs = res["best"].get("strata", {}).get("median_s")
-        res["ratio"] = {v: ratio(bs, d["median_s"]) for v, d in res["best"].items() if v != "strata"}
-        for sv in extra:
-            bv = res["best"].get(sv, {}).get("median_s")
-            res.setdefault("ratio_variants", {})[sv] = {
-                v: ratio(bv, d["median_s"]) for v, d in res["best"].items() if not v.startswith("strata")}
-        # Per round, the same ratio from runs made minutes apart: its spread is the noise.
-        per_round = {}
-        for v in variants:
-            if v == "strata":
+            for v in vs:
+                if v.diagnostic and rnd > 0:
+                    continue
+                b.log(f"step: {name}: round {rnd + 1}/{p.rounds}: {v.name}")
+                s = run_variant(b, name, preset, v, common)
+                s["round"] = rnd
+                runs[v.name].append(s)
+        res: dict[str, Any] = {"config": preset.config, "overrides": preset.overrides, "steps": preset.steps,
+                               "warmup": preset.warmup, "model_flops_per_step": FL.step_flops(cfg),
+                               "diagnostic": [v.name for v in vs if v.diagnostic], "runs": runs, "best": {}}
+        # Other processes only ever slow a run down, so each variant is
+        # represented by its fastest run's median (every run is kept).
+        for v, rs in runs.items():
+            ok = [r for r in rs if r.get("median_s") is not None]
+            if not ok:
                 continue
-            pr_ = [ratio(a.get("median_s"), c.get("median_s")) for a, c in zip(variants["strata"], variants[v])]
-            per_round[v] = [x for x in pr_ if x is not None]
-        res["ratio_per_round"] = per_round
-        out["presets"][preset] = res
+            best = min(ok, key=lambda r: r["median_s"])
+            cpus = [r["cpu_s_per_step"] for r in ok if r.get("cpu_s_per_step") is not None]
+            res["best"][v] = {"median_s": best["median_s"], "all_medians_s": [r["median_s"] for r in ok],
+                              "cpu_s_per_step": min(cpus) if cpus else None,
+                              "minor_faults_per_step": best.get("minor_faults_per_step"),
+                              "maxrss_bytes": max(r["maxrss_bytes"] for r in ok)}
+        bs = res["best"].get("strata", {})
+        res["ratio"] = {v: ratio(bs.get("median_s"), d["median_s"]) for v, d in res["best"].items() if v != "strata"}
+        res["cpu_ratio"] = {v: ratio(bs.get("cpu_s_per_step"), d["cpu_s_per_step"])
+                            for v, d in res["best"].items() if v != "strata"}
+        # The same ratio per round, from runs made minutes apart: its spread is the noise.
+        res["ratio_per_round"] = {
+            v: [x for x in (ratio(a.get("median_s"), c.get("median_s")) for a, c in zip(runs["strata"], rs))
+                if x is not None] for v, rs in runs.items() if v != "strata"}
+        out["presets"][name] = res
     return out
 
 
@@ -445,40 +534,45 @@ def _offset() -> float:
 def section_overhead(b: Bench) -> dict[str, Any]:
     p = b.plan
     why = perfsplit.available()
-    config, over = p.presets[p.overhead_preset]
-    common = [*over, "train.eval_every=0", "train.eval_batches=1"]
+    pre = p.presets[p.overhead_preset]
+    common = [*pre.overrides, "train.eval_every=0", "train.eval_batches=1", f"train.steps={p.overhead_steps}"]
     out: dict[str, Any] = {"preset": p.overhead_preset, "steps": p.overhead_steps, "warmup": p.overhead_warmup,
-                           "method": "perf record -e cpu-clock -c 1ms, steady-state window" if not why else None}
-    # Metrics-only figure (no perf needed): step time minus time blocked in reads.
-    b.log("overhead: strata (metrics)")
-    r = b.strata_train(config, [*common, f"train.steps={p.overhead_steps}"], "overhead-metrics")
-    out["metrics"] = strata_step_summary(r["metrics"], p.overhead_warmup)
-    if why:
-        out["perf"] = None
-        out["perf_unavailable"] = why
-        return out
+                           "perf_unavailable": why}
     off = _offset()
     ncpu = os.cpu_count() or 1
-    b.log("overhead: strata under perf")
-    data = b.tmp("perf-strata.data")
-    r = b.strata_train(config, [*common, f"train.steps={p.overhead_steps}"], "overhead-strata", perf=data)
-    ev = events_by_name(r["events"])
-    times = [m["step_time_s"] for m in step_metrics(r["metrics"])]
-    t0 = ev["run"]["time"] + sum(times[:p.overhead_warmup])
-    t1 = ev["run"]["time"] + sum(times)
-    # perf's own pid is the process we started; strata is its only child:
-    # the sampled process with the most samples in the window.
-    s_split = _split_busiest(data, t0 - off, t1 - off)
-    n_steps = len(times) - p.overhead_warmup
-    med = median(times[p.overhead_warmup:])
-    out["strata"] = _overhead_summary(s_split, n_steps, med, ncpu)
-    b.log("overhead: unrolled anchor under perf")
-    data = b.tmp("perf-anchor.data")
-    r = b.anchor(config, common, "unroll", "overhead-anchor", p.overhead_steps, perf=data)
-    res = r["result"]
-    st, tt = res["step_start_unix"], res["step_time_s"]
-    a_split = _split_busiest(data, st[p.overhead_warmup] - off, st[-1] + tt[-1] - off)
-    out["unroll"] = _overhead_summary(a_split, len(tt) - p.overhead_warmup, median(tt[p.overhead_warmup:]), ncpu)
+    b.log("overhead: strata" + ("" if why else " under perf"))
+    data = None if why else b.tmp("perf-strata.data")
+    r = b.strata_train(pre.config, common, "overhead-strata", perf=data)
+    # Metrics-only figure (no perf needed): step time minus time blocked in reads.
+    out["metrics"] = strata_step_summary(r["metrics"], p.overhead_warmup)
+    if data:
+        ev = events_by_name(r["events"])
+        times = [m["step_time_s"] for m in step_metrics(r["metrics"])]
+        t0 = ev["run"]["time"] + sum(times[:p.overhead_warmup])
+        t1 = ev["run"]["time"] + sum(times)
+        n_steps = len(times) - p.overhead_warmup
+        out["strata"] = _overhead_summary(_split_busiest(data, t0 - off, t1 - off), n_steps,
+                                          median(times[p.overhead_warmup:]), ncpu)
+        b.log("overhead: unrolled anchor under perf")
+        data = b.tmp("perf-anchor.data")
+        r = b.anchor(pre.config, common[:-1], "unroll", "overhead-anchor", p.overhead_steps, perf=data)
+        res = r["result"]
+        st, tt = res["step_start_unix"], res["step_time_s"]
+        sp = _split_busiest(data, st[p.overhead_warmup] - off, st[-1] + tt[-1] - off)
+        out["unroll"] = _overhead_summary(sp, len(tt) - p.overhead_warmup, median(tt[p.overhead_warmup:]), ncpu)
+    # Device time of each program alone, on strata's client (bench/progtime.py).
+    b.log("overhead: per-program device time (progtime.py)")
+    pt = b.tmp("progtime.json")
+    cmd = [b.python, os.path.join(HERE, "progtime.py"), pre.config, *pre.overrides, "--out", pt,
+           "--strata", b.strata, "--reps", "5"]
+    if b.plugin:
+        cmd += ["--plugin", b.plugin, "--cpu-devices", "2"]
+    pr = run_proc(cmd, b.env, 600)
+    if pr.rc == 0:
+        with open(pt, encoding="utf-8") as f:
+            out["programs"] = json.load(f)
+    else:
+        out["programs_error"] = pr.stderr_tail
     return out
 
 
@@ -597,35 +691,36 @@ def markdown(res: dict[str, Any]) -> str:
          + f"; bench took {res.get('seconds', 0):.0f} s" + (" (--quick)" if res.get("quick") else ""), ""]
     st = res.get("step")
     if st:
-        L += [f"### Step time (median of {st['steps_per_run'] - st['warmup']} steps after {st['warmup']} warm-up, "
-              f"best of {st['rounds']} interleaved rounds)", ""]
+        L += [f"### Step time (median after warm-up; best of {st['rounds']} interleaved rounds, diagnostics one round)",
+              ""]
         rows = []
         for preset, pr in st["presets"].items():
             bst = pr["best"]
-            for v in pr["runs"]:
+            for v, runs in pr["runs"].items():
                 if v not in bst:
                     continue
-                runs = pr["runs"][v]
-                mf = pr["model_flops_per_step"] / bst[v]["median_s"] / 1e9
+                d = bst[v]
                 per_round = pr["ratio_per_round"].get(v, [])
-                rows.append([preset, v, fmt(bst[v]["median_s"] * 1e3, " ms"),
-                             ", ".join(fmt(m * 1e3, "") for m in bst[v]["all_medians_s"]),
+                name = f"*{v}*" if v in pr.get("diagnostic", []) else v
+                rows.append([f"{preset} ({pr['steps'] - pr['warmup']}+{pr['warmup']})", name,
+                             fmt(d["median_s"] * 1e3, " ms"),
+                             ", ".join(fmt(m * 1e3, "") for m in d["all_medians_s"]),
                              "1" if v == "strata" else fmt(pr["ratio"].get(v)),
-                             ", ".join(fmt(x) for x in per_round) if per_round else "",
-                             f"{mf:.1f}", fmt_bytes(bst[v]["maxrss_bytes"]),
+                             ", ".join(fmt(x) for x in per_round),
+                             fmt(d.get("cpu_s_per_step")), "" if v == "strata" else fmt(pr["cpu_ratio"].get(v)),
+                             fmt(d.get("minor_faults_per_step"), "", 2),
+                             f"{pr['model_flops_per_step'] / d['median_s'] / 1e9:.1f}",
+                             fmt_bytes(d["maxrss_bytes"]),
                              fmt_bytes(runs[0].get("peak_live_bytes") if v.startswith("strata")
                                        else runs[0].get("xla_peak_bytes_estimate")),
                              ", ".join(f"{r['other_load']:.2f}" for r in runs)])
-        for preset, pr in st["presets"].items():
-            for sv, rs in (pr.get("ratio_variants") or {}).items():
-                L.append(f"- {preset}: {sv} / " + ", ".join(f"{v} {fmt(x)}" for v, x in rs.items()))
-        if any(pr.get("ratio_variants") for pr in st["presets"].values()):
-            L.append("")
-        L += [md_table(["preset", "run", "step (best)", "medians per round (ms)", "strata / this",
-                        "ratio per round", "model GFLOP/s", "peak RSS", "device bytes¹", "other load²"], rows), "",
+        L += [md_table(["preset (steps+warm-up)", "run", "step", "medians per round (ms)", "strata / this",
+                        "per round", "CPU s / step", "strata / this (CPU)", "minor faults / step", "model GFLOP/s",
+                        "peak RSS", "device bytes¹", "other load²"], rows), "",
+              "*Italics*: diagnostic runs (one round), each isolating one cause of the difference.  ",
               "¹ strata: accounted peak live bytes (metrics `peak_live_bytes`); anchors: XLA's memory analysis "
               "of the compiled step (arguments + outputs − aliased + temporaries).  ",
-              "² CPUs kept busy by other processes during each run (from /proc/stat minus the run's own CPU time).", ""]
+              "² CPUs kept busy by other processes during each run (/proc/stat minus the run's own CPU time).", ""]
     co = res.get("compile")
     if co:
         L += [f"### Start-up and compile time against depth ({co['config']} {' '.join(co['overrides'])}, "
@@ -663,6 +758,21 @@ def markdown(res: dict[str, Any]) -> str:
                      f"of the step (ms/step by object: {objs}); worker threads busy "
                      f"{o['worker_utilisation'] * 100:.0f} % of the window on {res['environment']['cpus']} CPUs, "
                      f"{fmt((o['worker_kernel_fraction'] or 0) * 100, ' %')} of their CPU time in the kernel")
+        pg = ov.get("programs")
+        if pg:
+            step = (ov.get("metrics") or {}).get("median_s")
+            L += ["", f"Each program alone on {'strata' + chr(39) + 's plugin' if pg['client'] != 'jaxlib' else 'jaxlib'} "
+                  f"(median of 5): {pg['launches_per_step']} launches, sum {fmt(pg['sum_per_step_s'] * 1e3, ' ms')} "
+                  f"per step against strata's measured {fmt((step or 0) * 1e3, ' ms')}", ""]
+            prow = [[q["program"], q["launches_per_step"], fmt(q["median_s"] * 1e3, " ms"),
+                     fmt(q["per_step_s"] * 1e3, " ms"),
+                     fmt(q["flops"] / q["median_s"] / 1e9 if q.get("flops") else None, ""),
+                     fmt(q["compile_s"], " s")]
+                    for q in sorted(pg["programs"], key=lambda q: -q["per_step_s"])]
+            L += [md_table(["program", "launches / step", "time / launch", "time / step", "GFLOP/s (XLA count)",
+                            "compile"], prow)]
+        elif ov.get("programs_error"):
+            L.append(f"- per-program times failed: {ov['programs_error'][-300:]}")
         L.append("")
     tg = res.get("targets")
     if tg:

@@ -230,7 +230,7 @@ def _run(config: dict[str, Any], tokens: np.ndarray, variant: str, steps: int | 
         "host": platform.node(),
         "init_s": init_s, "lower_s": lower_s, "compile_s": compile_s,
         "memory": _memory_analysis(compiled), "steps": 0, "step_time_s": [], "losses": [],
-        "step_start_unix": [],
+        "step_start_unix": [], "step_cpu_s": [], "step_minor_faults": [],
     }
     if not compile_only:
         for k in range(tc.steps):
@@ -238,12 +238,17 @@ def _run(config: dict[str, Any], tokens: np.ndarray, variant: str, steps: int | 
             lr = lr_at(t, lr=tc.lr, min_lr_ratio=tc.min_lr_ratio, warmup_steps=tc.warmup_steps,
                        steps=tc.steps)
             result["step_start_unix"].append(time.time())
+            c0, f0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t0 = time.perf_counter()
             params, m, v, losses, sqn = compiled(params, m, v, *batch(k), jnp.float32(t),
                                                  jnp.float32(lr), hyper, clip)
             loss = float(np.mean(np.asarray(losses, np.float64)))
             np.asarray(sqn)
             result["step_time_s"].append(time.perf_counter() - t0)
+            # CPU time of all threads and minor page faults: less sensitive
+            # than wall time to other processes on a shared machine.
+            result["step_cpu_s"].append(time.process_time() - c0)
+            result["step_minor_faults"].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
             result["losses"].append(loss)
         result["steps"] = tc.steps
     result["peak_rss_bytes"] = _peak_rss_bytes()
