@@ -143,6 +143,54 @@ static double block_objective(st_runtime* rt, st_program* fwd, float** host, con
   return acc;
 }
 
+/* <d(<y, r>)/d(params, x), dir> from a backward program: block_bwd, or
+ * block_fwd_res followed by block_bwd_res when |residuals|. */
+static double analytic_directional(st_runtime* rt, const st_bundle* b, bool residuals, float** host, float** dir,
+                                   const float* r) {
+  const st_bundle_program* fp = st_bundle_program_find(b, "block_fwd");
+  const st_bundle_program* bp = st_bundle_program_find(b, residuals ? "block_bwd_res" : "block_bwd");
+  assert_non_null(bp);
+  int n_in = fp->input_count; /* params..., x */
+  st_program* bwd = NULL;
+  ASSERT_OK(st_program_compile_file(rt, bp->path, NULL, &bwd));
+  st_buffer* in[64] = {0};
+  int n = 0;
+  for (int i = 0; i < n_in; ++i) ASSERT_OK(st_buffer_from_host(rt, 0, &fp->inputs[i].type, host[i], &in[n++]));
+  st_buffer* res[32] = {0};
+  int n_res = 0;
+  if (residuals) {
+    const st_bundle_program* rp = st_bundle_program_find(b, "block_fwd_res");
+    assert_non_null(rp);
+    st_program* fres = NULL;
+    ASSERT_OK(st_program_compile_file(rt, rp->path, NULL, &fres));
+    n_res = rp->output_count;
+    ASSERT_OK(st_program_execute(fres, 0, in, n_in, res, n_res, NULL));
+    st_program_destroy(fres);
+    for (int i = 1; i < n_res; ++i) in[n++] = res[i]; /* residuals after y */
+  }
+  st_buffer* dy = NULL;
+  ASSERT_OK(st_buffer_from_host(rt, 0, &fp->outputs[0].type, r, &dy));
+  in[n++] = dy;
+  assert_int_equal(bp->input_count, n);
+  st_buffer* outs[64] = {0};
+  assert_int_equal(bp->output_count, n_in);
+  ASSERT_OK(st_program_execute(bwd, 0, in, n, outs, bp->output_count, NULL));
+  double acc = 0;
+  for (int i = 0; i < n_in; ++i) {
+    int64_t k = st_tensor_type_elements(&fp->inputs[i].type);
+    float* g = malloc((size_t)k * sizeof(float));
+    ASSERT_OK(st_buffer_to_host(outs[i], g, (size_t)k * sizeof(float)));
+    for (int64_t j = 0; j < k; ++j) acc += (double)g[j] * dir[i][j];
+    free(g);
+    st_buffer_destroy(outs[i]);
+  }
+  for (int i = 0; i < n_in; ++i) st_buffer_destroy(in[i]);
+  for (int i = 0; i < n_res; ++i) st_buffer_destroy(res[i]);
+  st_buffer_destroy(dy);
+  st_program_destroy(bwd);
+  return acc;
+}
+
 static void test_block_backward_matches_finite_differences(void** state) {
   (void)state;
   st_bundle* b = ensure_bundle(2, true);
@@ -156,9 +204,8 @@ static void test_block_backward_matches_finite_differences(void** state) {
   const st_bundle_program* bp = st_bundle_program_find(b, "block_bwd");
   assert_non_null(fp);
   assert_non_null(bp);
-  st_program *fwd = NULL, *bwd = NULL;
+  st_program* fwd = NULL;
   ASSERT_OK(st_program_compile_file(rt, fp->path, NULL, &fwd));
-  ASSERT_OK(st_program_compile_file(rt, bp->path, NULL, &bwd));
 
   /* Inputs: block params (norm gains near 1, matrices small), then x. */
   int n_in = fp->input_count;
@@ -178,23 +225,11 @@ static void test_block_backward_matches_finite_differences(void** state) {
   float* r = malloc((size_t)ny * sizeof(float));
   fill(r, ny, 1.0f);
 
-  /* Analytic: block_bwd(params, x, dy=r) -> grads..., dx; <grad, dir>. */
-  st_buffer* in[40] = {0};
-  for (int i = 0; i < n_in; ++i) ASSERT_OK(st_buffer_from_host(rt, 0, &fp->inputs[i].type, host[i], &in[i]));
-  ASSERT_OK(st_buffer_from_host(rt, 0, &fp->outputs[0].type, r, &in[n_in]));
-  st_buffer* outs[40] = {0};
-  assert_int_equal(bp->output_count, n_in);
-  ASSERT_OK(st_program_execute(bwd, 0, in, n_in + 1, outs, bp->output_count, NULL));
-  double analytic = 0;
-  for (int i = 0; i < n_in; ++i) {
-    int64_t n = st_tensor_type_elements(&fp->inputs[i].type);
-    float* g = malloc((size_t)n * sizeof(float));
-    ASSERT_OK(st_buffer_to_host(outs[i], g, (size_t)n * sizeof(float)));
-    for (int64_t k = 0; k < n; ++k) analytic += (double)g[k] * dir[i][k];
-    free(g);
-    st_buffer_destroy(outs[i]);
-  }
-  for (int i = 0; i <= n_in; ++i) st_buffer_destroy(in[i]);
+  /* Analytic, through both backward paths the trainer can plan:
+   * block_bwd (recompute inside, one program) and block_fwd_res ->
+   * block_bwd_res (the RECOMPUTE op, then the backward from residuals). */
+  double analytic = analytic_directional(rt, b, false, host, dir, r);
+  double analytic_res = analytic_directional(rt, b, true, host, dir, r);
 
   /* Central differences along dir, in f32 on the device: eps balances
    * truncation (O(eps^2)) against f32 rounding (O(ulp/eps)). */
@@ -212,9 +247,12 @@ static void test_block_backward_matches_finite_differences(void** state) {
   }
   double fd = (block_objective(rt, fwd, plus, fp, r) - block_objective(rt, fwd, minus, fp, r)) / (2.0 * eps);
   double rel = fabs(fd - analytic) / fmax(fabs(analytic), 1e-6);
+  double rel_res = fabs(fd - analytic_res) / fmax(fabs(analytic_res), 1e-6);
   printf("# block_bwd directional derivative: analytic %.6f, finite difference %.6f, relative error %.2e\n", analytic, fd, rel);
+  printf("# block_fwd_res + block_bwd_res: analytic %.6f, relative error %.2e\n", analytic_res, rel_res);
   assert_true(fabs(analytic) > 1e-3); /* the check must not pass on zeros */
   assert_true(rel < 2e-2);
+  assert_true(rel_res < 2e-2);
 
   /* And a perturbation the analytic gradient does not see must fail: the
    * check is sensitive (guards against a test that cannot fail). */
@@ -228,7 +266,6 @@ static void test_block_backward_matches_finite_differences(void** state) {
   }
   free(r);
   st_program_destroy(fwd);
-  st_program_destroy(bwd);
   st_runtime_destroy(rt);
   st_bundle_destroy(b);
 }
