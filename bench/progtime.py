@@ -34,7 +34,8 @@ def plan_launches(strata: str, config: str, overrides: list[str]) -> tuple[str, 
     if r.returncode != 0:
         raise RuntimeError(f"strata plan failed: {r.stderr.strip()}")
     plan = json.loads(r.stdout)
-    counts = collections.Counter(o["program"] for o in plan["step"]["ops"] if o.get("kind") == "LAUNCH")
+    # LAUNCH and RECOMPUTE (a forward run again inside the backward pass) both run a program.
+    counts = collections.Counter(o["program"] for o in plan["step"]["ops"] if o.get("program"))
     return plan["bundle"], dict(counts)
 
 

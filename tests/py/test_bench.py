@@ -95,20 +95,55 @@ def test_model_flops() -> None:
 
 def test_markdown_report_renders_every_section() -> None:
     run = {"median_s": 0.2, "maxrss_bytes": 2**28, "other_load": 0.1, "peak_live_bytes": 2**20,
-           "xla_peak_bytes_estimate": 2**21}
+           "xla_peak_bytes_estimate": 2**21, "round": 0}
+    best = {"median_s": 0.2, "all_medians_s": [0.2], "maxrss_bytes": 2**28, "cpu_s_per_step": 0.3,
+            "minor_faults_per_step": 10.0}
     res = {
         "quick": False, "seconds": 10.0,
         "environment": {"date": "d", "host": "h", "cpus": 2, "cpu": "c", "git_commit": "abc", "git_dirty": False,
                         "jax": "0.11.2", "loadavg_start": (0.1, 0.2, 0.3), "doctor_matmul_gflops": 90.0},
-        "step": {"steps_per_run": 25, "warmup": 5, "rounds": 1, "presets": {"tiny": {
-            "model_flops_per_step": 10**9, "runs": {"strata": [run], "unroll": [run]},
-            "best": {"strata": {"median_s": 0.2, "all_medians_s": [0.2], "maxrss_bytes": 2**28},
-                     "unroll": {"median_s": 0.1, "all_medians_s": [0.1], "maxrss_bytes": 2**28}},
-            "ratio": {"unroll": 2.0}, "ratio_per_round": {"unroll": [2.0]}}}},
+        "step": {"rounds": 1, "presets": {"tiny": {
+            "steps": 25, "warmup": 5, "diag_steps": 13, "retries": 0, "model_flops_per_step": 10**9,
+            "diagnostic": ["unroll malloc"],
+            "runs": {"strata": [run], "unroll": [run], "unroll malloc": [run]},
+            "best": {"strata": best, "unroll": {**best, "median_s": 0.1, "all_medians_s": [0.1], "cpu_s_per_step": 0.6},
+                     "unroll malloc": best},
+            "ratio": {"unroll": 2.0, "unroll malloc": 1.0}, "cpu_ratio": {"unroll": 0.5, "unroll malloc": 1.0},
+            "ratio_per_round": {"unroll": [2.0], "unroll malloc": [1.0]}}}},
+        "overhead": {"preset": "tiny", "steps": 8, "warmup": 2, "metrics": {"host_fraction": 0.01,
+                     "host_s_median": 0.002, "median_s": 0.2}, "perf_unavailable": "perf is not installed",
+                     "programs": {"client": "plugin", "launches_per_step": 3, "sum_per_step_s": 0.15, "programs": [
+                         {"program": "block_fwd", "launches_per_step": 3, "median_s": 0.05, "per_step_s": 0.15,
+                          "flops": 10**8, "compile_s": 0.2}]}},
     }
     res["targets"] = R.targets(res)
     md = R.markdown(res)
-    assert "| tiny | unroll | 100 ms |" in md and "| step time strata/unroll (tiny) | 2 | 1.1 | **no** |" in md
+    assert "| tiny (20+5) | unroll | 100 ms | 100 | 2 | 2 | 0.6 | 0.5 | 10 |" in md
+    assert "| tiny (8+5) | *unroll malloc* |" in md  # a diagnostic: its own step count, in italics
+    assert "| step time strata/unroll (tiny) | 2 | 1.1 | **no** |" in md
+    assert "| framework overhead (tiny) | 0.01 | 0.05 | yes |" in md  # metrics fallback without perf
+    assert "perf: not measured (perf is not installed)" in md and "| block_fwd | 3 | 50 ms | 150 ms |" in md
+
+
+def test_step_window_and_proc_reading(tmp_path: Any) -> None:
+    here = R.proc_cpu_and_faults(os.getpid())
+    assert here is not None and here[0] > 0 and here[1] > 0
+    assert R.proc_cpu_and_faults(2**22 + 12345) is None  # no such process
+    metrics = tmp_path / "metrics.jsonl"
+    w = R.StepWindow(str(metrics), first=2, last=4)
+    w(os.getpid())  # no file yet: nothing
+    assert w.start is None
+    metrics.write_text('{"step": 1, "step_time_s": 1}\n{"step": 2, "step_time_s": 1}\n')
+    w(os.getpid())
+    assert w.start is not None and w.end is None
+    sum(i * i for i in range(300000))  # burn a little CPU between the snapshots
+    metrics.write_text(metrics.read_text() + '{"step": 2, "eval_loss": 1}\n{"step": 3, "step_time_s": 1}\n'
+                       '{"step": 4, "step_time_s": 1}\n')
+    w(os.getpid())
+    per = w.per_step()
+    assert per["cpu_s_per_step"] is not None and per["cpu_s_per_step"] >= 0
+    assert per["minor_faults_per_step"] is not None and per["minor_faults_per_step"] >= 0
+    assert R.StepWindow(str(metrics), 2, 4).per_step() == {"cpu_s_per_step": None, "minor_faults_per_step": None}
 
 
 def test_gpu_fallback_config_matches_strata() -> None:
