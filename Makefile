@@ -41,8 +41,11 @@ test-py:
 test-e2e:
 	@tests/e2e/run_all.sh
 
+# Benchmarks against the monolithic jax.jit anchors (docs/performance.md):
+# ≈ 10-15 min on 2 cores; results in bench/results/. BENCH_ARGS="--quick"
+# checks the pipeline in ~2 min, "--sections step,compile" runs a subset.
 bench: build
-	@$(PY) bench/run.py
+	@$(PY) bench/run.py $(BENCH_ARGS)
 
 clean:
 	rm -rf build build-asan
