@@ -451,31 +451,47 @@ def section_step(b: Bench) -> dict[str, Any]:
         vs = variants_for(b, preset, cfg)
         runs: dict[str, list[dict[str, Any]]] = {v.name: [] for v in vs}
         common = [*preset.overrides, "train.eval_every=0", "train.eval_batches=1"]
+        res_errors: dict[str, str] = {}
         for rnd in range(p.rounds):
             for v in vs:
                 if v.diagnostic and rnd > 0:
                     continue
                 b.log(f"step: {name}: round {rnd + 1}/{p.rounds}: {v.name}")
-                s = run_variant(b, name, preset, v, common)
+                try:
+                    s = run_variant(b, name, preset, v, common)
+                except RuntimeError as e:
+                    if not v.diagnostic:
+                        raise
+                    b.log(f"step: {name}: {v.name} failed (a diagnostic: the section goes on): {e}")
+                    res_errors[v.name] = str(e)[-1500:]
+                    continue
                 s["round"] = rnd
                 runs[v.name].append(s)
         retries, t_retry = 0, time.monotonic()
         while time.monotonic() - t_retry < preset.retry_s:
             # main variants first, then the diagnostics
-            noisy = sorted((v for v in vs if min(r["other_load"] for r in runs[v.name]) > p.quiet_load),
+            noisy = sorted((v for v in vs
+                            if runs[v.name] and min(r["other_load"] for r in runs[v.name]) > p.quiet_load),
                            key=lambda v: v.diagnostic)
             if not noisy:
                 break
             v = noisy[0]
             b.log(f"step: {name}: {v.name} again: every run so far shared the CPUs (other load "
                   f"{min(r['other_load'] for r in runs[v.name]):.2f} > {p.quiet_load})")
-            s = run_variant(b, name, preset, v, common)
+            try:
+                s = run_variant(b, name, preset, v, common)
+            except RuntimeError as e:
+                if not v.diagnostic:
+                    raise
+                res_errors[v.name] = str(e)[-1500:]
+                break
             s["round"] = -1  # a retry
             runs[v.name].append(s)
             retries += 1
         res: dict[str, Any] = {"config": preset.config, "overrides": preset.overrides, "steps": preset.steps,
                                "warmup": preset.warmup, "diag_steps": preset.diag_steps or preset.steps,
-                               "retries": retries, "model_flops_per_step": FL.step_flops(cfg),
+                               "retries": retries, "errors": res_errors,
+                               "model_flops_per_step": FL.step_flops(cfg),
                                "diagnostic": [v.name for v in vs if v.diagnostic], "runs": runs, "best": {}}
         # Other processes only ever slow a run down, so each variant is
         # represented by its fastest run's median (every run is kept).
@@ -745,6 +761,8 @@ def markdown(res: dict[str, Any]) -> str:
         L += [md_table(["preset (steps+warm-up)", "run", "step", "medians per round (ms)", "strata / this",
                         "per round", "CPU s / step", "strata / this (CPU)", "minor faults / step", "model GFLOP/s",
                         "peak RSS", "device bytes¹", "other load²"], rows), "",
+              *[f"**{k} ({v}) failed:** {e[-300:]}  " for k, pr in st["presets"].items()
+                for v, e in (pr.get("errors") or {}).items()],
               "*Italics*: diagnostic runs (one round), each isolating one cause of the difference.  ",
               "Re-runs of variants that never had the CPUs to themselves: "
               + ", ".join(f"{k} {v.get('retries', 0)}" for k, v in st["presets"].items()) + ".  ",

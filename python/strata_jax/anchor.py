@@ -180,11 +180,15 @@ def run(config: dict[str, Any], tokens: np.ndarray, variant: str, steps: int | N
     batch to the losses on the host (what strata's step_time_s covers).
     `device`: where everything runs (default: JAX's default device)."""
     if device is None:
-        return _run(config, tokens, variant, steps, compile_only)
-    with jax.default_device(device):
         r = _run(config, tokens, variant, steps, compile_only)
-    r["devices"] = [str(device)]
-    r["client"] = f"plugin {device.client.platform} {device.client.platform_version}"
+    else:
+        with jax.default_device(device):
+            r = _run(config, tokens, variant, steps, compile_only)
+        if r["param_devices"] != [str(device)] or r["param_clients"] != [id(device.client)]:
+            raise RuntimeError(f"anchor: parameters ended up on {r['param_devices']}, not on {device}")
+        r["devices"] = [str(device)]
+        r["client"] = f"plugin {device.client.platform} {device.client.platform_version}"
+    del r["param_clients"]  # object ids: only meaningful inside this process
     return r
 
 
@@ -203,6 +207,8 @@ def _run(config: dict[str, Any], tokens: np.ndarray, variant: str, steps: int | 
         params = stack_blocks(params)
     jax.block_until_ready(params)
     init_s = time.perf_counter() - t0
+    # Where the step really runs (a plugin device prints like jaxlib's own).
+    leaf_devices = {d for leaf in jax.tree.leaves(params) for d in leaf.devices()}
     m = jax.tree.map(jnp.zeros_like, params)
     v = jax.tree.map(jnp.zeros_like, params)
     if variant == "scan":
@@ -229,6 +235,8 @@ def _run(config: dict[str, Any], tokens: np.ndarray, variant: str, steps: int | 
         "devices": [str(d) for d in jax.devices()], "client": f"jaxlib {jax.default_backend()}",
         "host": platform.node(),
         "init_s": init_s, "lower_s": lower_s, "compile_s": compile_s,
+        "param_devices": sorted({str(d) for d in leaf_devices}),
+        "param_clients": sorted({id(d.client) for d in leaf_devices}),
         "memory": _memory_analysis(compiled), "steps": 0, "step_time_s": [], "losses": [],
         "step_start_unix": [], "step_cpu_s": [], "step_minor_faults": [],
     }
