@@ -28,30 +28,7 @@ trap cleanup EXIT
 # One cache for the whole file: compiled once, every restart loads it.
 export STRATA_CACHE_DIR="$TMP/cache"
 
-checks=0
-fails=0
-ok() { checks=$((checks + 1)); }
-bad() {
-  checks=$((checks + 1))
-  fails=$((fails + 1))
-  echo "FAIL: $*" >&2
-}
-check() { if eval "$2"; then ok; else bad "$1"; fi; }
-
-# expect_exit RC PATTERN ARGS...: `strata ARGS` exits RC, stderr matches PATTERN.
-expect_exit() {
-  local rc=$1 pat=$2
-  shift 2
-  "$STRATA" "$@" >"$TMP/out" 2>"$TMP/err"
-  local code=$?
-  if [ "$code" != "$rc" ]; then
-    bad "strata $*: exit $code, want $rc; stderr: $(tail -3 "$TMP/err")"
-  elif ! grep -Eq -- "$pat" "$TMP/err" "$TMP/out"; then
-    bad "strata $*: output does not match /$pat/: $(tail -3 "$TMP/err")"
-  else
-    ok
-  fi
-}
+source "$(dirname "$0")/lib.sh"
 
 # Deterministic, one device (docs/runtime.md): bitwise-repeatable steps.
 BASE=(configs/test.yml runtime.deterministic=true runtime.cpu_devices=1 run.progress=off)
@@ -245,5 +222,4 @@ kill -TERM "$sup_pid"
 wait "$sup_pid"
 check "SIGTERM: the supervisor stops the child and does not restart it" "grep -q '\"outcome\": \"interrupted\"' '$TMP/sup-term/recovery.json' && grep -q '\"attempts\": 1,' '$TMP/sup-term/recovery.json' && grep -q 'stopped by signal 15; not restarting' '$TMP/err'"
 
-echo "test_ckpt.sh: $((checks - fails))/$checks checks passed"
-[ "$fails" -eq 0 ]
+finish test_ckpt.sh

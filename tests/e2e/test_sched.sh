@@ -24,29 +24,7 @@ TMP=$(mktemp -d /tmp/strata-e2e-sched-XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 export STRATA_CACHE_DIR="$TMP/cache"
 
-checks=0
-fails=0
-ok() { checks=$((checks + 1)); }
-bad() {
-  checks=$((checks + 1))
-  fails=$((fails + 1))
-  echo "FAIL: $*" >&2
-}
-check() { if eval "$2"; then ok; else bad "$1"; fi; }
-
-expect_exit() { # RC PATTERN ARGS...
-  local rc=$1 pat=$2
-  shift 2
-  "$STRATA" "$@" >"$TMP/out" 2>"$TMP/err"
-  local code=$?
-  if [ "$code" != "$rc" ]; then
-    bad "strata $*: exit $code, want $rc; stderr: $(tail -3 "$TMP/err")"
-  elif ! grep -Eq -- "$pat" "$TMP/err"; then
-    bad "strata $*: stderr does not match /$pat/: $(tail -3 "$TMP/err")"
-  else
-    ok
-  fi
-}
+source "$(dirname "$0")/lib.sh"
 
 BASE=(configs/test.yml runtime.deterministic=true runtime.cpu_devices=1 run.progress=off)
 
@@ -233,5 +211,4 @@ expect_exit 2 "sched.prefetch_depth" config "${BASE[@]}" sched.prefetch_depth=-1
 expect_exit 2 "trace.steps .*lists step 11, but train.steps is 10" config "${BASE[@]}" "trace.steps=[2, 11]"
 expect_exit 2 "trace.steps .*item 1 is 'x'" config "${BASE[@]}" "trace.steps=[x]"
 
-echo "test_sched.sh: $((checks - fails)) of $checks checks passed"
-[ "$fails" -eq 0 ]
+finish test_sched.sh

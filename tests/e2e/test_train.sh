@@ -12,31 +12,7 @@ trap 'rm -rf "$TMP"' EXIT
 # A private cache so bundle tampering below cannot disturb other tests.
 export STRATA_CACHE_DIR="$TMP/cache"
 
-checks=0
-fails=0
-ok() { checks=$((checks + 1)); }
-bad() {
-  checks=$((checks + 1))
-  fails=$((fails + 1))
-  echo "FAIL: $*" >&2
-}
-check() { if eval "$2"; then ok; else bad "$1"; fi; }
-
-# expect_exit RC PATTERN ARGS...: `strata ARGS` exits RC and stderr matches
-# the extended regex PATTERN.
-expect_exit() {
-  local rc=$1 pat=$2
-  shift 2
-  "$STRATA" "$@" >"$TMP/out" 2>"$TMP/err"
-  local code=$?
-  if [ "$code" != "$rc" ]; then
-    bad "strata $*: exit $code, want $rc; stderr: $(tail -3 "$TMP/err")"
-  elif ! grep -Eq "$pat" "$TMP/err"; then
-    bad "strata $*: stderr does not match /$pat/: $(tail -3 "$TMP/err")"
-  else
-    ok
-  fi
-}
+source "$(dirname "$0")/lib.sh"
 
 BASE=(configs/test.yml runtime.deterministic=true run.progress=off)
 
@@ -126,5 +102,4 @@ if "$STRATA" train "${BASE[@]}" run.dir="$TMP/b2" >/dev/null 2>"$TMP/err"; then 
 check "a tampered cached bundle is re-exported, not used" "grep -q 'stale bundle, re-exporting: bundle program file .*block_bwd.mlir. was altered' '$TMP/err'"
 check "a re-exported bundle trains to the same losses" "diff <(grep -o '\"loss\": [^,]*' '$TMP/r1/metrics.jsonl') <(grep -o '\"loss\": [^,]*' '$TMP/b2/metrics.jsonl')"
 
-echo "test_train.sh: $((checks - fails))/$checks checks passed"
-[ "$fails" -eq 0 ]
+finish test_train.sh
