@@ -54,6 +54,13 @@ st_status st_status_makev(st_code code, const char* fmt, va_list ap);
  * it. Consumes |status|; returns ST_OK when |status| is ST_OK. */
 st_status st_status_annotate(st_status status, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Re-classes |status| as |code| (e.g. a file-system failure reading a token
+ * file is a data error, exit 3) and prefixes context like
+ * st_status_annotate. Consumes |status|; returns ST_OK when |status| is
+ * ST_OK. st_status_set_code does the same without context. */
+st_status st_status_recode(st_status status, st_code code, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+st_status st_status_set_code(st_status status, st_code code);
+
 st_code st_status_code(st_status status);          /* ST_CODE_OK for NULL */
 const char* st_status_message(st_status status);   /* "" for NULL; owned by status */
 void st_status_free(st_status status);              /* NULL is a no-op */

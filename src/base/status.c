@@ -67,6 +67,24 @@ st_status st_status_annotate(st_status status, const char* fmt, ...) {
   return status;
 }
 
+st_status st_status_recode(st_status status, st_code code, const char* fmt, ...) {
+  status = st_status_set_code(status, code);
+  if (!status || status == &st__oom_status) return status;
+  va_list ap;
+  va_start(ap, fmt);
+  char* prefix = st__vformat(fmt, ap);
+  va_end(ap);
+  if (!prefix) return status;
+  status = st_status_annotate(status, "%s", prefix);
+  free(prefix);
+  return status;
+}
+
+st_status st_status_set_code(st_status status, st_code code) {
+  if (status && status != &st__oom_status && code != ST_CODE_OK) status->code = code;
+  return status;
+}
+
 st_code st_status_code(st_status status) { return status ? status->code : ST_CODE_OK; }
 
 const char* st_status_message(st_status status) { return status ? status->message : ""; }

@@ -176,10 +176,8 @@ st_status st_bundle_open(const char* dir, st_bundle** out_bundle) {
   size_t size = 0;
   st_status s = st_fs_read_file(mpath, &text, &size);
   if (s) {
-    st_status r = st_status_make(ST_CODE_RUNTIME, "bundle manifest missing: %s", st_status_message(s));
-    st_status_free(s);
     free(mpath);
-    return r;
+    return st_status_recode(s, ST_CODE_RUNTIME, "bundle manifest missing");
   }
   st_json* root = NULL;
   s = st_json_parse(text, size, mpath, &root);
@@ -194,8 +192,7 @@ st_status st_bundle_open(const char* dir, st_bundle** out_bundle) {
     char sha[65];
     st_status r = st_sha256_file_hex(b->programs[i].path, sha);
     if (r) {
-      s = st_status_make(ST_CODE_RUNTIME, "bundle program '%s' is missing: %s", b->programs[i].name, st_status_message(r));
-      st_status_free(r);
+      s = st_status_recode(r, ST_CODE_RUNTIME, "bundle program '%s' is missing", b->programs[i].name);
     } else if (strcmp(sha, b->programs[i].sha256) != 0) {
       s = st_status_make(ST_CODE_RUNTIME, "bundle program file '%s' was altered: sha256 %.16s… differs from the manifest's %.16s…",
                          b->programs[i].path, sha, b->programs[i].sha256);

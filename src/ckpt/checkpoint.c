@@ -128,10 +128,7 @@ void st_ckpt_save_result_clear(st_ckpt_save_result* r) {
 
 /* Any failure below is a checkpoint failure (exit 7), whatever its origin. */
 static st_status st__as_ckpt(st_status s) {
-  if (!s || st_status_code(s) == ST_CODE_CKPT) return s;
-  st_status c = st_status_make(ST_CODE_CKPT, "%s", st_status_message(s));
-  st_status_free(s);
-  return c;
+  return st_status_set_code(s, ST_CODE_CKPT);
 }
 
 static st_status st__errno(const char* what, const char* path, int err) {

@@ -97,12 +97,7 @@ st_status st_safetensors_write(const char* path, const st_named_tensor* tensors,
   }
   st_status s = st_fs_write_atomic(path, buf, total);
   free(buf);
-  if (s) {
-    st_status c = st_status_make(ST_CODE_CKPT, "saving tensors: %s", st_status_message(s));
-    st_status_free(s);
-    return c;
-  }
-  return ST_OK;
+  return st_status_recode(s, ST_CODE_CKPT, "saving tensors");
 }
 
 /*===-------------------------------------------------------------------===*/
@@ -191,9 +186,7 @@ st_status st_safetensors_parse(const char* path, unsigned char* data, size_t siz
   f->data_start = 8 + (size_t)n;
   s = st_json_parse((const char*)data + 8, (size_t)n, path, &h);
   if (s) {
-    st_status c = st_status_make(ST_CODE_CKPT, "%s: header: %s", path, st_status_message(s));
-    st_status_free(s);
-    s = c;
+    s = st_status_recode(s, ST_CODE_CKPT, "%s: header", path);
     goto done;
   }
   if (h->kind != ST_JSON_OBJECT) {
@@ -242,10 +235,6 @@ st_status st_safetensors_read(const char* path, st_safetensors** out) {
   char* data = NULL;
   size_t size = 0;
   st_status s = st_fs_read_file(path, &data, &size);
-  if (s) {
-    st_status c = st_status_make(ST_CODE_CKPT, "%s", st_status_message(s));
-    st_status_free(s);
-    return c;
-  }
+  if (s) return st_status_set_code(s, ST_CODE_CKPT);
   return st_safetensors_parse(path, (unsigned char*)data, size, out);
 }

@@ -159,14 +159,12 @@ static st_status st__read_manifest(const char* dir, st_ckpt* c, st_json** out_js
              path);
   st_status r = st_fs_read_file(path, &text, &size);
   if (r) {
-    s = st_status_make(ST_CODE_CKPT, "%s", st_status_message(r));
-    st_status_free(r);
+    s = st_status_set_code(r, ST_CODE_CKPT);
     goto done;
   }
   r = st_json_parse(text, size, path, &j);
   if (r) {
-    s = st_status_make(ST_CODE_CKPT, "'%s' is malformed: %s", path, st_status_message(r));
-    st_status_free(r);
+    s = st_status_recode(r, ST_CODE_CKPT, "'%s' is malformed", path);
     goto done;
   }
   if (j->kind != ST_JSON_OBJECT) ST__FAIL("'%s' is malformed: not a JSON object", path);
@@ -330,8 +328,7 @@ static st_status st__check_expect(const st_ckpt* c, const st_json* manifest, con
   if (e->model_json) {
     st_status r = st_json_parse(e->model_json, strlen(e->model_json), "model", &want);
     if (r) {
-      s = st_status_make(ST_CODE_INTERNAL, "expected model JSON does not parse: %s", st_status_message(r));
-      st_status_free(r);
+      s = st_status_recode(r, ST_CODE_INTERNAL, "expected model JSON does not parse");
       goto done;
     }
     const st_json* have = st_json_get(manifest, "model");

@@ -87,12 +87,8 @@ static st_status st__token_file_read(const char* path, uint32_t vocab_size, st_d
   char* data = NULL;
   size_t size = 0;
   st_status s = st_fs_read_file(path, &data, &size);
-  if (s) {
-    /* A missing or unreadable token file is a data error (exit 3), not a generic I/O one. */
-    st_status d = st_status_make(ST_CODE_DATA, "cannot read token file: %s", st_status_message(s));
-    st_status_free(s);
-    return d;
-  }
+  /* A missing or unreadable token file is a data error (exit 3), not a generic I/O one. */
+  if (s) return st_status_recode(s, ST_CODE_DATA, "cannot read token file");
   const unsigned char* p = (const unsigned char*)data;
   s = ST_OK;
   if (size < ST_TOKEN_FILE_HEADER_BYTES || memcmp(p, ST_TOKEN_FILE_MAGIC, 8) != 0) {
@@ -234,8 +230,7 @@ static st_status st__tokenize_corpus(const char* path, const char* cache_dir, ch
     size_t size = 0;
     st_status r = st_fs_read_file(files[i], &data, &size);
     if (r) {
-      s = st_status_make(ST_CODE_DATA, "reading corpus file: %s", st_status_message(r));
-      st_status_free(r);
+      s = st_status_recode(r, ST_CODE_DATA, "reading corpus file");
       break;
     }
     for (size_t j = 0; j < size && k < total; ++j) tokens[k++] = (unsigned char)data[j];

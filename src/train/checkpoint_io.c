@@ -324,11 +324,7 @@ static st_status st__snapshot(st_train_ckpt* c, int64_t step) {
     st_event_destroy(c->events[i]);
     c->events[i] = NULL;
   }
-  if (s) {
-    st_status c2 = st_status_make(ST_CODE_CKPT, "checkpoint snapshot at step %lld: %s", (long long)step, st_status_message(s));
-    st_status_free(s);
-    return c2;
-  }
+  if (s) return st_status_recode(s, ST_CODE_CKPT, "checkpoint snapshot at step %lld", (long long)step);
   const st_train_options* o = c->in.options;
   st_ckpt_meta m = {
       .step = step,
