@@ -9,14 +9,7 @@ ROOT=$PWD
 TMP=$(mktemp -d /tmp/strata-e2e-config-XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 
-checks=0
-fails=0
-ok() { checks=$((checks + 1)); }
-bad() {
-  checks=$((checks + 1))
-  fails=$((fails + 1))
-  echo "FAIL: $*" >&2
-}
+source "$(dirname "$0")/lib.sh"
 
 # expect_error DIR RC MESSAGE -- ARGS...: runs `strata ARGS` in DIR and wants
 # exit code RC, exactly "strata: config error: MESSAGE" on stderr and nothing
@@ -138,5 +131,4 @@ expect_error "$ROOT" 2 "missing CONFIG (a YAML file, e.g. configs/tiny.yml; see 
 expect_error "$ROOT" 2 "missing CONFIG before 'train.steps=5' (strata config CONFIG [key=value ...])" -- config train.steps=5
 expect_error "$ROOT" 2 "unknown option '--bogus' (see strata config --help)" -- config --bogus configs/tiny.yml
 
-echo "test_config.sh: $((checks - fails))/$checks checks passed"
-[ "$fails" -eq 0 ]
+finish test_config.sh
