@@ -99,10 +99,14 @@ typedef struct st_runtime_options {
    * when $STRATA_MALLOC_TUNING=0 or the environment already sets glibc's
    * malloc tunables (GLIBC_TUNABLES=glibc.malloc.*, MALLOC_*_). */
   bool tune_host_malloc;
+  /* runtime.compile_threads: programs st_program_compile_files compiles at
+   * once; 0 means one per two online CPUs (XLA's CPU compiler already uses
+   * about 1.5 cores per program). */
+  int compile_threads;
 } st_runtime_options;
 
 /* Defaults: search for the plugin, 2 CPU devices, not deterministic, no
- * XLA options, no cache, host malloc tuning on. */
+ * XLA options, no cache, host malloc tuning on, compile threads automatic. */
 void st_runtime_options_init(st_runtime_options* options);
 
 typedef struct st_runtime st_runtime;
@@ -231,6 +235,23 @@ st_status st_program_compile(st_runtime* runtime, const char* name, const void* 
 st_status st_program_compile_file(st_runtime* runtime, const char* path, const st_program_signature* signature,
                                   st_program** out_program /* owned by caller */);
 void st_program_destroy(st_program* program); /* NULL is a no-op */
+
+/* One program of a batch compile. */
+typedef struct st_program_compile_job {
+  const char* path;                      /* borrowed: the StableHLO file */
+  const st_program_signature* signature; /* borrowed; may be NULL */
+  st_program* program;                   /* out: owned by caller */
+  double seconds;                        /* out: wall time of this job's compile or cache load */
+} st_program_compile_job;
+
+/* Compiles every job's file (as st_program_compile_file), several at once:
+ * up to st_runtime_compile_threads threads, each compiling one program at a
+ * time, the largest files first (a cold start compiles ~17 programs). All or nothing: on failure
+ * every job's |program| is NULL and the status is the failure of the first
+ * failing job in |jobs| order, so the error does not depend on timing. */
+st_status st_program_compile_files(st_runtime* runtime, st_program_compile_job* jobs, int count);
+/* The number of compile threads runtime.compile_threads resolves to (≥ 1). */
+int st_runtime_compile_threads(const st_runtime* runtime);
 
 const char* st_program_name(const st_program* program);
 int st_program_input_count(const st_program* program);   /* -1 when unknown */

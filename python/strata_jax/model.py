@@ -141,14 +141,22 @@ def init_embed(cfg: ModelConfig, seed: Array) -> Params:
 
 
 def init_block(cfg: ModelConfig, seed: Array, layer: Array) -> Params:
+    # One normal draw for all seven matrices, cut in BLOCK_MATRICES order:
+    # the threefry kernel is compiled once, not seven times (block_init was
+    # the slowest program of a cold start to compile; docs/performance.md).
     key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), 1), layer)
-    keys = jax.random.split(key, len(BLOCK_MATRICES))
-    mats = dict(zip(BLOCK_MATRICES, keys))
+    sizes = [math.prod(param_shape(cfg, name)) for name in BLOCK_MATRICES]
+    flat = jax.random.normal(key, (sum(sizes),), jnp.float32)
+    mats: Params = {}
+    offset = 0
+    for name, size in zip(BLOCK_MATRICES, sizes):
+        std = param_init_std(cfg, name)
+        assert std is not None
+        mats[name] = flat[offset:offset + size].reshape(param_shape(cfg, name)) * jnp.float32(std)
+        offset += size
     out: Params = {}
     for name in BLOCK_PARAMS:
-        std = param_init_std(cfg, name)
-        shape = param_shape(cfg, name)
-        out[name] = jnp.ones(shape, jnp.float32) if std is None else _normal(mats[name], shape, std)
+        out[name] = mats[name] if name in mats else jnp.ones(param_shape(cfg, name), jnp.float32)
     return out
 
 

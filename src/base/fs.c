@@ -65,11 +65,14 @@ static st_status st__fsync_dir_of(const char* path) {
 }
 
 st_status st_fs_write_atomic(const char* path, const void* data, size_t size) {
+  /* A unique temporary name (mkostemp), not one per process: two threads
+   * (e.g. a batch compile filling the executable cache) may write at once. */
   char tmp[PATH_MAX];
-  if (snprintf(tmp, sizeof(tmp), "%s.tmp-%ld", path, (long)getpid()) >= (int)sizeof(tmp))
+  if (snprintf(tmp, sizeof(tmp), "%s.tmp-%ld-XXXXXX", path, (long)getpid()) >= (int)sizeof(tmp))
     return st_status_make(ST_CODE_IO, "path too long: '%s'", path);
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = mkostemp(tmp, O_CLOEXEC);
   if (fd < 0) return st_status_make(ST_CODE_IO, "cannot create '%s': %s", tmp, strerror(errno));
+  (void)fchmod(fd, 0644); /* mkostemp makes 0600; these files are shared like any output */
   const char* p = data;
   size_t left = size;
   while (left > 0) {

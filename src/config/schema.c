@@ -72,6 +72,8 @@ static const st__cfg_key kKeys[] = {
      .doc = "PJRT plugin (.so); empty: $STRATA_PJRT_PLUGIN, then the .venv CPU plugin."},
     {"runtime.cpu_devices", ST__CFG_INT, "2", .lo = 1, .hi = 256, .doc = "Devices the CPU plugin exposes."},
     {"runtime.deterministic", ST__CFG_BOOL, "false", .doc = "Ask XLA for deterministic (slower) kernels."},
+    {"runtime.compile_threads", ST__CFG_INT, "0", .lo = 0, .hi = 1024,
+     .doc = "Programs compiled at once on a cold start; 0: one per two online CPUs."},
     {"runtime.xla_options", ST__CFG_LIST, "[]", .doc = "Extra compile options, strings \"name=value\"."},
     {"runtime.cache_dir", ST__CFG_STRING, "",
      .doc = "Compile and bundle cache; empty: $STRATA_CACHE_DIR, else ~/.cache/strata."},

@@ -43,6 +43,7 @@ struct st_runtime {
   st__device* devices;
 
   bool deterministic;
+  int compile_threads; /* 0: one per online CPU */
   char* cache_dir; /* NULL when the cache is off */
 
   /* The serialized xla.CompileOptionsProto every compile uses (owned). */

@@ -497,10 +497,14 @@ st_status st_runtime_create(const st_runtime_options* options, st_runtime** out_
     return st_status_make(ST_CODE_CONFIG, "runtime.cpu_devices=%d is out of range (1..4096)", options->cpu_devices);
   if (options->xla_option_count < 0 || (options->xla_option_count > 0 && !options->xla_options))
     return st_status_make(ST_CODE_CONFIG, "runtime.xla_options: bad option list");
+  if (options->compile_threads < 0 || options->compile_threads > 1024)
+    return st_status_make(ST_CODE_CONFIG, "runtime.compile_threads=%d is out of range (0..1024; 0: one per CPU)",
+                          options->compile_threads);
 
   st_runtime* rt = calloc(1, sizeof(*rt));
   if (!rt) return st__oom("runtime");
   rt->deterministic = options->deterministic;
+  rt->compile_threads = options->compile_threads;
   st_status s = st__find_plugin(options, &rt->plugin_path);
   /* Options are validated before the plugin is touched, so a typo in an XLA
    * option is reported even when the plugin is slow to load. */

@@ -153,8 +153,9 @@ static void st__on_skip(void* user, const st_ckpt_entry* entry, st_status why) {
   st_strbuf_free(&e);
 }
 
-st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step) {
+st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_restored) {
   *out_step = 0;
+  *out_restored = false;
   if (!c->resume) return ST_OK;
   double t0 = st__now();
   char* removed = NULL;
@@ -239,6 +240,7 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step) {
   st_strbuf_free(&e);
   free(latest);
   *out_step = ck->step;
+  *out_restored = true;
   c->start_step = ck->step;
   st_ckpt_free(ck);
   return s;

@@ -41,8 +41,10 @@ typedef struct st_train_ckpt_init {
 st_status st_train_ckpt_create(const st_train_ckpt_init* init, st_train_ckpt** out /* owned by caller */);
 /* With run.resume: removes temporaries of crashed saves, loads the newest
  * valid checkpoint into the executor (reporting every one it skips and
- * why) and sets *out_step to its step; 0 when starting fresh. */
-st_status st_train_ckpt_restore(st_train_ckpt* ckpt, int64_t* out_step);
+ * why) and sets *out_step to its step; 0 when starting fresh.
+ * *out_restored says whether a checkpoint was loaded: then every parameter
+ * and optimizer slot is set, and the run needs no init. */
+st_status st_train_ckpt_restore(st_train_ckpt* ckpt, int64_t* out_step, bool* out_restored);
 /* Step |step| (1-based) ran on the device: the step faults fire here. */
 void st_train_ckpt_step_ran(st_train_ckpt* ckpt, int64_t step);
 /* Step |step| is recorded: reports finished saves, saves when due (every

@@ -58,6 +58,7 @@ void st_train_options_from_config(const st_config* c, st_train_options* o) {
   o->runtime.plugin_path = st_config_string(c, "runtime.plugin");
   o->runtime.cpu_devices = (int)st_config_int(c, "runtime.cpu_devices");
   o->runtime.deterministic = st_config_bool(c, "runtime.deterministic");
+  o->runtime.compile_threads = (int)st_config_int(c, "runtime.compile_threads");
   o->sched.remat = st_config_string(c, "sched.remat");
   o->sched.offload = st_sched_offload_parse(st_config_string(c, "sched.offload"));
   if (o->sched.offload < 0) o->sched.offload = 0; /* the schema admits only known names */

@@ -32,6 +32,7 @@ typedef struct {
 
   /* compiled programs by bundle program index (owned) */
   st_program** compiled;
+  double* compile_s; /* seconds each took to compile or load, same index */
   st_plan step_plan, eval_plan;
   st_program** step_programs; /* borrowed from compiled, by plan program index */
   st_program** eval_programs;
@@ -196,46 +197,79 @@ static st_status st__make_run_dir(const st_config* cfg, const st_train_options* 
   return ST_OK;
 }
 
-/* Compiles every program a plan uses, once, and maps plan indices to them. */
-static st_status st__compile_plan(st__trainer* t, const st_plan* plan, st_program*** out) {
+/* Compiles, as one batch (several at once: st_program_compile_files), every
+ * bundle program named by |plans| or |extra| that is not compiled yet. */
+static st_status st__compile_programs(st__trainer* t, const st_plan* const* plans, int plan_count, const char* const* extra,
+                                      int extra_count) {
+  const st_bundle* b = t->bundle;
+  int n_max = extra_count;
+  for (int p = 0; p < plan_count; ++p) n_max += plans[p]->program_count;
+  st_program_compile_job* jobs = calloc((size_t)n_max + 1, sizeof(*jobs));
+  st_program_signature* sigs = calloc((size_t)n_max + 1, sizeof(*sigs));
+  st_tensor_type** types = calloc((size_t)n_max + 1, sizeof(*types));
+  int* index = calloc((size_t)n_max + 1, sizeof(*index));
+  bool* queued = calloc((size_t)b->program_count + 1, sizeof(bool));
+  st_status s = jobs && sigs && types && index && queued ? ST_OK : st_status_make(ST_CODE_INTERNAL, "out of memory (compile jobs)");
+  int n = 0;
+  for (int k = 0; k < n_max && !s; ++k) {
+    const char* name = NULL;
+    int left = k;
+    for (int p = 0; p < plan_count && !name; ++p) {
+      if (left < plans[p]->program_count) name = plans[p]->programs[left];
+      left -= plans[p]->program_count;
+    }
+    if (!name) name = extra[left];
+    const st_bundle_program* bp = st_bundle_program_find(b, name);
+    if (!bp) {
+      s = st_status_make(ST_CODE_RUNTIME, "bundle %s has no program '%s'", b->dir, name);
+      break;
+    }
+    int idx = (int)(bp - b->programs);
+    if (t->compiled[idx] || queued[idx]) continue;
+    queued[idx] = true;
+    /* One allocation per job holds its input types, then its output types. */
+    types[n] = calloc((size_t)bp->input_count + (size_t)bp->output_count + 1, sizeof(st_tensor_type));
+    if (!types[n]) {
+      s = st_status_make(ST_CODE_INTERNAL, "out of memory (compile jobs)");
+      break;
+    }
+    st_bundle_program_signature(bp, types[n], types[n] + bp->input_count, &sigs[n]);
+    jobs[n] = (st_program_compile_job){.path = bp->path, .signature = &sigs[n]};
+    index[n++] = idx;
+  }
+  if (!s) s = st_program_compile_files(t->runtime, jobs, n);
+  for (int j = 0; j < n; ++j) {
+    if (!s) {
+      t->compiled[index[j]] = jobs[j].program;
+      t->compile_s[index[j]] = jobs[j].seconds;
+    }
+    free(types[j]);
+  }
+  free(jobs);
+  free(sigs);
+  free(types);
+  free(index);
+  free(queued);
+  return s;
+}
+
+/* Maps a plan's program indices to the compiled programs (all compiled). */
+static st_status st__plan_programs(st__trainer* t, const st_plan* plan, st_program*** out) {
   st_program** v = calloc((size_t)plan->program_count + 1, sizeof(st_program*));
   for (int i = 0; i < plan->program_count; ++i) {
     const st_bundle_program* bp = st_bundle_program_find(t->bundle, plan->programs[i]);
-    if (!bp) {
+    v[i] = bp ? t->compiled[bp - t->bundle->programs] : NULL;
+    if (!v[i]) {
       free(v);
-      return st_status_make(ST_CODE_RUNTIME, "bundle %s has no program '%s'", t->bundle->dir, plan->programs[i]);
+      return st_status_make(ST_CODE_INTERNAL, "program '%s' of the plan was not compiled", plan->programs[i]);
     }
-    int idx = (int)(bp - t->bundle->programs);
-    if (!t->compiled[idx]) {
-      st_tensor_type* ins = calloc((size_t)bp->input_count + 1, sizeof(st_tensor_type));
-      st_tensor_type* outs = calloc((size_t)bp->output_count + 1, sizeof(st_tensor_type));
-      st_program_signature sig;
-      st_bundle_program_signature(bp, ins, outs, &sig);
-      st_status s = st_program_compile_file(t->runtime, bp->path, &sig, &t->compiled[idx]);
-      free(ins);
-      free(outs);
-      if (s) {
-        free(v);
-        return st_status_annotate(s, "compiling program '%s'", bp->name);
-      }
-    }
-    v[i] = t->compiled[idx];
   }
   *out = v;
   return ST_OK;
 }
 
-static st_status st__compile_named(st__trainer* t, const char* name, st_program** out) {
-  st_plan tmp;
-  st_plan_init(&tmp);
-  st_plan_program(&tmp, name);
-  st_program** v = NULL;
-  st_status s = st__compile_plan(t, &tmp, &v);
-  if (!s) *out = v[0];
-  free(v);
-  st_plan_deinit(&tmp);
-  return s;
-}
+/* The init programs, one per parameter group. */
+static const char* const st__init_programs[3] = {"embed_init", "block_init", "head_init"};
 
 /* Runs the init programs (seeded, per layer) and zeroes m and v. */
 static st_status st__init_state(st__trainer* t) {
@@ -246,11 +280,13 @@ static st_status st__init_state(st__trainer* t) {
   ST_RETURN(st_buffer_from_host(t->runtime, 0, &s32, &seed, &seed_buf));
   st_status s = ST_OK;
   const char* groups[3] = {"embed", "block", "head"};
+  /* Compiled with the step's programs on a fresh start; only a resume that
+   * found no checkpoint gets here without them. */
+  s = st__compile_programs(t, NULL, 0, st__init_programs, 3);
   for (int g = 0; g < 3 && !s; ++g) {
-    char prog[32];
-    snprintf(prog, sizeof(prog), "%s_init", groups[g]);
-    st_program* p = NULL;
-    s = st__compile_named(t, prog, &p);
+    const char* prog = st__init_programs[g];
+    const st_bundle_program* bp = st_bundle_program_find(b, prog);
+    st_program* p = t->compiled[bp - b->programs];
     int layers = g == 1 ? (int)b->model.n_layers : 1;
     const st_bundle_group* grp = st_bundle_group_find(b, groups[g]);
     for (int l = 0; l < layers && !s; ++l) {
@@ -369,6 +405,7 @@ static void st__trainer_free(st__trainer* t) {
   if (t->compiled) {
     for (int i = 0; i < t->bundle->program_count; ++i) st_program_destroy(t->compiled[i]);
     free(t->compiled);
+    free(t->compile_s);
   }
   st_plan_deinit(&t->step_plan);
   st_plan_deinit(&t->eval_plan);
@@ -562,19 +599,36 @@ st_status st_train_main(const st_config* cfg) {
   if (!s) s = st__event(&t, "bundle", "\"dir\": \"%s\", \"key\": \"%s\", \"exported\": %s", bundle->dir, bundle->key, exported ? "true" : "false");
   double t_compile = st__now();
   if (!s) s = st_train_build_plans(bundle, &o, &t.step_plan, &t.eval_plan);
+  /* Every program the run needs, compiled as one batch. A resume usually
+   * restores every parameter from a checkpoint, so it leaves the init
+   * programs out and compiles them later only if no checkpoint is found. */
+  bool resume = st_config_bool(cfg, "run.resume");
   if (!s) {
     t.compiled = calloc((size_t)bundle->program_count + 1, sizeof(st_program*));
-    s = st__compile_plan(&t, &t.step_plan, &t.step_programs);
+    t.compile_s = calloc((size_t)bundle->program_count + 1, sizeof(double));
+    const st_plan* plans[2] = {&t.step_plan, &t.eval_plan};
+    s = st__compile_programs(&t, plans, 2, st__init_programs, resume ? 0 : 3);
   }
-  if (!s) s = st__compile_plan(&t, &t.eval_plan, &t.eval_programs);
+  if (!s) s = st__plan_programs(&t, &t.step_plan, &t.step_programs);
+  if (!s) s = st__plan_programs(&t, &t.eval_plan, &t.eval_programs);
   if (!s) s = st_executor_create(&t.step_plan, t.runtime, t.step_programs, 0, &t.ex);
   if (!s) s = st_executor_create(&t.eval_plan, t.runtime, t.eval_programs, 0, &t.eval_ex);
   if (!s) s = st__plan_event(&t);
   if (!s) {
     st_runtime_stats rs;
     st_runtime_get_stats(t.runtime, &rs);
-    s = st__event(&t, "compile", "\"seconds\": %.3f, \"compiled\": %lld, \"cache_hits\": %lld, \"plan_ops\": %d",
-                  st__now() - t_compile, (long long)rs.compiles, (long long)rs.cache_hits, t.step_plan.op_count);
+    /* Per program: where a cold start's seconds go (docs/performance.md). */
+    st_strbuf per = {0};
+    for (int i = 0; i < bundle->program_count; ++i) {
+      if (!t.compiled[i]) continue;
+      st_strbuf_printf(&per, "%s\"%s\": %.3f", per.len ? ", " : "", bundle->programs[i].name, t.compile_s[i]);
+    }
+    s = st__event(&t, "compile",
+                  "\"seconds\": %.3f, \"compiled\": %lld, \"cache_hits\": %lld, \"plan_ops\": %d, \"threads\": %d, "
+                  "\"program_seconds\": {%s}",
+                  st__now() - t_compile, (long long)rs.compiles, (long long)rs.cache_hits, t.step_plan.op_count,
+                  st_runtime_compile_threads(t.runtime), per.data ? per.data : "");
+    st_strbuf_free(&per);
   }
 
   /* --- run ------------------------------------------------------------- */
@@ -588,13 +642,16 @@ st_status st_train_main(const st_config* cfg) {
     t.losses = calloc((size_t)(o.microbatches * (o.eval_batches > 1 ? o.eval_batches : 1)), sizeof(double));
     t.n_sq = (int)bundle->model.n_layers + 2;
     t.sqnorms = calloc((size_t)t.n_sq, sizeof(double));
-    s = st__init_state(&t);
   }
   if (!s) {
     st_train_ckpt_init ci = {cfg, &o, t.run_dir, bundle, &t.step_plan, t.ex, t.runtime, t.log};
     s = st_train_ckpt_create(&ci, &t.ckpt);
   }
-  if (!s) s = st_train_ckpt_restore(t.ckpt, &t.start_step);
+  /* Restore first: a checkpoint sets every parameter and optimizer slot, so
+   * a resume that finds one skips the init programs altogether. */
+  bool restored = false;
+  if (!s) s = st_train_ckpt_restore(t.ckpt, &t.start_step, &restored);
+  if (!s && !restored) s = st__init_state(&t);
   if (!s) s = st__event(&t, "run", "\"startup_seconds\": %.3f", st__now() - t0);
   if (!s) s = st__run(&t, progress);
 

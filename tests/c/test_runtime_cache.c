@@ -296,6 +296,111 @@ static void test_deterministic_repeatable(void** state) {
   st_runtime_destroy(rt);
 }
 
+/* Runs compiled program |prg| (test program |p|) and checks output 0. */
+static void run_check(st_runtime* rt, st_program* prg, const tu_prog* p) {
+  st_buffer* in[TU_MAX_TENSORS];
+  st_buffer* out[TU_MAX_TENSORS];
+  for (int i = 0; i < p->n_in; ++i) in[i] = upload(rt, &p->in[i]);
+  ASSERT_OK(st_program_execute(prg, 0, in, p->n_in, out, p->n_out, NULL));
+  size_t n = st_buffer_bytes(out[0]);
+  void* got = malloc(n);
+  ASSERT_OK(st_buffer_to_host(out[0], got, n));
+  void* want = tu_read_file(p->out[0].file, NULL);
+  char why[256];
+  if (!tu_close(&p->out[0].type, got, want, 2e-6, 1e-6, why, sizeof(why))) fail_msg("%s: %s", p->name, why);
+  free(got);
+  free(want);
+  for (int i = 0; i < p->n_out; ++i) st_buffer_destroy(out[i]);
+  for (int i = 0; i < p->n_in; ++i) st_buffer_destroy(in[i]);
+}
+
+/* A batch compile on 3 threads: every program right, the cache filled by
+ * concurrent writers (the same program twice: two writers of one entry),
+ * then a batch of hits in a new runtime. */
+static void test_batch_compile(void** state) {
+  (void)state;
+  char* dir = tu_tmpdir("batch");
+  st_runtime_options o;
+  st_runtime_options_init(&o);
+  o.cache_dir = dir;
+  o.cpu_devices = 1;
+  o.compile_threads = 3;
+  int n = g_tp.count + 1;
+  st_program_compile_job* jobs = calloc((size_t)n, sizeof(*jobs));
+  for (int round = 0; round < 2; ++round) {
+    st_runtime* rt = NULL;
+    ASSERT_OK(st_runtime_create(&o, &rt));
+    assert_int_equal(st_runtime_compile_threads(rt), 3);
+    for (int i = 0; i < g_tp.count; ++i) jobs[i] = (st_program_compile_job){.path = g_tp.progs[i].file};
+    jobs[g_tp.count] = (st_program_compile_job){.path = prog("matmul")->file};
+    ASSERT_OK(st_program_compile_files(rt, jobs, n));
+    st_runtime_stats rs;
+    st_runtime_get_stats(rt, &rs);
+    /* The duplicate may find its twin's entry already stored. */
+    assert_int_equal(rs.compiles + rs.cache_hits, n);
+    if (round == 1) assert_int_equal(rs.compiles, 0);
+    for (int i = 0; i < n; ++i) {
+      assert_non_null(jobs[i].program);
+      assert_true(jobs[i].seconds > 0);
+      run_check(rt, jobs[i].program, i < g_tp.count ? &g_tp.progs[i] : prog("matmul"));
+      st_program_destroy(jobs[i].program);
+    }
+    st_runtime_destroy(rt);
+  }
+  /* One entry per distinct program, no temporary left by the racing writers. */
+  assert_int_equal(count_entries(dir), g_tp.count);
+  DIR* d = opendir(dir);
+  struct dirent* e;
+  while ((e = readdir(d)))
+    if (strstr(e->d_name, ".tmp")) fail_msg("temporary file left behind: %s", e->d_name);
+  closedir(d);
+  free(jobs);
+  tu_rmtree(dir);
+  free(dir);
+}
+
+/* All or nothing, and the error is the first failing job's, whatever order
+ * the threads finish in. */
+static void test_batch_compile_errors(void** state) {
+  (void)state;
+  char* dir = tu_tmpdir("batch_err");
+  char bad[1200];
+  snprintf(bad, sizeof(bad), "%s/bad.mlir", dir);
+  const char* text = "func.func public @main(%arg0: tensor<2xf32>) -> tensor<2xf32> { return %nope : tensor<2xf32> }";
+  assert_int_equal(tu_write_file(bad, text, strlen(text)), 0);
+  st_runtime_options o;
+  st_runtime_options_init(&o);
+  o.cpu_devices = 1;
+  o.compile_threads = 4;
+  st_runtime* rt = NULL;
+  ASSERT_OK(st_runtime_create(&o, &rt));
+  for (int rep = 0; rep < 3; ++rep) {
+    st_program_compile_job jobs[5] = {
+        {.path = prog("matmul")->file}, {.path = bad}, {.path = prog("reduction")->file},
+        {.path = "/nonexistent/strata/missing.mlir"}, {.path = prog("matmul")->file}};
+    st_status s = st_program_compile_files(rt, jobs, 5);
+    assert_non_null(s);
+    if (!strstr(st_status_message(s), "bad.mlir")) fail_msg("error does not name the first failing job: %s", st_status_message(s));
+    st_status_free(s);
+    for (int i = 0; i < 5; ++i) assert_null(jobs[i].program);
+  }
+  /* An empty batch is fine; a negative count is a caller bug. */
+  ASSERT_OK(st_program_compile_files(rt, NULL, 0));
+  st_status s = st_program_compile_files(rt, NULL, -1);
+  assert_non_null(s);
+  st_status_free(s);
+  st_runtime_destroy(rt);
+
+  o.compile_threads = -1;
+  s = st_runtime_create(&o, &rt);
+  assert_non_null(s);
+  assert_int_equal(st_status_code(s), ST_CODE_CONFIG);
+  assert_non_null(strstr(st_status_message(s), "runtime.compile_threads=-1"));
+  st_status_free(s);
+  tu_rmtree(dir);
+  free(dir);
+}
+
 static int group_setup(void** state) {
   (void)state;
   return tu_testprogs_make(&g_tp);
@@ -313,6 +418,8 @@ int main(void) {
       cmocka_unit_test(test_cache_option_change_misses),
       cmocka_unit_test(test_cache_corrupt_entries),
       cmocka_unit_test(test_deterministic_repeatable),
+      cmocka_unit_test(test_batch_compile),
+      cmocka_unit_test(test_batch_compile_errors),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

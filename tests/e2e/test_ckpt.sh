@@ -56,6 +56,19 @@ expect_exit 0 "resuming from .*step_60 \\(step 60\\)" resume "$TMP/done"
 check "resuming a finished run changes nothing, events stay JSON" "cmp -s '$TMP/ref/params.safetensors' '$TMP/done/params.safetensors' && $PY -c '
 import json, sys
 [json.loads(l) for l in open(sys.argv[1])]' '$TMP/done/events.jsonl'"
+check "a resume from a checkpoint compiles no init program (it restores every slot)" "$PY - '$TMP/done/events.jsonl' <<'PYEOF'
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+compiles = [e for e in ev if e['event'] == 'compile']
+assert len(compiles) == 2, len(compiles)
+first, resumed = compiles[0]['program_seconds'], compiles[1]['program_seconds']
+assert 'block_init' in first and 'block_fwd' in first, first
+assert not [p for p in resumed if p.endswith('_init')] and 'block_fwd' in resumed, resumed
+PYEOF"
+# run.resume=true with no checkpoint yet: the init programs are compiled late.
+train "${R60[@]}" ckpt.every=10 run.resume=true run.dir="$TMP/fresh-resume" && ok || bad "run.resume=true on a new run.dir failed"
+check "run.resume=true without a checkpoint trains like a fresh run (bitwise)" \
+  "cmp -s '$TMP/ref/params.safetensors' '$TMP/fresh-resume/params.safetensors' && grep -q '\"from_step\": 0' '$TMP/fresh-resume/events.jsonl'"
 
 # --- 2. kill drill --------------------------------------------------------------
 SEED=${STRATA_DRILL_SEED:-$((RANDOM * 32768 + RANDOM))}
