@@ -54,6 +54,13 @@ st_status st_fs_write_atomic(const char* path, const void* data, size_t size);
 st_status st_fs_mkdirs(const char* path);
 bool st_fs_exists(const char* path);
 bool st_fs_is_dir(const char* path);
+/* An exclusive advisory lock (flock) on |path|, created if missing, without
+ * waiting. On success *out_fd (owned by caller: close it to release) holds
+ * the lock and the file holds this process's pid. The kernel releases the
+ * lock when the process exits, however it exits (SIGKILL included), so a
+ * crashed holder never leaves a stale lock. When another process holds it:
+ * *out_fd = -1, *out_holder = its pid (0 if unknown) and ST_OK. */
+st_status st_fs_lock(const char* path, int* out_fd, long* out_holder);
 /* rm -rf; missing is fine. */
 st_status st_fs_remove_tree(const char* path);
 /* Joins two path parts into a new string owned by the caller (free). */

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -104,6 +105,38 @@ st_status st_fs_write_atomic(const char* path, const void* data, size_t size) {
     return st_status_make(ST_CODE_IO, "rename '%s' -> '%s' failed: %s", tmp, path, strerror(saved));
   }
   return st__fsync_dir_of(path);
+}
+
+st_status st_fs_lock(const char* path, int* out_fd, long* out_holder) {
+  *out_fd = -1;
+  *out_holder = 0;
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return st_status_make(ST_CODE_IO, "cannot open lock file '%s': %s", path, strerror(errno));
+  int rc;
+  while ((rc = flock(fd, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
+  }
+  if (rc != 0) {
+    int saved = errno;
+    if (saved != EWOULDBLOCK) {
+      close(fd);
+      return st_status_make(ST_CODE_IO, "cannot lock '%s': %s", path, strerror(saved));
+    }
+    char buf[32] = {0};
+    ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+    if (n > 0) *out_holder = strtol(buf, NULL, 10);
+    close(fd);
+    return ST_OK;
+  }
+  /* The pid is for error messages only; the lock itself is the flock. */
+  char pid[32];
+  int len = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)len, 0) != len) {
+    int saved = errno;
+    close(fd);
+    return st_status_make(ST_CODE_IO, "cannot write lock file '%s': %s", path, strerror(saved));
+  }
+  *out_fd = fd;
+  return ST_OK;
 }
 
 st_status st_fs_mkdirs(const char* path) {

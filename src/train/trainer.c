@@ -149,7 +149,11 @@ static st_status st__host(void* user, const st_op* op) {
 /* Lifecycle pieces                                                         */
 /*===-------------------------------------------------------------------===*/
 
-static st_status st__make_run_dir(const st_config* cfg, const st_train_options* o, char** out_dir) {
+/* Creates (or, on resume, reopens) the run directory and locks it: two
+ * processes training into one directory would interleave their metrics and
+ * race each other's checkpoints, so the second is refused with exit 2. The
+ * lock dies with the process, so a SIGKILLed run can be resumed at once. */
+static st_status st__make_run_dir(const st_config* cfg, const st_train_options* o, char** out_dir, int* out_lock_fd) {
   st_strbuf d = {0};
   if (o->run_dir[0]) {
     st_strbuf_append(&d, o->run_dir);
@@ -166,18 +170,26 @@ static st_status st__make_run_dir(const st_config* cfg, const st_train_options* 
     }
     st_strbuf_printf(&d, "runs/%s", id);
   }
+  st_status s = st_fs_mkdirs(d.data);
+  if (!s) {
+    char* lock = st_path_join(d.data, ".lock");
+    long holder = 0;
+    s = st_fs_lock(lock, out_lock_fd, &holder);
+    if (!s && *out_lock_fd < 0)
+      s = st_status_make(ST_CODE_CONFIG,
+                         "run directory '%s' is in use by another strata process (pid %ld holds %s); wait for it or stop "
+                         "it, or set run.dir to a new folder",
+                         d.data, holder, lock);
+    free(lock);
+  }
   char* metrics = st_path_join(d.data, "metrics.jsonl");
   bool used = st_fs_exists(metrics);
   free(metrics);
-  if (used && !st_config_bool(cfg, "run.resume")) {
-    st_status s = st_status_make(ST_CODE_CONFIG,
-                                 "run directory '%s' already holds a run (metrics.jsonl); set run.dir to a new folder, or "
-                                 "continue it with `strata resume %s`",
-                                 d.data, d.data);
-    st_strbuf_free(&d);
-    return s;
-  }
-  st_status s = st_fs_mkdirs(d.data);
+  if (!s && used && !st_config_bool(cfg, "run.resume"))
+    s = st_status_make(ST_CODE_CONFIG,
+                       "run directory '%s' already holds a run (metrics.jsonl); set run.dir to a new folder, or "
+                       "continue it with `strata resume %s`",
+                       d.data, d.data);
   if (!s) {
     char* path = st_path_join(d.data, "config.yaml");
     char* buf = NULL;
@@ -190,6 +202,8 @@ static st_status st__make_run_dir(const st_config* cfg, const st_train_options* 
     free(path);
   }
   if (s) {
+    if (*out_lock_fd >= 0) close(*out_lock_fd);
+    *out_lock_fd = -1;
     st_strbuf_free(&d);
     return s;
   }
@@ -563,7 +577,8 @@ st_status st_train_main(const st_config* cfg) {
   double t0 = st__now();
 
   /* --- init ------------------------------------------------------------ */
-  st_status s = st__make_run_dir(cfg, &o, &t.run_dir);
+  int lock_fd = -1;
+  st_status s = st__make_run_dir(cfg, &o, &t.run_dir, &lock_fd);
   if (!s) s = st_runlog_open(t.run_dir, &t.log);
   if (!s) s = st_dataset_open(&o.data, &t.data);
 
@@ -679,6 +694,7 @@ st_status st_train_main(const st_config* cfg) {
   st_dataset_destroy(t.data);
   st_bundle_destroy(bundle);
   st_runlog_close(t.log);
+  if (lock_fd >= 0) close(lock_fd); /* last: everything the run writes is written */
   free(t.run_dir);
   st_train_options_deinit(&o);
   return s;

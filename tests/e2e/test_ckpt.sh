@@ -70,6 +70,23 @@ train "${R60[@]}" ckpt.every=10 run.resume=true run.dir="$TMP/fresh-resume" && o
 check "run.resume=true without a checkpoint trains like a fresh run (bitwise)" \
   "cmp -s '$TMP/ref/params.safetensors' '$TMP/fresh-resume/params.safetensors' && grep -q '\"from_step\": 0' '$TMP/fresh-resume/events.jsonl'"
 
+# --- 1b. one process per run directory ------------------------------------------
+# A second process on a live run directory is refused (exit 2, naming the
+# holder's pid) and writes nothing there; SIGKILL releases the lock at once.
+"$STRATA" train "${BASE[@]}" train.steps=100000 ckpt.every=0 run.dir="$TMP/busy" >/dev/null 2>"$TMP/busy.err" &
+BUSY=$!
+for _ in $(seq 600); do grep -q '"event": "run"' "$TMP/busy/events.jsonl" 2>/dev/null && break; sleep 0.1; done
+cp "$TMP/busy/config.yaml" "$TMP/busy.config"
+expect_exit 2 "run directory .*busy' is in use by another strata process \\(pid $BUSY holds" resume "$TMP/busy" train.steps=5
+expect_exit 2 "is in use by another strata process \\(pid $BUSY" train "${BASE[@]}" train.steps=5 run.dir="$TMP/busy"
+check "the refused processes did not touch the live run's config.yaml" "cmp -s '$TMP/busy.config' '$TMP/busy/config.yaml'"
+kill -9 "$BUSY"
+wait "$BUSY" 2>/dev/null
+expect_exit 0 "no checkpoint in .* yet; starting from step 0" resume "$TMP/busy" train.steps=3
+check "every metrics line of the killed and the resumed run is whole JSON" "$PY -c '
+import json, sys
+[json.loads(l) for l in open(sys.argv[1])]' '$TMP/busy/metrics.jsonl'"
+
 # --- 2. kill drill --------------------------------------------------------------
 SEED=${STRATA_DRILL_SEED:-$((RANDOM * 32768 + RANDOM))}
 echo "kill drill seed: $SEED (rerun with STRATA_DRILL_SEED=$SEED)"
