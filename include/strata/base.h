@@ -61,6 +61,17 @@ bool st_fs_is_dir(const char* path);
  * crashed holder never leaves a stale lock. When another process holds it:
  * *out_fd = -1, *out_holder = its pid (0 if unknown) and ST_OK. */
 st_status st_fs_lock(const char* path, int* out_fd, long* out_holder);
+/* A lock a parent process took with st_fs_lock and handed to this child as
+ * an inherited descriptor, whose number is in $STRATA_RUN_LOCK_FD (see
+ * st_fs_lock_hand_down). Returns that descriptor (owned by caller, now
+ * close-on-exec) when it is open on |path|'s file and holds the lock;
+ * otherwise -1, and the caller locks for itself. */
+int st_fs_lock_inherited(const char* path);
+/* In a forked child before exec: lets |fd| (from st_fs_lock) survive the
+ * exec and names it in $STRATA_RUN_LOCK_FD. Parent and child then share one
+ * open file description, so one flock covers both: the lock stays held
+ * across the child's death and the parent's restart of it. */
+void st_fs_lock_hand_down(int fd);
 /* rm -rf; missing is fine. */
 st_status st_fs_remove_tree(const char* path);
 /* Joins two path parts into a new string owned by the caller (free). */

@@ -139,6 +139,30 @@ st_status st_fs_lock(const char* path, int* out_fd, long* out_holder) {
   return ST_OK;
 }
 
+#define ST__LOCK_FD_ENV "STRATA_RUN_LOCK_FD"
+
+int st_fs_lock_inherited(const char* path) {
+  const char* e = getenv(ST__LOCK_FD_ENV);
+  if (!e || !e[0]) return -1;
+  char* end = NULL;
+  long fd = strtol(e, &end, 10);
+  struct stat a, b;
+  if (*end || fd < 3 || fd > 1 << 20 || fstat((int)fd, &a) != 0 || stat(path, &b) != 0) return -1;
+  if (a.st_dev != b.st_dev || a.st_ino != b.st_ino) return -1;
+  /* On the shared description the lock is already ours: this succeeds. */
+  if (flock((int)fd, LOCK_EX | LOCK_NB) != 0) return -1;
+  (void)fcntl((int)fd, F_SETFD, FD_CLOEXEC);
+  return (int)fd;
+}
+
+void st_fs_lock_hand_down(int fd) {
+  if (fd < 0) return;
+  (void)fcntl(fd, F_SETFD, 0);
+  char num[24];
+  snprintf(num, sizeof(num), "%d", fd);
+  setenv(ST__LOCK_FD_ENV, num, 1);
+}
+
 st_status st_fs_mkdirs(const char* path) {
   char buf[PATH_MAX];
   if (snprintf(buf, sizeof(buf), "%s", path) >= (int)sizeof(buf))

@@ -81,6 +81,7 @@ typedef struct {
   long tail_offset; /* events.jsonl bytes already read */
   const char* outcome;
   int exit_code;
+  int lock_fd; /* the run directory's lock, handed down to every child */
 } st__sup;
 
 /*===-------------------------------------------------------------------===*/
@@ -277,7 +278,7 @@ static void st__write_summary(st__sup* S) {
 /* Children                                                                 */
 /*===-------------------------------------------------------------------===*/
 
-static st_status st__spawn(char* const* argv, pid_t* out) {
+static st_status st__spawn(char* const* argv, int lock_fd, pid_t* out) {
   fflush(stdout);
   fflush(stderr);
   pid_t pid = fork();
@@ -286,6 +287,7 @@ static st_status st__spawn(char* const* argv, pid_t* out) {
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     signal(SIGHUP, SIG_DFL);
+    st_fs_lock_hand_down(lock_fd);
     execv(argv[0], argv);
     fprintf(stderr, "strata run: cannot execute %s: %s\n", argv[0], strerror(errno));
     _exit(127);
@@ -342,6 +344,7 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
   const st_config* cfg = req->config;
   st__sup S;
   memset(&S, 0, sizeof(S));
+  S.lock_fd = -1;
   S.req = req;
   S.t_start = st__wall();
   S.dir = st__default_run_dir(cfg);
@@ -359,6 +362,20 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
                        "supervised with run.resume=true (or unsupervised: strata resume %s)",
                        S.dir, S.dir);
   if (!s) s = st_fs_mkdirs(S.dir);
+  /* The supervisor holds the run directory's lock across restarts (each
+   * child inherits it), so nothing else can slip in between two attempts,
+   * and a second supervisor is refused before it writes an event. */
+  if (!s) {
+    char* lock = st_path_join(S.dir, ".lock");
+    long holder = 0;
+    s = st_fs_lock(lock, &S.lock_fd, &holder);
+    if (!s && S.lock_fd < 0)
+      s = st_status_make(ST_CODE_CONFIG,
+                         "run directory '%s' is in use by another strata process (pid %ld holds %s); wait for it or stop "
+                         "it, or set run.dir to a new folder",
+                         S.dir, holder, lock);
+    free(lock);
+  }
   if (s) goto done;
   S.tail_offset = st__size(S.events_path);
 
@@ -405,7 +422,7 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
     for (int i = 1; i < argc; ++i) st_strbuf_printf(&cmd, "%s%s", i > 1 ? " " : "", argv[i]);
     pid_t pid = 0;
     S.tail_offset = st__size(S.events_path);
-    s = st__spawn(argv, &pid);
+    s = st__spawn(argv, S.lock_fd, &pid);
     free(argv);
     if (s) {
       st_strbuf_free(&cmd);
@@ -526,6 +543,7 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
   st__write_summary(&S);
   if (!s) *out_exit_code = S.exit_code;
 done:
+  if (S.lock_fd >= 0) close(S.lock_fd);
   free(S.inc);
   free(S.dir);
   free(S.events_path);

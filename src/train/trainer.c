@@ -174,7 +174,9 @@ static st_status st__make_run_dir(const st_config* cfg, const st_train_options* 
   if (!s) {
     char* lock = st_path_join(d.data, ".lock");
     long holder = 0;
-    s = st_fs_lock(lock, out_lock_fd, &holder);
+    /* Under `strata run` the supervisor holds the lock and hands it down. */
+    *out_lock_fd = st_fs_lock_inherited(lock);
+    if (*out_lock_fd < 0) s = st_fs_lock(lock, out_lock_fd, &holder);
     if (!s && *out_lock_fd < 0)
       s = st_status_make(ST_CODE_CONFIG,
                          "run directory '%s' is in use by another strata process (pid %ld holds %s); wait for it or stop "

@@ -79,7 +79,11 @@ for _ in $(seq 600); do grep -q '"event": "run"' "$TMP/busy/events.jsonl" 2>/dev
 cp "$TMP/busy/config.yaml" "$TMP/busy.config"
 expect_exit 2 "run directory .*busy' is in use by another strata process \\(pid $BUSY holds" resume "$TMP/busy" train.steps=5
 expect_exit 2 "is in use by another strata process \\(pid $BUSY" train "${BASE[@]}" train.steps=5 run.dir="$TMP/busy"
+cp "$TMP/busy/events.jsonl" "$TMP/busy.events"
+expect_exit 2 "is in use by another strata process \\(pid $BUSY" run "${BASE[@]}" train.steps=5 run.dir="$TMP/busy" run.resume=true
 check "the refused processes did not touch the live run's config.yaml" "cmp -s '$TMP/busy.config' '$TMP/busy/config.yaml'"
+check "the refused supervisor wrote no event into the live run's events.jsonl" \
+  "! grep -q supervisor_start '$TMP/busy/events.jsonl' && head -c \$(stat -c %s '$TMP/busy.events') '$TMP/busy/events.jsonl' | cmp -s - '$TMP/busy.events'"
 kill -9 "$BUSY"
 wait "$BUSY" 2>/dev/null
 expect_exit 0 "no checkpoint in .* yet; starting from step 0" resume "$TMP/busy" train.steps=3
