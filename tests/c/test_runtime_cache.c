@@ -58,10 +58,8 @@ static st_buffer* upload_to(st_runtime* rt, int device, const tu_tensor* t) {
 static st_buffer* upload(st_runtime* rt, const tu_tensor* t) { return upload_to(rt, 0, t); }
 
 
-/* Compiles |p| (through the cache), runs it on |device| and checks output 0. */
-static void compile_run_check_on(st_runtime* rt, const tu_prog* p, int device) {
-  st_program* prg = NULL;
-  ASSERT_OK(st_program_compile_file(rt, p->file, NULL, &prg));
+/* Runs compiled program |prg| (test program |p|) on |device| and checks output 0. */
+static void run_check_on(st_runtime* rt, st_program* prg, const tu_prog* p, int device) {
   st_buffer* in[TU_MAX_TENSORS];
   st_buffer* out[TU_MAX_TENSORS];
   for (int i = 0; i < p->n_in; ++i) in[i] = upload_to(rt, device, &p->in[i]);
@@ -76,6 +74,13 @@ static void compile_run_check_on(st_runtime* rt, const tu_prog* p, int device) {
   free(want);
   for (int i = 0; i < p->n_out; ++i) st_buffer_destroy(out[i]);
   for (int i = 0; i < p->n_in; ++i) st_buffer_destroy(in[i]);
+}
+
+/* Compiles |p| (through the cache), runs it on |device| and checks output 0. */
+static void compile_run_check_on(st_runtime* rt, const tu_prog* p, int device) {
+  st_program* prg = NULL;
+  ASSERT_OK(st_program_compile_file(rt, p->file, NULL, &prg));
+  run_check_on(rt, prg, p, device);
   st_program_destroy(prg);
 }
 
@@ -296,24 +301,6 @@ static void test_deterministic_repeatable(void** state) {
   st_runtime_destroy(rt);
 }
 
-/* Runs compiled program |prg| (test program |p|) and checks output 0. */
-static void run_check(st_runtime* rt, st_program* prg, const tu_prog* p) {
-  st_buffer* in[TU_MAX_TENSORS];
-  st_buffer* out[TU_MAX_TENSORS];
-  for (int i = 0; i < p->n_in; ++i) in[i] = upload(rt, &p->in[i]);
-  ASSERT_OK(st_program_execute(prg, 0, in, p->n_in, out, p->n_out, NULL));
-  size_t n = st_buffer_bytes(out[0]);
-  void* got = malloc(n);
-  ASSERT_OK(st_buffer_to_host(out[0], got, n));
-  void* want = tu_read_file(p->out[0].file, NULL);
-  char why[256];
-  if (!tu_close(&p->out[0].type, got, want, 2e-6, 1e-6, why, sizeof(why))) fail_msg("%s: %s", p->name, why);
-  free(got);
-  free(want);
-  for (int i = 0; i < p->n_out; ++i) st_buffer_destroy(out[i]);
-  for (int i = 0; i < p->n_in; ++i) st_buffer_destroy(in[i]);
-}
-
 /* A batch compile on 3 threads: every program right, the cache filled by
  * concurrent writers (the same program twice: two writers of one entry),
  * then a batch of hits in a new runtime. */
@@ -342,7 +329,7 @@ static void test_batch_compile(void** state) {
     for (int i = 0; i < n; ++i) {
       assert_non_null(jobs[i].program);
       assert_true(jobs[i].seconds > 0);
-      run_check(rt, jobs[i].program, i < g_tp.count ? &g_tp.progs[i] : prog("matmul"));
+      run_check_on(rt, jobs[i].program, i < g_tp.count ? &g_tp.progs[i] : prog("matmul"), 0);
       st_program_destroy(jobs[i].program);
     }
     st_runtime_destroy(rt);
