@@ -1,7 +1,7 @@
 # Thin wrapper over CMake and pytest: these targets are what README.md promises.
 #   make run    set up, build, train configs/tiny.yml on the fortunes corpus
 #   make test   set up, build, run every test (C under ASan+UBSan, pytest, e2e)
-.PHONY: setup build build-asan run test test-c test-py test-e2e bench clean
+.PHONY: setup build build-asan build-portable run test test-c test-py test-e2e bench clean
 
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PY := .venv/bin/python
@@ -13,6 +13,12 @@ build: setup
 	@cmake -S . -B build -DSTRATA_TESTS=OFF >/dev/null
 	@cmake --build build -j $(JOBS)
 
+# The binary to carry to a lent GPU machine (docs/performance.md, "GPU"):
+# libyaml, libxxhash and libcrypto linked in, only glibc needed there.
+build-portable: setup
+	@cmake -S . -B build-portable -DSTRATA_TESTS=OFF -DSTRATA_STATIC_DEPS=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build build-portable -j $(JOBS)
+
 build-asan: setup
 	@cmake -S . -B build-asan -DSTRATA_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
 	@cmake --build build-asan -j $(JOBS)
@@ -22,7 +28,7 @@ run: build
 
 # Each runner prints its own summary; the first failure fails the target,
 # but every runner still runs so the summaries are complete.
-test: build build-asan
+test: build build-asan build-portable
 	@rc=0; \
 	$(MAKE) --no-print-directory test-c || rc=1; \
 	$(MAKE) --no-print-directory test-py || rc=1; \

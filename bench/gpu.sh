@@ -94,12 +94,17 @@ EOF
 fi
 
 # --- strata ---------------------------------------------------------------------
+# A binary built elsewhere finds this tree's python/ and configs/ through
+# STRATA_SOURCE_DIR, not through the path it was built in.
+export STRATA_SOURCE_DIR="$PWD"
 works() { [ -x "$1" ] && "$1" config --schema >/dev/null 2>&1; }
 STRATA=""
 if [ -n "${STRATA_BIN:-}" ] && works "$STRATA_BIN"; then
   STRATA="$STRATA_BIN"
 elif [ "$DRY" = 1 ] && works build/strata; then
   STRATA=build/strata
+elif [ "$DRY" = 0 ] && [ -n "$PLUGIN" ] && works build-portable/strata; then
+  STRATA=build-portable/strata  # `make build-portable` here, carried: needs only glibc there
 elif [ "$DRY" = 0 ] && [ -n "$PLUGIN" ]; then
   if command -v cmake >/dev/null && command -v cc >/dev/null; then
     log "building strata in build-gpu/"

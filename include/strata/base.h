@@ -74,6 +74,11 @@ int st_fs_lock_inherited(const char* path);
 void st_fs_lock_hand_down(int fd);
 /* rm -rf; missing is fine. */
 st_status st_fs_remove_tree(const char* path);
+/* The strata repository (python/, configs/, .venv/): $STRATA_SOURCE_DIR
+ * when set and not empty, else the path the build was configured in. A
+ * binary carried to another machine or moved tree sets the variable. Never
+ * NULL; "" when neither is known. */
+const char* st_source_dir(void);
 /* Joins two path parts into a new string owned by the caller (free). */
 char* st_path_join(const char* a, const char* b);
 /* Default cache root: $STRATA_CACHE_DIR, else $HOME/.cache/strata, else

@@ -163,6 +163,15 @@ void st_fs_lock_hand_down(int fd) {
   setenv(ST__LOCK_FD_ENV, num, 1);
 }
 
+#ifndef STRATA_SOURCE_DIR
+#define STRATA_SOURCE_DIR ""
+#endif
+
+const char* st_source_dir(void) {
+  const char* env = getenv("STRATA_SOURCE_DIR");
+  return env && env[0] ? env : STRATA_SOURCE_DIR;
+}
+
 st_status st_fs_mkdirs(const char* path) {
   char buf[PATH_MAX];
   if (snprintf(buf, sizeof(buf), "%s", path) >= (int)sizeof(buf))

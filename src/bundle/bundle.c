@@ -283,7 +283,7 @@ void st_bundle_key(const char* model_json, char out[17]) {
   st_strbuf_printf(&s, "schema=%d\nmodel=%s\n", ST_BUNDLE_SCHEMA_VERSION, model_json);
   /* The exporter's sources are part of the key: a changed model or export
    * rule must never be served from an old bundle. */
-  const char* folder = STRATA_SOURCE_DIR "/python/strata_jax";
+  char* folder = st_path_join(st_source_dir(), "python/strata_jax");
   DIR* d = opendir(folder);
   if (d) {
     char** names = NULL;
@@ -307,6 +307,7 @@ void st_bundle_key(const char* model_json, char out[17]) {
     }
     free(names);
   }
+  free(folder);
   char sha[65];
   st_sha256_hex(s.data, s.len, sha);
   st_strbuf_free(&s);
@@ -318,7 +319,7 @@ char* st_bundle_python(void) {
   const char* env = getenv("STRATA_PYTHON");
   if (env && env[0]) return strdup(env);
   if (access(".venv/bin/python", X_OK) == 0) return strdup(".venv/bin/python");
-  return strdup(STRATA_SOURCE_DIR "/.venv/bin/python");
+  return st_path_join(st_source_dir(), ".venv/bin/python");
 }
 
 static char* st__tail_of_file(const char* path, size_t max) {
@@ -366,7 +367,8 @@ st_status st_bundle_export(const char* model_json, const char* key, const char* 
     if (f) dup2(fileno(stdout), 2);
     const char* old = getenv("PYTHONPATH");
     st_strbuf pp = {0};
-    st_strbuf_append(&pp, STRATA_SOURCE_DIR "/python");
+    st_strbuf_append(&pp, st_source_dir());
+    st_strbuf_append(&pp, "/python");
     if (old && old[0]) st_strbuf_printf(&pp, ":%s", old);
     setenv("PYTHONPATH", pp.data, 1);
     /* Export is trace + lower only: keep JAX off any accelerator. */

@@ -18,12 +18,11 @@
 #include <xxhash.h>
 
 #include "config/internal.h"
+#include "strata/base.h"
 
-#ifdef STRATA_SOURCE_DIR
-#define ST__CONFIGS_DIR STRATA_SOURCE_DIR "/configs"
-#else
-#define ST__CONFIGS_DIR "configs"
-#endif
+/* The repository's configs/ folder (st_source_dir), with a trailing slash;
+ * owned by caller. */
+static char* st__configs_dir(void) { return st_path_join(st_source_dir(), "configs/"); }
 
 enum {
   kMaxChain = 16,                  /* base_config parents, file included */
@@ -589,7 +588,9 @@ static st_status st__load_chain(const char* path, st__cfg_file* chain, int* n) {
     char* candidate = st__join_dir_of(child->display, rel);
     if (!candidate) return st__oom();
     if (!st__exists(candidate) && rel[0] != '/') {
-      char* in_configs = st__join_dir_of(ST__CONFIGS_DIR "/", rel);
+      char* configs = st__configs_dir();
+      char* in_configs = configs ? st__join_dir_of(configs, rel) : NULL;
+      free(configs);
       if (!in_configs) {
         free(candidate);
         return st__oom();
@@ -641,11 +642,14 @@ static st_status st__load_files(st_config* c, const char* path) {
   memset(&root, 0, sizeof(root));
   bool have_root = false;
   if (!s) {
-    char* root_real = realpath(ST__CONFIGS_DIR "/base.yml", NULL);
+    char* configs = st__configs_dir();
+    char* root_path = st_path_join(configs, "base.yml");
+    free(configs);
+    char* root_real = realpath(root_path, NULL);
     bool in_chain = false;
     for (int i = 0; root_real && i < n; ++i) in_chain |= !strcmp(chain[i].real, root_real);
     if (root_real && !in_chain) {
-      char* shown = st__display_path(ST__CONFIGS_DIR "/base.yml");
+      char* shown = st__display_path(root_path);
       s = shown ? st__load_file(&root, shown, NULL) : st__oom();
       free(shown);
       have_root = true;
@@ -654,6 +658,7 @@ static st_status st__load_files(st_config* c, const char* path) {
                            root.doc.base_line);
     }
     free(root_real);
+    free(root_path);
   }
   if (!s && have_root) s = st__apply_doc(c, root.display, &root.doc);
   for (int i = n - 1; !s && i >= 0; --i) s = st__apply_doc(c, chain[i].display, &chain[i].doc);

@@ -150,6 +150,9 @@ static const st__cfg_section kSections[] = {
 static const st__cfg_env kEnvs[] = {
     {"STRATA_PJRT_PLUGIN", "PJRT plugin used when runtime.plugin is empty."},
     {"STRATA_CACHE_DIR", "Cache folder used when runtime.cache_dir is empty."},
+    {"STRATA_PYTHON", "Interpreter that runs the exporter; default: the repository's .venv/bin/python."},
+    {"STRATA_SOURCE_DIR",
+     "The strata repository (python/, configs/, .venv/) when the binary runs outside the tree it was built in."},
 };
 
 /* ---- cross-field rules -------------------------------------------------- */

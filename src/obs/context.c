@@ -48,8 +48,13 @@ char* st_context_json(const st_context_facts* f) {
   st__kv(&b, "run_id", f->run_id);
   st__kv(&b, "strata_version", STRATA_VERSION);
   char commit[128], dirty[256];
-  st__command_line("git -C '" STRATA_SOURCE_DIR "' rev-parse HEAD 2>/dev/null", commit, sizeof(commit));
-  st__command_line("git -C '" STRATA_SOURCE_DIR "' status --porcelain --untracked-files=no 2>/dev/null | head -1", dirty, sizeof(dirty));
+  st_strbuf cmd = {0};
+  st_strbuf_printf(&cmd, "git -C '%s' rev-parse HEAD 2>/dev/null", st_source_dir());
+  st__command_line(cmd.data, commit, sizeof(commit));
+  cmd.len = 0;
+  st_strbuf_printf(&cmd, "git -C '%s' status --porcelain --untracked-files=no 2>/dev/null | head -1", st_source_dir());
+  st__command_line(cmd.data, dirty, sizeof(dirty));
+  st_strbuf_free(&cmd);
   st__kv(&b, "git_commit", commit);
   st_strbuf_printf(&b, ", \"git_dirty\": %s", commit[0] ? (dirty[0] ? "true" : "false") : "null");
   st__kv(&b, "jax_version", f->jax_version);

@@ -14,10 +14,7 @@
 #include <unistd.h>
 
 #include "runtime/rt_internal.h"
-
-#ifndef STRATA_SOURCE_DIR
-#define STRATA_SOURCE_DIR ""
-#endif
+#include "strata/base.h"
 
 /*===-------------------------------------------------------------------===*/
 /* Small helpers                                                            */
@@ -188,8 +185,7 @@ static st_status st__find_plugin(const st_runtime_options* o, char** out_path) {
   if (!hit) {
     /* The repository's own .venv; STRATA_SOURCE_DIR in the environment
      * replaces the compiled-in path (relocated trees, tests). */
-    const char* src = getenv("STRATA_SOURCE_DIR");
-    if (!src) src = STRATA_SOURCE_DIR;
+    const char* src = st_source_dir();
     if (src[0]) hit = st__search_root(src, &searched);
   }
   if (hit) {

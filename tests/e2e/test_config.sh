@@ -131,4 +131,19 @@ expect_error "$ROOT" 2 "missing CONFIG (a YAML file, e.g. configs/tiny.yml; see 
 expect_error "$ROOT" 2 "missing CONFIG before 'train.steps=5' (strata config CONFIG [key=value ...])" -- config train.steps=5
 expect_error "$ROOT" 2 "unknown option '--bogus' (see strata config --help)" -- config --bogus configs/tiny.yml
 
+# --- a relocated tree: $STRATA_SOURCE_DIR replaces the build's path ---------------------
+# (a binary carried to another machine, e.g. bench/gpu.sh's): the root
+# config, the exporter's sources and with them the bundle key come from there.
+mkdir -p "$TMP/reloc" "$TMP/elsewhere"
+cp -r "$ROOT/configs" "$ROOT/python" "$TMP/reloc/"
+sed -i 's/^seed: 0 /seed: 11/' "$TMP/reloc/configs/base.yml"
+(cd "$TMP/elsewhere" && STRATA_SOURCE_DIR="$TMP/reloc" "$STRATA" config "$ROOT/configs/test.yml") >"$TMP/reloc.out" 2>&1
+check "STRATA_SOURCE_DIR: the root config comes from the relocated tree" "grep -Eq '^seed +11 +.*reloc/configs/base.yml:' '$TMP/reloc.out'"
+key_of() { (cd "$TMP/elsewhere" && STRATA_CACHE_DIR="$TMP/cache" STRATA_PYTHON="$ROOT/.venv/bin/python" "$@" "$STRATA" export "$ROOT/configs/test.yml") 2>&1 | grep -Eo 'bundles/[0-9a-f]{16}' | head -1; }
+K0=$(key_of env STRATA_SOURCE_DIR="$TMP/reloc")
+echo "# a changed exporter source" >> "$TMP/reloc/python/strata_jax/model.py"
+K1=$(key_of env STRATA_SOURCE_DIR="$TMP/reloc")
+check "STRATA_SOURCE_DIR: the relocated tree exports ($K0)" "[ -n '$K0' ] && [ -f '$TMP/cache/$K0/manifest.json' ]"
+check "STRATA_SOURCE_DIR: the bundle key hashes the relocated exporter's sources ($K0 -> $K1)" "[ -n '$K1' ] && [ '$K0' != '$K1' ]"
+
 finish test_config.sh

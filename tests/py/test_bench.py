@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from typing import Any
@@ -173,6 +174,16 @@ def test_gpu_script_dry_run(tmp_path: Any) -> None:
     out = tmp_path / "gpu"
     env = {k: v for k, v in os.environ.items() if k not in ("STRATA_BIN", "STRATA_PYTHON", "OUT")}
     env["STRATA_CACHE_DIR"] = str(tmp_path / "cache")
+    # The binary a GPU session carries (`make build-portable`): it needs only
+    # glibc there, and runs from another folder.
+    portable = os.path.join(ROOT, "build-portable", "strata")
+    assert os.access(portable, os.X_OK), "build-portable/strata missing: `make build-portable` (make test builds it)"
+    deps = subprocess.run(["ldd", portable], capture_output=True, text=True).stdout
+    assert not [d for d in ("libyaml", "libxxhash", "libcrypto") if d in deps], deps
+    carried = tmp_path / "carried" / "strata"
+    carried.parent.mkdir()
+    shutil.copy2(portable, carried)
+    env["STRATA_BIN"] = str(carried)
     r = subprocess.run([script, "--dry-run", "--out", str(out)], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -184,5 +195,6 @@ def test_gpu_script_dry_run(tmp_path: Any) -> None:
     for k in ("strata", "unroll", "scan"):
         assert res[k]["median_s"] > 0, k
     assert res["strata_warm"]["cache_hits"] > 0
+    assert f"strata: {carried}" in r.stderr, r.stderr
     md = next(out.glob("gpu-dry-*.md")).read_text()
     assert md.count("| strata |") == 1 and "| unroll |" in md and "| scan |" in md
