@@ -808,17 +808,21 @@ def markdown(res: dict[str, Any]) -> str:
                          fmt(c.get("init_s"), " s"), fmt(w["startup_s"], " s"),
                          f"{fmt(u['lower_s'], ' s')} + {fmt(u['compile_s'], ' s')}",
                          f"{fmt(s['lower_s'], ' s')} + {fmt(s['compile_s'], ' s')}",
-                         fmt(ratio(u["lower_plus_compile_s"], c["startup_s"]), "×")])
+                         fmt(ratio(u["lower_plus_compile_s"], c["startup_s"]), "×"),
+                         f"{fmt(u.get('process_wall_s'), ' s')} ({fmt(ratio(u.get('process_wall_s'), c['startup_s']), '×')})"])
         L += [md_table(["layers", "strata cold start", "of which: until bundle ready³", "XLA compile⁴",
                         "init run⁵", "strata warm start", "unroll lower + compile", "scan lower + compile",
-                        "unroll / strata cold"], rows), "",
+                        "unroll / strata cold", "unroll whole process⁶ (/ strata cold)"], rows), "",
               f"Fastest of {co.get('rounds', 1)} round(s) per figure, depth order alternating between rounds; "
               "every run's figure is in the JSON (`runs`).  ",
               "³ process start to the `bundle` event: config, data (token file cached), the exporter "
               "(a Python process: interpreter + jax import + lowering every program), runtime creation.  ",
               "⁴ the `compile` event: every program of the step, eval and init, one batch "
               "(per-program seconds in the JSON, `program_seconds`).  ",
-              "⁵ `compile` → `run` events: running the init programs and zeroing the optimizer state.", ""]
+              "⁵ `compile` → `run` events: running the init programs and zeroing the optimizer state.  ",
+              "⁶ the anchor process from start to compiled: interpreter, `import jax`, parameter init, "
+              "trace, lower, compile (and writing its JSON). Like strata's cold start, everything before "
+              "the first step.", ""]
     ov = res.get("overhead")
     if ov:
         L += [f"### Framework overhead ({ov['preset']} preset, {ov['steps']} steps, {ov['warmup']} warm-up)", ""]

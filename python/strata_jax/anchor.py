@@ -39,10 +39,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import model as M
-from .data import DataError, Sampler, read_token_file
+from .data import DataError, Sampler
 from .model import ModelConfig
 from .optim import adamw_update, lr_at, sqnorm
-from .reference_train import TrainConfig, _strata, load_config, make_train_step
+from .reference_train import InputError, TrainConfig, add_input_args, load_inputs, make_train_step
 
 Array = jax.Array
 VARIANTS = ("unroll", "scan")
@@ -266,10 +266,7 @@ def _run(config: dict[str, Any], tokens: np.ndarray, variant: str, steps: int | 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m strata_jax.anchor",
                                  description="monolithic jax.jit anchor (unrolled or scanned layers) for bench/")
-    ap.add_argument("config", nargs="?", help="strata config file (resolved with `strata config --json`)")
-    ap.add_argument("overrides", nargs="*", help="key=value overrides, as for `strata train`")
-    ap.add_argument("--config-json", help="resolved config (JSON file or string) instead of CONFIG")
-    ap.add_argument("--tokens", help="token file; default: `strata data CONFIG`")
+    add_input_args(ap)
     ap.add_argument("--variant", choices=VARIANTS + DIAG_VARIANTS, required=True)
     ap.add_argument("--steps", type=int, default=None, help="override train.steps")
     ap.add_argument("--compile-only", action="store_true", help="stop after compiling the step")
@@ -279,18 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     # A warm persistent cache would turn the compile time into a lookup time.
     jax.config.update("jax_enable_compilation_cache", False)
-    if args.config:
-        try:
-            args.config_json = args.config_json or _strata(["config", "--json", args.config, *args.overrides])
-            args.tokens = args.tokens or _strata(["data", args.config, *args.overrides]).splitlines()[0]
-        except RuntimeError as e:
-            print(f"anchor: {e}", file=sys.stderr)
-            return 2
-    if not args.config_json or not args.tokens:
-        ap.error("give CONFIG [k=v ...], or both --config-json and --tokens")
     try:
-        config = load_config(args.config_json)
-        tokens, _vocab = read_token_file(args.tokens)
+        config, tokens = load_inputs(ap, args)
+    except InputError as e:
+        print(f"anchor: {e}", file=sys.stderr)
+        return e.code
+    try:
         device = plugin_device(args.plugin, args.cpu_devices) if args.plugin else None
         result = run(config, tokens, args.variant, args.steps, args.compile_only, device)
     except (OSError, ValueError, KeyError) as e:

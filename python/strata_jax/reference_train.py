@@ -193,17 +193,26 @@ def _strata(args: list[str]) -> str:
     return r.stdout
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m strata_jax.reference_train",
-                                 description="monolithic JAX reference of the strata trainer")
+class InputError(Exception):
+    """Bad inputs of a monolithic run; |code| is the exit code (2 config, 3 data)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def add_input_args(ap: argparse.ArgumentParser) -> None:
+    """CONFIG [k=v ...], or --config-json and --tokens: the inputs of every
+    monolithic JAX run (this reference and the bench anchors)."""
     ap.add_argument("config", nargs="?", help="strata config file (resolved with `strata config --json`)")
     ap.add_argument("overrides", nargs="*", help="key=value overrides, as for `strata train`")
     ap.add_argument("--config-json", help="resolved config (JSON file or string) instead of CONFIG")
     ap.add_argument("--tokens", help="token file (.tok, docs/data.md); default: `strata data CONFIG`")
-    ap.add_argument("--out", required=True, help="folder for losses.json and params.safetensors")
-    ap.add_argument("--steps", type=int, default=None, help="override train.steps (schedule included)")
-    ap.add_argument("--quiet", action="store_true")
-    args = ap.parse_args(argv)
+
+
+def load_inputs(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[dict[str, Any], np.ndarray]:
+    """(resolved config, tokens) from the arguments of add_input_args.
+    Raises InputError; a missing input is a usage error (ap.error)."""
     if args.config:
         # The C side is the one source of truth for config resolution and
         # tokenization: ask the strata binary rather than re-implementing them.
@@ -211,22 +220,34 @@ def main(argv: list[str] | None = None) -> int:
             args.config_json = args.config_json or _strata(["config", "--json", args.config, *args.overrides])
             args.tokens = args.tokens or _strata(["data", args.config, *args.overrides]).splitlines()[0]
         except RuntimeError as e:
-            print(f"reference_train: {e}", file=sys.stderr)
-            return 2
+            raise InputError(2, str(e)) from e
     if not args.config_json or not args.tokens:
         ap.error("give CONFIG [k=v ...], or both --config-json and --tokens")
     try:
         config = load_config(args.config_json)
         tokens, vocab = read_token_file(args.tokens)
     except (OSError, ValueError, KeyError) as e:
-        print(f"reference_train: bad config: {e}", file=sys.stderr)
-        return 2
+        raise InputError(2, f"bad config: {e}") from e
     except DataError as e:
-        print(f"reference_train: data error: {e}", file=sys.stderr)
-        return 3
+        raise InputError(3, f"data error: {e}") from e
     if vocab > int(config["model"]["vocab_size"]):
-        print(f"reference_train: data error: {args.tokens}: vocab {vocab} > model.vocab_size", file=sys.stderr)
-        return 3
+        raise InputError(3, f"data error: {args.tokens}: vocab {vocab} > model.vocab_size")
+    return config, tokens
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m strata_jax.reference_train",
+                                 description="monolithic JAX reference of the strata trainer")
+    add_input_args(ap)
+    ap.add_argument("--out", required=True, help="folder for losses.json and params.safetensors")
+    ap.add_argument("--steps", type=int, default=None, help="override train.steps (schedule included)")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        config, tokens = load_inputs(ap, args)
+    except InputError as e:
+        print(f"reference_train: {e}", file=sys.stderr)
+        return e.code
     try:
         params, hist = train(config, tokens, args.steps, None if args.quiet else print)
     except DataError as e:
