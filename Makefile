@@ -54,7 +54,7 @@ bench: build
 	@$(PY) bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-portable build-fuzz
 
 # Config fuzzing (tests/fuzz/run.sh): libFuzzer + ASan + UBSan over the YAML,
 # override and schema path, corpus seeded from configs/. Crashes land in
