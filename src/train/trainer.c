@@ -220,21 +220,22 @@ static st_status st__compile_programs(st__trainer* t, const st_plan* const* plan
   const st_bundle* b = t->bundle;
   int n_max = extra_count;
   for (int p = 0; p < plan_count; ++p) n_max += plans[p]->program_count;
+  const char** names = calloc((size_t)n_max + 1, sizeof(*names));
   st_program_compile_job* jobs = calloc((size_t)n_max + 1, sizeof(*jobs));
   st_program_signature* sigs = calloc((size_t)n_max + 1, sizeof(*sigs));
   st_tensor_type** types = calloc((size_t)n_max + 1, sizeof(*types));
   int* index = calloc((size_t)n_max + 1, sizeof(*index));
   bool* queued = calloc((size_t)b->program_count + 1, sizeof(bool));
-  st_status s = jobs && sigs && types && index && queued ? ST_OK : st_status_make(ST_CODE_INTERNAL, "out of memory (compile jobs)");
+  st_status s = names && jobs && sigs && types && index && queued
+                    ? ST_OK
+                    : st_status_make(ST_CODE_INTERNAL, "out of memory (compile jobs)");
+  int m = 0;
+  for (int p = 0; p < plan_count && !s; ++p)
+    for (int i = 0; i < plans[p]->program_count; ++i) names[m++] = plans[p]->programs[i];
+  for (int i = 0; i < extra_count && !s; ++i) names[m++] = extra[i];
   int n = 0;
-  for (int k = 0; k < n_max && !s; ++k) {
-    const char* name = NULL;
-    int left = k;
-    for (int p = 0; p < plan_count && !name; ++p) {
-      if (left < plans[p]->program_count) name = plans[p]->programs[left];
-      left -= plans[p]->program_count;
-    }
-    if (!name) name = extra[left];
+  for (int k = 0; k < m && !s; ++k) {
+    const char* name = names[k];
     const st_bundle_program* bp = st_bundle_program_find(b, name);
     if (!bp) {
       s = st_status_make(ST_CODE_RUNTIME, "bundle %s has no program '%s'", b->dir, name);
@@ -261,6 +262,7 @@ static st_status st__compile_programs(st__trainer* t, const st_plan* const* plan
     }
     free(types[j]);
   }
+  free(names);
   free(jobs);
   free(sigs);
   free(types);
