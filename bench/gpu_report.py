@@ -216,7 +216,10 @@ def main(argv: list[str] | None = None) -> int:
             s = R.strata_step_summary(r["metrics"], warmup)
             s.update({"startup_s": ev.get("run", {}).get("startup_seconds"),
                       "compile_s": ev.get("compile", {}).get("seconds"), "maxrss_bytes": r["proc"].maxrss_bytes,
-                      "device": ev.get("init", {}).get("context", {}).get("devices")})
+                      "device": ev.get("init", {}).get("context", {}).get("devices"),
+                      # where a GPU cold start goes, program by program (one shot at a lent machine)
+                      "program_seconds": ev.get("compile", {}).get("program_seconds"),
+                      "compile_threads": ev.get("compile", {}).get("threads")})
             return s
         res["strata"] = rep.part("strata_cold_and_steps", 60, strata_steps)
 

@@ -195,6 +195,7 @@ def test_gpu_script_dry_run(tmp_path: Any) -> None:
     for k in ("strata", "unroll", "scan"):
         assert res[k]["median_s"] > 0, k
     assert res["strata_warm"]["cache_hits"] > 0
+    assert "block_bwd_res" in res["strata"]["program_seconds"] and res["strata"]["compile_threads"] >= 1
     assert f"strata: {carried}" in r.stderr, r.stderr
     md = next(out.glob("gpu-dry-*.md")).read_text()
     assert md.count("| strata |") == 1 and "| unroll |" in md and "| scan |" in md
