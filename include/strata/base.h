@@ -59,7 +59,9 @@ bool st_fs_is_dir(const char* path);
  * the lock and the file holds this process's pid. The kernel releases the
  * lock when the process exits, however it exits (SIGKILL included), so a
  * crashed holder never leaves a stale lock. When another process holds it:
- * *out_fd = -1, *out_holder = its pid (0 if unknown) and ST_OK. */
+ * *out_fd = -1, *out_holder = its pid (0 if unknown) and ST_OK. When the
+ * filesystem has no flock (some network filesystems): *out_fd = -1,
+ * *out_holder = -1 and ST_OK; the caller decides whether to go on unlocked. */
 st_status st_fs_lock(const char* path, int* out_fd, long* out_holder);
 /* A lock a parent process took with st_fs_lock and handed to this child as
  * an inherited descriptor, whose number is in $STRATA_RUN_LOCK_FD (see

@@ -117,6 +117,12 @@ st_status st_fs_lock(const char* path, int* out_fd, long* out_holder) {
   }
   if (rc != 0) {
     int saved = errno;
+    if (saved == ENOLCK || saved == EOPNOTSUPP || saved == ENOSYS) {
+      /* Some network filesystems have no flock: run unlocked, say so. */
+      close(fd);
+      *out_holder = -1;
+      return ST_OK;
+    }
     if (saved != EWOULDBLOCK) {
       close(fd);
       return st_status_make(ST_CODE_IO, "cannot lock '%s': %s", path, strerror(saved));

@@ -369,7 +369,10 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
     char* lock = st_path_join(S.dir, ".lock");
     long holder = 0;
     s = st_fs_lock(lock, &S.lock_fd, &holder);
-    if (!s && S.lock_fd < 0)
+    if (!s && S.lock_fd < 0 && holder == -1)
+      fprintf(stderr, "strata run: warning: %s: this filesystem has no flock; nothing stops a second process from using %s\n",
+              lock, S.dir);
+    else if (!s && S.lock_fd < 0)
       s = st_status_make(ST_CODE_CONFIG,
                          "run directory '%s' is in use by another strata process (pid %ld holds %s); wait for it or stop "
                          "it, or set run.dir to a new folder",

@@ -177,7 +177,10 @@ static st_status st__make_run_dir(const st_config* cfg, const st_train_options* 
     /* Under `strata run` the supervisor holds the lock and hands it down. */
     *out_lock_fd = st_fs_lock_inherited(lock);
     if (*out_lock_fd < 0) s = st_fs_lock(lock, out_lock_fd, &holder);
-    if (!s && *out_lock_fd < 0)
+    if (!s && *out_lock_fd < 0 && holder == -1)
+      fprintf(stderr, "strata: warning: %s: this filesystem has no flock; nothing stops a second process from using %s\n",
+              lock, d.data);
+    else if (!s && *out_lock_fd < 0)
       s = st_status_make(ST_CODE_CONFIG,
                          "run directory '%s' is in use by another strata process (pid %ld holds %s); wait for it or stop "
                          "it, or set run.dir to a new folder",

@@ -13,7 +13,8 @@
  *   - retention (keep, keep_every, LATEST protected);
  *   - the writer thread (one save in flight);
  *   - fault injection: crash_in_save kills with SIGKILL and is recorded,
- *     a second st_faults disarms it; io_error_at_save; corrupt_checkpoint. */
+ *     a second st_faults disarms it; io_error_at_save; corrupt_checkpoint;
+ *   - the run directory lock, across processes, SIGKILL and hand-down. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -652,6 +653,81 @@ static void test_faults(void** state) {
   free(run);
 }
 
+/* The run directory lock (st_fs_lock): busy for another open, also in
+ * another process; released by close and by SIGKILL; handed to a child
+ * through an inherited descriptor ($STRATA_RUN_LOCK_FD). */
+static void test_run_dir_lock(void** state) {
+  (void)state;
+  char* dir = tu_tmpdir("lock");
+  char path[1100], other[1100];
+  snprintf(path, sizeof(path), "%s/.lock", dir);
+  snprintf(other, sizeof(other), "%s/.other", dir);
+  int fd = -1, busy = -1;
+  long holder = 0;
+  ASSERT_OK(st_fs_lock(path, &fd, &holder));
+  assert_true(fd >= 0);
+  char* text = NULL;
+  size_t n = 0;
+  ASSERT_OK(st_fs_read_file(path, &text, &n));
+  assert_int_equal(strtol(text, NULL, 10), (long)getpid());
+  free(text);
+  /* A second open description is refused, naming the holder. */
+  ASSERT_OK(st_fs_lock(path, &busy, &holder));
+  assert_int_equal(busy, -1);
+  assert_int_equal(holder, (long)getpid());
+
+  /* Another process: refused while we hold it; a handed-down descriptor is
+   * adopted, a descriptor of another file is not. */
+  pid_t pid = fork();
+  if (pid == 0) {
+    int b = -1;
+    long h = 0;
+    if (st_fs_lock(path, &b, &h) || b != -1 || h != (long)getppid()) _exit(1);
+    if (st_fs_lock_inherited(path) != -1) _exit(2); /* nothing handed down yet */
+    st_fs_lock_hand_down(fd);
+    if (st_fs_lock_inherited(other) != -1) _exit(3);
+    if (st_fs_lock_inherited(path) != fd) _exit(4);
+    _exit(0);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+
+  /* A holder killed by SIGKILL leaves no stale lock. */
+  int ready[2];
+  assert_int_equal(pipe(ready), 0);
+  pid = fork();
+  if (pid == 0) {
+    int b = -1;
+    long h = 0;
+    if (st_fs_lock(other, &b, &h) || b < 0) _exit(1);
+    if (write(ready[1], "x", 1) != 1) _exit(2);
+    pause();
+    _exit(0);
+  }
+  char c;
+  assert_int_equal(read(ready[0], &c, 1), 1);
+  ASSERT_OK(st_fs_lock(other, &busy, &holder));
+  assert_int_equal(busy, -1);
+  assert_int_equal(holder, (long)pid);
+  kill(pid, SIGKILL);
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  ASSERT_OK(st_fs_lock(other, &busy, &holder));
+  assert_true(busy >= 0);
+  close(busy);
+  close(ready[0]);
+  close(ready[1]);
+
+  /* Closing releases it. */
+  close(fd);
+  ASSERT_OK(st_fs_lock(path, &fd, &holder));
+  assert_true(fd >= 0);
+  close(fd);
+  tu_rmtree(dir);
+  free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_safetensors_round_trip_and_refusals),
@@ -662,6 +738,7 @@ int main(void) {
       cmocka_unit_test(test_retention),
       cmocka_unit_test(test_writer_thread),
       cmocka_unit_test(test_faults),
+      cmocka_unit_test(test_run_dir_lock),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
