@@ -21,6 +21,14 @@ extern "C" {
 
 typedef struct st_runlog st_runlog;
 
+/* Makes run directory |dir| this process's alone (docs/checkpoints.md,
+ * "One process per run directory"): adopts the lock `strata run` handed
+ * down, else takes <dir>/.lock. *out_fd (owned by caller; close it last, or
+ * let exit release it) is -1 only when the filesystem has no flock, which
+ * is warned about on stderr. Another live holder is ST_CODE_CONFIG (exit 2)
+ * naming its pid. |dir| must exist. */
+st_status st_runlog_lock_dir(const char* dir, int* out_fd);
+
 /* Opens (appending) <dir>/events.jsonl and <dir>/metrics.jsonl. */
 st_status st_runlog_open(const char* dir, st_runlog** out_log /* owned by caller */);
 void st_runlog_close(st_runlog* log); /* NULL is a no-op */

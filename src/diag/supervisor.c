@@ -24,6 +24,7 @@
 
 #include "strata/base.h"
 #include "strata/diag.h"
+#include "strata/obs.h"
 
 static volatile sig_atomic_t g_stop_signal = 0;
 static volatile sig_atomic_t g_child = 0;
@@ -365,20 +366,7 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
   /* The supervisor holds the run directory's lock across restarts (each
    * child inherits it), so nothing else can slip in between two attempts,
    * and a second supervisor is refused before it writes an event. */
-  if (!s) {
-    char* lock = st_path_join(S.dir, ".lock");
-    long holder = 0;
-    s = st_fs_lock(lock, &S.lock_fd, &holder);
-    if (!s && S.lock_fd < 0 && holder == -1)
-      fprintf(stderr, "strata run: warning: %s: this filesystem has no flock; nothing stops a second process from using %s\n",
-              lock, S.dir);
-    else if (!s && S.lock_fd < 0)
-      s = st_status_make(ST_CODE_CONFIG,
-                         "run directory '%s' is in use by another strata process (pid %ld holds %s); wait for it or stop "
-                         "it, or set run.dir to a new folder",
-                         S.dir, holder, lock);
-    free(lock);
-  }
+  if (!s) s = st_runlog_lock_dir(S.dir, &S.lock_fd);
   if (s) goto done;
   S.tail_offset = st__size(S.events_path);
 

@@ -8,6 +8,24 @@
 #include "strata/base.h"
 #include "strata/obs.h"
 
+st_status st_runlog_lock_dir(const char* dir, int* out_fd) {
+  char* lock = st_path_join(dir, ".lock");
+  long holder = 0;
+  st_status s = ST_OK;
+  *out_fd = st_fs_lock_inherited(lock);
+  if (*out_fd < 0) s = st_fs_lock(lock, out_fd, &holder);
+  if (!s && *out_fd < 0 && holder == -1)
+    fprintf(stderr, "strata: warning: %s: this filesystem has no flock; nothing stops a second process from using %s\n",
+            lock, dir);
+  else if (!s && *out_fd < 0)
+    s = st_status_make(ST_CODE_CONFIG,
+                       "run directory '%s' is in use by another strata process (pid %ld holds %s); wait for it or stop "
+                       "it, or set run.dir to a new folder",
+                       dir, holder, lock);
+  free(lock);
+  return s;
+}
+
 struct st_runlog {
   FILE* events;
   FILE* metrics;

@@ -171,22 +171,7 @@ static st_status st__make_run_dir(const st_config* cfg, const st_train_options* 
     st_strbuf_printf(&d, "runs/%s", id);
   }
   st_status s = st_fs_mkdirs(d.data);
-  if (!s) {
-    char* lock = st_path_join(d.data, ".lock");
-    long holder = 0;
-    /* Under `strata run` the supervisor holds the lock and hands it down. */
-    *out_lock_fd = st_fs_lock_inherited(lock);
-    if (*out_lock_fd < 0) s = st_fs_lock(lock, out_lock_fd, &holder);
-    if (!s && *out_lock_fd < 0 && holder == -1)
-      fprintf(stderr, "strata: warning: %s: this filesystem has no flock; nothing stops a second process from using %s\n",
-              lock, d.data);
-    else if (!s && *out_lock_fd < 0)
-      s = st_status_make(ST_CODE_CONFIG,
-                         "run directory '%s' is in use by another strata process (pid %ld holds %s); wait for it or stop "
-                         "it, or set run.dir to a new folder",
-                         d.data, holder, lock);
-    free(lock);
-  }
+  if (!s) s = st_runlog_lock_dir(d.data, out_lock_fd);
   char* metrics = st_path_join(d.data, "metrics.jsonl");
   bool used = st_fs_exists(metrics);
   free(metrics);
