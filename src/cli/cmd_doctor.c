@@ -77,6 +77,8 @@ static void st__print_runtime(st_runtime* rt) {
   printf("platform:      %s (version %s)\n", info.platform_name, info.platform_version);
   printf("xla version:   %s\n", info.xla_version[0] ? info.xla_version : "(not reported)");
   printf("PJRT C API:    %d.%d\n", info.api_major, info.api_minor);
+  printf("compile:       %d program%s at once (runtime.compile_threads; 0 = one per two CPUs)\n",
+         st_runtime_compile_threads(rt), st_runtime_compile_threads(rt) == 1 ? "" : "s");
   printf("devices:       %d\n", info.device_count);
   for (int d = 0; d < info.device_count; ++d) {
     st_device_info di;

@@ -16,6 +16,11 @@ source "$(dirname "$0")/lib.sh"
 
 BASE=(configs/test.yml runtime.deterministic=true run.progress=off)
 
+# --- doctor -----------------------------------------------------------------------
+expect_exit 0 "status: +ok" doctor
+check "doctor: plugin, API version, compile threads, devices, a matmul figure" \
+  "grep -Eq '^PJRT C API: +0\.[0-9]+' '$TMP/out' && grep -Eq '^compile: +[0-9]+ programs? at once' '$TMP/out' && grep -Eq '^devices: +2' '$TMP/out' && grep -Eq '^matmul: .*GFLOP/s' '$TMP/out'"
+
 # --- a good run and its directory -------------------------------------------
 if "$STRATA" train "${BASE[@]}" run.dir="$TMP/r1" >"$TMP/out1" 2>"$TMP/err1"; then ok; else bad "train exited $?: $(tail -5 "$TMP/err1")"; fi
 check "prints the run directory" "grep -q 'run directory: $TMP/r1' '$TMP/out1'"
