@@ -37,6 +37,10 @@ void st_strbuf_json_number(st_strbuf* b, double v);
 const char* st_strbuf_cstr(const st_strbuf* b); /* "" when empty */
 void st_strbuf_reset(st_strbuf* b);              /* keeps capacity */
 void st_strbuf_free(st_strbuf* b);
+/* Copies of |s| (its first |n| bytes), NUL-terminated, owned by caller
+ * (free); NULL only on out of memory. st_strdup(NULL) is "". */
+char* st_strndup(const char* s, size_t n);
+char* st_strdup(const char* s);
 /* Aborts on out of memory: strings are small and an OOM here means the
  * process cannot report anything anyway. */
 

@@ -87,3 +87,13 @@ void st_strbuf_free(st_strbuf* b) {
   b->data = NULL;
   b->len = b->cap = 0;
 }
+
+char* st_strndup(const char* s, size_t n) {
+  char* p = malloc(n + 1);
+  if (!p) return NULL;
+  if (n) memcpy(p, s, n);
+  p[n] = '\0';
+  return p;
+}
+
+char* st_strdup(const char* s) { return s ? st_strndup(s, strlen(s)) : st_strndup("", 0); }

@@ -184,12 +184,12 @@ static st_status st__parse_value(const st__cfg_key* k, const st__cfg_entry* e, c
       return st__type_error(k, t, n, "a bool", src);
     case ST__CFG_ENUM:
       if (!st__enum_has(k->choices, t, n)) return st__type_error(k, t, n, "an allowed value", src);
-      out->s = st__cfg_strndup(t, n);
+      out->s = st_strndup(t, n);
       return out->s ? ST_OK : st__oom();
     case ST__CFG_STRING:
       if (e->kind == ST__ENTRY_NULL) n = 0; /* "key:" or "key: ~" is the empty string */
       ST_RETURN(st__check_text(k, t, n, src));
-      out->s = st__cfg_strndup(t, n);
+      out->s = st_strndup(t, n);
       return out->s ? ST_OK : st__oom();
     case ST__CFG_LIST:
       if (e->kind == ST__ENTRY_NULL) return ST_OK; /* "key:" is the empty list */
@@ -200,7 +200,7 @@ static st_status st__parse_value(const st__cfg_key* k, const st__cfg_entry* e, c
       }
       for (int j = 0; j < e->item_count; ++j) {
         ST_RETURN(st__check_text(k, e->items[j], e->item_lens[j], src));
-        out->items[j] = st__cfg_strndup(e->items[j], e->item_lens[j]);
+        out->items[j] = st_strndup(e->items[j], e->item_lens[j]);
         if (!out->items[j]) return st__oom();
         out->n = j + 1;
       }
@@ -289,7 +289,7 @@ static st_status st__apply(st_config* c, const st__cfg_entry* e, const char* whe
   const st__cfg_key* k = &st__cfg_schema(&count)[idx];
   st__cfg_value v = {0};
   st_status s = st__parse_value(k, e, src, &v);
-  if (!s && !(v.source = st__cfg_strdup(src))) s = st__oom();
+  if (!s && !(v.source = st_strdup(src))) s = st__oom();
   if (s) {
     st__value_clear(&v);
     return s;
@@ -387,7 +387,7 @@ static st_status st__apply_override(st_config* c, const char* arg, const char* s
     st__cfg_quote(arg, strlen(arg), shown, sizeof(shown));
     return st_status_make(ST_CODE_CONFIG, "'%s' is not key=value (%s)", shown, src);
   }
-  char* key = st__cfg_strndup(arg, (size_t)(eq - arg));
+  char* key = st_strndup(arg, (size_t)(eq - arg));
   if (!key) return st__oom();
   const char* value = eq + 1;
   st_status s = ST_OK;
@@ -507,7 +507,7 @@ static bool st__exists(const char* path) { return access(path, F_OK) == 0; }
 /* |rel| resolved against the folder of |from| ("configs/tiny.yml" + "base.yml"
  * -> "configs/base.yml"). */
 static char* st__join_dir_of(const char* from, const char* rel) {
-  if (rel[0] == '/') return st__cfg_strdup(rel);
+  if (rel[0] == '/') return st_strdup(rel);
   const char* slash = strrchr(from, '/');
   st__cfg_buf b = {0};
   if (slash) {
@@ -527,9 +527,9 @@ static char* st__display_path(const char* path) {
   char cwd[4096];
   if (path[0] == '/' && getcwd(cwd, sizeof(cwd))) {
     size_t n = strlen(cwd);
-    if (n > 1 && !strncmp(path, cwd, n) && path[n] == '/') return st__cfg_strdup(path + n + 1);
+    if (n > 1 && !strncmp(path, cwd, n) && path[n] == '/') return st_strdup(path + n + 1);
   }
-  return st__cfg_strdup(path);
+  return st_strdup(path);
 }
 
 typedef struct {
@@ -556,7 +556,7 @@ static st_status st__load_file(st__cfg_file* f, const char* path, const char* mi
                             strerror(err));
     return st_status_make(ST_CODE_CONFIG, "cannot read config file '%s': %s", path, strerror(err));
   }
-  f->display = st__cfg_strdup(path);
+  f->display = st_strdup(path);
   f->real = realpath(path, NULL);
   st_status s = f->display && f->real ? ST_OK : st__oom();
   if (!s) s = st__cfg_parse_yaml(f->display, text, len, &f->doc);

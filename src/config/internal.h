@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "strata/base.h"
 #include "strata/config.h"
 
 /* ---- schema (schema.c) -------------------------------------------------- */
@@ -84,8 +85,6 @@ void st__cfg_buf_puts(st__cfg_buf* b, const char* s);
 void st__cfg_buf_printf(st__cfg_buf* b, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 void st__cfg_buf_free(st__cfg_buf* b);
 
-char* st__cfg_strndup(const char* s, size_t n); /* NULL on OOM */
-char* st__cfg_strdup(const char* s);            /* NULL on OOM */
 
 /* Shortest text that reads back to exactly |x|, always with a '.' or an
  * exponent so it stays a float in YAML and JSON ("10000.0", "1e-8"). */

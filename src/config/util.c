@@ -54,15 +54,6 @@ void st__cfg_buf_free(st__cfg_buf* b) {
   memset(b, 0, sizeof(*b));
 }
 
-char* st__cfg_strndup(const char* s, size_t n) {
-  char* p = malloc(n + 1);
-  if (!p) return NULL;
-  if (n) memcpy(p, s, n);
-  p[n] = '\0';
-  return p;
-}
-
-char* st__cfg_strdup(const char* s) { return st__cfg_strndup(s, strlen(s)); }
 
 /* "1e+09" -> "1e9", "1e-08" -> "1e-8": the C exponent padding is noise. */
 static void st__tidy_exponent(char* s) {

@@ -80,7 +80,7 @@ static st__cfg_entry* st__add_entry(st__reader* r, int line, int col, st_status*
   }
   st__cfg_entry* e = &d->entries[d->count];
   memset(e, 0, sizeof(*e));
-  e->key = st__cfg_strdup(r->key.data);
+  e->key = st_strdup(r->key.data);
   if (!e->key) goto oom;
   e->line = line;
   e->col = col;
@@ -110,7 +110,7 @@ static st_status st__read_list(st__reader* r, st__cfg_entry* e) {
     if (items) e->items = items;
     size_t* lens = realloc(e->item_lens, (size_t)(e->item_count + 1) * sizeof(*lens));
     if (lens) e->item_lens = lens;
-    char* item = items && lens ? st__cfg_strndup((const char*)ev.data.scalar.value, ev.data.scalar.length) : NULL;
+    char* item = items && lens ? st_strndup((const char*)ev.data.scalar.value, ev.data.scalar.length) : NULL;
     if (!item) {
       yaml_event_delete(&ev);
       return st_status_make(ST_CODE_INTERNAL, "out of memory while reading %s", r->name);
@@ -135,7 +135,7 @@ static st_status st__read_value(st__reader* r, const yaml_event_t* kev, int dept
     case YAML_SCALAR_EVENT:
       if (!(e = st__add_entry(r, line, col, &s))) break;
       e->kind = st__is_null(&ev) ? ST__ENTRY_NULL : ST__ENTRY_SCALAR;
-      e->text = st__cfg_strndup((const char*)ev.data.scalar.value, ev.data.scalar.length);
+      e->text = st_strndup((const char*)ev.data.scalar.value, ev.data.scalar.length);
       e->text_len = ev.data.scalar.length;
       if (!e->text) s = st_status_make(ST_CODE_INTERNAL, "out of memory while reading %s", r->name);
       break;
@@ -203,7 +203,7 @@ static st_status st__read_map(st__reader* r, int depth) {
             s = st_status_make(ST_CODE_CONFIG, "duplicate key 'base_config' in %s:%zu (first set at line %d)", r->name,
                                ev.start_mark.line + 1, r->doc->base_line);
           } else {
-            r->doc->base_config = st__cfg_strndup((const char*)v.data.scalar.value, v.data.scalar.length);
+            r->doc->base_config = st_strndup((const char*)v.data.scalar.value, v.data.scalar.length);
             r->doc->base_line = (int)ev.start_mark.line + 1;
             if (!r->doc->base_config) s = st_status_make(ST_CODE_INTERNAL, "out of memory");
           }

@@ -159,8 +159,8 @@ static st_status st__parse_opt(const char* spec, st__opt* o) {
                           spec);
   const char* val = eq + 1;
   while (*val == ' ') ++val;
-  o->name = st__strndup(start, n);
-  o->text = st__strdup(val);
+  o->name = st_strndup(start, n);
+  o->text = st_strdup(val);
   if (!o->name || !o->text) return st_status_make(ST_CODE_INTERNAL, "out of memory (xla option)");
   size_t tl = strlen(o->text);
   while (tl > 0 && o->text[tl - 1] == ' ') o->text[--tl] = '\0';

@@ -183,7 +183,7 @@ void st__cache_lookup(st_runtime* rt, const char* key, pj_loaded_exe** out) {
 /*--- store --------------------------------------------------------------------*/
 
 static st_status st__mkdirs(const char* dir) {
-  char* p = st__strdup(dir);
+  char* p = st_strdup(dir);
   if (!p) return st_status_make(ST_CODE_INTERNAL, "out of memory (cache dir)");
   for (char* q = p + 1; *q; ++q) {
     if (*q != '/') continue;

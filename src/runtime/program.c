@@ -10,14 +10,14 @@
 /* The first lines of a (often very long) XLA message: enough to see what
  * went wrong without flooding the terminal with the whole module. */
 static char* st__head_lines(const char* msg, int max_lines, size_t max_bytes) {
-  if (!msg) return st__strdup("");
+  if (!msg) return st_strdup("");
   const char* p = msg;
   int lines = 0;
   while (*p && (size_t)(p - msg) < max_bytes) {
     if (*p == '\n' && ++lines >= max_lines) break;
     ++p;
   }
-  if (!*p) return st__strdup(msg);
+  if (!*p) return st_strdup(msg);
   char* out = st__sprintf("%.*s\n  [... XLA message cut, %zu more bytes]", (int)(p - msg), msg, strlen(p));
   return out;
 }
@@ -130,7 +130,7 @@ st_status st_program_compile(st_runtime* rt, const char* name, const void* code,
   st_program* p = calloc(1, sizeof(*p));
   if (!p) return st_status_make(ST_CODE_INTERNAL, "out of memory (program)");
   p->rt = rt;
-  p->name = st__strdup(name);
+  p->name = st_strdup(name);
   st_status s = p->name ? ST_OK : st_status_make(ST_CODE_INTERNAL, "out of memory (program name)");
   if (!s) s = st__program_signature(p, code, code_size, signature);
 

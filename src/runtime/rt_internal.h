@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "runtime/pjrt_abi.h"
+#include "strata/base.h"
 #include "strata/runtime.h"
 #include "strata/status.h"
 
@@ -94,8 +95,6 @@ void st__pj_error_free(const pj_api* api, pj_error* error);
 char* st__pj_message(const pj_api* api, const pj_error* error);
 void st__pj_event_free(const pj_api* api, pj_event* event);
 
-char* st__strdup(const char* s);
-char* st__strndup(const char* s, size_t n);
 char* st__sprintf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /*--- transfer.c -------------------------------------------------------------*/

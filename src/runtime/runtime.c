@@ -14,21 +14,11 @@
 #include <unistd.h>
 
 #include "runtime/rt_internal.h"
-#include "strata/base.h"
 
 /*===-------------------------------------------------------------------===*/
 /* Small helpers                                                            */
 /*===-------------------------------------------------------------------===*/
 
-char* st__strdup(const char* s) { return st__strndup(s ? s : "", s ? strlen(s) : 0); }
-
-char* st__strndup(const char* s, size_t n) {
-  char* p = malloc(n + 1);
-  if (!p) return NULL;
-  if (n) memcpy(p, s, n);
-  p[n] = '\0';
-  return p;
-}
 
 char* st__sprintf(const char* fmt, ...) {
   va_list ap, ap2;
@@ -55,10 +45,10 @@ void st__pj_error_free(const pj_api* api, pj_error* error) {
 }
 
 char* st__pj_message(const pj_api* api, const pj_error* error) {
-  if (!error) return st__strdup("");
+  if (!error) return st_strdup("");
   pj_error_message_args a = {.struct_size = sizeof(a), .error = error};
   api->error_message(&a);
-  return st__strndup(a.message ? a.message : "", a.message ? a.message_size : 0);
+  return st_strndup(a.message ? a.message : "", a.message ? a.message_size : 0);
 }
 
 st_status st__pj_status(const pj_api* api, pj_error* error, const char* fmt, ...) {
@@ -116,7 +106,7 @@ static char* st__glob_last(const char* pattern) {
   if (glob(pattern, 0, NULL, &g) == 0) {
     for (size_t i = g.gl_pathc; i-- > 0;) {
       if (st__is_file(g.gl_pathv[i])) {
-        found = st__strdup(g.gl_pathv[i]);
+        found = st_strdup(g.gl_pathv[i]);
         break;
       }
     }
@@ -158,7 +148,7 @@ static st_status st__find_plugin(const st_runtime_options* o, char** out_path) {
                             "PJRT plugin not found: runtime.plugin=%s does not name a file "
                             "(set runtime.plugin=PATH to an existing pjrt_c_api_*_plugin.so)",
                             o->plugin_path);
-    *out_path = st__strdup(o->plugin_path);
+    *out_path = st_strdup(o->plugin_path);
     return *out_path ? ST_OK : st__oom("plugin path");
   }
   const char* env = getenv("STRATA_PJRT_PLUGIN");
@@ -168,7 +158,7 @@ static st_status st__find_plugin(const st_runtime_options* o, char** out_path) {
                             "PJRT plugin not found: STRATA_PJRT_PLUGIN=%s does not name a file "
                             "(set STRATA_PJRT_PLUGIN or runtime.plugin=PATH to an existing plugin)",
                             env);
-    *out_path = st__strdup(env);
+    *out_path = st_strdup(env);
     return *out_path ? ST_OK : st__oom("plugin path");
   }
   st__searched searched = {.n = 0};
@@ -299,7 +289,7 @@ static st_status st__load_plugin_locked(const char* path, const pj_api** out_api
   st_status s = st__pj_status(api, api->plugin_initialize(&ia), "PJRT plugin %s: initialization failed", path);
   if (s) return s;
   if (g_plugin_count < (int)(sizeof(g_plugins) / sizeof(g_plugins[0]))) {
-    char* copy = st__strdup(key);
+    char* copy = st_strdup(key);
     if (copy) {
       g_plugins[g_plugin_count].path = copy;
       g_plugins[g_plugin_count].api = api;
@@ -339,13 +329,13 @@ static st_status st__read_attributes(st_runtime* rt) {
     if (!v->name || v->name_size != strlen("xla_version") || memcmp(v->name, "xla_version", v->name_size)) continue;
     free(rt->xla_version);
     if (v->type == PJ_NV_STRING)
-      rt->xla_version = st__strndup(v->v.s ? v->v.s : "", v->v.s ? v->value_size : 0);
+      rt->xla_version = st_strndup(v->v.s ? v->v.s : "", v->v.s ? v->value_size : 0);
     else if (v->type == PJ_NV_INT64)
       rt->xla_version = st__sprintf("%lld", (long long)v->v.i64);
     else
-      rt->xla_version = st__strdup("");
+      rt->xla_version = st_strdup("");
   }
-  if (!rt->xla_version) rt->xla_version = st__strdup("");
+  if (!rt->xla_version) rt->xla_version = st_strdup("");
   return rt->xla_version ? ST_OK : st__oom("xla_version");
 }
 
@@ -354,7 +344,7 @@ static st_status st__client_string(st_runtime* rt, bool version, char** out) {
   pj_client_string_args a = {.struct_size = sizeof(a), .client = rt->client};
   pj_error* e = version ? api->client_platform_version(&a) : api->client_platform_name(&a);
   ST_RETURN(st__pj_status(api, e, "PJRT client: reading platform %s", version ? "version" : "name"));
-  *out = st__strndup(a.str ? a.str : "", a.str ? a.str_size : 0);
+  *out = st_strndup(a.str ? a.str : "", a.str ? a.str_size : 0);
   return *out ? ST_OK : st__oom("platform string");
 }
 
@@ -376,10 +366,10 @@ static st_status st__read_devices(st_runtime* rt) {
     d->id = ia.id;
     pj_desc_string_args ka = {.struct_size = sizeof(ka), .desc = da.desc};
     ST_RETURN(st__pj_status(api, api->desc_kind(&ka), "device %zu: kind", i));
-    d->kind = st__strndup(ka.str ? ka.str : "", ka.str ? ka.str_size : 0);
+    d->kind = st_strndup(ka.str ? ka.str : "", ka.str ? ka.str_size : 0);
     pj_desc_string_args ta = {.struct_size = sizeof(ta), .desc = da.desc};
     ST_RETURN(st__pj_status(api, api->desc_to_string(&ta), "device %zu: description", i));
-    d->description = st__strndup(ta.str ? ta.str : "", ta.str ? ta.str_size : 0);
+    d->description = st_strndup(ta.str ? ta.str : "", ta.str ? ta.str_size : 0);
     if (!d->kind || !d->description) return st__oom("device strings");
 
     pj_device_memories_args ma = {.struct_size = sizeof(ma), .device = d->handle};
@@ -393,7 +383,7 @@ static st_status st__read_devices(st_runtime* rt) {
     for (size_t j = 0; j < ma.num_memories && j < ST__MAX_MEMORIES; ++j) {
       pj_memory_kind_args mk = {.struct_size = sizeof(mk), .memory = ma.memories[j]};
       ST_RETURN(st__pj_status(api, api->memory_kind(&mk), "device %zu: memory %zu kind", i, j));
-      d->memory_kinds[j] = st__strndup(mk.kind ? mk.kind : "", mk.kind ? mk.kind_size : 0);
+      d->memory_kinds[j] = st_strndup(mk.kind ? mk.kind : "", mk.kind ? mk.kind_size : 0);
       d->memories[j] = ma.memories[j];
       if (!d->memory_kinds[j]) return st__oom("memory kind");
       d->memory_count = (int)j + 1;
@@ -437,7 +427,7 @@ static st_status st__create_client(st_runtime* rt, const st_runtime_options* o) 
   char* saved_nproc = NULL;
   if (rt->deterministic) {
     const char* cur = getenv("PJRT_NPROC");
-    if (cur) saved_nproc = st__strdup(cur);
+    if (cur) saved_nproc = st_strdup(cur);
     setenv("PJRT_NPROC", "1", 1);
   }
   pj_error* e = st__try_create(api, &opt, 1, &rt->client);
@@ -508,7 +498,7 @@ st_status st_runtime_create(const st_runtime_options* options, st_runtime** out_
     s = st__compile_options_build(options->xla_options, options->xla_option_count, options->deterministic,
                                   &rt->compile_options, &rt->compile_options_size);
   if (!s && options->cache_dir && options->cache_dir[0]) {
-    rt->cache_dir = st__strdup(options->cache_dir);
+    rt->cache_dir = st_strdup(options->cache_dir);
     if (!rt->cache_dir) s = st__oom("cache dir");
   }
   if (!s) s = st__load_plugin(rt->plugin_path, options->tune_host_malloc, &rt->api);

@@ -79,7 +79,7 @@ st_status st_event_on_ready(st_event* ev, st_event_fn fn, void* user) {
   c->api = ev->api;
   c->fn = fn;
   c->user = user;
-  c->context = st__strdup(ev->context ? ev->context : "event");
+  c->context = st_strdup(ev->context ? ev->context : "event");
   pj_event_on_ready_args a = {.struct_size = sizeof(a), .event = ev->handle, .callback = st__on_ready_trampoline, .user = c};
   pj_error* e = ev->api->event_on_ready(&a);
   if (e) {
