@@ -79,6 +79,19 @@ static int st__pslot(st__builder* B, const char* prefix, int param, st_slot_cate
   return st_plan_slot(B->plan, name, cat, &p->type, persistent);
 }
 
+/* The inputs of head_loss and head_eval, in their order: head params, the
+ * tied embedding (|E| non-NULL), then x, targets, mask. Returns the count. */
+static int st__head_inputs(st__builder* B, const st__instance* H, const st__instance* E, int x, int tgt, int mask,
+                           int* in) {
+  int n = 0;
+  for (int k = 0; k < H->count; ++k) in[n++] = st__pslot(B, "", H->params[k], ST_SLOT_PARAM, true);
+  if (E) in[n++] = st__pslot(B, "", E->params[0], ST_SLOT_PARAM, true);
+  in[n++] = x;
+  in[n++] = tgt;
+  in[n++] = mask;
+  return n;
+}
+
 static const st_bundle_program* st__prog(st__builder* B, const char* name, st_status* s) {
   const st_bundle_program* p = st_bundle_program_find(B->bundle, name);
   if (!p && !*s) *s = st_status_make(ST_CODE_RUNTIME, "bundle %s has no program '%s'", B->bundle->dir, name);
@@ -329,12 +342,7 @@ st_status st_train_build_plans(const st_bundle* b, const st_train_options* o, st
       st__scalars(&B, sc);
     }
     /* head_loss(head params, [wte], x, targets, mask) -> loss, head grads, [dwte], dx */
-    int n = 0;
-    for (int k = 0; k < H->count; ++k) in[n++] = st__pslot(&B, "", H->params[k], ST_SLOT_PARAM, true);
-    if (tied) in[n++] = st__pslot(&B, "", E->params[0], ST_SLOT_PARAM, true);
-    in[n++] = x;
-    in[n++] = tgt;
-    in[n++] = mask;
+    int n = st__head_inputs(&B, H, tied ? E : NULL, x, tgt, mask, in);
     snprintf(name, sizeof(name), "loss[%d]", m);
     int no = 0;
     out[no++] = st__xfer(&B, name, &hl->outputs[0].type);
@@ -429,12 +437,7 @@ st_status st_train_build_plans(const st_bundle* b, const st_train_options* o, st
     int tok, tgt, mask, x;
     s = st__forward(&B, inst, n_inst, m, true, remat, &tok, &tgt, &mask, &x);
     if (s) break;
-    int n = 0;
-    for (int k = 0; k < H->count; ++k) in[n++] = st__pslot(&B, "", H->params[k], ST_SLOT_PARAM, true);
-    if (tied) in[n++] = st__pslot(&B, "", E->params[0], ST_SLOT_PARAM, true);
-    in[n++] = x;
-    in[n++] = tgt;
-    in[n++] = mask;
+    int n = st__head_inputs(&B, H, tied ? E : NULL, x, tgt, mask, in);
     int loss = st__xfer(&B, "eval_loss", &scalar);
     st_plan_add(&eval, ST_OP_LAUNCH, st_plan_program(&eval, "head_eval"), -1, m, 0, n, in, 1, &loss);
     int freed[3] = {x, tgt, mask};
