@@ -140,19 +140,22 @@ def init_embed(cfg: ModelConfig, seed: Array) -> Params:
     return {"wte": _normal(key, param_shape(cfg, "wte"), cfg.init_std)}
 
 
-def init_block(cfg: ModelConfig, seed: Array, layer: Array) -> Params:
+def init_block(cfg: ModelConfig, seed: Array, layer: Array, n_layers: Array) -> Params:
     # One normal draw for all seven matrices, cut in BLOCK_MATRICES order:
     # the threefry kernel is compiled once, not seven times (block_init was
     # the slowest program of a cold start to compile; docs/performance.md).
+    # The depth is an input, not a constant: the residual-output scale is
+    # computed on the device, so block_init's text (and its compiled
+    # executable) is the same for every depth, like every other program.
     key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), 1), layer)
     sizes = [math.prod(param_shape(cfg, name)) for name in BLOCK_MATRICES]
     flat = jax.random.normal(key, (sum(sizes),), jnp.float32)
+    resid_std = jnp.float32(cfg.init_std) / jnp.sqrt(jnp.float32(2.0) * n_layers.astype(jnp.float32))
     mats: Params = {}
     offset = 0
     for name, size in zip(BLOCK_MATRICES, sizes):
-        std = param_init_std(cfg, name)
-        assert std is not None
-        mats[name] = flat[offset:offset + size].reshape(param_shape(cfg, name)) * jnp.float32(std)
+        std = resid_std if name in RESIDUAL_OUT else jnp.float32(cfg.init_std)
+        mats[name] = flat[offset:offset + size].reshape(param_shape(cfg, name)) * std
         offset += size
     out: Params = {}
     for name in BLOCK_PARAMS:
@@ -266,7 +269,8 @@ def init_params(cfg: ModelConfig, seed: int) -> FullParams:
     """Same values as the embed_init/block_init/head_init programs."""
     emb, blk, head = _jitted_inits(cfg)
     s = jnp.int32(seed)
-    return {"embed": emb(s), "blocks": [blk(s, jnp.int32(i)) for i in range(cfg.n_layers)],
+    depth = jnp.int32(cfg.n_layers)
+    return {"embed": emb(s), "blocks": [blk(s, jnp.int32(i), depth) for i in range(cfg.n_layers)],
             "head": head(s)}
 
 

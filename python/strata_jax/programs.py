@@ -77,8 +77,8 @@ def build_programs(cfg: ModelConfig) -> list[Program]:
     def embed_init(s: Array) -> tuple[Array, ...]:
         return (M.init_embed(cfg, s)["wte"],)
 
-    def block_init(s: Array, layer: Array) -> tuple[Array, ...]:
-        p = M.init_block(cfg, s, layer)
+    def block_init(s: Array, layer: Array, n_layers: Array) -> tuple[Array, ...]:
+        p = M.init_block(cfg, s, layer, n_layers)
         return tuple(p[n] for n in blk)
 
     def head_init(s: Array) -> tuple[Array, ...]:
@@ -122,7 +122,8 @@ def build_programs(cfg: ModelConfig) -> list[Program]:
     head_in = _specs(cfg, head, "param") + (wte if tied else []) + [x, targets, mask]
     progs = [
         Program("embed_init", embed_init, [seed], wte),
-        Program("block_init", block_init, [seed, _scalar("layer", "s32")], _specs(cfg, blk, "param")),
+        Program("block_init", block_init, [seed, _scalar("layer", "s32"), _scalar("n_layers", "s32")],
+                _specs(cfg, blk, "param")),
         Program("head_init", head_init, [seed], _specs(cfg, head, "param")),
         Program("embed_fwd", embed_fwd, wte + [tokens], [x]),
         Program("embed_bwd", embed_bwd, wte + [tokens, dx], grad_wte),

@@ -282,13 +282,15 @@ static st_status st__init_state(st__trainer* t) {
   const st_bundle* b = t->bundle;
   st_tensor_type s32 = {ST_DTYPE_S32, 0, {0}};
   int32_t seed = (int32_t)t->o->seed;
+  int32_t depth = (int32_t)b->model.n_layers;
   st_buffer* seed_buf = NULL;
+  st_buffer* depth_buf = NULL;
   ST_RETURN(st_buffer_from_host(t->runtime, 0, &s32, &seed, &seed_buf));
-  st_status s = ST_OK;
+  st_status s = st_buffer_from_host(t->runtime, 0, &s32, &depth, &depth_buf);
   const char* groups[3] = {"embed", "block", "head"};
   /* Compiled with the step's programs on a fresh start; only a resume that
    * found no checkpoint gets here without them. */
-  s = st__compile_programs(t, NULL, 0, st__init_programs, 3);
+  if (!s) s = st__compile_programs(t, NULL, 0, st__init_programs, 3);
   for (int g = 0; g < 3 && !s; ++g) {
     const char* prog = st__init_programs[g];
     const st_bundle_program* bp = st_bundle_program_find(b, prog);
@@ -296,11 +298,12 @@ static st_status st__init_state(st__trainer* t) {
     int layers = g == 1 ? (int)b->model.n_layers : 1;
     const st_bundle_group* grp = st_bundle_group_find(b, groups[g]);
     for (int l = 0; l < layers && !s; ++l) {
-      st_buffer* in[2] = {seed_buf, NULL};
+      /* block_init(seed, layer, n_layers); the others take the seed alone */
+      st_buffer* in[3] = {seed_buf, NULL, depth_buf};
       int32_t layer = l;
       if (g == 1) s = st_buffer_from_host(t->runtime, 0, &s32, &layer, &in[1]);
       st_buffer* outs[64] = {0};
-      if (!s) s = st_program_execute(p, 0, in, g == 1 ? 2 : 1, outs, grp->param_count, NULL);
+      if (!s) s = st_program_execute(p, 0, in, g == 1 ? 3 : 1, outs, grp->param_count, NULL);
       st_buffer_destroy(in[1]);
       for (int k = 0; k < grp->param_count; ++k) {
         if (s) {
@@ -325,6 +328,7 @@ static st_status st__init_state(st__trainer* t) {
     if (s) s = st_status_annotate(s, "initialising parameters with %s", prog);
   }
   st_buffer_destroy(seed_buf);
+  st_buffer_destroy(depth_buf);
   if (s) return s;
   /* Optimizer state starts at zero. */
   size_t biggest = 0;

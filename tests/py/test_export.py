@@ -80,15 +80,15 @@ def test_manifest_is_complete(bundles: dict[int, tuple[str, dict[str, Any]]]) ->
         assert not [x for x in os.listdir(os.path.dirname(d)) if ".tmp-" in x or ".old-" in x]
 
 
-def test_program_list_and_block_programs_do_not_depend_on_n_layers(
+def test_programs_do_not_depend_on_n_layers(
         bundles: dict[int, tuple[str, dict[str, Any]]]) -> None:
     (_, m2), (_, m12) = bundles[2], bundles[12]
     strip = [{k: v for k, v in p.items() if k not in ("sha256", "flops")} for p in m2["programs"]]
     assert strip == [{k: v for k, v in p.items() if k not in ("sha256", "flops")} for p in m12["programs"]]
     sha2 = {p["name"]: p["sha256"] for p in m2["programs"]}
     sha12 = {p["name"]: p["sha256"] for p in m12["programs"]}
-    # only block_init sees n_layers (the residual-output init scale)
-    assert [n for n in sha2 if sha2[n] != sha12[n]] == ["block_init"]
+    # not even block_init: the depth (the residual-output init scale) is its input
+    assert sha2 == sha12
 
 
 def test_program_texts_match_their_tables(bundles: dict[int, tuple[str, dict[str, Any]]]) -> None:

@@ -41,7 +41,7 @@ def test_init_is_seeded_and_scaled() -> None:
     # the init programs give the same values as init_params
     progs = programs_by_name(cfg)
     seed, layer = jnp.int32(3), jnp.int32(2)
-    blk = jax.jit(progs["block_init"].fn)(seed, layer)
+    blk = jax.jit(progs["block_init"].fn)(seed, layer, jnp.int32(3))
     for n, arr in zip(M.BLOCK_PARAMS, blk):
         np.testing.assert_array_equal(arr, a["blocks"][2][n])
 

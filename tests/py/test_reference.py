@@ -115,7 +115,7 @@ def layerwise_train(run: Any, config: dict[str, Any], tokens: np.ndarray, steps:
                         seq_len=cfg.seq_len, batch_size=tc.batch_size, microbatches=n_micro)
     seed = np.int32(config["seed"])
     groups: list[tuple[str, list[np.ndarray]]] = [("embed", run("embed_init", seed))]
-    groups += [("block", run("block_init", seed, np.int32(i))) for i in range(nl)]
+    groups += [("block", run("block_init", seed, np.int32(i), np.int32(nl))) for i in range(nl)]
     groups.append(("head", run("head_init", seed)))
     m = [[np.zeros_like(p) for p in ps] for _, ps in groups]
     v = [[np.zeros_like(p) for p in ps] for _, ps in groups]
