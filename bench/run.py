@@ -566,6 +566,7 @@ def section_compile(b: Bench) -> dict[str, Any]:
     # Rounds alternate the depth order (2, 8, 32, then 32, 8, 2): a machine
     # that drifts slower over the section then cannot fake a depth trend.
     for rnd in range(p.compile_rounds):
+        prev_cache = None  # the previous depth's cache in this round: a depth sweep's next run
         for n in (p.depths if rnd % 2 == 0 else list(reversed(p.depths))):
             cold_cache = os.path.join(b.work, f"cold-cache-{n}-{rnd}")
             shutil.rmtree(cold_cache, ignore_errors=True)
@@ -574,10 +575,18 @@ def section_compile(b: Bench) -> dict[str, Any]:
                 shutil.copytree(tokens_src, os.path.join(cold_cache, "tokens"))
             env = {**b.env, "STRATA_CACHE_DIR": cold_cache}
             ov = [*over, f"model.n_layers={n}", "train.steps=1", "train.eval_batches=1"]
+            if prev_cache:
+                # The executables of another depth, no bundle for this one:
+                # no program depends on the depth, so nothing should compile.
+                b.log(f"compile: round {rnd + 1}, n_layers={n}: strata after another depth")
+                runs[n].setdefault("strata_new_depth", []).append(
+                    _strata_start(b, config, ov, f"compile-{n}-newdepth-{rnd}",
+                                  {**b.env, "STRATA_CACHE_DIR": prev_cache}))
             for kind in ("cold", "warm"):
                 b.log(f"compile: round {rnd + 1}, n_layers={n}: strata {kind}")
                 runs[n].setdefault(f"strata_{kind}", []).append(
                     _strata_start(b, config, ov, f"compile-{n}-{kind}-{rnd}", env))
+            prev_cache = cold_cache
             for v in ("unroll", "scan"):
                 b.log(f"compile: round {rnd + 1}, n_layers={n}: anchor {v}")
                 r = b.anchor(config, [*over, f"model.n_layers={n}"], v, f"compile-{n}-{v}-{rnd}", None,
@@ -592,6 +601,8 @@ def section_compile(b: Bench) -> dict[str, Any]:
         rs = runs[n]
         out["depths"][str(n)] = {"strata_cold": _best(rs["strata_cold"], "startup_s"),
                                  "strata_warm": _best(rs["strata_warm"], "startup_s"),
+                                 "strata_new_depth": (_best(rs["strata_new_depth"], "startup_s")
+                                                      if rs.get("strata_new_depth") else None),
                                  "unroll": _best(rs["unroll"], "lower_plus_compile_s"),
                                  "scan": _best(rs["scan"], "lower_plus_compile_s")}
     return out
@@ -804,14 +815,18 @@ def markdown(res: dict[str, Any]) -> str:
         rows = []
         for n, row in co["depths"].items():
             c, w, u, s = row["strata_cold"], row["strata_warm"], row["unroll"], row["scan"]
+            nd = row.get("strata_new_depth") or {}
+            new_depth = (f"{fmt(nd.get('startup_s'), ' s')} ({nd.get('programs_compiled')} compiled)"
+                         if nd else "–")
             rows.append([n, fmt(c["startup_s"], " s"), fmt(c.get("before_compile_s"), " s"), fmt(c["compile_s"], " s"),
-                         fmt(c.get("init_s"), " s"), fmt(w["startup_s"], " s"),
+                         fmt(c.get("init_s"), " s"), fmt(w["startup_s"], " s"), new_depth,
                          f"{fmt(u['lower_s'], ' s')} + {fmt(u['compile_s'], ' s')}",
                          f"{fmt(s['lower_s'], ' s')} + {fmt(s['compile_s'], ' s')}",
                          fmt(ratio(u["lower_plus_compile_s"], c["startup_s"]), "×"),
                          f"{fmt(u.get('process_wall_s'), ' s')} ({fmt(ratio(u.get('process_wall_s'), c['startup_s']), '×')})"])
         L += [md_table(["layers", "strata cold start", "of which: until bundle ready³", "XLA compile⁴",
-                        "init run⁵", "strata warm start", "unroll lower + compile", "scan lower + compile",
+                        "init run⁵", "strata warm start", "strata after another depth⁷", "unroll lower + compile",
+                        "scan lower + compile",
                         "unroll / strata cold", "unroll whole process⁶ (/ strata cold)"], rows), "",
               f"Fastest of {co.get('rounds', 1)} round(s) per figure, depth order alternating between rounds; "
               "every run's figure is in the JSON (`runs`).  ",
@@ -822,7 +837,9 @@ def markdown(res: dict[str, Any]) -> str:
               "⁵ `compile` → `run` events: running the init programs and zeroing the optimizer state.  ",
               "⁶ the anchor process from start to compiled: interpreter, `import jax`, parameter init, "
               "trace, lower, compile (and writing its JSON). Like strata's cold start, everything before "
-              "the first step.", ""]
+              "the first step.  ",
+              "⁷ the cache of the depth run just before (its executables, no bundle for this depth): "
+              "a depth sweep's next run. No program depends on the depth, so nothing should compile.", ""]
     ov = res.get("overhead")
     if ov:
         L += [f"### Framework overhead ({ov['preset']} preset, {ov['steps']} steps, {ov['warmup']} warm-up)", ""]
