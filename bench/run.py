@@ -576,8 +576,8 @@ def section_compile(b: Bench) -> dict[str, Any]:
             env = {**b.env, "STRATA_CACHE_DIR": cold_cache}
             ov = [*over, f"model.n_layers={n}", "train.steps=1", "train.eval_batches=1"]
             if prev_cache:
-                # The executables of another depth, no bundle for this one:
-                # no program depends on the depth, so nothing should compile.
+                # The bundle and executables of another depth: no program
+                # depends on the depth, so nothing should export or compile.
                 b.log(f"compile: round {rnd + 1}, n_layers={n}: strata after another depth")
                 runs[n].setdefault("strata_new_depth", []).append(
                     _strata_start(b, config, ov, f"compile-{n}-newdepth-{rnd}",
@@ -838,8 +838,9 @@ def markdown(res: dict[str, Any]) -> str:
               "⁶ the anchor process from start to compiled: interpreter, `import jax`, parameter init, "
               "trace, lower, compile (and writing its JSON). Like strata's cold start, everything before "
               "the first step.  ",
-              "⁷ the cache of the depth run just before (its executables, no bundle for this depth): "
-              "a depth sweep's next run. No program depends on the depth, so nothing should compile.", ""]
+              "⁷ the cache of the depth run just before (its bundle and executables): a depth sweep's next "
+              "run. No program depends on the depth, so one bundle serves every depth and nothing should "
+              "export or compile.", ""]
     ov = res.get("overhead")
     if ov:
         L += [f"### Framework overhead ({ov['preset']} preset, {ov['steps']} steps, {ov['warmup']} warm-up)", ""]

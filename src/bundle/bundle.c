@@ -278,9 +278,41 @@ void st_bundle_program_signature(const st_bundle_program* p, st_tensor_type* inp
 
 static int st__cmp_str(const void* a, const void* b) { return strcmp(*(char* const*)a, *(char* const*)b); }
 
+/* The model JSON without its depth, members in their order, one per line.
+ * No program depends on model.n_layers (block_init takes it as an input;
+ * tests/py/test_export.py holds that), so one bundle serves every depth.
+ * Text that is not a JSON object is hashed as it is. */
+static void st__key_model(const char* model_json, st_strbuf* s) {
+  st_json* m = NULL;
+  st_status ps = st_json_parse(model_json, strlen(model_json), "model", &m);
+  if (ps || m->kind != ST_JSON_OBJECT) {
+    st_status_free(ps);
+    st_json_free(m);
+    st_strbuf_append(s, model_json);
+    return;
+  }
+  for (size_t i = 0; i < m->count; ++i) {
+    if (!strcmp(m->keys[i], "n_layers")) continue;
+    const st_json* v = &m->items[i];
+    st_strbuf_printf(s, "%s=", m->keys[i]);
+    if (v->kind == ST_JSON_STRING) {
+      st_strbuf_json_string(s, v->string);
+    } else if (v->kind == ST_JSON_BOOL) {
+      st_strbuf_append(s, v->boolean ? "true" : "false");
+    } else if (v->kind == ST_JSON_NUMBER) {
+      st_strbuf_json_number(s, v->number);
+    } else {
+      st_strbuf_append(s, "?");
+    }
+    st_strbuf_append(s, "\n");
+  }
+  st_json_free(m);
+}
+
 void st_bundle_key(const char* model_json, char out[17]) {
   st_strbuf s = {0};
-  st_strbuf_printf(&s, "schema=%d\nmodel=%s\n", ST_BUNDLE_SCHEMA_VERSION, model_json);
+  st_strbuf_printf(&s, "schema=%d\nmodel:\n", ST_BUNDLE_SCHEMA_VERSION);
+  st__key_model(model_json, &s);
   /* The exporter's sources are part of the key: a changed model or export
    * rule must never be served from an old bundle. */
   char* folder = st_path_join(st_source_dir(), "python/strata_jax");
@@ -395,6 +427,64 @@ st_status st_bundle_export(const char* model_json, const char* key, const char* 
   return s;
 }
 
+/* Instantiates the parameter table for |n_layers| layers: the block rows
+ * of layer 0 are the template of every layer. The bundle's programs are
+ * the same for every depth; only this table and model.n_layers are not. */
+static st_status st__bundle_set_depth(st_bundle* b, int64_t n_layers) {
+  if (b->model.n_layers == n_layers) return ST_OK;
+  int first = -1, last = -1, per_layer = 0;
+  for (int i = 0; i < b->param_count; ++i) {
+    if (b->params[i].layer < 0) continue;
+    if (first < 0) first = i;
+    last = i;
+    if (b->params[i].layer == 0) per_layer++;
+  }
+  if (first < 0 || per_layer == 0 || last - first + 1 != per_layer * (int)b->model.n_layers)
+    return st_status_make(ST_CODE_RUNTIME, "bundle %s: its parameter table is not %lld layers of the same rows",
+                          b->dir, (long long)b->model.n_layers);
+  int n = b->param_count - (last - first + 1) + per_layer * (int)n_layers;
+  st_bundle_param* v = calloc((size_t)n + 1, sizeof(*v));
+  if (!v) return st_status_make(ST_CODE_INTERNAL, "out of memory (parameter table)");
+  int k = 0;
+  for (int i = 0; i < first; ++i) v[k++] = b->params[i];
+  for (int l = 0; l < n_layers; ++l) {
+    for (int j = 0; j < per_layer; ++j) {
+      const st_bundle_param* t = &b->params[first + j];
+      st_bundle_param* p = &v[k++];
+      *p = *t;
+      st_strbuf name = {0};
+      st_strbuf_printf(&name, "layers.%d.%s", l, t->local);
+      p->name = name.data;
+      p->group = strdup(t->group);
+      p->local = strdup(t->local);
+      p->layer = l;
+    }
+  }
+  for (int i = last + 1; i < b->param_count; ++i) v[k++] = b->params[i];
+  for (int i = first; i <= last; ++i) {
+    free(b->params[i].name);
+    free(b->params[i].group);
+    free(b->params[i].local);
+  }
+  free(b->params);
+  b->params = v;
+  b->param_count = n;
+  b->model.n_layers = n_layers;
+  return ST_OK;
+}
+
+/* model.n_layers of the request's model JSON; -1 when it has none. */
+static int64_t st__requested_depth(const char* model_json) {
+  st_json* m = NULL;
+  int64_t n = -1;
+  st_status s = st_json_parse(model_json, strlen(model_json), "model", &m);
+  if (!s) s = st_json_get_int(m, "n_layers", "model", &n);
+  if (s) n = -1;
+  st_status_free(s);
+  st_json_free(m);
+  return n;
+}
+
 st_status st_bundle_ensure(const st_bundle_request* req, st_bundle** out_bundle, bool* out_exported) {
   *out_bundle = NULL;
   *out_exported = false;
@@ -438,6 +528,9 @@ st_status st_bundle_ensure(const st_bundle_request* req, st_bundle** out_bundle,
       s = st_status_make(ST_CODE_RUNTIME, "exporter wrote bundle key '%s' into '%s', expected '%s'", b->key, dir, key);
     if (!s) *out_exported = true;
   }
+  /* A bundle exported for another depth serves this one. */
+  int64_t depth = st__requested_depth(req->model_json);
+  if (!s && depth > 0) s = st__bundle_set_depth(b, depth);
   free(dir);
   if (s) {
     st_bundle_destroy(b);

@@ -47,7 +47,7 @@ static int teardown(void** state) {
     if (s__) fail_msg("%s: %s", #expr, st_status_message(s__));             \
   } while (0)
 
-static st_bundle* ensure_bundle(int layers, bool tied) {
+static st_bundle* ensure_bundle_ex(int layers, bool tied, bool* out_exported) {
   char model[1024];
   snprintf(model, sizeof(model), kModelFmt, layers, tied ? "true" : "false");
   st_bundle_request req = {model, g_tmp, NULL};
@@ -55,8 +55,11 @@ static st_bundle* ensure_bundle(int layers, bool tied) {
   bool exported = false;
   ASSERT_OK(st_bundle_ensure(&req, &b, &exported));
   assert_int_equal(b->model.n_layers, layers);
+  if (out_exported) *out_exported = exported;
   return b;
 }
+
+static st_bundle* ensure_bundle(int layers, bool tied) { return ensure_bundle_ex(layers, tied, NULL); }
 
 /* Compiles every program a step and an eval plan use; returns the
  * runtime's compile counter. */
@@ -99,8 +102,24 @@ static int64_t compile_all(const st_bundle* b, int microbatches, int* out_unique
 
 static void test_program_count_independent_of_depth(void** state) {
   (void)state;
-  st_bundle* b2 = ensure_bundle(2, true);
-  st_bundle* b12 = ensure_bundle(12, true);
+  /* One bundle serves every depth: the second depth exports nothing and
+   * gets its own parameter table, instantiated from the first's layer 0. */
+  bool e2 = false, e12 = true;
+  st_bundle* b2 = ensure_bundle_ex(2, true, &e2);
+  st_bundle* b12 = ensure_bundle_ex(12, true, &e12);
+  assert_true(e2);
+  assert_false(e12);
+  assert_string_equal(b2->dir, b12->dir);
+  assert_string_equal(b2->key, b12->key);
+  int per_layer = st_bundle_group_find(b2, "block")->param_count;
+  assert_int_equal(b12->param_count, b2->param_count + 10 * per_layer);
+  int last = st_bundle_param_index(b12, "layers.11.w_down");
+  assert_true(last >= 0);
+  assert_int_equal(b12->params[last].layer, 11);
+  assert_string_equal(b12->params[last].group, "block");
+  assert_int_equal(b12->params[last].type.dtype, b2->params[st_bundle_param_index(b2, "layers.1.w_down")].type.dtype);
+  assert_true(st_bundle_param_index(b12, "layers.12.wq") < 0);
+  assert_string_equal(b12->params[b12->param_count - 1].name, b2->params[b2->param_count - 1].name);
   assert_int_equal(b2->program_count, b12->program_count);
   int u2 = 0, u12 = 0;
   int64_t c2 = compile_all(b2, 2, &u2);
