@@ -5,9 +5,10 @@
  *   run      initialise parameters, then step after step: fill the batch,
  *            execute the step plan, record metrics, evaluate now and then
  *   save     final parameters as safetensors
- */
+ *
+ * The executor callbacks that feed a step live in step_hooks.c, the metrics
+ * lines and events in metrics.c. */
 #include <errno.h>
-#include <stdarg.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,128 +22,13 @@
 #include "strata/obs.h"
 #include "strata/train.h"
 #include "train/checkpoint_io.h"
+#include "train/train_internal.h"
 
-typedef struct {
-  const st_train_options* o;
-  const st_bundle* bundle;
-  st_runtime* runtime;
-  st_dataset* data;
-  st_runlog* log;
-  char* run_dir;
-
-  /* compiled programs by bundle program index (owned) */
-  st_program** compiled;
-  double* compile_s; /* seconds each took to compile or load, same index */
-  st_plan step_plan, eval_plan;
-  st_program** step_programs; /* borrowed from compiled, by plan program index */
-  st_program** eval_programs;
-  st_executor* ex;      /* owns the persistent state (params, m, v) */
-  st_executor* eval_ex; /* borrows the params from ex before every eval */
-
-  /* per-step host state */
-  int64_t mb;            /* microbatch size */
-  int64_t T;
-  int32_t* tokens;       /* [batch, T] (or eval batch) */
-  int32_t* targets;
-  float* mask;
-  double* losses;        /* [microbatches] or [eval microbatches] */
-  double* sqnorms;       /* [group instances] */
-  int n_sq;
-  int64_t step;          /* 0-based step being run */
-  double grad_norm, gscale, lr;
-  st_train_ckpt* ckpt;   /* checkpoints, resume, step faults (checkpoint_io.c) */
-  int64_t start_step;    /* steps already done when resuming */
-} st__trainer;
 
 static double st__now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/*===-------------------------------------------------------------------===*/
-/* Executor callbacks                                                       */
-/*===-------------------------------------------------------------------===*/
-
-static st_status st__scalar_buffer(st__trainer* t, float v, st_buffer** out) {
-  st_tensor_type s = {ST_DTYPE_F32, 0, {0}};
-  return st_buffer_from_host(t->runtime, 0, &s, &v, out);
-}
-
-static st_status st__h2d(void* user, const st_op* op, st_buffer** out) {
-  st__trainer* t = user;
-  int64_t n = t->mb * t->T;
-  st_tensor_type bt = {ST_DTYPE_S32, 2, {t->mb, t->T}};
-  switch (op->tag) {
-    case ST_TAG_TOKENS:
-    case ST_TAG_EVAL_TOKENS:
-      return st_buffer_from_host(t->runtime, 0, &bt, t->tokens + op->micro * n, out);
-    case ST_TAG_TARGETS:
-    case ST_TAG_EVAL_TARGETS:
-      return st_buffer_from_host(t->runtime, 0, &bt, t->targets + op->micro * n, out);
-    case ST_TAG_MASK:
-    case ST_TAG_EVAL_MASK:
-      bt.dtype = ST_DTYPE_F32;
-      return st_buffer_from_host(t->runtime, 0, &bt, t->mask + op->micro * n, out);
-    case ST_TAG_STEP:
-      return st__scalar_buffer(t, (float)(t->step + 1), out);
-    case ST_TAG_LR:
-      return st__scalar_buffer(t, (float)t->lr, out);
-    case ST_TAG_GSCALE:
-      return st__scalar_buffer(t, (float)t->gscale, out);
-    case ST_TAG_HYPER: {
-      float h[4] = {(float)t->o->beta1, (float)t->o->beta2, (float)t->o->eps, (float)t->o->weight_decay};
-      st_tensor_type ht = {ST_DTYPE_F32, 1, {4}};
-      return st_buffer_from_host(t->runtime, 0, &ht, h, out);
-    }
-    default:
-      return st_status_make(ST_CODE_INTERNAL, "H2D op with unknown tag %d", op->tag);
-  }
-}
-
-static st_status st__read(void* user, const st_op* op, st_buffer* b) {
-  st__trainer* t = user;
-  float v = 0;
-  ST_RETURN(st_buffer_to_host(b, &v, sizeof(v)));
-  switch (op->tag) {
-    case ST_TAG_LOSS:
-    case ST_TAG_EVAL_LOSS:
-      t->losses[op->micro] = v;
-      return ST_OK;
-    case ST_TAG_SQNORM:
-      t->sqnorms[op->micro] = v;
-      return ST_OK;
-    default:
-      return st_status_make(ST_CODE_INTERNAL, "READ op with unknown tag %d", op->tag);
-  }
-}
-
-/* The global norm and clip scale (docs/bundle.md): norms are summed in f64
- * in instance order, the mean over microbatches is folded into gscale. */
-static st_status st__host(void* user, const st_op* op) {
-  st__trainer* t = user;
-  if (op->tag == ST_TAG_SCHEDULE) {
-    /* sched.optimizer=per_layer (no clipping): known before the backward. */
-    t->gscale = 1.0 / (double)t->o->microbatches;
-    t->lr = st_train_lr(t->o, t->step + 1);
-    return ST_OK;
-  }
-  if (op->tag != ST_TAG_CLIP) return st_status_make(ST_CODE_INTERNAL, "HOST op with unknown tag %d", op->tag);
-  double sum = 0;
-  for (int i = 0; i < t->n_sq; ++i) sum += t->sqnorms[i];
-  double n_micro = (double)t->o->microbatches;
-  t->grad_norm = sqrt(sum) / n_micro;
-  if (!isfinite(t->grad_norm))
-    return st_status_make(ST_CODE_NUMERICS, "step %lld: gradient norm is not finite (%g); stopping before the update", (long long)t->step + 1,
-                          t->grad_norm);
-  double clip = 1.0;
-  if (t->o->grad_clip > 0) {
-    clip = t->o->grad_clip / (t->grad_norm + 1e-6);
-    if (clip > 1) clip = 1;
-  }
-  t->gscale = clip / n_micro;
-  t->lr = st_train_lr(t->o, t->step + 1);
-  return ST_OK;
 }
 
 /*===-------------------------------------------------------------------===*/
@@ -359,7 +245,7 @@ static st_status st__evaluate(st__trainer* t, double* out_loss) {
   const st_plan* ep = &t->eval_plan;
   int64_t n_seq = t->o->eval_batches * t->o->batch_size;
   st_dataset_fill(t->data, ST_STREAM_EVAL, 0, n_seq, t->tokens, t->targets, t->mask);
-  st_executor_hooks hooks = {t, st__h2d, st__read, st__host};
+  st_executor_hooks hooks = st__train_hooks(t);
   st_status s = ST_OK;
   /* The eval executor borrows the current parameters for the run. */
   for (int i = 0; i < ep->slot_count; ++i) {
@@ -426,77 +312,10 @@ static void st__trainer_free(st__trainer* t) {
   free(t->sqnorms);
 }
 
-static st_status st__event(st__trainer* t, const char* name, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
-static st_status st__event(st__trainer* t, const char* name, const char* fmt, ...) {
-  char buf[16384];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof(buf), fmt, ap);
-  va_end(ap);
-  return st_runlog_event(t->log, name, buf);
-}
-
-/* The scheduler's accounting of one step (docs/scheduling.md), appended to
- * the metrics line after the contract fields. */
-static void st__sched_metrics(const st_executor_stats* es, st_strbuf* m) {
-  st_strbuf_printf(m,
-                   ", \"recomputes\": %lld, \"recompute_s\": %.6f, \"waits\": %lld, \"waits_blocked\": %lld, "
-                   "\"h2d_bytes\": %lld, \"d2h_bytes\": %lld, \"transfer_s\": %.6f, \"overlap_ratio\": ",
-                   (long long)es->recomputes, es->recompute_s, (long long)es->waits, (long long)es->waits_blocked,
-                   (long long)es->h2d_bytes, (long long)es->d2h_bytes, es->transfer_s);
-  if (es->transfer_s > 0)
-    st_strbuf_printf(m, "%.4f", es->transfer_hidden_s / es->transfer_s);
-  else
-    st_strbuf_append(m, "null");
-  st_strbuf_printf(m, ", \"max_inflight\": %d, \"peak_live_bytes_predicted\": %lld, \"peak_live_by_category\": {",
-                   es->max_inflight, (long long)es->predicted_peak_bytes);
-  for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k)
-    st_strbuf_printf(m, "%s\"%s\": %lld", k ? ", " : "", st_slot_category_name((st_slot_category)k),
-                     (long long)es->peak_by_category[k]);
-  st_strbuf_printf(m, "}, \"host_bytes\": %lld, \"live_mismatch_op\": %d", (long long)es->host_bytes,
-                   es->live_mismatch_op);
-}
-
-/* trace.steps: the step just run as Chrome trace-event JSON under <run>/trace/. */
-static st_status st__maybe_trace(st__trainer* t) {
-  int64_t step = t->step + 1;
-  bool want = false;
-  for (int i = 0; i < t->o->trace_step_count; ++i) want |= t->o->trace_steps[i] == step;
-  if (!want) return ST_OK;
-  char* dir = st_path_join(t->run_dir, "trace");
-  st_status s = st_fs_mkdirs(dir);
-  char file[64];
-  snprintf(file, sizeof(file), "step_%lld.json", (long long)step);
-  char* path = st_path_join(dir, file);
-  if (!s) s = st_executor_write_trace(t->ex, path, step);
-  if (!s) s = st__event(t, "trace", "\"step\": %lld, \"path\": \"%s\"", (long long)step, path);
-  free(path);
-  free(dir);
-  return s;
-}
-
-/* The policies and what the plan predicts, once, before the run. */
-static st_status st__plan_event(st__trainer* t) {
-  const st_plan* p = &t->step_plan;
-  int counts[8] = {0};
-  for (int i = 0; i < p->op_count; ++i) counts[p->ops[i].kind]++;
-  st_strbuf e = {0};
-  st_strbuf_append(&e, "\"policy\": ");
-  st_strbuf_json_string(&e, p->policy ? p->policy : "");
-  st_strbuf_printf(&e, ", \"ops\": %d, \"op_counts\": {", p->op_count);
-  for (int k = 0; k < 8; ++k) st_strbuf_printf(&e, "%s\"%s\": %d", k ? ", " : "", st_op_kind_name((st_op_kind)k), counts[k]);
-  st_strbuf_printf(&e, "}, \"predicted_peak_bytes\": %lld, \"host_bytes\": %lld, \"host_memory\": \"%s\"",
-                   (long long)st_plan_predict_live(p, NULL, NULL), (long long)st_plan_host_bytes(p),
-                   st_executor_host_memory(t->ex));
-  st_status s = st_runlog_event(t->log, "plan", e.data);
-  st_strbuf_free(&e);
-  return s;
-}
-
 /* The run itself, once everything is compiled. */
 static st_status st__run(st__trainer* t, bool progress) {
   const st_train_options* o = t->o;
-  st_executor_hooks hooks = {t, st__h2d, st__read, st__host};
+  st_executor_hooks hooks = st__train_hooks(t);
   double t_start = st__now();
   double last_loss = NAN;
   for (t->step = t->start_step; t->step < o->steps; ++t->step) {
@@ -512,24 +331,7 @@ static st_status st__run(st__trainer* t, bool progress) {
     last_loss = loss;
     double dt = st__now() - t0;
     int64_t tokens = o->batch_size * t->T;
-    const st_executor_stats* es = st_executor_stats_get(t->ex);
-    st_strbuf m = {0};
-    st_strbuf_printf(&m, "{\"step\": %lld, \"loss\": ", (long long)t->step + 1);
-    st_strbuf_json_number(&m, loss);
-    st_strbuf_append(&m, ", \"lr\": ");
-    st_strbuf_json_number(&m, t->lr);
-    st_strbuf_append(&m, ", \"grad_norm\": ");
-    st_strbuf_json_number(&m, t->grad_norm);
-    st_strbuf_printf(&m, ", \"tokens\": %lld, \"step_time_s\": %.6f, \"tokens_per_s\": %.1f, \"launches\": %lld, "
-                         "\"wait_s\": %.6f, \"peak_live_bytes\": %lld",
-                     (long long)tokens, dt, (double)tokens / dt, (long long)es->launches, es->wait_s,
-                     (long long)es->peak_live_bytes);
-    st__sched_metrics(es, &m);
-    st_strbuf_append(&m, "}");
-    st_status s = st_runlog_metrics(t->log, m.data);
-    if (!s) s = st__maybe_trace(t);
-    st_strbuf_free(&m);
-    ST_RETURN(s);
+    ST_RETURN(st__step_metrics(t, loss, dt));
     double elapsed = st__now() - t_start;
     double eta = elapsed / (double)(t->step + 1) * (double)(o->steps - t->step - 1);
     st_progress_print(progress, t->step + 1, o->steps, loss, (double)tokens / dt, eta);
@@ -538,13 +340,7 @@ static st_status st__run(st__trainer* t, bool progress) {
     if ((o->eval_every > 0 && (t->step + 1) % o->eval_every == 0) || last) {
       double eval_loss = 0;
       ST_RETURN(st__evaluate(t, &eval_loss));
-      st_strbuf e = {0};
-      st_strbuf_printf(&e, "{\"step\": %lld, \"eval_loss\": ", (long long)t->step + 1);
-      st_strbuf_json_number(&e, eval_loss);
-      st_strbuf_append(&e, "}");
-      s = st_runlog_metrics(t->log, e.data);
-      st_strbuf_free(&e);
-      ST_RETURN(s);
+      ST_RETURN(st__eval_metrics(t, eval_loss));
       if (progress) {
         st_progress_end(true);
         fprintf(stderr, "eval at step %lld: loss %.4f\n", (long long)t->step + 1, eval_loss);
@@ -625,22 +421,7 @@ st_status st_train_main(const st_config* cfg) {
   if (!s) s = st_executor_create(&t.step_plan, t.runtime, t.step_programs, 0, &t.ex);
   if (!s) s = st_executor_create(&t.eval_plan, t.runtime, t.eval_programs, 0, &t.eval_ex);
   if (!s) s = st__plan_event(&t);
-  if (!s) {
-    st_runtime_stats rs;
-    st_runtime_get_stats(t.runtime, &rs);
-    /* Per program: where a cold start's seconds go (docs/performance.md). */
-    st_strbuf per = {0};
-    for (int i = 0; i < bundle->program_count; ++i) {
-      if (!t.compiled[i]) continue;
-      st_strbuf_printf(&per, "%s\"%s\": %.3f", per.len ? ", " : "", bundle->programs[i].name, t.compile_s[i]);
-    }
-    s = st__event(&t, "compile",
-                  "\"seconds\": %.3f, \"compiled\": %lld, \"cache_hits\": %lld, \"plan_ops\": %d, \"threads\": %d, "
-                  "\"program_seconds\": {%s}",
-                  st__now() - t_compile, (long long)rs.compiles, (long long)rs.cache_hits, t.step_plan.op_count,
-                  st_runtime_compile_threads(t.runtime), per.data ? per.data : "");
-    st_strbuf_free(&per);
-  }
+  if (!s) s = st__compile_event(&t, st__now() - t_compile);
 
   /* --- run ------------------------------------------------------------- */
   if (!s) {
@@ -674,12 +455,7 @@ st_status st_train_main(const st_config* cfg) {
     free(path);
   }
   if (s && t.log) {
-    st_strbuf e = {0};
-    st_strbuf_append(&e, "\"error\": ");
-    st_strbuf_json_string(&e, st_status_message(s));
-    st_strbuf_printf(&e, ", \"exit_code\": %d", st_status_exit_code(s));
-    st_status_free(st_runlog_event(t.log, "failed", e.data));
-    st_strbuf_free(&e);
+    st__failed_event(&t, s);
   } else if (!s) {
     st_status_free(st_runlog_event(t.log, "done", ""));
     printf("run directory: %s\n", t.run_dir);

@@ -1,0 +1,68 @@
+/* train_internal.h — the trainer's state, shared by the files of src/train/
+ * that make up one run: trainer.c (the lifecycle), step_hooks.c (the
+ * executor callbacks that feed and read a step) and metrics.c (the metrics
+ * lines and events). Not a public interface. */
+#ifndef STRATA_TRAIN_INTERNAL_H
+#define STRATA_TRAIN_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "strata/bundle.h"
+#include "strata/data.h"
+#include "strata/runtime.h"
+#include "strata/sched.h"
+#include "strata/status.h"
+#include "strata/train.h"
+#include "train/checkpoint_io.h"
+
+typedef struct st__trainer {
+  const st_train_options* o;
+  const st_bundle* bundle;
+  st_runtime* runtime;
+  st_dataset* data;
+  st_runlog* log;
+  char* run_dir;
+
+  /* compiled programs by bundle program index (owned) */
+  st_program** compiled;
+  double* compile_s; /* seconds each took to compile or load, same index */
+  st_plan step_plan, eval_plan;
+  st_program** step_programs; /* borrowed from compiled, by plan program index */
+  st_program** eval_programs;
+  st_executor* ex;      /* owns the persistent state (params, m, v) */
+  st_executor* eval_ex; /* borrows the params from ex before every eval */
+
+  /* per-step host state */
+  int64_t mb;            /* microbatch size */
+  int64_t T;
+  int32_t* tokens;       /* [batch, T] (or eval batch) */
+  int32_t* targets;
+  float* mask;
+  double* losses;        /* [microbatches] or [eval microbatches] */
+  double* sqnorms;       /* [group instances] */
+  int n_sq;
+  int64_t step;          /* 0-based step being run */
+  double grad_norm, gscale, lr;
+  st_train_ckpt* ckpt;   /* checkpoints, resume, step faults (checkpoint_io.c) */
+  int64_t start_step;    /* steps already done when resuming */
+} st__trainer;
+
+/* step_hooks.c: the executor's H2D / READ / HOST callbacks for a step or an
+ * evaluation of |t| (the hooks' user pointer is |t|, borrowed). */
+st_executor_hooks st__train_hooks(st__trainer* t);
+
+/* metrics.c: every line the run writes to metrics.jsonl and events.jsonl. */
+st_status st__event(st__trainer* t, const char* name, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The metrics line of the step just run (t->step), its trace if trace.steps
+ * asks for one. */
+st_status st__step_metrics(st__trainer* t, double loss, double step_seconds);
+st_status st__eval_metrics(st__trainer* t, double eval_loss);
+/* The policies and what the plan predicts, once, before the run. */
+st_status st__plan_event(st__trainer* t);
+/* Compile seconds, cache hits and per-program seconds, once, before the run. */
+st_status st__compile_event(st__trainer* t, double seconds);
+/* The "failed" event of a run that stops on |s| (borrowed). */
+void st__failed_event(st__trainer* t, st_status s);
+
+#endif
