@@ -1,8 +1,20 @@
 /*
- * strata/base.h — small utilities every module uses: a growable string,
- * files written durably, hashes, and a JSON reader/writer.
+ * strata/base.h — small utilities every module uses: allocation, a growable
+ * buffer, files written durably, hashes, and a JSON reader/writer.
  *
  * Nothing here keeps global state; everything is reentrant.
+ *
+ * Out of memory: strata has ONE policy. Every heap allocation in src/ goes
+ * through st_xmalloc / st_xcalloc / st_xrealloc / st_xstrdup /
+ * st_xstrndup, which print a message and abort() when the allocator fails,
+ * as Redis's zmalloc does. So no function returns an "out of memory"
+ * st_status and callers never test an allocation for NULL. An OOM on a host
+ * is not a condition strata can report usefully (reporting itself
+ * allocates), and a half-handled one is worse than a clean abort. The
+ * corollary: a reader of untrusted bytes bounds every count and size BEFORE
+ * it allocates from them, so a corrupt file is an st_status, never an
+ * abort. Memory that third-party libraries allocate (libyaml, PJRT) is
+ * checked where they report it, and reported as the same abort.
  */
 #ifndef STRATA_BASE_H
 #define STRATA_BASE_H
@@ -18,7 +30,23 @@ extern "C" {
 #endif
 
 /*===-------------------------------------------------------------------===*/
-/* st_strbuf: a growable NUL-terminated string                              */
+/* Allocation: never return NULL; abort with a message on out of memory.    */
+/*===-------------------------------------------------------------------===*/
+
+/* A size of 0 still returns a unique pointer (free it). All results are
+ * owned by the caller (free). */
+void* st_xmalloc(size_t n);
+void* st_xcalloc(size_t count, size_t size); /* aborts when count*size overflows */
+void* st_xrealloc(void* p, size_t n);
+/* Copies of |s| (its first |n| bytes), NUL-terminated. st_xstrdup(NULL) is "". */
+char* st_xstrndup(const char* s, size_t n);
+char* st_xstrdup(const char* s);
+/* Aborts through the same path: for third-party allocation failures
+ * (libyaml's memory error, a PJRT buffer that could not be wrapped). */
+_Noreturn void st_oom(const char* what);
+
+/*===-------------------------------------------------------------------===*/
+/* st_strbuf: THE growable buffer (text or bytes), always NUL-terminated    */
 /*===-------------------------------------------------------------------===*/
 
 typedef struct st_strbuf {
@@ -35,14 +63,16 @@ void st_strbuf_json_string(st_strbuf* b, const char* s);
 /* Appends a double so that it reads back to the same value ("null" for non-finite). */
 void st_strbuf_json_number(st_strbuf* b, double v);
 const char* st_strbuf_cstr(const st_strbuf* b); /* "" when empty */
+/* Takes the bytes out (owned by the caller, free; never NULL) and leaves |b| empty. */
+char* st_strbuf_take(st_strbuf* b);
 void st_strbuf_reset(st_strbuf* b);              /* keeps capacity */
 void st_strbuf_free(st_strbuf* b);
-/* Copies of |s| (its first |n| bytes), NUL-terminated, owned by caller
- * (free); NULL only on out of memory. st_strdup(NULL) is "". */
-char* st_strndup(const char* s, size_t n);
-char* st_strdup(const char* s);
-/* Aborts on out of memory: strings are small and an OOM here means the
- * process cannot report anything anyway. */
+
+/* THE float formatter: the fewest %g digits that read back to exactly |x|
+ * ("0.1", "1e-8", "3"), "nan"/"inf"/"-inf" when not finite. Callers that
+ * want a display form (config's "10.0") adjust its output. */
+enum { ST_DOUBLE_CHARS = 40 };
+void st_format_double(double x, char out[ST_DOUBLE_CHARS]);
 
 /*===-------------------------------------------------------------------===*/
 /* Files                                                                    */

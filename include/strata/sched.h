@@ -106,7 +106,7 @@ typedef struct st_plan {
   char* policy;    /* one line naming the policies that built the plan (owned; may be NULL) */
 } st_plan;
 
-/* Building (used by train/): these abort on out of memory. */
+/* Building (used by train/). */
 void st_plan_init(st_plan* plan);
 void st_plan_deinit(st_plan* plan);
 int st_plan_slot(st_plan* plan, const char* name, st_slot_category category, const st_tensor_type* type, bool persistent);

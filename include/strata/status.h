@@ -45,8 +45,8 @@ typedef struct st_status_s* st_status; /* NULL means OK */
 #define ST_OK ((st_status)0)
 
 /* Makes a status with a printf-style message. Returns a new status owned by
- * the caller; `code` must not be ST_CODE_OK. Never returns NULL (on out of
- * memory it returns a static status that st_status_free ignores). */
+ * the caller; `code` must not be ST_CODE_OK. Never returns NULL (out of
+ * memory aborts, see strata/base.h). */
 st_status st_status_make(st_code code, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 st_status st_status_makev(st_code code, const char* fmt, va_list ap);
 

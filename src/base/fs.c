@@ -27,11 +27,7 @@ st_status st_fs_read_file(const char* path, char** out_data, size_t* out_size) {
     return st_status_make(ST_CODE_IO, "'%s' is not a regular file", path);
   }
   rewind(f);
-  char* data = malloc((size_t)n + 1);
-  if (!data) {
-    fclose(f);
-    return st_status_make(ST_CODE_IO, "out of memory reading '%s' (%ld bytes)", path, n);
-  }
+  char* data = st_xmalloc((size_t)n + 1);
   size_t got = fread(data, 1, (size_t)n, f);
   int err = ferror(f);
   fclose(f);
@@ -233,7 +229,7 @@ char* st_path_join(const char* a, const char* b) {
   st_strbuf_append(&s, a);
   if (s.len > 0 && s.data[s.len - 1] != '/') st_strbuf_append(&s, "/");
   st_strbuf_append(&s, b);
-  return s.data;
+  return st_strbuf_take(&s);
 }
 
 char* st_cache_root(const char* configured) {
@@ -249,5 +245,5 @@ char* st_cache_root(const char* configured) {
   } else {
     st_strbuf_append(&s, ".strata-cache");
   }
-  return s.data;
+  return st_strbuf_take(&s);
 }

@@ -135,13 +135,9 @@ static st_status st__jp_string(st__jp* jp, char** out) {
 static st_status st__jp_value(st__jp* jp, st_json* out);
 
 static st_status st__jp_push(st_json* j, const st_json* item, char* key) {
-  st_json* items = realloc(j->items, (j->count + 1) * sizeof(*items));
-  if (!items) return st_status_make(ST_CODE_INTERNAL, "out of memory parsing JSON");
-  j->items = items;
+  j->items = st_xrealloc(j->items, (j->count + 1) * sizeof(*j->items));
   if (j->kind == ST_JSON_OBJECT) {
-    char** keys = realloc(j->keys, (j->count + 1) * sizeof(*keys));
-    if (!keys) return st_status_make(ST_CODE_INTERNAL, "out of memory parsing JSON");
-    j->keys = keys;
+    j->keys = st_xrealloc(j->keys, (j->count + 1) * sizeof(*j->keys));
     j->keys[j->count] = key;
   }
   j->items[j->count++] = *item;
@@ -241,8 +237,7 @@ static st_status st__jp_value(st__jp* jp, st_json* out) {
 st_status st_json_parse(const char* text, size_t size, const char* origin, st_json** out_json) {
   *out_json = NULL;
   st__jp jp = {text, text + size, text, origin, 0};
-  st_json* root = calloc(1, sizeof(*root));
-  if (!root) return st_status_make(ST_CODE_INTERNAL, "out of memory parsing JSON");
+  st_json* root = st_xcalloc(1, sizeof(*root));
   st_status s = st__jp_value(&jp, root);
   if (!s) {
     st__jp_ws(&jp);

@@ -1,6 +1,8 @@
 /* status.c — st_status: a heap-allocated code + message, NULL for OK. */
 #include "strata/status.h"
 
+#include "strata/base.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,30 +12,22 @@ struct st_status_s {
   char* message; /* owned */
 };
 
-/* Returned when allocating a status itself fails: it must never be freed. */
-static struct st_status_s st__oom_status = {ST_CODE_INTERNAL, "out of memory while reporting an error"};
 
 static char* st__vformat(const char* fmt, va_list ap) {
   va_list ap2;
   va_copy(ap2, ap);
   int n = vsnprintf(NULL, 0, fmt, ap2);
   va_end(ap2);
-  if (n < 0) return NULL;
-  char* buf = malloc((size_t)n + 1);
-  if (!buf) return NULL;
+  if (n < 0) return st_xstrdup(fmt); /* a conversion failed: keep the template */
+  char* buf = st_xmalloc((size_t)n + 1);
   vsnprintf(buf, (size_t)n + 1, fmt, ap);
   return buf;
 }
 
 st_status st_status_makev(st_code code, const char* fmt, va_list ap) {
-  st_status s = malloc(sizeof(*s));
-  if (!s) return &st__oom_status;
+  st_status s = st_xmalloc(sizeof(*s));
   s->code = code == ST_CODE_OK ? ST_CODE_INTERNAL : code;
   s->message = st__vformat(fmt, ap);
-  if (!s->message) {
-    free(s);
-    return &st__oom_status;
-  }
   return s;
 }
 
@@ -46,42 +40,38 @@ st_status st_status_make(st_code code, const char* fmt, ...) {
 }
 
 st_status st_status_annotate(st_status status, const char* fmt, ...) {
-  if (!status || status == &st__oom_status) return status;
+  if (!status) return status;
   va_list ap;
   va_start(ap, fmt);
   char* prefix = st__vformat(fmt, ap);
   va_end(ap);
-  if (!prefix) return status;
   if (prefix[0] == '\0') {
     free(prefix);
     return status;
   }
   size_t n = strlen(prefix) + 2 + strlen(status->message) + 1;
-  char* joined = malloc(n);
-  if (joined) {
-    snprintf(joined, n, "%s: %s", prefix, status->message);
-    free(status->message);
-    status->message = joined;
-  }
+  char* joined = st_xmalloc(n);
+  snprintf(joined, n, "%s: %s", prefix, status->message);
+  free(status->message);
+  status->message = joined;
   free(prefix);
   return status;
 }
 
 st_status st_status_recode(st_status status, st_code code, const char* fmt, ...) {
   status = st_status_set_code(status, code);
-  if (!status || status == &st__oom_status) return status;
+  if (!status) return status;
   va_list ap;
   va_start(ap, fmt);
   char* prefix = st__vformat(fmt, ap);
   va_end(ap);
-  if (!prefix) return status;
   status = st_status_annotate(status, "%s", prefix);
   free(prefix);
   return status;
 }
 
 st_status st_status_set_code(st_status status, st_code code) {
-  if (status && status != &st__oom_status && code != ST_CODE_OK) status->code = code;
+  if (status && code != ST_CODE_OK) status->code = code;
   return status;
 }
 
@@ -90,7 +80,7 @@ st_code st_status_code(st_status status) { return status ? status->code : ST_COD
 const char* st_status_message(st_status status) { return status ? status->message : ""; }
 
 void st_status_free(st_status status) {
-  if (!status || status == &st__oom_status) return;
+  if (!status) return;
   free(status->message);
   free(status);
 }

@@ -1,6 +1,7 @@
-/* strbuf.c — growable strings and JSON string/number formatting. */
+/* strbuf.c — the growable buffer and the one float formatter. */
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,21 +9,18 @@
 #include "strata/base.h"
 
 static void st__strbuf_reserve(st_strbuf* b, size_t extra) {
-  if (b->len + extra + 1 <= b->cap) return;
+  if (extra >= SIZE_MAX - b->len) st_oom("a buffer larger than the address space");
+  size_t need = b->len + extra + 1;
+  if (need <= b->cap) return;
   size_t cap = b->cap ? b->cap : 64;
-  while (cap < b->len + extra + 1) cap *= 2;
-  char* p = realloc(b->data, cap);
-  if (!p) {
-    fprintf(stderr, "strata: out of memory growing a string to %zu bytes\n", cap);
-    abort();
-  }
-  b->data = p;
+  while (cap < need) cap = cap > SIZE_MAX / 2 ? need : cap * 2;
+  b->data = st_xrealloc(b->data, cap);
   b->cap = cap;
 }
 
 void st_strbuf_append_n(st_strbuf* b, const char* s, size_t n) {
   st__strbuf_reserve(b, n);
-  memcpy(b->data + b->len, s, n);
+  if (n) memcpy(b->data + b->len, s, n);
   b->len += n;
   b->data[b->len] = '\0';
 }
@@ -70,8 +68,9 @@ void st_strbuf_json_number(st_strbuf* b, double v) {
   } else if (v == (double)(int64_t)v && fabs(v) < 9e15) {
     st_strbuf_printf(b, "%lld", (long long)v);
   } else {
-    /* %.17g round-trips every double. */
-    st_strbuf_printf(b, "%.17g", v);
+    char text[ST_DOUBLE_CHARS];
+    st_format_double(v, text);
+    st_strbuf_append(b, text);
   }
 }
 
@@ -88,12 +87,33 @@ void st_strbuf_free(st_strbuf* b) {
   b->len = b->cap = 0;
 }
 
-char* st_strndup(const char* s, size_t n) {
-  char* p = malloc(n + 1);
-  if (!p) return NULL;
-  if (n) memcpy(p, s, n);
-  p[n] = '\0';
+char* st_strbuf_take(st_strbuf* b) {
+  char* p = b->data ? b->data : st_xstrdup("");
+  b->data = NULL;
+  b->len = b->cap = 0;
   return p;
 }
 
-char* st_strdup(const char* s) { return s ? st_strndup(s, strlen(s)) : st_strndup("", 0); }
+/* "1e+09" -> "1e9", "1e-08" -> "1e-8": the C exponent padding is noise. */
+static void st__tidy_exponent(char* s) {
+  char* e = strchr(s, 'e');
+  if (!e) return;
+  char* src = e + 1;
+  char* dst = e + 1;
+  if (*src == '+') ++src;
+  if (*src == '-') *dst++ = *src++;
+  while (*src == '0' && src[1]) ++src;
+  memmove(dst, src, strlen(src) + 1);
+}
+
+void st_format_double(double x, char out[ST_DOUBLE_CHARS]) {
+  if (!isfinite(x)) {
+    snprintf(out, ST_DOUBLE_CHARS, "%s", isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf"));
+    return;
+  }
+  for (int p = 1; p <= 17; ++p) {
+    snprintf(out, ST_DOUBLE_CHARS, "%.*g", p, x);
+    if (strtod(out, NULL) == x) break;
+  }
+  st__tidy_exponent(out);
+}

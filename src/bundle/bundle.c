@@ -37,7 +37,7 @@ static st_status st__tensor_type_from_json(const st_json* t, const char* where, 
 
 static st_status st__tensors_from_json(const st_json* arr, const char* where, int* out_count, st_bundle_tensor** out) {
   *out_count = (int)arr->count;
-  *out = calloc(arr->count ? arr->count : 1, sizeof(st_bundle_tensor));
+  *out = st_xcalloc(arr->count ? arr->count : 1, sizeof(st_bundle_tensor));
   for (size_t i = 0; i < arr->count; ++i) {
     char ctx[256];
     snprintf(ctx, sizeof(ctx), "%s[%zu]", where, i);
@@ -45,8 +45,8 @@ static st_status st__tensors_from_json(const st_json* arr, const char* where, in
     const char* role = NULL;
     ST_RETURN(st_json_get_string(&arr->items[i], "name", ctx, &name));
     ST_RETURN(st_json_get_string(&arr->items[i], "role", ctx, &role));
-    (*out)[i].name = strdup(name);
-    (*out)[i].role = strdup(role);
+    (*out)[i].name = st_xstrdup(name);
+    (*out)[i].role = st_xstrdup(role);
     ST_RETURN(st__tensor_type_from_json(&arr->items[i], ctx, &(*out)[i].type));
   }
   return ST_OK;
@@ -83,16 +83,16 @@ static st_status st__bundle_parse(st_bundle* b, const st_json* root, const char*
   b->schema_version = (int)schema;
   const char* key = "";
   ST_RETURN(st_json_get_string(root, "bundle_key", mpath, &key));
-  b->key = strdup(key);
+  b->key = st_xstrdup(key);
   const st_json* versions = st_json_get(root, "versions");
   const st_json* jaxv = st_json_get(versions, "jax");
-  b->jax_version = strdup(jaxv && jaxv->kind == ST_JSON_STRING ? jaxv->string : "");
+  b->jax_version = st_xstrdup(jaxv && jaxv->kind == ST_JSON_STRING ? jaxv->string : "");
   ST_RETURN(st__model_from_json(st_json_get(root, "model"), mpath, &b->model));
 
   const st_json* progs = NULL;
   ST_RETURN(st_json_get_array(root, "programs", mpath, &progs));
   b->program_count = (int)progs->count;
-  b->programs = calloc(progs->count ? progs->count : 1, sizeof(st_bundle_program));
+  b->programs = st_xcalloc(progs->count ? progs->count : 1, sizeof(st_bundle_program));
   for (size_t i = 0; i < progs->count; ++i) {
     const st_json* pj = &progs->items[i];
     st_bundle_program* p = &b->programs[i];
@@ -103,7 +103,7 @@ static st_status st__bundle_parse(st_bundle* b, const st_json* root, const char*
     const char* sha = NULL;
     ST_RETURN(st_json_get_string(pj, "name", ctx, &name));
     snprintf(ctx, sizeof(ctx), "%s: program '%s'", mpath, name);
-    p->name = strdup(name);
+    p->name = st_xstrdup(name);
     ST_RETURN(st_json_get_string(pj, "file", ctx, &file));
     ST_RETURN(st_json_get_string(pj, "sha256", ctx, &sha));
     if (strlen(sha) != 64) return st_status_make(ST_CODE_RUNTIME, "%s: sha256 is not 64 hex digits", ctx);
@@ -114,7 +114,7 @@ static st_status st__bundle_parse(st_bundle* b, const st_json* root, const char*
     ST_RETURN(st__tensors_from_json(arr, ctx, &p->input_count, &p->inputs));
     ST_RETURN(st_json_get_array(pj, "outputs", ctx, &arr));
     ST_RETURN(st__tensors_from_json(arr, ctx, &p->output_count, &p->outputs));
-    p->donated = calloc((size_t)p->input_count + 1, sizeof(bool));
+    p->donated = st_xcalloc((size_t)p->input_count + 1, sizeof(bool));
     const st_json* don = st_json_get(pj, "donated");
     for (size_t k = 0; don && don->kind == ST_JSON_ARRAY && k < don->count; ++k) {
       double d = don->items[k].number;
@@ -128,26 +128,26 @@ static st_status st__bundle_parse(st_bundle* b, const st_json* root, const char*
   const st_json* groups = NULL;
   ST_RETURN(st_json_get_array(root, "groups", mpath, &groups));
   b->group_count = (int)groups->count;
-  b->groups = calloc(groups->count ? groups->count : 1, sizeof(st_bundle_group));
+  b->groups = st_xcalloc(groups->count ? groups->count : 1, sizeof(st_bundle_group));
   for (size_t i = 0; i < groups->count; ++i) {
     const char* name = NULL;
     const st_json* params = NULL;
     ST_RETURN(st_json_get_string(&groups->items[i], "name", mpath, &name));
     ST_RETURN(st_json_get_array(&groups->items[i], "params", mpath, &params));
-    b->groups[i].name = strdup(name);
+    b->groups[i].name = st_xstrdup(name);
     b->groups[i].param_count = (int)params->count;
-    b->groups[i].params = calloc(params->count ? params->count : 1, sizeof(char*));
+    b->groups[i].params = st_xcalloc(params->count ? params->count : 1, sizeof(char*));
     for (size_t k = 0; k < params->count; ++k) {
       if (params->items[k].kind != ST_JSON_STRING)
         return st_status_make(ST_CODE_RUNTIME, "%s: group '%s' has a non-string parameter", mpath, name);
-      b->groups[i].params[k] = strdup(params->items[k].string);
+      b->groups[i].params[k] = st_xstrdup(params->items[k].string);
     }
   }
 
   const st_json* params = NULL;
   ST_RETURN(st_json_get_array(root, "params", mpath, &params));
   b->param_count = (int)params->count;
-  b->params = calloc(params->count ? params->count : 1, sizeof(st_bundle_param));
+  b->params = st_xcalloc(params->count ? params->count : 1, sizeof(st_bundle_param));
   for (size_t i = 0; i < params->count; ++i) {
     const st_json* pj = &params->items[i];
     st_bundle_param* p = &b->params[i];
@@ -157,9 +157,9 @@ static st_status st__bundle_parse(st_bundle* b, const st_json* root, const char*
     ST_RETURN(st_json_get_string(pj, "name", ctx, &name));
     ST_RETURN(st_json_get_string(pj, "group", ctx, &group));
     ST_RETURN(st_json_get_string(pj, "local", ctx, &local));
-    p->name = strdup(name);
-    p->group = strdup(group);
-    p->local = strdup(local);
+    p->name = st_xstrdup(name);
+    p->group = st_xstrdup(group);
+    p->local = st_xstrdup(local);
     const st_json* layer = st_json_get(pj, "layer");
     p->layer = layer && layer->kind == ST_JSON_NUMBER ? (int)layer->number : -1;
     const st_json* decay = st_json_get(pj, "decay");
@@ -182,8 +182,8 @@ st_status st_bundle_open(const char* dir, st_bundle** out_bundle) {
   st_json* root = NULL;
   s = st_json_parse(text, size, mpath, &root);
   free(text);
-  st_bundle* b = calloc(1, sizeof(*b));
-  b->dir = strdup(dir);
+  st_bundle* b = st_xcalloc(1, sizeof(*b));
+  b->dir = st_xstrdup(dir);
   if (!s) s = st__bundle_parse(b, root, mpath);
   st_json_free(root);
   /* A program file that is missing or differs from its manifest sha256 is
@@ -324,8 +324,8 @@ void st_bundle_key(const char* model_json, char out[17]) {
     while ((e = readdir(d)) != NULL) {
       size_t len = strlen(e->d_name);
       if (len < 3 || strcmp(e->d_name + len - 3, ".py") != 0) continue;
-      names = realloc(names, (n + 1) * sizeof(char*));
-      names[n++] = strdup(e->d_name);
+      names = st_xrealloc(names, (n + 1) * sizeof(char*));
+      names[n++] = st_xstrdup(e->d_name);
     }
     closedir(d);
     qsort(names, n, sizeof(char*), st__cmp_str);
@@ -349,8 +349,8 @@ void st_bundle_key(const char* model_json, char out[17]) {
 
 char* st_bundle_python(void) {
   const char* env = getenv("STRATA_PYTHON");
-  if (env && env[0]) return strdup(env);
-  if (access(".venv/bin/python", X_OK) == 0) return strdup(".venv/bin/python");
+  if (env && env[0]) return st_xstrdup(env);
+  if (access(".venv/bin/python", X_OK) == 0) return st_xstrdup(".venv/bin/python");
   return st_path_join(st_source_dir(), ".venv/bin/python");
 }
 
@@ -360,7 +360,7 @@ static char* st__tail_of_file(const char* path, size_t max) {
   st_status s = st_fs_read_file(path, &data, &size);
   if (s) {
     st_status_free(s);
-    return strdup("");
+    return st_xstrdup("");
   }
   if (size > max) memmove(data, data + size - max, max + 1);
   return data;
@@ -375,7 +375,7 @@ st_status st_bundle_export(const char* model_json, const char* key, const char* 
     log = l.data;
   }
   /* The parent folder must exist for the exporter's rename into place. */
-  char* parent = strdup(dir);
+  char* parent = st_xstrdup(dir);
   char* slash = strrchr(parent, '/');
   if (slash && slash != parent) {
     *slash = '\0';
@@ -443,8 +443,7 @@ static st_status st__bundle_set_depth(st_bundle* b, int64_t n_layers) {
     return st_status_make(ST_CODE_RUNTIME, "bundle %s: its parameter table is not %lld layers of the same rows",
                           b->dir, (long long)b->model.n_layers);
   int n = b->param_count - (last - first + 1) + per_layer * (int)n_layers;
-  st_bundle_param* v = calloc((size_t)n + 1, sizeof(*v));
-  if (!v) return st_status_make(ST_CODE_INTERNAL, "out of memory (parameter table)");
+  st_bundle_param* v = st_xcalloc((size_t)n + 1, sizeof(*v));
   int k = 0;
   for (int i = 0; i < first; ++i) v[k++] = b->params[i];
   for (int l = 0; l < n_layers; ++l) {
@@ -455,8 +454,8 @@ static st_status st__bundle_set_depth(st_bundle* b, int64_t n_layers) {
       st_strbuf name = {0};
       st_strbuf_printf(&name, "layers.%d.%s", l, t->local);
       p->name = name.data;
-      p->group = strdup(t->group);
-      p->local = strdup(t->local);
+      p->group = st_xstrdup(t->group);
+      p->local = st_xstrdup(t->local);
       p->layer = l;
     }
   }
@@ -492,7 +491,7 @@ st_status st_bundle_ensure(const st_bundle_request* req, st_bundle** out_bundle,
   st_bundle_key(req->model_json, key);
   char* dir;
   if (req->dir && req->dir[0]) {
-    dir = strdup(req->dir);
+    dir = st_xstrdup(req->dir);
   } else {
     st_strbuf d = {0};
     st_strbuf_printf(&d, "%s/bundles/%s", req->cache_root, key);

@@ -61,20 +61,20 @@ struct st_ckpt_snapshot {
 
 st_ckpt_snapshot* st_ckpt_snapshot_create(int count, const char* const* names, const char* const* files,
                                           const st_tensor_type* types) {
-  st_ckpt_snapshot* s = calloc(1, sizeof(*s));
+  st_ckpt_snapshot* s = st_xcalloc(1, sizeof(*s));
   s->count = count;
-  s->names = calloc((size_t)count + 1, sizeof(char*));
-  s->files = calloc((size_t)count + 1, sizeof(char*));
-  s->types = calloc((size_t)count + 1, sizeof(st_tensor_type));
-  s->data = calloc((size_t)count + 1, sizeof(void*));
+  s->names = st_xcalloc((size_t)count + 1, sizeof(char*));
+  s->files = st_xcalloc((size_t)count + 1, sizeof(char*));
+  s->types = st_xcalloc((size_t)count + 1, sizeof(st_tensor_type));
+  s->data = st_xcalloc((size_t)count + 1, sizeof(void*));
   for (int i = 0; i < count; ++i) {
-    s->names[i] = strdup(names[i]);
-    s->files[i] = strdup(files[i]);
+    s->names[i] = st_xstrdup(names[i]);
+    s->files[i] = st_xstrdup(files[i]);
     s->types[i] = types[i];
     size_t n = st_tensor_type_bytes(&types[i]);
     /* Zero-filled now so the pages exist before the first save: the copy at
      * the step boundary is on the training thread's clock. */
-    s->data[i] = malloc(n ? n : 1);
+    s->data[i] = st_xmalloc(n ? n : 1);
     memset(s->data[i], 0, n ? n : 1);
     s->bytes += (int64_t)n;
   }
@@ -107,7 +107,7 @@ void st_ckpt_snapshot_set_meta(st_ckpt_snapshot* s, const st_ckpt_meta* meta) {
     /* The strings rarely change between saves; keep the copy when equal. */
     if (s->strs[i] && src[i] && !strcmp(s->strs[i], src[i])) continue;
     free(s->strs[i]);
-    s->strs[i] = strdup(src[i] ? src[i] : "");
+    s->strs[i] = st_xstrdup(src[i] ? src[i] : "");
   }
   s->meta = *meta;
   s->meta.config_json = s->strs[0];
@@ -199,8 +199,8 @@ static st_status st__write_tensor_file(const st_ckpt_save_options* o, const st_c
                                        const char* file, st__file_rec* frec, st__tensor_rec* trec) {
   int n = 0;
   for (int i = 0; i < snap->count; ++i) n += !strcmp(snap->files[i], file);
-  st_named_tensor* ts = calloc((size_t)n + 1, sizeof(*ts));
-  int* idx = calloc((size_t)n + 1, sizeof(int));
+  st_named_tensor* ts = st_xcalloc((size_t)n + 1, sizeof(*ts));
+  int* idx = st_xcalloc((size_t)n + 1, sizeof(int));
   int k = 0;
   for (int i = 0; i < snap->count; ++i) {
     if (strcmp(snap->files[i], file)) continue;
@@ -347,14 +347,14 @@ st_status st_ckpt_save(const st_ckpt_save_options* o, const st_ckpt_snapshot* sn
 
   /* Files in order of first appearance (params, then optimizer state). */
   int file_count = 0;
-  const char** files = calloc((size_t)snap->count + 1, sizeof(char*));
+  const char** files = st_xcalloc((size_t)snap->count + 1, sizeof(char*));
   for (int i = 0; i < snap->count; ++i) {
     bool seen = false;
     for (int j = 0; j < file_count; ++j) seen |= !strcmp(files[j], snap->files[i]);
     if (!seen) files[file_count++] = snap->files[i];
   }
-  st__file_rec* frec = calloc((size_t)file_count + 1, sizeof(*frec));
-  st__tensor_rec* trec = calloc((size_t)snap->count + 1, sizeof(*trec));
+  st__file_rec* frec = st_xcalloc((size_t)file_count + 1, sizeof(*frec));
+  st__tensor_rec* trec = st_xcalloc((size_t)snap->count + 1, sizeof(*trec));
   for (int f = 0; f < file_count && !s; ++f) s = st__write_tensor_file(o, snap, tmp, files[f], &frec[f], trec);
   int64_t bytes = 0;
   for (int f = 0; f < file_count; ++f) bytes += (int64_t)frec[f].bytes;
@@ -412,7 +412,7 @@ st_status st_ckpt_save(const st_ckpt_save_options* o, const st_ckpt_snapshot* sn
     result->write_s = st__now() - t0;
     result->bytes = bytes;
     result->removed = removed;
-    if (!s) result->dir = strdup(final);
+    if (!s) result->dir = st_xstrdup(final);
   }
   free(files);
   free(frec);
@@ -454,7 +454,7 @@ st_status st_ckpt_list(const char* root, st_ckpt_entry** out_entries, int* out_c
     return st__errno("listing", root, errno);
   }
   int cap = 16, n = 0;
-  st_ckpt_entry* v = calloc((size_t)cap, sizeof(*v));
+  st_ckpt_entry* v = st_xcalloc((size_t)cap, sizeof(*v));
   struct dirent* e;
   while ((e = readdir(d)) != NULL) {
     int64_t step;
@@ -466,10 +466,10 @@ st_status st_ckpt_list(const char* root, st_ckpt_entry** out_entries, int* out_c
     }
     if (n == cap) {
       cap *= 2;
-      v = realloc(v, (size_t)cap * sizeof(*v));
+      v = st_xrealloc(v, (size_t)cap * sizeof(*v));
     }
     v[n].step = step;
-    v[n].name = strdup(e->d_name);
+    v[n].name = st_xstrdup(e->d_name);
     v[n].dir = dir;
     ++n;
   }

@@ -62,11 +62,7 @@ st_status st_safetensors_header(const st_named_tensor* tensors, int count, const
   st_strbuf_append(&h, "}");
   /* Data starts 8-byte aligned, so a reader may map it as f64/i64. */
   while ((8 + h.len) % 8) st_strbuf_append(&h, " ");
-  char* out = malloc(8 + h.len);
-  if (!out) {
-    st_strbuf_free(&h);
-    return st_status_make(ST_CODE_CKPT, "%s: out of memory", origin);
-  }
+  char* out = st_xmalloc(8 + h.len);
   uint64_t n = h.len;
   for (int i = 0; i < 8; ++i) out[i] = (char)(unsigned char)(n >> (8 * i));
   memcpy(out + 8, h.data, h.len);
@@ -82,11 +78,7 @@ st_status st_safetensors_write(const char* path, const st_named_tensor* tensors,
   size_t header_size = 0, data_size = 0;
   ST_RETURN(st_safetensors_header(tensors, count, path, &header, &header_size, &data_size));
   size_t total = header_size + data_size;
-  unsigned char* buf = malloc(total ? total : 1);
-  if (!buf) {
-    free(header);
-    return st_status_make(ST_CODE_CKPT, "%s: out of memory (%zu bytes)", path, total);
-  }
+  unsigned char* buf = st_xmalloc(total);
   memcpy(buf, header, header_size);
   free(header);
   size_t at = header_size;
@@ -166,8 +158,8 @@ static st_status st__parse_entry(const char* path, const char* name, const st_js
 
 st_status st_safetensors_parse(const char* path, unsigned char* data, size_t size, st_safetensors** out) {
   *out = NULL;
-  st_safetensors* f = calloc(1, sizeof(*f));
-  f->path = strdup(path);
+  st_safetensors* f = st_xcalloc(1, sizeof(*f));
+  f->path = st_xstrdup(path);
   f->data = data;
   f->size = size;
   st_status s = ST_OK;
@@ -193,19 +185,19 @@ st_status st_safetensors_parse(const char* path, unsigned char* data, size_t siz
     s = st_status_make(ST_CODE_CKPT, "%s: header is not a JSON object", path);
     goto done;
   }
-  f->entries = calloc(h->count + 1, sizeof(*f->entries));
+  f->entries = st_xcalloc(h->count + 1, sizeof(*f->entries));
   size_t data_size = size - f->data_start;
   for (size_t i = 0; i < h->count && !s; ++i) {
     if (!strcmp(h->keys[i], "__metadata__")) continue;
     st_safetensors_entry* e = &f->entries[f->count];
     s = st__parse_entry(path, h->keys[i], &h->items[i], data_size, e);
     if (s) break;
-    e->name = strdup(h->keys[i]);
+    e->name = st_xstrdup(h->keys[i]);
     f->count++;
   }
   if (s) goto done;
   /* The entries must cover [0, data_size) without gaps or overlaps. */
-  st_safetensors_entry* sorted = malloc(((size_t)f->count + 1) * sizeof(*sorted));
+  st_safetensors_entry* sorted = st_xmalloc(((size_t)f->count + 1) * sizeof(*sorted));
   memcpy(sorted, f->entries, (size_t)f->count * sizeof(*sorted));
   qsort(sorted, (size_t)f->count, sizeof(*sorted), st__by_offset);
   size_t at = 0;

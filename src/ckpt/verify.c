@@ -229,12 +229,12 @@ static st_status st__read_manifest(const char* dir, st_ckpt* c, st_json** out_js
     st_status_free(r);
     ST__FAIL("'%s': \"config_hash\" is missing", path);
   }
-  c->config_hash = strdup(str);
+  c->config_hash = st_xstrdup(str);
   if ((r = st_json_get_string(j, "bundle_key", path, &str))) {
     st_status_free(r);
     ST__FAIL("'%s': \"bundle_key\" is missing", path);
   }
-  c->bundle_key = strdup(str);
+  c->bundle_key = st_xstrdup(str);
   const st_json* model = st_json_get(j, "model");
   const st_json* config = st_json_get(j, "config");
   if (!model || model->kind != ST_JSON_OBJECT || !config || config->kind != ST_JSON_OBJECT)
@@ -250,7 +250,7 @@ static st_status st__read_manifest(const char* dir, st_ckpt* c, st_json** out_js
   const st_json* tensors = st_json_get(j, "tensors");
   if (!files || files->kind != ST_JSON_ARRAY || !tensors || tensors->kind != ST_JSON_ARRAY)
     ST__FAIL("'%s': \"files\" and \"tensors\" must be arrays", path);
-  c->files = calloc(files->count + 1, sizeof(*c->files));
+  c->files = st_xcalloc(files->count + 1, sizeof(*c->files));
   for (size_t i = 0; i < files->count; ++i) {
     const st_json* f = &files->items[i];
     const char* name = NULL;
@@ -265,11 +265,11 @@ static st_status st__read_manifest(const char* dir, st_ckpt* c, st_json** out_js
     }
     if (!st__plain_file_name(name)) ST__FAIL("'%s': files[%zu] \"%s\" is not a plain file name", path, i, name);
     st_ckpt_file_info* fi = &c->files[c->file_count++];
-    fi->file = strdup(name);
+    fi->file = st_xstrdup(name);
     fi->bytes = (size_t)bytes;
     if (bytes < 0 || !st__parse_hex64(hash, &fi->xxh64)) ST__FAIL("'%s': files[%zu] has a bad size or xxh64", path, i);
   }
-  c->tensors = calloc(tensors->count + 1, sizeof(*c->tensors));
+  c->tensors = st_xcalloc(tensors->count + 1, sizeof(*c->tensors));
   for (size_t i = 0; i < tensors->count; ++i) {
     const st_json* t = &tensors->items[i];
     const char *name = NULL, *file = NULL, *dtype = NULL, *hash = NULL;
@@ -287,8 +287,8 @@ static st_status st__read_manifest(const char* dir, st_ckpt* c, st_json** out_js
       ST__FAIL("'%s': tensors[%zu] needs \"name\", \"file\", \"dtype\", \"shape\", \"offset\", \"bytes\", \"xxh64\"", path, i);
     }
     st_ckpt_tensor_info* ti = &c->tensors[c->tensor_count++];
-    ti->name = strdup(name);
-    ti->file = strdup(file);
+    ti->name = st_xstrdup(name);
+    ti->file = st_xstrdup(file);
     ti->offset = (size_t)offset;
     ti->bytes = (size_t)bytes;
     ti->type.dtype = st_safetensors_dtype_parse(dtype);
@@ -428,15 +428,15 @@ done:
 
 st_status st_ckpt_open(const char* dir, const st_ckpt_expect* expect, st_ckpt** out) {
   *out = NULL;
-  st_ckpt* c = calloc(1, sizeof(*c));
-  c->dir = strdup(dir);
+  st_ckpt* c = st_xcalloc(1, sizeof(*c));
+  c->dir = st_xstrdup(dir);
   size_t n = strlen(c->dir);
   while (n > 1 && c->dir[n - 1] == '/') c->dir[--n] = '\0';
   st_json* manifest = NULL;
   st_status s = st__read_manifest(c->dir, c, &manifest);
   if (!s && expect) s = st__check_expect(c, manifest, expect);
   if (!s) {
-    c->loaded = calloc((size_t)c->file_count + 1, sizeof(st_safetensors*));
+    c->loaded = st_xcalloc((size_t)c->file_count + 1, sizeof(st_safetensors*));
     for (int f = 0; f < c->file_count && !s; ++f) s = st__check_file(c, f, &c->loaded[f]);
   }
   st_json_free(manifest);

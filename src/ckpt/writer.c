@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "strata/base.h"
 #include "strata/ckpt.h"
 
 struct st_ckpt_writer {
@@ -46,9 +47,9 @@ static void* st__writer_main(void* arg) {
 
 st_status st_ckpt_writer_create(const st_ckpt_save_options* options, st_ckpt_writer** out) {
   *out = NULL;
-  st_ckpt_writer* w = calloc(1, sizeof(*w));
+  st_ckpt_writer* w = st_xcalloc(1, sizeof(*w));
   w->options = *options;
-  w->root = strdup(options->root);
+  w->root = st_xstrdup(options->root);
   w->options.root = w->root;
   pthread_mutex_init(&w->mu, NULL);
   pthread_cond_init(&w->cv, NULL);

@@ -38,7 +38,7 @@ static char* st__root_of(const char* path) {
   if (st_fs_is_dir(sub)) return sub;
   free(sub);
   if (!st_fs_is_dir(path)) return NULL;
-  return strdup(path);
+  return st_xstrdup(path);
 }
 
 static void st__human_bytes(double b, char* out, size_t n) {

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "cli/commands.h"
+#include "strata/base.h"
 #include "strata/runtime.h"
 
 #define ST__DOCTOR_N 512
@@ -112,13 +113,12 @@ static st_status st__matmul_bench(st_runtime* rt, double* out_median_gflops, dou
   const int n = ST__DOCTOR_N;
   const size_t bytes = sizeof(float) * (size_t)n * (size_t)n;
   st_tensor_type t = {.dtype = ST_DTYPE_F32, .rank = 2, .dims = {n, n}};
-  float* a = malloc(bytes);
-  float* b = malloc(bytes);
-  float* c = malloc(bytes);
-  double* times = malloc(sizeof(double) * ST__DOCTOR_MAX_RUNS);
+  float* a = st_xmalloc(bytes);
+  float* b = st_xmalloc(bytes);
+  float* c = st_xmalloc(bytes);
+  double* times = st_xmalloc(sizeof(double) * ST__DOCTOR_MAX_RUNS);
   st_buffer* in[2] = {NULL, NULL};
-  if (!a || !b || !c || !times) s = st_status_make(ST_CODE_INTERNAL, "doctor: out of memory");
-  if (!s) {
+  {
     /* Exact in f32: every product is 1*0.5 and every partial sum a multiple
      * of 0.5, so each element must be exactly n/2. */
     for (int i = 0; i < n * n; ++i) {

@@ -21,7 +21,7 @@ int st_cli_resume(int argc, char** argv) {
     return st_cli_report(s);
   }
   /* The user's overrides, then the two that make this a resume of |dir|. */
-  char** ov = calloc((size_t)argc + 2, sizeof(char*));
+  char** ov = st_xcalloc((size_t)argc + 2, sizeof(char*));
   int n = 0;
   for (int i = 1; i < argc; ++i) ov[n++] = argv[i];
   st_strbuf d = {0};

@@ -44,7 +44,6 @@ struct st_config {
   st__cfg_value* v;
 };
 
-static st_status st__oom(void) { return st_status_make(ST_CODE_INTERNAL, "out of memory while loading the config"); }
 
 static void st__value_clear(st__cfg_value* v) {
   free(v->s);
@@ -184,24 +183,22 @@ static st_status st__parse_value(const st__cfg_key* k, const st__cfg_entry* e, c
       return st__type_error(k, t, n, "a bool", src);
     case ST__CFG_ENUM:
       if (!st__enum_has(k->choices, t, n)) return st__type_error(k, t, n, "an allowed value", src);
-      out->s = st_strndup(t, n);
-      return out->s ? ST_OK : st__oom();
+      out->s = st_xstrndup(t, n);
+      return ST_OK;
     case ST__CFG_STRING:
       if (e->kind == ST__ENTRY_NULL) n = 0; /* "key:" or "key: ~" is the empty string */
       ST_RETURN(st__check_text(k, t, n, src));
-      out->s = st_strndup(t, n);
-      return out->s ? ST_OK : st__oom();
+      out->s = st_xstrndup(t, n);
+      return ST_OK;
     case ST__CFG_LIST:
       if (e->kind == ST__ENTRY_NULL) return ST_OK; /* "key:" is the empty list */
       if (e->kind != ST__ENTRY_LIST) return st__type_error(k, t, n, "a list", src);
       if (e->item_count > 0) {
-        out->items = calloc((size_t)e->item_count, sizeof(char*));
-        if (!out->items) return st__oom();
+        out->items = st_xcalloc((size_t)e->item_count, sizeof(char*));
       }
       for (int j = 0; j < e->item_count; ++j) {
         ST_RETURN(st__check_text(k, e->items[j], e->item_lens[j], src));
-        out->items[j] = st_strndup(e->items[j], e->item_lens[j]);
-        if (!out->items[j]) return st__oom();
+        out->items[j] = st_xstrndup(e->items[j], e->item_lens[j]);
         out->n = j + 1;
       }
       return ST_OK;
@@ -289,7 +286,7 @@ static st_status st__apply(st_config* c, const st__cfg_entry* e, const char* whe
   const st__cfg_key* k = &st__cfg_schema(&count)[idx];
   st__cfg_value v = {0};
   st_status s = st__parse_value(k, e, src, &v);
-  if (!s && !(v.source = st_strdup(src))) s = st__oom();
+  if (!s) v.source = st_xstrdup(src);
   if (s) {
     st__value_clear(&v);
     return s;
@@ -322,13 +319,13 @@ static bool st__split_list(const char* s, st__cfg_entry* e) {
   for (;;) {
     while (p < end && (*p == ' ' || *p == '\t')) ++p;
     if (p == end) return true; /* only for "[]": after a comma an item must follow */
-    st__cfg_buf item = {0};
-    st__cfg_buf_put(&item, "", 0);
+    st_strbuf item = {0};
+    st_strbuf_append_n(&item, "", 0);
     if (*p == '"' || *p == '\'') {
       char q = *p++;
       for (;;) {
         if (p == end) {
-          st__cfg_buf_free(&item);
+          st_strbuf_free(&item);
           return false;
         }
         if (*p == q) {
@@ -336,7 +333,7 @@ static bool st__split_list(const char* s, st__cfg_entry* e) {
           break;
         }
         if (q == '"' && *p == '\\' && p + 1 < end) ++p;
-        st__cfg_buf_put(&item, p++, 1);
+        st_strbuf_append_n(&item, p++, 1);
       }
       while (p < end && (*p == ' ' || *p == '\t')) ++p;
     } else {
@@ -345,25 +342,19 @@ static bool st__split_list(const char* s, st__cfg_entry* e) {
       const char* b = p;
       while (b > a && (b[-1] == ' ' || b[-1] == '\t')) --b;
       if (b == a) {
-        st__cfg_buf_free(&item);
+        st_strbuf_free(&item);
         return false;
       }
-      st__cfg_buf_put(&item, a, (size_t)(b - a));
+      st_strbuf_append_n(&item, a, (size_t)(b - a));
     }
     if (p < end && *p != ',') {
-      st__cfg_buf_free(&item);
+      st_strbuf_free(&item);
       return false;
     }
-    char** items = realloc(e->items, (size_t)(e->item_count + 1) * sizeof(char*));
-    if (items) e->items = items;
-    size_t* lens = realloc(e->item_lens, (size_t)(e->item_count + 1) * sizeof(size_t));
-    if (lens) e->item_lens = lens;
-    if (!items || !lens || item.oom) {
-      st__cfg_buf_free(&item);
-      return false;
-    }
-    e->items[e->item_count] = item.data;
+    e->items = st_xrealloc(e->items, (size_t)(e->item_count + 1) * sizeof(char*));
+    e->item_lens = st_xrealloc(e->item_lens, (size_t)(e->item_count + 1) * sizeof(size_t));
     e->item_lens[e->item_count] = item.len;
+    e->items[e->item_count] = st_strbuf_take(&item);
     e->item_count++;
     if (p == end) return true;
     ++p; /* the comma */
@@ -387,8 +378,7 @@ static st_status st__apply_override(st_config* c, const char* arg, const char* s
     st__cfg_quote(arg, strlen(arg), shown, sizeof(shown));
     return st_status_make(ST_CODE_CONFIG, "'%s' is not key=value (%s)", shown, src);
   }
-  char* key = st_strndup(arg, (size_t)(eq - arg));
-  if (!key) return st__oom();
+  char* key = st_xstrndup(arg, (size_t)(eq - arg));
   const char* value = eq + 1;
   st_status s = ST_OK;
   char where[300];
@@ -433,13 +423,8 @@ static st_status st__check_rules(const st_config* c) {
 static st_status st__defaults(st_config** out) {
   int count;
   const st__cfg_key* keys = st__cfg_schema(&count);
-  st_config* c = calloc(1, sizeof(*c));
-  if (!c) return st__oom();
-  c->v = calloc((size_t)count, sizeof(*c->v));
-  if (!c->v) {
-    free(c);
-    return st__oom();
-  }
+  st_config* c = st_xcalloc(1, sizeof(*c));
+  c->v = st_xcalloc((size_t)count, sizeof(*c->v));
   c->count = count;
   for (int i = 0; i < count; ++i) {
     /* Defaults take the same path as user text: one parser, one range check. */
@@ -477,28 +462,22 @@ static st_status st__read_file(const char* path, char** out, size_t* out_len, in
     *err = errno;
     return ST_OK;
   }
-  st__cfg_buf b = {0};
+  st_strbuf b = {0};
   char chunk[8192];
   size_t n;
   while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0) {
-    st__cfg_buf_put(&b, chunk, n);
+    st_strbuf_append_n(&b, chunk, n);
     if (b.len > kMaxFileBytes) break;
   }
   int read_err = ferror(f) ? errno : 0;
   fclose(f);
-  if (b.oom) {
-    st__cfg_buf_free(&b);
-    return st__oom();
-  }
   if (read_err || b.len > kMaxFileBytes) {
-    st__cfg_buf_free(&b);
+    st_strbuf_free(&b);
     *err = read_err ? read_err : EFBIG;
     return ST_OK;
   }
-  if (!b.data) st__cfg_buf_put(&b, "", 0);
-  if (b.oom) return st__oom();
-  *out = b.data;
   *out_len = b.len;
+  *out = st_strbuf_take(&b);
   return ST_OK;
 }
 
@@ -507,18 +486,14 @@ static bool st__exists(const char* path) { return access(path, F_OK) == 0; }
 /* |rel| resolved against the folder of |from| ("configs/tiny.yml" + "base.yml"
  * -> "configs/base.yml"). */
 static char* st__join_dir_of(const char* from, const char* rel) {
-  if (rel[0] == '/') return st_strdup(rel);
+  if (rel[0] == '/') return st_xstrdup(rel);
   const char* slash = strrchr(from, '/');
-  st__cfg_buf b = {0};
+  st_strbuf b = {0};
   if (slash) {
-    st__cfg_buf_put(&b, from, (size_t)(slash - from) + 1);
+    st_strbuf_append_n(&b, from, (size_t)(slash - from) + 1);
   }
-  st__cfg_buf_puts(&b, rel);
-  if (b.oom) {
-    st__cfg_buf_free(&b);
-    return NULL;
-  }
-  return b.data;
+  st_strbuf_append(&b, rel);
+  return st_strbuf_take(&b);
 }
 
 /* Paths under the current folder are shown relative to it: messages and
@@ -527,9 +502,9 @@ static char* st__display_path(const char* path) {
   char cwd[4096];
   if (path[0] == '/' && getcwd(cwd, sizeof(cwd))) {
     size_t n = strlen(cwd);
-    if (n > 1 && !strncmp(path, cwd, n) && path[n] == '/') return st_strdup(path + n + 1);
+    if (n > 1 && !strncmp(path, cwd, n) && path[n] == '/') return st_xstrdup(path + n + 1);
   }
-  return st_strdup(path);
+  return st_xstrdup(path);
 }
 
 typedef struct {
@@ -556,20 +531,20 @@ static st_status st__load_file(st__cfg_file* f, const char* path, const char* mi
                             strerror(err));
     return st_status_make(ST_CODE_CONFIG, "cannot read config file '%s': %s", path, strerror(err));
   }
-  f->display = st_strdup(path);
+  f->display = st_xstrdup(path);
   f->real = realpath(path, NULL);
-  st_status s = f->display && f->real ? ST_OK : st__oom();
+  st_status s = f->real ? ST_OK : st_status_make(ST_CODE_CONFIG, "cannot resolve config file '%s': %s", path, strerror(errno));
   if (!s) s = st__cfg_parse_yaml(f->display, text, len, &f->doc);
   free(text);
   return s;
 }
 
 static st_status st__cycle_error(st__cfg_file* chain, int n, const char* again) {
-  st__cfg_buf b = {0};
-  for (int i = 0; i < n; ++i) st__cfg_buf_printf(&b, "%s -> ", chain[i].display);
-  st__cfg_buf_puts(&b, again);
-  st_status s = b.oom ? st__oom() : st_status_make(ST_CODE_CONFIG, "base_config cycle: %s", b.data);
-  st__cfg_buf_free(&b);
+  st_strbuf b = {0};
+  for (int i = 0; i < n; ++i) st_strbuf_printf(&b, "%s -> ", chain[i].display);
+  st_strbuf_append(&b, again);
+  st_status s = st_status_make(ST_CODE_CONFIG, "base_config cycle: %s", b.data);
+  st_strbuf_free(&b);
   return s;
 }
 
@@ -586,20 +561,14 @@ static st_status st__load_chain(const char* path, st__cfg_file* chain, int* n) {
     /* Relative to the including file first, then to the configs/ folder, so
      * an experiment anywhere can say `base_config: small.yml`. */
     char* candidate = st__join_dir_of(child->display, rel);
-    if (!candidate) return st__oom();
     if (!st__exists(candidate) && rel[0] != '/') {
       char* configs = st__configs_dir();
-      char* in_configs = configs ? st__join_dir_of(configs, rel) : NULL;
+      char* in_configs = st__join_dir_of(configs, rel);
       free(configs);
-      if (!in_configs) {
-        free(candidate);
-        return st__oom();
-      }
       if (st__exists(in_configs)) {
         free(candidate);
         candidate = st__display_path(in_configs);
         free(in_configs);
-        if (!candidate) return st__oom();
       } else {
         st_status s = st_status_make(ST_CODE_CONFIG, "base_config '%s' %s not found (looked for %s and %s)", rel,
                                      context, candidate, in_configs);
@@ -650,7 +619,7 @@ static st_status st__load_files(st_config* c, const char* path) {
     for (int i = 0; root_real && i < n; ++i) in_chain |= !strcmp(chain[i].real, root_real);
     if (root_real && !in_chain) {
       char* shown = st__display_path(root_path);
-      s = shown ? st__load_file(&root, shown, NULL) : st__oom();
+      s = st__load_file(&root, shown, NULL);
       free(shown);
       have_root = true;
       if (!s && root.doc.base_config)
@@ -709,12 +678,8 @@ st_status st__cfg_load_text(const char* name, const char* text, size_t len, int 
 
 st_status st_config_set(st_config* config, const char* key, const char* value, const char* source) {
   if (!config || !key || !value) return st_status_make(ST_CODE_INTERNAL, "st_config_set: NULL argument");
-  st__cfg_buf arg = {0};
-  st__cfg_buf_printf(&arg, "%s=%s", key, value);
-  if (arg.oom) {
-    st__cfg_buf_free(&arg);
-    return st__oom();
-  }
+  st_strbuf arg = {0};
+  st_strbuf_printf(&arg, "%s=%s", key, value);
   /* Keep the old value so a rule violation leaves the config as it was. */
   int idx = st__cfg_find(key, strlen(key));
   st__cfg_value saved = {0};
@@ -732,7 +697,7 @@ st_status st_config_set(st_config* config, const char* key, const char* value, c
       st__value_clear(&saved);
     }
   }
-  st__cfg_buf_free(&arg);
+  st_strbuf_free(&arg);
   return s;
 }
 
@@ -781,27 +746,27 @@ const char* st_config_source(const st_config* config, const char* key) {
 
 /* ---- canonical text and hash -------------------------------------------- */
 
-void st__cfg_value_text(const st_config* c, int index, st__cfg_buf* out) {
+void st__cfg_value_text(const st_config* c, int index, st_strbuf* out) {
   int count;
   const st__cfg_key* k = &st__cfg_schema(&count)[index];
   const st__cfg_value* v = &c->v[index];
   char num[40];
   switch (k->type) {
-    case ST__CFG_INT: st__cfg_buf_printf(out, "%lld", (long long)v->i); return;
+    case ST__CFG_INT: st_strbuf_printf(out, "%lld", (long long)v->i); return;
     case ST__CFG_FLOAT:
       st__cfg_fmt_float(v->f, num);
-      st__cfg_buf_puts(out, num);
+      st_strbuf_append(out, num);
       return;
-    case ST__CFG_BOOL: st__cfg_buf_puts(out, v->b ? "true" : "false"); return;
-    case ST__CFG_ENUM: st__cfg_buf_puts(out, v->s); return;
-    case ST__CFG_STRING: st__cfg_buf_json(out, v->s); return;
+    case ST__CFG_BOOL: st_strbuf_append(out, v->b ? "true" : "false"); return;
+    case ST__CFG_ENUM: st_strbuf_append(out, v->s); return;
+    case ST__CFG_STRING: st_strbuf_json_string(out, v->s); return;
     case ST__CFG_LIST:
-      st__cfg_buf_puts(out, "[");
+      st_strbuf_append(out, "[");
       for (int j = 0; j < v->n; ++j) {
-        if (j) st__cfg_buf_puts(out, ", ");
-        st__cfg_buf_json(out, v->items[j]);
+        if (j) st_strbuf_append(out, ", ");
+        st_strbuf_json_string(out, v->items[j]);
       }
-      st__cfg_buf_puts(out, "]");
+      st_strbuf_append(out, "]");
       return;
   }
 }
@@ -821,13 +786,12 @@ void st_config_hash(const st_config* config, const char* const* prefixes, int pr
     for (int p = 0; p < prefix_count && !selected; ++p)
       selected = !strncmp(keys[i].key, prefixes[p], strlen(prefixes[p]));
     if (!selected) continue;
-    st__cfg_buf text = {0};
-    st__cfg_buf_printf(&text, "%s=", keys[i].key);
+    st_strbuf text = {0};
+    st_strbuf_printf(&text, "%s=", keys[i].key);
     st__cfg_value_text(config, i, &text);
-    st__cfg_buf_puts(&text, "\n");
-    if (text.oom) st__cfg_die("st_config_hash: out of memory");
+    st_strbuf_append(&text, "\n");
     XXH64_update(&state, text.data, text.len);
-    st__cfg_buf_free(&text);
+    st_strbuf_free(&text);
   }
   snprintf(out, 17, "%016llx", (unsigned long long)XXH64_digest(&state));
 }

@@ -161,7 +161,7 @@ st_status st_config_write_yaml(const st_config* config, FILE* out) {
   st__yaml_ctx y;
   memset(&y, 0, sizeof(y));
   y.config = config;
-  if (!yaml_emitter_initialize(&y.emitter)) return st_status_make(ST_CODE_INTERNAL, "out of memory (YAML emitter)");
+  if (!yaml_emitter_initialize(&y.emitter)) st_oom("YAML emitter");
   yaml_emitter_set_output_file(&y.emitter, out);
   yaml_emitter_set_unicode(&y.emitter, 1);
   yaml_emitter_set_width(&y.emitter, -1); /* never fold long strings */
@@ -187,13 +187,12 @@ st_status st_config_write_yaml(const st_config* config, FILE* out) {
 }
 
 st_status st_config_save(const st_config* config, const char* path) {
-  st__cfg_buf tmp = {0};
-  st__cfg_buf_printf(&tmp, "%s.tmp.%ld", path, (long)getpid());
-  if (tmp.oom) return st_status_make(ST_CODE_INTERNAL, "out of memory");
+  st_strbuf tmp = {0};
+  st_strbuf_printf(&tmp, "%s.tmp.%ld", path, (long)getpid());
   FILE* f = fopen(tmp.data, "wb");
   if (!f) {
     st_status s = st_status_make(ST_CODE_IO, "cannot write %s: %s", tmp.data, strerror(errno));
-    st__cfg_buf_free(&tmp);
+    st_strbuf_free(&tmp);
     return s;
   }
   st_status s = st_config_write_yaml(config, f);
@@ -202,7 +201,7 @@ st_status st_config_save(const st_config* config, const char* path) {
   if (!s && rename(tmp.data, path) != 0)
     s = st_status_make(ST_CODE_IO, "cannot rename %s to %s: %s", tmp.data, path, strerror(errno));
   if (s) unlink(tmp.data);
-  st__cfg_buf_free(&tmp);
+  st_strbuf_free(&tmp);
   return s;
 }
 
@@ -210,39 +209,39 @@ st_status st_config_save(const st_config* config, const char* path) {
 
 typedef struct {
   const st_config* config;
-  st__cfg_buf out;
+  st_strbuf out;
   bool first[kMaxNesting + 2];
 } st__json_ctx;
 
 static void st__json_indent(st__json_ctx* j, int depth) {
-  st__cfg_buf_puts(&j->out, j->first[depth] ? "\n" : ",\n");
+  st_strbuf_append(&j->out, j->first[depth] ? "\n" : ",\n");
   j->first[depth] = false;
-  for (int i = 0; i <= depth; ++i) st__cfg_buf_puts(&j->out, "  ");
+  for (int i = 0; i <= depth; ++i) st_strbuf_append(&j->out, "  ");
 }
 
 static void st__json_open(void* ctx, const char* name, size_t len, int depth) {
   st__json_ctx* j = ctx;
   st__json_indent(j, depth);
-  st__cfg_buf_printf(&j->out, "\"%.*s\": {", (int)len, name);
+  st_strbuf_printf(&j->out, "\"%.*s\": {", (int)len, name);
   j->first[depth + 1] = true;
 }
 
 static void st__json_close(void* ctx, int depth) {
   st__json_ctx* j = ctx;
-  st__cfg_buf_puts(&j->out, "\n");
-  for (int i = 0; i <= depth; ++i) st__cfg_buf_puts(&j->out, "  ");
-  st__cfg_buf_puts(&j->out, "}");
+  st_strbuf_append(&j->out, "\n");
+  for (int i = 0; i <= depth; ++i) st_strbuf_append(&j->out, "  ");
+  st_strbuf_append(&j->out, "}");
 }
 
 static void st__json_leaf(void* ctx, int index, const char* name, int depth) {
   st__json_ctx* j = ctx;
   st__json_indent(j, depth);
-  st__cfg_buf_printf(&j->out, "\"%s\": ", name);
+  st_strbuf_printf(&j->out, "\"%s\": ", name);
   /* The canonical text is already valid JSON: numbers, true/false, quoted
    * strings, arrays of quoted strings; enums alone need quotes. */
   int count;
   if (st__cfg_schema(&count)[index].type == ST__CFG_ENUM) {
-    st__cfg_buf_json(&j->out, st_config_string(j->config, st__cfg_schema(&count)[index].key));
+    st_strbuf_json_string(&j->out, st_config_string(j->config, st__cfg_schema(&count)[index].key));
   } else {
     st__cfg_value_text(j->config, index, &j->out);
   }
@@ -253,16 +252,14 @@ st_status st_config_write_json(const st_config* config, FILE* out) {
   memset(&j, 0, sizeof(j));
   j.config = config;
   j.first[0] = true;
-  st__cfg_buf_puts(&j.out, "{");
+  st_strbuf_append(&j.out, "{");
   static const st__walker walker = {st__json_open, st__json_close, st__json_leaf};
   st__walk(&walker, &j);
-  st__cfg_buf_puts(&j.out, "\n}\n");
+  st_strbuf_append(&j.out, "\n}\n");
   st_status s = ST_OK;
-  if (j.out.oom)
-    s = st_status_make(ST_CODE_INTERNAL, "out of memory");
-  else if (fwrite(j.out.data, 1, j.out.len, out) != j.out.len || fflush(out) != 0)
+  if (fwrite(j.out.data, 1, j.out.len, out) != j.out.len || fflush(out) != 0)
     s = st_status_make(ST_CODE_IO, "cannot write the config as JSON: %s", strerror(errno));
-  st__cfg_buf_free(&j.out);
+  st_strbuf_free(&j.out);
   return s;
 }
 
@@ -271,60 +268,55 @@ st_status st_config_write_json(const st_config* config, FILE* out) {
 st_status st_config_print_sources(const st_config* config, FILE* out) {
   int count;
   const st__cfg_key* keys = st__cfg_schema(&count);
-  st__cfg_buf* values = calloc((size_t)count, sizeof(st__cfg_buf));
-  if (!values) return st_status_make(ST_CODE_INTERNAL, "out of memory");
+  st_strbuf* values = st_xcalloc((size_t)count, sizeof(st_strbuf));
   size_t key_w = 3, val_w = 5;
-  bool oom = false;
   for (int i = 0; i < count; ++i) {
     st__cfg_value_text(config, i, &values[i]);
-    oom |= values[i].oom;
     if (strlen(keys[i].key) > key_w) key_w = strlen(keys[i].key);
     /* A long path should not push every source off the screen. */
     if (values[i].len > val_w && values[i].len <= 40) val_w = values[i].len;
   }
-  st__cfg_buf b = {0};
-  st__cfg_buf_printf(&b, "%-*s  %-*s  %s\n", (int)key_w, "key", (int)val_w, "value", "source");
-  for (int i = 0; i < count && !oom; ++i)
-    st__cfg_buf_printf(&b, "%-*s  %-*s  %s\n", (int)key_w, keys[i].key, (int)val_w, values[i].data,
+  st_strbuf b = {0};
+  st_strbuf_printf(&b, "%-*s  %-*s  %s\n", (int)key_w, "key", (int)val_w, "value", "source");
+  for (int i = 0; i < count; ++i)
+    st_strbuf_printf(&b, "%-*s  %-*s  %s\n", (int)key_w, keys[i].key, (int)val_w, st_strbuf_cstr(&values[i]),
                        st_config_source(config, keys[i].key));
   char hash[17];
   st_config_hash(config, NULL, 0, hash);
-  st__cfg_buf_printf(&b, "\nconfig hash: %s\n", hash);
-  for (int i = 0; i < count; ++i) st__cfg_buf_free(&values[i]);
+  st_strbuf_printf(&b, "\nconfig hash: %s\n", hash);
+  for (int i = 0; i < count; ++i) st_strbuf_free(&values[i]);
   free(values);
   st_status s = ST_OK;
-  if (oom || b.oom)
-    s = st_status_make(ST_CODE_INTERNAL, "out of memory");
-  else if (fwrite(b.data, 1, b.len, out) != b.len || fflush(out) != 0)
+  if (fwrite(b.data, 1, b.len, out) != b.len || fflush(out) != 0)
     s = st_status_make(ST_CODE_IO, "cannot write the config: %s", strerror(errno));
-  st__cfg_buf_free(&b);
+  st_strbuf_free(&b);
   return s;
 }
 
 /* ---- Markdown reference ------------------------------------------------- */
 
 /* Table cells: a '|' would end the cell. */
-static void st__md_cell(st__cfg_buf* b, const char* s) {
+static void st__md_cell(st_strbuf* b, const char* s) {
   for (; *s; ++s) {
     if (*s == '|')
-      st__cfg_buf_puts(b, "\\|");
+      st_strbuf_append(b, "\\|");
     else
-      st__cfg_buf_put(b, s, 1);
+      st_strbuf_append_n(b, s, 1);
   }
 }
 
-static void st__md_section_heading(st__cfg_buf* b, const char* section, size_t len) {
+static void st__md_section_heading(st_strbuf* b, const char* section, size_t len) {
   int n;
   const st__cfg_section* sections = st__cfg_sections(&n);
   const char* doc = NULL;
   for (int i = 0; i < n; ++i)
     if (strlen(sections[i].name) == len && !memcmp(sections[i].name, section, len)) doc = sections[i].doc;
   if (len == 0)
-    st__cfg_buf_puts(b, "\n## Top level\n\n");
+    st_strbuf_append(b, "\n## Top level\n\n");
   else
-    st__cfg_buf_printf(b, "\n## `%.*s`\n\n", (int)len, section);
-  if (doc) st__cfg_buf_printf(b, "%s\n\n", doc);
-  st__cfg_buf_puts(b, "| Key | Type | Default | Allowed | Description |\n|---|---|---|---|---|\n");
+    st_strbuf_printf(b, "\n## `%.*s`\n\n", (int)len, section);
+  if (doc) st_strbuf_printf(b, "%s\n\n", doc);
+  st_strbuf_append(b, "| Key | Type | Default | Allowed | Description |\n|---|---|---|---|---|\n");
 }
 
 st_status st_config_write_schema_markdown(FILE* out) {
@@ -332,8 +324,8 @@ st_status st_config_write_schema_markdown(FILE* out) {
   ST_RETURN(st_config_load(NULL, 0, NULL, &defaults));
   int count;
   const st__cfg_key* keys = st__cfg_schema(&count);
-  st__cfg_buf b = {0};
-  st__cfg_buf_puts(&b,
+  st_strbuf b = {0};
+  st_strbuf_append(&b,
                    "# Configuration reference\n\n"
                    "<!-- Generated by `strata config --schema` from src/config/schema.c; do not edit.\n"
                    "     A test fails when this file and the schema differ. Regenerate with:\n"
@@ -353,60 +345,57 @@ st_status st_config_write_schema_markdown(FILE* out) {
     if (!prev || sec_len != prev_len || memcmp(prev, k->key, sec_len)) st__md_section_heading(&b, k->key, sec_len);
     prev = k->key;
 
-    st__cfg_buf def = {0}, allowed = {0};
+    st_strbuf def = {0}, allowed = {0};
     st__cfg_value_text(defaults, i, &def);
     char range[100];
     switch (k->type) {
       case ST__CFG_INT:
       case ST__CFG_FLOAT:
         st__cfg_range(k, range, sizeof(range));
-        st__cfg_buf_puts(&allowed, range);
+        st_strbuf_append(&allowed, range);
         break;
-      case ST__CFG_BOOL: st__cfg_buf_puts(&allowed, "`true`, `false`"); break;
-      case ST__CFG_STRING: st__cfg_buf_puts(&allowed, "any string"); break;
-      case ST__CFG_LIST: st__cfg_buf_puts(&allowed, "list of strings"); break;
+      case ST__CFG_BOOL: st_strbuf_append(&allowed, "`true`, `false`"); break;
+      case ST__CFG_STRING: st_strbuf_append(&allowed, "any string"); break;
+      case ST__CFG_LIST: st_strbuf_append(&allowed, "list of strings"); break;
       case ST__CFG_ENUM:
         for (const char* p = k->choices; *p;) {
           const char* bar = strchr(p, '|');
           size_t len = bar ? (size_t)(bar - p) : strlen(p);
-          st__cfg_buf_printf(&allowed, "%s`%.*s`", p == k->choices ? "" : ", ", (int)len, p);
+          st_strbuf_printf(&allowed, "%s`%.*s`", p == k->choices ? "" : ", ", (int)len, p);
           p = bar ? bar + 1 : p + len;
         }
         break;
     }
-    st__cfg_buf_printf(&b, "| `%s` | %s | `", k->key, st__cfg_type_name(k->type));
+    st_strbuf_printf(&b, "| `%s` | %s | `", k->key, st__cfg_type_name(k->type));
     st__md_cell(&b, def.data ? def.data : "");
-    st__cfg_buf_puts(&b, "` | ");
+    st_strbuf_append(&b, "` | ");
     st__md_cell(&b, allowed.data ? allowed.data : "");
-    st__cfg_buf_puts(&b, " | ");
+    st_strbuf_append(&b, " | ");
     st__md_cell(&b, k->doc);
-    st__cfg_buf_puts(&b, " |\n");
-    b.oom |= def.oom || allowed.oom;
-    st__cfg_buf_free(&def);
-    st__cfg_buf_free(&allowed);
+    st_strbuf_append(&b, " |\n");
+    st_strbuf_free(&def);
+    st_strbuf_free(&allowed);
   }
 
   int n;
   const st__cfg_rule* rules = st__cfg_rules(&n);
-  st__cfg_buf_puts(&b, "\n## Cross-field rules\n\nChecked after every file and override is applied:\n\n");
-  for (int i = 0; i < n; ++i) st__cfg_buf_printf(&b, "- %s\n", rules[i].doc);
+  st_strbuf_append(&b, "\n## Cross-field rules\n\nChecked after every file and override is applied:\n\n");
+  for (int i = 0; i < n; ++i) st_strbuf_printf(&b, "- %s\n", rules[i].doc);
 
   const st__cfg_env* envs = st__cfg_envs(&n);
-  st__cfg_buf_puts(&b,
+  st_strbuf_append(&b,
                    "\n## Environment variables\n\n"
                    "Only these are read, and only where a key's empty default says so:\n\n"
                    "| Variable | Meaning |\n|---|---|\n");
   for (int i = 0; i < n; ++i) {
-    st__cfg_buf_printf(&b, "| `%s` | ", envs[i].name);
+    st_strbuf_printf(&b, "| `%s` | ", envs[i].name);
     st__md_cell(&b, envs[i].doc);
-    st__cfg_buf_puts(&b, " |\n");
+    st_strbuf_append(&b, " |\n");
   }
   st_config_destroy(defaults);
   st_status s = ST_OK;
-  if (b.oom)
-    s = st_status_make(ST_CODE_INTERNAL, "out of memory");
-  else if (fwrite(b.data, 1, b.len, out) != b.len || fflush(out) != 0)
+  if (fwrite(b.data, 1, b.len, out) != b.len || fflush(out) != 0)
     s = st_status_make(ST_CODE_IO, "cannot write the schema: %s", strerror(errno));
-  st__cfg_buf_free(&b);
+  st_strbuf_free(&b);
   return s;
 }

@@ -72,20 +72,6 @@ void st__cfg_range(const st__cfg_key* k, char* buf, size_t cap);
 
 /* ---- small helpers (util.c) --------------------------------------------- */
 
-/* Growable NUL-terminated string; on allocation failure |oom| is set and
- * further appends are dropped, so callers check once at the end. */
-typedef struct st__cfg_buf {
-  char* data;
-  size_t len, cap;
-  bool oom;
-} st__cfg_buf;
-
-void st__cfg_buf_put(st__cfg_buf* b, const char* s, size_t n);
-void st__cfg_buf_puts(st__cfg_buf* b, const char* s);
-void st__cfg_buf_printf(st__cfg_buf* b, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-void st__cfg_buf_free(st__cfg_buf* b);
-
-
 /* Shortest text that reads back to exactly |x|, always with a '.' or an
  * exponent so it stays a float in YAML and JSON ("10000.0", "1e-8"). */
 void st__cfg_fmt_float(double x, char out[40]);
@@ -94,8 +80,6 @@ void st__cfg_fmt_bound(double x, char out[40]);
 
 /* |s| (|n| bytes) quoted for a message: control bytes escaped, long values cut. */
 void st__cfg_quote(const char* s, size_t n, char* out, size_t cap);
-/* JSON string literal (with quotes) of |s|. */
-void st__cfg_buf_json(st__cfg_buf* b, const char* s);
 bool st__cfg_utf8_valid(const char* s, size_t n);
 
 /* Edit distance (optimal string alignment: a transposition costs 1). */
@@ -147,6 +131,6 @@ st_status st__cfg_load_text(const char* name, const char* text, size_t len, int 
 
 /* Canonical text of one value ("128", "0.003", "true", "\"\"", "[\"a\"]"),
  * the form hashed, printed and written as JSON. */
-void st__cfg_value_text(const st_config* config, int index, st__cfg_buf* out);
+void st__cfg_value_text(const st_config* config, int index, st_strbuf* out);
 
 #endif /* STRATA_CONFIG_INTERNAL_H */

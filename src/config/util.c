@@ -1,80 +1,11 @@
-/* util.c — small string helpers for src/config/: a growable buffer, float
- * formatting that round-trips, message quoting, edit distance. */
+/* util.c — small string helpers for src/config/: display forms of floats
+ * (over base's st_format_double), message quoting, edit distance. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "config/internal.h"
-
-static void st__buf_reserve(st__cfg_buf* b, size_t extra) {
-  if (b->oom) return;
-  if (b->len + extra + 1 <= b->cap) return;
-  size_t cap = b->cap ? b->cap : 64;
-  while (cap < b->len + extra + 1) cap *= 2;
-  char* p = realloc(b->data, cap);
-  if (!p) {
-    b->oom = true;
-    return;
-  }
-  b->data = p;
-  b->cap = cap;
-}
-
-void st__cfg_buf_put(st__cfg_buf* b, const char* s, size_t n) {
-  st__buf_reserve(b, n);
-  if (b->oom) return;
-  if (n) memcpy(b->data + b->len, s, n);
-  b->len += n;
-  b->data[b->len] = '\0';
-}
-
-void st__cfg_buf_puts(st__cfg_buf* b, const char* s) { st__cfg_buf_put(b, s, strlen(s)); }
-
-void st__cfg_buf_printf(st__cfg_buf* b, const char* fmt, ...) {
-  va_list ap, ap2;
-  va_start(ap, fmt);
-  va_copy(ap2, ap);
-  int n = vsnprintf(NULL, 0, fmt, ap);
-  va_end(ap);
-  if (n < 0) {
-    b->oom = true;
-  } else {
-    st__buf_reserve(b, (size_t)n);
-    if (!b->oom) {
-      vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap2);
-      b->len += (size_t)n;
-    }
-  }
-  va_end(ap2);
-}
-
-void st__cfg_buf_free(st__cfg_buf* b) {
-  free(b->data);
-  memset(b, 0, sizeof(*b));
-}
-
-
-/* "1e+09" -> "1e9", "1e-08" -> "1e-8": the C exponent padding is noise. */
-static void st__tidy_exponent(char* s) {
-  char* e = strchr(s, 'e');
-  if (!e) return;
-  char* src = e + 1;
-  char* dst = e + 1;
-  if (*src == '+') ++src;
-  if (*src == '-') *dst++ = *src++;
-  while (*src == '0' && src[1]) ++src;
-  memmove(dst, src, strlen(src) + 1);
-}
-
-/* Fewest %g digits that read back to |x| exactly. */
-static void st__shortest_g(double x, char out[40]) {
-  for (int p = 1; p <= 17; ++p) {
-    snprintf(out, 40, "%.*g", p, x);
-    if (strtod(out, NULL) == x) break;
-  }
-  st__tidy_exponent(out);
-}
 
 /* Replaces an exponent form with plain digits when |x| lies in [lo, hi):
  * "10000.0" and "10" read better than "1e4" and "1e1". */
@@ -92,7 +23,7 @@ static void st__plain_between(double x, double lo, double hi, char out[40]) {
 }
 
 void st__cfg_fmt_bound(double x, char out[40]) {
-  st__shortest_g(x, out);
+  st_format_double(x, out);
   st__plain_between(x, 1e-4, 1e6, out);
 }
 
@@ -102,7 +33,7 @@ void st__cfg_fmt_float(double x, char out[40]) {
     snprintf(out, 40, "%s", isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf"));
     return;
   }
-  st__shortest_g(x, out);
+  st_format_double(x, out);
   st__plain_between(x, 1e-5, 1e16, out);
   if (!strpbrk(out, ".e")) {
     size_t n = strlen(out);
@@ -134,25 +65,6 @@ void st__cfg_quote(const char* s, size_t n, char* out, size_t cap) {
     }
   }
   out[o] = '\0';
-}
-
-void st__cfg_buf_json(st__cfg_buf* b, const char* s) {
-  st__cfg_buf_put(b, "\"", 1);
-  for (const unsigned char* p = (const unsigned char*)s; *p; ++p) {
-    switch (*p) {
-      case '"': st__cfg_buf_put(b, "\\\"", 2); break;
-      case '\\': st__cfg_buf_put(b, "\\\\", 2); break;
-      case '\n': st__cfg_buf_put(b, "\\n", 2); break;
-      case '\r': st__cfg_buf_put(b, "\\r", 2); break;
-      case '\t': st__cfg_buf_put(b, "\\t", 2); break;
-      default:
-        if (*p < 0x20 || *p == 0x7f)
-          st__cfg_buf_printf(b, "\\u%04x", *p);
-        else
-          st__cfg_buf_put(b, (const char*)p, 1);
-    }
-  }
-  st__cfg_buf_put(b, "\"", 1);
 }
 
 bool st__cfg_utf8_valid(const char* s, size_t n) {

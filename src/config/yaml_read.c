@@ -18,25 +18,24 @@ typedef struct {
   yaml_parser_t parser;
   const char* name;
   st__cfg_doc* doc;
-  st__cfg_buf key; /* dotted prefix of the mapping being read */
+  st_strbuf key; /* dotted prefix of the mapping being read */
 } st__reader;
 
 static st_status st__syntax_error(st__reader* r) {
   yaml_parser_t* p = &r->parser;
   switch (p->error) {
-    case YAML_MEMORY_ERROR: return st_status_make(ST_CODE_INTERNAL, "%s: out of memory while parsing YAML", r->name);
+    case YAML_MEMORY_ERROR: st_oom("libyaml");
     case YAML_READER_ERROR:
       return st_status_make(ST_CODE_CONFIG, "%s: YAML error at byte %zu: %s", r->name, p->problem_offset,
                             p->problem ? p->problem : "unreadable input");
     default: break;
   }
-  st__cfg_buf b = {0};
-  st__cfg_buf_printf(&b, "%s:%zu:%zu: YAML syntax error: %s", r->name, p->problem_mark.line + 1,
+  st_strbuf b = {0};
+  st_strbuf_printf(&b, "%s:%zu:%zu: YAML syntax error: %s", r->name, p->problem_mark.line + 1,
                      p->problem_mark.column + 1, p->problem ? p->problem : "invalid YAML");
-  if (p->context) st__cfg_buf_printf(&b, " (%s at line %zu)", p->context, p->context_mark.line + 1);
-  st_status s =
-      b.oom ? st_status_make(ST_CODE_INTERNAL, "out of memory") : st_status_make(ST_CODE_CONFIG, "%s", b.data);
-  st__cfg_buf_free(&b);
+  if (p->context) st_strbuf_printf(&b, " (%s at line %zu)", p->context, p->context_mark.line + 1);
+  st_status s = st_status_make(ST_CODE_CONFIG, "%s", b.data);
+  st_strbuf_free(&b);
   return s;
 }
 
@@ -73,22 +72,16 @@ static st__cfg_entry* st__add_entry(st__reader* r, int line, int col, st_status*
   }
   if (d->count == d->cap) {
     int cap = d->cap ? d->cap * 2 : 32;
-    st__cfg_entry* e = realloc(d->entries, (size_t)cap * sizeof(*e));
-    if (!e) goto oom;
-    d->entries = e;
+    d->entries = st_xrealloc(d->entries, (size_t)cap * sizeof(*d->entries));
     d->cap = cap;
   }
   st__cfg_entry* e = &d->entries[d->count];
   memset(e, 0, sizeof(*e));
-  e->key = st_strdup(r->key.data);
-  if (!e->key) goto oom;
+  e->key = st_xstrdup(r->key.data);
   e->line = line;
   e->col = col;
   d->count++;
   return e;
-oom:
-  *err = st_status_make(ST_CODE_INTERNAL, "out of memory while reading %s", r->name);
-  return NULL;
 }
 
 static st_status st__read_list(st__reader* r, st__cfg_entry* e) {
@@ -106,16 +99,9 @@ static st_status st__read_list(st__reader* r, st__cfg_entry* e) {
       yaml_event_delete(&ev);
       return s;
     }
-    char** items = realloc(e->items, (size_t)(e->item_count + 1) * sizeof(*items));
-    if (items) e->items = items;
-    size_t* lens = realloc(e->item_lens, (size_t)(e->item_count + 1) * sizeof(*lens));
-    if (lens) e->item_lens = lens;
-    char* item = items && lens ? st_strndup((const char*)ev.data.scalar.value, ev.data.scalar.length) : NULL;
-    if (!item) {
-      yaml_event_delete(&ev);
-      return st_status_make(ST_CODE_INTERNAL, "out of memory while reading %s", r->name);
-    }
-    e->items[e->item_count] = item;
+    e->items = st_xrealloc(e->items, (size_t)(e->item_count + 1) * sizeof(*e->items));
+    e->item_lens = st_xrealloc(e->item_lens, (size_t)(e->item_count + 1) * sizeof(*e->item_lens));
+    e->items[e->item_count] = st_xstrndup((const char*)ev.data.scalar.value, ev.data.scalar.length);
     e->item_lens[e->item_count] = ev.data.scalar.length;
     e->item_count++;
     yaml_event_delete(&ev);
@@ -135,9 +121,8 @@ static st_status st__read_value(st__reader* r, const yaml_event_t* kev, int dept
     case YAML_SCALAR_EVENT:
       if (!(e = st__add_entry(r, line, col, &s))) break;
       e->kind = st__is_null(&ev) ? ST__ENTRY_NULL : ST__ENTRY_SCALAR;
-      e->text = st_strndup((const char*)ev.data.scalar.value, ev.data.scalar.length);
+      e->text = st_xstrndup((const char*)ev.data.scalar.value, ev.data.scalar.length);
       e->text_len = ev.data.scalar.length;
-      if (!e->text) s = st_status_make(ST_CODE_INTERNAL, "out of memory while reading %s", r->name);
       break;
     case YAML_SEQUENCE_START_EVENT:
       if (!(e = st__add_entry(r, line, col, &s))) break;
@@ -203,21 +188,17 @@ static st_status st__read_map(st__reader* r, int depth) {
             s = st_status_make(ST_CODE_CONFIG, "duplicate key 'base_config' in %s:%zu (first set at line %d)", r->name,
                                ev.start_mark.line + 1, r->doc->base_line);
           } else {
-            r->doc->base_config = st_strndup((const char*)v.data.scalar.value, v.data.scalar.length);
+            r->doc->base_config = st_xstrndup((const char*)v.data.scalar.value, v.data.scalar.length);
             r->doc->base_line = (int)ev.start_mark.line + 1;
-            if (!r->doc->base_config) s = st_status_make(ST_CODE_INTERNAL, "out of memory");
           }
           yaml_event_delete(&v);
         }
       } else {
         r->key.len = prefix_len;
         if (r->key.data) r->key.data[prefix_len] = '\0';
-        if (prefix_len) st__cfg_buf_put(&r->key, ".", 1);
-        st__cfg_buf_put(&r->key, k, kn);
-        if (r->key.oom)
-          s = st_status_make(ST_CODE_INTERNAL, "out of memory while reading %s", r->name);
-        else
-          s = st__read_value(r, &ev, depth);
+        if (prefix_len) st_strbuf_append_n(&r->key, ".", 1);
+        st_strbuf_append_n(&r->key, k, kn);
+        s = st__read_value(r, &ev, depth);
         r->key.len = prefix_len;
         if (r->key.data) r->key.data[prefix_len] = '\0';
       }
@@ -257,13 +238,13 @@ static st_status st__read_stream(st__reader* r) {
 st_status st__cfg_parse_yaml(const char* name, const char* text, size_t len, st__cfg_doc* doc) {
   st__reader r;
   memset(&r, 0, sizeof(r));
-  if (!yaml_parser_initialize(&r.parser)) return st_status_make(ST_CODE_INTERNAL, "out of memory (YAML parser)");
+  if (!yaml_parser_initialize(&r.parser)) st_oom("YAML parser");
   yaml_parser_set_input_string(&r.parser, (const unsigned char*)text, len);
   r.name = name;
   r.doc = doc;
-  st__cfg_buf_put(&r.key, "", 0);
-  st_status s = r.key.oom ? st_status_make(ST_CODE_INTERNAL, "out of memory") : st__read_stream(&r);
-  st__cfg_buf_free(&r.key);
+  st_strbuf_append_n(&r.key, "", 0);
+  st_status s = st__read_stream(&r);
+  st_strbuf_free(&r.key);
   yaml_parser_delete(&r.parser);
   return s;
 }

@@ -56,8 +56,7 @@ static uint64_t st__get_u64(const unsigned char* p) {
 
 st_status st_token_file_write(const char* path, uint32_t vocab_size, const uint16_t* tokens, uint64_t count) {
   size_t size = ST_TOKEN_FILE_HEADER_BYTES + (size_t)count * 2;
-  unsigned char* buf = malloc(size);
-  if (!buf) return st_status_make(ST_CODE_DATA, "out of memory writing token file '%s'", path);
+  unsigned char* buf = st_xmalloc(size);
   memset(buf, 0, ST_TOKEN_FILE_HEADER_BYTES);
   memcpy(buf, ST_TOKEN_FILE_MAGIC, 8);
   st__put_u32(buf + 8, ST_TOKEN_FILE_VERSION);
@@ -118,11 +117,7 @@ static st_status st__token_file_read(const char* path, uint32_t vocab_size, st_d
     free(data);
     return st_status_make(ST_CODE_DATA, "token file '%s' holds no tokens", path);
   }
-  ds->tokens = malloc(count * sizeof(uint16_t));
-  if (!ds->tokens) {
-    free(data);
-    return st_status_make(ST_CODE_DATA, "out of memory loading '%s'", path);
-  }
+  ds->tokens = st_xmalloc(count * sizeof(uint16_t));
   const unsigned char* t = p + ST_TOKEN_FILE_HEADER_BYTES;
   for (uint64_t i = 0; i < count; ++i) {
     uint32_t v = tb == 2 ? (uint32_t)t[2 * i] | (uint32_t)t[2 * i + 1] << 8 : st__get_u32(t + 4 * i);
@@ -154,8 +149,8 @@ static st_status st__corpus_files(const char* path, char*** out_files, size_t* o
     return st_status_make(ST_CODE_DATA, "data.path '%s' does not exist (%s); point data.path at a text file, a folder of text files or a token file",
                           path, strerror(errno));
   if (!S_ISDIR(st.st_mode)) {
-    char** files = malloc(sizeof(char*));
-    files[0] = strdup(path);
+    char** files = st_xmalloc(sizeof(char*));
+    files[0] = st_xstrdup(path);
     *out_files = files;
     *out_count = 1;
     return ST_OK;
@@ -175,7 +170,7 @@ static st_status st__corpus_files(const char* path, char*** out_files, size_t* o
       free(full);
       continue;
     }
-    files = realloc(files, (n + 1) * sizeof(char*));
+    files = st_xrealloc(files, (n + 1) * sizeof(char*));
     files[n++] = full;
   }
   closedir(d);
@@ -222,7 +217,7 @@ static st_status st__tokenize_corpus(const char* path, const char* cache_dir, ch
     *out_token_path = out;
     return ST_OK;
   }
-  uint16_t* tokens = malloc(total * sizeof(uint16_t));
+  uint16_t* tokens = st_xmalloc(total * sizeof(uint16_t));
   uint64_t k = 0;
   st_status s = ST_OK;
   for (size_t i = 0; i < n && !s; ++i) {
@@ -254,7 +249,7 @@ static st_status st__tokenize_corpus(const char* path, const char* cache_dir, ch
 
 static st_status st__synthetic(const st_data_options* o, const char* cache_dir, char** out_token_path) {
   const uint64_t n = 65536;
-  uint16_t* tokens = malloc(n * sizeof(uint16_t));
+  uint16_t* tokens = st_xmalloc(n * sizeof(uint16_t));
   for (uint64_t i = 0; i < n; ++i) tokens[i] = (uint16_t)((i % 97 + 3 * ((i / 97) % 13)) % o->vocab_size);
   char name[64];
   snprintf(name, sizeof(name), "tokens/synthetic-v%u.tok", o->vocab_size);
@@ -274,7 +269,7 @@ static st_status st__synthetic(const st_data_options* o, const char* cache_dir, 
 
 st_status st_dataset_open(const st_data_options* o, st_dataset** out_dataset) {
   *out_dataset = NULL;
-  st_dataset* ds = calloc(1, sizeof(*ds));
+  st_dataset* ds = st_xcalloc(1, sizeof(*ds));
   ds->vocab_size = o->vocab_size;
   ds->seed = o->seed;
   ds->seq_len = o->seq_len;
@@ -283,7 +278,7 @@ st_status st_dataset_open(const st_data_options* o, st_dataset** out_dataset) {
   if (o->synthetic) {
     s = st__synthetic(o, o->cache_dir, &ds->token_path);
   } else if (!st_fs_is_dir(path) && st__is_token_file(path)) {
-    ds->token_path = strdup(path);
+    ds->token_path = st_xstrdup(path);
     s = ST_OK;
   } else {
     s = st__tokenize_corpus(path, o->cache_dir, &ds->token_path);

@@ -49,7 +49,7 @@ static bool st__already_fired(const char* text, const char* kind) {
 
 st_status st_faults_create(const st_config* cfg, const char* run_dir, st_faults** out) {
   *out = NULL;
-  st_faults* f = calloc(1, sizeof(*f));
+  st_faults* f = st_xcalloc(1, sizeof(*f));
   const char* keys[F_COUNT] = {"faults.crash_at_step", "faults.crash_in_save", "faults.corrupt_latest", "faults.io_error_at_save",
                                "faults.hang_at_step"};
   for (int i = 0; i < F_COUNT; ++i) f->at[i] = st_config_int(cfg, keys[i]);

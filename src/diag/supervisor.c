@@ -98,7 +98,7 @@ static int64_t st__last_recorded_step(const st__sup* S) {
   if (!f) return -1;
   long size = st__size(S->metrics_path);
   long from = size > (1 << 20) ? size - (1 << 20) : 0;
-  char* text = malloc((size_t)(size - from) + 1);
+  char* text = st_xmalloc((size_t)(size - from) + 1);
   size_t got = fseek(f, from, SEEK_SET) == 0 ? fread(text, 1, (size_t)(size - from), f) : 0;
   fclose(f);
   text[got] = '\0';
@@ -174,7 +174,7 @@ static void st__tail_events(st__sup* S) {
     return;
   }
   size_t want = (size_t)(size - S->tail_offset);
-  char* buf = malloc(want + 1);
+  char* buf = st_xmalloc(want + 1);
   size_t got = fread(buf, 1, want, f);
   fclose(f);
   buf[got] = '\0';
@@ -324,7 +324,7 @@ static int st__wait_child(st__sup* S, pid_t pid, double spawned_at, bool* out_hu
 
 static char* st__default_run_dir(const st_config* cfg) {
   const char* dir = st_config_string(cfg, "run.dir");
-  if (dir[0]) return strdup(dir);
+  if (dir[0]) return st_xstrdup(dir);
   const char* id = st_config_string(cfg, "run.id");
   char buf[128];
   if (id[0]) {
@@ -337,7 +337,7 @@ static char* st__default_run_dir(const st_config* cfg) {
     strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &tm);
     snprintf(buf, sizeof(buf), "runs/%s-%d", stamp, (int)getpid());
   }
-  return strdup(buf);
+  return st_xstrdup(buf);
 }
 
 st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
@@ -394,7 +394,7 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
     bool have_snapshot = st_fs_exists(config_yaml);
     free(config_yaml);
     int argc = 0;
-    char** argv = calloc((size_t)req->override_count + 8, sizeof(char*));
+    char** argv = st_xcalloc((size_t)req->override_count + 8, sizeof(char*));
     argv[argc++] = (char*)req->exe;
     if (S.attempts > 0 && have_snapshot) {
       argv[argc++] = "resume";
@@ -473,7 +473,7 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
       break;
     }
     /* An incident. */
-    S.inc = realloc(S.inc, (size_t)(S.inc_count + 1) * sizeof(*S.inc));
+    S.inc = st_xrealloc(S.inc, (size_t)(S.inc_count + 1) * sizeof(*S.inc));
     st__incident* I = &S.inc[S.inc_count++];
     memset(I, 0, sizeof(*I));
     I->n = S.inc_count;

@@ -41,7 +41,7 @@ static st_status st__open_append(const char* dir, const char* name, FILE** out) 
 
 st_status st_runlog_open(const char* dir, st_runlog** out_log) {
   *out_log = NULL;
-  st_runlog* log = calloc(1, sizeof(*log));
+  st_runlog* log = st_xcalloc(1, sizeof(*log));
   st_status s = st__open_append(dir, "events.jsonl", &log->events);
   if (!s) s = st__open_append(dir, "metrics.jsonl", &log->metrics);
   if (s) {

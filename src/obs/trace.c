@@ -18,8 +18,7 @@ static void st__sep(st_trace* t) {
 }
 
 st_trace* st_trace_new(const char* process_name) {
-  st_trace* t = calloc(1, sizeof(*t));
-  if (!t) return NULL;
+  st_trace* t = st_xcalloc(1, sizeof(*t));
   st__sep(t);
   st_strbuf_append(&t->events, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 0, \"args\": {\"name\": ");
   st_strbuf_json_string(&t->events, process_name ? process_name : "strata");

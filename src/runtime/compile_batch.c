@@ -77,15 +77,9 @@ st_status st_program_compile_files(st_runtime* rt, st_program_compile_job* jobs,
     jobs[i].seconds = 0;
   }
 
-  st__sized* sized = calloc((size_t)count, sizeof(*sized));
-  int* order = calloc((size_t)count, sizeof(*order));
-  st_status* results = calloc((size_t)count, sizeof(*results));
-  if (!sized || !order || !results) {
-    free(sized);
-    free(order);
-    free(results);
-    return st_status_make(ST_CODE_INTERNAL, "out of memory (compiling %d programs)", count);
-  }
+  st__sized* sized = st_xcalloc((size_t)count, sizeof(*sized));
+  int* order = st_xcalloc((size_t)count, sizeof(*order));
+  st_status* results = st_xcalloc((size_t)count, sizeof(*results));
   for (int i = 0; i < count; ++i) {
     struct stat st;
     sized[i].index = i;
@@ -100,11 +94,11 @@ st_status st_program_compile_files(st_runtime* rt, st_program_compile_job* jobs,
   atomic_init(&b.next, 0);
   int n = st_runtime_compile_threads(rt);
   if (n > count) n = count;
-  pthread_t* threads = calloc((size_t)n, sizeof(*threads));
+  pthread_t* threads = st_xcalloc((size_t)n, sizeof(*threads));
   int started = 0;
   /* The calling thread is one of the n workers; a thread that cannot be
    * started only makes the batch slower. */
-  for (int i = 1; threads && i < n; ++i) {
+  for (int i = 1; i < n; ++i) {
     if (pthread_create(&threads[started], NULL, st__batch_worker, &b) != 0) break;
     started++;
   }

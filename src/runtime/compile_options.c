@@ -27,28 +27,10 @@
 
 /*--- a tiny protobuf writer --------------------------------------------------*/
 
-typedef struct {
-  uint8_t* p;
-  size_t n, cap;
-  bool oom;
-} st__pb;
+/* Bytes go in base's one growable buffer. */
+typedef st_strbuf st__pb;
 
-static void st__pb_put(st__pb* b, const void* data, size_t n) {
-  if (b->oom) return;
-  if (b->n + n > b->cap) {
-    size_t cap = b->cap ? b->cap * 2 : 64;
-    while (cap < b->n + n) cap *= 2;
-    uint8_t* q = realloc(b->p, cap);
-    if (!q) {
-      b->oom = true;
-      return;
-    }
-    b->p = q;
-    b->cap = cap;
-  }
-  memcpy(b->p + b->n, data, n);
-  b->n += n;
-}
+static void st__pb_put(st__pb* b, const void* data, size_t n) { st_strbuf_append_n(b, (const char*)data, n); }
 
 static void st__pb_varint(st__pb* b, uint64_t v) {
   uint8_t tmp[10];
@@ -159,9 +141,8 @@ static st_status st__parse_opt(const char* spec, st__opt* o) {
                           spec);
   const char* val = eq + 1;
   while (*val == ' ') ++val;
-  o->name = st_strndup(start, n);
-  o->text = st_strdup(val);
-  if (!o->name || !o->text) return st_status_make(ST_CODE_INTERNAL, "out of memory (xla option)");
+  o->name = st_xstrndup(start, n);
+  o->text = st_xstrdup(val);
   size_t tl = strlen(o->text);
   while (tl > 0 && o->text[tl - 1] == ' ') o->text[--tl] = '\0';
   st__classify(o);
@@ -182,12 +163,10 @@ static void st__encode_override(st__pb* b, const st__opt* o) {
   }
   st__pb entry = {0};
   st__pb_bytes(&entry, 1, o->name, strlen(o->name));
-  st__pb_bytes(&entry, 2, val.p, val.n);
-  entry.oom |= val.oom;
-  st__pb_bytes(b, 7, entry.p, entry.n);
-  b->oom |= entry.oom;
-  free(val.p);
-  free(entry.p);
+  st__pb_bytes(&entry, 2, val.data, val.len);
+  st__pb_bytes(b, 7, entry.data, entry.len);
+  st_strbuf_free(&val);
+  st_strbuf_free(&entry);
 }
 
 st_status st__compile_options_build(const char* const* xla_options, int count, bool deterministic,
@@ -195,8 +174,7 @@ st_status st__compile_options_build(const char* const* xla_options, int count, b
   *out_bytes = NULL;
   *out_size = 0;
   int extra = deterministic ? (int)(sizeof(kDeterministicOptions) / sizeof(kDeterministicOptions[0])) : 0;
-  st__opt* opts = calloc((size_t)(count + extra) + 1, sizeof(*opts));
-  if (!opts) return st_status_make(ST_CODE_INTERNAL, "out of memory (xla options)");
+  st__opt* opts = st_xcalloc((size_t)(count + extra) + 1, sizeof(*opts));
   int n = 0;
   st_status s = ST_OK;
   for (int i = 0; i < count && !s; ++i) {
@@ -238,18 +216,12 @@ st_status st__compile_options_build(const char* const* xla_options, int count, b
     st__pb_int(&build, 4, 1);  /* num_replicas */
     st__pb_int(&build, 5, 1);  /* num_partitions */
     st__pb out = {0};
-    st__pb_bytes(&out, 3, build.p, build.n);
-    out.oom |= build.oom;
+    st__pb_bytes(&out, 3, build.data, build.len);
     st__pb_int(&out, 4, 1); /* compile_portable_executable */
     for (int i = 0; i < n; ++i) st__encode_override(&out, &opts[i]);
-    free(build.p);
-    if (out.oom) {
-      free(out.p);
-      s = st_status_make(ST_CODE_INTERNAL, "out of memory (compile options)");
-    } else {
-      *out_bytes = out.p;
-      *out_size = out.n;
-    }
+    st_strbuf_free(&build);
+    *out_size = out.len;
+    *out_bytes = (uint8_t*)st_strbuf_take(&out);
   }
   for (int i = 0; i < n; ++i) {
     free(opts[i].name);

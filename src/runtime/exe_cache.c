@@ -121,9 +121,7 @@ static int st__read_entry(const char* path, uint8_t** out, size_t* out_size, cha
     if (size == 0 || size > ST__CACHE_MAX_PAYLOAD || (uint64_t)st.st_size != ST__CACHE_HEADER + size) {
       snprintf(why, why_size, "payload size %llu does not match the file size %lld", (unsigned long long)size,
                (long long)st.st_size);
-    } else if (!(payload = malloc((size_t)size))) {
-      snprintf(why, why_size, "out of memory for %llu bytes", (unsigned long long)size);
-    } else if (fread(payload, 1, (size_t)size, f) != (size_t)size) {
+    } else if (fread((payload = st_xmalloc((size_t)size)), 1, (size_t)size, f) != (size_t)size) {
       snprintf(why, why_size, "truncated payload");
     } else if (XXH64(payload, (size_t)size, 0) != sum) {
       snprintf(why, why_size, "checksum mismatch");
@@ -183,8 +181,7 @@ void st__cache_lookup(st_runtime* rt, const char* key, pj_loaded_exe** out) {
 /*--- store --------------------------------------------------------------------*/
 
 static st_status st__mkdirs(const char* dir) {
-  char* p = st_strdup(dir);
-  if (!p) return st_status_make(ST_CODE_INTERNAL, "out of memory (cache dir)");
+  char* p = st_xstrdup(dir);
   for (char* q = p + 1; *q; ++q) {
     if (*q != '/') continue;
     *q = '\0';
@@ -220,11 +217,6 @@ static st_status st__write_entry(const st_runtime* rt, const char* key, const vo
   static _Atomic unsigned g_seq;
   char* final_path = st__entry_path(rt, key);
   char* tmp = st__sprintf("%s/.%s.%ld.%u.tmp", rt->cache_dir, key, (long)getpid(), atomic_fetch_add(&g_seq, 1));
-  if (!final_path || !tmp) {
-    free(final_path);
-    free(tmp);
-    return st_status_make(ST_CODE_INTERNAL, "out of memory (cache path)");
-  }
   uint8_t h[ST__CACHE_HEADER] = {0};
   memcpy(h, ST__CACHE_MAGIC, 8);
   st__put_u32(h + 8, ST__CACHE_VERSION);
@@ -266,10 +258,10 @@ st_status st__cache_store(st_runtime* rt, const char* key, pj_loaded_exe* exe) {
     s = st__pj_status(api, e, "serializing the executable");
   } else {
     size = sa.bytes_size;
-    copy = size ? malloc(size) : NULL;
+    copy = size ? st_xmalloc(size) : NULL;
     if (copy) memcpy(copy, sa.bytes, size);
     if (sa.deleter) sa.deleter(sa.serialized);
-    if (!copy) s = st_status_make(ST_CODE_INTERNAL, "serialized executable is empty or out of memory");
+    if (!copy) s = st_status_make(ST_CODE_RUNTIME, "the plugin serialized the executable to 0 bytes");
   }
   pj_executable_args d = {.struct_size = sizeof(d), .executable = g.executable};
   st__pj_error_free(api, api->executable_destroy(&d));

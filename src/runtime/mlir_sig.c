@@ -98,20 +98,14 @@ static bool st__attrs_donate(const char* p, const char* e) {
   return st__find(p, e, "tf.aliasing_output") != NULL || st__find(p, e, "jax.buffer_donor = true") != NULL;
 }
 
-static bool st__push(st_tensor_type** arr, int* n, const st_tensor_type* t) {
-  st_tensor_type* q = realloc(*arr, (size_t)(*n + 1) * sizeof(**arr));
-  if (!q) return false;
-  *arr = q;
-  q[(*n)++] = *t;
-  return true;
+static void st__push(st_tensor_type** arr, int* n, const st_tensor_type* t) {
+  *arr = st_xrealloc(*arr, (size_t)(*n + 1) * sizeof(**arr));
+  (*arr)[(*n)++] = *t;
 }
 
-static bool st__push_bool(bool** arr, int n, bool v) {
-  bool* q = realloc(*arr, (size_t)(n + 1) * sizeof(**arr));
-  if (!q) return false;
-  *arr = q;
-  q[n] = v;
-  return true;
+static void st__push_bool(bool** arr, int n, bool v) {
+  *arr = st_xrealloc(*arr, (size_t)(n + 1) * sizeof(**arr));
+  (*arr)[n] = v;
 }
 
 bool st__mlir_parse_main(const char* text, size_t size, st__signature* sig) {
@@ -144,7 +138,8 @@ bool st__mlir_parse_main(const char* text, size_t size, st__signature* sig) {
     const char* after;
     if (!st__parse_tensor(colon + 1, item_end, &t, &after)) goto fail;
     bool donated = st__attrs_donate(after, item_end);
-    if (!st__push(&sig->inputs, &n_in, &t) || !st__push_bool(&sig->donated, n_in - 1, donated)) goto fail;
+    st__push(&sig->inputs, &n_in, &t);
+    st__push_bool(&sig->donated, n_in - 1, donated);
     p = item_end;
     if (p < e && *p == ',') ++p;
   }
@@ -166,7 +161,7 @@ bool st__mlir_parse_main(const char* text, size_t size, st__signature* sig) {
         st_tensor_type t;
         const char* after;
         if (!st__parse_tensor(p, item_end, &t, &after)) goto fail;
-        if (!st__push(&sig->outputs, &n_out, &t)) goto fail;
+        st__push(&sig->outputs, &n_out, &t);
         p = item_end;
         if (p < e && *p == ',') ++p;
       }
@@ -174,7 +169,7 @@ bool st__mlir_parse_main(const char* text, size_t size, st__signature* sig) {
       st_tensor_type t;
       const char* after;
       if (!st__parse_tensor(p, e, &t, &after)) goto fail;
-      if (!st__push(&sig->outputs, &n_out, &t)) goto fail;
+      st__push(&sig->outputs, &n_out, &t);
     }
   }
   sig->output_count = n_out;

@@ -10,14 +10,14 @@
 /* The first lines of a (often very long) XLA message: enough to see what
  * went wrong without flooding the terminal with the whole module. */
 static char* st__head_lines(const char* msg, int max_lines, size_t max_bytes) {
-  if (!msg) return st_strdup("");
+  if (!msg) return st_xstrdup("");
   const char* p = msg;
   int lines = 0;
   while (*p && (size_t)(p - msg) < max_bytes) {
     if (*p == '\n' && ++lines >= max_lines) break;
     ++p;
   }
-  if (!*p) return st_strdup(msg);
+  if (!*p) return st_xstrdup(msg);
   char* out = st__sprintf("%.*s\n  [... XLA message cut, %zu more bytes]", (int)(p - msg), msg, strlen(p));
   return out;
 }
@@ -39,8 +39,7 @@ static st_status st__xla_compile(st_runtime* rt, const char* name, const void* c
    * terminator; without one, truncated text can run off into whatever
    * follows the caller's buffer (observed as an intermittent segfault). So
    * the code always goes in a private, NUL-terminated copy. */
-  char* copy = malloc(code_size + 1);
-  if (!copy) return st_status_make(ST_CODE_INTERNAL, "program '%s': out of memory (%zu bytes)", name, code_size);
+  char* copy = st_xmalloc(code_size + 1);
   memcpy(copy, code, code_size);
   copy[code_size] = '\0';
   pj_program prog = {.struct_size = sizeof(prog)};
@@ -89,9 +88,8 @@ static st_status st__program_signature(st_program* p, const void* code, size_t c
       return st_status_make(ST_CODE_INTERNAL, "program '%s': signature has a negative input count", p->name);
     }
     p->input_count = given->input_count;
-    p->inputs = calloc((size_t)given->input_count + 1, sizeof(*p->inputs));
-    p->donated = calloc((size_t)given->input_count + 1, sizeof(*p->donated));
-    if (!p->inputs || !p->donated) goto oom;
+    p->inputs = st_xcalloc((size_t)given->input_count + 1, sizeof(*p->inputs));
+    p->donated = st_xcalloc((size_t)given->input_count + 1, sizeof(*p->donated));
     memcpy(p->inputs, given->inputs, (size_t)given->input_count * sizeof(*p->inputs));
     if (have && parsed.input_count == given->input_count && parsed.donated)
       memcpy(p->donated, parsed.donated, (size_t)given->input_count * sizeof(bool));
@@ -104,8 +102,7 @@ static st_status st__program_signature(st_program* p, const void* code, size_t c
   }
   if (given && given->outputs) {
     p->output_count = given->output_count;
-    p->outputs = calloc((size_t)given->output_count + 1, sizeof(*p->outputs));
-    if (!p->outputs) goto oom;
+    p->outputs = st_xcalloc((size_t)given->output_count + 1, sizeof(*p->outputs));
     memcpy(p->outputs, given->outputs, (size_t)given->output_count * sizeof(*p->outputs));
   } else if (have) {
     p->output_count = parsed.output_count;
@@ -114,9 +111,6 @@ static st_status st__program_signature(st_program* p, const void* code, size_t c
   }
   if (have) st__signature_free(&parsed);
   return ST_OK;
-oom:
-  if (have) st__signature_free(&parsed);
-  return st_status_make(ST_CODE_INTERNAL, "out of memory (program signature)");
 }
 
 st_status st_program_compile(st_runtime* rt, const char* name, const void* code, size_t code_size,
@@ -127,12 +121,10 @@ st_status st_program_compile(st_runtime* rt, const char* name, const void* code,
   if (!rt) return st_status_make(ST_CODE_INTERNAL, "program '%s': runtime is NULL", name);
   if (!code || code_size == 0) return st_status_make(ST_CODE_RUNTIME, "program '%s': the program is empty", name);
 
-  st_program* p = calloc(1, sizeof(*p));
-  if (!p) return st_status_make(ST_CODE_INTERNAL, "out of memory (program)");
+  st_program* p = st_xcalloc(1, sizeof(*p));
   p->rt = rt;
-  p->name = st_strdup(name);
-  st_status s = p->name ? ST_OK : st_status_make(ST_CODE_INTERNAL, "out of memory (program name)");
-  if (!s) s = st__program_signature(p, code, code_size, signature);
+  p->name = st_xstrdup(name);
+  st_status s = st__program_signature(p, code, code_size, signature);
 
   char key[65] = {0};
   bool cached = rt->cache_dir != NULL;
@@ -181,31 +173,9 @@ st_status st_program_compile_file(st_runtime* rt, const char* path, const st_pro
   if (!out_program) return st_status_make(ST_CODE_INTERNAL, "st_program_compile_file: out_program is NULL");
   *out_program = NULL;
   if (!path) return st_status_make(ST_CODE_INTERNAL, "st_program_compile_file: path is NULL");
-  FILE* f = fopen(path, "rb");
-  if (!f) return st_status_make(ST_CODE_IO, "program %s: cannot open: %s", path, strerror(errno));
   char* data = NULL;
-  size_t n = 0, cap = 0;
-  for (;;) {
-    if (n == cap) {
-      cap = cap ? cap * 2 : 65536;
-      char* q = realloc(data, cap);
-      if (!q) {
-        free(data);
-        fclose(f);
-        return st_status_make(ST_CODE_INTERNAL, "out of memory reading program %s", path);
-      }
-      data = q;
-    }
-    size_t k = fread(data + n, 1, cap - n, f);
-    n += k;
-    if (k == 0) break;
-  }
-  bool bad = ferror(f);
-  fclose(f);
-  if (bad) {
-    free(data);
-    return st_status_make(ST_CODE_IO, "program %s: read error", path);
-  }
+  size_t n = 0;
+  ST_RETURN_IF_ERROR(st_fs_read_file(path, &data, &n), "program %s", path);
   st_status s = st_program_compile(rt, path, data, n, signature, out_program);
   free(data);
   return s;
@@ -338,13 +308,8 @@ st_status st_program_execute(st_program* p, int device, st_buffer* const* inputs
                           p->output_count, p->output_count == 1 ? "" : "s", output_count);
   ST_RETURN(st__check_inputs(p, device, inputs, input_count));
 
-  pj_buffer** args = calloc((size_t)input_count + 1, sizeof(*args));
-  pj_buffer** outs = calloc((size_t)output_count + 1, sizeof(*outs));
-  if (!args || !outs) {
-    free(args);
-    free(outs);
-    return st_status_make(ST_CODE_INTERNAL, "out of memory (execute)");
-  }
+  pj_buffer** args = st_xcalloc((size_t)input_count + 1, sizeof(*args));
+  pj_buffer** outs = st_xcalloc((size_t)output_count + 1, sizeof(*outs));
   for (int i = 0; i < input_count; ++i) args[i] = inputs[i]->handle;
   pj_buffer* const* arg_lists[1] = {args};
   pj_buffer** out_lists[1] = {outs};

@@ -26,13 +26,13 @@ char* st__sprintf(const char* fmt, ...) {
   va_copy(ap2, ap);
   int n = vsnprintf(NULL, 0, fmt, ap);
   va_end(ap);
-  char* p = n < 0 ? NULL : malloc((size_t)n + 1);
-  if (p) vsnprintf(p, (size_t)n + 1, fmt, ap2);
+  char* p = st_xmalloc(n < 0 ? 1 : (size_t)n + 1);
+  if (n < 0) p[0] = '\0'; /* an encoding error: nothing sensible to show */
+  else vsnprintf(p, (size_t)n + 1, fmt, ap2);
   va_end(ap2);
   return p;
 }
 
-static st_status st__oom(const char* what) { return st_status_make(ST_CODE_INTERNAL, "out of memory (%s)", what); }
 
 /*===-------------------------------------------------------------------===*/
 /* Plugin errors                                                            */
@@ -45,10 +45,10 @@ void st__pj_error_free(const pj_api* api, pj_error* error) {
 }
 
 char* st__pj_message(const pj_api* api, const pj_error* error) {
-  if (!error) return st_strdup("");
+  if (!error) return st_xstrdup("");
   pj_error_message_args a = {.struct_size = sizeof(a), .error = error};
   api->error_message(&a);
-  return st_strndup(a.message ? a.message : "", a.message ? a.message_size : 0);
+  return st_xstrndup(a.message ? a.message : "", a.message ? a.message_size : 0);
 }
 
 st_status st__pj_status(const pj_api* api, pj_error* error, const char* fmt, ...) {
@@ -106,7 +106,7 @@ static char* st__glob_last(const char* pattern) {
   if (glob(pattern, 0, NULL, &g) == 0) {
     for (size_t i = g.gl_pathc; i-- > 0;) {
       if (st__is_file(g.gl_pathv[i])) {
-        found = st_strdup(g.gl_pathv[i]);
+        found = st_xstrdup(g.gl_pathv[i]);
         break;
       }
     }
@@ -148,8 +148,8 @@ static st_status st__find_plugin(const st_runtime_options* o, char** out_path) {
                             "PJRT plugin not found: runtime.plugin=%s does not name a file "
                             "(set runtime.plugin=PATH to an existing pjrt_c_api_*_plugin.so)",
                             o->plugin_path);
-    *out_path = st_strdup(o->plugin_path);
-    return *out_path ? ST_OK : st__oom("plugin path");
+    *out_path = st_xstrdup(o->plugin_path);
+    return ST_OK;
   }
   const char* env = getenv("STRATA_PJRT_PLUGIN");
   if (env && env[0]) {
@@ -158,8 +158,8 @@ static st_status st__find_plugin(const st_runtime_options* o, char** out_path) {
                             "PJRT plugin not found: STRATA_PJRT_PLUGIN=%s does not name a file "
                             "(set STRATA_PJRT_PLUGIN or runtime.plugin=PATH to an existing plugin)",
                             env);
-    *out_path = st_strdup(env);
-    return *out_path ? ST_OK : st__oom("plugin path");
+    *out_path = st_xstrdup(env);
+    return ST_OK;
   }
   st__searched searched = {.n = 0};
   st__searched_add(&searched, "\n  runtime.plugin (not set)\n  $STRATA_PJRT_PLUGIN (not set)");
@@ -289,7 +289,7 @@ static st_status st__load_plugin_locked(const char* path, const pj_api** out_api
   st_status s = st__pj_status(api, api->plugin_initialize(&ia), "PJRT plugin %s: initialization failed", path);
   if (s) return s;
   if (g_plugin_count < (int)(sizeof(g_plugins) / sizeof(g_plugins[0]))) {
-    char* copy = st_strdup(key);
+    char* copy = st_xstrdup(key);
     if (copy) {
       g_plugins[g_plugin_count].path = copy;
       g_plugins[g_plugin_count].api = api;
@@ -329,14 +329,14 @@ static st_status st__read_attributes(st_runtime* rt) {
     if (!v->name || v->name_size != strlen("xla_version") || memcmp(v->name, "xla_version", v->name_size)) continue;
     free(rt->xla_version);
     if (v->type == PJ_NV_STRING)
-      rt->xla_version = st_strndup(v->v.s ? v->v.s : "", v->v.s ? v->value_size : 0);
+      rt->xla_version = st_xstrndup(v->v.s ? v->v.s : "", v->v.s ? v->value_size : 0);
     else if (v->type == PJ_NV_INT64)
       rt->xla_version = st__sprintf("%lld", (long long)v->v.i64);
     else
-      rt->xla_version = st_strdup("");
+      rt->xla_version = st_xstrdup("");
   }
-  if (!rt->xla_version) rt->xla_version = st_strdup("");
-  return rt->xla_version ? ST_OK : st__oom("xla_version");
+  if (!rt->xla_version) rt->xla_version = st_xstrdup("");
+  return ST_OK;
 }
 
 static st_status st__client_string(st_runtime* rt, bool version, char** out) {
@@ -344,8 +344,8 @@ static st_status st__client_string(st_runtime* rt, bool version, char** out) {
   pj_client_string_args a = {.struct_size = sizeof(a), .client = rt->client};
   pj_error* e = version ? api->client_platform_version(&a) : api->client_platform_name(&a);
   ST_RETURN(st__pj_status(api, e, "PJRT client: reading platform %s", version ? "version" : "name"));
-  *out = st_strndup(a.str ? a.str : "", a.str ? a.str_size : 0);
-  return *out ? ST_OK : st__oom("platform string");
+  *out = st_xstrndup(a.str ? a.str : "", a.str ? a.str_size : 0);
+  return ST_OK;
 }
 
 static st_status st__read_devices(st_runtime* rt) {
@@ -353,8 +353,7 @@ static st_status st__read_devices(st_runtime* rt) {
   pj_client_devices_args a = {.struct_size = sizeof(a), .client = rt->client};
   ST_RETURN(st__pj_status(api, api->client_addressable_devices(&a), "PJRT client: listing addressable devices"));
   if (a.num_devices == 0) return st_status_make(ST_CODE_RUNTIME, "PJRT plugin %s has no addressable devices", rt->plugin_path);
-  rt->devices = calloc(a.num_devices, sizeof(*rt->devices));
-  if (!rt->devices) return st__oom("devices");
+  rt->devices = st_xcalloc(a.num_devices, sizeof(*rt->devices));
   rt->device_count = (int)a.num_devices;
   for (size_t i = 0; i < a.num_devices; ++i) {
     st__device* d = &rt->devices[i];
@@ -366,11 +365,10 @@ static st_status st__read_devices(st_runtime* rt) {
     d->id = ia.id;
     pj_desc_string_args ka = {.struct_size = sizeof(ka), .desc = da.desc};
     ST_RETURN(st__pj_status(api, api->desc_kind(&ka), "device %zu: kind", i));
-    d->kind = st_strndup(ka.str ? ka.str : "", ka.str ? ka.str_size : 0);
+    d->kind = st_xstrndup(ka.str ? ka.str : "", ka.str ? ka.str_size : 0);
     pj_desc_string_args ta = {.struct_size = sizeof(ta), .desc = da.desc};
     ST_RETURN(st__pj_status(api, api->desc_to_string(&ta), "device %zu: description", i));
-    d->description = st_strndup(ta.str ? ta.str : "", ta.str ? ta.str_size : 0);
-    if (!d->kind || !d->description) return st__oom("device strings");
+    d->description = st_xstrndup(ta.str ? ta.str : "", ta.str ? ta.str_size : 0);
 
     pj_device_memories_args ma = {.struct_size = sizeof(ma), .device = d->handle};
     ST_RETURN(st__pj_status(api, api->device_addressable_memories(&ma), "device %zu: memory spaces", i));
@@ -383,9 +381,8 @@ static st_status st__read_devices(st_runtime* rt) {
     for (size_t j = 0; j < ma.num_memories && j < ST__MAX_MEMORIES; ++j) {
       pj_memory_kind_args mk = {.struct_size = sizeof(mk), .memory = ma.memories[j]};
       ST_RETURN(st__pj_status(api, api->memory_kind(&mk), "device %zu: memory %zu kind", i, j));
-      d->memory_kinds[j] = st_strndup(mk.kind ? mk.kind : "", mk.kind ? mk.kind_size : 0);
+      d->memory_kinds[j] = st_xstrndup(mk.kind ? mk.kind : "", mk.kind ? mk.kind_size : 0);
       d->memories[j] = ma.memories[j];
-      if (!d->memory_kinds[j]) return st__oom("memory kind");
       d->memory_count = (int)j + 1;
       if (ma.memories[j] == dm.memory) d->default_memory = (int)j;
     }
@@ -427,7 +424,7 @@ static st_status st__create_client(st_runtime* rt, const st_runtime_options* o) 
   char* saved_nproc = NULL;
   if (rt->deterministic) {
     const char* cur = getenv("PJRT_NPROC");
-    if (cur) saved_nproc = st_strdup(cur);
+    if (cur) saved_nproc = st_xstrdup(cur);
     setenv("PJRT_NPROC", "1", 1);
   }
   pj_error* e = st__try_create(api, &opt, 1, &rt->client);
@@ -487,8 +484,7 @@ st_status st_runtime_create(const st_runtime_options* options, st_runtime** out_
     return st_status_make(ST_CODE_CONFIG, "runtime.compile_threads=%d is out of range (0..1024; 0: one per CPU)",
                           options->compile_threads);
 
-  st_runtime* rt = calloc(1, sizeof(*rt));
-  if (!rt) return st__oom("runtime");
+  st_runtime* rt = st_xcalloc(1, sizeof(*rt));
   rt->deterministic = options->deterministic;
   rt->compile_threads = options->compile_threads;
   st_status s = st__find_plugin(options, &rt->plugin_path);
@@ -498,8 +494,7 @@ st_status st_runtime_create(const st_runtime_options* options, st_runtime** out_
     s = st__compile_options_build(options->xla_options, options->xla_option_count, options->deterministic,
                                   &rt->compile_options, &rt->compile_options_size);
   if (!s && options->cache_dir && options->cache_dir[0]) {
-    rt->cache_dir = st_strdup(options->cache_dir);
-    if (!rt->cache_dir) s = st__oom("cache dir");
+    rt->cache_dir = st_xstrdup(options->cache_dir);
   }
   if (!s) s = st__load_plugin(rt->plugin_path, options->tune_host_malloc, &rt->api);
   if (!s) {

@@ -15,12 +15,7 @@
  * event). On failure the handle is destroyed. */
 static st_status st__event_wrap(const pj_api* api, pj_event* handle, char* context_owned, st_event** out) {
   *out = NULL;
-  st_event* ev = calloc(1, sizeof(*ev));
-  if (!ev) {
-    st__pj_event_free(api, handle);
-    free(context_owned);
-    return st_status_make(ST_CODE_INTERNAL, "out of memory (event)");
-  }
+  st_event* ev = st_xcalloc(1, sizeof(*ev));
   ev->api = api;
   ev->handle = handle;
   ev->context = context_owned;
@@ -74,12 +69,11 @@ st_status st_event_on_ready(st_event* ev, st_event_fn fn, void* user) {
     fn(ST_OK, user);
     return ST_OK;
   }
-  st__ready_ctx* c = calloc(1, sizeof(*c));
-  if (!c) return st_status_make(ST_CODE_INTERNAL, "out of memory (event callback)");
+  st__ready_ctx* c = st_xcalloc(1, sizeof(*c));
   c->api = ev->api;
   c->fn = fn;
   c->user = user;
-  c->context = st_strdup(ev->context ? ev->context : "event");
+  c->context = st_xstrdup(ev->context ? ev->context : "event");
   pj_event_on_ready_args a = {.struct_size = sizeof(a), .event = ev->handle, .callback = st__on_ready_trampoline, .user = c};
   pj_error* e = ev->api->event_on_ready(&a);
   if (e) {
@@ -114,12 +108,7 @@ static st_status st__check_type(const st_tensor_type* t) {
 
 st_status st__buffer_wrap(st_runtime* rt, pj_buffer* handle, int device, const st_tensor_type* type, st_buffer** out) {
   *out = NULL;
-  st_buffer* b = calloc(1, sizeof(*b));
-  if (!b) {
-    pj_buffer_args a = {.struct_size = sizeof(a), .buffer = handle};
-    st__pj_error_free(rt->api, rt->api->buffer_destroy(&a));
-    return st_status_make(ST_CODE_INTERNAL, "out of memory (buffer)");
-  }
+  st_buffer* b = st_xcalloc(1, sizeof(*b));
   b->rt = rt;
   b->handle = handle;
   b->type = *type;

@@ -108,7 +108,7 @@ st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_progra
                             device, kinds[0] ? kinds : "none listed");
     }
   }
-  st_executor* ex = calloc(1, sizeof(*ex));
+  st_executor* ex = st_xcalloc(1, sizeof(*ex));
   ex->plan = plan;
   ex->runtime = runtime;
   ex->programs = programs;
@@ -116,16 +116,16 @@ st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_progra
   snprintf(ex->device_kind, sizeof(ex->device_kind), "%s",
            di.default_memory < di.memory_count ? di.memory_kinds[di.default_memory] : "device");
   snprintf(ex->host_kind, sizeof(ex->host_kind), "%s", host_kind);
-  ex->slots = calloc((size_t)plan->slot_count + 1, sizeof(st_buffer*));
-  ex->borrowed = calloc((size_t)plan->slot_count + 1, sizeof(bool));
-  ex->in = calloc((size_t)widest, sizeof(st_buffer*));
-  ex->out = calloc((size_t)widest, sizeof(st_buffer*));
+  ex->slots = st_xcalloc((size_t)plan->slot_count + 1, sizeof(st_buffer*));
+  ex->borrowed = st_xcalloc((size_t)plan->slot_count + 1, sizeof(bool));
+  ex->in = st_xcalloc((size_t)widest, sizeof(st_buffer*));
+  ex->out = st_xcalloc((size_t)widest, sizeof(st_buffer*));
   size_t n = (size_t)plan->op_count + 1;
-  ex->timings = calloc(n, sizeof(st_op_timing));
-  ex->events = calloc(n, sizeof(st_event*));
-  ex->cbs = calloc(n, sizeof(st__cb));
-  ex->live_pred = calloc(n * ST_SLOT_CATEGORY_COUNT, sizeof(int64_t));
-  ex->live_acct = calloc(n * ST_SLOT_CATEGORY_COUNT, sizeof(int64_t));
+  ex->timings = st_xcalloc(n, sizeof(st_op_timing));
+  ex->events = st_xcalloc(n, sizeof(st_event*));
+  ex->cbs = st_xcalloc(n, sizeof(st__cb));
+  ex->live_pred = st_xcalloc(n * ST_SLOT_CATEGORY_COUNT, sizeof(int64_t));
+  ex->live_acct = st_xcalloc(n * ST_SLOT_CATEGORY_COUNT, sizeof(int64_t));
   ex->stats.predicted_peak_bytes = st_plan_predict_live(plan, ex->live_pred, NULL);
   pthread_mutex_init(&ex->mu, NULL);
   pthread_cond_init(&ex->cv, NULL);
@@ -444,8 +444,8 @@ static void st__derive(st_executor* ex, int ran) {
   }
   /* Overlap: the time some transfer was in flight, and how much of it some
    * launch was running too. Unions, so concurrent copies count once. */
-  double* lv = malloc(((size_t)ran + 1) * 2 * sizeof(double));
-  double* tv = malloc(((size_t)ran + 1) * 2 * sizeof(double));
+  double* lv = st_xmalloc(((size_t)ran + 1) * 2 * sizeof(double));
+  double* tv = st_xmalloc(((size_t)ran + 1) * 2 * sizeof(double));
   int nl = 0, nt = 0;
   for (int i = 0; i < ran; ++i) {
     st_op_kind k = plan->ops[i].kind;
@@ -469,7 +469,7 @@ static void st__derive(st_executor* ex, int ran) {
   free(lv);
   free(tv);
   /* Queue depth: device ops issued and not yet complete. */
-  st__edge* e = malloc(((size_t)ran + 1) * 2 * sizeof(st__edge));
+  st__edge* e = st_xmalloc(((size_t)ran + 1) * 2 * sizeof(st__edge));
   int ne = 0;
   for (int i = 0; i < ran; ++i) {
     if (!st__op_is_async(plan->ops[i].kind)) continue;
@@ -552,7 +552,7 @@ static int st__lane(st_trace* tr, st__track_group* g, double start, double end) 
   int k = 0;
   while (k < g->lanes && g->end[k] > start) ++k;
   if (k == g->lanes) {
-    g->end = st__sched_xrealloc(g->end, (size_t)(k + 1) * sizeof(double));
+    g->end = st_xrealloc(g->end, (size_t)(k + 1) * sizeof(double));
     g->end[k] = 0;
     char name[64];
     if (k == 0)
@@ -571,7 +571,6 @@ st_status st_executor_write_trace(const st_executor* ex, const char* path, int64
   char title[64];
   snprintf(title, sizeof(title), "strata step %lld", (long long)step);
   st_trace* tr = st_trace_new(title);
-  if (!tr) return st_status_make(ST_CODE_INTERNAL, "out of memory (trace)");
   /* tids: 1000 per group leaves room for any number of lanes */
   st__track_group groups[4] = {{1000, 0, NULL, "launches"},
                                {2000, 0, NULL, "transfers"},

@@ -28,8 +28,8 @@ static void st__use_add(st__use* u, int unit, bool write) {
       return;
     }
   }
-  u->units = st__sched_xrealloc(u->units, (size_t)(u->count + 1) * sizeof(int));
-  u->writes = st__sched_xrealloc(u->writes, (size_t)(u->count + 1) * sizeof(bool));
+  u->units = st_xrealloc(u->units, (size_t)(u->count + 1) * sizeof(int));
+  u->writes = st_xrealloc(u->writes, (size_t)(u->count + 1) * sizeof(bool));
   u->units[u->count] = unit;
   u->writes[u->count++] = write;
 }
@@ -60,7 +60,7 @@ static void st__fetch(st__offloader* o, int unit, const st_op* user) {
 }
 
 static void st__release(st__offloader* o, int unit, const st_op* user) {
-  int* slots = st__sched_xrealloc(NULL, (size_t)o->n_slots * sizeof(int));
+  int* slots = st_xrealloc(NULL, (size_t)o->n_slots * sizeof(int));
   int n = 0;
   for (int s = 0; s < o->n_slots; ++s) {
     if (o->unit_of_slot[s] != unit) continue;
@@ -101,7 +101,7 @@ st_status st_plan_offload(const st_plan* in, const int* unit_of_slot, int prefet
     out->slots[s].persistent = false;
   }
   /* Which launches use which units, in plan order. */
-  st__use* uses = calloc((size_t)in->op_count + 1, sizeof(st__use));
+  st__use* uses = st_xcalloc((size_t)in->op_count + 1, sizeof(st__use));
   int n_uses = 0;
   st_status status = ST_OK;
   for (int i = 0; i < in->op_count && !status; ++i) {
@@ -123,8 +123,8 @@ st_status st_plan_offload(const st_plan* in, const int* unit_of_slot, int prefet
     }
     uses[n_uses++] = u;
   }
-  st__offloader o = {out, unit_of_slot, in->slot_count, calloc((size_t)n_units, sizeof(bool)),
-                     calloc((size_t)n_units, sizeof(bool))};
+  st__offloader o = {out, unit_of_slot, in->slot_count, st_xcalloc((size_t)n_units, sizeof(bool)),
+                     st_xcalloc((size_t)n_units, sizeof(bool))};
   if (!status) {
     /* Rebuild the op list with transfers woven in. */
     st_op* ops = out->ops;

@@ -7,15 +7,6 @@
 #include "strata/base.h"
 #include "strata/sched.h"
 
-void* st__sched_xrealloc(void* p, size_t n) {
-  void* q = realloc(p, n ? n : 1);
-  if (!q) {
-    fprintf(stderr, "strata: out of memory building a plan\n");
-    abort();
-  }
-  return q;
-}
-
 const char* st_slot_category_name(st_slot_category c) {
   switch (c) {
     case ST_SLOT_PARAM: return "params";
@@ -61,7 +52,7 @@ void st_plan_deinit(st_plan* plan) {
 
 static char* st__xstrdup(const char* s) {
   size_t n = strlen(s) + 1;
-  return memcpy(st__sched_xrealloc(NULL, n), s, n);
+  return memcpy(st_xrealloc(NULL, n), s, n);
 }
 
 int st_plan_slot_find(const st_plan* plan, const char* name) {
@@ -73,7 +64,7 @@ int st_plan_slot_find(const st_plan* plan, const char* name) {
 int st_plan_slot(st_plan* plan, const char* name, st_slot_category category, const st_tensor_type* type, bool persistent) {
   int found = st_plan_slot_find(plan, name);
   if (found >= 0) return found;
-  plan->slots = st__sched_xrealloc(plan->slots, (size_t)(plan->slot_count + 1) * sizeof(st_slot));
+  plan->slots = st_xrealloc(plan->slots, (size_t)(plan->slot_count + 1) * sizeof(st_slot));
   st_slot* s = &plan->slots[plan->slot_count];
   memset(s, 0, sizeof(*s));
   s->name = st__xstrdup(name);
@@ -87,20 +78,20 @@ int st_plan_slot(st_plan* plan, const char* name, st_slot_category category, con
 int st_plan_program(st_plan* plan, const char* name) {
   for (int i = 0; i < plan->program_count; ++i)
     if (!strcmp(plan->programs[i], name)) return i;
-  plan->programs = st__sched_xrealloc(plan->programs, (size_t)(plan->program_count + 1) * sizeof(char*));
+  plan->programs = st_xrealloc(plan->programs, (size_t)(plan->program_count + 1) * sizeof(char*));
   plan->programs[plan->program_count] = st__xstrdup(name);
   return plan->program_count++;
 }
 
 static int* st__ints(const int* v, int n) {
-  int* p = st__sched_xrealloc(NULL, (size_t)n * sizeof(int));
+  int* p = st_xrealloc(NULL, (size_t)n * sizeof(int));
   if (n) memcpy(p, v, (size_t)n * sizeof(int));
   return p;
 }
 
 st_op* st_plan_add(st_plan* plan, st_op_kind kind, int program, int layer, int micro, int tag, int input_count,
                    const int* inputs, int output_count, const int* outputs) {
-  plan->ops = st__sched_xrealloc(plan->ops, (size_t)(plan->op_count + 1) * sizeof(st_op));
+  plan->ops = st_xrealloc(plan->ops, (size_t)(plan->op_count + 1) * sizeof(st_op));
   st_op* op = &plan->ops[plan->op_count++];
   memset(op, 0, sizeof(*op));
   op->kind = kind;
@@ -125,7 +116,7 @@ void st_plan_copy(const st_plan* src, st_plan* dst) {
   st_plan_init(dst);
   for (int i = 0; i < src->slot_count; ++i) {
     const st_slot* s = &src->slots[i];
-    dst->slots = st__sched_xrealloc(dst->slots, (size_t)(dst->slot_count + 1) * sizeof(st_slot));
+    dst->slots = st_xrealloc(dst->slots, (size_t)(dst->slot_count + 1) * sizeof(st_slot));
     dst->slots[dst->slot_count] = *s;
     dst->slots[dst->slot_count++].name = st__xstrdup(s->name);
   }
@@ -159,9 +150,9 @@ static st_status st__bad(const st_plan* plan, int i, const char* what, int slot)
 
 st_status st_plan_finalize(st_plan* plan) {
   const int n = plan->slot_count;
-  int* writer = malloc(((size_t)n + 1) * sizeof(int));
-  bool* live = calloc((size_t)n + 1, sizeof(bool));
-  int* deps = malloc(((size_t)plan->op_count + 1) * sizeof(int));
+  int* writer = st_xmalloc(((size_t)n + 1) * sizeof(int));
+  bool* live = st_xcalloc((size_t)n + 1, sizeof(bool));
+  int* deps = st_xmalloc(((size_t)plan->op_count + 1) * sizeof(int));
   st_status s = ST_OK;
   for (int k = 0; k < n; ++k) {
     writer[k] = -1;
@@ -264,7 +255,7 @@ st_status st_plan_finalize(st_plan* plan) {
  * refilled by the same op. Persistent device slots start live; host slots
  * are not device memory. */
 int64_t st_plan_predict_live(const st_plan* plan, int64_t* out, int64_t* out_peak_by_category) {
-  bool* live = calloc((size_t)plan->slot_count + 1, sizeof(bool));
+  bool* live = st_xcalloc((size_t)plan->slot_count + 1, sizeof(bool));
   int64_t cat[ST_SLOT_CATEGORY_COUNT] = {0};
   for (int i = 0; i < plan->slot_count; ++i) {
     const st_slot* sl = &plan->slots[i];
@@ -323,7 +314,7 @@ static void st__slot_list(const st_plan* plan, const int* slots, int n, st_strbu
 }
 
 void st_plan_print(const st_plan* plan, FILE* out) {
-  int64_t* live = calloc((size_t)plan->op_count * ST_SLOT_CATEGORY_COUNT + 1, sizeof(int64_t));
+  int64_t* live = st_xcalloc((size_t)plan->op_count * ST_SLOT_CATEGORY_COUNT + 1, sizeof(int64_t));
   int64_t peak = st_plan_predict_live(plan, live, NULL);
   fprintf(out, "# %d ops, %d slots, %d programs; predicted peak live device bytes %lld; host-memory bytes %lld\n",
           plan->op_count, plan->slot_count, plan->program_count, (long long)peak, (long long)st_plan_host_bytes(plan));
@@ -359,7 +350,7 @@ void st_plan_print(const st_plan* plan, FILE* out) {
 }
 
 void st_plan_print_json(const st_plan* plan, FILE* out) {
-  int64_t* live = calloc((size_t)plan->op_count * ST_SLOT_CATEGORY_COUNT + 1, sizeof(int64_t));
+  int64_t* live = st_xcalloc((size_t)plan->op_count * ST_SLOT_CATEGORY_COUNT + 1, sizeof(int64_t));
   int64_t by_cat[ST_SLOT_CATEGORY_COUNT];
   int64_t peak = st_plan_predict_live(plan, live, by_cat);
   st_strbuf b = {0};

@@ -69,7 +69,7 @@ static bool st__is_state_slot(const st_plan* p, const st_slot* s) {
 
 st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out) {
   *out = NULL;
-  st_train_ckpt* c = calloc(1, sizeof(*c));
+  st_train_ckpt* c = st_xcalloc(1, sizeof(*c));
   c->in = *in;
   c->t_created = st__now();
   const st_config* cfg = in->config;
@@ -83,10 +83,10 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
   c->allow_bundle_change = st_config_bool(cfg, "ckpt.allow_bundle_change");
 
   const st_plan* p = in->plan;
-  c->slots = calloc((size_t)p->slot_count + 1, sizeof(int));
-  c->names = calloc((size_t)p->slot_count + 1, sizeof(char*));
-  c->files = calloc((size_t)p->slot_count + 1, sizeof(char*));
-  c->types = calloc((size_t)p->slot_count + 1, sizeof(st_tensor_type));
+  c->slots = st_xcalloc((size_t)p->slot_count + 1, sizeof(int));
+  c->names = st_xcalloc((size_t)p->slot_count + 1, sizeof(char*));
+  c->files = st_xcalloc((size_t)p->slot_count + 1, sizeof(char*));
+  c->types = st_xcalloc((size_t)p->slot_count + 1, sizeof(st_tensor_type));
   /* Parameters first, then optimizer state: the files read in that order. */
   for (int pass = 0; pass < 2; ++pass) {
     for (int i = 0; i < p->slot_count; ++i) {
@@ -100,7 +100,7 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
     }
   }
   c->snap = st_ckpt_snapshot_create(c->count, c->names, c->files, c->types);
-  c->events = calloc((size_t)c->count + 1, sizeof(st_event*));
+  c->events = st_xcalloc((size_t)c->count + 1, sizeof(st_event*));
 
   char* buf = NULL;
   size_t size = 0;

@@ -67,14 +67,14 @@ void st_train_options_from_config(const st_config* c, st_train_options* o) {
   o->sched.per_layer_optimizer = !strcmp(st_config_string(c, "sched.optimizer"), "per_layer");
   int nt = st_config_list_count(c, "trace.steps");
   if (nt > 0) {
-    o->trace_steps = calloc((size_t)nt, sizeof(int64_t));
+    o->trace_steps = st_xcalloc((size_t)nt, sizeof(int64_t));
     for (int i = 0; i < nt; ++i) o->trace_steps[i] = strtoll(st_config_list_item(c, "trace.steps", i), NULL, 10);
     o->trace_step_count = nt;
   }
 
   int nx = st_config_list_count(c, "runtime.xla_options");
   if (nx > 0) {
-    const char** xs = calloc((size_t)nx, sizeof(char*));
+    const char** xs = st_xcalloc((size_t)nx, sizeof(char*));
     for (int i = 0; i < nx; ++i) xs[i] = st_config_list_item(c, "runtime.xla_options", i);
     o->runtime.xla_options = xs;
     o->runtime.xla_option_count = nx;

@@ -54,7 +54,7 @@ static st_status st__instance_make(const st_bundle* b, const char* group, int la
  * embed, layers 0..L-1, head. */
 static st_status st__instances(const st_bundle* b, st__instance** out, int* out_count) {
   int n = (int)b->model.n_layers + 2;
-  st__instance* v = calloc((size_t)n, sizeof(*v));
+  st__instance* v = st_xcalloc((size_t)n, sizeof(*v));
   st_status s = st__instance_make(b, "embed", -1, &v[0]);
   for (int l = 0; !s && l < b->model.n_layers; ++l) s = st__instance_make(b, "block", l, &v[1 + l]);
   if (!s) s = st__instance_make(b, "head", -1, &v[n - 1]);
@@ -235,7 +235,7 @@ static void st__update_now(st__builder* B, const st__instance* I, int i, const i
 /* Offload units: optimizer state per group instance, parameters per block
  * (the embedding and head, used at both ends of the step, stay). */
 static int* st__offload_units(const st_plan* plan, const st_bundle* b, const st__instance* inst, int n_inst, int offload) {
-  int* unit = malloc(((size_t)plan->slot_count + 1) * sizeof(int));
+  int* unit = st_xmalloc(((size_t)plan->slot_count + 1) * sizeof(int));
   for (int s = 0; s < plan->slot_count; ++s) unit[s] = -1;
   int next = 0;
   for (int i = 0; i < n_inst; ++i) {
@@ -290,7 +290,7 @@ st_status st_train_build_plans(const st_bundle* b, const st_train_options* o, st
                           "cannot clip (train.grad_clip is %g); set train.grad_clip=0 or sched.optimizer=after_backward",
                           o->grad_clip);
   }
-  bool* remat = calloc((size_t)L + 1, sizeof(bool));
+  bool* remat = st_xcalloc((size_t)L + 1, sizeof(bool));
   st_status s = st_sched_remat_parse(pol->remat, L, remat);
   if (s) {
     free(remat);
@@ -318,7 +318,7 @@ st_status st_train_build_plans(const st_bundle* b, const st_train_options* o, st
   char name[64];
   int in[4 * ST__MAX_GROUP_PARAMS + 16], out[4 * ST__MAX_GROUP_PARAMS + 16];
   int sc[4] = {-1, -1, -1, -1};
-  int* sq = calloc((size_t)n_inst, sizeof(int));
+  int* sq = st_xcalloc((size_t)n_inst, sizeof(int));
 
   /* Persistent state first, so slot numbering is stable and readable. */
   for (int i = 0; i < n_inst; ++i)

@@ -94,15 +94,13 @@ static st_status st__compile_programs(st__trainer* t, const st_plan* const* plan
   const st_bundle* b = t->bundle;
   int n_max = extra_count;
   for (int p = 0; p < plan_count; ++p) n_max += plans[p]->program_count;
-  const char** names = calloc((size_t)n_max + 1, sizeof(*names));
-  st_program_compile_job* jobs = calloc((size_t)n_max + 1, sizeof(*jobs));
-  st_program_signature* sigs = calloc((size_t)n_max + 1, sizeof(*sigs));
-  st_tensor_type** types = calloc((size_t)n_max + 1, sizeof(*types));
-  int* index = calloc((size_t)n_max + 1, sizeof(*index));
-  bool* queued = calloc((size_t)b->program_count + 1, sizeof(bool));
-  st_status s = names && jobs && sigs && types && index && queued
-                    ? ST_OK
-                    : st_status_make(ST_CODE_INTERNAL, "out of memory (compile jobs)");
+  const char** names = st_xcalloc((size_t)n_max + 1, sizeof(*names));
+  st_program_compile_job* jobs = st_xcalloc((size_t)n_max + 1, sizeof(*jobs));
+  st_program_signature* sigs = st_xcalloc((size_t)n_max + 1, sizeof(*sigs));
+  st_tensor_type** types = st_xcalloc((size_t)n_max + 1, sizeof(*types));
+  int* index = st_xcalloc((size_t)n_max + 1, sizeof(*index));
+  bool* queued = st_xcalloc((size_t)b->program_count + 1, sizeof(bool));
+  st_status s = ST_OK;
   int m = 0;
   for (int p = 0; p < plan_count && !s; ++p)
     for (int i = 0; i < plans[p]->program_count; ++i) names[m++] = plans[p]->programs[i];
@@ -119,11 +117,7 @@ static st_status st__compile_programs(st__trainer* t, const st_plan* const* plan
     if (t->compiled[idx] || queued[idx]) continue;
     queued[idx] = true;
     /* One allocation per job holds its input types, then its output types. */
-    types[n] = calloc((size_t)bp->input_count + (size_t)bp->output_count + 1, sizeof(st_tensor_type));
-    if (!types[n]) {
-      s = st_status_make(ST_CODE_INTERNAL, "out of memory (compile jobs)");
-      break;
-    }
+    types[n] = st_xcalloc((size_t)bp->input_count + (size_t)bp->output_count + 1, sizeof(st_tensor_type));
     st_bundle_program_signature(bp, types[n], types[n] + bp->input_count, &sigs[n]);
     jobs[n] = (st_program_compile_job){.path = bp->path, .signature = &sigs[n]};
     index[n++] = idx;
@@ -147,7 +141,7 @@ static st_status st__compile_programs(st__trainer* t, const st_plan* const* plan
 
 /* Maps a plan's program indices to the compiled programs (all compiled). */
 static st_status st__plan_programs(st__trainer* t, const st_plan* plan, st_program*** out) {
-  st_program** v = calloc((size_t)plan->program_count + 1, sizeof(st_program*));
+  st_program** v = st_xcalloc((size_t)plan->program_count + 1, sizeof(st_program*));
   for (int i = 0; i < plan->program_count; ++i) {
     const st_bundle_program* bp = st_bundle_program_find(t->bundle, plan->programs[i]);
     v[i] = bp ? t->compiled[bp - t->bundle->programs] : NULL;
@@ -222,7 +216,7 @@ static st_status st__init_state(st__trainer* t) {
     size_t n = st_tensor_type_bytes(&b->params[i].type);
     if (n > biggest) biggest = n;
   }
-  void* zeros = calloc(1, biggest ? biggest : 1);
+  void* zeros = st_xcalloc(1, biggest ? biggest : 1);
   for (int i = 0; i < t->step_plan.slot_count && !s; ++i) {
     const st_slot* sl = &t->step_plan.slots[i];
     /* Persistent slots only: an offloaded slot's value lives in its host home. */
@@ -269,8 +263,8 @@ static st_status st__evaluate(st__trainer* t, double* out_loss) {
 
 static st_status st__save_params(st__trainer* t, const char* path) {
   const st_bundle* b = t->bundle;
-  st_named_tensor* ts = calloc((size_t)b->param_count + 1, sizeof(*ts));
-  void** host = calloc((size_t)b->param_count + 1, sizeof(void*));
+  st_named_tensor* ts = st_xcalloc((size_t)b->param_count + 1, sizeof(*ts));
+  void** host = st_xcalloc((size_t)b->param_count + 1, sizeof(void*));
   st_status s = ST_OK;
   for (int i = 0; i < b->param_count && !s; ++i) {
     int slot = st_plan_slot_find(&t->step_plan, b->params[i].name);
@@ -280,7 +274,7 @@ static st_status st__save_params(st__trainer* t, const char* path) {
       break;
     }
     size_t n = st_buffer_bytes(buf);
-    host[i] = malloc(n ? n : 1);
+    host[i] = st_xmalloc(n ? n : 1);
     s = st_buffer_to_host(buf, host[i], n);
     ts[i].name = b->params[i].name;
     ts[i].type = b->params[i].type;
@@ -411,8 +405,8 @@ st_status st_train_main(const st_config* cfg) {
    * programs out and compiles them later only if no checkpoint is found. */
   bool resume = st_config_bool(cfg, "run.resume");
   if (!s) {
-    t.compiled = calloc((size_t)bundle->program_count + 1, sizeof(st_program*));
-    t.compile_s = calloc((size_t)bundle->program_count + 1, sizeof(double));
+    t.compiled = st_xcalloc((size_t)bundle->program_count + 1, sizeof(st_program*));
+    t.compile_s = st_xcalloc((size_t)bundle->program_count + 1, sizeof(double));
     const st_plan* plans[2] = {&t.step_plan, &t.eval_plan};
     s = st__compile_programs(&t, plans, 2, st__init_programs, resume ? 0 : 3);
   }
@@ -428,12 +422,12 @@ st_status st_train_main(const st_config* cfg) {
     t.mb = o.batch_size / o.microbatches;
     t.T = o.data.seq_len;
     int64_t rows = o.batch_size * (o.eval_batches > 1 ? o.eval_batches : 1);
-    t.tokens = calloc((size_t)(rows * t.T), sizeof(int32_t));
-    t.targets = calloc((size_t)(rows * t.T), sizeof(int32_t));
-    t.mask = calloc((size_t)(rows * t.T), sizeof(float));
-    t.losses = calloc((size_t)(o.microbatches * (o.eval_batches > 1 ? o.eval_batches : 1)), sizeof(double));
+    t.tokens = st_xcalloc((size_t)(rows * t.T), sizeof(int32_t));
+    t.targets = st_xcalloc((size_t)(rows * t.T), sizeof(int32_t));
+    t.mask = st_xcalloc((size_t)(rows * t.T), sizeof(float));
+    t.losses = st_xcalloc((size_t)(o.microbatches * (o.eval_batches > 1 ? o.eval_batches : 1)), sizeof(double));
     t.n_sq = (int)bundle->model.n_layers + 2;
-    t.sqnorms = calloc((size_t)t.n_sq, sizeof(double));
+    t.sqnorms = st_xcalloc((size_t)t.n_sq, sizeof(double));
   }
   if (!s) {
     st_train_ckpt_init ci = {cfg, &o, t.run_dir, bundle, &t.step_plan, t.ex, t.runtime, t.log};

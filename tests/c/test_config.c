@@ -434,12 +434,12 @@ static void assert_same_values(const st_config* a, const st_config* b) {
   int n;
   const st__cfg_key* keys = st__cfg_schema(&n);
   for (int i = 0; i < n; ++i) {
-    st__cfg_buf x = {0}, y = {0};
+    st_strbuf x = {0}, y = {0};
     st__cfg_value_text(a, i, &x);
     st__cfg_value_text(b, i, &y);
     assert_string_equal(x.data, y.data);
-    st__cfg_buf_free(&x);
-    st__cfg_buf_free(&y);
+    st_strbuf_free(&x);
+    st_strbuf_free(&y);
   }
   (void)keys;
 }
