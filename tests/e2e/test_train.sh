@@ -91,7 +91,13 @@ mktok "$TMP/short.tok" 1 256 2 500 $toks
 expect_exit 3 "token file '$TMP/short.tok': header says 500 tokens .*truncated" train "${BASE[@]}" data.synthetic=false data.path="$TMP/short.tok" run.dir="$TMP/d6"
 mktok "$TMP/tb.tok" 1 256 3 200 $toks
 expect_exit 3 "token file '$TMP/tb.tok': token_bytes is 3" train "${BASE[@]}" data.synthetic=false data.path="$TMP/tb.tok" run.dir="$TMP/d7"
-check "no run directory files were left by data errors" "[ ! -e '$TMP/d4/params.safetensors' ] && [ ! -e '$TMP/d4/metrics.jsonl' ] || [ ! -s '$TMP/d4/metrics.jsonl' ]"
+# A data error stops the run before its first step: its directory may hold
+# config.yaml and the "failed" event, but no parameters, no checkpoint and
+# no metrics line, in any of the seven runs above.
+for d in d1 d2 d3 d4 d5 d6 d7; do
+  check "data error run $d left no training output" \
+    "[ ! -e '$TMP/$d/params.safetensors' ] && [ ! -e '$TMP/$d/checkpoints' ] && [ ! -s '$TMP/$d/metrics.jsonl' ]"
+done
 
 # --- bundles: a named stale bundle is an error, a cached one is re-exported ---
 "$STRATA" export "${BASE[@]}" bundle.dir="$TMP/bundle" >/dev/null 2>&1 && ok || bad "export into bundle.dir failed"
