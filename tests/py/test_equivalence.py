@@ -84,11 +84,11 @@ def test_final_parameters_match_reference(runs: dict) -> None:
 
 
 def test_eval_losses_match_reference(runs: dict) -> None:
-    ours = [m["eval_loss"] for m in runs["metrics"] if "eval_loss" in m]
-    ref = runs["ref"].get("eval_losses")
-    assert ours, "no eval lines in metrics.jsonl"
-    if isinstance(ref, dict):
-        ref = [v for _, v in sorted(ref.items(), key=lambda kv: int(kv[0]))]
-    if ref and isinstance(ref[0], (list, tuple)):
-        ref = [v for _, v in ref]
-    np.testing.assert_allclose(ours, ref, rtol=1e-4)
+    # Both sides as [step, loss] pairs: metrics.jsonl's eval lines, and
+    # losses.json's "eval_losses", the one format reference_train writes
+    # (docs/model.md). Steps 10, 20, 30 (eval_every=10, and the last step).
+    ours = [[m["step"], m["eval_loss"]] for m in runs["metrics"] if "eval_loss" in m]
+    ref = runs["ref"]["eval_losses"]
+    assert isinstance(ref, list) and all(isinstance(p, list) and len(p) == 2 for p in ref), ref
+    assert [s for s, _ in ours] == [s for s, _ in ref] == [10, 20, 30]
+    np.testing.assert_allclose([v for _, v in ours], [v for _, v in ref], rtol=1e-4)
