@@ -1,5 +1,5 @@
 /*
- * strata/obs.h — the run directory's logs (DESIGN §4): events.jsonl
+ * strata/obs.h — the run directory's logs (docs/design.md §4): events.jsonl
  * (lifecycle transitions), metrics.jsonl (one object per step, eval lines),
  * and the terminal progress line.
  *

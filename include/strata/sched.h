@@ -1,6 +1,6 @@
 /*
  * strata/sched.h — the step as an explicit plan of typed ops, the policies
- * that shape it, and its executor (DESIGN §5, docs/scheduling.md).
+ * that shape it, and its executor (docs/design.md §5, docs/scheduling.md).
  *
  * A plan is built once per configuration and executed every step. It names
  * buffers by *slot* (an index into a table the executor owns), so the same

@@ -7,7 +7,7 @@
  * adding context with st_status_annotate) or frees it with st_status_free.
  *
  * The code is the *class* of failure, chosen so that cli/ can map it to the
- * documented exit codes (DESIGN §4) without parsing messages:
+ * documented exit codes (docs/design.md §4) without parsing messages:
  *
  *   ST_CODE_CONFIG   usage or configuration error (bad key, value, argument)  exit 2
  *   ST_CODE_DATA     corpus / token file / batch problems                      exit 3

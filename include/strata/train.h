@@ -1,5 +1,5 @@
 /*
- * strata/train.h — the training lifecycle (DESIGN §3 "train"):
+ * strata/train.h — the training lifecycle (docs/design.md §3, "train"):
  * init -> compile -> run -> evaluate -> save, every transition an event in
  * <run>/events.jsonl.
  *

@@ -1,7 +1,7 @@
-/* commands.h — one function per `strata` subcommand (DESIGN §6). Each takes
- * the arguments after the subcommand name and returns a process exit code
- * (DESIGN §4: 0 ok, 2 usage/config, 3 data, 4 runtime, 5 numerics, 6 hang,
- * 7 checkpoint). */
+/* commands.h — one function per `strata` subcommand (docs/design.md §6).
+ * Each takes the arguments after the subcommand name and returns a process
+ * exit code (docs/design.md §4: 0 ok, 2 usage/config, 3 data, 4 runtime,
+ * 5 numerics, 6 hang, 7 checkpoint). */
 #ifndef STRATA_CLI_COMMANDS_H
 #define STRATA_CLI_COMMANDS_H
 

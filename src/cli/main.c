@@ -1,4 +1,4 @@
-/* main.c — the `strata` binary: dispatch to one subcommand (DESIGN §6). */
+/* main.c — the `strata` binary: dispatch to one subcommand (docs/design.md §6). */
 #include <stdio.h>
 #include <string.h>
 

@@ -1,5 +1,5 @@
-/* context.c — the task context of a run (seed 000 "任务上下文"): enough to
- * tell, months later, what ran where with which versions. */
+/* context.c — the task context of a run (context.json, docs/design.md §4):
+ * enough to tell, months later, what ran where with which versions. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_train.sh — `strata train`, `plan`, `data` end to end on the real
-# exporter and CPU plugin: the run directory contract (DESIGN §4), the
+# exporter and CPU plugin: the run directory contract (docs/design.md §4), the
 # snapshot round trip (issue 4), and every bad-input class of issue 3 with
 # its exit code and the file it names. Run from the repository root.
 set -uo pipefail

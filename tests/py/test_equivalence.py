@@ -1,4 +1,4 @@
-"""Decomposition equivalence (DESIGN §7): strata's per-layer C trainer against
+"""Decomposition equivalence (docs/design.md §7): strata's per-layer C trainer against
 the monolithic one-jax.jit reference on the same config, init and batches.
 
 30 steps, f32, 2 layers, 2 microbatches, clipping active: every step's loss
