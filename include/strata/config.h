@@ -26,6 +26,13 @@ extern "C" {
 
 typedef struct st_config st_config;
 
+/* The longest string value (and list item) a config accepts, in bytes:
+ * every string is a path, a name or a short option. */
+#define ST_CONFIG_MAX_STRING 4096
+/* The longest run.id; run.id is a plain name (letters, digits, '.', '_',
+ * '-', not starting with '.'), used as the folder under runs/. */
+#define ST_CONFIG_MAX_RUN_ID 128
+
 /* Loads |path| (NULL: schema defaults only), composing configs/base.yml and
  * any `base_config:` parents (resolved relative to the including file, then
  * to the configs/ folder), then applies |overrides| ("key=value", dotted

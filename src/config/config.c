@@ -141,6 +141,15 @@ static bool st__enum_has(const char* choices, const char* s, size_t n) {
  * value), valid UTF-8 (the YAML writer needs it; files are checked by libyaml
  * but the command line is not). */
 static st_status st__check_text(const st__cfg_key* k, const char* s, size_t n, const char* src) {
+  /* Every string is a path, a name or a short option: a longer one is a
+   * mistake, and would be echoed whole into messages, events and
+   * config.yaml. */
+  if (n > ST_CONFIG_MAX_STRING) {
+    char shown[400];
+    st__cfg_quote(s, n, shown, sizeof(shown));
+    return st_status_make(ST_CODE_CONFIG, "%s: value is %zu bytes long, more than the %d allowed ('%s') (%s)", k->key, n,
+                          ST_CONFIG_MAX_STRING, shown, src);
+  }
   if (memchr(s, '\0', n)) return st_status_make(ST_CODE_CONFIG, "%s: value contains a NUL character (%s)", k->key, src);
   if (!st__cfg_utf8_valid(s, n))
     return st_status_make(ST_CODE_CONFIG, "%s: value is not valid UTF-8 (%s)", k->key, src);
@@ -161,6 +170,15 @@ static st_status st__parse_value(const st__cfg_key* k, const st__cfg_entry* e, c
   const char* t = e->text ? e->text : "";
   size_t n = e->text ? e->text_len : 0;
   bool overflow;
+  if (e->quoted && (k->type == ST__CFG_INT || k->type == ST__CFG_FLOAT || k->type == ST__CFG_BOOL)) {
+    /* YAML reads "true" and "5" as strings; taking them for a bool or a
+     * number would hide a type mismatch like any other. */
+    char shown[400];
+    st__cfg_quote(t, n, shown, sizeof(shown));
+    st__cfg_expected(k, expected, sizeof(expected));
+    return st_status_make(ST_CODE_CONFIG, "%s: \"%s\" is a quoted string, not %s (%s; write it without quotes) (%s)", k->key,
+                          shown, k->type == ST__CFG_BOOL ? "a bool" : k->type == ST__CFG_INT ? "an int" : "a float", expected, src);
+  }
   switch (k->type) {
     case ST__CFG_INT:
       if (!st__parse_int(t, n, &out->i, &overflow)) return st__type_error(k, t, n, "an int", src);
@@ -536,6 +554,12 @@ static st_status st__load_file(st__cfg_file* f, const char* path, const char* mi
   st_status s = f->real ? ST_OK : st_status_make(ST_CODE_CONFIG, "cannot resolve config file '%s': %s", path, strerror(errno));
   if (!s) s = st__cfg_parse_yaml(f->display, text, len, &f->doc);
   free(text);
+  /* An empty file is valid YAML, but as a config it is most likely the
+   * wrong file or an unsaved one: say so rather than silently train
+   * configs/base.yml. */
+  if (!s && f->doc.count == 0 && !f->doc.base_config)
+    fprintf(stderr, "strata: warning: config file '%s' is empty (or only comments): it sets nothing, the defaults of "
+                    "configs/base.yml apply\n", path);
   return s;
 }
 

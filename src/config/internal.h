@@ -104,6 +104,7 @@ typedef struct st__cfg_entry {
   st__cfg_entry_kind kind;
   char* text;      /* SCALAR: owned, NUL-terminated */
   size_t text_len; /* may differ from strlen when the YAML held "\0" */
+  bool quoted;     /* SCALAR: quoted or block style in YAML, i.e. a string ("true" is no bool) */
   char** items;    /* LIST: owned */
   size_t* item_lens;
   int item_count;

@@ -62,7 +62,8 @@ static const st__cfg_key kKeys[] = {
      .doc = "Fraction of the corpus held out for validation."},
 
     {"run.dir", ST__CFG_STRING, "", .doc = "Run directory; empty: runs/<run.id>."},
-    {"run.id", ST__CFG_STRING, "", .doc = "Run name; empty: generated from the date and time."},
+    {"run.id", ST__CFG_STRING, "",
+     .doc = "Run name, the folder under runs/: letters, digits, '.', '_', '-' (at most 128); empty: generated from the date and time."},
     {"run.progress", ST__CFG_ENUM, "auto", .choices = "auto|on|off",
      .doc = "Console progress line; auto: only when stderr is a terminal."},
     {"run.resume", ST__CFG_BOOL, "false",
@@ -229,6 +230,35 @@ static st_status st__rule_trace_steps(const st_config* c) {
   return ST_OK;
 }
 
+/* run.id becomes a folder name under runs/: a path separator would escape
+ * runs/, a control character would break every line-based log, and a
+ * long id would be cut by file systems. */
+static st_status st__rule_run_id(const st_config* c) {
+  const char* id = st_config_string(c, "run.id");
+  size_t n = strlen(id);
+  if (n == 0) return ST_OK;
+  const char* why = NULL;
+  if (n > ST_CONFIG_MAX_RUN_ID) {
+    why = "is too long";
+  } else if (id[0] == '.') {
+    why = "starts with '.'";
+  } else {
+    for (size_t i = 0; i < n && !why; ++i) {
+      char ch = id[i];
+      bool plain = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
+                   ch == '_' || ch == '-';
+      if (!plain) why = ch == '/' ? "contains '/'" : "contains a character other than letters, digits, '.', '_' and '-'";
+    }
+  }
+  if (!why) return ST_OK;
+  char shown[400];
+  st__cfg_quote(id, n, shown, sizeof(shown));
+  return st_status_make(ST_CODE_CONFIG,
+                        "run.id: '%s' %s (%zu bytes); run.id names a folder under runs/: use letters, digits, '.', '_' "
+                        "and '-', at most %d, not starting with '.' (or set run.dir) (%s)",
+                        shown, why, n, ST_CONFIG_MAX_RUN_ID, st_config_source(c, "run.id"));
+}
+
 static const st__cfg_rule kRules[] = {
     {"model.d_model is divisible by model.n_heads, and the head size model.d_model / model.n_heads is even (RoPE).",
      st__rule_heads},
@@ -238,6 +268,8 @@ static const st__cfg_rule kRules[] = {
     {"sched.optimizer=per_layer needs train.grad_clip=0 (clipping needs the global norm before any update).",
      st__rule_per_layer},
     {"trace.steps are step numbers from 1 to train.steps.", st__rule_trace_steps},
+    {"run.id is empty or a plain name: letters, digits, '.', '_' and '-', at most 128, not starting with '.'.",
+     st__rule_run_id},
 };
 
 /* ---- lookups ------------------------------------------------------------ */

@@ -17,6 +17,8 @@ enum { kMaxDepth = 32, kMaxEntries = 100000 };
 typedef struct {
   yaml_parser_t parser;
   const char* name;
+  const char* text; /* the input, for line and column of a byte offset */
+  size_t len;
   st__cfg_doc* doc;
   st_strbuf key; /* dotted prefix of the mapping being read */
 } st__reader;
@@ -25,9 +27,21 @@ static st_status st__syntax_error(st__reader* r) {
   yaml_parser_t* p = &r->parser;
   switch (p->error) {
     case YAML_MEMORY_ERROR: st_oom("libyaml");
-    case YAML_READER_ERROR:
-      return st_status_make(ST_CODE_CONFIG, "%s: YAML error at byte %zu: %s", r->name, p->problem_offset,
-                            p->problem ? p->problem : "unreadable input");
+    case YAML_READER_ERROR: {
+      /* libyaml's reader knows only the byte offset; editors want line:column. */
+      size_t off = p->problem_offset < r->len ? p->problem_offset : r->len;
+      size_t line = 1, col = 1;
+      for (size_t i = 0; i < off; ++i) {
+        if (r->text[i] == '\n') {
+          ++line;
+          col = 1;
+        } else {
+          ++col;
+        }
+      }
+      return st_status_make(ST_CODE_CONFIG, "%s:%zu:%zu: YAML error: %s (byte %zu)", r->name, line, col,
+                            p->problem ? p->problem : "unreadable input", p->problem_offset);
+    }
     default: break;
   }
   st_strbuf b = {0};
@@ -121,6 +135,7 @@ static st_status st__read_value(st__reader* r, const yaml_event_t* kev, int dept
     case YAML_SCALAR_EVENT:
       if (!(e = st__add_entry(r, line, col, &s))) break;
       e->kind = st__is_null(&ev) ? ST__ENTRY_NULL : ST__ENTRY_SCALAR;
+      e->quoted = ev.data.scalar.style != YAML_PLAIN_SCALAR_STYLE;
       e->text = st_xstrndup((const char*)ev.data.scalar.value, ev.data.scalar.length);
       e->text_len = ev.data.scalar.length;
       break;
@@ -241,6 +256,8 @@ st_status st__cfg_parse_yaml(const char* name, const char* text, size_t len, st_
   if (!yaml_parser_initialize(&r.parser)) st_oom("YAML parser");
   yaml_parser_set_input_string(&r.parser, (const unsigned char*)text, len);
   r.name = name;
+  r.text = text;
+  r.len = len;
   r.doc = doc;
   st_strbuf_append_n(&r.key, "", 0);
   st_status s = st__read_stream(&r);

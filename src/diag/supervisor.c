@@ -326,7 +326,7 @@ static char* st__default_run_dir(const st_config* cfg) {
   const char* dir = st_config_string(cfg, "run.dir");
   if (dir[0]) return st_xstrdup(dir);
   const char* id = st_config_string(cfg, "run.id");
-  char buf[128];
+  char buf[ST_CONFIG_MAX_RUN_ID + 64]; /* run.id is validated: a plain name, never longer */
   if (id[0]) {
     snprintf(buf, sizeof(buf), "runs/%s", id);
   } else {

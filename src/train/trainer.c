@@ -44,7 +44,7 @@ static st_status st__make_run_dir(const st_config* cfg, const st_train_options* 
   if (o->run_dir[0]) {
     st_strbuf_append(&d, o->run_dir);
   } else {
-    char id[64];
+    char id[ST_CONFIG_MAX_RUN_ID + 1]; /* run.id is validated: a plain name, never longer */
     if (o->run_id[0]) {
       snprintf(id, sizeof(id), "%s", o->run_id);
     } else {

@@ -374,8 +374,151 @@ static void test_yaml_errors(void** state) {
   load_fails(exp, 0, NULL, fmt("%s:1:1: a config file must be a mapping of keys (key: value)", exp));
   exp = put(f, "bad.yml", "train:\n  steps: 1\ntrain.steps: 2\n");
   load_fails(exp, 0, NULL, fmt("duplicate key 'train.steps' in %s:3 (first set at line 2)", exp));
+  /* libyaml's reader reports a byte offset; the message gives line:column too. */
   exp = put(f, "bad.yml", "seed: 1\n\xff\n");
-  load_fails(exp, 0, NULL, fmt("%s: YAML error at byte 8: invalid leading UTF-8 octet", exp));
+  load_fails(exp, 0, NULL, fmt("%s:2:1: YAML error: invalid leading UTF-8 octet (byte 8)", exp));
+  exp = put(f, "bad.yml", "seed: 1\nrun:\n  id: ab\xc3\n");
+  load_fails(exp, 0, NULL, fmt("%s:3:10: YAML error: invalid trailing UTF-8 octet (byte 22)", exp));
+}
+
+/* A quoted scalar is a string in YAML: "true" is no bool, "5" no int. */
+static void test_quoted_scalars(void** state) {
+  fixture* f = *state;
+  const char* exp = put(f, "q.yml", "data:\n  synthetic: \"true\"\n");
+  load_fails(exp, 0, NULL,
+             fmt("data.synthetic: \"true\" is a quoted string, not a bool (expected true or false; write it without "
+                 "quotes) (%s:2)",
+                 exp));
+  exp = put(f, "q.yml", "data:\n  synthetic: 'false'\n");
+  load_fails(exp, 0, NULL,
+             fmt("data.synthetic: \"false\" is a quoted string, not a bool (expected true or false; write it without "
+                 "quotes) (%s:2)",
+                 exp));
+  exp = put(f, "q.yml", "train:\n  steps: \"5\"\n");
+  load_fails(exp, 0, NULL,
+             fmt("train.steps: \"5\" is a quoted string, not an int (expected int in [1, 100000000]; write it without "
+                 "quotes) (%s:2)",
+                 exp));
+  exp = put(f, "q.yml", "train:\n  lr: '0.1'\n");
+  load_fails(exp, 0, NULL,
+             fmt("train.lr: \"0.1\" is a quoted string, not a float (expected float in [0, 10]; write it without "
+                 "quotes) (%s:2)",
+                 exp));
+  /* Unquoted they load; quoted strings and enums stay fine. */
+  exp = put(f, "q.yml", "data:\n  synthetic: true\n  path: \"corpus.txt\"\nmodel:\n  compute_dtype: 'bf16'\n");
+  st_config* c = load_ok(exp, 0, NULL);
+  assert_true(st_config_bool(c, "data.synthetic"));
+  assert_string_equal(st_config_string(c, "data.path"), "corpus.txt");
+  assert_string_equal(st_config_string(c, "model.compute_dtype"), "bf16");
+  st_config_destroy(c);
+}
+
+/* Runs st_config_load with stderr sent to a file; returns what it printed. */
+static char* load_stderr(const fixture* f, const char* path, st_status* out) {
+  char err_path[256];
+  snprintf(err_path, sizeof(err_path), "%s/stderr.txt", f->dir);
+  fflush(stderr);
+  int saved = dup(2);
+  FILE* e = fopen(err_path, "w");
+  assert_non_null(e);
+  dup2(fileno(e), 2);
+  st_config* c = NULL;
+  *out = st_config_load(path, 0, NULL, &c);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  fclose(e);
+  st_config_destroy(c);
+  char* text = read_all(err_path);
+  assert_non_null(text);
+  return text;
+}
+
+static void test_empty_file_warns(void** state) {
+  fixture* f = *state;
+  const char* cases[] = {"", "# only a comment\n\n# and another\n", "---\n", "~\n"};
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); ++i) {
+    const char* exp = put(f, "empty.yml", cases[i]);
+    st_status s = ST_OK;
+    char* err = load_stderr(f, exp, &s);
+    assert_null(s);
+    char* want = fmt("strata: warning: config file '%s' is empty (or only comments): it sets nothing, the defaults of "
+                     "configs/base.yml apply\n",
+                     exp);
+    assert_string_equal(err, want);
+    free(err);
+  }
+  /* A file that sets something, or only names a parent, is quiet. */
+  const char* quiet[] = {"seed: 3\n", "base_config: tiny.yml\n", "train:\n"};
+  for (size_t i = 0; i < sizeof(quiet) / sizeof(quiet[0]); ++i) {
+    const char* exp = put(f, "set.yml", quiet[i]);
+    st_status s = ST_OK;
+    char* err = load_stderr(f, exp, &s);
+    assert_null(s);
+    assert_string_equal(err, "");
+    free(err);
+  }
+}
+
+/* run.id is a folder name under runs/: no escape, no control bytes, no silent cut. */
+static void test_run_id(void** state) {
+  (void)state;
+  const char* tail = "; run.id names a folder under runs/: use letters, digits, '.', '_' and '-', at most 128, not "
+                     "starting with '.' (or set run.dir) (command line)";
+  override_fails("run.id=../../x", fmt("run.id: '../../x' starts with '.' (7 bytes)%s", tail));
+  override_fails("run.id=a/../../x", fmt("run.id: 'a/../../x' contains '/' (9 bytes)%s", tail));
+  override_fails("run.id=a\nb",
+                 fmt("run.id: 'a\\nb' contains a character other than letters, digits, '.', '_' and '-' (3 bytes)%s",
+                     tail));
+  override_fails("run.id=a b",
+                 fmt("run.id: 'a b' contains a character other than letters, digits, '.', '_' and '-' (3 bytes)%s",
+                     tail));
+  char long_id[200];
+  memset(long_id, 'a', 129);
+  long_id[129] = '\0';
+  char arg[256];
+  snprintf(arg, sizeof(arg), "run.id=%s", long_id);
+  override_fails(arg, fmt("run.id: '%.80s...' is too long (129 bytes)%s", long_id, tail));
+  long_id[128] = '\0';
+  snprintf(arg, sizeof(arg), "run.id=%s", long_id);
+  char* ok[] = {arg};
+  st_config* c = load_ok("configs/test.yml", 1, ok);
+  assert_int_equal(strlen(st_config_string(c, "run.id")), 128);
+  st_config_destroy(c);
+  char* plain[] = {"run.id=exp-1.v2_b"};
+  c = load_ok("configs/test.yml", 1, plain);
+  st_config_destroy(c);
+}
+
+/* A huge value is refused with a short quote, not echoed whole. */
+static void test_long_values_capped(void** state) {
+  fixture* f = *state;
+  size_t n = 10 * 1024 * 1024;
+  char* text = malloc(n + 64);
+  assert_non_null(text);
+  int head = snprintf(text, 64, "data:\n  path: ");
+  memset(text + head, 'p', n);
+  snprintf(text + head + n, 8, "\n");
+  const char* exp = put(f, "huge.yml", text);
+  free(text);
+  st_config* c = NULL;
+  st_status s = st_config_load(exp, 0, NULL, &c);
+  assert_non_null(s);
+  assert_null(c);
+  assert_int_equal(st_status_exit_code(s), 2);
+  assert_true(strlen(st_status_message(s)) < 512);
+  assert_non_null(strstr(st_status_message(s), "data.path: value is 10485760 bytes long, more than the 4096 allowed"));
+  st_status_free(s);
+  char item[5000];
+  memset(item, 'x', 4097);
+  item[4097] = '\0';
+  char arg[5100];
+  snprintf(arg, sizeof(arg), "runtime.xla_options=[%s]", item);
+  char* ov[] = {arg};
+  s = st_config_load("configs/test.yml", 1, ov, &c);
+  assert_non_null(s);
+  assert_non_null(strstr(st_status_message(s), "runtime.xla_options: value is 4097 bytes long, more than the 4096 allowed"));
+  st_status_free(s);
 }
 
 static void test_file_errors(void** state) {
@@ -482,7 +625,7 @@ static void test_round_trip(void** state) {
 
 static void test_json(void** state) {
   (void)state;
-  char* ov[] = {"runtime.xla_options=[a=\"1\"]", "run.id=x\ty"};
+  char* ov[] = {"runtime.xla_options=[a=\"1\"]", "run.dir=x\ty"};
   st_config* c = load_ok("configs/test.yml", 2, ov);
   char* json = capture(st_config_write_json, c);
   assert_non_null(strstr(json, "{\n  \"seed\": 0,\n  \"model\": {\n    \"vocab_size\": 256,\n    \"d_model\": 32,\n"));
@@ -491,7 +634,7 @@ static void test_json(void** state) {
   assert_non_null(strstr(json, "\"eps\": 1e-8,\n"));
   assert_non_null(strstr(json, "\"synthetic\": true,\n"));
   assert_non_null(strstr(json, "\"xla_options\": [\"a=\\\"1\\\"\"],\n"));
-  assert_non_null(strstr(json, "\"id\": \"x\\ty\",\n"));
+  assert_non_null(strstr(json, "\"dir\": \"x\\ty\",\n"));
   assert_non_null(strstr(json, "  \"bundle\": {\n    \"dir\": \"\"\n  }"));
   assert_non_null(strstr(json, "\n  }\n}\n")); /* the last section closes the object */
   free(json);
@@ -678,6 +821,10 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_type_errors, setup, teardown),
       cmocka_unit_test_setup_teardown(test_range_errors, setup, teardown),
       cmocka_unit_test_setup_teardown(test_yaml_errors, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_quoted_scalars, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_empty_file_warns, setup, teardown),
+      cmocka_unit_test(test_run_id),
+      cmocka_unit_test_setup_teardown(test_long_values_capped, setup, teardown),
       cmocka_unit_test_setup_teardown(test_file_errors, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cross_field, setup, teardown),
       cmocka_unit_test_setup_teardown(test_round_trip, setup, teardown),

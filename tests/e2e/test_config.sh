@@ -118,6 +118,34 @@ expect_error "$TMP" 2 "base_config cycle: a.yml -> b.yml -> a.yml" -- config a.y
 printf 'base_config: small.yml\ntrain:\n  steps: 3\n' >"$TMP/preset.yml"
 expect_ok "$TMP" "model.n_layers         8        $ROOT/configs/small.yml:6" -- config preset.yml
 
+printf 'seed: 1\n\xff\n' >"$TMP/utf8.yml"
+expect_error "$TMP" 2 "utf8.yml:2:1: YAML error: invalid leading UTF-8 octet (byte 8)" -- config utf8.yml
+printf 'data:\n  synthetic: "true"\n' >"$TMP/quoted.yml"
+expect_error "$TMP" 2 'data.synthetic: "true" is a quoted string, not a bool (expected true or false; write it without quotes) (quoted.yml:2)' \
+  -- config quoted.yml
+# An empty or comment-only file: it loads (base.yml), but says so on stderr.
+printf '# TODO: fill in\n' >"$TMP/empty.yml"
+(cd "$TMP" && "$STRATA" config empty.yml >"$TMP/out" 2>"$TMP/stderr")
+rc=$?
+check "an empty config loads (exit 0) with a warning naming it" "[ $rc = 0 ] && grep -qx \"strata: warning: config file 'empty.yml' is empty (or only comments): it sets nothing, the defaults of configs/base.yml apply\" '$TMP/stderr' && grep -q 'config hash' '$TMP/out'"
+(cd "$ROOT" && "$STRATA" config configs/test.yml >/dev/null 2>"$TMP/stderr")
+check "a config that sets keys gives no warning" "[ ! -s '$TMP/stderr' ]"
+
+# --- run.id is a folder name under runs/ ---------------------------------------------
+RID_TAIL="; run.id names a folder under runs/: use letters, digits, '.', '_' and '-', at most 128, not starting with '.' (or set run.dir) (command line)"
+expect_error "$ROOT" 2 "run.id: '../../x' starts with '.' (7 bytes)$RID_TAIL" -- config configs/test.yml run.id=../../x
+expect_error "$ROOT" 2 "run.id: 'a/b' contains '/' (3 bytes)$RID_TAIL" -- train configs/test.yml run.id=a/b
+expect_error "$ROOT" 2 "run.id: 'a\\nb' contains a character other than letters, digits, '.', '_' and '-' (3 bytes)$RID_TAIL" \
+  -- train configs/test.yml "run.id=a
+b"
+long=$(printf 'r%.0s' $(seq 129))
+expect_error "$ROOT" 2 "run.id: '${long:0:80}...' is too long (129 bytes)$RID_TAIL" -- run configs/test.yml run.id=$long
+check "a refused run.id creates nothing under runs/" "[ ! -e '$ROOT/runs/x' ] && [ ! -e '$ROOT/runs/a' ] && [ ! -e '$ROOT/runs/$long' ]"
+printf 'data:\n  path: %s\n' "$(head -c 200000 /dev/zero | tr '\0' p)" >"$TMP/huge.yml"
+(cd "$TMP" && "$STRATA" config huge.yml >"$TMP/out" 2>"$TMP/stderr")
+rc=$?
+check "a 200 kB value is refused (exit 2) with a short quote, not echoed whole" "[ $rc = 2 ] && grep -q 'data.path: value is 200000 bytes long, more than the 4096 allowed' '$TMP/stderr' && [ \$(wc -c <'$TMP/stderr') -lt 512 ]"
+
 # --- cross-field ---------------------------------------------------------------------
 expect_error "$ROOT" 2 "model.d_model (128, configs/tiny.yml:5) is not divisible by model.n_heads (3, command line)" \
   -- config configs/tiny.yml model.n_heads=3
