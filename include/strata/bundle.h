@@ -64,7 +64,8 @@ typedef struct st_bundle {
   char* dir;
   char* key;
   int schema_version;
-  char* jax_version;
+  char* jax_version;    /* manifest versions.jax ("" when absent) */
+  char* jaxlib_version; /* manifest versions.jaxlib ("" when absent) */
   st_bundle_model model;
   int program_count;
   st_bundle_program* programs;

@@ -29,6 +29,13 @@ typedef struct st_runlog st_runlog;
  * naming its pid. |dir| must exist. */
 st_status st_runlog_lock_dir(const char* dir, int* out_fd);
 
+/* Whether run directory |dir| holds a run that recorded something: a step
+ * in metrics.jsonl, a checkpoint or final parameters. A folder that only
+ * holds what a run failing before its first step leaves (config.yaml,
+ * context.json, events.jsonl, an empty metrics.jsonl) is an empty run:
+ * `strata train` and `strata run` may reuse it. */
+bool st_runlog_dir_has_run(const char* dir);
+
 /* Opens (appending) <dir>/events.jsonl and <dir>/metrics.jsonl. */
 st_status st_runlog_open(const char* dir, st_runlog** out_log /* owned by caller */);
 void st_runlog_close(st_runlog* log); /* NULL is a no-op */
@@ -55,7 +62,8 @@ typedef struct st_context_facts {
   const char* run_id;
   const char* config_hash;
   const char* bundle_key;
-  const char* jax_version; /* from the bundle manifest */
+  const char* jax_version;    /* from the bundle manifest */
+  const char* jaxlib_version; /* from the bundle manifest (versions.jaxlib) */
   const st_runtime* runtime;
 } st_context_facts;
 

@@ -87,6 +87,8 @@ static st_status st__bundle_parse(st_bundle* b, const st_json* root, const char*
   const st_json* versions = st_json_get(root, "versions");
   const st_json* jaxv = st_json_get(versions, "jax");
   b->jax_version = st_xstrdup(jaxv && jaxv->kind == ST_JSON_STRING ? jaxv->string : "");
+  const st_json* jaxlibv = st_json_get(versions, "jaxlib");
+  b->jaxlib_version = st_xstrdup(jaxlibv && jaxlibv->kind == ST_JSON_STRING ? jaxlibv->string : "");
   ST_RETURN(st__model_from_json(st_json_get(root, "model"), mpath, &b->model));
 
   const st_json* progs = NULL;
@@ -241,6 +243,7 @@ void st_bundle_destroy(st_bundle* b) {
   free(b->dir);
   free(b->key);
   free(b->jax_version);
+  free(b->jaxlib_version);
   free(b);
 }
 

@@ -274,9 +274,23 @@ st_status st_dataset_open(const st_data_options* o, st_dataset** out_dataset) {
   ds->seed = o->seed;
   ds->seq_len = o->seq_len;
   const char* path = o->path && o->path[0] ? o->path : ST_DATA_DEFAULT_CORPUS;
-  st_status s;
-  if (o->synthetic) {
+  st_status s = ST_OK;
+  struct stat pst;
+  /* Opening a FIFO blocks until a writer comes (forever, for a training
+   * run); sockets and devices are no corpus either. Checked before any open. */
+  if (!o->synthetic && stat(path, &pst) == 0 && !S_ISREG(pst.st_mode) && !S_ISDIR(pst.st_mode))
+    s = st_status_make(ST_CODE_DATA,
+                       "data.path '%s' is a %s, not a regular file or a folder; point data.path at a text file, a folder "
+                       "of text files or a token file",
+                       path,
+                       S_ISFIFO(pst.st_mode)                          ? "FIFO"
+                       : S_ISSOCK(pst.st_mode)                        ? "socket"
+                       : S_ISCHR(pst.st_mode) || S_ISBLK(pst.st_mode) ? "device"
+                                                                      : "special file");
+  if (!s && o->synthetic) {
     s = st__synthetic(o, o->cache_dir, &ds->token_path);
+  } else if (s) {
+    /* refused above */
   } else if (!st_fs_is_dir(path) && st__is_token_file(path)) {
     ds->token_path = st_xstrdup(path);
     s = ST_OK;
@@ -288,11 +302,22 @@ st_status st_dataset_open(const st_data_options* o, st_dataset** out_dataset) {
     uint64_t n_val = (uint64_t)((double)ds->count * o->val_fraction);
     ds->n_train = ds->count - n_val;
     uint64_t need = (uint64_t)o->seq_len + 1;
-    if (ds->n_train < need || n_val < need)
+    if (ds->n_train < need || n_val < need) {
+      /* Name what the user gave (data.path) and what was read (the token
+       * file, often a cache file they never named). */
+      st_strbuf what = {0};
+      if (o->synthetic)
+        st_strbuf_printf(&what, "the synthetic corpus (token file '%s')", ds->token_path);
+      else if (!strcmp(path, ds->token_path))
+        st_strbuf_printf(&what, "token file '%s' (data.path)", path);
+      else
+        st_strbuf_printf(&what, "corpus '%s' (data.path; tokenized into '%s')", path, ds->token_path);
       s = st_status_make(ST_CODE_DATA,
-                         "corpus '%s' has %" PRIu64 " tokens: too few for a training and a validation split of at least model.seq_len+1 = %" PRIu64
-                         " tokens each (data.val_fraction=%g)",
-                         ds->token_path, ds->count, need, o->val_fraction);
+                         "%s has %" PRIu64 " tokens: too few for a training and a validation split of at least model.seq_len+1 = %" PRIu64
+                         " tokens each (data.val_fraction=%g); use a larger corpus or a shorter model.seq_len",
+                         what.data, ds->count, need, o->val_fraction);
+      st_strbuf_free(&what);
+    }
   }
   if (s) {
     st_dataset_destroy(ds);

@@ -357,9 +357,9 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
   S.hang_timeout_s = st_config_float(cfg, "recovery.hang_timeout_s");
   S.outcome = "running";
   st_status s = ST_OK;
-  if (st_fs_exists(S.metrics_path) && !st_config_bool(cfg, "run.resume"))
+  if (st_runlog_dir_has_run(S.dir) && !st_config_bool(cfg, "run.resume"))
     s = st_status_make(ST_CODE_CONFIG,
-                       "run directory '%s' already holds a run (metrics.jsonl); set run.dir to a new folder, or continue it "
+                       "run directory '%s' already holds a run (steps in metrics.jsonl, checkpoints); set run.dir to a new folder, or continue it "
                        "supervised with run.resume=true (or unsupervised: strata resume %s)",
                        S.dir, S.dir);
   if (!s) s = st_fs_mkdirs(S.dir);

@@ -58,7 +58,7 @@ char* st_context_json(const st_context_facts* f) {
   st__kv(&b, "git_commit", commit);
   st_strbuf_printf(&b, ", \"git_dirty\": %s", commit[0] ? (dirty[0] ? "true" : "false") : "null");
   st__kv(&b, "jax_version", f->jax_version);
-  st__kv(&b, "jaxlib_version", f->jax_version);
+  st__kv(&b, "jaxlib_version", f->jaxlib_version);
   if (f->runtime) {
     st_runtime_info info;
     st_runtime_get_info(f->runtime, &info);

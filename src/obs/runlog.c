@@ -1,8 +1,10 @@
 /* runlog.c — events.jsonl, metrics.jsonl and the progress line. */
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 
 #include "strata/base.h"
@@ -24,6 +26,26 @@ st_status st_runlog_lock_dir(const char* dir, int* out_fd) {
                        dir, holder, lock);
   free(lock);
   return s;
+}
+
+bool st_runlog_dir_has_run(const char* dir) {
+  /* metrics.jsonl gets its first line when the first step is recorded;
+   * checkpoints and params.safetensors come later still. Events and
+   * config.yaml alone are what a run that failed before its first step
+   * leaves: an empty run, which may be reused. */
+  char* metrics = st_path_join(dir, "metrics.jsonl");
+  char* params = st_path_join(dir, "params.safetensors");
+  char* ckpts = st_path_join(dir, "checkpoints");
+  struct stat st;
+  bool has = (stat(metrics, &st) == 0 && st.st_size > 0) || st_fs_exists(params);
+  DIR* d = has ? NULL : opendir(ckpts);
+  struct dirent* e;
+  while (d && !has && (e = readdir(d)) != NULL) has = strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+  if (d) closedir(d);
+  free(metrics);
+  free(params);
+  free(ckpts);
+  return has;
 }
 
 struct st_runlog {

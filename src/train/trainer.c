@@ -39,7 +39,9 @@ static double st__now(void) {
  * processes training into one directory would interleave their metrics and
  * race each other's checkpoints, so the second is refused with exit 2. The
  * lock dies with the process, so a SIGKILLed run can be resumed at once. */
-static st_status st__make_run_dir(const st_config* cfg, const st_train_options* o, char** out_dir, int* out_lock_fd) {
+static st_status st__make_run_dir(const st_config* cfg, const st_train_options* o, char** out_dir, int* out_lock_fd,
+                                  bool* out_reused) {
+  *out_reused = false;
   st_strbuf d = {0};
   if (o->run_dir[0]) {
     st_strbuf_append(&d, o->run_dir);
@@ -58,12 +60,13 @@ static st_status st__make_run_dir(const st_config* cfg, const st_train_options* 
   }
   st_status s = st_fs_mkdirs(d.data);
   if (!s) s = st_runlog_lock_dir(d.data, out_lock_fd);
-  char* metrics = st_path_join(d.data, "metrics.jsonl");
-  bool used = st_fs_exists(metrics);
-  free(metrics);
+  bool used = st_runlog_dir_has_run(d.data);
+  char* events = st_path_join(d.data, "events.jsonl");
+  *out_reused = !used && st_fs_exists(events); /* an earlier attempt stopped before its first step */
+  free(events);
   if (!s && used && !st_config_bool(cfg, "run.resume"))
     s = st_status_make(ST_CODE_CONFIG,
-                       "run directory '%s' already holds a run (metrics.jsonl); set run.dir to a new folder, or "
+                       "run directory '%s' already holds a run (steps in metrics.jsonl, checkpoints); set run.dir to a new folder, or "
                        "continue it with `strata resume %s`",
                        d.data, d.data);
   if (!s) {
@@ -364,8 +367,12 @@ st_status st_train_main(const st_config* cfg) {
 
   /* --- init ------------------------------------------------------------ */
   int lock_fd = -1;
-  st_status s = st__make_run_dir(cfg, &o, &t.run_dir, &lock_fd);
+  bool reused = false;
+  st_status s = st__make_run_dir(cfg, &o, &t.run_dir, &lock_fd, &reused);
   if (!s) s = st_runlog_open(t.run_dir, &t.log);
+  if (!s && reused && !st_config_bool(cfg, "run.resume"))
+    s = st_runlog_event(t.log, "run_dir_reused",
+                        "\"reason\": \"an earlier attempt in this directory stopped before its first step\"");
   if (!s) s = st_dataset_open(&o.data, &t.data);
 
   /* --- compile --------------------------------------------------------- */
@@ -385,7 +392,12 @@ st_status st_train_main(const st_config* cfg) {
     char hash[17];
     st_config_hash(cfg, NULL, 0, hash);
     const char* slash = strrchr(t.run_dir, '/');
-    st_context_facts facts = {slash ? slash + 1 : t.run_dir, hash, bundle->key, bundle->jax_version, t.runtime};
+    st_context_facts facts = {.run_id = slash ? slash + 1 : t.run_dir,
+                              .config_hash = hash,
+                              .bundle_key = bundle->key,
+                              .jax_version = bundle->jax_version,
+                              .jaxlib_version = bundle->jaxlib_version,
+                              .runtime = t.runtime};
     char* ctx = st_context_json(&facts);
     char* path = st_path_join(t.run_dir, "context.json");
     s = st_fs_write_atomic(path, ctx, strlen(ctx));

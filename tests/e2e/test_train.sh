@@ -98,9 +98,37 @@ for d in d1 d2 d3 d4 d5 d6 d7; do
   check "data error run $d left no training output" \
     "[ ! -e '$TMP/$d/params.safetensors' ] && [ ! -e '$TMP/$d/checkpoints' ] && [ ! -s '$TMP/$d/metrics.jsonl' ]"
 done
+# A run that failed before its first step is an empty run: the same run.dir may be used again.
+if "$STRATA" train "${BASE[@]}" train.steps=2 run.dir="$TMP/d1" >/dev/null 2>"$TMP/err"; then ok; else bad "reusing the run.dir of a data error exited $?: $(tail -2 "$TMP/err")"; fi
+check "the reused run directory says so in events.jsonl and holds the new run" "grep -q '\"run_dir_reused\"' '$TMP/d1/events.jsonl' && [ -s '$TMP/d1/params.safetensors' ] && tail -1 '$TMP/d1/events.jsonl' | grep -q '\"done\"'"
+expect_exit 2 "run directory '$TMP/d1' already holds a run" train "${BASE[@]}" train.steps=2 run.dir="$TMP/d1"
+# A FIFO (or socket, device) as data.path is refused at once instead of blocking in open().
+mkfifo "$TMP/corpus.fifo"
+timeout 20 "$STRATA" train "${BASE[@]}" data.synthetic=false data.path="$TMP/corpus.fifo" run.dir="$TMP/d8" >"$TMP/out" 2>"$TMP/err"
+rc=$?
+check "a FIFO as data.path: exit 3 at once (rc $rc), naming it" "[ $rc = 3 ] && grep -q \"data.path '$TMP/corpus.fifo' is a FIFO, not a regular file or a folder\" '$TMP/err'"
+# Too short a corpus: the message names the user's corpus and the token file made from it.
+printf 'tiny corpus\n' >"$TMP/short.txt"
+expect_exit 3 "corpus '$TMP/short.txt' \\(data.path; tokenized into '.*/tokens/[0-9a-f]+\\.tok'\\) has 12 tokens: too few" \
+  train "${BASE[@]}" data.synthetic=false data.path="$TMP/short.txt" run.dir="$TMP/d9"
 
 # --- bundles: a named stale bundle is an error, a cached one is re-exported ---
 "$STRATA" export "${BASE[@]}" bundle.dir="$TMP/bundle" >/dev/null 2>&1 && ok || bad "export into bundle.dir failed"
+# context.json reports the bundle's jaxlib version (manifest versions.jaxlib), not jax's.
+cp -a "$TMP/bundle" "$TMP/bundle-v"
+$PY - "$TMP/bundle-v/manifest.json" <<'PYEOF'
+import json, sys
+m = json.load(open(sys.argv[1]))
+m['versions']['jaxlib'] = '0.0.1-jaxlib-test'
+json.dump(m, open(sys.argv[1], 'w'), indent=1)
+PYEOF
+if "$STRATA" train "${BASE[@]}" train.steps=1 bundle.dir="$TMP/bundle-v" run.dir="$TMP/v1" >/dev/null 2>"$TMP/err"; then ok; else bad "train with bundle-v exited $?: $(tail -2 "$TMP/err")"; fi
+check "context.json: jaxlib_version from the manifest's versions.jaxlib" "$PY - '$TMP/v1/context.json' '$TMP/bundle-v/manifest.json' <<'PYEOF'
+import json, sys
+c, m = (json.load(open(p)) for p in sys.argv[1:])
+assert c['jaxlib_version'] == '0.0.1-jaxlib-test', c['jaxlib_version']
+assert c['jax_version'] == m['versions']['jax'], (c['jax_version'], m['versions'])
+PYEOF"
 echo "// tampered" >>"$TMP/bundle/programs/block_fwd.mlir"
 expect_exit 4 "bundle program file '$TMP/bundle/programs/block_fwd.mlir' was altered" train "${BASE[@]}" bundle.dir="$TMP/bundle" run.dir="$TMP/b1"
 "$STRATA" export "${BASE[@]}" bundle.dir="$TMP/bundle2" >/dev/null 2>&1 && ok || bad "export into bundle.dir failed"
