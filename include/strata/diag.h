@@ -5,7 +5,7 @@
  * Fault injection (config faults.*, all off by default) makes the failure
  * paths testable on purpose: crash at a step, crash in the middle of a
  * checkpoint write, corrupt the newest checkpoint, fail a save with ENOSPC
- * or EIO, stop making progress. Armed faults are announced loudly (stderr
+ * or EIO, stop making progress (in a step or in a save). Armed faults are announced loudly (stderr
  * and events.jsonl); each one fires once per run directory — it is recorded
  * durably in <run>/diag/faults.fired before it acts, and a resumed attempt
  * disarms it — unless faults.repeat is true.
@@ -13,6 +13,7 @@
 #ifndef STRATA_DIAG_H
 #define STRATA_DIAG_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -69,6 +70,34 @@ st_status st_faults_ckpt_hook(void* faults, st_ckpt_point point, const char* pat
 st_status st_faults_corrupt_checkpoint(const char* dir, char** out_file);
 
 /*===-------------------------------------------------------------------===*/
+/* Graceful stop (SIGTERM, SIGINT, SIGHUP)                                  */
+/*===-------------------------------------------------------------------===*/
+
+/* The dispositions st_stop_signals_install replaced (owned by the caller,
+ * usually on its stack). */
+typedef struct st_stop_guard {
+  struct sigaction old[3]; /* SIGTERM, SIGINT, SIGHUP */
+  bool installed;
+} st_stop_guard;
+
+/* Installs the stop handlers for SIGTERM, SIGINT and SIGHUP. The handler
+ * only records the first signal's number in a volatile sig_atomic_t, the
+ * one process-wide variable of this API (a signal handler has no other
+ * place to put it); it is reset here. The same signal a second time takes
+ * its default action (the process ends at once: SA_RESETHAND). One guard
+ * at a time per process; not for threads to share. */
+void st_stop_signals_install(st_stop_guard* guard);
+/* The first stop signal received since st_stop_signals_install, or 0. */
+int st_stop_signal(void);
+/* Gives SIGTERM, SIGINT and SIGHUP their default action (end at once): for
+ * the stop's own checkpoint, which a second signal must abort, never delay. */
+void st_stop_signals_default(void);
+/* Puts back the dispositions from before st_stop_signals_install. */
+void st_stop_signals_restore(st_stop_guard* guard);
+/* "SIGTERM", "SIGINT", "SIGHUP"; "a signal" for others. Static string. */
+const char* st_signal_name(int sig);
+
+/*===-------------------------------------------------------------------===*/
 /* Supervisor (`strata run`)                                                */
 /*===-------------------------------------------------------------------===*/
 
@@ -82,11 +111,14 @@ typedef struct st_supervisor_request {
 
 /* Runs `strata train CONFIG k=v... run.dir=<dir>` as a child process and,
  * when it dies by a signal, exits non-zero (other than 2 config or 3 data
- * errors) or stops making progress for recovery.hang_timeout_s, restarts
+ * errors, or 8: stopped by a signal after a checkpoint, which is no crash)
+ * or stops making progress for recovery.hang_timeout_s, restarts
  * it as `strata resume <dir>` after recovery.backoff_s (doubling, capped
  * at recovery.backoff_max_s), at most recovery.max_restarts times. Each
  * incident is measured (detection, restart, restore, steps lost, time to
  * the first good step) into events.jsonl and <dir>/recovery.json.
+ * SIGTERM, SIGINT and SIGHUP to the supervisor are forwarded to the child
+ * once (the child has a process group of its own) and end supervision.
  * *out_exit_code: 0 when the run completed, else the last attempt's exit
  * code (1 when it died by a signal). The status reports the supervisor's
  * own failures (run directory, fork). */

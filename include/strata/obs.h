@@ -3,8 +3,10 @@
  * (lifecycle transitions), metrics.jsonl (one object per step, eval lines),
  * and the terminal progress line.
  *
- * Lines are written whole and flushed, so a crash never leaves a truncated
- * JSON object behind (a reader may at most miss the last line).
+ * Each line is one write(2), so a crash never leaves a truncated JSON
+ * object behind (a reader may at most miss the last line); a write cut
+ * short by a full disk is taken back, and a torn line that survives (a
+ * power loss) is cut when the log is next opened.
  */
 #ifndef STRATA_OBS_H
 #define STRATA_OBS_H
@@ -36,7 +38,16 @@ st_status st_runlog_lock_dir(const char* dir, int* out_fd);
  * `strata train` and `strata run` may reuse it. */
 bool st_runlog_dir_has_run(const char* dir);
 
-/* Opens (appending) <dir>/events.jsonl and <dir>/metrics.jsonl. */
+/* Cuts a torn last line off the JSON-lines file |path| (bytes after its
+ * last newline, left by a write cut short: a full disk, a power loss), so
+ * that the next append starts a line of its own. *out_cut: bytes removed
+ * (0 when the file ends in a newline, is empty or does not exist). */
+st_status st_runlog_repair_tail(const char* path, long* out_cut);
+
+/* Opens (appending) <dir>/events.jsonl and <dir>/metrics.jsonl, first
+ * cutting a torn last line off each (warned on stderr, and a log_repaired
+ * event). Write failures (ENOSPC, EIO) are ST_CODE_IO (exit 9); the
+ * partial line of a failed write is taken back when the file allows. */
 st_status st_runlog_open(const char* dir, st_runlog** out_log /* owned by caller */);
 void st_runlog_close(st_runlog* log); /* NULL is a no-op */
 

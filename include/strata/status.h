@@ -15,8 +15,11 @@
  *   ST_CODE_NUMERICS non-finite loss or gradients                              exit 5
  *   ST_CODE_HANG     a watchdog deadline passed                                exit 6
  *   ST_CODE_CKPT     checkpoint write, read or verification failure            exit 7
- *   ST_CODE_IO       other file-system failures (errno is in the message)      exit 1
+ *   ST_CODE_IO       other file-system failures (errno is in the message):
+ *                    a full disk or a read-only run directory              exit 9
  *   ST_CODE_INTERNAL a broken invariant inside strata (a bug)                  exit 1
+ *   ST_CODE_INTERRUPTED  stopped by SIGTERM, SIGINT or SIGHUP after the step in
+ *                    progress, with a checkpoint written (strata resume goes on) exit 8
  *
  * Thread-safety: a status is a plain value; do not share one between threads.
  */
@@ -39,6 +42,7 @@ typedef enum st_code {
   ST_CODE_CKPT,
   ST_CODE_IO,
   ST_CODE_INTERNAL,
+  ST_CODE_INTERRUPTED, /* not a failure of the run: stopped by a signal after a checkpoint */
 } st_code;
 
 typedef struct st_status_s* st_status; /* NULL means OK */

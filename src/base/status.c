@@ -102,8 +102,9 @@ int st_status_exit_code(st_status status) {
     case ST_CODE_NUMERICS: return 5;
     case ST_CODE_HANG: return 6;
     case ST_CODE_CKPT: return 7;
-    case ST_CODE_IO:
+    case ST_CODE_IO: return 9;
     case ST_CODE_INTERNAL: return 1;
+    case ST_CODE_INTERRUPTED: return 8;
   }
   return 1;
 }
@@ -119,6 +120,7 @@ const char* st_code_name(st_code code) {
     case ST_CODE_CKPT: return "checkpoint error";
     case ST_CODE_IO: return "i/o error";
     case ST_CODE_INTERNAL: return "internal error";
+    case ST_CODE_INTERRUPTED: return "interrupted";
   }
   return "unknown error";
 }

@@ -25,7 +25,9 @@ static const st_cli_command kCommands[] = {
 static void st_cli_usage(FILE* out) {
   fprintf(out, "usage: strata <command> [args]\n\ncommands:\n");
   for (size_t i = 0; i < sizeof(kCommands) / sizeof(kCommands[0]); ++i) fprintf(out, "  %s\n", kCommands[i].usage);
-  fprintf(out, "\nexit codes: 0 ok, 2 usage/config, 3 data, 4 runtime/plugin/compile, 5 numerics, 6 hang, 7 checkpoint\n");
+  fprintf(out,
+          "\nexit codes: 0 ok, 1 internal error, 2 usage/config, 3 data, 4 runtime/plugin/compile, 5 numerics, 6 hang, "
+          "7 checkpoint, 8 stopped by a signal after a checkpoint, 9 file system (disk full)\n");
 }
 
 int st_cli_report(st_status status) {

@@ -128,7 +128,9 @@ static const st__cfg_key kKeys[] = {
      .doc = "Drill: make the N-th checkpoint save fail halfway with faults.io_error; 0: off."},
     {"faults.io_error", ST__CFG_ENUM, "ENOSPC", .choices = "ENOSPC|EIO", .doc = "Drill: the errno of faults.io_error_at_save."},
     {"faults.hang_at_step", ST__CFG_INT, "0", .lo = 0, .hi = 100000000,
-     .doc = "Drill: stop making progress (sleep forever) during step N; 0: off."},
+     .doc = "Drill: stop making progress during step N (until a stop signal: SIGTERM, SIGINT, SIGHUP); 0: off."},
+    {"faults.hang_in_save", ST__CFG_INT, "0", .lo = 0, .hi = 1000000,
+     .doc = "Drill: the N-th checkpoint save stops halfway through its first file, forever; 0: off."},
     {"faults.repeat", ST__CFG_BOOL, "false",
      .doc = "Drill: fire faults in every attempt; default: each fires once per run directory (diag/faults.fired)."},
 };

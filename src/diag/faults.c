@@ -21,8 +21,9 @@
 #include "strata/diag.h"
 #include "strata/obs.h"
 
-enum { F_CRASH_STEP, F_CRASH_SAVE, F_CORRUPT, F_IO_ERROR, F_HANG, F_COUNT };
-static const char* const kNames[F_COUNT] = {"crash_at_step", "crash_in_save", "corrupt_latest", "io_error_at_save", "hang_at_step"};
+enum { F_CRASH_STEP, F_CRASH_SAVE, F_CORRUPT, F_IO_ERROR, F_HANG, F_HANG_SAVE, F_COUNT };
+static const char* const kNames[F_COUNT] = {"crash_at_step",    "crash_in_save", "corrupt_latest",
+                                            "io_error_at_save", "hang_at_step",  "hang_in_save"};
 
 struct st_faults {
   int64_t at[F_COUNT]; /* 0 = off (or disarmed) */
@@ -50,8 +51,8 @@ static bool st__already_fired(const char* text, const char* kind) {
 st_status st_faults_create(const st_config* cfg, const char* run_dir, st_faults** out) {
   *out = NULL;
   st_faults* f = st_xcalloc(1, sizeof(*f));
-  const char* keys[F_COUNT] = {"faults.crash_at_step", "faults.crash_in_save", "faults.corrupt_latest", "faults.io_error_at_save",
-                               "faults.hang_at_step"};
+  const char* keys[F_COUNT] = {"faults.crash_at_step",    "faults.crash_in_save", "faults.corrupt_latest",
+                               "faults.io_error_at_save", "faults.hang_at_step",  "faults.hang_in_save"};
   for (int i = 0; i < F_COUNT; ++i) f->at[i] = st_config_int(cfg, keys[i]);
   f->io_errno = !strcmp(st_config_string(cfg, "faults.io_error"), "EIO") ? EIO : ENOSPC;
   f->repeat = st_config_bool(cfg, "faults.repeat");
@@ -144,8 +145,12 @@ void st_faults_at_step(st_faults* f, int64_t step) {
     st__die();
   }
   if (f->at[F_HANG] && step == f->at[F_HANG]) {
-    st__fire(f, F_HANG, step, "the trainer stops making progress (sleeps forever)");
-    for (;;) pause();
+    st__fire(f, F_HANG, step, "the trainer stops making progress (sleeps until a stop signal)");
+    /* A stop signal (SIGTERM, SIGINT, SIGHUP) ends the hang: the trainer
+     * then finishes the step and stops with a checkpoint, as it would
+     * from any slow step. SIGKILL (the supervisor's hang timeout) ends it
+     * the hard way. */
+    while (!st_stop_signal()) pause();
   }
 }
 
@@ -203,6 +208,15 @@ st_status st_faults_ckpt_hook(void* user, st_ckpt_point point, const char* path)
       snprintf(d, sizeof(d), "SIGKILL halfway through writing %s", path);
       st__fire(f, F_CRASH_SAVE, n, d);
       st__die();
+    }
+    if (f->at[F_HANG_SAVE] && n == f->at[F_HANG_SAVE]) {
+      char d[4200];
+      snprintf(d, sizeof(d), "the save stops halfway through writing %s (sleeps forever)", path);
+      st__fire(f, F_HANG_SAVE, n, d);
+      /* Nothing ends this but the process: a second stop signal (its
+       * default action) or SIGKILL. The drill for "a second signal during
+       * the stop's checkpoint aborts at once". */
+      for (;;) pause();
     }
     if (f->at[F_IO_ERROR] && n == f->at[F_IO_ERROR]) {
       char d[4200];

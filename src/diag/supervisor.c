@@ -279,20 +279,46 @@ static void st__write_summary(st__sup* S) {
 /* Children                                                                 */
 /*===-------------------------------------------------------------------===*/
 
+/* Forks and execs the child; *out stays 0 when a stop signal came first.
+ * The stop signals are blocked from before the fork until g_child is set,
+ * so each one reaches the child exactly once (the handler forwards it)
+ * or stops the supervisor before it spawns. */
 static st_status st__spawn(char* const* argv, int lock_fd, pid_t* out) {
+  *out = 0;
   fflush(stdout);
   fflush(stderr);
+  sigset_t stops, old;
+  sigemptyset(&stops);
+  sigaddset(&stops, SIGINT);
+  sigaddset(&stops, SIGTERM);
+  sigaddset(&stops, SIGHUP);
+  sigprocmask(SIG_BLOCK, &stops, &old);
+  if (g_stop_signal) {
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    return ST_OK;
+  }
   pid_t pid = fork();
-  if (pid < 0) return st_status_make(ST_CODE_IO, "strata run: fork failed: %s", strerror(errno));
+  if (pid < 0) {
+    int err = errno;
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    return st_status_make(ST_CODE_IO, "strata run: fork failed: %s", strerror(err));
+  }
   if (pid == 0) {
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     signal(SIGHUP, SIG_DFL);
+    /* A process group of its own: a terminal's Ctrl-C (sent to the whole
+     * foreground group) then reaches the supervisor alone, which forwards
+     * it once. Twice would abort the child's stop checkpoint. */
+    setpgid(0, 0);
+    sigprocmask(SIG_SETMASK, &old, NULL);
     st_fs_lock_hand_down(lock_fd);
     execv(argv[0], argv);
     fprintf(stderr, "strata run: cannot execute %s: %s\n", argv[0], strerror(errno));
     _exit(127);
   }
+  g_child = pid;
+  sigprocmask(SIG_SETMASK, &old, NULL);
   *out = pid;
   return ST_OK;
 }
@@ -367,6 +393,11 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
    * child inherits it), so nothing else can slip in between two attempts,
    * and a second supervisor is refused before it writes an event. */
   if (!s) s = st_runlog_lock_dir(S.dir, &S.lock_fd);
+  /* The child cuts a torn last line before it appends; the supervisor
+   * appends to events.jsonl first, so it does the same there. */
+  long cut = 0;
+  if (!s) s = st_runlog_repair_tail(S.events_path, &cut);
+  if (!s && cut) fprintf(stderr, "strata run: %s ended in a torn line (%ld bytes); cut it before appending\n", S.events_path, cut);
   if (s) goto done;
   S.tail_offset = st__size(S.events_path);
 
@@ -415,12 +446,12 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
     S.tail_offset = st__size(S.events_path);
     s = st__spawn(argv, S.lock_fd, &pid);
     free(argv);
-    if (s) {
+    if (s || !pid) {
+      if (!s) S.outcome = "interrupted"; /* a stop signal before the spawn */
       st_strbuf_free(&cmd);
       break;
     }
     double spawned_at = st__wall();
-    g_child = pid;
     S.attempts++;
     if (S.inc_count && !S.inc[S.inc_count - 1].restarted) {
       st__incident* I = &S.inc[S.inc_count - 1];
@@ -461,6 +492,17 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
       snprintf(f, sizeof(f), "\"signal\": %d, \"child_exit_code\": %d", (int)g_stop_signal, code);
       st__event(&S, "supervisor_interrupted", f);
       fprintf(stderr, "strata run: stopped by signal %d; not restarting\n", (int)g_stop_signal);
+      break;
+    }
+    if (code == 8) {
+      /* The child was stopped by a signal sent to it, not to us (a
+       * scheduler, a user): it saved a checkpoint and exited 8. A planned
+       * stop, not a crash: no incident, no restart. */
+      S.outcome = "interrupted";
+      st__event(&S, "child_interrupted",
+                "\"exit_code\": 8, \"reason\": \"the trainer was stopped by a signal after writing a checkpoint\"");
+      fprintf(stderr, "strata run: the trainer was stopped by a signal (exit 8) after writing a checkpoint; not restarting "
+                      "(continue with strata resume %s)\n", S.dir);
       break;
     }
     if (code == 2 || code == 3) {

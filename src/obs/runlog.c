@@ -1,11 +1,13 @@
 /* runlog.c — events.jsonl, metrics.jsonl and the progress line. */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include "strata/base.h"
 #include "strata/obs.h"
@@ -49,14 +51,53 @@ bool st_runlog_dir_has_run(const char* dir) {
 }
 
 struct st_runlog {
-  FILE* events;
-  FILE* metrics;
+  int events_fd;
+  int metrics_fd;
 };
 
-static st_status st__open_append(const char* dir, const char* name, FILE** out) {
+st_status st_runlog_repair_tail(const char* path, long* out_cut) {
+  *out_cut = 0;
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? ST_OK : st_status_make(ST_CODE_IO, "cannot open '%s': %s", path, strerror(errno));
+  struct stat st;
+  st_status s = ST_OK;
+  if (fstat(fd, &st) != 0) s = st_status_make(ST_CODE_IO, "cannot stat '%s': %s", path, strerror(errno));
+  off_t size = s ? 0 : st.st_size;
+  /* Every line is written with its newline in one write(2): a file that
+   * does not end in one was cut mid-write (a full disk, a power loss).
+   * Scan back for the last newline; what follows it is the torn line. */
+  off_t keep = size;
+  char buf[4096];
+  while (!s && keep > 0) {
+    off_t from = keep > (off_t)sizeof(buf) ? keep - (off_t)sizeof(buf) : 0;
+    ssize_t got = pread(fd, buf, (size_t)(keep - from), from);
+    if (got != (ssize_t)(keep - from)) {
+      s = st_status_make(ST_CODE_IO, "cannot read '%s': %s", path, got < 0 ? strerror(errno) : "short read");
+      break;
+    }
+    ssize_t i = got;
+    while (i > 0 && buf[i - 1] != '\n') --i;
+    if (i > 0) {
+      keep = from + i;
+      break;
+    }
+    keep = from;
+  }
+  if (!s && keep < size) {
+    if (ftruncate(fd, keep) != 0 || fsync(fd) != 0)
+      s = st_status_make(ST_CODE_IO, "cannot cut the torn last line of '%s': %s", path, strerror(errno));
+    else
+      *out_cut = (long)(size - keep);
+  }
+  close(fd);
+  return s;
+}
+
+static st_status st__open_append(const char* dir, const char* name, int* out_fd, long* out_cut) {
   char* path = st_path_join(dir, name);
-  *out = fopen(path, "a");
-  st_status s = *out ? ST_OK : st_status_make(ST_CODE_IO, "cannot open '%s' for appending: %s", path, strerror(errno));
+  st_status s = st_runlog_repair_tail(path, out_cut);
+  *out_fd = s ? -1 : open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (!s && *out_fd < 0) s = st_status_make(ST_CODE_IO, "cannot open '%s' for appending: %s", path, strerror(errno));
   free(path);
   return s;
 }
@@ -64,8 +105,23 @@ static st_status st__open_append(const char* dir, const char* name, FILE** out) 
 st_status st_runlog_open(const char* dir, st_runlog** out_log) {
   *out_log = NULL;
   st_runlog* log = st_xcalloc(1, sizeof(*log));
-  st_status s = st__open_append(dir, "events.jsonl", &log->events);
-  if (!s) s = st__open_append(dir, "metrics.jsonl", &log->metrics);
+  log->events_fd = log->metrics_fd = -1;
+  long cut[2] = {0, 0};
+  st_status s = st__open_append(dir, "events.jsonl", &log->events_fd, &cut[0]);
+  if (!s) s = st__open_append(dir, "metrics.jsonl", &log->metrics_fd, &cut[1]);
+  const char* names[2] = {"events.jsonl", "metrics.jsonl"};
+  for (int i = 0; i < 2 && !s; ++i) {
+    if (!cut[i]) continue;
+    fprintf(stderr, "strata: warning: %s/%s ended in a torn line (%ld bytes without a newline, from a write cut short); cut it "
+                    "before appending\n",
+            dir, names[i], cut[i]);
+    st_strbuf e = {0};
+    st_strbuf_append(&e, "\"file\": ");
+    st_strbuf_json_string(&e, names[i]);
+    st_strbuf_printf(&e, ", \"cut_bytes\": %ld", cut[i]);
+    s = st_runlog_event(log, "log_repaired", e.data);
+    st_strbuf_free(&e);
+  }
   if (s) {
     st_runlog_close(log);
     return s;
@@ -76,14 +132,33 @@ st_status st_runlog_open(const char* dir, st_runlog** out_log) {
 
 void st_runlog_close(st_runlog* log) {
   if (!log) return;
-  if (log->events) fclose(log->events);
-  if (log->metrics) fclose(log->metrics);
+  if (log->events_fd >= 0) close(log->events_fd);
+  if (log->metrics_fd >= 0) close(log->metrics_fd);
   free(log);
 }
 
-/* One fputs of a complete line, then fflush: the unit of durability. */
-static st_status st__write_line(FILE* f, const char* line, const char* what) {
-  if (fputs(line, f) < 0 || fflush(f) != 0) return st_status_make(ST_CODE_IO, "writing %s failed: %s", what, strerror(errno));
+/* One write(2) of a complete line (O_APPEND): the unit of durability, and
+ * whole lines even next to another appender (the supervisor). A write cut
+ * short (a full disk) is taken back, so no torn line is left behind. */
+static st_status st__write_line(int fd, const char* line, size_t n, const char* what) {
+  struct stat st;
+  off_t before = fstat(fd, &st) == 0 ? st.st_size : -1;
+  size_t done = 0;
+  while (done < n) {
+    ssize_t w = write(fd, line + done, n - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      int err = w < 0 ? errno : EIO;
+      bool taken_back = false;
+      if (done > 0 && before >= 0 && fstat(fd, &st) == 0 && st.st_size == before + (off_t)done)
+        taken_back = ftruncate(fd, before) == 0;
+      return st_status_make(ST_CODE_IO, "writing %s failed: %s%s", what, strerror(err),
+                            done == 0      ? ""
+                            : taken_back ? " (the partial line was removed)"
+                                         : " (a partial line is left; the next resume cuts it)");
+    }
+    done += (size_t)w;
+  }
   return ST_OK;
 }
 
@@ -95,7 +170,7 @@ st_status st_runlog_event(st_runlog* log, const char* name, const char* fields_j
   st_strbuf_json_string(&b, name);
   if (fields_json && fields_json[0]) st_strbuf_printf(&b, ", %s", fields_json);
   st_strbuf_append(&b, "}\n");
-  st_status s = st__write_line(log->events, b.data, "events.jsonl");
+  st_status s = st__write_line(log->events_fd, b.data, b.len, "events.jsonl");
   st_strbuf_free(&b);
   return s;
 }
@@ -103,7 +178,7 @@ st_status st_runlog_event(st_runlog* log, const char* name, const char* fields_j
 st_status st_runlog_metrics(st_runlog* log, const char* object_json) {
   st_strbuf b = {0};
   st_strbuf_printf(&b, "%s\n", object_json);
-  st_status s = st__write_line(log->metrics, b.data, "metrics.jsonl");
+  st_status s = st__write_line(log->metrics_fd, b.data, b.len, "metrics.jsonl");
   st_strbuf_free(&b);
   return s;
 }

@@ -42,6 +42,7 @@ struct st_train_ckpt {
 
   char* config_json;
   char config_hash[17];
+  int64_t last_saved_step; /* of the newest save that succeeded; 0: none yet */
   bool first_step_logged;
   double t_created;
   int64_t start_step;
@@ -268,6 +269,7 @@ static st_status st__report(st_train_ckpt* c, st_ckpt_save_result* r, double blo
     st_strbuf_printf(&e, ", \"blocking_s\": %.6f, \"waited_for_previous_s\": %.6f, \"write_s\": %.6f, \"bytes\": %lld, \"mb_per_s\": %.1f, "
                          "\"removed\": %d, \"async\": %s",
                      blocking_s, waited_s, r->write_s, (long long)r->bytes, mbps, r->removed, c->async ? "true" : "false");
+    c->last_saved_step = r->step;
     s = st_runlog_event(c->in.log, "ckpt_saved", e.data);
     st_strbuf m = {0};
     st_strbuf_printf(&m, "{\"step\": %lld, \"ckpt_blocking_s\": %.6f, \"ckpt_write_s\": %.6f, \"ckpt_bytes\": %lld, \"ckpt_mb_per_s\": %.1f}",
@@ -382,6 +384,17 @@ st_status st_train_ckpt_step_done(st_train_ckpt* c, int64_t step) {
   ST_RETURN(st__collect(c, false, NULL));
   bool last = step >= c->in.options->steps;
   if (last || (c->every > 0 && step % c->every == 0)) return st__save(c, step, last);
+  return ST_OK;
+}
+
+st_status st_train_ckpt_save_now(st_train_ckpt* c, int64_t step) {
+  /* A save of this very step may be in flight (it was due): wait for it
+   * rather than write the same checkpoint twice. */
+  ST_RETURN(st__collect(c, true, NULL));
+  if (c->last_saved_step != step) ST_RETURN(st__save(c, step, true));
+  if (c->last_saved_step != step)
+    return st_status_make(ST_CODE_CKPT, "the checkpoint at step %lld failed (ckpt_failed in events.jsonl); resume starts from the newest valid one",
+                          (long long)step);
   return ST_OK;
 }
 

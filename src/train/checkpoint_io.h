@@ -8,6 +8,7 @@
  *   restore     after parameters are initialised (overwrites them on resume)
  *   step_ran    after a step ran on the device, before it is recorded
  *   step_done   after a step is recorded (metrics, eval)
+ *   save_now    when a stop signal ends the run early
  *   destroy     at shutdown (finishes a save in flight) */
 #ifndef STRATA_TRAIN_CHECKPOINT_IO_H
 #define STRATA_TRAIN_CHECKPOINT_IO_H
@@ -50,6 +51,11 @@ void st_train_ckpt_step_ran(st_train_ckpt* ckpt, int64_t step);
 /* Step |step| is recorded: reports finished saves, saves when due (every
  * ckpt.every steps, and synchronously after the last step). */
 st_status st_train_ckpt_step_done(st_train_ckpt* ckpt, int64_t step);
+/* Makes sure a checkpoint of step |step| exists before the run stops early
+ * (a stop signal): waits for a save of it in flight, else saves it now and
+ * waits. Any failure is an error here whatever ckpt.on_error says: the
+ * caller must not report a checkpoint that is not there. */
+st_status st_train_ckpt_save_now(st_train_ckpt* ckpt, int64_t step);
 /* Waits for a save in flight and reports it. NULL is a no-op. */
 void st_train_ckpt_destroy(st_train_ckpt* ckpt);
 

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "strata/base.h"
+#include "strata/diag.h"
 #include "strata/obs.h"
 #include "train/train_internal.h"
 
@@ -131,5 +132,22 @@ void st__failed_event(st__trainer* t, st_status s) {
   st_strbuf_json_string(&e, st_status_message(s));
   st_strbuf_printf(&e, ", \"exit_code\": %d", st_status_exit_code(s));
   st_status_free(st_runlog_event(t->log, "failed", e.data));
+  st_strbuf_free(&e);
+}
+
+void st__interrupted_event(st__trainer* t, st_status s) {
+  st_strbuf e = {0};
+  st_strbuf_printf(&e, "\"signal\": %d, \"signal_name\": ", t->stop_signal);
+  st_strbuf_json_string(&e, st_signal_name(t->stop_signal));
+  st_strbuf_printf(&e, ", \"step\": %lld, \"checkpoint\": ", (long long)t->stop_step);
+  if (t->stop_saved) {
+    char name[40];
+    snprintf(name, sizeof(name), "step_%lld", (long long)t->stop_step);
+    st_strbuf_json_string(&e, name);
+  } else {
+    st_strbuf_append(&e, "null");
+  }
+  st_strbuf_printf(&e, ", \"exit_code\": %d", st_status_exit_code(s));
+  st_status_free(st_runlog_event(t->log, "interrupted", e.data));
   st_strbuf_free(&e);
 }

@@ -46,6 +46,10 @@ typedef struct st__trainer {
   double grad_norm, gscale, lr;
   st_train_ckpt* ckpt;   /* checkpoints, resume, step faults (checkpoint_io.c) */
   int64_t start_step;    /* steps already done when resuming */
+  /* a stop signal ended the run early (trainer.c, st__stop) */
+  int stop_signal;
+  int64_t stop_step;
+  bool stop_saved;       /* a checkpoint of stop_step was written */
 } st__trainer;
 
 /* step_hooks.c: the executor's H2D / READ / HOST callbacks for a step or an
@@ -64,5 +68,8 @@ st_status st__plan_event(st__trainer* t);
 st_status st__compile_event(st__trainer* t, double seconds);
 /* The "failed" event of a run that stops on |s| (borrowed). */
 void st__failed_event(st__trainer* t, st_status s);
+/* The "interrupted" event of a run a stop signal ended (|s|, borrowed, is
+ * its ST_CODE_INTERRUPTED status): signal, step, checkpoint, exit code. */
+void st__interrupted_event(st__trainer* t, st_status s);
 
 #endif

@@ -19,6 +19,7 @@
 
 #include "strata/base.h"
 #include "strata/ckpt.h"
+#include "strata/diag.h"
 #include "strata/obs.h"
 #include "strata/train.h"
 #include "train/checkpoint_io.h"
@@ -309,12 +310,37 @@ static void st__trainer_free(st__trainer* t) {
   free(t->sqnorms);
 }
 
+/* A stop signal arrived (docs/checkpoints.md, "Stopping a run"): step
+ * |done| is complete and recorded. Saves it unless this attempt ran no
+ * step (the newest checkpoint already holds everything), then ends the
+ * run with ST_CODE_INTERRUPTED (exit 8). From here on a further signal
+ * ends the process at once; the previous checkpoint stays valid, since a
+ * save only becomes visible by its final rename. */
+static st_status st__stop(st__trainer* t, int64_t done, bool progress) {
+  st_stop_signals_default();
+  st_progress_end(progress);
+  t->stop_signal = st_stop_signal();
+  t->stop_step = done;
+  const char* sig = st_signal_name(t->stop_signal);
+  if (done > t->start_step) {
+    fprintf(stderr, "strata: %s: stopping after step %lld; writing its checkpoint (a second signal aborts the save)\n", sig,
+            (long long)done);
+    ST_RETURN_IF_ERROR(st_train_ckpt_save_now(t->ckpt, done), "stopping on %s after step %lld", sig, (long long)done);
+    t->stop_saved = true;
+    return st_status_make(ST_CODE_INTERRUPTED, "stopped by %s after step %lld, checkpoint step_%lld written; continue with `strata resume %s`",
+                          sig, (long long)done, (long long)done, t->run_dir);
+  }
+  return st_status_make(ST_CODE_INTERRUPTED, "stopped by %s before the first step of this attempt (nothing new to save); continue with `strata resume %s`",
+                        sig, t->run_dir);
+}
+
 /* The run itself, once everything is compiled. */
 static st_status st__run(st__trainer* t, bool progress) {
   const st_train_options* o = t->o;
   st_executor_hooks hooks = st__train_hooks(t);
   double t_start = st__now();
   double last_loss = NAN;
+  if (st_stop_signal() && t->start_step < o->steps) return st__stop(t, t->start_step, progress);
   for (t->step = t->start_step; t->step < o->steps; ++t->step) {
     double t0 = st__now();
     st__fill_train_batch(t);
@@ -345,6 +371,9 @@ static st_status st__run(st__trainer* t, bool progress) {
       ST_RETURN(st__event(t, "eval", "\"step\": %lld, \"eval_loss\": %.6f", (long long)t->step + 1, eval_loss));
     }
     ST_RETURN(st_train_ckpt_step_done(t->ckpt, t->step + 1));
+    /* Polled once a step: the handler only sets a flag. After the last
+     * step the run is complete anyway. */
+    if (st_stop_signal() && t->step + 1 < o->steps) return st__stop(t, t->step + 1, progress);
   }
   st_progress_end(progress);
   /* A resume at the last step runs no step: no loss to report. */
@@ -364,6 +393,9 @@ st_status st_train_main(const st_config* cfg) {
   st_bundle* bundle = NULL;
   bool progress = o.progress == 1 || (o.progress == 2 && isatty(2));
   double t0 = st__now();
+  /* SIGTERM, SIGINT, SIGHUP: finish the step, checkpoint, exit 8. */
+  st_stop_guard stop_guard;
+  st_stop_signals_install(&stop_guard);
 
   /* --- init ------------------------------------------------------------ */
   int lock_fd = -1;
@@ -460,7 +492,9 @@ st_status st_train_main(const st_config* cfg) {
     if (!s) s = st__event(&t, "saved", "\"path\": \"%s\"", path);
     free(path);
   }
-  if (s && t.log) {
+  if (s && t.log && st_status_code(s) == ST_CODE_INTERRUPTED) {
+    st__interrupted_event(&t, s);
+  } else if (s && t.log) {
     st__failed_event(&t, s);
   } else if (!s) {
     st_status_free(st_runlog_event(t.log, "done", ""));
@@ -475,5 +509,6 @@ st_status st_train_main(const st_config* cfg) {
   if (lock_fd >= 0) close(lock_fd); /* last: everything the run writes is written */
   free(t.run_dir);
   st_train_options_deinit(&o);
+  st_stop_signals_restore(&stop_guard);
   return s;
 }

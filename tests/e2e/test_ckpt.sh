@@ -216,6 +216,48 @@ else
   echo "NOTE: cannot mount a size-limited tmpfs here ($(cat "$TMP/mount.err")); the full-disk case is covered by the injected ENOSPC above only"
 fi
 
+# A full disk under the run log itself: metrics.jsonl / events.jsonl on a
+# 48 KiB tmpfs. The failed append exits 9 (file system) and leaves whole
+# lines only; with room again, resume appends cleanly.
+if mkdir -p "$TMP/full-log" && mount -t tmpfs -o size=48k tmpfs "$TMP/full-log" 2>"$TMP/mount.err"; then
+  MNT="$TMP/full-log"
+  "$STRATA" train "${BASE[@]}" train.steps=100000 ckpt.every=0 run.dir="$TMP/full-log" >/dev/null 2>"$TMP/err"
+  rc=$?
+  check "full disk under metrics.jsonl: exit 9 (rc $rc), naming the file and ENOSPC" \
+    "[ $rc = 9 ] && grep -Eq 'i/o error: .*writing (metrics|events)\.jsonl failed: No space left on device' '$TMP/err'"
+  check "full disk: no torn line in metrics.jsonl or events.jsonl" "$PY - '$TMP/full-log' <<'PYEOF'
+import json, sys
+for name in ('metrics.jsonl', 'events.jsonl'):
+    data = open(sys.argv[1] + '/' + name).read()
+    assert data.endswith('\\n'), (name, data[-80:])
+    [json.loads(l) for l in data.splitlines()]
+PYEOF"
+  n=$(grep -c '"loss"' "$TMP/full-log/metrics.jsonl")
+  mount -o remount,size=4m "$TMP/full-log"
+  if "$STRATA" resume "$TMP/full-log" train.steps=$((n + 2)) >/dev/null 2>"$TMP/err"; then ok; else bad "resume after the full disk exited $?: $(tail -2 "$TMP/err")"; fi
+  check "full disk, then room again: resume appends whole lines" "$PY -c '
+import json, sys
+[json.loads(l) for f in sys.argv[1:] for l in open(f)]' '$TMP/full-log/metrics.jsonl' '$TMP/full-log/events.jsonl'"
+  umount "$MNT" && MNT=""
+else
+  echo "NOTE: cannot mount a size-limited tmpfs here ($(cat "$TMP/mount.err")); the full run-log disk case is not covered"
+fi
+# A torn last line (a write cut short, e.g. by a power loss) is cut on resume
+# before anything is appended, in metrics.jsonl and in events.jsonl.
+cp -a "$TMP/ref" "$TMP/torn"
+printf '{"step": 61, "loss": 1.23' >>"$TMP/torn/metrics.jsonl"
+printf '{"time": 1.0, "event": "ru' >>"$TMP/torn/events.jsonl"
+if "$STRATA" resume "$TMP/torn" train.steps=62 >/dev/null 2>"$TMP/err"; then ok; else bad "resume over torn lines exited $?: $(tail -2 "$TMP/err")"; fi
+check "torn lines: resume warns, cuts them (log_repaired events) and appends whole lines" \
+  "grep -q 'metrics.jsonl ended in a torn line (25 bytes' '$TMP/err' && grep -q 'events.jsonl ended in a torn line (26 bytes' '$TMP/err' && $PY - '$TMP/torn' <<'PYEOF'
+import json, sys
+m = [json.loads(l) for l in open(sys.argv[1] + '/metrics.jsonl')]
+e = [json.loads(l) for l in open(sys.argv[1] + '/events.jsonl')]
+assert [l['step'] for l in m if 'loss' in l] == list(range(1, 63))
+rep = [(x['file'], x['cut_bytes']) for x in e if x['event'] == 'log_repaired']
+assert rep == [('events.jsonl', 26), ('metrics.jsonl', 25)], rep
+PYEOF"
+
 # --- 5. supervisor drills -------------------------------------------------------
 SUP=("${R60[@]}" ckpt.every=10 recovery.backoff_s=0.05)
 if "$STRATA" run "${SUP[@]}" faults.crash_at_step=37 run.dir="$TMP/sup" >"$TMP/out" 2>"$TMP/err"; then ok; else bad "strata run (crash at 37) exited $?: $(tail -3 "$TMP/err")"; fi
@@ -255,5 +297,88 @@ for _ in $(seq 1 300); do grep -q hang_at_step "$TMP/sup-term/diag/faults.fired"
 kill -TERM "$sup_pid"
 wait "$sup_pid"
 check "SIGTERM: the supervisor stops the child and does not restart it" "grep -q '\"outcome\": \"interrupted\"' '$TMP/sup-term/recovery.json' && grep -q '\"attempts\": 1,' '$TMP/sup-term/recovery.json' && grep -q 'stopped by signal 15; not restarting' '$TMP/err'"
+
+# --- 6. stopping by signal: finish the step, checkpoint, exit 8 -------------------
+# wait_for FILE PATTERN: up to 60 s for a line matching PATTERN in FILE.
+wait_for() { for _ in $(seq 600); do grep -q -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done; return 1; }
+# steps_in DIR: the number of step lines in DIR/metrics.jsonl.
+steps_in() {
+  local n
+  n=$(grep -c '"loss"' "$1/metrics.jsonl" 2>/dev/null)
+  echo "${n:-0}"
+}
+wait_steps() { for _ in $(seq 600); do [ "$(steps_in "$1")" -ge "$2" ] && return 0; sleep 0.1; done; return 1; }
+# last_step DIR: the step of the last step line.
+last_step() { grep '"loss"' "$1/metrics.jsonl" | tail -1 | sed 's/^{"step": \([0-9]*\),.*/\1/'; }
+LONG=("${BASE[@]}" train.steps=100000 ckpt.every=0)
+for sig in TERM INT HUP; do
+  d="$TMP/stop-$sig"
+  "$STRATA" train "${LONG[@]}" run.dir="$d" >/dev/null 2>"$TMP/stop.err" &
+  pid=$!
+  wait_steps "$d" 5 || bad "SIG$sig: the run did not reach step 5"
+  kill -"$sig" "$pid"
+  wait "$pid"
+  rc=$?
+  n=$(last_step "$d")
+  check "SIG$sig: exit 8 (rc $rc), stderr says where it stopped" "[ $rc = 8 ] && grep -q 'stopped by SIG$sig after step $n, checkpoint step_$n written; continue with .strata resume $d.' '$TMP/stop.err'"
+  check "SIG$sig: the final event is 'interrupted' with the signal, the step and the checkpoint" \
+    "tail -1 '$d/events.jsonl' | grep -q '\"event\": \"interrupted\", \"signal\": [0-9]*, \"signal_name\": \"SIG$sig\", \"step\": $n, \"checkpoint\": \"step_$n\", \"exit_code\": 8'"
+  check "SIG$sig: a checkpoint of the last recorded step, LATEST names it, it verifies" \
+    "[ \"\$(cat '$d/checkpoints/LATEST')\" = step_$n ] && '$STRATA' ckpt verify '$d/checkpoints/step_$n' >/dev/null 2>&1"
+done
+d="$TMP/stop-TERM"
+n=$(last_step "$d")
+if "$STRATA" resume "$d" train.steps=$((n + 3)) >/dev/null 2>"$TMP/err"; then ok; else bad "resume after SIGTERM exited $?: $(tail -2 "$TMP/err")"; fi
+check "resume after SIGTERM: goes on from step_$n, every step once" "grep -q 'resuming from .*step_$n (step $n)' '$TMP/err' && $PY - '$d/metrics.jsonl' $((n + 3)) <<'PYEOF'
+import json, sys
+steps = [l['step'] for l in map(json.loads, open(sys.argv[1])) if 'loss' in l]
+assert steps == list(range(1, int(sys.argv[2]) + 1)), steps
+PYEOF"
+# A second signal during the stop's checkpoint aborts at once; the previous
+# checkpoint stays valid. faults.hang_in_save=1 holds the stop's save (the
+# first of the attempt: ckpt.every=0) halfway through its first file.
+prev=$((n + 3))
+"$STRATA" resume "$d" train.steps=100000 faults.hang_in_save=1 >/dev/null 2>"$TMP/stop2.err" &
+pid=$!
+wait_steps "$d" $((prev + 3)) || bad "the second attempt did not run"
+kill -TERM "$pid"
+wait_for "$d/events.jsonl" '"fault": "hang_in_save"' || bad "the stop's save did not start"
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+check "a second SIGTERM during the stop's save: killed at once by the signal (rc $rc = 143)" "[ $rc = 143 ]"
+check "... no 'interrupted' event for it, a partial save left behind" \
+  "[ \$(grep -c '\"interrupted\"' '$d/events.jsonl') = 1 ] && ls -A '$d/checkpoints' | grep -q '^\.tmp-step_'"
+check "... the previous checkpoint is intact: LATEST step_$prev, it verifies" \
+  "[ \"\$(cat '$d/checkpoints/LATEST')\" = step_$prev ] && '$STRATA' ckpt verify '$d/checkpoints/step_$prev' >/dev/null 2>&1"
+if "$STRATA" resume "$d" train.steps=$((prev + 2)) >/dev/null 2>"$TMP/err"; then ok; else bad "resume after the aborted save exited $?: $(tail -2 "$TMP/err")"; fi
+check "... and resume goes on from it, removing the partial save" \
+  "grep -q 'resuming from .*step_$prev (step $prev)' '$TMP/err' && ! ls -A '$d/checkpoints' | grep -q '^\.tmp'"
+
+# Under the supervisor: SIGTERM to `strata run` is forwarded once; the child
+# saves and exits 8, which is no crash: no incident, no restart, exit 8.
+"$STRATA" run "${LONG[@]}" recovery.backoff_s=0.05 run.dir="$TMP/sup-stop" >/dev/null 2>"$TMP/err" &
+sup_pid=$!
+wait_steps "$TMP/sup-stop" 5 || bad "the supervised run did not reach step 5"
+kill -TERM "$sup_pid"
+wait "$sup_pid"
+rc=$?
+n=$(last_step "$TMP/sup-stop")
+check "SIGTERM to strata run: exit 8, interrupted, one attempt, no incident, checkpoint step_$n" \
+  "[ $rc = 8 ] && $PY - '$TMP/sup-stop/recovery.json' <<'PYEOF' && [ \"\$(cat '$TMP/sup-stop/checkpoints/LATEST')\" = step_$n ]
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r['outcome'] == 'interrupted' and r['exit_code'] == 8 and r['attempts'] == 1 and r['incidents_total'] == 0, r
+PYEOF"
+# SIGTERM sent to the child alone (a scheduler's preemption): not counted as a crash either.
+"$STRATA" run "${LONG[@]}" recovery.backoff_s=0.05 run.dir="$TMP/sup-stop2" >/dev/null 2>"$TMP/err" &
+sup_pid=$!
+wait_steps "$TMP/sup-stop2" 5 || bad "the supervised run did not reach step 5"
+child=$($PY -c 'import json,sys; print([e for e in map(json.loads, open(sys.argv[1])) if e["event"] == "child_start"][0]["pid"])' "$TMP/sup-stop2/events.jsonl")
+kill -TERM "$child"
+wait "$sup_pid"
+rc=$?
+check "SIGTERM to the child of strata run: exit 8, not restarted, not an incident" \
+  "[ $rc = 8 ] && grep -q '\"outcome\": \"interrupted\"' '$TMP/sup-stop2/recovery.json' && grep -q '\"attempts\": 1,' '$TMP/sup-stop2/recovery.json' && grep -q '\"incidents_total\": 0,' '$TMP/sup-stop2/recovery.json' && grep -q child_interrupted '$TMP/sup-stop2/events.jsonl'"
 
 finish test_ckpt.sh
