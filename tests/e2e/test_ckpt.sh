@@ -289,6 +289,8 @@ expect_exit 1 "max_restarts reached, giving up" run "${SUP[@]}" faults.crash_at_
 check "give up: outcome, 3 attempts, 2 restarts" "grep -q '\"outcome\": \"gave_up\"' '$TMP/sup-giveup/recovery.json' && grep -q '\"attempts\": 3,' '$TMP/sup-giveup/recovery.json' && grep -q '\"restarts\": 2,' '$TMP/sup-giveup/recovery.json'"
 expect_exit 3 "not restarting" run "${SUP[@]}" data.synthetic=false data.path=/nonexistent/corpus run.dir="$TMP/sup-data"
 check "a data error is not restarted" "grep -q '\"outcome\": \"not_restartable\"' '$TMP/sup-data/recovery.json' && grep -q '\"attempts\": 1,' '$TMP/sup-data/recovery.json'"
+# ... and leaves an empty run, which strata run may use again.
+if "$STRATA" run "${BASE[@]}" train.steps=3 run.dir="$TMP/sup-data" >/dev/null 2>"$TMP/err"; then ok; else bad "strata run reusing the empty run of a data error exited $?: $(tail -2 "$TMP/err")"; fi
 expect_exit 2 "already holds a run" run "${SUP[@]}" run.dir="$TMP/sup"
 # SIGTERM to the supervisor: forwarded to the child, no restart
 "$STRATA" run "${SUP[@]}" faults.hang_at_step=5 run.dir="$TMP/sup-term" >/dev/null 2>"$TMP/err" &
