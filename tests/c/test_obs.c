@@ -1,0 +1,137 @@
+/* test_obs.c — the run log's line discipline (strata/obs.h): a torn last
+ * line is cut before anything is appended, whatever its length and
+ * wherever the previous newline is; whole lines are never touched; the
+ * graceful-stop flag (strata/diag.h) records the first stop signal only. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+// clang-format off
+#include <cmocka.h> /* after stddef.h, stdarg.h and setjmp.h, which it needs */
+// clang-format on
+#include "strata/base.h"
+#include "strata/diag.h"
+#include "strata/obs.h"
+#include "test_util.h"
+
+/* Writes |text| to <dir>/<name>, repairs it, checks the bytes cut and what is left. */
+static void repair_case(const char* dir, const char* text, size_t len, long want_cut, size_t want_left) {
+  char* path = st_path_join(dir, "log.jsonl");
+  assert_int_equal(tu_write_file(path, text, len), 0);
+  long cut = -1;
+  st_status s = st_runlog_repair_tail(path, &cut);
+  if (s) fail_msg("%s", st_status_message(s));
+  assert_int_equal(cut, want_cut);
+  size_t n = 0;
+  char* left = tu_read_file(path, &n);
+  assert_non_null(left);
+  assert_int_equal(n, want_left);
+  assert_memory_equal(left, text, n);
+  free(left);
+  free(path);
+}
+
+static void test_repair_tail(void** state) {
+  (void)state;
+  char* dir = tu_tmpdir("obs");
+  assert_non_null(dir);
+  repair_case(dir, "", 0, 0, 0);
+  repair_case(dir, "{\"a\": 1}\n{\"b\": 2}\n", 18, 0, 18);
+  repair_case(dir, "{\"a\": 1}\n{\"b\": ", 15, 6, 9);
+  repair_case(dir, "{\"torn\": ", 9, 9, 0); /* no newline at all: all of it */
+  /* A torn line longer than the 4096-byte read window, and one that ends
+   * exactly at a window boundary. */
+  size_t big = 10000;
+  char* text = malloc(8192 + 4096 + 32); /* room for both cases */
+  assert_non_null(text);
+  memcpy(text, "{\"a\": 1}\n", 9);
+  memset(text + 9, 'x', big - 9);
+  repair_case(dir, text, big, (long)(big - 9), 9);
+  memset(text, 'y', 8191);
+  text[8191] = '\n';
+  memset(text + 8192, 'z', 4096);
+  repair_case(dir, text, 8192 + 4096, 4096, 8192);
+  free(text);
+  /* A missing file is nothing to repair. */
+  char* none = st_path_join(dir, "none.jsonl");
+  long cut = -1;
+  assert_null(st_runlog_repair_tail(none, &cut));
+  assert_int_equal(cut, 0);
+  free(none);
+  tu_rmtree(dir);
+  free(dir);
+}
+
+/* st_runlog_open cuts the torn tails of both files and says so in a
+ * log_repaired event; the next lines start lines of their own. */
+static void test_open_repairs(void** state) {
+  (void)state;
+  char* dir = tu_tmpdir("obs");
+  assert_non_null(dir);
+  char* events = st_path_join(dir, "events.jsonl");
+  char* metrics = st_path_join(dir, "metrics.jsonl");
+  assert_int_equal(tu_write_file(events, "{\"event\": \"x\"}\n{\"ev", 19), 0);
+  assert_int_equal(tu_write_file(metrics, "{\"step\": 1}\n{\"step\": 2, \"lo", 27), 0);
+  st_runlog* log = NULL;
+  fflush(stderr);
+  int saved = dup(2);
+  FILE* devnull = fopen("/dev/null", "w");
+  dup2(fileno(devnull), 2); /* the warning is for users; the event is checked */
+  st_status s = st_runlog_open(dir, &log);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  fclose(devnull);
+  if (s) fail_msg("%s", st_status_message(s));
+  assert_null(st_runlog_metrics(log, "{\"step\": 2}"));
+  st_runlog_close(log);
+  size_t n = 0;
+  char* m = tu_read_file(metrics, &n);
+  assert_non_null(m);
+  assert_int_equal(n, strlen("{\"step\": 1}\n{\"step\": 2}\n"));
+  assert_memory_equal(m, "{\"step\": 1}\n{\"step\": 2}\n", n);
+  free(m);
+  char* e = tu_read_file(events, &n);
+  assert_non_null(e);
+  char* text = strndup(e, n);
+  assert_true(!strncmp(text, "{\"event\": \"x\"}\n{\"time\": ", 24));
+  assert_non_null(strstr(text, "\"event\": \"log_repaired\", \"file\": \"metrics.jsonl\", \"cut_bytes\": 15}\n"));
+  assert_null(strstr(text, "{\"ev{"));
+  free(text);
+  free(e);
+  free(events);
+  free(metrics);
+  tu_rmtree(dir);
+  free(dir);
+}
+
+/* The handler keeps the first stop signal; the same one twice would end
+ * the process (SA_RESETHAND), so the second one here is another signal. */
+static void test_stop_flag(void** state) {
+  (void)state;
+  st_stop_guard g;
+  st_stop_signals_install(&g);
+  assert_int_equal(st_stop_signal(), 0);
+  raise(SIGHUP);
+  assert_int_equal(st_stop_signal(), SIGHUP);
+  raise(SIGINT);
+  assert_int_equal(st_stop_signal(), SIGHUP);
+  assert_string_equal(st_signal_name(SIGHUP), "SIGHUP");
+  st_stop_signals_restore(&g);
+  struct sigaction now;
+  sigaction(SIGTERM, NULL, &now);
+  assert_true(now.sa_handler == g.old[0].sa_handler);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_repair_tail),
+      cmocka_unit_test(test_open_repairs),
+      cmocka_unit_test(test_stop_flag),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
