@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "strata/base.h"
@@ -150,7 +151,12 @@ void st_faults_at_step(st_faults* f, int64_t step) {
      * then finishes the step and stops with a checkpoint, as it would
      * from any slow step. SIGKILL (the supervisor's hang timeout) ends it
      * the hard way. */
-    while (!st_stop_signal()) pause();
+    /* Polled, not pause(): a signal landing between the check and the
+     * pause would be slept through. */
+    while (!st_stop_signal()) {
+      struct timespec ts = {0, 20 * 1000 * 1000};
+      nanosleep(&ts, NULL);
+    }
   }
 }
 
