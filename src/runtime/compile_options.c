@@ -14,6 +14,11 @@
  *          (the bytes are part of the executable-cache key)
  *          OptionOverrideProto oneof: 1 string, 2 bool, 3 int64, 4 double
  *
+ * SPMD programs (mesh.c) get the same bytes with field 3 replaced by an
+ * SPMD build (num_partitions = devices, an explicit device assignment, SPMD
+ * partitioning with Shardy) and field 4 dropped (not portable):
+ * st__compile_options_spmd.
+ *
  * Never empty: an empty CompileOptionsProto means 0 replicas, which aborts
  * the CPU plugin inside the default device assignment.
  */
@@ -229,4 +234,88 @@ st_status st__compile_options_build(const char* const* xla_options, int count, b
   }
   free(opts);
   return s;
+}
+
+/*--- SPMD ----------------------------------------------------------------------*/
+
+/* The ExecutableBuildOptionsProto of an SPMD program: |device_count|
+ * partitions of one replica, partition p on plugin device |device_ids[p]|
+ * (DeviceAssignmentProto, xla_data.proto: 1 replica_count, 2
+ * computation_count, 3 computation_devices{1 replica_device_ids, packed}),
+ * SPMD partitioning (6) with the Shardy partitioner (19), which the
+ * exporter's `sdy` annotations need (docs/parallelism.md). */
+static void st__encode_spmd_build(st__pb* build, const int64_t* device_ids, int device_count) {
+  st__pb_int(build, 1, -1); /* device_ordinal: unset */
+  st__pb_int(build, 4, 1);  /* num_replicas */
+  st__pb_int(build, 5, device_count);
+  st__pb_int(build, 6, 1); /* use_spmd_partitioning */
+  st__pb assign = {0};
+  st__pb_int(&assign, 1, 1);
+  st__pb_int(&assign, 2, device_count);
+  for (int p = 0; p < device_count; ++p) {
+    st__pb ids = {0};
+    st__pb_varint(&ids, (uint64_t)device_ids[p]);
+    st__pb comp = {0};
+    st__pb_bytes(&comp, 1, ids.data, ids.len);
+    st__pb_bytes(&assign, 3, comp.data, comp.len);
+    st_strbuf_free(&ids);
+    st_strbuf_free(&comp);
+  }
+  st__pb_bytes(build, 9, assign.data, assign.len);
+  st_strbuf_free(&assign);
+  st__pb_int(build, 19, 1); /* use_shardy_partitioner */
+}
+
+/* Reads a varint at *pos; false past |n| or beyond 10 bytes. */
+static bool st__pb_read_varint(const uint8_t* b, size_t n, size_t* pos, uint64_t* out) {
+  uint64_t v = 0;
+  for (int shift = 0; shift < 70; shift += 7) {
+    if (*pos >= n) return false;
+    uint8_t byte = b[(*pos)++];
+    v |= (uint64_t)(byte & 0x7f) << shift;
+    if (!(byte & 0x80)) {
+      *out = v;
+      return true;
+    }
+  }
+  return false;
+}
+
+st_status st__compile_options_spmd(const uint8_t* base, size_t base_size, const int64_t* device_ids, int device_count,
+                                   uint8_t** out_bytes, size_t* out_size) {
+  *out_bytes = NULL;
+  *out_size = 0;
+  if (!device_ids || device_count < 1)
+    return st_status_make(ST_CODE_INTERNAL, "SPMD compile options: no devices");
+  st__pb out = {0};
+  st__pb build = {0};
+  st__encode_spmd_build(&build, device_ids, device_count);
+  st__pb_bytes(&out, 3, build.data, build.len);
+  st_strbuf_free(&build);
+  /* Copy every other top-level field of the base options (the XLA option
+   * overrides) unchanged; only varint and length-delimited fields occur in
+   * what st__compile_options_build writes. */
+  size_t pos = 0;
+  while (pos < base_size) {
+    size_t start = pos;
+    uint64_t tag = 0, v = 0;
+    bool ok = st__pb_read_varint(base, base_size, &pos, &tag);
+    int field = (int)(tag >> 3), wire = (int)(tag & 7);
+    if (ok && wire == ST__WT_VARINT) {
+      ok = st__pb_read_varint(base, base_size, &pos, &v);
+    } else if (ok && wire == ST__WT_LEN) {
+      ok = st__pb_read_varint(base, base_size, &pos, &v) && v <= base_size - pos;
+      if (ok) pos += (size_t)v;
+    } else {
+      ok = false;
+    }
+    if (!ok) {
+      st_strbuf_free(&out);
+      return st_status_make(ST_CODE_INTERNAL, "SPMD compile options: cannot read the base options at byte %zu", start);
+    }
+    if (field != 3 && field != 4) st__pb_put(&out, base + start, pos - start);
+  }
+  *out_size = out.len;
+  *out_bytes = (uint8_t*)st_strbuf_take(&out);
+  return ST_OK;
 }

@@ -62,7 +62,8 @@ static int st__digest_field(EVP_MD_CTX* ctx, const void* data, size_t n) {
 
 static int st__digest_str(EVP_MD_CTX* ctx, const char* s) { return st__digest_field(ctx, s ? s : "", s ? strlen(s) : 0); }
 
-st_status st__cache_key(const st_runtime* rt, const void* code, size_t code_size, char out_hex[65]) {
+st_status st__cache_key(const st_runtime* rt, const uint8_t* options, size_t options_size, const void* code,
+                        size_t code_size, char out_hex[65]) {
   out_hex[0] = '\0';
   EVP_MD_CTX* ctx = EVP_MD_CTX_new();
   if (!ctx) return st_status_make(ST_CODE_INTERNAL, "executable cache: cannot create a SHA-256 context");
@@ -73,7 +74,7 @@ st_status st__cache_key(const st_runtime* rt, const void* code, size_t code_size
   unsigned int md_len = 0;
   int ok = EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) && st__digest_str(ctx, "strata-xexe-key-v1") &&
            st__digest_field(ctx, code, code_size) &&
-           st__digest_field(ctx, rt->compile_options, rt->compile_options_size) &&
+           st__digest_field(ctx, options, options_size) &&
            st__digest_str(ctx, rt->plugin_path) && st__digest_field(ctx, nums, sizeof(nums)) &&
            st__digest_str(ctx, rt->platform_name) && st__digest_str(ctx, rt->platform_version) &&
            st__digest_str(ctx, rt->xla_version) && EVP_DigestFinal_ex(ctx, md, &md_len);

@@ -291,6 +291,13 @@ typedef struct pj_loaded_args {
   pj_loaded_exe* executable;
 } pj_loaded_args; /* LoadedExecutable_Destroy */
 
+typedef struct pj_loaded_devices_args {
+  PJ_HEAD;
+  pj_loaded_exe* executable;
+  pj_device* const* devices; /* out, owned by the executable */
+  size_t num_devices;        /* out */
+} pj_loaded_devices_args; /* LoadedExecutable_AddressableDevices */
+
 typedef struct pj_get_executable_args {
   PJ_HEAD;
   pj_loaded_exe* loaded;
@@ -473,7 +480,7 @@ typedef struct pj_api {
 
   PJ_FN(loaded_destroy, pj_loaded_args);
   PJ_FN(loaded_get_executable, pj_get_executable_args);
-  PJ_UNUSED(loaded_addressable_devices);
+  PJ_FN(loaded_addressable_devices, pj_loaded_devices_args);
   PJ_UNUSED(loaded_delete);
   PJ_UNUSED(loaded_is_deleted);
   PJ_FN(loaded_execute, pj_execute_args);

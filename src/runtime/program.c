@@ -32,8 +32,8 @@ static st_status st__compile_error(const st_runtime* rt, const char* name, pj_er
   return s;
 }
 
-static st_status st__xla_compile(st_runtime* rt, const char* name, const void* code, size_t code_size,
-                                 pj_loaded_exe** out) {
+st_status st__xla_compile(st_runtime* rt, const char* name, const void* code, size_t code_size,
+                          const uint8_t* options, size_t options_size, pj_loaded_exe** out) {
   *out = NULL;
   /* The plugin's MLIR lexer reads one byte past the end looking for a NUL
    * terminator; without one, truncated text can run off into whatever
@@ -50,8 +50,8 @@ static st_status st__xla_compile(st_runtime* rt, const char* name, const void* c
   pj_compile_args a = {.struct_size = sizeof(a)};
   a.client = rt->client;
   a.program = &prog;
-  a.options = (const char*)rt->compile_options;
-  a.options_size = rt->compile_options_size;
+  a.options = (const char*)options;
+  a.options_size = options_size;
   pj_error* e = rt->api->client_compile(&a);
   free(copy);
   if (e) return st__compile_error(rt, name, e);
@@ -60,7 +60,7 @@ static st_status st__xla_compile(st_runtime* rt, const char* name, const void* c
   return ST_OK;
 }
 
-static st_status st__num_outputs(st_runtime* rt, const char* name, pj_loaded_exe* exe, int* out) {
+st_status st__num_outputs(st_runtime* rt, const char* name, pj_loaded_exe* exe, int* out) {
   const pj_api* api = rt->api;
   pj_get_executable_args g = {.struct_size = sizeof(g), .loaded = exe};
   ST_RETURN(st__pj_status(api, api->loaded_get_executable(&g), "program '%s': reading the executable", name));
@@ -129,7 +129,7 @@ st_status st_program_compile(st_runtime* rt, const char* name, const void* code,
   char key[65] = {0};
   bool cached = rt->cache_dir != NULL;
   if (!s && cached) {
-    st_status ks = st__cache_key(rt, code, code_size, key);
+    st_status ks = st__cache_key(rt, rt->compile_options, rt->compile_options_size, code, code_size, key);
     if (ks) { /* no key, no cache: compiling still works */
       st_status_free(ks);
       cached = false;
@@ -138,7 +138,7 @@ st_status st_program_compile(st_runtime* rt, const char* name, const void* code,
     }
   }
   if (!s && !p->exe) {
-    s = st__xla_compile(rt, name, code, code_size, &p->exe);
+    s = st__xla_compile(rt, name, code, code_size, rt->compile_options, rt->compile_options_size, &p->exe);
     if (!s && cached) {
       st_status ws = st__cache_store(rt, key, p->exe);
       if (ws) {
@@ -188,6 +188,8 @@ void st_program_destroy(st_program* p) {
     st__pj_error_free(p->rt->api, p->rt->api->loaded_destroy(&a));
   }
   free(p->name);
+  free(p->mesh_devices);
+  free(p->mesh_positions);
   free(p->inputs);
   free(p->donated);
   free(p->outputs);
@@ -224,7 +226,7 @@ static bool st__same_type(const st_tensor_type* a, const st_tensor_type* b) {
   return true;
 }
 
-static st_status st__check_inputs(const st_program* p, int device, st_buffer* const* inputs, int input_count) {
+st_status st__check_inputs(const st_program* p, int device, st_buffer* const* inputs, int input_count) {
   if (input_count < 0 || (input_count > 0 && !inputs))
     return st_status_make(ST_CODE_INTERNAL, "program '%s': bad input list", p->name);
   if (p->input_count >= 0 && input_count != p->input_count)
@@ -260,7 +262,7 @@ static st_status st__check_inputs(const st_program* p, int device, st_buffer* co
 
 /* The type of an output buffer as the plugin sees it; falls back to the
  * signature's when the plugin cannot say. */
-static st_tensor_type st__output_type(const st_program* p, int i, pj_buffer* h) {
+st_tensor_type st__output_type(const st_program* p, int i, pj_buffer* h) {
   const pj_api* api = p->rt->api;
   st_tensor_type t;
   memset(&t, 0, sizeof(t));
@@ -282,7 +284,7 @@ static st_tensor_type st__output_type(const st_program* p, int i, pj_buffer* h) 
   return t;
 }
 
-static bool st__plugin_deleted(const pj_api* api, pj_buffer* h) {
+bool st__plugin_deleted(const pj_api* api, pj_buffer* h) {
   pj_buffer_bool_args a = {.struct_size = sizeof(a), .buffer = h};
   pj_error* e = api->buffer_is_deleted(&a);
   if (e) {
@@ -303,6 +305,10 @@ st_status st_program_execute(st_program* p, int device, st_buffer* const* inputs
   if (device < 0 || device >= rt->device_count)
     return st_status_make(ST_CODE_RUNTIME, "program '%s': device %d does not exist (the runtime has %d)", p->name,
                           device, rt->device_count);
+  if (p->mesh_device_count > 0)
+    return st_status_make(ST_CODE_RUNTIME,
+                          "program '%s' is compiled for %d devices (SPMD); run it with st_program_execute_spmd", p->name,
+                          p->mesh_device_count);
   if (output_count != p->output_count || (output_count > 0 && !outputs))
     return st_status_make(ST_CODE_RUNTIME, "program '%s': has %d output%s, the caller provided room for %d", p->name,
                           p->output_count, p->output_count == 1 ? "" : "s", output_count);

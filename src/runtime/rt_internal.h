@@ -81,6 +81,12 @@ struct st_program {
   bool* donated; /* input_count entries; NULL when unknown */
   int output_count;
   st_tensor_type* outputs; /* NULL when output types are unknown */
+  /* SPMD programs (mesh.c): the runtime device of each partition, in the
+   * order Execute takes argument lists. 0 / NULL: a portable one-device
+   * program. */
+  int mesh_device_count;
+  int* mesh_devices;   /* [partition] -> runtime device index */
+  int* mesh_positions; /* [partition] -> index of its argument list in Execute */
 };
 
 /*--- runtime.c --------------------------------------------------------------*/
@@ -139,10 +145,34 @@ void st__signature_free(st__signature* sig);
 st_status st__compile_options_build(const char* const* xla_options, int count, bool deterministic,
                                     uint8_t** out_bytes, size_t* out_size);
 
+/* The compile options of an SPMD program over |device_count| partitions
+ * (one replica), partition p on plugin device id |device_ids[p]|, made from
+ * |base| (the runtime's single-device options, whose XLA option overrides
+ * it keeps). Caller frees *out_bytes. */
+st_status st__compile_options_spmd(const uint8_t* base, size_t base_size, const int64_t* device_ids, int device_count,
+                                   uint8_t** out_bytes, size_t* out_size);
+
+/*--- program.c --------------------------------------------------------------*/
+
+/* Compiles |code| with the serialized compile |options| (counts the compile). */
+st_status st__xla_compile(st_runtime* rt, const char* name, const void* code, size_t code_size,
+                          const uint8_t* options, size_t options_size, pj_loaded_exe** out);
+/* The executable's output count. */
+st_status st__num_outputs(st_runtime* rt, const char* name, pj_loaded_exe* exe, int* out);
+/* Checks one device's input list against the program (count, runtime,
+ * consumed, device, aliasing of donated inputs, types when known). */
+st_status st__check_inputs(const st_program* p, int device, st_buffer* const* inputs, int input_count);
+/* Output |i|'s type as the plugin reports it for buffer |h|. */
+st_tensor_type st__output_type(const st_program* p, int i, pj_buffer* h);
+/* True when the plugin says |h| was deleted (donated). */
+bool st__plugin_deleted(const pj_api* api, pj_buffer* h);
+
 /*--- exe_cache.c ------------------------------------------------------------*/
 
-/* SHA-256 cache key (hex, 65 bytes with NUL) for |code| under |rt|. */
-st_status st__cache_key(const st_runtime* rt, const void* code, size_t code_size, char out_hex[65]);
+/* SHA-256 cache key (hex, 65 bytes with NUL) for |code| compiled with the
+ * serialized compile |options| under |rt|. */
+st_status st__cache_key(const st_runtime* rt, const uint8_t* options, size_t options_size, const void* code,
+                        size_t code_size, char out_hex[65]);
 /* Looks |key| up. On a hit returns the loaded executable in *out (owned by
  * the caller) and counts the hit. Otherwise sets *out = NULL and counts a
  * miss; a damaged entry (bad header, size, checksum, or refused by the
