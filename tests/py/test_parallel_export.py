@@ -1,0 +1,179 @@
+"""strata_jax.parallel: the SPMD collective programs and their manifest entries.
+
+JAX fixes its device count when its backend starts, and the rest of the suite
+starts it with one CPU device, so everything that needs 4 devices runs in a
+child process (this file run as a script, with XLA_FLAGS set) and reports
+back as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PY = os.path.join(ROOT, ".venv", "bin", "python")
+if not os.path.exists(PY):
+    PY = sys.executable
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.path.join(ROOT, "python")
+    return env
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
+    out = str(tmp_path_factory.mktemp("spmd"))
+    r = subprocess.run([PY, "-m", "strata_jax.parallel", out], env=_child_env(), capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    with open(os.path.join(out, "spmd_manifest.json"), encoding="utf-8") as f:
+        return out, json.load(f)
+
+
+@pytest.fixture(scope="module")
+def child_results() -> dict:
+    r = subprocess.run([PY, os.path.abspath(__file__), "--child"], env=_child_env(), capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _entry(manifest: dict, name: str) -> dict:
+    for e in manifest["collectives"]:
+        if e["name"] == name:
+            return e
+    raise AssertionError(f"{name} not in the manifest")
+
+
+def test_manifest_fields(exported: tuple[str, dict]) -> None:
+    _, m = exported
+    assert m["mesh_axes"] == ["data", "fsdp", "tensor"]
+    assert len(m["collectives"]) == 15
+    for e in m["collectives"]:
+        for key in ("name", "file", "kind", "axis", "axis_size", "mesh", "num_partitions", "num_replicas", "groups",
+                    "bytes_per_device", "wire_bytes_per_device", "inputs", "outputs"):
+            assert key in e, (e["name"], key)
+        assert e["kind"] in ("all_gather", "reduce_scatter", "all_reduce")
+        assert e["num_partitions"] == e["mesh"]["data"] * e["mesh"]["fsdp"] * e["mesh"]["tensor"]
+        for t in e["inputs"] + e["outputs"]:
+            assert t["layout"]["spec"][0] == ["data", "fsdp", "tensor"]
+            assert t["layout"]["global_shape"][0] == e["num_partitions"] * t["local_shape"][0]
+
+    # fsdp=4, w f32[6,3] and b f32[5]: 2 rows per device, padded to 8 rows.
+    ag = _entry(m, "fsdp4_all_gather")
+    assert (ag["kind"], ag["axis"], ag["axis_size"]) == ("all_gather", "fsdp", 4)
+    assert [t["local_shape"] for t in ag["inputs"]] == [[2, 3], [2]]
+    assert [t["local_shape"] for t in ag["outputs"]] == [[6, 3], [5]]
+    assert ag["inputs"][0]["logical"] == {"kind": "sharded", "axis": "fsdp", "dim": 0}
+    assert ag["outputs"][0]["logical"] == {"kind": "replicated", "axis": "fsdp"}
+    assert ag["bytes_per_device"] == (8 * 3 + 8) * 4
+    assert ag["wire_bytes_per_device"] == (8 * 3 + 8) * 4 * 3 // 4
+
+    rs = _entry(m, "fsdp2_reduce_scatter")
+    assert [t["local_shape"] for t in rs["inputs"]] == [[6, 3], [5]]
+    assert [t["local_shape"] for t in rs["outputs"]] == [[3, 3], [3]]
+    assert rs["inputs"][1]["logical"] == {"kind": "partial", "axis": "fsdp"}
+    assert rs["bytes_per_device"] == (6 * 3 + 6) * 4
+    assert rs["wire_bytes_per_device"] == (6 * 3 + 6) * 4 // 2
+
+    ar = _entry(m, "d2f2_data_all_reduce")
+    assert (ar["axis"], ar["axis_size"], ar["num_partitions"]) == ("data", 2, 4)
+    assert ar["groups"] == [[0, 2], [1, 3]]
+    assert _entry(m, "d2f2_fsdp_all_reduce")["groups"] == [[0, 1], [2, 3]]
+    assert ar["bytes_per_device"] == (6 * 3 + 5) * 4
+    assert ar["wire_bytes_per_device"] == 2 * (6 * 3 + 5) * 4 // 2
+
+
+def test_exported_text_is_spmd(exported: tuple[str, dict]) -> None:
+    out, m = exported
+    for e in m["collectives"]:
+        with open(os.path.join(out, e["file"]), encoding="utf-8") as f:
+            text = f.read()
+        n = e["num_partitions"]
+        assert f"mhlo.num_partitions = {n} : i32" in text, e["name"]
+        assert "mhlo.num_replicas = 1 : i32" in text
+        main = text[text.index("func.func public @main("):]
+        main = main[:main.index("{\n")]
+        # a Shardy sharding on every input and every output of @main
+        assert main.count("sdy.sharding = #sdy.sharding<@mesh") == len(e["inputs"]) + len(e["outputs"]), e["name"]
+        op = {"all_gather": "stablehlo.all_gather", "reduce_scatter": "stablehlo.reduce_scatter",
+              "all_reduce": "stablehlo.all_reduce"}[e["kind"]]
+        assert op in text, e["name"]
+        assert f'#stablehlo.axis_ref<name = "{e["axis"]}">' in text, e["name"]
+
+
+def test_collectives_match_reference(child_results: dict) -> None:
+    """Every test program and a tiny model's layer collectives, run by JAX on
+    4 CPU devices, equal the collective computed with numpy."""
+    res = child_results["programs"]
+    assert len(res) == 15 + 3
+    bad = {k: v for k, v in res.items() if v != "ok"}
+    assert not bad, bad
+
+
+def test_layer_collectives_bytes(child_results: dict) -> None:
+    # tiny model (d_model 32, d_ff 64) on data=2 x fsdp=2: the block's 9
+    # parameters, every dimension 0 a multiple of 2, so no padding.
+    layer = child_results["layer"]
+    params = 2 * 32 + 4 * 32 * 32 + 2 * 32 * 64 + 64 * 32
+    assert layer["block_fsdp_all_gather"] == params * 4
+    assert layer["block_fsdp_reduce_scatter"] == params * 4
+    assert layer["block_data_all_reduce"] == params * 4
+
+
+def test_bad_mesh() -> None:
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from strata_jax import parallel as PP
+
+    with pytest.raises(PP.ParallelError, match="mesh axis fsdp must be an integer >= 1, got 0"):
+        PP.MeshSpec(fsdp=0)
+    with pytest.raises(PP.ParallelError, match="unknown mesh axis 'pipe'"):
+        PP.MeshSpec(fsdp=2).size("pipe")
+    with pytest.raises(PP.ParallelError, match="needs 8 devices, JAX has 4"):
+        PP.make_mesh(PP.MeshSpec(data=2, fsdp=4), devices=["d"] * 4)
+
+
+def _child() -> None:
+    import numpy as np
+
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from strata_jax import parallel as PP
+    from strata_jax.model import ModelConfig
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from conftest import TINY_MODEL  # noqa: E402
+
+    rng = np.random.default_rng(7)
+    progs = PP.test_programs()
+    cfg = ModelConfig.from_dict(TINY_MODEL)
+    layer = PP.model_layer_collectives(cfg, PP.MeshSpec(data=2, fsdp=2))
+    results: dict[str, str] = {}
+    for prog in progs + layer:
+        mesh = PP.make_mesh(prog.mesh)
+        D = prog.mesh.devices
+        ins = [[rng.standard_normal(s).astype(np.float32) for s in prog.local_inputs()] for _ in range(D)]
+        got = prog.run(mesh, ins)
+        want = PP.reference(prog, ins)
+        status = "ok"
+        for p in range(D):
+            for i, s in enumerate(prog.local_outputs()):
+                g, w = got[p][i], want[p][i]
+                if g.shape != tuple(s) or w.shape != tuple(s):
+                    status = f"partition {p} output {i}: shape {g.shape} / {w.shape}, want {tuple(s)}"
+                elif not np.allclose(g, w, rtol=1e-6, atol=1e-6):
+                    status = f"partition {p} output {i}: max diff {np.max(np.abs(g - w))}"
+        results[prog.name] = status
+    print(json.dumps({"programs": results, "layer": {p.name: p.bytes_per_device() for p in layer}}))
+
+
+if __name__ == "__main__" and "--child" in sys.argv:
+    _child()
