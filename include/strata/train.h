@@ -40,6 +40,7 @@ typedef struct st_train_options {
   st_data_options data;
   st_runtime_options runtime;
   st_sched_policy sched;  /* sched.*: remat, offload, prefetch, waits, optimizer placement */
+  int parallel_data, parallel_fsdp, parallel_tensor; /* parallel.*: the mesh axis sizes (docs/parallelism.md) */
   int trace_step_count;   /* trace.steps: steps (1-based) written as Chrome traces */
   int64_t* trace_steps;   /* owned */
 } st_train_options;

@@ -79,6 +79,14 @@ static const st__cfg_key kKeys[] = {
     {"runtime.cache_dir", ST__CFG_STRING, "",
      .doc = "Compile and bundle cache; empty: $STRATA_CACHE_DIR, else ~/.cache/strata."},
 
+    {"parallel.data", ST__CFG_INT, "1", .lo = 1, .hi = 4096,
+     .doc = "Data-parallel mesh axis: devices that each train on their own share of every microbatch "
+            "(docs/parallelism.md; training on more than one device is not built yet)."},
+    {"parallel.fsdp", ST__CFG_INT, "1", .lo = 1, .hi = 4096,
+     .doc = "Fully-sharded mesh axis: parameters, gradients and optimizer state split over these devices."},
+    {"parallel.tensor", ST__CFG_INT, "1", .lo = 1, .hi = 4096,
+     .doc = "Tensor-parallel mesh axis: attention heads and the MLP hidden dimension split over these devices."},
+
     {"sched.remat", ST__CFG_STRING, "full",
      .doc = "Layers that recompute their forward in the backward: none, full, every:K (layers 0, K, 2K, ...) or a "
             "list such as \"0,2\"; the others keep their residuals."},
@@ -142,6 +150,7 @@ static const st__cfg_section kSections[] = {
     {"data", "Corpus, tokenization, split."},
     {"run", "Run directory and console output."},
     {"runtime", "PJRT plugin, devices, compilation."},
+    {"parallel", "The device mesh: data, fsdp and tensor axis sizes (docs/parallelism.md)."},
     {"bundle", "Exported programs."},
     {"sched", "The step plan's policies: remat, offload, prefetch, waits, optimizer placement (docs/scheduling.md)."},
     {"trace", "Chrome traces of chosen steps (docs/scheduling.md)."},
@@ -261,6 +270,42 @@ static st_status st__rule_run_id(const st_config* c) {
                         shown, why, n, ST_CONFIG_MAX_RUN_ID, st_config_source(c, "run.id"));
 }
 
+/* The mesh (docs/parallelism.md): it must fit the devices, and every split
+ * it implies must come out even. */
+static st_status st__rule_parallel(const st_config* c) {
+  int64_t d = st_config_int(c, "parallel.data"), f = st_config_int(c, "parallel.fsdp"),
+          t = st_config_int(c, "parallel.tensor"), dev = st_config_int(c, "runtime.cpu_devices");
+  const char *sd = st_config_source(c, "parallel.data"), *sf = st_config_source(c, "parallel.fsdp"),
+             *stt = st_config_source(c, "parallel.tensor");
+  if (d * f * t > dev)
+    return st_status_make(ST_CODE_CONFIG,
+                          "parallel.data x parallel.fsdp x parallel.tensor = %lld x %lld x %lld = %lld devices (%s, %s, "
+                          "%s), but runtime.cpu_devices is %lld (%s)",
+                          (long long)d, (long long)f, (long long)t, (long long)(d * f * t), sd, sf, stt, (long long)dev,
+                          st_config_source(c, "runtime.cpu_devices"));
+  int64_t h = st_config_int(c, "model.n_heads"), ff = st_config_int(c, "model.d_ff");
+  if (h % t != 0)
+    return st_status_make(ST_CODE_CONFIG,
+                          "model.n_heads (%lld, %s) is not divisible by parallel.tensor (%lld, %s): tensor parallelism "
+                          "splits the attention heads",
+                          (long long)h, st_config_source(c, "model.n_heads"), (long long)t, stt);
+  if (ff % t != 0)
+    return st_status_make(ST_CODE_CONFIG,
+                          "model.d_ff (%lld, %s) is not divisible by parallel.tensor (%lld, %s): tensor parallelism "
+                          "splits the MLP hidden dimension",
+                          (long long)ff, st_config_source(c, "model.d_ff"), (long long)t, stt);
+  int64_t b = st_config_int(c, "train.batch_size"), m = st_config_int(c, "train.microbatches");
+  if ((b / m) % (d * f) != 0)
+    return st_status_make(ST_CODE_CONFIG,
+                          "the microbatch train.batch_size / train.microbatches = %lld / %lld = %lld (%s, %s) is not "
+                          "divisible by parallel.data x parallel.fsdp = %lld x %lld = %lld (%s, %s): every device "
+                          "takes an equal share of each microbatch",
+                          (long long)b, (long long)m, (long long)(b / m), st_config_source(c, "train.batch_size"),
+                          st_config_source(c, "train.microbatches"), (long long)d, (long long)f, (long long)(d * f), sd,
+                          sf);
+  return ST_OK;
+}
+
 static const st__cfg_rule kRules[] = {
     {"model.d_model is divisible by model.n_heads, and the head size model.d_model / model.n_heads is even (RoPE).",
      st__rule_heads},
@@ -272,6 +317,10 @@ static const st__cfg_rule kRules[] = {
     {"trace.steps are step numbers from 1 to train.steps.", st__rule_trace_steps},
     {"run.id is empty or a plain name: letters, digits, '.', '_' and '-', at most 128, not starting with '.'.",
      st__rule_run_id},
+    {"parallel.data x parallel.fsdp x parallel.tensor is at most runtime.cpu_devices; model.n_heads and model.d_ff "
+     "are divisible by parallel.tensor; train.batch_size / train.microbatches is divisible by parallel.data x "
+     "parallel.fsdp.",
+     st__rule_parallel},
 };
 
 /* ---- lookups ------------------------------------------------------------ */

@@ -65,6 +65,9 @@ void st_train_options_from_config(const st_config* c, st_train_options* o) {
   o->sched.prefetch_depth = (int)st_config_int(c, "sched.prefetch_depth");
   o->sched.eager = !strcmp(st_config_string(c, "sched.wait"), "eager");
   o->sched.per_layer_optimizer = !strcmp(st_config_string(c, "sched.optimizer"), "per_layer");
+  o->parallel_data = (int)st_config_int(c, "parallel.data");
+  o->parallel_fsdp = (int)st_config_int(c, "parallel.fsdp");
+  o->parallel_tensor = (int)st_config_int(c, "parallel.tensor");
   int nt = st_config_list_count(c, "trace.steps");
   if (nt > 0) {
     o->trace_steps = st_xcalloc((size_t)nt, sizeof(int64_t));

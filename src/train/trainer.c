@@ -387,6 +387,18 @@ static st_status st__run(st__trainer* t, bool progress) {
 st_status st_train_main(const st_config* cfg) {
   st_train_options o;
   st_train_options_from_config(cfg, &o);
+  /* The runtime runs SPMD programs and the collectives are exported, but
+   * the step plan is one-device (docs/parallelism.md): refuse before
+   * anything is created rather than train on one device silently. */
+  if ((int64_t)o.parallel_data * o.parallel_fsdp * o.parallel_tensor > 1) {
+    st_status ps = st_status_make(ST_CODE_CONFIG,
+                                  "parallel.data=%d parallel.fsdp=%d parallel.tensor=%d: training on more than one "
+                                  "device is not yet supported (the runtime and the collective programs exist, the "
+                                  "step plan does not; docs/parallelism.md); set all three to 1",
+                                  o.parallel_data, o.parallel_fsdp, o.parallel_tensor);
+    st_train_options_deinit(&o);
+    return ps;
+  }
   st__trainer t;
   memset(&t, 0, sizeof(t));
   t.o = &o;
