@@ -17,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "runtime/rt_internal.h"
 #include "strata/mesh.h"
 #include "strata/runtime.h"
 #include "test_util.h"
@@ -251,6 +252,47 @@ static void run_and_check(const sprog* p, const st_mesh* m) {
 }
 
 /*--- tests ----------------------------------------------------------------------*/
+
+/* The SPMD compile options, byte for byte: the build options JAX's own
+ * get_compile_options writes for the same counts and assignment (checked
+ * with jaxlib when this was written), then the base options' XLA
+ * overrides unchanged, and no portable flag. */
+static void test_spmd_compile_options(void** state) {
+  (void)state;
+  const char* const xla[] = {"xla_b=1", "xla_a=true"};
+  uint8_t* base = NULL;
+  size_t base_n = 0;
+  ASSERT_OK(st__compile_options_build(xla, 2, false, &base, &base_n));
+  const int64_t ids[2] = {2, 3};
+  uint8_t* got = NULL;
+  size_t n = 0;
+  ASSERT_OK(st__compile_options_spmd(base, base_n, ids, 2, &got, &n));
+  static const uint8_t build[] = {
+      0x1a, 0x24,                                                       /* 3: executable_build_options */
+      0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, /* device_ordinal -1 */
+      0x20, 0x01,                                                       /* num_replicas 1 */
+      0x28, 0x02,                                                       /* num_partitions 2 */
+      0x30, 0x01,                                                       /* use_spmd_partitioning */
+      0x4a, 0x0e, 0x08, 0x01, 0x10, 0x02,                               /* device_assignment 1 x 2 */
+      0x1a, 0x03, 0x0a, 0x01, 0x02,                                     /*   partition 0: device 2 */
+      0x1a, 0x03, 0x0a, 0x01, 0x03,                                     /*   partition 1: device 3 */
+      0x98, 0x01, 0x01,                                                 /* use_shardy_partitioner */
+  };
+  /* The overrides: everything in base after its field 3 and field 4. */
+  size_t skip = 2 + base[1] + 2;
+  assert_int_equal(base[0], 0x1a);
+  assert_int_equal(base[2 + base[1]], 0x20); /* base's portable flag */
+  assert_int_equal(n, sizeof(build) + (base_n - skip));
+  assert_memory_equal(got, build, sizeof(build));
+  assert_memory_equal(got + sizeof(build), base + skip, base_n - skip);
+  free(got);
+  /* A damaged base (a length running past the end) is an error, not a read
+   * past the buffer. */
+  uint8_t bad[] = {0x3a, 0x7f, 0x00};
+  ASSERT_ERROR(st__compile_options_spmd(bad, sizeof(bad), ids, 2, &got, &n), ST_CODE_INTERNAL, "at byte 0");
+  assert_null(got);
+  free(base);
+}
 
 static void test_mesh_make(void** state) {
   (void)state;
@@ -529,6 +571,7 @@ static int group_teardown(void** state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_spmd_compile_options),
       cmocka_unit_test(test_mesh_make),
       cmocka_unit_test(test_collectives_by_hand),
       cmocka_unit_test(test_other_devices),
