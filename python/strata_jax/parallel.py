@@ -305,6 +305,7 @@ TEST_CASES: tuple[tuple[str, MeshSpec, str], ...] = (
     ("data2", MeshSpec(data=2), "data"),
     ("d2f2_fsdp", MeshSpec(data=2, fsdp=2), "fsdp"),
     ("d2f2_data", MeshSpec(data=2, fsdp=2), "data"),
+    ("f2t2_fsdp", MeshSpec(fsdp=2, tensor=2), "fsdp"),  # a faster axis after the collective's
 )
 TEST_TENSORS: tuple[Tensor, ...] = (Tensor("w", (6, 3)), Tensor("b", (5,)))
 

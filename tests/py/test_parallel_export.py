@@ -57,7 +57,7 @@ def _entry(manifest: dict, name: str) -> dict:
 def test_manifest_fields(exported: tuple[str, dict]) -> None:
     _, m = exported
     assert m["mesh_axes"] == ["data", "fsdp", "tensor"]
-    assert len(m["collectives"]) == 15
+    assert len(m["collectives"]) == 18
     for e in m["collectives"]:
         for key in ("name", "file", "kind", "axis", "axis_size", "mesh", "num_partitions", "num_replicas", "groups",
                     "bytes_per_device", "wire_bytes_per_device", "inputs", "outputs"):
@@ -89,6 +89,7 @@ def test_manifest_fields(exported: tuple[str, dict]) -> None:
     assert (ar["axis"], ar["axis_size"], ar["num_partitions"]) == ("data", 2, 4)
     assert ar["groups"] == [[0, 2], [1, 3]]
     assert _entry(m, "d2f2_fsdp_all_reduce")["groups"] == [[0, 1], [2, 3]]
+    assert _entry(m, "f2t2_fsdp_all_reduce")["groups"] == [[0, 2], [1, 3]]
     assert ar["bytes_per_device"] == (6 * 3 + 5) * 4
     assert ar["wire_bytes_per_device"] == 2 * (6 * 3 + 5) * 4 // 2
 
@@ -115,7 +116,7 @@ def test_collectives_match_reference(child_results: dict) -> None:
     """Every test program and a tiny model's layer collectives, run by JAX on
     4 CPU devices, equal the collective computed with numpy."""
     res = child_results["programs"]
-    assert len(res) == 15 + 3
+    assert len(res) == 18 + 3
     bad = {k: v for k, v in res.items() if v != "ok"}
     assert not bad, bad
 
