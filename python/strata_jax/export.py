@@ -73,8 +73,12 @@ def default_bundle_key(cfg: ModelConfig) -> str:
     return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
 
-def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str) -> dict[str, Any]:
-    """Writes programs/ and manifest.json into out_dir (which must exist); returns the manifest."""
+def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = None) -> dict[str, Any]:
+    """Writes programs/ and manifest.json into out_dir (which must exist); returns the manifest.
+
+    With a mesh of more than one device (parallel.MeshSpec) the manifest also
+    gets "mesh" and "collectives" (docs/parallelism.md); without one the
+    bundle is exactly the one-device bundle."""
     prog_dir = os.path.join(out_dir, "programs")
     os.makedirs(prog_dir, exist_ok=True)
     entries = []
@@ -104,13 +108,35 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str) -> dict[str, A
                                  "fwd_res": "block_fwd_res", "bwd_res": "block_bwd_res"}}
                    for i in range(cfg.n_layers)],
     }
+    if mesh is not None and mesh.devices > 1:
+        manifest["mesh"] = mesh.to_json()
+        manifest["collectives"] = _export_collectives(cfg, mesh, out_dir)
     with open(os.path.join(out_dir, "manifest.json"), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=2)
         f.write("\n")
     return manifest
 
 
-def export_bundle(cfg: ModelConfig, out: str, bundle_key: str | None = None) -> dict[str, Any]:
+def _export_collectives(cfg: ModelConfig, mesh: Any, out_dir: str) -> list[dict[str, Any]]:
+    from . import parallel as PP
+
+    try:
+        jmesh = PP.make_mesh(mesh)
+        entries = []
+        for prog in PP.bundle_collectives(cfg, mesh):
+            data = prog.lower(jmesh).encode("utf-8")
+            rel = f"programs/{prog.name}.mlir"
+            with open(os.path.join(out_dir, rel), "wb") as f:
+                f.write(data)
+            e = prog.manifest_entry(rel)
+            e["sha256"] = hashlib.sha256(data).hexdigest()
+            entries.append(e)
+        return entries
+    except PP.ParallelError as e:
+        raise ExportError(str(e)) from None
+
+
+def export_bundle(cfg: ModelConfig, out: str, bundle_key: str | None = None, mesh: Any = None) -> dict[str, Any]:
     """Writes the bundle atomically: into <out>.tmp-<pid>, then renamed to <out> (replacing it)."""
     out = os.path.abspath(out)
     parent = os.path.dirname(out)
@@ -119,7 +145,7 @@ def export_bundle(cfg: ModelConfig, out: str, bundle_key: str | None = None) -> 
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
-        manifest = build_bundle(cfg, tmp, bundle_key if bundle_key is not None else default_bundle_key(cfg))
+        manifest = build_bundle(cfg, tmp, bundle_key if bundle_key is not None else default_bundle_key(cfg), mesh)
         if os.path.lexists(out):
             old = f"{out}.old-{os.getpid()}"
             os.rename(out, old)
@@ -149,14 +175,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-json", required=True, help="model config: a JSON file or a JSON string")
     ap.add_argument("--out", required=True, help="bundle folder to write (replaced atomically)")
     ap.add_argument("--bundle-key", default=None, help="echoed into manifest.json (default: hash of the model)")
+    ap.add_argument("--mesh", default=None,
+                    help="also export the collectives for a device mesh, e.g. data=2,fsdp=2 (docs/parallelism.md)")
     args = ap.parse_args(argv)
+    mesh = None
+    if args.mesh:
+        from . import parallel as PP
+
+        try:
+            mesh = PP.parse_mesh(args.mesh)
+        except PP.ParallelError as e:
+            print(f"strata_jax.export: {e}", file=sys.stderr)
+            return 2
+        # JAX lowers over as many CPU devices as the mesh has; its backend
+        # reads XLA_FLAGS when it starts, which is after this point.
+        flag = f"--xla_force_host_platform_device_count={mesh.devices}"
+        if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+            os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
     try:
         cfg = _load_model_json(args.model_json)
     except (OSError, ValueError, KeyError) as e:
         print(f"strata_jax.export: bad model config: {e}", file=sys.stderr)
         return 2
     try:
-        manifest = export_bundle(cfg, args.out, args.bundle_key)
+        manifest = export_bundle(cfg, args.out, args.bundle_key, mesh)
     except ExportError as e:
         print(f"strata_jax.export: {e}", file=sys.stderr)
         return 1

@@ -278,14 +278,18 @@ def reference(prog: CollectiveProgram, per_device: list[list[np.ndarray]]) -> li
 def layer_collectives(tensors: Sequence[Tensor], mesh: MeshSpec, prefix: str = "block") -> list[CollectiveProgram]:
     """The inter-layer collectives of one layer's tensors on |mesh|: FSDP
     all-gather (parameters) and reduce-scatter (gradients) when fsdp > 1, DP
-    all-reduce (gradients) when data > 1."""
+    all-reduce (gradients) when data > 1. With both (HSDP), the all-reduce
+    over data runs on the fsdp shards the reduce-scatter leaves."""
+    if mesh.tensor > 1:
+        raise ParallelError("tensor parallelism is not exported yet (docs/parallelism.md): parallel.tensor must be 1")
+    tensors = tuple(tensors)
     progs = []
     if mesh.fsdp > 1:
-        progs.append(CollectiveProgram(f"{prefix}_fsdp_all_gather", "all_gather", "fsdp", mesh, tuple(tensors)))
-        progs.append(CollectiveProgram(f"{prefix}_fsdp_reduce_scatter", "reduce_scatter", "fsdp", mesh,
-                                       tuple(tensors)))
+        progs.append(CollectiveProgram(f"{prefix}_fsdp_all_gather", "all_gather", "fsdp", mesh, tensors))
+        progs.append(CollectiveProgram(f"{prefix}_fsdp_reduce_scatter", "reduce_scatter", "fsdp", mesh, tensors))
     if mesh.data > 1:
-        progs.append(CollectiveProgram(f"{prefix}_data_all_reduce", "all_reduce", "data", mesh, tuple(tensors)))
+        shards = tuple(Tensor(t.name, (_rows(t.shape[0], mesh.fsdp),) + t.shape[1:], t.dtype) for t in tensors)
+        progs.append(CollectiveProgram(f"{prefix}_data_all_reduce", "all_reduce", "data", mesh, shards))
     return progs
 
 
@@ -293,6 +297,32 @@ def model_layer_collectives(cfg: Any, mesh: MeshSpec) -> list[CollectiveProgram]
     """layer_collectives for a transformer block's parameters (model.BLOCK_PARAMS)."""
     from . import model as M
     return layer_collectives([Tensor(n, M.param_shape(cfg, n)) for n in M.BLOCK_PARAMS], mesh)
+
+
+def bundle_collectives(cfg: Any, mesh: MeshSpec) -> list[CollectiveProgram]:
+    """The collectives of every parameter group (embed, block, head): what a
+    bundle exported for |mesh| carries. One block program serves every layer,
+    as block_fwd does."""
+    from . import model as M
+    progs = []
+    for group in ("embed", "block", "head"):
+        tensors = [Tensor(n, M.param_shape(cfg, n)) for n in M.group_param_names(cfg, group)]
+        progs += layer_collectives(tensors, mesh, prefix=group)
+    return progs
+
+
+def parse_mesh(text: str) -> MeshSpec:
+    """'data=2,fsdp=2' (axes left out are 1) -> MeshSpec."""
+    sizes: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, eq, value = part.partition("=")
+        if not eq or name not in MESH_AXES or name in sizes:
+            raise ParallelError(f"mesh {text!r}: expected axis=size items with axes {', '.join(MESH_AXES)}, each once")
+        try:
+            sizes[name] = int(value)
+        except ValueError:
+            raise ParallelError(f"mesh {text!r}: {name} size {value!r} is not an integer") from None
+    return MeshSpec(**sizes)
 
 
 # --- test programs for the C runtime ----------------------------------------

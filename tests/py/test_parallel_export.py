@@ -128,7 +128,57 @@ def test_layer_collectives_bytes(child_results: dict) -> None:
     params = 2 * 32 + 4 * 32 * 32 + 2 * 32 * 64 + 64 * 32
     assert layer["block_fsdp_all_gather"] == params * 4
     assert layer["block_fsdp_reduce_scatter"] == params * 4
-    assert layer["block_data_all_reduce"] == params * 4
+    # HSDP: the data all-reduce runs on the fsdp shards, half of each tensor
+    assert layer["block_data_all_reduce"] == params * 4 // 2
+
+
+def test_bundle_with_mesh(tmp_path) -> None:  # noqa: ANN001
+    """`strata_jax.export --mesh` adds the mesh and every group's collectives
+    to an otherwise unchanged bundle; it sets JAX's device count itself (the
+    child gets no XLA_FLAGS)."""
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from conftest import tiny_model
+    from strata_jax.model import ModelConfig
+    from strata_jax.programs import build_programs
+
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.path.join(ROOT, "python")
+    model = tiny_model(tie_embeddings=False)
+    out = str(tmp_path / "b")
+    r = subprocess.run([PY, "-m", "strata_jax.export", "--model-json", json.dumps(model), "--out", out,
+                        "--mesh", "data=2,fsdp=2"], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
+        m = json.load(f)
+    assert m["mesh"] == {"data": 2, "fsdp": 2, "tensor": 1}
+    assert [p["name"] for p in m["programs"]] == [p.name for p in build_programs(ModelConfig.from_dict(model))]
+    names = [c["name"] for c in m["collectives"]]
+    assert names == [f"{g}_{k}" for g in ("embed", "block", "head")
+                     for k in ("fsdp_all_gather", "fsdp_reduce_scatter", "data_all_reduce")]
+    head = {c["name"]: c for c in m["collectives"]}["head_fsdp_all_gather"]
+    assert [t["name"] for t in head["inputs"]] == ["final_norm", "w_out"]
+    # final_norm f32[32], w_out f32[32,64]: 16 rows each per device
+    assert [t["local_shape"] for t in head["inputs"]] == [[16], [16, 64]]
+    assert head["bytes_per_device"] == (32 + 32 * 64) * 4
+    for c in m["collectives"]:
+        with open(os.path.join(out, c["file"]), "rb") as f:
+            data = f.read()
+        import hashlib
+        assert hashlib.sha256(data).hexdigest() == c["sha256"]
+        assert b"mhlo.num_partitions = 4 : i32" in data
+
+    # tensor parallelism is not exported yet; a bad mesh is a usage error
+    r = subprocess.run([PY, "-m", "strata_jax.export", "--model-json", json.dumps(model), "--out", str(tmp_path / "t"),
+                        "--mesh", "tensor=2"], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1
+    assert "tensor parallelism is not exported yet (docs/parallelism.md): parallel.tensor must be 1" in r.stderr
+    assert not os.path.exists(tmp_path / "t")
+    r = subprocess.run([PY, "-m", "strata_jax.export", "--model-json", json.dumps(model), "--out", str(tmp_path / "u"),
+                        "--mesh", "pipe=2"], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2
+    assert "expected axis=size items with axes data, fsdp, tensor, each once" in r.stderr
 
 
 def test_bad_mesh() -> None:
