@@ -133,7 +133,8 @@ st_status st_sharded_from_host(st_runtime* runtime, const st_mesh* mesh, const s
  * on mesh device p with the local type). Ownership of every shard moves to
  * the sharded tensor, also on failure (then they are destroyed). */
 st_status st_sharded_wrap(st_runtime* runtime, const st_mesh* mesh, const st_tensor_type* global,
-                          const st_sharding* sharding, st_buffer** shards, st_sharded** out_sharded /* owned by caller */);
+                          const st_sharding* sharding, st_buffer** shards,
+                          st_sharded** out_sharded /* owned by caller */);
 /* Reassembles the logical value into |dst| (|dst_size| = the global
  * type's bytes): split dimensions concatenated without padding, partial
  * axes summed (f32, f64, s32 only), replicated axes read from coordinate

@@ -137,6 +137,13 @@ class CollectiveProgram:
     axis: str
     mesh: MeshSpec
     tensors: tuple[Tensor, ...]
+    donate: bool = False  # all_reduce only: the inputs' buffers become the outputs
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ParallelError(f"{self.name}: unknown collective kind {self.kind!r}")
+        if self.donate and self.kind != "all_reduce":
+            raise ParallelError(f"{self.name}: only all_reduce keeps its shapes, so only it can donate its inputs")
 
     @property
     def n(self) -> int:
@@ -207,7 +214,8 @@ class CollectiveProgram:
         f = jax.shard_map(self.body(), mesh=mesh, in_specs=(stack,) * k, out_specs=(stack,) * k,
                           check_vma=False)
         sh = NamedSharding(mesh, stack)
-        return jax.jit(f, in_shardings=(sh,) * k, out_shardings=(sh,) * k)
+        return jax.jit(f, in_shardings=(sh,) * k, out_shardings=(sh,) * k,
+                       donate_argnums=tuple(range(k)) if self.donate else ())
 
     def global_structs(self, shapes: list[tuple[int, ...]]) -> list[jax.ShapeDtypeStruct]:
         D = self.mesh.devices
@@ -241,6 +249,7 @@ class CollectiveProgram:
                     for t, s in zip(self.tensors, shapes)]
 
         e = {"name": self.name, "kind": self.kind, "axis": self.axis, "axis_size": self.n,
+             "donated": list(range(len(self.tensors))) if self.donate else [],
              "mesh": self.mesh.to_json(), "num_partitions": self.mesh.devices, "num_replicas": 1,
              "groups": self.mesh.groups(self.axis),
              "bytes_per_device": self.bytes_per_device(),
@@ -341,8 +350,11 @@ TEST_TENSORS: tuple[Tensor, ...] = (Tensor("w", (6, 3)), Tensor("b", (5,)))
 
 
 def test_programs() -> list[CollectiveProgram]:
-    return [CollectiveProgram(f"{case}_{kind}", kind, axis, mesh, TEST_TENSORS)
-            for case, mesh, axis in TEST_CASES for kind in KINDS]
+    progs = [CollectiveProgram(f"{case}_{kind}", kind, axis, mesh, TEST_TENSORS)
+             for case, mesh, axis in TEST_CASES for kind in KINDS]
+    progs.append(CollectiveProgram("data2_all_reduce_donated", "all_reduce", "data", MeshSpec(data=2), TEST_TENSORS,
+                                   donate=True))
+    return progs
 
 
 def _dims(shape: Sequence[int]) -> str:

@@ -87,8 +87,9 @@ static st_status st__mesh_check(const st_runtime* rt, const st_mesh* m, const ch
     return st_status_make(ST_CODE_INTERNAL, "%s: no mesh or an empty one", what);
   for (int p = 0; p < m->device_count; ++p)
     if (m->devices[p] < 0 || m->devices[p] >= rt->device_count)
-      return st_status_make(ST_CODE_RUNTIME, "%s: mesh index %d is device %d; the runtime has %d device%s (runtime.cpu_devices)",
-                            what, p, m->devices[p], rt->device_count, rt->device_count == 1 ? "" : "s");
+      return st_status_make(ST_CODE_RUNTIME,
+                            "%s: mesh index %d is device %d; the runtime has %d device%s (runtime.cpu_devices)", what,
+                            p, m->devices[p], rt->device_count, rt->device_count == 1 ? "" : "s");
   return ST_OK;
 }
 
@@ -316,7 +317,8 @@ st_status st_program_execute_spmd(st_program* p, st_buffer* const* inputs, int i
     for (int i = 0; i < output_count; ++i) {
       pj_buffer** h = &outs[(size_t)k * (size_t)output_count + (size_t)i];
       st_tensor_type t = st__output_type(p, i, *h);
-      st_status w = st__buffer_wrap(rt, *h, p->mesh_devices[part], &t, &outputs[(size_t)part * (size_t)output_count + (size_t)i]);
+      st_buffer** slot = &outputs[(size_t)part * (size_t)output_count + (size_t)i];
+      st_status w = st__buffer_wrap(rt, *h, p->mesh_devices[part], &t, slot);
       *h = NULL;
       if (w && !s) s = w;
       else st_status_free(w);
@@ -588,7 +590,8 @@ st_status st_sharded_to_host(st_sharded* t, void* dst, size_t dst_size) {
   if (!t || !dst) return st_status_make(ST_CODE_INTERNAL, "st_sharded_to_host: NULL argument");
   size_t gbytes = st_tensor_type_bytes(&t->global);
   if (dst_size != gbytes)
-    return st_status_make(ST_CODE_INTERNAL, "sharded tensor: destination has %zu bytes, the tensor %zu", dst_size, gbytes);
+    return st_status_make(ST_CODE_INTERNAL, "sharded tensor: destination has %zu bytes, the tensor %zu", dst_size,
+                          gbytes);
   st_dtype dt = t->global.dtype;
   if (t->sharding.partial && dt != ST_DTYPE_F32 && dt != ST_DTYPE_F64 && dt != ST_DTYPE_S32)
     return st_status_make(ST_CODE_RUNTIME, "sharded tensor: cannot sum partial shards of %s on the host",

@@ -230,7 +230,8 @@ static void run_and_check(const sprog* p, const st_mesh* m) {
       char got_t[96], want_t[96];
       st_tensor_type_format(st_buffer_type(b), got_t, sizeof(got_t));
       st_tensor_type_format(&p->out[i], want_t, sizeof(want_t));
-      if (strcmp(got_t, want_t)) fail_msg("%s partition %d output %d: type %s, want %s", p->name, part, i, got_t, want_t);
+      if (strcmp(got_t, want_t))
+        fail_msg("%s partition %d output %d: type %s, want %s", p->name, part, i, got_t, want_t);
       int64_t cnt = st_tensor_type_elements(&p->out[i]);
       float* got = malloc((size_t)cnt * sizeof(float));
       float* want = malloc((size_t)cnt * sizeof(float));
@@ -323,8 +324,9 @@ static void test_collectives_by_hand(void** state) {
     run_and_check(&g_progs[i], &m);
     ++ran;
   }
-  /* 6 (mesh, axis) cases x 3 kinds: a shorter index would hide programs. */
-  assert_int_equal(ran, 18);
+  /* 6 (mesh, axis) cases x 3 kinds, and a donating all_reduce: a shorter
+   * index would hide programs. */
+  assert_int_equal(ran, 19);
 }
 
 /* The same programs on other devices: a 2-device mesh on devices 2 and 3,
@@ -393,7 +395,8 @@ static void test_sharded_round_trip(void** state) {
     for (int p = 0; p < 4; ++p) {
       ASSERT_OK(st_buffer_to_host(st_sharded_shard(full[t], p), got, (size_t)cnt * sizeof(float)));
       for (int64_t e = 0; e < cnt; ++e)
-        if (got[e] != host[t][e]) fail_msg("gather: tensor %d device %d element %lld: %g vs %g", t, p, (long long)e, got[e], host[t][e]);
+        if (got[e] != host[t][e])
+          fail_msg("gather: tensor %d device %d element %lld: %g vs %g", t, p, (long long)e, got[e], host[t][e]);
     }
     free(got);
   }
@@ -417,7 +420,8 @@ static void test_sharded_round_trip(void** state) {
     float* got = malloc((size_t)cnt * sizeof(float));
     ASSERT_OK(st_sharded_to_host(red[t], got, (size_t)cnt * sizeof(float)));
     for (int64_t e = 0; e < cnt; ++e)
-      if (got[e] != host[t][e]) fail_msg("reduce_scatter: tensor %d element %lld: %g vs %g", t, (long long)e, got[e], host[t][e]);
+      if (got[e] != host[t][e])
+        fail_msg("reduce_scatter: tensor %d element %lld: %g vs %g", t, (long long)e, got[e], host[t][e]);
     free(got);
     assert_int_equal(st_sharded_bytes_per_device(red[t]), st_tensor_type_bytes(&rs->out[t]));
   }
@@ -472,6 +476,99 @@ static void test_sharding_layout(void** state) {
   ASSERT_ERROR(st_sharding_local_type(&m, &g, &twice, &l), ST_CODE_INTERNAL, "dimension 1 reuses a mesh axis");
   st_sharding rank = {.split = {0, 0, 1u}};
   ASSERT_ERROR(st_sharding_local_type(&m, &g, &rank, &l), ST_CODE_INTERNAL, "dimension 2 is split");
+}
+
+/* One-device (portable) launches and an SPMD collective share buffers in
+ * both directions, with no host wait in between: x[p] = 2 h[p] on each
+ * device, y = all_reduce over data of x, z[p] = 2 y[p] on each device. PJRT
+ * orders each launch after its inputs' producers, across the two kinds. */
+static void test_mixed_with_one_device_programs(void** state) {
+  (void)state;
+  static const char kDouble[] =
+      "module @double {\n"
+      "  func.func public @main(%arg0: tensor<6x3xf32>, %arg1: tensor<5xf32>) -> (tensor<6x3xf32>, tensor<5xf32>) {\n"
+      "    %0 = stablehlo.add %arg0, %arg0 : tensor<6x3xf32>\n"
+      "    %1 = stablehlo.add %arg1, %arg1 : tensor<5xf32>\n"
+      "    return %0, %1 : tensor<6x3xf32>, tensor<5xf32>\n"
+      "  }\n"
+      "}\n";
+  st_program* dbl = NULL;
+  ASSERT_OK(st_program_compile(g_rt, "double", kDouble, sizeof(kDouble) - 1, NULL, &dbl));
+  const sprog* p = sp("d2f2_data_all_reduce");
+  st_mesh m = mesh_of(p, NULL);
+  st_program* ar = compile_sp(p, &m);
+  enum { N = 4 };
+  st_buffer *h[N][2], *x[N * 2], *y[N * 2], *z[N][2];
+  for (int d = 0; d < N; ++d)
+    for (int i = 0; i < 2; ++i) {
+      int64_t cnt = st_tensor_type_elements(&p->in[i]);
+      float* v = malloc((size_t)cnt * sizeof(float));
+      for (int64_t e = 0; e < cnt; ++e) v[e] = input_value(d, i, e);
+      ASSERT_OK(st_buffer_from_host(g_rt, d, &p->in[i], v, &h[d][i]));
+      free(v);
+    }
+  for (int d = 0; d < N; ++d) ASSERT_OK(st_program_execute(dbl, d, h[d], 2, &x[d * 2], 2, NULL));
+  ASSERT_OK(st_program_execute_spmd(ar, x, 2, y, 2, NULL));
+  for (int d = 0; d < N; ++d) ASSERT_OK(st_program_execute(dbl, d, &y[d * 2], 2, z[d], 2, NULL));
+  for (int d = 0; d < N; ++d)
+    for (int i = 0; i < 2; ++i) {
+      int64_t cnt = st_tensor_type_elements(&p->out[i]);
+      float* got = malloc((size_t)cnt * sizeof(float));
+      float* want = malloc((size_t)cnt * sizeof(float));
+      ASSERT_OK(st_buffer_to_host(z[d][i], got, (size_t)cnt * sizeof(float)));
+      expected(p, &m, d, i, want);
+      for (int64_t e = 0; e < cnt; ++e)
+        if (got[e] != 4 * want[e])
+          fail_msg("device %d output %d element %lld: got %.1f, want %.1f", d, i, (long long)e, got[e], 4 * want[e]);
+      free(got);
+      free(want);
+    }
+  for (int d = 0; d < N; ++d)
+    for (int i = 0; i < 2; ++i) {
+      st_buffer_destroy(h[d][i]);
+      st_buffer_destroy(x[d * 2 + i]);
+      st_buffer_destroy(y[d * 2 + i]);
+      st_buffer_destroy(z[d][i]);
+    }
+  st_program_destroy(ar);
+  st_program_destroy(dbl);
+}
+
+/* A donating collective consumes its inputs on every device; the outputs
+ * are right and a second launch with the same inputs is refused, naming the
+ * partition and the program that consumed them. */
+static void test_donation(void** state) {
+  (void)state;
+  const sprog* p = sp("data2_all_reduce_donated");
+  st_mesh m = mesh_of(p, NULL);
+  st_program* prog = compile_sp(p, &m);
+  for (int i = 0; i < p->n_in; ++i) assert_true(st_program_input_donated(prog, i));
+  st_buffer* in[4];
+  st_buffer* out[4];
+  for (int d = 0; d < 2; ++d)
+    for (int i = 0; i < 2; ++i) {
+      int64_t cnt = st_tensor_type_elements(&p->in[i]);
+      float* v = malloc((size_t)cnt * sizeof(float));
+      for (int64_t e = 0; e < cnt; ++e) v[e] = input_value(d, i, e);
+      ASSERT_OK(st_buffer_from_host(g_rt, d, &p->in[i], v, &in[d * 2 + i]));
+      free(v);
+    }
+  ASSERT_OK(st_program_execute_spmd(prog, in, 2, out, 2, NULL));
+  for (int k = 0; k < 4; ++k) assert_true(st_buffer_is_consumed(in[k]));
+  float got[18], want[18];
+  for (int d = 0; d < 2; ++d) {
+    ASSERT_OK(st_buffer_to_host(out[d * 2], got, sizeof(got)));
+    expected(p, &m, d, 0, want);
+    assert_memory_equal(got, want, sizeof(got));
+  }
+  st_buffer* again[4];
+  ASSERT_ERROR(st_program_execute_spmd(prog, in, 2, again, 2, NULL), ST_CODE_RUNTIME, "partition 0", "input 0",
+               "was consumed (donated to program", "data2_all_reduce_donated");
+  for (int k = 0; k < 4; ++k) {
+    st_buffer_destroy(in[k]);
+    st_buffer_destroy(out[k]);
+  }
+  st_program_destroy(prog);
 }
 
 static void test_errors(void** state) {
@@ -577,6 +674,8 @@ int main(void) {
       cmocka_unit_test(test_other_devices),
       cmocka_unit_test(test_sharded_round_trip),
       cmocka_unit_test(test_sharding_layout),
+      cmocka_unit_test(test_mixed_with_one_device_programs),
+      cmocka_unit_test(test_donation),
       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_cache),
   };

@@ -57,10 +57,10 @@ def _entry(manifest: dict, name: str) -> dict:
 def test_manifest_fields(exported: tuple[str, dict]) -> None:
     _, m = exported
     assert m["mesh_axes"] == ["data", "fsdp", "tensor"]
-    assert len(m["collectives"]) == 18
+    assert len(m["collectives"]) == 19
     for e in m["collectives"]:
-        for key in ("name", "file", "kind", "axis", "axis_size", "mesh", "num_partitions", "num_replicas", "groups",
-                    "bytes_per_device", "wire_bytes_per_device", "inputs", "outputs"):
+        for key in ("name", "file", "kind", "donated", "axis", "axis_size", "mesh", "num_partitions", "num_replicas",
+                    "groups", "bytes_per_device", "wire_bytes_per_device", "inputs", "outputs"):
             assert key in e, (e["name"], key)
         assert e["kind"] in ("all_gather", "reduce_scatter", "all_reduce")
         assert e["num_partitions"] == e["mesh"]["data"] * e["mesh"]["fsdp"] * e["mesh"]["tensor"]
@@ -85,6 +85,8 @@ def test_manifest_fields(exported: tuple[str, dict]) -> None:
     assert rs["bytes_per_device"] == (6 * 3 + 6) * 4
     assert rs["wire_bytes_per_device"] == (6 * 3 + 6) * 4 // 2
 
+    assert _entry(m, "data2_all_reduce_donated")["donated"] == [0, 1]
+    assert _entry(m, "data2_all_reduce")["donated"] == []
     ar = _entry(m, "d2f2_data_all_reduce")
     assert (ar["axis"], ar["axis_size"], ar["num_partitions"]) == ("data", 2, 4)
     assert ar["groups"] == [[0, 2], [1, 3]]
@@ -116,7 +118,7 @@ def test_collectives_match_reference(child_results: dict) -> None:
     """Every test program and a tiny model's layer collectives, run by JAX on
     4 CPU devices, equal the collective computed with numpy."""
     res = child_results["programs"]
-    assert len(res) == 18 + 3
+    assert len(res) == 19 + 3
     bad = {k: v for k, v in res.items() if v != "ok"}
     assert not bad, bad
 
