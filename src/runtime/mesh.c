@@ -408,6 +408,7 @@ typedef void (*st__run_fn)(void* ctx, int64_t local_off, int64_t global_off, int
 static void st__for_runs(const st_sharded* t, int p, st__run_fn fn, void* ctx) {
   const st_tensor_type* g = &t->global;
   const st_tensor_type* l = &t->local;
+  if (st_tensor_type_elements(l) == 0) return; /* empty: and the odometer below would never wrap */
   if (g->rank == 0) {
     fn(ctx, 0, 0, 1);
     return;

@@ -471,6 +471,15 @@ static void test_sharding_layout(void** state) {
   ASSERT_OK(st_sharded_to_host(t, back, sizeof(back)));
   assert_memory_equal(back, v, sizeof(v));
   st_sharded_destroy(t);
+  /* An empty tensor has empty shards and round-trips (it once looped
+   * forever walking its rows). */
+  st_tensor_type empty = {.dtype = ST_DTYPE_F32, .rank = 2, .dims = {0, 3}};
+  st_sharding rows = {.split = {1u << 1}};
+  float none[1] = {0};
+  ASSERT_OK(st_sharded_from_host(g_rt, &m, &empty, &rows, none, &t));
+  assert_int_equal(st_sharded_bytes_per_device(t), 0);
+  ASSERT_OK(st_sharded_to_host(t, none, 0));
+  st_sharded_destroy(t);
   /* An axis used twice is refused. */
   st_sharding twice = {.split = {1u << 1, 1u << 1}};
   ASSERT_ERROR(st_sharding_local_type(&m, &g, &twice, &l), ST_CODE_INTERNAL, "dimension 1 reuses a mesh axis");
