@@ -155,7 +155,9 @@ void st_sharded_destroy(st_sharded* sharded);           /* NULL is a no-op; dest
  * shard p of inputs[i] (all on the program's mesh). Output i is wrapped as
  * a sharded tensor of global type |out_global[i]| and sharding
  * |out_shardings[i]| (the program's manifest entry says which); its shard
- * types must match. |out_done| as for st_program_execute_spmd. */
+ * types must match. The outputs lie on the first input's mesh (with no
+ * inputs, on a one-axis mesh "devices" over the program's devices).
+ * |out_done| as for st_program_execute_spmd. */
 st_status st_program_execute_sharded(st_program* program, st_sharded* const* inputs, int input_count,
                                      const st_tensor_type* out_global, const st_sharding* out_shardings,
                                      st_sharded** outputs /* each owned by caller */, int output_count,
