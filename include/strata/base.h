@@ -23,6 +23,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "strata/status.h"
 
 #ifdef __cplusplus
@@ -58,10 +60,6 @@ typedef struct st_strbuf {
 void st_strbuf_append(st_strbuf* b, const char* s);
 void st_strbuf_append_n(st_strbuf* b, const char* s, size_t n);
 void st_strbuf_printf(st_strbuf* b, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Appends |s| as a JSON string literal, quotes included. */
-void st_strbuf_json_string(st_strbuf* b, const char* s);
-/* Appends a double so that it reads back to the same value ("null" for non-finite). */
-void st_strbuf_json_number(st_strbuf* b, double v);
 const char* st_strbuf_cstr(const st_strbuf* b); /* "" when empty */
 /* Takes the bytes out (owned by the caller, free; never NULL) and leaves |b| empty. */
 char* st_strbuf_take(st_strbuf* b);
@@ -129,6 +127,42 @@ void st_sha256_hex(const void* data, size_t size, char out[65]);
 /* SHA-256 of a file; ST_CODE_IO naming |path| on failure. */
 st_status st_sha256_file_hex(const char* path, char out[65]);
 uint64_t st_hash64(const void* data, size_t size, uint64_t seed); /* XXH64 */
+
+/*===-------------------------------------------------------------------===*/
+/* JSON writing: jansson's json_t, through these helpers                     */
+/*===-------------------------------------------------------------------===*/
+
+/* Every JSON document strata writes is a jansson tree dumped by
+ * st_json_dump (docs/architecture.md, "JSON is jansson"), never printf
+ * fragments, so it is valid JSON for any string a user can give (quotes,
+ * backslashes, control bytes, non-ASCII; bytes that are not UTF-8 become
+ * U+FFFD). The builders never return NULL (out of memory aborts). "Steals"
+ * means the call takes the caller's reference, like jansson's *_new calls:
+ * st_json_put(o, "k", st_json_int(3)) leaks nothing. */
+json_t* st_json_str(const char* s); /* NULL is "" */
+json_t* st_json_strn(const char* s, size_t n);
+json_t* st_json_num(double v);                 /* non-finite (a NaN loss) is null */
+json_t* st_json_fixed(double v, int decimals); /* rounded like %.<decimals>f: times, rates */
+json_t* st_json_int(int64_t v);
+json_t* st_json_bool(bool v);
+json_t* st_json_obj(void);
+json_t* st_json_arr(void);
+void st_json_put(json_t* obj, const char* key, json_t* value); /* steals |value|; the last put of a key wins */
+void st_json_put_str(json_t* obj, const char* key, const char* s);
+void st_json_put_int(json_t* obj, const char* key, int64_t v);
+void st_json_put_num(json_t* obj, const char* key, double v);
+void st_json_put_bool(json_t* obj, const char* key, bool v);
+void st_json_push(json_t* arr, json_t* value); /* steals |value| */
+/* Appends |other|'s members to |obj| in order; steals |other| (NULL is a no-op). */
+void st_json_merge(json_t* obj, json_t* other);
+/* The text of |v|: one line ({"a": 1, "b": [2, 3]}) when |indent| is 0,
+ * else |indent| spaces per level; keys in insertion order; every real
+ * reads back to the same double. New string owned by the caller (free). */
+char* st_json_dump(const json_t* v, int indent);
+/* st_json_dump plus a newline, written with st_fs_write_atomic. */
+st_status st_json_write_file(const char* path, const json_t* v, int indent);
+/* Whether |s| (|n| bytes) is well-formed UTF-8 (no overlong forms or surrogates). */
+bool st_utf8_valid(const char* s, size_t n);
 
 /*===-------------------------------------------------------------------===*/
 /* JSON reader                                                              */

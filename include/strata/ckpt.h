@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "strata/base.h"
 #include "strata/runtime.h"
 #include "strata/status.h"
 
@@ -101,10 +102,10 @@ typedef struct st_ckpt_meta {
   uint64_t seed;          /* the only RNG state: init and sampler are pure functions of it */
   double lr;              /* learning rate of the last completed step */
   int64_t total_steps;    /* train.steps, for the schedule */
-  const char* config_json; /* the resolved config as a JSON object */
+  const json_t* config;   /* the resolved config (an object; NULL writes {}) */
   const char* config_hash;
   const char* bundle_key;
-  const char* model_json;  /* the bundle's "model" object */
+  const json_t* model;    /* the bundle's "model" object (NULL writes {}) */
 } st_ckpt_meta;
 
 /* A host copy of the training state, ready to be written. The writer reads

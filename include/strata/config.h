@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "strata/base.h"
 #include "strata/status.h"
 
 #ifdef __cplusplus
@@ -64,8 +65,11 @@ st_status st_config_print_sources(const st_config* config, FILE* out);
 /* Writes the schema reference as Markdown (`strata config --schema`, docs/config.md). */
 st_status st_config_write_schema_markdown(FILE* out);
 
-/* Writes the resolved config as nested JSON, schema order (`strata config
- * --json`; for tools outside C, e.g. the Python reference trainer). */
+/* The resolved config as nested JSON objects in schema order: a new
+ * reference owned by the caller (json_decref). */
+json_t* st_config_json(const st_config* config);
+/* Writes st_config_json's tree, indented (`strata config --json`; for tools
+ * outside C, e.g. the Python reference trainer). */
 st_status st_config_write_json(const st_config* config, FILE* out);
 /* Writes st_config_write_yaml's output to |path| atomically (temporary file
  * in the same folder, fsync, rename): the run directory's config.yaml. */

@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "strata/base.h"
 #include "strata/runtime.h"
 #include "strata/status.h"
 
@@ -51,11 +52,11 @@ st_status st_runlog_repair_tail(const char* path, long* out_cut);
 st_status st_runlog_open(const char* dir, st_runlog** out_log /* owned by caller */);
 void st_runlog_close(st_runlog* log); /* NULL is a no-op */
 
-/* Appends {"time": <unix s>, "event": <name>, <fields>} where |fields_json|
- * is "" or a comma-separated list of JSON members ("\"step\": 3"). */
-st_status st_runlog_event(st_runlog* log, const char* name, const char* fields_json);
-/* Appends one metrics object; |object_json| is a complete JSON object. */
-st_status st_runlog_metrics(st_runlog* log, const char* object_json);
+/* Appends {"time": <unix s>, "event": <name>, <fields' members>} as one
+ * line. |fields| (an object, or NULL for none) is stolen. */
+st_status st_runlog_event(st_runlog* log, const char* name, json_t* fields);
+/* Appends |object| (stolen) as one line of metrics.jsonl. */
+st_status st_runlog_metrics(st_runlog* log, json_t* object);
 
 /* Progress line on stderr when it is a terminal (or |force|):
  * "step 120/600  loss 1.234  4.1k tok/s  ETA 1m52s". */
@@ -78,11 +79,11 @@ typedef struct st_context_facts {
   const st_runtime* runtime;
 } st_context_facts;
 
-/* Builds the context as one JSON object (new string owned by the caller):
+/* Builds the context as one JSON object (a new reference, owned by the caller):
  * run id, strata version, git commit and dirtiness, jax/jaxlib/plugin
  * versions, PJRT platform, devices, host name, CPU model, cores, memory,
  * behaviour-changing environment variables, config hash and bundle key. */
-char* st_context_json(const st_context_facts* facts);
+json_t* st_context_json(const st_context_facts* facts);
 
 #define STRATA_VERSION "0.1.0"
 
@@ -101,15 +102,15 @@ st_trace* st_trace_new(const char* process_name); /* free with st_trace_free */
 void st_trace_free(st_trace* trace);              /* NULL is a no-op */
 /* Names track |tid| and orders it among the tracks (sort index = tid). */
 void st_trace_track(st_trace* trace, int tid, const char* name);
-/* A slice [ts, ts + dur] on track |tid|. |args_json|: "" or JSON members
- * ("\"op\": 3, \"layer\": 1") put into the event's args object. Slices of
- * one track must nest or be disjoint (the importer drops misnested ones). */
+/* A slice [ts, ts + dur] on track |tid|. |args| (an object, or NULL) is
+ * stolen and becomes the event's args. Slices of one track must nest or be
+ * disjoint (the importer drops misnested ones). */
 void st_trace_slice(st_trace* trace, int tid, const char* name, const char* category, double ts_us, double dur_us,
-                    const char* args_json);
-/* A counter sample: |args_json| holds the series as JSON members ("\"params\": 10"). */
-void st_trace_counter(st_trace* trace, const char* name, double ts_us, const char* args_json);
-/* Adds "key": value to otherData; |value_json| is any JSON value. */
-void st_trace_meta(st_trace* trace, const char* key, const char* value_json);
+                    json_t* args);
+/* A counter sample: |args| (stolen) holds the series ({"params": 10}). */
+void st_trace_counter(st_trace* trace, const char* name, double ts_us, json_t* args);
+/* Sets otherData[key] = |value| (stolen). */
+void st_trace_meta(st_trace* trace, const char* key, json_t* value);
 /* Writes the trace atomically to |path| (its folder must exist). */
 st_status st_trace_write(const st_trace* trace, const char* path);
 

@@ -42,6 +42,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "strata/base.h"
 #include "strata/runtime.h"
 #include "strata/status.h"
 
@@ -138,8 +139,9 @@ int64_t st_plan_host_bytes(const st_plan* plan);
 
 /* Prints the plan, one op a line, with deps and predicted live bytes. */
 void st_plan_print(const st_plan* plan, FILE* out);
-/* Prints the plan as JSON (docs/scheduling.md). */
-void st_plan_print_json(const st_plan* plan, FILE* out);
+/* The plan as a JSON object (docs/scheduling.md); a new reference owned by
+ * the caller (json_decref). */
+json_t* st_plan_json(const st_plan* plan);
 
 /*===-------------------------------------------------------------------===*/
 /* Policies and the passes that apply them                                  */

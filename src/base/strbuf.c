@@ -42,38 +42,6 @@ void st_strbuf_printf(st_strbuf* b, const char* fmt, ...) {
   va_end(ap);
 }
 
-void st_strbuf_json_string(st_strbuf* b, const char* s) {
-  st_strbuf_append_n(b, "\"", 1);
-  for (const unsigned char* p = (const unsigned char*)s; *p; ++p) {
-    switch (*p) {
-      case '"': st_strbuf_append_n(b, "\\\"", 2); break;
-      case '\\': st_strbuf_append_n(b, "\\\\", 2); break;
-      case '\n': st_strbuf_append_n(b, "\\n", 2); break;
-      case '\r': st_strbuf_append_n(b, "\\r", 2); break;
-      case '\t': st_strbuf_append_n(b, "\\t", 2); break;
-      default:
-        if (*p < 0x20) {
-          st_strbuf_printf(b, "\\u%04x", *p);
-        } else {
-          st_strbuf_append_n(b, (const char*)p, 1);
-        }
-    }
-  }
-  st_strbuf_append_n(b, "\"", 1);
-}
-
-void st_strbuf_json_number(st_strbuf* b, double v) {
-  if (!isfinite(v)) {
-    st_strbuf_append(b, "null");
-  } else if (v == (double)(int64_t)v && fabs(v) < 9e15) {
-    st_strbuf_printf(b, "%lld", (long long)v);
-  } else {
-    char text[ST_DOUBLE_CHARS];
-    st_format_double(v, text);
-    st_strbuf_append(b, text);
-  }
-}
-
 const char* st_strbuf_cstr(const st_strbuf* b) { return b->data ? b->data : ""; }
 
 void st_strbuf_reset(st_strbuf* b) {

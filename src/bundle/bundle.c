@@ -2,6 +2,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -285,6 +286,16 @@ static int st__cmp_str(const void* a, const void* b) { return strcmp(*(char* con
  * No program depends on model.n_layers (block_init takes it as an input;
  * tests/py/test_export.py holds that), so one bundle serves every depth.
  * Text that is not a JSON object is hashed as it is. */
+/* Frozen: this text is hashed, so changing it changes every bundle key. */
+static void st__key_number(st_strbuf* s, double v) {
+  if (!isfinite(v))
+    st_strbuf_append(s, "null");
+  else if (v == (double)(int64_t)v && fabs(v) < 9e15)
+    st_strbuf_printf(s, "%lld", (long long)v);
+  else
+    st_strbuf_printf(s, "%.17g", v);
+}
+
 static void st__key_model(const char* model_json, st_strbuf* s) {
   st_json* m = NULL;
   st_status ps = st_json_parse(model_json, strlen(model_json), "model", &m);
@@ -299,11 +310,15 @@ static void st__key_model(const char* model_json, st_strbuf* s) {
     const st_json* v = &m->items[i];
     st_strbuf_printf(s, "%s=", m->keys[i]);
     if (v->kind == ST_JSON_STRING) {
-      st_strbuf_json_string(s, v->string);
+      json_t* str = st_json_str(v->string);
+      char* text = st_json_dump(str, 0);
+      st_strbuf_append(s, text);
+      free(text);
+      json_decref(str);
     } else if (v->kind == ST_JSON_BOOL) {
       st_strbuf_append(s, v->boolean ? "true" : "false");
     } else if (v->kind == ST_JSON_NUMBER) {
-      st_strbuf_json_number(s, v->number);
+      st__key_number(s, v->number);
     } else {
       st_strbuf_append(s, "?");
     }

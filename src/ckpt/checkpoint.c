@@ -56,7 +56,8 @@ struct st_ckpt_snapshot {
   void** data;
   int64_t bytes;
   st_ckpt_meta meta;
-  char* strs[4]; /* owned copies behind meta's strings */
+  char* strs[2];  /* owned copies behind meta's strings */
+  json_t* trees[2]; /* owned copies behind meta's config and model */
 };
 
 st_ckpt_snapshot* st_ckpt_snapshot_create(int count, const char* const* names, const char* const* files,
@@ -92,7 +93,8 @@ void st_ckpt_snapshot_destroy(st_ckpt_snapshot* s) {
   free(s->files);
   free(s->types);
   free(s->data);
-  for (int i = 0; i < 4; ++i) free(s->strs[i]);
+  for (int i = 0; i < 2; ++i) free(s->strs[i]);
+  for (int i = 0; i < 2; ++i) json_decref(s->trees[i]);
   free(s);
 }
 
@@ -102,18 +104,27 @@ int64_t st_ckpt_snapshot_bytes(const st_ckpt_snapshot* s) { return s->bytes; }
 const st_ckpt_meta* st_ckpt_snapshot_meta(const st_ckpt_snapshot* s) { return &s->meta; }
 
 void st_ckpt_snapshot_set_meta(st_ckpt_snapshot* s, const st_ckpt_meta* meta) {
-  const char* src[4] = {meta->config_json, meta->config_hash, meta->bundle_key, meta->model_json};
-  for (int i = 0; i < 4; ++i) {
+  const char* src[2] = {meta->config_hash, meta->bundle_key};
+  for (int i = 0; i < 2; ++i) {
     /* The strings rarely change between saves; keep the copy when equal. */
     if (s->strs[i] && src[i] && !strcmp(s->strs[i], src[i])) continue;
     free(s->strs[i]);
     s->strs[i] = st_xstrdup(src[i] ? src[i] : "");
   }
+  /* Private deep copies: the writer thread dumps them while the caller's
+   * trees may change or go. */
+  const json_t* trees[2] = {meta->config, meta->model};
+  for (int i = 0; i < 2; ++i) {
+    if (s->trees[i] && trees[i] && json_equal(s->trees[i], (json_t*)trees[i])) continue;
+    json_decref(s->trees[i]);
+    s->trees[i] = trees[i] ? json_deep_copy(trees[i]) : st_json_obj();
+    if (!s->trees[i]) st_oom("checkpoint metadata");
+  }
   s->meta = *meta;
-  s->meta.config_json = s->strs[0];
-  s->meta.config_hash = s->strs[1];
-  s->meta.bundle_key = s->strs[2];
-  s->meta.model_json = s->strs[3];
+  s->meta.config_hash = s->strs[0];
+  s->meta.bundle_key = s->strs[1];
+  s->meta.config = s->trees[0];
+  s->meta.model = s->trees[1];
 }
 
 void st_ckpt_save_result_clear(st_ckpt_save_result* r) {
@@ -252,52 +263,71 @@ static char* st__manifest_text(const st_ckpt_snapshot* snap, const st__file_rec*
   const st_ckpt_meta* m = &snap->meta;
   struct timeval tv;
   gettimeofday(&tv, NULL);
-  st_strbuf b = {0};
-  st_strbuf_printf(&b, "{\n  \"format\": \"%s\",\n  \"version\": %d,\n", ST_CKPT_FORMAT, ST_CKPT_VERSION);
-  st_strbuf_printf(&b, "  \"created\": %.3f,\n", (double)tv.tv_sec + 1e-6 * (double)tv.tv_usec);
-  st_strbuf_printf(&b, "  \"step\": %lld,\n  \"optimizer_step\": %lld,\n", (long long)m->step, (long long)m->optimizer_step);
-  st_strbuf_printf(&b, "  \"data\": {\"position\": %lld, \"unit\": \"sequences\", \"batch_size\": %lld},\n",
-                   (long long)m->data_position, (long long)m->batch_size);
-  st_strbuf_printf(&b,
-                   "  \"rng\": {\"seed\": %llu, \"state\": \"stateless: init and the sampler are pure functions of the seed "
-                   "and the position (docs/data.md)\"},\n",
-                   (unsigned long long)m->seed);
-  st_strbuf_printf(&b, "  \"lr_schedule\": {\"step\": %lld, \"total_steps\": %lld, \"lr\": ", (long long)m->step,
-                   (long long)m->total_steps);
-  st_strbuf_json_number(&b, m->lr);
-  st_strbuf_append(&b, "},\n  \"config_hash\": ");
-  st_strbuf_json_string(&b, m->config_hash ? m->config_hash : "");
-  st_strbuf_append(&b, ",\n  \"bundle_key\": ");
-  st_strbuf_json_string(&b, m->bundle_key ? m->bundle_key : "");
-  st_strbuf_printf(&b, ",\n  \"model\": %s,\n", m->model_json && m->model_json[0] ? m->model_json : "{}");
-  st_strbuf_printf(&b, "  \"config\": %s,\n", m->config_json && m->config_json[0] ? m->config_json : "{}");
-  st_strbuf_append(&b, "  \"files\": [");
+  json_t* j = st_json_obj();
+  st_json_put_str(j, "format", ST_CKPT_FORMAT);
+  st_json_put_int(j, "version", ST_CKPT_VERSION);
+  st_json_put(j, "created", st_json_fixed((double)tv.tv_sec + 1e-6 * (double)tv.tv_usec, 3));
+  st_json_put_int(j, "step", m->step);
+  st_json_put_int(j, "optimizer_step", m->optimizer_step);
+  json_t* data = st_json_obj();
+  st_json_put_int(data, "position", m->data_position);
+  st_json_put_str(data, "unit", "sequences");
+  st_json_put_int(data, "batch_size", m->batch_size);
+  st_json_put(j, "data", data);
+  json_t* rng = st_json_obj();
+  st_json_put_int(rng, "seed", (int64_t)m->seed);
+  st_json_put_str(rng, "state",
+                  "stateless: init and the sampler are pure functions of the seed and the position (docs/data.md)");
+  st_json_put(j, "rng", rng);
+  json_t* lr = st_json_obj();
+  st_json_put_int(lr, "step", m->step);
+  st_json_put_int(lr, "total_steps", m->total_steps);
+  st_json_put_num(lr, "lr", m->lr);
+  st_json_put(j, "lr_schedule", lr);
+  st_json_put_str(j, "config_hash", m->config_hash);
+  st_json_put_str(j, "bundle_key", m->bundle_key);
+  st_json_put(j, "model", m->model ? json_incref((json_t*)m->model) : st_json_obj());
+  st_json_put(j, "config", m->config ? json_incref((json_t*)m->config) : st_json_obj());
   char hex[17];
+  json_t* fa = st_json_arr();
   for (int i = 0; i < file_count; ++i) {
     st__hex64(files[i].xxh64, hex);
-    st_strbuf_append(&b, i ? ",\n    " : "\n    ");
-    st_strbuf_append(&b, "{\"file\": ");
-    st_strbuf_json_string(&b, files[i].file);
-    st_strbuf_printf(&b, ", \"bytes\": %zu, \"xxh64\": \"%s\"}", files[i].bytes, hex);
+    json_t* f = st_json_obj();
+    st_json_put_str(f, "file", files[i].file);
+    st_json_put_int(f, "bytes", (int64_t)files[i].bytes);
+    st_json_put_str(f, "xxh64", hex);
+    st_json_push(fa, f);
   }
-  st_strbuf_append(&b, "\n  ],\n  \"tensors\": [");
+  st_json_put(j, "files", fa);
+  json_t* ta = st_json_arr();
   for (int i = 0; i < snap->count; ++i) {
     st__hex64(trec[i].xxh64, hex);
-    st_strbuf_append(&b, i ? ",\n    " : "\n    ");
-    st_strbuf_append(&b, "{\"name\": ");
-    st_strbuf_json_string(&b, snap->names[i]);
-    st_strbuf_append(&b, ", \"file\": ");
-    st_strbuf_json_string(&b, snap->files[i]);
-    st_strbuf_printf(&b, ", \"dtype\": \"%s\", \"shape\": [", st_safetensors_dtype_name(snap->types[i].dtype));
-    for (int d = 0; d < snap->types[i].rank; ++d) st_strbuf_printf(&b, "%s%lld", d ? ", " : "", (long long)snap->types[i].dims[d]);
-    st_strbuf_printf(&b, "], \"offset\": %zu, \"bytes\": %zu, \"xxh64\": \"%s\"}", trec[i].offset,
-                     st_tensor_type_bytes(&snap->types[i]), hex);
+    json_t* t = st_json_obj();
+    st_json_put_str(t, "name", snap->names[i]);
+    st_json_put_str(t, "file", snap->files[i]);
+    st_json_put_str(t, "dtype", st_safetensors_dtype_name(snap->types[i].dtype));
+    json_t* shape = st_json_arr();
+    for (int d = 0; d < snap->types[i].rank; ++d) st_json_push(shape, st_json_int(snap->types[i].dims[d]));
+    st_json_put(t, "shape", shape);
+    st_json_put_int(t, "offset", (int64_t)trec[i].offset);
+    st_json_put_int(t, "bytes", (int64_t)st_tensor_type_bytes(&snap->types[i]));
+    st_json_put_str(t, "xxh64", hex);
+    st_json_push(ta, t);
   }
-  st_strbuf_append(&b, "\n  ],\n");
-  /* The manifest checks itself: xxh64 of every byte before this line. */
+  st_json_put(j, "tensors", ta);
+  /* The manifest checks itself: its last member is the xxh64 of every byte
+   * before that member's line. jansson's indented text of a non-empty
+   * object ends in "\n}"; the checksum member replaces that end. */
+  char* text = st_json_dump(j, 2);
+  json_decref(j);
+  size_t n = strlen(text);
+  st_strbuf b = {0};
+  st_strbuf_append_n(&b, text, n - 2); /* drop "\n}" */
+  free(text);
+  st_strbuf_append(&b, ",\n");
   st__hex64(st_hash64(b.data, b.len, 0), hex);
   st_strbuf_printf(&b, "  " ST__MANIFEST_MARK ": \"%s\"\n}\n", hex);
-  return b.data;
+  return st_strbuf_take(&b);
 }
 
 static st_status st__write_small(const char* path, const char* text) {

@@ -41,25 +41,43 @@ st_dtype st_safetensors_dtype_parse(const char* name) {
 st_status st_safetensors_header(const st_named_tensor* tensors, int count, const char* origin, char** out_header,
                                 size_t* out_header_size, size_t* out_data_size) {
   *out_header = NULL;
-  st_strbuf h = {0};
-  st_strbuf_append(&h, "{\"__metadata__\": {\"format\": \"pt\", \"writer\": \"strata\"}");
+  json_t* j = st_json_obj();
+  json_t* meta = st_json_obj();
+  st_json_put_str(meta, "format", "pt");
+  st_json_put_str(meta, "writer", "strata");
+  st_json_put(j, "__metadata__", meta);
   size_t offset = 0;
   for (int i = 0; i < count; ++i) {
     const char* dt = st_safetensors_dtype_name(tensors[i].type.dtype);
-    if (!dt) {
-      st_strbuf_free(&h);
-      return st_status_make(ST_CODE_CKPT, "%s: tensor '%s' has dtype %s, which safetensors cannot hold", origin, tensors[i].name,
-                            st_dtype_name(tensors[i].type.dtype));
+    st_status s = ST_OK;
+    if (!dt)
+      s = st_status_make(ST_CODE_CKPT, "%s: tensor '%s' has dtype %s, which safetensors cannot hold", origin, tensors[i].name,
+                         st_dtype_name(tensors[i].type.dtype));
+    else if (!tensors[i].name || !strcmp(tensors[i].name, "__metadata__") || json_object_get(j, tensors[i].name))
+      s = st_status_make(ST_CODE_CKPT, "%s: tensor name '%s' is reserved or given twice", origin,
+                         tensors[i].name ? tensors[i].name : "(null)");
+    if (s) {
+      json_decref(j);
+      return s;
     }
     size_t n = st_tensor_type_bytes(&tensors[i].type);
-    st_strbuf_append(&h, ", ");
-    st_strbuf_json_string(&h, tensors[i].name);
-    st_strbuf_printf(&h, ": {\"dtype\": \"%s\", \"shape\": [", dt);
-    for (int d = 0; d < tensors[i].type.rank; ++d) st_strbuf_printf(&h, "%s%lld", d ? ", " : "", (long long)tensors[i].type.dims[d]);
-    st_strbuf_printf(&h, "], \"data_offsets\": [%zu, %zu]}", offset, offset + n);
+    json_t* t = st_json_obj();
+    st_json_put_str(t, "dtype", dt);
+    json_t* shape = st_json_arr();
+    for (int d = 0; d < tensors[i].type.rank; ++d) st_json_push(shape, st_json_int(tensors[i].type.dims[d]));
+    st_json_put(t, "shape", shape);
+    json_t* offsets = st_json_arr();
+    st_json_push(offsets, st_json_int((int64_t)offset));
+    st_json_push(offsets, st_json_int((int64_t)(offset + n)));
+    st_json_put(t, "data_offsets", offsets);
+    st_json_put(j, tensors[i].name, t);
     offset += n;
   }
-  st_strbuf_append(&h, "}");
+  char* text = st_json_dump(j, 0);
+  json_decref(j);
+  st_strbuf h = {0};
+  st_strbuf_append(&h, text);
+  free(text);
   /* Data starts 8-byte aligned, so a reader may map it as f64/i64. */
   while ((8 + h.len) % 8) st_strbuf_append(&h, " ");
   char* out = st_xmalloc(8 + h.len);

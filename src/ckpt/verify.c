@@ -49,28 +49,36 @@ const void* st_ckpt_tensor_data(const st_ckpt* c, const char* name, const st_ckp
   return NULL;
 }
 
+static json_t* st__to_tree(const st_json* j) {
+  switch (j->kind) {
+    case ST_JSON_NULL: return json_null();
+    case ST_JSON_BOOL: return st_json_bool(j->boolean);
+    case ST_JSON_NUMBER:
+      return j->number == floor(j->number) && fabs(j->number) < 9e15 ? st_json_int((int64_t)j->number) : st_json_num(j->number);
+    case ST_JSON_STRING: return st_json_str(j->string);
+    case ST_JSON_ARRAY:
+    case ST_JSON_OBJECT: {
+      json_t* v = j->kind == ST_JSON_ARRAY ? st_json_arr() : st_json_obj();
+      for (size_t i = 0; i < j->count; ++i) {
+        if (j->kind == ST_JSON_OBJECT)
+          st_json_put(v, j->keys[i], st__to_tree(&j->items[i]));
+        else
+          st_json_push(v, st__to_tree(&j->items[i]));
+      }
+      return v;
+    }
+  }
+  return json_null();
+}
+
 /* Serializes a parsed JSON value back to text (for the manifest's model and
  * config objects, which st_ckpt exposes as strings). */
 static void st__json_write(st_strbuf* b, const st_json* j) {
-  switch (j->kind) {
-    case ST_JSON_NULL: st_strbuf_append(b, "null"); return;
-    case ST_JSON_BOOL: st_strbuf_append(b, j->boolean ? "true" : "false"); return;
-    case ST_JSON_NUMBER: st_strbuf_json_number(b, j->number); return;
-    case ST_JSON_STRING: st_strbuf_json_string(b, j->string); return;
-    case ST_JSON_ARRAY:
-    case ST_JSON_OBJECT:
-      st_strbuf_append(b, j->kind == ST_JSON_ARRAY ? "[" : "{");
-      for (size_t i = 0; i < j->count; ++i) {
-        if (i) st_strbuf_append(b, ", ");
-        if (j->kind == ST_JSON_OBJECT) {
-          st_strbuf_json_string(b, j->keys[i]);
-          st_strbuf_append(b, ": ");
-        }
-        st__json_write(b, &j->items[i]);
-      }
-      st_strbuf_append(b, j->kind == ST_JSON_ARRAY ? "]" : "}");
-      return;
-  }
+  json_t* tree = st__to_tree(j);
+  char* text = st_json_dump(tree, 0);
+  json_decref(tree);
+  st_strbuf_append(b, text);
+  free(text);
 }
 
 static bool st__json_equal(const st_json* a, const st_json* b) {

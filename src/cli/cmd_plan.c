@@ -1,11 +1,13 @@
 /* cmd_plan.c — `strata plan [--json] CONFIG [k=v ...]`: the ops of one
  * training step (and of one evaluation), with predicted live bytes. Exports
  * the bundle if needed; compiles nothing. */
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "strata/base.h"
 #include "strata/train.h"
 
 int st_cli_plan(int argc, char** argv) {
@@ -29,12 +31,14 @@ int st_cli_plan(int argc, char** argv) {
     s = st_bundle_ensure(&req, &bundle, &exported);
     if (!s) s = st_train_build_plans(bundle, &o, &step, &eval);
     if (!s && json) {
-      printf("{\"bundle\": \"%s\", \"step\": ", bundle->dir);
-      fflush(stdout);
-      st_plan_print_json(&step, stdout);
-      printf(", \"eval\": ");
-      st_plan_print_json(&eval, stdout);
-      printf("}\n");
+      json_t* j = st_json_obj();
+      st_json_put_str(j, "bundle", bundle->dir);
+      st_json_put(j, "step", st_plan_json(&step));
+      st_json_put(j, "eval", st_plan_json(&eval));
+      char* text = st_json_dump(j, 0);
+      printf("%s\n", text);
+      free(text);
+      json_decref(j);
     } else if (!s) {
       printf("# bundle %s\n# training step\n", bundle->dir);
       st_plan_print(&step, stdout);

@@ -151,7 +151,7 @@ static st_status st__check_text(const st__cfg_key* k, const char* s, size_t n, c
                           ST_CONFIG_MAX_STRING, shown, src);
   }
   if (memchr(s, '\0', n)) return st_status_make(ST_CODE_CONFIG, "%s: value contains a NUL character (%s)", k->key, src);
-  if (!st__cfg_utf8_valid(s, n))
+  if (!st_utf8_valid(s, n))
     return st_status_make(ST_CODE_CONFIG, "%s: value is not valid UTF-8 (%s)", k->key, src);
   return ST_OK;
 }
@@ -783,12 +783,12 @@ void st__cfg_value_text(const st_config* c, int index, st_strbuf* out) {
       return;
     case ST__CFG_BOOL: st_strbuf_append(out, v->b ? "true" : "false"); return;
     case ST__CFG_ENUM: st_strbuf_append(out, v->s); return;
-    case ST__CFG_STRING: st_strbuf_json_string(out, v->s); return;
+    case ST__CFG_STRING: st__cfg_quote_json(out, v->s); return;
     case ST__CFG_LIST:
       st_strbuf_append(out, "[");
       for (int j = 0; j < v->n; ++j) {
         if (j) st_strbuf_append(out, ", ");
-        st_strbuf_json_string(out, v->items[j]);
+        st__cfg_quote_json(out, v->items[j]);
       }
       st_strbuf_append(out, "]");
       return;

@@ -209,57 +209,61 @@ st_status st_config_save(const st_config* config, const char* path) {
 
 typedef struct {
   const st_config* config;
-  st_strbuf out;
-  bool first[kMaxNesting + 2];
+  json_t* at[kMaxNesting + 2]; /* the open object at each depth */
 } st__json_ctx;
-
-static void st__json_indent(st__json_ctx* j, int depth) {
-  st_strbuf_append(&j->out, j->first[depth] ? "\n" : ",\n");
-  j->first[depth] = false;
-  for (int i = 0; i <= depth; ++i) st_strbuf_append(&j->out, "  ");
-}
 
 static void st__json_open(void* ctx, const char* name, size_t len, int depth) {
   st__json_ctx* j = ctx;
-  st__json_indent(j, depth);
-  st_strbuf_printf(&j->out, "\"%.*s\": {", (int)len, name);
-  j->first[depth + 1] = true;
+  char* key = st_xstrndup(name, len);
+  j->at[depth + 1] = st_json_obj();
+  st_json_put(j->at[depth], key, j->at[depth + 1]); /* the parent holds the reference */
+  free(key);
 }
 
 static void st__json_close(void* ctx, int depth) {
-  st__json_ctx* j = ctx;
-  st_strbuf_append(&j->out, "\n");
-  for (int i = 0; i <= depth; ++i) st_strbuf_append(&j->out, "  ");
-  st_strbuf_append(&j->out, "}");
+  (void)ctx;
+  (void)depth;
 }
 
 static void st__json_leaf(void* ctx, int index, const char* name, int depth) {
   st__json_ctx* j = ctx;
-  st__json_indent(j, depth);
-  st_strbuf_printf(&j->out, "\"%s\": ", name);
-  /* The canonical text is already valid JSON: numbers, true/false, quoted
-   * strings, arrays of quoted strings; enums alone need quotes. */
   int count;
-  if (st__cfg_schema(&count)[index].type == ST__CFG_ENUM) {
-    st_strbuf_json_string(&j->out, st_config_string(j->config, st__cfg_schema(&count)[index].key));
-  } else {
-    st__cfg_value_text(j->config, index, &j->out);
+  const st__cfg_key* k = &st__cfg_schema(&count)[index];
+  json_t* v = NULL;
+  switch (k->type) {
+    case ST__CFG_INT: v = st_json_int(st_config_int(j->config, k->key)); break;
+    case ST__CFG_FLOAT: v = st_json_num(st_config_float(j->config, k->key)); break;
+    case ST__CFG_BOOL: v = st_json_bool(st_config_bool(j->config, k->key)); break;
+    case ST__CFG_STRING:
+    case ST__CFG_ENUM: v = st_json_str(st_config_string(j->config, k->key)); break;
+    case ST__CFG_LIST: {
+      v = st_json_arr();
+      int n = st_config_list_count(j->config, k->key);
+      for (int i = 0; i < n; ++i) st_json_push(v, st_json_str(st_config_list_item(j->config, k->key, i)));
+      break;
+    }
   }
+  st_json_put(j->at[depth], name, v);
 }
 
-st_status st_config_write_json(const st_config* config, FILE* out) {
+json_t* st_config_json(const st_config* config) {
   st__json_ctx j;
   memset(&j, 0, sizeof(j));
   j.config = config;
-  j.first[0] = true;
-  st_strbuf_append(&j.out, "{");
+  j.at[0] = st_json_obj();
   static const st__walker walker = {st__json_open, st__json_close, st__json_leaf};
   st__walk(&walker, &j);
-  st_strbuf_append(&j.out, "\n}\n");
+  return j.at[0];
+}
+
+st_status st_config_write_json(const st_config* config, FILE* out) {
+  json_t* tree = st_config_json(config);
+  char* text = st_json_dump(tree, 2);
+  json_decref(tree);
   st_status s = ST_OK;
-  if (fwrite(j.out.data, 1, j.out.len, out) != j.out.len || fflush(out) != 0)
+  if (fprintf(out, "%s\n", text) < 0 || fflush(out) != 0)
     s = st_status_make(ST_CODE_IO, "cannot write the config as JSON: %s", strerror(errno));
-  st_strbuf_free(&j.out);
+  free(text);
   return s;
 }
 

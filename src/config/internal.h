@@ -78,9 +78,11 @@ void st__cfg_fmt_float(double x, char out[40]);
 /* Shortest text for a range bound: "0", "1e9", "0.5". */
 void st__cfg_fmt_bound(double x, char out[40]);
 
+/* |s| quoted as in the canonical value text that st_config_hash hashes and
+ * `config --sources` shows. Frozen: changing it changes every config hash. */
+void st__cfg_quote_json(st_strbuf* b, const char* s);
 /* |s| (|n| bytes) quoted for a message: control bytes escaped, long values cut. */
 void st__cfg_quote(const char* s, size_t n, char* out, size_t cap);
-bool st__cfg_utf8_valid(const char* s, size_t n);
 
 /* Edit distance (optimal string alignment: a transposition costs 1). */
 int st__cfg_edit_distance(const char* a, size_t an, const char* b, size_t bn);

@@ -67,37 +67,6 @@ void st__cfg_quote(const char* s, size_t n, char* out, size_t cap) {
   out[o] = '\0';
 }
 
-bool st__cfg_utf8_valid(const char* s, size_t n) {
-  const unsigned char* p = (const unsigned char*)s;
-  size_t i = 0;
-  while (i < n) {
-    unsigned c = p[i];
-    size_t extra;
-    unsigned min;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xe0) == 0xc0) {
-      extra = 1, min = 0x80, c &= 0x1f;
-    } else if ((c & 0xf0) == 0xe0) {
-      extra = 2, min = 0x800, c &= 0x0f;
-    } else if ((c & 0xf8) == 0xf0) {
-      extra = 3, min = 0x10000, c &= 0x07;
-    } else {
-      return false;
-    }
-    if (i + extra >= n) return false; /* truncated sequence */
-    for (size_t k = 1; k <= extra; ++k) {
-      if ((p[i + k] & 0xc0) != 0x80) return false;
-      c = (c << 6) | (p[i + k] & 0x3f);
-    }
-    /* Overlong forms, surrogates and values past U+10FFFF are not UTF-8. */
-    if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff)) return false;
-    i += extra + 1;
-  }
-  return true;
-}
-
 int st__cfg_edit_distance(const char* a, size_t an, const char* b, size_t bn) {
   /* Keys are short; anything long is not worth a suggestion. */
   enum { kMax = 128 };
@@ -128,4 +97,23 @@ void st__cfg_die(const char* fmt, ...) {
   fprintf(stderr, "\n");
   va_end(ap);
   abort();
+}
+
+void st__cfg_quote_json(st_strbuf* b, const char* s) {
+  st_strbuf_append_n(b, "\"", 1);
+  for (const unsigned char* p = (const unsigned char*)s; *p; ++p) {
+    switch (*p) {
+      case '"': st_strbuf_append_n(b, "\\\"", 2); break;
+      case '\\': st_strbuf_append_n(b, "\\\\", 2); break;
+      case '\n': st_strbuf_append_n(b, "\\n", 2); break;
+      case '\r': st_strbuf_append_n(b, "\\r", 2); break;
+      case '\t': st_strbuf_append_n(b, "\\t", 2); break;
+      default:
+        if (*p < 0x20 || *p == 0x7f)
+          st_strbuf_printf(b, "\\u%04x", *p);
+        else
+          st_strbuf_append_n(b, (const char*)p, 1);
+    }
+  }
+  st_strbuf_append_n(b, "\"", 1);
 }

@@ -121,11 +121,11 @@ static void st__fire(st_faults* f, int kind, int64_t n, const char* detail) {
   fprintf(stderr, "strata: FAULT INJECTED: %s=%lld: %s\n", kNames[kind], (long long)n, detail);
   fflush(stderr);
   if (f->log) {
-    st_strbuf e = {0};
-    st_strbuf_printf(&e, "\"fault\": \"%s\", \"n\": %lld, \"detail\": ", kNames[kind], (long long)n);
-    st_strbuf_json_string(&e, detail);
-    st_status_free(st_runlog_event(f->log, "fault_injected", e.data));
-    st_strbuf_free(&e);
+    json_t* e = st_json_obj();
+    st_json_put_str(e, "fault", kNames[kind]);
+    st_json_put_int(e, "n", n);
+    st_json_put_str(e, "detail", detail);
+    st_status_free(st_runlog_event(f->log, "fault_injected", e));
   }
 }
 

@@ -131,12 +131,17 @@ static void st__write_summary(st__sup* S);
  * creates metrics.jsonl, and a run directory with metrics.jsonl is one the
  * first child would refuse. One write(2) per line, O_APPEND: whole lines
  * even while a child appends too. */
-static void st__event(st__sup* S, const char* name, const char* fields) {
+static void st__event(st__sup* S, const char* name, json_t* fields /* stolen; may be NULL */) {
+  json_t* e = st_json_obj();
+  st_json_put(e, "time", st_json_fixed(st__wall(), 3));
+  st_json_put_str(e, "event", name);
+  st_json_merge(e, fields);
+  char* text = st_json_dump(e, 0);
+  json_decref(e);
   st_strbuf b = {0};
-  st_strbuf_printf(&b, "{\"time\": %.3f, \"event\": ", st__wall());
-  st_strbuf_json_string(&b, name);
-  if (fields && fields[0]) st_strbuf_printf(&b, ", %s", fields);
-  st_strbuf_append(&b, "}\n");
+  st_strbuf_append(&b, text);
+  st_strbuf_append(&b, "\n");
+  free(text);
   int fd = open(S->events_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0 || write(fd, b.data, b.len) != (ssize_t)b.len)
     fprintf(stderr, "strata run: cannot append to %s: %s\n", S->events_path, strerror(errno));
@@ -144,22 +149,36 @@ static void st__event(st__sup* S, const char* name, const char* fields) {
   st_strbuf_free(&b);
 }
 
-static void st__incident_json(const st__incident* I, st_strbuf* b) {
-  st_strbuf_printf(b, "\"incident\": %d, \"attempt\": %d, \"cause\": ", I->n, I->attempt);
-  st_strbuf_json_string(b, I->cause);
-  st_strbuf_printf(b, ", \"exit_code\": %d, \"signal\": %d, \"last_step\": %lld, \"last_alive\": %.3f, \"detected_at\": %.3f, \"detection_s\": %.3f",
-                   I->exit_code, I->signal, (long long)I->last_step, I->last_alive, I->detected_at, I->detected_at - I->last_alive);
-  if (I->restarted)
-    st_strbuf_printf(b, ", \"backoff_s\": %.3f, \"restarted_at\": %.3f, \"restart_s\": %.3f", I->backoff_s, I->restarted_at,
-                     I->restarted_at - I->detected_at);
-  if (I->resumed)
-    st_strbuf_printf(b, ", \"from_step\": %lld, \"steps_lost\": %lld, \"startup_s\": %.3f, \"restore_s\": %.6f, \"resumed_at\": %.3f",
-                     (long long)I->from_step, (long long)(I->last_step > I->from_step ? I->last_step - I->from_step : 0),
-                     I->resumed_at - I->restarted_at, I->restore_s, I->resumed_at);
-  if (I->recovered)
-    st_strbuf_printf(b, ", \"recovered_at\": %.3f, \"rto_s\": %.3f, \"ttr_s\": %.3f", I->recovered_at, I->recovered_at - I->detected_at,
-                     I->recovered_at - I->last_alive);
-  st_strbuf_printf(b, ", \"recovered\": %s", I->recovered ? "true" : "false");
+static json_t* st__incident_json(const st__incident* I) {
+  json_t* j = st_json_obj();
+  st_json_put_int(j, "incident", I->n);
+  st_json_put_int(j, "attempt", I->attempt);
+  st_json_put_str(j, "cause", I->cause);
+  st_json_put_int(j, "exit_code", I->exit_code);
+  st_json_put_int(j, "signal", I->signal);
+  st_json_put_int(j, "last_step", I->last_step);
+  st_json_put(j, "last_alive", st_json_fixed(I->last_alive, 3));
+  st_json_put(j, "detected_at", st_json_fixed(I->detected_at, 3));
+  st_json_put(j, "detection_s", st_json_fixed(I->detected_at - I->last_alive, 3));
+  if (I->restarted) {
+    st_json_put(j, "backoff_s", st_json_fixed(I->backoff_s, 3));
+    st_json_put(j, "restarted_at", st_json_fixed(I->restarted_at, 3));
+    st_json_put(j, "restart_s", st_json_fixed(I->restarted_at - I->detected_at, 3));
+  }
+  if (I->resumed) {
+    st_json_put_int(j, "from_step", I->from_step);
+    st_json_put_int(j, "steps_lost", I->last_step > I->from_step ? I->last_step - I->from_step : 0);
+    st_json_put(j, "startup_s", st_json_fixed(I->resumed_at - I->restarted_at, 3));
+    st_json_put(j, "restore_s", st_json_fixed(I->restore_s, 6));
+    st_json_put(j, "resumed_at", st_json_fixed(I->resumed_at, 3));
+  }
+  if (I->recovered) {
+    st_json_put(j, "recovered_at", st_json_fixed(I->recovered_at, 3));
+    st_json_put(j, "rto_s", st_json_fixed(I->recovered_at - I->detected_at, 3));
+    st_json_put(j, "ttr_s", st_json_fixed(I->recovered_at - I->last_alive, 3));
+  }
+  st_json_put_bool(j, "recovered", I->recovered);
+  return j;
 }
 
 /* New complete lines of events.jsonl since the last call: completes the
@@ -202,10 +221,7 @@ static void st__tail_events(st__sup* S) {
       } else if (ev && ev->kind == ST_JSON_STRING && !strcmp(ev->string, "first_step")) {
         I->recovered_at = when;
         I->recovered = true;
-        st_strbuf e = {0};
-        st__incident_json(I, &e);
-        st__event(S, "recovered", e.data);
-        st_strbuf_free(&e);
+        st__event(S, "recovered", st__incident_json(I));
         fprintf(stderr, "strata run: recovered from incident %d: resumed at step %lld, %lld steps lost, first good step %.2f s after detection\n",
                 I->n, (long long)I->from_step, (long long)(I->last_step > I->from_step ? I->last_step - I->from_step : 0),
                 I->recovered_at - I->detected_at);
@@ -243,36 +259,31 @@ static void st__write_summary(st__sup* S) {
       ++n_rec;
     }
   }
-  st_strbuf b = {0};
-  st_strbuf_append(&b, "{\n  \"run_dir\": ");
-  st_strbuf_json_string(&b, S->dir);
-  st_strbuf_append(&b, ",\n  \"outcome\": ");
-  st_strbuf_json_string(&b, S->outcome);
-  st_strbuf_printf(&b, ",\n  \"exit_code\": %d,\n  \"attempts\": %d,\n  \"restarts\": %d,\n  \"max_restarts\": %lld,\n", S->exit_code, S->attempts,
-                   S->restarts, (long long)S->max_restarts);
-  st_strbuf_printf(&b, "  \"incidents_total\": %d,\n  \"recovered\": %d,\n", S->inc_count, n_rec);
-  st_strbuf_append(&b, "  \"mttr_s\": ");
-  st_strbuf_json_number(&b, n_rec ? sum_ttr / n_rec : NAN);
-  st_strbuf_append(&b, ",\n  \"mean_detection_s\": ");
-  st_strbuf_json_number(&b, S->inc_count ? sum_det / S->inc_count : NAN);
-  st_strbuf_append(&b, ",\n  \"mean_restore_s\": ");
-  st_strbuf_json_number(&b, n_res ? sum_restore / n_res : NAN);
-  st_strbuf_append(&b, ",\n  \"mean_rto_s\": ");
-  st_strbuf_json_number(&b, n_rec ? sum_rto / n_rec : NAN);
-  st_strbuf_printf(&b, ",\n  \"max_steps_lost\": %lld,\n  \"total_steps_lost\": %lld,\n  \"wall_s\": %.3f,\n  \"incidents\": [",
-                   (long long)max_lost, (long long)total_lost, st__wall() - S->t_start);
-  for (int i = 0; i < S->inc_count; ++i) {
-    st_strbuf_append(&b, i ? ",\n    {" : "\n    {");
-    st__incident_json(&S->inc[i], &b);
-    st_strbuf_append(&b, "}");
-  }
-  st_strbuf_append(&b, S->inc_count ? "\n  ]\n}\n" : "]\n}\n");
+  json_t* j = st_json_obj();
+  st_json_put_str(j, "run_dir", S->dir);
+  st_json_put_str(j, "outcome", S->outcome);
+  st_json_put_int(j, "exit_code", S->exit_code);
+  st_json_put_int(j, "attempts", S->attempts);
+  st_json_put_int(j, "restarts", S->restarts);
+  st_json_put_int(j, "max_restarts", S->max_restarts);
+  st_json_put_int(j, "incidents_total", S->inc_count);
+  st_json_put_int(j, "recovered", n_rec);
+  st_json_put_num(j, "mttr_s", n_rec ? sum_ttr / n_rec : NAN);
+  st_json_put_num(j, "mean_detection_s", S->inc_count ? sum_det / S->inc_count : NAN);
+  st_json_put_num(j, "mean_restore_s", n_res ? sum_restore / n_res : NAN);
+  st_json_put_num(j, "mean_rto_s", n_rec ? sum_rto / n_rec : NAN);
+  st_json_put_int(j, "max_steps_lost", max_lost);
+  st_json_put_int(j, "total_steps_lost", total_lost);
+  st_json_put(j, "wall_s", st_json_fixed(st__wall() - S->t_start, 3));
+  json_t* incidents = st_json_arr();
+  for (int i = 0; i < S->inc_count; ++i) st_json_push(incidents, st__incident_json(&S->inc[i]));
+  st_json_put(j, "incidents", incidents);
   char* path = st_path_join(S->dir, "recovery.json");
-  st_status s = st_fs_write_atomic(path, b.data, b.len);
+  st_status s = st_json_write_file(path, j, 2);
   if (s) fprintf(stderr, "strata run: cannot write %s: %s\n", path, st_status_message(s));
   st_status_free(s);
   free(path);
-  st_strbuf_free(&b);
+  json_decref(j);
 }
 
 /*===-------------------------------------------------------------------===*/
@@ -411,9 +422,12 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
   sigaction(SIGHUP, &sa, &old_hup);
 
   {
-    char f[1024];
-    snprintf(f, sizeof(f), "\"pid\": %ld, \"max_restarts\": %lld, \"backoff_s\": %.3f, \"backoff_max_s\": %.3f, \"hang_timeout_s\": %.3f",
-             (long)getpid(), (long long)S.max_restarts, S.backoff_s, S.backoff_max_s, S.hang_timeout_s);
+    json_t* f = st_json_obj();
+    st_json_put_int(f, "pid", (int64_t)getpid());
+    st_json_put_int(f, "max_restarts", S.max_restarts);
+    st_json_put(f, "backoff_s", st_json_fixed(S.backoff_s, 3));
+    st_json_put(f, "backoff_max_s", st_json_fixed(S.backoff_max_s, 3));
+    st_json_put(f, "hang_timeout_s", st_json_fixed(S.hang_timeout_s, 3));
     st__event(&S, "supervisor_start", f);
   }
   char dir_arg[4200];
@@ -459,11 +473,11 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
       I->restarted_at = spawned_at;
     }
     {
-      st_strbuf e = {0};
-      st_strbuf_printf(&e, "\"attempt\": %d, \"pid\": %ld, \"command\": ", S.attempts, (long)pid);
-      st_strbuf_json_string(&e, cmd.data);
-      st__event(&S, S.attempts == 1 ? "child_start" : "restart", e.data);
-      st_strbuf_free(&e);
+      json_t* e = st_json_obj();
+      st_json_put_int(e, "attempt", S.attempts);
+      st_json_put_int(e, "pid", (int64_t)pid);
+      st_json_put_str(e, "command", cmd.data);
+      st__event(&S, S.attempts == 1 ? "child_start" : "restart", e);
     }
     fprintf(stderr, "strata run: attempt %d: strata %s (pid %ld)\n", S.attempts, cmd.data, (long)pid);
     st_strbuf_free(&cmd);
@@ -488,8 +502,9 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
     S.exit_code = code >= 0 ? code : 1;
     if (g_stop_signal) {
       S.outcome = "interrupted";
-      char f[96];
-      snprintf(f, sizeof(f), "\"signal\": %d, \"child_exit_code\": %d", (int)g_stop_signal, code);
+      json_t* f = st_json_obj();
+      st_json_put_int(f, "signal", (int)g_stop_signal);
+      st_json_put_int(f, "child_exit_code", code);
       st__event(&S, "supervisor_interrupted", f);
       fprintf(stderr, "strata run: stopped by signal %d; not restarting\n", (int)g_stop_signal);
       break;
@@ -499,17 +514,20 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
        * scheduler, a user): it saved a checkpoint and exited 8. A planned
        * stop, not a crash: no incident, no restart. */
       S.outcome = "interrupted";
-      st__event(&S, "child_interrupted",
-                "\"exit_code\": 8, \"reason\": \"the trainer was stopped by a signal after writing a checkpoint\"");
+      json_t* f = st_json_obj();
+      st_json_put_int(f, "exit_code", 8);
+      st_json_put_str(f, "reason", "the trainer was stopped by a signal after writing a checkpoint");
+      st__event(&S, "child_interrupted", f);
       fprintf(stderr, "strata run: the trainer was stopped by a signal (exit 8) after writing a checkpoint; not restarting "
                       "(continue with strata resume %s)\n", S.dir);
       break;
     }
     if (code == 2 || code == 3) {
       S.outcome = "not_restartable";
-      char f[160];
-      snprintf(f, sizeof(f), "\"exit_code\": %d, \"reason\": \"%s error: a restart would fail the same way\"", code,
-               code == 2 ? "config" : "data");
+      json_t* f = st_json_obj();
+      st_json_put_int(f, "exit_code", code);
+      st_json_put_str(f, "reason", code == 2 ? "config error: a restart would fail the same way"
+                                             : "data error: a restart would fail the same way");
       st__event(&S, "giving_up", f);
       fprintf(stderr, "strata run: the trainer exited %d (%s error); not restarting\n", code, code == 2 ? "config" : "data");
       break;
@@ -539,18 +557,18 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
     bool give_up = S.restarts >= S.max_restarts;
     I->backoff_s = give_up ? 0 : fmin(S.backoff_s * pow(2.0, S.restarts), S.backoff_max_s);
     {
-      st_strbuf e = {0};
-      st__incident_json(I, &e);
-      st_strbuf_printf(&e, ", \"backoff_s\": %.3f, \"will_restart\": %s", I->backoff_s, give_up ? "false" : "true");
-      st__event(&S, "incident", e.data);
-      st_strbuf_free(&e);
+      json_t* e = st__incident_json(I);
+      st_json_put(e, "backoff_s", st_json_fixed(I->backoff_s, 3));
+      st_json_put_bool(e, "will_restart", !give_up);
+      st__event(&S, "incident", e);
     }
     fprintf(stderr, "strata run: incident %d: %s after step %lld; %s\n", I->n, I->cause, (long long)I->last_step,
             give_up ? "max_restarts reached, giving up" : "restarting");
     if (give_up) {
       S.outcome = "gave_up";
-      char f[96];
-      snprintf(f, sizeof(f), "\"restarts\": %d, \"max_restarts\": %lld", S.restarts, (long long)S.max_restarts);
+      json_t* f = st_json_obj();
+      st_json_put_int(f, "restarts", S.restarts);
+      st_json_put_int(f, "max_restarts", S.max_restarts);
       st__event(&S, "giving_up", f);
       break;
     }
@@ -566,12 +584,12 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
   sigaction(SIGTERM, &old_term, NULL);
   sigaction(SIGHUP, &old_hup, NULL);
   {
-    st_strbuf e = {0};
-    st_strbuf_append(&e, "\"outcome\": ");
-    st_strbuf_json_string(&e, S.outcome);
-    st_strbuf_printf(&e, ", \"exit_code\": %d, \"attempts\": %d, \"restarts\": %d", S.exit_code, S.attempts, S.restarts);
-    st__event(&S, "supervisor_done", e.data);
-    st_strbuf_free(&e);
+    json_t* e = st_json_obj();
+    st_json_put_str(e, "outcome", S.outcome);
+    st_json_put_int(e, "exit_code", S.exit_code);
+    st_json_put_int(e, "attempts", S.attempts);
+    st_json_put_int(e, "restarts", S.restarts);
+    st__event(&S, "supervisor_done", e);
   }
   st__write_summary(&S);
   if (!s) *out_exit_code = S.exit_code;

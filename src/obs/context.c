@@ -37,16 +37,11 @@ static void st__proc_field(const char* file, const char* key, char* out, size_t 
   fclose(f);
 }
 
-static void st__kv(st_strbuf* b, const char* key, const char* value) {
-  st_strbuf_printf(b, ", \"%s\": ", key);
-  st_strbuf_json_string(b, value ? value : "");
-}
-
-char* st_context_json(const st_context_facts* f) {
-  st_strbuf b = {0};
-  st_strbuf_append(&b, "{\"schema\": 1");
-  st__kv(&b, "run_id", f->run_id);
-  st__kv(&b, "strata_version", STRATA_VERSION);
+json_t* st_context_json(const st_context_facts* f) {
+  json_t* c = st_json_obj();
+  st_json_put_int(c, "schema", 1);
+  st_json_put_str(c, "run_id", f->run_id);
+  st_json_put_str(c, "strata_version", STRATA_VERSION);
   char commit[128], dirty[256];
   st_strbuf cmd = {0};
   st_strbuf_printf(&cmd, "git -C '%s' rev-parse HEAD 2>/dev/null", st_source_dir());
@@ -55,18 +50,21 @@ char* st_context_json(const st_context_facts* f) {
   st_strbuf_printf(&cmd, "git -C '%s' status --porcelain --untracked-files=no 2>/dev/null | head -1", st_source_dir());
   st__command_line(cmd.data, dirty, sizeof(dirty));
   st_strbuf_free(&cmd);
-  st__kv(&b, "git_commit", commit);
-  st_strbuf_printf(&b, ", \"git_dirty\": %s", commit[0] ? (dirty[0] ? "true" : "false") : "null");
-  st__kv(&b, "jax_version", f->jax_version);
-  st__kv(&b, "jaxlib_version", f->jaxlib_version);
+  st_json_put_str(c, "git_commit", commit);
+  st_json_put(c, "git_dirty", commit[0] ? st_json_bool(dirty[0] != '\0') : json_null());
+  st_json_put_str(c, "jax_version", f->jax_version);
+  st_json_put_str(c, "jaxlib_version", f->jaxlib_version);
   if (f->runtime) {
     st_runtime_info info;
     st_runtime_get_info(f->runtime, &info);
-    st__kv(&b, "plugin_path", info.plugin_path);
-    st__kv(&b, "plugin_xla_version", info.xla_version);
-    st__kv(&b, "platform_name", info.platform_name);
-    st__kv(&b, "platform_version", info.platform_version);
-    st_strbuf_printf(&b, ", \"pjrt_api_version\": \"%d.%d\", \"devices\": [", info.api_major, info.api_minor);
+    st_json_put_str(c, "plugin_path", info.plugin_path);
+    st_json_put_str(c, "plugin_xla_version", info.xla_version);
+    st_json_put_str(c, "platform_name", info.platform_name);
+    st_json_put_str(c, "platform_version", info.platform_version);
+    char api[32];
+    snprintf(api, sizeof(api), "%d.%d", info.api_major, info.api_minor);
+    st_json_put_str(c, "pjrt_api_version", api);
+    json_t* devices = st_json_arr();
     for (int i = 0; i < info.device_count; ++i) {
       st_device_info d;
       st_status s = st_runtime_device_info(f->runtime, i, &d);
@@ -74,36 +72,33 @@ char* st_context_json(const st_context_facts* f) {
         st_status_free(s);
         continue;
       }
-      st_strbuf_printf(&b, "%s{\"id\": %d, \"kind\": ", i ? ", " : "", d.id);
-      st_strbuf_json_string(&b, d.kind ? d.kind : "");
-      st_strbuf_append(&b, "}");
+      json_t* dev = st_json_obj();
+      st_json_put_int(dev, "id", d.id);
+      st_json_put_str(dev, "kind", d.kind);
+      st_json_push(devices, dev);
     }
-    st_strbuf_append(&b, "]");
+    st_json_put(c, "devices", devices);
   }
   char host[256] = "";
   gethostname(host, sizeof(host) - 1);
-  st__kv(&b, "host", host);
+  st_json_put_str(c, "host", host);
   char cpu[256];
   st__proc_field("/proc/cpuinfo", "model name", cpu, sizeof(cpu));
-  st__kv(&b, "cpu_model", cpu);
-  st_strbuf_printf(&b, ", \"cpu_cores\": %ld", sysconf(_SC_NPROCESSORS_ONLN));
+  st_json_put_str(c, "cpu_model", cpu);
+  st_json_put_int(c, "cpu_cores", sysconf(_SC_NPROCESSORS_ONLN));
   char mem[128];
   st__proc_field("/proc/meminfo", "MemTotal", mem, sizeof(mem));
-  st__kv(&b, "memory", mem);
+  st_json_put_str(c, "memory", mem);
   /* The environment variables that change what strata or XLA does. */
   static const char* kEnv[] = {"XLA_FLAGS", "STRATA_PJRT_PLUGIN", "STRATA_CACHE_DIR", "STRATA_PYTHON", "PJRT_NPROC",
                                "JAX_PLATFORMS", "OMP_NUM_THREADS"};
-  st_strbuf_append(&b, ", \"environment\": {");
-  int n = 0;
+  json_t* env = st_json_obj();
   for (size_t i = 0; i < sizeof(kEnv) / sizeof(kEnv[0]); ++i) {
     const char* v = getenv(kEnv[i]);
-    if (!v) continue;
-    st_strbuf_printf(&b, "%s\"%s\": ", n++ ? ", " : "", kEnv[i]);
-    st_strbuf_json_string(&b, v);
+    if (v) st_json_put_str(env, kEnv[i], v);
   }
-  st_strbuf_append(&b, "}");
-  st__kv(&b, "config_hash", f->config_hash);
-  st__kv(&b, "bundle_key", f->bundle_key);
-  st_strbuf_append(&b, "}");
-  return b.data;
+  st_json_put(c, "environment", env);
+  st_json_put_str(c, "config_hash", f->config_hash);
+  st_json_put_str(c, "bundle_key", f->bundle_key);
+  return c;
 }

@@ -115,12 +115,10 @@ st_status st_runlog_open(const char* dir, st_runlog** out_log) {
     fprintf(stderr, "strata: warning: %s/%s ended in a torn line (%ld bytes without a newline, from a write cut short); cut it "
                     "before appending\n",
             dir, names[i], cut[i]);
-    st_strbuf e = {0};
-    st_strbuf_append(&e, "\"file\": ");
-    st_strbuf_json_string(&e, names[i]);
-    st_strbuf_printf(&e, ", \"cut_bytes\": %ld", cut[i]);
-    s = st_runlog_event(log, "log_repaired", e.data);
-    st_strbuf_free(&e);
+    json_t* e = st_json_obj();
+    st_json_put_str(e, "file", names[i]);
+    st_json_put_int(e, "cut_bytes", cut[i]);
+    s = st_runlog_event(log, "log_repaired", e);
   }
   if (s) {
     st_runlog_close(log);
@@ -162,24 +160,32 @@ static st_status st__write_line(int fd, const char* line, size_t n, const char* 
   return ST_OK;
 }
 
-st_status st_runlog_event(st_runlog* log, const char* name, const char* fields_json) {
-  struct timeval tv;
-  gettimeofday(&tv, NULL);
-  st_strbuf b = {0};
-  st_strbuf_printf(&b, "{\"time\": %.3f, \"event\": ", (double)tv.tv_sec + 1e-6 * (double)tv.tv_usec);
-  st_strbuf_json_string(&b, name);
-  if (fields_json && fields_json[0]) st_strbuf_printf(&b, ", %s", fields_json);
-  st_strbuf_append(&b, "}\n");
-  st_status s = st__write_line(log->events_fd, b.data, b.len, "events.jsonl");
-  st_strbuf_free(&b);
+static st_status st__write_json_line(int fd, const json_t* v, const char* what) {
+  char* text = st_json_dump(v, 0);
+  st_strbuf line = {0};
+  st_strbuf_append(&line, text);
+  st_strbuf_append(&line, "\n");
+  free(text);
+  st_status s = st__write_line(fd, line.data, line.len, what);
+  st_strbuf_free(&line);
   return s;
 }
 
-st_status st_runlog_metrics(st_runlog* log, const char* object_json) {
-  st_strbuf b = {0};
-  st_strbuf_printf(&b, "%s\n", object_json);
-  st_status s = st__write_line(log->metrics_fd, b.data, b.len, "metrics.jsonl");
-  st_strbuf_free(&b);
+st_status st_runlog_event(st_runlog* log, const char* name, json_t* fields) {
+  struct timeval tv;
+  gettimeofday(&tv, NULL);
+  json_t* e = st_json_obj();
+  st_json_put(e, "time", st_json_fixed((double)tv.tv_sec + 1e-6 * (double)tv.tv_usec, 3));
+  st_json_put_str(e, "event", name);
+  st_json_merge(e, fields);
+  st_status s = st__write_json_line(log->events_fd, e, "events.jsonl");
+  json_decref(e);
+  return s;
+}
+
+st_status st_runlog_metrics(st_runlog* log, json_t* object) {
+  st_status s = st__write_json_line(log->metrics_fd, object, "metrics.jsonl");
+  json_decref(object);
   return s;
 }
 

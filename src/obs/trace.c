@@ -8,77 +8,84 @@
 #include "strata/obs.h"
 
 struct st_trace {
-  st_strbuf events; /* comma-separated event objects */
-  st_strbuf meta;   /* comma-separated otherData members */
-  int count;
+  json_t* events; /* array of event objects */
+  json_t* meta;   /* otherData */
 };
 
-static void st__sep(st_trace* t) {
-  st_strbuf_append(&t->events, t->count++ ? ",\n" : "\n");
+/* {"name": ..., "ph": ..., "pid": 1, "tid": ...}: the members every event starts with. */
+static json_t* st__event(const char* name, const char* ph, int tid) {
+  json_t* e = st_json_obj();
+  st_json_put_str(e, "name", name);
+  st_json_put_str(e, "ph", ph);
+  st_json_put_int(e, "pid", 1);
+  st_json_put_int(e, "tid", tid);
+  return e;
 }
+
+static json_t* st__args_or_empty(json_t* args) { return args ? args : st_json_obj(); }
 
 st_trace* st_trace_new(const char* process_name) {
   st_trace* t = st_xcalloc(1, sizeof(*t));
-  st__sep(t);
-  st_strbuf_append(&t->events, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 0, \"args\": {\"name\": ");
-  st_strbuf_json_string(&t->events, process_name ? process_name : "strata");
-  st_strbuf_append(&t->events, "}}");
+  t->events = st_json_arr();
+  t->meta = st_json_obj();
+  json_t* e = st__event("process_name", "M", 0);
+  json_t* args = st_json_obj();
+  st_json_put_str(args, "name", process_name ? process_name : "strata");
+  st_json_put(e, "args", args);
+  st_json_push(t->events, e);
   return t;
 }
 
 void st_trace_free(st_trace* t) {
   if (!t) return;
-  st_strbuf_free(&t->events);
-  st_strbuf_free(&t->meta);
+  json_decref(t->events);
+  json_decref(t->meta);
   free(t);
 }
 
 void st_trace_track(st_trace* t, int tid, const char* name) {
-  st__sep(t);
-  st_strbuf_printf(&t->events, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": %d, \"args\": {\"name\": ", tid);
-  st_strbuf_json_string(&t->events, name);
-  st_strbuf_append(&t->events, "}}");
-  st__sep(t);
-  st_strbuf_printf(&t->events,
-                   "{\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": 1, \"tid\": %d, \"args\": {\"sort_index\": %d}}",
-                   tid, tid);
+  json_t* e = st__event("thread_name", "M", tid);
+  json_t* args = st_json_obj();
+  st_json_put_str(args, "name", name);
+  st_json_put(e, "args", args);
+  st_json_push(t->events, e);
+  e = st__event("thread_sort_index", "M", tid);
+  args = st_json_obj();
+  st_json_put_int(args, "sort_index", tid);
+  st_json_put(e, "args", args);
+  st_json_push(t->events, e);
 }
 
 void st_trace_slice(st_trace* t, int tid, const char* name, const char* category, double ts_us, double dur_us,
-                    const char* args_json) {
-  st__sep(t);
-  st_strbuf_append(&t->events, "{\"name\": ");
-  st_strbuf_json_string(&t->events, name);
-  st_strbuf_append(&t->events, ", \"cat\": ");
-  st_strbuf_json_string(&t->events, category);
+                    json_t* args) {
+  json_t* e = st_json_obj();
+  st_json_put_str(e, "name", name);
+  st_json_put_str(e, "cat", category);
+  st_json_put_str(e, "ph", "X");
+  st_json_put_int(e, "pid", 1);
+  st_json_put_int(e, "tid", tid);
   /* Nanosecond resolution: Perfetto keeps the fraction of a microsecond. */
-  st_strbuf_printf(&t->events, ", \"ph\": \"X\", \"pid\": 1, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f, \"args\": {%s}}", tid,
-                   ts_us, dur_us < 0 ? 0.0 : dur_us, args_json ? args_json : "");
+  st_json_put(e, "ts", st_json_fixed(ts_us, 3));
+  st_json_put(e, "dur", st_json_fixed(dur_us < 0 ? 0.0 : dur_us, 3));
+  st_json_put(e, "args", st__args_or_empty(args));
+  st_json_push(t->events, e);
 }
 
-void st_trace_counter(st_trace* t, const char* name, double ts_us, const char* args_json) {
-  st__sep(t);
-  st_strbuf_append(&t->events, "{\"name\": ");
-  st_strbuf_json_string(&t->events, name);
-  st_strbuf_printf(&t->events, ", \"ph\": \"C\", \"pid\": 1, \"tid\": 0, \"ts\": %.3f, \"args\": {%s}}", ts_us,
-                   args_json ? args_json : "");
+void st_trace_counter(st_trace* t, const char* name, double ts_us, json_t* args) {
+  json_t* e = st__event(name, "C", 0);
+  st_json_put(e, "ts", st_json_fixed(ts_us, 3));
+  st_json_put(e, "args", st__args_or_empty(args));
+  st_json_push(t->events, e);
 }
 
-void st_trace_meta(st_trace* t, const char* key, const char* value_json) {
-  if (t->meta.len) st_strbuf_append(&t->meta, ", ");
-  st_strbuf_json_string(&t->meta, key);
-  st_strbuf_append(&t->meta, ": ");
-  st_strbuf_append(&t->meta, value_json);
-}
+void st_trace_meta(st_trace* t, const char* key, json_t* value) { st_json_put(t->meta, key, value); }
 
 st_status st_trace_write(const st_trace* t, const char* path) {
-  st_strbuf b = {0};
-  st_strbuf_append(&b, "{\"traceEvents\": [");
-  st_strbuf_append(&b, st_strbuf_cstr(&t->events));
-  st_strbuf_append(&b, "\n], \"displayTimeUnit\": \"ms\", \"otherData\": {");
-  st_strbuf_append(&b, st_strbuf_cstr(&t->meta));
-  st_strbuf_append(&b, "}}\n");
-  st_status s = st_fs_write_atomic(path, b.data, b.len);
-  st_strbuf_free(&b);
+  json_t* doc = st_json_obj();
+  st_json_put(doc, "traceEvents", json_incref(t->events));
+  st_json_put_str(doc, "displayTimeUnit", "ms");
+  st_json_put(doc, "otherData", json_incref(t->meta));
+  st_status s = st_json_write_file(path, doc, 0);
+  json_decref(doc);
   return s;
 }

@@ -576,7 +576,7 @@ st_status st_executor_write_trace(const st_executor* ex, const char* path, int64
                                {2000, 0, NULL, "transfers"},
                                {3000, 0, NULL, "host waits"},
                                {4000, 0, NULL, "host ops"}};
-  st_strbuf a = {0}, name = {0};
+  st_strbuf name = {0};
   for (int i = 0; i < plan->op_count; ++i) {
     const st_op* op = &plan->ops[i];
     const st_op_timing* t = &ex->timings[i];
@@ -604,56 +604,45 @@ st_status st_executor_write_trace(const st_executor* ex, const char* path, int64
       if (slot >= 0) st_strbuf_printf(&name, " %s%s", plan->slots[slot].name, op->input_count > 1 ? " ..." : "");
       if (op->kind == ST_OP_WAIT && op->input_count == 0) st_strbuf_append(&name, " all (step barrier)");
     }
-    st_strbuf_reset(&a);
-    st_strbuf_printf(&a,
-                     "\"op\": %d, \"kind\": \"%s\", \"layer\": %d, \"micro\": %d, \"issue_us\": %.3f, \"start_us\": %.3f, "
-                     "\"complete_us\": %.3f, \"deps\": [",
-                     i, st_op_kind_name(op->kind), op->layer, op->micro, t->issue_s * 1e6, t->start_s * 1e6,
-                     t->complete_s * 1e6);
-    for (int d = 0; d < op->dep_count; ++d) st_strbuf_printf(&a, "%s%d", d ? ", " : "", op->deps[d]);
-    st_strbuf_append(&a, "]");
+    json_t* args = st_json_obj();
+    st_json_put_int(args, "op", i);
+    st_json_put_str(args, "kind", st_op_kind_name(op->kind));
+    st_json_put_int(args, "layer", op->layer);
+    st_json_put_int(args, "micro", op->micro);
+    st_json_put(args, "issue_us", st_json_fixed(t->issue_s * 1e6, 3));
+    st_json_put(args, "start_us", st_json_fixed(t->start_s * 1e6, 3));
+    st_json_put(args, "complete_us", st_json_fixed(t->complete_s * 1e6, 3));
+    json_t* deps = st_json_arr();
+    for (int d = 0; d < op->dep_count; ++d) st_json_push(deps, st_json_int(op->deps[d]));
+    st_json_put(args, "deps", deps);
     if (g == 1) {
       int slot = op->kind == ST_OP_H2D ? op->outputs[0] : op->inputs[0];
-      st_strbuf_printf(&a, ", \"bytes\": %zu", st_tensor_type_bytes(&plan->slots[slot].type));
+      st_json_put_int(args, "bytes", (int64_t)st_tensor_type_bytes(&plan->slots[slot].type));
     }
-    if (op->kind == ST_OP_WAIT) st_strbuf_printf(&a, ", \"blocked\": %s", t->blocked ? "true" : "false");
-    if (op->kind == ST_OP_WAIT || op->kind == ST_OP_READ) st_strbuf_printf(&a, ", \"blocked_us\": %.3f", t->blocked_s * 1e6);
+    if (op->kind == ST_OP_WAIT) st_json_put_bool(args, "blocked", t->blocked);
+    if (op->kind == ST_OP_WAIT || op->kind == ST_OP_READ) st_json_put(args, "blocked_us", st_json_fixed(t->blocked_s * 1e6, 3));
     int tid = st__lane(tr, &groups[g], ts, t->complete_s);
     st_trace_slice(tr, tid, name.data, g == 0 ? (op->kind == ST_OP_RECOMPUTE ? "recompute" : "launch")
                                               : g == 1 ? "transfer" : g == 2 ? "wait" : "host",
-                   ts * 1e6, (t->complete_s - ts) * 1e6, a.data);
-    st_strbuf_reset(&a);
+                   ts * 1e6, (t->complete_s - ts) * 1e6, args);
     const int64_t* l = &ex->live_acct[(size_t)i * ST_SLOT_CATEGORY_COUNT];
-    for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k)
-      st_strbuf_printf(&a, "%s\"%s\": %lld", k ? ", " : "", st_slot_category_name((st_slot_category)k), (long long)l[k]);
-    st_trace_counter(tr, "live device bytes", t->issue_s * 1e6, a.data);
+    json_t* live = st_json_obj();
+    for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) st_json_put_int(live, st_slot_category_name((st_slot_category)k), l[k]);
+    st_trace_counter(tr, "live device bytes", t->issue_s * 1e6, live);
     int64_t pred = 0;
     for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) pred += ex->live_pred[(size_t)i * ST_SLOT_CATEGORY_COUNT + (size_t)k];
-    st_strbuf_reset(&a);
-    st_strbuf_printf(&a, "\"bytes\": %lld", (long long)pred);
-    st_trace_counter(tr, "predicted live device bytes", t->issue_s * 1e6, a.data);
+    json_t* predicted = st_json_obj();
+    st_json_put_int(predicted, "bytes", pred);
+    st_trace_counter(tr, "predicted live device bytes", t->issue_s * 1e6, predicted);
   }
   const st_executor_stats* s = &ex->stats;
-  char v[64];
-  snprintf(v, sizeof(v), "%lld", (long long)step);
-  st_trace_meta(tr, "step", v);
-  st_strbuf_reset(&a);
-  if (plan->policy)
-    st_strbuf_json_string(&a, plan->policy);
-  else
-    st_strbuf_append(&a, "null");
-  st_trace_meta(tr, "policy", a.data);
-  st_trace_meta(tr, "time_origin", "\"the start of the step, in microseconds\"");
-  snprintf(v, sizeof(v), "%d", plan->op_count);
-  st_trace_meta(tr, "op_count", v);
-  snprintf(v, sizeof(v), "%lld", (long long)s->predicted_peak_bytes);
-  st_trace_meta(tr, "predicted_peak_bytes", v);
-  snprintf(v, sizeof(v), "%lld", (long long)s->peak_live_bytes);
-  st_trace_meta(tr, "peak_live_bytes", v);
-  st_strbuf_reset(&a);
-  st_strbuf_json_string(&a, ex->host_kind);
-  st_trace_meta(tr, "host_memory", a.data);
-  st_strbuf_free(&a);
+  st_trace_meta(tr, "step", st_json_int(step));
+  st_trace_meta(tr, "policy", plan->policy ? st_json_str(plan->policy) : json_null());
+  st_trace_meta(tr, "time_origin", st_json_str("the start of the step, in microseconds"));
+  st_trace_meta(tr, "op_count", st_json_int(plan->op_count));
+  st_trace_meta(tr, "predicted_peak_bytes", st_json_int(s->predicted_peak_bytes));
+  st_trace_meta(tr, "peak_live_bytes", st_json_int(s->peak_live_bytes));
+  st_trace_meta(tr, "host_memory", st_json_str(ex->host_kind));
   st_strbuf_free(&name);
   for (int g = 0; g < 4; ++g) free(groups[g].end);
   st_status st = st_trace_write(tr, path);

@@ -349,59 +349,60 @@ void st_plan_print(const st_plan* plan, FILE* out) {
   free(live);
 }
 
-void st_plan_print_json(const st_plan* plan, FILE* out) {
+json_t* st_plan_json(const st_plan* plan) {
   int64_t* live = st_xcalloc((size_t)plan->op_count * ST_SLOT_CATEGORY_COUNT + 1, sizeof(int64_t));
   int64_t by_cat[ST_SLOT_CATEGORY_COUNT];
   int64_t peak = st_plan_predict_live(plan, live, by_cat);
-  st_strbuf b = {0};
-  st_strbuf_printf(&b, "{\"predicted_peak_bytes\": %lld, \"predicted_peak_by_category\": {", (long long)peak);
-  for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k)
-    st_strbuf_printf(&b, "%s\"%s\": %lld", k ? ", " : "", st_slot_category_name((st_slot_category)k), (long long)by_cat[k]);
-  st_strbuf_printf(&b, "}, \"host_bytes\": %lld, \"policy\": ", (long long)st_plan_host_bytes(plan));
-  if (plan->policy)
-    st_strbuf_json_string(&b, plan->policy);
-  else
-    st_strbuf_append(&b, "null");
-  st_strbuf_append(&b, ", \"programs\": [");
-  for (int i = 0; i < plan->program_count; ++i) {
-    if (i) st_strbuf_append(&b, ", ");
-    st_strbuf_json_string(&b, plan->programs[i]);
-  }
-  st_strbuf_append(&b, "],\n \"slots\": [");
+  json_t* j = st_json_obj();
+  st_json_put_int(j, "predicted_peak_bytes", peak);
+  json_t* cats = st_json_obj();
+  for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) st_json_put_int(cats, st_slot_category_name((st_slot_category)k), by_cat[k]);
+  st_json_put(j, "predicted_peak_by_category", cats);
+  st_json_put_int(j, "host_bytes", st_plan_host_bytes(plan));
+  st_json_put(j, "policy", plan->policy ? st_json_str(plan->policy) : json_null());
+  json_t* programs = st_json_arr();
+  for (int i = 0; i < plan->program_count; ++i) st_json_push(programs, st_json_str(plan->programs[i]));
+  st_json_put(j, "programs", programs);
+  json_t* slots = st_json_arr();
   for (int i = 0; i < plan->slot_count; ++i) {
     const st_slot* s = &plan->slots[i];
     char t[128];
-    st_strbuf_append(&b, i ? ",\n  {\"name\": " : "\n  {\"name\": ");
-    st_strbuf_json_string(&b, s->name);
-    st_strbuf_printf(&b,
-                     ", \"category\": \"%s\", \"type\": \"%s\", \"bytes\": %zu, \"persistent\": %s, \"memory\": \"%s\", "
-                     "\"twin\": %d}",
-                     st_slot_category_name(s->category), st_tensor_type_format(&s->type, t, sizeof(t)),
-                     st_tensor_type_bytes(&s->type), s->persistent ? "true" : "false", s->host ? "host" : "device",
-                     s->twin);
+    json_t* o = st_json_obj();
+    st_json_put_str(o, "name", s->name);
+    st_json_put_str(o, "category", st_slot_category_name(s->category));
+    st_json_put_str(o, "type", st_tensor_type_format(&s->type, t, sizeof(t)));
+    st_json_put_int(o, "bytes", (int64_t)st_tensor_type_bytes(&s->type));
+    st_json_put_bool(o, "persistent", s->persistent);
+    st_json_put_str(o, "memory", s->host ? "host" : "device");
+    st_json_put_int(o, "twin", s->twin);
+    st_json_push(slots, o);
   }
-  st_strbuf_append(&b, "],\n \"ops\": [");
+  st_json_put(j, "slots", slots);
+  json_t* ops = st_json_arr();
   for (int i = 0; i < plan->op_count; ++i) {
     const st_op* op = &plan->ops[i];
-    st_strbuf_printf(&b, "%s\n  {\"index\": %d, \"kind\": \"%s\"", i ? "," : "", i, st_op_kind_name(op->kind));
-    if (op->kind == ST_OP_LAUNCH || op->kind == ST_OP_RECOMPUTE) {
-      st_strbuf_append(&b, ", \"program\": ");
-      st_strbuf_json_string(&b, plan->programs[op->program]);
-    }
-    st_strbuf_printf(&b, ", \"layer\": %d, \"micro\": %d, \"inputs\": [", op->layer, op->micro);
-    for (int j = 0; j < op->input_count; ++j) st_strbuf_printf(&b, "%s%d", j ? ", " : "", op->inputs[j]);
-    st_strbuf_append(&b, "], \"outputs\": [");
-    for (int j = 0; j < op->output_count; ++j) st_strbuf_printf(&b, "%s%d", j ? ", " : "", op->outputs[j]);
-    st_strbuf_append(&b, "], \"deps\": [");
-    for (int j = 0; j < op->dep_count; ++j) st_strbuf_printf(&b, "%s%d", j ? ", " : "", op->deps[j]);
-    st_strbuf_append(&b, "], \"live_bytes\": {");
+    json_t* o = st_json_obj();
+    st_json_put_int(o, "index", i);
+    st_json_put_str(o, "kind", st_op_kind_name(op->kind));
+    if (op->kind == ST_OP_LAUNCH || op->kind == ST_OP_RECOMPUTE) st_json_put_str(o, "program", plan->programs[op->program]);
+    st_json_put_int(o, "layer", op->layer);
+    st_json_put_int(o, "micro", op->micro);
+    json_t* v = st_json_arr();
+    for (int k = 0; k < op->input_count; ++k) st_json_push(v, st_json_int(op->inputs[k]));
+    st_json_put(o, "inputs", v);
+    v = st_json_arr();
+    for (int k = 0; k < op->output_count; ++k) st_json_push(v, st_json_int(op->outputs[k]));
+    st_json_put(o, "outputs", v);
+    v = st_json_arr();
+    for (int k = 0; k < op->dep_count; ++k) st_json_push(v, st_json_int(op->deps[k]));
+    st_json_put(o, "deps", v);
+    json_t* lb = st_json_obj();
     for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k)
-      st_strbuf_printf(&b, "%s\"%s\": %lld", k ? ", " : "", st_slot_category_name((st_slot_category)k),
-                       (long long)live[(size_t)i * ST_SLOT_CATEGORY_COUNT + (size_t)k]);
-    st_strbuf_append(&b, "}}");
+      st_json_put_int(lb, st_slot_category_name((st_slot_category)k), live[(size_t)i * ST_SLOT_CATEGORY_COUNT + (size_t)k]);
+    st_json_put(o, "live_bytes", lb);
+    st_json_push(ops, o);
   }
-  st_strbuf_append(&b, "]}\n");
-  fputs(b.data, out);
-  st_strbuf_free(&b);
+  st_json_put(j, "ops", ops);
   free(live);
+  return j;
 }

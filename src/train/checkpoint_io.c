@@ -40,7 +40,8 @@ struct st_train_ckpt {
   int64_t inflight_step;
   double inflight_blocking_s, inflight_waited_s;
 
-  char* config_json;
+  json_t* config; /* the resolved config, for the manifest */
+  json_t* model;  /* the bundle's "model" object, for the manifest */
   char config_hash[17];
   int64_t last_saved_step; /* of the newest save that succeeded; 0: none yet */
   bool first_step_logged;
@@ -103,12 +104,9 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
   c->snap = st_ckpt_snapshot_create(c->count, c->names, c->files, c->types);
   c->events = st_xcalloc((size_t)c->count + 1, sizeof(st_event*));
 
-  char* buf = NULL;
-  size_t size = 0;
-  FILE* f = open_memstream(&buf, &size);
-  st_status s = st_config_write_json(cfg, f);
-  fclose(f);
-  c->config_json = buf;
+  c->config = st_config_json(cfg);
+  c->model = json_loads(in->options->model_json, 0, NULL);
+  st_status s = c->model ? ST_OK : st_status_make(ST_CODE_INTERNAL, "the model JSON does not parse: %s", in->options->model_json);
   st_config_hash(cfg, NULL, 0, c->config_hash);
 
   if (!s) s = st_faults_create(cfg, in->run_dir, &c->faults);
@@ -119,13 +117,10 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
     if (armed[0] || disarmed[0]) {
       if (armed[0]) fprintf(stderr, "strata: FAULT INJECTION ARMED: %s\n", armed);
       if (disarmed[0]) fprintf(stderr, "strata: fault injection: %s already fired in an earlier attempt; disarmed\n", disarmed);
-      st_strbuf e = {0};
-      st_strbuf_append(&e, "\"armed\": ");
-      st_strbuf_json_string(&e, armed);
-      st_strbuf_append(&e, ", \"disarmed\": ");
-      st_strbuf_json_string(&e, disarmed);
-      s = st_runlog_event(in->log, "faults_armed", e.data);
-      st_strbuf_free(&e);
+      json_t* e = st_json_obj();
+      st_json_put_str(e, "armed", armed);
+      st_json_put_str(e, "disarmed", disarmed);
+      s = st_runlog_event(in->log, "faults_armed", e);
     }
   }
   c->save_opts = (st_ckpt_save_options){c->root, c->keep, c->keep_every, st_faults_ckpt_hook, c->faults};
@@ -145,13 +140,10 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
 static void st__on_skip(void* user, const st_ckpt_entry* entry, st_status why) {
   st_train_ckpt* c = user;
   fprintf(stderr, "strata: skipping checkpoint %s: %s\n", entry->name, st_status_message(why));
-  st_strbuf e = {0};
-  st_strbuf_append(&e, "\"checkpoint\": ");
-  st_strbuf_json_string(&e, entry->name);
-  st_strbuf_append(&e, ", \"reason\": ");
-  st_strbuf_json_string(&e, st_status_message(why));
-  st_status_free(st_runlog_event(c->in.log, "ckpt_skipped", e.data));
-  st_strbuf_free(&e);
+  json_t* e = st_json_obj();
+  st_json_put_str(e, "checkpoint", entry->name);
+  st_json_put_str(e, "reason", st_status_message(why));
+  st_status_free(st_runlog_event(c->in.log, "ckpt_skipped", e));
 }
 
 st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_restored) {
@@ -163,11 +155,9 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
   ST_RETURN(st_ckpt_remove_temporaries(c->root, &removed));
   if (removed && removed[0]) {
     fprintf(stderr, "strata: removed unfinished checkpoint writes of a crashed attempt: %s\n", removed);
-    st_strbuf e = {0};
-    st_strbuf_append(&e, "\"removed\": ");
-    st_strbuf_json_string(&e, removed);
-    st_status_free(st_runlog_event(c->in.log, "ckpt_temporaries_removed", e.data));
-    st_strbuf_free(&e);
+    json_t* e = st_json_obj();
+    st_json_put_str(e, "removed", removed);
+    st_status_free(st_runlog_event(c->in.log, "ckpt_temporaries_removed", e));
   }
   free(removed);
 
@@ -185,7 +175,12 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
                             "never loaded. To start over, use a new run.dir (or move '%s' away)",
                             c->root, skipped, c->root);
     fprintf(stderr, "strata: resume: no checkpoint in '%s' yet; starting from step 0\n", c->root);
-    return st_runlog_event(c->in.log, "resumed", "\"from_step\": 0, \"checkpoint\": null, \"restore_s\": 0, \"skipped\": 0");
+    json_t* e = st_json_obj();
+    st_json_put_int(e, "from_step", 0);
+    st_json_put(e, "checkpoint", json_null());
+    st_json_put_int(e, "restore_s", 0);
+    st_json_put_int(e, "skipped", 0);
+    return st_runlog_event(c->in.log, "resumed", e);
   }
   const st_train_options* o = c->in.options;
   st_status s = ST_OK;
@@ -224,21 +219,18 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
             ck->bundle_key, c->in.bundle->key);
   fprintf(stderr, "strata: resuming from %s (step %lld)%s\n", ck->dir, (long long)ck->step,
           changed ? "; the config differs from the checkpoint's (see the resumed event)" : "");
-  st_strbuf e = {0};
-  st_strbuf_printf(&e, "\"from_step\": %lld, \"checkpoint\": ", (long long)ck->step);
-  st_strbuf_json_string(&e, ck->dir);
-  st_strbuf_printf(&e, ", \"restore_s\": %.6f, \"skipped\": %d, \"latest\": ", restore_s, skipped);
-  if (latest) {
-    st_strbuf_json_string(&e, latest);
-  } else {
-    st_strbuf_append(&e, "null");
-  }
-  st_strbuf_printf(&e, ", \"latest_was_newest_valid\": %s, \"config_hash\": \"%s\", \"checkpoint_config_hash\": \"%s\", "
-                       "\"bundle_key\": \"%s\", \"checkpoint_bundle_key\": \"%s\"",
-                   latest && !strcmp(latest, name) ? "true" : "false", c->config_hash, ck->config_hash, c->in.bundle->key,
-                   ck->bundle_key);
-  s = st_runlog_event(c->in.log, "resumed", e.data);
-  st_strbuf_free(&e);
+  json_t* e = st_json_obj();
+  st_json_put_int(e, "from_step", ck->step);
+  st_json_put_str(e, "checkpoint", ck->dir);
+  st_json_put(e, "restore_s", st_json_fixed(restore_s, 6));
+  st_json_put_int(e, "skipped", skipped);
+  st_json_put(e, "latest", latest ? st_json_str(latest) : json_null());
+  st_json_put_bool(e, "latest_was_newest_valid", latest && !strcmp(latest, name));
+  st_json_put_str(e, "config_hash", c->config_hash);
+  st_json_put_str(e, "checkpoint_config_hash", ck->config_hash);
+  st_json_put_str(e, "bundle_key", c->in.bundle->key);
+  st_json_put_str(e, "checkpoint_bundle_key", ck->bundle_key);
+  s = st_runlog_event(c->in.log, "resumed", e);
   free(latest);
   *out_step = ck->step;
   *out_restored = true;
@@ -261,37 +253,47 @@ void st_train_ckpt_step_ran(st_train_ckpt* c, int64_t step) {
 /* Logs one finished save; applies ckpt.on_error to a failed one. */
 static st_status st__report(st_train_ckpt* c, st_ckpt_save_result* r, double blocking_s, double waited_s, bool last) {
   st_status s = ST_OK;
-  st_strbuf e = {0};
   if (!r->status) {
     double mbps = r->write_s > 0 ? (double)r->bytes / 1e6 / r->write_s : 0;
-    st_strbuf_printf(&e, "\"step\": %lld, \"dir\": ", (long long)r->step);
-    st_strbuf_json_string(&e, r->dir);
-    st_strbuf_printf(&e, ", \"blocking_s\": %.6f, \"waited_for_previous_s\": %.6f, \"write_s\": %.6f, \"bytes\": %lld, \"mb_per_s\": %.1f, "
-                         "\"removed\": %d, \"async\": %s",
-                     blocking_s, waited_s, r->write_s, (long long)r->bytes, mbps, r->removed, c->async ? "true" : "false");
+    json_t* e = st_json_obj();
+    st_json_put_int(e, "step", r->step);
+    st_json_put_str(e, "dir", r->dir);
+    st_json_put(e, "blocking_s", st_json_fixed(blocking_s, 6));
+    st_json_put(e, "waited_for_previous_s", st_json_fixed(waited_s, 6));
+    st_json_put(e, "write_s", st_json_fixed(r->write_s, 6));
+    st_json_put_int(e, "bytes", r->bytes);
+    st_json_put(e, "mb_per_s", st_json_fixed(mbps, 1));
+    st_json_put_int(e, "removed", r->removed);
+    st_json_put_bool(e, "async", c->async);
     c->last_saved_step = r->step;
-    s = st_runlog_event(c->in.log, "ckpt_saved", e.data);
-    st_strbuf m = {0};
-    st_strbuf_printf(&m, "{\"step\": %lld, \"ckpt_blocking_s\": %.6f, \"ckpt_write_s\": %.6f, \"ckpt_bytes\": %lld, \"ckpt_mb_per_s\": %.1f}",
-                     (long long)r->step, blocking_s, r->write_s, (long long)r->bytes, mbps);
-    if (!s) s = st_runlog_metrics(c->in.log, m.data);
-    st_strbuf_free(&m);
+    s = st_runlog_event(c->in.log, "ckpt_saved", e);
+    json_t* m = st_json_obj();
+    st_json_put_int(m, "step", r->step);
+    st_json_put(m, "ckpt_blocking_s", st_json_fixed(blocking_s, 6));
+    st_json_put(m, "ckpt_write_s", st_json_fixed(r->write_s, 6));
+    st_json_put_int(m, "ckpt_bytes", r->bytes);
+    st_json_put(m, "ckpt_mb_per_s", st_json_fixed(mbps, 1));
+    if (!s)
+      s = st_runlog_metrics(c->in.log, m);
+    else
+      json_decref(m);
   } else {
     bool stop = c->stop_on_error;
     fprintf(stderr, "strata: checkpoint at step %lld FAILED: %s; %s\n", (long long)r->step, st_status_message(r->status),
             stop ? "stopping (ckpt.on_error=stop)" : last ? "the run ends without its final checkpoint (ckpt.on_error=continue)"
                                                           : "training continues (ckpt.on_error=continue)");
-    st_strbuf_printf(&e, "\"step\": %lld, \"error\": ", (long long)r->step);
-    st_strbuf_json_string(&e, st_status_message(r->status));
-    st_strbuf_printf(&e, ", \"on_error\": \"%s\", \"write_s\": %.6f", stop ? "stop" : "continue", r->write_s);
-    s = st_runlog_event(c->in.log, "ckpt_failed", e.data);
+    json_t* e = st_json_obj();
+    st_json_put_int(e, "step", r->step);
+    st_json_put_str(e, "error", st_status_message(r->status));
+    st_json_put_str(e, "on_error", stop ? "stop" : "continue");
+    st_json_put(e, "write_s", st_json_fixed(r->write_s, 6));
+    s = st_runlog_event(c->in.log, "ckpt_failed", e);
     if (stop && !s) {
       s = r->status;
       r->status = ST_OK;
       s = st_status_annotate(s, "saving a checkpoint (ckpt.on_error=stop; the previous checkpoint is intact)");
     }
   }
-  st_strbuf_free(&e);
   st_ckpt_save_result_clear(r);
   return s;
 }
@@ -338,10 +340,10 @@ static st_status st__snapshot(st_train_ckpt* c, int64_t step) {
       .seed = o->seed,
       .lr = st_train_lr(o, step),
       .total_steps = o->steps,
-      .config_json = c->config_json,
+      .config = c->config,
       .config_hash = c->config_hash,
       .bundle_key = c->in.bundle->key,
-      .model_json = o->model_json,
+      .model = c->model,
   };
   st_ckpt_snapshot_set_meta(c->snap, &m);
   return ST_OK;
@@ -377,8 +379,9 @@ st_status st_train_ckpt_step_done(st_train_ckpt* c, int64_t step) {
   if (!c->first_step_logged) {
     c->first_step_logged = true;
     /* The supervisor's "first good step" after a restart (RTO). */
-    char f[96];
-    snprintf(f, sizeof(f), "\"step\": %lld, \"since_start_s\": %.6f", (long long)step, st__now() - c->t_created);
+    json_t* f = st_json_obj();
+    st_json_put_int(f, "step", step);
+    st_json_put(f, "since_start_s", st_json_fixed(st__now() - c->t_created, 6));
     ST_RETURN(st_runlog_event(c->in.log, "first_step", f));
   }
   ST_RETURN(st__collect(c, false, NULL));
@@ -412,7 +415,8 @@ void st_train_ckpt_destroy(st_train_ckpt* c) {
   free(c->names);
   free(c->files);
   free(c->types);
-  free(c->config_json);
+  json_decref(c->config);
+  json_decref(c->model);
   free(c->root);
   free(c);
 }

@@ -31,20 +31,22 @@ void st_train_options_from_config(const st_config* c, st_train_options* o) {
   o->bundle_dir = st_config_string(c, "bundle.dir");
   o->cache_root = st_cache_root(st_config_string(c, "runtime.cache_dir"));
 
-  st_strbuf m = {0};
-  /* Canonical order and formatting: this string is hashed into the bundle key. */
-  st_strbuf_printf(&m,
-                   "{\"vocab_size\": %lld, \"d_model\": %lld, \"n_layers\": %lld, \"n_heads\": %lld, \"d_ff\": %lld, "
-                   "\"seq_len\": %lld, \"tie_embeddings\": %s, \"compute_dtype\": \"%s\", \"rope_theta\": ",
-                   (long long)st_config_int(c, "model.vocab_size"), (long long)st_config_int(c, "model.d_model"),
-                   (long long)st_config_int(c, "model.n_layers"), (long long)st_config_int(c, "model.n_heads"),
-                   (long long)st_config_int(c, "model.d_ff"), (long long)st_config_int(c, "model.seq_len"),
-                   st_config_bool(c, "model.tie_embeddings") ? "true" : "false", st_config_string(c, "model.compute_dtype"));
-  st_strbuf_json_number(&m, st_config_float(c, "model.rope_theta"));
-  st_strbuf_append(&m, ", \"init_std\": ");
-  st_strbuf_json_number(&m, st_config_float(c, "model.init_std"));
-  st_strbuf_printf(&m, ", \"microbatch_size\": %lld}", (long long)(o->batch_size / o->microbatches));
-  o->model_json = m.data;
+  /* Canonical order: the exporter reads this object and the bundle key
+   * hashes its values (docs/bundle.md). */
+  json_t* m = st_json_obj();
+  st_json_put_int(m, "vocab_size", st_config_int(c, "model.vocab_size"));
+  st_json_put_int(m, "d_model", st_config_int(c, "model.d_model"));
+  st_json_put_int(m, "n_layers", st_config_int(c, "model.n_layers"));
+  st_json_put_int(m, "n_heads", st_config_int(c, "model.n_heads"));
+  st_json_put_int(m, "d_ff", st_config_int(c, "model.d_ff"));
+  st_json_put_int(m, "seq_len", st_config_int(c, "model.seq_len"));
+  st_json_put_bool(m, "tie_embeddings", st_config_bool(c, "model.tie_embeddings"));
+  st_json_put_str(m, "compute_dtype", st_config_string(c, "model.compute_dtype"));
+  st_json_put_num(m, "rope_theta", st_config_float(c, "model.rope_theta"));
+  st_json_put_num(m, "init_std", st_config_float(c, "model.init_std"));
+  st_json_put_int(m, "microbatch_size", o->batch_size / o->microbatches);
+  o->model_json = st_json_dump(m, 0);
+  json_decref(m);
 
   o->data.path = st_config_string(c, "data.path");
   o->data.synthetic = st_config_bool(c, "data.synthetic");

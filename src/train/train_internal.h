@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "strata/base.h"
 #include "strata/bundle.h"
 #include "strata/data.h"
 #include "strata/runtime.h"
@@ -57,7 +58,8 @@ typedef struct st__trainer {
 st_executor_hooks st__train_hooks(st__trainer* t);
 
 /* metrics.c: every line the run writes to metrics.jsonl and events.jsonl. */
-st_status st__event(st__trainer* t, const char* name, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+/* One events.jsonl line; |fields| (an object, or NULL) is stolen. */
+st_status st__event(st__trainer* t, const char* name, json_t* fields);
 /* The metrics line of the step just run (t->step), its trace if trace.steps
  * asks for one. */
 st_status st__step_metrics(st__trainer* t, double loss, double step_seconds);

@@ -368,7 +368,10 @@ static st_status st__run(st__trainer* t, bool progress) {
         st_progress_end(true);
         fprintf(stderr, "eval at step %lld: loss %.4f\n", (long long)t->step + 1, eval_loss);
       }
-      ST_RETURN(st__event(t, "eval", "\"step\": %lld, \"eval_loss\": %.6f", (long long)t->step + 1, eval_loss));
+      json_t* f = st_json_obj();
+      st_json_put_int(f, "step", t->step + 1);
+      st_json_put(f, "eval_loss", st_json_fixed(eval_loss, 6));
+      ST_RETURN(st__event(t, "eval", f));
     }
     ST_RETURN(st_train_ckpt_step_done(t->ckpt, t->step + 1));
     /* Polled once a step: the handler only sets a flag. After the last
@@ -377,10 +380,11 @@ static st_status st__run(st__trainer* t, bool progress) {
   }
   st_progress_end(progress);
   /* A resume at the last step runs no step: no loss to report. */
-  char final_loss[32] = "null";
-  if (isfinite(last_loss)) snprintf(final_loss, sizeof(final_loss), "%.6f", last_loss);
-  ST_RETURN(st__event(t, "run_done", "\"steps\": %lld, \"final_loss\": %s, \"seconds\": %.3f", (long long)o->steps, final_loss,
-                      st__now() - t_start));
+  json_t* f = st_json_obj();
+  st_json_put_int(f, "steps", o->steps);
+  st_json_put(f, "final_loss", st_json_fixed(last_loss, 6)); /* null when not finite */
+  st_json_put(f, "seconds", st_json_fixed(st__now() - t_start, 3));
+  ST_RETURN(st__event(t, "run_done", f));
   return ST_OK;
 }
 
@@ -414,9 +418,11 @@ st_status st_train_main(const st_config* cfg) {
   bool reused = false;
   st_status s = st__make_run_dir(cfg, &o, &t.run_dir, &lock_fd, &reused);
   if (!s) s = st_runlog_open(t.run_dir, &t.log);
-  if (!s && reused && !st_config_bool(cfg, "run.resume"))
-    s = st_runlog_event(t.log, "run_dir_reused",
-                        "\"reason\": \"an earlier attempt in this directory stopped before its first step\"");
+  if (!s && reused && !st_config_bool(cfg, "run.resume")) {
+    json_t* f = st_json_obj();
+    st_json_put_str(f, "reason", "an earlier attempt in this directory stopped before its first step");
+    s = st_runlog_event(t.log, "run_dir_reused", f);
+  }
   if (!s) s = st_dataset_open(&o.data, &t.data);
 
   /* --- compile --------------------------------------------------------- */
@@ -442,18 +448,34 @@ st_status st_train_main(const st_config* cfg) {
                               .jax_version = bundle->jax_version,
                               .jaxlib_version = bundle->jaxlib_version,
                               .runtime = t.runtime};
-    char* ctx = st_context_json(&facts);
+    json_t* ctx = st_context_json(&facts);
     char* path = st_path_join(t.run_dir, "context.json");
-    s = st_fs_write_atomic(path, ctx, strlen(ctx));
+    s = st_json_write_file(path, ctx, 0);
     free(path);
-    if (!s) s = st__event(&t, "init", "\"run_dir\": \"%s\", \"steps\": %lld, \"context\": %s", t.run_dir, (long long)o.steps, ctx);
-    free(ctx);
+    if (!s) {
+      json_t* f = st_json_obj();
+      st_json_put_str(f, "run_dir", t.run_dir);
+      st_json_put_int(f, "steps", o.steps);
+      st_json_put(f, "context", json_incref(ctx));
+      s = st__event(&t, "init", f);
+    }
+    json_decref(ctx);
   }
-  if (!s)
-    s = st__event(&t, "data", "\"token_file\": \"%s\", \"tokens\": %llu, \"train_tokens\": %llu, \"val_tokens\": %llu",
-                  st_dataset_token_path(t.data), (unsigned long long)st_dataset_token_count(t.data),
-                  (unsigned long long)st_dataset_split_tokens(t.data, 0), (unsigned long long)st_dataset_split_tokens(t.data, 1));
-  if (!s) s = st__event(&t, "bundle", "\"dir\": \"%s\", \"key\": \"%s\", \"exported\": %s", bundle->dir, bundle->key, exported ? "true" : "false");
+  if (!s) {
+    json_t* f = st_json_obj();
+    st_json_put_str(f, "token_file", st_dataset_token_path(t.data));
+    st_json_put_int(f, "tokens", (int64_t)st_dataset_token_count(t.data));
+    st_json_put_int(f, "train_tokens", (int64_t)st_dataset_split_tokens(t.data, 0));
+    st_json_put_int(f, "val_tokens", (int64_t)st_dataset_split_tokens(t.data, 1));
+    s = st__event(&t, "data", f);
+  }
+  if (!s) {
+    json_t* f = st_json_obj();
+    st_json_put_str(f, "dir", bundle->dir);
+    st_json_put_str(f, "key", bundle->key);
+    st_json_put_bool(f, "exported", exported);
+    s = st__event(&t, "bundle", f);
+  }
   double t_compile = st__now();
   if (!s) s = st_train_build_plans(bundle, &o, &t.step_plan, &t.eval_plan);
   /* Every program the run needs, compiled as one batch. A resume usually
@@ -494,14 +516,22 @@ st_status st_train_main(const st_config* cfg) {
   bool restored = false;
   if (!s) s = st_train_ckpt_restore(t.ckpt, &t.start_step, &restored);
   if (!s && !restored) s = st__init_state(&t);
-  if (!s) s = st__event(&t, "run", "\"startup_seconds\": %.3f", st__now() - t0);
+  if (!s) {
+    json_t* f = st_json_obj();
+    st_json_put(f, "startup_seconds", st_json_fixed(st__now() - t0, 3));
+    s = st__event(&t, "run", f);
+  }
   if (!s) s = st__run(&t, progress);
 
   /* --- save ------------------------------------------------------------ */
   if (!s) {
     char* path = st_path_join(t.run_dir, "params.safetensors");
     s = st__save_params(&t, path);
-    if (!s) s = st__event(&t, "saved", "\"path\": \"%s\"", path);
+    if (!s) {
+      json_t* f = st_json_obj();
+      st_json_put_str(f, "path", path);
+      s = st__event(&t, "saved", f);
+    }
     free(path);
   }
   if (s && t.log && st_status_code(s) == ST_CODE_INTERRUPTED) {
@@ -509,7 +539,7 @@ st_status st_train_main(const st_config* cfg) {
   } else if (s && t.log) {
     st__failed_event(&t, s);
   } else if (!s) {
-    st_status_free(st_runlog_event(t.log, "done", ""));
+    st_status_free(st_runlog_event(t.log, "done", NULL));
     printf("run directory: %s\n", t.run_dir);
   }
   st_train_ckpt_destroy(t.ckpt);

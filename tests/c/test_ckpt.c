@@ -85,11 +85,15 @@ static st_ckpt_snapshot* make_snapshot(int64_t step) {
                     .seed = 7,
                     .lr = 0.001 * (double)step,
                     .total_steps = 100,
-                    .config_json = "{\"seed\": 7}",
                     .config_hash = "00112233aabbccdd",
-                    .bundle_key = "bundlekey0000001",
-                    .model_json = kModel};
+                    .bundle_key = "bundlekey0000001"};
+  json_t* config = json_pack("{s:i}", "seed", 7);
+  json_t* model = json_loads(kModel, 0, NULL);
+  m.config = config;
+  m.model = model;
   st_ckpt_snapshot_set_meta(s, &m);
+  json_decref(config);
+  json_decref(model);
   return s;
 }
 
@@ -298,8 +302,12 @@ static void write_foreign(const char* root, int64_t step, const char* model, con
   }
   st_ckpt_snapshot* s = st_ckpt_snapshot_create(NT, kNames, kFiles, types);
   st_ckpt_meta m = {.step = step, .optimizer_step = step, .data_position = step * 4, .batch_size = 4, .seed = 7, .total_steps = 100,
-                    .config_json = "{}", .config_hash = "0", .bundle_key = bundle, .model_json = model};
+                    .config_hash = "0", .bundle_key = bundle};
+  json_t* model_tree = json_loads(model, 0, NULL);
+  assert_non_null(model_tree);
+  m.model = model_tree;
   st_ckpt_snapshot_set_meta(s, &m);
+  json_decref(model_tree);
   st_ckpt_save_options o = {root, 100, 0, NULL, NULL};
   ASSERT_OK(st_ckpt_save(&o, s, NULL));
   st_ckpt_snapshot_destroy(s);

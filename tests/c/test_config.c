@@ -633,10 +633,18 @@ static void test_json(void** state) {
   assert_non_null(strstr(json, "\"rope_theta\": 10000.0,\n"));
   assert_non_null(strstr(json, "\"eps\": 1e-8,\n"));
   assert_non_null(strstr(json, "\"synthetic\": true,\n"));
-  assert_non_null(strstr(json, "\"xla_options\": [\"a=\\\"1\\\"\"],\n"));
+  assert_non_null(strstr(json, "\"xla_options\": [\n      \"a=\\\"1\\\"\"\n    ],\n"));
   assert_non_null(strstr(json, "\"dir\": \"x\\ty\",\n"));
   assert_non_null(strstr(json, "  \"bundle\": {\n    \"dir\": \"\"\n  }"));
   assert_non_null(strstr(json, "\n  }\n}\n")); /* the last section closes the object */
+  /* And it parses, to the typed values. */
+  json_error_t err;
+  json_t* tree = json_loads(json, 0, &err);
+  assert_non_null(tree);
+  assert_true(json_real_value(json_object_get(json_object_get(tree, "model"), "rope_theta")) == 10000.0);
+  assert_string_equal(json_string_value(json_object_get(json_object_get(tree, "run"), "dir")), "x\ty");
+  assert_true(json_is_integer(json_object_get(tree, "seed")));
+  json_decref(tree);
   free(json);
   st_config_destroy(c);
 }
@@ -804,10 +812,10 @@ static void test_format_helpers(void** state) {
   assert_string_equal(b, "10");
   assert_int_equal(st__cfg_edit_distance("setps", 5, "steps", 5), 1);
   assert_int_equal(st__cfg_edit_distance("", 0, "abc", 3), 3);
-  assert_true(st__cfg_utf8_valid("h\xc3\xa9", 3));
-  assert_false(st__cfg_utf8_valid("\xc3", 1));
-  assert_false(st__cfg_utf8_valid("\xed\xa0\x80", 3)); /* surrogate */
-  assert_false(st__cfg_utf8_valid("\xc0\x80", 2));     /* overlong */
+  assert_true(st_utf8_valid("h\xc3\xa9", 3));
+  assert_false(st_utf8_valid("\xc3", 1));
+  assert_false(st_utf8_valid("\xed\xa0\x80", 3)); /* surrogate */
+  assert_false(st_utf8_valid("\xc0\x80", 2));     /* overlong */
 }
 
 int main(void) {

@@ -87,7 +87,7 @@ static void test_open_repairs(void** state) {
   close(saved);
   fclose(devnull);
   if (s) fail_msg("%s", st_status_message(s));
-  assert_null(st_runlog_metrics(log, "{\"step\": 2}"));
+  assert_null(st_runlog_metrics(log, json_pack("{s:i}", "step", 2)));
   st_runlog_close(log);
   size_t n = 0;
   char* m = tu_read_file(metrics, &n);

@@ -17,7 +17,7 @@ CC=${FUZZ_CC:-clang}
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
   -Iinclude -Isrc -DSTRATA_SOURCE_DIR="\"$PWD\"" \
   tests/fuzz/fuzz_config.c src/config/*.c src/base/*.c src/sched/policy.c \
-  $(pkg-config --cflags --libs yaml-0.1 libxxhash libcrypto) -lpthread -ldl -lm \
+  $(pkg-config --cflags --libs yaml-0.1 jansson libxxhash libcrypto) -lpthread -ldl -lm \
   -o "$out/fuzz_config"
 
 tests/fuzz/make_corpus.sh "$out/corpus"
