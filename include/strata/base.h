@@ -1,6 +1,7 @@
 /*
  * strata/base.h — small utilities every module uses: allocation, a growable
- * buffer, files written durably, hashes, and a JSON reader/writer.
+ * buffer, files written durably, hashes, and JSON (jansson) reading and
+ * writing.
  *
  * Nothing here keeps global state; everything is reentrant.
  *
@@ -165,39 +166,30 @@ st_status st_json_write_file(const char* path, const json_t* v, int indent);
 bool st_utf8_valid(const char* s, size_t n);
 
 /*===-------------------------------------------------------------------===*/
-/* JSON reader                                                              */
+/* JSON reading: jansson, bounded                                            */
 /*===-------------------------------------------------------------------===*/
 
-typedef enum st_json_kind {
-  ST_JSON_NULL,
-  ST_JSON_BOOL,
-  ST_JSON_NUMBER,
-  ST_JSON_STRING,
-  ST_JSON_ARRAY,
-  ST_JSON_OBJECT,
-} st_json_kind;
+enum { ST_JSON_MAX_DEPTH = 64 }; /* nesting of arrays and objects */
 
-typedef struct st_json st_json;
-struct st_json {
-  st_json_kind kind;
-  bool boolean;
-  double number;
-  char* string;   /* ST_JSON_STRING */
-  size_t count;   /* ARRAY / OBJECT */
-  st_json* items; /* ARRAY / OBJECT values */
-  char** keys;    /* OBJECT keys */
-};
-
-/* Parses |text|; errors are ST_CODE_RUNTIME naming |origin| (a file name)
- * with line:column. The tree is owned by the caller (st_json_free). */
-st_status st_json_parse(const char* text, size_t size, const char* origin, st_json** out_json);
-void st_json_free(st_json* json); /* NULL is a no-op */
-/* Member |key| of an object, NULL when absent or not an object. */
-const st_json* st_json_get(const st_json* obj, const char* key);
-/* Typed getters: they fail with a message naming |origin| and |key|. */
-st_status st_json_get_int(const st_json* obj, const char* key, const char* origin, int64_t* out);
-st_status st_json_get_string(const st_json* obj, const char* key, const char* origin, const char** out);
-st_status st_json_get_array(const st_json* obj, const char* key, const char* origin, const st_json** out);
+/* Parses |size| bytes as one JSON document (any value at the top). Rejects
+ * what jansson rejects (invalid JSON or UTF-8) and also \u0000 in strings,
+ * a key given twice in one object, nesting deeper than ST_JSON_MAX_DEPTH,
+ * and integers outside int64. Errors are ST_CODE_RUNTIME
+ * "<origin>:<line>:<column>: invalid JSON: <what>". The tree is a new
+ * reference owned by the caller (json_decref). The caller bounds |size|. */
+st_status st_json_parse(const char* text, size_t size, const char* origin, json_t** out_json);
+/* |v| as an integer: a JSON integer, or a real with an integral value below
+ * 2^53 (what a writer that has only doubles, e.g. Python's json for
+ * float-typed fields, may write). */
+bool st_json_as_int(const json_t* v, int64_t* out);
+/* Typed members of an object (|obj| may be NULL or not an object); they
+ * fail with ST_CODE_RUNTIME naming |origin| and |key|. Results are borrowed
+ * from |obj|. */
+st_status st_json_get_int(const json_t* obj, const char* key, const char* origin, int64_t* out);
+st_status st_json_get_string(const json_t* obj, const char* key, const char* origin, const char** out);
+st_status st_json_get_array(const json_t* obj, const char* key, const char* origin, const json_t** out);
+/* Equal values, numbers compared by value (1 == 1.0, unlike json_equal). */
+bool st_json_same(const json_t* a, const json_t* b);
 
 #ifdef __cplusplus
 }

@@ -184,7 +184,7 @@ st_status st_ckpt_remove_temporaries(const char* root, char** out_names);
 /* What the reader expects (the model being trained). Borrowed. */
 typedef struct st_ckpt_expect {
   const char* bundle_key; /* NULL: not checked */
-  const char* model_json; /* NULL: not checked */
+  const json_t* model;    /* the "model" object; NULL: not checked */
   int count;              /* 0: tensor set not checked */
   const char* const* names;
   const st_tensor_type* types;
@@ -213,8 +213,8 @@ typedef struct st_ckpt {
   double lr, created;
   char* config_hash;
   char* bundle_key;
-  char* model_json; /* canonical re-serialization of the manifest's "model" */
-  char* config_json;
+  json_t* model;  /* the manifest's "model" object (owned reference) */
+  json_t* config; /* the manifest's "config" object (owned reference) */
   int tensor_count;
   st_ckpt_tensor_info* tensors;
   int file_count;

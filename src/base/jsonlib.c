@@ -3,6 +3,7 @@
  * always valid UTF-8, numbers that are always valid JSON and read back
  * exactly, and one dump function every writer of JSON goes through. */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,4 +169,113 @@ st_status st_json_write_file(const char* path, const json_t* v, int indent) {
   st_status s = st_fs_write_atomic(path, b.data, b.len);
   st_strbuf_free(&b);
   return s;
+}
+
+/*--- reading ---------------------------------------------------------------*/
+
+/* 1-based line and column (in bytes) of |at| in |text|. */
+static void st__line_col(const char* text, size_t at, int* line, int* col) {
+  *line = 1;
+  *col = 1;
+  for (size_t i = 0; i < at; ++i) {
+    if (text[i] == '\n') {
+      ++*line;
+      *col = 1;
+    } else {
+      ++*col;
+    }
+  }
+}
+
+/* Offset of the first bracket that nests deeper than |max|, or SIZE_MAX.
+ * jansson's own limit (2048) is a recursion limit, not a content limit. */
+static size_t st__too_deep(const char* text, size_t size, int max) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < size; ++i) {
+    char c = text[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max) return i;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return SIZE_MAX;
+}
+
+st_status st_json_parse(const char* text, size_t size, const char* origin, json_t** out_json) {
+  *out_json = NULL;
+  if (!origin) origin = "<json>";
+  size_t deep = st__too_deep(text, size, ST_JSON_MAX_DEPTH);
+  if (deep != SIZE_MAX) {
+    int line, col;
+    st__line_col(text, deep, &line, &col);
+    return st_status_make(ST_CODE_RUNTIME, "%s:%d:%d: invalid JSON: nested deeper than %d levels", origin, line, col,
+                          ST_JSON_MAX_DEPTH);
+  }
+  json_error_t err;
+  json_t* j = json_loadb(text, size, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &err);
+  if (!j) {
+    if (json_error_code(&err) == json_error_out_of_memory) st_oom("parsing JSON");
+    return st_status_make(ST_CODE_RUNTIME, "%s:%d:%d: invalid JSON: %s", origin, err.line, err.column, err.text);
+  }
+  *out_json = j;
+  return ST_OK;
+}
+
+bool st_json_as_int(const json_t* v, int64_t* out) {
+  if (json_is_integer(v)) {
+    *out = (int64_t)json_integer_value(v);
+    return true;
+  }
+  if (!json_is_real(v)) return false;
+  double d = json_real_value(v);
+  if (d != floor(d) || fabs(d) > 9.007199254740992e15) return false;
+  *out = (int64_t)d;
+  return true;
+}
+
+st_status st_json_get_int(const json_t* obj, const char* key, const char* origin, int64_t* out) {
+  if (!st_json_as_int(json_object_get(obj, key), out))
+    return st_status_make(ST_CODE_RUNTIME, "%s: '%s' is missing or not an integer", origin, key);
+  return ST_OK;
+}
+
+st_status st_json_get_string(const json_t* obj, const char* key, const char* origin, const char** out) {
+  const json_t* v = json_object_get(obj, key);
+  if (!json_is_string(v)) return st_status_make(ST_CODE_RUNTIME, "%s: '%s' is missing or not a string", origin, key);
+  *out = json_string_value(v);
+  return ST_OK;
+}
+
+st_status st_json_get_array(const json_t* obj, const char* key, const char* origin, const json_t** out) {
+  const json_t* v = json_object_get(obj, key);
+  if (!json_is_array(v)) return st_status_make(ST_CODE_RUNTIME, "%s: '%s' is missing or not an array", origin, key);
+  *out = v;
+  return ST_OK;
+}
+
+bool st_json_same(const json_t* a, const json_t* b) {
+  if (json_is_number(a) && json_is_number(b)) return json_number_value(a) == json_number_value(b);
+  if (json_is_object(a) && json_is_object(b)) {
+    if (json_object_size(a) != json_object_size(b)) return false;
+    const char* key;
+    json_t* v;
+    json_object_foreach((json_t*)a, key, v) if (!st_json_same(v, json_object_get(b, key))) return false;
+    return true;
+  }
+  if (json_is_array(a) && json_is_array(b)) {
+    if (json_array_size(a) != json_array_size(b)) return false;
+    for (size_t i = 0; i < json_array_size(a); ++i)
+      if (!st_json_same(json_array_get(a, i), json_array_get(b, i))) return false;
+    return true;
+  }
+  return json_equal((json_t*)a, (json_t*)b);
 }

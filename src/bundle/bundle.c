@@ -16,45 +16,50 @@
 /* Manifest parsing                                                         */
 /*===-------------------------------------------------------------------===*/
 
-static st_status st__tensor_type_from_json(const st_json* t, const char* where, st_tensor_type* out) {
+static st_status st__tensor_type_from_json(const json_t* t, const char* where, st_tensor_type* out) {
   const char* dtype = NULL;
-  const st_json* shape = NULL;
+  const json_t* shape = NULL;
   ST_RETURN(st_json_get_string(t, "dtype", where, &dtype));
   ST_RETURN(st_json_get_array(t, "shape", where, &shape));
   memset(out, 0, sizeof(*out));
   out->dtype = st_dtype_parse(dtype);
   if (out->dtype == ST_DTYPE_INVALID) return st_status_make(ST_CODE_RUNTIME, "%s: unknown dtype '%s'", where, dtype);
-  if (shape->count > ST_MAX_RANK) return st_status_make(ST_CODE_RUNTIME, "%s: rank %zu exceeds %d", where, shape->count, ST_MAX_RANK);
-  out->rank = (int)shape->count;
-  for (size_t i = 0; i < shape->count; ++i) {
-    const st_json* d = &shape->items[i];
-    if (d->kind != ST_JSON_NUMBER || d->number < 0 || d->number != (double)(int64_t)d->number)
+  size_t rank = json_array_size(shape);
+  if (rank > ST_MAX_RANK) return st_status_make(ST_CODE_RUNTIME, "%s: rank %zu exceeds %d", where, rank, ST_MAX_RANK);
+  out->rank = (int)rank;
+  for (size_t i = 0; i < rank; ++i) {
+    int64_t d = -1;
+    if (!st_json_as_int(json_array_get(shape, i), &d) || d < 0)
       return st_status_make(ST_CODE_RUNTIME, "%s: dimension %zu is not a non-negative integer (dynamic shapes are not supported)",
                             where, i);
-    out->dims[i] = (int64_t)d->number;
+    out->dims[i] = d;
   }
   return ST_OK;
 }
 
-static st_status st__tensors_from_json(const st_json* arr, const char* where, int* out_count, st_bundle_tensor** out) {
-  *out_count = (int)arr->count;
-  *out = st_xcalloc(arr->count ? arr->count : 1, sizeof(st_bundle_tensor));
-  for (size_t i = 0; i < arr->count; ++i) {
+static st_status st__tensors_from_json(const json_t* arr, const char* where, int* out_count, st_bundle_tensor** out) {
+  size_t n = json_array_size(arr);
+  *out_count = (int)n;
+  *out = st_xcalloc(n ? n : 1, sizeof(st_bundle_tensor));
+  for (size_t i = 0; i < n; ++i) {
+    const json_t* t = json_array_get(arr, i);
     char ctx[256];
     snprintf(ctx, sizeof(ctx), "%s[%zu]", where, i);
     const char* name = NULL;
     const char* role = NULL;
-    ST_RETURN(st_json_get_string(&arr->items[i], "name", ctx, &name));
-    ST_RETURN(st_json_get_string(&arr->items[i], "role", ctx, &role));
+    ST_RETURN(st_json_get_string(t, "name", ctx, &name));
+    ST_RETURN(st_json_get_string(t, "role", ctx, &role));
     (*out)[i].name = st_xstrdup(name);
     (*out)[i].role = st_xstrdup(role);
-    ST_RETURN(st__tensor_type_from_json(&arr->items[i], ctx, &(*out)[i].type));
+    ST_RETURN(st__tensor_type_from_json(t, ctx, &(*out)[i].type));
   }
   return ST_OK;
 }
 
-static st_status st__model_from_json(const st_json* m, const char* where, st_bundle_model* out) {
-  if (!m || m->kind != ST_JSON_OBJECT) return st_status_make(ST_CODE_RUNTIME, "%s: 'model' is missing", where);
+static double st__number_or(const json_t* v, double fallback) { return json_is_number(v) ? json_number_value(v) : fallback; }
+
+static st_status st__model_from_json(const json_t* m, const char* where, st_bundle_model* out) {
+  if (!json_is_object(m)) return st_status_make(ST_CODE_RUNTIME, "%s: 'model' is missing", where);
   ST_RETURN(st_json_get_int(m, "vocab_size", where, &out->vocab_size));
   ST_RETURN(st_json_get_int(m, "d_model", where, &out->d_model));
   ST_RETURN(st_json_get_int(m, "n_layers", where, &out->n_layers));
@@ -62,19 +67,16 @@ static st_status st__model_from_json(const st_json* m, const char* where, st_bun
   ST_RETURN(st_json_get_int(m, "d_ff", where, &out->d_ff));
   ST_RETURN(st_json_get_int(m, "seq_len", where, &out->seq_len));
   ST_RETURN(st_json_get_int(m, "microbatch_size", where, &out->microbatch_size));
-  const st_json* tie = st_json_get(m, "tie_embeddings");
-  out->tie_embeddings = tie && tie->kind == ST_JSON_BOOL && tie->boolean;
+  out->tie_embeddings = json_is_true(json_object_get(m, "tie_embeddings"));
   const char* cd = "f32";
   ST_RETURN(st_json_get_string(m, "compute_dtype", where, &cd));
   snprintf(out->compute_dtype, sizeof(out->compute_dtype), "%s", cd);
-  const st_json* v = st_json_get(m, "rope_theta");
-  out->rope_theta = v && v->kind == ST_JSON_NUMBER ? v->number : 0;
-  v = st_json_get(m, "init_std");
-  out->init_std = v && v->kind == ST_JSON_NUMBER ? v->number : 0;
+  out->rope_theta = st__number_or(json_object_get(m, "rope_theta"), 0);
+  out->init_std = st__number_or(json_object_get(m, "init_std"), 0);
   return ST_OK;
 }
 
-static st_status st__bundle_parse(st_bundle* b, const st_json* root, const char* mpath) {
+static st_status st__bundle_parse(st_bundle* b, const json_t* root, const char* mpath) {
   int64_t schema = 0;
   ST_RETURN(st_json_get_int(root, "schema_version", mpath, &schema));
   if (schema > ST_BUNDLE_SCHEMA_VERSION)
@@ -85,19 +87,20 @@ static st_status st__bundle_parse(st_bundle* b, const st_json* root, const char*
   const char* key = "";
   ST_RETURN(st_json_get_string(root, "bundle_key", mpath, &key));
   b->key = st_xstrdup(key);
-  const st_json* versions = st_json_get(root, "versions");
-  const st_json* jaxv = st_json_get(versions, "jax");
-  b->jax_version = st_xstrdup(jaxv && jaxv->kind == ST_JSON_STRING ? jaxv->string : "");
-  const st_json* jaxlibv = st_json_get(versions, "jaxlib");
-  b->jaxlib_version = st_xstrdup(jaxlibv && jaxlibv->kind == ST_JSON_STRING ? jaxlibv->string : "");
-  ST_RETURN(st__model_from_json(st_json_get(root, "model"), mpath, &b->model));
+  const json_t* versions = json_object_get(root, "versions");
+  const json_t* jaxv = json_object_get(versions, "jax");
+  b->jax_version = st_xstrdup(json_is_string(jaxv) ? json_string_value(jaxv) : "");
+  const json_t* jaxlibv = json_object_get(versions, "jaxlib");
+  b->jaxlib_version = st_xstrdup(json_is_string(jaxlibv) ? json_string_value(jaxlibv) : "");
+  ST_RETURN(st__model_from_json(json_object_get(root, "model"), mpath, &b->model));
 
-  const st_json* progs = NULL;
+  const json_t* progs = NULL;
   ST_RETURN(st_json_get_array(root, "programs", mpath, &progs));
-  b->program_count = (int)progs->count;
-  b->programs = st_xcalloc(progs->count ? progs->count : 1, sizeof(st_bundle_program));
-  for (size_t i = 0; i < progs->count; ++i) {
-    const st_json* pj = &progs->items[i];
+  size_t n_progs = json_array_size(progs);
+  b->program_count = (int)n_progs;
+  b->programs = st_xcalloc(n_progs ? n_progs : 1, sizeof(st_bundle_program));
+  for (size_t i = 0; i < n_progs; ++i) {
+    const json_t* pj = json_array_get(progs, i);
     st_bundle_program* p = &b->programs[i];
     char ctx[256];
     snprintf(ctx, sizeof(ctx), "%s: programs[%zu]", mpath, i);
@@ -112,47 +115,51 @@ static st_status st__bundle_parse(st_bundle* b, const st_json* root, const char*
     if (strlen(sha) != 64) return st_status_make(ST_CODE_RUNTIME, "%s: sha256 is not 64 hex digits", ctx);
     memcpy(p->sha256, sha, 65);
     p->path = st_path_join(b->dir, file);
-    const st_json* arr = NULL;
+    const json_t* arr = NULL;
     ST_RETURN(st_json_get_array(pj, "inputs", ctx, &arr));
     ST_RETURN(st__tensors_from_json(arr, ctx, &p->input_count, &p->inputs));
     ST_RETURN(st_json_get_array(pj, "outputs", ctx, &arr));
     ST_RETURN(st__tensors_from_json(arr, ctx, &p->output_count, &p->outputs));
     p->donated = st_xcalloc((size_t)p->input_count + 1, sizeof(bool));
-    const st_json* don = st_json_get(pj, "donated");
-    for (size_t k = 0; don && don->kind == ST_JSON_ARRAY && k < don->count; ++k) {
-      double d = don->items[k].number;
-      if (d < 0 || d >= p->input_count) return st_status_make(ST_CODE_RUNTIME, "%s: donated index %g out of range", ctx, d);
-      p->donated[(int)d] = true;
+    const json_t* don = json_object_get(pj, "donated");
+    for (size_t k = 0; k < json_array_size(don); ++k) {
+      int64_t d = -1;
+      if (!st_json_as_int(json_array_get(don, k), &d) || d < 0 || d >= p->input_count)
+        return st_status_make(ST_CODE_RUNTIME, "%s: donated[%zu] is not an input index (0..%d)", ctx, k, p->input_count - 1);
+      p->donated[d] = true;
     }
-    const st_json* fl = st_json_get(pj, "flops");
-    p->flops = fl && fl->kind == ST_JSON_NUMBER ? fl->number : 0;
+    p->flops = st__number_or(json_object_get(pj, "flops"), 0);
   }
 
-  const st_json* groups = NULL;
+  const json_t* groups = NULL;
   ST_RETURN(st_json_get_array(root, "groups", mpath, &groups));
-  b->group_count = (int)groups->count;
-  b->groups = st_xcalloc(groups->count ? groups->count : 1, sizeof(st_bundle_group));
-  for (size_t i = 0; i < groups->count; ++i) {
+  size_t n_groups = json_array_size(groups);
+  b->group_count = (int)n_groups;
+  b->groups = st_xcalloc(n_groups ? n_groups : 1, sizeof(st_bundle_group));
+  for (size_t i = 0; i < n_groups; ++i) {
+    const json_t* g = json_array_get(groups, i);
     const char* name = NULL;
-    const st_json* params = NULL;
-    ST_RETURN(st_json_get_string(&groups->items[i], "name", mpath, &name));
-    ST_RETURN(st_json_get_array(&groups->items[i], "params", mpath, &params));
+    const json_t* params = NULL;
+    ST_RETURN(st_json_get_string(g, "name", mpath, &name));
+    ST_RETURN(st_json_get_array(g, "params", mpath, &params));
+    size_t n = json_array_size(params);
     b->groups[i].name = st_xstrdup(name);
-    b->groups[i].param_count = (int)params->count;
-    b->groups[i].params = st_xcalloc(params->count ? params->count : 1, sizeof(char*));
-    for (size_t k = 0; k < params->count; ++k) {
-      if (params->items[k].kind != ST_JSON_STRING)
-        return st_status_make(ST_CODE_RUNTIME, "%s: group '%s' has a non-string parameter", mpath, name);
-      b->groups[i].params[k] = st_xstrdup(params->items[k].string);
+    b->groups[i].param_count = (int)n;
+    b->groups[i].params = st_xcalloc(n ? n : 1, sizeof(char*));
+    for (size_t k = 0; k < n; ++k) {
+      const json_t* v = json_array_get(params, k);
+      if (!json_is_string(v)) return st_status_make(ST_CODE_RUNTIME, "%s: group '%s' has a non-string parameter", mpath, name);
+      b->groups[i].params[k] = st_xstrdup(json_string_value(v));
     }
   }
 
-  const st_json* params = NULL;
+  const json_t* params = NULL;
   ST_RETURN(st_json_get_array(root, "params", mpath, &params));
-  b->param_count = (int)params->count;
-  b->params = st_xcalloc(params->count ? params->count : 1, sizeof(st_bundle_param));
-  for (size_t i = 0; i < params->count; ++i) {
-    const st_json* pj = &params->items[i];
+  size_t n_params = json_array_size(params);
+  b->param_count = (int)n_params;
+  b->params = st_xcalloc(n_params ? n_params : 1, sizeof(st_bundle_param));
+  for (size_t i = 0; i < n_params; ++i) {
+    const json_t* pj = json_array_get(params, i);
     st_bundle_param* p = &b->params[i];
     const char *name = NULL, *group = NULL, *local = NULL;
     char ctx[256];
@@ -163,10 +170,11 @@ static st_status st__bundle_parse(st_bundle* b, const st_json* root, const char*
     p->name = st_xstrdup(name);
     p->group = st_xstrdup(group);
     p->local = st_xstrdup(local);
-    const st_json* layer = st_json_get(pj, "layer");
-    p->layer = layer && layer->kind == ST_JSON_NUMBER ? (int)layer->number : -1;
-    const st_json* decay = st_json_get(pj, "decay");
-    p->decay = decay && decay->kind == ST_JSON_BOOL && decay->boolean;
+    int64_t layer = -1;
+    if (json_object_get(pj, "layer") && (!st_json_as_int(json_object_get(pj, "layer"), &layer) || layer < -1 || layer > INT32_MAX))
+      return st_status_make(ST_CODE_RUNTIME, "%s: 'layer' is not a layer index", ctx);
+    p->layer = (int)layer;
+    p->decay = json_is_true(json_object_get(pj, "decay"));
     ST_RETURN(st__tensor_type_from_json(pj, ctx, &p->type));
   }
   return ST_OK;
@@ -182,13 +190,13 @@ st_status st_bundle_open(const char* dir, st_bundle** out_bundle) {
     free(mpath);
     return st_status_recode(s, ST_CODE_RUNTIME, "bundle manifest missing");
   }
-  st_json* root = NULL;
+  json_t* root = NULL;
   s = st_json_parse(text, size, mpath, &root);
   free(text);
   st_bundle* b = st_xcalloc(1, sizeof(*b));
   b->dir = st_xstrdup(dir);
   if (!s) s = st__bundle_parse(b, root, mpath);
-  st_json_free(root);
+  json_decref(root);
   /* A program file that is missing or differs from its manifest sha256 is
    * a stale or tampered bundle: never compile it. */
   for (int i = 0; !s && i < b->program_count; ++i) {
@@ -297,34 +305,33 @@ static void st__key_number(st_strbuf* s, double v) {
 }
 
 static void st__key_model(const char* model_json, st_strbuf* s) {
-  st_json* m = NULL;
+  json_t* m = NULL;
   st_status ps = st_json_parse(model_json, strlen(model_json), "model", &m);
-  if (ps || m->kind != ST_JSON_OBJECT) {
+  if (ps || !json_is_object(m)) {
     st_status_free(ps);
-    st_json_free(m);
+    json_decref(m);
     st_strbuf_append(s, model_json);
     return;
   }
-  for (size_t i = 0; i < m->count; ++i) {
-    if (!strcmp(m->keys[i], "n_layers")) continue;
-    const st_json* v = &m->items[i];
-    st_strbuf_printf(s, "%s=", m->keys[i]);
-    if (v->kind == ST_JSON_STRING) {
-      json_t* str = st_json_str(v->string);
-      char* text = st_json_dump(str, 0);
+  const char* key;
+  json_t* v;
+  json_object_foreach(m, key, v) {
+    if (!strcmp(key, "n_layers")) continue;
+    st_strbuf_printf(s, "%s=", key);
+    if (json_is_string(v)) {
+      char* text = st_json_dump(v, 0);
       st_strbuf_append(s, text);
       free(text);
-      json_decref(str);
-    } else if (v->kind == ST_JSON_BOOL) {
-      st_strbuf_append(s, v->boolean ? "true" : "false");
-    } else if (v->kind == ST_JSON_NUMBER) {
-      st__key_number(s, v->number);
+    } else if (json_is_boolean(v)) {
+      st_strbuf_append(s, json_is_true(v) ? "true" : "false");
+    } else if (json_is_number(v)) {
+      st__key_number(s, json_number_value(v));
     } else {
       st_strbuf_append(s, "?");
     }
     st_strbuf_append(s, "\n");
   }
-  st_json_free(m);
+  json_decref(m);
 }
 
 void st_bundle_key(const char* model_json, char out[17]) {
@@ -492,13 +499,13 @@ static st_status st__bundle_set_depth(st_bundle* b, int64_t n_layers) {
 
 /* model.n_layers of the request's model JSON; -1 when it has none. */
 static int64_t st__requested_depth(const char* model_json) {
-  st_json* m = NULL;
+  json_t* m = NULL;
   int64_t n = -1;
   st_status s = st_json_parse(model_json, strlen(model_json), "model", &m);
   if (!s) s = st_json_get_int(m, "n_layers", "model", &n);
   if (s) n = -1;
   st_status_free(s);
-  st_json_free(m);
+  json_decref(m);
   return n;
 }
 

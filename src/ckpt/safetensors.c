@@ -135,39 +135,37 @@ static int st__by_offset(const void* a, const void* b) {
   return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
-static st_status st__parse_entry(const char* path, const char* name, const st_json* v, size_t data_size,
+static st_status st__parse_entry(const char* path, const char* name, const json_t* v, size_t data_size,
                                  st_safetensors_entry* e) {
-  const st_json* dt = st_json_get(v, "dtype");
-  const st_json* shape = st_json_get(v, "shape");
-  const st_json* off = st_json_get(v, "data_offsets");
-  if (v->kind != ST_JSON_OBJECT || !dt || dt->kind != ST_JSON_STRING || !shape || shape->kind != ST_JSON_ARRAY || !off ||
-      off->kind != ST_JSON_ARRAY || off->count != 2)
+  const json_t* dt = json_object_get(v, "dtype");
+  const json_t* shape = json_object_get(v, "shape");
+  const json_t* off = json_object_get(v, "data_offsets");
+  if (!json_is_string(dt) || !json_is_array(shape) || !json_is_array(off) || json_array_size(off) != 2)
     return st_status_make(ST_CODE_CKPT, "%s: tensor '%s': header entry needs \"dtype\", \"shape\" and \"data_offsets\": [begin, end]",
                           path, name);
-  e->type.dtype = st_safetensors_dtype_parse(dt->string);
+  e->type.dtype = st_safetensors_dtype_parse(json_string_value(dt));
   if (e->type.dtype == ST_DTYPE_INVALID)
-    return st_status_make(ST_CODE_CKPT, "%s: tensor '%s': unknown dtype \"%s\"", path, name, dt->string);
-  if (shape->count > ST_MAX_RANK)
-    return st_status_make(ST_CODE_CKPT, "%s: tensor '%s': rank %zu exceeds %d", path, name, shape->count, ST_MAX_RANK);
-  e->type.rank = (int)shape->count;
-  for (size_t d = 0; d < shape->count; ++d) {
-    double x = shape->items[d].number;
-    if (shape->items[d].kind != ST_JSON_NUMBER || x < 0 || x != (double)(int64_t)x || x > 9.007199254740992e15)
+    return st_status_make(ST_CODE_CKPT, "%s: tensor '%s': unknown dtype \"%s\"", path, name, json_string_value(dt));
+  size_t rank = json_array_size(shape);
+  if (rank > ST_MAX_RANK) return st_status_make(ST_CODE_CKPT, "%s: tensor '%s': rank %zu exceeds %d", path, name, rank, ST_MAX_RANK);
+  e->type.rank = (int)rank;
+  for (size_t d = 0; d < rank; ++d) {
+    int64_t x = -1;
+    if (!st_json_as_int(json_array_get(shape, d), &x) || x < 0 || x > ((int64_t)1 << 53))
       return st_status_make(ST_CODE_CKPT, "%s: tensor '%s': shape dimension %zu is not a non-negative integer", path, name, d);
-    e->type.dims[d] = (int64_t)x;
+    e->type.dims[d] = x;
   }
-  double b = off->items[0].number, en = off->items[1].number;
-  if (off->items[0].kind != ST_JSON_NUMBER || off->items[1].kind != ST_JSON_NUMBER || b < 0 || en < b || b != (double)(int64_t)b ||
-      en != (double)(int64_t)en)
+  int64_t b = -1, en = -1;
+  if (!st_json_as_int(json_array_get(off, 0), &b) || !st_json_as_int(json_array_get(off, 1), &en) || b < 0 || en < b)
     return st_status_make(ST_CODE_CKPT, "%s: tensor '%s': data_offsets are not integers begin <= end", path, name);
-  if (en > (double)data_size)
-    return st_status_make(ST_CODE_CKPT, "%s: tensor '%s': data_offsets end %.0f is past the end of the data (%zu bytes): truncated file?",
-                          path, name, en, data_size);
+  if ((uint64_t)en > data_size)
+    return st_status_make(ST_CODE_CKPT, "%s: tensor '%s': data_offsets end %lld is past the end of the data (%zu bytes): truncated file?",
+                          path, name, (long long)en, data_size);
   size_t want = st_tensor_type_bytes(&e->type);
   if ((size_t)(en - b) != want) {
     char t[96];
-    return st_status_make(ST_CODE_CKPT, "%s: tensor '%s': %s needs %zu bytes but data_offsets span %.0f", path, name,
-                          st_tensor_type_format(&e->type, t, sizeof(t)), want, en - b);
+    return st_status_make(ST_CODE_CKPT, "%s: tensor '%s': %s needs %zu bytes but data_offsets span %lld", path, name,
+                          st_tensor_type_format(&e->type, t, sizeof(t)), want, (long long)(en - b));
   }
   e->offset = (size_t)b;
   e->bytes = want;
@@ -181,7 +179,7 @@ st_status st_safetensors_parse(const char* path, unsigned char* data, size_t siz
   f->data = data;
   f->size = size;
   st_status s = ST_OK;
-  st_json* h = NULL;
+  json_t* h = NULL;
   uint64_t n = 0;
   if (size < 8) {
     s = st_status_make(ST_CODE_CKPT, "%s: %zu bytes is too short for a safetensors file (truncated?)", path, size);
@@ -199,18 +197,20 @@ st_status st_safetensors_parse(const char* path, unsigned char* data, size_t siz
     s = st_status_recode(s, ST_CODE_CKPT, "%s: header", path);
     goto done;
   }
-  if (h->kind != ST_JSON_OBJECT) {
+  if (!json_is_object(h)) {
     s = st_status_make(ST_CODE_CKPT, "%s: header is not a JSON object", path);
     goto done;
   }
-  f->entries = st_xcalloc(h->count + 1, sizeof(*f->entries));
+  f->entries = st_xcalloc(json_object_size(h) + 1, sizeof(*f->entries));
   size_t data_size = size - f->data_start;
-  for (size_t i = 0; i < h->count && !s; ++i) {
-    if (!strcmp(h->keys[i], "__metadata__")) continue;
+  const char* key;
+  json_t* v;
+  json_object_foreach(h, key, v) {
+    if (!strcmp(key, "__metadata__")) continue;
     st_safetensors_entry* e = &f->entries[f->count];
-    s = st__parse_entry(path, h->keys[i], &h->items[i], data_size, e);
+    s = st__parse_entry(path, key, v, data_size, e);
     if (s) break;
-    e->name = st_xstrdup(h->keys[i]);
+    e->name = st_xstrdup(key);
     f->count++;
   }
   if (s) goto done;
@@ -231,7 +231,7 @@ st_status st_safetensors_parse(const char* path, unsigned char* data, size_t siz
                        at < data_size ? "trailing bytes" : "truncated");
   for (int i = 0; i < f->count; ++i) f->entries[i].offset += f->data_start;
 done:
-  st_json_free(h);
+  json_decref(h);
   if (s) {
     st_safetensors_free(f);
     return s;

@@ -29,8 +29,8 @@ void st_ckpt_free(st_ckpt* c) {
   free(c->dir);
   free(c->config_hash);
   free(c->bundle_key);
-  free(c->model_json);
-  free(c->config_json);
+  json_decref(c->model);
+  json_decref(c->config);
   free(c);
 }
 
@@ -49,81 +49,26 @@ const void* st_ckpt_tensor_data(const st_ckpt* c, const char* name, const st_ckp
   return NULL;
 }
 
-static json_t* st__to_tree(const st_json* j) {
-  switch (j->kind) {
-    case ST_JSON_NULL: return json_null();
-    case ST_JSON_BOOL: return st_json_bool(j->boolean);
-    case ST_JSON_NUMBER:
-      return j->number == floor(j->number) && fabs(j->number) < 9e15 ? st_json_int((int64_t)j->number) : st_json_num(j->number);
-    case ST_JSON_STRING: return st_json_str(j->string);
-    case ST_JSON_ARRAY:
-    case ST_JSON_OBJECT: {
-      json_t* v = j->kind == ST_JSON_ARRAY ? st_json_arr() : st_json_obj();
-      for (size_t i = 0; i < j->count; ++i) {
-        if (j->kind == ST_JSON_OBJECT)
-          st_json_put(v, j->keys[i], st__to_tree(&j->items[i]));
-        else
-          st_json_push(v, st__to_tree(&j->items[i]));
-      }
-      return v;
-    }
-  }
-  return json_null();
-}
-
-/* Serializes a parsed JSON value back to text (for the manifest's model and
- * config objects, which st_ckpt exposes as strings). */
-static void st__json_write(st_strbuf* b, const st_json* j) {
-  json_t* tree = st__to_tree(j);
-  char* text = st_json_dump(tree, 0);
-  json_decref(tree);
-  st_strbuf_append(b, text);
-  free(text);
-}
-
-static bool st__json_equal(const st_json* a, const st_json* b) {
-  if (a->kind != b->kind) return false;
-  switch (a->kind) {
-    case ST_JSON_NULL: return true;
-    case ST_JSON_BOOL: return a->boolean == b->boolean;
-    case ST_JSON_NUMBER: return a->number == b->number;
-    case ST_JSON_STRING: return !strcmp(a->string, b->string);
-    case ST_JSON_ARRAY:
-      if (a->count != b->count) return false;
-      for (size_t i = 0; i < a->count; ++i)
-        if (!st__json_equal(&a->items[i], &b->items[i])) return false;
-      return true;
-    case ST_JSON_OBJECT:
-      if (a->count != b->count) return false;
-      for (size_t i = 0; i < a->count; ++i) {
-        const st_json* o = st_json_get(b, a->keys[i]);
-        if (!o || !st__json_equal(&a->items[i], o)) return false;
-      }
-      return true;
-  }
-  return false;
-}
-
 /* "d_model 64 in the checkpoint, 32 now; n_layers ..." for the keys that differ. */
-static void st__model_diff(const st_json* have, const st_json* want, st_strbuf* out) {
-  st_strbuf a = {0}, b = {0};
-  for (size_t i = 0; i < want->count; ++i) {
-    const st_json* h = st_json_get(have, want->keys[i]);
-    if (h && st__json_equal(h, &want->items[i])) continue;
-    st_strbuf_reset(&a);
-    st_strbuf_reset(&b);
-    if (h) st__json_write(&a, h);
-    st__json_write(&b, &want->items[i]);
+static void st__model_diff(const json_t* have, const json_t* want, st_strbuf* out) {
+  const char* key;
+  json_t* w;
+  json_object_foreach((json_t*)want, key, w) {
+    const json_t* h = json_object_get(have, key);
+    if (h && st_json_same(h, w)) continue;
+    char* a = h ? st_json_dump(h, 0) : NULL;
+    char* b = st_json_dump(w, 0);
     if (out->len) st_strbuf_append(out, ", ");
-    st_strbuf_printf(out, "model.%s %s in the checkpoint, %s now", want->keys[i], h ? a.data : "(absent)", b.data);
+    st_strbuf_printf(out, "model.%s %s in the checkpoint, %s now", key, a ? a : "(absent)", b);
+    free(a);
+    free(b);
   }
-  for (size_t i = 0; i < have->count; ++i) {
-    if (st_json_get(want, have->keys[i])) continue;
+  json_t* h;
+  json_object_foreach((json_t*)have, key, h) {
+    if (json_object_get(want, key)) continue;
     if (out->len) st_strbuf_append(out, ", ");
-    st_strbuf_printf(out, "model.%s only in the checkpoint", have->keys[i]);
+    st_strbuf_printf(out, "model.%s only in the checkpoint", key);
   }
-  st_strbuf_free(&a);
-  st_strbuf_free(&b);
 }
 
 static bool st__plain_file_name(const char* s) {
@@ -152,12 +97,12 @@ static void st__type_str(const st_tensor_type* t, char* buf, size_t n) { st_tens
   } while (0)
 
 /* The manifest: present, self-consistent, readable by this build. */
-static st_status st__read_manifest(const char* dir, st_ckpt* c, st_json** out_json) {
+static st_status st__read_manifest(const char* dir, st_ckpt* c, json_t** out_json) {
   *out_json = NULL;
   char* path = st_path_join(dir, ST_CKPT_MANIFEST);
   char* text = NULL;
   size_t size = 0;
-  st_json* j = NULL;
+  json_t* j = NULL;
   st_status s = ST_OK;
   struct stat st;
   if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) ST__FAIL("checkpoint folder '%s' does not exist", dir);
@@ -175,13 +120,13 @@ static st_status st__read_manifest(const char* dir, st_ckpt* c, st_json** out_js
     s = st_status_recode(r, ST_CODE_CKPT, "'%s' is malformed", path);
     goto done;
   }
-  if (j->kind != ST_JSON_OBJECT) ST__FAIL("'%s' is malformed: not a JSON object", path);
+  if (!json_is_object(j)) ST__FAIL("'%s' is malformed: not a JSON object", path);
   /* Self-checksum: xxh64 of every byte before the line holding it. */
-  const st_json* mh = st_json_get(j, "manifest_xxh64");
+  const char* mh = json_string_value(json_object_get(j, "manifest_xxh64"));
   const char* mark = NULL;
   for (const char* p = strstr(text, "\"manifest_xxh64\""); p; p = strstr(p + 1, "\"manifest_xxh64\"")) mark = p;
   uint64_t want = 0;
-  if (!mh || mh->kind != ST_JSON_STRING || !mark || !st__parse_hex64(mh->string, &want))
+  if (!mh || !mark || !st__parse_hex64(mh, &want))
     ST__FAIL("'%s' has no valid \"manifest_xxh64\": not written by strata, or damaged", path);
   const char* line = mark;
   while (line > text && line[-1] != '\n') --line;
@@ -189,8 +134,8 @@ static st_status st__read_manifest(const char* dir, st_ckpt* c, st_json** out_js
   if (got != want)
     ST__FAIL("'%s' fails its checksum (xxh64 %016" PRIx64 " recorded, %016" PRIx64 " computed): the manifest was modified or damaged",
              path, want, got);
-  const st_json* fmt = st_json_get(j, "format");
-  if (!fmt || fmt->kind != ST_JSON_STRING || strcmp(fmt->string, ST_CKPT_FORMAT))
+  const char* fmt = json_string_value(json_object_get(j, "format"));
+  if (!fmt || strcmp(fmt, ST_CKPT_FORMAT))
     ST__FAIL("'%s': \"format\" is not \"%s\"", path, ST_CKPT_FORMAT);
   int64_t version = 0;
   if ((r = st_json_get_int(j, "version", path, &version))) {
@@ -211,9 +156,9 @@ static st_status st__read_manifest(const char* dir, st_ckpt* c, st_json** out_js
       ST__FAIL("'%s': \"%s\" is missing or not an integer", path, ints[i]);
     }
   }
-  const st_json* data = st_json_get(j, "data");
-  const st_json* rng = st_json_get(j, "rng");
-  const st_json* lr = st_json_get(j, "lr_schedule");
+  const json_t* data = json_object_get(j, "data");
+  const json_t* rng = json_object_get(j, "rng");
+  const json_t* lr = json_object_get(j, "lr_schedule");
   int64_t seed = 0;
   if (!data || (r = st_json_get_int(data, "position", path, &c->data_position)) || (r = st_json_get_int(data, "batch_size", path, &c->batch_size))) {
     st_status_free(r);
@@ -224,14 +169,14 @@ static st_status st__read_manifest(const char* dir, st_ckpt* c, st_json** out_js
     ST__FAIL("'%s': \"rng\" needs an integer \"seed\"", path);
   }
   c->seed = (uint64_t)seed;
-  const st_json* lrv = lr ? st_json_get(lr, "lr") : NULL;
-  if (!lr || !lrv || lrv->kind != ST_JSON_NUMBER || (r = st_json_get_int(lr, "total_steps", path, &c->total_steps))) {
+  const json_t* lrv = json_object_get(lr, "lr");
+  if (!lr || !json_is_number(lrv) || (r = st_json_get_int(lr, "total_steps", path, &c->total_steps))) {
     st_status_free(r);
     ST__FAIL("'%s': \"lr_schedule\" needs a number \"lr\" and an integer \"total_steps\"", path);
   }
-  c->lr = lrv->number;
-  const st_json* created = st_json_get(j, "created");
-  c->created = created && created->kind == ST_JSON_NUMBER ? created->number : 0;
+  c->lr = json_number_value(lrv);
+  const json_t* created = json_object_get(j, "created");
+  c->created = json_is_number(created) ? json_number_value(created) : 0;
   const char* str;
   if ((r = st_json_get_string(j, "config_hash", path, &str))) {
     st_status_free(r);
@@ -243,24 +188,19 @@ static st_status st__read_manifest(const char* dir, st_ckpt* c, st_json** out_js
     ST__FAIL("'%s': \"bundle_key\" is missing", path);
   }
   c->bundle_key = st_xstrdup(str);
-  const st_json* model = st_json_get(j, "model");
-  const st_json* config = st_json_get(j, "config");
-  if (!model || model->kind != ST_JSON_OBJECT || !config || config->kind != ST_JSON_OBJECT)
-    ST__FAIL("'%s': \"model\" and \"config\" must be objects", path);
-  st_strbuf b = {0};
-  st__json_write(&b, model);
-  c->model_json = b.data;
-  st_strbuf b2 = {0};
-  st__json_write(&b2, config);
-  c->config_json = b2.data;
+  json_t* model = json_object_get(j, "model");
+  json_t* config = json_object_get(j, "config");
+  if (!json_is_object(model) || !json_is_object(config)) ST__FAIL("'%s': \"model\" and \"config\" must be objects", path);
+  c->model = json_incref(model);
+  c->config = json_incref(config);
 
-  const st_json* files = st_json_get(j, "files");
-  const st_json* tensors = st_json_get(j, "tensors");
-  if (!files || files->kind != ST_JSON_ARRAY || !tensors || tensors->kind != ST_JSON_ARRAY)
+  const json_t* files = json_object_get(j, "files");
+  const json_t* tensors = json_object_get(j, "tensors");
+  if (!json_is_array(files) || !json_is_array(tensors))
     ST__FAIL("'%s': \"files\" and \"tensors\" must be arrays", path);
-  c->files = st_xcalloc(files->count + 1, sizeof(*c->files));
-  for (size_t i = 0; i < files->count; ++i) {
-    const st_json* f = &files->items[i];
+  c->files = st_xcalloc(json_array_size(files) + 1, sizeof(*c->files));
+  for (size_t i = 0; i < json_array_size(files); ++i) {
+    const json_t* f = json_array_get(files, i);
     const char* name = NULL;
     const char* hash = NULL;
     int64_t bytes = 0;
@@ -277,12 +217,12 @@ static st_status st__read_manifest(const char* dir, st_ckpt* c, st_json** out_js
     fi->bytes = (size_t)bytes;
     if (bytes < 0 || !st__parse_hex64(hash, &fi->xxh64)) ST__FAIL("'%s': files[%zu] has a bad size or xxh64", path, i);
   }
-  c->tensors = st_xcalloc(tensors->count + 1, sizeof(*c->tensors));
-  for (size_t i = 0; i < tensors->count; ++i) {
-    const st_json* t = &tensors->items[i];
+  c->tensors = st_xcalloc(json_array_size(tensors) + 1, sizeof(*c->tensors));
+  for (size_t i = 0; i < json_array_size(tensors); ++i) {
+    const json_t* t = json_array_get(tensors, i);
     const char *name = NULL, *file = NULL, *dtype = NULL, *hash = NULL;
     int64_t offset = 0, bytes = 0;
-    const st_json* shape = NULL;
+    const json_t* shape = NULL;
     r = st_json_get_string(t, "name", path, &name);
     if (!r) r = st_json_get_string(t, "file", path, &file);
     if (!r) r = st_json_get_string(t, "dtype", path, &dtype);
@@ -301,13 +241,14 @@ static st_status st__read_manifest(const char* dir, st_ckpt* c, st_json** out_js
     ti->bytes = (size_t)bytes;
     ti->type.dtype = st_safetensors_dtype_parse(dtype);
     if (ti->type.dtype == ST_DTYPE_INVALID) ST__FAIL("'%s': tensor '%s' has unknown dtype \"%s\"", path, name, dtype);
-    if (shape->count > ST_MAX_RANK) ST__FAIL("'%s': tensor '%s' has rank %zu > %d", path, name, shape->count, ST_MAX_RANK);
-    ti->type.rank = (int)shape->count;
-    for (size_t d = 0; d < shape->count; ++d) {
-      double x = shape->items[d].number;
-      if (shape->items[d].kind != ST_JSON_NUMBER || x < 0 || x != floor(x) || x > 9e15)
+    size_t rank = json_array_size(shape);
+    if (rank > ST_MAX_RANK) ST__FAIL("'%s': tensor '%s' has rank %zu > %d", path, name, rank, ST_MAX_RANK);
+    ti->type.rank = (int)rank;
+    for (size_t d = 0; d < rank; ++d) {
+      int64_t x = -1;
+      if (!st_json_as_int(json_array_get(shape, d), &x) || x < 0 || x > ((int64_t)1 << 53))
         ST__FAIL("'%s': tensor '%s' has a bad shape", path, name);
-      ti->type.dims[d] = (int64_t)x;
+      ti->type.dims[d] = x;
     }
     if (!st__parse_hex64(hash, &ti->xxh64)) ST__FAIL("'%s': tensor '%s' has a bad xxh64 \"%s\"", path, name, hash);
     if (st_tensor_type_bytes(&ti->type) != ti->bytes) ST__FAIL("'%s': tensor '%s': bytes %zu do not match its shape", path, name, ti->bytes);
@@ -321,7 +262,7 @@ done:
   free(path);
   free(text);
   if (s) {
-    st_json_free(j);
+    json_decref(j);
     return s;
   }
   *out_json = j;
@@ -329,20 +270,14 @@ done:
 }
 
 /* Is this the checkpoint of the model being trained? */
-static st_status st__check_expect(const st_ckpt* c, const st_json* manifest, const st_ckpt_expect* e) {
+static st_status st__check_expect(const st_ckpt* c, const json_t* manifest, const st_ckpt_expect* e) {
   st_status s = ST_OK;
   char* mpath = st_path_join(c->dir, ST_CKPT_MANIFEST);
-  st_json* want = NULL;
-  if (e->model_json) {
-    st_status r = st_json_parse(e->model_json, strlen(e->model_json), "model", &want);
-    if (r) {
-      s = st_status_recode(r, ST_CODE_INTERNAL, "expected model JSON does not parse");
-      goto done;
-    }
-    const st_json* have = st_json_get(manifest, "model");
-    if (!st__json_equal(have, want)) {
+  if (e->model) {
+    const json_t* have = json_object_get(manifest, "model");
+    if (!st_json_same(have, e->model)) {
       st_strbuf d = {0};
-      st__model_diff(have, want, &d);
+      st__model_diff(have, e->model, &d);
       s = st_status_make(ST_CODE_CKPT, "'%s': written for a different model config (%s)", mpath, d.data ? d.data : "?");
       st_strbuf_free(&d);
       goto done;
@@ -372,7 +307,6 @@ static st_status st__check_expect(const st_ckpt* c, const st_json* manifest, con
     }
   }
 done:
-  st_json_free(want);
   free(mpath);
   return s;
 }
@@ -440,14 +374,14 @@ st_status st_ckpt_open(const char* dir, const st_ckpt_expect* expect, st_ckpt** 
   c->dir = st_xstrdup(dir);
   size_t n = strlen(c->dir);
   while (n > 1 && c->dir[n - 1] == '/') c->dir[--n] = '\0';
-  st_json* manifest = NULL;
+  json_t* manifest = NULL;
   st_status s = st__read_manifest(c->dir, c, &manifest);
   if (!s && expect) s = st__check_expect(c, manifest, expect);
   if (!s) {
     c->loaded = st_xcalloc((size_t)c->file_count + 1, sizeof(st_safetensors*));
     for (int f = 0; f < c->file_count && !s; ++f) s = st__check_file(c, f, &c->loaded[f]);
   }
-  st_json_free(manifest);
+  json_decref(manifest);
   if (s) {
     st_ckpt_free(c);
     return s;

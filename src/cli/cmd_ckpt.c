@@ -157,7 +157,9 @@ static int st__inspect(const char* path, bool json) {
   printf("  lr schedule     lr %.6g at step %lld of %lld\n", c->lr, (long long)c->step, (long long)c->total_steps);
   printf("  config hash     %s\n", c->config_hash);
   printf("  bundle key      %s\n", c->bundle_key);
-  printf("  model           %s\n", c->model_json);
+  char* model = st_json_dump(c->model, 0);
+  printf("  model           %s\n", model);
+  free(model);
   printf("  files           %d, %s\n", c->file_count, size);
   for (int i = 0; i < c->file_count; ++i)
     printf("    %-24s %12zu bytes  xxh64 %016llx\n", c->files[i].file, c->files[i].bytes, (unsigned long long)c->files[i].xxh64);

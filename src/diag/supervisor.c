@@ -112,12 +112,12 @@ static int64_t st__last_recorded_step(const st__sup* S) {
     char* nl = strchr(line, '\n');
     if (nl) *nl = '\0';
     if (strstr(line, "\"loss\"")) {
-      st_json* j = NULL;
+      json_t* j = NULL;
       st_status r = st_json_parse(line, strlen(line), "metrics.jsonl", &j);
       int64_t v = 0;
-      if (!r && j->kind == ST_JSON_OBJECT && st_json_get(j, "loss") && !(r = st_json_get_int(j, "step", "metrics.jsonl", &v))) step = v;
+      if (!r && json_object_get(j, "loss") && !(r = st_json_get_int(j, "step", "metrics.jsonl", &v))) step = v;
       st_status_free(r);
-      st_json_free(j);
+      json_decref(j);
     }
     line = nl ? nl + 1 : NULL;
   }
@@ -205,20 +205,20 @@ static void st__tail_events(st__sup* S) {
     S->tail_offset += (long)(nl - line) + 1;
     st__incident* I = S->inc_count ? &S->inc[S->inc_count - 1] : NULL;
     if (I && I->restarted && !I->recovered && (strstr(line, "\"resumed\"") || strstr(line, "\"first_step\""))) {
-      st_json* j = NULL;
+      json_t* j = NULL;
       st_status r = st_json_parse(line, strlen(line), S->events_path, &j);
-      const st_json* ev = r ? NULL : st_json_get(j, "event");
-      const st_json* t = r ? NULL : st_json_get(j, "time");
-      double when = t && t->kind == ST_JSON_NUMBER ? t->number : st__wall();
-      if (ev && ev->kind == ST_JSON_STRING && !strcmp(ev->string, "resumed")) {
+      const char* ev = json_string_value(json_object_get(j, "event")); /* NULL unless a string */
+      const json_t* t = json_object_get(j, "time");
+      double when = json_is_number(t) ? json_number_value(t) : st__wall();
+      if (ev && !strcmp(ev, "resumed")) {
         int64_t from = 0;
         st_status_free(st_json_get_int(j, "from_step", "", &from));
-        const st_json* rs = st_json_get(j, "restore_s");
+        const json_t* rs = json_object_get(j, "restore_s");
         I->from_step = from;
-        I->restore_s = rs && rs->kind == ST_JSON_NUMBER ? rs->number : 0;
+        I->restore_s = json_is_number(rs) ? json_number_value(rs) : 0;
         I->resumed_at = when;
         I->resumed = true;
-      } else if (ev && ev->kind == ST_JSON_STRING && !strcmp(ev->string, "first_step")) {
+      } else if (ev && !strcmp(ev, "first_step")) {
         I->recovered_at = when;
         I->recovered = true;
         st__event(S, "recovered", st__incident_json(I));
@@ -228,7 +228,7 @@ static void st__tail_events(st__sup* S) {
         st__write_summary(S);
       }
       st_status_free(r);
-      st_json_free(j);
+      json_decref(j);
     }
     line = nl + 1;
   }

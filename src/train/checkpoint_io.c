@@ -163,7 +163,7 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
 
   /* The bundle key also hashes the exporter's sources; with
    * ckpt.allow_bundle_change only the model config and the tensors must match. */
-  st_ckpt_expect expect = {c->allow_bundle_change ? NULL : c->in.bundle->key, c->in.options->model_json, c->count, c->names,
+  st_ckpt_expect expect = {c->allow_bundle_change ? NULL : c->in.bundle->key, c->model, c->count, c->names,
                            c->types};
   st_ckpt* ck = NULL;
   int skipped = 0;

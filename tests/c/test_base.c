@@ -1,6 +1,7 @@
 /* test_base.c — src/base: the one out-of-memory policy, the growable
- * buffer, the float formatter. */
+ * buffer, the float formatter, JSON through jansson. */
 #include <dirent.h>
+#include <math.h>
 #include <regex.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -165,12 +166,144 @@ static void test_one_allocation_path(void** state) {
   assert_int_equal(bad, 0);
 }
 
+/*--- JSON (jansson through st_json_*) ----------------------------------------*/
+
+/* Any string survives a write and a read, and the text is valid JSON. */
+static void test_json_strings_round_trip(void** state) {
+  (void)state;
+  const char* strs[] = {"plain", "q\"uote", "back\\slash", "new\nline\r\t", "ctl\x01\x1f\x7f", "non-ASCII é ü 漢 😀", "",
+                        "{\"k\": [1, 2]}"};
+  for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); ++i) {
+    json_t* o = st_json_obj();
+    st_json_put_str(o, strs[i], strs[i]); /* as key and as value */
+    char* text = st_json_dump(o, 0);
+    json_t* back = NULL;
+    st_status s = st_json_parse(text, strlen(text), "test", &back);
+    if (s) fail_msg("%s: %s", text, st_status_message(s));
+    assert_string_equal(json_string_value(json_object_get(back, strs[i])), strs[i]);
+    json_decref(back);
+    json_decref(o);
+    free(text);
+  }
+  /* Bytes that are not UTF-8 become U+FFFD: still valid JSON. */
+  json_t* v = st_json_str("bad \xff\xfe end \xc3");
+  char* text = st_json_dump(v, 0);
+  assert_string_equal(text, "\"bad \xef\xbf\xbd\xef\xbf\xbd end \xef\xbf\xbd\"");
+  json_t* back = NULL;
+  assert_null(st_json_parse(text, strlen(text), "test", &back));
+  json_decref(back);
+  free(text);
+  json_decref(v);
+}
+
+/* Reals read back to the same double; non-finite ones are null. */
+static void test_json_numbers(void** state) {
+  (void)state;
+  const double xs[] = {0.1, 0.1 + 0.2, 1.0 / 3, 1e-8, 3e-4, 5e-324, 1.7976931348623157e308, -2.5, 10000.0, 5.5745022296905518};
+  json_t* arr = st_json_arr();
+  for (size_t i = 0; i < sizeof(xs) / sizeof(xs[0]); ++i) st_json_push(arr, st_json_num(xs[i]));
+  st_json_push(arr, st_json_num(NAN));
+  st_json_push(arr, st_json_num(-INFINITY));
+  char* text = st_json_dump(arr, 0);
+  json_t* back = NULL;
+  assert_null(st_json_parse(text, strlen(text), "test", &back));
+  for (size_t i = 0; i < sizeof(xs) / sizeof(xs[0]); ++i) assert_true(json_number_value(json_array_get(back, i)) == xs[i]);
+  assert_true(json_is_null(json_array_get(back, sizeof(xs) / sizeof(xs[0]))));
+  assert_true(json_is_null(json_array_get(back, sizeof(xs) / sizeof(xs[0]) + 1)));
+  json_decref(back);
+  free(text);
+  json_decref(arr);
+  /* Alone, short values are written short. */
+  json_t* o = st_json_obj();
+  st_json_put_num(o, "lr", 3e-4);
+  st_json_put_num(o, "theta", 10000.0);
+  st_json_put_num(o, "eps", 1e-8);
+  st_json_put(o, "t", st_json_fixed(0.1234567, 3));
+  st_json_put_int(o, "step", 7);
+  text = st_json_dump(o, 0);
+  assert_string_equal(text, "{\"lr\": 0.0003, \"theta\": 10000.0, \"eps\": 1e-8, \"t\": 0.123, \"step\": 7}");
+  free(text);
+  json_decref(o);
+}
+
+static void expect_parse_error(const char* text, const char* want) {
+  json_t* j = NULL;
+  st_status s = st_json_parse(text, strlen(text), "doc.json", &j);
+  assert_null(j);
+  if (!s) fail_msg("'%s' parsed", text);
+  if (!strstr(st_status_message(s), want)) fail_msg("'%s': got '%s', want '%s'", text, st_status_message(s), want);
+  assert_int_equal(st_status_code(s), ST_CODE_RUNTIME);
+  st_status_free(s);
+}
+
+static void test_json_reader_bounds(void** state) {
+  (void)state;
+  char deep[200];
+  size_t n = 0;
+  for (int i = 0; i < ST_JSON_MAX_DEPTH; ++i) deep[n++] = '[';
+  for (int i = 0; i < ST_JSON_MAX_DEPTH; ++i) deep[n++] = ']';
+  deep[n] = '\0';
+  json_t* j = NULL;
+  assert_null(st_json_parse(deep, n, "deep", &j));
+  json_decref(j);
+  memmove(deep + 1, deep, n + 1);
+  deep[0] = '[';
+  deep[n + 1] = ']';
+  deep[n + 2] = '\0';
+  expect_parse_error(deep, "doc.json:1:65: invalid JSON: nested deeper than 64 levels");
+  /* Brackets inside strings do not count. */
+  const char* in_string = "[\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\\\"\"]";
+  assert_null(st_json_parse(in_string, strlen(in_string), "s", &j));
+  json_decref(j);
+  expect_parse_error("{\"a\": 1,\n \"a\": 2}", "doc.json:2:");
+  expect_parse_error("[\"a\\u0000b\"]", "invalid JSON");
+  expect_parse_error("{\"a\": }", "doc.json:1:");
+  expect_parse_error("[1] x", "invalid JSON");
+  expect_parse_error("[99999999999999999999]", "invalid JSON");
+  expect_parse_error("\"\xff\"", "invalid JSON");
+}
+
+static void test_json_getters(void** state) {
+  (void)state;
+  json_t* j = NULL;
+  const char* text = "{\"i\": 3, \"r\": 4.0, \"f\": 4.5, \"s\": \"x\", \"a\": [1]}";
+  assert_null(st_json_parse(text, strlen(text), "g", &j));
+  int64_t v = 0;
+  assert_null(st_json_get_int(j, "i", "g", &v));
+  assert_int_equal(v, 3);
+  assert_null(st_json_get_int(j, "r", "g", &v)); /* an integral real is an integer */
+  assert_int_equal(v, 4);
+  st_status s = st_json_get_int(j, "f", "g", &v);
+  assert_non_null(strstr(st_status_message(s), "g: 'f' is missing or not an integer"));
+  st_status_free(s);
+  const char* str = NULL;
+  assert_null(st_json_get_string(j, "s", "g", &str));
+  assert_string_equal(str, "x");
+  s = st_json_get_string(j, "i", "g", &str);
+  assert_non_null(s);
+  st_status_free(s);
+  const json_t* a = NULL;
+  assert_null(st_json_get_array(j, "a", "g", &a));
+  s = st_json_get_array(NULL, "a", "g", &a);
+  assert_non_null(s);
+  st_status_free(s);
+  assert_true(st_json_same(json_object_get(j, "i"), json_object_get(json_object_get(j, "a"), 0)) == false);
+  json_t* one = json_integer(4);
+  assert_true(st_json_same(one, json_object_get(j, "r")));
+  json_decref(one);
+  json_decref(j);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_oom_aborts_with_message),
       cmocka_unit_test(test_alloc_never_null),
       cmocka_unit_test(test_format_double),
       cmocka_unit_test(test_one_allocation_path),
+      cmocka_unit_test(test_json_strings_round_trip),
+      cmocka_unit_test(test_json_numbers),
+      cmocka_unit_test(test_json_reader_bounds),
+      cmocka_unit_test(test_json_getters),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -100,7 +100,10 @@ static st_ckpt_snapshot* make_snapshot(int64_t step) {
 static st_ckpt_expect expect_model(void) {
   static st_tensor_type types[NT];
   for (int i = 0; i < NT; ++i) types[i] = type_of(i);
-  st_ckpt_expect e = {"bundlekey0000001", kModel, NT, kNames, types};
+  /* Parsed once and kept: the expectation borrows it. */
+  static json_t* model;
+  if (!model) model = json_loads(kModel, 0, NULL);
+  st_ckpt_expect e = {"bundlekey0000001", model, NT, kNames, types};
   return e;
 }
 
@@ -364,7 +367,7 @@ static void test_corruption_matrix(void** state) {
   expect_ckpt_error(st_ckpt_open(d30, &e, &c), "different bundle", "written with bundle otherbundle00002", "bundlekey0000001", NULL);
   /* Same model JSON, different tensor shape: the tensor is named. */
   st_ckpt_expect e2 = e;
-  e2.model_json = NULL;
+  e2.model = NULL;
   expect_ckpt_error(st_ckpt_open(d40, &e2, &c), "shape mismatch vs model", "tensor 'layers.0.wq' is f32[8,4] in the checkpoint",
                     "the model needs f32[8,8]", NULL);
   int skipped = 0;

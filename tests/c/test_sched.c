@@ -381,19 +381,19 @@ static void train(const char* tag, const char* const* extra, run_metrics* out) {
   free(raw);
   memset(out, 0, sizeof(*out));
   for (char* line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-    st_json* j = NULL;
+    json_t* j = NULL;
     st_status ps = st_json_parse(line, strlen(line), path, &j);
     if (ps) fail_msg("%s: %s\nline: %s", tag, st_status_message(ps), line);
     int64_t v = 0;
-    if (!st_json_get(j, "loss")) {
-      st_json_free(j);
+    if (!json_object_get(j, "loss")) {
+      json_decref(j);
       continue;
     }
     assert_true(out->steps < 8);
     int k = out->steps++;
     ASSERT_OK(st_json_get_int(j, "peak_live_bytes", path, &out->peak[k]));
     ASSERT_OK(st_json_get_int(j, "peak_live_bytes_predicted", path, &out->predicted[k]));
-    const st_json* cat = st_json_get(j, "peak_live_by_category");
+    const json_t* cat = json_object_get(j, "peak_live_by_category");
     assert_non_null(cat);
     ASSERT_OK(st_json_get_int(cat, "optimizer", path, &out->peak_opt[k]));
     ASSERT_OK(st_json_get_int(cat, "activations", path, &out->peak_act[k]));
@@ -405,7 +405,7 @@ static void train(const char* tag, const char* const* extra, run_metrics* out) {
     out->waits = v;
     ASSERT_OK(st_json_get_int(j, "live_mismatch_op", path, &v));
     if (v != -1) fail_msg("%s step %d: accounted live bytes differ from the plan's prediction after op %lld", tag, k + 1, (long long)v);
-    st_json_free(j);
+    json_decref(j);
   }
   free(text);
   assert_int_equal(out->steps, 3);
@@ -497,10 +497,10 @@ static void test_memory_accounting(void** state) {
   size_t n = 0;
   char* text = tu_read_file(trace, &n);
   assert_non_null(text);
-  st_json* j = NULL;
+  json_t* j = NULL;
   ASSERT_OK(st_json_parse(text, n, trace, &j));
-  assert_non_null(st_json_get(j, "traceEvents"));
-  st_json_free(j);
+  assert_non_null(json_object_get(j, "traceEvents"));
+  json_decref(j);
   free(text);
 }
 
