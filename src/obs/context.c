@@ -1,21 +1,58 @@
 /* context.c — the task context of a run (context.json, docs/design.md §4):
  * enough to tell, months later, what ran where with which versions. */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "strata/base.h"
 #include "strata/obs.h"
 
-/* First line of a command's output, or "" (the context is best effort:
- * a machine without git still trains). */
-static void st__command_line(const char* cmd, char* out, size_t n) {
+/* First line that `git -C <dir> <args...>` prints, or "" (the context is
+ * best effort: a machine without git still trains). git runs without a
+ * shell, so a source folder whose name holds quotes or spaces is passed
+ * through unchanged. */
+static void st__git_line(const char* dir, const char* const* args, char* out, size_t n) {
   out[0] = '\0';
-  FILE* p = popen(cmd, "r");
-  if (!p) return;
-  if (fgets(out, (int)n, p)) out[strcspn(out, "\n")] = '\0';
-  pclose(p);
+  int fd[2];
+  if (pipe(fd) != 0) return;
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(fd[0]);
+    close(fd[1]);
+    return;
+  }
+  if (pid == 0) {
+    const char* argv[16] = {"git", "-C", dir};
+    int k = 3;
+    for (int i = 0; args[i] && k < 15; ++i) argv[k++] = args[i];
+    argv[k] = NULL;
+    int devnull = open("/dev/null", O_WRONLY);
+    if (devnull >= 0) dup2(devnull, STDERR_FILENO);
+    dup2(fd[1], STDOUT_FILENO);
+    close(fd[0]);
+    close(fd[1]);
+    execvp("git", (char* const*)argv);
+    _exit(127);
+  }
+  close(fd[1]);
+  FILE* p = fdopen(fd[0], "r");
+  if (p) {
+    if (fgets(out, (int)n, p)) out[strcspn(out, "\n")] = '\0';
+    char drain[4096];
+    while (fread(drain, 1, sizeof(drain), p) > 0) {
+    }
+    fclose(p);
+  } else {
+    close(fd[0]);
+  }
+  int status;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) out[0] = '\0';
 }
 
 static void st__proc_field(const char* file, const char* key, char* out, size_t n) {
@@ -43,13 +80,10 @@ json_t* st_context_json(const st_context_facts* f) {
   st_json_put_str(c, "run_id", f->run_id);
   st_json_put_str(c, "strata_version", STRATA_VERSION);
   char commit[128], dirty[256];
-  st_strbuf cmd = {0};
-  st_strbuf_printf(&cmd, "git -C '%s' rev-parse HEAD 2>/dev/null", st_source_dir());
-  st__command_line(cmd.data, commit, sizeof(commit));
-  cmd.len = 0;
-  st_strbuf_printf(&cmd, "git -C '%s' status --porcelain --untracked-files=no 2>/dev/null | head -1", st_source_dir());
-  st__command_line(cmd.data, dirty, sizeof(dirty));
-  st_strbuf_free(&cmd);
+  const char* rev[] = {"rev-parse", "HEAD", NULL};
+  const char* status[] = {"status", "--porcelain", "--untracked-files=no", NULL};
+  st__git_line(st_source_dir(), rev, commit, sizeof(commit));
+  st__git_line(st_source_dir(), status, dirty, sizeof(dirty));
   st_json_put_str(c, "git_commit", commit);
   st_json_put(c, "git_dirty", commit[0] ? st_json_bool(dirty[0] != '\0') : json_null());
   st_json_put_str(c, "jax_version", f->jax_version);

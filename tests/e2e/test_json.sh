@@ -112,4 +112,20 @@ assert c['data']['path'] == corpus and c['runtime']['cache_dir'] == cache and c[
 print('  parsed %d JSON files' % len(parsed))
 PYEOF"
 
+# The source folder (STRATA_SOURCE_DIR, where context.json's git facts come
+# from) under a name with a single quote and a space: git used to run
+# through a shell with the folder in single quotes, so such a tree lost its
+# commit. A git repository of its own, so the commit to expect is known.
+SRC="$TMP/src 'q' é"
+mkdir -p "$SRC"
+for d in configs python .venv; do ln -s "$PWD/$d" "$SRC/$d"; done
+git -C "$SRC" init -q && git -C "$SRC" -c user.email=t@t -c user.name=t commit -q --allow-empty -m t
+WANT=$(git -C "$SRC" rev-parse HEAD)
+if STRATA_SOURCE_DIR="$SRC" "$STRATA" train "${BASE[@]}" "run.dir=$TMP/srcrun" train.steps=2 >"$TMP/out" 2>"$TMP/err"; then
+  check "context.json names the commit of a source folder whose name holds a quote" \
+    "$PY -c 'import json,sys; c=json.load(open(sys.argv[1])); sys.exit(0 if c[\"git_commit\"]==sys.argv[2] and c[\"git_dirty\"] is False else 1)' '$TMP/srcrun/context.json' '$WANT'"
+else
+  bad "train with a quoted STRATA_SOURCE_DIR exited $?: $(tail -3 "$TMP/err")"
+fi
+
 finish test_json
