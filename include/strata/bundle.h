@@ -42,6 +42,12 @@ typedef struct st_bundle_group {
   char* name;
   int param_count;
   char** params; /* local names, in program order */
+  /* The group's optimizer programs (groups[].programs; point into
+   * st_bundle.programs): accumulate two gradients, sum of squares of the
+   * gradients, AdamW update. */
+  const st_bundle_program* accum;
+  const st_bundle_program* sqnorm;
+  const st_bundle_program* adamw;
 } st_bundle_group;
 
 typedef struct st_bundle_param {
@@ -52,6 +58,23 @@ typedef struct st_bundle_param {
   st_tensor_type type;
   bool decay;
 } st_bundle_param;
+
+/* One stage of the model and the programs that serve it, by role
+ * (docs/bundle.md, "Program tables"): the embedding, one row of the layer
+ * table, the head. The plan builder takes every program name from here.
+ * Program pointers point into st_bundle.programs; NULL for a role the stage
+ * does not have. */
+typedef struct st_bundle_stage {
+  int index;                    /* block index; -1 for the embedding and the head */
+  const st_bundle_group* group; /* the stage's parameter group */
+  const st_bundle_program* init;    /* every stage */
+  const st_bundle_program* fwd;     /* embedding, block */
+  const st_bundle_program* bwd;     /* embedding, block (a block's recomputes its forward) */
+  const st_bundle_program* fwd_res; /* block: the forward that keeps the residuals */
+  const st_bundle_program* bwd_res; /* block: the backward from the residuals */
+  const st_bundle_program* loss;    /* head: loss, head gradients, dx */
+  const st_bundle_program* eval;    /* head: loss only */
+} st_bundle_stage;
 
 typedef struct st_bundle_model {
   int64_t vocab_size, d_model, n_layers, n_heads, d_ff, seq_len, microbatch_size;
@@ -73,6 +96,10 @@ typedef struct st_bundle {
   st_bundle_group* groups;
   int param_count;
   st_bundle_param* params;
+  st_bundle_stage embed;  /* "embed" */
+  st_bundle_stage head;   /* "head" */
+  int layer_count;        /* == model.n_layers */
+  st_bundle_stage* layers; /* "layers": the layer table, by block index */
 } st_bundle;
 
 /* Reads and validates <dir>/manifest.json and the program files' sha256. */
@@ -84,6 +111,9 @@ const st_bundle_program* st_bundle_program_find(const st_bundle* bundle, const c
 const st_bundle_group* st_bundle_group_find(const st_bundle* bundle, const char* name);
 /* Index of parameter |name| in bundle->params, -1 when absent. */
 int st_bundle_param_index(const st_bundle* bundle, const char* name);
+/* Index of the parameter |local| of |group| at |layer| (-1 for groups that
+ * are not per layer) in bundle->params, -1 when absent. */
+int st_bundle_param_of(const st_bundle* bundle, const char* group, int layer, const char* local);
 /* Signature of a program, for st_program_compile; points into |program|. */
 void st_bundle_program_signature(const st_bundle_program* program, st_tensor_type* inputs, st_tensor_type* outputs,
                                  st_program_signature* out_signature);

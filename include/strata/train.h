@@ -3,11 +3,14 @@
  * init -> compile -> run -> evaluate -> save, every transition an event in
  * <run>/events.jsonl.
  *
- * One step, top to bottom (src/train/step_plan.c builds it as a plan):
- *   batch -> embed_fwd -> block_fwd x L (keeping each block's input)
- *   -> head_loss (loss + head grads + dx) -> block_bwd x L in reverse
- *   -> embed_bwd -> (accumulate over microbatches) -> squared norms
- *   -> clip scale on the host -> adamw per layer.
+ * One step, top to bottom (src/train/step_plan.c builds it as a plan from
+ * the bundle's program tables; docs/architecture.md shows what it emits):
+ *   batch -> embed fwd -> block fwd (remat layers) or fwd_res x L
+ *   -> head loss (loss + head grads + dx) -> per block in reverse:
+ *   [RECOMPUTE fwd_res] bwd_res -> embed bwd -> (accumulate over
+ *   microbatches) -> squared norms -> clip scale on the host -> adamw per
+ *   group instance (or, with sched.optimizer=per_layer, each instance's
+ *   update inside the last backward).
  */
 #ifndef STRATA_TRAIN_H
 #define STRATA_TRAIN_H

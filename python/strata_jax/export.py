@@ -68,6 +68,27 @@ def param_table(cfg: ModelConfig) -> list[dict[str, Any]]:
     return rows
 
 
+def program_tables(cfg: ModelConfig, names: set[str]) -> dict[str, Any]:
+    """Which program plays which role (docs/bundle.md, "Program tables").
+
+    The C plan builder takes every program name from these tables and names
+    none itself. Every name must be one of |names| (the exported programs).
+    """
+    embed = {"group": "embed", "programs": {"init": "embed_init", "fwd": "embed_fwd", "bwd": "embed_bwd"}}
+    head = {"group": "head", "programs": {"init": "head_init", "loss": "head_loss", "eval": "head_eval"}}
+    block = {"init": "block_init", "fwd": "block_fwd", "bwd": "block_bwd",
+             "fwd_res": "block_fwd_res", "bwd_res": "block_bwd_res"}
+    layers = [{"index": i, "kind": "block", "group": "block", "programs": dict(block)} for i in range(cfg.n_layers)]
+    groups = [{"name": g, "params": list(M.group_param_names(cfg, g)),
+               "programs": {"accum": f"accum_{g}", "sqnorm": f"sqnorm_{g}", "adamw": f"adamw_{g}"}}
+              for g in GROUPS]
+    for table in [embed, head, *layers, *groups]:
+        for role, name in table["programs"].items():
+            if name not in names:
+                raise ExportError(f"program table names {name!r} for {role!r}, which was not exported")
+    return {"groups": groups, "embed": embed, "head": head, "layers": layers}
+
+
 def default_bundle_key(cfg: ModelConfig) -> str:
     canon = json.dumps(cfg.to_dict(), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canon.encode()).hexdigest()[:16]
@@ -94,6 +115,7 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
             "outputs": [s.to_json() for s in prog.outputs],
             "donated": list(prog.donated), "flops": int(flops),
         })
+    tables = program_tables(cfg, {e["name"] for e in entries})
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "bundle_key": bundle_key,
@@ -101,12 +123,11 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
         "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__},
         "model": cfg.to_dict(),
         "programs": entries,
-        "groups": [{"name": g, "params": list(M.group_param_names(cfg, g))} for g in GROUPS],
+        "groups": tables["groups"],
         "params": param_table(cfg),
-        "layers": [{"index": i, "kind": "block", "group": "block",
-                    "programs": {"init": "block_init", "fwd": "block_fwd", "bwd": "block_bwd",
-                                 "fwd_res": "block_fwd_res", "bwd_res": "block_bwd_res"}}
-                   for i in range(cfg.n_layers)],
+        "embed": tables["embed"],
+        "head": tables["head"],
+        "layers": tables["layers"],
     }
     if mesh is not None and mesh.devices > 1:
         manifest["mesh"] = mesh.to_json()

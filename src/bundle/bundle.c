@@ -76,6 +76,94 @@ static st_status st__model_from_json(const json_t* m, const char* where, st_bund
   return ST_OK;
 }
 
+/*===-------------------------------------------------------------------===*/
+/* Program tables: which program plays which role (docs/bundle.md)         */
+/*===-------------------------------------------------------------------===*/
+
+/* A role's program: a name the "programs" list must have. */
+static st_status st__role_program(const st_bundle* b, const json_t* progs, const char* role, const char* where,
+                                  const st_bundle_program** out) {
+  const json_t* v = json_object_get(progs, role);
+  if (!v) return ST_OK;
+  if (!json_is_string(v)) return st_status_make(ST_CODE_RUNTIME, "%s: programs.%s is not a program name", where, role);
+  *out = st_bundle_program_find(b, json_string_value(v));
+  if (!*out)
+    return st_status_make(ST_CODE_RUNTIME, "%s: programs.%s names '%s', which the bundle's programs list lacks", where,
+                          role, json_string_value(v));
+  return ST_OK;
+}
+
+/* Fills |out| from {"group": ..., "programs": {role: name}}; |required| is
+ * a space-separated list of roles the stage must have. Unknown roles are
+ * ignored: a newer exporter may name programs this reader does not use. */
+static st_status st__stage_from_json(const st_bundle* b, const json_t* sj, const char* where, const char* required,
+                                     st_bundle_stage* out) {
+  if (!json_is_object(sj))
+    return st_status_make(ST_CODE_RUNTIME, "%s is missing (a bundle from an older strata_jax: re-export it)", where);
+  const char* group = NULL;
+  ST_RETURN(st_json_get_string(sj, "group", where, &group));
+  out->group = st_bundle_group_find(b, group);
+  if (!out->group) return st_status_make(ST_CODE_RUNTIME, "%s: group '%s' is not in the groups list", where, group);
+  const json_t* progs = json_object_get(sj, "programs");
+  if (!json_is_object(progs)) return st_status_make(ST_CODE_RUNTIME, "%s: no programs object", where);
+  ST_RETURN(st__role_program(b, progs, "init", where, &out->init));
+  ST_RETURN(st__role_program(b, progs, "fwd", where, &out->fwd));
+  ST_RETURN(st__role_program(b, progs, "bwd", where, &out->bwd));
+  ST_RETURN(st__role_program(b, progs, "fwd_res", where, &out->fwd_res));
+  ST_RETURN(st__role_program(b, progs, "bwd_res", where, &out->bwd_res));
+  ST_RETURN(st__role_program(b, progs, "loss", where, &out->loss));
+  ST_RETURN(st__role_program(b, progs, "eval", where, &out->eval));
+  char role[16];
+  for (const char* r = required; *r;) {
+    size_t n = strcspn(r, " ");
+    snprintf(role, sizeof(role), "%.*s", (int)n, r);
+    if (!json_object_get(progs, role)) return st_status_make(ST_CODE_RUNTIME, "%s: programs has no '%s'", where, role);
+    r += n + (r[n] == ' ');
+  }
+  return ST_OK;
+}
+
+static st_status st__tables_parse(st_bundle* b, const json_t* root, const char* mpath) {
+  char where[300];
+  const json_t* groups = json_object_get(root, "groups");
+  for (int i = 0; i < b->group_count; ++i) {
+    st_bundle_group* g = &b->groups[i];
+    snprintf(where, sizeof(where), "%s: group '%s'", mpath, g->name);
+    const json_t* progs = json_object_get(json_array_get(groups, (size_t)i), "programs");
+    if (!json_is_object(progs))
+      return st_status_make(ST_CODE_RUNTIME, "%s has no programs object (a bundle from an older strata_jax: re-export it)",
+                            where);
+    ST_RETURN(st__role_program(b, progs, "accum", where, &g->accum));
+    ST_RETURN(st__role_program(b, progs, "sqnorm", where, &g->sqnorm));
+    ST_RETURN(st__role_program(b, progs, "adamw", where, &g->adamw));
+    if (!g->accum || !g->sqnorm || !g->adamw)
+      return st_status_make(ST_CODE_RUNTIME, "%s: programs needs accum, sqnorm and adamw", where);
+  }
+  b->embed.index = b->head.index = -1;
+  snprintf(where, sizeof(where), "%s: embed", mpath);
+  ST_RETURN(st__stage_from_json(b, json_object_get(root, "embed"), where, "init fwd bwd", &b->embed));
+  snprintf(where, sizeof(where), "%s: head", mpath);
+  ST_RETURN(st__stage_from_json(b, json_object_get(root, "head"), where, "init loss eval", &b->head));
+  const json_t* layers = NULL;
+  ST_RETURN(st_json_get_array(root, "layers", mpath, &layers));
+  size_t n_rows = json_array_size(layers);
+  if ((int64_t)n_rows != b->model.n_layers)
+    return st_status_make(ST_CODE_RUNTIME, "%s: the layer table has %zu rows for model.n_layers = %lld", mpath, n_rows,
+                          (long long)b->model.n_layers);
+  b->layers = st_xcalloc(n_rows + 1, sizeof(*b->layers));
+  b->layer_count = (int)n_rows;
+  for (int l = 0; l < b->layer_count; ++l) {
+    snprintf(where, sizeof(where), "%s: layers[%d]", mpath, l);
+    int64_t index = -1;
+    const json_t* row = json_array_get(layers, (size_t)l);
+    ST_RETURN(st_json_get_int(row, "index", where, &index));
+    if (index != l) return st_status_make(ST_CODE_RUNTIME, "%s: index is %lld; rows go in block order", where, (long long)index);
+    b->layers[l].index = l;
+    ST_RETURN(st__stage_from_json(b, row, where, "init fwd fwd_res bwd_res", &b->layers[l]));
+  }
+  return ST_OK;
+}
+
 static st_status st__bundle_parse(st_bundle* b, const json_t* root, const char* mpath) {
   int64_t schema = 0;
   ST_RETURN(st_json_get_int(root, "schema_version", mpath, &schema));
@@ -177,7 +265,7 @@ static st_status st__bundle_parse(st_bundle* b, const json_t* root, const char* 
     p->decay = json_is_true(json_object_get(pj, "decay"));
     ST_RETURN(st__tensor_type_from_json(pj, ctx, &p->type));
   }
-  return ST_OK;
+  return st__tables_parse(b, root, mpath);
 }
 
 st_status st_bundle_open(const char* dir, st_bundle** out_bundle) {
@@ -249,6 +337,7 @@ void st_bundle_destroy(st_bundle* b) {
     free(b->params[i].local);
   }
   free(b->params);
+  free(b->layers);
   free(b->dir);
   free(b->key);
   free(b->jax_version);
@@ -271,6 +360,14 @@ const st_bundle_group* st_bundle_group_find(const st_bundle* b, const char* name
 int st_bundle_param_index(const st_bundle* b, const char* name) {
   for (int i = 0; i < b->param_count; ++i)
     if (!strcmp(b->params[i].name, name)) return i;
+  return -1;
+}
+
+int st_bundle_param_of(const st_bundle* b, const char* group, int layer, const char* local) {
+  for (int i = 0; i < b->param_count; ++i) {
+    const st_bundle_param* p = &b->params[i];
+    if (p->layer == layer && !strcmp(p->group, group) && !strcmp(p->local, local)) return i;
+  }
   return -1;
 }
 
@@ -467,6 +564,26 @@ static st_status st__bundle_set_depth(st_bundle* b, int64_t n_layers) {
   if (first < 0 || per_layer == 0 || last - first + 1 != per_layer * (int)b->model.n_layers)
     return st_status_make(ST_CODE_RUNTIME, "bundle %s: its parameter table is not %lld layers of the same rows",
                           b->dir, (long long)b->model.n_layers);
+  /* The layer table likewise: layer 0's row serves every layer, which
+   * holds only when every row names the same programs. */
+  for (int l = 1; l < b->layer_count; ++l) {
+    const st_bundle_stage *a = &b->layers[0], *r = &b->layers[l];
+    if (a->group != r->group || a->init != r->init || a->fwd != r->fwd || a->bwd != r->bwd || a->fwd_res != r->fwd_res ||
+        a->bwd_res != r->bwd_res)
+      return st_status_make(ST_CODE_RUNTIME,
+                            "bundle %s: its layer table gives layer %d other programs than layer 0, so it serves only "
+                            "model.n_layers = %lld, not %lld; set bundle.dir to a bundle exported for this depth",
+                            b->dir, l, (long long)b->model.n_layers, (long long)n_layers);
+  }
+  if (b->layer_count < 1) return st_status_make(ST_CODE_RUNTIME, "bundle %s: its layer table is empty", b->dir);
+  st_bundle_stage* stages = st_xcalloc((size_t)n_layers + 1, sizeof(*stages));
+  for (int l = 0; l < n_layers; ++l) {
+    stages[l] = b->layers[0];
+    stages[l].index = l;
+  }
+  free(b->layers);
+  b->layers = NULL;
+  b->layer_count = 0;
   int n = b->param_count - (last - first + 1) + per_layer * (int)n_layers;
   st_bundle_param* v = st_xcalloc((size_t)n + 1, sizeof(*v));
   int k = 0;
@@ -493,6 +610,8 @@ static st_status st__bundle_set_depth(st_bundle* b, int64_t n_layers) {
   free(b->params);
   b->params = v;
   b->param_count = n;
+  b->layer_count = (int)n_layers;
+  b->layers = stages;
   b->model.n_layers = n_layers;
   return ST_OK;
 }

@@ -25,6 +25,9 @@
 #include "train/checkpoint_io.h"
 #include "train/train_internal.h"
 
+/* Parameters one init program may return. */
+#define ST__MAX_INIT_OUTPUTS 64
+
 
 static double st__now(void) {
   struct timespec ts;
@@ -158,10 +161,23 @@ static st_status st__plan_programs(st__trainer* t, const st_plan* plan, st_progr
   return ST_OK;
 }
 
-/* The init programs, one per parameter group. */
-static const char* const st__init_programs[3] = {"embed_init", "block_init", "head_init"};
+/* The stages in init order: the embedding, blocks 0..L-1, the head. */
+static const st_bundle_stage* st__stage(const st_bundle* b, int i) {
+  return i == 0 ? &b->embed : i <= b->layer_count ? &b->layers[i - 1] : &b->head;
+}
 
-/* Runs the init programs (seeded, per layer) and zeroes m and v. */
+/* The init program names of every stage, in that order (new array, owned
+ * by caller; the names are borrowed from the bundle). */
+static const char** st__init_programs(const st_bundle* b, int* out_count) {
+  int n = b->layer_count + 2;
+  const char** v = st_xcalloc((size_t)n, sizeof(*v));
+  for (int i = 0; i < n; ++i) v[i] = st__stage(b, i)->init->name;
+  *out_count = n;
+  return v;
+}
+
+/* Runs every stage's init program (seeded; a block's also takes its index
+ * and the depth) and zeroes m and v. */
 static st_status st__init_state(st__trainer* t) {
   const st_bundle* b = t->bundle;
   st_tensor_type s32 = {ST_DTYPE_S32, 0, {0}};
@@ -171,45 +187,44 @@ static st_status st__init_state(st__trainer* t) {
   st_buffer* depth_buf = NULL;
   ST_RETURN(st_buffer_from_host(t->runtime, 0, &s32, &seed, &seed_buf));
   st_status s = st_buffer_from_host(t->runtime, 0, &s32, &depth, &depth_buf);
-  const char* groups[3] = {"embed", "block", "head"};
   /* Compiled with the step's programs on a fresh start; only a resume that
    * found no checkpoint gets here without them. */
-  if (!s) s = st__compile_programs(t, NULL, 0, st__init_programs, 3);
-  for (int g = 0; g < 3 && !s; ++g) {
-    const char* prog = st__init_programs[g];
-    const st_bundle_program* bp = st_bundle_program_find(b, prog);
+  int n_init = 0;
+  const char** init = st__init_programs(b, &n_init);
+  if (!s) s = st__compile_programs(t, NULL, 0, init, n_init);
+  free(init);
+  for (int i = 0; i < b->layer_count + 2 && !s; ++i) {
+    const st_bundle_stage* stage = st__stage(b, i);
+    const st_bundle_group* grp = stage->group;
+    const st_bundle_program* bp = stage->init;
     st_program* p = t->compiled[bp - b->programs];
-    int layers = g == 1 ? (int)b->model.n_layers : 1;
-    const st_bundle_group* grp = st_bundle_group_find(b, groups[g]);
-    for (int l = 0; l < layers && !s; ++l) {
-      /* block_init(seed, layer, n_layers); the others take the seed alone */
-      st_buffer* in[3] = {seed_buf, NULL, depth_buf};
-      int32_t layer = l;
-      if (g == 1) s = st_buffer_from_host(t->runtime, 0, &s32, &layer, &in[1]);
-      st_buffer* outs[64] = {0};
-      if (!s) s = st_program_execute(p, 0, in, g == 1 ? 3 : 1, outs, grp->param_count, NULL);
-      st_buffer_destroy(in[1]);
-      for (int k = 0; k < grp->param_count; ++k) {
-        if (s) {
-          st_buffer_destroy(outs[k]);
-          continue;
-        }
-        char name[256];
-        if (g == 1) {
-          snprintf(name, sizeof(name), "layers.%d.%s", l, grp->params[k]);
-        } else {
-          snprintf(name, sizeof(name), "%s", grp->params[k]);
-        }
-        int slot = st_plan_slot_find(&t->step_plan, name);
-        if (slot < 0) {
-          st_buffer_destroy(outs[k]);
-          s = st_status_make(ST_CODE_INTERNAL, "init: no slot for parameter '%s'", name);
-          continue;
-        }
-        st_executor_set(t->ex, slot, outs[k]);
+    bool block = stage->index >= 0;
+    /* a block's init(seed, layer, n_layers); the others take the seed alone */
+    st_buffer* in[3] = {seed_buf, NULL, depth_buf};
+    int32_t layer = stage->index;
+    st_buffer* outs[ST__MAX_INIT_OUTPUTS] = {0};
+    if (grp->param_count > ST__MAX_INIT_OUTPUTS || bp->output_count != grp->param_count)
+      s = st_status_make(ST_CODE_RUNTIME, "bundle %s: '%s' returns %d tensors for the %d parameters of group '%s'", b->dir,
+                         bp->name, bp->output_count, grp->param_count, grp->name);
+    if (!s && block) s = st_buffer_from_host(t->runtime, 0, &s32, &layer, &in[1]);
+    if (!s) s = st_program_execute(p, 0, in, block ? 3 : 1, outs, grp->param_count, NULL);
+    st_buffer_destroy(in[1]);
+    for (int k = 0; k < grp->param_count && k < ST__MAX_INIT_OUTPUTS; ++k) {
+      if (s) {
+        st_buffer_destroy(outs[k]);
+        continue;
       }
+      int pi = st_bundle_param_of(b, grp->name, stage->index, grp->params[k]);
+      int slot = pi >= 0 ? st_plan_slot_find(&t->step_plan, b->params[pi].name) : -1;
+      if (slot < 0) {
+        st_buffer_destroy(outs[k]);
+        s = st_status_make(ST_CODE_INTERNAL, "init: no slot for parameter '%s' of group '%s' layer %d", grp->params[k],
+                           grp->name, stage->index);
+        continue;
+      }
+      st_executor_set(t->ex, slot, outs[k]);
     }
-    if (s) s = st_status_annotate(s, "initialising parameters with %s", prog);
+    if (s) s = st_status_annotate(s, "initialising parameters with %s", bp->name);
   }
   st_buffer_destroy(seed_buf);
   st_buffer_destroy(depth_buf);
@@ -486,7 +501,10 @@ st_status st_train_main(const st_config* cfg) {
     t.compiled = st_xcalloc((size_t)bundle->program_count + 1, sizeof(st_program*));
     t.compile_s = st_xcalloc((size_t)bundle->program_count + 1, sizeof(double));
     const st_plan* plans[2] = {&t.step_plan, &t.eval_plan};
-    s = st__compile_programs(&t, plans, 2, st__init_programs, resume ? 0 : 3);
+    int n_init = 0;
+    const char** init = st__init_programs(bundle, &n_init);
+    s = st__compile_programs(&t, plans, 2, init, resume ? 0 : n_init);
+    free(init);
   }
   if (!s) s = st__plan_programs(&t, &t.step_plan, &t.step_programs);
   if (!s) s = st__plan_programs(&t, &t.eval_plan, &t.eval_programs);

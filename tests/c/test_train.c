@@ -4,7 +4,9 @@
  *     compile the same programs, each once (runtime counters);
  *   - the block backward program matches finite differences of the block
  *     forward program, input by input (directional derivatives, f32,
- *     small shapes). */
+ *     small shapes);
+ *   - the plan builder takes every program name from the bundle's program
+ *     tables (renamed programs, a layer with programs of its own). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -305,10 +307,121 @@ static void test_block_backward_matches_finite_differences(void** state) {
   st_bundle_destroy(b);
 }
 
+/* Rewrites a copy of a bundle's manifest (argv[1]): every program renamed
+ * "<name>_v2", and layer 1 served by programs of its own ("layer1_*", the
+ * same files). Tables an older manifest lacks are left alone. */
+static const char* kRenameScript =
+    "import json, sys\n"
+    "p = sys.argv[1]\n"
+    "m = json.load(open(p))\n"
+    "for e in m['programs']: e['name'] += '_v2'\n"
+    "tables = m['groups'] + m['layers'] + [m.get('embed'), m.get('head')]\n"
+    "for t in tables:\n"
+    "    if t and 'programs' in t: t['programs'] = {k: v + '_v2' for k, v in t['programs'].items()}\n"
+    "byname = {e['name']: e for e in m['programs']}\n"
+    "for role in ('fwd', 'fwd_res', 'bwd_res'):\n"
+    "    e = dict(byname['block_' + role + '_v2'], name='layer1_' + role)\n"
+    "    m['programs'].append(e)\n"
+    "    m['layers'][1]['programs'][role] = e['name']\n"
+    "json.dump(m, open(p, 'w'), indent=2)\n";
+
+static bool starts_with(const char* s, const char* prefix) { return !strncmp(s, prefix, strlen(prefix)); }
+static bool ends_with(const char* s, const char* suffix) {
+  size_t n = strlen(s), k = strlen(suffix);
+  return n >= k && !strcmp(s + n - k, suffix);
+}
+
+/* The program of |plan| launched (or recomputed) at |layer| whose name
+ * starts with |prefix|; NULL when none. */
+static const char* launched(const st_plan* plan, st_op_kind kind, int layer, const char* prefix) {
+  for (int i = 0; i < plan->op_count; ++i) {
+    const st_op* op = &plan->ops[i];
+    if (op->kind == kind && op->layer == layer && starts_with(plan->programs[op->program], prefix))
+      return plan->programs[op->program];
+  }
+  return NULL;
+}
+
+static void test_plan_takes_program_names_from_the_bundle(void** state) {
+  (void)state;
+  st_bundle* b = ensure_bundle(2, true);
+  char dir[512], cmd[4096];
+  snprintf(dir, sizeof(dir), "%s/renamed", g_tmp);
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s' && cp -r '%s' '%s' && '%s/.venv/bin/python' -c \"$STRATA_RENAME\" '%s/manifest.json'",
+           dir, b->dir, dir, STRATA_SOURCE_DIR, dir);
+  setenv("STRATA_RENAME", kRenameScript, 1);
+  assert_int_equal(system(cmd), 0);
+  unsetenv("STRATA_RENAME");
+  st_bundle* r = NULL;
+  ASSERT_OK(st_bundle_open(dir, &r));
+
+  st_train_options o;
+  memset(&o, 0, sizeof(o));
+  o.microbatches = 2;
+  o.batch_size = 4;
+  o.eval_batches = 1;
+  o.sched.remat = "0"; /* layer 0 recomputes, layer 1 keeps its residuals */
+  st_plan step, eval, step0, eval0;
+  ASSERT_OK(st_train_build_plans(r, &o, &step, &eval));
+  ASSERT_OK(st_train_build_plans(b, &o, &step0, &eval0));
+  /* The same step, only the names differ. */
+  assert_int_equal(step.op_count, step0.op_count);
+  assert_int_equal(eval.op_count, eval0.op_count);
+  assert_int_equal(step.program_count, step0.program_count + 2); /* layer1_fwd_res, layer1_bwd_res */
+  const st_plan* plans[2] = {&step, &eval};
+  for (int p = 0; p < 2; ++p) {
+    for (int i = 0; i < plans[p]->program_count; ++i) {
+      const char* name = plans[p]->programs[i];
+      if (!ends_with(name, "_v2") && !starts_with(name, "layer1_")) fail_msg("plan launches '%s', not in the tables", name);
+    }
+    for (int i = 0; i < plans[p]->op_count; ++i) {
+      const st_op* op = &plans[p]->ops[i];
+      if (op->kind != ST_OP_LAUNCH && op->kind != ST_OP_RECOMPUTE) continue;
+      const char* name = plans[p]->programs[op->program];
+      /* Layer 0 never runs layer 1's programs; layer 1 runs only its own
+       * and its group's optimizer programs. */
+      if (op->layer == 0 && starts_with(name, "layer1_")) fail_msg("layer 0 launches '%s'", name);
+      if (op->layer == 1 && !starts_with(name, "layer1_") && !ends_with(name, "_block_v2"))
+        fail_msg("layer 1 launches '%s'", name);
+    }
+  }
+  assert_non_null(launched(&step, ST_OP_LAUNCH, 1, "layer1_fwd_res"));
+  assert_non_null(launched(&step, ST_OP_LAUNCH, 1, "layer1_bwd_res"));
+  assert_non_null(launched(&eval, ST_OP_LAUNCH, 1, "layer1_fwd"));
+  assert_non_null(launched(&step, ST_OP_LAUNCH, 0, "block_fwd_v2"));
+  assert_non_null(launched(&step, ST_OP_RECOMPUTE, 0, "block_fwd_res_v2"));
+  assert_non_null(launched(&step, ST_OP_LAUNCH, -1, "head_loss_v2"));
+  assert_non_null(launched(&step, ST_OP_LAUNCH, -1, "embed_bwd_v2"));
+  assert_non_null(launched(&step, ST_OP_LAUNCH, 1, "adamw_block_v2"));
+  assert_non_null(launched(&eval, ST_OP_LAUNCH, -1, "head_eval_v2"));
+  assert_null(launched(&step, ST_OP_LAUNCH, 1, "block_"));
+
+  /* Layer 1's own programs tie this table to its depth: another depth is
+   * refused, naming the layer, rather than served with layer 0's row. */
+  char model[1024];
+  snprintf(model, sizeof(model), kModelFmt, 3, "true");
+  st_bundle_request req = {model, g_tmp, dir};
+  st_bundle* r3 = NULL;
+  bool exported = false;
+  st_status s = st_bundle_ensure(&req, &r3, &exported);
+  assert_non_null(s);
+  assert_non_null(strstr(st_status_message(s), "gives layer 1 other programs than layer 0"));
+  st_status_free(s);
+  assert_null(r3);
+
+  st_plan_deinit(&step);
+  st_plan_deinit(&eval);
+  st_plan_deinit(&step0);
+  st_plan_deinit(&eval0);
+  st_bundle_destroy(r);
+  st_bundle_destroy(b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_program_count_independent_of_depth),
       cmocka_unit_test(test_block_backward_matches_finite_differences),
+      cmocka_unit_test(test_plan_takes_program_names_from_the_bundle),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

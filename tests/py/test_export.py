@@ -67,6 +67,18 @@ def test_manifest_is_complete(bundles: dict[int, tuple[str, dict[str, Any]]]) ->
         assert man["groups"][2]["params"] == ["final_norm"]
         assert len(man["params"]) == 1 + 9 * n + 1
         assert len(man["layers"]) == n and man["layers"][-1]["index"] == n - 1
+        # The program tables: the C plan builder takes every name from them.
+        assert man["embed"] == {"group": "embed", "programs": {
+            "init": "embed_init", "fwd": "embed_fwd", "bwd": "embed_bwd"}}
+        assert man["head"] == {"group": "head", "programs": {
+            "init": "head_init", "loss": "head_loss", "eval": "head_eval"}}
+        assert all(row["programs"] == {"init": "block_init", "fwd": "block_fwd", "bwd": "block_bwd",
+                                       "fwd_res": "block_fwd_res", "bwd_res": "block_bwd_res"}
+                   for row in man["layers"])
+        assert [g["programs"] for g in man["groups"]] == [
+            {"accum": f"accum_{g}", "sqnorm": f"sqnorm_{g}", "adamw": f"adamw_{g}"} for g in ("embed", "block", "head")]
+        named = [v for t in [man["embed"], man["head"], *man["layers"], *man["groups"]] for v in t["programs"].values()]
+        assert set(named) <= {p["name"] for p in man["programs"]}
         assert len({p["name"] for p in man["params"]}) == len(man["params"])
         wq = next(p for p in man["params"] if p["name"] == f"layers.{n - 1}.wq")
         assert wq == {"name": f"layers.{n - 1}.wq", "group": "block", "layer": n - 1, "local": "wq",
@@ -78,6 +90,14 @@ def test_manifest_is_complete(bundles: dict[int, tuple[str, dict[str, Any]]]) ->
                 assert hashlib.sha256(f.read()).hexdigest() == p["sha256"]
             assert p["flops"] >= 0
         assert not [x for x in os.listdir(os.path.dirname(d)) if ".tmp-" in x or ".old-" in x]
+
+
+def test_program_tables_name_only_exported_programs() -> None:
+    cfg = ModelConfig.from_dict(tiny_model())
+    names = {p.name for p in build_programs(cfg)}
+    assert E.program_tables(cfg, names)["layers"][0]["programs"]["bwd_res"] == "block_bwd_res"
+    with pytest.raises(E.ExportError, match="block_bwd_res"):
+        E.program_tables(cfg, names - {"block_bwd_res"})
 
 
 def test_programs_do_not_depend_on_n_layers(
