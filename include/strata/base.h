@@ -1,7 +1,8 @@
 /*
  * strata/base.h — small utilities every module uses: allocation, a growable
- * buffer, files written durably, hashes, and JSON (jansson) reading and
- * writing.
+ * buffer, files written durably, the monotonic clock, hashes, and JSON
+ * (jansson) reading and writing. Helpers more than one module needs live
+ * here, once.
  *
  * Nothing here keeps global state; everything is reentrant.
  *
@@ -83,6 +84,16 @@ st_status st_fs_read_file(const char* path, char** out_data, size_t* out_size);
 /* Writes |path| durably: temp file in the same folder, fsync, rename, fsync
  * of the folder. Either the old or the new content survives a crash. */
 st_status st_fs_write_atomic(const char* path, const void* data, size_t size);
+/* st_fs_write_atomic of |count| pieces written one after the other (a
+ * header and a payload, without copying them into one buffer). */
+typedef struct st_fs_piece {
+  const void* data;
+  size_t size;
+} st_fs_piece;
+st_status st_fs_write_atomic_pieces(const char* path, const st_fs_piece* pieces, int count);
+/* Writes all |size| bytes to |fd|, across short writes and EINTR. Errors
+ * are ST_CODE_IO naming |path| (the file |fd| is open on). */
+st_status st_fs_write_all(int fd, const void* data, size_t size, const char* path);
 /* mkdir -p. */
 st_status st_fs_mkdirs(const char* path);
 bool st_fs_exists(const char* path);
@@ -119,6 +130,13 @@ char* st_path_join(const char* a, const char* b);
 /* Default cache root: $STRATA_CACHE_DIR, else $HOME/.cache/strata, else
  * ./.strata-cache. Returns a new string owned by the caller. */
 char* st_cache_root(const char* configured /* runtime.cache_dir, may be NULL/"" */);
+
+/*===-------------------------------------------------------------------===*/
+/* Time                                                                     */
+/*===-------------------------------------------------------------------===*/
+
+/* Seconds on the monotonic clock: for durations, never for dates. */
+double st_now(void);
 
 /*===-------------------------------------------------------------------===*/
 /* Hashes                                                                   */

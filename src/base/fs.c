@@ -61,7 +61,21 @@ static st_status st__fsync_dir_of(const char* path) {
   return ST_OK;
 }
 
-st_status st_fs_write_atomic(const char* path, const void* data, size_t size) {
+st_status st_fs_write_all(int fd, const void* data, size_t size, const char* path) {
+  const char* p = data;
+  while (size > 0) {
+    ssize_t w = write(fd, p, size);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return st_status_make(ST_CODE_IO, "write to '%s' failed: %s", path, strerror(errno));
+    }
+    p += w;
+    size -= (size_t)w;
+  }
+  return ST_OK;
+}
+
+st_status st_fs_write_atomic_pieces(const char* path, const st_fs_piece* pieces, int count) {
   /* A unique temporary name (mkostemp), not one per process: two threads
    * (e.g. a batch compile filling the executable cache) may write at once. */
   char tmp[PATH_MAX];
@@ -70,19 +84,12 @@ st_status st_fs_write_atomic(const char* path, const void* data, size_t size) {
   int fd = mkostemp(tmp, O_CLOEXEC);
   if (fd < 0) return st_status_make(ST_CODE_IO, "cannot create '%s': %s", tmp, strerror(errno));
   (void)fchmod(fd, 0644); /* mkostemp makes 0600; these files are shared like any output */
-  const char* p = data;
-  size_t left = size;
-  while (left > 0) {
-    ssize_t w = write(fd, p, left);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      int saved = errno;
-      close(fd);
-      unlink(tmp);
-      return st_status_make(ST_CODE_IO, "write to '%s' failed: %s", tmp, strerror(saved));
-    }
-    p += w;
-    left -= (size_t)w;
+  st_status s = ST_OK;
+  for (int i = 0; i < count && !s; ++i) s = st_fs_write_all(fd, pieces[i].data, pieces[i].size, tmp);
+  if (s) {
+    close(fd);
+    unlink(tmp);
+    return s;
   }
   if (fsync(fd) != 0) {
     int saved = errno;
@@ -101,6 +108,11 @@ st_status st_fs_write_atomic(const char* path, const void* data, size_t size) {
     return st_status_make(ST_CODE_IO, "rename '%s' -> '%s' failed: %s", tmp, path, strerror(saved));
   }
   return st__fsync_dir_of(path);
+}
+
+st_status st_fs_write_atomic(const char* path, const void* data, size_t size) {
+  st_fs_piece piece = {data, size};
+  return st_fs_write_atomic_pieces(path, &piece, 1);
 }
 
 st_status st_fs_lock(const char* path, int* out_fd, long* out_holder) {

@@ -25,12 +25,6 @@
 #include "strata/base.h"
 #include "strata/ckpt.h"
 
-static double st__now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 const char* st_ckpt_point_name(st_ckpt_point p) {
   switch (p) {
     case ST_CKPT_AT_BEGIN: return "begin";
@@ -333,26 +327,14 @@ static char* st__manifest_text(const st_ckpt_snapshot* snap, const st__file_rec*
 static st_status st__write_small(const char* path, const char* text) {
   int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return st__errno("creating", path, errno);
-  size_t n = strlen(text);
-  const char* p = text;
-  st_status s = ST_OK;
-  while (n > 0) {
-    ssize_t k = write(fd, p, n);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      s = st__errno("writing", path, errno);
-      break;
-    }
-    p += k;
-    n -= (size_t)k;
-  }
+  st_status s = st__as_ckpt(st_fs_write_all(fd, text, strlen(text), path));
   if (!s && fsync(fd) != 0) s = st__errno("fsync of", path, errno);
   if (close(fd) != 0 && !s) s = st__errno("closing", path, errno);
   return s;
 }
 
 st_status st_ckpt_save(const st_ckpt_save_options* o, const st_ckpt_snapshot* snap, st_ckpt_save_result* result) {
-  double t0 = st__now();
+  double t0 = st_now();
   char name[64];
   snprintf(name, sizeof(name), "step_%lld", (long long)snap->meta.step);
   if (result) {
@@ -439,7 +421,7 @@ st_status st_ckpt_save(const st_ckpt_save_options* o, const st_ckpt_snapshot* sn
   if (!s) removed = st_ckpt_retain(o->root, o->keep, o->keep_every);
   if (s && created && !renamed) st_status_free(st_fs_remove_tree(tmp));
   if (result) {
-    result->write_s = st__now() - t0;
+    result->write_s = st_now() - t0;
     result->bytes = bytes;
     result->removed = removed;
     if (!s) result->dir = st_xstrdup(final);

@@ -30,12 +30,6 @@ static const char kMatmulProgram[] =
     "  }\n"
     "}\n";
 
-static double st__now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void st__usage(FILE* out) {
   fprintf(out,
           "usage: strata doctor [runtime.plugin=PATH] [runtime.cpu_devices=N] [runtime.deterministic=true|false]\n");
@@ -142,10 +136,10 @@ static st_status st__matmul_bench(st_runtime* rt, double* out_median_gflops, dou
   while (!s && runs < ST__DOCTOR_MAX_RUNS && total < 0.5) {
     st_buffer* out = NULL;
     st_event* done = NULL;
-    double t0 = st__now();
+    double t0 = st_now();
     s = st_program_execute(prog, 0, in, 2, &out, 1, &done);
     if (!s) s = st_event_await(done);
-    double dt = st__now() - t0;
+    double dt = st_now() - t0;
     st_event_destroy(done);
     st_buffer_destroy(out);
     if (s) break;

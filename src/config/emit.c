@@ -15,6 +15,7 @@
 #include <yaml.h>
 
 #include "config/internal.h"
+#include "strata/base.h"
 
 enum { kMaxNesting = 16 };
 
@@ -187,21 +188,14 @@ st_status st_config_write_yaml(const st_config* config, FILE* out) {
 }
 
 st_status st_config_save(const st_config* config, const char* path) {
-  st_strbuf tmp = {0};
-  st_strbuf_printf(&tmp, "%s.tmp.%ld", path, (long)getpid());
-  FILE* f = fopen(tmp.data, "wb");
-  if (!f) {
-    st_status s = st_status_make(ST_CODE_IO, "cannot write %s: %s", tmp.data, strerror(errno));
-    st_strbuf_free(&tmp);
-    return s;
-  }
+  char* buf = NULL;
+  size_t size = 0;
+  FILE* f = open_memstream(&buf, &size);
+  if (!f) st_oom("the config as YAML");
   st_status s = st_config_write_yaml(config, f);
-  if (!s && fsync(fileno(f)) != 0) s = st_status_make(ST_CODE_IO, "cannot sync %s: %s", tmp.data, strerror(errno));
-  if (fclose(f) != 0 && !s) s = st_status_make(ST_CODE_IO, "cannot write %s: %s", tmp.data, strerror(errno));
-  if (!s && rename(tmp.data, path) != 0)
-    s = st_status_make(ST_CODE_IO, "cannot rename %s to %s: %s", tmp.data, path, strerror(errno));
-  if (s) unlink(tmp.data);
-  st_strbuf_free(&tmp);
+  if (fclose(f) != 0) st_oom("the config as YAML");
+  if (!s) s = st_fs_write_atomic(path, buf, size);
+  free(buf);
   return s;
 }
 

@@ -36,11 +36,9 @@ static void* st__batch_worker(void* arg) {
     if (k >= b->count) break;
     int j = b->order[k];
     st_program_compile_job* job = &b->jobs[j];
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = st_now();
     b->results[j] = st_program_compile_file(b->rt, job->path, job->signature, &job->program);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    job->seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    job->seconds = st_now() - t0;
   }
   return NULL;
 }

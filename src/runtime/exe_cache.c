@@ -181,67 +181,16 @@ void st__cache_lookup(st_runtime* rt, const char* key, pj_loaded_exe** out) {
 
 /*--- store --------------------------------------------------------------------*/
 
-static st_status st__mkdirs(const char* dir) {
-  char* p = st_xstrdup(dir);
-  for (char* q = p + 1; *q; ++q) {
-    if (*q != '/') continue;
-    *q = '\0';
-    if (mkdir(p, 0777) != 0 && errno != EEXIST) {
-      st_status s = st_status_make(ST_CODE_IO, "cannot create %s: %s", p, strerror(errno));
-      free(p);
-      return s;
-    }
-    *q = '/';
-  }
-  st_status s = ST_OK;
-  if (mkdir(p, 0777) != 0 && errno != EEXIST) s = st_status_make(ST_CODE_IO, "cannot create %s: %s", p, strerror(errno));
-  free(p);
-  return s;
-}
-
-static st_status st__write_all(int fd, const void* data, size_t n, const char* path) {
-  const uint8_t* p = data;
-  while (n > 0) {
-    ssize_t k = write(fd, p, n);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      return st_status_make(ST_CODE_IO, "writing %s: %s", path, strerror(errno));
-    }
-    p += k;
-    n -= (size_t)k;
-  }
-  return ST_OK;
-}
-
 static st_status st__write_entry(const st_runtime* rt, const char* key, const void* payload, size_t size) {
-  ST_RETURN(st__mkdirs(rt->cache_dir));
-  static _Atomic unsigned g_seq;
+  ST_RETURN(st_fs_mkdirs(rt->cache_dir));
   char* final_path = st__entry_path(rt, key);
-  char* tmp = st__sprintf("%s/.%s.%ld.%u.tmp", rt->cache_dir, key, (long)getpid(), atomic_fetch_add(&g_seq, 1));
   uint8_t h[ST__CACHE_HEADER] = {0};
   memcpy(h, ST__CACHE_MAGIC, 8);
   st__put_u32(h + 8, ST__CACHE_VERSION);
   st__put_u64(h + 16, (uint64_t)size);
   st__put_u64(h + 24, XXH64(payload, size, 0));
-  st_status s = ST_OK;
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) s = st_status_make(ST_CODE_IO, "cannot create %s: %s", tmp, strerror(errno));
-  if (!s) s = st__write_all(fd, h, sizeof(h), tmp);
-  if (!s) s = st__write_all(fd, payload, size, tmp);
-  if (!s && fsync(fd) != 0) s = st_status_make(ST_CODE_IO, "fsync %s: %s", tmp, strerror(errno));
-  if (fd >= 0 && close(fd) != 0 && !s) s = st_status_make(ST_CODE_IO, "closing %s: %s", tmp, strerror(errno));
-  if (!s && rename(tmp, final_path) != 0) s = st_status_make(ST_CODE_IO, "renaming %s: %s", tmp, strerror(errno));
-  if (s) {
-    unlink(tmp);
-  } else {
-    /* Make the rename itself durable. */
-    int dfd = open(rt->cache_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-      (void)fsync(dfd);
-      close(dfd);
-    }
-  }
-  free(tmp);
+  st_fs_piece pieces[2] = {{h, sizeof(h)}, {payload, size}};
+  st_status s = st_fs_write_atomic_pieces(final_path, pieces, 2);
   free(final_path);
   return s;
 }

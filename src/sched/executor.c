@@ -47,12 +47,6 @@ struct st_executor {
   st_status cb_error; /* first error reported by a callback */
 };
 
-static double st__now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static const char* st__op_program(const st_executor* ex, const st_op* op) {
   return (op->kind == ST_OP_LAUNCH || op->kind == ST_OP_RECOMPUTE) ? ex->plan->programs[op->program]
                                                                    : st_op_kind_name(op->kind);
@@ -241,7 +235,7 @@ const int64_t* st_executor_live_accounted(const st_executor* ex) { return ex->li
 static void st__on_complete(st_status status, void* user) {
   st__cb* cb = user;
   st_executor* ex = cb->ex;
-  double t = st__now();
+  double t = st_now();
   pthread_mutex_lock(&ex->mu);
   ex->timings[cb->op].complete_s = t - ex->t0;
   if (status && !ex->cb_error) {
@@ -502,14 +496,14 @@ st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
   for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) ex->stats.peak_live_bytes += live[k];
   memcpy(ex->stats.peak_by_category, live, sizeof(live));
   memset(ex->timings, 0, (size_t)plan->op_count * sizeof(st_op_timing));
-  ex->t0 = st__now();
+  ex->t0 = st_now();
   st_status s = ST_OK;
   int i = 0;
   for (; i < plan->op_count && !s; ++i) {
     st_op_timing* t = &ex->timings[i];
-    t->issue_s = st__now() - ex->t0;
+    t->issue_s = st_now() - ex->t0;
     s = st__run_op(ex, hooks, i);
-    if (!ex->events[i]) t->complete_s = st__now() - ex->t0;
+    if (!ex->events[i]) t->complete_s = st_now() - ex->t0;
     /* As the host saw it, before any causal clean-up of the timestamps. */
     if (plan->ops[i].kind == ST_OP_WAIT || plan->ops[i].kind == ST_OP_READ) t->blocked_s = t->complete_s - t->issue_s;
     int64_t total = 0;

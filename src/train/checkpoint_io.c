@@ -49,12 +49,6 @@ struct st_train_ckpt {
   int64_t start_step;
 };
 
-static double st__now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* A parameter or optimizer slot whose value outlives the step: persistent
  * itself, or offloaded (a non-persistent device slot whose persistent home
  * is "host:<name>"). Checkpoints name the logical slot, never the home, so
@@ -73,7 +67,7 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
   *out = NULL;
   st_train_ckpt* c = st_xcalloc(1, sizeof(*c));
   c->in = *in;
-  c->t_created = st__now();
+  c->t_created = st_now();
   const st_config* cfg = in->config;
   c->root = st_path_join(in->run_dir, "checkpoints");
   c->every = st_config_int(cfg, "ckpt.every");
@@ -150,7 +144,7 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
   *out_step = 0;
   *out_restored = false;
   if (!c->resume) return ST_OK;
-  double t0 = st__now();
+  double t0 = st_now();
   char* removed = NULL;
   ST_RETURN(st_ckpt_remove_temporaries(c->root, &removed));
   if (removed && removed[0]) {
@@ -208,7 +202,7 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
     st_ckpt_free(ck);
     return st_status_annotate(s, "restoring");
   }
-  double restore_s = st__now() - t0;
+  double restore_s = st_now() - t0;
   char* latest = st_ckpt_read_latest(c->root);
   const char* slash = strrchr(ck->dir, '/');
   const char* name = slash ? slash + 1 : ck->dir;
@@ -302,10 +296,10 @@ static st_status st__report(st_train_ckpt* c, st_ckpt_save_result* r, double blo
 static st_status st__collect(st_train_ckpt* c, bool wait, double* waited_s) {
   if (waited_s) *waited_s = 0;
   if (!c->writer || !c->inflight) return ST_OK;
-  double t0 = st__now();
+  double t0 = st_now();
   st_ckpt_save_result r;
   if (!st_ckpt_writer_take(c->writer, wait, &r)) return ST_OK;
-  if (waited_s) *waited_s = st__now() - t0;
+  if (waited_s) *waited_s = st_now() - t0;
   c->inflight = false;
   return st__report(c, &r, c->inflight_blocking_s, c->inflight_waited_s, false);
 }
@@ -350,7 +344,7 @@ static st_status st__snapshot(st_train_ckpt* c, int64_t step) {
 }
 
 static st_status st__save(st_train_ckpt* c, int64_t step, bool last) {
-  double t0 = st__now();
+  double t0 = st_now();
   double waited = 0;
   /* Back-pressure: the previous save must be done before the snapshot it
    * reads is overwritten. */
@@ -360,7 +354,7 @@ static st_status st__save(st_train_ckpt* c, int64_t step, bool last) {
     ST_RETURN(st_ckpt_writer_submit(c->writer, c->snap));
     c->inflight = true;
     c->inflight_step = step;
-    c->inflight_blocking_s = st__now() - t0;
+    c->inflight_blocking_s = st_now() - t0;
     c->inflight_waited_s = waited;
     return ST_OK;
   }
@@ -372,7 +366,7 @@ static st_status st__save(st_train_ckpt* c, int64_t step, bool last) {
   } else {
     r.status = st_ckpt_save(&c->save_opts, c->snap, &r);
   }
-  return st__report(c, &r, st__now() - t0, waited, last);
+  return st__report(c, &r, st_now() - t0, waited, last);
 }
 
 st_status st_train_ckpt_step_done(st_train_ckpt* c, int64_t step) {
@@ -381,7 +375,7 @@ st_status st_train_ckpt_step_done(st_train_ckpt* c, int64_t step) {
     /* The supervisor's "first good step" after a restart (RTO). */
     json_t* f = st_json_obj();
     st_json_put_int(f, "step", step);
-    st_json_put(f, "since_start_s", st_json_fixed(st__now() - c->t_created, 6));
+    st_json_put(f, "since_start_s", st_json_fixed(st_now() - c->t_created, 6));
     ST_RETURN(st_runlog_event(c->in.log, "first_step", f));
   }
   ST_RETURN(st__collect(c, false, NULL));

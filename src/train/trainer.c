@@ -29,12 +29,6 @@
 #define ST__MAX_INIT_OUTPUTS 64
 
 
-static double st__now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /*===-------------------------------------------------------------------===*/
 /* Lifecycle pieces                                                         */
 /*===-------------------------------------------------------------------===*/
@@ -75,13 +69,7 @@ static st_status st__make_run_dir(const st_config* cfg, const st_train_options* 
                        d.data, d.data);
   if (!s) {
     char* path = st_path_join(d.data, "config.yaml");
-    char* buf = NULL;
-    size_t size = 0;
-    FILE* f = open_memstream(&buf, &size);
-    s = st_config_write_yaml(cfg, f);
-    fclose(f);
-    if (!s) s = st_fs_write_atomic(path, buf, size);
-    free(buf);
+    s = st_config_save(cfg, path);
     free(path);
   }
   if (s) {
@@ -353,11 +341,11 @@ static st_status st__stop(st__trainer* t, int64_t done, bool progress) {
 static st_status st__run(st__trainer* t, bool progress) {
   const st_train_options* o = t->o;
   st_executor_hooks hooks = st__train_hooks(t);
-  double t_start = st__now();
+  double t_start = st_now();
   double last_loss = NAN;
   if (st_stop_signal() && t->start_step < o->steps) return st__stop(t, t->start_step, progress);
   for (t->step = t->start_step; t->step < o->steps; ++t->step) {
-    double t0 = st__now();
+    double t0 = st_now();
     st__fill_train_batch(t);
     ST_RETURN_IF_ERROR(st_executor_run(t->ex, &hooks), "step %lld", (long long)t->step + 1);
     st_train_ckpt_step_ran(t->ckpt, t->step + 1);
@@ -367,10 +355,10 @@ static st_status st__run(st__trainer* t, bool progress) {
     if (!isfinite(loss))
       return st_status_make(ST_CODE_NUMERICS, "step %lld: loss is not finite (%g); try a lower train.lr", (long long)t->step + 1, loss);
     last_loss = loss;
-    double dt = st__now() - t0;
+    double dt = st_now() - t0;
     int64_t tokens = o->batch_size * t->T;
     ST_RETURN(st__step_metrics(t, loss, dt));
-    double elapsed = st__now() - t_start;
+    double elapsed = st_now() - t_start;
     double eta = elapsed / (double)(t->step + 1) * (double)(o->steps - t->step - 1);
     st_progress_print(progress, t->step + 1, o->steps, loss, (double)tokens / dt, eta);
 
@@ -398,7 +386,7 @@ static st_status st__run(st__trainer* t, bool progress) {
   json_t* f = st_json_obj();
   st_json_put_int(f, "steps", o->steps);
   st_json_put(f, "final_loss", st_json_fixed(last_loss, 6)); /* null when not finite */
-  st_json_put(f, "seconds", st_json_fixed(st__now() - t_start, 3));
+  st_json_put(f, "seconds", st_json_fixed(st_now() - t_start, 3));
   ST_RETURN(st__event(t, "run_done", f));
   return ST_OK;
 }
@@ -423,7 +411,7 @@ st_status st_train_main(const st_config* cfg) {
   t.o = &o;
   st_bundle* bundle = NULL;
   bool progress = o.progress == 1 || (o.progress == 2 && isatty(2));
-  double t0 = st__now();
+  double t0 = st_now();
   /* SIGTERM, SIGINT, SIGHUP: finish the step, checkpoint, exit 8. */
   st_stop_guard stop_guard;
   st_stop_signals_install(&stop_guard);
@@ -491,7 +479,7 @@ st_status st_train_main(const st_config* cfg) {
     st_json_put_bool(f, "exported", exported);
     s = st__event(&t, "bundle", f);
   }
-  double t_compile = st__now();
+  double t_compile = st_now();
   if (!s) s = st_train_build_plans(bundle, &o, &t.step_plan, &t.eval_plan);
   /* Every program the run needs, compiled as one batch. A resume usually
    * restores every parameter from a checkpoint, so it leaves the init
@@ -511,7 +499,7 @@ st_status st_train_main(const st_config* cfg) {
   if (!s) s = st_executor_create(&t.step_plan, t.runtime, t.step_programs, 0, &t.ex);
   if (!s) s = st_executor_create(&t.eval_plan, t.runtime, t.eval_programs, 0, &t.eval_ex);
   if (!s) s = st__plan_event(&t);
-  if (!s) s = st__compile_event(&t, st__now() - t_compile);
+  if (!s) s = st__compile_event(&t, st_now() - t_compile);
 
   /* --- run ------------------------------------------------------------- */
   if (!s) {
@@ -536,7 +524,7 @@ st_status st_train_main(const st_config* cfg) {
   if (!s && !restored) s = st__init_state(&t);
   if (!s) {
     json_t* f = st_json_obj();
-    st_json_put(f, "startup_seconds", st_json_fixed(st__now() - t0, 3));
+    st_json_put(f, "startup_seconds", st_json_fixed(st_now() - t0, 3));
     s = st__event(&t, "run", f);
   }
   if (!s) s = st__run(&t, progress);
