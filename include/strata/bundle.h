@@ -11,7 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "strata/runtime.h"
+#include "strata/tensor.h"
 #include "strata/status.h"
 
 #ifdef __cplusplus
@@ -114,9 +114,6 @@ int st_bundle_param_index(const st_bundle* bundle, const char* name);
 /* Index of the parameter |local| of |group| at |layer| (-1 for groups that
  * are not per layer) in bundle->params, -1 when absent. */
 int st_bundle_param_of(const st_bundle* bundle, const char* group, int layer, const char* local);
-/* Signature of a program, for st_program_compile; points into |program|. */
-void st_bundle_program_signature(const st_bundle_program* program, st_tensor_type* inputs, st_tensor_type* outputs,
-                                 st_program_signature* out_signature);
 
 /* What the exporter needs, and where the bundle should live. */
 typedef struct st_bundle_request {

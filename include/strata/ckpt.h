@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #include "strata/base.h"
-#include "strata/runtime.h"
+#include "strata/tensor.h"
 #include "strata/status.h"
 
 #ifdef __cplusplus

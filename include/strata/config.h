@@ -82,6 +82,23 @@ st_status st_config_save(const st_config* config, const char* path);
  * at run time (a generated run.id) that the snapshot must record. */
 st_status st_config_set(st_config* config, const char* key, const char* value, const char* source);
 
+/* Values with a syntax of their own, and rules between values, each stated
+ * once (src/config/values.c): the schema's cross-field rules use them, and
+ * so do the typed options and the plan builder for values that did not
+ * come through a config file. Errors are ST_CODE_CONFIG and say what is
+ * accepted. */
+
+/* Parses sched.remat: "none", "full", "every:K" (recompute layers 0, K,
+ * 2K, ...; K >= 1) or a comma-separated list of layer indices ("0,2,5").
+ * NULL or "" means "full". With n_layers >= 0, fills |out_remat|
+ * (n_layers entries, may be NULL) and rejects layers >= n_layers; with
+ * n_layers < 0 checks only syntax. */
+st_status st_config_remat_parse(const char* spec, int n_layers, bool* out_remat);
+/* sched.optimizer=per_layer updates each layer before the global gradient
+ * norm is known, so it cannot clip: an error when |per_layer| and
+ * |grad_clip| > 0. */
+st_status st_config_check_per_layer_clip(bool per_layer, double grad_clip);
+
 /* Stable 64-bit hash (hex, 16 chars + NUL into |out|) of the resolved values
  * of every key whose dotted name starts with one of |prefixes| (all keys
  * when |prefix_count| is 0, except run.*: where a run is written does not

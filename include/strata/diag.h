@@ -18,7 +18,6 @@
 #include <stdint.h>
 
 #include "strata/ckpt.h"
-#include "strata/config.h"
 #include "strata/status.h"
 
 #ifdef __cplusplus
@@ -32,9 +31,17 @@ extern "C" {
 typedef struct st_faults st_faults;
 typedef struct st_runlog st_runlog; /* strata/obs.h */
 
-/* Reads faults.* from |config|. Faults already recorded in
- * <run_dir>/diag/faults.fired are disarmed (unless faults.repeat). */
-st_status st_faults_create(const st_config* config, const char* run_dir, st_faults** out /* owned by caller */);
+/* faults.* (docs/config.md); 0 = off. The typed options (train/options.c)
+ * fill it from the config. */
+typedef struct st_faults_options {
+  int64_t crash_at_step, crash_in_save, corrupt_latest, io_error_at_save, hang_at_step, hang_in_save;
+  int io_errno; /* faults.io_error: ENOSPC or EIO */
+  bool repeat;
+} st_faults_options;
+
+/* Arms the faults of |options|. Faults already recorded in
+ * <run_dir>/diag/faults.fired are disarmed (unless options->repeat). */
+st_status st_faults_create(const st_faults_options* options, const char* run_dir, st_faults** out /* owned by caller */);
 void st_faults_destroy(st_faults* faults); /* NULL is a no-op */
 
 /* "crash_at_step=37, io_error_at_save=2 (ENOSPC)"; "" when nothing is armed.
@@ -101,12 +108,22 @@ const char* st_signal_name(int sig);
 /* Supervisor (`strata run`)                                                */
 /*===-------------------------------------------------------------------===*/
 
+/* recovery.* (docs/config.md), filled by the typed options. */
+typedef struct st_recovery_options {
+  int64_t max_restarts;
+  double backoff_s, backoff_max_s, hang_timeout_s;
+} st_recovery_options;
+
 typedef struct st_supervisor_request {
   const char* exe;         /* the strata binary to run children with */
   const char* config_path; /* CONFIG as the user gave it */
   int override_count;
   char* const* overrides;  /* key=value as the user gave them */
-  const st_config* config; /* the same, loaded and validated */
+  /* From the same config, through the typed options: */
+  const char* run_dir;     /* run.dir ("" = runs/<run.id or a generated id>) */
+  const char* run_id;      /* run.id */
+  bool resume;             /* run.resume */
+  st_recovery_options recovery;
 } st_supervisor_request;
 
 /* Runs `strata train CONFIG k=v... run.dir=<dir>` as a child process and,

@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #include "strata/base.h"
-#include "strata/runtime.h"
+#include "strata/tensor.h"
 #include "strata/status.h"
 
 #ifdef __cplusplus
@@ -68,15 +68,30 @@ void st_progress_end(bool enabled);
 /* Task context (context.json)                                              */
 /*===-------------------------------------------------------------------===*/
 
+#define ST_CONTEXT_MAX_DEVICES 64
+
+/* What the runtime says of itself (the caller asks it: obs does not depend
+ * on the runtime). Strings are borrowed. */
+typedef struct st_context_runtime {
+  const char* plugin_path;
+  const char* xla_version;
+  const char* platform_name;
+  const char* platform_version;
+  int api_major, api_minor;
+  int device_count; /* entries below, at most ST_CONTEXT_MAX_DEVICES */
+  int device_ids[ST_CONTEXT_MAX_DEVICES];
+  const char* device_kinds[ST_CONTEXT_MAX_DEVICES];
+} st_context_runtime;
+
 /* Facts the caller knows; the rest (host, CPU, memory, git, environment)
  * is gathered here. Strings are borrowed. */
 typedef struct st_context_facts {
   const char* run_id;
   const char* config_hash;
   const char* bundle_key;
-  const char* jax_version;    /* from the bundle manifest */
-  const char* jaxlib_version; /* from the bundle manifest (versions.jaxlib) */
-  const st_runtime* runtime;
+  const char* jax_version;           /* from the bundle manifest */
+  const char* jaxlib_version;        /* from the bundle manifest (versions.jaxlib) */
+  const st_context_runtime* runtime; /* NULL: no runtime facts */
 } st_context_facts;
 
 /* Builds the context as one JSON object (a new reference, owned by the caller):

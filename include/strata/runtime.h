@@ -30,51 +30,11 @@
 #include <stdint.h>
 
 #include "strata/status.h"
+#include "strata/tensor.h" /* st_dtype, st_tensor_type */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/*===-------------------------------------------------------------------===*/
-/* Element types                                                            */
-/*===-------------------------------------------------------------------===*/
-
-typedef enum st_dtype {
-  ST_DTYPE_INVALID = 0,
-  ST_DTYPE_PRED, /* bool, 1 byte */
-  ST_DTYPE_S8,
-  ST_DTYPE_S16,
-  ST_DTYPE_S32,
-  ST_DTYPE_S64,
-  ST_DTYPE_U8,
-  ST_DTYPE_U16,
-  ST_DTYPE_U32,
-  ST_DTYPE_U64,
-  ST_DTYPE_F16,
-  ST_DTYPE_BF16,
-  ST_DTYPE_F32,
-  ST_DTYPE_F64,
-} st_dtype;
-
-size_t st_dtype_size(st_dtype dtype);       /* bytes per element, 0 if invalid */
-const char* st_dtype_name(st_dtype dtype);  /* "f32", "bf16", "s32", "pred", ... */
-/* Parses the names above, also numpy/JAX spellings ("float32", "int32",
- * "bfloat16", "bool", "uint32"). ST_DTYPE_INVALID when unknown. */
-st_dtype st_dtype_parse(const char* name);
-
-#define ST_MAX_RANK 8
-
-/* A tensor's type: dtype and dims (row-major, dense). */
-typedef struct st_tensor_type {
-  st_dtype dtype;
-  int rank;
-  int64_t dims[ST_MAX_RANK];
-} st_tensor_type;
-
-int64_t st_tensor_type_elements(const st_tensor_type* t);
-size_t st_tensor_type_bytes(const st_tensor_type* t);
-/* Formats as "f32[4,8]" into |buf|; returns |buf|. */
-char* st_tensor_type_format(const st_tensor_type* t, char* buf, size_t buf_size);
 
 /*===-------------------------------------------------------------------===*/
 /* Runtime                                                                  */

@@ -153,19 +153,13 @@ enum {
 };
 
 typedef struct st_sched_policy {
-  const char* remat;        /* sched.remat; NULL or "" means "full" */
+  const char* remat;        /* sched.remat (syntax: st_config_remat_parse); NULL or "" means "full" */
   int offload;              /* ST_OFFLOAD_* bits */
   int prefetch_depth;       /* sched.prefetch_depth */
   bool eager;               /* sched.wait = eager */
   bool per_layer_optimizer; /* sched.optimizer = per_layer */
 } st_sched_policy;
 
-/* Parses sched.remat: "none", "full", "every:K" (recompute layers 0, K,
- * 2K, ...; K >= 1) or a comma-separated list of layer indices ("0,2,5").
- * With n_layers >= 0, fills |out_remat| (n_layers entries, may be NULL)
- * and rejects layers >= n_layers; with n_layers < 0 checks only syntax.
- * Errors (ST_CODE_CONFIG) say what was wrong and what is accepted. */
-st_status st_sched_remat_parse(const char* spec, int n_layers, bool* out_remat);
 
 /* "none" | "optimizer" | "params" | "both" -> ST_OFFLOAD_* bits; -1 when unknown. */
 int st_sched_offload_parse(const char* name);

@@ -22,6 +22,7 @@
 #include "strata/bundle.h"
 #include "strata/config.h"
 #include "strata/data.h"
+#include "strata/diag.h"
 #include "strata/runtime.h"
 #include "strata/sched.h"
 #include "strata/status.h"
@@ -46,10 +47,25 @@ typedef struct st_train_options {
   int parallel_data, parallel_fsdp, parallel_tensor; /* parallel.*: the mesh axis sizes (docs/parallelism.md) */
   int trace_step_count;   /* trace.steps: steps (1-based) written as Chrome traces */
   int64_t* trace_steps;   /* owned */
+  bool resume;            /* run.resume */
+  struct {
+    int64_t every, keep, keep_every;
+    bool async;
+    bool stop_on_error;       /* ckpt.on_error = stop */
+    bool allow_bundle_change;
+  } ckpt;                     /* ckpt.* */
+  st_faults_options faults;   /* faults.* */
+  st_recovery_options recovery; /* recovery.* (strata run) */
 } st_train_options;
 
-/* Fills |out| from a validated config. Free with st_train_options_deinit. */
-void st_train_options_from_config(const st_config* config, st_train_options* out);
+/* Fills |out| from a validated config. The typed options are the one
+ * reader of config keys: the rest of strata (trainer, checkpoints, faults,
+ * supervisor) reads these fields; only whole-config uses (config.yaml, the
+ * config hash, the checkpoint manifest's copy) take the st_config itself.
+ * Free with st_train_options_deinit, also after an error. (No key fails
+ * today: the config was validated; the status is for rules that need more
+ * than one key's type.) */
+st_status st_train_options_from_config(const st_config* config, st_train_options* out);
 void st_train_options_deinit(st_train_options* options);
 
 /* Learning rate of optimizer step t (1-based): linear warm-up, then cosine

@@ -371,16 +371,6 @@ int st_bundle_param_of(const st_bundle* b, const char* group, int layer, const c
   return -1;
 }
 
-void st_bundle_program_signature(const st_bundle_program* p, st_tensor_type* inputs, st_tensor_type* outputs,
-                                 st_program_signature* sig) {
-  for (int i = 0; i < p->input_count; ++i) inputs[i] = p->inputs[i].type;
-  for (int i = 0; i < p->output_count; ++i) outputs[i] = p->outputs[i].type;
-  sig->input_count = p->input_count;
-  sig->inputs = inputs;
-  sig->output_count = p->output_count;
-  sig->outputs = outputs;
-}
-
 /*===-------------------------------------------------------------------===*/
 /* Key, export, ensure                                                      */
 /*===-------------------------------------------------------------------===*/

@@ -12,9 +12,9 @@ int st_cli_data(int argc, char** argv) {
   st_status s = st_cli_load_config("data", argc, argv, &cfg);
   if (!s) {
     st_train_options o;
-    st_train_options_from_config(cfg, &o);
+    s = st_train_options_from_config(cfg, &o);
     st_dataset* ds = NULL;
-    s = st_dataset_open(&o.data, &ds);
+    if (!s) s = st_dataset_open(&o.data, &ds);
     if (!s)
       printf("%s\ntokens %llu train %llu validation %llu\n", st_dataset_token_path(ds),
              (unsigned long long)st_dataset_token_count(ds), (unsigned long long)st_dataset_split_tokens(ds, 0),

@@ -11,11 +11,11 @@ int st_cli_export(int argc, char** argv) {
   st_status s = st_cli_load_config("export", argc, argv, &cfg);
   if (!s) {
     st_train_options o;
-    st_train_options_from_config(cfg, &o);
+    s = st_train_options_from_config(cfg, &o);
     st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir};
     st_bundle* bundle = NULL;
     bool exported = false;
-    s = st_bundle_ensure(&req, &bundle, &exported);
+    if (!s) s = st_bundle_ensure(&req, &bundle, &exported);
     if (!s) printf("%s (%s, %d programs)\n", bundle->dir, exported ? "exported" : "up to date", bundle->program_count);
     st_bundle_destroy(bundle);
     st_train_options_deinit(&o);

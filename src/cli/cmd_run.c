@@ -9,6 +9,7 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "strata/diag.h"
+#include "strata/train.h"
 
 int st_cli_run(int argc, char** argv) {
   st_config* cfg = NULL;
@@ -22,8 +23,14 @@ int st_cli_run(int argc, char** argv) {
       s = st_status_make(ST_CODE_IO, "strata run: cannot find its own executable (/proc/self/exe)");
     } else {
       exe[n] = '\0';
-      st_supervisor_request req = {exe, argv[0], argc - 1, argv + 1, cfg};
-      s = st_supervise(&req, &code);
+      st_train_options o;
+      s = st_train_options_from_config(cfg, &o);
+      if (!s) {
+        st_supervisor_request req = {exe,      argv[0],   argc - 1, argv + 1,
+                                     o.run_dir, o.run_id, o.resume, o.recovery};
+        s = st_supervise(&req, &code);
+      }
+      st_train_options_deinit(&o);
     }
   }
   st_config_destroy(cfg);

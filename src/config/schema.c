@@ -15,7 +15,6 @@
 #include <string.h>
 
 #include "config/internal.h"
-#include "strata/sched.h"
 
 /* Rows: key, type, default (as text), then range/choices and doc. */
 static const st__cfg_key kKeys[] = {
@@ -207,21 +206,18 @@ static st_status st__rule_vocab(const st_config* c) {
 }
 
 static st_status st__rule_remat(const st_config* c) {
-  st_status s = st_sched_remat_parse(st_config_string(c, "sched.remat"), (int)st_config_int(c, "model.n_layers"), NULL);
+  st_status s = st_config_remat_parse(st_config_string(c, "sched.remat"), (int)st_config_int(c, "model.n_layers"), NULL);
   if (s) s = st_status_annotate(s, "sched.remat (%s), model.n_layers (%s)", st_config_source(c, "sched.remat"),
                                 st_config_source(c, "model.n_layers"));
   return s;
 }
 
 static st_status st__rule_per_layer(const st_config* c) {
-  double clip = st_config_float(c, "train.grad_clip");
-  if (!strcmp(st_config_string(c, "sched.optimizer"), "per_layer") && clip > 0)
-    return st_status_make(ST_CODE_CONFIG,
-                          "sched.optimizer=per_layer (%s) updates each layer before the global gradient norm is known, so "
-                          "it cannot clip: train.grad_clip is %g (%s); set train.grad_clip=0 or "
-                          "sched.optimizer=after_backward",
-                          st_config_source(c, "sched.optimizer"), clip, st_config_source(c, "train.grad_clip"));
-  return ST_OK;
+  st_status s = st_config_check_per_layer_clip(!strcmp(st_config_string(c, "sched.optimizer"), "per_layer"),
+                                               st_config_float(c, "train.grad_clip"));
+  if (s) s = st_status_annotate(s, "sched.optimizer (%s), train.grad_clip (%s)", st_config_source(c, "sched.optimizer"),
+                                st_config_source(c, "train.grad_clip"));
+  return s;
 }
 
 static st_status st__rule_trace_steps(const st_config* c) {

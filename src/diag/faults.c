@@ -49,14 +49,14 @@ static bool st__already_fired(const char* text, const char* kind) {
   return false;
 }
 
-st_status st_faults_create(const st_config* cfg, const char* run_dir, st_faults** out) {
+st_status st_faults_create(const st_faults_options* o, const char* run_dir, st_faults** out) {
   *out = NULL;
   st_faults* f = st_xcalloc(1, sizeof(*f));
-  const char* keys[F_COUNT] = {"faults.crash_at_step",    "faults.crash_in_save", "faults.corrupt_latest",
-                               "faults.io_error_at_save", "faults.hang_at_step",  "faults.hang_in_save"};
-  for (int i = 0; i < F_COUNT; ++i) f->at[i] = st_config_int(cfg, keys[i]);
-  f->io_errno = !strcmp(st_config_string(cfg, "faults.io_error"), "EIO") ? EIO : ENOSPC;
-  f->repeat = st_config_bool(cfg, "faults.repeat");
+  const int64_t at[F_COUNT] = {o->crash_at_step,    o->crash_in_save, o->corrupt_latest,
+                               o->io_error_at_save, o->hang_at_step,  o->hang_in_save};
+  for (int i = 0; i < F_COUNT; ++i) f->at[i] = at[i];
+  f->io_errno = o->io_errno ? o->io_errno : ENOSPC;
+  f->repeat = o->repeat;
   char* diag = st_path_join(run_dir, "diag");
   f->fired_path = st_path_join(diag, "faults.fired");
   free(diag);

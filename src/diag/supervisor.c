@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "strata/base.h"
+#include "strata/config.h" /* ST_CONFIG_MAX_RUN_ID */
 #include "strata/diag.h"
 #include "strata/obs.h"
 
@@ -359,10 +360,10 @@ static int st__wait_child(st__sup* S, pid_t pid, double spawned_at, bool* out_hu
   return status;
 }
 
-static char* st__default_run_dir(const st_config* cfg) {
-  const char* dir = st_config_string(cfg, "run.dir");
+static char* st__default_run_dir(const st_supervisor_request* req) {
+  const char* dir = req->run_dir ? req->run_dir : "";
   if (dir[0]) return st_xstrdup(dir);
-  const char* id = st_config_string(cfg, "run.id");
+  const char* id = req->run_id ? req->run_id : "";
   char buf[ST_CONFIG_MAX_RUN_ID + 64]; /* run.id is validated: a plain name, never longer */
   if (id[0]) {
     snprintf(buf, sizeof(buf), "runs/%s", id);
@@ -379,22 +380,21 @@ static char* st__default_run_dir(const st_config* cfg) {
 
 st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
   *out_exit_code = 1;
-  const st_config* cfg = req->config;
   st__sup S;
   memset(&S, 0, sizeof(S));
   S.lock_fd = -1;
   S.req = req;
   S.t_start = st__wall();
-  S.dir = st__default_run_dir(cfg);
+  S.dir = st__default_run_dir(req);
   S.events_path = st_path_join(S.dir, "events.jsonl");
   S.metrics_path = st_path_join(S.dir, "metrics.jsonl");
-  S.max_restarts = st_config_int(cfg, "recovery.max_restarts");
-  S.backoff_s = st_config_float(cfg, "recovery.backoff_s");
-  S.backoff_max_s = st_config_float(cfg, "recovery.backoff_max_s");
-  S.hang_timeout_s = st_config_float(cfg, "recovery.hang_timeout_s");
+  S.max_restarts = req->recovery.max_restarts;
+  S.backoff_s = req->recovery.backoff_s;
+  S.backoff_max_s = req->recovery.backoff_max_s;
+  S.hang_timeout_s = req->recovery.hang_timeout_s;
   S.outcome = "running";
   st_status s = ST_OK;
-  if (st_runlog_dir_has_run(S.dir) && !st_config_bool(cfg, "run.resume"))
+  if (st_runlog_dir_has_run(S.dir) && !req->resume)
     s = st_status_make(ST_CODE_CONFIG,
                        "run directory '%s' already holds a run (steps in metrics.jsonl, checkpoints); set run.dir to a new folder, or continue it "
                        "supervised with run.resume=true (or unsupervised: strata resume %s)",

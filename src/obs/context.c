@@ -89,26 +89,19 @@ json_t* st_context_json(const st_context_facts* f) {
   st_json_put_str(c, "jax_version", f->jax_version);
   st_json_put_str(c, "jaxlib_version", f->jaxlib_version);
   if (f->runtime) {
-    st_runtime_info info;
-    st_runtime_get_info(f->runtime, &info);
-    st_json_put_str(c, "plugin_path", info.plugin_path);
-    st_json_put_str(c, "plugin_xla_version", info.xla_version);
-    st_json_put_str(c, "platform_name", info.platform_name);
-    st_json_put_str(c, "platform_version", info.platform_version);
+    const st_context_runtime* r = f->runtime;
+    st_json_put_str(c, "plugin_path", r->plugin_path);
+    st_json_put_str(c, "plugin_xla_version", r->xla_version);
+    st_json_put_str(c, "platform_name", r->platform_name);
+    st_json_put_str(c, "platform_version", r->platform_version);
     char api[32];
-    snprintf(api, sizeof(api), "%d.%d", info.api_major, info.api_minor);
+    snprintf(api, sizeof(api), "%d.%d", r->api_major, r->api_minor);
     st_json_put_str(c, "pjrt_api_version", api);
     json_t* devices = st_json_arr();
-    for (int i = 0; i < info.device_count; ++i) {
-      st_device_info d;
-      st_status s = st_runtime_device_info(f->runtime, i, &d);
-      if (s) {
-        st_status_free(s);
-        continue;
-      }
+    for (int i = 0; i < r->device_count && i < ST_CONTEXT_MAX_DEVICES; ++i) {
       json_t* dev = st_json_obj();
-      st_json_put_int(dev, "id", d.id);
-      st_json_put_str(dev, "kind", d.kind);
+      st_json_put_int(dev, "id", r->device_ids[i]);
+      st_json_put_str(dev, "kind", r->device_kinds[i]);
       st_json_push(devices, dev);
     }
     st_json_put(c, "devices", devices);

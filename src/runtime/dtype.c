@@ -1,109 +1,26 @@
-/* dtype.c — element types and tensor types: sizes, names, parsing, and the
- * mapping to PJRT's and MLIR's spellings. */
-#include <stdio.h>
-#include <string.h>
-
+/* dtype.c — strata's element types in PJRT's numbering (the types
+ * themselves are base-level: strata/tensor.h, src/base/tensor.c). */
 #include "runtime/rt_internal.h"
 
-typedef struct {
+static const struct {
   st_dtype dtype;
-  const char* name;   /* strata's canonical name */
-  const char* numpy;  /* numpy/JAX spelling */
-  const char* mlir;   /* MLIR element type */
-  size_t size;
   int pj;
-} st__dtype_row;
-
-static const st__dtype_row kRows[] = {
-    {ST_DTYPE_PRED, "pred", "bool", "i1", 1, PJ_T_PRED},
-    {ST_DTYPE_S8, "s8", "int8", "i8", 1, PJ_T_S8},
-    {ST_DTYPE_S16, "s16", "int16", "i16", 2, PJ_T_S16},
-    {ST_DTYPE_S32, "s32", "int32", "i32", 4, PJ_T_S32},
-    {ST_DTYPE_S64, "s64", "int64", "i64", 8, PJ_T_S64},
-    {ST_DTYPE_U8, "u8", "uint8", "ui8", 1, PJ_T_U8},
-    {ST_DTYPE_U16, "u16", "uint16", "ui16", 2, PJ_T_U16},
-    {ST_DTYPE_U32, "u32", "uint32", "ui32", 4, PJ_T_U32},
-    {ST_DTYPE_U64, "u64", "uint64", "ui64", 8, PJ_T_U64},
-    {ST_DTYPE_F16, "f16", "float16", "f16", 2, PJ_T_F16},
-    {ST_DTYPE_BF16, "bf16", "bfloat16", "bf16", 2, PJ_T_BF16},
-    {ST_DTYPE_F32, "f32", "float32", "f32", 4, PJ_T_F32},
-    {ST_DTYPE_F64, "f64", "float64", "f64", 8, PJ_T_F64},
+} kPj[] = {
+    {ST_DTYPE_PRED, PJ_T_PRED}, {ST_DTYPE_S8, PJ_T_S8},   {ST_DTYPE_S16, PJ_T_S16},   {ST_DTYPE_S32, PJ_T_S32},
+    {ST_DTYPE_S64, PJ_T_S64},   {ST_DTYPE_U8, PJ_T_U8},   {ST_DTYPE_U16, PJ_T_U16},   {ST_DTYPE_U32, PJ_T_U32},
+    {ST_DTYPE_U64, PJ_T_U64},   {ST_DTYPE_F16, PJ_T_F16}, {ST_DTYPE_BF16, PJ_T_BF16}, {ST_DTYPE_F32, PJ_T_F32},
+    {ST_DTYPE_F64, PJ_T_F64},
 };
-#define ST__NROWS (sizeof(kRows) / sizeof(kRows[0]))
-
-static const st__dtype_row* st__row(st_dtype dtype) {
-  for (size_t i = 0; i < ST__NROWS; ++i)
-    if (kRows[i].dtype == dtype) return &kRows[i];
-  return NULL;
-}
-
-size_t st_dtype_size(st_dtype dtype) {
-  const st__dtype_row* r = st__row(dtype);
-  return r ? r->size : 0;
-}
-
-const char* st_dtype_name(st_dtype dtype) {
-  const st__dtype_row* r = st__row(dtype);
-  return r ? r->name : "invalid";
-}
-
-st_dtype st_dtype_parse(const char* name) {
-  if (!name) return ST_DTYPE_INVALID;
-  for (size_t i = 0; i < ST__NROWS; ++i) {
-    if (!strcmp(name, kRows[i].name) || !strcmp(name, kRows[i].numpy)) return kRows[i].dtype;
-  }
-  /* MLIR spellings that do not collide with the above ("i32", "ui8"...). */
-  return st__dtype_from_mlir(name, strlen(name));
-}
+#define ST__NPJ (sizeof(kPj) / sizeof(kPj[0]))
 
 int st__dtype_to_pj(st_dtype dtype) {
-  const st__dtype_row* r = st__row(dtype);
-  return r ? r->pj : PJ_T_INVALID;
+  for (size_t i = 0; i < ST__NPJ; ++i)
+    if (kPj[i].dtype == dtype) return kPj[i].pj;
+  return PJ_T_INVALID;
 }
 
 st_dtype st__dtype_from_pj(int pj_type) {
-  for (size_t i = 0; i < ST__NROWS; ++i)
-    if (kRows[i].pj == pj_type) return kRows[i].dtype;
+  for (size_t i = 0; i < ST__NPJ; ++i)
+    if (kPj[i].pj == pj_type) return kPj[i].dtype;
   return ST_DTYPE_INVALID;
-}
-
-st_dtype st__dtype_from_mlir(const char* s, size_t n) {
-  for (size_t i = 0; i < ST__NROWS; ++i) {
-    if (strlen(kRows[i].mlir) == n && !memcmp(s, kRows[i].mlir, n)) return kRows[i].dtype;
-  }
-  /* Signless and signed integers mean the same to PJRT. */
-  if (n > 2 && s[0] == 's' && s[1] == 'i') {
-    char buf[8];
-    if (n - 1 >= sizeof(buf)) return ST_DTYPE_INVALID;
-    memcpy(buf, s + 1, n - 1);
-    buf[n - 1] = '\0';
-    for (size_t i = 0; i < ST__NROWS; ++i)
-      if (!strcmp(buf, kRows[i].mlir) && buf[0] == 'i' && strcmp(buf, "i1")) return kRows[i].dtype;
-  }
-  return ST_DTYPE_INVALID;
-}
-
-int64_t st_tensor_type_elements(const st_tensor_type* t) {
-  if (!t || t->rank < 0 || t->rank > ST_MAX_RANK) return 0;
-  int64_t n = 1;
-  for (int i = 0; i < t->rank; ++i) n *= t->dims[i];
-  return n;
-}
-
-size_t st_tensor_type_bytes(const st_tensor_type* t) {
-  if (!t) return 0;
-  return (size_t)st_tensor_type_elements(t) * st_dtype_size(t->dtype);
-}
-
-char* st_tensor_type_format(const st_tensor_type* t, char* buf, size_t buf_size) {
-  if (!buf || buf_size == 0) return buf;
-  if (!t) {
-    snprintf(buf, buf_size, "(null)");
-    return buf;
-  }
-  size_t n = (size_t)snprintf(buf, buf_size, "%s[", st_dtype_name(t->dtype));
-  for (int i = 0; i < t->rank && i < ST_MAX_RANK && n < buf_size; ++i)
-    n += (size_t)snprintf(buf + n, buf_size - n, i ? ",%lld" : "%lld", (long long)t->dims[i]);
-  if (n < buf_size) snprintf(buf + n, buf_size - n, "]");
-  return buf;
 }

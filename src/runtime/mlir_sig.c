@@ -88,7 +88,7 @@ static bool st__parse_tensor(const char* p, const char* e, st_tensor_type* t, co
   }
   const char* te = q;
   while (te < close && *te != ',' && *te != ' ') ++te;
-  t->dtype = st__dtype_from_mlir(q, (size_t)(te - q));
+  t->dtype = st_dtype_parse_mlir(q, (size_t)(te - q));
   if (t->dtype == ST_DTYPE_INVALID) return false;
   *out_end = close + 1;
   return true;

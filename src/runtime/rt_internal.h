@@ -116,8 +116,6 @@ st_status st__buffer_wrap(st_runtime* rt, pj_buffer* handle, int device, const s
 
 int st__dtype_to_pj(st_dtype dtype);
 st_dtype st__dtype_from_pj(int pj_type);
-/* MLIR element type spelling ("f32", "i1", "ui32", "bf16"); INVALID else. */
-st_dtype st__dtype_from_mlir(const char* s, size_t n);
 
 /*--- mlir_sig.c -------------------------------------------------------------*/
 

@@ -69,14 +69,15 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
   c->in = *in;
   c->t_created = st_now();
   const st_config* cfg = in->config;
+  const st_train_options* o = in->options;
   c->root = st_path_join(in->run_dir, "checkpoints");
-  c->every = st_config_int(cfg, "ckpt.every");
-  c->keep = st_config_int(cfg, "ckpt.keep");
-  c->keep_every = st_config_int(cfg, "ckpt.keep_every");
-  c->async = st_config_bool(cfg, "ckpt.async");
-  c->stop_on_error = !strcmp(st_config_string(cfg, "ckpt.on_error"), "stop");
-  c->resume = st_config_bool(cfg, "run.resume");
-  c->allow_bundle_change = st_config_bool(cfg, "ckpt.allow_bundle_change");
+  c->every = o->ckpt.every;
+  c->keep = o->ckpt.keep;
+  c->keep_every = o->ckpt.keep_every;
+  c->async = o->ckpt.async;
+  c->stop_on_error = o->ckpt.stop_on_error;
+  c->resume = o->resume;
+  c->allow_bundle_change = o->ckpt.allow_bundle_change;
 
   const st_plan* p = in->plan;
   c->slots = st_xcalloc((size_t)p->slot_count + 1, sizeof(int));
@@ -103,7 +104,7 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
   st_status s = c->model ? ST_OK : st_status_make(ST_CODE_INTERNAL, "the model JSON does not parse: %s", in->options->model_json);
   st_config_hash(cfg, NULL, 0, c->config_hash);
 
-  if (!s) s = st_faults_create(cfg, in->run_dir, &c->faults);
+  if (!s) s = st_faults_create(&o->faults, in->run_dir, &c->faults);
   if (!s) {
     st_faults_set_log(c->faults, in->log);
     const char* armed = st_faults_armed(c->faults);

@@ -29,8 +29,8 @@ typedef struct st_runlog st_runlog;
 
 /* Everything borrowed; must outlive the st_train_ckpt. */
 typedef struct st_train_ckpt_init {
-  const st_config* config;
-  const st_train_options* options;
+  const st_config* config;          /* whole: its JSON and hash go into every checkpoint manifest */
+  const st_train_options* options;  /* every setting (ckpt.*, run.resume, faults.*) */
   const char* run_dir;
   const st_bundle* bundle;
   const st_plan* plan; /* the step plan: its persistent params and m/v slots are the state */

@@ -1,5 +1,6 @@
 /* options.c — typed trainer options from the validated config, the model
  * JSON that keys the bundle, and the learning-rate schedule. */
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,7 +9,7 @@
 #include "strata/base.h"
 #include "strata/train.h"
 
-void st_train_options_from_config(const st_config* c, st_train_options* o) {
+st_status st_train_options_from_config(const st_config* c, st_train_options* o) {
   memset(o, 0, sizeof(*o));
   o->steps = st_config_int(c, "train.steps");
   o->batch_size = st_config_int(c, "train.batch_size");
@@ -84,6 +85,28 @@ void st_train_options_from_config(const st_config* c, st_train_options* o) {
     o->runtime.xla_options = xs;
     o->runtime.xla_option_count = nx;
   }
+
+  o->resume = st_config_bool(c, "run.resume");
+  o->ckpt.every = st_config_int(c, "ckpt.every");
+  o->ckpt.keep = st_config_int(c, "ckpt.keep");
+  o->ckpt.keep_every = st_config_int(c, "ckpt.keep_every");
+  o->ckpt.async = st_config_bool(c, "ckpt.async");
+  o->ckpt.stop_on_error = !strcmp(st_config_string(c, "ckpt.on_error"), "stop");
+  o->ckpt.allow_bundle_change = st_config_bool(c, "ckpt.allow_bundle_change");
+  o->faults.crash_at_step = st_config_int(c, "faults.crash_at_step");
+  o->faults.crash_in_save = st_config_int(c, "faults.crash_in_save");
+  o->faults.corrupt_latest = st_config_int(c, "faults.corrupt_latest");
+  o->faults.io_error_at_save = st_config_int(c, "faults.io_error_at_save");
+  o->faults.hang_at_step = st_config_int(c, "faults.hang_at_step");
+  o->faults.hang_in_save = st_config_int(c, "faults.hang_in_save");
+  o->faults.io_errno = !strcmp(st_config_string(c, "faults.io_error"), "EIO") ? EIO : ENOSPC;
+  o->faults.repeat = st_config_bool(c, "faults.repeat");
+  o->recovery.max_restarts = st_config_int(c, "recovery.max_restarts");
+  o->recovery.backoff_s = st_config_float(c, "recovery.backoff_s");
+  o->recovery.backoff_max_s = st_config_float(c, "recovery.backoff_max_s");
+  o->recovery.hang_timeout_s = st_config_float(c, "recovery.hang_timeout_s");
+
+  return ST_OK;
 }
 
 void st_train_options_deinit(st_train_options* o) {

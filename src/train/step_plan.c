@@ -540,17 +540,15 @@ st_status st_train_build_plans(const st_bundle* b, const st_train_options* o, st
   st__instance* inst = NULL;
   int n_inst = 0;
   ST_RETURN(st__instances(b, &inst, &n_inst));
-  if (pol->per_layer_optimizer && o->grad_clip > 0) {
+  st_status s = st_config_check_per_layer_clip(pol->per_layer_optimizer, o->grad_clip);
+  if (s) {
     free(inst);
-    return st_status_make(ST_CODE_CONFIG,
-                          "sched.optimizer=per_layer updates each layer before the global gradient norm is known, so it "
-                          "cannot clip (train.grad_clip is %g); set train.grad_clip=0 or sched.optimizer=after_backward",
-                          o->grad_clip);
+    return s;
   }
   const int L = n_inst - 2;
   bool* remat = st_xcalloc((size_t)L + 1, sizeof(bool));
   int* sq = st_xcalloc((size_t)n_inst, sizeof(int));
-  st_status s = st_sched_remat_parse(pol->remat, L, remat);
+  s = st_config_remat_parse(pol->remat, L, remat);
   if (s) {
     free(sq);
     free(remat);

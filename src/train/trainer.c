@@ -62,7 +62,7 @@ static st_status st__make_run_dir(const st_config* cfg, const st_train_options* 
   char* events = st_path_join(d.data, "events.jsonl");
   *out_reused = !used && st_fs_exists(events); /* an earlier attempt stopped before its first step */
   free(events);
-  if (!s && used && !st_config_bool(cfg, "run.resume"))
+  if (!s && used && !o->resume)
     s = st_status_make(ST_CODE_CONFIG,
                        "run directory '%s' already holds a run (steps in metrics.jsonl, checkpoints); set run.dir to a new folder, or "
                        "continue it with `strata resume %s`",
@@ -80,6 +80,40 @@ static st_status st__make_run_dir(const st_config* cfg, const st_train_options* 
   }
   *out_dir = d.data;
   return ST_OK;
+}
+
+/* What the runtime says of itself, for context.json. */
+static void st__context_runtime(const st_runtime* r, st_context_runtime* out) {
+  memset(out, 0, sizeof(*out));
+  st_runtime_info info;
+  st_runtime_get_info(r, &info);
+  out->plugin_path = info.plugin_path;
+  out->xla_version = info.xla_version;
+  out->platform_name = info.platform_name;
+  out->platform_version = info.platform_version;
+  out->api_major = info.api_major;
+  out->api_minor = info.api_minor;
+  for (int i = 0; i < info.device_count && out->device_count < ST_CONTEXT_MAX_DEVICES; ++i) {
+    st_device_info d;
+    st_status s = st_runtime_device_info(r, i, &d);
+    if (s) {
+      st_status_free(s);
+      continue;
+    }
+    out->device_ids[out->device_count] = d.id;
+    out->device_kinds[out->device_count++] = d.kind;
+  }
+}
+
+/* A bundle program's signature, for st_program_compile; points into |p|. */
+static void st__program_signature(const st_bundle_program* p, st_tensor_type* inputs, st_tensor_type* outputs,
+                                  st_program_signature* sig) {
+  for (int i = 0; i < p->input_count; ++i) inputs[i] = p->inputs[i].type;
+  for (int i = 0; i < p->output_count; ++i) outputs[i] = p->outputs[i].type;
+  sig->input_count = p->input_count;
+  sig->inputs = inputs;
+  sig->output_count = p->output_count;
+  sig->outputs = outputs;
 }
 
 /* Compiles, as one batch (several at once: st_program_compile_files), every
@@ -113,7 +147,7 @@ static st_status st__compile_programs(st__trainer* t, const st_plan* const* plan
     queued[idx] = true;
     /* One allocation per job holds its input types, then its output types. */
     types[n] = st_xcalloc((size_t)bp->input_count + (size_t)bp->output_count + 1, sizeof(st_tensor_type));
-    st_bundle_program_signature(bp, types[n], types[n] + bp->input_count, &sigs[n]);
+    st__program_signature(bp, types[n], types[n] + bp->input_count, &sigs[n]);
     jobs[n] = (st_program_compile_job){.path = bp->path, .signature = &sigs[n]};
     index[n++] = idx;
   }
@@ -393,7 +427,11 @@ static st_status st__run(st__trainer* t, bool progress) {
 
 st_status st_train_main(const st_config* cfg) {
   st_train_options o;
-  st_train_options_from_config(cfg, &o);
+  st_status s = st_train_options_from_config(cfg, &o);
+  if (s) {
+    st_train_options_deinit(&o);
+    return s;
+  }
   /* The runtime runs SPMD programs and the collectives are exported, but
    * the step plan is one-device (docs/parallelism.md): refuse before
    * anything is created rather than train on one device silently. */
@@ -419,9 +457,9 @@ st_status st_train_main(const st_config* cfg) {
   /* --- init ------------------------------------------------------------ */
   int lock_fd = -1;
   bool reused = false;
-  st_status s = st__make_run_dir(cfg, &o, &t.run_dir, &lock_fd, &reused);
+  s = st__make_run_dir(cfg, &o, &t.run_dir, &lock_fd, &reused);
   if (!s) s = st_runlog_open(t.run_dir, &t.log);
-  if (!s && reused && !st_config_bool(cfg, "run.resume")) {
+  if (!s && reused && !o.resume) {
     json_t* f = st_json_obj();
     st_json_put_str(f, "reason", "an earlier attempt in this directory stopped before its first step");
     s = st_runlog_event(t.log, "run_dir_reused", f);
@@ -445,12 +483,14 @@ st_status st_train_main(const st_config* cfg) {
     char hash[17];
     st_config_hash(cfg, NULL, 0, hash);
     const char* slash = strrchr(t.run_dir, '/');
+    st_context_runtime rt;
+    st__context_runtime(t.runtime, &rt);
     st_context_facts facts = {.run_id = slash ? slash + 1 : t.run_dir,
                               .config_hash = hash,
                               .bundle_key = bundle->key,
                               .jax_version = bundle->jax_version,
                               .jaxlib_version = bundle->jaxlib_version,
-                              .runtime = t.runtime};
+                              .runtime = &rt};
     json_t* ctx = st_context_json(&facts);
     char* path = st_path_join(t.run_dir, "context.json");
     s = st_json_write_file(path, ctx, 0);
@@ -484,7 +524,7 @@ st_status st_train_main(const st_config* cfg) {
   /* Every program the run needs, compiled as one batch. A resume usually
    * restores every parameter from a checkpoint, so it leaves the init
    * programs out and compiles them later only if no checkpoint is found. */
-  bool resume = st_config_bool(cfg, "run.resume");
+  bool resume = o.resume;
   if (!s) {
     t.compiled = st_xcalloc((size_t)bundle->program_count + 1, sizeof(st_program*));
     t.compile_s = st_xcalloc((size_t)bundle->program_count + 1, sizeof(double));

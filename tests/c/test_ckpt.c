@@ -33,6 +33,7 @@
 #include "strata/ckpt.h"
 #include "strata/config.h"
 #include "strata/diag.h"
+#include "strata/train.h"
 #include "test_util.h"
 
 #define ASSERT_OK(expr)                                         \
@@ -582,6 +583,15 @@ static st_config* faults_config(const char* overrides) {
   return c;
 }
 
+/* The faults of |cfg|, read as the trainer reads them: through the typed options. */
+static st_status faults_from(const st_config* cfg, const char* run, st_faults** f) {
+  st_train_options o;
+  st_status s = st_train_options_from_config(cfg, &o);
+  if (!s) s = st_faults_create(&o.faults, run, f);
+  st_train_options_deinit(&o);
+  return s;
+}
+
 static void test_faults(void** state) {
   (void)state;
   char* run = tu_tmpdir("faults");
@@ -593,7 +603,7 @@ static void test_faults(void** state) {
   pid_t pid = fork();
   if (pid == 0) {
     st_faults* f = NULL;
-    if (st_faults_create(cfg, run, &f)) _exit(3);
+    if (faults_from(cfg, run, &f)) _exit(3);
     st_ckpt_snapshot* s = make_snapshot(20);
     st_ckpt_save_options o = {root, 5, 0, st_faults_ckpt_hook, f};
     st_status r = st_ckpt_save(&o, s, NULL);
@@ -612,7 +622,7 @@ static void test_faults(void** state) {
   free(text);
   /* the next attempt is told, and does not fire it again */
   st_faults* f = NULL;
-  ASSERT_OK(st_faults_create(cfg, run, &f));
+  ASSERT_OK(faults_from(cfg, run, &f));
   assert_string_equal(st_faults_armed(f), "");
   assert_string_equal(st_faults_disarmed(f), "crash_in_save=1");
   st_ckpt_snapshot* s = make_snapshot(20);
@@ -622,13 +632,13 @@ static void test_faults(void** state) {
   st_config_destroy(cfg);
   /* faults.repeat keeps it armed */
   cfg = faults_config("faults.crash_in_save=1 faults.repeat=true");
-  ASSERT_OK(st_faults_create(cfg, run, &f));
+  ASSERT_OK(faults_from(cfg, run, &f));
   assert_string_equal(st_faults_armed(f), "crash_in_save=1, repeat");
   st_faults_destroy(f);
   st_config_destroy(cfg);
   /* io_error_at_save=2 (EIO): the second save of this process fails, the first and third succeed */
   cfg = faults_config("faults.io_error_at_save=2 faults.io_error=EIO");
-  ASSERT_OK(st_faults_create(cfg, run, &f));
+  ASSERT_OK(faults_from(cfg, run, &f));
   assert_string_equal(st_faults_armed(f), "io_error_at_save=2 (EIO)");
   o.hook_user = f;
   for (int64_t step = 30; step <= 50; step += 10) {

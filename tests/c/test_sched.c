@@ -56,7 +56,7 @@ static int teardown(void** state) {
 static void expect_remat(const char* spec, int n, const char* want /* '1' = recompute */) {
   bool r[16];
   memset(r, 0xAA, sizeof(r));
-  ASSERT_OK(st_sched_remat_parse(spec, n, r));
+  ASSERT_OK(st_config_remat_parse(spec, n, r));
   char got[17] = {0};
   for (int l = 0; l < n; ++l) got[l] = r[l] ? '1' : '0';
   if (strcmp(got, want)) fail_msg("sched.remat '%s' over %d layers: got %s, want %s", spec, n, got, want);
@@ -64,7 +64,7 @@ static void expect_remat(const char* spec, int n, const char* want /* '1' = reco
 
 static void expect_remat_error(const char* spec, int n, const char* needle) {
   bool r[16];
-  st_status s = st_sched_remat_parse(spec, n, r);
+  st_status s = st_config_remat_parse(spec, n, r);
   if (!s) fail_msg("sched.remat '%s' was accepted", spec);
   assert_int_equal(st_status_code(s), ST_CODE_CONFIG);
   if (!strstr(st_status_message(s), needle)) fail_msg("'%s': message '%s' lacks '%s'", spec, st_status_message(s), needle);
@@ -90,11 +90,49 @@ static void test_remat_parse(void** state) {
   expect_remat_error("0;1", 4, "unexpected ';1'");
   expect_remat_error("1,4", 4, "lists layer 4, but the model has 4 layers (0..3)");
   /* Syntax only (the config check before the model is known). */
-  ASSERT_OK(st_sched_remat_parse("7,9", -1, NULL));
+  ASSERT_OK(st_config_remat_parse("7,9", -1, NULL));
   assert_int_equal(st_sched_offload_parse("both"), ST_OFFLOAD_OPTIMIZER | ST_OFFLOAD_PARAMS);
   assert_int_equal(st_sched_offload_parse("params"), ST_OFFLOAD_PARAMS);
   assert_int_equal(st_sched_offload_parse("none"), 0);
   assert_int_equal(st_sched_offload_parse("gpu"), -1);
+}
+
+/* sched.optimizer=per_layer cannot clip: one rule (st_config_check_per_layer_clip),
+ * enforced where a config is loaded (naming both keys' sources) and where a
+ * plan is built from options that never saw a config. */
+static st_bundle* test_bundle(void);
+
+static void test_per_layer_clip_rule(void** state) {
+  (void)state;
+  char* ov[2] = {"sched.optimizer=per_layer", "train.grad_clip=1"};
+  st_config* cfg = NULL;
+  st_status s = st_config_load(STRATA_SOURCE_DIR "/configs/test.yml", 2, ov, &cfg);
+  assert_non_null(s);
+  assert_int_equal(st_status_code(s), ST_CODE_CONFIG);
+  const char* msg = st_status_message(s);
+  if (!strstr(msg, "cannot clip") || !strstr(msg, "train.grad_clip (command line)"))
+    fail_msg("config error '%s' lacks the rule or the sources", msg);
+  st_status_free(s);
+  st_config_destroy(cfg);
+  st_bundle* b = test_bundle();
+  st_train_options o;
+  memset(&o, 0, sizeof(o));
+  o.microbatches = 1;
+  o.batch_size = 2;
+  o.eval_batches = 1;
+  o.sched.per_layer_optimizer = true;
+  o.grad_clip = 1.0;
+  st_plan step, eval;
+  s = st_train_build_plans(b, &o, &step, &eval);
+  assert_non_null(s);
+  assert_int_equal(st_status_code(s), ST_CODE_CONFIG);
+  assert_non_null(strstr(st_status_message(s), "cannot clip"));
+  st_status_free(s);
+  o.grad_clip = 0;
+  ASSERT_OK(st_train_build_plans(b, &o, &step, &eval));
+  st_plan_deinit(&step);
+  st_plan_deinit(&eval);
+  st_bundle_destroy(b);
 }
 
 /*===-------------------------------------------------------------------===*/
@@ -425,7 +463,7 @@ static st_bundle* test_bundle(void) {
   st_config* cfg = NULL;
   ASSERT_OK(st_config_load(STRATA_SOURCE_DIR "/configs/test.yml", 2, ov, &cfg));
   st_train_options o;
-  st_train_options_from_config(cfg, &o);
+  ASSERT_OK(st_train_options_from_config(cfg, &o));
   st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir};
   st_bundle* b = NULL;
   bool exported = false;
@@ -507,6 +545,7 @@ static void test_memory_accounting(void** state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_remat_parse),
+      cmocka_unit_test(test_per_layer_clip_rule),
       cmocka_unit_test(test_offload_pass),
       cmocka_unit_test(test_wait_pass_and_deps),
       cmocka_unit_test(test_finalize_rejects),

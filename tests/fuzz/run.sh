@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # run.sh — builds the config fuzz target with clang (libFuzzer + ASan +
-# UBSan) from src/config, src/base and src/sched/policy.c (the sched.*
-# parsers the config rules call; with the libraries CMake links them
-# with), seeds the corpus, and fuzzes for
+# UBSan) from src/config and src/base (with the libraries CMake links
+# them with), seeds the corpus, and fuzzes for
 # $FUZZ_SECONDS (default 60). Crash inputs land in build-fuzz/.
 # `make fuzz` and `make test-fuzz` call this.
 set -euo pipefail
@@ -16,7 +15,7 @@ CC=${FUZZ_CC:-clang}
 "$CC" -g -O1 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
   -Iinclude -Isrc -DSTRATA_SOURCE_DIR="\"$PWD\"" \
-  tests/fuzz/fuzz_config.c src/config/*.c src/base/*.c src/sched/policy.c \
+  tests/fuzz/fuzz_config.c src/config/*.c src/base/*.c \
   $(pkg-config --cflags --libs yaml-0.1 jansson libxxhash libcrypto) -lpthread -ldl -lm \
   -o "$out/fuzz_config"
 

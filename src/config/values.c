@@ -1,0 +1,65 @@
+/* values.c — the syntax of the config values that are more than a type or
+ * an enum, and the rules between values, each stated once: the schema's
+ * cross-field rules call these, and so do the typed options and the plan
+ * builder (src/train/), which take values that did not come through a
+ * config file. Nothing here depends on a module above config. */
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "strata/config.h"
+
+#define ST__REMAT_HELP "expected none, full, every:K (K >= 1) or a comma-separated list of layers such as 0,2,5"
+
+st_status st_config_remat_parse(const char* spec, int n_layers, bool* out) {
+  if (!spec || !spec[0]) spec = "full";
+  bool all = !strcmp(spec, "full"), none = !strcmp(spec, "none");
+  if (all || none) {
+    for (int l = 0; out && l < n_layers; ++l) out[l] = all;
+    return ST_OK;
+  }
+  if (!strncmp(spec, "every:", 6)) {
+    const char* p = spec + 6;
+    char* end = NULL;
+    errno = 0;
+    long k = isdigit((unsigned char)*p) ? strtol(p, &end, 10) : -1;
+    if (k < 1 || errno || !end || *end)
+      return st_status_make(ST_CODE_CONFIG, "sched.remat '%s': K must be a whole number >= 1; " ST__REMAT_HELP, spec);
+    for (int l = 0; out && l < n_layers; ++l) out[l] = l % k == 0;
+    return ST_OK;
+  }
+  for (int l = 0; out && l < n_layers; ++l) out[l] = false;
+  const char* p = spec;
+  int count = 0;
+  for (;;) {
+    while (*p == ' ') ++p;
+    if (!isdigit((unsigned char)*p))
+      return st_status_make(ST_CODE_CONFIG, "sched.remat '%s': unexpected '%s'; " ST__REMAT_HELP, spec, *p ? p : "end");
+    char* end = NULL;
+    errno = 0;
+    long l = strtol(p, &end, 10);
+    if (errno || l > 1000000)
+      return st_status_make(ST_CODE_CONFIG, "sched.remat '%s': layer index out of range; " ST__REMAT_HELP, spec);
+    if (n_layers >= 0 && l >= n_layers)
+      return st_status_make(ST_CODE_CONFIG, "sched.remat '%s' lists layer %ld, but the model has %d layers (0..%d)", spec,
+                            l, n_layers, n_layers - 1);
+    if (out && n_layers >= 0) out[l] = true;
+    ++count;
+    p = end;
+    while (*p == ' ') ++p;
+    if (!*p) break;
+    if (*p != ',') return st_status_make(ST_CODE_CONFIG, "sched.remat '%s': unexpected '%s'; " ST__REMAT_HELP, spec, p);
+    ++p;
+  }
+  return count ? ST_OK : st_status_make(ST_CODE_CONFIG, "sched.remat '%s': " ST__REMAT_HELP, spec);
+}
+
+st_status st_config_check_per_layer_clip(bool per_layer, double grad_clip) {
+  if (per_layer && grad_clip > 0)
+    return st_status_make(ST_CODE_CONFIG,
+                          "sched.optimizer=per_layer updates each layer before the global gradient norm is known, so it "
+                          "cannot clip (train.grad_clip is %g); set train.grad_clip=0 or sched.optimizer=after_backward",
+                          grad_clip);
+  return ST_OK;
+}
