@@ -98,8 +98,9 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
     """Writes programs/ and manifest.json into out_dir (which must exist); returns the manifest.
 
     With a mesh of more than one device (parallel.MeshSpec) the manifest also
-    gets "mesh" and "collectives" (docs/parallelism.md); without one the
-    bundle is exactly the one-device bundle."""
+    gets "mesh" and "collectives" (docs/parallelism.md), and with tensor > 1
+    "spmd_programs", the tensor-parallel block programs (tensor_parallel.py);
+    without one the bundle is exactly the one-device bundle."""
     prog_dir = os.path.join(out_dir, "programs")
     os.makedirs(prog_dir, exist_ok=True)
     entries = []
@@ -132,6 +133,8 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
     if mesh is not None and mesh.devices > 1:
         manifest["mesh"] = mesh.to_json()
         manifest["collectives"] = _export_collectives(cfg, mesh, out_dir)
+        if mesh.tensor > 1:
+            manifest["spmd_programs"] = _export_tp_programs(cfg, mesh, out_dir)
     with open(os.path.join(out_dir, "manifest.json"), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=2)
         f.write("\n")
@@ -145,6 +148,26 @@ def _export_collectives(cfg: ModelConfig, mesh: Any, out_dir: str) -> list[dict[
         jmesh = PP.make_mesh(mesh)
         entries = []
         for prog in PP.bundle_collectives(cfg, mesh):
+            data = prog.lower(jmesh).encode("utf-8")
+            rel = f"programs/{prog.name}.mlir"
+            with open(os.path.join(out_dir, rel), "wb") as f:
+                f.write(data)
+            e = prog.manifest_entry(rel)
+            e["sha256"] = hashlib.sha256(data).hexdigest()
+            entries.append(e)
+        return entries
+    except PP.ParallelError as e:
+        raise ExportError(str(e)) from None
+
+
+def _export_tp_programs(cfg: ModelConfig, mesh: Any, out_dir: str) -> list[dict[str, Any]]:
+    from . import parallel as PP
+    from . import tensor_parallel as TP
+
+    try:
+        jmesh = PP.make_mesh(mesh)
+        entries = []
+        for prog in TP.tp_programs(cfg, mesh):
             data = prog.lower(jmesh).encode("utf-8")
             rel = f"programs/{prog.name}.mlir"
             with open(os.path.join(out_dir, rel), "wb") as f:

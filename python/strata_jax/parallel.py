@@ -311,8 +311,16 @@ def model_layer_collectives(cfg: Any, mesh: MeshSpec) -> list[CollectiveProgram]
 def bundle_collectives(cfg: Any, mesh: MeshSpec) -> list[CollectiveProgram]:
     """The collectives of every parameter group (embed, block, head): what a
     bundle exported for |mesh| carries. One block program serves every layer,
-    as block_fwd does."""
+    as block_fwd does. On a tensor-only mesh there are none."""
     from . import model as M
+    if mesh.tensor > 1:
+        if mesh.data > 1 or mesh.fsdp > 1:
+            raise ParallelError("collectives of tensor-cut parameters (parallel.tensor > 1 with parallel.data or "
+                                "parallel.fsdp > 1) are not exported yet (docs/parallelism.md)")
+        # tensor alone: the block's reductions are inside its tensor-parallel
+        # programs (tensor_parallel.py); embed and head run replicated on
+        # every device, with the same inputs, so their gradients need none.
+        return []
     progs = []
     for group in ("embed", "block", "head"):
         tensors = [Tensor(n, M.param_shape(cfg, n)) for n in M.group_param_names(cfg, group)]

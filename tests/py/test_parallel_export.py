@@ -171,11 +171,13 @@ def test_bundle_with_mesh(tmp_path) -> None:  # noqa: ANN001
         assert hashlib.sha256(data).hexdigest() == c["sha256"]
         assert b"mhlo.num_partitions = 4 : i32" in data
 
-    # tensor parallelism is not exported yet; a bad mesh is a usage error
+    # tensor with data or fsdp is not exported yet (tensor alone is:
+    # test_tensor_parallel.py); a bad mesh is a usage error
     r = subprocess.run([PY, "-m", "strata_jax.export", "--model-json", json.dumps(model), "--out", str(tmp_path / "t"),
-                        "--mesh", "tensor=2"], env=env, capture_output=True, text=True, timeout=600)
+                        "--mesh", "data=2,tensor=2"], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 1
-    assert "tensor parallelism is not exported yet (docs/parallelism.md): parallel.tensor must be 1" in r.stderr
+    assert ("collectives of tensor-cut parameters (parallel.tensor > 1 with parallel.data or parallel.fsdp > 1) "
+            "are not exported yet (docs/parallelism.md)") in r.stderr
     assert not os.path.exists(tmp_path / "t")
     r = subprocess.run([PY, "-m", "strata_jax.export", "--model-json", json.dumps(model), "--out", str(tmp_path / "u"),
                         "--mesh", "pipe=2"], env=env, capture_output=True, text=True, timeout=600)

@@ -1,0 +1,493 @@
+"""Tensor-parallel block programs (docs/parallelism.md, "Tensor-parallel block programs").
+
+Megatron-style split of one transformer block over the ``tensor`` mesh axis:
+
+* the projections into heads and into the MLP hidden dimension are
+  *column-parallel*: ``wq``, ``wk``, ``wv`` ([D, D]) and ``w_gate``, ``w_up``
+  ([D, F]) are cut along dimension 1, so a device holds whole heads
+  (``n_heads / tensor`` of them) and ``d_ff / tensor`` hidden units;
+* the projections back to ``d_model`` are *row-parallel*: ``wo`` ([D, D]) and
+  ``w_down`` ([F, D]) are cut along dimension 0;
+* the two RMSNorm gains are replicated.
+
+Each device computes its heads and its hidden units; the outputs of ``wo``
+and ``w_down`` are partial sums over the tensor group and are all-reduced
+there (Megatron's ``g``: psum forward, identity backward). In the backward
+pass the gradient reaching each normalised input is partial too and is
+all-reduced before the RMSNorm backward (Megatron's ``f``: identity forward,
+psum backward), so the norm gains' gradients and ``dx`` come out whole on
+every device of the group.
+
+The all-reduces are explicit ``lax.psum`` inside a ``jax.shard_map`` body,
+not left to XLA's partitioner: the program is then exactly the Megatron
+program (two all-reduces in the forward, two more in the backward, where
+the forward's are recomputed only as far as the backward needs them), the
+per-device computation is the one-device model code on fewer heads, and no
+partitioner choice (such as gathering a weight instead) can change what
+each device holds or how much it sends. The programs are exported in the
+convention of parallel.py: every input and output is a stack of per-device
+blocks along dimension 0 (``P(("data", "fsdp", "tensor"))``), rank-0
+scalars are replicated (``P()``), so the C side only ever sees local
+buffers; the manifest entry records each tensor's logical ``sharding`` in
+the form of ``st_sharding`` (include/strata/mesh.h): ``split[d]`` lists the
+mesh axes dimension d is cut over, ``partial`` the axes the value is an
+unreduced sum over; an axis in neither is replicated.
+
+Activations are cut over the batch along ``data`` and ``fsdp`` (dimension 0)
+and replicated over ``tensor``. The parameters a block program takes are
+whole along ``data`` and ``fsdp`` (gathered, under fsdp) and cut over
+``tensor``; its parameter gradients are partial over ``data`` and ``fsdp``
+(each device's share of the batch) and cut over ``tensor`` like the
+parameters.
+
+``python -m strata_jax.tensor_parallel OUTDIR`` writes the test programs
+(every program on tensor=2, tensor=4 and fsdp=2 x tensor=2) with
+``tp_manifest.json``; run it with
+``XLA_FLAGS=--xla_force_host_platform_device_count=4``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from . import model as M
+from . import programs as PR
+from .model import ModelConfig
+from .optim import adamw_update, sqnorm
+from .parallel import MESH_AXES, MeshSpec, ParallelError
+
+Array = jax.Array
+TENSOR = "tensor"
+BATCH_AXES: tuple[str, ...] = ("data", "fsdp")
+
+# Dimension of each block parameter cut over `tensor` (None: replicated).
+PARAM_SPLIT_DIM: dict[str, int | None] = {
+    "attn_norm": None, "wq": 1, "wk": 1, "wv": 1, "wo": 0,
+    "mlp_norm": None, "w_gate": 1, "w_up": 1, "w_down": 0,
+}
+# Dimension of each residual (programs.RESIDUALS) cut over `tensor`: the
+# per-head tensors along their head dimension, the MLP hidden activations
+# along the hidden dimension; x_mid (the residual stream) is replicated.
+RESIDUAL_SPLIT_DIM: dict[str, int | None] = {
+    "q": 2, "k": 2, "v": 2, "attn_out": 2, "attn_lse": 1, "x_mid": None, "gate": 2, "up": 2,
+}
+_DTYPES = {"f32": jnp.float32, "s32": jnp.int32}
+
+
+# --- Megatron's f and g --------------------------------------------------------
+
+@jax.custom_vjp
+def copy_to_tp(x: Array) -> Array:
+    """Megatron's f: identity forward, all-reduce of the gradient over `tensor`."""
+    return x
+
+
+def _copy_fwd(x: Array) -> tuple[Array, None]:
+    return x, None
+
+
+def _copy_bwd(_: None, g: Array) -> tuple[Array]:
+    return (lax.psum(g, TENSOR),)
+
+
+copy_to_tp.defvjp(_copy_fwd, _copy_bwd)
+
+
+@jax.custom_vjp
+def reduce_from_tp(x: Array) -> Array:
+    """Megatron's g: all-reduce over `tensor` forward, identity backward."""
+    return lax.psum(x, TENSOR)
+
+
+def _reduce_fwd(x: Array) -> tuple[Array, None]:
+    return lax.psum(x, TENSOR), None
+
+
+def _reduce_bwd(_: None, g: Array) -> tuple[Array]:
+    return (g,)
+
+
+reduce_from_tp.defvjp(_reduce_fwd, _reduce_bwd)
+
+
+# --- the block on one device's heads and hidden units ----------------------------
+
+def _qkv_local(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tuple[Array, Array, Array]:
+    """programs._qkv on this device's heads (wq/wk/wv are its column blocks)."""
+    B, T, _ = x.shape
+    Dh = cfg.head_dim
+    h = copy_to_tp(M.rms_norm(x, p["attn_norm"]))
+    q = M._mm(cfg, h, p["wq"]).reshape(B, T, -1, Dh)
+    k = M._mm(cfg, h, p["wk"]).reshape(B, T, -1, Dh)
+    v = M._mm(cfg, h, p["wv"]).reshape(B, T, -1, Dh)
+    cos, sin = M.rope_tables(cfg)
+    return M.apply_rope(q, cos, sin), M.apply_rope(k, cos, sin), v
+
+
+def block_fwd_res_local(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tuple[Array, tuple[Array, ...]]:
+    """programs.block_fwd_res on this device's heads and hidden units; y is
+    whole (all-reduced), the residuals are this device's part."""
+    B, T, _ = x.shape
+    q, k, v = _qkv_local(cfg, p, x)
+    scores = PR._scores(cfg, q, k)
+    probs = jax.nn.softmax(scores, axis=-1)
+    lse = jax.nn.logsumexp(scores, axis=-1)
+    c = cfg.cdtype
+    o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), v.astype(c),
+                   preferred_element_type=jnp.float32).reshape(B, T, -1)
+    x_mid = x + reduce_from_tp(M._mm(cfg, o, p["wo"]))
+    h2 = copy_to_tp(M.rms_norm(x_mid, p["mlp_norm"]))
+    gate, up = M._mm(cfg, h2, p["w_gate"]), M._mm(cfg, h2, p["w_up"])
+    y = x_mid + reduce_from_tp(M._mm(cfg, jax.nn.silu(gate) * up, p["w_down"]))
+    return y, (q, k, v, o, lse, x_mid, gate, up)
+
+
+def block_fwd_local(cfg: ModelConfig, p: dict[str, Array], x: Array) -> Array:
+    return block_fwd_res_local(cfg, p, x)[0]
+
+
+def block_bwd_res_local(cfg: ModelConfig, p: dict[str, Array], x: Array, res: tuple[Array, ...],
+                        dy: Array) -> tuple[dict[str, Array], Array]:
+    """programs.block_bwd_res on this device's part: the stages are the same;
+    the gradient into each normalised input is all-reduced (copy_to_tp's
+    backward) before the RMSNorm backward."""
+    q, k, v, o, lse, x_mid, gate, up = res
+    _, vjp = jax.vjp(lambda g_, u_, w: M._mm(cfg, jax.nn.silu(g_) * u_, w), gate, up, p["w_down"])
+    dgate, dup, dw_down = vjp(dy)
+
+    def mlp_in(x_, gain, wg, wu):  # type: ignore[no-untyped-def]
+        h = copy_to_tp(M.rms_norm(x_, gain))
+        return M._mm(cfg, h, wg), M._mm(cfg, h, wu)
+
+    _, vjp = jax.vjp(mlp_in, x_mid, p["mlp_norm"], p["w_gate"], p["w_up"])
+    dx_mid_n, dmlp_norm, dw_gate, dw_up = vjp((dgate, dup))
+    dx_mid = dy + dx_mid_n
+    _, vjp = jax.vjp(lambda o_, w: M._mm(cfg, o_, w), o, p["wo"])
+    do, dwo = vjp(dx_mid)
+    dq, dk, dv = PR._attention_core_bwd(cfg, q, k, v, o, lse, do)
+    _, vjp = jax.vjp(lambda x_, gain, wq, wk, wv: _qkv_local(
+        cfg, {"attn_norm": gain, "wq": wq, "wk": wk, "wv": wv}, x_), x, p["attn_norm"], p["wq"], p["wk"], p["wv"])
+    dx_n, dattn_norm, dwq, dwk, dwv = vjp((dq, dk, dv))
+    grads = {"attn_norm": dattn_norm, "wq": dwq, "wk": dwk, "wv": dwv, "wo": dwo, "mlp_norm": dmlp_norm,
+             "w_gate": dw_gate, "w_up": dw_up, "w_down": dw_down}
+    return grads, dx_mid + dx_n
+
+
+# --- SPMD programs and their manifest entries -----------------------------------
+
+@dataclass(frozen=True)
+class ShardedSpec:
+    """One input or output: its logical (whole) shape and how it lies on the mesh."""
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    role: str
+    split: tuple[tuple[str, ...], ...]  # per dimension: the mesh axes it is cut over
+    partial: tuple[str, ...] = ()
+
+    def local_shape(self, mesh: MeshSpec) -> tuple[int, ...]:
+        out = []
+        for d, axes in zip(self.shape, self.split):
+            k = math.prod(mesh.size(a) for a in axes)
+            if d % k:
+                raise ParallelError(f"{self.name}: dimension of {d} cannot be cut {k} ways "
+                                    f"over {'x'.join(axes)} (mesh {mesh.to_json()})")
+            out.append(d // k)
+        return tuple(out)
+
+    def sharding_json(self) -> dict[str, Any]:
+        return {"split": [list(a) for a in self.split], "partial": list(self.partial)}
+
+
+def _spec(name: str, shape: Sequence[int], role: str, split: dict[int, tuple[str, ...]] | None = None,
+          partial: tuple[str, ...] = (), dtype: str = "f32") -> ShardedSpec:
+    split = split or {}
+    return ShardedSpec(name, tuple(shape), dtype, role, tuple(tuple(split.get(d, ())) for d in range(len(shape))),
+                       partial)
+
+
+@dataclass(frozen=True)
+class SpmdProgram:
+    name: str
+    mesh: MeshSpec
+    body: Callable[..., tuple[Array, ...]]  # local blocks in -> local blocks out (shard_map body)
+    inputs: tuple[ShardedSpec, ...]
+    outputs: tuple[ShardedSpec, ...]
+    donated: tuple[int, ...] = field(default=())
+
+    def _pspec(self, s: ShardedSpec) -> P:
+        return P() if not s.shape else P(MESH_AXES)
+
+    def _global_shape(self, s: ShardedSpec) -> tuple[int, ...]:
+        loc = s.local_shape(self.mesh)
+        return () if not loc else (self.mesh.devices * loc[0],) + loc[1:]
+
+    def jitted(self, mesh: Mesh) -> Any:
+        ins = tuple(self._pspec(s) for s in self.inputs)
+        outs = tuple(self._pspec(s) for s in self.outputs)
+        f = jax.shard_map(self.body, mesh=mesh, in_specs=ins, out_specs=outs, check_vma=False)
+        return jax.jit(f, in_shardings=tuple(NamedSharding(mesh, p) for p in ins),
+                       out_shardings=tuple(NamedSharding(mesh, p) for p in outs),
+                       donate_argnums=self.donated, keep_unused=True)
+
+    def global_structs(self) -> list[jax.ShapeDtypeStruct]:
+        return [jax.ShapeDtypeStruct(self._global_shape(s), _DTYPES[s.dtype]) for s in self.inputs]
+
+    def lower(self, mesh: Mesh) -> str:
+        text = self.jitted(mesh).lower(*self.global_structs()).as_text()
+        if self.mesh.devices > 1 and f"mhlo.num_partitions = {self.mesh.devices} : i32" not in text:
+            raise ParallelError(f"{self.name}: lowered text lacks mhlo.num_partitions = {self.mesh.devices}")
+        return text
+
+    def run(self, mesh: Mesh, per_device: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+        """per_device[p][i]: input i's block on mesh index p (a rank-0 input is
+        taken from mesh index 0); returns out[p][i]."""
+        D = self.mesh.devices
+        args = [np.asarray(per_device[0][i]) if not s.shape else
+                np.concatenate([per_device[p][i] for p in range(D)], axis=0)
+                for i, s in enumerate(self.inputs)]
+        outs = self.jitted(mesh)(*args)
+        res: list[list[np.ndarray]] = [[] for _ in range(D)]
+        for o, s in zip(outs, self.outputs):
+            blocks = [np.asarray(o)] * D if not s.shape else np.split(np.asarray(o), D, axis=0)
+            for p in range(D):
+                res[p].append(blocks[p])
+        return res
+
+    def manifest_entry(self, file: str | None = None) -> dict[str, Any]:
+        def side(specs: tuple[ShardedSpec, ...]) -> list[dict[str, Any]]:
+            out = []
+            for s in specs:
+                loc = s.local_shape(self.mesh)
+                out.append({"name": s.name, "shape": list(s.shape), "local_shape": list(loc), "dtype": s.dtype,
+                            "role": s.role, "sharding": s.sharding_json(),
+                            "layout": {"global_shape": list(self._global_shape(s)),
+                                       "spec": [] if not loc else [list(MESH_AXES)] + [[] for _ in loc[1:]]}})
+            return out
+
+        e: dict[str, Any] = {"name": self.name, "mesh": self.mesh.to_json(), "num_partitions": self.mesh.devices,
+                             "num_replicas": 1, "tensor_groups": self.mesh.groups(TENSOR),
+                             "inputs": side(self.inputs), "outputs": side(self.outputs),
+                             "donated": list(self.donated)}
+        if file is not None:
+            e["file"] = file
+        return e
+
+
+def _block_param_specs(cfg: ModelConfig, role: str = "param", prefix: str = "",
+                       partial: tuple[str, ...] = ()) -> list[ShardedSpec]:
+    out = []
+    for n in M.BLOCK_PARAMS:
+        d = PARAM_SPLIT_DIM[n]
+        out.append(_spec(prefix + n, M.param_shape(cfg, n), role, {} if d is None else {d: (TENSOR,)},
+                         partial))
+    return out
+
+
+def _check_mesh(cfg: ModelConfig, mesh: MeshSpec) -> None:
+    t = mesh.tensor
+    if cfg.n_heads % t or cfg.d_ff % t:
+        raise ParallelError(f"model.n_heads ({cfg.n_heads}) and model.d_ff ({cfg.d_ff}) must be divisible by "
+                            f"parallel.tensor ({t}): tensor parallelism splits the heads and the MLP hidden dimension")
+    b = mesh.data * mesh.fsdp
+    if cfg.microbatch_size % b:
+        raise ParallelError(f"microbatch_size {cfg.microbatch_size} is not divisible by data x fsdp = {b}")
+
+
+def block_programs(cfg: ModelConfig, mesh: MeshSpec) -> list[SpmdProgram]:
+    """tp_block_fwd, tp_block_bwd, tp_block_fwd_res, tp_block_bwd_res on |mesh|
+    (same inputs and outputs, in the same order, as the one-device programs)."""
+    _check_mesh(cfg, mesh)
+    blk = M.BLOCK_PARAMS
+    nb, nr = len(blk), len(PR.RESIDUALS)
+    mb, T, D = cfg.microbatch_size, cfg.seq_len, cfg.d_model
+    batch = {0: BATCH_AXES}
+    x = _spec("x", (mb, T, D), "activation", batch)
+    y = _spec("y", (mb, T, D), "activation", batch)
+    dy = _spec("dy", (mb, T, D), "activation_grad", batch)
+    dx = _spec("dx", (mb, T, D), "activation_grad", batch)
+    params = _block_param_specs(cfg)
+    grads = _block_param_specs(cfg, "grad", "grad_", partial=BATCH_AXES)
+    res = []
+    for r in PR.residual_specs(cfg):
+        d = RESIDUAL_SPLIT_DIM[r.name]
+        res.append(_spec(r.name, r.shape, "residual", {0: BATCH_AXES, **({} if d is None else {d: (TENSOR,)})}))
+
+    def fwd(*a: Array) -> tuple[Array, ...]:
+        return (block_fwd_local(cfg, dict(zip(blk, a[:nb])), a[nb]),)
+
+    def bwd(*a: Array) -> tuple[Array, ...]:
+        p, xin, g = dict(zip(blk, a[:nb])), a[nb], a[nb + 1]
+        _, vjp = jax.vjp(lambda p_, x_: block_fwd_local(cfg, p_, x_), p, xin)
+        dp, dxin = vjp(g)
+        return tuple(dp[n] for n in blk) + (dxin,)
+
+    def fwd_res(*a: Array) -> tuple[Array, ...]:
+        yv, r = block_fwd_res_local(cfg, dict(zip(blk, a[:nb])), a[nb])
+        return (yv,) + r
+
+    def bwd_res(*a: Array) -> tuple[Array, ...]:
+        p, xin = dict(zip(blk, a[:nb])), a[nb]
+        r, g = tuple(a[nb + 1:nb + 1 + nr]), a[nb + 1 + nr]
+        dp, dxin = block_bwd_res_local(cfg, p, xin, r, g)
+        return tuple(dp[n] for n in blk) + (dxin,)
+
+    return [
+        SpmdProgram("tp_block_fwd", mesh, fwd, tuple(params + [x]), (y,)),
+        SpmdProgram("tp_block_bwd", mesh, bwd, tuple(params + [x, dy]), tuple(grads + [dx])),
+        SpmdProgram("tp_block_fwd_res", mesh, fwd_res, tuple(params + [x]), tuple([y] + res)),
+        SpmdProgram("tp_block_bwd_res", mesh, bwd_res, tuple(params + [x] + res + [dy]), tuple(grads + [dx])),
+    ]
+
+
+def optimizer_programs(cfg: ModelConfig, mesh: MeshSpec) -> list[SpmdProgram]:
+    """tp_sqnorm_block and tp_adamw_block on the block's tensor-cut tensors,
+    whole along data and fsdp (after the data all-reduce). Refused with
+    fsdp > 1: there the optimizer runs on fsdp shards of the tensor blocks,
+    which this module does not export."""
+    if mesh.fsdp > 1:
+        raise ParallelError("the optimizer programs of tensor-cut parameters under fsdp > 1 are not exported yet "
+                            "(docs/parallelism.md)")
+    blk = M.BLOCK_PARAMS
+    n = len(blk)
+    split = [PARAM_SPLIT_DIM[k] is not None for k in blk]
+    decay = [len(M.param_shape(cfg, k)) >= 2 for k in blk]
+    params = _block_param_specs(cfg)
+    grads = _block_param_specs(cfg, "grad", "grad_")
+    m = _block_param_specs(cfg, "opt_m", "m_")
+    v = _block_param_specs(cfg, "opt_v", "v_")
+    scalars = [_spec("step", (), "scalar"), _spec("lr", (), "scalar"), _spec("gscale", (), "scalar")]
+    hyper = _spec("hyper", (4,), "scalar")  # stacked like any rank-1 input: each device gets the 4 values
+
+    def sqn(*g: Array) -> tuple[Array, ...]:
+        # The cut gradients' squares are summed over the tensor group; the
+        # replicated ones (norm gains) are counted once.
+        cut = lax.psum(sqnorm([a for a, s in zip(g, split) if s]), TENSOR)
+        return (cut + sqnorm([a for a, s in zip(g, split) if not s]),)
+
+    def adamw(*a: Array) -> tuple[Array, ...]:
+        # Elementwise: each device updates its own block, no communication.
+        p, g, mi, vi = a[:n], a[n:2 * n], a[2 * n:3 * n], a[3 * n:4 * n]
+        step, lr, gscale, hyp = a[4 * n:]
+        new_p, new_m, new_v = adamw_update(p, g, mi, vi, decay, step, lr, gscale, hyp)
+        return tuple(new_p) + tuple(new_m) + tuple(new_v)
+
+    return [
+        SpmdProgram("tp_sqnorm_block", mesh, sqn, tuple(grads), (_spec("sqnorm", (), "metric"),)),
+        SpmdProgram("tp_adamw_block", mesh, adamw, tuple(params + grads + m + v + scalars + [hyper]),
+                    tuple(params + m + v), tuple(range(n)) + tuple(range(2 * n, 4 * n))),
+    ]
+
+
+def tp_programs(cfg: ModelConfig, mesh: MeshSpec) -> list[SpmdProgram]:
+    """What a bundle exported for |mesh| (tensor > 1) carries."""
+    if mesh.tensor < 2:
+        raise ParallelError("tensor-parallel programs need parallel.tensor >= 2")
+    progs = block_programs(cfg, mesh)
+    if mesh.fsdp == 1:
+        progs += optimizer_programs(cfg, mesh)
+    return progs
+
+
+# --- splitting a logical value into per-device blocks and back --------------------
+
+def _coords(mesh: MeshSpec, p: int) -> dict[str, int]:
+    return dict(zip(MESH_AXES, (int(c) for c in np.unravel_index(p, mesh.shape))))
+
+
+def _slices(spec: ShardedSpec, mesh: MeshSpec, c: dict[str, int]) -> tuple[slice, ...]:
+    loc = spec.local_shape(mesh)
+    out = []
+    for d, axes in enumerate(spec.split):
+        idx = 0
+        for a in axes:  # row-major over the dimension's axes, as st_sharding
+            idx = idx * mesh.size(a) + c[a]
+        out.append(slice(idx * loc[d], (idx + 1) * loc[d]))
+    return tuple(out)
+
+
+def shard(value: np.ndarray, spec: ShardedSpec, mesh: MeshSpec) -> list[np.ndarray]:
+    """The block each mesh index holds of |value| (a partial value on
+    coordinate 0 of its partial axes, zeros elsewhere, as st_sharded_from_host)."""
+    out = []
+    for p in range(mesh.devices):
+        c = _coords(mesh, p)
+        b = np.array(value[_slices(spec, mesh, c)])
+        if any(c[a] for a in spec.partial):
+            b = np.zeros_like(b)
+        out.append(b)
+    return out
+
+
+def unshard(blocks: Sequence[np.ndarray], spec: ShardedSpec, mesh: MeshSpec) -> np.ndarray:
+    """The logical value of per-device |blocks|: cut dimensions concatenated,
+    partial blocks summed, replicated axes read at coordinate 0."""
+    out = np.zeros(spec.shape, np.asarray(blocks[0]).dtype)
+    for p in range(mesh.devices):
+        c = _coords(mesh, p)
+        if any(c[a] for a in MESH_AXES if a not in spec.partial and not any(a in ax for ax in spec.split)):
+            continue
+        out[_slices(spec, mesh, c)] += blocks[p]
+    return out
+
+
+# --- test programs -------------------------------------------------------------
+
+TEST_MESHES: tuple[tuple[str, MeshSpec], ...] = (
+    ("t2", MeshSpec(tensor=2)), ("t4", MeshSpec(tensor=4)), ("f2t2", MeshSpec(fsdp=2, tensor=2)),
+    ("d2t2", MeshSpec(data=2, tensor=2)),
+)
+
+
+def export_programs(cfg: ModelConfig, mesh: MeshSpec, outdir: str, prefix: str = "") -> list[dict[str, Any]]:
+    """Writes tp_programs(cfg, mesh) as OUTDIR/<prefix><name>.mlir; returns their manifest entries."""
+    from .parallel import make_mesh
+    jmesh = make_mesh(mesh)
+    entries = []
+    for prog in tp_programs(cfg, mesh):
+        fname = f"{prefix}{prog.name}.mlir"
+        with open(os.path.join(outdir, fname), "w", encoding="utf-8") as f:
+            f.write(prog.lower(jmesh))
+        entries.append(prog.manifest_entry(fname))
+    return entries
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) not in (1, 2):
+        print("usage: XLA_FLAGS=--xla_force_host_platform_device_count=4 "
+              "python -m strata_jax.tensor_parallel OUTDIR [MODEL_JSON]", file=sys.stderr)
+        return 2
+    jax.config.update("jax_platforms", "cpu")
+    model = {"vocab_size": 64, "d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64, "seq_len": 16,
+             "tie_embeddings": True, "compute_dtype": "f32", "rope_theta": 10000.0, "init_std": 0.02,
+             "microbatch_size": 2}
+    cfg = ModelConfig.from_json(argv[1]) if len(argv) == 2 else ModelConfig.from_dict(model)
+    os.makedirs(argv[0], exist_ok=True)
+    entries = []
+    try:
+        for tag, mesh in TEST_MESHES:
+            entries += export_programs(cfg, mesh, argv[0], prefix=f"{tag}_")
+    except ParallelError as e:
+        print(f"strata_jax.tensor_parallel: {e}", file=sys.stderr)
+        return 1
+    with open(os.path.join(argv[0], "tp_manifest.json"), "w", encoding="utf-8") as f:
+        json.dump({"mesh_axes": list(MESH_AXES), "model": cfg.to_dict(), "programs": entries}, f, indent=2)
+        f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
