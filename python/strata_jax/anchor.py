@@ -16,6 +16,10 @@ losses match the reference to float rounding (tests/py/test_anchor.py).
 
     python -m strata_jax.anchor CONFIG [k=v ...] --variant unroll|scan --out FILE.json
         [--steps N] [--compile-only] [--config-json FILE --tokens TOKFILE]
+        [--mesh data=D,fsdp=F,tensor=T]
+
+With ``--mesh`` the step is one jit over D x F x T devices with in/out
+shardings, MaxText's way (mesh_shardings below; docs/parallelism.md).
 
 Writes one JSON object: trace/lower/compile seconds, per-step seconds,
 XLA's memory analysis of the compiled step and the process's peak RSS.
@@ -82,7 +86,7 @@ def remat_model_loss(cfg: ModelConfig, params: M.FullParams, tokens: Array, targ
     return M.head_loss(cfg, params["head"], wte if cfg.tie_embeddings else None, x, targets, mask)
 
 
-def make_scan_train_step(cfg: ModelConfig) -> Callable[..., Any]:
+def make_scan_train_step(cfg: ModelConfig, shardings: tuple[Any, Any] | None = None) -> Callable[..., Any]:
     """Like reference_train.make_train_step, on stacked block parameters:
     jit(params, m, v, tokens, targets, mask, step, lr, hyper, grad_clip) ->
     (params, m, v, micro_losses, group_sqnorms[embed, layers..., head])."""
@@ -128,7 +132,60 @@ def make_scan_train_step(cfg: ModelConfig) -> Callable[..., Any]:
 
         return regroup(0), regroup(1), regroup(2), losses, sqn
 
+    if shardings is not None:
+        return jax.jit(step_fn, donate_argnums=(0, 1, 2), in_shardings=shardings[0], out_shardings=shardings[1])
     return jax.jit(step_fn, donate_argnums=(0, 1, 2))
+
+
+# --- the same step over a device mesh (MaxText's way) --------------------------
+#
+# One jax.jit over the mesh's devices: the batch is cut over data x fsdp, the
+# parameters (and so m and v, which have their shardings) over fsdp along
+# their d_model dimension, and over tensor along the heads / MLP hidden /
+# vocabulary dimension, as MaxText's logical axis rules do ("embed" -> fsdp,
+# "heads"/"mlp"/"vocab" -> tensor). XLA's partitioner inserts every
+# collective; the math is the one-device step's, only reduction orders differ.
+
+# Mesh axis of each dimension of each parameter (None: not cut).
+PARAM_AXES: dict[str, tuple[str | None, ...]] = {
+    "wte": ("tensor", "fsdp"), "attn_norm": ("fsdp",), "mlp_norm": ("fsdp",), "final_norm": ("fsdp",),
+    "wq": ("fsdp", "tensor"), "wk": ("fsdp", "tensor"), "wv": ("fsdp", "tensor"), "wo": ("tensor", "fsdp"),
+    "w_gate": ("fsdp", "tensor"), "w_up": ("fsdp", "tensor"), "w_down": ("tensor", "fsdp"),
+    "w_out": ("fsdp", "tensor"),
+}
+
+
+def param_pspec(name: str, shape: tuple[int, ...], mesh: Any, stacked: bool = False) -> Any:
+    """PartitionSpec of one parameter; a dimension an axis does not divide is
+    left whole (no padding in the anchor). |stacked|: a leading layer axis."""
+    from jax.sharding import PartitionSpec as P
+
+    dims = shape[1:] if stacked else shape
+    axes = []
+    for d, a in zip(dims, PARAM_AXES[name]):
+        axes.append(a if a is not None and mesh.shape[a] > 1 and d % mesh.shape[a] == 0 else None)
+    return P(*(([None] if stacked else []) + axes))
+
+
+def mesh_shardings(params: Any, mesh: Any) -> tuple[Any, Any, Any]:
+    """(parameter shardings (a tree like |params|), batch sharding, replicated)
+    for the unrolled (blocks: list) or scanned (blocks: stacked dict) layout."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    def tree(group: Any, stacked: bool) -> Any:
+        return {k: NamedSharding(mesh, param_pspec(k, tuple(a.shape), mesh, stacked)) for k, a in group.items()}
+
+    blocks = params["blocks"]
+    ps = {"embed": tree(params["embed"], False), "head": tree(params["head"], False),
+          "blocks": tree(blocks, True) if isinstance(blocks, dict) else [tree(b, False) for b in blocks]}
+    # tokens/targets/mask are [microbatches, microbatch, seq]: cut the microbatch
+    return ps, NamedSharding(mesh, P(None, ("data", "fsdp"))), NamedSharding(mesh, P())
+
+
+def step_shardings(params: Any, mesh: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    ps, bs, rep = mesh_shardings(params, mesh)
+    return (ps, ps, ps, bs, bs, bs, rep, rep, rep, rep), (ps, ps, ps, rep, rep)
 
 
 # --- measurement --------------------------------------------------------------
@@ -174,26 +231,34 @@ def plugin_device(path: str, cpu_devices: int = 0) -> Any:
 
 
 def run(config: dict[str, Any], tokens: np.ndarray, variant: str, steps: int | None = None,
-        compile_only: bool = False, device: Any = None) -> dict[str, Any]:
+        compile_only: bool = False, device: Any = None, mesh: Any = None) -> dict[str, Any]:
     """Compiles the chosen step (timed: trace+lower, then XLA compile) and,
     unless compile_only, trains `steps` steps timing each one from the host
     batch to the losses on the host (what strata's step_time_s covers).
-    `device`: where everything runs (default: JAX's default device)."""
+    `device`: where everything runs (default: JAX's default device).
+    `mesh` (parallel.MeshSpec): one jit over that many devices (of `device`'s
+    client, else JAX's default backend), sharded as mesh_shardings says."""
+    jmesh = None
+    if mesh is not None and mesh.devices > 1:
+        from .parallel import make_mesh
+        jmesh = make_mesh(mesh, device.client.devices() if device is not None else None)
     if device is None:
-        r = _run(config, tokens, variant, steps, compile_only)
+        r = _run(config, tokens, variant, steps, compile_only, jmesh)
     else:
         with jax.default_device(device):
-            r = _run(config, tokens, variant, steps, compile_only)
-        if r["param_devices"] != [str(device)] or r["param_clients"] != [id(device.client)]:
-            raise RuntimeError(f"anchor: parameters ended up on {r['param_devices']}, not on {device}")
-        r["devices"] = [str(device)]
+            r = _run(config, tokens, variant, steps, compile_only, jmesh)
+        want = sorted(str(d) for d in jmesh.devices.flat) if jmesh is not None else [str(device)]
+        if r["param_devices"] != want or r["param_clients"] != [id(device.client)]:
+            raise RuntimeError(f"anchor: parameters ended up on {r['param_devices']}, not on {want}")
+        r["devices"] = want
         r["client"] = f"plugin {device.client.platform} {device.client.platform_version}"
+    r["mesh"] = mesh.to_json() if mesh is not None else {"data": 1, "fsdp": 1, "tensor": 1}
     del r["param_clients"]  # object ids: only meaningful inside this process
     return r
 
 
 def _run(config: dict[str, Any], tokens: np.ndarray, variant: str, steps: int | None,
-         compile_only: bool) -> dict[str, Any]:
+         compile_only: bool, jmesh: Any = None) -> dict[str, Any]:
     if variant not in VARIANTS + DIAG_VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS + DIAG_VARIANTS}, got {variant!r}")
     cfg = ModelConfig.from_dict(config["model"])
@@ -205,6 +270,11 @@ def _run(config: dict[str, Any], tokens: np.ndarray, variant: str, steps: int | 
     params = M.init_params(cfg, seed)
     if variant == "scan":
         params = stack_blocks(params)
+    shardings = batch_sharding = None
+    if jmesh is not None:
+        shardings = step_shardings(params, jmesh)
+        params = jax.device_put(params, shardings[0][0])
+        batch_sharding = shardings[0][3]
     jax.block_until_ready(params)
     init_s = time.perf_counter() - t0
     # Where the step really runs (a plugin device prints like jaxlib's own).
@@ -212,15 +282,17 @@ def _run(config: dict[str, Any], tokens: np.ndarray, variant: str, steps: int | 
     m = jax.tree.map(jnp.zeros_like, params)
     v = jax.tree.map(jnp.zeros_like, params)
     if variant == "scan":
-        step_fn = make_scan_train_step(cfg)
+        step_fn = make_scan_train_step(cfg, shardings)
     elif variant == "unroll_remat":
-        step_fn = make_train_step(cfg, remat_model_loss)
+        step_fn = make_train_step(cfg, remat_model_loss, shardings)
     else:
-        step_fn = make_train_step(cfg)
+        step_fn = make_train_step(cfg, shardings=shardings)
     hyper, clip = jnp.asarray(tc.hyper), jnp.float32(tc.grad_clip)
 
-    def batch(k: int) -> tuple[Array, Array, Array]:
+    def batch(k: int) -> tuple[Array, ...]:
         b = sampler.batch(k)
+        if batch_sharding is not None:  # straight from the host to each device's part
+            return tuple(jax.device_put(a, batch_sharding) for a in (b.tokens, b.targets, b.mask))
         return jnp.asarray(b.tokens), jnp.asarray(b.targets), jnp.asarray(b.mask)
 
     t0 = time.perf_counter()
@@ -259,6 +331,12 @@ def _run(config: dict[str, Any], tokens: np.ndarray, variant: str, steps: int | 
             result["step_minor_faults"].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
             result["losses"].append(loss)
         result["steps"] = tc.steps
+    if jmesh is not None:
+        # How the first block's parameters lie after the last step (the jit's
+        # out_shardings), as PartitionSpecs.
+        blk = params["blocks"] if isinstance(params["blocks"], dict) else params["blocks"][0]
+        result["param_specs"] = {k: str(getattr(a.sharding, "spec", None)) for k, a in blk.items()}
+        result["param_specs"]["wte"] = str(getattr(params["embed"]["wte"].sharding, "spec", None))
     result["peak_rss_bytes"] = _peak_rss_bytes()
     return result
 
@@ -272,8 +350,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile-only", action="store_true", help="stop after compiling the step")
     ap.add_argument("--plugin", help="run on this PJRT plugin (e.g. strata's CPU plugin) instead of jaxlib's client")
     ap.add_argument("--cpu-devices", type=int, default=0, help="with --plugin: cpu_device_count (CPU plugins)")
+    ap.add_argument("--mesh", default=None,
+                    help="one jit over a device mesh, e.g. data=2,tensor=2 (batch over data x fsdp, parameters and "
+                         "optimizer state over fsdp, heads/MLP hidden/vocab over tensor); without --plugin, JAX's "
+                         "CPU device count is set to the mesh's")
     ap.add_argument("--out", required=True, help="JSON result file")
     args = ap.parse_args(argv)
+    mesh = None
+    if args.mesh:
+        from .parallel import ParallelError, parse_mesh
+
+        try:
+            mesh = parse_mesh(args.mesh)
+        except ParallelError as e:
+            print(f"anchor: {e}", file=sys.stderr)
+            return 2
+        # JAX's CPU backend reads XLA_FLAGS when it starts, which is after this.
+        flag = f"--xla_force_host_platform_device_count={mesh.devices}"
+        if not args.plugin and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+            os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
     # A warm persistent cache would turn the compile time into a lookup time.
     jax.config.update("jax_enable_compilation_cache", False)
     try:
@@ -283,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.code
     try:
         device = plugin_device(args.plugin, args.cpu_devices) if args.plugin else None
-        result = run(config, tokens, args.variant, args.steps, args.compile_only, device)
+        result = run(config, tokens, args.variant, args.steps, args.compile_only, device, mesh)
     except (OSError, ValueError, KeyError) as e:
         print(f"anchor: bad config: {e}", file=sys.stderr)
         return 2

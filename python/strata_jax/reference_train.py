@@ -75,11 +75,13 @@ def load_config(path_or_json: str) -> dict[str, Any]:
     return cfg
 
 
-def make_train_step(cfg: ModelConfig, loss_fn: Callable[..., Array] = M.model_loss) -> Callable[..., Any]:
+def make_train_step(cfg: ModelConfig, loss_fn: Callable[..., Array] = M.model_loss,
+                    shardings: tuple[Any, Any] | None = None) -> Callable[..., Any]:
     """jit(params, m, v, tokens, targets, mask, step, lr, hyper, grad_clip) ->
     (params, m, v, micro_losses[n_micro], group_sqnorms[n_groups]).
     loss_fn(cfg, params, tokens, targets, mask) is only replaced by the
-    benchmark anchors (anchor.py), with the same math."""
+    benchmark anchors (anchor.py), with the same math; so are |shardings|
+    ((in_shardings, out_shardings) of the jit, for a device mesh)."""
     loss_and_grad = jax.value_and_grad(lambda p, t, y, k: loss_fn(cfg, p, t, y, k))
 
     def step_fn(params: FullParams, m: FullParams, v: FullParams, tokens: Array, targets: Array,
@@ -119,6 +121,8 @@ def make_train_step(cfg: ModelConfig, loss_fn: Callable[..., Array] = M.model_lo
 
         return regroup(0), regroup(1), regroup(2), losses, sqn
 
+    if shardings is not None:
+        return jax.jit(step_fn, donate_argnums=(0, 1, 2), in_shardings=shardings[0], out_shardings=shardings[1])
     return jax.jit(step_fn, donate_argnums=(0, 1, 2))
 
 
