@@ -10,7 +10,10 @@ Each TP program runs on per-device blocks cut from random whole inputs
 (tensor_parallel.shard), its per-device outputs are put back together
 (tensor_parallel.unshard: cut dimensions concatenated, partial gradients
 summed over the batch axes) and compared with the one-device program of
-programs.py on the whole inputs.
+programs.py on the whole inputs. The lowered MLIR text of each program is
+also compiled the way strata's runtime compiles an SPMD program (N
+partitions, SPMD partitioning, Shardy, partition p on device p) and run on
+per-device buffers: its blocks must equal the jitted program's bitwise.
 
 Tolerance: |tp - one| <= TOL * max(1, max|one|) per output, f32. The two
 differ by summation order only: a row-parallel matmul sums its D (or F)
@@ -68,6 +71,9 @@ def test_tp_programs_equal_one_device(child: dict, mesh: str) -> None:
     # one-device update
     if "tp_adamw_block" in res:
         assert all(d == 0.0 for d in res["tp_adamw_block"].values()), res["tp_adamw_block"]
+    # the exported text, compiled with the runtime's SPMD options, runs bitwise like the jitted program
+    runs = {k: v for k, v in child["text_runs"].items() if k.startswith(mesh + " ")}
+    assert len(runs) == len(want) and all(v == "ok" for v in runs.values()), runs
     # replicated copies (over tensor) are bitwise identical on every device of a group
     assert child["replicas_equal"][mesh] == "ok", child["replicas_equal"][mesh]
 
@@ -188,6 +194,7 @@ def _child() -> None:
 
     diffs: dict[str, dict[str, dict[str, float]]] = {}
     replicas: dict[str, str] = {}
+    text_runs: dict[str, str] = {}
     for tag, mesh in TP.TEST_MESHES:
         jmesh = make_mesh(mesh)
         diffs[tag] = {}
@@ -208,6 +215,15 @@ def _child() -> None:
                 for p in range(mesh.devices):
                     per_dev[p].append(blocks[p])
             got = prog.run(jmesh, per_dev)
+            # The exported text itself, compiled as the C runtime compiles it
+            # (N partitions, SPMD, Shardy, partition p on device p) and run on
+            # per-device buffers, gives the same blocks bitwise.
+            txt = _run_text(prog.lower(jmesh), prog, jmesh, per_dev)
+            for p in range(mesh.devices):
+                for i, s in enumerate(prog.outputs):
+                    if not np.array_equal(txt[p][i], got[p][i]):
+                        text_runs[f"{tag} {prog.name}"] = f"mesh index {p} output {s.name} differs"
+            text_runs.setdefault(f"{tag} {prog.name}", "ok")
             diffs[tag][prog.name] = {}
             for i, (s, w) in enumerate(zip(prog.outputs, want)):
                 blocks = [got[p][i] for p in range(mesh.devices)]
@@ -229,7 +245,43 @@ def _child() -> None:
             with open(os.path.join(d, e["file"]), encoding="utf-8") as f:
                 texts[e["file"]] = f.read()
     del M
-    print(json.dumps({"diffs": diffs, "replicas_equal": replicas, "manifest": manifest, "texts": texts}))
+    print(json.dumps({"diffs": diffs, "replicas_equal": replicas, "text_runs": text_runs, "manifest": manifest,
+                      "texts": texts}))
+
+
+def _run_text(text: str, prog, jmesh, per_dev):  # type: ignore[no-untyped-def]
+    """Compiles MLIR text with the compile options strata's runtime uses for
+    an SPMD program (docs/parallelism.md) and runs it on per-device buffers."""
+    import jax
+    import jax.extend.backend
+    import numpy as np
+    from jax._src.lib import xla_client as xc
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    n = prog.mesh.devices
+    devs = list(jmesh.devices.flat)
+    opts = xc.CompileOptions()
+    bo = opts.executable_build_options
+    bo.num_replicas, bo.num_partitions = 1, n
+    bo.use_spmd_partitioning = True
+    bo.use_shardy_partitioner = True
+    bo.device_assignment = xc.DeviceAssignment.create(np.array([[d.id for d in devs]]))
+    exe = jax.extend.backend.get_backend().compile_and_load(text, xc.DeviceList(tuple(devs)), opts)
+    args = []
+    for i, s in enumerate(prog.inputs):
+        loc = s.local_shape(prog.mesh)
+        spec = P() if not loc else P(("data", "fsdp", "tensor"))
+        shape = () if not loc else (n * loc[0],) + loc[1:]
+        args.append(jax.make_array_from_single_device_arrays(
+            shape, NamedSharding(jmesh, spec), [jax.device_put(per_dev[p][i], devs[p]) for p in range(n)]))
+    outs = exe.execute_sharded(args).disassemble_into_single_device_arrays()
+    res = [[None] * len(outs) for _ in range(n)]
+    for i, o in enumerate(outs):
+        for p in range(n):
+            assert list(o[p].devices()) == [devs[p]]
+            res[p][i] = np.asarray(o[p])
+    return res
 
 
 if __name__ == "__main__" and "--child" in sys.argv:
