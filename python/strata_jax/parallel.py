@@ -114,9 +114,14 @@ def make_mesh(spec: MeshSpec, devices: Sequence[Any] | None = None) -> Mesh:
 
 @dataclass(frozen=True)
 class Tensor:
+    """One tensor a collective moves. With |tensor_dim| set, |shape| is one
+    device's block of a tensor cut over the ``tensor`` axis along that
+    dimension (tensor_parallel.py): the collective runs within each tensor
+    coordinate, on the blocks."""
     name: str
     shape: tuple[int, ...]
     dtype: str = "f32"
+    tensor_dim: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.shape) < 1 or any(d < 1 for d in self.shape):
@@ -242,11 +247,16 @@ class CollectiveProgram:
 
     def manifest_entry(self, file: str | None = None) -> dict[str, Any]:
         def side(shapes: list[tuple[int, ...]], which: str) -> list[dict[str, Any]]:
-            return [{"name": t.name, "shape": list(t.shape), "local_shape": list(s), "dtype": t.dtype,
+            out = []
+            for t, s in zip(self.tensors, shapes):
+                d = {"name": t.name, "shape": list(t.shape), "local_shape": list(s), "dtype": t.dtype,
                      "logical": self.logical(which),
                      "layout": {"global_shape": [self.mesh.devices * s[0]] + list(s[1:]),
                                 "spec": [list(MESH_AXES)] + [[] for _ in s[1:]]}}
-                    for t, s in zip(self.tensors, shapes)]
+                if t.tensor_dim is not None:  # "shape" is then the tensor-local block's
+                    d["tensor_cut"] = {"axis": "tensor", "dim": t.tensor_dim}
+                out.append(d)
+            return out
 
         e = {"name": self.name, "kind": self.kind, "axis": self.axis, "axis_size": self.n,
              "donated": list(range(len(self.tensors))) if self.donate else [],
@@ -288,42 +298,64 @@ def layer_collectives(tensors: Sequence[Tensor], mesh: MeshSpec, prefix: str = "
     """The inter-layer collectives of one layer's tensors on |mesh|: FSDP
     all-gather (parameters) and reduce-scatter (gradients) when fsdp > 1, DP
     all-reduce (gradients) when data > 1. With both (HSDP), the all-reduce
-    over data runs on the fsdp shards the reduce-scatter leaves."""
-    if mesh.tensor > 1:
-        raise ParallelError("tensor parallelism is not exported yet (docs/parallelism.md): parallel.tensor must be 1")
+    over data runs on the fsdp shards the reduce-scatter leaves. With
+    tensor > 1 each collective runs within each tensor coordinate, so
+    tensors cut over ``tensor`` must be given as their blocks (tensor_dim)."""
     tensors = tuple(tensors)
     progs = []
     if mesh.fsdp > 1:
         progs.append(CollectiveProgram(f"{prefix}_fsdp_all_gather", "all_gather", "fsdp", mesh, tensors))
         progs.append(CollectiveProgram(f"{prefix}_fsdp_reduce_scatter", "reduce_scatter", "fsdp", mesh, tensors))
     if mesh.data > 1:
-        shards = tuple(Tensor(t.name, (_rows(t.shape[0], mesh.fsdp),) + t.shape[1:], t.dtype) for t in tensors)
+        shards = tuple(Tensor(t.name, (_rows(t.shape[0], mesh.fsdp),) + t.shape[1:], t.dtype, t.tensor_dim)
+                       for t in tensors)
         progs.append(CollectiveProgram(f"{prefix}_data_all_reduce", "all_reduce", "data", mesh, shards))
     return progs
 
 
-def model_layer_collectives(cfg: Any, mesh: MeshSpec) -> list[CollectiveProgram]:
-    """layer_collectives for a transformer block's parameters (model.BLOCK_PARAMS)."""
+def block_tensors(cfg: Any, mesh: MeshSpec) -> list[Tensor]:
+    """A transformer block's parameters (model.BLOCK_PARAMS) as one device
+    holds them before any fsdp cut: with tensor > 1, the Megatron blocks of
+    tensor_parallel.PARAM_SPLIT_DIM."""
     from . import model as M
-    return layer_collectives([Tensor(n, M.param_shape(cfg, n)) for n in M.BLOCK_PARAMS], mesh)
+    if mesh.tensor == 1:
+        return [Tensor(n, M.param_shape(cfg, n)) for n in M.BLOCK_PARAMS]
+    from . import tensor_parallel as TP
+    TP._check_mesh(cfg, mesh)
+    out = []
+    for n in M.BLOCK_PARAMS:
+        shape, d = list(M.param_shape(cfg, n)), TP.PARAM_SPLIT_DIM[n]
+        if d is not None:
+            shape[d] //= mesh.tensor
+        out.append(Tensor(n, tuple(shape), tensor_dim=d))
+    return out
+
+
+def model_layer_collectives(cfg: Any, mesh: MeshSpec) -> list[CollectiveProgram]:
+    """layer_collectives for a transformer block's parameters (block_tensors)."""
+    return layer_collectives(block_tensors(cfg, mesh), mesh)
 
 
 def bundle_collectives(cfg: Any, mesh: MeshSpec) -> list[CollectiveProgram]:
     """The collectives of every parameter group (embed, block, head): what a
     bundle exported for |mesh| carries. One block program serves every layer,
-    as block_fwd does. On a tensor-only mesh there are none."""
+    as block_fwd does.
+
+    With tensor > 1 the block's collectives move its tensor-local blocks
+    (block_tensors); embed and head are not cut over tensor and run
+    replicated there, so theirs move whole tensors. On a tensor-only mesh
+    there are none: the block's reductions are inside its tensor-parallel
+    programs, and embed and head get the same inputs on every device."""
     from . import model as M
-    if mesh.tensor > 1:
-        if mesh.data > 1 or mesh.fsdp > 1:
-            raise ParallelError("collectives of tensor-cut parameters (parallel.tensor > 1 with parallel.data or "
-                                "parallel.fsdp > 1) are not exported yet (docs/parallelism.md)")
-        # tensor alone: the block's reductions are inside its tensor-parallel
-        # programs (tensor_parallel.py); embed and head run replicated on
-        # every device, with the same inputs, so their gradients need none.
-        return []
+    if mesh.tensor > 1 and mesh.data > 1 and mesh.fsdp > 1:
+        raise ParallelError("a mesh with parallel.data, parallel.fsdp and parallel.tensor all above 1 is not "
+                            "exported yet (docs/parallelism.md)")
     progs = []
     for group in ("embed", "block", "head"):
-        tensors = [Tensor(n, M.param_shape(cfg, n)) for n in M.group_param_names(cfg, group)]
+        if group == "block":
+            tensors = block_tensors(cfg, mesh)
+        else:
+            tensors = [Tensor(n, M.param_shape(cfg, n)) for n in M.group_param_names(cfg, group)]
         progs += layer_collectives(tensors, mesh, prefix=group)
     return progs
 

@@ -115,10 +115,12 @@ def test_exported_text_is_spmd(exported: tuple[str, dict]) -> None:
 
 
 def test_collectives_match_reference(child_results: dict) -> None:
-    """Every test program and a tiny model's layer collectives, run by JAX on
-    4 CPU devices, equal the collective computed with numpy."""
+    """Every test program and a tiny model's layer collectives (on data=2 x
+    fsdp=2, and the tensor-local blocks on fsdp=2 x tensor=2 and data=2 x
+    tensor=2), run by JAX on 4 CPU devices, equal the collective computed
+    with numpy."""
     res = child_results["programs"]
-    assert len(res) == 19 + 3
+    assert len(res) == 19 + 3 + 2 + 1
     bad = {k: v for k, v in res.items() if v != "ok"}
     assert not bad, bad
 
@@ -171,13 +173,13 @@ def test_bundle_with_mesh(tmp_path) -> None:  # noqa: ANN001
         assert hashlib.sha256(data).hexdigest() == c["sha256"]
         assert b"mhlo.num_partitions = 4 : i32" in data
 
-    # tensor with data or fsdp is not exported yet (tensor alone is:
-    # test_tensor_parallel.py); a bad mesh is a usage error
+    # all three axes at once are not exported yet (tensor with one of the
+    # others is: test_tensor_parallel.py); a bad mesh is a usage error
     r = subprocess.run([PY, "-m", "strata_jax.export", "--model-json", json.dumps(model), "--out", str(tmp_path / "t"),
-                        "--mesh", "data=2,tensor=2"], env=env, capture_output=True, text=True, timeout=600)
+                        "--mesh", "data=2,fsdp=2,tensor=2"], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 1
-    assert ("collectives of tensor-cut parameters (parallel.tensor > 1 with parallel.data or parallel.fsdp > 1) "
-            "are not exported yet (docs/parallelism.md)") in r.stderr
+    assert ("a mesh with parallel.data, parallel.fsdp and parallel.tensor all above 1 is not exported yet "
+            "(docs/parallelism.md)") in r.stderr
     assert not os.path.exists(tmp_path / "t")
     r = subprocess.run([PY, "-m", "strata_jax.export", "--model-json", json.dumps(model), "--out", str(tmp_path / "u"),
                         "--mesh", "pipe=2"], env=env, capture_output=True, text=True, timeout=600)
@@ -211,8 +213,10 @@ def _child() -> None:
     progs = PP.test_programs()
     cfg = ModelConfig.from_dict(TINY_MODEL)
     layer = PP.model_layer_collectives(cfg, PP.MeshSpec(data=2, fsdp=2))
+    tp_layers = PP.model_layer_collectives(cfg, PP.MeshSpec(fsdp=2, tensor=2)) + \
+        PP.model_layer_collectives(cfg, PP.MeshSpec(data=2, tensor=2))
     results: dict[str, str] = {}
-    for prog in progs + layer:
+    for prog in progs + layer + tp_layers:
         mesh = PP.make_mesh(prog.mesh)
         D = prog.mesh.devices
         ins = [[rng.standard_normal(s).astype(np.float32) for s in prog.local_inputs()] for _ in range(D)]
@@ -226,7 +230,8 @@ def _child() -> None:
                     status = f"partition {p} output {i}: shape {g.shape} / {w.shape}, want {tuple(s)}"
                 elif not np.allclose(g, w, rtol=1e-6, atol=1e-6):
                     status = f"partition {p} output {i}: max diff {np.max(np.abs(g - w))}"
-        results[prog.name] = status
+        m = prog.mesh
+        results[prog.name if prog in progs else f"{prog.name}@{m.data}x{m.fsdp}x{m.tensor}"] = status
     print(json.dumps({"programs": results, "layer": {p.name: p.bytes_per_device() for p in layer}}))
 
 

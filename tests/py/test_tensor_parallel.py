@@ -159,6 +159,31 @@ def test_bundle_with_tensor_mesh(tmp_path) -> None:  # noqa: ANN001
             "splits the heads and the MLP hidden dimension") in r.stderr
     assert not os.path.exists(tmp_path / "t3")
 
+    # fsdp=2 x tensor=2: the block's collectives move its tensor-local blocks
+    out = str(tmp_path / "ft")
+    r = subprocess.run([PY, "-m", "strata_jax.export", "--model-json", json.dumps(tiny_model()), "--out", out,
+                        "--mesh", "fsdp=2,tensor=2"], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
+        m = json.load(f)
+    # the optimizer programs under fsdp run on fsdp shards: not exported (docs/parallelism.md)
+    assert [p["name"] for p in m["spmd_programs"]] == [
+        "tp_block_fwd", "tp_block_bwd", "tp_block_fwd_res", "tp_block_bwd_res"]
+    c = {e["name"]: e for e in m["collectives"]}
+    assert list(c) == [f"{g}_fsdp_{k}" for g in ("embed", "block", "head") for k in ("all_gather", "reduce_scatter")]
+    ag = c["block_fsdp_all_gather"]
+    assert ag["groups"] == [[0, 2], [1, 3]]
+    wq, wo, gain = ag["inputs"][1], ag["inputs"][4], ag["inputs"][0]
+    # wq f32[32,32] cut over tensor along dim 1 -> [32,16], then over fsdp along dim 0 -> [16,16]
+    assert (wq["name"], wq["shape"], wq["local_shape"], wq["tensor_cut"]) == (
+        "wq", [32, 16], [16, 16], {"axis": "tensor", "dim": 1})
+    assert (wo["name"], wo["shape"], wo["local_shape"], wo["tensor_cut"]) == (
+        "wo", [16, 32], [8, 32], {"axis": "tensor", "dim": 0})
+    assert gain["name"] == "attn_norm" and "tensor_cut" not in gain and gain["local_shape"] == [16]
+    assert "tensor_cut" not in c["embed_fsdp_all_gather"]["inputs"][0]
+    # what one device gathers: half of each matrix's tensor-cut, the gains whole
+    assert ag["bytes_per_device"] == (2 * 32 + (4 * 32 * 32 + 3 * 32 * 64) // 2) * 4
+
 
 def _child() -> None:
     import jax
