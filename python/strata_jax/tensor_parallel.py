@@ -48,6 +48,7 @@ parameters.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -259,7 +260,7 @@ class SpmdProgram:
         args = [np.asarray(per_device[0][i]) if not s.shape else
                 np.concatenate([per_device[p][i] for p in range(D)], axis=0)
                 for i, s in enumerate(self.inputs)]
-        outs = self.jitted(mesh)(*args)
+        outs = _cached_jit(self, mesh)(*args)
         res: list[list[np.ndarray]] = [[] for _ in range(D)]
         for o, s in zip(outs, self.outputs):
             blocks = [np.asarray(o)] * D if not s.shape else np.split(np.asarray(o), D, axis=0)
@@ -285,6 +286,13 @@ class SpmdProgram:
         if file is not None:
             e["file"] = file
         return e
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_jit(prog: SpmdProgram, mesh: Mesh) -> Any:
+    """One jit per (program, mesh): run() is called once per layer and step
+    in tests that train with these programs."""
+    return prog.jitted(mesh)
 
 
 def _block_param_specs(cfg: ModelConfig, role: str = "param", prefix: str = "",
