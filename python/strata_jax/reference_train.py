@@ -138,8 +138,10 @@ def _batch_arrays(b: Batch) -> tuple[Array, Array, Array]:
 
 
 def train(config: dict[str, Any], tokens: np.ndarray, steps: int | None = None,
-          log: Callable[[str], None] | None = None) -> tuple[FullParams, dict[str, Any]]:
-    """Runs the reference; returns (final params, history as written to losses.json)."""
+          log: Callable[[str], None] | None = None, mesh: Any = None) -> tuple[FullParams, dict[str, Any]]:
+    """Runs the reference; returns (final params, history as written to losses.json).
+    |mesh| (parallel.MeshSpec): the step as one jit over that many of JAX's
+    devices, sharded as the anchor's (anchor.mesh_shardings)."""
     cfg = ModelConfig.from_dict(config["model"])
     tc = TrainConfig.from_dict(config["train"])
     if steps is not None:
@@ -149,18 +151,30 @@ def train(config: dict[str, Any], tokens: np.ndarray, steps: int | None = None,
                       seq_len=cfg.seq_len, batch_size=tc.batch_size, microbatches=tc.microbatches)
 
     params = M.init_params(cfg, seed)
+    shardings = None
+    batch_arrays = _batch_arrays
+    if mesh is not None and mesh.devices > 1:
+        from .anchor import step_shardings
+        from .parallel import make_mesh
+
+        shardings = step_shardings(params, make_mesh(mesh))
+        params = jax.device_put(params, shardings[0][0])
+        bs = shardings[0][3]
+
+        def batch_arrays(b: Batch) -> tuple[Array, Array, Array]:
+            return jax.device_put(b.tokens, bs), jax.device_put(b.targets, bs), jax.device_put(b.mask, bs)
     m = jax.tree.map(jnp.zeros_like, params)
     v = jax.tree.map(jnp.zeros_like, params)
-    step_fn, eval_fn = make_train_step(cfg), make_eval(cfg)
+    step_fn, eval_fn = make_train_step(cfg, shardings=shardings), make_eval(cfg)
     hyper, clip = jnp.asarray(tc.hyper), jnp.float32(tc.grad_clip)
-    eval_data = _batch_arrays(sampler.eval_batch(tc.eval_batches)) if tc.eval_batches > 0 else None
+    eval_data = batch_arrays(sampler.eval_batch(tc.eval_batches)) if tc.eval_batches > 0 else None
 
     hist: dict[str, Any] = {"losses": [], "grad_norms": [], "lrs": [], "step_time_s": [], "eval_losses": []}
     for k in range(tc.steps):
         t = k + 1
         lr = lr_at(t, lr=tc.lr, min_lr_ratio=tc.min_lr_ratio, warmup_steps=tc.warmup_steps, steps=tc.steps)
         t0 = time.perf_counter()
-        params, m, v, losses, sqn = step_fn(params, m, v, *_batch_arrays(sampler.batch(k)),
+        params, m, v, losses, sqn = step_fn(params, m, v, *batch_arrays(sampler.batch(k)),
                                             jnp.float32(t), jnp.float32(lr), hyper, clip)
         losses_h = np.asarray(losses, np.float64)
         sqn_h = np.asarray(sqn, np.float64)
@@ -246,14 +260,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="folder for losses.json and params.safetensors")
     ap.add_argument("--steps", type=int, default=None, help="override train.steps (schedule included)")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--mesh", default=None,
+                    help="one jit over a device mesh, e.g. data=2,tensor=2, sharded as the bench anchor's "
+                         "(docs/parallelism.md); sets JAX's CPU device count to the mesh's")
     args = ap.parse_args(argv)
+    mesh = None
+    if args.mesh:
+        from .parallel import ParallelError, parse_mesh
+
+        try:
+            mesh = parse_mesh(args.mesh)
+        except ParallelError as e:
+            print(f"reference_train: {e}", file=sys.stderr)
+            return 2
+        flag = f"--xla_force_host_platform_device_count={mesh.devices}"
+        if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+            os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
     try:
         config, tokens = load_inputs(ap, args)
     except InputError as e:
         print(f"reference_train: {e}", file=sys.stderr)
         return e.code
     try:
-        params, hist = train(config, tokens, args.steps, None if args.quiet else print)
+        params, hist = train(config, tokens, args.steps, None if args.quiet else print, mesh)
     except DataError as e:
         print(f"reference_train: data error: {e}", file=sys.stderr)
         return 3

@@ -75,6 +75,13 @@ def test_meshed_anchor_matches_one_device(child: dict, variant: str, mesh: str) 
     assert {k: r["param_specs"][k] for k in want} == want
 
 
+def test_reference_train_mesh(child: dict) -> None:
+    one, mesh = child["reference_one"], child["reference_mesh"]
+    assert len(mesh["losses"]) == STEPS and len(mesh["eval_losses"]) == len(one["eval_losses"]) >= 1
+    np.testing.assert_allclose(mesh["losses"], one["losses"], rtol=1e-5)
+    np.testing.assert_allclose([e[1] for e in mesh["eval_losses"]], [e[1] for e in one["eval_losses"]], rtol=1e-5)
+
+
 def test_anchor_cli_mesh(tmp_path: Any) -> None:
     """--mesh sets JAX's CPU device count itself (no XLA_FLAGS in the child)
     and records the mesh; a malformed mesh is a usage error (exit 2), with
@@ -105,7 +112,7 @@ def _child() -> None:
     from strata_jax import anchor as A
     from strata_jax import data as D
     from strata_jax.parallel import parse_mesh
-    from strata_jax.reference_train import load_config
+    from strata_jax.reference_train import load_config, train
 
     config = load_config(json.dumps(_config(STEPS)))
     tokens = D.synthetic_tokens(64, 4096)
@@ -114,6 +121,11 @@ def _child() -> None:
         r = A.run(config, tokens, variant)
         assert r["param_devices"] == ["cpu:0"], r["param_devices"]
         out["one"][variant] = r["losses"]
+    # reference_train.train takes the same mesh (data=2 x tensor=2), eval included
+    _, hist = train(config, tokens, mesh=parse_mesh("data=2,tensor=2"))
+    out["reference_mesh"] = {"losses": hist["losses"], "eval_losses": hist["eval_losses"]}
+    _, hist = train(config, tokens)
+    out["reference_one"] = {"losses": hist["losses"], "eval_losses": hist["eval_losses"]}
     for variant, m in CASES:
         spec = parse_mesh(m)
         r = A.run(config, tokens, variant, mesh=spec)
