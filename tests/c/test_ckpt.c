@@ -36,12 +36,6 @@
 #include "strata/train.h"
 #include "test_util.h"
 
-#define ASSERT_OK(expr)                                         \
-  do {                                                          \
-    st_status s__ = (expr);                                     \
-    if (s__) fail_msg("%s: %s", #expr, st_status_message(s__)); \
-  } while (0)
-
 /* Fails unless |expr| fails with ST_CODE_CKPT and a message containing
  * every one of the NULL-terminated needles. */
 static void expect_ckpt_error(st_status s, const char* what, ...) {

@@ -22,31 +22,6 @@
 #include "strata/runtime.h"
 #include "test_util.h"
 
-#define ASSERT_OK(expr)                                                              \
-  do {                                                                               \
-    st_status s_ = (expr);                                                           \
-    if (s_) fail_msg("%s failed: %s", #expr, st_status_message(s_));                 \
-  } while (0)
-
-static void assert_error(st_status s, st_code code, ...) {
-  if (!s) fail_msg("expected an error, got OK");
-  const char* msg = st_status_message(s);
-  if (st_status_code(s) != code)
-    fail_msg("expected code %s, got %s: %s", st_code_name(code), st_code_name(st_status_code(s)), msg);
-  va_list ap;
-  va_start(ap, code);
-  const char* needle;
-  while ((needle = va_arg(ap, const char*)) != NULL) {
-    if (!strstr(msg, needle)) {
-      va_end(ap);
-      fail_msg("error message lacks '%s': %s", needle, msg);
-    }
-  }
-  va_end(ap);
-  st_status_free(s);
-}
-#define ASSERT_ERROR(expr, code, ...) assert_error((expr), (code), __VA_ARGS__, (const char*)NULL)
-
 /*--- the exported programs (spmd_index.txt) -----------------------------------*/
 
 #define MAX_PROGS 32
@@ -68,19 +43,6 @@ static sprog g_progs[MAX_PROGS];
 static int g_count;
 static st_runtime* g_rt; /* 4 CPU devices */
 static const char* const kAxes[3] = {"data", "fsdp", "tensor"};
-
-static int parse_dims(const char* s, st_tensor_type* t) {
-  t->rank = 0;
-  const char* p = s;
-  while (*p) {
-    if (t->rank >= ST_MAX_RANK) return -1;
-    char* end;
-    t->dims[t->rank++] = strtoll(p, &end, 10);
-    if (end == p) return -1;
-    p = *end == ',' ? end + 1 : end;
-  }
-  return 0;
-}
 
 static int export_programs(void) {
   g_dir = tu_tmpdir("spmd");
@@ -119,9 +81,9 @@ static int export_programs(void) {
       if (!p || idx < 0 || idx >= MAX_T) continue;
       st_tensor_type* t = kind[0] == 'i' ? &p->in[idx] : &p->out[idx];
       t->dtype = st_dtype_parse(b);
-      if (parse_dims(c, t) != 0) return -1;
+      if (tu__parse_dims(c, t) != 0) return -1;
       p->logical[idx].dtype = t->dtype;
-      if (parse_dims(d, &p->logical[idx]) != 0) return -1;
+      if (tu__parse_dims(d, &p->logical[idx]) != 0) return -1;
       if (kind[0] == 'i' && idx + 1 > p->n_in) p->n_in = idx + 1;
       if (kind[0] == 'o' && idx + 1 > p->n_out) p->n_out = idx + 1;
     }

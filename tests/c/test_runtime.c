@@ -22,33 +22,6 @@
 static tu_testprogs g_tp;
 static st_runtime* g_rt; /* 2 CPU devices, shared by most tests */
 
-#define ASSERT_OK(expr)                                                                     \
-  do {                                                                                      \
-    st_status s_ = (expr);                                                                  \
-    if (s_) fail_msg("%s failed: %s", #expr, st_status_message(s_));                        \
-  } while (0)
-
-/* Asserts |s| failed with |code| and a message containing every needle;
- * frees |s|. */
-static void assert_error(st_status s, st_code code, ...) {
-  if (!s) fail_msg("expected an error, got OK");
-  const char* msg = st_status_message(s);
-  if (st_status_code(s) != code)
-    fail_msg("expected code %s, got %s: %s", st_code_name(code), st_code_name(st_status_code(s)), msg);
-  va_list ap;
-  va_start(ap, code);
-  const char* needle;
-  while ((needle = va_arg(ap, const char*)) != NULL) {
-    if (!strstr(msg, needle)) {
-      va_end(ap);
-      fail_msg("error message lacks '%s': %s", needle, msg);
-    }
-  }
-  va_end(ap);
-  st_status_free(s);
-}
-#define ASSERT_ERROR(expr, code, ...) assert_error((expr), (code), __VA_ARGS__, (const char*)NULL)
-
 static const tu_prog* prog(const char* name) {
   const tu_prog* p = tu_testprogs_get(&g_tp, name);
   if (!p) fail_msg("test program %s missing from the index", name);

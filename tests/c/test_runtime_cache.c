@@ -20,12 +20,6 @@
 
 static tu_testprogs g_tp;
 
-#define ASSERT_OK(expr)                                                              \
-  do {                                                                               \
-    st_status s_ = (expr);                                                           \
-    if (s_) fail_msg("%s failed: %s", #expr, st_status_message(s_));                 \
-  } while (0)
-
 static const tu_prog* prog(const char* name) {
   const tu_prog* p = tu_testprogs_get(&g_tp, name);
   if (!p) fail_msg("test program %s missing from the index", name);

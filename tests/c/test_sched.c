@@ -27,12 +27,6 @@
 #include "strata/train.h"
 #include "test_util.h"
 
-#define ASSERT_OK(expr)                                         \
-  do {                                                          \
-    st_status s__ = (expr);                                     \
-    if (s__) fail_msg("%s: %s", #expr, st_status_message(s__)); \
-  } while (0)
-
 static char* g_tmp;
 
 static int setup(void** state) {

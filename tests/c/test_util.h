@@ -17,6 +17,38 @@
 
 #include "strata/runtime.h"
 
+/* Assertions on st_status, for tests that include cmocka.h first. */
+#ifdef fail_msg
+#include <stdarg.h>
+
+#define ASSERT_OK(expr)                                                      \
+  do {                                                                       \
+    st_status s_ = (expr);                                                   \
+    if (s_) fail_msg("%s failed: %s", #expr, st_status_message(s_));         \
+  } while (0)
+
+/* Asserts |s| failed with |code| and a message containing every needle
+ * (a NULL-terminated list); frees |s|. */
+static inline void tu_assert_error(st_status s, st_code code, ...) {
+  if (!s) fail_msg("expected an error, got OK");
+  const char* msg = st_status_message(s);
+  if (st_status_code(s) != code)
+    fail_msg("expected code %s, got %s: %s", st_code_name(code), st_code_name(st_status_code(s)), msg);
+  va_list ap;
+  va_start(ap, code);
+  const char* needle;
+  while ((needle = va_arg(ap, const char*)) != NULL) {
+    if (!strstr(msg, needle)) {
+      va_end(ap);
+      fail_msg("error message lacks '%s': %s", needle, msg);
+    }
+  }
+  va_end(ap);
+  st_status_free(s);
+}
+#define ASSERT_ERROR(expr, code, ...) tu_assert_error((expr), (code), __VA_ARGS__, (const char*)NULL)
+#endif
+
 #ifndef STRATA_SOURCE_DIR
 #define STRATA_SOURCE_DIR "."
 #endif
