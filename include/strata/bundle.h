@@ -48,6 +48,11 @@ typedef struct st_bundle_group {
   const st_bundle_program* accum;
   const st_bundle_program* sqnorm;
   const st_bundle_program* adamw;
+  /* Bundles exported for a mesh with data > 1: the all-reduce of the
+   * group's gradients over the data axis (points into
+   * st_bundle.collectives; NULL otherwise). Its inputs and outputs are the
+   * group's parameters in order, with their per-device types. */
+  const st_bundle_program* data_all_reduce;
 } st_bundle_group;
 
 typedef struct st_bundle_param {
@@ -100,7 +105,15 @@ typedef struct st_bundle {
   st_bundle_stage head;   /* "head" */
   int layer_count;        /* == model.n_layers */
   st_bundle_stage* layers; /* "layers": the layer table, by block index */
+  /* The mesh the bundle was exported for (manifest "mesh"; all 1 without
+   * one) and its SPMD collective programs (manifest "collectives",
+   * docs/parallelism.md): tensor types are the per-device (local) ones. */
+  int mesh_data, mesh_fsdp, mesh_tensor;
+  int collective_count;
+  st_bundle_program* collectives;
 } st_bundle;
+
+#define ST_BUNDLE_MAX_COLLECTIVES 256
 
 /* Reads and validates <dir>/manifest.json and the program files' sha256. */
 st_status st_bundle_open(const char* dir, st_bundle** out_bundle /* owned by caller */);
@@ -108,6 +121,7 @@ void st_bundle_destroy(st_bundle* bundle); /* NULL is a no-op */
 
 /* Lookups; NULL when absent. */
 const st_bundle_program* st_bundle_program_find(const st_bundle* bundle, const char* name);
+const st_bundle_program* st_bundle_collective_find(const st_bundle* bundle, const char* name);
 const st_bundle_group* st_bundle_group_find(const st_bundle* bundle, const char* name);
 /* Index of parameter |name| in bundle->params, -1 when absent. */
 int st_bundle_param_index(const st_bundle* bundle, const char* name);
@@ -120,11 +134,16 @@ typedef struct st_bundle_request {
   const char* model_json; /* the "model" object of docs/bundle.md */
   const char* cache_root; /* bundles go to <cache_root>/bundles/<key> unless |dir| is set */
   const char* dir;        /* bundle.dir, may be NULL/"" */
+  /* The device mesh to export collectives for ("data=2"), NULL or "" for
+   * one device. Part of the bundle key only when set. */
+  const char* mesh;
 } st_bundle_request;
 
 /* Bundle key: hash of the model JSON, the schema version and the exporter's
  * source files (so a changed exporter re-exports). 16 hex chars + NUL. */
 void st_bundle_key(const char* model_json, char out[17]);
+/* The key of a bundle for |mesh| (NULL/"": st_bundle_key's). */
+void st_bundle_key_mesh(const char* model_json, const char* mesh, char out[17]);
 
 /* Opens the bundle for |request|, exporting it first when it is missing, its
  * key differs, or a program file is missing or altered (a stale bundle is
@@ -135,6 +154,8 @@ st_status st_bundle_ensure(const st_bundle_request* request, st_bundle** out_bun
 
 /* Runs `python -m strata_jax.export` into |dir|. */
 st_status st_bundle_export(const char* model_json, const char* key, const char* dir);
+/* st_bundle_export with `--mesh |mesh|` (NULL/"": without). */
+st_status st_bundle_export_mesh(const char* model_json, const char* mesh, const char* key, const char* dir);
 
 /* The Python interpreter strata uses for export: $STRATA_PYTHON, else the
  * repo's .venv. New string owned by caller. */

@@ -23,6 +23,16 @@
  *              done; with no inputs, until everything issued so far is.
  *   HOST       host computation between device ops (clip scale from norms).
  *   FREE       destroy the buffer in a slot.
+ *   COLLECTIVE run an SPMD collective program P (an all-reduce of one group
+ *              instance's gradients over the data axis) on the per-device
+ *              buffers of its input slots, all devices at once
+ *              (st_program_execute_spmd); its outputs refill the slots.
+ *
+ * Data parallelism (plan->devices > 1, docs/parallelism.md): every device
+ * slot is backed by one buffer per device; each LAUNCH, RECOMPUTE, H2D,
+ * D2H, READ and FREE applies to every device's buffer (a launch runs the
+ * one-device program once per device), and a slot's type is its
+ * per-device type. A slot's |layout| says how the devices' buffers relate.
  *
  * Dependencies are explicit: st_plan_finalize gives every op the earlier ops
  * whose results it needs (deps). The executor issues ops in plan order
@@ -59,6 +69,7 @@ typedef enum st_op_kind {
   ST_OP_D2H,
   ST_OP_WAIT,
   ST_OP_RECOMPUTE,
+  ST_OP_COLLECTIVE,
 } st_op_kind;
 
 const char* st_op_kind_name(st_op_kind kind); /* "LAUNCH", ... */
@@ -74,6 +85,15 @@ typedef enum st_slot_category {
 
 const char* st_slot_category_name(st_slot_category c);
 
+/* How a slot's per-device buffers relate (plan->devices > 1). */
+typedef enum st_slot_layout {
+  ST_LAYOUT_REPLICATED, /* every device holds the same value (parameters, optimizer state, reduced gradients) */
+  ST_LAYOUT_SPLIT,      /* device d holds its rows of the batch (batch tensors, activations, per-device losses) */
+  ST_LAYOUT_PARTIAL,    /* the value is the sum over devices (gradients before their all-reduce) */
+} st_slot_layout;
+
+const char* st_slot_layout_name(st_slot_layout layout); /* "replicated", "split", "partial" */
+
 typedef struct st_slot {
   char* name; /* "layers.1.wq", "grad:wte", "x[2]", "tokens[0]", "host:m:wte" */
   st_slot_category category;
@@ -81,11 +101,12 @@ typedef struct st_slot {
   bool persistent; /* lives across steps (params, optimizer state, host homes) */
   bool host;       /* lives in host memory: the home of an offloaded slot */
   int twin;        /* offloaded device slot <-> its host home; -1 when none */
+  st_slot_layout layout; /* meaningful when plan->devices > 1 */
 } st_slot;
 
 typedef struct st_op {
   st_op_kind kind;
-  int program; /* LAUNCH / RECOMPUTE: index into the plan's program names */
+  int program; /* LAUNCH / RECOMPUTE / COLLECTIVE: index into the plan's program names */
   int layer;   /* -1 when not per layer */
   int micro;   /* microbatch, -1 when not per microbatch */
   int tag;     /* H2D / READ / HOST: what the trainer's callback should do */
@@ -105,6 +126,7 @@ typedef struct st_plan {
   int program_count;
   char** programs; /* program names, index = st_op.program */
   char* policy;    /* one line naming the policies that built the plan (owned; may be NULL) */
+  int devices;     /* data-parallel devices each device slot is backed on (1: one device) */
 } st_plan;
 
 /* Building (used by train/). */
@@ -158,6 +180,8 @@ typedef struct st_sched_policy {
   int prefetch_depth;       /* sched.prefetch_depth */
   bool eager;               /* sched.wait = eager */
   bool per_layer_optimizer; /* sched.optimizer = per_layer */
+  bool bucketed_grad_reduce; /* sched.grad_reduce = bucketed (parallel.data > 1) */
+  int64_t grad_bucket_bytes; /* sched.grad_bucket_bytes (0: one bucket) */
 } st_sched_policy;
 
 
@@ -190,12 +214,15 @@ void st_plan_add_waits(const st_plan* in, bool eager, st_plan* out);
 typedef struct st_executor st_executor;
 
 /* Called for H2D ops without an input (must return a new buffer for |op|'s
- * output slot in *out_buffer), READ (receives the slot's buffer; copy it to
- * the host) and HOST ops. */
+ * output slot on runtime device |device| in *out_buffer), READ (receives
+ * the slot's buffer; copy it to the host) and HOST ops. With a
+ * data-parallel plan, h2d and read are called once per device, |index| =
+ * 0..devices-1 in order (|device| is its runtime device); otherwise once
+ * with index 0. */
 typedef struct st_executor_hooks {
   void* user;
-  st_status (*h2d)(void* user, const st_op* op, st_buffer** out_buffer);
-  st_status (*read)(void* user, const st_op* op, st_buffer* buffer);
+  st_status (*h2d)(void* user, const st_op* op, int index, int device, st_buffer** out_buffer);
+  st_status (*read)(void* user, const st_op* op, int index, st_buffer* buffer);
   st_status (*host)(void* user, const st_op* op);
 } st_executor_hooks;
 
@@ -231,10 +258,17 @@ typedef struct st_executor_stats {
   int64_t predicted_peak_bytes;               /* st_plan_predict_live of the plan */
   int live_mismatch_op; /* first op whose accounted live bytes differ from the prediction; -1: none */
   int64_t host_bytes;                         /* bytes held in host-memory slots */
+  int64_t collectives;       /* COLLECTIVE ops */
+  int64_t collective_bytes;  /* their message bytes per device (the input slots' bytes) */
+  double collective_s;       /* time some collective was in flight (union of start..complete) */
+  double collective_hidden_s; /* ... of it while some launch was running too */
 } st_executor_stats;
 
 /* |programs[i]| is the compiled program for plan->programs[i] (borrowed).
- * |plan| must be finalized and outlive the executor. A plan with host slots
+ * |plan| must be finalized and outlive the executor. A data-parallel plan
+ * (plan->devices = n > 1) runs index d on runtime device |device| + d:
+ * its COLLECTIVE programs must be SPMD programs compiled for exactly those
+ * devices in that order, every other program a one-device program. A plan with host slots
  * needs a host memory space on |device| ("pinned_host", else
  * "unpinned_host"); without one this fails naming the device's spaces. */
 st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_program* const* programs, int device,
@@ -245,7 +279,8 @@ void st_executor_destroy(st_executor* executor); /* frees every slot's buffer */
 const char* st_executor_host_memory(const st_executor* executor);
 
 /* Puts |buffer| into slot |slot| between runs (takes ownership; frees what
- * was there). An offloaded slot's value lives in its host home, so for
+ * was there). With a data-parallel plan the value is replicated: device
+ * index 0 gets |buffer|, every other device a copy (through the host). An offloaded slot's value lives in its host home, so for
  * such a slot (or a host slot) the buffer is copied into host memory and
  * stored there, and |buffer| is destroyed. Errors only for that copy. */
 st_status st_executor_put(st_executor* executor, int slot, st_buffer* buffer);
@@ -257,7 +292,12 @@ void st_executor_set(st_executor* executor, int slot, st_buffer* buffer);
 st_buffer* st_executor_get(st_executor* executor, int slot);
 /* Puts |buffer| into |slot| without taking ownership (another executor owns
  * it); NULL empties the slot without freeing. Used to share parameters. */
-void st_executor_set_borrowed(st_executor* executor, int slot, st_buffer* buffer);
+void st_executor_set_borrowed(st_executor* executor, int slot, st_buffer* buffer); /* device index 0 */
+void st_executor_set_borrowed_device(st_executor* executor, int slot, int index, st_buffer* buffer);
+/* st_executor_get of device index |index| (NULL when out of range). */
+st_buffer* st_executor_get_device(st_executor* executor, int slot, int index);
+/* plan->devices (1 for a one-device plan). */
+int st_executor_devices(const st_executor* executor);
 
 /* Runs every op of the plan once. Statistics and timings are reset at the
  * start and complete when it returns (the executor waits for every op's

@@ -45,6 +45,7 @@ typedef struct st_train_options {
   st_runtime_options runtime;
   st_sched_policy sched;  /* sched.*: remat, offload, prefetch, waits, optimizer placement */
   int parallel_data, parallel_fsdp, parallel_tensor; /* parallel.*: the mesh axis sizes (docs/parallelism.md) */
+  char mesh[64];          /* the mesh the bundle is exported for: "data=2"; "" for one device */
   int trace_step_count;   /* trace.steps: steps (1-based) written as Chrome traces */
   int64_t* trace_steps;   /* owned */
   bool resume;            /* run.resume */

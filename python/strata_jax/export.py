@@ -153,6 +153,9 @@ def _export_collectives(cfg: ModelConfig, mesh: Any, out_dir: str) -> list[dict[
             with open(os.path.join(out_dir, rel), "wb") as f:
                 f.write(data)
             e = prog.manifest_entry(rel)
+            # The parameter group whose tensors it carries (bundle_collectives
+            # names each program after its group), so C links it to the group.
+            e["group"] = next(g for g in ("embed", "block", "head") if prog.name.startswith(g + "_"))
             e["sha256"] = hashlib.sha256(data).hexdigest()
             entries.append(e)
         return entries

@@ -164,6 +164,137 @@ static st_status st__tables_parse(st_bundle* b, const json_t* root, const char* 
   return ST_OK;
 }
 
+/*===-------------------------------------------------------------------===*/
+/* Mesh and collectives (docs/parallelism.md)                               */
+/*===-------------------------------------------------------------------===*/
+
+/* One collective's tensors: name, dtype and the per-device local_shape. */
+static st_status st__collective_tensors(const json_t* arr, const char* where, int* out_count, st_bundle_tensor** out) {
+  size_t n = json_array_size(arr);
+  if (n > 4096) return st_status_make(ST_CODE_RUNTIME, "%s: %zu tensors, more than 4096", where, n);
+  *out_count = (int)n;
+  *out = st_xcalloc(n ? n : 1, sizeof(st_bundle_tensor));
+  for (size_t i = 0; i < n; ++i) {
+    const json_t* t = json_array_get(arr, i);
+    char ctx[300];
+    snprintf(ctx, sizeof(ctx), "%s[%zu]", where, i);
+    const char* name = NULL;
+    const char* dtype = NULL;
+    const json_t* shape = NULL;
+    ST_RETURN(st_json_get_string(t, "name", ctx, &name));
+    (*out)[i].name = st_xstrdup(name);
+    (*out)[i].role = st_xstrdup("grad");
+    ST_RETURN(st_json_get_string(t, "dtype", ctx, &dtype));
+    ST_RETURN(st_json_get_array(t, "local_shape", ctx, &shape));
+    st_tensor_type* ty = &(*out)[i].type;
+    ty->dtype = st_dtype_parse(dtype);
+    if (ty->dtype == ST_DTYPE_INVALID) return st_status_make(ST_CODE_RUNTIME, "%s: unknown dtype '%s'", ctx, dtype);
+    size_t rank = json_array_size(shape);
+    if (rank > ST_MAX_RANK) return st_status_make(ST_CODE_RUNTIME, "%s: rank %zu exceeds %d", ctx, rank, ST_MAX_RANK);
+    ty->rank = (int)rank;
+    for (size_t k = 0; k < rank; ++k) {
+      int64_t d = -1;
+      if (!st_json_as_int(json_array_get(shape, k), &d) || d < 0)
+        return st_status_make(ST_CODE_RUNTIME, "%s: local_shape[%zu] is not a non-negative integer", ctx, k);
+      ty->dims[k] = d;
+    }
+  }
+  return ST_OK;
+}
+
+static bool st__type_equal(const st_tensor_type* a, const st_tensor_type* b) {
+  if (a->dtype != b->dtype || a->rank != b->rank) return false;
+  for (int k = 0; k < a->rank; ++k)
+    if (a->dims[k] != b->dims[k]) return false;
+  return true;
+}
+
+/* The collective's tensors are the group's parameters, in order, with the
+ * parameter table's types (fsdp = 1: whole tensors on every device). */
+static st_status st__collective_fits_group(const st_bundle* b, const st_bundle_program* c, const st_bundle_group* g,
+                                           const char* where) {
+  if (c->input_count != g->param_count || c->output_count != g->param_count)
+    return st_status_make(ST_CODE_RUNTIME, "%s: %d inputs for the %d parameters of group '%s'", where, c->input_count,
+                          g->param_count, g->name);
+  for (int k = 0; k < g->param_count; ++k) {
+    int pi = -1;
+    for (int i = 0; i < b->param_count && pi < 0; ++i)
+      if (!strcmp(b->params[i].group, g->name) && !strcmp(b->params[i].local, g->params[k])) pi = i;
+    if (strcmp(c->inputs[k].name, g->params[k]) != 0 || pi < 0 ||
+        !st__type_equal(&c->inputs[k].type, &b->params[pi].type) ||
+        !st__type_equal(&c->outputs[k].type, &b->params[pi].type))
+      return st_status_make(ST_CODE_RUNTIME, "%s: tensor %d is not group '%s''s parameter '%s' with its type", where, k,
+                            g->name, g->params[k]);
+  }
+  return ST_OK;
+}
+
+static st_status st__collectives_parse(st_bundle* b, const json_t* root, const char* mpath) {
+  b->mesh_data = b->mesh_fsdp = b->mesh_tensor = 1;
+  const json_t* mesh = json_object_get(root, "mesh");
+  if (mesh) {
+    int64_t v[3] = {1, 1, 1};
+    const char* axes[3] = {"data", "fsdp", "tensor"};
+    for (int a = 0; a < 3; ++a) {
+      const json_t* x = json_object_get(mesh, axes[a]);
+      if (x && (!st_json_as_int(x, &v[a]) || v[a] < 1 || v[a] > 4096))
+        return st_status_make(ST_CODE_RUNTIME, "%s: mesh.%s is not a size in 1..4096", mpath, axes[a]);
+    }
+    b->mesh_data = (int)v[0];
+    b->mesh_fsdp = (int)v[1];
+    b->mesh_tensor = (int)v[2];
+  }
+  const json_t* cols = json_object_get(root, "collectives");
+  if (!cols) return ST_OK;
+  if (!json_is_array(cols)) return st_status_make(ST_CODE_RUNTIME, "%s: collectives is not a list", mpath);
+  size_t n = json_array_size(cols);
+  if (n > ST_BUNDLE_MAX_COLLECTIVES)
+    return st_status_make(ST_CODE_RUNTIME, "%s: %zu collectives, more than the %d strata reads", mpath, n,
+                          ST_BUNDLE_MAX_COLLECTIVES);
+  b->collective_count = (int)n;
+  b->collectives = st_xcalloc(n ? n : 1, sizeof(st_bundle_program));
+  for (size_t i = 0; i < n; ++i) {
+    const json_t* cj = json_array_get(cols, i);
+    st_bundle_program* c = &b->collectives[i];
+    char ctx[256];
+    snprintf(ctx, sizeof(ctx), "%s: collectives[%zu]", mpath, i);
+    const char *name = NULL, *file = NULL, *sha = NULL, *kind = NULL, *axis = NULL, *group = NULL;
+    ST_RETURN(st_json_get_string(cj, "name", ctx, &name));
+    c->name = st_xstrdup(name);
+    snprintf(ctx, sizeof(ctx), "%s: collective '%s'", mpath, name);
+    ST_RETURN(st_json_get_string(cj, "file", ctx, &file));
+    ST_RETURN(st_json_get_string(cj, "sha256", ctx, &sha));
+    if (strlen(sha) != 64) return st_status_make(ST_CODE_RUNTIME, "%s: sha256 is not 64 hex digits", ctx);
+    memcpy(c->sha256, sha, 65);
+    c->path = st_path_join(b->dir, file);
+    const json_t* arr = NULL;
+    ST_RETURN(st_json_get_array(cj, "inputs", ctx, &arr));
+    ST_RETURN(st__collective_tensors(arr, ctx, &c->input_count, &c->inputs));
+    ST_RETURN(st_json_get_array(cj, "outputs", ctx, &arr));
+    ST_RETURN(st__collective_tensors(arr, ctx, &c->output_count, &c->outputs));
+    c->donated = st_xcalloc((size_t)c->input_count + 1, sizeof(bool));
+    const json_t* don = json_object_get(cj, "donated");
+    for (size_t k = 0; k < json_array_size(don); ++k) {
+      int64_t d = -1;
+      if (!st_json_as_int(json_array_get(don, k), &d) || d < 0 || d >= c->input_count)
+        return st_status_make(ST_CODE_RUNTIME, "%s: donated[%zu] is not an input index (0..%d)", ctx, k, c->input_count - 1);
+      c->donated[d] = true;
+    }
+    ST_RETURN(st_json_get_string(cj, "kind", ctx, &kind));
+    ST_RETURN(st_json_get_string(cj, "axis", ctx, &axis));
+    /* Older bundles name no group: such a collective is read but not linked. */
+    if (!json_is_string(json_object_get(cj, "group"))) continue;
+    group = json_string_value(json_object_get(cj, "group"));
+    st_bundle_group* g = (st_bundle_group*)st_bundle_group_find(b, group);
+    if (!g) return st_status_make(ST_CODE_RUNTIME, "%s: group '%s' is not in the groups list", ctx, group);
+    if (!strcmp(kind, "all_reduce") && !strcmp(axis, "data") && b->mesh_fsdp == 1) {
+      ST_RETURN(st__collective_fits_group(b, c, g, ctx));
+      g->data_all_reduce = c;
+    }
+  }
+  return ST_OK;
+}
+
 static st_status st__bundle_parse(st_bundle* b, const json_t* root, const char* mpath) {
   int64_t schema = 0;
   ST_RETURN(st_json_get_int(root, "schema_version", mpath, &schema));
@@ -265,7 +396,8 @@ static st_status st__bundle_parse(st_bundle* b, const json_t* root, const char* 
     p->decay = json_is_true(json_object_get(pj, "decay"));
     ST_RETURN(st__tensor_type_from_json(pj, ctx, &p->type));
   }
-  return st__tables_parse(b, root, mpath);
+  ST_RETURN(st__tables_parse(b, root, mpath));
+  return st__collectives_parse(b, root, mpath);
 }
 
 st_status st_bundle_open(const char* dir, st_bundle** out_bundle) {
@@ -287,14 +419,15 @@ st_status st_bundle_open(const char* dir, st_bundle** out_bundle) {
   json_decref(root);
   /* A program file that is missing or differs from its manifest sha256 is
    * a stale or tampered bundle: never compile it. */
-  for (int i = 0; !s && i < b->program_count; ++i) {
+  for (int i = 0; !s && i < b->program_count + b->collective_count; ++i) {
+    const st_bundle_program* p = i < b->program_count ? &b->programs[i] : &b->collectives[i - b->program_count];
     char sha[65];
-    st_status r = st_sha256_file_hex(b->programs[i].path, sha);
+    st_status r = st_sha256_file_hex(p->path, sha);
     if (r) {
-      s = st_status_recode(r, ST_CODE_RUNTIME, "bundle program '%s' is missing", b->programs[i].name);
-    } else if (strcmp(sha, b->programs[i].sha256) != 0) {
+      s = st_status_recode(r, ST_CODE_RUNTIME, "bundle program '%s' is missing", p->name);
+    } else if (strcmp(sha, p->sha256) != 0) {
       s = st_status_make(ST_CODE_RUNTIME, "bundle program file '%s' was altered: sha256 %.16s… differs from the manifest's %.16s…",
-                         b->programs[i].path, sha, b->programs[i].sha256);
+                         p->path, sha, p->sha256);
     }
   }
   free(mpath);
@@ -314,17 +447,22 @@ static void st__tensors_free(st_bundle_tensor* t, int n) {
   free(t);
 }
 
-void st_bundle_destroy(st_bundle* b) {
-  if (!b) return;
-  for (int i = 0; i < b->program_count; ++i) {
-    st_bundle_program* p = &b->programs[i];
+static void st__programs_free(st_bundle_program* v, int n) {
+  for (int i = 0; i < n; ++i) {
+    st_bundle_program* p = &v[i];
     free(p->name);
     free(p->path);
     st__tensors_free(p->inputs, p->input_count);
     st__tensors_free(p->outputs, p->output_count);
     free(p->donated);
   }
-  free(b->programs);
+  free(v);
+}
+
+void st_bundle_destroy(st_bundle* b) {
+  if (!b) return;
+  st__programs_free(b->programs, b->program_count);
+  st__programs_free(b->collectives, b->collective_count);
   for (int i = 0; i < b->group_count; ++i) {
     for (int k = 0; k < b->groups[i].param_count; ++k) free(b->groups[i].params[k]);
     free(b->groups[i].params);
@@ -348,6 +486,12 @@ void st_bundle_destroy(st_bundle* b) {
 const st_bundle_program* st_bundle_program_find(const st_bundle* b, const char* name) {
   for (int i = 0; i < b->program_count; ++i)
     if (!strcmp(b->programs[i].name, name)) return &b->programs[i];
+  return NULL;
+}
+
+const st_bundle_program* st_bundle_collective_find(const st_bundle* b, const char* name) {
+  for (int i = 0; i < b->collective_count; ++i)
+    if (!strcmp(b->collectives[i].name, name)) return &b->collectives[i];
   return NULL;
 }
 
@@ -421,10 +565,14 @@ static void st__key_model(const char* model_json, st_strbuf* s) {
   json_decref(m);
 }
 
-void st_bundle_key(const char* model_json, char out[17]) {
+void st_bundle_key(const char* model_json, char out[17]) { st_bundle_key_mesh(model_json, NULL, out); }
+
+void st_bundle_key_mesh(const char* model_json, const char* mesh, char out[17]) {
   st_strbuf s = {0};
   st_strbuf_printf(&s, "schema=%d\nmodel:\n", ST_BUNDLE_SCHEMA_VERSION);
   st__key_model(model_json, &s);
+  /* Only a mesh adds a line: one-device keys stay what they were. */
+  if (mesh && mesh[0]) st_strbuf_printf(&s, "mesh=%s\n", mesh);
   /* The exporter's sources are part of the key: a changed model or export
    * rule must never be served from an old bundle. */
   char* folder = st_path_join(st_source_dir(), "python/strata_jax");
@@ -479,6 +627,10 @@ static char* st__tail_of_file(const char* path, size_t max) {
 }
 
 st_status st_bundle_export(const char* model_json, const char* key, const char* dir) {
+  return st_bundle_export_mesh(model_json, NULL, key, dir);
+}
+
+st_status st_bundle_export_mesh(const char* model_json, const char* mesh, const char* key, const char* dir) {
   char* python = st_bundle_python();
   char* log = NULL;
   {
@@ -517,8 +669,12 @@ st_status st_bundle_export(const char* model_json, const char* key, const char* 
     setenv("PYTHONPATH", pp.data, 1);
     /* Export is trace + lower only: keep JAX off any accelerator. */
     setenv("JAX_PLATFORMS", "cpu", 1);
-    execl(python, python, "-m", "strata_jax.export", "--model-json", model_json, "--out", dir, "--bundle-key", key,
-          (char*)NULL);
+    if (mesh && mesh[0])
+      execl(python, python, "-m", "strata_jax.export", "--model-json", model_json, "--out", dir, "--bundle-key", key,
+            "--mesh", mesh, (char*)NULL);
+    else
+      execl(python, python, "-m", "strata_jax.export", "--model-json", model_json, "--out", dir, "--bundle-key", key,
+            (char*)NULL);
     fprintf(stderr, "cannot execute '%s': %s\n", python, strerror(errno));
     _exit(127);
   }
@@ -622,7 +778,7 @@ st_status st_bundle_ensure(const st_bundle_request* req, st_bundle** out_bundle,
   *out_bundle = NULL;
   *out_exported = false;
   char key[17];
-  st_bundle_key(req->model_json, key);
+  st_bundle_key_mesh(req->model_json, req->mesh, key);
   char* dir;
   if (req->dir && req->dir[0]) {
     dir = st_xstrdup(req->dir);
@@ -655,7 +811,7 @@ st_status st_bundle_ensure(const st_bundle_request* req, st_bundle** out_bundle,
     }
   }
   if (!b) {
-    s = st_bundle_export(req->model_json, key, dir);
+    s = st_bundle_export_mesh(req->model_json, req->mesh, key, dir);
     if (!s) s = st_bundle_open(dir, &b);
     if (!s && strcmp(b->key, key) != 0)
       s = st_status_make(ST_CODE_RUNTIME, "exporter wrote bundle key '%s' into '%s', expected '%s'", b->key, dir, key);

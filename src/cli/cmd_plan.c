@@ -27,7 +27,7 @@ int st_cli_plan(int argc, char** argv) {
   st_plan_init(&eval);
   if (!s) {
     s = st_train_options_from_config(cfg, &o);
-    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir};
+    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh};
     if (!s) s = st_bundle_ensure(&req, &bundle, &exported);
     if (!s) s = st_train_build_plans(bundle, &o, &step, &eval);
     if (!s && json) {

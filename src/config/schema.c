@@ -98,6 +98,12 @@ static const st__cfg_key kKeys[] = {
     {"sched.optimizer", ST__CFG_ENUM, "after_backward", .choices = "after_backward|per_layer",
      .doc = "Update after the whole backward (global clipping), or each layer as soon as its gradient is final "
             "(needs train.grad_clip=0)."},
+    {"sched.grad_reduce", ST__CFG_ENUM, "per_layer", .choices = "per_layer|bucketed",
+     .doc = "With parallel.data > 1: all-reduce each layer's gradients as soon as they are final (overlapping the "
+            "next layer's backward), or after the backward, in buckets of sched.grad_bucket_bytes."},
+    {"sched.grad_bucket_bytes", ST__CFG_INT, "0", .lo = 0, .hi = 1099511627776.0,
+     .doc = "sched.grad_reduce=bucketed: gradient bytes per bucket; a bucket's all-reduces are issued together once "
+            "it is full (0: one bucket, all after the backward)."},
 
     {"trace.steps", ST__CFG_LIST, "[]",
      .doc = "Steps (1-based) written as Chrome trace-event JSON to <run>/trace/step_<N>.json (Perfetto)."},

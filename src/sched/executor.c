@@ -9,6 +9,7 @@
 
 #include "sched/sched_internal.h"
 #include "strata/base.h"
+#include "strata/mesh.h"
 #include "strata/obs.h"
 #include "strata/sched.h"
 
@@ -21,10 +22,11 @@ struct st_executor {
   const st_plan* plan;
   st_runtime* runtime;
   st_program* const* programs;
-  int device;
+  int device; /* runtime device of data-parallel index 0; index d runs on device + d */
+  int ndev;   /* plan->devices: buffers per device slot */
   char device_kind[32]; /* the device's default memory space */
   char host_kind[32];   /* where host slots live; "" when the plan has none */
-  st_buffer** slots;    /* [slot_count], owned unless borrowed[slot] */
+  st_buffer** slots;    /* [slot_count * ndev] (slot-major), owned unless borrowed[] */
   bool* borrowed;
   st_executor_stats stats;
   /* scratch arrays sized for the widest op */
@@ -33,8 +35,8 @@ struct st_executor {
 
   /* the last run */
   st_op_timing* timings; /* [op_count] */
-  st_event** events;     /* [op_count]: completion of each async op, NULL otherwise */
-  st__cb* cbs;           /* [op_count]: callback contexts */
+  st_event** events;     /* [op_count * ndev]: completion of each async op on each device, NULL otherwise */
+  st__cb* cbs;           /* [op_count * ndev]: callback contexts */
   int64_t* live_pred;    /* [op_count * categories] */
   int64_t* live_acct;
   double t0;
@@ -47,10 +49,17 @@ struct st_executor {
   st_status cb_error; /* first error reported by a callback */
 };
 
-static const char* st__op_program(const st_executor* ex, const st_op* op) {
-  return (op->kind == ST_OP_LAUNCH || op->kind == ST_OP_RECOMPUTE) ? ex->plan->programs[op->program]
-                                                                   : st_op_kind_name(op->kind);
+static bool st__is_program_op(st_op_kind k) {
+  return k == ST_OP_LAUNCH || k == ST_OP_RECOMPUTE || k == ST_OP_COLLECTIVE;
 }
+
+static const char* st__op_program(const st_executor* ex, const st_op* op) {
+  return st__is_program_op(op->kind) ? ex->plan->programs[op->program] : st_op_kind_name(op->kind);
+}
+
+/* The buffer of |slot| on data-parallel index |d|. */
+#define ST__SLOT(ex, slot, d) ((ex)->slots[(size_t)(slot) * (size_t)(ex)->ndev + (size_t)(d)])
+#define ST__BORROWED(ex, slot, d) ((ex)->borrowed[(size_t)(slot) * (size_t)(ex)->ndev + (size_t)(d)])
 
 st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_program* const* programs, int device,
                              st_executor** out_executor) {
@@ -60,12 +69,28 @@ st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_progra
     if (plan->ops[i].input_count > widest) widest = plan->ops[i].input_count;
     if (plan->ops[i].output_count > widest) widest = plan->ops[i].output_count;
   }
+  const int ndev = plan->devices > 1 ? plan->devices : 1;
+  if (ndev > ST_MESH_MAX_DEVICES)
+    return st_status_make(ST_CODE_INTERNAL, "plan: %d devices, more than the %d a mesh has", ndev, ST_MESH_MAX_DEVICES);
   for (int i = 0; i < plan->op_count; ++i) {
     const st_op* op = &plan->ops[i];
-    if (op->kind != ST_OP_LAUNCH && op->kind != ST_OP_RECOMPUTE) continue;
+    if (!st__is_program_op(op->kind)) continue;
     const char* name = plan->programs[op->program];
     st_program* p = programs[op->program];
     if (!p) return st_status_make(ST_CODE_INTERNAL, "plan op %d: program '%s' is not compiled", i, name);
+    /* A collective runs on every device at once, partition p on index p;
+     * a compute program is a one-device program launched on each device. */
+    if (op->kind == ST_OP_COLLECTIVE) {
+      if (st_program_device_count(p) != ndev)
+        return st_status_make(ST_CODE_RUNTIME, "plan op %d: collective '%s' runs on %d devices, the plan has %d", i, name,
+                              st_program_device_count(p), ndev);
+      for (int d = 0; d < ndev; ++d)
+        if (st_program_partition_device(p, d) != device + d)
+          return st_status_make(ST_CODE_RUNTIME, "plan op %d: collective '%s' runs partition %d on device %d, the plan on %d", i,
+                                name, d, st_program_partition_device(p, d), device + d);
+    } else if (st_program_device_count(p) != 1) {
+      return st_status_make(ST_CODE_RUNTIME, "plan op %d: '%s' is an SPMD program; LAUNCH takes a one-device program", i, name);
+    }
     if (st_program_output_count(p) != op->output_count)
       return st_status_make(ST_CODE_RUNTIME, "plan op %d: program '%s' has %d outputs, the plan expects %d", i, name,
                             st_program_output_count(p), op->output_count);
@@ -85,6 +110,10 @@ st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_progra
   }
   st_device_info di;
   ST_RETURN(st_runtime_device_info(runtime, device, &di));
+  for (int d = 1; d < ndev; ++d) {
+    st_device_info other;
+    ST_RETURN_IF_ERROR(st_runtime_device_info(runtime, device + d, &other), "data-parallel index %d of %d", d, ndev);
+  }
   char host_kind[32] = "";
   bool has_host = false;
   for (int i = 0; i < plan->slot_count; ++i) has_host |= plan->slots[i].host;
@@ -107,17 +136,18 @@ st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_progra
   ex->runtime = runtime;
   ex->programs = programs;
   ex->device = device;
+  ex->ndev = ndev;
   snprintf(ex->device_kind, sizeof(ex->device_kind), "%s",
            di.default_memory < di.memory_count ? di.memory_kinds[di.default_memory] : "device");
   snprintf(ex->host_kind, sizeof(ex->host_kind), "%s", host_kind);
-  ex->slots = st_xcalloc((size_t)plan->slot_count + 1, sizeof(st_buffer*));
-  ex->borrowed = st_xcalloc((size_t)plan->slot_count + 1, sizeof(bool));
-  ex->in = st_xcalloc((size_t)widest, sizeof(st_buffer*));
-  ex->out = st_xcalloc((size_t)widest, sizeof(st_buffer*));
+  ex->slots = st_xcalloc(((size_t)plan->slot_count + 1) * (size_t)ndev, sizeof(st_buffer*));
+  ex->borrowed = st_xcalloc(((size_t)plan->slot_count + 1) * (size_t)ndev, sizeof(bool));
+  ex->in = st_xcalloc((size_t)widest * (size_t)ndev, sizeof(st_buffer*));
+  ex->out = st_xcalloc((size_t)widest * (size_t)ndev, sizeof(st_buffer*));
   size_t n = (size_t)plan->op_count + 1;
   ex->timings = st_xcalloc(n, sizeof(st_op_timing));
-  ex->events = st_xcalloc(n, sizeof(st_event*));
-  ex->cbs = st_xcalloc(n, sizeof(st__cb));
+  ex->events = st_xcalloc(n * (size_t)ndev, sizeof(st_event*));
+  ex->cbs = st_xcalloc(n * (size_t)ndev, sizeof(st__cb));
   ex->live_pred = st_xcalloc(n * ST_SLOT_CATEGORY_COUNT, sizeof(int64_t));
   ex->live_acct = st_xcalloc(n * ST_SLOT_CATEGORY_COUNT, sizeof(int64_t));
   ex->stats.predicted_peak_bytes = st_plan_predict_live(plan, ex->live_pred, NULL);
@@ -135,7 +165,7 @@ static void st__drain(st_executor* ex) {
 }
 
 static void st__events_free(st_executor* ex) {
-  for (int i = 0; i < ex->plan->op_count; ++i) {
+  for (int i = 0; i < ex->plan->op_count * ex->ndev; ++i) {
     st_event_destroy(ex->events[i]);
     ex->events[i] = NULL;
   }
@@ -146,7 +176,7 @@ void st_executor_destroy(st_executor* ex) {
   st__drain(ex);
   st__events_free(ex);
   st_status_free(ex->cb_error);
-  for (int i = 0; i < ex->plan->slot_count; ++i)
+  for (int i = 0; i < ex->plan->slot_count * ex->ndev; ++i)
     if (!ex->borrowed[i]) st_buffer_destroy(ex->slots[i]);
   pthread_mutex_destroy(&ex->mu);
   pthread_cond_destroy(&ex->cv);
@@ -177,29 +207,56 @@ static void st__account(st_executor* ex, int slot, int sign) {
     ex->stats.live_bytes[s->category] += bytes;
 }
 
-static void st__slot_put(st_executor* ex, int slot, st_buffer* buffer) {
-  if (ex->slots[slot]) st__account(ex, slot, -1);
-  if (!ex->borrowed[slot]) st_buffer_destroy(ex->slots[slot]);
-  ex->slots[slot] = buffer;
-  ex->borrowed[slot] = false;
-  if (buffer) st__account(ex, slot, +1);
+/* Live bytes are accounted per device: every device holds the same slots
+ * (data parallelism), so index 0 stands for each of them. */
+static void st__slot_put(st_executor* ex, int slot, int d, st_buffer* buffer) {
+  if (ST__SLOT(ex, slot, d) && d == 0) st__account(ex, slot, -1);
+  if (!ST__BORROWED(ex, slot, d)) st_buffer_destroy(ST__SLOT(ex, slot, d));
+  ST__SLOT(ex, slot, d) = buffer;
+  ST__BORROWED(ex, slot, d) = false;
+  if (buffer && d == 0) st__account(ex, slot, +1);
 }
 
-st_status st_executor_put(st_executor* ex, int slot, st_buffer* buffer) {
+static st_status st__put_one(st_executor* ex, int slot, int target, int d, st_buffer* buffer) {
   const st_slot* s = &ex->plan->slots[slot];
-  int target = (!s->host && s->twin >= 0) ? s->twin : slot;
   if (buffer && ex->plan->slots[target].host && strcmp(st_buffer_memory_kind(buffer), ex->host_kind) != 0) {
     st_buffer* h = NULL;
     st_status st = st_buffer_copy_to_memory(buffer, ex->host_kind, &h);
     st_buffer_destroy(buffer);
     if (st) {
-      st__slot_put(ex, target, NULL);
+      st__slot_put(ex, target, d, NULL);
       return st_status_annotate(st, "moving slot '%s' to its home in %s memory", s->name, ex->host_kind);
     }
     buffer = h;
   }
-  st__slot_put(ex, target, buffer);
+  st__slot_put(ex, target, d, buffer);
   return ST_OK;
+}
+
+st_status st_executor_put(st_executor* ex, int slot, st_buffer* buffer) {
+  const st_slot* s = &ex->plan->slots[slot];
+  int target = (!s->host && s->twin >= 0) ? s->twin : slot;
+  /* Between steps, state is replicated: every other device gets a copy
+   * (through the host: init and restore only). */
+  st_status st = ST_OK;
+  if (buffer && ex->ndev > 1) {
+    size_t n = st_buffer_bytes(buffer);
+    void* host = st_xmalloc(n ? n : 1);
+    st = st_buffer_to_host(buffer, host, n);
+    for (int d = 1; d < ex->ndev && !st; ++d) {
+      st_buffer* b = NULL;
+      st = st_buffer_from_host(ex->runtime, ex->device + d, st_buffer_type(buffer), host, &b);
+      if (!st) st = st__put_one(ex, slot, target, d, b);
+    }
+    free(host);
+    if (st) {
+      st_buffer_destroy(buffer);
+      return st_status_annotate(st, "replicating slot '%s' to %d devices", s->name, ex->ndev);
+    }
+  } else if (ex->ndev > 1) {
+    for (int d = 1; d < ex->ndev; ++d) st__slot_put(ex, target, d, NULL);
+  }
+  return st__put_one(ex, slot, target, 0, buffer);
 }
 
 void st_executor_set(st_executor* ex, int slot, st_buffer* buffer) {
@@ -210,18 +267,27 @@ void st_executor_set(st_executor* ex, int slot, st_buffer* buffer) {
   }
 }
 
-void st_executor_set_borrowed(st_executor* ex, int slot, st_buffer* buffer) {
-  st__slot_put(ex, slot, NULL);
-  ex->slots[slot] = buffer;
-  ex->borrowed[slot] = buffer != NULL;
-  if (buffer) st__account(ex, slot, +1);
+void st_executor_set_borrowed_device(st_executor* ex, int slot, int d, st_buffer* buffer) {
+  st__slot_put(ex, slot, d, NULL);
+  ST__SLOT(ex, slot, d) = buffer;
+  ST__BORROWED(ex, slot, d) = buffer != NULL;
+  if (buffer && d == 0) st__account(ex, slot, +1);
 }
 
-st_buffer* st_executor_get(st_executor* ex, int slot) {
-  const st_slot* s = &ex->plan->slots[slot];
-  if (!ex->slots[slot] && !s->host && s->twin >= 0) return ex->slots[s->twin];
-  return ex->slots[slot];
+void st_executor_set_borrowed(st_executor* ex, int slot, st_buffer* buffer) {
+  st_executor_set_borrowed_device(ex, slot, 0, buffer);
 }
+
+st_buffer* st_executor_get_device(st_executor* ex, int slot, int d) {
+  if (d < 0 || d >= ex->ndev) return NULL;
+  const st_slot* s = &ex->plan->slots[slot];
+  if (!ST__SLOT(ex, slot, d) && !s->host && s->twin >= 0) return ST__SLOT(ex, s->twin, d);
+  return ST__SLOT(ex, slot, d);
+}
+
+st_buffer* st_executor_get(st_executor* ex, int slot) { return st_executor_get_device(ex, slot, 0); }
+
+int st_executor_devices(const st_executor* ex) { return ex->ndev; }
 
 const st_executor_stats* st_executor_stats_get(const st_executor* ex) { return &ex->stats; }
 const st_op_timing* st_executor_timings(const st_executor* ex) { return ex->timings; }
@@ -237,7 +303,8 @@ static void st__on_complete(st_status status, void* user) {
   st_executor* ex = cb->ex;
   double t = st_now();
   pthread_mutex_lock(&ex->mu);
-  ex->timings[cb->op].complete_s = t - ex->t0;
+  /* The op is complete when its last device is. */
+  if (t - ex->t0 > ex->timings[cb->op].complete_s) ex->timings[cb->op].complete_s = t - ex->t0;
   if (status && !ex->cb_error) {
     const st_op* op = &ex->plan->ops[cb->op];
     ex->cb_error = st_status_annotate(status, "plan op %d (%s, layer %d, microbatch %d)", cb->op, st__op_program(ex, op),
@@ -250,15 +317,17 @@ static void st__on_complete(st_status status, void* user) {
   pthread_mutex_unlock(&ex->mu);
 }
 
-/* Keeps |ev| as op |i|'s completion event and timestamps it when it fires. */
-static st_status st__track(st_executor* ex, int i, st_event* ev) {
-  ex->events[i] = ev;
-  ex->cbs[i].ex = ex;
-  ex->cbs[i].op = i;
+/* Keeps |ev| as op |i|'s completion event on device index |d| and
+ * timestamps it when it fires. */
+static st_status st__track(st_executor* ex, int i, int d, st_event* ev) {
+  size_t at = (size_t)i * (size_t)ex->ndev + (size_t)d;
+  ex->events[at] = ev;
+  ex->cbs[at].ex = ex;
+  ex->cbs[at].op = i;
   pthread_mutex_lock(&ex->mu);
   ex->pending++;
   pthread_mutex_unlock(&ex->mu);
-  st_status s = st_event_on_ready(ev, st__on_complete, &ex->cbs[i]);
+  st_status s = st_event_on_ready(ev, st__on_complete, &ex->cbs[at]);
   if (s) {
     pthread_mutex_lock(&ex->mu);
     ex->pending--;
@@ -267,51 +336,92 @@ static st_status st__track(st_executor* ex, int i, st_event* ev) {
   return s;
 }
 
-static st_status st__track_buffer(st_executor* ex, int i, st_buffer* b) {
+static st_status st__track_buffer(st_executor* ex, int i, int d, st_buffer* b) {
   st_event* ev = NULL;
   ST_RETURN(st_buffer_ready_event(b, &ev));
-  return st__track(ex, i, ev);
+  return st__track(ex, i, d, ev);
 }
 
+static bool st__has_event(const st_executor* ex, int i) { return ex->events[(size_t)i * (size_t)ex->ndev] != NULL; }
+
+/* A compute program: launched once per device on that device's buffers. */
 static st_status st__launch(st_executor* ex, int index, const st_op* op) {
   const st_plan* plan = ex->plan;
   st_program* prog = ex->programs[op->program];
-  for (int j = 0; j < op->input_count; ++j) {
-    ex->in[j] = ex->slots[op->inputs[j]];
-    if (!ex->in[j])
-      return st_status_make(ST_CODE_INTERNAL, "plan op %d (%s layer %d): input slot '%s' is empty", index,
-                            plan->programs[op->program], op->layer, plan->slots[op->inputs[j]].name);
-  }
-  st_event* done = NULL;
-  st_status s = st_program_execute(prog, ex->device, ex->in, op->input_count, ex->out, op->output_count, &done);
-  if (s) {
-    return st_status_annotate(s, "launching %s (layer %d, microbatch %d)", plan->programs[op->program], op->layer,
-                              op->micro);
+  for (int d = 0; d < ex->ndev; ++d) {
+    for (int j = 0; j < op->input_count; ++j) {
+      ex->in[j] = ST__SLOT(ex, op->inputs[j], d);
+      if (!ex->in[j])
+        return st_status_make(ST_CODE_INTERNAL, "plan op %d (%s layer %d): input slot '%s' is empty on device index %d", index,
+                              plan->programs[op->program], op->layer, plan->slots[op->inputs[j]].name, d);
+    }
+    st_event* done = NULL;
+    st_status s = st_program_execute(prog, ex->device + d, ex->in, op->input_count, ex->out, op->output_count, &done);
+    if (s) {
+      return st_status_annotate(s, "launching %s (layer %d, microbatch %d, device %d)", plan->programs[op->program],
+                                op->layer, op->micro, ex->device + d);
+    }
+    /* Donated inputs now hold nothing: drop them from their slots before the
+     * outputs (which alias them) take their place. */
+    for (int j = 0; j < op->input_count; ++j) {
+      if (st_buffer_is_consumed(ex->in[j])) st__slot_put(ex, op->inputs[j], d, NULL);
+    }
+    for (int j = 0; j < op->output_count; ++j) st__slot_put(ex, op->outputs[j], d, ex->out[j]);
+    ST_RETURN(st__track(ex, index, d, done));
   }
   ex->stats.launches++;
   if (op->kind == ST_OP_RECOMPUTE) ex->stats.recomputes++;
-  /* Donated inputs now hold nothing: drop them from their slots before the
-   * outputs (which alias them) take their place. */
-  for (int j = 0; j < op->input_count; ++j) {
-    if (st_buffer_is_consumed(ex->in[j])) st__slot_put(ex, op->inputs[j], NULL);
+  return ST_OK;
+}
+
+/* An SPMD collective over every device's buffers at once. */
+static st_status st__collective(st_executor* ex, int index, const st_op* op) {
+  const st_plan* plan = ex->plan;
+  st_program* prog = ex->programs[op->program];
+  const int ni = op->input_count, no = op->output_count, nd = ex->ndev;
+  int64_t bytes = 0;
+  for (int j = 0; j < ni; ++j) bytes += (int64_t)st_tensor_type_bytes(&plan->slots[op->inputs[j]].type);
+  for (int d = 0; d < nd; ++d)
+    for (int j = 0; j < ni; ++j) {
+      ex->in[(size_t)d * (size_t)ni + (size_t)j] = ST__SLOT(ex, op->inputs[j], d);
+      if (!ex->in[(size_t)d * (size_t)ni + (size_t)j])
+        return st_status_make(ST_CODE_INTERNAL, "plan op %d (%s layer %d): input slot '%s' is empty on device index %d", index,
+                              plan->programs[op->program], op->layer, plan->slots[op->inputs[j]].name, d);
+    }
+  st_event* done[ST_MESH_MAX_DEVICES] = {0};
+  st_status s = st_program_execute_spmd(prog, ex->in, ni, ex->out, no, done);
+  if (s) return st_status_annotate(s, "collective %s (layer %d)", plan->programs[op->program], op->layer);
+  ex->stats.collectives++;
+  ex->stats.collective_bytes += bytes;
+  for (int d = 0; d < nd; ++d) {
+    for (int j = 0; j < ni; ++j)
+      if (st_buffer_is_consumed(ex->in[(size_t)d * (size_t)ni + (size_t)j])) st__slot_put(ex, op->inputs[j], d, NULL);
+    for (int j = 0; j < no; ++j) st__slot_put(ex, op->outputs[j], d, ex->out[(size_t)d * (size_t)no + (size_t)j]);
   }
-  for (int j = 0; j < op->output_count; ++j) st__slot_put(ex, op->outputs[j], ex->out[j]);
-  return st__track(ex, index, done);
+  for (int d = 0; d < nd; ++d) {
+    st_status ts = st__track(ex, index, d, done[d]);
+    if (ts) {
+      for (int k = d + 1; k < nd; ++k) st_event_destroy(done[k]);
+      return ts;
+    }
+  }
+  return ST_OK;
 }
 
 static st_status st__wait(st_executor* ex, int i, const st_op* op) {
   st_op_timing* t = &ex->timings[i];
-  for (int d = 0; d < op->dep_count; ++d) {
-    st_event* ev = ex->events[op->deps[d]];
-    if (!ev) continue;
-    if (!st_event_is_ready(ev)) t->blocked = true;
-    st_status s = st_event_await(ev);
-    if (s) {
-      const st_op* dep = &ex->plan->ops[op->deps[d]];
-      return st_status_annotate(s, "plan op %d (%s, layer %d, microbatch %d)", op->deps[d], st__op_program(ex, dep),
-                                dep->layer, dep->micro);
+  for (int d = 0; d < op->dep_count; ++d)
+    for (int k = 0; k < ex->ndev; ++k) {
+      st_event* ev = ex->events[(size_t)op->deps[d] * (size_t)ex->ndev + (size_t)k];
+      if (!ev) continue;
+      if (!st_event_is_ready(ev)) t->blocked = true;
+      st_status s = st_event_await(ev);
+      if (s) {
+        const st_op* dep = &ex->plan->ops[op->deps[d]];
+        return st_status_annotate(s, "plan op %d (%s, layer %d, microbatch %d, device index %d)", op->deps[d],
+                                  st__op_program(ex, dep), dep->layer, dep->micro, k);
+      }
     }
-  }
   ex->stats.waits++;
   if (t->blocked) ex->stats.waits_blocked++;
   return ST_OK;
@@ -324,42 +434,50 @@ static st_status st__run_op(st_executor* ex, const st_executor_hooks* hooks, int
     case ST_OP_LAUNCH:
     case ST_OP_RECOMPUTE:
       return st__launch(ex, i, op);
-    case ST_OP_H2D: {
-      st_buffer* b = NULL;
-      if (op->input_count == 0) {
-        ST_RETURN(hooks->h2d(hooks->user, op, &b));
-      } else {
-        st_buffer* home = ex->slots[op->inputs[0]];
-        if (!home) return st_status_make(ST_CODE_INTERNAL, "plan op %d: H2D from empty slot '%s'", i, plan->slots[op->inputs[0]].name);
-        ST_RETURN_IF_ERROR(st_buffer_copy_to_memory(home, ex->device_kind, &b), "plan op %d: bringing '%s' back to the device",
-                           i, plan->slots[op->outputs[0]].name);
+    case ST_OP_COLLECTIVE:
+      return st__collective(ex, i, op);
+    case ST_OP_H2D:
+      for (int d = 0; d < ex->ndev; ++d) {
+        st_buffer* b = NULL;
+        if (op->input_count == 0) {
+          ST_RETURN(hooks->h2d(hooks->user, op, d, ex->device + d, &b));
+        } else {
+          st_buffer* home = ST__SLOT(ex, op->inputs[0], d);
+          if (!home) return st_status_make(ST_CODE_INTERNAL, "plan op %d: H2D from empty slot '%s'", i, plan->slots[op->inputs[0]].name);
+          ST_RETURN_IF_ERROR(st_buffer_copy_to_memory(home, ex->device_kind, &b), "plan op %d: bringing '%s' back to the device",
+                             i, plan->slots[op->outputs[0]].name);
+        }
+        ex->stats.h2d_bytes += (int64_t)st_buffer_bytes(b);
+        st__slot_put(ex, op->outputs[0], d, b);
+        ST_RETURN(st__track_buffer(ex, i, d, b));
       }
-      ex->stats.h2d_bytes += (int64_t)st_buffer_bytes(b);
-      st__slot_put(ex, op->outputs[0], b);
-      return st__track_buffer(ex, i, b);
-    }
-    case ST_OP_D2H: {
-      st_buffer* src = ex->slots[op->inputs[0]];
-      if (!src) return st_status_make(ST_CODE_INTERNAL, "plan op %d: D2H of empty slot '%s'", i, plan->slots[op->inputs[0]].name);
-      st_buffer* b = NULL;
-      ST_RETURN_IF_ERROR(st_buffer_copy_to_memory(src, ex->host_kind, &b), "plan op %d: offloading '%s' to %s memory", i,
-                         plan->slots[op->inputs[0]].name, ex->host_kind);
-      ex->stats.d2h_bytes += (int64_t)st_buffer_bytes(b);
-      st__slot_put(ex, op->outputs[0], b);
-      return st__track_buffer(ex, i, b);
-    }
-    case ST_OP_READ: {
-      st_buffer* b = ex->slots[op->inputs[0]];
-      if (!b) return st_status_make(ST_CODE_INTERNAL, "plan op %d: READ of empty slot '%s'", i, plan->slots[op->inputs[0]].name);
-      ST_RETURN(hooks->read(hooks->user, op, b));
-      ex->stats.reads++;
-      ex->stats.d2h_bytes += (int64_t)st_buffer_bytes(b);
       return ST_OK;
-    }
+    case ST_OP_D2H:
+      for (int d = 0; d < ex->ndev; ++d) {
+        st_buffer* src = ST__SLOT(ex, op->inputs[0], d);
+        if (!src) return st_status_make(ST_CODE_INTERNAL, "plan op %d: D2H of empty slot '%s'", i, plan->slots[op->inputs[0]].name);
+        st_buffer* b = NULL;
+        ST_RETURN_IF_ERROR(st_buffer_copy_to_memory(src, ex->host_kind, &b), "plan op %d: offloading '%s' to %s memory", i,
+                           plan->slots[op->inputs[0]].name, ex->host_kind);
+        ex->stats.d2h_bytes += (int64_t)st_buffer_bytes(b);
+        st__slot_put(ex, op->outputs[0], d, b);
+        ST_RETURN(st__track_buffer(ex, i, d, b));
+      }
+      return ST_OK;
+    case ST_OP_READ:
+      for (int d = 0; d < ex->ndev; ++d) {
+        st_buffer* b = ST__SLOT(ex, op->inputs[0], d);
+        if (!b) return st_status_make(ST_CODE_INTERNAL, "plan op %d: READ of empty slot '%s'", i, plan->slots[op->inputs[0]].name);
+        ST_RETURN(hooks->read(hooks->user, op, d, b));
+        ex->stats.d2h_bytes += (int64_t)st_buffer_bytes(b);
+      }
+      ex->stats.reads++;
+      return ST_OK;
     case ST_OP_HOST:
       return hooks->host(hooks->user, op);
     case ST_OP_FREE:
-      for (int j = 0; j < op->input_count; ++j) st__slot_put(ex, op->inputs[j], NULL);
+      for (int j = 0; j < op->input_count; ++j)
+        for (int d = 0; d < ex->ndev; ++d) st__slot_put(ex, op->inputs[j], d, NULL);
       return ST_OK;
     case ST_OP_WAIT:
       return st__wait(ex, i, op);
@@ -436,6 +554,38 @@ static void st__derive(st_executor* ex, int ran) {
     if (op->kind == ST_OP_WAIT || op->kind == ST_OP_READ) st->wait_s += t->blocked_s;
     if (op->kind == ST_OP_RECOMPUTE) st->recompute_s += t->complete_s - t->start_s;
   }
+  /* Communication: the time some collective was in flight, and how much of
+   * it some launch was running too (collectives do not queue behind
+   * launches on the CPU plugin: docs/parallelism.md, "Measured"). */
+  {
+    double* cv = st_xmalloc(((size_t)ran + 1) * 2 * sizeof(double));
+    double* lv2 = st_xmalloc(((size_t)ran + 1) * 2 * sizeof(double));
+    int nc = 0, nl2 = 0;
+    for (int i = 0; i < ran; ++i) {
+      st_op_kind k = plan->ops[i].kind;
+      if (k == ST_OP_COLLECTIVE) {
+        cv[2 * nc] = ex->timings[i].start_s;
+        cv[2 * nc + 1] = ex->timings[i].complete_s;
+        ++nc;
+      } else if (k == ST_OP_LAUNCH || k == ST_OP_RECOMPUTE) {
+        lv2[2 * nl2] = ex->timings[i].start_s;
+        lv2[2 * nl2 + 1] = ex->timings[i].complete_s;
+        ++nl2;
+      }
+    }
+    nc = st__union(cv, nc);
+    nl2 = st__union(lv2, nl2);
+    for (int j = 0; j < nc; ++j) {
+      st->collective_s += cv[2 * j + 1] - cv[2 * j];
+      for (int k = 0; k < nl2; ++k) {
+        double lo = cv[2 * j] > lv2[2 * k] ? cv[2 * j] : lv2[2 * k];
+        double hi = cv[2 * j + 1] < lv2[2 * k + 1] ? cv[2 * j + 1] : lv2[2 * k + 1];
+        if (hi > lo) st->collective_hidden_s += hi - lo;
+      }
+    }
+    free(cv);
+    free(lv2);
+  }
   /* Overlap: the time some transfer was in flight, and how much of it some
    * launch was running too. Unions, so concurrent copies count once. */
   double* lv = st_xmalloc(((size_t)ran + 1) * 2 * sizeof(double));
@@ -503,7 +653,7 @@ st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
     st_op_timing* t = &ex->timings[i];
     t->issue_s = st_now() - ex->t0;
     s = st__run_op(ex, hooks, i);
-    if (!ex->events[i]) t->complete_s = st_now() - ex->t0;
+    if (!st__has_event(ex, i)) t->complete_s = st_now() - ex->t0;
     /* As the host saw it, before any causal clean-up of the timestamps. */
     if (plan->ops[i].kind == ST_OP_WAIT || plan->ops[i].kind == ST_OP_READ) t->blocked_s = t->complete_s - t->issue_s;
     int64_t total = 0;
@@ -566,10 +716,11 @@ st_status st_executor_write_trace(const st_executor* ex, const char* path, int64
   snprintf(title, sizeof(title), "strata step %lld", (long long)step);
   st_trace* tr = st_trace_new(title);
   /* tids: 1000 per group leaves room for any number of lanes */
-  st__track_group groups[4] = {{1000, 0, NULL, "launches"},
+  st__track_group groups[5] = {{1000, 0, NULL, "launches"},
                                {2000, 0, NULL, "transfers"},
                                {3000, 0, NULL, "host waits"},
-                               {4000, 0, NULL, "host ops"}};
+                               {4000, 0, NULL, "host ops"},
+                               {5000, 0, NULL, "collectives"}};
   st_strbuf name = {0};
   for (int i = 0; i < plan->op_count; ++i) {
     const st_op* op = &plan->ops[i];
@@ -584,12 +735,13 @@ st_status st_executor_write_trace(const st_executor* ex, const char* path, int64
       case ST_OP_READ: g = 2; break;
       case ST_OP_HOST:
       case ST_OP_FREE: g = 3; break;
+      case ST_OP_COLLECTIVE: g = 4; break;
     }
     /* Device work is drawn from when it could start; host work from when
      * the host issued it. */
-    double ts = g <= 1 ? t->start_s : t->issue_s;
+    double ts = (g <= 1 || g == 4) ? t->start_s : t->issue_s;
     st_strbuf_reset(&name);
-    if (g == 0) {
+    if (g == 0 || g == 4) {
       st_strbuf_append(&name, plan->programs[op->program]);
     } else {
       st_strbuf_append(&name, st_op_kind_name(op->kind));
@@ -609,6 +761,12 @@ st_status st_executor_write_trace(const st_executor* ex, const char* path, int64
     json_t* deps = st_json_arr();
     for (int d = 0; d < op->dep_count; ++d) st_json_push(deps, st_json_int(op->deps[d]));
     st_json_put(args, "deps", deps);
+    if (g == 4) {
+      int64_t bytes = 0;
+      for (int j = 0; j < op->input_count; ++j) bytes += (int64_t)st_tensor_type_bytes(&plan->slots[op->inputs[j]].type);
+      st_json_put_int(args, "bytes", bytes);
+      st_json_put_int(args, "devices", ex->ndev);
+    }
     if (g == 1) {
       int slot = op->kind == ST_OP_H2D ? op->outputs[0] : op->inputs[0];
       st_json_put_int(args, "bytes", (int64_t)st_tensor_type_bytes(&plan->slots[slot].type));
@@ -617,7 +775,7 @@ st_status st_executor_write_trace(const st_executor* ex, const char* path, int64
     if (op->kind == ST_OP_WAIT || op->kind == ST_OP_READ) st_json_put(args, "blocked_us", st_json_fixed(t->blocked_s * 1e6, 3));
     int tid = st__lane(tr, &groups[g], ts, t->complete_s);
     st_trace_slice(tr, tid, name.data, g == 0 ? (op->kind == ST_OP_RECOMPUTE ? "recompute" : "launch")
-                                              : g == 1 ? "transfer" : g == 2 ? "wait" : "host",
+                                              : g == 1 ? "transfer" : g == 2 ? "wait" : g == 4 ? "collective" : "host",
                    ts * 1e6, (t->complete_s - ts) * 1e6, args);
     const int64_t* l = &ex->live_acct[(size_t)i * ST_SLOT_CATEGORY_COUNT];
     json_t* live = st_json_obj();
@@ -638,7 +796,7 @@ st_status st_executor_write_trace(const st_executor* ex, const char* path, int64
   st_trace_meta(tr, "peak_live_bytes", st_json_int(s->peak_live_bytes));
   st_trace_meta(tr, "host_memory", st_json_str(ex->host_kind));
   st_strbuf_free(&name);
-  for (int g = 0; g < 4; ++g) free(groups[g].end);
+  for (int g = 0; g < 5; ++g) free(groups[g].end);
   st_status st = st_trace_write(tr, path);
   st_trace_free(tr);
   return st;

@@ -29,11 +29,29 @@ const char* st_op_kind_name(st_op_kind k) {
     case ST_OP_D2H: return "D2H";
     case ST_OP_WAIT: return "WAIT";
     case ST_OP_RECOMPUTE: return "RECOMPUTE";
+    case ST_OP_COLLECTIVE: return "COLLECTIVE";
   }
   return "?";
 }
 
-void st_plan_init(st_plan* plan) { memset(plan, 0, sizeof(*plan)); }
+const char* st_slot_layout_name(st_slot_layout l) {
+  switch (l) {
+    case ST_LAYOUT_REPLICATED: return "replicated";
+    case ST_LAYOUT_SPLIT: return "split";
+    case ST_LAYOUT_PARTIAL: return "partial";
+  }
+  return "?";
+}
+
+/* Program ops: those whose |program| names one of the plan's programs. */
+static bool st__op_has_program(st_op_kind k) {
+  return k == ST_OP_LAUNCH || k == ST_OP_RECOMPUTE || k == ST_OP_COLLECTIVE;
+}
+
+void st_plan_init(st_plan* plan) {
+  memset(plan, 0, sizeof(*plan));
+  plan->devices = 1;
+}
 
 void st_plan_deinit(st_plan* plan) {
   for (int i = 0; i < plan->slot_count; ++i) free(plan->slots[i].name);
@@ -47,7 +65,7 @@ void st_plan_deinit(st_plan* plan) {
   for (int i = 0; i < plan->program_count; ++i) free(plan->programs[i]);
   free(plan->programs);
   free(plan->policy);
-  memset(plan, 0, sizeof(*plan));
+  st_plan_init(plan);
 }
 
 static char* st__xstrdup(const char* s) {
@@ -130,10 +148,11 @@ void st_plan_copy(const st_plan* src, st_plan* dst) {
     n->dep_count = o->dep_count;
   }
   st_plan_set_policy(dst, src->policy);
+  dst->devices = src->devices;
 }
 
 bool st__op_is_async(st_op_kind k) {
-  return k == ST_OP_LAUNCH || k == ST_OP_RECOMPUTE || k == ST_OP_H2D || k == ST_OP_D2H;
+  return k == ST_OP_LAUNCH || k == ST_OP_RECOMPUTE || k == ST_OP_H2D || k == ST_OP_D2H || k == ST_OP_COLLECTIVE;
 }
 
 /*===-------------------------------------------------------------------===*/
@@ -185,6 +204,8 @@ st_status st_plan_finalize(st_plan* plan) {
     switch (op->kind) {
       case ST_OP_LAUNCH:
       case ST_OP_RECOMPUTE:
+      case ST_OP_COLLECTIVE:
+        if (op->kind == ST_OP_COLLECTIVE && plan->devices < 2) s = st__bad(plan, i, "is a collective in a one-device plan; first input", -1);
         if (op->program < 0 || op->program >= plan->program_count) s = st__bad(plan, i, "names no program; first input", -1);
         for (int j = 0; j < op->input_count && !s; ++j)
           if (plan->slots[op->inputs[j]].host) s = st__bad(plan, i, "passes a program the host-memory", op->inputs[j]);
@@ -319,13 +340,23 @@ void st_plan_print(const st_plan* plan, FILE* out) {
   fprintf(out, "# %d ops, %d slots, %d programs; predicted peak live device bytes %lld; host-memory bytes %lld\n",
           plan->op_count, plan->slot_count, plan->program_count, (long long)peak, (long long)st_plan_host_bytes(plan));
   if (plan->policy) fprintf(out, "# policy: %s\n", plan->policy);
+  if (plan->devices > 1) {
+    /* Only a data-parallel plan says so: the one-device text stays as it was. */
+    fprintf(out, "# data-parallel over %d devices: every device slot is one buffer per device; live bytes are per device\n",
+            plan->devices);
+    fprintf(out, "# slot layouts:");
+    for (int k = 0; k < plan->slot_count; ++k)
+      if (plan->slots[k].layout != ST_LAYOUT_REPLICATED && !plan->slots[k].host)
+        fprintf(out, " %s=%s", plan->slots[k].name, st_slot_layout_name(plan->slots[k].layout));
+    fprintf(out, " (others replicated)\n");
+  }
   fprintf(out, "# live bytes after each op: params/grads/optimizer/activations/transfer\n");
   st_strbuf b = {0};
   for (int i = 0; i < plan->op_count; ++i) {
     const st_op* op = &plan->ops[i];
     st_strbuf_reset(&b);
     st_strbuf_printf(&b, "%5d %-9s", i, st_op_kind_name(op->kind));
-    if (op->kind == ST_OP_LAUNCH || op->kind == ST_OP_RECOMPUTE) st_strbuf_printf(&b, " %s", plan->programs[op->program]);
+    if (st__op_has_program(op->kind)) st_strbuf_printf(&b, " %s", plan->programs[op->program]);
     if (op->layer >= 0) st_strbuf_printf(&b, " layer=%d", op->layer);
     if (op->micro >= 0) st_strbuf_printf(&b, " micro=%d", op->micro);
     if (op->input_count) {
@@ -360,6 +391,7 @@ json_t* st_plan_json(const st_plan* plan) {
   st_json_put(j, "predicted_peak_by_category", cats);
   st_json_put_int(j, "host_bytes", st_plan_host_bytes(plan));
   st_json_put(j, "policy", plan->policy ? st_json_str(plan->policy) : json_null());
+  if (plan->devices > 1) st_json_put_int(j, "devices", plan->devices);
   json_t* programs = st_json_arr();
   for (int i = 0; i < plan->program_count; ++i) st_json_push(programs, st_json_str(plan->programs[i]));
   st_json_put(j, "programs", programs);
@@ -375,6 +407,7 @@ json_t* st_plan_json(const st_plan* plan) {
     st_json_put_bool(o, "persistent", s->persistent);
     st_json_put_str(o, "memory", s->host ? "host" : "device");
     st_json_put_int(o, "twin", s->twin);
+    if (plan->devices > 1) st_json_put_str(o, "layout", st_slot_layout_name(s->layout));
     st_json_push(slots, o);
   }
   st_json_put(j, "slots", slots);
@@ -384,7 +417,7 @@ json_t* st_plan_json(const st_plan* plan) {
     json_t* o = st_json_obj();
     st_json_put_int(o, "index", i);
     st_json_put_str(o, "kind", st_op_kind_name(op->kind));
-    if (op->kind == ST_OP_LAUNCH || op->kind == ST_OP_RECOMPUTE) st_json_put_str(o, "program", plan->programs[op->program]);
+    if (st__op_has_program(op->kind)) st_json_put_str(o, "program", plan->programs[op->program]);
     st_json_put_int(o, "layer", op->layer);
     st_json_put_int(o, "micro", op->micro);
     json_t* v = st_json_arr();

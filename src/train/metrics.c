@@ -14,7 +14,7 @@ st_status st__event(st__trainer* t, const char* name, json_t* fields) { return s
 
 /* The scheduler's accounting of one step (docs/scheduling.md), appended to
  * the metrics line after the contract fields. */
-static void st__sched_metrics(const st_executor_stats* es, json_t* m) {
+static void st__sched_metrics(const st_executor_stats* es, int devices, json_t* m) {
   st_json_put_int(m, "recomputes", es->recomputes);
   st_json_put(m, "recompute_s", st_json_fixed(es->recompute_s, 6));
   st_json_put_int(m, "waits", es->waits);
@@ -31,6 +31,15 @@ static void st__sched_metrics(const st_executor_stats* es, json_t* m) {
   st_json_put(m, "peak_live_by_category", cats);
   st_json_put_int(m, "host_bytes", es->host_bytes);
   st_json_put_int(m, "live_mismatch_op", es->live_mismatch_op);
+  if (devices > 1) {
+    /* Data parallelism (docs/parallelism.md): the gradient all-reduces. */
+    st_json_put_int(m, "devices", devices);
+    st_json_put_int(m, "collectives", es->collectives);
+    st_json_put_int(m, "collective_bytes", es->collective_bytes);
+    st_json_put(m, "collective_s", st_json_fixed(es->collective_s, 6));
+    st_json_put(m, "comm_overlap_ratio",
+                es->collective_s > 0 ? st_json_fixed(es->collective_hidden_s / es->collective_s, 4) : json_null());
+  }
 }
 
 /* trace.steps: the step just run as Chrome trace-event JSON under <run>/trace/. */
@@ -58,17 +67,20 @@ static st_status st__maybe_trace(st__trainer* t) {
 
 st_status st__plan_event(st__trainer* t) {
   const st_plan* p = &t->step_plan;
-  int counts[8] = {0};
+  int counts[ST_OP_COLLECTIVE + 1] = {0};
   for (int i = 0; i < p->op_count; ++i) counts[p->ops[i].kind]++;
+  /* COLLECTIVE is listed only for a data-parallel plan: one-device runs keep their event. */
+  int kinds = p->devices > 1 ? ST_OP_COLLECTIVE + 1 : ST_OP_COLLECTIVE;
   json_t* e = st_json_obj();
   st_json_put_str(e, "policy", p->policy ? p->policy : "");
   st_json_put_int(e, "ops", p->op_count);
   json_t* c = st_json_obj();
-  for (int k = 0; k < 8; ++k) st_json_put_int(c, st_op_kind_name((st_op_kind)k), counts[k]);
+  for (int k = 0; k < kinds; ++k) st_json_put_int(c, st_op_kind_name((st_op_kind)k), counts[k]);
   st_json_put(e, "op_counts", c);
   st_json_put_int(e, "predicted_peak_bytes", st_plan_predict_live(p, NULL, NULL));
   st_json_put_int(e, "host_bytes", st_plan_host_bytes(p));
   st_json_put_str(e, "host_memory", st_executor_host_memory(t->ex));
+  if (p->devices > 1) st_json_put_int(e, "devices", p->devices);
   return st__event(t, "plan", e);
 }
 
@@ -86,7 +98,7 @@ st_status st__step_metrics(st__trainer* t, double loss, double dt) {
   st_json_put_int(m, "launches", es->launches);
   st_json_put(m, "wait_s", st_json_fixed(es->wait_s, 6));
   st_json_put_int(m, "peak_live_bytes", es->peak_live_bytes);
-  st__sched_metrics(es, m);
+  st__sched_metrics(es, t->step_plan.devices, m);
   st_status s = st_runlog_metrics(t->log, m);
   if (!s) s = st__maybe_trace(t);
   return s;

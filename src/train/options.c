@@ -45,7 +45,10 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   st_json_put_str(m, "compute_dtype", st_config_string(c, "model.compute_dtype"));
   st_json_put_num(m, "rope_theta", st_config_float(c, "model.rope_theta"));
   st_json_put_num(m, "init_std", st_config_float(c, "model.init_std"));
-  st_json_put_int(m, "microbatch_size", o->batch_size / o->microbatches);
+  /* Compute programs see one device's share of a microbatch (the config
+   * rules make it divide evenly; docs/parallelism.md). */
+  int64_t data = st_config_int(c, "parallel.data");
+  st_json_put_int(m, "microbatch_size", o->batch_size / o->microbatches / (data > 0 ? data : 1));
   o->model_json = st_json_dump(m, 0);
   json_decref(m);
 
@@ -68,9 +71,12 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   o->sched.prefetch_depth = (int)st_config_int(c, "sched.prefetch_depth");
   o->sched.eager = !strcmp(st_config_string(c, "sched.wait"), "eager");
   o->sched.per_layer_optimizer = !strcmp(st_config_string(c, "sched.optimizer"), "per_layer");
+  o->sched.bucketed_grad_reduce = !strcmp(st_config_string(c, "sched.grad_reduce"), "bucketed");
+  o->sched.grad_bucket_bytes = st_config_int(c, "sched.grad_bucket_bytes");
   o->parallel_data = (int)st_config_int(c, "parallel.data");
   o->parallel_fsdp = (int)st_config_int(c, "parallel.fsdp");
   o->parallel_tensor = (int)st_config_int(c, "parallel.tensor");
+  if (o->parallel_data > 1) snprintf(o->mesh, sizeof(o->mesh), "data=%d", o->parallel_data);
   int nt = st_config_list_count(c, "trace.steps");
   if (nt > 0) {
     o->trace_steps = st_xcalloc((size_t)nt, sizeof(int64_t));

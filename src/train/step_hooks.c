@@ -7,58 +7,75 @@
 #include "strata/base.h"
 #include "train/train_internal.h"
 
-static st_status st__scalar_buffer(st__trainer* t, float v, st_buffer** out) {
+static st_status st__scalar_buffer(st__trainer* t, int device, float v, st_buffer** out) {
   st_tensor_type s = {ST_DTYPE_F32, 0, {0}};
-  return st_buffer_from_host(t->runtime, 0, &s, &v, out);
+  return st_buffer_from_host(t->runtime, device, &s, &v, out);
 }
 
-static st_status st__h2d(void* user, const st_op* op, st_buffer** out) {
+/* Data parallelism: device index d takes rows [d * mb/D, (d+1) * mb/D) of
+ * each microbatch (docs/parallelism.md); scalars go to every device. */
+static st_status st__h2d(void* user, const st_op* op, int index, int device, st_buffer** out) {
   st__trainer* t = user;
+  int64_t D = t->o->parallel_data > 1 ? t->o->parallel_data : 1;
+  int64_t rows = t->mb / D;
   int64_t n = t->mb * t->T;
-  st_tensor_type bt = {ST_DTYPE_S32, 2, {t->mb, t->T}};
+  int64_t at = op->micro * n + index * rows * t->T;
+  st_tensor_type bt = {ST_DTYPE_S32, 2, {rows, t->T}};
   switch (op->tag) {
     case ST_TAG_TOKENS:
     case ST_TAG_EVAL_TOKENS:
-      return st_buffer_from_host(t->runtime, 0, &bt, t->tokens + op->micro * n, out);
+      return st_buffer_from_host(t->runtime, device, &bt, t->tokens + at, out);
     case ST_TAG_TARGETS:
     case ST_TAG_EVAL_TARGETS:
-      return st_buffer_from_host(t->runtime, 0, &bt, t->targets + op->micro * n, out);
+      return st_buffer_from_host(t->runtime, device, &bt, t->targets + at, out);
     case ST_TAG_MASK:
     case ST_TAG_EVAL_MASK:
       bt.dtype = ST_DTYPE_F32;
-      return st_buffer_from_host(t->runtime, 0, &bt, t->mask + op->micro * n, out);
+      return st_buffer_from_host(t->runtime, device, &bt, t->mask + at, out);
     case ST_TAG_STEP:
-      return st__scalar_buffer(t, (float)(t->step + 1), out);
+      return st__scalar_buffer(t, device, (float)(t->step + 1), out);
     case ST_TAG_LR:
-      return st__scalar_buffer(t, (float)t->lr, out);
+      return st__scalar_buffer(t, device, (float)t->lr, out);
     case ST_TAG_GSCALE:
-      return st__scalar_buffer(t, (float)t->gscale, out);
+      return st__scalar_buffer(t, device, (float)t->gscale, out);
     case ST_TAG_HYPER: {
       float h[4] = {(float)t->o->beta1, (float)t->o->beta2, (float)t->o->eps, (float)t->o->weight_decay};
       st_tensor_type ht = {ST_DTYPE_F32, 1, {4}};
-      return st_buffer_from_host(t->runtime, 0, &ht, h, out);
+      return st_buffer_from_host(t->runtime, device, &ht, h, out);
     }
     default:
       return st_status_make(ST_CODE_INTERNAL, "H2D op with unknown tag %d", op->tag);
   }
 }
 
-static st_status st__read(void* user, const st_op* op, st_buffer* b) {
+/* A loss is each device's mean over its rows: the microbatch's loss is the
+ * mean of the devices' (equal row counts, all-ones masks). A squared norm
+ * is read after the all-reduce, so every device holds the same: index 0's
+ * is taken. */
+static st_status st__read(void* user, const st_op* op, int index, st_buffer* b) {
   st__trainer* t = user;
   float v = 0;
   ST_RETURN(st_buffer_to_host(b, &v, sizeof(v)));
+  int D = t->o->parallel_data > 1 ? t->o->parallel_data : 1;
   switch (op->tag) {
     case ST_TAG_LOSS:
     case ST_TAG_EVAL_LOSS:
-      t->losses[op->micro] = v;
+      if (D == 1) {
+        t->losses[op->micro] = v;
+      } else {
+        if (index == 0) t->losses[op->micro] = 0;
+        t->losses[op->micro] += (double)v / D;
+      }
       return ST_OK;
     case ST_TAG_SQNORM:
-      t->sqnorms[op->micro] = v;
+      if (index == 0) t->sqnorms[op->micro] = v;
       return ST_OK;
     default:
       return st_status_make(ST_CODE_INTERNAL, "READ op with unknown tag %d", op->tag);
   }
 }
+
+static double st__data(const st__trainer* t) { return t->o->parallel_data > 1 ? (double)t->o->parallel_data : 1.0; }
 
 /* The global norm and clip scale (docs/bundle.md): norms are summed in f64
  * in instance order, the mean over microbatches is folded into gscale. */
@@ -66,14 +83,16 @@ static st_status st__host(void* user, const st_op* op) {
   st__trainer* t = user;
   if (op->tag == ST_TAG_SCHEDULE) {
     /* sched.optimizer=per_layer (no clipping): known before the backward. */
-    t->gscale = 1.0 / (double)t->o->microbatches;
+    t->gscale = 1.0 / ((double)t->o->microbatches * st__data(t));
     t->lr = st_train_lr(t->o, t->step + 1);
     return ST_OK;
   }
   if (op->tag != ST_TAG_CLIP) return st_status_make(ST_CODE_INTERNAL, "HOST op with unknown tag %d", op->tag);
   double sum = 0;
   for (int i = 0; i < t->n_sq; ++i) sum += t->sqnorms[i];
-  double n_micro = (double)t->o->microbatches;
+  /* The reduced gradient is the sum over microbatches and data-parallel
+   * devices of per-device mean gradients: the mean divides by both. */
+  double n_micro = (double)t->o->microbatches * st__data(t);
   t->grad_norm = sqrt(sum) / n_micro;
   if (!isfinite(t->grad_norm))
     return st_status_make(ST_CODE_NUMERICS, "step %lld: gradient norm is not finite (%g); stopping before the update", (long long)t->step + 1,

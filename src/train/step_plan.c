@@ -16,6 +16,9 @@
  *                  fwd_res) bwd_res; embed bwd; later microbatches'
  *                  gradients accumulated into the first's
  *   losses         READ each microbatch's loss
+ *   reduction      data parallelism: each group instance's gradient
+ *                  all-reduce (COLLECTIVE) as soon as it is final, or in
+ *                  buckets (sched.grad_reduce: st__grad_final)
  *   optimizer      norms, clip scale, AdamW per group instance — after the
  *                  backward, or per layer inside the last backward
  *                  (sched.optimizer: the one choice point, st__optimizer)
@@ -124,6 +127,12 @@ typedef struct {
   bool tied;          /* the head uses the embedding */
   int sc[4];          /* optimizer scalar slots: step, lr, gscale, hyper */
   int* sq;            /* [n_inst] squared-norm slots */
+  /* Data parallelism (plan->devices > 1): reductions not yet issued. */
+  bool bucketed;
+  int64_t bucket_bytes;
+  int* pending;       /* [n_inst] instances whose gradient is final, not yet reduced */
+  int n_pending;
+  int64_t pending_bytes;
 } st__builder;
 
 /* The slots of one microbatch that the forward hands to the backward. */
@@ -351,6 +360,50 @@ static void st__per_layer_finish(st__builder* B) {
 static const st__optimizer st__per_layer = {st__per_layer_before, st__per_layer_grad_final, st__per_layer_finish};
 
 /*===-------------------------------------------------------------------===*/
+/* Gradient reduction (parallel.data > 1, sched.grad_reduce)                */
+/*===-------------------------------------------------------------------===*/
+
+/* The group's data all-reduce on instance |i|'s gradients, in place. */
+static void st__reduce(st__builder* B, int i) {
+  const st__instance* I = &B->inst[i];
+  int g[ST__MAX_GROUP_PARAMS];
+  for (int k = 0; k < I->count; ++k) g[k] = st__pslot(B, "grad:", I->params[k], ST_SLOT_GRAD, false);
+  st_plan_add(B->plan, ST_OP_COLLECTIVE, st_plan_program(B->plan, I->group->data_all_reduce->name), I->layer, -1, 0,
+              I->count, g, I->count, g);
+}
+
+static void st__flush_reductions(st__builder* B) {
+  for (int k = 0; k < B->n_pending; ++k) st__reduce(B, B->pending[k]);
+  B->n_pending = 0;
+  B->pending_bytes = 0;
+}
+
+static int64_t st__instance_bytes(const st__builder* B, int i) {
+  int64_t n = 0;
+  for (int k = 0; k < B->inst[i].count; ++k) n += (int64_t)st_tensor_type_bytes(&B->bundle->params[B->inst[i].params[k]].type);
+  return n;
+}
+
+/* Instance |i|'s gradient is final (its last microbatch is accumulated).
+ * per_layer: its all-reduce goes right here, so it runs while the next
+ * layer's backward does; bucketed: it joins the bucket, which is issued
+ * once it holds sched.grad_bucket_bytes (the rest after the backward).
+ * Then the optimizer hears of it (per_layer updates need the reduced
+ * gradient, so sched.optimizer=per_layer takes grad_reduce=per_layer). */
+static void st__grad_final(st__builder* B, const st__optimizer* opt, int i) {
+  if (B->plan->devices > 1) {
+    if (!B->bucketed) {
+      st__reduce(B, i);
+    } else {
+      B->pending[B->n_pending++] = i;
+      B->pending_bytes += st__instance_bytes(B, i);
+      if (B->bucket_bytes > 0 && B->pending_bytes >= B->bucket_bytes) st__flush_reductions(B);
+    }
+  }
+  opt->grad_final(B, i);
+}
+
+/*===-------------------------------------------------------------------===*/
 /* Backward                                                                 */
 /*===-------------------------------------------------------------------===*/
 
@@ -383,7 +436,7 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
   int freed[3] = {f->x, f->targets, f->mask};
   st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 3, freed, 0, NULL);
   if (m > 0) st__accumulate(B, H, "gtmp:", m, -1);
-  if (last) opt->grad_final(B, B->n_inst - 1);
+  if (last) st__grad_final(B, opt, B->n_inst - 1);
 
   /* Blocks in reverse: bwd_res(params, x, residuals, dy) -> grads..., dx.
    * A remat layer first recomputes its residuals with fwd_res. */
@@ -419,7 +472,7 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
     for (int r = 0; r < R; ++r) dead[1 + r] = res[r];
     st_plan_add(B->plan, ST_OP_FREE, -1, l, m, 0, 1 + R, dead, 0, NULL);
     if (m > 0) st__accumulate(B, I, "gtmp:", m, -1);
-    if (last) opt->grad_final(B, 1 + l);
+    if (last) st__grad_final(B, opt, 1 + l);
   }
 
   /* embed bwd(wte, tokens, dx) -> dwte; a tied head's dwte joins it */
@@ -432,7 +485,7 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
   st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 2, freed2, 0, NULL);
   if (m > 0) st__accumulate(B, E, "gtmp:", m, -1);
   if (B->tied) st__accumulate(B, E, "hgrad:", m, E->params[0]);
-  if (last) opt->grad_final(B, 0);
+  if (last) st__grad_final(B, opt, 0);
 }
 
 /* READ every microbatch's loss. */
@@ -519,7 +572,59 @@ static st_status st__apply_policies(st_plan* logical, const st_bundle* b, const 
   return s;
 }
 
-static void st__policy_line(const st_sched_policy* pol, char* out, size_t size) {
+/* How the devices' buffers of each slot relate: batch rows and everything
+ * computed from them are split, gradients are partial sums until reduced
+ * (the slot keeps one layout; the COLLECTIVE that reduces it is in the
+ * plan), the state and the optimizer scalars are replicated. */
+static void st__layouts(st_plan* plan) {
+  for (int k = 0; k < plan->slot_count; ++k) {
+    st_slot* sl = &plan->slots[k];
+    if (sl->category == ST_SLOT_ACT || !strncmp(sl->name, "tokens[", 7) || !strncmp(sl->name, "targets[", 8) ||
+        !strncmp(sl->name, "mask[", 5) || !strncmp(sl->name, "loss[", 5) || !strcmp(sl->name, "eval_loss"))
+      sl->layout = ST_LAYOUT_SPLIT;
+    else if (sl->category == ST_SLOT_GRAD)
+      sl->layout = ST_LAYOUT_PARTIAL;
+    else
+      sl->layout = ST_LAYOUT_REPLICATED;
+  }
+}
+
+/* Data parallelism needs a bundle exported for this data axis, with each
+ * group's all-reduce, and reductions that precede per-layer updates. */
+static st_status st__check_data_parallel(const st_bundle* b, const st_train_options* o) {
+  const int D = o->parallel_data;
+  if (o->parallel_fsdp > 1 || o->parallel_tensor > 1)
+    return st_status_make(ST_CODE_CONFIG,
+                          "parallel.fsdp=%d parallel.tensor=%d: only data parallelism is built in the step plan yet "
+                          "(docs/parallelism.md); set both to 1",
+                          o->parallel_fsdp, o->parallel_tensor);
+  if (b->mesh_data != D)
+    return st_status_make(ST_CODE_RUNTIME, "bundle %s was exported for mesh data=%d, the config has parallel.data=%d; "
+                          "re-export it (unset bundle.dir to use the cache)",
+                          b->dir, b->mesh_data, D);
+  for (int i = 0; i < b->group_count; ++i)
+    if (!b->groups[i].data_all_reduce)
+      return st_status_make(ST_CODE_RUNTIME, "bundle %s: group '%s' has no data all-reduce (manifest collectives); re-export it",
+                            b->dir, b->groups[i].name);
+  if (o->sched.per_layer_optimizer && o->sched.bucketed_grad_reduce)
+    return st_status_make(ST_CODE_CONFIG,
+                          "sched.optimizer=per_layer updates each layer as soon as its gradient is reduced, so it needs "
+                          "sched.grad_reduce=per_layer (is bucketed) when parallel.data=%d",
+                          D);
+  return ST_OK;
+}
+
+static void st__policy_line(const st_sched_policy* pol, int data, char* out, size_t size) {
+  if (data > 1) {
+    char tail[128];
+    if (pol->bucketed_grad_reduce)
+      snprintf(tail, sizeof(tail), " data=%d grad_reduce=bucketed grad_bucket_bytes=%lld", data, (long long)pol->grad_bucket_bytes);
+    else
+      snprintf(tail, sizeof(tail), " data=%d grad_reduce=per_layer", data);
+    st__policy_line(pol, 1, out, size);
+    snprintf(out + strlen(out), size - strlen(out), "%s", tail);
+    return;
+  }
   snprintf(out, size, "remat=%s offload=%s prefetch_depth=%d wait=%s optimizer=%s",
            pol->remat && pol->remat[0] ? pol->remat : "full",
            pol->offload == 3 ? "both" : pol->offload == ST_OFFLOAD_OPTIMIZER ? "optimizer"
@@ -541,6 +646,8 @@ st_status st_train_build_plans(const st_bundle* b, const st_train_options* o, st
   int n_inst = 0;
   ST_RETURN(st__instances(b, &inst, &n_inst));
   st_status s = st_config_check_per_layer_clip(pol->per_layer_optimizer, o->grad_clip);
+  const int D = o->parallel_data > 1 ? o->parallel_data : 1;
+  if (!s && (D > 1 || o->parallel_fsdp > 1 || o->parallel_tensor > 1)) s = st__check_data_parallel(b, o);
   if (s) {
     free(inst);
     return s;
@@ -558,7 +665,10 @@ st_status st_train_build_plans(const st_bundle* b, const st_train_options* o, st
   st_plan step, eval;
   st_plan_init(&step);
   st_plan_init(&eval);
-  st__builder B = {&step, b, inst, n_inst, L, remat, b->model.tie_embeddings, {-1, -1, -1, -1}, sq};
+  step.devices = eval.devices = D;
+  int* pending = st_xcalloc((size_t)n_inst, sizeof(int));
+  st__builder B = {&step, b, inst, n_inst, L, remat, b->model.tie_embeddings, {-1, -1, -1, -1}, sq,
+                   pol->bucketed_grad_reduce, pol->grad_bucket_bytes, pending, 0, 0};
   const st__optimizer* opt = pol->per_layer_optimizer ? &st__per_layer : &st__after_backward;
 
   /* --- the training step ------------------------------------------------ */
@@ -571,18 +681,24 @@ st_status st_train_build_plans(const st_bundle* b, const st_train_options* o, st
     if (last) opt->before_last_backward(&B);
     st__backward(&B, opt, m, last, &f);
   }
+  st__flush_reductions(&B); /* bucketed: what is left after the backward */
   st__read_losses(&B, M);
   opt->finish(&B);
 
   /* --- the evaluation ---------------------------------------------------- */
   B.plan = &eval;
   st__evaluation(&B, (int)(o->eval_batches * o->microbatches));
+  if (D > 1) {
+    st__layouts(&step);
+    st__layouts(&eval);
+  }
+  free(pending);
   free(sq);
   free(remat);
 
   /* --- policies: offload, waits ------------------------------------------ */
   char policy[256];
-  st__policy_line(pol, policy, sizeof(policy));
+  st__policy_line(pol, D, policy, sizeof(policy));
   s = st__apply_policies(&step, b, inst, n_inst, pol, pol->offload, step_out);
   /* Evaluation has no optimizer state; offloaded parameters stream as in training. */
   if (!s) s = st__apply_policies(&eval, b, inst, n_inst, pol, pol->offload & ST_OFFLOAD_PARAMS, eval_out);

@@ -28,6 +28,7 @@ typedef struct st__trainer {
   /* compiled programs by bundle program index (owned) */
   st_program** compiled;
   double* compile_s; /* seconds each took to compile or load, same index */
+  st_program** compiled_coll; /* SPMD collectives by bundle collective index (owned; NULL without) */
   st_plan step_plan, eval_plan;
   st_program** step_programs; /* borrowed from compiled, by plan program index */
   st_program** eval_programs;

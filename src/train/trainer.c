@@ -20,6 +20,7 @@
 #include "strata/base.h"
 #include "strata/ckpt.h"
 #include "strata/diag.h"
+#include "strata/mesh.h"
 #include "strata/obs.h"
 #include "strata/train.h"
 #include "train/checkpoint_io.h"
@@ -137,6 +138,7 @@ static st_status st__compile_programs(st__trainer* t, const st_plan* const* plan
   int n = 0;
   for (int k = 0; k < m && !s; ++k) {
     const char* name = names[k];
+    if (st_bundle_collective_find(b, name)) continue; /* SPMD: st__compile_collectives */
     const st_bundle_program* bp = st_bundle_program_find(b, name);
     if (!bp) {
       s = st_status_make(ST_CODE_RUNTIME, "bundle %s has no program '%s'", b->dir, name);
@@ -168,12 +170,38 @@ static st_status st__compile_programs(st__trainer* t, const st_plan* const* plan
   return s;
 }
 
+/* The collective programs the step plan names, each an SPMD program over
+ * the data axis on devices 0..data-1 (docs/parallelism.md), with the
+ * per-device signature from the manifest. */
+static st_status st__compile_collectives(st__trainer* t, const st_plan* plan) {
+  const st_bundle* b = t->bundle;
+  if (b->collective_count == 0) return ST_OK;
+  if (!t->compiled_coll) t->compiled_coll = st_xcalloc((size_t)b->collective_count, sizeof(st_program*));
+  const char* names[3] = {"data", "fsdp", "tensor"};
+  int sizes[3] = {plan->devices, 1, 1};
+  st_mesh mesh;
+  ST_RETURN(st_mesh_make(3, names, sizes, NULL, &mesh));
+  for (int i = 0; i < plan->program_count; ++i) {
+    const st_bundle_program* c = st_bundle_collective_find(b, plan->programs[i]);
+    if (!c || t->compiled_coll[c - b->collectives]) continue;
+    st_tensor_type* types = st_xcalloc((size_t)c->input_count + (size_t)c->output_count + 1, sizeof(st_tensor_type));
+    st_program_signature sig;
+    st__program_signature(c, types, types + c->input_count, &sig);
+    st_status s = st_program_compile_spmd_file(t->runtime, c->path, &mesh, &sig, &t->compiled_coll[c - b->collectives]);
+    free(types);
+    if (s) return st_status_annotate(s, "compiling collective '%s'", c->name);
+  }
+  return ST_OK;
+}
+
 /* Maps a plan's program indices to the compiled programs (all compiled). */
 static st_status st__plan_programs(st__trainer* t, const st_plan* plan, st_program*** out) {
   st_program** v = st_xcalloc((size_t)plan->program_count + 1, sizeof(st_program*));
   for (int i = 0; i < plan->program_count; ++i) {
     const st_bundle_program* bp = st_bundle_program_find(t->bundle, plan->programs[i]);
-    v[i] = bp ? t->compiled[bp - t->bundle->programs] : NULL;
+    const st_bundle_program* cp = st_bundle_collective_find(t->bundle, plan->programs[i]);
+    v[i] = bp ? t->compiled[bp - t->bundle->programs]
+              : (cp && t->compiled_coll) ? t->compiled_coll[cp - t->bundle->collectives] : NULL;
     if (!v[i]) {
       free(v);
       return st_status_make(ST_CODE_INTERNAL, "program '%s' of the plan was not compiled", plan->programs[i]);
@@ -288,11 +316,13 @@ static st_status st__evaluate(st__trainer* t, double* out_loss) {
      * host homes and streamed by the eval plan itself. */
     if (ep->slots[i].category != ST_SLOT_PARAM || !ep->slots[i].persistent) continue;
     int src = st_plan_slot_find(&t->step_plan, ep->slots[i].name);
-    st_executor_set_borrowed(t->eval_ex, i, st_executor_get(t->ex, src));
+    for (int d = 0; d < st_executor_devices(t->eval_ex); ++d)
+      st_executor_set_borrowed_device(t->eval_ex, i, d, st_executor_get_device(t->ex, src, d));
   }
   s = st_executor_run(t->eval_ex, &hooks);
   for (int i = 0; i < ep->slot_count; ++i) {
-    if (ep->slots[i].category == ST_SLOT_PARAM && ep->slots[i].persistent) st_executor_set_borrowed(t->eval_ex, i, NULL);
+    if (ep->slots[i].category == ST_SLOT_PARAM && ep->slots[i].persistent)
+      for (int d = 0; d < st_executor_devices(t->eval_ex); ++d) st_executor_set_borrowed_device(t->eval_ex, i, d, NULL);
   }
   if (s) return st_status_annotate(s, "evaluation");
   int64_t em = t->o->eval_batches * t->o->microbatches;
@@ -328,6 +358,44 @@ static st_status st__save_params(st__trainer* t, const char* path) {
   return s;
 }
 
+/* Data parallelism keeps the state replicated: every device applies the
+ * same update to the same reduced gradient. Checked bitwise at the end of
+ * a run, over every persistent slot (parameters, m, v); a replica that
+ * drifted is a bug, never rounding, and fails the run naming the slot. */
+static st_status st__check_replicas(st__trainer* t, int* out_checked) {
+  *out_checked = 0;
+  const st_plan* p = &t->step_plan;
+  int D = st_executor_devices(t->ex);
+  if (D < 2) return ST_OK;
+  st_status s = ST_OK;
+  for (int i = 0; i < p->slot_count && !s; ++i) {
+    if (!p->slots[i].persistent || p->slots[i].host) continue;
+    st_buffer* b0 = st_executor_get_device(t->ex, i, 0);
+    if (!b0) continue;
+    size_t n = st_buffer_bytes(b0);
+    unsigned char* h0 = st_xmalloc(n ? n : 1);
+    unsigned char* hd = st_xmalloc(n ? n : 1);
+    s = st_buffer_to_host(b0, h0, n);
+    for (int d = 1; d < D && !s; ++d) {
+      st_buffer* bd = st_executor_get_device(t->ex, i, d);
+      if (!bd || st_buffer_bytes(bd) != n) {
+        s = st_status_make(ST_CODE_INTERNAL, "slot '%s' on device index %d is missing or of another size", p->slots[i].name, d);
+        break;
+      }
+      s = st_buffer_to_host(bd, hd, n);
+      if (!s && memcmp(h0, hd, n) != 0)
+        s = st_status_make(ST_CODE_INTERNAL,
+                           "data parallelism: replicated slot '%s' differs between device index 0 and %d after the run; "
+                           "replicas must stay bitwise identical",
+                           p->slots[i].name, d);
+    }
+    free(h0);
+    free(hd);
+    if (!s) ++*out_checked;
+  }
+  return s;
+}
+
 static void st__trainer_free(st__trainer* t) {
   st_executor_destroy(t->eval_ex);
   st_executor_destroy(t->ex);
@@ -337,6 +405,10 @@ static void st__trainer_free(st__trainer* t) {
     for (int i = 0; i < t->bundle->program_count; ++i) st_program_destroy(t->compiled[i]);
     free(t->compiled);
     free(t->compile_s);
+  }
+  if (t->compiled_coll) {
+    for (int i = 0; i < t->bundle->collective_count; ++i) st_program_destroy(t->compiled_coll[i]);
+    free(t->compiled_coll);
   }
   st_plan_deinit(&t->step_plan);
   st_plan_deinit(&t->eval_plan);
@@ -432,14 +504,15 @@ st_status st_train_main(const st_config* cfg) {
     st_train_options_deinit(&o);
     return s;
   }
-  /* The runtime runs SPMD programs and the collectives are exported, but
-   * the step plan is one-device (docs/parallelism.md): refuse before
-   * anything is created rather than train on one device silently. */
-  if ((int64_t)o.parallel_data * o.parallel_fsdp * o.parallel_tensor > 1) {
+  /* Data parallelism is built into the step plan; fsdp and tensor are not
+   * yet (docs/parallelism.md): refuse before anything is created rather
+   * than train without them silently. */
+  if ((int64_t)o.parallel_fsdp * o.parallel_tensor > 1) {
     st_status ps = st_status_make(ST_CODE_CONFIG,
-                                  "parallel.data=%d parallel.fsdp=%d parallel.tensor=%d: training on more than one "
-                                  "device is not yet supported (the runtime and the collective programs exist, the "
-                                  "step plan does not; docs/parallelism.md); set all three to 1",
+                                  "parallel.data=%d parallel.fsdp=%d parallel.tensor=%d: fully-sharded and tensor "
+                                  "parallelism are not yet supported in training (the runtime and the collective "
+                                  "programs exist, the step plan has data parallelism only; docs/parallelism.md); set "
+                                  "parallel.fsdp and parallel.tensor to 1",
                                   o.parallel_data, o.parallel_fsdp, o.parallel_tensor);
     st_train_options_deinit(&o);
     return ps;
@@ -469,7 +542,7 @@ st_status st_train_main(const st_config* cfg) {
   /* --- compile --------------------------------------------------------- */
   bool exported = false;
   if (!s) {
-    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir};
+    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh};
     s = st_bundle_ensure(&req, &bundle, &exported);
   }
   t.bundle = bundle;
@@ -534,6 +607,7 @@ st_status st_train_main(const st_config* cfg) {
     s = st__compile_programs(&t, plans, 2, init, resume ? 0 : n_init);
     free(init);
   }
+  if (!s) s = st__compile_collectives(&t, &t.step_plan);
   if (!s) s = st__plan_programs(&t, &t.step_plan, &t.step_programs);
   if (!s) s = st__plan_programs(&t, &t.eval_plan, &t.eval_programs);
   if (!s) s = st_executor_create(&t.step_plan, t.runtime, t.step_programs, 0, &t.ex);
@@ -570,12 +644,16 @@ st_status st_train_main(const st_config* cfg) {
   if (!s) s = st__run(&t, progress);
 
   /* --- save ------------------------------------------------------------ */
+  int replicas_checked = 0;
+  if (!s) s = st__check_replicas(&t, &replicas_checked);
   if (!s) {
     char* path = st_path_join(t.run_dir, "params.safetensors");
     s = st__save_params(&t, path);
     if (!s) {
       json_t* f = st_json_obj();
       st_json_put_str(f, "path", path);
+      /* Data parallelism: how many replicated slots were found bitwise equal on every device. */
+      if (replicas_checked > 0) st_json_put_int(f, "replicas_bitwise_equal", replicas_checked);
       s = st__event(&t, "saved", f);
     }
     free(path);

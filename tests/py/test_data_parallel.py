@@ -1,0 +1,121 @@
+"""Data parallelism through the step plan (docs/parallelism.md): strata's trainer
+on parallel.data=2 and =4 (4 CPU devices) against the same config on one device.
+
+20 steps, f32, 2 microbatches, clipping active. Each device runs the one-device
+programs on its rows of every microbatch; the plan all-reduces each layer's
+gradients (COLLECTIVE ops) and folds 1/data into the gradient scale. Required:
+every step's loss within rtol 1e-5 of the 1-device run, final parameters within
+rtol 1e-3 / atol 1e-5, every replicated slot bitwise equal on every device at
+the end (the trainer checks and reports it in the "saved" event), and the
+collectives counted in metrics.jsonl.
+
+Not bitwise against one device, and not expected to be: a device's loss is
+the mean over its own rows and the gradient a sum of per-device sums, so the
+f32 additions happen in another order (the rounding, not the math, differs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STRATA = os.path.join(ROOT, "build", "strata")
+
+OVERRIDES = [
+    "model.n_layers=2", "model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.seq_len=32",
+    "train.steps=20", "train.batch_size=8", "train.microbatches=2", "train.lr=0.002", "train.warmup_steps=5",
+    # Below the early gradient norms, so clipping is exercised (checked below).
+    "train.grad_clip=0.5", "train.eval_every=10", "train.eval_batches=1",
+    "data.path=/usr/share/games/fortunes", "data.synthetic=false", "runtime.deterministic=true", "seed=7",
+    "runtime.cpu_devices=4",
+]
+
+
+def run(cmd: list[str]) -> subprocess.CompletedProcess:
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}")
+    return r
+
+
+def train(tmp, name: str, *extra: str) -> dict:
+    run_dir = tmp / name
+    run([STRATA, "train", "configs/test.yml", *OVERRIDES, *extra, f"run.dir={run_dir}"])
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    return {"dir": run_dir, "steps": [m for m in lines if "loss" in m],
+            "evals": [m for m in lines if "eval_loss" in m], "events": events}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    if not os.path.exists(STRATA):
+        raise AssertionError(f"{STRATA} is missing: run `make build` first (make test does)")
+    tmp = tmp_path_factory.mktemp("dp")
+    return {"one": train(tmp, "one"), "data2": train(tmp, "data2", "parallel.data=2"),
+            "data4": train(tmp, "data4", "parallel.data=4", "sched.grad_reduce=bucketed")}
+
+
+def params(r: dict) -> dict:
+    from safetensors.numpy import load_file
+    return load_file(str(r["dir"] / "params.safetensors"))
+
+
+@pytest.mark.parametrize("mesh", ["data2", "data4"])
+def test_losses_match_one_device_every_step(runs: dict, mesh: str) -> None:
+    ours = [m["loss"] for m in runs[mesh]["steps"]]
+    one = [m["loss"] for m in runs["one"]["steps"]]
+    assert len(ours) == len(one) == 20
+    worst = max(abs(a - b) / abs(b) for a, b in zip(ours, one))
+    print(f"{mesh}: max relative loss difference over 20 steps: {worst:.3e}")
+    np.testing.assert_allclose(ours, one, rtol=1e-5)
+    np.testing.assert_allclose([m["eval_loss"] for m in runs[mesh]["evals"]],
+                               [m["eval_loss"] for m in runs["one"]["evals"]], rtol=1e-5)
+    # The reported norm is the global one (the 1/data scale is in it too).
+    np.testing.assert_allclose([m["grad_norm"] for m in runs[mesh]["steps"]],
+                               [m["grad_norm"] for m in runs["one"]["steps"]], rtol=1e-4)
+
+
+def test_clipping_was_active(runs: dict) -> None:
+    norms = [m["grad_norm"] for m in runs["one"]["steps"]]
+    assert any(n > 0.5 for n in norms), f"grad_clip=0.5 never engaged: {norms}"
+
+
+@pytest.mark.parametrize("mesh", ["data2", "data4"])
+def test_final_parameters_match_one_device(runs: dict, mesh: str) -> None:
+    ours, one = params(runs[mesh]), params(runs["one"])
+    assert sorted(ours) == sorted(one)
+    worst = max(float(np.max(np.abs(ours[n] - one[n]) / (1e-5 + 1e-3 * np.abs(one[n])))) for n in one)
+    print(f"{mesh}: worst parameter difference as a fraction of the tolerance: {worst:.3f}")
+    for name in sorted(one):
+        np.testing.assert_allclose(ours[name], one[name], rtol=1e-3, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("mesh", ["data2", "data4"])
+def test_replicas_bitwise_equal(runs: dict, mesh: str) -> None:
+    saved = [e for e in runs[mesh]["events"] if e.get("event") == "saved"]
+    assert len(saved) == 1, runs[mesh]["events"][-3:]
+    n_params = len(params(runs["one"]))
+    # parameters, m and v: every persistent slot, checked on every device
+    assert saved[0].get("replicas_bitwise_equal") == 3 * n_params, saved[0]
+
+
+@pytest.mark.parametrize("mesh,devices", [("data2", 2), ("data4", 4)])
+def test_collectives_accounted(runs: dict, mesh: str, devices: int) -> None:
+    n_layers = 2
+    grad_bytes = sum(v.nbytes for v in params(runs["one"]).values())
+    for m in runs[mesh]["steps"]:
+        assert m["devices"] == devices
+        # one all-reduce per group instance: embed, each block, head
+        assert m["collectives"] == n_layers + 2, m
+        assert m["collective_bytes"] == grad_bytes, m
+        assert m["collective_s"] > 0
+    plan = [e for e in runs[mesh]["events"] if e.get("event") == "plan"][0]
+    assert plan["op_counts"]["COLLECTIVE"] == n_layers + 2
+    assert ("grad_reduce=bucketed" in plan["policy"]) == (mesh == "data4")
+    assert "collectives" not in runs["one"]["steps"][0]
