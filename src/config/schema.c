@@ -226,6 +226,19 @@ static st_status st__rule_per_layer(const st_config* c) {
   return s;
 }
 
+/* Per-layer updates need each layer's reduced gradient the moment it is
+ * final, which bucketed reduction postpones. */
+static st_status st__rule_grad_reduce(const st_config* c) {
+  if (st_config_int(c, "parallel.data") < 2 || strcmp(st_config_string(c, "sched.optimizer"), "per_layer") != 0 ||
+      strcmp(st_config_string(c, "sched.grad_reduce"), "bucketed") != 0)
+    return ST_OK;
+  return st_status_make(ST_CODE_CONFIG,
+                        "sched.optimizer=per_layer (%s) updates each layer as soon as its gradient is reduced, so with "
+                        "parallel.data=%lld (%s) it needs sched.grad_reduce=per_layer, not bucketed (%s)",
+                        st_config_source(c, "sched.optimizer"), (long long)st_config_int(c, "parallel.data"),
+                        st_config_source(c, "parallel.data"), st_config_source(c, "sched.grad_reduce"));
+}
+
 static st_status st__rule_trace_steps(const st_config* c) {
   int64_t steps = st_config_int(c, "train.steps");
   int n = st_config_list_count(c, "trace.steps");
@@ -316,6 +329,7 @@ static const st__cfg_rule kRules[] = {
     {"sched.remat is none, full, every:K (K >= 1) or a list of layers below model.n_layers.", st__rule_remat},
     {"sched.optimizer=per_layer needs train.grad_clip=0 (clipping needs the global norm before any update).",
      st__rule_per_layer},
+    {"sched.optimizer=per_layer with parallel.data > 1 needs sched.grad_reduce=per_layer.", st__rule_grad_reduce},
     {"trace.steps are step numbers from 1 to train.steps.", st__rule_trace_steps},
     {"run.id is empty or a plain name: letters, digits, '.', '_' and '-', at most 128, not starting with '.'.",
      st__rule_run_id},

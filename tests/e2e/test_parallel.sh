@@ -2,8 +2,10 @@
 # test_parallel.sh — the parallel.* keys (docs/parallelism.md): every mesh
 # rule gives exit 2 with its exact message naming the keys, their values
 # and where they were set; a valid mesh passes `strata config`; and
-# `strata train` refuses a mesh of more than one device (not built yet)
-# with exit 2 before it creates anything. Run from the repository root.
+# `strata train` refuses fsdp or tensor above 1 (not built yet) with exit 2
+# before it creates anything, while parallel.data > 1 trains (its
+# equivalence with one device: tests/py/test_data_parallel.py). Run from
+# the repository root.
 set -uo pipefail
 
 STRATA=$(realpath "${STRATA:-./build/strata}")
@@ -56,9 +58,24 @@ out=$("$STRATA" config --yaml configs/test.yml 2>/dev/null)
 check "the YAML snapshot has the parallel section with its defaults" \
   "grep -A3 '^parallel:' <<<\"\$out\" | grep -q '  tensor: 1'"
 
-# --- the trainer refuses more than one device, creating nothing -------------------
-expect_error "parallel.data=1 parallel.fsdp=2 parallel.tensor=1: training on more than one device is not yet supported (the runtime and the collective programs exist, the step plan does not; docs/parallelism.md); set all three to 1" \
+# --- the trainer refuses fsdp and tensor, creating nothing -------------------------
+expect_error "parallel.data=1 parallel.fsdp=2 parallel.tensor=1: fully-sharded and tensor parallelism are not yet supported in training (the runtime and the collective programs exist, the step plan has data parallelism only; docs/parallelism.md); set parallel.fsdp and parallel.tensor to 1" \
   train configs/test.yml parallel.fsdp=2 run.dir="$TMP/run"
 check "the refused run created no run directory" "[ ! -e '$TMP/run' ]"
+expect_error "parallel.data=2 parallel.fsdp=1 parallel.tensor=2: fully-sharded and tensor parallelism are not yet supported in training (the runtime and the collective programs exist, the step plan has data parallelism only; docs/parallelism.md); set parallel.fsdp and parallel.tensor to 1" \
+  train configs/test.yml parallel.data=2 parallel.tensor=2 runtime.cpu_devices=4 run.dir="$TMP/run"
+
+# --- data parallelism trains --------------------------------------------------------
+"$STRATA" train configs/test.yml parallel.data=2 runtime.cpu_devices=4 train.steps=2 run.dir="$TMP/dp" \
+  >"$TMP/dp.out" 2>"$TMP/dp.err"
+code=$?
+check "parallel.data=2 trains (exit $code; stderr: $(tail -3 "$TMP/dp.err"))" "[ $code = 0 ]"
+check "its metrics count the all-reduces: one per group instance" \
+  "grep -q '\"collectives\": 4' '$TMP/dp/metrics.jsonl'"
+out=$("$STRATA" plan configs/test.yml parallel.data=2 runtime.cpu_devices=4 2>/dev/null)
+check "strata plan shows the COLLECTIVE ops and the policy" \
+  "grep -Eq 'COLLECTIVE +block_data_all_reduce layer=1' <<<\"\$out\" && grep -q 'data=2 grad_reduce=per_layer' <<<\"\$out\""
+expect_error "sched.optimizer=per_layer (command line) updates each layer as soon as its gradient is reduced, so with parallel.data=2 (command line) it needs sched.grad_reduce=per_layer, not bucketed (command line)" \
+  config configs/test.yml parallel.data=2 runtime.cpu_devices=4 sched.optimizer=per_layer train.grad_clip=0 sched.grad_reduce=bucketed
 
 finish test_parallel.sh
