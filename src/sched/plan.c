@@ -344,11 +344,13 @@ void st_plan_print(const st_plan* plan, FILE* out) {
     /* Only a data-parallel plan says so: the one-device text stays as it was. */
     fprintf(out, "# data-parallel over %d devices: every device slot is one buffer per device; live bytes are per device\n",
             plan->devices);
-    fprintf(out, "# slot layouts:");
+    /* Counts only: --json gives every slot's layout. */
+    int n[3] = {0, 0, 0};
     for (int k = 0; k < plan->slot_count; ++k)
-      if (plan->slots[k].layout != ST_LAYOUT_REPLICATED && !plan->slots[k].host)
-        fprintf(out, " %s=%s", plan->slots[k].name, st_slot_layout_name(plan->slots[k].layout));
-    fprintf(out, " (others replicated)\n");
+      if (!plan->slots[k].host) n[plan->slots[k].layout]++;
+    fprintf(out, "# slot layouts: %d replicated (state, scalars), %d split (batch rows, activations, losses), %d partial "
+                 "(gradients until their COLLECTIVE)\n",
+            n[ST_LAYOUT_REPLICATED], n[ST_LAYOUT_SPLIT], n[ST_LAYOUT_PARTIAL]);
   }
   fprintf(out, "# live bytes after each op: params/grads/optimizer/activations/transfer\n");
   st_strbuf b = {0};
