@@ -287,7 +287,9 @@ static st_status st__collectives_parse(st_bundle* b, const json_t* root, const c
     group = json_string_value(json_object_get(cj, "group"));
     st_bundle_group* g = (st_bundle_group*)st_bundle_group_find(b, group);
     if (!g) return st_status_make(ST_CODE_RUNTIME, "%s: group '%s' is not in the groups list", ctx, group);
-    if (!strcmp(kind, "all_reduce") && !strcmp(axis, "data") && b->mesh_fsdp == 1) {
+    /* Linked only where the trainer uses it: data parallelism alone, whole
+     * tensors (fsdp shards and tensor-cut blocks are read, not linked). */
+    if (!strcmp(kind, "all_reduce") && !strcmp(axis, "data") && b->mesh_fsdp == 1 && b->mesh_tensor == 1) {
       ST_RETURN(st__collective_fits_group(b, c, g, ctx));
       g->data_all_reduce = c;
     }
