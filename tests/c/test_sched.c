@@ -384,6 +384,7 @@ typedef struct {
   int64_t peak[8], predicted[8];
   int64_t peak_opt[8], peak_act[8];
   int64_t host_bytes, h2d_bytes, d2h_bytes, recomputes, waits;
+  int64_t collectives, collective_bytes; /* data parallelism (0 when absent) */
 } run_metrics;
 
 /* Trains configs/test.yml for 3 steps with |extra| overrides (NULL-ended)
@@ -435,6 +436,10 @@ static void train(const char* tag, const char* const* extra, run_metrics* out) {
     ASSERT_OK(st_json_get_int(j, "recomputes", path, &out->recomputes));
     ASSERT_OK(st_json_get_int(j, "waits", path, &v));
     out->waits = v;
+    if (json_object_get(j, "collectives")) {
+      ASSERT_OK(st_json_get_int(j, "collectives", path, &out->collectives));
+      ASSERT_OK(st_json_get_int(j, "collective_bytes", path, &out->collective_bytes));
+    }
     ASSERT_OK(st_json_get_int(j, "live_mismatch_op", path, &v));
     if (v != -1) fail_msg("%s step %d: accounted live bytes differ from the plan's prediction after op %lld", tag, k + 1, (long long)v);
     json_decref(j);
@@ -536,6 +541,40 @@ static void test_memory_accounting(void** state) {
   free(text);
 }
 
+/* Data parallelism (docs/parallelism.md) under the sanitizers: per-device
+ * slots, a launch per device, COLLECTIVE ops, with every pass at once in
+ * the second run. train() checks accounted = predicted live bytes, which
+ * are per device. */
+static void test_data_parallel_accounting(void** state) {
+  (void)state;
+  run_metrics one, dp, all;
+  const char* r_one[] = {"train.batch_size=8", "sched.remat=none", NULL};
+  const char* r_dp[] = {"train.batch_size=8", "sched.remat=none", "parallel.data=2", "runtime.cpu_devices=2", NULL};
+  const char* r_all[] = {"train.batch_size=8", "parallel.data=2", "runtime.cpu_devices=2", "sched.offload=both",
+                         "sched.prefetch_depth=2", "sched.optimizer=per_layer", "train.grad_clip=0", "sched.wait=eager",
+                         "sched.remat=every:2", "trace.steps=[2]", NULL};
+  train("dp_one", r_one, &one);
+  train("dp2", r_dp, &dp);
+  train("dp2_all", r_all, &all);
+  st_bundle* b = test_bundle();
+  int64_t param_bytes = 0;
+  for (int i = 0; i < b->param_count; ++i) param_bytes += (int64_t)st_tensor_type_bytes(&b->params[i].type);
+  int64_t layers = b->model.n_layers;
+  st_bundle_destroy(b);
+  printf("# data=2: peak %lld B per device (1 device: %lld B); %lld collectives, %lld B a step\n", (long long)dp.peak[0],
+         (long long)one.peak[0], (long long)dp.collectives, (long long)dp.collective_bytes);
+  /* Replicated optimizer state: the same bytes on each device as on one. */
+  assert_int_equal(dp.peak_opt[0], one.peak_opt[0]);
+  assert_int_equal(dp.peak_opt[0], 2 * param_bytes);
+  /* Half the rows per device: fewer activation bytes at the peak. */
+  assert_true(dp.peak[0] < one.peak[0]);
+  /* One all-reduce per group instance, carrying every gradient once. */
+  assert_int_equal(dp.collectives, layers + 2);
+  assert_int_equal(dp.collective_bytes, param_bytes);
+  assert_int_equal(all.collectives, layers + 2);
+  assert_int_equal(one.collectives, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_remat_parse),
@@ -545,6 +584,7 @@ int main(void) {
       cmocka_unit_test(test_finalize_rejects),
       cmocka_unit_test(test_copy_to_memory),
       cmocka_unit_test(test_memory_accounting),
+      cmocka_unit_test(test_data_parallel_accounting),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
