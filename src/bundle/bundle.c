@@ -654,6 +654,10 @@ st_status st_bundle_export_mesh(const char* model_json, const char* mesh, const 
     }
   }
   free(parent);
+  /* The child reopens stdout for its log, which would flush a copy of the
+   * parent's unwritten output into the parent's stdout a second time. */
+  fflush(stdout);
+  fflush(stderr);
   pid_t pid = fork();
   if (pid < 0) {
     free(python);

@@ -417,8 +417,38 @@ static void test_plan_takes_program_names_from_the_bundle(void** state) {
   st_bundle_destroy(b);
 }
 
+/* The exporter runs in a forked child that reopens stdout: output the
+ * parent printed but had not flushed yet must not be written a second
+ * time by the child (seen as a doubled "run directory" line when one
+ * process trained and then exported another bundle). */
+static void test_export_does_not_repeat_buffered_stdout(void** state) {
+  (void)state;
+  char path[512], dir[512];
+  snprintf(path, sizeof(path), "%s/stdout.txt", g_tmp);
+  snprintf(dir, sizeof(dir), "%s/bad-bundle", g_tmp);
+  fflush(stdout);
+  int saved = dup(1);
+  assert_true(saved >= 0);
+  assert_non_null(freopen(path, "w", stdout));
+  printf("marker-line\n"); /* a file: fully buffered, still in the buffer at the fork */
+  st_status s = st_bundle_export("{not a model", "k", dir);
+  fflush(stdout);
+  dup2(saved, 1);
+  close(saved);
+  assert_non_null(s); /* the exporter rejects the model; only the stdout matters here */
+  st_status_free(s);
+  size_t n = 0;
+  char* raw = NULL;
+  ASSERT_OK(st_fs_read_file(path, &raw, &n));
+  int count = 0;
+  for (char* p = raw; (p = strstr(p, "marker-line")) != NULL; ++p) ++count;
+  free(raw);
+  assert_int_equal(count, 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_export_does_not_repeat_buffered_stdout),
       cmocka_unit_test(test_program_count_independent_of_depth),
       cmocka_unit_test(test_block_backward_matches_finite_differences),
       cmocka_unit_test(test_plan_takes_program_names_from_the_bundle),
