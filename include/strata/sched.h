@@ -256,12 +256,19 @@ typedef struct st_executor_stats {
   int64_t peak_live_bytes;                    /* accounted peak over the run, all categories */
   int64_t peak_by_category[ST_SLOT_CATEGORY_COUNT]; /* categories at the accounted peak */
   int64_t predicted_peak_bytes;               /* st_plan_predict_live of the plan */
+  int64_t predicted_peak_by_category[ST_SLOT_CATEGORY_COUNT]; /* categories at the predicted peak */
   int live_mismatch_op; /* first op whose accounted live bytes differ from the prediction; -1: none */
   int64_t host_bytes;                         /* bytes held in host-memory slots */
   int64_t collectives;       /* COLLECTIVE ops */
   int64_t collective_bytes;  /* their message bytes per device (the input slots' bytes) */
   double collective_s;       /* time some collective was in flight (union of start..complete) */
   double collective_hidden_s; /* ... of it while some launch was running too */
+  /* Unhidden communication wait (docs/scheduling.md): the union over ops
+   * with a COLLECTIVE dep of [when the op could have started without those
+   * deps, when they completed], each cut to the collective's own interval;
+   * so comm_wait_s <= collective_s. comm_waits: ops that waited so. */
+  double comm_wait_s;
+  int64_t comm_waits;
 } st_executor_stats;
 
 /* |programs[i]| is the compiled program for plan->programs[i] (borrowed).
@@ -313,7 +320,9 @@ const int64_t* st_executor_live_accounted(const st_executor* executor);
 
 /* Writes the last run as Chrome trace-event JSON (docs/scheduling.md):
  * launches, transfers and host waits on their own tracks, host ops on a
- * fourth, counters for live device bytes. |step| labels it. */
+ * fourth, counters for live device bytes. A data-parallel plan draws each
+ * launch and collective once per device instead, on a compute and a
+ * communication track per device. |step| labels it. */
 st_status st_executor_write_trace(const st_executor* executor, const char* path, int64_t step);
 
 #ifdef __cplusplus

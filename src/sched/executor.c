@@ -16,6 +16,7 @@
 typedef struct {
   struct st_executor* ex;
   int op;
+  int d; /* device index */
 } st__cb;
 
 struct st_executor {
@@ -37,6 +38,13 @@ struct st_executor {
   st_op_timing* timings; /* [op_count] */
   st_event** events;     /* [op_count * ndev]: completion of each async op on each device, NULL otherwise */
   st__cb* cbs;           /* [op_count * ndev]: callback contexts */
+  /* Per device index (op-major, [op_count * ndev]): when the host issued
+   * the op's work for that device, when that device's part completed, and
+   * the estimated start (st__derive). The per-device trace tracks use them;
+   * the op-level timings are their hull. */
+  double* dev_issue;
+  double* dev_start;
+  double* dev_complete;
   int64_t* live_pred;    /* [op_count * categories] */
   int64_t* live_acct;
   double t0;
@@ -148,9 +156,12 @@ st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_progra
   ex->timings = st_xcalloc(n, sizeof(st_op_timing));
   ex->events = st_xcalloc(n * (size_t)ndev, sizeof(st_event*));
   ex->cbs = st_xcalloc(n * (size_t)ndev, sizeof(st__cb));
+  ex->dev_issue = st_xcalloc(n * (size_t)ndev, sizeof(double));
+  ex->dev_start = st_xcalloc(n * (size_t)ndev, sizeof(double));
+  ex->dev_complete = st_xcalloc(n * (size_t)ndev, sizeof(double));
   ex->live_pred = st_xcalloc(n * ST_SLOT_CATEGORY_COUNT, sizeof(int64_t));
   ex->live_acct = st_xcalloc(n * ST_SLOT_CATEGORY_COUNT, sizeof(int64_t));
-  ex->stats.predicted_peak_bytes = st_plan_predict_live(plan, ex->live_pred, NULL);
+  ex->stats.predicted_peak_bytes = st_plan_predict_live(plan, ex->live_pred, ex->stats.predicted_peak_by_category);
   pthread_mutex_init(&ex->mu, NULL);
   pthread_cond_init(&ex->cv, NULL);
   *out_executor = ex;
@@ -187,6 +198,9 @@ void st_executor_destroy(st_executor* ex) {
   free(ex->timings);
   free(ex->events);
   free(ex->cbs);
+  free(ex->dev_issue);
+  free(ex->dev_start);
+  free(ex->dev_complete);
   free(ex->live_pred);
   free(ex->live_acct);
   free(ex);
@@ -305,6 +319,8 @@ static void st__on_complete(st_status status, void* user) {
   pthread_mutex_lock(&ex->mu);
   /* The op is complete when its last device is. */
   if (t - ex->t0 > ex->timings[cb->op].complete_s) ex->timings[cb->op].complete_s = t - ex->t0;
+  size_t at = (size_t)cb->op * (size_t)ex->ndev + (size_t)cb->d;
+  if (t - ex->t0 > ex->dev_complete[at]) ex->dev_complete[at] = t - ex->t0;
   if (status && !ex->cb_error) {
     const st_op* op = &ex->plan->ops[cb->op];
     ex->cb_error = st_status_annotate(status, "plan op %d (%s, layer %d, microbatch %d)", cb->op, st__op_program(ex, op),
@@ -324,6 +340,7 @@ static st_status st__track(st_executor* ex, int i, int d, st_event* ev) {
   ex->events[at] = ev;
   ex->cbs[at].ex = ex;
   ex->cbs[at].op = i;
+  ex->cbs[at].d = d;
   pthread_mutex_lock(&ex->mu);
   ex->pending++;
   pthread_mutex_unlock(&ex->mu);
@@ -356,6 +373,7 @@ static st_status st__launch(st_executor* ex, int index, const st_op* op) {
                               plan->programs[op->program], op->layer, plan->slots[op->inputs[j]].name, d);
     }
     st_event* done = NULL;
+    ex->dev_issue[(size_t)index * (size_t)ex->ndev + (size_t)d] = st_now() - ex->t0;
     st_status s = st_program_execute(prog, ex->device + d, ex->in, op->input_count, ex->out, op->output_count, &done);
     if (s) {
       return st_status_annotate(s, "launching %s (layer %d, microbatch %d, device %d)", plan->programs[op->program],
@@ -530,14 +548,42 @@ static void st__derive(st_executor* ex, int ran) {
    * a callback may run after a waiter has already resumed: clamp so that no
    * op starts before its deps complete nor completes before it starts. */
   double prev_launch = 0;
+  /* Unhidden communication wait: [when op i could have started but for its
+   * COLLECTIVE deps, when such a dep completed], cut to the collective's own
+   * start..complete (so the union never exceeds collective_s). */
+  double* wv = st_xmalloc(((size_t)ran + 1) * 2 * sizeof(double));
+  int nw = 0;
   for (int i = 0; i < ran; ++i) {
     st_op_timing* t = &ex->timings[i];
     const st_op* op = &plan->ops[i];
     double start = t->issue_s;
-    for (int d = 0; d < op->dep_count; ++d)
-      if (ex->timings[op->deps[d]].complete_s > start) start = ex->timings[op->deps[d]].complete_s;
+    double ready = t->issue_s; /* the same without the COLLECTIVE deps */
+    bool on_comm = false;
+    for (int d = 0; d < op->dep_count; ++d) {
+      double c = ex->timings[op->deps[d]].complete_s;
+      if (c > start) start = c;
+      if (plan->ops[op->deps[d]].kind == ST_OP_COLLECTIVE)
+        on_comm = true;
+      else if (c > ready)
+        ready = c;
+    }
     bool launch = op->kind == ST_OP_LAUNCH || op->kind == ST_OP_RECOMPUTE;
     if (launch && prev_launch > start) start = prev_launch;
+    if (launch && prev_launch > ready) ready = prev_launch;
+    if (on_comm) {
+      bool waited = false;
+      for (int d = 0; d < op->dep_count; ++d) {
+        const st_op_timing* k = &ex->timings[op->deps[d]];
+        if (plan->ops[op->deps[d]].kind != ST_OP_COLLECTIVE) continue;
+        double lo = ready > k->start_s ? ready : k->start_s;
+        if (k->complete_s <= lo) continue;
+        wv[2 * nw] = lo;
+        wv[2 * nw + 1] = k->complete_s;
+        ++nw;
+        waited = true;
+      }
+      if (waited) st->comm_waits++;
+    }
     if (op->kind == ST_OP_HOST || op->kind == ST_OP_FREE) {
       /* host work that waits for nothing: as the host saw it (a FREE only
        * drops a reference; PJRT releases the memory once its users are done) */
@@ -554,6 +600,39 @@ static void st__derive(st_executor* ex, int ran) {
     if (op->kind == ST_OP_WAIT || op->kind == ST_OP_READ) st->wait_s += t->blocked_s;
     if (op->kind == ST_OP_RECOMPUTE) st->recompute_s += t->complete_s - t->start_s;
   }
+  nw = st__union(wv, nw);
+  for (int j = 0; j < nw; ++j) st->comm_wait_s += wv[2 * j + 1] - wv[2 * j];
+  free(wv);
+  /* The same estimate per device index, for the per-device trace tracks:
+   * device d's part of an op starts once the host issued it to d and its
+   * deps' parts on d are done (and, for a launch, d's previous launch). */
+  const int nd = ex->ndev;
+  double* prev_on = st_xcalloc((size_t)nd, sizeof(double));
+  for (int i = 0; i < ran; ++i) {
+    const st_op* op = &plan->ops[i];
+    const st_op_timing* t = &ex->timings[i];
+    bool launch = op->kind == ST_OP_LAUNCH || op->kind == ST_OP_RECOMPUTE;
+    for (int d = 0; d < nd; ++d) {
+      size_t at = (size_t)i * (size_t)nd + (size_t)d;
+      if (!st__op_is_async(op->kind) || !ex->events[at]) {
+        ex->dev_start[at] = t->start_s;
+        ex->dev_complete[at] = t->complete_s;
+        continue;
+      }
+      double start = ex->dev_issue[at] > t->issue_s ? ex->dev_issue[at] : t->issue_s;
+      for (int k = 0; k < op->dep_count; ++k) {
+        double c = ex->dev_complete[(size_t)op->deps[k] * (size_t)nd + (size_t)d];
+        if (c > start) start = c;
+      }
+      if (launch && prev_on[d] > start) start = prev_on[d];
+      ex->dev_start[at] = start;
+      if (ex->dev_complete[at] < start) ex->dev_complete[at] = start;
+      if (ex->dev_complete[at] > t->complete_s) ex->dev_complete[at] = t->complete_s;
+      if (ex->dev_start[at] > ex->dev_complete[at]) ex->dev_start[at] = ex->dev_complete[at];
+      if (launch) prev_on[d] = ex->dev_complete[at];
+    }
+  }
+  free(prev_on);
   /* Communication: the time some collective was in flight, and how much of
    * it some launch was running too (collectives do not queue behind
    * launches on the CPU plugin: docs/parallelism.md, "Measured"). */
@@ -638,20 +717,28 @@ st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
   int64_t live[ST_SLOT_CATEGORY_COUNT];
   memcpy(live, ex->stats.live_bytes, sizeof(live));
   int64_t host_bytes = ex->stats.host_bytes, predicted = ex->stats.predicted_peak_bytes;
+  int64_t predicted_cats[ST_SLOT_CATEGORY_COUNT];
+  memcpy(predicted_cats, ex->stats.predicted_peak_by_category, sizeof(predicted_cats));
   memset(&ex->stats, 0, sizeof(ex->stats));
   memcpy(ex->stats.live_bytes, live, sizeof(live));
   ex->stats.host_bytes = host_bytes;
   ex->stats.predicted_peak_bytes = predicted;
+  memcpy(ex->stats.predicted_peak_by_category, predicted_cats, sizeof(predicted_cats));
   ex->stats.live_mismatch_op = -1;
   for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) ex->stats.peak_live_bytes += live[k];
   memcpy(ex->stats.peak_by_category, live, sizeof(live));
   memset(ex->timings, 0, (size_t)plan->op_count * sizeof(st_op_timing));
+  size_t nd = (size_t)plan->op_count * (size_t)ex->ndev;
+  memset(ex->dev_issue, 0, nd * sizeof(double));
+  memset(ex->dev_start, 0, nd * sizeof(double));
+  memset(ex->dev_complete, 0, nd * sizeof(double));
   ex->t0 = st_now();
   st_status s = ST_OK;
   int i = 0;
   for (; i < plan->op_count && !s; ++i) {
     st_op_timing* t = &ex->timings[i];
     t->issue_s = st_now() - ex->t0;
+    for (int d = 0; d < ex->ndev; ++d) ex->dev_issue[(size_t)i * (size_t)ex->ndev + (size_t)d] = t->issue_s;
     s = st__run_op(ex, hooks, i);
     if (!st__has_event(ex, i)) t->complete_s = st_now() - ex->t0;
     /* As the host saw it, before any causal clean-up of the timestamps. */
@@ -721,6 +808,18 @@ st_status st_executor_write_trace(const st_executor* ex, const char* path, int64
                                {3000, 0, NULL, "host waits"},
                                {4000, 0, NULL, "host ops"},
                                {5000, 0, NULL, "collectives"}};
+  /* Data parallelism: launches and collectives run on every device, so each
+   * device gets a compute track and a communication track of its own,
+   * named by its runtime device, in place of "launches" and "collectives". */
+  const int nd = ex->ndev;
+  st__track_group* dev_groups = st_xcalloc((size_t)nd * 2, sizeof(st__track_group));
+  char (*dev_names)[48] = st_xcalloc((size_t)nd * 2, sizeof(*dev_names));
+  for (int d = 0; d < nd && nd > 1; ++d) {
+    snprintf(dev_names[2 * d], sizeof(dev_names[0]), "device %d compute", ex->device + d);
+    snprintf(dev_names[2 * d + 1], sizeof(dev_names[0]), "device %d communication", ex->device + d);
+    dev_groups[2 * d] = (st__track_group){10000 + 2000 * d, 0, NULL, dev_names[2 * d]};
+    dev_groups[2 * d + 1] = (st__track_group){11000 + 2000 * d, 0, NULL, dev_names[2 * d + 1]};
+  }
   st_strbuf name = {0};
   for (int i = 0; i < plan->op_count; ++i) {
     const st_op* op = &plan->ops[i];
@@ -773,10 +872,23 @@ st_status st_executor_write_trace(const st_executor* ex, const char* path, int64
     }
     if (op->kind == ST_OP_WAIT) st_json_put_bool(args, "blocked", t->blocked);
     if (op->kind == ST_OP_WAIT || op->kind == ST_OP_READ) st_json_put(args, "blocked_us", st_json_fixed(t->blocked_s * 1e6, 3));
-    int tid = st__lane(tr, &groups[g], ts, t->complete_s);
-    st_trace_slice(tr, tid, name.data, g == 0 ? (op->kind == ST_OP_RECOMPUTE ? "recompute" : "launch")
-                                              : g == 1 ? "transfer" : g == 2 ? "wait" : g == 4 ? "collective" : "host",
-                   ts * 1e6, (t->complete_s - ts) * 1e6, args);
+    const char* cat = g == 0 ? (op->kind == ST_OP_RECOMPUTE ? "recompute" : "launch")
+                             : g == 1 ? "transfer" : g == 2 ? "wait" : g == 4 ? "collective" : "host";
+    if (nd > 1 && (g == 0 || g == 4)) {
+      /* one slice per device, drawn from that device's own start and completion */
+      for (int d = 0; d < nd; ++d) {
+        size_t at = (size_t)i * (size_t)nd + (size_t)d;
+        json_t* a = d + 1 < nd ? json_deep_copy(args) : args;
+        st_json_put_int(a, "device", ex->device + d);
+        st_json_put(a, "device_start_us", st_json_fixed(ex->dev_start[at] * 1e6, 3));
+        st_json_put(a, "device_complete_us", st_json_fixed(ex->dev_complete[at] * 1e6, 3));
+        int tid = st__lane(tr, &dev_groups[2 * d + (g == 4)], ex->dev_start[at], ex->dev_complete[at]);
+        st_trace_slice(tr, tid, name.data, cat, ex->dev_start[at] * 1e6, (ex->dev_complete[at] - ex->dev_start[at]) * 1e6, a);
+      }
+    } else {
+      int tid = st__lane(tr, &groups[g], ts, t->complete_s);
+      st_trace_slice(tr, tid, name.data, cat, ts * 1e6, (t->complete_s - ts) * 1e6, args);
+    }
     const int64_t* l = &ex->live_acct[(size_t)i * ST_SLOT_CATEGORY_COUNT];
     json_t* live = st_json_obj();
     for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) st_json_put_int(live, st_slot_category_name((st_slot_category)k), l[k]);
@@ -795,8 +907,16 @@ st_status st_executor_write_trace(const st_executor* ex, const char* path, int64
   st_trace_meta(tr, "predicted_peak_bytes", st_json_int(s->predicted_peak_bytes));
   st_trace_meta(tr, "peak_live_bytes", st_json_int(s->peak_live_bytes));
   st_trace_meta(tr, "host_memory", st_json_str(ex->host_kind));
+  if (nd > 1) {
+    json_t* devs = st_json_arr();
+    for (int d = 0; d < nd; ++d) st_json_push(devs, st_json_int(ex->device + d));
+    st_trace_meta(tr, "devices", devs);
+  }
   st_strbuf_free(&name);
   for (int g = 0; g < 5; ++g) free(groups[g].end);
+  for (int g = 0; g < 2 * nd; ++g) free(dev_groups[g].end);
+  free(dev_groups);
+  free(dev_names);
   st_status st = st_trace_write(tr, path);
   st_trace_free(tr);
   return st;

@@ -29,6 +29,10 @@ static void st__sched_metrics(const st_executor_stats* es, int devices, json_t* 
   for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k)
     st_json_put_int(cats, st_slot_category_name((st_slot_category)k), es->peak_by_category[k]);
   st_json_put(m, "peak_live_by_category", cats);
+  cats = st_json_obj();
+  for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k)
+    st_json_put_int(cats, st_slot_category_name((st_slot_category)k), es->predicted_peak_by_category[k]);
+  st_json_put(m, "peak_live_by_category_predicted", cats);
   st_json_put_int(m, "host_bytes", es->host_bytes);
   st_json_put_int(m, "live_mismatch_op", es->live_mismatch_op);
   if (devices > 1) {
@@ -39,6 +43,8 @@ static void st__sched_metrics(const st_executor_stats* es, int devices, json_t* 
     st_json_put(m, "collective_s", st_json_fixed(es->collective_s, 6));
     st_json_put(m, "comm_overlap_ratio",
                 es->collective_s > 0 ? st_json_fixed(es->collective_hidden_s / es->collective_s, 4) : json_null());
+    st_json_put(m, "comm_wait_s", st_json_fixed(es->comm_wait_s, 6));
+    st_json_put_int(m, "comm_waits", es->comm_waits);
   }
 }
 

@@ -9,6 +9,7 @@
 set -uo pipefail
 
 STRATA=$(realpath "${STRATA:-./build/strata}")
+PY=${PY:-.venv/bin/python}
 TMP=$(mktemp -d /tmp/strata-e2e-parallel-XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 
@@ -66,12 +67,89 @@ expect_error "parallel.data=2 parallel.fsdp=1 parallel.tensor=2: fully-sharded a
   train configs/test.yml parallel.data=2 parallel.tensor=2 runtime.cpu_devices=4 run.dir="$TMP/run"
 
 # --- data parallelism trains --------------------------------------------------------
-"$STRATA" train configs/test.yml parallel.data=2 runtime.cpu_devices=4 train.steps=2 run.dir="$TMP/dp" \
+"$STRATA" train configs/test.yml parallel.data=2 runtime.cpu_devices=4 train.steps=2 "trace.steps=[2]" run.dir="$TMP/dp" \
   >"$TMP/dp.out" 2>"$TMP/dp.err"
 code=$?
 check "parallel.data=2 trains (exit $code; stderr: $(tail -3 "$TMP/dp.err"))" "[ $code = 0 ]"
 check "its metrics count the all-reduces: one per group instance" \
   "grep -q '\"collectives\": 4' '$TMP/dp/metrics.jsonl'"
+"$STRATA" train configs/test.yml parallel.data=2 runtime.cpu_devices=4 train.steps=2 sched.wait=eager run.dir="$TMP/dpe" \
+  >"$TMP/dpe.out" 2>"$TMP/dpe.err"
+code=$?
+check "parallel.data=2 with sched.wait=eager trains (exit $code; stderr: $(tail -3 "$TMP/dpe.err"))" "[ $code = 0 ]"
+"$STRATA" plan --json configs/test.yml parallel.data=2 runtime.cpu_devices=4 >"$TMP/dp_plan.json" 2>/dev/null || bad "plan --json failed"
+
+# The trace of a data-parallel step: a compute and a communication track per
+# device (docs/scheduling.md section 6), every launch on each device's compute
+# track, every collective on each device's communication track, consistent times.
+check "data=2 trace: a compute and a communication track per device, every launch and collective on each" "$PY - '$TMP/dp/trace/step_2.json' '$TMP/dp_plan.json' <<'PYEOF'
+import json, sys
+trace = json.load(open(sys.argv[1]))
+ops = json.load(open(sys.argv[2]))['step']['ops']
+ev = trace['traceEvents']
+tracks = {e['tid']: e['args']['name'] for e in ev if e['ph'] == 'M' and e['name'] == 'thread_name'}
+names = set(tracks.values())
+assert trace['otherData']['devices'] == [0, 1], trace['otherData']
+for d in (0, 1):
+    assert f'device {d} compute' in names and f'device {d} communication' in names, names
+assert 'launches' not in names and 'collectives' not in names, names
+seen = {}
+for e in ev:
+    if e['ph'] != 'X':
+        continue
+    a = e['args']
+    seen.setdefault(a['op'], []).append((tracks[e['tid']], a.get('device'), e))
+eps = 1e-3
+for i, op in enumerate(ops):
+    got = seen.get(i, [])
+    k = op['kind']
+    if k in ('LAUNCH', 'RECOMPUTE', 'COLLECTIVE'):
+        want = 'compute' if k != 'COLLECTIVE' else 'communication'
+        assert sorted(d for _, d, _ in got) == [0, 1], (i, k, [(t, d) for t, d, _ in got])
+        for t, d, e in got:
+            assert t == f'device {d} {want}' or t.startswith(f'device {d} {want} (concurrent'), (i, k, t, d)
+            a = e['args']
+            assert e['name'] == op['program'] and a['kind'] == k and a['deps'] == op['deps'], (i, e)
+            st, co = a['device_start_us'], a['device_complete_us']
+            assert a['issue_us'] <= st + eps and st <= co + eps and co <= a['complete_us'] + eps, (i, a)
+            assert abs(e['ts'] - st) <= eps and abs(e['ts'] + e['dur'] - co) <= 2 * eps, (i, e)
+            for dep in op['deps']:  # a device's part starts after the deps' parts on the same device
+                for _, dd, de in seen[dep]:
+                    if dd in (None, d):
+                        done = de['args'].get('device_complete_us', de['args']['complete_us'])
+                        assert st + eps >= done, (i, d, st, dep, done)
+        if k == 'COLLECTIVE':
+            assert all(e['args']['bytes'] > 0 and e['args']['devices'] == 2 for _, _, e in got)
+    else:
+        assert len(got) == 1 and got[0][1] is None, (i, k, got)
+lanes = {}
+for e in ev:
+    if e['ph'] == 'X':
+        lanes.setdefault(e['tid'], []).append((e['ts'], e['ts'] + e['dur']))
+for tid, iv in lanes.items():
+    iv.sort()
+    for (a0, a1), (b0, b1) in zip(iv, iv[1:]):
+        assert b0 + eps >= a1, (tracks[tid], a0, a1, b0, b1)
+n_l = sum(op['kind'] in ('LAUNCH', 'RECOMPUTE') for op in ops)
+n_c = sum(op['kind'] == 'COLLECTIVE' for op in ops)
+print(f'# data=2 trace: {n_l} launches and {n_c} collectives on each of 2 devices')
+PYEOF"
+
+# Unhidden communication wait and per-device peaks by category (docs/scheduling.md section 5).
+check "data=2 metrics: comm_wait_s within collective_s, predicted = accounted peak by category, deferred and eager" "$PY - '$TMP/dp/metrics.jsonl' '$TMP/dpe/metrics.jsonl' <<'PYEOF'
+import json, sys
+for path in sys.argv[1:]:
+    steps = [json.loads(l) for l in open(path) if '\"loss\"' in l]
+    assert len(steps) == 2, path
+    for m in steps:
+        assert 0 <= m['comm_wait_s'] <= m['collective_s'] + 1e-6, m
+        assert isinstance(m['comm_waits'], int) and m['comm_waits'] >= 0, m
+        assert (m['comm_waits'] == 0) == (m['comm_wait_s'] == 0), m
+        assert m['peak_live_by_category_predicted'] == m['peak_live_by_category'], m
+        assert sum(m['peak_live_by_category'].values()) == m['peak_live_bytes'] == m['peak_live_bytes_predicted'], m
+    print(f'# {path}: comm_wait_s', [m['comm_wait_s'] for m in steps], 'of collective_s', [m['collective_s'] for m in steps],
+          'overlap', [m['comm_overlap_ratio'] for m in steps])
+PYEOF"
 out=$("$STRATA" plan configs/test.yml parallel.data=2 runtime.cpu_devices=4 2>/dev/null)
 check "strata plan shows the COLLECTIVE ops and the policy" \
   "grep -Eq 'COLLECTIVE +block_data_all_reduce layer=1' <<<\"\$out\" && grep -q 'data=2 grad_reduce=per_layer' <<<\"\$out\""
