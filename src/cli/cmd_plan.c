@@ -1,19 +1,23 @@
-/* cmd_plan.c — `strata plan [--json] CONFIG [k=v ...]`: the ops of one
- * training step (and of one evaluation), with predicted live bytes. Exports
- * the bundle if needed; compiles nothing. */
+/* cmd_plan.c — `strata plan [--json] [--explain] CONFIG [k=v ...]`: the ops
+ * of one training step (and of one evaluation), with predicted live bytes;
+ * or, with --explain, where the plan puts every tensor on the mesh and what
+ * it communicates (plan_explain.c). Exports the bundle if needed; compiles
+ * nothing. */
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/plan_explain.h"
 #include "strata/base.h"
 #include "strata/train.h"
 
 int st_cli_plan(int argc, char** argv) {
-  bool json = false;
-  if (argc > 0 && !strcmp(argv[0], "--json")) {
-    json = true;
+  bool json = false, explain = false;
+  while (argc > 0 && (!strcmp(argv[0], "--json") || !strcmp(argv[0], "--explain"))) {
+    if (!strcmp(argv[0], "--json")) json = true;
+    else explain = true;
     --argc;
     ++argv;
   }
@@ -30,7 +34,22 @@ int st_cli_plan(int argc, char** argv) {
     st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh};
     if (!s) s = st_bundle_ensure(&req, &bundle, &exported);
     if (!s) s = st_train_build_plans(bundle, &o, &step, &eval);
-    if (!s && json) {
+    if (!s && explain) {
+      json_t* e = st_plan_explain_json(&step, &eval, &o);
+      if (json) {
+        json_t* j = st_json_obj();
+        st_json_put_str(j, "bundle", bundle->dir);
+        st_json_put(j, "explain", e);
+        char* text = st_json_dump(j, 0);
+        printf("%s\n", text);
+        free(text);
+        json_decref(j);
+      } else {
+        printf("# bundle %s\n", bundle->dir);
+        st_plan_explain_print(&step, e, stdout);
+        json_decref(e);
+      }
+    } else if (!s && json) {
       json_t* j = st_json_obj();
       st_json_put_str(j, "bundle", bundle->dir);
       st_json_put(j, "step", st_plan_json(&step));

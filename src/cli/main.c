@@ -19,7 +19,7 @@ static const st_cli_command kCommands[] = {
     {"run", st_cli_run, "run CONFIG [k=v ...]        train supervised: restart on crash or hang, resume, record recovery.json"},
     {"ckpt", st_cli_ckpt, "ckpt list|verify|inspect PATH  checkpoints of a run: list, verify checksums, show manifest and tensors"},
     {"data", st_cli_data, "data CONFIG [k=v ...]       tokenize the corpus; print the token file and split sizes"},
-    {"plan", st_cli_plan, "plan CONFIG [k=v ...]       print the step plan (the ops one step runs)"},
+    {"plan", st_cli_plan, "plan CONFIG [k=v ...]       print the step plan (the ops one step runs; --json, --explain)"},
 };
 
 static void st_cli_usage(FILE* out) {

@@ -1,0 +1,313 @@
+/* plan_explain.c — `strata plan --explain`: what the step plan puts where on
+ * the mesh (docs/parallelism.md, "strata plan --explain"). Everything is read
+ * off the built plans, so the explanation cannot drift from what runs: the
+ * slots (each tensor, its category, per-device type and layout), the
+ * COLLECTIVE ops (per layer, with their bytes), the liveness prediction
+ * (per-device memory by category) and their sum (communication per step). */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/plan_explain.h"
+#include "strata/base.h"
+
+static const char* const st__kinds[] = {"all_reduce", "all_gather", "reduce_scatter"};
+
+/* "block_data_all_reduce" -> kind "all_reduce", axis "data" (the exporter's
+ * names: <group>_<axis>_<kind>); "" when the name does not follow it. */
+static void st__collective_kind(const char* program, char* kind, size_t kn, char* axis, size_t an) {
+  kind[0] = axis[0] = '\0';
+  size_t n = strlen(program);
+  for (size_t k = 0; k < sizeof(st__kinds) / sizeof(st__kinds[0]); ++k) {
+    size_t m = strlen(st__kinds[k]);
+    if (n <= m + 1 || strcmp(program + n - m, st__kinds[k]) != 0 || program[n - m - 1] != '_') continue;
+    snprintf(kind, kn, "%s", st__kinds[k]);
+    size_t end = n - m - 1, start = end;
+    while (start > 0 && program[start - 1] != '_') --start;
+    snprintf(axis, an, "%.*s", (int)(end - start), program + start);
+    return;
+  }
+}
+
+/* Bytes each device sends in a ring for a message of |bytes| over |n|
+ * devices: (n-1)/n of it for a gather or a scatter, twice that for an
+ * all-reduce (the manifest's wire_bytes_per_device, docs/parallelism.md). */
+static int64_t st__wire_bytes(const char* kind, int64_t bytes, int n) {
+  if (n <= 1) return 0;
+  int64_t once = bytes * (n - 1) / n;
+  return strcmp(kind, "all_reduce") == 0 ? 2 * once : once;
+}
+
+/* How the devices' buffers of slot |s| make up the logical tensor. */
+static const char* st__sharding(const st_plan* plan, const st_slot* s) {
+  if (plan->devices <= 1) return "whole";
+  switch (s->layout) {
+    case ST_LAYOUT_REPLICATED: return "replicated over data";
+    case ST_LAYOUT_SPLIT: return s->type.rank > 0 ? "split over data (dim 0)" : "one per device (data)";
+    case ST_LAYOUT_PARTIAL: return "partial over data (sum over devices until all-reduced)";
+  }
+  return "?";
+}
+
+/* The logical (whole-mesh) type: a split slot's dim 0 times the devices. */
+static st_tensor_type st__logical(const st_plan* plan, const st_slot* s) {
+  st_tensor_type t = s->type;
+  if (plan->devices > 1 && s->layout == ST_LAYOUT_SPLIT && t.rank > 0) t.dims[0] *= plan->devices;
+  return t;
+}
+
+/* Every slot of the step plan is a tensor of the explanation, batch
+ * tensors and scalars ("transfer") and host homes (memory "host")
+ * included. */
+json_t* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_train_options* o) {
+  json_t* j = st_json_obj();
+  const int nd = step->devices > 1 ? step->devices : 1;
+  json_t* mesh = st_json_obj();
+  st_json_put_int(mesh, "data", o->parallel_data);
+  st_json_put_int(mesh, "fsdp", o->parallel_fsdp);
+  st_json_put_int(mesh, "tensor", o->parallel_tensor);
+  st_json_put_int(mesh, "devices", nd);
+  json_t* devs = st_json_arr();
+  for (int d = 0; d < nd; ++d) st_json_push(devs, st_json_int(d));
+  st_json_put(mesh, "runtime_devices", devs);
+  json_t* groups = st_json_obj();
+  if (nd > 1) {
+    json_t* g = st_json_arr();
+    json_t* one = st_json_arr();
+    for (int d = 0; d < nd; ++d) st_json_push(one, st_json_int(d));
+    st_json_push(g, one);
+    st_json_put(groups, "data", g);
+  }
+  st_json_put(mesh, "groups", groups);
+  st_json_put(j, "mesh", mesh);
+  st_json_put(j, "policy", step->policy ? st_json_str(step->policy) : json_null());
+
+  json_t* tensors = st_json_arr();
+  for (int i = 0; i < step->slot_count; ++i) {
+    const st_slot* s = &step->slots[i];
+    char t[128];
+    json_t* e = st_json_obj();
+    st_json_put_str(e, "name", s->name);
+    st_json_put_str(e, "category", st_slot_category_name(s->category));
+    st_json_put_str(e, "memory", s->host ? "host" : "device");
+    st_json_put_bool(e, "persistent", s->persistent);
+    st_json_put_str(e, "type_per_device", st_tensor_type_format(&s->type, t, sizeof(t)));
+    st_tensor_type lt = st__logical(step, s);
+    st_json_put_str(e, "type", st_tensor_type_format(&lt, t, sizeof(t)));
+    st_json_put_int(e, "bytes_per_device", (int64_t)st_tensor_type_bytes(&s->type));
+    st_json_put_str(e, "layout", nd > 1 ? st_slot_layout_name(s->layout) : "whole");
+    st_json_put_str(e, "sharding", st__sharding(step, s));
+    st_json_push(tensors, e);
+  }
+  st_json_put(j, "tensors", tensors);
+
+  json_t* colls = st_json_arr();
+  int64_t count = 0, msg = 0, wire = 0;
+  for (int i = 0; i < step->op_count; ++i) {
+    const st_op* op = &step->ops[i];
+    if (op->kind != ST_OP_COLLECTIVE) continue;
+    const char* prog = step->programs[op->program];
+    char kind[32], axis[32];
+    st__collective_kind(prog, kind, sizeof(kind), axis, sizeof(axis));
+    int64_t bytes = 0;
+    json_t* names = st_json_arr();
+    for (int k = 0; k < op->input_count; ++k) {
+      bytes += (int64_t)st_tensor_type_bytes(&step->slots[op->inputs[k]].type);
+      st_json_push(names, st_json_str(step->slots[op->inputs[k]].name));
+    }
+    int64_t w = st__wire_bytes(kind, bytes, nd);
+    json_t* c = st_json_obj();
+    st_json_put_int(c, "op", i);
+    st_json_put_str(c, "program", prog);
+    st_json_put_int(c, "layer", op->layer);
+    st_json_put_str(c, "kind", kind);
+    st_json_put_str(c, "axis", axis);
+    st_json_put_int(c, "devices", nd);
+    st_json_put(c, "tensors", names);
+    st_json_put_int(c, "bytes_per_device", bytes);
+    st_json_put_int(c, "wire_bytes_per_device", w);
+    st_json_push(colls, c);
+    ++count;
+    msg += bytes;
+    wire += w;
+  }
+  st_json_put(j, "collectives", colls);
+  json_t* comm = st_json_obj();
+  st_json_put_int(comm, "collectives", count);
+  st_json_put_int(comm, "bytes_per_device", msg);
+  st_json_put_int(comm, "wire_bytes_per_device", wire);
+  st_json_put_int(comm, "wire_bytes_all_devices", wire * nd);
+  st_json_put(j, "communication_per_step", comm);
+
+  /* Memory per device: the persistent state every step starts from, and the
+   * categories at the predicted peak of the step and of an evaluation. */
+  json_t* mem = st_json_obj();
+  int64_t state[ST_SLOT_CATEGORY_COUNT] = {0};
+  for (int i = 0; i < step->slot_count; ++i)
+    if (step->slots[i].persistent && !step->slots[i].host)
+      state[step->slots[i].category] += (int64_t)st_tensor_type_bytes(&step->slots[i].type);
+  int64_t peak_cat[ST_SLOT_CATEGORY_COUNT];
+  int64_t peak = st_plan_predict_live(step, NULL, peak_cat);
+  int64_t eval_cat[ST_SLOT_CATEGORY_COUNT];
+  int64_t eval_peak = st_plan_predict_live(eval, NULL, eval_cat);
+  json_t* a = st_json_obj();
+  json_t* b = st_json_obj();
+  json_t* c = st_json_obj();
+  for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) {
+    const char* name = st_slot_category_name((st_slot_category)k);
+    st_json_put_int(a, name, state[k]);
+    st_json_put_int(b, name, peak_cat[k]);
+    st_json_put_int(c, name, eval_cat[k]);
+  }
+  st_json_put(mem, "persistent_by_category", a);
+  st_json_put_int(mem, "peak_bytes", peak);
+  st_json_put(mem, "peak_by_category", b);
+  st_json_put_int(mem, "eval_peak_bytes", eval_peak);
+  st_json_put(mem, "eval_peak_by_category", c);
+  st_json_put_int(mem, "host_bytes", st_plan_host_bytes(step));
+  st_json_put(j, "memory_per_device", mem);
+  return j;
+}
+
+/*===-------------------------------------------------------------------===*/
+/* Text                                                                     */
+/*===-------------------------------------------------------------------===*/
+
+/* The grouping key of a tensor name: every number becomes '*', and
+ * whatever follows a block's "layers.*." or a residual's "res[*]." too, so
+ * a block's nine parameters (or eight residuals) of every layer are one
+ * line. "grad:layers.1.wq" -> "grad:layers.*.*". */
+static void st__pattern(const char* name, char* out, size_t n) {
+  size_t k = 0;
+  for (const char* p = name; *p && k + 1 < n; ++p) {
+    if (isdigit((unsigned char)*p)) {
+      out[k++] = '*';
+      while (isdigit((unsigned char)p[1])) ++p;
+    } else {
+      out[k++] = *p;
+    }
+  }
+  out[k] = '\0';
+  const char* cut[2] = {"layers.*.", "res[*]."};
+  for (int c = 0; c < 2; ++c) {
+    char* at = strstr(out, cut[c]);
+    if (at && (size_t)(at - out) + strlen(cut[c]) + 2 <= n) snprintf(at + strlen(cut[c]), 2, "*");
+  }
+}
+
+typedef struct {
+  char pattern[96];
+  int category;
+  bool host;
+  const char* sharding;
+  int count;
+  int64_t bytes;
+  char type[64]; /* the per-device type when every member has the same, else "" */
+  bool mixed;
+} st__group;
+
+static void st__print_bytes_by_category(FILE* out, const char* what, const json_t* obj) {
+  fprintf(out, "  %-26s", what);
+  int64_t total = 0;
+  for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) {
+    int64_t v = json_integer_value(json_object_get(obj, st_slot_category_name((st_slot_category)k)));
+    fprintf(out, " %12lld", (long long)v);
+    total += v;
+  }
+  fprintf(out, " %12lld\n", (long long)total);
+}
+
+void st_plan_explain_print(const st_plan* step, const json_t* j, FILE* out) {
+  const json_t* mesh = json_object_get(j, "mesh");
+  const int nd = (int)json_integer_value(json_object_get(mesh, "devices"));
+  fprintf(out, "# mesh: data=%lld fsdp=%lld tensor=%lld: %d device%s (runtime device%s",
+          (long long)json_integer_value(json_object_get(mesh, "data")),
+          (long long)json_integer_value(json_object_get(mesh, "fsdp")),
+          (long long)json_integer_value(json_object_get(mesh, "tensor")), nd, nd == 1 ? "" : "s", nd == 1 ? "" : "s");
+  for (int d = 0; d < nd; ++d) fprintf(out, " %d", d);
+  fprintf(out, ")");
+  if (nd > 1) {
+    fprintf(out, "; data groups [[");
+    for (int d = 0; d < nd; ++d) fprintf(out, "%s%d", d ? " " : "", d);
+    fprintf(out, "]]");
+  }
+  fprintf(out, "\n");
+  if (step->policy) fprintf(out, "# policy: %s\n", step->policy);
+
+  /* Tensors, grouped: one line per category, memory, sharding and name pattern. */
+  st__group* g = st_xcalloc((size_t)step->slot_count + 1, sizeof(st__group));
+  int ng = 0;
+  for (int i = 0; i < step->slot_count; ++i) {
+    const st_slot* s = &step->slots[i];
+    char pat[96], t[64];
+    st__pattern(s->name, pat, sizeof(pat));
+    const char* sh = st__sharding(step, s);
+    st_tensor_type_format(&s->type, t, sizeof(t));
+    int k = 0;
+    while (k < ng && !(g[k].category == (int)s->category && g[k].host == s->host && g[k].sharding == sh &&
+                       strcmp(g[k].pattern, pat) == 0))
+      ++k;
+    if (k == ng) {
+      snprintf(g[k].pattern, sizeof(g[k].pattern), "%s", pat);
+      g[k].category = (int)s->category;
+      g[k].host = s->host;
+      g[k].sharding = sh;
+      snprintf(g[k].type, sizeof(g[k].type), "%s", t);
+      ++ng;
+    } else if (strcmp(g[k].type, t) != 0) {
+      g[k].mixed = true;
+    }
+    g[k].count++;
+    g[k].bytes += (int64_t)st_tensor_type_bytes(&s->type);
+  }
+  fprintf(out, "# tensors: %d (grouped: '*' is any number, 'layers.*.*' every block parameter of every layer, 'res[*].*' "
+               "every residual; --json lists each)\n",
+          step->slot_count);
+  fprintf(out, "  %-12s %-6s %-24s %5s %12s  %-18s %s\n", "category", "memory", "tensors", "count", "bytes/device",
+          "type/device", "sharding");
+  for (int c = 0; c < ST_SLOT_CATEGORY_COUNT; ++c)
+    for (int k = 0; k < ng; ++k) {
+      if (g[k].category != c) continue;
+      fprintf(out, "  %-12s %-6s %-24s %5d %12lld  %-18s %s\n", st_slot_category_name((st_slot_category)c),
+              g[k].host ? "host" : "device", g[k].pattern, g[k].count, (long long)g[k].bytes, g[k].mixed ? "(various)" : g[k].type,
+              g[k].sharding);
+    }
+  free(g);
+
+  const json_t* colls = json_object_get(j, "collectives");
+  const json_t* comm = json_object_get(j, "communication_per_step");
+  fprintf(out, "# collectives per layer, in plan order (bytes per device: the message, and what a ring sends)\n");
+  if (json_array_size(colls) == 0) fprintf(out, "  none: %s\n", nd == 1 ? "one device" : "no COLLECTIVE op in the plan");
+  for (size_t i = 0; i < json_array_size(colls); ++i) {
+    const json_t* c = json_array_get(colls, i);
+    long long layer = (long long)json_integer_value(json_object_get(c, "layer"));
+    char where[32];
+    const char* prog = json_string_value(json_object_get(c, "program"));
+    if (layer >= 0)
+      snprintf(where, sizeof(where), "layer %lld", layer);
+    else /* embed, head: the group the exporter named the program after */
+      snprintf(where, sizeof(where), "%.*s", (int)strcspn(prog, "_"), prog);
+    fprintf(out, "  op %4lld %-9s %-26s %-10s over %-6s %3zu tensors %10lld B  wire %10lld B\n",
+            (long long)json_integer_value(json_object_get(c, "op")), where, prog, json_string_value(json_object_get(c, "kind")),
+            json_string_value(json_object_get(c, "axis")), json_array_size(json_object_get(c, "tensors")),
+            (long long)json_integer_value(json_object_get(c, "bytes_per_device")),
+            (long long)json_integer_value(json_object_get(c, "wire_bytes_per_device")));
+  }
+  fprintf(out, "# communication per step: %lld collectives, %lld B per device (message), %lld B sent per device, %lld B "
+               "over all devices\n",
+          (long long)json_integer_value(json_object_get(comm, "collectives")),
+          (long long)json_integer_value(json_object_get(comm, "bytes_per_device")),
+          (long long)json_integer_value(json_object_get(comm, "wire_bytes_per_device")),
+          (long long)json_integer_value(json_object_get(comm, "wire_bytes_all_devices")));
+
+  const json_t* mem = json_object_get(j, "memory_per_device");
+  fprintf(out, "# predicted memory per device, bytes\n");
+  fprintf(out, "  %-26s", "");
+  for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) fprintf(out, " %12s", st_slot_category_name((st_slot_category)k));
+  fprintf(out, " %12s\n", "total");
+  st__print_bytes_by_category(out, "persistent state", json_object_get(mem, "persistent_by_category"));
+  st__print_bytes_by_category(out, "training step peak", json_object_get(mem, "peak_by_category"));
+  st__print_bytes_by_category(out, "evaluation peak", json_object_get(mem, "eval_peak_by_category"));
+  fprintf(out, "  host memory (offloaded homes): %lld\n", (long long)json_integer_value(json_object_get(mem, "host_bytes")));
+}

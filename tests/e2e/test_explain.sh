@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# test_explain.sh — `strata plan --explain` (docs/parallelism.md, "strata plan
+# --explain"): the exact text for configs/test.yml on parallel.data=2 and on
+# one device, and the --json form checked against the plan itself (every slot
+# listed, peaks equal to the plan's prediction) and against the bundle's
+# manifest (each collective's message and ring bytes per device). Also: the
+# one-device `strata plan` text is not touched by --explain. Run from the
+# repository root.
+set -uo pipefail
+
+STRATA=$(realpath "${STRATA:-./build/strata}")
+PY=${PY:-.venv/bin/python}
+TMP=$(mktemp -d /tmp/strata-e2e-explain-XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+
+source "$(dirname "$0")/lib.sh"
+
+# exact CASE ARGS...: `strata plan --explain ARGS` prints $TMP/CASE.want
+# after its "# bundle <dir>" line (the directory depends on the cache).
+exact() {
+  local name=$1
+  shift
+  "$STRATA" plan --explain "$@" >"$TMP/$name.out" 2>"$TMP/$name.err"
+  local code=$?
+  if [ "$code" != 0 ]; then
+    bad "plan --explain $*: exit $code: $(tail -3 "$TMP/$name.err")"
+  elif ! head -1 "$TMP/$name.out" | grep -q '^# bundle /'; then
+    bad "plan --explain $*: first line is not the bundle: $(head -1 "$TMP/$name.out")"
+  elif ! diff <(sed 1d "$TMP/$name.out") "$TMP/$name.want" >"$TMP/$name.diff"; then
+    bad "plan --explain $*: differs from the expected text (< got, > want):
+$(cat "$TMP/$name.diff")"
+  else
+    ok
+  fi
+}
+
+cat >"$TMP/data2.want" <<'WANT'
+# mesh: data=2 fsdp=1 tensor=1: 2 devices (runtime devices 0 1); data groups [[0 1]]
+# policy: remat=full offload=none prefetch_depth=1 wait=deferred optimizer=after_backward data=2 grad_reduce=per_layer
+# tensors: 138 (grouped: '*' is any number, 'layers.*.*' every block parameter of every layer, 'res[*].*' every residual; --json lists each)
+  category     memory tensors                  count bytes/device  type/device        sharding
+  params       device wte                          1        32768  f32[256,32]        replicated over data
+  params       device layers.*.*                  18        82432  (various)          replicated over data
+  params       device final_norm                   1          128  f32[32]            replicated over data
+  grads        device grad:final_norm              1          128  f32[32]            partial over data (sum over devices until all-reduced)
+  grads        device hgrad:wte                    1        32768  f32[256,32]        partial over data (sum over devices until all-reduced)
+  grads        device grad:layers.*.*             18        82432  (various)          partial over data (sum over devices until all-reduced)
+  grads        device grad:wte                     1        32768  f32[256,32]        partial over data (sum over devices until all-reduced)
+  grads        device gtmp:final_norm              1          128  f32[32]            partial over data (sum over devices until all-reduced)
+  grads        device gtmp:layers.*.*             18        82432  (various)          partial over data (sum over devices until all-reduced)
+  grads        device gtmp:wte                     1        32768  f32[256,32]        partial over data (sum over devices until all-reduced)
+  optimizer    device m:wte                        1        32768  f32[256,32]        replicated over data
+  optimizer    device v:wte                        1        32768  f32[256,32]        replicated over data
+  optimizer    device m:layers.*.*                18        82432  (various)          replicated over data
+  optimizer    device v:layers.*.*                18        82432  (various)          replicated over data
+  optimizer    device m:final_norm                 1          128  f32[32]            replicated over data
+  optimizer    device v:final_norm                 1          128  f32[32]            replicated over data
+  activations  device x[*]                         3         6144  f32[1,16,32]       split over data (dim 0)
+  activations  device dx                           1         2048  f32[1,16,32]       split over data (dim 0)
+  activations  device res[*].*                    16        37120  (various)          split over data (dim 0)
+  activations  device y_re                         1         2048  f32[1,16,32]       split over data (dim 0)
+  transfer     device tokens[*]                    2          128  s32[1,16]          split over data (dim 0)
+  transfer     device targets[*]                   2          128  s32[1,16]          split over data (dim 0)
+  transfer     device mask[*]                      2          128  f32[1,16]          split over data (dim 0)
+  transfer     device loss[*]                      2            8  f32[]              one per device (data)
+  transfer     device sq[*]                        4           16  f32[]              replicated over data
+  transfer     device step                         1            4  f32[]              replicated over data
+  transfer     device lr                           1            4  f32[]              replicated over data
+  transfer     device gscale                       1            4  f32[]              replicated over data
+  transfer     device hyper                        1           16  f32[4]             replicated over data
+# collectives per layer, in plan order (bytes per device: the message, and what a ring sends)
+  op   30 head      head_data_all_reduce       all_reduce over data     1 tensors        128 B  wire        128 B
+  op   37 layer 1   block_data_all_reduce      all_reduce over data     9 tensors      41216 B  wire      41216 B
+  op   44 layer 0   block_data_all_reduce      all_reduce over data     9 tensors      41216 B  wire      41216 B
+  op   51 embed     embed_data_all_reduce      all_reduce over data     1 tensors      32768 B  wire      32768 B
+# communication per step: 4 collectives, 115328 B per device (message), 115328 B sent per device, 230656 B over all devices
+# predicted memory per device, bytes
+                                   params        grads    optimizer  activations     transfer        total
+  persistent state                 115328            0       230656            0            0       345984
+  training step peak               115328       189312       230656        24704           72       560072
+  evaluation peak                  115328            0            0         4096          128       119552
+  host memory (offloaded homes): 0
+WANT
+exact data2 configs/test.yml parallel.data=2 runtime.cpu_devices=4
+
+cat >"$TMP/one.want" <<'WANT'
+# mesh: data=1 fsdp=1 tensor=1: 1 device (runtime device 0)
+# policy: remat=full offload=none prefetch_depth=1 wait=deferred optimizer=after_backward
+# tensors: 138 (grouped: '*' is any number, 'layers.*.*' every block parameter of every layer, 'res[*].*' every residual; --json lists each)
+  category     memory tensors                  count bytes/device  type/device        sharding
+  params       device wte                          1        32768  f32[256,32]        whole
+  params       device layers.*.*                  18        82432  (various)          whole
+  params       device final_norm                   1          128  f32[32]            whole
+  grads        device grad:final_norm              1          128  f32[32]            whole
+  grads        device hgrad:wte                    1        32768  f32[256,32]        whole
+  grads        device grad:layers.*.*             18        82432  (various)          whole
+  grads        device grad:wte                     1        32768  f32[256,32]        whole
+  grads        device gtmp:final_norm              1          128  f32[32]            whole
+  grads        device gtmp:layers.*.*             18        82432  (various)          whole
+  grads        device gtmp:wte                     1        32768  f32[256,32]        whole
+  optimizer    device m:wte                        1        32768  f32[256,32]        whole
+  optimizer    device v:wte                        1        32768  f32[256,32]        whole
+  optimizer    device m:layers.*.*                18        82432  (various)          whole
+  optimizer    device v:layers.*.*                18        82432  (various)          whole
+  optimizer    device m:final_norm                 1          128  f32[32]            whole
+  optimizer    device v:final_norm                 1          128  f32[32]            whole
+  activations  device x[*]                         3        12288  f32[2,16,32]       whole
+  activations  device dx                           1         4096  f32[2,16,32]       whole
+  activations  device res[*].*                    16        74240  (various)          whole
+  activations  device y_re                         1         4096  f32[2,16,32]       whole
+  transfer     device tokens[*]                    2          256  s32[2,16]          whole
+  transfer     device targets[*]                   2          256  s32[2,16]          whole
+  transfer     device mask[*]                      2          256  f32[2,16]          whole
+  transfer     device loss[*]                      2            8  f32[]              whole
+  transfer     device sq[*]                        4           16  f32[]              whole
+  transfer     device step                         1            4  f32[]              whole
+  transfer     device lr                           1            4  f32[]              whole
+  transfer     device gscale                       1            4  f32[]              whole
+  transfer     device hyper                        1           16  f32[4]             whole
+# collectives per layer, in plan order (bytes per device: the message, and what a ring sends)
+  none: one device
+# communication per step: 0 collectives, 0 B per device (message), 0 B sent per device, 0 B over all devices
+# predicted memory per device, bytes
+                                   params        grads    optimizer  activations     transfer        total
+  persistent state                 115328            0       230656            0            0       345984
+  training step peak               115328       189312       230656        49408          136       584840
+  evaluation peak                  115328            0            0         8192          256       123776
+  host memory (offloaded homes): 0
+WANT
+exact one configs/test.yml
+
+# --- --json: everything, consistent with the plan and the bundle -------------------
+for c in one data2; do
+  extra=()
+  [ "$c" = data2 ] && extra=(parallel.data=2 runtime.cpu_devices=4)
+  "$STRATA" plan --explain --json configs/test.yml "${extra[@]}" >"$TMP/$c.json" 2>"$TMP/$c.jerr" || bad "plan --explain --json ($c) failed"
+  "$STRATA" plan --json configs/test.yml "${extra[@]}" >"$TMP/$c.plan.json" 2>/dev/null || bad "plan --json ($c) failed"
+  check "plan --explain --json ($c): every slot with its sharding, collectives as in the manifest, peaks as planned" "$PY - '$TMP/$c.json' '$TMP/$c.plan.json' $c <<'PYEOF'
+import json, os, sys
+doc = json.load(open(sys.argv[1]))
+plan = json.load(open(sys.argv[2]))
+case = sys.argv[3]
+e, step = doc['explain'], plan['step']
+nd = 2 if case == 'data2' else 1
+assert e['mesh'] == {'data': nd, 'fsdp': 1, 'tensor': 1, 'devices': nd, 'runtime_devices': list(range(nd)),
+                     'groups': {'data': [[0, 1]]} if nd > 1 else {}}, e['mesh']
+assert e['policy'] == step['policy']
+# every tensor of the step plan, in slot order, with its per-device type and layout
+assert [t['name'] for t in e['tensors']] == [s['name'] for s in step['slots']]
+for t, s in zip(e['tensors'], step['slots']):
+    assert t['category'] == s['category'] and t['type_per_device'] == s['type'] and t['bytes_per_device'] == s['bytes'], (t, s)
+    assert t['layout'] == s.get('layout', 'whole'), (t, s)
+    if t['layout'] == 'split' and not t['type'].endswith('[]'):
+        lead = lambda ty: int(ty.split('[')[1].split(',')[0].rstrip(']'))
+        assert lead(t['type']) == nd * lead(t['type_per_device']), t
+    else:
+        assert t['type'] == t['type_per_device'], t
+cats = {t['category'] for t in e['tensors']}
+assert cats == {'params', 'grads', 'optimizer', 'activations', 'transfer'}, cats
+if nd > 1:
+    lay = {t['category']: set() for t in e['tensors']}
+    for t in e['tensors']:
+        lay[t['category']].add(t['layout'])
+    assert lay['params'] == lay['optimizer'] == {'replicated'} and lay['grads'] == {'partial'} and lay['activations'] == {'split'}, lay
+# the collectives: the plan's COLLECTIVE ops, bytes from the bundle manifest
+colls = [o for o in step['ops'] if o['kind'] == 'COLLECTIVE']
+assert [c['op'] for c in e['collectives']] == [o['index'] for o in colls]
+man = json.load(open(os.path.join(doc['bundle'], 'manifest.json')))
+by_name = {c['name']: c for c in man.get('collectives', [])}
+for c, o in zip(e['collectives'], colls):
+    m = by_name[c['program']]
+    assert c['program'] == o['program'] and c['layer'] == o['layer'] and c['devices'] == nd
+    assert (c['kind'], c['axis']) == (m['kind'], m['axis']), (c, m)
+    assert c['bytes_per_device'] == m['bytes_per_device'] and c['wire_bytes_per_device'] == m['wire_bytes_per_device'], (c, m)
+    assert c['tensors'] == [step['slots'][i]['name'] for i in o['inputs']]
+    assert c['bytes_per_device'] == sum(step['slots'][i]['bytes'] for i in o['inputs'])
+comm = e['communication_per_step']
+assert comm['collectives'] == len(colls) == (4 if nd > 1 else 0)
+assert comm['bytes_per_device'] == sum(c['bytes_per_device'] for c in e['collectives'])
+assert comm['wire_bytes_per_device'] == sum(c['wire_bytes_per_device'] for c in e['collectives'])
+assert comm['wire_bytes_all_devices'] == nd * comm['wire_bytes_per_device']
+params = sum(s['bytes'] for s in step['slots'] if s['category'] == 'params' and s['persistent'])
+assert comm['bytes_per_device'] == (params if nd > 1 else 0)  # data parallelism reduces every gradient once
+mem = e['memory_per_device']
+assert mem['peak_bytes'] == step['predicted_peak_bytes'] == sum(mem['peak_by_category'].values())
+assert mem['peak_by_category'] == step['predicted_peak_by_category']
+assert mem['eval_peak_bytes'] == plan['eval']['predicted_peak_bytes'] == sum(mem['eval_peak_by_category'].values())
+assert mem['host_bytes'] == step['host_bytes']
+assert mem['persistent_by_category']['optimizer'] == 2 * mem['persistent_by_category']['params'] == 2 * params
+print(f'# explain {case}: {len(e[\"tensors\"])} tensors, {comm[\"collectives\"]} collectives, peak {mem[\"peak_bytes\"]} B per device')
+PYEOF"
+done
+
+# --- the plain plan text does not change --------------------------------------------
+out=$("$STRATA" plan configs/test.yml 2>/dev/null)
+check "plain strata plan has no explanation in it" "! grep -q '^# mesh:' <<<\"\$out\" && grep -q '^# live bytes after each op' <<<\"\$out\""
+
+finish test_explain.sh
