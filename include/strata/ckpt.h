@@ -105,7 +105,11 @@ typedef struct st_ckpt_meta {
   const json_t* config;   /* the resolved config (an object; NULL writes {}) */
   const char* config_hash;
   const char* bundle_key;
-  const json_t* model;    /* the bundle's "model" object (NULL writes {}) */
+  const json_t* model;    /* the model's identity (NULL writes {}): mesh-independent, see docs/checkpoints.md */
+  /* The mesh the state was trained on ("mesh" in the manifest; 0 counts as
+   * 1). Every tensor is written whole (layout "whole") whatever the mesh,
+   * so any mesh the model allows can read it back. */
+  int mesh_data, mesh_fsdp, mesh_tensor;
 } st_ckpt_meta;
 
 /* A host copy of the training state, ready to be written. The writer reads
@@ -215,6 +219,9 @@ typedef struct st_ckpt {
   char* bundle_key;
   json_t* model;  /* the manifest's "model" object (owned reference) */
   json_t* config; /* the manifest's "config" object (owned reference) */
+  /* The manifest's "mesh" (axis sizes, devices = their product); all 0 in a
+   * checkpoint written before meshes were recorded (one device). */
+  int mesh_data, mesh_fsdp, mesh_tensor, mesh_devices;
   int tensor_count;
   st_ckpt_tensor_info* tensors;
   int file_count;

@@ -282,6 +282,13 @@ static char* st__manifest_text(const st_ckpt_snapshot* snap, const st__file_rec*
   st_json_put_str(j, "bundle_key", m->bundle_key);
   st_json_put(j, "model", m->model ? json_incref((json_t*)m->model) : st_json_obj());
   st_json_put(j, "config", m->config ? json_incref((json_t*)m->config) : st_json_obj());
+  int axes[3] = {m->mesh_data > 0 ? m->mesh_data : 1, m->mesh_fsdp > 0 ? m->mesh_fsdp : 1, m->mesh_tensor > 0 ? m->mesh_tensor : 1};
+  json_t* mesh = st_json_obj();
+  st_json_put_int(mesh, "data", axes[0]);
+  st_json_put_int(mesh, "fsdp", axes[1]);
+  st_json_put_int(mesh, "tensor", axes[2]);
+  st_json_put_int(mesh, "devices", (int64_t)axes[0] * axes[1] * axes[2]);
+  st_json_put(j, "mesh", mesh);
   char hex[17];
   json_t* fa = st_json_arr();
   for (int i = 0; i < file_count; ++i) {
@@ -306,6 +313,10 @@ static char* st__manifest_text(const st_ckpt_snapshot* snap, const st__file_rec*
     st_json_put_int(t, "offset", (int64_t)trec[i].offset);
     st_json_put_int(t, "bytes", (int64_t)st_tensor_type_bytes(&snap->types[i]));
     st_json_put_str(t, "xxh64", hex);
+    /* Whole on every mesh: the snapshot reads one replica of each tensor. A
+     * sharded layout would name its axis here, and readers that cannot
+     * reassemble it refuse the checkpoint naming the tensor. */
+    st_json_put_str(t, "layout", "whole");
     st_json_push(ta, t);
   }
   st_json_put(j, "tensors", ta);

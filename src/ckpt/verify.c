@@ -193,6 +193,27 @@ static st_status st__read_manifest(const char* dir, st_ckpt* c, json_t** out_jso
   if (!json_is_object(model) || !json_is_object(config)) ST__FAIL("'%s': \"model\" and \"config\" must be objects", path);
   c->model = json_incref(model);
   c->config = json_incref(config);
+  const json_t* mesh = json_object_get(j, "mesh");
+  if (mesh) {
+    /* Bounded like every count read from disk; the axes must multiply to
+     * the devices, or the record cannot be the mesh that wrote the state. */
+    const char* axis_names[4] = {"data", "fsdp", "tensor", "devices"};
+    int64_t v[4] = {0, 0, 0, 0};
+    for (int a = 0; a < 4; ++a) {
+      const json_t* x = json_is_object(mesh) ? json_object_get(mesh, axis_names[a]) : NULL;
+      if (!st_json_as_int(x, &v[a]) || v[a] < 1 || v[a] > 65536)
+        ST__FAIL("'%s': \"mesh\" needs integer \"data\", \"fsdp\", \"tensor\" and \"devices\" in 1..65536 (\"%s\" is not)", path,
+                 axis_names[a]);
+    }
+    if (v[0] * v[1] * v[2] != v[3])
+      ST__FAIL("'%s': \"mesh\" is data %lld x fsdp %lld x tensor %lld = %lld devices, but records devices %lld: the mesh record is "
+               "inconsistent",
+               path, (long long)v[0], (long long)v[1], (long long)v[2], (long long)(v[0] * v[1] * v[2]), (long long)v[3]);
+    c->mesh_data = (int)v[0];
+    c->mesh_fsdp = (int)v[1];
+    c->mesh_tensor = (int)v[2];
+    c->mesh_devices = (int)v[3];
+  }
 
   const json_t* files = json_object_get(j, "files");
   const json_t* tensors = json_object_get(j, "tensors");
@@ -251,6 +272,12 @@ static st_status st__read_manifest(const char* dir, st_ckpt* c, json_t** out_jso
       ti->type.dims[d] = x;
     }
     if (!st__parse_hex64(hash, &ti->xxh64)) ST__FAIL("'%s': tensor '%s' has a bad xxh64 \"%s\"", path, name, hash);
+    /* Absent in checkpoints written before layouts were recorded: those were whole. */
+    const json_t* layout = json_object_get(t, "layout");
+    if (layout && (!json_is_string(layout) || strcmp(json_string_value(layout), "whole")))
+      ST__FAIL("'%s': tensor '%s' is stored with layout \"%.64s\", which this strata cannot reassemble onto any mesh (it writes and "
+               "reads every tensor whole, \"layout\": \"whole\"); resume it with the strata that wrote it",
+               path, name, json_is_string(layout) ? json_string_value(layout) : "(not a string)");
     if (st_tensor_type_bytes(&ti->type) != ti->bytes) ST__FAIL("'%s': tensor '%s': bytes %zu do not match its shape", path, name, ti->bytes);
     bool known = false;
     for (int f = 0; f < c->file_count; ++f) known |= !strcmp(c->files[f].file, file);

@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "strata/base.h"
+#include "strata/bundle.h"
 #include "strata/ckpt.h"
 #include "strata/diag.h"
 #include "strata/obs.h"
@@ -41,7 +42,8 @@ struct st_train_ckpt {
   double inflight_blocking_s, inflight_waited_s;
 
   json_t* config; /* the resolved config, for the manifest */
-  json_t* model;  /* the bundle's "model" object, for the manifest */
+  json_t* model;  /* the model's identity, for the manifest: the model JSON with the whole microbatch */
+  char key[17];   /* the one-device bundle key of |model|: the same on every mesh */
   char config_hash[17];
   int64_t last_saved_step; /* of the newest save that succeeded; 0: none yet */
   bool first_step_logged;
@@ -100,8 +102,23 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
   c->events = st_xcalloc((size_t)c->count + 1, sizeof(st_event*));
 
   c->config = st_config_json(cfg);
+  /* A checkpoint identifies the model, not how it was cut over devices: the
+   * model JSON the bundle is exported with carries one device's share of a
+   * microbatch and the bundle key hashes the mesh, so both would make a
+   * data=2 checkpoint foreign to a one-device run. The manifest records the
+   * whole microbatch and the key of the one-device bundle of that model
+   * (which is this run's own key on one device, so checkpoints written
+   * before meshes existed still match); the mesh goes in "mesh". */
   c->model = json_loads(in->options->model_json, 0, NULL);
   st_status s = c->model ? ST_OK : st_status_make(ST_CODE_INTERNAL, "the model JSON does not parse: %s", in->options->model_json);
+  if (!s && o->mesh[0]) {
+    st_json_put_int(c->model, "microbatch_size", o->batch_size / (o->microbatches > 0 ? o->microbatches : 1));
+    char* text = st_json_dump(c->model, 0);
+    st_bundle_key(text, c->key);
+    free(text);
+  } else if (!s) {
+    snprintf(c->key, sizeof(c->key), "%s", in->bundle->key);
+  }
   st_config_hash(cfg, NULL, 0, c->config_hash);
 
   if (!s) s = st_faults_create(&o->faults, in->run_dir, &c->faults);
@@ -158,7 +175,7 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
 
   /* The bundle key also hashes the exporter's sources; with
    * ckpt.allow_bundle_change only the model config and the tensors must match. */
-  st_ckpt_expect expect = {c->allow_bundle_change ? NULL : c->in.bundle->key, c->model, c->count, c->names,
+  st_ckpt_expect expect = {c->allow_bundle_change ? NULL : c->key, c->model, c->count, c->names,
                            c->types};
   st_ckpt* ck = NULL;
   int skipped = 0;
@@ -208,10 +225,19 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
   const char* slash = strrchr(ck->dir, '/');
   const char* name = slash ? slash + 1 : ck->dir;
   bool changed = strcmp(ck->config_hash, c->config_hash) != 0;
-  bool bundle_changed = strcmp(ck->bundle_key, c->in.bundle->key) != 0;
+  bool bundle_changed = strcmp(ck->bundle_key, c->key) != 0;
   if (bundle_changed)
     fprintf(stderr, "strata: warning: %s was written with bundle %s, this run uses %s (allowed by ckpt.allow_bundle_change)\n", ck->dir,
-            ck->bundle_key, c->in.bundle->key);
+            ck->bundle_key, c->key);
+  /* Every tensor is whole in the file, and st_executor_put gives each device
+   * its replica: any mesh the config accepts lays it out (docs/checkpoints.md). */
+  int now[3] = {o->parallel_data > 0 ? o->parallel_data : 1, o->parallel_fsdp > 0 ? o->parallel_fsdp : 1,
+                o->parallel_tensor > 0 ? o->parallel_tensor : 1};
+  int was[3] = {ck->mesh_data > 0 ? ck->mesh_data : 1, ck->mesh_fsdp > 0 ? ck->mesh_fsdp : 1, ck->mesh_tensor > 0 ? ck->mesh_tensor : 1};
+  if (memcmp(now, was, sizeof(now)))
+    fprintf(stderr, "strata: %s was written on mesh data=%d fsdp=%d tensor=%d (%d devices); this run: data=%d fsdp=%d tensor=%d (%d devices). "
+            "Its tensors are whole, so each device gets its replica; losses continue within rounding, not bitwise\n",
+            ck->dir, was[0], was[1], was[2], was[0] * was[1] * was[2], now[0], now[1], now[2], now[0] * now[1] * now[2]);
   fprintf(stderr, "strata: resuming from %s (step %lld)%s\n", ck->dir, (long long)ck->step,
           changed ? "; the config differs from the checkpoint's (see the resumed event)" : "");
   json_t* e = st_json_obj();
@@ -223,8 +249,25 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
   st_json_put_bool(e, "latest_was_newest_valid", latest && !strcmp(latest, name));
   st_json_put_str(e, "config_hash", c->config_hash);
   st_json_put_str(e, "checkpoint_config_hash", ck->config_hash);
-  st_json_put_str(e, "bundle_key", c->in.bundle->key);
+  st_json_put_str(e, "bundle_key", c->key);
   st_json_put_str(e, "checkpoint_bundle_key", ck->bundle_key);
+  const char* axis[3] = {"data", "fsdp", "tensor"};
+  json_t* mesh_now = st_json_obj();
+  json_t* mesh_was = st_json_obj();
+  for (int a = 0; a < 3; ++a) {
+    st_json_put_int(mesh_now, axis[a], now[a]);
+    st_json_put_int(mesh_was, axis[a], was[a]);
+  }
+  st_json_put_int(mesh_now, "devices", now[0] * now[1] * now[2]);
+  st_json_put_int(mesh_was, "devices", was[0] * was[1] * was[2]);
+  st_json_put(e, "mesh", mesh_now);
+  /* null: written before manifests recorded the mesh (one device) */
+  if (ck->mesh_devices > 0)
+    st_json_put(e, "checkpoint_mesh", mesh_was);
+  else {
+    json_decref(mesh_was);
+    st_json_put(e, "checkpoint_mesh", json_null());
+  }
   s = st_runlog_event(c->in.log, "resumed", e);
   free(latest);
   *out_step = ck->step;
@@ -337,8 +380,11 @@ static st_status st__snapshot(st_train_ckpt* c, int64_t step) {
       .total_steps = o->steps,
       .config = c->config,
       .config_hash = c->config_hash,
-      .bundle_key = c->in.bundle->key,
+      .bundle_key = c->key,
       .model = c->model,
+      .mesh_data = o->parallel_data,
+      .mesh_fsdp = o->parallel_fsdp,
+      .mesh_tensor = o->parallel_tensor,
   };
   st_ckpt_snapshot_set_meta(c->snap, &m);
   return ST_OK;
