@@ -13,13 +13,19 @@ Measures (docs/performance.md explains the method and shows the numbers):
   overhead  strata and the unrolled anchor under `perf record`: CPU time of
             the host (main) thread per step against the step time, and how
             busy XLA's worker threads are
+  parallel  each mesh the trainer supports (1 device, data=2, data=4 on 4 CPU
+            devices): strata's step time and accounted per-device peak bytes
+            as ratios to the 1-device strata step and to the monolithic
+            anchor jitted over the same mesh (anchor.py --mesh), and the
+            communication overlap ratio (metrics comm_overlap_ratio) for
+            sched.grad_reduce=per_layer, bucketed and sched.wait=eager
   extra     every other bench/bench_*.py, whose Markdown output is folded in
 
 Results: bench/results/<date>-<host>.json and a Markdown section appended to
 bench/results/README.md (both skipped with --no-save). Speed targets are
 reported, never asserted.
 
-    .venv/bin/python bench/run.py [--quick] [--sections step,compile,overhead,extra]
+    .venv/bin/python bench/run.py [--quick] [--sections step,compile,overhead,parallel,extra]
         [--rounds N] [--no-save]
 """
 
@@ -48,7 +54,7 @@ sys.path.insert(0, HERE)
 import flops as FL  # noqa: E402
 import perfsplit  # noqa: E402
 
-SECTIONS = ("step", "compile", "overhead", "extra")
+SECTIONS = ("step", "compile", "overhead", "parallel", "extra")
 OWN_HELPERS = {"bench_ckpt.py", "bench_sched.py"}  # not special: listed here only for the docs' sake
 
 
@@ -61,6 +67,18 @@ class Preset:
     diagnostics: bool = False  # also run the one-round diagnostic variants
     diag_steps: int = 0        # steps of a diagnostic run (0: same as steps)
     retry_s: float = 0         # at most this long re-running variants that never ran alone
+
+
+@dataclass
+class ParallelPreset:
+    """The parallel section: every mesh on one client of `cpu_devices` CPU devices."""
+    config: str
+    overrides: list[str]
+    steps: int
+    warmup: int
+    datas: list[int]  # parallel.data of each mesh (1: one device)
+    rounds: int
+    cpu_devices: int = 4
 
 
 @dataclass
@@ -79,6 +97,7 @@ class Plan:
     overhead_steps: int
     overhead_warmup: int
     extra_timeout_s: int
+    parallel: ParallelPreset | None = None
 
 
 FULL = Plan(
@@ -89,6 +108,7 @@ FULL = Plan(
     depth_config=("configs/small.yml", []), depths=[2, 8, 32], compile_rounds=2,
     overhead_preset="small", overhead_steps=14, overhead_warmup=3,
     extra_timeout_s=420,
+    parallel=ParallelPreset("configs/tiny.yml", [], steps=20, warmup=5, datas=[1, 2, 4], rounds=2),
 )
 QUICK = Plan(
     presets={"test": Preset("configs/test.yml", [], steps=8, warmup=2, diagnostics=True)},
@@ -96,6 +116,8 @@ QUICK = Plan(
     depth_config=("configs/test.yml", []), depths=[2, 4], compile_rounds=1,
     overhead_preset="test", overhead_steps=8, overhead_warmup=2,
     extra_timeout_s=120,
+    # batch 8 in 2 microbatches: 4 rows, which data=4 can still cut
+    parallel=ParallelPreset("configs/test.yml", ["train.batch_size=8"], steps=6, warmup=2, datas=[1, 2, 4], rounds=1),
 )
 
 # The malloc policy strata's runtime applies to itself (docs/runtime.md,
@@ -174,6 +196,13 @@ def fmt_bytes(n: Any) -> str:
     if not isinstance(n, (int, float)):
         return "–"
     return f"{n / 2**20:.0f} MiB"
+
+
+def fmt_size(n: Any) -> str:
+    """Bytes in the unit that keeps three figures: the parallel section's test preset lives in KiB."""
+    if not isinstance(n, (int, float)):
+        return "–"
+    return f"{n / 2**20:.3g} MiB" if n >= 2**20 else f"{n / 2**10:.3g} KiB"
 
 
 def md_table(header: list[str], rows: list[list[Any]]) -> str:
@@ -346,7 +375,7 @@ class Bench:
     def anchor(self, config: str | None, overrides: list[str], variant: str, name: str, steps: int | None,
                plugin: bool = False, compile_only: bool = False, perf: str | None = None,
                timeout_s: float = 900, inputs: tuple[str, str] | None = None,
-               env: dict[str, str] | None = None) -> dict[str, Any]:
+               env: dict[str, str] | None = None, mesh: str | None = None) -> dict[str, Any]:
         """inputs: (resolved config JSON file, token file) instead of config + overrides."""
         out = self.tmp(name) + ".json"
         src = ["--config-json", inputs[0], "--tokens", inputs[1]] if inputs else [config or "", *overrides]
@@ -355,6 +384,8 @@ class Bench:
             cmd += ["--steps", str(steps)]
         if compile_only:
             cmd.append("--compile-only")
+        if mesh:
+            cmd += ["--mesh", mesh]  # one jit over that many of jaxlib's CPU devices (anchor.py sets XLA_FLAGS)
         if plugin:
             if not self.plugin:
                 raise RuntimeError("strata's CPU plugin (lammps_jax_pjrt_cpu) is not installed in this Python")
@@ -686,6 +717,97 @@ def _overhead_summary(sp: dict[str, Any], n_steps: int, step_s: float | None, nc
     }
 
 
+# --- parallel ---------------------------------------------------------------------
+
+def parallel_policies(data: int) -> dict[str, list[str]]:
+    """The strata runs of one mesh: the default policy (gradients reduced per
+    layer, deferred waits), and on a real mesh the two other placements."""
+    if data <= 1:
+        return {"per_layer": []}
+    return {"per_layer": ["sched.grad_reduce=per_layer"], "bucketed": ["sched.grad_reduce=bucketed"],
+            "per_layer wait=eager": ["sched.grad_reduce=per_layer", "sched.wait=eager"]}
+
+
+def comm_summary(metrics: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+    """Medians of the communication fields of the post-warm-up steps; None
+    where the build or the mesh has none (one device: no collectives)."""
+    steps = step_metrics(metrics)[warmup:]
+
+    def med(key: str) -> float | None:
+        xs = [m.get(key) for m in steps]
+        xs = [x for x in xs if isinstance(x, (int, float))]
+        return median(xs) if xs else None
+
+    return {"collectives": med("collectives"), "collective_bytes": med("collective_bytes"),
+            "collective_s": med("collective_s"), "comm_overlap_ratio": med("comm_overlap_ratio"),
+            "devices": med("devices")}
+
+
+def parallel_ratios(res: dict[str, Any]) -> None:
+    """Fills each mesh's ratios in place: against the 1-device strata step
+    (default policy) and against the anchor jitted over the same mesh."""
+    one = (res["meshes"].get("1") or {}).get("strata", {}).get("per_layer") or {}
+    for row in res["meshes"].values():
+        st = row["strata"].get("per_layer") or {}
+        an = row.get("anchor") or {}
+        row["ratio"] = {
+            "step_vs_one_device": ratio(st.get("median_s"), one.get("median_s")),
+            "peak_vs_one_device": ratio(st.get("peak_live_bytes"), one.get("peak_live_bytes")),
+            "step_vs_anchor": ratio(st.get("median_s"), an.get("median_s")),
+            "peak_vs_anchor": ratio(st.get("peak_live_bytes"), an.get("xla_peak_bytes_estimate")),
+        }
+
+
+def section_parallel(b: Bench) -> dict[str, Any]:
+    pp = b.plan.parallel
+    if pp is None:
+        raise RuntimeError("this plan has no parallel preset")
+    dev = f"runtime.cpu_devices={pp.cpu_devices}"
+    common = [*pp.overrides, dev, "train.eval_every=0", "train.eval_batches=1"]
+    out: dict[str, Any] = {"config": pp.config, "overrides": pp.overrides, "steps": pp.steps, "warmup": pp.warmup,
+                           "rounds": pp.rounds, "cpu_devices": pp.cpu_devices, "meshes": {}}
+    for d in pp.datas:
+        # Each mesh has its own bundle (per-device microbatch, collectives): export it outside the timed runs.
+        b.log(f"parallel: data={d}: warming the bundle and executable caches")
+        b.strata_train(pp.config, [*common, f"parallel.data={d}", "train.steps=1"], f"par-warm-{d}")
+        out["meshes"][str(d)] = {"data": d, "strata": {}, "anchor": None, "runs": {}}
+    for rnd in range(pp.rounds):
+        for d in pp.datas:
+            row = out["meshes"][str(d)]
+            for pol, extra in parallel_policies(d).items():
+                b.log(f"parallel: round {rnd + 1}/{pp.rounds}: strata data={d} {pol}")
+                r = b.strata_train(pp.config, [*common, f"parallel.data={d}", *extra, f"train.steps={pp.steps}"],
+                                   f"par-{d}-{pol.replace(' ', '_').replace('=', '-')}", window=(pp.warmup, pp.steps))
+                s = strata_step_summary(r["metrics"], pp.warmup)
+                s.update(comm_summary(r["metrics"], pp.warmup))
+                s.update({"round": rnd, "other_load": round(r["proc"].other_load, 3),
+                          "maxrss_bytes": r["proc"].maxrss_bytes})
+                row["runs"].setdefault(f"strata {pol}", []).append(s)
+            b.log(f"parallel: round {rnd + 1}/{pp.rounds}: anchor unroll " + (f"--mesh data={d}" if d > 1 else "(1 device)"))
+            a = b.anchor(pp.config, [*pp.overrides, "train.eval_every=0", "train.eval_batches=1"], "unroll",
+                         f"par-anchor-{d}", pp.steps, mesh=f"data={d}" if d > 1 else None)
+            x = a["result"]
+            t = x["step_time_s"][pp.warmup:]
+            row["runs"].setdefault("anchor", []).append(
+                {"median_s": median(t), "n": len(t), "round": rnd, "mesh": x.get("mesh"),
+                 "xla_peak_bytes_estimate": (x.get("memory") or {}).get("peak_bytes_estimate"),
+                 "other_load": round(a["proc"].other_load, 3), "maxrss_bytes": a["proc"].maxrss_bytes})
+    # Fastest run of each variant, as in the step section: other processes only slow a run down.
+    for row in out["meshes"].values():
+        for name, rs in row["runs"].items():
+            ok = [r for r in rs if r.get("median_s") is not None]
+            if not ok:
+                continue
+            best = dict(min(ok, key=lambda r: r["median_s"]))
+            best["all_medians_s"] = [r["median_s"] for r in ok]
+            if name == "anchor":
+                row["anchor"] = best
+            else:
+                row["strata"][name[len("strata "):]] = best
+    parallel_ratios(out)
+    return out
+
+
 def section_extra(b: Bench) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for path in sorted(glob.glob(os.path.join(HERE, "bench_*.py"))):
@@ -877,6 +999,9 @@ def markdown(res: dict[str, Any]) -> str:
         elif ov.get("programs_error"):
             L.append(f"- per-program times failed: {ov['programs_error'][-300:]}")
         L.append("")
+    pa = res.get("parallel")
+    if pa:
+        L += parallel_markdown(pa)
     tg = res.get("targets")
     if tg:
         L += ["### Targets (reported, not asserted)", ""]
@@ -891,6 +1016,45 @@ def markdown(res: dict[str, Any]) -> str:
             if e.get("stderr_tail"):
                 L += ["```", e["stderr_tail"].strip(), "```", ""]
     return "\n".join(L) + "\n"
+
+
+def parallel_markdown(pa: dict[str, Any]) -> list[str]:
+    L = [f"### Parallel: meshes on {pa['cpu_devices']} CPU devices ({pa['config']} {' '.join(pa['overrides'])}, "
+         f"{pa['steps'] - pa['warmup']}+{pa['warmup']} steps, best of {pa['rounds']} interleaved round(s))", ""]
+    rows = []
+    for d, row in pa["meshes"].items():
+        st = row["strata"].get("per_layer") or {}
+        an = row.get("anchor") or {}
+        r = row.get("ratio") or {}
+        rows.append(["1 device" if int(d) == 1 else f"data={d}",
+                     fmt((st.get("median_s") or 0) * 1e3 if st.get("median_s") is not None else None, " ms"),
+                     fmt(r.get("step_vs_one_device")),
+                     fmt((an.get("median_s") or 0) * 1e3 if an.get("median_s") is not None else None, " ms"),
+                     fmt(r.get("step_vs_anchor")),
+                     fmt_size(st.get("peak_live_bytes")), fmt(r.get("peak_vs_one_device")),
+                     fmt_size(an.get("xla_peak_bytes_estimate")), fmt(r.get("peak_vs_anchor")),
+                     ", ".join(f"{x['other_load']:.2f}" for rs in row["runs"].values() for x in rs)])
+    L += [md_table(["mesh", "strata step", "/ 1-device strata", "anchor (same mesh) step", "strata / anchor",
+                    "strata peak per device¹", "/ 1-device strata", "anchor peak²", "strata / anchor",
+                    "other load³"], rows), ""]
+    rows = []
+    for d, row in pa["meshes"].items():
+        if int(d) <= 1:
+            continue
+        for pol, st in row["strata"].items():
+            rows.append([f"data={d}", pol, fmt((st.get("median_s") or 0) * 1e3, " ms"),
+                         fmt(st.get("collectives")), fmt_size(st.get("collective_bytes")),
+                         fmt((st["collective_s"] * 1e3) if st.get("collective_s") is not None else None, " ms"),
+                         fmt(st.get("comm_overlap_ratio"))])
+    if rows:
+        L += [md_table(["mesh", "policy", "step", "collectives / step", "bytes / step (per device)",
+                        "collective time", "comm_overlap_ratio⁴"], rows), ""]
+    L += ["¹ metrics `peak_live_bytes`: the executor's accounted live bytes, per device on a mesh.  ",
+          "² XLA's memory analysis of the jitted step (over a mesh: of the partitioned module, one device's).  ",
+          "³ CPUs kept busy by other processes during each run, strata's runs then the anchor's.  ",
+          "⁴ medians over the measured steps of the metrics fields; the part of the collectives' time during "
+          "which a launch ran too (docs/parallelism.md).", ""]
+    return L
 
 
 def save(res: dict[str, Any], md: str, out_dir: str) -> str:
@@ -951,7 +1115,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     for sec in sections:
         fn = {"step": section_step, "compile": section_compile, "overhead": section_overhead,
-              "extra": section_extra}[sec]
+              "parallel": section_parallel, "extra": section_extra}[sec]
         try:
             res[sec] = fn(b)
         except Exception as e:  # noqa: BLE001 - one broken section must not lose the others' numbers

@@ -224,3 +224,60 @@ def test_quick_compile_section_end_to_end(tmp_path: Any) -> None:
     assert second["cache_hits"] == depths["4"]["strata_cold"]["programs_compiled"]
     md = (tmp_path / "README.md").read_text()
     assert "strata after another depth" in md and "(0 compiled)" in md
+
+
+def test_parallel_ratios_and_report() -> None:
+    metrics = [{"step": i + 1, "loss": 1.0, "step_time_s": 0.1, "collectives": 4, "collective_bytes": 1000,
+                "collective_s": c, "comm_overlap_ratio": r}
+               for i, (c, r) in enumerate([(0.5, 0.1), (0.002, 0.9), (0.004, 0.7), (0.003, None)])]
+    s = R.comm_summary(metrics, warmup=1)
+    assert s["collectives"] == 4 and s["collective_s"] == pytest.approx(0.003)
+    assert s["comm_overlap_ratio"] == pytest.approx(0.8)  # the null one left out, not counted as 0
+    assert R.comm_summary([{"step": 1, "step_time_s": 0.1}], 0)["comm_overlap_ratio"] is None
+    assert list(R.parallel_policies(1)) == ["per_layer"]
+    assert R.parallel_policies(2)["per_layer wait=eager"] == ["sched.grad_reduce=per_layer", "sched.wait=eager"]
+    st = {"median_s": 0.2, "peak_live_bytes": 2000, "collectives": 4, "collective_bytes": 3000,
+          "collective_s": 0.01, "comm_overlap_ratio": 0.5}
+    res = {"config": "c.yml", "overrides": [], "steps": 6, "warmup": 2, "rounds": 1, "cpu_devices": 4, "meshes": {
+        "1": {"data": 1, "strata": {"per_layer": {"median_s": 0.1, "peak_live_bytes": 4000}},
+              "anchor": {"median_s": 0.05, "xla_peak_bytes_estimate": 8000}, "runs": {"anchor": [{"other_load": 0.1}]}},
+        "2": {"data": 2, "strata": {"per_layer": st, "bucketed": {**st, "comm_overlap_ratio": 0.25}},
+              "anchor": {"median_s": 0.4, "xla_peak_bytes_estimate": 1000}, "runs": {}}}}
+    R.parallel_ratios(res)
+    r2 = res["meshes"]["2"]["ratio"]
+    assert r2["step_vs_one_device"] == pytest.approx(2.0) and r2["peak_vs_one_device"] == pytest.approx(0.5)
+    assert r2["step_vs_anchor"] == pytest.approx(0.5) and r2["peak_vs_anchor"] == pytest.approx(2.0)
+    assert res["meshes"]["1"]["ratio"]["step_vs_one_device"] == pytest.approx(1.0)
+    md = "\n".join(R.parallel_markdown(res))
+    assert "| data=2 | 200 ms | 2 | 400 ms | 0.5 | 1.95 KiB | 0.5 | 0.977 KiB | 2 |" in md
+    assert "| data=2 | bucketed | 200 ms | 4 | 2.93 KiB | 10 ms | 0.25 |" in md
+    assert "| 1 device |" in md and "| 1 device | per_layer" not in md  # no overlap row without collectives
+
+
+def test_quick_parallel_section_end_to_end(tmp_path: Any) -> None:
+    """`bench/run.py --quick --sections parallel` with real processes, 4 CPU
+    devices: every mesh (1, data=2, data=4) of strata and of the anchor over
+    the same mesh ran, the data meshes under the three policies, with their
+    collectives counted and an overlap ratio; accounted per-device peaks
+    shrink with the mesh (half the rows per device). No timing is asserted. ~60 s."""
+    env = {k: v for k, v in os.environ.items() if k != "STRATA_CACHE_DIR"}
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "run.py"), "--quick", "--sections", "parallel",
+                        "--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads(next(tmp_path.glob("*.json")).read_text())["parallel"]
+    assert sorted(res["meshes"], key=int) == ["1", "2", "4"] and res["cpu_devices"] == 4
+    one = res["meshes"]["1"]
+    assert list(one["strata"]) == ["per_layer"] and one["strata"]["per_layer"]["comm_overlap_ratio"] is None
+    assert one["anchor"]["mesh"] == {"data": 1, "fsdp": 1, "tensor": 1}
+    for d in ("2", "4"):
+        row = res["meshes"][d]
+        assert sorted(row["strata"]) == ["bucketed", "per_layer", "per_layer wait=eager"]
+        assert row["anchor"]["mesh"]["data"] == int(d) and row["anchor"]["median_s"] > 0
+        for pol, st in row["strata"].items():
+            assert st["devices"] == int(d) and st["collectives"] == 4, (d, pol, st)  # head, 2 blocks, embedding
+            assert st["comm_overlap_ratio"] is not None and 0 <= st["comm_overlap_ratio"] <= 1, (d, pol, st)
+        rt = row["ratio"]
+        assert all(rt[k] is not None for k in ("step_vs_one_device", "step_vs_anchor", "peak_vs_anchor"))
+        assert rt["peak_vs_one_device"] < 1  # each device holds its share of the activations
+    md = (tmp_path / "README.md").read_text()
+    assert "### Parallel: meshes on 4 CPU devices" in md and "| data=4 | per_layer wait=eager |" in md
