@@ -200,6 +200,11 @@ static void test_save_open_round_trip(void** state) {
   assert_string_equal(c->config_hash, "00112233aabbccdd");
   assert_int_equal(c->tensor_count, NT);
   assert_int_equal(c->file_count, 2);
+  /* A meta without a mesh is one device: recorded as 1 x 1 x 1. */
+  assert_int_equal(c->mesh_data, 1);
+  assert_int_equal(c->mesh_fsdp, 1);
+  assert_int_equal(c->mesh_tensor, 1);
+  assert_int_equal(c->mesh_devices, 1);
   st_ckpt_snapshot* want = make_snapshot(20);
   for (int i = 0; i < NT; ++i) {
     const st_ckpt_tensor_info* info = NULL;
@@ -209,10 +214,26 @@ static void test_save_open_round_trip(void** state) {
     st_tensor_type t = type_of(i);
     assert_memory_equal(data, st_ckpt_snapshot_data(want, i), st_tensor_type_bytes(&t));
   }
+  /* The mesh it was written with comes back (docs/checkpoints.md, "Across meshes"). */
+  st_ckpt_meta m = *st_ckpt_snapshot_meta(want);
+  m.step = 21;
+  m.mesh_data = 2;
+  m.mesh_tensor = 3;
+  st_ckpt_snapshot_set_meta(want, &m);
+  st_ckpt_save_options so = {root, 3, 0, NULL, NULL};
+  ASSERT_OK(st_ckpt_save(&so, want, NULL));
   st_ckpt_snapshot_destroy(want);
   st_ckpt_free(c);
+  char* d21 = path2(root, "step_21");
+  ASSERT_OK(st_ckpt_open(d21, &e, &c));
+  assert_int_equal(c->mesh_data, 2);
+  assert_int_equal(c->mesh_fsdp, 1);
+  assert_int_equal(c->mesh_tensor, 3);
+  assert_int_equal(c->mesh_devices, 6);
+  st_ckpt_free(c);
+  free(d21);
   char* latest = st_ckpt_read_latest(root);
-  assert_string_equal(latest, "step_20");
+  assert_string_equal(latest, "step_21");
   free(latest);
   /* no temporaries left */
   char* names = NULL;
