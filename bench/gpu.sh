@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # bench/gpu.sh — strata against the monolithic jax.jit anchors on a lent GPU
 # machine: a larger preset (~0.5 B parameters) in bf16, step time, start-up /
-# compile time, memory, and MFU against a bf16 matmul peak measured there.
+# compile time, memory, and MFU against a bf16 matmul peak measured there;
+# on a machine with 2 or more GPUs also bench/run.py's parallel section
+# (parallel.data = 2, 4, 8 as far as the GPUs go, against the anchor jitted
+# over the same mesh). Never run on a GPU so far: untested there.
 #
 # The machine (docs/performance.md, "GPU"): jax 0.11.2 and jax-cuda13-pjrt
 # installed, the CUDA plugin is xla_cuda_plugin.so inside the jax_plugins
@@ -33,7 +36,7 @@ while [ $# -gt 0 ]; do
     --dry-run) DRY=1 ;;
     --out) OUTDIR="${2:?--out needs a folder}"; shift ;;
     --budget) BUDGET="${2:?--budget needs seconds}"; shift ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "gpu.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift

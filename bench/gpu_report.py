@@ -16,6 +16,7 @@ plumbing on a machine without a GPU (tests/py/test_bench.py runs it).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -244,7 +245,35 @@ def main(argv: list[str] | None = None) -> int:
                     "xla_peak_bytes_estimate": (x.get("memory") or {}).get("peak_bytes_estimate"),
                     "maxrss_bytes": r["proc"].maxrss_bytes}
         res[v] = rep.part(f"anchor_{v}", 45, anchor)
+
+    # 5. bench/run.py's parallel section over this machine's devices: strata
+    # with parallel.data = 2, 4, 8 as far as the GPUs go, against the anchor
+    # jitted over the same mesh. The dry run uses 4 CPU devices.
+    if have_strata:
+        n = 4 if a.dry_run else device_count(b.env)
+        datas = [d for d in (1, 2, 4, 8) if d <= n]
+        if len(datas) < 2:
+            res["parts"]["parallel"] = {"status": "skipped", "why": f"{n} device(s): a mesh needs at least 2"}
+        else:
+            pp = R.ParallelPreset(config, [*overrides, *(["train.batch_size=8"] if a.dry_run else [])],
+                                  steps=steps, warmup=warmup, datas=datas, rounds=1,
+                                  cpu_devices=4 if a.dry_run else 0,
+                                  strata_overrides=[f"runtime.plugin={a.plugin}"] if a.plugin else [])
+            b.plan = dataclasses.replace(b.plan, parallel=pp)
+            res["parallel"] = rep.part("parallel", 90, lambda: R.section_parallel(b))
+            if res["parallel"] is not None:
+                res["parallel"]["devices"] = n
     return finish(a.out, res, rep)
+
+
+def device_count(env: dict[str, str]) -> int:
+    """Devices of JAX's default backend (the GPUs), in a child: this process never imports jax."""
+    r = subprocess.run([sys.executable, "-c", "import jax; print(jax.device_count())"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=180)
+    try:
+        return int(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return 0
 
 
 def mfu(flops: float | None, step_s: float | None, peak_tflops: float | None) -> float | None:
@@ -282,7 +311,8 @@ def markdown(res: dict[str, Any]) -> str:
     parts = "\n".join(f"- {k}: {v['status']}" + (f" ({v.get('why') or v.get('error', '')[:300]})"
                                                    if v["status"] != "ok" else f" ({v.get('seconds')} s)")
                       for k, v in res["parts"].items())
-    return f"{head}\n{body}\n\n{parts}\n"
+    par = "\n".join(R.parallel_markdown(res["parallel"])) + "\n" if res.get("parallel") else ""
+    return f"{head}\n{body}\n\n{parts}\n" + (f"\n{par}" if par else "")
 
 
 def fmt_tflop(x: Any) -> str:

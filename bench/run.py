@@ -78,7 +78,8 @@ class ParallelPreset:
     warmup: int
     datas: list[int]  # parallel.data of each mesh (1: one device)
     rounds: int
-    cpu_devices: int = 4
+    cpu_devices: int = 4  # runtime.cpu_devices; 0: not set (a GPU plugin's devices)
+    strata_overrides: list[str] = field(default_factory=list)  # strata's alone (runtime.plugin=...)
 
 
 @dataclass
@@ -762,8 +763,8 @@ def section_parallel(b: Bench) -> dict[str, Any]:
     pp = b.plan.parallel
     if pp is None:
         raise RuntimeError("this plan has no parallel preset")
-    dev = f"runtime.cpu_devices={pp.cpu_devices}"
-    common = [*pp.overrides, dev, "train.eval_every=0", "train.eval_batches=1"]
+    dev = [f"runtime.cpu_devices={pp.cpu_devices}"] if pp.cpu_devices > 0 else []
+    common = [*pp.overrides, *pp.strata_overrides, *dev, "train.eval_every=0", "train.eval_batches=1"]
     out: dict[str, Any] = {"config": pp.config, "overrides": pp.overrides, "steps": pp.steps, "warmup": pp.warmup,
                            "rounds": pp.rounds, "cpu_devices": pp.cpu_devices, "meshes": {}}
     for d in pp.datas:
@@ -1019,7 +1020,8 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def parallel_markdown(pa: dict[str, Any]) -> list[str]:
-    L = [f"### Parallel: meshes on {pa['cpu_devices']} CPU devices ({pa['config']} {' '.join(pa['overrides'])}, "
+    on = f"{pa['cpu_devices']} CPU devices" if pa.get("cpu_devices") else f"{pa.get('devices', '?')} devices"
+    L = [f"### Parallel: meshes on {on} ({pa['config']} {' '.join(pa['overrides'])}, "
          f"{pa['steps'] - pa['warmup']}+{pa['warmup']} steps, best of {pa['rounds']} interleaved round(s))", ""]
     rows = []
     for d, row in pa["meshes"].items():

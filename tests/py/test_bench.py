@@ -166,7 +166,8 @@ def test_gpu_fallback_config_matches_strata() -> None:
 
 def test_gpu_script_dry_run(tmp_path: Any) -> None:
     """bench/gpu.sh on CPU (configs/test.yml, bf16): every part runs and the
-    report has MFU for all three rows. Costs ~30 s, mostly XLA compiles."""
+    report has MFU for all three rows, and the parallel section ran on 4 CPU
+    devices. Costs ~90 s, mostly XLA compiles and exports."""
     script = os.path.join(ROOT, "bench", "gpu.sh")
     assert subprocess.run(["bash", "-n", script]).returncode == 0
     r = subprocess.run([script, "--bogus"], cwd=ROOT, capture_output=True, text=True)
@@ -190,15 +191,21 @@ def test_gpu_script_dry_run(tmp_path: Any) -> None:
     res = json.loads(next(out.glob("gpu-dry-*.json")).read_text())
     assert {k: v["status"] for k, v in res["parts"].items()} == {
         "matmul_peak": "ok", "inputs": "ok", "strata_cold_and_steps": "ok", "strata_warm_start": "ok",
-        "anchor_unroll": "ok", "anchor_scan": "ok"}
+        "anchor_unroll": "ok", "anchor_scan": "ok", "parallel": "ok"}
     assert res["matmul"]["peak_tflops"] > 0 and res["model_flops_per_step"] > 0
     for k in ("strata", "unroll", "scan"):
         assert res[k]["median_s"] > 0, k
     assert res["strata_warm"]["cache_hits"] > 0
     assert "block_bwd_res" in res["strata"]["program_seconds"] and res["strata"]["compile_threads"] >= 1
     assert f"strata: {carried}" in r.stderr, r.stderr
+    # the parallel section on the dry run's 4 CPU devices: every mesh, strata and anchor
+    par = res["parallel"]
+    assert sorted(par["meshes"], key=int) == ["1", "2", "4"] and par["devices"] == 4
+    assert all(row["anchor"]["median_s"] > 0 and row["strata"]["per_layer"]["median_s"] > 0
+               for row in par["meshes"].values())
     md = next(out.glob("gpu-dry-*.md")).read_text()
     assert md.count("| strata |") == 1 and "| unroll |" in md and "| scan |" in md
+    assert "### Parallel: meshes on 4 CPU devices" in md and "| data=4 | bucketed |" in md
 
 
 def test_quick_compile_section_end_to_end(tmp_path: Any) -> None:
