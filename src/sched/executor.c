@@ -525,6 +525,37 @@ static int st__union(double* iv, int n) {
   return m;
 }
 
+static bool st__kind_is_launch(st_op_kind k) { return k == ST_OP_LAUNCH || k == ST_OP_RECOMPUTE; }
+static bool st__kind_is_transfer(st_op_kind k) { return k == ST_OP_H2D || k == ST_OP_D2H; }
+static bool st__kind_is_collective(st_op_kind k) { return k == ST_OP_COLLECTIVE; }
+
+/* The union of [start, complete] over the first |ran| ops whose kind
+ * |pick| accepts, into |iv| (two doubles an interval, room for ran + 1
+ * intervals); returns how many intervals. */
+static int st__busy(const st_executor* ex, int ran, bool (*pick)(st_op_kind), double* iv) {
+  int n = 0;
+  for (int i = 0; i < ran; ++i) {
+    if (!pick(ex->plan->ops[i].kind)) continue;
+    iv[2 * n] = ex->timings[i].start_s;
+    iv[2 * n + 1] = ex->timings[i].complete_s;
+    ++n;
+  }
+  return st__union(iv, n);
+}
+
+/* Adds to *total the length of the disjoint intervals |a| and to *hidden
+ * the part of it the disjoint intervals |b| cover. */
+static void st__overlap(const double* a, int na, const double* b, int nb, double* total, double* hidden) {
+  for (int j = 0; j < na; ++j) {
+    *total += a[2 * j + 1] - a[2 * j];
+    for (int k = 0; k < nb; ++k) {
+      double lo = a[2 * j] > b[2 * k] ? a[2 * j] : b[2 * k];
+      double hi = a[2 * j + 1] < b[2 * k + 1] ? a[2 * j + 1] : b[2 * k + 1];
+      if (hi > lo) *hidden += hi - lo;
+    }
+  }
+}
+
 typedef struct {
   double t;
   int delta;
@@ -635,62 +666,17 @@ static void st__derive(st_executor* ex, int ran) {
   free(prev_on);
   /* Communication: the time some collective was in flight, and how much of
    * it some launch was running too (collectives do not queue behind
-   * launches on the CPU plugin: docs/parallelism.md, "Measured"). */
-  {
-    double* cv = st_xmalloc(((size_t)ran + 1) * 2 * sizeof(double));
-    double* lv2 = st_xmalloc(((size_t)ran + 1) * 2 * sizeof(double));
-    int nc = 0, nl2 = 0;
-    for (int i = 0; i < ran; ++i) {
-      st_op_kind k = plan->ops[i].kind;
-      if (k == ST_OP_COLLECTIVE) {
-        cv[2 * nc] = ex->timings[i].start_s;
-        cv[2 * nc + 1] = ex->timings[i].complete_s;
-        ++nc;
-      } else if (k == ST_OP_LAUNCH || k == ST_OP_RECOMPUTE) {
-        lv2[2 * nl2] = ex->timings[i].start_s;
-        lv2[2 * nl2 + 1] = ex->timings[i].complete_s;
-        ++nl2;
-      }
-    }
-    nc = st__union(cv, nc);
-    nl2 = st__union(lv2, nl2);
-    for (int j = 0; j < nc; ++j) {
-      st->collective_s += cv[2 * j + 1] - cv[2 * j];
-      for (int k = 0; k < nl2; ++k) {
-        double lo = cv[2 * j] > lv2[2 * k] ? cv[2 * j] : lv2[2 * k];
-        double hi = cv[2 * j + 1] < lv2[2 * k + 1] ? cv[2 * j + 1] : lv2[2 * k + 1];
-        if (hi > lo) st->collective_hidden_s += hi - lo;
-      }
-    }
-    free(cv);
-    free(lv2);
-  }
-  /* Overlap: the time some transfer was in flight, and how much of it some
-   * launch was running too. Unions, so concurrent copies count once. */
+   * launches on the CPU plugin: docs/parallelism.md, "Measured"). Then
+   * the same for transfers. Unions, so concurrent ops count once. */
   double* lv = st_xmalloc(((size_t)ran + 1) * 2 * sizeof(double));
-  double* tv = st_xmalloc(((size_t)ran + 1) * 2 * sizeof(double));
-  int nl = 0, nt = 0;
-  for (int i = 0; i < ran; ++i) {
-    st_op_kind k = plan->ops[i].kind;
-    double* v = (k == ST_OP_LAUNCH || k == ST_OP_RECOMPUTE) ? lv : (k == ST_OP_H2D || k == ST_OP_D2H) ? tv : NULL;
-    if (!v) continue;
-    int* n = v == lv ? &nl : &nt;
-    v[2 * *n] = ex->timings[i].start_s;
-    v[2 * *n + 1] = ex->timings[i].complete_s;
-    ++*n;
-  }
-  nl = st__union(lv, nl);
-  nt = st__union(tv, nt);
-  for (int j = 0; j < nt; ++j) {
-    st->transfer_s += tv[2 * j + 1] - tv[2 * j];
-    for (int k = 0; k < nl; ++k) {
-      double lo = tv[2 * j] > lv[2 * k] ? tv[2 * j] : lv[2 * k];
-      double hi = tv[2 * j + 1] < lv[2 * k + 1] ? tv[2 * j + 1] : lv[2 * k + 1];
-      if (hi > lo) st->transfer_hidden_s += hi - lo;
-    }
-  }
+  double* ov = st_xmalloc(((size_t)ran + 1) * 2 * sizeof(double));
+  int nl = st__busy(ex, ran, st__kind_is_launch, lv);
+  int nc = st__busy(ex, ran, st__kind_is_collective, ov);
+  st__overlap(ov, nc, lv, nl, &st->collective_s, &st->collective_hidden_s);
+  int nt = st__busy(ex, ran, st__kind_is_transfer, ov);
+  st__overlap(ov, nt, lv, nl, &st->transfer_s, &st->transfer_hidden_s);
   free(lv);
-  free(tv);
+  free(ov);
   /* Queue depth: device ops issued and not yet complete. */
   st__edge* e = st_xmalloc(((size_t)ran + 1) * 2 * sizeof(st__edge));
   int ne = 0;
