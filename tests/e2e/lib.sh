@@ -29,6 +29,30 @@ expect_exit() {
   fi
 }
 
+# expect_config_error DIR RC MESSAGE -- ARGS...: runs `strata ARGS` in DIR and wants
+# exit code RC, exactly "strata: config error: MESSAGE" on stderr and nothing
+# on stdout.
+expect_config_error() {
+  local dir=$1 rc=$2 msg=$3
+  shift 4
+  local out err code
+  out=$(cd "$dir" && "$STRATA" "$@" 2>"$TMP/stderr")
+  code=$?
+  err=$(cat "$TMP/stderr")
+  if [ "$code" != "$rc" ]; then
+    bad "strata $*: exit $code, want $rc (stderr: $err)"
+  elif [ "$err" != "strata: config error: $msg" ]; then
+    bad "strata $*: stderr was
+  $err
+want
+  strata: config error: $msg"
+  elif [ -n "$out" ]; then
+    bad "strata $*: wrote to stdout on error: $out"
+  else
+    ok
+  fi
+}
+
 # finish NAME: the summary line; the script's exit status.
 finish() {
   echo "$1: $((checks - fails))/$checks checks passed"

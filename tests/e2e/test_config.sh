@@ -11,29 +11,6 @@ trap 'rm -rf "$TMP"' EXIT
 
 source "$(dirname "$0")/lib.sh"
 
-# expect_error DIR RC MESSAGE -- ARGS...: runs `strata ARGS` in DIR and wants
-# exit code RC, exactly "strata: config error: MESSAGE" on stderr and nothing
-# on stdout.
-expect_error() {
-  local dir=$1 rc=$2 msg=$3
-  shift 4
-  local out err code
-  out=$(cd "$dir" && "$STRATA" "$@" 2>"$TMP/stderr")
-  code=$?
-  err=$(cat "$TMP/stderr")
-  if [ "$code" != "$rc" ]; then
-    bad "strata $*: exit $code, want $rc (stderr: $err)"
-  elif [ "$err" != "strata: config error: $msg" ]; then
-    bad "strata $*: stderr was
-  $err
-want
-  strata: config error: $msg"
-  elif [ -n "$out" ]; then
-    bad "strata $*: wrote to stdout on error: $out"
-  else
-    ok
-  fi
-}
 
 # expect_ok DIR PATTERN -- ARGS...: exit 0 and stdout contains PATTERN (fixed
 # string; runs of spaces compare equal, since columns are as wide as the
@@ -82,46 +59,46 @@ h2=$("$STRATA" config "$TMP/config.yaml" | grep 'config hash')
 if [ -n "$h1" ] && [ "$h1" = "$h2" ]; then ok; else bad "snapshot hash '$h2' differs from '$h1'"; fi
 
 # --- the acceptance example ----------------------------------------------------
-expect_error "$ROOT" 2 "model.n_layers: 'x' is not an int (expected int in [1, 1024]) (command line)" \
+expect_config_error "$ROOT" 2 "model.n_layers: 'x' is not an int (expected int in [1, 1024]) (command line)" \
   -- config configs/tiny.yml model.n_layers=x
 
 # --- unknown keys ----------------------------------------------------------------
 printf '# experiment\nmodel:\n  d_model: 64\ntrain.setps: 5\n' >"$TMP/exp.yml"
-expect_error "$TMP" 2 "unknown key 'train.setps' in exp.yml:4 (did you mean 'train.steps'?)" -- config exp.yml
-expect_error "$ROOT" 2 "unknown key 'train.setps' on the command line (did you mean 'train.steps'?)" \
+expect_config_error "$TMP" 2 "unknown key 'train.setps' in exp.yml:4 (did you mean 'train.steps'?)" -- config exp.yml
+expect_config_error "$ROOT" 2 "unknown key 'train.setps' on the command line (did you mean 'train.steps'?)" \
   -- config configs/tiny.yml train.setps=5
-expect_error "$ROOT" 2 "unknown key 'steps' on the command line (did you mean 'train.steps' or 'trace.steps'?)" \
+expect_config_error "$ROOT" 2 "unknown key 'steps' on the command line (did you mean 'train.steps' or 'trace.steps'?)" \
   -- config configs/tiny.yml steps=5
 
 # --- types and ranges -----------------------------------------------------------
 printf 'train:\n  steps: 5\n  lr: 20\n' >"$TMP/foo.yml"
-expect_error "$TMP" 2 "train.lr: 20 is out of range [0, 10] (foo.yml:3)" -- config foo.yml
-expect_error "$ROOT" 2 "train.beta2: 1 is out of range [0, 1) (command line)" -- config configs/tiny.yml train.beta2=1
-expect_error "$ROOT" 2 "model.compute_dtype: 'fp16' is not an allowed value (expected one of f32, bf16) (command line)" \
+expect_config_error "$TMP" 2 "train.lr: 20 is out of range [0, 10] (foo.yml:3)" -- config foo.yml
+expect_config_error "$ROOT" 2 "train.beta2: 1 is out of range [0, 1) (command line)" -- config configs/tiny.yml train.beta2=1
+expect_config_error "$ROOT" 2 "model.compute_dtype: 'fp16' is not an allowed value (expected one of f32, bf16) (command line)" \
   -- config configs/tiny.yml model.compute_dtype=fp16
-expect_error "$ROOT" 2 "data.synthetic: 'yes' is not a bool (expected true or false) (command line)" \
+expect_config_error "$ROOT" 2 "data.synthetic: 'yes' is not a bool (expected true or false) (command line)" \
   -- config configs/tiny.yml data.synthetic=yes
 printf 'model:\n  n_layers: [1, 2]\n' >"$TMP/list.yml"
-expect_error "$TMP" 2 "model.n_layers: got a list, expected int in [1, 1024] (list.yml:2)" -- config list.yml
+expect_config_error "$TMP" 2 "model.n_layers: got a list, expected int in [1, 1024] (list.yml:2)" -- config list.yml
 
 # --- YAML and files ---------------------------------------------------------------
 printf 'model:\n  d_model: 64\n   n_heads: 4\n' >"$TMP/syntax.yml"
-expect_error "$TMP" 2 "syntax.yml:3:11: YAML syntax error: mapping values are not allowed in this context" \
+expect_config_error "$TMP" 2 "syntax.yml:3:11: YAML syntax error: mapping values are not allowed in this context" \
   -- config syntax.yml
-expect_error "$TMP" 2 "cannot read config file 'missing.yml': No such file or directory" -- config missing.yml
+expect_config_error "$TMP" 2 "cannot read config file 'missing.yml': No such file or directory" -- config missing.yml
 printf 'base_config: models/small.yml\n' >"$TMP/child.yml"
-expect_error "$TMP" 2 "base_config 'models/small.yml' named in child.yml:1 not found (looked for models/small.yml and $ROOT/configs/models/small.yml)" \
+expect_config_error "$TMP" 2 "base_config 'models/small.yml' named in child.yml:1 not found (looked for models/small.yml and $ROOT/configs/models/small.yml)" \
   -- config child.yml
 printf 'base_config: b.yml\n' >"$TMP/a.yml"
 printf 'seed: 1\nbase_config: a.yml\n' >"$TMP/b.yml"
-expect_error "$TMP" 2 "base_config cycle: a.yml -> b.yml -> a.yml" -- config a.yml
+expect_config_error "$TMP" 2 "base_config cycle: a.yml -> b.yml -> a.yml" -- config a.yml
 printf 'base_config: small.yml\ntrain:\n  steps: 3\n' >"$TMP/preset.yml"
 expect_ok "$TMP" "model.n_layers         8        $ROOT/configs/small.yml:6" -- config preset.yml
 
 printf 'seed: 1\n\xff\n' >"$TMP/utf8.yml"
-expect_error "$TMP" 2 "utf8.yml:2:1: YAML error: invalid leading UTF-8 octet (byte 8)" -- config utf8.yml
+expect_config_error "$TMP" 2 "utf8.yml:2:1: YAML error: invalid leading UTF-8 octet (byte 8)" -- config utf8.yml
 printf 'data:\n  synthetic: "true"\n' >"$TMP/quoted.yml"
-expect_error "$TMP" 2 'data.synthetic: "true" is a quoted string, not a bool (expected true or false; write it without quotes) (quoted.yml:2)' \
+expect_config_error "$TMP" 2 'data.synthetic: "true" is a quoted string, not a bool (expected true or false; write it without quotes) (quoted.yml:2)' \
   -- config quoted.yml
 # An empty or comment-only file: it loads (base.yml), but says so on stderr.
 printf '# TODO: fill in\n' >"$TMP/empty.yml"
@@ -133,13 +110,13 @@ check "a config that sets keys gives no warning" "[ ! -s '$TMP/stderr' ]"
 
 # --- run.id is a folder name under runs/ ---------------------------------------------
 RID_TAIL="; run.id names a folder under runs/: use letters, digits, '.', '_' and '-', at most 128, not starting with '.' (or set run.dir) (command line)"
-expect_error "$ROOT" 2 "run.id: '../../x' starts with '.' (7 bytes)$RID_TAIL" -- config configs/test.yml run.id=../../x
-expect_error "$ROOT" 2 "run.id: 'a/b' contains '/' (3 bytes)$RID_TAIL" -- train configs/test.yml run.id=a/b
-expect_error "$ROOT" 2 "run.id: 'a\\nb' contains a character other than letters, digits, '.', '_' and '-' (3 bytes)$RID_TAIL" \
+expect_config_error "$ROOT" 2 "run.id: '../../x' starts with '.' (7 bytes)$RID_TAIL" -- config configs/test.yml run.id=../../x
+expect_config_error "$ROOT" 2 "run.id: 'a/b' contains '/' (3 bytes)$RID_TAIL" -- train configs/test.yml run.id=a/b
+expect_config_error "$ROOT" 2 "run.id: 'a\\nb' contains a character other than letters, digits, '.', '_' and '-' (3 bytes)$RID_TAIL" \
   -- train configs/test.yml "run.id=a
 b"
 long=$(printf 'r%.0s' $(seq 129))
-expect_error "$ROOT" 2 "run.id: '${long:0:80}...' is too long (129 bytes)$RID_TAIL" -- run configs/test.yml run.id=$long
+expect_config_error "$ROOT" 2 "run.id: '${long:0:80}...' is too long (129 bytes)$RID_TAIL" -- run configs/test.yml run.id=$long
 check "a refused run.id creates nothing under runs/" "[ ! -e '$ROOT/runs/x' ] && [ ! -e '$ROOT/runs/a' ] && [ ! -e '$ROOT/runs/$long' ]"
 printf 'data:\n  path: %s\n' "$(head -c 200000 /dev/zero | tr '\0' p)" >"$TMP/huge.yml"
 (cd "$TMP" && "$STRATA" config huge.yml >"$TMP/out" 2>"$TMP/stderr")
@@ -147,17 +124,17 @@ rc=$?
 check "a 200 kB value is refused (exit 2) with a short quote, not echoed whole" "[ $rc = 2 ] && grep -q 'data.path: value is 200000 bytes long, more than the 4096 allowed' '$TMP/stderr' && [ \$(wc -c <'$TMP/stderr') -lt 512 ]"
 
 # --- cross-field ---------------------------------------------------------------------
-expect_error "$ROOT" 2 "model.d_model (128, configs/tiny.yml:5) is not divisible by model.n_heads (3, command line)" \
+expect_config_error "$ROOT" 2 "model.d_model (128, configs/tiny.yml:5) is not divisible by model.n_heads (3, command line)" \
   -- config configs/tiny.yml model.n_heads=3
-expect_error "$ROOT" 2 "train.batch_size (16, configs/tiny.yml:13) is not divisible by train.microbatches (3, command line)" \
+expect_config_error "$ROOT" 2 "train.batch_size (16, configs/tiny.yml:13) is not divisible by train.microbatches (3, command line)" \
   -- config configs/tiny.yml train.microbatches=3
-expect_error "$ROOT" 2 "model.vocab_size (100, command line) must be at least 256 for the byte tokenizer when data.synthetic is false (configs/base.yml:40)" \
+expect_config_error "$ROOT" 2 "model.vocab_size (100, command line) must be at least 256 for the byte tokenizer when data.synthetic is false (configs/base.yml:40)" \
   -- config configs/tiny.yml model.vocab_size=100
 
 # --- usage -------------------------------------------------------------------------
-expect_error "$ROOT" 2 "missing CONFIG (a YAML file, e.g. configs/tiny.yml; see strata config --help)" -- config
-expect_error "$ROOT" 2 "missing CONFIG before 'train.steps=5' (strata config CONFIG [key=value ...])" -- config train.steps=5
-expect_error "$ROOT" 2 "unknown option '--bogus' (see strata config --help)" -- config --bogus configs/tiny.yml
+expect_config_error "$ROOT" 2 "missing CONFIG (a YAML file, e.g. configs/tiny.yml; see strata config --help)" -- config
+expect_config_error "$ROOT" 2 "missing CONFIG before 'train.steps=5' (strata config CONFIG [key=value ...])" -- config train.steps=5
+expect_config_error "$ROOT" 2 "unknown option '--bogus' (see strata config --help)" -- config --bogus configs/tiny.yml
 
 # --- a relocated tree: $STRATA_SOURCE_DIR replaces the build's path ---------------------
 # (a binary carried to another machine, e.g. bench/gpu.sh's): the root

@@ -16,26 +16,11 @@ trap 'rm -rf "$TMP"' EXIT
 source "$(dirname "$0")/lib.sh"
 
 # expect_error MESSAGE ARGS...: exit 2, exactly "strata: config error:
-# MESSAGE" on stderr, nothing on stdout.
+# MESSAGE" on stderr, nothing on stdout (lib.sh's expect_config_error).
 expect_error() {
   local msg=$1
   shift
-  local out code err
-  out=$("$STRATA" "$@" 2>"$TMP/stderr")
-  code=$?
-  err=$(cat "$TMP/stderr")
-  if [ "$code" != 2 ]; then
-    bad "strata $*: exit $code, want 2 (stderr: $err)"
-  elif [ "$err" != "strata: config error: $msg" ]; then
-    bad "strata $*: stderr was
-  $err
-want
-  strata: config error: $msg"
-  elif [ -n "$out" ]; then
-    bad "strata $*: wrote to stdout on error: $out"
-  else
-    ok
-  fi
+  expect_config_error "$PWD" 2 "$msg" -- "$@"
 }
 
 # --- the rules --------------------------------------------------------------
