@@ -64,21 +64,29 @@ typedef struct st_safetensors_entry {
   size_t bytes;
 } st_safetensors_entry;
 
-/* A whole safetensors file in memory, structure checked: the header length
- * fits the file, the header is JSON, every entry has a known dtype, a shape
- * whose size matches its offsets, and the entries tile the data region
- * exactly (what the Python package requires too). */
+/* The largest header the Python package reads (its MAX_HEADER_SIZE). */
+#define ST_SAFETENSORS_MAX_HEADER 100000000u
+
+/* A whole safetensors file in memory, structure checked: exactly the files
+ * the Python `safetensors` package accepts (header length within the file
+ * and ST_SAFETENSORS_MAX_HEADER, UTF-8 JSON by serde_json's rules, each
+ * entry a known dtype, integer shape and data_offsets whose sizes do not
+ * overflow and match, entries tiling the data region exactly, a repeated
+ * name meaning its last entry), minus what strata cannot represent: dtypes
+ * it has no type for, rank above ST_MAX_RANK, a dimension above INT64_MAX,
+ * a NUL in a name (docs/checkpoints.md, "safetensors"). */
 typedef struct st_safetensors {
   char* path;
   unsigned char* data; /* the file */
   size_t size;
   size_t data_start; /* 8 + header length */
   int count;
-  st_safetensors_entry* entries; /* in file order */
+  st_safetensors_entry* entries; /* in header order, names unique */
 } st_safetensors;
 
 st_status st_safetensors_read(const char* path, st_safetensors** out /* owned by caller */);
-/* Same, from bytes already in memory (takes ownership of |data|, malloc'ed). */
+/* Same, from bytes already in memory (takes ownership of |data|, malloc'ed,
+ * also on failure); |path| only names the bytes in messages. */
 st_status st_safetensors_parse(const char* path, unsigned char* data, size_t size, st_safetensors** out);
 const st_safetensors_entry* st_safetensors_find(const st_safetensors* file, const char* name);
 void st_safetensors_free(st_safetensors* file); /* NULL is a no-op */

@@ -53,7 +53,11 @@ typedef struct st_tensor_type {
   int64_t dims[ST_MAX_RANK];
 } st_tensor_type;
 
+/* Element count; -1 when a dim is negative or the count overflows int64
+ * (a type read from a file is checked with these before it is used). */
 int64_t st_tensor_type_elements(const st_tensor_type* t);
+/* Bytes of the dense tensor; SIZE_MAX when the count is -1 or the bytes
+ * overflow size_t. */
 size_t st_tensor_type_bytes(const st_tensor_type* t);
 /* Formats as "f32[4,8]" into |buf|; returns |buf|. */
 char* st_tensor_type_format(const st_tensor_type* t, char* buf, size_t buf_size);

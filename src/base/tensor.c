@@ -74,14 +74,24 @@ st_dtype st_dtype_parse_mlir(const char* s, size_t n) {
 
 int64_t st_tensor_type_elements(const st_tensor_type* t) {
   if (!t || t->rank < 0 || t->rank > ST_MAX_RANK) return 0;
+  for (int i = 0; i < t->rank; ++i) {
+    if (t->dims[i] < 0) return -1;
+    if (t->dims[i] == 0) return 0;
+  }
   int64_t n = 1;
-  for (int i = 0; i < t->rank; ++i) n *= t->dims[i];
+  for (int i = 0; i < t->rank; ++i) {
+    if (n > INT64_MAX / t->dims[i]) return -1;
+    n *= t->dims[i];
+  }
   return n;
 }
 
 size_t st_tensor_type_bytes(const st_tensor_type* t) {
   if (!t) return 0;
-  return (size_t)st_tensor_type_elements(t) * st_dtype_size(t->dtype);
+  int64_t n = st_tensor_type_elements(t);
+  size_t size = st_dtype_size(t->dtype);
+  if (n < 0 || (size && (uint64_t)n > SIZE_MAX / size)) return SIZE_MAX;
+  return (size_t)n * size;
 }
 
 char* st_tensor_type_format(const st_tensor_type* t, char* buf, size_t buf_size) {

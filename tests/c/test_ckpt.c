@@ -179,6 +179,44 @@ static void test_safetensors_round_trip_and_refusals(void** state) {
   free(dir);
 }
 
+/* Parses |header| (+ |data_size| zero bytes) as a safetensors file. */
+static st_status parse_header(const char* header, size_t data_size, st_safetensors** f) {
+  size_t n = strlen(header), size = 8 + n + data_size;
+  unsigned char* buf = calloc(1, size);
+  for (int i = 0; i < 8; ++i) buf[i] = (unsigned char)((uint64_t)n >> (8 * i));
+  memcpy(buf + 8, header, n);
+  return st_safetensors_parse("mem.safetensors", buf, size, f); /* takes |buf| */
+}
+
+/* Issue 11, item 2: a shape whose element count overflows was accepted
+ * (signed overflow in st_tensor_type_elements, a UBSan report); repeated
+ * fields and float offsets were accepted too. */
+static void test_safetensors_hostile_headers(void** state) {
+  (void)state;
+  st_safetensors* f = NULL;
+  expect_ckpt_error(parse_header("{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4],\"data_offsets\":[0,0]}}", 0, &f),
+                    "overflowing shape", "'a'", "overflows", NULL);
+  assert_null(f);
+  expect_ckpt_error(parse_header("{\"a\":{\"dtype\":\"U8\",\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, &f),
+                    "repeated field", "repeats a field", NULL);
+  expect_ckpt_error(parse_header("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1.0]}}", 1, &f), "float offset",
+                    "non-negative integer", NULL);
+  expect_ckpt_error(parse_header("{\"__metadata__\":{\"k\":1}}", 0, &f), "metadata number", "__metadata__", NULL);
+  /* A repeated name means its last entry, as in the package. */
+  ASSERT_OK(parse_header("{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]},"
+                         "\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}",
+                         1, &f));
+  assert_int_equal(f->count, 1);
+  assert_int_equal(f->entries[0].bytes, 1);
+  st_safetensors_free(f);
+  /* The type helpers never overflow: -1 / SIZE_MAX instead. */
+  st_tensor_type t = {ST_DTYPE_F32, 3, {4294967296LL, 4294967296LL, 4}};
+  assert_int_equal(st_tensor_type_elements(&t), -1);
+  assert_true(st_tensor_type_bytes(&t) == SIZE_MAX);
+  st_tensor_type z = {ST_DTYPE_F32, 3, {INT64_MAX, INT64_MAX, 0}};
+  assert_int_equal(st_tensor_type_elements(&z), 0);
+}
+
 /*--- save / open -----------------------------------------------------------*/
 
 static void test_save_open_round_trip(void** state) {
@@ -767,6 +805,7 @@ static void test_run_dir_lock(void** state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_safetensors_round_trip_and_refusals),
+      cmocka_unit_test(test_safetensors_hostile_headers),
       cmocka_unit_test(test_save_open_round_trip),
       cmocka_unit_test(test_corruption_matrix),
       cmocka_unit_test(test_crash_at_every_point),
