@@ -20,6 +20,17 @@ extern "C" {
 
 #define ST_BUNDLE_SCHEMA_VERSION 1
 
+/* Bounds on every count a manifest holds (docs/bundle.md, "Limits"). A
+ * manifest beyond one is refused (ST_CODE_RUNTIME, exit 4) before anything
+ * is sized from it, so code that reads a bundle may rely on them. */
+#define ST_BUNDLE_MAX_PROGRAMS 256
+#define ST_BUNDLE_MAX_PROGRAM_TENSORS 256 /* inputs, and outputs, of one program */
+#define ST_BUNDLE_MAX_GROUPS 64
+#define ST_BUNDLE_MAX_GROUP_PARAMS 32 /* parameters of one group */
+#define ST_BUNDLE_MAX_LAYERS 1024     /* model.n_layers (the config's bound too) */
+#define ST_BUNDLE_MAX_PARAMS (ST_BUNDLE_MAX_LAYERS * ST_BUNDLE_MAX_GROUP_PARAMS + 2 * ST_BUNDLE_MAX_GROUP_PARAMS)
+#define ST_BUNDLE_MAX_DIM (INT64_C(1) << 40) /* one tensor dimension; a tensor's bytes must fit size_t too */
+
 typedef struct st_bundle_tensor {
   char* name;
   char* role; /* "param", "grad", "activation", "batch", "scalar", ... */
@@ -117,6 +128,10 @@ typedef struct st_bundle {
 
 /* Reads and validates <dir>/manifest.json and the program files' sha256. */
 st_status st_bundle_open(const char* dir, st_bundle** out_bundle /* owned by caller */);
+/* Validates manifest text (|size| bytes, borrowed) as st_bundle_open does,
+ * without touching program files; |dir| is where the bundle would live
+ * (program paths are joined to it, messages name <dir>/manifest.json). */
+st_status st_bundle_parse(const char* dir, const char* text, size_t size, st_bundle** out_bundle /* owned by caller */);
 void st_bundle_destroy(st_bundle* bundle); /* NULL is a no-op */
 
 /* Lookups; NULL when absent. */

@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "strata/base.h"
+#include "strata/bundle.h"
 #include "strata/tensor.h"
 #include "strata/status.h"
 
@@ -100,6 +101,13 @@ void st_safetensors_free(st_safetensors* file); /* NULL is a no-op */
 #define ST_CKPT_MANIFEST "manifest.json"
 #define ST_CKPT_LATEST "LATEST"
 #define ST_CKPT_TMP_PREFIX ".tmp-" /* folders of saves in progress (or crashed) */
+
+/* Bounds on the counts a manifest holds (docs/checkpoints.md, "Limits");
+ * beyond them the checkpoint is refused (ST_CODE_CKPT, exit 7). strata
+ * writes 2 files and 3 tensors per parameter (value, m, v), and a bundle
+ * holds at most ST_BUNDLE_MAX_PARAMS parameters. */
+#define ST_CKPT_MAX_FILES 16
+#define ST_CKPT_MAX_TENSORS (3 * ST_BUNDLE_MAX_PARAMS)
 
 /* What a checkpoint records besides tensors. Strings are borrowed. */
 typedef struct st_ckpt_meta {
@@ -245,6 +253,11 @@ typedef struct st_ckpt {
  * Corrupt data is never returned. */
 st_status st_ckpt_open(const char* dir, const st_ckpt_expect* expect, st_ckpt** out /* owned by caller */);
 void st_ckpt_free(st_ckpt* ckpt); /* NULL is a no-op */
+/* The manifest checks of st_ckpt_open on text in memory (|size| bytes,
+ * borrowed): self-checksum, format, version, fields, limits. No file is
+ * read; |dir| names the checkpoint in messages. The result has no data
+ * (loaded is NULL). */
+st_status st_ckpt_parse_manifest(const char* dir, const char* text, size_t size, st_ckpt** out /* owned by caller */);
 /* Data of tensor |name| (NULL when absent); borrowed from |ckpt|. */
 const void* st_ckpt_tensor_data(const st_ckpt* ckpt, const char* name, const st_ckpt_tensor_info** out_info);
 

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -32,12 +33,27 @@ static st_status st__tensor_type_from_json(const json_t* t, const char* where, s
     if (!st_json_as_int(json_array_get(shape, i), &d) || d < 0)
       return st_status_make(ST_CODE_RUNTIME, "%s: dimension %zu is not a non-negative integer (dynamic shapes are not supported)",
                             where, i);
+    if (d > ST_BUNDLE_MAX_DIM)
+      return st_status_make(ST_CODE_RUNTIME, "%s: dimension %zu is %lld, above the limit of 2^40 (ST_BUNDLE_MAX_DIM)", where, i,
+                            (long long)d);
     out->dims[i] = d;
   }
+  if (st_tensor_type_bytes(out) == SIZE_MAX) return st_status_make(ST_CODE_RUNTIME, "%s: the tensor's size overflows", where);
   return ST_OK;
 }
 
-static st_status st__tensors_from_json(const json_t* arr, const char* where, int* out_count, st_bundle_tensor** out) {
+/* Every count read from the manifest is checked against its limit before
+ * anything is sized from it. */
+static st_status st__count(const json_t* arr, size_t limit, const char* where, const char* what, const char* name) {
+  if (json_array_size(arr) > limit)
+    return st_status_make(ST_CODE_RUNTIME, "%s: %zu %s exceeds the limit of %zu (%s, docs/bundle.md \"Limits\")", where,
+                          json_array_size(arr), what, limit, name);
+  return ST_OK;
+}
+
+static st_status st__tensors_from_json(const json_t* arr, const char* where, const char* what, int* out_count,
+                                       st_bundle_tensor** out) {
+  ST_RETURN(st__count(arr, ST_BUNDLE_MAX_PROGRAM_TENSORS, where, what, "ST_BUNDLE_MAX_PROGRAM_TENSORS"));
   size_t n = json_array_size(arr);
   *out_count = (int)n;
   *out = st_xcalloc(n ? n : 1, sizeof(st_bundle_tensor));
@@ -67,6 +83,16 @@ static st_status st__model_from_json(const json_t* m, const char* where, st_bund
   ST_RETURN(st_json_get_int(m, "d_ff", where, &out->d_ff));
   ST_RETURN(st_json_get_int(m, "seq_len", where, &out->seq_len));
   ST_RETURN(st_json_get_int(m, "microbatch_size", where, &out->microbatch_size));
+  /* Sizes are computed from these; a positive int keeps every product in
+   * range of the checks that follow. */
+  const int64_t* ints[] = {&out->vocab_size, &out->d_model, &out->n_layers, &out->n_heads, &out->d_ff, &out->seq_len, &out->microbatch_size};
+  const char* names[] = {"vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len", "microbatch_size"};
+  for (int i = 0; i < 7; ++i)
+    if (*ints[i] < 1 || *ints[i] > INT32_MAX)
+      return st_status_make(ST_CODE_RUNTIME, "%s: model.%s is %lld, not in [1, 2^31)", where, names[i], (long long)*ints[i]);
+  if (out->n_layers > ST_BUNDLE_MAX_LAYERS)
+    return st_status_make(ST_CODE_RUNTIME, "%s: model.n_layers %lld exceeds the limit of %d (ST_BUNDLE_MAX_LAYERS)", where,
+                          (long long)out->n_layers, ST_BUNDLE_MAX_LAYERS);
   out->tie_embeddings = json_is_true(json_object_get(m, "tie_embeddings"));
   const char* cd = "f32";
   ST_RETURN(st_json_get_string(m, "compute_dtype", where, &cd));
@@ -317,6 +343,7 @@ static st_status st__bundle_parse(st_bundle* b, const json_t* root, const char* 
 
   const json_t* progs = NULL;
   ST_RETURN(st_json_get_array(root, "programs", mpath, &progs));
+  ST_RETURN(st__count(progs, ST_BUNDLE_MAX_PROGRAMS, mpath, "programs", "ST_BUNDLE_MAX_PROGRAMS"));
   size_t n_progs = json_array_size(progs);
   b->program_count = (int)n_progs;
   b->programs = st_xcalloc(n_progs ? n_progs : 1, sizeof(st_bundle_program));
@@ -338,9 +365,9 @@ static st_status st__bundle_parse(st_bundle* b, const json_t* root, const char* 
     p->path = st_path_join(b->dir, file);
     const json_t* arr = NULL;
     ST_RETURN(st_json_get_array(pj, "inputs", ctx, &arr));
-    ST_RETURN(st__tensors_from_json(arr, ctx, &p->input_count, &p->inputs));
+    ST_RETURN(st__tensors_from_json(arr, ctx, "inputs", &p->input_count, &p->inputs));
     ST_RETURN(st_json_get_array(pj, "outputs", ctx, &arr));
-    ST_RETURN(st__tensors_from_json(arr, ctx, &p->output_count, &p->outputs));
+    ST_RETURN(st__tensors_from_json(arr, ctx, "outputs", &p->output_count, &p->outputs));
     p->donated = st_xcalloc((size_t)p->input_count + 1, sizeof(bool));
     const json_t* don = json_object_get(pj, "donated");
     for (size_t k = 0; k < json_array_size(don); ++k) {
@@ -354,6 +381,7 @@ static st_status st__bundle_parse(st_bundle* b, const json_t* root, const char* 
 
   const json_t* groups = NULL;
   ST_RETURN(st_json_get_array(root, "groups", mpath, &groups));
+  ST_RETURN(st__count(groups, ST_BUNDLE_MAX_GROUPS, mpath, "groups", "ST_BUNDLE_MAX_GROUPS"));
   size_t n_groups = json_array_size(groups);
   b->group_count = (int)n_groups;
   b->groups = st_xcalloc(n_groups ? n_groups : 1, sizeof(st_bundle_group));
@@ -363,6 +391,7 @@ static st_status st__bundle_parse(st_bundle* b, const json_t* root, const char* 
     const json_t* params = NULL;
     ST_RETURN(st_json_get_string(g, "name", mpath, &name));
     ST_RETURN(st_json_get_array(g, "params", mpath, &params));
+    ST_RETURN(st__count(params, ST_BUNDLE_MAX_GROUP_PARAMS, mpath, "parameters in a group", "ST_BUNDLE_MAX_GROUP_PARAMS"));
     size_t n = json_array_size(params);
     b->groups[i].name = st_xstrdup(name);
     b->groups[i].param_count = (int)n;
@@ -376,6 +405,7 @@ static st_status st__bundle_parse(st_bundle* b, const json_t* root, const char* 
 
   const json_t* params = NULL;
   ST_RETURN(st_json_get_array(root, "params", mpath, &params));
+  ST_RETURN(st__count(params, ST_BUNDLE_MAX_PARAMS, mpath, "params", "ST_BUNDLE_MAX_PARAMS"));
   size_t n_params = json_array_size(params);
   b->param_count = (int)n_params;
   b->params = st_xcalloc(n_params ? n_params : 1, sizeof(st_bundle_param));
@@ -392,14 +422,33 @@ static st_status st__bundle_parse(st_bundle* b, const json_t* root, const char* 
     p->group = st_xstrdup(group);
     p->local = st_xstrdup(local);
     int64_t layer = -1;
-    if (json_object_get(pj, "layer") && (!st_json_as_int(json_object_get(pj, "layer"), &layer) || layer < -1 || layer > INT32_MAX))
-      return st_status_make(ST_CODE_RUNTIME, "%s: 'layer' is not a layer index", ctx);
+    if (json_object_get(pj, "layer") && (!st_json_as_int(json_object_get(pj, "layer"), &layer) || layer < -1 || layer >= ST_BUNDLE_MAX_LAYERS))
+      return st_status_make(ST_CODE_RUNTIME, "%s: 'layer' is not -1 or an index below %d", ctx, ST_BUNDLE_MAX_LAYERS);
     p->layer = (int)layer;
     p->decay = json_is_true(json_object_get(pj, "decay"));
     ST_RETURN(st__tensor_type_from_json(pj, ctx, &p->type));
   }
   ST_RETURN(st__tables_parse(b, root, mpath));
   return st__collectives_parse(b, root, mpath);
+}
+
+st_status st_bundle_parse(const char* dir, const char* text, size_t size, st_bundle** out_bundle) {
+  *out_bundle = NULL;
+  char* mpath = st_path_join(dir, "manifest.json");
+  json_t* root = NULL;
+  st_status s = st_json_parse(text, size, mpath, &root);
+  if (s) s = st_status_set_code(s, ST_CODE_RUNTIME);
+  st_bundle* b = st_xcalloc(1, sizeof(*b));
+  b->dir = st_xstrdup(dir);
+  if (!s) s = st__bundle_parse(b, root, mpath);
+  json_decref(root);
+  free(mpath);
+  if (s) {
+    st_bundle_destroy(b);
+    return s;
+  }
+  *out_bundle = b;
+  return ST_OK;
 }
 
 st_status st_bundle_open(const char* dir, st_bundle** out_bundle) {
@@ -412,16 +461,12 @@ st_status st_bundle_open(const char* dir, st_bundle** out_bundle) {
     free(mpath);
     return st_status_recode(s, ST_CODE_RUNTIME, "bundle manifest missing");
   }
-  json_t* root = NULL;
-  s = st_json_parse(text, size, mpath, &root);
+  st_bundle* b = NULL;
+  s = st_bundle_parse(dir, text, size, &b);
   free(text);
-  st_bundle* b = st_xcalloc(1, sizeof(*b));
-  b->dir = st_xstrdup(dir);
-  if (!s) s = st__bundle_parse(b, root, mpath);
-  json_decref(root);
   /* A program file that is missing or differs from its manifest sha256 is
    * a stale or tampered bundle: never compile it. */
-  for (int i = 0; !s && i < b->program_count + b->collective_count; ++i) {
+  for (int i = 0; b && !s && i < b->program_count + b->collective_count; ++i) {
     const st_bundle_program* p = i < b->program_count ? &b->programs[i] : &b->collectives[i - b->program_count];
     char sha[65];
     st_status r = st_sha256_file_hex(p->path, sha);
@@ -706,6 +751,9 @@ st_status st_bundle_export_mesh(const char* model_json, const char* mesh, const 
  * the same for every depth; only this table and model.n_layers are not. */
 static st_status st__bundle_set_depth(st_bundle* b, int64_t n_layers) {
   if (b->model.n_layers == n_layers) return ST_OK;
+  if (n_layers > ST_BUNDLE_MAX_LAYERS)
+    return st_status_make(ST_CODE_RUNTIME, "model.n_layers %lld exceeds the limit of %d (ST_BUNDLE_MAX_LAYERS)", (long long)n_layers,
+                          ST_BUNDLE_MAX_LAYERS);
   int first = -1, last = -1, per_layer = 0;
   for (int i = 0; i < b->param_count; ++i) {
     if (b->params[i].layer < 0) continue;

@@ -97,25 +97,17 @@ static void st__type_str(const st_tensor_type* t, char* buf, size_t n) { st_tens
   } while (0)
 
 /* The manifest: present, self-consistent, readable by this build. */
-static st_status st__read_manifest(const char* dir, st_ckpt* c, json_t** out_json) {
+static int st__cmp_name(const void* a, const void* b) {
+  return strcmp((*(const st_ckpt_tensor_info* const*)a)->name, (*(const st_ckpt_tensor_info* const*)b)->name);
+}
+
+/* Manifest text (|size| bytes, not NUL-terminated) into |c|: self-checksum,
+ * format, version, typed fields, every count within its limit. */
+static st_status st__parse_manifest(const char* path, const char* text, size_t size, st_ckpt* c, json_t** out_json) {
   *out_json = NULL;
-  char* path = st_path_join(dir, ST_CKPT_MANIFEST);
-  char* text = NULL;
-  size_t size = 0;
   json_t* j = NULL;
   st_status s = ST_OK;
-  struct stat st;
-  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) ST__FAIL("checkpoint folder '%s' does not exist", dir);
-  if (stat(path, &st) != 0)
-    ST__FAIL("'%s' is missing: the folder is not a complete checkpoint (manifest.json is written last, so its absence means "
-             "the save never finished or the file was deleted)",
-             path);
-  st_status r = st_fs_read_file(path, &text, &size);
-  if (r) {
-    s = st_status_set_code(r, ST_CODE_CKPT);
-    goto done;
-  }
-  r = st_json_parse(text, size, path, &j);
+  st_status r = st_json_parse(text, size, path, &j);
   if (r) {
     s = st_status_recode(r, ST_CODE_CKPT, "'%s' is malformed", path);
     goto done;
@@ -124,7 +116,10 @@ static st_status st__read_manifest(const char* dir, st_ckpt* c, json_t** out_jso
   /* Self-checksum: xxh64 of every byte before the line holding it. */
   const char* mh = json_string_value(json_object_get(j, "manifest_xxh64"));
   const char* mark = NULL;
-  for (const char* p = strstr(text, "\"manifest_xxh64\""); p; p = strstr(p + 1, "\"manifest_xxh64\"")) mark = p;
+  static const char kKey[] = "\"manifest_xxh64\"";
+  for (const char* p = memmem(text, size, kKey, sizeof(kKey) - 1); p;
+       p = memmem(p + 1, size - (size_t)(p + 1 - text), kKey, sizeof(kKey) - 1))
+    mark = p;
   uint64_t want = 0;
   if (!mh || !mark || !st__parse_hex64(mh, &want))
     ST__FAIL("'%s' has no valid \"manifest_xxh64\": not written by strata, or damaged", path);
@@ -219,6 +214,12 @@ static st_status st__read_manifest(const char* dir, st_ckpt* c, json_t** out_jso
   const json_t* tensors = json_object_get(j, "tensors");
   if (!json_is_array(files) || !json_is_array(tensors))
     ST__FAIL("'%s': \"files\" and \"tensors\" must be arrays", path);
+  if (json_array_size(files) > ST_CKPT_MAX_FILES)
+    ST__FAIL("'%s': \"files\" lists %zu files, above the limit of %d (ST_CKPT_MAX_FILES)", path, json_array_size(files),
+             ST_CKPT_MAX_FILES);
+  if (json_array_size(tensors) > ST_CKPT_MAX_TENSORS)
+    ST__FAIL("'%s': \"tensors\" lists %zu tensors, above the limit of %d (ST_CKPT_MAX_TENSORS)", path, json_array_size(tensors),
+             ST_CKPT_MAX_TENSORS);
   c->files = st_xcalloc(json_array_size(files) + 1, sizeof(*c->files));
   for (size_t i = 0; i < json_array_size(files); ++i) {
     const json_t* f = json_array_get(files, i);
@@ -258,6 +259,7 @@ static st_status st__read_manifest(const char* dir, st_ckpt* c, json_t** out_jso
     st_ckpt_tensor_info* ti = &c->tensors[c->tensor_count++];
     ti->name = st_xstrdup(name);
     ti->file = st_xstrdup(file);
+    if (offset < 0 || bytes < 0) ST__FAIL("'%s': tensor '%s' has a negative offset or size", path, name);
     ti->offset = (size_t)offset;
     ti->bytes = (size_t)bytes;
     ti->type.dtype = st_safetensors_dtype_parse(dtype);
@@ -282,17 +284,67 @@ static st_status st__read_manifest(const char* dir, st_ckpt* c, json_t** out_jso
     bool known = false;
     for (int f = 0; f < c->file_count; ++f) known |= !strcmp(c->files[f].file, file);
     if (!known) ST__FAIL("'%s': tensor '%s' lives in \"%s\", which \"files\" does not list", path, name, file);
-    for (int k = 0; k + 1 < c->tensor_count; ++k)
-      if (!strcmp(c->tensors[k].name, name)) ST__FAIL("'%s': tensor '%s' is listed twice", path, name);
+  }
+  /* Names are unique; sorted, so a crafted manifest costs n log n here. */
+  if (c->tensor_count > 1) {
+    const st_ckpt_tensor_info** by_name = st_xmalloc((size_t)c->tensor_count * sizeof(*by_name));
+    for (int k = 0; k < c->tensor_count; ++k) by_name[k] = &c->tensors[k];
+    qsort(by_name, (size_t)c->tensor_count, sizeof(*by_name), st__cmp_name);
+    const char* twice = NULL;
+    for (int k = 0; k + 1 < c->tensor_count && !twice; ++k)
+      if (!strcmp(by_name[k]->name, by_name[k + 1]->name)) twice = by_name[k]->name;
+    if (twice) s = st_status_make(ST_CODE_CKPT, "'%s': tensor '%s' is listed twice", path, twice);
+    free(by_name);
+    if (s) goto done;
   }
 done:
-  free(path);
-  free(text);
   if (s) {
     json_decref(j);
     return s;
   }
   *out_json = j;
+  return ST_OK;
+}
+
+/* The manifest: present, self-consistent, readable by this build. */
+static st_status st__read_manifest(const char* dir, st_ckpt* c, json_t** out_json) {
+  *out_json = NULL;
+  char* path = st_path_join(dir, ST_CKPT_MANIFEST);
+  char* text = NULL;
+  size_t size = 0;
+  st_status s = ST_OK;
+  struct stat st;
+  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) ST__FAIL("checkpoint folder '%s' does not exist", dir);
+  if (stat(path, &st) != 0)
+    ST__FAIL("'%s' is missing: the folder is not a complete checkpoint (manifest.json is written last, so its absence means "
+             "the save never finished or the file was deleted)",
+             path);
+  st_status r = st_fs_read_file(path, &text, &size);
+  if (r) {
+    s = st_status_set_code(r, ST_CODE_CKPT);
+    goto done;
+  }
+  s = st__parse_manifest(path, text, size, c, out_json);
+done:
+  free(path);
+  free(text);
+  return s;
+}
+
+st_status st_ckpt_parse_manifest(const char* dir, const char* text, size_t size, st_ckpt** out) {
+  *out = NULL;
+  st_ckpt* c = st_xcalloc(1, sizeof(*c));
+  c->dir = st_xstrdup(dir);
+  char* path = st_path_join(dir, ST_CKPT_MANIFEST);
+  json_t* manifest = NULL;
+  st_status s = st__parse_manifest(path, text, size, c, &manifest);
+  json_decref(manifest);
+  free(path);
+  if (s) {
+    st_ckpt_free(c);
+    return s;
+  }
+  *out = c;
   return ST_OK;
 }
 

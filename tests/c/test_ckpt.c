@@ -217,6 +217,56 @@ static void test_safetensors_hostile_headers(void** state) {
   assert_int_equal(st_tensor_type_elements(&z), 0);
 }
 
+/* A manifest body signed as strata signs it: |body| (which must end with
+ * "],\n" or ",\n") + the manifest_xxh64 line of xxh64(body). */
+static char* signed_manifest(const char* body) {
+  char* out = malloc(strlen(body) + 64);
+  sprintf(out, "%s  \"manifest_xxh64\": \"%016llx\"\n}\n", body, (unsigned long long)st_hash64(body, strlen(body), 0));
+  return out;
+}
+
+static const char* kManifestHead =
+    "{\n  \"format\": \"strata-checkpoint\",\n  \"version\": 1,\n  \"step\": 1,\n  \"optimizer_step\": 1,\n"
+    "  \"data\": {\"position\": 0, \"batch_size\": 1},\n  \"rng\": {\"seed\": 1},\n"
+    "  \"lr_schedule\": {\"lr\": 0.1, \"total_steps\": 2},\n  \"config_hash\": \"c\",\n  \"bundle_key\": \"b\",\n"
+    "  \"model\": {},\n  \"config\": {},\n";
+
+/* Issue 11, item 9: every count a checkpoint manifest holds is bounded. */
+static void test_manifest_counts_bounded(void** state) {
+  (void)state;
+  st_strbuf b = {0};
+  st_strbuf_append(&b, kManifestHead);
+  st_strbuf_append(&b, "  \"files\": [");
+  for (int i = 0; i <= ST_CKPT_MAX_FILES; ++i)
+    st_strbuf_printf(&b, "%s{\"file\": \"f%d\", \"bytes\": 0, \"xxh64\": \"0000000000000000\"}", i ? ", " : "", i);
+  st_strbuf_append(&b, "],\n  \"tensors\": [],\n");
+  char* text = signed_manifest(b.data);
+  st_ckpt* c = NULL;
+  expect_ckpt_error(st_ckpt_parse_manifest("mem", text, strlen(text), &c), "too many files", "ST_CKPT_MAX_FILES", NULL);
+  assert_null(c);
+  free(text);
+  st_strbuf_free(&b);
+  /* Tensors: the count is checked before any entry is read. */
+  st_strbuf_append(&b, kManifestHead);
+  st_strbuf_append(&b, "  \"files\": [],\n  \"tensors\": [0");
+  for (int i = 0; i < ST_CKPT_MAX_TENSORS; ++i) st_strbuf_append(&b, ",0");
+  st_strbuf_append(&b, "],\n");
+  text = signed_manifest(b.data);
+  expect_ckpt_error(st_ckpt_parse_manifest("mem", text, strlen(text), &c), "too many tensors", "ST_CKPT_MAX_TENSORS", NULL);
+  free(text);
+  st_strbuf_free(&b);
+  /* At the limits' low end the same manifest is fine. */
+  st_strbuf_append(&b, kManifestHead);
+  st_strbuf_append(&b, "  \"files\": [],\n  \"tensors\": [],\n");
+  text = signed_manifest(b.data);
+  ASSERT_OK(st_ckpt_parse_manifest("mem", text, strlen(text), &c));
+  assert_int_equal(c->step, 1);
+  assert_null(c->loaded);
+  st_ckpt_free(c);
+  free(text);
+  st_strbuf_free(&b);
+}
+
 /*--- save / open -----------------------------------------------------------*/
 
 static void test_save_open_round_trip(void** state) {
@@ -806,6 +856,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_safetensors_round_trip_and_refusals),
       cmocka_unit_test(test_safetensors_hostile_headers),
+      cmocka_unit_test(test_manifest_counts_bounded),
       cmocka_unit_test(test_save_open_round_trip),
       cmocka_unit_test(test_corruption_matrix),
       cmocka_unit_test(test_crash_at_every_point),

@@ -446,12 +446,87 @@ static void test_export_does_not_repeat_buffered_stdout(void** state) {
   assert_int_equal(count, 1);
 }
 
+/* A copy of |b| whose block_fwd_res keeps |extra| more residuals (and
+ * block_bwd_res takes them), as a crafted manifest would. */
+static char* crafted_bundle(const st_bundle* b, int extra) {
+  char* dir = malloc(512);
+  snprintf(dir, 512, "%s/crafted-%d", g_tmp, extra);
+  char* python = st_bundle_python();
+  char cmd[2048];
+  snprintf(cmd, sizeof(cmd),
+           "rm -rf '%s' && cp -r '%s' '%s' && '%s' - '%s/manifest.json' %d <<'EOF'\n"
+           "import json, sys\n"
+           "path, extra = sys.argv[1], int(sys.argv[2])\n"
+           "m = json.load(open(path))\n"
+           "p = {q['name']: q for q in m['programs']}\n"
+           "r = p['block_fwd_res']['outputs'][1]\n"
+           "more = [dict(r, name='crafted%%d' %% i) for i in range(extra)]\n"
+           "p['block_fwd_res']['outputs'] += more\n"
+           "bwd = p['block_bwd_res']['inputs']\n"
+           "p['block_bwd_res']['inputs'] = bwd[:-1] + more + bwd[-1:]\n"
+           "json.dump(m, open(path, 'w'))\n"
+           "EOF",
+           dir, b->dir, dir, python, dir, extra);
+  free(python);
+  assert_int_equal(system(cmd), 0);
+  return dir;
+}
+
+/* Issue 11, item 9: step_plan.c kept residuals in fixed arrays (res[32],
+ * dead[33], a forward out[40]) while nothing bounded a program's output
+ * count, so a crafted bundle overflowed the stack (UBSan: index 32 out of
+ * bounds). Now the bundle reader refuses counts beyond
+ * ST_BUNDLE_MAX_PROGRAM_TENSORS, and the plan builder refuses more
+ * residuals than it holds. */
+static void test_crafted_bundle_counts_are_bounded(void** state) {
+  (void)state;
+  st_bundle* b = ensure_bundle(2, true);
+  /* 48 residuals: within the bundle's limit, beyond what the plan builder
+   * handles; it says so (a bundle error), nothing overflows. */
+  char* dir = crafted_bundle(b, 40);
+  st_bundle* c = NULL;
+  ASSERT_OK(st_bundle_open(dir, &c));
+  st_train_options o;
+  memset(&o, 0, sizeof(o));
+  o.microbatches = 1;
+  o.batch_size = 2;
+  o.eval_batches = 1;
+  st_plan step, eval;
+  st_status s = st_train_build_plans(c, &o, &step, &eval);
+  if (s) {
+    assert_int_equal(st_status_code(s), ST_CODE_RUNTIME);
+    st_status_free(s);
+  } else {
+    st_plan_deinit(&step);
+    st_plan_deinit(&eval);
+  }
+  st_bundle_destroy(c);
+  free(dir);
+  /* Past the limit: refused as a bundle error (exit 4), naming the limit. */
+  dir = crafted_bundle(b, ST_BUNDLE_MAX_PROGRAM_TENSORS);
+  c = NULL;
+  s = st_bundle_open(dir, &c);
+  if (!s) {
+    /* What the unbounded reader did: hand the plan builder the bundle. */
+    st_status_free(st_train_build_plans(c, &o, &step, &eval));
+    fail_msg("a bundle with %d residuals was accepted", ST_BUNDLE_MAX_PROGRAM_TENSORS + 8);
+  }
+  assert_int_equal(st_status_code(s), ST_CODE_RUNTIME);
+  assert_non_null(strstr(st_status_message(s), "ST_BUNDLE_MAX_PROGRAM_TENSORS"));
+  printf("# %s\n", st_status_message(s));
+  st_status_free(s);
+  assert_null(c);
+  free(dir);
+  st_bundle_destroy(b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_export_does_not_repeat_buffered_stdout),
       cmocka_unit_test(test_program_count_independent_of_depth),
       cmocka_unit_test(test_block_backward_matches_finite_differences),
       cmocka_unit_test(test_plan_takes_program_names_from_the_bundle),
+      cmocka_unit_test(test_crafted_bundle_counts_are_bounded),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -152,6 +152,9 @@ corrupt other-bundle "written with bundle 0123456789abcdef, this run uses bundle
 corrupt other-model "written for a different model config \\(model.d_model 64 in the checkpoint, 32 now" \
   "rm -rf ./* && cp -a '$TMP/other/checkpoints/step_20/.' ." model
 corrupt missing-file "params.safetensors: tensor file is missing" "rm params.safetensors"
+# every count in a manifest is bounded (docs/checkpoints.md "Limits")
+FILES17=$($PY -c 'import json; print(json.dumps([{"file": "f%d" % i, "bytes": 0, "xxh64": "0" * 16} for i in range(17)]))')
+corrupt too-many-files "lists 17 files, above the limit of 16 \\(ST_CKPT_MAX_FILES\\)" "$DRILL fixmanifest . files '$FILES17'"
 # ckpt.allow_bundle_change accepts the other bundle's checkpoint (same model and tensors), with a warning
 cp -a "$TMP/c20" "$TMP/cm-allow"
 (cd "$TMP/cm-allow/checkpoints/step_20" && $DRILL fixmanifest . bundle_key '"0123456789abcdef"')

@@ -141,4 +141,19 @@ if "$STRATA" train "${BASE[@]}" run.dir="$TMP/b2" >/dev/null 2>"$TMP/err"; then 
 check "a tampered cached bundle is re-exported, not used" "grep -q 'stale bundle, re-exporting: bundle program file .*block_bwd.mlir. was altered' '$TMP/err'"
 check "a re-exported bundle trains to the same losses" "diff <(grep -o '\"loss\": [^,]*' '$TMP/r1/metrics.jsonl') <(grep -o '\"loss\": [^,]*' '$TMP/b2/metrics.jsonl')"
 
+# --- bundles: every count in a manifest is bounded (docs/bundle.md "Limits") ---
+# A crafted block_fwd_res with 300 residual outputs used to overflow the
+# plan builder's fixed arrays; now the manifest is refused as a bundle error.
+cp -r "$cached" "$TMP/bundle3"
+$PY - "$TMP/bundle3/manifest.json" <<'PYEOF'
+import json, sys
+m = json.load(open(sys.argv[1]))
+p = {q['name']: q for q in m['programs']}
+more = [dict(p['block_fwd_res']['outputs'][1], name=f'crafted{i}') for i in range(300)]
+p['block_fwd_res']['outputs'] += more
+p['block_bwd_res']['inputs'] = p['block_bwd_res']['inputs'][:-1] + more + p['block_bwd_res']['inputs'][-1:]
+json.dump(m, open(sys.argv[1], 'w'))
+PYEOF
+expect_exit 4 "program 'block_fwd_res': 309 outputs exceeds the limit of 256 \\(ST_BUNDLE_MAX_PROGRAM_TENSORS" train "${BASE[@]}" bundle.dir="$TMP/bundle3" run.dir="$TMP/b3"
+
 finish test_train.sh
