@@ -271,6 +271,11 @@ st_status st_ckpt_list(const char* root, st_ckpt_entry** out_entries, int* out_c
 void st_ckpt_entries_free(st_ckpt_entry* entries, int count);
 /* LATEST's content ("step_40"), NULL when missing or unreadable (caller frees). */
 char* st_ckpt_read_latest(const char* root);
+/* NULL when |latest| (LATEST's content) names a checkpoint folder under
+ * |root|: a plain "step_<N>" name, no path, and that folder exists. Else
+ * why not (a static string). strata only compares LATEST with folder
+ * names, never follows it as a path; this is for reporting it. */
+const char* st_ckpt_latest_problem(const char* root, const char* latest);
 
 /* Called for each checkpoint skipped while looking for a valid one. */
 typedef void (*st_ckpt_skip_fn)(void* user, const st_ckpt_entry* entry, st_status why /* borrowed */);

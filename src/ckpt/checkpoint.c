@@ -526,6 +526,15 @@ char* st_ckpt_read_latest(const char* root) {
   return data;
 }
 
+const char* st_ckpt_latest_problem(const char* root, const char* latest) {
+  int64_t step;
+  if (!latest || !st__parse_step_name(latest, &step)) return "not a checkpoint name (step_<N>)";
+  char* dir = st_path_join(root, latest);
+  bool there = st_fs_is_dir(dir);
+  free(dir);
+  return there ? NULL : "names no checkpoint folder in this checkpoints folder";
+}
+
 int st_ckpt_retain(const char* root, int64_t keep, int64_t keep_every) {
   st_ckpt_entry* v = NULL;
   int n = 0;

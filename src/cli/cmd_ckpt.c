@@ -69,8 +69,16 @@ static void st__print_temporaries(const char* root) {
   closedir(d);
 }
 
-/* list and verify over a checkpoints folder. Returns the invalid count. */
-static int st__each(const char* root, bool verbose_ok, int* out_total) {
+/* LATEST's content for printing: at most 64 printable characters. */
+static void st__printable(const char* s, char* out, size_t n) {
+  size_t k = 0;
+  for (; s[k] && k + 1 < n && k < 64; ++k) out[k] = (s[k] >= 0x20 && s[k] < 0x7f) ? s[k] : '?';
+  out[k] = '\0';
+}
+
+/* list and verify over a checkpoints folder. Returns the invalid count;
+ * *out_latest_bad tells whether LATEST names no checkpoint of |root|. */
+static int st__each(const char* root, bool verbose_ok, int* out_total, bool* out_latest_bad) {
   st_ckpt_entry* v = NULL;
   int n = 0;
   st_status s = st_ckpt_list(root, &v, &n);
@@ -81,7 +89,18 @@ static int st__each(const char* root, bool verbose_ok, int* out_total) {
     return 1;
   }
   char* latest = st_ckpt_read_latest(root);
-  printf("checkpoints in %s (LATEST: %s)\n", root, latest ? latest : "none");
+  /* LATEST is data from disk: flagged when it names no checkpoint here
+   * (a path like ../../../etc included), and never followed. */
+  const char* why = latest ? st_ckpt_latest_problem(root, latest) : NULL;
+  char shown[80] = "none";
+  if (latest) st__printable(latest, shown, sizeof(shown));
+  *out_latest_bad = why != NULL;
+  printf("checkpoints in %s (LATEST: %s%s)\n", root, shown, why ? ", INVALID" : "");
+  if (why) {
+    printf("  LATEST is '%s': %s; ignored (resume takes the newest valid checkpoint, not LATEST)\n", shown, why);
+    free(latest);
+    latest = NULL;
+  }
   printf("  %-10s %-8s %-10s %-19s %s\n", "step", "status", "size", "saved", "note");
   int bad = 0;
   for (int i = 0; i < n; ++i) {
@@ -215,10 +234,14 @@ int st_cli_ckpt(int argc, char** argv) {
   char* root = st__root_of(path);
   if (!root) return st_cli_report(st_status_make(ST_CODE_CONFIG, "strata ckpt %s: '%s' is not a run directory or checkpoints folder", cmd, path));
   int total = 0;
-  int bad = st__each(root, !strcmp(cmd, "verify"), &total);
+  bool latest_bad = false;
+  int bad = st__each(root, !strcmp(cmd, "verify"), &total, &latest_bad);
   int code = 0;
   if (!strcmp(cmd, "verify")) {
-    if (bad) {
+    if (latest_bad) {
+      code = st_cli_report(st_status_make(ST_CODE_CKPT, "LATEST in %s names no checkpoint of it (see above)%s", root,
+                                          bad ? "; invalid checkpoints too" : ""));
+    } else if (bad) {
       code = st_cli_report(st_status_make(ST_CODE_CKPT, "%d of %d checkpoints in %s are invalid (reasons above)", bad, total, root));
     } else if (total == 0) {
       code = st_cli_report(st_status_make(ST_CODE_CKPT, "no checkpoints in %s", root));
