@@ -56,15 +56,24 @@ bench: build
 clean:
 	rm -rf build build-asan build-portable build-fuzz
 
-# Config fuzzing (tests/fuzz/run.sh): libFuzzer + ASan + UBSan over the YAML,
-# override and schema path, corpus seeded from configs/. Crashes land in
-# build-fuzz/. `make test` runs test-fuzz for 60 s (the CI run).
-.PHONY: fuzz test-fuzz
+# Fuzzing (tests/fuzz/run.sh, docs/fuzzing.md): libFuzzer + ASan + UBSan
+# over every parser of untrusted input (config, safetensors, checkpoint
+# manifest, bundle manifest, token file, JSON, MLIR signature). Crashes land
+# in build-fuzz/. FUZZ_SECONDS is the total, split over the targets:
+# `make test` runs test-fuzz (60 s, the CI run). `make fuzz-long` runs
+# FUZZ_LONG_RUNS executions per target (10^6; about an hour on one core).
+# FUZZ_TARGETS="bundle json" limits a run to some targets.
+.PHONY: fuzz test-fuzz fuzz-long
 FUZZ_SECONDS ?= 60
 TEST_FUZZ_SECONDS ?= 60
+FUZZ_LONG_RUNS ?= 1000000
+FUZZ_TARGETS ?=
 
 fuzz:
-	@FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh $(FUZZ_TARGETS)
 
 test-fuzz:
-	@FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) tests/fuzz/run.sh
+	@FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) tests/fuzz/run.sh $(FUZZ_TARGETS)
+
+fuzz-long:
+	@FUZZ_RUNS=$(FUZZ_LONG_RUNS) tests/fuzz/run.sh $(FUZZ_TARGETS)

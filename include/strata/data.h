@@ -59,6 +59,14 @@ uint64_t st_data_window_start(uint64_t seed, uint64_t stream, uint64_t index, ui
 /* Writes |count| u16 tokens as a token file at |path| (atomically). */
 st_status st_token_file_write(const char* path, uint32_t vocab_size, const uint16_t* tokens, uint64_t count);
 
+/* Validates the bytes of a token file (|size| bytes, borrowed) as
+ * st_dataset_open does: magic, version, token width, vocabulary, size,
+ * every token below |vocab_size|. *out_tokens receives the tokens (caller
+ * frees), *out_count their number (> 0). |origin| names the bytes in
+ * messages. ST_CODE_DATA on any problem. */
+st_status st_token_file_parse(const char* origin, const unsigned char* data, size_t size, uint32_t vocab_size,
+                              uint16_t** out_tokens /* owned by caller */, uint64_t* out_count);
+
 #ifdef __cplusplus
 }
 #endif

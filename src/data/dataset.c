@@ -81,6 +81,48 @@ static bool st__is_token_file(const char* path) {
   return yes;
 }
 
+st_status st_token_file_parse(const char* path, const unsigned char* p, size_t size, uint32_t vocab_size, uint16_t** out_tokens,
+                              uint64_t* out_count) {
+  *out_tokens = NULL;
+  *out_count = 0;
+  if (size < ST_TOKEN_FILE_HEADER_BYTES || memcmp(p, ST_TOKEN_FILE_MAGIC, 8) != 0)
+    return st_status_make(ST_CODE_DATA, "token file '%s': bad header (no '%s' magic); rebuild it from the text corpus", path,
+                          ST_TOKEN_FILE_MAGIC);
+  if (st__get_u32(p + 8) != ST_TOKEN_FILE_VERSION)
+    return st_status_make(ST_CODE_DATA, "token file '%s': version %u, this strata reads version %u", path, st__get_u32(p + 8),
+                          ST_TOKEN_FILE_VERSION);
+  uint32_t tb = st__get_u32(p + 16);
+  if (tb != 2 && tb != 4) return st_status_make(ST_CODE_DATA, "token file '%s': token_bytes is %u, expected 2 or 4", path, tb);
+  if (st__get_u32(p + 12) > vocab_size)
+    return st_status_make(ST_CODE_DATA, "token file '%s': written for vocab_size %u, but model.vocab_size is %u", path,
+                          st__get_u32(p + 12), vocab_size);
+  uint64_t count = st__get_u64(p + 24);
+  if (count > (size - ST_TOKEN_FILE_HEADER_BYTES) / tb || ST_TOKEN_FILE_HEADER_BYTES + count * tb != size)
+    return st_status_make(ST_CODE_DATA, "token file '%s': header says %" PRIu64 " tokens of %u bytes but the file has %zu bytes after the header (truncated?)",
+                          path, count, tb, size - ST_TOKEN_FILE_HEADER_BYTES);
+  if (count == 0) return st_status_make(ST_CODE_DATA, "token file '%s' holds no tokens", path);
+  uint16_t* tokens = st_xmalloc(count * sizeof(uint16_t));
+  const unsigned char* t = p + ST_TOKEN_FILE_HEADER_BYTES;
+  for (uint64_t i = 0; i < count; ++i) {
+    uint32_t v = tb == 2 ? (uint32_t)t[2 * i] | (uint32_t)t[2 * i + 1] << 8 : st__get_u32(t + 4 * i);
+    if (v >= vocab_size) {
+      free(tokens);
+      return st_status_make(ST_CODE_DATA, "token file '%s': token %" PRIu64 " is %u, not below model.vocab_size %u", path, i, v,
+                            vocab_size);
+    }
+    /* Tokens are kept as u16: a larger one must not be silently narrowed. */
+    if (v > UINT16_MAX) {
+      free(tokens);
+      return st_status_make(ST_CODE_DATA, "token file '%s': token %" PRIu64 " is %u; strata keeps tokens as u16, so ids above 65535 are not supported",
+                            path, i, v);
+    }
+    tokens[i] = (uint16_t)v;
+  }
+  *out_tokens = tokens;
+  *out_count = count;
+  return ST_OK;
+}
+
 /* Reads and validates a token file (docs/data.md) into |ds|. */
 static st_status st__token_file_read(const char* path, uint32_t vocab_size, st_dataset* ds) {
   char* data = NULL;
@@ -88,49 +130,9 @@ static st_status st__token_file_read(const char* path, uint32_t vocab_size, st_d
   st_status s = st_fs_read_file(path, &data, &size);
   /* A missing or unreadable token file is a data error (exit 3), not a generic I/O one. */
   if (s) return st_status_recode(s, ST_CODE_DATA, "cannot read token file");
-  const unsigned char* p = (const unsigned char*)data;
-  s = ST_OK;
-  if (size < ST_TOKEN_FILE_HEADER_BYTES || memcmp(p, ST_TOKEN_FILE_MAGIC, 8) != 0) {
-    s = st_status_make(ST_CODE_DATA, "token file '%s': bad header (no '%s' magic); rebuild it from the text corpus", path,
-                       ST_TOKEN_FILE_MAGIC);
-  } else if (st__get_u32(p + 8) != ST_TOKEN_FILE_VERSION) {
-    s = st_status_make(ST_CODE_DATA, "token file '%s': version %u, this strata reads version %u", path, st__get_u32(p + 8),
-                       ST_TOKEN_FILE_VERSION);
-  } else if (st__get_u32(p + 16) != 2 && st__get_u32(p + 16) != 4) {
-    s = st_status_make(ST_CODE_DATA, "token file '%s': token_bytes is %u, expected 2 or 4", path, st__get_u32(p + 16));
-  } else if (st__get_u32(p + 12) > vocab_size) {
-    s = st_status_make(ST_CODE_DATA, "token file '%s': written for vocab_size %u, but model.vocab_size is %u", path,
-                       st__get_u32(p + 12), vocab_size);
-  }
-  if (s) {
-    free(data);
-    return s;
-  }
-  uint32_t tb = st__get_u32(p + 16);
-  uint64_t count = st__get_u64(p + 24);
-  if (count > (size - ST_TOKEN_FILE_HEADER_BYTES) / tb || ST_TOKEN_FILE_HEADER_BYTES + count * tb != size) {
-    free(data);
-    return st_status_make(ST_CODE_DATA, "token file '%s': header says %" PRIu64 " tokens of %u bytes but the file has %zu bytes after the header (truncated?)",
-                          path, count, tb, size - ST_TOKEN_FILE_HEADER_BYTES);
-  }
-  if (count == 0) {
-    free(data);
-    return st_status_make(ST_CODE_DATA, "token file '%s' holds no tokens", path);
-  }
-  ds->tokens = st_xmalloc(count * sizeof(uint16_t));
-  const unsigned char* t = p + ST_TOKEN_FILE_HEADER_BYTES;
-  for (uint64_t i = 0; i < count; ++i) {
-    uint32_t v = tb == 2 ? (uint32_t)t[2 * i] | (uint32_t)t[2 * i + 1] << 8 : st__get_u32(t + 4 * i);
-    if (v >= vocab_size) {
-      free(data);
-      return st_status_make(ST_CODE_DATA, "token file '%s': token %" PRIu64 " is %u, not below model.vocab_size %u", path, i, v,
-                            vocab_size);
-    }
-    ds->tokens[i] = (uint16_t)v;
-  }
+  s = st_token_file_parse(path, (const unsigned char*)data, size, vocab_size, &ds->tokens, &ds->count);
   free(data);
-  ds->count = count;
-  return ST_OK;
+  return s;
 }
 
 /*===-------------------------------------------------------------------===*/

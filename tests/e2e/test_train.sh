@@ -111,6 +111,9 @@ check "a FIFO as data.path: exit 3 at once (rc $rc), naming it" "[ $rc = 3 ] && 
 printf 'tiny corpus\n' >"$TMP/short.txt"
 expect_exit 3 "corpus '$TMP/short.txt' \\(data.path; tokenized into '.*/tokens/[0-9a-f]+\\.tok'\\) has 12 tokens: too few" \
   train "${BASE[@]}" data.synthetic=false data.path="$TMP/short.txt" run.dir="$TMP/d9"
+# u32 tokens are kept as u16: an id above 65535 is refused, not narrowed (found reading the token parser for the fuzz target)
+mktok "$TMP/wide.tok" 1 70000 4 201 $toks 65536
+expect_exit 3 "token file '$TMP/wide.tok': token 200 is 65536; strata keeps tokens as u16" train "${BASE[@]}" model.vocab_size=70000 data.synthetic=false data.path="$TMP/wide.tok" run.dir="$TMP/d10"
 
 # --- bundles: a named stale bundle is an error, a cached one is re-exported ---
 "$STRATA" export "${BASE[@]}" bundle.dir="$TMP/bundle" >/dev/null 2>&1 && ok || bad "export into bundle.dir failed"

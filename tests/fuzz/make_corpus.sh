@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# make_corpus.sh DIR — seeds the fuzz corpus in DIR: every configs/*.yml as
-# is, some with overrides appended (the target reads NUL-separated overrides
-# after the YAML), a few small edge cases; and writes DIR.dict, a libFuzzer
-# dictionary of the schema's key names and YAML punctuation. Existing corpus
-# entries (what earlier runs found) are kept.
+# make_corpus.sh OUT — seeds the fuzz corpora: OUT/<target>/ for every
+# target of run.sh, and OUT/<target>.dict, a libFuzzer dictionary.
+#   config: every configs/*.yml as is, some with overrides appended (the
+#     target reads NUL-separated overrides after the YAML), a few small edge
+#     cases; the dictionary holds the schema's key names and YAML syntax.
+#   the others: the committed seeds in tests/fuzz/corpus/<target>/ (real
+#     files strata writes or reads, edge cases, and every input a fuzzer
+#     found a bug with: a regression seed).
+# Existing corpus entries (what earlier runs found) are kept.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-dir=${1:?usage: make_corpus.sh DIR}
-mkdir -p "$dir"
+out=${1:?usage: make_corpus.sh OUT}
+mkdir -p "$out"
 
+# --- config -------------------------------------------------------------
+dir="$out/config"
+mkdir -p "$dir"
 for f in configs/*.yml; do
   name=$(basename "$f" .yml)
   cp "$f" "$dir/seed-$name.yml"
@@ -19,11 +26,49 @@ printf 'data:\n  path: "a\\tb \\u00e9"\nrun:\n  id: '"'"'x y'"'"'\n' >"$dir/seed
 printf 'runtime:\n  xla_options:\n    - a=1\n    - ""\n' >"$dir/seed-list"
 printf '\0run.id=on\0data.synthetic=true\0model.vocab_size=100' >"$dir/seed-only-overrides"
 
-# Dictionary: every key component in base.yml, plus YAML syntax.
+dict_line() { printf '"%s"\n' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g')"; }
+
 {
   grep -oE '^ *[a-z_][a-z_0-9]*:' configs/base.yml | tr -d ' :' | sort -u | sed 's/.*/"&"/'
   for t in ':' ': ' '- ' '[' ']' '{' '}' ',' '.' '=' '"' "'" '#' '&' '*' '!' '|' '>' '~' '---' '...' \
     'true' 'false' 'null' 'base_config' '1e-8' '0.5' '-1' '\n  '; do
-    printf '"%s"\n' "$(printf '%s' "$t" | sed 's/\\/\\\\/g; s/"/\\"/g')"
+    dict_line "$t"
   done
-} >"$dir.dict"
+} >"$out/config.dict"
+
+# --- committed seeds ------------------------------------------------------
+for t in safetensors ckpt_manifest bundle tokens json mlir_sig config; do
+  mkdir -p "$out/$t"
+  if [ -d "tests/fuzz/corpus/$t" ]; then cp tests/fuzz/corpus/"$t"/* "$out/$t/"; fi
+done
+
+# --- dictionaries -----------------------------------------------------------
+json_syntax=('{' '}' '[' ']' ':' ',' '"' '\' '\u0000' '\ud83d\ude00' 'true' 'false' 'null' '0' '-0' '1.5' '1e400' '18446744073709551615' '9007199254740993')
+{
+  for t in "${json_syntax[@]}" '"dtype"' '"shape"' '"data_offsets"' '"__metadata__"' '"F32"' '"BF16"' '"U8"' '"I64"' '"BOOL"' '"C64"' '"F8_E4M3"'; do dict_line "$t"; done
+} >"$out/safetensors.dict"
+{
+  for t in "${json_syntax[@]}" '"format"' '"strata-checkpoint"' '"version"' '"step"' '"optimizer_step"' '"data"' '"position"' \
+    '"batch_size"' '"rng"' '"seed"' '"lr_schedule"' '"lr"' '"total_steps"' '"config_hash"' '"bundle_key"' '"model"' '"config"' \
+    '"files"' '"tensors"' '"file"' '"bytes"' '"xxh64"' '"name"' '"dtype"' '"shape"' '"offset"' '"manifest_xxh64"' '"0000000000000000"'; do
+    dict_line "$t"
+  done
+} >"$out/ckpt_manifest.dict"
+{
+  for t in "${json_syntax[@]}" '"schema_version"' '"bundle_key"' '"versions"' '"jax"' '"model"' '"vocab_size"' '"d_model"' \
+    '"n_layers"' '"n_heads"' '"d_ff"' '"seq_len"' '"microbatch_size"' '"tie_embeddings"' '"compute_dtype"' '"programs"' '"name"' \
+    '"file"' '"sha256"' '"inputs"' '"outputs"' '"donated"' '"flops"' '"groups"' '"params"' '"group"' '"local"' '"layer"' \
+    '"decay"' '"dtype"' '"shape"' '"role"' '"f32"' '"bf16"' '"s32"'; do
+    dict_line "$t"
+  done
+} >"$out/bundle.dict"
+{ for t in "${json_syntax[@]}" '"k"' '\n' '\t' '1e-999'; do dict_line "$t"; done; } >"$out/json.dict"
+{
+  for t in 'func.func public @main(' 'func.func @main(' '%arg0: ' 'tensor<' '>' 'x' 'xf32' 'xbf16' 'xi32' 'xi1' 'xui32' '?x' \
+    ' -> ' '(' ')' '{' '}' ', ' 'tf.aliasing_output = 0 : i32' 'jax.buffer_donor = true' 'jax.result_info = "result[0]"' \
+    '#encoding' '"'; do
+    dict_line "$t"
+  done
+  printf '"ML\\xefR"\n'
+} >"$out/mlir_sig.dict"
+{ dict_line 'STRATOK1'; for t in '\x01\x00\x00\x00' '\x02\x00\x00\x00' '\x04\x00\x00\x00' '\x00\x01\x00\x00' '\xff\xff\xff\xff'; do printf '"%s"\n' "$t"; done; } >"$out/tokens.dict"

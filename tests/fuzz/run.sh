@@ -1,32 +1,91 @@
 #!/usr/bin/env bash
-# run.sh — builds the config fuzz target with clang (libFuzzer + ASan +
-# UBSan) from src/config and src/base (with the libraries CMake links
-# them with), seeds the corpus, and fuzzes for
-# $FUZZ_SECONDS (default 60). Crash inputs land in build-fuzz/.
-# `make fuzz` and `make test-fuzz` call this.
+# run.sh [TARGET...] — builds the libFuzzer targets (clang, libFuzzer +
+# ASan + UBSan) and fuzzes each one; docs/fuzzing.md describes them.
+#
+#   config         YAML, overrides, schema, writers   (fuzz_config.c)
+#   safetensors    safetensors files                  (fuzz_safetensors.c)
+#   ckpt_manifest  checkpoint manifest.json           (fuzz_ckpt_manifest.c)
+#   bundle         bundle manifest.json               (fuzz_bundle.c)
+#   tokens         token files                        (fuzz_tokens.c)
+#   json           the JSON reader                    (fuzz_json.c)
+#   mlir_sig       MLIR `@main` signatures             (fuzz_mlir_sig.c)
+#
+# Budget: FUZZ_SECONDS (default 60) is the total, split evenly over the
+# targets (`make test-fuzz`, the CI run); or FUZZ_RUNS executions per
+# target with no time limit (`make fuzz-long`: 1000000). The working corpus
+# is build-fuzz/corpus/<target>/, seeded from tests/fuzz/corpus/<target>/
+# (committed seeds, regression inputs included) by make_corpus.sh; crash
+# inputs land in build-fuzz/<target>-crash-*. A summary line per target
+# (executions, seconds, coverage) goes to stdout and build-fuzz/summary.txt.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-seconds=${FUZZ_SECONDS:-60}
 out=build-fuzz
-mkdir -p "$out"
+all=(config safetensors ckpt_manifest bundle tokens json mlir_sig)
+if [ $# -gt 0 ]; then targets=("$@"); else targets=("${all[@]}"); fi
+seconds=${FUZZ_SECONDS:-60}
+runs=${FUZZ_RUNS:-}
+mkdir -p "$out/obj"
+
+max_len() {
+  case $1 in
+    config) echo 8192 ;;
+    tokens) echo 4096 ;;
+    mlir_sig) echo 32768 ;;
+    *) echo 65536 ;;
+  esac
+}
 
 CC=${FUZZ_CC:-clang}
-# shellcheck disable=SC2046
-"$CC" -g -O1 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror \
-  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
-  -Iinclude -Isrc -DSTRATA_SOURCE_DIR="\"$PWD\"" \
-  tests/fuzz/fuzz_config.c src/config/*.c src/base/*.c \
-  $(pkg-config --cflags --libs yaml-0.1 jansson libxxhash libcrypto) -lpthread -ldl -lm \
-  -o "$out/fuzz_config"
+CFLAGS=(-g -O1 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fno-omit-frame-pointer
+  -fsanitize=address,undefined -fno-sanitize-recover=all -Iinclude -Isrc -DSTRATA_SOURCE_DIR="\"$PWD\"")
+# shellcheck disable=SC2207
+LIBS=($(pkg-config --cflags --libs yaml-0.1 jansson libxxhash libcrypto) -lpthread -ldl -lm)
+
+# The parsers, built once into an archive: each target pulls what it uses.
+sources=(src/base/*.c src/config/*.c src/ckpt/*.c src/bundle/bundle.c src/data/dataset.c
+  src/runtime/dtype.c src/runtime/mlir_sig.c)
+rm -f "$out"/obj/*.o "$out/libparsers.a"
+jobs_max=$(nproc 2>/dev/null || echo 2)
+pids=()
+for src in "${sources[@]}"; do
+  "$CC" "${CFLAGS[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$out/obj/$(echo "$src" | tr / _).o" &
+  pids+=($!)
+  if [ ${#pids[@]} -ge "$jobs_max" ]; then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
+done
+for p in "${pids[@]}"; do wait "$p"; done
+ar rcs "$out/libparsers.a" "$out"/obj/*.o
+for t in "${targets[@]}"; do
+  "$CC" "${CFLAGS[@]}" -fsanitize=fuzzer "tests/fuzz/fuzz_$t.c" "$out/libparsers.a" "${LIBS[@]}" -o "$out/fuzz_$t"
+done
 
 tests/fuzz/make_corpus.sh "$out/corpus"
-echo "fuzz: running $out/fuzz_config for ${seconds}s on $out/corpus"
-"$out/fuzz_config" -max_total_time="$seconds" -timeout=10 -max_len=8192 \
-  -dict="$out/corpus.dict" -artifact_prefix="$out/" -print_final_stats=1 "$out/corpus" 2>"$out/fuzz.log" || {
-  rc=$?
-  tail -60 "$out/fuzz.log"
-  echo "fuzz: FAILED (exit $rc); the crashing input is in $out/ (crash-*, leak-*, timeout-*)"
+per=$(( seconds / ${#targets[@]} ))
+[ "$per" -ge 1 ] || per=1
+: >"$out/summary.txt"
+failed=()
+for t in "${targets[@]}"; do
+  if [ -n "$runs" ]; then limit=(-runs="$runs"); what="$runs runs"; else limit=(-max_total_time="$per"); what="${per}s"; fi
+  dict=()
+  [ -s "$out/corpus/$t.dict" ] && dict=(-dict="$out/corpus/$t.dict")
+  echo "fuzz: $t for $what on $out/corpus/$t"
+  start=$(date +%s%N)
+  if "$out/fuzz_$t" "${limit[@]}" -timeout=10 -max_len="$(max_len "$t")" "${dict[@]}" -artifact_prefix="$out/$t-" \
+    -print_final_stats=1 "$out/corpus/$t" 2>"$out/$t.log"; then
+    status=ok
+  else
+    status="FAILED (exit $?)"
+    failed+=("$t")
+    tail -40 "$out/$t.log"
+    echo "fuzz: $t FAILED; the input is in $out/ ($t-crash-*, $t-leak-*, $t-timeout-*)"
+  fi
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$out/$t.log" | tail -1)
+  cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+' "$out/$t.log" | tail -1)
+  line=$(printf '%-14s %-8s execs %-9s %5d.%01ds  %s' "$t" "$status" "${execs:-?}" $((ms / 1000)) $((ms % 1000 / 100)) "${cov:-}")
+  echo "$line" | tee -a "$out/summary.txt"
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "fuzz: FAILED: ${failed[*]}"
   exit 1
-}
-grep -E '^(stat::number_of_executed_units|stat::peak_rss_mb)|^Done' "$out/fuzz.log" || true
-echo "fuzz: ok, no crash or sanitizer report in ${seconds}s"
+fi
+echo "fuzz: ok, ${#targets[@]} targets, no crash, leak or sanitizer report"

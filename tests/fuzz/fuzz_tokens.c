@@ -1,0 +1,37 @@
+/*
+ * fuzz_tokens.c — libFuzzer target for the token file reader
+ * (st_token_file_parse: header and tokens as bytes).
+ *
+ * Input: 4 bytes of model.vocab_size (little-endian, folded into the
+ * config's range [2, 1048576]), then the token file.
+ *
+ * Properties: a refusal is a data error with a message and no tokens; an
+ * accepted file has at least one token and every token below vocab_size.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "strata/data.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 4) return 0;
+  uint32_t vocab = (uint32_t)data[0] | (uint32_t)data[1] << 8 | (uint32_t)data[2] << 16 | (uint32_t)data[3] << 24;
+  vocab = 2 + vocab % 1048575u;
+  uint16_t* tokens = NULL;
+  uint64_t count = 0;
+  st_status s = st_token_file_parse("fuzz.tok", data + 4, size - 4, vocab, &tokens, &count);
+  if (s) {
+    if (st_status_code(s) != ST_CODE_DATA || !st_status_message(s)[0] || tokens || count) {
+      fprintf(stderr, "bad refusal: %s: %s\n", st_code_name(st_status_code(s)), st_status_message(s));
+      abort();
+    }
+    st_status_free(s);
+    return 0;
+  }
+  if (count == 0 || count > size) abort();
+  for (uint64_t i = 0; i < count; ++i)
+    if (tokens[i] >= vocab) abort();
+  free(tokens);
+  return 0;
+}
