@@ -12,14 +12,15 @@
 #
 # Budget: FUZZ_SECONDS (default 60) is the total, split evenly over the
 # targets (`make test-fuzz`, the CI run); or FUZZ_RUNS executions per
-# target with no time limit (`make fuzz-long`: 1000000). The working corpus
-# is build-fuzz/corpus/<target>/, seeded from tests/fuzz/corpus/<target>/
+# target with no time limit (`make fuzz-long`: 1000000). FUZZ_JOBS targets
+# run at once (default 1). FUZZ_OUT is the output folder (default
+# build-fuzz). The working corpus is <out>/corpus/<target>/, seeded from tests/fuzz/corpus/<target>/
 # (committed seeds, regression inputs included) by make_corpus.sh; crash
 # inputs land in build-fuzz/<target>-crash-*. A summary line per target
 # (executions, seconds, coverage) goes to stdout and build-fuzz/summary.txt.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-out=build-fuzz
+out=${FUZZ_OUT:-build-fuzz}
 all=(config safetensors ckpt_manifest bundle tokens json mlir_sig)
 if [ $# -gt 0 ]; then targets=("$@"); else targets=("${all[@]}"); fi
 seconds=${FUZZ_SECONDS:-60}
@@ -62,10 +63,14 @@ tests/fuzz/make_corpus.sh "$out/corpus"
 per=$(( seconds / ${#targets[@]} ))
 [ "$per" -ge 1 ] || per=1
 : >"$out/summary.txt"
-failed=()
-for t in "${targets[@]}"; do
+jobs_max=${FUZZ_JOBS:-1}
+
+# run_one TARGET: fuzzes it; writes <out>/TARGET.summary and, on failure,
+# <out>/TARGET.failed.
+run_one() {
+  local t=$1 limit what dict=() status start ms execs cov
+  rm -f "$out/$t.failed"
   if [ -n "$runs" ]; then limit=(-runs="$runs"); what="$runs runs"; else limit=(-max_total_time="$per"); what="${per}s"; fi
-  dict=()
   [ -s "$out/corpus/$t.dict" ] && dict=(-dict="$out/corpus/$t.dict")
   echo "fuzz: $t for $what on $out/corpus/$t"
   start=$(date +%s%N)
@@ -74,15 +79,28 @@ for t in "${targets[@]}"; do
     status=ok
   else
     status="FAILED (exit $?)"
-    failed+=("$t")
+    touch "$out/$t.failed"
     tail -40 "$out/$t.log"
     echo "fuzz: $t FAILED; the input is in $out/ ($t-crash-*, $t-leak-*, $t-timeout-*)"
   fi
   ms=$(( ($(date +%s%N) - start) / 1000000 ))
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$out/$t.log" | tail -1)
   cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+' "$out/$t.log" | tail -1)
-  line=$(printf '%-14s %-8s execs %-9s %5d.%01ds  %s' "$t" "$status" "${execs:-?}" $((ms / 1000)) $((ms % 1000 / 100)) "${cov:-}")
-  echo "$line" | tee -a "$out/summary.txt"
+  printf '%-14s %-8s execs %-9s %5d.%01ds  %s\n' "$t" "$status" "${execs:-?}" $((ms / 1000)) $((ms % 1000 / 100)) "${cov:-}" |
+    tee "$out/$t.summary"
+}
+
+pids=()
+for t in "${targets[@]}"; do
+  run_one "$t" &
+  pids+=($!)
+  if [ ${#pids[@]} -ge "$jobs_max" ]; then wait "${pids[0]}" || true; pids=("${pids[@]:1}"); fi
+done
+for p in "${pids[@]}"; do wait "$p" || true; done
+failed=()
+for t in "${targets[@]}"; do
+  cat "$out/$t.summary" >>"$out/summary.txt"
+  [ ! -e "$out/$t.failed" ] || failed+=("$t")
 done
 if [ ${#failed[@]} -gt 0 ]; then
   echo "fuzz: FAILED: ${failed[*]}"
