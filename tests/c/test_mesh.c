@@ -617,16 +617,7 @@ static void test_cache(void** state) {
 static int group_setup(void** state) {
   (void)state;
   if (export_programs() != 0) return -1;
-  st_runtime_options o;
-  st_runtime_options_init(&o);
-  o.cpu_devices = 4;
-  st_status s = st_runtime_create(&o, &g_rt);
-  if (s) {
-    fprintf(stderr, "runtime: %s\n", st_status_message(s));
-    st_status_free(s);
-    return -1;
-  }
-  return 0;
+  return tu_runtime_create(4, &g_rt);
 }
 
 static int group_teardown(void** state) {

@@ -53,6 +53,21 @@ static inline void tu_assert_error(st_status s, st_code code, ...) {
 #define STRATA_SOURCE_DIR "."
 #endif
 
+/* A runtime with |cpu_devices| CPU devices for a test group's setup: 0 on
+ * success, else -1 with the reason on stderr. *out owned by the caller. */
+static inline int tu_runtime_create(int cpu_devices, st_runtime** out) {
+  st_runtime_options o;
+  st_runtime_options_init(&o);
+  o.cpu_devices = cpu_devices;
+  st_status s = st_runtime_create(&o, out);
+  if (s) {
+    fprintf(stderr, "runtime: %s\n", st_status_message(s));
+    st_status_free(s);
+    return -1;
+  }
+  return 0;
+}
+
 /* A fresh folder under $TMPDIR (or /tmp); caller frees the string. */
 static inline char* tu_tmpdir(const char* tag) {
   const char* base = getenv("TMPDIR");
