@@ -141,26 +141,40 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
     return manifest
 
 
-def _export_collectives(cfg: ModelConfig, mesh: Any, out_dir: str) -> list[dict[str, Any]]:
+def _write_spmd_programs(progs: Any, mesh: Any, out_dir: str) -> list[dict[str, Any]]:
+    """Lowers each SPMD program over |mesh|, writes its text and returns its
+    manifest entry (with the text's sha256)."""
     from . import parallel as PP
 
     try:
         jmesh = PP.make_mesh(mesh)
         entries = []
-        for prog in PP.bundle_collectives(cfg, mesh):
+        for prog in progs:
             data = prog.lower(jmesh).encode("utf-8")
             rel = f"programs/{prog.name}.mlir"
             with open(os.path.join(out_dir, rel), "wb") as f:
                 f.write(data)
             e = prog.manifest_entry(rel)
-            # The parameter group whose tensors it carries (bundle_collectives
-            # names each program after its group), so C links it to the group.
-            e["group"] = next(g for g in ("embed", "block", "head") if prog.name.startswith(g + "_"))
             e["sha256"] = hashlib.sha256(data).hexdigest()
             entries.append(e)
         return entries
     except PP.ParallelError as e:
         raise ExportError(str(e)) from None
+
+
+def _export_collectives(cfg: ModelConfig, mesh: Any, out_dir: str) -> list[dict[str, Any]]:
+    from . import parallel as PP
+
+    try:
+        progs = list(PP.bundle_collectives(cfg, mesh))
+    except PP.ParallelError as e:
+        raise ExportError(str(e)) from None
+    entries = _write_spmd_programs(progs, mesh, out_dir)
+    for prog, e in zip(progs, entries):
+        # The parameter group whose tensors it carries (bundle_collectives
+        # names each program after its group), so C links it to the group.
+        e["group"] = next(g for g in ("embed", "block", "head") if prog.name.startswith(g + "_"))
+    return entries
 
 
 def _export_tp_programs(cfg: ModelConfig, mesh: Any, out_dir: str) -> list[dict[str, Any]]:
@@ -168,19 +182,10 @@ def _export_tp_programs(cfg: ModelConfig, mesh: Any, out_dir: str) -> list[dict[
     from . import tensor_parallel as TP
 
     try:
-        jmesh = PP.make_mesh(mesh)
-        entries = []
-        for prog in TP.tp_programs(cfg, mesh):
-            data = prog.lower(jmesh).encode("utf-8")
-            rel = f"programs/{prog.name}.mlir"
-            with open(os.path.join(out_dir, rel), "wb") as f:
-                f.write(data)
-            e = prog.manifest_entry(rel)
-            e["sha256"] = hashlib.sha256(data).hexdigest()
-            entries.append(e)
-        return entries
+        progs = list(TP.tp_programs(cfg, mesh))
     except PP.ParallelError as e:
         raise ExportError(str(e)) from None
+    return _write_spmd_programs(progs, mesh, out_dir)
 
 
 def export_bundle(cfg: ModelConfig, out: str, bundle_key: str | None = None, mesh: Any = None) -> dict[str, Any]:
