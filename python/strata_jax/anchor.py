@@ -358,17 +358,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     mesh = None
     if args.mesh:
-        from .parallel import ParallelError, parse_mesh
+        from .parallel import ParallelError, mesh_for_cli
 
         try:
-            mesh = parse_mesh(args.mesh)
+            mesh = mesh_for_cli(args.mesh, set_cpu_devices=not args.plugin)
         except ParallelError as e:
             print(f"anchor: {e}", file=sys.stderr)
             return 2
-        # JAX's CPU backend reads XLA_FLAGS when it starts, which is after this.
-        flag = f"--xla_force_host_platform_device_count={mesh.devices}"
-        if not args.plugin and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-            os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
     # A warm persistent cache would turn the compile time into a lookup time.
     jax.config.update("jax_enable_compilation_cache", False)
     try:

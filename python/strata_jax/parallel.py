@@ -360,6 +360,17 @@ def bundle_collectives(cfg: Any, mesh: MeshSpec) -> list[CollectiveProgram]:
     return progs
 
 
+def mesh_for_cli(text: str, set_cpu_devices: bool) -> MeshSpec:
+    """A command line's --mesh: parse_mesh, and with |set_cpu_devices| JAX's
+    CPU device count set to the mesh's (XLA_FLAGS is read when the backend
+    starts, which is after this) unless XLA_FLAGS already names one."""
+    mesh = parse_mesh(text)
+    flags = os.environ.get("XLA_FLAGS", "")
+    if set_cpu_devices and "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = (flags + f" --xla_force_host_platform_device_count={mesh.devices}").strip()
+    return mesh
+
+
 def parse_mesh(text: str) -> MeshSpec:
     """'data=2,fsdp=2' (axes left out are 1) -> MeshSpec."""
     sizes: dict[str, int] = {}

@@ -266,16 +266,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     mesh = None
     if args.mesh:
-        from .parallel import ParallelError, parse_mesh
+        from .parallel import ParallelError, mesh_for_cli
 
         try:
-            mesh = parse_mesh(args.mesh)
+            mesh = mesh_for_cli(args.mesh, set_cpu_devices=True)
         except ParallelError as e:
             print(f"reference_train: {e}", file=sys.stderr)
             return 2
-        flag = f"--xla_force_host_platform_device_count={mesh.devices}"
-        if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-            os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
     try:
         config, tokens = load_inputs(ap, args)
     except InputError as e:
