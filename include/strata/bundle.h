@@ -64,6 +64,18 @@ typedef struct st_bundle_group {
    * st_bundle.collectives; NULL otherwise). Its inputs and outputs are the
    * group's parameters in order, with their per-device types. */
   const st_bundle_program* data_all_reduce;
+  /* Bundles exported for a mesh with fsdp > 1 (tensor = 1): the all-gather
+   * of the group's parameters from their fsdp blocks, the reduce-scatter of
+   * its whole gradients into blocks (both over fsdp; in st_bundle.
+   * collectives), and the optimizer programs on one device's blocks
+   * (groups[].shard_programs, in st_bundle.programs). A block is dim 0 cut
+   * in ceil(d0 / fsdp) rows, zero-padded. With data > 1 too,
+   * data_all_reduce works on the blocks. NULL otherwise. */
+  const st_bundle_program* fsdp_all_gather;
+  const st_bundle_program* fsdp_reduce_scatter;
+  const st_bundle_program* shard_accum;
+  const st_bundle_program* shard_sqnorm;
+  const st_bundle_program* shard_adamw;
 } st_bundle_group;
 
 typedef struct st_bundle_param {

@@ -150,6 +150,13 @@ st_buffer* st_sharded_shard(const st_sharded* sharded, int p);
 size_t st_sharded_bytes_per_device(const st_sharded* sharded);
 bool st_sharded_is_consumed(const st_sharded* sharded); /* any shard donated away */
 void st_sharded_destroy(st_sharded* sharded);           /* NULL is a no-op; destroys the shards */
+/* Frees the sharded tensor but not its shards: their ownership moves to
+ * |out_shards| (mesh->device_count entries, shard p at p). */
+void st_sharded_release(st_sharded* sharded, st_buffer** out_shards);
+/* st_sharded_to_host on shards someone else owns (|shards|: one per mesh
+ * index, borrowed; each of |global|'s local type under |sharding|). */
+st_status st_sharding_to_host(const st_mesh* mesh, const st_tensor_type* global, const st_sharding* sharding,
+                              st_buffer* const* shards, void* dst, size_t dst_size);
 
 /* st_program_execute_spmd on sharded tensors: input i of partition p is
  * shard p of inputs[i] (all on the program's mesh). Output i is wrapped as

@@ -53,6 +53,7 @@
 #include <stdio.h>
 
 #include "strata/base.h"
+#include "strata/mesh.h"
 #include "strata/runtime.h"
 #include "strata/status.h"
 
@@ -80,6 +81,10 @@ typedef enum st_slot_category {
   ST_SLOT_OPT,   /* optimizer state m, v */
   ST_SLOT_ACT,   /* activations, residuals and their gradients */
   ST_SLOT_XFER,  /* batch tensors, scalars, read-back values */
+  /* FSDP (parallel.fsdp > 1) only, so one-device and data-parallel plans
+   * never use them: */
+  ST_SLOT_GATHERED,  /* a layer's parameters all-gathered for its launches */
+  ST_SLOT_UNREDUCED, /* a layer's whole gradient before its reduce-scatter */
   ST_SLOT_CATEGORY_COUNT,
 } st_slot_category;
 
@@ -90,6 +95,7 @@ typedef enum st_slot_layout {
   ST_LAYOUT_REPLICATED, /* every device holds the same value (parameters, optimizer state, reduced gradients) */
   ST_LAYOUT_SPLIT,      /* device d holds its rows of the batch (batch tensors, activations, per-device losses) */
   ST_LAYOUT_PARTIAL,    /* the value is the sum over devices (gradients before their all-reduce) */
+  ST_LAYOUT_SHARDED,    /* device d holds its block of |logical| as |sharding| cuts it over the plan's mesh (FSDP state) */
 } st_slot_layout;
 
 const char* st_slot_layout_name(st_slot_layout layout); /* "replicated", "split", "partial" */
@@ -102,6 +108,11 @@ typedef struct st_slot {
   bool host;       /* lives in host memory: the home of an offloaded slot */
   int twin;        /* offloaded device slot <-> its host home; -1 when none */
   st_slot_layout layout; /* meaningful when plan->devices > 1 */
+  /* ST_LAYOUT_SHARDED only: the whole tensor's type and how it is cut
+   * (mesh axis bits in the plan's mesh order data, fsdp, tensor). |type|
+   * is then one device's block, zero-padded (st_sharding_local_type). */
+  st_tensor_type logical;
+  st_sharding sharding;
 } st_slot;
 
 typedef struct st_op {
@@ -126,8 +137,12 @@ typedef struct st_plan {
   int program_count;
   char** programs; /* program names, index = st_op.program */
   char* policy;    /* one line naming the policies that built the plan (owned; may be NULL) */
-  int devices;     /* data-parallel devices each device slot is backed on (1: one device) */
+  int devices;     /* devices each device slot is backed on (1: one device) */
+  int mesh[3];     /* the mesh's axis sizes: data, fsdp, tensor (product = devices) */
 } st_plan;
+
+/* Axis bits of st_slot.sharding in a plan's mesh. */
+enum { ST_PLAN_AXIS_DATA = 1u << 0, ST_PLAN_AXIS_FSDP = 1u << 1, ST_PLAN_AXIS_TENSOR = 1u << 2 };
 
 /* Building (used by train/). */
 void st_plan_init(st_plan* plan);
@@ -182,6 +197,8 @@ typedef struct st_sched_policy {
   bool per_layer_optimizer; /* sched.optimizer = per_layer */
   bool bucketed_grad_reduce; /* sched.grad_reduce = bucketed (parallel.data > 1) */
   int64_t grad_bucket_bytes; /* sched.grad_bucket_bytes (0: one bucket) */
+  int gather_prefetch;        /* sched.gather_prefetch (parallel.fsdp > 1) */
+  bool reshard_after_forward; /* sched.reshard_after_forward (parallel.fsdp > 1) */
 } st_sched_policy;
 
 
@@ -291,6 +308,12 @@ const char* st_executor_host_memory(const st_executor* executor);
  * such a slot (or a host slot) the buffer is copied into host memory and
  * stored there, and |buffer| is destroyed. Errors only for that copy. */
 st_status st_executor_put(st_executor* executor, int slot, st_buffer* buffer);
+/* A sharded slot (ST_LAYOUT_SHARDED) takes the whole (logical) value and
+ * each device keeps its block; st_executor_to_host reassembles it. */
+/* Copies |slot|'s value between runs into |dst| (|size| bytes): the whole
+ * (logical) tensor, reassembled from the devices' blocks for a sharded
+ * slot, device index 0's (or its host home's) otherwise. Waits. */
+st_status st_executor_to_host(st_executor* executor, int slot, void* dst, size_t size);
 /* st_executor_put without an error: a failed copy is reported on stderr
  * and leaves the slot empty (the next run then fails naming it). */
 void st_executor_set(st_executor* executor, int slot, st_buffer* buffer);

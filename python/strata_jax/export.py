@@ -19,7 +19,7 @@ import jaxlib
 from . import __version__
 from . import model as M
 from .model import ModelConfig
-from .programs import GROUPS, Program, build_programs
+from .programs import GROUPS, Program, build_programs, fsdp_programs
 
 SCHEMA_VERSION = 1
 
@@ -68,11 +68,13 @@ def param_table(cfg: ModelConfig) -> list[dict[str, Any]]:
     return rows
 
 
-def program_tables(cfg: ModelConfig, names: set[str]) -> dict[str, Any]:
+def program_tables(cfg: ModelConfig, names: set[str], fsdp: int = 1) -> dict[str, Any]:
     """Which program plays which role (docs/bundle.md, "Program tables").
 
     The C plan builder takes every program name from these tables and names
     none itself. Every name must be one of |names| (the exported programs).
+    With fsdp > 1 each group also gets "shard_programs": its optimizer
+    programs on one device's fsdp block of every tensor.
     """
     embed = {"group": "embed", "programs": {"init": "embed_init", "fwd": "embed_fwd", "bwd": "embed_bwd"}}
     head = {"group": "head", "programs": {"init": "head_init", "loss": "head_loss", "eval": "head_eval"}}
@@ -82,8 +84,11 @@ def program_tables(cfg: ModelConfig, names: set[str]) -> dict[str, Any]:
     groups = [{"name": g, "params": list(M.group_param_names(cfg, g)),
                "programs": {"accum": f"accum_{g}", "sqnorm": f"sqnorm_{g}", "adamw": f"adamw_{g}"}}
               for g in GROUPS]
+    if fsdp > 1:
+        for g in groups:
+            g["shard_programs"] = {r: f"{n}_fsdp{fsdp}" for r, n in g["programs"].items()}
     for table in [embed, head, *layers, *groups]:
-        for role, name in table["programs"].items():
+        for role, name in [*table["programs"].items(), *table.get("shard_programs", {}).items()]:
             if name not in names:
                 raise ExportError(f"program table names {name!r} for {role!r}, which was not exported")
     return {"groups": groups, "embed": embed, "head": head, "layers": layers}
@@ -104,7 +109,11 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
     prog_dir = os.path.join(out_dir, "programs")
     os.makedirs(prog_dir, exist_ok=True)
     entries = []
-    for prog in build_programs(cfg):
+    progs = build_programs(cfg)
+    fsdp = mesh.fsdp if mesh is not None and mesh.devices > 1 else 1
+    if fsdp > 1:
+        progs += fsdp_programs(cfg, fsdp)
+    for prog in progs:
         text, flops = lower_program(prog)
         data = text.encode("utf-8")
         rel = f"programs/{prog.name}.mlir"
@@ -116,7 +125,7 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
             "outputs": [s.to_json() for s in prog.outputs],
             "donated": list(prog.donated), "flops": int(flops),
         })
-    tables = program_tables(cfg, {e["name"] for e in entries})
+    tables = program_tables(cfg, {e["name"] for e in entries}, fsdp)
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "bundle_key": bundle_key,

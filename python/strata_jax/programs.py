@@ -50,8 +50,17 @@ def _scalar(name: str, dtype: str = "f32") -> TensorSpec:
     return TensorSpec(name, (), dtype, "scalar")
 
 
-def _specs(cfg: ModelConfig, names: tuple[str, ...], role: str, prefix: str = "") -> list[TensorSpec]:
-    return [TensorSpec(prefix + n, M.param_shape(cfg, n), "f32", role) for n in names]
+def _specs(cfg: ModelConfig, names: tuple[str, ...], role: str, prefix: str = "", fsdp: int = 1) -> list[TensorSpec]:
+    return [TensorSpec(prefix + n, shard_shape(M.param_shape(cfg, n), fsdp), "f32", role) for n in names]
+
+
+def shard_shape(shape: tuple[int, ...], fsdp: int) -> tuple[int, ...]:
+    """One device's block of a parameter sharded over |fsdp| devices along
+    dim 0: ceil(d0 / fsdp) rows, the last blocks zero-padded (the layout of
+    the fsdp collectives, parallel.py)."""
+    if fsdp == 1 or not shape:
+        return tuple(shape)
+    return (-(-shape[0] // fsdp),) + tuple(shape[1:])
 
 
 def build_programs(cfg: ModelConfig) -> list[Program]:
@@ -273,7 +282,13 @@ def _remat_programs(cfg: ModelConfig) -> list[Program]:
     ]
 
 
-def _group_programs(cfg: ModelConfig, group: str) -> list[Program]:
+def _group_programs(cfg: ModelConfig, group: str, fsdp: int = 1) -> list[Program]:
+    """The group's optimizer programs. With |fsdp| > 1 they work on one
+    device's fsdp block of each tensor (shard_shape) and are named
+    <name>_fsdp<N>: AdamW and the accumulation are elementwise, so a block
+    (padding rows stay zero: zero gradient, zero moments, zero update) is
+    updated exactly as its rows of the whole tensor would be, and the
+    squared norms of the blocks sum to the whole one's."""
     names = M.group_param_names(cfg, group)
     n = len(names)
     decay = [len(M.param_shape(cfg, p)) >= 2 for p in names]
@@ -290,19 +305,26 @@ def _group_programs(cfg: ModelConfig, group: str) -> list[Program]:
         new_p, new_m, new_v = adamw_update(p, g, m, v, decay, step, lr, gscale, hyper)
         return tuple(new_p) + tuple(new_m) + tuple(new_v)
 
-    params = _specs(cfg, names, "param")
-    grads = _specs(cfg, names, "grad", "grad_")
-    m = _specs(cfg, names, "opt_m", "m_")
-    v = _specs(cfg, names, "opt_v", "v_")
+    params = _specs(cfg, names, "param", fsdp=fsdp)
+    grads = _specs(cfg, names, "grad", "grad_", fsdp=fsdp)
+    m = _specs(cfg, names, "opt_m", "m_", fsdp=fsdp)
+    v = _specs(cfg, names, "opt_v", "v_", fsdp=fsdp)
     scalars = [_scalar("step"), _scalar("lr"), _scalar("gscale"),
                TensorSpec("hyper", (4,), "f32", "scalar")]
+    tail = f"_fsdp{fsdp}" if fsdp > 1 else ""
     return [
-        Program(f"accum_{group}", accum, _specs(cfg, names, "grad", "a_") + _specs(cfg, names, "grad", "b_"),
+        Program(f"accum_{group}{tail}", accum,
+                _specs(cfg, names, "grad", "a_", fsdp=fsdp) + _specs(cfg, names, "grad", "b_", fsdp=fsdp),
                 grads, tuple(range(n))),
-        Program(f"sqnorm_{group}", sqn, grads, [TensorSpec("sqnorm", (), "f32", "metric")]),
-        Program(f"adamw_{group}", adamw, params + grads + m + v + scalars, params + m + v,
+        Program(f"sqnorm_{group}{tail}", sqn, grads, [TensorSpec("sqnorm", (), "f32", "metric")]),
+        Program(f"adamw_{group}{tail}", adamw, params + grads + m + v + scalars, params + m + v,
                 tuple(range(n)) + tuple(range(2 * n, 4 * n))),
     ]
+
+
+def fsdp_programs(cfg: ModelConfig, fsdp: int) -> list[Program]:
+    """Every group's optimizer programs on fsdp blocks (_group_programs)."""
+    return [p for g in GROUPS for p in _group_programs(cfg, g, fsdp)]
 
 
 def programs_by_name(cfg: ModelConfig) -> dict[str, Program]:

@@ -164,6 +164,15 @@ static st_status st__tables_parse(st_bundle* b, const json_t* root, const char* 
     ST_RETURN(st__role_program(b, progs, "adamw", where, &g->adamw));
     if (!g->accum || !g->sqnorm || !g->adamw)
       return st_status_make(ST_CODE_RUNTIME, "%s: programs needs accum, sqnorm and adamw", where);
+    const json_t* shard = json_object_get(json_array_get(groups, (size_t)i), "shard_programs");
+    if (shard) {
+      if (!json_is_object(shard)) return st_status_make(ST_CODE_RUNTIME, "%s: shard_programs is not an object", where);
+      ST_RETURN(st__role_program(b, shard, "accum", where, &g->shard_accum));
+      ST_RETURN(st__role_program(b, shard, "sqnorm", where, &g->shard_sqnorm));
+      ST_RETURN(st__role_program(b, shard, "adamw", where, &g->shard_adamw));
+      if (!g->shard_accum || !g->shard_sqnorm || !g->shard_adamw)
+        return st_status_make(ST_CODE_RUNTIME, "%s: shard_programs needs accum, sqnorm and adamw", where);
+    }
   }
   b->embed.index = b->head.index = -1;
   snprintf(where, sizeof(where), "%s: embed", mpath);
@@ -235,10 +244,17 @@ static bool st__type_equal(const st_tensor_type* a, const st_tensor_type* b) {
   return true;
 }
 
+/* |t| with dim 0 cut in |n| blocks of ceil(d0 / n) rows (an fsdp block). */
+static st_tensor_type st__block(st_tensor_type t, int n) {
+  if (t.rank > 0 && n > 1) t.dims[0] = (t.dims[0] + n - 1) / n;
+  return t;
+}
+
 /* The collective's tensors are the group's parameters, in order, with the
- * parameter table's types (fsdp = 1: whole tensors on every device). */
+ * parameter table's types, as fsdp blocks over |in_fsdp| / |out_fsdp|
+ * devices (1: whole tensors). */
 static st_status st__collective_fits_group(const st_bundle* b, const st_bundle_program* c, const st_bundle_group* g,
-                                           const char* where) {
+                                           const char* where, int in_fsdp, int out_fsdp) {
   if (c->input_count != g->param_count || c->output_count != g->param_count)
     return st_status_make(ST_CODE_RUNTIME, "%s: %d inputs for the %d parameters of group '%s'", where, c->input_count,
                           g->param_count, g->name);
@@ -246,9 +262,10 @@ static st_status st__collective_fits_group(const st_bundle* b, const st_bundle_p
     int pi = -1;
     for (int i = 0; i < b->param_count && pi < 0; ++i)
       if (!strcmp(b->params[i].group, g->name) && !strcmp(b->params[i].local, g->params[k])) pi = i;
-    if (strcmp(c->inputs[k].name, g->params[k]) != 0 || pi < 0 ||
-        !st__type_equal(&c->inputs[k].type, &b->params[pi].type) ||
-        !st__type_equal(&c->outputs[k].type, &b->params[pi].type))
+    st_tensor_type in = pi >= 0 ? st__block(b->params[pi].type, in_fsdp) : (st_tensor_type){0};
+    st_tensor_type out = pi >= 0 ? st__block(b->params[pi].type, out_fsdp) : (st_tensor_type){0};
+    if (strcmp(c->inputs[k].name, g->params[k]) != 0 || pi < 0 || !st__type_equal(&c->inputs[k].type, &in) ||
+        !st__type_equal(&c->outputs[k].type, &out))
       return st_status_make(ST_CODE_RUNTIME, "%s: tensor %d is not group '%s''s parameter '%s' with its type", where, k,
                             g->name, g->params[k]);
   }
@@ -313,11 +330,19 @@ static st_status st__collectives_parse(st_bundle* b, const json_t* root, const c
     group = json_string_value(json_object_get(cj, "group"));
     st_bundle_group* g = (st_bundle_group*)st_bundle_group_find(b, group);
     if (!g) return st_status_make(ST_CODE_RUNTIME, "%s: group '%s' is not in the groups list", ctx, group);
-    /* Linked only where the trainer uses it: data parallelism alone, whole
-     * tensors (fsdp shards and tensor-cut blocks are read, not linked). */
-    if (!strcmp(kind, "all_reduce") && !strcmp(axis, "data") && b->mesh_fsdp == 1 && b->mesh_tensor == 1) {
-      ST_RETURN(st__collective_fits_group(b, c, g, ctx));
+    /* Linked only where the trainer uses it: meshes without tensor
+     * (tensor-cut blocks are read, not linked). */
+    if (b->mesh_tensor != 1) continue;
+    const int F = b->mesh_fsdp;
+    if (!strcmp(kind, "all_reduce") && !strcmp(axis, "data")) {
+      ST_RETURN(st__collective_fits_group(b, c, g, ctx, F, F));
       g->data_all_reduce = c;
+    } else if (!strcmp(kind, "all_gather") && !strcmp(axis, "fsdp") && F > 1) {
+      ST_RETURN(st__collective_fits_group(b, c, g, ctx, F, 1));
+      g->fsdp_all_gather = c;
+    } else if (!strcmp(kind, "reduce_scatter") && !strcmp(axis, "fsdp") && F > 1) {
+      ST_RETURN(st__collective_fits_group(b, c, g, ctx, 1, F));
+      g->fsdp_reduce_scatter = c;
     }
   }
   return ST_OK;

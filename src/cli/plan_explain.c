@@ -46,6 +46,7 @@ static const char* st__sharding(const st_plan* plan, const st_slot* s) {
     case ST_LAYOUT_REPLICATED: return "replicated over data";
     case ST_LAYOUT_SPLIT: return s->type.rank > 0 ? "split over data (dim 0)" : "one per device (data)";
     case ST_LAYOUT_PARTIAL: return "partial over data (sum over devices until all-reduced)";
+    case ST_LAYOUT_SHARDED: return "sharded over fsdp (dim 0, zero-padded), replicated over data";
   }
   return "?";
 }
@@ -53,6 +54,7 @@ static const char* st__sharding(const st_plan* plan, const st_slot* s) {
 /* The logical (whole-mesh) type: a split slot's dim 0 times the devices. */
 static st_tensor_type st__logical(const st_plan* plan, const st_slot* s) {
   st_tensor_type t = s->type;
+  if (plan->devices > 1 && s->layout == ST_LAYOUT_SHARDED) return s->logical;
   if (plan->devices > 1 && s->layout == ST_LAYOUT_SPLIT && t.rank > 0) t.dims[0] *= plan->devices;
   return t;
 }

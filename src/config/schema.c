@@ -80,7 +80,7 @@ static const st__cfg_key kKeys[] = {
 
     {"parallel.data", ST__CFG_INT, "1", .lo = 1, .hi = 4096,
      .doc = "Data-parallel mesh axis: devices that each train on their own share of every microbatch "
-            "(docs/parallelism.md; training on more than one device is not built yet)."},
+            "(docs/parallelism.md)."},
     {"parallel.fsdp", ST__CFG_INT, "1", .lo = 1, .hi = 4096,
      .doc = "Fully-sharded mesh axis: parameters, gradients and optimizer state split over these devices."},
     {"parallel.tensor", ST__CFG_INT, "1", .lo = 1, .hi = 4096,
@@ -104,6 +104,13 @@ static const st__cfg_key kKeys[] = {
     {"sched.grad_bucket_bytes", ST__CFG_INT, "0", .lo = 0, .hi = 1099511627776.0,
      .doc = "sched.grad_reduce=bucketed: gradient bytes per bucket; a bucket's all-reduces are issued together once "
             "it is full (0: one bucket, all after the backward)."},
+    {"sched.gather_prefetch", ST__CFG_INT, "1", .lo = 0, .hi = 64,
+     .doc = "With parallel.fsdp > 1: how many layers ahead each layer's parameter all-gather is issued (0: just "
+            "before the layer runs)."},
+    {"sched.reshard_after_forward", ST__CFG_BOOL, "true",
+     .doc = "With parallel.fsdp > 1: free a layer's gathered parameters after its forward and gather them again for "
+            "its backward (true), or keep them from the forward until the backward (false: more memory, fewer "
+            "all-gathers)."},
 
     {"trace.steps", ST__CFG_LIST, "[]",
      .doc = "Steps (1-based) written as Chrome trace-event JSON to <run>/trace/step_<N>.json (Perfetto)."},

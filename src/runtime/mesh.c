@@ -633,6 +633,23 @@ bool st_sharded_is_consumed(const st_sharded* t) {
   return false;
 }
 
+void st_sharded_release(st_sharded* t, st_buffer** out_shards) {
+  if (!t) return;
+  for (int p = 0; p < t->mesh.device_count; ++p) out_shards[p] = t->shards[p];
+  free(t->shards);
+  free(t);
+}
+
+st_status st_sharding_to_host(const st_mesh* m, const st_tensor_type* g, const st_sharding* sh,
+                              st_buffer* const* shards, void* dst, size_t dst_size) {
+  if (!m || !g || !sh || !shards) return st_status_make(ST_CODE_INTERNAL, "st_sharding_to_host: NULL argument");
+  st_sharded t = {.mesh = *m, .global = *g, .sharding = *sh, .shards = (st_buffer**)shards};
+  ST_RETURN(st_sharding_local_type(m, g, sh, &t.local));
+  for (int p = 0; p < m->device_count; ++p)
+    if (!shards[p]) return st_status_make(ST_CODE_INTERNAL, "st_sharding_to_host: shard %d is NULL", p);
+  return st_sharded_to_host(&t, dst, dst_size);
+}
+
 void st_sharded_destroy(st_sharded* t) {
   if (!t) return;
   for (int p = 0; p < t->mesh.device_count; ++p) st_buffer_destroy(t->shards[p]);

@@ -247,9 +247,69 @@ static st_status st__put_one(st_executor* ex, int slot, int target, int d, st_bu
   return ST_OK;
 }
 
+/* The plan's mesh on this executor's devices (index p on device + p). */
+static st_status st__mesh(const st_executor* ex, st_mesh* out) {
+  static const char* const names[3] = {"data", "fsdp", "tensor"};
+  int devices[ST_MESH_MAX_DEVICES];
+  for (int d = 0; d < ex->ndev; ++d) devices[d] = ex->device + d;
+  ST_RETURN(st_mesh_make(3, names, ex->plan->mesh, devices, out));
+  if (out->device_count != ex->ndev)
+    return st_status_make(ST_CODE_INTERNAL, "plan: mesh %dx%dx%d is not its %d devices", ex->plan->mesh[0],
+                          ex->plan->mesh[1], ex->plan->mesh[2], ex->ndev);
+  return ST_OK;
+}
+
+/* A sharded slot gets the logical value |buffer| (consumed) cut into each
+ * device's zero-padded block. */
+static st_status st__put_sharded(st_executor* ex, int slot, int target, st_buffer* buffer) {
+  const st_slot* s = &ex->plan->slots[slot];
+  size_t n = st_buffer_bytes(buffer);
+  if (n != st_tensor_type_bytes(&s->logical)) {
+    st_buffer_destroy(buffer);
+    return st_status_make(ST_CODE_INTERNAL, "sharded slot '%s': value of %zu bytes, the tensor has %zu", s->name, n,
+                          st_tensor_type_bytes(&s->logical));
+  }
+  void* host = st_xmalloc(n ? n : 1);
+  st_status st = st_buffer_to_host(buffer, host, n);
+  st_buffer_destroy(buffer);
+  st_mesh mesh;
+  st_sharded* sh = NULL;
+  if (!st) st = st__mesh(ex, &mesh);
+  if (!st) st = st_sharded_from_host(ex->runtime, &mesh, &s->logical, &s->sharding, host, &sh);
+  free(host);
+  if (st) return st_status_annotate(st, "sharding slot '%s' over %d devices", s->name, ex->ndev);
+  st_buffer* shards[ST_MESH_MAX_DEVICES];
+  st_sharded_release(sh, shards);
+  for (int d = 0; d < ex->ndev; ++d) {
+    st_status e = st__put_one(ex, slot, target, d, shards[d]);
+    st = st_status_join(st, e);
+  }
+  return st;
+}
+
+st_status st_executor_to_host(st_executor* ex, int slot, void* dst, size_t size) {
+  const st_slot* s = &ex->plan->slots[slot];
+  if (ex->ndev > 1 && s->layout == ST_LAYOUT_SHARDED) {
+    st_buffer* shards[ST_MESH_MAX_DEVICES];
+    for (int d = 0; d < ex->ndev; ++d) {
+      shards[d] = st_executor_get_device(ex, slot, d);
+      if (!shards[d]) return st_status_make(ST_CODE_INTERNAL, "slot '%s' is empty on device index %d", s->name, d);
+    }
+    st_mesh mesh;
+    ST_RETURN(st__mesh(ex, &mesh));
+    return st_sharding_to_host(&mesh, &s->logical, &s->sharding, shards, dst, size);
+  }
+  st_buffer* b = st_executor_get(ex, slot);
+  if (!b) return st_status_make(ST_CODE_INTERNAL, "slot '%s' is empty", s->name);
+  if (st_buffer_bytes(b) != size)
+    return st_status_make(ST_CODE_INTERNAL, "slot '%s' holds %zu bytes, the destination %zu", s->name, st_buffer_bytes(b), size);
+  return st_buffer_to_host(b, dst, size);
+}
+
 st_status st_executor_put(st_executor* ex, int slot, st_buffer* buffer) {
   const st_slot* s = &ex->plan->slots[slot];
   int target = (!s->host && s->twin >= 0) ? s->twin : slot;
+  if (buffer && ex->ndev > 1 && s->layout == ST_LAYOUT_SHARDED) return st__put_sharded(ex, slot, target, buffer);
   /* Between steps, state is replicated: every other device gets a copy
    * (through the host: init and restore only). */
   st_status st = ST_OK;

@@ -97,6 +97,8 @@ st_status st_plan_offload(const st_plan* in, const int* unit_of_slot, int prefet
     int h = st_plan_slot(out, name, in->slots[s].category, &in->slots[s].type, true);
     out->slots[h].host = true;
     out->slots[h].layout = in->slots[s].layout;
+    out->slots[h].logical = in->slots[s].logical;
+    out->slots[h].sharding = in->slots[s].sharding;
     out->slots[h].twin = s;
     out->slots[s].twin = h;
     out->slots[s].persistent = false;

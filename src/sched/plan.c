@@ -14,6 +14,8 @@ const char* st_slot_category_name(st_slot_category c) {
     case ST_SLOT_OPT: return "optimizer";
     case ST_SLOT_ACT: return "activations";
     case ST_SLOT_XFER: return "transfer";
+    case ST_SLOT_GATHERED: return "gathered";
+    case ST_SLOT_UNREDUCED: return "unreduced";
     case ST_SLOT_CATEGORY_COUNT: break;
   }
   return "?";
@@ -39,6 +41,7 @@ const char* st_slot_layout_name(st_slot_layout l) {
     case ST_LAYOUT_REPLICATED: return "replicated";
     case ST_LAYOUT_SPLIT: return "split";
     case ST_LAYOUT_PARTIAL: return "partial";
+    case ST_LAYOUT_SHARDED: return "sharded";
   }
   return "?";
 }
@@ -51,6 +54,7 @@ static bool st__op_has_program(st_op_kind k) {
 void st_plan_init(st_plan* plan) {
   memset(plan, 0, sizeof(*plan));
   plan->devices = 1;
+  plan->mesh[0] = plan->mesh[1] = plan->mesh[2] = 1;
 }
 
 void st_plan_deinit(st_plan* plan) {
@@ -149,6 +153,7 @@ void st_plan_copy(const st_plan* src, st_plan* dst) {
   }
   st_plan_set_policy(dst, src->policy);
   dst->devices = src->devices;
+  memcpy(dst->mesh, src->mesh, sizeof(dst->mesh));
 }
 
 bool st__op_is_async(st_op_kind k) {
@@ -345,14 +350,18 @@ void st_plan_print(const st_plan* plan, FILE* out) {
     fprintf(out, "# data-parallel over %d devices: every device slot is one buffer per device; live bytes are per device\n",
             plan->devices);
     /* Counts only: --json gives every slot's layout. */
-    int n[3] = {0, 0, 0};
+    int n[4] = {0, 0, 0, 0};
     for (int k = 0; k < plan->slot_count; ++k)
       if (!plan->slots[k].host) n[plan->slots[k].layout]++;
     fprintf(out, "# slot layouts: %d replicated (state, scalars), %d split (batch rows, activations, losses), %d partial "
-                 "(gradients until their COLLECTIVE)\n",
+                 "(gradients until their COLLECTIVE)",
             n[ST_LAYOUT_REPLICATED], n[ST_LAYOUT_SPLIT], n[ST_LAYOUT_PARTIAL]);
+    if (n[ST_LAYOUT_SHARDED]) fprintf(out, ", %d sharded (fsdp state)", n[ST_LAYOUT_SHARDED]);
+    fprintf(out, "\n");
   }
-  fprintf(out, "# live bytes after each op: params/grads/optimizer/activations/transfer\n");
+  /* The FSDP categories only where they can be nonzero: other texts stay as they were. */
+  const bool fsdp = plan->mesh[1] > 1;
+  fprintf(out, "# live bytes after each op: params/grads/optimizer/activations/transfer%s\n", fsdp ? "/gathered/unreduced" : "");
   st_strbuf b = {0};
   for (int i = 0; i < plan->op_count; ++i) {
     const st_op* op = &plan->ops[i];
@@ -375,8 +384,10 @@ void st_plan_print(const st_plan* plan, FILE* out) {
       st_strbuf_append(&b, "]");
     }
     const int64_t* l = &live[(size_t)i * ST_SLOT_CATEGORY_COUNT];
-    fprintf(out, "%s  live=%lld/%lld/%lld/%lld/%lld\n", b.data, (long long)l[0], (long long)l[1], (long long)l[2],
+    fprintf(out, "%s  live=%lld/%lld/%lld/%lld/%lld", b.data, (long long)l[0], (long long)l[1], (long long)l[2],
             (long long)l[3], (long long)l[4]);
+    if (fsdp) fprintf(out, "/%lld/%lld", (long long)l[ST_SLOT_GATHERED], (long long)l[ST_SLOT_UNREDUCED]);
+    fprintf(out, "\n");
   }
   st_strbuf_free(&b);
   free(live);
@@ -393,7 +404,14 @@ json_t* st_plan_json(const st_plan* plan) {
   st_json_put(j, "predicted_peak_by_category", cats);
   st_json_put_int(j, "host_bytes", st_plan_host_bytes(plan));
   st_json_put(j, "policy", plan->policy ? st_json_str(plan->policy) : json_null());
-  if (plan->devices > 1) st_json_put_int(j, "devices", plan->devices);
+  if (plan->devices > 1) {
+    st_json_put_int(j, "devices", plan->devices);
+    json_t* mesh = st_json_obj();
+    st_json_put_int(mesh, "data", plan->mesh[0]);
+    st_json_put_int(mesh, "fsdp", plan->mesh[1]);
+    st_json_put_int(mesh, "tensor", plan->mesh[2]);
+    st_json_put(j, "mesh", mesh);
+  }
   json_t* programs = st_json_arr();
   for (int i = 0; i < plan->program_count; ++i) st_json_push(programs, st_json_str(plan->programs[i]));
   st_json_put(j, "programs", programs);
@@ -410,6 +428,12 @@ json_t* st_plan_json(const st_plan* plan) {
     st_json_put_str(o, "memory", s->host ? "host" : "device");
     st_json_put_int(o, "twin", s->twin);
     if (plan->devices > 1) st_json_put_str(o, "layout", st_slot_layout_name(s->layout));
+    if (plan->devices > 1 && s->layout == ST_LAYOUT_SHARDED) {
+      st_json_put_str(o, "logical_type", st_tensor_type_format(&s->logical, t, sizeof(t)));
+      json_t* split = st_json_arr();
+      for (int d = 0; d < s->logical.rank; ++d) st_json_push(split, st_json_int((int64_t)s->sharding.split[d]));
+      st_json_put(o, "split_axes", split);
+    }
     st_json_push(slots, o);
   }
   st_json_put(j, "slots", slots);

@@ -94,7 +94,8 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
       c->slots[c->count] = i;
       c->names[c->count] = s->name;
       c->files[c->count] = pass == 0 ? "params.safetensors" : "optimizer.safetensors";
-      c->types[c->count] = s->type;
+      /* A sharded slot is saved whole (st_executor_to_host reassembles it). */
+      c->types[c->count] = p->devices > 1 && s->layout == ST_LAYOUT_SHARDED ? s->logical : s->type;
       c->count++;
     }
   }
@@ -354,6 +355,12 @@ static st_status st__snapshot(st_train_ckpt* c, int64_t step) {
   st_status s = ST_OK;
   int started = 0;
   for (int i = 0; i < c->count && !s; ++i) {
+    const st_slot* sl = &c->in.plan->slots[c->slots[i]];
+    if (c->in.plan->devices > 1 && sl->layout == ST_LAYOUT_SHARDED) {
+      /* Reassembled from every device's block, synchronously. */
+      s = st_executor_to_host(c->in.executor, c->slots[i], st_ckpt_snapshot_data(c->snap, i), st_tensor_type_bytes(&c->types[i]));
+      continue;
+    }
     st_buffer* b = st_executor_get(c->in.executor, c->slots[i]);
     if (!b) {
       s = st_status_make(ST_CODE_INTERNAL, "checkpoint: state slot '%s' is empty at the end of step %lld", c->names[i], (long long)step);
@@ -363,6 +370,7 @@ static st_status st__snapshot(st_train_ckpt* c, int64_t step) {
     if (!s) started = i + 1;
   }
   for (int i = 0; i < started; ++i) {
+    if (!c->events[i]) continue; /* a sharded slot, copied already */
     st_status w = st_event_await(c->events[i]);
     s = st_status_join(s, w);
     st_event_destroy(c->events[i]);

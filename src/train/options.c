@@ -47,8 +47,8 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   st_json_put_num(m, "init_std", st_config_float(c, "model.init_std"));
   /* Compute programs see one device's share of a microbatch (the config
    * rules make it divide evenly; docs/parallelism.md). */
-  int64_t data = st_config_int(c, "parallel.data");
-  st_json_put_int(m, "microbatch_size", o->batch_size / o->microbatches / (data > 0 ? data : 1));
+  int64_t shares = st_config_int(c, "parallel.data") * st_config_int(c, "parallel.fsdp");
+  st_json_put_int(m, "microbatch_size", o->batch_size / o->microbatches / (shares > 0 ? shares : 1));
   o->model_json = st_json_dump(m, 0);
   json_decref(m);
 
@@ -73,10 +73,19 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   o->sched.per_layer_optimizer = !strcmp(st_config_string(c, "sched.optimizer"), "per_layer");
   o->sched.bucketed_grad_reduce = !strcmp(st_config_string(c, "sched.grad_reduce"), "bucketed");
   o->sched.grad_bucket_bytes = st_config_int(c, "sched.grad_bucket_bytes");
+  o->sched.gather_prefetch = (int)st_config_int(c, "sched.gather_prefetch");
+  o->sched.reshard_after_forward = st_config_bool(c, "sched.reshard_after_forward");
   o->parallel_data = (int)st_config_int(c, "parallel.data");
   o->parallel_fsdp = (int)st_config_int(c, "parallel.fsdp");
   o->parallel_tensor = (int)st_config_int(c, "parallel.tensor");
-  if (o->parallel_data > 1) snprintf(o->mesh, sizeof(o->mesh), "data=%d", o->parallel_data);
+  /* The exporter's --mesh: the axes above 1 ("data=2,fsdp=2"), "" on one device. */
+  o->mesh[0] = '\0';
+  const char* axis_names[3] = {"data", "fsdp", "tensor"};
+  const int axis_sizes[3] = {o->parallel_data, o->parallel_fsdp, o->parallel_tensor};
+  for (int a = 0; a < 3; ++a)
+    if (axis_sizes[a] > 1)
+      snprintf(o->mesh + strlen(o->mesh), sizeof(o->mesh) - strlen(o->mesh), "%s%s=%d", o->mesh[0] ? "," : "",
+               axis_names[a], axis_sizes[a]);
   int nt = st_config_list_count(c, "trace.steps");
   if (nt > 0) {
     o->trace_steps = st_xcalloc((size_t)nt, sizeof(int64_t));

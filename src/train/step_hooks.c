@@ -12,11 +12,19 @@ static st_status st__scalar_buffer(st__trainer* t, int device, float v, st_buffe
   return st_buffer_from_host(t->runtime, device, &s, &v, out);
 }
 
+/* The devices that take a share of each microbatch: data x fsdp (mesh
+ * index p = data coordinate * fsdp + fsdp coordinate takes share p). */
+static int st__shares(const st__trainer* t) {
+  int d = t->o->parallel_data > 1 ? t->o->parallel_data : 1;
+  int f = t->o->parallel_fsdp > 1 ? t->o->parallel_fsdp : 1;
+  return d * f;
+}
+
 /* Data parallelism: device index d takes rows [d * mb/D, (d+1) * mb/D) of
  * each microbatch (docs/parallelism.md); scalars go to every device. */
 static st_status st__h2d(void* user, const st_op* op, int index, int device, st_buffer** out) {
   st__trainer* t = user;
-  int64_t D = t->o->parallel_data > 1 ? t->o->parallel_data : 1;
+  int64_t D = st__shares(t);
   int64_t rows = t->mb / D;
   int64_t n = t->mb * t->T;
   int64_t at = op->micro * n + index * rows * t->T;
@@ -50,13 +58,15 @@ static st_status st__h2d(void* user, const st_op* op, int index, int device, st_
 
 /* A loss is each device's mean over its rows: the microbatch's loss is the
  * mean of the devices' (equal row counts, all-ones masks). A squared norm
- * is read after the all-reduce, so every device holds the same: index 0's
- * is taken. */
+ * is read after the reductions: every data replica holds the same, so
+ * data coordinate 0's is taken, and under fsdp each of its devices holds
+ * the norm of its blocks, which add up (mesh indices 0..fsdp-1). */
 static st_status st__read(void* user, const st_op* op, int index, st_buffer* b) {
   st__trainer* t = user;
   float v = 0;
   ST_RETURN(st_buffer_to_host(b, &v, sizeof(v)));
-  int D = t->o->parallel_data > 1 ? t->o->parallel_data : 1;
+  int D = st__shares(t);
+  int F = t->o->parallel_fsdp > 1 ? t->o->parallel_fsdp : 1;
   switch (op->tag) {
     case ST_TAG_LOSS:
     case ST_TAG_EVAL_LOSS:
@@ -68,14 +78,15 @@ static st_status st__read(void* user, const st_op* op, int index, st_buffer* b) 
       }
       return ST_OK;
     case ST_TAG_SQNORM:
-      if (index == 0) t->sqnorms[op->micro] = v;
+      if (index == 0) t->sqnorms[op->micro] = 0;
+      if (index < F) t->sqnorms[op->micro] += v;
       return ST_OK;
     default:
       return st_status_make(ST_CODE_INTERNAL, "READ op with unknown tag %d", op->tag);
   }
 }
 
-static double st__data(const st__trainer* t) { return t->o->parallel_data > 1 ? (double)t->o->parallel_data : 1.0; }
+static double st__data(const st__trainer* t) { return (double)st__shares(t); }
 
 /* The global norm and clip scale (docs/bundle.md): norms are summed in f64
  * in instance order, the mean over microbatches is folded into gscale. */

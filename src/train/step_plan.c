@@ -133,7 +133,26 @@ typedef struct {
   int* pending;       /* [n_inst] instances whose gradient is final, not yet reduced */
   int n_pending;
   int64_t pending_bytes;
+  /* Fully-sharded data parallelism (F > 1): the persistent state is cut in
+   * fsdp blocks; launches read gathered parameters ("full:" slots) that an
+   * all-gather fills before the use (sched.gather_prefetch uses ahead) and
+   * a FREE drops after it (sched.reshard_after_forward). */
+  int F, data;
+  int gather_prefetch;
+  bool reshard;
+  struct st__use* uses; /* every parameter-using launch of the plan, in order */
+  int n_uses, use_pos;
+  bool* gathered;       /* [n_inst]: its "full:" slots hold the parameters now */
 } st__builder;
+
+/* One launch (or a block's recompute and backward) that reads parameters:
+ * the group instances whose parameters it reads. */
+typedef struct st__use {
+  int inst[2];
+  int n;
+  bool forward; /* a forward use (the head's loss counts as backward) */
+  int micro;
+} st__use;
 
 /* The slots of one microbatch that the forward hands to the backward. */
 typedef struct {
@@ -141,11 +160,51 @@ typedef struct {
   int x; /* the last block's output */
 } st__fwd_out;
 
+/* A parameter's slot (or its gradient's, m's, v's: |prefix|). Under FSDP
+ * parameters, gradients and optimizer state are fsdp blocks: dim 0 cut in
+ * ceil(d0 / fsdp) rows, the last zero-padded; gradients are partial over
+ * data until their all-reduce. */
 static int st__pslot(st__builder* B, const char* prefix, int param, st_slot_category cat, bool persistent) {
   const st_bundle_param* p = &B->bundle->params[param];
   char name[256];
   snprintf(name, sizeof(name), "%s%s", prefix, p->name);
-  return st_plan_slot(B->plan, name, cat, &p->type, persistent);
+  const bool shard = B->F > 1 && (cat == ST_SLOT_PARAM || cat == ST_SLOT_GRAD || cat == ST_SLOT_OPT);
+  st_tensor_type t = p->type;
+  if (shard && t.rank > 0) t.dims[0] = (t.dims[0] + B->F - 1) / B->F;
+  int slot = st_plan_slot(B->plan, name, cat, &t, persistent);
+  if (shard) {
+    st_slot* sl = &B->plan->slots[slot];
+    sl->logical = p->type;
+    memset(&sl->sharding, 0, sizeof(sl->sharding));
+    if (t.rank > 0) sl->sharding.split[0] = ST_PLAN_AXIS_FSDP;
+    if (cat == ST_SLOT_GRAD && B->data > 1) sl->sharding.partial = ST_PLAN_AXIS_DATA;
+  }
+  return slot;
+}
+
+/* A whole (unsharded) per-device tensor of parameter |param| under FSDP:
+ * its gathered value ("full:", ST_SLOT_GATHERED) or a gradient before its
+ * reduce-scatter ("ugrad:", "hgrad:", ST_SLOT_UNREDUCED). */
+static int st__whole(st__builder* B, const char* prefix, int param, st_slot_category cat) {
+  const st_bundle_param* p = &B->bundle->params[param];
+  char name[256];
+  snprintf(name, sizeof(name), "%s%s", prefix, p->name);
+  return st_plan_slot(B->plan, name, cat, &p->type, false);
+}
+
+/* The slot a compute launch reads parameter |param| from. */
+static int st__param_in(st__builder* B, int param) {
+  if (B->F > 1) return st__whole(B, "full:", param, ST_SLOT_GATHERED);
+  return st__pslot(B, "", param, ST_SLOT_PARAM, true);
+}
+
+/* The slot a backward launch writes parameter |param|'s gradient to:
+ * "grad:" (first microbatch) or "gtmp:" (later ones, to be accumulated),
+ * or under FSDP the whole "ugrad:" that the reduce-scatter then cuts into
+ * one of those. */
+static int st__grad_out(st__builder* B, const char* gp, int param) {
+  if (B->F > 1) return st__whole(B, "ugrad:", param, ST_SLOT_UNREDUCED);
+  return st__pslot(B, gp, param, ST_SLOT_GRAD, false);
 }
 
 static int st__act(st__builder* B, const char* name, const st_tensor_type* t) {
@@ -175,6 +234,96 @@ static void st__state_slots(st__builder* B, bool optimizer) {
 }
 
 /*===-------------------------------------------------------------------===*/
+/* FSDP: parameter all-gathers around their uses                            */
+/*===-------------------------------------------------------------------===*/
+
+static void st__use_add(st__builder* B, int i, int j, bool forward, int micro) {
+  B->uses = st_xrealloc(B->uses, (size_t)(B->n_uses + 1) * sizeof(st__use));
+  st__use* u = &B->uses[B->n_uses++];
+  u->inst[0] = i;
+  u->inst[1] = j;
+  u->n = j >= 0 ? 2 : 1;
+  u->forward = forward;
+  u->micro = micro;
+}
+
+/* The parameter uses of |M| microbatches, in the order st__forward and
+ * st__backward (or, with |eval|, st__evaluation) emit their launches. */
+static void st__plan_uses(st__builder* B, int M, bool eval) {
+  const int H = B->n_inst - 1, tied_with = B->tied ? 0 : -1;
+  B->n_uses = B->use_pos = 0;
+  for (int m = 0; m < M; ++m) {
+    for (int i = 0; i <= B->L; ++i) st__use_add(B, i, -1, true, m); /* embed, blocks */
+    st__use_add(B, H, tied_with, eval, m);                             /* head (its loss starts the backward) */
+    if (eval) continue;
+    for (int l = B->L - 1; l >= 0; --l) st__use_add(B, 1 + l, -1, false, m);
+    st__use_add(B, 0, -1, false, m);
+  }
+}
+
+static void st__gather(st__builder* B, int i, int micro) {
+  const st__instance* I = &B->inst[i];
+  int in[ST__MAX_GROUP_PARAMS], out[ST__MAX_GROUP_PARAMS];
+  for (int k = 0; k < I->count; ++k) {
+    in[k] = st__pslot(B, "", I->params[k], ST_SLOT_PARAM, true);
+    out[k] = st__whole(B, "full:", I->params[k], ST_SLOT_GATHERED);
+  }
+  st_plan_add(B->plan, ST_OP_COLLECTIVE, st_plan_program(B->plan, I->group->fsdp_all_gather->name), I->layer, micro, 0,
+              I->count, in, I->count, out);
+  B->gathered[i] = true;
+}
+
+/* Before the launches of the current use: its parameters and those of the
+ * next sched.gather_prefetch uses are gathered (or being gathered). */
+static void st__use_begin(st__builder* B) {
+  if (B->F <= 1) return;
+  for (int q = B->use_pos; q < B->n_uses && q <= B->use_pos + B->gather_prefetch; ++q)
+    for (int k = 0; k < B->uses[q].n; ++k)
+      if (!B->gathered[B->uses[q].inst[k]]) st__gather(B, B->uses[q].inst[k], B->uses[q].micro);
+}
+
+/* After them: each instance's gathered parameters are freed unless its
+ * next use is within the prefetch window (it would be gathered again at
+ * once), or, without sched.reshard_after_forward, this was a forward use
+ * and the next is the same microbatch's backward. */
+static void st__use_end(st__builder* B) {
+  if (B->F <= 1) {
+    B->use_pos++;
+    return;
+  }
+  const st__use* u = &B->uses[B->use_pos];
+  for (int k = 0; k < u->n; ++k) {
+    int i = u->inst[k], next = -1;
+    for (int q = B->use_pos + 1; q < B->n_uses && next < 0; ++q)
+      if (B->uses[q].inst[0] == i || (B->uses[q].n > 1 && B->uses[q].inst[1] == i)) next = q;
+    bool keep = next >= 0 && (next <= B->use_pos + B->gather_prefetch ||
+                              (!B->reshard && u->forward && !B->uses[next].forward && B->uses[next].micro == u->micro));
+    if (keep) continue;
+    const st__instance* I = &B->inst[i];
+    int full[ST__MAX_GROUP_PARAMS];
+    for (int j = 0; j < I->count; ++j) full[j] = st__whole(B, "full:", I->params[j], ST_SLOT_GATHERED);
+    st_plan_add(B->plan, ST_OP_FREE, -1, I->layer, u->micro, 0, I->count, full, 0, NULL);
+    B->gathered[i] = false;
+  }
+  B->use_pos++;
+}
+
+/* FSDP: the whole gradients of instance |i| ("ugrad:") reduce-scattered
+ * into their fsdp blocks, "grad:" for the first microbatch and "gtmp:"
+ * (then accumulated) for later ones; the whole ones are freed. */
+static void st__reduce_scatter(st__builder* B, int i, int m) {
+  const st__instance* I = &B->inst[i];
+  int in[ST__MAX_GROUP_PARAMS], out[ST__MAX_GROUP_PARAMS];
+  for (int k = 0; k < I->count; ++k) {
+    in[k] = st__whole(B, "ugrad:", I->params[k], ST_SLOT_UNREDUCED);
+    out[k] = st__pslot(B, m == 0 ? "grad:" : "gtmp:", I->params[k], ST_SLOT_GRAD, false);
+  }
+  st_plan_add(B->plan, ST_OP_COLLECTIVE, st_plan_program(B->plan, I->group->fsdp_reduce_scatter->name), I->layer, m, 0,
+              I->count, in, I->count, out);
+  st_plan_add(B->plan, ST_OP_FREE, -1, I->layer, m, 0, I->count, in, 0, NULL);
+}
+
+/*===-------------------------------------------------------------------===*/
 /* Forward                                                                  */
 /*===-------------------------------------------------------------------===*/
 
@@ -200,9 +349,11 @@ static void st__forward(st__builder* B, int m, bool eval, st__fwd_out* f) {
   /* embed fwd(wte, tokens) -> x[0] */
   int x = st__act(B, "x[0]", &ef->outputs[0].type);
   int in[ST__MAX_IO], out[ST__MAX_IO];
-  in[0] = st__pslot(B, "", E->params[0], ST_SLOT_PARAM, true);
+  st__use_begin(B);
+  in[0] = st__param_in(B, E->params[0]);
   in[1] = f->tokens;
   st__launch(B, ST_OP_LAUNCH, ef, -1, m, 2, in, 1, &x);
+  st__use_end(B);
   if (eval) st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 1, &f->tokens, 0, NULL);
 
   /* block fwd(params, x[l]) -> x[l+1], or fwd_res -> x[l+1], residuals */
@@ -210,7 +361,8 @@ static void st__forward(st__builder* B, int m, bool eval, st__fwd_out* f) {
     const st__instance* I = &B->inst[1 + l];
     const st_bundle_program* fwd = I->stage->fwd;
     const st_bundle_program* fwd_res = I->stage->fwd_res;
-    for (int k = 0; k < I->count; ++k) in[k] = st__pslot(B, "", I->params[k], ST_SLOT_PARAM, true);
+    st__use_begin(B);
+    for (int k = 0; k < I->count; ++k) in[k] = st__param_in(B, I->params[k]);
     in[I->count] = x;
     snprintf(name, sizeof(name), "x[%d]", l + 1);
     int y = st__act(B, name, &fwd->outputs[0].type);
@@ -224,6 +376,7 @@ static void st__forward(st__builder* B, int m, bool eval, st__fwd_out* f) {
       }
       st__launch(B, ST_OP_LAUNCH, fwd_res, l, m, I->count + 1, in, fwd_res->output_count, out);
     }
+    st__use_end(B);
     /* Evaluation keeps nothing for a backward pass. */
     if (eval) st_plan_add(B->plan, ST_OP_FREE, -1, l, m, 0, 1, &x, 0, NULL);
     x = y;
@@ -235,22 +388,26 @@ static void st__forward(st__builder* B, int m, bool eval, st__fwd_out* f) {
 /* Optimizer pieces                                                         */
 /*===-------------------------------------------------------------------===*/
 
-/* The group's accum(grad..., gtmp...) -> grad..., then the gtmp are freed.
- * |only_param| >= 0 restricts it to that one parameter (the tied head's
- * gradient of the embedding). */
+/* The group's accum(grad..., gtmp...) -> grad..., then the gtmp are freed
+ * (under FSDP the fsdp-block program on the blocks). |only_param| >= 0
+ * restricts it to that one parameter: the tied head's gradient of the
+ * embedding ("hgrad:"), added to the whole "ugrad:" under FSDP. */
 static void st__accumulate(st__builder* B, const st__instance* I, const char* tmp_prefix, int m, int only_param) {
   int in[2 * ST__MAX_GROUP_PARAMS], out[ST__MAX_GROUP_PARAMS], n = 0;
+  const bool whole = B->F > 1 && only_param >= 0;
   for (int k = 0; k < I->count; ++k) {
     if (only_param >= 0 && I->params[k] != only_param) continue;
-    in[n] = st__pslot(B, "grad:", I->params[k], ST_SLOT_GRAD, false);
+    in[n] = whole ? st__whole(B, "ugrad:", I->params[k], ST_SLOT_UNREDUCED) : st__pslot(B, "grad:", I->params[k], ST_SLOT_GRAD, false);
     out[n] = in[n];
     ++n;
   }
   for (int k = 0, j = 0; k < I->count; ++k) {
     if (only_param >= 0 && I->params[k] != only_param) continue;
-    in[n + j++] = st__pslot(B, tmp_prefix, I->params[k], ST_SLOT_GRAD, false);
+    in[n + j++] = whole ? st__whole(B, tmp_prefix, I->params[k], ST_SLOT_UNREDUCED)
+                        : st__pslot(B, tmp_prefix, I->params[k], ST_SLOT_GRAD, false);
   }
-  st__launch(B, ST_OP_LAUNCH, I->group->accum, I->layer, m, 2 * n, in, n, out);
+  const st_bundle_program* acc = B->F > 1 && !whole ? I->group->shard_accum : I->group->accum;
+  st__launch(B, ST_OP_LAUNCH, acc, I->layer, m, 2 * n, in, n, out);
   st_plan_add(B->plan, ST_OP_FREE, -1, I->layer, m, 0, n, in + n, 0, NULL);
 }
 
@@ -263,7 +420,7 @@ static void st__sqnorm(st__builder* B, int i) {
   for (int k = 0; k < I->count; ++k) in[k] = st__pslot(B, "grad:", I->params[k], ST_SLOT_GRAD, false);
   snprintf(name, sizeof(name), "sq[%d]", i);
   B->sq[i] = st__xfer(B, name, &scalar);
-  st__launch(B, ST_OP_LAUNCH, I->group->sqnorm, I->layer, -1, I->count, in, 1, &B->sq[i]);
+  st__launch(B, ST_OP_LAUNCH, B->F > 1 ? I->group->shard_sqnorm : I->group->sqnorm, I->layer, -1, I->count, in, 1, &B->sq[i]);
 }
 
 /* The group's adamw(params, grads, m, v, step, lr, gscale, hyper) ->
@@ -280,7 +437,7 @@ static void st__adamw(st__builder* B, int i) {
   for (int k = 0; k < I->count; ++k) out[no++] = in[k];
   for (int k = 0; k < I->count; ++k) out[no++] = in[2 * I->count + k];
   for (int k = 0; k < I->count; ++k) out[no++] = in[3 * I->count + k];
-  st__launch(B, ST_OP_LAUNCH, I->group->adamw, I->layer, -1, n, in, no, out);
+  st__launch(B, ST_OP_LAUNCH, B->F > 1 ? I->group->shard_adamw : I->group->adamw, I->layer, -1, n, in, no, out);
   st_plan_add(B->plan, ST_OP_FREE, -1, I->layer, -1, 0, I->count, in + I->count, 0, NULL);
 }
 
@@ -378,9 +535,14 @@ static void st__flush_reductions(st__builder* B) {
   B->pending_bytes = 0;
 }
 
+/* One device's gradient bytes of instance |i| (its fsdp blocks under FSDP). */
 static int64_t st__instance_bytes(const st__builder* B, int i) {
   int64_t n = 0;
-  for (int k = 0; k < B->inst[i].count; ++k) n += (int64_t)st_tensor_type_bytes(&B->bundle->params[B->inst[i].params[k]].type);
+  for (int k = 0; k < B->inst[i].count; ++k) {
+    st_tensor_type t = B->bundle->params[B->inst[i].params[k]].type;
+    if (B->F > 1 && t.rank > 0) t.dims[0] = (t.dims[0] + B->F - 1) / B->F;
+    n += (int64_t)st_tensor_type_bytes(&t);
+  }
   return n;
 }
 
@@ -391,7 +553,7 @@ static int64_t st__instance_bytes(const st__builder* B, int i) {
  * Then the optimizer hears of it (per_layer updates need the reduced
  * gradient, so sched.optimizer=per_layer takes grad_reduce=per_layer). */
 static void st__grad_final(st__builder* B, const st__optimizer* opt, int i) {
-  if (B->plan->devices > 1) {
+  if (B->data > 1) {
     if (!B->bucketed) {
       st__reduce(B, i);
     } else {
@@ -409,6 +571,9 @@ static void st__grad_final(st__builder* B, const st__optimizer* opt, int i) {
 
 /* Microbatch |m|'s backward from the forward's |f|. The first microbatch
  * writes the gradients ("grad:"), later ones write "gtmp:" and accumulate.
+ * Under FSDP each launch writes whole gradients ("ugrad:") that are
+ * reduce-scattered into those blocks at once (st__reduce_scatter), so a
+ * whole gradient lives only from its backward to its reduce-scatter.
  * On the |last| microbatch every instance's gradient becomes final in turn:
  * head, blocks L-1..0, embedding, and |opt| hears of each. */
 static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool last, const st__fwd_out* f) {
@@ -421,20 +586,25 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
 
   /* head loss(head params, [wte], x, targets, mask) -> loss, head grads, [dwte], dx */
   int n = 0, no = 0;
-  for (int k = 0; k < H->count; ++k) in[n++] = st__pslot(B, "", H->params[k], ST_SLOT_PARAM, true);
-  if (B->tied) in[n++] = st__pslot(B, "", E->params[0], ST_SLOT_PARAM, true);
+  st__use_begin(B);
+  for (int k = 0; k < H->count; ++k) in[n++] = st__param_in(B, H->params[k]);
+  if (B->tied) in[n++] = st__param_in(B, E->params[0]);
   in[n++] = f->x;
   in[n++] = f->targets;
   in[n++] = f->mask;
   snprintf(name, sizeof(name), "loss[%d]", m);
   out[no++] = st__xfer(B, name, &hl->outputs[0].type);
-  for (int k = 0; k < H->count; ++k) out[no++] = st__pslot(B, gp, H->params[k], ST_SLOT_GRAD, false);
-  if (B->tied) out[no++] = st__pslot(B, "hgrad:", E->params[0], ST_SLOT_GRAD, false);
+  for (int k = 0; k < H->count; ++k) out[no++] = st__grad_out(B, gp, H->params[k]);
+  if (B->tied)
+    out[no++] = B->F > 1 ? st__whole(B, "hgrad:", E->params[0], ST_SLOT_UNREDUCED)
+                         : st__pslot(B, "hgrad:", E->params[0], ST_SLOT_GRAD, false);
   int dx = st__act(B, "dx", &hl->outputs[hl->output_count - 1].type);
   out[no++] = dx;
   st__launch(B, ST_OP_LAUNCH, hl, -1, m, n, in, no, out);
+  st__use_end(B);
   int freed[3] = {f->x, f->targets, f->mask};
   st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 3, freed, 0, NULL);
+  if (B->F > 1) st__reduce_scatter(B, B->n_inst - 1, m);
   if (m > 0) st__accumulate(B, H, "gtmp:", m, -1);
   if (last) st__grad_final(B, opt, B->n_inst - 1);
 
@@ -452,7 +622,8 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
       res[r] = st__act(B, name, &fr->outputs[1 + r].type);
     }
     n = 0;
-    for (int k = 0; k < I->count; ++k) in[n++] = st__pslot(B, "", I->params[k], ST_SLOT_PARAM, true);
+    st__use_begin(B);
+    for (int k = 0; k < I->count; ++k) in[n++] = st__param_in(B, I->params[k]);
     in[n++] = xl;
     if (B->remat[l]) {
       int y_re = st__act(B, "y_re", &fr->outputs[0].type);
@@ -464,27 +635,38 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
     for (int r = 0; r < R; ++r) in[n++] = res[r];
     in[n++] = dx;
     no = 0;
-    for (int k = 0; k < I->count; ++k) out[no++] = st__pslot(B, gp, I->params[k], ST_SLOT_GRAD, false);
+    for (int k = 0; k < I->count; ++k) out[no++] = st__grad_out(B, gp, I->params[k]);
     out[no++] = dx;
     st__launch(B, ST_OP_LAUNCH, I->stage->bwd_res, l, m, n, in, no, out);
+    st__use_end(B);
     int dead[1 + ST__MAX_RESIDUALS];
     dead[0] = xl;
     for (int r = 0; r < R; ++r) dead[1 + r] = res[r];
     st_plan_add(B->plan, ST_OP_FREE, -1, l, m, 0, 1 + R, dead, 0, NULL);
+    if (B->F > 1) st__reduce_scatter(B, 1 + l, m);
     if (m > 0) st__accumulate(B, I, "gtmp:", m, -1);
     if (last) st__grad_final(B, opt, 1 + l);
   }
 
-  /* embed bwd(wte, tokens, dx) -> dwte; a tied head's dwte joins it */
-  in[0] = st__pslot(B, "", E->params[0], ST_SLOT_PARAM, true);
+  /* embed bwd(wte, tokens, dx) -> dwte; a tied head's dwte joins it
+   * (under FSDP before the reduce-scatter, while both are whole) */
+  st__use_begin(B);
+  in[0] = st__param_in(B, E->params[0]);
   in[1] = f->tokens;
   in[2] = dx;
-  out[0] = st__pslot(B, gp, E->params[0], ST_SLOT_GRAD, false);
+  out[0] = st__grad_out(B, gp, E->params[0]);
   st__launch(B, ST_OP_LAUNCH, E->stage->bwd, -1, m, 3, in, 1, out);
+  st__use_end(B);
   int freed2[2] = {dx, f->tokens};
   st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 2, freed2, 0, NULL);
-  if (m > 0) st__accumulate(B, E, "gtmp:", m, -1);
-  if (B->tied) st__accumulate(B, E, "hgrad:", m, E->params[0]);
+  if (B->F > 1) {
+    if (B->tied) st__accumulate(B, E, "hgrad:", m, E->params[0]);
+    st__reduce_scatter(B, 0, m);
+    if (m > 0) st__accumulate(B, E, "gtmp:", m, -1);
+  } else {
+    if (m > 0) st__accumulate(B, E, "gtmp:", m, -1);
+    if (B->tied) st__accumulate(B, E, "hgrad:", m, E->params[0]);
+  }
   if (last) st__grad_final(B, opt, 0);
 }
 
@@ -510,17 +692,23 @@ static void st__evaluation(st__builder* B, int EM) {
   const st__instance* H = &B->inst[B->n_inst - 1];
   const st_tensor_type scalar = {ST_DTYPE_F32, 0, {0}};
   st__state_slots(B, false);
+  if (B->F > 1) {
+    st__plan_uses(B, EM, true);
+    memset(B->gathered, 0, (size_t)B->n_inst * sizeof(bool));
+  }
   for (int m = 0; m < EM; ++m) {
     st__fwd_out f;
     st__forward(B, m, true, &f);
     int in[ST__MAX_IO], n = 0;
-    for (int k = 0; k < H->count; ++k) in[n++] = st__pslot(B, "", H->params[k], ST_SLOT_PARAM, true);
-    if (B->tied) in[n++] = st__pslot(B, "", E->params[0], ST_SLOT_PARAM, true);
+    st__use_begin(B);
+    for (int k = 0; k < H->count; ++k) in[n++] = st__param_in(B, H->params[k]);
+    if (B->tied) in[n++] = st__param_in(B, E->params[0]);
     in[n++] = f.x;
     in[n++] = f.targets;
     in[n++] = f.mask;
     int loss = st__xfer(B, "eval_loss", &scalar);
     st__launch(B, ST_OP_LAUNCH, H->stage->eval, -1, m, n, in, 1, &loss);
+    st__use_end(B);
     int freed[3] = {f.x, f.targets, f.mask};
     st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 3, freed, 0, NULL);
     st_plan_add(B->plan, ST_OP_READ, -1, -1, m, ST_TAG_EVAL_LOSS, 1, &loss, 0, NULL);
@@ -575,37 +763,56 @@ static st_status st__apply_policies(st_plan* logical, const st_bundle* b, const 
 /* How the devices' buffers of each slot relate: batch rows and everything
  * computed from them are split, gradients are partial sums until reduced
  * (the slot keeps one layout; the COLLECTIVE that reduces it is in the
- * plan), the state and the optimizer scalars are replicated. */
+ * plan), the state and the optimizer scalars are replicated. Under FSDP
+ * the state and the reduce-scattered gradients are sharded (st__pslot set
+ * how), gathered parameters replicated and whole gradients partial. */
 static void st__layouts(st_plan* plan) {
   for (int k = 0; k < plan->slot_count; ++k) {
     st_slot* sl = &plan->slots[k];
     if (sl->category == ST_SLOT_ACT || !strncmp(sl->name, "tokens[", 7) || !strncmp(sl->name, "targets[", 8) ||
         !strncmp(sl->name, "mask[", 5) || !strncmp(sl->name, "loss[", 5) || !strcmp(sl->name, "eval_loss"))
       sl->layout = ST_LAYOUT_SPLIT;
-    else if (sl->category == ST_SLOT_GRAD)
+    else if (sl->logical.rank > 0 && sl->sharding.split[0])
+      sl->layout = ST_LAYOUT_SHARDED;
+    else if (sl->category == ST_SLOT_GRAD || sl->category == ST_SLOT_UNREDUCED)
       sl->layout = ST_LAYOUT_PARTIAL;
     else
       sl->layout = ST_LAYOUT_REPLICATED;
   }
 }
 
-/* Data parallelism needs a bundle exported for this data axis, with each
- * group's all-reduce, and reductions that precede per-layer updates. */
-static st_status st__check_data_parallel(const st_bundle* b, const st_train_options* o) {
-  const int D = o->parallel_data;
-  if (o->parallel_fsdp > 1 || o->parallel_tensor > 1)
+/* Data and fully-sharded parallelism need a bundle exported for this mesh,
+ * with each group's collectives (and, for fsdp, its optimizer programs on
+ * fsdp blocks), and reductions that precede per-layer updates. */
+static st_status st__check_mesh(const st_bundle* b, const st_train_options* o) {
+  const int D = o->parallel_data > 1 ? o->parallel_data : 1, F = o->parallel_fsdp > 1 ? o->parallel_fsdp : 1;
+  if (o->parallel_tensor > 1)
     return st_status_make(ST_CODE_CONFIG,
-                          "parallel.fsdp=%d parallel.tensor=%d: only data parallelism is built in the step plan yet "
-                          "(docs/parallelism.md); set both to 1",
-                          o->parallel_fsdp, o->parallel_tensor);
-  if (b->mesh_data != D)
-    return st_status_make(ST_CODE_RUNTIME, "bundle %s was exported for mesh data=%d, the config has parallel.data=%d; "
-                          "re-export it (unset bundle.dir to use the cache)",
-                          b->dir, b->mesh_data, D);
-  for (int i = 0; i < b->group_count; ++i)
-    if (!b->groups[i].data_all_reduce)
+                          "parallel.tensor=%d: tensor parallelism is not built in the step plan yet "
+                          "(docs/parallelism.md); set parallel.tensor to 1",
+                          o->parallel_tensor);
+  if (b->mesh_data != D || b->mesh_fsdp != F)
+    return st_status_make(ST_CODE_RUNTIME, "bundle %s was exported for mesh data=%d fsdp=%d, the config has parallel.data=%d "
+                          "parallel.fsdp=%d; re-export it (unset bundle.dir to use the cache)",
+                          b->dir, b->mesh_data, b->mesh_fsdp, D, F);
+  for (int i = 0; i < b->group_count; ++i) {
+    const st_bundle_group* g = &b->groups[i];
+    if (D > 1 && !g->data_all_reduce)
       return st_status_make(ST_CODE_RUNTIME, "bundle %s: group '%s' has no data all-reduce (manifest collectives); re-export it",
-                            b->dir, b->groups[i].name);
+                            b->dir, g->name);
+    if (F > 1 && (!g->fsdp_all_gather || !g->fsdp_reduce_scatter || !g->shard_adamw))
+      return st_status_make(ST_CODE_RUNTIME, "bundle %s: group '%s' lacks its fsdp all-gather, reduce-scatter or "
+                            "shard_programs (manifest collectives, groups); re-export it",
+                            b->dir, g->name);
+  }
+  /* The offload pass moves parameters around LAUNCH ops only; under FSDP
+   * the all-gathers read them too, and a gathered copy is what the
+   * launches use anyway. */
+  if (F > 1 && (o->sched.offload & ST_OFFLOAD_PARAMS))
+    return st_status_make(ST_CODE_CONFIG,
+                          "sched.offload=%s with parallel.fsdp=%d: parameter offload is not built for fully-sharded "
+                          "parameters; set sched.offload to none or optimizer",
+                          o->sched.offload == 3 ? "both" : "params", F);
   if (o->sched.per_layer_optimizer && o->sched.bucketed_grad_reduce)
     return st_status_make(ST_CODE_CONFIG,
                           "sched.optimizer=per_layer updates each layer as soon as its gradient is reduced, so it needs "
@@ -614,14 +821,17 @@ static st_status st__check_data_parallel(const st_bundle* b, const st_train_opti
   return ST_OK;
 }
 
-static void st__policy_line(const st_sched_policy* pol, int data, char* out, size_t size) {
-  if (data > 1) {
-    char tail[128];
-    if (pol->bucketed_grad_reduce)
+static void st__policy_line(const st_sched_policy* pol, int data, int fsdp, char* out, size_t size) {
+  if (data > 1 || fsdp > 1) {
+    char tail[192] = "";
+    if (data > 1 && pol->bucketed_grad_reduce)
       snprintf(tail, sizeof(tail), " data=%d grad_reduce=bucketed grad_bucket_bytes=%lld", data, (long long)pol->grad_bucket_bytes);
-    else
+    else if (data > 1)
       snprintf(tail, sizeof(tail), " data=%d grad_reduce=per_layer", data);
-    st__policy_line(pol, 1, out, size);
+    if (fsdp > 1)
+      snprintf(tail + strlen(tail), sizeof(tail) - strlen(tail), " fsdp=%d gather_prefetch=%d reshard_after_forward=%s", fsdp,
+               pol->gather_prefetch, pol->reshard_after_forward ? "true" : "false");
+    st__policy_line(pol, 1, 1, out, size);
     snprintf(out + strlen(out), size - strlen(out), "%s", tail);
     return;
   }
@@ -646,8 +856,9 @@ st_status st_train_build_plans(const st_bundle* b, const st_train_options* o, st
   int n_inst = 0;
   ST_RETURN(st__instances(b, &inst, &n_inst));
   st_status s = st_config_check_per_layer_clip(pol->per_layer_optimizer, o->grad_clip);
-  const int D = o->parallel_data > 1 ? o->parallel_data : 1;
-  if (!s && (D > 1 || o->parallel_fsdp > 1 || o->parallel_tensor > 1)) s = st__check_data_parallel(b, o);
+  const int DATA = o->parallel_data > 1 ? o->parallel_data : 1, F = o->parallel_fsdp > 1 ? o->parallel_fsdp : 1;
+  const int D = DATA * F;
+  if (!s && (D > 1 || o->parallel_tensor > 1)) s = st__check_mesh(b, o);
   if (s) {
     free(inst);
     return s;
@@ -666,14 +877,19 @@ st_status st_train_build_plans(const st_bundle* b, const st_train_options* o, st
   st_plan_init(&step);
   st_plan_init(&eval);
   step.devices = eval.devices = D;
+  step.mesh[0] = eval.mesh[0] = DATA;
+  step.mesh[1] = eval.mesh[1] = F;
   int* pending = st_xcalloc((size_t)n_inst, sizeof(int));
+  bool* gathered = st_xcalloc((size_t)n_inst, sizeof(bool));
   st__builder B = {&step, b, inst, n_inst, L, remat, b->model.tie_embeddings, {-1, -1, -1, -1}, sq,
-                   pol->bucketed_grad_reduce, pol->grad_bucket_bytes, pending, 0, 0};
+                   pol->bucketed_grad_reduce, pol->grad_bucket_bytes, pending, 0, 0,
+                   F, DATA, pol->gather_prefetch, pol->reshard_after_forward, NULL, 0, 0, gathered};
   const st__optimizer* opt = pol->per_layer_optimizer ? &st__per_layer : &st__after_backward;
 
   /* --- the training step ------------------------------------------------ */
   st__state_slots(&B, true);
   const int M = (int)o->microbatches;
+  if (F > 1) st__plan_uses(&B, M, false);
   for (int m = 0; m < M; ++m) {
     const bool last = m == M - 1;
     st__fwd_out f;
@@ -692,13 +908,15 @@ st_status st_train_build_plans(const st_bundle* b, const st_train_options* o, st
     st__layouts(&step);
     st__layouts(&eval);
   }
+  free(B.uses);
+  free(gathered);
   free(pending);
   free(sq);
   free(remat);
 
   /* --- policies: offload, waits ------------------------------------------ */
   char policy[256];
-  st__policy_line(pol, D, policy, sizeof(policy));
+  st__policy_line(pol, DATA, F, policy, sizeof(policy));
   s = st__apply_policies(&step, b, inst, n_inst, pol, pol->offload, step_out);
   /* Evaluation has no optimizer state; offloaded parameters stream as in training. */
   if (!s) s = st__apply_policies(&eval, b, inst, n_inst, pol, pol->offload & ST_OFFLOAD_PARAMS, eval_out);

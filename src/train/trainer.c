@@ -178,7 +178,7 @@ static st_status st__compile_collectives(st__trainer* t, const st_plan* plan) {
   if (b->collective_count == 0) return ST_OK;
   if (!t->compiled_coll) t->compiled_coll = st_xcalloc((size_t)b->collective_count, sizeof(st_program*));
   const char* names[3] = {"data", "fsdp", "tensor"};
-  int sizes[3] = {plan->devices, 1, 1};
+  int sizes[3] = {plan->mesh[0], plan->mesh[1], plan->mesh[2]};
   st_mesh mesh;
   ST_RETURN(st_mesh_make(3, names, sizes, NULL, &mesh));
   for (int i = 0; i < plan->program_count; ++i) {
@@ -291,7 +291,9 @@ static st_status st__init_state(st__trainer* t) {
     /* Persistent slots only: an offloaded slot's value lives in its host home. */
     if (sl->category != ST_SLOT_OPT || !sl->persistent) continue;
     st_buffer* z = NULL;
-    s = st_buffer_from_host(t->runtime, 0, &sl->type, zeros, &z);
+    /* A sharded slot takes the whole tensor and keeps each device's block. */
+    const st_tensor_type* ty = t->step_plan.devices > 1 && sl->layout == ST_LAYOUT_SHARDED ? &sl->logical : &sl->type;
+    s = st_buffer_from_host(t->runtime, 0, ty, zeros, &z);
     if (!s) st_executor_set(t->ex, i, z);
   }
   free(zeros);
@@ -339,14 +341,13 @@ static st_status st__save_params(st__trainer* t, const char* path) {
   st_status s = ST_OK;
   for (int i = 0; i < b->param_count && !s; ++i) {
     int slot = st_plan_slot_find(&t->step_plan, b->params[i].name);
-    st_buffer* buf = slot >= 0 ? st_executor_get(t->ex, slot) : NULL;
-    if (!buf) {
-      s = st_status_make(ST_CODE_INTERNAL, "parameter '%s' has no device buffer", b->params[i].name);
+    if (slot < 0) {
+      s = st_status_make(ST_CODE_INTERNAL, "parameter '%s' has no slot", b->params[i].name);
       break;
     }
-    size_t n = st_buffer_bytes(buf);
+    size_t n = st_tensor_type_bytes(&b->params[i].type);
     host[i] = st_xmalloc(n ? n : 1);
-    s = st_buffer_to_host(buf, host[i], n);
+    s = st_executor_to_host(t->ex, slot, host[i], n);
     ts[i].name = b->params[i].name;
     ts[i].type = b->params[i].type;
     ts[i].data = host[i];
@@ -361,33 +362,42 @@ static st_status st__save_params(st__trainer* t, const char* path) {
 /* Data parallelism keeps the state replicated: every device applies the
  * same update to the same reduced gradient. Checked bitwise at the end of
  * a run, over every persistent slot (parameters, m, v); a replica that
- * drifted is a bug, never rounding, and fails the run naming the slot. */
+ * drifted is a bug, never rounding, and fails the run naming the slot.
+ * Under FSDP a device holds one fsdp block of the state, replicated over
+ * data: mesh index p is compared with p mod fsdp (data coordinate 0, the
+ * same block). */
 static st_status st__check_replicas(st__trainer* t, int* out_checked) {
   *out_checked = 0;
   const st_plan* p = &t->step_plan;
   int D = st_executor_devices(t->ex);
+  const int F = p->mesh[1];
   if (D < 2) return ST_OK;
   st_status s = ST_OK;
   for (int i = 0; i < p->slot_count && !s; ++i) {
     if (!p->slots[i].persistent || p->slots[i].host) continue;
+    const bool sharded = p->slots[i].layout == ST_LAYOUT_SHARDED;
+    if (sharded && F == D) continue; /* no replicas: every device holds its own block */
     st_buffer* b0 = st_executor_get_device(t->ex, i, 0);
     if (!b0) continue;
     size_t n = st_buffer_bytes(b0);
     unsigned char* h0 = st_xmalloc(n ? n : 1);
     unsigned char* hd = st_xmalloc(n ? n : 1);
-    s = st_buffer_to_host(b0, h0, n);
     for (int d = 1; d < D && !s; ++d) {
+      int ref = sharded ? d % F : 0;
+      if (ref == d) continue;
+      st_buffer* br = st_executor_get_device(t->ex, i, ref);
       st_buffer* bd = st_executor_get_device(t->ex, i, d);
-      if (!bd || st_buffer_bytes(bd) != n) {
+      if (!br || !bd || st_buffer_bytes(bd) != n || st_buffer_bytes(br) != n) {
         s = st_status_make(ST_CODE_INTERNAL, "slot '%s' on device index %d is missing or of another size", p->slots[i].name, d);
         break;
       }
-      s = st_buffer_to_host(bd, hd, n);
+      s = st_buffer_to_host(br, h0, n);
+      if (!s) s = st_buffer_to_host(bd, hd, n);
       if (!s && memcmp(h0, hd, n) != 0)
         s = st_status_make(ST_CODE_INTERNAL,
-                           "data parallelism: replicated slot '%s' differs between device index 0 and %d after the run; "
+                           "data parallelism: replicated slot '%s' differs between device index %d and %d after the run; "
                            "replicas must stay bitwise identical",
-                           p->slots[i].name, d);
+                           p->slots[i].name, ref, d);
     }
     free(h0);
     free(hd);
@@ -504,15 +514,14 @@ st_status st_train_main(const st_config* cfg) {
     st_train_options_deinit(&o);
     return s;
   }
-  /* Data parallelism is built into the step plan; fsdp and tensor are not
-   * yet (docs/parallelism.md): refuse before anything is created rather
-   * than train without them silently. */
-  if ((int64_t)o.parallel_fsdp * o.parallel_tensor > 1) {
+  /* Data and fully-sharded parallelism are built into the step plan;
+   * tensor is not yet (docs/parallelism.md): refuse before anything is
+   * created rather than train without it silently. */
+  if (o.parallel_tensor > 1) {
     st_status ps = st_status_make(ST_CODE_CONFIG,
-                                  "parallel.data=%d parallel.fsdp=%d parallel.tensor=%d: fully-sharded and tensor "
-                                  "parallelism are not yet supported in training (the runtime and the collective "
-                                  "programs exist, the step plan has data parallelism only; docs/parallelism.md); set "
-                                  "parallel.fsdp and parallel.tensor to 1",
+                                  "parallel.data=%d parallel.fsdp=%d parallel.tensor=%d: tensor parallelism is not yet "
+                                  "supported in training (the runtime and the tensor-parallel programs exist, the step "
+                                  "plan has data and fsdp parallelism only; docs/parallelism.md); set parallel.tensor to 1",
                                   o.parallel_data, o.parallel_fsdp, o.parallel_tensor);
     st_train_options_deinit(&o);
     return ps;
