@@ -129,8 +129,10 @@ typedef struct st_bundle {
   int layer_count;        /* == model.n_layers */
   st_bundle_stage* layers; /* "layers": the layer table, by block index */
   /* The mesh the bundle was exported for (manifest "mesh"; all 1 without
-   * one) and its SPMD collective programs (manifest "collectives",
-   * docs/parallelism.md): tensor types are the per-device (local) ones. */
+   * one) and its SPMD programs (docs/parallelism.md): the collectives
+   * (manifest "collectives"), then the tensor-parallel compute programs
+   * (manifest "spmd_programs", which the program tables may name). Tensor
+   * types are the per-device (local) ones. */
   int mesh_data, mesh_fsdp, mesh_tensor;
   int collective_count;
   st_bundle_program* collectives;

@@ -19,7 +19,7 @@ import jaxlib
 from . import __version__
 from . import model as M
 from .model import ModelConfig
-from .programs import GROUPS, Program, build_programs, fsdp_programs
+from .programs import GROUPS, Program, _group_programs, build_programs, fsdp_programs
 
 SCHEMA_VERSION = 1
 
@@ -68,22 +68,29 @@ def param_table(cfg: ModelConfig) -> list[dict[str, Any]]:
     return rows
 
 
-def program_tables(cfg: ModelConfig, names: set[str], fsdp: int = 1) -> dict[str, Any]:
+def program_tables(cfg: ModelConfig, names: set[str], fsdp: int = 1, tensor: int = 1) -> dict[str, Any]:
     """Which program plays which role (docs/bundle.md, "Program tables").
 
     The C plan builder takes every program name from these tables and names
     none itself. Every name must be one of |names| (the exported programs).
     With fsdp > 1 each group also gets "shard_programs": its optimizer
-    programs on one device's fsdp block of every tensor.
+    programs on one device's fsdp block of every tensor. With tensor > 1 the
+    block's roles name the tensor-parallel SPMD programs (spmd_programs),
+    and its accumulation a one-device program on the tensor-cut blocks.
     """
     embed = {"group": "embed", "programs": {"init": "embed_init", "fwd": "embed_fwd", "bwd": "embed_bwd"}}
     head = {"group": "head", "programs": {"init": "head_init", "loss": "head_loss", "eval": "head_eval"}}
     block = {"init": "block_init", "fwd": "block_fwd", "bwd": "block_bwd",
              "fwd_res": "block_fwd_res", "bwd_res": "block_bwd_res"}
+    if tensor > 1:
+        block.update({r: f"tp_{block[r]}" for r in ("fwd", "bwd", "fwd_res", "bwd_res")})
     layers = [{"index": i, "kind": "block", "group": "block", "programs": dict(block)} for i in range(cfg.n_layers)]
     groups = [{"name": g, "params": list(M.group_param_names(cfg, g)),
                "programs": {"accum": f"accum_{g}", "sqnorm": f"sqnorm_{g}", "adamw": f"adamw_{g}"}}
               for g in GROUPS]
+    if tensor > 1:
+        groups[GROUPS.index("block")]["programs"] = {"accum": f"accum_block_tp{tensor}", "sqnorm": "tp_sqnorm_block",
+                                                     "adamw": "tp_adamw_block"}
     if fsdp > 1:
         for g in groups:
             g["shard_programs"] = {r: f"{n}_fsdp{fsdp}" for r, n in g["programs"].items()}
@@ -111,8 +118,11 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
     entries = []
     progs = build_programs(cfg)
     fsdp = mesh.fsdp if mesh is not None and mesh.devices > 1 else 1
+    tensor = mesh.tensor if mesh is not None and mesh.devices > 1 else 1
     if fsdp > 1:
         progs += fsdp_programs(cfg, fsdp)
+    if tensor > 1:
+        progs += [_tp_accum_block(cfg, tensor)]
     for prog in progs:
         text, flops = lower_program(prog)
         data = text.encode("utf-8")
@@ -125,7 +135,10 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
             "outputs": [s.to_json() for s in prog.outputs],
             "donated": list(prog.donated), "flops": int(flops),
         })
-    tables = program_tables(cfg, {e["name"] for e in entries}, fsdp)
+    spmd = []
+    if mesh is not None and mesh.devices > 1 and mesh.tensor > 1:
+        spmd = _export_tp_programs(cfg, mesh, out_dir)
+    tables = program_tables(cfg, {e["name"] for e in entries + spmd}, fsdp, tensor)
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "bundle_key": bundle_key,
@@ -143,7 +156,7 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
         manifest["mesh"] = mesh.to_json()
         manifest["collectives"] = _export_collectives(cfg, mesh, out_dir)
         if mesh.tensor > 1:
-            manifest["spmd_programs"] = _export_tp_programs(cfg, mesh, out_dir)
+            manifest["spmd_programs"] = spmd
     with open(os.path.join(out_dir, "manifest.json"), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=2)
         f.write("\n")
@@ -186,10 +199,28 @@ def _export_collectives(cfg: ModelConfig, mesh: Any, out_dir: str) -> list[dict[
     return entries
 
 
+def _tp_accum_block(cfg: ModelConfig, tensor: int) -> Program:
+    """The block's gradient accumulation on one device's tensor-cut blocks
+    (elementwise, so a one-device program on every device)."""
+    from . import tensor_parallel as TP
+
+    def local(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        d = TP.PARAM_SPLIT_DIM[name]
+        return shape if d is None else tuple(x // tensor if i == d else x for i, x in enumerate(shape))
+
+    return next(p for p in _group_programs(cfg, "block", 1, local, f"_tp{tensor}") if p.name.startswith("accum_"))
+
+
 def _export_tp_programs(cfg: ModelConfig, mesh: Any, out_dir: str) -> list[dict[str, Any]]:
+    import dataclasses
+
     from . import parallel as PP
     from . import tensor_parallel as TP
 
+    # The C trainer exports one device's share of a microbatch (the data
+    # and fsdp cut); the SPMD programs take the whole microbatch and cut it
+    # over data and fsdp themselves.
+    cfg = dataclasses.replace(cfg, microbatch_size=cfg.microbatch_size * mesh.data * mesh.fsdp)
     try:
         progs = list(TP.tp_programs(cfg, mesh))
     except PP.ParallelError as e:

@@ -321,7 +321,9 @@ def block_tensors(cfg: Any, mesh: MeshSpec) -> list[Tensor]:
     if mesh.tensor == 1:
         return [Tensor(n, M.param_shape(cfg, n)) for n in M.BLOCK_PARAMS]
     from . import tensor_parallel as TP
-    TP._check_mesh(cfg, mesh)
+    # Only the heads and d_ff matter here: the parameters do not depend on the batch.
+    import dataclasses
+    TP._check_mesh(dataclasses.replace(cfg, microbatch_size=cfg.microbatch_size * mesh.data * mesh.fsdp), mesh)
     out = []
     for n in M.BLOCK_PARAMS:
         shape, d = list(M.param_shape(cfg, n)), TP.PARAM_SPLIT_DIM[n]

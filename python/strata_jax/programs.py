@@ -50,8 +50,15 @@ def _scalar(name: str, dtype: str = "f32") -> TensorSpec:
     return TensorSpec(name, (), dtype, "scalar")
 
 
-def _specs(cfg: ModelConfig, names: tuple[str, ...], role: str, prefix: str = "", fsdp: int = 1) -> list[TensorSpec]:
-    return [TensorSpec(prefix + n, shard_shape(M.param_shape(cfg, n), fsdp), "f32", role) for n in names]
+ShapeFn = Callable[[str, tuple[int, ...]], tuple[int, ...]]
+
+
+def _specs(cfg: ModelConfig, names: tuple[str, ...], role: str, prefix: str = "", fsdp: int = 1,
+           local: ShapeFn | None = None) -> list[TensorSpec]:
+    def shape(n: str) -> tuple[int, ...]:
+        s = M.param_shape(cfg, n)
+        return shard_shape(local(n, s) if local else s, fsdp)
+    return [TensorSpec(prefix + n, shape(n), "f32", role) for n in names]
 
 
 def shard_shape(shape: tuple[int, ...], fsdp: int) -> tuple[int, ...]:
@@ -282,13 +289,16 @@ def _remat_programs(cfg: ModelConfig) -> list[Program]:
     ]
 
 
-def _group_programs(cfg: ModelConfig, group: str, fsdp: int = 1) -> list[Program]:
+def _group_programs(cfg: ModelConfig, group: str, fsdp: int = 1, local: ShapeFn | None = None,
+                    tail: str | None = None) -> list[Program]:
     """The group's optimizer programs. With |fsdp| > 1 they work on one
     device's fsdp block of each tensor (shard_shape) and are named
     <name>_fsdp<N>: AdamW and the accumulation are elementwise, so a block
     (padding rows stay zero: zero gradient, zero moments, zero update) is
     updated exactly as its rows of the whole tensor would be, and the
-    squared norms of the blocks sum to the whole one's."""
+    squared norms of the blocks sum to the whole one's. |local| maps a
+    parameter's shape to one device's (tensor_parallel's cut), |tail| names
+    such a variant."""
     names = M.group_param_names(cfg, group)
     n = len(names)
     decay = [len(M.param_shape(cfg, p)) >= 2 for p in names]
@@ -305,16 +315,18 @@ def _group_programs(cfg: ModelConfig, group: str, fsdp: int = 1) -> list[Program
         new_p, new_m, new_v = adamw_update(p, g, m, v, decay, step, lr, gscale, hyper)
         return tuple(new_p) + tuple(new_m) + tuple(new_v)
 
-    params = _specs(cfg, names, "param", fsdp=fsdp)
-    grads = _specs(cfg, names, "grad", "grad_", fsdp=fsdp)
-    m = _specs(cfg, names, "opt_m", "m_", fsdp=fsdp)
-    v = _specs(cfg, names, "opt_v", "v_", fsdp=fsdp)
+    params = _specs(cfg, names, "param", fsdp=fsdp, local=local)
+    grads = _specs(cfg, names, "grad", "grad_", fsdp=fsdp, local=local)
+    m = _specs(cfg, names, "opt_m", "m_", fsdp=fsdp, local=local)
+    v = _specs(cfg, names, "opt_v", "v_", fsdp=fsdp, local=local)
     scalars = [_scalar("step"), _scalar("lr"), _scalar("gscale"),
                TensorSpec("hyper", (4,), "f32", "scalar")]
-    tail = f"_fsdp{fsdp}" if fsdp > 1 else ""
+    if tail is None:
+        tail = f"_fsdp{fsdp}" if fsdp > 1 else ""
     return [
         Program(f"accum_{group}{tail}", accum,
-                _specs(cfg, names, "grad", "a_", fsdp=fsdp) + _specs(cfg, names, "grad", "b_", fsdp=fsdp),
+                _specs(cfg, names, "grad", "a_", fsdp=fsdp, local=local)
+                + _specs(cfg, names, "grad", "b_", fsdp=fsdp, local=local),
                 grads, tuple(range(n))),
         Program(f"sqnorm_{group}{tail}", sqn, grads, [TensorSpec("sqnorm", (), "f32", "metric")]),
         Program(f"adamw_{group}{tail}", adamw, params + grads + m + v + scalars, params + m + v,

@@ -113,6 +113,7 @@ static st_status st__role_program(const st_bundle* b, const json_t* progs, const
   if (!v) return ST_OK;
   if (!json_is_string(v)) return st_status_make(ST_CODE_RUNTIME, "%s: programs.%s is not a program name", where, role);
   *out = st_bundle_program_find(b, json_string_value(v));
+  if (!*out) *out = st_bundle_collective_find(b, json_string_value(v)); /* a tensor-parallel SPMD program */
   if (!*out)
     return st_status_make(ST_CODE_RUNTIME, "%s: programs.%s names '%s', which the bundle's programs list lacks", where,
                           role, json_string_value(v));
@@ -288,19 +289,21 @@ static st_status st__collectives_parse(st_bundle* b, const json_t* root, const c
     b->mesh_tensor = (int)v[2];
   }
   const json_t* cols = json_object_get(root, "collectives");
-  if (!cols) return ST_OK;
-  if (!json_is_array(cols)) return st_status_make(ST_CODE_RUNTIME, "%s: collectives is not a list", mpath);
-  size_t n = json_array_size(cols);
-  if (n > ST_BUNDLE_MAX_COLLECTIVES)
-    return st_status_make(ST_CODE_RUNTIME, "%s: %zu collectives, more than the %d strata reads", mpath, n,
-                          ST_BUNDLE_MAX_COLLECTIVES);
-  b->collective_count = (int)n;
-  b->collectives = st_xcalloc(n ? n : 1, sizeof(st_bundle_program));
-  for (size_t i = 0; i < n; ++i) {
-    const json_t* cj = json_array_get(cols, i);
+  const json_t* tp = json_object_get(root, "spmd_programs");
+  if (cols && !json_is_array(cols)) return st_status_make(ST_CODE_RUNTIME, "%s: collectives is not a list", mpath);
+  if (tp && !json_is_array(tp)) return st_status_make(ST_CODE_RUNTIME, "%s: spmd_programs is not a list", mpath);
+  size_t n = json_array_size(cols), n_tp = json_array_size(tp);
+  if (n + n_tp > ST_BUNDLE_MAX_COLLECTIVES)
+    return st_status_make(ST_CODE_RUNTIME, "%s: %zu collectives and SPMD programs, more than the %d strata reads", mpath,
+                          n + n_tp, ST_BUNDLE_MAX_COLLECTIVES);
+  b->collective_count = (int)(n + n_tp);
+  b->collectives = st_xcalloc(n + n_tp + 1, sizeof(st_bundle_program));
+  for (size_t i = 0; i < n + n_tp; ++i) {
+    const bool is_tp = i >= n;
+    const json_t* cj = is_tp ? json_array_get(tp, i - n) : json_array_get(cols, i);
     st_bundle_program* c = &b->collectives[i];
     char ctx[256];
-    snprintf(ctx, sizeof(ctx), "%s: collectives[%zu]", mpath, i);
+    snprintf(ctx, sizeof(ctx), "%s: %s[%zu]", mpath, is_tp ? "spmd_programs" : "collectives", is_tp ? i - n : i);
     const char *name = NULL, *file = NULL, *sha = NULL, *kind = NULL, *axis = NULL, *group = NULL;
     ST_RETURN(st_json_get_string(cj, "name", ctx, &name));
     c->name = st_xstrdup(name);
@@ -323,6 +326,8 @@ static st_status st__collectives_parse(st_bundle* b, const json_t* root, const c
         return st_status_make(ST_CODE_RUNTIME, "%s: donated[%zu] is not an input index (0..%d)", ctx, k, c->input_count - 1);
       c->donated[d] = true;
     }
+    /* A tensor-parallel compute program: the program tables name it. */
+    if (is_tp) continue;
     ST_RETURN(st_json_get_string(cj, "kind", ctx, &kind));
     ST_RETURN(st_json_get_string(cj, "axis", ctx, &axis));
     /* Older bundles name no group: such a collective is read but not linked. */
@@ -330,10 +335,15 @@ static st_status st__collectives_parse(st_bundle* b, const json_t* root, const c
     group = json_string_value(json_object_get(cj, "group"));
     st_bundle_group* g = (st_bundle_group*)st_bundle_group_find(b, group);
     if (!g) return st_status_make(ST_CODE_RUNTIME, "%s: group '%s' is not in the groups list", ctx, group);
-    /* Linked only where the trainer uses it: meshes without tensor
-     * (tensor-cut blocks are read, not linked). */
-    if (b->mesh_tensor != 1) continue;
+    /* Linked only where the trainer uses it: meshes without fsdp and
+     * tensor both above 1. With tensor, the block's collectives carry its
+     * tensor-cut blocks, whose types the launches check. */
+    if (b->mesh_tensor != 1 && b->mesh_fsdp != 1) continue;
     const int F = b->mesh_fsdp;
+    if (b->mesh_tensor != 1) {
+      if (!strcmp(kind, "all_reduce") && !strcmp(axis, "data")) g->data_all_reduce = c;
+      continue;
+    }
     if (!strcmp(kind, "all_reduce") && !strcmp(axis, "data")) {
       ST_RETURN(st__collective_fits_group(b, c, g, ctx, F, F));
       g->data_all_reduce = c;
@@ -453,8 +463,9 @@ static st_status st__bundle_parse(st_bundle* b, const json_t* root, const char* 
     p->decay = json_is_true(json_object_get(pj, "decay"));
     ST_RETURN(st__tensor_type_from_json(pj, ctx, &p->type));
   }
-  ST_RETURN(st__tables_parse(b, root, mpath));
-  return st__collectives_parse(b, root, mpath);
+  /* The SPMD programs first: the program tables may name them. */
+  ST_RETURN(st__collectives_parse(b, root, mpath));
+  return st__tables_parse(b, root, mpath);
 }
 
 st_status st_bundle_parse(const char* dir, const char* text, size_t size, st_bundle** out_bundle) {

@@ -87,17 +87,17 @@ st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_progra
     st_program* p = programs[op->program];
     if (!p) return st_status_make(ST_CODE_INTERNAL, "plan op %d: program '%s' is not compiled", i, name);
     /* A collective runs on every device at once, partition p on index p;
-     * a compute program is a one-device program launched on each device. */
-    if (op->kind == ST_OP_COLLECTIVE) {
+     * a compute program is a one-device program launched on each device,
+     * or (tensor parallelism) an SPMD program over all of them. */
+    if (op->kind == ST_OP_COLLECTIVE || st_program_device_count(p) > 1) {
       if (st_program_device_count(p) != ndev)
-        return st_status_make(ST_CODE_RUNTIME, "plan op %d: collective '%s' runs on %d devices, the plan has %d", i, name,
+        return st_status_make(ST_CODE_RUNTIME, "plan op %d: %s '%s' runs on %d devices, the plan has %d", i,
+                              op->kind == ST_OP_COLLECTIVE ? "collective" : "SPMD program", name,
                               st_program_device_count(p), ndev);
       for (int d = 0; d < ndev; ++d)
         if (st_program_partition_device(p, d) != device + d)
           return st_status_make(ST_CODE_RUNTIME, "plan op %d: collective '%s' runs partition %d on device %d, the plan on %d", i,
                                 name, d, st_program_partition_device(p, d), device + d);
-    } else if (st_program_device_count(p) != 1) {
-      return st_status_make(ST_CODE_RUNTIME, "plan op %d: '%s' is an SPMD program; LAUNCH takes a one-device program", i, name);
     }
     if (st_program_output_count(p) != op->output_count)
       return st_status_make(ST_CODE_RUNTIME, "plan op %d: program '%s' has %d outputs, the plan expects %d", i, name,
@@ -421,10 +421,19 @@ static st_status st__track_buffer(st_executor* ex, int i, int d, st_buffer* b) {
 
 static bool st__has_event(const st_executor* ex, int i) { return ex->events[(size_t)i * (size_t)ex->ndev] != NULL; }
 
-/* A compute program: launched once per device on that device's buffers. */
+static st_status st__spmd(st_executor* ex, int index, const st_op* op);
+
+/* A compute program: launched once per device on that device's buffers
+ * (an SPMD one once over all of them). */
 static st_status st__launch(st_executor* ex, int index, const st_op* op) {
   const st_plan* plan = ex->plan;
   st_program* prog = ex->programs[op->program];
+  if (st_program_device_count(prog) > 1) {
+    ST_RETURN(st__spmd(ex, index, op));
+    ex->stats.launches++;
+    if (op->kind == ST_OP_RECOMPUTE) ex->stats.recomputes++;
+    return ST_OK;
+  }
   for (int d = 0; d < ex->ndev; ++d) {
     for (int j = 0; j < op->input_count; ++j) {
       ex->in[j] = ST__SLOT(ex, op->inputs[j], d);
@@ -452,13 +461,11 @@ static st_status st__launch(st_executor* ex, int index, const st_op* op) {
   return ST_OK;
 }
 
-/* An SPMD collective over every device's buffers at once. */
-static st_status st__collective(st_executor* ex, int index, const st_op* op) {
+/* An SPMD program over every device's buffers at once. */
+static st_status st__spmd(st_executor* ex, int index, const st_op* op) {
   const st_plan* plan = ex->plan;
   st_program* prog = ex->programs[op->program];
   const int ni = op->input_count, no = op->output_count, nd = ex->ndev;
-  int64_t bytes = 0;
-  for (int j = 0; j < ni; ++j) bytes += (int64_t)st_tensor_type_bytes(&plan->slots[op->inputs[j]].type);
   for (int d = 0; d < nd; ++d)
     for (int j = 0; j < ni; ++j) {
       ex->in[(size_t)d * (size_t)ni + (size_t)j] = ST__SLOT(ex, op->inputs[j], d);
@@ -467,10 +474,11 @@ static st_status st__collective(st_executor* ex, int index, const st_op* op) {
                               plan->programs[op->program], op->layer, plan->slots[op->inputs[j]].name, d);
     }
   st_event* done[ST_MESH_MAX_DEVICES] = {0};
+  double now = st_now() - ex->t0;
+  for (int d = 0; d < nd; ++d) ex->dev_issue[(size_t)index * (size_t)nd + (size_t)d] = now;
   st_status s = st_program_execute_spmd(prog, ex->in, ni, ex->out, no, done);
-  if (s) return st_status_annotate(s, "collective %s (layer %d)", plan->programs[op->program], op->layer);
-  ex->stats.collectives++;
-  ex->stats.collective_bytes += bytes;
+  if (s) return st_status_annotate(s, "%s %s (layer %d, microbatch %d)", op->kind == ST_OP_COLLECTIVE ? "collective" : "launching",
+                                   plan->programs[op->program], op->layer, op->micro);
   for (int d = 0; d < nd; ++d) {
     for (int j = 0; j < ni; ++j)
       if (st_buffer_is_consumed(ex->in[(size_t)d * (size_t)ni + (size_t)j])) st__slot_put(ex, op->inputs[j], d, NULL);
@@ -483,6 +491,15 @@ static st_status st__collective(st_executor* ex, int index, const st_op* op) {
       return ts;
     }
   }
+  return ST_OK;
+}
+
+static st_status st__collective(st_executor* ex, int index, const st_op* op) {
+  int64_t bytes = 0;
+  for (int j = 0; j < op->input_count; ++j) bytes += (int64_t)st_tensor_type_bytes(&ex->plan->slots[op->inputs[j]].type);
+  ST_RETURN(st__spmd(ex, index, op));
+  ex->stats.collectives++;
+  ex->stats.collective_bytes += bytes;
   return ST_OK;
 }
 

@@ -12,13 +12,16 @@ static st_status st__scalar_buffer(st__trainer* t, int device, float v, st_buffe
   return st_buffer_from_host(t->runtime, device, &s, &v, out);
 }
 
-/* The devices that take a share of each microbatch: data x fsdp (mesh
- * index p = data coordinate * fsdp + fsdp coordinate takes share p). */
+/* The shares of each microbatch: data x fsdp. Mesh index p = (data
+ * coordinate * fsdp + fsdp coordinate) * tensor + tensor coordinate takes
+ * share p / tensor: a tensor group works on the same rows. */
 static int st__shares(const st__trainer* t) {
   int d = t->o->parallel_data > 1 ? t->o->parallel_data : 1;
   int f = t->o->parallel_fsdp > 1 ? t->o->parallel_fsdp : 1;
   return d * f;
 }
+
+static int st__tensor(const st__trainer* t) { return t->o->parallel_tensor > 1 ? t->o->parallel_tensor : 1; }
 
 /* Data parallelism: device index d takes rows [d * mb/D, (d+1) * mb/D) of
  * each microbatch (docs/parallelism.md); scalars go to every device. */
@@ -27,7 +30,7 @@ static st_status st__h2d(void* user, const st_op* op, int index, int device, st_
   int64_t D = st__shares(t);
   int64_t rows = t->mb / D;
   int64_t n = t->mb * t->T;
-  int64_t at = op->micro * n + index * rows * t->T;
+  int64_t at = op->micro * n + (int64_t)(index / st__tensor(t)) * rows * t->T;
   st_tensor_type bt = {ST_DTYPE_S32, 2, {rows, t->T}};
   switch (op->tag) {
     case ST_TAG_TOKENS:
@@ -65,7 +68,8 @@ static st_status st__read(void* user, const st_op* op, int index, st_buffer* b) 
   st__trainer* t = user;
   float v = 0;
   ST_RETURN(st_buffer_to_host(b, &v, sizeof(v)));
-  int D = st__shares(t);
+  /* Every device reports its share's loss (a tensor group the same one). */
+  int D = st__shares(t) * st__tensor(t);
   int F = t->o->parallel_fsdp > 1 ? t->o->parallel_fsdp : 1;
   switch (op->tag) {
     case ST_TAG_LOSS:

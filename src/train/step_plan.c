@@ -138,6 +138,7 @@ typedef struct {
    * all-gather fills before the use (sched.gather_prefetch uses ahead) and
    * a FREE drops after it (sched.reshard_after_forward). */
   int F, data;
+  int T; /* tensor parallelism: the block's parameters are its tensor-cut blocks */
   int gather_prefetch;
   bool reshard;
   struct st__use* uses; /* every parameter-using launch of the plan, in order */
@@ -164,10 +165,14 @@ typedef struct {
  * parameters, gradients and optimizer state are fsdp blocks: dim 0 cut in
  * ceil(d0 / fsdp) rows, the last zero-padded; gradients are partial over
  * data until their all-reduce. */
+static int st__tp_pslot(st__builder* B, const char* prefix, int param, st_slot_category cat, bool persistent);
+
 static int st__pslot(st__builder* B, const char* prefix, int param, st_slot_category cat, bool persistent) {
   const st_bundle_param* p = &B->bundle->params[param];
   char name[256];
   snprintf(name, sizeof(name), "%s%s", prefix, p->name);
+  if (B->T > 1 && (cat == ST_SLOT_PARAM || cat == ST_SLOT_GRAD || cat == ST_SLOT_OPT))
+    return st__tp_pslot(B, prefix, param, cat, persistent);
   const bool shard = B->F > 1 && (cat == ST_SLOT_PARAM || cat == ST_SLOT_GRAD || cat == ST_SLOT_OPT);
   st_tensor_type t = p->type;
   if (shard && t.rank > 0) t.dims[0] = (t.dims[0] + B->F - 1) / B->F;
@@ -177,6 +182,36 @@ static int st__pslot(st__builder* B, const char* prefix, int param, st_slot_cate
     sl->logical = p->type;
     memset(&sl->sharding, 0, sizeof(sl->sharding));
     if (t.rank > 0) sl->sharding.split[0] = ST_PLAN_AXIS_FSDP;
+    if (cat == ST_SLOT_GRAD && B->data > 1) sl->sharding.partial = ST_PLAN_AXIS_DATA;
+  }
+  return slot;
+}
+
+/* Tensor parallelism: a block parameter lies on each device as the block
+ * the tensor-parallel programs take (their input of the same name: heads
+ * or MLP hidden units, cut along one dimension), replicated over data;
+ * the embedding's and the head's are whole on every device. */
+static int st__tp_pslot(st__builder* B, const char* prefix, int param, st_slot_category cat, bool persistent) {
+  const st_bundle_param* p = &B->bundle->params[param];
+  char name[256];
+  snprintf(name, sizeof(name), "%s%s", prefix, p->name);
+  st_tensor_type t = p->type;
+  int cut = -1;
+  if (p->layer >= 0 && p->layer < B->bundle->layer_count) {
+    const st_bundle_program* fwd = B->bundle->layers[p->layer].fwd;
+    for (int k = 0; k < fwd->input_count; ++k) {
+      if (strcmp(fwd->inputs[k].name, p->local) != 0) continue;
+      t = fwd->inputs[k].type;
+      for (int d = 0; d < t.rank && d < p->type.rank; ++d)
+        if (t.dims[d] != p->type.dims[d]) cut = d;
+    }
+  }
+  int slot = st_plan_slot(B->plan, name, cat, &t, persistent);
+  if (cut >= 0) {
+    st_slot* sl = &B->plan->slots[slot];
+    sl->logical = p->type;
+    memset(&sl->sharding, 0, sizeof(sl->sharding));
+    sl->sharding.split[cut] = ST_PLAN_AXIS_TENSOR;
     if (cat == ST_SLOT_GRAD && B->data > 1) sl->sharding.partial = ST_PLAN_AXIS_DATA;
   }
   return slot;
@@ -766,13 +801,19 @@ static st_status st__apply_policies(st_plan* logical, const st_bundle* b, const 
  * plan), the state and the optimizer scalars are replicated. Under FSDP
  * the state and the reduce-scattered gradients are sharded (st__pslot set
  * how), gathered parameters replicated and whole gradients partial. */
+static bool st__is_split(const st_sharding* sh) {
+  for (int d = 0; d < ST_MAX_RANK; ++d)
+    if (sh->split[d]) return true;
+  return false;
+}
+
 static void st__layouts(st_plan* plan) {
   for (int k = 0; k < plan->slot_count; ++k) {
     st_slot* sl = &plan->slots[k];
     if (sl->category == ST_SLOT_ACT || !strncmp(sl->name, "tokens[", 7) || !strncmp(sl->name, "targets[", 8) ||
         !strncmp(sl->name, "mask[", 5) || !strncmp(sl->name, "loss[", 5) || !strcmp(sl->name, "eval_loss"))
       sl->layout = ST_LAYOUT_SPLIT;
-    else if (sl->logical.rank > 0 && sl->sharding.split[0])
+    else if (sl->logical.rank > 0 && st__is_split(&sl->sharding))
       sl->layout = ST_LAYOUT_SHARDED;
     else if (sl->category == ST_SLOT_GRAD || sl->category == ST_SLOT_UNREDUCED)
       sl->layout = ST_LAYOUT_PARTIAL;
@@ -786,15 +827,22 @@ static void st__layouts(st_plan* plan) {
  * fsdp blocks), and reductions that precede per-layer updates. */
 static st_status st__check_mesh(const st_bundle* b, const st_train_options* o) {
   const int D = o->parallel_data > 1 ? o->parallel_data : 1, F = o->parallel_fsdp > 1 ? o->parallel_fsdp : 1;
-  if (o->parallel_tensor > 1)
+  const int T = o->parallel_tensor > 1 ? o->parallel_tensor : 1;
+  if (F > 1 && T > 1)
     return st_status_make(ST_CODE_CONFIG,
-                          "parallel.tensor=%d: tensor parallelism is not built in the step plan yet "
-                          "(docs/parallelism.md); set parallel.tensor to 1",
-                          o->parallel_tensor);
-  if (b->mesh_data != D || b->mesh_fsdp != F)
-    return st_status_make(ST_CODE_RUNTIME, "bundle %s was exported for mesh data=%d fsdp=%d, the config has parallel.data=%d "
-                          "parallel.fsdp=%d; re-export it (unset bundle.dir to use the cache)",
-                          b->dir, b->mesh_data, b->mesh_fsdp, D, F);
+                          "parallel.fsdp=%d parallel.tensor=%d: fully-sharded and tensor parallelism together are not "
+                          "built in the step plan yet (docs/parallelism.md); set one of them to 1",
+                          F, T);
+  if (b->mesh_data != D || b->mesh_fsdp != F || b->mesh_tensor != T)
+    return st_status_make(ST_CODE_RUNTIME, "bundle %s was exported for mesh data=%d fsdp=%d tensor=%d, the config has "
+                          "parallel.data=%d parallel.fsdp=%d parallel.tensor=%d; re-export it (unset bundle.dir to use the cache)",
+                          b->dir, b->mesh_data, b->mesh_fsdp, b->mesh_tensor, D, F, T);
+  if (T > 1)
+    for (int l = 0; l < b->layer_count; ++l)
+      if (!st_bundle_collective_find(b, b->layers[l].fwd->name) || !st_bundle_collective_find(b, b->layers[l].bwd_res->name))
+        return st_status_make(ST_CODE_RUNTIME, "bundle %s: layer %d's programs are not tensor-parallel SPMD programs "
+                              "(manifest spmd_programs); re-export it",
+                              b->dir, l);
   for (int i = 0; i < b->group_count; ++i) {
     const st_bundle_group* g = &b->groups[i];
     if (D > 1 && !g->data_all_reduce)
@@ -821,8 +869,8 @@ static st_status st__check_mesh(const st_bundle* b, const st_train_options* o) {
   return ST_OK;
 }
 
-static void st__policy_line(const st_sched_policy* pol, int data, int fsdp, char* out, size_t size) {
-  if (data > 1 || fsdp > 1) {
+static void st__policy_line(const st_sched_policy* pol, int data, int fsdp, int tensor, char* out, size_t size) {
+  if (data > 1 || fsdp > 1 || tensor > 1) {
     char tail[192] = "";
     if (data > 1 && pol->bucketed_grad_reduce)
       snprintf(tail, sizeof(tail), " data=%d grad_reduce=bucketed grad_bucket_bytes=%lld", data, (long long)pol->grad_bucket_bytes);
@@ -831,7 +879,8 @@ static void st__policy_line(const st_sched_policy* pol, int data, int fsdp, char
     if (fsdp > 1)
       snprintf(tail + strlen(tail), sizeof(tail) - strlen(tail), " fsdp=%d gather_prefetch=%d reshard_after_forward=%s", fsdp,
                pol->gather_prefetch, pol->reshard_after_forward ? "true" : "false");
-    st__policy_line(pol, 1, 1, out, size);
+    if (tensor > 1) snprintf(tail + strlen(tail), sizeof(tail) - strlen(tail), " tensor=%d", tensor);
+    st__policy_line(pol, 1, 1, 1, out, size);
     snprintf(out + strlen(out), size - strlen(out), "%s", tail);
     return;
   }
@@ -857,7 +906,8 @@ st_status st_train_build_plans(const st_bundle* b, const st_train_options* o, st
   ST_RETURN(st__instances(b, &inst, &n_inst));
   st_status s = st_config_check_per_layer_clip(pol->per_layer_optimizer, o->grad_clip);
   const int DATA = o->parallel_data > 1 ? o->parallel_data : 1, F = o->parallel_fsdp > 1 ? o->parallel_fsdp : 1;
-  const int D = DATA * F;
+  const int TP = o->parallel_tensor > 1 ? o->parallel_tensor : 1;
+  const int D = DATA * F * TP;
   if (!s && (D > 1 || o->parallel_tensor > 1)) s = st__check_mesh(b, o);
   if (s) {
     free(inst);
@@ -879,11 +929,12 @@ st_status st_train_build_plans(const st_bundle* b, const st_train_options* o, st
   step.devices = eval.devices = D;
   step.mesh[0] = eval.mesh[0] = DATA;
   step.mesh[1] = eval.mesh[1] = F;
+  step.mesh[2] = eval.mesh[2] = TP;
   int* pending = st_xcalloc((size_t)n_inst, sizeof(int));
   bool* gathered = st_xcalloc((size_t)n_inst, sizeof(bool));
   st__builder B = {&step, b, inst, n_inst, L, remat, b->model.tie_embeddings, {-1, -1, -1, -1}, sq,
                    pol->bucketed_grad_reduce, pol->grad_bucket_bytes, pending, 0, 0,
-                   F, DATA, pol->gather_prefetch, pol->reshard_after_forward, NULL, 0, 0, gathered};
+                   F, DATA, TP, pol->gather_prefetch, pol->reshard_after_forward, NULL, 0, 0, gathered};
   const st__optimizer* opt = pol->per_layer_optimizer ? &st__per_layer : &st__after_backward;
 
   /* --- the training step ------------------------------------------------ */
@@ -916,7 +967,7 @@ st_status st_train_build_plans(const st_bundle* b, const st_train_options* o, st
 
   /* --- policies: offload, waits ------------------------------------------ */
   char policy[256];
-  st__policy_line(pol, DATA, F, policy, sizeof(policy));
+  st__policy_line(pol, DATA, F, TP, policy, sizeof(policy));
   s = st__apply_policies(&step, b, inst, n_inst, pol, pol->offload, step_out);
   /* Evaluation has no optimizer state; offloaded parameters stream as in training. */
   if (!s) s = st__apply_policies(&eval, b, inst, n_inst, pol, pol->offload & ST_OFFLOAD_PARAMS, eval_out);

@@ -370,7 +370,7 @@ static st_status st__check_replicas(st__trainer* t, int* out_checked) {
   *out_checked = 0;
   const st_plan* p = &t->step_plan;
   int D = st_executor_devices(t->ex);
-  const int F = p->mesh[1];
+  const int F = p->mesh[1] * p->mesh[2]; /* devices that hold distinct blocks: fsdp x tensor */
   if (D < 2) return ST_OK;
   st_status s = ST_OK;
   for (int i = 0; i < p->slot_count && !s; ++i) {
@@ -514,14 +514,14 @@ st_status st_train_main(const st_config* cfg) {
     st_train_options_deinit(&o);
     return s;
   }
-  /* Data and fully-sharded parallelism are built into the step plan;
-   * tensor is not yet (docs/parallelism.md): refuse before anything is
-   * created rather than train without it silently. */
-  if (o.parallel_tensor > 1) {
+  /* fsdp and tensor together are not built into the step plan yet
+   * (docs/parallelism.md): refuse before anything is created rather than
+   * train without one of them silently. */
+  if (o.parallel_fsdp > 1 && o.parallel_tensor > 1) {
     st_status ps = st_status_make(ST_CODE_CONFIG,
-                                  "parallel.data=%d parallel.fsdp=%d parallel.tensor=%d: tensor parallelism is not yet "
-                                  "supported in training (the runtime and the tensor-parallel programs exist, the step "
-                                  "plan has data and fsdp parallelism only; docs/parallelism.md); set parallel.tensor to 1",
+                                  "parallel.data=%d parallel.fsdp=%d parallel.tensor=%d: fully-sharded and tensor "
+                                  "parallelism together are not yet supported in training (each alone is, and with "
+                                  "parallel.data; docs/parallelism.md); set parallel.fsdp or parallel.tensor to 1",
                                   o.parallel_data, o.parallel_fsdp, o.parallel_tensor);
     st_train_options_deinit(&o);
     return ps;
