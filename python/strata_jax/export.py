@@ -88,7 +88,7 @@ def program_tables(cfg: ModelConfig, names: set[str], fsdp: int = 1, tensor: int
     groups = [{"name": g, "params": list(M.group_param_names(cfg, g)),
                "programs": {"accum": f"accum_{g}", "sqnorm": f"sqnorm_{g}", "adamw": f"adamw_{g}"}}
               for g in GROUPS]
-    if tensor > 1:
+    if tensor > 1 and fsdp == 1:  # fsdp x tensor has no optimizer programs yet (tensor_parallel.optimizer_programs)
         groups[GROUPS.index("block")]["programs"] = {"accum": f"accum_block_tp{tensor}", "sqnorm": "tp_sqnorm_block",
                                                      "adamw": "tp_adamw_block"}
     if fsdp > 1:

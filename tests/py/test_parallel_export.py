@@ -143,7 +143,7 @@ def test_bundle_with_mesh(tmp_path) -> None:  # noqa: ANN001
     sys.path.insert(0, os.path.join(ROOT, "python"))
     from conftest import tiny_model
     from strata_jax.model import ModelConfig
-    from strata_jax.programs import build_programs
+    from strata_jax.programs import build_programs, fsdp_programs
 
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
@@ -157,7 +157,13 @@ def test_bundle_with_mesh(tmp_path) -> None:  # noqa: ANN001
     with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
         m = json.load(f)
     assert m["mesh"] == {"data": 2, "fsdp": 2, "tensor": 1}
-    assert [p["name"] for p in m["programs"]] == [p.name for p in build_programs(ModelConfig.from_dict(model))]
+    cfg = ModelConfig.from_dict(model)
+    # the one-device programs, then each group's optimizer programs on fsdp blocks
+    assert [p["name"] for p in m["programs"]] == [p.name for p in build_programs(cfg) + fsdp_programs(cfg, 2)]
+    blocks = {p["name"]: p for p in m["programs"]}["adamw_block_fsdp2"]
+    assert blocks["inputs"][0]["shape"][0] == -(-model["d_model"] // 2)  # attn_norm [D]: ceil(D / 2) rows
+    assert {g["name"]: g["shard_programs"]["adamw"] for g in m["groups"]} == {
+        g: f"adamw_{g}_fsdp2" for g in ("embed", "block", "head")}
     names = [c["name"] for c in m["collectives"]]
     assert names == [f"{g}_{k}" for g in ("embed", "block", "head")
                      for k in ("fsdp_all_gather", "fsdp_reduce_scatter", "data_all_reduce")]
