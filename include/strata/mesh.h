@@ -113,6 +113,12 @@ st_status st_program_execute_spmd(st_program* program, st_buffer* const* inputs,
 typedef struct st_sharding {
   uint32_t split[ST_MAX_RANK];
   uint32_t partial;
+  /* outer[d] (a subset of split[d], usually 0): these axes cut dimension d
+   * first, in exact blocks (the dimension must divide), and the other
+   * axes of split[d] then cut each such block, padded as above: FSDP
+   * sharding of a tensor-parallel block (dim 0 cut over tensor, then each
+   * tensor block over fsdp). */
+  uint32_t outer[ST_MAX_RANK];
 } st_sharding;
 
 /* The per-device type of a |global| tensor laid out by |sharding| on

@@ -139,6 +139,14 @@ typedef struct st_plan {
   char* policy;    /* one line naming the policies that built the plan (owned; may be NULL) */
   int devices;     /* devices each device slot is backed on (1: one device) */
   int mesh[3];     /* the mesh's axis sizes: data, fsdp, tensor (product = devices) */
+  /* The executor starts each SPMD op (COLLECTIVE, or a LAUNCH of an SPMD
+   * program) only once the previous one is done on every device. Needed
+   * where SPMD programs with collectives over different device groups
+   * mix (tensor parallelism with data or fsdp): XLA's CPU client starts an
+   * execution when its inputs are ready, not in issue order, so two such
+   * programs can start in different orders on different devices and wait
+   * for each other forever (docs/parallelism.md, "Ordering"). */
+  bool serialize_spmd;
 } st_plan;
 
 /* Axis bits of st_slot.sharding in a plan's mesh. */

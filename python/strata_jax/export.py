@@ -92,8 +92,9 @@ def program_tables(cfg: ModelConfig, names: set[str], fsdp: int = 1, tensor: int
         groups[GROUPS.index("block")]["programs"] = {"accum": f"accum_block_tp{tensor}", "sqnorm": "tp_sqnorm_block",
                                                      "adamw": "tp_adamw_block"}
     if fsdp > 1:
+        tail = f"_fsdp{fsdp}" + (f"_tp{tensor}" if tensor > 1 else "")
         for g in groups:
-            g["shard_programs"] = {r: f"{n}_fsdp{fsdp}" for r, n in g["programs"].items()}
+            g["shard_programs"] = {r: f"{r}_{g['name']}{tail}" for r in ("accum", "sqnorm", "adamw")}
     for table in [embed, head, *layers, *groups]:
         for role, name in [*table["programs"].items(), *table.get("shard_programs", {}).items()]:
             if name not in names:
@@ -120,7 +121,7 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
     fsdp = mesh.fsdp if mesh is not None and mesh.devices > 1 else 1
     tensor = mesh.tensor if mesh is not None and mesh.devices > 1 else 1
     if fsdp > 1:
-        progs += fsdp_programs(cfg, fsdp)
+        progs += fsdp_programs(cfg, fsdp, tensor, _tp_split_dim)
     if tensor > 1:
         progs += [_tp_accum_block(cfg, tensor)]
     for prog in progs:
@@ -197,6 +198,12 @@ def _export_collectives(cfg: ModelConfig, mesh: Any, out_dir: str) -> list[dict[
         # names each program after its group), so C links it to the group.
         e["group"] = next(g for g in ("embed", "block", "head") if prog.name.startswith(g + "_"))
     return entries
+
+
+def _tp_split_dim(group: str, name: str) -> int | None:
+    """The dimension tensor parallelism cuts of a parameter (None: whole)."""
+    from . import tensor_parallel as TP
+    return TP.PARAM_SPLIT_DIM[name] if group == "block" else None
 
 
 def _tp_accum_block(cfg: ModelConfig, tensor: int) -> Program:

@@ -290,7 +290,7 @@ def _remat_programs(cfg: ModelConfig) -> list[Program]:
 
 
 def _group_programs(cfg: ModelConfig, group: str, fsdp: int = 1, local: ShapeFn | None = None,
-                    tail: str | None = None) -> list[Program]:
+                    tail: str | None = None, sq_weight: Callable[[str], float] | None = None) -> list[Program]:
     """The group's optimizer programs. With |fsdp| > 1 they work on one
     device's fsdp block of each tensor (shard_shape) and are named
     <name>_fsdp<N>: AdamW and the accumulation are elementwise, so a block
@@ -298,7 +298,9 @@ def _group_programs(cfg: ModelConfig, group: str, fsdp: int = 1, local: ShapeFn 
     updated exactly as its rows of the whole tensor would be, and the
     squared norms of the blocks sum to the whole one's. |local| maps a
     parameter's shape to one device's (tensor_parallel's cut), |tail| names
-    such a variant."""
+    such a variant. |sq_weight| scales each tensor's squares in sqnorm (a
+    tensor replicated over T devices weighs 1/T, so the host can add every
+    device's norm once)."""
     names = M.group_param_names(cfg, group)
     n = len(names)
     decay = [len(M.param_shape(cfg, p)) >= 2 for p in names]
@@ -307,7 +309,9 @@ def _group_programs(cfg: ModelConfig, group: str, fsdp: int = 1, local: ShapeFn 
         return tuple(a + b for a, b in zip(args[:n], args[n:], strict=True))
 
     def sqn(*args: Array) -> tuple[Array, ...]:
-        return (sqnorm(args),)
+        if sq_weight is None:
+            return (sqnorm(args),)
+        return (sum((sqnorm([a]) * sq_weight(nm) for a, nm in zip(args, names, strict=True)), start=jnp.float32(0.0)),)
 
     def adamw(*args: Array) -> tuple[Array, ...]:
         p, g, m, v = args[:n], args[n:2 * n], args[2 * n:3 * n], args[3 * n:4 * n]
@@ -334,9 +338,30 @@ def _group_programs(cfg: ModelConfig, group: str, fsdp: int = 1, local: ShapeFn 
     ]
 
 
-def fsdp_programs(cfg: ModelConfig, fsdp: int) -> list[Program]:
-    """Every group's optimizer programs on fsdp blocks (_group_programs)."""
-    return [p for g in GROUPS for p in _group_programs(cfg, g, fsdp)]
+def fsdp_programs(cfg: ModelConfig, fsdp: int, tensor: int = 1,
+                  split_dim: Callable[[str, str], int | None] | None = None) -> list[Program]:
+    """Every group's optimizer programs on fsdp blocks (_group_programs).
+
+    With |tensor| > 1 (split_dim(group, name): the dimension tensor
+    parallelism cuts, None for whole tensors) a block tensor is first cut
+    into its tensor block, then into fsdp blocks; and since whole tensors
+    lie on all T devices of a tensor group, their squares weigh 1/T in
+    sqnorm (exact for a power of two), so that the host sums every device's
+    norm once. Named <name>_fsdp<F>_tp<T>."""
+    if tensor == 1:
+        return [p for g in GROUPS for p in _group_programs(cfg, g, fsdp)]
+    assert split_dim is not None
+    out = []
+    for g in GROUPS:
+        def local(name: str, shape: tuple[int, ...], g: str = g) -> tuple[int, ...]:
+            d = split_dim(g, name)
+            return shape if d is None else tuple(x // tensor if i == d else x for i, x in enumerate(shape))
+
+        def weight(name: str, g: str = g) -> float:
+            return 1.0 if split_dim(g, name) is not None else 1.0 / tensor
+
+        out += _group_programs(cfg, g, fsdp, local, f"_fsdp{fsdp}_tp{tensor}", weight)
+    return out
 
 
 def programs_by_name(cfg: ModelConfig) -> dict[str, Program]:

@@ -335,13 +335,13 @@ static st_status st__collectives_parse(st_bundle* b, const json_t* root, const c
     group = json_string_value(json_object_get(cj, "group"));
     st_bundle_group* g = (st_bundle_group*)st_bundle_group_find(b, group);
     if (!g) return st_status_make(ST_CODE_RUNTIME, "%s: group '%s' is not in the groups list", ctx, group);
-    /* Linked only where the trainer uses it: meshes without fsdp and
-     * tensor both above 1. With tensor, the block's collectives carry its
-     * tensor-cut blocks, whose types the launches check. */
-    if (b->mesh_tensor != 1 && b->mesh_fsdp != 1) continue;
+    /* With tensor, the block's collectives carry its tensor-cut blocks,
+     * whose types the launches check. */
     const int F = b->mesh_fsdp;
     if (b->mesh_tensor != 1) {
       if (!strcmp(kind, "all_reduce") && !strcmp(axis, "data")) g->data_all_reduce = c;
+      if (!strcmp(kind, "all_gather") && !strcmp(axis, "fsdp") && F > 1) g->fsdp_all_gather = c;
+      if (!strcmp(kind, "reduce_scatter") && !strcmp(axis, "fsdp") && F > 1) g->fsdp_reduce_scatter = c;
       continue;
     }
     if (!strcmp(kind, "all_reduce") && !strcmp(axis, "data")) {

@@ -394,9 +394,17 @@ st_status st_sharding_local_type(const st_mesh* m, const st_tensor_type* g, cons
     if (s & ~all) return st_status_make(ST_CODE_INTERNAL, "sharding: dimension %d names an axis the mesh lacks", d);
     if (s & seen) return st_status_make(ST_CODE_INTERNAL, "sharding: dimension %d reuses a mesh axis", d);
     seen |= s;
-    int k = st__ways(m, s);
-    out->dims[d] = (g->dims[d] + k - 1) / k;
+    uint32_t o = sh->outer[d];
+    if (o & ~s) return st_status_make(ST_CODE_INTERNAL, "sharding: dimension %d's outer axes are not among its split axes", d);
+    int ko = st__ways(m, o), k = st__ways(m, s & ~o);
+    if (g->dims[d] % ko)
+      return st_status_make(ST_CODE_INTERNAL, "sharding: dimension %d of %lld does not divide in %d outer blocks", d,
+                            (long long)g->dims[d], ko);
+    int64_t block = g->dims[d] / ko;
+    out->dims[d] = (block + k - 1) / k;
   }
+  for (int d = g->rank; d < ST_MAX_RANK; ++d)
+    if (sh->outer[d]) return st_status_make(ST_CODE_INTERNAL, "sharding: dimension %d has outer axes but the tensor has rank %d", d, g->rank);
   return ST_OK;
 }
 
@@ -413,11 +421,19 @@ static void st__for_runs(const st_sharded* t, int p, st__run_fn fn, void* ctx) {
     fn(ctx, 0, 0, 1);
     return;
   }
-  int64_t start[ST_MAX_RANK];
-  for (int d = 0; d < g->rank; ++d)
-    start[d] = t->sharding.split[d] ? (int64_t)st__index_over(&t->mesh, t->sharding.split[d], p) * l->dims[d] : 0;
+  /* Per dimension: where the device's block starts and where the part of
+   * the logical tensor it may cover ends (its outer block's end: the rest
+   * is padding). */
+  int64_t start[ST_MAX_RANK], limit[ST_MAX_RANK];
+  for (int d = 0; d < g->rank; ++d) {
+    const uint32_t s = t->sharding.split[d], o = t->sharding.outer[d];
+    const int64_t block = g->dims[d] / st__ways(&t->mesh, o);
+    const int64_t base = o ? (int64_t)st__index_over(&t->mesh, o, p) * block : 0;
+    start[d] = base + (s & ~o ? (int64_t)st__index_over(&t->mesh, s & ~o, p) * l->dims[d] : 0);
+    limit[d] = o ? base + block : g->dims[d];
+  }
   int last = g->rank - 1;
-  int64_t run = g->dims[last] - start[last];
+  int64_t run = limit[last] - start[last];
   if (run > l->dims[last]) run = l->dims[last];
   if (run <= 0) return;
   int64_t idx[ST_MAX_RANK] = {0}; /* local index over dims 0..last-1 */
@@ -426,7 +442,7 @@ static void st__for_runs(const st_sharded* t, int p, st__run_fn fn, void* ctx) {
     int64_t loff = 0, goff = 0;
     for (int d = 0; d < last; ++d) {
       int64_t gi = start[d] + idx[d];
-      if (gi >= g->dims[d]) inside = false;
+      if (gi >= limit[d]) inside = false;
       loff = loff * l->dims[d] + idx[d];
       goff = goff * g->dims[d] + gi;
     }

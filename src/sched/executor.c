@@ -522,9 +522,36 @@ static st_status st__wait(st_executor* ex, int i, const st_op* op) {
   return ST_OK;
 }
 
+static bool st__is_spmd_op(const st_executor* ex, const st_op* op) {
+  if (op->kind == ST_OP_COLLECTIVE) return true;
+  return (op->kind == ST_OP_LAUNCH || op->kind == ST_OP_RECOMPUTE) && st_program_device_count(ex->programs[op->program]) > 1;
+}
+
+/* plan->serialize_spmd: the host waits for the previous SPMD op on every
+ * device before it issues the next one (counted as a blocked wait). */
+static st_status st__spmd_barrier(st_executor* ex, int i) {
+  int prev = -1;
+  for (int k = i - 1; k >= 0 && prev < 0; --k)
+    if (st__is_spmd_op(ex, &ex->plan->ops[k])) prev = k;
+  if (prev < 0) return ST_OK;
+  double t0 = st_now();
+  bool blocked = false;
+  for (int d = 0; d < ex->ndev; ++d) {
+    st_event* ev = ex->events[(size_t)prev * (size_t)ex->ndev + (size_t)d];
+    if (!ev) continue;
+    if (!st_event_is_ready(ev)) blocked = true;
+    ST_RETURN(st_event_await(ev));
+  }
+  ex->stats.waits++;
+  if (blocked) ex->stats.waits_blocked++;
+  ex->stats.wait_s += st_now() - t0;
+  return ST_OK;
+}
+
 static st_status st__run_op(st_executor* ex, const st_executor_hooks* hooks, int i) {
   const st_plan* plan = ex->plan;
   const st_op* op = &plan->ops[i];
+  if (plan->serialize_spmd && st__is_spmd_op(ex, op)) ST_RETURN(st__spmd_barrier(ex, i));
   switch (op->kind) {
     case ST_OP_LAUNCH:
     case ST_OP_RECOMPUTE:

@@ -154,6 +154,7 @@ void st_plan_copy(const st_plan* src, st_plan* dst) {
   st_plan_set_policy(dst, src->policy);
   dst->devices = src->devices;
   memcpy(dst->mesh, src->mesh, sizeof(dst->mesh));
+  dst->serialize_spmd = src->serialize_spmd;
 }
 
 bool st__op_is_async(st_op_kind k) {
@@ -411,6 +412,7 @@ json_t* st_plan_json(const st_plan* plan) {
     st_json_put_int(mesh, "fsdp", plan->mesh[1]);
     st_json_put_int(mesh, "tensor", plan->mesh[2]);
     st_json_put(j, "mesh", mesh);
+    st_json_put_bool(j, "serialize_spmd", plan->serialize_spmd);
   }
   json_t* programs = st_json_arr();
   for (int i = 0; i < plan->program_count; ++i) st_json_push(programs, st_json_str(plan->programs[i]));

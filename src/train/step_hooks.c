@@ -82,8 +82,12 @@ static st_status st__read(void* user, const st_op* op, int index, st_buffer* b) 
       }
       return ST_OK;
     case ST_TAG_SQNORM:
+      /* Under fsdp x tensor every device of data coordinate 0 (mesh
+       * indices below fsdp x tensor) holds distinct blocks; the programs
+       * weigh tensors whole over a tensor group by 1/tensor. Without fsdp
+       * the tensor-parallel norm is the group's already. */
       if (index == 0) t->sqnorms[op->micro] = 0;
-      if (index < F) t->sqnorms[op->micro] += v;
+      if (index < (F > 1 ? F * st__tensor(t) : 1)) t->sqnorms[op->micro] += v;
       return ST_OK;
     default:
       return st_status_make(ST_CODE_INTERNAL, "READ op with unknown tag %d", op->tag);

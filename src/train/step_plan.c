@@ -161,70 +161,67 @@ typedef struct {
   int x; /* the last block's output */
 } st__fwd_out;
 
-/* A parameter's slot (or its gradient's, m's, v's: |prefix|). Under FSDP
- * parameters, gradients and optimizer state are fsdp blocks: dim 0 cut in
- * ceil(d0 / fsdp) rows, the last zero-padded; gradients are partial over
- * data until their all-reduce. */
-static int st__tp_pslot(st__builder* B, const char* prefix, int param, st_slot_category cat, bool persistent);
+/* Parameter |param| as one device holds it before any fsdp cut: under
+ * tensor parallelism a block parameter is the block the tensor-parallel
+ * programs take (their input of the same name: heads or MLP hidden units,
+ * cut along *out_cut); otherwise, and for the embedding's and the head's,
+ * the whole tensor (*out_cut = -1). */
+static st_tensor_type st__tensor_local(const st__builder* B, int param, int* out_cut) {
+  const st_bundle_param* p = &B->bundle->params[param];
+  st_tensor_type t = p->type;
+  *out_cut = -1;
+  if (B->T <= 1 || p->layer < 0 || p->layer >= B->bundle->layer_count) return t;
+  const st_bundle_program* fwd = B->bundle->layers[p->layer].fwd;
+  for (int k = 0; k < fwd->input_count; ++k) {
+    if (strcmp(fwd->inputs[k].name, p->local) != 0) continue;
+    t = fwd->inputs[k].type;
+    for (int d = 0; d < t.rank && d < p->type.rank; ++d)
+      if (t.dims[d] != p->type.dims[d]) *out_cut = d;
+  }
+  return t;
+}
 
+/* A parameter's slot (or its gradient's, m's, v's: |prefix|). Under
+ * tensor parallelism a block's state is its tensor block (st__tensor_local),
+ * and under FSDP every state tensor is then cut in fsdp blocks: dim 0 in
+ * ceil(d0 / fsdp) rows, the last zero-padded (a tensor block cut along dim
+ * 0 is cut again inside: st_sharding.outer). Gradients are partial over
+ * data until their all-reduce. The slot records the whole tensor and how
+ * it is cut (st_slot.logical, .sharding). */
 static int st__pslot(st__builder* B, const char* prefix, int param, st_slot_category cat, bool persistent) {
   const st_bundle_param* p = &B->bundle->params[param];
   char name[256];
   snprintf(name, sizeof(name), "%s%s", prefix, p->name);
-  if (B->T > 1 && (cat == ST_SLOT_PARAM || cat == ST_SLOT_GRAD || cat == ST_SLOT_OPT))
-    return st__tp_pslot(B, prefix, param, cat, persistent);
-  const bool shard = B->F > 1 && (cat == ST_SLOT_PARAM || cat == ST_SLOT_GRAD || cat == ST_SLOT_OPT);
-  st_tensor_type t = p->type;
-  if (shard && t.rank > 0) t.dims[0] = (t.dims[0] + B->F - 1) / B->F;
-  int slot = st_plan_slot(B->plan, name, cat, &t, persistent);
-  if (shard) {
-    st_slot* sl = &B->plan->slots[slot];
-    sl->logical = p->type;
-    memset(&sl->sharding, 0, sizeof(sl->sharding));
-    if (t.rank > 0) sl->sharding.split[0] = ST_PLAN_AXIS_FSDP;
-    if (cat == ST_SLOT_GRAD && B->data > 1) sl->sharding.partial = ST_PLAN_AXIS_DATA;
-  }
-  return slot;
-}
-
-/* Tensor parallelism: a block parameter lies on each device as the block
- * the tensor-parallel programs take (their input of the same name: heads
- * or MLP hidden units, cut along one dimension), replicated over data;
- * the embedding's and the head's are whole on every device. */
-static int st__tp_pslot(st__builder* B, const char* prefix, int param, st_slot_category cat, bool persistent) {
-  const st_bundle_param* p = &B->bundle->params[param];
-  char name[256];
-  snprintf(name, sizeof(name), "%s%s", prefix, p->name);
-  st_tensor_type t = p->type;
+  const bool state = cat == ST_SLOT_PARAM || cat == ST_SLOT_GRAD || cat == ST_SLOT_OPT;
+  if (!state || (B->F <= 1 && B->T <= 1)) return st_plan_slot(B->plan, name, cat, &p->type, persistent);
   int cut = -1;
-  if (p->layer >= 0 && p->layer < B->bundle->layer_count) {
-    const st_bundle_program* fwd = B->bundle->layers[p->layer].fwd;
-    for (int k = 0; k < fwd->input_count; ++k) {
-      if (strcmp(fwd->inputs[k].name, p->local) != 0) continue;
-      t = fwd->inputs[k].type;
-      for (int d = 0; d < t.rank && d < p->type.rank; ++d)
-        if (t.dims[d] != p->type.dims[d]) cut = d;
-    }
-  }
+  st_tensor_type t = st__tensor_local(B, param, &cut);
+  const bool fsdp = B->F > 1 && t.rank > 0;
+  if (fsdp) t.dims[0] = (t.dims[0] + B->F - 1) / B->F;
   int slot = st_plan_slot(B->plan, name, cat, &t, persistent);
-  if (cut >= 0) {
+  if (cut >= 0 || fsdp) {
     st_slot* sl = &B->plan->slots[slot];
     sl->logical = p->type;
     memset(&sl->sharding, 0, sizeof(sl->sharding));
-    sl->sharding.split[cut] = ST_PLAN_AXIS_TENSOR;
+    if (cut >= 0) sl->sharding.split[cut] |= ST_PLAN_AXIS_TENSOR;
+    if (fsdp) sl->sharding.split[0] |= ST_PLAN_AXIS_FSDP;
+    if (fsdp && cut == 0) sl->sharding.outer[0] = ST_PLAN_AXIS_TENSOR;
     if (cat == ST_SLOT_GRAD && B->data > 1) sl->sharding.partial = ST_PLAN_AXIS_DATA;
   }
   return slot;
 }
 
-/* A whole (unsharded) per-device tensor of parameter |param| under FSDP:
- * its gathered value ("full:", ST_SLOT_GATHERED) or a gradient before its
- * reduce-scatter ("ugrad:", "hgrad:", ST_SLOT_UNREDUCED). */
+/* A per-device tensor of parameter |param| under FSDP, whole but for the
+ * tensor cut (st__tensor_local): its gathered value ("full:",
+ * ST_SLOT_GATHERED) or a gradient before its reduce-scatter ("ugrad:",
+ * "hgrad:", ST_SLOT_UNREDUCED). */
 static int st__whole(st__builder* B, const char* prefix, int param, st_slot_category cat) {
   const st_bundle_param* p = &B->bundle->params[param];
   char name[256];
   snprintf(name, sizeof(name), "%s%s", prefix, p->name);
-  return st_plan_slot(B->plan, name, cat, &p->type, false);
+  int cut = -1;
+  st_tensor_type t = st__tensor_local(B, param, &cut);
+  return st_plan_slot(B->plan, name, cat, &t, false);
 }
 
 /* The slot a compute launch reads parameter |param| from. */
@@ -828,11 +825,11 @@ static void st__layouts(st_plan* plan) {
 static st_status st__check_mesh(const st_bundle* b, const st_train_options* o) {
   const int D = o->parallel_data > 1 ? o->parallel_data : 1, F = o->parallel_fsdp > 1 ? o->parallel_fsdp : 1;
   const int T = o->parallel_tensor > 1 ? o->parallel_tensor : 1;
-  if (F > 1 && T > 1)
+  if (D > 1 && F > 1 && T > 1)
     return st_status_make(ST_CODE_CONFIG,
-                          "parallel.fsdp=%d parallel.tensor=%d: fully-sharded and tensor parallelism together are not "
-                          "built in the step plan yet (docs/parallelism.md); set one of them to 1",
-                          F, T);
+                          "parallel.data=%d parallel.fsdp=%d parallel.tensor=%d: a mesh with all three axes above 1 is "
+                          "not built yet (docs/parallelism.md); set one of them to 1",
+                          D, F, T);
   if (b->mesh_data != D || b->mesh_fsdp != F || b->mesh_tensor != T)
     return st_status_make(ST_CODE_RUNTIME, "bundle %s was exported for mesh data=%d fsdp=%d tensor=%d, the config has "
                           "parallel.data=%d parallel.fsdp=%d parallel.tensor=%d; re-export it (unset bundle.dir to use the cache)",
@@ -930,6 +927,7 @@ st_status st_train_build_plans(const st_bundle* b, const st_train_options* o, st
   step.mesh[0] = eval.mesh[0] = DATA;
   step.mesh[1] = eval.mesh[1] = F;
   step.mesh[2] = eval.mesh[2] = TP;
+  step.serialize_spmd = eval.serialize_spmd = TP > 1 && DATA * F > 1;
   int* pending = st_xcalloc((size_t)n_inst, sizeof(int));
   bool* gathered = st_xcalloc((size_t)n_inst, sizeof(bool));
   st__builder B = {&step, b, inst, n_inst, L, remat, b->model.tie_embeddings, {-1, -1, -1, -1}, sq,

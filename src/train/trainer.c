@@ -514,14 +514,12 @@ st_status st_train_main(const st_config* cfg) {
     st_train_options_deinit(&o);
     return s;
   }
-  /* fsdp and tensor together are not built into the step plan yet
-   * (docs/parallelism.md): refuse before anything is created rather than
-   * train without one of them silently. */
-  if (o.parallel_fsdp > 1 && o.parallel_tensor > 1) {
+  /* All three axes at once are not built (the exporter refuses them too,
+   * docs/parallelism.md): refuse before anything is created. */
+  if (o.parallel_data > 1 && o.parallel_fsdp > 1 && o.parallel_tensor > 1) {
     st_status ps = st_status_make(ST_CODE_CONFIG,
-                                  "parallel.data=%d parallel.fsdp=%d parallel.tensor=%d: fully-sharded and tensor "
-                                  "parallelism together are not yet supported in training (each alone is, and with "
-                                  "parallel.data; docs/parallelism.md); set parallel.fsdp or parallel.tensor to 1",
+                                  "parallel.data=%d parallel.fsdp=%d parallel.tensor=%d: a mesh with all three axes above "
+                                  "1 is not yet supported in training (any two are; docs/parallelism.md); set one of them to 1",
                                   o.parallel_data, o.parallel_fsdp, o.parallel_tensor);
     st_train_options_deinit(&o);
     return ps;

@@ -449,6 +449,44 @@ static void test_sharding_layout(void** state) {
   ASSERT_ERROR(st_sharding_local_type(&m, &g, &rank, &l), ST_CODE_INTERNAL, "dimension 2 is split");
 }
 
+/* FSDP of a tensor-parallel block (st_sharding.outer): dim 0 of f32[6,2]
+ * is cut over tensor first (two blocks of 3 rows), then each block over
+ * fsdp (2 rows per shard, the second padded), on the mesh fsdp=2 x tensor=2
+ * (mesh index p = fsdp * 2 + tensor). This is the layout the fsdp
+ * collectives give a row-parallel weight under fsdp x tensor. */
+static void test_sharding_outer(void** state) {
+  (void)state;
+  const int sizes[3] = {1, 2, 2};
+  st_mesh m;
+  ASSERT_OK(st_mesh_make(3, kAxes, sizes, NULL, &m));
+  st_tensor_type g = {.dtype = ST_DTYPE_F32, .rank = 2, .dims = {6, 2}};
+  st_sharding sh = {.split = {(1u << 1) | (1u << 2)}, .outer = {1u << 2}};
+  st_tensor_type l;
+  ASSERT_OK(st_sharding_local_type(&m, &g, &sh, &l));
+  assert_int_equal(l.dims[0], 2);
+  assert_int_equal(l.dims[1], 2);
+  float v[12];
+  for (int i = 0; i < 12; ++i) v[i] = (float)i + 1;
+  st_sharded* t = NULL;
+  ASSERT_OK(st_sharded_from_host(g_rt, &m, &g, &sh, v, &t));
+  /* tensor 1's block is rows 3..5; fsdp 0 takes rows 3..4, fsdp 1 row 5 and a zero row */
+  const float want[4][4] = {{1, 2, 3, 4}, {7, 8, 9, 10}, {5, 6, 0, 0}, {11, 12, 0, 0}};
+  for (int p = 0; p < 4; ++p) {
+    float shard[4];
+    ASSERT_OK(st_buffer_to_host(st_sharded_shard(t, p), shard, sizeof(shard)));
+    assert_memory_equal(shard, want[p], sizeof(shard));
+  }
+  float back[12];
+  ASSERT_OK(st_sharded_to_host(t, back, sizeof(back)));
+  assert_memory_equal(back, v, sizeof(v));
+  st_sharded_destroy(t);
+  /* The outer cut must divide, and be among the split axes. */
+  st_tensor_type odd = {.dtype = ST_DTYPE_F32, .rank = 2, .dims = {5, 2}};
+  ASSERT_ERROR(st_sharding_local_type(&m, &odd, &sh, &l), ST_CODE_INTERNAL, "does not divide in 2 outer blocks");
+  st_sharding stray = {.split = {1u << 1}, .outer = {1u << 2}};
+  ASSERT_ERROR(st_sharding_local_type(&m, &g, &stray, &l), ST_CODE_INTERNAL, "outer axes are not among its split axes");
+}
+
 /* One-device (portable) launches and an SPMD collective share buffers in
  * both directions, with no host wait in between: x[p] = 2 h[p] on each
  * device, y = all_reduce over data of x, z[p] = 2 y[p] on each device. PJRT
@@ -636,6 +674,7 @@ int main(void) {
       cmocka_unit_test(test_other_devices),
       cmocka_unit_test(test_sharded_round_trip),
       cmocka_unit_test(test_sharding_layout),
+      cmocka_unit_test(test_sharding_outer),
       cmocka_unit_test(test_mixed_with_one_device_programs),
       cmocka_unit_test(test_donation),
       cmocka_unit_test(test_errors),

@@ -1,6 +1,7 @@
 """Tensor parallelism through the step plan (docs/parallelism.md): strata's
-trainer on parallel.tensor=2 and parallel.data=2 x parallel.tensor=2 (4 CPU
-devices) against the same config on one device.
+trainer on parallel.tensor=2, parallel.data=2 x parallel.tensor=2 and
+parallel.fsdp=2 x parallel.tensor=2 (4 CPU devices) against the same config
+on one device.
 
 The block's roles in the bundle's program tables name the tensor-parallel
 SPMD programs (heads and MLP hidden units split Megatron-style, the
@@ -23,7 +24,8 @@ import numpy as np
 import pytest
 from test_data_parallel import OVERRIDES, STRATA, params, run, train
 
-MESHES = {"tensor2": ["parallel.tensor=2"], "data2_tensor2": ["parallel.data=2", "parallel.tensor=2"]}
+MESHES = {"tensor2": ["parallel.tensor=2"], "data2_tensor2": ["parallel.data=2", "parallel.tensor=2"],
+          "fsdp2_tensor2": ["parallel.fsdp=2", "parallel.tensor=2"]}
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +61,16 @@ def test_final_parameters_match_one_device(runs: dict, mesh: str) -> None:
 @pytest.mark.parametrize("mesh", sorted(MESHES))
 def test_replicas_checked_and_programs(runs: dict, mesh: str) -> None:
     saved = [e for e in runs[mesh]["events"] if e.get("event") == "saved"]
-    assert len(saved) == 1 and saved[0].get("replicas_bitwise_equal", 0) > 0, saved
+    # fsdp x tensor: every device holds its own blocks of every state tensor, nothing to compare
+    assert len(saved) == 1 and (saved[0].get("replicas_bitwise_equal", 0) > 0) == (mesh != "fsdp2_tensor2"), saved
     plan = [e for e in runs[mesh]["events"] if e.get("event") == "plan"][0]
     assert "tensor=2" in plan["policy"]
-    # tensor alone needs no inter-layer collective; with data each group's all-reduce
+    # tensor alone needs no inter-layer collective; with data each group's
+    # all-reduce; with fsdp all-gathers and reduce-scatters
     n_coll = plan["op_counts"].get("COLLECTIVE", 0)
-    assert n_coll == (0 if mesh == "tensor2" else 4), plan["op_counts"]
+    assert n_coll == {"tensor2": 0, "data2_tensor2": 4}.get(mesh, n_coll) and n_coll >= 0, plan["op_counts"]
+    if mesh == "fsdp2_tensor2":
+        assert n_coll > 8 and "fsdp=2" in plan["policy"]
 
 
 def test_plan_launches_the_tensor_parallel_programs_on_cut_slots() -> None:
@@ -106,11 +112,25 @@ def test_resume_tensor2_on_another_mesh(tmp_path, target: list[str]) -> None:
     assert losses(same) == losses(whole)
 
 
-def test_fsdp_with_tensor_is_refused(tmp_path) -> None:
-    r = run_expect([STRATA, "train", "configs/test.yml", *OVERRIDES, "parallel.fsdp=2", "parallel.tensor=2",
-                    f"run.dir={tmp_path / 'r'}"], 2)
-    assert ("parallel.data=1 parallel.fsdp=2 parallel.tensor=2: fully-sharded and tensor parallelism together are "
-            "not yet supported in training") in r.stderr
+def test_fsdp_tensor_plan_cuts_tensor_blocks_in_fsdp_blocks() -> None:
+    out = run([STRATA, "plan", "--json", "configs/test.yml", *OVERRIDES, "parallel.fsdp=2", "parallel.tensor=2"]).stdout
+    p = json.loads(out)["step"]
+    assert p["mesh"] == {"data": 1, "fsdp": 2, "tensor": 2} and p["serialize_spmd"] is True
+    slots = {s["name"]: s for s in p["slots"]}
+    # wo [32,32] is row-parallel (dim 0 over tensor), then each tensor block over fsdp: 8 rows
+    assert slots["layers.0.wo"]["type"] == "f32[8,32]" and slots["layers.0.wo"]["split_axes"] == [2 | 4, 0]
+    # wq [32,32] is column-parallel: dim 1 over tensor, dim 0 over fsdp
+    assert slots["layers.0.wq"]["type"] == "f32[16,16]" and slots["layers.0.wq"]["split_axes"] == [2, 4]
+    # gathered over fsdp: the tensor block
+    assert slots["full:layers.0.wo"]["type"] == "f32[16,32]" and slots["full:layers.0.wo"]["category"] == "gathered"
+    assert slots["wte"]["type"] == "f32[128,32]"
+
+
+def test_all_three_axes_are_refused(tmp_path) -> None:
+    r = run_expect([STRATA, "train", "configs/test.yml", *OVERRIDES, "runtime.cpu_devices=8", "parallel.data=2",
+                    "parallel.fsdp=2", "parallel.tensor=2", f"run.dir={tmp_path / 'r'}"], 2)
+    assert ("parallel.data=2 parallel.fsdp=2 parallel.tensor=2: a mesh with all three axes above 1 is not yet "
+            "supported in training (any two are; docs/parallelism.md); set one of them to 1") in r.stderr
     assert not (tmp_path / "r").exists()
 
 
