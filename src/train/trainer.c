@@ -170,9 +170,9 @@ static st_status st__compile_programs(st__trainer* t, const st_plan* const* plan
   return s;
 }
 
-/* The collective programs the step plan names, each an SPMD program over
- * the data axis on devices 0..data-1 (docs/parallelism.md), with the
- * per-device signature from the manifest. */
+/* The SPMD programs |plan| names (collectives and tensor-parallel compute
+ * programs), each compiled once over the plan's mesh on devices 0..n-1
+ * (docs/parallelism.md), with the per-device signature from the manifest. */
 static st_status st__compile_collectives(st__trainer* t, const st_plan* plan) {
   const st_bundle* b = t->bundle;
   if (b->collective_count == 0) return ST_OK;
@@ -615,6 +615,7 @@ st_status st_train_main(const st_config* cfg) {
     free(init);
   }
   if (!s) s = st__compile_collectives(&t, &t.step_plan);
+  if (!s) s = st__compile_collectives(&t, &t.eval_plan); /* its SPMD programs may differ (tensor: block fwd) */
   if (!s) s = st__plan_programs(&t, &t.step_plan, &t.step_programs);
   if (!s) s = st__plan_programs(&t, &t.eval_plan, &t.eval_programs);
   if (!s) s = st_executor_create(&t.step_plan, t.runtime, t.step_programs, 0, &t.ex);
