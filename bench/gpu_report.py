@@ -247,16 +247,16 @@ def main(argv: list[str] | None = None) -> int:
         res[v] = rep.part(f"anchor_{v}", 45, anchor)
 
     # 5. bench/run.py's parallel section over this machine's devices: strata
-    # with parallel.data = 2, 4, 8 as far as the GPUs go, against the anchor
-    # jitted over the same mesh. The dry run uses 4 CPU devices.
+    # on the meshes gpu_meshes picks for the device count, against the
+    # anchor jitted over the same mesh. The dry run uses 4 CPU devices.
     if have_strata:
         n = 4 if a.dry_run else device_count(b.env)
-        datas = [d for d in (1, 2, 4, 8) if d <= n]
-        if len(datas) < 2:
+        meshes = gpu_meshes(n)
+        if len(meshes) < 2:
             res["parts"]["parallel"] = {"status": "skipped", "why": f"{n} device(s): a mesh needs at least 2"}
         else:
             pp = R.ParallelPreset(config, [*overrides, *(["train.batch_size=8"] if a.dry_run else [])],
-                                  steps=steps, warmup=warmup, datas=datas, rounds=1,
+                                  steps=steps, warmup=warmup, meshes=meshes, rounds=1,
                                   cpu_devices=4 if a.dry_run else 0,
                                   strata_overrides=[f"runtime.plugin={a.plugin}"] if a.plugin else [])
             b.plan = dataclasses.replace(b.plan, parallel=pp)
@@ -264,6 +264,15 @@ def main(argv: list[str] | None = None) -> int:
             if res["parallel"] is not None:
                 res["parallel"]["devices"] = n
     return finish(a.out, res, rep)
+
+
+def gpu_meshes(n: int) -> list[str]:
+    """The parallel section's meshes on n devices: one device, parallel.data
+    = 2, 4, 8 as far as the devices go, and fsdp=2 and tensor=2 from 2
+    devices on (one of each is enough to see the collectives work; the
+    wider ones cost a bundle export each)."""
+    return [*(str(d) if d == 1 else f"data={d}" for d in (1, 2, 4, 8) if d <= n),
+            *(["fsdp=2", "tensor=2"] if n >= 2 else [])]
 
 
 def device_count(env: dict[str, str]) -> int:

@@ -13,12 +13,15 @@ Measures (docs/performance.md explains the method and shows the numbers):
   overhead  strata and the unrolled anchor under `perf record`: CPU time of
             the host (main) thread per step against the step time, and how
             busy XLA's worker threads are
-  parallel  each mesh the trainer supports (1 device, data=2, data=4 on 4 CPU
+  parallel  each mesh of a list the trainer supports (1 device, data=2,
+            data=4, fsdp=2, fsdp=4, tensor=2, data=2,tensor=2 on 4 CPU
             devices): strata's step time and accounted per-device peak bytes
             as ratios to the 1-device strata step and to the monolithic
             anchor jitted over the same mesh (anchor.py --mesh), and the
-            communication overlap ratio (metrics comm_overlap_ratio) for
-            sched.grad_reduce=per_layer, bucketed and sched.wait=eager
+            communication overlap ratio (metrics comm_overlap_ratio) under
+            the default policy, sched.wait=eager, sched.grad_reduce=bucketed
+            (meshes with data > 1), sched.gather_prefetch=0 and
+            sched.reshard_after_forward=false (meshes with fsdp > 1)
   extra     every other bench/bench_*.py, whose Markdown output is folded in
 
 Results: bench/results/<date>-<host>.json and a Markdown section appended to
@@ -76,7 +79,7 @@ class ParallelPreset:
     overrides: list[str]
     steps: int
     warmup: int
-    datas: list[int]  # parallel.data of each mesh (1: one device)
+    meshes: list[str]  # "1" (one device), "data=2", "fsdp=2", "data=2,tensor=2", ... (parse_mesh)
     rounds: int
     cpu_devices: int = 4  # runtime.cpu_devices; 0: not set (a GPU plugin's devices)
     strata_overrides: list[str] = field(default_factory=list)  # strata's alone (runtime.plugin=...)
@@ -109,7 +112,8 @@ FULL = Plan(
     depth_config=("configs/small.yml", []), depths=[2, 8, 32], compile_rounds=2,
     overhead_preset="small", overhead_steps=14, overhead_warmup=3,
     extra_timeout_s=420,
-    parallel=ParallelPreset("configs/tiny.yml", [], steps=20, warmup=5, datas=[1, 2, 4], rounds=2),
+    parallel=ParallelPreset("configs/tiny.yml", [], steps=20, warmup=5, rounds=2,
+                            meshes=["1", "data=2", "data=4", "fsdp=2", "fsdp=4", "tensor=2", "data=2,tensor=2"]),
 )
 QUICK = Plan(
     presets={"test": Preset("configs/test.yml", [], steps=8, warmup=2, diagnostics=True)},
@@ -117,8 +121,9 @@ QUICK = Plan(
     depth_config=("configs/test.yml", []), depths=[2, 4], compile_rounds=1,
     overhead_preset="test", overhead_steps=8, overhead_warmup=2,
     extra_timeout_s=120,
-    # batch 8 in 2 microbatches: 4 rows, which data=4 can still cut
-    parallel=ParallelPreset("configs/test.yml", ["train.batch_size=8"], steps=6, warmup=2, datas=[1, 2, 4], rounds=1),
+    # batch 8 in 2 microbatches: 4 rows, which data=2 and fsdp=2 can cut
+    parallel=ParallelPreset("configs/test.yml", ["train.batch_size=8"], steps=6, warmup=2, rounds=1,
+                            meshes=["1", "data=2", "fsdp=2", "tensor=2"]),
 )
 
 # The malloc policy strata's runtime applies to itself (docs/runtime.md,
@@ -720,13 +725,60 @@ def _overhead_summary(sp: dict[str, Any], n_steps: int, step_s: float | None, nc
 
 # --- parallel ---------------------------------------------------------------------
 
-def parallel_policies(data: int) -> dict[str, list[str]]:
-    """The strata runs of one mesh: the default policy (gradients reduced per
-    layer, deferred waits), and on a real mesh the two other placements."""
-    if data <= 1:
-        return {"per_layer": []}
-    return {"per_layer": ["sched.grad_reduce=per_layer"], "bucketed": ["sched.grad_reduce=bucketed"],
-            "per_layer wait=eager": ["sched.grad_reduce=per_layer", "sched.wait=eager"]}
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """A mesh string of the parallel section ("1", "data=2", "data=2,tensor=2")
+    as every axis's size; axes not named are 1. Raises ValueError on anything else."""
+    mesh = dict.fromkeys(MESH_AXES, 1)
+    if text.strip() == "1":
+        return mesh
+    seen: set[str] = set()
+    for part in text.split(","):
+        axis, eq, n = part.strip().partition("=")
+        if not eq or axis not in MESH_AXES or not n.isdigit() or int(n) < 1:
+            raise ValueError(f"mesh {text!r}: want \"1\" or axis=N[,axis=N] with axes {', '.join(MESH_AXES)}")
+        if axis in seen:
+            raise ValueError(f"mesh {text!r}: axis {axis} given twice")
+        seen.add(axis)
+        mesh[axis] = int(n)
+    return mesh
+
+
+def mesh_name(mesh: dict[str, int]) -> str:
+    """The canonical string of a mesh (axes in order, size-1 axes left out; "1": one device)."""
+    return ",".join(f"{a}={mesh[a]}" for a in MESH_AXES if mesh.get(a, 1) > 1) or "1"
+
+
+def mesh_devices(mesh: dict[str, int]) -> int:
+    return mesh["data"] * mesh["fsdp"] * mesh["tensor"]
+
+
+def mesh_overrides(mesh: dict[str, int]) -> list[str]:
+    """strata's overrides for a mesh: every axis, so a config file's own parallel.* cannot leak in."""
+    return [f"parallel.{a}={mesh[a]}" for a in MESH_AXES]
+
+
+def parallel_policies(mesh: dict[str, int]) -> dict[str, list[str]]:
+    """The strata runs of one mesh. default: gradients reduced per layer,
+    deferred waits, the default gather prefetch and resharding. Where strata
+    issues collectives (data or fsdp above 1) also sched.wait=eager, the
+    overlap baseline; with data > 1 the bucketed gradient all-reduce
+    (grad_reduce placement matters only for the data axis: an fsdp axis
+    reduce-scatters each layer's gradients anyway); with fsdp > 1 no
+    all-gather prefetch, and no resharding after the forward. A tensor-only
+    mesh has no strata collectives (its all-reduces are inside the
+    tensor-parallel programs, docs/parallelism.md): the default alone."""
+    pol = {"default": ["sched.grad_reduce=per_layer", "sched.wait=deferred"]}
+    if mesh["data"] > 1:
+        pol["bucketed"] = ["sched.grad_reduce=bucketed"]
+    if mesh["fsdp"] > 1:
+        pol["gather_prefetch=0"] = ["sched.gather_prefetch=0"]
+        pol["reshard_after_forward=false"] = ["sched.reshard_after_forward=false"]
+    if mesh["data"] > 1 or mesh["fsdp"] > 1:
+        pol["wait=eager"] = ["sched.grad_reduce=per_layer", "sched.wait=eager"]
+    return pol
 
 
 def comm_summary(metrics: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
@@ -747,9 +799,9 @@ def comm_summary(metrics: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
 def parallel_ratios(res: dict[str, Any]) -> None:
     """Fills each mesh's ratios in place: against the 1-device strata step
     (default policy) and against the anchor jitted over the same mesh."""
-    one = (res["meshes"].get("1") or {}).get("strata", {}).get("per_layer") or {}
+    one = (res["meshes"].get("1") or {}).get("strata", {}).get("default") or {}
     for row in res["meshes"].values():
-        st = row["strata"].get("per_layer") or {}
+        st = row["strata"].get("default") or {}
         an = row.get("anchor") or {}
         row["ratio"] = {
             "step_vs_one_device": ratio(st.get("median_s"), one.get("median_s")),
@@ -763,30 +815,37 @@ def section_parallel(b: Bench) -> dict[str, Any]:
     pp = b.plan.parallel
     if pp is None:
         raise RuntimeError("this plan has no parallel preset")
+    meshes = {mesh_name(m): m for m in map(parse_mesh, pp.meshes)}  # keyed by the canonical string
     dev = [f"runtime.cpu_devices={pp.cpu_devices}"] if pp.cpu_devices > 0 else []
     common = [*pp.overrides, *pp.strata_overrides, *dev, "train.eval_every=0", "train.eval_batches=1"]
     out: dict[str, Any] = {"config": pp.config, "overrides": pp.overrides, "steps": pp.steps, "warmup": pp.warmup,
                            "rounds": pp.rounds, "cpu_devices": pp.cpu_devices, "meshes": {}}
-    for d in pp.datas:
-        # Each mesh has its own bundle (per-device microbatch, collectives): export it outside the timed runs.
-        b.log(f"parallel: data={d}: warming the bundle and executable caches")
-        b.strata_train(pp.config, [*common, f"parallel.data={d}", "train.steps=1"], f"par-warm-{d}")
-        out["meshes"][str(d)] = {"data": d, "strata": {}, "anchor": None, "runs": {}}
+
+    def tag(name: str) -> str:  # a run folder's name
+        return name.replace(",", "_").replace("=", "").replace(" ", "_")
+
+    for name, m in meshes.items():
+        # Each mesh has its own bundle (per-device microbatch, collectives, shard programs):
+        # export it outside the timed runs.
+        b.log(f"parallel: {name}: warming the bundle and executable caches")
+        b.strata_train(pp.config, [*common, *mesh_overrides(m), "train.steps=1"], f"par-warm-{tag(name)}")
+        out["meshes"][name] = {**m, "devices": mesh_devices(m), "strata": {}, "anchor": None, "runs": {}}
     for rnd in range(pp.rounds):
-        for d in pp.datas:
-            row = out["meshes"][str(d)]
-            for pol, extra in parallel_policies(d).items():
-                b.log(f"parallel: round {rnd + 1}/{pp.rounds}: strata data={d} {pol}")
-                r = b.strata_train(pp.config, [*common, f"parallel.data={d}", *extra, f"train.steps={pp.steps}"],
-                                   f"par-{d}-{pol.replace(' ', '_').replace('=', '-')}", window=(pp.warmup, pp.steps))
+        for name, m in meshes.items():
+            row = out["meshes"][name]
+            for pol, extra in parallel_policies(m).items():
+                b.log(f"parallel: round {rnd + 1}/{pp.rounds}: strata {name} {pol}")
+                r = b.strata_train(pp.config, [*common, *mesh_overrides(m), *extra, f"train.steps={pp.steps}"],
+                                   f"par-{tag(name)}-{tag(pol)}", window=(pp.warmup, pp.steps))
                 s = strata_step_summary(r["metrics"], pp.warmup)
                 s.update(comm_summary(r["metrics"], pp.warmup))
                 s.update({"round": rnd, "other_load": round(r["proc"].other_load, 3),
                           "maxrss_bytes": r["proc"].maxrss_bytes})
                 row["runs"].setdefault(f"strata {pol}", []).append(s)
-            b.log(f"parallel: round {rnd + 1}/{pp.rounds}: anchor unroll " + (f"--mesh data={d}" if d > 1 else "(1 device)"))
+            many = mesh_devices(m) > 1
+            b.log(f"parallel: round {rnd + 1}/{pp.rounds}: anchor unroll " + (f"--mesh {name}" if many else "(1 device)"))
             a = b.anchor(pp.config, [*pp.overrides, "train.eval_every=0", "train.eval_batches=1"], "unroll",
-                         f"par-anchor-{d}", pp.steps, mesh=f"data={d}" if d > 1 else None)
+                         f"par-anchor-{tag(name)}", pp.steps, mesh=name if many else None)
             x = a["result"]
             t = x["step_time_s"][pp.warmup:]
             row["runs"].setdefault("anchor", []).append(
@@ -1023,39 +1082,44 @@ def parallel_markdown(pa: dict[str, Any]) -> list[str]:
     on = f"{pa['cpu_devices']} CPU devices" if pa.get("cpu_devices") else f"{pa.get('devices', '?')} devices"
     L = [f"### Parallel: meshes on {on} ({pa['config']} {' '.join(pa['overrides'])}, "
          f"{pa['steps'] - pa['warmup']}+{pa['warmup']} steps, best of {pa['rounds']} interleaved round(s))", ""]
+
+    def ms(x: Any) -> str:
+        return fmt(x * 1e3 if x is not None else None, " ms")
+
     rows = []
-    for d, row in pa["meshes"].items():
-        st = row["strata"].get("per_layer") or {}
+    for name, row in pa["meshes"].items():
+        st = row["strata"].get("default") or {}
         an = row.get("anchor") or {}
         r = row.get("ratio") or {}
-        rows.append(["1 device" if int(d) == 1 else f"data={d}",
-                     fmt((st.get("median_s") or 0) * 1e3 if st.get("median_s") is not None else None, " ms"),
-                     fmt(r.get("step_vs_one_device")),
-                     fmt((an.get("median_s") or 0) * 1e3 if an.get("median_s") is not None else None, " ms"),
-                     fmt(r.get("step_vs_anchor")),
+        rows.append(["1 device" if name == "1" else name, ms(st.get("median_s")), fmt(r.get("step_vs_one_device")),
+                     ms(an.get("median_s")), fmt(r.get("step_vs_anchor")),
                      fmt_size(st.get("peak_live_bytes")), fmt(r.get("peak_vs_one_device")),
                      fmt_size(an.get("xla_peak_bytes_estimate")), fmt(r.get("peak_vs_anchor")),
                      ", ".join(f"{x['other_load']:.2f}" for rs in row["runs"].values() for x in rs)])
-    L += [md_table(["mesh", "strata step", "/ 1-device strata", "anchor (same mesh) step", "strata / anchor",
-                    "strata peak per device¹", "/ 1-device strata", "anchor peak²", "strata / anchor",
-                    "other load³"], rows), ""]
+    L += [md_table(["mesh", "strata step¹", "/ 1-device strata", "anchor (same mesh) step", "strata / anchor",
+                    "strata peak per device²", "/ 1-device strata", "anchor peak³", "strata / anchor",
+                    "other load⁴"], rows), ""]
     rows = []
-    for d, row in pa["meshes"].items():
-        if int(d) <= 1:
+    for name, row in pa["meshes"].items():
+        if name == "1":
             continue
         for pol, st in row["strata"].items():
-            rows.append([f"data={d}", pol, fmt((st.get("median_s") or 0) * 1e3, " ms"),
-                         fmt(st.get("collectives")), fmt_size(st.get("collective_bytes")),
-                         fmt((st["collective_s"] * 1e3) if st.get("collective_s") is not None else None, " ms"),
-                         fmt(st.get("comm_overlap_ratio"))])
+            rows.append([name, pol, ms(st.get("median_s")), fmt(st.get("collectives")),
+                         fmt_size(st.get("collective_bytes")), ms(st.get("collective_s")),
+                         fmt(st.get("comm_overlap_ratio")), fmt_size(st.get("peak_live_bytes"))])
     if rows:
-        L += [md_table(["mesh", "policy", "step", "collectives / step", "bytes / step (per device)",
-                        "collective time", "comm_overlap_ratio⁴"], rows), ""]
-    L += ["¹ metrics `peak_live_bytes`: the executor's accounted live bytes, per device on a mesh.  ",
-          "² XLA's memory analysis of the jitted step (over a mesh: of the partitioned module, one device's).  ",
-          "³ CPUs kept busy by other processes during each run, strata's runs then the anchor's.  ",
-          "⁴ medians over the measured steps of the metrics fields; the part of the collectives' time during "
-          "which a launch ran too (docs/parallelism.md).", ""]
+        L += [md_table(["mesh", "policy⁵", "step", "collectives / step", "bytes / step (per device)",
+                        "collective time", "comm_overlap_ratio⁶", "peak per device"], rows), ""]
+    L += ["¹ the default policy: sched.grad_reduce=per_layer, sched.wait=deferred, the default "
+          "sched.gather_prefetch and sched.reshard_after_forward.  ",
+          "² metrics `peak_live_bytes`: the executor's accounted live bytes, per device on a mesh.  ",
+          "³ XLA's memory analysis of the jitted step (over a mesh: of the partitioned module, one device's).  ",
+          "⁴ CPUs kept busy by other processes during each run, strata's runs then the anchor's.  ",
+          "⁵ each the default with one change: sched.wait=eager, sched.grad_reduce=bucketed (data > 1), "
+          "sched.gather_prefetch=0 or sched.reshard_after_forward=false (fsdp > 1).  ",
+          "⁶ medians over the measured steps of the metrics fields; the part of the collectives' time during "
+          "which a launch ran too (docs/parallelism.md). Collectives are the ones strata issues (data and fsdp); "
+          "a tensor axis's all-reduces run inside its programs and are not counted.", ""]
     return L
 
 

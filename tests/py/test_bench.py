@@ -167,7 +167,8 @@ def test_gpu_fallback_config_matches_strata() -> None:
 def test_gpu_script_dry_run(tmp_path: Any) -> None:
     """bench/gpu.sh on CPU (configs/test.yml, bf16): every part runs and the
     report has MFU for all three rows, and the parallel section ran on 4 CPU
-    devices. Costs ~90 s, mostly XLA compiles and exports."""
+    devices (data=2, data=4, fsdp=2, tensor=2). Costs ~2 min, mostly XLA
+    compiles and exports."""
     script = os.path.join(ROOT, "bench", "gpu.sh")
     assert subprocess.run(["bash", "-n", script]).returncode == 0
     r = subprocess.run([script, "--bogus"], cwd=ROOT, capture_output=True, text=True)
@@ -200,12 +201,13 @@ def test_gpu_script_dry_run(tmp_path: Any) -> None:
     assert f"strata: {carried}" in r.stderr, r.stderr
     # the parallel section on the dry run's 4 CPU devices: every mesh, strata and anchor
     par = res["parallel"]
-    assert sorted(par["meshes"], key=int) == ["1", "2", "4"] and par["devices"] == 4
-    assert all(row["anchor"]["median_s"] > 0 and row["strata"]["per_layer"]["median_s"] > 0
+    assert list(par["meshes"]) == ["1", "data=2", "data=4", "fsdp=2", "tensor=2"] and par["devices"] == 4
+    assert all(row["anchor"]["median_s"] > 0 and row["strata"]["default"]["median_s"] > 0
                for row in par["meshes"].values())
     md = next(out.glob("gpu-dry-*.md")).read_text()
     assert md.count("| strata |") == 1 and "| unroll |" in md and "| scan |" in md
     assert "### Parallel: meshes on 4 CPU devices" in md and "| data=4 | bucketed |" in md
+    assert "| fsdp=2 | reshard_after_forward=false |" in md and "| tensor=2 | default |" in md
 
 
 def test_quick_compile_section_end_to_end(tmp_path: Any) -> None:
@@ -233,6 +235,35 @@ def test_quick_compile_section_end_to_end(tmp_path: Any) -> None:
     assert "strata after another depth" in md and "(0 compiled)" in md
 
 
+def test_mesh_strings_overrides_and_policies() -> None:
+    assert R.parse_mesh("1") == {"data": 1, "fsdp": 1, "tensor": 1}
+    m = R.parse_mesh("tensor=2, data=2")
+    assert m == {"data": 2, "fsdp": 1, "tensor": 2} and R.mesh_name(m) == "data=2,tensor=2"
+    assert R.mesh_devices(m) == 4 and R.mesh_name(R.parse_mesh("data=1")) == "1"
+    assert R.mesh_overrides(R.parse_mesh("fsdp=4")) == ["parallel.data=1", "parallel.fsdp=4", "parallel.tensor=1"]
+    for bad in ("", "data", "data=0", "data=x", "pipe=2", "data=2,data=2", "data=1,data=2"):
+        with pytest.raises(ValueError):
+            R.parse_mesh(bad)
+    pol = {t: R.parallel_policies(R.parse_mesh(t)) for t in
+           ("1", "data=2", "fsdp=2", "tensor=2", "data=2,tensor=2", "data=2,fsdp=2")}
+    assert list(pol["1"]) == list(pol["tensor=2"]) == ["default"]  # no strata collectives to place or overlap
+    assert pol["1"]["default"] == ["sched.grad_reduce=per_layer", "sched.wait=deferred"]
+    assert list(pol["data=2"]) == list(pol["data=2,tensor=2"]) == ["default", "bucketed", "wait=eager"]
+    assert list(pol["fsdp=2"]) == ["default", "gather_prefetch=0", "reshard_after_forward=false", "wait=eager"]
+    assert pol["fsdp=2"]["reshard_after_forward=false"] == ["sched.reshard_after_forward=false"]
+    assert list(pol["data=2,fsdp=2"]) == ["default", "bucketed", "gather_prefetch=0",
+                                          "reshard_after_forward=false", "wait=eager"]
+    assert pol["data=2"]["wait=eager"] == ["sched.grad_reduce=per_layer", "sched.wait=eager"]
+    # every preset's meshes parse, and the full plan has each kind the trainer runs
+    for plan in (R.FULL, R.QUICK):
+        assert plan.parallel is not None and [R.mesh_name(R.parse_mesh(t)) for t in plan.parallel.meshes]
+    assert {"data=2", "fsdp=2", "tensor=2", "data=2,tensor=2"} <= set(R.FULL.parallel.meshes)
+    # gpu_report: data meshes as far as the devices go, plus fsdp=2 and tensor=2 from 2 devices
+    assert G.gpu_meshes(1) == ["1"]
+    assert G.gpu_meshes(2) == ["1", "data=2", "fsdp=2", "tensor=2"]
+    assert G.gpu_meshes(8) == ["1", "data=2", "data=4", "data=8", "fsdp=2", "tensor=2"]
+
+
 def test_parallel_ratios_and_report() -> None:
     metrics = [{"step": i + 1, "loss": 1.0, "step_time_s": 0.1, "collectives": 4, "collective_bytes": 1000,
                 "collective_s": c, "comm_overlap_ratio": r}
@@ -241,50 +272,79 @@ def test_parallel_ratios_and_report() -> None:
     assert s["collectives"] == 4 and s["collective_s"] == pytest.approx(0.003)
     assert s["comm_overlap_ratio"] == pytest.approx(0.8)  # the null one left out, not counted as 0
     assert R.comm_summary([{"step": 1, "step_time_s": 0.1}], 0)["comm_overlap_ratio"] is None
-    assert list(R.parallel_policies(1)) == ["per_layer"]
-    assert R.parallel_policies(2)["per_layer wait=eager"] == ["sched.grad_reduce=per_layer", "sched.wait=eager"]
     st = {"median_s": 0.2, "peak_live_bytes": 2000, "collectives": 4, "collective_bytes": 3000,
           "collective_s": 0.01, "comm_overlap_ratio": 0.5}
     res = {"config": "c.yml", "overrides": [], "steps": 6, "warmup": 2, "rounds": 1, "cpu_devices": 4, "meshes": {
-        "1": {"data": 1, "strata": {"per_layer": {"median_s": 0.1, "peak_live_bytes": 4000}},
+        "1": {"data": 1, "strata": {"default": {"median_s": 0.1, "peak_live_bytes": 4000}},
               "anchor": {"median_s": 0.05, "xla_peak_bytes_estimate": 8000}, "runs": {"anchor": [{"other_load": 0.1}]}},
-        "2": {"data": 2, "strata": {"per_layer": st, "bucketed": {**st, "comm_overlap_ratio": 0.25}},
-              "anchor": {"median_s": 0.4, "xla_peak_bytes_estimate": 1000}, "runs": {}}}}
+        "data=2": {"data": 2, "strata": {"default": st, "bucketed": {**st, "comm_overlap_ratio": 0.25}},
+                   "anchor": {"median_s": 0.4, "xla_peak_bytes_estimate": 1000}, "runs": {}},
+        "fsdp=2": {"fsdp": 2, "strata": {"default": {**st, "median_s": 0.3, "peak_live_bytes": 1000},
+                                         "reshard_after_forward=false": {**st, "peak_live_bytes": 1500}},
+                   "anchor": {"median_s": 0.15, "xla_peak_bytes_estimate": 500}, "runs": {}},
+        "tensor=2": {"tensor": 2, "strata": {"default": {"median_s": 0.1, "peak_live_bytes": 3000, "collectives": 0,
+                                                         "collective_bytes": 0, "collective_s": 0,
+                                                         "comm_overlap_ratio": None}},
+                     "anchor": None, "runs": {}}}}
     R.parallel_ratios(res)
-    r2 = res["meshes"]["2"]["ratio"]
+    r2 = res["meshes"]["data=2"]["ratio"]
     assert r2["step_vs_one_device"] == pytest.approx(2.0) and r2["peak_vs_one_device"] == pytest.approx(0.5)
     assert r2["step_vs_anchor"] == pytest.approx(0.5) and r2["peak_vs_anchor"] == pytest.approx(2.0)
+    rf = res["meshes"]["fsdp=2"]["ratio"]
+    assert rf["step_vs_one_device"] == pytest.approx(3.0) and rf["peak_vs_one_device"] == pytest.approx(0.25)
+    assert rf["step_vs_anchor"] == pytest.approx(2.0) and rf["peak_vs_anchor"] == pytest.approx(2.0)
+    rt = res["meshes"]["tensor=2"]["ratio"]
+    assert rt["peak_vs_one_device"] == pytest.approx(0.75) and rt["step_vs_anchor"] is None  # no anchor run
     assert res["meshes"]["1"]["ratio"]["step_vs_one_device"] == pytest.approx(1.0)
     md = "\n".join(R.parallel_markdown(res))
     assert "| data=2 | 200 ms | 2 | 400 ms | 0.5 | 1.95 KiB | 0.5 | 0.977 KiB | 2 |" in md
-    assert "| data=2 | bucketed | 200 ms | 4 | 2.93 KiB | 10 ms | 0.25 |" in md
-    assert "| 1 device |" in md and "| 1 device | per_layer" not in md  # no overlap row without collectives
+    assert "| fsdp=2 | 300 ms | 3 | 150 ms | 2 | 0.977 KiB | 0.25 | 0.488 KiB | 2 |" in md
+    assert "| tensor=2 | 100 ms | 1 | – | – | 2.93 KiB | 0.75 | – | – |" in md
+    assert "| data=2 | bucketed | 200 ms | 4 | 2.93 KiB | 10 ms | 0.25 | 1.95 KiB |" in md
+    assert "| fsdp=2 | reshard_after_forward=false | 200 ms | 4 | 2.93 KiB | 10 ms | 0.5 | 1.46 KiB |" in md
+    assert "| tensor=2 | default | 100 ms | 0 | 0 KiB | 0 ms | – | 2.93 KiB |" in md
+    assert "| 1 device |" in md and "| 1 device | default" not in md  # no overlap row without collectives
 
 
 def test_quick_parallel_section_end_to_end(tmp_path: Any) -> None:
     """`bench/run.py --quick --sections parallel` with real processes, 4 CPU
-    devices: every mesh (1, data=2, data=4) of strata and of the anchor over
-    the same mesh ran, the data meshes under the three policies, with their
-    collectives counted and an overlap ratio; accounted per-device peaks
-    shrink with the mesh (half the rows per device). No timing is asserted. ~60 s."""
+    devices: every mesh (1, data=2, fsdp=2, tensor=2) of strata and of the
+    anchor over the same mesh ran, each under its policies, the data and
+    fsdp meshes with their collectives counted and an overlap ratio;
+    accounted per-device peaks shrink with the mesh. No timing is asserted. ~60 s."""
     env = {k: v for k, v in os.environ.items() if k != "STRATA_CACHE_DIR"}
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "run.py"), "--quick", "--sections", "parallel",
                         "--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     res = json.loads(next(tmp_path.glob("*.json")).read_text())["parallel"]
-    assert sorted(res["meshes"], key=int) == ["1", "2", "4"] and res["cpu_devices"] == 4
+    assert list(res["meshes"]) == ["1", "data=2", "fsdp=2", "tensor=2"] and res["cpu_devices"] == 4
     one = res["meshes"]["1"]
-    assert list(one["strata"]) == ["per_layer"] and one["strata"]["per_layer"]["comm_overlap_ratio"] is None
+    assert list(one["strata"]) == ["default"] and one["strata"]["default"]["comm_overlap_ratio"] is None
     assert one["anchor"]["mesh"] == {"data": 1, "fsdp": 1, "tensor": 1}
-    for d in ("2", "4"):
-        row = res["meshes"][d]
-        assert sorted(row["strata"]) == ["bucketed", "per_layer", "per_layer wait=eager"]
-        assert row["anchor"]["mesh"]["data"] == int(d) and row["anchor"]["median_s"] > 0
+    want = {"data=2": ["bucketed", "default", "wait=eager"],
+            "fsdp=2": ["default", "gather_prefetch=0", "reshard_after_forward=false", "wait=eager"],
+            "tensor=2": ["default"]}
+    for name, pols in want.items():
+        row = res["meshes"][name]
+        mesh = R.parse_mesh(name)
+        assert {k: row[k] for k in R.MESH_AXES} == mesh and row["devices"] == 2
+        assert sorted(row["strata"]) == pols, name
+        assert row["anchor"]["mesh"] == mesh and row["anchor"]["median_s"] > 0
         for pol, st in row["strata"].items():
-            assert st["devices"] == int(d) and st["collectives"] == 4, (d, pol, st)  # head, 2 blocks, embedding
-            assert st["comm_overlap_ratio"] is not None and 0 <= st["comm_overlap_ratio"] <= 1, (d, pol, st)
+            assert st["devices"] == 2 and st["median_s"] > 0, (name, pol, st)
+            if name == "tensor=2":  # its all-reduces are inside the tensor-parallel programs
+                assert not st["collectives"] and st["comm_overlap_ratio"] is None, (name, pol, st)
+            else:
+                assert st["collectives"] > 0, (name, pol, st)
+                assert st["comm_overlap_ratio"] is not None and 0 <= st["comm_overlap_ratio"] <= 1, (name, pol, st)
+        if name == "data=2":
+            assert all(st["collectives"] == 4 for st in row["strata"].values())  # head, 2 blocks, embedding
         rt = row["ratio"]
         assert all(rt[k] is not None for k in ("step_vs_one_device", "step_vs_anchor", "peak_vs_anchor"))
-        assert rt["peak_vs_one_device"] < 1  # each device holds its share of the activations
+        assert rt["peak_vs_one_device"] < 1, name  # each device holds its share of activations or parameters
+    fs = res["meshes"]["fsdp=2"]["strata"]
+    # keeping the gathered parameters from the forward to the backward saves the backward's all-gathers
+    assert fs["reshard_after_forward=false"]["collectives"] < fs["default"]["collectives"]
     md = (tmp_path / "README.md").read_text()
-    assert "### Parallel: meshes on 4 CPU devices" in md and "| data=4 | per_layer wait=eager |" in md
+    assert "### Parallel: meshes on 4 CPU devices" in md and "| data=2 | wait=eager |" in md
+    assert "| fsdp=2 | gather_prefetch=0 |" in md and "| tensor=2 | default |" in md
