@@ -167,7 +167,7 @@ def test_gpu_fallback_config_matches_strata() -> None:
 def test_gpu_script_dry_run(tmp_path: Any) -> None:
     """bench/gpu.sh on CPU (configs/test.yml, bf16): every part runs and the
     report has MFU for all three rows, and the parallel section ran on 4 CPU
-    devices (data=2, data=4, fsdp=2, tensor=2). Costs ~2 min, mostly XLA
+    devices (data=2, data=4, fsdp=2, tensor=2). Costs ~75-90 s, mostly XLA
     compiles and exports."""
     script = os.path.join(ROOT, "bench", "gpu.sh")
     assert subprocess.run(["bash", "-n", script]).returncode == 0
