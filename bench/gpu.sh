@@ -3,8 +3,9 @@
 # machine: a larger preset (~0.5 B parameters) in bf16, step time, start-up /
 # compile time, memory, and MFU against a bf16 matmul peak measured there;
 # on a machine with 2 or more GPUs also bench/run.py's parallel section
-# (parallel.data = 2, 4, 8 as far as the GPUs go, against the anchor jitted
-# over the same mesh). Never run on a GPU so far: untested there.
+# (parallel.data = 2, 4, 8 as far as the GPUs go, fsdp=2 and tensor=2,
+# against the anchor jitted over the same mesh). Never run on a GPU so far:
+# untested there.
 #
 # The machine (docs/performance.md, "GPU"): jax 0.11.2 and jax-cuda13-pjrt
 # installed, the CUDA plugin is xla_cuda_plugin.so inside the jax_plugins
