@@ -113,7 +113,8 @@ FULL = Plan(
     overhead_preset="small", overhead_steps=14, overhead_warmup=3,
     extra_timeout_s=420,
     parallel=ParallelPreset("configs/tiny.yml", [], steps=20, warmup=5, rounds=2,
-                            meshes=["1", "data=2", "data=4", "fsdp=2", "fsdp=4", "tensor=2", "data=2,tensor=2"]),
+                            meshes=["1", "data=2", "data=4", "fsdp=2", "fsdp=4", "tensor=2", "data=2,tensor=2",
+                                    "data=2,fsdp=2", "fsdp=2,tensor=2"]),
 )
 QUICK = Plan(
     presets={"test": Preset("configs/test.yml", [], steps=8, warmup=2, diagnostics=True)},
