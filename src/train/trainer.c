@@ -558,6 +558,18 @@ st_status st_train_main(const st_config* cfg) {
     o.runtime.cache_dir = exe_cache;
     s = st_runtime_create(&o.runtime, &t.runtime);
   }
+  /* The config checks the mesh against runtime.cpu_devices; a GPU
+   * plugin's device count is only known now. */
+  if (!s) {
+    st_runtime_info ri;
+    st_runtime_get_info(t.runtime, &ri);
+    int64_t want = (int64_t)o.parallel_data * o.parallel_fsdp * o.parallel_tensor;
+    if (want > ri.device_count)
+      s = st_status_make(ST_CODE_CONFIG,
+                         "parallel.data=%d x parallel.fsdp=%d x parallel.tensor=%d needs %lld devices; the plugin exposes %d. "
+                         "Shrink the mesh",
+                         o.parallel_data, o.parallel_fsdp, o.parallel_tensor, (long long)want, ri.device_count);
+  }
   /* The task context: context.json, and the same facts as the first event. */
   if (!s) {
     char hash[17];
