@@ -88,12 +88,20 @@ st_status st_config_set(st_config* config, const char* key, const char* value, c
  * come through a config file. Errors are ST_CODE_CONFIG and say what is
  * accepted. */
 
-/* Parses sched.remat: "none", "full", "every:K" (recompute layers 0, K,
- * 2K, ...; K >= 1) or a comma-separated list of layer indices ("0,2,5").
- * NULL or "" means "full". With n_layers >= 0, fills |out_remat|
- * (n_layers entries, may be NULL) and rejects layers >= n_layers; with
- * n_layers < 0 checks only syntax. */
+/* Parses sched.remat: "auto", "none", "full", "every:K" (recompute layers
+ * 0, K, 2K, ...; K >= 1) or a comma-separated list of layer indices
+ * ("0,2,5"). NULL or "" means "auto", the default. With n_layers >= 0,
+ * fills |out_remat| (n_layers entries, may be NULL) and rejects layers >=
+ * n_layers; with n_layers < 0 checks only syntax. "auto" fills no layer
+ * (the plan builder chooses: src/train/remat_auto.c). */
 st_status st_config_remat_parse(const char* spec, int n_layers, bool* out_remat);
+/* Whether |spec| is sched.remat=auto (NULL and "" included). */
+bool st_config_remat_is_auto(const char* spec);
+/* Parses sched.memory_budget: bytes as a whole number (0: no limit) into
+ * *out_bytes, or a fraction of the device's memory in (0, 1], written with
+ * a decimal point ("0.9"), into *out_fraction; the other gets 0. Either
+ * out may be NULL. */
+st_status st_config_memory_budget_parse(const char* spec, int64_t* out_bytes, double* out_fraction);
 /* sched.optimizer=per_layer updates each layer before the global gradient
  * norm is known, so it cannot clip: an error when |per_layer| and
  * |grad_clip| > 0. */

@@ -99,6 +99,11 @@ typedef struct st_device_info {
 } st_device_info;
 st_status st_runtime_device_info(const st_runtime* runtime, int device, st_device_info* out_info);
 
+/* The bytes a program can allocate on device |device|, as the plugin
+ * reports them (PJRT_Device_MemoryStats' bytes_limit); 0 when the plugin
+ * does not report it (the CPU plugin) or |device| does not exist. */
+int64_t st_runtime_device_memory(const st_runtime* runtime, int device);
+
 /* Counters, for tests and metrics. Monotonic over the runtime's life. */
 typedef struct st_runtime_stats {
   int64_t compiles;        /* programs compiled by XLA */

@@ -198,7 +198,9 @@ enum {
 };
 
 typedef struct st_sched_policy {
-  const char* remat;        /* sched.remat (syntax: st_config_remat_parse); NULL or "" means "full" */
+  const char* remat;        /* sched.remat (syntax: st_config_remat_parse); NULL or "" means "auto" */
+  const char* memory_budget;        /* sched.memory_budget (st_config_memory_budget_parse); NULL or "" means 0 */
+  const char* memory_budget_source; /* where it was set, for errors ("command line", "file:line"); may be NULL */
   int offload;              /* ST_OFFLOAD_* bits */
   int prefetch_depth;       /* sched.prefetch_depth */
   bool eager;               /* sched.wait = eager */

@@ -44,6 +44,12 @@ typedef struct st_train_options {
   st_data_options data;
   st_runtime_options runtime;
   st_sched_policy sched;  /* sched.*: remat, offload, prefetch, waits, optimizer placement */
+  /* Bytes each device can hold, as the PJRT plugin reports them
+   * (st_runtime_device_memory; the least over the devices used), 0 when
+   * not reported or no runtime exists yet. Not a config key: the trainer
+   * and `strata plan` set it, and sched.remat=auto needs it only for a
+   * fractional sched.memory_budget. */
+  int64_t device_memory;
   int parallel_data, parallel_fsdp, parallel_tensor; /* parallel.*: the mesh axis sizes (docs/parallelism.md) */
   char mesh[64];          /* the mesh the bundle is exported for: "data=2"; "" for one device */
   int trace_step_count;   /* trace.steps: steps (1-based) written as Chrome traces */
@@ -92,9 +98,56 @@ enum {
   ST_TAG_SCHEDULE, /* HOST: lr and gscale before the backward (sched.optimizer=per_layer) */
 };
 
-/* Builds the training-step plan and the evaluation plan for |bundle|. */
+/* What sched.remat chose for the step plan, and why (docs/scheduling.md,
+ * "sched.remat=auto"). */
+typedef struct st_remat_choice {
+  bool automatic;          /* sched.remat=auto */
+  int layers;              /* blocks */
+  bool* remat;             /* [layers]: the layers that recompute (owned) */
+  int recomputed;          /* how many do */
+  int64_t budget;          /* auto: sched.memory_budget in bytes per device; 0: no limit */
+  double budget_fraction;  /* auto: the budget as configured, a fraction of device_memory; 0 when given in bytes */
+  int64_t device_memory;   /* auto: the device memory the fraction is of (0: not reported) */
+  int64_t predicted_peak;  /* the chosen step plan's predicted peak live bytes per device */
+  int64_t none_peak;       /* auto: the same without any remat */
+  bool fits;               /* auto: predicted_peak <= budget, or no budget */
+  int plans_built;         /* auto: candidate step plans predicted to choose */
+  char why[256];           /* auto: one sentence: budget, peak, choice */
+} st_remat_choice;
+void st_remat_choice_deinit(st_remat_choice* choice); /* frees remat; NULL is a no-op */
+/* The recomputing layers as text: "none", "full" or "0,1,3" (ending in
+ * ",..." when they do not fit |size|). */
+void st_train_remat_text(const bool* remat, int layers, char* out, size_t size);
+
+/* The choice as the plan event's "remat" object (docs/scheduling.md): a
+ * new reference owned by the caller. */
+json_t* st_train_remat_choice_json(const st_remat_choice* choice);
+
+/* Predicts the step plan's peak live bytes per device for the layers
+ * |remat| (one flag a block). */
+typedef st_status (*st_remat_peak_fn)(void* user, const bool* remat, int64_t* out_peak);
+
+/* sched.remat=auto (src/train/remat_auto.c): fills |out_choice| (and its
+ * remat[layers], owned by it) with the fewest recomputing layers whose
+ * plan's predicted peak, as |peak| predicts it, is within |budget| bytes
+ * (0: no limit, so none); when even every layer does not fit, every layer,
+ * with fits = false. Candidates are the lowest k layers (their residuals
+ * live longest), k found by binary search (docs/scheduling.md). Fills
+ * automatic, layers, remat, recomputed, budget, predicted_peak, none_peak,
+ * fits, plans_built and why. */
+st_status st_train_remat_auto(int layers, int64_t budget, st_remat_peak_fn peak, void* user,
+                              st_remat_choice* out_choice);
+
+/* Builds the training-step plan and the evaluation plan for |bundle|.
+ * sched.remat=auto chooses the layers here (st_train_remat_auto); a
+ * fractional sched.memory_budget needs options->device_memory (exit 2
+ * naming the key when it is 0). */
 st_status st_train_build_plans(const st_bundle* bundle, const st_train_options* options, st_plan* out_step,
                                st_plan* out_eval);
+/* The same, and what sched.remat chose (|out_choice| may be NULL; else
+ * the caller deinits it, also after an error). */
+st_status st_train_build_plans_ex(const st_bundle* bundle, const st_train_options* options, st_plan* out_step,
+                                  st_plan* out_eval, st_remat_choice* out_choice);
 
 /* Runs `strata train`: the whole lifecycle. Prints the run directory. */
 st_status st_train_main(const st_config* config);

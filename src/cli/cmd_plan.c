@@ -13,6 +13,29 @@
 #include "strata/base.h"
 #include "strata/train.h"
 
+/* sched.remat=auto with a fractional sched.memory_budget needs the
+ * devices' memory, which only the plugin knows: ask it (the plan itself
+ * compiles nothing). */
+static st_status st__plan_device_memory(st_train_options* o) {
+  double fraction = 0;
+  if (!st_config_remat_is_auto(o->sched.remat)) return ST_OK;
+  st_status bad = st_config_memory_budget_parse(o->sched.memory_budget, NULL, &fraction);
+  if (bad || fraction <= 0) {
+    st_status_free(bad); /* the plan builder reports it */
+    return ST_OK;
+  }
+  st_runtime* rt = NULL;
+  ST_RETURN(st_runtime_create(&o->runtime, &rt));
+  int used = (o->parallel_data > 1 ? o->parallel_data : 1) * (o->parallel_fsdp > 1 ? o->parallel_fsdp : 1) *
+             (o->parallel_tensor > 1 ? o->parallel_tensor : 1);
+  for (int d = 0; d < used; ++d) {
+    int64_t m = st_runtime_device_memory(rt, d);
+    if (d == 0 || m < o->device_memory) o->device_memory = m;
+  }
+  st_runtime_destroy(rt);
+  return ST_OK;
+}
+
 int st_cli_plan(int argc, char** argv) {
   bool json = false, explain = false;
   while (argc > 0 && (!strcmp(argv[0], "--json") || !strcmp(argv[0], "--explain"))) {
@@ -29,11 +52,14 @@ int st_cli_plan(int argc, char** argv) {
   st_plan step, eval;
   st_plan_init(&step);
   st_plan_init(&eval);
+  st_remat_choice remat;
+  memset(&remat, 0, sizeof(remat));
   if (!s) {
     s = st_train_options_from_config(cfg, &o);
     st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh};
     if (!s) s = st_bundle_ensure(&req, &bundle, &exported);
-    if (!s) s = st_train_build_plans(bundle, &o, &step, &eval);
+    if (!s) s = st__plan_device_memory(&o);
+    if (!s) s = st_train_build_plans_ex(bundle, &o, &step, &eval, &remat);
     if (!s && explain) {
       json_t* e = st_plan_explain_json(&step, &eval, &o);
       if (json) {
@@ -52,7 +78,9 @@ int st_cli_plan(int argc, char** argv) {
     } else if (!s && json) {
       json_t* j = st_json_obj();
       st_json_put_str(j, "bundle", bundle->dir);
-      st_json_put(j, "step", st_plan_json(&step));
+      json_t* sj = st_plan_json(&step);
+      st_json_put(sj, "remat", st_train_remat_choice_json(&remat));
+      st_json_put(j, "step", sj);
       st_json_put(j, "eval", st_plan_json(&eval));
       char* text = st_json_dump(j, 0);
       printf("%s\n", text);
@@ -60,6 +88,7 @@ int st_cli_plan(int argc, char** argv) {
       json_decref(j);
     } else if (!s) {
       printf("# bundle %s\n# training step\n", bundle->dir);
+      if (remat.automatic) printf("# remat auto: %s\n", remat.why);
       st_plan_print(&step, stdout);
       printf("# evaluation\n");
       st_plan_print(&eval, stdout);
@@ -68,6 +97,7 @@ int st_cli_plan(int argc, char** argv) {
   }
   st_plan_deinit(&step);
   st_plan_deinit(&eval);
+  st_remat_choice_deinit(&remat);
   st_bundle_destroy(bundle);
   st_config_destroy(cfg);
   return st_cli_report(s);

@@ -86,9 +86,14 @@ static const st__cfg_key kKeys[] = {
     {"parallel.tensor", ST__CFG_INT, "1", .lo = 1, .hi = 4096,
      .doc = "Tensor-parallel mesh axis: attention heads and the MLP hidden dimension split over these devices."},
 
-    {"sched.remat", ST__CFG_STRING, "full",
-     .doc = "Layers that recompute their forward in the backward: none, full, every:K (layers 0, K, 2K, ...) or a "
-            "list such as \"0,2\"; the others keep their residuals."},
+    {"sched.remat", ST__CFG_STRING, "auto",
+     .doc = "Layers that recompute their forward in the backward: auto (the fewest that keep the predicted peak "
+            "within sched.memory_budget), none, full, every:K (layers 0, K, 2K, ...) or a list such as \"0,2\"; the "
+            "others keep their residuals."},
+    {"sched.memory_budget", ST__CFG_STRING, "0",
+     .doc = "sched.remat=auto: predicted peak live bytes allowed per device, as bytes (0: no limit, so auto keeps "
+            "every layer's residuals) or a fraction of the device's memory such as 0.9 (only where the PJRT plugin "
+            "reports it; the CPU plugin does not)."},
     {"sched.offload", ST__CFG_ENUM, "none", .choices = "none|optimizer|params|both",
      .doc = "What lives in host memory between uses: optimizer state (m, v), block parameters, or both."},
     {"sched.prefetch_depth", ST__CFG_INT, "1", .lo = 0, .hi = 64,
@@ -225,6 +230,12 @@ static st_status st__rule_remat(const st_config* c) {
   return s;
 }
 
+static st_status st__rule_memory_budget(const st_config* c) {
+  st_status s = st_config_memory_budget_parse(st_config_string(c, "sched.memory_budget"), NULL, NULL);
+  if (s) s = st_status_annotate(s, "sched.memory_budget (%s)", st_config_source(c, "sched.memory_budget"));
+  return s;
+}
+
 static st_status st__rule_per_layer(const st_config* c) {
   st_status s = st_config_check_per_layer_clip(!strcmp(st_config_string(c, "sched.optimizer"), "per_layer"),
                                                st_config_float(c, "train.grad_clip"));
@@ -333,7 +344,9 @@ static const st__cfg_rule kRules[] = {
      st__rule_heads},
     {"train.batch_size is divisible by train.microbatches.", st__rule_microbatches},
     {"model.vocab_size is at least 256 (the byte tokenizer) unless data.synthetic is true.", st__rule_vocab},
-    {"sched.remat is none, full, every:K (K >= 1) or a list of layers below model.n_layers.", st__rule_remat},
+    {"sched.remat is auto, none, full, every:K (K >= 1) or a list of layers below model.n_layers.", st__rule_remat},
+    {"sched.memory_budget is bytes (a whole number, 0: no limit) or a fraction in (0, 1] such as 0.9.",
+     st__rule_memory_budget},
     {"sched.optimizer=per_layer needs train.grad_clip=0 (clipping needs the global norm before any update).",
      st__rule_per_layer},
     {"sched.optimizer=per_layer with parallel.data > 1 needs sched.grad_reduce=per_layer.", st__rule_grad_reduce},

@@ -10,12 +10,14 @@
 
 #include "strata/config.h"
 
-#define ST__REMAT_HELP "expected none, full, every:K (K >= 1) or a comma-separated list of layers such as 0,2,5"
+#define ST__REMAT_HELP "expected auto, none, full, every:K (K >= 1) or a comma-separated list of layers such as 0,2,5"
+
+bool st_config_remat_is_auto(const char* spec) { return !spec || !spec[0] || !strcmp(spec, "auto"); }
 
 st_status st_config_remat_parse(const char* spec, int n_layers, bool* out) {
-  if (!spec || !spec[0]) spec = "full";
-  bool all = !strcmp(spec, "full"), none = !strcmp(spec, "none");
-  if (all || none) {
+  bool autom = st_config_remat_is_auto(spec);
+  bool all = !autom && !strcmp(spec, "full"), none = !autom && !strcmp(spec, "none");
+  if (all || none || autom) {
     for (int l = 0; out && l < n_layers; ++l) out[l] = all;
     return ST_OK;
   }
@@ -53,6 +55,35 @@ st_status st_config_remat_parse(const char* spec, int n_layers, bool* out) {
     ++p;
   }
   return count ? ST_OK : st_status_make(ST_CODE_CONFIG, "sched.remat '%s': " ST__REMAT_HELP, spec);
+}
+
+#define ST__BUDGET_HELP                                                                                         \
+  "expected bytes as a whole number (0: no limit) or a fraction of the device's memory in (0, 1] written with a " \
+  "decimal point, such as 0.9"
+
+st_status st_config_memory_budget_parse(const char* spec, int64_t* out_bytes, double* out_fraction) {
+  int64_t bytes = 0;
+  double fraction = 0;
+  if (!spec) spec = "";
+  const char* p = spec;
+  bool digits = isdigit((unsigned char)*p) != 0;
+  char* end = NULL;
+  errno = 0;
+  if (digits && !strchr(spec, '.') && !strchr(spec, 'e') && !strchr(spec, 'E')) {
+    long long v = strtoll(p, &end, 10);
+    if (errno || *end)
+      return st_status_make(ST_CODE_CONFIG, "sched.memory_budget '%s': %s", spec,
+                            errno ? "more bytes than a 64-bit count holds" : ST__BUDGET_HELP);
+    bytes = v;
+  } else {
+    double v = digits ? strtod(p, &end) : -1;
+    if (!digits || errno || !end || *end || !(v > 0) || v > 1)
+      return st_status_make(ST_CODE_CONFIG, "sched.memory_budget '%s': %s", spec, ST__BUDGET_HELP);
+    fraction = v;
+  }
+  if (out_bytes) *out_bytes = bytes;
+  if (out_fraction) *out_fraction = fraction;
+  return ST_OK;
 }
 
 st_status st_config_check_per_layer_clip(bool per_layer, double grad_clip) {

@@ -272,6 +272,34 @@ typedef struct pj_device_default_memory_args {
   pj_memory* memory; /* out */
 } pj_device_default_memory_args;
 
+/* MemoryStats: allocator counters; every field but bytes_in_use may be
+ * unset (the CPU plugin reports none of them, or fails the call). */
+typedef struct pj_device_memory_stats_args {
+  PJ_HEAD;
+  pj_device* device;
+  int64_t bytes_in_use;
+  int64_t peak_bytes_in_use;
+  bool peak_bytes_in_use_is_set;
+  int64_t num_allocs;
+  bool num_allocs_is_set;
+  int64_t largest_alloc_size;
+  bool largest_alloc_size_is_set;
+  int64_t bytes_limit; /* the memory a user can allocate on the device */
+  bool bytes_limit_is_set;
+  int64_t bytes_reserved;
+  bool bytes_reserved_is_set;
+  int64_t peak_bytes_reserved;
+  bool peak_bytes_reserved_is_set;
+  int64_t bytes_reservable_limit;
+  bool bytes_reservable_limit_is_set;
+  int64_t largest_free_block_bytes;
+  bool largest_free_block_bytes_is_set;
+  int64_t pool_bytes;
+  bool pool_bytes_is_set;
+  int64_t peak_pool_bytes;
+  bool peak_pool_bytes_is_set;
+} pj_device_memory_stats_args;
+
 typedef struct pj_memory_kind_args {
   PJ_HEAD;
   pj_memory* memory;
@@ -459,7 +487,7 @@ typedef struct pj_api {
   PJ_UNUSED(device_local_hardware_id);
   PJ_FN(device_addressable_memories, pj_device_memories_args);
   PJ_FN(device_default_memory, pj_device_default_memory_args);
-  PJ_UNUSED(device_memory_stats);
+  PJ_FN(device_memory_stats, pj_device_memory_stats_args);
 
   PJ_UNUSED(memory_id);
   PJ_FN(memory_kind, pj_memory_kind_args);

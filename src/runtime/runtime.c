@@ -567,6 +567,21 @@ st_status st_runtime_device_info(const st_runtime* rt, int device, st_device_inf
   return ST_OK;
 }
 
+int64_t st_runtime_device_memory(const st_runtime* rt, int device) {
+  if (!rt || device < 0 || device >= rt->device_count) return 0;
+  const pj_api* api = rt->api;
+  /* An older plugin's table may end before the slot. */
+  if (offsetof(pj_api, device_memory_stats) >= api->struct_size || !api->device_memory_stats) return 0;
+  pj_device_memory_stats_args ms = {.struct_size = sizeof(ms), .device = rt->devices[device].handle};
+  pj_error* e = api->device_memory_stats(&ms);
+  if (e) {
+    /* Unimplemented (the CPU plugin) or refused: not reported. */
+    st__pj_error_free(api, e);
+    return 0;
+  }
+  return ms.bytes_limit_is_set && ms.bytes_limit > 0 ? ms.bytes_limit : 0;
+}
+
 void st_runtime_get_stats(const st_runtime* rt, st_runtime_stats* out) {
   if (!out) return;
   memset(out, 0, sizeof(*out));

@@ -84,6 +84,7 @@ st_status st__plan_event(st__trainer* t) {
   for (int k = 0; k < kinds; ++k) st_json_put_int(c, st_op_kind_name((st_op_kind)k), counts[k]);
   st_json_put(e, "op_counts", c);
   st_json_put_int(e, "predicted_peak_bytes", st_plan_predict_live(p, NULL, NULL));
+  st_json_put(e, "remat", st_train_remat_choice_json(&t->remat));
   st_json_put_int(e, "host_bytes", st_plan_host_bytes(p));
   st_json_put_str(e, "host_memory", st_executor_host_memory(t->ex));
   if (p->devices > 1) st_json_put_int(e, "devices", p->devices);

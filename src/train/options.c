@@ -66,6 +66,8 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   o->runtime.deterministic = st_config_bool(c, "runtime.deterministic");
   o->runtime.compile_threads = (int)st_config_int(c, "runtime.compile_threads");
   o->sched.remat = st_config_string(c, "sched.remat");
+  o->sched.memory_budget = st_config_string(c, "sched.memory_budget");
+  o->sched.memory_budget_source = st_config_source(c, "sched.memory_budget");
   o->sched.offload = st_sched_offload_parse(st_config_string(c, "sched.offload"));
   if (o->sched.offload < 0) o->sched.offload = 0; /* the schema admits only known names */
   o->sched.prefetch_depth = (int)st_config_int(c, "sched.prefetch_depth");

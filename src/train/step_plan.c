@@ -866,7 +866,8 @@ static st_status st__check_mesh(const st_bundle* b, const st_train_options* o) {
   return ST_OK;
 }
 
-static void st__policy_line(const st_sched_policy* pol, int data, int fsdp, int tensor, char* out, size_t size) {
+static void st__policy_line(const st_sched_policy* pol, const st_remat_choice* rc, int data, int fsdp, int tensor,
+                            char* out, size_t size) {
   if (data > 1 || fsdp > 1 || tensor > 1) {
     char tail[192] = "";
     if (data > 1 && pol->bucketed_grad_reduce)
@@ -877,12 +878,21 @@ static void st__policy_line(const st_sched_policy* pol, int data, int fsdp, int 
       snprintf(tail + strlen(tail), sizeof(tail) - strlen(tail), " fsdp=%d gather_prefetch=%d reshard_after_forward=%s", fsdp,
                pol->gather_prefetch, pol->reshard_after_forward ? "true" : "false");
     if (tensor > 1) snprintf(tail + strlen(tail), sizeof(tail) - strlen(tail), " tensor=%d", tensor);
-    st__policy_line(pol, 1, 1, 1, out, size);
+    st__policy_line(pol, rc, 1, 1, 1, out, size);
     snprintf(out + strlen(out), size - strlen(out), "%s", tail);
     return;
   }
-  snprintf(out, size, "remat=%s offload=%s prefetch_depth=%d wait=%s optimizer=%s",
-           pol->remat && pol->remat[0] ? pol->remat : "full",
+  /* auto names what it chose and the budget it chose for (the why is in
+   * the plan event and `strata plan`'s "# remat" line). */
+  char remat[192];
+  if (rc->automatic) {
+    char layers[128];
+    st_train_remat_text(rc->remat, rc->layers, layers, sizeof(layers));
+    snprintf(remat, sizeof(remat), "auto:%s memory_budget=%lld", layers, (long long)rc->budget);
+  } else {
+    snprintf(remat, sizeof(remat), "%s", pol->remat);
+  }
+  snprintf(out, size, "remat=%s offload=%s prefetch_depth=%d wait=%s optimizer=%s", remat,
            pol->offload == 3 ? "both" : pol->offload == ST_OFFLOAD_OPTIMIZER ? "optimizer"
                                     : pol->offload == ST_OFFLOAD_PARAMS  ? "params"
                                                                          : "none",
@@ -894,9 +904,106 @@ static void st__policy_line(const st_sched_policy* pol, int data, int fsdp, int 
 /* The step, top to bottom                                                  */
 /*===-------------------------------------------------------------------===*/
 
+/* A builder for |plan| on the config's mesh (the plan's mesh fields too). */
+static void st__builder_init(st__builder* B, st_plan* plan, const st_bundle* b, const st_train_options* o,
+                             const st__instance* inst, int n_inst, const bool* remat) {
+  const st_sched_policy* pol = &o->sched;
+  const int DATA = o->parallel_data > 1 ? o->parallel_data : 1, F = o->parallel_fsdp > 1 ? o->parallel_fsdp : 1;
+  const int TP = o->parallel_tensor > 1 ? o->parallel_tensor : 1;
+  plan->devices = DATA * F * TP;
+  plan->mesh[0] = DATA;
+  plan->mesh[1] = F;
+  plan->mesh[2] = TP;
+  plan->serialize_spmd = TP > 1 && DATA * F > 1;
+  st__builder init = {plan, b, inst, n_inst, n_inst - 2, remat, b->model.tie_embeddings, {-1, -1, -1, -1},
+                      st_xcalloc((size_t)n_inst, sizeof(int)), pol->bucketed_grad_reduce, pol->grad_bucket_bytes,
+                      st_xcalloc((size_t)n_inst, sizeof(int)), 0, 0, F, DATA, TP, pol->gather_prefetch,
+                      pol->reshard_after_forward, NULL, 0, 0, st_xcalloc((size_t)n_inst, sizeof(bool))};
+  *B = init;
+}
+
+static void st__builder_free(st__builder* B) {
+  free(B->uses);
+  free(B->gathered);
+  free(B->pending);
+  free(B->sq);
+}
+
+/* The training step for the layers |remat|: the logical plan, then the
+ * policies (offload, waits), finalized into |out|. sched.remat=auto builds
+ * one of these per candidate. */
+static st_status st__step(const st_bundle* b, const st_train_options* o, const st__instance* inst, int n_inst,
+                          const bool* remat, st_plan* out) {
+  st_plan_init(out);
+  const st_sched_policy* pol = &o->sched;
+  st_plan step;
+  st_plan_init(&step);
+  st__builder B;
+  st__builder_init(&B, &step, b, o, inst, n_inst, remat);
+  const st__optimizer* opt = pol->per_layer_optimizer ? &st__per_layer : &st__after_backward;
+
+  st__state_slots(&B, true);
+  const int M = (int)o->microbatches;
+  if (B.F > 1) st__plan_uses(&B, M, false);
+  for (int m = 0; m < M; ++m) {
+    const bool last = m == M - 1;
+    st__fwd_out f;
+    st__forward(&B, m, false, &f);
+    if (last) opt->before_last_backward(&B);
+    st__backward(&B, opt, m, last, &f);
+  }
+  st__flush_reductions(&B); /* bucketed: what is left after the backward */
+  st__read_losses(&B, M);
+  opt->finish(&B);
+  if (step.devices > 1) st__layouts(&step);
+  st__builder_free(&B);
+  return st__apply_policies(&step, b, inst, n_inst, pol, pol->offload, out);
+}
+
+typedef struct {
+  const st_bundle* b;
+  const st_train_options* o;
+  const st__instance* inst;
+  int n_inst;
+} st__candidates;
+
+static st_status st__candidate_peak(void* user, const bool* remat, int64_t* out_peak) {
+  const st__candidates* c = user;
+  st_plan p;
+  ST_RETURN(st__step(c->b, c->o, c->inst, c->n_inst, remat, &p));
+  *out_peak = st_plan_predict_live(&p, NULL, NULL);
+  st_plan_deinit(&p);
+  return ST_OK;
+}
+
+/* sched.memory_budget in bytes: as given, or its fraction of the device
+ * memory the plugin reports (a config error when it reports none). */
+static st_status st__memory_budget(const st_train_options* o, int64_t* out_bytes, double* out_fraction) {
+  const char* spec = o->sched.memory_budget && o->sched.memory_budget[0] ? o->sched.memory_budget : "0";
+  const char* src = o->sched.memory_budget_source ? o->sched.memory_budget_source : "options";
+  st_status s = st_config_memory_budget_parse(spec, out_bytes, out_fraction);
+  if (s) return st_status_annotate(s, "sched.memory_budget (%s)", src);
+  if (*out_fraction <= 0) return ST_OK;
+  if (o->device_memory <= 0)
+    return st_status_make(ST_CODE_CONFIG,
+                          "sched.memory_budget '%s' (%s) is a fraction of the device's memory, but the PJRT plugin does "
+                          "not report its devices' memory (PJRT_Device_MemoryStats gives no bytes_limit); give the "
+                          "budget in bytes, e.g. sched.memory_budget=1000000000",
+                          spec, src);
+  *out_bytes = (int64_t)(*out_fraction * (double)o->device_memory);
+  if (*out_bytes < 1) *out_bytes = 1;
+  return ST_OK;
+}
+
 st_status st_train_build_plans(const st_bundle* b, const st_train_options* o, st_plan* step_out, st_plan* eval_out) {
+  return st_train_build_plans_ex(b, o, step_out, eval_out, NULL);
+}
+
+st_status st_train_build_plans_ex(const st_bundle* b, const st_train_options* o, st_plan* step_out, st_plan* eval_out,
+                                  st_remat_choice* choice_out) {
   st_plan_init(step_out);
   st_plan_init(eval_out);
+  if (choice_out) memset(choice_out, 0, sizeof(*choice_out));
   const st_sched_policy* pol = &o->sched;
   st__instance* inst = NULL;
   int n_inst = 0;
@@ -911,72 +1018,51 @@ st_status st_train_build_plans(const st_bundle* b, const st_train_options* o, st
     return s;
   }
   const int L = n_inst - 2;
-  bool* remat = st_xcalloc((size_t)L + 1, sizeof(bool));
-  int* sq = st_xcalloc((size_t)n_inst, sizeof(int));
-  s = st_config_remat_parse(pol->remat, L, remat);
-  if (s) {
-    free(sq);
-    free(remat);
-    free(inst);
-    return s;
-  }
-  st_plan step, eval;
-  st_plan_init(&step);
-  st_plan_init(&eval);
-  step.devices = eval.devices = D;
-  step.mesh[0] = eval.mesh[0] = DATA;
-  step.mesh[1] = eval.mesh[1] = F;
-  step.mesh[2] = eval.mesh[2] = TP;
-  step.serialize_spmd = eval.serialize_spmd = TP > 1 && DATA * F > 1;
-  int* pending = st_xcalloc((size_t)n_inst, sizeof(int));
-  bool* gathered = st_xcalloc((size_t)n_inst, sizeof(bool));
-  st__builder B = {&step, b, inst, n_inst, L, remat, b->model.tie_embeddings, {-1, -1, -1, -1}, sq,
-                   pol->bucketed_grad_reduce, pol->grad_bucket_bytes, pending, 0, 0,
-                   F, DATA, TP, pol->gather_prefetch, pol->reshard_after_forward, NULL, 0, 0, gathered};
-  const st__optimizer* opt = pol->per_layer_optimizer ? &st__per_layer : &st__after_backward;
 
-  /* --- the training step ------------------------------------------------ */
-  st__state_slots(&B, true);
-  const int M = (int)o->microbatches;
-  if (F > 1) st__plan_uses(&B, M, false);
-  for (int m = 0; m < M; ++m) {
-    const bool last = m == M - 1;
-    st__fwd_out f;
-    st__forward(&B, m, false, &f);
-    if (last) opt->before_last_backward(&B);
-    st__backward(&B, opt, m, last, &f);
+  /* --- the training step: sched.remat's layers, or auto's choice --------- */
+  st_remat_choice rc;
+  memset(&rc, 0, sizeof(rc));
+  if (st_config_remat_is_auto(pol->remat)) {
+    int64_t budget = 0;
+    double fraction = 0;
+    s = st__memory_budget(o, &budget, &fraction);
+    st__candidates cand = {b, o, inst, n_inst};
+    if (!s) s = st_train_remat_auto(L, budget, st__candidate_peak, &cand, &rc);
+    rc.budget_fraction = fraction;
+    rc.device_memory = o->device_memory;
+  } else {
+    rc.layers = L;
+    rc.remat = st_xcalloc((size_t)L + 1, sizeof(bool));
+    s = st_config_remat_parse(pol->remat, L, rc.remat);
+    for (int l = 0; l < L; ++l) rc.recomputed += rc.remat[l];
   }
-  st__flush_reductions(&B); /* bucketed: what is left after the backward */
-  st__read_losses(&B, M);
-  opt->finish(&B);
+  if (!s) s = st__step(b, o, inst, n_inst, rc.remat, step_out);
+  if (!s) rc.predicted_peak = st_plan_predict_live(step_out, NULL, NULL);
 
   /* --- the evaluation ---------------------------------------------------- */
-  B.plan = &eval;
-  st__evaluation(&B, (int)(o->eval_batches * o->microbatches));
-  if (D > 1) {
-    st__layouts(&step);
-    st__layouts(&eval);
+  if (!s) {
+    st_plan eval;
+    st_plan_init(&eval);
+    st__builder B;
+    st__builder_init(&B, &eval, b, o, inst, n_inst, rc.remat);
+    st__evaluation(&B, (int)(o->eval_batches * o->microbatches));
+    if (D > 1) st__layouts(&eval);
+    st__builder_free(&B);
+    /* Evaluation has no optimizer state; offloaded parameters stream as in training. */
+    s = st__apply_policies(&eval, b, inst, n_inst, pol, pol->offload & ST_OFFLOAD_PARAMS, eval_out);
   }
-  free(B.uses);
-  free(gathered);
-  free(pending);
-  free(sq);
-  free(remat);
-
-  /* --- policies: offload, waits ------------------------------------------ */
-  char policy[256];
-  st__policy_line(pol, DATA, F, TP, policy, sizeof(policy));
-  s = st__apply_policies(&step, b, inst, n_inst, pol, pol->offload, step_out);
-  /* Evaluation has no optimizer state; offloaded parameters stream as in training. */
-  if (!s) s = st__apply_policies(&eval, b, inst, n_inst, pol, pol->offload & ST_OFFLOAD_PARAMS, eval_out);
-  else st_plan_deinit(&eval);
   free(inst);
   if (s) {
     st_plan_deinit(step_out);
     st_plan_deinit(eval_out);
+    st_remat_choice_deinit(&rc);
     return s;
   }
+  char policy[384];
+  st__policy_line(pol, &rc, DATA, F, TP, policy, sizeof(policy));
   st_plan_set_policy(step_out, policy);
   st_plan_set_policy(eval_out, policy);
+  if (choice_out) *choice_out = rc;
+  else st_remat_choice_deinit(&rc);
   return ST_OK;
 }

@@ -30,6 +30,7 @@ typedef struct st__trainer {
   double* compile_s; /* seconds each took to compile or load, same index */
   st_program** compiled_coll; /* SPMD collectives by bundle collective index (owned; NULL without) */
   st_plan step_plan, eval_plan;
+  st_remat_choice remat; /* what sched.remat chose for step_plan, and why (the plan event) */
   st_program** step_programs; /* borrowed from compiled, by plan program index */
   st_program** eval_programs;
   st_executor* ex;      /* owns the persistent state (params, m, v) */

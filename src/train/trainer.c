@@ -422,6 +422,7 @@ static void st__trainer_free(st__trainer* t) {
   }
   st_plan_deinit(&t->step_plan);
   st_plan_deinit(&t->eval_plan);
+  st_remat_choice_deinit(&t->remat);
   free(t->tokens);
   free(t->targets);
   free(t->mask);
@@ -612,7 +613,18 @@ st_status st_train_main(const st_config* cfg) {
     s = st__event(&t, "bundle", f);
   }
   double t_compile = st_now();
-  if (!s) s = st_train_build_plans(bundle, &o, &t.step_plan, &t.eval_plan);
+  if (!s) {
+    /* A fractional sched.memory_budget is of the least memory among the
+     * devices the plan uses (0 when the plugin reports none). */
+    int used = (o.parallel_data > 1 ? o.parallel_data : 1) * (o.parallel_fsdp > 1 ? o.parallel_fsdp : 1) *
+               (o.parallel_tensor > 1 ? o.parallel_tensor : 1);
+    o.device_memory = 0;
+    for (int d = 0; d < used; ++d) {
+      int64_t m = st_runtime_device_memory(t.runtime, d);
+      if (d == 0 || m < o.device_memory) o.device_memory = m;
+    }
+    s = st_train_build_plans_ex(bundle, &o, &t.step_plan, &t.eval_plan, &t.remat);
+  }
   /* Every program the run needs, compiled as one batch. A resume usually
    * restores every parameter from a checkpoint, so it leaves the init
    * programs out and compiles them later only if no checkpoint is found. */
