@@ -8,7 +8,13 @@
  *   - the memory test: real training runs (exporter, CPU plugin) whose
  *     accounted peak live device bytes equal the plan's prediction at every
  *     op, and fall by exactly the predicted, independently derived amounts
- *     for sched.remat=full (vs none) and optimizer-state offload (vs none). */
+ *     for sched.remat=full (vs none) and optimizer-state offload (vs none);
+ *   - sched.remat=auto: the chooser on synthetic peaks, and on the real
+ *     bundle's plans with an unlimited budget (none's plan), a budget
+ *     between none's and full's peaks (some layers, peak within it), a
+ *     tiny one (full, "does not fit") and a fraction with no device memory
+ *     reported (config error); in the memory test, an auto run's accounted
+ *     peak within its budget. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -68,7 +74,10 @@ static void expect_remat_error(const char* spec, int n, const char* needle) {
 static void test_remat_parse(void** state) {
   (void)state;
   expect_remat("full", 4, "1111");
-  expect_remat(NULL, 3, "111"); /* unset = full, the default */
+  expect_remat(NULL, 3, "000"); /* unset = auto, the default: the plan builder chooses, parse fills nothing */
+  expect_remat("auto", 3, "000");
+  assert_true(st_config_remat_is_auto(NULL) && st_config_remat_is_auto("") && st_config_remat_is_auto("auto"));
+  assert_false(st_config_remat_is_auto("full") || st_config_remat_is_auto("none") || st_config_remat_is_auto("autox"));
   expect_remat("none", 4, "0000");
   expect_remat("every:2", 5, "10101");
   expect_remat("every:1", 3, "111");
@@ -79,7 +88,7 @@ static void test_remat_parse(void** state) {
   expect_remat_error("every:0", 4, "K must be a whole number >= 1");
   expect_remat_error("every:x", 4, "K must be");
   expect_remat_error("every:2x", 4, "K must be");
-  expect_remat_error("some", 4, "expected none, full, every:K");
+  expect_remat_error("some", 4, "expected auto, none, full, every:K");
   expect_remat_error("0,,1", 4, "unexpected");
   expect_remat_error("0;1", 4, "unexpected ';1'");
   expect_remat_error("1,4", 4, "lists layer 4, but the model has 4 layers (0..3)");
@@ -126,6 +135,263 @@ static void test_per_layer_clip_rule(void** state) {
   ASSERT_OK(st_train_build_plans(b, &o, &step, &eval));
   st_plan_deinit(&step);
   st_plan_deinit(&eval);
+  st_bundle_destroy(b);
+}
+
+/*===-------------------------------------------------------------------===*/
+/* sched.remat=auto                                                         */
+/*===-------------------------------------------------------------------===*/
+
+static void test_memory_budget_parse(void** state) {
+  (void)state;
+  int64_t bytes = -1;
+  double fraction = -1;
+  ASSERT_OK(st_config_memory_budget_parse("0", &bytes, &fraction));
+  assert_true(bytes == 0 && fraction == 0);
+  ASSERT_OK(st_config_memory_budget_parse("123456789012", &bytes, &fraction));
+  assert_true(bytes == 123456789012LL && fraction == 0);
+  ASSERT_OK(st_config_memory_budget_parse("0.9", &bytes, &fraction));
+  assert_true(bytes == 0 && fraction == 0.9);
+  ASSERT_OK(st_config_memory_budget_parse("1.0", &bytes, &fraction));
+  assert_true(fraction == 1.0);
+  const char* bad[] = {"", "-1", "abc", "1.5", "0.0", "0.", "1e9", "12x", " 5", ".5", "99999999999999999999"};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); ++i) {
+    st_status s = st_config_memory_budget_parse(bad[i], &bytes, &fraction);
+    if (!s) fail_msg("sched.memory_budget '%s' was accepted", bad[i]);
+    assert_int_equal(st_status_code(s), ST_CODE_CONFIG);
+    st_status_free(s);
+  }
+}
+
+/* A stand-in for the plan builder: the step's peak is 1000 B plus 100 B
+ * for each layer among 0..L-2 that keeps its residuals, plus 100 B for
+ * the top layer whether or not it recomputes (it is recomputed where the
+ * peak is) — the shape of the real plans' peaks. Counts its calls. */
+typedef struct {
+  int L, calls;
+  bool fail;
+} fake_model;
+
+static st_status fake_peak(void* user, const bool* remat, int64_t* out) {
+  fake_model* m = user;
+  m->calls++;
+  if (m->fail && m->calls == 3) return st_status_make(ST_CODE_RUNTIME, "fake builder failed");
+  int64_t p = 1000 + 100;
+  for (int l = 0; l < m->L - 1; ++l) p += remat[l] ? 0 : 100;
+  *out = p;
+  return ST_OK;
+}
+
+static void expect_choice(int L, int64_t budget, const char* want_layers, int64_t want_peak, bool want_fits,
+                          const char* why) {
+  fake_model m = {L, 0, false};
+  st_remat_choice c;
+  ASSERT_OK(st_train_remat_auto(L, budget, fake_peak, &m, &c));
+  char got[128];
+  st_train_remat_text(c.remat, L, got, sizeof(got));
+  if (strcmp(got, want_layers) || c.predicted_peak != want_peak || c.fits != want_fits || !strstr(c.why, why))
+    fail_msg("budget %lld over %d layers: chose %s (peak %lld, fits %d: %s); want %s (peak %lld, fits %d, '%s')",
+             (long long)budget, L, got, (long long)c.predicted_peak, c.fits, c.why, want_layers, (long long)want_peak,
+             want_fits, why);
+  assert_true(c.automatic);
+  assert_int_equal(c.plans_built, m.calls);
+  assert_int_equal(c.none_peak, 1000 + 100 * L);
+  int n = 0;
+  for (int l = 0; l < L; ++l) n += c.remat[l];
+  assert_int_equal(c.recomputed, n);
+  st_remat_choice_deinit(&c);
+}
+
+static void test_remat_auto_chooser(void** state) {
+  (void)state;
+  /* 6 layers: none peaks at 1600 B, full (and 0..4) at 1100 B. */
+  expect_choice(6, 0, "none", 1600, true, "no budget (sched.memory_budget=0): every layer keeps its residuals");
+  expect_choice(6, 1600, "none", 1600, true, "fits without remat: predicted peak 1600 B <= budget 1600 B");
+  expect_choice(6, 1599, "0", 1500, true, "recompute 1 of 6 layers (0): predicted peak 1500 B <= budget 1599 B");
+  expect_choice(6, 1400, "0,1", 1400, true, "recompute 2 of 6 layers (0,1)");
+  expect_choice(6, 1250, "0,1,2,3", 1200, true, "recompute 4 of 6 layers");
+  /* Recomputing the top layer does not lower the peak: auto leaves it out. */
+  expect_choice(6, 1100, "0,1,2,3,4", 1100, true, "recompute 5 of 6 layers");
+  expect_choice(6, 1099, "full", 1100, false,
+                "does not fit: even with every layer recomputed the predicted peak is 1100 B > budget 1099 B (without "
+                "remat 1600 B); chose full");
+  expect_choice(1, 1000, "full", 1100, false, "does not fit");
+  /* Every count k from 1 to L-1 over a deeper model: the least that fits,
+   * found in 2 + log2(L) plans, not L^2. */
+  for (int k = 1; k < 40; ++k) {
+    fake_model m = {40, 0, false};
+    st_remat_choice c;
+    ASSERT_OK(st_train_remat_auto(40, 1000 + 100 * (40 - k), fake_peak, &m, &c));
+    assert_int_equal(c.recomputed, k);
+    for (int l = 0; l < 40; ++l) assert_int_equal(c.remat[l], l < k);
+    assert_true(c.plans_built <= 2 + 6);
+    st_remat_choice_deinit(&c);
+  }
+  /* The builder's error comes back. */
+  fake_model m = {6, 0, true};
+  st_remat_choice c;
+  st_status s = st_train_remat_auto(6, 1300, fake_peak, &m, &c);
+  assert_non_null(s);
+  assert_string_equal(st_status_message(s), "fake builder failed");
+  st_status_free(s);
+  st_remat_choice_deinit(&c);
+}
+
+static int count_ops(const st_plan* p, st_op_kind kind) {
+  int n = 0;
+  for (int i = 0; i < p->op_count; ++i) n += p->ops[i].kind == kind;
+  return n;
+}
+
+/* Plans of the same ops, programs and slots. */
+static void expect_same_plan(const st_plan* a, const st_plan* b) {
+  assert_int_equal(a->op_count, b->op_count);
+  assert_int_equal(a->slot_count, b->slot_count);
+  for (int i = 0; i < a->op_count; ++i) {
+    const st_op *x = &a->ops[i], *y = &b->ops[i];
+    assert_int_equal(x->kind, y->kind);
+    assert_int_equal(x->layer, y->layer);
+    assert_int_equal(x->input_count, y->input_count);
+    assert_int_equal(x->output_count, y->output_count);
+    if (x->program >= 0 || y->program >= 0) assert_string_equal(a->programs[x->program], b->programs[y->program]);
+    for (int k = 0; k < x->input_count; ++k) assert_string_equal(a->slots[x->inputs[k]].name, b->slots[y->inputs[k]].name);
+  }
+  assert_int_equal(st_plan_predict_live(a, NULL, NULL), st_plan_predict_live(b, NULL, NULL));
+}
+
+static void build(const st_bundle* b, st_train_options* o, const char* remat, const char* budget, st_plan* step,
+                  st_remat_choice* c) {
+  o->sched.remat = remat;
+  o->sched.memory_budget = budget;
+  st_plan eval;
+  ASSERT_OK(st_train_build_plans_ex(b, o, step, &eval, c));
+  st_plan_deinit(&eval);
+}
+
+static void test_remat_auto_plans(void** state) {
+  (void)state;
+  st_bundle* b = test_bundle();
+  const int L = (int)b->model.n_layers;
+  assert_int_equal(L, 3);
+  st_train_options o;
+  memset(&o, 0, sizeof(o));
+  o.microbatches = 2;
+  o.batch_size = 4;
+  o.eval_batches = 1;
+  o.grad_clip = 1.0;
+  st_plan none, full, one, step;
+  st_remat_choice c;
+  build(b, &o, "none", NULL, &none, &c);
+  assert_false(c.automatic);
+  st_remat_choice_deinit(&c);
+  build(b, &o, "full", NULL, &full, &c);
+  assert_int_equal(c.recomputed, L);
+  st_remat_choice_deinit(&c);
+  build(b, &o, "0", NULL, &one, &c);
+  st_remat_choice_deinit(&c);
+  const int64_t none_peak = st_plan_predict_live(&none, NULL, NULL), full_peak = st_plan_predict_live(&full, NULL, NULL);
+  printf("# 3 layers, 2 microbatches: peak none %lld B, full %lld B\n", (long long)none_peak, (long long)full_peak);
+  assert_true(full_peak < none_peak);
+
+  /* Unlimited (unset, the default) and large budgets: none's plan, no RECOMPUTE. */
+  const char* large[] = {NULL, "0", "1000000000"};
+  for (int i = 0; i < 3; ++i) {
+    build(b, &o, i == 0 ? NULL : "auto", large[i], &step, &c);
+    expect_same_plan(&step, &none);
+    assert_int_equal(count_ops(&step, ST_OP_RECOMPUTE), 0);
+    assert_true(c.automatic && c.fits && c.recomputed == 0 && c.predicted_peak == none_peak);
+    char want[256];
+    snprintf(want, sizeof(want), "remat=auto:none memory_budget=%s offload=none", i == 2 ? "1000000000" : "0");
+    if (strncmp(step.policy, want, strlen(want))) fail_msg("policy '%s', want '%s...'", step.policy, want);
+    st_plan_deinit(&step);
+    st_remat_choice_deinit(&c);
+  }
+
+  /* Between none's and full's peaks: some layers, not all, within the budget. */
+  char budget[32];
+  snprintf(budget, sizeof(budget), "%lld", (long long)(none_peak - 1));
+  build(b, &o, "auto", budget, &step, &c);
+  int rec = count_ops(&step, ST_OP_RECOMPUTE);
+  assert_true(rec > 0 && rec < L * (int)o.microbatches);
+  assert_true(c.fits && c.recomputed > 0 && c.recomputed < L);
+  assert_true(st_plan_predict_live(&step, NULL, NULL) <= none_peak - 1);
+  assert_int_equal(c.predicted_peak, st_plan_predict_live(&step, NULL, NULL));
+  /* One layer is enough here: layer 0, the plan of sched.remat=0. */
+  assert_int_equal(c.recomputed, 1);
+  assert_true(c.remat[0]);
+  expect_same_plan(&step, &one);
+  char want[512];
+  snprintf(want, sizeof(want), "recompute 1 of 3 layers (0): predicted peak %lld B <= budget %lld B (without remat %lld B, over it)",
+           (long long)st_plan_predict_live(&one, NULL, NULL), (long long)(none_peak - 1), (long long)none_peak);
+  assert_string_equal(c.why, want);
+  assert_non_null(strstr(step.policy, "remat=auto:0 memory_budget="));
+  st_plan_deinit(&step);
+  st_remat_choice_deinit(&c);
+  /* Exactly full's peak: every layer but the top one (it does not lower the peak). */
+  snprintf(budget, sizeof(budget), "%lld", (long long)full_peak);
+  build(b, &o, "auto", budget, &step, &c);
+  assert_true(c.fits && c.recomputed == L - 1 && !c.remat[L - 1]);
+  assert_int_equal(st_plan_predict_live(&step, NULL, NULL), full_peak);
+  st_plan_deinit(&step);
+  st_remat_choice_deinit(&c);
+
+  /* A tiny budget: even full does not fit; full, and the choice says so. */
+  build(b, &o, "auto", "1", &step, &c);
+  expect_same_plan(&step, &full);
+  assert_int_equal(count_ops(&step, ST_OP_RECOMPUTE), L * (int)o.microbatches);
+  assert_false(c.fits);
+  snprintf(want, sizeof(want),
+           "does not fit: even with every layer recomputed the predicted peak is %lld B > budget 1 B (without remat %lld "
+           "B); chose full",
+           (long long)full_peak, (long long)none_peak);
+  assert_string_equal(c.why, want);
+  json_t* j = st_train_remat_choice_json(&c);
+  char* text = st_json_dump(j, 0);
+  json_decref(j);
+  snprintf(want, sizeof(want),
+           "{\"mode\": \"auto\", \"recompute\": [0, 1, 2], \"recomputed\": 3, \"layers\": 3, \"predicted_peak_bytes\": "
+           "%lld, \"budget_bytes\": 1, \"none_peak_bytes\": %lld, \"fits\": false, \"plans_built\": 2, \"why\": \"%s\"}",
+           (long long)full_peak, (long long)none_peak, c.why);
+  assert_string_equal(text, want);
+  free(text);
+  st_plan_deinit(&step);
+  st_remat_choice_deinit(&c);
+
+  /* A fraction: of the device memory the plugin reports; a config error
+   * naming the key when it reports none (the CPU plugin). */
+  o.sched.memory_budget_source = "command line";
+  st_plan eval;
+  o.sched.remat = "auto";
+  o.sched.memory_budget = "0.5";
+  st_status s = st_train_build_plans_ex(b, &o, &step, &eval, &c);
+  assert_non_null(s);
+  assert_int_equal(st_status_code(s), ST_CODE_CONFIG);
+  assert_string_equal(st_status_message(s),
+                      "sched.memory_budget '0.5' (command line) is a fraction of the device's memory, but the PJRT "
+                      "plugin does not report its devices' memory (PJRT_Device_MemoryStats gives no bytes_limit); give "
+                      "the budget in bytes, e.g. sched.memory_budget=1000000000");
+  st_status_free(s);
+  st_remat_choice_deinit(&c);
+  o.device_memory = 2 * none_peak; /* half of it: none fits exactly */
+  build(b, &o, "auto", "0.5", &step, &c);
+  assert_true(c.fits && c.recomputed == 0 && c.budget == none_peak && c.budget_fraction == 0.5);
+  st_plan_deinit(&step);
+  st_remat_choice_deinit(&c);
+  o.device_memory = 2 * none_peak - 2; /* now one byte short */
+  build(b, &o, "auto", "0.5", &step, &c);
+  assert_true(c.fits && c.recomputed == 1 && c.budget == none_peak - 1);
+  st_plan_deinit(&step);
+  st_remat_choice_deinit(&c);
+  /* Only auto reads the budget. */
+  o.device_memory = 0;
+  build(b, &o, "full", "0.5", &step, &c);
+  expect_same_plan(&step, &full);
+  st_plan_deinit(&step);
+  st_remat_choice_deinit(&c);
+
+  st_plan_deinit(&none);
+  st_plan_deinit(&full);
+  st_plan_deinit(&one);
   st_bundle_destroy(b);
 }
 
@@ -477,8 +743,9 @@ static void test_memory_accounting(void** state) {
   run_metrics none, full, opt0, opt1, both;
   const char* r_none[] = {"sched.remat=none", NULL};
   const char* r_full[] = {"sched.remat=full", NULL};
-  const char* o_opt0[] = {"sched.offload=optimizer", "sched.prefetch_depth=0", NULL};
-  const char* o_opt1[] = {"sched.offload=optimizer", "sched.prefetch_depth=1", NULL};
+  /* Offload is measured against full remat (its peak falls where full's is). */
+  const char* o_opt0[] = {"sched.offload=optimizer", "sched.prefetch_depth=0", "sched.remat=full", NULL};
+  const char* o_opt1[] = {"sched.offload=optimizer", "sched.prefetch_depth=1", "sched.remat=full", NULL};
   /* Everything at once, for the sanitizers: offload of both, per-layer
    * updates, eager waits, partial remat, a trace. */
   const char* o_all[] = {"sched.offload=both", "sched.prefetch_depth=2", "sched.optimizer=per_layer", "train.grad_clip=0",
@@ -488,6 +755,15 @@ static void test_memory_accounting(void** state) {
   train("opt0", o_opt0, &opt0);
   train("opt1", o_opt1, &opt1);
   train("all", o_all, &both);
+  /* sched.remat=auto: the default (no budget) trains none's plan; a budget
+   * one byte below none's peak recomputes layer 0 only, and the accounted
+   * peak stays within it. */
+  run_metrics autodef, autob;
+  train("auto-default", NULL, &autodef);
+  char budget[64];
+  snprintf(budget, sizeof(budget), "sched.memory_budget=%lld", (long long)(none.peak[0] - 1));
+  const char* r_autob[] = {budget, NULL};
+  train("auto-budget", r_autob, &autob);
 
   st_bundle* b = test_bundle();
   const st_bundle_program* fr = st_bundle_program_find(b, "block_fwd_res");
@@ -512,6 +788,14 @@ static void test_memory_accounting(void** state) {
   assert_int_equal(none.recomputes, 0);
   assert_int_equal(layers, 3);
   assert_int_equal(full.recomputes, 2 * layers); /* every layer, both microbatches */
+  printf("# remat auto: default peak %lld B, %lld recomputes; budget %lld B: peak %lld B, %lld recomputes\n",
+         (long long)autodef.peak[0], (long long)autodef.recomputes, (long long)(none.peak[0] - 1),
+         (long long)autob.peak[0], (long long)autob.recomputes);
+  assert_int_equal(autodef.peak[0], none.peak[0]);
+  assert_int_equal(autodef.recomputes, 0);
+  assert_true(autob.peak[0] <= none.peak[0] - 1);
+  assert_int_equal(autob.peak[0], none.peak[0] - residual_bytes); /* layer 0's residuals */
+  assert_int_equal(autob.recomputes, 2); /* layer 0, both microbatches */
 
   /* Optimizer offload, prefetch 0: no m or v is on the device during the
    * backward (the peak), so the peak falls by all of them: 2 x parameters. */
@@ -579,6 +863,9 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_remat_parse),
       cmocka_unit_test(test_per_layer_clip_rule),
+      cmocka_unit_test(test_memory_budget_parse),
+      cmocka_unit_test(test_remat_auto_chooser),
+      cmocka_unit_test(test_remat_auto_plans),
       cmocka_unit_test(test_offload_pass),
       cmocka_unit_test(test_wait_pass_and_deps),
       cmocka_unit_test(test_finalize_rejects),
