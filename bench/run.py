@@ -13,6 +13,11 @@ Measures (docs/performance.md explains the method and shows the numbers):
   overhead  strata and the unrolled anchor under `perf record`: CPU time of
             the host (main) thread per step against the step time, and how
             busy XLA's worker threads are
+  remat     the 1-device step under sched.remat=auto (the default; no budget,
+            and with a budget that makes it recompute), none and full, as
+            ratios to none, and against the previous commit's strata built
+            in a scratch folder (git archive + cmake; its default plan and
+            full remat), all in interleaved rounds of one run
   parallel  each mesh of a list the trainer supports (1 device, data=2,
             data=4, fsdp=2, fsdp=4, tensor=2, data=2,tensor=2 on 4 CPU
             devices): strata's step time and accounted per-device peak bytes
@@ -28,8 +33,8 @@ Results: bench/results/<date>-<host>.json and a Markdown section appended to
 bench/results/README.md (both skipped with --no-save). Speed targets are
 reported, never asserted.
 
-    .venv/bin/python bench/run.py [--quick] [--sections step,compile,overhead,parallel,extra]
-        [--rounds N] [--no-save]
+    .venv/bin/python bench/run.py [--quick] [--sections step,compile,overhead,remat,parallel,extra]
+        [--rounds N] [--no-save] [--base-commit REV | --no-previous]
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ sys.path.insert(0, HERE)
 import flops as FL  # noqa: E402
 import perfsplit  # noqa: E402
 
-SECTIONS = ("step", "compile", "overhead", "parallel", "extra")
+SECTIONS = ("step", "compile", "overhead", "remat", "parallel", "extra")
 OWN_HELPERS = {"bench_ckpt.py", "bench_sched.py"}  # not special: listed here only for the docs' sake
 
 
@@ -86,6 +91,18 @@ class ParallelPreset:
 
 
 @dataclass
+class RematPreset:
+    """The remat section: the 1-device step under each sched.remat choice,
+    and the previous commit's strata on the same preset."""
+    config: str
+    overrides: list[str]
+    steps: int
+    warmup: int
+    rounds: int
+    previous: bool = True  # build the previous commit and time it too
+
+
+@dataclass
 class Plan:
     """What to run; --quick shrinks everything to check the pipeline in a minute or two."""
     presets: dict[str, Preset]
@@ -102,6 +119,7 @@ class Plan:
     overhead_warmup: int
     extra_timeout_s: int
     parallel: ParallelPreset | None = None
+    remat: RematPreset | None = None
 
 
 FULL = Plan(
@@ -115,6 +133,7 @@ FULL = Plan(
     parallel=ParallelPreset("configs/tiny.yml", [], steps=20, warmup=5, rounds=2,
                             meshes=["1", "data=2", "data=4", "fsdp=2", "fsdp=4", "tensor=2", "data=2,tensor=2",
                                     "data=2,fsdp=2", "fsdp=2,tensor=2"]),
+    remat=RematPreset("configs/tiny.yml", [], steps=20, warmup=5, rounds=2),
 )
 QUICK = Plan(
     presets={"test": Preset("configs/test.yml", [], steps=8, warmup=2, diagnostics=True)},
@@ -125,6 +144,7 @@ QUICK = Plan(
     # batch 8 in 2 microbatches: 4 rows, which data=2 and fsdp=2 can cut
     parallel=ParallelPreset("configs/test.yml", ["train.batch_size=8"], steps=6, warmup=2, rounds=1,
                             meshes=["1", "data=2", "fsdp=2", "tensor=2"]),
+    remat=RematPreset("configs/test.yml", [], steps=8, warmup=2, rounds=1),
 )
 
 # The malloc policy strata's runtime applies to itself (docs/runtime.md,
@@ -342,6 +362,7 @@ class Bench:
         self.env.pop("JAX_PLATFORMS", None)
         self.plugin = self._plugin_path()
         self.n = 0
+        self.base_commit: str | None = None  # the remat section's previous commit (None: HEAD^, or HEAD if dirty)
 
     def _plugin_path(self) -> str | None:
         r = subprocess.run([self.python, "-c", "import lammps_jax_pjrt_cpu as p; print(p.PLUGIN_PATH)"],
@@ -355,11 +376,12 @@ class Bench:
     # --- one strata run ---
     def strata_train(self, config: str, overrides: list[str], name: str, env: dict[str, str] | None = None,
                      stop_at_run: bool = False, timeout_s: float = 900, perf: str | None = None,
-                     window: tuple[int, int] | None = None) -> dict[str, Any]:
+                     window: tuple[int, int] | None = None, strata: str | None = None) -> dict[str, Any]:
         """window: (first, last) step lines between which CPU time and page
-        faults are sampled (not with perf: then the process is perf's)."""
+        faults are sampled (not with perf: then the process is perf's).
+        strata: another build's binary (the remat section's previous commit)."""
         run_dir = self.tmp(name)
-        cmd = [self.strata, "train", config, *overrides, f"run.dir={run_dir}", "run.progress=off"]
+        cmd = [strata or self.strata, "train", config, *overrides, f"run.dir={run_dir}", "run.progress=off"]
         if perf:
             cmd = perfsplit.record_prefix(perf) + cmd
         events_path = os.path.join(run_dir, "events.jsonl")
@@ -724,6 +746,152 @@ def _overhead_summary(sp: dict[str, Any], n_steps: int, step_s: float | None, nc
     }
 
 
+# --- remat: auto against none and full, and against the previous commit -----------
+
+def remat_budget_between(none_peak: int, full_peak: int) -> int:
+    """A sched.memory_budget that none's plan exceeds and full's fits: one
+    byte below none's peak, so auto recomputes the fewest layers that help."""
+    if full_peak >= none_peak:
+        raise ValueError(f"full remat's peak {full_peak} B is not below none's {none_peak} B")
+    return none_peak - 1
+
+
+def remat_ratios(res: dict[str, Any]) -> None:
+    """Fills res["ratio"] in place: each variant's best median step against
+    none's and, for this commit's default and full, against the previous
+    commit's same plan."""
+    best = res["best"]
+
+    def med(k: str) -> float | None:
+        return (best.get(k) or {}).get("median_s")
+
+    res["ratio"] = {
+        "vs_none": {k: ratio(v.get("median_s"), med("none")) for k, v in best.items() if k != "none"},
+        "default_vs_previous_default": ratio(med("auto"), med("previous default")),
+        "full_vs_previous_full": ratio(med("full"), med("previous full")),
+    }
+
+
+def plan_peak(b: Bench, strata: str, config: str, overrides: list[str], env: dict[str, str]) -> dict[str, Any]:
+    r = subprocess.run([strata, "plan", "--json", config, *overrides], cwd=ROOT, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"strata plan {' '.join(overrides)} failed: {r.stderr.strip()[-1500:]}")
+    return json.loads(r.stdout)["step"]
+
+
+def base_commit(rev: str | None) -> tuple[str, str]:
+    """The commit to compare with: REV, else HEAD's parent (HEAD itself when
+    the tree has uncommitted changes: then HEAD is the previous state)."""
+    def git(*args: str) -> str:
+        r = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"git {' '.join(args)}: {r.stderr.strip()}")
+        return r.stdout.strip()
+    if not rev:
+        rev = "HEAD" if git("status", "--porcelain", "--untracked-files=no") else "HEAD^"
+    return rev, git("rev-parse", rev)
+
+
+def build_commit(b: Bench, sha: str) -> str:
+    """strata at commit |sha|, built as `make build` builds it (git archive
+    into the work folder, cmake without tests); returns the binary."""
+    src = os.path.join(b.work, f"prev-{sha[:12]}")
+    os.makedirs(src, exist_ok=True)
+    arch = subprocess.run(f"git archive {sha} | tar -x -C '{src}'", shell=True, cwd=ROOT, capture_output=True, text=True)
+    if arch.returncode != 0:
+        raise RuntimeError(f"git archive {sha}: {arch.stderr.strip()}")
+    for cmd in (["cmake", "-S", src, "-B", os.path.join(src, "build"), "-DSTRATA_TESTS=OFF"],
+                ["cmake", "--build", os.path.join(src, "build"), "-j", str(os.cpu_count() or 2)]):
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{(r.stdout + r.stderr)[-1500:]}")
+    return os.path.join(src, "build", "strata")
+
+
+def section_remat(b: Bench) -> dict[str, Any]:
+    rp = b.plan.remat
+    if rp is None:
+        raise RuntimeError("this plan has no remat preset")
+    common = [*rp.overrides, "train.eval_every=0", "train.eval_batches=1"]
+    b.log("remat: warming the bundle and executable caches")
+    b.strata_train(rp.config, [*common, "train.steps=1", "sched.remat=full"], "remat-warm-full")
+    b.strata_train(rp.config, [*common, "train.steps=1", "sched.remat=none"], "remat-warm-none")
+    none_peak = plan_peak(b, b.strata, rp.config, [*common, "sched.remat=none"], b.env)["predicted_peak_bytes"]
+    full_peak = plan_peak(b, b.strata, rp.config, [*common, "sched.remat=full"], b.env)["predicted_peak_bytes"]
+    budget = remat_budget_between(none_peak, full_peak)
+    # (name, binary, overrides, env)
+    variants: list[tuple[str, str, list[str], dict[str, str]]] = [
+        ("auto", b.strata, [], b.env),
+        ("none", b.strata, ["sched.remat=none"], b.env),
+        ("full", b.strata, ["sched.remat=full"], b.env),
+        ("auto with a budget", b.strata, [f"sched.memory_budget={budget}"], b.env),
+    ]
+    out: dict[str, Any] = {"config": rp.config, "overrides": rp.overrides, "steps": rp.steps, "warmup": rp.warmup,
+                           "rounds": rp.rounds, "none_peak_bytes": none_peak, "full_peak_bytes": full_peak,
+                           "budget_bytes": budget, "previous": None, "choices": {}, "runs": {}, "best": {}}
+    if rp.previous:
+        try:
+            rev, sha = base_commit(b.base_commit)
+            b.log(f"remat: building the previous commit {rev} ({sha[:12]})")
+            t0 = time.monotonic()
+            prev = build_commit(b, sha)
+            # Its exporter runs on this Python (the scratch tree has no .venv).
+            penv = {**b.env, "STRATA_PYTHON": b.python, "STRATA_BIN": prev}
+            out["previous"] = {"rev": rev, "commit": sha, "build_s": round(time.monotonic() - t0, 1)}
+            b.log("remat: warming the previous commit's bundle")
+            b.strata_train(rp.config, [*common, "train.steps=1"], "remat-warm-prev", env=penv, strata=prev)
+            variants += [("previous default", prev, [], penv), ("previous full", prev, ["sched.remat=full"], penv)]
+        except RuntimeError as e:
+            b.log(f"remat: the previous commit is left out: {e}")
+            out["previous_error"] = str(e)[-1500:]
+    for rnd in range(rp.rounds):
+        for name, binary, extra, env in variants:
+            b.log(f"remat: round {rnd + 1}/{rp.rounds}: {name}")
+            r = b.strata_train(rp.config, [*common, *extra, f"train.steps={rp.steps}"],
+                               "remat-" + name.replace(" ", "_"), env=env, strata=binary, window=(rp.warmup, rp.steps))
+            s = strata_step_summary(r["metrics"], rp.warmup)
+            steps = step_metrics(r["metrics"])
+            s["recomputes"] = steps[-1].get("recomputes") if steps else None
+            s.update({"round": rnd, "other_load": round(r["proc"].other_load, 3), "maxrss_bytes": r["proc"].maxrss_bytes})
+            out["runs"].setdefault(name, []).append(s)
+            plan = events_by_name(r["events"]).get("plan", {})
+            out["choices"][name] = {"policy": plan.get("policy"), "remat": plan.get("remat")}
+    for name, rs in out["runs"].items():
+        ok = [r for r in rs if r.get("median_s") is not None]
+        if ok:
+            best = dict(min(ok, key=lambda r: r["median_s"]))
+            best["all_medians_s"] = [r["median_s"] for r in ok]
+            out["best"][name] = best
+    remat_ratios(out)
+    return out
+
+
+def remat_markdown(rm: dict[str, Any]) -> list[str]:
+    prev = rm.get("previous") or {}
+    L = [f"### sched.remat on one device ({rm['config']} {' '.join(rm['overrides'])}, "
+         f"{rm['steps'] - rm['warmup']}+{rm['warmup']} steps, best of {rm['rounds']} interleaved round(s))", "",
+         f"Predicted peak: none {fmt_size(rm['none_peak_bytes'])}, full {fmt_size(rm['full_peak_bytes'])}; "
+         f"\"auto with a budget\" has sched.memory_budget={rm['budget_bytes']} (one byte below none's peak)."
+         + (f" Previous commit: {prev['rev']} = `{prev['commit'][:12]}` (built in {prev['build_s']} s)." if prev
+            else " Previous commit: not measured" + (f" ({rm['previous_error'][-200:]})" if rm.get("previous_error")
+                                                     else " (--no-previous).")), ""]
+    rows = []
+    vs_none = rm["ratio"]["vs_none"]
+    for name, d in rm["best"].items():
+        ch = (rm["choices"].get(name) or {})
+        policy = ch.get("policy") or ""
+        rows.append([name, fmt(d["median_s"] * 1e3, " ms"), ", ".join(fmt(m * 1e3, "") for m in d["all_medians_s"]),
+                     "1" if name == "none" else fmt(vs_none.get(name)), fmt(d.get("recomputes")),
+                     fmt_size(d.get("peak_live_bytes")), f"`{policy.split(' offload=')[0]}`" if policy else "–",
+                     ", ".join(f"{r['other_load']:.2f}" for r in rm["runs"].get(name, []))])
+    L += [md_table(["run", "step", "medians per round (ms)", "/ none", "recomputes / step", "peak live bytes",
+                    "remat chosen", "other load"], rows), ""]
+    r = rm["ratio"]
+    L += [f"This commit against the previous one: default plan {fmt(r.get('default_vs_previous_default'))}×, "
+          f"full remat {fmt(r.get('full_vs_previous_full'))}× (step time ratios; below 1 is faster).", ""]
+    return L
+
+
 # --- parallel ---------------------------------------------------------------------
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -938,6 +1106,15 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                              ratio(hi["unroll"]["lower_plus_compile_s"], hi["strata_cold"]["startup_s"]), 5.0, "ge"))
         warm = max(depths[k]["strata_warm"]["startup_s"] or 0 for k in ks)
         t.append(target_line("strata warm start (slowest depth)", warm, 1.0, "le", " s"))
+    rm = res.get("remat")
+    if rm:
+        r = rm.get("ratio") or {}
+        t.append(target_line(f"step time sched.remat=auto (no budget) / none ({rm['config']})",
+                             (r.get("vs_none") or {}).get("auto"), 1.05, "le"))
+        t.append(target_line(f"1-device default step / previous commit's ({rm['config']})",
+                             r.get("default_vs_previous_default"), 1.05, "le"))
+        t.append(target_line(f"1-device full-remat step / previous commit's ({rm['config']})",
+                             r.get("full_vs_previous_full"), 1.05, "le"))
     ov = res.get("overhead", {})
     hf = (ov.get("strata") or {}).get("main_thread_fraction")
     if hf is None:
@@ -1060,6 +1237,9 @@ def markdown(res: dict[str, Any]) -> str:
         elif ov.get("programs_error"):
             L.append(f"- per-program times failed: {ov['programs_error'][-300:]}")
         L.append("")
+    rm = res.get("remat")
+    if rm:
+        L += remat_markdown(rm)
     pa = res.get("parallel")
     if pa:
         L += parallel_markdown(pa)
@@ -1156,6 +1336,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-save", action="store_true", help="print the Markdown only")
     ap.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     ap.add_argument("--keep", action="store_true", help="keep the work folder (run dirs, JSON of every run)")
+    ap.add_argument("--base-commit", help="remat section: the commit to compare with (default HEAD^, or HEAD when "
+                    "the tree has uncommitted changes)")
+    ap.add_argument("--no-previous", action="store_true", help="remat section: do not build and time the previous commit")
     args = ap.parse_args(argv)
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     bad = [s for s in sections if s not in SECTIONS]
@@ -1175,6 +1358,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench {time.monotonic() - t_start:6.0f}s] {msg}", file=sys.stderr, flush=True)
 
     b = Bench(plan, work, log)
+    b.base_commit = args.base_commit
+    if args.no_previous and plan.remat:
+        plan.remat.previous = False
     if not os.access(b.strata, os.X_OK):
         print(f"bench: {b.strata} is missing: run `make build` (or set STRATA_BIN)", file=sys.stderr)
         return 2
@@ -1182,7 +1368,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     for sec in sections:
         fn = {"step": section_step, "compile": section_compile, "overhead": section_overhead,
-              "parallel": section_parallel, "extra": section_extra}[sec]
+              "remat": section_remat, "parallel": section_parallel, "extra": section_extra}[sec]
         try:
             res[sec] = fn(b)
         except Exception as e:  # noqa: BLE001 - one broken section must not lose the others' numbers

@@ -81,6 +81,21 @@ expect_config_error "$ROOT" 2 "data.synthetic: 'yes' is not a bool (expected tru
 printf 'model:\n  n_layers: [1, 2]\n' >"$TMP/list.yml"
 expect_config_error "$TMP" 2 "model.n_layers: got a list, expected int in [1, 1024] (list.yml:2)" -- config list.yml
 
+# --- sched.memory_budget (sched.remat=auto) ------------------------------------------
+BUDGET_HELP="expected bytes as a whole number (0: no limit) or a fraction of the device's memory in (0, 1] written with a decimal point, such as 0.9"
+for v in abc 1.5 -1 0.0 1e9; do
+  expect_config_error "$ROOT" 2 "sched.memory_budget (command line): sched.memory_budget '$v': $BUDGET_HELP" \
+    -- config configs/tiny.yml sched.memory_budget=$v
+done
+printf 'sched:\n  memory_budget: 2.5\n' >"$TMP/budget.yml"
+expect_config_error "$TMP" 2 "sched.memory_budget (budget.yml:2): sched.memory_budget '2.5': $BUDGET_HELP" -- config budget.yml
+expect_config_error "$ROOT" 2 "sched.remat (command line), model.n_layers (configs/tiny.yml:6): sched.remat 'auto:1': unexpected 'auto:1'; expected auto, none, full, every:K (K >= 1) or a comma-separated list of layers such as 0,2,5" \
+  -- config configs/tiny.yml sched.remat=auto:1
+expect_ok "$ROOT" "sched.remat \"auto\" configs/base.yml:66" -- config configs/tiny.yml
+expect_ok "$ROOT" "sched.memory_budget \"0\" configs/base.yml:67" -- config configs/tiny.yml
+expect_ok "$ROOT" "sched.memory_budget \"0.9\" command line" -- config configs/tiny.yml sched.memory_budget=0.9
+expect_ok "$ROOT" "sched.memory_budget \"123456789\" command line" -- config configs/tiny.yml sched.memory_budget=123456789
+
 # --- YAML and files ---------------------------------------------------------------
 printf 'model:\n  d_model: 64\n   n_heads: 4\n' >"$TMP/syntax.yml"
 expect_config_error "$TMP" 2 "syntax.yml:3:11: YAML syntax error: mapping values are not allowed in this context" \

@@ -81,7 +81,8 @@ cat >"$TMP/data2.want" <<'WANT'
   evaluation peak                  115328            0            0         4096          128       119552
   host memory (offloaded homes): 0
 WANT
-exact data2 configs/test.yml parallel.data=2 runtime.cpu_devices=4
+# The texts are of full remat's plans (y_re, its collectives' op numbers).
+exact data2 configs/test.yml parallel.data=2 runtime.cpu_devices=4 sched.remat=full
 
 cat >"$TMP/one.want" <<'WANT'
 # mesh: data=1 fsdp=1 tensor=1: 1 device (runtime device 0)
@@ -127,7 +128,7 @@ cat >"$TMP/one.want" <<'WANT'
   evaluation peak                  115328            0            0         8192          256       123776
   host memory (offloaded homes): 0
 WANT
-exact one configs/test.yml
+exact one configs/test.yml sched.remat=full
 
 # --- --json: everything, consistent with the plan and the bundle -------------------
 for c in one data2; do

@@ -4,14 +4,16 @@
 #   1. the equivalence matrix: every policy combination (remat none/full/
 #      every:2 x offload none/optimizer/params/both x prefetch 0/1/2 x wait
 #      eager/deferred x optimizer after_backward/per_layer) trains 10 steps;
-#      its losses and eval losses must equal the default plan's: bitwise when
-#      the remat choice is the default's (the same programs run on the same
-#      values; only issue order, waits and copies differ), within 1e-6 when
-#      it is not (block_fwd and block_fwd_res are different XLA programs and
-#      may round y differently in the last bit). per_layer needs
-#      train.grad_clip=0, so those runs compare with the default plan at
-#      grad_clip=0. Every run's accounted live bytes must match the plan's
-#      prediction at every op.
+#      its losses and eval losses must equal the base plan's (sched.remat=full,
+#      every other policy at its default): bitwise when the remat choice is
+#      the base's (the same programs run on the same values; only issue
+#      order, waits and copies differ), within 1e-6 when it is not (block_fwd
+#      and block_fwd_res are different XLA programs and may round y
+#      differently in the last bit). per_layer needs train.grad_clip=0, so
+#      those runs compare with the base plan at grad_clip=0. Every run's
+#      accounted live bytes must match the plan's prediction at every op.
+#      The default, sched.remat=auto with no memory budget, must train
+#      exactly as remat=none (its plan is none's).
 #   2. a written trace parsed against the plan: every op once, consistent
 #      timestamps, the four tracks, live-byte counters.
 #   3. `strata plan` text and JSON with the new ops; config errors.
@@ -39,8 +41,9 @@ train() { # DIR OVERRIDES...
 }
 t0=$(date +%s)
 mkdir -p "$TMP/m"
-train "$TMP/m/base-clip" || true
-train "$TMP/m/base-noclip" train.grad_clip=0 || true
+train "$TMP/m/base-clip" sched.remat=full || true
+train "$TMP/m/base-noclip" sched.remat=full train.grad_clip=0 || true
+train "$TMP/m/auto-default" || true
 n=0
 for opt in after_backward per_layer; do
   clip=()
@@ -103,11 +106,25 @@ for d in runs:
         bad.append(f'{os.path.basename(d)}: offload {off} but no host bytes')
     if wait == 'eager' and steps[0]['waits'] <= steps[0]['launches']:
         bad.append(f'{os.path.basename(d)}: eager but only {steps[0][\"waits\"]} waits for {steps[0][\"launches\"]} launches')
-print(f'# {len(runs)} combinations: {bitwise} bitwise equal to the default plan; remat none/every:2 max |diff| {worst:.3g} (bound 1e-6)')
+# The default (auto, no budget) is none's plan: the very same losses.
+auto = read(os.path.join(root, 'auto-default'))
+same = read(os.path.join(root, 'after_backward.none.none.1.deferred'))
+if [m['loss'] for m in auto[0]] + auto[1] != [m['loss'] for m in same[0]] + same[1] or auto[0][0]['recomputes'] != 0:
+    bad.append('auto-default: not bitwise equal to remat=none, or recomputes')
+print(f'# {len(runs)} combinations: {bitwise} bitwise equal to the base plan (remat=full); remat none/every:2 max |diff| {worst:.3g} (bound 1e-6); auto (default) = none bitwise')
 for b in bad[:20]:
     print('  ' + b)
 sys.exit(1 if bad else 0)
 PYEOF"
+check "auto's choice in the plan event: none, no budget, fits, why" "grep '\"event\": \"plan\"' '$TMP/m/auto-default/events.jsonl' | $PY -c '
+import json, sys
+e = json.loads(sys.stdin.read())
+assert e[\"policy\"].startswith(\"remat=auto:none memory_budget=0 offload=none\"), e[\"policy\"]
+r = e[\"remat\"]
+assert r[\"mode\"] == \"auto\" and r[\"recompute\"] == [] and r[\"fits\"] and r[\"budget_bytes\"] == 0, r
+assert r[\"predicted_peak_bytes\"] == r[\"none_peak_bytes\"] == e[\"predicted_peak_bytes\"], r
+assert r[\"why\"] == \"no budget (sched.memory_budget=0): every layer keeps its residuals, predicted peak %d B\" % r[\"none_peak_bytes\"], r
+'"
 check "policies recorded: resolved config and the plan event" "grep -q 'remat: \"every:2\"' '$TMP/m/per_layer.every:2.both.1.eager/config.yaml' && grep '\"event\": \"plan\"' '$TMP/m/per_layer.every:2.both.1.eager/events.jsonl' | grep -q 'remat=every:2 offload=both prefetch_depth=1 wait=eager optimizer=per_layer'"
 
 # --- 2. a trace, parsed against the plan ---------------------------------------------
@@ -207,6 +224,22 @@ expect_exit 2 "sched.optimizer=per_layer .*train.grad_clip is 1" config "${BASE[
 expect_exit 2 "sched.remat 'every:0': K must be a whole number >= 1" config "${BASE[@]}" sched.remat=every:0
 expect_exit 2 "sched.remat '1,5' lists layer 5, but the model has 2 layers" config "${BASE[@]}" sched.remat=1,5
 expect_exit 2 "sched.offload" config "${BASE[@]}" sched.offload=gpu
+# A fraction needs the device memory, which the CPU plugin does not report.
+FRACTION_ERR="sched.memory_budget '0.9' (command line) is a fraction of the device's memory, but the PJRT plugin does not report its devices' memory (PJRT_Device_MemoryStats gives no bytes_limit); give the budget in bytes, e.g. sched.memory_budget=1000000000"
+expect_config_error "$PWD" 2 "$FRACTION_ERR" -- plan "${BASE[@]}" sched.memory_budget=0.9
+expect_config_error "$PWD" 2 "$FRACTION_ERR" -- train "${BASE[@]}" run.dir="$TMP/fraction" sched.memory_budget=0.9
+if "$STRATA" plan "${BASE[@]}" sched.remat=full sched.memory_budget=0.9 >/dev/null 2>&1; then ok; else bad "sched.remat=full with a fractional budget (unused) was refused"; fi
+
+# sched.remat=auto in strata plan: a budget between none's and full's peaks
+# recomputes some layers, a tiny one all of them and says it does not fit.
+"$STRATA" plan --json "${BASE[@]}" sched.remat=none >"$TMP/none.json" 2>/dev/null
+"$STRATA" plan --json "${BASE[@]}" sched.remat=full >"$TMP/full.json" 2>/dev/null
+NONE_PEAK=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["step"]["predicted_peak_bytes"])' "$TMP/none.json")
+FULL_PEAK=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["step"]["predicted_peak_bytes"])' "$TMP/full.json")
+"$STRATA" plan "${BASE[@]}" sched.memory_budget=$((NONE_PEAK - 1)) >"$TMP/auto-mid.txt" 2>&1
+check "plan, auto between none ($NONE_PEAK B) and full ($FULL_PEAK B): layer 0 recomputed, the why and the policy" "grep -qx '# remat auto: recompute 1 of 2 layers (0): predicted peak [0-9]* B <= budget $((NONE_PEAK - 1)) B (without remat $NONE_PEAK B, over it)' '$TMP/auto-mid.txt' && grep -q '^# policy: remat=auto:0 memory_budget=$((NONE_PEAK - 1)) offload=none' '$TMP/auto-mid.txt' && grep -Eq 'RECOMPUTE +block_fwd_res layer=0' '$TMP/auto-mid.txt' && ! grep -Eq 'RECOMPUTE +block_fwd_res layer=1' '$TMP/auto-mid.txt'"
+"$STRATA" plan "${BASE[@]}" sched.memory_budget=1000 >"$TMP/auto-tiny.txt" 2>&1
+check "plan, auto with a tiny budget: full, and it says it does not fit" "grep -qx '# remat auto: does not fit: even with every layer recomputed the predicted peak is $FULL_PEAK B > budget 1000 B (without remat $NONE_PEAK B); chose full' '$TMP/auto-tiny.txt' && grep -q '^# policy: remat=auto:full memory_budget=1000 ' '$TMP/auto-tiny.txt' && [ \$(grep -Ec '^ *[0-9]+ RECOMPUTE' '$TMP/auto-tiny.txt') = 4 ]"
 expect_exit 2 "sched.prefetch_depth" config "${BASE[@]}" sched.prefetch_depth=-1
 expect_exit 2 "trace.steps .*lists step 11, but train.steps is 10" config "${BASE[@]}" "trace.steps=[2, 11]"
 expect_exit 2 "trace.steps .*item 1 is 'x'" config "${BASE[@]}" "trace.steps=[x]"

@@ -348,3 +348,64 @@ def test_quick_parallel_section_end_to_end(tmp_path: Any) -> None:
     md = (tmp_path / "README.md").read_text()
     assert "### Parallel: meshes on 4 CPU devices" in md and "| data=2 | wait=eager |" in md
     assert "| fsdp=2 | gather_prefetch=0 |" in md and "| tensor=2 | default |" in md
+
+
+def test_remat_ratios_budget_and_report() -> None:
+    assert R.remat_budget_between(1000, 900) == 999
+    with pytest.raises(ValueError):
+        R.remat_budget_between(900, 900)
+    run = {"median_s": 0.2, "other_load": 0.1, "round": 0}
+    res = {"config": "c.yml", "overrides": [], "steps": 8, "warmup": 2, "rounds": 1, "none_peak_bytes": 2000,
+           "full_peak_bytes": 1000, "budget_bytes": 1999,
+           "previous": {"rev": "HEAD^", "commit": "0123456789abcdef", "build_s": 30.0},
+           "choices": {"auto": {"policy": "remat=auto:none memory_budget=0 offload=none", "remat": {}},
+                       "auto with a budget": {"policy": "remat=auto:0 memory_budget=1999 offload=none"}},
+           "runs": {k: [run] for k in ("auto", "none", "full", "auto with a budget", "previous default",
+                                      "previous full")},
+           "best": {"auto": {"median_s": 0.2, "all_medians_s": [0.2], "recomputes": 0, "peak_live_bytes": 2000},
+                    "none": {"median_s": 0.2, "all_medians_s": [0.2], "recomputes": 0},
+                    "full": {"median_s": 0.25, "all_medians_s": [0.25], "recomputes": 8},
+                    "auto with a budget": {"median_s": 0.21, "all_medians_s": [0.21], "recomputes": 2},
+                    "previous default": {"median_s": 0.25, "all_medians_s": [0.25]},
+                    "previous full": {"median_s": 0.25, "all_medians_s": [0.25]}}}
+    R.remat_ratios(res)
+    r = res["ratio"]
+    assert r["vs_none"]["auto"] == pytest.approx(1.0) and r["vs_none"]["full"] == pytest.approx(1.25)
+    assert "none" not in r["vs_none"]
+    assert r["default_vs_previous_default"] == pytest.approx(0.8) and r["full_vs_previous_full"] == pytest.approx(1.0)
+    md = "\n".join(R.remat_markdown(res))
+    assert "| auto | 200 ms | 200 | 1 | 0 | 1.95 KiB | `remat=auto:none memory_budget=0` | 0.10 |" in md
+    assert "| auto with a budget | 210 ms | 210 | 1.05 | 2 |" in md and "`remat=auto:0 memory_budget=1999`" in md
+    assert "default plan 0.8×, full remat 1×" in md and "HEAD^ = `0123456789ab`" in md
+    t = {x["target"]: x for x in R.targets({"remat": res})}
+    assert t["step time sched.remat=auto (no budget) / none (c.yml)"]["met"] is True
+    assert t["1-device default step / previous commit's (c.yml)"]["value"] == pytest.approx(0.8)
+    res["previous"], res["previous_error"] = None, "git archive: no such commit"
+    assert "Previous commit: not measured (git archive: no such commit)" in "\n".join(R.remat_markdown(res))
+
+
+def test_quick_remat_section_end_to_end(tmp_path: Any) -> None:
+    """`bench/run.py --quick --sections remat --base-commit HEAD` with real
+    processes: auto (no budget) trains none's plan, auto with a budget
+    recomputes some layers (fewer than full) within it, and HEAD built in a
+    scratch folder runs the same preset. No timing is asserted. ~2 min."""
+    env = {k: v for k, v in os.environ.items() if k != "STRATA_CACHE_DIR"}
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "run.py"), "--quick", "--sections", "remat",
+                        "--base-commit", "HEAD", "--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads(next(tmp_path.glob("*.json")).read_text())["remat"]
+    best, ch = res["best"], res["choices"]
+    assert sorted(best) == sorted(["auto", "none", "full", "auto with a budget", "previous default", "previous full"])
+    assert best["auto"]["recomputes"] == best["none"]["recomputes"] == 0
+    assert best["auto"]["peak_live_bytes"] == best["none"]["peak_live_bytes"] == res["none_peak_bytes"]
+    assert 0 < best["auto with a budget"]["recomputes"] < best["full"]["recomputes"]
+    assert best["auto with a budget"]["peak_live_bytes"] <= res["budget_bytes"] < res["none_peak_bytes"]
+    assert ch["auto"]["remat"]["mode"] == "auto" and ch["auto"]["remat"]["recompute"] == []
+    assert ch["auto with a budget"]["remat"]["fits"] is True
+    assert ch["previous full"]["policy"].startswith("remat=full ")
+    assert res["previous"]["rev"] == "HEAD" and len(res["previous"]["commit"]) == 40
+    assert all(v is not None for v in res["ratio"]["vs_none"].values())
+    assert res["ratio"]["default_vs_previous_default"] is not None
+    md = (tmp_path / "README.md").read_text()
+    assert "### sched.remat on one device" in md and "This commit against the previous one" in md
