@@ -2,6 +2,10 @@
 device bytes of each sched.* policy as ratios to the default plan, all
 measured in one invocation on one machine.
 
+The default plan is sched.remat=auto with no memory budget, which on this
+preset is remat=none's plan (the remat=none row should read 1); remat=full
+was the default before auto and has its own row.
+
 Each policy trains configs/tiny.yml for --steps steps in its own `strata
 train` process (one shared bundle and executable cache); the step time of a
 run is the median step_time_s after --skip warm-up steps. Policies run
@@ -45,6 +49,7 @@ PRESET = "configs/tiny.yml"
 POLICIES: list[tuple[str, list[str], str]] = [
     ("default", [], "default"),
     ("remat=none", ["sched.remat=none"], "default"),
+    ("remat=full", ["sched.remat=full"], "default"),
     ("remat=every:2", ["sched.remat=every:2"], "default"),
     ("wait=eager", ["sched.wait=eager"], "default"),
     ("offload=optimizer prefetch=1", ["sched.offload=optimizer", "sched.prefetch_depth=1"], "default"),

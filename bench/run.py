@@ -457,12 +457,17 @@ def variants_for(b: Bench, preset: Preset, cfg: dict[str, Any]) -> list[Variant]
          Variant("scan", "anchor", anchor="scan")]
     if not preset.diagnostics:
         return v
-    # block_bwd recomputes the block forward; the anchors keep activations.
-    remat = cfg.get("sched", {}).get("remat")
-    if remat is not None and remat != "none":
+    # The anchors keep every activation. strata's default (sched.remat=auto
+    # without a memory budget) keeps every layer's residuals too; the other
+    # remat choice, one round, shows what recomputing costs (or saves).
+    sched = cfg.get("sched", {})
+    remat = sched.get("remat")
+    keeps_all = remat == "none" or (remat == "auto" and str(sched.get("memory_budget", "0")) == "0")
+    other = "full" if keeps_all else "none"
+    if remat is not None:
         try:
-            resolved_config(b, preset.config, [*preset.overrides, "sched.remat=none"])
-            v.append(Variant("strata sched.remat=none", "strata", ["sched.remat=none"], diagnostic=True))
+            resolved_config(b, preset.config, [*preset.overrides, f"sched.remat={other}"])
+            v.append(Variant(f"strata sched.remat={other}", "strata", [f"sched.remat={other}"], diagnostic=True))
         except RuntimeError:
             pass
     # strata's host malloc policy off (as the anchors run by default) ...
