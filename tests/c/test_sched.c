@@ -608,6 +608,12 @@ static void test_copy_to_memory(void** state) {
   ASSERT_OK(st_runtime_create(&ro, &rt));
   assert_true(st_runtime_can_copy_to_memory(rt, 0, "pinned_host"));
   assert_false(st_runtime_can_copy_to_memory(rt, 0, "hbm_of_dreams"));
+  /* The CPU plugin reports no device memory (PJRT_Device_MemoryStats), so
+   * a fractional sched.memory_budget is a config error there
+   * (docs/scheduling.md); a device that does not exist has none either. */
+  assert_int_equal(st_runtime_device_memory(rt, 0), 0);
+  assert_int_equal(st_runtime_device_memory(rt, 7), 0);
+  assert_int_equal(st_runtime_device_memory(NULL, 0), 0);
   st_tensor_type t = {ST_DTYPE_F32, 2, {3, 5}};
   float v[15], back[15];
   for (int i = 0; i < 15; ++i) v[i] = (float)i * 0.5f - 3.0f;
