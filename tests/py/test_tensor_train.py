@@ -74,12 +74,18 @@ def test_replicas_checked_and_programs(runs: dict, mesh: str) -> None:
 
 
 def test_plan_launches_the_tensor_parallel_programs_on_cut_slots() -> None:
-    out = run([STRATA, "plan", "--json", "configs/test.yml", *OVERRIDES, "parallel.tensor=2"]).stdout
+    # Full remat: the forward launches tp_block_fwd (the default, sched.remat=auto
+    # without a budget, keeps residuals and launches tp_block_fwd_res instead).
+    out = run([STRATA, "plan", "--json", "configs/test.yml", *OVERRIDES, "parallel.tensor=2", "sched.remat=full"]).stdout
     p = json.loads(out)["step"]
     assert p["devices"] == 2 and p["mesh"] == {"data": 1, "fsdp": 1, "tensor": 2}
     progs = {o.get("program") for o in p["ops"] if o["kind"] in ("LAUNCH", "RECOMPUTE")}
     assert {"tp_block_fwd", "tp_block_bwd_res", "tp_sqnorm_block", "tp_adamw_block", "accum_block_tp2"} <= progs, progs
     assert not progs & {"block_fwd", "block_bwd_res", "adamw_block"}
+    # The default keeps every residual here: tp_block_fwd_res in the forward, nothing recomputed.
+    dflt = json.loads(run([STRATA, "plan", "--json", "configs/test.yml", *OVERRIDES, "parallel.tensor=2"]).stdout)["step"]
+    assert "tp_block_fwd_res" in {o.get("program") for o in dflt["ops"] if o["kind"] == "LAUNCH"}
+    assert not [o for o in dflt["ops"] if o["kind"] == "RECOMPUTE"] and dflt["remat"]["recompute"] == []
     slots = {s["name"]: s for s in p["slots"]}
     # d_model 32, d_ff 64: wq is cut along dim 1 (heads), wo and w_down along dim 0
     assert slots["layers.0.wq"]["type"] == "f32[32,16]" and slots["layers.0.wq"]["logical_type"] == "f32[32,32]"
