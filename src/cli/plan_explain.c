@@ -39,24 +39,89 @@ static int64_t st__wire_bytes(const char* kind, int64_t bytes, int n) {
   return strcmp(kind, "all_reduce") == 0 ? 2 * once : once;
 }
 
-/* How the devices' buffers of slot |s| make up the logical tensor. */
-static const char* st__sharding(const st_plan* plan, const st_slot* s) {
-  if (plan->devices <= 1) return "whole";
-  switch (s->layout) {
-    case ST_LAYOUT_REPLICATED: return "replicated over data";
-    case ST_LAYOUT_SPLIT: return s->type.rank > 0 ? "split over data (dim 0)" : "one per device (data)";
-    case ST_LAYOUT_PARTIAL: return "partial over data (sum over devices until all-reduced)";
-    case ST_LAYOUT_SHARDED: return "sharded over fsdp (dim 0, zero-padded), replicated over data";
-  }
-  return "?";
+/* The mesh's axes above 1, as words: "data", "fsdp", "data and fsdp". */
+static const char* st__axes_words(const st_plan* plan) {
+  const bool d = plan->mesh[0] > 1, f = plan->mesh[1] > 1;
+  return d && f ? "data and fsdp" : f ? "fsdp" : "data";
 }
 
-/* The logical (whole-mesh) type: a split slot's dim 0 times the devices. */
+/* How the devices' buffers of slot |s| make up the logical tensor. The
+ * data-only strings are those of the data-parallel plan; under fsdp every
+ * batch share is a (data, fsdp) coordinate, the state is cut in fsdp
+ * blocks and the whole-tensor categories say when they exist. */
+static void st__sharding(const st_plan* plan, const st_slot* s, char* out, size_t n) {
+  if (plan->devices <= 1) {
+    snprintf(out, n, "whole");
+    return;
+  }
+  const char* axes = st__axes_words(plan);
+  const bool data = plan->mesh[0] > 1;
+  switch (s->layout) {
+    case ST_LAYOUT_REPLICATED:
+      if (s->category == ST_SLOT_GATHERED)
+        snprintf(out, n, "gathered: whole on every device (all-gathered over fsdp before its use, freed after)");
+      else
+        snprintf(out, n, "replicated over %s", axes);
+      return;
+    case ST_LAYOUT_SPLIT:
+      if (s->type.rank > 0)
+        snprintf(out, n, "split over %s (dim 0)", axes);
+      else
+        snprintf(out, n, "one per device (%s)", axes);
+      return;
+    case ST_LAYOUT_PARTIAL:
+      if (s->category == ST_SLOT_UNREDUCED)
+        snprintf(out, n, "unreduced: whole, partial over %s (sum over devices until reduce-scattered)", axes);
+      else
+        snprintf(out, n, "partial over data (sum over devices until all-reduced)");
+      return;
+    case ST_LAYOUT_SHARDED:
+      snprintf(out, n, "sharded over fsdp (dim 0, zero-padded)%s",
+               !data ? "" : s->sharding.partial ? ", partial over data until all-reduced" : ", replicated over data");
+      return;
+  }
+  snprintf(out, n, "?");
+}
+
+/* The logical (whole-mesh) type: a split slot's dim 0 times the batch
+ * shares (data x fsdp), a sharded slot's whole tensor. */
 static st_tensor_type st__logical(const st_plan* plan, const st_slot* s) {
   st_tensor_type t = s->type;
   if (plan->devices > 1 && s->layout == ST_LAYOUT_SHARDED) return s->logical;
   if (plan->devices > 1 && s->layout == ST_LAYOUT_SPLIT && t.rank > 0) t.dims[0] *= plan->devices;
   return t;
+}
+
+/* A sharded slot's zero rows: its blocks hold fsdp * ceil(d0 / fsdp) rows
+ * of the d0 the tensor has. */
+static int64_t st__pad_rows(const st_plan* plan, const st_slot* s) {
+  if (plan->devices <= 1 || s->layout != ST_LAYOUT_SHARDED || s->logical.rank == 0) return 0;
+  return (int64_t)s->type.dims[0] * plan->mesh[1] - s->logical.dims[0];
+}
+
+/* The mesh axis index of |axis| ("data", "fsdp", "tensor"); -1 if none. */
+static int st__axis_index(const char* axis) {
+  static const char* const names[3] = {"data", "fsdp", "tensor"};
+  for (int k = 0; k < 3; ++k)
+    if (!strcmp(axis, names[k])) return k;
+  return -1;
+}
+
+/* The groups of mesh axis |a|: the mesh indices (row-major over data,
+ * fsdp, tensor) that differ only in that axis's coordinate. */
+static json_t* st__groups(const st_plan* plan, int a) {
+  const int* m = plan->mesh;
+  int stride = 1;
+  for (int k = a + 1; k < 3; ++k) stride *= m[k];
+  json_t* groups = st_json_arr();
+  const int nd = m[0] * m[1] * m[2];
+  for (int p = 0; p < nd; ++p) {
+    if ((p / stride) % m[a] != 0) continue; /* not the first of its group */
+    json_t* g = st_json_arr();
+    for (int c = 0; c < m[a]; ++c) st_json_push(g, st_json_int(p + c * stride));
+    st_json_push(groups, g);
+  }
+  return groups;
 }
 
 /* Every slot of the step plan is a tensor of the explanation, batch
@@ -73,14 +138,11 @@ json_t* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_
   json_t* devs = st_json_arr();
   for (int d = 0; d < nd; ++d) st_json_push(devs, st_json_int(d));
   st_json_put(mesh, "runtime_devices", devs);
+  /* Per axis above 1: the devices that talk along it. */
   json_t* groups = st_json_obj();
-  if (nd > 1) {
-    json_t* g = st_json_arr();
-    json_t* one = st_json_arr();
-    for (int d = 0; d < nd; ++d) st_json_push(one, st_json_int(d));
-    st_json_push(g, one);
-    st_json_put(groups, "data", g);
-  }
+  static const char* const axis_names[3] = {"data", "fsdp", "tensor"};
+  for (int a = 0; a < 3 && nd > 1; ++a)
+    if (step->mesh[a] > 1) st_json_put(groups, axis_names[a], st__groups(step, a));
   st_json_put(mesh, "groups", groups);
   st_json_put(j, "mesh", mesh);
   st_json_put(j, "policy", step->policy ? st_json_str(step->policy) : json_null());
@@ -99,26 +161,38 @@ json_t* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_
     st_json_put_str(e, "type", st_tensor_type_format(&lt, t, sizeof(t)));
     st_json_put_int(e, "bytes_per_device", (int64_t)st_tensor_type_bytes(&s->type));
     st_json_put_str(e, "layout", nd > 1 ? st_slot_layout_name(s->layout) : "whole");
-    st_json_put_str(e, "sharding", st__sharding(step, s));
+    char sh[160];
+    st__sharding(step, s, sh, sizeof(sh));
+    st_json_put_str(e, "sharding", sh);
+    if (nd > 1 && s->layout == ST_LAYOUT_SHARDED) st_json_put_int(e, "pad_rows", st__pad_rows(step, s));
     st_json_push(tensors, e);
   }
   st_json_put(j, "tensors", tensors);
 
   json_t* colls = st_json_arr();
   int64_t count = 0, msg = 0, wire = 0;
+  int64_t kcount[3] = {0}, kmsg[3] = {0}, kwire[3] = {0}; /* by st__kinds */
   for (int i = 0; i < step->op_count; ++i) {
     const st_op* op = &step->ops[i];
     if (op->kind != ST_OP_COLLECTIVE) continue;
     const char* prog = step->programs[op->program];
     char kind[32], axis[32];
     st__collective_kind(prog, kind, sizeof(kind), axis, sizeof(axis));
+    /* The message (the manifest's bytes_per_device): an all-reduce's
+     * tensors as one device holds them; the whole padded tensors (group
+     * size x one device's fsdp blocks) of an all-gather or reduce-scatter. */
+    const int ax = st__axis_index(axis);
+    const int group = ax >= 0 ? step->mesh[ax] : nd;
+    const bool blocks_out = !strcmp(kind, "reduce_scatter");
     int64_t bytes = 0;
     json_t* names = st_json_arr();
     for (int k = 0; k < op->input_count; ++k) {
-      bytes += (int64_t)st_tensor_type_bytes(&step->slots[op->inputs[k]].type);
+      const int slot = blocks_out ? op->outputs[k] : op->inputs[k];
+      bytes += (int64_t)st_tensor_type_bytes(&step->slots[slot].type);
       st_json_push(names, st_json_str(step->slots[op->inputs[k]].name));
     }
-    int64_t w = st__wire_bytes(kind, bytes, nd);
+    if (strcmp(kind, "all_reduce") != 0) bytes *= group;
+    int64_t w = st__wire_bytes(kind, bytes, group);
     json_t* c = st_json_obj();
     st_json_put_int(c, "op", i);
     st_json_put_str(c, "program", prog);
@@ -126,6 +200,7 @@ json_t* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_
     st_json_put_str(c, "kind", kind);
     st_json_put_str(c, "axis", axis);
     st_json_put_int(c, "devices", nd);
+    st_json_put_int(c, "group_size", group);
     st_json_put(c, "tensors", names);
     st_json_put_int(c, "bytes_per_device", bytes);
     st_json_put_int(c, "wire_bytes_per_device", w);
@@ -133,6 +208,12 @@ json_t* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_
     ++count;
     msg += bytes;
     wire += w;
+    for (size_t k = 0; k < sizeof(st__kinds) / sizeof(st__kinds[0]); ++k)
+      if (!strcmp(kind, st__kinds[k])) {
+        kcount[k]++;
+        kmsg[k] += bytes;
+        kwire[k] += w;
+      }
   }
   st_json_put(j, "collectives", colls);
   json_t* comm = st_json_obj();
@@ -140,6 +221,16 @@ json_t* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_
   st_json_put_int(comm, "bytes_per_device", msg);
   st_json_put_int(comm, "wire_bytes_per_device", wire);
   st_json_put_int(comm, "wire_bytes_all_devices", wire * nd);
+  json_t* by_kind = st_json_obj();
+  for (size_t k = 0; k < sizeof(st__kinds) / sizeof(st__kinds[0]); ++k) {
+    if (!kcount[k]) continue;
+    json_t* o = st_json_obj();
+    st_json_put_int(o, "collectives", kcount[k]);
+    st_json_put_int(o, "bytes_per_device", kmsg[k]);
+    st_json_put_int(o, "wire_bytes_per_device", kwire[k]);
+    st_json_put(by_kind, st__kinds[k], o);
+  }
+  st_json_put(comm, "by_kind", by_kind);
   st_json_put(j, "communication_per_step", comm);
 
   /* Memory per device: the persistent state every step starts from, and the
@@ -150,21 +241,33 @@ json_t* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_
     if (step->slots[i].persistent && !step->slots[i].host)
       state[step->slots[i].category] += (int64_t)st_tensor_type_bytes(&step->slots[i].type);
   int64_t peak_cat[ST_SLOT_CATEGORY_COUNT];
-  int64_t peak = st_plan_predict_live(step, NULL, peak_cat);
+  int64_t* live = st_xcalloc((size_t)step->op_count * ST_SLOT_CATEGORY_COUNT + 1, sizeof(int64_t));
+  int64_t peak = st_plan_predict_live(step, live, peak_cat);
+  /* Each category's own largest value over the step (the gathered window
+   * under fsdp), which the categories at the peak need not show. */
+  int64_t most[ST_SLOT_CATEGORY_COUNT];
+  memcpy(most, state, sizeof(most));
+  for (int i = 0; i < step->op_count; ++i)
+    for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k)
+      if (live[(size_t)i * ST_SLOT_CATEGORY_COUNT + (size_t)k] > most[k]) most[k] = live[(size_t)i * ST_SLOT_CATEGORY_COUNT + (size_t)k];
+  free(live);
   int64_t eval_cat[ST_SLOT_CATEGORY_COUNT];
   int64_t eval_peak = st_plan_predict_live(eval, NULL, eval_cat);
   json_t* a = st_json_obj();
   json_t* b = st_json_obj();
   json_t* c = st_json_obj();
+  json_t* d = st_json_obj();
   for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) {
     const char* name = st_slot_category_name((st_slot_category)k);
     st_json_put_int(a, name, state[k]);
     st_json_put_int(b, name, peak_cat[k]);
     st_json_put_int(c, name, eval_cat[k]);
+    st_json_put_int(d, name, most[k]);
   }
   st_json_put(mem, "persistent_by_category", a);
   st_json_put_int(mem, "peak_bytes", peak);
   st_json_put(mem, "peak_by_category", b);
+  st_json_put(mem, "max_by_category", d);
   st_json_put_int(mem, "eval_peak_bytes", eval_peak);
   st_json_put(mem, "eval_peak_by_category", c);
   st_json_put_int(mem, "host_bytes", st_plan_host_bytes(step));
@@ -202,22 +305,31 @@ typedef struct {
   char pattern[96];
   int category;
   bool host;
-  const char* sharding;
+  char sharding[160];
   int count;
   int64_t bytes;
   char type[64]; /* the per-device type when every member has the same, else "" */
   bool mixed;
 } st__group;
 
-static void st__print_bytes_by_category(FILE* out, const char* what, const json_t* obj) {
+/* The FSDP categories only where they can be nonzero (as st_plan_print):
+ * other meshes' tables stay as they were. */
+static int st__columns(const st_plan* step) { return step->mesh[1] > 1 ? ST_SLOT_CATEGORY_COUNT : ST_SLOT_GATHERED; }
+
+/* One row of the memory table; |total| false leaves the total column empty
+ * (a row of per-category maxima, which never coexist). */
+static void st__print_bytes_by_category(FILE* out, const char* what, const json_t* obj, int columns, bool total_col) {
   fprintf(out, "  %-26s", what);
   int64_t total = 0;
-  for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) {
+  for (int k = 0; k < columns; ++k) {
     int64_t v = json_integer_value(json_object_get(obj, st_slot_category_name((st_slot_category)k)));
     fprintf(out, " %12lld", (long long)v);
     total += v;
   }
-  fprintf(out, " %12lld\n", (long long)total);
+  if (total_col)
+    fprintf(out, " %12lld\n", (long long)total);
+  else
+    fprintf(out, "\n");
 }
 
 void st_plan_explain_print(const st_plan* step, const json_t* j, FILE* out) {
@@ -229,10 +341,20 @@ void st_plan_explain_print(const st_plan* step, const json_t* j, FILE* out) {
           (long long)json_integer_value(json_object_get(mesh, "tensor")), nd, nd == 1 ? "" : "s", nd == 1 ? "" : "s");
   for (int d = 0; d < nd; ++d) fprintf(out, " %d", d);
   fprintf(out, ")");
-  if (nd > 1) {
-    fprintf(out, "; data groups [[");
-    for (int d = 0; d < nd; ++d) fprintf(out, "%s%d", d ? " " : "", d);
-    fprintf(out, "]]");
+  /* Each axis's groups, as st__groups listed them. */
+  const json_t* groups = json_object_get(mesh, "groups");
+  const char* axis;
+  const json_t* list;
+  json_object_foreach((json_t*)groups, axis, list) {
+    fprintf(out, "; %s groups [", axis);
+    for (size_t i = 0; i < json_array_size(list); ++i) {
+      const json_t* one = json_array_get(list, i);
+      fprintf(out, "%s[", i ? " " : "");
+      for (size_t k = 0; k < json_array_size(one); ++k)
+        fprintf(out, "%s%lld", k ? " " : "", (long long)json_integer_value(json_array_get(one, k)));
+      fprintf(out, "]");
+    }
+    fprintf(out, "]");
   }
   fprintf(out, "\n");
   if (step->policy) fprintf(out, "# policy: %s\n", step->policy);
@@ -244,17 +366,18 @@ void st_plan_explain_print(const st_plan* step, const json_t* j, FILE* out) {
     const st_slot* s = &step->slots[i];
     char pat[96], t[64];
     st__pattern(s->name, pat, sizeof(pat));
-    const char* sh = st__sharding(step, s);
+    char sh[160];
+    st__sharding(step, s, sh, sizeof(sh));
     st_tensor_type_format(&s->type, t, sizeof(t));
     int k = 0;
-    while (k < ng && !(g[k].category == (int)s->category && g[k].host == s->host && g[k].sharding == sh &&
+    while (k < ng && !(g[k].category == (int)s->category && g[k].host == s->host && strcmp(g[k].sharding, sh) == 0 &&
                        strcmp(g[k].pattern, pat) == 0))
       ++k;
     if (k == ng) {
       snprintf(g[k].pattern, sizeof(g[k].pattern), "%s", pat);
       g[k].category = (int)s->category;
       g[k].host = s->host;
-      g[k].sharding = sh;
+      snprintf(g[k].sharding, sizeof(g[k].sharding), "%s", sh);
       snprintf(g[k].type, sizeof(g[k].type), "%s", t);
       ++ng;
     } else if (strcmp(g[k].type, t) != 0) {
@@ -276,11 +399,34 @@ void st_plan_explain_print(const st_plan* step, const json_t* j, FILE* out) {
               g[k].sharding);
     }
   free(g);
+  if (step->mesh[1] > 1) {
+    /* The zero rows a block carries (docs/parallelism.md, "Padding"). */
+    int sharded = 0, padded = 0;
+    int64_t pad_bytes = 0;
+    for (int i = 0; i < step->slot_count; ++i) {
+      const st_slot* s = &step->slots[i];
+      if (s->layout != ST_LAYOUT_SHARDED || s->host) continue;
+      ++sharded;
+      int64_t rows = st__pad_rows(step, s);
+      if (rows == 0) continue;
+      ++padded;
+      /* On the last device(s): every block holds ceil(d0 / fsdp) rows. */
+      pad_bytes += rows * (int64_t)(st_tensor_type_bytes(&s->type) / (size_t)(s->type.dims[0] ? s->type.dims[0] : 1));
+    }
+    fprintf(out, "# fsdp blocks: dim 0 cut in ceil(d0 / %d) rows per device; %d of %d sharded tensors padded, %lld B of "
+                 "zero rows over the fsdp group\n",
+            step->mesh[1], padded, sharded, (long long)pad_bytes);
+  }
 
   const json_t* colls = json_object_get(j, "collectives");
   const json_t* comm = json_object_get(j, "communication_per_step");
   fprintf(out, "# collectives per layer, in plan order (bytes per device: the message, and what a ring sends)\n");
   if (json_array_size(colls) == 0) fprintf(out, "  none: %s\n", nd == 1 ? "one device" : "no COLLECTIVE op in the plan");
+  int kw = 10; /* "all_reduce"; wider when a reduce_scatter is listed */
+  for (size_t i = 0; i < json_array_size(colls); ++i) {
+    int n = (int)strlen(json_string_value(json_object_get(json_array_get(colls, i), "kind")));
+    if (n > kw) kw = n;
+  }
   for (size_t i = 0; i < json_array_size(colls); ++i) {
     const json_t* c = json_array_get(colls, i);
     long long layer = (long long)json_integer_value(json_object_get(c, "layer"));
@@ -290,8 +436,8 @@ void st_plan_explain_print(const st_plan* step, const json_t* j, FILE* out) {
       snprintf(where, sizeof(where), "layer %lld", layer);
     else /* embed, head: the group the exporter named the program after */
       snprintf(where, sizeof(where), "%.*s", (int)strcspn(prog, "_"), prog);
-    fprintf(out, "  op %4lld %-9s %-26s %-10s over %-6s %3zu tensors %10lld B  wire %10lld B\n",
-            (long long)json_integer_value(json_object_get(c, "op")), where, prog, json_string_value(json_object_get(c, "kind")),
+    fprintf(out, "  op %4lld %-9s %-26s %-*s over %-6s %3zu tensors %10lld B  wire %10lld B\n",
+            (long long)json_integer_value(json_object_get(c, "op")), where, prog, kw, json_string_value(json_object_get(c, "kind")),
             json_string_value(json_object_get(c, "axis")), json_array_size(json_object_get(c, "tensors")),
             (long long)json_integer_value(json_object_get(c, "bytes_per_device")),
             (long long)json_integer_value(json_object_get(c, "wire_bytes_per_device")));
@@ -302,14 +448,30 @@ void st_plan_explain_print(const st_plan* step, const json_t* j, FILE* out) {
           (long long)json_integer_value(json_object_get(comm, "bytes_per_device")),
           (long long)json_integer_value(json_object_get(comm, "wire_bytes_per_device")),
           (long long)json_integer_value(json_object_get(comm, "wire_bytes_all_devices")));
+  const json_t* by_kind = json_object_get(comm, "by_kind");
+  if (json_object_size(by_kind) > 1) {
+    const char* kind;
+    const json_t* v;
+    json_object_foreach((json_t*)by_kind, kind, v) {
+      fprintf(out, "  %-15s %4lld collectives %10lld B per device (message) %10lld B sent per device\n", kind,
+              (long long)json_integer_value(json_object_get(v, "collectives")),
+              (long long)json_integer_value(json_object_get(v, "bytes_per_device")),
+              (long long)json_integer_value(json_object_get(v, "wire_bytes_per_device")));
+    }
+  }
 
   const json_t* mem = json_object_get(j, "memory_per_device");
   fprintf(out, "# predicted memory per device, bytes\n");
   fprintf(out, "  %-26s", "");
-  for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) fprintf(out, " %12s", st_slot_category_name((st_slot_category)k));
+  const int cols = st__columns(step);
+  for (int k = 0; k < cols; ++k) fprintf(out, " %12s", st_slot_category_name((st_slot_category)k));
   fprintf(out, " %12s\n", "total");
-  st__print_bytes_by_category(out, "persistent state", json_object_get(mem, "persistent_by_category"));
-  st__print_bytes_by_category(out, "training step peak", json_object_get(mem, "peak_by_category"));
-  st__print_bytes_by_category(out, "evaluation peak", json_object_get(mem, "eval_peak_by_category"));
+  st__print_bytes_by_category(out, "persistent state", json_object_get(mem, "persistent_by_category"), cols, true);
+  st__print_bytes_by_category(out, "training step peak", json_object_get(mem, "peak_by_category"), cols, true);
+  st__print_bytes_by_category(out, "evaluation peak", json_object_get(mem, "eval_peak_by_category"), cols, true);
+  /* Under fsdp the gathered window and the unreduced gradients peak at
+   * other ops than the total does. */
+  if (cols > ST_SLOT_GATHERED)
+    st__print_bytes_by_category(out, "largest in the step", json_object_get(mem, "max_by_category"), cols, false);
   fprintf(out, "  host memory (offloaded homes): %lld\n", (long long)json_integer_value(json_object_get(mem, "host_bytes")));
 }

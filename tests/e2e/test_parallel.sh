@@ -2,10 +2,11 @@
 # test_parallel.sh — the parallel.* keys (docs/parallelism.md): every mesh
 # rule gives exit 2 with its exact message naming the keys, their values
 # and where they were set; a valid mesh passes `strata config`; and
-# `strata train` refuses fsdp or tensor above 1 (not built yet) with exit 2
-# before it creates anything, while parallel.data > 1 trains (its
-# equivalence with one device: tests/py/test_data_parallel.py). Run from
-# the repository root.
+# `strata train` refuses tensor above 1 (not built yet) with exit 2
+# before it creates anything, and parameter offload under fsdp with exit 2,
+# while parallel.data > 1 and parallel.fsdp > 1 train (their equivalence
+# with one device: tests/py/test_data_parallel.py; FSDP memory and order:
+# tests/py/test_fsdp.py). Run from the repository root.
 set -uo pipefail
 
 STRATA=$(realpath "${STRATA:-./build/strata}")
@@ -44,12 +45,19 @@ out=$("$STRATA" config --yaml configs/test.yml 2>/dev/null)
 check "the YAML snapshot has the parallel section with its defaults" \
   "grep -A3 '^parallel:' <<<\"\$out\" | grep -q '  tensor: 1'"
 
-# --- the trainer refuses fsdp and tensor, creating nothing -------------------------
-expect_error "parallel.data=1 parallel.fsdp=2 parallel.tensor=1: fully-sharded and tensor parallelism are not yet supported in training (the runtime and the collective programs exist, the step plan has data parallelism only; docs/parallelism.md); set parallel.fsdp and parallel.tensor to 1" \
-  train configs/test.yml parallel.fsdp=2 run.dir="$TMP/run"
+# --- the trainer refuses tensor, creating nothing; and fsdp with parameter offload -------
+expect_error "parallel.data=1 parallel.fsdp=2 parallel.tensor=2: tensor parallelism is not yet supported in training (the runtime and the tensor-parallel programs exist, the step plan has data and fsdp parallelism only; docs/parallelism.md); set parallel.tensor to 1" \
+  train configs/test.yml parallel.fsdp=2 parallel.tensor=2 runtime.cpu_devices=4 run.dir="$TMP/run"
 check "the refused run created no run directory" "[ ! -e '$TMP/run' ]"
-expect_error "parallel.data=2 parallel.fsdp=1 parallel.tensor=2: fully-sharded and tensor parallelism are not yet supported in training (the runtime and the collective programs exist, the step plan has data parallelism only; docs/parallelism.md); set parallel.fsdp and parallel.tensor to 1" \
+expect_error "parallel.data=2 parallel.fsdp=1 parallel.tensor=2: tensor parallelism is not yet supported in training (the runtime and the tensor-parallel programs exist, the step plan has data and fsdp parallelism only; docs/parallelism.md); set parallel.tensor to 1" \
   train configs/test.yml parallel.data=2 parallel.tensor=2 runtime.cpu_devices=4 run.dir="$TMP/run"
+# The step plan refuses it (st__check_mesh), so `strata plan` does too.
+for off in params both; do
+  expect_error "sched.offload=$off with parallel.fsdp=2: parameter offload is not built for fully-sharded parameters; set sched.offload to none or optimizer" \
+    train configs/test.yml parallel.fsdp=2 sched.offload=$off run.dir="$TMP/off_$off"
+  expect_error "sched.offload=$off with parallel.fsdp=2: parameter offload is not built for fully-sharded parameters; set sched.offload to none or optimizer" \
+    plan configs/test.yml parallel.fsdp=2 sched.offload=$off
+done
 
 # --- data parallelism trains --------------------------------------------------------
 "$STRATA" train configs/test.yml parallel.data=2 runtime.cpu_devices=4 train.steps=2 "trace.steps=[2]" run.dir="$TMP/dp" \
@@ -64,10 +72,37 @@ code=$?
 check "parallel.data=2 with sched.wait=eager trains (exit $code; stderr: $(tail -3 "$TMP/dpe.err"))" "[ $code = 0 ]"
 "$STRATA" plan --json configs/test.yml parallel.data=2 runtime.cpu_devices=4 >"$TMP/dp_plan.json" 2>/dev/null || bad "plan --json failed"
 
+# --- fully-sharded data parallelism trains ----------------------------------------------
+# runtime.cpu_devices=4, not the default 2: with 2 CPU devices on a 2-core
+# machine the plugin can deadlock (XLA aborts after 40 s: "Expected 2 threads
+# to join the rendezvous") when a prefetched all-gather and another collective
+# each hold one of its threads (docs/parallelism.md, "FSDP in the plan").
+FSDP=(configs/test.yml parallel.fsdp=2 runtime.cpu_devices=4 train.steps=2 sched.gather_prefetch=1)
+"$STRATA" train "${FSDP[@]}" "trace.steps=[2]" run.dir="$TMP/fsdp" >"$TMP/fsdp.out" 2>"$TMP/fsdp.err"
+code=$?
+check "parallel.fsdp=2 trains (exit $code; stderr: $(tail -3 "$TMP/fsdp.err"))" "[ $code = 0 ]"
+"$STRATA" train "${FSDP[@]}" sched.wait=eager run.dir="$TMP/fsdpe" >"$TMP/fsdpe.out" 2>"$TMP/fsdpe.err"
+code=$?
+check "parallel.fsdp=2 with sched.wait=eager trains (exit $code; stderr: $(tail -3 "$TMP/fsdpe.err"))" "[ $code = 0 ]"
+"$STRATA" plan --json "${FSDP[@]}" >"$TMP/fsdp_plan.json" 2>/dev/null || bad "plan --json (fsdp) failed"
+check "its metrics count the plan's all-gathers and reduce-scatters: one reduce-scatter per group instance and microbatch" "$PY - '$TMP/fsdp/metrics.jsonl' '$TMP/fsdp_plan.json' <<'PYEOF'
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if '\"loss\"' in l]
+ops = json.load(open(sys.argv[2]))['step']['ops']
+progs = [o['program'] for o in ops if o['kind'] == 'COLLECTIVE']
+rs = [p for p in progs if p.endswith('_fsdp_reduce_scatter')]
+ag = [p for p in progs if p.endswith('_fsdp_all_gather')]
+assert len(rs) == 4 * 2 and len(ag) + len(rs) == len(progs), progs  # 4 instances x 2 microbatches
+for m in steps:
+    assert m['devices'] == 2 and m['collectives'] == len(progs), (m['collectives'], len(progs))
+print(f'# fsdp=2: {len(ag)} all-gathers and {len(rs)} reduce-scatters a step')
+PYEOF"
+
 # The trace of a data-parallel step: a compute and a communication track per
 # device (docs/scheduling.md section 6), every launch on each device's compute
 # track, every collective on each device's communication track, consistent times.
-check "data=2 trace: a compute and a communication track per device, every launch and collective on each" "$PY - '$TMP/dp/trace/step_2.json' '$TMP/dp_plan.json' <<'PYEOF'
+for c in dp fsdp; do
+check "$c: trace: a compute and a communication track per device, every launch and collective on each" "$PY - '$TMP/$c/trace/step_2.json' '$TMP/${c}_plan.json' $c <<'PYEOF'
 import json, sys
 trace = json.load(open(sys.argv[1]))
 ops = json.load(open(sys.argv[2]))['step']['ops']
@@ -117,11 +152,12 @@ for tid, iv in lanes.items():
         assert b0 + eps >= a1, (tracks[tid], a0, a1, b0, b1)
 n_l = sum(op['kind'] in ('LAUNCH', 'RECOMPUTE') for op in ops)
 n_c = sum(op['kind'] == 'COLLECTIVE' for op in ops)
-print(f'# data=2 trace: {n_l} launches and {n_c} collectives on each of 2 devices')
+print(f'# {sys.argv[3]} trace: {n_l} launches and {n_c} collectives on each of 2 devices')
 PYEOF"
+done
 
 # Unhidden communication wait and per-device peaks by category (docs/scheduling.md section 5).
-check "data=2 metrics: comm_wait_s within collective_s, predicted = accounted peak by category, deferred and eager" "$PY - '$TMP/dp/metrics.jsonl' '$TMP/dpe/metrics.jsonl' <<'PYEOF'
+check "data=2 and fsdp=2 metrics: comm_wait_s within collective_s, predicted = accounted peak by category and per op, deferred and eager" "$PY - '$TMP/dp/metrics.jsonl' '$TMP/dpe/metrics.jsonl' '$TMP/fsdp/metrics.jsonl' '$TMP/fsdpe/metrics.jsonl' <<'PYEOF'
 import json, sys
 for path in sys.argv[1:]:
     steps = [json.loads(l) for l in open(path) if '\"loss\"' in l]
@@ -132,6 +168,7 @@ for path in sys.argv[1:]:
         assert (m['comm_waits'] == 0) == (m['comm_wait_s'] == 0), m
         assert m['peak_live_by_category_predicted'] == m['peak_live_by_category'], m
         assert sum(m['peak_live_by_category'].values()) == m['peak_live_bytes'] == m['peak_live_bytes_predicted'], m
+        assert m['live_mismatch_op'] == -1, m
     print(f'# {path}: comm_wait_s', [m['comm_wait_s'] for m in steps], 'of collective_s', [m['collective_s'] for m in steps],
           'overlap', [m['comm_overlap_ratio'] for m in steps])
 PYEOF"

@@ -211,8 +211,11 @@ check "plan text shows policies, recompute, offload transfers, waits, deps" "gre
 check "plan JSON: live bytes per op by category, host slots, peak = max" "$PY - '$TMP/plan.json' <<'PYEOF'
 import json, sys
 p = json.load(open(sys.argv[1]))['step']
-cats = ['params', 'grads', 'optimizer', 'activations', 'transfer']
+cats = ['params', 'grads', 'optimizer', 'activations', 'transfer', 'gathered', 'unreduced']
 assert all(list(op['live_bytes']) == cats and 'deps' in op for op in p['ops'])
+# gathered parameters and unreduced gradients exist only under parallel.fsdp > 1
+assert all(op['live_bytes']['gathered'] == op['live_bytes']['unreduced'] == 0 for op in p['ops'])
+assert list(p['predicted_peak_by_category']) == cats
 start = sum(s['bytes'] for s in p['slots'] if s['persistent'] and s['memory'] == 'device')
 peak = max([start] + [sum(op['live_bytes'].values()) for op in p['ops']])
 assert peak == p['predicted_peak_bytes'], (peak, p['predicted_peak_bytes'])
