@@ -73,11 +73,13 @@ check "parallel.data=2 with sched.wait=eager trains (exit $code; stderr: $(tail 
 "$STRATA" plan --json configs/test.yml parallel.data=2 runtime.cpu_devices=4 >"$TMP/dp_plan.json" 2>/dev/null || bad "plan --json failed"
 
 # --- fully-sharded data parallelism trains ----------------------------------------------
-# runtime.cpu_devices=4, not the default 2: with 2 CPU devices on a 2-core
-# machine the plugin can deadlock (XLA aborts after 40 s: "Expected 2 threads
-# to join the rendezvous") when a prefetched all-gather and another collective
-# each hold one of its threads (docs/parallelism.md, "FSDP in the plan").
-FSDP=(configs/test.yml parallel.fsdp=2 runtime.cpu_devices=4 train.steps=2 sched.gather_prefetch=1)
+# On the default 2 CPU devices: with two collectives in flight at once (the
+# prefetch issues all-gathers back to back) each could hold one of the
+# plugin's threads and wait for the other forever, until XLA aborted after
+# 40 s ("Expected 2 threads to join the rendezvous, but only 1 of them
+# arrived"); the executor issues a collective only once the one before has
+# completed (docs/parallelism.md, "FSDP in the plan").
+FSDP=(configs/test.yml parallel.fsdp=2 train.steps=2 sched.gather_prefetch=1)
 "$STRATA" train "${FSDP[@]}" "trace.steps=[2]" run.dir="$TMP/fsdp" >"$TMP/fsdp.out" 2>"$TMP/fsdp.err"
 code=$?
 check "parallel.fsdp=2 trains (exit $code; stderr: $(tail -3 "$TMP/fsdp.err"))" "[ $code = 0 ]"
