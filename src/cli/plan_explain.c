@@ -72,6 +72,8 @@ static void st__sharding(const st_plan* plan, const st_slot* s, char* out, size_
     case ST_LAYOUT_PARTIAL:
       if (s->category == ST_SLOT_UNREDUCED)
         snprintf(out, n, "unreduced: whole, partial over %s (sum over devices until reduce-scattered)", axes);
+      else if (s->category == ST_SLOT_XFER) /* a squared norm under fsdp */
+        snprintf(out, n, "partial over fsdp (the device's blocks; the host adds them)%s", data ? ", replicated over data" : "");
       else
         snprintf(out, n, "partial over data (sum over devices until all-reduced)");
       return;

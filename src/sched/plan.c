@@ -347,18 +347,26 @@ void st_plan_print(const st_plan* plan, FILE* out) {
           plan->op_count, plan->slot_count, plan->program_count, (long long)peak, (long long)st_plan_host_bytes(plan));
   if (plan->policy) fprintf(out, "# policy: %s\n", plan->policy);
   if (plan->devices > 1) {
-    /* Only a data-parallel plan says so: the one-device text stays as it was. */
-    fprintf(out, "# data-parallel over %d devices: every device slot is one buffer per device; live bytes are per device\n",
-            plan->devices);
-    /* Counts only: --json gives every slot's layout. */
+    /* Only a multi-device plan says so: the one-device text stays as it was. */
     int n[4] = {0, 0, 0, 0};
     for (int k = 0; k < plan->slot_count; ++k)
       if (!plan->slots[k].host) n[plan->slots[k].layout]++;
-    fprintf(out, "# slot layouts: %d replicated (state, scalars), %d split (batch rows, activations, losses), %d partial "
-                 "(gradients until their COLLECTIVE)",
-            n[ST_LAYOUT_REPLICATED], n[ST_LAYOUT_SPLIT], n[ST_LAYOUT_PARTIAL]);
-    if (n[ST_LAYOUT_SHARDED]) fprintf(out, ", %d sharded (fsdp state)", n[ST_LAYOUT_SHARDED]);
-    fprintf(out, "\n");
+    if (plan->mesh[1] <= 1) {
+      fprintf(out, "# data-parallel over %d devices: every device slot is one buffer per device; live bytes are per device\n",
+              plan->devices);
+      /* Counts only: --json gives every slot's layout. */
+      fprintf(out, "# slot layouts: %d replicated (state, scalars), %d split (batch rows, activations, losses), %d partial "
+                   "(gradients until their COLLECTIVE)\n",
+              n[ST_LAYOUT_REPLICATED], n[ST_LAYOUT_SPLIT], n[ST_LAYOUT_PARTIAL]);
+    } else {
+      fprintf(out, "# mesh data=%d fsdp=%d over %d devices: every device slot is one buffer per device; live bytes are per "
+                   "device\n",
+              plan->mesh[0], plan->mesh[1], plan->devices);
+      fprintf(out, "# slot layouts: %d sharded (fsdp blocks of the parameters, gradients, m and v), %d replicated "
+                   "(gathered parameters, scalars), %d split (batch rows, activations, losses), %d partial (whole "
+                   "gradients until their reduce-scatter, squared norms of blocks)\n",
+              n[ST_LAYOUT_SHARDED], n[ST_LAYOUT_REPLICATED], n[ST_LAYOUT_SPLIT], n[ST_LAYOUT_PARTIAL]);
+    }
   }
   /* The FSDP categories only where they can be nonzero: other texts stay as they were. */
   const bool fsdp = plan->mesh[1] > 1;

@@ -814,6 +814,10 @@ static void st__layouts(st_plan* plan) {
       sl->layout = ST_LAYOUT_SHARDED;
     else if (sl->category == ST_SLOT_GRAD || sl->category == ST_SLOT_UNREDUCED)
       sl->layout = ST_LAYOUT_PARTIAL;
+    /* Under FSDP a squared norm is of the device's own blocks: the norm is
+     * their sum over fsdp (the host adds them, step_hooks.c). */
+    else if (plan->mesh[1] > 1 && !strncmp(sl->name, "sq[", 3))
+      sl->layout = ST_LAYOUT_PARTIAL;
     else
       sl->layout = ST_LAYOUT_REPLICATED;
   }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_explain.sh — `strata plan --explain` (docs/parallelism.md, "strata plan
-# --explain"): the exact text for configs/test.yml on parallel.data=2 and on
-# one device, and the --json form checked against the plan itself (every slot
+# --explain"): the exact text for configs/test.yml on parallel.data=2, on
+# one device and on parallel.fsdp=2, and the --json form (those and data=2 x
+# fsdp=2) checked against the plan itself (every slot
 # listed, peaks equal to the plan's prediction) and against the bundle's
 # manifest (each collective's message and ring bytes per device). Also: the
 # one-device `strata plan` text is not touched by --explain. Run from the
@@ -130,10 +131,92 @@ cat >"$TMP/one.want" <<'WANT'
 WANT
 exact one configs/test.yml sched.remat=full
 
+# fsdp=2: the state in fsdp blocks, gathered and unreduced tensors, all-gathers
+# and reduce-scatters per layer and microbatch, the FSDP memory columns.
+cat >"$TMP/fsdp2.want" <<'WANT'
+# mesh: data=1 fsdp=2 tensor=1: 2 devices (runtime devices 0 1); fsdp groups [[0 1]]
+# policy: remat=full offload=none prefetch_depth=1 wait=deferred optimizer=after_backward fsdp=2 gather_prefetch=1 reshard_after_forward=true
+# tensors: 178 (grouped: '*' is any number, 'layers.*.*' every block parameter of every layer, 'res[*].*' every residual; --json lists each)
+  category     memory tensors                  count bytes/device  type/device        sharding
+  params       device wte                          1        16384  f32[128,32]        sharded over fsdp (dim 0, zero-padded)
+  params       device layers.*.*                  18        41216  (various)          sharded over fsdp (dim 0, zero-padded)
+  params       device final_norm                   1           64  f32[16]            sharded over fsdp (dim 0, zero-padded)
+  grads        device grad:final_norm              1           64  f32[16]            sharded over fsdp (dim 0, zero-padded)
+  grads        device grad:layers.*.*             18        41216  (various)          sharded over fsdp (dim 0, zero-padded)
+  grads        device grad:wte                     1        16384  f32[128,32]        sharded over fsdp (dim 0, zero-padded)
+  grads        device gtmp:final_norm              1           64  f32[16]            sharded over fsdp (dim 0, zero-padded)
+  grads        device gtmp:layers.*.*             18        41216  (various)          sharded over fsdp (dim 0, zero-padded)
+  grads        device gtmp:wte                     1        16384  f32[128,32]        sharded over fsdp (dim 0, zero-padded)
+  optimizer    device m:wte                        1        16384  f32[128,32]        sharded over fsdp (dim 0, zero-padded)
+  optimizer    device v:wte                        1        16384  f32[128,32]        sharded over fsdp (dim 0, zero-padded)
+  optimizer    device m:layers.*.*                18        41216  (various)          sharded over fsdp (dim 0, zero-padded)
+  optimizer    device v:layers.*.*                18        41216  (various)          sharded over fsdp (dim 0, zero-padded)
+  optimizer    device m:final_norm                 1           64  f32[16]            sharded over fsdp (dim 0, zero-padded)
+  optimizer    device v:final_norm                 1           64  f32[16]            sharded over fsdp (dim 0, zero-padded)
+  activations  device x[*]                         3         6144  f32[1,16,32]       split over fsdp (dim 0)
+  activations  device dx                           1         2048  f32[1,16,32]       split over fsdp (dim 0)
+  activations  device res[*].*                    16        37120  (various)          split over fsdp (dim 0)
+  activations  device y_re                         1         2048  f32[1,16,32]       split over fsdp (dim 0)
+  transfer     device tokens[*]                    2          128  s32[1,16]          split over fsdp (dim 0)
+  transfer     device targets[*]                   2          128  s32[1,16]          split over fsdp (dim 0)
+  transfer     device mask[*]                      2          128  f32[1,16]          split over fsdp (dim 0)
+  transfer     device loss[*]                      2            8  f32[]              one per device (fsdp)
+  transfer     device sq[*]                        4           16  f32[]              partial over fsdp (the device's blocks; the host adds them)
+  transfer     device step                         1            4  f32[]              replicated over fsdp
+  transfer     device lr                           1            4  f32[]              replicated over fsdp
+  transfer     device gscale                       1            4  f32[]              replicated over fsdp
+  transfer     device hyper                        1           16  f32[4]             replicated over fsdp
+  gathered     device full:wte                     1        32768  f32[256,32]        gathered: whole on every device (all-gathered over fsdp before its use, freed after)
+  gathered     device full:layers.*.*             18        82432  (various)          gathered: whole on every device (all-gathered over fsdp before its use, freed after)
+  gathered     device full:final_norm              1          128  f32[32]            gathered: whole on every device (all-gathered over fsdp before its use, freed after)
+  unreduced    device ugrad:final_norm             1          128  f32[32]            unreduced: whole, partial over fsdp (sum over devices until reduce-scattered)
+  unreduced    device hgrad:wte                    1        32768  f32[256,32]        unreduced: whole, partial over fsdp (sum over devices until reduce-scattered)
+  unreduced    device ugrad:layers.*.*            18        82432  (various)          unreduced: whole, partial over fsdp (sum over devices until reduce-scattered)
+  unreduced    device ugrad:wte                    1        32768  f32[256,32]        unreduced: whole, partial over fsdp (sum over devices until reduce-scattered)
+# fsdp blocks: dim 0 cut in ceil(d0 / 2) rows per device; 0 of 100 sharded tensors padded, 0 B of zero rows over the fsdp group
+# collectives per layer, in plan order (bytes per device: the message, and what a ring sends)
+  op    3 embed     embed_fsdp_all_gather      all_gather     over fsdp     1 tensors      32768 B  wire      16384 B
+  op    4 layer 0   block_fsdp_all_gather      all_gather     over fsdp     9 tensors      41216 B  wire      20608 B
+  op    7 layer 1   block_fsdp_all_gather      all_gather     over fsdp     9 tensors      41216 B  wire      20608 B
+  op   10 head      head_fsdp_all_gather       all_gather     over fsdp     1 tensors        128 B  wire         64 B
+  op   11 embed     embed_fsdp_all_gather      all_gather     over fsdp     1 tensors      32768 B  wire      16384 B
+  op   14 layer 1   block_fsdp_all_gather      all_gather     over fsdp     9 tensors      41216 B  wire      20608 B
+  op   19 head      head_fsdp_reduce_scatter   reduce_scatter over fsdp     1 tensors        128 B  wire         64 B
+  op   21 layer 0   block_fsdp_all_gather      all_gather     over fsdp     9 tensors      41216 B  wire      20608 B
+  op   27 layer 1   block_fsdp_reduce_scatter  reduce_scatter over fsdp     9 tensors      41216 B  wire      20608 B
+  op   29 embed     embed_fsdp_all_gather      all_gather     over fsdp     1 tensors      32768 B  wire      16384 B
+  op   35 layer 0   block_fsdp_reduce_scatter  reduce_scatter over fsdp     9 tensors      41216 B  wire      20608 B
+  op   41 embed     embed_fsdp_reduce_scatter  reduce_scatter over fsdp     1 tensors      32768 B  wire      16384 B
+  op   46 layer 0   block_fsdp_all_gather      all_gather     over fsdp     9 tensors      41216 B  wire      20608 B
+  op   49 layer 1   block_fsdp_all_gather      all_gather     over fsdp     9 tensors      41216 B  wire      20608 B
+  op   52 head      head_fsdp_all_gather       all_gather     over fsdp     1 tensors        128 B  wire         64 B
+  op   53 embed     embed_fsdp_all_gather      all_gather     over fsdp     1 tensors      32768 B  wire      16384 B
+  op   56 layer 1   block_fsdp_all_gather      all_gather     over fsdp     9 tensors      41216 B  wire      20608 B
+  op   61 head      head_fsdp_reduce_scatter   reduce_scatter over fsdp     1 tensors        128 B  wire         64 B
+  op   65 layer 0   block_fsdp_all_gather      all_gather     over fsdp     9 tensors      41216 B  wire      20608 B
+  op   71 layer 1   block_fsdp_reduce_scatter  reduce_scatter over fsdp     9 tensors      41216 B  wire      20608 B
+  op   75 embed     embed_fsdp_all_gather      all_gather     over fsdp     1 tensors      32768 B  wire      16384 B
+  op   81 layer 0   block_fsdp_reduce_scatter  reduce_scatter over fsdp     9 tensors      41216 B  wire      20608 B
+  op   90 embed     embed_fsdp_reduce_scatter  reduce_scatter over fsdp     1 tensors      32768 B  wire      16384 B
+# communication per step: 23 collectives, 724480 B per device (message), 362240 B sent per device, 724480 B over all devices
+  all_gather        15 collectives     493824 B per device (message)     246912 B sent per device
+  reduce_scatter     8 collectives     230656 B per device (message)     115328 B sent per device
+# predicted memory per device, bytes
+                                   params        grads    optimizer  activations     transfer     gathered    unreduced        total
+  persistent state                  57664            0       115328            0            0            0            0       172992
+  training step peak                57664        57664       115328        24704           72        82432        73984       411848
+  evaluation peak                   57664            0            0         4096          128        82432            0       144320
+  largest in the step               57664        78272       115328        26752          200        82432        73984
+  host memory (offloaded homes): 0
+WANT
+exact fsdp2 configs/test.yml parallel.fsdp=2
+
 # --- --json: everything, consistent with the plan and the bundle -------------------
-for c in one data2; do
+for c in one data2 fsdp2 data2_fsdp2; do
   extra=()
   [ "$c" = data2 ] && extra=(parallel.data=2 runtime.cpu_devices=4)
+  [ "$c" = fsdp2 ] && extra=(parallel.fsdp=2)
+  [ "$c" = data2_fsdp2 ] && extra=(parallel.data=2 parallel.fsdp=2 runtime.cpu_devices=4 train.batch_size=8)
   "$STRATA" plan --explain --json configs/test.yml "${extra[@]}" >"$TMP/$c.json" 2>"$TMP/$c.jerr" || bad "plan --explain --json ($c) failed"
   "$STRATA" plan --json configs/test.yml "${extra[@]}" >"$TMP/$c.plan.json" 2>/dev/null || bad "plan --json ($c) failed"
   check "plan --explain --json ($c): every slot with its sharding, collectives as in the manifest, peaks as planned" "$PY - '$TMP/$c.json' '$TMP/$c.plan.json' $c <<'PYEOF'
@@ -142,27 +225,39 @@ doc = json.load(open(sys.argv[1]))
 plan = json.load(open(sys.argv[2]))
 case = sys.argv[3]
 e, step = doc['explain'], plan['step']
-nd = 2 if case == 'data2' else 1
-assert e['mesh'] == {'data': nd, 'fsdp': 1, 'tensor': 1, 'devices': nd, 'runtime_devices': list(range(nd)),
-                     'groups': {'data': [[0, 1]]} if nd > 1 else {}}, e['mesh']
+D, F = {'one': (1, 1), 'data2': (2, 1), 'fsdp2': (1, 2), 'data2_fsdp2': (2, 2)}[case]
+nd = D * F
+groups = {'one': {}, 'data2': {'data': [[0, 1]]}, 'fsdp2': {'fsdp': [[0, 1]]},
+          'data2_fsdp2': {'data': [[0, 2], [1, 3]], 'fsdp': [[0, 1], [2, 3]]}}[case]
+assert e['mesh'] == {'data': D, 'fsdp': F, 'tensor': 1, 'devices': nd, 'runtime_devices': list(range(nd)),
+                     'groups': groups}, e['mesh']
 assert e['policy'] == step['policy']
+if nd > 1:
+    assert plan['step']['mesh'] == {'data': D, 'fsdp': F, 'tensor': 1}
+lead = lambda ty: int(ty.split('[')[1].split(',')[0].rstrip(']'))
 # every tensor of the step plan, in slot order, with its per-device type and layout
 assert [t['name'] for t in e['tensors']] == [s['name'] for s in step['slots']]
 for t, s in zip(e['tensors'], step['slots']):
     assert t['category'] == s['category'] and t['type_per_device'] == s['type'] and t['bytes_per_device'] == s['bytes'], (t, s)
     assert t['layout'] == s.get('layout', 'whole'), (t, s)
     if t['layout'] == 'split' and not t['type'].endswith('[]'):
-        lead = lambda ty: int(ty.split('[')[1].split(',')[0].rstrip(']'))
         assert lead(t['type']) == nd * lead(t['type_per_device']), t
+    elif t['layout'] == 'sharded':  # an fsdp block: ceil(d0 / F) rows, the rest zero padding
+        assert t['type'] == s['logical_type'] and lead(t['type_per_device']) == -(-lead(t['type']) // F), t
+        assert t['pad_rows'] == F * lead(t['type_per_device']) - lead(t['type']) == 0, t  # test.yml divides by 2
     else:
         assert t['type'] == t['type_per_device'], t
 cats = {t['category'] for t in e['tensors']}
-assert cats == {'params', 'grads', 'optimizer', 'activations', 'transfer'}, cats
+assert cats == {'params', 'grads', 'optimizer', 'activations', 'transfer'} | ({'gathered', 'unreduced'} if F > 1 else set()), cats
 if nd > 1:
     lay = {t['category']: set() for t in e['tensors']}
     for t in e['tensors']:
         lay[t['category']].add(t['layout'])
-    assert lay['params'] == lay['optimizer'] == {'replicated'} and lay['grads'] == {'partial'} and lay['activations'] == {'split'}, lay
+    if F == 1:
+        assert lay['params'] == lay['optimizer'] == {'replicated'} and lay['grads'] == {'partial'} and lay['activations'] == {'split'}, lay
+    else:
+        assert lay['params'] == lay['optimizer'] == lay['grads'] == {'sharded'} and lay['activations'] == {'split'}, lay
+        assert lay['gathered'] == {'replicated'} and lay['unreduced'] == {'partial'}, lay
 # the collectives: the plan's COLLECTIVE ops, bytes from the bundle manifest
 colls = [o for o in step['ops'] if o['kind'] == 'COLLECTIVE']
 assert [c['op'] for c in e['collectives']] == [o['index'] for o in colls]
@@ -171,23 +266,38 @@ by_name = {c['name']: c for c in man.get('collectives', [])}
 for c, o in zip(e['collectives'], colls):
     m = by_name[c['program']]
     assert c['program'] == o['program'] and c['layer'] == o['layer'] and c['devices'] == nd
-    assert (c['kind'], c['axis']) == (m['kind'], m['axis']), (c, m)
+    assert (c['kind'], c['axis']) == (m['kind'], m['axis']) and c['group_size'] == m['axis_size'], (c, m)
     assert c['bytes_per_device'] == m['bytes_per_device'] and c['wire_bytes_per_device'] == m['wire_bytes_per_device'], (c, m)
     assert c['tensors'] == [step['slots'][i]['name'] for i in o['inputs']]
-    assert c['bytes_per_device'] == sum(step['slots'][i]['bytes'] for i in o['inputs'])
+    blocks = o['outputs'] if c['kind'] == 'reduce_scatter' else o['inputs']
+    per = sum(step['slots'][i]['bytes'] for i in blocks)
+    assert c['bytes_per_device'] == (per if c['kind'] == 'all_reduce' else c['group_size'] * per), c
 comm = e['communication_per_step']
-assert comm['collectives'] == len(colls) == (4 if nd > 1 else 0)
+n_inst, micro = 4, 2
+assert comm['collectives'] == len(colls) == {'one': 0, 'data2': n_inst}.get(case, len(colls))
 assert comm['bytes_per_device'] == sum(c['bytes_per_device'] for c in e['collectives'])
 assert comm['wire_bytes_per_device'] == sum(c['wire_bytes_per_device'] for c in e['collectives'])
 assert comm['wire_bytes_all_devices'] == nd * comm['wire_bytes_per_device']
+for k, v in comm['by_kind'].items():
+    mine = [c for c in e['collectives'] if c['kind'] == k]
+    assert v == {'collectives': len(mine), 'bytes_per_device': sum(c['bytes_per_device'] for c in mine),
+                 'wire_bytes_per_device': sum(c['wire_bytes_per_device'] for c in mine)}, (k, v)
 params = sum(s['bytes'] for s in step['slots'] if s['category'] == 'params' and s['persistent'])
-assert comm['bytes_per_device'] == (params if nd > 1 else 0)  # data parallelism reduces every gradient once
+whole = F * params  # test.yml's dims divide by fsdp: no padding
+if F == 1:
+    assert comm['bytes_per_device'] == (params if nd > 1 else 0)  # data parallelism reduces every gradient once
+else:
+    # every microbatch reduce-scatters every whole gradient; HSDP all-reduces the blocks once over data
+    assert comm['by_kind']['reduce_scatter']['bytes_per_device'] == micro * whole, comm
+    assert comm['by_kind'].get('all_reduce', {'bytes_per_device': 0})['bytes_per_device'] == (params if D > 1 else 0), comm
 mem = e['memory_per_device']
 assert mem['peak_bytes'] == step['predicted_peak_bytes'] == sum(mem['peak_by_category'].values())
 assert mem['peak_by_category'] == step['predicted_peak_by_category']
 assert mem['eval_peak_bytes'] == plan['eval']['predicted_peak_bytes'] == sum(mem['eval_peak_by_category'].values())
 assert mem['host_bytes'] == step['host_bytes']
 assert mem['persistent_by_category']['optimizer'] == 2 * mem['persistent_by_category']['params'] == 2 * params
+for k, v in mem['max_by_category'].items():
+    assert v == max([mem['persistent_by_category'][k]] + [o['live_bytes'][k] for o in step['ops']]), (k, v)
 print(f'# explain {case}: {len(e[\"tensors\"])} tensors, {comm[\"collectives\"]} collectives, peak {mem[\"peak_bytes\"]} B per device')
 PYEOF"
 done
