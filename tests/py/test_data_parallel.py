@@ -1,6 +1,7 @@
 """Data and fully-sharded parallelism through the step plan (docs/parallelism.md):
 strata's trainer on parallel.data=2 and =4, parallel.fsdp=2 and =4 and
-data=2 x fsdp=2 (4 CPU devices) against the same config on one device.
+data=2 x fsdp=2 (4 CPU devices) against the same config on one device, and
+data=2 and fsdp=2 with sched.optimizer=per_layer against one device with it.
 
 20 steps, f32, 2 microbatches, clipping active. Each device runs the one-device
 programs on its rows of every microbatch; the plan all-reduces each layer's
@@ -90,7 +91,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
             # fsdp=4 with the other gather placement
             "fsdp2": train(tmp, "fsdp2", "parallel.fsdp=2"),
             "fsdp4": train(tmp, "fsdp4", "parallel.fsdp=4", "sched.gather_prefetch=2", "sched.reshard_after_forward=false"),
-            "data2_fsdp2": train(tmp, "data2_fsdp2", "parallel.data=2", "parallel.fsdp=2")}
+            "data2_fsdp2": train(tmp, "data2_fsdp2", "parallel.data=2", "parallel.fsdp=2"),
+            # per-layer updates on fsdp blocks: each instance's AdamW after its last reduce-scatter
+            "fsdp2_per_layer": train(tmp, "fsdp2_per_layer", "parallel.fsdp=2", *per_layer)}
 
 
 def params(r: dict) -> dict:
@@ -99,9 +102,9 @@ def params(r: dict) -> dict:
 
 
 BASE = {"data2": "one", "data4": "one", "data2_per_layer": "one_per_layer",
-        "fsdp2": "one", "fsdp4": "one", "data2_fsdp2": "one"}
+        "fsdp2": "one", "fsdp4": "one", "data2_fsdp2": "one", "fsdp2_per_layer": "one_per_layer"}
 MESH = {"data2": (2, 1), "data4": (4, 1), "data2_per_layer": (2, 1), "fsdp2": (1, 2), "fsdp4": (1, 4),
-        "data2_fsdp2": (2, 2)}  # (data, fsdp)
+        "data2_fsdp2": (2, 2), "fsdp2_per_layer": (1, 2)}  # (data, fsdp)
 
 
 @pytest.mark.parametrize("mesh", sorted(BASE))
