@@ -325,3 +325,16 @@ def test_reduce_scatter_between_backwards_and_independent_of_the_next(ordered: d
                              f"{r['device_start_us']:.0f}-{b['device_complete_us']:.0f} us: "
                              f"{'overlap ' + format(hi - lo, '.0f') + ' us' if hi > lo else 'no overlap'}")
     print("\n".join(notes))
+
+
+# --- policies that keep working on fsdp blocks -----------------------------------
+
+def test_optimizer_offload_on_fsdp_blocks(tmp_path) -> None:
+    """sched.offload=optimizer moves m and v, fsdp blocks, to host homes
+    between uses; the losses match one device with the same policy, and the
+    accounting still matches the plan after every op."""
+    off = ["sched.offload=optimizer", "train.steps=4"]
+    a, b = train(tmp_path, "one_off", *off), train(tmp_path, "fsdp2_off", *off, "parallel.fsdp=2")
+    np.testing.assert_allclose([m["loss"] for m in b["steps"]], [m["loss"] for m in a["steps"]], rtol=1e-5)
+    assert all(m["live_mismatch_op"] == -1 for m in a["steps"] + b["steps"])
+    assert 2 * b["steps"][0]["host_bytes"] == a["steps"][0]["host_bytes"] > 0  # m and v homes: half on each device
