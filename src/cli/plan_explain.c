@@ -39,10 +39,27 @@ static int64_t st__wire_bytes(const char* kind, int64_t bytes, int n) {
   return strcmp(kind, "all_reduce") == 0 ? 2 * once : once;
 }
 
-/* The mesh's axes above 1, as words: "data", "fsdp", "data and fsdp". */
-static const char* st__axes_words(const st_plan* plan) {
-  const bool d = plan->mesh[0] > 1, f = plan->mesh[1] > 1;
-  return d && f ? "data and fsdp" : f ? "fsdp" : "data";
+/* Axis bits (ST_PLAN_AXIS_*) as words: "data", "fsdp", "data and fsdp",
+ * "data, fsdp and tensor". */
+static void st__axis_words(uint32_t bits, char* out, size_t n) {
+  static const char* const names[3] = {"data", "fsdp", "tensor"};
+  int count = 0, seen = 0;
+  for (int a = 0; a < 3; ++a) count += (bits >> a) & 1u;
+  out[0] = '\0';
+  for (int a = 0; a < 3; ++a) {
+    if (!((bits >> a) & 1u)) continue;
+    ++seen;
+    snprintf(out + strlen(out), n - strlen(out), "%s%s", seen == 1 ? "" : seen == count ? " and " : ", ", names[a]);
+  }
+}
+
+/* The mesh's axes above 1 (the batch shares' axes: data and fsdp only). */
+static uint32_t st__mesh_bits(const st_plan* plan, bool with_tensor) {
+  uint32_t b = 0;
+  if (plan->mesh[0] > 1) b |= ST_PLAN_AXIS_DATA;
+  if (plan->mesh[1] > 1) b |= ST_PLAN_AXIS_FSDP;
+  if (with_tensor && plan->mesh[2] > 1) b |= ST_PLAN_AXIS_TENSOR;
+  return b ? b : ST_PLAN_AXIS_DATA;
 }
 
 /* How the devices' buffers of slot |s| make up the logical tensor. The
@@ -54,14 +71,17 @@ static void st__sharding(const st_plan* plan, const st_slot* s, char* out, size_
     snprintf(out, n, "whole");
     return;
   }
-  const char* axes = st__axes_words(plan);
+  char axes[64], all[64];
+  st__axis_words(st__mesh_bits(plan, false), axes, sizeof(axes));
+  st__axis_words(st__mesh_bits(plan, true), all, sizeof(all));
   const bool data = plan->mesh[0] > 1;
   switch (s->layout) {
     case ST_LAYOUT_REPLICATED:
       if (s->category == ST_SLOT_GATHERED)
-        snprintf(out, n, "gathered: whole on every device (all-gathered over fsdp before its use, freed after)");
+        snprintf(out, n, "gathered: %s on every device (all-gathered over fsdp before its use, freed after)",
+                 plan->mesh[2] > 1 ? "the tensor-parallel block, whole over fsdp," : "whole");
       else
-        snprintf(out, n, "replicated over %s", axes);
+        snprintf(out, n, "replicated over %s", all);
       return;
     case ST_LAYOUT_SPLIT:
       if (s->type.rank > 0)
@@ -71,16 +91,40 @@ static void st__sharding(const st_plan* plan, const st_slot* s, char* out, size_
       return;
     case ST_LAYOUT_PARTIAL:
       if (s->category == ST_SLOT_UNREDUCED)
-        snprintf(out, n, "unreduced: whole, partial over %s (sum over devices until reduce-scattered)", axes);
+        snprintf(out, n, "unreduced: %s, partial over %s (sum over devices until reduce-scattered)",
+                 plan->mesh[2] > 1 ? "the tensor-parallel block" : "whole", axes);
       else if (s->category == ST_SLOT_XFER) /* a squared norm under fsdp */
         snprintf(out, n, "partial over fsdp (the device's blocks; the host adds them)%s", data ? ", replicated over data" : "");
       else
         snprintf(out, n, "partial over data (sum over devices until all-reduced)");
       return;
-    case ST_LAYOUT_SHARDED:
-      snprintf(out, n, "sharded over fsdp (dim 0, zero-padded)%s",
-               !data ? "" : s->sharding.partial ? ", partial over data until all-reduced" : ", replicated over data");
+    case ST_LAYOUT_SHARDED: {
+      const char* tail = !data ? "" : s->sharding.partial ? ", partial over data until all-reduced" : ", replicated over data";
+      if (s->sharding.split[0] == ST_PLAN_AXIS_FSDP) {
+        bool other = false;
+        for (int d = 1; d < s->logical.rank; ++d) other |= s->sharding.split[d] != 0;
+        if (!other) {
+          snprintf(out, n, "sharded over fsdp (dim 0, zero-padded)%s", tail);
+          return;
+        }
+      }
+      /* Several cuts (tensor, then fsdp): each dimension's axes, outer first. */
+      snprintf(out, n, "sharded:");
+      for (int d = 0; d < s->logical.rank; ++d) {
+        uint32_t bits = s->sharding.split[d];
+        if (!bits) continue;
+        char w[64];
+        st__axis_words(bits, w, sizeof(w));
+        snprintf(out + strlen(out), n - strlen(out), " dim %d over %s%s%s", d, w,
+                 s->sharding.outer[d] ? " (the tensor block cut again over fsdp, zero-padded)"
+                 : (bits & ST_PLAN_AXIS_FSDP) ? " (zero-padded)" : "",
+                 ",");
+      }
+      size_t len = strlen(out);
+      if (len && out[len - 1] == ',') out[len - 1] = '\0';
+      snprintf(out + strlen(out), n - strlen(out), "%s", tail);
       return;
+    }
   }
   snprintf(out, n, "?");
 }
@@ -94,11 +138,15 @@ static st_tensor_type st__logical(const st_plan* plan, const st_slot* s) {
   return t;
 }
 
-/* A sharded slot's zero rows: its blocks hold fsdp * ceil(d0 / fsdp) rows
- * of the d0 the tensor has. */
+/* A sharded slot's zero rows: the fsdp blocks of dim 0 hold fsdp *
+ * ceil(d0 / fsdp) rows of the d0 they cut (the tensor block's, when
+ * tensor cuts dim 0 first). */
 static int64_t st__pad_rows(const st_plan* plan, const st_slot* s) {
   if (plan->devices <= 1 || s->layout != ST_LAYOUT_SHARDED || s->logical.rank == 0) return 0;
-  return (int64_t)s->type.dims[0] * plan->mesh[1] - s->logical.dims[0];
+  if (!(s->sharding.split[0] & ST_PLAN_AXIS_FSDP)) return 0;
+  int64_t d0 = s->logical.dims[0];
+  if (s->sharding.outer[0] & ST_PLAN_AXIS_TENSOR) d0 /= plan->mesh[2];
+  return (int64_t)s->type.dims[0] * plan->mesh[1] - d0;
 }
 
 /* The mesh axis index of |axis| ("data", "fsdp", "tensor"); -1 if none. */

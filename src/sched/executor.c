@@ -25,7 +25,6 @@ struct st_executor {
   st_program* const* programs;
   int device; /* runtime device of data-parallel index 0; index d runs on device + d */
   int ndev;   /* plan->devices: buffers per device slot */
-  int last_collective; /* this run's latest COLLECTIVE op; -1 before the first (st__collective) */
   char device_kind[32]; /* the device's default memory space */
   char host_kind[32];   /* where host slots live; "" when the plan has none */
   st_buffer** slots;    /* [slot_count * ndev] (slot-major), owned unless borrowed[] */
@@ -474,24 +473,6 @@ static st_status st__spmd(st_executor* ex, int index, const st_op* op) {
         return st_status_make(ST_CODE_INTERNAL, "plan op %d (%s layer %d): input slot '%s' is empty on device index %d", index,
                               plan->programs[op->program], op->layer, plan->slots[op->inputs[j]].name, d);
     }
-  /* One collective in flight at a time. The CPU plugin runs every device's
-   * part of an execution on one shared thread pool, and a collective's part
-   * holds its thread until every part has arrived: two collectives in
-   * flight (an FSDP prefetch issues all-gathers back to back) can each hold
-   * part of the pool and wait for each other forever, which XLA ends after
-   * 40 s with an abort ("Expected 4 threads to join the rendezvous, but
-   * only 2 of them arrived"; fsdp=4 on 4 CPU devices, fsdp=2 on 2). Compute
-   * launches still overlap the collective in flight. */
-  if (ex->last_collective >= 0)
-    for (int d = 0; d < nd; ++d) {
-      st_event* ev = ex->events[(size_t)ex->last_collective * (size_t)nd + (size_t)d];
-      if (!ev) continue;
-      st_status ws = st_event_await(ev);
-      if (ws) return st_status_annotate(ws, "plan op %d (%s, layer %d), the collective before op %d", ex->last_collective,
-                                        plan->programs[plan->ops[ex->last_collective].program],
-                                        plan->ops[ex->last_collective].layer, index);
-    }
-  ex->last_collective = index;
   st_event* done[ST_MESH_MAX_DEVICES] = {0};
   double now = st_now() - ex->t0;
   for (int d = 0; d < nd; ++d) ex->dev_issue[(size_t)index * (size_t)nd + (size_t)d] = now;
@@ -834,7 +815,6 @@ st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
   ex->stats.predicted_peak_bytes = predicted;
   memcpy(ex->stats.predicted_peak_by_category, predicted_cats, sizeof(predicted_cats));
   ex->stats.live_mismatch_op = -1;
-  ex->last_collective = -1;
   for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) ex->stats.peak_live_bytes += live[k];
   memcpy(ex->stats.peak_by_category, live, sizeof(live));
   memset(ex->timings, 0, (size_t)plan->op_count * sizeof(st_op_timing));

@@ -918,7 +918,13 @@ static void st__builder_init(st__builder* B, st_plan* plan, const st_bundle* b, 
   plan->mesh[0] = DATA;
   plan->mesh[1] = F;
   plan->mesh[2] = TP;
-  plan->serialize_spmd = TP > 1 && DATA * F > 1;
+  /* FSDP alone needs it too: its all-gathers are issued back to back (the
+   * prefetch), and on the CPU plugin two collectives in flight can each
+   * hold part of its thread pool in a rendezvous and wait for each other
+   * forever (fsdp=2 on 2 CPU devices aborted after XLA's 40 s in 3 of 3
+   * runs, and in 1 of 4 on a quieter machine; fsdp=4 on 4 in 1 of 5 20-step
+   * runs; docs/parallelism.md). */
+  plan->serialize_spmd = (TP > 1 && DATA * F > 1) || F > 1;
   st__builder init = {plan, b, inst, n_inst, n_inst - 2, remat, b->model.tie_embeddings, {-1, -1, -1, -1},
                       st_xcalloc((size_t)n_inst, sizeof(int)), pol->bucketed_grad_reduce, pol->grad_bucket_bytes,
                       st_xcalloc((size_t)n_inst, sizeof(int)), 0, 0, F, DATA, TP, pol->gather_prefetch,

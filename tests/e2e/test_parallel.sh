@@ -2,9 +2,9 @@
 # test_parallel.sh — the parallel.* keys (docs/parallelism.md): every mesh
 # rule gives exit 2 with its exact message naming the keys, their values
 # and where they were set; a valid mesh passes `strata config`; and
-# `strata train` refuses tensor above 1 (not built yet) with exit 2
-# before it creates anything, and parameter offload under fsdp with exit 2,
-# while parallel.data > 1 and parallel.fsdp > 1 train (their equivalence
+# `strata train` refuses a mesh with all three axes above 1 (not built yet)
+# with exit 2 before it creates anything, and parameter offload under fsdp
+# with exit 2, while parallel.data > 1 and parallel.fsdp > 1 train (their equivalence
 # with one device: tests/py/test_data_parallel.py; FSDP memory and order:
 # tests/py/test_fsdp.py). Run from the repository root.
 set -uo pipefail
@@ -45,12 +45,10 @@ out=$("$STRATA" config --yaml configs/test.yml 2>/dev/null)
 check "the YAML snapshot has the parallel section with its defaults" \
   "grep -A3 '^parallel:' <<<\"\$out\" | grep -q '  tensor: 1'"
 
-# --- the trainer refuses tensor, creating nothing; and fsdp with parameter offload -------
-expect_error "parallel.data=1 parallel.fsdp=2 parallel.tensor=2: tensor parallelism is not yet supported in training (the runtime and the tensor-parallel programs exist, the step plan has data and fsdp parallelism only; docs/parallelism.md); set parallel.tensor to 1" \
-  train configs/test.yml parallel.fsdp=2 parallel.tensor=2 runtime.cpu_devices=4 run.dir="$TMP/run"
+# --- the trainer refuses all three axes at once, creating nothing; and fsdp with parameter offload
+expect_error "parallel.data=2 parallel.fsdp=2 parallel.tensor=2: a mesh with all three axes above 1 is not yet supported in training (any two are; docs/parallelism.md); set one of them to 1" \
+  train configs/test.yml parallel.data=2 parallel.fsdp=2 parallel.tensor=2 runtime.cpu_devices=8 train.batch_size=8 run.dir="$TMP/run"
 check "the refused run created no run directory" "[ ! -e '$TMP/run' ]"
-expect_error "parallel.data=2 parallel.fsdp=1 parallel.tensor=2: tensor parallelism is not yet supported in training (the runtime and the tensor-parallel programs exist, the step plan has data and fsdp parallelism only; docs/parallelism.md); set parallel.tensor to 1" \
-  train configs/test.yml parallel.data=2 parallel.tensor=2 runtime.cpu_devices=4 run.dir="$TMP/run"
 # The step plan refuses it (st__check_mesh), so `strata plan` does too.
 for off in params both; do
   expect_error "sched.offload=$off with parallel.fsdp=2: parameter offload is not built for fully-sharded parameters; set sched.offload to none or optimizer" \
@@ -77,8 +75,9 @@ check "parallel.data=2 with sched.wait=eager trains (exit $code; stderr: $(tail 
 # prefetch issues all-gathers back to back) each could hold one of the
 # plugin's threads and wait for the other forever, until XLA aborted after
 # 40 s ("Expected 2 threads to join the rendezvous, but only 1 of them
-# arrived"); the executor issues a collective only once the one before has
-# completed (docs/parallelism.md, "FSDP in the plan").
+# arrived"); under fsdp the executor issues a collective only once the SPMD
+# op before it has completed (st_plan.serialize_spmd; docs/parallelism.md,
+# "FSDP in the plan").
 FSDP=(configs/test.yml parallel.fsdp=2 train.steps=2 sched.gather_prefetch=1)
 "$STRATA" train "${FSDP[@]}" "trace.steps=[2]" run.dir="$TMP/fsdp" >"$TMP/fsdp.out" 2>"$TMP/fsdp.err"
 code=$?

@@ -37,8 +37,9 @@ Order, fsdp=2, gather_prefetch=1, grad_reduce=per_layer, the step-2 trace:
   nothing orders them, so they can overlap.
 What the CPU timestamps show about actual overlap is printed (pytest -s) and
 not asserted. Two things limit it on this machine: the devices' work shares 2
-cores, and the executor keeps one collective in flight (the CPU plugin can
-deadlock otherwise, docs/parallelism.md), so the host issues the next
+cores, and the executor keeps one SPMD op in flight under fsdp
+(st_plan.serialize_spmd: the CPU plugin can deadlock otherwise,
+docs/parallelism.md), so the host issues the next
 collective, here the embedding's prefetched all-gather, which comes before
 layer l-1's launches, only once layer l's reduce-scatter has completed.
 Measured: the reduce-scatter of layer 1 overlapped layer 0's recompute and
