@@ -42,9 +42,10 @@ cores, and the executor keeps one SPMD op in flight under fsdp
 docs/parallelism.md), so the host issues the next
 collective, here the embedding's prefetched all-gather, which comes before
 layer l-1's launches, only once layer l's reduce-scatter has completed.
-Measured: the reduce-scatter of layer 1 overlapped layer 0's recompute and
-backward on one device in one microbatch (about 0.3 ms) and not on the
-others.
+Measured: before the barrier, the reduce-scatter of layer 1 overlapped
+layer 0's recompute and backward on one device in one microbatch (about
+0.3 ms); with it, on none (the recompute starts 0.1-0.4 ms after the
+reduce-scatter completes).
 
 Mutations that fail these tests: gathering one use further ahead than
 sched.gather_prefetch, freeing a gathered instance whose next use is the
