@@ -209,7 +209,7 @@ cat >"$TMP/fsdp2.want" <<'WANT'
   largest in the step               57664        78272       115328        26752          200        82432        73984
   host memory (offloaded homes): 0
 WANT
-exact fsdp2 configs/test.yml parallel.fsdp=2
+exact fsdp2 configs/test.yml parallel.fsdp=2 sched.remat=full
 
 # --- --json: everything, consistent with the plan and the bundle -------------------
 for c in one data2 fsdp2 data2_fsdp2; do

@@ -25,7 +25,8 @@ by 4):
   and wte, 32896 B); at prefetch 1 and 2, two and three blocks. These runs
   have 4 blocks (model.n_layers=4), more than a prefetch of 2 spans.
 
-Order, fsdp=2, gather_prefetch=1, grad_reduce=per_layer, the step-2 trace:
+Order, fsdp=2, gather_prefetch=1, grad_reduce=per_layer, remat=full, the
+step-2 trace:
 - layer l+1's all-gather (and the first block's, issued before the
   embedding's forward) is issued before layer l's forward completes on
   either device: it is issued before layer l's launch (plan order, the host
@@ -268,7 +269,8 @@ def closure(ops: list[dict], i: int) -> set[int]:
 
 @pytest.fixture(scope="module")
 def ordered(tmp_path_factory) -> dict:
-    pol = ["parallel.fsdp=2", "sched.gather_prefetch=1", "sched.grad_reduce=per_layer"]
+    # full remat: each block's backward use is its recompute and backward (auto keeps residuals here)
+    pol = ["parallel.fsdp=2", "sched.gather_prefetch=1", "sched.grad_reduce=per_layer", "sched.remat=full"]
     tmp = tmp_path_factory.mktemp("order")
     return {"plan": plan_doc(*pol)["step"], "run": train(tmp, "fsdp2", *pol, trace=True)}
 
