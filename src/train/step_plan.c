@@ -305,25 +305,41 @@ static void st__gather(st__builder* B, int i, int micro) {
   B->gathered[i] = true;
 }
 
-/* Before the launches of the current use: its parameters and those of the
- * next sched.gather_prefetch uses are gathered (or being gathered). */
-static void st__use_begin(st__builder* B) {
-  if (B->F <= 1) return;
-  for (int q = B->use_pos; q < B->n_uses && q <= B->use_pos + B->gather_prefetch; ++q)
+/* Gathers the parameters of uses [from, to] that are not gathered yet. */
+static void st__gather_uses(st__builder* B, int from, int to) {
+  for (int q = from; q < B->n_uses && q <= to; ++q)
     for (int k = 0; k < B->uses[q].n; ++k)
       if (!B->gathered[B->uses[q].inst[k]]) st__gather(B, B->uses[q].inst[k], B->uses[q].micro);
+}
+
+/* Before the launches of the current use: its parameters, if no earlier
+ * prefetch gathered them, and in the forward those of the next
+ * sched.gather_prefetch uses, issued before this use's launches, so they
+ * are in flight while it computes. In the backward the prefetch waits for
+ * st__use_end: there a reduce-scatter comes right after each launch, and
+ * the executor starts one SPMD op at a time (plan->serialize_spmd), so a
+ * gather issued before the next launch would hold that launch until the
+ * reduce-scatter is done, and the two would never overlap. */
+static void st__use_begin(st__builder* B) {
+  if (B->F <= 1) return;
+  st__gather_uses(B, B->use_pos, B->use_pos + (B->uses[B->use_pos].forward ? B->gather_prefetch : 0));
 }
 
 /* After them: each instance's gathered parameters are freed unless its
  * next use is within the prefetch window (it would be gathered again at
  * once), or, without sched.reshard_after_forward, this was a forward use
- * and the next is the same microbatch's backward. */
+ * and the next is the same microbatch's backward. In the backward, the
+ * next sched.gather_prefetch uses' parameters are gathered first (see
+ * st__use_begin). */
 static void st__use_end(st__builder* B) {
   if (B->F <= 1) {
     B->use_pos++;
     return;
   }
   const st__use* u = &B->uses[B->use_pos];
+  /* The backward's prefetch, before the FREEs: the launches still read
+   * this use's buffers, so the window is this use and the next ones. */
+  if (!u->forward) st__gather_uses(B, B->use_pos + 1, B->use_pos + B->gather_prefetch);
   for (int k = 0; k < u->n; ++k) {
     int i = u->inst[k], next = -1;
     for (int q = B->use_pos + 1; q < B->n_uses && next < 0; ++q)
@@ -918,13 +934,14 @@ static void st__builder_init(st__builder* B, st_plan* plan, const st_bundle* b, 
   plan->mesh[0] = DATA;
   plan->mesh[1] = F;
   plan->mesh[2] = TP;
-  /* FSDP alone needs it too: its all-gathers are issued back to back (the
-   * prefetch), and on the CPU plugin two collectives in flight can each
-   * hold part of its thread pool in a rendezvous and wait for each other
-   * forever (fsdp=2 on 2 CPU devices aborted after XLA's 40 s in 3 of 3
-   * runs, and in 1 of 4 on a quieter machine; fsdp=4 on 4 in 1 of 5 20-step
-   * runs; docs/parallelism.md). */
-  plan->serialize_spmd = (TP > 1 && DATA * F > 1) || F > 1;
+  /* One SPMD op in flight at a time, on every mesh: on the CPU plugin two
+   * collectives (or tensor-parallel programs) in flight can each hold part
+   * of its thread pool in a rendezvous and wait for each other forever, or
+   * start in different orders on different devices (fsdp=2 on 2 CPU
+   * devices aborted after XLA's 40 s in 3 of 3 runs; fsdp=2 x tensor=2
+   * likewise; docs/parallelism.md, "Ordering"). Data parallelism alone was
+   * never seen to, but nothing rules it out. */
+  plan->serialize_spmd = plan->devices > 1;
   st__builder init = {plan, b, inst, n_inst, n_inst - 2, remat, b->model.tie_embeddings, {-1, -1, -1, -1},
                       st_xcalloc((size_t)n_inst, sizeof(int)), pol->bucketed_grad_reduce, pol->grad_bucket_bytes,
                       st_xcalloc((size_t)n_inst, sizeof(int)), 0, 0, F, DATA, TP, pol->gather_prefetch,
