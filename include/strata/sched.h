@@ -75,6 +75,17 @@ typedef enum st_op_kind {
 
 const char* st_op_kind_name(st_op_kind kind); /* "LAUNCH", ... */
 
+/* What a COLLECTIVE op does (its st_op.tag), for the accounting by kind. */
+typedef enum st_collective_kind {
+  ST_COLL_OTHER,
+  ST_COLL_ALL_REDUCE,
+  ST_COLL_ALL_GATHER,
+  ST_COLL_REDUCE_SCATTER,
+  ST_COLL_KIND_COUNT,
+} st_collective_kind;
+
+const char* st_collective_kind_name(st_collective_kind kind); /* "all_reduce", ... */
+
 typedef enum st_slot_category {
   ST_SLOT_PARAM,
   ST_SLOT_GRAD,
@@ -120,7 +131,7 @@ typedef struct st_op {
   int program; /* LAUNCH / RECOMPUTE / COLLECTIVE: index into the plan's program names */
   int layer;   /* -1 when not per layer */
   int micro;   /* microbatch, -1 when not per microbatch */
-  int tag;     /* H2D / READ / HOST: what the trainer's callback should do */
+  int tag;     /* H2D / READ / HOST: what the trainer's callback should do; COLLECTIVE: its st_collective_kind */
   int input_count;
   int* inputs; /* slots */
   int output_count;
@@ -287,7 +298,12 @@ typedef struct st_executor_stats {
   int live_mismatch_op; /* first op whose accounted live bytes differ from the prediction; -1: none */
   int64_t host_bytes;                         /* bytes held in host-memory slots */
   int64_t collectives;       /* COLLECTIVE ops */
-  int64_t collective_bytes;  /* their message bytes per device (the input slots' bytes) */
+  /* Their message bytes per device (NCCL's "size": the larger of the input
+   * and the output slots' bytes, i.e. the whole tensors of an all-gather
+   * or a reduce-scatter), and both by st_collective_kind (op tag). */
+  int64_t collective_bytes;
+  int64_t collectives_by_kind[ST_COLL_KIND_COUNT];
+  int64_t collective_bytes_by_kind[ST_COLL_KIND_COUNT];
   double collective_s;       /* time some collective was in flight (union of start..complete) */
   double collective_hidden_s; /* ... of it while some launch was running too */
   /* Unhidden communication wait (docs/scheduling.md): the union over ops

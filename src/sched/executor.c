@@ -495,11 +495,16 @@ static st_status st__spmd(st_executor* ex, int index, const st_op* op) {
 }
 
 static st_status st__collective(st_executor* ex, int index, const st_op* op) {
-  int64_t bytes = 0;
-  for (int j = 0; j < op->input_count; ++j) bytes += (int64_t)st_tensor_type_bytes(&ex->plan->slots[op->inputs[j]].type);
+  int64_t in = 0, out = 0;
+  for (int j = 0; j < op->input_count; ++j) in += (int64_t)st_tensor_type_bytes(&ex->plan->slots[op->inputs[j]].type);
+  for (int j = 0; j < op->output_count; ++j) out += (int64_t)st_tensor_type_bytes(&ex->plan->slots[op->outputs[j]].type);
   ST_RETURN(st__spmd(ex, index, op));
+  const int64_t bytes = in > out ? in : out;
+  const int kind = op->tag > 0 && op->tag < ST_COLL_KIND_COUNT ? op->tag : ST_COLL_OTHER;
   ex->stats.collectives++;
   ex->stats.collective_bytes += bytes;
+  ex->stats.collectives_by_kind[kind]++;
+  ex->stats.collective_bytes_by_kind[kind] += bytes;
   return ST_OK;
 }
 

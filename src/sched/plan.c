@@ -36,6 +36,17 @@ const char* st_op_kind_name(st_op_kind k) {
   return "?";
 }
 
+const char* st_collective_kind_name(st_collective_kind k) {
+  switch (k) {
+    case ST_COLL_ALL_REDUCE: return "all_reduce";
+    case ST_COLL_ALL_GATHER: return "all_gather";
+    case ST_COLL_REDUCE_SCATTER: return "reduce_scatter";
+    case ST_COLL_OTHER:
+    case ST_COLL_KIND_COUNT: break;
+  }
+  return "other";
+}
+
 const char* st_slot_layout_name(st_slot_layout l) {
   switch (l) {
     case ST_LAYOUT_REPLICATED: return "replicated";
@@ -454,6 +465,7 @@ json_t* st_plan_json(const st_plan* plan) {
     st_json_put_int(o, "index", i);
     st_json_put_str(o, "kind", st_op_kind_name(op->kind));
     if (st__op_has_program(op->kind)) st_json_put_str(o, "program", plan->programs[op->program]);
+    if (op->kind == ST_OP_COLLECTIVE) st_json_put_str(o, "collective_kind", st_collective_kind_name((st_collective_kind)op->tag));
     st_json_put_int(o, "layer", op->layer);
     st_json_put_int(o, "micro", op->micro);
     json_t* v = st_json_arr();

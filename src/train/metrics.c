@@ -36,10 +36,19 @@ static void st__sched_metrics(const st_executor_stats* es, int devices, json_t* 
   st_json_put_int(m, "host_bytes", es->host_bytes);
   st_json_put_int(m, "live_mismatch_op", es->live_mismatch_op);
   if (devices > 1) {
-    /* Data parallelism (docs/parallelism.md): the gradient all-reduces. */
+    /* A mesh (docs/parallelism.md): its collectives, by kind too. */
     st_json_put_int(m, "devices", devices);
     st_json_put_int(m, "collectives", es->collectives);
     st_json_put_int(m, "collective_bytes", es->collective_bytes);
+    json_t* kinds = st_json_obj();
+    for (int k = 0; k < ST_COLL_KIND_COUNT; ++k) {
+      if (!es->collectives_by_kind[k]) continue;
+      json_t* e = st_json_obj();
+      st_json_put_int(e, "count", es->collectives_by_kind[k]);
+      st_json_put_int(e, "bytes", es->collective_bytes_by_kind[k]);
+      st_json_put(kinds, st_collective_kind_name((st_collective_kind)k), e);
+    }
+    st_json_put(m, "collectives_by_kind", kinds);
     st_json_put(m, "collective_s", st_json_fixed(es->collective_s, 6));
     st_json_put(m, "comm_overlap_ratio",
                 es->collective_s > 0 ? st_json_fixed(es->collective_hidden_s / es->collective_s, 4) : json_null());

@@ -300,7 +300,7 @@ static void st__gather(st__builder* B, int i, int micro) {
     in[k] = st__pslot(B, "", I->params[k], ST_SLOT_PARAM, true);
     out[k] = st__whole(B, "full:", I->params[k], ST_SLOT_GATHERED);
   }
-  st_plan_add(B->plan, ST_OP_COLLECTIVE, st_plan_program(B->plan, I->group->fsdp_all_gather->name), I->layer, micro, 0,
+  st_plan_add(B->plan, ST_OP_COLLECTIVE, st_plan_program(B->plan, I->group->fsdp_all_gather->name), I->layer, micro, ST_COLL_ALL_GATHER,
               I->count, in, I->count, out);
   B->gathered[i] = true;
 }
@@ -366,7 +366,8 @@ static void st__reduce_scatter(st__builder* B, int i, int m) {
     in[k] = st__whole(B, "ugrad:", I->params[k], ST_SLOT_UNREDUCED);
     out[k] = st__pslot(B, m == 0 ? "grad:" : "gtmp:", I->params[k], ST_SLOT_GRAD, false);
   }
-  st_plan_add(B->plan, ST_OP_COLLECTIVE, st_plan_program(B->plan, I->group->fsdp_reduce_scatter->name), I->layer, m, 0,
+  st_plan_add(B->plan, ST_OP_COLLECTIVE, st_plan_program(B->plan, I->group->fsdp_reduce_scatter->name), I->layer, m,
+              ST_COLL_REDUCE_SCATTER,
               I->count, in, I->count, out);
   st_plan_add(B->plan, ST_OP_FREE, -1, I->layer, m, 0, I->count, in, 0, NULL);
 }
@@ -573,7 +574,8 @@ static void st__reduce(st__builder* B, int i) {
   const st__instance* I = &B->inst[i];
   int g[ST__MAX_GROUP_PARAMS];
   for (int k = 0; k < I->count; ++k) g[k] = st__pslot(B, "grad:", I->params[k], ST_SLOT_GRAD, false);
-  st_plan_add(B->plan, ST_OP_COLLECTIVE, st_plan_program(B->plan, I->group->data_all_reduce->name), I->layer, -1, 0,
+  st_plan_add(B->plan, ST_OP_COLLECTIVE, st_plan_program(B->plan, I->group->data_all_reduce->name), I->layer, -1,
+              ST_COLL_ALL_REDUCE,
               I->count, g, I->count, g);
 }
 

@@ -180,22 +180,22 @@ cat >"$TMP/fsdp2.want" <<'WANT'
   op    7 layer 1   block_fsdp_all_gather      all_gather     over fsdp     9 tensors      41216 B  wire      20608 B
   op   10 head      head_fsdp_all_gather       all_gather     over fsdp     1 tensors        128 B  wire         64 B
   op   11 embed     embed_fsdp_all_gather      all_gather     over fsdp     1 tensors      32768 B  wire      16384 B
-  op   14 layer 1   block_fsdp_all_gather      all_gather     over fsdp     9 tensors      41216 B  wire      20608 B
+  op   15 layer 1   block_fsdp_all_gather      all_gather     over fsdp     9 tensors      41216 B  wire      20608 B
   op   19 head      head_fsdp_reduce_scatter   reduce_scatter over fsdp     1 tensors        128 B  wire         64 B
-  op   21 layer 0   block_fsdp_all_gather      all_gather     over fsdp     9 tensors      41216 B  wire      20608 B
+  op   24 layer 0   block_fsdp_all_gather      all_gather     over fsdp     9 tensors      41216 B  wire      20608 B
   op   27 layer 1   block_fsdp_reduce_scatter  reduce_scatter over fsdp     9 tensors      41216 B  wire      20608 B
-  op   29 embed     embed_fsdp_all_gather      all_gather     over fsdp     1 tensors      32768 B  wire      16384 B
+  op   32 embed     embed_fsdp_all_gather      all_gather     over fsdp     1 tensors      32768 B  wire      16384 B
   op   35 layer 0   block_fsdp_reduce_scatter  reduce_scatter over fsdp     9 tensors      41216 B  wire      20608 B
   op   41 embed     embed_fsdp_reduce_scatter  reduce_scatter over fsdp     1 tensors      32768 B  wire      16384 B
   op   46 layer 0   block_fsdp_all_gather      all_gather     over fsdp     9 tensors      41216 B  wire      20608 B
   op   49 layer 1   block_fsdp_all_gather      all_gather     over fsdp     9 tensors      41216 B  wire      20608 B
   op   52 head      head_fsdp_all_gather       all_gather     over fsdp     1 tensors        128 B  wire         64 B
   op   53 embed     embed_fsdp_all_gather      all_gather     over fsdp     1 tensors      32768 B  wire      16384 B
-  op   56 layer 1   block_fsdp_all_gather      all_gather     over fsdp     9 tensors      41216 B  wire      20608 B
+  op   57 layer 1   block_fsdp_all_gather      all_gather     over fsdp     9 tensors      41216 B  wire      20608 B
   op   61 head      head_fsdp_reduce_scatter   reduce_scatter over fsdp     1 tensors        128 B  wire         64 B
-  op   65 layer 0   block_fsdp_all_gather      all_gather     over fsdp     9 tensors      41216 B  wire      20608 B
+  op   68 layer 0   block_fsdp_all_gather      all_gather     over fsdp     9 tensors      41216 B  wire      20608 B
   op   71 layer 1   block_fsdp_reduce_scatter  reduce_scatter over fsdp     9 tensors      41216 B  wire      20608 B
-  op   75 embed     embed_fsdp_all_gather      all_gather     over fsdp     1 tensors      32768 B  wire      16384 B
+  op   78 embed     embed_fsdp_all_gather      all_gather     over fsdp     1 tensors      32768 B  wire      16384 B
   op   81 layer 0   block_fsdp_reduce_scatter  reduce_scatter over fsdp     9 tensors      41216 B  wire      20608 B
   op   90 embed     embed_fsdp_reduce_scatter  reduce_scatter over fsdp     1 tensors      32768 B  wire      16384 B
 # communication per step: 23 collectives, 724480 B per device (message), 362240 B sent per device, 724480 B over all devices

@@ -171,7 +171,9 @@ def test_fsdp_collectives_accounted(runs: dict, mesh: str) -> None:
     """Per step: every COLLECTIVE op of the plan once (metrics count them);
     one reduce-scatter per group instance and microbatch, one data
     all-reduce of the blocks per instance on data=2 x fsdp=2, all-gathers
-    as the policy places them; the counted bytes are the inputs' per device."""
+    as the policy places them; the counted bytes are each collective's
+    message per device (the larger of its inputs and outputs: the whole
+    tensors of a gather or a scatter), in total and by kind."""
     data, fsdp = MESH[mesh]
     plan = [e for e in runs[mesh]["events"] if e.get("event") == "plan"][0]
     n_inst, micro = 4, 2  # embed, 2 blocks, head
@@ -186,8 +188,16 @@ def test_fsdp_collectives_accounted(runs: dict, mesh: str) -> None:
     ag = [o for o in colls if o["program"].endswith("_fsdp_all_gather")]
     assert len(rs) == n_inst * micro and len(ar) == (n_inst if data > 1 else 0) and len(ag) + len(rs) + len(ar) == len(colls)
     assert len(colls) == plan["op_counts"]["COLLECTIVE"]
-    in_bytes = sum(p["slots"][i]["bytes"] for o in colls for i in o["inputs"])
-    assert all(m["collective_bytes"] == in_bytes for m in runs[mesh]["steps"])
+    def message(o: dict) -> int:
+        return max(sum(p["slots"][i]["bytes"] for i in o["inputs"]), sum(p["slots"][i]["bytes"] for i in o["outputs"]))
+
+    by_kind = {k: {"count": len(v), "bytes": sum(message(o) for o in v)}
+               for k, v in (("all_gather", ag), ("reduce_scatter", rs), ("all_reduce", ar)) if v}
+    assert all(o["collective_kind"] == k for k, v in (("all_gather", ag), ("reduce_scatter", rs), ("all_reduce", ar))
+               for o in v)
+    for m in runs[mesh]["steps"]:
+        assert m["collective_bytes"] == sum(message(o) for o in colls), m
+        assert m["collectives_by_kind"] == by_kind, (m["collectives_by_kind"], by_kind)
 
 
 PLAN_EXTRA = {"fsdp2": ["parallel.fsdp=2"],
@@ -209,6 +219,7 @@ def test_collectives_accounted(runs: dict, mesh: str, devices: int) -> None:
         # one all-reduce per group instance: embed, each block, head
         assert m["collectives"] == n_layers + 2, m
         assert m["collective_bytes"] == grad_bytes, m
+        assert m["collectives_by_kind"] == {"all_reduce": {"count": n_layers + 2, "bytes": grad_bytes}}, m
         assert m["collective_s"] >= 0
     # Timestamps come from completion callbacks, so one step's collectives
     # can all be clamped to zero length; over 20 steps they are not.

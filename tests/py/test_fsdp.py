@@ -342,3 +342,28 @@ def test_optimizer_offload_on_fsdp_blocks(tmp_path) -> None:
     np.testing.assert_allclose([m["loss"] for m in b["steps"]], [m["loss"] for m in a["steps"]], rtol=1e-5)
     assert all(m["live_mismatch_op"] == -1 for m in a["steps"] + b["steps"])
     assert 2 * b["steps"][0]["host_bytes"] == a["steps"][0]["host_bytes"] > 0  # m and v homes: half on each device
+
+
+@pytest.mark.parametrize("prefetch,reshard", [(0, True), (2, False)])
+def test_collectives_by_kind_in_metrics(windows: dict, prefetch: int, reshard: bool) -> None:
+    """metrics.jsonl counts each step's collectives by kind with their
+    message bytes (the whole tensors, NCCL's size): a reduce-scatter per
+    group instance and microbatch carrying the parameter bytes, and the
+    all-gathers the plan has, each carrying its instance's whole tensors."""
+    doc, r = windows[(prefetch, reshard)]["doc"], windows[(prefetch, reshard)]["run"]
+    step = doc["step"]
+    slots = step["slots"]
+    whole = sum(s["bytes"] for s in slots if s["name"].startswith("full:"))
+    assert whole == sum(int(np.prod(shape(s["logical_type"]))) * 4 for s in slots if s["persistent"]
+                        and s["category"] == "params" and s["memory"] == "device")
+    gathers = [o for o in step["ops"] if o["kind"] == "COLLECTIVE" and o.get("collective_kind") == "all_gather"]
+    scatters = [o for o in step["ops"] if o["kind"] == "COLLECTIVE" and o.get("collective_kind") == "reduce_scatter"]
+    assert len(gathers) + len(scatters) == sum(o["kind"] == "COLLECTIVE" for o in step["ops"])
+    gather_bytes = sum(sum(slots[k]["bytes"] for k in o["outputs"]) for o in gathers)
+    for m in r["steps"]:
+        kinds = m["collectives_by_kind"]
+        assert set(kinds) == {"all_gather", "reduce_scatter"}, kinds
+        assert kinds["reduce_scatter"] == {"count": 2 * (WINDOW_LAYERS + 2), "bytes": 2 * whole}, kinds
+        assert kinds["all_gather"] == {"count": len(gathers), "bytes": gather_bytes}, kinds
+        assert m["collectives"] == len(gathers) + len(scatters)
+        assert m["collective_bytes"] == gather_bytes + 2 * whole
