@@ -84,7 +84,12 @@ static void st__sharding(const st_plan* plan, const st_slot* s, char* out, size_
         snprintf(out, n, "replicated over %s", all);
       return;
     case ST_LAYOUT_SPLIT:
-      if (s->type.rank > 0)
+      if (s->type.rank > 0 && plan->mesh[2] > 1)
+        /* Tensor parallelism: a tensor group takes the same rows; the
+         * block's residuals hold the device's heads or MLP units. */
+        snprintf(out, n, "split over %s (dim 0), %s over tensor", axes,
+                 !strncmp(s->name, "res[", 4) ? "the device's heads or MLP units" : "the same");
+      else if (s->type.rank > 0)
         snprintf(out, n, "split over %s (dim 0)", axes);
       else
         snprintf(out, n, "one per device (%s)", axes);
@@ -95,8 +100,11 @@ static void st__sharding(const st_plan* plan, const st_slot* s, char* out, size_
                  plan->mesh[2] > 1 ? "the tensor-parallel block" : "whole", axes);
       else if (s->category == ST_SLOT_XFER) /* a squared norm under fsdp */
         snprintf(out, n, "partial over fsdp (the device's blocks; the host adds them)%s", data ? ", replicated over data" : "");
+      else if (!data && plan->mesh[2] > 1) /* tensor alone: whole tensors' gradients are equal in a group */
+        snprintf(out, n, "replicated over tensor (every device of a group computes the same)");
       else
-        snprintf(out, n, "partial over data (sum over devices until all-reduced)");
+        snprintf(out, n, "partial over data (sum over devices until all-reduced)%s",
+                 plan->mesh[2] > 1 ? ", the same on every device of a tensor group" : "");
       return;
     case ST_LAYOUT_SHARDED: {
       const char* tail = !data ? "" : s->sharding.partial ? ", partial over data until all-reduced" : ", replicated over data";
@@ -134,7 +142,8 @@ static void st__sharding(const st_plan* plan, const st_slot* s, char* out, size_
 static st_tensor_type st__logical(const st_plan* plan, const st_slot* s) {
   st_tensor_type t = s->type;
   if (plan->devices > 1 && s->layout == ST_LAYOUT_SHARDED) return s->logical;
-  if (plan->devices > 1 && s->layout == ST_LAYOUT_SPLIT && t.rank > 0) t.dims[0] *= plan->devices;
+  /* a tensor group shares its rows: the shares are data x fsdp */
+  if (plan->devices > 1 && s->layout == ST_LAYOUT_SPLIT && t.rank > 0) t.dims[0] *= plan->mesh[0] * plan->mesh[1];
   return t;
 }
 

@@ -306,4 +306,15 @@ done
 out=$("$STRATA" plan configs/test.yml 2>/dev/null)
 check "plain strata plan has no explanation in it" "! grep -q '^# mesh:' <<<\"\$out\" && grep -q '^# live bytes after each op' <<<\"\$out\""
 
+# --- tensor meshes: how each kind of tensor lies -------------------------------------
+tp=$("$STRATA" plan --explain configs/test.yml parallel.data=2 parallel.tensor=2 sched.remat=full runtime.cpu_devices=4 2>/dev/null)
+check "explain data=2 x tensor=2: the mesh's groups" "grep -qF '# mesh: data=2 fsdp=1 tensor=2: 4 devices (runtime devices 0 1 2 3); data groups [[0 2] [1 3]]; tensor groups [[0 1] [2 3]]' <<<\"\$tp\""
+check "explain data=2 x tensor=2: row-parallel weights cut along dim 0, replicated over data" "grep -qE '^  params +device layers\\.\\*\\.\\* +4 +12288 +\\(various\\) +sharded: dim 0 over tensor, replicated over data$' <<<\"\$tp\""
+check "explain data=2 x tensor=2: column-parallel weights cut along dim 1" "grep -qE '^  params +device layers\\.\\*\\.\\* +10 +28672 +\\(various\\) +sharded: dim 1 over tensor, replicated over data$' <<<\"\$tp\""
+check "explain data=2 x tensor=2: whole gradients partial over data, equal in a tensor group" "grep -qE '^  grads +device grad:wte +1 +32768 +f32\\[256,32\\] +partial over data \\(sum over devices until all-reduced\\), the same on every device of a tensor group$' <<<\"\$tp\""
+check "explain data=2 x tensor=2: residuals hold the device's heads, activations the device's rows, the same over tensor" "grep -qE '^  activations +device res\\[\\*\\]\\.\\* .*split over data \\(dim 0\\), the device.s heads or MLP units over tensor$' <<<\"\$tp\" && grep -qE '^  activations +device x\\[\\*\\] +3 +6144 +f32\\[1,16,32\\] +split over data \\(dim 0\\), the same over tensor$' <<<\"\$tp\""
+tpj=$("$STRATA" plan --explain --json configs/test.yml parallel.data=2 parallel.tensor=2 sched.remat=full runtime.cpu_devices=4 2>/dev/null)
+check "explain --json data=2 x tensor=2: the logical batch is the data shares' rows (not x tensor)" "$PY -c 'import json,sys; e=json.loads(sys.argv[1])[\"explain\"]; t={x[\"name\"]:x for x in e[\"tensors\"]}; assert t[\"x[0]\"][\"type\"]==\"f32[2,16,32]\", t[\"x[0]\"]' \"\$tpj\""
+check "explain data=2 x tensor=2: the block's all-reduce moves its tensor blocks (20736 B, not 41216)" "grep -qE '^  op +[0-9]+ layer 1 +block_data_all_reduce +all_reduce over data +9 tensors +20736 B' <<<\"\$tp\""
+
 finish test_explain.sh
