@@ -107,6 +107,13 @@ bool st_fs_is_dir(const char* path);
  * filesystem has no flock (some network filesystems): *out_fd = -1,
  * *out_holder = -1 and ST_OK; the caller decides whether to go on unlocked. */
 st_status st_fs_lock(const char* path, int* out_fd, long* out_holder);
+/* Who holds the st_fs_lock lock on |path|, without taking it and without
+ * writing anything: *out_holder = 0 when nobody does (or |path| is
+ * missing), the holder's pid (0 if the file names none: then -2) when a
+ * live process does, -1 when the filesystem has no flock. It probes with a
+ * shared lock released at once, so an st_fs_lock racing the probe can see
+ * it as a holder for that instant. */
+st_status st_fs_lock_probe(const char* path, long* out_holder);
 /* A lock a parent process took with st_fs_lock and handed to this child as
  * an inherited descriptor, whose number is in $STRATA_RUN_LOCK_FD (see
  * st_fs_lock_hand_down). Returns that descriptor (owned by caller, now

@@ -32,6 +32,10 @@ typedef struct st_runlog st_runlog;
  * naming its pid. |dir| must exist. */
 st_status st_runlog_lock_dir(const char* dir, int* out_fd);
 
+/* The process holding run directory |dir| (st_runlog_lock_dir's lock),
+ * read without taking it: see st_fs_lock_probe for *out_holder. */
+st_status st_runlog_dir_holder(const char* dir, long* out_holder);
+
 /* Whether run directory |dir| holds a run that recorded something: a step
  * in metrics.jsonl, a checkpoint or final parameters. A folder that only
  * holds what a run failing before its first step leaves (config.yaml,

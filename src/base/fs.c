@@ -153,6 +153,33 @@ st_status st_fs_lock(const char* path, int* out_fd, long* out_holder) {
   return ST_OK;
 }
 
+st_status st_fs_lock_probe(const char* path, long* out_holder) {
+  *out_holder = 0;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return ST_OK;
+    return st_status_make(ST_CODE_IO, "cannot open lock file '%s': %s", path, strerror(errno));
+  }
+  int rc;
+  while ((rc = flock(fd, LOCK_SH | LOCK_NB)) != 0 && errno == EINTR) {
+  }
+  st_status s = ST_OK;
+  if (rc == 0) {
+    (void)flock(fd, LOCK_UN);
+  } else if (errno == ENOLCK || errno == EOPNOTSUPP || errno == ENOSYS) {
+    *out_holder = -1;
+  } else if (errno == EWOULDBLOCK) {
+    char buf[32] = {0};
+    ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+    long pid = n > 0 ? strtol(buf, NULL, 10) : 0;
+    *out_holder = pid > 0 ? pid : -2;
+  } else {
+    s = st_status_make(ST_CODE_IO, "cannot probe lock '%s': %s", path, strerror(errno));
+  }
+  close(fd);
+  return s;
+}
+
 #define ST__LOCK_FD_ENV "STRATA_RUN_LOCK_FD"
 
 int st_fs_lock_inherited(const char* path) {

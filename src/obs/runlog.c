@@ -30,6 +30,13 @@ st_status st_runlog_lock_dir(const char* dir, int* out_fd) {
   return s;
 }
 
+st_status st_runlog_dir_holder(const char* dir, long* out_holder) {
+  char* lock = st_path_join(dir, ".lock");
+  st_status s = st_fs_lock_probe(lock, out_holder);
+  free(lock);
+  return s;
+}
+
 bool st_runlog_dir_has_run(const char* dir) {
   /* metrics.jsonl gets its first line when the first step is recorded;
    * checkpoints and params.safetensors come later still. Events and

@@ -1,0 +1,379 @@
+/* cmd_status.c — `strata status RUN_DIR [--json]`: what a run is doing or
+ * how it ended, from its run directory alone (docs/design.md §6).
+ *
+ * Nothing here writes to the run directory or takes its lock: the lock is
+ * probed (st_runlog_dir_holder), the logs are read from their tails only,
+ * so a run being trained is never disturbed and a huge metrics.jsonl costs
+ * at most ST__TAIL bytes. */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/commands.h"
+#include "strata/base.h"
+#include "strata/ckpt.h"
+#include "strata/config.h"
+#include "strata/obs.h"
+
+static const char* kUsage =
+    "usage: strata status RUN_DIR [--json]\n"
+    "  the state of a run (running with its pid, finished, failed with its exit class, interrupted by a signal),\n"
+    "  its step, last loss, tokens/s, ETA, newest valid checkpoint and lock holder";
+
+/* Bytes read from the end of events.jsonl and metrics.jsonl. */
+#define ST__TAIL (64 * 1024)
+/* Step lines averaged for the ETA's step time. */
+#define ST__RECENT 10
+
+/* The complete lines among the last ST__TAIL bytes of |path|, parsed, oldest
+ * first (a new array). *out_torn: the file ends in bytes after its last
+ * newline (a line being written, or cut by a crash). */
+static st_status st__tail_lines(const char* path, json_t** out, bool* out_torn) {
+  *out = NULL;
+  *out_torn = false;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return st_status_make(ST_CODE_IO, "strata status: cannot read '%s': %s; check its permissions", path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return st_status_make(ST_CODE_CONFIG, "strata status: '%s' is not a regular file; is this a run directory?", path);
+  }
+  off_t start = st.st_size > ST__TAIL ? st.st_size - ST__TAIL : 0;
+  size_t want = (size_t)(st.st_size - start);
+  char* buf = st_xmalloc(want + 1);
+  size_t got = 0;
+  while (got < want) {
+    ssize_t n = pread(fd, buf + got, want - got, start + (off_t)got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int e = errno;
+      close(fd);
+      free(buf);
+      return st_status_make(ST_CODE_IO, "strata status: cannot read '%s': %s", path, strerror(e));
+    }
+    if (n == 0) break; /* shrank meanwhile: use what is there */
+    got += (size_t)n;
+  }
+  close(fd);
+  buf[got] = '\0';
+  size_t begin = 0;
+  /* Mid-file: the first bytes are the end of a line cut by the window. */
+  if (start > 0) {
+    char* nl = memchr(buf, '\n', got);
+    begin = nl ? (size_t)(nl - buf) + 1 : got;
+  }
+  size_t end = got;
+  while (end > begin && buf[end - 1] != '\n') --end;
+  *out_torn = got > 0 && buf[got - 1] != '\n';
+  json_t* lines = st_json_arr();
+  st_status s = ST_OK;
+  int lineno = 0;
+  for (size_t p = begin; p < end && !s;) {
+    char* nl = memchr(buf + p, '\n', end - p);
+    size_t len = (size_t)(nl - (buf + p));
+    ++lineno;
+    if (len > 0) {
+      json_t* v = NULL;
+      s = st_json_parse(buf + p, len, path, &v);
+      if (s) {
+        st_status_free(s);
+        s = st_status_make(ST_CODE_CONFIG,
+                           "strata status: '%s' holds a line that is not JSON (line %d of its last %zu bytes); it is not a "
+                           "strata run log, or was edited",
+                           path, lineno, got);
+      } else if (!json_is_object(v)) {
+        json_decref(v);
+        s = st_status_make(ST_CODE_CONFIG, "strata status: '%s' holds a line that is not a JSON object; it is not a strata run log",
+                           path);
+      } else {
+        st_json_push(lines, v);
+      }
+    }
+    p += len + 1;
+  }
+  free(buf);
+  if (s) {
+    json_decref(lines);
+    return s;
+  }
+  *out = lines;
+  return ST_OK;
+}
+
+/* The class name of a process exit code (README, "Exit codes"). */
+static const char* st__exit_class(int64_t code) {
+  static const struct {
+    int exit;
+    st_code code;
+  } k[] = {{1, ST_CODE_INTERNAL}, {2, ST_CODE_CONFIG},   {3, ST_CODE_DATA}, {4, ST_CODE_RUNTIME},     {5, ST_CODE_NUMERICS},
+           {6, ST_CODE_HANG},     {7, ST_CODE_CKPT},     {9, ST_CODE_IO},   {8, ST_CODE_INTERRUPTED}};
+  for (size_t i = 0; i < sizeof(k) / sizeof(k[0]); ++i)
+    if (k[i].exit == code) return st_code_name(k[i].code);
+  return "unknown";
+}
+
+static void st__put_copy(json_t* out, const char* key, const json_t* from, const char* from_key) {
+  json_t* v = from ? json_object_get(from, from_key) : NULL;
+  st_json_put(out, key, v ? json_incref(v) : json_null());
+}
+
+static void st__human_rate(double v, char* out, size_t n) {
+  if (v >= 1e6) snprintf(out, n, "%.1fM", v / 1e6);
+  else if (v >= 1e3) snprintf(out, n, "%.1fk", v / 1e3);
+  else snprintf(out, n, "%.0f", v);
+}
+
+static void st__human_secs(double s, char* out, size_t n) {
+  long t = (long)(s + 0.5);
+  if (t >= 3600) snprintf(out, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
+  else if (t >= 60) snprintf(out, n, "%ldm%02lds", t / 60, t % 60);
+  else snprintf(out, n, "%lds", t);
+}
+
+static double st__num(const json_t* obj, const char* key, bool* ok) {
+  const json_t* v = obj ? json_object_get(obj, key) : NULL;
+  *ok = v && json_is_number(v);
+  return *ok ? json_number_value(v) : 0.0;
+}
+
+/* Builds the status object of run directory |dir|. */
+static st_status st__status(const char* dir, json_t** out) {
+  *out = NULL;
+  if (!st_fs_exists(dir))
+    return st_status_make(ST_CODE_CONFIG, "strata status: '%s' does not exist; give the run directory strata train printed", dir);
+  if (!st_fs_is_dir(dir)) return st_status_make(ST_CODE_CONFIG, "strata status: '%s' is not a run directory: not a folder", dir);
+  char* events_path = st_path_join(dir, "events.jsonl");
+  char* metrics_path = st_path_join(dir, "metrics.jsonl");
+  char* config_path = st_path_join(dir, "config.yaml");
+  char* ckpt_root = st_path_join(dir, "checkpoints");
+  json_t *events = NULL, *metrics = NULL, *o = NULL;
+  st_config* cfg = NULL;
+  st_status s = ST_OK;
+  if (!st_fs_exists(events_path))
+    s = st_status_make(ST_CODE_CONFIG,
+                       "strata status: '%s' is not a run directory: it has no events.jsonl (strata train and strata run "
+                       "write it when they start)",
+                       dir);
+
+  long holder = 0;
+  if (!s) s = st_runlog_dir_holder(dir, &holder);
+  bool running = holder > 0 || holder == -2;
+  bool events_torn = false, metrics_torn = false;
+  if (!s) s = st__tail_lines(events_path, &events, &events_torn);
+  if (!s && st_fs_exists(metrics_path)) s = st__tail_lines(metrics_path, &metrics, &metrics_torn);
+  if (!s && !st_fs_exists(config_path))
+    s = st_status_make(ST_CODE_CONFIG, "strata status: '%s' is not a run directory: it has no config.yaml (strata train writes it first)",
+                       dir);
+  if (!s) s = st_status_annotate(st_config_load(config_path, 0, NULL, &cfg), "strata status: reading %s", config_path);
+  if (s) goto done;
+  /* A torn last line is a write in progress while the run lives; once it
+   * is over, what a crash left (the next resume cuts it). */
+  if (!running) {
+    if (events_torn)
+      fprintf(stderr, "strata: warning: %s ends in a torn line (a crash mid-write); ignored here, `strata resume %s` cuts it\n",
+              events_path, dir);
+    if (metrics_torn)
+      fprintf(stderr, "strata: warning: %s ends in a torn line (a crash mid-write); ignored here, `strata resume %s` cuts it\n",
+              metrics_path, dir);
+  }
+
+  o = st_json_obj();
+  st_json_put_str(o, "run_dir", dir);
+  size_t ne = json_array_size(events);
+  const json_t* last = ne ? json_array_get(events, ne - 1) : NULL;
+  const char* last_name = last ? json_string_value(json_object_get(last, "event")) : NULL;
+  const char* state;
+  json_t* exit_code = json_null();
+  const char* reason = NULL;
+  if (running) {
+    state = "running";
+  } else if (last_name && !strcmp(last_name, "done")) {
+    state = "finished";
+    exit_code = st_json_int(0);
+  } else if (last_name && !strcmp(last_name, "interrupted")) {
+    state = "interrupted";
+    exit_code = st_json_int(8);
+  } else if (last_name && !strcmp(last_name, "failed")) {
+    state = "failed";
+    int64_t c = 1;
+    const json_t* v = json_object_get(last, "exit_code");
+    if (v) st_json_as_int(v, &c);
+    exit_code = st_json_int(c);
+  } else {
+    state = "failed";
+    reason = "ended without a final event: killed (SIGKILL, out of memory) or crashed";
+  }
+  st_json_put_str(o, "state", state);
+  st_json_put(o, "pid", running && holder > 0 ? st_json_int(holder) : json_null());
+  int64_t ec = 0;
+  bool has_ec = st_json_as_int(exit_code, &ec);
+  st_json_put(o, "exit_code", exit_code);
+  st_json_put(o, "exit_class", has_ec ? st_json_str(st__exit_class(ec)) : json_null());
+  if (!strcmp(state, "failed") && last_name && !strcmp(last_name, "failed"))
+    st__put_copy(o, "error", last, "error");
+  else
+    st_json_put(o, "error", reason ? st_json_str(reason) : json_null());
+  bool interrupted = !strcmp(state, "interrupted");
+  st__put_copy(o, "signal", interrupted ? last : NULL, "signal_name");
+  st_json_put(o, "last_event", last_name ? st_json_str(last_name) : json_null());
+  st__put_copy(o, "last_event_time", last, "time");
+
+  /* Progress: the last step line, the mean step time of the recent ones. */
+  const json_t* step_line = NULL;
+  double sum = 0;
+  int recent = 0;
+  for (size_t i = json_array_size(metrics); i-- > 0;) {
+    const json_t* m = json_array_get(metrics, i);
+    if (!json_object_get(m, "loss")) continue; /* eval lines */
+    if (!step_line) step_line = m;
+    bool ok;
+    double dt = st__num(m, "step_time_s", &ok);
+    if (ok && recent < ST__RECENT) {
+      sum += dt;
+      ++recent;
+    }
+  }
+  int64_t total = st_config_int(cfg, "train.steps");
+  int64_t step = 0;
+  if (step_line) st_json_as_int(json_object_get(step_line, "step"), &step);
+  st_json_put(o, "step", step_line ? st_json_int(step) : json_null());
+  st_json_put_int(o, "total_steps", total);
+  st__put_copy(o, "loss", step_line, "loss");
+  st__put_copy(o, "tokens_per_s", step_line, "tokens_per_s");
+  double step_time = recent ? sum / recent : 0;
+  st_json_put(o, "step_time_s", recent ? st_json_fixed(step_time, 6) : json_null());
+  bool eta = running && recent && total > step;
+  st_json_put(o, "eta_s", eta ? st_json_fixed((double)(total - step) * step_time, 1) : json_null());
+
+  /* The checkpoint a resume would take. */
+  st_ckpt* c = NULL;
+  int skipped = 0;
+  s = st_ckpt_find_valid(ckpt_root, NULL, NULL, NULL, &c, &skipped);
+  if (s) goto done;
+  if (c) {
+    const char* slash = strrchr(c->dir, '/');
+    st_json_put_str(o, "checkpoint", slash ? slash + 1 : c->dir);
+    st_json_put_int(o, "checkpoint_step", c->step);
+  } else {
+    st_json_put(o, "checkpoint", json_null());
+    st_json_put(o, "checkpoint_step", json_null());
+  }
+  st_json_put_int(o, "checkpoints_invalid", skipped);
+  st_ckpt_free(c);
+  json_t* lock = st_json_obj();
+  st_json_put_str(lock, "file", ".lock");
+  st_json_put_bool(lock, "held", running);
+  st_json_put(lock, "pid", holder > 0 ? st_json_int(holder) : json_null());
+  if (holder == -1) st_json_put_str(lock, "note", "this filesystem has no flock: a live run cannot be detected");
+  st_json_put(o, "lock", lock);
+
+done:
+  if (s) {
+    json_decref(o);
+    o = NULL;
+  }
+  *out = o;
+  json_decref(events);
+  json_decref(metrics);
+  st_config_destroy(cfg);
+  free(events_path);
+  free(metrics_path);
+  free(config_path);
+  free(ckpt_root);
+  return s;
+}
+
+static void st__print(const json_t* o) {
+  const char* state = json_string_value(json_object_get(o, "state"));
+  printf("run          %s\n", json_string_value(json_object_get(o, "run_dir")));
+  int64_t pid = 0, ec = 0;
+  if (!strcmp(state, "running") && st_json_as_int(json_object_get(o, "pid"), &pid))
+    printf("state        running (pid %lld)\n", (long long)pid);
+  else if (!strcmp(state, "interrupted"))
+    printf("state        interrupted by %s (exit 8)\n", json_string_value(json_object_get(o, "signal")) ? json_string_value(json_object_get(o, "signal")) : "a signal");
+  else if (st_json_as_int(json_object_get(o, "exit_code"), &ec) && ec != 0)
+    printf("state        %s (exit %lld, %s)\n", state, (long long)ec, json_string_value(json_object_get(o, "exit_class")));
+  else
+    printf("state        %s\n", state);
+  const char* err = json_string_value(json_object_get(o, "error"));
+  if (err) printf("error        %s\n", err);
+  int64_t step = 0, total = 0;
+  st_json_as_int(json_object_get(o, "total_steps"), &total);
+  if (st_json_as_int(json_object_get(o, "step"), &step))
+    printf("step         %lld/%lld\n", (long long)step, (long long)total);
+  else
+    printf("step         none recorded (of %lld)\n", (long long)total);
+  const json_t* loss = json_object_get(o, "loss");
+  if (loss && json_is_number(loss)) printf("loss         %.4f\n", json_number_value(loss));
+  else if (loss && json_is_null(loss) && json_is_integer(json_object_get(o, "step"))) printf("loss         non-finite\n");
+  const json_t* tps = json_object_get(o, "tokens_per_s");
+  char buf[32];
+  if (tps && json_is_number(tps)) {
+    st__human_rate(json_number_value(tps), buf, sizeof(buf));
+    printf("tokens/s     %s\n", buf);
+  }
+  const json_t* dt = json_object_get(o, "step_time_s");
+  if (dt && json_is_number(dt)) printf("step time    %.3f s (mean of the last %d)\n", json_number_value(dt), ST__RECENT);
+  const json_t* eta = json_object_get(o, "eta_s");
+  if (eta && json_is_number(eta)) {
+    st__human_secs(json_number_value(eta), buf, sizeof(buf));
+    printf("ETA          %s\n", buf);
+  }
+  const char* ck = json_string_value(json_object_get(o, "checkpoint"));
+  int64_t invalid = 0;
+  st_json_as_int(json_object_get(o, "checkpoints_invalid"), &invalid);
+  if (ck) printf("checkpoint   %s (verified)", ck);
+  else printf("checkpoint   none");
+  if (invalid) printf(", %lld newer invalid skipped", (long long)invalid);
+  printf("\n");
+  const json_t* lock = json_object_get(o, "lock");
+  int64_t lp = 0;
+  if (json_is_true(json_object_get(lock, "held")) && st_json_as_int(json_object_get(lock, "pid"), &lp))
+    printf("lock         .lock held by pid %lld\n", (long long)lp);
+  else if (json_is_true(json_object_get(lock, "held")))
+    printf("lock         .lock held (pid unknown)\n");
+  else if (json_object_get(lock, "note"))
+    printf("lock         unknown: %s\n", json_string_value(json_object_get(lock, "note")));
+  else
+    printf("lock         free\n");
+}
+
+int st_cli_status(int argc, char** argv) {
+  bool json = false;
+  const char* dir = NULL;
+  int n = 0;
+  for (int i = 0; i < argc; ++i) {
+    if (!strcmp(argv[i], "--json")) {
+      json = true;
+    } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      printf("%s\n", kUsage);
+      return 0;
+    } else {
+      dir = argv[i];
+      ++n;
+    }
+  }
+  if (n != 1 || dir[0] == '-') return st_cli_report(st_status_make(ST_CODE_CONFIG, "%s", kUsage));
+  char path[4096];
+  if (snprintf(path, sizeof(path), "%s", dir) >= (int)sizeof(path))
+    return st_cli_report(st_status_make(ST_CODE_CONFIG, "strata status: path too long"));
+  for (size_t k = strlen(path); k > 1 && path[k - 1] == '/'; --k) path[k - 1] = '\0';
+  json_t* o = NULL;
+  st_status s = st__status(path, &o);
+  if (s) return st_cli_report(s);
+  if (json) {
+    char* text = st_json_dump(o, 2);
+    printf("%s\n", text);
+    free(text);
+  } else {
+    st__print(o);
+  }
+  json_decref(o);
+  return 0;
+}
