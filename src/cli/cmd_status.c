@@ -248,6 +248,7 @@ static st_status st__status(const char* dir, json_t** out) {
   st__put_copy(o, "tokens_per_s", step_line, "tokens_per_s");
   double step_time = recent ? sum / recent : 0;
   st_json_put(o, "step_time_s", recent ? st_json_fixed(step_time, 6) : json_null());
+  st_json_put_int(o, "step_time_steps", recent);
   bool eta = running && recent && total > step;
   st_json_put(o, "eta_s", eta ? st_json_fixed((double)(total - step) * step_time, 1) : json_null());
 
@@ -319,7 +320,10 @@ static void st__print(const json_t* o) {
     printf("tokens/s     %s\n", buf);
   }
   const json_t* dt = json_object_get(o, "step_time_s");
-  if (dt && json_is_number(dt)) printf("step time    %.3f s (mean of the last %d)\n", json_number_value(dt), ST__RECENT);
+  int64_t recent = 0;
+  st_json_as_int(json_object_get(o, "step_time_steps"), &recent);
+  if (dt && json_is_number(dt))
+    printf("step time    %.3f s (mean of the last %lld steps)\n", json_number_value(dt), (long long)recent);
   const json_t* eta = json_object_get(o, "eta_s");
   if (eta && json_is_number(eta)) {
     st__human_secs(json_number_value(eta), buf, sizeof(buf));
