@@ -73,20 +73,18 @@ static st_status st__tail_lines(const char* path, json_t** out, bool* out_torn) 
   *out_torn = got > 0 && buf[got - 1] != '\n';
   json_t* lines = st_json_arr();
   st_status s = ST_OK;
-  int lineno = 0;
   for (size_t p = begin; p < end && !s;) {
     char* nl = memchr(buf + p, '\n', end - p);
     size_t len = (size_t)(nl - (buf + p));
-    ++lineno;
     if (len > 0) {
       json_t* v = NULL;
       s = st_json_parse(buf + p, len, path, &v);
       if (s) {
         st_status_free(s);
         s = st_status_make(ST_CODE_CONFIG,
-                           "strata status: '%s' holds a line that is not JSON (line %d of its last %zu bytes); it is not a "
-                           "strata run log, or was edited",
-                           path, lineno, got);
+                           "strata status: '%s' holds a line that is not JSON (at byte %lld); it is not a strata run log, or "
+                           "was edited",
+                           path, (long long)(start + (off_t)p));
       } else if (!json_is_object(v)) {
         json_decref(v);
         s = st_status_make(ST_CODE_CONFIG, "strata status: '%s' holds a line that is not a JSON object; it is not a strata run log",
@@ -111,8 +109,8 @@ static const char* st__exit_class(int64_t code) {
   static const struct {
     int exit;
     st_code code;
-  } k[] = {{1, ST_CODE_INTERNAL}, {2, ST_CODE_CONFIG},   {3, ST_CODE_DATA}, {4, ST_CODE_RUNTIME},     {5, ST_CODE_NUMERICS},
-           {6, ST_CODE_HANG},     {7, ST_CODE_CKPT},     {9, ST_CODE_IO},   {8, ST_CODE_INTERRUPTED}};
+  } k[] = {{0, ST_CODE_OK},   {1, ST_CODE_INTERNAL}, {2, ST_CODE_CONFIG}, {3, ST_CODE_DATA},        {4, ST_CODE_RUNTIME},
+           {5, ST_CODE_NUMERICS}, {6, ST_CODE_HANG},   {7, ST_CODE_CKPT},   {8, ST_CODE_INTERRUPTED}, {9, ST_CODE_IO}};
   for (size_t i = 0; i < sizeof(k) / sizeof(k[0]); ++i)
     if (k[i].exit == code) return st_code_name(k[i].code);
   return "unknown";
