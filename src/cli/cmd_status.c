@@ -153,22 +153,24 @@ static st_status st__status(const char* dir, json_t** out) {
   json_t *events = NULL, *metrics = NULL, *o = NULL;
   st_config* cfg = NULL;
   st_status s = ST_OK;
-  if (!st_fs_exists(events_path))
+  long holder = 0;
+  s = st_runlog_dir_holder(dir, &holder);
+  bool running = holder > 0 || holder == -2;
+  /* A run just starting holds the lock before it opens its logs. */
+  bool has_events = st_fs_exists(events_path);
+  if (!s && !has_events && !running)
     s = st_status_make(ST_CODE_CONFIG,
                        "strata status: '%s' is not a run directory: it has no events.jsonl (strata train and strata run "
                        "write it when they start)",
                        dir);
-
-  long holder = 0;
-  if (!s) s = st_runlog_dir_holder(dir, &holder);
-  bool running = holder > 0 || holder == -2;
   bool events_torn = false, metrics_torn = false;
-  if (!s) s = st__tail_lines(events_path, &events, &events_torn);
+  if (!s && has_events) s = st__tail_lines(events_path, &events, &events_torn);
   if (!s && st_fs_exists(metrics_path)) s = st__tail_lines(metrics_path, &metrics, &metrics_torn);
-  if (!s && !st_fs_exists(config_path))
+  bool has_config = st_fs_exists(config_path);
+  if (!s && !has_config && !running)
     s = st_status_make(ST_CODE_CONFIG, "strata status: '%s' is not a run directory: it has no config.yaml (strata train writes it first)",
                        dir);
-  if (!s) s = st_status_annotate(st_config_load(config_path, 0, NULL, &cfg), "strata status: reading %s", config_path);
+  if (!s && has_config) s = st_status_annotate(st_config_load(config_path, 0, NULL, &cfg), "strata status: reading %s", config_path);
   if (s) goto done;
   /* A torn last line is a write in progress while the run lives; once it
    * is over, what a crash left (the next resume cuts it). */
@@ -237,17 +239,17 @@ static st_status st__status(const char* dir, json_t** out) {
       ++recent;
     }
   }
-  int64_t total = st_config_int(cfg, "train.steps");
+  int64_t total = cfg ? st_config_int(cfg, "train.steps") : 0;
   int64_t step = 0;
   if (step_line) st_json_as_int(json_object_get(step_line, "step"), &step);
   st_json_put(o, "step", step_line ? st_json_int(step) : json_null());
-  st_json_put_int(o, "total_steps", total);
+  st_json_put(o, "total_steps", cfg ? st_json_int(total) : json_null());
   st__put_copy(o, "loss", step_line, "loss");
   st__put_copy(o, "tokens_per_s", step_line, "tokens_per_s");
   double step_time = recent ? sum / recent : 0;
   st_json_put(o, "step_time_s", recent ? st_json_fixed(step_time, 6) : json_null());
   st_json_put_int(o, "step_time_steps", recent);
-  bool eta = running && recent && total > step;
+  bool eta = running && cfg && recent && total > step;
   st_json_put(o, "eta_s", eta ? st_json_fixed((double)(total - step) * step_time, 1) : json_null());
 
   /* The checkpoint a resume would take. */
@@ -303,11 +305,13 @@ static void st__print(const json_t* o) {
   const char* err = json_string_value(json_object_get(o, "error"));
   if (err) printf("error        %s\n", err);
   int64_t step = 0, total = 0;
-  st_json_as_int(json_object_get(o, "total_steps"), &total);
-  if (st_json_as_int(json_object_get(o, "step"), &step))
+  bool has_total = st_json_as_int(json_object_get(o, "total_steps"), &total);
+  if (st_json_as_int(json_object_get(o, "step"), &step) && has_total)
     printf("step         %lld/%lld\n", (long long)step, (long long)total);
-  else
+  else if (has_total)
     printf("step         none recorded (of %lld)\n", (long long)total);
+  else
+    printf("step         none recorded (starting)\n");
   const json_t* loss = json_object_get(o, "loss");
   if (loss && json_is_number(loss)) printf("loss         %.4f\n", json_number_value(loss));
   else if (loss && json_is_null(loss) && json_is_integer(json_object_get(o, "step"))) printf("loss         non-finite\n");

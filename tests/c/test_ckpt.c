@@ -799,6 +799,14 @@ static void test_run_dir_lock(void** state) {
   ASSERT_OK(st_fs_lock(path, &busy, &holder));
   assert_int_equal(busy, -1);
   assert_int_equal(holder, (long)getpid());
+  /* The probe (strata status) sees the holder without taking the lock; a
+   * missing lock file is nobody's. */
+  long probed = 0;
+  ASSERT_OK(st_fs_lock_probe(path, &probed));
+  assert_int_equal(probed, (long)getpid());
+  ASSERT_OK(st_fs_lock_probe(other, &probed));
+  assert_int_equal(probed, 0);
+  assert_false(st_fs_exists(other)); /* and creates nothing */
 
   /* Another process: refused while we hold it; a handed-down descriptor is
    * adopted, a descriptor of another file is not. */
@@ -835,8 +843,13 @@ static void test_run_dir_lock(void** state) {
   ASSERT_OK(st_fs_lock(other, &busy, &holder));
   assert_int_equal(busy, -1);
   assert_int_equal(holder, (long)pid);
+  ASSERT_OK(st_fs_lock_probe(other, &probed));
+  assert_int_equal(probed, (long)pid);
   kill(pid, SIGKILL);
   assert_int_equal(waitpid(pid, &status, 0), pid);
+  /* Dead holder: free, though its pid is still in the file. */
+  ASSERT_OK(st_fs_lock_probe(other, &probed));
+  assert_int_equal(probed, 0);
   ASSERT_OK(st_fs_lock(other, &busy, &holder));
   assert_true(busy >= 0);
   close(busy);
@@ -845,6 +858,8 @@ static void test_run_dir_lock(void** state) {
 
   /* Closing releases it. */
   close(fd);
+  ASSERT_OK(st_fs_lock_probe(path, &probed));
+  assert_int_equal(probed, 0);
   ASSERT_OK(st_fs_lock(path, &fd, &holder));
   assert_true(fd >= 0);
   close(fd);

@@ -105,6 +105,20 @@ at=$(stat -c %s "$d/metrics.jsonl")
 "$PY" -c "import sys; open(sys.argv[1], 'a').write('{\"step\": 1,\n')" "$d/metrics.jsonl"
 expect_config_error "$PWD" 2 "strata status: '$d/metrics.jsonl' holds a line that is not JSON (at byte $at); it is not a strata run log, or was edited" -- status "$d"
 
+# --- a run starting: the lock held, no logs yet ------------------------------
+d="$TMP/starting"
+mkdir -p "$d"
+echo 4242 >"$d/.lock" # the pid st_fs_lock writes; flock(1) holds the lock itself
+flock -o "$d/.lock" sleep 30 & # -o: the lock is flock(1)'s alone, gone when it is killed
+fpid=$!
+for _ in $(seq 100); do flock -n "$d/.lock" true || break; sleep 0.05; done
+expect_exit 0 "^state +running \\(pid 4242\\)$" status "$d"
+check "starting: no step yet, lock held by the pid in .lock" "grep -q '^step  *none recorded (starting)$' '$TMP/out' && grep -q '^lock  *.lock held by pid 4242$' '$TMP/out'"
+pkill -P "$fpid" # its sleep, then flock(1) itself
+kill "$fpid" 2>/dev/null
+wait "$fpid" 2>/dev/null
+expect_config_error "$PWD" 2 "strata status: '$d' is not a run directory: it has no events.jsonl (strata train and strata run write it when they start)" -- status "$d"
+
 # --- bad input -------------------------------------------------------------------
 expect_config_error "$PWD" 2 "strata status: '$TMP/nope' does not exist; give the run directory strata train printed" -- status "$TMP/nope"
 mkdir -p "$TMP/notrun"
