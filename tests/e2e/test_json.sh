@@ -38,6 +38,12 @@ else
 fi
 "$STRATA" plan --json "${BASE[@]}" >"$TMP/plan.json" 2>"$TMP/err" || bad "plan --json exited $?: $(tail -3 "$TMP/err")"
 "$STRATA" config --json "${BASE[@]}" "run.dir=$RUN" >"$TMP/config.json" 2>"$TMP/err" || bad "config --json exited $?: $(tail -3 "$TMP/err")"
+"$STRATA" status --json "$RUN" >"$TMP/status.json" 2>"$TMP/err" || bad "status --json exited $?: $(tail -3 "$TMP/err")"
+check "status --json parses and carries the run directory back" "$PY - '$TMP/status.json' '$RUN' <<'PYEOF'
+import json, sys
+s = json.load(open(sys.argv[1], encoding='utf-8'))
+assert s['run_dir'] == sys.argv[2] and s['state'] == 'finished', s
+PYEOF"
 
 check "every JSON output parses and carries the strings back" "$PY - '$RUN' '$SUP' '$TMP/plan.json' '$TMP/config.json' '$CORPUS' '$CACHE' <<'PYEOF'
 import glob, json, os, struct, sys
