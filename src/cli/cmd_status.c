@@ -18,6 +18,7 @@
 #include "strata/base.h"
 #include "strata/ckpt.h"
 #include "strata/config.h"
+#include "strata/diag.h"
 #include "strata/obs.h"
 
 static const char* kUsage =
@@ -116,6 +117,15 @@ static const char* st__exit_class(int64_t code) {
   return "unknown";
 }
 
+/* The newest event named |name| among |events| (borrowed), or NULL. */
+static const json_t* st__last_named(const json_t* events, const char* name) {
+  for (size_t i = json_array_size(events); i-- > 0;) {
+    const char* n = json_string_value(json_object_get(json_array_get(events, i), "event"));
+    if (n && !strcmp(n, name)) return json_array_get(events, i);
+  }
+  return NULL;
+}
+
 static void st__put_copy(json_t* out, const char* key, const json_t* from, const char* from_key) {
   json_t* v = from ? json_object_get(from, from_key) : NULL;
   st_json_put(out, key, v ? json_incref(v) : json_null());
@@ -188,39 +198,53 @@ static st_status st__status(const char* dir, json_t** out) {
   size_t ne = json_array_size(events);
   const json_t* last = ne ? json_array_get(events, ne - 1) : NULL;
   const char* last_name = last ? json_string_value(json_object_get(last, "event")) : NULL;
+  /* Under `strata run` the supervisor's summary comes last; the child's
+   * own final event before it has the details. */
+  const json_t* sup = last_name && !strcmp(last_name, "supervisor_done") ? last : NULL;
+  const char* outcome = sup ? json_string_value(json_object_get(sup, "outcome")) : NULL;
   const char* state;
-  json_t* exit_code = json_null();
+  int64_t code = -1;
   const char* reason = NULL;
+  const json_t* why = NULL; /* the event whose "error" explains a failure */
   if (running) {
     state = "running";
+  } else if (sup) {
+    if (!st_json_as_int(json_object_get(sup, "exit_code"), &code)) code = 1;
+    state = outcome && !strcmp(outcome, "completed") ? "finished" : outcome && !strcmp(outcome, "interrupted") ? "interrupted" : "failed";
+    why = st__last_named(events, "failed");
+    if (!why && !strcmp(state, "failed")) reason = "strata run stopped restarting it (see recovery.json)";
   } else if (last_name && !strcmp(last_name, "done")) {
     state = "finished";
-    exit_code = st_json_int(0);
+    code = 0;
   } else if (last_name && !strcmp(last_name, "interrupted")) {
     state = "interrupted";
-    exit_code = st_json_int(8);
+    code = 8;
   } else if (last_name && !strcmp(last_name, "failed")) {
     state = "failed";
-    int64_t c = 1;
-    const json_t* v = json_object_get(last, "exit_code");
-    if (v) st_json_as_int(v, &c);
-    exit_code = st_json_int(c);
+    if (!st_json_as_int(json_object_get(last, "exit_code"), &code)) code = 1;
+    why = last;
   } else {
     state = "failed";
     reason = "ended without a final event: killed (SIGKILL, out of memory) or crashed";
   }
   st_json_put_str(o, "state", state);
   st_json_put(o, "pid", running && holder > 0 ? st_json_int(holder) : json_null());
-  int64_t ec = 0;
-  bool has_ec = st_json_as_int(exit_code, &ec);
-  st_json_put(o, "exit_code", exit_code);
-  st_json_put(o, "exit_class", has_ec ? st_json_str(st__exit_class(ec)) : json_null());
-  if (!strcmp(state, "failed") && last_name && !strcmp(last_name, "failed"))
-    st__put_copy(o, "error", last, "error");
+  st_json_put(o, "exit_code", code >= 0 ? st_json_int(code) : json_null());
+  st_json_put(o, "exit_class", code >= 0 ? st_json_str(st__exit_class(code)) : json_null());
+  if (!strcmp(state, "failed") && why)
+    st__put_copy(o, "error", why, "error");
   else
-    st_json_put(o, "error", reason ? st_json_str(reason) : json_null());
-  bool interrupted = !strcmp(state, "interrupted");
-  st__put_copy(o, "signal", interrupted ? last : NULL, "signal_name");
+    st_json_put(o, "error", !strcmp(state, "failed") && reason ? st_json_str(reason) : json_null());
+  const char* signal = NULL;
+  if (!strcmp(state, "interrupted")) {
+    const json_t* child = st__last_named(events, "interrupted");
+    const json_t* si = st__last_named(events, "supervisor_interrupted");
+    int64_t num = 0;
+    if (child) signal = json_string_value(json_object_get(child, "signal_name"));
+    if (!signal && si && st_json_as_int(json_object_get(si, "signal"), &num)) signal = st_signal_name((int)num);
+  }
+  st_json_put(o, "signal", signal ? st_json_str(signal) : json_null());
+  st_json_put(o, "supervisor_outcome", outcome ? st_json_str(outcome) : json_null());
   st_json_put(o, "last_event", last_name ? st_json_str(last_name) : json_null());
   st__put_copy(o, "last_event_time", last, "time");
 
@@ -296,12 +320,15 @@ static void st__print(const json_t* o) {
   int64_t pid = 0, ec = 0;
   if (!strcmp(state, "running") && st_json_as_int(json_object_get(o, "pid"), &pid))
     printf("state        running (pid %lld)\n", (long long)pid);
-  else if (!strcmp(state, "interrupted"))
-    printf("state        interrupted by %s (exit 8)\n", json_string_value(json_object_get(o, "signal")) ? json_string_value(json_object_get(o, "signal")) : "a signal");
+  else if (!strcmp(state, "interrupted") && st_json_as_int(json_object_get(o, "exit_code"), &ec))
+    printf("state        interrupted by %s (exit %lld)\n",
+           json_string_value(json_object_get(o, "signal")) ? json_string_value(json_object_get(o, "signal")) : "a signal", (long long)ec);
   else if (st_json_as_int(json_object_get(o, "exit_code"), &ec) && ec != 0)
     printf("state        %s (exit %lld, %s)\n", state, (long long)ec, json_string_value(json_object_get(o, "exit_class")));
   else
     printf("state        %s\n", state);
+  const char* outcome = json_string_value(json_object_get(o, "supervisor_outcome"));
+  if (outcome) printf("supervisor   strata run: %s (recovery.json)\n", outcome);
   const char* err = json_string_value(json_object_get(o, "error"));
   if (err) printf("error        %s\n", err);
   int64_t step = 0, total = 0;

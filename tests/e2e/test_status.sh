@@ -61,6 +61,20 @@ check "interrupted: its checkpoint step_$n, lock free" "grep -q '^checkpoint  *s
 check "interrupted --json" \
   "json_check '$d' \"s['state'] == 'interrupted' and s['signal'] == 'SIGTERM' and s['exit_code'] == 8 and s['exit_class'] == 'interrupted' and s['step'] == $n and s['checkpoint'] == 'step_$n' and s['pid'] is None and s['eta_s'] is None\""
 
+# --- under strata run: the supervisor holds the lock, its summary comes last --
+d="$TMP/sup"
+"$STRATA" run "${BASE[@]}" train.steps=100000 ckpt.every=0 run.dir="$d" >/dev/null 2>"$TMP/err" &
+sup=$!
+wait_steps "$d" 3 || bad "strata run did not reach step 3"
+expect_exit 0 "^state +running \\(pid $sup\\)$" status "$d"
+kill -TERM "$sup"
+wait "$sup"
+rc=$?
+check "SIGTERM to strata run: exit 8 (rc $rc)" "[ $rc = 8 ]"
+expect_exit 0 "^state +interrupted by SIGTERM \\(exit 8\\)$" status "$d"
+check "supervised: the supervisor's outcome, after its own final event" \
+  "grep -q '^supervisor  *strata run: interrupted (recovery.json)$' '$TMP/out' && tail -1 '$d/events.jsonl' | grep -q supervisor_done && json_check '$d' \"s['state'] == 'interrupted' and s['signal'] == 'SIGTERM' and s['supervisor_outcome'] == 'interrupted' and s['last_event'] == 'supervisor_done'\""
+
 # --- SIGKILLed while hung: no final event ------------------------------------
 d="$TMP/kill"
 "$STRATA" train "${BASE[@]}" train.steps=100 faults.hang_at_step=3 run.dir="$d" >/dev/null 2>"$TMP/err" &
