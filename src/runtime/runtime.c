@@ -115,26 +115,44 @@ static char* st__glob_last(const char* pattern) {
   return found;
 }
 
-/* The Python-wheel layouts strata knows, relative to a repository root. The
+/* The Python-wheel layouts strata knows, relative to a virtualenv. The
  * first is lammps-jax-pjrt-cpu (checked); the second is a best guess at the
  * xla-cpu-pjrt wheel (any *pjrt*.so inside its package folder). */
 static const char* const kVenvLayouts[] = {
-    ".venv/lib/python3*/site-packages/lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so",
-    ".venv/lib/python3*/site-packages/xla_cpu_pjrt/*pjrt*.so",
+    "lib/python3*/site-packages/lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so",
+    "lib/python3*/site-packages/xla_cpu_pjrt/*pjrt*.so",
 };
 
-static char* st__search_root(const char* root, st__searched* searched) {
+static char* st__search_venv(const char* venv, st__searched* searched) {
   for (size_t i = 0; i < sizeof(kVenvLayouts) / sizeof(kVenvLayouts[0]); ++i) {
     char pattern[PATH_MAX];
-    if (root && root[0])
-      snprintf(pattern, sizeof(pattern), "%s/%s", root, kVenvLayouts[i]);
-    else
-      snprintf(pattern, sizeof(pattern), "%s", kVenvLayouts[i]);
+    snprintf(pattern, sizeof(pattern), "%s/%s", venv, kVenvLayouts[i]);
     st__searched_add(searched, "\n  %s", pattern);
     char* hit = st__glob_last(pattern);
     if (hit) return hit;
   }
   return NULL;
+}
+
+/* The virtualenv of $STRATA_PYTHON (V/bin/python -> V), or NULL. The path
+ * is not resolved: a venv's python is a symlink out of the venv. */
+static char* st__python_venv(void) {
+  const char* py = getenv("STRATA_PYTHON");
+  if (!py || !py[0]) return NULL;
+  char* v = st_xstrdup(py);
+  for (int up = 0; up < 2; ++up) {
+    char* slash = strrchr(v, '/');
+    if (!slash) {
+      free(v);
+      return NULL;
+    }
+    *slash = '\0';
+  }
+  if (!v[0]) {
+    free(v);
+    return NULL;
+  }
+  return v;
 }
 
 /* Finds the plugin file. Explicit settings (config, then environment) are
@@ -165,18 +183,29 @@ static st_status st__find_plugin(const st_runtime_options* o, char** out_path) {
   st__searched_add(&searched, "\n  runtime.plugin (not set)\n  $STRATA_PJRT_PLUGIN (not set)");
   char cwd[PATH_MAX];
   const char* cwd_ok = getcwd(cwd, sizeof(cwd));
-  char* hit = st__search_root(NULL, &searched);
-  if (hit && cwd_ok && hit[0] != '/') {
-    /* Keep an absolute path: the cwd may change before cache keys use it. */
-    char* abs = st__sprintf("%s/%s", cwd, hit);
-    free(hit);
-    hit = abs;
+  char* hit = st__search_venv(".venv", &searched);
+  if (!hit) {
+    /* The venv of the exporter's Python: an installed strata whose plugin
+     * came with the front-end's environment (docs/install.md). */
+    char* venv = st__python_venv();
+    if (venv) hit = st__search_venv(venv, &searched);
+    free(venv);
   }
   if (!hit) {
     /* The repository's own .venv; STRATA_SOURCE_DIR in the environment
      * replaces the compiled-in path (relocated trees, tests). */
     const char* src = st_source_dir();
-    if (src[0]) hit = st__search_root(src, &searched);
+    if (src[0]) {
+      char* venv = st__sprintf("%s/.venv", src);
+      hit = st__search_venv(venv, &searched);
+      free(venv);
+    }
+  }
+  if (hit && cwd_ok && hit[0] != '/') {
+    /* Keep an absolute path: the cwd may change before cache keys use it. */
+    char* abs = st__sprintf("%s/%s", cwd, hit);
+    free(hit);
+    hit = abs;
   }
   if (hit) {
     *out_path = hit;

@@ -451,6 +451,7 @@ typedef struct {
   char cwd[4096];
   char* env_plugin;
   char* env_src;
+  char* env_python;
   char* dir;
 } saved_env;
 
@@ -461,6 +462,8 @@ static int discovery_setup(void** state) {
   const char* b = getenv("STRATA_SOURCE_DIR");
   s->env_plugin = a ? strdup(a) : NULL;
   s->env_src = b ? strdup(b) : NULL;
+  const char* c = getenv("STRATA_PYTHON");
+  s->env_python = c ? strdup(c) : NULL;
   s->dir = tu_tmpdir("plugin");
   *state = s;
   return s->dir ? 0 : -1;
@@ -473,10 +476,13 @@ static int discovery_teardown(void** state) {
   else unsetenv("STRATA_PJRT_PLUGIN");
   if (s->env_src) setenv("STRATA_SOURCE_DIR", s->env_src, 1);
   else unsetenv("STRATA_SOURCE_DIR");
+  if (s->env_python) setenv("STRATA_PYTHON", s->env_python, 1);
+  else unsetenv("STRATA_PYTHON");
   tu_rmtree(s->dir);
   free(s->dir);
   free(s->env_plugin);
   free(s->env_src);
+  free(s->env_python);
   free(s);
   return rc;
 }
@@ -519,12 +525,29 @@ static void test_plugin_discovery(void** state) {
    * folder pointed at the same empty place. */
   assert_int_equal(chdir(dir), 0);
   setenv("STRATA_SOURCE_DIR", dir, 1);
+  unsetenv("STRATA_PYTHON");
   ASSERT_ERROR(st_runtime_create(&o, &rt), ST_CODE_RUNTIME, "no PJRT plugin found", "runtime.plugin (not set)",
                "STRATA_PJRT_PLUGIN", "lammps_jax_pjrt_cpu", dir, "set runtime.plugin=PATH or STRATA_PJRT_PLUGIN");
 
+  /* An installed strata (docs/install.md): no source folder, but
+   * $STRATA_PYTHON names a venv's python, and that venv has the plugin. A
+   * python outside any venv layout adds nothing. */
+  o.cpu_devices = 1;
+  setenv("STRATA_PYTHON", "python3", 1);
+  ASSERT_ERROR(st_runtime_create(&o, &rt), ST_CODE_RUNTIME, "no PJRT plugin found");
+  char py[4200];
+  snprintf(py, sizeof(py), "%s/.venv/bin/python", saved->cwd);
+  setenv("STRATA_PYTHON", py, 1);
+  ASSERT_OK(st_runtime_create(&o, &rt));
+  st_runtime_info pinfo;
+  st_runtime_get_info(rt, &pinfo);
+  assert_non_null(strstr(pinfo.plugin_path, "/.venv/lib/python3"));
+  st_runtime_destroy(rt);
+  rt = NULL;
+  unsetenv("STRATA_PYTHON");
+
   /* The source folder alone is enough to find the repo's plugin. */
   setenv("STRATA_SOURCE_DIR", saved->cwd, 1);
-  o.cpu_devices = 1;
   ASSERT_OK(st_runtime_create(&o, &rt));
   st_runtime_info info;
   st_runtime_get_info(rt, &info);
