@@ -72,24 +72,35 @@ else
   bad "pip install ./python (setuptools in $PY? run make setup): $(tail -3 "$TMP/pip.log")"
 fi
 check "strata_jax landed in the target" "[ -f '$SITE/strata_jax/export.py' ]"
+check "python/pyproject.toml pins what requirements.lock pins" "'$PY' - <<'PYEOF'
+import re, tomllib
+lock = dict(l.split('==') for l in open('requirements.lock').read().split() if '==' in l)
+lock = {re.sub('[-_.]+', '-', k).lower(): v for k, v in lock.items()}
+proj = tomllib.load(open('python/pyproject.toml', 'rb'))['project']
+deps = proj['dependencies'] + [d for ds in proj['optional-dependencies'].values() for d in ds]
+assert deps
+for d in deps:
+    name, ver = d.split('==')
+    assert lock[re.sub('[-_.]+', '-', name).lower()] == ver, d
+PYEOF"
 
 # --- the installed binary, away from the repository --------------------------------
-# What docs/install.md tells a user to set: the Python that has jax and the
-# front-end, and the plugin. STRATA_SOURCE_DIR names an empty folder so
-# neither the repository's .venv nor its python/ can stand in.
-PLUGIN=$(ls "$(dirname "$PY")"/../lib/python3*/site-packages/lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so 2>/dev/null | tail -1)
-[ -n "$PLUGIN" ] || PLUGIN=$(ls .venv/lib/python3*/site-packages/lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so 2>/dev/null | tail -1)
-PLUGIN=$(realpath "$PLUGIN")
+# What docs/install.md tells a user to set: STRATA_PYTHON, the venv's
+# Python that has jax and the front-end; the plugin is then found in that
+# venv. STRATA_SOURCE_DIR names an empty folder so neither the repository's
+# .venv nor its python/ can stand in.
+PLUGIN=$(ls "$(dirname "$(dirname "$PY")")"/lib/python3*/site-packages/lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so 2>/dev/null | tail -1)
+check "the venv of $PY has the CPU plugin (make setup)" "[ -n '$PLUGIN' ]"
 mkdir -p "$TMP/work/configs" "$TMP/nosrc"
 cp configs/base.yml configs/test.yml "$TMP/work/configs/"
 run_installed() {
-  (cd "$TMP/work" && env STRATA_PYTHON="$PY" PYTHONPATH="$SITE" STRATA_PJRT_PLUGIN="$PLUGIN" \
+  (cd "$TMP/work" && env -u STRATA_PJRT_PLUGIN STRATA_PYTHON="$PY" PYTHONPATH="$SITE" \
     STRATA_SOURCE_DIR="$TMP/nosrc" STRATA_CACHE_DIR="$TMP/cache" "$P/bin/strata" "$@")
 }
 check "the front-end the exporter imports is the pip-installed one" \
   "(cd '$TMP/work' && PYTHONPATH='$SITE' '$PY' -c 'import strata_jax; print(strata_jax.__file__)') | grep -q '^$SITE/strata_jax/'"
 if run_installed doctor >"$TMP/doctor.out" 2>&1; then ok; else bad "installed doctor: $(tail -3 "$TMP/doctor.out")"; fi
-check "doctor: the plugin it was given, status ok" \
+check "doctor: the plugin of the venv, status ok" \
   "grep -q '^plugin: *$PLUGIN' '$TMP/doctor.out' && grep -Eq '^status: +ok' '$TMP/doctor.out'"
 if run_installed train configs/test.yml train.steps=2 train.eval_every=2 run.progress=off run.dir="$TMP/work/run" \
   >"$TMP/train.out" 2>&1; then ok; else bad "installed train: $(tail -5 "$TMP/train.out")"; fi
