@@ -179,7 +179,7 @@ static const st__cfg_section kSections[] = {
 static const st__cfg_env kEnvs[] = {
     {"STRATA_PJRT_PLUGIN", "PJRT plugin used when runtime.plugin is empty."},
     {"STRATA_CACHE_DIR", "Cache folder used when runtime.cache_dir is empty."},
-    {"STRATA_PYTHON", "Interpreter that runs the exporter; default: the repository's .venv/bin/python."},
+    {"STRATA_PYTHON", "Interpreter that runs the exporter; default: ./.venv/bin/python, then the repository's. Its venv is searched for the CPU plugin too (docs/install.md)."},
     {"STRATA_SOURCE_DIR",
      "The strata repository (python/, configs/, .venv/) when the binary runs outside the tree it was built in."},
 };
