@@ -1,6 +1,7 @@
 /* bundle.c — read, validate and (re-)export the program bundle. */
 #include <dirent.h>
 #include <errno.h>
+#include <glob.h>
 #include <stdio.h>
 #include <math.h>
 #include <stdint.h>
@@ -650,6 +651,54 @@ static void st__key_model(const char* model_json, st_strbuf* s) {
 
 void st_bundle_key(const char* model_json, char out[17]) { st_bundle_key_mesh(model_json, NULL, out); }
 
+static bool st__is_dir(const char* path) {
+  struct stat st;
+  return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* The strata_jax folder the exporter will import, in Python's order for
+ * st_bundle_export's child: the source tree's python/ (put first on its
+ * PYTHONPATH), then $PYTHONPATH's entries, then the site-packages of the
+ * exporter's venv (an installed strata with a pip-installed front-end,
+ * docs/install.md). NULL when none exists. Caller frees. */
+static char* st__frontend_dir(void) {
+  char* dir = st_path_join(st_source_dir(), "python/strata_jax");
+  if (st__is_dir(dir)) return dir;
+  free(dir);
+  const char* pp = getenv("PYTHONPATH");
+  if (pp) {
+    char* copy = st_xstrdup(pp);
+    char* save = NULL;
+    for (char* e = strtok_r(copy, ":", &save); e; e = strtok_r(NULL, ":", &save)) {
+      dir = st_path_join(e, "strata_jax");
+      if (st__is_dir(dir)) {
+        free(copy);
+        return dir;
+      }
+      free(dir);
+    }
+    free(copy);
+  }
+  char* python = st_bundle_python();
+  /* V/bin/python -> V, unresolved: a venv's python links out of it. */
+  char* slash = strrchr(python, '/');
+  if (slash) *slash = '\0';
+  slash = strrchr(python, '/');
+  dir = NULL;
+  if (slash) {
+    *slash = '\0';
+    st_strbuf pattern = {0};
+    st_strbuf_printf(&pattern, "%s/lib/python3*/site-packages/strata_jax", python[0] ? python : "/");
+    glob_t g;
+    memset(&g, 0, sizeof(g));
+    if (glob(pattern.data, GLOB_ONLYDIR, NULL, &g) == 0 && g.gl_pathc > 0) dir = st_xstrdup(g.gl_pathv[g.gl_pathc - 1]);
+    globfree(&g);
+    st_strbuf_free(&pattern);
+  }
+  free(python);
+  return dir;
+}
+
 void st_bundle_key_mesh(const char* model_json, const char* mesh, char out[17]) {
   st_strbuf s = {0};
   st_strbuf_printf(&s, "schema=%d\nmodel:\n", ST_BUNDLE_SCHEMA_VERSION);
@@ -658,8 +707,8 @@ void st_bundle_key_mesh(const char* model_json, const char* mesh, char out[17]) 
   if (mesh && mesh[0]) st_strbuf_printf(&s, "mesh=%s\n", mesh);
   /* The exporter's sources are part of the key: a changed model or export
    * rule must never be served from an old bundle. */
-  char* folder = st_path_join(st_source_dir(), "python/strata_jax");
-  DIR* d = opendir(folder);
+  char* folder = st__frontend_dir();
+  DIR* d = folder ? opendir(folder) : NULL;
   if (d) {
     char** names = NULL;
     size_t n = 0;

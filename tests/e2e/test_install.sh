@@ -105,5 +105,12 @@ check "doctor: the plugin of the venv, status ok" \
 if run_installed train configs/test.yml train.steps=2 train.eval_every=2 run.progress=off run.dir="$TMP/work/run" \
   >"$TMP/train.out" 2>&1; then ok; else bad "installed train: $(tail -5 "$TMP/train.out")"; fi
 check "train ran 2 steps" "[ \$(grep -c '\"loss\"' '$TMP/work/run/metrics.jsonl' 2>/dev/null) = 2 ]"
+# The bundle key covers the front-end that exports (here the pip-installed
+# one, no source tree): a changed exporter source must give a new bundle.
+nb() { find "$TMP/cache/bundles" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | wc -l; }
+check "one bundle after train" "[ \$(nb) = 1 ]"
+echo "# changed" >>"$SITE/strata_jax/model.py"
+if run_installed export configs/test.yml >"$TMP/export.out" 2>&1; then ok; else bad "installed export: $(tail -5 "$TMP/export.out")"; fi
+check "a changed pip-installed front-end gives a new bundle key" "[ \$(nb) = 2 ]"
 
 finish test_install
