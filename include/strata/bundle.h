@@ -169,7 +169,10 @@ typedef struct st_bundle_request {
 } st_bundle_request;
 
 /* Bundle key: hash of the model JSON, the schema version and the exporter's
- * source files (so a changed exporter re-exports). 16 hex chars + NUL. */
+ * source files (so a changed exporter re-exports): those of the strata_jax
+ * folder the exporter imports (the source tree's python/, else the first on
+ * $PYTHONPATH, else the site-packages of st_bundle_python's venv).
+ * 16 hex chars + NUL. */
 void st_bundle_key(const char* model_json, char out[17]);
 /* The key of a bundle for |mesh| (NULL/"": st_bundle_key's). */
 void st_bundle_key_mesh(const char* model_json, const char* mesh, char out[17]);
