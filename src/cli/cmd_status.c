@@ -20,6 +20,7 @@
 #include "strata/config.h"
 #include "strata/diag.h"
 #include "strata/obs.h"
+#include "strata/train.h"
 
 static const char* kUsage =
     "usage: strata status RUN_DIR [--json]\n"
@@ -263,17 +264,29 @@ static st_status st__status(const char* dir, json_t** out) {
       ++recent;
     }
   }
-  int64_t total = cfg ? st_config_int(cfg, "train.steps") : 0;
+  /* train.steps through the typed options, the one reader of config keys. */
+  int64_t total = 0;
+  bool have_total = false;
+  if (cfg) {
+    st_train_options opts;
+    st_status os = st_train_options_from_config(cfg, &opts);
+    if (!os) {
+      total = opts.steps;
+      have_total = true;
+    }
+    st_status_free(os);
+    st_train_options_deinit(&opts);
+  }
   int64_t step = 0;
   if (step_line) st_json_as_int(json_object_get(step_line, "step"), &step);
   st_json_put(o, "step", step_line ? st_json_int(step) : json_null());
-  st_json_put(o, "total_steps", cfg ? st_json_int(total) : json_null());
+  st_json_put(o, "total_steps", have_total ? st_json_int(total) : json_null());
   st__put_copy(o, "loss", step_line, "loss");
   st__put_copy(o, "tokens_per_s", step_line, "tokens_per_s");
   double step_time = recent ? sum / recent : 0;
   st_json_put(o, "step_time_s", recent ? st_json_fixed(step_time, 6) : json_null());
   st_json_put_int(o, "step_time_steps", recent);
-  bool eta = running && cfg && recent && total > step;
+  bool eta = running && have_total && recent && total > step;
   st_json_put(o, "eta_s", eta ? st_json_fixed((double)(total - step) * step_time, 1) : json_null());
 
   /* The checkpoint a resume would take. */
