@@ -619,6 +619,18 @@ static void st__grad_final(st__builder* B, const st__optimizer* opt, int i) {
 /* Backward                                                                 */
 /*===-------------------------------------------------------------------===*/
 
+/* FSDP: what follows instance |i|'s reduce-scatter in microbatch |m|: the
+ * accumulation into its first microbatch's blocks, and on the |last| one
+ * its gradient is final. The backward issues this only after the next
+ * layer's launches: a launch waiting for the reduce-scatter would hold that
+ * device's queue, and the next layer's backward behind it, until the
+ * reduce-scatter is done, and the two would not overlap. */
+static void st__after_scatter(st__builder* B, const st__optimizer* opt, int i, int m, bool last) {
+  if (i < 0) return;
+  if (m > 0) st__accumulate(B, &B->inst[i], "gtmp:", m, -1);
+  if (last) st__grad_final(B, opt, i);
+}
+
 /* Microbatch |m|'s backward from the forward's |f|. The first microbatch
  * writes the gradients ("grad:"), later ones write "gtmp:" and accumulate.
  * Under FSDP each launch writes whole gradients ("ugrad:") that are
@@ -654,9 +666,14 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
   st__use_end(B);
   int freed[3] = {f->x, f->targets, f->mask};
   st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 3, freed, 0, NULL);
-  if (B->F > 1) st__reduce_scatter(B, B->n_inst - 1, m);
-  if (m > 0) st__accumulate(B, H, "gtmp:", m, -1);
-  if (last) st__grad_final(B, opt, B->n_inst - 1);
+  int pending = -1; /* FSDP: the instance whose reduce-scatter is in flight (st__after_scatter) */
+  if (B->F > 1) {
+    st__reduce_scatter(B, B->n_inst - 1, m);
+    pending = B->n_inst - 1;
+  } else {
+    if (m > 0) st__accumulate(B, H, "gtmp:", m, -1);
+    if (last) st__grad_final(B, opt, B->n_inst - 1);
+  }
 
   /* Blocks in reverse: bwd_res(params, x, residuals, dy) -> grads..., dx.
    * A remat layer first recomputes its residuals with fwd_res. */
@@ -693,9 +710,14 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
     dead[0] = xl;
     for (int r = 0; r < R; ++r) dead[1 + r] = res[r];
     st_plan_add(B->plan, ST_OP_FREE, -1, l, m, 0, 1 + R, dead, 0, NULL);
-    if (B->F > 1) st__reduce_scatter(B, 1 + l, m);
-    if (m > 0) st__accumulate(B, I, "gtmp:", m, -1);
-    if (last) st__grad_final(B, opt, 1 + l);
+    if (B->F > 1) {
+      st__after_scatter(B, opt, pending, m, last);
+      st__reduce_scatter(B, 1 + l, m);
+      pending = 1 + l;
+    } else {
+      if (m > 0) st__accumulate(B, I, "gtmp:", m, -1);
+      if (last) st__grad_final(B, opt, 1 + l);
+    }
   }
 
   /* embed bwd(wte, tokens, dx) -> dwte; a tied head's dwte joins it
@@ -710,13 +732,14 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
   int freed2[2] = {dx, f->tokens};
   st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 2, freed2, 0, NULL);
   if (B->F > 1) {
+    st__after_scatter(B, opt, pending, m, last);
     if (B->tied) st__accumulate(B, E, "hgrad:", m, E->params[0]);
     st__reduce_scatter(B, 0, m);
-    if (m > 0) st__accumulate(B, E, "gtmp:", m, -1);
-  } else {
-    if (m > 0) st__accumulate(B, E, "gtmp:", m, -1);
-    if (B->tied) st__accumulate(B, E, "hgrad:", m, E->params[0]);
+    st__after_scatter(B, opt, 0, m, last);
+    return;
   }
+  if (m > 0) st__accumulate(B, E, "gtmp:", m, -1);
+  if (B->tied) st__accumulate(B, E, "hgrad:", m, E->params[0]);
   if (last) st__grad_final(B, opt, 0);
 }
 

@@ -193,9 +193,9 @@ cat >"$TMP/fsdp2.want" <<'WANT'
   op   53 embed     embed_fsdp_all_gather      all_gather     over fsdp     1 tensors      32768 B  wire      16384 B
   op   57 layer 1   block_fsdp_all_gather      all_gather     over fsdp     9 tensors      41216 B  wire      20608 B
   op   61 head      head_fsdp_reduce_scatter   reduce_scatter over fsdp     1 tensors        128 B  wire         64 B
-  op   68 layer 0   block_fsdp_all_gather      all_gather     over fsdp     9 tensors      41216 B  wire      20608 B
+  op   66 layer 0   block_fsdp_all_gather      all_gather     over fsdp     9 tensors      41216 B  wire      20608 B
   op   71 layer 1   block_fsdp_reduce_scatter  reduce_scatter over fsdp     9 tensors      41216 B  wire      20608 B
-  op   78 embed     embed_fsdp_all_gather      all_gather     over fsdp     1 tensors      32768 B  wire      16384 B
+  op   76 embed     embed_fsdp_all_gather      all_gather     over fsdp     1 tensors      32768 B  wire      16384 B
   op   81 layer 0   block_fsdp_reduce_scatter  reduce_scatter over fsdp     9 tensors      41216 B  wire      20608 B
   op   90 embed     embed_fsdp_reduce_scatter  reduce_scatter over fsdp     1 tensors      32768 B  wire      16384 B
 # communication per step: 23 collectives, 724480 B per device (message), 362240 B sent per device, 724480 B over all devices
@@ -204,7 +204,7 @@ cat >"$TMP/fsdp2.want" <<'WANT'
 # predicted memory per device, bytes
                                    params        grads    optimizer  activations     transfer     gathered    unreduced        total
   persistent state                  57664            0       115328            0            0            0            0       172992
-  training step peak                57664        57664       115328        24704           72        82432        73984       411848
+  training step peak                57664        78272       115328        22656           72        73984        73984       421960
   evaluation peak                   57664            0            0         4096          128        82432            0       144320
   largest in the step               57664        78272       115328        26752          200        82432        73984
   host memory (offloaded homes): 0

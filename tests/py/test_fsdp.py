@@ -308,7 +308,7 @@ def test_next_layer_gather_issued_before_this_layer_forward_completes(ordered: d
 
 def test_reduce_scatter_between_backwards_and_independent_of_the_next(ordered: dict) -> None:
     ops, ev = ordered["plan"]["ops"], by_op(ordered["run"]["trace"])
-    notes = []
+    notes, overlaps = [], []
     for m in range(2):
         for l in range(N_LAYERS - 1, 0, -1):
             bwd = find(ops, "LAUNCH", "block_bwd_res", l, m)
@@ -328,7 +328,13 @@ def test_reduce_scatter_between_backwards_and_independent_of_the_next(ordered: d
                              f"{a['device_start_us']:.0f}-{a['device_complete_us']:.0f} us, layer {l - 1} recompute+backward "
                              f"{r['device_start_us']:.0f}-{b['device_complete_us']:.0f} us: "
                              f"{'overlap ' + format(hi - lo, '.0f') + ' us' if hi > lo else 'no overlap'}")
+                overlaps.append(hi > lo)
     print("\n".join(notes))
+    # The timestamps are the executor's (completion callbacks, start
+    # estimates) on two CPU cores, so one pair may miss; all missing means
+    # the plan serializes them (as it did while a prefetch gather or the
+    # accumulation sat between the reduce-scatter and the next backward).
+    assert any(overlaps), notes
 
 
 # --- policies that keep working on fsdp blocks -----------------------------------
