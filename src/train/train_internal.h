@@ -49,6 +49,11 @@ typedef struct st__trainer {
   double grad_norm, gscale, lr;
   st_train_ckpt* ckpt;   /* checkpoints, resume, step faults (checkpoint_io.c) */
   int64_t start_step;    /* steps already done when resuming */
+  /* What the end-of-run summary reports (trainer.c, st__summary). */
+  int64_t steps_run;     /* steps this process ran */
+  double train_s;        /* their summed step times */
+  double last_loss, last_eval_loss; /* NAN until known */
+  int64_t peak_bytes;    /* largest accounted per-device peak of a step */
   /* a stop signal ended the run early (trainer.c, st__stop) */
   int stop_signal;
   int64_t stop_step;

@@ -454,6 +454,39 @@ static st_status st__stop(st__trainer* t, int64_t done, bool progress) {
                         sig, t->run_dir);
 }
 
+/* The end-of-run summary on the console (run.progress: a terminal, or
+ * on): what was trained, how fast, how well, where it is. Model FLOP/s
+ * count 6 per parameter and token plus attention's 12 x layers x d_model
+ * x seq_len per token (the PaLM convention), not the programs' own
+ * counts; bits per byte apply to the byte tokenizer (not synthetic
+ * data). */
+static void st__summary(const st__trainer* t) {
+  const st_train_options* o = t->o;
+  const st_bundle_model* m = &t->bundle->model;
+  int64_t n_params = 0;
+  for (int i = 0; i < t->bundle->param_count; ++i) n_params += st_tensor_type_elements(&t->bundle->params[i].type);
+  const double tokens = (double)t->steps_run * (double)o->batch_size * (double)t->T;
+  const double tps = t->train_s > 0 ? tokens / t->train_s : 0;
+  const double flop_per_token = 6.0 * (double)n_params + 12.0 * (double)m->n_layers * (double)m->d_model * (double)m->seq_len;
+  fprintf(stderr, "strata: trained %lld steps in %.1f s of steps (%lld this run, %lld parameters)\n", (long long)o->steps,
+          t->train_s, (long long)t->steps_run, (long long)n_params);
+  if (isfinite(t->last_loss)) fprintf(stderr, "  final train loss %.4f", t->last_loss);
+  if (isfinite(t->last_eval_loss)) {
+    fprintf(stderr, ", eval loss %.4f", t->last_eval_loss);
+    if (!o->data.synthetic) fprintf(stderr, " (%.3f bits per byte)", t->last_eval_loss / log(2.0));
+  }
+  fprintf(stderr, "\n  %.0f tokens/s, %.2f GFLOP/s of model FLOPs (%.3g FLOP per token)\n", tps, tps * flop_per_token / 1e9,
+          flop_per_token);
+  int devices = st_executor_devices(t->ex);
+  fprintf(stderr, "  peak device memory %.1f MiB%s (accounted by the plan's executor)\n", (double)t->peak_bytes / 1048576.0,
+          devices > 1 ? " per device" : "");
+  char* root = st_path_join(t->run_dir, "checkpoints");
+  char* latest = st_ckpt_read_latest(root);
+  if (latest) fprintf(stderr, "  checkpoint %s/%s\n", root, latest);
+  free(latest);
+  free(root);
+}
+
 /* The run itself, once everything is compiled. */
 static st_status st__run(st__trainer* t, bool progress) {
   const st_train_options* o = t->o;
@@ -473,6 +506,11 @@ static st_status st__run(st__trainer* t, bool progress) {
       return st_status_make(ST_CODE_NUMERICS, "step %lld: loss is not finite (%g); try a lower train.lr", (long long)t->step + 1, loss);
     last_loss = loss;
     double dt = st_now() - t0;
+    t->steps_run++;
+    t->train_s += dt;
+    t->last_loss = loss;
+    const st_executor_stats* es = st_executor_stats_get(t->ex);
+    if (es->peak_live_bytes > t->peak_bytes) t->peak_bytes = es->peak_live_bytes;
     int64_t tokens = o->batch_size * t->T;
     ST_RETURN(st__step_metrics(t, loss, dt));
     double elapsed = st_now() - t_start;
@@ -484,6 +522,7 @@ static st_status st__run(st__trainer* t, bool progress) {
       double eval_loss = 0;
       ST_RETURN(st__evaluate(t, &eval_loss));
       ST_RETURN(st__eval_metrics(t, eval_loss));
+      t->last_eval_loss = eval_loss;
       if (progress) {
         st_progress_end(true);
         fprintf(stderr, "eval at step %lld: loss %.4f\n", (long long)t->step + 1, eval_loss);
@@ -527,6 +566,7 @@ st_status st_train_main(const st_config* cfg) {
   }
   st__trainer t;
   memset(&t, 0, sizeof(t));
+  t.last_loss = t.last_eval_loss = NAN;
   t.o = &o;
   st_bundle* bundle = NULL;
   bool progress = o.progress == 1 || (o.progress == 2 && isatty(2));
@@ -696,6 +736,7 @@ st_status st_train_main(const st_config* cfg) {
     st__failed_event(&t, s);
   } else if (!s) {
     st_status_free(st_runlog_event(t.log, "done", NULL));
+    if (progress) st__summary(&t);
     printf("run directory: %s\n", t.run_dir);
   }
   st_train_ckpt_destroy(t.ckpt);

@@ -159,4 +159,30 @@ json.dump(m, open(sys.argv[1], 'w'))
 PYEOF
 expect_exit 4 "program 'block_fwd_res': 309 outputs exceeds the limit of 256 \\(ST_BUNDLE_MAX_PROGRAM_TENSORS" train "${BASE[@]}" bundle.dir="$TMP/bundle3" run.dir="$TMP/b3"
 
+# --- the end-of-run summary (run.progress=on, as on a terminal) ----------------
+SUM=(configs/test.yml runtime.deterministic=true data.synthetic=false data.path=/usr/share/games/fortunes train.steps=4 train.eval_every=2)
+if "$STRATA" train "${SUM[@]}" run.progress=on run.dir="$TMP/sum" >"$TMP/sum.out" 2>"$TMP/sum.err"; then ok; else bad "train exited $?: $(tail -5 "$TMP/sum.err")"; fi
+check "summary: the figures are the run's own (losses as in metrics.jsonl, bits per byte = eval loss / ln 2, tokens/s from the step times, the checkpoint that exists)" "$PY - '$TMP/sum' '$TMP/sum.err' <<'PYEOF'
+import json, math, re, sys, os
+d, err = sys.argv[1], open(sys.argv[2]).read()
+lines = [json.loads(x) for x in open(os.path.join(d, 'metrics.jsonl'))]
+steps = [m for m in lines if 'loss' in m]
+evals = [m for m in lines if 'eval_loss' in m]
+head = re.search(r'^strata: trained 4 steps in ([0-9.]+) s of steps \\(4 this run, 28832 parameters\\)$', err, re.M)
+assert head, err
+assert abs(float(head.group(1)) - sum(m['step_time_s'] for m in steps)) < 0.06, (head.group(1), err)
+m = re.search(r'^  final train loss ([0-9.]+), eval loss ([0-9.]+) \\(([0-9.]+) bits per byte\\)$', err, re.M)
+assert m, err
+assert m.group(1) == f\"{steps[-1]['loss']:.4f}\" and m.group(2) == f\"{evals[-1]['eval_loss']:.4f}\", (m.groups(), steps[-1], evals[-1])
+assert m.group(3) == f\"{evals[-1]['eval_loss'] / math.log(2):.3f}\", m.groups()
+t = re.search(r'^  ([0-9]+) tokens/s, ([0-9.]+) GFLOP/s of model FLOPs', err, re.M)
+tps = 4 * 4 * 16 / sum(m['step_time_s'] for m in steps)
+assert t and abs(int(t.group(1)) - tps) <= max(1, 0.03 * tps), (t and t.groups(), tps)
+pk = re.search(r'^  peak device memory ([0-9.]+) MiB', err, re.M)
+assert pk and pk.group(1) == f\"{max(m['peak_live_bytes'] for m in steps) / 1048576:.1f}\", err
+c = re.search(r'^  checkpoint (\\S+)$', err, re.M)
+assert c and os.path.isdir(c.group(1)) and c.group(1).endswith('/checkpoints/step_4'), err
+PYEOF"
+check "no summary without progress (run.progress=off)" "! grep -q '^strata: trained' '$TMP/err1'"
+
 finish test_train.sh
