@@ -1,4 +1,5 @@
-/* cli_util.c — CONFIG [k=v ...] handling shared by subcommands. */
+/* cli_util.c — CONFIG [k=v ...] and [--json] ARG... handling shared by subcommands. */
+#include <stdio.h>
 #include <string.h>
 
 #include "cli/cli_util.h"
@@ -9,4 +10,22 @@ st_status st_cli_load_config(const char* command, int argc, char** argv, st_conf
     return st_status_make(ST_CODE_CONFIG, "usage: strata %s CONFIG [key=value ...] (e.g. strata %s configs/tiny.yml train.steps=10)",
                           command, command);
   return st_config_load(argv[0], argc - 1, argv + 1, out_config);
+}
+
+bool st_cli_json_args(int argc, char** argv, const char* usage, bool* out_json, const char** pos, int max, int* out_count) {
+  *out_json = false;
+  *out_count = 0;
+  for (int i = 0; i < argc; ++i) {
+    if (!strcmp(argv[i], "--json")) {
+      *out_json = true;
+    } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      printf("%s\n", usage);
+      return true;
+    } else if (*out_count < max) {
+      pos[(*out_count)++] = argv[i];
+    } else {
+      *out_count = max + 1;
+    }
+  }
+  return false;
 }

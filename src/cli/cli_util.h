@@ -1,7 +1,9 @@
 /* cli_util.h — shared argument handling for subcommands that take
- * `CONFIG [key=value ...]`. */
+ * `CONFIG [key=value ...]`, or `[--json] ARG...`. */
 #ifndef STRATA_CLI_UTIL_H
 #define STRATA_CLI_UTIL_H
+
+#include <stdbool.h>
 
 #include "strata/config.h"
 #include "strata/status.h"
@@ -9,5 +11,11 @@
 /* Loads argv[0] as the config file and argv[1..] as overrides. Usage
  * errors (no CONFIG) are ST_CODE_CONFIG naming |command|. */
 st_status st_cli_load_config(const char* command, int argc, char** argv, st_config** out_config);
+
+/* Splits argv into --json (*out_json) and positional arguments (at most
+ * |max| kept in |pos|, borrowed; *out_count counts them all, so more than
+ * |max| shows as max + 1). -h/--help prints |usage| and returns true: the
+ * command then exits 0. */
+bool st_cli_json_args(int argc, char** argv, const char* usage, bool* out_json, const char** pos, int max, int* out_count);
 
 #endif

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "strata/base.h"
 #include "strata/ckpt.h"
@@ -200,18 +201,7 @@ int st_cli_ckpt(int argc, char** argv) {
   bool json = false;
   const char* args[2] = {NULL, NULL};
   int n = 0;
-  for (int i = 0; i < argc; ++i) {
-    if (!strcmp(argv[i], "--json")) {
-      json = true;
-    } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      printf("%s\n", kUsage);
-      return 0;
-    } else if (n < 2) {
-      args[n++] = argv[i];
-    } else {
-      n = 3;
-    }
-  }
+  if (st_cli_json_args(argc, argv, kUsage, &json, args, 2, &n)) return 0;
   if (n != 2 || (strcmp(args[0], "list") && strcmp(args[0], "verify") && strcmp(args[0], "inspect")))
     return st_cli_report(st_status_make(ST_CODE_CONFIG, "%s", kUsage));
   const char* cmd = args[0];

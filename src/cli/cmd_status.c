@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "strata/base.h"
 #include "strata/ckpt.h"
@@ -394,17 +395,7 @@ int st_cli_status(int argc, char** argv) {
   bool json = false;
   const char* dir = NULL;
   int n = 0;
-  for (int i = 0; i < argc; ++i) {
-    if (!strcmp(argv[i], "--json")) {
-      json = true;
-    } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      printf("%s\n", kUsage);
-      return 0;
-    } else {
-      dir = argv[i];
-      ++n;
-    }
-  }
+  if (st_cli_json_args(argc, argv, kUsage, &json, &dir, 1, &n)) return 0;
   if (n != 1 || dir[0] == '-') return st_cli_report(st_status_make(ST_CODE_CONFIG, "%s", kUsage));
   char path[4096];
   if (snprintf(path, sizeof(path), "%s", dir) >= (int)sizeof(path))
