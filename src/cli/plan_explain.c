@@ -14,22 +14,6 @@
 
 static const char* const st__kinds[] = {"all_reduce", "all_gather", "reduce_scatter"};
 
-/* "block_data_all_reduce" -> kind "all_reduce", axis "data" (the exporter's
- * names: <group>_<axis>_<kind>); "" when the name does not follow it. */
-static void st__collective_kind(const char* program, char* kind, size_t kn, char* axis, size_t an) {
-  kind[0] = axis[0] = '\0';
-  size_t n = strlen(program);
-  for (size_t k = 0; k < sizeof(st__kinds) / sizeof(st__kinds[0]); ++k) {
-    size_t m = strlen(st__kinds[k]);
-    if (n <= m + 1 || strcmp(program + n - m, st__kinds[k]) != 0 || program[n - m - 1] != '_') continue;
-    snprintf(kind, kn, "%s", st__kinds[k]);
-    size_t end = n - m - 1, start = end;
-    while (start > 0 && program[start - 1] != '_') --start;
-    snprintf(axis, an, "%.*s", (int)(end - start), program + start);
-    return;
-  }
-}
-
 /* Bytes each device sends in a ring for a message of |bytes| over |n|
  * devices: (n-1)/n of it for a gather or a scatter, twice that for an
  * all-reduce (the manifest's wire_bytes_per_device, docs/parallelism.md). */
@@ -235,8 +219,10 @@ json_t* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_
     const st_op* op = &step->ops[i];
     if (op->kind != ST_OP_COLLECTIVE) continue;
     const char* prog = step->programs[op->program];
-    char kind[32], axis[32];
-    st__collective_kind(prog, kind, sizeof(kind), axis, sizeof(axis));
+    /* The kind is the op's tag (the step builder's); the axis follows: the
+     * data all-reduce, the fsdp gather and scatter. */
+    const char* kind = st_collective_kind_name((st_collective_kind)op->tag);
+    const char* axis = op->tag == ST_COLL_ALL_REDUCE ? "data" : "fsdp";
     /* The message (the manifest's bytes_per_device): an all-reduce's
      * tensors as one device holds them; the whole padded tensors (group
      * size x one device's fsdp blocks) of an all-gather or reduce-scatter. */
