@@ -133,6 +133,49 @@ void st_trace_meta(st_trace* trace, const char* key, json_t* value);
 /* Writes the trace atomically to |path| (its folder must exist). */
 st_status st_trace_write(const st_trace* trace, const char* path);
 
+/*===-------------------------------------------------------------------===*/
+/* The live metrics endpoint (obs.metrics_port, docs/using.md)              */
+/*===-------------------------------------------------------------------===*/
+
+/* The latest metrics of a run in the Prometheus text exposition format
+ * (version 0.0.4) at http://127.0.0.1:<port>/metrics, served by
+ * libmicrohttpd on a thread of its own while the trainer runs. The server
+ * keeps one snapshot: every metrics object handed to it is merged into it
+ * (a step line, then an eval line adds eval_loss), under a mutex. */
+typedef struct st_metrics_server st_metrics_server;
+
+/* Whether this binary can serve metrics: false in `make build-portable`,
+ * which links its dependencies statically and leaves libmicrohttpd out
+ * (its TLS library, gnutls, needs p11-kit, of which Debian ships no static
+ * archive). */
+bool st_metrics_server_available(void);
+
+/* Binds 127.0.0.1:|port| (1..65535) and starts serving. |run_id| (copied)
+ * becomes the run="..." label of every series. A port that cannot be bound
+ * (in use, privileged) or a binary without the endpoint is ST_CODE_CONFIG
+ * (exit 2) naming obs.metrics_port and the port. */
+st_status st_metrics_server_start(int port, const char* run_id, st_metrics_server** out /* owned by caller */);
+/* Merges |metrics| (an object as written to metrics.jsonl; borrowed: deep-
+ * copied, the caller keeps it) into the served snapshot. NULL |server| is a
+ * no-op, so the caller needs no test of its own. */
+void st_metrics_server_publish(st_metrics_server* server, const json_t* metrics);
+/* Stops serving (joins the server's thread) and frees. NULL is a no-op. */
+void st_metrics_server_stop(st_metrics_server* server);
+
+/* The exposition text of |snapshot| (a metrics object, borrowed) appended
+ * to |out|: for each numeric field F one gauge family strata_<F> with
+ * `# HELP` and `# TYPE` lines (a trailing "_s" reads "_seconds", "_per_s"
+ * "_per_second"); an object of numbers F = {"k": v} becomes
+ * strata_<F>{<L>="k"}, L the word after "_by_" in F ("key" without one),
+ * and an object of objects F = {"k": {"count": v}} becomes
+ * strata_<F>_count{<L>="k"}. null (a non-finite value in metrics.jsonl)
+ * is NaN. Strings and lists are left out. Every series carries
+ * run="|run_id|" (escaped: backslash, double quote, newline). */
+void st_metrics_render(const json_t* snapshot, const char* run_id, st_strbuf* out);
+/* A sample value as the format writes it: shortest round-trip digits,
+ * "NaN", "+Inf", "-Inf". */
+void st_metrics_format_value(double x, char out[ST_DOUBLE_CHARS]);
+
 #ifdef __cplusplus
 }
 #endif

@@ -53,6 +53,7 @@ typedef struct st_train_options {
   int parallel_data, parallel_fsdp, parallel_tensor; /* parallel.*: the mesh axis sizes (docs/parallelism.md) */
   char mesh[64];          /* the mesh the bundle is exported for: "data=2"; "" for one device */
   int trace_step_count;   /* trace.steps: steps (1-based) written as Chrome traces */
+  int metrics_port;       /* obs.metrics_port: the live metrics endpoint's port on 127.0.0.1; 0: none */
   int64_t* trace_steps;   /* owned */
   bool resume;            /* run.resume */
   struct {

@@ -12,6 +12,13 @@
 
 st_status st__event(st__trainer* t, const char* name, json_t* fields) { return st_runlog_event(t->log, name, fields); }
 
+/* Every metrics line, step or eval: the live sinks see it first (they copy
+ * what they keep), then metrics.jsonl takes it. */
+static st_status st__metrics_line(st__trainer* t, json_t* m) {
+  st_metrics_server_publish(t->metrics, m);
+  return st_runlog_metrics(t->log, m);
+}
+
 /* The scheduler's accounting of one step (docs/scheduling.md), appended to
  * the metrics line after the contract fields. */
 static void st__sched_metrics(const st_executor_stats* es, int devices, json_t* m) {
@@ -115,7 +122,7 @@ st_status st__step_metrics(st__trainer* t, double loss, double dt) {
   st_json_put(m, "wait_s", st_json_fixed(es->wait_s, 6));
   st_json_put_int(m, "peak_live_bytes", es->peak_live_bytes);
   st__sched_metrics(es, t->step_plan.devices, m);
-  st_status s = st_runlog_metrics(t->log, m);
+  st_status s = st__metrics_line(t, m);
   if (!s) s = st__maybe_trace(t);
   return s;
 }
@@ -124,7 +131,7 @@ st_status st__eval_metrics(st__trainer* t, double eval_loss) {
   json_t* e = st_json_obj();
   st_json_put_int(e, "step", t->step + 1);
   st_json_put_num(e, "eval_loss", eval_loss);
-  return st_runlog_metrics(t->log, e);
+  return st__metrics_line(t, e);
 }
 
 st_status st__compile_event(st__trainer* t, double seconds) {

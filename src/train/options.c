@@ -95,6 +95,8 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
     o->trace_step_count = nt;
   }
 
+  o->metrics_port = (int)st_config_int(c, "obs.metrics_port");
+
   int nx = st_config_list_count(c, "runtime.xla_options");
   if (nx > 0) {
     const char** xs = st_xcalloc((size_t)nx, sizeof(char*));

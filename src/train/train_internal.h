@@ -11,6 +11,7 @@
 #include "strata/base.h"
 #include "strata/bundle.h"
 #include "strata/data.h"
+#include "strata/obs.h"
 #include "strata/runtime.h"
 #include "strata/sched.h"
 #include "strata/status.h"
@@ -23,6 +24,7 @@ typedef struct st__trainer {
   st_runtime* runtime;
   st_dataset* data;
   st_runlog* log;
+  st_metrics_server* metrics; /* obs.metrics_port's endpoint (owned; NULL when off) */
   char* run_dir;
 
   /* compiled programs by bundle program index (owned) */

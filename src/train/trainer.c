@@ -585,6 +585,21 @@ st_status st_train_main(const st_config* cfg) {
     st_json_put_str(f, "reason", "an earlier attempt in this directory stopped before its first step");
     s = st_runlog_event(t.log, "run_dir_reused", f);
   }
+  /* The endpoint first: a port in use fails the run (exit 2) before any
+   * data, compile, step or checkpoint. */
+  if (!s && o.metrics_port > 0) {
+    const char* slash = strrchr(t.run_dir, '/');
+    s = st_metrics_server_start(o.metrics_port, slash ? slash + 1 : t.run_dir, &t.metrics);
+    if (!s) {
+      char url[64];
+      snprintf(url, sizeof(url), "http://127.0.0.1:%d/metrics", o.metrics_port);
+      json_t* f = st_json_obj();
+      st_json_put_str(f, "url", url);
+      st_json_put_int(f, "port", o.metrics_port);
+      s = st__event(&t, "metrics_endpoint", f);
+      fprintf(stderr, "metrics at %s\n", url);
+    }
+  }
   if (!s) s = st_dataset_open(&o.data, &t.data);
 
   /* --- compile --------------------------------------------------------- */
@@ -744,6 +759,7 @@ st_status st_train_main(const st_config* cfg) {
   st_runtime_destroy(t.runtime);
   st_dataset_destroy(t.data);
   st_bundle_destroy(bundle);
+  st_metrics_server_stop(t.metrics);
   st_runlog_close(t.log);
   if (lock_fd >= 0) close(lock_fd); /* last: everything the run writes is written */
   free(t.run_dir);

@@ -1,7 +1,9 @@
 /* test_obs.c — the run log's line discipline (strata/obs.h): a torn last
  * line is cut before anything is appended, whatever its length and
  * wherever the previous newline is; whole lines are never touched; the
- * graceful-stop flag (strata/diag.h) records the first stop signal only. */
+ * graceful-stop flag (strata/diag.h) records the first stop signal only;
+ * the metrics endpoint's exposition text (escaping, nested objects,
+ * non-finite values) and its refusal of a port in use. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -10,6 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 // clang-format off
 #include <cmocka.h> /* after stddef.h, stdarg.h and setjmp.h, which it needs */
 // clang-format on
@@ -127,8 +133,125 @@ static void test_stop_flag(void** state) {
   assert_true(now.sa_handler == g.old[0].sa_handler);
 }
 
+/* One metrics object, every shape the renderer knows: integers, reals,
+ * null (a non-finite value in metrics.jsonl), a boolean, an object of
+ * numbers, an object of objects, and what it leaves out (strings, lists,
+ * empty objects); label values with a backslash, a quote and a newline. */
+static void test_metrics_render(void** state) {
+  (void)state;
+  json_t* m = json_loads("{\"step\": 7, \"loss\": 2.5, \"grad_norm\": null, \"step_time_s\": 0.125,"
+                         " \"tokens_per_s\": 1e6, \"note\": \"x\", \"list\": [1], \"empty\": {}, \"ok\": true,"
+                         " \"peak_live_by_category\": {\"params\": 10, \"a\\\"b\\\\c\\nd\": -3},"
+                         " \"collectives_by_kind\": {\"all_reduce\": {\"count\": 2, \"bytes\": 64},"
+                         " \"all_gather\": {\"bytes\": 8}}, \"odd\": {\"k\": 1.5}}",
+                         0, NULL);
+  assert_non_null(m);
+  st_strbuf b = {0};
+  st_metrics_render(m, "r\"1\\", &b);
+  const char* want =
+      "# HELP strata_step The latest metrics.jsonl value of step (docs/observability.md).\n"
+      "# TYPE strata_step gauge\n"
+      "strata_step{run=\"r\\\"1\\\\\"} 7\n"
+      "# HELP strata_loss The latest metrics.jsonl value of loss (docs/observability.md).\n"
+      "# TYPE strata_loss gauge\n"
+      "strata_loss{run=\"r\\\"1\\\\\"} 2.5\n"
+      "# HELP strata_grad_norm The latest metrics.jsonl value of grad_norm (docs/observability.md).\n"
+      "# TYPE strata_grad_norm gauge\n"
+      "strata_grad_norm{run=\"r\\\"1\\\\\"} NaN\n"
+      "# HELP strata_step_time_seconds The latest metrics.jsonl value of step_time_s (docs/observability.md).\n"
+      "# TYPE strata_step_time_seconds gauge\n"
+      "strata_step_time_seconds{run=\"r\\\"1\\\\\"} 0.125\n"
+      "# HELP strata_tokens_per_second The latest metrics.jsonl value of tokens_per_s (docs/observability.md).\n"
+      "# TYPE strata_tokens_per_second gauge\n"
+      "strata_tokens_per_second{run=\"r\\\"1\\\\\"} 1e6\n"
+      "# HELP strata_ok The latest metrics.jsonl value of ok (docs/observability.md).\n"
+      "# TYPE strata_ok gauge\n"
+      "strata_ok{run=\"r\\\"1\\\\\"} 1\n"
+      "# HELP strata_peak_live_by_category The latest metrics.jsonl value of peak_live_by_category, by category "
+      "(docs/observability.md).\n"
+      "# TYPE strata_peak_live_by_category gauge\n"
+      "strata_peak_live_by_category{run=\"r\\\"1\\\\\",category=\"params\"} 10\n"
+      "strata_peak_live_by_category{run=\"r\\\"1\\\\\",category=\"a\\\"b\\\\c\\nd\"} -3\n"
+      "# HELP strata_collectives_by_kind_count The latest metrics.jsonl value of collectives_by_kind (member count), "
+      "by kind (docs/observability.md).\n"
+      "# TYPE strata_collectives_by_kind_count gauge\n"
+      "strata_collectives_by_kind_count{run=\"r\\\"1\\\\\",kind=\"all_reduce\"} 2\n"
+      "# HELP strata_collectives_by_kind_bytes The latest metrics.jsonl value of collectives_by_kind (member bytes), "
+      "by kind (docs/observability.md).\n"
+      "# TYPE strata_collectives_by_kind_bytes gauge\n"
+      "strata_collectives_by_kind_bytes{run=\"r\\\"1\\\\\",kind=\"all_reduce\"} 64\n"
+      "strata_collectives_by_kind_bytes{run=\"r\\\"1\\\\\",kind=\"all_gather\"} 8\n"
+      "# HELP strata_odd The latest metrics.jsonl value of odd, by key (docs/observability.md).\n"
+      "# TYPE strata_odd gauge\n"
+      "strata_odd{run=\"r\\\"1\\\\\",key=\"k\"} 1.5\n";
+  assert_string_equal(st_strbuf_cstr(&b), want);
+  st_strbuf_free(&b);
+  json_decref(m);
+
+  char v[ST_DOUBLE_CHARS];
+  st_metrics_format_value(NAN, v);
+  assert_string_equal(v, "NaN");
+  st_metrics_format_value(INFINITY, v);
+  assert_string_equal(v, "+Inf");
+  st_metrics_format_value(-INFINITY, v);
+  assert_string_equal(v, "-Inf");
+  st_metrics_format_value(0.1, v);
+  assert_string_equal(v, "0.1");
+  st_metrics_format_value(3.0000000000000004, v);
+  assert_string_equal(v, "3.0000000000000004");
+}
+
+/* A port held by another listener is a config error naming the key and
+ * the port; once free, the same port serves, and a publish merges. */
+static void test_metrics_port_in_use(void** state) {
+  (void)state;
+  if (!st_metrics_server_available()) {
+    st_metrics_server* none = NULL;
+    st_status s = st_metrics_server_start(9, "r", &none);
+    assert_int_equal(st_status_code(s), ST_CODE_CONFIG);
+    assert_non_null(strstr(st_status_message(s), "obs.metrics_port=9: this strata binary was built without"));
+    st_status_free(s);
+    return;
+  }
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(fd >= 0);
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof(a));
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(bind(fd, (struct sockaddr*)&a, sizeof(a)), 0);
+  assert_int_equal(listen(fd, 1), 0);
+  socklen_t len = sizeof(a);
+  assert_int_equal(getsockname(fd, (struct sockaddr*)&a, &len), 0);
+  int port = ntohs(a.sin_port);
+
+  st_metrics_server* srv = NULL;
+  st_status s = st_metrics_server_start(port, "r", &srv);
+  assert_int_equal(st_status_code(s), ST_CODE_CONFIG);
+  char want[96];
+  snprintf(want, sizeof(want), "obs.metrics_port=%d: cannot serve metrics on 127.0.0.1:%d", port, port);
+  assert_non_null(strstr(st_status_message(s), want));
+  assert_null(srv);
+  st_status_free(s);
+  close(fd);
+
+  s = st_metrics_server_start(port, "r", &srv);
+  if (s) fail_msg("%s", st_status_message(s));
+  json_t* m = json_pack("{s:i, s:f}", "step", 3, "loss", 1.5);
+  st_metrics_server_publish(srv, m);
+  st_metrics_server_publish(NULL, m);
+  json_decref(m);
+  st_metrics_server_stop(srv);
+  st_metrics_server_stop(NULL);
+  s = st_metrics_server_start(0, "r", &srv);
+  assert_int_equal(st_status_code(s), ST_CODE_CONFIG);
+  st_status_free(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_metrics_render),
+      cmocka_unit_test(test_metrics_port_in_use),
       cmocka_unit_test(test_repair_tail),
       cmocka_unit_test(test_open_repairs),
       cmocka_unit_test(test_stop_flag),
