@@ -133,7 +133,7 @@ static void st__family_head(st_strbuf* out, const char* name, const char* field,
   }
   if (sub) st_strbuf_printf(out, " (member %s)", sub);
   if (label) st_strbuf_printf(out, ", by %s", label);
-  st_strbuf_append(out, " (docs/observability.md).\n");
+  st_strbuf_append(out, " (docs/using.md).\n");
   st_strbuf_printf(out, "# TYPE %s gauge\n", name);
 }
 
