@@ -268,12 +268,14 @@ static st_status st__status(const char* dir, json_t** out) {
   /* train.steps through the typed options, the one reader of config keys. */
   int64_t total = 0;
   bool have_total = false;
+  int metrics_port = 0;
   if (cfg) {
     st_train_options opts;
     st_status os = st_train_options_from_config(cfg, &opts);
     if (!os) {
       total = opts.steps;
       have_total = true;
+      metrics_port = opts.metrics_port;
     }
     st_status_free(os);
     st_train_options_deinit(&opts);
@@ -289,6 +291,16 @@ static st_status st__status(const char* dir, json_t** out) {
   st_json_put_int(o, "step_time_steps", recent);
   bool eta = running && have_total && recent && total > step;
   st_json_put(o, "eta_s", eta ? st_json_fixed((double)(total - step) * step_time, 1) : json_null());
+  /* The live endpoint serves while the process lives: config.yaml is
+   * rewritten by every attempt before it binds (a port it cannot bind ends
+   * the attempt, exit 2). */
+  if (running && metrics_port > 0) {
+    char url[64];
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d/metrics", metrics_port);
+    st_json_put_str(o, "metrics_url", url);
+  } else {
+    st_json_put(o, "metrics_url", json_null());
+  }
 
   /* The checkpoint a resume would take. */
   st_ckpt* c = NULL;
@@ -372,6 +384,8 @@ static void st__print(const json_t* o) {
     st__human_secs(json_number_value(eta), buf, sizeof(buf));
     printf("ETA          %s\n", buf);
   }
+  const char* murl = json_string_value(json_object_get(o, "metrics_url"));
+  if (murl) printf("metrics      %s\n", murl);
   const char* ck = json_string_value(json_object_get(o, "checkpoint"));
   int64_t invalid = 0;
   st_json_as_int(json_object_get(o, "checkpoints_invalid"), &invalid);

@@ -88,6 +88,11 @@ check "POST /metrics is 405 (got $code)" "[ '$code' = 405 ]"
 check "the port listens on 127.0.0.1 only" "scrape loopback '$PORT'"
 check "the metrics_endpoint event names the URL" \
   "grep -q '\"event\": \"metrics_endpoint\", \"url\": \"http://127.0.0.1:$PORT/metrics\", \"port\": $PORT}' '$d/events.jsonl'"
+"$STRATA" status "$d" >"$TMP/st" 2>&1
+check "strata status names the endpoint while running" "grep -q '^metrics  *http://127.0.0.1:$PORT/metrics$' '$TMP/st'"
+"$STRATA" status "$d" --json >"$TMP/stj" 2>&1
+check "strata status --json: metrics_url" \
+  "python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))[\"metrics_url\"] != sys.argv[2])' '$TMP/stj' '$URL'"
 kill -TERM "$pid"
 wait "$pid"
 rc=$?
@@ -96,5 +101,8 @@ check "SIGTERM stops the run (exit 8, got $rc)" "[ '$rc' = 8 ]"
 if scrape match "$d" "$TMP/s1" >/dev/null 2>"$TMP/m1"; then ok; else bad "first scrape vs metrics.jsonl: $(cat "$TMP/m1")"; fi
 if scrape match "$d" "$TMP/s2" >/dev/null 2>"$TMP/m2"; then ok; else bad "second scrape vs metrics.jsonl: $(cat "$TMP/m2")"; fi
 check "the endpoint is gone with the process" "! curl -sf '$URL' -o /dev/null"
+"$STRATA" status "$d" --json >"$TMP/stj" 2>&1
+check "strata status --json: metrics_url null once stopped" \
+  "python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))[\"metrics_url\"] is not None)' '$TMP/stj'"
 
 finish test_metrics_endpoint.sh
