@@ -34,6 +34,16 @@ void st_metrics_format_value(double x, char out[ST_DOUBLE_CHARS]) {
     st_format_double(x, out);
 }
 
+/* |n| bytes of |s| with characters outside [a-zA-Z0-9_] as '_' (the
+ * format's name syntax; ':' is for recording rules). */
+static void st__append_name(st_strbuf* b, const char* s, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    char c = s[i];
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+    st_strbuf_append_n(b, ok ? &c : "_", 1);
+  }
+}
+
 /* The metric name for field |field| (+ "_" |sub| when given): "strata_",
  * characters outside [a-zA-Z0-9_] as '_', the unit suffixes spelled out. */
 static void st__metric_name(st_strbuf* b, const char* field, const char* sub) {
@@ -48,19 +58,11 @@ static void st__metric_name(st_strbuf* b, const char* field, const char* sub) {
     n -= 2;
     suffix = "_seconds";
   }
-  for (size_t i = 0; i < n; ++i) {
-    char c = field[i];
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
-    st_strbuf_append_n(b, ok ? &c : "_", 1);
-  }
+  st__append_name(b, field, n);
   st_strbuf_append(b, suffix);
   if (sub) {
     st_strbuf_append(b, "_");
-    for (const char* p = sub; *p; ++p) {
-      char c = *p;
-      bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
-      st_strbuf_append_n(b, ok ? &c : "_", 1);
-    }
+    st__append_name(b, sub, strlen(sub));
   }
 }
 
@@ -69,13 +71,8 @@ static void st__metric_name(st_strbuf* b, const char* field, const char* sub) {
 static void st__label_name(st_strbuf* b, const char* field) {
   st_strbuf_reset(b);
   const char* by = strstr(field, "_by_");
-  if (by && by[4] && !(by[4] >= '0' && by[4] <= '9')) {
-    for (const char* p = by + 4; *p && *p != '_'; ++p) {
-      char c = *p;
-      bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
-      st_strbuf_append_n(b, ok ? &c : "_", 1);
-    }
-  }
+  /* A label name may not start with a digit. */
+  if (by && by[4] && !(by[4] >= '0' && by[4] <= '9')) st__append_name(b, by + 4, strcspn(by + 4, "_"));
   if (!b->len) st_strbuf_append(b, "key");
 }
 
