@@ -90,6 +90,30 @@ typedef bool (*st_jsonl_fn)(void* user, json_t* line, int64_t byte);
 st_status st_jsonl_read(const char* path, int64_t tail_bytes, size_t max_line, st_jsonl_fn fn, void* user,
                         st_jsonl_stats* stats);
 
+/*===-------------------------------------------------------------------===*/
+/* strata report: one self-contained HTML page about a run (docs/using.md)  */
+/*===-------------------------------------------------------------------===*/
+
+typedef struct st_report_stats {
+  int64_t step_lines, eval_lines; /* metrics.jsonl lines read */
+  int64_t events;                 /* events.jsonl lines read */
+  int64_t bad_lines;              /* lines of either log skipped (not JSON, not an object, too long) */
+  int points;                     /* step points plotted (thinned beyond 2048) */
+} st_report_stats;
+
+/* The report of run directory |dir| as one HTML page (*out_html owned by
+ * the caller): summary, inline-SVG plots (loss and eval loss against steps
+ * and tokens, lr, grad norm, tokens/s, step time as wait + host, memory by
+ * category, the events on a time axis), sample.txt, checkpoints, context,
+ * resolved config, the events. Every file of |dir| is untrusted: bad log
+ * lines are counted in the page, sizes and counts are bounded, all text is
+ * escaped. No script, and a Content-Security-Policy that loads nothing.
+ * Errors: |dir| is not a folder or has neither log (ST_CODE_CONFIG), a log
+ * cannot be read (ST_CODE_IO). |out_stats| may be NULL. */
+st_status st_report_build(const char* dir, char** out_html, st_report_stats* out_stats);
+/* st_report_build, written atomically to |out_path|. */
+st_status st_report_write(const char* dir, const char* out_path, st_report_stats* out_stats);
+
 /* Progress line on stderr when it is a terminal (or |force|):
  * "step 120/600  loss 1.234  4.1k tok/s  ETA 1m52s". */
 void st_progress_print(bool enabled, int64_t step, int64_t total, double loss, double tokens_per_s, double eta_s);
