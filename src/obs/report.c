@@ -121,6 +121,9 @@ typedef struct st__report {
   int64_t ring_seen; /* events past the head */
   double first_time;
   bool have_time;
+  char* failure;            /* the newest "failed" event's error, cut */
+  int64_t nonfinite_losses; /* step lines whose loss is null (non-finite) */
+  int64_t first_nonfinite_step;
 } st__report;
 
 static double st__get(const json_t* o, const char* key) {
@@ -161,6 +164,7 @@ static bool st__metrics_line(void* user, json_t* m, int64_t byte) {
   r->last_tokens = tokens;
   v[F_TOKENS] = r->tokens_cum;
   v[F_LOSS] = st__get(m, "loss");
+  if (!isfinite(v[F_LOSS]) && !r->nonfinite_losses++) r->first_nonfinite_step = step;
   v[F_LR] = st__get(m, "lr");
   v[F_GNORM] = st__get(m, "grad_norm");
   v[F_TPS] = st__get(m, "tokens_per_s");
@@ -211,6 +215,12 @@ static bool st__events_line(void* user, json_t* ev, int64_t byte) {
   snprintf(e->name, sizeof(e->name), "%s", name ? name : "?");
   e->time = t;
   if (isfinite(t) && !r->have_time) r->first_time = t, r->have_time = true;
+  const char* err = json_string_value(json_object_get(ev, "error"));
+  if (name && !strcmp(name, "failed") && err) {
+    free(r->failure);
+    r->failure = st_xstrdup(err);
+    if (strlen(r->failure) > 4 * ST__EVENT_TEXT) r->failure[4 * ST__EVENT_TEXT] = '\0'; /* the escaper repairs a cut character */
+  }
   json_t* rest = json_deep_copy(ev);
   json_object_del(rest, "time");
   json_object_del(rest, "event");
@@ -452,11 +462,7 @@ static void st__summary(st_strbuf* o, const st__report* r, const st__event* cons
                       : !strcmp(last, "supervisor_done")      ? "ended under strata run (see the events)"
                                                               : "running, or ended without a final event";
   st__row(o, "state", state);
-  for (int i = n; i-- > 0;)
-    if (!strcmp(ev[i]->name, "failed")) {
-      st__row(o, "failure", ev[i]->text);
-      break;
-    }
+  if (r->failure) st__row(o, "failure", r->failure);
   st_strbuf s = {0};
   const json_t* cid = ctx ? json_object_get(ctx, "run_id") : NULL;
   if (json_is_string(cid)) st__row(o, "run id", json_string_value(cid));
@@ -473,6 +479,12 @@ static void st__summary(st_strbuf* o, const st__report* r, const st__event* cons
   if (l) {
     st__num(&s, l[F_LOSS], "%.4f");
     st__row(o, "final train loss", st_strbuf_cstr(&s));
+    st_strbuf_reset(&s);
+  }
+  if (r->nonfinite_losses) {
+    st_strbuf_printf(&s, "%lld step%s (the first at step %lld): gaps in the loss plots", (long long)r->nonfinite_losses,
+                     r->nonfinite_losses == 1 ? "" : "s", (long long)r->first_nonfinite_step);
+    st__row(o, "non-finite loss", st_strbuf_cstr(&s));
     st_strbuf_reset(&s);
   }
   if (r->evals.have_last) {
@@ -744,6 +756,7 @@ st_status st_report_build(const char* dir, char** out_html, st_report_stats* out
   free(ev);
   for (int i = 0; i < ST__MAX_EVENTS; ++i) free(r.events[i].text);
   free(r.events);
+  free(r.failure);
   free(r.steps.pt);
   free(r.evals.pt);
   free(metrics_path);

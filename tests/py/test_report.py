@@ -203,6 +203,9 @@ def test_hostile_run_directory(tmp_path: Path) -> None:
     assert "\x00" not in html and "\x1b" not in html and "\ufffd" in html
     assert "3 bad lines skipped (the first at byte" in html
     assert "ends in an incomplete line" in html
+    assert "<tr><th>non-finite loss</th><td>1 step (the first at step 2)" in html
+    assert "<tr><th>state</th><td>running, or ended without a final event</td></tr>" in html  # the last event is not final
+    assert "<tr><th>failure</th><td>&lt;/pre&gt;&lt;script&gt;alert(1)&lt;/script&gt;&lt;img src=x onerror=alert(2)&gt;</td>" in html
     assert "invalid JSON" in html  # the checkpoint's manifest
     assert_offline(html)
 
