@@ -50,6 +50,7 @@ enum {
   F_HOST,
   F_RECOMPUTE,
   F_TRANSFER,
+  F_COMM_WAIT, /* a mesh only */
   F_PEAK,
   F_PEAK_PRED,
   F_CAT0,
@@ -124,6 +125,7 @@ typedef struct st__report {
   char* failure;            /* the newest "failed" event's error, cut */
   int64_t nonfinite_losses; /* step lines whose loss is null (non-finite) */
   int64_t first_nonfinite_step;
+  bool have_comm; /* some line has comm_wait_s (a mesh) */
 } st__report;
 
 static double st__get(const json_t* o, const char* key) {
@@ -173,6 +175,8 @@ static bool st__metrics_line(void* user, json_t* m, int64_t byte) {
   if (isfinite(v[F_STEP_TIME]) && isfinite(v[F_WAIT])) v[F_HOST] = fmax(0.0, v[F_STEP_TIME] - v[F_WAIT]);
   v[F_RECOMPUTE] = st__get(m, "recompute_s");
   v[F_TRANSFER] = st__get(m, "transfer_s");
+  v[F_COMM_WAIT] = st__get(m, "comm_wait_s");
+  if (isfinite(v[F_COMM_WAIT])) r->have_comm = true;
   v[F_PEAK] = st__get(m, "peak_live_bytes");
   v[F_PEAK_PRED] = st__get(m, "peak_live_bytes_predicted");
   const json_t* cats = json_object_get(m, "peak_live_by_category");
@@ -370,15 +374,17 @@ static void st__step_time_plot(st_strbuf* o, const st__report* r) {
   double* h = st__column(&r->steps, F_HOST);
   double* rc = st__column(&r->steps, F_RECOMPUTE);
   double* tr = st__column(&r->steps, F_TRANSFER);
+  double* cw = st__column(&r->steps, F_COMM_WAIT);
   int n = r->steps.n;
-  st_svg_series s[4] = {{.name = "wait: host blocked on device work", .x = x, .y = w, .n = n, .stacked = true},
+  st_svg_series s[5] = {{.name = "wait: host blocked on device work", .x = x, .y = w, .n = n, .stacked = true},
                         {.name = "host: issue, batch, clip", .x = x, .y = h, .n = n, .stacked = true},
                         {.name = "recompute", .x = x, .y = rc, .n = n, .dashed = true},
-                        {.name = "transfers", .x = x, .y = tr, .n = n, .dashed = true}};
+                        {.name = "transfers", .x = x, .y = tr, .n = n, .dashed = true},
+                        {.name = "communication wait", .x = x, .y = cw, .n = n, .dashed = true}};
   st_svg_plot p = {.id = "plot-step-time", .title = "Step time: wait + host = step_time_s", .x_label = "step",
                    .y_label = "seconds", .y_zero = true};
-  st_svg_lines(o, &p, s, 4);
-  free(x), free(w), free(h), free(rc), free(tr);
+  st_svg_lines(o, &p, s, r->have_comm ? 5 : 4);
+  free(x), free(w), free(h), free(rc), free(tr), free(cw);
 }
 
 static void st__memory_plot(st_strbuf* o, const st__report* r) {
@@ -730,7 +736,8 @@ st_status st_report_build(const char* dir, char** out_html, st_report_stats* out
                      "&minus; <code>wait_s</code>, the host issuing launches and copies, filling the batch and clipping, "
                      "while the device computes behind it. strata does not time device compute on its own; "
                      "<code>recompute_s</code> (recomputed forwards) and <code>transfer_s</code> (copies in flight) are "
-                     "device times that overlap both bands. Memory: the accounted live bytes by category at the step's "
+                     "device times that overlap both bands; on a mesh, <code>comm_wait_s</code> (communication nothing hid). "
+                     "Memory: the accounted live bytes by category at the step's "
                      "peak (<code>peak_live_by_category</code>), the dashed line the plan's prediction.</p>\n");
 
     st__text_file(&o, dir, "sample.txt", "Sample", "no sample");

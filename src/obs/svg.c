@@ -186,7 +186,17 @@ void st_svg_lines(st_strbuf* o, const st_svg_plot* p, const st_svg_series* serie
     }
   }
   st__open(o, p, ST__H, !any);
-  double x0 = ST__L, x1 = ST__W - ST__R, y0 = ST__H - ST__B, y1 = ST__T;
+  /* The legend's rows under the title: items wrap at the right edge. */
+  double legend_x[64], legend_y[64];
+  int rows = 1;
+  double lx = 8;
+  for (int k = 0; k < count && k < 64; ++k) {
+    double w = 16 + 6.2 * (double)strlen(series[k].name ? series[k].name : "") + 14;
+    if (lx > 8 && lx + w > ST__W - ST__R) lx = 8, ++rows;
+    legend_x[k] = lx, legend_y[k] = 26 + 14.0 * (rows - 1);
+    lx += w;
+  }
+  double x0 = ST__L, x1 = ST__W - ST__R, y0 = ST__H - ST__B, y1 = ST__T + 14.0 * (rows - 1);
   if (!any) {
     st__axes(o, p, x0, x1, y0, y1, NULL, NULL);
     st_strbuf_printf(o, "<text class=\"label\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">no data</text>\n</svg>\n", (x0 + x1) / 2,
@@ -204,15 +214,14 @@ void st_svg_lines(st_strbuf* o, const st_svg_plot* p, const st_svg_series* serie
   st__axes(o, p, x0, x1, y0, y1, &rx, &ry);
 #define PX(x) (x0 + ((x) - rx.lo) / (rx.hi - rx.lo) * (x1 - x0))
 #define PY(y) (y0 - ((y) - ry.lo) / (ry.hi - ry.lo) * (y0 - y1))
-  /* Legend: one row under the title. */
-  double lx = 8;
-  for (int s = 0; s < count; ++s) {
+  for (int s = 0; s < count && s < 64; ++s) {
     const char* col = kColors[s % ST__NCOLORS];
-    st_strbuf_printf(o, "<rect x=\"%.1f\" y=\"26\" width=\"12\" height=\"8\" fill=\"%s\"/><text class=\"legend\" x=\"%.1f\" y=\"34\">",
-                     lx, col, lx + 16);
+    st_strbuf_printf(o,
+                     "<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"8\" fill=\"%s\"/><text class=\"legend\" x=\"%.1f\" "
+                     "y=\"%.1f\">",
+                     legend_x[s], legend_y[s], col, legend_x[s] + 16, legend_y[s] + 8);
     st__esc(o, series[s].name);
     st_strbuf_append(o, "</text>\n");
-    lx += 16 + 6.2 * (double)strlen(series[s].name ? series[s].name : "") + 14;
   }
   if (sum) memset(sum, 0, (size_t)stack_n * sizeof(double));
   for (int s = 0; s < count; ++s) {

@@ -132,6 +132,7 @@ def test_report_renders_in_chromium(run_dir: Path, tmp_path: Path) -> None:
         assert f"<h2>{h}</h2>" in html
     assert "Once upon a &lt;time&gt; &amp; &quot;place&quot;" in html
     assert "step_12 (LATEST)" in html and "step_6" in html
+    assert "communication wait" not in html  # one device: no comm_wait_s
     assert "config_hash" in html and "git_commit" in html and "train:\n  steps: 12" in html
     found = browser_check(out, tmp_path)
     assert problems(found, PLOTS) == []
@@ -218,7 +219,8 @@ def test_single_step_and_empty_runs(tmp_path: Path) -> None:
     (d / "metrics.jsonl").write_text(_line({"step": 1, "loss": 3.0, "lr": 0.1, "grad_norm": 1.0, "tokens": 8,
                                             "step_time_s": 0.5, "tokens_per_s": 16.0, "wait_s": 0.4,
                                             "peak_live_bytes": 100, "peak_live_bytes_predicted": 100,
-                                            "peak_live_by_category": {"params": 60, "activations": 40}}))
+                                            "peak_live_by_category": {"params": 60, "activations": 40},
+                                            "comm_wait_s": 0.1}))
     _strata("report", str(d))
     html = (d / "report.html").read_text(encoding="utf-8")
     for pid in ["plot-loss-steps", "plot-lr", "plot-grad-norm", "plot-tokens-per-s", "plot-step-time", "plot-memory"]:
@@ -227,6 +229,7 @@ def test_single_step_and_empty_runs(tmp_path: Path) -> None:
         assert re.search(r' d="M[-0-9. ]', svg), pid
         assert "data-empty" not in svg and "nan" not in svg.lower(), pid
     assert "no sample" in html and "no checkpoints" in html
+    assert ">communication wait</text>" in html  # a mesh's comm_wait_s gets its line
     e = tmp_path / "empty"
     e.mkdir()
     (e / "events.jsonl").write_text("")
