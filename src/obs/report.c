@@ -233,7 +233,7 @@ static bool st__events_line(void* user, json_t* ev, int64_t byte) {
   json_decref(rest);
   if (strlen(text) > ST__EVENT_TEXT) {
     /* Cut on a UTF-8 boundary and mark it. */
-    size_t k = ST__EVENT_TEXT;
+    size_t k = ST__EVENT_TEXT - 3; /* room for the 3-byte ellipsis and the NUL within the text */
     while (k > 0 && ((unsigned char)text[k] & 0xc0) == 0x80) --k;
     memcpy(text + k, "\xe2\x80\xa6", 4);
   }

@@ -202,12 +202,42 @@ static void test_jsonl_read(void** state) {
   free(dir);
 }
 
+/* st_report_build: event details are cut to 300 bytes with an ellipsis;
+ * texts of every length around the cut (one of them ends up 1 byte over)
+ * must stay inside their buffer (ASan), and the page names the run. */
+static void test_report_event_cut(void** state) {
+  (void)state;
+  char* dir = tu_tmpdir("report");
+  char* path = st_path_join(dir, "events.jsonl");
+  st_strbuf b = {0};
+  for (int n = 230; n < 300; ++n) { /* dumped lengths 270 to 350 bytes */
+    st_strbuf_append(&b, "{\"time\": 1, \"event\": \"e\", \"k\": \"");
+    for (int i = 0; i < n; ++i) st_strbuf_append(&b, i % 7 ? "x" : "\u00e9");
+    st_strbuf_append(&b, "\"}\n");
+  }
+  assert_int_equal(tu_write_file(path, b.data, b.len), 0);
+  char* html = NULL;
+  st_report_stats stats;
+  st_status s = st_report_build(dir, &html, &stats);
+  if (s) fail_msg("%s", st_status_message(s));
+  assert_int_equal(stats.events, 70);
+  assert_non_null(strstr(html, "\xe2\x80\xa6</td>"));
+  assert_non_null(strstr(html, "no data"));
+  free(html);
+  ASSERT_ERROR(st_report_build(path, &html, NULL), ST_CODE_CONFIG, "is not a folder");
+  st_strbuf_free(&b);
+  free(path);
+  tu_rmtree(dir);
+  free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_repair_tail),
       cmocka_unit_test(test_open_repairs),
       cmocka_unit_test(test_stop_flag),
       cmocka_unit_test(test_jsonl_read),
+      cmocka_unit_test(test_report_event_cut),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
