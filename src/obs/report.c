@@ -295,10 +295,6 @@ static void st__utc(double t, char* out, size_t n) {
   strftime(out, n, "%Y-%m-%d %H:%M:%S UTC", &tm);
 }
 
-static void st__esc(st_strbuf* o, const char* s) {
-  if (s) st__html_escape(o, s, strlen(s));
-}
-
 static void st__num(st_strbuf* o, double v, const char* fmt) {
   if (isfinite(v)) st_strbuf_printf(o, fmt, v);
   else st_strbuf_append(o, "–");
@@ -441,9 +437,9 @@ static void st__timeline(st_strbuf* o, const st__report* r, const st__event* con
 
 static void st__row(st_strbuf* o, const char* key, const char* value) {
   st_strbuf_append(o, "<tr><th>");
-  st__esc(o, key);
+  st__html_text(o, key);
   st_strbuf_append(o, "</th><td>");
-  st__esc(o, value);
+  st__html_text(o, value);
   st_strbuf_append(o, "</td></tr>\n");
 }
 
@@ -451,7 +447,7 @@ static void st__bad_note(st_strbuf* o, const char* file, const st_jsonl_stats* j
   if (js->bad) {
     st_strbuf_printf(o, "<p class=\"warn\">%s: %lld bad line%s skipped (the first at byte %lld: ", file, (long long)js->bad,
                      js->bad == 1 ? "" : "s", (long long)js->first_bad_byte);
-    st__esc(o, js->first_bad_why);
+    st__html_text(o, js->first_bad_why);
     st_strbuf_append(o, ")</p>\n");
   }
   if (js->torn)
@@ -520,7 +516,7 @@ static void st__summary(st_strbuf* o, const st__report* r, const st__event* cons
 
 static void st__json_value(st_strbuf* o, const json_t* v) {
   if (json_is_string(v)) {
-    st__esc(o, json_string_value(v));
+    st__html_text(o, json_string_value(v));
     return;
   }
   char* text = st_json_dump(v, 0);
@@ -547,7 +543,7 @@ static void st__context(st_strbuf* o, const char* dir, json_t** out_ctx) {
     st_status s = st_json_parse(text, size, "context.json", &ctx);
     if (s || !json_is_object(ctx)) {
       st_strbuf_append(o, "<p class=\"warn\">context.json is not a JSON object: ");
-      st__esc(o, s ? st_status_message(s) : "");
+      st__html_text(o, s ? st_status_message(s) : "");
       st_strbuf_append(o, "</p>\n");
       st_status_free(s);
       json_decref(ctx);
@@ -558,7 +554,7 @@ static void st__context(st_strbuf* o, const char* dir, json_t** out_ctx) {
       json_t* val;
       json_object_foreach(ctx, key, val) {
         st_strbuf_append(o, "<tr><th>");
-        st__esc(o, key);
+        st__html_text(o, key);
         st_strbuf_append(o, "</th><td class=\"ev\">");
         st__json_value(o, val);
         st_strbuf_append(o, "</td></tr>\n");
@@ -597,7 +593,7 @@ static void st__checkpoints(st_strbuf* o, const char* dir) {
   st_status s = st_fs_is_dir(root) ? st_ckpt_list(root, &e, &n) : ST_OK;
   if (s) {
     st_strbuf_append(o, "<p class=\"warn\">");
-    st__esc(o, st_status_message(s));
+    st__html_text(o, st_status_message(s));
     st_strbuf_append(o, "</p>\n");
     st_status_free(s);
   } else if (n == 0) {
@@ -622,7 +618,7 @@ static void st__checkpoints(st_strbuf* o, const char* dir) {
       else
         ms = st_ckpt_parse_manifest(e[i].dir, text, size, &c);
       st_strbuf_append(o, "<tr><td>");
-      st__esc(o, e[i].name);
+      st__html_text(o, e[i].name);
       if (latest && !strcmp(latest, e[i].name)) st_strbuf_append(o, " (LATEST)");
       st_strbuf_printf(o, "</td><td class=\"num\">%lld</td><td>", (long long)e[i].step);
       if (c) {
@@ -638,7 +634,7 @@ static void st__checkpoints(st_strbuf* o, const char* dir) {
         st_strbuf_append(o, "</td><td>ok");
       } else {
         st_strbuf_append(o, "</td><td></td><td></td><td class=\"warn\">");
-        st__esc(o, st_status_message(ms));
+        st__html_text(o, st_status_message(ms));
       }
       st_strbuf_append(o, "</td></tr>\n");
       st_status_free(ms);
@@ -665,9 +661,9 @@ static void st__events_table(st_strbuf* o, const st__report* r, const st__event*
     st_strbuf_append(o, "<tr><td class=\"num\">");
     st__num(o, r->have_time ? ev[i]->time - r->first_time : NAN, "%.3f");
     st_strbuf_append(o, "</td><td>");
-    st__esc(o, ev[i]->name);
+    st__html_text(o, ev[i]->name);
     st_strbuf_append(o, "</td><td class=\"ev\">");
-    st__esc(o, ev[i]->text);
+    st__html_text(o, ev[i]->text);
     st_strbuf_append(o, "</td></tr>\n");
   }
   st_strbuf_append(o, "</table>\n");
@@ -709,9 +705,9 @@ st_status st_report_build(const char* dir, char** out_html, st_report_stats* out
                      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
                      "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">\n"
                      "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>strata report: ");
-    st__esc(&o, base);
+    st__html_text(&o, base);
     st_strbuf_printf(&o, "</title>\n<style>\n%s</style>\n</head>\n<body>\n<h1>strata report: ", kStyle);
-    st__esc(&o, dir);
+    st__html_text(&o, dir);
     st_strbuf_append(&o, "</h1>\n");
     /* The context is read first (the summary names the run id) but shown later. */
     st_strbuf ctx_html = {0};

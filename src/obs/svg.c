@@ -70,7 +70,7 @@ void st__html_escape(st_strbuf* out, const char* s, size_t n) {
 #undef ST__FLUSH
 }
 
-static void st__esc(st_strbuf* out, const char* s) {
+void st__html_text(st_strbuf* out, const char* s) {
   if (s) st__html_escape(out, s, strlen(s));
 }
 
@@ -141,25 +141,25 @@ static void st__axes(st_strbuf* o, const st_svg_plot* p, double x0, double x1, d
     }
   }
   st_strbuf_append(o, "<text class=\"title\" x=\"8\" y=\"17\">");
-  st__esc(o, p->title);
+  st__html_text(o, p->title);
   st_strbuf_append(o, "</text>\n");
   if (p->x_label) {
     st_strbuf_printf(o, "<text class=\"label\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">", (x0 + x1) / 2, ST__H - 6);
-    st__esc(o, p->x_label);
+    st__html_text(o, p->x_label);
     st_strbuf_append(o, "</text>\n");
   }
   if (p->y_label) {
     st_strbuf_printf(o, "<text class=\"label\" transform=\"translate(14 %.1f) rotate(-90)\" text-anchor=\"middle\">", (y0 + y1) / 2);
-    st__esc(o, p->y_label);
+    st__html_text(o, p->y_label);
     st_strbuf_append(o, "</text>\n");
   }
 }
 
 static void st__open(st_strbuf* o, const st_svg_plot* p, double h, bool empty) {
   st_strbuf_append(o, "<svg class=\"plot\" id=\"");
-  st__esc(o, p->id);
+  st__html_text(o, p->id);
   st_strbuf_printf(o, "\" viewBox=\"0 0 %.0f %.0f\" role=\"img\"%s aria-label=\"", ST__W, h, empty ? " data-empty=\"1\"" : "");
-  st__esc(o, p->title);
+  st__html_text(o, p->title);
   st_strbuf_append(o, "\">\n");
 }
 
@@ -220,7 +220,7 @@ void st_svg_lines(st_strbuf* o, const st_svg_plot* p, const st_svg_series* serie
                      "<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"8\" fill=\"%s\"/><text class=\"legend\" x=\"%.1f\" "
                      "y=\"%.1f\">",
                      legend_x[s], legend_y[s], col, legend_x[s] + 16, legend_y[s] + 8);
-    st__esc(o, series[s].name);
+    st__html_text(o, series[s].name);
     st_strbuf_append(o, "</text>\n");
   }
   if (sum) memset(sum, 0, (size_t)stack_n * sizeof(double));
@@ -261,7 +261,7 @@ void st_svg_lines(st_strbuf* o, const st_svg_plot* p, const st_svg_series* serie
       if (d.len)
         st_strbuf_printf(o, "<path class=\"line%s\" stroke=\"%s\" d=\"%s\"><title>", se->dashed ? " dashed" : "", col, st_strbuf_cstr(&d));
       if (d.len) {
-        st__esc(o, se->name);
+        st__html_text(o, se->name);
         st_strbuf_append(o, "</title></path>\n");
       }
     }
@@ -296,7 +296,7 @@ void st_svg_timeline(st_strbuf* o, const st_svg_plot* p, const char* const* lane
   for (int l = 0; l < lane_count; ++l) {
     double cy = y1 + ST__LANE_H * (l + 0.5);
     st_strbuf_printf(o, "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">", x0 - 5, cy + 4);
-    st__esc(o, lanes[l]);
+    st__html_text(o, lanes[l]);
     st_strbuf_append(o, "</text>\n");
   }
   for (int i = 0; i < count; ++i) {
@@ -306,7 +306,7 @@ void st_svg_timeline(st_strbuf* o, const st_svg_plot* p, const char* const* lane
     double cy = y1 + ST__LANE_H * (m->lane + 0.5);
     st_strbuf_printf(o, "<path class=\"mark\" fill=\"%s\" d=\"M%.1f %.1f l5 6 l-5 6 l-5 -6 Z\"><title>",
                      kColors[m->lane % ST__NCOLORS], px, cy - 6);
-    st__esc(o, m->label);
+    st__html_text(o, m->label);
     st_strbuf_append(o, "</title></path>\n");
   }
   st_strbuf_append(o, "</svg>\n");

@@ -12,6 +12,8 @@
  * double quotes): & < > " ' escaped, bytes that are not UTF-8 and control
  * characters other than tab and newline become U+FFFD. */
 void st__html_escape(st_strbuf* out, const char* s, size_t n);
+/* st__html_escape of the C string |s| (NULL appends nothing). */
+void st__html_text(st_strbuf* out, const char* s);
 
 /* One series: |n| points (borrowed). A non-finite x or y breaks the line
  * there. A stacked series is drawn as a band on top of the stacked series

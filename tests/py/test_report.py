@@ -244,6 +244,25 @@ def test_single_step_and_empty_runs(tmp_path: Path) -> None:
     assert r.returncode == 2 and "usage: strata report RUN_DIR [--out FILE]" in r.stderr
 
 
+def test_resumed_run_tokens(tmp_path: Path) -> None:
+    """Steps 1-5, then a resume from step 3's checkpoint repeats 4 and 5 and
+    goes on to 6: tokens restart from step x tokens per step, and the eval
+    after step 6 sits at 6 x 100 tokens."""
+    d = tmp_path / "resumed"
+    d.mkdir()
+    lines = [{"step": s, "loss": 1.0, "tokens": 100} for s in (1, 2, 3, 4, 5, 4, 5, 6)] + [{"step": 6, "eval_loss": 0.9}]
+    (d / "metrics.jsonl").write_text("".join(_line(x) for x in lines))
+    _strata("report", str(d))
+    html = (d / "report.html").read_text(encoding="utf-8")
+    assert "8 step lines, last step 6, 600 tokens" in html
+    svg = html[html.index('id="plot-loss-tokens"'):]
+    svg = svg[:svg.index("</svg>")]
+    # The eval loss is a single point: a dot at the right edge, where the train line ends.
+    paths = re.findall(r' d="([^"]*)"', svg)
+    assert len(paths) == 2 and paths[1].startswith("M") and " a2.5" in paths[1]
+    assert paths[0].split(" L")[-1].split()[0] == paths[1][1:].split()[0]
+
+
 def test_long_run_is_thinned(tmp_path: Path) -> None:
     """100k step lines: at most 2048 + 1 points per series, the last step kept."""
     d = tmp_path / "long"
