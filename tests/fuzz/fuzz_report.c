@@ -15,11 +15,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "strata/base.h"
 #include "strata/obs.h"
 
 static char g_dir[64];
+
+/* The scratch run directory goes when the fuzzer exits. */
+static void cleanup(void) {
+  static const char* const names[] = {"metrics.jsonl", "events.jsonl", "sample.txt"};
+  char path[128];
+  for (int i = 0; i < 3; ++i) {
+    snprintf(path, sizeof(path), "%s/%s", g_dir, names[i]);
+    unlink(path);
+  }
+  rmdir(g_dir);
+}
 
 static void put(const char* name, const uint8_t* p, size_t n) {
   char path[128];
@@ -50,6 +62,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!g_dir[0]) {
     snprintf(g_dir, sizeof(g_dir), "/tmp/fuzz_report_XXXXXX");
     if (!mkdtemp(g_dir)) abort();
+    atexit(cleanup);
   }
   const uint8_t* parts[3] = {data, data + size, data + size};
   size_t lens[3] = {size, 0, 0};
