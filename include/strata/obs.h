@@ -62,6 +62,58 @@ st_status st_runlog_event(st_runlog* log, const char* name, json_t* fields);
 /* Appends |object| (stolen) as one line of metrics.jsonl. */
 st_status st_runlog_metrics(st_runlog* log, json_t* object);
 
+/*===-------------------------------------------------------------------===*/
+/* Reading the logs back (strata status, strata report)                     */
+/*===-------------------------------------------------------------------===*/
+
+/* What st_jsonl_read saw. */
+typedef struct st_jsonl_stats {
+  int64_t lines;             /* objects handed to the callback */
+  int64_t bad;               /* lines skipped: not JSON, not an object, longer than max_line */
+  int64_t first_bad_byte;    /* file offset of the first of them; -1 when none */
+  const char* first_bad_why; /* "not JSON", "not a JSON object", "too long" (static); NULL when none */
+  bool torn;                 /* bytes after the last newline (a line being written, or cut by a crash): not read */
+  int64_t skipped_bytes;     /* bytes before the tail window, not read */
+} st_jsonl_stats;
+
+/* Called per line with the parsed object (borrowed: json_incref to keep it)
+ * and the line's file offset; returns false to stop reading. */
+typedef bool (*st_jsonl_fn)(void* user, json_t* line, int64_t byte);
+
+/* Streams JSON-lines file |path| (untrusted): each complete line that is a
+ * JSON object goes to |fn|, oldest first; empty lines are ignored, bad ones
+ * counted in |stats| and skipped. Only the bytes present at open are read;
+ * |tail_bytes| > 0 reads only the last that many (the cut first line
+ * dropped). Memory is bounded by |max_line| (+64 KiB), whatever the file's
+ * size. Errors: the file cannot be read (ST_CODE_IO) or is not a regular
+ * file (ST_CODE_CONFIG); a bad line is never an error here. */
+st_status st_jsonl_read(const char* path, int64_t tail_bytes, size_t max_line, st_jsonl_fn fn, void* user,
+                        st_jsonl_stats* stats);
+
+/*===-------------------------------------------------------------------===*/
+/* strata report: one self-contained HTML page about a run (docs/using.md)  */
+/*===-------------------------------------------------------------------===*/
+
+typedef struct st_report_stats {
+  int64_t step_lines, eval_lines; /* metrics.jsonl lines read */
+  int64_t events;                 /* events.jsonl lines read */
+  int64_t bad_lines;              /* lines of either log skipped (not JSON, not an object, too long) */
+  int points;                     /* step points plotted (thinned beyond 2048) */
+} st_report_stats;
+
+/* The report of run directory |dir| as one HTML page (*out_html owned by
+ * the caller): summary, inline-SVG plots (loss and eval loss against steps
+ * and tokens, lr, grad norm, tokens/s, step time as wait + host, memory by
+ * category, the events on a time axis), sample.txt, checkpoints, context,
+ * resolved config, the events. Every file of |dir| is untrusted: bad log
+ * lines are counted in the page, sizes and counts are bounded, all text is
+ * escaped. No script, and a Content-Security-Policy that loads nothing.
+ * Errors: |dir| is not a folder or has neither log (ST_CODE_CONFIG), a log
+ * cannot be read (ST_CODE_IO). |out_stats| may be NULL. */
+st_status st_report_build(const char* dir, char** out_html, st_report_stats* out_stats);
+/* st_report_build, written atomically to |out_path|. */
+st_status st_report_write(const char* dir, const char* out_path, st_report_stats* out_stats);
+
 /* Progress line on stderr when it is a terminal (or |force|):
  * "step 120/600  loss 1.234  4.1k tok/s  ETA 1m52s". */
 void st_progress_print(bool enabled, int64_t step, int64_t total, double loss, double tokens_per_s, double eta_s);

@@ -5,14 +5,10 @@
  * probed (st_runlog_dir_holder), the logs are read from their tails only,
  * so a run being trained is never disturbed and a huge metrics.jsonl costs
  * at most ST__TAIL bytes. */
-#include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "cli/cli_util.h"
 #include "cli/commands.h"
@@ -33,76 +29,36 @@ static const char* kUsage =
 /* Step lines averaged for the ETA's step time. */
 #define ST__RECENT 10
 
+static bool st__keep_line(void* user, json_t* line, int64_t byte) {
+  (void)byte;
+  st_json_push((json_t*)user, json_incref(line));
+  return true;
+}
+
 /* The complete lines among the last ST__TAIL bytes of |path|, parsed, oldest
  * first (a new array). *out_torn: the file ends in bytes after its last
- * newline (a line being written, or cut by a crash). */
+ * newline (a line being written, or cut by a crash). A line that is not a
+ * JSON object is an error: this is not a strata run log. */
 static st_status st__tail_lines(const char* path, json_t** out, bool* out_torn) {
   *out = NULL;
   *out_torn = false;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return st_status_make(ST_CODE_IO, "strata status: cannot read '%s': %s; check its permissions", path, strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
-    return st_status_make(ST_CODE_CONFIG, "strata status: '%s' is not a regular file; is this a run directory?", path);
-  }
-  off_t start = st.st_size > ST__TAIL ? st.st_size - ST__TAIL : 0;
-  size_t want = (size_t)(st.st_size - start);
-  char* buf = st_xmalloc(want + 1);
-  size_t got = 0;
-  while (got < want) {
-    ssize_t n = pread(fd, buf + got, want - got, start + (off_t)got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int e = errno;
-      close(fd);
-      free(buf);
-      return st_status_make(ST_CODE_IO, "strata status: cannot read '%s': %s", path, strerror(e));
-    }
-    if (n == 0) break; /* shrank meanwhile: use what is there */
-    got += (size_t)n;
-  }
-  close(fd);
-  buf[got] = '\0';
-  size_t begin = 0;
-  /* Mid-file: the first bytes are the end of a line cut by the window. */
-  if (start > 0) {
-    char* nl = memchr(buf, '\n', got);
-    begin = nl ? (size_t)(nl - buf) + 1 : got;
-  }
-  size_t end = got;
-  while (end > begin && buf[end - 1] != '\n') --end;
-  *out_torn = got > 0 && buf[got - 1] != '\n';
   json_t* lines = st_json_arr();
-  st_status s = ST_OK;
-  for (size_t p = begin; p < end && !s;) {
-    char* nl = memchr(buf + p, '\n', end - p);
-    size_t len = (size_t)(nl - (buf + p));
-    if (len > 0) {
-      json_t* v = NULL;
-      s = st_json_parse(buf + p, len, path, &v);
-      if (s) {
-        st_status_free(s);
-        s = st_status_make(ST_CODE_CONFIG,
-                           "strata status: '%s' holds a line that is not JSON (at byte %lld); it is not a strata run log, or "
-                           "was edited",
-                           path, (long long)(start + (off_t)p));
-      } else if (!json_is_object(v)) {
-        json_decref(v);
-        s = st_status_make(ST_CODE_CONFIG, "strata status: '%s' holds a line that is not a JSON object; it is not a strata run log",
-                           path);
-      } else {
-        st_json_push(lines, v);
-      }
-    }
-    p += len + 1;
-  }
-  free(buf);
+  st_jsonl_stats js;
+  st_status s = st_jsonl_read(path, ST__TAIL, ST__TAIL, st__keep_line, lines, &js);
+  if (s) s = st_status_annotate(s, "strata status");
+  else if (js.bad && !strcmp(js.first_bad_why, "not a JSON object"))
+    s = st_status_make(ST_CODE_CONFIG, "strata status: '%s' holds a line that is not a JSON object; it is not a strata run log",
+                       path);
+  else if (js.bad)
+    s = st_status_make(ST_CODE_CONFIG,
+                       "strata status: '%s' holds a line that is not JSON (at byte %lld); it is not a strata run log, or "
+                       "was edited",
+                       path, (long long)js.first_bad_byte);
   if (s) {
     json_decref(lines);
     return s;
   }
+  *out_torn = js.torn;
   *out = lines;
   return ST_OK;
 }

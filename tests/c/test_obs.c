@@ -248,6 +248,110 @@ static void test_metrics_port_in_use(void** state) {
   st_status_free(s);
 }
 
+/* st_jsonl_read: what it hands over and counts, for every way a line can
+ * be bad, with a line bound smaller than the reader's 64 KiB chunk and
+ * larger, and through a tail window that starts mid-line. */
+typedef struct jl_seen {
+  int n;
+  int64_t steps[16];
+  int64_t bytes[16];
+  int stop_after;
+} jl_seen;
+
+static bool jl_keep(void* user, json_t* line, int64_t byte) {
+  jl_seen* s = user;
+  int64_t step = -1;
+  st_json_as_int(json_object_get(line, "step"), &step);
+  if (s->n < 16) s->steps[s->n] = step, s->bytes[s->n] = byte;
+  s->n++;
+  return s->stop_after == 0 || s->n < s->stop_after;
+}
+
+static void test_jsonl_read(void** state) {
+  (void)state;
+  char* dir = tu_tmpdir("jsonl");
+  char* path = st_path_join(dir, "m.jsonl");
+  st_strbuf b = {0};
+  st_strbuf_append(&b, "{\"step\": 1}\n\nnot json\n[1]\n{\"step\": 2}\n");
+  size_t long_at = b.len;
+  st_strbuf_append(&b, "{\"step\": 3, \"pad\": \"");
+  for (int i = 0; i < 200000; ++i) st_strbuf_append(&b, "x");
+  st_strbuf_append(&b, "\"}\n{\"step\": 4}\n{\"step\": 5");
+  assert_int_equal(tu_write_file(path, b.data, b.len), 0);
+  for (int pass = 0; pass < 2; ++pass) {
+    /* pass 0: a 1 KiB bound (the 200 kB line is too long); pass 1: 1 MiB (it is read). */
+    jl_seen seen = {0};
+    st_jsonl_stats js;
+    st_status s = st_jsonl_read(path, 0, pass ? 1 << 20 : 1024, jl_keep, &seen, &js);
+    if (s) fail_msg("%s", st_status_message(s));
+    assert_int_equal(seen.n, pass ? 4 : 3);
+    assert_int_equal(seen.steps[0], 1);
+    assert_int_equal(seen.bytes[0], 0);
+    assert_int_equal(seen.steps[1], 2);
+    assert_int_equal(seen.steps[pass ? 3 : 2], 4);
+    if (pass) assert_int_equal(seen.bytes[2], (int64_t)long_at);
+    assert_int_equal(js.lines, seen.n);
+    assert_int_equal(js.bad, pass ? 2 : 3);
+    assert_int_equal(js.first_bad_byte, 13);
+    assert_string_equal(js.first_bad_why, "not JSON");
+    assert_true(js.torn);
+    assert_int_equal(js.skipped_bytes, 0);
+  }
+  /* A tail window starting inside the long line: that line's end is dropped, not bad. */
+  jl_seen seen = {0};
+  st_jsonl_stats js;
+  st_status s = st_jsonl_read(path, 1000, 1024, jl_keep, &seen, &js);
+  if (s) fail_msg("%s", st_status_message(s));
+  assert_int_equal(seen.n, 1);
+  assert_int_equal(seen.steps[0], 4);
+  assert_int_equal(js.bad, 0);
+  assert_true(js.torn);
+  assert_int_equal(js.skipped_bytes, (int64_t)b.len - 1000);
+  /* The callback stops the read. */
+  jl_seen first = {.stop_after = 1};
+  s = st_jsonl_read(path, 0, 1024, jl_keep, &first, &js);
+  if (s) fail_msg("%s", st_status_message(s));
+  assert_int_equal(first.n, 1);
+  /* Not a file. */
+  ASSERT_ERROR(st_jsonl_read(dir, 0, 1024, jl_keep, &seen, &js), ST_CODE_CONFIG, "is not a regular file");
+  char* missing = st_path_join(dir, "none.jsonl");
+  ASSERT_ERROR(st_jsonl_read(missing, 0, 1024, jl_keep, &seen, &js), ST_CODE_IO, "cannot read");
+  free(missing);
+  st_strbuf_free(&b);
+  free(path);
+  tu_rmtree(dir);
+  free(dir);
+}
+
+/* st_report_build: event details are cut to 300 bytes with an ellipsis;
+ * texts of every length around the cut (one of them ends up 1 byte over)
+ * must stay inside their buffer (ASan), and the page names the run. */
+static void test_report_event_cut(void** state) {
+  (void)state;
+  char* dir = tu_tmpdir("report");
+  char* path = st_path_join(dir, "events.jsonl");
+  st_strbuf b = {0};
+  for (int n = 230; n < 300; ++n) { /* dumped lengths 270 to 350 bytes */
+    st_strbuf_append(&b, "{\"time\": 1, \"event\": \"e\", \"k\": \"");
+    for (int i = 0; i < n; ++i) st_strbuf_append(&b, i % 7 ? "x" : "\u00e9");
+    st_strbuf_append(&b, "\"}\n");
+  }
+  assert_int_equal(tu_write_file(path, b.data, b.len), 0);
+  char* html = NULL;
+  st_report_stats stats;
+  st_status s = st_report_build(dir, &html, &stats);
+  if (s) fail_msg("%s", st_status_message(s));
+  assert_int_equal(stats.events, 70);
+  assert_non_null(strstr(html, "\xe2\x80\xa6</td>"));
+  assert_non_null(strstr(html, "no data"));
+  free(html);
+  ASSERT_ERROR(st_report_build(path, &html, NULL), ST_CODE_CONFIG, "is not a folder");
+  st_strbuf_free(&b);
+  free(path);
+  tu_rmtree(dir);
+  free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_metrics_render),
@@ -255,6 +359,8 @@ int main(void) {
       cmocka_unit_test(test_repair_tail),
       cmocka_unit_test(test_open_repairs),
       cmocka_unit_test(test_stop_flag),
+      cmocka_unit_test(test_jsonl_read),
+      cmocka_unit_test(test_report_event_cut),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

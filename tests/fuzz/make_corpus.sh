@@ -37,7 +37,7 @@ dict_line() { printf '"%s"\n' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'
 } >"$out/config.dict"
 
 # --- committed seeds ------------------------------------------------------
-for t in safetensors ckpt_manifest bundle tokens json mlir_sig config; do
+for t in safetensors ckpt_manifest bundle tokens json mlir_sig config report; do
   mkdir -p "$out/$t"
   if [ -d "tests/fuzz/corpus/$t" ]; then cp tests/fuzz/corpus/"$t"/* "$out/$t/"; fi
 done
@@ -63,6 +63,13 @@ json_syntax=('{' '}' '[' ']' ':' ',' '"' '\' '\u0000' '\ud83d\ude00' 'true' 'fal
   done
 } >"$out/bundle.dict"
 { for t in "${json_syntax[@]}" '"k"' '\n' '\t' '1e-999'; do dict_line "$t"; done; } >"$out/json.dict"
+{
+  for t in "${json_syntax[@]}" '\n' '"step"' '"loss"' '"eval_loss"' '"lr"' '"grad_norm"' '"tokens"' '"step_time_s"' \
+    '"tokens_per_s"' '"wait_s"' '"recompute_s"' '"transfer_s"' '"peak_live_bytes"' '"peak_live_bytes_predicted"' \
+    '"peak_live_by_category"' '"params"' '"time"' '"event"' '"error"' '"context"' 'NaN' '<' '&' '\xff'; do
+    dict_line "$t"
+  done
+} >"$out/report.dict"
 {
   for t in 'func.func public @main(' 'func.func @main(' '%arg0: ' 'tensor<' '>' 'x' 'xf32' 'xbf16' 'xi32' 'xi1' 'xui32' '?x' \
     ' -> ' '(' ')' '{' '}' ', ' 'tf.aliasing_output = 0 : i32' 'jax.buffer_donor = true' 'jax.result_info = "result[0]"' \

@@ -9,6 +9,7 @@
 #   tokens         token files                        (fuzz_tokens.c)
 #   json           the JSON reader                    (fuzz_json.c)
 #   mlir_sig       MLIR `@main` signatures             (fuzz_mlir_sig.c)
+#   report         run logs and the report page         (fuzz_report.c)
 #
 # Budget: FUZZ_SECONDS (default 60) is the total, split evenly over the
 # targets (`make test-fuzz`, the CI run); or FUZZ_RUNS executions per
@@ -21,7 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${FUZZ_OUT:-build-fuzz}
-all=(config safetensors ckpt_manifest bundle tokens json mlir_sig)
+all=(config safetensors ckpt_manifest bundle tokens json mlir_sig report)
 if [ $# -gt 0 ]; then targets=("$@"); else targets=("${all[@]}"); fi
 seconds=${FUZZ_SECONDS:-60}
 runs=${FUZZ_RUNS:-}
@@ -44,7 +45,7 @@ LIBS=($(pkg-config --cflags --libs yaml-0.1 jansson libxxhash libcrypto) -lpthre
 
 # The parsers, built once into an archive: each target pulls what it uses.
 sources=(src/base/*.c src/config/*.c src/ckpt/*.c src/bundle/bundle.c src/data/dataset.c
-  src/runtime/dtype.c src/runtime/mlir_sig.c)
+  src/runtime/dtype.c src/runtime/mlir_sig.c src/obs/*.c)
 rm -f "$out"/obj/*.o "$out/libparsers.a"
 jobs_max=$(nproc 2>/dev/null || echo 2)
 pids=()
