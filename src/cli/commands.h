@@ -17,6 +17,7 @@ int st_cli_resume(int argc, char** argv);
 int st_cli_run(int argc, char** argv);
 int st_cli_ckpt(int argc, char** argv);
 int st_cli_status(int argc, char** argv);
+int st_cli_analyze(int argc, char** argv);
 
 /* Prints "strata: <class>: <message>" to stderr and returns the exit code. */
 int st_cli_report(st_status status);

@@ -18,6 +18,7 @@ static const st_cli_command kCommands[] = {
     {"resume", st_cli_resume, "resume RUN_DIR [k=v ...]     continue a run from its newest valid checkpoint"},
     {"run", st_cli_run, "run CONFIG [k=v ...]        train supervised: restart on crash or hang, resume, record recovery.json"},
     {"status", st_cli_status, "status RUN_DIR [--json]     state of a run: running (pid), finished, failed, interrupted; step, loss, ETA, checkpoint"},
+    {"analyze", st_cli_analyze, "analyze BUNDLE_DIR|RUN_DIR [--json]  per program FLOPs, bytes, intensity, collectives; per step totals"},
     {"ckpt", st_cli_ckpt, "ckpt list|verify|inspect PATH  checkpoints of a run: list, verify checksums, show manifest and tensors"},
     {"data", st_cli_data, "data CONFIG [k=v ...]       tokenize the corpus; print the token file and split sizes"},
     {"plan", st_cli_plan, "plan CONFIG [k=v ...]       print the step plan (the ops one step runs; --json, --explain)"},

@@ -44,7 +44,7 @@ LIBS=($(pkg-config --cflags --libs yaml-0.1 jansson libxxhash libcrypto) -lpthre
 
 # The parsers, built once into an archive: each target pulls what it uses.
 sources=(src/base/*.c src/config/*.c src/ckpt/*.c src/bundle/bundle.c src/data/dataset.c
-  src/runtime/dtype.c src/runtime/mlir_sig.c)
+  src/runtime/dtype.c src/runtime/mlir_sig.c src/ir/*.c)
 rm -f "$out"/obj/*.o "$out/libparsers.a"
 jobs_max=$(nproc 2>/dev/null || echo 2)
 pids=()
