@@ -10,6 +10,7 @@
  * signature after the last top-level ':'. Two passes: a static one over
  * every function (op counts, f64 and dynamic shapes), and a cost one from
  * @main that follows calls and loops with a multiplier. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -698,6 +699,11 @@ static void st__op_cost(st__ctx* c, const st__op* op, const char* scope_b, doubl
     acc->reduce += mult * f * times;
     acc->transc += mult * t * times;
     if (!strcmp(s, "reduce")) acc->red_elems += mult * in_el;
+  } else if (!strcmp(s, "sort")) { /* as XLA: n log2 n comparisons */
+    double n = sig.n_in ? st_ir_type_elements(&sig.in[0]) : 0;
+    double lg = 0;
+    while (lg < 64 && pow(2, lg) < n) lg += 1;
+    acc->other += mult * n * lg;
   }
   if (st__in(s, kCollective) && mode == ST__COST) {
     char g[128];
@@ -742,15 +748,31 @@ static void st__op_cost(st__ctx* c, const st__op* op, const char* scope_b, doubl
     for (int i = 0; i < op->n_regions && !c->err; ++i) st__walk(c, op->rb[i], op->re[i], m, depth + 1, mode, acc);
     return;
   }
-  if (!strcmp(s, "case") || !strcmp(s, "if") || !strncmp(op->name, "sdy.", 4)) {
-    /* Branches all counted (an upper bound); a manual computation's body
-     * is the program itself. */
+  if (!strcmp(s, "case") || !strcmp(s, "if")) {
+    /* As XLA: the most of each property over the branches. */
+    st__cost most = {0};
+    for (int i = 0; i < op->n_regions && !c->err; ++i) {
+      st__cost b = {0};
+      st__walk(c, op->rb[i], op->re[i], mult, depth + 1, mode, &b);
+      double* m = &most.dot;
+      const double* v = &b.dot;
+      for (size_t k = 0; k < sizeof(most) / sizeof(double); ++k)
+        if (v[k] > m[k]) m[k] = v[k];
+    }
+    double* a = &acc->dot;
+    const double* m = &most.dot;
+    for (size_t k = 0; k < sizeof(most) / sizeof(double); ++k) a[k] += m[k];
+    return;
+  }
+  if (!strncmp(op->name, "sdy.", 4)) { /* a manual computation's body is the program itself */
     for (int i = 0; i < op->n_regions && !c->err; ++i) st__walk(c, op->rb[i], op->re[i], mult, depth + 1, mode, acc);
     return;
   }
   if (!bytes) return;
   double b;
   if (!strcmp(s, "slice") || !strcmp(s, "dynamic_slice")) b = 2 * out_b;
+  else if (!strcmp(s, "gather")) b = 2 * out_b + (sig.n_in >= 2 ? st_ir_type_bytes(&sig.in[1]) : 0);
+  else if (!strcmp(s, "scatter") && sig.n_in == 3) b = 3 * st_ir_type_bytes(&sig.in[2]) + st_ir_type_bytes(&sig.in[1]);
   else if (!strcmp(s, "dynamic_update_slice")) b = 2 * (sig.n_in >= 2 ? st_ir_type_bytes(&sig.in[1]) : 0);
   else if (!strcmp(s, "iota")) b = out_b;
   else b = in_b + out_b;
