@@ -657,6 +657,15 @@ static void st__op_cost(st__ctx* c, const st__op* op, const char* scope_b, doubl
   if (st__in(s, kDynamic)) c->s->dynamic_shapes = true;
   if (mode == ST__STATIC) {
     st__count_static(c, s);
+    if (!strcmp(s, "call") || !strcmp(op->name, "func.call")) { /* every callee exists, live or not */
+      const char* at = st_ir_skip_ws(op->after_name, op->e);
+      const char* z = at < op->e && *at == '@' ? at + 1 : at;
+      while (z < op->e && st__ident(*z)) ++z;
+      if (at >= op->e || *at != '@' || !st__lookup(c, at + 1, (size_t)(z - at - 1))) {
+        st__fail(c, op->b, "a call to a function the module does not define");
+        return;
+      }
+    }
     if (!strcmp(s, "while")) c->s->while_loops++;
     for (int i = 0; i < op->n_regions && !c->err; ++i)
       st__walk(c, op->rb[i], op->re[i], 1, depth + 1, ST__STATIC, acc);
@@ -930,7 +939,7 @@ static void st__read_funcs(st__ctx* c) {
       return;
     }
     const char* close = st_ir_scan_to(ne + 1, e, ')');
-    if (close >= e) {
+    if (close >= e || *close != ')') {
       st__fail(c, ne, "a func.func whose argument list does not close");
       return;
     }
