@@ -9,6 +9,7 @@
 #   tokens         token files                        (fuzz_tokens.c)
 #   json           the JSON reader                    (fuzz_json.c)
 #   mlir_sig       MLIR `@main` signatures             (fuzz_mlir_sig.c)
+#   ir             StableHLO programs (the analyzer)   (fuzz_ir.c)
 #
 # Budget: FUZZ_SECONDS (default 60) is the total, split evenly over the
 # targets (`make test-fuzz`, the CI run); or FUZZ_RUNS executions per
@@ -21,7 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${FUZZ_OUT:-build-fuzz}
-all=(config safetensors ckpt_manifest bundle tokens json mlir_sig)
+all=(config safetensors ckpt_manifest bundle tokens json mlir_sig ir)
 if [ $# -gt 0 ]; then targets=("$@"); else targets=("${all[@]}"); fi
 seconds=${FUZZ_SECONDS:-60}
 runs=${FUZZ_RUNS:-}
@@ -32,6 +33,7 @@ max_len() {
     config) echo 8192 ;;
     tokens) echo 4096 ;;
     mlir_sig) echo 32768 ;;
+    ir) echo 65536 ;;
     *) echo 65536 ;;
   esac
 }
