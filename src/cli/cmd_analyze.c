@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include "cli/cli_util.h"
@@ -39,6 +40,9 @@ typedef struct st__prog {
   st_ir_stats st;
   char* error; /* owned; NULL when analyzed */
   double launches; /* per step (run directories) */
+  const char* role;   /* forward, backward, loss, optimizer, collective, init, other */
+  double measured_us; /* launch time in the run's traces, all launches together */
+  double measured_n;  /* launches seen in the traces */
 } st__prog;
 
 static bool st__is_file(const char* path) {
@@ -138,7 +142,14 @@ static json_t* st__prog_json(const st__prog* p) {
   st_json_put_int(hz, "host_callbacks", s->host_callbacks);
   st_json_put_bool(hz, "f64", s->uses_f64);
   st_json_put(j, "hazards", hz);
+  st_json_put_str(j, "role", p->role);
   if (p->launches > 0) st_json_put_num(j, "launches_per_step", p->launches);
+  if (p->measured_n > 0) {
+    double us = p->measured_us / p->measured_n;
+    st_json_put_num(j, "measured_us_per_launch", us);
+    st_json_put_int(j, "measured_launches", (int64_t)p->measured_n);
+    if (us > 0) st_json_put_num(j, "achieved_flops_per_s", s->flops / (us * 1e-6));
+  }
   return j;
 }
 
@@ -164,9 +175,9 @@ static void st__hazards_text(const st_ir_stats* s, char* out, size_t cap) {
   if (w == 0) snprintf(out, cap, "-");
 }
 
-static void st__print_table(const st__prog* progs, int n, bool per_step) {
-  printf("%-22s %8s %5s %8s %8s %8s %6s %5s %s%s\n", "program", "FLOPs", "dot%", "read B", "write B", "xla B", "AI",
-         "ops", per_step ? "launch " : "", "coll/custom/hazards");
+static void st__print_table(const st__prog* progs, int n, bool per_step, bool measured) {
+  printf("%-22s %8s %5s %8s %8s %8s %6s %5s %s%s%s\n", "program", "FLOPs", "dot%", "read B", "write B", "xla B", "AI",
+         "ops", per_step ? "launch " : "", measured ? " us/launch " : "", "coll/custom/hazards");
   for (int i = 0; i < n; ++i) {
     const st__prog* p = &progs[i];
     if (p->error) {
@@ -186,11 +197,13 @@ static void st__print_table(const st__prog* progs, int n, bool per_step) {
                              s->collectives[k].groups, s->collectives[k].count);
     for (int k = 0; k < s->n_custom_calls && cw + 1 < sizeof(coll); ++k)
       cw += (size_t)snprintf(coll + cw, sizeof(coll) - cw, "%scc:%s", cw ? "," : "", s->custom_calls[k].target);
-    char launch[16] = "";
+    char launch[16] = "", us[24] = "";
     if (per_step) snprintf(launch, sizeof(launch), "%6.0f ", p->launches);
-    printf("%-22.22s %8s %4.0f%% %8s %8s %8s %6.1f %5lld %s%s %s\n", p->name, f,
+    if (measured && p->measured_n > 0) snprintf(us, sizeof(us), "%10.1f ", p->measured_us / p->measured_n);
+    else if (measured) snprintf(us, sizeof(us), "%10s ", "-");
+    printf("%-22.22s %8s %4.0f%% %8s %8s %8s %6.1f %5lld %s%s%s %s\n", p->name, f,
            s->flops > 0 ? 100.0 * (s->dot_flops + s->conv_flops) / s->flops : 0.0, r, w, x, st__ai(s),
-           (long long)s->ops.total, launch, cw ? coll : "-", hz);
+           (long long)s->ops.total, launch, us, cw ? coll : "-", hz);
   }
 }
 
@@ -260,6 +273,109 @@ static double st__model_flops_per_token(const st_bundle* b) {
   return 6 * n + 12.0 * (double)b->model.n_layers * (double)b->model.d_model * (double)b->model.seq_len;
 }
 
+/* The part a program plays in a step, from the bundle's program tables. */
+static const char* st__role(const st_bundle* b, const char* name) {
+#define ST__IS(p) ((p) && !strcmp((p)->name, name))
+  if (st_bundle_collective_find(b, name)) return "collective";
+  const st_bundle_stage* stages[2] = {&b->embed, &b->head};
+  for (int k = -2; k < b->layer_count; ++k) {
+    const st_bundle_stage* st = k < 0 ? stages[k + 2] : &b->layers[k];
+    if (ST__IS(st->init)) return "init";
+    if (ST__IS(st->fwd) || ST__IS(st->fwd_res) || ST__IS(st->eval)) return "forward";
+    if (ST__IS(st->bwd) || ST__IS(st->bwd_res)) return "backward";
+    if (ST__IS(st->loss)) return "loss";
+  }
+  for (int g = 0; g < b->group_count; ++g) {
+    const st_bundle_group* gr = &b->groups[g];
+    if (ST__IS(gr->accum) || ST__IS(gr->sqnorm) || ST__IS(gr->adamw) || ST__IS(gr->shard_accum) ||
+        ST__IS(gr->shard_sqnorm) || ST__IS(gr->shard_adamw))
+      return "optimizer";
+  }
+#undef ST__IS
+  return "other";
+}
+
+/* Traces read: files and bytes each (a trace of a big step is large, not huge). */
+#define ST__MAX_TRACES 64
+#define ST__TRACE_MAX ((size_t)256 << 20)
+
+typedef struct st__trace_sum {
+  int files;
+  double span_us;   /* summed step spans (first event to last completion) */
+  double wait_us;   /* host waits (WAIT, READ): time the host was blocked */
+  double host_us;   /* host ops (HOST, FREE) */
+  double launch_us; /* device work: launches, recomputes, collectives */
+} st__trace_sum;
+
+/* Reads <run>/trace/step_*.json: per program its launch time (Chrome
+ * trace complete events of category launch, recompute or collective, named
+ * after the program), per step the waits and host ops. */
+static st_status st__read_traces(const char* run_dir, st__prog* progs, int n, st__trace_sum* out) {
+  memset(out, 0, sizeof(*out));
+  char* dir = st__join(run_dir, "trace");
+  DIR* d = opendir(dir);
+  if (!d) {
+    free(dir);
+    return ST_OK; /* no trace.steps: no measured times */
+  }
+  st_status s = ST_OK;
+  struct dirent* ent;
+  while (!s && (ent = readdir(d)) != NULL) {
+    size_t len = strlen(ent->d_name);
+    if (strncmp(ent->d_name, "step_", 5) || len < 6 || strcmp(ent->d_name + len - 5, ".json")) continue;
+    if (out->files >= ST__MAX_TRACES) break;
+    char* path = st__join(dir, ent->d_name);
+    struct stat stt;
+    if (stat(path, &stt) != 0 || !S_ISREG(stt.st_mode) || (size_t)stt.st_size > ST__TRACE_MAX) {
+      free(path);
+      continue;
+    }
+    char* data = NULL;
+    size_t size = 0;
+    json_t* j = NULL;
+    s = st_fs_read_file(path, &data, &size);
+    if (!s) s = st_json_parse(data, size, path, &j);
+    free(data);
+    free(path);
+    if (s) break;
+    json_t* evs = json_object_get(j, "traceEvents");
+    double lo = 1e300, hi = 0;
+    size_t i;
+    json_t* e;
+    json_array_foreach(evs, i, e) {
+      const char* ph = json_string_value(json_object_get(e, "ph"));
+      const char* cat = json_string_value(json_object_get(e, "cat"));
+      const char* name = json_string_value(json_object_get(e, "name"));
+      json_t* ts = json_object_get(e, "ts");
+      json_t* dur = json_object_get(e, "dur");
+      if (!ph || strcmp(ph, "X") || !cat || !name || !json_is_number(ts) || !json_is_number(dur)) continue;
+      double t0 = json_number_value(ts), dt = json_number_value(dur);
+      if (!(dt >= 0) || !(t0 >= 0)) continue;
+      if (t0 < lo) lo = t0;
+      if (t0 + dt > hi) hi = t0 + dt;
+      if (!strcmp(cat, "launch") || !strcmp(cat, "recompute") || !strcmp(cat, "collective")) {
+        out->launch_us += dt;
+        for (int k = 0; k < n; ++k)
+          if (!strcmp(progs[k].name, name)) {
+            progs[k].measured_us += dt;
+            progs[k].measured_n += 1;
+            break;
+          }
+      } else if (!strcmp(cat, "wait")) {
+        out->wait_us += dt;
+      } else if (!strcmp(cat, "host")) {
+        out->host_us += dt;
+      }
+    }
+    if (hi > lo) out->span_us += hi - lo;
+    out->files++;
+    json_decref(j);
+  }
+  closedir(d);
+  free(dir);
+  return s;
+}
+
 int st_cli_analyze(int argc, char** argv) {
   bool json = false;
   const char* pos[1];
@@ -315,7 +431,10 @@ int st_cli_analyze(int argc, char** argv) {
     for (int i = 0; i < bundle->program_count; ++i) st__analyze_one(bundle, &bundle->programs[i], "program", &progs[i]);
     for (int i = 0; i < bundle->collective_count; ++i)
       st__analyze_one(bundle, &bundle->collectives[i], "collective", &progs[bundle->program_count + i]);
+    for (int i = 0; i < n; ++i) progs[i].role = st__role(bundle, progs[i].name);
   }
+  st__trace_sum traces;
+  memset(&traces, 0, sizeof(traces));
   if (!s && is_run) {
     for (int k = 0; k < step.op_count; ++k) {
       const st_op* op = &step.ops[k];
@@ -328,6 +447,7 @@ int st_cli_analyze(int argc, char** argv) {
         }
     }
     s = st__read_metrics(dir, &steps);
+    if (!s) s = st__read_traces(dir, progs, n, &traces);
   }
   if (!s) {
     double step_flops = 0, step_dot = 0, step_read = 0, step_write = 0;
@@ -370,6 +490,25 @@ int st_cli_analyze(int argc, char** argv) {
           st_json_put_num(sj, "host_s", steps.time_s - steps.wait_s);
         }
         st_json_put(sj, "mfu", json_null());
+        if (traces.files > 0) {
+          json_t* tj = st_json_obj();
+          st_json_put_int(tj, "files", traces.files);
+          st_json_put_num(tj, "step_time_s", traces.span_us * 1e-6 / traces.files);
+          st_json_put_num(tj, "device_s", traces.launch_us * 1e-6 / traces.files);
+          /* Wait slices overlap (each runs from its issue): their sum is not a time. */
+          st_json_put_num(tj, "wait_slices_s", traces.wait_us * 1e-6 / traces.files);
+          st_json_put_num(tj, "host_ops_s", traces.host_us * 1e-6 / traces.files);
+          json_t* share = st_json_obj();
+          static const char* kRoles[] = {"forward", "backward", "loss", "optimizer", "collective", "init", "other"};
+          for (size_t r = 0; r < sizeof(kRoles) / sizeof(kRoles[0]); ++r) {
+            double us = 0;
+            for (int i = 0; i < n; ++i)
+              if (!strcmp(progs[i].role, kRoles[r])) us += progs[i].measured_us;
+            if (us > 0) st_json_put_num(share, kRoles[r], traces.launch_us > 0 ? us / traces.launch_us : 0);
+          }
+          st_json_put(tj, "share_by_role", share);
+          st_json_put(sj, "trace", tj);
+        }
         st_json_put(j, "step", sj);
       }
       char* text = st_json_dump(j, 0);
@@ -379,7 +518,7 @@ int st_cli_analyze(int argc, char** argv) {
     } else {
       printf("bundle %s: %d programs, %d collectives\n", bundle->dir, bundle->program_count,
              bundle->collective_count);
-      st__print_table(progs, n, is_run);
+      st__print_table(progs, n, is_run, traces.files > 0);
       printf("peak: not measured (run strata doctor); no roofline bound\n");
       if (is_run) {
         char f[16], m[16], a[16];
@@ -394,6 +533,19 @@ int st_cli_analyze(int argc, char** argv) {
                  steps.wait_s);
         } else {
           printf("      no step in metrics.jsonl: no achieved FLOP/s\n");
+        }
+        if (traces.files > 0) {
+          printf("trace (%d step%s): device work", traces.files, traces.files > 1 ? "s" : "");
+          static const char* kRoles[] = {"forward", "backward", "loss", "optimizer", "collective", "init", "other"};
+          for (size_t r = 0; r < sizeof(kRoles) / sizeof(kRoles[0]); ++r) {
+            double us = 0;
+            for (int i = 0; i < n; ++i)
+              if (!strcmp(progs[i].role, kRoles[r])) us += progs[i].measured_us;
+            if (us > 0 && traces.launch_us > 0) printf(" %s %.0f%%", kRoles[r], 100 * us / traces.launch_us);
+          }
+          printf("; host ops %.4f s per step\n", traces.host_us * 1e-6 / traces.files);
+        } else {
+          printf("trace: none (trace.steps=[N] records one): no time per launch\n");
         }
       }
     }

@@ -92,7 +92,7 @@ def test_flops_and_bytes_agree_with_jax_cost_analysis(preset: str, tmp_path: Any
 
 def test_run_dir_step_totals(tmp_path: Any) -> None:
     run = str(tmp_path / "run")
-    r = _strata("train", "configs/test.yml", "train.steps=3", "run.progress=off", f"run.dir={run}")
+    r = _strata("train", "configs/test.yml", "train.steps=3", "run.progress=off", "trace.steps=[2]", f"run.dir={run}")
     assert r.returncode == 0, r.stderr
     a = _analyze(run)
     with open(os.path.join(run, "events.jsonl"), encoding="utf-8") as f:
@@ -113,6 +113,13 @@ def test_run_dir_step_totals(tmp_path: Any) -> None:
     assert step["achieved_flops_per_s"] == pytest.approx(step["flops"] / step["step_time_s"])
     assert 0 <= step["wait_s"] <= step["step_time_s"]
     assert a["peak"]["flops_per_s"] is None and step["mfu"] is None  # no measured peak yet
+    # The trace of step 2: every launch of the step once, its time split by role.
+    assert step["trace"]["files"] == 1
+    for p in a["programs"]:
+        assert p.get("measured_launches", 0) == p.get("launches_per_step", 0), p["name"]
+    share = step["trace"]["share_by_role"]
+    assert set(share) <= {"forward", "backward", "loss", "optimizer"} and sum(share.values()) == pytest.approx(1)
+    assert progs["head_loss"]["role"] == "loss" and progs["block_bwd_res"]["role"] == "backward"
     text = _strata("analyze", run)
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
@@ -120,6 +127,7 @@ def test_run_dir_step_totals(tmp_path: Any) -> None:
     assert any(line.startswith("block_bwd_res") for line in lines)
     assert "peak: not measured (run strata doctor)" in text.stdout
     assert any(line.startswith("step:") for line in lines)
+    assert any(line.startswith("trace (1 step): device work") for line in lines)
 
 
 def test_bad_input_is_an_error(tmp_path: Any) -> None:
