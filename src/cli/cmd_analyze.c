@@ -50,13 +50,6 @@ static bool st__is_file(const char* path) {
   return stat(path, &s) == 0 && S_ISREG(s.st_mode);
 }
 
-static char* st__join(const char* dir, const char* rel) {
-  if (rel[0] == '/') return st_xstrdup(rel);
-  st_strbuf b = {0};
-  st_strbuf_printf(&b, "%s/%s", dir, rel);
-  return st_strbuf_take(&b);
-}
-
 static void st__analyze_one(const st_bundle* bundle, const st_bundle_program* p, const char* kind, st__prog* out) {
   memset(out, 0, sizeof(*out));
   out->name = p->name;
@@ -218,7 +211,7 @@ typedef struct st__steps {
 
 static st_status st__read_metrics(const char* run_dir, st__steps* out) {
   memset(out, 0, sizeof(*out));
-  char* path = st__join(run_dir, "metrics.jsonl");
+  char* path = st_path_join(run_dir, "metrics.jsonl");
   char* data = NULL;
   size_t size = 0;
   st_status s = st__is_file(path) ? st_fs_read_file(path, &data, &size) : ST_OK;
@@ -273,7 +266,10 @@ static double st__model_flops_per_token(const st_bundle* b) {
   return 6 * n + 12.0 * (double)b->model.n_layers * (double)b->model.d_model * (double)b->model.seq_len;
 }
 
-/* The part a program plays in a step, from the bundle's program tables. */
+#define ST__ROLES 7
+static const char* const kRoles[ST__ROLES] = {"forward", "backward", "loss", "optimizer", "collective", "init", "other"};
+
+/* The part a program plays in a step (one of kRoles), from the bundle's program tables. */
 static const char* st__role(const st_bundle* b, const char* name) {
 #define ST__IS(p) ((p) && !strcmp((p)->name, name))
   if (st_bundle_collective_find(b, name)) return "collective";
@@ -312,7 +308,7 @@ typedef struct st__trace_sum {
  * after the program), per step the waits and host ops. */
 static st_status st__read_traces(const char* run_dir, st__prog* progs, int n, st__trace_sum* out) {
   memset(out, 0, sizeof(*out));
-  char* dir = st__join(run_dir, "trace");
+  char* dir = st_path_join(run_dir, "trace");
   DIR* d = opendir(dir);
   if (!d) {
     free(dir);
@@ -324,7 +320,7 @@ static st_status st__read_traces(const char* run_dir, st__prog* progs, int n, st
     size_t len = strlen(ent->d_name);
     if (strncmp(ent->d_name, "step_", 5) || len < 6 || strcmp(ent->d_name + len - 5, ".json")) continue;
     if (out->files >= ST__MAX_TRACES) break;
-    char* path = st__join(dir, ent->d_name);
+    char* path = st_path_join(dir, ent->d_name);
     struct stat stt;
     if (stat(path, &stt) != 0 || !S_ISREG(stt.st_mode) || (size_t)stt.st_size > ST__TRACE_MAX) {
       free(path);
@@ -386,8 +382,8 @@ int st_cli_analyze(int argc, char** argv) {
     return 2;
   }
   const char* dir = pos[0];
-  char* manifest = st__join(dir, "manifest.json");
-  char* config = st__join(dir, "config.yaml");
+  char* manifest = st_path_join(dir, "manifest.json");
+  char* config = st_path_join(dir, "config.yaml");
   bool is_bundle = st__is_file(manifest), is_run = !is_bundle && st__is_file(config);
   free(manifest);
   st_status s = ST_OK;
@@ -460,6 +456,10 @@ int st_cli_analyze(int argc, char** argv) {
     }
     double model_flops = is_run ? st__model_flops_per_token(bundle) * steps.tokens : 0;
     double devices = step.devices > 1 ? step.devices : 1;
+    double role_us[ST__ROLES] = {0}; /* measured launch time by role */
+    for (int i = 0; i < n; ++i)
+      for (int r = 0; r < ST__ROLES; ++r)
+        if (progs[i].role && !strcmp(progs[i].role, kRoles[r])) role_us[r] += progs[i].measured_us;
     if (json) {
       json_t* j = st_json_obj();
       st_json_put_str(j, "bundle", bundle->dir);
@@ -499,13 +499,8 @@ int st_cli_analyze(int argc, char** argv) {
           st_json_put_num(tj, "wait_slices_s", traces.wait_us * 1e-6 / traces.files);
           st_json_put_num(tj, "host_ops_s", traces.host_us * 1e-6 / traces.files);
           json_t* share = st_json_obj();
-          static const char* kRoles[] = {"forward", "backward", "loss", "optimizer", "collective", "init", "other"};
-          for (size_t r = 0; r < sizeof(kRoles) / sizeof(kRoles[0]); ++r) {
-            double us = 0;
-            for (int i = 0; i < n; ++i)
-              if (!strcmp(progs[i].role, kRoles[r])) us += progs[i].measured_us;
-            if (us > 0) st_json_put_num(share, kRoles[r], traces.launch_us > 0 ? us / traces.launch_us : 0);
-          }
+          for (int r = 0; r < ST__ROLES; ++r)
+            if (role_us[r] > 0) st_json_put_num(share, kRoles[r], traces.launch_us > 0 ? role_us[r] / traces.launch_us : 0);
           st_json_put(tj, "share_by_role", share);
           st_json_put(sj, "trace", tj);
         }
@@ -536,13 +531,8 @@ int st_cli_analyze(int argc, char** argv) {
         }
         if (traces.files > 0) {
           printf("trace (%d step%s): device work", traces.files, traces.files > 1 ? "s" : "");
-          static const char* kRoles[] = {"forward", "backward", "loss", "optimizer", "collective", "init", "other"};
-          for (size_t r = 0; r < sizeof(kRoles) / sizeof(kRoles[0]); ++r) {
-            double us = 0;
-            for (int i = 0; i < n; ++i)
-              if (!strcmp(progs[i].role, kRoles[r])) us += progs[i].measured_us;
-            if (us > 0 && traces.launch_us > 0) printf(" %s %.0f%%", kRoles[r], 100 * us / traces.launch_us);
-          }
+          for (int r = 0; r < ST__ROLES; ++r)
+            if (role_us[r] > 0 && traces.launch_us > 0) printf(" %s %.0f%%", kRoles[r], 100 * role_us[r] / traces.launch_us);
           printf("; host ops %.4f s per step\n", traces.host_us * 1e-6 / traces.files);
         } else {
           printf("trace: none (trace.steps=[N] records one): no time per launch\n");
