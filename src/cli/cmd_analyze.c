@@ -390,7 +390,7 @@ int st_cli_analyze(int argc, char** argv) {
   if (!is_bundle && !is_run)
     s = st_status_make(ST_CODE_CONFIG,
                        "strata analyze: '%s' holds neither manifest.json (a bundle) nor config.yaml (a run "
-                       "directory); pass a bundle folder (~/.cache/strata/bundles/<key>) or a run's --run.dir",
+                       "directory); pass a bundle folder (~/.cache/strata/bundles/<key>) or a run directory (run.dir)",
                        dir);
   st_bundle* bundle = NULL;
   st_config* cfg = NULL;
