@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "runtime/rt_internal.h"
+#include "strata/ir.h"
 
 bool st__mlir_is_bytecode(const void* code, size_t size) {
   static const unsigned char kMagic[4] = {'M', 'L', 0xEF, 'R'};
@@ -21,81 +22,23 @@ void st__signature_free(st__signature* sig) {
   memset(sig, 0, sizeof(*sig));
 }
 
-static const char* st__find(const char* s, const char* e, const char* needle) {
-  size_t n = strlen(needle);
-  for (const char* p = s; p + n <= e; ++p)
-    if (*p == needle[0] && !memcmp(p, needle, n)) return p;
-  return NULL;
-}
-
-static const char* st__skip_ws(const char* p, const char* e) {
-  while (p < e && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) ++p;
-  return p;
-}
-
-/* Returns the position of the first top-level |stop| character at or after
- * |p| (or |e|), treating (), <>, {}, [] and "strings" as nesting. An "->"
- * arrow is not a closing '>'. */
-static const char* st__scan_to(const char* p, const char* e, char stop) {
-  int depth = 0;
-  while (p < e) {
-    char c = *p;
-    if (depth == 0 && c == stop) return p;
-    if (c == '"') {
-      ++p;
-      while (p < e && *p != '"') p += (*p == '\\' && p + 1 < e) ? 2 : 1;
-      if (p < e) ++p;
-      continue;
-    }
-    if (c == '-' && p + 1 < e && p[1] == '>') {
-      p += 2;
-      continue;
-    }
-    if (c == '(' || c == '<' || c == '{' || c == '[') ++depth;
-    if (c == ')' || c == '>' || c == '}' || c == ']') {
-      if (depth == 0) return p; /* unbalanced close: the enclosing list ends */
-      --depth;
-    }
-    ++p;
-  }
-  return e;
-}
-
-/* Parses "tensor<4x8xf32>" (optionally with ", encoding") at |p|. */
+/* The scanning is src/ir/'s (include/strata/ir.h), shared with the
+ * program analyzer; a signature needs static dims, a dtype strata names
+ * and a rank within ST_MAX_RANK. */
 static bool st__parse_tensor(const char* p, const char* e, st_tensor_type* t, const char** out_end) {
-  p = st__skip_ws(p, e);
-  if ((size_t)(e - p) < 7 || memcmp(p, "tensor<", 7)) return false;
-  const char* close = st__scan_to(p + 7, e, '>');
-  if (close >= e) return false;
-  const char* q = p + 7;
+  st_ir_type it;
+  if (!st_ir_parse_type(p, e, &it, out_end) || it.dynamic || it.rank > ST_MAX_RANK ||
+      it.dtype == ST_DTYPE_INVALID)
+    return false;
   memset(t, 0, sizeof(*t));
-  for (;;) {
-    const char* d = q;
-    int64_t v = 0;
-    while (d < close && *d >= '0' && *d <= '9') {
-      v = v * 10 + (*d - '0');
-      if (v > ((int64_t)1 << 48)) return false;
-      ++d;
-    }
-    if (d > q && d < close && *d == 'x') {
-      if (t->rank >= ST_MAX_RANK) return false;
-      t->dims[t->rank++] = v;
-      q = d + 1;
-      continue;
-    }
-    if (*q == '?') return false; /* dynamic dims are not supported */
-    break;
-  }
-  const char* te = q;
-  while (te < close && *te != ',' && *te != ' ') ++te;
-  t->dtype = st_dtype_parse_mlir(q, (size_t)(te - q));
-  if (t->dtype == ST_DTYPE_INVALID) return false;
-  *out_end = close + 1;
+  t->dtype = it.dtype;
+  t->rank = it.rank;
+  for (int i = 0; i < it.rank; ++i) t->dims[i] = it.dims[i];
   return true;
 }
 
 static bool st__attrs_donate(const char* p, const char* e) {
-  return st__find(p, e, "tf.aliasing_output") != NULL || st__find(p, e, "jax.buffer_donor = true") != NULL;
+  return st_ir_find(p, e, "tf.aliasing_output") != NULL || st_ir_find(p, e, "jax.buffer_donor = true") != NULL;
 }
 
 static void st__push(st_tensor_type** arr, int* n, const st_tensor_type* t) {
@@ -112,10 +55,10 @@ bool st__mlir_parse_main(const char* text, size_t size, st__signature* sig) {
   memset(sig, 0, sizeof(*sig));
   if (!text || size == 0 || st__mlir_is_bytecode(text, size)) return false;
   const char* e = text + size;
-  const char* p = st__find(text, e, "func.func public @main(");
+  const char* p = st_ir_find(text, e, "func.func public @main(");
   size_t skip = strlen("func.func public @main(");
   if (!p) {
-    p = st__find(text, e, "func.func @main(");
+    p = st_ir_find(text, e, "func.func @main(");
     skip = strlen("func.func @main(");
   }
   if (!p) return false;
@@ -123,16 +66,16 @@ bool st__mlir_parse_main(const char* text, size_t size, st__signature* sig) {
   int n_in = 0;
   /* Arguments: "%name: type {attrs}" separated by top-level commas. */
   for (;;) {
-    p = st__skip_ws(p, e);
+    p = st_ir_skip_ws(p, e);
     if (p >= e) goto fail;
     if (*p == ')') {
       ++p;
       break;
     }
-    const char* item_end = st__scan_to(p, e, ',');
-    const char* close = st__scan_to(p, e, ')');
+    const char* item_end = st_ir_scan_to(p, e, ',');
+    const char* close = st_ir_scan_to(p, e, ')');
     if (close < item_end) item_end = close;
-    const char* colon = st__find(p, item_end, ":");
+    const char* colon = st_ir_find(p, item_end, ":");
     if (*p != '%' || !colon) goto fail;
     st_tensor_type t;
     const char* after;
@@ -145,18 +88,18 @@ bool st__mlir_parse_main(const char* text, size_t size, st__signature* sig) {
   }
   sig->input_count = n_in;
   /* Results: "-> type", "-> (type {attrs}, ...)" or nothing. */
-  p = st__skip_ws(p, e);
+  p = st_ir_skip_ws(p, e);
   int n_out = 0;
   if ((size_t)(e - p) >= 2 && p[0] == '-' && p[1] == '>') {
-    p = st__skip_ws(p + 2, e);
+    p = st_ir_skip_ws(p + 2, e);
     if (p < e && *p == '(') {
       ++p;
       for (;;) {
-        p = st__skip_ws(p, e);
+        p = st_ir_skip_ws(p, e);
         if (p >= e) goto fail;
         if (*p == ')') break;
-        const char* item_end = st__scan_to(p, e, ',');
-        const char* close = st__scan_to(p, e, ')');
+        const char* item_end = st_ir_scan_to(p, e, ',');
+        const char* close = st_ir_scan_to(p, e, ')');
         if (close < item_end) item_end = close;
         st_tensor_type t;
         const char* after;

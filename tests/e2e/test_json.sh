@@ -4,7 +4,7 @@
 # the cache folder (config values all three) hold double quotes,
 # backslashes, a newline (not the cache) and non-ASCII; a training run (with a trace and checkpoints), a supervised
 # run with one crash and restart, `plan --json` and `config --json` then
-# write every kind of JSON output, and each file and line must parse and
+# write every kind of JSON output (and `analyze --json` reads the run back), and each file and line must parse and
 # carry the strings back unchanged. Run from the repository root.
 set -uo pipefail
 
@@ -43,6 +43,14 @@ check "status --json parses and carries the run directory back" "$PY - '$TMP/sta
 import json, sys
 s = json.load(open(sys.argv[1], encoding='utf-8'))
 assert s['run_dir'] == sys.argv[2] and s['state'] == 'finished', s
+PYEOF"
+
+"$STRATA" analyze --json "$RUN" >"$TMP/analyze.json" 2>"$TMP/err" || bad "analyze --json exited $?: $(tail -3 "$TMP/err")"
+check "analyze --json parses and carries the run and bundle directories back" "$PY - '$TMP/analyze.json' '$RUN' '$CACHE' <<'PYEOF'
+import json, sys
+a = json.load(open(sys.argv[1], encoding='utf-8'))
+assert a['run_dir'] == sys.argv[2] and a['bundle'].startswith(sys.argv[3]), (a['run_dir'], a['bundle'])
+assert a['step']['trace']['files'] == 1 and all('error' not in p for p in a['programs'])
 PYEOF"
 
 check "every JSON output parses and carries the strings back" "$PY - '$RUN' '$SUP' '$TMP/plan.json' '$TMP/config.json' '$CORPUS' '$CACHE' <<'PYEOF'

@@ -37,7 +37,7 @@ dict_line() { printf '"%s"\n' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'
 } >"$out/config.dict"
 
 # --- committed seeds ------------------------------------------------------
-for t in safetensors ckpt_manifest bundle tokens json mlir_sig config report; do
+for t in safetensors ckpt_manifest bundle tokens json mlir_sig ir config report; do
   mkdir -p "$out/$t"
   if [ -d "tests/fuzz/corpus/$t" ]; then cp tests/fuzz/corpus/"$t"/* "$out/$t/"; fi
 done
@@ -78,4 +78,14 @@ json_syntax=('{' '}' '[' ']' ':' ',' '"' '\' '\u0000' '\ud83d\ude00' 'true' 'fal
   done
   printf '"ML\\xefR"\n'
 } >"$out/mlir_sig.dict"
+{
+  for t in 'func.func public @main(' 'func.func private @f(' 'call @f(' '%0 = ' '%0:2 = ' '%0#1' 'tensor<' 'x?x' 'xf32>' 'xf64>' \
+    'stablehlo.dot_general ' 'contracting_dims = [1] x [0]' 'batching_dims = [0] x [0]' 'stablehlo.reduce(' ' init: ' \
+    'applies stablehlo.add across dimensions = [0]' 'stablehlo.while(%iterArg = %c' 'cond {' '} do {' 'stablehlo.return ' \
+    'stablehlo.compare  LT, ' 'stablehlo.constant dense<' '"stablehlo.all_reduce"(' '({' '})' '^bb0(' 'axis_ref<name = "data">' \
+    'replica_groups = dense<[[0, 1]]>' 'stablehlo.custom_call @' 'xla_python_cpu_callback' '"stablehlo.case"(' \
+    'sdy.manual_computation(' ' : (' ') -> ' '\n' '  }'; do
+    dict_line "$t"
+  done
+} >"$out/ir.dict"
 { dict_line 'STRATOK1'; for t in '\x01\x00\x00\x00' '\x02\x00\x00\x00' '\x04\x00\x00\x00' '\x00\x01\x00\x00' '\xff\xff\xff\xff'; do printf '"%s"\n' "$t"; done; } >"$out/tokens.dict"

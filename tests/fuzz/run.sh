@@ -10,6 +10,7 @@
 #   json           the JSON reader                    (fuzz_json.c)
 #   mlir_sig       MLIR `@main` signatures             (fuzz_mlir_sig.c)
 #   report         run logs and the report page         (fuzz_report.c)
+#   ir             StableHLO programs (the analyzer)   (fuzz_ir.c)
 #
 # Budget: FUZZ_SECONDS (default 60) is the total, split evenly over the
 # targets (`make test-fuzz`, the CI run); or FUZZ_RUNS executions per
@@ -22,7 +23,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${FUZZ_OUT:-build-fuzz}
-all=(config safetensors ckpt_manifest bundle tokens json mlir_sig report)
+all=(config safetensors ckpt_manifest bundle tokens json mlir_sig report ir)
 if [ $# -gt 0 ]; then targets=("$@"); else targets=("${all[@]}"); fi
 seconds=${FUZZ_SECONDS:-60}
 runs=${FUZZ_RUNS:-}
@@ -33,6 +34,7 @@ max_len() {
     config) echo 8192 ;;
     tokens) echo 4096 ;;
     mlir_sig) echo 32768 ;;
+    ir) echo 65536 ;;
     *) echo 65536 ;;
   esac
 }
@@ -45,7 +47,7 @@ LIBS=($(pkg-config --cflags --libs yaml-0.1 jansson libxxhash libcrypto) -lpthre
 
 # The parsers, built once into an archive: each target pulls what it uses.
 sources=(src/base/*.c src/config/*.c src/ckpt/*.c src/bundle/bundle.c src/data/dataset.c
-  src/runtime/dtype.c src/runtime/mlir_sig.c src/obs/*.c)
+  src/runtime/dtype.c src/runtime/mlir_sig.c src/obs/*.c src/ir/*.c)
 rm -f "$out"/obj/*.o "$out/libparsers.a"
 jobs_max=$(nproc 2>/dev/null || echo 2)
 pids=()

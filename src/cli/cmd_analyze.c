@@ -1,0 +1,555 @@
+/* cmd_analyze.c — `strata analyze BUNDLE_DIR|RUN_DIR [--json]`: what each
+ * program of a bundle does (FLOPs, bytes, arithmetic intensity, op counts,
+ * collectives, custom calls, hazards; read by src/ir/ from the StableHLO
+ * text), and for a run directory the step's totals from its plan and
+ * metrics (docs/analysis.md).
+ *
+ * A run directory is recognised by its config.yaml: the plan is rebuilt
+ * from it (as `strata plan` does), so the launches per program are the
+ * ones the run executed, and the bundle is the one the run used (the same
+ * key; its dir is also in events.jsonl's `bundle` event). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "strata/base.h"
+#include "strata/bundle.h"
+#include "strata/config.h"
+#include "strata/ir.h"
+#include "strata/sched.h"
+#include "strata/train.h"
+
+static const char* kUsage =
+    "usage: strata analyze BUNDLE_DIR|RUN_DIR [--json]\n"
+    "  per program of a bundle: FLOPs (dot share), bytes read and written, arithmetic intensity,\n"
+    "  op counts, collectives, custom calls, hazards (dynamic shapes, host callbacks, f64);\n"
+    "  for a run directory also per step: launches, FLOPs, model FLOPs, achieved FLOP/s, host and wait time";
+
+/* metrics.jsonl is read up to this many bytes (the step times). */
+#define ST__METRICS_MAX ((size_t)64 << 20)
+
+typedef struct st__prog {
+  const char* name;      /* borrowed from the bundle */
+  const char* kind;      /* "program" or "collective" */
+  double manifest_flops; /* the exporter's cost analysis (0 unknown) */
+  st_ir_stats st;
+  char* error; /* owned; NULL when analyzed */
+  double launches; /* per step (run directories) */
+  const char* role;   /* forward, backward, loss, optimizer, collective, init, other */
+  double measured_us; /* launch time in the run's traces, all launches together */
+  double measured_n;  /* launches seen in the traces */
+} st__prog;
+
+static bool st__is_file(const char* path) {
+  struct stat s;
+  return stat(path, &s) == 0 && S_ISREG(s.st_mode);
+}
+
+static void st__analyze_one(const st_bundle* bundle, const st_bundle_program* p, const char* kind, st__prog* out) {
+  memset(out, 0, sizeof(*out));
+  out->name = p->name;
+  out->kind = kind;
+  out->manifest_flops = p->flops;
+  (void)bundle; /* p->path is already joined to the bundle's dir */
+  st_status s = st_ir_analyze_file(p->path, &out->st);
+  if (s) {
+    out->error = st_xstrdup(st_status_message(s));
+    st_status_free(s);
+  }
+}
+
+static double st__ai(const st_ir_stats* s) {
+  double b = s->arg_bytes + s->result_bytes;
+  return b > 0 ? s->flops / b : 0;
+}
+
+static json_t* st__prog_json(const st__prog* p) {
+  json_t* j = st_json_obj();
+  st_json_put_str(j, "name", p->name);
+  st_json_put_str(j, "kind", p->kind);
+  if (p->error) {
+    st_json_put_str(j, "error", p->error);
+    return j;
+  }
+  const st_ir_stats* s = &p->st;
+  st_json_put_num(j, "flops", s->flops);
+  st_json_put_num(j, "dot_flops", s->dot_flops);
+  st_json_put_num(j, "conv_flops", s->conv_flops);
+  st_json_put_num(j, "elementwise_flops", s->elementwise_flops);
+  st_json_put_num(j, "reduce_flops", s->reduce_flops);
+  st_json_put_num(j, "transcendentals", s->transcendentals);
+  st_json_put_num(j, "manifest_flops", p->manifest_flops);
+  st_json_put_num(j, "arg_bytes", s->arg_bytes);
+  st_json_put_num(j, "result_bytes", s->result_bytes);
+  st_json_put_num(j, "bytes_accessed", s->bytes_accessed);
+  st_json_put_num(j, "arithmetic_intensity", st__ai(s));
+  st_json_put_int(j, "args", s->n_args);
+  st_json_put_int(j, "results", s->n_results);
+  st_json_put_num(j, "elementwise_elements", s->elementwise_elements);
+  st_json_put_num(j, "reduce_elements", s->reduce_elements);
+  json_t* ops = st_json_obj();
+  st_json_put_int(ops, "total", s->ops.total);
+  st_json_put_int(ops, "dot", s->ops.dot);
+  st_json_put_int(ops, "convolution", s->ops.convolution);
+  st_json_put_int(ops, "elementwise", s->ops.elementwise);
+  st_json_put_int(ops, "reduce", s->ops.reduce);
+  st_json_put_int(ops, "data_movement", s->ops.data_movement);
+  st_json_put_int(ops, "constant", s->ops.constant);
+  st_json_put_int(ops, "collective", s->ops.collective);
+  st_json_put_int(ops, "custom_call", s->ops.custom_call);
+  st_json_put_int(ops, "while", s->ops.while_loop);
+  st_json_put_int(ops, "call", s->ops.call);
+  st_json_put_int(ops, "other", s->ops.other);
+  st_json_put(j, "ops", ops);
+  st_json_put_int(j, "functions", s->funcs);
+  json_t* loops = st_json_obj();
+  st_json_put_int(loops, "count", s->while_loops);
+  st_json_put_int(loops, "unknown_trip", s->while_unknown_trip);
+  st_json_put_num(loops, "max_trip", s->max_trip);
+  st_json_put(j, "while", loops);
+  json_t* coll = st_json_arr();
+  for (int i = 0; i < s->n_collectives; ++i) {
+    json_t* c = st_json_obj();
+    st_json_put_str(c, "kind", s->collectives[i].kind);
+    st_json_put_str(c, "groups", s->collectives[i].groups);
+    st_json_put_num(c, "count", s->collectives[i].count);
+    st_json_put_num(c, "bytes", s->collectives[i].bytes);
+    json_array_append_new(coll, c);
+  }
+  st_json_put(j, "collectives", coll);
+  json_t* cc = st_json_arr();
+  for (int i = 0; i < s->n_custom_calls; ++i) {
+    json_t* c = st_json_obj();
+    st_json_put_str(c, "target", s->custom_calls[i].target);
+    st_json_put_num(c, "count", s->custom_calls[i].count);
+    json_array_append_new(cc, c);
+  }
+  st_json_put(j, "custom_calls", cc);
+  json_t* hz = st_json_obj();
+  st_json_put_bool(hz, "dynamic_shapes", s->dynamic_shapes);
+  st_json_put_int(hz, "host_callbacks", s->host_callbacks);
+  st_json_put_bool(hz, "f64", s->uses_f64);
+  st_json_put(j, "hazards", hz);
+  st_json_put_str(j, "role", p->role);
+  if (p->launches > 0) st_json_put_num(j, "launches_per_step", p->launches);
+  if (p->measured_n > 0) {
+    double us = p->measured_us / p->measured_n;
+    st_json_put_num(j, "measured_us_per_launch", us);
+    st_json_put_int(j, "measured_launches", (int64_t)p->measured_n);
+    if (us > 0) st_json_put_num(j, "achieved_flops_per_s", s->flops / (us * 1e-6));
+  }
+  return j;
+}
+
+/* "12.3M" style: 4 significant characters for a screen table. */
+static void st__si(double v, char* out, size_t cap) {
+  const char* u = "";
+  double a = fabs(v);
+  if (a >= 1e12) v /= 1e12, u = "T";
+  else if (a >= 1e9) v /= 1e9, u = "G";
+  else if (a >= 1e6) v /= 1e6, u = "M";
+  else if (a >= 1e3) v /= 1e3, u = "k";
+  if (*u == '\0') snprintf(out, cap, "%.0f", v);
+  else snprintf(out, cap, "%.*f%s", fabs(v) >= 100 ? 0 : (fabs(v) >= 10 ? 1 : 2), v, u);
+}
+
+static void st__hazards_text(const st_ir_stats* s, char* out, size_t cap) {
+  out[0] = '\0';
+  size_t w = 0;
+  if (s->dynamic_shapes) w += (size_t)snprintf(out + w, cap - w, "dynamic ");
+  if (s->host_callbacks && w < cap) w += (size_t)snprintf(out + w, cap - w, "callback ");
+  if (s->uses_f64 && w < cap) w += (size_t)snprintf(out + w, cap - w, "f64 ");
+  if (s->while_unknown_trip && w < cap) w += (size_t)snprintf(out + w, cap - w, "loop? ");
+  if (w == 0) snprintf(out, cap, "-");
+}
+
+static void st__print_table(const st__prog* progs, int n, bool per_step, bool measured) {
+  printf("%-22s %8s %5s %8s %8s %8s %6s %5s %s%s%s\n", "program", "FLOPs", "dot%", "read B", "write B", "xla B", "AI",
+         "ops", per_step ? "launch " : "", measured ? " us/launch " : "", "coll/custom/hazards");
+  for (int i = 0; i < n; ++i) {
+    const st__prog* p = &progs[i];
+    if (p->error) {
+      printf("%-22s error: %s\n", p->name, p->error);
+      continue;
+    }
+    const st_ir_stats* s = &p->st;
+    char f[16], r[16], w[16], x[16], hz[64], coll[96] = "";
+    st__si(s->flops, f, sizeof(f));
+    st__si(s->arg_bytes, r, sizeof(r));
+    st__si(s->result_bytes, w, sizeof(w));
+    st__si(s->bytes_accessed, x, sizeof(x));
+    st__hazards_text(s, hz, sizeof(hz));
+    size_t cw = 0;
+    for (int k = 0; k < s->n_collectives && cw + 1 < sizeof(coll); ++k)
+      cw += (size_t)snprintf(coll + cw, sizeof(coll) - cw, "%s%s(%s)x%.0f", k ? "," : "", s->collectives[k].kind,
+                             s->collectives[k].groups, s->collectives[k].count);
+    for (int k = 0; k < s->n_custom_calls && cw + 1 < sizeof(coll); ++k)
+      cw += (size_t)snprintf(coll + cw, sizeof(coll) - cw, "%scc:%s", cw ? "," : "", s->custom_calls[k].target);
+    char launch[16] = "", us[24] = "";
+    if (per_step) snprintf(launch, sizeof(launch), "%6.0f ", p->launches);
+    if (measured && p->measured_n > 0) snprintf(us, sizeof(us), "%10.1f ", p->measured_us / p->measured_n);
+    else if (measured) snprintf(us, sizeof(us), "%10s ", "-");
+    printf("%-22.22s %8s %4.0f%% %8s %8s %8s %6.1f %5lld %s%s%s %s\n", p->name, f,
+           s->flops > 0 ? 100.0 * (s->dot_flops + s->conv_flops) / s->flops : 0.0, r, w, x, st__ai(s),
+           (long long)s->ops.total, launch, us, cw ? coll : "-", hz);
+  }
+}
+
+/* ------------------------------------------------------------ run dirs */
+
+typedef struct st__steps {
+  int count;         /* step lines read */
+  double time_s;     /* mean step_time_s (steps after the first when more than one) */
+  double wait_s;     /* mean wait_s: time the host waited for the device */
+  double tokens;     /* tokens per step */
+} st__steps;
+
+static st_status st__read_metrics(const char* run_dir, st__steps* out) {
+  memset(out, 0, sizeof(*out));
+  char* path = st_path_join(run_dir, "metrics.jsonl");
+  char* data = NULL;
+  size_t size = 0;
+  st_status s = st__is_file(path) ? st_fs_read_file(path, &data, &size) : ST_OK;
+  free(path);
+  if (s || !data) return s;
+  if (size > ST__METRICS_MAX) size = ST__METRICS_MAX;
+  double t_all = 0, w_all = 0, t_rest = 0, w_rest = 0;
+  int n_rest = 0;
+  for (size_t p = 0; p < size;) {
+    const char* nl = memchr(data + p, '\n', size - p);
+    size_t len = nl ? (size_t)(nl - (data + p)) : size - p;
+    json_t* j = NULL;
+    st_status bad = st_json_parse(data + p, len, "metrics.jsonl", &j);
+    st_status_free(bad);
+    json_t* step = j ? json_object_get(j, "step") : NULL;
+    json_t* t = j ? json_object_get(j, "step_time_s") : NULL;
+    if (json_is_integer(step) && json_is_number(t)) {
+      double ts = json_number_value(t);
+      double ws = json_number_value(json_object_get(j, "wait_s"));
+      out->tokens = json_number_value(json_object_get(j, "tokens"));
+      t_all += ts;
+      w_all += ws;
+      if (out->count > 0) {
+        t_rest += ts;
+        w_rest += ws;
+        ++n_rest;
+      }
+      out->count++;
+    }
+    json_decref(j);
+    p += len + 1;
+  }
+  free(data);
+  if (n_rest > 0) {
+    out->time_s = t_rest / n_rest;
+    out->wait_s = w_rest / n_rest;
+  } else if (out->count > 0) {
+    out->time_s = t_all / out->count;
+    out->wait_s = w_all / out->count;
+  }
+  return ST_OK;
+}
+
+/* Model FLOPs per token: 6 per parameter (forward and backward) plus the
+ * attention's 12 x n_layers x d_model x seq_len (PaLM's appendix B). */
+static double st__model_flops_per_token(const st_bundle* b) {
+  double n = 0;
+  for (int i = 0; i < b->param_count; ++i) {
+    int64_t e = st_tensor_type_elements(&b->params[i].type);
+    if (e > 0) n += (double)e;
+  }
+  return 6 * n + 12.0 * (double)b->model.n_layers * (double)b->model.d_model * (double)b->model.seq_len;
+}
+
+#define ST__ROLES 7
+static const char* const kRoles[ST__ROLES] = {"forward", "backward", "loss", "optimizer", "collective", "init", "other"};
+
+/* The part a program plays in a step (one of kRoles), from the bundle's program tables. */
+static const char* st__role(const st_bundle* b, const char* name) {
+#define ST__IS(p) ((p) && !strcmp((p)->name, name))
+  if (st_bundle_collective_find(b, name)) return "collective";
+  const st_bundle_stage* stages[2] = {&b->embed, &b->head};
+  for (int k = -2; k < b->layer_count; ++k) {
+    const st_bundle_stage* st = k < 0 ? stages[k + 2] : &b->layers[k];
+    if (ST__IS(st->init)) return "init";
+    if (ST__IS(st->fwd) || ST__IS(st->fwd_res) || ST__IS(st->eval)) return "forward";
+    if (ST__IS(st->bwd) || ST__IS(st->bwd_res)) return "backward";
+    if (ST__IS(st->loss)) return "loss";
+  }
+  for (int g = 0; g < b->group_count; ++g) {
+    const st_bundle_group* gr = &b->groups[g];
+    if (ST__IS(gr->accum) || ST__IS(gr->sqnorm) || ST__IS(gr->adamw) || ST__IS(gr->shard_accum) ||
+        ST__IS(gr->shard_sqnorm) || ST__IS(gr->shard_adamw))
+      return "optimizer";
+  }
+#undef ST__IS
+  return "other";
+}
+
+/* Traces read: files and bytes each (a trace of a big step is large, not huge). */
+#define ST__MAX_TRACES 64
+#define ST__TRACE_MAX ((size_t)256 << 20)
+
+typedef struct st__trace_sum {
+  int files;
+  double span_us;   /* summed step spans (first event to last completion) */
+  double wait_us;   /* host waits (WAIT, READ): time the host was blocked */
+  double host_us;   /* host ops (HOST, FREE) */
+  double launch_us; /* device work: launches, recomputes, collectives */
+} st__trace_sum;
+
+/* Reads <run>/trace/step_*.json: per program its launch time (Chrome
+ * trace complete events of category launch, recompute or collective, named
+ * after the program), per step the waits and host ops. */
+static st_status st__read_traces(const char* run_dir, st__prog* progs, int n, st__trace_sum* out) {
+  memset(out, 0, sizeof(*out));
+  char* dir = st_path_join(run_dir, "trace");
+  DIR* d = opendir(dir);
+  if (!d) {
+    free(dir);
+    return ST_OK; /* no trace.steps: no measured times */
+  }
+  st_status s = ST_OK;
+  struct dirent* ent;
+  while (!s && (ent = readdir(d)) != NULL) {
+    size_t len = strlen(ent->d_name);
+    if (strncmp(ent->d_name, "step_", 5) || len < 6 || strcmp(ent->d_name + len - 5, ".json")) continue;
+    if (out->files >= ST__MAX_TRACES) break;
+    char* path = st_path_join(dir, ent->d_name);
+    struct stat stt;
+    if (stat(path, &stt) != 0 || !S_ISREG(stt.st_mode) || (size_t)stt.st_size > ST__TRACE_MAX) {
+      free(path);
+      continue;
+    }
+    char* data = NULL;
+    size_t size = 0;
+    json_t* j = NULL;
+    s = st_fs_read_file(path, &data, &size);
+    if (!s) s = st_json_parse(data, size, path, &j);
+    free(data);
+    free(path);
+    if (s) break;
+    json_t* evs = json_object_get(j, "traceEvents");
+    double lo = 1e300, hi = 0;
+    size_t i;
+    json_t* e;
+    json_array_foreach(evs, i, e) {
+      const char* ph = json_string_value(json_object_get(e, "ph"));
+      const char* cat = json_string_value(json_object_get(e, "cat"));
+      const char* name = json_string_value(json_object_get(e, "name"));
+      json_t* ts = json_object_get(e, "ts");
+      json_t* dur = json_object_get(e, "dur");
+      if (!ph || strcmp(ph, "X") || !cat || !name || !json_is_number(ts) || !json_is_number(dur)) continue;
+      double t0 = json_number_value(ts), dt = json_number_value(dur);
+      if (!(dt >= 0) || !(t0 >= 0)) continue;
+      if (t0 < lo) lo = t0;
+      if (t0 + dt > hi) hi = t0 + dt;
+      if (!strcmp(cat, "launch") || !strcmp(cat, "recompute") || !strcmp(cat, "collective")) {
+        out->launch_us += dt;
+        for (int k = 0; k < n; ++k)
+          if (!strcmp(progs[k].name, name)) {
+            progs[k].measured_us += dt;
+            progs[k].measured_n += 1;
+            break;
+          }
+      } else if (!strcmp(cat, "wait")) {
+        out->wait_us += dt;
+      } else if (!strcmp(cat, "host")) {
+        out->host_us += dt;
+      }
+    }
+    if (hi > lo) out->span_us += hi - lo;
+    out->files++;
+    json_decref(j);
+  }
+  closedir(d);
+  free(dir);
+  return s;
+}
+
+int st_cli_analyze(int argc, char** argv) {
+  bool json = false;
+  const char* pos[1];
+  int npos = 0;
+  if (st_cli_json_args(argc, argv, kUsage, &json, pos, 1, &npos)) return 0;
+  if (npos != 1) {
+    fprintf(stderr, "%s\n", kUsage);
+    return 2;
+  }
+  const char* dir = pos[0];
+  char* manifest = st_path_join(dir, "manifest.json");
+  char* config = st_path_join(dir, "config.yaml");
+  bool is_bundle = st__is_file(manifest), is_run = !is_bundle && st__is_file(config);
+  free(manifest);
+  st_status s = ST_OK;
+  if (!is_bundle && !is_run)
+    s = st_status_make(ST_CODE_CONFIG,
+                       "strata analyze: '%s' holds neither manifest.json (a bundle) nor config.yaml (a run "
+                       "directory); pass a bundle folder (~/.cache/strata/bundles/<key>) or a run directory (run.dir)",
+                       dir);
+  st_bundle* bundle = NULL;
+  st_config* cfg = NULL;
+  st_train_options o;
+  bool have_opts = false;
+  st_plan step, eval;
+  st_plan_init(&step);
+  st_plan_init(&eval);
+  st_remat_choice remat;
+  memset(&remat, 0, sizeof(remat));
+  if (!s && is_bundle) s = st_bundle_open(dir, &bundle);
+  if (!s && is_run) {
+    char* args[1] = {config};
+    s = st_cli_load_config("analyze", 1, args, &cfg);
+    if (!s) {
+      s = st_train_options_from_config(cfg, &o);
+      have_opts = true;
+    }
+    bool exported = false;
+    if (!s) {
+      st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh};
+      s = st_bundle_ensure(&req, &bundle, &exported);
+    }
+    if (!s) s = st_train_build_plans_ex(bundle, &o, &step, &eval, &remat);
+  }
+  free(config);
+  int n = 0;
+  st__prog* progs = NULL;
+  st__steps steps;
+  memset(&steps, 0, sizeof(steps));
+  if (!s) {
+    n = bundle->program_count + bundle->collective_count;
+    progs = st_xcalloc((size_t)(n > 0 ? n : 1), sizeof(*progs));
+    for (int i = 0; i < bundle->program_count; ++i) st__analyze_one(bundle, &bundle->programs[i], "program", &progs[i]);
+    for (int i = 0; i < bundle->collective_count; ++i)
+      st__analyze_one(bundle, &bundle->collectives[i], "collective", &progs[bundle->program_count + i]);
+    for (int i = 0; i < n; ++i) progs[i].role = st__role(bundle, progs[i].name);
+  }
+  st__trace_sum traces;
+  memset(&traces, 0, sizeof(traces));
+  if (!s && is_run) {
+    for (int k = 0; k < step.op_count; ++k) {
+      const st_op* op = &step.ops[k];
+      if (op->kind != ST_OP_LAUNCH && op->kind != ST_OP_RECOMPUTE && op->kind != ST_OP_COLLECTIVE) continue;
+      const char* name = step.programs[op->program];
+      for (int i = 0; i < n; ++i)
+        if (!strcmp(progs[i].name, name)) {
+          progs[i].launches += 1;
+          break;
+        }
+    }
+    s = st__read_metrics(dir, &steps);
+    if (!s) s = st__read_traces(dir, progs, n, &traces);
+  }
+  if (!s) {
+    double step_flops = 0, step_dot = 0, step_read = 0, step_write = 0;
+    for (int i = 0; i < n; ++i) {
+      if (progs[i].error) continue;
+      step_flops += progs[i].launches * progs[i].st.flops;
+      step_dot += progs[i].launches * (progs[i].st.dot_flops + progs[i].st.conv_flops);
+      step_read += progs[i].launches * progs[i].st.arg_bytes;
+      step_write += progs[i].launches * progs[i].st.result_bytes;
+    }
+    double model_flops = is_run ? st__model_flops_per_token(bundle) * steps.tokens : 0;
+    double devices = step.devices > 1 ? step.devices : 1;
+    double role_us[ST__ROLES] = {0}; /* measured launch time by role */
+    for (int i = 0; i < n; ++i)
+      for (int r = 0; r < ST__ROLES; ++r)
+        if (progs[i].role && !strcmp(progs[i].role, kRoles[r])) role_us[r] += progs[i].measured_us;
+    if (json) {
+      json_t* j = st_json_obj();
+      st_json_put_str(j, "bundle", bundle->dir);
+      if (is_run) st_json_put_str(j, "run_dir", dir);
+      json_t* arr = st_json_arr();
+      for (int i = 0; i < n; ++i) json_array_append_new(arr, st__prog_json(&progs[i]));
+      st_json_put(j, "programs", arr);
+      json_t* peak = st_json_obj();
+      st_json_put(peak, "flops_per_s", json_null());
+      st_json_put(peak, "bytes_per_s", json_null());
+      st_json_put_str(peak, "note", "not measured (run strata doctor)");
+      st_json_put(j, "peak", peak);
+      if (is_run) {
+        json_t* sj = st_json_obj();
+        st_json_put_int(sj, "devices", (int64_t)devices);
+        st_json_put_num(sj, "flops", step_flops);
+        st_json_put_num(sj, "dot_flops", step_dot);
+        st_json_put_num(sj, "arg_bytes", step_read);
+        st_json_put_num(sj, "result_bytes", step_write);
+        st_json_put_num(sj, "tokens", steps.tokens);
+        st_json_put_num(sj, "model_flops", model_flops);
+        st_json_put_int(sj, "steps_measured", steps.count);
+        if (steps.time_s > 0) {
+          st_json_put_num(sj, "step_time_s", steps.time_s);
+          st_json_put_num(sj, "achieved_flops_per_s", step_flops * devices / steps.time_s);
+          st_json_put_num(sj, "model_flops_per_s", model_flops / steps.time_s);
+          st_json_put_num(sj, "wait_s", steps.wait_s);
+          st_json_put_num(sj, "host_s", steps.time_s - steps.wait_s);
+        }
+        st_json_put(sj, "mfu", json_null());
+        if (traces.files > 0) {
+          json_t* tj = st_json_obj();
+          st_json_put_int(tj, "files", traces.files);
+          st_json_put_num(tj, "step_time_s", traces.span_us * 1e-6 / traces.files);
+          st_json_put_num(tj, "device_s", traces.launch_us * 1e-6 / traces.files);
+          /* Wait slices overlap (each runs from its issue): their sum is not a time. */
+          st_json_put_num(tj, "wait_slices_s", traces.wait_us * 1e-6 / traces.files);
+          st_json_put_num(tj, "host_ops_s", traces.host_us * 1e-6 / traces.files);
+          json_t* share = st_json_obj();
+          for (int r = 0; r < ST__ROLES; ++r)
+            if (role_us[r] > 0) st_json_put_num(share, kRoles[r], traces.launch_us > 0 ? role_us[r] / traces.launch_us : 0);
+          st_json_put(tj, "share_by_role", share);
+          st_json_put(sj, "trace", tj);
+        }
+        st_json_put(j, "step", sj);
+      }
+      char* text = st_json_dump(j, 0);
+      printf("%s\n", text);
+      free(text);
+      json_decref(j);
+    } else {
+      printf("bundle %s: %d programs, %d collectives\n", bundle->dir, bundle->program_count,
+             bundle->collective_count);
+      st__print_table(progs, n, is_run, traces.files > 0);
+      printf("peak: not measured (run strata doctor); no roofline bound\n");
+      if (is_run) {
+        char f[16], m[16], a[16];
+        st__si(step_flops * devices, f, sizeof(f));
+        st__si(model_flops, m, sizeof(m));
+        printf("step: %s FLOPs (%.0f%% dot) on %.0f device(s), model FLOPs %s (%.0f tokens)\n", f,
+               step_flops > 0 ? 100 * step_dot / step_flops : 0.0, devices, m, steps.tokens);
+        if (steps.time_s > 0) {
+          st__si(step_flops * devices / steps.time_s, a, sizeof(a));
+          printf("      %.4f s per step (mean of %d), %s FLOP/s achieved, host %.4f s, waiting on the device %.4f s\n",
+                 steps.time_s, steps.count > 1 ? steps.count - 1 : steps.count, a, steps.time_s - steps.wait_s,
+                 steps.wait_s);
+        } else {
+          printf("      no step in metrics.jsonl: no achieved FLOP/s\n");
+        }
+        if (traces.files > 0) {
+          printf("trace (%d step%s): device work", traces.files, traces.files > 1 ? "s" : "");
+          for (int r = 0; r < ST__ROLES; ++r)
+            if (role_us[r] > 0 && traces.launch_us > 0) printf(" %s %.0f%%", kRoles[r], 100 * role_us[r] / traces.launch_us);
+          printf("; host ops %.4f s per step\n", traces.host_us * 1e-6 / traces.files);
+        } else {
+          printf("trace: none (trace.steps=[N] records one): no time per launch\n");
+        }
+      }
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    st_ir_stats_free(&progs[i].st);
+    free(progs[i].error);
+  }
+  free(progs);
+  st_plan_deinit(&step);
+  st_plan_deinit(&eval);
+  st_remat_choice_deinit(&remat);
+  if (have_opts) st_train_options_deinit(&o);
+  st_bundle_destroy(bundle);
+  st_config_destroy(cfg);
+  return st_cli_report(s);
+}

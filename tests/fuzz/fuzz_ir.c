@@ -1,0 +1,45 @@
+/*
+ * fuzz_ir.c — libFuzzer target for the StableHLO text reader
+ * (st_ir_analyze, src/ir/: functions, ops, regions, calls, while loops).
+ *
+ * Properties: an error leaves empty stats and names the program; a read
+ * program has finite, non-negative counts and its tables within bounds.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "strata/ir.h"
+
+static void st__finite(double v) {
+  if (!isfinite(v) || v < 0) abort();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  st_ir_stats s;
+  st_status st = st_ir_analyze((const char*)data, size, "fuzz.mlir", &s);
+  if (st) {
+    if (s.collectives || s.custom_calls || s.n_collectives || s.n_custom_calls || s.flops != 0) abort();
+    if (st_status_code(st) != ST_CODE_RUNTIME || !strstr(st_status_message(st), "fuzz.mlir")) abort();
+    st_status_free(st);
+    return 0;
+  }
+  const double v[] = {s.flops, s.dot_flops, s.conv_flops, s.elementwise_flops, s.reduce_flops, s.transcendentals,
+                      s.elementwise_elements, s.reduce_elements, s.bytes_accessed, s.arg_bytes, s.result_bytes,
+                      s.max_trip};
+  for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); ++i) st__finite(v[i]);
+  if (s.n_args < 0 || s.n_results < 0 || s.ops.total < 0 || s.funcs < 1 || s.funcs > ST_IR_MAX_FUNCS) abort();
+  if (s.n_collectives < 0 || s.n_collectives > ST_IR_MAX_DISTINCT || (s.n_collectives && !s.collectives)) abort();
+  if (s.n_custom_calls < 0 || s.n_custom_calls > ST_IR_MAX_DISTINCT || (s.n_custom_calls && !s.custom_calls)) abort();
+  for (int i = 0; i < s.n_collectives; ++i) {
+    if (!memchr(s.collectives[i].kind, 0, sizeof(s.collectives[i].kind))) abort();
+    if (!memchr(s.collectives[i].groups, 0, sizeof(s.collectives[i].groups))) abort();
+    st__finite(s.collectives[i].count);
+    st__finite(s.collectives[i].bytes);
+  }
+  for (int i = 0; i < s.n_custom_calls; ++i)
+    if (!memchr(s.custom_calls[i].target, 0, sizeof(s.custom_calls[i].target))) abort();
+  st_ir_stats_free(&s);
+  return 0;
+}
