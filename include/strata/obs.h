@@ -62,6 +62,12 @@ st_status st_runlog_event(st_runlog* log, const char* name, json_t* fields);
 /* Appends |object| (stolen) as one line of metrics.jsonl. */
 st_status st_runlog_metrics(st_runlog* log, json_t* object);
 
+/* Also writes every metrics line (st_runlog_metrics) to a new TensorBoard
+ * event file in folder |tb_dir| (created when missing; st_tb_open), so
+ * TensorBoard and metrics.jsonl show the same numbers. The writer is the
+ * log's: st_runlog_close closes it. */
+st_status st_runlog_tensorboard(st_runlog* log, const char* tb_dir);
+
 /*===-------------------------------------------------------------------===*/
 /* Reading the logs back (strata status, strata report)                     */
 /*===-------------------------------------------------------------------===*/
@@ -227,6 +233,45 @@ void st_metrics_render(const json_t* snapshot, const char* run_id, st_strbuf* ou
 /* A sample value as the format writes it: shortest round-trip digits,
  * "NaN", "+Inf", "-Inf". */
 void st_metrics_format_value(double x, char out[ST_DOUBLE_CHARS]);
+
+/*===-------------------------------------------------------------------===*/
+/* TensorBoard event files (<run>/tb/, docs/using.md "TensorBoard")         */
+/*===-------------------------------------------------------------------===*/
+
+/* One event file being appended to: events.out.tfevents.<unix s>.<host>.<pid>
+ * (".<n>" added when that name exists), a sequence of records
+ *   u64 length (LE) | u32 masked CRC32C of the length | data | u32 masked CRC32C of the data
+ * whose data are Event protos (src/obs/tb_event.proto); the first is the
+ * file version "brain.Event:2". Each record is one write(2) straight to the
+ * file (no user-space buffer: TensorBoard sees a step as soon as it is
+ * written); a write cut short is taken back, so a crash can leave at most a
+ * torn last record, which TensorBoard's reader stops at. Writes only; reads
+ * no bytes from anywhere (nothing here to fuzz). */
+typedef struct st_tb_writer st_tb_writer;
+
+/* Creates folder |dir| when missing and a new event file in it. */
+st_status st_tb_open(const char* dir, st_tb_writer** out_writer /* owned by caller */);
+void st_tb_close(st_tb_writer* writer);           /* NULL is a no-op */
+const char* st_tb_path(const st_tb_writer* writer); /* the file; borrowed */
+
+/* One event for the metrics line |object| (borrowed): step = its integer
+ * "step" (0 without one), wall time = now, and one scalar per number in it,
+ * tagged with its key; a nested object's numbers are tagged with the keys'
+ * path ("peak_live_by_category/params"). "step" itself, nulls (a value not
+ * measured, a non-finite loss), booleans, strings and arrays are left out.
+ * A scalar is a rank-0 double tensor owned by the "scalars" plugin (what
+ * tf.summary.scalar writes, in double), so TensorBoard shows the very
+ * double of metrics.jsonl: integers up to 2^53 and every real exactly. An
+ * object without numbers writes nothing. */
+st_status st_tb_write_metrics(st_tb_writer* writer, const json_t* object);
+
+/* The record framing, exposed for its tests: CRC-32C (Castagnoli,
+ * reflected 0x82F63B78, init and final xor 0xFFFFFFFF: "123456789" ->
+ * 0xE3069283), TensorBoard's masking of it, and one framed record of
+ * |data| appended to |out|. */
+uint32_t st_tb_crc32c(const void* data, size_t size);
+uint32_t st_tb_mask_crc(uint32_t crc);
+void st_tb_frame(st_strbuf* out, const void* data, size_t size);
 
 #ifdef __cplusplus
 }

@@ -56,6 +56,7 @@ typedef struct st_train_options {
   int metrics_port;       /* obs.metrics_port: the live metrics endpoint's port on 127.0.0.1; 0: none */
   int64_t* trace_steps;   /* owned */
   bool resume;            /* run.resume */
+  bool tensorboard;       /* obs.tensorboard: <run>/tb/ event files */
   struct {
     int64_t every, keep, keep_every;
     bool async;

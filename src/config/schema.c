@@ -122,6 +122,9 @@ static const st__cfg_key kKeys[] = {
 
     {"obs.metrics_port", ST__CFG_INT, "0", .lo = 0, .hi = 65535,
      .doc = "Serve the latest metrics (Prometheus text format) at http://127.0.0.1:<port>/metrics while training; 0: off."},
+    {"obs.tensorboard", ST__CFG_BOOL, "true",
+     .doc = "Also write every metrics.jsonl line as TensorBoard scalars, to event files under <run>/tb/ "
+            "(`tensorboard --logdir runs/`; docs/using.md)."},
 
     {"bundle.dir", ST__CFG_STRING, "", .doc = "Program bundle folder; empty: <cache>/bundles/<bundle key>."},
 
@@ -174,7 +177,7 @@ static const st__cfg_section kSections[] = {
     {"bundle", "Exported programs."},
     {"sched", "The step plan's policies: remat, offload, prefetch, waits, optimizer placement (docs/scheduling.md)."},
     {"trace", "Chrome traces of chosen steps (docs/scheduling.md)."},
-    {"obs", "Watching a run live: the metrics endpoint (docs/using.md)."},
+    {"obs", "Watching a run: the live metrics endpoint and the TensorBoard files (docs/using.md)."},
     {"ckpt", "Checkpoints: cadence, retention, failure policy (docs/checkpoints.md)."},
     {"recovery", "The supervisor (strata run): restarts, backoff, hang timeout."},
     {"faults", "Fault injection for recovery drills; all off by default."},

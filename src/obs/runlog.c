@@ -60,6 +60,7 @@ bool st_runlog_dir_has_run(const char* dir) {
 struct st_runlog {
   int events_fd;
   int metrics_fd;
+  st_tb_writer* tb; /* NULL: no TensorBoard files (obs.tensorboard=false) */
 };
 
 st_status st_runlog_repair_tail(const char* path, long* out_cut) {
@@ -139,6 +140,7 @@ void st_runlog_close(st_runlog* log) {
   if (!log) return;
   if (log->events_fd >= 0) close(log->events_fd);
   if (log->metrics_fd >= 0) close(log->metrics_fd);
+  st_tb_close(log->tb);
   free(log);
 }
 
@@ -192,8 +194,15 @@ st_status st_runlog_event(st_runlog* log, const char* name, json_t* fields) {
 
 st_status st_runlog_metrics(st_runlog* log, json_t* object) {
   st_status s = st__write_json_line(log->metrics_fd, object, "metrics.jsonl");
+  if (!s && log->tb) s = st_tb_write_metrics(log->tb, object);
   json_decref(object);
   return s;
+}
+
+st_status st_runlog_tensorboard(st_runlog* log, const char* tb_dir) {
+  st_tb_close(log->tb);
+  log->tb = NULL;
+  return st_tb_open(tb_dir, &log->tb);
 }
 
 void st_progress_print(bool enabled, int64_t step, int64_t total, double loss, double tokens_per_s, double eta_s) {

@@ -30,6 +30,7 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   const char* progress = st_config_string(c, "run.progress");
   o->progress = !strcmp(progress, "on") ? 1 : !strcmp(progress, "off") ? 0 : 2;
   o->bundle_dir = st_config_string(c, "bundle.dir");
+  o->tensorboard = st_config_bool(c, "obs.tensorboard");
   o->cache_root = st_cache_root(st_config_string(c, "runtime.cache_dir"));
 
   /* Canonical order: the exporter reads this object and the bundle key

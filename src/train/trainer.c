@@ -580,6 +580,11 @@ st_status st_train_main(const st_config* cfg) {
   bool reused = false;
   s = st__make_run_dir(cfg, &o, &t.run_dir, &lock_fd, &reused);
   if (!s) s = st_runlog_open(t.run_dir, &t.log);
+  if (!s && o.tensorboard) {
+    char* tb = st_path_join(t.run_dir, "tb");
+    s = st_runlog_tensorboard(t.log, tb);
+    free(tb);
+  }
   if (!s && reused && !o.resume) {
     json_t* f = st_json_obj();
     st_json_put_str(f, "reason", "an earlier attempt in this directory stopped before its first step");
