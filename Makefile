@@ -14,7 +14,7 @@ build: setup
 	@cmake --build build -j $(JOBS)
 
 # The binary to carry to a lent GPU machine (docs/performance.md, "GPU"):
-# libyaml, libjansson, libxxhash and libcrypto linked in, only glibc needed there.
+# libyaml, libjansson, libxxhash, libcrypto and libprotobuf-c linked in, only glibc needed there.
 build-portable: setup
 	@cmake -S . -B build-portable -DSTRATA_TESTS=OFF -DSTRATA_STATIC_DEPS=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
 	@cmake --build build-portable -j $(JOBS)

@@ -11,7 +11,7 @@
 # installed, the CUDA plugin is xla_cuda_plugin.so inside the jax_plugins
 # package, no network, no .venv. This script finds the interpreter and the
 # plugin, builds strata if it can (cmake, a C compiler, libyaml, libxxhash,
-# libcrypto), then runs bench/gpu_report.py within the time budget. Anything
+# libcrypto, libprotobuf-c and protoc-c), then runs bench/gpu_report.py within the time budget. Anything
 # missing is reported and the rest still runs (the anchors need only jax).
 #
 #   bench/gpu.sh [--out DIR] [--budget SECONDS] [--dry-run]

@@ -259,9 +259,9 @@ const char* st_tb_path(const st_tb_writer* writer); /* the file; borrowed */
  * tagged with its key; a nested object's numbers are tagged with the keys'
  * path ("peak_live_by_category/params"). "step" itself, nulls (a value not
  * measured, a non-finite loss), booleans, strings and arrays are left out.
- * A scalar is a rank-0 double tensor owned by the "scalars" plugin (what
- * tf.summary.scalar writes, in double), so TensorBoard shows the very
- * double of metrics.jsonl: integers up to 2^53 and every real exactly. An
+ * A scalar is a Summary.Value simple_value: TensorBoard's scalars are
+ * float32, so each is the float nearest the double of metrics.jsonl
+ * (integers exact up to 2^24; metrics.jsonl stays the exact record). An
  * object without numbers writes nothing. */
 st_status st_tb_write_metrics(st_tb_writer* writer, const json_t* object);
 

@@ -12,7 +12,9 @@
  * form (no table, so no global state): a step's record is a few kilobytes. */
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,34 +181,27 @@ static void st__collect(const json_t* obj, const char* prefix, st__scalars* out)
   }
 }
 
+/* TensorBoard's scalars are float32 (tf.summary.scalar casts to it, and
+ * the data server behind `tensorboard` reads only float scalars). A double
+ * beyond float's range becomes an infinity rather than the undefined cast. */
+static float st__to_float(double v) {
+  if (v > FLT_MAX) return INFINITY;
+  if (v < -FLT_MAX) return -INFINITY;
+  return (float)v;
+}
+
 st_status st_tb_write_metrics(st_tb_writer* writer, const json_t* object) {
   st__scalars sc = {0};
   st__collect(object, "", &sc);
   if (!sc.count) return ST_OK;
 
-  /* Every value carries the metadata (TensorBoard keeps a tag's first):
-   * each file of a resumed run then stands on its own. */
-  StrataTb__SummaryMetadata__PluginData plugin = STRATA_TB__SUMMARY_METADATA__PLUGIN_DATA__INIT;
-  plugin.plugin_name = (char*)"scalars";
-  StrataTb__SummaryMetadata meta = STRATA_TB__SUMMARY_METADATA__INIT;
-  meta.plugin_data = &plugin;
-  meta.data_class = STRATA_TB__DATA_CLASS__DATA_CLASS_SCALAR;
-  StrataTb__TensorShapeProto scalar_shape = STRATA_TB__TENSOR_SHAPE_PROTO__INIT;
-
-  StrataTb__TensorProto* tensors = st_xcalloc(sc.count, sizeof(*tensors));
   StrataTb__Summary__Value* values = st_xcalloc(sc.count, sizeof(*values));
   StrataTb__Summary__Value** value_ptrs = st_xcalloc(sc.count, sizeof(*value_ptrs));
   for (size_t i = 0; i < sc.count; ++i) {
-    StrataTb__TensorProto t = STRATA_TB__TENSOR_PROTO__INIT;
-    t.dtype = STRATA_TB__DATA_TYPE__DT_DOUBLE;
-    t.tensor_shape = &scalar_shape;
-    t.n_double_val = 1;
-    t.double_val = &sc.values[i];
-    tensors[i] = t;
     StrataTb__Summary__Value v = STRATA_TB__SUMMARY__VALUE__INIT;
     v.tag = sc.tags[i];
-    v.tensor = &tensors[i];
-    v.metadata = &meta;
+    v.value_case = STRATA_TB__SUMMARY__VALUE__VALUE_SIMPLE_VALUE;
+    v.simple_value = st__to_float(sc.values[i]);
     values[i] = v;
     value_ptrs[i] = &values[i];
   }
@@ -226,6 +221,5 @@ st_status st_tb_write_metrics(st_tb_writer* writer, const json_t* object) {
   free(sc.values);
   free(value_ptrs);
   free(values);
-  free(tensors);
   return s;
 }

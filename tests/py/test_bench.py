@@ -181,7 +181,7 @@ def test_gpu_script_dry_run(tmp_path: Any) -> None:
     portable = os.path.join(ROOT, "build-portable", "strata")
     assert os.access(portable, os.X_OK), "build-portable/strata missing: `make build-portable` (make test builds it)"
     deps = subprocess.run(["ldd", portable], capture_output=True, text=True).stdout
-    assert not [d for d in ("libyaml", "libjansson", "libxxhash", "libcrypto") if d in deps], deps
+    assert not [d for d in ("libyaml", "libjansson", "libxxhash", "libcrypto", "libprotobuf-c") if d in deps], deps
     carried = tmp_path / "carried" / "strata"
     carried.parent.mkdir()
     shutil.copy2(portable, carried)

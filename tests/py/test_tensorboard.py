@@ -2,22 +2,24 @@
 
 A run writes every metrics.jsonl line as scalars to <run>/tb/ as it trains.
 Read back here with TensorBoard's own reader (tensorboard, pinned in
-requirements.lock: its EventFileLoader checks both CRC-32Cs of every record,
+requirements.lock: its record reader checks both CRC-32Cs of every record,
 so the framing written in C is checked by an independent implementation):
 
 - the file starts with the version record "brain.Event:2" and is named
   events.out.tfevents.<unix s>.<host>.<pid>;
 - the scalars are metrics.jsonl, line for line and in order: every number of
-  each line (nested objects as "a/b", the step as the event's step), the
-  very double (the values are double tensors, so equality is exact), eval
-  and checkpoint lines included; a data-parallel run, so the two-level
+  each line (nested objects as "a/b", the step as the event's step), equal
+  to the float32 nearest the line's double (TensorBoard's scalars are
+  float32: simple_value), eval and checkpoint lines included; a data-parallel run, so the two-level
   collectives_by_kind objects are in it (nulls, booleans, strings: the C
   test, tests/c/test_tensorboard.c);
 - the run is SIGKILLed during step 3 (faults.crash_at_step): what was
   written before is in the file (no user-space buffer lost), and a resume
   adds a second file, the union of the two matching metrics.jsonl;
-- TensorBoard's scalar dashboard owns the tags (plugin "scalars"), so
-  `tensorboard --logdir` shows them;
+- TensorBoard's scalar dashboard sees every tag, both through the Python
+  loader and through `tensorboard --logdir` itself, whose default data
+  server (Rust, tensorboard-data-server) reads fewer encodings: it shows no
+  double-tensor scalars, for one;
 - obs.tensorboard=false writes no tb/ folder.
 """
 
@@ -28,10 +30,16 @@ import os
 import re
 import socket
 import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
 
+import numpy as np
 import pytest
 from tensorboard.backend.event_processing import plugin_event_accumulator
-from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+from tensorboard.compat.proto import event_pb2
 from tensorboard.util import tensor_util
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -57,7 +65,7 @@ def flatten(obj: dict, prefix: str = "") -> list[tuple[str, float]]:
         if isinstance(v, dict):
             out += flatten(v, tag)
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            out.append((tag, float(v)))
+            out.append((tag, float(np.float32(v))))  # TensorBoard scalars are float32
     return out
 
 
@@ -71,15 +79,15 @@ def tb_files(run_dir) -> list:
 
 
 def read_events(path) -> tuple[list, list[tuple[int, list[tuple[str, float]]]]]:
-    events = list(EventFileLoader(str(path)).Load())
+    # The records as written (EventFileLoader would migrate simple_value to tensors).
+    events = [event_pb2.Event.FromString(r) for r in RawEventFileLoader(str(path)).Load()]
     got = []
     for ev in events[1:]:
         assert ev.HasField("summary"), ev
         vals = []
         for v in ev.summary.value:
-            assert v.tensor.dtype == 2 and not v.tensor.tensor_shape.dim  # DT_DOUBLE, rank 0
-            assert v.metadata.plugin_data.plugin_name == "scalars" and v.metadata.data_class == 1
-            vals.append((v.tag, tensor_util.make_ndarray(v.tensor).item()))
+            assert v.WhichOneof("value") == "simple_value", v
+            vals.append((v.tag, v.simple_value))
         got.append((ev.step, vals))
     return events, got
 
@@ -146,9 +154,42 @@ def test_scalar_dashboard_sees_every_tag(crashed_and_resumed: dict) -> None:
     scalar_tags = set(acc.PluginTagToContent("scalars"))
     want = expected(run_dir)
     assert scalar_tags == {t for _, vals in want for t, _ in vals}
-    evals = [(e.step, tensor_util.make_ndarray(e.tensor_proto).item()) for e in acc.Tensors("eval_loss")]
+    evals = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto).item())) for e in acc.Tensors("eval_loss")]
     assert evals == [(s, dict(vals)["eval_loss"]) for s, vals in want if "eval_loss" in dict(vals)]
     assert [e.step for e in acc.Tensors("loss")] == [1, 2, 3, 4, 5, 6]
+
+
+def test_tensorboard_server_shows_the_scalars(crashed_and_resumed: dict, tmp_path) -> None:
+    """`tensorboard --logdir` with its default (Rust) data server, asked
+    over HTTP as the dashboard asks: every tag, and eval_loss's points."""
+    run_dir = crashed_and_resumed["dir"]
+    want = expected(run_dir)
+    want_tags = {t for _, vals in want for t, _ in vals}
+    log = open(tmp_path / "tensorboard.log", "w")
+    proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "tensorboard"), "--logdir", str(run_dir),
+                             "--port", "0", "--load_fast", "true", "--reload_interval", "1"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        base, tags = None, {}
+        while time.monotonic() < deadline and set(tags.get("tb", {})) != want_tags:
+            time.sleep(1)
+            assert proc.poll() is None, (tmp_path / "tensorboard.log").read_text()
+            if base is None:
+                m = re.search(r"at (http://[^/\s]+/)", (tmp_path / "tensorboard.log").read_text())
+                base = m and m.group(1)
+                continue
+            with urllib.request.urlopen(base + "data/plugin/scalars/tags", timeout=10) as r:
+                tags = json.load(r)
+        assert set(tags.get("tb", {})) == want_tags, (tags, (tmp_path / "tensorboard.log").read_text())
+        q = urllib.parse.urlencode({"run": "tb", "tag": "eval_loss"})
+        with urllib.request.urlopen(base + "data/plugin/scalars/scalars?" + q, timeout=10) as r:
+            points = [(step, value) for _, step, value in json.load(r)]
+        assert points == [(s, dict(vals)["eval_loss"]) for s, vals in want if "eval_loss" in dict(vals)]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
 
 
 def test_off(tmp_path) -> None:
