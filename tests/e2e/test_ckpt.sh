@@ -17,6 +17,7 @@ set -uo pipefail
 
 STRATA=$(realpath "${STRATA:-./build/strata}")
 PY=$(realpath "${PY:-.venv/bin/python}")
+VENV_PY="$PWD/.venv/bin/python" # not resolved: the virtualenv's packages (tensorboard)
 DRILL="$PY $(realpath tests/e2e/ckpt_drill.py)"
 TMP=$(mktemp -d /tmp/strata-e2e-ckpt-XXXXXX)
 MNT=""
@@ -235,8 +236,10 @@ if mkdir -p "$TMP/full-log" && mount -t tmpfs -o size=48k tmpfs "$TMP/full-log" 
   MNT="$TMP/full-log"
   "$STRATA" train "${BASE[@]}" train.steps=100000 ckpt.every=0 run.dir="$TMP/full-log" >/dev/null 2>"$TMP/err"
   rc=$?
+  # The TensorBoard file (tb/, docs/using.md) shares the disk: whichever
+  # append finds it full fails, and names its file.
   check "full disk under metrics.jsonl: exit 9 (rc $rc), naming the file and ENOSPC" \
-    "[ $rc = 9 ] && grep -Eq 'i/o error: .*writing (metrics|events)\.jsonl failed: No space left on device' '$TMP/err'"
+    "[ $rc = 9 ] && grep -Eq 'i/o error: .*writing ((metrics|events)\.jsonl|TensorBoard events to .*tb/events\.out\.tfevents\.[^ ]*) failed: No space left on device' '$TMP/err'"
   check "full disk: no torn line in metrics.jsonl or events.jsonl" "$PY - '$TMP/full-log' <<'PYEOF'
 import json, sys
 for name in ('metrics.jsonl', 'events.jsonl'):
@@ -244,12 +247,32 @@ for name in ('metrics.jsonl', 'events.jsonl'):
     assert data.endswith('\\n'), (name, data[-80:])
     [json.loads(l) for l in data.splitlines()]
 PYEOF"
+  tb_whole() { # every tb/ file is whole records, CRCs checked with TensorBoard's own CRC-32C
+    "$VENV_PY" - "$1" <<'PYEOF'
+import glob, struct, sys
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+files = sorted(glob.glob(sys.argv[1] + '/tb/events.out.tfevents.*'))
+assert files
+for f in files:
+    data, at, n = open(f, 'rb').read(), 0, 0
+    while at < len(data):
+        (length,) = struct.unpack_from('<Q', data, at)
+        end = at + 12 + length + 4
+        assert end <= len(data), (f, 'torn record at', at)
+        assert struct.unpack_from('<I', data, end - 4)[0] == masked_crc32c(data[at + 12:end - 4]), (f, at)
+        at, n = end, n + 1
+    assert n >= 1, f
+print(len(files))
+PYEOF
+  }
+  check "full disk: no torn record in tb/" "tb_whole '$TMP/full-log' >/dev/null"
   n=$(grep -c '"loss"' "$TMP/full-log/metrics.jsonl")
   mount -o remount,size=4m "$TMP/full-log"
   if "$STRATA" resume "$TMP/full-log" train.steps=$((n + 2)) >/dev/null 2>"$TMP/err"; then ok; else bad "resume after the full disk exited $?: $(tail -2 "$TMP/err")"; fi
   check "full disk, then room again: resume appends whole lines" "$PY -c '
 import json, sys
 [json.loads(l) for f in sys.argv[1:] for l in open(f)]' '$TMP/full-log/metrics.jsonl' '$TMP/full-log/events.jsonl'"
+  check "full disk, then room again: the resume added a tb/ file of whole records" "[ \"\$(tb_whole '$TMP/full-log')\" = 2 ]"
   umount "$MNT" && MNT=""
 else
   echo "NOTE: cannot mount a size-limited tmpfs here ($(cat "$TMP/mount.err")); the full run-log disk case is not covered"
