@@ -73,8 +73,11 @@ static st_status st__append_record(st_tb_writer* w, const void* data, size_t siz
     if (n <= 0) {
       int err = n < 0 ? errno : EIO;
       bool back = done == 0 || ftruncate(w->fd, w->size) == 0;
-      s = st_status_make(ST_CODE_IO, "writing TensorBoard events to '%s' failed: %s%s; set obs.tensorboard=false to run without them",
-                         w->path, strerror(err), back ? "" : " (a torn last record is left; TensorBoard stops reading there)");
+      s = st_status_make(ST_CODE_IO,
+                         "writing TensorBoard events to '%s' failed: %s%s; set obs.tensorboard=false to run "
+                         "without them",
+                         w->path, strerror(err),
+                         back ? "" : " (a torn last record is left; TensorBoard stops reading there)");
       break;
     }
     done += (size_t)n;
@@ -125,8 +128,8 @@ st_status st_tb_open(const char* dir, st_tb_writer** out_writer) {
     if (w->fd < 0 && errno != EEXIST) break;
   }
   if (w->fd < 0) {
-    s = st_status_make(ST_CODE_IO, "cannot create the TensorBoard event file '%s': %s; set obs.tensorboard=false to run "
-                                   "without it",
+    s = st_status_make(ST_CODE_IO,
+                       "cannot create the TensorBoard event file '%s': %s; set obs.tensorboard=false to run without it",
                        w->path, strerror(errno));
     st_tb_close(w);
     return s;

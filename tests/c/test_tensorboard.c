@@ -5,8 +5,9 @@
  * st_tb_write_metrics writes for a metrics object: a file-version record,
  * then one event per object holding its numbers (nested keys joined by
  * '/', the step as the event's step, values as float32 simple_value, 0
- * included; nulls, booleans, strings and arrays left out). The files are decoded here with the same generated protobuf-c
- * code; tests/py/test_tensorboard.py reads real runs with TensorBoard. */
+ * included; nulls, booleans, strings and arrays left out). The files are
+ * decoded here with the same generated protobuf-c code;
+ * tests/py/test_tensorboard.py reads real runs with TensorBoard. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -110,7 +111,8 @@ static void test_metrics_events(void** state) {
   json_error_t err;
   json_t* m = json_loads("{\"step\": 7, \"loss\": 2.5, \"peak\": 74094596, \"overlap_ratio\": null, "
                          "\"async\": true, \"policy\": \"x\", \"list\": [1, 2], \"lr\": 0.00030000000000000003, "
-                         "\"recomputes\": 0, \"huge\": 1e300, \"by\": {\"params\": 10, \"deep\": {\"n\": -3}, \"none\": null}}",
+                         "\"recomputes\": 0, \"huge\": 1e300, "
+                         "\"by\": {\"params\": 10, \"deep\": {\"n\": -3}, \"none\": null}}",
                          0, &err);
   assert_non_null(m);
   ASSERT_OK(st_tb_write_metrics(w, m));
