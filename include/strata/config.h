@@ -109,8 +109,9 @@ st_status st_config_check_per_layer_clip(bool per_layer, double grad_clip);
 
 /* Stable 64-bit hash (hex, 16 chars + NUL into |out|) of the resolved values
  * of every key whose dotted name starts with one of |prefixes| (all keys
- * when |prefix_count| is 0, except run.*: where a run is written does not
- * change the experiment). Used for the config hash and bundle key. */
+ * when |prefix_count| is 0, except run.* and obs.*: where a run is written
+ * and which views of its metrics it writes do not change the experiment).
+ * Used for the config hash and bundle key. */
 void st_config_hash(const st_config* config, const char* const* prefixes, int prefix_count, char out[17]);
 
 #ifdef __cplusplus

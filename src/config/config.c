@@ -804,9 +804,10 @@ void st_config_hash(const st_config* config, const char* const* prefixes, int pr
   XXH64_reset(&state, 0);
   for (int i = 0; i < count; ++i) {
     /* The whole-config hash identifies the experiment: where a run is
-     * written and how it reports progress (run.*) do not change it, so a
-     * run's config.yaml replayed into a new run.dir hashes the same. */
-    bool selected = prefix_count == 0 && strncmp(keys[i].key, "run.", 4) != 0;
+     * written and how it reports progress (run.*) and which extra views of
+     * its metrics it writes (obs.*) do not change it, so a run's
+     * config.yaml replayed into a new run.dir hashes the same. */
+    bool selected = prefix_count == 0 && strncmp(keys[i].key, "run.", 4) != 0 && strncmp(keys[i].key, "obs.", 4) != 0;
     for (int p = 0; p < prefix_count && !selected; ++p)
       selected = !strncmp(keys[i].key, prefixes[p], strlen(prefixes[p]));
     if (!selected) continue;

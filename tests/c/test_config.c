@@ -721,6 +721,13 @@ static void test_hash(void** state) {
   hash_all(s, h1);
   assert_string_equal(h0, h1);
   st_config_destroy(s);
+  /* Nor are run.* and obs.* (where it is written, which views of its
+   * metrics): not the experiment. */
+  char* views[] = {"obs.tensorboard=false", "run.progress=off"};
+  s = load_ok("configs/test.yml", 2, views);
+  hash_all(s, h1);
+  assert_string_equal(h0, h1);
+  st_config_destroy(s);
   st_config_destroy(base);
   st_config_destroy(a);
   st_config_destroy(b);
