@@ -40,14 +40,17 @@ max_len() {
 }
 
 CC=${FUZZ_CC:-clang}
+# obs's TensorBoard protos (src/obs/tb_event.proto), generated as CMake does.
+mkdir -p "$out/gen"
+protoc-c --c_out="$out/gen" --proto_path=src/obs tb_event.proto
 CFLAGS=(-g -O1 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fno-omit-frame-pointer
-  -fsanitize=address,undefined -fno-sanitize-recover=all -Iinclude -Isrc -DSTRATA_SOURCE_DIR="\"$PWD\"")
+  -fsanitize=address,undefined -fno-sanitize-recover=all -Iinclude -Isrc -I"$out/gen" -DSTRATA_SOURCE_DIR="\"$PWD\"")
 # shellcheck disable=SC2207
-LIBS=($(pkg-config --cflags --libs yaml-0.1 jansson libxxhash libcrypto) -lpthread -ldl -lm)
+LIBS=($(pkg-config --cflags --libs yaml-0.1 jansson libxxhash libcrypto libprotobuf-c) -lpthread -ldl -lm)
 
 # The parsers, built once into an archive: each target pulls what it uses.
 sources=(src/base/*.c src/config/*.c src/ckpt/*.c src/bundle/bundle.c src/data/dataset.c
-  src/runtime/dtype.c src/runtime/mlir_sig.c src/obs/*.c src/ir/*.c)
+  src/runtime/dtype.c src/runtime/mlir_sig.c src/obs/*.c src/ir/*.c "$out/gen/tb_event.pb-c.c")
 rm -f "$out"/obj/*.o "$out/libparsers.a"
 jobs_max=$(nproc 2>/dev/null || echo 2)
 pids=()
