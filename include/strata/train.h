@@ -151,6 +151,29 @@ st_status st_train_build_plans(const st_bundle* bundle, const st_train_options* 
 st_status st_train_build_plans_ex(const st_bundle* bundle, const st_train_options* options, st_plan* out_step,
                                   st_plan* out_eval, st_remat_choice* out_choice);
 
+/* What a path names for the commands that use a trained model (strata
+ * eval, strata sample): the run, its config and the parameters to load.
+ * Strings owned (st_trained_ref_deinit). */
+typedef struct st_trained_ref {
+  char* run_dir;     /* the run directory (absolute) */
+  char* config_path; /* <run_dir>/config.yaml */
+  char* params_path; /* the params.safetensors to load */
+  int64_t step;      /* optimizer steps the parameters hold; -1 when no record says */
+} st_trained_ref;
+
+/* |path| names a run directory (it holds config.yaml) or one checkpoint
+ * folder (it holds manifest.json; its run is two levels up,
+ * <run>/checkpoints/step_N). A run directory gives its newest checkpoint
+ * that verifies (invalid ones skipped, as a resume does), unless the run's
+ * final <run>/params.safetensors is newer (its last "run_done" event
+ * counts more steps) or there is no valid checkpoint; a checkpoint folder
+ * gives that checkpoint, verified. Errors: a path that is missing or
+ * neither (ST_CODE_CONFIG, exit 2, naming the path and what was looked
+ * for); a named checkpoint that fails verification (ST_CODE_CKPT, exit 7).
+ * |out| is zeroed first and left zeroed on error. */
+st_status st_train_locate(const char* path, st_trained_ref* out);
+void st_trained_ref_deinit(st_trained_ref* ref); /* frees the strings; NULL is a no-op */
+
 /* Runs `strata train`: the whole lifecycle. Prints the run directory. */
 st_status st_train_main(const st_config* config);
 

@@ -14,7 +14,9 @@
  *   - the writer thread (one save in flight);
  *   - fault injection: crash_in_save kills with SIGKILL and is recorded,
  *     a second st_faults disarms it; io_error_at_save; corrupt_checkpoint;
- *   - the run directory lock, across processes, SIGKILL and hand-down. */
+ *   - the run directory lock, across processes, SIGKILL and hand-down;
+ *   - st_train_locate: a run directory or a checkpoint folder to the
+ *     parameters to load, falling back past a damaged checkpoint. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -867,6 +869,75 @@ static void test_run_dir_lock(void** state) {
   free(dir);
 }
 
+/*--- st_train_locate: a run directory or a checkpoint folder -> parameters ---*/
+
+static void write_text(const char* dir, const char* name, const char* text) {
+  char* p = path2(dir, name);
+  assert_int_equal(tu_write_file(p, text, strlen(text)), 0);
+  free(p);
+}
+
+static void expect_params(const char* path, const char* want_suffix, int64_t want_step) {
+  st_trained_ref r;
+  ASSERT_OK(st_train_locate(path, &r));
+  size_t n = strlen(r.params_path), k = strlen(want_suffix);
+  if (n < k || strcmp(r.params_path + n - k, want_suffix)) fail_msg("%s: params %s, want ...%s", path, r.params_path, want_suffix);
+  assert_int_equal(r.step, want_step);
+  assert_non_null(strstr(r.config_path, "/config.yaml"));
+  assert_true(r.run_dir[0] == '/');
+  st_trained_ref_deinit(&r);
+}
+
+static void test_locate(void** state) {
+  (void)state;
+  char* run = tu_tmpdir("locate");
+  char* root = path2(run, "checkpoints");
+  /* Not yet a run: no config.yaml, no manifest. */
+  ASSERT_ERROR(st_train_locate(run, &(st_trained_ref){0}), ST_CODE_CONFIG, "neither a run directory",
+               "config.yaml", "manifest.json");
+  ASSERT_ERROR(st_train_locate("/nonexistent/strata-run", &(st_trained_ref){0}), ST_CODE_CONFIG, "/nonexistent/strata-run");
+  write_text(run, "config.yaml", "train:\n  steps: 30\n");
+  /* A run with nothing to load yet. */
+  ASSERT_ERROR(st_train_locate(run, &(st_trained_ref){0}), ST_CODE_CONFIG, "no parameters to load", run);
+  save_step(root, 10, 5);
+  save_step(root, 20, 5);
+  expect_params(run, "/checkpoints/step_20/params.safetensors", 20);
+  /* A damaged newest checkpoint: the run falls back to the one before ... */
+  char* s20 = path2(root, "step_20");
+  c_flip(s20);
+  expect_params(run, "/checkpoints/step_10/params.safetensors", 10);
+  /* ... but the damaged one named by itself is an error, never replaced. */
+  ASSERT_ERROR(st_train_locate(s20, &(st_trained_ref){0}), ST_CODE_CKPT, "step_20", "params.safetensors");
+  char* s10 = path2(root, "step_10");
+  expect_params(s10, "/checkpoints/step_10/params.safetensors", 10);
+  /* The final parameters of a finished run win over an older checkpoint;
+   * not over one as new (the checkpoint is verified). */
+  write_text(run, "params.safetensors", "x");
+  write_text(run, "events.jsonl", "{\"event\":\"run_done\",\"steps\":30}\n{\"event\":\"saved\"}\n");
+  expect_params(run, "/params.safetensors", 30);
+  st_trained_ref r;
+  ASSERT_OK(st_train_locate(run, &r));
+  assert_null(strstr(r.params_path, "checkpoints"));
+  st_trained_ref_deinit(&r);
+  write_text(run, "events.jsonl", "{\"event\":\"run_done\",\"steps\":10}\n");
+  expect_params(run, "/checkpoints/step_10/params.safetensors", 10);
+  /* A checkpoint outside a run directory names what it looked for. */
+  char* lone = tu_tmpdir("lone");
+  char* lone_root = path2(lone, "checkpoints");
+  save_step(lone_root, 10, 5);
+  char* lone10 = path2(lone_root, "step_10");
+  ASSERT_ERROR(st_train_locate(lone10, &(st_trained_ref){0}), ST_CODE_CONFIG, "not inside a run directory", "config.yaml");
+  tu_rmtree(lone);
+  free(lone);
+  free(lone_root);
+  free(lone10);
+  free(s10);
+  free(s20);
+  free(root);
+  tu_rmtree(run);
+  free(run);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_safetensors_round_trip_and_refusals),
@@ -880,6 +951,7 @@ int main(void) {
       cmocka_unit_test(test_writer_thread),
       cmocka_unit_test(test_faults),
       cmocka_unit_test(test_run_dir_lock),
+      cmocka_unit_test(test_locate),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
