@@ -174,6 +174,29 @@ typedef struct st_trained_ref {
 st_status st_train_locate(const char* path, st_trained_ref* out);
 void st_trained_ref_deinit(st_trained_ref* ref); /* frees the strings; NULL is a no-op */
 
+/* What `strata eval` measured (docs/using.md, "strata eval"). */
+typedef struct st_eval_result {
+  double loss;          /* mean cross-entropy per token, nats */
+  int64_t eval_batches, batch_size, seq_len;
+  int64_t sequences;    /* eval_batches x batch_size */
+  int64_t tokens;       /* sequences x seq_len: the predictions averaged */
+  bool bytes;           /* the byte tokenizer (not data.synthetic): bits per byte apply */
+  char* data_path;      /* data.path ("" = the default corpus; owned) */
+  char* token_file;     /* the token file evaluated (owned) */
+  int64_t split_tokens; /* tokens in its validation split */
+  double seconds;       /* data, bundle, compile and evaluation */
+} st_eval_result;
+
+/* Evaluates the parameters in |params_path| (a safetensors file, whole
+ * tensors) on |cfg|'s validation split exactly as `strata train` does
+ * every train.eval_every steps: train.eval_batches batches of
+ * train.batch_size sequences, the same ones every time, the loss averaged
+ * over the microbatches. One device: parallel.* must be 1 (exit 2). A
+ * parameter missing or of another shape: ST_CODE_CKPT (exit 7) naming it.
+ * |out| is filled on success; st_eval_result_deinit it either way. */
+st_status st_train_evaluate(const st_config* cfg, const char* params_path, st_eval_result* out);
+void st_eval_result_deinit(st_eval_result* result);
+
 /* Runs `strata train`: the whole lifecycle. Prints the run directory. */
 st_status st_train_main(const st_config* config);
 

@@ -20,6 +20,7 @@ static const st_cli_command kCommands[] = {
     {"status", st_cli_status, "status RUN_DIR [--json]     state of a run: running (pid), finished, failed, interrupted; step, loss, ETA, checkpoint"},
     {"report", st_cli_make_report, "report RUN_DIR [--out FILE]  write RUN_DIR/report.html: plots, sample, checkpoints, context, config"},
     {"analyze", st_cli_analyze, "analyze BUNDLE_DIR|RUN_DIR [--json]  per program FLOPs, bytes, intensity, collectives; per step totals"},
+    {"eval", st_cli_eval, "eval RUN_DIR|CKPT_DIR [k=v ...] [--json]  loss, perplexity, bits per byte on the validation split (or data.path=)"},
     {"ckpt", st_cli_ckpt, "ckpt list|verify|inspect PATH  checkpoints of a run: list, verify checksums, show manifest and tensors"},
     {"data", st_cli_data, "data CONFIG [k=v ...]       tokenize the corpus; print the token file and split sizes"},
     {"plan", st_cli_plan, "plan CONFIG [k=v ...]       print the step plan (the ops one step runs; --json, --explain)"},

@@ -66,6 +66,21 @@ typedef struct st__trainer {
  * evaluation of |t| (the hooks' user pointer is |t|, borrowed). */
 st_executor_hooks st__train_hooks(st__trainer* t);
 
+/* trainer.c: compiles, as one batch, every bundle program |plans| or
+ * |extra| name that t->compiled lacks (t->compiled and t->compile_s sized
+ * by the bundle's program count). */
+st_status st__compile_programs(st__trainer* t, const st_plan* const* plans, int plan_count, const char* const* extra,
+                               int extra_count);
+/* trainer.c: |plan|'s program indices to the compiled programs (a new
+ * array, owned by the caller; the programs are borrowed). */
+st_status st__plan_programs(st__trainer* t, const st_plan* plan, st_program*** out);
+
+/* evaluate.c: runs t->eval_ex over the first eval_batches x batch_size
+ * sequences of the validation stream (the same ones every time) and
+ * averages the microbatch losses; the eval plan's parameter slots must be
+ * set. The one evaluation of `strata train` and `strata eval`. */
+st_status st__eval_batches(st__trainer* t, double* out_loss);
+
 /* metrics.c: every line the run writes to metrics.jsonl and events.jsonl. */
 /* One events.jsonl line; |fields| (an object, or NULL) is stolen. */
 st_status st__event(st__trainer* t, const char* name, json_t* fields);

@@ -119,7 +119,7 @@ static void st__program_signature(const st_bundle_program* p, st_tensor_type* in
 
 /* Compiles, as one batch (several at once: st_program_compile_files), every
  * bundle program named by |plans| or |extra| that is not compiled yet. */
-static st_status st__compile_programs(st__trainer* t, const st_plan* const* plans, int plan_count, const char* const* extra,
+st_status st__compile_programs(st__trainer* t, const st_plan* const* plans, int plan_count, const char* const* extra,
                                       int extra_count) {
   const st_bundle* b = t->bundle;
   int n_max = extra_count;
@@ -195,7 +195,7 @@ static st_status st__compile_collectives(st__trainer* t, const st_plan* plan) {
 }
 
 /* Maps a plan's program indices to the compiled programs (all compiled). */
-static st_status st__plan_programs(st__trainer* t, const st_plan* plan, st_program*** out) {
+st_status st__plan_programs(st__trainer* t, const st_plan* plan, st_program*** out) {
   st_program** v = st_xcalloc((size_t)plan->program_count + 1, sizeof(st_program*));
   for (int i = 0; i < plan->program_count; ++i) {
     const st_bundle_program* bp = st_bundle_program_find(t->bundle, plan->programs[i]);
@@ -308,10 +308,6 @@ static void st__fill_train_batch(st__trainer* t) {
 /* Evaluation: the same fixed validation sequences every time. */
 static st_status st__evaluate(st__trainer* t, double* out_loss) {
   const st_plan* ep = &t->eval_plan;
-  int64_t n_seq = t->o->eval_batches * t->o->batch_size;
-  st_dataset_fill(t->data, ST_STREAM_EVAL, 0, n_seq, t->tokens, t->targets, t->mask);
-  st_executor_hooks hooks = st__train_hooks(t);
-  st_status s = ST_OK;
   /* The eval executor borrows the current parameters for the run. */
   for (int i = 0; i < ep->slot_count; ++i) {
     /* Persistent slots only: offloaded parameters are borrowed through their
@@ -321,17 +317,12 @@ static st_status st__evaluate(st__trainer* t, double* out_loss) {
     for (int d = 0; d < st_executor_devices(t->eval_ex); ++d)
       st_executor_set_borrowed_device(t->eval_ex, i, d, st_executor_get_device(t->ex, src, d));
   }
-  s = st_executor_run(t->eval_ex, &hooks);
+  st_status s = st__eval_batches(t, out_loss);
   for (int i = 0; i < ep->slot_count; ++i) {
     if (ep->slots[i].category == ST_SLOT_PARAM && ep->slots[i].persistent)
       for (int d = 0; d < st_executor_devices(t->eval_ex); ++d) st_executor_set_borrowed_device(t->eval_ex, i, d, NULL);
   }
-  if (s) return st_status_annotate(s, "evaluation");
-  int64_t em = t->o->eval_batches * t->o->microbatches;
-  double sum = 0;
-  for (int64_t m = 0; m < em; ++m) sum += t->losses[m];
-  *out_loss = sum / (double)em;
-  return ST_OK;
+  return s;
 }
 
 static st_status st__save_params(st__trainer* t, const char* path) {

@@ -1,0 +1,156 @@
+/* evaluate.c — the evaluation `strata train` runs every train.eval_every
+ * steps, and `strata eval`: the same plan, programs, batches and averaging,
+ * so the loss of a run's final parameters read back from disk is the run's
+ * own final eval loss. `strata eval` builds the plans on one device
+ * (checkpoints hold whole tensors, docs/checkpoints.md) and fills the eval
+ * plan's parameter slots from a safetensors file instead of borrowing them
+ * from a step executor. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "strata/base.h"
+#include "strata/ckpt.h"
+#include "strata/train.h"
+#include "train/train_internal.h"
+
+st_status st__eval_batches(st__trainer* t, double* out_loss) {
+  int64_t n_seq = t->o->eval_batches * t->o->batch_size;
+  st_dataset_fill(t->data, ST_STREAM_EVAL, 0, n_seq, t->tokens, t->targets, t->mask);
+  st_executor_hooks hooks = st__train_hooks(t);
+  st_status s = st_executor_run(t->eval_ex, &hooks);
+  if (s) return st_status_annotate(s, "evaluation");
+  int64_t em = t->o->eval_batches * t->o->microbatches;
+  double sum = 0;
+  for (int64_t m = 0; m < em; ++m) sum += t->losses[m];
+  *out_loss = sum / (double)em;
+  return ST_OK;
+}
+
+static bool st__same_type(const st_tensor_type* a, const st_tensor_type* b) {
+  if (a->dtype != b->dtype || a->rank != b->rank) return false;
+  for (int k = 0; k < a->rank; ++k)
+    if (a->dims[k] != b->dims[k]) return false;
+  return true;
+}
+
+/* Every persistent parameter slot of the eval plan from |path|: the
+ * tensor of the slot's name, with the slot's dtype and shape. A missing or
+ * different tensor is a checkpoint error naming it (the parameters are of
+ * another model). */
+static st_status st__load_params(st__trainer* t, const char* path) {
+  st_safetensors* f = NULL;
+  ST_RETURN(st_safetensors_read(path, &f));
+  const st_plan* ep = &t->eval_plan;
+  st_status s = ST_OK;
+  for (int i = 0; i < ep->slot_count && !s; ++i) {
+    const st_slot* sl = &ep->slots[i];
+    if (sl->category != ST_SLOT_PARAM || !sl->persistent) continue;
+    const st_safetensors_entry* e = st_safetensors_find(f, sl->name);
+    if (!e) {
+      s = st_status_make(ST_CODE_CKPT, "'%s' has no tensor '%s', a parameter of the configured model (another model's parameters?)",
+                         path, sl->name);
+      break;
+    }
+    if (!st__same_type(&e->type, &sl->type) || e->bytes != st_tensor_type_bytes(&sl->type)) {
+      char want[96], got[96];
+      st_tensor_type_format(&sl->type, want, sizeof(want));
+      st_tensor_type_format(&e->type, got, sizeof(got));
+      s = st_status_make(ST_CODE_CKPT, "'%s': tensor '%s' is %s, the configured model's is %s (another model's parameters?)", path,
+                         sl->name, got, want);
+      break;
+    }
+    st_buffer* b = NULL;
+    s = st_buffer_from_host(t->runtime, 0, &sl->type, f->data + e->offset, &b);
+    if (!s) st_executor_set(t->eval_ex, i, b);
+  }
+  st_safetensors_free(f);
+  return s;
+}
+
+st_status st_train_evaluate(const st_config* cfg, const char* params_path, st_eval_result* out) {
+  memset(out, 0, sizeof(*out));
+  out->loss = NAN;
+  st_train_options o;
+  st_status s = st_train_options_from_config(cfg, &o);
+  if (!s && (o.parallel_data > 1 || o.parallel_fsdp > 1 || o.parallel_tensor > 1))
+    s = st_status_make(ST_CODE_CONFIG, "evaluation runs on one device: set parallel.data, parallel.fsdp and parallel.tensor to 1");
+  st__trainer t;
+  memset(&t, 0, sizeof(t));
+  t.o = &o;
+  st_bundle* bundle = NULL;
+  st_plan step_plan;
+  memset(&step_plan, 0, sizeof(step_plan));
+  double t0 = st_now();
+  if (!s) s = st_dataset_open(&o.data, &t.data);
+  if (!s) {
+    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh};
+    bool exported = false;
+    s = st_bundle_ensure(&req, &bundle, &exported);
+  }
+  t.bundle = bundle;
+  if (!s) {
+    o.runtime.cache_dir = st_path_join(o.cache_root, "executables");
+    s = st_runtime_create(&o.runtime, &t.runtime);
+  }
+  if (!s) {
+    o.device_memory = st_runtime_device_memory(t.runtime, 0);
+    s = st_train_build_plans(bundle, &o, &step_plan, &t.eval_plan);
+  }
+  if (!s) {
+    t.compiled = st_xcalloc((size_t)bundle->program_count + 1, sizeof(st_program*));
+    t.compile_s = st_xcalloc((size_t)bundle->program_count + 1, sizeof(double));
+    const st_plan* plans[1] = {&t.eval_plan};
+    s = st__compile_programs(&t, plans, 1, NULL, 0);
+  }
+  if (!s) s = st__plan_programs(&t, &t.eval_plan, &t.eval_programs);
+  if (!s) s = st_executor_create(&t.eval_plan, t.runtime, t.eval_programs, 0, &t.eval_ex);
+  if (!s) s = st__load_params(&t, params_path);
+  if (!s) {
+    t.mb = o.batch_size / o.microbatches;
+    t.T = o.data.seq_len;
+    int64_t rows = o.batch_size * o.eval_batches;
+    t.tokens = st_xcalloc((size_t)(rows * t.T), sizeof(int32_t));
+    t.targets = st_xcalloc((size_t)(rows * t.T), sizeof(int32_t));
+    t.mask = st_xcalloc((size_t)(rows * t.T), sizeof(float));
+    t.losses = st_xcalloc((size_t)(o.microbatches * o.eval_batches), sizeof(double));
+    s = st__eval_batches(&t, &out->loss);
+  }
+  if (!s) {
+    out->sequences = o.eval_batches * o.batch_size;
+    out->tokens = out->sequences * t.T;
+    out->eval_batches = o.eval_batches;
+    out->batch_size = o.batch_size;
+    out->seq_len = t.T;
+    out->bytes = !o.data.synthetic;
+    out->data_path = st_xstrdup(o.data.path);
+    out->token_file = st_xstrdup(st_dataset_token_path(t.data));
+    out->split_tokens = (int64_t)st_dataset_split_tokens(t.data, ST_STREAM_EVAL);
+    out->seconds = st_now() - t0;
+  }
+  st_executor_destroy(t.eval_ex);
+  free(t.eval_programs);
+  if (t.compiled) {
+    for (int i = 0; i < bundle->program_count; ++i) st_program_destroy(t.compiled[i]);
+    free(t.compiled);
+    free(t.compile_s);
+  }
+  st_plan_deinit(&step_plan);
+  st_plan_deinit(&t.eval_plan);
+  free(t.tokens);
+  free(t.targets);
+  free(t.mask);
+  free(t.losses);
+  st_runtime_destroy(t.runtime);
+  st_dataset_destroy(t.data);
+  st_bundle_destroy(bundle);
+  st_train_options_deinit(&o);
+  return s;
+}
+
+void st_eval_result_deinit(st_eval_result* r) {
+  if (!r) return;
+  free(r->data_path);
+  free(r->token_file);
+  memset(r, 0, sizeof(*r));
+}
