@@ -237,6 +237,34 @@ bool st_program_input_donated(const st_program* program, int i);
 st_status st_program_execute(st_program* program, int device, st_buffer* const* inputs, int input_count,
                              st_buffer** outputs, int output_count, st_event** out_done /* owned by caller */);
 
+/*===-------------------------------------------------------------------===*/
+/* Matmul peak (strata doctor; the end-of-run summary's share of it)        */
+/*===-------------------------------------------------------------------===*/
+
+/* The rate of a square f32 matmul on device 0: what `strata doctor`
+ * prints and what the end-of-run summary compares model FLOP/s with. */
+typedef struct st_matmul_peak {
+  int n;                /* the matmul is [n,n] x [n,n]: 2 n^3 FLOP */
+  int runs;             /* timed runs */
+  double median_gflops; /* the median run's rate */
+  double best_gflops;   /* the fastest run's: the peak */
+  char by[16];          /* the command that measured it: "doctor", "train" */
+} st_matmul_peak;
+
+/* Compiles the matmul, checks a warm-up run's result (exact in f32), then
+ * times up to 200 runs or about |max_seconds| on device 0, each from
+ * launch to completion (no host copies). ST_CODE_RUNTIME on a wrong
+ * result. |out->by| is left empty. */
+st_status st_runtime_matmul_measure(st_runtime* runtime, double max_seconds, st_matmul_peak* out);
+
+/* The stored measurement for this runtime's plugin and device 0's kind:
+ * <cache_root>/matmul_peak/<key>.json, keyed by both. Returns false when
+ * there is none or it is unreadable or implausible (a cache, never an
+ * error: the caller measures again). */
+bool st_runtime_matmul_peak_load(const st_runtime* runtime, const char* cache_root, st_matmul_peak* out);
+/* Writes |peak| there (atomically), replacing an earlier one. */
+st_status st_runtime_matmul_peak_store(const st_runtime* runtime, const char* cache_root, const st_matmul_peak* peak);
+
 #ifdef __cplusplus
 }
 #endif

@@ -81,6 +81,11 @@ st_status st__plan_programs(st__trainer* t, const st_plan* plan, st_program*** o
  * set. The one evaluation of `strata train` and `strata eval`. */
 st_status st__eval_batches(st__trainer* t, double* out_loss);
 
+/* summary_peak.c: the summary's line "X GFLOP/s of model FLOPs = Y% of
+ * the measured matmul peak (Z GFLOP/s, strata doctor)", the peak from the
+ * cache or measured once and stored. */
+void st__summary_peak(const st__trainer* t, double model_gflops);
+
 /* metrics.c: every line the run writes to metrics.jsonl and events.jsonl. */
 /* One events.jsonl line; |fields| (an object, or NULL) is stolen. */
 st_status st__event(st__trainer* t, const char* name, json_t* fields);

@@ -466,8 +466,8 @@ static void st__summary(const st__trainer* t) {
     fprintf(stderr, ", eval loss %.4f", t->last_eval_loss);
     if (!o->data.synthetic) fprintf(stderr, " (%.3f bits per byte)", t->last_eval_loss / log(2.0));
   }
-  fprintf(stderr, "\n  %.0f tokens/s, %.2f GFLOP/s of model FLOPs (%.3g FLOP per token)\n", tps, tps * flop_per_token / 1e9,
-          flop_per_token);
+  fprintf(stderr, "\n  %.0f tokens/s (%.3g model FLOP per token)\n", tps, flop_per_token);
+  st__summary_peak(t, tps * flop_per_token / 1e9);
   int devices = st_executor_devices(t->ex);
   fprintf(stderr, "  peak device memory %.1f MiB%s (accounted by the plan's executor)\n", (double)t->peak_bytes / 1048576.0,
           devices > 1 ? " per device" : "");

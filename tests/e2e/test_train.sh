@@ -20,6 +20,9 @@ BASE=(configs/test.yml runtime.deterministic=true run.progress=off)
 expect_exit 0 "status: +ok" doctor
 check "doctor: plugin, API version, compile threads, devices, a matmul figure" \
   "grep -Eq '^PJRT C API: +0\.[0-9]+' '$TMP/out' && grep -Eq '^compile: +[0-9]+ programs? at once' '$TMP/out' && grep -Eq '^devices: +2' '$TMP/out' && grep -Eq '^matmul: .*GFLOP/s' '$TMP/out'"
+cp "$TMP/out" "$TMP/doctor.out"
+check "doctor stores its matmul measurement in the cache, keyed by plugin and device kind" \
+  "grep -q '\"by\": \"doctor\"' \"\$STRATA_CACHE_DIR\"/matmul_peak/*.json && grep -q '\"device_kind\": \"cpu\"' \"\$STRATA_CACHE_DIR\"/matmul_peak/*.json"
 
 # --- a good run and its directory -------------------------------------------
 if "$STRATA" train "${BASE[@]}" run.dir="$TMP/r1" >"$TMP/out1" 2>"$TMP/err1"; then ok; else bad "train exited $?: $(tail -5 "$TMP/err1")"; fi
@@ -162,7 +165,7 @@ expect_exit 4 "program 'block_fwd_res': 309 outputs exceeds the limit of 256 \\(
 # --- the end-of-run summary (run.progress=on, as on a terminal) ----------------
 SUM=(configs/test.yml runtime.deterministic=true data.synthetic=false data.path=/usr/share/games/fortunes train.steps=4 train.eval_every=2)
 if "$STRATA" train "${SUM[@]}" run.progress=on run.dir="$TMP/sum" >"$TMP/sum.out" 2>"$TMP/sum.err"; then ok; else bad "train exited $?: $(tail -5 "$TMP/sum.err")"; fi
-check "summary: the figures are the run's own (losses as in metrics.jsonl, bits per byte = eval loss / ln 2, tokens/s from the step times, the checkpoint that exists)" "$PY - '$TMP/sum' '$TMP/sum.err' <<'PYEOF'
+check "summary: the figures are the run's own (losses as in metrics.jsonl, bits per byte = eval loss / ln 2, tokens/s from the step times, the share of doctor's matmul peak, the checkpoint that exists)" "$PY - '$TMP/sum' '$TMP/sum.err' '$TMP/doctor.out' <<'PYEOF'
 import json, math, re, sys, os
 d, err = sys.argv[1], open(sys.argv[2]).read()
 lines = [json.loads(x) for x in open(os.path.join(d, 'metrics.jsonl'))]
@@ -175,9 +178,18 @@ m = re.search(r'^  final train loss ([0-9.]+), eval loss ([0-9.]+) \\(([0-9.]+) 
 assert m, err
 assert m.group(1) == f\"{steps[-1]['loss']:.4f}\" and m.group(2) == f\"{evals[-1]['eval_loss']:.4f}\", (m.groups(), steps[-1], evals[-1])
 assert m.group(3) == f\"{evals[-1]['eval_loss'] / math.log(2):.3f}\", m.groups()
-t = re.search(r'^  ([0-9]+) tokens/s, ([0-9.]+) GFLOP/s of model FLOPs', err, re.M)
+t = re.search(r'^  ([0-9]+) tokens/s \\(([0-9.e+]+) model FLOP per token\\)$', err, re.M)
 tps = 4 * 4 * 16 / sum(m['step_time_s'] for m in steps)
 assert t and abs(int(t.group(1)) - tps) <= max(1, 0.03 * tps), (t and t.groups(), tps)
+# The share of the matmul peak: consistent with the rate and the peak printed.
+f = re.search(r'^  ([0-9.e+-]+) GFLOP/s of model FLOPs = ([0-9.e+-]+)% of the measured matmul peak \\(([0-9.e+-]+) GFLOP/s, strata (doctor|train)\\)$', err, re.M)
+assert f, err
+x, y, z = (float(f.group(i)) for i in (1, 2, 3))
+assert abs(x - tps * float(t.group(2)) / 1e9) <= 0.03 * x, (x, tps, t.groups())
+assert z > 0 and abs(y - 100 * x / z) <= 0.01 * y, (x, y, z)
+# The peak is the one strata doctor measured and stored at the top of this script.
+best = re.search(r'^matmul: .*; best ([0-9.]+)\\)$', open(sys.argv[3]).read(), re.M)
+assert f.group(4) == 'doctor' and best and abs(z - float(best.group(1))) <= 0.001 * z + 0.05, (f.groups(), best)
 pk = re.search(r'^  peak device memory ([0-9.]+) MiB', err, re.M)
 assert pk and pk.group(1) == f\"{max(m['peak_live_bytes'] for m in steps) / 1048576:.1f}\", err
 c = re.search(r'^  checkpoint (\\S+)$', err, re.M)
