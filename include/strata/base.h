@@ -146,6 +146,35 @@ char* st_cache_root(const char* configured /* runtime.cache_dir, may be NULL/"" 
 double st_now(void);
 
 /*===-------------------------------------------------------------------===*/
+/* Progress of long operations                                              */
+/*===-------------------------------------------------------------------===*/
+
+/* Whether a long operation shows its progress (docs/using.md, "Progress of
+ * long operations"): progress is on, and |size| (bytes) is at least
+ * |min_size|. Callers pass what run.progress resolved to; nothing here
+ * looks at the terminal. */
+typedef struct st_progress_options {
+  bool on;          /* run.progress: on, or auto on a terminal */
+  int64_t min_size; /* run.progress_min_bytes: smaller operations stay quiet */
+} st_progress_options;
+bool st_progress_wanted(const st_progress_options* options, int64_t size);
+
+/* One long operation's line on stderr, "<what>: <done>/<total> <unit>",
+ * redrawn in place ('\r') and ended when done reaches total. |unit| "MiB"
+ * shows byte counts in MiB (KiB when the total is below one MiB). Redraws once per percent: a forced display
+ * into a log stays about a hundred updates long. Not thread-safe: one
+ * thread draws (or the caller serialises). */
+typedef struct st_progress_line {
+  const char* what;
+  const char* unit;
+  int64_t total;
+  int shown;  /* percent last drawn, -1 before the first */
+  bool ended;
+} st_progress_line;
+void st_progress_line_start(st_progress_line* line, const char* what, const char* unit, int64_t total);
+void st_progress_line_update(st_progress_line* line, int64_t done);
+
+/*===-------------------------------------------------------------------===*/
 /* Hashes                                                                   */
 /*===-------------------------------------------------------------------===*/
 

@@ -183,11 +183,18 @@ void st_bundle_key_mesh(const char* model_json, const char* mesh, char out[17]);
  * replaced but reported (ST_CODE_RUNTIME naming it). *out_exported tells
  * whether an export ran. */
 st_status st_bundle_ensure(const st_bundle_request* request, st_bundle** out_bundle, bool* out_exported);
+/* st_bundle_ensure; |progress|: an export draws "export: k/n programs" on
+ * this process's stderr (run.progress; the exporter's own output goes to
+ * its log). */
+st_status st_bundle_ensure_ex(const st_bundle_request* request, bool progress, st_bundle** out_bundle, bool* out_exported);
 
 /* Runs `python -m strata_jax.export` into |dir|. */
 st_status st_bundle_export(const char* model_json, const char* key, const char* dir);
 /* st_bundle_export with `--mesh |mesh|` (NULL/"": without). */
 st_status st_bundle_export_mesh(const char* model_json, const char* mesh, const char* key, const char* dir);
+/* st_bundle_export_mesh; |progress|: the exporter draws "export: k/n
+ * programs" on this process's stderr (`--progress-fd`). */
+st_status st_bundle_export_ex(const char* model_json, const char* mesh, const char* key, const char* dir, bool progress);
 
 /* The Python interpreter strata uses for export: $STRATA_PYTHON, else the
  * repo's .venv. New string owned by caller. */

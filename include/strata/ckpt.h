@@ -169,6 +169,10 @@ typedef struct st_ckpt_save_options {
   int64_t keep_every; /* also keep steps that are multiples of K; 0 = off */
   st_ckpt_hook_fn hook; /* may be NULL */
   void* hook_user;
+  /* "checkpoint step_<N>: x/y MiB" on stderr while the tensor files are
+   * written, for a snapshot of at least min_size bytes (run.progress; off
+   * when zeroed). The trainer asks for it only for saves it waits on. */
+  st_progress_options progress;
 } st_ckpt_save_options;
 
 typedef struct st_ckpt_save_result {

@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "strata/base.h"
 #include "strata/status.h"
 
 #ifdef __cplusplus
@@ -33,6 +34,7 @@ typedef struct st_data_options {
   int64_t seq_len;       /* model.seq_len (T) */
   uint64_t seed;         /* seed */
   const char* cache_dir; /* where tokenized corpora are cached (<cache>/tokens) */
+  st_progress_options progress; /* "tokenize: x/y MiB" on stderr for a corpus this large */
 } st_data_options;
 
 typedef struct st_dataset st_dataset;

@@ -63,6 +63,9 @@ typedef struct st_runtime_options {
    * once; 0 means one per two online CPUs (XLA's CPU compiler already uses
    * about 1.5 cores per program). */
   int compile_threads;
+  /* "compile: k/n programs" on stderr while st_program_compile_files works
+   * (run.progress; docs/using.md, "Progress of long operations"). */
+  bool progress;
 } st_runtime_options;
 
 /* Defaults: search for the plugin, 2 CPU devices, not deterministic, no

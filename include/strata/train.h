@@ -38,6 +38,11 @@ typedef struct st_train_options {
   const char* run_dir; /* run.dir ("" = runs/<run id>) */
   const char* run_id;  /* run.id ("" = generated) */
   int progress;        /* 0 off, 1 on, 2 when stderr is a terminal */
+  /* run.progress resolved (on, or auto on a terminal) and
+   * run.progress_min_bytes: what long operations (export, compile,
+   * checkpoint writing, tokenizing) are told; the same is in data.progress
+   * and runtime.progress. */
+  st_progress_options long_progress;
   const char* bundle_dir;
   char* cache_root;    /* owned */
   char* model_json;    /* owned: the bundle's "model" object */

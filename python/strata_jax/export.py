@@ -1,6 +1,6 @@
 """Writes a program bundle (docs/bundle.md).
 
-    python -m strata_jax.export --model-json FILE_OR_JSON --out DIR [--bundle-key KEY]
+    python -m strata_jax.export --model-json FILE_OR_JSON --out DIR [--bundle-key KEY] [--mesh MESH] [--progress-fd FD]
 """
 
 from __future__ import annotations
@@ -26,6 +26,26 @@ SCHEMA_VERSION = 1
 
 class ExportError(Exception):
     pass
+
+
+class Progress:
+    """"export: k/n programs" on a file descriptor: strata passes its own
+    stderr (--progress-fd) when its progress display is on (docs/using.md,
+    "Progress of long operations"); the exporter's stdout and stderr go to
+    its log. Redrawn in place, the line ends with the last program."""
+
+    def __init__(self, fd: int | None = None) -> None:
+        self.out = os.fdopen(fd, "w", closefd=False) if fd is not None else None
+        self.done = 0
+        self.total = 0
+
+    def tick(self) -> None:
+        self.done += 1
+        if self.out is None:
+            return
+        end = "\n" if self.done >= self.total else ""
+        self.out.write(f"\rexport: {self.done}/{self.total} programs{end}")
+        self.out.flush()
 
 
 def lower_program(prog: Program) -> tuple[str, float]:
@@ -107,7 +127,8 @@ def default_bundle_key(cfg: ModelConfig) -> str:
     return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
 
-def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = None) -> dict[str, Any]:
+def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = None,
+                 progress: Progress | None = None) -> dict[str, Any]:
     """Writes programs/ and manifest.json into out_dir (which must exist); returns the manifest.
 
     With a mesh of more than one device (parallel.MeshSpec) the manifest also
@@ -124,6 +145,13 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
         progs += fsdp_programs(cfg, fsdp, tensor, _tp_split_dim)
     if tensor > 1:
         progs += [_tp_accum_block(cfg, tensor)]
+    # Every program is listed before the first is lowered, so the progress
+    # line knows its total from the start.
+    multi = mesh is not None and mesh.devices > 1
+    tp_progs = _tp_program_list(cfg, mesh) if multi and mesh.tensor > 1 else []
+    coll_progs = _collective_list(cfg, mesh) if multi else []
+    progress = progress if progress is not None else Progress()
+    progress.total = len(progs) + len(tp_progs) + len(coll_progs)
     for prog in progs:
         text, flops = lower_program(prog)
         data = text.encode("utf-8")
@@ -136,9 +164,8 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
             "outputs": [s.to_json() for s in prog.outputs],
             "donated": list(prog.donated), "flops": int(flops),
         })
-    spmd = []
-    if mesh is not None and mesh.devices > 1 and mesh.tensor > 1:
-        spmd = _export_tp_programs(cfg, mesh, out_dir)
+        progress.tick()
+    spmd = _write_spmd_programs(tp_progs, mesh, out_dir, progress) if tp_progs else []
     tables = program_tables(cfg, {e["name"] for e in entries + spmd}, fsdp, tensor)
     manifest = {
         "schema_version": SCHEMA_VERSION,
@@ -155,7 +182,7 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
     }
     if mesh is not None and mesh.devices > 1:
         manifest["mesh"] = mesh.to_json()
-        manifest["collectives"] = _export_collectives(cfg, mesh, out_dir)
+        manifest["collectives"] = _export_collectives(coll_progs, mesh, out_dir, progress)
         if mesh.tensor > 1:
             manifest["spmd_programs"] = spmd
     with open(os.path.join(out_dir, "manifest.json"), "w", encoding="utf-8") as f:
@@ -164,7 +191,7 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
     return manifest
 
 
-def _write_spmd_programs(progs: Any, mesh: Any, out_dir: str) -> list[dict[str, Any]]:
+def _write_spmd_programs(progs: Any, mesh: Any, out_dir: str, progress: Progress) -> list[dict[str, Any]]:
     """Lowers each SPMD program over |mesh|, writes its text and returns its
     manifest entry (with the text's sha256)."""
     from . import parallel as PP
@@ -180,19 +207,23 @@ def _write_spmd_programs(progs: Any, mesh: Any, out_dir: str) -> list[dict[str, 
             e = prog.manifest_entry(rel)
             e["sha256"] = hashlib.sha256(data).hexdigest()
             entries.append(e)
+            progress.tick()
         return entries
     except PP.ParallelError as e:
         raise ExportError(str(e)) from None
 
 
-def _export_collectives(cfg: ModelConfig, mesh: Any, out_dir: str) -> list[dict[str, Any]]:
+def _collective_list(cfg: ModelConfig, mesh: Any) -> list[Any]:
     from . import parallel as PP
 
     try:
-        progs = list(PP.bundle_collectives(cfg, mesh))
+        return list(PP.bundle_collectives(cfg, mesh))
     except PP.ParallelError as e:
         raise ExportError(str(e)) from None
-    entries = _write_spmd_programs(progs, mesh, out_dir)
+
+
+def _export_collectives(progs: list[Any], mesh: Any, out_dir: str, progress: Progress) -> list[dict[str, Any]]:
+    entries = _write_spmd_programs(progs, mesh, out_dir, progress)
     for prog, e in zip(progs, entries):
         # The parameter group whose tensors it carries (bundle_collectives
         # names each program after its group), so C links it to the group.
@@ -218,7 +249,7 @@ def _tp_accum_block(cfg: ModelConfig, tensor: int) -> Program:
     return next(p for p in _group_programs(cfg, "block", 1, local, f"_tp{tensor}") if p.name.startswith("accum_"))
 
 
-def _export_tp_programs(cfg: ModelConfig, mesh: Any, out_dir: str) -> list[dict[str, Any]]:
+def _tp_program_list(cfg: ModelConfig, mesh: Any) -> list[Any]:
     import dataclasses
 
     from . import parallel as PP
@@ -229,13 +260,13 @@ def _export_tp_programs(cfg: ModelConfig, mesh: Any, out_dir: str) -> list[dict[
     # over data and fsdp themselves.
     cfg = dataclasses.replace(cfg, microbatch_size=cfg.microbatch_size * mesh.data * mesh.fsdp)
     try:
-        progs = list(TP.tp_programs(cfg, mesh))
+        return list(TP.tp_programs(cfg, mesh))
     except PP.ParallelError as e:
         raise ExportError(str(e)) from None
-    return _write_spmd_programs(progs, mesh, out_dir)
 
 
-def export_bundle(cfg: ModelConfig, out: str, bundle_key: str | None = None, mesh: Any = None) -> dict[str, Any]:
+def export_bundle(cfg: ModelConfig, out: str, bundle_key: str | None = None, mesh: Any = None,
+                  progress: Progress | None = None) -> dict[str, Any]:
     """Writes the bundle atomically: into <out>.tmp-<pid>, then renamed to <out> (replacing it)."""
     out = os.path.abspath(out)
     parent = os.path.dirname(out)
@@ -244,7 +275,7 @@ def export_bundle(cfg: ModelConfig, out: str, bundle_key: str | None = None, mes
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
-        manifest = build_bundle(cfg, tmp, bundle_key if bundle_key is not None else default_bundle_key(cfg), mesh)
+        manifest = build_bundle(cfg, tmp, bundle_key if bundle_key is not None else default_bundle_key(cfg), mesh, progress)
         if os.path.lexists(out):
             old = f"{out}.old-{os.getpid()}"
             os.rename(out, old)
@@ -276,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bundle-key", default=None, help="echoed into manifest.json (default: hash of the model)")
     ap.add_argument("--mesh", default=None,
                     help="also export the collectives for a device mesh, e.g. data=2,fsdp=2 (docs/parallelism.md)")
+    ap.add_argument("--progress-fd", type=int, default=None,
+                    help="draw 'export: k/n programs' on this open file descriptor (strata passes its stderr)")
     args = ap.parse_args(argv)
     mesh = None
     if args.mesh:
@@ -297,7 +330,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"strata_jax.export: bad model config: {e}", file=sys.stderr)
         return 2
     try:
-        manifest = export_bundle(cfg, args.out, args.bundle_key, mesh)
+        progress = Progress(args.progress_fd)
+    except OSError as e:
+        print(f"strata_jax.export: --progress-fd {args.progress_fd}: {e}", file=sys.stderr)
+        return 2
+    try:
+        manifest = export_bundle(cfg, args.out, args.bundle_key, mesh, progress)
     except ExportError as e:
         print(f"strata_jax.export: {e}", file=sys.stderr)
         return 1

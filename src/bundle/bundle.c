@@ -763,6 +763,10 @@ st_status st_bundle_export(const char* model_json, const char* key, const char* 
 }
 
 st_status st_bundle_export_mesh(const char* model_json, const char* mesh, const char* key, const char* dir) {
+  return st_bundle_export_ex(model_json, mesh, key, dir, false);
+}
+
+st_status st_bundle_export_ex(const char* model_json, const char* mesh, const char* key, const char* dir, bool progress) {
   char* python = st_bundle_python();
   char* log = NULL;
   {
@@ -795,6 +799,11 @@ st_status st_bundle_export_mesh(const char* model_json, const char* mesh, const 
     return st_status_make(ST_CODE_RUNTIME, "cannot fork the exporter: %s", strerror(errno));
   }
   if (pid == 0) {
+    /* The progress line goes to the stderr strata was given, which the
+     * log is about to replace: a duplicate survives exec. */
+    int tty = progress ? dup(2) : -1;
+    char tty_arg[16];
+    snprintf(tty_arg, sizeof(tty_arg), "%d", tty);
     FILE* f = freopen(log, "w", stdout);
     if (f) dup2(fileno(stdout), 2);
     const char* old = getenv("PYTHONPATH");
@@ -805,12 +814,18 @@ st_status st_bundle_export_mesh(const char* model_json, const char* mesh, const 
     setenv("PYTHONPATH", pp.data, 1);
     /* Export is trace + lower only: keep JAX off any accelerator. */
     setenv("JAX_PLATFORMS", "cpu", 1);
-    if (mesh && mesh[0])
-      execl(python, python, "-m", "strata_jax.export", "--model-json", model_json, "--out", dir, "--bundle-key", key,
-            "--mesh", mesh, (char*)NULL);
-    else
-      execl(python, python, "-m", "strata_jax.export", "--model-json", model_json, "--out", dir, "--bundle-key", key,
-            (char*)NULL);
+    const char* argv[16] = {python, "-m", "strata_jax.export", "--model-json", model_json, "--out", dir, "--bundle-key", key};
+    int argc = 9;
+    if (mesh && mesh[0]) {
+      argv[argc++] = "--mesh";
+      argv[argc++] = mesh;
+    }
+    if (tty >= 0) {
+      argv[argc++] = "--progress-fd";
+      argv[argc++] = tty_arg;
+    }
+    argv[argc] = NULL;
+    execv(python, (char* const*)argv);
     fprintf(stderr, "cannot execute '%s': %s\n", python, strerror(errno));
     _exit(127);
   }
@@ -914,6 +929,10 @@ static int64_t st__requested_depth(const char* model_json) {
 }
 
 st_status st_bundle_ensure(const st_bundle_request* req, st_bundle** out_bundle, bool* out_exported) {
+  return st_bundle_ensure_ex(req, false, out_bundle, out_exported);
+}
+
+st_status st_bundle_ensure_ex(const st_bundle_request* req, bool progress, st_bundle** out_bundle, bool* out_exported) {
   *out_bundle = NULL;
   *out_exported = false;
   char key[17];
@@ -950,7 +969,7 @@ st_status st_bundle_ensure(const st_bundle_request* req, st_bundle** out_bundle,
     }
   }
   if (!b) {
-    s = st_bundle_export_mesh(req->model_json, req->mesh, key, dir);
+    s = st_bundle_export_ex(req->model_json, req->mesh, key, dir, progress);
     if (!s) s = st_bundle_open(dir, &b);
     if (!s && strcmp(b->key, key) != 0)
       s = st_status_make(ST_CODE_RUNTIME, "exporter wrote bundle key '%s' into '%s', expected '%s'", b->key, dir, key);

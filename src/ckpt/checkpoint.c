@@ -162,6 +162,8 @@ typedef struct {
   size_t written, total;
   bool middle_done;
   const st_ckpt_save_options* o;
+  st_progress_line* line; /* the whole save's progress; NULL when not shown */
+  int64_t* saved;         /* bytes of every file so far, for |line| */
 } st__out;
 
 static st_status st__write_all(st__out* w, const void* data, size_t n) {
@@ -180,6 +182,7 @@ static st_status st__write_all(st__out* w, const void* data, size_t n) {
     p += k;
     n -= (size_t)k;
     w->written += (size_t)k;
+    if (w->line) st_progress_line_update(w->line, *w->saved += k);
     if (!w->middle_done && w->written >= w->total / 2) {
       w->middle_done = true;
       ST_RETURN(st__hook(w->o, ST_CKPT_AT_FILE_MIDDLE, w->path));
@@ -201,7 +204,8 @@ typedef struct {
 } st__tensor_rec;
 
 static st_status st__write_tensor_file(const st_ckpt_save_options* o, const st_ckpt_snapshot* snap, const char* dir,
-                                       const char* file, st__file_rec* frec, st__tensor_rec* trec) {
+                                       const char* file, st__file_rec* frec, st__tensor_rec* trec, st_progress_line* line,
+                                       int64_t* saved) {
   int n = 0;
   for (int i = 0; i < snap->count; ++i) n += !strcmp(snap->files[i], file);
   st_named_tensor* ts = st_xcalloc((size_t)n + 1, sizeof(*ts));
@@ -218,7 +222,7 @@ static st_status st__write_tensor_file(const st_ckpt_save_options* o, const st_c
   char* header = NULL;
   size_t header_size = 0, data_size = 0;
   st_status s = st_safetensors_header(ts, n, path, &header, &header_size, &data_size);
-  st__out w = {-1, path, XXH64_createState(), 0, header_size + data_size, false, o};
+  st__out w = {-1, path, XXH64_createState(), 0, header_size + data_size, false, o, line, saved};
   XXH64_reset(w.hash, 0);
   if (!s) {
     w.fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -378,7 +382,17 @@ st_status st_ckpt_save(const st_ckpt_save_options* o, const st_ckpt_snapshot* sn
   }
   st__file_rec* frec = st_xcalloc((size_t)file_count + 1, sizeof(*frec));
   st__tensor_rec* trec = st_xcalloc((size_t)snap->count + 1, sizeof(*trec));
-  for (int f = 0; f < file_count && !s; ++f) s = st__write_tensor_file(o, snap, tmp, files[f], &frec[f], trec);
+  /* Headers and the manifest are small: the line counts tensor bytes. */
+  st_progress_line line;
+  int64_t saved = 0;
+  const bool show = st_progress_wanted(&o->progress, snap->bytes);
+  char what[96];
+  snprintf(what, sizeof(what), "checkpoint %s", name);
+  if (show) st_progress_line_start(&line, what, "MiB", snap->bytes);
+  for (int f = 0; f < file_count && !s; ++f)
+    s = st__write_tensor_file(o, snap, tmp, files[f], &frec[f], trec, show ? &line : NULL, &saved);
+  if (show && !s) st_progress_line_update(&line, snap->bytes);
+  else if (show && !line.ended) fputc('\n', stderr);
   int64_t bytes = 0;
   for (int f = 0; f < file_count; ++f) bytes += (int64_t)frec[f].bytes;
   if (!s) {

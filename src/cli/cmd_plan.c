@@ -57,7 +57,7 @@ int st_cli_plan(int argc, char** argv) {
   if (!s) {
     s = st_train_options_from_config(cfg, &o);
     st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh};
-    if (!s) s = st_bundle_ensure(&req, &bundle, &exported);
+    if (!s) s = st_bundle_ensure_ex(&req, o.long_progress.on, &bundle, &exported);
     if (!s) s = st__plan_device_memory(&o);
     if (!s) s = st_train_build_plans_ex(bundle, &o, &step, &eval, &remat);
     if (!s && explain) {

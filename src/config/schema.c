@@ -65,6 +65,8 @@ static const st__cfg_key kKeys[] = {
      .doc = "Run name, the folder under runs/: letters, digits, '.', '_', '-' (at most 128); empty: generated from the date and time."},
     {"run.progress", ST__CFG_ENUM, "auto", .choices = "auto|on|off",
      .doc = "Console progress line; auto: only when stderr is a terminal."},
+    {"run.progress_min_bytes", ST__CFG_INT, "67108864", .lo = 0, .hi = 1099511627776.0,
+     .doc = "With run.progress, checkpoint writing and corpus tokenizing show their progress from this many bytes on (export and compile always)."},
     {"run.resume", ST__CFG_BOOL, "false",
      .doc = "Continue the run in run.dir from its newest valid checkpoint instead of refusing an existing run directory."},
 

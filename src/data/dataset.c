@@ -189,7 +189,8 @@ static void st__free_list(char** files, size_t n) {
 
 /* Tokenizes the corpus at |path| into <cache>/tokens/<hash>.tok unless a
  * token file for the same names, sizes and mtimes is already there. */
-static st_status st__tokenize_corpus(const char* path, const char* cache_dir, char** out_token_path) {
+static st_status st__tokenize_corpus(const char* path, const char* cache_dir, const st_progress_options* progress,
+                                     char** out_token_path) {
   char** files = NULL;
   size_t n = 0;
   ST_RETURN(st__corpus_files(path, &files, &n));
@@ -222,6 +223,10 @@ static st_status st__tokenize_corpus(const char* path, const char* cache_dir, ch
   uint16_t* tokens = st_xmalloc(total * sizeof(uint16_t));
   uint64_t k = 0;
   st_status s = ST_OK;
+  /* A large corpus takes a while to read: bytes tokenized so far. */
+  const bool show = st_progress_wanted(progress, (int64_t)total);
+  st_progress_line line;
+  if (show) st_progress_line_start(&line, "tokenize", "MiB", (int64_t)total);
   for (size_t i = 0; i < n && !s; ++i) {
     char* data = NULL;
     size_t size = 0;
@@ -230,9 +235,17 @@ static st_status st__tokenize_corpus(const char* path, const char* cache_dir, ch
       s = st_status_recode(r, ST_CODE_DATA, "reading corpus file");
       break;
     }
-    for (size_t j = 0; j < size && k < total; ++j) tokens[k++] = (unsigned char)data[j];
+    for (size_t j = 0; j < size && k < total; ++j) {
+      tokens[k++] = (unsigned char)data[j];
+      if (show && (k & 0xfffff) == 0) st_progress_line_update(&line, (int64_t)k);
+    }
     free(data);
+    if (show) st_progress_line_update(&line, (int64_t)k);
   }
+  /* A file that shrank since it was sized ends short: end the line anyway
+   * (an error ends it where it stopped). */
+  if (show && !s) st_progress_line_update(&line, (int64_t)total);
+  else if (show && !line.ended) fputc('\n', stderr);
   st__free_list(files, n);
   if (!s) {
     char* folder = st_path_join(cache_dir, "tokens");
@@ -297,7 +310,7 @@ st_status st_dataset_open(const st_data_options* o, st_dataset** out_dataset) {
     ds->token_path = st_xstrdup(path);
     s = ST_OK;
   } else {
-    s = st__tokenize_corpus(path, o->cache_dir, &ds->token_path);
+    s = st__tokenize_corpus(path, o->cache_dir, &o->progress, &ds->token_path);
   }
   if (!s) s = st__token_file_read(ds->token_path, o->vocab_size, ds);
   if (!s) {

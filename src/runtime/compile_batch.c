@@ -27,6 +27,12 @@ typedef struct st__batch {
   const int* order;   /* job indices, largest file first */
   int count;
   _Atomic int next;   /* position in |order| of the next job to start */
+  /* "compile: k/n programs" (runtime.progress), drawn under |lock| as each
+   * compile ends, whichever thread ran it. */
+  bool progress;
+  pthread_mutex_t lock;
+  int done;
+  st_progress_line line;
 } st__batch;
 
 static void* st__batch_worker(void* arg) {
@@ -39,6 +45,11 @@ static void* st__batch_worker(void* arg) {
     double t0 = st_now();
     b->results[j] = st_program_compile_file(b->rt, job->path, job->signature, &job->program);
     job->seconds = st_now() - t0;
+    if (b->progress) {
+      pthread_mutex_lock(&b->lock);
+      st_progress_line_update(&b->line, ++b->done);
+      pthread_mutex_unlock(&b->lock);
+    }
   }
   return NULL;
 }
@@ -88,8 +99,10 @@ st_status st_program_compile_files(st_runtime* rt, st_program_compile_job* jobs,
   for (int i = 0; i < count; ++i) order[i] = sized[i].index;
   free(sized);
 
-  st__batch b = {.rt = rt, .jobs = jobs, .results = results, .order = order, .count = count};
+  st__batch b = {.rt = rt, .jobs = jobs, .results = results, .order = order, .count = count, .progress = rt->progress};
   atomic_init(&b.next, 0);
+  pthread_mutex_init(&b.lock, NULL);
+  if (b.progress) st_progress_line_start(&b.line, "compile", "programs", count);
   int n = st_runtime_compile_threads(rt);
   if (n > count) n = count;
   pthread_t* threads = st_xcalloc((size_t)n, sizeof(*threads));
@@ -102,6 +115,7 @@ st_status st_program_compile_files(st_runtime* rt, st_program_compile_job* jobs,
   }
   st__batch_worker(&b);
   for (int i = 0; i < started; ++i) pthread_join(threads[i], NULL);
+  pthread_mutex_destroy(&b.lock);
   free(threads);
   free(order);
 

@@ -45,6 +45,7 @@ struct st_runtime {
 
   bool deterministic;
   int compile_threads; /* 0: one per online CPU */
+  bool progress;       /* st_runtime_options.progress */
   char* cache_dir; /* NULL when the cache is off */
 
   /* The serialized xla.CompileOptionsProto every compile uses (owned). */

@@ -516,6 +516,7 @@ st_status st_runtime_create(const st_runtime_options* options, st_runtime** out_
   st_runtime* rt = st_xcalloc(1, sizeof(*rt));
   rt->deterministic = options->deterministic;
   rt->compile_threads = options->compile_threads;
+  rt->progress = options->progress;
   st_status s = st__find_plugin(options, &rt->plugin_path);
   /* Options are validated before the plugin is touched, so a typo in an XLA
    * option is reported even when the plugin is slow to load. */

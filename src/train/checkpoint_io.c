@@ -136,7 +136,8 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
       s = st_runlog_event(in->log, "faults_armed", e);
     }
   }
-  c->save_opts = (st_ckpt_save_options){c->root, c->keep, c->keep_every, st_faults_ckpt_hook, c->faults};
+  c->save_opts = (st_ckpt_save_options){
+      .root = c->root, .keep = c->keep, .keep_every = c->keep_every, .hook = st_faults_ckpt_hook, .hook_user = c->faults};
   if (!s && c->async) s = st_ckpt_writer_create(&c->save_opts, &c->writer);
   if (s) {
     st_train_ckpt_destroy(c);
@@ -413,14 +414,14 @@ static st_status st__save(st_train_ckpt* c, int64_t step, bool last) {
     c->inflight_waited_s = waited;
     return ST_OK;
   }
-  /* The last save, or ckpt.async=false: the run waits for it. */
+  /* The last save, or ckpt.async=false: the run waits for it, so it runs
+   * on this thread (the writer is idle: collected above) and may draw its
+   * progress, which a background save must not (it would cut into the
+   * step line). */
+  st_ckpt_save_options so = c->save_opts;
+  so.progress = c->in.options->long_progress;
   st_ckpt_save_result r;
-  if (c->writer) {
-    ST_RETURN(st_ckpt_writer_submit(c->writer, c->snap));
-    st_ckpt_writer_take(c->writer, true, &r);
-  } else {
-    r.status = st_ckpt_save(&c->save_opts, c->snap, &r);
-  }
+  r.status = st_ckpt_save(&so, c->snap, &r);
   return st__report(c, &r, st_now() - t0, waited, last);
 }
 

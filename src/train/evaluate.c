@@ -86,7 +86,7 @@ st_status st_train_evaluate(const st_config* cfg, const char* params_path, st_ev
   if (!s) {
     st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh};
     bool exported = false;
-    s = st_bundle_ensure(&req, &bundle, &exported);
+    s = st_bundle_ensure_ex(&req, o.long_progress.on, &bundle, &exported);
   }
   t.bundle = bundle;
   if (!s) {

@@ -29,6 +29,8 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   o->run_id = st_config_string(c, "run.id");
   const char* progress = st_config_string(c, "run.progress");
   o->progress = !strcmp(progress, "on") ? 1 : !strcmp(progress, "off") ? 0 : 2;
+  o->long_progress.on = o->progress == 1 || (o->progress == 2 && isatty(2));
+  o->long_progress.min_size = st_config_int(c, "run.progress_min_bytes");
   o->bundle_dir = st_config_string(c, "bundle.dir");
   o->tensorboard = st_config_bool(c, "obs.tensorboard");
   o->cache_root = st_cache_root(st_config_string(c, "runtime.cache_dir"));
@@ -59,6 +61,7 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   o->data.val_fraction = st_config_float(c, "data.val_fraction");
   o->data.seq_len = st_config_int(c, "model.seq_len");
   o->data.seed = o->seed;
+  o->data.progress = o->long_progress;
   o->data.cache_dir = o->cache_root;
 
   st_runtime_options_init(&o->runtime);
@@ -66,6 +69,7 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   o->runtime.cpu_devices = (int)st_config_int(c, "runtime.cpu_devices");
   o->runtime.deterministic = st_config_bool(c, "runtime.deterministic");
   o->runtime.compile_threads = (int)st_config_int(c, "runtime.compile_threads");
+  o->runtime.progress = o->long_progress.on;
   o->sched.remat = st_config_string(c, "sched.remat");
   o->sched.memory_budget = st_config_string(c, "sched.memory_budget");
   o->sched.memory_budget_source = st_config_source(c, "sched.memory_budget");

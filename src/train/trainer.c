@@ -602,7 +602,7 @@ st_status st_train_main(const st_config* cfg) {
   bool exported = false;
   if (!s) {
     st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh};
-    s = st_bundle_ensure(&req, &bundle, &exported);
+    s = st_bundle_ensure_ex(&req, o.long_progress.on, &bundle, &exported);
   }
   t.bundle = bundle;
   if (!s) {

@@ -106,7 +106,7 @@ static st_ckpt_expect expect_model(void) {
 
 static void save_step(const char* root, int64_t step, int64_t keep) {
   st_ckpt_snapshot* s = make_snapshot(step);
-  st_ckpt_save_options o = {root, keep, 0, NULL, NULL};
+  st_ckpt_save_options o = {root, keep, 0, NULL, NULL, {0}};
   st_ckpt_save_result r;
   ASSERT_OK(st_ckpt_save(&o, s, &r));
   assert_non_null(r.dir);
@@ -310,7 +310,7 @@ static void test_save_open_round_trip(void** state) {
   m.mesh_data = 2;
   m.mesh_tensor = 3;
   st_ckpt_snapshot_set_meta(want, &m);
-  st_ckpt_save_options so = {root, 3, 0, NULL, NULL};
+  st_ckpt_save_options so = {root, 3, 0, NULL, NULL, {0}};
   ASSERT_OK(st_ckpt_save(&so, want, NULL));
   st_ckpt_snapshot_destroy(want);
   st_ckpt_free(c);
@@ -417,7 +417,7 @@ static void write_foreign(const char* root, int64_t step, const char* model, con
   m.model = model_tree;
   st_ckpt_snapshot_set_meta(s, &m);
   json_decref(model_tree);
-  st_ckpt_save_options o = {root, 100, 0, NULL, NULL};
+  st_ckpt_save_options o = {root, 100, 0, NULL, NULL, {0}};
   ASSERT_OK(st_ckpt_save(&o, s, NULL));
   st_ckpt_snapshot_destroy(s);
 }
@@ -520,7 +520,7 @@ static void test_crash_at_every_point(void** state) {
       if (pid == 0) {
         crash_at c = {(st_ckpt_point)p, nth, 0};
         st_ckpt_snapshot* s = make_snapshot(20);
-        st_ckpt_save_options o = {root, 5, 0, crash_hook, &c};
+        st_ckpt_save_options o = {root, 5, 0, crash_hook, &c, {0}};
         st_status r = st_ckpt_save(&o, s, NULL);
         _exit(r ? 1 : 0);
       }
@@ -578,7 +578,7 @@ static void test_io_error_keeps_previous(void** state) {
   char* root = tu_tmpdir("ioerr");
   save_step(root, 10, 5);
   st_ckpt_snapshot* s = make_snapshot(20);
-  st_ckpt_save_options o = {root, 5, 0, enospc_hook, NULL};
+  st_ckpt_save_options o = {root, 5, 0, enospc_hook, NULL, {0}};
   st_ckpt_save_result r;
   expect_ckpt_error(st_ckpt_save(&o, s, &r), "ENOSPC mid-save", "checkpoint step_20", "No space left on device", NULL);
   assert_null(r.dir);
@@ -606,7 +606,7 @@ static void test_retention(void** state) {
     st_ckpt_meta m = *st_ckpt_snapshot_meta(s);
     m.step = step;
     st_ckpt_snapshot_set_meta(s, &m);
-    st_ckpt_save_options o = {root, 2, 20, NULL, NULL};
+    st_ckpt_save_options o = {root, 2, 20, NULL, NULL, {0}};
     ASSERT_OK(st_ckpt_save(&o, s, NULL));
   }
   st_ckpt_entry* v = NULL;
@@ -637,7 +637,7 @@ static void test_retention(void** state) {
 static void test_writer_thread(void** state) {
   (void)state;
   char* root = tu_tmpdir("writer");
-  st_ckpt_save_options o = {root, 10, 0, NULL, NULL};
+  st_ckpt_save_options o = {root, 10, 0, NULL, NULL, {0}};
   st_ckpt_writer* w = NULL;
   ASSERT_OK(st_ckpt_writer_create(&o, &w));
   st_ckpt_save_result r;
@@ -710,7 +710,7 @@ static void test_faults(void** state) {
     st_faults* f = NULL;
     if (faults_from(cfg, run, &f)) _exit(3);
     st_ckpt_snapshot* s = make_snapshot(20);
-    st_ckpt_save_options o = {root, 5, 0, st_faults_ckpt_hook, f};
+    st_ckpt_save_options o = {root, 5, 0, st_faults_ckpt_hook, f, {0}};
     st_status r = st_ckpt_save(&o, s, NULL);
     _exit(r ? 1 : 0);
   }
@@ -731,7 +731,7 @@ static void test_faults(void** state) {
   assert_string_equal(st_faults_armed(f), "");
   assert_string_equal(st_faults_disarmed(f), "crash_in_save=1");
   st_ckpt_snapshot* s = make_snapshot(20);
-  st_ckpt_save_options o = {root, 5, 0, st_faults_ckpt_hook, f};
+  st_ckpt_save_options o = {root, 5, 0, st_faults_ckpt_hook, f, {0}};
   ASSERT_OK(st_ckpt_save(&o, s, NULL));
   st_faults_destroy(f);
   st_config_destroy(cfg);

@@ -185,3 +185,24 @@ def test_cli_replaces_bundle_atomically(tmp_path: Any) -> None:
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "missing keys" in bad.stderr
     assert (out / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("mesh", [None, "data=2", "fsdp=2,tensor=2"])
+def test_progress_fd_counts_every_program(tmp_path: Any, mesh: str | None) -> None:
+    """--progress-fd: "export: k/n programs", k = 1..n, n every program the
+    manifest lists (collectives and SPMD programs included), on that fd
+    only, not in the exporter's own output (its log)."""
+    r, w = os.pipe()
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "python")}
+    cmd = [sys.executable, "-m", "strata_jax.export", "--model-json", json.dumps(tiny_model()),
+           "--out", str(tmp_path / "b"), "--progress-fd", str(w)] + (["--mesh", mesh] if mesh else [])
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, pass_fds=(w,))
+    os.close(w)
+    with os.fdopen(r, newline="") as f:
+        drawn = f.read()
+    assert p.returncode == 0, p.stderr
+    man = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    n = len(man["programs"]) + len(man.get("collectives", [])) + len(man.get("spmd_programs", []))
+    assert drawn.endswith("\n") and drawn.count("\n") == 1, drawn
+    assert drawn.strip("\n").split("\r")[1:] == [f"export: {k}/{n} programs" for k in range(1, n + 1)], drawn
+    assert "programs\r" not in p.stdout + p.stderr and not re.search(r"export: \d+/", p.stdout + p.stderr)
