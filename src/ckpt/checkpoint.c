@@ -228,7 +228,10 @@ static st_status st__write_tensor_file(const st_ckpt_save_options* o, const st_c
     w.fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (w.fd < 0) s = st__errno("creating", path, errno);
   }
+  /* The progress line counts tensor bytes (its total), not headers. */
+  w.line = NULL;
   if (!s) s = st__write_all(&w, header, header_size);
+  w.line = line;
   size_t offset = header_size;
   for (int j = 0; j < n && !s; ++j) {
     size_t bytes = st_tensor_type_bytes(&ts[j].type);
