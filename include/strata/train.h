@@ -196,7 +196,8 @@ typedef struct st_eval_result {
  * tensors) on |cfg|'s validation split exactly as `strata train` does
  * every train.eval_every steps: train.eval_batches batches of
  * train.batch_size sequences, the same ones every time, the loss averaged
- * over the microbatches. One device: parallel.* must be 1 (exit 2). A
+ * over the microbatches. One device: parallel.* must be 1 (exit 2);
+ * sched.offload is ignored (the parameters load into device slots). A
  * parameter missing or of another shape: ST_CODE_CKPT (exit 7) naming it.
  * |out| is filled on success; st_eval_result_deinit it either way. */
 st_status st_train_evaluate(const st_config* cfg, const char* params_path, st_eval_result* out);

@@ -69,7 +69,7 @@ int st_cli_eval(int argc, char** argv) {
   st_status s = st_train_locate(pos[0], &ref);
   /* Checkpoints hold whole tensors: the evaluation runs on one device, the
    * user's overrides first so a parallel.* of theirs is refused, not lost. */
-  const char* one_device[] = {"parallel.data=1", "parallel.fsdp=1", "parallel.tensor=1", "sched.offload=none"};
+  const char* one_device[] = {"parallel.data=1", "parallel.fsdp=1", "parallel.tensor=1"};
   int n_forced = (int)(sizeof(one_device) / sizeof(one_device[0]));
   char** ov = st_xcalloc((size_t)(npos + n_forced) + 1, sizeof(char*));
   int n = 0;

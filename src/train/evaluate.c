@@ -75,6 +75,9 @@ st_status st_train_evaluate(const st_config* cfg, const char* params_path, st_ev
   st_status s = st_train_options_from_config(cfg, &o);
   if (!s && (o.parallel_data > 1 || o.parallel_fsdp > 1 || o.parallel_tensor > 1))
     s = st_status_make(ST_CODE_CONFIG, "evaluation runs on one device: set parallel.data, parallel.fsdp and parallel.tensor to 1");
+  /* Parameters come whole from a file into device slots: no host homes
+   * (sched.offload is a training-memory policy; the loss is the same). */
+  o.sched.offload = 0;
   st__trainer t;
   memset(&t, 0, sizeof(t));
   t.o = &o;

@@ -59,6 +59,22 @@ PYEOF"
 if "$STRATA" eval "$TMP/r1" data.synthetic=true --json >"$TMP/evals.json" 2>"$TMP/err"; then ok; else bad "eval synthetic exited $?: $(tail -3 "$TMP/err")"; fi
 check "synthetic data: bits per byte is null" "$PY -c 'import json,sys; assert json.load(open(sys.argv[1]))[\"bits_per_byte\"] is None' '$TMP/evals.json'"
 
+# --- memory and mesh policies do not change the loss -------------------------------
+if "$STRATA" eval "$TMP/r1" sched.offload=params --json >"$TMP/evalo.json" 2>"$TMP/err"; then ok; else bad "eval offload exited $?: $(tail -3 "$TMP/err")"; fi
+check "sched.offload=params: the same loss (parameters load into device slots)" \
+  "$PY -c 'import json,sys; a, b = (json.load(open(p))[\"loss\"] for p in sys.argv[1:]); assert a == b, (a, b)' '$TMP/eval.json' '$TMP/evalo.json'"
+# A data-parallel run: its checkpoint holds whole tensors, evaluated on one device.
+if "$STRATA" train configs/test.yml runtime.deterministic=true run.progress=off parallel.data=2 run.dir="$TMP/dp" >/dev/null 2>"$TMP/err"; then ok; else bad "train dp exited $?: $(tail -3 "$TMP/err")"; fi
+if "$STRATA" eval "$TMP/dp" --json >"$TMP/evaldp.json" 2>"$TMP/err"; then ok; else bad "eval dp exited $?: $(tail -3 "$TMP/err")"; fi
+check "a parallel.data=2 run evaluates on one device to its own final eval loss (1e-6)" "$PY - '$TMP' <<'PYEOF'
+import json, sys
+d = sys.argv[1]
+final = [json.loads(l) for l in open(d + '/dp/metrics.jsonl') if 'eval_loss' in l][-1]
+e = json.load(open(d + '/evaldp.json'))
+assert e['step'] == final['step'] == 10 and e['bits_per_byte'] is None, (e, final)
+assert abs(e['loss'] - final['eval_loss']) <= 1e-6 * abs(final['eval_loss']), (e['loss'], final['eval_loss'])
+PYEOF"
+
 # --- bad input ------------------------------------------------------------------
 expect_exit 2 "'$TMP/nope'.*expected a run directory or a checkpoint folder" eval "$TMP/nope"
 mkdir -p "$TMP/plain"
