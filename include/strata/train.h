@@ -174,7 +174,9 @@ typedef struct st_trained_ref {
  * counts more steps) or there is no valid checkpoint; a checkpoint folder
  * gives that checkpoint, verified. Errors: a path that is missing or
  * neither (ST_CODE_CONFIG, exit 2, naming the path and what was looked
- * for); a named checkpoint that fails verification (ST_CODE_CKPT, exit 7).
+ * for), or that has nothing to load yet (exit 2); a named checkpoint
+ * that fails verification, or a run whose every checkpoint does and that
+ * has no final parameters (ST_CODE_CKPT, exit 7).
  * |out| is zeroed first and left zeroed on error. */
 st_status st_train_locate(const char* path, st_trained_ref* out);
 void st_trained_ref_deinit(st_trained_ref* ref); /* frees the strings; NULL is a no-op */

@@ -82,7 +82,9 @@ static st_status st__from_run(char* run_dir, st_trained_ref* out) {
     out->step = final_steps;
   } else {
     free(final);
-    s = st_status_make(ST_CODE_CONFIG,
+    /* Checkpoints that all fail verification are a checkpoint problem
+     * (exit 7); none at all is a run that saved nothing yet (exit 2). */
+    s = st_status_make(skipped ? ST_CODE_CKPT : ST_CODE_CONFIG,
                        "run directory '%s' has no parameters to load: no valid checkpoint under checkpoints/%s and no "
                        "params.safetensors (a run writes them as it trains and when it ends)",
                        run_dir, skipped ? " (every one failed verification; `strata ckpt verify` says why)" : "");

@@ -921,6 +921,12 @@ static void test_locate(void** state) {
   st_trained_ref_deinit(&r);
   write_text(run, "events.jsonl", "{\"event\":\"run_done\",\"steps\":10}\n");
   expect_params(run, "/checkpoints/step_10/params.safetensors", 10);
+  /* Every checkpoint damaged and no final parameters: a checkpoint error. */
+  char* fin = path2(run, "params.safetensors");
+  unlink(fin);
+  free(fin);
+  c_flip(s10);
+  ASSERT_ERROR(st_train_locate(run, &(st_trained_ref){0}), ST_CODE_CKPT, "every one failed verification", run);
   /* A checkpoint outside a run directory names what it looked for. */
   char* lone = tu_tmpdir("lone");
   char* lone_root = path2(lone, "checkpoints");
