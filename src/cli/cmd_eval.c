@@ -92,7 +92,8 @@ int st_cli_eval(int argc, char** argv) {
       printf("%s\n", text);
       free(text);
     } else if (!s) {
-      printf("evaluated:   %s (step %lld)\n", ref.params_path, (long long)ref.step);
+      if (ref.step >= 0) printf("evaluated:   %s (step %lld)\n", ref.params_path, (long long)ref.step);
+      else printf("evaluated:   %s (step not recorded)\n", ref.params_path);
       printf("data:        %s, validation split (%lld tokens)\n", r.token_file, (long long)r.split_tokens);
       printf("tokens:      %lld (%lld batches x %lld sequences x %lld)\n", (long long)r.tokens, (long long)r.eval_batches,
              (long long)r.batch_size, (long long)r.seq_len);
