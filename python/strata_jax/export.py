@@ -98,10 +98,13 @@ def program_tables(cfg: ModelConfig, names: set[str], fsdp: int = 1, tensor: int
     block's roles name the tensor-parallel SPMD programs (spmd_programs),
     and its accumulation a one-device program on the tensor-cut blocks.
     """
-    embed = {"group": "embed", "programs": {"init": "embed_init", "fwd": "embed_fwd", "bwd": "embed_bwd"}}
-    head = {"group": "head", "programs": {"init": "head_init", "loss": "head_loss", "eval": "head_eval"}}
+    embed = {"group": "embed", "programs": {"init": "embed_init", "fwd": "embed_fwd", "bwd": "embed_bwd",
+                                            "prefill": "embed_prefill", "decode": "embed_decode"}}
+    head = {"group": "head", "programs": {"init": "head_init", "loss": "head_loss", "eval": "head_eval",
+                                          "logits": "head_logits"}}
     block = {"init": "block_init", "fwd": "block_fwd", "bwd": "block_bwd",
-             "fwd_res": "block_fwd_res", "bwd_res": "block_bwd_res"}
+             "fwd_res": "block_fwd_res", "bwd_res": "block_bwd_res",
+             "prefill": "block_prefill", "decode": "block_decode"}
     if tensor > 1:
         block.update({r: f"tp_{block[r]}" for r in ("fwd", "bwd", "fwd_res", "bwd_res")})
     layers = [{"index": i, "kind": "block", "group": "block", "programs": dict(block)} for i in range(cfg.n_layers)]

@@ -153,6 +153,7 @@ def build_programs(cfg: ModelConfig) -> list[Program]:
     for g in GROUPS:
         progs += _group_programs(cfg, g)
     progs += _remat_programs(cfg)
+    progs += sample_programs(cfg)
     return progs
 
 
@@ -286,6 +287,96 @@ def _remat_programs(cfg: ModelConfig) -> list[Program]:
         Program("block_fwd_res", fwd_res, params + [x], [y] + residual_specs(cfg)),
         Program("block_bwd_res", bwd_res, params + [x] + residual_specs(cfg) + [dy],
                 _specs(cfg, blk, "grad", "grad_") + [dx]),
+    ]
+
+
+# --- batch-1 generation programs (strata sample) ----------------------------------
+#
+# Autoregressive generation with a per-layer KV cache, driven layer by layer
+# from C like training (docs/bundle.md, "Generation programs"): the prompt
+# but its last token goes through embed_prefill and every layer's
+# block_prefill, which return the layer's keys and values for all T
+# positions (positions past the prompt hold values of padding tokens that
+# no query ever attends to); then each token goes through embed_decode,
+# every layer's block_decode (writes its key and value at |pos|, attends
+# positions <= pos) and head_logits. Batch 1, whatever microbatch_size.
+
+def block_prefill(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tuple[Array, Array, Array]:
+    """y and the layer's k (after RoPE) and v caches [1, T, H, Dh], with
+    block_fwd_res's operations (its other residuals are dead code)."""
+    y, res = block_fwd_res(cfg, p, x)
+    return y, res[1], res[2]
+
+
+def block_decode(cfg: ModelConfig, p: dict[str, Array], x: Array, k_cache: Array, v_cache: Array,
+                 pos: Array) -> tuple[Array, Array, Array]:
+    """One token x [1, 1, D] at position |pos| (s32 scalar, < T): y and the
+    caches with this token's k and v written at |pos|. The same operations
+    as model.block_fwd for that token: RoPE at |pos|, and scores of keys
+    after |pos| replaced by -1e30 before the softmax, exactly as the causal
+    mask does, so they weigh exactly 0."""
+    B, S, D = x.shape
+    H, Dh, T = cfg.n_heads, cfg.head_dim, cfg.seq_len
+    h = M.rms_norm(x, p["attn_norm"])
+    q = M._mm(cfg, h, p["wq"]).reshape(B, S, H, Dh)
+    k = M._mm(cfg, h, p["wk"]).reshape(B, S, H, Dh)
+    v = M._mm(cfg, h, p["wv"]).reshape(B, S, H, Dh)
+    cos, sin = M.rope_tables(cfg)
+    cos1, sin1 = jax.lax.dynamic_slice_in_dim(cos, pos, 1, 0), jax.lax.dynamic_slice_in_dim(sin, pos, 1, 0)
+    q, k = M.apply_rope(q, cos1, sin1), M.apply_rope(k, cos1, sin1)
+    zero = jnp.int32(0)
+    k_cache = jax.lax.dynamic_update_slice(k_cache, k, (zero, pos, zero, zero))
+    v_cache = jax.lax.dynamic_update_slice(v_cache, v, (zero, pos, zero, zero))
+    c = cfg.cdtype
+    s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(c), k_cache.astype(c),
+                   preferred_element_type=jnp.float32) / jnp.float32(math.sqrt(Dh))
+    seen = jnp.arange(T, dtype=jnp.int32) <= pos
+    s = jnp.where(seen[None, None, None, :], s, jnp.float32(-1e30))
+    probs = jax.nn.softmax(s, axis=-1)
+    o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), v_cache.astype(c),
+                   preferred_element_type=jnp.float32).reshape(B, S, D)
+    x_mid = x + M._mm(cfg, o, p["wo"])
+    y = x_mid + M.mlp(cfg, p, M.rms_norm(x_mid, p["mlp_norm"]))
+    return y, k_cache, v_cache
+
+
+def sample_programs(cfg: ModelConfig) -> list[Program]:
+    blk = M.BLOCK_PARAMS
+    head = M.head_param_names(cfg)
+    nb, nh = len(blk), len(head)
+    T, D, H, Dh, V = cfg.seq_len, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.vocab_size
+    wte = _specs(cfg, ("wte",), "param")
+    params = _specs(cfg, blk, "param")
+    xs = TensorSpec("x", (1, T, D), "f32", "activation")
+    ys = TensorSpec("y", (1, T, D), "f32", "activation")
+    x1 = TensorSpec("x", (1, 1, D), "f32", "activation")
+    y1 = TensorSpec("y", (1, 1, D), "f32", "activation")
+    kc = TensorSpec("k_cache", (1, T, H, Dh), "f32", "cache")
+    vc = TensorSpec("v_cache", (1, T, H, Dh), "f32", "cache")
+
+    def embed_prefill(w: Array, tok: Array) -> tuple[Array, ...]:
+        return (M.embed_fwd(cfg, w, tok),)
+
+    def prefill(*args: Array) -> tuple[Array, ...]:
+        return block_prefill(cfg, dict(zip(blk, args[:nb])), args[nb])
+
+    def decode(*args: Array) -> tuple[Array, ...]:
+        x, k_, v_, pos = args[nb:]
+        return block_decode(cfg, dict(zip(blk, args[:nb])), x, k_, v_, pos)
+
+    def logits(*args: Array) -> tuple[Array, ...]:
+        p = dict(zip(head, args[:nh]))
+        w = args[nh] if cfg.tie_embeddings else None
+        return (M.head_logits(cfg, p, w, args[-1]).astype(jnp.float32),)
+
+    return [
+        Program("embed_prefill", embed_prefill, wte + [TensorSpec("tokens", (1, T), "s32", "batch")], [xs]),
+        Program("embed_decode", embed_prefill, wte + [TensorSpec("tokens", (1, 1), "s32", "batch")], [x1]),
+        Program("block_prefill", prefill, params + [xs], [ys, kc, vc]),
+        Program("block_decode", decode, params + [x1, kc, vc, _scalar("pos", "s32")], [y1, kc, vc],
+                (nb + 1, nb + 2)),
+        Program("head_logits", logits, _specs(cfg, head, "param") + (wte if cfg.tie_embeddings else []) + [x1],
+                [TensorSpec("logits", (1, 1, V), "f32", "logits")]),
     ]
 
 

@@ -26,6 +26,7 @@ EXPECTED_PROGRAMS = [
     "head_loss", "head_eval",
     "accum_embed", "sqnorm_embed", "adamw_embed", "accum_block", "sqnorm_block", "adamw_block",
     "accum_head", "sqnorm_head", "adamw_head", "block_fwd_res", "block_bwd_res",
+    "embed_prefill", "embed_decode", "block_prefill", "block_decode", "head_logits",
 ]
 
 
@@ -69,11 +70,13 @@ def test_manifest_is_complete(bundles: dict[int, tuple[str, dict[str, Any]]]) ->
         assert len(man["layers"]) == n and man["layers"][-1]["index"] == n - 1
         # The program tables: the C plan builder takes every name from them.
         assert man["embed"] == {"group": "embed", "programs": {
-            "init": "embed_init", "fwd": "embed_fwd", "bwd": "embed_bwd"}}
+            "init": "embed_init", "fwd": "embed_fwd", "bwd": "embed_bwd",
+            "prefill": "embed_prefill", "decode": "embed_decode"}}
         assert man["head"] == {"group": "head", "programs": {
-            "init": "head_init", "loss": "head_loss", "eval": "head_eval"}}
+            "init": "head_init", "loss": "head_loss", "eval": "head_eval", "logits": "head_logits"}}
         assert all(row["programs"] == {"init": "block_init", "fwd": "block_fwd", "bwd": "block_bwd",
-                                       "fwd_res": "block_fwd_res", "bwd_res": "block_bwd_res"}
+                                       "fwd_res": "block_fwd_res", "bwd_res": "block_bwd_res",
+                                       "prefill": "block_prefill", "decode": "block_decode"}
                    for row in man["layers"])
         assert [g["programs"] for g in man["groups"]] == [
             {"accum": f"accum_{g}", "sqnorm": f"sqnorm_{g}", "adamw": f"adamw_{g}"} for g in ("embed", "block", "head")]
