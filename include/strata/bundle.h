@@ -102,6 +102,11 @@ typedef struct st_bundle_stage {
   const st_bundle_program* bwd_res; /* block: the backward from the residuals */
   const st_bundle_program* loss;    /* head: loss, head gradients, dx */
   const st_bundle_program* eval;    /* head: loss only */
+  /* Generation, batch 1 (strata sample; docs/bundle.md, "Generation
+   * programs"); optional: NULL in a bundle from an older exporter. */
+  const st_bundle_program* prefill; /* embedding: tokens [1,T] -> x; block: x [1,T,D] -> y, k and v caches */
+  const st_bundle_program* decode;  /* embedding: token [1,1] -> x; block: x [1,1,D], caches, pos -> y, caches */
+  const st_bundle_program* logits;  /* head: x [1,1,D] -> f32 logits [1,1,V] */
 } st_bundle_stage;
 
 typedef struct st_bundle_model {

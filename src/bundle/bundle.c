@@ -141,6 +141,9 @@ static st_status st__stage_from_json(const st_bundle* b, const json_t* sj, const
   ST_RETURN(st__role_program(b, progs, "bwd_res", where, &out->bwd_res));
   ST_RETURN(st__role_program(b, progs, "loss", where, &out->loss));
   ST_RETURN(st__role_program(b, progs, "eval", where, &out->eval));
+  ST_RETURN(st__role_program(b, progs, "prefill", where, &out->prefill));
+  ST_RETURN(st__role_program(b, progs, "decode", where, &out->decode));
+  ST_RETURN(st__role_program(b, progs, "logits", where, &out->logits));
   char role[16];
   for (const char* r = required; *r;) {
     size_t n = strcspn(r, " ");
@@ -869,7 +872,7 @@ static st_status st__bundle_set_depth(st_bundle* b, int64_t n_layers) {
   for (int l = 1; l < b->layer_count; ++l) {
     const st_bundle_stage *a = &b->layers[0], *r = &b->layers[l];
     if (a->group != r->group || a->init != r->init || a->fwd != r->fwd || a->bwd != r->bwd || a->fwd_res != r->fwd_res ||
-        a->bwd_res != r->bwd_res)
+        a->bwd_res != r->bwd_res || a->prefill != r->prefill || a->decode != r->decode)
       return st_status_make(ST_CODE_RUNTIME,
                             "bundle %s: its layer table gives layer %d other programs than layer 0, so it serves only "
                             "model.n_layers = %lld, not %lld; set bundle.dir to a bundle exported for this depth",

@@ -20,6 +20,7 @@ int st_cli_status(int argc, char** argv);
 int st_cli_make_report(int argc, char** argv); /* `strata report` (st_cli_report is the error printer) */
 int st_cli_analyze(int argc, char** argv);
 int st_cli_eval(int argc, char** argv);
+int st_cli_sample(int argc, char** argv);
 
 /* Prints "strata: <class>: <message>" to stderr and returns the exit code. */
 int st_cli_report(st_status status);
