@@ -478,6 +478,90 @@ static void st__summary(const st__trainer* t) {
   free(root);
 }
 
+/* The short sample after the summary (docs/using.md, "Summary and sample
+ * at the end of a run"): 128 bytes (32 ids on synthetic data) after a
+ * newline, temperature 0.8, the run's seed, from params.safetensors just
+ * written, kept in <run>/sample.txt as UTF-8 (a byte that does not start a
+ * UTF-8 sequence becomes U+FFFD) and printed on stderr the same way. What `strata
+ * sample RUN_DIR --tokens 128 --seed <seed>` prints. It never fails the
+ * run: a problem is a warning. */
+static st_status st__end_sample_try(st__trainer* t, double* out_seconds, double* out_compile_s) {
+  const st_train_options* o = t->o;
+  const st_bundle* b = t->bundle;
+  double t0 = st_now();
+  char* path = st_path_join(t->run_dir, "params.safetensors");
+  st_safetensors* file = NULL;
+  st_train_sampler* sm = NULL;
+  const void** data = st_xcalloc((size_t)b->param_count + 1, sizeof(void*));
+  st_status s = st_safetensors_read(path, &file);
+  for (int i = 0; i < b->param_count && !s; ++i) {
+    const st_safetensors_entry* e = st_safetensors_find(file, b->params[i].name);
+    if (!e || st_tensor_type_bytes(&e->type) != st_tensor_type_bytes(&b->params[i].type))
+      s = st_status_make(ST_CODE_CKPT, "%s: tensor '%s' is missing or of another size", path, b->params[i].name);
+    else
+      data[i] = file->data + e->offset;
+  }
+  if (!s) s = st_train_sampler_create(t->runtime, b, data, &sm);
+  const bool bytes = !o->data.synthetic;
+  st_train_sample_options so = {.tokens = bytes ? 128 : 32, .temperature = 0.8, .top_k = 0, .top_p = 1.0,
+                                .seed = o->seed, .byte_text = bytes, .out = NULL};
+  int32_t prompt = bytes ? '\n' : 0;
+  int32_t* ids = st_xcalloc((size_t)so.tokens, sizeof(int32_t));
+  if (!s) s = st_train_sample_generate(sm, &prompt, 1, &so, ids);
+  if (!s) {
+    st_strbuf text = {0};
+    if (bytes) {
+      char raw[129];
+      raw[0] = '\n';
+      for (int64_t i = 0; i < so.tokens; ++i) raw[i + 1] = (char)ids[i];
+      const size_t n = (size_t)so.tokens + 1;
+      for (size_t i = 0; i < n;) {
+        size_t k = 1;
+        while (k <= 4 && (i + k > n || !st_utf8_valid(raw + i, k))) ++k;
+        if (k <= 4) {
+          st_strbuf_append_n(&text, raw + i, k);
+          i += k;
+        } else {
+          st_strbuf_append(&text, "\xef\xbf\xbd");
+          ++i;
+        }
+      }
+    } else {
+      st_strbuf_printf(&text, "%d", (int)prompt);
+      for (int64_t i = 0; i < so.tokens; ++i) st_strbuf_printf(&text, " %d", (int)ids[i]);
+      st_strbuf_append(&text, "\n");
+    }
+    /* The text as written, not the raw bytes: a byte the model drew could
+     * be half of a terminal's escape sequence. */
+    fprintf(stderr, "  sample (temperature %.1f, seed %llu; `strata sample %s` for more)%s:\n%s%s", so.temperature,
+            (unsigned long long)so.seed, t->run_dir, bytes ? "" : ", synthetic data (no text): token ids",
+            text.data ? text.data : "", bytes ? "\n" : "");
+    char* out = st_path_join(t->run_dir, "sample.txt");
+    s = st_fs_write_atomic(out, text.data ? text.data : "", text.len);
+    free(out);
+    st_strbuf_free(&text);
+  }
+  if (sm) *out_compile_s = st_train_sampler_compile_seconds(sm);
+  *out_seconds = st_now() - t0;
+  free(ids);
+  st_train_sampler_destroy(sm);
+  st_safetensors_free(file);
+  free(data);
+  free(path);
+  return s;
+}
+
+static void st__end_sample(st__trainer* t) {
+  double seconds = 0, compile_s = 0;
+  st_status s = st__end_sample_try(t, &seconds, &compile_s);
+  if (s) {
+    fprintf(stderr, "strata: warning: no sample at the end of the run (%s); the run itself succeeded\n", st_status_message(s));
+    st_status_free(s);
+    return;
+  }
+  fprintf(stderr, "  (sample.txt in the run directory; %.2f s, of which %.2f s compiling)\n", seconds, compile_s);
+}
+
 /* The run itself, once everything is compiled. */
 static st_status st__run(st__trainer* t, bool progress) {
   const st_train_options* o = t->o;
@@ -747,7 +831,10 @@ st_status st_train_main(const st_config* cfg) {
     st__failed_event(&t, s);
   } else if (!s) {
     st_status_free(st_runlog_event(t.log, "done", NULL));
-    if (progress) st__summary(&t);
+    if (progress) {
+      st__summary(&t);
+      st__end_sample(&t);
+    }
     printf("run directory: %s\n", t.run_dir);
   }
   st_train_ckpt_destroy(t.ckpt);

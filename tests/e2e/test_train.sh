@@ -196,5 +196,29 @@ c = re.search(r'^  checkpoint (\\S+)$', err, re.M)
 assert c and os.path.isdir(c.group(1)) and c.group(1).endswith('/checkpoints/step_4'), err
 PYEOF"
 check "no summary without progress (run.progress=off)" "! grep -q '^strata: trained' '$TMP/err1'"
+# The sample after the summary (issue 16 item 2): on stderr, kept in
+# sample.txt as UTF-8, and exactly what `strata sample RUN --tokens 128
+# --seed <seed>` prints (bytes that are not UTF-8 as U+FFFD, one per byte).
+"$STRATA" sample "$TMP/sum" --tokens 128 --seed 0 >"$TMP/sum.sample" 2>/dev/null
+check "end of run: a sample after the summary on stderr, sample.txt = strata sample RUN --tokens 128 --seed 0" "$PY - '$TMP/sum' '$TMP/sum.err' '$TMP/sum.sample' <<'PYEOF'
+import os, sys
+d, err, cli = sys.argv[1], open(sys.argv[2], encoding='utf-8', errors='replace').read(), open(sys.argv[3], 'rb').read()
+assert err.index('strata: trained') < err.index('  sample (temperature 0.8, seed 0; ') < err.index('(sample.txt in the run directory'), err
+def clean(b):
+    out, i = [], 0
+    while i < len(b):
+        for n in (1, 2, 3, 4):
+            try:
+                out.append(b[i:i + n].decode('utf-8')); i += n; break
+            except UnicodeDecodeError:
+                pass
+        else:
+            out.append('\ufffd'); i += 1
+    return ''.join(out)
+text = open(os.path.join(d, 'sample.txt'), 'rb').read().decode('utf-8')  # strict: UTF-8
+assert len(cli) == 129 and cli[:1] == b'\n', cli
+assert text == clean(cli), (text, cli)
+PYEOF"
+check "no sample.txt without progress (run.progress=off)" "[ ! -e '$TMP/r1/sample.txt' ] && ! grep -q 'sample (temperature' '$TMP/err1'"
 
 finish test_train.sh
