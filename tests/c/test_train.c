@@ -6,7 +6,10 @@
  *     forward program, input by input (directional derivatives, f32,
  *     small shapes);
  *   - the plan builder takes every program name from the bundle's program
- *     tables (renamed programs, a layer with programs of its own). */
+ *     tables (renamed programs, a layer with programs of its own), and so
+ *     does the generation driver (strata sample);
+ *   - the host-side draw of the next token (temperature, top-k, top-p,
+ *     the splitmix64 PRNG). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -319,7 +322,7 @@ static const char* kRenameScript =
     "for t in tables:\n"
     "    if t and 'programs' in t: t['programs'] = {k: v + '_v2' for k, v in t['programs'].items()}\n"
     "byname = {e['name']: e for e in m['programs']}\n"
-    "for role in ('fwd', 'fwd_res', 'bwd_res'):\n"
+    "for role in ('fwd', 'fwd_res', 'bwd_res', 'prefill', 'decode'):\n"
     "    e = dict(byname['block_' + role + '_v2'], name='layer1_' + role)\n"
     "    m['programs'].append(e)\n"
     "    m['layers'][1]['programs'][role] = e['name']\n"
@@ -520,6 +523,122 @@ static void test_crafted_bundle_counts_are_bounded(void** state) {
   st_bundle_destroy(b);
 }
 
+/* Greedy tokens of |b| with parameters |host| (by parameter index). */
+static void generate(st_runtime* rt, const st_bundle* b, void** host, int32_t* ids, int n) {
+  st_train_sampler* sm = NULL;
+  ASSERT_OK(st_train_sampler_create(rt, b, (const void* const*)host, &sm));
+  st_train_sample_options o = {.tokens = n, .temperature = 0, .top_p = 1, .seed = 1, .byte_text = true};
+  const int32_t prompt[3] = {'a', 'b', 'c'};
+  ASSERT_OK(st_train_sample_generate(sm, prompt, 3, &o, ids));
+  st_train_sampler_destroy(sm);
+}
+
+/* The generation driver launches the programs the tables name for the
+ * roles prefill, decode and logits: a bundle with every program renamed
+ * and layer 1 served by programs of its own generates the same tokens
+ * (past seq_len, so the window slides and prefills again). */
+static void test_sampler_takes_program_names_from_the_bundle(void** state) {
+  (void)state;
+  st_bundle* b = ensure_bundle(2, true);
+  char dir[512], cmd[4096];
+  snprintf(dir, sizeof(dir), "%s/renamed_gen", g_tmp);
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s' && cp -r '%s' '%s' && '%s/.venv/bin/python' -c \"$STRATA_RENAME\" '%s/manifest.json'",
+           dir, b->dir, dir, STRATA_SOURCE_DIR, dir);
+  setenv("STRATA_RENAME", kRenameScript, 1);
+  assert_int_equal(system(cmd), 0);
+  unsetenv("STRATA_RENAME");
+  st_bundle* r = NULL;
+  ASSERT_OK(st_bundle_open(dir, &r));
+  assert_string_equal(r->layers[1].decode->name, "layer1_decode");
+  assert_string_equal(r->head.logits->name, "head_logits_v2");
+
+  void** host = calloc((size_t)b->param_count, sizeof(void*));
+  uint64_t x = 42;
+  for (int i = 0; i < b->param_count; ++i) {
+    int64_t n = st_tensor_type_elements(&b->params[i].type);
+    float* f = calloc((size_t)n, sizeof(float));
+    for (int64_t k = 0; k < n; ++k) {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      /* norms 1, matrices a wide uniform init: varied greedy choices */
+      f[k] = b->params[i].type.rank < 2 ? 1.0f : (float)((double)(x >> 40) / (double)(1 << 24) - 0.5);
+    }
+    host[i] = f;
+  }
+  st_runtime_options ro;
+  st_runtime_options_init(&ro);
+  ro.cpu_devices = 1;
+  st_runtime* rt = NULL;
+  ASSERT_OK(st_runtime_create(&ro, &rt));
+  int32_t a[24], c[24];
+  generate(rt, b, host, a, 24); /* 3 + 24 > seq_len 16 */
+  generate(rt, r, host, c, 24);
+  assert_memory_equal(a, c, sizeof(a));
+  int distinct = 0;
+  printf("# greedy ids:");
+  for (int i = 0; i < 24; ++i) printf(" %d", (int)a[i]);
+  printf("\n");
+  for (int i = 0; i < 24; ++i) {
+    assert_true(a[i] >= 0 && a[i] < 256);
+    bool seen = false;
+    for (int j = 0; j < i; ++j) seen |= a[j] == a[i];
+    distinct += !seen;
+  }
+  assert_true(distinct > 2);
+
+  /* A bundle without the generation roles (an older exporter) is refused by name. */
+  r->head.logits = NULL;
+  st_train_sampler* sm = NULL;
+  st_status s = st_train_sampler_create(rt, r, (const void* const*)host, &sm);
+  assert_int_equal(st_status_code(s), ST_CODE_RUNTIME);
+  assert_non_null(strstr(st_status_message(s), "re-export"));
+  st_status_free(s);
+  for (int i = 0; i < b->param_count; ++i) free(host[i]);
+  free(host);
+  st_runtime_destroy(rt);
+  st_bundle_destroy(r);
+  st_bundle_destroy(b);
+}
+
+/* docs/model.md, "Sampling": greedy, the candidate restriction, top-k,
+ * top-p, the temperature's distribution, and the PRNG. */
+static void test_sample_pick(void** state) {
+  (void)state;
+  st_train_rng rng;
+  st_train_rng_seed(&rng, 0);
+  assert_true(st_train_rng_next(&rng) == UINT64_C(0xE220A8397B1DCDAF)); /* splitmix64's published first value */
+  const float l[6] = {0.5f, 2.0f, 2.0f, -1.0f, 1.9f, 9.0f};
+  st_train_sample_options o = {.tokens = 1, .temperature = 0, .top_k = 0, .top_p = 1, .seed = 0};
+  assert_int_equal(st_train_sample_pick(l, 6, 6, &o, &rng), 5);
+  assert_int_equal(st_train_sample_pick(l, 6, 5, &o, &rng), 1); /* id 5 not a candidate; a tie goes to the smaller id */
+  o.temperature = 1.0;
+  o.top_k = 1;
+  for (int i = 0; i < 100; ++i) assert_int_equal(st_train_sample_pick(l, 6, 5, &o, &rng), 1);
+  o.top_k = 0;
+  o.top_p = 0.3; /* p(1) = p(2) ~ 0.33 each: 1 alone reaches 0.3 */
+  for (int i = 0; i < 100; ++i) assert_int_equal(st_train_sample_pick(l, 6, 5, &o, &rng), 1);
+  o.top_p = 0.5; /* 1 and 2 */
+  int seen[6] = {0};
+  for (int i = 0; i < 1000; ++i) seen[st_train_sample_pick(l, 6, 5, &o, &rng)]++;
+  assert_true(seen[1] > 400 && seen[2] > 400 && seen[1] + seen[2] == 1000);
+  /* Temperature: logits {0, ln 2} -> p = {1/3, 2/3}; at temperature 2, {0.414, 0.586}. */
+  const float two[2] = {0.0f, (float)log(2.0)};
+  o.top_p = 1;
+  const double temps[2] = {1.0, 2.0}, want[2] = {2.0 / 3.0, 1.0 / (1.0 + pow(2.0, -0.5))};
+  for (int t = 0; t < 2; ++t) {
+    o.temperature = temps[t];
+    int ones = 0;
+    for (int i = 0; i < 20000; ++i) ones += st_train_sample_pick(two, 2, 2, &o, &rng);
+    assert_true(fabs(ones / 20000.0 - want[t]) < 0.015);
+  }
+  /* The same seed draws the same ids. */
+  int32_t a[50], b[50];
+  for (int r = 0; r < 2; ++r) {
+    st_train_rng_seed(&rng, 77);
+    for (int i = 0; i < 50; ++i) (r ? b : a)[i] = st_train_sample_pick(l, 6, 6, &o, &rng);
+  }
+  assert_memory_equal(a, b, sizeof(a));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_export_does_not_repeat_buffered_stdout),
@@ -527,6 +646,8 @@ int main(void) {
       cmocka_unit_test(test_block_backward_matches_finite_differences),
       cmocka_unit_test(test_plan_takes_program_names_from_the_bundle),
       cmocka_unit_test(test_crafted_bundle_counts_are_bounded),
+      cmocka_unit_test(test_sampler_takes_program_names_from_the_bundle),
+      cmocka_unit_test(test_sample_pick),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
