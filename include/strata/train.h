@@ -263,14 +263,14 @@ st_status st_train_sample_generate(st_train_sampler* sampler, const int32_t* pro
                                    const st_train_sample_options* options, int32_t* out_ids);
 void st_train_sampler_destroy(st_train_sampler* sampler); /* NULL is a no-op */
 
-/* `strata sample PATH`: PATH is a run directory (its newest valid
- * checkpoint, else its params.safetensors) or a checkpoint folder
- * (<run>/checkpoints/step_N). Loads the run's config.yaml on one device
- * (parallel.* = 1), the bundle (exported when missing), the parameters,
- * and streams the prompt and the generated text to options->out. |prompt|
- * NULL: a newline (byte data) or "0" (synthetic data: space-separated
- * ids). Exit classes: 2 bad PATH or prompt, 7 a checkpoint that does not
- * verify, 4 bundle/runtime. */
+/* `strata sample PATH`: PATH as st_train_locate takes it (a run
+ * directory or a checkpoint folder). Loads the run's config.yaml on one
+ * device (parallel.* = 1), the bundle (exported when missing), the
+ * parameters, and streams the prompt and the generated text to
+ * options->out. |prompt| NULL: a newline (byte data) or "0" (synthetic
+ * data: space-separated ids). Exit classes: 2 bad PATH or prompt, 7 a
+ * checkpoint that does not verify or tensors of another model, 4
+ * bundle/runtime. */
 st_status st_train_sample_main(const char* path, const char* prompt, const st_train_sample_options* options);
 
 /* Runs `strata train`: the whole lifecycle. Prints the run directory. */

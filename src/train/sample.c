@@ -372,49 +372,6 @@ st_status st_train_sample_generate(st_train_sampler* s, const int32_t* prompt, i
 /* strata sample PATH                                                       */
 /*===-------------------------------------------------------------------===*/
 
-/* RUN_DIR (holds config.yaml) or CHECKPOINT_DIR (<run>/checkpoints/step_N,
- * holds manifest.json): the run directory, and the checkpoint folder when
- * one was named. A minimal locator of the sample command's own; `strata
- * eval` locates runs the same way. */
-static st_status st__locate(const char* path, char** out_run, char** out_ckpt) {
-  *out_run = *out_ckpt = NULL;
-  if (!st_fs_is_dir(path))
-    return st_status_make(ST_CODE_CONFIG, "'%s' is not a directory; give a run directory (runs/NAME) or a checkpoint folder "
-                                          "(runs/NAME/checkpoints/step_N)", path);
-  char* cfg = st_path_join(path, "config.yaml");
-  bool is_run = st_fs_exists(cfg);
-  free(cfg);
-  if (is_run) {
-    *out_run = st_xstrdup(path);
-    return ST_OK;
-  }
-  char* man = st_path_join(path, ST_CKPT_MANIFEST);
-  bool is_ckpt = st_fs_exists(man);
-  free(man);
-  if (is_ckpt) {
-    /* <run>/checkpoints/step_N: the run is two levels up. */
-    char* up = st_path_join(path, "../..");
-    char* cfg2 = st_path_join(up, "config.yaml");
-    bool ok = st_fs_exists(cfg2);
-    free(cfg2);
-    if (!ok) {
-      free(up);
-      return st_status_make(ST_CODE_CONFIG, "checkpoint folder '%s' is not inside a run directory (no config.yaml two levels up); "
-                                            "give the checkpoint where its run wrote it (runs/NAME/checkpoints/step_N)", path);
-    }
-    *out_run = up;
-    *out_ckpt = st_xstrdup(path);
-    return ST_OK;
-  }
-  return st_status_make(ST_CODE_CONFIG, "'%s' is neither a run directory (no config.yaml) nor a checkpoint folder (no %s); give "
-                                        "runs/NAME or runs/NAME/checkpoints/step_N", path, ST_CKPT_MANIFEST);
-}
-
-static void st__on_skip(void* user, const st_ckpt_entry* e, st_status why) {
-  (void)user;
-  fprintf(stderr, "strata: warning: skipping checkpoint %s: %s\n", e->dir, st_status_message(why));
-}
-
 /* The prompt as ids: its bytes (byte data), or space-separated ids. */
 static st_status st__prompt_ids(const char* prompt, bool bytes, int64_t vocab, int32_t** out, int64_t* out_n) {
   size_t len = strlen(prompt);
@@ -449,24 +406,22 @@ static st_status st__prompt_ids(const char* prompt, bool bytes, int64_t vocab, i
 }
 
 st_status st_train_sample_main(const char* path, const char* prompt, const st_train_sample_options* opts) {
-  char *run = NULL, *ckpt_dir = NULL;
-  ST_RETURN(st__locate(path, &run, &ckpt_dir));
+  st_trained_ref ref;
+  ST_RETURN(st_train_locate(path, &ref));
   st_config* cfg = NULL;
   st_train_options o;
   memset(&o, 0, sizeof(o));
   st_bundle* bundle = NULL;
   st_runtime* rt = NULL;
-  st_ckpt* ck = NULL;
   st_safetensors* file = NULL;
   st_train_sampler* sampler = NULL;
   const void** data = NULL;
   int32_t* ids = NULL;
   int64_t n_ids = 0;
-  json_t* model = NULL;
-  char* cfg_path = st_path_join(run, "config.yaml");
-  st_status s = st_config_load(cfg_path, 0, NULL, &cfg);
-  if (s) s = st_status_annotate(s, "the run's config (%s)", cfg_path);
-  /* One device whatever the run's mesh: checkpoints hold whole tensors. */
+  st_status s = st_config_load(ref.config_path, 0, NULL, &cfg);
+  if (s) s = st_status_annotate(s, "the run's config (%s)", ref.config_path);
+  /* One device whatever the run's mesh: checkpoints and params.safetensors
+   * hold whole tensors. */
   bool one_device = true;
   if (!s) {
     st_train_options probe;
@@ -482,60 +437,30 @@ st_status st_train_sample_main(const char* path, const char* prompt, const st_tr
   st_train_sample_options so = *opts;
   so.byte_text = !o.data.synthetic;
   if (!s) s = st__prompt_ids(prompt ? prompt : (so.byte_text ? "\n" : "0"), so.byte_text, (int64_t)o.data.vocab_size, &ids, &n_ids);
-
-  /* The parameters: the named checkpoint, else the run's newest valid one,
-   * else its params.safetensors. */
-  if (!s) model = json_loads(o.model_json, 0, NULL);
-  st_ckpt_expect expect = {.model = model};
-  int skipped = 0;
-  if (!s && ckpt_dir) {
-    s = st_ckpt_open(ckpt_dir, &expect, &ck);
-  } else if (!s) {
-    char* root = st_path_join(run, "checkpoints");
-    s = st_ckpt_find_valid(root, &expect, st__on_skip, NULL, &ck, &skipped);
-    free(root);
-    if (!s && !ck) {
-      char* pf = st_path_join(run, "params.safetensors");
-      if (st_fs_exists(pf))
-        s = st_safetensors_read(pf, &file);
-      else if (skipped > 0)
-        s = st_status_make(ST_CODE_CKPT, "run '%s': none of its %d checkpoints verifies (see the warnings above) and it has no "
-                                         "params.safetensors", run, skipped);
-      else
-        s = st_status_make(ST_CODE_CONFIG, "run '%s' has no trained parameters yet (no checkpoint, no params.safetensors); "
-                                           "train it first or wait for its first checkpoint", run);
-      free(pf);
-    }
-  }
+  if (!s) s = st_status_recode(st_safetensors_read(ref.params_path, &file), ST_CODE_CKPT, "the trained parameters");
   if (!s) {
     st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, ""};
     bool exported = false;
     s = st_bundle_ensure(&req, &bundle, &exported);
   }
+  /* Every tensor of the model, with the bundle's type: a checkpoint of
+   * another model is refused here, not by a launch. */
   if (!s) {
     data = st_xcalloc((size_t)bundle->param_count + 1, sizeof(void*));
-    const char* from = ck ? ck->dir : file ? file->path : "";
     for (int i = 0; i < bundle->param_count && !s; ++i) {
       const st_bundle_param* bp = &bundle->params[i];
-      const st_tensor_type* have = NULL;
-      if (ck) {
-        const st_ckpt_tensor_info* info = NULL;
-        data[i] = st_ckpt_tensor_data(ck, bp->name, &info);
-        if (info) have = &info->type;
-      } else {
-        const st_safetensors_entry* e = st_safetensors_find(file, bp->name);
-        if (e) {
-          data[i] = file->data + e->offset;
-          have = &e->type;
-        }
-      }
+      const st_safetensors_entry* e = st_safetensors_find(file, bp->name);
       char a[96], b[96];
-      if (!data[i] || !have)
-        s = st_status_make(ST_CODE_CKPT, "%s has no tensor '%s', which the model needs", from, bp->name);
-      else if (have->dtype != bp->type.dtype || have->rank != bp->type.rank ||
-               memcmp(have->dims, bp->type.dims, sizeof(int64_t) * (size_t)have->rank))
-        s = st_status_make(ST_CODE_CKPT, "%s: tensor '%s' is %s, the model needs %s", from, bp->name,
-                           st_tensor_type_format(have, a, sizeof(a)), st_tensor_type_format(&bp->type, b, sizeof(b)));
+      if (!e)
+        s = st_status_make(ST_CODE_CKPT, "%s has no tensor '%s', which the model of %s needs", ref.params_path, bp->name,
+                           ref.config_path);
+      else if (e->type.dtype != bp->type.dtype || e->type.rank != bp->type.rank ||
+               memcmp(e->type.dims, bp->type.dims, sizeof(int64_t) * (size_t)e->type.rank))
+        s = st_status_make(ST_CODE_CKPT, "%s: tensor '%s' is %s, the model of %s needs %s", ref.params_path, bp->name,
+                           st_tensor_type_format(&e->type, a, sizeof(a)), ref.config_path,
+                           st_tensor_type_format(&bp->type, b, sizeof(b)));
+      else
+        data[i] = file->data + e->offset;
     }
   }
   if (!s) {
@@ -560,14 +485,10 @@ st_status st_train_sample_main(const char* path, const char* prompt, const st_tr
   st_runtime_destroy(rt);
   st_bundle_destroy(bundle);
   free(data);
-  st_ckpt_free(ck);
   st_safetensors_free(file);
-  json_decref(model);
   free(ids);
-  free(cfg_path);
   st_train_options_deinit(&o);
   st_config_destroy(cfg);
-  free(run);
-  free(ckpt_dir);
+  st_trained_ref_deinit(&ref);
   return s;
 }

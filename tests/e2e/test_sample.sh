@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_sample.sh — `strata sample` end to end (docs/using.md, "strata
 # sample"): the run directory and checkpoint-folder forms, seeds, every bad
-# flag (exit 2 naming it), a checkpoint that does not verify (exit 7), a
+# flag (exit 2 naming it), a named checkpoint that does not verify (exit 7), a
 # synthetic-data run (token ids), a data-parallel run sampled on one device.
 # The KV-cache-against-full-recompute equivalence is tests/py/test_sample.py;
 # the sample at the end of `strata train` is checked in test_train.sh. Run
@@ -52,10 +52,10 @@ expect_exit 2 "unknown flag '--temp'; the flags are --prompt, --tokens" sample "
 expect_exit 2 "--tokens needs a value" sample "$TMP/run" --tokens
 expect_exit 2 "--prompt is empty" sample "$TMP/run" --prompt ""
 expect_exit 2 "needs a run directory or a checkpoint folder" sample
-expect_exit 2 "'$TMP/nope' is not a directory" sample "$TMP/nope"
+expect_exit 2 "'$TMP/nope': No such file or directory \\(expected a run directory or a checkpoint folder\\)" sample "$TMP/nope"
 expect_exit 2 "'$TMP' is neither a run directory \\(no config.yaml\\) nor a checkpoint folder" sample "$TMP"
 mkdir -p "$TMP/fresh" && cp "$TMP/run/config.yaml" "$TMP/fresh/"
-expect_exit 2 "run '$TMP/fresh' has no trained parameters yet" sample "$TMP/fresh"
+expect_exit 2 "run directory '$TMP/fresh' has no parameters to load" sample "$TMP/fresh"
 
 # --- checkpoints that do not verify: exit 7 -------------------------------------------
 cp -r "$TMP/run" "$TMP/bad"
@@ -65,12 +65,15 @@ for step in ("step_2", "step_3"):  # flip one byte of each checkpoint's paramete
     p = os.path.join(sys.argv[1], step, "params.safetensors")
     b = bytearray(open(p, "rb").read()); b[-5] ^= 0x40; open(p, "wb").write(bytes(b))
 PYEOF
-expect_exit 7 "checkpoint" sample "$TMP/bad/checkpoints/step_3"
+expect_exit 7 "checkpoint error: .*step_3/params.safetensors: tensor '[a-z_.0-9]+': checksum mismatch" sample "$TMP/bad/checkpoints/step_3"
 "$STRATA" sample "$TMP/bad" --tokens 5 >"$TMP/out" 2>"$TMP/err"
-check "a run whose checkpoints all fail falls back to params.safetensors, warning about each (exit 0)" \
-  "[ \$? = 0 ] && [ \$(grep -c 'warning: skipping checkpoint' '$TMP/err') = 2 ]"
+check "a run whose checkpoints all fail verification falls back to its params.safetensors (exit 0)" \
+  "[ \$? = 0 ] && [ \$(stat -c %s '$TMP/out') = 6 ]"
 rm "$TMP/bad/params.safetensors"
-expect_exit 7 "none of its 2 checkpoints verifies" sample "$TMP/bad"
+expect_exit 2 "has no parameters to load: no valid checkpoint under checkpoints/ \\(every one failed verification" sample "$TMP/bad"
+
+cp -r "$TMP/run" "$TMP/other" && sed -i 's/^  d_model: 32$/  d_model: 64/' "$TMP/other/config.yaml"
+expect_exit 7 "tensor 'wte' is f32\\[256,32\\], the model of .*other/config.yaml needs f32\\[256,64\\]" sample "$TMP/other"
 
 # --- synthetic data: token ids --------------------------------------------------------
 if "$STRATA" train configs/test.yml runtime.deterministic=true run.progress=off train.steps=2 run.dir="$TMP/syn" >/dev/null 2>"$TMP/err"; then ok; else bad "train synthetic: $(tail -3 "$TMP/err")"; fi
