@@ -366,8 +366,13 @@ def sample_programs(cfg: ModelConfig) -> list[Program]:
 
     def logits(*args: Array) -> tuple[Array, ...]:
         p = dict(zip(head, args[:nh]))
-        w = args[nh] if cfg.tie_embeddings else None
-        return (M.head_logits(cfg, p, w, args[-1]).astype(jnp.float32),)
+        if not cfg.tie_embeddings:
+            return (M.head_logits(cfg, p, None, args[-1]),)
+        # model.head_logits's h @ wte.T as one dot_general over wte's second
+        # dimension: no transpose op, so wte is read once (at batch 1 the
+        # transposed copy of wte would be most of the program's bytes).
+        h, c = M.rms_norm(args[-1], p["final_norm"]), cfg.cdtype
+        return (jnp.einsum("btd,vd->btv", h.astype(c), args[nh].astype(c), preferred_element_type=jnp.float32),)
 
     return [
         Program("embed_prefill", embed_prefill, wte + [TensorSpec("tokens", (1, T), "s32", "batch")], [xs]),
