@@ -432,7 +432,7 @@ st_status st_train_sample_main(const char* path, const char* prompt, const st_tr
   const char* axes[3] = {"parallel.data", "parallel.fsdp", "parallel.tensor"};
   for (int a = 0; a < 3 && !s; ++a) s = st_config_set(cfg, axes[a], "1", "strata sample: one device");
   /* A bundle.dir of a mesh run holds that mesh's bundle; one device uses the cache. */
-  if (!s && !one_device) s = st_config_set(cfg, "bundle.dir", "\"\"", "strata sample: one device");
+  if (!s && !one_device) s = st_config_set(cfg, "bundle.dir", "", "strata sample: one device");
   if (!s) s = st_train_options_from_config(cfg, &o);
   st_train_sample_options so = *opts;
   so.byte_text = !o.data.synthetic;
