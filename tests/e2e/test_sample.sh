@@ -85,7 +85,9 @@ expect_exit 2 "token ids 0..255" sample "$TMP/syn" --prompt "256"
 
 # --- a data-parallel run is sampled on one device -------------------------------------
 if "$STRATA" train "${BYTES[@]}" parallel.data=2 run.dir="$TMP/dp" >/dev/null 2>"$TMP/err"; then ok; else bad "train data=2: $(tail -3 "$TMP/err")"; fi
-"$STRATA" sample "$TMP/dp" --prompt "Hi" --tokens 10 >"$TMP/out" 2>"$TMP/err"
+mkdir -p "$TMP/cwd"
+(cd "$TMP/cwd" && "$STRATA" sample "$TMP/dp" --prompt "Hi" --tokens 10 >"$TMP/out" 2>"$TMP/err")
 check "sample of a parallel.data=2 run: exit 0, 12 bytes" "[ \$? = 0 ] && [ \$(stat -c %s '$TMP/out') = 12 ]"
+check "... with the one-device bundle from the cache, nothing written where it ran" "[ -z \"\$(ls -A '$TMP/cwd')\" ]"
 
 finish test_sample.sh
