@@ -70,7 +70,7 @@ expect_exit 7 "checkpoint error: .*step_3/params.safetensors: tensor '[a-z_.0-9]
 check "a run whose checkpoints all fail verification falls back to its params.safetensors (exit 0)" \
   "[ \$? = 0 ] && [ \$(stat -c %s '$TMP/out') = 6 ]"
 rm "$TMP/bad/params.safetensors"
-expect_exit 2 "has no parameters to load: no valid checkpoint under checkpoints/ \\(every one failed verification" sample "$TMP/bad"
+expect_exit 7 "has no parameters to load: no valid checkpoint under checkpoints/ \\(every one failed verification" sample "$TMP/bad"
 
 cp -r "$TMP/run" "$TMP/other" && sed -i 's/^  d_model: 32$/  d_model: 64/' "$TMP/other/config.yaml"
 expect_exit 7 "tensor 'wte' is f32\\[256,32\\], the model of .*other/config.yaml needs f32\\[256,64\\]" sample "$TMP/other"
