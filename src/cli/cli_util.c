@@ -1,6 +1,9 @@
-/* cli_util.c — CONFIG [k=v ...] and [--json] ARG... handling shared by subcommands. */
+/* cli_util.c — CONFIG [k=v ...] and [--json] ARG... handling, and JSON output, shared by subcommands. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "strata/base.h"
 
 #include "cli/cli_util.h"
 
@@ -28,4 +31,10 @@ bool st_cli_json_args(int argc, char** argv, const char* usage, bool* out_json, 
     }
   }
   return false;
+}
+
+void st_cli_print_json(const json_t* j, int indent) {
+  char* text = st_json_dump(j, indent);
+  printf("%s\n", text);
+  free(text);
 }

@@ -5,6 +5,8 @@
 
 #include <stdbool.h>
 
+#include <jansson.h>
+
 #include "strata/config.h"
 #include "strata/status.h"
 
@@ -17,5 +19,9 @@ st_status st_cli_load_config(const char* command, int argc, char** argv, st_conf
  * |max| shows as max + 1). -h/--help prints |usage| and returns true: the
  * command then exits 0. */
 bool st_cli_json_args(int argc, char** argv, const char* usage, bool* out_json, const char** pos, int max, int* out_count);
+
+/* Prints |j| as JSON and a newline to stdout (|indent| as st_json_dump);
+ * borrows |j|. */
+void st_cli_print_json(const json_t* j, int indent);
 
 #endif

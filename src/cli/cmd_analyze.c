@@ -506,9 +506,7 @@ int st_cli_analyze(int argc, char** argv) {
         }
         st_json_put(j, "step", sj);
       }
-      char* text = st_json_dump(j, 0);
-      printf("%s\n", text);
-      free(text);
+      st_cli_print_json(j, 0);
       json_decref(j);
     } else {
       printf("bundle %s: %d programs, %d collectives\n", bundle->dir, bundle->program_count,

@@ -88,9 +88,7 @@ int st_cli_eval(int argc, char** argv) {
     s = st_fs_mkdirs(dir);
     if (!s) s = st_json_write_file(path, j, 2);
     if (!s && json) {
-      char* text = st_json_dump(j, 2);
-      printf("%s\n", text);
-      free(text);
+      st_cli_print_json(j, 2);
     } else if (!s) {
       if (ref.step >= 0) printf("evaluated:   %s (step %lld)\n", ref.params_path, (long long)ref.step);
       else printf("evaluated:   %s (step not recorded)\n", ref.params_path);

@@ -66,9 +66,7 @@ int st_cli_plan(int argc, char** argv) {
         json_t* j = st_json_obj();
         st_json_put_str(j, "bundle", bundle->dir);
         st_json_put(j, "explain", e);
-        char* text = st_json_dump(j, 0);
-        printf("%s\n", text);
-        free(text);
+        st_cli_print_json(j, 0);
         json_decref(j);
       } else {
         printf("# bundle %s\n", bundle->dir);
@@ -82,9 +80,7 @@ int st_cli_plan(int argc, char** argv) {
       st_json_put(sj, "remat", st_train_remat_choice_json(&remat));
       st_json_put(j, "step", sj);
       st_json_put(j, "eval", st_plan_json(&eval));
-      char* text = st_json_dump(j, 0);
-      printf("%s\n", text);
-      free(text);
+      st_cli_print_json(j, 0);
       json_decref(j);
     } else if (!s) {
       printf("# bundle %s\n# training step\n", bundle->dir);

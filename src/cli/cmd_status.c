@@ -375,9 +375,7 @@ int st_cli_status(int argc, char** argv) {
   st_status s = st__status(path, &o);
   if (s) return st_cli_report(s);
   if (json) {
-    char* text = st_json_dump(o, 2);
-    printf("%s\n", text);
-    free(text);
+    st_cli_print_json(o, 2);
   } else {
     st__print(o);
   }

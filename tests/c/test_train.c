@@ -345,11 +345,11 @@ static const char* launched(const st_plan* plan, st_op_kind kind, int layer, con
   return NULL;
 }
 
-static void test_plan_takes_program_names_from_the_bundle(void** state) {
-  (void)state;
-  st_bundle* b = ensure_bundle(2, true);
+/* A copy of bundle |b| in g_tmp/|name| with every program renamed by
+ * kRenameScript (new, owned by caller). */
+static st_bundle* open_renamed_copy(const st_bundle* b, const char* name) {
   char dir[512], cmd[4096];
-  snprintf(dir, sizeof(dir), "%s/renamed", g_tmp);
+  snprintf(dir, sizeof(dir), "%s/%s", g_tmp, name);
   snprintf(cmd, sizeof(cmd), "rm -rf '%s' && cp -r '%s' '%s' && '%s/.venv/bin/python' -c \"$STRATA_RENAME\" '%s/manifest.json'",
            dir, b->dir, dir, STRATA_SOURCE_DIR, dir);
   setenv("STRATA_RENAME", kRenameScript, 1);
@@ -357,6 +357,13 @@ static void test_plan_takes_program_names_from_the_bundle(void** state) {
   unsetenv("STRATA_RENAME");
   st_bundle* r = NULL;
   ASSERT_OK(st_bundle_open(dir, &r));
+  return r;
+}
+
+static void test_plan_takes_program_names_from_the_bundle(void** state) {
+  (void)state;
+  st_bundle* b = ensure_bundle(2, true);
+  st_bundle* r = open_renamed_copy(b, "renamed");
 
   st_train_options o;
   memset(&o, 0, sizeof(o));
@@ -403,7 +410,7 @@ static void test_plan_takes_program_names_from_the_bundle(void** state) {
    * refused, naming the layer, rather than served with layer 0's row. */
   char model[1024];
   snprintf(model, sizeof(model), kModelFmt, 3, "true");
-  st_bundle_request req = {model, g_tmp, dir, NULL};
+  st_bundle_request req = {model, g_tmp, r->dir, NULL};
   st_bundle* r3 = NULL;
   bool exported = false;
   st_status s = st_bundle_ensure(&req, &r3, &exported);
@@ -540,15 +547,7 @@ static void generate(st_runtime* rt, const st_bundle* b, void** host, int32_t* i
 static void test_sampler_takes_program_names_from_the_bundle(void** state) {
   (void)state;
   st_bundle* b = ensure_bundle(2, true);
-  char dir[512], cmd[4096];
-  snprintf(dir, sizeof(dir), "%s/renamed_gen", g_tmp);
-  snprintf(cmd, sizeof(cmd), "rm -rf '%s' && cp -r '%s' '%s' && '%s/.venv/bin/python' -c \"$STRATA_RENAME\" '%s/manifest.json'",
-           dir, b->dir, dir, STRATA_SOURCE_DIR, dir);
-  setenv("STRATA_RENAME", kRenameScript, 1);
-  assert_int_equal(system(cmd), 0);
-  unsetenv("STRATA_RENAME");
-  st_bundle* r = NULL;
-  ASSERT_OK(st_bundle_open(dir, &r));
+  st_bundle* r = open_renamed_copy(b, "renamed_gen");
   assert_string_equal(r->layers[1].decode->name, "layer1_decode");
   assert_string_equal(r->head.logits->name, "head_logits_v2");
 
