@@ -132,6 +132,10 @@ st_status st_fs_remove_tree(const char* path);
  * binary carried to another machine or moved tree sets the variable. Never
  * NULL; "" when neither is known. */
 const char* st_source_dir(void);
+/* The Python that runs strata_jax at preparation time (the exporter, the
+ * BPE tokenizer): $STRATA_PYTHON, else ./.venv/bin/python when executable,
+ * else <st_source_dir()>/.venv/bin/python. Caller frees. */
+char* st_python_path(void);
 /* Joins two path parts into a new string owned by the caller (free). */
 char* st_path_join(const char* a, const char* b);
 /* Default cache root: $STRATA_CACHE_DIR, else $HOME/.cache/strata, else

@@ -121,6 +121,9 @@ typedef struct st_ckpt_meta {
   const json_t* config;   /* the resolved config (an object; NULL writes {}) */
   const char* config_hash;
   const char* bundle_key;
+  /* The tokenizer of the training tokens ("tokenizer_hash"): "byte", "none"
+   * or BPE's 16 hex digits (docs/data.md); NULL or "" writes none. */
+  const char* tokenizer_hash;
   const json_t* model;    /* the model's identity (NULL writes {}): mesh-independent, see docs/checkpoints.md */
   /* The mesh the state was trained on ("mesh" in the manifest; 0 counts as
    * 1). Every tensor is written whole (layout "whole") whatever the mesh,
@@ -212,6 +215,11 @@ typedef struct st_ckpt_expect {
   int count;              /* 0: tensor set not checked */
   const char* const* names;
   const st_tensor_type* types;
+  /* The run's tokenizer; NULL: not checked. A checkpoint of another
+   * tokenizer is not skipped as corrupt: st_ckpt_open and
+   * st_ckpt_find_valid fail with ST_CODE_DATA naming both hashes. A
+   * manifest without the field (written before it existed) is not checked. */
+  const char* tokenizer_hash;
 } st_ckpt_expect;
 
 typedef struct st_ckpt_tensor_info {
@@ -237,6 +245,7 @@ typedef struct st_ckpt {
   double lr, created;
   char* config_hash;
   char* bundle_key;
+  char* tokenizer_hash; /* NULL: the manifest has none (written before tokenizers were recorded) */
   json_t* model;  /* the manifest's "model" object (owned reference) */
   json_t* config; /* the manifest's "config" object (owned reference) */
   /* The manifest's "mesh" (axis sizes, devices = their product); all 0 in a

@@ -22,13 +22,28 @@ extern "C" {
 #endif
 
 #define ST_TOKEN_FILE_MAGIC "STRATOK1"
-#define ST_TOKEN_FILE_VERSION 1u
-#define ST_TOKEN_FILE_HEADER_BYTES 32u
+#define ST_TOKEN_FILE_VERSION 2u           /* written; version 1 is still read (as the byte tokenizer's) */
+#define ST_TOKEN_FILE_HEADER_BYTES 48u     /* version 2 */
+#define ST_TOKEN_FILE_HEADER_BYTES_V1 32u
 #define ST_DATA_DEFAULT_CORPUS "/usr/share/games/fortunes"
+
+/* The tokenizer kinds of a version-2 token file header (offset 20). */
+typedef enum st_tokenizer_kind {
+  ST_TOKENIZER_NONE = 0, /* generated tokens (data.synthetic): no tokenizer */
+  ST_TOKENIZER_BYTE = 1, /* one token per byte, id = the byte */
+  ST_TOKENIZER_BPE = 2,  /* byte-level BPE; its tokenizer.json's hash is in the header */
+} st_tokenizer_kind;
+
+/* A tokenizer's identity as manifests, context.json and messages show it:
+ * "byte", "none" (synthetic tokens), or for BPE the 16 lowercase hex digits
+ * of the first 8 bytes of SHA-256 of its tokenizer.json. */
+#define ST_TOKENIZER_HASH_CHARS 17 /* with the NUL */
 
 typedef struct st_data_options {
   const char* path;      /* data.path: text file, folder or token file; "" = default corpus */
   bool synthetic;        /* data.synthetic */
+  const char* tokenizer; /* data.tokenizer: "byte" or "bpe" */
+  uint32_t tokenizer_vocab; /* bpe: data.vocab_size (0 there: model.vocab_size), the tokens BPE trains to */
   uint32_t vocab_size;   /* model.vocab_size */
   double val_fraction;   /* data.val_fraction */
   int64_t seq_len;       /* model.seq_len (T) */
@@ -45,6 +60,12 @@ st_status st_dataset_open(const st_data_options* options, st_dataset** out_datas
 void st_dataset_destroy(st_dataset* dataset); /* NULL is a no-op */
 
 const char* st_dataset_token_path(const st_dataset* dataset); /* the .tok file in use */
+/* The tokenizer of the tokens in use: "byte", "none" or BPE's hash (see
+ * ST_TOKENIZER_HASH_CHARS); what checkpoints and context.json record. */
+const char* st_dataset_tokenizer_hash(const st_dataset* dataset);
+/* BPE: the tokenizer.json beside the token file (verified against the
+ * header's hash); NULL for the byte tokenizer and synthetic tokens. */
+const char* st_dataset_tokenizer_json(const st_dataset* dataset);
 uint64_t st_dataset_token_count(const st_dataset* dataset);
 uint64_t st_dataset_split_tokens(const st_dataset* dataset, int stream); /* 0 train, 1 validation */
 
@@ -58,16 +79,69 @@ void st_dataset_fill(const st_dataset* dataset, int stream, uint64_t first, int6
 /* The sampler rule of docs/data.md, exposed for tests. */
 uint64_t st_data_window_start(uint64_t seed, uint64_t stream, uint64_t index, uint64_t n_tokens, uint64_t seq_len);
 
-/* Writes |count| u16 tokens as a token file at |path| (atomically). */
-st_status st_token_file_write(const char* path, uint32_t vocab_size, const uint16_t* tokens, uint64_t count);
+/* Writes |count| u16 tokens as a version-2 token file at |path|
+ * (atomically), of tokenizer |kind| (BPE's tokenizer.json is written by
+ * strata_jax.tokenize, so C writes only byte and none files). */
+st_status st_token_file_write(const char* path, uint32_t vocab_size, st_tokenizer_kind kind, const uint16_t* tokens,
+                              uint64_t count);
+
+/* What a token file's header says about its tokenizer. */
+typedef struct st_token_file_info {
+  uint32_t version;    /* 1 or 2 */
+  uint32_t vocab_size; /* the header's: every token is below it */
+  st_tokenizer_kind kind;                /* version 1: ST_TOKENIZER_BYTE */
+  char hash[ST_TOKENIZER_HASH_CHARS];    /* "byte", "none" or BPE's 16 hex digits */
+} st_token_file_info;
 
 /* Validates the bytes of a token file (|size| bytes, borrowed) as
- * st_dataset_open does: magic, version, token width, vocabulary, size,
- * every token below |vocab_size|. *out_tokens receives the tokens (caller
- * frees), *out_count their number (> 0). |origin| names the bytes in
- * messages. ST_CODE_DATA on any problem. */
+ * st_dataset_open does: magic, version, token width, tokenizer kind,
+ * vocabulary, size, every token below |vocab_size|. *out_tokens receives
+ * the tokens (caller frees), *out_count their number (> 0), *out_info (may
+ * be NULL) the header's tokenizer. |origin| names the bytes in messages.
+ * ST_CODE_DATA on any problem. */
 st_status st_token_file_parse(const char* origin, const unsigned char* data, size_t size, uint32_t vocab_size,
-                              uint16_t** out_tokens /* owned by caller */, uint64_t* out_count);
+                              uint16_t** out_tokens /* owned by caller */, uint64_t* out_count,
+                              st_token_file_info* out_info);
+
+/* Reads only the header of the token file at |path| (ST_CODE_DATA when it
+ * is not one). */
+st_status st_token_file_info_read(const char* path, st_token_file_info* out_info);
+
+/*===-------------------------------------------------------------------===*/
+/* Tokenizers: ids -> bytes (docs/data.md, "Tokenizer")                      */
+/*===-------------------------------------------------------------------===*/
+
+/* Decoding only: strata never encodes text in C (strata_jax.tokenize does,
+ * at preparation time). */
+typedef struct st_tokenizer st_tokenizer;
+
+#define ST_TOKENIZER_MAX_JSON_BYTES (64u << 20) /* a tokenizer.json larger than this is refused */
+#define ST_TOKENIZER_MAX_TOKEN_BYTES 1024u      /* one vocabulary entry, as bytes */
+
+/* Opens the tokenizer of |path|:
+ *   - a token file: its header's kind; BPE loads the tokenizer.json beside
+ *     it (X.tok -> X.tokenizer.json) and checks it against the header hash;
+ *   - a tokenizer.json (any other file): BPE;
+ *   - a folder (a run directory): its tokenizer.json when there is one,
+ *     else the byte tokenizer (byte runs write none).
+ * ST_CODE_DATA on any problem, naming the file. */
+st_status st_tokenizer_open(const char* path, st_tokenizer** out_tokenizer /* owned by caller */);
+/* Loads a byte-level BPE tokenizer.json from |size| bytes (borrowed;
+ * untrusted: every size and count is bounded). |origin| names them. */
+st_status st_tokenizer_from_json(const char* origin, const unsigned char* data, size_t size,
+                                 st_tokenizer** out_tokenizer /* owned by caller */);
+/* The byte tokenizer: id b < 256 is the byte b. */
+st_tokenizer* st_tokenizer_byte(void);
+void st_tokenizer_destroy(st_tokenizer* tokenizer); /* NULL is a no-op */
+
+/* Appends the bytes of |ids| to |out| (not NUL-terminated text: any byte
+ * may come out). An id outside the vocabulary is ST_CODE_DATA naming it;
+ * |out| then holds the bytes of the ids before it. */
+st_status st_tokenizer_decode(const st_tokenizer* tokenizer, const int32_t* ids, size_t n, st_strbuf* out);
+uint32_t st_tokenizer_vocab_size(const st_tokenizer* tokenizer);
+const char* st_tokenizer_hash(const st_tokenizer* tokenizer); /* "byte" or BPE's 16 hex digits */
+/* The byte sequence of one id (NULL outside the vocabulary); borrowed. */
+const unsigned char* st_tokenizer_token(const st_tokenizer* tokenizer, int32_t id, size_t* out_len);
 
 #ifdef __cplusplus
 }

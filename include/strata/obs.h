@@ -151,6 +151,7 @@ typedef struct st_context_facts {
   const char* run_id;
   const char* config_hash;
   const char* bundle_key;
+  const char* tokenizer_hash;        /* "byte", "none" or BPE's hash (docs/data.md); NULL: left out */
   const char* jax_version;           /* from the bundle manifest */
   const char* jaxlib_version;        /* from the bundle manifest (versions.jaxlib) */
   const st_context_runtime* runtime; /* NULL: no runtime facts */

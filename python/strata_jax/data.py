@@ -12,7 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 
 MAGIC = b"STRATOK1"
-HEADER = struct.Struct("<8sIIIIQ")  # magic, version, vocab, token_bytes, reserved, count
+HEADER = struct.Struct("<8sIIIIQ")  # version 1: magic, version, vocab, token_bytes, reserved, count
+# version 2: magic, version, vocab, token_bytes, tokenizer kind, count, tokenizer hash, reserved
+HEADER_V2 = struct.Struct("<8sIIIIQ8s8s")
+KIND_NONE, KIND_BYTE, KIND_BPE = 0, 1, 2  # the tokenizer kinds of a version-2 header
 MASK64 = (1 << 64) - 1
 TRAIN_STREAM = 0
 EVAL_STREAM = 1
@@ -22,34 +25,54 @@ class DataError(Exception):
     """A malformed token file (the C side exits with code 3)."""
 
 
+def token_file_tokenizer(path: str) -> str:
+    """The tokenizer a token file records: "byte", "none" or BPE's 16-hex hash (docs/data.md)."""
+    with open(path, "rb") as f:
+        raw = f.read(HEADER_V2.size)
+    magic, version = struct.unpack_from("<8sI", raw)
+    if magic != MAGIC or version not in (1, 2):
+        raise DataError(f"{path}: not a token file")
+    if version == 1:
+        return "byte"
+    kind, digest = HEADER_V2.unpack_from(raw)[4], HEADER_V2.unpack_from(raw)[6]
+    return {KIND_NONE: "none", KIND_BYTE: "byte"}.get(kind, digest.hex())
+
+
 def read_token_file(path: str) -> tuple[np.ndarray, int]:
     """Returns (tokens as int64 array, vocab_size); validates the whole file."""
     with open(path, "rb") as f:
         raw = f.read()
     if len(raw) < HEADER.size:
         raise DataError(f"{path}: too short for a token file header")
-    magic, version, vocab, token_bytes, _reserved, count = HEADER.unpack_from(raw)
+    magic, version, vocab, token_bytes, kind, count = HEADER.unpack_from(raw)
     if magic != MAGIC:
         raise DataError(f"{path}: bad magic {magic!r}")
-    if version != 1:
+    if version not in (1, 2):
         raise DataError(f"{path}: unsupported version {version}")
+    header = HEADER.size if version == 1 else HEADER_V2.size
+    if len(raw) < header:
+        raise DataError(f"{path}: too short for a version-{version} token file header")
+    if version == 2 and kind not in (KIND_NONE, KIND_BYTE, KIND_BPE):
+        raise DataError(f"{path}: unknown tokenizer kind {kind}")
     if token_bytes not in (2, 4):
         raise DataError(f"{path}: token_bytes must be 2 or 4, got {token_bytes}")
-    if len(raw) != HEADER.size + count * token_bytes:
-        raise DataError(f"{path}: size {len(raw)} != 32 + {count} * {token_bytes}")
+    if len(raw) != header + count * token_bytes:
+        raise DataError(f"{path}: size {len(raw)} != {header} + {count} * {token_bytes}")
     dtype = np.dtype("<u2" if token_bytes == 2 else "<u4")
-    tokens = np.frombuffer(raw, dtype=dtype, offset=HEADER.size, count=count).astype(np.int64)
+    tokens = np.frombuffer(raw, dtype=dtype, offset=header, count=count).astype(np.int64)
     if count and int(tokens.max()) >= vocab:
         raise DataError(f"{path}: token {int(tokens.max())} >= vocab_size {vocab}")
     return tokens, int(vocab)
 
 
-def write_token_file(path: str, tokens: np.ndarray, vocab_size: int) -> None:
+def write_token_file(path: str, tokens: np.ndarray, vocab_size: int, kind: int = KIND_BYTE,
+                     digest: bytes = bytes(8)) -> None:
+    """A version-2 token file; |digest| is the tokenizer hash (KIND_BPE only)."""
     tokens = np.asarray(tokens)
     token_bytes = 2 if vocab_size <= 1 << 16 else 4
     dtype = np.dtype("<u2" if token_bytes == 2 else "<u4")
     with open(path, "wb") as f:
-        f.write(HEADER.pack(MAGIC, 1, vocab_size, token_bytes, 0, len(tokens)))
+        f.write(HEADER_V2.pack(MAGIC, 2, vocab_size, token_bytes, kind, len(tokens), digest, bytes(8)))
         f.write(tokens.astype(dtype).tobytes())
 
 

@@ -213,6 +213,13 @@ const char* st_source_dir(void) {
   return env && env[0] ? env : STRATA_SOURCE_DIR;
 }
 
+char* st_python_path(void) {
+  const char* env = getenv("STRATA_PYTHON");
+  if (env && env[0]) return st_xstrdup(env);
+  if (access(".venv/bin/python", X_OK) == 0) return st_xstrdup(".venv/bin/python");
+  return st_path_join(st_source_dir(), ".venv/bin/python");
+}
+
 st_status st_fs_mkdirs(const char* path) {
   char buf[PATH_MAX];
   if (snprintf(buf, sizeof(buf), "%s", path) >= (int)sizeof(buf))

@@ -742,12 +742,7 @@ void st_bundle_key_mesh(const char* model_json, const char* mesh, char out[17]) 
   out[16] = '\0';
 }
 
-char* st_bundle_python(void) {
-  const char* env = getenv("STRATA_PYTHON");
-  if (env && env[0]) return st_xstrdup(env);
-  if (access(".venv/bin/python", X_OK) == 0) return st_xstrdup(".venv/bin/python");
-  return st_path_join(st_source_dir(), ".venv/bin/python");
-}
+char* st_bundle_python(void) { return st_python_path(); }
 
 static char* st__tail_of_file(const char* path, size_t max) {
   char* data = NULL;

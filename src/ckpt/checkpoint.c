@@ -50,7 +50,7 @@ struct st_ckpt_snapshot {
   void** data;
   int64_t bytes;
   st_ckpt_meta meta;
-  char* strs[2];  /* owned copies behind meta's strings */
+  char* strs[3];  /* owned copies behind meta's strings */
   json_t* trees[2]; /* owned copies behind meta's config and model */
 };
 
@@ -87,7 +87,7 @@ void st_ckpt_snapshot_destroy(st_ckpt_snapshot* s) {
   free(s->files);
   free(s->types);
   free(s->data);
-  for (int i = 0; i < 2; ++i) free(s->strs[i]);
+  for (int i = 0; i < 3; ++i) free(s->strs[i]);
   for (int i = 0; i < 2; ++i) json_decref(s->trees[i]);
   free(s);
 }
@@ -98,8 +98,8 @@ int64_t st_ckpt_snapshot_bytes(const st_ckpt_snapshot* s) { return s->bytes; }
 const st_ckpt_meta* st_ckpt_snapshot_meta(const st_ckpt_snapshot* s) { return &s->meta; }
 
 void st_ckpt_snapshot_set_meta(st_ckpt_snapshot* s, const st_ckpt_meta* meta) {
-  const char* src[2] = {meta->config_hash, meta->bundle_key};
-  for (int i = 0; i < 2; ++i) {
+  const char* src[3] = {meta->config_hash, meta->bundle_key, meta->tokenizer_hash};
+  for (int i = 0; i < 3; ++i) {
     /* The strings rarely change between saves; keep the copy when equal. */
     if (s->strs[i] && src[i] && !strcmp(s->strs[i], src[i])) continue;
     free(s->strs[i]);
@@ -117,6 +117,7 @@ void st_ckpt_snapshot_set_meta(st_ckpt_snapshot* s, const st_ckpt_meta* meta) {
   s->meta = *meta;
   s->meta.config_hash = s->strs[0];
   s->meta.bundle_key = s->strs[1];
+  s->meta.tokenizer_hash = s->strs[2];
   s->meta.config = s->trees[0];
   s->meta.model = s->trees[1];
 }
@@ -287,6 +288,7 @@ static char* st__manifest_text(const st_ckpt_snapshot* snap, const st__file_rec*
   st_json_put(j, "lr_schedule", lr);
   st_json_put_str(j, "config_hash", m->config_hash);
   st_json_put_str(j, "bundle_key", m->bundle_key);
+  if (m->tokenizer_hash && m->tokenizer_hash[0]) st_json_put_str(j, "tokenizer_hash", m->tokenizer_hash);
   st_json_put(j, "model", m->model ? json_incref((json_t*)m->model) : st_json_obj());
   st_json_put(j, "config", m->config ? json_incref((json_t*)m->config) : st_json_obj());
   int axes[3] = {m->mesh_data > 0 ? m->mesh_data : 1, m->mesh_fsdp > 0 ? m->mesh_fsdp : 1, m->mesh_tensor > 0 ? m->mesh_tensor : 1};

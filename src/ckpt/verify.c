@@ -29,6 +29,7 @@ void st_ckpt_free(st_ckpt* c) {
   free(c->dir);
   free(c->config_hash);
   free(c->bundle_key);
+  free(c->tokenizer_hash);
   json_decref(c->model);
   json_decref(c->config);
   free(c);
@@ -183,6 +184,12 @@ static st_status st__parse_manifest(const char* path, const char* text, size_t s
     ST__FAIL("'%s': \"bundle_key\" is missing", path);
   }
   c->bundle_key = st_xstrdup(str);
+  const json_t* tok = json_object_get(j, "tokenizer_hash");
+  if (tok) {
+    if (!json_is_string(tok) || json_string_length(tok) == 0 || json_string_length(tok) > 64)
+      ST__FAIL("'%s': \"tokenizer_hash\" must be a string of 1 to 64 characters", path);
+    c->tokenizer_hash = st_xstrdup(json_string_value(tok));
+  }
   json_t* model = json_object_get(j, "model");
   json_t* config = json_object_get(j, "config");
   if (!json_is_object(model) || !json_is_object(config)) ST__FAIL("'%s': \"model\" and \"config\" must be objects", path);
@@ -352,6 +359,16 @@ st_status st_ckpt_parse_manifest(const char* dir, const char* text, size_t size,
 static st_status st__check_expect(const st_ckpt* c, const json_t* manifest, const st_ckpt_expect* e) {
   st_status s = ST_OK;
   char* mpath = st_path_join(c->dir, ST_CKPT_MANIFEST);
+  /* First: another tokenizer also changes the model's vocabulary, and the
+   * tokenizer is the cause to name. */
+  if (e->tokenizer_hash && c->tokenizer_hash && strcmp(e->tokenizer_hash, c->tokenizer_hash) != 0) {
+    s = st_status_make(ST_CODE_DATA,
+                       "'%s': trained on tokens of tokenizer %s, but this run's tokens are of tokenizer %s (data.tokenizer, "
+                       "data.vocab_size, data.path): its ids would mean other text. Resume with the data settings the "
+                       "checkpoint was written with, or start a new run.dir",
+                       mpath, c->tokenizer_hash, e->tokenizer_hash);
+    goto done;
+  }
   if (e->model) {
     const json_t* have = json_object_get(manifest, "model");
     if (!st_json_same(have, e->model)) {
@@ -479,6 +496,12 @@ st_status st_ckpt_find_valid(const char* root, const st_ckpt_expect* expect, st_
   for (int i = 0; i < n && !*out; ++i) {
     st_ckpt* c = NULL;
     st_status s = st_ckpt_open(v[i].dir, expect, &c);
+    /* Another tokenizer is no corruption to skip past: every checkpoint of
+     * the run has it, and the fix is in the config. */
+    if (s && st_status_code(s) == ST_CODE_DATA) {
+      st_ckpt_entries_free(v, n);
+      return s;
+    }
     if (s) {
       if (on_skip) on_skip(user, &v[i], s);
       if (out_skipped) ++*out_skipped;

@@ -21,7 +21,8 @@ static const st__cfg_key kKeys[] = {
     {"seed", ST__CFG_INT, "0", .lo = 0, .hi = 2147483647, .doc = "Seeds parameter init and the data sampler."},
 
     {"model.vocab_size", ST__CFG_INT, "256", .lo = 2, .hi = 1048576,
-     .doc = "Vocabulary size; at least 256 for the byte tokenizer (unless data.synthetic)."},
+     .doc = "Vocabulary size of the model; at least 256 (unless data.synthetic), and at least the tokenizer's "
+            "(data.vocab_size) with data.tokenizer=bpe."},
     {"model.d_model", ST__CFG_INT, "128", .lo = 8, .hi = 65536, .doc = "Residual stream width."},
     {"model.n_layers", ST__CFG_INT, "2", .lo = 1, .hi = 1024, .doc = "Number of transformer blocks."},
     {"model.n_heads", ST__CFG_INT, "4", .lo = 1, .hi = 1024,
@@ -57,6 +58,12 @@ static const st__cfg_key kKeys[] = {
     {"data.path", ST__CFG_STRING, "",
      .doc = "Text corpus (file or folder); empty: Debian's fortunes corpus /usr/share/games/fortunes."},
     {"data.synthetic", ST__CFG_BOOL, "false", .doc = "Train on generated tokens instead of a corpus."},
+    {"data.tokenizer", ST__CFG_ENUM, "byte", .choices = "byte|bpe",
+     .doc = "byte: one token per byte (256); bpe: a byte-level BPE vocabulary of data.vocab_size trained on the corpus "
+            "with Hugging Face tokenizers (docs/data.md)."},
+    {"data.vocab_size", ST__CFG_INT, "0", .lo = 0, .hi = 65536,
+     .doc = "data.tokenizer=bpe: the tokenizer's vocabulary, 256 (the bytes) to 65536 and at most model.vocab_size; "
+            "0: model.vocab_size. The byte tokenizer takes 0 or 256."},
     {"data.val_fraction", ST__CFG_FLOAT, "0.05", .lo = 0, .lo_open = true, .hi = 0.5,
      .doc = "Fraction of the corpus held out for validation."},
 
@@ -232,6 +239,45 @@ static st_status st__rule_vocab(const st_config* c) {
   return ST_OK;
 }
 
+/* The BPE vocabulary holds the 256 byte symbols (so every byte can be
+ * encoded) and must fit the model's embedding; the byte tokenizer has 256. */
+static st_status st__rule_tokenizer(const st_config* c) {
+  const char* kind = st_config_string(c, "data.tokenizer");
+  int64_t v = st_config_int(c, "data.vocab_size"), m = st_config_int(c, "model.vocab_size");
+  if (strcmp(kind, "bpe") != 0) {
+    if (v != 0 && v != 256)
+      return st_status_make(ST_CODE_CONFIG,
+                            "data.vocab_size (%lld, %s) is the BPE vocabulary; data.tokenizer=byte (%s) has 256 tokens: "
+                            "set data.vocab_size to 0 (or 256), or data.tokenizer=bpe",
+                            (long long)v, st_config_source(c, "data.vocab_size"), st_config_source(c, "data.tokenizer"));
+    return ST_OK;
+  }
+  if (st_config_bool(c, "data.synthetic"))
+    return st_status_make(ST_CODE_CONFIG,
+                          "data.tokenizer=bpe (%s) trains on the corpus, but data.synthetic is true (%s): generated "
+                          "tokens have no text; use one or the other",
+                          st_config_source(c, "data.tokenizer"), st_config_source(c, "data.synthetic"));
+  int64_t eff = v ? v : m;
+  if (eff < 256)
+    return st_status_make(ST_CODE_CONFIG,
+                          "data.vocab_size (%lld%s, %s) is too small for data.tokenizer=bpe: the vocabulary holds the "
+                          "256 byte symbols (the byte fallback) and then the merges; set data.vocab_size to at least 256",
+                          (long long)eff, v ? "" : ", from model.vocab_size since data.vocab_size is 0",
+                          st_config_source(c, v ? "data.vocab_size" : "model.vocab_size"));
+  if (eff > 65536)
+    return st_status_make(ST_CODE_CONFIG,
+                          "data.vocab_size (0, %s) takes model.vocab_size (%lld, %s), above the 65536 tokens strata keeps "
+                          "(u16); set data.vocab_size",
+                          st_config_source(c, "data.vocab_size"), (long long)m, st_config_source(c, "model.vocab_size"));
+  if (eff > m)
+    return st_status_make(ST_CODE_CONFIG,
+                          "data.vocab_size (%lld, %s) is larger than model.vocab_size (%lld, %s): the model must embed "
+                          "every token id; raise model.vocab_size or lower data.vocab_size",
+                          (long long)eff, st_config_source(c, "data.vocab_size"), (long long)m,
+                          st_config_source(c, "model.vocab_size"));
+  return ST_OK;
+}
+
 static st_status st__rule_remat(const st_config* c) {
   st_status s = st_config_remat_parse(st_config_string(c, "sched.remat"), (int)st_config_int(c, "model.n_layers"), NULL);
   if (s) s = st_status_annotate(s, "sched.remat (%s), model.n_layers (%s)", st_config_source(c, "sched.remat"),
@@ -353,6 +399,9 @@ static const st__cfg_rule kRules[] = {
      st__rule_heads},
     {"train.batch_size is divisible by train.microbatches.", st__rule_microbatches},
     {"model.vocab_size is at least 256 (the byte tokenizer) unless data.synthetic is true.", st__rule_vocab},
+    {"data.tokenizer=bpe: data.vocab_size (0: model.vocab_size) is from 256 to model.vocab_size, and data.synthetic "
+     "is false; data.tokenizer=byte: data.vocab_size is 0 or 256.",
+     st__rule_tokenizer},
     {"sched.remat is auto, none, full, every:K (K >= 1) or a list of layers below model.n_layers.", st__rule_remat},
     {"sched.memory_budget is bytes (a whole number, 0: no limit) or a fraction in (0, 1] such as 0.9.",
      st__rule_memory_budget},

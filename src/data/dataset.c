@@ -1,5 +1,6 @@
-/* dataset.c — byte-level tokenizer, token files, splits and the sampler
- * (docs/data.md is the specification; keep the two in step). */
+/* dataset.c — byte-level tokenizer, BPE through strata_jax.tokenize, token
+ * files, splits and the sampler (docs/data.md is the specification; keep
+ * the two in step). */
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -7,12 +8,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include "data/internal.h"
 #include "strata/base.h"
 #include "strata/data.h"
 
 struct st_dataset {
   char* token_path;
+  char* tokenizer_json; /* BPE: the verified tokenizer.json beside the token file */
+  st_token_file_info info;
   uint32_t vocab_size;
   uint64_t count;
   uint16_t* tokens; /* owned; all tokens (u32 files are narrowed after the range check) */
@@ -54,7 +60,8 @@ static uint64_t st__get_u64(const unsigned char* p) {
   return (uint64_t)st__get_u32(p) | (uint64_t)st__get_u32(p + 4) << 32;
 }
 
-st_status st_token_file_write(const char* path, uint32_t vocab_size, const uint16_t* tokens, uint64_t count) {
+st_status st_token_file_write(const char* path, uint32_t vocab_size, st_tokenizer_kind kind, const uint16_t* tokens,
+                              uint64_t count) {
   size_t size = ST_TOKEN_FILE_HEADER_BYTES + (size_t)count * 2;
   unsigned char* buf = st_xmalloc(size);
   memset(buf, 0, ST_TOKEN_FILE_HEADER_BYTES);
@@ -62,7 +69,8 @@ st_status st_token_file_write(const char* path, uint32_t vocab_size, const uint1
   st__put_u32(buf + 8, ST_TOKEN_FILE_VERSION);
   st__put_u32(buf + 12, vocab_size);
   st__put_u32(buf + 16, 2);
-  st__put_u64(buf + 24, count);
+  st__put_u32(buf + 20, (uint32_t)kind);
+  st__put_u64(buf + 24, count); /* bytes 32..47: the BPE hash (zero here) and reserved zeros */
   for (uint64_t i = 0; i < count; ++i) {
     buf[ST_TOKEN_FILE_HEADER_BYTES + 2 * i] = (unsigned char)(tokens[i] & 0xFF);
     buf[ST_TOKEN_FILE_HEADER_BYTES + 2 * i + 1] = (unsigned char)(tokens[i] >> 8);
@@ -81,28 +89,70 @@ static bool st__is_token_file(const char* path) {
   return yes;
 }
 
-st_status st_token_file_parse(const char* path, const unsigned char* p, size_t size, uint32_t vocab_size, uint16_t** out_tokens,
-                              uint64_t* out_count) {
-  *out_tokens = NULL;
-  *out_count = 0;
-  if (size < ST_TOKEN_FILE_HEADER_BYTES || memcmp(p, ST_TOKEN_FILE_MAGIC, 8) != 0)
+/* The header fields every version shares, and the version-2 tokenizer
+ * fields; |size| >= 12 is known. */
+static st_status st__header(const char* path, const unsigned char* p, size_t size, st_token_file_info* info,
+                            size_t* out_header) {
+  memset(info, 0, sizeof(*info));
+  if (size < ST_TOKEN_FILE_HEADER_BYTES_V1 || memcmp(p, ST_TOKEN_FILE_MAGIC, 8) != 0)
     return st_status_make(ST_CODE_DATA, "token file '%s': bad header (no '%s' magic); rebuild it from the text corpus", path,
                           ST_TOKEN_FILE_MAGIC);
-  if (st__get_u32(p + 8) != ST_TOKEN_FILE_VERSION)
-    return st_status_make(ST_CODE_DATA, "token file '%s': version %u, this strata reads version %u", path, st__get_u32(p + 8),
-                          ST_TOKEN_FILE_VERSION);
+  info->version = st__get_u32(p + 8);
+  if (info->version != 1 && info->version != 2)
+    return st_status_make(ST_CODE_DATA, "token file '%s': version %u, this strata reads versions 1 and 2", path, info->version);
+  info->vocab_size = st__get_u32(p + 12);
+  if (info->version == 1) {
+    /* Version 1 predates BPE: every such file is the byte tokenizer's. */
+    info->kind = ST_TOKENIZER_BYTE;
+    snprintf(info->hash, sizeof(info->hash), "byte");
+    *out_header = ST_TOKEN_FILE_HEADER_BYTES_V1;
+    return ST_OK;
+  }
+  if (size < ST_TOKEN_FILE_HEADER_BYTES)
+    return st_status_make(ST_CODE_DATA, "token file '%s': %zu bytes, shorter than a version-2 header (%u bytes)", path, size,
+                          ST_TOKEN_FILE_HEADER_BYTES);
+  uint32_t kind = st__get_u32(p + 20);
+  if (kind > ST_TOKENIZER_BPE)
+    return st_status_make(ST_CODE_DATA, "token file '%s': tokenizer kind %u is unknown (0 none, 1 byte, 2 bpe)", path, kind);
+  info->kind = (st_tokenizer_kind)kind;
+  if (kind == ST_TOKENIZER_BPE)
+    for (int i = 0; i < 8; ++i) snprintf(info->hash + 2 * i, 3, "%02x", p[32 + i]);
+  else
+    snprintf(info->hash, sizeof(info->hash), "%s", kind == ST_TOKENIZER_BYTE ? "byte" : "none");
+  *out_header = ST_TOKEN_FILE_HEADER_BYTES;
+  return ST_OK;
+}
+
+st_status st_token_file_info_read(const char* path, st_token_file_info* out_info) {
+  unsigned char head[ST_TOKEN_FILE_HEADER_BYTES];
+  FILE* f = fopen(path, "rb");
+  if (!f) return st_status_make(ST_CODE_DATA, "cannot open token file '%s': %s", path, strerror(errno));
+  size_t n = fread(head, 1, sizeof(head), f);
+  fclose(f);
+  size_t header = 0;
+  return st__header(path, head, n, out_info, &header);
+}
+
+st_status st_token_file_parse(const char* path, const unsigned char* p, size_t size, uint32_t vocab_size, uint16_t** out_tokens,
+                              uint64_t* out_count, st_token_file_info* out_info) {
+  *out_tokens = NULL;
+  *out_count = 0;
+  st_token_file_info info;
+  size_t header = 0;
+  ST_RETURN(st__header(path, p, size, &info, &header));
+  if (out_info) *out_info = info;
   uint32_t tb = st__get_u32(p + 16);
   if (tb != 2 && tb != 4) return st_status_make(ST_CODE_DATA, "token file '%s': token_bytes is %u, expected 2 or 4", path, tb);
-  if (st__get_u32(p + 12) > vocab_size)
+  if (info.vocab_size > vocab_size)
     return st_status_make(ST_CODE_DATA, "token file '%s': written for vocab_size %u, but model.vocab_size is %u", path,
-                          st__get_u32(p + 12), vocab_size);
+                          info.vocab_size, vocab_size);
   uint64_t count = st__get_u64(p + 24);
-  if (count > (size - ST_TOKEN_FILE_HEADER_BYTES) / tb || ST_TOKEN_FILE_HEADER_BYTES + count * tb != size)
+  if (count > (size - header) / tb || header + count * tb != size)
     return st_status_make(ST_CODE_DATA, "token file '%s': header says %" PRIu64 " tokens of %u bytes but the file has %zu bytes after the header (truncated?)",
-                          path, count, tb, size - ST_TOKEN_FILE_HEADER_BYTES);
+                          path, count, tb, size - header);
   if (count == 0) return st_status_make(ST_CODE_DATA, "token file '%s' holds no tokens", path);
   uint16_t* tokens = st_xmalloc(count * sizeof(uint16_t));
-  const unsigned char* t = p + ST_TOKEN_FILE_HEADER_BYTES;
+  const unsigned char* t = p + header;
   for (uint64_t i = 0; i < count; ++i) {
     uint32_t v = tb == 2 ? (uint32_t)t[2 * i] | (uint32_t)t[2 * i + 1] << 8 : st__get_u32(t + 4 * i);
     if (v >= vocab_size) {
@@ -130,7 +180,7 @@ static st_status st__token_file_read(const char* path, uint32_t vocab_size, st_d
   st_status s = st_fs_read_file(path, &data, &size);
   /* A missing or unreadable token file is a data error (exit 3), not a generic I/O one. */
   if (s) return st_status_recode(s, ST_CODE_DATA, "cannot read token file");
-  s = st_token_file_parse(path, (const unsigned char*)data, size, vocab_size, &ds->tokens, &ds->count);
+  s = st_token_file_parse(path, (const unsigned char*)data, size, vocab_size, &ds->tokens, &ds->count, &ds->info);
   free(data);
   return s;
 }
@@ -187,15 +237,102 @@ static void st__free_list(char** files, size_t n) {
   free(files);
 }
 
+char* st__data_tokenizer_json_path(const char* token_path) {
+  st_strbuf b = {0};
+  size_t n = strlen(token_path);
+  if (n > 4 && !strcmp(token_path + n - 4, ".tok")) n -= 4;
+  st_strbuf_append_n(&b, token_path, n);
+  st_strbuf_append(&b, ".tokenizer.json");
+  return st_strbuf_take(&b);
+}
+
+static char* st__file_tail(const char* path, size_t max) {
+  char* data = NULL;
+  size_t size = 0;
+  st_status s = st_fs_read_file(path, &data, &size);
+  if (s) {
+    st_status_free(s);
+    return st_xstrdup("");
+  }
+  if (size > max) memmove(data, data + size - max, max + 1);
+  return data;
+}
+
+/* Trains BPE on |files| and writes |token_path| and |json_path| with
+ * `python -m strata_jax.tokenize` (as the exporter runs: the interpreter
+ * of st_python_path, the source tree's python/ first on PYTHONPATH), its
+ * output in <token_path>.log. */
+static st_status st__run_bpe(uint32_t vocab, const char* token_path, const char* json_path, char** files, size_t n) {
+  char* python = st_python_path();
+  st_strbuf log = {0};
+  st_strbuf_printf(&log, "%s.log", token_path);
+  char vocab_text[16];
+  snprintf(vocab_text, sizeof(vocab_text), "%u", vocab);
+  const char* fixed[] = {python, "-m", "strata_jax.tokenize", "--vocab-size", vocab_text, "--out", token_path,
+                         "--tokenizer-out", json_path, "--"};
+  size_t nf = sizeof(fixed) / sizeof(fixed[0]);
+  char** argv = st_xcalloc(nf + n + 1, sizeof(char*));
+  for (size_t i = 0; i < nf; ++i) argv[i] = (char*)fixed[i];
+  for (size_t i = 0; i < n; ++i) argv[nf + i] = files[i];
+  fprintf(stderr, "strata: training a BPE tokenizer of %u tokens on the corpus (%zu files)\n", vocab, n);
+  /* The child's stdout goes to the log: nothing of ours may be flushed twice. */
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid < 0) {
+    free(argv);
+    free(python);
+    st_strbuf_free(&log);
+    return st_status_make(ST_CODE_DATA, "cannot fork the BPE tokenizer: %s", strerror(errno));
+  }
+  if (pid == 0) {
+    FILE* f = freopen(log.data, "w", stdout);
+    if (f) dup2(fileno(stdout), 2);
+    const char* old = getenv("PYTHONPATH");
+    st_strbuf pp = {0};
+    st_strbuf_append(&pp, st_source_dir());
+    st_strbuf_append(&pp, "/python");
+    if (old && old[0]) st_strbuf_printf(&pp, ":%s", old);
+    setenv("PYTHONPATH", pp.data, 1);
+    execv(python, argv);
+    fprintf(stderr, "cannot execute '%s': %s\n", python, strerror(errno));
+    _exit(127);
+  }
+  free(argv);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  st_status s = ST_OK;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    char* tail = st__file_tail(log.data, 1500);
+    s = st_status_make(ST_CODE_DATA,
+                       "training the BPE tokenizer failed (%s -m strata_jax.tokenize, %s %d; log %s). Run `make setup` if "
+                       "the venv is missing. Last output:\n%s",
+                       python, WIFEXITED(status) ? "exit" : "signal",
+                       WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), log.data, tail);
+    free(tail);
+  }
+  free(python);
+  st_strbuf_free(&log);
+  return s;
+}
+
 /* Tokenizes the corpus at |path| into <cache>/tokens/<hash>.tok unless a
  * token file for the same names, sizes and mtimes is already there. */
-static st_status st__tokenize_corpus(const char* path, const char* cache_dir, const st_progress_options* progress,
-                                     char** out_token_path) {
+static st_status st__tokenize_corpus(const st_data_options* o, const char* path, char** out_token_path) {
+  const st_progress_options* progress = &o->progress;
+  const char* cache_dir = o->cache_dir;
+  bool bpe = o->tokenizer && !strcmp(o->tokenizer, "bpe");
   char** files = NULL;
   size_t n = 0;
   ST_RETURN(st__corpus_files(path, &files, &n));
   st_strbuf ident = {0};
-  st_strbuf_append(&ident, "byte-tokenizer-v1\n");
+  /* The kind and the vocabulary are part of the key: one corpus makes a
+   * different token file for each tokenizer. */
+  if (bpe)
+    st_strbuf_printf(&ident, "bpe-tokenizer-v1 vocab=%u\n", o->tokenizer_vocab);
+  else
+    st_strbuf_append(&ident, "byte-tokenizer-v1\n");
   uint64_t total = 0;
   for (size_t i = 0; i < n; ++i) {
     struct stat st;
@@ -215,6 +352,24 @@ static st_status st__tokenize_corpus(const char* path, const char* cache_dir, co
   char name[64];
   snprintf(name, sizeof(name), "tokens/%.16s.tok", hash);
   char* out = st_path_join(cache_dir, name);
+  if (bpe) {
+    char* json = st__data_tokenizer_json_path(out);
+    st_status s = ST_OK;
+    if (!st__is_token_file(out) || access(json, R_OK) != 0) {
+      char* folder = st_path_join(cache_dir, "tokens");
+      s = st_fs_mkdirs(folder);
+      free(folder);
+      if (!s) s = st__run_bpe(o->tokenizer_vocab, out, json, files, n);
+    }
+    free(json);
+    st__free_list(files, n);
+    if (s) {
+      free(out);
+      return s;
+    }
+    *out_token_path = out;
+    return ST_OK;
+  }
   if (st__is_token_file(out)) {
     st__free_list(files, n);
     *out_token_path = out;
@@ -252,7 +407,7 @@ static st_status st__tokenize_corpus(const char* path, const char* cache_dir, co
     s = st_fs_mkdirs(folder);
     free(folder);
   }
-  if (!s) s = st_token_file_write(out, 256, tokens, k);
+  if (!s) s = st_token_file_write(out, 256, ST_TOKENIZER_BYTE, tokens, k);
   free(tokens);
   if (s) {
     free(out);
@@ -272,13 +427,57 @@ static st_status st__synthetic(const st_data_options* o, const char* cache_dir, 
   char* folder = st_path_join(cache_dir, "tokens");
   st_status s = st_fs_mkdirs(folder);
   free(folder);
-  if (!s) s = st_token_file_write(out, o->vocab_size, tokens, n);
+  if (!s) s = st_token_file_write(out, o->vocab_size, ST_TOKENIZER_NONE, tokens, n);
   free(tokens);
   if (s) {
     free(out);
     return s;
   }
   *out_token_path = out;
+  return ST_OK;
+}
+
+/* The token file must come from the tokenizer the config names: a token
+ * file of another tokenizer would train on ids that mean other text. BPE's
+ * tokenizer.json beside the token file must be the one the header names. */
+static st_status st__check_tokenizer(const st_data_options* o, st_dataset* ds) {
+  st_token_file_info info;
+  ST_RETURN(st_token_file_info_read(ds->token_path, &info));
+  bool bpe = o->tokenizer && !strcmp(o->tokenizer, "bpe");
+  if (!bpe && info.kind == ST_TOKENIZER_BPE)
+    return st_status_make(ST_CODE_DATA,
+                          "token file '%s' holds BPE tokens (tokenizer %s), but data.tokenizer is byte (tokenizer byte); "
+                          "set data.tokenizer=bpe with its data.vocab_size, or point data.path at the text corpus",
+                          ds->token_path, info.hash);
+  if (!bpe) return ST_OK;
+  if (info.kind != ST_TOKENIZER_BPE)
+    return st_status_make(ST_CODE_DATA,
+                          "token file '%s' holds %s tokens (tokenizer %s), but data.tokenizer is bpe; point data.path at "
+                          "the text corpus (strata trains the tokenizer) or at a BPE token file",
+                          ds->token_path, info.kind == ST_TOKENIZER_BYTE ? "byte" : "generated", info.hash);
+  char* json = st__data_tokenizer_json_path(ds->token_path);
+  char sha[65];
+  st_status s = st_sha256_file_hex(json, sha);
+  if (s) {
+    s = st_status_recode(s, ST_CODE_DATA,
+                         "token file '%s' was made by BPE tokenizer %s, whose tokenizer.json belongs beside it as '%s'",
+                         ds->token_path, info.hash, json);
+  } else if (strncmp(sha, info.hash, 16) != 0) {
+    s = st_status_make(ST_CODE_DATA,
+                       "token file '%s' was made by BPE tokenizer %s, but '%s' beside it is tokenizer %.16s (SHA-256, "
+                       "first 16 hex digits): the ids would decode to other text; re-tokenize the corpus",
+                       ds->token_path, info.hash, json, sha);
+  } else if (info.vocab_size != o->tokenizer_vocab) {
+    s = st_status_make(ST_CODE_DATA,
+                       "token file '%s' was made by BPE tokenizer %s of %u tokens, but data.vocab_size asks for %u "
+                       "(0 there: model.vocab_size); set data.vocab_size=%u or re-tokenize the corpus",
+                       ds->token_path, info.hash, info.vocab_size, o->tokenizer_vocab, info.vocab_size);
+  }
+  if (s) {
+    free(json);
+    return s;
+  }
+  ds->tokenizer_json = json;
   return ST_OK;
 }
 
@@ -310,8 +509,9 @@ st_status st_dataset_open(const st_data_options* o, st_dataset** out_dataset) {
     ds->token_path = st_xstrdup(path);
     s = ST_OK;
   } else {
-    s = st__tokenize_corpus(path, o->cache_dir, &o->progress, &ds->token_path);
+    s = st__tokenize_corpus(o, path, &ds->token_path);
   }
+  if (!s && !o->synthetic) s = st__check_tokenizer(o, ds);
   if (!s) s = st__token_file_read(ds->token_path, o->vocab_size, ds);
   if (!s) {
     uint64_t n_val = (uint64_t)((double)ds->count * o->val_fraction);
@@ -345,11 +545,14 @@ st_status st_dataset_open(const st_data_options* o, st_dataset** out_dataset) {
 void st_dataset_destroy(st_dataset* ds) {
   if (!ds) return;
   free(ds->token_path);
+  free(ds->tokenizer_json);
   free(ds->tokens);
   free(ds);
 }
 
 const char* st_dataset_token_path(const st_dataset* ds) { return ds->token_path; }
+const char* st_dataset_tokenizer_hash(const st_dataset* ds) { return ds->info.hash; }
+const char* st_dataset_tokenizer_json(const st_dataset* ds) { return ds->tokenizer_json; }
 uint64_t st_dataset_token_count(const st_dataset* ds) { return ds->count; }
 uint64_t st_dataset_split_tokens(const st_dataset* ds, int stream) {
   return stream == ST_STREAM_TRAIN ? ds->n_train : ds->count - ds->n_train;

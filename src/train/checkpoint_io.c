@@ -177,8 +177,8 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
 
   /* The bundle key also hashes the exporter's sources; with
    * ckpt.allow_bundle_change only the model config and the tensors must match. */
-  st_ckpt_expect expect = {c->allow_bundle_change ? NULL : c->key, c->model, c->count, c->names,
-                           c->types};
+  st_ckpt_expect expect = {c->allow_bundle_change ? NULL : c->key, c->model, c->count, c->names, c->types,
+                           st_dataset_tokenizer_hash(c->in.data)};
   st_ckpt* ck = NULL;
   int skipped = 0;
   ST_RETURN(st_ckpt_find_valid(c->root, &expect, st__on_skip, c, &ck, &skipped));
@@ -390,6 +390,7 @@ static st_status st__snapshot(st_train_ckpt* c, int64_t step) {
       .config = c->config,
       .config_hash = c->config_hash,
       .bundle_key = c->key,
+      .tokenizer_hash = st_dataset_tokenizer_hash(c->in.data),
       .model = c->model,
       .mesh_data = o->parallel_data,
       .mesh_fsdp = o->parallel_fsdp,

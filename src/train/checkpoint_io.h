@@ -37,6 +37,7 @@ typedef struct st_train_ckpt_init {
   st_executor* executor;
   st_runtime* runtime;
   st_runlog* log;
+  const st_dataset* data; /* its tokenizer goes into every manifest and is checked on resume */
 } st_train_ckpt_init;
 
 st_status st_train_ckpt_create(const st_train_ckpt_init* init, st_train_ckpt** out /* owned by caller */);

@@ -57,6 +57,10 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
 
   o->data.path = st_config_string(c, "data.path");
   o->data.synthetic = st_config_bool(c, "data.synthetic");
+  o->data.tokenizer = st_config_string(c, "data.tokenizer");
+  /* data.vocab_size 0: the model's vocabulary (the schema's rule bounds both). */
+  int64_t tv = st_config_int(c, "data.vocab_size");
+  o->data.tokenizer_vocab = !strcmp(o->data.tokenizer, "bpe") ? (uint32_t)(tv ? tv : st_config_int(c, "model.vocab_size")) : 256u;
   o->data.vocab_size = (uint32_t)st_config_int(c, "model.vocab_size");
   o->data.val_fraction = st_config_float(c, "data.val_fraction");
   o->data.seq_len = st_config_int(c, "model.seq_len");

@@ -228,6 +228,23 @@ static const char** st__init_programs(const st_bundle* b, int* out_count) {
 
 /* Runs every stage's init program (seeded; a block's also takes its index
  * and the depth) and zeroes m and v. */
+/* A BPE run keeps its tokenizer.json in the run directory, so the run
+ * alone decodes its ids (st_tokenizer_open(run_dir), docs/data.md); a byte
+ * run writes none. */
+static st_status st__copy_tokenizer(st__trainer* t) {
+  const char* src = st_dataset_tokenizer_json(t->data);
+  if (!src) return ST_OK;
+  char* data = NULL;
+  size_t size = 0;
+  st_status s = st_fs_read_file(src, &data, &size);
+  if (s) return st_status_recode(s, ST_CODE_DATA, "copying the tokenizer into the run directory");
+  char* dst = st_path_join(t->run_dir, "tokenizer.json");
+  s = st_fs_write_atomic(dst, data, size);
+  free(dst);
+  free(data);
+  return s;
+}
+
 static st_status st__init_state(st__trainer* t) {
   const st_bundle* b = t->bundle;
   st_tensor_type s32 = {ST_DTYPE_S32, 0, {0}};
@@ -716,6 +733,7 @@ st_status st_train_main(const st_config* cfg) {
     st_context_facts facts = {.run_id = slash ? slash + 1 : t.run_dir,
                               .config_hash = hash,
                               .bundle_key = bundle->key,
+                              .tokenizer_hash = st_dataset_tokenizer_hash(t.data),
                               .jax_version = bundle->jax_version,
                               .jaxlib_version = bundle->jaxlib_version,
                               .runtime = &rt};
@@ -795,13 +813,16 @@ st_status st_train_main(const st_config* cfg) {
     t.sqnorms = st_xcalloc((size_t)t.n_sq, sizeof(double));
   }
   if (!s) {
-    st_train_ckpt_init ci = {cfg, &o, t.run_dir, bundle, &t.step_plan, t.ex, t.runtime, t.log};
+    st_train_ckpt_init ci = {cfg, &o, t.run_dir, bundle, &t.step_plan, t.ex, t.runtime, t.log, t.data};
     s = st_train_ckpt_create(&ci, &t.ckpt);
   }
   /* Restore first: a checkpoint sets every parameter and optimizer slot, so
    * a resume that finds one skips the init programs altogether. */
   bool restored = false;
   if (!s) s = st_train_ckpt_restore(t.ckpt, &t.start_step, &restored);
+  /* After the restore, which refuses a checkpoint of another tokenizer
+   * (exit 3) before this could replace the run's tokenizer.json. */
+  if (!s) s = st__copy_tokenizer(&t);
   if (!s && !restored) s = st__init_state(&t);
   if (!s) {
     json_t* f = st_json_obj();

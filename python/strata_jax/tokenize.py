@@ -1,0 +1,166 @@
+"""Trains a byte-level BPE tokenizer on a corpus and writes its token file.
+
+    python -m strata_jax.tokenize --vocab-size N --out TOKENS.tok \\
+        --tokenizer-out TOKENIZER.json [--] CORPUS_FILE...
+
+strata runs this at data-preparation time (data.tokenizer=bpe, src/data/
+dataset.c), as it runs the exporter; docs/data.md is the specification:
+
+- the corpus is the files' bytes concatenated in the order given, cut into
+  lines (each keeps its '\\n'); a line is cut again around bytes that are not
+  UTF-8, and each such byte is its own token (the byte alphabet holds all
+  256, so nothing is ever unknown);
+- the tokenizer is Hugging Face `tokenizers`' BPE with the ByteLevel
+  pre-tokenizer (GPT-2's split and bytes-to-unicode mapping) and decoder,
+  trained on those pieces with the 256 byte symbols as the initial alphabet
+  and no special tokens, to exactly N tokens (a corpus too small for N is an
+  error, exit 3);
+- TOKENIZER.json is written first, then TOKENS.tok (version 2 header, the
+  tokenizer's hash: the first 8 bytes of SHA-256 of TOKENIZER.json), each
+  atomically.
+
+Exit codes: 0 ok, 2 bad arguments, 3 a corpus that cannot make the
+tokenizer. Training is deterministic: the same corpus and N give the same
+TOKENIZER.json bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+
+import numpy as np
+
+from .data import HEADER_V2, KIND_BPE, MAGIC
+
+MIN_VOCAB = 256  # the byte alphabet; no special tokens
+MAX_VOCAB = 1 << 16  # strata keeps tokens as u16
+
+
+def pieces(corpus: bytes) -> list[tuple[bool, bytes]]:
+    """(is_text, bytes) pieces: lines, cut around bytes that are not UTF-8."""
+    out: list[tuple[bool, bytes]] = []
+    for line in _lines(corpus):
+        rest = line
+        while rest:
+            try:
+                rest.decode("utf-8")
+                out.append((True, rest))
+                break
+            except UnicodeDecodeError as e:
+                if e.start:
+                    out.append((True, rest[: e.start]))
+                out.extend((False, rest[i: i + 1]) for i in range(e.start, e.end))
+                rest = rest[e.end:]
+    return out
+
+
+def _lines(corpus: bytes) -> list[bytes]:
+    """Lines ending at '\\n' only (bytes.splitlines also cuts at '\\r')."""
+    parts = corpus.split(b"\n")
+    lines = [p + b"\n" for p in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
+
+
+def build(corpus: bytes, vocab_size: int):
+    """(tokenizer, tokens as np.uint16) for |corpus|."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=0, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+    ps = pieces(corpus)
+    texts = [p.decode("utf-8") for is_text, p in ps if is_text]
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    got = tok.get_vocab_size()
+    if got != vocab_size:
+        raise CorpusError(f"BPE on this corpus stops at {got} tokens, fewer than data.vocab_size={vocab_size}: "
+                          "lower data.vocab_size or use a larger corpus")
+    # A byte that is not UTF-8 is its own token: the alphabet symbol of that byte.
+    symbols = bytes_to_unicode()
+    byte_ids = [tok.token_to_id(symbols[b]) for b in range(256)]
+    if any(i is None for i in byte_ids):
+        raise CorpusError("the trained vocabulary lacks a byte symbol (tokenizers changed?)")
+    encoded = iter(tok.encode_batch(texts, add_special_tokens=False))
+    ids: list[int] = []
+    for is_text, p in ps:
+        if is_text:
+            ids.extend(next(encoded).ids)
+        else:
+            ids.append(byte_ids[p[0]])
+    return tok, np.asarray(ids, dtype=np.uint16)
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> symbol map: printable Latin-1 bytes stand for
+    themselves, the other 68 take the code points 256, 257, ... in byte order."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    out, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + n)
+            n += 1
+    return out
+
+
+class CorpusError(Exception):
+    pass
+
+
+def tokenizer_hash(data: bytes) -> bytes:
+    """The 8 bytes the token file records: SHA-256 of tokenizer.json, first 8."""
+    return hashlib.sha256(data).digest()[:8]
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m strata_jax.tokenize", description=__doc__.strip().splitlines()[0])
+    ap.add_argument("--vocab-size", type=int, required=True)
+    ap.add_argument("--out", required=True, help="the token file to write")
+    ap.add_argument("--tokenizer-out", required=True, help="the tokenizer.json to write")
+    ap.add_argument("corpus", nargs="+", help="corpus files, concatenated in this order")
+    args = ap.parse_args(argv)
+    if not MIN_VOCAB <= args.vocab_size <= MAX_VOCAB:
+        print(f"strata_jax.tokenize: --vocab-size {args.vocab_size} is outside [{MIN_VOCAB}, {MAX_VOCAB}]",
+              file=sys.stderr)
+        return 2
+    chunks = []
+    for path in args.corpus:
+        with open(path, "rb") as f:
+            chunks.append(f.read())
+    corpus = b"".join(chunks)
+    if not corpus:
+        print("strata_jax.tokenize: the corpus is empty", file=sys.stderr)
+        return 3
+    try:
+        tok, ids = build(corpus, args.vocab_size)
+    except CorpusError as e:
+        print(f"strata_jax.tokenize: {e}", file=sys.stderr)
+        return 3
+    text = tok.to_str(pretty=False).encode("utf-8")
+    _write_atomic(args.tokenizer_out, text)
+    header = HEADER_V2.pack(MAGIC, 2, args.vocab_size, 2, KIND_BPE, len(ids), tokenizer_hash(text), b"\0" * 8)
+    _write_atomic(args.out, header + ids.astype("<u2").tobytes())
+    print(f"strata_jax.tokenize: {len(corpus)} bytes -> {len(ids)} tokens, vocabulary {args.vocab_size}, "
+          f"tokenizer {tokenizer_hash(text).hex()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
