@@ -231,7 +231,8 @@ static st_status st__rule_microbatches(const st_config* c) {
 
 static st_status st__rule_vocab(const st_config* c) {
   int64_t v = st_config_int(c, "model.vocab_size");
-  if (v < 256 && !st_config_bool(c, "data.synthetic"))
+  /* bpe: st__rule_tokenizer names data.vocab_size, the key that sets it. */
+  if (v < 256 && !st_config_bool(c, "data.synthetic") && strcmp(st_config_string(c, "data.tokenizer"), "bpe") != 0)
     return st_status_make(ST_CODE_CONFIG,
                           "model.vocab_size (%lld, %s) must be at least 256 for the byte tokenizer when "
                           "data.synthetic is false (%s)",
