@@ -31,7 +31,9 @@ static st_status st__parse_ids(const char* text, int32_t** out_ids, size_t* out_
     long long v = strtoll(p, &end, 10);
     if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',' && !isspace((unsigned char)*end))) {
       free(ids);
-      return st_status_make(ST_CODE_CONFIG, "--decode: '%.32s' is not a token id (ids are integers >= 0, separated by commas or spaces)", p);
+      return st_status_make(
+          ST_CODE_CONFIG, "--decode: '%.32s' is not a token id (ids are integers >= 0, separated by commas or spaces)",
+          p);
     }
     if (n == ST__MAX_DECODE_IDS) {
       free(ids);
@@ -88,8 +90,10 @@ int st_cli_data(int argc, char** argv) {
   st_status s = ST_OK;
   for (int i = 0; i < argc; ++i) {
     if (!strcmp(argv[i], "--decode")) {
-      if (i + 1 >= argc) s = st_status_make(ST_CODE_CONFIG, "--decode needs the ids (e.g. --decode 72,105 or --decode - for stdin)");
-      else decode = argv[++i];
+      if (i + 1 >= argc)
+        s = st_status_make(ST_CODE_CONFIG, "--decode needs the ids (e.g. --decode 72,105 or --decode - for stdin)");
+      else
+        decode = argv[++i];
     } else {
       args[n++] = argv[i];
     }

@@ -28,13 +28,15 @@
 struct st_tokenizer {
   uint32_t vocab;
   char hash[ST_TOKENIZER_HASH_CHARS];
-  unsigned char* bytes; /* every entry's bytes, concatenated; NULL for the byte tokenizer */
-  size_t* offsets;      /* [vocab + 1]: entry i is bytes[offsets[i] .. offsets[i+1]) */
+  unsigned char* bytes;        /* every entry's bytes, concatenated; NULL for the byte tokenizer */
+  size_t* offsets;             /* [vocab + 1]: entry i is bytes[offsets[i] .. offsets[i+1]) */
   unsigned char identity[256]; /* the byte tokenizer's entries */
 };
 
 /* The bytes GPT-2's alphabet writes as themselves. */
-static bool st__printable(uint32_t b) { return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF); }
+static bool st__printable(uint32_t b) {
+  return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+}
 
 /* |remap|[k] = the k-th byte (in byte order) that is not printable, i.e.
  * the byte that U+0100 + k stands for. */
@@ -108,8 +110,8 @@ static const char* st__type_of(const json_t* obj) {
 st_status st_tokenizer_from_json(const char* origin, const unsigned char* data, size_t size, st_tokenizer** out) {
   *out = NULL;
   if (size > ST_TOKENIZER_MAX_JSON_BYTES)
-    return st_status_make(ST_CODE_DATA, "tokenizer '%s': %zu bytes, more than the %u a tokenizer.json may have", origin, size,
-                          ST_TOKENIZER_MAX_JSON_BYTES);
+    return st_status_make(ST_CODE_DATA, "tokenizer '%s': %zu bytes, more than the %u a tokenizer.json may have", origin,
+                          size, ST_TOKENIZER_MAX_JSON_BYTES);
   json_t* j = NULL;
   st_status s = st_json_parse((const char*)data, size, origin, &j);
   if (s) return st_status_recode(s, ST_CODE_DATA, "tokenizer '%s'", origin);
@@ -120,23 +122,29 @@ st_status st_tokenizer_from_json(const char* origin, const unsigned char* data, 
   const char* mtype = st__type_of(model);
   const char* dtype = st__type_of(json_is_object(j) ? json_object_get(j, "decoder") : NULL);
   if (!json_is_object(j) || !json_is_object(vocab) || !mtype || strcmp(mtype, "BPE") != 0) {
-    s = st_status_make(ST_CODE_DATA, "tokenizer '%s': not a BPE tokenizer.json (needs \"model\": {\"type\": \"BPE\", \"vocab\": {...}})",
-                       origin);
+    s = st_status_make(
+        ST_CODE_DATA,
+        "tokenizer '%s': not a BPE tokenizer.json (needs \"model\": {\"type\": \"BPE\", \"vocab\": {...}})", origin);
     goto done;
   }
   if (!dtype || strcmp(dtype, "ByteLevel") != 0) {
-    s = st_status_make(ST_CODE_DATA, "tokenizer '%s': decoder is %s, strata decodes byte-level BPE only (\"decoder\": {\"type\": \"ByteLevel\"})",
-                       origin, dtype ? dtype : "missing");
+    s = st_status_make(
+        ST_CODE_DATA,
+        "tokenizer '%s': decoder is %s, strata decodes byte-level BPE only (\"decoder\": {\"type\": \"ByteLevel\"})",
+        origin, dtype ? dtype : "missing");
     goto done;
   }
   if (added && !json_is_null(added) && (!json_is_array(added) || json_array_size(added) != 0)) {
-    s = st_status_make(ST_CODE_DATA, "tokenizer '%s': has added (special) tokens, which strata's tokenizers do not have and its decoder does not handle",
+    s = st_status_make(ST_CODE_DATA,
+                       "tokenizer '%s': has added (special) tokens, which strata's tokenizers do not have and its "
+                       "decoder does not handle",
                        origin);
     goto done;
   }
   size_t n = json_object_size(vocab);
   if (n == 0 || n > ST__MAX_VOCAB) {
-    s = st_status_make(ST_CODE_DATA, "tokenizer '%s': a vocabulary of %zu entries; strata takes 1 to %u", origin, n, ST__MAX_VOCAB);
+    s = st_status_make(ST_CODE_DATA, "tokenizer '%s': a vocabulary of %zu entries; strata takes 1 to %u", origin, n,
+                       ST__MAX_VOCAB);
     goto done;
   }
   unsigned char remap[68];
@@ -153,17 +161,19 @@ st_status st_tokenizer_from_json(const char* origin, const unsigned char* data, 
   json_object_foreach((json_t*)vocab, key, value) {
     int64_t id = -1;
     if (!json_is_integer(value) || (id = (int64_t)json_integer_value(value)) < 0 || (uint64_t)id >= n || seen[id]) {
-      s = st_status_make(ST_CODE_DATA,
-                         "tokenizer '%s': vocabulary entry '%.40s' has id %s; ids must be the integers 0..%zu, each once", origin,
-                         key, json_is_integer(value) ? (id < 0 || (uint64_t)id >= n ? "out of range" : "given twice") : "not an integer",
-                         n - 1);
+      s = st_status_make(
+          ST_CODE_DATA,
+          "tokenizer '%s': vocabulary entry '%.40s' has id %s; ids must be the integers 0..%zu, each once", origin, key,
+          json_is_integer(value) ? (id < 0 || (uint64_t)id >= n ? "out of range" : "given twice") : "not an integer",
+          n - 1);
       break;
     }
     seen[id] = true;
     const unsigned char* k = (const unsigned char*)key;
     size_t klen = strlen(key);
     if (klen == 0 || klen > 4 * (size_t)ST_TOKENIZER_MAX_TOKEN_BYTES) {
-      s = st_status_make(ST_CODE_DATA, "tokenizer '%s': vocabulary entry %lld is %zu bytes of text; an entry has 1 to %u symbols",
+      s = st_status_make(ST_CODE_DATA,
+                         "tokenizer '%s': vocabulary entry %lld is %zu bytes of text; an entry has 1 to %u symbols",
                          origin, (long long)id, klen, ST_TOKENIZER_MAX_TOKEN_BYTES);
       break;
     }
@@ -179,15 +189,16 @@ st_status st_tokenizer_from_json(const char* origin, const unsigned char* data, 
       else if (cp >= 256 && cp < 256 + 68)
         out_bytes[m++] = remap[cp - 256];
       else
-        s = st_status_make(ST_CODE_DATA,
-                           "tokenizer '%s': vocabulary entry %lld has the character U+%04X, which is no byte of the ByteLevel "
-                           "alphabet",
-                           origin, (long long)id, (unsigned)cp);
+        s = st_status_make(
+            ST_CODE_DATA,
+            "tokenizer '%s': vocabulary entry %lld has the character U+%04X, which is no byte of the ByteLevel "
+            "alphabet",
+            origin, (long long)id, (unsigned)cp);
       i += step ? step : klen;
     }
     if (!s && m > ST_TOKENIZER_MAX_TOKEN_BYTES)
-      s = st_status_make(ST_CODE_DATA, "tokenizer '%s': vocabulary entry %lld is %zu bytes; at most %u", origin, (long long)id, m,
-                         ST_TOKENIZER_MAX_TOKEN_BYTES);
+      s = st_status_make(ST_CODE_DATA, "tokenizer '%s': vocabulary entry %lld is %zu bytes; at most %u", origin,
+                         (long long)id, m, ST_TOKENIZER_MAX_TOKEN_BYTES);
     entries[id] = out_bytes;
     lens[id] = m;
     total += m;
@@ -224,7 +235,8 @@ done:
 
 static st_status st__load_json_file(const char* path, st_tokenizer** out) {
   struct stat st;
-  if (stat(path, &st) != 0) return st_status_make(ST_CODE_DATA, "cannot read tokenizer '%s': %s", path, strerror(errno));
+  if (stat(path, &st) != 0)
+    return st_status_make(ST_CODE_DATA, "cannot read tokenizer '%s': %s", path, strerror(errno));
   if ((uint64_t)st.st_size > ST_TOKENIZER_MAX_JSON_BYTES)
     return st_status_make(ST_CODE_DATA, "tokenizer '%s': %lld bytes, more than the %u a tokenizer.json may have", path,
                           (long long)st.st_size, ST_TOKENIZER_MAX_JSON_BYTES);
@@ -240,7 +252,8 @@ static st_status st__load_json_file(const char* path, st_tokenizer** out) {
 st_status st_tokenizer_open(const char* path, st_tokenizer** out) {
   *out = NULL;
   struct stat st;
-  if (stat(path, &st) != 0) return st_status_make(ST_CODE_DATA, "cannot open tokenizer of '%s': %s", path, strerror(errno));
+  if (stat(path, &st) != 0)
+    return st_status_make(ST_CODE_DATA, "cannot open tokenizer of '%s': %s", path, strerror(errno));
   if (S_ISDIR(st.st_mode)) {
     char* json = st_path_join(path, "tokenizer.json");
     st_status s = ST_OK;
@@ -266,8 +279,8 @@ st_status st_tokenizer_open(const char* path, st_tokenizer** out) {
   st_tokenizer* t = NULL;
   s = st__load_json_file(json, &t);
   if (!s && strcmp(t->hash, info.hash) != 0)
-    s = st_status_make(ST_CODE_DATA, "token file '%s' was made by BPE tokenizer %s, but '%s' beside it is tokenizer %s", path,
-                       info.hash, json, t->hash);
+    s = st_status_make(ST_CODE_DATA, "token file '%s' was made by BPE tokenizer %s, but '%s' beside it is tokenizer %s",
+                       path, info.hash, json, t->hash);
   free(json);
   if (s) {
     st_tokenizer_destroy(t);

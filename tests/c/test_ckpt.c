@@ -83,7 +83,8 @@ static st_ckpt_snapshot* make_snapshot(int64_t step) {
                     .lr = 0.001 * (double)step,
                     .total_steps = 100,
                     .config_hash = "00112233aabbccdd",
-                    .bundle_key = "bundlekey0000001"};
+                    .bundle_key = "bundlekey0000001",
+                    .tokenizer_hash = "0123456789abcdef"};
   json_t* config = json_pack("{s:i}", "seed", 7);
   json_t* model = json_loads(kModel, 0, NULL);
   m.config = config;
@@ -100,7 +101,7 @@ static st_ckpt_expect expect_model(void) {
   /* Parsed once and kept: the expectation borrows it. */
   static json_t* model;
   if (!model) model = json_loads(kModel, 0, NULL);
-  st_ckpt_expect e = {"bundlekey0000001", model, NT, kNames, types};
+  st_ckpt_expect e = {"bundlekey0000001", model, NT, kNames, types, "0123456789abcdef"};
   return e;
 }
 
@@ -125,6 +126,41 @@ static int64_t newest_valid_step(const char* root) {
   int64_t step = c ? c->step : -1;
   st_ckpt_free(c);
   return step;
+}
+
+/*--- the tokenizer -----------------------------------------------------------*/
+
+/* The manifest records the tokenizer; a checkpoint of another one is a data
+ * error naming both hashes (exit 3), not a corrupt checkpoint skipped in
+ * favour of an older one; a manifest without the field is not checked. */
+static void test_tokenizer_hash(void** state) {
+  (void)state;
+  char* root = tu_tmpdir("tokhash");
+  save_step(root, 2, 0);
+  char* man = path2(root, "step_2/manifest.json");
+  size_t size = 0;
+  char* text = tu_read_file(man, &size);
+  assert_non_null(strstr(text, "\"tokenizer_hash\": \"0123456789abcdef\""));
+  st_ckpt_expect e = expect_model();
+  assert_int_equal(newest_valid_step(root), 2);
+  e.tokenizer_hash = "fedcba9876543210";
+  st_ckpt* c = NULL;
+  int skipped = 0;
+  ASSERT_ERROR(st_ckpt_find_valid(root, &e, NULL, NULL, &c, &skipped), ST_CODE_DATA, "0123456789abcdef",
+               "fedcba9876543210");
+  assert_null(c);
+  char* dir = path2(root, "step_2");
+  ASSERT_ERROR(st_ckpt_open(dir, &e, &c), ST_CODE_DATA, "tokenizer");
+  free(dir);
+  e.tokenizer_hash = NULL; /* not checked */
+  ASSERT_OK(st_ckpt_find_valid(root, &e, NULL, NULL, &c, &skipped));
+  assert_non_null(c);
+  assert_string_equal(c->tokenizer_hash, "0123456789abcdef");
+  st_ckpt_free(c);
+  free(text);
+  free(man);
+  tu_rmtree(root);
+  free(root);
 }
 
 /*--- safetensors -----------------------------------------------------------*/
@@ -958,6 +994,7 @@ int main(void) {
       cmocka_unit_test(test_faults),
       cmocka_unit_test(test_run_dir_lock),
       cmocka_unit_test(test_locate),
+      cmocka_unit_test(test_tokenizer_hash),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

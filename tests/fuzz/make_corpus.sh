@@ -37,7 +37,7 @@ dict_line() { printf '"%s"\n' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'
 } >"$out/config.dict"
 
 # --- committed seeds ------------------------------------------------------
-for t in safetensors ckpt_manifest bundle tokens json mlir_sig ir config report; do
+for t in safetensors ckpt_manifest bundle tokens tokenizer json mlir_sig ir config report; do
   mkdir -p "$out/$t"
   if [ -d "tests/fuzz/corpus/$t" ]; then cp tests/fuzz/corpus/"$t"/* "$out/$t/"; fi
 done

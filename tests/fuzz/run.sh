@@ -7,6 +7,7 @@
 #   ckpt_manifest  checkpoint manifest.json           (fuzz_ckpt_manifest.c)
 #   bundle         bundle manifest.json               (fuzz_bundle.c)
 #   tokens         token files                        (fuzz_tokens.c)
+#   tokenizer      tokenizer.json (byte-level BPE)    (fuzz_tokenizer.c)
 #   json           the JSON reader                    (fuzz_json.c)
 #   mlir_sig       MLIR `@main` signatures             (fuzz_mlir_sig.c)
 #   report         run logs and the report page         (fuzz_report.c)
@@ -23,7 +24,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${FUZZ_OUT:-build-fuzz}
-all=(config safetensors ckpt_manifest bundle tokens json mlir_sig report ir)
+all=(config safetensors ckpt_manifest bundle tokens tokenizer json mlir_sig report ir)
 if [ $# -gt 0 ]; then targets=("$@"); else targets=("${all[@]}"); fi
 seconds=${FUZZ_SECONDS:-60}
 runs=${FUZZ_RUNS:-}
@@ -49,7 +50,7 @@ CFLAGS=(-g -O1 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fno-omit-frame-poin
 LIBS=($(pkg-config --cflags --libs yaml-0.1 jansson libxxhash libcrypto libprotobuf-c) -lpthread -ldl -lm)
 
 # The parsers, built once into an archive: each target pulls what it uses.
-sources=(src/base/*.c src/config/*.c src/ckpt/*.c src/bundle/bundle.c src/data/dataset.c
+sources=(src/base/*.c src/config/*.c src/ckpt/*.c src/bundle/bundle.c src/data/dataset.c src/data/tokenizer.c
   src/runtime/dtype.c src/runtime/mlir_sig.c src/obs/*.c src/ir/*.c "$out/gen/tb_event.pb-c.c")
 rm -f "$out"/obj/*.o "$out/libparsers.a"
 jobs_max=$(nproc 2>/dev/null || echo 2)
