@@ -40,9 +40,9 @@ def test_token_file_roundtrip_and_errors(tmp_path: Any) -> None:
     assert len(toks) == 65536 and toks[97] == 3 and toks[96] == 96
     p = str(tmp_path / "a.tok")
     D.write_token_file(p, toks, 256)
-    assert os.path.getsize(p) == 32 + 2 * 65536
+    assert os.path.getsize(p) == 48 + 2 * 65536  # version 2 (docs/data.md)
     back, vocab = D.read_token_file(p)
-    assert vocab == 256 and np.array_equal(back, toks)
+    assert vocab == 256 and np.array_equal(back, toks) and D.token_file_tokenizer(p) == "byte"
     raw = open(p, "rb").read()
     for name, blob in (("magic", b"X" + raw[1:]), ("short", raw[:-1]),
                        ("vocab", raw[:12] + (10).to_bytes(4, "little") + raw[16:])):
