@@ -329,9 +329,18 @@ static st_status st__tokenize_corpus(const st_data_options* o, const char* path,
   st_strbuf ident = {0};
   /* The kind and the vocabulary are part of the key: one corpus makes a
    * different token file for each tokenizer. */
-  if (bpe)
+  if (bpe) {
     st_strbuf_printf(&ident, "bpe-tokenizer-v1 vocab=%u\n", o->tokenizer_vocab);
-  else
+    /* The trainer's source too: a changed training rule must not be served
+     * from an old cache (an installed strata without the source tree
+     * keys on the rest). */
+    char* src = st_path_join(st_source_dir(), "python/strata_jax/tokenize.py");
+    char sha[65];
+    st_status r = st_sha256_file_hex(src, sha);
+    if (!r) st_strbuf_printf(&ident, "tokenize.py=%s\n", sha);
+    st_status_free(r);
+    free(src);
+  } else
     st_strbuf_append(&ident, "byte-tokenizer-v1\n");
   uint64_t total = 0;
   for (size_t i = 0; i < n; ++i) {
