@@ -177,6 +177,7 @@ static int st__inspect(const char* path, bool json) {
   printf("  lr schedule     lr %.6g at step %lld of %lld\n", c->lr, (long long)c->step, (long long)c->total_steps);
   printf("  config hash     %s\n", c->config_hash);
   printf("  bundle key      %s\n", c->bundle_key);
+  printf("  tokenizer       %s\n", c->tokenizer_hash ? c->tokenizer_hash : "(not recorded)");
   char* model = st_json_dump(c->model, 0);
   printf("  model           %s\n", model);
   free(model);

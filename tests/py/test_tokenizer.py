@@ -139,6 +139,8 @@ def test_run_records_the_tokenizer_and_resume_refuses_another(corpus, tmp_path):
     assert len(manifests) == 2
     for m in manifests:
         assert json.loads(m.read_text())["tokenizer_hash"] == h
+    inspect = run([STRATA, "ckpt", "inspect", str(manifests[-1].parent)]).stdout.decode()
+    assert f"  tokenizer       {h}\n" in inspect
 
     # Another vocabulary size is another tokenizer: exit 3 naming both.
     other = run([*args, "train.steps=6", "run.resume=true", "data.vocab_size=400"], ok=False)
