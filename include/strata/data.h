@@ -66,6 +66,10 @@ const char* st_dataset_tokenizer_hash(const st_dataset* dataset);
 /* BPE: the tokenizer.json beside the token file (verified against the
  * header's hash); NULL for the byte tokenizer and synthetic tokens. */
 const char* st_dataset_tokenizer_json(const st_dataset* dataset);
+/* The mean bytes of text one token of |stream|'s split stands for: 1 for
+ * the byte tokenizer, the decoded length over the split for BPE, 0 for
+ * synthetic tokens (no text). Bits per byte are loss / ln 2 / this. */
+double st_dataset_bytes_per_token(const st_dataset* dataset, int stream);
 uint64_t st_dataset_token_count(const st_dataset* dataset);
 uint64_t st_dataset_split_tokens(const st_dataset* dataset, int stream); /* 0 train, 1 validation */
 

@@ -187,7 +187,8 @@ typedef struct st_eval_result {
   int64_t eval_batches, batch_size, seq_len;
   int64_t sequences;    /* eval_batches x batch_size */
   int64_t tokens;       /* sequences x seq_len: the predictions averaged */
-  bool bytes;           /* the byte tokenizer (not data.synthetic): bits per byte apply */
+  bool bytes;           /* text tokens (not data.synthetic): bits per byte apply */
+  double bytes_per_token; /* of the validation split: 1 for the byte tokenizer, more for BPE; 0: synthetic */
   char* data_path;      /* data.path ("" = the default corpus; owned) */
   char* token_file;     /* the token file evaluated (owned) */
   int64_t split_tokens; /* tokens in its validation split */

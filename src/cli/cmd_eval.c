@@ -48,7 +48,7 @@ static json_t* st__eval_json(const st_trained_ref* ref, const st_eval_result* r)
   st_json_put_int(j, "tokens", r->tokens);
   st_json_put_num(j, "loss", r->loss);
   st_json_put_num(j, "perplexity", exp(r->loss));
-  st_json_put(j, "bits_per_byte", r->bytes ? st_json_num(r->loss / log(2.0)) : json_null());
+  st_json_put(j, "bits_per_byte", r->bytes ? st_json_num(r->loss / log(2.0) / r->bytes_per_token) : json_null());
   st_json_put(j, "seconds", st_json_fixed(r->seconds, 3));
   return j;
 }
@@ -97,7 +97,7 @@ int st_cli_eval(int argc, char** argv) {
              (long long)r.batch_size, (long long)r.seq_len);
       printf("loss:        %.6f\n", r.loss);
       printf("perplexity:  %.4f\n", exp(r.loss));
-      if (r.bytes) printf("bits/byte:   %.4f\n", r.loss / log(2.0));
+      if (r.bytes) printf("bits/byte:   %.4f\n", r.loss / log(2.0) / r.bytes_per_token);
       else printf("bits/byte:   n/a (synthetic data)\n");
       printf("written:     %s\n", path);
     }

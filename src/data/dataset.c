@@ -18,6 +18,7 @@
 struct st_dataset {
   char* token_path;
   char* tokenizer_json; /* BPE: the verified tokenizer.json beside the token file */
+  double bytes_per_token[2]; /* per split; 0: no text (synthetic) */
   st_token_file_info info;
   uint32_t vocab_size;
   uint64_t count;
@@ -490,6 +491,29 @@ static st_status st__check_tokenizer(const st_data_options* o, st_dataset* ds) {
   return ST_OK;
 }
 
+/* Bytes of text per token in each split (after the split is set). BPE
+ * decodes through the tokenizer.json checked against the header. */
+static st_status st__bytes_per_token(st_dataset* ds) {
+  ds->bytes_per_token[0] = ds->bytes_per_token[1] = ds->info.kind == ST_TOKENIZER_NONE ? 0.0 : 1.0;
+  if (ds->info.kind != ST_TOKENIZER_BPE) return ST_OK;
+  st_tokenizer* t = NULL;
+  ST_RETURN(st_tokenizer_open(ds->token_path, &t));
+  uint64_t bytes[2] = {0, 0};
+  for (uint64_t i = 0; i < ds->count; ++i) {
+    size_t len = 0;
+    if (!st_tokenizer_token(t, ds->tokens[i], &len)) {
+      st_tokenizer_destroy(t);
+      return st_status_make(ST_CODE_DATA, "token file '%s': token %" PRIu64 " is %u, outside its tokenizer's %u entries",
+                            ds->token_path, i, ds->tokens[i], st_tokenizer_vocab_size(t));
+    }
+    bytes[i >= ds->n_train] += len;
+  }
+  st_tokenizer_destroy(t);
+  uint64_t n[2] = {ds->n_train, ds->count - ds->n_train};
+  for (int k = 0; k < 2; ++k) ds->bytes_per_token[k] = n[k] ? (double)bytes[k] / (double)n[k] : 0.0;
+  return ST_OK;
+}
+
 st_status st_dataset_open(const st_data_options* o, st_dataset** out_dataset) {
   *out_dataset = NULL;
   st_dataset* ds = st_xcalloc(1, sizeof(*ds));
@@ -543,6 +567,7 @@ st_status st_dataset_open(const st_data_options* o, st_dataset** out_dataset) {
       st_strbuf_free(&what);
     }
   }
+  if (!s) s = st__bytes_per_token(ds);
   if (s) {
     st_dataset_destroy(ds);
     return s;
@@ -562,6 +587,7 @@ void st_dataset_destroy(st_dataset* ds) {
 const char* st_dataset_token_path(const st_dataset* ds) { return ds->token_path; }
 const char* st_dataset_tokenizer_hash(const st_dataset* ds) { return ds->info.hash; }
 const char* st_dataset_tokenizer_json(const st_dataset* ds) { return ds->tokenizer_json; }
+double st_dataset_bytes_per_token(const st_dataset* ds, int stream) { return ds->bytes_per_token[stream == ST_STREAM_TRAIN ? 0 : 1]; }
 uint64_t st_dataset_token_count(const st_dataset* ds) { return ds->count; }
 uint64_t st_dataset_split_tokens(const st_dataset* ds, int stream) {
   return stream == ST_STREAM_TRAIN ? ds->n_train : ds->count - ds->n_train;

@@ -125,7 +125,8 @@ st_status st_train_evaluate(const st_config* cfg, const char* params_path, st_ev
     out->eval_batches = o.eval_batches;
     out->batch_size = o.batch_size;
     out->seq_len = t.T;
-    out->bytes = !o.data.synthetic;
+    out->bytes_per_token = st_dataset_bytes_per_token(t.data, ST_STREAM_EVAL);
+    out->bytes = out->bytes_per_token > 0;
     out->data_path = st_xstrdup(o.data.path);
     out->token_file = st_xstrdup(st_dataset_token_path(t.data));
     out->split_tokens = (int64_t)st_dataset_split_tokens(t.data, ST_STREAM_EVAL);

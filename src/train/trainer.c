@@ -466,8 +466,8 @@ static st_status st__stop(st__trainer* t, int64_t done, bool progress) {
  * on): what was trained, how fast, how well, where it is. Model FLOP/s
  * count 6 per parameter and token plus attention's 12 x layers x d_model
  * x seq_len per token (the PaLM convention), not the programs' own
- * counts; bits per byte apply to the byte tokenizer (not synthetic
- * data). */
+ * counts; bits per byte divide by the validation split's bytes per
+ * token (1 for the byte tokenizer; none for synthetic data). */
 static void st__summary(const st__trainer* t) {
   const st_train_options* o = t->o;
   const st_bundle_model* m = &t->bundle->model;
@@ -481,7 +481,8 @@ static void st__summary(const st__trainer* t) {
   if (isfinite(t->last_loss)) fprintf(stderr, "  final train loss %.4f", t->last_loss);
   if (isfinite(t->last_eval_loss)) {
     fprintf(stderr, ", eval loss %.4f", t->last_eval_loss);
-    if (!o->data.synthetic) fprintf(stderr, " (%.3f bits per byte)", t->last_eval_loss / log(2.0));
+    double bpt = st_dataset_bytes_per_token(t->data, ST_STREAM_EVAL);
+    if (bpt > 0) fprintf(stderr, " (%.3f bits per byte)", t->last_eval_loss / log(2.0) / bpt);
   }
   fprintf(stderr, "\n  %.0f tokens/s (%.3g model FLOP per token)\n", tps, flop_per_token);
   st__summary_peak(t, tps * flop_per_token / 1e9);

@@ -22,6 +22,8 @@ UTF-8:
   UTF-8 included, which tokenizers can only show as U+FFFD), and random
   windows and random id sequences agree with tokenizers (lossy where the
   bytes are not UTF-8);
+- strata eval's bits per byte divide by the validation split's bytes per
+  token (decoded lengths), not by 1;
 - training is deterministic: the same corpus gives the same tokenizer.json
   bytes in fresh processes with different hash seeds;
 - the Python reference reader reads the version-2 file to the same tokens.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import random
 import shutil
@@ -141,6 +144,14 @@ def test_run_records_the_tokenizer_and_resume_refuses_another(corpus, tmp_path):
         assert json.loads(m.read_text())["tokenizer_hash"] == h
     inspect = run([STRATA, "ckpt", "inspect", str(manifests[-1].parent)]).stdout.decode()
     assert f"  tokenizer       {h}\n" in inspect
+    # Bits per byte divide by the validation split's bytes per token (not 1 as for bytes).
+    ev = json.loads(run([STRATA, "eval", str(rd), "--json"]).stdout)
+    ids, _ = D.read_token_file(tokenizer_json(token_file(corpus))[: -len(".tokenizer.json")] + ".tok")
+    _, val = D.split(ids, 0.05, 16)
+    t = Tokenizer.from_file(js)
+    per_token = sum(len(bytes_of(t, int(i))) for i in val) / len(val)
+    assert per_token > 1.5
+    assert ev["bits_per_byte"] == pytest.approx(ev["loss"] / math.log(2) / per_token, rel=1e-12)
 
     # Another vocabulary size is another tokenizer: exit 3 naming both.
     other = run([*args, "train.steps=6", "run.resume=true", "data.vocab_size=400"], ok=False)
