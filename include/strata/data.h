@@ -146,6 +146,9 @@ uint32_t st_tokenizer_vocab_size(const st_tokenizer* tokenizer);
 const char* st_tokenizer_hash(const st_tokenizer* tokenizer); /* "byte" or BPE's 16 hex digits */
 /* The byte sequence of one id (NULL outside the vocabulary); borrowed. */
 const unsigned char* st_tokenizer_token(const st_tokenizer* tokenizer, int32_t id, size_t* out_len);
+/* The lowest id whose bytes are exactly |bytes| (|n| of them); -1 when
+ * none is (e.g. the newline a generation starts from). */
+int32_t st_tokenizer_find(const st_tokenizer* tokenizer, const void* bytes, size_t n);
 
 #ifdef __cplusplus
 }

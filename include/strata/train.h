@@ -221,6 +221,9 @@ typedef struct st_train_sample_options {
    * tokens are written raw. Else (synthetic data, no text) ids are
    * written as decimal numbers, each after a space. */
   bool byte_text;
+  /* A BPE run's tokenizer (borrowed; NULL otherwise): only its ids are
+   * drawn and each is written as its bytes (byte_text is ignored). */
+  const st_tokenizer* tokenizer;
   FILE* out;          /* each generated token is written here and flushed; NULL: nowhere */
 } st_train_sample_options;
 

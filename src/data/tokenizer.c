@@ -90,6 +90,15 @@ const unsigned char* st_tokenizer_token(const st_tokenizer* t, int32_t id, size_
   return t->bytes + t->offsets[id];
 }
 
+int32_t st_tokenizer_find(const st_tokenizer* t, const void* bytes, size_t n) {
+  for (uint32_t i = 0; i < t->vocab; ++i) {
+    size_t len = 0;
+    const unsigned char* b = st_tokenizer_token(t, (int32_t)i, &len);
+    if (len == n && !memcmp(b, bytes, n)) return (int32_t)i;
+  }
+  return -1;
+}
+
 st_status st_tokenizer_decode(const st_tokenizer* t, const int32_t* ids, size_t n, st_strbuf* out) {
   for (size_t i = 0; i < n; ++i) {
     size_t len = 0;

@@ -312,7 +312,11 @@ static st_status st__decode(st_train_sampler* s, int32_t token, int64_t pos, flo
 
 static void st__emit(const st_train_sample_options* o, int32_t id) {
   if (!o->out) return;
-  if (o->byte_text)
+  size_t len = 0;
+  const unsigned char* b = o->tokenizer ? st_tokenizer_token(o->tokenizer, id, &len) : NULL;
+  if (o->tokenizer) {
+    if (b && len) fwrite(b, 1, len, o->out);
+  } else if (o->byte_text)
     fputc((unsigned char)id, o->out);
   else
     fprintf(o->out, " %d", (int)id);
@@ -334,7 +338,9 @@ st_status st_train_sample_generate(st_train_sampler* s, const int32_t* prompt, i
   float* logits = st_xcalloc((size_t)s->V, sizeof(float));
   st_train_rng rng;
   st_train_rng_seed(&rng, o->seed);
-  const int allowed = o->byte_text && s->V > 256 ? 256 : (int)s->V;
+  int allowed = o->byte_text && s->V > 256 ? 256 : (int)s->V;
+  if (o->tokenizer && (int64_t)st_tokenizer_vocab_size(o->tokenizer) < s->V) allowed = (int)st_tokenizer_vocab_size(o->tokenizer);
+  else if (o->tokenizer) allowed = (int)s->V;
   const int64_t keep = s->T / 2 > 0 ? s->T / 2 : 1;
   int64_t n = prompt_len, start = 0;
   bool filled = false;
@@ -372,8 +378,9 @@ st_status st_train_sample_generate(st_train_sampler* s, const int32_t* prompt, i
 /* strata sample PATH                                                       */
 /*===-------------------------------------------------------------------===*/
 
-/* The prompt as ids: its bytes (byte data), or space-separated ids. */
-static st_status st__prompt_ids(const char* prompt, bool bytes, int64_t vocab, int32_t** out, int64_t* out_n) {
+/* The prompt as ids: its bytes (byte data), or space-separated ids
+ * (synthetic data; BPE, whose text strata does not encode in C: |bpe|). */
+static st_status st__prompt_ids(const char* prompt, bool bytes, bool bpe, int64_t vocab, int32_t** out, int64_t* out_n) {
   size_t len = strlen(prompt);
   int32_t* ids = st_xcalloc(len + 1, sizeof(int32_t));
   int64_t n = 0;
@@ -389,8 +396,11 @@ static st_status st__prompt_ids(const char* prompt, bool bytes, int64_t vocab, i
       long long v = strtoll(p, &end, 10);
       if (end == p || errno || v < 0 || v >= vocab || (*end && *end != ' ' && *end != ',')) {
         free(ids);
-        return st_status_make(ST_CODE_CONFIG, "--prompt '%s': this run has synthetic data (no text), so a prompt is token ids "
-                                              "0..%lld separated by spaces, e.g. --prompt '3 14 15'", prompt, (long long)vocab - 1);
+        return st_status_make(ST_CODE_CONFIG, "--prompt '%s': %s, so a prompt is token ids 0..%lld separated by spaces, e.g. "
+                                              "--prompt '3 14 15'", prompt,
+                              bpe ? "this run's tokenizer is BPE, whose text strata does not encode in C (strata_jax.tokenize does)"
+                                  : "this run has synthetic data (no text)",
+                              (long long)vocab - 1);
       }
       ids[n++] = (int32_t)v;
       p = end;
@@ -436,7 +446,26 @@ st_status st_train_sample_main(const char* path, const char* prompt, const st_tr
   if (!s) s = st_train_options_from_config(cfg, &o);
   st_train_sample_options so = *opts;
   so.byte_text = !o.data.synthetic;
-  if (!s) s = st__prompt_ids(prompt ? prompt : (so.byte_text ? "\n" : "0"), so.byte_text, (int64_t)o.data.vocab_size, &ids, &n_ids);
+  /* A BPE run decodes through its tokenizer.json (docs/data.md). */
+  st_tokenizer* tok = NULL;
+  const bool bpe = !s && o.data.tokenizer && !strcmp(o.data.tokenizer, "bpe");
+  if (bpe) {
+    s = st_tokenizer_open(ref.run_dir, &tok);
+    if (!s && !strcmp(st_tokenizer_hash(tok), "byte"))
+      s = st_status_make(ST_CODE_DATA, "run %s trained with data.tokenizer=bpe but its tokenizer.json is missing; copy the "
+                                       "token file's X.tokenizer.json there as tokenizer.json", ref.run_dir);
+    so.tokenizer = tok;
+  }
+  if (!s && bpe && !prompt) {
+    /* The default start, as for bytes: a newline (id 0 if no token is one). */
+    int32_t nl = st_tokenizer_find(tok, "\n", 1);
+    ids = st_xcalloc(1, sizeof(int32_t));
+    ids[0] = nl >= 0 ? nl : 0;
+    n_ids = 1;
+  } else if (!s) {
+    s = st__prompt_ids(prompt ? prompt : (so.byte_text && !bpe ? "\n" : "0"), so.byte_text && !bpe, bpe,
+                       bpe ? (int64_t)st_tokenizer_vocab_size(tok) : (int64_t)o.data.vocab_size, &ids, &n_ids);
+  }
   if (!s) s = st_status_recode(st_safetensors_read(ref.params_path, &file), ST_CODE_CKPT, "the trained parameters");
   if (!s) {
     st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, ""};
@@ -470,7 +499,12 @@ st_status st_train_sample_main(const char* path, const char* prompt, const st_tr
   }
   if (!s) s = st_train_sampler_create(rt, bundle, data, &sampler);
   if (!s) {
-    if (so.byte_text) {
+    if (so.tokenizer) {
+      st_strbuf text = {0};
+      s = st_tokenizer_decode(so.tokenizer, ids, (size_t)n_ids, &text);
+      if (!s && so.out && text.len) fwrite(text.data, 1, text.len, so.out);
+      st_strbuf_free(&text);
+    } else if (so.byte_text) {
       if (so.out) fwrite(prompt ? prompt : "\n", 1, (size_t)n_ids, so.out);
     } else {
       fprintf(stderr, "strata: this run trained on synthetic data (no tokenizer, no text): printing token ids\n");
@@ -478,10 +512,11 @@ st_status st_train_sample_main(const char* path, const char* prompt, const st_tr
         for (int64_t i = 0; i < n_ids; ++i) fprintf(so.out, i ? " %d" : "%d", (int)ids[i]);
     }
     if (so.out) fflush(so.out);
-    s = st_train_sample_generate(sampler, ids, n_ids, &so, NULL);
-    if (so.out && (!so.byte_text || isatty(fileno(so.out)))) fputc('\n', so.out);
+    if (!s) s = st_train_sample_generate(sampler, ids, n_ids, &so, NULL);
+    if (so.out && ((!so.byte_text && !so.tokenizer) || isatty(fileno(so.out)))) fputc('\n', so.out);
   }
   st_train_sampler_destroy(sampler);
+  st_tokenizer_destroy(tok);
   st_runtime_destroy(rt);
   st_bundle_destroy(bundle);
   free(data);

@@ -497,7 +497,7 @@ static void st__summary(const st__trainer* t) {
 }
 
 /* The short sample after the summary (docs/using.md, "Summary and sample
- * at the end of a run"): 128 bytes (32 ids on synthetic data) after a
+ * at the end of a run"): 128 bytes (BPE: 128 tokens; 32 ids on synthetic data) after a
  * newline, temperature 0.8, the run's seed, from params.safetensors just
  * written, kept in <run>/sample.txt as UTF-8 (a byte that does not start a
  * UTF-8 sequence becomes U+FFFD) and printed on stderr the same way. What `strata
@@ -521,18 +521,31 @@ static st_status st__end_sample_try(st__trainer* t, double* out_seconds, double*
   }
   if (!s) s = st_train_sampler_create(t->runtime, b, data, &sm);
   const bool bytes = !o->data.synthetic;
+  /* BPE: 128 tokens decoded through the run's tokenizer, from its newline. */
+  st_tokenizer* tok = NULL;
+  if (!s && st_dataset_tokenizer_json(t->data)) s = st_tokenizer_open(st_dataset_token_path(t->data), &tok);
   st_train_sample_options so = {.tokens = bytes ? 128 : 32, .temperature = 0.8, .top_k = 0, .top_p = 1.0,
-                                .seed = o->seed, .byte_text = bytes, .out = NULL};
+                                .seed = o->seed, .byte_text = bytes, .tokenizer = tok, .out = NULL};
   int32_t prompt = bytes ? '\n' : 0;
+  if (tok) {
+    int32_t nl = st_tokenizer_find(tok, "\n", 1);
+    prompt = nl >= 0 ? nl : 0;
+  }
   int32_t* ids = st_xcalloc((size_t)so.tokens, sizeof(int32_t));
   if (!s) s = st_train_sample_generate(sm, &prompt, 1, &so, ids);
   if (!s) {
     st_strbuf text = {0};
     if (bytes) {
-      char raw[129];
-      raw[0] = '\n';
-      for (int64_t i = 0; i < so.tokens; ++i) raw[i + 1] = (char)ids[i];
-      const size_t n = (size_t)so.tokens + 1;
+      st_strbuf bytes_out = {0};
+      st_strbuf_append(&bytes_out, "\n");
+      for (int64_t i = 0; i < so.tokens; ++i) {
+        size_t len = 1;
+        char one = (char)ids[i];
+        const unsigned char* tb = tok ? st_tokenizer_token(tok, ids[i], &len) : (const unsigned char*)&one;
+        if (tb) st_strbuf_append_n(&bytes_out, (const char*)tb, len);
+      }
+      const char* raw = bytes_out.data;
+      const size_t n = bytes_out.len;
       for (size_t i = 0; i < n;) {
         size_t k = 1;
         while (k <= 4 && (i + k > n || !st_utf8_valid(raw + i, k))) ++k;
@@ -544,6 +557,7 @@ static st_status st__end_sample_try(st__trainer* t, double* out_seconds, double*
           ++i;
         }
       }
+      st_strbuf_free(&bytes_out);
     } else {
       st_strbuf_printf(&text, "%d", (int)prompt);
       for (int64_t i = 0; i < so.tokens; ++i) st_strbuf_printf(&text, " %d", (int)ids[i]);
@@ -563,6 +577,7 @@ static st_status st__end_sample_try(st__trainer* t, double* out_seconds, double*
   *out_seconds = st_now() - t0;
   free(ids);
   st_train_sampler_destroy(sm);
+  st_tokenizer_destroy(tok);
   st_safetensors_free(file);
   free(data);
   free(path);

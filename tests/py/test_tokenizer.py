@@ -22,6 +22,7 @@ UTF-8:
   UTF-8 included, which tokenizers can only show as U+FFFD), and random
   windows and random id sequences agree with tokenizers (lossy where the
   bytes are not UTF-8);
+- strata sample decodes a BPE run's ids through its tokenizer.json;
 - strata eval's bits per byte divide by the validation split's bytes per
   token (decoded lengths), not by 1;
 - training is deterministic: the same corpus gives the same tokenizer.json
@@ -152,6 +153,21 @@ def test_run_records_the_tokenizer_and_resume_refuses_another(corpus, tmp_path):
     per_token = sum(len(bytes_of(t, int(i))) for i in val) / len(val)
     assert per_token > 1.5
     assert ev["bits_per_byte"] == pytest.approx(ev["loss"] / math.log(2) / per_token, rel=1e-12)
+
+    # strata sample decodes through the run's tokenizer.json: a prompt of ids
+    # is echoed as its bytes, the default start is the newline token, a text
+    # prompt is refused (strata encodes no text in C), no tokenizer.json is exit 3.
+    prompt = [t.token_to_id("Ġthe"), t.token_to_id("Ċ"), 300, 511]
+    out = run([STRATA, "sample", str(rd), "--tokens", "8", "--temperature", "0",
+               "--prompt", " ".join(map(str, prompt))]).stdout
+    assert out.startswith(b"".join(bytes_of(t, i) for i in prompt)) and len(out) > len(b" the\n") + 8
+    assert run([STRATA, "sample", str(rd), "--tokens", "4", "--seed", "1"]).stdout.startswith(b"\n")
+    r = run([STRATA, "sample", str(rd), "--prompt", "hello"], ok=False)
+    assert r.returncode == 2 and "BPE" in r.stderr.decode()
+    os.rename(rd / "tokenizer.json", rd / "t.json")
+    r = run([STRATA, "sample", str(rd), "--tokens", "4"], ok=False)
+    assert r.returncode == 3 and "tokenizer.json is missing" in r.stderr.decode()
+    os.rename(rd / "t.json", rd / "tokenizer.json")
 
     # Another vocabulary size is another tokenizer: exit 3 naming both.
     other = run([*args, "train.steps=6", "run.resume=true", "data.vocab_size=400"], ok=False)
