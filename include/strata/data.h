@@ -44,6 +44,11 @@ typedef struct st_data_options {
   bool synthetic;        /* data.synthetic */
   const char* tokenizer; /* data.tokenizer: "byte" or "bpe" */
   uint32_t tokenizer_vocab; /* bpe: data.vocab_size (0 there: model.vocab_size), the tokens BPE trains to */
+  /* bpe: a trained tokenizer.json to apply to the corpus instead of
+   * training one (a run's, to evaluate it on another corpus); the tokens
+   * used must then be of that tokenizer (else ST_CODE_DATA naming both
+   * hashes). NULL: train (or take the token file's). */
+  const char* tokenizer_from;
   uint32_t vocab_size;   /* model.vocab_size */
   double val_fraction;   /* data.val_fraction */
   int64_t seq_len;       /* model.seq_len (T) */

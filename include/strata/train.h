@@ -202,8 +202,12 @@ typedef struct st_eval_result {
  * over the microbatches. One device: parallel.* must be 1 (exit 2);
  * sched.offload is ignored (the parameters load into device slots). A
  * parameter missing or of another shape: ST_CODE_CKPT (exit 7) naming it.
+ * With data.tokenizer=bpe the corpus is tokenized with |tokenizer_json|
+ * (the run's; a missing one is ST_CODE_DATA), never a newly trained
+ * vocabulary, and a token file must be of that tokenizer (exit 3); other
+ * tokenizers ignore it.
  * |out| is filled on success; st_eval_result_deinit it either way. */
-st_status st_train_evaluate(const st_config* cfg, const char* params_path, st_eval_result* out);
+st_status st_train_evaluate(const st_config* cfg, const char* params_path, const char* tokenizer_json, st_eval_result* out);
 void st_eval_result_deinit(st_eval_result* result);
 
 /*===-------------------------------------------------------------------===*/

@@ -1,7 +1,7 @@
 """Trains a byte-level BPE tokenizer on a corpus and writes its token file.
 
     python -m strata_jax.tokenize --vocab-size N --out TOKENS.tok \\
-        --tokenizer-out TOKENIZER.json [--] CORPUS_FILE...
+        --tokenizer-out TOKENIZER.json [--tokenizer-in TRAINED.json] [--] CORPUS_FILE...
 
 strata runs this at data-preparation time (data.tokenizer=bpe, src/data/
 dataset.c), as it runs the exporter; docs/data.md is the specification:
@@ -15,6 +15,9 @@ dataset.c), as it runs the exporter; docs/data.md is the specification:
   trained on those pieces with the 256 byte symbols as the initial alphabet
   and no special tokens, to exactly N tokens (a corpus too small for N is an
   error, exit 3);
+- with --tokenizer-in, nothing is trained: that tokenizer (of N tokens) is
+  applied to the corpus and copied byte for byte (`strata eval` of a BPE
+  run on another corpus: the run's ids, not a new vocabulary's);
 - TOKENIZER.json is written first, then TOKENS.tok (version 2 header, the
   tokenizer's hash: the first 8 bytes of SHA-256 of TOKENIZER.json), each
   atomically.
@@ -66,18 +69,24 @@ def _lines(corpus: bytes) -> list[bytes]:
     return lines
 
 
-def build(corpus: bytes, vocab_size: int):
-    """(tokenizer, tokens as np.uint16) for |corpus|."""
+def build(corpus: bytes, vocab_size: int, trained: str | None = None):
+    """(tokenizer, tokens as np.uint16) for |corpus|; |trained|: a
+    tokenizer.json to apply instead of training one."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=0, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
     ps = pieces(corpus)
     texts = [p.decode("utf-8") for is_text, p in ps if is_text]
-    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    if trained:
+        tok = Tokenizer.from_file(trained)
+        if tok.get_vocab_size() != vocab_size:
+            raise CorpusError(f"{trained} has {tok.get_vocab_size()} tokens, not data.vocab_size={vocab_size}")
+    else:
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=0, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+        tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
     got = tok.get_vocab_size()
     if got != vocab_size:
         raise CorpusError(f"BPE on this corpus stops at {got} tokens, fewer than data.vocab_size={vocab_size}: "
@@ -134,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab-size", type=int, required=True)
     ap.add_argument("--out", required=True, help="the token file to write")
     ap.add_argument("--tokenizer-out", required=True, help="the tokenizer.json to write")
+    ap.add_argument("--tokenizer-in", help="a trained tokenizer.json to apply (and copy) instead of training")
     ap.add_argument("corpus", nargs="+", help="corpus files, concatenated in this order")
     args = ap.parse_args(argv)
     if not MIN_VOCAB <= args.vocab_size <= MAX_VOCAB:
@@ -149,11 +159,15 @@ def main(argv: list[str] | None = None) -> int:
         print("strata_jax.tokenize: the corpus is empty", file=sys.stderr)
         return 3
     try:
-        tok, ids = build(corpus, args.vocab_size)
+        tok, ids = build(corpus, args.vocab_size, args.tokenizer_in)
     except CorpusError as e:
         print(f"strata_jax.tokenize: {e}", file=sys.stderr)
         return 3
-    text = tok.to_str(pretty=False).encode("utf-8")
+    if args.tokenizer_in:
+        with open(args.tokenizer_in, "rb") as f:
+            text = f.read()  # the same bytes, so the same hash
+    else:
+        text = tok.to_str(pretty=False).encode("utf-8")
     _write_atomic(args.tokenizer_out, text)
     header = HEADER_V2.pack(MAGIC, 2, args.vocab_size, 2, KIND_BPE, len(ids), tokenizer_hash(text), b"\0" * 8)
     _write_atomic(args.out, header + ids.astype("<u2").tobytes())

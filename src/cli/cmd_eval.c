@@ -79,7 +79,10 @@ int st_cli_eval(int argc, char** argv) {
   if (!s) s = st_config_load(ref.config_path, n, ov, &cfg);
   st_eval_result r;
   memset(&r, 0, sizeof(r));
-  if (!s) s = st_train_evaluate(cfg, ref.params_path, &r);
+  /* A BPE run's tokenizer (docs/data.md): the corpus is tokenized with it. */
+  char* tokenizer = st_path_join(ref.run_dir, "tokenizer.json");
+  if (!s) s = st_train_evaluate(cfg, ref.params_path, tokenizer, &r);
+  free(tokenizer);
   if (!s) {
     json_t* j = st__eval_json(&ref, &r);
     char* dir = st_path_join(ref.run_dir, "eval");

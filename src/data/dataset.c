@@ -263,19 +263,28 @@ static char* st__file_tail(const char* path, size_t max) {
  * `python -m strata_jax.tokenize` (as the exporter runs: the interpreter
  * of st_python_path, the source tree's python/ first on PYTHONPATH), its
  * output in <token_path>.log. */
-static st_status st__run_bpe(uint32_t vocab, const char* token_path, const char* json_path, char** files, size_t n) {
+static st_status st__run_bpe(uint32_t vocab, const char* from, const char* token_path, const char* json_path, char** files,
+                             size_t n) {
   char* python = st_python_path();
   st_strbuf log = {0};
   st_strbuf_printf(&log, "%s.log", token_path);
   char vocab_text[16];
   snprintf(vocab_text, sizeof(vocab_text), "%u", vocab);
   const char* fixed[] = {python, "-m", "strata_jax.tokenize", "--vocab-size", vocab_text, "--out", token_path,
-                         "--tokenizer-out", json_path, "--"};
+                         "--tokenizer-out", json_path, "--tokenizer-in", from, "--"};
   size_t nf = sizeof(fixed) / sizeof(fixed[0]);
+  if (!from) {
+    /* No tokenizer to apply: drop "--tokenizer-in FILE". */
+    fixed[nf - 3] = "--";
+    nf -= 2;
+  }
   char** argv = st_xcalloc(nf + n + 1, sizeof(char*));
   for (size_t i = 0; i < nf; ++i) argv[i] = (char*)fixed[i];
   for (size_t i = 0; i < n; ++i) argv[nf + i] = files[i];
-  fprintf(stderr, "strata: training a BPE tokenizer of %u tokens on the corpus (%zu files)\n", vocab, n);
+  if (from)
+    fprintf(stderr, "strata: tokenizing the corpus (%zu files) with the BPE tokenizer %s\n", n, from);
+  else
+    fprintf(stderr, "strata: training a BPE tokenizer of %u tokens on the corpus (%zu files)\n", vocab, n);
   /* The child's stdout goes to the log: nothing of ours may be flushed twice. */
   fflush(stdout);
   fflush(stderr);
@@ -341,6 +350,16 @@ static st_status st__tokenize_corpus(const st_data_options* o, const char* path,
     if (!r) st_strbuf_printf(&ident, "tokenize.py=%s\n", sha);
     st_status_free(r);
     free(src);
+    if (o->tokenizer_from) {
+      /* Applied, not trained: keyed by the tokenizer's bytes. */
+      r = st_sha256_file_hex(o->tokenizer_from, sha);
+      if (r) {
+        st_strbuf_free(&ident);
+        st__free_list(files, n);
+        return st_status_recode(r, ST_CODE_DATA, "the tokenizer to apply");
+      }
+      st_strbuf_printf(&ident, "apply=%s\n", sha);
+    }
   } else
     st_strbuf_append(&ident, "byte-tokenizer-v1\n");
   uint64_t total = 0;
@@ -369,7 +388,7 @@ static st_status st__tokenize_corpus(const st_data_options* o, const char* path,
       char* folder = st_path_join(cache_dir, "tokens");
       s = st_fs_mkdirs(folder);
       free(folder);
-      if (!s) s = st__run_bpe(o->tokenizer_vocab, out, json, files, n);
+      if (!s) s = st__run_bpe(o->tokenizer_vocab, o->tokenizer_from, out, json, files, n);
     }
     free(json);
     st__free_list(files, n);
@@ -465,6 +484,17 @@ static st_status st__check_tokenizer(const st_data_options* o, st_dataset* ds) {
                           "token file '%s' holds %s tokens (tokenizer %s), but data.tokenizer is bpe; point data.path at "
                           "the text corpus (strata trains the tokenizer) or at a BPE token file",
                           ds->token_path, info.kind == ST_TOKENIZER_BYTE ? "byte" : "generated", info.hash);
+  if (o->tokenizer_from) {
+    /* First: the tokenizer to use is the cause to name. */
+    char want[65];
+    st_status r = st_sha256_file_hex(o->tokenizer_from, want);
+    if (r) return st_status_recode(r, ST_CODE_DATA, "the tokenizer to apply");
+    if (strncmp(want, info.hash, 16) != 0)
+      return st_status_make(ST_CODE_DATA,
+                            "token file '%s' holds tokens of BPE tokenizer %s, but the tokenizer to use is '%s', tokenizer "
+                            "%.16s: its ids would mean other text; point data.path at the text corpus",
+                            ds->token_path, info.hash, o->tokenizer_from, want);
+  }
   char* json = st__data_tokenizer_json_path(ds->token_path);
   char sha[65];
   st_status s = st_sha256_file_hex(json, sha);

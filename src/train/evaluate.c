@@ -68,11 +68,13 @@ static st_status st__load_params(st__trainer* t, const char* path) {
   return s;
 }
 
-st_status st_train_evaluate(const st_config* cfg, const char* params_path, st_eval_result* out) {
+st_status st_train_evaluate(const st_config* cfg, const char* params_path, const char* tokenizer_json, st_eval_result* out) {
   memset(out, 0, sizeof(*out));
   out->loss = NAN;
   st_train_options o;
   st_status s = st_train_options_from_config(cfg, &o);
+  /* A BPE model is evaluated on its own tokenizer's ids, whatever the corpus. */
+  if (!s && !strcmp(o.data.tokenizer, "bpe")) o.data.tokenizer_from = tokenizer_json;
   if (!s && (o.parallel_data > 1 || o.parallel_fsdp > 1 || o.parallel_tensor > 1))
     s = st_status_make(ST_CODE_CONFIG, "evaluation runs on one device: set parallel.data, parallel.fsdp and parallel.tensor to 1");
   /* Parameters come whole from a file into device slots: no host homes

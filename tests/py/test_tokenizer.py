@@ -24,7 +24,8 @@ UTF-8:
   bytes are not UTF-8);
 - strata sample decodes a BPE run's ids through its tokenizer.json;
 - strata eval's bits per byte divide by the validation split's bytes per
-  token (decoded lengths), not by 1;
+  token (decoded lengths), not by 1; on another corpus it applies the run's
+  tokenizer instead of training a new one;
 - training is deterministic: the same corpus gives the same tokenizer.json
   bytes in fresh processes with different hash seeds;
 - the Python reference reader reads the version-2 file to the same tokens.
@@ -153,6 +154,18 @@ def test_run_records_the_tokenizer_and_resume_refuses_another(corpus, tmp_path):
     per_token = sum(len(bytes_of(t, int(i))) for i in val) / len(val)
     assert per_token > 1.5
     assert ev["bits_per_byte"] == pytest.approx(ev["loss"] / math.log(2) / per_token, rel=1e-12)
+
+    # On another corpus, strata eval applies the run's tokenizer (never trains
+    # a new vocabulary), and refuses a token file of another tokenizer.
+    other = tmp_path / "other.txt"
+    other.write_bytes(open(os.path.join(FORTUNES, "science"), "rb").read()[:60000])
+    ev2 = json.loads(run([STRATA, "eval", str(rd), f"data.path={other}", "--json"]).stdout)
+    assert ev2["token_file"] != ev["token_file"] and D.token_file_tokenizer(ev2["token_file"]) == h
+    with open(tokenizer_json(ev2["token_file"]), "rb") as a, open(js, "rb") as b:
+        assert a.read() == b.read()
+    tok400 = token_file(corpus, "data.vocab_size=400")
+    r = run([STRATA, "eval", str(rd), f"data.path={tok400}"], ok=False)
+    assert r.returncode == 3 and h in r.stderr.decode() and sha16(tokenizer_json(tok400)) in r.stderr.decode()
 
     # strata sample decodes through the run's tokenizer.json: a prompt of ids
     # is echoed as its bytes, the default start is the newline token, a text
