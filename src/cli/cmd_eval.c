@@ -80,7 +80,7 @@ int st_cli_eval(int argc, char** argv) {
   st_eval_result r;
   memset(&r, 0, sizeof(r));
   /* A BPE run's tokenizer (docs/data.md): the corpus is tokenized with it. */
-  char* tokenizer = st_path_join(ref.run_dir, "tokenizer.json");
+  char* tokenizer = s ? NULL : st_path_join(ref.run_dir, "tokenizer.json");
   if (!s) s = st_train_evaluate(cfg, ref.params_path, tokenizer, &r);
   free(tokenizer);
   if (!s) {

@@ -316,7 +316,7 @@ static st_status st__run_bpe(uint32_t vocab, const char* from, const char* token
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     char* tail = st__file_tail(log.data, 1500);
     s = st_status_make(ST_CODE_DATA,
-                       "training the BPE tokenizer failed (%s -m strata_jax.tokenize, %s %d; log %s). Run `make setup` if "
+                       "tokenizing with BPE failed (%s -m strata_jax.tokenize, %s %d; log %s). Run `make setup` if "
                        "the venv is missing. Last output:\n%s",
                        python, WIFEXITED(status) ? "exit" : "signal",
                        WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), log.data, tail);
@@ -532,9 +532,10 @@ static st_status st__bytes_per_token(st_dataset* ds) {
   for (uint64_t i = 0; i < ds->count; ++i) {
     size_t len = 0;
     if (!st_tokenizer_token(t, ds->tokens[i], &len)) {
+      uint32_t vocab = st_tokenizer_vocab_size(t);
       st_tokenizer_destroy(t);
       return st_status_make(ST_CODE_DATA, "token file '%s': token %" PRIu64 " is %u, outside its tokenizer's %u entries",
-                            ds->token_path, i, ds->tokens[i], st_tokenizer_vocab_size(t));
+                            ds->token_path, i, ds->tokens[i], vocab);
     }
     bytes[i >= ds->n_train] += len;
   }

@@ -224,6 +224,14 @@ def test_token_file_of_another_tokenizer_is_a_data_error(corpus, tmp_path):
     shutil.copy(tokenizer_json(token_file(corpus, "data.vocab_size=400")), tmp_path / "mine.tokenizer.json")
     r = run([STRATA, "data", *data_args(str(mine))], ok=False)
     assert r.returncode == 3 and h in r.stderr.decode() and sha16(tmp_path / "mine.tokenizer.json") in r.stderr.decode()
+    # A header that claims more tokens than its tokenizer.json has: exit 3.
+    ids, _ = D.read_token_file(tok)
+    ids[5] = 599
+    big = tmp_path / "big.tok"
+    D.write_token_file(str(big), ids, 600, D.KIND_BPE, header(tok)[6])
+    shutil.copy(tokenizer_json(tok), tmp_path / "big.tokenizer.json")
+    r = run([STRATA, "data", *data_args(str(big), "model.vocab_size=1024", "data.vocab_size=600")], ok=False)
+    assert r.returncode == 3 and f"token 5 is 599, outside its tokenizer's {VOCAB} entries" in r.stderr.decode()
     # None beside it: exit 3.
     os.remove(tmp_path / "mine.tokenizer.json")
     r = run([STRATA, "data", *data_args(str(mine))], ok=False)
