@@ -308,3 +308,10 @@ def test_byte_tokenizer_decodes_bytes(corpus):
     out = run([STRATA, "data", "configs/test.yml", "data.synthetic=false", f"data.path={corpus}",
                "--decode", "72,105,0,255,10"]).stdout
     assert out == b"Hi\x00\xff\n"
+
+
+def test_corpus_too_small_for_the_vocabulary_is_a_data_error(tmp_path):
+    small = tmp_path / "small.txt"
+    small.write_bytes(b"tiny corpus text, hello world\n" * 40)
+    r = run([STRATA, "data", *data_args(str(small), "model.vocab_size=2048")], ok=False)
+    assert r.returncode == 3 and "fewer than data.vocab_size=2048" in r.stderr.decode()
