@@ -57,14 +57,25 @@ DIAG_VARIANTS = ("unroll_remat",)
 
 # --- the scan-over-layers step -----------------------------------------------
 
-def stack_blocks(params: M.FullParams) -> dict[str, Any]:
+def _scan_kind(cfg: ModelConfig) -> Any:
+    """The one block kind of a stack the scan variant can stack."""
+    from . import blocks
+    kinds = set(cfg.layer_kinds())
+    if len(kinds) != 1:
+        raise ValueError(f"the scan variant needs one block kind for every layer; model.layers has {sorted(kinds)} "
+                         "(use the unroll variant)")
+    return blocks.KINDS[kinds.pop()]
+
+
+def stack_blocks(params: M.FullParams, cfg: ModelConfig | None = None) -> dict[str, Any]:
     """{"embed", "blocks": [dict] * N, "head"} -> blocks as {name: [N, ...]}."""
-    blocks = {k: jnp.stack([b[k] for b in params["blocks"]]) for k in M.BLOCK_PARAMS}
+    names = _scan_kind(cfg).params(cfg) if cfg is not None else M.BLOCK_PARAMS
+    blocks = {k: jnp.stack([b[k] for b in params["blocks"]]) for k in names}
     return {"embed": params["embed"], "blocks": blocks, "head": params["head"]}
 
 
 def unstack_blocks(params: dict[str, Any], n_layers: int) -> M.FullParams:
-    blocks = [{k: params["blocks"][k][i] for k in M.BLOCK_PARAMS} for i in range(n_layers)]
+    blocks = [{k: params["blocks"][k][i] for k in params["blocks"]} for i in range(n_layers)]
     return {"embed": params["embed"], "blocks": blocks, "head": params["head"]}
 
 
@@ -72,7 +83,8 @@ def scan_model_loss(cfg: ModelConfig, params: dict[str, Any], tokens: Array, tar
                     mask: Array) -> Array:
     wte = params["embed"]["wte"]
     x = M.embed_fwd(cfg, wte, tokens)
-    x, _ = jax.lax.scan(lambda h, p: (M.block_fwd(cfg, p, h), None), x, params["blocks"])
+    fwd = _scan_kind(cfg).fwd
+    x, _ = jax.lax.scan(lambda h, p: (fwd(cfg, p, h), None), x, params["blocks"])
     return M.head_loss(cfg, params["head"], wte if cfg.tie_embeddings else None, x, targets, mask)
 
 
@@ -80,9 +92,9 @@ def remat_model_loss(cfg: ModelConfig, params: M.FullParams, tokens: Array, targ
                      mask: Array) -> Array:
     wte = params["embed"]["wte"]
     x = M.embed_fwd(cfg, wte, tokens)
-    blk = jax.checkpoint(lambda p, h: M.block_fwd(cfg, p, h))
-    for p in params["blocks"]:
-        x = blk(p, x)
+    from . import blocks
+    for kind, p in zip(cfg.layer_kinds(), params["blocks"], strict=True):
+        x = jax.checkpoint(lambda p_, h, f=blocks.KINDS[kind].fwd: f(cfg, p_, h))(p, x)
     return M.head_loss(cfg, params["head"], wte if cfg.tie_embeddings else None, x, targets, mask)
 
 
@@ -106,7 +118,8 @@ def make_scan_train_step(cfg: ModelConfig, shardings: tuple[Any, Any] | None = N
         grads, losses = jax.lax.scan(micro, zeros, (tokens, targets, mask))
         g_emb, g_blk, g_head = grads["embed"], grads["blocks"], grads["head"]
         # Per-layer norms of the stacked gradients, in the reference's group order.
-        blk_sq = jax.vmap(lambda *gs: sqnorm(list(gs)))(*[g_blk[k] for k in M.BLOCK_PARAMS])
+        blk_names = _scan_kind(cfg).params(cfg)
+        blk_sq = jax.vmap(lambda *gs: sqnorm(list(gs)))(*[g_blk[k] for k in blk_names])
         sqn = jnp.concatenate([sqnorm([g_emb[k] for k in emb_names])[None], blk_sq,
                                sqnorm([g_head[k] for k in head_names])[None]])
         total = jnp.float32(0.0)
@@ -117,7 +130,7 @@ def make_scan_train_step(cfg: ModelConfig, shardings: tuple[Any, Any] | None = N
         gscale = clip / n_micro
 
         out: dict[str, tuple[dict[str, Array], ...]] = {}
-        for group, names, lead in (("embed", emb_names, 0), ("blocks", M.BLOCK_PARAMS, 1),
+        for group, names, lead in (("embed", emb_names, 0), ("blocks", blk_names, 1),
                                    ("head", head_names, 0)):
             p, g, mi, vi = params[group], grads[group], m[group], v[group]
             # AdamW is elementwise, so it applies to stacked layers as they
@@ -269,7 +282,7 @@ def _run(config: dict[str, Any], tokens: np.ndarray, variant: str, steps: int | 
     t0 = time.perf_counter()
     params = M.init_params(cfg, seed)
     if variant == "scan":
-        params = stack_blocks(params)
+        params = stack_blocks(params, cfg)
     shardings = batch_sharding = None
     if jmesh is not None:
         shardings = step_shardings(params, jmesh)

@@ -19,7 +19,8 @@ import jaxlib
 from . import __version__
 from . import model as M
 from .model import ModelConfig
-from .programs import GROUPS, Program, _group_programs, build_programs, fsdp_programs
+from . import blocks
+from .programs import Program, _group_programs, build_programs, fsdp_programs, groups_of, kind_roles
 
 SCHEMA_VERSION = 1
 
@@ -75,15 +76,16 @@ def _flops(lowered: Any) -> float:
 
 def param_table(cfg: ModelConfig) -> list[dict[str, Any]]:
     def entry(name: str, group: str, layer: int, local: str) -> dict[str, Any]:
-        shape = M.param_shape(cfg, local)
-        std = M.param_init_std(cfg, local)
+        shape = M.param_shape(cfg, local, group)
+        std = M.param_init_std(cfg, local, group)
         return {"name": name, "group": group, "layer": layer, "local": local, "shape": list(shape),
                 "dtype": "f32", "init": "ones" if std is None else f"normal({std!r})",
                 "decay": len(shape) >= 2}
 
     rows = [entry("wte", "embed", -1, "wte")]
-    for i in range(cfg.n_layers):
-        rows += [entry(f"layers.{i}.{n}", "block", i, n) for n in M.BLOCK_PARAMS]
+    for i, kind in enumerate(cfg.layer_kinds()):
+        k = blocks.KINDS[kind]
+        rows += [entry(f"layers.{i}.{n}", k.group_name, i, n) for n in k.params(cfg)]
     rows += [entry(n, "head", -1, n) for n in M.head_param_names(cfg)]
     return rows
 
@@ -102,17 +104,19 @@ def program_tables(cfg: ModelConfig, names: set[str], fsdp: int = 1, tensor: int
                                             "prefill": "embed_prefill", "decode": "embed_decode"}}
     head = {"group": "head", "programs": {"init": "head_init", "loss": "head_loss", "eval": "head_eval",
                                           "logits": "head_logits"}}
-    block = {"init": "block_init", "fwd": "block_fwd", "bwd": "block_bwd",
-             "fwd_res": "block_fwd_res", "bwd_res": "block_bwd_res",
-             "prefill": "block_prefill", "decode": "block_decode"}
-    if tensor > 1:
-        block.update({r: f"tp_{block[r]}" for r in ("fwd", "bwd", "fwd_res", "bwd_res")})
-    layers = [{"index": i, "kind": "block", "group": "block", "programs": dict(block)} for i in range(cfg.n_layers)]
+    roles = {}
+    for k in blocks.kinds_of(cfg):
+        roles[k.name] = kind_roles(cfg, k)
+        if tensor > 1:  # llama only (tensor_parallel._check_mesh)
+            roles[k.name].update({r: f"tp_{roles[k.name][r]}" for r in ("fwd", "bwd", "fwd_res", "bwd_res")})
+    layers = [{"index": i, "kind": kind, "group": blocks.KINDS[kind].group_name, "programs": dict(roles[kind])}
+              for i, kind in enumerate(cfg.layer_kinds())]
+    gnames = groups_of(cfg)
     groups = [{"name": g, "params": list(M.group_param_names(cfg, g)),
                "programs": {"accum": f"accum_{g}", "sqnorm": f"sqnorm_{g}", "adamw": f"adamw_{g}"}}
-              for g in GROUPS]
+              for g in gnames]
     if tensor > 1 and fsdp == 1:  # fsdp x tensor has no optimizer programs yet (tensor_parallel.optimizer_programs)
-        groups[GROUPS.index("block")]["programs"] = {"accum": f"accum_block_tp{tensor}", "sqnorm": "tp_sqnorm_block",
+        groups[gnames.index("block")]["programs"] = {"accum": f"accum_block_tp{tensor}", "sqnorm": "tp_sqnorm_block",
                                                      "adamw": "tp_adamw_block"}
     if fsdp > 1:
         tail = f"_fsdp{fsdp}" + (f"_tp{tensor}" if tensor > 1 else "")
@@ -185,7 +189,7 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
     }
     if mesh is not None and mesh.devices > 1:
         manifest["mesh"] = mesh.to_json()
-        manifest["collectives"] = _export_collectives(coll_progs, mesh, out_dir, progress)
+        manifest["collectives"] = _export_collectives(cfg, coll_progs, mesh, out_dir, progress)
         if mesh.tensor > 1:
             manifest["spmd_programs"] = spmd
     with open(os.path.join(out_dir, "manifest.json"), "w", encoding="utf-8") as f:
@@ -225,12 +229,13 @@ def _collective_list(cfg: ModelConfig, mesh: Any) -> list[Any]:
         raise ExportError(str(e)) from None
 
 
-def _export_collectives(progs: list[Any], mesh: Any, out_dir: str, progress: Progress) -> list[dict[str, Any]]:
+def _export_collectives(cfg: ModelConfig, progs: list[Any], mesh: Any, out_dir: str,
+                        progress: Progress) -> list[dict[str, Any]]:
     entries = _write_spmd_programs(progs, mesh, out_dir, progress)
     for prog, e in zip(progs, entries):
         # The parameter group whose tensors it carries (bundle_collectives
         # names each program after its group), so C links it to the group.
-        e["group"] = next(g for g in ("embed", "block", "head") if prog.name.startswith(g + "_"))
+        e["group"] = next(g for g in sorted(groups_of(cfg), key=len, reverse=True) if prog.name.startswith(g + "_"))
     return entries
 
 

@@ -40,6 +40,11 @@ class ModelConfig:
     rope_theta: float
     init_std: float
     microbatch_size: int
+    # Optional keys (absent from the model JSON and from to_dict() at their
+    # defaults, so a config that does not set them keeps its bundle key):
+    n_kv_heads: int = 0  # grouped-query attention: key/value heads; 0 = n_heads
+    block: str = "llama"  # the block kind of every layer (blocks.py)
+    layers: tuple[str, ...] = ()  # one kind per layer (a heterogeneous stack); () = block everywhere
 
     def __post_init__(self) -> None:
         checks = [
@@ -55,14 +60,24 @@ class ModelConfig:
             (self.rope_theta > 0, "rope_theta must be > 0"),
             (self.init_std > 0, "init_std must be > 0"),
             (self.microbatch_size > 0, "microbatch_size must be > 0"),
+            (self.n_kv_heads >= 0 and (self.n_kv_heads == 0 or self.n_heads % self.n_kv_heads == 0),
+             f"model.n_kv_heads ({self.n_kv_heads}) must divide model.n_heads ({self.n_heads})"),
+            (not self.layers or len(self.layers) == self.n_layers,
+             f"model.layers has {len(self.layers)} entries for model.n_layers = {self.n_layers}"),
         ]
         for ok, msg in checks:
             if not ok:
                 raise ValueError(f"model config: {msg} (got {self.to_dict()})")
+        from . import blocks  # the registry imports this module
+        for key, kinds in (("model.block", [self.block]), ("model.layers", list(self.layers))):
+            for kind in kinds:
+                if kind not in blocks.KINDS:
+                    raise ValueError(f"{key}: unknown block kind {kind!r} (registered: "
+                                     f"{', '.join(sorted(blocks.KINDS))}; docs/model.md, \"Block kinds\")")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":
-        names = [f.name for f in fields(cls)]
+        names = [f.name for f in fields(cls) if f.name not in ("n_kv_heads", "block", "layers")]
         missing = [n for n in names if n not in d]
         if missing:
             raise ValueError(f"model config: missing keys {missing}")
@@ -72,6 +87,8 @@ class ModelConfig:
             seq_len=int(d["seq_len"]), tie_embeddings=bool(d["tie_embeddings"]),
             compute_dtype=str(d["compute_dtype"]), rope_theta=float(d["rope_theta"]),
             init_std=float(d["init_std"]), microbatch_size=int(d["microbatch_size"]),
+            n_kv_heads=int(d.get("n_kv_heads", 0) or 0), block=str(d.get("block", "llama") or "llama"),
+            layers=tuple(str(k) for k in (d.get("layers") or ())),
         )
 
     @classmethod
@@ -84,11 +101,29 @@ class ModelConfig:
         return cls.from_dict(json.loads(s))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if self.n_kv_heads in (0, self.n_heads):
+            del d["n_kv_heads"]
+        if self.block == "llama":
+            del d["block"]
+        if not self.layers:
+            del d["layers"]
+        else:
+            d["layers"] = list(self.layers)
+        return d
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads (grouped-query attention); n_heads without it."""
+        return self.n_kv_heads or self.n_heads
+
+    def layer_kinds(self) -> tuple[str, ...]:
+        """The block kind of each layer, in order."""
+        return self.layers if self.layers else (self.block,) * self.n_layers
 
     @property
     def cdtype(self) -> jnp.dtype:
@@ -104,25 +139,35 @@ def head_param_names(cfg: ModelConfig) -> tuple[str, ...]:
 def group_param_names(cfg: ModelConfig, group: str) -> tuple[str, ...]:
     if group == "embed":
         return ("wte",)
-    if group == "block":
-        return BLOCK_PARAMS
     if group == "head":
         return head_param_names(cfg)
-    raise ValueError(f"unknown group {group!r}")
+    from . import blocks
+    kind = blocks.kind_of_group(group)
+    if kind is None:
+        raise ValueError(f"unknown group {group!r}")
+    return kind.params(cfg)
 
 
-def param_shape(cfg: ModelConfig, local: str) -> tuple[int, ...]:
+def param_shape(cfg: ModelConfig, local: str, group: str | None = None) -> tuple[int, ...]:
+    """Shape of parameter |local|; |group| names a block kind's group whose
+    parameters are not llama's (blocks.BlockKind.shape)."""
+    if group not in (None, "embed", "head", "block"):
+        from . import blocks
+        kind = blocks.kind_of_group(group)
+        if kind is not None and kind.shape is not None:
+            return kind.shape(cfg, local)
     V, D, F = cfg.vocab_size, cfg.d_model, cfg.d_ff
+    KV = cfg.kv_heads * cfg.head_dim
     return {
-        "wte": (V, D), "attn_norm": (D,), "wq": (D, D), "wk": (D, D), "wv": (D, D),
+        "wte": (V, D), "attn_norm": (D,), "wq": (D, D), "wk": (D, KV), "wv": (D, KV),
         "wo": (D, D), "mlp_norm": (D,), "w_gate": (D, F), "w_up": (D, F), "w_down": (F, D),
         "final_norm": (D,), "w_out": (D, V),
     }[local]
 
 
-def param_init_std(cfg: ModelConfig, local: str) -> float | None:
+def param_init_std(cfg: ModelConfig, local: str, group: str | None = None) -> float | None:
     """Std of the normal init, or None for norms (initialised to ones)."""
-    if len(param_shape(cfg, local)) < 2:
+    if len(param_shape(cfg, local, group)) < 2:
         return None
     if local in RESIDUAL_OUT:
         return cfg.init_std / math.sqrt(2.0 * cfg.n_layers)
@@ -200,14 +245,24 @@ def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
     return x * cos[None, :, None, :] + rot * sin[None, :, None, :]
 
 
+def expand_kv(cfg: ModelConfig, t: Array) -> Array:
+    """[B, T, KV, Dh] keys or values -> [B, T, KV * g, Dh], each head repeated
+    g = n_heads / n_kv_heads times (query head h reads key/value head h // g).
+    The identity without grouped-query attention, so those programs are
+    unchanged. g is the same on a tensor-parallel device's share of heads."""
+    g = cfg.n_heads // cfg.kv_heads
+    return t if g == 1 else jnp.repeat(t, g, axis=2)
+
+
 def attention(cfg: ModelConfig, p: Params, x: Array) -> Array:
     B, T, D = x.shape
     H, Dh = cfg.n_heads, cfg.head_dim
     q = _mm(cfg, x, p["wq"]).reshape(B, T, H, Dh)
-    k = _mm(cfg, x, p["wk"]).reshape(B, T, H, Dh)
-    v = _mm(cfg, x, p["wv"]).reshape(B, T, H, Dh)
+    k = _mm(cfg, x, p["wk"]).reshape(B, T, -1, Dh)
+    v = _mm(cfg, x, p["wv"]).reshape(B, T, -1, Dh)
     cos, sin = rope_tables(cfg)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    k, v = expand_kv(cfg, k), expand_kv(cfg, v)
     c = cfg.cdtype
     scores = jnp.einsum("bqhd,bkhd->bhqk", q.astype(c), k.astype(c),
                         preferred_element_type=jnp.float32) / jnp.float32(math.sqrt(Dh))
@@ -260,34 +315,38 @@ FullParams = dict[str, Any]  # {"embed": Params, "blocks": list[Params], "head":
 
 
 @functools.lru_cache(maxsize=16)
-def _jitted_inits(cfg: ModelConfig) -> tuple[Any, Any, Any]:
-    return (jax.jit(functools.partial(init_embed, cfg)), jax.jit(functools.partial(init_block, cfg)),
-            jax.jit(functools.partial(init_head, cfg)))
+def _jitted_inits(cfg: ModelConfig) -> tuple[Any, dict[str, Any], Any]:
+    from . import blocks
+    kinds = {k: jax.jit(functools.partial(blocks.KINDS[k].init, cfg)) for k in set(cfg.layer_kinds())}
+    return (jax.jit(functools.partial(init_embed, cfg)), kinds, jax.jit(functools.partial(init_head, cfg)))
 
 
 def init_params(cfg: ModelConfig, seed: int) -> FullParams:
-    """Same values as the embed_init/block_init/head_init programs."""
+    """Same values as the embed_init/<kind>_init/head_init programs."""
     emb, blk, head = _jitted_inits(cfg)
     s = jnp.int32(seed)
     depth = jnp.int32(cfg.n_layers)
-    return {"embed": emb(s), "blocks": [blk(s, jnp.int32(i), depth) for i in range(cfg.n_layers)],
+    return {"embed": emb(s), "blocks": [blk[k](s, jnp.int32(i), depth) for i, k in enumerate(cfg.layer_kinds())],
             "head": head(s)}
 
 
 def model_loss(cfg: ModelConfig, params: FullParams, tokens: Array, targets: Array,
                mask: Array) -> Array:
+    """The whole model's loss: each layer's kind's reference forward."""
+    from . import blocks
     wte = params["embed"]["wte"]
     x = embed_fwd(cfg, wte, tokens)
-    for p in params["blocks"]:
-        x = block_fwd(cfg, p, x)
+    for kind, p in zip(cfg.layer_kinds(), params["blocks"], strict=True):
+        x = blocks.KINDS[kind].fwd(cfg, p, x)
     return head_loss(cfg, params["head"], wte if cfg.tie_embeddings else None, x, targets, mask)
 
 
 def flat_param_names(cfg: ModelConfig) -> list[str]:
     """Names of the manifest's parameter table, in table order."""
+    from . import blocks
     names = ["wte"]
-    for i in range(cfg.n_layers):
-        names += [f"layers.{i}.{n}" for n in BLOCK_PARAMS]
+    for i, kind in enumerate(cfg.layer_kinds()):
+        names += [f"layers.{i}.{n}" for n in blocks.KINDS[kind].params(cfg)]
     return names + list(head_param_names(cfg))
 
 

@@ -352,12 +352,13 @@ def bundle_collectives(cfg: Any, mesh: MeshSpec) -> list[CollectiveProgram]:
     if mesh.tensor > 1 and mesh.data > 1 and mesh.fsdp > 1:
         raise ParallelError("a mesh with parallel.data, parallel.fsdp and parallel.tensor all above 1 is not "
                             "exported yet (docs/parallelism.md)")
+    from .programs import groups_of
     progs = []
-    for group in ("embed", "block", "head"):
+    for group in groups_of(cfg):
         if group == "block":
             tensors = block_tensors(cfg, mesh)
-        else:
-            tensors = [Tensor(n, M.param_shape(cfg, n)) for n in M.group_param_names(cfg, group)]
+        else:  # embed, head, and block kinds other than llama (not cut over tensor: _check_mesh)
+            tensors = [Tensor(n, M.param_shape(cfg, n, group)) for n in M.group_param_names(cfg, group)]
         progs += layer_collectives(tensors, mesh, prefix=group)
     return progs
 

@@ -54,9 +54,9 @@ ShapeFn = Callable[[str, tuple[int, ...]], tuple[int, ...]]
 
 
 def _specs(cfg: ModelConfig, names: tuple[str, ...], role: str, prefix: str = "", fsdp: int = 1,
-           local: ShapeFn | None = None) -> list[TensorSpec]:
+           local: ShapeFn | None = None, group: str | None = None) -> list[TensorSpec]:
     def shape(n: str) -> tuple[int, ...]:
-        s = M.param_shape(cfg, n)
+        s = M.param_shape(cfg, n, group)
         return shard_shape(local(n, s) if local else s, fsdp)
     return [TensorSpec(prefix + n, shape(n), "f32", role) for n in names]
 
@@ -70,32 +70,36 @@ def shard_shape(shape: tuple[int, ...], fsdp: int) -> tuple[int, ...]:
     return (-(-shape[0] // fsdp),) + tuple(shape[1:])
 
 
+def groups_of(cfg: ModelConfig) -> tuple[str, ...]:
+    """The parameter groups, in optimizer order: embed, one per distinct block kind, head."""
+    from . import blocks
+    return ("embed",) + tuple(k.group_name for k in blocks.kinds_of(cfg)) + ("head",)
+
+
 def build_programs(cfg: ModelConfig) -> list[Program]:
-    """Every program of the bundle, in manifest order. Independent of n_layers."""
+    """Every program of the bundle, in manifest order. Independent of n_layers.
+
+    The block programs come from the block kinds the stack uses
+    (blocks.py), one set per distinct kind: kind_programs."""
+    from . import blocks
     mb, T, D = cfg.microbatch_size, cfg.seq_len, cfg.d_model
     tied = cfg.tie_embeddings
-    blk = M.BLOCK_PARAMS
     head = M.head_param_names(cfg)
-    nb, nh = len(blk), len(head)
+    nh = len(head)
+    kinds = [kind_programs(cfg, k) for k in blocks.kinds_of(cfg)]
 
     seed = _scalar("seed", "s32")
     tokens = TensorSpec("tokens", (mb, T), "s32", "batch")
     targets = TensorSpec("targets", (mb, T), "s32", "batch")
     mask = TensorSpec("mask", (mb, T), "f32", "batch")
     x = TensorSpec("x", (mb, T, D), "f32", "activation")
-    y = TensorSpec("y", (mb, T, D), "f32", "activation")
     dx = TensorSpec("dx", (mb, T, D), "f32", "activation_grad")
-    dy = TensorSpec("dy", (mb, T, D), "f32", "activation_grad")
     loss = TensorSpec("loss", (), "f32", "loss")
     wte = _specs(cfg, ("wte",), "param")
     grad_wte = _specs(cfg, ("wte",), "grad", "grad_")
 
     def embed_init(s: Array) -> tuple[Array, ...]:
         return (M.init_embed(cfg, s)["wte"],)
-
-    def block_init(s: Array, layer: Array, n_layers: Array) -> tuple[Array, ...]:
-        p = M.init_block(cfg, s, layer, n_layers)
-        return tuple(p[n] for n in blk)
 
     def head_init(s: Array) -> tuple[Array, ...]:
         p = M.init_head(cfg, s)
@@ -107,15 +111,6 @@ def build_programs(cfg: ModelConfig) -> list[Program]:
     def embed_bwd(w: Array, tok: Array, g: Array) -> tuple[Array, ...]:
         _, vjp = jax.vjp(lambda w_: M.embed_fwd(cfg, w_, tok), w)
         return vjp(g)
-
-    def block_fwd(*args: Array) -> tuple[Array, ...]:
-        return (M.block_fwd(cfg, dict(zip(blk, args[:nb])), args[nb]),)
-
-    def block_bwd(*args: Array) -> tuple[Array, ...]:
-        params, xin, g = dict(zip(blk, args[:nb])), args[nb], args[nb + 1]
-        _, vjp = jax.vjp(lambda p, x_: M.block_fwd(cfg, p, x_), params, xin)
-        dp, dxin = vjp(g)
-        return tuple(dp[n] for n in blk) + (dxin,)
 
     def _head_args(args: tuple[Array, ...]) -> tuple[dict[str, Array], Array | None, Array, Array, Array]:
         params = dict(zip(head, args[:nh]))
@@ -135,26 +130,113 @@ def build_programs(cfg: ModelConfig) -> list[Program]:
         params, w, xin, tgt, msk = _head_args(args)
         return (M.head_loss(cfg, params, w, xin, tgt, msk),)
 
+    def role(r: str) -> list[Program]:
+        return [k[r] for k in kinds if r in k]
+
     head_in = _specs(cfg, head, "param") + (wte if tied else []) + [x, targets, mask]
-    progs = [
-        Program("embed_init", embed_init, [seed], wte),
-        Program("block_init", block_init, [seed, _scalar("layer", "s32"), _scalar("n_layers", "s32")],
-                _specs(cfg, blk, "param")),
+    progs = [Program("embed_init", embed_init, [seed], wte)] + role("init") + [
         Program("head_init", head_init, [seed], _specs(cfg, head, "param")),
         Program("embed_fwd", embed_fwd, wte + [tokens], [x]),
         Program("embed_bwd", embed_bwd, wte + [tokens, dx], grad_wte),
-        Program("block_fwd", block_fwd, _specs(cfg, blk, "param") + [x], [y]),
-        Program("block_bwd", block_bwd, _specs(cfg, blk, "param") + [x, dy],
-                _specs(cfg, blk, "grad", "grad_") + [dx]),
+    ] + [p for k in kinds for p in (k["fwd"], k["bwd"])] + [
         Program("head_loss", head_loss, head_in,
                 [loss] + _specs(cfg, head, "grad", "grad_") + (grad_wte if tied else []) + [dx]),
         Program("head_eval", head_eval, head_in, [loss]),
     ]
-    for g in GROUPS:
+    for g in groups_of(cfg):
         progs += _group_programs(cfg, g)
-    progs += _remat_programs(cfg)
-    progs += sample_programs(cfg)
+    progs += [p for k in kinds for p in (k["fwd_res"], k["bwd_res"])]
+    progs += sample_programs(cfg, kinds)
     return progs
+
+
+def kind_roles(cfg: ModelConfig, kind: object) -> dict[str, str]:
+    """Role -> program name of a block kind (the layer table's "programs")."""
+    from . import blocks
+    assert isinstance(kind, blocks.BlockKind)
+    roles = ["init", "fwd", "bwd", "fwd_res", "bwd_res"] + (["prefill", "decode"] if kind.decode else [])
+    return {r: f"{kind.program_prefix}_{r}" for r in roles}
+
+
+def kind_programs(cfg: ModelConfig, kind: object) -> dict[str, Program]:
+    """A block kind's programs by role (docs/bundle.md, "Program tables"):
+    init, fwd, bwd, fwd_res, bwd_res, and prefill/decode when the kind has them."""
+    from . import blocks
+    assert isinstance(kind, blocks.BlockKind)
+    mb, T, D, Dh = cfg.microbatch_size, cfg.seq_len, cfg.d_model, cfg.head_dim
+    names = kind.params(cfg)
+    nb = len(names)
+    grp = kind.group_name
+    name = {r: n for r, n in kind_roles(cfg, kind).items()}
+    x = TensorSpec("x", (mb, T, D), "f32", "activation")
+    y = TensorSpec("y", (mb, T, D), "f32", "activation")
+    dx = TensorSpec("dx", (mb, T, D), "f32", "activation_grad")
+    dy = TensorSpec("dy", (mb, T, D), "f32", "activation_grad")
+    params = _specs(cfg, names, "param", group=grp)
+    grads = _specs(cfg, names, "grad", "grad_", group=grp)
+    res = [TensorSpec(n, s, "f32", "residual") for n, s in (kind.residuals(cfg) if kind.residuals else [])]
+    nr = len(res)
+
+    def init(s: Array, layer: Array, n_layers: Array) -> tuple[Array, ...]:
+        p = kind.init(cfg, s, layer, n_layers)
+        return tuple(p[n] for n in names)
+
+    def fwd(*args: Array) -> tuple[Array, ...]:
+        return (kind.fwd(cfg, dict(zip(names, args[:nb])), args[nb]),)
+
+    def bwd(*args: Array) -> tuple[Array, ...]:
+        p, xin, g = dict(zip(names, args[:nb])), args[nb], args[nb + 1]
+        _, vjp = jax.vjp(lambda p_, x_: kind.fwd(cfg, p_, x_), p, xin)
+        dp, dxin = vjp(g)
+        return tuple(dp[n] for n in names) + (dxin,)
+
+    def fwd_res(*args: Array) -> tuple[Array, ...]:
+        if kind.fwd_res is None:  # keeps nothing: bwd_res recomputes (blocks.py)
+            return fwd(*args)
+        yv, r = kind.fwd_res(cfg, dict(zip(names, args[:nb])), args[nb])
+        return (yv,) + tuple(r)
+
+    def bwd_res(*args: Array) -> tuple[Array, ...]:
+        if kind.bwd_res is None:
+            return bwd(*args)
+        p, xin = dict(zip(names, args[:nb])), args[nb]
+        r, g = tuple(args[nb + 1:nb + 1 + nr]), args[nb + 1 + nr]
+        dp, dxin = kind.bwd_res(cfg, p, xin, r, g)
+        return tuple(dp[n] for n in names) + (dxin,)
+
+    # The lowered module is named after the function (module @jit_<name>):
+    # init, fwd and bwd after their program, the others after their role, as
+    # llama's were before kinds (so its program texts did not change).
+    for r, f in (("init", init), ("fwd", fwd), ("bwd", bwd)):
+        f.__name__ = f.__qualname__ = name[r]
+    out = {
+        "init": Program(name["init"], init, [_scalar("seed", "s32"), _scalar("layer", "s32"), _scalar("n_layers", "s32")],
+                        params),
+        "fwd": Program(name["fwd"], fwd, params + [x], [y]),
+        "bwd": Program(name["bwd"], bwd, params + [x, dy], grads + [dx]),
+        "fwd_res": Program(name["fwd_res"], fwd_res, params + [x], [y] + res),
+        "bwd_res": Program(name["bwd_res"], bwd_res, params + [x] + res + [dy], grads + [dx]),
+    }
+    if kind.decode is not None and kind.prefill is not None:
+        prefill_fn, decode_fn = kind.prefill, kind.decode
+        xs = TensorSpec("x", (1, T, D), "f32", "activation")
+        ys = TensorSpec("y", (1, T, D), "f32", "activation")
+        x1 = TensorSpec("x", (1, 1, D), "f32", "activation")
+        y1 = TensorSpec("y", (1, 1, D), "f32", "activation")
+        kc = TensorSpec("k_cache", (1, T, cfg.kv_heads, Dh), "f32", "cache")
+        vc = TensorSpec("v_cache", (1, T, cfg.kv_heads, Dh), "f32", "cache")
+
+        def prefill(*args: Array) -> tuple[Array, ...]:
+            return tuple(prefill_fn(cfg, dict(zip(names, args[:nb])), args[nb]))
+
+        def decode(*args: Array) -> tuple[Array, ...]:
+            xin, k_, v_, pos = args[nb:]
+            return tuple(decode_fn(cfg, dict(zip(names, args[:nb])), xin, k_, v_, pos))
+
+        out["prefill"] = Program(name["prefill"], prefill, params + [xs], [ys, kc, vc])
+        out["decode"] = Program(name["decode"], decode, params + [x1, kc, vc, _scalar("pos", "s32")], [y1, kc, vc],
+                                (nb + 1, nb + 2))
+    return out
 
 
 # --- residual-keeping block programs (sched.remat) -------------------------------
@@ -175,7 +257,8 @@ RESIDUALS: tuple[str, ...] = ("q", "k", "v", "attn_out", "attn_lse", "x_mid", "g
 
 def residual_specs(cfg: ModelConfig) -> list[TensorSpec]:
     mb, T, D, H, Dh, F = cfg.microbatch_size, cfg.seq_len, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff
-    shapes = {"q": (mb, T, H, Dh), "k": (mb, T, H, Dh), "v": (mb, T, H, Dh), "attn_out": (mb, T, D),
+    KV = cfg.kv_heads  # k and v are kept before expand_kv: n_kv_heads heads
+    shapes = {"q": (mb, T, H, Dh), "k": (mb, T, KV, Dh), "v": (mb, T, KV, Dh), "attn_out": (mb, T, D),
               "attn_lse": (mb, H, T), "x_mid": (mb, T, D), "gate": (mb, T, F), "up": (mb, T, F)}
     return [TensorSpec(n, shapes[n], "f32", "residual") for n in RESIDUALS]
 
@@ -190,14 +273,16 @@ def _qkv(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tuple[Array, Array,
     H, Dh = cfg.n_heads, cfg.head_dim
     h = M.rms_norm(x, p["attn_norm"])
     q = M._mm(cfg, h, p["wq"]).reshape(B, T, H, Dh)
-    k = M._mm(cfg, h, p["wk"]).reshape(B, T, H, Dh)
-    v = M._mm(cfg, h, p["wv"]).reshape(B, T, H, Dh)
+    k = M._mm(cfg, h, p["wk"]).reshape(B, T, -1, Dh)
+    v = M._mm(cfg, h, p["wv"]).reshape(B, T, -1, Dh)
     cos, sin = M.rope_tables(cfg)
     return M.apply_rope(q, cos, sin), M.apply_rope(k, cos, sin), v
 
 
 def _scores(cfg: ModelConfig, q: Array, k: Array) -> Array:
+    """Masked scores; |k| has n_kv_heads heads (expanded here, model.expand_kv)."""
     c = cfg.cdtype
+    k = M.expand_kv(cfg, k)
     s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(c), k.astype(c),
                    preferred_element_type=jnp.float32) / jnp.float32(math.sqrt(cfg.head_dim))
     return jnp.where(_causal(q.shape[1])[None, None], s, jnp.float32(-1e30))
@@ -211,7 +296,7 @@ def block_fwd_res(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tuple[Arra
     probs = jax.nn.softmax(scores, axis=-1)
     lse = jax.nn.logsumexp(scores, axis=-1)
     c = cfg.cdtype
-    o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), v.astype(c),
+    o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), M.expand_kv(cfg, v).astype(c),
                    preferred_element_type=jnp.float32).reshape(B, T, D)
     x_mid = x + M._mm(cfg, o, p["wo"])
     h2 = M.rms_norm(x_mid, p["mlp_norm"])
@@ -223,17 +308,24 @@ def block_fwd_res(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tuple[Arra
 def _attention_core_bwd(cfg: ModelConfig, q: Array, k: Array, v: Array, o: Array, lse: Array,
                         do: Array) -> tuple[Array, Array, Array]:
     """Gradients of o = softmax(q k / sqrt(Dh) + causal) v from the saved log-sum-exp:
-    p = exp(s - lse), ds = p (dp - rowsum(do * o)) (the softmax Jacobian without [T, T] residuals)."""
+    p = exp(s - lse), ds = p (dp - rowsum(do * o)) (the softmax Jacobian without [T, T] residuals).
+    k and v have n_kv_heads heads: their gradients are summed over the query
+    heads that share them (the transpose of model.expand_kv)."""
     B, T, H, Dh = q.shape
+    KV = k.shape[2]
     c = cfg.cdtype
+    ks, v = k, M.expand_kv(cfg, v)
     do4, o4 = do.reshape(B, T, H, Dh), o.reshape(B, T, H, Dh)
     probs = jnp.exp(_scores(cfg, q, k) - lse[..., None])
     dv = jnp.einsum("bhqk,bqhd->bkhd", probs.astype(c), do4.astype(c), preferred_element_type=jnp.float32)
     dp = jnp.einsum("bqhd,bkhd->bhqk", do4.astype(c), v.astype(c), preferred_element_type=jnp.float32)
     delta = jnp.transpose(jnp.sum(do4 * o4, axis=-1), (0, 2, 1))  # [B, H, T]
     ds = probs * (dp - delta[..., None]) / jnp.float32(math.sqrt(Dh))
-    dq = jnp.einsum("bhqk,bkhd->bqhd", ds.astype(c), k.astype(c), preferred_element_type=jnp.float32)
+    dq = jnp.einsum("bhqk,bkhd->bqhd", ds.astype(c), M.expand_kv(cfg, ks).astype(c), preferred_element_type=jnp.float32)
     dk = jnp.einsum("bhqk,bqhd->bkhd", ds.astype(c), q.astype(c), preferred_element_type=jnp.float32)
+    if KV != H:
+        dk = dk.reshape(B, T, KV, H // KV, Dh).sum(axis=3)
+        dv = dv.reshape(B, T, KV, H // KV, Dh).sum(axis=3)
     return dq, dk, dv
 
 
@@ -263,33 +355,6 @@ def block_bwd_res(cfg: ModelConfig, p: dict[str, Array], x: Array, res: tuple[Ar
     return grads, dx_mid + dx_n
 
 
-def _remat_programs(cfg: ModelConfig) -> list[Program]:
-    blk = M.BLOCK_PARAMS
-    nb, nr = len(blk), len(RESIDUALS)
-    mb, T, D = cfg.microbatch_size, cfg.seq_len, cfg.d_model
-    x = TensorSpec("x", (mb, T, D), "f32", "activation")
-    y = TensorSpec("y", (mb, T, D), "f32", "activation")
-    dy = TensorSpec("dy", (mb, T, D), "f32", "activation_grad")
-    dx = TensorSpec("dx", (mb, T, D), "f32", "activation_grad")
-    params = _specs(cfg, blk, "param")
-
-    def fwd_res(*args: Array) -> tuple[Array, ...]:
-        yv, res = block_fwd_res(cfg, dict(zip(blk, args[:nb])), args[nb])
-        return (yv,) + res
-
-    def bwd_res(*args: Array) -> tuple[Array, ...]:
-        p, xin = dict(zip(blk, args[:nb])), args[nb]
-        res, g = tuple(args[nb + 1:nb + 1 + nr]), args[nb + 1 + nr]
-        dp, dxin = block_bwd_res(cfg, p, xin, res, g)
-        return tuple(dp[n] for n in blk) + (dxin,)
-
-    return [
-        Program("block_fwd_res", fwd_res, params + [x], [y] + residual_specs(cfg)),
-        Program("block_bwd_res", bwd_res, params + [x] + residual_specs(cfg) + [dy],
-                _specs(cfg, blk, "grad", "grad_") + [dx]),
-    ]
-
-
 # --- batch-1 generation programs (strata sample) ----------------------------------
 #
 # Autoregressive generation with a per-layer KV cache, driven layer by layer
@@ -308,19 +373,18 @@ def block_prefill(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tuple[Arra
     return y, res[1], res[2]
 
 
-def block_decode(cfg: ModelConfig, p: dict[str, Array], x: Array, k_cache: Array, v_cache: Array,
-                 pos: Array) -> tuple[Array, Array, Array]:
-    """One token x [1, 1, D] at position |pos| (s32 scalar, < T): y and the
-    caches with this token's k and v written at |pos|. The same operations
-    as model.block_fwd for that token: RoPE at |pos|, and scores of keys
-    after |pos| replaced by -1e30 before the softmax, exactly as the causal
-    mask does, so they weigh exactly 0."""
-    B, S, D = x.shape
+def attention_decode(cfg: ModelConfig, p: dict[str, Array], h: Array, k_cache: Array, v_cache: Array,
+                     pos: Array) -> tuple[Array, Array, Array]:
+    """Attention of one normalised token h [1, 1, D] at position |pos| (s32
+    scalar, < T), its output projection included, and the caches [1, T,
+    n_kv_heads, Dh] with this token's k and v written at |pos|. RoPE at
+    |pos|, and scores of keys after |pos| replaced by -1e30 before the
+    softmax, exactly as the causal mask does, so they weigh exactly 0."""
+    B, S, D = h.shape
     H, Dh, T = cfg.n_heads, cfg.head_dim, cfg.seq_len
-    h = M.rms_norm(x, p["attn_norm"])
     q = M._mm(cfg, h, p["wq"]).reshape(B, S, H, Dh)
-    k = M._mm(cfg, h, p["wk"]).reshape(B, S, H, Dh)
-    v = M._mm(cfg, h, p["wv"]).reshape(B, S, H, Dh)
+    k = M._mm(cfg, h, p["wk"]).reshape(B, S, -1, Dh)
+    v = M._mm(cfg, h, p["wv"]).reshape(B, S, -1, Dh)
     cos, sin = M.rope_tables(cfg)
     cos1, sin1 = jax.lax.dynamic_slice_in_dim(cos, pos, 1, 0), jax.lax.dynamic_slice_in_dim(sin, pos, 1, 0)
     q, k = M.apply_rope(q, cos1, sin1), M.apply_rope(k, cos1, sin1)
@@ -328,41 +392,42 @@ def block_decode(cfg: ModelConfig, p: dict[str, Array], x: Array, k_cache: Array
     k_cache = jax.lax.dynamic_update_slice(k_cache, k, (zero, pos, zero, zero))
     v_cache = jax.lax.dynamic_update_slice(v_cache, v, (zero, pos, zero, zero))
     c = cfg.cdtype
-    s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(c), k_cache.astype(c),
+    s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(c), M.expand_kv(cfg, k_cache).astype(c),
                    preferred_element_type=jnp.float32) / jnp.float32(math.sqrt(Dh))
     seen = jnp.arange(T, dtype=jnp.int32) <= pos
     s = jnp.where(seen[None, None, None, :], s, jnp.float32(-1e30))
     probs = jax.nn.softmax(s, axis=-1)
-    o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), v_cache.astype(c),
+    o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), M.expand_kv(cfg, v_cache).astype(c),
                    preferred_element_type=jnp.float32).reshape(B, S, D)
-    x_mid = x + M._mm(cfg, o, p["wo"])
+    return M._mm(cfg, o, p["wo"]), k_cache, v_cache
+
+
+def block_decode(cfg: ModelConfig, p: dict[str, Array], x: Array, k_cache: Array, v_cache: Array,
+                 pos: Array) -> tuple[Array, Array, Array]:
+    """One token x [1, 1, D] at position |pos|: y and the caches with this
+    token's k and v written at |pos| (attention_decode); the same operations
+    as model.block_fwd for that token."""
+    a, k_cache, v_cache = attention_decode(cfg, p, M.rms_norm(x, p["attn_norm"]), k_cache, v_cache, pos)
+    x_mid = x + a
     y = x_mid + M.mlp(cfg, p, M.rms_norm(x_mid, p["mlp_norm"]))
     return y, k_cache, v_cache
 
 
-def sample_programs(cfg: ModelConfig) -> list[Program]:
-    blk = M.BLOCK_PARAMS
+def sample_programs(cfg: ModelConfig, kinds: list[dict[str, Program]] | None = None) -> list[Program]:
+    """The generation programs: embed_prefill, embed_decode, each kind's
+    prefill and decode (kind_programs), head_logits."""
+    if kinds is None:
+        from . import blocks
+        kinds = [kind_programs(cfg, k) for k in blocks.kinds_of(cfg)]
     head = M.head_param_names(cfg)
-    nb, nh = len(blk), len(head)
-    T, D, H, Dh, V = cfg.seq_len, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.vocab_size
+    nh = len(head)
+    T, D, V = cfg.seq_len, cfg.d_model, cfg.vocab_size
     wte = _specs(cfg, ("wte",), "param")
-    params = _specs(cfg, blk, "param")
     xs = TensorSpec("x", (1, T, D), "f32", "activation")
-    ys = TensorSpec("y", (1, T, D), "f32", "activation")
     x1 = TensorSpec("x", (1, 1, D), "f32", "activation")
-    y1 = TensorSpec("y", (1, 1, D), "f32", "activation")
-    kc = TensorSpec("k_cache", (1, T, H, Dh), "f32", "cache")
-    vc = TensorSpec("v_cache", (1, T, H, Dh), "f32", "cache")
 
     def embed_prefill(w: Array, tok: Array) -> tuple[Array, ...]:
         return (M.embed_fwd(cfg, w, tok),)
-
-    def prefill(*args: Array) -> tuple[Array, ...]:
-        return block_prefill(cfg, dict(zip(blk, args[:nb])), args[nb])
-
-    def decode(*args: Array) -> tuple[Array, ...]:
-        x, k_, v_, pos = args[nb:]
-        return block_decode(cfg, dict(zip(blk, args[:nb])), x, k_, v_, pos)
 
     def logits(*args: Array) -> tuple[Array, ...]:
         p = dict(zip(head, args[:nh]))
@@ -377,9 +442,7 @@ def sample_programs(cfg: ModelConfig) -> list[Program]:
     return [
         Program("embed_prefill", embed_prefill, wte + [TensorSpec("tokens", (1, T), "s32", "batch")], [xs]),
         Program("embed_decode", embed_prefill, wte + [TensorSpec("tokens", (1, 1), "s32", "batch")], [x1]),
-        Program("block_prefill", prefill, params + [xs], [ys, kc, vc]),
-        Program("block_decode", decode, params + [x1, kc, vc, _scalar("pos", "s32")], [y1, kc, vc],
-                (nb + 1, nb + 2)),
+    ] + [p for k in kinds for p in (k.get("prefill"), k.get("decode")) if p is not None] + [
         Program("head_logits", logits, _specs(cfg, head, "param") + (wte if cfg.tie_embeddings else []) + [x1],
                 [TensorSpec("logits", (1, 1, V), "f32", "logits")]),
     ]
@@ -399,7 +462,7 @@ def _group_programs(cfg: ModelConfig, group: str, fsdp: int = 1, local: ShapeFn 
     device's norm once)."""
     names = M.group_param_names(cfg, group)
     n = len(names)
-    decay = [len(M.param_shape(cfg, p)) >= 2 for p in names]
+    decay = [len(M.param_shape(cfg, p, group)) >= 2 for p in names]
 
     def accum(*args: Array) -> tuple[Array, ...]:
         return tuple(a + b for a, b in zip(args[:n], args[n:], strict=True))
@@ -415,18 +478,18 @@ def _group_programs(cfg: ModelConfig, group: str, fsdp: int = 1, local: ShapeFn 
         new_p, new_m, new_v = adamw_update(p, g, m, v, decay, step, lr, gscale, hyper)
         return tuple(new_p) + tuple(new_m) + tuple(new_v)
 
-    params = _specs(cfg, names, "param", fsdp=fsdp, local=local)
-    grads = _specs(cfg, names, "grad", "grad_", fsdp=fsdp, local=local)
-    m = _specs(cfg, names, "opt_m", "m_", fsdp=fsdp, local=local)
-    v = _specs(cfg, names, "opt_v", "v_", fsdp=fsdp, local=local)
+    params = _specs(cfg, names, "param", fsdp=fsdp, local=local, group=group)
+    grads = _specs(cfg, names, "grad", "grad_", fsdp=fsdp, local=local, group=group)
+    m = _specs(cfg, names, "opt_m", "m_", fsdp=fsdp, local=local, group=group)
+    v = _specs(cfg, names, "opt_v", "v_", fsdp=fsdp, local=local, group=group)
     scalars = [_scalar("step"), _scalar("lr"), _scalar("gscale"),
                TensorSpec("hyper", (4,), "f32", "scalar")]
     if tail is None:
         tail = f"_fsdp{fsdp}" if fsdp > 1 else ""
     return [
         Program(f"accum_{group}{tail}", accum,
-                _specs(cfg, names, "grad", "a_", fsdp=fsdp, local=local)
-                + _specs(cfg, names, "grad", "b_", fsdp=fsdp, local=local),
+                _specs(cfg, names, "grad", "a_", fsdp=fsdp, local=local, group=group)
+                + _specs(cfg, names, "grad", "b_", fsdp=fsdp, local=local, group=group),
                 grads, tuple(range(n))),
         Program(f"sqnorm_{group}{tail}", sqn, grads, [TensorSpec("sqnorm", (), "f32", "metric")]),
         Program(f"adamw_{group}{tail}", adamw, params + grads + m + v + scalars, params + m + v,
@@ -445,10 +508,10 @@ def fsdp_programs(cfg: ModelConfig, fsdp: int, tensor: int = 1,
     sqnorm (exact for a power of two), so that the host sums every device's
     norm once. Named <name>_fsdp<F>_tp<T>."""
     if tensor == 1:
-        return [p for g in GROUPS for p in _group_programs(cfg, g, fsdp)]
+        return [p for g in groups_of(cfg) for p in _group_programs(cfg, g, fsdp)]
     assert split_dim is not None
     out = []
-    for g in GROUPS:
+    for g in groups_of(cfg):
         def local(name: str, shape: tuple[int, ...], g: str = g) -> tuple[int, ...]:
             d = split_dim(g, name)
             return shape if d is None else tuple(x // tensor if i == d else x for i, x in enumerate(shape))

@@ -99,7 +99,8 @@ def make_train_step(cfg: ModelConfig, loss_fn: Callable[..., Array] = M.model_lo
         groups += [(params["blocks"][i], grads["blocks"][i], m["blocks"][i], v["blocks"][i])
                    for i in range(cfg.n_layers)]
         groups.append((params["head"], grads["head"], m["head"], v["head"]))
-        order = [M.group_param_names(cfg, "embed")] + [M.BLOCK_PARAMS] * cfg.n_layers
+        from . import blocks
+        order = [M.group_param_names(cfg, "embed")] + [blocks.KINDS[k].params(cfg) for k in cfg.layer_kinds()]
         order.append(M.group_param_names(cfg, "head"))
         sqn = jnp.stack([sqnorm([g[k] for k in names]) for (_, g, _, _), names in zip(groups, order)])
         total = jnp.float32(0.0)

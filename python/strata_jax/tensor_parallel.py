@@ -147,7 +147,7 @@ def block_fwd_res_local(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tupl
     probs = jax.nn.softmax(scores, axis=-1)
     lse = jax.nn.logsumexp(scores, axis=-1)
     c = cfg.cdtype
-    o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), v.astype(c),
+    o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), M.expand_kv(cfg, v).astype(c),
                    preferred_element_type=jnp.float32).reshape(B, T, -1)
     x_mid = x + reduce_from_tp(M._mm(cfg, o, p["wo"]))
     h2 = copy_to_tp(M.rms_norm(x_mid, p["mlp_norm"]))
@@ -310,6 +310,13 @@ def _check_mesh(cfg: ModelConfig, mesh: MeshSpec) -> None:
     if cfg.n_heads % t or cfg.d_ff % t:
         raise ParallelError(f"model.n_heads ({cfg.n_heads}) and model.d_ff ({cfg.d_ff}) must be divisible by "
                             f"parallel.tensor ({t}): tensor parallelism splits the heads and the MLP hidden dimension")
+    if cfg.kv_heads % t:
+        raise ParallelError(f"model.n_kv_heads ({cfg.kv_heads}) must be divisible by parallel.tensor ({t}): "
+                            f"tensor parallelism splits the key/value heads")
+    other = sorted(set(cfg.layer_kinds()) - {"llama"})
+    if t > 1 and other:
+        raise ParallelError(f"model.block/model.layers: block kind {other[0]!r} has no tensor-parallel programs "
+                            f"(parallel.tensor = {t}); only llama has")
     b = mesh.data * mesh.fsdp
     if cfg.microbatch_size % b:
         raise ParallelError(f"microbatch_size {cfg.microbatch_size} is not divisible by data x fsdp = {b}")

@@ -833,7 +833,10 @@ st_status st_bundle_export_ex(const char* model_json, const char* mesh, const ch
   st_status s = ST_OK;
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     char* tail = st__tail_of_file(log, 1500);
-    s = st_status_make(ST_CODE_RUNTIME,
+    /* The exporter's exit 2 is a model config it refuses (docs/model.md,
+     * "Export"): an unknown block kind, say, which only its registry knows. */
+    bool config = WIFEXITED(status) && WEXITSTATUS(status) == 2;
+    s = st_status_make(config ? ST_CODE_CONFIG : ST_CODE_RUNTIME,
                        "exporting the bundle failed (%s -m strata_jax.export, %s %d; log %s). Run `make setup` if the venv is missing. Last output:\n%s",
                        python, WIFEXITED(status) ? "exit" : "signal", WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
                        log, tail);

@@ -27,6 +27,15 @@ static const st__cfg_key kKeys[] = {
     {"model.n_layers", ST__CFG_INT, "2", .lo = 1, .hi = 1024, .doc = "Number of transformer blocks."},
     {"model.n_heads", ST__CFG_INT, "4", .lo = 1, .hi = 1024,
      .doc = "Attention heads; must divide model.d_model with an even head size (RoPE)."},
+    {"model.n_kv_heads", ST__CFG_INT, "0", .lo = 0, .hi = 1024,
+     .doc = "Key/value heads (grouped-query attention): query heads share them in groups of model.n_heads / "
+            "model.n_kv_heads; must divide model.n_heads; 0: model.n_heads (plain multi-head attention)."},
+    {"model.block", ST__CFG_STRING, "llama",
+     .doc = "Block kind of every layer, a name the front-end registers (docs/model.md, \"Block kinds\": llama, "
+            "parallel); an unknown one is refused when the bundle is exported (exit 2)."},
+    {"model.layers", ST__CFG_LIST, "[]",
+     .doc = "A block kind per layer for a heterogeneous stack, e.g. [llama, parallel]: exactly model.n_layers "
+            "names; empty: model.block for every layer."},
     {"model.d_ff", ST__CFG_INT, "512", .lo = 1, .hi = 1048576, .doc = "Hidden width of the MLP."},
     {"model.seq_len", ST__CFG_INT, "128", .lo = 2, .hi = 8192, .doc = "Tokens per training sequence."},
     {"model.tie_embeddings", ST__CFG_BOOL, "true", .doc = "Share the input embedding with the output projection."},
@@ -217,6 +226,35 @@ static st_status st__rule_heads(const st_config* c) {
                           "(model.d_model: %s, model.n_heads: %s)",
                           (long long)d, (long long)h, (long long)(d / h), st_config_source(c, "model.d_model"),
                           st_config_source(c, "model.n_heads"));
+  int64_t kv = st_config_int(c, "model.n_kv_heads");
+  if (kv > 0 && h % kv != 0)
+    return st_status_make(ST_CODE_CONFIG,
+                          "model.n_heads (%lld, %s) is not divisible by model.n_kv_heads (%lld, %s): grouped-query "
+                          "attention shares each key/value head among model.n_heads / model.n_kv_heads query heads",
+                          (long long)h, st_config_source(c, "model.n_heads"), (long long)kv,
+                          st_config_source(c, "model.n_kv_heads"));
+  return ST_OK;
+}
+
+/* A per-layer list of block kinds names one kind per layer. The names
+ * themselves are the front-end's (its registry refuses an unknown one when
+ * it exports, exit 2): the C side knows no block kind. */
+static st_status st__rule_layers(const st_config* c) {
+  int n = st_config_list_count(c, "model.layers");
+  int64_t layers = st_config_int(c, "model.n_layers");
+  if (n > 0 && n != layers)
+    return st_status_make(ST_CODE_CONFIG, "model.layers (%s) names %d block kinds, but model.n_layers is %lld (%s): give "
+                          "one kind per layer, or leave model.layers empty to use model.block for every layer",
+                          st_config_source(c, "model.layers"), n, (long long)layers, st_config_source(c, "model.n_layers"));
+  for (int i = 0; i < n; ++i) {
+    const char* k = st_config_list_item(c, "model.layers", i);
+    if (!k || !*k)
+      return st_status_make(ST_CODE_CONFIG, "model.layers[%d] (%s) is empty: name a block kind (docs/model.md)", i,
+                            st_config_source(c, "model.layers"));
+  }
+  if (!*st_config_string(c, "model.block"))
+    return st_status_make(ST_CODE_CONFIG, "model.block (%s) is empty: name a block kind (docs/model.md)",
+                          st_config_source(c, "model.block"));
   return ST_OK;
 }
 
@@ -378,6 +416,12 @@ static st_status st__rule_parallel(const st_config* c) {
                           "model.n_heads (%lld, %s) is not divisible by parallel.tensor (%lld, %s): tensor parallelism "
                           "splits the attention heads",
                           (long long)h, st_config_source(c, "model.n_heads"), (long long)t, stt);
+  int64_t kv = st_config_int(c, "model.n_kv_heads");
+  if (kv > 0 && kv % t != 0)
+    return st_status_make(ST_CODE_CONFIG,
+                          "model.n_kv_heads (%lld, %s) is not divisible by parallel.tensor (%lld, %s): tensor "
+                          "parallelism splits the key/value heads",
+                          (long long)kv, st_config_source(c, "model.n_kv_heads"), (long long)t, stt);
   if (ff % t != 0)
     return st_status_make(ST_CODE_CONFIG,
                           "model.d_ff (%lld, %s) is not divisible by parallel.tensor (%lld, %s): tensor parallelism "
@@ -396,8 +440,11 @@ static st_status st__rule_parallel(const st_config* c) {
 }
 
 static const st__cfg_rule kRules[] = {
-    {"model.d_model is divisible by model.n_heads, and the head size model.d_model / model.n_heads is even (RoPE).",
+    {"model.d_model is divisible by model.n_heads, and the head size model.d_model / model.n_heads is even (RoPE); "
+     "model.n_kv_heads is 0 or divides model.n_heads.",
      st__rule_heads},
+    {"model.layers is empty or names one block kind per layer (model.n_layers of them); model.block is not empty.",
+     st__rule_layers},
     {"train.batch_size is divisible by train.microbatches.", st__rule_microbatches},
     {"model.vocab_size is at least 256 (the byte tokenizer) unless data.synthetic is true.", st__rule_vocab},
     {"data.tokenizer=bpe: data.vocab_size (0: model.vocab_size) is from 256 to model.vocab_size, and data.synthetic "
@@ -412,8 +459,8 @@ static const st__cfg_rule kRules[] = {
     {"trace.steps are step numbers from 1 to train.steps.", st__rule_trace_steps},
     {"run.id is empty or a plain name: letters, digits, '.', '_' and '-', at most 128, not starting with '.'.",
      st__rule_run_id},
-    {"parallel.data x parallel.fsdp x parallel.tensor is at most runtime.cpu_devices; model.n_heads and model.d_ff "
-     "are divisible by parallel.tensor; train.batch_size / train.microbatches is divisible by parallel.data x "
+    {"parallel.data x parallel.fsdp x parallel.tensor is at most runtime.cpu_devices; model.n_heads, "
+     "model.n_kv_heads (when set) and model.d_ff are divisible by parallel.tensor; train.batch_size / train.microbatches is divisible by parallel.data x "
      "parallel.fsdp.",
      st__rule_parallel},
 };

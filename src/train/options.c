@@ -48,6 +48,17 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   st_json_put_str(m, "compute_dtype", st_config_string(c, "model.compute_dtype"));
   st_json_put_num(m, "rope_theta", st_config_float(c, "model.rope_theta"));
   st_json_put_num(m, "init_std", st_config_float(c, "model.init_std"));
+  /* The block keys only when set, so that a config without them keeps its
+   * bundle key (and its cached bundle). */
+  int64_t kv = st_config_int(c, "model.n_kv_heads");
+  if (kv > 0 && kv != st_config_int(c, "model.n_heads")) st_json_put_int(m, "n_kv_heads", kv);
+  if (strcmp(st_config_string(c, "model.block"), "llama")) st_json_put_str(m, "block", st_config_string(c, "model.block"));
+  int nk = st_config_list_count(c, "model.layers");
+  if (nk > 0) {
+    json_t* kinds = json_array();
+    for (int i = 0; i < nk; ++i) json_array_append_new(kinds, json_string(st_config_list_item(c, "model.layers", i)));
+    json_object_set_new(m, "layers", kinds);
+  }
   /* Compute programs see one device's share of a microbatch (the config
    * rules make it divide evenly; docs/parallelism.md). */
   int64_t shares = st_config_int(c, "parallel.data") * st_config_int(c, "parallel.fsdp");
