@@ -94,6 +94,7 @@ typedef struct st_bundle_param {
  * does not have. */
 typedef struct st_bundle_stage {
   int index;                    /* block index; -1 for the embedding and the head */
+  char kind[32];                /* a layer's block kind (layer table "kind", e.g. "llama"; "" when absent) */
   const st_bundle_group* group; /* the stage's parameter group */
   const st_bundle_program* init;    /* every stage */
   const st_bundle_program* fwd;     /* embedding, block */

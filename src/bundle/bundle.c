@@ -200,6 +200,8 @@ static st_status st__tables_parse(st_bundle* b, const json_t* root, const char* 
     if (index != l) return st_status_make(ST_CODE_RUNTIME, "%s: index is %lld; rows go in block order", where, (long long)index);
     b->layers[l].index = l;
     ST_RETURN(st__stage_from_json(b, row, where, "init fwd fwd_res bwd_res", &b->layers[l]));
+    const json_t* kind = json_object_get(row, "kind"); /* informational: strata plan prints it */
+    if (json_is_string(kind)) snprintf(b->layers[l].kind, sizeof(b->layers[l].kind), "%s", json_string_value(kind));
   }
   return ST_OK;
 }

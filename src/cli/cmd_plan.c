@@ -36,6 +36,26 @@ static st_status st__plan_device_memory(st_train_options* o) {
   return ST_OK;
 }
 
+/* Memory per layer, from the bundle's tables: its block kind, its
+ * parameters (whole tensors; with their gradients and AdamW moments, four
+ * times that), the residuals its training forward keeps per microbatch
+ * (per device), and whether the plan recomputes it instead. Layers of
+ * different kinds differ here, which is what a heterogeneous stack needs
+ * to see. */
+static void st__print_layer_memory(const st_bundle* b, const st_remat_choice* remat) {
+  printf("# per layer: kind, parameter bytes (x4 with gradients and AdamW m, v), residual bytes per microbatch\n");
+  for (int l = 0; l < b->layer_count; ++l) {
+    const st_bundle_stage* st = &b->layers[l];
+    int64_t params = 0, res = 0;
+    for (int i = 0; i < b->param_count; ++i)
+      if (b->params[i].layer == l) params += st_tensor_type_bytes(&b->params[i].type);
+    for (int i = 1; st->fwd_res && i < st->fwd_res->output_count; ++i) res += st_tensor_type_bytes(&st->fwd_res->outputs[i].type);
+    bool recomputed = remat->remat && l < remat->layers && remat->remat[l];
+    printf("# layer %-3d %-10s params %lld B  state %lld B  residuals %lld B%s\n", l, st->kind[0] ? st->kind : st->group->name,
+           (long long)params, (long long)(4 * params), (long long)res, recomputed ? " (recomputed: not kept)" : "");
+  }
+}
+
 int st_cli_plan(int argc, char** argv) {
   bool json = false, explain = false;
   while (argc > 0 && (!strcmp(argv[0], "--json") || !strcmp(argv[0], "--explain"))) {
@@ -85,6 +105,7 @@ int st_cli_plan(int argc, char** argv) {
     } else if (!s) {
       printf("# bundle %s\n# training step\n", bundle->dir);
       if (remat.automatic) printf("# remat auto: %s\n", remat.why);
+      st__print_layer_memory(bundle, &remat);
       st_plan_print(&step, stdout);
       printf("# evaluation\n");
       st_plan_print(&eval, stdout);

@@ -1,0 +1,254 @@
+"""Block kinds (docs/model.md, "Block kinds"): grouped-query attention, a
+second kind (parallel), heterogeneous stacks, the registry's contract with
+the C side, and the llama-* presets.
+
+- the C trainer on a GQA llama stack and on a heterogeneous stack, 20 steps
+  each, every loss within rtol 1e-4 of the monolithic reference (f32);
+- finite differences of every kind's backward programs (GQA included);
+- no program depends on model.n_layers, for every kind and for a stack;
+- no block program name appears in src/train/ or src/sched/;
+- bad input: exit 2 naming the key;
+- every configs/llama-*.yml trains 20 steps (synthetic, short sequences)
+  and `strata plan` prints its per-layer memory.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "python"))
+
+from strata_jax import blocks  # noqa: E402
+from strata_jax import export as E  # noqa: E402
+from strata_jax import model as M  # noqa: E402
+from strata_jax import programs as PR  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STRATA = os.path.join(ROOT, "build", "strata")
+ENV = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "python"), "JAX_PLATFORMS": "cpu"}
+
+BASE = dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=48, seq_len=8, tie_embeddings=True,
+            compute_dtype="f32", rope_theta=10000.0, init_std=0.02, microbatch_size=2)
+
+
+def cfg_of(**kw: Any) -> M.ModelConfig:
+    return M.ModelConfig(**{**BASE, **kw})
+
+
+def run(cmd: list[str], ok: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ENV)
+    if ok and r.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}")
+    return r
+
+
+# --- equivalence with the reference ------------------------------------------------
+
+EQUIV = ["model.d_model=32", "model.n_heads=4", "model.d_ff=64", "model.seq_len=16",
+         "train.steps=20", "train.batch_size=4", "train.microbatches=2", "train.lr=0.002", "train.warmup_steps=5",
+         "train.grad_clip=0.5", "train.eval_every=0", "train.eval_batches=1", "data.synthetic=true",
+         "runtime.deterministic=true", "seed=3"]
+STACKS = {
+    # llama with grouped-query attention: 4 query heads share 2 key/value heads
+    "gqa": ["model.n_layers=2", "model.n_kv_heads=2"],
+    # both kinds, one of each recomputed (layer 0: llama's residual-keeping
+    # programs run as RECOMPUTE; layer 1: parallel keeps its residuals) and
+    # multi-query attention
+    "stack": ["model.n_layers=3", "model.layers=[llama,parallel,parallel]", "model.n_kv_heads=1", "sched.remat=0,1"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(STACKS))
+def test_stack_matches_reference(name: str, tmp_path: Any) -> None:
+    if not os.path.exists(STRATA):
+        raise AssertionError(f"{STRATA} is missing: run `make build` first (make test does)")
+    over = EQUIV + STACKS[name]
+    run([STRATA, "train", "configs/test.yml", *over, f"run.dir={tmp_path / 'run'}"])
+    (tmp_path / "config.json").write_text(run([STRATA, "config", "--json", "configs/test.yml", *over]).stdout)
+    tokens = run([STRATA, "data", "configs/test.yml", *over]).stdout.splitlines()[0]
+    run([sys.executable, "-m", "strata_jax.reference_train", "--config-json", str(tmp_path / "config.json"),
+         "--tokens", tokens, "--out", str(tmp_path / "ref"), "--quiet"])
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    ours = [m["loss"] for m in metrics if "loss" in m]
+    ref = json.loads((tmp_path / "ref" / "losses.json").read_text())["losses"]
+    assert len(ours) == len(ref) == 20
+    print(f"{name}: max relative loss difference {max(abs(a - b) / abs(b) for a, b in zip(ours, ref)):.2e}")
+    np.testing.assert_allclose(ours, ref, rtol=1e-4)
+    assert ours[-1] < ours[0]
+    # The bundle the run used: one program set per distinct kind.
+    bundle = run([STRATA, "plan", "configs/test.yml", *over]).stdout.splitlines()[0].removeprefix("# bundle ")
+    man = json.loads(open(os.path.join(bundle, "manifest.json")).read())
+    kinds = [row["kind"] for row in man["layers"]]
+    assert kinds == (["llama", "parallel", "parallel"] if name == "stack" else ["llama", "llama"])
+    assert sum(p["name"].endswith("_bwd_res") for p in man["programs"]) == len(set(kinds))
+
+
+# --- finite differences of each kind's backward -----------------------------------
+
+KIND_CFGS = {"llama-gqa": ("llama", 2), "llama-mqa": ("llama", 1), "parallel-gqa": ("parallel", 2)}
+
+
+@pytest.mark.parametrize("case", sorted(KIND_CFGS))
+def test_backward_matches_finite_differences(case: str) -> None:
+    """d/dt of <fwd(p + t u, x + t w), dy> at 0, by central differences,
+    against <grads, u> + <dx, w> from the kind's bwd_res and bwd programs."""
+    kind_name, kv = KIND_CFGS[case]
+    cfg = cfg_of(n_kv_heads=kv, block=kind_name)
+    kind = blocks.KINDS[kind_name]
+    progs = PR.kind_programs(cfg, kind)
+    names = kind.params(cfg)
+    rng = np.random.default_rng(0)
+    p = {n: jnp.asarray(rng.normal(0, 0.3 if len(kind.param_shape(cfg, n)) > 1 else 1.0,
+                                   kind.param_shape(cfg, n)).astype(np.float32)) for n in names}
+    if kv < cfg.n_heads:
+        assert p["wk"].shape == (cfg.d_model, kv * cfg.head_dim)
+    x = jnp.asarray(rng.normal(0, 1, (2, cfg.seq_len, cfg.d_model)).astype(np.float32))
+    dy = jnp.asarray(rng.normal(0, 1, x.shape).astype(np.float32))
+    u = {n: jnp.asarray(rng.normal(0, 1, a.shape).astype(np.float32)) for n, a in p.items()}
+    w = jnp.asarray(rng.normal(0, 1, x.shape).astype(np.float32))
+    args = [p[n] for n in names]
+    out = jax.jit(progs["fwd_res"].fn)(*args, x)
+    got_res = jax.jit(progs["bwd_res"].fn)(*args, x, *out[1:], dy)
+    got_bwd = jax.jit(progs["bwd"].fn)(*args, x, dy)
+
+    def f(t: float) -> float:
+        y = kind.fwd(cfg, {n: p[n] + t * u[n] for n in names}, x + t * w)
+        return float(jnp.sum(y * dy))
+
+    # h: truncation error ~1e-4 relative at 1e-3 (measured in f64: the
+    # analytic values agree with differences at h = 1e-4 to 3e-4), f32
+    # rounding of f a few 1e-4 relative.
+    h = 1e-3
+    fd = (f(h) - f(-h)) / (2 * h)
+    for got in (got_res, got_bwd):
+        an = sum(float(jnp.vdot(g, u[n])) for n, g in zip(names, got[:-1])) + float(jnp.vdot(got[-1], w))
+        assert abs(an - fd) <= 3e-3 * abs(fd), (case, an, fd)
+    for a, b in zip(got_res, got_bwd):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+
+
+def test_gqa_with_n_kv_heads_equal_to_n_heads_is_plain_attention() -> None:
+    """n_kv_heads = n_heads is today's block: the same program texts as without the key."""
+    a, b = cfg_of(), cfg_of(n_kv_heads=BASE["n_heads"])
+    assert a.to_dict() == b.to_dict()
+    pa = {p.name: E.lower_program(p)[0] for p in PR.build_programs(a) if p.name.startswith("block_")}
+    pb = {p.name: E.lower_program(p)[0] for p in PR.build_programs(b) if p.name.startswith("block_")}
+    assert pa == pb and len(pa) == 7
+
+
+# --- layer-count independence, per kind --------------------------------------------
+
+@pytest.mark.parametrize("layers", [("parallel",) * 2, ("llama", "parallel")])
+def test_programs_do_not_depend_on_n_layers_per_kind(layers: tuple[str, ...]) -> None:
+    """The same programs (texts) at depth 2 and 5, for a parallel stack and
+    for a stack of both kinds (its pattern repeated): one set per kind, not
+    per layer. llama's own case is test_export.py's."""
+    def texts(n: int) -> dict[str, str]:
+        kinds = tuple(layers[i % len(layers)] for i in range(n))
+        cfg = cfg_of(n_layers=n, n_kv_heads=2, **({"block": kinds[0]} if len(set(kinds)) == 1 else {"layers": kinds}))
+        return {p.name: E.lower_program(p)[0] for p in PR.build_programs(cfg)}
+
+    t2, t5 = texts(2), texts(5)
+    assert t2 == t5
+    assert sum(n.endswith("_fwd_res") for n in t2) == len(set(layers))
+
+
+def test_layer_table_names_each_layers_kind() -> None:
+    cfg = cfg_of(n_layers=3, layers=("parallel", "llama", "parallel"))
+    names = {p.name for p in PR.build_programs(cfg)}
+    t = E.program_tables(cfg, names)
+    assert [r["kind"] for r in t["layers"]] == ["parallel", "llama", "parallel"]
+    assert [r["group"] for r in t["layers"]] == ["parallel", "block", "parallel"]
+    assert t["layers"][0]["programs"]["fwd"] == "parallel_fwd" and t["layers"][1]["programs"]["fwd"] == "block_fwd"
+    assert [g["name"] for g in t["groups"]] == ["embed", "parallel", "block", "head"]
+    rows = E.param_table(cfg)
+    assert {r["group"] for r in rows if r["layer"] == 0} == {"parallel"}
+    assert [r["local"] for r in rows if r["layer"] == 0] == list(blocks.PARALLEL_PARAMS)
+
+
+# --- the C side names no block program ---------------------------------------------
+
+def test_no_block_program_name_in_train_or_sched() -> None:
+    """Every program a block kind contributes (each registered kind, with
+    and without the tensor-parallel prefix) is absent from src/train/ and
+    src/sched/: the plan builder takes them from the layer table."""
+    cfg = cfg_of(n_layers=len(blocks.KINDS), layers=tuple(sorted(blocks.KINDS)))
+    names = set()
+    for k in blocks.KINDS.values():
+        for role, n in PR.kind_roles(cfg, k).items():
+            names |= {n, f"tp_{n}"}
+        names |= {f"{r}_{k.group_name}" for r in ("accum", "sqnorm", "adamw")}
+    assert {"block_fwd", "block_bwd_res", "parallel_fwd", "adamw_block"} <= names
+    pattern = re.compile(r"\b(" + "|".join(sorted(map(re.escape, names))) + r")\b")
+    hits = []
+    for path in glob.glob(os.path.join(ROOT, "src", "train", "*")) + glob.glob(os.path.join(ROOT, "src", "sched", "*")):
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                m = pattern.search(line)
+                if m:
+                    hits.append(f"{os.path.relpath(path, ROOT)}:{i}: {m.group(0)}")
+    assert not hits, "block program names in the C plan code:\n" + "\n".join(hits)
+
+
+# --- bad input ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("over,keys", [
+    (["model.n_kv_heads=3"], ["model.n_kv_heads", "model.n_heads"]),
+    (["model.layers=[llama,parallel,llama]"], ["model.layers", "model.n_layers"]),
+    (["parallel.tensor=2", "model.n_kv_heads=1", "runtime.cpu_devices=2"], ["model.n_kv_heads", "parallel.tensor"]),
+])
+def test_bad_config_exits_2_naming_the_key(over: list[str], keys: list[str]) -> None:
+    r = run([STRATA, "config", "configs/test.yml", *over], ok=False)
+    assert r.returncode == 2, r.stderr
+    for k in keys:
+        assert k in r.stderr, r.stderr
+
+
+def test_unknown_block_kind_exits_2_naming_the_key(tmp_path: Any) -> None:
+    """Only the front-end's registry knows the kinds: the exporter refuses
+    the name, and strata reports it as a config error."""
+    for over, key in ((["model.layers=[llama,nosuch]"], "model.layers"), (["model.block=nosuch"], "model.block")):
+        r = run([STRATA, "plan", "configs/test.yml", *over, f"runtime.cache_dir={tmp_path}"], ok=False)
+        assert r.returncode == 2, r.stderr
+        assert key in r.stderr and "nosuch" in r.stderr, r.stderr
+    with pytest.raises(ValueError, match="model.layers: unknown block kind 'nosuch'"):
+        cfg_of(layers=("llama", "nosuch"))
+
+
+# --- presets ------------------------------------------------------------------------
+
+PRESETS = sorted(glob.glob(os.path.join(ROOT, "configs", "llama-*.yml")))
+SHORT = ["model.seq_len=16", "train.batch_size=2", "train.steps=20", "train.eval_every=0", "train.eval_batches=1",
+         "data.synthetic=true", "model.vocab_size=256"]
+
+
+def test_there_are_llama_presets_with_gqa() -> None:
+    assert len(PRESETS) >= 2
+    for p in PRESETS:
+        r = json.loads(run([STRATA, "config", "--json", os.path.relpath(p, ROOT)]).stdout)
+        assert 0 < r["model"]["n_kv_heads"] < r["model"]["n_heads"], p
+
+
+@pytest.mark.parametrize("preset", [os.path.basename(p) for p in PRESETS])
+def test_preset_trains_and_plans(preset: str, tmp_path: Any) -> None:
+    cfg = f"configs/{preset}"
+    out = run([STRATA, "plan", cfg, *SHORT]).stdout
+    n = json.loads(run([STRATA, "config", "--json", cfg]).stdout)["model"]["n_layers"]
+    rows = [line for line in out.splitlines() if re.match(r"# layer \d+ ", line)]
+    assert len(rows) == n, out[:2000]
+    assert all(re.search(r"params \d+ B  state \d+ B  residuals \d+ B", r) for r in rows), rows
+    run([STRATA, "train", cfg, *SHORT, f"run.dir={tmp_path / 'run'}"])
+    losses = [json.loads(x)["loss"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+              if '"loss"' in x]
+    assert len(losses) == 20 and all(np.isfinite(losses)) and losses[-1] < losses[0], losses
