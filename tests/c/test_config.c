@@ -559,8 +559,22 @@ static void test_cross_field(void** state) {
   const char* exp = put(f, "v.yml", "model:\n  vocab_size: 100\n");
   load_fails(exp, 0, NULL,
              fmt("model.vocab_size (100, %s:2) must be at least 256 for the byte tokenizer when data.synthetic is "
-                 "false (configs/base.yml:40)",
+                 "false (configs/base.yml:43)",
                  exp));
+  char* kv[] = {"model.n_kv_heads=3"};
+  load_fails("configs/tiny.yml", 1, kv,
+             "model.n_heads (4, configs/tiny.yml:7) is not divisible by model.n_kv_heads (3, command line): "
+             "grouped-query attention shares each key/value head among model.n_heads / model.n_kv_heads query heads");
+  char* kinds[] = {"model.layers=[llama,parallel]"};
+  load_fails("configs/tiny.yml", 1, kinds,
+             "model.layers (command line) names 2 block kinds, but model.n_layers is 4 (configs/tiny.yml:6): give "
+             "one kind per layer, or leave model.layers empty to use model.block for every layer");
+  char* kv_tp[] = {"model.n_kv_heads=1", "parallel.tensor=2"};
+  load_fails("configs/tiny.yml", 2, kv_tp,
+             "model.n_kv_heads (1, command line) is not divisible by parallel.tensor (2, command line): tensor "
+             "parallelism splits the key/value heads");
+  char* stack[] = {"model.n_kv_heads=2", "model.layers=[llama,parallel,llama,parallel]"};
+  st_config_destroy(load_ok("configs/tiny.yml", 2, stack));
   char* synth[] = {"data.synthetic=true"};
   st_config* c = load_ok(exp, 1, synth);
   assert_int_equal(st_config_int(c, "model.vocab_size"), 100);
