@@ -19,7 +19,6 @@ from .model import ModelConfig
 from .optim import adamw_update, sqnorm
 
 Array = jax.Array
-GROUPS: tuple[str, ...] = ("embed", "block", "head")
 _DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "s32": jnp.int32, "u32": jnp.uint32}
 
 

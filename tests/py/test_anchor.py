@@ -67,3 +67,22 @@ def test_anchor_cli_compile_only_and_errors(tmp_path: Any) -> None:
                         "--tokens", str(tmp_path / "nope.tok"), "--variant", "unroll", "--out", str(out2)],
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "nope.tok" in r.stderr and not out2.exists()
+
+
+def test_anchor_knows_every_block_kind() -> None:
+    """scan on a stack of one kind (parallel, GQA), unroll and unroll_remat
+    on a mixed stack: the same losses as the reference; scan refuses a mixed
+    stack (it stacks one kind's parameters)."""
+    for model, variants in (({"block": "parallel", "n_kv_heads": 1}, ("scan",)),
+                            ({"layers": ["llama", "parallel", "llama"], "n_kv_heads": 1}, ("unroll", "unroll_remat"))):
+        base = tiny_config(steps=3, n_layers=3, init_std=0.1)
+        base["model"]["n_heads"] = 2
+        base["model"].update(model)
+        config = load_config(json.dumps(base))
+        tokens = D.synthetic_tokens(64, 4096)
+        _, hist = train(config, tokens)
+        for variant in variants:
+            r = A.run(config, tokens, variant)
+            np.testing.assert_allclose(r["losses"], hist["losses"], rtol=2e-5, err_msg=f"{model} {variant}")
+    with pytest.raises(ValueError, match="scan variant needs one block kind"):
+        A.run(config, tokens, "scan")

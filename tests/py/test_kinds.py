@@ -252,3 +252,26 @@ def test_preset_trains_and_plans(preset: str, tmp_path: Any) -> None:
     losses = [json.loads(x)["loss"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
               if '"loss"' in x]
     assert len(losses) == 20 and all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+
+
+# --- kinds on a mesh --------------------------------------------------------------
+
+MESH_CASES = {
+    # tensor parallelism cuts the key/value heads too (n_kv_heads / tensor each)
+    "gqa_tensor2": (["model.n_heads=4", "model.n_kv_heads=2"], ["parallel.tensor=2"]),
+    # each kind's group gets its own fsdp all-gather / reduce-scatter
+    "stack_fsdp2": (["model.n_heads=4", "model.n_kv_heads=2", "model.layers=[parallel,llama]"], ["parallel.fsdp=2"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MESH_CASES))
+def test_kinds_on_a_mesh_match_one_device(case: str, tmp_path: Any) -> None:
+    from test_data_parallel import OVERRIDES, train
+
+    model, mesh = MESH_CASES[case]
+    short = [*model, "train.steps=10"]
+    one, ours = train(tmp_path, "one", *short), train(tmp_path, "mesh", *short, *mesh)
+    assert len(one["steps"]) == len(ours["steps"]) == 10 and "model.n_layers=2" in OVERRIDES
+    np.testing.assert_allclose([m["loss"] for m in ours["steps"]], [m["loss"] for m in one["steps"]], rtol=1e-5)
+    np.testing.assert_allclose([m["grad_norm"] for m in ours["steps"]], [m["grad_norm"] for m in one["steps"]],
+                               rtol=1e-4)
