@@ -103,7 +103,22 @@ enum {
   ST_TAG_EVAL_MASK,
   ST_TAG_EVAL_LOSS,
   ST_TAG_SCHEDULE, /* HOST: lr and gscale before the backward (sched.optimizer=per_layer) */
+  /* READ: ST_TAG_METRIC + s is the block metric st_train_block_metrics
+   * lists s-th (docs/bundle.md, "Block metrics"); keep it last. */
+  ST_TAG_METRIC,
 };
+
+/* Block metrics: outputs of role "metric" that a layer's fwd and fwd_res
+ * return right after y (an auxiliary loss, expert loads). At most
+ * ST_TRAIN_MAX_METRICS distinct names over all layers. */
+#define ST_TRAIN_MAX_METRICS 16
+/* The number of metric outputs right after y of |p|'s outputs. */
+int st_train_metric_outputs(const st_bundle_program* p);
+/* The distinct metric names of |bundle|'s layers, first seen first (layer
+ * order, then output order): fills |names| (borrowed from the bundle; may
+ * be NULL) and |ranks| (each metric's tensor rank: 0 a scalar, 1 a vector;
+ * may be NULL) and returns how many. */
+int st_train_block_metrics(const st_bundle* bundle, const char** names, int* ranks);
 
 /* What sched.remat chose for the step plan, and why (docs/scheduling.md,
  * "sched.remat=auto"). */

@@ -121,6 +121,20 @@ st_status st__step_metrics(st__trainer* t, double loss, double dt) {
   st_json_put_int(m, "launches", es->launches);
   st_json_put(m, "wait_s", st_json_fixed(es->wait_s, 6));
   st_json_put_int(m, "peak_live_bytes", es->peak_live_bytes);
+  /* The blocks' metrics: a scalar's mean over layers, microbatches and
+   * devices; a vector's least and largest element (docs/observability.md). */
+  for (int s = 0; s < t->n_metrics; ++s) {
+    if (t->metric_reads[s] == 0) continue;
+    if (t->metric_ranks[s] == 0) {
+      st_json_put_num(m, t->metric_names[s], t->metric_sum[s] / (double)t->metric_reads[s]);
+      continue;
+    }
+    char key[96];
+    snprintf(key, sizeof(key), "%s_min", t->metric_names[s]);
+    st_json_put_num(m, key, t->metric_min[s]);
+    snprintf(key, sizeof(key), "%s_max", t->metric_names[s]);
+    st_json_put_num(m, key, t->metric_max[s]);
+  }
   st__sched_metrics(es, t->step_plan.devices, m);
   st_status s = st__metrics_line(t, m);
   if (!s) s = st__maybe_trace(t);

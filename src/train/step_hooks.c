@@ -3,6 +3,7 @@
  * scalars; READ takes the losses and squared norms back; HOST turns the
  * norms into the clip scale and the learning rate (docs/bundle.md). */
 #include <math.h>
+#include <stdlib.h>
 
 #include "strata/base.h"
 #include "train/train_internal.h"
@@ -64,8 +65,38 @@ static st_status st__h2d(void* user, const st_op* op, int index, int device, st_
  * is read after the reductions: every data replica holds the same, so
  * data coordinate 0's is taken, and under fsdp each of its devices holds
  * the norm of its blocks, which add up (mesh indices 0..fsdp-1). */
+void st__metrics_reset(st__trainer* t) {
+  for (int s = 0; s < t->n_metrics; ++s) {
+    t->metric_sum[s] = 0;
+    t->metric_reads[s] = 0;
+    t->metric_min[s] = INFINITY;
+    t->metric_max[s] = -INFINITY;
+  }
+}
+
+/* A block metric (ST_TAG_METRIC + s): every device's value counts, as
+ * every layer's and microbatch's does. */
+static st_status st__read_metric(st__trainer* t, int s, st_buffer* b) {
+  if (s < 0 || s >= t->n_metrics) return st_status_make(ST_CODE_INTERNAL, "READ of block metric %d of %d", s, t->n_metrics);
+  const st_tensor_type* type = st_buffer_type(b);
+  int64_t n = st_tensor_type_elements(type);
+  if (type->dtype != ST_DTYPE_F32 || n < 1 || type->rank != t->metric_ranks[s])
+    return st_status_make(ST_CODE_INTERNAL, "block metric '%s' is not the f32 tensor its bundle says", t->metric_names[s]);
+  float* v = st_xmalloc((size_t)n * sizeof(float));
+  st_status st = st_buffer_to_host(b, v, (size_t)n * sizeof(float));
+  for (int64_t i = 0; !st && i < n; ++i) {
+    t->metric_sum[s] += v[i];
+    if (v[i] < t->metric_min[s]) t->metric_min[s] = v[i];
+    if (v[i] > t->metric_max[s]) t->metric_max[s] = v[i];
+  }
+  if (!st) t->metric_reads[s]++;
+  free(v);
+  return st;
+}
+
 static st_status st__read(void* user, const st_op* op, int index, st_buffer* b) {
   st__trainer* t = user;
+  if (op->tag >= ST_TAG_METRIC) return st__read_metric(t, op->tag - ST_TAG_METRIC, b);
   float v = 0;
   ST_RETURN(st_buffer_to_host(b, &v, sizeof(v)));
   /* Every device reports its share's loss (a tensor group the same one). */

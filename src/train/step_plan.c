@@ -33,7 +33,9 @@
  * (the tied embedding's gradient from the head), "m:", "v:" prefixes;
  * activations "x[l]" (block l's input), "res[l].<name>" (block l's
  * residuals), "y_re" (a recomputed output nobody reads) and "dx"; batch
- * tensors "tokens[m]", "targets[m]", "mask[m]"; scalars "loss[m]", "sq[i]",
+ * tensors "tokens[m]", "targets[m]", "mask[m]"; block metrics
+ * "metric[m][l].<name>" (read after the step; "metric_re.", "metric_eval."
+ * are dropped); scalars "loss[m]", "sq[i]",
  * "step", "lr", "gscale", "hyper"; host homes "host:<slot>". */
 #include <stdlib.h>
 #include <string.h>
@@ -77,18 +79,80 @@ static st_status st__instance_make(const st_bundle* b, const st_bundle_stage* st
   return ST_OK;
 }
 
-/* The programs a block's training needs fit together: bwd_res takes the
- * block's parameters, x, fwd_res's residuals and dy, and returns the
- * gradients and dx (docs/bundle.md). */
+int st_train_metric_outputs(const st_bundle_program* p) {
+  int n = 0;
+  while (1 + n < p->output_count && !strcmp(p->outputs[1 + n].role, "metric")) ++n;
+  return n;
+}
+
+int st_train_block_metrics(const st_bundle* b, const char** names, int* ranks) {
+  const char* seen[ST_TRAIN_MAX_METRICS];
+  int n = 0;
+  for (int l = 0; l < b->layer_count; ++l) {
+    const st_bundle_program* f = b->layers[l].fwd;
+    for (int s = 0; s < st_train_metric_outputs(f); ++s) {
+      const st_bundle_tensor* o = &f->outputs[1 + s];
+      int k = 0;
+      while (k < n && strcmp(seen[k], o->name) != 0) ++k;
+      if (k < n || n == ST_TRAIN_MAX_METRICS) continue;
+      seen[n] = o->name;
+      if (names) names[n] = o->name;
+      if (ranks) ranks[n] = o->type.rank;
+      ++n;
+    }
+  }
+  return n;
+}
+
+static bool st__same_type(const st_tensor_type* a, const st_tensor_type* b) {
+  if (a->dtype != b->dtype || a->rank != b->rank) return false;
+  for (int d = 0; d < a->rank; ++d)
+    if (a->dims[d] != b->dims[d]) return false;
+  return true;
+}
+
+/* The index of metric |name| in st_train_block_metrics' list, -1 if none. */
+static int st__metric_index(const st_bundle* b, const char* name) {
+  const char* names[ST_TRAIN_MAX_METRICS];
+  int n = st_train_block_metrics(b, names, NULL);
+  for (int k = 0; k < n; ++k)
+    if (!strcmp(names[k], name)) return k;
+  return -1;
+}
+
+/* The programs a block's training needs fit together: fwd returns y and
+ * the block's metrics, fwd_res the same then its residuals, and bwd_res
+ * takes the block's parameters, x, the residuals and dy, and returns the
+ * gradients and dx (docs/bundle.md). The metrics (role "metric": f32
+ * scalars or vectors, e.g. an MoE layer's auxiliary loss) are read for the
+ * metrics line; their share of the loss is the block's own business (its
+ * bwd_res includes their gradient), so the plan never feeds them back. */
 static st_status st__check_block(const st_bundle* b, const st__instance* I) {
+  const st_bundle_program* fwd = I->stage->fwd;
   const st_bundle_program* fr = I->stage->fwd_res;
   const st_bundle_program* br = I->stage->bwd_res;
-  if (fr->output_count < 1 || fr->output_count - 1 > ST__MAX_RESIDUALS || fr->input_count != I->count + 1 ||
-      I->stage->fwd->input_count != I->count + 1 || I->stage->fwd->output_count != 1)
+  const int S = st_train_metric_outputs(fr), R = fr->output_count - 1 - S;
+  if (fr->output_count < 1 || R > ST__MAX_RESIDUALS || fr->input_count != I->count + 1 ||
+      fwd->input_count != I->count + 1 || fwd->output_count != 1 + st_train_metric_outputs(fwd))
     return st_status_make(ST_CODE_RUNTIME, "bundle %s: layer %d's programs '%s' and '%s' do not take its %d parameters and x, or "
                           "return more than %d residuals (docs/bundle.md)",
-                          b->dir, I->layer, I->stage->fwd->name, fr->name, I->count, ST__MAX_RESIDUALS);
-  if (br->input_count != I->count + fr->output_count + 1 || br->output_count != I->count + 1)
+                          b->dir, I->layer, fwd->name, fr->name, I->count, ST__MAX_RESIDUALS);
+  if (st_train_metric_outputs(fwd) != S)
+    return st_status_make(ST_CODE_RUNTIME, "bundle %s: layer %d's '%s' and '%s' return different metrics (docs/bundle.md, "
+                          "\"Block metrics\")", b->dir, I->layer, fwd->name, fr->name);
+  for (int s = 0; s < S; ++s) {
+    const st_bundle_tensor *a = &fwd->outputs[1 + s], *c = &fr->outputs[1 + s];
+    if (strcmp(a->name, c->name) != 0 || !st__same_type(&a->type, &c->type) || strlen(a->name) > 64 || a->type.dtype != ST_DTYPE_F32 ||
+        a->type.rank > 1 || st__metric_index(b, a->name) < 0)
+      return st_status_make(ST_CODE_RUNTIME, "bundle %s: layer %d's metric output %d ('%s') is not the same f32 scalar or "
+                            "vector in '%s' and '%s', or a name over 64 bytes or one too many (at most %d names; docs/bundle.md)",
+                            b->dir, I->layer, s, a->name, fwd->name, fr->name, ST_TRAIN_MAX_METRICS);
+  }
+  for (int r = 1 + S; r < fr->output_count; ++r)
+    if (!strcmp(fr->outputs[r].role, "metric"))
+      return st_status_make(ST_CODE_RUNTIME, "bundle %s: layer %d's '%s' returns metric '%s' among its residuals; metrics "
+                            "come right after y (docs/bundle.md)", b->dir, I->layer, fr->name, fr->outputs[r].name);
+  if (br->input_count != I->count + R + 2 || br->output_count != I->count + 1)
     return st_status_make(ST_CODE_RUNTIME, "bundle %s: layer %d's '%s' does not take '%s''s residuals (docs/bundle.md)",
                           b->dir, I->layer, br->name, fr->name);
   return ST_OK;
@@ -382,7 +446,7 @@ static void st__reduce_scatter(st__builder* B, int i, int m) {
 static void st__forward(st__builder* B, int m, bool eval, st__fwd_out* f) {
   const st__instance* E = &B->inst[0];
   const st_bundle_program* ef = E->stage->fwd;
-  char name[64];
+  char name[160];
   snprintf(name, sizeof(name), "tokens[%d]", m);
   f->tokens = st__xfer(B, name, &ef->inputs[1].type);
   snprintf(name, sizeof(name), "targets[%d]", m);
@@ -415,11 +479,21 @@ static void st__forward(st__builder* B, int m, bool eval, st__fwd_out* f) {
     in[I->count] = x;
     snprintf(name, sizeof(name), "x[%d]", l + 1);
     int y = st__act(B, name, &fwd->outputs[0].type);
+    /* The block's metrics: read after the step (st__read_losses), or, in
+     * an evaluation, dropped. */
+    const int S = st_train_metric_outputs(fwd);
+    out[0] = y;
+    for (int s = 0; s < S; ++s) {
+      if (eval)
+        snprintf(name, sizeof(name), "metric_eval.%s", fwd->outputs[1 + s].name);
+      else
+        snprintf(name, sizeof(name), "metric[%d][%d].%s", m, l, fwd->outputs[1 + s].name);
+      out[1 + s] = st__xfer(B, name, &fwd->outputs[1 + s].type);
+    }
     if (eval || B->remat[l]) {
-      st__launch(B, ST_OP_LAUNCH, fwd, l, m, I->count + 1, in, 1, &y);
+      st__launch(B, ST_OP_LAUNCH, fwd, l, m, I->count + 1, in, 1 + S, out);
     } else {
-      out[0] = y;
-      for (int r = 1; r < fwd_res->output_count; ++r) {
+      for (int r = 1 + S; r < fwd_res->output_count; ++r) {
         snprintf(name, sizeof(name), "res[%d].%s", l, fwd_res->outputs[r].name);
         out[r] = st__act(B, name, &fwd_res->outputs[r].type);
       }
@@ -427,6 +501,7 @@ static void st__forward(st__builder* B, int m, bool eval, st__fwd_out* f) {
     }
     st__use_end(B);
     /* Evaluation keeps nothing for a backward pass. */
+    if (eval && S > 0) st_plan_add(B->plan, ST_OP_FREE, -1, l, m, 0, S, out + 1, 0, NULL);
     if (eval) st_plan_add(B->plan, ST_OP_FREE, -1, l, m, 0, 1, &x, 0, NULL);
     x = y;
   }
@@ -465,7 +540,7 @@ static void st__sqnorm(st__builder* B, int i) {
   const st__instance* I = &B->inst[i];
   const st_tensor_type scalar = {ST_DTYPE_F32, 0, {0}};
   int in[ST__MAX_GROUP_PARAMS];
-  char name[64];
+  char name[160];
   for (int k = 0; k < I->count; ++k) in[k] = st__pslot(B, "grad:", I->params[k], ST_SLOT_GRAD, false);
   snprintf(name, sizeof(name), "sq[%d]", i);
   B->sq[i] = st__xfer(B, name, &scalar);
@@ -643,7 +718,7 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
   const st__instance* H = &B->inst[B->n_inst - 1];
   const st_bundle_program* hl = H->stage->loss;
   const char* gp = m == 0 ? "grad:" : "gtmp:";
-  char name[64];
+  char name[160];
   int in[ST__MAX_IO], out[ST__MAX_IO];
 
   /* head loss(head params, [wte], x, targets, mask) -> loss, head grads, [dwte], dx */
@@ -680,24 +755,28 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
   for (int l = B->L - 1; l >= 0; --l) {
     const st__instance* I = &B->inst[1 + l];
     const st_bundle_program* fr = I->stage->fwd_res;
-    const int R = fr->output_count - 1;
+    const int S = st_train_metric_outputs(fr), R = fr->output_count - 1 - S;
     snprintf(name, sizeof(name), "x[%d]", l);
     int xl = st__act(B, name, &fr->inputs[I->count].type);
     int res[ST__MAX_RESIDUALS];
     for (int r = 0; r < R; ++r) {
-      snprintf(name, sizeof(name), "res[%d].%s", l, fr->outputs[1 + r].name);
-      res[r] = st__act(B, name, &fr->outputs[1 + r].type);
+      snprintf(name, sizeof(name), "res[%d].%s", l, fr->outputs[1 + S + r].name);
+      res[r] = st__act(B, name, &fr->outputs[1 + S + r].type);
     }
     n = 0;
     st__use_begin(B);
     for (int k = 0; k < I->count; ++k) in[n++] = st__param_in(B, I->params[k]);
     in[n++] = xl;
     if (B->remat[l]) {
-      int y_re = st__act(B, "y_re", &fr->outputs[0].type);
-      out[0] = y_re;
-      for (int r = 0; r < R; ++r) out[1 + r] = res[r];
-      st__launch(B, ST_OP_RECOMPUTE, fr, l, m, n, in, 1 + R, out);
-      st_plan_add(B->plan, ST_OP_FREE, -1, l, m, 0, 1, &y_re, 0, NULL);
+      /* y and the metrics again: the forward's were kept and read */
+      out[0] = st__act(B, "y_re", &fr->outputs[0].type);
+      for (int s = 0; s < S; ++s) {
+        snprintf(name, sizeof(name), "metric_re.%s", fr->outputs[1 + s].name);
+        out[1 + s] = st__xfer(B, name, &fr->outputs[1 + s].type);
+      }
+      for (int r = 0; r < R; ++r) out[1 + S + r] = res[r];
+      st__launch(B, ST_OP_RECOMPUTE, fr, l, m, n, in, 1 + S + R, out);
+      st_plan_add(B->plan, ST_OP_FREE, -1, l, m, 0, 1 + S, out, 0, NULL);
     }
     for (int r = 0; r < R; ++r) in[n++] = res[r];
     in[n++] = dx;
@@ -745,13 +824,26 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
 
 /* READ every microbatch's loss. */
 static void st__read_losses(st__builder* B, int M) {
-  char name[64];
+  char name[160];
   for (int m = 0; m < M; ++m) {
     snprintf(name, sizeof(name), "loss[%d]", m);
     int ls = st_plan_slot_find(B->plan, name);
     st_plan_add(B->plan, ST_OP_READ, -1, -1, m, ST_TAG_LOSS, 1, &ls, 0, NULL);
     st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 1, &ls, 0, NULL);
   }
+  /* The blocks' metrics, after the losses: reading them earlier would
+   * hold the host at each block's forward. */
+  for (int m = 0; m < M; ++m)
+    for (int l = 0; l < B->L; ++l) {
+      const st_bundle_program* f = B->inst[1 + l].stage->fwd;
+      for (int s = 0; s < st_train_metric_outputs(f); ++s) {
+        snprintf(name, sizeof(name), "metric[%d][%d].%s", m, l, f->outputs[1 + s].name);
+        int slot = st_plan_slot_find(B->plan, name);
+        int tag = ST_TAG_METRIC + st__metric_index(B->bundle, f->outputs[1 + s].name);
+        st_plan_add(B->plan, ST_OP_READ, -1, l, m, tag, 1, &slot, 0, NULL);
+        st_plan_add(B->plan, ST_OP_FREE, -1, l, m, 0, 1, &slot, 0, NULL);
+      }
+    }
 }
 
 /*===-------------------------------------------------------------------===*/
@@ -849,7 +941,8 @@ static void st__layouts(st_plan* plan) {
   for (int k = 0; k < plan->slot_count; ++k) {
     st_slot* sl = &plan->slots[k];
     if (sl->category == ST_SLOT_ACT || !strncmp(sl->name, "tokens[", 7) || !strncmp(sl->name, "targets[", 8) ||
-        !strncmp(sl->name, "mask[", 5) || !strncmp(sl->name, "loss[", 5) || !strcmp(sl->name, "eval_loss"))
+        !strncmp(sl->name, "mask[", 5) || !strncmp(sl->name, "loss[", 5) || !strcmp(sl->name, "eval_loss") ||
+        !strncmp(sl->name, "metric", 6))
       sl->layout = ST_LAYOUT_SPLIT;
     else if (sl->logical.rank > 0 && st__is_split(&sl->sharding))
       sl->layout = ST_LAYOUT_SHARDED;

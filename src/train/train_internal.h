@@ -48,6 +48,16 @@ typedef struct st__trainer {
   double* sqnorms;       /* [group instances] */
   int n_sq;
   int64_t step;          /* 0-based step being run */
+  /* The blocks' metrics (st_train_block_metrics; docs/observability.md):
+   * names borrowed from the bundle, and over the step's reads (layers,
+   * microbatches, devices) the sum and count of a scalar's values, the
+   * least and largest element of a vector's. step_hooks.c collects,
+   * metrics.c writes; st__metrics_reset starts a step. */
+  int n_metrics;
+  const char* metric_names[ST_TRAIN_MAX_METRICS];
+  int metric_ranks[ST_TRAIN_MAX_METRICS];
+  double metric_sum[ST_TRAIN_MAX_METRICS], metric_min[ST_TRAIN_MAX_METRICS], metric_max[ST_TRAIN_MAX_METRICS];
+  int64_t metric_reads[ST_TRAIN_MAX_METRICS];
   double grad_norm, gscale, lr;
   st_train_ckpt* ckpt;   /* checkpoints, resume, step faults (checkpoint_io.c) */
   int64_t start_step;    /* steps already done when resuming */
@@ -85,6 +95,9 @@ st_status st__eval_batches(st__trainer* t, double* out_loss);
  * the measured matmul peak (Z GFLOP/s, strata doctor)", the peak from the
  * cache or measured once and stored. */
 void st__summary_peak(const st__trainer* t, double model_gflops);
+
+/* step_hooks.c: forgets the last step's block metrics. */
+void st__metrics_reset(st__trainer* t);
 
 /* metrics.c: every line the run writes to metrics.jsonl and events.jsonl. */
 /* One events.jsonl line; |fields| (an object, or NULL) is stolen. */

@@ -605,6 +605,7 @@ static st_status st__run(st__trainer* t, bool progress) {
   for (t->step = t->start_step; t->step < o->steps; ++t->step) {
     double t0 = st_now();
     st__fill_train_batch(t);
+    st__metrics_reset(t);
     ST_RETURN_IF_ERROR(st_executor_run(t->ex, &hooks), "step %lld", (long long)t->step + 1);
     st_train_ckpt_step_ran(t->ckpt, t->step + 1);
     double loss = 0;
@@ -827,6 +828,7 @@ st_status st_train_main(const st_config* cfg) {
     t.losses = st_xcalloc((size_t)(o.microbatches * (o.eval_batches > 1 ? o.eval_batches : 1)), sizeof(double));
     t.n_sq = (int)bundle->model.n_layers + 2;
     t.sqnorms = st_xcalloc((size_t)t.n_sq, sizeof(double));
+    t.n_metrics = st_train_block_metrics(bundle, t.metric_names, t.metric_ranks);
   }
   if (!s) {
     st_train_ckpt_init ci = {cfg, &o, t.run_dir, bundle, &t.step_plan, t.ex, t.runtime, t.log, t.data};

@@ -427,6 +427,120 @@ static void test_plan_takes_program_names_from_the_bundle(void** state) {
   st_bundle_destroy(b);
 }
 
+/* Block metrics (docs/bundle.md, "Block metrics"): every block's fwd and
+ * fwd_res return, right after y, an f32 scalar and a vector of role
+ * "metric" (as an MoE layer's auxiliary loss and expert loads). */
+static const char* kMetricScript =
+    "import json, sys\n"
+    "p, drop = sys.argv[1], sys.argv[2]\n"
+    "m = json.load(open(p))\n"
+    "extra = [{'name': 'aux_loss', 'shape': [], 'dtype': 'f32', 'role': 'metric'},\n"
+    "         {'name': 'expert_load', 'shape': [4], 'dtype': 'f32', 'role': 'metric'}]\n"
+    "for e in m['programs']:\n"
+    "    if e['name'] in ('block_fwd', 'block_fwd_res') and e['name'] != drop:\n"
+    "        e['outputs'] = e['outputs'][:1] + extra + e['outputs'][1:]\n"
+    "json.dump(m, open(p, 'w'), indent=2)\n";
+
+static st_bundle* metric_bundle(const st_bundle* b, const char* drop) {
+  char dir[512], cmd[4096];
+  snprintf(dir, sizeof(dir), "%s/metrics-%s", g_tmp, drop);
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s' && cp -r '%s' '%s' && '%s/.venv/bin/python' -c \"$STRATA_METRICS\" '%s/manifest.json' %s",
+           dir, b->dir, dir, STRATA_SOURCE_DIR, dir, drop);
+  setenv("STRATA_METRICS", kMetricScript, 1);
+  assert_int_equal(system(cmd), 0);
+  unsetenv("STRATA_METRICS");
+  st_bundle* r = NULL;
+  ASSERT_OK(st_bundle_open(dir, &r));
+  return r;
+}
+
+static int op_index(const st_plan* plan, st_op_kind kind, int tag, const char* slot) {
+  for (int i = 0; i < plan->op_count; ++i) {
+    const st_op* op = &plan->ops[i];
+    if (op->kind != kind || (tag && op->tag != tag)) continue;
+    for (int k = 0; k < op->input_count; ++k)
+      if (!strcmp(plan->slots[op->inputs[k]].name, slot)) return i;
+  }
+  return -1;
+}
+
+static void test_plan_reads_block_metrics(void** state) {
+  (void)state;
+  st_bundle* b = ensure_bundle(2, true);
+  st_bundle* r = metric_bundle(b, "none");
+  const char* names[ST_TRAIN_MAX_METRICS];
+  int ranks[ST_TRAIN_MAX_METRICS];
+  assert_int_equal(st_train_block_metrics(b, names, ranks), 0);
+  assert_int_equal(st_train_block_metrics(r, names, ranks), 2);
+  assert_string_equal(names[0], "aux_loss");
+  assert_string_equal(names[1], "expert_load");
+  assert_int_equal(ranks[0], 0);
+  assert_int_equal(ranks[1], 1);
+
+  st_train_options o;
+  memset(&o, 0, sizeof(o));
+  o.microbatches = 2;
+  o.batch_size = 4;
+  o.eval_batches = 1;
+  o.sched.remat = "0"; /* layer 0 runs fwd and recomputes, layer 1 runs fwd_res */
+  st_plan step, eval, step0, eval0;
+  ASSERT_OK(st_train_build_plans(r, &o, &step, &eval));
+  ASSERT_OK(st_train_build_plans(b, &o, &step0, &eval0));
+  /* Per microbatch and layer: a WAIT, a READ and a FREE of each metric
+   * (the recompute frees its two with y_re); the evaluation frees each
+   * layer's two in one op. */
+  assert_int_equal(step.op_count, step0.op_count + 2 * 2 * 2 * 3);
+  assert_int_equal(eval.op_count, eval0.op_count + 2 * 2);
+  int last_loss = op_index(&step, ST_OP_READ, ST_TAG_LOSS, "loss[1]");
+  assert_true(last_loss >= 0);
+  char name[64];
+  for (int m = 0; m < 2; ++m)
+    for (int l = 0; l < 2; ++l)
+      for (int s = 0; s < 2; ++s) {
+        snprintf(name, sizeof(name), "metric[%d][%d].%s", m, l, names[s]);
+        int rd = op_index(&step, ST_OP_READ, ST_TAG_METRIC + s, name);
+        if (rd < 0) fail_msg("no READ of %s", name);
+        assert_true(rd > last_loss); /* the host does not stop inside the forward */
+        assert_int_equal(step.ops[rd].layer, l);
+        assert_int_equal(step.ops[rd].micro, m);
+        assert_true(op_index(&step, ST_OP_FREE, 0, name) > rd);
+      }
+  /* No backward takes a metric; the recompute's are dropped. */
+  for (int i = 0; i < step.op_count; ++i) {
+    const st_op* op = &step.ops[i];
+    if (op->kind != ST_OP_LAUNCH && op->kind != ST_OP_RECOMPUTE) continue;
+    const char* prog = step.programs[op->program];
+    if (!strcmp(prog, "block_bwd_res"))
+      for (int k = 0; k < op->input_count; ++k)
+        if (starts_with(step.slots[op->inputs[k]].name, "metric")) fail_msg("%s takes %s", prog, step.slots[op->inputs[k]].name);
+    if (op->kind == ST_OP_RECOMPUTE) {
+      assert_int_equal(op->layer, 0);
+      assert_string_equal(step.slots[op->outputs[1]].name, "metric_re.aux_loss");
+      assert_string_equal(step.slots[op->outputs[2]].name, "metric_re.expert_load");
+      assert_true(starts_with(step.slots[op->outputs[3]].name, "res[0]."));
+    }
+  }
+  for (int i = 0; i < eval.op_count; ++i)
+    assert_false(eval.ops[i].kind == ST_OP_READ && eval.ops[i].tag >= ST_TAG_METRIC);
+  assert_true(op_index(&eval, ST_OP_FREE, 0, "metric_eval.aux_loss") >= 0);
+
+  /* fwd and fwd_res must agree on the metrics. */
+  st_bundle* bad = metric_bundle(b, "block_fwd_res");
+  st_plan s2, e2;
+  st_status s = st_train_build_plans(bad, &o, &s2, &e2);
+  assert_non_null(s);
+  assert_non_null(strstr(st_status_message(s), "return different metrics"));
+  st_status_free(s);
+
+  st_plan_deinit(&step);
+  st_plan_deinit(&eval);
+  st_plan_deinit(&step0);
+  st_plan_deinit(&eval0);
+  st_bundle_destroy(bad);
+  st_bundle_destroy(r);
+  st_bundle_destroy(b);
+}
+
 /* The exporter runs in a forked child that reopens stdout: output the
  * parent printed but had not flushed yet must not be written a second
  * time by the child (seen as a doubled "run directory" line when one
@@ -647,6 +761,7 @@ int main(void) {
       cmocka_unit_test(test_program_count_independent_of_depth),
       cmocka_unit_test(test_block_backward_matches_finite_differences),
       cmocka_unit_test(test_plan_takes_program_names_from_the_bundle),
+      cmocka_unit_test(test_plan_reads_block_metrics),
       cmocka_unit_test(test_crafted_bundle_counts_are_bounded),
       cmocka_unit_test(test_sampler_takes_program_names_from_the_bundle),
       cmocka_unit_test(test_sample_pick),
