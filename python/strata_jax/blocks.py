@@ -68,6 +68,18 @@ class BlockKind:
     decode: Callable[..., tuple[Array, Array, Array]] | None = None
     # Checks of the config the kind needs beyond ModelConfig's (raise ValueError).
     validate: Callable[[ModelConfig], None] | None = None
+    # Block metrics (docs/bundle.md, "Block metrics"): f32 scalars or vectors
+    # the forward returns after y (an MoE layer's auxiliary losses and expert
+    # loads), as (name, shape) in order; the forward that returns them,
+    # (cfg, p, x) -> (y, metrics); and the layer's share of the training loss
+    # from them, (cfg, metrics) -> f32 scalar. The kind's fwd/fwd_res programs
+    # return them, its bwd/bwd_res include that share's gradient (the seed of
+    # a scalar metric is its weight in the objective), and the C trainer
+    # reports them (aux_loss, z_loss, expert_load_min/_max). A kind with
+    # metrics keeps no residuals today (fwd_res must be None).
+    metrics: Callable[[ModelConfig], list[tuple[str, tuple[int, ...]]]] | None = None
+    fwd_metrics: Callable[[ModelConfig, Params, Array], tuple[Array, tuple[Array, ...]]] | None = None
+    objective: Callable[[ModelConfig, tuple[Array, ...]], Array] | None = None
     doc: str = ""
 
     @property
@@ -180,3 +192,5 @@ def _parallel() -> BlockKind:
 
 register(_llama())
 register(_parallel())
+
+from . import moe  # noqa: E402,F401  (registers "moe")

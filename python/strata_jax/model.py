@@ -27,6 +27,10 @@ RESIDUAL_OUT: frozenset[str] = frozenset({"wo", "w_down"})  # scaled by 1/sqrt(2
 NORM_EPS = 1e-6
 
 
+_MOE_DEFAULTS: dict[str, Any] = {"n_experts": 8, "moe_top_k": 2, "moe_aux_weight": 0.01, "moe_z_weight": 0.001}
+_OPTIONAL: frozenset[str] = frozenset({"n_kv_heads", "block", "layers", *_MOE_DEFAULTS})
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int
@@ -45,6 +49,12 @@ class ModelConfig:
     n_kv_heads: int = 0  # grouped-query attention: key/value heads; 0 = n_heads
     block: str = "llama"  # the block kind of every layer (blocks.py)
     layers: tuple[str, ...] = ()  # one kind per layer (a heterogeneous stack); () = block everywhere
+    # The moe kind's (moe.py); the C schema's defaults, so that they too are
+    # left out of the model JSON at these values.
+    n_experts: int = 8
+    moe_top_k: int = 2
+    moe_aux_weight: float = 0.01
+    moe_z_weight: float = 0.001
 
     def __post_init__(self) -> None:
         checks = [
@@ -74,10 +84,14 @@ class ModelConfig:
                 if kind not in blocks.KINDS:
                     raise ValueError(f"{key}: unknown block kind {kind!r} (registered: "
                                      f"{', '.join(sorted(blocks.KINDS))}; docs/model.md, \"Block kinds\")")
+        for kind in dict.fromkeys(self.layer_kinds()):
+            check = blocks.KINDS[kind].validate
+            if check is not None:
+                check(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":
-        names = [f.name for f in fields(cls) if f.name not in ("n_kv_heads", "block", "layers")]
+        names = [f.name for f in fields(cls) if f.name not in _OPTIONAL]
         missing = [n for n in names if n not in d]
         if missing:
             raise ValueError(f"model config: missing keys {missing}")
@@ -89,6 +103,8 @@ class ModelConfig:
             init_std=float(d["init_std"]), microbatch_size=int(d["microbatch_size"]),
             n_kv_heads=int(d.get("n_kv_heads", 0) or 0), block=str(d.get("block", "llama") or "llama"),
             layers=tuple(str(k) for k in (d.get("layers") or ())),
+            n_experts=int(d.get("n_experts", 8)), moe_top_k=int(d.get("moe_top_k", 2)),
+            moe_aux_weight=float(d.get("moe_aux_weight", 0.01)), moe_z_weight=float(d.get("moe_z_weight", 0.001)),
         )
 
     @classmethod
@@ -110,6 +126,9 @@ class ModelConfig:
             del d["layers"]
         else:
             d["layers"] = list(self.layers)
+        for k, default in _MOE_DEFAULTS.items():
+            if d[k] == default:
+                del d[k]
         return d
 
     @property
@@ -339,6 +358,31 @@ def model_loss(cfg: ModelConfig, params: FullParams, tokens: Array, targets: Arr
     for kind, p in zip(cfg.layer_kinds(), params["blocks"], strict=True):
         x = blocks.KINDS[kind].fwd(cfg, p, x)
     return head_loss(cfg, params["head"], wte if cfg.tie_embeddings else None, x, targets, mask)
+
+
+def model_objective(cfg: ModelConfig, params: FullParams, tokens: Array, targets: Array,
+                    mask: Array) -> tuple[Array, tuple[Array, dict[str, list[Array]]]]:
+    """What training differentiates: the head's loss plus, for every layer
+    whose kind has metrics (blocks.BlockKind.metrics: an MoE layer's
+    auxiliary losses), its kind's objective of them. Returns (objective,
+    (loss, {metric name: [value per such layer]}))."""
+    from . import blocks
+    wte = params["embed"]["wte"]
+    x = embed_fwd(cfg, wte, tokens)
+    extra = jnp.float32(0.0)
+    metrics: dict[str, list[Array]] = {}
+    for kind_name, p in zip(cfg.layer_kinds(), params["blocks"], strict=True):
+        kind = blocks.KINDS[kind_name]
+        if kind.fwd_metrics is None:
+            x = kind.fwd(cfg, p, x)
+            continue
+        x, mets = kind.fwd_metrics(cfg, p, x)
+        assert kind.objective is not None and kind.metrics is not None
+        extra = extra + kind.objective(cfg, mets)
+        for (name, _), v in zip(kind.metrics(cfg), mets, strict=True):
+            metrics.setdefault(name, []).append(v)
+    loss = head_loss(cfg, params["head"], wte if cfg.tie_embeddings else None, x, targets, mask)
+    return loss + extra, (loss, metrics)
 
 
 def flat_param_names(cfg: ModelConfig) -> list[str]:

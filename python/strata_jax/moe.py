@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -69,9 +68,9 @@ class MoeConfig:
                              f"(got {self.aux_weight}, {self.z_weight})")
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "MoeConfig":
-        return cls(n_experts=int(d["n_experts"]), top_k=int(d["moe_top_k"]),
-                   aux_weight=float(d["moe_aux_weight"]), z_weight=float(d["moe_z_weight"]))
+    def of(cls, cfg: ModelConfig) -> "MoeConfig":
+        return cls(n_experts=cfg.n_experts, top_k=cfg.moe_top_k, aux_weight=cfg.moe_aux_weight,
+                   z_weight=cfg.moe_z_weight)
 
 
 def moe_param_shape(cfg: ModelConfig, mc: MoeConfig, local: str) -> tuple[int, ...]:
@@ -159,3 +158,54 @@ def moe_block_bwd(cfg: ModelConfig, mc: MoeConfig, p: Params, x: Array, dy: Arra
     dp, dx = vjp((dy, jnp.asarray(mc.aux_weight, aux.dtype), jnp.asarray(mc.z_weight, z.dtype),
                   jnp.zeros_like(load)))
     return dp, dx
+
+
+# --- the block kind (blocks.py) ---------------------------------------------------
+
+def _kind() -> "Any":
+    from . import blocks
+    from . import programs as PR
+
+    def shape(cfg: ModelConfig, local: str) -> tuple[int, ...]:
+        return moe_param_shape(cfg, MoeConfig.of(cfg), local)
+
+    def init(cfg: ModelConfig, seed: Array, layer: Array, n_layers: Array) -> Params:
+        return init_moe_block(cfg, MoeConfig.of(cfg), seed, layer, n_layers)
+
+    def fwd_metrics(cfg: ModelConfig, p: Params, x: Array) -> tuple[Array, tuple[Array, ...]]:
+        y, aux, z, load = moe_block_fwd(cfg, MoeConfig.of(cfg), p, x)
+        return y, (aux, z, load)
+
+    def fwd(cfg: ModelConfig, p: Params, x: Array) -> Array:
+        return fwd_metrics(cfg, p, x)[0]
+
+    def objective(cfg: ModelConfig, m: tuple[Array, ...]) -> Array:
+        return moe_objective(MoeConfig.of(cfg), m[0], m[1])
+
+    def metrics(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+        return [("aux_loss", ()), ("z_loss", ()), ("expert_load", (cfg.n_experts,))]
+
+    def prefill(cfg: ModelConfig, p: Params, x: Array) -> tuple[Array, Array, Array]:
+        _, k, v = PR._qkv(cfg, p, x)
+        return fwd(cfg, p, x), k, v
+
+    def decode(cfg: ModelConfig, p: Params, x: Array, k_cache: Array, v_cache: Array,
+               pos: Array) -> tuple[Array, Array, Array]:
+        a, k_cache, v_cache = PR.attention_decode(cfg, p, M.rms_norm(x, p["attn_norm"]), k_cache, v_cache, pos)
+        x = x + a
+        out = moe_mlp(cfg, MoeConfig.of(cfg), p, M.rms_norm(x, p["mlp_norm"]))[0]
+        return x + out, k_cache, v_cache
+
+    return blocks.BlockKind(
+        name="moe", params=lambda cfg: MOE_PARAMS, init=init, fwd=fwd, shape=shape,
+        validate=lambda cfg: MoeConfig.of(cfg) and None, metrics=metrics, fwd_metrics=fwd_metrics,
+        objective=objective, prefill=prefill, decode=decode,
+        doc="x += attn(rmsnorm(x)); x += top-k mixture of SwiGLU experts(rmsnorm(x))")
+
+
+def _register() -> None:
+    from . import blocks
+    blocks.register(_kind())
+
+
+_register()

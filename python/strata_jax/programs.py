@@ -176,17 +176,32 @@ def kind_programs(cfg: ModelConfig, kind: object) -> dict[str, Program]:
     res = [TensorSpec(n, s, "f32", "residual") for n, s in (kind.residuals(cfg) if kind.residuals else [])]
     nr = len(res)
 
+    mets = [TensorSpec(n, s, "f32", "metric") for n, s in (kind.metrics(cfg) if kind.metrics else [])]
+    assert not mets or (kind.fwd_metrics and kind.objective and kind.fwd_res is None), kind.name
+
     def init(s: Array, layer: Array, n_layers: Array) -> tuple[Array, ...]:
         p = kind.init(cfg, s, layer, n_layers)
         return tuple(p[n] for n in names)
 
     def fwd(*args: Array) -> tuple[Array, ...]:
-        return (kind.fwd(cfg, dict(zip(names, args[:nb])), args[nb]),)
+        p, xin = dict(zip(names, args[:nb])), args[nb]
+        if kind.fwd_metrics is not None:
+            yv, m = kind.fwd_metrics(cfg, p, xin)
+            return (yv,) + tuple(m)
+        return (kind.fwd(cfg, p, xin),)
 
     def bwd(*args: Array) -> tuple[Array, ...]:
         p, xin, g = dict(zip(names, args[:nb])), args[nb], args[nb + 1]
-        _, vjp = jax.vjp(lambda p_, x_: kind.fwd(cfg, p_, x_), p, xin)
-        dp, dxin = vjp(g)
+        if kind.fwd_metrics is not None:
+            # The layer's share of the loss is differentiated here: its seed is 1.
+            def f(p_: dict[str, Array], x_: Array) -> tuple[Array, Array]:
+                yv, m = kind.fwd_metrics(cfg, p_, x_)  # type: ignore[misc]
+                return yv, kind.objective(cfg, m)  # type: ignore[misc]
+            _, vjp = jax.vjp(f, p, xin)
+            dp, dxin = vjp((g, jnp.float32(1.0)))
+        else:
+            _, vjp = jax.vjp(lambda p_, x_: kind.fwd(cfg, p_, x_), p, xin)
+            dp, dxin = vjp(g)
         return tuple(dp[n] for n in names) + (dxin,)
 
     def fwd_res(*args: Array) -> tuple[Array, ...]:
@@ -211,9 +226,9 @@ def kind_programs(cfg: ModelConfig, kind: object) -> dict[str, Program]:
     out = {
         "init": Program(name["init"], init, [_scalar("seed", "s32"), _scalar("layer", "s32"), _scalar("n_layers", "s32")],
                         params),
-        "fwd": Program(name["fwd"], fwd, params + [x], [y]),
+        "fwd": Program(name["fwd"], fwd, params + [x], [y] + mets),
         "bwd": Program(name["bwd"], bwd, params + [x, dy], grads + [dx]),
-        "fwd_res": Program(name["fwd_res"], fwd_res, params + [x], [y] + res),
+        "fwd_res": Program(name["fwd_res"], fwd_res, params + [x], [y] + mets + res),
         "bwd_res": Program(name["bwd_res"], bwd_res, params + [x] + res + [dy], grads + [dx]),
     }
     if kind.decode is not None and kind.prefill is not None:

@@ -36,6 +36,16 @@ static const st__cfg_key kKeys[] = {
     {"model.layers", ST__CFG_LIST, "[]",
      .doc = "A block kind per layer for a heterogeneous stack, e.g. [llama, parallel]: exactly model.n_layers "
             "names; empty: model.block for every layer."},
+    {"model.n_experts", ST__CFG_INT, "8", .lo = 1, .hi = 1024,
+     .doc = "Experts of a moe layer (docs/model.md, \"The moe block\"): each token goes to model.moe_top_k of them."},
+    {"model.moe_top_k", ST__CFG_INT, "2", .lo = 1, .hi = 1024,
+     .doc = "Experts per token in a moe layer, at most model.n_experts."},
+    {"model.moe_aux_weight", ST__CFG_FLOAT, "0.01", .lo = 0, .hi = 1e3,
+     .doc = "Weight of a moe layer's load-balancing loss (Switch: n_experts x sum of load x mean router "
+            "probability) in the training loss, per moe layer."},
+    {"model.moe_z_weight", ST__CFG_FLOAT, "0.001", .lo = 0, .hi = 1e3,
+     .doc = "Weight of a moe layer's router z-loss (mean squared log-sum-exp of the router logits) in the training "
+            "loss, per moe layer."},
     {"model.d_ff", ST__CFG_INT, "512", .lo = 1, .hi = 1048576, .doc = "Hidden width of the MLP."},
     {"model.seq_len", ST__CFG_INT, "128", .lo = 2, .hi = 8192, .doc = "Tokens per training sequence."},
     {"model.tie_embeddings", ST__CFG_BOOL, "true", .doc = "Share the input embedding with the output projection."},
@@ -233,6 +243,19 @@ static st_status st__rule_heads(const st_config* c) {
                           "attention shares each key/value head among model.n_heads / model.n_kv_heads query heads",
                           (long long)h, st_config_source(c, "model.n_heads"), (long long)kv,
                           st_config_source(c, "model.n_kv_heads"));
+  return ST_OK;
+}
+
+/* The moe kind's routing: each token picks model.moe_top_k experts of
+ * model.n_experts. Checked whatever the kinds (the C side knows none). */
+static st_status st__rule_moe(const st_config* c) {
+  int64_t k = st_config_int(c, "model.moe_top_k"), e = st_config_int(c, "model.n_experts");
+  if (k > e)
+    return st_status_make(ST_CODE_CONFIG,
+                          "model.moe_top_k (%lld, %s) is larger than model.n_experts (%lld, %s): a token is routed to "
+                          "model.moe_top_k of the model.n_experts experts",
+                          (long long)k, st_config_source(c, "model.moe_top_k"), (long long)e,
+                          st_config_source(c, "model.n_experts"));
   return ST_OK;
 }
 
@@ -445,6 +468,7 @@ static const st__cfg_rule kRules[] = {
      st__rule_heads},
     {"model.layers is empty or names one block kind per layer (model.n_layers of them); model.block is not empty.",
      st__rule_layers},
+    {"model.moe_top_k is at most model.n_experts.", st__rule_moe},
     {"train.batch_size is divisible by train.microbatches.", st__rule_microbatches},
     {"model.vocab_size is at least 256 (the byte tokenizer) unless data.synthetic is true.", st__rule_vocab},
     {"data.tokenizer=bpe: data.vocab_size (0: model.vocab_size) is from 256 to model.vocab_size, and data.synthetic "

@@ -59,6 +59,14 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
     for (int i = 0; i < nk; ++i) json_array_append_new(kinds, json_string(st_config_list_item(c, "model.layers", i)));
     json_object_set_new(m, "layers", kinds);
   }
+  /* The moe kind's keys likewise, each when not at its default (the
+   * front-end's ModelConfig has the same defaults). */
+  if (st_config_int(c, "model.n_experts") != 8) st_json_put_int(m, "n_experts", st_config_int(c, "model.n_experts"));
+  if (st_config_int(c, "model.moe_top_k") != 2) st_json_put_int(m, "moe_top_k", st_config_int(c, "model.moe_top_k"));
+  if (st_config_float(c, "model.moe_aux_weight") != 0.01)
+    st_json_put_num(m, "moe_aux_weight", st_config_float(c, "model.moe_aux_weight"));
+  if (st_config_float(c, "model.moe_z_weight") != 0.001)
+    st_json_put_num(m, "moe_z_weight", st_config_float(c, "model.moe_z_weight"));
   /* Compute programs see one device's share of a microbatch (the config
    * rules make it divide evenly; docs/parallelism.md). */
   int64_t shares = st_config_int(c, "parallel.data") * st_config_int(c, "parallel.fsdp");
