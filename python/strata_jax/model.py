@@ -369,7 +369,7 @@ def model_objective(cfg: ModelConfig, params: FullParams, tokens: Array, targets
     from . import blocks
     wte = params["embed"]["wte"]
     x = embed_fwd(cfg, wte, tokens)
-    extra = jnp.float32(0.0)
+    extra: Array | None = None  # stays None (nothing added) for a stack without metrics
     metrics: dict[str, list[Array]] = {}
     for kind_name, p in zip(cfg.layer_kinds(), params["blocks"], strict=True):
         kind = blocks.KINDS[kind_name]
@@ -378,11 +378,12 @@ def model_objective(cfg: ModelConfig, params: FullParams, tokens: Array, targets
             continue
         x, mets = kind.fwd_metrics(cfg, p, x)
         assert kind.objective is not None and kind.metrics is not None
-        extra = extra + kind.objective(cfg, mets)
+        share = kind.objective(cfg, mets)
+        extra = share if extra is None else extra + share
         for (name, _), v in zip(kind.metrics(cfg), mets, strict=True):
             metrics.setdefault(name, []).append(v)
     loss = head_loss(cfg, params["head"], wte if cfg.tie_embeddings else None, x, targets, mask)
-    return loss + extra, (loss, metrics)
+    return (loss if extra is None else loss + extra), (loss, metrics)
 
 
 def flat_param_names(cfg: ModelConfig) -> list[str]:

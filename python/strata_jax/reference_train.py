@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import blocks
 from . import model as M
 from .data import Batch, DataError, Sampler, read_token_file
 from .model import FullParams, ModelConfig
@@ -76,24 +77,33 @@ def load_config(path_or_json: str) -> dict[str, Any]:
 
 
 def make_train_step(cfg: ModelConfig, loss_fn: Callable[..., Array] = M.model_loss,
-                    shardings: tuple[Any, Any] | None = None) -> Callable[..., Any]:
+                    shardings: tuple[Any, Any] | None = None, with_metrics: bool = False) -> Callable[..., Any]:
     """jit(params, m, v, tokens, targets, mask, step, lr, hyper, grad_clip) ->
-    (params, m, v, micro_losses[n_micro], group_sqnorms[n_groups]).
+    (params, m, v, micro_losses[n_micro], group_sqnorms[n_groups]), and with
+    |with_metrics| the block metrics too ({name: [per layer: [n_micro, ...]]}).
+    The gradient is model.model_objective's (the head's loss plus the layers'
+    auxiliary losses); the losses reported are the head's.
     loss_fn(cfg, params, tokens, targets, mask) is only replaced by the
     benchmark anchors (anchor.py), with the same math; so are |shardings|
     ((in_shardings, out_shardings) of the jit, for a device mesh)."""
-    loss_and_grad = jax.value_and_grad(lambda p, t, y, k: loss_fn(cfg, p, t, y, k))
+    if loss_fn is M.model_loss:
+        objective = lambda p, t, y, k: M.model_objective(cfg, p, t, y, k)  # noqa: E731
+    else:
+        def objective(p: Any, t: Array, y: Array, k: Array) -> tuple[Array, Any]:
+            value = loss_fn(cfg, p, t, y, k)
+            return value, (value, {})
+    loss_and_grad = jax.value_and_grad(objective, has_aux=True)
 
     def step_fn(params: FullParams, m: FullParams, v: FullParams, tokens: Array, targets: Array,
                 mask: Array, step: Array, lr: Array, hyper: Array, grad_clip: Array) -> Any:
         n_micro = tokens.shape[0]
 
-        def micro(gsum: FullParams, xs: tuple[Array, Array, Array]) -> tuple[FullParams, Array]:
-            loss, g = loss_and_grad(params, *xs)
-            return jax.tree.map(jnp.add, gsum, g), loss
+        def micro(gsum: FullParams, xs: tuple[Array, Array, Array]) -> tuple[FullParams, Any]:
+            (_, (loss, mets)), g = loss_and_grad(params, *xs)
+            return jax.tree.map(jnp.add, gsum, g), (loss, mets)
 
         zeros = jax.tree.map(jnp.zeros_like, params)
-        grads, losses = jax.lax.scan(micro, zeros, (tokens, targets, mask))
+        grads, (losses, metrics) = jax.lax.scan(micro, zeros, (tokens, targets, mask))
 
         groups = [(params["embed"], grads["embed"], m["embed"], v["embed"])]
         groups += [(params["blocks"][i], grads["blocks"][i], m["blocks"][i], v["blocks"][i])
@@ -120,6 +130,8 @@ def make_train_step(cfg: ModelConfig, loss_fn: Callable[..., Array] = M.model_lo
         def regroup(j: int) -> FullParams:
             return {"embed": new[0][j], "blocks": [n[j] for n in new[1:-1]], "head": new[-1][j]}
 
+        if with_metrics:
+            return regroup(0), regroup(1), regroup(2), losses, sqn, metrics
         return regroup(0), regroup(1), regroup(2), losses, sqn
 
     if shardings is not None:
@@ -166,7 +178,8 @@ def train(config: dict[str, Any], tokens: np.ndarray, steps: int | None = None,
             return jax.device_put(b.tokens, bs), jax.device_put(b.targets, bs), jax.device_put(b.mask, bs)
     m = jax.tree.map(jnp.zeros_like, params)
     v = jax.tree.map(jnp.zeros_like, params)
-    step_fn, eval_fn = make_train_step(cfg, shardings=shardings), make_eval(cfg)
+    with_metrics = any(blocks.KINDS[k].metrics for k in cfg.layer_kinds())
+    step_fn, eval_fn = make_train_step(cfg, shardings=shardings, with_metrics=with_metrics), make_eval(cfg)
     hyper, clip = jnp.asarray(tc.hyper), jnp.float32(tc.grad_clip)
     eval_data = batch_arrays(sampler.eval_batch(tc.eval_batches)) if tc.eval_batches > 0 else None
 
@@ -175,8 +188,10 @@ def train(config: dict[str, Any], tokens: np.ndarray, steps: int | None = None,
         t = k + 1
         lr = lr_at(t, lr=tc.lr, min_lr_ratio=tc.min_lr_ratio, warmup_steps=tc.warmup_steps, steps=tc.steps)
         t0 = time.perf_counter()
-        params, m, v, losses, sqn = step_fn(params, m, v, *batch_arrays(sampler.batch(k)),
-                                            jnp.float32(t), jnp.float32(lr), hyper, clip)
+        out = step_fn(params, m, v, *batch_arrays(sampler.batch(k)), jnp.float32(t), jnp.float32(lr), hyper, clip)
+        params, m, v, losses, sqn = out[:5]
+        if with_metrics:
+            _record_metrics(hist, out[5])
         losses_h = np.asarray(losses, np.float64)
         sqn_h = np.asarray(sqn, np.float64)
         hist["step_time_s"].append(time.perf_counter() - t0)
@@ -193,6 +208,19 @@ def train(config: dict[str, Any], tokens: np.ndarray, steps: int | None = None,
         if log:
             log(line)
     return params, hist
+
+
+def _record_metrics(hist: dict[str, Any], metrics: dict[str, list[Array]]) -> None:
+    """The block metrics of a step as the C trainer reports them
+    (docs/observability.md): a scalar's mean over layers and microbatches
+    (f64 on the host), a vector's least and largest element."""
+    for name, per_layer in metrics.items():
+        vals = [np.asarray(a, np.float64) for a in per_layer]
+        if vals[0].ndim == 1:  # [n_micro]: a scalar per microbatch
+            hist.setdefault(name, []).append(float(np.mean(np.concatenate(vals))))
+        else:
+            hist.setdefault(name + "_min", []).append(float(min(np.min(a) for a in vals)))
+            hist.setdefault(name + "_max", []).append(float(max(np.max(a) for a in vals)))
 
 
 def save_params(params: FullParams, path: str) -> None:
