@@ -337,6 +337,16 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as e:
         print(f"strata_jax.export: bad model config: {e}", file=sys.stderr)
         return 2
+    if mesh is not None and mesh.devices > 1:
+        from . import blocks
+        with_metrics = [k.name for k in blocks.kinds_of(cfg) if k.metrics]
+        if with_metrics:
+            # Their auxiliary losses are per data shard, and no kind with
+            # metrics has collective or tensor-parallel programs yet.
+            print(f"strata_jax.export: block kind {with_metrics[0]!r} (model.block/model.layers) does not run on "
+                  f"a device mesh yet (--mesh {args.mesh}); set parallel.data, parallel.fsdp and parallel.tensor "
+                  f"to 1 (docs/model.md, \"The moe block\")", file=sys.stderr)
+            return 2
     try:
         progress = Progress(args.progress_fd)
     except OSError as e:

@@ -212,7 +212,7 @@ def train(config: dict[str, Any], tokens: np.ndarray, steps: int | None = None,
 
 def _record_metrics(hist: dict[str, Any], metrics: dict[str, list[Array]]) -> None:
     """The block metrics of a step as the C trainer reports them
-    (docs/observability.md): a scalar's mean over layers and microbatches
+    (docs/bundle.md, "Block metrics"): a scalar's mean over layers and microbatches
     (f64 on the host), a vector's least and largest element."""
     for name, per_layer in metrics.items():
         vals = [np.asarray(a, np.float64) for a in per_layer]

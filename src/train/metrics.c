@@ -1,5 +1,5 @@
 /* metrics.c — what a run writes about itself: the metrics line of every
- * step and evaluation (metrics.jsonl, the contract in docs/observability.md)
+ * step and evaluation (metrics.jsonl, the contract in docs/bundle.md, "Block metrics")
  * and the events of the lifecycle (events.jsonl). Lines are jansson trees
  * (st_json_*), so any path or message in them stays valid JSON. */
 #include <stdio.h>
@@ -122,7 +122,7 @@ st_status st__step_metrics(st__trainer* t, double loss, double dt) {
   st_json_put(m, "wait_s", st_json_fixed(es->wait_s, 6));
   st_json_put_int(m, "peak_live_bytes", es->peak_live_bytes);
   /* The blocks' metrics: a scalar's mean over layers, microbatches and
-   * devices; a vector's least and largest element (docs/observability.md). */
+   * devices; a vector's least and largest element (docs/bundle.md, "Block metrics"). */
   for (int s = 0; s < t->n_metrics; ++s) {
     if (t->metric_reads[s] == 0) continue;
     if (t->metric_ranks[s] == 0) {

@@ -48,7 +48,7 @@ typedef struct st__trainer {
   double* sqnorms;       /* [group instances] */
   int n_sq;
   int64_t step;          /* 0-based step being run */
-  /* The blocks' metrics (st_train_block_metrics; docs/observability.md):
+  /* The blocks' metrics (st_train_block_metrics; docs/bundle.md, "Block metrics"):
    * names borrowed from the bundle, and over the step's reads (layers,
    * microbatches, devices) the sum and count of a scalar's values, the
    * least and largest element of a vector's. step_hooks.c collects,

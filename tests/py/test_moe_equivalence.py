@@ -95,3 +95,10 @@ def test_top_k_above_n_experts_is_exit_2_naming_the_key(tmp_path) -> None:
                         f"run.dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 2, r.stderr
     assert "model.moe_top_k" in r.stderr and "model.n_experts" in r.stderr
+
+
+def test_a_device_mesh_is_refused_with_exit_2(tmp_path) -> None:
+    r = subprocess.run([STRATA, "train", "configs/test.yml", *COMMON, *STACKS["alternating"], "parallel.data=2",
+                        f"run.dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert "'moe'" in r.stderr and "parallel.data" in r.stderr
