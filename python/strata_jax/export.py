@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             # metrics has collective or tensor-parallel programs yet.
             print(f"strata_jax.export: block kind {with_metrics[0]!r} (model.block/model.layers) does not run on "
                   f"a device mesh yet (--mesh {args.mesh}); set parallel.data, parallel.fsdp and parallel.tensor "
-                  f"to 1 (docs/model.md, \"The moe block\")", file=sys.stderr)
+                  f"to 1 (docs/model.md, \"Block kinds\", moe)", file=sys.stderr)
             return 2
     try:
         progress = Progress(args.progress_fd)

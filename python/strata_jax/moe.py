@@ -2,7 +2,7 @@
 
 Pure, shape-static functions on parameter dicts, like model.py, so the same
 code can back exported per-layer programs and the monolithic reference.
-docs/model.md ("The moe block") states the maths; in short, for the tokens
+docs/model.md ("Block kinds", moe) states the maths; in short, for the tokens
 h [N, D] of a microbatch (N = mb·T) after the MLP norm:
 
     logits = h @ router                       f32 [N, E] (router always in f32)

@@ -37,7 +37,7 @@ static const st__cfg_key kKeys[] = {
      .doc = "A block kind per layer for a heterogeneous stack, e.g. [llama, parallel]: exactly model.n_layers "
             "names; empty: model.block for every layer."},
     {"model.n_experts", ST__CFG_INT, "8", .lo = 1, .hi = 1024,
-     .doc = "Experts of a moe layer (docs/model.md, \"The moe block\"): each token goes to model.moe_top_k of them."},
+     .doc = "Experts of a moe layer (docs/model.md, \"Block kinds\", moe): each token goes to model.moe_top_k of them."},
     {"model.moe_top_k", ST__CFG_INT, "2", .lo = 1, .hi = 1024,
      .doc = "Experts per token in a moe layer, at most model.n_experts."},
     {"model.moe_aux_weight", ST__CFG_FLOAT, "0.01", .lo = 0, .hi = 1e3,

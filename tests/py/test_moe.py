@@ -1,4 +1,4 @@
-"""The moe block's maths (python/strata_jax/moe.py, docs/model.md "The moe block")."""
+"""The moe block's maths (python/strata_jax/moe.py, docs/model.md "Block kinds", moe)."""
 
 from __future__ import annotations
 

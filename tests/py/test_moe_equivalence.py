@@ -1,4 +1,4 @@
-"""The moe block kind end to end (docs/model.md, "The moe block"): strata's
+"""The moe block kind end to end (docs/model.md, "Block kinds", moe): strata's
 per-layer C trainer against the monolithic reference, 20 steps, f32, for a
 stack of moe layers and for llama and moe layers alternating. Every step's
 loss within rtol 1e-4, and the block metrics (aux_loss, z_loss,
