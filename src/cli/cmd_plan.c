@@ -49,7 +49,9 @@ static void st__print_layer_memory(const st_bundle* b, const st_remat_choice* re
     int64_t params = 0, res = 0;
     for (int i = 0; i < b->param_count; ++i)
       if (b->params[i].layer == l) params += st_tensor_type_bytes(&b->params[i].type);
-    for (int i = 1; st->fwd_res && i < st->fwd_res->output_count; ++i) res += st_tensor_type_bytes(&st->fwd_res->outputs[i].type);
+    /* after y and the block's metrics (docs/bundle.md, "Block metrics"), which are read, not kept */
+    for (int i = st->fwd_res ? 1 + st_train_metric_outputs(st->fwd_res) : 1; st->fwd_res && i < st->fwd_res->output_count; ++i)
+      res += st_tensor_type_bytes(&st->fwd_res->outputs[i].type);
     bool recomputed = remat->remat && l < remat->layers && remat->remat[l];
     printf("# layer %-3d %-10s params %lld B  state %lld B  residuals %lld B%s\n", l, st->kind[0] ? st->kind : st->group->name,
            (long long)params, (long long)(4 * params), (long long)res, recomputed ? " (recomputed: not kept)" : "");

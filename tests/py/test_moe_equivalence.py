@@ -6,8 +6,10 @@ expert_load_min/_max) reported by both alike; bad input exits 2."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -102,3 +104,37 @@ def test_a_device_mesh_is_refused_with_exit_2(tmp_path) -> None:
                         f"run.dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 2, r.stderr
     assert "'moe'" in r.stderr and "parallel.data" in r.stderr
+
+
+PRESETS = sorted(glob.glob(os.path.join(ROOT, "configs", "moe-*.yml")))
+SHORT = ["model.seq_len=16", "train.batch_size=2", "train.steps=20", "train.eval_every=0", "train.eval_batches=1",
+         "data.synthetic=true", "model.vocab_size=256"]
+
+
+@pytest.mark.parametrize("preset", [os.path.basename(p) for p in PRESETS])
+def test_preset_trains_and_plans(preset: str, tmp_path) -> None:
+    """configs/moe-*.yml: `strata plan` prints each layer's memory (a moe
+    layer keeps no residuals: its metrics are not counted as such), and 20
+    steps on synthetic data train with the block metrics in every line."""
+    cfg = f"configs/{preset}"
+    out = run([STRATA, "plan", cfg, *SHORT]).stdout
+    model = json.loads(run([STRATA, "config", "--json", cfg]).stdout)["model"]
+    rows = [line for line in out.splitlines() if re.match(r"# layer \d+ ", line)]
+    assert len(rows) == model["n_layers"], out[:2000]
+    kinds = model["layers"] or [model["block"]] * model["n_layers"]
+    assert "moe" in kinds
+    for row, kind in zip(rows, kinds):
+        m = re.search(r"# layer \d+ +(\w+) +params (\d+) B  state \d+ B  residuals (\d+) B", row)
+        assert m and m.group(1) == kind, row
+        assert (int(m.group(3)) == 0) == (kind == "moe"), row
+    run([STRATA, "train", cfg, *SHORT, f"run.dir={tmp_path / 'run'}"])
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    losses = [m["loss"] for m in lines]
+    assert len(losses) == 20 and all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+    for m in lines:
+        assert all(np.isfinite(m[k]) for k in METRICS), m
+        assert 0 <= m["expert_load_min"] <= 1 / model["n_experts"] <= m["expert_load_max"] <= 1, m
+
+
+def test_there_is_a_moe_preset() -> None:
+    assert PRESETS
