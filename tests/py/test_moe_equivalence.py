@@ -138,3 +138,17 @@ def test_preset_trains_and_plans(preset: str, tmp_path) -> None:
 
 def test_there_is_a_moe_preset() -> None:
     assert PRESETS
+
+
+def test_greedy_sampling_of_a_moe_stack_equals_full_recompute(tmp_path) -> None:
+    """moe_prefill / moe_decode (one token routed at a time, KV caches)
+    against test_sample's full re-computation through each kind's forward."""
+    from test_sample import PROMPT, TRAIN, reference_greedy, sample
+
+    d = str(tmp_path / "run")
+    run([STRATA, "train", *TRAIN, "model.n_layers=3", "model.layers=[moe,llama,moe]", "model.n_experts=4",
+         "model.moe_top_k=1", f"run.dir={d}"])
+    got = sample(d, "--prompt", PROMPT, "--tokens", "40", "--temperature", "0")
+    want = reference_greedy(d, PROMPT.encode(), 40)
+    assert got[len(PROMPT):] == want
+    assert len(set(want)) > 3, f"a degenerate model makes the comparison weak: {want!r}"
