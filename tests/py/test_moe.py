@@ -233,3 +233,51 @@ def test_bad_top_k_names_the_key() -> None:
         X.MoeConfig(n_experts=4, top_k=0, aux_weight=0.0, z_weight=0.0)
     with pytest.raises(ValueError, match="model.n_experts"):
         X.MoeConfig(n_experts=0, top_k=1, aux_weight=0.0, z_weight=0.0)
+
+
+def test_exported_programs_backward_matches_finite_differences() -> None:
+    """moe_bwd and moe_bwd_res (the programs C runs) against central
+    differences of moe_fwd's <y, dy> + aux_weight·aux + z_weight·z, and the
+    programs' tables: y then the three metrics, no residuals."""
+    from strata_jax import blocks
+    from strata_jax import programs as PR
+
+    cfg = ModelConfig.from_dict(tiny_model(d_model=16, n_heads=2, d_ff=24, seq_len=8, block="moe", n_experts=4,
+                                           moe_top_k=2, moe_aux_weight=0.5, moe_z_weight=0.1))
+    kind = blocks.KINDS["moe"]
+    progs = PR.kind_programs(cfg, kind)
+    assert [(o.name, o.role, o.shape) for o in progs["fwd"].outputs[1:]] == \
+        [("aux_loss", "metric", ()), ("z_loss", "metric", ()), ("expert_load", "metric", (4,))]
+    assert [o.name for o in progs["fwd_res"].outputs] == [o.name for o in progs["fwd"].outputs]
+    assert len(progs["bwd_res"].inputs) == len(kind.params(cfg)) + 2
+    names = kind.params(cfg)
+    rng = np.random.default_rng(0)
+    p = {n: rng.normal(0, 0.3 if len(kind.param_shape(cfg, n)) > 1 else 1.0,
+                       kind.param_shape(cfg, n)).astype(np.float32) for n in names}
+    p["router"] *= 10  # well separated choices: a step of h moves no token to another expert
+    x = rng.normal(0, 1, (cfg.microbatch_size, cfg.seq_len, cfg.d_model)).astype(np.float32)
+    dy = rng.normal(0, 1, x.shape).astype(np.float32)
+    u = {n: rng.normal(0, 1, a.shape).astype(np.float32) for n, a in p.items()}
+    w = rng.normal(0, 1, x.shape).astype(np.float32)
+    fwd = jax.jit(progs["fwd"].fn)
+    got_res = jax.jit(progs["bwd_res"].fn)(*[p[n] for n in names], x, dy)
+    got_bwd = jax.jit(progs["bwd"].fn)(*[p[n] for n in names], x, dy)
+
+    def f(t: float) -> float:
+        y, aux, z, _ = fwd(*[p[n] + t * u[n] for n in names], x + t * w)
+        return float(np.sum(np.asarray(y, np.float64) * dy)) + 0.5 * float(aux) + 0.1 * float(z)
+
+    h = 1e-3
+    fd = (f(h) - f(-h)) / (2 * h)
+    for got in (got_res, got_bwd):
+        an = sum(float(np.vdot(g, u[n])) for n, g in zip(names, got[:-1])) + float(np.vdot(got[-1], w))
+        assert abs(an - fd) <= 3e-3 * abs(fd), (an, fd)
+    # the aux losses' share alone (dy = 0): what the seeds (the weights) give
+    zero = np.zeros_like(dy)
+    got0 = jax.jit(progs["bwd"].fn)(*[p[n] for n in names], x, zero)
+    g = lambda t: 0.5 * float(fwd(*[p[n] + t * u[n] for n in names], x)[1]) + \
+        0.1 * float(fwd(*[p[n] + t * u[n] for n in names], x)[2])  # noqa: E731
+    fd0 = (g(h) - g(-h)) / (2 * h)
+    an0 = sum(float(np.vdot(gr, u[n])) for n, gr in zip(names, got0[:-1]))
+    assert abs(an0 - fd0) <= 1e-2 * abs(fd0) + 1e-5, (an0, fd0)
+    assert abs(fd0) > 1e-4
