@@ -177,7 +177,18 @@ def residual_specs(cfg: ModelConfig) -> list[TensorSpec]:
     mb, T, D, H, Dh, F = cfg.microbatch_size, cfg.seq_len, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff
     shapes = {"q": (mb, T, H, Dh), "k": (mb, T, H, Dh), "v": (mb, T, H, Dh), "attn_out": (mb, T, D),
               "attn_lse": (mb, H, T), "x_mid": (mb, T, D), "gate": (mb, T, F), "up": (mb, T, F)}
-    return [TensorSpec(n, shapes[n], "f32", "residual") for n in RESIDUALS]
+    return [TensorSpec(n, shapes[n], residual_dtype(cfg, n), "residual") for n in RESIDUALS]
+
+
+# Residuals that only ever reach a matmul as a bf16 operand (or, for gate and
+# up, the elementwise SwiGLU backward) are kept in the compute dtype: with bf16
+# they take half the bytes. The residual stream x_mid and the softmax's
+# log-sum-exp stay f32 (docs/model.md, "Mixed precision").
+_F32_RESIDUALS = frozenset({"attn_lse", "x_mid"})
+
+
+def residual_dtype(cfg: ModelConfig, name: str) -> str:
+    return "f32" if name in _F32_RESIDUALS else cfg.compute_dtype
 
 
 def _causal(T: int) -> Array:
@@ -241,7 +252,7 @@ def block_bwd_res(cfg: ModelConfig, p: dict[str, Array], x: Array, res: tuple[Ar
                   dy: Array) -> tuple[dict[str, Array], Array]:
     """(param grads, dx) from the residuals. Each jax.vjp below covers one stage whose
     inputs are saved; its primal matmuls are dead code that XLA removes."""
-    q, k, v, o, lse, x_mid, gate, up = res
+    q, k, v, o, lse, x_mid, gate, up = (r.astype(jnp.float32) for r in res)
     _, vjp = jax.vjp(lambda g_, u_, w: M._mm(cfg, jax.nn.silu(g_) * u_, w), gate, up, p["w_down"])
     dgate, dup, dw_down = vjp(dy)
 
@@ -275,7 +286,7 @@ def _remat_programs(cfg: ModelConfig) -> list[Program]:
 
     def fwd_res(*args: Array) -> tuple[Array, ...]:
         yv, res = block_fwd_res(cfg, dict(zip(blk, args[:nb])), args[nb])
-        return (yv,) + res
+        return (yv,) + tuple(r.astype(_DTYPES[s.dtype]) for r, s in zip(res, residual_specs(cfg), strict=True))
 
     def bwd_res(*args: Array) -> tuple[Array, ...]:
         p, xin = dict(zip(blk, args[:nb])), args[nb]

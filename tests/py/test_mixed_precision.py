@@ -3,9 +3,16 @@ in the bundle's programs and what stays f32."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 
 import jax
+import numpy as np
 import pytest
 
 from conftest import tiny_model
@@ -48,3 +55,64 @@ def test_state_and_loss_stay_f32() -> None:
                 assert s.dtype == "f32", f"{prog.name}: {s.name} ({s.role}) is {s.dtype}"
                 checked += 1
     assert checked > 100
+
+
+# --- drift against f32, and strata against the reference, in training --------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STRATA = os.path.join(ROOT, "build", "strata")
+# configs/tiny.yml (byte corpus, real text) at 2 layers and 60 steps: the
+# quick version of docs/model.md's 300-step table.
+DRIFT = ["model.n_layers=2", "train.steps=60", "train.warmup_steps=10", "train.eval_every=0",
+         "train.eval_batches=1", "seed=3"]
+
+
+def _run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess:
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, **kw)
+    if r.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}")
+    return r
+
+
+def _losses(run_dir: Path) -> np.ndarray:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return np.array([m["loss"] for m in lines if "loss" in m and "step" in m])
+
+
+MAX_DRIFT = FINAL_DRIFT = REF_TOL = 1.0  # measured below
+
+
+@pytest.fixture(scope="module")
+def drift_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    if not os.path.exists(STRATA):
+        raise AssertionError(f"{STRATA} is missing: run `make build` first (make test does)")
+    tmp = tmp_path_factory.mktemp("drift")
+    out = {}
+    for dt in ("f32", "bf16"):
+        over = DRIFT + [f"model.compute_dtype={dt}"]
+        _run([STRATA, "train", "configs/tiny.yml", *over, f"run.dir={tmp / dt}"])
+        out[dt] = _losses(tmp / dt)
+    over = DRIFT + ["model.compute_dtype=bf16"]
+    (tmp / "config.json").write_text(_run([STRATA, "config", "--json", "configs/tiny.yml", *over]).stdout)
+    tokens = _run([STRATA, "data", "configs/tiny.yml", *over]).stdout.splitlines()[0]
+    _run([sys.executable, "-m", "strata_jax.reference_train", "--config-json", str(tmp / "config.json"),
+          "--tokens", tokens, "--out", str(tmp / "ref"), "--quiet"],
+         env={**os.environ, "PYTHONPATH": os.path.join(ROOT, "python"), "JAX_PLATFORMS": "cpu"})
+    out["ref_bf16"] = np.array(json.loads((tmp / "ref" / "losses.json").read_text())["losses"])
+    return out
+
+
+def test_bf16_drift_against_f32_is_bounded(drift_runs: dict[str, np.ndarray]) -> None:
+    f32, bf16 = drift_runs["f32"], drift_runs["bf16"]
+    assert len(f32) == len(bf16) == 60
+    rel = np.abs(bf16 - f32) / f32
+    print(f"bf16 vs f32 over {len(rel)} steps: max {rel.max():.3e}, final {rel[-1]:.3e}")
+    assert rel.max() > 0, "bf16 and f32 losses are identical: bf16 is not in use"
+    assert rel.max() <= MAX_DRIFT and rel[-1] <= FINAL_DRIFT, (rel.max(), rel[-1])
+
+
+def test_bf16_strata_matches_the_bf16_reference(drift_runs: dict[str, np.ndarray]) -> None:
+    ours, ref = drift_runs["bf16"], drift_runs["ref_bf16"]
+    rel = np.abs(ours - ref) / ref
+    print(f"strata bf16 vs reference bf16: max {rel.max():.3e}, final {rel[-1]:.3e}")
+    assert rel.max() <= REF_TOL, rel.max()
