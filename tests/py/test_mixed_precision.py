@@ -79,7 +79,18 @@ def _losses(run_dir: Path) -> np.ndarray:
     return np.array([m["loss"] for m in lines if "loss" in m and "step" in m])
 
 
-MAX_DRIFT = FINAL_DRIFT = REF_TOL = 1.0  # measured below
+# The bounds are the values measured on this config (jax 0.11.2, XLA:CPU),
+# times a margin of 3 to 5; docs/model.md, "Mixed precision". For the first
+# 10 steps the two runs follow the same trajectory and differ by bf16's
+# rounding only (measured: at most 2.8e-5 against f32, 9.8e-6 against the
+# bf16 reference); later any rounding difference grows into a slightly
+# different trajectory, the same size for two bf16 implementations as for
+# bf16 against f32 (measured: max 1.47e-2 and 1.32e-2, final 3.7e-3 and 2.2e-3).
+EARLY_DRIFT = 1e-4
+MAX_DRIFT = 5e-2
+FINAL_DRIFT = 1.5e-2
+EARLY_REF = 5e-5
+MAX_REF = 5e-2
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +118,8 @@ def test_bf16_drift_against_f32_is_bounded(drift_runs: dict[str, np.ndarray]) ->
     assert len(f32) == len(bf16) == 60
     rel = np.abs(bf16 - f32) / f32
     print(f"bf16 vs f32 over {len(rel)} steps: max {rel.max():.3e}, final {rel[-1]:.3e}")
-    assert rel.max() > 0, "bf16 and f32 losses are identical: bf16 is not in use"
+    assert rel[0] > 0, "bf16 and f32 give the same first loss: bf16 is not in use"
+    assert rel[:10].max() <= EARLY_DRIFT, rel[:10]
     assert rel.max() <= MAX_DRIFT and rel[-1] <= FINAL_DRIFT, (rel.max(), rel[-1])
 
 
@@ -115,4 +127,27 @@ def test_bf16_strata_matches_the_bf16_reference(drift_runs: dict[str, np.ndarray
     ours, ref = drift_runs["bf16"], drift_runs["ref_bf16"]
     rel = np.abs(ours - ref) / ref
     print(f"strata bf16 vs reference bf16: max {rel.max():.3e}, final {rel[-1]:.3e}")
-    assert rel.max() <= REF_TOL, rel.max()
+    # Step 1 is the forward of the same initial parameters: the same bf16 casts
+    # in the same places (block_fwd_res's y is block_fwd's), so the same loss.
+    assert rel[0] <= 1e-6, rel[0]
+    assert rel[:10].max() <= EARLY_REF, rel[:10]
+    assert rel.max() <= MAX_REF, rel.max()
+
+
+def test_anchors_and_reference_train_in_bf16() -> None:
+    """The anchors run the reference's bf16 step (the same cdot), on CPU too."""
+    from conftest import tiny_config
+    from strata_jax import anchor as A
+    from strata_jax import data as D
+    from strata_jax.reference_train import load_config, train
+
+    tokens = D.synthetic_tokens(64, 4096)
+    config = load_config(json.dumps(tiny_config(steps=4, n_layers=2, init_std=0.1, compute_dtype="bf16")))
+    _, hist = train(config, tokens)
+    config32 = load_config(json.dumps(tiny_config(steps=4, n_layers=2, init_std=0.1)))
+    _, hist32 = train(config32, tokens)
+    assert hist["losses"] != hist32["losses"]
+    np.testing.assert_allclose(hist["losses"], hist32["losses"], rtol=2e-2)
+    for variant in A.VARIANTS:
+        r = A.run(config, tokens, variant)
+        np.testing.assert_allclose(r["losses"], hist["losses"], rtol=1e-3, err_msg=variant)
