@@ -144,10 +144,6 @@ def test_anchors_and_reference_train_in_bf16() -> None:
     tokens = D.synthetic_tokens(64, 4096)
     config = load_config(json.dumps(tiny_config(steps=4, n_layers=2, init_std=0.1, compute_dtype="bf16")))
     _, hist = train(config, tokens)
-    config32 = load_config(json.dumps(tiny_config(steps=4, n_layers=2, init_std=0.1)))
-    _, hist32 = train(config32, tokens)
-    assert hist["losses"] != hist32["losses"]
-    np.testing.assert_allclose(hist["losses"], hist32["losses"], rtol=2e-2)
     for variant in A.VARIANTS:
         r = A.run(config, tokens, variant)
         np.testing.assert_allclose(r["losses"], hist["losses"], rtol=1e-3, err_msg=variant)
