@@ -57,10 +57,10 @@ class BlockKind:
     shape: Callable[[ModelConfig, str], tuple[int, ...]] | None = None
     # The residual-keeping pair (docs/bundle.md): (cfg, p, x) -> (y, residuals),
     # (cfg, p, x, residuals, dy) -> (grads dict, dx), and the residuals'
-    # (name, shape) list.
+    # (name, shape, dtype) list: a residual may be kept in the compute dtype.
     fwd_res: Callable[..., tuple[Array, tuple[Array, ...]]] | None = None
     bwd_res: Callable[..., tuple[Params, Array]] | None = None
-    residuals: Callable[[ModelConfig], list[tuple[str, tuple[int, ...]]]] | None = None
+    residuals: Callable[[ModelConfig], list[tuple[str, tuple[int, ...], str]]] | None = None
     # Generation, batch 1: (cfg, p, x [1,T,D]) -> (y, k_cache, v_cache) and
     # (cfg, p, x [1,1,D], k_cache, v_cache, pos) -> (y, k_cache, v_cache);
     # caches [1, T, n_kv_heads, Dh].
@@ -140,9 +140,9 @@ def init_matrices(cfg: ModelConfig, kind: BlockKind, seed: Array, layer: Array, 
 
 # --- llama: RMSNorm, RoPE attention (grouped-query with n_kv_heads), SwiGLU -------
 
-def _llama_residuals(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+def _llama_residuals(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], str]]:
     from . import programs as PR
-    return [(s.name, s.shape) for s in PR.residual_specs(cfg)]
+    return [(s.name, s.shape, s.dtype) for s in PR.residual_specs(cfg)]
 
 
 def _llama() -> BlockKind:

@@ -237,8 +237,73 @@ def init_head(cfg: ModelConfig, seed: Array) -> Params:
 
 # --- forward -------------------------------------------------------------------
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _einsum_bf16(spec: str, a: Array, b: Array) -> Array:
+    return jnp.einsum(spec, a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
+                      preferred_element_type=jnp.float32)
+
+
+def _einsum_bf16_fwd(spec: str, a: Array, b: Array) -> tuple[Array, tuple[Array, Array]]:
+    return _einsum_bf16(spec, a, b), (a, b)
+
+
+def _einsum_bf16_bwd(spec: str, res: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
+    # JAX's own transpose of a bf16 dot with an f32 result multiplies the f32
+    # cotangent by the bf16 operand upcast to f32: the backward's matmuls (two
+    # thirds of a step's) would run in f32. Here both are bf16 x bf16 with f32
+    # accumulation, like the forward (mixed precision's usual bf16 cotangent).
+    a, b = res
+    ins, out = spec.split("->")
+    sa, sb = ins.split(",")
+    g16, a16, b16 = g.astype(jnp.bfloat16), a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+    da = _canonical_dot_bf16(f"{out},{sb}->{sa}", g16, b16)
+    db = _canonical_dot_bf16(f"{sa},{out}->{sb}", a16, g16)
+    return da.astype(a.dtype), db.astype(b.dtype)
+
+
+def _canonical_dot_bf16(spec: str, a: Array, b: Array) -> Array:
+    """einsum |spec| of bf16 a, b as one [batch, m, k] x [batch, k, n] -> f32 dot.
+
+    XLA:CPU runs a bf16 x bf16 -> f32 dot only in this row-major form: one
+    whose contracting dimension is not minor, or whose result XLA transposes
+    by layout, fails at run time ("Unsupported element type for
+    DotThunk::Execute"). The barriers keep XLA from folding the transposes
+    back into the dot."""
+    ins, out = spec.split("->")
+    sa, sb = ins.split(",")
+    batch = [c for c in out if c in sa and c in sb]
+    contract = [c for c in sa if c in sb and c not in out]
+    free_a = [c for c in sa if c not in sb]
+    free_b = [c for c in sb if c not in sa]
+    size = {**dict(zip(sa, a.shape)), **dict(zip(sb, b.shape))}
+    n = lambda cs: math.prod(size[c] for c in cs)  # noqa: E731
+    at = jnp.transpose(a, [sa.index(c) for c in batch + free_a + contract])
+    bt = jnp.transpose(b, [sb.index(c) for c in batch + contract + free_b])
+    at, bt = jax.lax.optimization_barrier((at.reshape(n(batch), n(free_a), n(contract)),
+                                           bt.reshape(n(batch), n(contract), n(free_b))))
+    r = jax.lax.dot_general(at, bt, (((2,), (1,)), ((0,), (0,))), preferred_element_type=jnp.float32)
+    r = jax.lax.optimization_barrier(r).reshape([size[c] for c in batch + free_a + free_b])
+    return jnp.transpose(r, [(batch + free_a + free_b).index(c) for c in out])
+
+
+_einsum_bf16.defvjp(_einsum_bf16_fwd, _einsum_bf16_bwd)
+
+
+def cdot(cfg: ModelConfig, spec: str, a: Array, b: Array) -> Array:
+    """einsum |spec| (two operands, every index of one operand also in the other
+    or in the result) in compute dtype, f32 result. bf16: forward and backward
+    matmuls take bf16 operands (_einsum_bf16_bwd); f32: a plain einsum."""
+    if cfg.compute_dtype == "bf16":
+        return _einsum_bf16(spec, a, b)
+    c = cfg.cdtype
+    return jnp.einsum(spec, a.astype(c), b.astype(c), preferred_element_type=jnp.float32)
+
+
 def _mm(cfg: ModelConfig, a: Array, b: Array) -> Array:
     """Matmul over the last dim of a / first dim of b in compute dtype, f32 result."""
+    if cfg.compute_dtype == "bf16":
+        lead = "abcdefgh"[:a.ndim - 1]
+        return _einsum_bf16(f"{lead}k,kn->{lead}n", a, b)
     return jnp.matmul(a.astype(cfg.cdtype), b.astype(cfg.cdtype),
                       preferred_element_type=jnp.float32)
 
@@ -282,14 +347,11 @@ def attention(cfg: ModelConfig, p: Params, x: Array) -> Array:
     cos, sin = rope_tables(cfg)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     k, v = expand_kv(cfg, k), expand_kv(cfg, v)
-    c = cfg.cdtype
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q.astype(c), k.astype(c),
-                        preferred_element_type=jnp.float32) / jnp.float32(math.sqrt(Dh))
+    scores = cdot(cfg, "bqhd,bkhd->bhqk", q, k) / jnp.float32(math.sqrt(Dh))
     causal = jnp.tril(jnp.ones((T, T), dtype=jnp.bool_))
     scores = jnp.where(causal[None, None], scores, jnp.float32(-1e30))
     probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), v.astype(c),
-                     preferred_element_type=jnp.float32).reshape(B, T, D)
+    out = cdot(cfg, "bhqk,bkhd->bqhd", probs, v).reshape(B, T, D)
     return _mm(cfg, out, p["wo"])
 
 

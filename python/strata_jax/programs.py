@@ -173,7 +173,7 @@ def kind_programs(cfg: ModelConfig, kind: object) -> dict[str, Program]:
     dy = TensorSpec("dy", (mb, T, D), "f32", "activation_grad")
     params = _specs(cfg, names, "param", group=grp)
     grads = _specs(cfg, names, "grad", "grad_", group=grp)
-    res = [TensorSpec(n, s, "f32", "residual") for n, s in (kind.residuals(cfg) if kind.residuals else [])]
+    res = [TensorSpec(n, s, dt, "residual") for n, s, dt in (kind.residuals(cfg) if kind.residuals else [])]
     nr = len(res)
 
     mets = [TensorSpec(n, s, "f32", "metric") for n, s in (kind.metrics(cfg) if kind.metrics else [])]
@@ -208,7 +208,8 @@ def kind_programs(cfg: ModelConfig, kind: object) -> dict[str, Program]:
         if kind.fwd_res is None:  # keeps nothing: bwd_res recomputes (blocks.py)
             return fwd(*args)
         yv, r = kind.fwd_res(cfg, dict(zip(names, args[:nb])), args[nb])
-        return (yv,) + tuple(r)
+        # Residuals kept in the compute dtype are cast here (residual_dtype).
+        return (yv,) + tuple(v.astype(_DTYPES[s.dtype]) for v, s in zip(r, res, strict=True))
 
     def bwd_res(*args: Array) -> tuple[Array, ...]:
         if kind.bwd_res is None:
@@ -274,7 +275,18 @@ def residual_specs(cfg: ModelConfig) -> list[TensorSpec]:
     KV = cfg.kv_heads  # k and v are kept before expand_kv: n_kv_heads heads
     shapes = {"q": (mb, T, H, Dh), "k": (mb, T, KV, Dh), "v": (mb, T, KV, Dh), "attn_out": (mb, T, D),
               "attn_lse": (mb, H, T), "x_mid": (mb, T, D), "gate": (mb, T, F), "up": (mb, T, F)}
-    return [TensorSpec(n, shapes[n], "f32", "residual") for n in RESIDUALS]
+    return [TensorSpec(n, shapes[n], residual_dtype(cfg, n), "residual") for n in RESIDUALS]
+
+
+# Residuals that only ever reach a matmul as a bf16 operand (or, for gate and
+# up, the elementwise SwiGLU backward) are kept in the compute dtype: with bf16
+# they take half the bytes. The residual stream x_mid and the softmax's
+# log-sum-exp stay f32 (docs/model.md, "Mixed precision").
+_F32_RESIDUALS = frozenset({"attn_lse", "x_mid"})
+
+
+def residual_dtype(cfg: ModelConfig, name: str) -> str:
+    return "f32" if name in _F32_RESIDUALS else cfg.compute_dtype
 
 
 def _causal(T: int) -> Array:
@@ -347,7 +359,7 @@ def block_bwd_res(cfg: ModelConfig, p: dict[str, Array], x: Array, res: tuple[Ar
                   dy: Array) -> tuple[dict[str, Array], Array]:
     """(param grads, dx) from the residuals. Each jax.vjp below covers one stage whose
     inputs are saved; its primal matmuls are dead code that XLA removes."""
-    q, k, v, o, lse, x_mid, gate, up = res
+    q, k, v, o, lse, x_mid, gate, up = (r.astype(jnp.float32) for r in res)
     _, vjp = jax.vjp(lambda g_, u_, w: M._mm(cfg, jax.nn.silu(g_) * u_, w), gate, up, p["w_down"])
     dgate, dup, dw_down = vjp(dy)
 

@@ -50,7 +50,8 @@ static const st__cfg_key kKeys[] = {
     {"model.seq_len", ST__CFG_INT, "128", .lo = 2, .hi = 8192, .doc = "Tokens per training sequence."},
     {"model.tie_embeddings", ST__CFG_BOOL, "true", .doc = "Share the input embedding with the output projection."},
     {"model.compute_dtype", ST__CFG_ENUM, "f32", .choices = "f32|bf16",
-     .doc = "Dtype of matmuls and activations (parameters stay f32)."},
+     .doc = "Dtype of the matmuls, forward and backward, and of the residuals they save (parameters, optimizer "
+            "state, gradients, loss and the activations between layers stay f32)."},
     {"model.rope_theta", ST__CFG_FLOAT, "10000", .lo = 0, .lo_open = true, .hi = 1e9, .doc = "RoPE base frequency."},
     {"model.init_std", ST__CFG_FLOAT, "0.02", .lo = 0, .lo_open = true, .hi = 10,
      .doc = "Standard deviation of the normal parameter init."},
