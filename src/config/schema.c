@@ -131,6 +131,9 @@ static const st__cfg_key kKeys[] = {
 
     {"obs.metrics_port", ST__CFG_INT, "0", .lo = 0, .hi = 65535,
      .doc = "Serve the latest metrics (Prometheus text format) at http://127.0.0.1:<port>/metrics while training; 0: off."},
+    {"obs.peak_flops", ST__CFG_FLOAT, "0", .lo = 0, .hi = 1e20,
+     .doc = "Peak FLOP/s of one device for MFU (metrics.jsonl mfu, context.json peak), e.g. a datasheet figure; "
+            "0: a known accelerator's datasheet figure, else strata doctor's measured matmul peak (docs/analysis.md)."},
     {"obs.tensorboard", ST__CFG_BOOL, "true",
      .doc = "Also write every metrics.jsonl line as TensorBoard scalars, to event files under <run>/tb/ "
             "(`tensorboard --logdir runs/`; docs/using.md)."},

@@ -118,6 +118,12 @@ st_status st__step_metrics(st__trainer* t, double loss, double dt) {
   st_json_put_int(m, "tokens", tokens);
   st_json_put(m, "step_time_s", st_json_fixed(dt, 6));
   st_json_put(m, "tokens_per_s", st_json_fixed((double)tokens / dt, 1));
+  /* MFU against the peak context.json names (mfu.c), times the devices. */
+  double model_fps = t->model_flops_per_token * (double)tokens / dt;
+  int devices = st_executor_devices(t->ex);
+  double peak = t->peak.flops_per_s * (devices > 1 ? devices : 1);
+  st_json_put_num(m, "model_flops_per_s", model_fps);
+  st_json_put(m, "mfu", peak > 0 ? json_real(model_fps / peak) : json_null());
   st_json_put_int(m, "launches", es->launches);
   st_json_put(m, "wait_s", st_json_fixed(es->wait_s, 6));
   st_json_put_int(m, "peak_live_bytes", es->peak_live_bytes);

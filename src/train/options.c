@@ -105,6 +105,7 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   }
 
   o->metrics_port = (int)st_config_int(c, "obs.metrics_port");
+  o->peak_flops = st_config_float(c, "obs.peak_flops");
 
   int nx = st_config_list_count(c, "runtime.xla_options");
   if (nx > 0) {
