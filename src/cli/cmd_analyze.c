@@ -15,6 +15,7 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
+#include "cli/analyze_target.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "strata/base.h"
@@ -26,6 +27,10 @@
 
 static const char* kUsage =
     "usage: strata analyze BUNDLE_DIR|RUN_DIR [--json]\n"
+    "       strata analyze RUN_DIR --dot          Graphviz DOT of the step plan (launches as nodes, slots as edges)\n"
+    "       strata analyze BUNDLE_DIR|RUN_DIR|FILE.mlir --dot=PROGRAM   DOT of one program's @main ops\n"
+    "       strata analyze --diff BUNDLE_A BUNDLE_B [--json]   programs added, removed, changed\n"
+    "       strata analyze BUNDLE_DIR|RUN_DIR|FILE.mlir --lint [--json]   the compile-contract lint (exit 4 on an error)\n"
     "  per program of a bundle: FLOPs (dot share), bytes read and written, arithmetic intensity,\n"
     "  op counts, collectives, custom calls, hazards (dynamic shapes, host callbacks, f64);\n"
     "  for a run directory also per step: launches, FLOPs, model FLOPs, achieved FLOP/s, host and wait time";
@@ -446,51 +451,90 @@ static void st__peak(const char* run_dir, const st_train_options* o, st_train_pe
   free(root);
 }
 
-int st_cli_analyze(int argc, char** argv) {
-  bool json = false;
-  const char* pos[1];
-  int npos = 0;
-  if (st_cli_json_args(argc, argv, kUsage, &json, pos, 1, &npos)) return 0;
-  if (npos != 1) {
-    fprintf(stderr, "%s\n", kUsage);
-    return 2;
-  }
-  const char* dir = pos[0];
+st_status st_analyze_target_open(const char* dir, st_analyze_target* t) {
+  memset(t, 0, sizeof(*t));
+  st_plan_init(&t->step);
+  st_plan_init(&t->eval);
   char* manifest = st_path_join(dir, "manifest.json");
   char* config = st_path_join(dir, "config.yaml");
-  bool is_bundle = st__is_file(manifest), is_run = !is_bundle && st__is_file(config);
+  t->is_bundle = st__is_file(manifest);
+  t->is_run = !t->is_bundle && st__is_file(config);
   free(manifest);
   st_status s = ST_OK;
-  if (!is_bundle && !is_run)
+  if (!t->is_bundle && !t->is_run)
     s = st_status_make(ST_CODE_CONFIG,
                        "strata analyze: '%s' holds neither manifest.json (a bundle) nor config.yaml (a run "
                        "directory); pass a bundle folder (~/.cache/strata/bundles/<key>) or a run directory (run.dir)",
                        dir);
-  st_bundle* bundle = NULL;
-  st_config* cfg = NULL;
-  st_train_options o;
-  bool have_opts = false;
-  st_plan step, eval;
-  st_plan_init(&step);
-  st_plan_init(&eval);
-  st_remat_choice remat;
-  memset(&remat, 0, sizeof(remat));
-  if (!s && is_bundle) s = st_bundle_open(dir, &bundle);
-  if (!s && is_run) {
+  if (!s && t->is_bundle) s = st_bundle_open(dir, &t->bundle);
+  if (!s && t->is_run) {
     char* args[1] = {config};
-    s = st_cli_load_config("analyze", 1, args, &cfg);
+    s = st_cli_load_config("analyze", 1, args, &t->cfg);
     if (!s) {
-      s = st_train_options_from_config(cfg, &o);
-      have_opts = true;
+      s = st_train_options_from_config(t->cfg, &t->o);
+      t->have_opts = true;
     }
     bool exported = false;
     if (!s) {
-      st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh};
-      s = st_bundle_ensure(&req, &bundle, &exported);
+      st_bundle_request req = {t->o.model_json, t->o.cache_root, t->o.bundle_dir, t->o.mesh};
+      s = st_bundle_ensure(&req, &t->bundle, &exported);
     }
-    if (!s) s = st_train_build_plans_ex(bundle, &o, &step, &eval, &remat);
+    if (!s) s = st_train_build_plans_ex(t->bundle, &t->o, &t->step, &t->eval, &t->remat);
   }
   free(config);
+  return s;
+}
+
+void st_analyze_target_close(st_analyze_target* t) {
+  st_plan_deinit(&t->step);
+  st_plan_deinit(&t->eval);
+  st_remat_choice_deinit(&t->remat);
+  if (t->have_opts) st_train_options_deinit(&t->o);
+  st_bundle_destroy(t->bundle);
+  st_config_destroy(t->cfg);
+  memset(t, 0, sizeof(*t));
+}
+
+int st_cli_analyze(int argc, char** argv) {
+  bool json = false, lint = false, dot = false;
+  const char* dot_program = NULL;
+  const char* diff_a = NULL;
+  /* The views' flags first; the rest is [--json] DIR. */
+  char** rest = st_xcalloc((size_t)argc + 1, sizeof(char*));
+  int nrest = 0;
+  for (int i = 0; i < argc; ++i) {
+    if (!strcmp(argv[i], "--lint")) {
+      lint = true;
+    } else if (!strcmp(argv[i], "--dot")) {
+      dot = true;
+    } else if (!strncmp(argv[i], "--dot=", 6)) {
+      dot = true;
+      dot_program = argv[i] + 6;
+    } else if (!strcmp(argv[i], "--diff") && i + 1 < argc) {
+      diff_a = argv[++i];
+    } else {
+      rest[nrest++] = argv[i];
+    }
+  }
+  const char* pos[1];
+  int npos = 0;
+  bool help = st_cli_json_args(nrest, rest, kUsage, &json, pos, 1, &npos);
+  free(rest);
+  if (help) return 0;
+  if (npos != 1 || (dot + lint + (diff_a != NULL)) > 1) {
+    fprintf(stderr, "%s\n", kUsage);
+    return 2;
+  }
+  if (dot) return st_analyze_dot(pos[0], dot_program);
+  if (diff_a) return st_analyze_diff(diff_a, pos[0], json);
+  if (lint) return st_analyze_lint(pos[0], json);
+  const char* dir = pos[0];
+  st_analyze_target tg;
+  st_status s = st_analyze_target_open(dir, &tg);
+  bool is_run = tg.is_run;
+  st_bundle* bundle = tg.bundle;
+  st_train_options o = tg.o;
+  st_plan step = tg.step;
   int n = 0;
   st__prog* progs = NULL;
   st__steps steps;
@@ -653,11 +697,6 @@ int st_cli_analyze(int argc, char** argv) {
     free(progs[i].error);
   }
   free(progs);
-  st_plan_deinit(&step);
-  st_plan_deinit(&eval);
-  st_remat_choice_deinit(&remat);
-  if (have_opts) st_train_options_deinit(&o);
-  st_bundle_destroy(bundle);
-  st_config_destroy(cfg);
+  st_analyze_target_close(&tg);
   return st_cli_report(s);
 }

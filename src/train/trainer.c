@@ -787,6 +787,8 @@ st_status st_train_main(const st_config* cfg) {
     st_json_put_str(f, "dir", bundle->dir);
     st_json_put_str(f, "key", bundle->key);
     st_json_put_bool(f, "exported", exported);
+    /* The lint's warnings (its errors stopped the run before here). */
+    st_json_put(f, "lint", st_lint_json(&bundle->lint));
     s = st__event(&t, "bundle", f);
   }
   double t_compile = st_now();
