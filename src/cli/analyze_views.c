@@ -196,11 +196,231 @@ int st_analyze_dot(const char* dir, const char* program) {
   return st_cli_report(s);
 }
 
-int st_analyze_diff(const char* a, const char* b, bool json) {
-  (void)a;
-  (void)b;
-  (void)json;
-  return st_cli_report(st_status_make(ST_CODE_CONFIG, "not yet"));
+/* --------------------------------------------------------------- --diff */
+
+static const st_bundle_program* st__find_any(const st_bundle* b, const char* name) {
+  const st_bundle_program* p = st_bundle_program_find(b, name);
+  return p ? p : st_bundle_collective_find(b, name);
+}
+
+static bool st__same_sig(const st_bundle_program* a, const st_bundle_program* b) {
+  if (a->input_count != b->input_count || a->output_count != b->output_count) return false;
+  for (int k = 0; k < 2; ++k) {
+    const st_bundle_tensor* x = k ? a->outputs : a->inputs;
+    const st_bundle_tensor* y = k ? b->outputs : b->inputs;
+    int n = k ? a->output_count : a->input_count;
+    for (int i = 0; i < n; ++i) {
+      if (x[i].type.dtype != y[i].type.dtype || x[i].type.rank != y[i].type.rank) return false;
+      for (int d = 0; d < x[i].type.rank; ++d)
+        if (x[i].type.dims[d] != y[i].type.dims[d]) return false;
+    }
+  }
+  return true;
+}
+
+static void st__pair(json_t* j, const char* key, double a, double b) {
+  if (a == b) return;
+  json_t* p = st_json_arr();
+  json_array_append_new(p, json_real(a));
+  json_array_append_new(p, json_real(b));
+  st_json_put(j, key, p);
+}
+
+/* What changed between two analyses of one program: the counts that
+ * differ as [a, b], the collectives and custom calls whose counts differ. */
+static json_t* st__prog_diff(const char* name, const st_bundle_program* pa, const st_bundle_program* pb,
+                             const st_ir_stats* a, const st_ir_stats* b) {
+  json_t* j = st_json_obj();
+  st_json_put_str(j, "name", name);
+  st_json_put_bool(j, "text_changed", strcmp(pa->sha256, pb->sha256) != 0);
+  st_json_put_bool(j, "signature_changed", !st__same_sig(pa, pb));
+  st__pair(j, "flops", a->flops, b->flops);
+  st__pair(j, "dot_flops", a->dot_flops, b->dot_flops);
+  st__pair(j, "transcendentals", a->transcendentals, b->transcendentals);
+  st__pair(j, "arg_bytes", a->arg_bytes, b->arg_bytes);
+  st__pair(j, "result_bytes", a->result_bytes, b->result_bytes);
+  st__pair(j, "bytes_accessed", a->bytes_accessed, b->bytes_accessed);
+  json_t* ops = st_json_obj();
+  const char* names[] = {"total", "dot", "convolution", "elementwise", "reduce", "data_movement", "constant",
+                         "collective", "custom_call", "while", "call", "other"};
+  const st_ir_op_counts *x = &a->ops, *y = &b->ops;
+  const int64_t va[] = {x->total, x->dot, x->convolution, x->elementwise, x->reduce, x->data_movement,
+                        x->constant, x->collective, x->custom_call, x->while_loop, x->call, x->other};
+  const int64_t vb[] = {y->total, y->dot, y->convolution, y->elementwise, y->reduce, y->data_movement,
+                        y->constant, y->collective, y->custom_call, y->while_loop, y->call, y->other};
+  for (int k = 0; k < 12; ++k) st__pair(ops, names[k], (double)va[k], (double)vb[k]);
+  st_json_put(j, "ops", ops);
+  json_t* coll = st_json_arr();
+  for (int side = 0; side < 2; ++side) {
+    const st_ir_stats* x = side ? b : a;
+    const st_ir_stats* y = side ? a : b;
+    for (int i = 0; i < x->n_collectives; ++i) {
+      const st_ir_collective* c = &x->collectives[i];
+      const st_ir_collective* d = NULL;
+      for (int k = 0; k < y->n_collectives && !d; ++k)
+        if (!strcmp(y->collectives[k].kind, c->kind) && !strcmp(y->collectives[k].groups, c->groups))
+          d = &y->collectives[k];
+      if (side && d) continue; /* listed from a's side */
+      double ca = side ? 0 : c->count, cb = side ? c->count : (d ? d->count : 0);
+      double ba = side ? 0 : c->bytes, bb = side ? c->bytes : (d ? d->bytes : 0);
+      if (ca == cb && ba == bb) continue;
+      json_t* e = st_json_obj();
+      st_json_put_str(e, "kind", c->kind);
+      st_json_put_str(e, "groups", c->groups);
+      st__pair(e, "count", ca, cb);
+      st__pair(e, "bytes", ba, bb);
+      json_array_append_new(coll, e);
+    }
+  }
+  st_json_put(j, "collectives", coll);
+  json_t* cc = st_json_arr();
+  for (int side = 0; side < 2; ++side) {
+    const st_ir_stats* x = side ? b : a;
+    const st_ir_stats* y = side ? a : b;
+    for (int i = 0; i < x->n_custom_calls; ++i) {
+      const st_ir_custom_call* c = &x->custom_calls[i];
+      const st_ir_custom_call* d = NULL;
+      for (int k = 0; k < y->n_custom_calls && !d; ++k)
+        if (!strcmp(y->custom_calls[k].target, c->target)) d = &y->custom_calls[k];
+      if (side && d) continue;
+      double ca = side ? 0 : c->count, cb = side ? c->count : (d ? d->count : 0);
+      if (ca == cb) continue;
+      json_t* e = st_json_obj();
+      st_json_put_str(e, "target", c->target);
+      st__pair(e, "count", ca, cb);
+      json_array_append_new(cc, e);
+    }
+  }
+  st_json_put(j, "custom_calls", cc);
+  return j;
+}
+
+static void st__print_pair(const json_t* j, const char* key, const char* label) {
+  json_t* p = json_object_get(j, key);
+  if (!json_is_array(p)) return;
+  double a = json_number_value(json_array_get(p, 0)), b = json_number_value(json_array_get(p, 1));
+  printf("    %-16s %.6g -> %.6g", label, a, b);
+  if (a != 0) printf(" (%+.1f%%)", 100 * (b - a) / a);
+  printf("\n");
+}
+
+/* The names of both bundles' programs and collectives, a's order first. */
+static int st__union_names(const st_bundle* a, const st_bundle* b, const char*** out) {
+  int cap = a->program_count + a->collective_count + b->program_count + b->collective_count;
+  const char** names = st_xcalloc((size_t)(cap > 0 ? cap : 1), sizeof(char*));
+  int n = 0;
+  const st_bundle* both[2] = {a, b};
+  for (int s = 0; s < 2; ++s) {
+    const st_bundle* x = both[s];
+    for (int i = 0; i < x->program_count + x->collective_count; ++i) {
+      const char* nm = i < x->program_count ? x->programs[i].name : x->collectives[i - x->program_count].name;
+      bool seen = false;
+      for (int k = 0; k < n && !seen; ++k) seen = !strcmp(names[k], nm);
+      if (!seen) names[n++] = nm;
+    }
+  }
+  *out = names;
+  return n;
+}
+
+int st_analyze_diff(const char* dir_a, const char* dir_b, bool json) {
+  st_analyze_target ta, tb;
+  st_status s = st_analyze_target_open(dir_a, &ta);
+  memset(&tb, 0, sizeof(tb));
+  if (!s) s = st_analyze_target_open(dir_b, &tb);
+  json_t* j = NULL;
+  if (!s) {
+    const st_bundle* a = ta.bundle;
+    const st_bundle* b = tb.bundle;
+    const char** names = NULL;
+    int n = st__union_names(a, b, &names);
+    json_t* added = st_json_arr();
+    json_t* removed = st_json_arr();
+    json_t* changed = st_json_arr();
+    int same = 0;
+    for (int i = 0; i < n && !s; ++i) {
+      const st_bundle_program* pa = st__find_any(a, names[i]);
+      const st_bundle_program* pb = st__find_any(b, names[i]);
+      if (!pa) {
+        json_array_append_new(added, json_string(names[i]));
+        continue;
+      }
+      if (!pb) {
+        json_array_append_new(removed, json_string(names[i]));
+        continue;
+      }
+      if (!strcmp(pa->sha256, pb->sha256) && st__same_sig(pa, pb)) {
+        ++same;
+        continue;
+      }
+      st_ir_stats sa, sb;
+      s = st_ir_analyze_file(pa->path, &sa);
+      if (!s) {
+        s = st_ir_analyze_file(pb->path, &sb);
+        if (!s) json_array_append_new(changed, st__prog_diff(names[i], pa, pb, &sa, &sb));
+        st_ir_stats_free(&sb);
+      }
+      st_ir_stats_free(&sa);
+    }
+    free(names);
+    j = st_json_obj();
+    st_json_put_str(j, "a", a->dir);
+    st_json_put_str(j, "b", b->dir);
+    st_json_put_bool(j, "same_key", !strcmp(a->key, b->key));
+    st_json_put(j, "added", added);
+    st_json_put(j, "removed", removed);
+    st_json_put(j, "changed", changed);
+    st_json_put_int(j, "unchanged", same);
+  }
+  if (!s && json) {
+    char* text = st_json_dump(j, 0);
+    printf("%s\n", text);
+    free(text);
+  } else if (!s) {
+    printf("diff %s (a) -> %s (b)%s\n", ta.bundle->dir, tb.bundle->dir,
+           !strcmp(ta.bundle->key, tb.bundle->key) ? " (same bundle key)" : "");
+    size_t i;
+    json_t* v;
+    json_array_foreach(json_object_get(j, "added"), i, v) printf("  added    %s\n", json_string_value(v));
+    json_array_foreach(json_object_get(j, "removed"), i, v) printf("  removed  %s\n", json_string_value(v));
+    json_array_foreach(json_object_get(j, "changed"), i, v) {
+      printf("  changed  %s%s%s\n", json_string_value(json_object_get(v, "name")),
+             json_is_true(json_object_get(v, "text_changed")) ? " (text)" : "",
+             json_is_true(json_object_get(v, "signature_changed")) ? " (signature)" : "");
+      st__print_pair(v, "flops", "FLOPs");
+      st__print_pair(v, "dot_flops", "dot FLOPs");
+      st__print_pair(v, "arg_bytes", "read B");
+      st__print_pair(v, "result_bytes", "write B");
+      st__print_pair(v, "bytes_accessed", "xla B");
+      json_t* ops = json_object_get(v, "ops");
+      const char* key;
+      json_t* pv;
+      json_object_foreach(ops, key, pv) {
+        char label[40];
+        snprintf(label, sizeof(label), "ops %s", key);
+        st__print_pair(ops, key, label);
+      }
+      size_t k;
+      json_t* c;
+      json_array_foreach(json_object_get(v, "collectives"), k, c) {
+        char label[96];
+        snprintf(label, sizeof(label), "%s(%s)", json_string_value(json_object_get(c, "kind")),
+                 json_string_value(json_object_get(c, "groups")));
+        st__print_pair(c, "count", label);
+      }
+      json_array_foreach(json_object_get(v, "custom_calls"), k, c) {
+        char label[96];
+        snprintf(label, sizeof(label), "call %s", json_string_value(json_object_get(c, "target")));
+        st__print_pair(c, "count", label);
+      }
+    }
+    printf("  unchanged %lld program%s\n", (long long)json_integer_value(json_object_get(j, "unchanged")),
+           json_integer_value(json_object_get(j, "unchanged")) == 1 ? "" : "s");
+  }
+  json_decref(j);
+  st_analyze_target_close(&ta);
+  st_analyze_target_close(&tb);
+  return st_cli_report(s);
 }
 
 /* ---------------------------------------------------------------- --lint */

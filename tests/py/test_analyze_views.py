@@ -189,3 +189,43 @@ def test_signature_changed_against_the_same_key(tmp_path: Any) -> None:
     assert [(x["severity"], x["kind"], x["program"]) for x in got["findings"]] == \
         [("error", "signature_changed", "sqnorm_head")]
     assert _json("analyze", cached, "--lint", env=env)["findings"] == []
+
+
+# ------------------------------------------------------------------ --diff
+
+def test_diff_of_two_bundles(bundle: str, tmp_path: Any) -> None:
+    wider = str(tmp_path / "wider")
+    r = _strata("export", "configs/test.yml", "model.d_ff=128", f"bundle.dir={wider}")
+    assert r.returncode == 0, r.stderr
+    d = _json("analyze", "--diff", bundle, wider)
+    assert d["added"] == [] and d["removed"] == [] and not d["same_key"]
+    changed = {c["name"]: c for c in d["changed"]}
+    # d_ff is inside the block only: its programs change, the embedding's and head's do not.
+    assert set(changed) == {"block_init", "block_fwd", "block_bwd", "block_fwd_res", "block_bwd_res",
+                            "accum_block", "sqnorm_block", "adamw_block"}
+    a = {p["name"]: p for p in _json("analyze", bundle)["programs"]}
+    b = {p["name"]: p for p in _json("analyze", wider)["programs"]}
+    assert d["unchanged"] == len(a) - len(changed)
+    for name, c in changed.items():
+        assert c["text_changed"] and c["signature_changed"], name
+        for k in ("flops", "arg_bytes", "result_bytes", "bytes_accessed", "dot_flops"):
+            if a[name][k] != b[name][k]:
+                assert c[k] == [a[name][k], b[name][k]], (name, k)
+            else:
+                assert k not in c, (name, k)
+        for k, v in c["ops"].items():
+            assert v == [a[name]["ops"][k], b[name]["ops"][k]], (name, k)
+    assert changed["block_fwd"]["dot_flops"][1] > changed["block_fwd"]["dot_flops"][0]
+    text = _strata("analyze", "--diff", bundle, wider)
+    assert text.returncode == 0 and "  changed  block_fwd (text) (signature)" in text.stdout
+    assert re.search(r"^    FLOPs +\d+ -> [\d.e+]+ \(\+\d+\.\d%\)$", text.stdout, re.M), text.stdout
+
+    # A program more on one side: added one way, removed the other.
+    more = str(tmp_path / "more")
+    shutil.copytree(bundle, more)
+    with open(os.path.join(more, "programs", "block_fwd.mlir"), encoding="utf-8") as f:
+        _set_program(more, "block_fwd_l1", f.read(), like="block_fwd")
+    d = _json("analyze", "--diff", bundle, more)
+    assert (d["added"], d["removed"], d["changed"], d["same_key"]) == (["block_fwd_l1"], [], [], True)
+    d = _json("analyze", "--diff", more, bundle)
+    assert (d["added"], d["removed"]) == ([], ["block_fwd_l1"])
