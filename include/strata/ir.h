@@ -176,4 +176,31 @@ typedef struct st_ir_graph {
 st_status st_ir_main_graph(const char* text, size_t size, const char* name, st_ir_graph* out);
 void st_ir_graph_free(st_ir_graph* graph); /* NULL and empty are fine */
 
+/* ---- XLA's optimized program (runtime.keep_optimized_hlo) ---- */
+
+#define ST_IR_HLO_TOP 5 /* largest fusions kept */
+
+typedef struct st_ir_fusion {
+  char name[64]; /* the fusion instruction's name, cut */
+  char kind[16]; /* "kLoop", "kInput", "kOutput", "kCustom"; "" unknown */
+  int64_t ops;   /* instructions of its fused computation */
+} st_ir_fusion;
+
+typedef struct st_ir_hlo_summary {
+  int64_t computations;
+  int64_t instructions;       /* in every computation */
+  int64_t entry_instructions; /* in the entry computation */
+  int64_t fusions;            /* fusion instructions anywhere */
+  int n_top;
+  st_ir_fusion top[ST_IR_HLO_TOP]; /* the largest fusions, largest first */
+} st_ir_hlo_summary;
+
+/* Reads a serialized HloModuleProto (|format| "hlo") or
+ * HloModuleProtoWithConfig ("hlo_with_config"), as PJRT's
+ * OptimizedProgram returns it, with a bounded protobuf walk (no schema
+ * compiled in: the few field numbers it needs are in src/ir/hlo_proto.c).
+ * ST_CODE_RUNTIME naming |name| for bytes that are not such a message. */
+st_status st_ir_hlo_summarize(const void* bytes, size_t size, const char* format, const char* name,
+                              st_ir_hlo_summary* out);
+
 #endif

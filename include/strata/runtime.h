@@ -66,6 +66,12 @@ typedef struct st_runtime_options {
   /* "compile: k/n programs" on stderr while st_program_compile_files works
    * (run.progress; docs/using.md, "Progress of long operations"). */
   bool progress;
+  /* runtime.keep_optimized_hlo: beside each executable cache entry
+   * <key>.xexe it compiles, keep XLA's optimized program (<key>.hlo, as
+   * the plugin returns it, and <key>.hlo.json naming the program, the
+   * sha256 of its StableHLO text and the format) for `strata analyze`.
+   * Needs the cache. */
+  bool keep_optimized_hlo;
 } st_runtime_options;
 
 /* Defaults: search for the plugin, 2 CPU devices, not deterministic, no

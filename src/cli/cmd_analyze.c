@@ -51,6 +51,9 @@ typedef struct st__prog {
   double bound_us;    /* the roofline bound of one launch on this machine; 0: no peak */
   bool memory_bound;  /* its memory side is the larger */
   bool has_bound;     /* a peak is known (bound_us may be 0: nothing to do) */
+  bool has_xla;       /* XLA's optimized program was kept (runtime.keep_optimized_hlo) */
+  st_ir_hlo_summary xla;
+  char* xla_error;    /* owned: a kept program that did not read */
 } st__prog;
 
 static bool st__is_file(const char* path) {
@@ -87,6 +90,81 @@ static void st__bound(st__prog* p, const st_train_peak* peak) {
   p->has_bound = true;
   p->memory_bound = memory > compute;
   p->bound_us = 1e6 * (p->memory_bound ? memory : compute);
+}
+
+/* The optimized programs kept beside the executable cache entries
+ * (<cache_root>/executables/<key>.hlo and .hlo.json, runtime.
+ * keep_optimized_hlo), matched to the bundle's programs by the sha256 of
+ * their StableHLO text; the newest when several were kept (other compile
+ * options, devices). At most this many sidecars are read. */
+#define ST__MAX_HLO_SIDECARS 100000
+#define ST__MAX_HLO_BYTES ((size_t)256 << 20)
+
+static void st__read_xla(const char* cache_root, const st_bundle* bundle, st__prog* progs, int n) {
+  char* dir = st_path_join(cache_root, "executables");
+  DIR* d = opendir(dir);
+  if (!d) {
+    free(dir);
+    return;
+  }
+  double* newest = st_xcalloc((size_t)(n > 0 ? n : 1), sizeof(double));
+  char** chosen = st_xcalloc((size_t)(n > 0 ? n : 1), sizeof(char*));
+  char** formats = st_xcalloc((size_t)(n > 0 ? n : 1), sizeof(char*));
+  struct dirent* ent;
+  int seen = 0;
+  while ((ent = readdir(d)) != NULL && seen < ST__MAX_HLO_SIDECARS) {
+    size_t len = strlen(ent->d_name);
+    if (len < 10 || strcmp(ent->d_name + len - 9, ".hlo.json")) continue;
+    ++seen;
+    char* meta = st_path_join(dir, ent->d_name);
+    struct stat sm;
+    char* data = NULL;
+    size_t size = 0;
+    json_t* j = NULL;
+    if (stat(meta, &sm) == 0 && S_ISREG(sm.st_mode) && sm.st_size < 65536 && !st_fs_read_file(meta, &data, &size)) {
+      st_status ps = st_json_parse(data, size, meta, &j);
+      st_status_free(ps);
+    }
+    free(data);
+    const char* sha = json_string_value(json_object_get(j, "source_sha256"));
+    const char* fmt = json_string_value(json_object_get(j, "format"));
+    for (int i = 0; sha && fmt && i < n; ++i) {
+      const st_bundle_program* bp = st_bundle_program_find(bundle, progs[i].name);
+      if (!bp) bp = st_bundle_collective_find(bundle, progs[i].name);
+      if (!bp || strcmp(bp->sha256, sha)) continue;
+      double t = (double)sm.st_mtime;
+      if (chosen[i] && t <= newest[i]) continue;
+      free(chosen[i]);
+      free(formats[i]);
+      chosen[i] = st_xstrdup(meta);
+      chosen[i][strlen(chosen[i]) - 5] = '\0'; /* <key>.hlo */
+      formats[i] = st_xstrdup(fmt);
+      newest[i] = t;
+    }
+    json_decref(j);
+    free(meta);
+  }
+  closedir(d);
+  for (int i = 0; i < n; ++i) {
+    if (!chosen[i]) continue;
+    struct stat sh;
+    char* bytes = NULL;
+    size_t size = 0;
+    st_status s = stat(chosen[i], &sh) == 0 && S_ISREG(sh.st_mode) && (size_t)sh.st_size <= ST__MAX_HLO_BYTES
+                      ? st_fs_read_file(chosen[i], &bytes, &size)
+                      : st_status_make(ST_CODE_RUNTIME, "%s: missing or larger than 256 MiB", chosen[i]);
+    if (!s) s = st_ir_hlo_summarize(bytes, size, formats[i], chosen[i], &progs[i].xla);
+    if (s) progs[i].xla_error = st_xstrdup(st_status_message(s));
+    else progs[i].has_xla = true;
+    st_status_free(s);
+    free(bytes);
+    free(chosen[i]);
+    free(formats[i]);
+  }
+  free(chosen);
+  free(formats);
+  free(newest);
+  free(dir);
 }
 
 static json_t* st__prog_json(const st__prog* p) {
@@ -164,6 +242,27 @@ static json_t* st__prog_json(const st__prog* p) {
     st_json_put_int(j, "measured_launches", (int64_t)p->measured_n);
     if (us > 0) st_json_put_num(j, "achieved_flops_per_s", s->flops / (us * 1e-6));
   }
+  if (p->has_xla) {
+    json_t* x = st_json_obj();
+    st_json_put_int(x, "fusions", p->xla.fusions);
+    st_json_put_int(x, "instructions", p->xla.instructions);
+    st_json_put_int(x, "entry_instructions", p->xla.entry_instructions);
+    st_json_put_int(x, "computations", p->xla.computations);
+    json_t* top = st_json_arr();
+    for (int k = 0; k < p->xla.n_top; ++k) {
+      json_t* f = st_json_obj();
+      st_json_put_str(f, "name", p->xla.top[k].name);
+      st_json_put_str(f, "kind", p->xla.top[k].kind);
+      st_json_put_int(f, "ops", p->xla.top[k].ops);
+      json_array_append_new(top, f);
+    }
+    st_json_put(x, "largest_fusions", top);
+    st_json_put(j, "xla", x);
+  } else if (p->xla_error) {
+    json_t* x = st_json_obj();
+    st_json_put_str(x, "error", p->xla_error);
+    st_json_put(j, "xla", x);
+  }
   if (p->has_bound) {
     st_json_put_num(j, "bound_us", p->bound_us);
     st_json_put_str(j, "bound_by", p->memory_bound ? "memory" : "compute");
@@ -233,6 +332,33 @@ static void st__print_table(const st__prog* progs, int n, bool per_step, bool me
            s->flops > 0 ? 100.0 * (s->dot_flops + s->conv_flops) / s->flops : 0.0, r, w, x, st__ai(s),
            (long long)s->ops.total, launch, us, bd, cw ? coll : "-", hz);
   }
+}
+
+/* One line: the three programs with the most fusions after XLA, each with
+ * its largest fusion (all of them are in --json). */
+static void st__print_xla(const st__prog* progs, int n) {
+  int kept = 0, shown[3] = {-1, -1, -1};
+  for (int i = 0; i < n; ++i) {
+    if (!progs[i].has_xla) continue;
+    ++kept;
+    for (int k = 0; k < 3; ++k) {
+      if (shown[k] >= 0 && progs[shown[k]].xla.fusions >= progs[i].xla.fusions) continue;
+      for (int m = 2; m > k; --m) shown[m] = shown[m - 1];
+      shown[k] = i;
+      break;
+    }
+  }
+  if (!kept) {
+    printf("xla: no optimized program kept (runtime.keep_optimized_hlo=true keeps them)\n");
+    return;
+  }
+  printf("xla: %d program%s kept; most fusions:", kept, kept == 1 ? "" : "s");
+  for (int k = 0; k < 3 && shown[k] >= 0; ++k) {
+    const st_ir_hlo_summary* x = &progs[shown[k]].xla;
+    printf("%s %s %lld", k ? "," : "", progs[shown[k]].name, (long long)x->fusions);
+    if (x->n_top > 0) printf(" (largest %s %s, %lld ops)", x->top[0].name, x->top[0].kind, (long long)x->top[0].ops);
+  }
+  printf("\n");
 }
 
 /* ------------------------------------------------------------ run dirs */
@@ -563,6 +689,11 @@ int st_cli_analyze(int argc, char** argv) {
     s = st__read_metrics(dir, &steps);
     if (!s) s = st__read_traces(dir, progs, n, &traces);
   }
+  if (!s) {
+    char* root = is_run ? NULL : st_cache_root(NULL);
+    st__read_xla(is_run ? o.cache_root : root, bundle, progs, n);
+    free(root);
+  }
   st_train_peak peak;
   memset(&peak, 0, sizeof(peak));
   if (!s) {
@@ -658,6 +789,7 @@ int st_cli_analyze(int argc, char** argv) {
       } else {
         printf("peak: %s; no roofline bound\n", peak.detail[0] ? peak.detail : "not measured (run strata doctor)");
       }
+      st__print_xla(progs, n);
       if (is_run) {
         char f[16], m[16], a[16];
         st__si(step_flops * devices, f, sizeof(f));
@@ -695,6 +827,7 @@ int st_cli_analyze(int argc, char** argv) {
   for (int i = 0; i < n; ++i) {
     st_ir_stats_free(&progs[i].st);
     free(progs[i].error);
+    free(progs[i].xla_error);
   }
   free(progs);
   st_analyze_target_close(&tg);

@@ -73,6 +73,7 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   o->runtime.cpu_devices = (int)st_config_int(c, "runtime.cpu_devices");
   o->runtime.deterministic = st_config_bool(c, "runtime.deterministic");
   o->runtime.compile_threads = (int)st_config_int(c, "runtime.compile_threads");
+  o->runtime.keep_optimized_hlo = st_config_bool(c, "runtime.keep_optimized_hlo");
   o->runtime.progress = o->long_progress.on;
   o->sched.remat = st_config_string(c, "sched.remat");
   o->sched.memory_budget = st_config_string(c, "sched.memory_budget");

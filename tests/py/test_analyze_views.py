@@ -229,3 +229,48 @@ def test_diff_of_two_bundles(bundle: str, tmp_path: Any) -> None:
     assert (d["added"], d["removed"], d["changed"], d["same_key"]) == (["block_fwd_l1"], [], [], True)
     d = _json("analyze", "--diff", more, bundle)
     assert (d["added"], d["removed"]) == ([], ["block_fwd_l1"])
+
+
+# ------------------------------------------------- what XLA did (item 7)
+
+def test_optimized_hlo_fusions(tmp_path: Any) -> None:
+    """runtime.keep_optimized_hlo keeps XLA's optimized program beside each
+    executable cache entry; analyze reads its fusions per program."""
+    env = {"STRATA_CACHE_DIR": str(tmp_path / "cache")}
+    run = str(tmp_path / "run")
+    r = _strata("train", "configs/test.yml", "train.steps=1", "run.progress=off", "runtime.keep_optimized_hlo=true",
+                f"run.dir={run}", env=env)
+    assert r.returncode == 0, r.stderr
+    exe = tmp_path / "cache" / "executables"
+    metas = {}
+    for f in os.listdir(exe):
+        if f.endswith(".hlo.json"):
+            with open(exe / f, encoding="utf-8") as fh:
+                m = json.load(fh)
+            assert m["format"] in ("hlo", "hlo_with_config") and os.path.getsize(exe / f[:-5]) == m["bytes"]
+            metas.setdefault(m["source_sha256"], []).append(exe / f[:-5])
+    a = _json("analyze", run, env=env)
+    with open(os.path.join(a["bundle"], "manifest.json"), encoding="utf-8") as f:
+        sha = {p["name"]: p["sha256"] for p in json.load(f)["programs"]}
+    launched = [p for p in a["programs"] if p.get("launches_per_step")]
+    assert launched
+    for p in launched:
+        x = p["xla"]
+        (hlo,) = metas[sha[p["name"]]]
+        with open(hlo, "rb") as fh:
+            raw = fh.read()
+        # Each fusion instruction carries opcode "fusion" (field 2, 6 bytes) once.
+        assert x["fusions"] == raw.count(b"\x12\x06fusion"), p["name"]
+        assert x["fusions"] >= 1 and 0 < x["entry_instructions"] <= x["instructions"], p["name"]
+        ops = [f["ops"] for f in x["largest_fusions"]]
+        assert ops == sorted(ops, reverse=True) and len(ops) == min(5, x["fusions"]), p["name"]
+    text = _strata("analyze", run, env=env)
+    assert re.search(r"^xla: \d+ programs kept; most fusions: \S+ \d+ \(largest ", text.stdout, re.M), text.stdout
+    # Without the key nothing is kept, and analyze says how to keep it.
+    run2 = str(tmp_path / "run2")
+    env2 = {"STRATA_CACHE_DIR": str(tmp_path / "cache2")}
+    r = _strata("train", "configs/test.yml", "train.steps=1", "run.progress=off", f"run.dir={run2}", env=env2)
+    assert r.returncode == 0, r.stderr
+    assert not [f for f in os.listdir(tmp_path / "cache2" / "executables") if ".hlo" in f]
+    assert "xla: no optimized program kept (runtime.keep_optimized_hlo=true keeps them)" in \
+        _strata("analyze", run2, env=env2).stdout
