@@ -179,6 +179,8 @@ void st_lint_program_text(const char* program, const char* text, size_t size, st
  * re-export replaces; may be NULL) is given, every program whose
  * signature changed (an error). */
 void st_lint_bundle(const st_bundle* bundle, const st_bundle* previous, st_lint_report* report);
+/* Whether two programs take and return the same tensor types, in order. */
+bool st_bundle_same_signature(const st_bundle_program* a, const st_bundle_program* b);
 /* The first error as a bundle status (ST_CODE_RUNTIME, exit 4) naming
  * program, line and op; ST_OK when there is none. */
 st_status st_lint_status(const st_lint_report* report, const char* bundle_dir);

@@ -126,6 +126,11 @@ static bool st__same_tensors(const st_bundle_tensor* a, int na, const st_bundle_
   return true;
 }
 
+bool st_bundle_same_signature(const st_bundle_program* a, const st_bundle_program* b) {
+  return st__same_tensors(a->inputs, a->input_count, b->inputs, b->input_count) &&
+         st__same_tensors(a->outputs, a->output_count, b->outputs, b->output_count);
+}
+
 void st_lint_bundle(const st_bundle* b, const st_bundle* previous, st_lint_report* r) {
   for (int i = 0; i < b->program_count; ++i) st__lint_file(&b->programs[i], r);
   for (int i = 0; i < b->collective_count; ++i) st__lint_file(&b->collectives[i], r);
@@ -158,9 +163,7 @@ void st_lint_bundle(const st_bundle* b, const st_bundle* previous, st_lint_repor
       const st_bundle_program* p = &b->programs[i];
       const st_bundle_program* q = st_bundle_program_find(previous, p->name);
       if (!q) continue;
-      if (st__same_tensors(p->inputs, p->input_count, q->inputs, q->input_count) &&
-          st__same_tensors(p->outputs, p->output_count, q->outputs, q->output_count))
-        continue;
+      if (st_bundle_same_signature(p, q)) continue;
       st_lint_finding* f = st__add(r, ST_LINT_ERROR, "signature_changed", p->name, "", 0);
       snprintf(f->message, sizeof(f->message),
                "its inputs or outputs differ from the previous bundle of key %s (%d -> %d inputs, %d -> %d outputs): "

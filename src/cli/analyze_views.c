@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "cli/analyze_target.h"
+#include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "strata/base.h"
 #include "strata/bundle.h"
@@ -203,21 +204,6 @@ static const st_bundle_program* st__find_any(const st_bundle* b, const char* nam
   return p ? p : st_bundle_collective_find(b, name);
 }
 
-static bool st__same_sig(const st_bundle_program* a, const st_bundle_program* b) {
-  if (a->input_count != b->input_count || a->output_count != b->output_count) return false;
-  for (int k = 0; k < 2; ++k) {
-    const st_bundle_tensor* x = k ? a->outputs : a->inputs;
-    const st_bundle_tensor* y = k ? b->outputs : b->inputs;
-    int n = k ? a->output_count : a->input_count;
-    for (int i = 0; i < n; ++i) {
-      if (x[i].type.dtype != y[i].type.dtype || x[i].type.rank != y[i].type.rank) return false;
-      for (int d = 0; d < x[i].type.rank; ++d)
-        if (x[i].type.dims[d] != y[i].type.dims[d]) return false;
-    }
-  }
-  return true;
-}
-
 static void st__pair(json_t* j, const char* key, double a, double b) {
   if (a == b) return;
   json_t* p = st_json_arr();
@@ -233,7 +219,7 @@ static json_t* st__prog_diff(const char* name, const st_bundle_program* pa, cons
   json_t* j = st_json_obj();
   st_json_put_str(j, "name", name);
   st_json_put_bool(j, "text_changed", strcmp(pa->sha256, pb->sha256) != 0);
-  st_json_put_bool(j, "signature_changed", !st__same_sig(pa, pb));
+  st_json_put_bool(j, "signature_changed", !st_bundle_same_signature(pa, pb));
   st__pair(j, "flops", a->flops, b->flops);
   st__pair(j, "dot_flops", a->dot_flops, b->dot_flops);
   st__pair(j, "transcendentals", a->transcendentals, b->transcendentals);
@@ -349,7 +335,7 @@ int st_analyze_diff(const char* dir_a, const char* dir_b, bool json) {
         json_array_append_new(removed, json_string(names[i]));
         continue;
       }
-      if (!strcmp(pa->sha256, pb->sha256) && st__same_sig(pa, pb)) {
+      if (!strcmp(pa->sha256, pb->sha256) && st_bundle_same_signature(pa, pb)) {
         ++same;
         continue;
       }
@@ -373,9 +359,7 @@ int st_analyze_diff(const char* dir_a, const char* dir_b, bool json) {
     st_json_put_int(j, "unchanged", same);
   }
   if (!s && json) {
-    char* text = st_json_dump(j, 0);
-    printf("%s\n", text);
-    free(text);
+    st_cli_print_json(j, 0);
   } else if (!s) {
     printf("diff %s (a) -> %s (b)%s\n", ta.bundle->dir, tb.bundle->dir,
            !strcmp(ta.bundle->key, tb.bundle->key) ? " (same bundle key)" : "");
@@ -484,9 +468,7 @@ int st_analyze_lint(const char* path, bool json) {
       st_json_put_int(j, "errors", r.errors);
       st_json_put_int(j, "warnings", r.warnings);
       st_json_put(j, "findings", st_lint_json(&r));
-      char* text = st_json_dump(j, 0);
-      printf("%s\n", text);
-      free(text);
+      st_cli_print_json(j, 0);
       json_decref(j);
     } else {
       printf("lint %s: %d error%s, %d warning%s\n", what, r.errors, r.errors == 1 ? "" : "s", r.warnings,
