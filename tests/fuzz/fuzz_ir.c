@@ -19,15 +19,18 @@ static void st__finite(double v) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  /* The same bytes as an optimized HloModuleProto (hlo_proto.c). */
-  st_ir_hlo_summary h;
-  st_status hs = st_ir_hlo_summarize(data, size, "hlo", "fuzz.hlo", &h);
-  if (hs) {
-    if (h.fusions || h.n_top || st_status_code(hs) != ST_CODE_RUNTIME) abort();
-    st_status_free(hs);
-  } else if (h.fusions < 0 || h.n_top < 0 || h.n_top > ST_IR_HLO_TOP || h.n_top > h.fusions ||
-             h.entry_instructions > h.instructions) {
-    abort();
+  /* The same bytes as an optimized HloModuleProto, bare and wrapped (hlo_proto.c). */
+  static const char* const kFormats[2] = {"hlo", "hlo_with_config"};
+  for (int f = 0; f < 2; ++f) {
+    st_ir_hlo_summary h;
+    st_status hs = st_ir_hlo_summarize(data, size, kFormats[f], "fuzz.hlo", &h);
+    if (hs) {
+      if (h.fusions || h.n_top || st_status_code(hs) != ST_CODE_RUNTIME) abort();
+      st_status_free(hs);
+    } else if (h.fusions < 0 || h.n_top < 0 || h.n_top > ST_IR_HLO_TOP || h.n_top > h.fusions ||
+               h.entry_instructions > h.instructions) {
+      abort();
+    }
   }
   st_ir_stats s;
   st_status st = st_ir_analyze((const char*)data, size, "fuzz.mlir", &s);
