@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBS="cmake make gcc clang pkg-config libyaml-dev libcmocka-dev libxxhash-dev libjansson-dev libssl-dev libclang-rt-14-dev fortunes libmicrohttpd-dev chromium libprotobuf-c-dev protobuf-c-compiler"
+DEBS="cmake make gcc clang pkg-config libyaml-dev libcmocka-dev libxxhash-dev libjansson-dev libssl-dev libclang-rt-14-dev fortunes libmicrohttpd-dev chromium libprotobuf-c-dev protobuf-c-compiler graphviz"
 missing=""
 for p in $DEBS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

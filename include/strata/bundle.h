@@ -11,6 +11,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "strata/tensor.h"
 #include "strata/status.h"
 
@@ -117,6 +119,24 @@ typedef struct st_bundle_model {
   double rope_theta, init_std;
 } st_bundle_model;
 
+/* The compile-contract lint (src/bundle/lint.c, docs/analysis.md "Lint"):
+ * what would not compile once and run in strata's runtime. */
+typedef enum st_lint_severity { ST_LINT_WARNING, ST_LINT_ERROR } st_lint_severity;
+
+typedef struct st_lint_finding {
+  st_lint_severity severity;
+  char kind[24];     /* "dynamic_shape", "host_callback", "f64", "custom_call", "per_layer_compile", "signature_changed" */
+  char program[128]; /* the program (or "layers" for the layer table) */
+  char op[64];       /* the op ("" for a bundle-level finding) */
+  int line;          /* of the op in the program's text; 0 when none */
+  char message[256]; /* one sentence: what and the likely fix */
+} st_lint_finding;
+
+typedef struct st_lint_report {
+  int count, errors, warnings;
+  st_lint_finding* findings; /* owned */
+} st_lint_report;
+
 typedef struct st_bundle {
   char* dir;
   char* key;
@@ -142,9 +162,31 @@ typedef struct st_bundle {
   int mesh_data, mesh_fsdp, mesh_tensor;
   int collective_count;
   st_bundle_program* collectives;
+  /* What st_bundle_ensure's lint found (warnings only: an error fails
+   * the ensure); empty from st_bundle_open. */
+  st_lint_report lint;
 } st_bundle;
 
 #define ST_BUNDLE_MAX_COLLECTIVES 256
+
+/* Lints one program's text: its ops' hazards (dynamic shapes, host
+ * callbacks and custom calls strata does not know are errors; f64 a
+ * warning). Findings are appended to |report|. A text the reader refuses
+ * is an error finding too. */
+void st_lint_program_text(const char* program, const char* text, size_t size, st_lint_report* report);
+/* Lints every program and collective of |bundle| and its layer table (a
+ * role that names several programs over the layers compiles each: a
+ * warning), and, when |previous| (a bundle of the same key, e.g. the one a
+ * re-export replaces; may be NULL) is given, every program whose
+ * signature changed (an error). */
+void st_lint_bundle(const st_bundle* bundle, const st_bundle* previous, st_lint_report* report);
+/* Whether two programs take and return the same tensor types, in order. */
+bool st_bundle_same_signature(const st_bundle_program* a, const st_bundle_program* b);
+/* The first error as a bundle status (ST_CODE_RUNTIME, exit 4) naming
+ * program, line and op; ST_OK when there is none. */
+st_status st_lint_status(const st_lint_report* report, const char* bundle_dir);
+json_t* st_lint_json(const st_lint_report* report); /* a new array */
+void st_lint_report_free(st_lint_report* report);
 
 /* Reads and validates <dir>/manifest.json and the program files' sha256. */
 st_status st_bundle_open(const char* dir, st_bundle** out_bundle /* owned by caller */);

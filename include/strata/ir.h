@@ -33,6 +33,8 @@
 #define ST_IR_MAX_VISITS ((int64_t)1 << 22) /* op visits (calls re-walk their callee) */
 #define ST_IR_MAX_TRIP ((int64_t)1 << 32) /* a static while trip count */
 #define ST_IR_MAX_DISTINCT 256            /* distinct collectives, custom-call targets */
+#define ST_IR_MAX_FINDINGS 64             /* hazard findings kept per program (more are counted) */
+#define ST_IR_MAX_GRAPH 65536             /* ops and edges of one function's dataflow graph */
 
 /* ---- scanning helpers (bounded: every function reads [p, e) only) ---- */
 
@@ -76,6 +78,26 @@ typedef struct st_ir_custom_call {
   double count;    /* executions per program run */
 } st_ir_custom_call;
 
+/* One hazard at one op, in the static pass over every function (ops as
+ * written, dead or not): what `strata analyze --lint` and the bundle lint
+ * judge (docs/analysis.md "Lint"). */
+typedef enum st_ir_finding_kind {
+  ST_IR_FIND_DYNAMIC_SHAPE, /* a '?' dimension in the op's types, or a dynamic_* shape op */
+  ST_IR_FIND_HOST_CALLBACK, /* a custom call whose target names a callback */
+  ST_IR_FIND_F64,           /* an f64 type in the op's types */
+  ST_IR_FIND_CUSTOM_CALL,   /* any other custom call (the lint decides which targets it knows) */
+} st_ir_finding_kind;
+
+typedef struct st_ir_finding {
+  st_ir_finding_kind kind;
+  char op[64];      /* the op's name as written ("stablehlo.custom_call") */
+  char func[64];    /* the function it is in, cut at 63 bytes */
+  int line;         /* 1-based line of the op in the program text */
+  char detail[64];  /* the custom-call target; the dynamic op; "" */
+} st_ir_finding;
+
+const char* st_ir_finding_kind_name(st_ir_finding_kind kind); /* "dynamic_shape", "host_callback", "f64", "custom_call" */
+
 /* Static op counts (ops as written, not executions), by kind. */
 typedef struct st_ir_op_counts {
   int64_t total, dot, convolution, elementwise, reduce, data_movement, constant, collective, custom_call,
@@ -112,6 +134,9 @@ typedef struct st_ir_stats {
   st_ir_collective* collectives; /* owned; one entry per (kind, groups) */
   int n_custom_calls;
   st_ir_custom_call* custom_calls; /* owned; one entry per target */
+  int n_findings;
+  st_ir_finding* findings;  /* owned; in text order, at most ST_IR_MAX_FINDINGS */
+  int64_t findings_dropped; /* beyond that bound */
 } st_ir_stats;
 
 /* Analyzes one module's text (|size| bytes, need not be NUL-terminated).
@@ -121,5 +146,61 @@ st_status st_ir_analyze(const char* text, size_t size, const char* name, st_ir_s
 /* Reads |path| and analyzes it. */
 st_status st_ir_analyze_file(const char* path, st_ir_stats* out);
 void st_ir_stats_free(st_ir_stats* stats); /* NULL and empty are fine */
+
+/* ---- dataflow of @main (strata analyze --dot) ---- */
+
+/* A node: one of @main's arguments (op "arg"), or one top-level op of its
+ * body (a region's ops are inside their op). */
+typedef struct st_ir_node {
+  char op[64];    /* short op name: "dot_general", "arg", "return" */
+  char value[24]; /* its first result ("%12", "%arg0"), cut; "" for none */
+  char type[48];  /* its first result's type as written, cut at 47 bytes */
+  int line;       /* 1-based */
+  bool collective;
+  bool custom_call;
+} st_ir_node;
+
+typedef struct st_ir_edge {
+  int from, to; /* node indices: |to| uses a value |from| defines */
+} st_ir_edge;
+
+typedef struct st_ir_graph {
+  int n_nodes, n_edges;
+  st_ir_node* nodes; /* owned */
+  st_ir_edge* edges; /* owned; one per (from, to) pair */
+} st_ir_graph;
+
+/* The dataflow graph of @main of one module's text. Beyond ST_IR_MAX_GRAPH
+ * nodes or edges, or text the reader refuses: ST_CODE_RUNTIME naming
+ * |name|, |out| empty. */
+st_status st_ir_main_graph(const char* text, size_t size, const char* name, st_ir_graph* out);
+void st_ir_graph_free(st_ir_graph* graph); /* NULL and empty are fine */
+
+/* ---- XLA's optimized program (runtime.keep_optimized_hlo) ---- */
+
+#define ST_IR_HLO_TOP 5 /* largest fusions kept */
+
+typedef struct st_ir_fusion {
+  char name[64]; /* the fusion instruction's name, cut */
+  char kind[16]; /* "kLoop", "kInput", "kOutput", "kCustom"; "" unknown */
+  int64_t ops;   /* instructions of its fused computation */
+} st_ir_fusion;
+
+typedef struct st_ir_hlo_summary {
+  int64_t computations;
+  int64_t instructions;       /* in every computation */
+  int64_t entry_instructions; /* in the entry computation */
+  int64_t fusions;            /* fusion instructions anywhere */
+  int n_top;
+  st_ir_fusion top[ST_IR_HLO_TOP]; /* the largest fusions, largest first */
+} st_ir_hlo_summary;
+
+/* Reads a serialized HloModuleProto (|format| "hlo") or
+ * HloModuleProtoWithConfig ("hlo_with_config"), as PJRT's
+ * OptimizedProgram returns it, with a bounded protobuf walk (no schema
+ * compiled in: the few field numbers it needs are in src/ir/hlo_proto.c).
+ * ST_CODE_RUNTIME naming |name| for bytes that are not such a message. */
+st_status st_ir_hlo_summarize(const void* bytes, size_t size, const char* format, const char* name,
+                              st_ir_hlo_summary* out);
 
 #endif

@@ -155,12 +155,14 @@ typedef struct st_context_facts {
   const char* jax_version;           /* from the bundle manifest */
   const char* jaxlib_version;        /* from the bundle manifest (versions.jaxlib) */
   const st_context_runtime* runtime; /* NULL: no runtime facts */
+  json_t* peak;                      /* borrowed: the peak MFU is measured against ("peak"); NULL: none */
 } st_context_facts;
 
 /* Builds the context as one JSON object (a new reference, owned by the caller):
  * run id, strata version, git commit and dirtiness, jax/jaxlib/plugin
  * versions, PJRT platform, devices, host name, CPU model, cores, memory,
- * behaviour-changing environment variables, config hash and bundle key. */
+ * behaviour-changing environment variables, config hash, bundle key and
+ * the peak MFU is measured against. */
 json_t* st_context_json(const st_context_facts* facts);
 
 #define STRATA_VERSION "0.1.0"

@@ -66,6 +66,12 @@ typedef struct st_runtime_options {
   /* "compile: k/n programs" on stderr while st_program_compile_files works
    * (run.progress; docs/using.md, "Progress of long operations"). */
   bool progress;
+  /* runtime.keep_optimized_hlo: beside each executable cache entry
+   * <key>.xexe it compiles, keep XLA's optimized program (<key>.hlo, as
+   * the plugin returns it, and <key>.hlo.json naming the program, the
+   * sha256 of its StableHLO text and the format) for `strata analyze`.
+   * Needs the cache. */
+  bool keep_optimized_hlo;
 } st_runtime_options;
 
 /* Defaults: search for the plugin, 2 CPU devices, not deterministic, no
@@ -252,6 +258,12 @@ typedef struct st_matmul_peak {
   double median_gflops; /* the median run's rate */
   double best_gflops;   /* the fastest run's: the peak */
   char by[16];          /* the command that measured it: "doctor", "train" */
+  /* Memory bandwidth (st_runtime_bandwidth_measure; 0 when not measured):
+   * an elementwise add over |bw_bytes| bytes moved per run (two reads and
+   * one write of a 32 MiB f32 tensor). */
+  int64_t bw_bytes;
+  int bw_runs;
+  double median_gbps, best_gbps; /* 1e9 bytes per second */
 } st_matmul_peak;
 
 /* Compiles the matmul, checks a warm-up run's result (exact in f32), then
@@ -259,6 +271,12 @@ typedef struct st_matmul_peak {
  * launch to completion (no host copies). ST_CODE_RUNTIME on a wrong
  * result. |out->by| is left empty. */
 st_status st_runtime_matmul_measure(st_runtime* runtime, double max_seconds, st_matmul_peak* out);
+/* The memory side of the roofline: compiles c = a + b over 8M f32
+ * elements, checks a warm-up run (exact), then times up to 200 runs or
+ * about |max_seconds| on device 0; fills |out|'s bw_* and *_gbps fields
+ * only (the matmul ones are left as they are). ST_CODE_RUNTIME on a wrong
+ * result. */
+st_status st_runtime_bandwidth_measure(st_runtime* runtime, double max_seconds, st_matmul_peak* out);
 
 /* The stored measurement for this runtime's plugin and device 0's kind:
  * <cache_root>/matmul_peak/<key>.json, keyed by both. Returns false when

@@ -62,6 +62,7 @@ typedef struct st_train_options {
   int64_t* trace_steps;   /* owned */
   bool resume;            /* run.resume */
   bool tensorboard;       /* obs.tensorboard: <run>/tb/ event files */
+  double peak_flops;      /* obs.peak_flops: per-device peak FLOP/s for MFU; 0: measured or datasheet */
   struct {
     int64_t every, keep, keep_every;
     bool async;
@@ -80,6 +81,30 @@ typedef struct st_train_options {
  * today: the config was validated; the status is for rules that need more
  * than one key's type.) */
 st_status st_train_options_from_config(const st_config* config, st_train_options* out);
+
+/* Model FLOPs of one token of a training step, bench/flops.py's formula:
+ * 3 x (n_layers x (2 (4 d^2 + 3 d d_ff) + 4 seq_len d) + 2 d vocab). The
+ * one formula of the summary, metrics.jsonl's mfu and `strata analyze`. */
+double st_train_model_flops_per_token(const st_bundle_model* model);
+
+/* The peak a run's MFU is measured against, per device (src/train/mfu.c). */
+typedef struct st_train_peak {
+  double flops_per_s; /* 0: none */
+  double bytes_per_s; /* memory bandwidth; 0: not measured */
+  char source[16];    /* "config", "datasheet", "doctor", "train" (measured by a run), "none" */
+  char detail[160];   /* which datasheet, which measurement, or why there is none */
+} st_train_peak;
+
+/* Resolves the peak for |runtime|'s device 0: |override_flops| > 0
+ * (obs.peak_flops) first, then a datasheet figure for a known device
+ * kind, then the measurement stored under |cache_root| for this plugin and
+ * device kind, then, when |measure|, a measurement now (stored). Never
+ * fails: no peak is source "none" with the reason in detail. */
+void st_train_peak_resolve(st_runtime* runtime, const char* cache_root, double override_flops, bool measure,
+                           st_train_peak* out);
+/* {"flops_per_s", "bytes_per_s" (null when 0), "devices", "source",
+ * "detail"}: a new reference, owned by the caller. */
+json_t* st_train_peak_json(const st_train_peak* peak, int devices);
 void st_train_options_deinit(st_train_options* options);
 
 /* Learning rate of optimizer step t (1-based): linear warm-up, then cosine

@@ -565,6 +565,7 @@ void st_bundle_destroy(st_bundle* b) {
   }
   free(b->params);
   free(b->layers);
+  st_lint_report_free(&b->lint);
   free(b->dir);
   free(b->key);
   free(b->jax_version);
@@ -931,6 +932,21 @@ static int64_t st__requested_depth(const char* model_json) {
   return n;
 }
 
+/* <dir>/manifest.json parsed without its program files (NULL when it does
+ * not): the tensors a bundle promised. */
+static st_bundle* st__parse_manifest_of(const char* dir) {
+  char* path = st_path_join(dir, "manifest.json");
+  char* text = NULL;
+  size_t size = 0;
+  st_bundle* b = NULL;
+  st_status s = st_fs_exists(path) ? st_fs_read_file(path, &text, &size) : st_status_make(ST_CODE_RUNTIME, "none");
+  if (!s) s = st_bundle_parse(dir, text, size, &b);
+  st_status_free(s);
+  free(text);
+  free(path);
+  return b;
+}
+
 st_status st_bundle_ensure(const st_bundle_request* req, st_bundle** out_bundle, bool* out_exported) {
   return st_bundle_ensure_ex(req, false, out_bundle, out_exported);
 }
@@ -949,6 +965,7 @@ st_status st_bundle_ensure_ex(const st_bundle_request* req, bool progress, st_bu
     dir = d.data;
   }
   st_bundle* b = NULL;
+  st_bundle* previous = NULL;
   st_status s = ST_OK;
   if (st_fs_exists(dir)) {
     s = st_bundle_open(dir, &b);
@@ -965,7 +982,9 @@ st_status st_bundle_ensure_ex(const st_bundle_request* req, bool progress, st_bu
                                 req->dir);
     }
     if (s) {
-      /* A cached bundle is ours to replace: stale means re-export. */
+      /* A cached bundle is ours to replace: stale means re-export. Its
+       * manifest, when it still parses, is what the lint compares with. */
+      previous = st__parse_manifest_of(dir);
       fprintf(stderr, "strata: stale bundle, re-exporting: %s\n", st_status_message(s));
       st_status_free(s);
       s = ST_OK;
@@ -981,6 +1000,20 @@ st_status st_bundle_ensure_ex(const st_bundle_request* req, bool progress, st_bu
   /* A bundle exported for another depth serves this one. */
   int64_t depth = st__requested_depth(req->model_json);
   if (!s && depth > 0) s = st__bundle_set_depth(b, depth);
+  /* The compile contract (lint.c), against the cache's bundle of the same
+   * key when this one is another (bundle.dir) or replaced it (re-export). */
+  if (!s) {
+    st_strbuf other = {0};
+    st_strbuf_printf(&other, "%s/bundles/%s", req->cache_root ? req->cache_root : "", key);
+    st_bundle* prev = previous;
+    previous = NULL;
+    if (!prev && req->dir && req->dir[0] && req->cache_root && strcmp(other.data, dir)) prev = st__parse_manifest_of(other.data);
+    st_lint_bundle(b, prev, &b->lint);
+    st_bundle_destroy(prev);
+    st_strbuf_free(&other);
+    s = st_lint_status(&b->lint, dir);
+  }
+  st_bundle_destroy(previous);
   free(dir);
   if (s) {
     st_bundle_destroy(b);

@@ -15,6 +15,7 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
+#include "cli/analyze_target.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "strata/base.h"
@@ -26,6 +27,10 @@
 
 static const char* kUsage =
     "usage: strata analyze BUNDLE_DIR|RUN_DIR [--json]\n"
+    "       strata analyze RUN_DIR --dot          Graphviz DOT of the step plan (launches as nodes, slots as edges)\n"
+    "       strata analyze BUNDLE_DIR|RUN_DIR|FILE.mlir --dot=PROGRAM   DOT of one program's @main ops\n"
+    "       strata analyze --diff BUNDLE_A BUNDLE_B [--json]   programs added, removed, changed\n"
+    "       strata analyze BUNDLE_DIR|RUN_DIR|FILE.mlir --lint [--json]   the compile-contract lint (exit 4 on an error)\n"
     "  per program of a bundle: FLOPs (dot share), bytes read and written, arithmetic intensity,\n"
     "  op counts, collectives, custom calls, hazards (dynamic shapes, host callbacks, f64);\n"
     "  for a run directory also per step: launches, FLOPs, model FLOPs, achieved FLOP/s, host and wait time";
@@ -43,6 +48,12 @@ typedef struct st__prog {
   const char* role;   /* forward, backward, loss, optimizer, collective, init, other */
   double measured_us; /* launch time in the run's traces, all launches together */
   double measured_n;  /* launches seen in the traces */
+  double bound_us;    /* the roofline bound of one launch on this machine; 0: no peak */
+  bool memory_bound;  /* its memory side is the larger */
+  bool has_bound;     /* a peak is known (bound_us may be 0: nothing to do) */
+  bool has_xla;       /* XLA's optimized program was kept (runtime.keep_optimized_hlo) */
+  st_ir_hlo_summary xla;
+  char* xla_error;    /* owned: a kept program that did not read */
 } st__prog;
 
 static bool st__is_file(const char* path) {
@@ -66,6 +77,94 @@ static void st__analyze_one(const st_bundle* bundle, const st_bundle_program* p,
 static double st__ai(const st_ir_stats* s) {
   double b = s->arg_bytes + s->result_bytes;
   return b > 0 ? s->flops / b : 0;
+}
+
+/* The roofline bound of one launch: the larger of its FLOPs at the peak
+ * FLOP/s and its argument and result bytes (what a perfectly fused program
+ * moves at least) at the memory bandwidth; the bandwidth side is left out
+ * when it was not measured. */
+static void st__bound(st__prog* p, const st_train_peak* peak) {
+  if (p->error || peak->flops_per_s <= 0) return;
+  double compute = p->st.flops / peak->flops_per_s;
+  double memory = peak->bytes_per_s > 0 ? (p->st.arg_bytes + p->st.result_bytes) / peak->bytes_per_s : 0;
+  p->has_bound = true;
+  p->memory_bound = memory > compute;
+  p->bound_us = 1e6 * (p->memory_bound ? memory : compute);
+}
+
+/* The optimized programs kept beside the executable cache entries
+ * (<cache_root>/executables/<key>.hlo and .hlo.json, runtime.
+ * keep_optimized_hlo), matched to the bundle's programs by the sha256 of
+ * their StableHLO text; the newest when several were kept (other compile
+ * options, devices). At most this many sidecars are read. */
+#define ST__MAX_HLO_SIDECARS 100000
+#define ST__MAX_HLO_BYTES ((size_t)256 << 20)
+
+static void st__read_xla(const char* cache_root, const st_bundle* bundle, st__prog* progs, int n) {
+  char* dir = st_path_join(cache_root, "executables");
+  DIR* d = opendir(dir);
+  if (!d) {
+    free(dir);
+    return;
+  }
+  double* newest = st_xcalloc((size_t)(n > 0 ? n : 1), sizeof(double));
+  char** chosen = st_xcalloc((size_t)(n > 0 ? n : 1), sizeof(char*));
+  char** formats = st_xcalloc((size_t)(n > 0 ? n : 1), sizeof(char*));
+  struct dirent* ent;
+  int seen = 0;
+  while ((ent = readdir(d)) != NULL && seen < ST__MAX_HLO_SIDECARS) {
+    size_t len = strlen(ent->d_name);
+    if (len < 10 || strcmp(ent->d_name + len - 9, ".hlo.json")) continue;
+    ++seen;
+    char* meta = st_path_join(dir, ent->d_name);
+    struct stat sm;
+    char* data = NULL;
+    size_t size = 0;
+    json_t* j = NULL;
+    if (stat(meta, &sm) == 0 && S_ISREG(sm.st_mode) && sm.st_size < 65536 && !st_fs_read_file(meta, &data, &size)) {
+      st_status ps = st_json_parse(data, size, meta, &j);
+      st_status_free(ps);
+    }
+    free(data);
+    const char* sha = json_string_value(json_object_get(j, "source_sha256"));
+    const char* fmt = json_string_value(json_object_get(j, "format"));
+    for (int i = 0; sha && fmt && i < n; ++i) {
+      const st_bundle_program* bp = st_bundle_program_find(bundle, progs[i].name);
+      if (!bp) bp = st_bundle_collective_find(bundle, progs[i].name);
+      if (!bp || strcmp(bp->sha256, sha)) continue;
+      double t = (double)sm.st_mtime;
+      if (chosen[i] && t <= newest[i]) continue;
+      free(chosen[i]);
+      free(formats[i]);
+      chosen[i] = st_xstrdup(meta);
+      chosen[i][strlen(chosen[i]) - 5] = '\0'; /* <key>.hlo */
+      formats[i] = st_xstrdup(fmt);
+      newest[i] = t;
+    }
+    json_decref(j);
+    free(meta);
+  }
+  closedir(d);
+  for (int i = 0; i < n; ++i) {
+    if (!chosen[i]) continue;
+    struct stat sh;
+    char* bytes = NULL;
+    size_t size = 0;
+    st_status s = stat(chosen[i], &sh) == 0 && S_ISREG(sh.st_mode) && (size_t)sh.st_size <= ST__MAX_HLO_BYTES
+                      ? st_fs_read_file(chosen[i], &bytes, &size)
+                      : st_status_make(ST_CODE_RUNTIME, "%s: missing or larger than 256 MiB", chosen[i]);
+    if (!s) s = st_ir_hlo_summarize(bytes, size, formats[i], chosen[i], &progs[i].xla);
+    if (s) progs[i].xla_error = st_xstrdup(st_status_message(s));
+    else progs[i].has_xla = true;
+    st_status_free(s);
+    free(bytes);
+    free(chosen[i]);
+    free(formats[i]);
+  }
+  free(chosen);
+  free(formats);
+  free(newest);
+  free(dir);
 }
 
 static json_t* st__prog_json(const st__prog* p) {
@@ -143,6 +242,32 @@ static json_t* st__prog_json(const st__prog* p) {
     st_json_put_int(j, "measured_launches", (int64_t)p->measured_n);
     if (us > 0) st_json_put_num(j, "achieved_flops_per_s", s->flops / (us * 1e-6));
   }
+  if (p->has_xla) {
+    json_t* x = st_json_obj();
+    st_json_put_int(x, "fusions", p->xla.fusions);
+    st_json_put_int(x, "instructions", p->xla.instructions);
+    st_json_put_int(x, "entry_instructions", p->xla.entry_instructions);
+    st_json_put_int(x, "computations", p->xla.computations);
+    json_t* top = st_json_arr();
+    for (int k = 0; k < p->xla.n_top; ++k) {
+      json_t* f = st_json_obj();
+      st_json_put_str(f, "name", p->xla.top[k].name);
+      st_json_put_str(f, "kind", p->xla.top[k].kind);
+      st_json_put_int(f, "ops", p->xla.top[k].ops);
+      json_array_append_new(top, f);
+    }
+    st_json_put(x, "largest_fusions", top);
+    st_json_put(j, "xla", x);
+  } else if (p->xla_error) {
+    json_t* x = st_json_obj();
+    st_json_put_str(x, "error", p->xla_error);
+    st_json_put(j, "xla", x);
+  }
+  if (p->has_bound) {
+    st_json_put_num(j, "bound_us", p->bound_us);
+    st_json_put_str(j, "bound_by", p->memory_bound ? "memory" : "compute");
+    if (p->measured_n > 0 && p->bound_us > 0) st_json_put_num(j, "gap", p->measured_us / p->measured_n / p->bound_us);
+  }
   return j;
 }
 
@@ -168,9 +293,10 @@ static void st__hazards_text(const st_ir_stats* s, char* out, size_t cap) {
   if (w == 0) snprintf(out, cap, "-");
 }
 
-static void st__print_table(const st__prog* progs, int n, bool per_step, bool measured) {
-  printf("%-22s %8s %5s %8s %8s %8s %6s %5s %s%s%s\n", "program", "FLOPs", "dot%", "read B", "write B", "xla B", "AI",
-         "ops", per_step ? "launch " : "", measured ? " us/launch " : "", "coll/custom/hazards");
+static void st__print_table(const st__prog* progs, int n, bool per_step, bool measured, bool bound) {
+  printf("%-22s %8s %5s %8s %8s %8s %6s %5s %s%s%s%s\n", "program", "FLOPs", "dot%", "read B", "write B", "xla B", "AI",
+         "ops", per_step ? "launch " : "", measured ? " us/launch " : "", bound ? (measured ? "  bound us    gap " : "  bound us ") : "",
+         "coll/custom/hazards");
   for (int i = 0; i < n; ++i) {
     const st__prog* p = &progs[i];
     if (p->error) {
@@ -194,10 +320,45 @@ static void st__print_table(const st__prog* progs, int n, bool per_step, bool me
     if (per_step) snprintf(launch, sizeof(launch), "%6.0f ", p->launches);
     if (measured && p->measured_n > 0) snprintf(us, sizeof(us), "%10.1f ", p->measured_us / p->measured_n);
     else if (measured) snprintf(us, sizeof(us), "%10s ", "-");
-    printf("%-22.22s %8s %4.0f%% %8s %8s %8s %6.1f %5lld %s%s%s %s\n", p->name, f,
+    char bd[40] = "";
+    if (bound) {
+      size_t bw = (size_t)snprintf(bd, sizeof(bd), "%9.1f%c ", p->bound_us, p->memory_bound ? 'm' : 'c');
+      if (measured && p->measured_n > 0 && p->bound_us > 0)
+        snprintf(bd + bw, sizeof(bd) - bw, "%6.1fx ", p->measured_us / p->measured_n / p->bound_us);
+      else if (measured)
+        snprintf(bd + bw, sizeof(bd) - bw, "%7s ", "-");
+    }
+    printf("%-22.22s %8s %4.0f%% %8s %8s %8s %6.1f %5lld %s%s%s%s %s\n", p->name, f,
            s->flops > 0 ? 100.0 * (s->dot_flops + s->conv_flops) / s->flops : 0.0, r, w, x, st__ai(s),
-           (long long)s->ops.total, launch, us, cw ? coll : "-", hz);
+           (long long)s->ops.total, launch, us, bd, cw ? coll : "-", hz);
   }
+}
+
+/* One line: the three programs with the most fusions after XLA, each with
+ * its largest fusion (all of them are in --json). */
+static void st__print_xla(const st__prog* progs, int n) {
+  int kept = 0, shown[3] = {-1, -1, -1};
+  for (int i = 0; i < n; ++i) {
+    if (!progs[i].has_xla) continue;
+    ++kept;
+    for (int k = 0; k < 3; ++k) {
+      if (shown[k] >= 0 && progs[shown[k]].xla.fusions >= progs[i].xla.fusions) continue;
+      for (int m = 2; m > k; --m) shown[m] = shown[m - 1];
+      shown[k] = i;
+      break;
+    }
+  }
+  if (!kept) {
+    printf("xla: no optimized program kept (runtime.keep_optimized_hlo=true keeps them)\n");
+    return;
+  }
+  printf("xla: %d program%s kept; most fusions:", kept, kept == 1 ? "" : "s");
+  for (int k = 0; k < 3 && shown[k] >= 0; ++k) {
+    const st_ir_hlo_summary* x = &progs[shown[k]].xla;
+    printf("%s %s %lld", k ? "," : "", progs[shown[k]].name, (long long)x->fusions);
+    if (x->n_top > 0) printf(" (largest %s %s, %lld ops)", x->top[0].name, x->top[0].kind, (long long)x->top[0].ops);
+  }
+  printf("\n");
 }
 
 /* ------------------------------------------------------------ run dirs */
@@ -253,17 +414,6 @@ static st_status st__read_metrics(const char* run_dir, st__steps* out) {
     out->wait_s = w_all / out->count;
   }
   return ST_OK;
-}
-
-/* Model FLOPs per token: 6 per parameter (forward and backward) plus the
- * attention's 12 x n_layers x d_model x seq_len (PaLM's appendix B). */
-static double st__model_flops_per_token(const st_bundle* b) {
-  double n = 0;
-  for (int i = 0; i < b->param_count; ++i) {
-    int64_t e = st_tensor_type_elements(&b->params[i].type);
-    if (e > 0) n += (double)e;
-  }
-  return 6 * n + 12.0 * (double)b->model.n_layers * (double)b->model.d_model * (double)b->model.seq_len;
 }
 
 #define ST__ROLES 7
@@ -372,51 +522,145 @@ static st_status st__read_traces(const char* run_dir, st__prog* progs, int n, st
   return s;
 }
 
-int st_cli_analyze(int argc, char** argv) {
-  bool json = false;
-  const char* pos[1];
-  int npos = 0;
-  if (st_cli_json_args(argc, argv, kUsage, &json, pos, 1, &npos)) return 0;
-  if (npos != 1) {
-    fprintf(stderr, "%s\n", kUsage);
-    return 2;
+/* The peak of the roofline and MFU. A run directory's is the one its
+ * context.json names (what its metrics' mfu used); a bundle's, or a run's
+ * from before context.json named one, is resolved as a run would resolve
+ * it (st_train_peak_resolve: obs.peak_flops, a datasheet, doctor's stored
+ * measurement), which needs the plugin's device kind: the runtime is
+ * opened for it (about 0.3 s on the CPU plugin) and nothing is measured. */
+static void st__peak(const char* run_dir, const st_train_options* o, st_train_peak* out) {
+  memset(out, 0, sizeof(*out));
+  snprintf(out->source, sizeof(out->source), "none");
+  if (run_dir) {
+    char* path = st_path_join(run_dir, "context.json");
+    char* data = NULL;
+    size_t size = 0;
+    json_t* j = NULL;
+    st_status s = st__is_file(path) ? st_fs_read_file(path, &data, &size) : st_status_make(ST_CODE_DATA, "none");
+    if (!s && size <= ST__METRICS_MAX) s = st_json_parse(data, size, path, &j);
+    st_status_free(s);
+    free(data);
+    free(path);
+    json_t* pk = json_object_get(j, "peak");
+    const char* src = json_string_value(json_object_get(pk, "source"));
+    const char* detail = json_string_value(json_object_get(pk, "detail"));
+    if (json_is_object(pk) && src && detail) {
+      double f = json_number_value(json_object_get(pk, "flops_per_s"));
+      double b = json_number_value(json_object_get(pk, "bytes_per_s"));
+      out->flops_per_s = isfinite(f) && f > 0 ? f : 0;
+      out->bytes_per_s = isfinite(b) && b > 0 ? b : 0;
+      snprintf(out->source, sizeof(out->source), "%s", src);
+      snprintf(out->detail, sizeof(out->detail), "%s", detail);
+      json_decref(j);
+      return;
+    }
+    json_decref(j);
   }
-  const char* dir = pos[0];
+  st_runtime_options ro;
+  char* root = NULL;
+  if (o) {
+    ro = o->runtime;
+  } else {
+    st_runtime_options_init(&ro);
+    root = st_cache_root(NULL);
+  }
+  st_runtime* rt = NULL;
+  st_status s = st_runtime_create(&ro, &rt);
+  if (s) {
+    snprintf(out->detail, sizeof(out->detail), "no runtime: %s", st_status_message(s));
+    st_status_free(s);
+  } else {
+    st_train_peak_resolve(rt, o ? o->cache_root : root, o ? o->peak_flops : 0, false, out);
+    if (out->flops_per_s <= 0) snprintf(out->detail, sizeof(out->detail), "not measured (run strata doctor)");
+  }
+  st_runtime_destroy(rt);
+  free(root);
+}
+
+st_status st_analyze_target_open(const char* dir, st_analyze_target* t) {
+  memset(t, 0, sizeof(*t));
+  st_plan_init(&t->step);
+  st_plan_init(&t->eval);
   char* manifest = st_path_join(dir, "manifest.json");
   char* config = st_path_join(dir, "config.yaml");
-  bool is_bundle = st__is_file(manifest), is_run = !is_bundle && st__is_file(config);
+  t->is_bundle = st__is_file(manifest);
+  t->is_run = !t->is_bundle && st__is_file(config);
   free(manifest);
   st_status s = ST_OK;
-  if (!is_bundle && !is_run)
+  if (!t->is_bundle && !t->is_run)
     s = st_status_make(ST_CODE_CONFIG,
                        "strata analyze: '%s' holds neither manifest.json (a bundle) nor config.yaml (a run "
                        "directory); pass a bundle folder (~/.cache/strata/bundles/<key>) or a run directory (run.dir)",
                        dir);
-  st_bundle* bundle = NULL;
-  st_config* cfg = NULL;
-  st_train_options o;
-  bool have_opts = false;
-  st_plan step, eval;
-  st_plan_init(&step);
-  st_plan_init(&eval);
-  st_remat_choice remat;
-  memset(&remat, 0, sizeof(remat));
-  if (!s && is_bundle) s = st_bundle_open(dir, &bundle);
-  if (!s && is_run) {
+  if (!s && t->is_bundle) s = st_bundle_open(dir, &t->bundle);
+  if (!s && t->is_run) {
     char* args[1] = {config};
-    s = st_cli_load_config("analyze", 1, args, &cfg);
+    s = st_cli_load_config("analyze", 1, args, &t->cfg);
     if (!s) {
-      s = st_train_options_from_config(cfg, &o);
-      have_opts = true;
+      s = st_train_options_from_config(t->cfg, &t->o);
+      t->have_opts = true;
     }
     bool exported = false;
     if (!s) {
-      st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh};
-      s = st_bundle_ensure(&req, &bundle, &exported);
+      st_bundle_request req = {t->o.model_json, t->o.cache_root, t->o.bundle_dir, t->o.mesh};
+      s = st_bundle_ensure(&req, &t->bundle, &exported);
     }
-    if (!s) s = st_train_build_plans_ex(bundle, &o, &step, &eval, &remat);
+    if (!s) s = st_train_build_plans_ex(t->bundle, &t->o, &t->step, &t->eval, &t->remat);
   }
   free(config);
+  return s;
+}
+
+void st_analyze_target_close(st_analyze_target* t) {
+  st_plan_deinit(&t->step);
+  st_plan_deinit(&t->eval);
+  st_remat_choice_deinit(&t->remat);
+  if (t->have_opts) st_train_options_deinit(&t->o);
+  st_bundle_destroy(t->bundle);
+  st_config_destroy(t->cfg);
+  memset(t, 0, sizeof(*t));
+}
+
+int st_cli_analyze(int argc, char** argv) {
+  bool json = false, lint = false, dot = false;
+  const char* dot_program = NULL;
+  const char* diff_a = NULL;
+  /* The views' flags first; the rest is [--json] DIR. */
+  char** rest = st_xcalloc((size_t)argc + 1, sizeof(char*));
+  int nrest = 0;
+  for (int i = 0; i < argc; ++i) {
+    if (!strcmp(argv[i], "--lint")) {
+      lint = true;
+    } else if (!strcmp(argv[i], "--dot")) {
+      dot = true;
+    } else if (!strncmp(argv[i], "--dot=", 6)) {
+      dot = true;
+      dot_program = argv[i] + 6;
+    } else if (!strcmp(argv[i], "--diff") && i + 1 < argc) {
+      diff_a = argv[++i];
+    } else {
+      rest[nrest++] = argv[i];
+    }
+  }
+  const char* pos[1];
+  int npos = 0;
+  bool help = st_cli_json_args(nrest, rest, kUsage, &json, pos, 1, &npos);
+  free(rest);
+  if (help) return 0;
+  if (npos != 1 || (dot + lint + (diff_a != NULL)) > 1) {
+    fprintf(stderr, "%s\n", kUsage);
+    return 2;
+  }
+  if (dot) return st_analyze_dot(pos[0], dot_program);
+  if (diff_a) return st_analyze_diff(diff_a, pos[0], json);
+  if (lint) return st_analyze_lint(pos[0], json);
+  const char* dir = pos[0];
+  st_analyze_target tg;
+  st_status s = st_analyze_target_open(dir, &tg);
+  bool is_run = tg.is_run;
+  st_bundle* bundle = tg.bundle;
+  st_train_options o = tg.o;
+  st_plan step = tg.step;
   int n = 0;
   st__prog* progs = NULL;
   st__steps steps;
@@ -446,6 +690,17 @@ int st_cli_analyze(int argc, char** argv) {
     if (!s) s = st__read_traces(dir, progs, n, &traces);
   }
   if (!s) {
+    char* root = is_run ? NULL : st_cache_root(NULL);
+    st__read_xla(is_run ? o.cache_root : root, bundle, progs, n);
+    free(root);
+  }
+  st_train_peak peak;
+  memset(&peak, 0, sizeof(peak));
+  if (!s) {
+    st__peak(is_run ? dir : NULL, is_run ? &o : NULL, &peak);
+    for (int i = 0; i < n; ++i) st__bound(&progs[i], &peak);
+  }
+  if (!s) {
     double step_flops = 0, step_dot = 0, step_read = 0, step_write = 0;
     for (int i = 0; i < n; ++i) {
       if (progs[i].error) continue;
@@ -454,8 +709,19 @@ int st_cli_analyze(int argc, char** argv) {
       step_read += progs[i].launches * progs[i].st.arg_bytes;
       step_write += progs[i].launches * progs[i].st.result_bytes;
     }
-    double model_flops = is_run ? st__model_flops_per_token(bundle) * steps.tokens : 0;
+    double model_flops = is_run ? st_train_model_flops_per_token(&bundle->model) * steps.tokens : 0;
     double devices = step.devices > 1 ? step.devices : 1;
+    /* Per device: each device runs the step's launches. */
+    double bound_s = 0, mfu = -1;
+    int furthest = -1;
+    for (int i = 0; i < n; ++i) {
+      bound_s += progs[i].launches * progs[i].bound_us * 1e-6;
+      if (progs[i].bound_us > 0 && progs[i].measured_n > 0 &&
+          (furthest < 0 || progs[i].measured_us - progs[i].measured_n * progs[i].bound_us >
+                               progs[furthest].measured_us - progs[furthest].measured_n * progs[furthest].bound_us))
+        furthest = i;
+    }
+    if (peak.flops_per_s > 0 && steps.time_s > 0) mfu = model_flops / steps.time_s / (peak.flops_per_s * devices);
     double role_us[ST__ROLES] = {0}; /* measured launch time by role */
     for (int i = 0; i < n; ++i)
       for (int r = 0; r < ST__ROLES; ++r)
@@ -467,11 +733,7 @@ int st_cli_analyze(int argc, char** argv) {
       json_t* arr = st_json_arr();
       for (int i = 0; i < n; ++i) json_array_append_new(arr, st__prog_json(&progs[i]));
       st_json_put(j, "programs", arr);
-      json_t* peak = st_json_obj();
-      st_json_put(peak, "flops_per_s", json_null());
-      st_json_put(peak, "bytes_per_s", json_null());
-      st_json_put_str(peak, "note", "not measured (run strata doctor)");
-      st_json_put(j, "peak", peak);
+      st_json_put(j, "peak", st_train_peak_json(&peak, (int)devices));
       if (is_run) {
         json_t* sj = st_json_obj();
         st_json_put_int(sj, "devices", (int64_t)devices);
@@ -489,7 +751,13 @@ int st_cli_analyze(int argc, char** argv) {
           st_json_put_num(sj, "wait_s", steps.wait_s);
           st_json_put_num(sj, "host_s", steps.time_s - steps.wait_s);
         }
-        st_json_put(sj, "mfu", json_null());
+        st_json_put(sj, "mfu", mfu >= 0 ? json_real(mfu) : json_null());
+        if (bound_s > 0) {
+          st_json_put_num(sj, "bound_s", bound_s);
+          if (steps.time_s > 0) st_json_put_num(sj, "bound_share", bound_s / steps.time_s);
+        }
+        /* The program whose measured launches lose the most time to their bound. */
+        if (furthest >= 0) st_json_put_str(sj, "furthest_from_bound", progs[furthest].name);
         if (traces.files > 0) {
           json_t* tj = st_json_obj();
           st_json_put_int(tj, "files", traces.files);
@@ -511,8 +779,17 @@ int st_cli_analyze(int argc, char** argv) {
     } else {
       printf("bundle %s: %d programs, %d collectives\n", bundle->dir, bundle->program_count,
              bundle->collective_count);
-      st__print_table(progs, n, is_run, traces.files > 0);
-      printf("peak: not measured (run strata doctor); no roofline bound\n");
+      st__print_table(progs, n, is_run, traces.files > 0, peak.flops_per_s > 0);
+      if (peak.flops_per_s > 0) {
+        char pf[16], pb[16] = "-";
+        st__si(peak.flops_per_s, pf, sizeof(pf));
+        if (peak.bytes_per_s > 0) st__si(peak.bytes_per_s, pb, sizeof(pb));
+        printf("peak: %s FLOP/s, %sB/s per device (%s: %s)\n", pf, pb, peak.source, peak.detail);
+        printf("      bound = max(FLOPs / peak, (read + write B) / bandwidth): c compute, m memory; gap = measured / bound\n");
+      } else {
+        printf("peak: %s; no roofline bound\n", peak.detail[0] ? peak.detail : "not measured (run strata doctor)");
+      }
+      st__print_xla(progs, n);
       if (is_run) {
         char f[16], m[16], a[16];
         st__si(step_flops * devices, f, sizeof(f));
@@ -526,6 +803,15 @@ int st_cli_analyze(int argc, char** argv) {
                  steps.wait_s);
         } else {
           printf("      no step in metrics.jsonl: no achieved FLOP/s\n");
+        }
+        if (mfu >= 0)
+          printf("      MFU %.4g%% (model FLOP/s over %.0f x the peak); the bound is %.4f s per step (%.1f%% of the step)\n",
+                 100 * mfu, devices, bound_s, steps.time_s > 0 ? 100 * bound_s / steps.time_s : 0.0);
+        if (furthest >= 0) {
+          const st__prog* f = &progs[furthest];
+          printf("      furthest from its bound: %s, %.1fx its %s bound (%.4f s per step above it)\n", f->name,
+                 f->measured_us / f->measured_n / f->bound_us, f->memory_bound ? "memory" : "compute",
+                 (f->measured_us - f->measured_n * f->bound_us) * 1e-6 / (traces.files > 0 ? traces.files : 1));
         }
         if (traces.files > 0) {
           printf("trace (%d step%s): device work", traces.files, traces.files > 1 ? "s" : "");
@@ -541,13 +827,9 @@ int st_cli_analyze(int argc, char** argv) {
   for (int i = 0; i < n; ++i) {
     st_ir_stats_free(&progs[i].st);
     free(progs[i].error);
+    free(progs[i].xla_error);
   }
   free(progs);
-  st_plan_deinit(&step);
-  st_plan_deinit(&eval);
-  st_remat_choice_deinit(&remat);
-  if (have_opts) st_train_options_deinit(&o);
-  st_bundle_destroy(bundle);
-  st_config_destroy(cfg);
+  st_analyze_target_close(&tg);
   return st_cli_report(s);
 }

@@ -2,8 +2,9 @@
  * plugin the way training would, prints what it found (plugin, platform,
  * API version, devices and memory spaces), then compiles a 512x512 f32
  * matmul through the runtime, checks its result, prints the GFLOP/s of
- * timed runs and stores them in the cache for the end-of-run summary
- * (st_runtime_matmul_peak_store).
+ * timed runs, then the same for a large elementwise add (memory bandwidth,
+ * GB/s), and stores both in the cache for the end-of-run summary, MFU and
+ * `strata analyze`'s roofline (st_runtime_matmul_peak_store).
  *
  * Arguments: runtime.plugin=PATH, runtime.cpu_devices=N (default 2),
  * runtime.deterministic=true|false, runtime.cache_dir=DIR. (Parsed here by hand until the config
@@ -117,6 +118,15 @@ int st_cli_doctor(int argc, char** argv) {
   }
   printf("matmul:        %dx%d f32 on device 0: %.1f GFLOP/s (median of %d runs; best %.1f)\n", peak.n, peak.n,
          peak.median_gflops, peak.runs, peak.best_gflops);
+  s = st_runtime_bandwidth_measure(rt, 0.5, &peak);
+  if (s) {
+    printf("bandwidth:     FAILED\n");
+    fflush(stdout);
+    st_runtime_destroy(rt);
+    return st_cli_report(st_status_annotate(s, "doctor: bandwidth check"));
+  }
+  printf("bandwidth:     %.0f MiB f32 add on device 0: %.1f GB/s (median of %d runs; best %.1f)\n",
+         (double)peak.bw_bytes / 3 / 1048576.0, peak.median_gbps, peak.bw_runs, peak.best_gbps);
   /* Kept for the end-of-run summary's share of the peak; a cache, so a
    * failure to write it is said, not fatal. */
   snprintf(peak.by, sizeof(peak.by), "doctor");

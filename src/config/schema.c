@@ -101,6 +101,9 @@ static const st__cfg_key kKeys[] = {
      .doc = "PJRT plugin (.so); empty: $STRATA_PJRT_PLUGIN, then the .venv CPU plugin."},
     {"runtime.cpu_devices", ST__CFG_INT, "2", .lo = 1, .hi = 256, .doc = "Devices the CPU plugin exposes."},
     {"runtime.deterministic", ST__CFG_BOOL, "false", .doc = "Ask XLA for deterministic (slower) kernels."},
+    {"runtime.keep_optimized_hlo", ST__CFG_BOOL, "false",
+     .doc = "Keep XLA's optimized program of every compiled program beside its executable cache entry "
+            "(<cache>/executables/<key>.hlo) for strata analyze's fusion counts (docs/analysis.md)."},
     {"runtime.compile_threads", ST__CFG_INT, "0", .lo = 0, .hi = 1024,
      .doc = "Programs compiled at once on a cold start; 0: one per two online CPUs."},
     {"runtime.xla_options", ST__CFG_LIST, "[]", .doc = "Extra compile options, strings \"name=value\"."},
@@ -151,6 +154,9 @@ static const st__cfg_key kKeys[] = {
 
     {"obs.metrics_port", ST__CFG_INT, "0", .lo = 0, .hi = 65535,
      .doc = "Serve the latest metrics (Prometheus text format) at http://127.0.0.1:<port>/metrics while training; 0: off."},
+    {"obs.peak_flops", ST__CFG_FLOAT, "0", .lo = 0, .hi = 1e20,
+     .doc = "Peak FLOP/s of one device for MFU (metrics.jsonl mfu, context.json peak), e.g. a datasheet figure; "
+            "0: a known accelerator's datasheet figure, else strata doctor's measured matmul peak (docs/analysis.md)."},
     {"obs.tensorboard", ST__CFG_BOOL, "true",
      .doc = "Also write every metrics.jsonl line as TensorBoard scalars, to event files under <run>/tb/ "
             "(`tensorboard --logdir runs/`; docs/using.md)."},

@@ -57,6 +57,7 @@ typedef struct st__cost {
 
 typedef struct st__ctx {
   const char* prog;
+  const st__func* cur_func; /* the function the static pass is in */
   const char* text;
   const char* end;
   st__func* funcs;
@@ -642,6 +643,56 @@ static void st__region_unit(st__ctx* c, const st__op* op, int depth, double* flo
   else *flops = 1;
 }
 
+const char* st_ir_finding_kind_name(st_ir_finding_kind k) {
+  switch (k) {
+    case ST_IR_FIND_DYNAMIC_SHAPE: return "dynamic_shape";
+    case ST_IR_FIND_HOST_CALLBACK: return "host_callback";
+    case ST_IR_FIND_F64: return "f64";
+    case ST_IR_FIND_CUSTOM_CALL: return "custom_call";
+  }
+  return "?";
+}
+
+static void st__find(st__ctx* c, st_ir_finding_kind kind, const st__op* op, const char* detail) {
+  st_ir_stats* s = c->s;
+  if (s->n_findings >= ST_IR_MAX_FINDINGS) {
+    s->findings_dropped++;
+    return;
+  }
+  if (!s->findings) s->findings = st_xcalloc(ST_IR_MAX_FINDINGS, sizeof(*s->findings));
+  st_ir_finding* f = &s->findings[s->n_findings++];
+  memset(f, 0, sizeof(*f));
+  f->kind = kind;
+  snprintf(f->op, sizeof(f->op), "%s", op->name);
+  if (c->cur_func) snprintf(f->func, sizeof(f->func), "%.*s", (int)c->cur_func->name_len, c->cur_func->name);
+  snprintf(f->detail, sizeof(f->detail), "%s", detail ? detail : "");
+  f->line = 1; /* counted only for a finding: findings are rare */
+  for (const char* p = c->text; p < op->b && p < c->end; ++p)
+    if (*p == '\n') ++f->line;
+}
+
+/* Whether the op's own text (its regions left out: their ops are visited
+ * themselves) holds |needle| in a type: "f64" as an element type, or a
+ * '?' dimension. */
+static bool st__op_text_has(const st__op* op, bool f64) {
+  const char* p = op->b;
+  for (int r = 0; r <= op->n_regions; ++r) {
+    const char* e = r < op->n_regions ? op->rb[r] : op->e;
+    for (const char* q = p; q < e; ++q) {
+      if (f64) {
+        if (q + 3 <= e && !memcmp(q, "f64", 3) && q > op->b && (q[-1] == 'x' || q[-1] == '<') &&
+            (q + 3 == e || !st__ident(q[3])))
+          return true;
+      } else if (*q == '?' && q > op->b && (q[-1] == 'x' || q[-1] == '<') && q + 1 < e &&
+                 (q[1] == 'x' || q[1] == '>')) {
+        return true;
+      }
+    }
+    if (r < op->n_regions) p = op->re[r] + 1;
+  }
+  return false;
+}
+
 static void st__op_cost(st__ctx* c, const st__op* op, const char* scope_b, double mult, int depth, int mode,
                         st__cost* acc) {
   const char* s = st__short(op->name);
@@ -657,6 +708,14 @@ static void st__op_cost(st__ctx* c, const st__op* op, const char* scope_b, doubl
   if (st__in(s, kDynamic)) c->s->dynamic_shapes = true;
   if (mode == ST__STATIC) {
     st__count_static(c, s);
+    if (st__in(s, kDynamic)) st__find(c, ST_IR_FIND_DYNAMIC_SHAPE, op, s);
+    else if (st__op_text_has(op, false)) st__find(c, ST_IR_FIND_DYNAMIC_SHAPE, op, "");
+    if (st__op_text_has(op, true)) st__find(c, ST_IR_FIND_F64, op, "");
+    if (!strcmp(s, "custom_call")) {
+      char t[64];
+      st__custom_target(op, t, sizeof(t));
+      st__find(c, strstr(t, "callback") ? ST_IR_FIND_HOST_CALLBACK : ST_IR_FIND_CUSTOM_CALL, op, t);
+    }
     if (!strcmp(s, "call") || !strcmp(op->name, "func.call")) { /* every callee exists, live or not */
       const char* at = st_ir_skip_ws(op->after_name, op->e);
       const char* z = at < op->e && *at == '@' ? at + 1 : at;
@@ -1036,8 +1095,10 @@ st_status st_ir_analyze(const char* text, size_t size, const char* name, st_ir_s
   st__cost static_cost = {0}, cost = {0};
   if (!c.err) {
     out->funcs = c.n_funcs;
-    for (int i = 0; i < c.n_funcs && !c.err; ++i)
+    for (int i = 0; i < c.n_funcs && !c.err; ++i) {
+      c.cur_func = &c.funcs[i];
       st__walk(&c, c.funcs[i].body_b, c.funcs[i].body_e, 1, 0, ST__STATIC, &static_cost);
+    }
   }
   if (!c.err) st__main_io(&c, m);
   if (!c.err) {
@@ -1075,5 +1136,206 @@ void st_ir_stats_free(st_ir_stats* stats) {
   if (!stats) return;
   free(stats->collectives);
   free(stats->custom_calls);
+  free(stats->findings);
   memset(stats, 0, sizeof(*stats));
+}
+
+/* ------------------------------------------------------------ dataflow */
+
+/* Value name -> node index, open addressing over pointers into the text. */
+typedef struct st__vmap {
+  const char** p;
+  uint32_t* n;
+  int* node;
+  size_t cap, count;
+} st__vmap;
+
+static int st__vmap_get(const st__vmap* m, const char* s, size_t n) {
+  if (!m->cap) return -1;
+  for (size_t i = st__hash(s, n) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
+    if (!m->p[i]) return -1;
+    if (m->n[i] == n && !memcmp(m->p[i], s, n)) return m->node[i];
+  }
+}
+
+static void st__vmap_put(st__vmap* m, const char* s, size_t n, int node) {
+  if (2 * (m->count + 1) > m->cap) {
+    st__vmap old = *m;
+    m->cap = old.cap ? old.cap * 2 : 256;
+    m->p = st_xcalloc(m->cap, sizeof(*m->p));
+    m->n = st_xcalloc(m->cap, sizeof(*m->n));
+    m->node = st_xcalloc(m->cap, sizeof(*m->node));
+    m->count = 0;
+    for (size_t i = 0; i < old.cap; ++i)
+      if (old.p[i]) st__vmap_put(m, old.p[i], old.n[i], old.node[i]);
+    free(old.p);
+    free(old.n);
+    free(old.node);
+  }
+  size_t i = st__hash(s, n) & (m->cap - 1);
+  while (m->p[i] && !(m->n[i] == n && !memcmp(m->p[i], s, n))) i = (i + 1) & (m->cap - 1);
+  if (!m->p[i]) m->count++;
+  m->p[i] = s;
+  m->n[i] = (uint32_t)n;
+  m->node[i] = node;
+}
+
+static int st__line_of(const st__ctx* c, const char* at, const char** last, int* last_line) {
+  for (const char* p = *last; p < at && p < c->end; ++p)
+    if (*p == '\n') ++*last_line;
+  *last = at > *last ? at : *last;
+  return *last_line;
+}
+
+/* The first type of the list at |p| (after "->" or ':'), cut into |out|. */
+static void st__first_type(const char* p, const char* e, char* out, size_t cap) {
+  p = st_ir_skip_ws(p, e);
+  if (p < e && *p == '(') p = st_ir_skip_ws(p + 1, e);
+  const char* q = p;
+  int depth = 0;
+  while (q < e && *q != '\n') {
+    if (*q == '<' || *q == '(') ++depth;
+    if ((*q == '>' || *q == ')') && depth-- == 0) break;
+    if (*q == ',' && depth == 0) break;
+    if (*q == '{' && depth == 0) break;
+    ++q;
+  }
+  while (q > p && (q[-1] == ' ' || q[-1] == '\t')) --q;
+  snprintf(out, cap, "%.*s", (int)(q - p), p);
+}
+
+static int st__graph_node(st__ctx* c, st_ir_graph* g, int* cap) {
+  if (g->n_nodes >= ST_IR_MAX_GRAPH) {
+    st__fail(c, NULL, "more than 65536 ops in @main");
+    return -1;
+  }
+  if (g->n_nodes == *cap) {
+    *cap = *cap ? *cap * 2 : 64;
+    g->nodes = st_xrealloc(g->nodes, (size_t)*cap * sizeof(*g->nodes));
+  }
+  memset(&g->nodes[g->n_nodes], 0, sizeof(g->nodes[0]));
+  return g->n_nodes++;
+}
+
+st_status st_ir_main_graph(const char* text, size_t size, const char* name, st_ir_graph* out) {
+  memset(out, 0, sizeof(*out));
+  if (!name) name = "<program>";
+  if (!text || size == 0) return st_status_make(ST_CODE_RUNTIME, "%s: empty StableHLO program", name);
+  if (size > ST_IR_MAX_TEXT)
+    return st_status_make(ST_CODE_RUNTIME, "%s: %zu bytes of program text, more than the limit %zu", name, size,
+                          ST_IR_MAX_TEXT);
+  st_ir_stats scratch;
+  memset(&scratch, 0, sizeof(scratch));
+  st__ctx c = {.prog = name, .text = text, .end = text + size, .s = &scratch};
+  st__read_funcs(&c);
+  const st__func* m = c.err ? NULL : st__lookup(&c, "main", 4);
+  if (!c.err && !m) st__fail(&c, NULL, "no func.func @main");
+  st__vmap vals = {0};
+  int ncap = 0, ecap = 0;
+  const char* last = text;
+  int last_line = 1;
+  if (!c.err) { /* the arguments */
+    const char* p = m->sig_b + 1;
+    const char* close = st_ir_scan_to(p, m->sig_e, ')');
+    while (!c.err && p < close) {
+      p = st_ir_skip_ws(p, close);
+      if (p >= close) break;
+      const char* item = st_ir_scan_to(p, close, ',');
+      size_t n = st__name_at(p, item);
+      int k = st__graph_node(&c, out, &ncap);
+      if (k < 0) break;
+      st_ir_node* nd = &out->nodes[k];
+      snprintf(nd->op, sizeof(nd->op), "arg");
+      snprintf(nd->value, sizeof(nd->value), "%.*s", (int)n, p);
+      const char* colon = st_ir_find(p, item, ":");
+      if (colon) st__first_type(colon + 1, item, nd->type, sizeof(nd->type));
+      nd->line = st__line_of(&c, p, &last, &last_line);
+      if (n) st__vmap_put(&vals, p, n, k);
+      if (item >= close) break;
+      p = item + 1;
+    }
+  }
+  const char* p = c.err ? NULL : m->body_b;
+  while (!c.err) {
+    p = st__skip_trivia(p, m->body_e);
+    if (p >= m->body_e) break;
+    st__op op;
+    if (!st__read_op(&c, p, m->body_e, &op)) break;
+    if (op.e <= p) {
+      st__fail(&c, p, "no progress");
+      break;
+    }
+    int k = st__graph_node(&c, out, &ncap);
+    if (k < 0) break;
+    st_ir_node* nd = &out->nodes[k];
+    const char* s = st__short(op.name);
+    snprintf(nd->op, sizeof(nd->op), "%.63s", st__is_return(op.name) ? "return" : s);
+    nd->line = st__line_of(&c, op.b, &last, &last_line);
+    nd->collective = st__in(s, kCollective);
+    nd->custom_call = !strcmp(s, "custom_call");
+    const char* uses = op.b;
+    if (*op.b == '%') {
+      size_t n0 = st__name_at(op.b, op.e);
+      snprintf(nd->value, sizeof(nd->value), "%.*s", (int)n0, op.b);
+      while (uses < op.e && *uses != '=') ++uses;
+    }
+    if (op.colon) {
+      const char* se = op.e;
+      for (int i = 0; i < op.n_regions; ++i)
+        if (op.rb[i] > op.colon && op.rb[i] < se) se = op.rb[i];
+      const char* arrow = st_ir_find(op.colon, se, "->");
+      st__first_type(arrow ? arrow + 2 : op.colon + 1, se, nd->type, sizeof(nd->type));
+    }
+    int first_edge = out->n_edges;
+    for (const char* q = uses; q < op.e && !c.err;) {
+      size_t n = st__name_at(q, op.e);
+      if (!n) {
+        ++q;
+        continue;
+      }
+      int from = st__vmap_get(&vals, q, n);
+      q += n;
+      if (from < 0) continue;
+      bool dup = false;
+      for (int i = first_edge; i < out->n_edges && !dup; ++i) dup = out->edges[i].from == from;
+      if (dup) continue;
+      if (out->n_edges >= ST_IR_MAX_GRAPH) {
+        st__fail(&c, op.b, "more than 65536 dataflow edges in @main");
+        break;
+      }
+      if (out->n_edges == ecap) {
+        ecap = ecap ? ecap * 2 : 64;
+        out->edges = st_xrealloc(out->edges, (size_t)ecap * sizeof(*out->edges));
+      }
+      out->edges[out->n_edges++] = (st_ir_edge){from, k};
+    }
+    /* Its results ("%a, %b =" or "%a:2 ="), after its uses. */
+    for (const char* q = op.b; *op.b == '%' && q < uses;) {
+      size_t n = st__name_at(q, uses);
+      if (n) {
+        st__vmap_put(&vals, q, n, k);
+        q += n;
+      } else {
+        ++q;
+      }
+    }
+    p = op.e;
+  }
+  free(vals.p);
+  free(vals.n);
+  free(vals.node);
+  free(c.funcs);
+  st_ir_stats_free(&scratch);
+  if (c.err) {
+    st_ir_graph_free(out);
+    return c.err;
+  }
+  return ST_OK;
+}
+
+void st_ir_graph_free(st_ir_graph* g) {
+  if (!g) return;
+  free(g->nodes);
+  free(g->edges);
+  memset(g, 0, sizeof(*g));
 }

@@ -128,5 +128,6 @@ json_t* st_context_json(const st_context_facts* f) {
   st_json_put_str(c, "config_hash", f->config_hash);
   st_json_put_str(c, "bundle_key", f->bundle_key);
   if (f->tokenizer_hash) st_json_put_str(c, "tokenizer_hash", f->tokenizer_hash);
+  if (f->peak) st_json_put(c, "peak", json_incref(f->peak));
   return c;
 }

@@ -17,6 +17,7 @@
  * deserialization is counted as corrupt, removed, and recompiled.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <stdio.h>
@@ -217,5 +218,72 @@ st_status st__cache_store(st_runtime* rt, const char* key, pj_loaded_exe* exe) {
   st__pj_error_free(api, api->executable_destroy(&d));
   if (!s) s = st__write_entry(rt, key, copy, size);
   free(copy);
+  return s;
+}
+
+/*--- the optimized program (runtime.keep_optimized_hlo) ------------------------*/
+
+/* The plugin's optimized program of |exe| (owned by the caller) and its
+ * format. Bounded: a program of more than 1 GiB is refused. */
+static st_status st__optimized(st_runtime* rt, pj_loaded_exe* exe, char** out, size_t* out_size, char* format,
+                               size_t format_cap) {
+  const pj_api* api = rt->api;
+  *out = NULL;
+  *out_size = 0;
+  if (offsetof(pj_api, executable_optimized_program) >= api->struct_size || !api->executable_optimized_program)
+    return st_status_make(ST_CODE_RUNTIME, "the plugin has no PJRT_Executable_OptimizedProgram");
+  pj_get_executable_args g = {.struct_size = sizeof(g), .loaded = exe};
+  ST_RETURN(st__pj_status(api, api->loaded_get_executable(&g), "reading the executable"));
+  pj_program prog = {.struct_size = sizeof(prog)};
+  pj_optimized_program_args a = {.struct_size = sizeof(a), .executable = g.executable, .program = &prog};
+  st_status s = st__pj_status(api, api->executable_optimized_program(&a), "asking for the optimized program");
+  if (!s && (prog.code_size == 0 || prog.code_size > ((size_t)1 << 30)))
+    s = st_status_make(ST_CODE_RUNTIME, "the optimized program is %zu bytes", prog.code_size);
+  char* buf = NULL;
+  if (!s) {
+    buf = st_xmalloc(prog.code_size);
+    prog.code = buf;
+    s = st__pj_status(api, api->executable_optimized_program(&a), "reading the optimized program");
+  }
+  if (!s) {
+    snprintf(format, format_cap, "%.*s", (int)(prog.format && prog.format_size < 64 ? prog.format_size : 0),
+             prog.format ? prog.format : "");
+    *out = buf;
+    *out_size = prog.code_size;
+    buf = NULL;
+  }
+  free(buf);
+  pj_executable_args d = {.struct_size = sizeof(d), .executable = g.executable};
+  st__pj_error_free(api, api->executable_destroy(&d));
+  return s;
+}
+
+st_status st__cache_keep_optimized(st_runtime* rt, const char* key, const char* name, const void* code,
+                                   size_t code_size, pj_loaded_exe* exe) {
+  char* path = st__sprintf("%s/%s.hlo", rt->cache_dir, key);
+  char* meta = st__sprintf("%s/%s.hlo.json", rt->cache_dir, key);
+  st_status s = ST_OK;
+  if (!st_fs_exists(path) || !st_fs_exists(meta)) {
+    char* bytes = NULL;
+    size_t size = 0;
+    char format[64] = "";
+    s = st__optimized(rt, exe, &bytes, &size, format, sizeof(format));
+    if (!s) s = st_fs_mkdirs(rt->cache_dir);
+    if (!s) s = st_fs_write_atomic(path, bytes, size);
+    if (!s) {
+      char sha[65];
+      st_sha256_hex(code, code_size, sha);
+      json_t* j = st_json_obj();
+      st_json_put_str(j, "program", name);
+      st_json_put_str(j, "source_sha256", sha);
+      st_json_put_str(j, "format", format);
+      st_json_put_int(j, "bytes", (int64_t)size);
+      s = st_json_write_file(meta, j, 2);
+      json_decref(j);
+    }
+    free(bytes);
+  }
+  free(path);
+  free(meta);
   return s;
 }

@@ -1,7 +1,8 @@
 /* matmul_peak.c — how fast this machine multiplies matrices, measured once
  * and kept: `strata doctor` prints it and stores it, the end-of-run summary
  * reads it back (or measures once and stores it) to say what share of it
- * the model's FLOP/s are (docs/performance.md). Keyed by the plugin and
+ * the model's FLOP/s are (docs/performance.md); doctor also measures the
+ * memory bandwidth, the roofline's other side (`strata analyze`, MFU). Keyed by the plugin and
  * the device kind: another plugin or accelerator is another machine. */
 #include <math.h>
 #include <stdio.h>
@@ -28,6 +29,30 @@ static const char kMatmulProgram[] =
 static int st__cmp_double(const void* x, const void* y) {
   double a = *(const double*)x, b = *(const double*)y;
   return (a > b) - (a < b);
+}
+
+/* Times up to ST__PEAK_MAX_RUNS runs of |prog| (two inputs, one output)
+ * or about |max_seconds|, each from launch to completion; |times| sorted. */
+static st_status st__time_runs(st_program* prog, st_buffer* const* in, double max_seconds, double* times, int* out_runs) {
+  st_status s = ST_OK;
+  int runs = 0;
+  double total = 0;
+  while (runs < ST__PEAK_MAX_RUNS && total < max_seconds) {
+    st_buffer* o = NULL;
+    st_event* done = NULL;
+    double t0 = st_now();
+    s = st_program_execute(prog, 0, in, 2, &o, 1, &done);
+    if (!s) s = st_event_await(done);
+    double dt = st_now() - t0;
+    st_event_destroy(done);
+    st_buffer_destroy(o);
+    if (s) break;
+    times[runs++] = dt;
+    total += dt;
+  }
+  if (runs > 0) qsort(times, (size_t)runs, sizeof(double), st__cmp_double);
+  *out_runs = runs;
+  return s;
 }
 
 st_status st_runtime_matmul_measure(st_runtime* rt, double max_seconds, st_matmul_peak* out) {
@@ -61,27 +86,75 @@ st_status st_runtime_matmul_measure(st_runtime* rt, double max_seconds, st_matmu
         s = st_status_make(ST_CODE_RUNTIME, "matmul check: element %d is %g, expected %g", i, c[i], 0.5 * n);
   }
   int runs = 0;
-  double total = 0;
-  while (!s && runs < ST__PEAK_MAX_RUNS && total < max_seconds) {
-    st_buffer* o = NULL;
-    st_event* done = NULL;
-    double t0 = st_now();
-    s = st_program_execute(prog, 0, in, 2, &o, 1, &done);
-    if (!s) s = st_event_await(done);
-    double dt = st_now() - t0;
-    st_event_destroy(done);
-    st_buffer_destroy(o);
-    if (s) break;
-    times[runs++] = dt;
-    total += dt;
-  }
+  if (!s) s = st__time_runs(prog, in, max_seconds, times, &runs);
   if (!s && runs > 0) {
-    qsort(times, (size_t)runs, sizeof(double), st__cmp_double);
     double flops = 2.0 * n * (double)n * (double)n;
     out->n = n;
     out->runs = runs;
     out->median_gflops = flops / times[runs / 2] / 1e9;
     out->best_gflops = flops / times[0] / 1e9;
+  }
+  st_buffer_destroy(in[0]);
+  st_buffer_destroy(in[1]);
+  st_program_destroy(prog);
+  free(a);
+  free(b);
+  free(c);
+  free(times);
+  return s;
+}
+
+
+/* c[N] = a[N] + b[N], N = 8M f32: 96 MiB moved a run, far above any
+ * cache, and one flop per 12 bytes, so the memory is the bound. */
+#define ST__BW_N 8388608
+static const char kAddProgram[] =
+    "module @strata_doctor_bandwidth {\n"
+    "  func.func public @main(%a: tensor<8388608xf32>, %b: tensor<8388608xf32>) -> tensor<8388608xf32> {\n"
+    "    %c = stablehlo.add %a, %b : tensor<8388608xf32>\n"
+    "    return %c : tensor<8388608xf32>\n"
+    "  }\n"
+    "}\n";
+
+st_status st_runtime_bandwidth_measure(st_runtime* rt, double max_seconds, st_matmul_peak* out) {
+  out->bw_bytes = 0;
+  out->bw_runs = 0;
+  out->median_gbps = out->best_gbps = 0;
+  st_program* prog = NULL;
+  st_status s = st_program_compile(rt, "doctor_bandwidth", kAddProgram, sizeof(kAddProgram) - 1, NULL, &prog);
+  if (s) return s;
+  const int64_t n = ST__BW_N;
+  const size_t bytes = sizeof(float) * (size_t)n;
+  st_tensor_type t = {.dtype = ST_DTYPE_F32, .rank = 1, .dims = {n}};
+  float* a = st_xmalloc(bytes);
+  float* b = st_xmalloc(bytes);
+  float* c = st_xmalloc(bytes);
+  double* times = st_xmalloc(sizeof(double) * ST__PEAK_MAX_RUNS);
+  st_buffer* in[2] = {NULL, NULL};
+  for (int64_t i = 0; i < n; ++i) {
+    a[i] = (float)(i & 1023);
+    b[i] = 0.5f;
+  }
+  s = st_buffer_from_host(rt, 0, &t, a, &in[0]);
+  if (!s) s = st_buffer_from_host(rt, 0, &t, b, &in[1]);
+  if (!s) { /* warm-up and correctness: every sum is exact in f32 */
+    st_buffer* o = NULL;
+    s = st_program_execute(prog, 0, in, 2, &o, 1, NULL);
+    if (!s) s = st_buffer_to_host(o, c, bytes);
+    st_buffer_destroy(o);
+    for (int64_t i = 0; !s && i < n; ++i)
+      if (c[i] != a[i] + 0.5f)
+        s = st_status_make(ST_CODE_RUNTIME, "bandwidth check: element %lld is %g, expected %g", (long long)i, c[i],
+                           (double)a[i] + 0.5);
+  }
+  int runs = 0;
+  if (!s) s = st__time_runs(prog, in, max_seconds, times, &runs);
+  if (!s && runs > 0) {
+    double moved = 3.0 * (double)bytes;
+    out->bw_bytes = (int64_t)moved;
+    out->bw_runs = runs;
+    out->median_gbps = moved / times[runs / 2] / 1e9;
+    out->best_gbps = moved / times[0] / 1e9;
   }
   st_buffer_destroy(in[0]);
   st_buffer_destroy(in[1]);
@@ -144,6 +217,19 @@ bool st_runtime_matmul_peak_load(const st_runtime* rt, const char* cache_root, s
     out->best_gflops = best;
     out->median_gflops = median;
     snprintf(out->by, sizeof(out->by), "%s", by);
+    /* The bandwidth is optional (files from before it, or a summary's
+     * matmul-only measurement): kept only when plausible. */
+    double bm = json_number_value(json_object_get(j, "median_gbps"));
+    double bb = json_number_value(json_object_get(j, "best_gbps"));
+    int64_t bytes = 0, bruns = 0;
+    if (isfinite(bb) && bb > 0 && bb < 1e7 && isfinite(bm) && bm > 0 && bm <= bb &&
+        st_json_as_int(json_object_get(j, "bandwidth_bytes"), &bytes) && bytes > 0 &&
+        st_json_as_int(json_object_get(j, "bandwidth_runs"), &bruns) && bruns > 0 && bruns <= ST__PEAK_MAX_RUNS) {
+      out->bw_bytes = bytes;
+      out->bw_runs = (int)bruns;
+      out->median_gbps = bm;
+      out->best_gbps = bb;
+    }
   }
   json_decref(j);
   return ok;
@@ -161,6 +247,12 @@ st_status st_runtime_matmul_peak_store(const st_runtime* rt, const char* cache_r
   st_json_put_num(j, "median_gflops", p->median_gflops);
   st_json_put_num(j, "best_gflops", p->best_gflops);
   st_json_put_str(j, "by", p->by);
+  if (p->best_gbps > 0) {
+    st_json_put_int(j, "bandwidth_bytes", p->bw_bytes);
+    st_json_put_int(j, "bandwidth_runs", p->bw_runs);
+    st_json_put_num(j, "median_gbps", p->median_gbps);
+    st_json_put_num(j, "best_gbps", p->best_gbps);
+  }
   st_status s = st_fs_mkdirs(dir);
   if (!s) s = st_json_write_file(path, j, 2);
   json_decref(j);

@@ -338,6 +338,15 @@ typedef struct pj_num_outputs_args {
   size_t num_outputs; /* out */
 } pj_num_outputs_args;
 
+/* XLA's optimized program of an executable. Called twice: with
+ * program->code NULL (the plugin sets code_size), then with a buffer of
+ * that size the plugin fills; format and format_size are the plugin's. */
+typedef struct pj_optimized_program_args {
+  PJ_HEAD;
+  pj_executable* executable;
+  pj_program* program; /* in/out */
+} pj_optimized_program_args;
+
 typedef struct pj_serialize_args {
   PJ_HEAD;
   const pj_executable* executable;
@@ -503,7 +512,7 @@ typedef struct pj_api {
   PJ_UNUSED(executable_code_size);
   PJ_UNUSED(executable_cost_analysis);
   PJ_UNUSED(executable_output_memory_kinds);
-  PJ_UNUSED(executable_optimized_program);
+  PJ_FN(executable_optimized_program, pj_optimized_program_args);
   PJ_FN(executable_serialize, pj_serialize_args);
 
   PJ_FN(loaded_destroy, pj_loaded_args);

@@ -148,6 +148,13 @@ st_status st_program_compile(st_runtime* rt, const char* name, const void* code,
       }
     }
   }
+  if (!s && cached && rt->keep_optimized_hlo) {
+    st_status ws = st__cache_keep_optimized(rt, key, name, code, code_size, p->exe);
+    if (ws) { /* an analysis aid: said, never fatal */
+      fprintf(stderr, "strata: warning: program '%s': optimized HLO not kept: %s\n", name, st_status_message(ws));
+      st_status_free(ws);
+    }
+  }
   int n_out = -1;
   if (!s) s = st__num_outputs(rt, name, p->exe, &n_out);
   if (!s && p->output_count >= 0 && p->output_count != n_out) {

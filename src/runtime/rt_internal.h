@@ -47,6 +47,7 @@ struct st_runtime {
   int compile_threads; /* 0: one per online CPU */
   bool progress;       /* st_runtime_options.progress */
   char* cache_dir; /* NULL when the cache is off */
+  bool keep_optimized_hlo; /* runtime.keep_optimized_hlo (exe_cache.c) */
 
   /* The serialized xla.CompileOptionsProto every compile uses (owned). */
   uint8_t* compile_options;
@@ -181,6 +182,10 @@ void st__cache_lookup(st_runtime* rt, const char* key, pj_loaded_exe** out);
 /* Serializes |exe| and writes it atomically under |key|. Failures are not
  * fatal to compiling; the status says what went wrong. */
 st_status st__cache_store(st_runtime* rt, const char* key, pj_loaded_exe* exe);
+/* runtime.keep_optimized_hlo: writes <cache>/<key>.hlo and .hlo.json for
+ * program |name| (its StableHLO text |code|) unless they exist. */
+st_status st__cache_keep_optimized(st_runtime* rt, const char* key, const char* name, const void* code,
+                                   size_t code_size, pj_loaded_exe* exe);
 
 /* Whether to apply the host malloc policy (runtime.c), from the option and
  * the environment: $STRATA_MALLOC_TUNING, $GLIBC_TUNABLES and whether any

@@ -525,6 +525,7 @@ st_status st_runtime_create(const st_runtime_options* options, st_runtime** out_
                                   &rt->compile_options, &rt->compile_options_size);
   if (!s && options->cache_dir && options->cache_dir[0]) {
     rt->cache_dir = st_xstrdup(options->cache_dir);
+    rt->keep_optimized_hlo = options->keep_optimized_hlo;
   }
   if (!s) s = st__load_plugin(rt->plugin_path, options->tune_host_malloc, &rt->api);
   if (!s) {

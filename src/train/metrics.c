@@ -2,6 +2,7 @@
  * step and evaluation (metrics.jsonl, the contract in docs/bundle.md, "Block metrics")
  * and the events of the lifecycle (events.jsonl). Lines are jansson trees
  * (st_json_*), so any path or message in them stays valid JSON. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -107,6 +108,18 @@ st_status st__plan_event(st__trainer* t) {
   return st__event(t, "plan", e);
 }
 
+/* |v| to 9 significant digits: a rate from a measured time written with
+ * few digits, so it does not raise the line's real precision (base.h: one
+ * precision per document, the most any real needs) and two runs with the
+ * same losses write the same loss text. */
+static json_t* st__sig9(double v) {
+  if (!isfinite(v)) return json_null();
+  if (v == 0) return st_json_num(0);
+  int e = (int)floor(log10(fabs(v)));
+  double r = e <= 8 ? round(v * pow(10.0, 8 - e)) / pow(10.0, 8 - e) : round(v / pow(10.0, e - 8)) * pow(10.0, e - 8);
+  return st_json_num(isfinite(r) ? r : v);
+}
+
 st_status st__step_metrics(st__trainer* t, double loss, double dt) {
   int64_t tokens = t->o->batch_size * t->T;
   const st_executor_stats* es = st_executor_stats_get(t->ex);
@@ -118,6 +131,12 @@ st_status st__step_metrics(st__trainer* t, double loss, double dt) {
   st_json_put_int(m, "tokens", tokens);
   st_json_put(m, "step_time_s", st_json_fixed(dt, 6));
   st_json_put(m, "tokens_per_s", st_json_fixed((double)tokens / dt, 1));
+  /* MFU against the peak context.json names (mfu.c), times the devices. */
+  double model_fps = t->model_flops_per_token * (double)tokens / dt;
+  int devices = st_executor_devices(t->ex);
+  double peak = t->peak.flops_per_s * (devices > 1 ? devices : 1);
+  st_json_put(m, "model_flops_per_s", st__sig9(model_fps));
+  st_json_put(m, "mfu", peak > 0 ? st__sig9(model_fps / peak) : json_null());
   st_json_put_int(m, "launches", es->launches);
   st_json_put(m, "wait_s", st_json_fixed(es->wait_s, 6));
   st_json_put_int(m, "peak_live_bytes", es->peak_live_bytes);

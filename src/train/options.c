@@ -92,6 +92,7 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   o->runtime.cpu_devices = (int)st_config_int(c, "runtime.cpu_devices");
   o->runtime.deterministic = st_config_bool(c, "runtime.deterministic");
   o->runtime.compile_threads = (int)st_config_int(c, "runtime.compile_threads");
+  o->runtime.keep_optimized_hlo = st_config_bool(c, "runtime.keep_optimized_hlo");
   o->runtime.progress = o->long_progress.on;
   o->sched.remat = st_config_string(c, "sched.remat");
   o->sched.memory_budget = st_config_string(c, "sched.memory_budget");
@@ -124,6 +125,7 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   }
 
   o->metrics_port = (int)st_config_int(c, "obs.metrics_port");
+  o->peak_flops = st_config_float(c, "obs.peak_flops");
 
   int nx = st_config_list_count(c, "runtime.xla_options");
   if (nx > 0) {

@@ -66,6 +66,8 @@ typedef struct st__trainer {
   double train_s;        /* their summed step times */
   double last_loss, last_eval_loss; /* NAN until known */
   int64_t peak_bytes;    /* largest accounted per-device peak of a step */
+  st_train_peak peak;    /* MFU's peak per device (mfu.c), resolved once the runtime exists */
+  double model_flops_per_token; /* st_train_model_flops_per_token of the bundle's model */
   /* a stop signal ended the run early (trainer.c, st__stop) */
   int stop_signal;
   int64_t stop_step;
@@ -91,9 +93,8 @@ st_status st__plan_programs(st__trainer* t, const st_plan* plan, st_program*** o
  * set. The one evaluation of `strata train` and `strata eval`. */
 st_status st__eval_batches(st__trainer* t, double* out_loss);
 
-/* summary_peak.c: the summary's line "X GFLOP/s of model FLOPs = Y% of
- * the measured matmul peak (Z GFLOP/s, strata doctor)", the peak from the
- * cache or measured once and stored. */
+/* mfu.c: the summary's line "X GFLOP/s of model FLOPs = Y% of the
+ * measured matmul peak (Z GFLOP/s, strata doctor)", against t->peak. */
 void st__summary_peak(const st__trainer* t, double model_gflops);
 
 /* step_hooks.c: forgets the last step's block metrics. */

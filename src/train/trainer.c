@@ -470,12 +470,11 @@ static st_status st__stop(st__trainer* t, int64_t done, bool progress) {
  * token (1 for the byte tokenizer; none for synthetic data). */
 static void st__summary(const st__trainer* t) {
   const st_train_options* o = t->o;
-  const st_bundle_model* m = &t->bundle->model;
   int64_t n_params = 0;
   for (int i = 0; i < t->bundle->param_count; ++i) n_params += st_tensor_type_elements(&t->bundle->params[i].type);
   const double tokens = (double)t->steps_run * (double)o->batch_size * (double)t->T;
   const double tps = t->train_s > 0 ? tokens / t->train_s : 0;
-  const double flop_per_token = 6.0 * (double)n_params + 12.0 * (double)m->n_layers * (double)m->d_model * (double)m->seq_len;
+  const double flop_per_token = t->model_flops_per_token;
   fprintf(stderr, "strata: trained %lld steps in %.1f s of steps (%lld this run, %lld parameters)\n", (long long)o->steps,
           t->train_s, (long long)t->steps_run, (long long)n_params);
   if (isfinite(t->last_loss)) fprintf(stderr, "  final train loss %.4f", t->last_loss);
@@ -740,6 +739,13 @@ st_status st_train_main(const st_config* cfg) {
                          "Shrink the mesh",
                          o.parallel_data, o.parallel_fsdp, o.parallel_tensor, (long long)want, ri.device_count);
   }
+  /* MFU's peak (mfu.c), named in context.json; measured now only when
+   * nothing better is known and nothing is stored. */
+  int mesh_devices = o.parallel_data * o.parallel_fsdp * o.parallel_tensor;
+  if (!s) {
+    st_train_peak_resolve(t.runtime, o.cache_root, o.peak_flops, true, &t.peak);
+    t.model_flops_per_token = st_train_model_flops_per_token(&bundle->model);
+  }
   /* The task context: context.json, and the same facts as the first event. */
   if (!s) {
     char hash[17];
@@ -753,8 +759,10 @@ st_status st_train_main(const st_config* cfg) {
                               .tokenizer_hash = st_dataset_tokenizer_hash(t.data),
                               .jax_version = bundle->jax_version,
                               .jaxlib_version = bundle->jaxlib_version,
-                              .runtime = &rt};
+                              .runtime = &rt,
+                              .peak = st_train_peak_json(&t.peak, mesh_devices)};
     json_t* ctx = st_context_json(&facts);
+    json_decref(facts.peak);
     char* path = st_path_join(t.run_dir, "context.json");
     s = st_json_write_file(path, ctx, 0);
     free(path);
@@ -780,6 +788,8 @@ st_status st_train_main(const st_config* cfg) {
     st_json_put_str(f, "dir", bundle->dir);
     st_json_put_str(f, "key", bundle->key);
     st_json_put_bool(f, "exported", exported);
+    /* The lint's warnings (its errors stopped the run before here). */
+    st_json_put(f, "lint", st_lint_json(&bundle->lint));
     s = st__event(&t, "bundle", f);
   }
   double t_compile = st_now();

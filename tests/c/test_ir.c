@@ -286,6 +286,100 @@ static void test_scan_helpers_shared_with_the_runtime(void** state) {
   assert_true(st_ir_scan_to(arrow, arrow + strlen(arrow), ',') == arrow + 8);
 }
 
+/* Protobuf wire bytes, built by hand: tag, then a varint or a payload. */
+typedef struct pb {
+  uint8_t b[512];
+  size_t n;
+} pb;
+
+static void pb_varint(pb* o, uint64_t v) {
+  do {
+    uint8_t c = v & 0x7f;
+    v >>= 7;
+    o->b[o->n++] = (uint8_t)(c | (v ? 0x80 : 0));
+  } while (v);
+}
+static void pb_bytes(pb* o, uint32_t field, const void* data, size_t n) {
+  pb_varint(o, (uint64_t)field << 3 | 2);
+  pb_varint(o, n);
+  memcpy(o->b + o->n, data, n);
+  o->n += n;
+}
+static void pb_str(pb* o, uint32_t field, const char* s) { pb_bytes(o, field, s, strlen(s)); }
+static void pb_int(pb* o, uint32_t field, uint64_t v) {
+  pb_varint(o, (uint64_t)field << 3);
+  pb_varint(o, v);
+}
+static void pb_inst(pb* comp, const char* name, const char* opcode, const char* kind, int64_t called) {
+  pb i = {0};
+  pb_str(&i, 1, name);
+  pb_str(&i, 2, opcode);
+  if (kind) pb_str(&i, 11, kind);
+  if (called >= 0) {
+    pb ids = {0};
+    pb_varint(&ids, (uint64_t)called);
+    pb_bytes(&i, 38, ids.b, ids.n); /* packed, as XLA writes it */
+  }
+  pb_bytes(comp, 2, i.b, i.n);
+}
+
+/* XLA's optimized program (runtime.keep_optimized_hlo): two fusions, one
+ * of 3 ops and one of 1, called from the entry; in the CPU plugin's
+ * wrapper (hlo_with_config) and bare (hlo). */
+static void test_hlo_fusions(void** state) {
+  (void)state;
+  pb big = {0}, small = {0}, entry = {0}, module = {0}, wrapped = {0};
+  pb_str(&big, 1, "fused_computation");
+  pb_inst(&big, "p0", "parameter", NULL, -1);
+  pb_inst(&big, "a", "add", NULL, -1);
+  pb_inst(&big, "m", "multiply", NULL, -1);
+  pb_int(&big, 5, 7);
+  pb_str(&small, 1, "fused_computation.1");
+  pb_int(&small, 5, 9);
+  pb_inst(&small, "c", "copy", NULL, -1);
+  pb_str(&entry, 1, "main.3");
+  pb_int(&entry, 5, 8);
+  pb_inst(&entry, "Arg_0", "parameter", NULL, -1);
+  pb_inst(&entry, "copy_fusion", "fusion", "kLoop", 9);
+  pb_inst(&entry, "add_multiply_fusion", "fusion", "kInput", 7);
+  pb_str(&module, 1, "jit_f");
+  pb_str(&module, 2, "main.3");
+  pb_bytes(&module, 3, big.b, big.n);
+  pb_bytes(&module, 3, small.b, small.n);
+  pb_bytes(&module, 3, entry.b, entry.n);
+  pb_bytes(&wrapped, 1, module.b, module.n);
+  pb_str(&wrapped, 2, "config bytes ignored");
+  for (int k = 0; k < 2; ++k) {
+    st_ir_hlo_summary s;
+    if (k == 0) ASSERT_OK(st_ir_hlo_summarize(wrapped.b, wrapped.n, "hlo_with_config", "t.hlo", &s));
+    else ASSERT_OK(st_ir_hlo_summarize(module.b, module.n, "hlo", "t.hlo", &s));
+    assert_int_equal(s.computations, 3);
+    assert_int_equal(s.instructions, 7);
+    assert_int_equal(s.entry_instructions, 3);
+    assert_int_equal(s.fusions, 2);
+    assert_int_equal(s.n_top, 2);
+    assert_string_equal(s.top[0].name, "add_multiply_fusion");
+    assert_string_equal(s.top[0].kind, "kInput");
+    assert_int_equal(s.top[0].ops, 3);
+    assert_string_equal(s.top[1].name, "copy_fusion");
+    assert_int_equal(s.top[1].ops, 1);
+  }
+  /* Cut anywhere inside, or in another format: an error naming the file. */
+  st_ir_hlo_summary s;
+  for (size_t cut = 1; cut < wrapped.n; cut += 7) {
+    st_status st = st_ir_hlo_summarize(wrapped.b, cut, "hlo_with_config", "t.hlo", &s);
+    if (st) {
+      assert_non_null(strstr(st_status_message(st), "t.hlo"));
+      assert_int_equal(s.fusions, 0);
+      st_status_free(st);
+    }
+  }
+  st_status st = st_ir_hlo_summarize(module.b, module.n, "mlir", "t.hlo", &s);
+  assert_non_null(st);
+  assert_non_null(strstr(st_status_message(st), "format 'mlir'"));
+  st_status_free(st);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_dot_general_batching),
@@ -295,6 +389,7 @@ int main(void) {
       cmocka_unit_test(test_collectives_and_custom_calls),
       cmocka_unit_test(test_malformed_input_is_an_error),
       cmocka_unit_test(test_scan_helpers_shared_with_the_runtime),
+      cmocka_unit_test(test_hlo_fusions),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,11 +18,11 @@ BASE=(configs/test.yml runtime.deterministic=true run.progress=off)
 
 # --- doctor -----------------------------------------------------------------------
 expect_exit 0 "status: +ok" doctor
-check "doctor: plugin, API version, compile threads, devices, a matmul figure" \
-  "grep -Eq '^PJRT C API: +0\.[0-9]+' '$TMP/out' && grep -Eq '^compile: +[0-9]+ programs? at once' '$TMP/out' && grep -Eq '^devices: +2' '$TMP/out' && grep -Eq '^matmul: .*GFLOP/s' '$TMP/out'"
+check "doctor: plugin, API version, compile threads, devices, a matmul figure, a bandwidth figure" \
+  "grep -Eq '^PJRT C API: +0\.[0-9]+' '$TMP/out' && grep -Eq '^compile: +[0-9]+ programs? at once' '$TMP/out' && grep -Eq '^devices: +2' '$TMP/out' && grep -Eq '^matmul: .*GFLOP/s' '$TMP/out' && grep -Eq '^bandwidth: +32 MiB f32 add on device 0: [0-9.]+ GB/s' '$TMP/out'"
 cp "$TMP/out" "$TMP/doctor.out"
-check "doctor stores its matmul measurement in the cache, keyed by plugin and device kind" \
-  "grep -q '\"by\": \"doctor\"' \"\$STRATA_CACHE_DIR\"/matmul_peak/*.json && grep -q '\"device_kind\": \"cpu\"' \"\$STRATA_CACHE_DIR\"/matmul_peak/*.json"
+check "doctor stores its matmul and bandwidth measurements in the cache, keyed by plugin and device kind" \
+  "grep -q '\"by\": \"doctor\"' \"\$STRATA_CACHE_DIR\"/matmul_peak/*.json && grep -q '\"device_kind\": \"cpu\"' \"\$STRATA_CACHE_DIR\"/matmul_peak/*.json && grep -q '\"best_gbps\": [0-9]' \"\$STRATA_CACHE_DIR\"/matmul_peak/*.json"
 
 # --- a good run and its directory -------------------------------------------
 if "$STRATA" train "${BASE[@]}" run.dir="$TMP/r1" >"$TMP/out1" 2>"$TMP/err1"; then ok; else bad "train exited $?: $(tail -5 "$TMP/err1")"; fi

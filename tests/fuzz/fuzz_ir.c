@@ -4,6 +4,8 @@
  *
  * Properties: an error leaves empty stats and names the program; a read
  * program has finite, non-negative counts and its tables within bounds.
+ * The dataflow graph of @main (st_ir_main_graph, strata analyze --dot):
+ * an error leaves it empty; edges join existing nodes, earlier to later.
  */
 #include <math.h>
 #include <stdint.h>
@@ -17,6 +19,19 @@ static void st__finite(double v) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  /* The same bytes as an optimized HloModuleProto, bare and wrapped (hlo_proto.c). */
+  static const char* const kFormats[2] = {"hlo", "hlo_with_config"};
+  for (int f = 0; f < 2; ++f) {
+    st_ir_hlo_summary h;
+    st_status hs = st_ir_hlo_summarize(data, size, kFormats[f], "fuzz.hlo", &h);
+    if (hs) {
+      if (h.fusions || h.n_top || st_status_code(hs) != ST_CODE_RUNTIME) abort();
+      st_status_free(hs);
+    } else if (h.fusions < 0 || h.n_top < 0 || h.n_top > ST_IR_HLO_TOP || h.n_top > h.fusions ||
+               h.entry_instructions > h.instructions) {
+      abort();
+    }
+  }
   st_ir_stats s;
   st_status st = st_ir_analyze((const char*)data, size, "fuzz.mlir", &s);
   if (st) {
@@ -40,6 +55,20 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   for (int i = 0; i < s.n_custom_calls; ++i)
     if (!memchr(s.custom_calls[i].target, 0, sizeof(s.custom_calls[i].target))) abort();
+  if (s.n_findings < 0 || s.n_findings > ST_IR_MAX_FINDINGS || (s.n_findings && !s.findings)) abort();
+  for (int i = 0; i < s.n_findings; ++i)
+    if (s.findings[i].line < 1 || !memchr(s.findings[i].op, 0, sizeof(s.findings[i].op))) abort();
   st_ir_stats_free(&s);
+  st_ir_graph g;
+  st = st_ir_main_graph((const char*)data, size, "fuzz.mlir", &g);
+  if (st) {
+    if (g.nodes || g.edges || g.n_nodes || g.n_edges) abort();
+    st_status_free(st);
+    return 0;
+  }
+  if (g.n_nodes < 0 || g.n_nodes > ST_IR_MAX_GRAPH || g.n_edges < 0 || g.n_edges > ST_IR_MAX_GRAPH) abort();
+  for (int i = 0; i < g.n_edges; ++i)
+    if (g.edges[i].from < 0 || g.edges[i].from >= g.edges[i].to || g.edges[i].to >= g.n_nodes) abort();
+  st_ir_graph_free(&g);
   return 0;
 }

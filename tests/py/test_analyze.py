@@ -31,14 +31,15 @@ from strata_jax.programs import build_programs
 STRATA = os.path.join(ROOT, "build", "strata")
 
 
-def _strata(*args: str) -> subprocess.CompletedProcess[str]:
+def _strata(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     if not os.access(STRATA, os.X_OK):
         raise AssertionError(f"{STRATA} is missing: run `make build` first (make test does)")
-    return subprocess.run([STRATA, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run([STRATA, *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})})
 
 
-def _analyze(path: str) -> dict[str, Any]:
-    r = _strata("analyze", path, "--json")
+def _analyze(path: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    r = _strata("analyze", path, "--json", env=env)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -112,7 +113,22 @@ def test_run_dir_step_totals(tmp_path: Any) -> None:
     assert step["model_flops"] > 0 and step["steps_measured"] == 3
     assert step["achieved_flops_per_s"] == pytest.approx(step["flops"] / step["step_time_s"])
     assert 0 <= step["wait_s"] <= step["step_time_s"]
-    assert a["peak"]["flops_per_s"] is None and step["mfu"] is None  # no measured peak yet
+    # The roofline's peak is the one context.json names (the run's MFU used it).
+    with open(os.path.join(run, "context.json"), encoding="utf-8") as f:
+        ctx_peak = json.load(f)["peak"]
+    peak = a["peak"]
+    assert {k: peak[k] for k in ("flops_per_s", "bytes_per_s", "source", "detail")} == \
+        {k: ctx_peak[k] for k in ("flops_per_s", "bytes_per_s", "source", "detail")}
+    assert peak["flops_per_s"] > 0 and step["devices"] == 1
+    assert step["mfu"] == pytest.approx(step["model_flops_per_s"] / peak["flops_per_s"])
+    _check_bounds(a["programs"], peak)
+    assert step["bound_s"] == pytest.approx(sum(p.get("launches_per_step", 0) * p["bound_us"] * 1e-6
+                                                for p in a["programs"]))
+    measured = [p for p in a["programs"] if p.get("measured_launches")]
+    for p in measured:
+        assert p["gap"] == pytest.approx(p["measured_us_per_launch"] / p["bound_us"]), p["name"]
+    lost = max(measured, key=lambda p: p["measured_launches"] * (p["measured_us_per_launch"] - p["bound_us"]))
+    assert step["furthest_from_bound"] == lost["name"]
     # The trace of step 2: every launch of the step once, its time split by role.
     assert step["trace"]["files"] == 1
     for p in a["programs"]:
@@ -125,9 +141,47 @@ def test_run_dir_step_totals(tmp_path: Any) -> None:
     lines = text.stdout.splitlines()
     assert len(lines) <= 40, "the text output fits on a screen"
     assert any(line.startswith("block_bwd_res") for line in lines)
-    assert "peak: not measured (run strata doctor)" in text.stdout
+    assert any(line.startswith("peak: ") and "FLOP/s" in line for line in lines)
+    assert f"furthest from its bound: {lost['name']}," in text.stdout
     assert any(line.startswith("step:") for line in lines)
     assert any(line.startswith("trace (1 step): device work") for line in lines)
+
+
+def _check_bounds(programs: list[dict[str, Any]], peak: dict[str, Any]) -> None:
+    for p in programs:
+        compute = p["flops"] / peak["flops_per_s"]
+        memory = (p["arg_bytes"] + p["result_bytes"]) / peak["bytes_per_s"] if peak["bytes_per_s"] else 0
+        assert p["bound_us"] == pytest.approx(1e6 * max(compute, memory)), p["name"]
+        assert p["bound_by"] == ("memory" if memory > compute else "compute"), p["name"]
+
+
+def test_roofline_from_doctor(tmp_path: Any) -> None:
+    """A bundle's roofline: no bound until strata doctor stored the machine's
+    peak FLOP/s and memory bandwidth, then those."""
+    env = {"STRATA_CACHE_DIR": str(tmp_path / "cache")}
+    bundle = str(tmp_path / "bundle")
+    r = _strata("export", "configs/test.yml", f"bundle.dir={bundle}", env=env)
+    assert r.returncode == 0, r.stderr
+    a = _analyze(bundle, env)
+    assert a["peak"]["flops_per_s"] is None and a["peak"]["source"] == "none"
+    assert all("bound_us" not in p for p in a["programs"])
+    text = _strata("analyze", bundle, env=env)
+    assert "peak: not measured (run strata doctor); no roofline bound" in text.stdout
+    d = _strata("doctor", env=env)
+    assert d.returncode == 0, d.stdout + d.stderr
+    (stored,) = [os.path.join(tmp_path, "cache", "matmul_peak", f) for f in os.listdir(tmp_path / "cache" / "matmul_peak")]
+    with open(stored, encoding="utf-8") as f:
+        m = json.load(f)
+    a = _analyze(bundle, env)
+    peak = a["peak"]
+    assert peak["source"] == "doctor"
+    assert peak["flops_per_s"] == pytest.approx(m["best_gflops"] * 1e9)
+    assert peak["bytes_per_s"] == pytest.approx(m["best_gbps"] * 1e9)
+    _check_bounds(a["programs"], peak)
+    # The tiny optimizer programs read and write more than they compute.
+    assert {p["name"]: p["bound_by"] for p in a["programs"]}["adamw_block"] == "memory"
+    text = _strata("analyze", bundle, env=env)
+    assert "peak: " in text.stdout and "(doctor: 512x512 f32 matmul on cpu" in text.stdout
 
 
 def test_bad_input_is_an_error(tmp_path: Any) -> None:
