@@ -136,6 +136,22 @@ const char* st_source_dir(void);
  * BPE tokenizer): $STRATA_PYTHON, else ./.venv/bin/python when executable,
  * else <st_source_dir()>/.venv/bin/python. Caller frees. */
 char* st_python_path(void);
+/* One run of `<st_python_path()> -m <module> <args...>` (python.c). */
+typedef struct st_python_job {
+  const char* what;               /* "exporting the bundle": the failure's first words */
+  const char* module;             /* "strata_jax.export" */
+  const char* const* args;        /* after the module, NULL-terminated; borrowed */
+  const char* log_path;           /* the child's stdout and stderr */
+  int code;                       /* the st_status code of a failure */
+  int code_on_exit2;              /* the code when the child exits 2 (its config error); 0: |code| */
+  const char* jax_platforms;      /* JAX_PLATFORMS for the child; NULL: inherited */
+} st_python_job;
+/* Runs |job| with the source tree's python/ first on PYTHONPATH and waits.
+ * File descriptors not marked close-on-exec are inherited (the exporter's
+ * progress descriptor). OK when the child exits 0; otherwise an error
+ * naming the interpreter, the module, the exit or signal, the log and the
+ * log's last 1500 bytes. */
+st_status st_python_run(const st_python_job* job);
 /* Joins two path parts into a new string owned by the caller (free). */
 char* st_path_join(const char* a, const char* b);
 /* Default cache root: $STRATA_CACHE_DIR, else $HOME/.cache/strata, else

@@ -747,18 +747,6 @@ void st_bundle_key_mesh(const char* model_json, const char* mesh, char out[17]) 
 
 char* st_bundle_python(void) { return st_python_path(); }
 
-static char* st__tail_of_file(const char* path, size_t max) {
-  char* data = NULL;
-  size_t size = 0;
-  st_status s = st_fs_read_file(path, &data, &size);
-  if (s) {
-    st_status_free(s);
-    return st_xstrdup("");
-  }
-  if (size > max) memmove(data, data + size - max, max + 1);
-  return data;
-}
-
 st_status st_bundle_export(const char* model_json, const char* key, const char* dir) {
   return st_bundle_export_mesh(model_json, NULL, key, dir);
 }
@@ -768,13 +756,6 @@ st_status st_bundle_export_mesh(const char* model_json, const char* mesh, const 
 }
 
 st_status st_bundle_export_ex(const char* model_json, const char* mesh, const char* key, const char* dir, bool progress) {
-  char* python = st_bundle_python();
-  char* log = NULL;
-  {
-    st_strbuf l = {0};
-    st_strbuf_printf(&l, "%s.export.log", dir);
-    log = l.data;
-  }
   /* The parent folder must exist for the exporter's rename into place. */
   char* parent = st_xstrdup(dir);
   char* slash = strrchr(parent, '/');
@@ -783,70 +764,37 @@ st_status st_bundle_export_ex(const char* model_json, const char* mesh, const ch
     st_status s = st_fs_mkdirs(parent);
     if (s) {
       free(parent);
-      free(python);
-      free(log);
       return st_status_annotate(s, "creating the bundle folder");
     }
   }
   free(parent);
-  /* The child reopens stdout for its log, which would flush a copy of the
-   * parent's unwritten output into the parent's stdout a second time. */
-  fflush(stdout);
-  fflush(stderr);
-  pid_t pid = fork();
-  if (pid < 0) {
-    free(python);
-    free(log);
-    return st_status_make(ST_CODE_RUNTIME, "cannot fork the exporter: %s", strerror(errno));
+  /* The progress line goes to the stderr strata was given, which the log
+   * replaces in the child: a duplicate without close-on-exec survives exec. */
+  int tty = progress ? dup(2) : -1;
+  char tty_arg[16];
+  snprintf(tty_arg, sizeof(tty_arg), "%d", tty);
+  const char* args[12] = {"--model-json", model_json, "--out", dir, "--bundle-key", key};
+  int argc = 6;
+  if (mesh && mesh[0]) {
+    args[argc++] = "--mesh";
+    args[argc++] = mesh;
   }
-  if (pid == 0) {
-    /* The progress line goes to the stderr strata was given, which the
-     * log is about to replace: a duplicate survives exec. */
-    int tty = progress ? dup(2) : -1;
-    char tty_arg[16];
-    snprintf(tty_arg, sizeof(tty_arg), "%d", tty);
-    FILE* f = freopen(log, "w", stdout);
-    if (f) dup2(fileno(stdout), 2);
-    const char* old = getenv("PYTHONPATH");
-    st_strbuf pp = {0};
-    st_strbuf_append(&pp, st_source_dir());
-    st_strbuf_append(&pp, "/python");
-    if (old && old[0]) st_strbuf_printf(&pp, ":%s", old);
-    setenv("PYTHONPATH", pp.data, 1);
-    /* Export is trace + lower only: keep JAX off any accelerator. */
-    setenv("JAX_PLATFORMS", "cpu", 1);
-    const char* argv[16] = {python, "-m", "strata_jax.export", "--model-json", model_json, "--out", dir, "--bundle-key", key};
-    int argc = 9;
-    if (mesh && mesh[0]) {
-      argv[argc++] = "--mesh";
-      argv[argc++] = mesh;
-    }
-    if (tty >= 0) {
-      argv[argc++] = "--progress-fd";
-      argv[argc++] = tty_arg;
-    }
-    argv[argc] = NULL;
-    execv(python, (char* const*)argv);
-    fprintf(stderr, "cannot execute '%s': %s\n", python, strerror(errno));
-    _exit(127);
+  if (tty >= 0) {
+    args[argc++] = "--progress-fd";
+    args[argc++] = tty_arg;
   }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  st_status s = ST_OK;
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    char* tail = st__tail_of_file(log, 1500);
-    /* The exporter's exit 2 is a model config it refuses (docs/model.md,
-     * "Export"): an unknown block kind, say, which only its registry knows. */
-    bool config = WIFEXITED(status) && WEXITSTATUS(status) == 2;
-    s = st_status_make(config ? ST_CODE_CONFIG : ST_CODE_RUNTIME,
-                       "exporting the bundle failed (%s -m strata_jax.export, %s %d; log %s). Run `make setup` if the venv is missing. Last output:\n%s",
-                       python, WIFEXITED(status) ? "exit" : "signal", WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
-                       log, tail);
-    free(tail);
-  }
-  free(python);
-  free(log);
+  args[argc] = NULL;
+  st_strbuf log = {0};
+  st_strbuf_printf(&log, "%s.export.log", dir);
+  /* The exporter's exit 2 is a model config it refuses (docs/model.md,
+   * "Export"): an unknown block kind, say, which only its registry knows.
+   * Export is trace + lower only: JAX stays off any accelerator. */
+  st_python_job job = {.what = "exporting the bundle", .module = "strata_jax.export", .args = args,
+                       .log_path = log.data, .code = ST_CODE_RUNTIME, .code_on_exit2 = ST_CODE_CONFIG,
+                       .jax_platforms = "cpu"};
+  st_status s = st_python_run(&job);
+  if (tty >= 0) close(tty);
+  st_strbuf_free(&log);
   return s;
 }
 

@@ -247,82 +247,35 @@ char* st__data_tokenizer_json_path(const char* token_path) {
   return st_strbuf_take(&b);
 }
 
-static char* st__file_tail(const char* path, size_t max) {
-  char* data = NULL;
-  size_t size = 0;
-  st_status s = st_fs_read_file(path, &data, &size);
-  if (s) {
-    st_status_free(s);
-    return st_xstrdup("");
-  }
-  if (size > max) memmove(data, data + size - max, max + 1);
-  return data;
-}
-
 /* Trains BPE on |files| and writes |token_path| and |json_path| with
  * `python -m strata_jax.tokenize` (as the exporter runs: the interpreter
  * of st_python_path, the source tree's python/ first on PYTHONPATH), its
  * output in <token_path>.log. */
 static st_status st__run_bpe(uint32_t vocab, const char* from, const char* token_path, const char* json_path, char** files,
                              size_t n) {
-  char* python = st_python_path();
   st_strbuf log = {0};
   st_strbuf_printf(&log, "%s.log", token_path);
   char vocab_text[16];
   snprintf(vocab_text, sizeof(vocab_text), "%u", vocab);
-  const char* fixed[] = {python, "-m", "strata_jax.tokenize", "--vocab-size", vocab_text, "--out", token_path,
-                         "--tokenizer-out", json_path, "--tokenizer-in", from, "--"};
+  const char* fixed[] = {"--vocab-size", vocab_text, "--out", token_path, "--tokenizer-out", json_path,
+                         "--tokenizer-in", from, "--"};
   size_t nf = sizeof(fixed) / sizeof(fixed[0]);
   if (!from) {
     /* No tokenizer to apply: drop "--tokenizer-in FILE". */
     fixed[nf - 3] = "--";
     nf -= 2;
   }
-  char** argv = st_xcalloc(nf + n + 1, sizeof(char*));
-  for (size_t i = 0; i < nf; ++i) argv[i] = (char*)fixed[i];
-  for (size_t i = 0; i < n; ++i) argv[nf + i] = files[i];
+  const char** args = st_xcalloc(nf + n + 1, sizeof(char*));
+  for (size_t i = 0; i < nf; ++i) args[i] = fixed[i];
+  for (size_t i = 0; i < n; ++i) args[nf + i] = files[i];
   if (from)
     fprintf(stderr, "strata: tokenizing the corpus (%zu files) with the BPE tokenizer %s\n", n, from);
   else
     fprintf(stderr, "strata: training a BPE tokenizer of %u tokens on the corpus (%zu files)\n", vocab, n);
-  /* The child's stdout goes to the log: nothing of ours may be flushed twice. */
-  fflush(stdout);
-  fflush(stderr);
-  pid_t pid = fork();
-  if (pid < 0) {
-    free(argv);
-    free(python);
-    st_strbuf_free(&log);
-    return st_status_make(ST_CODE_DATA, "cannot fork the BPE tokenizer: %s", strerror(errno));
-  }
-  if (pid == 0) {
-    FILE* f = freopen(log.data, "w", stdout);
-    if (f) dup2(fileno(stdout), 2);
-    const char* old = getenv("PYTHONPATH");
-    st_strbuf pp = {0};
-    st_strbuf_append(&pp, st_source_dir());
-    st_strbuf_append(&pp, "/python");
-    if (old && old[0]) st_strbuf_printf(&pp, ":%s", old);
-    setenv("PYTHONPATH", pp.data, 1);
-    execv(python, argv);
-    fprintf(stderr, "cannot execute '%s': %s\n", python, strerror(errno));
-    _exit(127);
-  }
-  free(argv);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  st_status s = ST_OK;
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    char* tail = st__file_tail(log.data, 1500);
-    s = st_status_make(ST_CODE_DATA,
-                       "tokenizing with BPE failed (%s -m strata_jax.tokenize, %s %d; log %s). Run `make setup` if "
-                       "the venv is missing. Last output:\n%s",
-                       python, WIFEXITED(status) ? "exit" : "signal",
-                       WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), log.data, tail);
-    free(tail);
-  }
-  free(python);
+  st_python_job job = {.what = "tokenizing with BPE", .module = "strata_jax.tokenize", .args = args,
+                       .log_path = log.data, .code = ST_CODE_DATA};
+  st_status s = st_python_run(&job);
+  free(args);
   st_strbuf_free(&log);
   return s;
 }
