@@ -4,8 +4,9 @@
 # compile time, memory, and MFU against a bf16 matmul peak measured there;
 # on a machine with 2 or more GPUs also bench/run.py's parallel section
 # (parallel.data = 2, 4, 8 as far as the GPUs go, fsdp=2 and tensor=2,
-# against the anchor jitted over the same mesh). Never run on a GPU so far:
-# untested there.
+# against the anchor jitted over the same mesh). First run on one H200 on
+# 2026-11-30 (docs/performance.md, "GPU"); the parallel section needs 2 or
+# more GPUs and is untested there.
 #
 # The machine (docs/performance.md, "GPU"): jax 0.11.2 and jax-cuda13-pjrt
 # installed, the CUDA plugin is xla_cuda_plugin.so inside the jax_plugins
@@ -52,7 +53,7 @@ mkdir -p "$OUTDIR" || exit 2
 if [ "$DRY" = 1 ]; then
   PY="${STRATA_PYTHON:-.venv/bin/python}"
 else
-  PY="${STRATA_PYTHON:-python3}"
+  PY="${STRATA_PYTHON:-$(command -v python3 || echo python3)}"
 fi
 if ! "$PY" -c 'import jax' 2>/dev/null; then
   echo "gpu.sh: '$PY' cannot import jax; set STRATA_PYTHON to an interpreter that can" >&2

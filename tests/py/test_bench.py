@@ -210,6 +210,27 @@ def test_gpu_script_dry_run(tmp_path: Any) -> None:
     assert "| fsdp=2 | reshard_after_forward=false |" in md and "| tensor=2 | default |" in md
 
 
+def test_gpu_probe_on_cpu(tmp_path: Any) -> None:
+    """bench/gpu_probe.sh with the CPU plugin on a tiny shape: three runs,
+    the warm one from the cold one's cache, each with its peak RSS and start-up."""
+    script = os.path.join(ROOT, "bench", "gpu_probe.sh")
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    plugin = subprocess.run([os.path.join(ROOT, "build", "strata"), "doctor"], cwd=ROOT, capture_output=True,
+                            text=True).stdout
+    path = next(l.split()[-1] for l in plugin.splitlines() if l.startswith("plugin:"))
+    env = {**os.environ, "OUT": str(tmp_path), "STRATA_BIN": os.path.join(ROOT, "build", "strata"),
+           "STRATA_PJRT_PLUGIN": path, "STRATA_PYTHON": sys.executable}
+    r = subprocess.run([script, "model.d_model=64", "model.n_heads=4", "model.d_ff=128", "model.n_layers=2",
+                        "model.seq_len=32", "train.batch_size=2", "model.compute_dtype=f32"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = {n: json.loads((tmp_path / f"{n}.json").read_text()) for n in ("cold-1thread", "warm-1thread", "cold-default")}
+    for n, v in res.items():
+        assert v["rc"] == 0 and v["maxrss_mib"] > 0 and v["startup_s"] > 0 and len(v["step_times_s"]) == 5, (n, v)
+    assert res["cold-1thread"]["cache_hits"] == 0 and res["cold-1thread"]["compile_threads"] == 1
+    assert res["warm-1thread"]["cache_hits"] > 0 and res["cold-default"]["cache_hits"] == 0
+
+
 def test_quick_compile_section_end_to_end(tmp_path: Any) -> None:
     """`bench/run.py --quick --sections compile` with real processes: every
     depth starts cold, then warm, and a depth after another depth exports
