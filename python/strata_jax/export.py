@@ -347,6 +347,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"a device mesh yet (--mesh {args.mesh}); set parallel.data, parallel.fsdp and parallel.tensor "
                   f"to 1 (docs/model.md, \"Block kinds\", moe)", file=sys.stderr)
             return 2
+        from . import tensor_parallel as TP
+        kind_error = TP.unsupported_kind(cfg, mesh.tensor)
+        if kind_error:
+            print(f"strata_jax.export: {kind_error}", file=sys.stderr)
+            return 2
     try:
         progress = Progress(args.progress_fd)
     except OSError as e:

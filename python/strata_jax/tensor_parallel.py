@@ -305,6 +305,16 @@ def _block_param_specs(cfg: ModelConfig, role: str = "param", prefix: str = "",
     return out
 
 
+def unsupported_kind(cfg: ModelConfig, tensor: int) -> str | None:
+    """Why |cfg|'s stack cannot run over parallel.tensor = |tensor|, or None:
+    only llama has tensor-parallel programs. A config error (exit 2)."""
+    other = sorted(set(cfg.layer_kinds()) - {"llama"})
+    if tensor > 1 and other:
+        return (f"model.block/model.layers: block kind {other[0]!r} has no tensor-parallel programs "
+                f"(parallel.tensor = {tensor}); only llama has")
+    return None
+
+
 def _check_mesh(cfg: ModelConfig, mesh: MeshSpec) -> None:
     t = mesh.tensor
     if cfg.n_heads % t or cfg.d_ff % t:
@@ -313,10 +323,9 @@ def _check_mesh(cfg: ModelConfig, mesh: MeshSpec) -> None:
     if cfg.kv_heads % t:
         raise ParallelError(f"model.n_kv_heads ({cfg.kv_heads}) must be divisible by parallel.tensor ({t}): "
                             f"tensor parallelism splits the key/value heads")
-    other = sorted(set(cfg.layer_kinds()) - {"llama"})
-    if t > 1 and other:
-        raise ParallelError(f"model.block/model.layers: block kind {other[0]!r} has no tensor-parallel programs "
-                            f"(parallel.tensor = {t}); only llama has")
+    kind_error = unsupported_kind(cfg, t)
+    if kind_error:
+        raise ParallelError(kind_error)
     b = mesh.data * mesh.fsdp
     if cfg.microbatch_size % b:
         raise ParallelError(f"microbatch_size {cfg.microbatch_size} is not divisible by data x fsdp = {b}")

@@ -226,6 +226,16 @@ def test_unknown_block_kind_exits_2_naming_the_key(tmp_path: Any) -> None:
         cfg_of(layers=("llama", "nosuch"))
 
 
+def test_a_kind_without_tensor_parallel_programs_exits_2(tmp_path: Any) -> None:
+    """parallel.tensor > 1 with a kind that has no tensor-parallel programs is
+    the config's fault (exit 2 naming the keys), not a runtime error (it was
+    exit 4: the exporter failed with 1)."""
+    r = run([STRATA, "plan", "configs/test.yml", "model.block=parallel", "parallel.tensor=2", "train.microbatches=1",
+             "runtime.cpu_devices=2", f"runtime.cache_dir={tmp_path}"], ok=False)
+    assert r.returncode == 2, r.stderr
+    assert "model.block/model.layers" in r.stderr and "'parallel'" in r.stderr and "parallel.tensor = 2" in r.stderr
+
+
 # --- presets ------------------------------------------------------------------------
 
 PRESETS = sorted(glob.glob(os.path.join(ROOT, "configs", "llama-*.yml")))
