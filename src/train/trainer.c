@@ -34,6 +34,14 @@
 /* Lifecycle pieces                                                         */
 /*===-------------------------------------------------------------------===*/
 
+/* <run_dir>/config.yaml: the resolved config the run trains with. */
+static st_status st__save_run_config(const st_config* cfg, const char* run_dir) {
+  char* path = st_path_join(run_dir, "config.yaml");
+  st_status s = st_config_save(cfg, path);
+  free(path);
+  return s;
+}
+
 /* Creates (or, on resume, reopens) the run directory and locks it: two
  * processes training into one directory would interleave their metrics and
  * race each other's checkpoints, so the second is refused with exit 2. The
@@ -68,11 +76,10 @@ static st_status st__make_run_dir(const st_config* cfg, const st_train_options* 
                        "run directory '%s' already holds a run (steps in metrics.jsonl, checkpoints); set run.dir to a new folder, or "
                        "continue it with `strata resume %s`",
                        d.data, d.data);
-  if (!s) {
-    char* path = st_path_join(d.data, "config.yaml");
-    s = st_config_save(cfg, path);
-    free(path);
-  }
+  /* A resume writes the run's config only once its checkpoint accepted it
+   * (st__save_run_config after the restore): a refused resume (another
+   * tokenizer, another model) must leave the run as it was. */
+  if (!s && !o->resume) s = st__save_run_config(cfg, d.data);
   if (s) {
     if (*out_lock_fd >= 0) close(*out_lock_fd);
     *out_lock_fd = -1;
@@ -851,6 +858,7 @@ st_status st_train_main(const st_config* cfg) {
   /* After the restore, which refuses a checkpoint of another tokenizer
    * (exit 3) before this could replace the run's tokenizer.json. */
   if (!s) s = st__copy_tokenizer(&t);
+  if (!s && o.resume) s = st__save_run_config(cfg, t.run_dir);
   if (!s && !restored) s = st__init_state(&t);
   if (!s) {
     json_t* f = st_json_obj();

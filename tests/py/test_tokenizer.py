@@ -183,6 +183,7 @@ def test_run_records_the_tokenizer_and_resume_refuses_another(corpus, tmp_path):
     os.rename(rd / "t.json", rd / "tokenizer.json")
 
     # Another vocabulary size is another tokenizer: exit 3 naming both.
+    config_before = (rd / "config.yaml").read_bytes()
     other = run([*args, "train.steps=6", "run.resume=true", "data.vocab_size=400"], ok=False)
     err = other.stderr.decode()
     h400 = sha16(tokenizer_json(token_file(corpus, "data.vocab_size=400")))
@@ -193,8 +194,9 @@ def test_run_records_the_tokenizer_and_resume_refuses_another(corpus, tmp_path):
                 f"model.vocab_size={VOCAB}", "train.steps=6", "ckpt.every=2", "ckpt.async=false", "run.progress=off",
                 f"run.dir={rd}", "run.resume=true"], ok=False)
     assert byte.returncode == 3 and h in byte.stderr.decode() and "tokenizer byte" in byte.stderr.decode()
-    # Neither refusal replaced the run's tokenizer, and the same one resumes.
+    # Neither refusal replaced the run's tokenizer or its config.yaml, and the same one resumes.
     assert sha16(rd / "tokenizer.json") == h
+    assert (rd / "config.yaml").read_bytes() == config_before
     run([*args, "train.steps=6", "run.resume=true"])
     assert json.loads((rd / "checkpoints" / "step_6" / "manifest.json").read_text())["tokenizer_hash"] == h
 
