@@ -177,8 +177,8 @@ st_status st__compile_event(st__trainer* t, double seconds) {
     if (t->compiled[i]) st_json_put(per, bundle->programs[i].name, st_json_fixed(t->compile_s[i], 3));
   json_t* f = st_json_obj();
   st_json_put(f, "seconds", st_json_fixed(seconds, 3));
-  st_json_put_int(f, "compiled", rs.compiles);
-  st_json_put_int(f, "cache_hits", rs.cache_hits);
+  st_json_put_int(f, "compiled", rs.compiles - t->compiles_before);
+  st_json_put_int(f, "cache_hits", rs.cache_hits - t->cache_hits_before);
   st_json_put_int(f, "plan_ops", t->step_plan.op_count);
   st_json_put_int(f, "threads", st_runtime_compile_threads(t->runtime));
   st_json_put(f, "program_seconds", per);

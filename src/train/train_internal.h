@@ -30,6 +30,9 @@ typedef struct st__trainer {
   /* compiled programs by bundle program index (owned) */
   st_program** compiled;
   double* compile_s; /* seconds each took to compile or load, same index */
+  /* The runtime's counters when the step's compile began: the compile event
+   * counts from here, not MFU's matmul-peak measurement before it. */
+  int64_t compiles_before, cache_hits_before;
   st_program** compiled_coll; /* SPMD collectives by bundle collective index (owned; NULL without) */
   st_plan step_plan, eval_plan;
   st_remat_choice remat; /* what sched.remat chose for step_plan, and why (the plan event) */

@@ -800,6 +800,12 @@ st_status st_train_main(const st_config* cfg) {
     s = st__event(&t, "bundle", f);
   }
   double t_compile = st_now();
+  if (!s && t.runtime) {
+    st_runtime_stats rs;
+    st_runtime_get_stats(t.runtime, &rs);
+    t.compiles_before = rs.compiles;
+    t.cache_hits_before = rs.cache_hits;
+  }
   if (!s) {
     /* A fractional sched.memory_budget is of the least memory among the
      * devices the plan uses (0 when the plugin reports none). */
