@@ -42,7 +42,7 @@ test-c:
 	  ctest --output-on-failure -j 1
 
 test-py:
-	@$(PY) -m pytest -q tests/py
+	@$(PY) -m pytest -q --durations=40 tests/py
 
 test-e2e:
 	@tests/e2e/run_all.sh
