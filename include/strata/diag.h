@@ -37,6 +37,7 @@ typedef struct st_faults_options {
   int64_t crash_at_step, crash_in_save, corrupt_latest, io_error_at_save, hang_at_step, hang_in_save;
   int io_errno; /* faults.io_error: ENOSPC or EIO */
   bool repeat;
+  const char* hang_in; /* faults.hang_in: "PROGRAM" or "PROGRAM:STEP"; NULL or "": off (borrowed) */
 } st_faults_options;
 
 /* Arms the faults of |options|. Faults already recorded in
@@ -65,6 +66,15 @@ void st_faults_at_step(st_faults* faults, int64_t step);
  * speed; crashes at random moments are what the kill drill is for. */
 bool st_faults_fire_at_step(const st_faults* faults, int64_t step);
 
+/* faults.hang_in: called right before a launch of |program| is issued
+ * (layer, microbatch, device for the announcement); when it is the armed
+ * program (and step |step|, 1-based, when the fault names one) the calling
+ * thread stops there, inside the launch, until a stop signal (the hang
+ * watchdog or the supervisor ends the process first). Fires once. */
+void st_faults_in_launch(st_faults* faults, const char* program, int64_t step, int layer, int micro, int device);
+/* The program faults.hang_in names while armed; NULL otherwise (borrowed). */
+const char* st_faults_hang_in_program(const st_faults* faults);
+
 /* An st_ckpt_hook_fn (user = the st_faults). Counts saves (the N of
  * crash_in_save / io_error_at_save / corrupt_latest is the N-th save of
  * this process) and fires the save faults at their points. Called on the
@@ -75,6 +85,91 @@ st_status st_faults_ckpt_hook(void* faults, st_ckpt_point point, const char* pat
  * corrupt_latest fault, also used by tests. Returns the file changed
  * (caller frees) through |out_file| when not NULL. */
 st_status st_faults_corrupt_checkpoint(const char* dir, char** out_file);
+
+/*===-------------------------------------------------------------------===*/
+/* Hang watchdog (diag.hang_*, docs/diagnostics.md "Hang watchdog")         */
+/*===-------------------------------------------------------------------===*/
+
+/* Watched activities: every op of a plan (per device), a compile batch, a
+ * checkpoint write, and a whole training step. */
+typedef enum st_watch_phase {
+  ST_WATCH_OP,
+  ST_WATCH_COMPILE,
+  ST_WATCH_CKPT,
+  ST_WATCH_STEP,
+  ST_WATCH_PHASE_COUNT,
+} st_watch_phase;
+const char* st_watch_phase_name(st_watch_phase phase); /* "op", "compile", "checkpoint_write", "step" */
+
+typedef struct st_watchdog st_watchdog;
+
+typedef struct st_watchdog_options {
+  double timeout_s; /* diag.hang_timeout_s: added to every deadline; must be > 0 */
+  double factor;    /* diag.hang_factor: K of K x the slowest seen */
+  double floor_s;   /* diag.hang_floor_s: the least deadline of an op, a step, a checkpoint write */
+  double compile_s; /* diag.hang_compile_s: the least deadline of a compile */
+  double tick_s;    /* how often the thread looks; 0: 0.05 s */
+  const char* run_dir; /* bundles go to <run_dir>/diag/hang-<time>/ (copied) */
+  st_runlog* log;      /* gets the "hang" event (borrowed; may be NULL) */
+  /* Called on the watchdog thread once the bundle is written; NULL (the
+   * trainer): print the bundle's path and _exit(6) — the stuck thread
+   * cannot be unwound, and exit() would run atexit handlers beside it. */
+  void (*on_hang)(void* user, const char* bundle_dir);
+  void* user;
+} st_watchdog_options;
+
+/* One activity. Strings are copied (truncated to 95 bytes). */
+typedef struct st_watch_item {
+  st_watch_phase phase;
+  int key;          /* its learned-duration slot (st_watchdog_keys); -1: none, the floor alone */
+  const char* name; /* a program, "compile", "step_50"... */
+  const char* plan; /* "step" | "eval" | NULL */
+  const char* kind; /* "LAUNCH", "READ"... | NULL */
+  int op;           /* index in the plan; -1 */
+  int layer, micro, device; /* -1 when not per layer, microbatch, device */
+  int64_t step;     /* 1-based step it belongs to; 0: none */
+} st_watch_item;
+
+/* Starts the watchdog thread. A deadline is
+ *   max(floor, factor x the slowest completed duration of its key) + timeout_s
+ * (floor: compile_s for ST_WATCH_COMPILE, floor_s otherwise), fixed when
+ * the activity begins. When an activity passes its deadline the thread
+ * writes <run_dir>/diag/hang-<time>/ (hang.json: the expired activity, all
+ * in flight with their issue times and deadlines, the last completed one;
+ * threads.txt: every host thread's backtrace; events.tail.jsonl; maps.txt),
+ * appends a "hang" event, and calls on_hang (default: exit 6). It fires
+ * once. */
+st_status st_watchdog_create(const st_watchdog_options* options, st_watchdog** out /* owned by caller */);
+void st_watchdog_destroy(st_watchdog* watchdog); /* stops the thread; NULL is a no-op */
+/* Reserves |count| learned-duration keys; returns the first. Thread-safe. */
+int st_watchdog_keys(st_watchdog* watchdog, int count);
+/* An activity begins now; returns its handle for st_watchdog_end (-1 when
+ * |watchdog| is NULL). Thread-safe (plugin callback threads end ops). */
+int st_watchdog_begin(st_watchdog* watchdog, const st_watch_item* item);
+/* It completed: its duration teaches its key. -1 and NULL are no-ops. */
+void st_watchdog_end(st_watchdog* watchdog, int handle);
+/* The deadline an activity of |phase| and |key| beginning now would get. */
+double st_watchdog_deadline(st_watchdog* watchdog, st_watch_phase phase, int key);
+
+/*===-------------------------------------------------------------------===*/
+/* Loss spikes (diag.spike_z, docs/diagnostics.md "Loss spikes")            */
+/*===-------------------------------------------------------------------===*/
+
+typedef struct st_spike st_spike;
+
+/* The z-score of a loss against the last |window| losses (at least
+ * |min_count| of them, else no verdict). */
+typedef struct st_spike_result {
+  double z, mean, std; /* over the window before this loss */
+  int count;           /* losses in the window */
+} st_spike_result;
+
+st_spike* st_spike_create(int window, int min_count); /* owned by caller */
+void st_spike_destroy(st_spike* spike);               /* NULL is a no-op */
+/* Scores |loss| against the window, then adds it (a non-finite loss is
+ * neither scored nor added). True when z > |threshold|: a rise, never a
+ * drop; a window with no spread (std 0) gives no verdict. */
+bool st_spike_push(st_spike* spike, double loss, double threshold, st_spike_result* out /* may be NULL */);
 
 /*===-------------------------------------------------------------------===*/
 /* Graceful stop (SIGTERM, SIGINT, SIGHUP)                                  */

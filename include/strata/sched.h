@@ -355,6 +355,24 @@ st_buffer* st_executor_get_device(st_executor* executor, int slot, int index);
 /* plan->devices (1 for a one-device plan). */
 int st_executor_devices(const st_executor* executor);
 
+/* Watching ops as they run (the hang watchdog, the faults.hang_in drill).
+ * |issue| is called on the host thread right before op |op|'s work for
+ * data-parallel index |index| is issued: for a LAUNCH / RECOMPUTE /
+ * COLLECTIVE inside the launch, just before the program is executed (an
+ * SPMD op: for every index, then the one execution); for H2D and D2H once
+ * per index; for READ, WAIT, HOST and FREE once, index 0. |done| is called
+ * once for each |issue| whose work completed: from a PJRT callback thread
+ * for device work, on the host thread for the others. An op that fails
+ * gets no |done| for what it did not issue; st_executor_run's caller
+ * settles those. Both may be NULL. */
+typedef struct st_executor_monitor {
+  void* user;
+  void (*issue)(void* user, int op, int index);
+  void (*done)(void* user, int op, int index);
+} st_executor_monitor;
+/* Copied; NULL removes it. Set between runs. */
+void st_executor_set_monitor(st_executor* executor, const st_executor_monitor* monitor);
+
 /* Runs every op of the plan once. Statistics and timings are reset at the
  * start and complete when it returns (the executor waits for every op's
  * completion callback before returning). */

@@ -71,6 +71,13 @@ typedef struct st_train_options {
   } ckpt;                     /* ckpt.* */
   st_faults_options faults;   /* faults.* */
   st_recovery_options recovery; /* recovery.* (strata run) */
+  struct {
+    double timeout_s, factor, floor_s, compile_s;
+  } hang;                     /* diag.hang_*: the watchdog (timeout_s 0: off) */
+  struct {
+    double z;                 /* 0: off */
+    int64_t window;
+  } spike;                    /* diag.spike_* */
 } st_train_options;
 
 /* Fills |out| from a validated config. The typed options are the one

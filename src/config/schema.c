@@ -199,6 +199,26 @@ static const st__cfg_key kKeys[] = {
      .doc = "Drill: the N-th checkpoint save stops halfway through its first file, forever; 0: off."},
     {"faults.repeat", ST__CFG_BOOL, "false",
      .doc = "Drill: fire faults in every attempt; default: each fires once per run directory (diag/faults.fired)."},
+    {"faults.hang_in", ST__CFG_STRING, "",
+     .doc = "Drill: PROGRAM or PROGRAM:STEP: the first launch of that program (at step STEP) blocks forever inside the "
+            "launch (until a stop signal); a program no plan runs is refused (exit 2); empty: off."},
+
+    {"diag.hang_timeout_s", ST__CFG_FLOAT, "0", .lo = 0, .hi = 604800,
+     .doc = "Hang watchdog in the trainer: an op, compile, checkpoint write or step running longer than max(floor, "
+            "diag.hang_factor x its slowest seen) plus this writes diag/hang-<time>/ and exits 6; 0: off "
+            "(docs/diagnostics.md)."},
+    {"diag.hang_factor", ST__CFG_FLOAT, "10", .lo = 1, .hi = 1e6,
+     .doc = "Hang watchdog: K of the learned part of a deadline, K x the slowest completed duration of the same op "
+            "(compile, checkpoint write, step)."},
+    {"diag.hang_floor_s", ST__CFG_FLOAT, "10", .lo = 0, .hi = 604800,
+     .doc = "Hang watchdog: the least learned part of the deadline of an op, a checkpoint write or a step."},
+    {"diag.hang_compile_s", ST__CFG_FLOAT, "1800", .lo = 0, .hi = 604800,
+     .doc = "Hang watchdog: the least learned part of the deadline of a compile (seen once a process, so rarely learned)."},
+    {"diag.spike_z", ST__CFG_FLOAT, "6", .lo = 0, .hi = 1e6,
+     .doc = "A step loss more than this many standard deviations above the mean of the last diag.spike_window "
+            "losses is a loss_spike event with the batch's sample indices; 0: off."},
+    {"diag.spike_window", ST__CFG_INT, "50", .lo = 2, .hi = 1000000,
+     .doc = "Loss spikes: how many recent losses the z-score is taken over (a verdict needs at least min(10, window))."},
 };
 
 static const st__cfg_section kSections[] = {
@@ -216,6 +236,7 @@ static const st__cfg_section kSections[] = {
     {"ckpt", "Checkpoints: cadence, retention, failure policy (docs/checkpoints.md)."},
     {"recovery", "The supervisor (strata run): restarts, backoff, hang timeout."},
     {"faults", "Fault injection for recovery drills; all off by default."},
+    {"diag", "Diagnostics: the hang watchdog, loss spikes (docs/diagnostics.md)."},
 };
 
 static const st__cfg_env kEnvs[] = {

@@ -36,6 +36,9 @@ struct st_faults {
   int64_t save_of_current;
   char armed[512];
   char disarmed[512];
+  /* faults.hang_in: the program and the step (0: its first launch) */
+  char hang_in[128];
+  int64_t hang_in_step;
 };
 
 /* Kinds listed in diag/faults.fired ("<kind> <n> <unix time> <pid>" lines). */
@@ -77,6 +80,18 @@ st_status st_faults_create(const st_faults_options* o, const char* run_dir, st_f
     st_strbuf_printf(b, "%s%s=%lld", b->len ? ", " : "", kNames[i], (long long)f->at[i]);
     if (i == F_IO_ERROR) st_strbuf_printf(b, " (%s)", f->io_errno == EIO ? "EIO" : "ENOSPC");
   }
+  if (o->hang_in && o->hang_in[0]) {
+    /* "PROGRAM" or "PROGRAM:STEP" (the schema checked the syntax). */
+    snprintf(f->hang_in, sizeof(f->hang_in), "%s", o->hang_in);
+    char* colon = strrchr(f->hang_in, ':');
+    if (colon) {
+      f->hang_in_step = strtoll(colon + 1, NULL, 10);
+      *colon = '\0';
+    }
+    st_strbuf* b = (!f->repeat && text && st__already_fired(text, "hang_in")) ? &d : &a;
+    st_strbuf_printf(b, "%shang_in=%s", b->len ? ", " : "", o->hang_in);
+    if (b == &d) f->hang_in[0] = '\0';
+  }
   if (a.len && f->repeat) st_strbuf_append(&a, ", repeat");
   snprintf(f->armed, sizeof(f->armed), "%s", st_strbuf_cstr(&a));
   snprintf(f->disarmed, sizeof(f->disarmed), "%s", st_strbuf_cstr(&d));
@@ -100,7 +115,7 @@ void st_faults_set_log(st_faults* f, st_runlog* log) { f->log = log; }
 /* Durable record first, then a loud line on stderr and in events.jsonl.
  * Runs on the training or the writer thread; stdio streams are locked per
  * call, and each event is one fputs, so lines stay whole. */
-static void st__fire(st_faults* f, int kind, int64_t n, const char* detail) {
+static void st__fire_named(st_faults* f, const char* kind, int64_t n, const char* detail) {
   char dir[4096];
   snprintf(dir, sizeof(dir), "%s", f->fired_path);
   char* slash = strrchr(dir, '/');
@@ -111,23 +126,25 @@ static void st__fire(st_faults* f, int kind, int64_t n, const char* detail) {
     struct timeval tv;
     gettimeofday(&tv, NULL);
     char line[256];
-    int len = snprintf(line, sizeof(line), "%s %lld %.3f %ld\n", kNames[kind], (long long)n,
+    int len = snprintf(line, sizeof(line), "%s %lld %.3f %ld\n", kind, (long long)n,
                        (double)tv.tv_sec + 1e-6 * (double)tv.tv_usec, (long)getpid());
     if (write(fd, line, (size_t)len) != len) { /* best effort: the fault fires anyway */
     }
     fsync(fd);
     close(fd);
   }
-  fprintf(stderr, "strata: FAULT INJECTED: %s=%lld: %s\n", kNames[kind], (long long)n, detail);
+  fprintf(stderr, "strata: FAULT INJECTED: %s=%lld: %s\n", kind, (long long)n, detail);
   fflush(stderr);
   if (f->log) {
     json_t* e = st_json_obj();
-    st_json_put_str(e, "fault", kNames[kind]);
+    st_json_put_str(e, "fault", kind);
     st_json_put_int(e, "n", n);
     st_json_put_str(e, "detail", detail);
     st_status_free(st_runlog_event(f->log, "fault_injected", e));
   }
 }
+
+static void st__fire(st_faults* f, int kind, int64_t n, const char* detail) { st__fire_named(f, kNames[kind], n, detail); }
 
 static void st__die(void) {
   /* SIGKILL: no handlers, no atexit, no flushing: the harshest crash. */
@@ -157,6 +174,24 @@ void st_faults_at_step(st_faults* f, int64_t step) {
       struct timespec ts = {0, 20 * 1000 * 1000};
       nanosleep(&ts, NULL);
     }
+  }
+}
+
+const char* st_faults_hang_in_program(const st_faults* f) { return f && f->hang_in[0] ? f->hang_in : NULL; }
+
+void st_faults_in_launch(st_faults* f, const char* program, int64_t step, int layer, int micro, int device) {
+  if (!f || !f->hang_in[0] || strcmp(program, f->hang_in) != 0) return;
+  if (f->hang_in_step > 0 && step != f->hang_in_step) return;
+  char d[512];
+  snprintf(d, sizeof(d), "the launch of %s (step %lld, layer %d, microbatch %d, device %d) never returns (sleeps until a stop signal)",
+           program, (long long)step, layer, micro, device);
+  st__fire_named(f, "hang_in", step, d);
+  f->hang_in[0] = '\0'; /* once, even when a stop signal ends it */
+  /* Polled, as hang_at_step: the in-process watchdog (exit 6), the
+   * supervisor's hang timeout or a stop signal ends it. */
+  while (!st_stop_signal()) {
+    struct timespec ts = {0, 20 * 1000 * 1000};
+    nanosleep(&ts, NULL);
   }
 }
 

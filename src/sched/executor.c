@@ -54,6 +54,7 @@ struct st_executor {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int pending;
+  st_executor_monitor monitor; /* zero: none */
   st_status cb_error; /* first error reported by a callback */
 };
 
@@ -207,6 +208,17 @@ void st_executor_destroy(st_executor* ex) {
 }
 
 const char* st_executor_host_memory(const st_executor* ex) { return ex->host_kind; }
+
+void st_executor_set_monitor(st_executor* ex, const st_executor_monitor* m) {
+  if (m)
+    ex->monitor = *m;
+  else
+    memset(&ex->monitor, 0, sizeof(ex->monitor));
+}
+
+static void st__mon_issue(st_executor* ex, int op, int d) {
+  if (ex->monitor.issue) ex->monitor.issue(ex->monitor.user, op, d);
+}
 
 /*===-------------------------------------------------------------------===*/
 /* Slots                                                                    */
@@ -381,6 +393,7 @@ static void st__on_complete(st_status status, void* user) {
   if (t - ex->t0 > ex->timings[cb->op].complete_s) ex->timings[cb->op].complete_s = t - ex->t0;
   size_t at = (size_t)cb->op * (size_t)ex->ndev + (size_t)cb->d;
   if (t - ex->t0 > ex->dev_complete[at]) ex->dev_complete[at] = t - ex->t0;
+  if (ex->monitor.done) ex->monitor.done(ex->monitor.user, cb->op, cb->d);
   if (status && !ex->cb_error) {
     const st_op* op = &ex->plan->ops[cb->op];
     ex->cb_error = st_status_annotate(status, "plan op %d (%s, layer %d, microbatch %d)", cb->op, st__op_program(ex, op),
@@ -442,6 +455,7 @@ static st_status st__launch(st_executor* ex, int index, const st_op* op) {
                               plan->programs[op->program], op->layer, plan->slots[op->inputs[j]].name, d);
     }
     st_event* done = NULL;
+    st__mon_issue(ex, index, d);
     ex->dev_issue[(size_t)index * (size_t)ex->ndev + (size_t)d] = st_now() - ex->t0;
     st_status s = st_program_execute(prog, ex->device + d, ex->in, op->input_count, ex->out, op->output_count, &done);
     if (s) {
@@ -474,6 +488,7 @@ static st_status st__spmd(st_executor* ex, int index, const st_op* op) {
                               plan->programs[op->program], op->layer, plan->slots[op->inputs[j]].name, d);
     }
   st_event* done[ST_MESH_MAX_DEVICES] = {0};
+  for (int d = 0; d < nd; ++d) st__mon_issue(ex, index, d);
   double now = st_now() - ex->t0;
   for (int d = 0; d < nd; ++d) ex->dev_issue[(size_t)index * (size_t)nd + (size_t)d] = now;
   st_status s = st_program_execute_spmd(prog, ex->in, ni, ex->out, no, done);
@@ -834,7 +849,14 @@ st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
     st_op_timing* t = &ex->timings[i];
     t->issue_s = st_now() - ex->t0;
     for (int d = 0; d < ex->ndev; ++d) ex->dev_issue[(size_t)i * (size_t)ex->ndev + (size_t)d] = t->issue_s;
+    const st_op_kind kind = plan->ops[i].kind;
+    const bool per_device = kind == ST_OP_H2D || kind == ST_OP_D2H;
+    const bool host_op = !per_device && !st__is_program_op(kind);
+    if (per_device)
+      for (int d = 0; d < ex->ndev; ++d) st__mon_issue(ex, i, d);
+    if (host_op) st__mon_issue(ex, i, 0);
     s = st__run_op(ex, hooks, i);
+    if (host_op && ex->monitor.done) ex->monitor.done(ex->monitor.user, i, 0);
     if (!st__has_event(ex, i)) t->complete_s = st_now() - ex->t0;
     /* As the host saw it, before any causal clean-up of the timestamps. */
     if (plan->ops[i].kind == ST_OP_WAIT || plan->ops[i].kind == ST_OP_READ) t->blocked_s = t->complete_s - t->issue_s;

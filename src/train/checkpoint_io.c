@@ -7,6 +7,7 @@
  * all a bitwise-exact resume needs: init, the sampler and the schedule are
  * pure functions of the seed and the step. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,12 @@ struct st_train_ckpt {
   st_event** events;
 
   st_faults* faults;
+  /* The hang watchdog (borrowed; NULL: none) and the handle of the write
+   * it watches (-1: none): begun on whichever thread writes, ended at
+   * its commit or, for a save that failed, when it is reported. */
+  st_watchdog* watchdog;
+  atomic_int watch_handle;
+  int watch_key;
   st_ckpt_save_options save_opts;
   st_ckpt_writer* writer;
   /* the save in flight on the writer */
@@ -50,6 +57,8 @@ struct st_train_ckpt {
   double t_created;
   int64_t start_step;
 };
+
+static st_status st__save_hook(void* user, st_ckpt_point point, const char* path);
 
 /* A parameter or optimizer slot whose value outlives the step: persistent
  * itself, or offloaded (a non-persistent device slot whose persistent home
@@ -136,8 +145,9 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
       s = st_runlog_event(in->log, "faults_armed", e);
     }
   }
+  atomic_init(&c->watch_handle, -1);
   c->save_opts = (st_ckpt_save_options){
-      .root = c->root, .keep = c->keep, .keep_every = c->keep_every, .hook = st_faults_ckpt_hook, .hook_user = c->faults};
+      .root = c->root, .keep = c->keep, .keep_every = c->keep_every, .hook = st__save_hook, .hook_user = c};
   if (!s && c->async) s = st_ckpt_writer_create(&c->save_opts, &c->writer);
   if (s) {
     st_train_ckpt_destroy(c);
@@ -146,6 +156,32 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
   *out = c;
   return ST_OK;
 }
+
+static void st__watch_end(st_train_ckpt* c) {
+  int h = atomic_exchange(&c->watch_handle, -1);
+  st_watchdog_end(c->watchdog, h);
+}
+
+/* Every save's hook: the watchdog's view of the write, then the faults. */
+static st_status st__save_hook(void* user, st_ckpt_point point, const char* path) {
+  st_train_ckpt* c = user;
+  if (c->watchdog && point == ST_CKPT_AT_BEGIN) {
+    const char* slash = strrchr(path, '/');
+    st_watch_item it = {.phase = ST_WATCH_CKPT, .key = c->watch_key, .name = slash ? slash + 1 : path,
+                        .op = -1, .layer = -1, .micro = -1, .device = -1};
+    st__watch_end(c);
+    atomic_store(&c->watch_handle, st_watchdog_begin(c->watchdog, &it));
+  }
+  if (point == ST_CKPT_AT_COMMITTED) st__watch_end(c);
+  return st_faults_ckpt_hook(c->faults, point, path);
+}
+
+void st_train_ckpt_set_watchdog(st_train_ckpt* c, st_watchdog* w) {
+  c->watchdog = w;
+  c->watch_key = w ? st_watchdog_keys(w, 1) : -1;
+}
+
+st_faults* st_train_ckpt_faults(st_train_ckpt* c) { return c ? c->faults : NULL; }
 
 /*===-------------------------------------------------------------------===*/
 /* Restore                                                                  */
@@ -293,6 +329,7 @@ void st_train_ckpt_step_ran(st_train_ckpt* c, int64_t step) {
 /* Logs one finished save; applies ckpt.on_error to a failed one. */
 static st_status st__report(st_train_ckpt* c, st_ckpt_save_result* r, double blocking_s, double waited_s, bool last) {
   st_status s = ST_OK;
+  st__watch_end(c); /* a failed save never reached its commit */
   if (!r->status) {
     double mbps = r->write_s > 0 ? (double)r->bytes / 1e6 / r->write_s : 0;
     json_t* e = st_json_obj();

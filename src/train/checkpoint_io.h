@@ -57,6 +57,11 @@ st_status st_train_ckpt_step_done(st_train_ckpt* ckpt, int64_t step);
  * waits. Any failure is an error here whatever ckpt.on_error says: the
  * caller must not report a checkpoint that is not there. */
 st_status st_train_ckpt_save_now(st_train_ckpt* ckpt, int64_t step);
+/* The hang watchdog watches every checkpoint write from here on (borrowed;
+ * NULL: none). Set before the first save. */
+void st_train_ckpt_set_watchdog(st_train_ckpt* ckpt, st_watchdog* watchdog);
+/* The run's armed faults (borrowed): faults.hang_in fires in a launch. */
+st_faults* st_train_ckpt_faults(st_train_ckpt* ckpt);
 /* Waits for a save in flight and reports it. NULL is a no-op. */
 void st_train_ckpt_destroy(st_train_ckpt* ckpt);
 

@@ -154,6 +154,13 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   o->recovery.backoff_s = st_config_float(c, "recovery.backoff_s");
   o->recovery.backoff_max_s = st_config_float(c, "recovery.backoff_max_s");
   o->recovery.hang_timeout_s = st_config_float(c, "recovery.hang_timeout_s");
+  o->faults.hang_in = st_config_string(c, "faults.hang_in");
+  o->hang.timeout_s = st_config_float(c, "diag.hang_timeout_s");
+  o->hang.factor = st_config_float(c, "diag.hang_factor");
+  o->hang.floor_s = st_config_float(c, "diag.hang_floor_s");
+  o->hang.compile_s = st_config_float(c, "diag.hang_compile_s");
+  o->spike.z = st_config_float(c, "diag.spike_z");
+  o->spike.window = st_config_int(c, "diag.spike_window");
 
   return ST_OK;
 }

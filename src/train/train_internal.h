@@ -18,6 +18,8 @@
 #include "strata/train.h"
 #include "train/checkpoint_io.h"
 
+typedef struct st__watch_ex st__watch_ex; /* watch.c */
+
 typedef struct st__trainer {
   const st_train_options* o;
   const st_bundle* bundle;
@@ -75,6 +77,11 @@ typedef struct st__trainer {
   int stop_signal;
   int64_t stop_step;
   bool stop_saved;       /* a checkpoint of stop_step was written */
+  /* Diagnostics beside the step (watch.c; docs/diagnostics.md). */
+  st_watchdog* watchdog;   /* diag.hang_timeout_s > 0 (owned; NULL: off) */
+  st__watch_ex* watch_step, *watch_eval; /* the executors' monitors (owned) */
+  int watch_compile_key, watch_step_key, watch_step_handle;
+  st_spike* spike;         /* diag.spike_z > 0 (owned; NULL: off) */
 } st__trainer;
 
 /* step_hooks.c: the executor's H2D / READ / HOST callbacks for a step or an
@@ -119,5 +126,26 @@ void st__failed_event(st__trainer* t, st_status s);
 /* The "interrupted" event of a run a stop signal ended (|s|, borrowed, is
  * its ST_CODE_INTERRUPTED status): signal, step, checkpoint, exit code. */
 void st__interrupted_event(st__trainer* t, st_status s);
+
+/* watch.c: the hang watchdog (when diag.hang_timeout_s > 0) and the loss
+ * spike window (when diag.spike_z > 0); the "watchdog" event. */
+st_status st__watch_start(st__trainer* t);
+void st__watch_stop(st__trainer* t); /* both freed; safe when never started */
+/* Monitors |ex| (running |plan|, labelled "step" or "eval"): every op to
+ * the watchdog, every launch to faults.hang_in. Owned by the caller. */
+st__watch_ex* st__watch_executor(st__trainer* t, st_executor* ex, const st_plan* plan, const char* label);
+/* After a run of that executor: ends what a failed op left open. */
+void st__watch_settle(st__watch_ex* w);
+void st__watch_ex_free(st__watch_ex* w);
+/* A compile of |programs| programs begins: its watchdog handle (-1: none). */
+int st__watch_compile_begin(st__trainer* t, int programs);
+/* Step t->step + 1 begins / ends (the step as a whole, host work included). */
+void st__watch_step_begin(st__trainer* t);
+void st__watch_step_end(st__trainer* t);
+/* faults.hang_in names a program a plan launches, and a valid step (exit 2). */
+st_status st__check_hang_in(const st__trainer* t);
+/* Scores the step's loss against the recent ones; a loss_spike event when
+ * it is diag.spike_z standard deviations above their mean. */
+st_status st__loss_spike(st__trainer* t, double loss);
 
 #endif

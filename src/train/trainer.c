@@ -160,7 +160,9 @@ st_status st__compile_programs(st__trainer* t, const st_plan* const* plans, int 
     jobs[n] = (st_program_compile_job){.path = bp->path, .signature = &sigs[n]};
     index[n++] = idx;
   }
+  int watch = n > 0 ? st__watch_compile_begin(t, n) : -1;
   if (!s) s = st_program_compile_files(t->runtime, jobs, n);
+  st_watchdog_end(t->watchdog, watch);
   for (int j = 0; j < n; ++j) {
     if (!s) {
       t->compiled[index[j]] = jobs[j].program;
@@ -194,7 +196,9 @@ static st_status st__compile_collectives(st__trainer* t, const st_plan* plan) {
     st_tensor_type* types = st_xcalloc((size_t)c->input_count + (size_t)c->output_count + 1, sizeof(st_tensor_type));
     st_program_signature sig;
     st__program_signature(c, types, types + c->input_count, &sig);
+    int watch = st__watch_compile_begin(t, 1);
     st_status s = st_program_compile_spmd_file(t->runtime, c->path, &mesh, &sig, &t->compiled_coll[c - b->collectives]);
+    st_watchdog_end(t->watchdog, watch);
     free(types);
     if (s) return st_status_annotate(s, "compiling collective '%s'", c->name);
   }
@@ -342,6 +346,7 @@ static st_status st__evaluate(st__trainer* t, double* out_loss) {
       st_executor_set_borrowed_device(t->eval_ex, i, d, st_executor_get_device(t->ex, src, d));
   }
   st_status s = st__eval_batches(t, out_loss);
+  st__watch_settle(t->watch_eval);
   for (int i = 0; i < ep->slot_count; ++i) {
     if (ep->slots[i].category == ST_SLOT_PARAM && ep->slots[i].persistent)
       for (int d = 0; d < st_executor_devices(t->eval_ex); ++d) st_executor_set_borrowed_device(t->eval_ex, i, d, NULL);
@@ -610,9 +615,12 @@ static st_status st__run(st__trainer* t, bool progress) {
   if (st_stop_signal() && t->start_step < o->steps) return st__stop(t, t->start_step, progress);
   for (t->step = t->start_step; t->step < o->steps; ++t->step) {
     double t0 = st_now();
+    st__watch_step_begin(t);
     st__fill_train_batch(t);
     st__metrics_reset(t);
-    ST_RETURN_IF_ERROR(st_executor_run(t->ex, &hooks), "step %lld", (long long)t->step + 1);
+    st_status run = st_executor_run(t->ex, &hooks);
+    st__watch_settle(t->watch_step);
+    ST_RETURN_IF_ERROR(run, "step %lld", (long long)t->step + 1);
     st_train_ckpt_step_ran(t->ckpt, t->step + 1);
     double loss = 0;
     for (int64_t m = 0; m < o->microbatches; ++m) loss += t->losses[m];
@@ -624,6 +632,7 @@ static st_status st__run(st__trainer* t, bool progress) {
     t->steps_run++;
     t->train_s += dt;
     t->last_loss = loss;
+    ST_RETURN(st__loss_spike(t, loss));
     const st_executor_stats* es = st_executor_stats_get(t->ex);
     if (es->peak_live_bytes > t->peak_bytes) t->peak_bytes = es->peak_live_bytes;
     int64_t tokens = o->batch_size * t->T;
@@ -648,6 +657,7 @@ static st_status st__run(st__trainer* t, bool progress) {
       ST_RETURN(st__event(t, "eval", f));
     }
     ST_RETURN(st_train_ckpt_step_done(t->ckpt, t->step + 1));
+    st__watch_step_end(t);
     /* Polled once a step: the handler only sets a flag. After the last
      * step the run is complete anyway. */
     if (st_stop_signal() && t->step + 1 < o->steps) return st__stop(t, t->step + 1, progress);
@@ -721,6 +731,7 @@ st_status st_train_main(const st_config* cfg) {
     }
   }
   if (!s) s = st_dataset_open(&o.data, &t.data);
+  if (!s) s = st__watch_start(&t);
 
   /* --- compile --------------------------------------------------------- */
   bool exported = false;
@@ -837,6 +848,11 @@ st_status st_train_main(const st_config* cfg) {
   if (!s) s = st__plan_programs(&t, &t.eval_plan, &t.eval_programs);
   if (!s) s = st_executor_create(&t.step_plan, t.runtime, t.step_programs, 0, &t.ex);
   if (!s) s = st_executor_create(&t.eval_plan, t.runtime, t.eval_programs, 0, &t.eval_ex);
+  if (!s) s = st__check_hang_in(&t);
+  if (!s) {
+    t.watch_step = st__watch_executor(&t, t.ex, &t.step_plan, "step");
+    t.watch_eval = st__watch_executor(&t, t.eval_ex, &t.eval_plan, "eval");
+  }
   if (!s) s = st__plan_event(&t);
   if (!s) s = st__compile_event(&t, st_now() - t_compile);
 
@@ -856,6 +872,7 @@ st_status st_train_main(const st_config* cfg) {
   if (!s) {
     st_train_ckpt_init ci = {cfg, &o, t.run_dir, bundle, &t.step_plan, t.ex, t.runtime, t.log, t.data};
     s = st_train_ckpt_create(&ci, &t.ckpt);
+    if (!s) st_train_ckpt_set_watchdog(t.ckpt, t.watchdog);
   }
   /* Restore first: a checkpoint sets every parameter and optimizer slot, so
    * a resume that finds one skips the init programs altogether. */
@@ -872,6 +889,7 @@ st_status st_train_main(const st_config* cfg) {
     s = st__event(&t, "run", f);
   }
   if (!s) s = st__run(&t, progress);
+  st__watch_step_end(&t); /* a step that failed */
 
   /* --- save ------------------------------------------------------------ */
   int replicas_checked = 0;
@@ -901,6 +919,7 @@ st_status st_train_main(const st_config* cfg) {
     printf("run directory: %s\n", t.run_dir);
   }
   st_train_ckpt_destroy(t.ckpt);
+  st__watch_stop(&t); /* after the checkpoints: their last write is watched */
   st__trainer_free(&t);
   st_runtime_destroy(t.runtime);
   st_dataset_destroy(t.data);
