@@ -375,24 +375,18 @@ static void st__events_tail(const char* run_dir, const char* dst, int max_lines)
 /* Executable mappings, so that addresses of static functions (which
  * backtrace_symbols_fd cannot name) can be resolved with addr2line. */
 static void st__maps(const char* dst) {
-  char* text = NULL;
-  size_t size = 0;
-  st_status s = st_fs_read_file("/proc/self/maps", &text, &size);
-  if (s) {
-    st_status_free(s);
-    return;
-  }
+  /* Read line by line: /proc files report a size of 0. */
+  FILE* f = fopen("/proc/self/maps", "re");
+  if (!f) return;
   st_strbuf b = {0};
-  for (char* line = text; line && *line;) {
-    char* nl = strchr(line, '\n');
-    if (nl) *nl = '\0';
+  char line[4608];
+  while (fgets(line, sizeof(line), f)) {
     char perms[8] = "";
-    if (sscanf(line, "%*s %7s", perms) == 1 && strchr(perms, 'x')) st_strbuf_printf(&b, "%s\n", line);
-    line = nl ? nl + 1 : NULL;
+    if (sscanf(line, "%*s %7s", perms) == 1 && strchr(perms, 'x')) st_strbuf_append(&b, line);
   }
+  fclose(f);
   st_status_free(st_fs_write_atomic(dst, b.data ? b.data : "", b.len));
   st_strbuf_free(&b);
-  free(text);
 }
 
 /* Writes the bundle for |expired| (index into |acts|, a snapshot of the
