@@ -640,6 +640,10 @@ static st_status st__run(st__trainer* t, bool progress) {
     double elapsed = st_now() - t_start;
     double eta = elapsed / (double)(t->step + 1) * (double)(o->steps - t->step - 1);
     st_progress_print(progress, t->step + 1, o->steps, loss, (double)tokens / dt, eta);
+    /* The step as the watchdog sees it ends here: the evaluation's ops and
+     * the checkpoint write are watched on their own, and a rare slow
+     * evaluation or final save must not look like a hung step. */
+    st__watch_step_end(t);
 
     bool last = t->step + 1 == o->steps;
     if ((o->eval_every > 0 && (t->step + 1) % o->eval_every == 0) || last) {
@@ -657,7 +661,6 @@ static st_status st__run(st__trainer* t, bool progress) {
       ST_RETURN(st__event(t, "eval", f));
     }
     ST_RETURN(st_train_ckpt_step_done(t->ckpt, t->step + 1));
-    st__watch_step_end(t);
     /* Polled once a step: the handler only sets a flag. After the last
      * step the run is complete anyway. */
     if (st_stop_signal() && t->step + 1 < o->steps) return st__stop(t, t->step + 1, progress);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "strata/base.h"
 #include "strata/diag.h"
@@ -200,6 +201,8 @@ st_status st__loss_spike(st__trainer* t, double loss) {
   for (int64_t i = 0; i < t->o->batch_size; ++i) json_array_append_new(idx, json_integer((json_int_t)(first + (uint64_t)i)));
   st_json_put(samples, "indices", idx);
   st_json_put(f, "samples", samples);
+  /* Below the progress line, not into it. */
+  st_progress_end(t->o->progress == 1 || (t->o->progress == 2 && isatty(2)));
   fprintf(stderr, "strata: loss spike at step %lld: loss %.4f is %.1f standard deviations above the mean %.4f of the last %d steps\n",
           (long long)step, loss, r.z, r.mean, r.count);
   return st__event(t, "loss_spike", f);

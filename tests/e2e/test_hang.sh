@@ -5,6 +5,7 @@
 #   1. faults.hang_in blocks inside a launch at step 3; the watchdog detects
 #      it within its deadline + 1 s, writes diag/hang-<time>/ naming the
 #      op, and the trainer exits 6
+#      (1b: faults.hang_at_step, a host hang between ops, is a hung step)
 #   2. under `strata run` the child is restarted after exit 6 and the run
 #      completes, bitwise identical to an uninterrupted run
 #   3. faults.hang_in naming no launched program, or a bad step: exit 2
@@ -62,6 +63,12 @@ check "hang_in: the stuck thread's backtrace runs through the fault inside the e
   "grep -q 'st_faults_in_launch' '$bundle/threads.txt' && grep -q 'st_executor_run' '$bundle/threads.txt'"
 check "hang_in: events.jsonl has the fault and the hang; the bundle's tail has the fault" \
   "grep -q '\"fault\": \"hang_in\"' '$TMP/hang/events.jsonl' && grep -q '\"event\": \"hang\"' '$TMP/hang/events.jsonl' && grep -q '\"fault\": \"hang_in\"' '$bundle/events.tail.jsonl'"
+
+# --- 1b. a host hang between ops (hang_at_step) is a hung step ------------------
+"$STRATA" train "${BASE[@]}" "${WATCH[@]}" faults.hang_at_step=3 run.dir="$TMP/hstep" >/dev/null 2>"$TMP/hstep.err"
+code=$?
+check "hang_at_step: exit 6 (got $code), the bundle names step 3" \
+  "[ $code = 6 ] && grep -q 'HANG: step step_3 (step 3)' '$TMP/hstep.err' && grep -q '\"summary\": \"step step_3 (step 3)\"' \"\$(ls -d '$TMP'/hstep/diag/hang-*)\"/hang.json"
 
 # --- 2. supervised: restarted after exit 6, completes, identical -----------------
 if "$STRATA" run "${BASE[@]}" "${SPIKE[@]}" "${WATCH[@]}" "${HANG[@]}" recovery.backoff_s=0.05 run.dir="$TMP/sup" >/dev/null 2>"$TMP/sup.err"; then ok; else bad "strata run exited $?: $(tail -3 "$TMP/sup.err")"; fi
