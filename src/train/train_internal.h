@@ -128,7 +128,7 @@ void st__failed_event(st__trainer* t, st_status s);
 void st__interrupted_event(st__trainer* t, st_status s);
 
 /* watch.c: the hang watchdog (when diag.hang_timeout_s > 0) and the loss
- * spike window (when diag.spike_z > 0); the "watchdog" event. */
+ * spike window (when diag.spike_z > 0). */
 st_status st__watch_start(st__trainer* t);
 void st__watch_stop(st__trainer* t); /* both freed; safe when never started */
 /* Monitors |ex| (running |plan|, labelled "step" or "eval"): every op to

@@ -104,12 +104,7 @@ st_status st__watch_start(st__trainer* t) {
   ST_RETURN(st_watchdog_create(&wo, &t->watchdog));
   t->watch_compile_key = st_watchdog_keys(t->watchdog, 1);
   t->watch_step_key = st_watchdog_keys(t->watchdog, 1);
-  json_t* f = st_json_obj();
-  st_json_put_num(f, "timeout_s", o->hang.timeout_s);
-  st_json_put_num(f, "factor", o->hang.factor);
-  st_json_put_num(f, "floor_s", o->hang.floor_s);
-  st_json_put_num(f, "compile_s", o->hang.compile_s);
-  return st__event(t, "watchdog", f);
+  return ST_OK;
 }
 
 void st__watch_stop(st__trainer* t) {
