@@ -65,8 +65,10 @@ struct st_watchdog {
   double* slowest; /* [keys] */
   int64_t* seen;   /* [keys] */
   int keys;
-  st__act last;    /* the last completed activity (used = false: none yet) */
+  st__act last;    /* the last completed activity (name "": none yet) */
   double last_end_wall;
+  st__act last_op; /* the last completed plan op */
+  double last_op_end_wall;
 };
 
 const char* st_watch_phase_name(st_watch_phase p) {
@@ -164,6 +166,10 @@ void st_watchdog_end(st_watchdog* w, int h) {
     }
     w->last = *a;
     w->last_end_wall = wall;
+    if (a->phase == ST_WATCH_OP) {
+      w->last_op = *a;
+      w->last_op_end_wall = wall;
+    }
     a->used = false;
     a->next_free = w->free_head;
     w->free_head = h;
@@ -392,7 +398,7 @@ static void st__maps(const char* dst) {
 /* Writes the bundle for |expired| (index into |acts|, a snapshot of the
  * |n| activities in flight); returns its folder (caller frees). */
 static char* st__write_bundle(st_watchdog* w, const st__act* acts, int n, int expired, const st__act* last, double last_end,
-                              double now) {
+                              const st__act* last_op, double last_op_end, double now) {
   double wall = st__wall();
   time_t tt = (time_t)wall;
   struct tm tm;
@@ -433,12 +439,17 @@ static char* st__write_bundle(st_watchdog* w, const st__act* acts, int n, int ex
   for (int i = 0; i < n; ++i) st_json_push(fl, st__act_json(&acts[order[i]], now, wall));
   free(order);
   st_json_put(j, "in_flight", fl);
-  if (last->used || last->name[0]) {
-    json_t* l = st__act_json(last, 0, 0);
-    st_json_put(l, "completed_at", st_json_fixed(last_end, 6));
-    st_json_put(j, "last_completed", l);
-  } else {
-    st_json_put(j, "last_completed", json_null());
+  const st__act* lasts[2] = {last, last_op};
+  const double ends[2] = {last_end, last_op_end};
+  const char* keys[2] = {"last_completed", "last_completed_op"};
+  for (int k = 0; k < 2; ++k) {
+    if (lasts[k]->used) {
+      json_t* l = st__act_json(lasts[k], 0, 0);
+      st_json_put(l, "completed_at", st_json_fixed(ends[k], 6));
+      st_json_put(j, keys[k], l);
+    } else {
+      st_json_put(j, keys[k], json_null());
+    }
   }
   json_t* cfg = st_json_obj();
   st_json_put_num(cfg, "timeout_s", w->o.timeout_s);
@@ -522,8 +533,8 @@ static void* st__thread(void* arg) {
       if (i == expired) expired = at;
       snap[at++] = w->acts[i];
     }
-    st__act last = w->last;
-    double last_end = w->last_end_wall;
+    st__act last = w->last, last_op = w->last_op;
+    double last_end = w->last_end_wall, last_op_end = w->last_op_end_wall;
     w->fired = true;
     pthread_mutex_unlock(&w->mu);
     const st__act* x = &snap[expired];
@@ -533,7 +544,7 @@ static void* st__thread(void* arg) {
             "strata: HANG: %s has run %.2f s, past its deadline of %.2f s (max(floor, %.1f x slowest seen %.3f s) + "
             "diag.hang_timeout_s %.2f)\n",
             what, now - x->begin, x->deadline, w->o.factor, x->slowest, w->o.timeout_s);
-    char* dir = st__write_bundle(w, snap, n, expired, &last, last_end, now);
+    char* dir = st__write_bundle(w, snap, n, expired, &last, last_end, &last_op, last_op_end, now);
     free(snap);
     if (w->o.on_hang) {
       w->o.on_hang(w->o.user, dir);

@@ -753,9 +753,10 @@ static void test_memory_accounting(void** state) {
   const char* o_opt0[] = {"sched.offload=optimizer", "sched.prefetch_depth=0", "sched.remat=full", NULL};
   const char* o_opt1[] = {"sched.offload=optimizer", "sched.prefetch_depth=1", "sched.remat=full", NULL};
   /* Everything at once, for the sanitizers: offload of both, per-layer
-   * updates, eager waits, partial remat, a trace. */
+   * updates, eager waits, partial remat, a trace, and the hang watchdog
+   * (every op's issue and completion through the executor's monitor). */
   const char* o_all[] = {"sched.offload=both", "sched.prefetch_depth=2", "sched.optimizer=per_layer", "train.grad_clip=0",
-                         "sched.wait=eager", "sched.remat=every:2", "trace.steps=[2]", NULL};
+                         "sched.wait=eager", "sched.remat=every:2", "trace.steps=[2]", "diag.hang_timeout_s=600", NULL};
   train("none", r_none, &none);
   train("full", r_full, &full);
   train("opt0", o_opt0, &opt0);
@@ -842,7 +843,7 @@ static void test_data_parallel_accounting(void** state) {
   const char* r_dp[] = {"train.batch_size=8", "sched.remat=none", "parallel.data=2", "runtime.cpu_devices=2", NULL};
   const char* r_all[] = {"train.batch_size=8", "parallel.data=2", "runtime.cpu_devices=2", "sched.offload=both",
                          "sched.prefetch_depth=2", "sched.optimizer=per_layer", "train.grad_clip=0", "sched.wait=eager",
-                         "sched.remat=every:2", "trace.steps=[2]", NULL};
+                         "sched.remat=every:2", "trace.steps=[2]", "diag.hang_timeout_s=600", NULL};
   train("dp_one", r_one, &one);
   train("dp2", r_dp, &dp);
   train("dp2_all", r_all, &all);

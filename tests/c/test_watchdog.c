@@ -199,6 +199,9 @@ static void test_hang_bundle(void** state) {
   json_t* last = json_object_get(j, "last_completed");
   assert_string_equal(json_string_value(json_object_get(last, "name")), "embed_fwd");
   assert_true(json_is_number(json_object_get(last, "completed_at")));
+  json_t* last_op = json_object_get(j, "last_completed_op");
+  assert_string_equal(json_string_value(json_object_get(last_op, "name")), "embed_fwd");
+  assert_int_equal(json_integer_value(json_object_get(last_op, "microbatch")), 1);
   /* Every thread is listed; the main one (this test, sleeping) and the
    * blocked one answered with frames. */
   json_t* threads = json_object_get(j, "threads");

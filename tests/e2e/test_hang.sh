@@ -57,6 +57,8 @@ assert all('issued_at' in a and 'deadline_s' in a for a in h['in_flight'])
 # an op of step 3, or the checkpoint of step 2 the writer finished meanwhile
 last = h['last_completed']
 assert last['completed_at'] <= h['detected_at'] and (last.get('step') == 3 or last['phase'] == 'checkpoint_write'), last
+lop = h['last_completed_op']
+assert lop['phase'] == 'op' and lop['plan'] == 'step' and lop['step'] in (2, 3) and lop['completed_at'] <= h['detected_at'], lop
 assert len(h['threads']) >= 2 and sum(t['backtrace'] == 'yes' for t in h['threads']) >= 1
 EOF"
 check "hang_in: the stuck thread's backtrace runs through the fault inside the executor" \
