@@ -133,7 +133,8 @@ typedef struct st_watch_item {
 /* Starts the watchdog thread. A deadline is
  *   max(floor, factor x the slowest completed duration of its key) + timeout_s
  * (floor: compile_s for ST_WATCH_COMPILE, floor_s otherwise), fixed when
- * the activity begins. When an activity passes its deadline the thread
+ * the activity begins. A step counts as past its deadline only while no
+ * op is in flight (an op in flight has its own deadline, which names it). When an activity passes its deadline the thread
  * writes <run_dir>/diag/hang-<time>/ (hang.json: the expired activity, all
  * in flight with their issue times and deadlines, the last completed one;
  * threads.txt: every host thread's backtrace; events.tail.jsonl; maps.txt),

@@ -67,6 +67,9 @@ typedef struct {
   double backoff_s, restore_s;
   int64_t last_step, from_step;
   bool restarted, resumed, recovered;
+  /* Exit 6: the trainer's watchdog bundle and the op it named ("": none). */
+  char hang_dir[512];
+  char hang_op[320];
 } st__incident;
 
 typedef struct {
@@ -84,6 +87,10 @@ typedef struct {
   const char* outcome;
   int exit_code;
   int lock_fd; /* the run directory's lock, handed down to every child */
+  /* The current child's last "hang" event (its watchdog fired): the
+   * bundle and the op, for the incident of its exit 6. */
+  char hang_dir[512];
+  char hang_op[320];
 } st__sup;
 
 /*===-------------------------------------------------------------------===*/
@@ -155,6 +162,10 @@ static json_t* st__incident_json(const st__incident* I) {
   st_json_put_int(j, "incident", I->n);
   st_json_put_int(j, "attempt", I->attempt);
   st_json_put_str(j, "cause", I->cause);
+  if (I->hang_dir[0]) {
+    st_json_put_str(j, "hang_bundle", I->hang_dir);
+    st_json_put_str(j, "hang_op", I->hang_op);
+  }
   st_json_put_int(j, "exit_code", I->exit_code);
   st_json_put_int(j, "signal", I->signal);
   st_json_put_int(j, "last_step", I->last_step);
@@ -204,6 +215,18 @@ static void st__tail_events(st__sup* S) {
     if (!nl) break; /* a partial line: read it next time */
     *nl = '\0';
     S->tail_offset += (long)(nl - line) + 1;
+    if (strstr(line, "\"event\": \"hang\"")) {
+      json_t* j = NULL;
+      st_status r = st_json_parse(line, strlen(line), S->events_path, &j);
+      const char* dir = json_string_value(json_object_get(j, "dir"));
+      const char* op = json_string_value(json_object_get(j, "summary"));
+      if (!r && dir) {
+        snprintf(S->hang_dir, sizeof(S->hang_dir), "%s", dir);
+        snprintf(S->hang_op, sizeof(S->hang_op), "%s", op ? op : "");
+      }
+      st_status_free(r);
+      json_decref(j);
+    }
     st__incident* I = S->inc_count ? &S->inc[S->inc_count - 1] : NULL;
     if (I && I->restarted && !I->recovered && (strstr(line, "\"resumed\"") || strstr(line, "\"first_step\""))) {
       json_t* j = NULL;
@@ -458,6 +481,7 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
     for (int i = 1; i < argc; ++i) st_strbuf_printf(&cmd, "%s%s", i > 1 ? " " : "", argv[i]);
     pid_t pid = 0;
     S.tail_offset = st__size(S.events_path);
+    S.hang_dir[0] = S.hang_op[0] = '\0';
     s = st__spawn(argv, S.lock_fd, &pid);
     free(argv);
     if (s || !pid) {
@@ -546,6 +570,8 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
       snprintf(I->cause, sizeof(I->cause), "killed by signal %d (%s)", sig, strsignal(sig));
     } else if (code == 6) {
       snprintf(I->cause, sizeof(I->cause), "exit 6 (hang detected by the trainer)");
+      snprintf(I->hang_dir, sizeof(I->hang_dir), "%s", S.hang_dir);
+      snprintf(I->hang_op, sizeof(I->hang_op), "%s", S.hang_op);
     } else {
       snprintf(I->cause, sizeof(I->cause), "exit %d", code);
     }
@@ -562,6 +588,7 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
       st_json_put_bool(e, "will_restart", !give_up);
       st__event(&S, "incident", e);
     }
+    if (I->hang_dir[0]) fprintf(stderr, "strata run: the trainer's watchdog named %s; bundle in %s\n", I->hang_op, I->hang_dir);
     fprintf(stderr, "strata run: incident %d: %s after step %lld; %s\n", I->n, I->cause, (long long)I->last_step,
             give_up ? "max_restarts reached, giving up" : "restarting");
     if (give_up) {

@@ -513,9 +513,13 @@ static void* st__thread(void* arg) {
     double now = st_now();
     int expired = -1;
     double worst = 0;
+    /* A step holds ops: while one is in flight, its own deadline decides
+     * and names it; the step's counts only for a hang between ops. */
+    int ops = 0;
+    for (int i = 0; i < w->cap; ++i) ops += w->acts[i].used && w->acts[i].phase == ST_WATCH_OP;
     for (int i = 0; i < w->cap; ++i) {
       const st__act* a = &w->acts[i];
-      if (!a->used) continue;
+      if (!a->used || (a->phase == ST_WATCH_STEP && ops > 0)) continue;
       double over = now - a->begin - a->deadline;
       if (over > 0 && (expired < 0 || over > worst)) {
         expired = i;

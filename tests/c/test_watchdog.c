@@ -246,6 +246,67 @@ static void test_hang_bundle(void** state) {
   free(dir);
 }
 
+/* A step past its deadline with an op in flight waits for the op's own
+ * deadline (the op is named); with no op in flight, the step fires. */
+static void test_step_defers_to_ops(void** state) {
+  (void)state;
+  char* dir = tu_tmpdir("watchdog-step");
+  hang_seen seen = {.mu = PTHREAD_MUTEX_INITIALIZER};
+  st_watchdog_options o = {.timeout_s = 0.1, .factor = 10, .floor_s = 0.05, .compile_s = 60, .tick_s = 0.01, .run_dir = dir,
+                           .on_hang = on_hang, .user = &seen};
+  st_watchdog* w = NULL;
+  ASSERT_OK(st_watchdog_create(&o, &w));
+  int k = st_watchdog_keys(w, 2);
+  /* The op has a learned deadline of 10 x 0.04 + 0.1 = 0.5 s, the step
+   * the floor's 0.15 s. */
+  st_watch_item op = op_item("block_fwd", 1, 0, 0, k);
+  int h = st_watchdog_begin(w, &op);
+  sleep_s(0.04);
+  st_watchdog_end(w, h);
+  st_watch_item step = {.phase = ST_WATCH_STEP, .key = k + 1, .name = "step_3", .op = -1, .layer = -1, .micro = -1,
+                        .device = -1, .step = 3};
+  double t0 = st_now();
+  int hs = st_watchdog_begin(w, &step);
+  int ho = st_watchdog_begin(w, &op);
+  double op_deadline = st_watchdog_deadline(w, ST_WATCH_OP, k);
+  assert_true(op_deadline >= 0.5 - 1e-9);
+  while (!fired(&seen) && st_now() - t0 < op_deadline + 2) sleep_s(0.01);
+  assert_int_equal(fired(&seen), 1);
+  assert_true(seen.at - t0 >= op_deadline); /* not at the step's 0.15 s */
+  char* path = st_path_join(seen.dir, "hang.json");
+  char* text = read_text(path);
+  assert_non_null(text);
+  json_t* j = json_loads(text, 0, NULL);
+  assert_string_equal(json_string_value(json_object_get(json_object_get(j, "expired"), "name")), "block_fwd");
+  json_decref(j);
+  free(text);
+  free(path);
+  st_watchdog_end(w, ho);
+  st_watchdog_end(w, hs);
+  st_watchdog_destroy(w);
+
+  /* No op in flight: the step itself fires at its deadline. */
+  hang_seen seen2 = {.mu = PTHREAD_MUTEX_INITIALIZER};
+  o.user = &seen2;
+  ASSERT_OK(st_watchdog_create(&o, &w));
+  t0 = st_now();
+  hs = st_watchdog_begin(w, &step);
+  while (!fired(&seen2) && st_now() - t0 < 2) sleep_s(0.01);
+  assert_int_equal(fired(&seen2), 1);
+  assert_true(seen2.at - t0 >= 0.15 - 1e-9 && seen2.at - t0 < 1.15);
+  path = st_path_join(seen2.dir, "hang.json");
+  text = read_text(path);
+  j = json_loads(text, 0, NULL);
+  assert_string_equal(json_string_value(json_object_get(j, "summary")), "step step_3 (step 3)");
+  json_decref(j);
+  free(text);
+  free(path);
+  st_watchdog_end(w, hs);
+  st_watchdog_destroy(w);
+  tu_rmtree(dir);
+  free(dir);
+}
+
 static void test_watchdog_needs_timeout(void** state) {
   (void)state;
   st_watchdog_options o = {.timeout_s = 0, .factor = 10, .floor_s = 1};
@@ -308,6 +369,7 @@ int main(void) {
       cmocka_unit_test(test_deadlines_learned),
       cmocka_unit_test(test_no_false_alarm),
       cmocka_unit_test(test_hang_bundle),
+      cmocka_unit_test(test_step_defers_to_ops),
       cmocka_unit_test(test_watchdog_needs_timeout),
       cmocka_unit_test(test_loss_spike),
   };

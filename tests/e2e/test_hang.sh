@@ -80,6 +80,8 @@ r = json.load(open(sys.argv[1]))
 assert r['outcome'] == 'completed' and r['restarts'] == 1, r
 i = r['incidents'][0]
 assert i['exit_code'] == 6 and i['cause'] == 'exit 6 (hang detected by the trainer)' and i['recovered'], i
+assert i['hang_bundle'].startswith(sys.argv[1].rsplit('/', 1)[0] + '/diag/hang-'), i
+assert i['hang_op'].startswith('LAUNCH block_bwd_res (step plan op ') and i['hang_op'].endswith(', step 3)'), i
 EOF"
 check "supervised: final parameters and losses identical to the uninterrupted run" "$DRILL same '$TMP/ref' '$TMP/sup' >/dev/null"
 
