@@ -25,7 +25,8 @@ source "$(dirname "$0")/lib.sh"
 
 # train.lr=0.1: a loss that does not only fall, so that loss spikes (4.) are scored on a real series.
 BASE=(configs/test.yml runtime.deterministic=true runtime.cpu_devices=1 run.progress=off train.steps=8 ckpt.every=2 train.lr=0.1)
-WATCH=(diag.hang_timeout_s=1 diag.hang_floor_s=0.5)
+# A margin of 2 s: a loaded test machine must not make a healthy op late.
+WATCH=(diag.hang_timeout_s=2 diag.hang_floor_s=0.5)
 HANG=(faults.hang_in=block_bwd_res:3)
 
 # --- the reference, with loss spikes scored on a tiny window ---------------------
@@ -49,8 +50,8 @@ assert (x['phase'], x['kind'], x['name'], x['plan'], x['step'], x['microbatch'],
 assert x['layer'] in (0, 1), x
 late = h['detected_at'] - x['issued_at']
 assert x['deadline_s'] <= late <= x['deadline_s'] + 1.0, (late, x)
-# max(floor 0.5, 10 x the slowest seen of this op in steps 1-2) + 1
-assert abs(x['deadline_s'] - (max(0.5, 10 * x['slowest_seen_s']) + 1)) < 1e-5 and x['slowest_seen_s'] > 0, x
+# max(floor 0.5, 10 x the slowest seen of this op in steps 1-2) + 2
+assert abs(x['deadline_s'] - (max(0.5, 10 * x['slowest_seen_s']) + 2)) < 1e-5 and x['slowest_seen_s'] > 0, x
 names = [a['name'] for a in h['in_flight']]
 assert 'block_bwd_res' in names and 'step_3' in names, names
 assert all('issued_at' in a and 'deadline_s' in a for a in h['in_flight'])
