@@ -184,21 +184,18 @@ void st_watchdog_end(st_watchdog* w, int h) {
 /* "LAUNCH block_fwd (step plan op 12, layer 1, microbatch 0, device 0, step 3)" */
 static void st__describe(const st__act* a, char* out, size_t size) {
   st_strbuf b = {0};
-  const char* sep = "";
-  if (a->plan[0]) {
-    st_strbuf_printf(&b, "%s plan op %d", a->plan, a->op);
-    sep = ", ";
-  }
-  if (a->layer >= 0) st_strbuf_printf(&b, "%slayer %d", sep, a->layer), sep = ", ";
-  if (a->micro >= 0) st_strbuf_printf(&b, "%smicrobatch %d", sep, a->micro), sep = ", ";
-  if (a->device >= 0) st_strbuf_printf(&b, "%sdevice %d", sep, a->device), sep = ", ";
-  if (a->step > 0) st_strbuf_printf(&b, "%sstep %lld", sep, (long long)a->step), sep = ", ";
+  if (a->plan[0]) st_strbuf_printf(&b, "%s plan op %d", a->plan, a->op);
+  if (a->layer >= 0) st_strbuf_printf(&b, "%slayer %d", b.len ? ", " : "", a->layer);
+  if (a->micro >= 0) st_strbuf_printf(&b, "%smicrobatch %d", b.len ? ", " : "", a->micro);
+  if (a->device >= 0) st_strbuf_printf(&b, "%sdevice %d", b.len ? ", " : "", a->device);
+  if (a->step > 0) st_strbuf_printf(&b, "%sstep %lld", b.len ? ", " : "", (long long)a->step);
   snprintf(out, size, "%s %s%s%s%s", a->kind[0] ? a->kind : st_watch_phase_name(a->phase), a->name, b.len ? " (" : "",
            st_strbuf_cstr(&b), b.len ? ")" : "");
   st_strbuf_free(&b);
 }
 
-static json_t* st__act_json(const st__act* a, double now, double now_wall) {
+/* |now| > 0 adds the time it has run. */
+static json_t* st__act_json(const st__act* a, double now) {
   json_t* j = st_json_obj();
   st_json_put_str(j, "phase", st_watch_phase_name(a->phase));
   st_json_put_str(j, "name", a->name);
@@ -210,10 +207,7 @@ static json_t* st__act_json(const st__act* a, double now, double now_wall) {
   if (a->device >= 0) st_json_put_int(j, "device", a->device);
   if (a->step > 0) st_json_put_int(j, "step", a->step);
   st_json_put(j, "issued_at", st_json_fixed(a->wall, 6));
-  if (now > 0) {
-    st_json_put(j, "elapsed_s", st_json_fixed(now - a->begin, 6));
-    (void)now_wall;
-  }
+  if (now > 0) st_json_put(j, "elapsed_s", st_json_fixed(now - a->begin, 6));
   st_json_put(j, "deadline_s", st_json_fixed(a->deadline, 6));
   st_json_put(j, "slowest_seen_s", st_json_fixed(a->slowest, 6));
   return j;
@@ -425,7 +419,7 @@ static char* st__write_bundle(st_watchdog* w, const st__act* acts, int n, int ex
   char what[320];
   st__describe(x, what, sizeof(what));
   st_json_put_str(j, "summary", what);
-  st_json_put(j, "expired", st__act_json(x, now, wall));
+  st_json_put(j, "expired", st__act_json(x, now));
   /* Oldest first. */
   int* order = st_xcalloc((size_t)n + 1, sizeof(int));
   for (int i = 0; i < n; ++i) order[i] = i;
@@ -436,7 +430,7 @@ static char* st__write_bundle(st_watchdog* w, const st__act* acts, int n, int ex
       order[k - 1] = tmp;
     }
   json_t* fl = st_json_arr();
-  for (int i = 0; i < n; ++i) st_json_push(fl, st__act_json(&acts[order[i]], now, wall));
+  for (int i = 0; i < n; ++i) st_json_push(fl, st__act_json(&acts[order[i]], now));
   free(order);
   st_json_put(j, "in_flight", fl);
   const st__act* lasts[2] = {last, last_op};
@@ -444,7 +438,7 @@ static char* st__write_bundle(st_watchdog* w, const st__act* acts, int n, int ex
   const char* keys[2] = {"last_completed", "last_completed_op"};
   for (int k = 0; k < 2; ++k) {
     if (lasts[k]->used) {
-      json_t* l = st__act_json(lasts[k], 0, 0);
+      json_t* l = st__act_json(lasts[k], 0);
       st_json_put(l, "completed_at", st_json_fixed(ends[k], 6));
       st_json_put(j, keys[k], l);
     } else {
@@ -488,7 +482,7 @@ static char* st__write_bundle(st_watchdog* w, const st__act* acts, int n, int ex
     json_t* e = st_json_obj();
     st_json_put_str(e, "dir", dir);
     st_json_put_str(e, "summary", what);
-    st_json_put(e, "expired", st__act_json(x, now, wall));
+    st_json_put(e, "expired", st__act_json(x, now));
     st_json_put_int(e, "in_flight", n);
     st_status_free(st_runlog_event(w->o.log, "hang", e));
   }
