@@ -37,6 +37,10 @@ typedef struct st_faults_options {
   int64_t crash_at_step, crash_in_save, corrupt_latest, io_error_at_save, hang_at_step, hang_in_save;
   int io_errno; /* faults.io_error: ENOSPC or EIO */
   bool repeat;
+  /* faults.nan_at=STEP:LAYER[:TENSOR] and faults.nan_micro: 0 = off. */
+  int64_t nan_at_step;
+  int nan_layer, nan_micro;
+  char nan_tensor[64]; /* "" = the forward's first output */
 } st_faults_options;
 
 /* Arms the faults of |options|. Faults already recorded in
@@ -64,6 +68,13 @@ void st_faults_at_step(st_faults* faults, int64_t step);
  * (which checkpoint the next attempt resumes from) does not depend on disk
  * speed; crashes at random moments are what the kill drill is for. */
 bool st_faults_fire_at_step(const st_faults* faults, int64_t step);
+
+/* faults.nan_at: whether the forward launch of layer |layer|, microbatch
+ * |micro| in step |step| (1-based) is to be poisoned; when so, records the
+ * fault as fired (diag/faults.fired, stderr, the fault_injected event) and
+ * disarms it (unless faults.repeat), and gives the output name to poison
+ * ("" = the first output) in *out_tensor (owned by |faults|). */
+bool st_faults_nan_fire(st_faults* faults, int64_t step, int layer, int micro, const char** out_tensor);
 
 /* An st_ckpt_hook_fn (user = the st_faults). Counts saves (the N of
  * crash_in_save / io_error_at_save / corrupt_latest is the N-th save of
@@ -128,7 +139,8 @@ typedef struct st_supervisor_request {
 
 /* Runs `strata train CONFIG k=v... run.dir=<dir>` as a child process and,
  * when it dies by a signal, exits non-zero (other than 2 config or 3 data
- * errors, or 8: stopped by a signal after a checkpoint, which is no crash)
+ * errors, 5 non-finite numerics, which a restart would meet again, or 8:
+ * stopped by a signal after a checkpoint, which is no crash)
  * or stops making progress for recovery.hang_timeout_s, restarts
  * it as `strata resume <dir>` after recovery.backoff_s (doubling, capped
  * at recovery.backoff_max_s), at most recovery.max_restarts times. Each

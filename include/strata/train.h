@@ -71,7 +71,15 @@ typedef struct st_train_options {
   } ckpt;                     /* ckpt.* */
   st_faults_options faults;   /* faults.* */
   st_recovery_options recovery; /* recovery.* (strata run) */
+  struct {
+    int policy;                 /* diag.on_nonfinite: ST_NONFINITE_* */
+    int64_t max_skipped, max_rollbacks; /* diag.max_skipped, diag.max_rollbacks */
+  } nonfinite;
 } st_train_options;
+
+/* diag.on_nonfinite (docs/diagnostics.md, "Policies"). */
+enum { ST_NONFINITE_STOP = 0, ST_NONFINITE_SKIP, ST_NONFINITE_ROLLBACK };
+const char* st_train_nonfinite_name(int policy); /* "stop", "skip", "rollback" */
 
 /* Fills |out| from a validated config. The typed options are the one
  * reader of config keys: the rest of strata (trainer, checkpoints, faults,

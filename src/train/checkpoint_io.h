@@ -57,6 +57,13 @@ st_status st_train_ckpt_step_done(st_train_ckpt* ckpt, int64_t step);
  * waits. Any failure is an error here whatever ckpt.on_error says: the
  * caller must not report a checkpoint that is not there. */
 st_status st_train_ckpt_save_now(st_train_ckpt* ckpt, int64_t step);
+/* diag.on_nonfinite=rollback: waits for a save in flight, then loads the
+ * newest valid checkpoint (of a step before |before_step|) into the
+ * executor's state slots. *out_step is its step and *out_dir its folder
+ * (caller frees), or -1 and NULL when there is none (nothing changed). */
+st_status st_train_ckpt_rollback(st_train_ckpt* ckpt, int64_t before_step, int64_t* out_step, char** out_dir);
+/* The armed faults (borrowed; NULL when |ckpt| is). */
+st_faults* st_train_ckpt_faults(st_train_ckpt* ckpt);
 /* Waits for a save in flight and reports it. NULL is a no-op. */
 void st_train_ckpt_destroy(st_train_ckpt* ckpt);
 

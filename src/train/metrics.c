@@ -140,6 +140,12 @@ st_status st__step_metrics(st__trainer* t, double loss, double dt) {
   st_json_put_int(m, "launches", es->launches);
   st_json_put(m, "wait_s", st_json_fixed(es->wait_s, 6));
   st_json_put_int(m, "peak_live_bytes", es->peak_live_bytes);
+  if (t->o->nonfinite.policy != ST_NONFINITE_STOP) {
+    /* diag.on_nonfinite: whether this step's update was dropped, and how
+     * many steps' were so far (docs/diagnostics.md). */
+    st_json_put_bool(m, "update_skipped", t->update_dropped);
+    st_json_put_int(m, "skipped_steps", t->skipped_steps);
+  }
   /* The blocks' metrics: a scalar's mean over layers, microbatches and
    * devices; a vector's least and largest element (docs/bundle.md, "Block metrics"). */
   for (int s = 0; s < t->n_metrics; ++s) {

@@ -3,9 +3,12 @@
  * scalars; READ takes the losses and squared norms back; HOST turns the
  * norms into the clip scale and the learning rate (docs/bundle.md). */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "strata/base.h"
+#include "strata/diag.h"
 #include "train/train_internal.h"
 
 static st_status st__scalar_buffer(st__trainer* t, int device, float v, st_buffer** out) {
@@ -144,9 +147,29 @@ static st_status st__host(void* user, const st_op* op) {
    * devices of per-device mean gradients: the mean divides by both. */
   double n_micro = (double)t->o->microbatches * st__data(t);
   t->grad_norm = sqrt(sum) / n_micro;
-  if (!isfinite(t->grad_norm))
-    return st_status_make(ST_CODE_NUMERICS, "step %lld: gradient norm is not finite (%g); stopping before the update", (long long)t->step + 1,
-                          t->grad_norm);
+  /* The losses were read before the norms: either one not finite drops
+   * this step's update (whatever diag.on_nonfinite says next, the state
+   * stays that of the step before, finite), and the trainer applies the
+   * policy once the step returns. With sched.optimizer=per_layer the
+   * update has happened already; only stop or rollback apply. */
+  t->nonfinite = false;
+  for (int64_t m = 0; m < t->o->microbatches && !t->nonfinite; ++m)
+    if (!isfinite(t->losses[m])) {
+      t->nonfinite = true;
+      snprintf(t->nonfinite_what, sizeof(t->nonfinite_what), "loss of microbatch %lld", (long long)m);
+      t->nonfinite_value = t->losses[m];
+    }
+  if (!t->nonfinite && !isfinite(t->grad_norm)) {
+    t->nonfinite = true;
+    snprintf(t->nonfinite_what, sizeof(t->nonfinite_what), "gradient norm");
+    t->nonfinite_value = t->grad_norm;
+  }
+  if (t->nonfinite) {
+    st_executor_skip_launches(t->ex);
+    t->gscale = 0;
+    t->lr = st_train_lr(t->o, t->step + 1);
+    return ST_OK;
+  }
   double clip = 1.0;
   if (t->o->grad_clip > 0) {
     clip = t->o->grad_clip / (t->grad_norm + 1e-6);
@@ -157,6 +180,55 @@ static st_status st__host(void* user, const st_op* op) {
   return ST_OK;
 }
 
+/* faults.nan_at: a NaN into the first element of one output of a layer's
+ * forward (not its recompute) in the armed step and microbatch; the
+ * output is brought to the host, changed and put back as a new buffer. */
+static st_status st__launched(void* user, const st_op* op, int index, st_buffer** outputs) {
+  st__trainer* t = user;
+  if (op->kind != ST_OP_LAUNCH || op->layer < 0 || op->layer >= t->bundle->layer_count || op->micro < 0 || index != 0)
+    return ST_OK;
+  const st_bundle_stage* st = &t->bundle->layers[op->layer];
+  const char* name = t->step_plan.programs[op->program];
+  const st_bundle_program* p = st->fwd && !strcmp(name, st->fwd->name) ? st->fwd
+                               : st->fwd_res && !strcmp(name, st->fwd_res->name) ? st->fwd_res
+                                                                                  : NULL;
+  const char* tensor = NULL;
+  if (!p || !st_faults_nan_fire(st_train_ckpt_faults(t->ckpt), t->step + 1, op->layer, op->micro, &tensor)) return ST_OK;
+  int k = 0;
+  if (tensor && tensor[0]) {
+    k = -1;
+    for (int j = 0; j < p->output_count && j < op->output_count; ++j)
+      if (!strcmp(p->outputs[j].name, tensor)) k = j;
+    if (k < 0)
+      return st_status_make(ST_CODE_CONFIG, "faults.nan_at: program '%s' has no output '%s'; its outputs are %s%s%s...", p->name,
+                            tensor, p->outputs[0].name, p->output_count > 1 ? ", " : "", p->output_count > 1 ? p->outputs[1].name : "");
+  }
+  const st_tensor_type* ty = st_buffer_type(outputs[k]);
+  size_t bytes = st_tensor_type_bytes(ty);
+  if (ty->dtype != ST_DTYPE_F32 && ty->dtype != ST_DTYPE_BF16)
+    return st_status_make(ST_CODE_CONFIG, "faults.nan_at: output '%s' of '%s' is not a float tensor", p->outputs[k].name, p->name);
+  unsigned char* host = st_xmalloc(bytes ? bytes : 1);
+  st_status s = st_buffer_to_host(outputs[k], host, bytes);
+  if (!s) {
+    if (ty->dtype == ST_DTYPE_F32) {
+      float nan = NAN;
+      memcpy(host, &nan, sizeof(nan));
+    } else {
+      host[0] = 0xc0; /* bf16 quiet NaN, little-endian 0x7fc0 */
+      host[1] = 0x7f;
+    }
+    st_tensor_type copy = *ty;
+    st_buffer* b = NULL;
+    s = st_buffer_from_host(t->runtime, st_buffer_device(outputs[k]), &copy, host, &b);
+    if (!s) {
+      st_buffer_destroy(outputs[k]);
+      outputs[k] = b;
+    }
+  }
+  free(host);
+  return s;
+}
+
 st_executor_hooks st__train_hooks(st__trainer* t) {
-  return (st_executor_hooks){t, st__h2d, st__read, st__host};
+  return (st_executor_hooks){t, st__h2d, st__read, st__host, st__launched};
 }

@@ -62,6 +62,15 @@ typedef struct st__trainer {
   double metric_sum[ST_TRAIN_MAX_METRICS], metric_min[ST_TRAIN_MAX_METRICS], metric_max[ST_TRAIN_MAX_METRICS];
   int64_t metric_reads[ST_TRAIN_MAX_METRICS];
   double grad_norm, gscale, lr;
+  /* diag.on_nonfinite (docs/diagnostics.md): the HOST clip op found a
+   * non-finite loss or gradient norm in this step and skipped its update;
+   * |nonfinite_what| says which ("loss", "gradient norm"). Counts over
+   * this process. */
+  bool nonfinite;
+  char nonfinite_what[64];
+  double nonfinite_value;
+  int64_t skipped_steps, rollbacks;
+  bool update_dropped; /* the step just run changed no state (skip, rollback) */
   st_train_ckpt* ckpt;   /* checkpoints, resume, step faults (checkpoint_io.c) */
   int64_t start_step;    /* steps already done when resuming */
   /* What the end-of-run summary reports (trainer.c, st__summary). */
