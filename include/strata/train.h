@@ -75,11 +75,17 @@ typedef struct st_train_options {
     int policy;                 /* diag.on_nonfinite: ST_NONFINITE_* */
     int64_t max_skipped, max_rollbacks; /* diag.max_skipped, diag.max_rollbacks */
   } nonfinite;
+  int numerics; /* diag.numerics: ST_NUMERICS_* */
 } st_train_options;
 
 /* diag.on_nonfinite (docs/diagnostics.md, "Policies"). */
 enum { ST_NONFINITE_STOP = 0, ST_NONFINITE_SKIP, ST_NONFINITE_ROLLBACK };
 const char* st_train_nonfinite_name(int policy); /* "stop", "skip", "rollback" */
+/* diag.numerics (docs/diagnostics.md, "What is measured"). */
+enum { ST_NUMERICS_OFF = 0, ST_NUMERICS_STEP, ST_NUMERICS_LAYER };
+/* Columns of adamw_stats_<group>'s f32[n, 8] output, one row a parameter. */
+enum { ST_NSTAT_PARAM_SQ, ST_NSTAT_UPDATE_SQ, ST_NSTAT_UPDATE_MAX, ST_NSTAT_UPDATE_BAD, ST_NSTAT_GRAD_SQ,
+       ST_NSTAT_GRAD_MAX, ST_NSTAT_GRAD_BAD, ST_NSTAT_NUMEL, ST_NSTAT_COLUMNS };
 
 /* Fills |out| from a validated config. The typed options are the one
  * reader of config keys: the rest of strata (trainer, checkpoints, faults,
@@ -136,6 +142,11 @@ enum {
   ST_TAG_EVAL_MASK,
   ST_TAG_EVAL_LOSS,
   ST_TAG_SCHEDULE, /* HOST: lr and gscale before the backward (sched.optimizer=per_layer) */
+  /* READ, diag.numerics: a group instance's adamw_stats (micro = the
+   * instance), a block's output and its input gradient's act_stats. */
+  ST_TAG_NUM_OPT,
+  ST_TAG_NUM_OUT,
+  ST_TAG_NUM_DX,
   /* READ: ST_TAG_METRIC + s is the block metric st_train_block_metrics
    * lists s-th (docs/bundle.md, "Block metrics"); keep it last. */
   ST_TAG_METRIC,

@@ -213,6 +213,10 @@ static const st__cfg_key kKeys[] = {
      .doc = "diag.on_nonfinite=skip: steps a run may skip; one more stops it with exit 5."},
     {"diag.max_rollbacks", ST__CFG_INT, "3", .lo = 0, .hi = 1000000,
      .doc = "diag.on_nonfinite=rollback: rollbacks a run may make; one more stops it with exit 5."},
+    {"diag.numerics", ST__CFG_ENUM, "off", .choices = "off|step|layer",
+     .doc = "Numerics health in metrics.jsonl: step (parameter and update norms, their ratio), layer (also per layer "
+            "the RMS, largest |x| and non-finite count of block outputs, input gradients, parameter gradients and "
+            "updates; docs/diagnostics.md). Needs parallel.fsdp=1 and parallel.tensor=1."},
 };
 
 static const st__cfg_section kSections[] = {
@@ -401,6 +405,16 @@ static st_status st__rule_nan_at(const st_config* c) {
   return s;
 }
 
+static st_status st__rule_numerics(const st_config* c) {
+  if (!strcmp(st_config_string(c, "diag.numerics"), "off")) return ST_OK;
+  if (st_config_int(c, "parallel.fsdp") <= 1 && st_config_int(c, "parallel.tensor") <= 1) return ST_OK;
+  return st_status_make(ST_CODE_CONFIG,
+                        "diag.numerics=%s (%s) has statistics programs for one device's whole tensors only; with "
+                        "parallel.fsdp=%lld and parallel.tensor=%lld set diag.numerics=off",
+                        st_config_string(c, "diag.numerics"), st_config_source(c, "diag.numerics"),
+                        (long long)st_config_int(c, "parallel.fsdp"), (long long)st_config_int(c, "parallel.tensor"));
+}
+
 static st_status st__rule_skip(const st_config* c) {
   st_status s = st_config_check_skip_per_layer(!strcmp(st_config_string(c, "diag.on_nonfinite"), "skip"),
                                                !strcmp(st_config_string(c, "sched.optimizer"), "per_layer"));
@@ -533,6 +547,7 @@ static const st__cfg_rule kRules[] = {
      "faults.nan_micro below train.microbatches.",
      st__rule_nan_at},
     {"diag.on_nonfinite=skip needs sched.optimizer=after_backward.", st__rule_skip},
+    {"diag.numerics other than off needs parallel.fsdp=1 and parallel.tensor=1.", st__rule_numerics},
     {"run.id is empty or a plain name: letters, digits, '.', '_' and '-', at most 128, not starting with '.'.",
      st__rule_run_id},
     {"parallel.data x parallel.fsdp x parallel.tensor is at most runtime.cpu_devices; model.n_heads, "

@@ -157,6 +157,8 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   o->nonfinite.policy = !strcmp(nf, "skip") ? ST_NONFINITE_SKIP : !strcmp(nf, "rollback") ? ST_NONFINITE_ROLLBACK : ST_NONFINITE_STOP;
   o->nonfinite.max_skipped = st_config_int(c, "diag.max_skipped");
   o->nonfinite.max_rollbacks = st_config_int(c, "diag.max_rollbacks");
+  const char* nm = st_config_string(c, "diag.numerics");
+  o->numerics = !strcmp(nm, "layer") ? ST_NUMERICS_LAYER : !strcmp(nm, "step") ? ST_NUMERICS_STEP : ST_NUMERICS_OFF;
   o->recovery.max_restarts = st_config_int(c, "recovery.max_restarts");
   o->recovery.backoff_s = st_config_float(c, "recovery.backoff_s");
   o->recovery.backoff_max_s = st_config_float(c, "recovery.backoff_max_s");

@@ -97,9 +97,64 @@ static st_status st__read_metric(st__trainer* t, int s, st_buffer* b) {
   return st;
 }
 
+/* A largest |x| into a running maximum: NaN wins, so it is seen. */
+static double st__max_nan(double acc, double v) { return isnan(acc) || isnan(v) ? NAN : v > acc ? v : acc; }
+
+/* diag.numerics: adamw_stats of group instance op->micro (device index 0:
+ * parameters and reduced gradients are the same on every device). */
+static st_status st__read_num_opt(st__trainer* t, const st_op* op, int index, st_buffer* b) {
+  int i = op->micro;
+  if (i < 0 || i >= t->n_sq || !t->num_opt) return st_status_make(ST_CODE_INTERNAL, "READ of numerics of instance %d", i);
+  if (index != 0) return ST_OK;
+  const st_tensor_type* type = st_buffer_type(b);
+  int64_t n = st_tensor_type_elements(type);
+  if (type->dtype != ST_DTYPE_F32 || type->rank != 2 || type->dims[1] != ST_NSTAT_COLUMNS)
+    return st_status_make(ST_CODE_INTERNAL, "adamw_stats output is not f32[n, %d]", ST_NSTAT_COLUMNS);
+  float* v = st_xmalloc((size_t)n * sizeof(float));
+  st_status s = st_buffer_to_host(b, v, (size_t)n * sizeof(float));
+  double* acc = t->num_opt[i];
+  for (int c = 0; c < ST_NSTAT_COLUMNS; ++c) acc[c] = 0;
+  for (int64_t r = 0; !s && r < type->dims[0]; ++r)
+    for (int c = 0; c < ST_NSTAT_COLUMNS; ++c) {
+      double x = v[r * ST_NSTAT_COLUMNS + c];
+      acc[c] = c == ST_NSTAT_UPDATE_MAX || c == ST_NSTAT_GRAD_MAX ? st__max_nan(acc[c], x) : acc[c] + x;
+    }
+  if (!s) t->num_opt_read[i] = true;
+  free(v);
+  return s;
+}
+
+/* diag.numerics=layer: act_stats of block op->layer's output or input
+ * gradient; every device's rows count. */
+static st_status st__read_num_act(st__trainer* t, const st_op* op, st_buffer* b) {
+  int l = op->layer;
+  if (l < 0 || l >= t->n_sq - 2 || !t->num_act) return st_status_make(ST_CODE_INTERNAL, "READ of numerics of layer %d", l);
+  float v[3];
+  const st_tensor_type* type = st_buffer_type(b);
+  if (type->dtype != ST_DTYPE_F32 || st_tensor_type_elements(type) != 3)
+    return st_status_make(ST_CODE_INTERNAL, "act_stats output is not f32[3]");
+  ST_RETURN(st_buffer_to_host(b, v, sizeof(v)));
+  double* acc = t->num_act[l][op->tag == ST_TAG_NUM_DX];
+  acc[0] += v[0];
+  acc[1] = st__max_nan(acc[1], v[1]);
+  acc[2] += v[2];
+  acc[3] += (double)(t->mb / st__shares(t)) * (double)t->T * (double)t->bundle->model.d_model;
+  return ST_OK;
+}
+
+void st__numerics_reset(st__trainer* t) {
+  if (t->num_opt) {
+    memset(t->num_opt, 0, (size_t)t->n_sq * sizeof(*t->num_opt));
+    memset(t->num_opt_read, 0, (size_t)t->n_sq * sizeof(bool));
+  }
+  if (t->num_act) memset(t->num_act, 0, (size_t)(t->n_sq - 2) * sizeof(*t->num_act));
+}
+
 static st_status st__read(void* user, const st_op* op, int index, st_buffer* b) {
   st__trainer* t = user;
   if (op->tag >= ST_TAG_METRIC) return st__read_metric(t, op->tag - ST_TAG_METRIC, b);
+  if (op->tag == ST_TAG_NUM_OPT) return st__read_num_opt(t, op, index, b);
+  if (op->tag == ST_TAG_NUM_OUT || op->tag == ST_TAG_NUM_DX) return st__read_num_act(t, op, b);
   float v = 0;
   ST_RETURN(st_buffer_to_host(b, &v, sizeof(v)));
   /* Every device reports its share's loss (a tensor group the same one). */

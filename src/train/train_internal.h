@@ -71,6 +71,15 @@ typedef struct st__trainer {
   double nonfinite_value;
   int64_t skipped_steps, rollbacks;
   bool update_dropped; /* the step just run changed no state (skip, rollback) */
+  /* diag.numerics (docs/diagnostics.md), this step's, per stage s = 0
+   * embed, 1..L blocks, L+1 head (the instance order): the columns of
+   * adamw_stats summed over the stage's parameters (maxima for the _MAX
+   * columns; NaN stays NaN), whether they were read; and per block its
+   * output's (out) and input gradient's (dx) act_stats over microbatches
+   * and devices: sum of squares, largest |x|, non-finite count, elements. */
+  double (*num_opt)[ST_NSTAT_COLUMNS]; /* [n_sq] */
+  bool* num_opt_read;                  /* [n_sq] */
+  double (*num_act)[2][4];             /* [L][out, dx][sumsq, maxabs, nonfinite, numel] */
   st_train_ckpt* ckpt;   /* checkpoints, resume, step faults (checkpoint_io.c) */
   int64_t start_step;    /* steps already done when resuming */
   /* What the end-of-run summary reports (trainer.c, st__summary). */
@@ -111,6 +120,8 @@ void st__summary_peak(const st__trainer* t, double model_gflops);
 
 /* step_hooks.c: forgets the last step's block metrics. */
 void st__metrics_reset(st__trainer* t);
+/* step_hooks.c: forgets the last step's diag.numerics statistics. */
+void st__numerics_reset(st__trainer* t);
 
 /* metrics.c: every line the run writes to metrics.jsonl and events.jsonl. */
 /* One events.jsonl line; |fields| (an object, or NULL) is stolen. */

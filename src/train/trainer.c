@@ -443,6 +443,9 @@ static void st__trainer_free(st__trainer* t) {
   free(t->mask);
   free(t->losses);
   free(t->sqnorms);
+  free(t->num_opt);
+  free(t->num_opt_read);
+  free(t->num_act);
 }
 
 /* A stop signal arrived (docs/checkpoints.md, "Stopping a run"): step
@@ -698,6 +701,7 @@ static st_status st__run(st__trainer* t, bool progress) {
     double t0 = st_now();
     st__fill_train_batch(t);
     st__metrics_reset(t);
+    st__numerics_reset(t);
     ST_RETURN_IF_ERROR(st_executor_run(t->ex, &hooks), "step %lld", (long long)t->step + 1);
     st_train_ckpt_step_ran(t->ckpt, t->step + 1);
     double loss = 0;
@@ -947,6 +951,16 @@ st_status st_train_main(const st_config* cfg) {
     t.n_sq = (int)bundle->model.n_layers + 2;
     t.sqnorms = st_xcalloc((size_t)t.n_sq, sizeof(double));
     t.n_metrics = st_train_block_metrics(bundle, t.metric_names, t.metric_ranks);
+    if (o.numerics != ST_NUMERICS_OFF) {
+      t.num_opt = st_xcalloc((size_t)t.n_sq, sizeof(*t.num_opt));
+      t.num_opt_read = st_xcalloc((size_t)t.n_sq, sizeof(bool));
+      if (o.numerics == ST_NUMERICS_LAYER) t.num_act = st_xcalloc((size_t)t.n_sq, sizeof(*t.num_act));
+      if (!bundle->groups[0].adamw_stats || !bundle->layers[0].act_stats)
+        s = st_status_make(ST_CODE_RUNTIME,
+                           "diag.numerics=%s: bundle %s has no adamw_stats/act_stats programs (exported by an older "
+                           "strata_jax, or for a mesh); re-export it, or set diag.numerics=off",
+                           o.numerics == ST_NUMERICS_LAYER ? "layer" : "step", bundle->dir);
+    }
   }
   if (!s) {
     st_train_ckpt_init ci = {cfg, &o, t.run_dir, bundle, &t.step_plan, t.ex, t.runtime, t.log, t.data};
