@@ -41,6 +41,7 @@ typedef struct st_faults_options {
   int64_t nan_at_step;
   int nan_layer, nan_micro;
   char nan_tensor[64]; /* "" = the forward's first output */
+  int nan_value;       /* faults.nan_value: 0 NaN, 1 +inf, 2 the largest finite f32 */
 } st_faults_options;
 
 /* Arms the faults of |options|. Faults already recorded in

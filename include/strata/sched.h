@@ -267,6 +267,11 @@ typedef struct st_executor_hooks {
    * slots: |outputs| (op->output_count) may be replaced, the hook then
    * destroying the one it replaces (the faults.nan_at drill). */
   st_status (*launched)(void* user, const st_op* op, int index, st_buffer** outputs);
+  /* Optional (NULL: none). Before a one-device LAUNCH or RECOMPUTE is
+   * issued on device index |index|, with its |inputs| (op->input_count,
+   * borrowed): the checking re-execution of a non-finite step keeps a
+   * copy of them (docs/diagnostics.md). */
+  st_status (*launching)(void* user, const st_op* op, int index, st_buffer* const* inputs);
 } st_executor_hooks;
 
 /* Per-op timestamps of the last run, in seconds since the run started.

@@ -340,6 +340,22 @@ void st_train_sampler_destroy(st_train_sampler* sampler); /* NULL is a no-op */
  * bundle/runtime. */
 st_status st_train_sample_main(const char* path, const char* prompt, const st_train_sample_options* options);
 
+/* `strata repro DIR` (src/train/repro.c, docs/diagnostics.md): the program
+ * of a non-finite bundle (<run>/diag/nonfinite-step<N>/) replayed alone on
+ * its saved inputs, twice, on the runtime of the bundle's config.yaml. */
+typedef struct st_repro_result {
+  char program[128], output[64]; /* the recorded program and output */
+  int runs, runs_nonfinite;       /* replays, and those whose output had a non-finite element */
+  int64_t nonfinite, elements;    /* the most non-finite elements of one replay, of so many */
+  bool reproduces;                /* every replay was non-finite: deterministic */
+  bool repeatable;                /* the replays' outputs were bitwise equal */
+  bool injected;                  /* faults.nan_at put the value there: the replay puts it there again */
+  int injected_value;             /* faults.nan_value: 0 nan, 1 inf, 2 max */
+} st_repro_result;
+/* Errors: DIR not a bundle, a file missing, altered (sha256) or malformed:
+ * ST_CODE_CONFIG (exit 2); runtime or compile: exit 4. */
+st_status st_train_repro(const char* dir, st_repro_result* out);
+
 /* Runs `strata train`: the whole lifecycle. Prints the run directory. */
 st_status st_train_main(const st_config* config);
 

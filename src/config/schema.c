@@ -204,6 +204,9 @@ static const st__cfg_key kKeys[] = {
             "(default: y) in step STEP, microbatch faults.nan_micro (docs/diagnostics.md); empty: off."},
     {"faults.nan_micro", ST__CFG_INT, "0", .lo = 0, .hi = 1000000,
      .doc = "Drill: the microbatch (from 0) faults.nan_at poisons."},
+    {"faults.nan_value", ST__CFG_ENUM, "nan", .choices = "nan|inf|max",
+     .doc = "Drill: what faults.nan_at puts there: NaN, +inf, or the largest finite f32 (3.4e38), which a later "
+            "program turns into a non-finite value itself."},
 
     {"diag.on_nonfinite", ST__CFG_ENUM, "stop", .choices = "stop|skip|rollback",
      .doc = "A non-finite loss or gradient norm: stop (exit 5, not restarted by strata run), skip (drop the step's "

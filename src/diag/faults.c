@@ -173,8 +173,8 @@ void st_faults_at_step(st_faults* f, int64_t step) {
 
 bool st_faults_nan_fire(st_faults* f, int64_t step, int layer, int micro, const char** out_tensor) {
   if (!f || !f->at[F_NAN] || step != f->at[F_NAN] || layer != f->nan_layer || micro != f->nan_micro) return false;
-  char d[160];
-  snprintf(d, sizeof(d), "NaN into the first element of layer %d's forward output %s, microbatch %d", layer,
+  char d[256];
+  snprintf(d, sizeof(d), "faults.nan_value into the first element of layer %d's forward output %s, microbatch %d", layer,
            f->nan_tensor[0] ? f->nan_tensor : "y", micro);
   st__fire(f, F_NAN, step, d);
   if (!f->repeat) f->at[F_NAN] = 0;

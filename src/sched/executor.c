@@ -444,6 +444,9 @@ static st_status st__launch(st_executor* ex, int index, const st_op* op) {
                               plan->programs[op->program], op->layer, plan->slots[op->inputs[j]].name, d);
     }
     st_event* done = NULL;
+    if (ex->hooks && ex->hooks->launching)
+      ST_RETURN_IF_ERROR(ex->hooks->launching(ex->hooks->user, op, d, ex->in), "before launching %s (layer %d, microbatch %d)",
+                         plan->programs[op->program], op->layer, op->micro);
     ex->dev_issue[(size_t)index * (size_t)ex->ndev + (size_t)d] = st_now() - ex->t0;
     st_status s = st_program_execute(prog, ex->device + d, ex->in, op->input_count, ex->out, op->output_count, &done);
     if (s) {

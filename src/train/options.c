@@ -153,6 +153,8 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   ST_RETURN(st_config_nan_at_parse(st_config_string(c, "faults.nan_at"), &o->faults.nan_at_step, &o->faults.nan_layer,
                                    o->faults.nan_tensor, sizeof(o->faults.nan_tensor)));
   o->faults.nan_micro = (int)st_config_int(c, "faults.nan_micro");
+  const char* nv = st_config_string(c, "faults.nan_value");
+  o->faults.nan_value = !strcmp(nv, "inf") ? 1 : !strcmp(nv, "max") ? 2 : 0;
   const char* nf = st_config_string(c, "diag.on_nonfinite");
   o->nonfinite.policy = !strcmp(nf, "skip") ? ST_NONFINITE_SKIP : !strcmp(nf, "rollback") ? ST_NONFINITE_ROLLBACK : ST_NONFINITE_STOP;
   o->nonfinite.max_skipped = st_config_int(c, "diag.max_skipped");

@@ -2,6 +2,7 @@
  * evaluation: H2D fills the batch, the step number and the optimizer's
  * scalars; READ takes the losses and squared norms back; HOST turns the
  * norms into the clip scale and the learning rate (docs/bundle.md). */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -237,18 +238,28 @@ static st_status st__host(void* user, const st_op* op) {
 
 /* faults.nan_at: a NaN into the first element of one output of a layer's
  * forward (not its recompute) in the armed step and microbatch; the
- * output is brought to the host, changed and put back as a new buffer. */
-static st_status st__launched(void* user, const st_op* op, int index, st_buffer** outputs) {
-  st__trainer* t = user;
-  if (op->kind != ST_OP_LAUNCH || op->layer < 0 || op->layer >= t->bundle->layer_count || op->micro < 0 || index != 0)
-    return ST_OK;
+ * output is brought to the host, changed and put back as a new buffer.
+ * The checking re-execution of that step (nonfinite.c) injects it again,
+ * where it fired, and then checks every output. */
+static st_status st__inject(st__trainer* t, const st_op* op, st_buffer** outputs) {
+  if (op->kind != ST_OP_LAUNCH || op->layer < 0 || op->layer >= t->bundle->layer_count || op->micro < 0) return ST_OK;
   const st_bundle_stage* st = &t->bundle->layers[op->layer];
   const char* name = t->step_plan.programs[op->program];
   const st_bundle_program* p = st->fwd && !strcmp(name, st->fwd->name) ? st->fwd
                                : st->fwd_res && !strcmp(name, st->fwd_res->name) ? st->fwd_res
                                                                                   : NULL;
+  if (!p) return ST_OK;
   const char* tensor = NULL;
-  if (!p || !st_faults_nan_fire(st_train_ckpt_faults(t->ckpt), t->step + 1, op->layer, op->micro, &tensor)) return ST_OK;
+  if (t->checking) {
+    if (t->nan_fired_step != t->step + 1 || t->nan_fired_layer != op->layer || t->nan_fired_micro != op->micro) return ST_OK;
+    tensor = t->nan_fired_tensor;
+  } else {
+    if (!st_faults_nan_fire(st_train_ckpt_faults(t->ckpt), t->step + 1, op->layer, op->micro, &tensor)) return ST_OK;
+    t->nan_fired_step = t->step + 1;
+    t->nan_fired_layer = op->layer;
+    t->nan_fired_micro = op->micro;
+    snprintf(t->nan_fired_tensor, sizeof(t->nan_fired_tensor), "%s", tensor ? tensor : "");
+  }
   int k = 0;
   if (tensor && tensor[0]) {
     k = -1;
@@ -258,6 +269,7 @@ static st_status st__launched(void* user, const st_op* op, int index, st_buffer*
       return st_status_make(ST_CODE_CONFIG, "faults.nan_at: program '%s' has no output '%s'; its outputs are %s%s%s...", p->name,
                             tensor, p->outputs[0].name, p->output_count > 1 ? ", " : "", p->output_count > 1 ? p->outputs[1].name : "");
   }
+  snprintf(t->nan_fired_output, sizeof(t->nan_fired_output), "%s", p->outputs[k].name);
   const st_tensor_type* ty = st_buffer_type(outputs[k]);
   size_t bytes = st_tensor_type_bytes(ty);
   if (ty->dtype != ST_DTYPE_F32 && ty->dtype != ST_DTYPE_BF16)
@@ -265,11 +277,12 @@ static st_status st__launched(void* user, const st_op* op, int index, st_buffer*
   unsigned char* host = st_xmalloc(bytes ? bytes : 1);
   st_status s = st_buffer_to_host(outputs[k], host, bytes);
   if (!s) {
+    const int what = t->o->faults.nan_value;
     if (ty->dtype == ST_DTYPE_F32) {
-      float nan = NAN;
-      memcpy(host, &nan, sizeof(nan));
-    } else {
-      host[0] = 0xc0; /* bf16 quiet NaN, little-endian 0x7fc0 */
+      float v = what == 1 ? INFINITY : what == 2 ? FLT_MAX : NAN;
+      memcpy(host, &v, sizeof(v));
+    } else { /* bf16, little-endian: quiet NaN 0x7fc0, +inf 0x7f80, largest finite 0x7f7f */
+      host[0] = what == 1 ? 0x80 : what == 2 ? 0x7f : 0xc0;
       host[1] = 0x7f;
     }
     st_tensor_type copy = *ty;
@@ -284,6 +297,17 @@ static st_status st__launched(void* user, const st_op* op, int index, st_buffer*
   return s;
 }
 
+static st_status st__launched(void* user, const st_op* op, int index, st_buffer** outputs) {
+  st__trainer* t = user;
+  if (index == 0) ST_RETURN(st__inject(t, op, outputs));
+  return t->checking ? st__nf_check_outputs(t, op, index, outputs) : ST_OK;
+}
+
+static st_status st__launching(void* user, const st_op* op, int index, st_buffer* const* inputs) {
+  st__trainer* t = user;
+  return t->checking ? st__nf_check_inputs(t, op, index, inputs) : ST_OK;
+}
+
 st_executor_hooks st__train_hooks(st__trainer* t) {
-  return (st_executor_hooks){t, st__h2d, st__read, st__host, st__launched};
+  return (st_executor_hooks){t, st__h2d, st__read, st__host, st__launched, st__launching};
 }

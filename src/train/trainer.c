@@ -629,11 +629,18 @@ static st_status st__nonfinite(st__trainer* t, double loss) {
     snprintf(why, sizeof(why), "diag.max_rollbacks=%lld rollbacks were made already", (long long)o->nonfinite.max_rollbacks);
     stop_why = why;
   }
+  /* Located first, while the state is still the one before the step
+   * (nonfinite.c); per_layer has updated it already. */
+  char* located = NULL;
+  if (!applied) ST_RETURN(st__locate_nonfinite(t, &located));
   int64_t restored = -1;
   char* dir = NULL;
   if (!stop_why && policy == ST_NONFINITE_ROLLBACK) {
-    ST_RETURN_IF_ERROR(st_train_ckpt_rollback(t->ckpt, step, &restored, &dir), "step %lld: rolling back after a non-finite %s",
-                       (long long)step, t->nonfinite_what);
+    st_status rs = st_train_ckpt_rollback(t->ckpt, step, &restored, &dir);
+    if (rs) {
+      free(located);
+      return st_status_annotate(rs, "step %lld: rolling back after a non-finite %s", (long long)step, t->nonfinite_what);
+    }
     if (restored < 0) stop_why = "no checkpoint to roll back to (ckpt.every saves one every N steps)";
   }
   json_t* e = st_json_obj();
@@ -646,6 +653,8 @@ static st_status st__nonfinite(st__trainer* t, double loss) {
   /* The batch that led to it: training sequences [first, first + batch_size). */
   st_json_put_int(e, "first_sample", t->step * o->batch_size);
   st_json_put_int(e, "samples", o->batch_size);
+  st_json_put(e, "located", located ? st_json_str(located) : json_null());
+  free(located);
   if (stop_why || policy == ST_NONFINITE_STOP) {
     st_json_put_str(e, "action", "stop");
     if (stop_why) st_json_put_str(e, "reason", stop_why);
