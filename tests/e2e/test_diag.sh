@@ -9,7 +9,12 @@
 #      with sched.optimizer=per_layer (whose update already applied the NaN)
 #      it ends bitwise equal to the skip run: the restore really happened;
 #      a window of several steps; no checkpoint or diag.max_rollbacks -> exit 5
-#   4. config: faults.nan_at syntax and range, skip with per_layer: exit 2
+#   4. located: NaN at step 7, layer 2, microbatch 1 named exactly (program,
+#      layer, microbatch, tensor), its bundle complete; `strata repro`
+#      reproduces it, and does not without the injection's record; a
+#      genuine overflow (faults.nan_value=max) located in the program that
+#      overflows and reproduced; an altered program refused
+#   5. config: faults.nan_at syntax and range, skip with per_layer: exit 2
 # Run from the repository root.
 set -uo pipefail
 
@@ -80,7 +85,39 @@ expect_exit 5 'diag.on_nonfinite=rollback: no checkpoint to roll back to' \
 expect_exit 5 'diag.max_rollbacks=0 rollbacks were made already' \
   train "${BASE[@]}" faults.nan_at=7:0 ckpt.every=5 diag.on_nonfinite=rollback diag.max_rollbacks=0 run.dir="$TMP/rb_max"
 
-# --- 4. config -----------------------------------------------------------------
+# --- 4. the first non-finite value, located and replayed -------------------------
+# Acceptance (issue 15): a NaN at step 7, layer 2, microbatch 1.
+L3=("${BASE[@]}" model.n_layers=3)
+expect_exit 5 'step 7: the first non-finite value: block_fwd_res, layer 2, microbatch 1, output y \(inputs finite\)' \
+  train "${L3[@]}" faults.nan_at=7:2 faults.nan_micro=1 run.dir="$TMP/loc"
+NB="$TMP/loc/diag/nonfinite-step7"
+check "located: the nonfinite_located event names program, layer, microbatch, tensor" \
+  "ev '$TMP/loc' nonfinite_located | grep -q '\"step\": 7, \"program\": \"block_fwd_res\", \"op_kind\": \"LAUNCH\", \"plan_op\": [0-9]*, \"layer\": 2, \"microbatch\": 1, \"output\": \"y\", \"output_index\": 0, \"nonfinite\": 1,.*\"inputs_finite\": true'"
+check "located: the nonfinite event points at the bundle" "ev '$TMP/loc' nonfinite | grep -q '\"located\": \"[^\"]*nonfinite-step7\"'"
+for f in inputs.safetensors program.mlir config.yaml nonfinite.json README.md; do
+  check "bundle has $f" "[ -s '$NB/$f' ]"
+done
+check "bundle: the batch's sample indices (microbatch 1 of step 7: sequences 26, 27)" \
+  "grep -q '\"samples\": {\"first\": 26, \"count\": 2' '$NB/nonfinite.json'"
+check "bundle: the injection is recorded" "grep -q '\"injected\": {\"fault\": \"faults.nan_at\"' '$NB/nonfinite.json'"
+check "bundle: README has the replay line" "grep -q 'strata repro $NB' '$NB/README.md'"
+expect_exit 0 '^reproduces: program block_fwd_res, output y: 2 of 2 replays non-finite' repro "$NB"
+# Without the record of the injection the program alone gives finite values.
+sed 's/"injected": {[^}]*}/"injected": null/' "$NB/nonfinite.json" >"$TMP/nf.json" && cp -r "$NB" "$TMP/noinj" && cp "$TMP/nf.json" "$TMP/noinj/nonfinite.json"
+expect_exit 0 '^does not reproduce: program block_fwd_res, output y: 0 of 2 replays' repro "$TMP/noinj"
+# A genuine one: the largest finite f32 in layer 1's residual 'gate' makes a
+# program overflow by itself (the embedding's squared gradient norm).
+expect_exit 5 'the first non-finite value: sqnorm_embed, layer -1, microbatch -1, output sqnorm \(inputs finite\)' \
+  train "${L3[@]}" faults.nan_at=7:1:gate faults.nan_value=max run.dir="$TMP/big"
+check "genuine: not injected" "grep -q '\"injected\": null' '$TMP/big/diag/nonfinite-step7/nonfinite.json'"
+expect_exit 0 '^reproduces: program sqnorm_embed, output sqnorm: 2 of 2 replays non-finite' repro "$TMP/big/diag/nonfinite-step7"
+expect_exit 0 '"verdict": "reproduces"' repro "$TMP/big/diag/nonfinite-step7" --json
+# An altered program is refused.
+cp -r "$NB" "$TMP/tampered" && echo "// changed" >>"$TMP/tampered/program.mlir"
+expect_exit 2 'program.mlir: sha256 .* the program was changed' repro "$TMP/tampered"
+expect_exit 2 'is not a non-finite bundle' repro "$TMP"
+
+# --- 5. config -----------------------------------------------------------------
 expect_exit 2 "faults.nan_at 'x': STEP must be a whole number" train "${BASE[@]}" faults.nan_at=x run.dir="$TMP/c1"
 expect_exit 2 'faults.nan_at names layer 2, but model.n_layers is 2' train "${BASE[@]}" faults.nan_at=3:2 run.dir="$TMP/c2"
 expect_exit 2 'faults.nan_at names step 11, but train.steps is 10' train "${BASE[@]}" faults.nan_at=11:0 run.dir="$TMP/c3"
