@@ -33,7 +33,7 @@ struct st_faults {
   int64_t at[F_COUNT]; /* 0 = off (or disarmed) */
   int io_errno;
   bool repeat;
-  int nan_layer, nan_micro;
+  int nan_layer, nan_micro, nan_value;
   char nan_tensor[64];
   char* fired_path;
   st_runlog* log;
@@ -62,6 +62,7 @@ st_status st_faults_create(const st_faults_options* o, const char* run_dir, st_f
                                o->nan_at_step};
   f->nan_layer = o->nan_layer;
   f->nan_micro = o->nan_micro;
+  f->nan_value = o->nan_value;
   snprintf(f->nan_tensor, sizeof(f->nan_tensor), "%s", o->nan_tensor);
   for (int i = 0; i < F_COUNT; ++i) f->at[i] = at[i];
   f->io_errno = o->io_errno ? o->io_errno : ENOSPC;
@@ -174,7 +175,8 @@ void st_faults_at_step(st_faults* f, int64_t step) {
 bool st_faults_nan_fire(st_faults* f, int64_t step, int layer, int micro, const char** out_tensor) {
   if (!f || !f->at[F_NAN] || step != f->at[F_NAN] || layer != f->nan_layer || micro != f->nan_micro) return false;
   char d[256];
-  snprintf(d, sizeof(d), "faults.nan_value into the first element of layer %d's forward output %s, microbatch %d", layer,
+  snprintf(d, sizeof(d), "%s into the first element of layer %d's forward output %s, microbatch %d",
+           f->nan_value == 1 ? "+inf" : f->nan_value == 2 ? "3.4e38 (the largest finite f32)" : "NaN", layer,
            f->nan_tensor[0] ? f->nan_tensor : "y", micro);
   st__fire(f, F_NAN, step, d);
   if (!f->repeat) f->at[F_NAN] = 0;

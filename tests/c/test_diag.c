@@ -6,7 +6,8 @@
  *     ends, skipped step's checkpoint tensors equal the step before's;
  *   - diag.on_nonfinite=rollback with sched.optimizer=per_layer: the
  *     checkpoint is loaded back into the executor mid-run;
- *   - diag.on_nonfinite=stop: ST_CODE_NUMERICS (exit 5) naming the step once. */
+ *   - diag.on_nonfinite=stop: ST_CODE_NUMERICS (exit 5) naming the step once;
+ *   - the locator's bundle of the skip run, and st_train_repro on it. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -114,6 +115,28 @@ static void test_skip_with_offload(void** state) {
   ASSERT_OK(train("skip", extra));
   expect_same_state("skip", 2, 3, true);
   expect_same_state("skip", 3, 4, false);
+  /* The locator ran on the offloaded plan; its bundle replays (repro.c
+   * reading it under the sanitizers). */
+  char dir[1100], path[1200];
+  snprintf(dir, sizeof(dir), "%s/skip/diag/nonfinite-step3", g_tmp);
+  snprintf(path, sizeof(path), "%s/nonfinite.json", dir);
+  size_t n = 0;
+  char* text = tu_read_file(path, &n);
+  assert_non_null(text);
+  json_t* j = NULL;
+  ASSERT_OK(st_json_parse(text, n, path, &j));
+  free(text);
+  assert_int_equal(json_integer_value(json_object_get(j, "layer")), 1);
+  assert_int_equal(json_integer_value(json_object_get(j, "microbatch")), 1);
+  assert_string_equal(json_string_value(json_object_get(j, "output")), "y");
+  assert_true(json_is_true(json_object_get(j, "inputs_finite")));
+  json_decref(j);
+  st_repro_result r;
+  ASSERT_OK(st_train_repro(dir, &r));
+  assert_true(r.reproduces);
+  assert_true(r.injected);
+  assert_int_equal(r.runs, 2);
+  assert_int_equal(r.nonfinite, 1);
 }
 
 static void test_rollback_per_layer(void** state) {
