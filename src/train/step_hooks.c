@@ -242,6 +242,8 @@ static st_status st__host(void* user, const st_op* op) {
  * The checking re-execution of that step (nonfinite.c) injects it again,
  * where it fired, and then checks every output. */
 static st_status st__inject(st__trainer* t, const st_op* op, st_buffer** outputs) {
+  /* The common case first: no drill in this step. */
+  if (t->checking ? t->nan_fired_step != t->step + 1 : t->o->faults.nan_at_step != t->step + 1) return ST_OK;
   if (op->kind != ST_OP_LAUNCH || op->layer < 0 || op->layer >= t->bundle->layer_count || op->micro < 0) return ST_OK;
   const st_bundle_stage* st = &t->bundle->layers[op->layer];
   const char* name = t->step_plan.programs[op->program];
