@@ -1,6 +1,7 @@
 """Scheduling policies on the tiny preset (issue 6): step time and peak live
-device bytes of each sched.* policy as ratios to the default plan, all
-measured in one invocation on one machine.
+device bytes of each sched.* policy (and of diag.numerics=step and layer,
+issue 15) as ratios to the default plan, all measured in one invocation on
+one machine.
 
 The default plan is sched.remat=auto with no memory budget, which on this
 preset is remat=none's plan (the remat=none row should read 1); remat=full
@@ -61,6 +62,9 @@ POLICIES: list[tuple[str, list[str], str]] = [
     ("optimizer=per_layer", ["sched.optimizer=per_layer", "train.grad_clip=0"], "default, no clip"),
     ("optimizer=per_layer offload=optimizer",
      ["sched.optimizer=per_layer", "train.grad_clip=0", "sched.offload=optimizer"], "default, no clip"),
+    # issue 15: the cost of the statistics (docs/diagnostics.md), against diag.numerics=off (the default)
+    ("diag.numerics=step", ["diag.numerics=step"], "default"),
+    ("diag.numerics=layer", ["diag.numerics=layer"], "default"),
 ]
 
 

@@ -61,6 +61,10 @@ typedef struct st_bundle_group {
   const st_bundle_program* accum;
   const st_bundle_program* sqnorm;
   const st_bundle_program* adamw;
+  /* diag.numerics (docs/diagnostics.md): adamw that also returns the
+   * group's f32[n, 8] statistics; NULL in a bundle without it (a mesh
+   * with fsdp or tensor > 1, an older exporter). */
+  const st_bundle_program* adamw_stats;
   /* Bundles exported for a mesh with data > 1: the all-reduce of the
    * group's gradients over the data axis (points into
    * st_bundle.collectives; NULL otherwise). Its inputs and outputs are the
@@ -110,6 +114,9 @@ typedef struct st_bundle_stage {
   const st_bundle_program* prefill; /* embedding: tokens [1,T] -> x; block: x [1,T,D] -> y, k and v caches */
   const st_bundle_program* decode;  /* embedding: token [1,1] -> x; block: x [1,1,D], caches, pos -> y, caches */
   const st_bundle_program* logits;  /* head: x [1,1,D] -> f32 logits [1,1,V] */
+  /* block, optional (diag.numerics=layer): x [mb,T,D] -> f32[3] sum of
+   * squares, largest |x|, non-finite count */
+  const st_bundle_program* act_stats;
 } st_bundle_stage;
 
 typedef struct st_bundle_model {

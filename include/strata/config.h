@@ -107,6 +107,16 @@ st_status st_config_memory_budget_parse(const char* spec, int64_t* out_bytes, do
  * |grad_clip| > 0. */
 st_status st_config_check_per_layer_clip(bool per_layer, double grad_clip);
 
+/* Parses faults.nan_at: "" (off: *out_step = 0) or "STEP:LAYER[:TENSOR]",
+ * STEP >= 1 (1-based, as steps are counted), LAYER >= 0, TENSOR an output
+ * name of that layer's forward program (at most |tensor_size| - 1 chars;
+ * "" when absent: the first output, y). Any out may be NULL. */
+st_status st_config_nan_at_parse(const char* spec, int64_t* out_step, int* out_layer, char* out_tensor, size_t tensor_size);
+/* diag.on_nonfinite=skip drops the update after the global gradient norm
+ * is known; sched.optimizer=per_layer has updated every layer by then: an
+ * error when |skip| and |per_layer|. */
+st_status st_config_check_skip_per_layer(bool skip, bool per_layer);
+
 /* Stable 64-bit hash (hex, 16 chars + NUL into |out|) of the resolved values
  * of every key whose dotted name starts with one of |prefixes| (all keys
  * when |prefix_count| is 0, except run.* and obs.*: where a run is written

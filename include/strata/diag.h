@@ -38,6 +38,11 @@ typedef struct st_faults_options {
   int io_errno; /* faults.io_error: ENOSPC or EIO */
   bool repeat;
   const char* hang_in; /* faults.hang_in: "PROGRAM" or "PROGRAM:STEP"; NULL or "": off (borrowed) */
+  /* faults.nan_at=STEP:LAYER[:TENSOR] and faults.nan_micro: 0 = off. */
+  int64_t nan_at_step;
+  int nan_layer, nan_micro;
+  char nan_tensor[64]; /* "" = the forward's first output */
+  int nan_value;       /* faults.nan_value: 0 NaN, 1 +inf, 2 the largest finite f32 */
 } st_faults_options;
 
 /* Arms the faults of |options|. Faults already recorded in
@@ -74,6 +79,12 @@ bool st_faults_fire_at_step(const st_faults* faults, int64_t step);
 void st_faults_in_launch(st_faults* faults, const char* program, int64_t step, int layer, int micro, int device);
 /* The program faults.hang_in names while armed; NULL otherwise (borrowed). */
 const char* st_faults_hang_in_program(const st_faults* faults);
+/* faults.nan_at: whether the forward launch of layer |layer|, microbatch
+ * |micro| in step |step| (1-based) is to be poisoned; when so, records the
+ * fault as fired (diag/faults.fired, stderr, the fault_injected event) and
+ * disarms it (unless faults.repeat), and gives the output name to poison
+ * ("" = the first output) in *out_tensor (owned by |faults|). */
+bool st_faults_nan_fire(st_faults* faults, int64_t step, int layer, int micro, const char** out_tensor);
 
 /* An st_ckpt_hook_fn (user = the st_faults). Counts saves (the N of
  * crash_in_save / io_error_at_save / corrupt_latest is the N-th save of
@@ -224,7 +235,8 @@ typedef struct st_supervisor_request {
 
 /* Runs `strata train CONFIG k=v... run.dir=<dir>` as a child process and,
  * when it dies by a signal, exits non-zero (other than 2 config or 3 data
- * errors, or 8: stopped by a signal after a checkpoint, which is no crash)
+ * errors, 5 non-finite numerics, which a restart would meet again, or 8:
+ * stopped by a signal after a checkpoint, which is no crash)
  * or stops making progress for recovery.hang_timeout_s, restarts
  * it as `strata resume <dir>` after recovery.backoff_s (doubling, capped
  * at recovery.backoff_max_s), at most recovery.max_restarts times. Each

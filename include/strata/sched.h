@@ -262,6 +262,16 @@ typedef struct st_executor_hooks {
   st_status (*h2d)(void* user, const st_op* op, int index, int device, st_buffer** out_buffer);
   st_status (*read)(void* user, const st_op* op, int index, st_buffer* buffer);
   st_status (*host)(void* user, const st_op* op);
+  /* Optional (NULL: none). After a one-device LAUNCH or RECOMPUTE was
+   * issued on device index |index|, before its outputs go into their
+   * slots: |outputs| (op->output_count) may be replaced, the hook then
+   * destroying the one it replaces (the faults.nan_at drill). */
+  st_status (*launched)(void* user, const st_op* op, int index, st_buffer** outputs);
+  /* Optional (NULL: none). Before a one-device LAUNCH or RECOMPUTE is
+   * issued on device index |index|, with its |inputs| (op->input_count,
+   * borrowed): the checking re-execution of a non-finite step keeps a
+   * copy of them (docs/diagnostics.md). */
+  st_status (*launching)(void* user, const st_op* op, int index, st_buffer* const* inputs);
 } st_executor_hooks;
 
 /* Per-op timestamps of the last run, in seconds since the run started.
@@ -377,6 +387,14 @@ void st_executor_set_monitor(st_executor* executor, const st_executor_monitor* m
  * start and complete when it returns (the executor waits for every op's
  * completion callback before returning). */
 st_status st_executor_run(st_executor* executor, const st_executor_hooks* hooks);
+/* Called from a hook during st_executor_run: the rest of this run issues
+ * no LAUNCH, RECOMPUTE or COLLECTIVE (their slots keep what they hold, so
+ * an update of persistent state is dropped, diag.on_nonfinite=skip), a
+ * FREE, D2H or READ of an empty slot is no error, and at the end every
+ * non-persistent slot still filled is freed. Reset by the next run. */
+void st_executor_skip_launches(st_executor* executor);
+/* Whether the last run skipped its launches from some op on. */
+bool st_executor_skipped(const st_executor* executor);
 const st_executor_stats* st_executor_stats_get(const st_executor* executor);
 /* op_count entries for the last run (borrowed, valid until the next run). */
 const st_op_timing* st_executor_timings(const st_executor* executor);

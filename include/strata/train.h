@@ -78,7 +78,21 @@ typedef struct st_train_options {
     double z;                 /* 0: off */
     int64_t window;
   } spike;                    /* diag.spike_* */
+  struct {
+    int policy;                 /* diag.on_nonfinite: ST_NONFINITE_* */
+    int64_t max_skipped, max_rollbacks; /* diag.max_skipped, diag.max_rollbacks */
+  } nonfinite;
+  int numerics; /* diag.numerics: ST_NUMERICS_* */
 } st_train_options;
+
+/* diag.on_nonfinite (docs/diagnostics.md, "Policies"). */
+enum { ST_NONFINITE_STOP = 0, ST_NONFINITE_SKIP, ST_NONFINITE_ROLLBACK };
+const char* st_train_nonfinite_name(int policy); /* "stop", "skip", "rollback" */
+/* diag.numerics (docs/diagnostics.md, "What is measured"). */
+enum { ST_NUMERICS_OFF = 0, ST_NUMERICS_STEP, ST_NUMERICS_LAYER };
+/* Columns of adamw_stats_<group>'s f32[n, 8] output, one row a parameter. */
+enum { ST_NSTAT_PARAM_SQ, ST_NSTAT_UPDATE_SQ, ST_NSTAT_UPDATE_MAX, ST_NSTAT_UPDATE_BAD, ST_NSTAT_GRAD_SQ,
+       ST_NSTAT_GRAD_MAX, ST_NSTAT_GRAD_BAD, ST_NSTAT_NUMEL, ST_NSTAT_COLUMNS };
 
 /* Fills |out| from a validated config. The typed options are the one
  * reader of config keys: the rest of strata (trainer, checkpoints, faults,
@@ -135,6 +149,11 @@ enum {
   ST_TAG_EVAL_MASK,
   ST_TAG_EVAL_LOSS,
   ST_TAG_SCHEDULE, /* HOST: lr and gscale before the backward (sched.optimizer=per_layer) */
+  /* READ, diag.numerics: a group instance's adamw_stats (micro = the
+   * instance), a block's output and its input gradient's act_stats. */
+  ST_TAG_NUM_OPT,
+  ST_TAG_NUM_OUT,
+  ST_TAG_NUM_DX,
   /* READ: ST_TAG_METRIC + s is the block metric st_train_block_metrics
    * lists s-th (docs/bundle.md, "Block metrics"); keep it last. */
   ST_TAG_METRIC,
@@ -327,6 +346,22 @@ void st_train_sampler_destroy(st_train_sampler* sampler); /* NULL is a no-op */
  * checkpoint that does not verify or tensors of another model, 4
  * bundle/runtime. */
 st_status st_train_sample_main(const char* path, const char* prompt, const st_train_sample_options* options);
+
+/* `strata repro DIR` (src/train/repro.c, docs/diagnostics.md): the program
+ * of a non-finite bundle (<run>/diag/nonfinite-step<N>/) replayed alone on
+ * its saved inputs, twice, on the runtime of the bundle's config.yaml. */
+typedef struct st_repro_result {
+  char program[128], output[64]; /* the recorded program and output */
+  int runs, runs_nonfinite;       /* replays, and those whose output had a non-finite element */
+  int64_t nonfinite, elements;    /* the most non-finite elements of one replay, of so many */
+  bool reproduces;                /* every replay was non-finite: deterministic */
+  bool repeatable;                /* the replays' outputs were bitwise equal */
+  bool injected;                  /* faults.nan_at put the value there: the replay puts it there again */
+  int injected_value;             /* faults.nan_value: 0 nan, 1 inf, 2 max */
+} st_repro_result;
+/* Errors: DIR not a bundle, a file missing, altered (sha256) or malformed:
+ * ST_CODE_CONFIG (exit 2); runtime or compile: exit 4. */
+st_status st_train_repro(const char* dir, st_repro_result* out);
 
 /* Runs `strata train`: the whole lifecycle. Prints the run directory. */
 st_status st_train_main(const st_config* config);

@@ -115,6 +115,11 @@ def program_tables(cfg: ModelConfig, names: set[str], fsdp: int = 1, tensor: int
     groups = [{"name": g, "params": list(M.group_param_names(cfg, g)),
                "programs": {"accum": f"accum_{g}", "sqnorm": f"sqnorm_{g}", "adamw": f"adamw_{g}"}}
               for g in gnames]
+    if fsdp == 1 and tensor == 1:  # diag.numerics (docs/diagnostics.md): one device only
+        for g in groups:
+            g["programs"]["adamw_stats"] = f"adamw_stats_{g['name']}"
+        for row in layers:
+            row["programs"]["act_stats"] = "act_stats"
     if tensor > 1 and fsdp == 1:  # fsdp x tensor has no optimizer programs yet (tensor_parallel.optimizer_programs)
         groups[gnames.index("block")]["programs"] = {"accum": f"accum_block_tp{tensor}", "sqnorm": "tp_sqnorm_block",
                                                      "adamw": "tp_adamw_block"}

@@ -146,7 +146,71 @@ def build_programs(cfg: ModelConfig) -> list[Program]:
         progs += _group_programs(cfg, g)
     progs += [p for k in kinds for p in (k["fwd_res"], k["bwd_res"])]
     progs += sample_programs(cfg, kinds)
+    progs += numerics_programs(cfg)
     return progs
+
+
+# Columns of the adamw_stats_<group> programs' "stats" output, one row per
+# parameter (docs/diagnostics.md, "What is measured"): the parameter after
+# the update, the update applied (new - old) and the gradient as it came in.
+NUMERICS_COLUMNS = ("param_sumsq", "update_sumsq", "update_maxabs", "update_nonfinite",
+                    "grad_sumsq", "grad_maxabs", "grad_nonfinite", "numel")
+# Columns of act_stats's output.
+ACT_STATS_COLUMNS = ("sumsq", "maxabs", "nonfinite")
+
+
+def tensor_stats(a: Array) -> tuple[Array, Array, Array]:
+    """Sum of squares and largest |x| of the finite elements, and the count
+    of the others, f32: one NaN leaves the first two readable (XLA's max
+    does not reliably propagate NaN either) and is counted."""
+    a = a.astype(jnp.float32)
+    ok = jnp.isfinite(a)
+    f = jnp.where(ok, a, 0.0)
+    return (jnp.sum(f * f), jnp.max(jnp.abs(f)), jnp.sum(jnp.logical_not(ok)).astype(jnp.float32))
+
+
+def numerics_programs(cfg: ModelConfig) -> list[Program]:
+    """diag.numerics (docs/diagnostics.md): act_stats(x) -> f32[3] for a
+    block's output or input gradient, and per group adamw_stats_<group>:
+    adamw_<group> that also returns f32[n, 8] (NUMERICS_COLUMNS) of its n
+    parameters. One device only (no fsdp or tensor variants)."""
+    mb, T, D = cfg.microbatch_size, cfg.seq_len, cfg.d_model
+
+    def act_stats(x: Array) -> tuple[Array, ...]:
+        return (jnp.stack(tensor_stats(x)),)
+
+    progs = [Program("act_stats", act_stats, [TensorSpec("x", (mb, T, D), "f32", "activation")],
+                     [TensorSpec("stats", (len(ACT_STATS_COLUMNS),), "f32", "metric")])]
+    for g in groups_of(cfg):
+        progs.append(_adamw_stats(cfg, g))
+    return progs
+
+
+def _adamw_stats(cfg: ModelConfig, group: str) -> Program:
+    names = M.group_param_names(cfg, group)
+    n = len(names)
+    decay = [len(M.param_shape(cfg, p, group)) >= 2 for p in names]
+
+    def adamw_stats(*args: Array) -> tuple[Array, ...]:
+        p, g, m, v = args[:n], args[n:2 * n], args[2 * n:3 * n], args[3 * n:4 * n]
+        step, lr, gscale, hyper = args[4 * n:]
+        new_p, new_m, new_v = adamw_update(p, g, m, v, decay, step, lr, gscale, hyper)
+        rows = []
+        for old, new, gi in zip(p, new_p, g, strict=True):
+            u_sq, u_max, u_bad = tensor_stats(new - old)
+            g_sq, g_max, g_bad = tensor_stats(gi)
+            p_sq = tensor_stats(new)[0]
+            rows.append(jnp.stack([p_sq, u_sq, u_max, u_bad, g_sq, g_max, g_bad, jnp.float32(new.size)]))
+        return tuple(new_p) + tuple(new_m) + tuple(new_v) + (jnp.stack(rows),)
+
+    params = _specs(cfg, names, "param", group=group)
+    grads = _specs(cfg, names, "grad", "grad_", group=group)
+    m = _specs(cfg, names, "opt_m", "m_", group=group)
+    v = _specs(cfg, names, "opt_v", "v_", group=group)
+    scalars = [_scalar("step"), _scalar("lr"), _scalar("gscale"), TensorSpec("hyper", (4,), "f32", "scalar")]
+    stats = TensorSpec("stats", (n, len(NUMERICS_COLUMNS)), "f32", "metric")
+    return Program(f"adamw_stats_{group}", adamw_stats, params + grads + m + v + scalars, params + m + v + [stats],
+                   tuple(range(n)) + tuple(range(2 * n, 4 * n)))
 
 
 def kind_roles(cfg: ModelConfig, kind: object) -> dict[str, str]:

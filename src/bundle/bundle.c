@@ -144,6 +144,7 @@ static st_status st__stage_from_json(const st_bundle* b, const json_t* sj, const
   ST_RETURN(st__role_program(b, progs, "prefill", where, &out->prefill));
   ST_RETURN(st__role_program(b, progs, "decode", where, &out->decode));
   ST_RETURN(st__role_program(b, progs, "logits", where, &out->logits));
+  ST_RETURN(st__role_program(b, progs, "act_stats", where, &out->act_stats));
   char role[16];
   for (const char* r = required; *r;) {
     size_t n = strcspn(r, " ");
@@ -167,6 +168,7 @@ static st_status st__tables_parse(st_bundle* b, const json_t* root, const char* 
     ST_RETURN(st__role_program(b, progs, "accum", where, &g->accum));
     ST_RETURN(st__role_program(b, progs, "sqnorm", where, &g->sqnorm));
     ST_RETURN(st__role_program(b, progs, "adamw", where, &g->adamw));
+    ST_RETURN(st__role_program(b, progs, "adamw_stats", where, &g->adamw_stats));
     if (!g->accum || !g->sqnorm || !g->adamw)
       return st_status_make(ST_CODE_RUNTIME, "%s: programs needs accum, sqnorm and adamw", where);
     const json_t* shard = json_object_get(json_array_get(groups, (size_t)i), "shard_programs");

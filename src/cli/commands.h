@@ -21,6 +21,7 @@ int st_cli_make_report(int argc, char** argv); /* `strata report` (st_cli_report
 int st_cli_analyze(int argc, char** argv);
 int st_cli_eval(int argc, char** argv);
 int st_cli_sample(int argc, char** argv);
+int st_cli_repro(int argc, char** argv);
 
 /* Prints "strata: <class>: <message>" to stderr and returns the exit code. */
 int st_cli_report(st_status status);

@@ -201,7 +201,14 @@ static const st__cfg_key kKeys[] = {
      .doc = "Drill: fire faults in every attempt; default: each fires once per run directory (diag/faults.fired)."},
     {"faults.hang_in", ST__CFG_STRING, "",
      .doc = "Drill: PROGRAM or PROGRAM:STEP: the first launch of that program (at step STEP) blocks forever inside the "
-            "launch (until a stop signal); a program no plan runs is refused (exit 2); empty: off."},
+            "launch (until a stop signal); a program no plan runs is refused (exit 2); empty: off."},    {"faults.nan_at", ST__CFG_STRING, "",
+     .doc = "Drill: STEP:LAYER[:TENSOR] puts a NaN into the first element of layer LAYER's forward output TENSOR "
+            "(default: y) in step STEP, microbatch faults.nan_micro (docs/diagnostics.md); empty: off."},
+    {"faults.nan_micro", ST__CFG_INT, "0", .lo = 0, .hi = 1000000,
+     .doc = "Drill: the microbatch (from 0) faults.nan_at poisons."},
+    {"faults.nan_value", ST__CFG_ENUM, "nan", .choices = "nan|inf|max",
+     .doc = "Drill: what faults.nan_at puts there: NaN, +inf, or the largest finite f32 (3.4e38), which a later "
+            "program turns into a non-finite value itself."},
 
     {"diag.hang_timeout_s", ST__CFG_FLOAT, "0", .lo = 0, .hi = 604800,
      .doc = "Hang watchdog in the trainer: an op, compile, checkpoint write or step running longer than max(floor, "
@@ -219,6 +226,18 @@ static const st__cfg_key kKeys[] = {
             "losses is a loss_spike event with the batch's sample indices; 0: off."},
     {"diag.spike_window", ST__CFG_INT, "50", .lo = 2, .hi = 1000000,
      .doc = "Loss spikes: how many recent losses the z-score is taken over (a verdict needs at least min(10, window))."},
+    {"diag.on_nonfinite", ST__CFG_ENUM, "stop", .choices = "stop|skip|rollback",
+     .doc = "A non-finite loss or gradient norm: stop (exit 5, not restarted by strata run), skip (drop the step's "
+            "update and go on) or rollback (restore the newest checkpoint and skip the data since; "
+            "docs/diagnostics.md)."},
+    {"diag.max_skipped", ST__CFG_INT, "10", .lo = 0, .hi = 100000000,
+     .doc = "diag.on_nonfinite=skip: steps a run may skip; one more stops it with exit 5."},
+    {"diag.max_rollbacks", ST__CFG_INT, "3", .lo = 0, .hi = 1000000,
+     .doc = "diag.on_nonfinite=rollback: rollbacks a run may make; one more stops it with exit 5."},
+    {"diag.numerics", ST__CFG_ENUM, "off", .choices = "off|step|layer",
+     .doc = "Numerics health in metrics.jsonl: step (parameter and update norms, their ratio), layer (also per layer "
+            "the RMS, largest |x| and non-finite count of block outputs, input gradients, parameter gradients and "
+            "updates; docs/diagnostics.md). Needs parallel.fsdp=1 and parallel.tensor=1."},
 };
 
 static const st__cfg_section kSections[] = {
@@ -236,7 +255,7 @@ static const st__cfg_section kSections[] = {
     {"ckpt", "Checkpoints: cadence, retention, failure policy (docs/checkpoints.md)."},
     {"recovery", "The supervisor (strata run): restarts, backoff, hang timeout."},
     {"faults", "Fault injection for recovery drills; all off by default."},
-    {"diag", "Diagnostics: the hang watchdog, loss spikes (docs/diagnostics.md)."},
+    {"diag", "Diagnostics: what a non-finite loss or gradient does, numerics health, the hang watchdog, loss spikes (docs/diagnostics.md)."},
 };
 
 static const st__cfg_env kEnvs[] = {
@@ -389,6 +408,42 @@ static st_status st__rule_per_layer(const st_config* c) {
   return s;
 }
 
+static st_status st__rule_nan_at(const st_config* c) {
+  int64_t step = 0;
+  int layer = 0;
+  st_status s = st_config_nan_at_parse(st_config_string(c, "faults.nan_at"), &step, &layer, NULL, 0);
+  if (!s && step > st_config_int(c, "train.steps"))
+    s = st_status_make(ST_CODE_CONFIG, "faults.nan_at names step %lld, but train.steps is %lld (%s)", (long long)step,
+                       (long long)st_config_int(c, "train.steps"), st_config_source(c, "train.steps"));
+  if (!s && step > 0 && layer >= st_config_int(c, "model.n_layers"))
+    s = st_status_make(ST_CODE_CONFIG, "faults.nan_at names layer %d, but model.n_layers is %lld (%s); layers count from 0",
+                       layer, (long long)st_config_int(c, "model.n_layers"), st_config_source(c, "model.n_layers"));
+  if (!s && step > 0 && st_config_int(c, "faults.nan_micro") >= st_config_int(c, "train.microbatches"))
+    s = st_status_make(ST_CODE_CONFIG, "faults.nan_micro (%s) is %lld, but train.microbatches is %lld; microbatches count from 0",
+                       st_config_source(c, "faults.nan_micro"), (long long)st_config_int(c, "faults.nan_micro"),
+                       (long long)st_config_int(c, "train.microbatches"));
+  if (s) s = st_status_annotate(s, "faults.nan_at (%s)", st_config_source(c, "faults.nan_at"));
+  return s;
+}
+
+static st_status st__rule_numerics(const st_config* c) {
+  if (!strcmp(st_config_string(c, "diag.numerics"), "off")) return ST_OK;
+  if (st_config_int(c, "parallel.fsdp") <= 1 && st_config_int(c, "parallel.tensor") <= 1) return ST_OK;
+  return st_status_make(ST_CODE_CONFIG,
+                        "diag.numerics=%s (%s) has statistics programs for one device's whole tensors only; with "
+                        "parallel.fsdp=%lld and parallel.tensor=%lld set diag.numerics=off",
+                        st_config_string(c, "diag.numerics"), st_config_source(c, "diag.numerics"),
+                        (long long)st_config_int(c, "parallel.fsdp"), (long long)st_config_int(c, "parallel.tensor"));
+}
+
+static st_status st__rule_skip(const st_config* c) {
+  st_status s = st_config_check_skip_per_layer(!strcmp(st_config_string(c, "diag.on_nonfinite"), "skip"),
+                                               !strcmp(st_config_string(c, "sched.optimizer"), "per_layer"));
+  if (s) s = st_status_annotate(s, "diag.on_nonfinite (%s), sched.optimizer (%s)", st_config_source(c, "diag.on_nonfinite"),
+                                st_config_source(c, "sched.optimizer"));
+  return s;
+}
+
 /* Per-layer updates need each layer's reduced gradient the moment it is
  * final, which bucketed reduction postpones. */
 static st_status st__rule_grad_reduce(const st_config* c) {
@@ -509,6 +564,11 @@ static const st__cfg_rule kRules[] = {
      st__rule_per_layer},
     {"sched.optimizer=per_layer with parallel.data > 1 needs sched.grad_reduce=per_layer.", st__rule_grad_reduce},
     {"trace.steps are step numbers from 1 to train.steps.", st__rule_trace_steps},
+    {"faults.nan_at is empty or STEP:LAYER[:TENSOR] with STEP at most train.steps, LAYER below model.n_layers and "
+     "faults.nan_micro below train.microbatches.",
+     st__rule_nan_at},
+    {"diag.on_nonfinite=skip needs sched.optimizer=after_backward.", st__rule_skip},
+    {"diag.numerics other than off needs parallel.fsdp=1 and parallel.tensor=1.", st__rule_numerics},
     {"run.id is empty or a plain name: letters, digits, '.', '_' and '-', at most 128, not starting with '.'.",
      st__rule_run_id},
     {"parallel.data x parallel.fsdp x parallel.tensor is at most runtime.cpu_devices; model.n_heads, "

@@ -5,6 +5,7 @@
  * config file. Nothing here depends on a module above config. */
 #include <ctype.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,5 +93,47 @@ st_status st_config_check_per_layer_clip(bool per_layer, double grad_clip) {
                           "sched.optimizer=per_layer updates each layer before the global gradient norm is known, so it "
                           "cannot clip (train.grad_clip is %g); set train.grad_clip=0 or sched.optimizer=after_backward",
                           grad_clip);
+  return ST_OK;
+}
+
+st_status st_config_nan_at_parse(const char* spec, int64_t* out_step, int* out_layer, char* out_tensor, size_t tensor_size) {
+  if (out_step) *out_step = 0;
+  if (out_layer) *out_layer = 0;
+  if (out_tensor && tensor_size) out_tensor[0] = '\0';
+  if (!spec || !spec[0]) return ST_OK;
+#define ST__NAN_HELP "expected STEP:LAYER or STEP:LAYER:TENSOR, e.g. 7:2 or 7:2:y (STEP from 1, LAYER from 0)"
+  const char* p = spec;
+  char* end = NULL;
+  errno = 0;
+  long long step = isdigit((unsigned char)*p) ? strtoll(p, &end, 10) : -1;
+  if (step < 1 || errno || !end || *end != ':')
+    return st_status_make(ST_CODE_CONFIG, "faults.nan_at '%s': STEP must be a whole number >= 1; " ST__NAN_HELP, spec);
+  p = end + 1;
+  errno = 0;
+  long layer = isdigit((unsigned char)*p) ? strtol(p, &end, 10) : -1;
+  if (layer < 0 || layer > 1000000 || errno || !end || (*end && *end != ':'))
+    return st_status_make(ST_CODE_CONFIG, "faults.nan_at '%s': LAYER must be a whole number >= 0; " ST__NAN_HELP, spec);
+  const char* tensor = *end == ':' ? end + 1 : "";
+  if (*end == ':' && !*tensor)
+    return st_status_make(ST_CODE_CONFIG, "faults.nan_at '%s': empty TENSOR after the second ':'; " ST__NAN_HELP, spec);
+  for (const char* q = tensor; *q; ++q)
+    if (!isalnum((unsigned char)*q) && *q != '_' && *q != '.')
+      return st_status_make(ST_CODE_CONFIG, "faults.nan_at '%s': TENSOR is an output name (letters, digits, '_', '.'); " ST__NAN_HELP,
+                            spec);
+  if (strlen(tensor) >= 64)
+    return st_status_make(ST_CODE_CONFIG, "faults.nan_at '%s': TENSOR is longer than 63 characters", spec);
+#undef ST__NAN_HELP
+  if (out_step) *out_step = step;
+  if (out_layer) *out_layer = (int)layer;
+  if (out_tensor && tensor_size) snprintf(out_tensor, tensor_size, "%s", tensor);
+  return ST_OK;
+}
+
+st_status st_config_check_skip_per_layer(bool skip, bool per_layer) {
+  if (skip && per_layer)
+    return st_status_make(ST_CODE_CONFIG,
+                          "diag.on_nonfinite=skip drops a step's update once the gradient norm is known, but "
+                          "sched.optimizer=per_layer has updated every layer by then; use diag.on_nonfinite=rollback or "
+                          "stop, or sched.optimizer=after_backward");
   return ST_OK;
 }

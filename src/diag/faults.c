@@ -22,14 +22,19 @@
 #include "strata/diag.h"
 #include "strata/obs.h"
 
-enum { F_CRASH_STEP, F_CRASH_SAVE, F_CORRUPT, F_IO_ERROR, F_HANG, F_HANG_SAVE, F_COUNT };
+enum { F_CRASH_STEP, F_CRASH_SAVE, F_CORRUPT, F_IO_ERROR, F_HANG, F_HANG_SAVE,
+       F_NAN,
+       F_COUNT };
 static const char* const kNames[F_COUNT] = {"crash_at_step",    "crash_in_save", "corrupt_latest",
-                                            "io_error_at_save", "hang_at_step",  "hang_in_save"};
+                                            "io_error_at_save", "hang_at_step",  "hang_in_save",
+                                            "nan_at"};
 
 struct st_faults {
   int64_t at[F_COUNT]; /* 0 = off (or disarmed) */
   int io_errno;
   bool repeat;
+  int nan_layer, nan_micro, nan_value;
+  char nan_tensor[64];
   char* fired_path;
   st_runlog* log;
   atomic_int saves; /* saves begun by this process */
@@ -56,7 +61,12 @@ st_status st_faults_create(const st_faults_options* o, const char* run_dir, st_f
   *out = NULL;
   st_faults* f = st_xcalloc(1, sizeof(*f));
   const int64_t at[F_COUNT] = {o->crash_at_step,    o->crash_in_save, o->corrupt_latest,
-                               o->io_error_at_save, o->hang_at_step,  o->hang_in_save};
+                               o->io_error_at_save, o->hang_at_step,  o->hang_in_save,
+                               o->nan_at_step};
+  f->nan_layer = o->nan_layer;
+  f->nan_micro = o->nan_micro;
+  f->nan_value = o->nan_value;
+  snprintf(f->nan_tensor, sizeof(f->nan_tensor), "%s", o->nan_tensor);
   for (int i = 0; i < F_COUNT; ++i) f->at[i] = at[i];
   f->io_errno = o->io_errno ? o->io_errno : ENOSPC;
   f->repeat = o->repeat;
@@ -79,6 +89,8 @@ st_status st_faults_create(const st_faults_options* o, const char* run_dir, st_f
     }
     st_strbuf_printf(b, "%s%s=%lld", b->len ? ", " : "", kNames[i], (long long)f->at[i]);
     if (i == F_IO_ERROR) st_strbuf_printf(b, " (%s)", f->io_errno == EIO ? "EIO" : "ENOSPC");
+    if (i == F_NAN)
+      st_strbuf_printf(b, ":%d%s%s microbatch %d", f->nan_layer, f->nan_tensor[0] ? ":" : "", f->nan_tensor, f->nan_micro);
   }
   if (o->hang_in && o->hang_in[0]) {
     /* "PROGRAM" or "PROGRAM:STEP" (the schema checked the syntax). */
@@ -193,6 +205,18 @@ void st_faults_in_launch(st_faults* f, const char* program, int64_t step, int la
     struct timespec ts = {0, 20 * 1000 * 1000};
     nanosleep(&ts, NULL);
   }
+}
+
+bool st_faults_nan_fire(st_faults* f, int64_t step, int layer, int micro, const char** out_tensor) {
+  if (!f || !f->at[F_NAN] || step != f->at[F_NAN] || layer != f->nan_layer || micro != f->nan_micro) return false;
+  char d[256];
+  snprintf(d, sizeof(d), "%s into the first element of layer %d's forward output %s, microbatch %d",
+           f->nan_value == 1 ? "+inf" : f->nan_value == 2 ? "3.4e38 (the largest finite f32)" : "NaN", layer,
+           f->nan_tensor[0] ? f->nan_tensor : "y", micro);
+  st__fire(f, F_NAN, step, d);
+  if (!f->repeat) f->at[F_NAN] = 0;
+  if (out_tensor) *out_tensor = f->nan_tensor;
+  return true;
 }
 
 st_status st_faults_corrupt_checkpoint(const char* dir, char** out_file) {

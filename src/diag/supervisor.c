@@ -546,14 +546,20 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
                       "(continue with strata resume %s)\n", S.dir);
       break;
     }
-    if (code == 2 || code == 3) {
+    if (code == 2 || code == 3 || code == 5) {
+      /* Exit 5 (a non-finite loss or gradient norm that diag.on_nonfinite
+       * did not absorb) is a numeric fault of the run, not a crash: a
+       * restart resumes the same state on the same data and meets it again. */
+      const char* what = code == 2 ? "config" : code == 3 ? "data" : "non-finite numerics";
       S.outcome = "not_restartable";
       json_t* f = st_json_obj();
       st_json_put_int(f, "exit_code", code);
-      st_json_put_str(f, "reason", code == 2 ? "config error: a restart would fail the same way"
-                                             : "data error: a restart would fail the same way");
+      st_json_put_str(f, "reason", code == 2   ? "config error: a restart would fail the same way"
+                                   : code == 3 ? "data error: a restart would fail the same way"
+                                               : "non-finite numerics (diag.on_nonfinite): a restart would resume the same "
+                                                 "state and data and fail the same way");
       st__event(&S, "giving_up", f);
-      fprintf(stderr, "strata run: the trainer exited %d (%s error); not restarting\n", code, code == 2 ? "config" : "data");
+      fprintf(stderr, "strata run: the trainer exited %d (%s error); not restarting\n", code, what);
       break;
     }
     /* An incident. */

@@ -53,6 +53,8 @@ struct st_executor {
    * complete_s and count down |pending| under |mu|. */
   pthread_mutex_t mu;
   pthread_cond_t cv;
+  bool skip_launches; /* st_executor_skip_launches: this run issues no more programs */
+  const st_executor_hooks* hooks; /* of the run in progress (borrowed) */
   int pending;
   st_executor_monitor monitor; /* zero: none */
   st_status cb_error; /* first error reported by a callback */
@@ -455,6 +457,9 @@ static st_status st__launch(st_executor* ex, int index, const st_op* op) {
                               plan->programs[op->program], op->layer, plan->slots[op->inputs[j]].name, d);
     }
     st_event* done = NULL;
+    if (ex->hooks && ex->hooks->launching)
+      ST_RETURN_IF_ERROR(ex->hooks->launching(ex->hooks->user, op, d, ex->in), "before launching %s (layer %d, microbatch %d)",
+                         plan->programs[op->program], op->layer, op->micro);
     st__mon_issue(ex, index, d);
     ex->dev_issue[(size_t)index * (size_t)ex->ndev + (size_t)d] = st_now() - ex->t0;
     st_status s = st_program_execute(prog, ex->device + d, ex->in, op->input_count, ex->out, op->output_count, &done);
@@ -462,13 +467,22 @@ static st_status st__launch(st_executor* ex, int index, const st_op* op) {
       return st_status_annotate(s, "launching %s (layer %d, microbatch %d, device %d)", plan->programs[op->program],
                                 op->layer, op->micro, ex->device + d);
     }
+    /* The hook's error is returned once the outputs are in their slots
+     * (then freed with the executor, not leaked). */
+    st_status hs = ex->hooks && ex->hooks->launched ? ex->hooks->launched(ex->hooks->user, op, d, ex->out) : ST_OK;
     /* Donated inputs now hold nothing: drop them from their slots before the
      * outputs (which alias them) take their place. */
     for (int j = 0; j < op->input_count; ++j) {
       if (st_buffer_is_consumed(ex->in[j])) st__slot_put(ex, op->inputs[j], d, NULL);
     }
     for (int j = 0; j < op->output_count; ++j) st__slot_put(ex, op->outputs[j], d, ex->out[j]);
-    ST_RETURN(st__track(ex, index, d, done));
+    st_status ts = st__track(ex, index, d, done);
+    if (hs) {
+      st_status_free(ts);
+      return st_status_annotate(hs, "after launching %s (layer %d, microbatch %d)", plan->programs[op->program], op->layer,
+                                op->micro);
+    }
+    ST_RETURN(ts);
   }
   ex->stats.launches++;
   if (op->kind == ST_OP_RECOMPUTE) ex->stats.recomputes++;
@@ -571,6 +585,14 @@ static st_status st__spmd_barrier(st_executor* ex, int i) {
 static st_status st__run_op(st_executor* ex, const st_executor_hooks* hooks, int i) {
   const st_plan* plan = ex->plan;
   const st_op* op = &plan->ops[i];
+  if (ex->skip_launches) {
+    /* st_executor_skip_launches: programs are not issued; what reads or
+     * moves their outputs finds an empty slot and does nothing. */
+    if (st__is_program_op(op->kind)) return ST_OK;
+    if (op->kind == ST_OP_READ || op->kind == ST_OP_D2H)
+      for (int j = 0; j < op->input_count; ++j)
+        if (!ST__SLOT(ex, op->inputs[j], 0)) return ST_OK;
+  }
   if (plan->serialize_spmd && st__is_spmd_op(ex, op)) ST_RETURN(st__spmd_barrier(ex, i));
   switch (op->kind) {
     case ST_OP_LAUNCH:
@@ -818,8 +840,13 @@ static void st__derive(st_executor* ex, int ran) {
   free(e);
 }
 
+void st_executor_skip_launches(st_executor* ex) { ex->skip_launches = true; }
+bool st_executor_skipped(const st_executor* ex) { return ex->skip_launches; }
+
 st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
   const st_plan* plan = ex->plan;
+  ex->skip_launches = false;
+  ex->hooks = hooks;
   st__drain(ex);
   st__events_free(ex);
   st_status_free(ex->cb_error);
@@ -875,6 +902,14 @@ st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
   /* Callbacks still reference this run's timings: never return before they
    * have all run, error or not. */
   st__drain(ex);
+  ex->hooks = NULL;
+  /* A run whose launches were skipped leaves what they would have consumed
+   * (gradients, scalars): the next run must start from the persistent
+   * state alone. */
+  if (ex->skip_launches)
+    for (int k = 0; k < plan->slot_count; ++k)
+      if (!plan->slots[k].persistent)
+        for (int d = 0; d < ex->ndev; ++d) st__slot_put(ex, k, d, NULL);
   if (!s && ex->cb_error) {
     s = ex->cb_error;
     ex->cb_error = NULL;

@@ -196,6 +196,23 @@ static void st__on_skip(void* user, const st_ckpt_entry* entry, st_status why) {
   st_status_free(st_runlog_event(c->in.log, "ckpt_skipped", e));
 }
 
+/* Every state tensor of the verified checkpoint |ck| into its slot. */
+static st_status st__load_state(st_train_ckpt* c, st_ckpt* ck) {
+  st_status s = ST_OK;
+  for (int i = 0; i < c->count && !s; ++i) {
+    const st_ckpt_tensor_info* info = NULL;
+    const void* data = st_ckpt_tensor_data(ck, c->names[i], &info);
+    if (!data) {
+      s = st_status_make(ST_CODE_INTERNAL, "%s: verified checkpoint lacks '%s'", ck->dir, c->names[i]);
+      break;
+    }
+    st_buffer* b = NULL;
+    s = st_buffer_from_host(c->in.runtime, 0, &c->types[i], data, &b);
+    if (!s) s = st_executor_put(c->in.executor, c->slots[i], b);
+  }
+  return s;
+}
+
 st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_restored) {
   *out_step = 0;
   *out_restored = false;
@@ -243,17 +260,7 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
   if (!s && ck->step > o->steps)
     s = st_status_make(ST_CODE_CKPT, "%s: is at step %lld, past train.steps=%lld; raise train.steps to continue", ck->dir,
                        (long long)ck->step, (long long)o->steps);
-  for (int i = 0; i < c->count && !s; ++i) {
-    const st_ckpt_tensor_info* info = NULL;
-    const void* data = st_ckpt_tensor_data(ck, c->names[i], &info);
-    if (!data) {
-      s = st_status_make(ST_CODE_INTERNAL, "%s: verified checkpoint lacks '%s'", ck->dir, c->names[i]);
-      break;
-    }
-    st_buffer* b = NULL;
-    s = st_buffer_from_host(c->in.runtime, 0, &c->types[i], data, &b);
-    if (!s) st_executor_set(c->in.executor, c->slots[i], b);
-  }
+  if (!s) s = st__load_state(c, ck);
   if (s) {
     st_ckpt_free(ck);
     return st_status_annotate(s, "restoring");
@@ -315,11 +322,37 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
   return s;
 }
 
+static st_status st__collect(st_train_ckpt* c, bool wait, double* waited_s);
+
+st_status st_train_ckpt_rollback(st_train_ckpt* c, int64_t before_step, int64_t* out_step, char** out_dir) {
+  *out_step = -1;
+  *out_dir = NULL;
+  /* A save in flight may be the newest checkpoint: let it land first. */
+  ST_RETURN(st__collect(c, true, NULL));
+  st_ckpt_expect expect = {c->allow_bundle_change ? NULL : c->key, c->model, c->count, c->names, c->types,
+                           st_dataset_tokenizer_hash(c->in.data)};
+  st_ckpt* ck = NULL;
+  int skipped = 0;
+  ST_RETURN(st_ckpt_find_valid(c->root, &expect, st__on_skip, c, &ck, &skipped));
+  if (!ck) return ST_OK;
+  st_status s = ST_OK;
+  if (ck->step >= before_step)
+    s = st_status_make(ST_CODE_INTERNAL, "rollback before step %lld found %s of step %lld", (long long)before_step, ck->dir,
+                       (long long)ck->step);
+  if (!s) s = st__load_state(c, ck);
+  if (!s) {
+    *out_step = ck->step;
+    *out_dir = st_xstrdup(ck->dir);
+  }
+  st_ckpt_free(ck);
+  return s;
+}
+
+st_faults* st_train_ckpt_faults(st_train_ckpt* c) { return c ? c->faults : NULL; }
+
 /*===-------------------------------------------------------------------===*/
 /* Save                                                                     */
 /*===-------------------------------------------------------------------===*/
-
-static st_status st__collect(st_train_ckpt* c, bool wait, double* waited_s);
 
 void st_train_ckpt_step_ran(st_train_ckpt* c, int64_t step) {
   if (st_faults_fire_at_step(c->faults, step)) st_status_free(st__collect(c, true, NULL));

@@ -60,7 +60,13 @@ st_status st_train_ckpt_save_now(st_train_ckpt* ckpt, int64_t step);
 /* The hang watchdog watches every checkpoint write from here on (borrowed;
  * NULL: none). Set before the first save. */
 void st_train_ckpt_set_watchdog(st_train_ckpt* ckpt, st_watchdog* watchdog);
-/* The run's armed faults (borrowed): faults.hang_in fires in a launch. */
+/* diag.on_nonfinite=rollback: waits for a save in flight, then loads the
+ * newest valid checkpoint (of a step before |before_step|) into the
+ * executor's state slots. *out_step is its step and *out_dir its folder
+ * (caller frees), or -1 and NULL when there is none (nothing changed). */
+st_status st_train_ckpt_rollback(st_train_ckpt* ckpt, int64_t before_step, int64_t* out_step, char** out_dir);
+/* The run's armed faults (borrowed; NULL when |ckpt| is): faults.hang_in
+ * fires in a launch, faults.nan_at in a forward. */
 st_faults* st_train_ckpt_faults(st_train_ckpt* ckpt);
 /* Waits for a save in flight and reports it. NULL is a no-op. */
 void st_train_ckpt_destroy(st_train_ckpt* ckpt);

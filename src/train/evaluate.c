@@ -18,6 +18,8 @@ st_status st__eval_batches(st__trainer* t, double* out_loss) {
   int64_t n_seq = t->o->eval_batches * t->o->batch_size;
   st_dataset_fill(t->data, ST_STREAM_EVAL, 0, n_seq, t->tokens, t->targets, t->mask);
   st_executor_hooks hooks = st__train_hooks(t);
+  hooks.launched = NULL; /* faults.nan_at poisons training steps only */
+  hooks.launching = NULL;
   st_status s = st_executor_run(t->eval_ex, &hooks);
   if (s) return st_status_annotate(s, "evaluation");
   int64_t em = t->o->eval_batches * t->o->microbatches;

@@ -120,6 +120,76 @@ static json_t* st__sig9(double v) {
   return st_json_num(isfinite(r) ? r : v);
 }
 
+/* RMS from a sum of squares over |n| elements; NaN (null) when unknown. */
+static double st__rms(double sumsq, double n) { return n > 0 ? sqrt(sumsq / n) : NAN; }
+
+/* diag.numerics (docs/diagnostics.md, "What is measured"): step level
+ * param_norm, update_norm, update_ratio; layer level one key a statistic,
+ * numerics/<stage>/<tensor>_<stat>, stage embed | layer<l> | head, tensor
+ * out | dx (blocks) | grad | update, stat rms | maxabs | nonfinite.
+ * Nothing of the update when the step's update was dropped. */
+static void st__numerics_metrics(st__trainer* t, json_t* m) {
+  const int numerics = t->o->numerics;
+  if (numerics == ST_NUMERICS_OFF) return;
+  double p_sq = 0, u_sq = 0;
+  bool all = true;
+  for (int i = 0; i < t->n_sq; ++i) {
+    all = all && t->num_opt_read[i];
+    p_sq += t->num_opt[i][ST_NSTAT_PARAM_SQ];
+    u_sq += t->num_opt[i][ST_NSTAT_UPDATE_SQ];
+  }
+  if (all) {
+    st_json_put_num(m, "param_norm", sqrt(p_sq));
+    st_json_put_num(m, "update_norm", sqrt(u_sq));
+    st_json_put_num(m, "update_ratio", p_sq > 0 ? sqrt(u_sq / p_sq) : NAN);
+  }
+  st_json_put_int(m, "skipped_steps", t->skipped_steps);
+  if (numerics < ST_NUMERICS_LAYER) return;
+  /* Gradients as the programs hold them are sums over microbatches (and
+   * data-parallel devices) of means: scaled to the mean, as grad_norm is. */
+  const double gmean = 1.0 / ((double)t->o->microbatches * (double)(t->o->parallel_data > 1 ? t->o->parallel_data : 1));
+  char key[96];
+  for (int s = 0; s < t->n_sq; ++s) {
+    char stage[32];
+    if (s == 0)
+      snprintf(stage, sizeof(stage), "embed");
+    else if (s == t->n_sq - 1)
+      snprintf(stage, sizeof(stage), "head");
+    else
+      snprintf(stage, sizeof(stage), "layer%d", s - 1);
+    if (s > 0 && s < t->n_sq - 1) {
+      const char* what[2] = {"out", "dx"};
+      for (int k = 0; k < 2; ++k) {
+        const double* a = t->num_act[s - 1][k];
+        if (a[3] <= 0) continue;
+        snprintf(key, sizeof(key), "numerics/%s/%s_rms", stage, what[k]);
+        st_json_put_num(m, key, st__rms(a[0], a[3]));
+        snprintf(key, sizeof(key), "numerics/%s/%s_maxabs", stage, what[k]);
+        st_json_put_num(m, key, a[1]);
+        snprintf(key, sizeof(key), "numerics/%s/%s_nonfinite", stage, what[k]);
+        st_json_put_int(m, key, (int64_t)a[2]);
+      }
+    }
+    if (!t->num_opt_read[s]) continue;
+    const double* o = t->num_opt[s];
+    const double n = o[ST_NSTAT_NUMEL];
+    snprintf(key, sizeof(key), "numerics/%s/grad_rms", stage);
+    st_json_put_num(m, key, st__rms(o[ST_NSTAT_GRAD_SQ], n) * gmean);
+    snprintf(key, sizeof(key), "numerics/%s/grad_maxabs", stage);
+    st_json_put_num(m, key, o[ST_NSTAT_GRAD_MAX] * gmean);
+    snprintf(key, sizeof(key), "numerics/%s/grad_nonfinite", stage);
+    st_json_put_int(m, key, (int64_t)o[ST_NSTAT_GRAD_BAD]);
+    snprintf(key, sizeof(key), "numerics/%s/update_rms", stage);
+    st_json_put_num(m, key, st__rms(o[ST_NSTAT_UPDATE_SQ], n));
+    snprintf(key, sizeof(key), "numerics/%s/update_maxabs", stage);
+    st_json_put_num(m, key, o[ST_NSTAT_UPDATE_MAX]);
+    snprintf(key, sizeof(key), "numerics/%s/update_nonfinite", stage);
+    st_json_put_int(m, key, (int64_t)o[ST_NSTAT_UPDATE_BAD]);
+    snprintf(key, sizeof(key), "numerics/%s/param_rms", stage);
+    st_json_put_num(m, key, st__rms(o[ST_NSTAT_PARAM_SQ], n));
+  }
+}
+
 st_status st__step_metrics(st__trainer* t, double loss, double dt) {
   int64_t tokens = t->o->batch_size * t->T;
   const st_executor_stats* es = st_executor_stats_get(t->ex);
@@ -140,6 +210,13 @@ st_status st__step_metrics(st__trainer* t, double loss, double dt) {
   st_json_put_int(m, "launches", es->launches);
   st_json_put(m, "wait_s", st_json_fixed(es->wait_s, 6));
   st_json_put_int(m, "peak_live_bytes", es->peak_live_bytes);
+  if (t->o->nonfinite.policy != ST_NONFINITE_STOP) {
+    /* diag.on_nonfinite: whether this step's update was dropped, and how
+     * many steps' were so far (docs/diagnostics.md). */
+    st_json_put_bool(m, "update_skipped", t->update_dropped);
+    st_json_put_int(m, "skipped_steps", t->skipped_steps);
+  }
+  st__numerics_metrics(t, m);
   /* The blocks' metrics: a scalar's mean over layers, microbatches and
    * devices; a vector's least and largest element (docs/bundle.md, "Block metrics"). */
   for (int s = 0; s < t->n_metrics; ++s) {

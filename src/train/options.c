@@ -150,6 +150,17 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   o->faults.hang_in_save = st_config_int(c, "faults.hang_in_save");
   o->faults.io_errno = !strcmp(st_config_string(c, "faults.io_error"), "EIO") ? EIO : ENOSPC;
   o->faults.repeat = st_config_bool(c, "faults.repeat");
+  ST_RETURN(st_config_nan_at_parse(st_config_string(c, "faults.nan_at"), &o->faults.nan_at_step, &o->faults.nan_layer,
+                                   o->faults.nan_tensor, sizeof(o->faults.nan_tensor)));
+  o->faults.nan_micro = (int)st_config_int(c, "faults.nan_micro");
+  const char* nv = st_config_string(c, "faults.nan_value");
+  o->faults.nan_value = !strcmp(nv, "inf") ? 1 : !strcmp(nv, "max") ? 2 : 0;
+  const char* nf = st_config_string(c, "diag.on_nonfinite");
+  o->nonfinite.policy = !strcmp(nf, "skip") ? ST_NONFINITE_SKIP : !strcmp(nf, "rollback") ? ST_NONFINITE_ROLLBACK : ST_NONFINITE_STOP;
+  o->nonfinite.max_skipped = st_config_int(c, "diag.max_skipped");
+  o->nonfinite.max_rollbacks = st_config_int(c, "diag.max_rollbacks");
+  const char* nm = st_config_string(c, "diag.numerics");
+  o->numerics = !strcmp(nm, "layer") ? ST_NUMERICS_LAYER : !strcmp(nm, "step") ? ST_NUMERICS_STEP : ST_NUMERICS_OFF;
   o->recovery.max_restarts = st_config_int(c, "recovery.max_restarts");
   o->recovery.backoff_s = st_config_float(c, "recovery.backoff_s");
   o->recovery.backoff_max_s = st_config_float(c, "recovery.backoff_max_s");
@@ -172,6 +183,10 @@ void st_train_options_deinit(st_train_options* o) {
   free((void*)o->runtime.cache_dir);
   free(o->trace_steps);
   memset(o, 0, sizeof(*o));
+}
+
+const char* st_train_nonfinite_name(int policy) {
+  return policy == ST_NONFINITE_SKIP ? "skip" : policy == ST_NONFINITE_ROLLBACK ? "rollback" : "stop";
 }
 
 double st_train_lr(const st_train_options* o, int64_t t) {

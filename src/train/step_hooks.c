@@ -2,10 +2,14 @@
  * evaluation: H2D fills the batch, the step number and the optimizer's
  * scalars; READ takes the losses and squared norms back; HOST turns the
  * norms into the clip scale and the learning rate (docs/bundle.md). */
+#include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "strata/base.h"
+#include "strata/diag.h"
 #include "train/train_internal.h"
 
 static st_status st__scalar_buffer(st__trainer* t, int device, float v, st_buffer** out) {
@@ -94,9 +98,64 @@ static st_status st__read_metric(st__trainer* t, int s, st_buffer* b) {
   return st;
 }
 
+/* A largest |x| into a running maximum: NaN wins, so it is seen. */
+static double st__max_nan(double acc, double v) { return isnan(acc) || isnan(v) ? NAN : v > acc ? v : acc; }
+
+/* diag.numerics: adamw_stats of group instance op->micro (device index 0:
+ * parameters and reduced gradients are the same on every device). */
+static st_status st__read_num_opt(st__trainer* t, const st_op* op, int index, st_buffer* b) {
+  int i = op->micro;
+  if (i < 0 || i >= t->n_sq || !t->num_opt) return st_status_make(ST_CODE_INTERNAL, "READ of numerics of instance %d", i);
+  if (index != 0) return ST_OK;
+  const st_tensor_type* type = st_buffer_type(b);
+  int64_t n = st_tensor_type_elements(type);
+  if (type->dtype != ST_DTYPE_F32 || type->rank != 2 || type->dims[1] != ST_NSTAT_COLUMNS)
+    return st_status_make(ST_CODE_INTERNAL, "adamw_stats output is not f32[n, %d]", ST_NSTAT_COLUMNS);
+  float* v = st_xmalloc((size_t)n * sizeof(float));
+  st_status s = st_buffer_to_host(b, v, (size_t)n * sizeof(float));
+  double* acc = t->num_opt[i];
+  for (int c = 0; c < ST_NSTAT_COLUMNS; ++c) acc[c] = 0;
+  for (int64_t r = 0; !s && r < type->dims[0]; ++r)
+    for (int c = 0; c < ST_NSTAT_COLUMNS; ++c) {
+      double x = v[r * ST_NSTAT_COLUMNS + c];
+      acc[c] = c == ST_NSTAT_UPDATE_MAX || c == ST_NSTAT_GRAD_MAX ? st__max_nan(acc[c], x) : acc[c] + x;
+    }
+  if (!s) t->num_opt_read[i] = true;
+  free(v);
+  return s;
+}
+
+/* diag.numerics=layer: act_stats of block op->layer's output or input
+ * gradient; every device's rows count. */
+static st_status st__read_num_act(st__trainer* t, const st_op* op, st_buffer* b) {
+  int l = op->layer;
+  if (l < 0 || l >= t->n_sq - 2 || !t->num_act) return st_status_make(ST_CODE_INTERNAL, "READ of numerics of layer %d", l);
+  float v[3];
+  const st_tensor_type* type = st_buffer_type(b);
+  if (type->dtype != ST_DTYPE_F32 || st_tensor_type_elements(type) != 3)
+    return st_status_make(ST_CODE_INTERNAL, "act_stats output is not f32[3]");
+  ST_RETURN(st_buffer_to_host(b, v, sizeof(v)));
+  double* acc = t->num_act[l][op->tag == ST_TAG_NUM_DX];
+  acc[0] += v[0];
+  acc[1] = st__max_nan(acc[1], v[1]);
+  acc[2] += v[2];
+  acc[3] += (double)(t->mb / st__shares(t)) * (double)t->T * (double)t->bundle->model.d_model;
+  return ST_OK;
+}
+
+void st__numerics_reset(st__trainer* t) {
+  if (t->num_opt) {
+    memset(t->num_opt, 0, (size_t)t->n_sq * sizeof(*t->num_opt));
+    memset(t->num_opt_read, 0, (size_t)t->n_sq * sizeof(bool));
+  }
+  if (t->num_act) memset(t->num_act, 0, (size_t)(t->n_sq - 2) * sizeof(*t->num_act));
+}
+
 static st_status st__read(void* user, const st_op* op, int index, st_buffer* b) {
   st__trainer* t = user;
   if (op->tag >= ST_TAG_METRIC) return st__read_metric(t, op->tag - ST_TAG_METRIC, b);
+  if (op->tag == ST_TAG_NUM_OPT) return st__read_num_opt(t, op, index, b);
+  if (op->tag == ST_TAG_NUM_OUT || op->tag == ST_TAG_NUM_DX) return st__read_num_act(t, op, b);
   float v = 0;
   ST_RETURN(st_buffer_to_host(b, &v, sizeof(v)));
   /* Every device reports its share's loss (a tensor group the same one). */
@@ -144,9 +203,29 @@ static st_status st__host(void* user, const st_op* op) {
    * devices of per-device mean gradients: the mean divides by both. */
   double n_micro = (double)t->o->microbatches * st__data(t);
   t->grad_norm = sqrt(sum) / n_micro;
-  if (!isfinite(t->grad_norm))
-    return st_status_make(ST_CODE_NUMERICS, "step %lld: gradient norm is not finite (%g); stopping before the update", (long long)t->step + 1,
-                          t->grad_norm);
+  /* The losses were read before the norms: either one not finite drops
+   * this step's update (whatever diag.on_nonfinite says next, the state
+   * stays that of the step before, finite), and the trainer applies the
+   * policy once the step returns. With sched.optimizer=per_layer the
+   * update has happened already; only stop or rollback apply. */
+  t->nonfinite = false;
+  for (int64_t m = 0; m < t->o->microbatches && !t->nonfinite; ++m)
+    if (!isfinite(t->losses[m])) {
+      t->nonfinite = true;
+      snprintf(t->nonfinite_what, sizeof(t->nonfinite_what), "loss of microbatch %lld", (long long)m);
+      t->nonfinite_value = t->losses[m];
+    }
+  if (!t->nonfinite && !isfinite(t->grad_norm)) {
+    t->nonfinite = true;
+    snprintf(t->nonfinite_what, sizeof(t->nonfinite_what), "gradient norm");
+    t->nonfinite_value = t->grad_norm;
+  }
+  if (t->nonfinite) {
+    st_executor_skip_launches(t->ex);
+    t->gscale = 0;
+    t->lr = st_train_lr(t->o, t->step + 1);
+    return ST_OK;
+  }
   double clip = 1.0;
   if (t->o->grad_clip > 0) {
     clip = t->o->grad_clip / (t->grad_norm + 1e-6);
@@ -157,6 +236,80 @@ static st_status st__host(void* user, const st_op* op) {
   return ST_OK;
 }
 
+/* faults.nan_at: a NaN into the first element of one output of a layer's
+ * forward (not its recompute) in the armed step and microbatch; the
+ * output is brought to the host, changed and put back as a new buffer.
+ * The checking re-execution of that step (nonfinite.c) injects it again,
+ * where it fired, and then checks every output. */
+static st_status st__inject(st__trainer* t, const st_op* op, st_buffer** outputs) {
+  /* The common case first: no drill in this step. */
+  if (t->checking ? t->nan_fired_step != t->step + 1 : t->o->faults.nan_at_step != t->step + 1) return ST_OK;
+  if (op->kind != ST_OP_LAUNCH || op->layer < 0 || op->layer >= t->bundle->layer_count || op->micro < 0) return ST_OK;
+  const st_bundle_stage* st = &t->bundle->layers[op->layer];
+  const char* name = t->step_plan.programs[op->program];
+  const st_bundle_program* p = st->fwd && !strcmp(name, st->fwd->name) ? st->fwd
+                               : st->fwd_res && !strcmp(name, st->fwd_res->name) ? st->fwd_res
+                                                                                  : NULL;
+  if (!p) return ST_OK;
+  const char* tensor = NULL;
+  if (t->checking) {
+    if (t->nan_fired_step != t->step + 1 || t->nan_fired_layer != op->layer || t->nan_fired_micro != op->micro) return ST_OK;
+    tensor = t->nan_fired_tensor;
+  } else {
+    if (!st_faults_nan_fire(st_train_ckpt_faults(t->ckpt), t->step + 1, op->layer, op->micro, &tensor)) return ST_OK;
+    t->nan_fired_step = t->step + 1;
+    t->nan_fired_layer = op->layer;
+    t->nan_fired_micro = op->micro;
+    snprintf(t->nan_fired_tensor, sizeof(t->nan_fired_tensor), "%s", tensor ? tensor : "");
+  }
+  int k = 0;
+  if (tensor && tensor[0]) {
+    k = -1;
+    for (int j = 0; j < p->output_count && j < op->output_count; ++j)
+      if (!strcmp(p->outputs[j].name, tensor)) k = j;
+    if (k < 0)
+      return st_status_make(ST_CODE_CONFIG, "faults.nan_at: program '%s' has no output '%s'; its outputs are %s%s%s...", p->name,
+                            tensor, p->outputs[0].name, p->output_count > 1 ? ", " : "", p->output_count > 1 ? p->outputs[1].name : "");
+  }
+  snprintf(t->nan_fired_output, sizeof(t->nan_fired_output), "%s", p->outputs[k].name);
+  const st_tensor_type* ty = st_buffer_type(outputs[k]);
+  size_t bytes = st_tensor_type_bytes(ty);
+  if (ty->dtype != ST_DTYPE_F32 && ty->dtype != ST_DTYPE_BF16)
+    return st_status_make(ST_CODE_CONFIG, "faults.nan_at: output '%s' of '%s' is not a float tensor", p->outputs[k].name, p->name);
+  unsigned char* host = st_xmalloc(bytes ? bytes : 1);
+  st_status s = st_buffer_to_host(outputs[k], host, bytes);
+  if (!s) {
+    const int what = t->o->faults.nan_value;
+    if (ty->dtype == ST_DTYPE_F32) {
+      float v = what == 1 ? INFINITY : what == 2 ? FLT_MAX : NAN;
+      memcpy(host, &v, sizeof(v));
+    } else { /* bf16, little-endian: quiet NaN 0x7fc0, +inf 0x7f80, largest finite 0x7f7f */
+      host[0] = what == 1 ? 0x80 : what == 2 ? 0x7f : 0xc0;
+      host[1] = 0x7f;
+    }
+    st_tensor_type copy = *ty;
+    st_buffer* b = NULL;
+    s = st_buffer_from_host(t->runtime, st_buffer_device(outputs[k]), &copy, host, &b);
+    if (!s) {
+      st_buffer_destroy(outputs[k]);
+      outputs[k] = b;
+    }
+  }
+  free(host);
+  return s;
+}
+
+static st_status st__launched(void* user, const st_op* op, int index, st_buffer** outputs) {
+  st__trainer* t = user;
+  if (index == 0) ST_RETURN(st__inject(t, op, outputs));
+  return t->checking ? st__nf_check_outputs(t, op, index, outputs) : ST_OK;
+}
+
+static st_status st__launching(void* user, const st_op* op, int index, st_buffer* const* inputs) {
+  st__trainer* t = user;
+  return t->checking ? st__nf_check_inputs(t, op, index, inputs) : ST_OK;
+}
+
 st_executor_hooks st__train_hooks(st__trainer* t) {
-  return (st_executor_hooks){t, st__h2d, st__read, st__host};
+  return (st_executor_hooks){t, st__h2d, st__read, st__host, st__launched, st__launching};
 }

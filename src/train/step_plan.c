@@ -208,6 +208,14 @@ typedef struct {
   struct st__use* uses; /* every parameter-using launch of the plan, in order */
   int n_uses, use_pos;
   bool* gathered;       /* [n_inst]: its "full:" slots hold the parameters now */
+  /* diag.numerics (docs/diagnostics.md): ST_NUMERICS_*; the statistics
+   * slots launched and not yet read: each instance's adamw_stats, and
+   * (layer) each block output's and input gradient's act_stats with the
+   * READ tag, layer and microbatch they are read with. */
+  int numerics;
+  int* nstat;           /* [n_inst]; -1: none */
+  int* astat;           /* [n_astat * 4]: slot, tag, layer, micro */
+  int n_astat, cap_astat;
 } st__builder;
 
 /* One launch (or a block's recompute and backward) that reads parameters:
@@ -314,6 +322,25 @@ static int st__xfer(st__builder* B, const char* name, const st_tensor_type* t) {
 static void st__launch(st__builder* B, st_op_kind kind, const st_bundle_program* p, int layer, int micro, int n_in,
                        const int* in, int n_out, const int* out) {
   st_plan_add(B->plan, kind, st_plan_program(B->plan, p->name), layer, micro, 0, n_in, in, n_out, out);
+}
+
+/* diag.numerics=layer: act_stats of slot |x| (a block's output or input
+ * gradient), read before the clip (st__read_norms_and_clip). */
+static void st__act_stats(st__builder* B, const st_bundle_program* p, int x, int tag, int layer, int micro) {
+  if (B->numerics < ST_NUMERICS_LAYER || !p) return;
+  char name[160];
+  snprintf(name, sizeof(name), "nstat.%s[%d][%d]", tag == ST_TAG_NUM_OUT ? "out" : "dx", micro, layer);
+  int s = st__xfer(B, name, &p->outputs[0].type);
+  st__launch(B, ST_OP_LAUNCH, p, layer, micro, 1, &x, 1, &s);
+  if (B->n_astat == B->cap_astat) {
+    B->cap_astat = B->cap_astat ? 2 * B->cap_astat : 16;
+    B->astat = st_xrealloc(B->astat, (size_t)B->cap_astat * 4 * sizeof(int));
+  }
+  int* a = B->astat + 4 * B->n_astat++;
+  a[0] = s;
+  a[1] = tag;
+  a[2] = layer;
+  a[3] = micro;
 }
 
 /* Parameters (and with |optimizer|, m and v) first, so slot numbering is
@@ -500,6 +527,7 @@ static void st__forward(st__builder* B, int m, bool eval, st__fwd_out* f) {
       st__launch(B, ST_OP_LAUNCH, fwd_res, l, m, I->count + 1, in, fwd_res->output_count, out);
     }
     st__use_end(B);
+    if (!eval) st__act_stats(B, I->stage->act_stats, y, ST_TAG_NUM_OUT, l, m);
     /* Evaluation keeps nothing for a backward pass. */
     if (eval && S > 0) st_plan_add(B->plan, ST_OP_FREE, -1, l, m, 0, S, out + 1, 0, NULL);
     if (eval) st_plan_add(B->plan, ST_OP_FREE, -1, l, m, 0, 1, &x, 0, NULL);
@@ -561,6 +589,16 @@ static void st__adamw(st__builder* B, int i) {
   for (int k = 0; k < I->count; ++k) out[no++] = in[k];
   for (int k = 0; k < I->count; ++k) out[no++] = in[2 * I->count + k];
   for (int k = 0; k < I->count; ++k) out[no++] = in[3 * I->count + k];
+  const st_bundle_program* stats = B->numerics && B->F == 1 ? I->group->adamw_stats : NULL;
+  if (stats) {
+    /* diag.numerics: the same update, and the group's statistics */
+    char name[160];
+    snprintf(name, sizeof(name), "nstat.opt[%d]", i);
+    B->nstat[i] = out[no++] = st__xfer(B, name, &stats->outputs[stats->output_count - 1].type);
+    st__launch(B, ST_OP_LAUNCH, stats, I->layer, -1, n, in, no, out);
+    st_plan_add(B->plan, ST_OP_FREE, -1, I->layer, -1, 0, I->count, in + I->count, 0, NULL);
+    return;
+  }
   st__launch(B, ST_OP_LAUNCH, B->F > 1 ? I->group->shard_adamw : I->group->adamw, I->layer, -1, n, in, no, out);
   st_plan_add(B->plan, ST_OP_FREE, -1, I->layer, -1, 0, I->count, in + I->count, 0, NULL);
 }
@@ -579,6 +617,12 @@ static void st__scalars(st__builder* B) {
 
 /* READ every squared norm, then the host's clip scale and learning rate. */
 static void st__read_norms_and_clip(st__builder* B) {
+  for (int k = 0; k < B->n_astat; ++k) {
+    const int* a = B->astat + 4 * k;
+    st_plan_add(B->plan, ST_OP_READ, -1, a[2], a[3], a[1], 1, &a[0], 0, NULL);
+    st_plan_add(B->plan, ST_OP_FREE, -1, a[2], a[3], 0, 1, &a[0], 0, NULL);
+  }
+  B->n_astat = 0;
   for (int i = 0; i < B->n_inst; ++i) {
     st_plan_add(B->plan, ST_OP_READ, -1, B->inst[i].layer, i, ST_TAG_SQNORM, 1, &B->sq[i], 0, NULL);
     st_plan_add(B->plan, ST_OP_FREE, -1, B->inst[i].layer, i, 0, 1, &B->sq[i], 0, NULL);
@@ -609,11 +653,22 @@ static void st__nothing_i(st__builder* B, int i) {
 /* after_backward: every gradient is final once the backward is done. All
  * norms are launched before the first read (one wait, not n_inst), the
  * host clips, then AdamW updates every group instance. */
+/* diag.numerics: READ each instance's adamw_stats (after its update). */
+static void st__read_update_stats(st__builder* B) {
+  for (int i = 0; i < B->n_inst; ++i) {
+    if (B->nstat[i] < 0) continue;
+    st_plan_add(B->plan, ST_OP_READ, -1, B->inst[i].layer, i, ST_TAG_NUM_OPT, 1, &B->nstat[i], 0, NULL);
+    st_plan_add(B->plan, ST_OP_FREE, -1, B->inst[i].layer, i, 0, 1, &B->nstat[i], 0, NULL);
+    B->nstat[i] = -1;
+  }
+}
+
 static void st__after_backward_finish(st__builder* B) {
   for (int i = 0; i < B->n_inst; ++i) st__sqnorm(B, i);
   st__read_norms_and_clip(B);
   st__scalars(B);
   for (int i = 0; i < B->n_inst; ++i) st__adamw(B, i);
+  st__read_update_stats(B);
   st_plan_add(B->plan, ST_OP_FREE, -1, -1, -1, 0, 4, B->sc, 0, NULL);
 }
 
@@ -635,6 +690,7 @@ static void st__per_layer_grad_final(st__builder* B, int i) {
 
 static void st__per_layer_finish(st__builder* B) {
   st__read_norms_and_clip(B);
+  st__read_update_stats(B);
   st_plan_add(B->plan, ST_OP_FREE, -1, -1, -1, 0, 4, B->sc, 0, NULL);
 }
 
@@ -785,6 +841,7 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
     out[no++] = dx;
     st__launch(B, ST_OP_LAUNCH, I->stage->bwd_res, l, m, n, in, no, out);
     st__use_end(B);
+    st__act_stats(B, I->stage->act_stats, dx, ST_TAG_NUM_DX, l, m);
     int dead[1 + ST__MAX_RESIDUALS];
     dead[0] = xl;
     for (int r = 0; r < R; ++r) dead[1 + r] = res[r];
@@ -1063,11 +1120,16 @@ static void st__builder_init(st__builder* B, st_plan* plan, const st_bundle* b, 
   st__builder init = {plan, b, inst, n_inst, n_inst - 2, remat, b->model.tie_embeddings, {-1, -1, -1, -1},
                       st_xcalloc((size_t)n_inst, sizeof(int)), pol->bucketed_grad_reduce, pol->grad_bucket_bytes,
                       st_xcalloc((size_t)n_inst, sizeof(int)), 0, 0, F, DATA, TP, pol->gather_prefetch,
-                      pol->reshard_after_forward, NULL, 0, 0, st_xcalloc((size_t)n_inst, sizeof(bool))};
+                      pol->reshard_after_forward, NULL, 0, 0, st_xcalloc((size_t)n_inst, sizeof(bool)),
+                      o->numerics, NULL, NULL, 0, 0};
   *B = init;
+  B->nstat = st_xmalloc((size_t)n_inst * sizeof(int));
+  for (int i = 0; i < n_inst; ++i) B->nstat[i] = -1;
 }
 
 static void st__builder_free(st__builder* B) {
+  free(B->nstat);
+  free(B->astat);
   free(B->uses);
   free(B->gathered);
   free(B->pending);

@@ -64,6 +64,33 @@ typedef struct st__trainer {
   double metric_sum[ST_TRAIN_MAX_METRICS], metric_min[ST_TRAIN_MAX_METRICS], metric_max[ST_TRAIN_MAX_METRICS];
   int64_t metric_reads[ST_TRAIN_MAX_METRICS];
   double grad_norm, gscale, lr;
+  /* diag.on_nonfinite (docs/diagnostics.md): the HOST clip op found a
+   * non-finite loss or gradient norm in this step and skipped its update;
+   * |nonfinite_what| says which ("loss", "gradient norm"). Counts over
+   * this process. */
+  bool nonfinite;
+  char nonfinite_what[64];
+  double nonfinite_value;
+  int64_t skipped_steps, rollbacks;
+  bool update_dropped; /* the step just run changed no state (skip, rollback) */
+  /* diag.numerics (docs/diagnostics.md), this step's, per stage s = 0
+   * embed, 1..L blocks, L+1 head (the instance order): the columns of
+   * adamw_stats summed over the stage's parameters (maxima for the _MAX
+   * columns; NaN stays NaN), whether they were read; and per block its
+   * output's (out) and input gradient's (dx) act_stats over microbatches
+   * and devices: sum of squares, largest |x|, non-finite count, elements. */
+  double (*num_opt)[ST_NSTAT_COLUMNS]; /* [n_sq] */
+  bool* num_opt_read;                  /* [n_sq] */
+  double (*num_act)[2][4];             /* [L][out, dx][sumsq, maxabs, nonfinite, numel] */
+  /* faults.nan_at fired in this process: where (the checking re-execution
+   * injects it again there); step 0 = not fired. */
+  int64_t nan_fired_step;
+  int nan_fired_layer, nan_fired_micro;
+  char nan_fired_tensor[64]; /* as configured ("" = the first output) */
+  char nan_fired_output[64]; /* the output's name */
+  /* The checking re-execution of a non-finite step (nonfinite.c). */
+  bool checking;
+  struct st__check* check;
   st_train_ckpt* ckpt;   /* checkpoints, resume, step faults (checkpoint_io.c) */
   int64_t start_step;    /* steps already done when resuming */
   /* What the end-of-run summary reports (trainer.c, st__summary). */
@@ -109,6 +136,20 @@ void st__summary_peak(const st__trainer* t, double model_gflops);
 
 /* step_hooks.c: forgets the last step's block metrics. */
 void st__metrics_reset(st__trainer* t);
+/* step_hooks.c: forgets the last step's diag.numerics statistics. */
+void st__numerics_reset(st__trainer* t);
+
+/* nonfinite.c (docs/diagnostics.md, "The first non-finite value"): the
+ * executor hooks of the checking re-execution (t->checking), and the
+ * re-execution itself: step t->step + 1 again from the state before it
+ * (its update was dropped), every launch's outputs tested, the first
+ * non-finite one named and its program's inputs, StableHLO, config and
+ * sample indices written to <run>/diag/nonfinite-step<N>/; a
+ * "nonfinite_located" event. *out_dir: that folder (caller frees) or NULL
+ * when the re-execution produced no non-finite value. */
+st_status st__nf_check_inputs(st__trainer* t, const st_op* op, int index, st_buffer* const* inputs);
+st_status st__nf_check_outputs(st__trainer* t, const st_op* op, int index, st_buffer** outputs);
+st_status st__locate_nonfinite(st__trainer* t, char** out_dir);
 
 /* metrics.c: every line the run writes to metrics.jsonl and events.jsonl. */
 /* One events.jsonl line; |fields| (an object, or NULL) is stolen. */

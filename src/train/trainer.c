@@ -448,6 +448,9 @@ static void st__trainer_free(st__trainer* t) {
   free(t->mask);
   free(t->losses);
   free(t->sqnorms);
+  free(t->num_opt);
+  free(t->num_opt_read);
+  free(t->num_act);
 }
 
 /* A stop signal arrived (docs/checkpoints.md, "Stopping a run"): step
@@ -606,6 +609,101 @@ static void st__end_sample(st__trainer* t) {
   fprintf(stderr, "  (sample.txt in the run directory; %.2f s, of which %.2f s compiling)\n", seconds, compile_s);
 }
 
+/* diag.on_nonfinite (docs/diagnostics.md, "Policies"), after step t->step
+ * + 1 found a non-finite loss or gradient norm (|loss| is the step's mean
+ * loss). With sched.optimizer=after_backward the step's update was not
+ * applied (step_hooks.c); per_layer applied it. Returns ST_OK when the run
+ * goes on (skip, rollback), else the exit-5 status; each action is a
+ * "nonfinite" event. */
+static st_status st__nonfinite(st__trainer* t, double loss) {
+  const st_train_options* o = t->o;
+  int64_t step = t->step + 1;
+  if (!t->nonfinite) {
+    snprintf(t->nonfinite_what, sizeof(t->nonfinite_what), "loss");
+    t->nonfinite_value = loss;
+  }
+  bool applied = o->sched.per_layer_optimizer; /* the update happened before the norm was known */
+  int policy = o->nonfinite.policy;
+  const char* stop_why = NULL;
+  char why[160] = "";
+  if (policy == ST_NONFINITE_SKIP && t->skipped_steps + 1 > o->nonfinite.max_skipped) {
+    snprintf(why, sizeof(why), "diag.max_skipped=%lld steps were skipped already", (long long)o->nonfinite.max_skipped);
+    stop_why = why;
+  }
+  if (policy == ST_NONFINITE_ROLLBACK && t->rollbacks + 1 > o->nonfinite.max_rollbacks) {
+    snprintf(why, sizeof(why), "diag.max_rollbacks=%lld rollbacks were made already", (long long)o->nonfinite.max_rollbacks);
+    stop_why = why;
+  }
+  /* Located first, while the state is still the one before the step
+   * (nonfinite.c); per_layer has updated it already. */
+  char* located = NULL;
+  if (!applied) ST_RETURN(st__locate_nonfinite(t, &located));
+  int64_t restored = -1;
+  char* dir = NULL;
+  if (!stop_why && policy == ST_NONFINITE_ROLLBACK) {
+    st_status rs = st_train_ckpt_rollback(t->ckpt, step, &restored, &dir);
+    if (rs) {
+      free(located);
+      return st_status_annotate(rs, "step %lld: rolling back after a non-finite %s", (long long)step, t->nonfinite_what);
+    }
+    if (restored < 0) stop_why = "no checkpoint to roll back to (ckpt.every saves one every N steps)";
+  }
+  json_t* e = st_json_obj();
+  st_json_put_int(e, "step", step);
+  st_json_put_str(e, "what", t->nonfinite_what);
+  st_json_put_num(e, "value", t->nonfinite_value); /* null: NaN or inf */
+  st_json_put_str(e, "value_text", isnan(t->nonfinite_value) ? "nan" : t->nonfinite_value > 0 ? "inf" : "-inf");
+  st_json_put_str(e, "policy", st_train_nonfinite_name(policy));
+  st_json_put_bool(e, "update_applied", applied);
+  /* The batch that led to it: training sequences [first, first + batch_size). */
+  st_json_put_int(e, "first_sample", t->step * o->batch_size);
+  st_json_put_int(e, "samples", o->batch_size);
+  st_json_put(e, "located", located ? st_json_str(located) : json_null());
+  free(located);
+  if (stop_why || policy == ST_NONFINITE_STOP) {
+    st_json_put_str(e, "action", "stop");
+    if (stop_why) st_json_put_str(e, "reason", stop_why);
+    st_status_free(st__event(t, "nonfinite", e));
+    free(dir);
+    return st_status_make(ST_CODE_NUMERICS,
+                          "step %lld: %s is not finite (%s); %s; stopped (diag.on_nonfinite=%s%s%s). Try a lower train.lr, "
+                          "or see docs/diagnostics.md",
+                          (long long)step, t->nonfinite_what, isnan(t->nonfinite_value) ? "nan" : "inf",
+                          applied ? "the update was applied (sched.optimizer=per_layer)" : "the update was not applied",
+                          st_train_nonfinite_name(policy), stop_why ? ": " : "", stop_why ? stop_why : "");
+  }
+  if (policy == ST_NONFINITE_SKIP) {
+    t->skipped_steps++;
+    st_json_put_str(e, "action", "skip");
+    st_json_put_int(e, "skipped_steps", t->skipped_steps);
+    st_json_put_int(e, "max_skipped", o->nonfinite.max_skipped);
+    fprintf(stderr, "strata: step %lld: %s is not finite; its update is dropped (diag.on_nonfinite=skip, %lld of %lld)\n",
+            (long long)step, t->nonfinite_what, (long long)t->skipped_steps, (long long)o->nonfinite.max_skipped);
+  } else {
+    /* PaLM-style: back to the checkpoint, and the batches since it (those
+     * of steps restored+1 .. step) are never trained on: the run goes on
+     * with step + 1's batch, so the step count keeps indexing the data. */
+    t->rollbacks++;
+    t->skipped_steps += step - restored;
+    st_json_put_str(e, "action", "rollback");
+    st_json_put_str(e, "checkpoint", dir);
+    st_json_put_int(e, "restored_step", restored);
+    st_json_put_int(e, "skipped_from_step", restored + 1);
+    st_json_put_int(e, "skipped_to_step", step);
+    st_json_put_int(e, "skipped_first_sample", restored * o->batch_size);
+    st_json_put_int(e, "skipped_samples", (step - restored) * o->batch_size);
+    st_json_put_int(e, "rollbacks", t->rollbacks);
+    st_json_put_int(e, "max_rollbacks", o->nonfinite.max_rollbacks);
+    fprintf(stderr,
+            "strata: step %lld: %s is not finite; rolled back to %s (step %lld); steps %lld..%lld's data is skipped "
+            "(diag.on_nonfinite=rollback, %lld of %lld)\n",
+            (long long)step, t->nonfinite_what, dir, (long long)restored, (long long)restored + 1, (long long)step,
+            (long long)t->rollbacks, (long long)o->nonfinite.max_rollbacks);
+  }
+  free(dir);
+  return st__event(t, "nonfinite", e);
+}
+
 /* The run itself, once everything is compiled. */
 static st_status st__run(st__trainer* t, bool progress) {
   const st_train_options* o = t->o;
@@ -618,6 +716,7 @@ static st_status st__run(st__trainer* t, bool progress) {
     st__watch_step_begin(t);
     st__fill_train_batch(t);
     st__metrics_reset(t);
+    st__numerics_reset(t);
     st_status run = st_executor_run(t->ex, &hooks);
     st__watch_settle(t->watch_step);
     ST_RETURN_IF_ERROR(run, "step %lld", (long long)t->step + 1);
@@ -625,14 +724,21 @@ static st_status st__run(st__trainer* t, bool progress) {
     double loss = 0;
     for (int64_t m = 0; m < o->microbatches; ++m) loss += t->losses[m];
     loss /= (double)o->microbatches;
-    if (!isfinite(loss))
-      return st_status_make(ST_CODE_NUMERICS, "step %lld: loss is not finite (%g); try a lower train.lr", (long long)t->step + 1, loss);
-    last_loss = loss;
+    bool dropped = false;
+    if (t->nonfinite || !isfinite(loss)) {
+      ST_RETURN(st__nonfinite(t, loss));
+      dropped = true;
+    } else {
+      last_loss = loss;
+    }
+    t->update_dropped = dropped;
     double dt = st_now() - t0;
     t->steps_run++;
     t->train_s += dt;
-    t->last_loss = loss;
-    ST_RETURN(st__loss_spike(t, loss));
+    if (!dropped) {
+      t->last_loss = loss;
+      ST_RETURN(st__loss_spike(t, loss));
+    }
     const st_executor_stats* es = st_executor_stats_get(t->ex);
     if (es->peak_live_bytes > t->peak_bytes) t->peak_bytes = es->peak_live_bytes;
     int64_t tokens = o->batch_size * t->T;
@@ -670,6 +776,10 @@ static st_status st__run(st__trainer* t, bool progress) {
   json_t* f = st_json_obj();
   st_json_put_int(f, "steps", o->steps);
   st_json_put(f, "final_loss", st_json_fixed(last_loss, 6)); /* null when not finite */
+  if (o->nonfinite.policy != ST_NONFINITE_STOP) {
+    st_json_put_int(f, "skipped_steps", t->skipped_steps);
+    st_json_put_int(f, "rollbacks", t->rollbacks);
+  }
   st_json_put(f, "seconds", st_json_fixed(st_now() - t_start, 3));
   ST_RETURN(st__event(t, "run_done", f));
   return ST_OK;
@@ -871,6 +981,16 @@ st_status st_train_main(const st_config* cfg) {
     t.n_sq = (int)bundle->model.n_layers + 2;
     t.sqnorms = st_xcalloc((size_t)t.n_sq, sizeof(double));
     t.n_metrics = st_train_block_metrics(bundle, t.metric_names, t.metric_ranks);
+    if (o.numerics != ST_NUMERICS_OFF) {
+      t.num_opt = st_xcalloc((size_t)t.n_sq, sizeof(*t.num_opt));
+      t.num_opt_read = st_xcalloc((size_t)t.n_sq, sizeof(bool));
+      if (o.numerics == ST_NUMERICS_LAYER) t.num_act = st_xcalloc((size_t)t.n_sq, sizeof(*t.num_act));
+      if (!bundle->groups[0].adamw_stats || !bundle->layers[0].act_stats)
+        s = st_status_make(ST_CODE_RUNTIME,
+                           "diag.numerics=%s: bundle %s has no adamw_stats/act_stats programs (exported by an older "
+                           "strata_jax, or for a mesh); re-export it, or set diag.numerics=off",
+                           o.numerics == ST_NUMERICS_LAYER ? "layer" : "step", bundle->dir);
+    }
   }
   if (!s) {
     st_train_ckpt_init ci = {cfg, &o, t.run_dir, bundle, &t.step_plan, t.ex, t.runtime, t.log, t.data};

@@ -27,6 +27,7 @@ EXPECTED_PROGRAMS = [
     "accum_embed", "sqnorm_embed", "adamw_embed", "accum_block", "sqnorm_block", "adamw_block",
     "accum_head", "sqnorm_head", "adamw_head", "block_fwd_res", "block_bwd_res",
     "embed_prefill", "embed_decode", "block_prefill", "block_decode", "head_logits",
+    "act_stats", "adamw_stats_embed", "adamw_stats_block", "adamw_stats_head",
 ]
 
 
@@ -76,10 +77,12 @@ def test_manifest_is_complete(bundles: dict[int, tuple[str, dict[str, Any]]]) ->
             "init": "head_init", "loss": "head_loss", "eval": "head_eval", "logits": "head_logits"}}
         assert all(row["programs"] == {"init": "block_init", "fwd": "block_fwd", "bwd": "block_bwd",
                                        "fwd_res": "block_fwd_res", "bwd_res": "block_bwd_res",
-                                       "prefill": "block_prefill", "decode": "block_decode"}
+                                       "prefill": "block_prefill", "decode": "block_decode",
+                                       "act_stats": "act_stats"}
                    for row in man["layers"])
         assert [g["programs"] for g in man["groups"]] == [
-            {"accum": f"accum_{g}", "sqnorm": f"sqnorm_{g}", "adamw": f"adamw_{g}"} for g in ("embed", "block", "head")]
+            {"accum": f"accum_{g}", "sqnorm": f"sqnorm_{g}", "adamw": f"adamw_{g}", "adamw_stats": f"adamw_stats_{g}"}
+            for g in ("embed", "block", "head")]
         named = [v for t in [man["embed"], man["head"], *man["layers"], *man["groups"]] for v in t["programs"].values()]
         assert set(named) <= {p["name"] for p in man["programs"]}
         assert len({p["name"] for p in man["params"]}) == len(man["params"])

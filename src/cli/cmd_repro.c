@@ -1,0 +1,64 @@
+/* cmd_repro.c — `strata repro DIR [--json]`: replays the program of a
+ * non-finite bundle (<run>/diag/nonfinite-step<N>/) alone on its saved
+ * inputs and says whether the non-finite value reproduces
+ * (docs/diagnostics.md, "Reading a NaN bundle"). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "strata/base.h"
+#include "strata/train.h"
+
+static const char* kUsage =
+    "usage: strata repro DIR [--json]\n"
+    "  DIR: a non-finite bundle, <run>/diag/nonfinite-step<N>/; its program runs alone on its saved inputs, twice,\n"
+    "  on the runtime of its config.yaml; prints \"reproduces\" (every replay's recorded output is non-finite:\n"
+    "  deterministic) or \"does not reproduce\" (transient); exit 0 either way";
+
+int st_cli_repro(int argc, char** argv) {
+  bool json = false;
+  int npos = 0;
+  const char** pos = st_xcalloc((size_t)argc + 1, sizeof(char*));
+  if (st_cli_json_args(argc, argv, kUsage, &json, pos, argc, &npos)) {
+    free(pos);
+    return 0;
+  }
+  if (npos != 1) {
+    free(pos);
+    return st_cli_report(st_status_make(ST_CODE_CONFIG, "%s", kUsage));
+  }
+  st_repro_result r;
+  st_status s = st_train_repro(pos[0], &r);
+  if (!s) {
+    const char* verdict = r.reproduces ? "reproduces" : "does not reproduce";
+    if (json) {
+      json_t* j = st_json_obj();
+      st_json_put_str(j, "dir", pos[0]);
+      st_json_put_str(j, "program", r.program);
+      st_json_put_str(j, "output", r.output);
+      st_json_put_str(j, "verdict", verdict);
+      st_json_put_bool(j, "reproduces", r.reproduces);
+      st_json_put_int(j, "runs", r.runs);
+      st_json_put_int(j, "runs_nonfinite", r.runs_nonfinite);
+      st_json_put_int(j, "nonfinite", r.nonfinite);
+      st_json_put_int(j, "elements", r.elements);
+      st_json_put_bool(j, "bitwise_repeatable", r.repeatable);
+      st_json_put_bool(j, "injected", r.injected);
+      st_json_put(j, "reference", json_null());
+      st_cli_print_json(j, 2);
+      json_decref(j);
+    } else {
+      printf("%s: program %s, output %s: %d of %d replays non-finite (%lld of %lld elements); outputs %s across replays\n",
+             verdict, r.program, r.output, r.runs_nonfinite, r.runs, (long long)r.nonfinite, (long long)r.elements,
+             r.repeatable ? "bitwise equal" : "differ");
+      if (r.injected)
+        printf("note: the value was injected by faults.nan_at (a drill) and is injected again after each replay; the program "
+               "itself did not produce it\n");
+      printf("reference: none (no kernel replaces this XLA program, so there is no other implementation to compare with)\n");
+    }
+  }
+  free(pos);
+  return st_cli_report(s);
+}
