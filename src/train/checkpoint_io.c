@@ -348,8 +348,6 @@ st_status st_train_ckpt_rollback(st_train_ckpt* c, int64_t before_step, int64_t*
   return s;
 }
 
-st_faults* st_train_ckpt_faults(st_train_ckpt* c) { return c ? c->faults : NULL; }
-
 /*===-------------------------------------------------------------------===*/
 /* Save                                                                     */
 /*===-------------------------------------------------------------------===*/
