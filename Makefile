@@ -1,7 +1,7 @@
 # Thin wrapper over CMake and pytest: these targets are what README.md promises.
 #   make run    set up, build, train configs/tiny.yml on the fortunes corpus
 #   make test   set up, build, run every test (C under ASan+UBSan, pytest, e2e)
-.PHONY: setup build build-asan build-portable run test test-c test-py test-e2e bench clean
+.PHONY: setup build build-asan build-portable run test test-c test-py test-e2e test-long bench clean
 
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PY := .venv/bin/python
@@ -42,7 +42,12 @@ test-c:
 	  ctest --output-on-failure -j 1
 
 test-py:
-	@$(PY) -m pytest -q --durations=40 tests/py
+	@$(PY) -m pytest -q --durations=40 -m "not long" tests/py
+
+# The long drills (tests/README.md): what make test leaves out, each with a
+# shorter test of the same thing that make test keeps.
+test-long: build build-portable
+	@$(PY) -m pytest -q --durations=20 -m long tests/py
 
 test-e2e:
 	@tests/e2e/run_all.sh

@@ -12,12 +12,14 @@ failed_names=()
 for t in tests/e2e/test_*.sh; do
   [ -e "$t" ] || continue # no scripts: the glob stays literal
   echo "== $t"
+  start=$SECONDS
   if bash "$t"; then
     passed=$((passed + 1))
   else
     failed=$((failed + 1))
     failed_names+=("$t")
   fi
+  echo "   ($t: $((SECONDS - start)) s)"
 done
 for name in "${failed_names[@]+"${failed_names[@]}"}"; do echo "FAILED: $name"; done
 echo "$passed passed, $failed failed"

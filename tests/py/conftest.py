@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -11,6 +14,38 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+STRATA = os.path.join(ROOT, "build", "strata")
+# The environment strata_jax's command-line tools run in from a test.
+PY_ENV = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "python"), "JAX_PLATFORMS": "cpu"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "long: a long drill run by `make test-long`, not by `make test` (a shorter test of the same "
+        "thing stays in make test; tests/README.md)")
+
+
+def run_ok(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess:
+    """Runs |cmd| in the repository root; a non-zero exit fails the test with its output."""
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, **kw)
+    if r.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}")
+    return r
+
+
+def train_and_reference(config: str, over: list[str], out: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """`strata train CONFIG OVER...` into out/run, and strata_jax.reference_train
+    on the same resolved config and token file into out/ref: the run's
+    metrics.jsonl lines and the reference's losses.json."""
+    if not os.path.exists(STRATA):
+        raise AssertionError(f"{STRATA} is missing: run `make build` first (make test does)")
+    run_ok([STRATA, "train", config, *over, f"run.dir={out / 'run'}"])
+    (out / "config.json").write_text(run_ok([STRATA, "config", "--json", config, *over]).stdout)
+    tokens = run_ok([STRATA, "data", config, *over]).stdout.splitlines()[0]
+    run_ok([sys.executable, "-m", "strata_jax.reference_train", "--config-json", str(out / "config.json"),
+            "--tokens", tokens, "--out", str(out / "ref"), "--quiet"], env=PY_ENV)
+    metrics = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    return metrics, json.loads((out / "ref" / "losses.json").read_text())
 
 TINY_MODEL: dict[str, Any] = {
     "vocab_size": 64, "d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64, "seq_len": 16,

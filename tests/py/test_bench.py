@@ -164,6 +164,16 @@ def test_gpu_fallback_config_matches_strata() -> None:
         assert full["seed"] == mine["seed"] and full["data"]["val_fraction"] == mine["data"]["val_fraction"]
 
 
+def test_gpu_scripts_parse_and_refuse_bad_arguments() -> None:
+    """The short version of the two GPU drills below (make test-long): both
+    scripts parse, and gpu.sh refuses an unknown argument with exit 2."""
+    for name in ("gpu.sh", "gpu_probe.sh"):
+        assert subprocess.run(["bash", "-n", os.path.join(ROOT, "bench", name)]).returncode == 0, name
+    r = subprocess.run([os.path.join(ROOT, "bench", "gpu.sh"), "--bogus"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown argument '--bogus'" in r.stderr
+
+
+@pytest.mark.long
 def test_gpu_script_dry_run(tmp_path: Any) -> None:
     """bench/gpu.sh on CPU (configs/test.yml, bf16): every part runs and the
     report has MFU for all three rows, and the parallel section ran on 4 CPU
@@ -210,6 +220,7 @@ def test_gpu_script_dry_run(tmp_path: Any) -> None:
     assert "| fsdp=2 | reshard_after_forward=false |" in md and "| tensor=2 | default |" in md
 
 
+@pytest.mark.long
 def test_gpu_probe_on_cpu(tmp_path: Any) -> None:
     """bench/gpu_probe.sh with the CPU plugin on a tiny shape: three runs,
     the warm one from the cold one's cache, each with its peak RSS and start-up."""
@@ -231,6 +242,7 @@ def test_gpu_probe_on_cpu(tmp_path: Any) -> None:
     assert res["warm-1thread"]["cache_hits"] > 0 and res["cold-default"]["cache_hits"] == 0
 
 
+@pytest.mark.long
 def test_quick_compile_section_end_to_end(tmp_path: Any) -> None:
     """`bench/run.py --quick --sections compile` with real processes: every
     depth starts cold, then warm, and a depth after another depth exports
@@ -327,6 +339,7 @@ def test_parallel_ratios_and_report() -> None:
     assert "| 1 device |" in md and "| 1 device | default" not in md  # no overlap row without collectives
 
 
+@pytest.mark.long
 def test_quick_parallel_section_end_to_end(tmp_path: Any) -> None:
     """`bench/run.py --quick --sections parallel` with real processes, 4 CPU
     devices: every mesh (1, data=2, fsdp=2, tensor=2) of strata and of the

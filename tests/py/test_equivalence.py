@@ -7,16 +7,11 @@ within rtol 1e-4, final parameters within rtol 1e-3 / atol 1e-5.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STRATA = os.path.join(ROOT, "build", "strata")
+from conftest import train_and_reference
 
 OVERRIDES = [
     "model.n_layers=2", "model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.seq_len=32",
@@ -30,30 +25,11 @@ OVERRIDES = [
 ]
 
 
-def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, **kw)
-    if r.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}")
-    return r
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    if not os.path.exists(STRATA):
-        raise AssertionError(f"{STRATA} is missing: run `make build` first (make test does)")
     tmp = tmp_path_factory.mktemp("equiv")
-    run_dir = tmp / "strata-run"
-    run([STRATA, "train", "configs/test.yml", *OVERRIDES, f"run.dir={run_dir}"])
-    cfg = run([STRATA, "config", "--json", "configs/test.yml", *OVERRIDES]).stdout
-    (tmp / "config.json").write_text(cfg)
-    tokens = run([STRATA, "data", "configs/test.yml", *OVERRIDES]).stdout.splitlines()[0]
-    ref_dir = tmp / "reference"
-    run([sys.executable, "-m", "strata_jax.reference_train", "--config-json", str(tmp / "config.json"),
-         "--tokens", tokens, "--out", str(ref_dir), "--quiet"],
-        env={**os.environ, "PYTHONPATH": os.path.join(ROOT, "python"), "JAX_PLATFORMS": "cpu"})
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {"run_dir": run_dir, "ref_dir": ref_dir, "metrics": metrics,
-            "ref": json.loads((ref_dir / "losses.json").read_text())}
+    metrics, ref = train_and_reference("configs/test.yml", OVERRIDES, tmp)
+    return {"run_dir": tmp / "run", "ref_dir": tmp / "ref", "metrics": metrics, "ref": ref}
 
 
 def test_losses_match_reference_every_step(runs: dict) -> None:

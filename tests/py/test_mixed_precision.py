@@ -4,18 +4,14 @@ in the bundle's programs and what stays f32."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import jax
 import numpy as np
 import pytest
 
-from conftest import tiny_model
+from conftest import STRATA, run_ok, tiny_model, train_and_reference
 from strata_jax import programs as P
 from strata_jax.model import ModelConfig
 
@@ -59,19 +55,10 @@ def test_state_and_loss_stay_f32() -> None:
 
 # --- drift against f32, and strata against the reference, in training --------------
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STRATA = os.path.join(ROOT, "build", "strata")
 # configs/tiny.yml (byte corpus, real text) at 2 layers and 60 steps: the
 # quick version of docs/model.md's 300-step table.
 DRIFT = ["model.n_layers=2", "train.steps=60", "train.warmup_steps=10", "train.eval_every=0",
          "train.eval_batches=1", "seed=3"]
-
-
-def _run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess:
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, **kw)
-    if r.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}")
-    return r
 
 
 def _losses(run_dir: Path) -> np.ndarray:
@@ -95,22 +82,11 @@ MAX_REF = 5e-2
 
 @pytest.fixture(scope="module")
 def drift_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
-    if not os.path.exists(STRATA):
-        raise AssertionError(f"{STRATA} is missing: run `make build` first (make test does)")
     tmp = tmp_path_factory.mktemp("drift")
-    out = {}
-    for dt in ("f32", "bf16"):
-        over = DRIFT + [f"model.compute_dtype={dt}"]
-        _run([STRATA, "train", "configs/tiny.yml", *over, f"run.dir={tmp / dt}"])
-        out[dt] = _losses(tmp / dt)
-    over = DRIFT + ["model.compute_dtype=bf16"]
-    (tmp / "config.json").write_text(_run([STRATA, "config", "--json", "configs/tiny.yml", *over]).stdout)
-    tokens = _run([STRATA, "data", "configs/tiny.yml", *over]).stdout.splitlines()[0]
-    _run([sys.executable, "-m", "strata_jax.reference_train", "--config-json", str(tmp / "config.json"),
-          "--tokens", tokens, "--out", str(tmp / "ref"), "--quiet"],
-         env={**os.environ, "PYTHONPATH": os.path.join(ROOT, "python"), "JAX_PLATFORMS": "cpu"})
-    out["ref_bf16"] = np.array(json.loads((tmp / "ref" / "losses.json").read_text())["losses"])
-    return out
+    run_ok([STRATA, "train", "configs/tiny.yml", *DRIFT, "model.compute_dtype=f32", f"run.dir={tmp / 'f32'}"])
+    metrics, ref = train_and_reference("configs/tiny.yml", DRIFT + ["model.compute_dtype=bf16"], tmp / "bf16")
+    return {"f32": _losses(tmp / "f32"), "bf16": np.array([m["loss"] for m in metrics if "loss" in m and "step" in m]),
+            "ref_bf16": np.array(ref["losses"])}
 
 
 def test_bf16_drift_against_f32_is_bounded(drift_runs: dict[str, np.ndarray]) -> None:
@@ -134,6 +110,7 @@ def test_bf16_strata_matches_the_bf16_reference(drift_runs: dict[str, np.ndarray
     assert rel.max() <= MAX_REF, rel.max()
 
 
+@pytest.mark.long
 def test_anchors_and_reference_train_in_bf16() -> None:
     """The anchors run the reference's bf16 step (the same cdot), on CPU too."""
     from conftest import tiny_config

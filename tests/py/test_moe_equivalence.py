@@ -11,13 +11,14 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STRATA = os.path.join(ROOT, "build", "strata")
+
+from conftest import train_and_reference  # noqa: E402
 
 COMMON = [
     "model.d_model=32", "model.n_heads=2", "model.d_ff=32", "model.seq_len=16",
@@ -46,22 +47,11 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module", params=sorted(STACKS))
 def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    if not os.path.exists(STRATA):
-        raise AssertionError(f"{STRATA} is missing: run `make build` first (make test does)")
     over = COMMON + STACKS[request.param]
     tmp = tmp_path_factory.mktemp("moe-" + request.param)
-    run_dir = tmp / "strata-run"
-    run([STRATA, "train", "configs/test.yml", *over, f"run.dir={run_dir}"])
-    (tmp / "config.json").write_text(run([STRATA, "config", "--json", "configs/test.yml", *over]).stdout)
-    tokens = run([STRATA, "data", "configs/test.yml", *over]).stdout.splitlines()[0]
-    ref_dir = tmp / "reference"
-    run([sys.executable, "-m", "strata_jax.reference_train", "--config-json", str(tmp / "config.json"),
-         "--tokens", tokens, "--out", str(ref_dir), "--quiet"],
-        env={**os.environ, "PYTHONPATH": os.path.join(ROOT, "python"), "JAX_PLATFORMS": "cpu"})
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {"stack": request.param, "run_dir": run_dir, "metrics": [m for m in metrics if "loss" in m],
-            "evals": [m for m in metrics if "eval_loss" in m],
-            "ref": json.loads((ref_dir / "losses.json").read_text())}
+    metrics, ref = train_and_reference("configs/test.yml", over, tmp)
+    return {"stack": request.param, "run_dir": tmp / "run", "metrics": [m for m in metrics if "loss" in m],
+            "evals": [m for m in metrics if "eval_loss" in m], "ref": ref}
 
 
 def test_losses_match_reference_every_step(runs: dict) -> None:
@@ -140,6 +130,7 @@ def test_there_is_a_moe_preset() -> None:
     assert PRESETS
 
 
+@pytest.mark.long
 def test_greedy_sampling_of_a_moe_stack_equals_full_recompute(tmp_path) -> None:
     """moe_prefill / moe_decode (one token routed at a time, KV caches)
     against test_sample's full re-computation through each kind's forward."""
