@@ -144,6 +144,22 @@ typedef struct st_lint_report {
   st_lint_finding* findings; /* owned */
 } st_lint_report;
 
+/* One op of the manifest's "kernels" (docs/bundle.md, "Kernels"): the
+ * implementation the programs use (xla, ffi, pallas), the contract version
+ * they were exported against, and the FFI custom-call targets they call
+ * (ffi only). fallback_from: the implementation the config asked for when
+ * the exporter fell back to this one ("" when it did not). */
+#define ST_BUNDLE_MAX_KERNELS 64
+#define ST_BUNDLE_MAX_KERNEL_TARGETS 8
+typedef struct st_bundle_kernel {
+  char* name;
+  char* impl;
+  int version;
+  char* fallback_from;
+  int target_count;
+  char* targets[ST_BUNDLE_MAX_KERNEL_TARGETS];
+} st_bundle_kernel;
+
 typedef struct st_bundle {
   char* dir;
   char* key;
@@ -169,6 +185,9 @@ typedef struct st_bundle {
   int mesh_data, mesh_fsdp, mesh_tensor;
   int collective_count;
   st_bundle_program* collectives;
+  /* The manifest's "kernels" (none in a bundle without them). */
+  int kernel_count;
+  st_bundle_kernel* kernels;
   /* What st_bundle_ensure's lint found (warnings only: an error fails
    * the ensure); empty from st_bundle_open. */
   st_lint_report lint;
@@ -181,6 +200,10 @@ typedef struct st_bundle {
  * warning). Findings are appended to |report|. A text the reader refuses
  * is an error finding too. */
 void st_lint_program_text(const char* program, const char* text, size_t size, st_lint_report* report);
+/* The same, with custom calls to the FFI targets |bundle|'s "kernels"
+ * declares allowed (|bundle| may be NULL: none are). */
+void st_lint_program_text_in(const st_bundle* bundle, const char* program, const char* text, size_t size,
+                             st_lint_report* report);
 /* Lints every program and collective of |bundle| and its layer table (a
  * role that names several programs over the layers compiles each: a
  * warning), and, when |previous| (a bundle of the same key, e.g. the one a

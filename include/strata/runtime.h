@@ -40,6 +40,14 @@ extern "C" {
 /* Runtime                                                                  */
 /*===-------------------------------------------------------------------===*/
 
+/* A C function the plugin calls for `stablehlo.custom_call @name` (XLA FFI's
+ * typed calling convention, XLA_FFI_Error* fn(XLA_FFI_CallFrame*); the
+ * kernels module's handlers, docs/kernels.md). */
+typedef struct st_ffi_target {
+  const char* name; /* the custom call's target name */
+  void* handler;    /* the handler function, cast to void* */
+} st_ffi_target;
+
 typedef struct st_runtime_options {
   /* Plugin path from config (runtime.plugin); NULL or "" to search:
    * then $STRATA_PJRT_PLUGIN, then the CPU plugin installed in .venv. */
@@ -72,6 +80,14 @@ typedef struct st_runtime_options {
    * sha256 of its StableHLO text and the format) for `strata analyze`.
    * Needs the cache. */
   bool keep_optimized_hlo;
+  /* FFI handlers registered with the plugin (through its PJRT FFI
+   * extension, platform "Host") before the client exists, so before any
+   * compile. Borrowed for the create call only; the handlers themselves
+   * must live for the process (the plugin keeps them in a process-wide
+   * registry and is never unloaded). A plugin without the extension is an
+   * error when any are given. */
+  const st_ffi_target* ffi_targets;
+  int ffi_target_count;
 } st_runtime_options;
 
 /* Defaults: search for the plugin, 2 CPU devices, not deterministic, no
@@ -81,6 +97,13 @@ void st_runtime_options_init(st_runtime_options* options);
 typedef struct st_runtime st_runtime;
 
 st_status st_runtime_create(const st_runtime_options* options, st_runtime** out_runtime /* owned by caller */);
+
+/* The FFI targets registered at creation: count, and the i-th name (owned by
+ * the runtime). The plugin drops registration errors silently, so a name
+ * here is what strata asked for; a compile of a module calling it is what
+ * proves the plugin has it (tests/c/test_kernels.c). */
+int st_runtime_ffi_target_count(const st_runtime* rt);
+const char* st_runtime_ffi_target_name(const st_runtime* rt, int i);
 void st_runtime_destroy(st_runtime* runtime); /* NULL is a no-op */
 
 /* Facts for `strata doctor`, context.json and cache keys. All strings are

@@ -366,6 +366,48 @@ static st_status st__collectives_parse(st_bundle* b, const json_t* root, const c
   return ST_OK;
 }
 
+/* The manifest's "kernels" (docs/bundle.md, "Kernels"): each op's chosen
+ * implementation, its contract version and the FFI targets its programs
+ * call. Absent in a bundle without kernels: nothing. */
+static st_status st__kernels_parse(st_bundle* b, const json_t* root, const char* mpath) {
+  const json_t* k = json_object_get(root, "kernels");
+  if (!k) return ST_OK;
+  const json_t* ops = json_object_get(k, "ops");
+  if (!json_is_array(ops)) return st_status_make(ST_CODE_RUNTIME, "%s: kernels.ops is not an array", mpath);
+  ST_RETURN(st__count(ops, ST_BUNDLE_MAX_KERNELS, mpath, "kernels", "ST_BUNDLE_MAX_KERNELS"));
+  size_t n = json_array_size(ops);
+  b->kernels = st_xcalloc(n ? n : 1, sizeof(st_bundle_kernel));
+  for (size_t i = 0; i < n; ++i) {
+    const json_t* kj = json_array_get(ops, i);
+    st_bundle_kernel* kb = &b->kernels[i];
+    b->kernel_count = (int)i + 1;
+    char ctx[256];
+    snprintf(ctx, sizeof(ctx), "%s: kernels.ops[%zu]", mpath, i);
+    const char *name = NULL, *impl = NULL;
+    int64_t version = 0;
+    ST_RETURN(st_json_get_string(kj, "name", ctx, &name));
+    ST_RETURN(st_json_get_string(kj, "impl", ctx, &impl));
+    ST_RETURN(st_json_get_int(kj, "version", ctx, &version));
+    if (version < 0 || version > 1000000)
+      return st_status_make(ST_CODE_RUNTIME, "%s: version %lld is out of range", ctx, (long long)version);
+    kb->name = st_xstrdup(name);
+    kb->impl = st_xstrdup(impl);
+    kb->version = (int)version;
+    const json_t* fb = json_object_get(kj, "fallback_from");
+    kb->fallback_from = st_xstrdup(json_is_string(fb) ? json_string_value(fb) : "");
+    const json_t* targets = json_object_get(kj, "targets");
+    if (targets && !json_is_array(targets)) return st_status_make(ST_CODE_RUNTIME, "%s: targets is not an array", ctx);
+    ST_RETURN(st__count(targets, ST_BUNDLE_MAX_KERNEL_TARGETS, ctx, "targets", "ST_BUNDLE_MAX_KERNEL_TARGETS"));
+    for (size_t t = 0; t < json_array_size(targets); ++t) {
+      const json_t* v = json_array_get(targets, t);
+      if (!json_is_string(v) || !json_string_value(v)[0])
+        return st_status_make(ST_CODE_RUNTIME, "%s: targets[%zu] is not a name", ctx, t);
+      kb->targets[kb->target_count++] = st_xstrdup(json_string_value(v));
+    }
+  }
+  return ST_OK;
+}
+
 static st_status st__bundle_parse(st_bundle* b, const json_t* root, const char* mpath) {
   int64_t schema = 0;
   ST_RETURN(st_json_get_int(root, "schema_version", mpath, &schema));
@@ -473,6 +515,7 @@ static st_status st__bundle_parse(st_bundle* b, const json_t* root, const char* 
   }
   /* The SPMD programs first: the program tables may name them. */
   ST_RETURN(st__collectives_parse(b, root, mpath));
+  ST_RETURN(st__kernels_parse(b, root, mpath));
   return st__tables_parse(b, root, mpath);
 }
 
@@ -554,6 +597,14 @@ void st_bundle_destroy(st_bundle* b) {
   if (!b) return;
   st__programs_free(b->programs, b->program_count);
   st__programs_free(b->collectives, b->collective_count);
+  for (int i = 0; i < b->kernel_count; ++i) {
+    st_bundle_kernel* k = &b->kernels[i];
+    free(k->name);
+    free(k->impl);
+    free(k->fallback_from);
+    for (int t = 0; t < k->target_count; ++t) free(k->targets[t]);
+  }
+  free(b->kernels);
   for (int i = 0; i < b->group_count; ++i) {
     for (int k = 0; k < b->groups[i].param_count; ++k) free(b->groups[i].params[k]);
     free(b->groups[i].params);
@@ -723,7 +774,10 @@ void st_bundle_key_mesh(const char* model_json, const char* mesh, char out[17]) 
     struct dirent* e;
     while ((e = readdir(d)) != NULL) {
       size_t len = strlen(e->d_name);
-      if (len < 3 || strcmp(e->d_name + len - 3, ".py") != 0) continue;
+      /* .py and .json: the kernel contract (kernel_contract.json) is a source. */
+      bool py = len >= 3 && !strcmp(e->d_name + len - 3, ".py");
+      bool js = len >= 5 && !strcmp(e->d_name + len - 5, ".json");
+      if (!py && !js) continue;
       names = st_xrealloc(names, (n + 1) * sizeof(char*));
       names[n++] = st_xstrdup(e->d_name);
     }

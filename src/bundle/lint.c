@@ -11,8 +11,10 @@
  *                           from the manifest
  *   host_callback   error   a Python callback: there is no Python in a run
  *   custom_call     error   a target not in kKnownTargets (XLA's own
- *                           sharding and placement annotations): a kernel
- *                           the plugin may not have
+ *                           sharding and placement annotations) nor among
+ *                           the FFI targets of the manifest's "kernels"
+ *                           (which the run then checks strata registers,
+ *                           docs/kernels.md): a kernel the plugin may not have
  *   f64             warning slow or emulated on accelerators; JAX exports
  *                           f32 unless x64 is on
  * and from the manifest:
@@ -56,7 +58,20 @@ static st_lint_finding* st__add(st_lint_report* r, st_lint_severity sev, const c
   return f;
 }
 
+/* A target the bundle's "kernels" declares (an ffi op's fwd/bwd). */
+static bool st__declared_target(const st_bundle* b, const char* t) {
+  for (int i = 0; b && i < b->kernel_count; ++i)
+    for (int k = 0; k < b->kernels[i].target_count; ++k)
+      if (!strcmp(b->kernels[i].targets[k], t)) return true;
+  return false;
+}
+
 void st_lint_program_text(const char* program, const char* text, size_t size, st_lint_report* r) {
+  st_lint_program_text_in(NULL, program, text, size, r);
+}
+
+void st_lint_program_text_in(const st_bundle* b, const char* program, const char* text, size_t size,
+                             st_lint_report* r) {
   st_ir_stats st;
   st_status s = st_ir_analyze(text, size, program, &st);
   if (s) {
@@ -82,7 +97,7 @@ void st_lint_program_text(const char* program, const char* text, size_t size, st
                  x->func);
         break;
       case ST_IR_FIND_CUSTOM_CALL:
-        if (st__known_target(x->detail)) break;
+        if (st__known_target(x->detail) || st__declared_target(b, x->detail)) break;
         f = st__add(r, ST_LINT_ERROR, "custom_call", program, x->op, x->line);
         snprintf(f->message, sizeof(f->message),
                  "a custom call to '%s' in @%s: a kernel the PJRT plugin may not have; express it in StableHLO",
@@ -102,7 +117,7 @@ void st_lint_program_text(const char* program, const char* text, size_t size, st
   st_ir_stats_free(&st);
 }
 
-static void st__lint_file(const st_bundle_program* p, st_lint_report* r) {
+static void st__lint_file(const st_bundle* b, const st_bundle_program* p, st_lint_report* r) {
   char* text = NULL;
   size_t size = 0;
   st_status s = st_fs_read_file(p->path, &text, &size);
@@ -112,7 +127,7 @@ static void st__lint_file(const st_bundle_program* p, st_lint_report* r) {
     st_status_free(s);
     return;
   }
-  st_lint_program_text(p->name, text, size, r);
+  st_lint_program_text_in(b, p->name, text, size, r);
   free(text);
 }
 
@@ -132,8 +147,8 @@ bool st_bundle_same_signature(const st_bundle_program* a, const st_bundle_progra
 }
 
 void st_lint_bundle(const st_bundle* b, const st_bundle* previous, st_lint_report* r) {
-  for (int i = 0; i < b->program_count; ++i) st__lint_file(&b->programs[i], r);
-  for (int i = 0; i < b->collective_count; ++i) st__lint_file(&b->collectives[i], r);
+  for (int i = 0; i < b->program_count; ++i) st__lint_file(b, &b->programs[i], r);
+  for (int i = 0; i < b->collective_count; ++i) st__lint_file(b, &b->collectives[i], r);
   /* The layer table: one program per role should serve every layer. */
   static const char* const kRoles[] = {"init", "fwd", "bwd", "fwd_res", "bwd_res"};
   for (int k = 0; k < 5; ++k) {

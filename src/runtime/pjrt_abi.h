@@ -574,6 +574,35 @@ typedef struct pj_api {
  * strata calls (buffer_ready_event); a slot added later must move that
  * check or be tested with offsetof(pj_api, slot) < api->struct_size. */
 
+/*--- the FFI extension ------------------------------------------------------*/
+
+/* Extension types found walking api->ext (upstream's PJRT_Extension_Type
+ * order: GPU custom call 0, profiler 1, custom partitioner 2, stream 3,
+ * layouts 4, FFI 5). Only FFI is used. */
+#define PJ_EXT_TYPE_FFI 5
+
+/* Registers an XLA FFI handler (typed calling convention) for a platform.
+ * Unlike every other argument struct, this one has no extension pointer;
+ * the 0.115 CPU plugin checks struct_size against 52 bytes: up to traits. */
+typedef struct pj_ffi_register_args {
+  size_t struct_size;
+  const char* target_name;
+  size_t target_name_size;
+  void* handler; /* XLA_FFI_Handler*, src/kernels/ffi_abi.h */
+  const char* platform_name;
+  size_t platform_name_size;
+  uint32_t traits;
+} pj_ffi_register_args;
+
+/* The extension: its header, then three entry points (type registration and
+ * user data are not used by strata). */
+typedef struct pj_ffi_ext {
+  pj_ext base;
+  void* type_id_register;
+  void* user_data_add;
+  pj_error* (*register_handler)(pj_ffi_register_args* args);
+} pj_ffi_ext;
+
 typedef const pj_api* (*pj_get_api_fn)(void);
 
 #endif /* STRATA_RUNTIME_PJRT_ABI_H */

@@ -48,6 +48,8 @@ struct st_runtime {
   bool progress;       /* st_runtime_options.progress */
   char* cache_dir; /* NULL when the cache is off */
   bool keep_optimized_hlo; /* runtime.keep_optimized_hlo (exe_cache.c) */
+  char** ffi_targets; /* names registered through the FFI extension (ffi.c) */
+  int ffi_target_count;
 
   /* The serialized xla.CompileOptionsProto every compile uses (owned). */
   uint8_t* compile_options;
@@ -92,6 +94,9 @@ struct st_program {
 };
 
 /*--- runtime.c --------------------------------------------------------------*/
+
+/* Registers options->ffi_targets with the plugin (ffi.c). */
+st_status st__register_ffi_targets(st_runtime* rt, const st_runtime_options* options);
 
 /* Turns a plugin error into an ST_CODE_RUNTIME status "<context>: <plugin
  * message>" and destroys |error|. Returns ST_OK for a NULL error. */

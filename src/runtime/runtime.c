@@ -534,6 +534,7 @@ st_status st_runtime_create(const st_runtime_options* options, st_runtime** out_
     st__plugin_file_facts(rt);
     s = st__read_attributes(rt);
   }
+  if (!s) s = st__register_ffi_targets(rt, options);
   if (!s) s = st__create_client(rt, options);
   if (!s) s = st__client_string(rt, false, &rt->platform_name);
   if (!s) s = st__client_string(rt, true, &rt->platform_version);
@@ -566,6 +567,8 @@ void st_runtime_destroy(st_runtime* rt) {
   free(rt->xla_version);
   free(rt->cache_dir);
   free(rt->compile_options);
+  for (int i = 0; i < rt->ffi_target_count; ++i) free(rt->ffi_targets[i]);
+  free(rt->ffi_targets);
   free(rt);
 }
 

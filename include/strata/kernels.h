@@ -1,0 +1,156 @@
+/* kernels.h — strata's kernels: the contract table (one source of truth,
+ * python/strata_jax/kernel_contract.json, compiled into strata), the C
+ * kernels and the XLA FFI handlers that serve their custom calls, and the
+ * check that a bundle's kernels are the ones this strata registers
+ * (docs/kernels.md). */
+#ifndef STRATA_KERNELS_H
+#define STRATA_KERNELS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "strata/base.h"
+#include "strata/bundle.h"
+#include "strata/runtime.h"
+#include "strata/status.h"
+
+/*--- the contract --------------------------------------------------------*/
+
+typedef struct st_kernel_tolerance {
+  char dtype[8];
+  double fwd_rtol, fwd_atol, bwd_rtol, bwd_atol;
+} st_kernel_tolerance;
+
+#define ST_KERNEL_MAX_TOLERANCES 4
+#define ST_KERNEL_MAX_IMPLS 4
+
+/* One row of the contract; every string is owned by the contract. */
+typedef struct st_kernel_op {
+  char* name;
+  int version;
+  char* math;
+  char* inputs;  /* "x [..., D] f32; gain [D] f32" */
+  char* outputs; /* "y like x f32" */
+  char* layout;
+  char* sharding;
+  char* accumulator;
+  char* padding;
+  char* tile;
+  bool has_backward;
+  int tolerance_count;
+  st_kernel_tolerance tolerances[ST_KERNEL_MAX_TOLERANCES];
+  char* fallback;
+  char* profile_label;
+  int impl_count;
+  char* impls[ST_KERNEL_MAX_IMPLS];
+  char* default_impl;
+  char* ffi_fwd; /* FFI target names; "" when the op has no ffi implementation */
+  char* ffi_bwd;
+} st_kernel_op;
+
+typedef struct st_kernel_contract {
+  int contract_version;
+  int op_count;
+  st_kernel_op* ops;
+} st_kernel_contract;
+
+#define ST_KERNEL_MAX_OPS 64
+
+/* Parses contract JSON text (bounded: at most ST_KERNEL_MAX_OPS ops).
+ * |where| names the source in errors. Free with st_kernel_contract_free. */
+st_status st_kernel_contract_parse(const char* text, size_t size, const char* where, st_kernel_contract* out);
+/* The contract compiled into this strata. */
+st_status st_kernel_contract_load(st_kernel_contract* out);
+void st_kernel_contract_free(st_kernel_contract* c);
+const st_kernel_op* st_kernel_contract_find(const st_kernel_contract* c, const char* name);
+/* The tolerance row of |dtype|, or NULL. */
+const st_kernel_tolerance* st_kernel_op_tolerance(const st_kernel_op* op, const char* dtype);
+/* `strata kernels list`: the table, one block per op. */
+void st_kernel_contract_print(const st_kernel_contract* c, FILE* out);
+/* The contract as JSON (`strata kernels list --json`); caller decrefs. */
+json_t* st_kernel_contract_json(const st_kernel_contract* c);
+
+/*--- handlers ------------------------------------------------------------*/
+
+#define ST_KERNEL_RMSNORM_FWD "strata_rmsnorm_fwd_v1"
+#define ST_KERNEL_RMSNORM_BWD "strata_rmsnorm_bwd_v1"
+#define ST_KERNEL_SWIGLU_FWD "strata_swiglu_fwd_v1"
+#define ST_KERNEL_SWIGLU_BWD "strata_swiglu_bwd_v1"
+
+/* A handler compiled into strata: the op, the contract version its code
+ * implements, the direction ("fwd"/"bwd") and the target it serves. */
+typedef struct st_kernel_handler {
+  const char* op;
+  int version;
+  const char* direction;
+  const char* target;
+  void* fn; /* XLA FFI handler (src/kernels/ffi_abi.h) */
+} st_kernel_handler;
+
+/* Every handler; |count| gets their number. Static storage. */
+const st_kernel_handler* st_kernels_handlers(int* count);
+/* Fills |out| (st_kernels_handlers' count entries) for
+ * st_runtime_options.ffi_targets: every handler, registered at runtime
+ * creation. */
+void st_kernels_ffi_targets(st_ffi_target* out);
+/* Holds the handlers to the contract: every op with an ffi implementation
+ * has a fwd (and a bwd when it has a backward) handler of the contract's
+ * version and target names, and no handler serves an op the contract
+ * lacks. A mismatch is a build defect (ST_CODE_INTERNAL). */
+st_status st_kernels_check_contract(const st_kernel_contract* c);
+/* The bundle's kernels against the handlers this strata registers, before
+ * any compile: an ffi op the handlers do not serve, a contract version
+ * other than the handler's, or a target no handler serves, is a runtime
+ * error (exit 4) naming the kernel and both versions. xla and pallas ops
+ * need no handler. */
+st_status st_kernels_check_bundle(const st_bundle* bundle);
+
+/*--- the C kernels (f32, dense row-major) --------------------------------*/
+
+typedef enum { ST_KERNEL_ISA_PORTABLE = 0, ST_KERNEL_ISA_AVX512 = 1 } st_kernel_isa;
+
+/* The vector path this CPU gets: AVX-512 when it has avx512f (asked once),
+ * else portable; STRATA_KERNELS_ISA=portable forces portable. */
+st_kernel_isa st_kernels_isa(void);
+const char* st_kernels_isa_name(st_kernel_isa isa);
+
+/* y = x * rsqrt(mean(x^2) + 1e-6) * gain over rows of d. */
+void st_kernel_rmsnorm_fwd(st_kernel_isa isa, const float* x, const float* gain, float* y, int64_t rows, int64_t d);
+/* dx [rows, d] and dgain [d] (summed over rows; overwritten). */
+void st_kernel_rmsnorm_bwd(st_kernel_isa isa, const float* x, const float* gain, const float* dy, float* dx,
+                           float* dgain, int64_t rows, int64_t d);
+/* h = silu(gate) * up over n elements. */
+void st_kernel_swiglu_fwd(st_kernel_isa isa, const float* gate, const float* up, float* h, int64_t n);
+void st_kernel_swiglu_bwd(st_kernel_isa isa, const float* gate, const float* up, const float* dh, float* dgate,
+                          float* dup, int64_t n);
+
+/*--- verification (`strata kernels verify`) -------------------------------*/
+
+typedef struct st_kernels_verify_options {
+  const char* op;         /* one op, or NULL/"" for all */
+  double tolerance_scale; /* multiplies every tolerance (1: the contract's; 0: exact agreement) */
+  const char* workdir;    /* where the exporter writes the programs (created; removed unless keep) */
+  bool keep;              /* keep |workdir| */
+  /* The runtime to use; NULL: one is created with 1 CPU device, every
+   * handler registered. Borrowed. */
+  st_runtime* runtime;
+  FILE* out; /* one line per case; NULL: silent */
+} st_kernels_verify_options;
+
+typedef struct st_kernels_verify_result {
+  int cases;           /* compared (xla references not counted) */
+  int ffi_cases;       /* of them, ffi: each compiled and ran a custom call */
+  double worst_ratio;  /* largest |err| / (atol + rtol |ref|) over all cases */
+} st_kernels_verify_result;
+
+/* Every implementation of every op (or |op|) against the xla reference on
+ * the contract's verify shapes, forward and backward: the programs come
+ * from `python -m strata_jax.kernel_verify`, the inputs are made here
+ * (seeded, the same for every implementation). A case outside tolerance is
+ * a runtime error (exit 4) naming op, implementation, direction, shape and
+ * the largest error; so is a program that does not compile (an
+ * unregistered FFI target). */
+st_status st_kernels_verify(const st_kernels_verify_options* options, st_kernels_verify_result* result);
+
+#endif /* STRATA_KERNELS_H */

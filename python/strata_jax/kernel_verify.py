@@ -1,0 +1,106 @@
+"""Programs for ``strata kernels verify`` (docs/kernels.md, "Verification").
+
+``python -m strata_jax.kernel_verify OUTDIR [--op NAME]`` writes, for every op
+of the contract, implementation and shape in the op's ``verify_shapes``, a
+forward program (the op's inputs -> its output) and a backward program (the
+op's inputs and the output's cotangent -> the inputs' gradients, through the
+implementation's own ``custom_vjp``), as StableHLO text under
+``OUTDIR/programs/``, and ``OUTDIR/index.json``::
+
+    {"contract_version": 1, "cases": [
+      {"op": "rmsnorm", "impl": "ffi", "dir": "fwd", "shape": [3, 8],
+       "file": "programs/rmsnorm_ffi_fwd_0.mlir",
+       "inputs": [[3, 8], [8]], "outputs": [[3, 8]],
+       "input_kinds": ["x", "gain"], "rtol": 1e-05, "atol": 1e-06}, ...]}
+
+The ``xla`` case of each (op, shape, dir) is the reference the others are
+compared with; strata makes the inputs (seeded, the same for every
+implementation), runs every program and compares (src/cli/cmd_kernels.c).
+All f32: the contract's only dtype today.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from . import kernels as K
+
+
+def _shapes(op: dict[str, Any], shape: list[int]) -> list[tuple[int, ...]]:
+    """The op's input shapes for one verify shape (the first input's)."""
+    out = []
+    for spec in op["inputs"]:
+        if spec["shape"] == "[D]":
+            out.append((shape[-1],))
+        else:
+            out.append(tuple(shape))
+    return out
+
+
+def _programs(op: dict[str, Any], impl: str, shape: list[int]) -> dict[str, tuple[Any, list[tuple[int, ...]]]]:
+    fn = K.IMPLEMENTATIONS[op["name"]][impl]
+    ins = _shapes(op, shape)
+
+    def fwd(*args):  # type: ignore[no-untyped-def]
+        return fn(*args)
+
+    def bwd(*args):  # type: ignore[no-untyped-def]
+        primals, ct = args[:-1], args[-1]
+        _, vjp = jax.vjp(fn, *primals)
+        return vjp(ct)
+
+    return {"fwd": (fwd, ins), "bwd": (bwd, ins + [tuple(shape)])}
+
+
+def export(outdir: str, only: str | None = None) -> dict[str, Any]:
+    os.makedirs(os.path.join(outdir, "programs"), exist_ok=True)
+    cases = []
+    for op in K.CONTRACT["ops"]:
+        if only and op["name"] != only:
+            continue
+        tol = op["tolerance"]["f32"]
+        for si, shape in enumerate(op["verify_shapes"]):
+            for impl in op["implementations"]:
+                for d, (fn, ins) in _programs(op, impl, shape).items():
+                    if d == "bwd" and not op["has_backward"]:
+                        continue
+                    specs = [jax.ShapeDtypeStruct(s, jnp.float32) for s in ins]
+                    lowered = jax.jit(fn).lower(*specs)
+                    outs = jax.tree_util.tree_leaves(lowered.out_info)
+                    name = f"{op['name']}_{impl}_{d}_{si}"
+                    rel = f"programs/{name}.mlir"
+                    with open(os.path.join(outdir, rel), "w", encoding="utf-8") as f:
+                        f.write(lowered.as_text())
+                    kinds = [s["name"] for s in op["inputs"]] + (["d" + op["outputs"][0]["name"]] if d == "bwd" else [])
+                    cases.append({"op": op["name"], "impl": impl, "dir": d, "shape": list(shape), "file": rel,
+                                  "inputs": [list(s) for s in ins], "outputs": [list(o.shape) for o in outs],
+                                  "input_kinds": kinds, "rtol": tol[d]["rtol"], "atol": tol[d]["atol"]})
+    index = {"contract_version": K.CONTRACT["contract_version"], "cases": cases}
+    with open(os.path.join(outdir, "index.json"), "w", encoding="utf-8") as f:
+        json.dump(index, f, indent=1)
+    return index
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m strata_jax.kernel_verify", description=__doc__.strip().splitlines()[0])
+    ap.add_argument("outdir")
+    ap.add_argument("--op", default=None)
+    args = ap.parse_args(argv)
+    if args.op and args.op not in K.OPS:
+        print(f"strata_jax.kernel_verify: --op {args.op}: no such kernel op (the contract has: "
+              f"{', '.join(sorted(K.OPS))})", file=sys.stderr)
+        return 2
+    jax.config.update("jax_platforms", "cpu")
+    export(args.outdir, args.op)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+/*
+ * handlers.c — the XLA FFI handlers that serve the kernels' custom calls
+ * (ffi_abi.h; docs/kernels.md, "Registration"). Each answers XLA's metadata
+ * probe, checks what it is handed against the contract (f32, matching
+ * shapes) and runs math.c on the calling thread.
+ *
+ * A handler returns an error, never aborts: a wrong shape reaches it only if
+ * a bundle was hand-made or the exporter broke its contract, and the run
+ * should stop with a message, not a crash.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "kernels/ffi_abi.h"
+#include "kernels/internal.h"
+#include "strata/kernels.h"
+
+/* XLA calls each handler once at registration with a metadata extension in
+ * the frame: the handler must say which FFI API version it was built for. */
+static int st__probe(xf_call_frame* f) {
+  for (xf_ext* e = f->extension_start; e; e = e->next) {
+    if (e->type != XF_EXT_METADATA) continue;
+    xf_metadata* m = ((xf_metadata_ext*)e)->metadata;
+    m->api_version.struct_size = sizeof(xf_api_version);
+    m->api_version.extension_start = NULL;
+    m->api_version.major = XF_API_MAJOR;
+    m->api_version.minor = XF_API_MINOR;
+    m->traits = 0;
+    return 1;
+  }
+  return 0;
+}
+
+static xf_error* st__fail(xf_call_frame* f, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static xf_error* st__fail(xf_call_frame* f, const char* fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  xf_error_create_args a = {.struct_size = sizeof(a), .message = msg, .errc = XF_INVALID_ARGUMENT};
+  return f->api->error_create(&a);
+}
+
+static int64_t st__count(const xf_buffer* b) {
+  int64_t n = 1;
+  for (int64_t i = 0; i < b->rank; ++i) n *= b->dims[i];
+  return n;
+}
+
+static int st__same_shape(const xf_buffer* a, const xf_buffer* b) {
+  if (a->rank != b->rank) return 0;
+  for (int64_t i = 0; i < a->rank; ++i)
+    if (a->dims[i] != b->dims[i]) return 0;
+  return 1;
+}
+
+/* Checks arity and that every operand is an f32 buffer; fills |in|/|out|. */
+static xf_error* st__operands(xf_call_frame* f, const char* target, int n_in, int n_out, xf_buffer** in,
+                              xf_buffer** out) {
+  if (f->args.size != n_in || f->rets.size != n_out)
+    return st__fail(f, "%s: expected %d operands and %d results, got %lld and %lld", target, n_in, n_out,
+                    (long long)f->args.size, (long long)f->rets.size);
+  for (int i = 0; i < n_in + n_out; ++i) {
+    const xf_list* l = i < n_in ? &f->args : &f->rets;
+    int j = i < n_in ? i : i - n_in;
+    if (l->types[j] != 1) return st__fail(f, "%s: operand %d is not a buffer", target, i);
+    xf_buffer* b = l->items[j];
+    if (b->dtype != XF_F32) return st__fail(f, "%s: operand %d has dtype %d, the contract allows f32 only", target, i, b->dtype);
+    if (i < n_in) in[j] = b;
+    else out[j] = b;
+  }
+  return NULL;
+}
+
+#define ST__HANDLER_PROLOGUE(f)                       \
+  do {                                                \
+    if (st__probe(f)) return NULL;                    \
+    if ((f)->stage != XF_STAGE_EXECUTE) return NULL;  \
+  } while (0)
+
+/* rmsnorm fwd: (x [..., D], gain [D]) -> y like x. */
+static xf_error* st__rmsnorm_fwd(xf_call_frame* f) {
+  ST__HANDLER_PROLOGUE(f);
+  xf_buffer *in[2], *out[1];
+  xf_error* e = st__operands(f, ST_KERNEL_RMSNORM_FWD, 2, 1, in, out);
+  if (e) return e;
+  xf_buffer *x = in[0], *g = in[1];
+  if (x->rank < 1 || g->rank != 1 || g->dims[0] != x->dims[x->rank - 1] || !st__same_shape(x, out[0]))
+    return st__fail(f, "%s: shapes outside the contract (x [..., D], gain [D], y like x)", ST_KERNEL_RMSNORM_FWD);
+  int64_t d = g->dims[0];
+  st_kernel_rmsnorm_fwd(st_kernels_isa(), x->data, g->data, out[0]->data, d ? st__count(x) / d : 0, d);
+  return NULL;
+}
+
+/* rmsnorm bwd: (x, gain, dy) -> (dx like x, dgain [D]). */
+static xf_error* st__rmsnorm_bwd(xf_call_frame* f) {
+  ST__HANDLER_PROLOGUE(f);
+  xf_buffer *in[3], *out[2];
+  xf_error* e = st__operands(f, ST_KERNEL_RMSNORM_BWD, 3, 2, in, out);
+  if (e) return e;
+  xf_buffer *x = in[0], *g = in[1], *dy = in[2];
+  if (x->rank < 1 || g->rank != 1 || g->dims[0] != x->dims[x->rank - 1] || !st__same_shape(x, dy) ||
+      !st__same_shape(x, out[0]) || !st__same_shape(g, out[1]))
+    return st__fail(f, "%s: shapes outside the contract (x, dy, dx [..., D]; gain, dgain [D])", ST_KERNEL_RMSNORM_BWD);
+  int64_t d = g->dims[0];
+  st_kernel_rmsnorm_bwd(st_kernels_isa(), x->data, g->data, dy->data, out[0]->data, out[1]->data,
+                        d ? st__count(x) / d : 0, d);
+  return NULL;
+}
+
+static xf_error* st__swiglu_fwd(xf_call_frame* f) {
+  ST__HANDLER_PROLOGUE(f);
+  xf_buffer *in[2], *out[1];
+  xf_error* e = st__operands(f, ST_KERNEL_SWIGLU_FWD, 2, 1, in, out);
+  if (e) return e;
+  if (!st__same_shape(in[0], in[1]) || !st__same_shape(in[0], out[0]))
+    return st__fail(f, "%s: gate, up and h must have one shape", ST_KERNEL_SWIGLU_FWD);
+  st_kernel_swiglu_fwd(st_kernels_isa(), in[0]->data, in[1]->data, out[0]->data, st__count(in[0]));
+  return NULL;
+}
+
+static xf_error* st__swiglu_bwd(xf_call_frame* f) {
+  ST__HANDLER_PROLOGUE(f);
+  xf_buffer *in[3], *out[2];
+  xf_error* e = st__operands(f, ST_KERNEL_SWIGLU_BWD, 3, 2, in, out);
+  if (e) return e;
+  for (int i = 1; i < 3; ++i)
+    if (!st__same_shape(in[0], in[i])) return st__fail(f, "%s: gate, up and dh must have one shape", ST_KERNEL_SWIGLU_BWD);
+  if (!st__same_shape(in[0], out[0]) || !st__same_shape(in[0], out[1]))
+    return st__fail(f, "%s: dgate and dup must have gate's shape", ST_KERNEL_SWIGLU_BWD);
+  st_kernel_swiglu_bwd(st_kernels_isa(), in[0]->data, in[1]->data, in[2]->data, out[0]->data, out[1]->data,
+                       st__count(in[0]));
+  return NULL;
+}
+
+/* The handlers compiled into strata. The version is the contract version
+ * the code implements; st_kernels_check_contract holds it equal to the
+ * embedded contract's, and a bundle naming another is refused (exit 4). */
+const st_kernel_handler st__kernel_handlers[] = {
+    {"rmsnorm", 1, "fwd", ST_KERNEL_RMSNORM_FWD, (void*)st__rmsnorm_fwd},
+    {"rmsnorm", 1, "bwd", ST_KERNEL_RMSNORM_BWD, (void*)st__rmsnorm_bwd},
+    {"swiglu", 1, "fwd", ST_KERNEL_SWIGLU_FWD, (void*)st__swiglu_fwd},
+    {"swiglu", 1, "bwd", ST_KERNEL_SWIGLU_BWD, (void*)st__swiglu_bwd},
+};
+const int st__kernel_handler_count = (int)(sizeof(st__kernel_handlers) / sizeof(st__kernel_handlers[0]));
