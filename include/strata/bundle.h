@@ -147,15 +147,15 @@ typedef struct st_lint_report {
 /* One op of the manifest's "kernels" (docs/bundle.md, "Kernels"): the
  * implementation the programs use (xla, ffi, pallas), the contract version
  * they were exported against, and the FFI custom-call targets they call
- * (ffi only). fallback_from: the implementation the config asked for when
- * the exporter fell back to this one ("" when it did not). */
+ * (ffi only). fallback: the implementation some calls took instead, their
+ * operands being outside the contract ("" when none did). */
 #define ST_BUNDLE_MAX_KERNELS 64
 #define ST_BUNDLE_MAX_KERNEL_TARGETS 8
 typedef struct st_bundle_kernel {
   char* name;
   char* impl;
   int version;
-  char* fallback_from;
+  char* fallback;
   int target_count;
   char* targets[ST_BUNDLE_MAX_KERNEL_TARGETS];
 } st_bundle_kernel;

@@ -90,10 +90,15 @@ typedef struct st_kernel_handler {
 
 /* Every handler; |count| gets their number. Static storage. */
 const st_kernel_handler* st_kernels_handlers(int* count);
-/* Fills |out| (st_kernels_handlers' count entries) for
- * st_runtime_options.ffi_targets: every handler, registered at runtime
- * creation. */
-void st_kernels_ffi_targets(st_ffi_target* out);
+/* Every handler as st_runtime_options.ffi_targets wants them (static
+ * storage); |count| gets their number. */
+const st_ffi_target* st_kernels_ffi_target_table(int* count);
+/* True when |bundle|'s programs call FFI kernels (some op at ffi): its
+ * runtime must register the handlers. */
+bool st_kernels_bundle_uses_ffi(const st_bundle* bundle);
+/* {"<op>": "<impl>", ..., "isa": "avx512"|"portable"}: the kernels a run
+ * uses, for context.json and the bundle event. Caller decrefs. */
+json_t* st_kernels_bundle_json(const st_bundle* bundle);
 /* Holds the handlers to the contract: every op with an ffi implementation
  * has a fwd (and a bwd when it has a backward) handler of the contract's
  * version and target names, and no handler serves an op the contract

@@ -156,6 +156,7 @@ typedef struct st_context_facts {
   const char* jaxlib_version;        /* from the bundle manifest (versions.jaxlib) */
   const st_context_runtime* runtime; /* NULL: no runtime facts */
   json_t* peak;                      /* borrowed: the peak MFU is measured against ("peak"); NULL: none */
+  json_t* kernels;                   /* borrowed: each kernel op's implementation and the C kernels' ISA; NULL: none */
 } st_context_facts;
 
 /* Builds the context as one JSON object (a new reference, owned by the caller):

@@ -165,7 +165,7 @@ def parallel_init(cfg: ModelConfig, seed: Array, layer: Array, n_layers: Array) 
 
 
 def parallel_fwd(cfg: ModelConfig, p: Params, x: Array) -> Array:
-    h = M.rms_norm(x, p["attn_norm"])
+    h = M.norm(cfg, x, p["attn_norm"])
     return x + M.attention(cfg, p, h) + M.mlp(cfg, p, h)
 
 
@@ -178,7 +178,7 @@ def parallel_prefill(cfg: ModelConfig, p: Params, x: Array) -> tuple[Array, Arra
 def parallel_decode(cfg: ModelConfig, p: Params, x: Array, k_cache: Array, v_cache: Array,
                     pos: Array) -> tuple[Array, Array, Array]:
     from . import programs as PR
-    h = M.rms_norm(x, p["attn_norm"])
+    h = M.norm(cfg, x, p["attn_norm"])
     a, k_cache, v_cache = PR.attention_decode(cfg, p, h, k_cache, v_cache, pos)
     return x + a + M.mlp(cfg, p, h), k_cache, v_cache
 

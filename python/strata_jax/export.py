@@ -17,6 +17,7 @@ import jax
 import jaxlib
 
 from . import __version__
+from . import kernels as K
 from . import model as M
 from .model import ModelConfig
 from . import blocks
@@ -147,6 +148,7 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
     gets "mesh" and "collectives" (docs/parallelism.md), and with tensor > 1
     "spmd_programs", the tensor-parallel block programs (tensor_parallel.py);
     without one the bundle is exactly the one-device bundle."""
+    K.fallbacks_seen.clear()  # this bundle's, recorded while its programs are traced
     prog_dir = os.path.join(out_dir, "programs")
     os.makedirs(prog_dir, exist_ok=True)
     entries = []
@@ -191,6 +193,8 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
         "embed": tables["embed"],
         "head": tables["head"],
         "layers": tables["layers"],
+        # After every program was lowered: the fallbacks taken while tracing them.
+        "kernels": K.manifest_entry(dict(cfg.kernels)),
     }
     if mesh is not None and mesh.devices > 1:
         manifest["mesh"] = mesh.to_json()

@@ -28,7 +28,7 @@ NORM_EPS = 1e-6
 
 
 _MOE_DEFAULTS: dict[str, Any] = {"n_experts": 8, "moe_top_k": 2, "moe_aux_weight": 0.01, "moe_z_weight": 0.001}
-_OPTIONAL: frozenset[str] = frozenset({"n_kv_heads", "block", "layers", *_MOE_DEFAULTS})
+_OPTIONAL: frozenset[str] = frozenset({"n_kv_heads", "block", "layers", "kernels", *_MOE_DEFAULTS})
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,10 @@ class ModelConfig:
     moe_top_k: int = 2
     moe_aux_weight: float = 0.01
     moe_z_weight: float = 0.001
+    # kernels.<op> (docs/kernels.md): the implementation of each kernel op,
+    # as sorted (op, impl) pairs; ops left out (and every op at "xla") use
+    # the plain-jnp reference, and the key is left out of the model JSON.
+    kernels: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         checks = [
@@ -84,6 +88,8 @@ class ModelConfig:
                 if kind not in blocks.KINDS:
                     raise ValueError(f"{key}: unknown block kind {kind!r} (registered: "
                                      f"{', '.join(sorted(blocks.KINDS))}; docs/model.md, \"Block kinds\")")
+        from . import kernels as K
+        K.check_selection(dict(self.kernels))
         for kind in dict.fromkeys(self.layer_kinds()):
             check = blocks.KINDS[kind].validate
             if check is not None:
@@ -105,6 +111,7 @@ class ModelConfig:
             layers=tuple(str(k) for k in (d.get("layers") or ())),
             n_experts=int(d.get("n_experts", 8)), moe_top_k=int(d.get("moe_top_k", 2)),
             moe_aux_weight=float(d.get("moe_aux_weight", 0.01)), moe_z_weight=float(d.get("moe_z_weight", 0.001)),
+            kernels=tuple(sorted((str(k), str(v)) for k, v in (d.get("kernels") or {}).items() if v != "xla")),
         )
 
     @classmethod
@@ -129,7 +136,15 @@ class ModelConfig:
         for k, default in _MOE_DEFAULTS.items():
             if d[k] == default:
                 del d[k]
+        if self.kernels:
+            d["kernels"] = dict(self.kernels)
+        else:
+            del d["kernels"]
         return d
+
+    def kernel(self, op: str) -> str:
+        """The implementation of kernel op |op| (kernels.py): "xla" unless set."""
+        return dict(self.kernels).get(op, "xla")
 
     @property
     def head_dim(self) -> int:
@@ -313,6 +328,20 @@ def rms_norm(x: Array, gain: Array) -> Array:
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + NORM_EPS) * gain
 
 
+def norm(cfg: ModelConfig, x: Array, gain: Array) -> Array:
+    """RMSNorm through the implementation kernels.rmsnorm selects (kernels.py)."""
+    from . import kernels as K
+    impl = cfg.kernel("rmsnorm")
+    return rms_norm(x, gain) if impl == "xla" else K.call("rmsnorm", impl, x.astype(jnp.float32), gain)
+
+
+def swiglu(cfg: ModelConfig, gate: Array, up: Array) -> Array:
+    """silu(gate) * up through the implementation kernels.swiglu selects."""
+    from . import kernels as K
+    impl = cfg.kernel("swiglu")
+    return jax.nn.silu(gate) * up if impl == "xla" else K.call("swiglu", impl, gate, up)
+
+
 def rope_tables(cfg: ModelConfig) -> tuple[Array, Array]:
     """cos, sin of shape [T, Dh] (rotate-half layout: the half-table repeated)."""
     half = cfg.head_dim // 2
@@ -356,13 +385,13 @@ def attention(cfg: ModelConfig, p: Params, x: Array) -> Array:
 
 
 def mlp(cfg: ModelConfig, p: Params, x: Array) -> Array:
-    return _mm(cfg, jax.nn.silu(_mm(cfg, x, p["w_gate"])) * _mm(cfg, x, p["w_up"]), p["w_down"])
+    return _mm(cfg, swiglu(cfg, _mm(cfg, x, p["w_gate"]), _mm(cfg, x, p["w_up"])), p["w_down"])
 
 
 def block_fwd(cfg: ModelConfig, p: Params, x: Array) -> Array:
     """One transformer block: x [B,T,D] f32 -> y [B,T,D] f32."""
-    x = x + attention(cfg, p, rms_norm(x, p["attn_norm"]))
-    return x + mlp(cfg, p, rms_norm(x, p["mlp_norm"]))
+    x = x + attention(cfg, p, norm(cfg, x, p["attn_norm"]))
+    return x + mlp(cfg, p, norm(cfg, x, p["mlp_norm"]))
 
 
 def embed_fwd(cfg: ModelConfig, wte: Array, tokens: Array) -> Array:
@@ -371,7 +400,7 @@ def embed_fwd(cfg: ModelConfig, wte: Array, tokens: Array) -> Array:
 
 
 def head_logits(cfg: ModelConfig, p: Params, wte: Array | None, x: Array) -> Array:
-    h = rms_norm(x, p["final_norm"])
+    h = norm(cfg, x, p["final_norm"])
     w_out = wte.T if cfg.tie_embeddings else p["w_out"]
     assert w_out is not None
     return _mm(cfg, h, w_out)

@@ -131,7 +131,7 @@ def moe_mlp(cfg: ModelConfig, mc: MoeConfig, p: Params, h: Array) -> tuple[Array
     hn = h.reshape(-1, D)
     logits = jnp.matmul(hn, p["router"].astype(hn.dtype))  # f32 (or f64) whatever compute_dtype
     probs, combine, chosen = route(mc, logits)
-    hidden = jax.nn.silu(_emm(cfg, "nd,edf->enf", hn, p["w_gate"])) * _emm(cfg, "nd,edf->enf", hn, p["w_up"])
+    hidden = M.swiglu(cfg, _emm(cfg, "nd,edf->enf", hn, p["w_gate"]), _emm(cfg, "nd,edf->enf", hn, p["w_up"]))
     ye = _emm(cfg, "enf,efd->end", hidden, p["w_down"])
     out = jnp.einsum("ne,end->nd", combine, ye)
     aux, z, load = moe_losses(mc, logits, probs, chosen)
@@ -140,8 +140,8 @@ def moe_mlp(cfg: ModelConfig, mc: MoeConfig, p: Params, h: Array) -> tuple[Array
 
 def moe_block_fwd(cfg: ModelConfig, mc: MoeConfig, p: Params, x: Array) -> tuple[Array, Array, Array, Array]:
     """x [B,T,D] f32 -> y, aux, z, load [E]: llama's attention, then the MoE MLP."""
-    x = x + M.attention(cfg, p, M.rms_norm(x, p["attn_norm"]))
-    out, aux, z, load = moe_mlp(cfg, mc, p, M.rms_norm(x, p["mlp_norm"]))
+    x = x + M.attention(cfg, p, M.norm(cfg, x, p["attn_norm"]))
+    out, aux, z, load = moe_mlp(cfg, mc, p, M.norm(cfg, x, p["mlp_norm"]))
     return x + out, aux, z, load
 
 
@@ -191,9 +191,9 @@ def _kind() -> "Any":
 
     def decode(cfg: ModelConfig, p: Params, x: Array, k_cache: Array, v_cache: Array,
                pos: Array) -> tuple[Array, Array, Array]:
-        a, k_cache, v_cache = PR.attention_decode(cfg, p, M.rms_norm(x, p["attn_norm"]), k_cache, v_cache, pos)
+        a, k_cache, v_cache = PR.attention_decode(cfg, p, M.norm(cfg, x, p["attn_norm"]), k_cache, v_cache, pos)
         x = x + a
-        out = moe_mlp(cfg, MoeConfig.of(cfg), p, M.rms_norm(x, p["mlp_norm"]))[0]
+        out = moe_mlp(cfg, MoeConfig.of(cfg), p, M.norm(cfg, x, p["mlp_norm"]))[0]
         return x + out, k_cache, v_cache
 
     return blocks.BlockKind(

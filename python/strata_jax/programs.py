@@ -361,7 +361,7 @@ def _qkv(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tuple[Array, Array,
     """RMSNorm, q/k/v projections and RoPE, as in model.attention."""
     B, T, _ = x.shape
     H, Dh = cfg.n_heads, cfg.head_dim
-    h = M.rms_norm(x, p["attn_norm"])
+    h = M.norm(cfg, x, p["attn_norm"])
     q = M._mm(cfg, h, p["wq"]).reshape(B, T, H, Dh)
     k = M._mm(cfg, h, p["wk"]).reshape(B, T, -1, Dh)
     v = M._mm(cfg, h, p["wv"]).reshape(B, T, -1, Dh)
@@ -389,9 +389,9 @@ def block_fwd_res(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tuple[Arra
     o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), M.expand_kv(cfg, v).astype(c),
                    preferred_element_type=jnp.float32).reshape(B, T, D)
     x_mid = x + M._mm(cfg, o, p["wo"])
-    h2 = M.rms_norm(x_mid, p["mlp_norm"])
+    h2 = M.norm(cfg, x_mid, p["mlp_norm"])
     gate, up = M._mm(cfg, h2, p["w_gate"]), M._mm(cfg, h2, p["w_up"])
-    y = x_mid + M._mm(cfg, jax.nn.silu(gate) * up, p["w_down"])
+    y = x_mid + M._mm(cfg, M.swiglu(cfg, gate, up), p["w_down"])
     return y, (q, k, v, o, lse, x_mid, gate, up)
 
 
@@ -424,11 +424,11 @@ def block_bwd_res(cfg: ModelConfig, p: dict[str, Array], x: Array, res: tuple[Ar
     """(param grads, dx) from the residuals. Each jax.vjp below covers one stage whose
     inputs are saved; its primal matmuls are dead code that XLA removes."""
     q, k, v, o, lse, x_mid, gate, up = (r.astype(jnp.float32) for r in res)
-    _, vjp = jax.vjp(lambda g_, u_, w: M._mm(cfg, jax.nn.silu(g_) * u_, w), gate, up, p["w_down"])
+    _, vjp = jax.vjp(lambda g_, u_, w: M._mm(cfg, M.swiglu(cfg, g_, u_), w), gate, up, p["w_down"])
     dgate, dup, dw_down = vjp(dy)
 
     def mlp_in(x_, gain, wg, wu):  # type: ignore[no-untyped-def]
-        h = M.rms_norm(x_, gain)
+        h = M.norm(cfg, x_, gain)
         return M._mm(cfg, h, wg), M._mm(cfg, h, wu)
 
     _, vjp = jax.vjp(mlp_in, x_mid, p["mlp_norm"], p["w_gate"], p["w_up"])
@@ -497,9 +497,9 @@ def block_decode(cfg: ModelConfig, p: dict[str, Array], x: Array, k_cache: Array
     """One token x [1, 1, D] at position |pos|: y and the caches with this
     token's k and v written at |pos| (attention_decode); the same operations
     as model.block_fwd for that token."""
-    a, k_cache, v_cache = attention_decode(cfg, p, M.rms_norm(x, p["attn_norm"]), k_cache, v_cache, pos)
+    a, k_cache, v_cache = attention_decode(cfg, p, M.norm(cfg, x, p["attn_norm"]), k_cache, v_cache, pos)
     x_mid = x + a
-    y = x_mid + M.mlp(cfg, p, M.rms_norm(x_mid, p["mlp_norm"]))
+    y = x_mid + M.mlp(cfg, p, M.norm(cfg, x_mid, p["mlp_norm"]))
     return y, k_cache, v_cache
 
 
@@ -526,7 +526,7 @@ def sample_programs(cfg: ModelConfig, kinds: list[dict[str, Program]] | None = N
         # model.head_logits's h @ wte.T as one dot_general over wte's second
         # dimension: no transpose op, so wte is read once (at batch 1 the
         # transposed copy of wte would be most of the program's bytes).
-        h, c = M.rms_norm(args[-1], p["final_norm"]), cfg.cdtype
+        h, c = M.norm(cfg, args[-1], p["final_norm"]), cfg.cdtype
         return (jnp.einsum("btd,vd->btv", h.astype(c), args[nh].astype(c), preferred_element_type=jnp.float32),)
 
     return [

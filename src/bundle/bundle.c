@@ -393,8 +393,8 @@ static st_status st__kernels_parse(st_bundle* b, const json_t* root, const char*
     kb->name = st_xstrdup(name);
     kb->impl = st_xstrdup(impl);
     kb->version = (int)version;
-    const json_t* fb = json_object_get(kj, "fallback_from");
-    kb->fallback_from = st_xstrdup(json_is_string(fb) ? json_string_value(fb) : "");
+    const json_t* fb = json_object_get(kj, "fallback");
+    kb->fallback = st_xstrdup(json_is_string(fb) ? json_string_value(fb) : "");
     const json_t* targets = json_object_get(kj, "targets");
     if (targets && !json_is_array(targets)) return st_status_make(ST_CODE_RUNTIME, "%s: targets is not an array", ctx);
     ST_RETURN(st__count(targets, ST_BUNDLE_MAX_KERNEL_TARGETS, ctx, "targets", "ST_BUNDLE_MAX_KERNEL_TARGETS"));
@@ -601,7 +601,7 @@ void st_bundle_destroy(st_bundle* b) {
     st_bundle_kernel* k = &b->kernels[i];
     free(k->name);
     free(k->impl);
-    free(k->fallback_from);
+    free(k->fallback);
     for (int t = 0; t < k->target_count; ++t) free(k->targets[t]);
   }
   free(b->kernels);

@@ -238,6 +238,13 @@ static const st__cfg_key kKeys[] = {
      .doc = "Numerics health in metrics.jsonl: step (parameter and update norms, their ratio), layer (also per layer "
             "the RMS, largest |x| and non-finite count of block outputs, input gradients, parameter gradients and "
             "updates; docs/diagnostics.md). Needs parallel.fsdp=1 and parallel.tensor=1."},
+
+    {"kernels.rmsnorm", ST__CFG_ENUM, "xla", .choices = "xla|ffi|pallas",
+     .doc = "RMSNorm's implementation (docs/kernels.md): xla (plain jnp, the reference), ffi (strata's C kernel "
+            "through the plugin's FFI), pallas (Pallas; interpret mode on CPU: verification only, slow)."},
+    {"kernels.swiglu", ST__CFG_ENUM, "xla", .choices = "xla|ffi|pallas",
+     .doc = "SwiGLU activation's implementation (silu(gate) * up; docs/kernels.md): xla, ffi or pallas, as "
+            "kernels.rmsnorm."},
 };
 
 static const st__cfg_section kSections[] = {

@@ -16,11 +16,17 @@ const st_kernel_handler* st_kernels_handlers(int* count) {
   return st__kernel_handlers;
 }
 
-void st_kernels_ffi_targets(st_ffi_target* out) {
-  for (int i = 0; i < st__kernel_handler_count; ++i) {
-    out[i].name = st__kernel_handlers[i].target;
-    out[i].handler = st__kernel_handlers[i].fn;
-  }
+bool st_kernels_bundle_uses_ffi(const st_bundle* b) {
+  for (int i = 0; b && i < b->kernel_count; ++i)
+    if (!strcmp(b->kernels[i].impl, "ffi")) return true;
+  return false;
+}
+
+json_t* st_kernels_bundle_json(const st_bundle* b) {
+  json_t* j = st_json_obj();
+  for (int i = 0; b && i < b->kernel_count; ++i) st_json_put_str(j, b->kernels[i].name, b->kernels[i].impl);
+  st_json_put_str(j, "isa", st_kernels_isa_name(st_kernels_isa()));
+  return j;
 }
 
 static const st_kernel_handler* st__handler(const char* op, const char* direction) {

@@ -144,3 +144,17 @@ const st_kernel_handler st__kernel_handlers[] = {
     {"swiglu", 1, "bwd", ST_KERNEL_SWIGLU_BWD, (void*)st__swiglu_bwd},
 };
 const int st__kernel_handler_count = (int)(sizeof(st__kernel_handlers) / sizeof(st__kernel_handlers[0]));
+
+/* The same, as the runtime's registration list (static: the runtime only
+ * borrows it during creation, the plugin keeps the function pointers). */
+static const st_ffi_target kTargets[] = {
+    {ST_KERNEL_RMSNORM_FWD, (void*)st__rmsnorm_fwd},
+    {ST_KERNEL_RMSNORM_BWD, (void*)st__rmsnorm_bwd},
+    {ST_KERNEL_SWIGLU_FWD, (void*)st__swiglu_fwd},
+    {ST_KERNEL_SWIGLU_BWD, (void*)st__swiglu_bwd},
+};
+
+const st_ffi_target* st_kernels_ffi_target_table(int* count) {
+  if (count) *count = (int)(sizeof(kTargets) / sizeof(kTargets[0]));
+  return kTargets;
+}

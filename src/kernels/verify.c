@@ -228,17 +228,11 @@ st_status st_kernels_verify(const st_kernels_verify_options* o, st_kernels_verif
   st_runtime* rt = o->runtime;
   st_status s = ST_OK;
   if (!rt) {
-    int count = 0;
-    st_kernels_handlers(&count);
-    st_ffi_target* targets = st_xcalloc((size_t)count, sizeof(*targets));
-    st_kernels_ffi_targets(targets);
     st_runtime_options ro;
     st_runtime_options_init(&ro);
     ro.cpu_devices = 1;
-    ro.ffi_targets = targets;
-    ro.ffi_target_count = count;
+    ro.ffi_targets = st_kernels_ffi_target_table(&ro.ffi_target_count);
     s = st_runtime_create(&ro, &rt);
-    free(targets);
   }
   if (!s) s = st__verify(o, rt, r);
   if (!o->runtime) st_runtime_destroy(rt);

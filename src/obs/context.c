@@ -118,7 +118,7 @@ json_t* st_context_json(const st_context_facts* f) {
   st_json_put_str(c, "memory", mem);
   /* The environment variables that change what strata or XLA does. */
   static const char* kEnv[] = {"XLA_FLAGS", "STRATA_PJRT_PLUGIN", "STRATA_CACHE_DIR", "STRATA_PYTHON", "PJRT_NPROC",
-                               "JAX_PLATFORMS", "OMP_NUM_THREADS"};
+                               "JAX_PLATFORMS", "OMP_NUM_THREADS", "STRATA_KERNELS_ISA"};
   json_t* env = st_json_obj();
   for (size_t i = 0; i < sizeof(kEnv) / sizeof(kEnv[0]); ++i) {
     const char* v = getenv(kEnv[i]);
@@ -129,5 +129,6 @@ json_t* st_context_json(const st_context_facts* f) {
   st_json_put_str(c, "bundle_key", f->bundle_key);
   if (f->tokenizer_hash) st_json_put_str(c, "tokenizer_hash", f->tokenizer_hash);
   if (f->peak) st_json_put(c, "peak", json_incref(f->peak));
+  if (f->kernels) st_json_put(c, "kernels", json_incref(f->kernels));
   return c;
 }

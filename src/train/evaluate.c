@@ -11,6 +11,7 @@
 
 #include "strata/base.h"
 #include "strata/ckpt.h"
+#include "strata/kernels.h"
 #include "strata/train.h"
 #include "train/train_internal.h"
 
@@ -96,6 +97,12 @@ st_status st_train_evaluate(const st_config* cfg, const char* params_path, const
     s = st_bundle_ensure_ex(&req, o.long_progress.on, &bundle, &exported);
   }
   t.bundle = bundle;
+  /* The bundle's kernels against the handlers strata registers, before any
+   * compile (exit 4 naming kernel and versions); register them when its
+   * programs call them (docs/kernels.md). */
+  if (!s) s = st_kernels_check_bundle(bundle);
+  if (!s && st_kernels_bundle_uses_ffi(bundle))
+    o.runtime.ffi_targets = st_kernels_ffi_target_table(&o.runtime.ffi_target_count);
   if (!s) {
     o.runtime.cache_dir = st_path_join(o.cache_root, "executables");
     s = st_runtime_create(&o.runtime, &t.runtime);

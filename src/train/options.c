@@ -67,6 +67,18 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
     st_json_put_num(m, "moe_aux_weight", st_config_float(c, "model.moe_aux_weight"));
   if (st_config_float(c, "model.moe_z_weight") != 0.001)
     st_json_put_num(m, "moe_z_weight", st_config_float(c, "model.moe_z_weight"));
+  /* kernels.<op> likewise, only the ops not at xla (docs/kernels.md): the
+   * selection is part of the model JSON, so of the bundle key. */
+  json_t* kern = json_object();
+  static const char* const kKernelOps[] = {"rmsnorm", "swiglu"};
+  for (size_t i = 0; i < sizeof(kKernelOps) / sizeof(kKernelOps[0]); ++i) {
+    char key[64];
+    snprintf(key, sizeof(key), "kernels.%s", kKernelOps[i]);
+    const char* impl = st_config_string(c, key);
+    if (strcmp(impl, "xla")) json_object_set_new(kern, kKernelOps[i], json_string(impl));
+  }
+  if (json_object_size(kern) > 0) json_object_set_new(m, "kernels", kern);
+  else json_decref(kern);
   /* Compute programs see one device's share of a microbatch (the config
    * rules make it divide evenly; docs/parallelism.md). */
   int64_t shares = st_config_int(c, "parallel.data") * st_config_int(c, "parallel.fsdp");

@@ -16,6 +16,7 @@
 
 #include "strata/base.h"
 #include "strata/ckpt.h"
+#include "strata/kernels.h"
 #include "strata/train.h"
 
 /*===-------------------------------------------------------------------===*/
@@ -492,6 +493,12 @@ st_status st_train_sample_main(const char* path, const char* prompt, const st_tr
         data[i] = file->data + e->offset;
     }
   }
+  /* The bundle's kernels against the handlers strata registers, before any
+   * compile (exit 4 naming kernel and versions); register them when its
+   * programs call them (docs/kernels.md). */
+  if (!s) s = st_kernels_check_bundle(bundle);
+  if (!s && st_kernels_bundle_uses_ffi(bundle))
+    o.runtime.ffi_targets = st_kernels_ffi_target_table(&o.runtime.ffi_target_count);
   if (!s) {
     char* exe_cache = st_path_join(o.cache_root, "executables");
     o.runtime.cache_dir = exe_cache; /* freed by st_train_options_deinit */

@@ -22,6 +22,7 @@
 #include "strata/diag.h"
 #include "strata/mesh.h"
 #include "strata/obs.h"
+#include "strata/kernels.h"
 #include "strata/train.h"
 #include "train/checkpoint_io.h"
 #include "train/train_internal.h"
@@ -853,6 +854,12 @@ st_status st_train_main(const st_config* cfg) {
     s = st_bundle_ensure_ex(&req, o.long_progress.on, &bundle, &exported);
   }
   t.bundle = bundle;
+  /* The bundle's kernels against the handlers strata registers, before any
+   * compile (exit 4 naming kernel and versions); register them when its
+   * programs call them (docs/kernels.md). */
+  if (!s) s = st_kernels_check_bundle(bundle);
+  if (!s && st_kernels_bundle_uses_ffi(bundle))
+    o.runtime.ffi_targets = st_kernels_ffi_target_table(&o.runtime.ffi_target_count);
   if (!s) {
     char* exe_cache = st_path_join(o.cache_root, "executables");
     o.runtime.cache_dir = exe_cache;
@@ -891,9 +898,11 @@ st_status st_train_main(const st_config* cfg) {
                               .jax_version = bundle->jax_version,
                               .jaxlib_version = bundle->jaxlib_version,
                               .runtime = &rt,
-                              .peak = st_train_peak_json(&t.peak, mesh_devices)};
+                              .peak = st_train_peak_json(&t.peak, mesh_devices),
+                              .kernels = st_kernels_bundle_json(bundle)};
     json_t* ctx = st_context_json(&facts);
     json_decref(facts.peak);
+    json_decref(facts.kernels);
     char* path = st_path_join(t.run_dir, "context.json");
     s = st_json_write_file(path, ctx, 0);
     free(path);
@@ -921,6 +930,20 @@ st_status st_train_main(const st_config* cfg) {
     st_json_put_bool(f, "exported", exported);
     /* The lint's warnings (its errors stopped the run before here). */
     st_json_put(f, "lint", st_lint_json(&bundle->lint));
+    /* The kernels' implementations, and any fallback the exporter took
+     * (docs/kernels.md, "Selection and fallback"). */
+    st_json_put(f, "kernels", st_kernels_bundle_json(bundle));
+    json_t* fb = json_array();
+    for (int i = 0; i < bundle->kernel_count; ++i)
+      if (bundle->kernels[i].fallback[0]) {
+        json_t* e = st_json_obj();
+        st_json_put_str(e, "op", bundle->kernels[i].name);
+        st_json_put_str(e, "asked", bundle->kernels[i].impl);
+        st_json_put_str(e, "fallback", bundle->kernels[i].fallback);
+        json_array_append_new(fb, e);
+      }
+    if (json_array_size(fb) > 0) st_json_put(f, "kernel_fallbacks", fb);
+    else json_decref(fb);
     s = st__event(&t, "bundle", f);
   }
   double t_compile = st_now();
