@@ -1,0 +1,266 @@
+/*
+ * test_kernels.c — the kernel contract, the C kernels' two paths against a
+ * double-precision reference, registration with the plugin proved by
+ * compiling and running every FFI target (and a compile without it failing),
+ * and the bundle check (docs/kernels.md).
+ *
+ * Order matters: the plugin's handler registry is process-wide and cannot
+ * be emptied, so the test that compiles without registration runs before
+ * any test registers.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "strata/base.h"
+#include "strata/kernels.h"
+#include "test_util.h"
+
+static char* g_dir; /* the verification programs of rmsnorm, exported once */
+
+static int setup(void** state) {
+  (void)state;
+  g_dir = tu_tmpdir("kernels");
+  const char* args[] = {g_dir, "--op", "rmsnorm", NULL};
+  char* log = st_path_join(g_dir, "export.log");
+  st_python_job job = {.what = "exporting kernel programs", .module = "strata_jax.kernel_verify", .args = args,
+                       .log_path = log, .code = ST_CODE_RUNTIME, .jax_platforms = "cpu"};
+  st_status s = st_python_run(&job);
+  free(log);
+  if (s) {
+    fprintf(stderr, "setup: %s\n", st_status_message(s));
+    st_status_free(s);
+    return -1;
+  }
+  return 0;
+}
+
+static int teardown(void** state) {
+  (void)state;
+  if (!getenv("STRATA_KEEP_TEST_FILES")) tu_rmtree(g_dir);
+  free(g_dir);
+  return 0;
+}
+
+/*--- the contract -----------------------------------------------------------*/
+
+static void test_contract_matches_handlers(void** state) {
+  (void)state;
+  st_kernel_contract c;
+  ASSERT_OK(st_kernel_contract_load(&c));
+  assert_int_equal(c.contract_version, 1);
+  const st_kernel_op* rms = st_kernel_contract_find(&c, "rmsnorm");
+  const st_kernel_op* swi = st_kernel_contract_find(&c, "swiglu");
+  assert_non_null(rms);
+  assert_non_null(swi);
+  assert_string_equal(rms->ffi_fwd, ST_KERNEL_RMSNORM_FWD);
+  assert_string_equal(swi->ffi_bwd, ST_KERNEL_SWIGLU_BWD);
+  assert_true(rms->has_backward);
+  const st_kernel_tolerance* t = st_kernel_op_tolerance(rms, "f32");
+  assert_non_null(t);
+  assert_true(t->fwd_rtol > 0 && t->bwd_atol > 0);
+  ASSERT_OK(st_kernels_check_contract(&c));
+  st_kernel_contract_free(&c);
+}
+
+/* A contract whose version moved on without the handlers is caught. */
+static void test_contract_version_drift_is_caught(void** state) {
+  (void)state;
+  const char* text =
+      "{\"contract_version\": 1, \"ops\": [{\"name\": \"rmsnorm\", \"version\": 2, \"has_backward\": true,"
+      " \"implementations\": [\"xla\", \"ffi\"], \"tolerance\": {\"f32\": {\"fwd\": {\"rtol\": 1e-5, \"atol\": 0},"
+      " \"bwd\": {\"rtol\": 1e-4, \"atol\": 0}}}, \"ffi_targets\": {\"fwd\": \"strata_rmsnorm_fwd_v2\","
+      " \"bwd\": \"strata_rmsnorm_bwd_v2\"}}, {\"name\": \"swiglu\", \"version\": 1, \"has_backward\": true,"
+      " \"implementations\": [\"xla\"], \"tolerance\": {\"f32\": {\"fwd\": {\"rtol\": 0, \"atol\": 0},"
+      " \"bwd\": {\"rtol\": 0, \"atol\": 0}}}}]}";
+  st_kernel_contract c;
+  ASSERT_OK(st_kernel_contract_parse(text, strlen(text), "test", &c));
+  ASSERT_ERROR(st_kernels_check_contract(&c), ST_CODE_INTERNAL, "rmsnorm", "version 2", "version 1");
+  st_kernel_contract_free(&c);
+  /* Bounded: a bad row is an error, not a crash. */
+  const char* bad = "{\"contract_version\": 1, \"ops\": [{\"name\": \"x\", \"version\": 1, \"implementations\": 3}]}";
+  ASSERT_ERROR(st_kernel_contract_parse(bad, strlen(bad), "test", &c), ST_CODE_INTERNAL, "implementations");
+}
+
+/*--- the arithmetic -----------------------------------------------------------*/
+
+static float frand(uint64_t* s) {
+  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+  return (float)((*s >> 40) & 0xFFFFFF) / 16777216.0f * 4.0f - 2.0f;
+}
+
+static void check_close(const float* got, const double* want, int64_t n, double rtol, double atol, const char* what) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!(fabs((double)got[i] - want[i]) <= atol + rtol * fabs(want[i])))
+      fail_msg("%s[%lld]: %.9g, reference %.9g", what, (long long)i, (double)got[i], want[i]);
+}
+
+/* Both paths (AVX-512 only where the CPU has it) against the formulas in
+ * double, on sizes that are and are not multiples of the 16 lanes. */
+static void test_paths_match_double_reference(void** state) {
+  (void)state;
+  const int64_t dims[] = {1, 7, 16, 17, 33, 257};
+  st_kernel_isa isas[2] = {ST_KERNEL_ISA_PORTABLE, st_kernels_isa()};
+  for (int ii = 0; ii < 2; ++ii) {
+    for (size_t di = 0; di < sizeof(dims) / sizeof(dims[0]); ++di) {
+      int64_t d = dims[di], rows = 3, n = rows * d;
+      uint64_t seed = 7 + (uint64_t)d;
+      float *x = malloc(sizeof(float) * (size_t)n), *g = malloc(sizeof(float) * (size_t)d),
+            *dy = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n),
+            *dx = malloc(sizeof(float) * (size_t)n), *dg = malloc(sizeof(float) * (size_t)d),
+            *y2 = malloc(sizeof(float) * (size_t)n);
+      double *wy = calloc((size_t)n, sizeof(double)), *wdx = calloc((size_t)n, sizeof(double)),
+             *wdg = calloc((size_t)d, sizeof(double)), *wh = calloc((size_t)n, sizeof(double)),
+             *wda = calloc((size_t)n, sizeof(double)), *wdb = calloc((size_t)n, sizeof(double));
+      for (int64_t i = 0; i < n; ++i) x[i] = frand(&seed), dy[i] = frand(&seed);
+      for (int64_t i = 0; i < d; ++i) g[i] = 1.0f + 0.25f * frand(&seed);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * d, *er = dy + r * d;
+        double ss = 0, dot = 0;
+        for (int64_t i = 0; i < d; ++i) ss += (double)xr[i] * xr[i], dot += (double)er[i] * g[i] * xr[i];
+        double inv = 1.0 / sqrt(ss / (double)d + 1e-6);
+        for (int64_t i = 0; i < d; ++i) {
+          wy[r * d + i] = xr[i] * inv * g[i];
+          wdx[r * d + i] = inv * er[i] * g[i] - xr[i] * inv * inv * inv * dot / (double)d;
+          wdg[i] += er[i] * xr[i] * inv;
+        }
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        double a = x[i], b = dy[i], s = 1.0 / (1.0 + exp(-a));
+        wh[i] = a * s * b;
+        wda[i] = g[i % d] * b * s * (1 + a * (1 - s)); /* dh = g[i % d] below */
+        wdb[i] = g[i % d] * a * s;
+      }
+      st_kernel_rmsnorm_fwd(isas[ii], x, g, y, rows, d);
+      check_close(y, wy, n, 1e-5, 1e-6, "rmsnorm y");
+      st_kernel_rmsnorm_bwd(isas[ii], x, g, dy, dx, dg, rows, d);
+      check_close(dx, wdx, n, 1e-4, 1e-5, "rmsnorm dx");
+      check_close(dg, wdg, d, 1e-4, 1e-5, "rmsnorm dgain");
+      st_kernel_swiglu_fwd(isas[ii], x, dy, y2, n);
+      check_close(y2, wh, n, 1e-5, 1e-6, "swiglu h");
+      float* dh = malloc(sizeof(float) * (size_t)n);
+      for (int64_t i = 0; i < n; ++i) dh[i] = g[i % d];
+      st_kernel_swiglu_bwd(isas[ii], x, dy, dh, dx, y, n);
+      check_close(dx, wda, n, 1e-5, 1e-6, "swiglu dgate");
+      check_close(y, wdb, n, 1e-5, 1e-6, "swiglu dup");
+      free(dh);
+      free(x), free(g), free(dy), free(y), free(dx), free(dg), free(y2);
+      free(wy), free(wdx), free(wdg), free(wh), free(wda), free(wdb);
+    }
+  }
+}
+
+/*--- registration -------------------------------------------------------------*/
+
+/* Without registration the plugin refuses a program that calls the target:
+ * so the compile below is a real proof, not a formality. Runs first. */
+static void test_compile_without_registration_fails(void** state) {
+  (void)state;
+  st_runtime* rt = NULL;
+  assert_int_equal(tu_runtime_create(1, &rt), 0);
+  assert_int_equal(st_runtime_ffi_target_count(rt), 0);
+  char* path = st_path_join(g_dir, "programs/rmsnorm_ffi_fwd_1.mlir");
+  st_program* p = NULL;
+  st_status s = st_program_compile_file(rt, path, NULL, &p);
+  assert_null(p);
+  ASSERT_ERROR(s, ST_CODE_RUNTIME, ST_KERNEL_RMSNORM_FWD);
+  free(path);
+  st_runtime_destroy(rt);
+}
+
+/* Every registered target compiles and runs in a program, and agrees with
+ * the xla reference (strata kernels verify's engine, all ops). */
+static void test_every_target_compiles_and_runs(void** state) {
+  (void)state;
+  st_runtime_options o;
+  st_runtime_options_init(&o);
+  o.cpu_devices = 1;
+  o.ffi_targets = st_kernels_ffi_target_table(&o.ffi_target_count);
+  st_runtime* rt = NULL;
+  ASSERT_OK(st_runtime_create(&o, &rt));
+  assert_int_equal(st_runtime_ffi_target_count(rt), 4);
+  char* dir = tu_tmpdir("kverify");
+  st_kernels_verify_options vo = {.tolerance_scale = 1.0, .workdir = dir, .keep = true, .runtime = rt};
+  st_kernels_verify_result r;
+  ASSERT_OK(st_kernels_verify(&vo, &r));
+  /* 2 ops x 4 shapes x fwd/bwd through ffi: each of the 4 targets ran. */
+  assert_int_equal(r.ffi_cases, 16);
+  assert_int_equal(r.cases, 32);
+  assert_true(r.worst_ratio <= 1.0);
+  /* Found, per target, in the programs that ran. */
+  int n = 0;
+  const st_ffi_target* t = st_kernels_ffi_target_table(&n);
+  const char* files[4] = {"rmsnorm_ffi_fwd_1.mlir", "rmsnorm_ffi_bwd_1.mlir", "swiglu_ffi_fwd_1.mlir",
+                          "swiglu_ffi_bwd_1.mlir"};
+  for (int i = 0; i < n; ++i) {
+    char rel[128];
+    snprintf(rel, sizeof(rel), "programs/%s", files[i]);
+    char* path = st_path_join(dir, rel);
+    size_t size = 0;
+    char* text = tu_read_file(path, &size);
+    assert_non_null(text);
+    assert_non_null(strstr(text, t[i].name));
+    free(text);
+    free(path);
+  }
+  /* A tolerance of 0 makes the first inexact case fail, naming it. */
+  vo.tolerance_scale = 0;
+  vo.op = "swiglu";
+  ASSERT_ERROR(st_kernels_verify(&vo, &r), ST_CODE_RUNTIME, "kernel '", "implementation ", "shape f32[",
+               "largest error");
+  tu_rmtree(dir);
+  free(dir);
+  st_runtime_destroy(rt);
+}
+
+/*--- the bundle check ---------------------------------------------------------*/
+
+static void test_bundle_check(void** state) {
+  (void)state;
+  st_bundle_kernel k[2];
+  memset(k, 0, sizeof(k));
+  k[0].name = "rmsnorm";
+  k[0].impl = "ffi";
+  k[0].version = 1;
+  k[0].fallback = "";
+  k[0].target_count = 2;
+  k[0].targets[0] = ST_KERNEL_RMSNORM_FWD;
+  k[0].targets[1] = ST_KERNEL_RMSNORM_BWD;
+  k[1].name = "swiglu";
+  k[1].impl = "xla";
+  k[1].version = 7; /* xla needs no handler: any version */
+  k[1].fallback = "";
+  st_bundle b;
+  memset(&b, 0, sizeof(b));
+  b.dir = "/b";
+  b.kernel_count = 2;
+  b.kernels = k;
+  ASSERT_OK(st_kernels_check_bundle(&b));
+  assert_true(st_kernels_bundle_uses_ffi(&b));
+  k[0].version = 2;
+  ASSERT_ERROR(st_kernels_check_bundle(&b), ST_CODE_RUNTIME, "'rmsnorm'", "version 2", "version 1", "re-export");
+  k[0].version = 1;
+  k[0].targets[1] = "strata_rmsnorm_bwd_v9";
+  ASSERT_ERROR(st_kernels_check_bundle(&b), ST_CODE_RUNTIME, "'rmsnorm'", "strata_rmsnorm_bwd_v9", "version 1");
+  k[0].targets[1] = ST_KERNEL_RMSNORM_BWD;
+  k[1].name = "attention";
+  k[1].impl = "ffi";
+  k[1].version = 1;
+  ASSERT_ERROR(st_kernels_check_bundle(&b), ST_CODE_RUNTIME, "'attention'", "contract version 1",
+               "registered version: none");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_contract_matches_handlers),
+      cmocka_unit_test(test_contract_version_drift_is_caught),
+      cmocka_unit_test(test_paths_match_double_reference),
+      cmocka_unit_test(test_compile_without_registration_fails),
+      cmocka_unit_test(test_every_target_compiles_and_runs),
+      cmocka_unit_test(test_bundle_check),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
