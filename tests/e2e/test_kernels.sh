@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# test_kernels.sh — `strata kernels list|verify` and the bundle's kernels
+# (docs/kernels.md): the contract printed, every implementation verified
+# against the reference (exit 4 naming op, implementation, shape and error
+# when outside tolerance), a run with ffi kernels, and a bundle whose
+# kernels this strata does not register (another contract version, an
+# unknown target) refused with exit 4 before any compile. The training
+# equivalence of the implementations is tests/py/test_kernels_train.py.
+# Run from the repository root.
+set -uo pipefail
+
+STRATA=$(realpath "${STRATA:-./build/strata}")
+PY=${PY:-.venv/bin/python}
+TMP=$(mktemp -d /tmp/strata-e2e-kernels-XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+export STRATA_CACHE_DIR="$TMP/cache"
+
+source "$(dirname "$0")/lib.sh"
+
+# --- list -----------------------------------------------------------------------
+expect_exit 0 "^rmsnorm v1 " kernels list
+check "list names both ops' FFI targets and tolerances" \
+  "grep -q 'strata_swiglu_bwd_v1' '$TMP/out' && grep -q 'tolerance     f32 fwd rtol 1e-05' '$TMP/out'"
+expect_exit 0 '"contract_version"' kernels list --json
+check "list --json parses, with both ops" \
+  "$PY -c 'import json,sys; d=json.load(open(sys.argv[1])); assert [o[\"name\"] for o in d[\"ops\"]]==[\"rmsnorm\",\"swiglu\"]' '$TMP/out'"
+expect_exit 2 "unknown subcommand" kernels frobnicate
+
+# --- verify ---------------------------------------------------------------------
+expect_exit 0 "32 cases within tolerance \(16 through FFI handlers\)" kernels verify
+check "verify prints a line per case, ffi and pallas, fwd and bwd" \
+  "grep -Eq '^rmsnorm +ffi +bwd f32\[2,33,257\] .* ok$' '$TMP/out' && grep -Eq '^swiglu +pallas +fwd f32\[3,5,1001\] .* ok$' '$TMP/out'"
+expect_exit 2 "no such kernel op" kernels verify --op attention
+expect_exit 4 "kernel 'swiglu', implementation (ffi|pallas), (fwd|bwd), shape f32\[[0-9,]+\]: largest error [0-9.e-]+" \
+  kernels verify --op swiglu --tolerance-scale 0
+STRATA_KERNELS_ISA=portable "$STRATA" kernels verify --op swiglu >"$TMP/out" 2>&1
+check "verify with the portable path forced" "grep -q 'C kernels use portable' '$TMP/out' && grep -q '16 cases within' '$TMP/out'"
+
+# --- a run with ffi kernels, and bundles this strata cannot serve ---------------
+RUN=(configs/test.yml run.progress=off train.steps=2 train.eval_every=0 ckpt.every=0 kernels.rmsnorm=ffi kernels.swiglu=ffi)
+"$STRATA" export "${RUN[@]}" bundle.dir="$TMP/b" >/dev/null 2>"$TMP/err" && ok || bad "export with ffi kernels: $(tail -2 "$TMP/err")"
+check "the manifest records each op's implementation and targets" \
+  "$PY -c 'import json,sys; k=json.load(open(sys.argv[1]))[\"kernels\"]; assert k[\"ops\"][0][\"impl\"]==\"ffi\" and k[\"ops\"][0][\"targets\"]==[\"strata_rmsnorm_fwd_v1\",\"strata_rmsnorm_bwd_v1\"], k' '$TMP/b/manifest.json'"
+check "the programs call the targets" "grep -q 'custom_call @strata_swiglu_bwd_v1' '$TMP/b/programs/block_bwd_res.mlir'"
+if "$STRATA" train "${RUN[@]}" bundle.dir="$TMP/b" run.dir="$TMP/r1" >/dev/null 2>"$TMP/err"; then ok; else bad "train with ffi kernels: $(tail -2 "$TMP/err")"; fi
+check "context.json records the kernels and the ISA" \
+  "$PY -c 'import json,sys; k=json.load(open(sys.argv[1]))[\"kernels\"]; assert k[\"rmsnorm\"]==\"ffi\" and k[\"isa\"] in (\"avx512\",\"portable\"), k' '$TMP/r1/context.json'"
+check "config.yaml records the selection" "grep -A2 '^kernels:' '$TMP/r1/config.yaml' | grep -Eq 'rmsnorm: \"?ffi'"
+
+edit() { # edit DIR PYTHON-STATEMENT-ON-k (the manifest's kernels.ops[0])
+  cp -r "$TMP/b" "$1"
+  $PY - "$1/manifest.json" "$2" <<'PYEOF'
+import json, sys
+m = json.load(open(sys.argv[1]))
+k = m["kernels"]["ops"][0]
+exec(sys.argv[2])
+json.dump(m, open(sys.argv[1], "w"), indent=2)
+PYEOF
+}
+edit "$TMP/b2" 'k["version"] = 2'
+expect_exit 4 "kernel 'rmsnorm' was exported against contract version 2, the handler this strata registers is version 1" \
+  train "${RUN[@]}" bundle.dir="$TMP/b2" run.dir="$TMP/r2"
+check "refused before any compile (no compile event)" "! grep -q '\"compile\"' '$TMP/r2/events.jsonl' 2>/dev/null"
+edit "$TMP/b3" 'k["targets"].append("strata_rmsnorm_bwd_v9")'
+expect_exit 4 "kernel 'rmsnorm' \(contract version 1\) calls FFI target 'strata_rmsnorm_bwd_v9', which this strata does not register \(its 'rmsnorm' handlers are version 1" \
+  train "${RUN[@]}" bundle.dir="$TMP/b3" run.dir="$TMP/r3"
+check "refused before any compile (no compile event)" "! grep -q '\"compile\"' '$TMP/r3/events.jsonl' 2>/dev/null"
+edit "$TMP/b4" 'k["targets"] = []; k["impl"] = "xla"'
+expect_exit 4 "a custom call to 'strata_rmsnorm_(fwd|bwd)_v1'" train "${RUN[@]}" bundle.dir="$TMP/b4" run.dir="$TMP/r4"
+expect_exit 2 "kernels.rmsnorm" train configs/test.yml kernels.rmsnorm=cuda run.dir="$TMP/r5"
+
+finish test_kernels.sh
