@@ -1,0 +1,96 @@
+"""kernels.py (docs/kernels.md): the selection rules, the pallas kernels
+against the jnp reference in JAX (forward and gradients, odd shapes), the
+fallback outside the contract, and what the exporter writes (the manifest's
+kernels, the custom calls). The ffi kernels cannot run in JAX (only strata
+registers their handlers): tests/c/test_kernels.c and
+tests/e2e/test_kernels.sh run them."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from conftest import tiny_model
+from strata_jax import export as E
+from strata_jax import kernels as K
+from strata_jax.model import ModelConfig
+
+
+def test_selection_is_checked_and_kept_out_of_the_json_at_xla() -> None:
+    with pytest.raises(ValueError, match="kernels.attention: no such kernel op"):
+        ModelConfig.from_dict(tiny_model(kernels={"attention": "ffi"}))
+    with pytest.raises(ValueError, match=r"kernels.rmsnorm='cuda': not an implementation"):
+        ModelConfig.from_dict(tiny_model(kernels={"rmsnorm": "cuda"}))
+    plain = ModelConfig.from_dict(tiny_model(kernels={"rmsnorm": "xla"}))
+    assert "kernels" not in plain.to_dict() and plain.kernel("rmsnorm") == "xla"
+    cfg = ModelConfig.from_dict(tiny_model(kernels={"swiglu": "ffi", "rmsnorm": "pallas"}))
+    assert cfg.to_dict()["kernels"] == {"rmsnorm": "pallas", "swiglu": "ffi"}
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def _tol(op: str, d: str) -> dict[str, float]:
+    return K.OPS[op]["tolerance"]["f32"][d]
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 8), (2, 33, 257)])
+def test_pallas_rmsnorm_matches_reference(shape: tuple[int, ...]) -> None:
+    rng = np.random.default_rng(len(shape) + shape[-1])
+    x = jnp.asarray(rng.uniform(-2, 2, shape), jnp.float32)
+    g = jnp.asarray(rng.uniform(0.5, 1.5, shape[-1:]), jnp.float32)
+    dy = jnp.asarray(rng.uniform(-2, 2, shape), jnp.float32)
+    t = _tol("rmsnorm", "fwd")
+    np.testing.assert_allclose(K.rmsnorm_pallas(x, g), K.rmsnorm_xla(x, g), rtol=t["rtol"], atol=t["atol"])
+    want = jax.vjp(K.rmsnorm_xla, x, g)[1](dy)
+    got = jax.vjp(K.rmsnorm_pallas, x, g)[1](dy)
+    t = _tol("rmsnorm", "bwd")
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=t["rtol"], atol=t["atol"])
+
+
+@pytest.mark.parametrize("shape", [(1,), (7,), (3, 5, 1001)])
+def test_pallas_swiglu_matches_reference(shape: tuple[int, ...]) -> None:
+    rng = np.random.default_rng(shape[-1])
+    a, b, dh = (jnp.asarray(rng.uniform(-4, 4, shape), jnp.float32) for _ in range(3))
+    t = _tol("swiglu", "fwd")
+    np.testing.assert_allclose(K.swiglu_pallas(a, b), K.swiglu_xla(a, b), rtol=t["rtol"], atol=t["atol"])
+    want = jax.vjp(K.swiglu_xla, a, b)[1](dh)
+    got = jax.vjp(K.swiglu_pallas, a, b)[1](dh)
+    t = _tol("swiglu", "bwd")
+    for x, y in zip(got, want):
+        np.testing.assert_allclose(x, y, rtol=t["rtol"], atol=t["atol"])
+
+
+def test_outside_the_contract_falls_back_and_says_so() -> None:
+    K.fallbacks_seen.clear()
+    x = jnp.ones((2, 4), jnp.bfloat16)
+    y = K.call("swiglu", "ffi", x, x)  # bf16: the contract is f32 only
+    np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(jax.nn.silu(x) * x, np.float32))
+    entry = K.manifest_entry({"swiglu": "ffi"})
+    sw = [o for o in entry["ops"] if o["name"] == "swiglu"][0]
+    assert sw["fallback"] == "xla" and "bfloat16" in sw["fallback_reasons"][0], sw
+    K.fallbacks_seen.clear()
+
+
+def test_exporter_writes_kernels_and_custom_calls(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg = ModelConfig.from_dict(tiny_model(n_layers=1, kernels={"rmsnorm": "ffi", "swiglu": "pallas"}))
+    m = E.build_bundle(cfg, str(tmp_path), "k")
+    ops = {o["name"]: o for o in m["kernels"]["ops"]}
+    assert m["kernels"]["contract_version"] == K.CONTRACT["contract_version"]
+    assert ops["rmsnorm"]["impl"] == "ffi" and ops["rmsnorm"]["targets"] == ["strata_rmsnorm_fwd_v1",
+                                                                             "strata_rmsnorm_bwd_v1"]
+    assert ops["swiglu"]["impl"] == "pallas" and "targets" not in ops["swiglu"]
+    assert "fallback" not in ops["rmsnorm"]
+    text = (tmp_path / "programs" / "block_bwd_res.mlir").read_text()
+    # (the forward's custom calls appear too: jax.vjp's primal, dead code XLA removes)
+    assert "custom_call @strata_rmsnorm_bwd_v1" in text
+    assert "strata_swiglu" not in text  # pallas in interpret mode: plain StableHLO
+    fwd = (tmp_path / "programs" / "block_fwd.mlir").read_text()
+    assert fwd.count("custom_call @strata_rmsnorm_fwd_v1") == 2
+    head = (tmp_path / "programs" / "head_loss.mlir").read_text()
+    assert "custom_call @strata_rmsnorm_fwd_v1" in head and "custom_call @strata_rmsnorm_bwd_v1" in head
+    assert json.loads((tmp_path / "manifest.json").read_text())["kernels"] == m["kernels"]
