@@ -234,7 +234,9 @@ def manifest_entry(kernels: dict[str, str]) -> dict[str, Any]:
     for op in CONTRACT["ops"]:
         impl = kernels.get(op["name"], "xla")
         e: dict[str, Any] = {"name": op["name"], "version": op["version"], "impl": impl,
-                             "profile_label": op["profile_label"]}
+                             "profile_label": op["profile_label"],
+                             # the contract row the programs were exported against
+                             "contract": {k: v for k, v in op.items() if k != "verify_shapes"}}
         if impl == "ffi":
             e["targets"] = [op["ffi_targets"]["fwd"], op["ffi_targets"]["bwd"]]
         fb = sorted({f[3] for f in fallbacks_seen if f[0] == op["name"]})

@@ -45,6 +45,9 @@ check "the programs call the targets" "grep -q 'custom_call @strata_swiglu_bwd_v
 if "$STRATA" train "${RUN[@]}" bundle.dir="$TMP/b" run.dir="$TMP/r1" >/dev/null 2>"$TMP/err"; then ok; else bad "train with ffi kernels: $(tail -2 "$TMP/err")"; fi
 check "context.json records the kernels and the ISA" \
   "$PY -c 'import json,sys; k=json.load(open(sys.argv[1]))[\"kernels\"]; assert k[\"rmsnorm\"]==\"ffi\" and k[\"isa\"] in (\"avx512\",\"portable\"), k' '$TMP/r1/context.json'"
+# eval and sample open the same bundle and register the handlers too
+expect_exit 0 "perplexity" eval "$TMP/r1" bundle.dir="$TMP/b"
+expect_exit 0 "^1 2( [0-9]+){3}$" sample "$TMP/r1" --prompt "1 2" --tokens 3
 check "config.yaml records the selection" "grep -A2 '^kernels:' '$TMP/r1/config.yaml' | grep -Eq 'rmsnorm: \"?ffi'"
 
 edit() { # edit DIR PYTHON-STATEMENT-ON-k (the manifest's kernels.ops[0])

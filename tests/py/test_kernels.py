@@ -85,6 +85,7 @@ def test_exporter_writes_kernels_and_custom_calls(tmp_path) -> None:  # type: ig
                                                                              "strata_rmsnorm_bwd_v1"]
     assert ops["swiglu"]["impl"] == "pallas" and "targets" not in ops["swiglu"]
     assert "fallback" not in ops["rmsnorm"]
+    assert ops["rmsnorm"]["contract"]["tolerance"] == K.OPS["rmsnorm"]["tolerance"]  # the row travels along
     text = (tmp_path / "programs" / "block_bwd_res.mlir").read_text()
     # (the forward's custom calls appear too: jax.vjp's primal, dead code XLA removes)
     assert "custom_call @strata_rmsnorm_bwd_v1" in text
