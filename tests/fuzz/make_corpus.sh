@@ -58,7 +58,8 @@ json_syntax=('{' '}' '[' ']' ':' ',' '"' '\' '\u0000' '\ud83d\ude00' 'true' 'fal
   for t in "${json_syntax[@]}" '"schema_version"' '"bundle_key"' '"versions"' '"jax"' '"model"' '"vocab_size"' '"d_model"' \
     '"n_layers"' '"n_heads"' '"d_ff"' '"seq_len"' '"microbatch_size"' '"tie_embeddings"' '"compute_dtype"' '"programs"' '"name"' \
     '"file"' '"sha256"' '"inputs"' '"outputs"' '"donated"' '"flops"' '"groups"' '"params"' '"group"' '"local"' '"layer"' \
-    '"decay"' '"dtype"' '"shape"' '"role"' '"f32"' '"bf16"' '"s32"'; do
+    '"decay"' '"dtype"' '"shape"' '"role"' '"f32"' '"bf16"' '"s32"' '"kernels"' '"ops"' '"impl"' '"version"' \
+    '"targets"' '"fallback"'; do
     dict_line "$t"
   done
 } >"$out/bundle.dict"
