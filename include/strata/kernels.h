@@ -141,6 +141,11 @@ typedef struct st_kernels_verify_options {
    * handler registered. Borrowed. */
   st_runtime* runtime;
   FILE* out; /* one line per case; NULL: silent */
+  /* `strata kernels bench`: the contract's bench_shapes, each program run
+   * |bench_runs| times (after 2 warm-up runs), the median time per call
+   * and its ratio to xla printed; no comparison. */
+  bool bench;
+  int bench_runs;
 } st_kernels_verify_options;
 
 typedef struct st_kernels_verify_result {

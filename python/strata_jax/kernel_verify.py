@@ -16,7 +16,8 @@ implementation's own ``custom_vjp``), as StableHLO text under
 The ``xla`` case of each (op, shape, dir) is the reference the others are
 compared with; strata makes the inputs (seeded, the same for every
 implementation), runs every program and compares (src/cli/cmd_kernels.c).
-All f32: the contract's only dtype today.
+All f32: the contract's only dtype today. With ``--bench`` the shapes are the
+contract's ``bench_shapes`` (``strata kernels bench``).
 """
 
 from __future__ import annotations
@@ -59,15 +60,17 @@ def _programs(op: dict[str, Any], impl: str, shape: list[int]) -> dict[str, tupl
     return {"fwd": (fwd, ins), "bwd": (bwd, ins + [tuple(shape)])}
 
 
-def export(outdir: str, only: str | None = None) -> dict[str, Any]:
+def export(outdir: str, only: str | None = None, bench: bool = False) -> dict[str, Any]:
     os.makedirs(os.path.join(outdir, "programs"), exist_ok=True)
     cases = []
     for op in K.CONTRACT["ops"]:
         if only and op["name"] != only:
             continue
         tol = op["tolerance"]["f32"]
-        for si, shape in enumerate(op["verify_shapes"]):
+        for si, shape in enumerate(op["bench_shapes" if bench else "verify_shapes"]):
             for impl in op["implementations"]:
+                if bench and impl == "pallas":
+                    continue  # interpret mode on CPU: not timed (strata kernels bench)
                 for d, (fn, ins) in _programs(op, impl, shape).items():
                     if d == "bwd" and not op["has_backward"]:
                         continue
@@ -92,13 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m strata_jax.kernel_verify", description=__doc__.strip().splitlines()[0])
     ap.add_argument("outdir")
     ap.add_argument("--op", default=None)
+    ap.add_argument("--bench", action="store_true", help="the contract's bench_shapes instead of verify_shapes")
     args = ap.parse_args(argv)
     if args.op and args.op not in K.OPS:
         print(f"strata_jax.kernel_verify: --op {args.op}: no such kernel op (the contract has: "
               f"{', '.join(sorted(K.OPS))})", file=sys.stderr)
         return 2
     jax.config.update("jax_platforms", "cpu")
-    export(args.outdir, args.op)
+    export(args.outdir, args.op, args.bench)
     return 0
 
 

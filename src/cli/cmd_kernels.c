@@ -1,4 +1,4 @@
-/* cmd_kernels.c — `strata kernels list|verify` (docs/kernels.md). */
+/* cmd_kernels.c — `strata kernels list|verify|bench` (docs/kernels.md). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +13,9 @@ static const char* kUsage =
     "usage: strata kernels list [--json]           the kernel contract: ops, versions, shapes, tolerances, targets\n"
     "       strata kernels verify [--op NAME] [--tolerance-scale S] [--keep DIR]\n"
     "           every implementation against the xla reference on the contract's shapes, forward and backward\n"
-    "           (exit 4 naming op, implementation, shape and the largest error when one is outside tolerance)";
+    "           (exit 4 naming op, implementation, shape and the largest error when one is outside tolerance)\n"
+    "       strata kernels bench [--op NAME] [--runs N]\n"
+    "           time per call of every implementation on the contract's bench shapes, as a ratio to xla";
 
 static int st__list(int argc, char** argv) {
   bool json = false;
@@ -42,14 +44,23 @@ static int st__list(int argc, char** argv) {
   return 0;
 }
 
-static int st__verify(int argc, char** argv) {
-  st_kernels_verify_options o = {.tolerance_scale = 1.0, .out = stdout};
+static int st__verify(int argc, char** argv, bool bench) {
+  st_kernels_verify_options o = {.tolerance_scale = 1.0, .out = stdout, .bench = bench, .bench_runs = 20};
   const char* keep = NULL;
   for (int i = 0; i < argc; ++i) {
     const char* a = argv[i];
     if (!strcmp(a, "--op") && i + 1 < argc) o.op = argv[++i];
     else if (!strcmp(a, "--keep") && i + 1 < argc) keep = argv[++i];
-    else if (!strcmp(a, "--tolerance-scale") && i + 1 < argc) {
+    else if (bench && !strcmp(a, "--runs") && i + 1 < argc) {
+      char* end = NULL;
+      long v = strtol(argv[++i], &end, 10);
+      if (!end || *end || v < 1 || v > 100000) {
+        fprintf(stderr, "strata kernels bench: --runs '%s' is not a count in 1..100000\n", argv[i]);
+        return 2;
+      }
+      o.bench_runs = (int)v;
+    }
+    else if (!bench && !strcmp(a, "--tolerance-scale") && i + 1 < argc) {
       char* end = NULL;
       o.tolerance_scale = strtod(argv[++i], &end);
       if (!end || *end || !(o.tolerance_scale >= 0)) {
@@ -80,11 +91,15 @@ static int st__verify(int argc, char** argv) {
     snprintf(tmp, sizeof(tmp), "%s/strata-kverify-%ld", base && base[0] ? base : "/tmp", (long)getpid());
     o.workdir = tmp;
   }
-  printf("kernels verify: C kernels use %s on this CPU\n", st_kernels_isa_name(st_kernels_isa()));
+  printf("kernels %s: C kernels use %s on this CPU\n", bench ? "bench" : "verify", st_kernels_isa_name(st_kernels_isa()));
   st_kernels_verify_result r;
   double t0 = st_now();
   s = st_kernels_verify(&o, &r);
   if (s) return st_cli_report(s);
+  if (bench) {
+    printf("kernels bench: median of %d calls each, launch to outputs ready; %.1f s\n", o.bench_runs, st_now() - t0);
+    return 0;
+  }
   printf("kernels verify: %d cases within tolerance (%d through FFI handlers); worst %.3g of the tolerance; %.1f s\n",
          r.cases, r.ffi_cases, r.worst_ratio, st_now() - t0);
   return 0;
@@ -96,7 +111,8 @@ int st_cli_kernels(int argc, char** argv) {
     return argc < 1 ? 2 : 0;
   }
   if (!strcmp(argv[0], "list")) return st__list(argc - 1, argv + 1);
-  if (!strcmp(argv[0], "verify")) return st__verify(argc - 1, argv + 1);
+  if (!strcmp(argv[0], "verify")) return st__verify(argc - 1, argv + 1, false);
+  if (!strcmp(argv[0], "bench")) return st__verify(argc - 1, argv + 1, true);
   fprintf(stderr, "strata kernels: unknown subcommand '%s'\n%s\n", argv[0], kUsage);
   return 2;
 }

@@ -81,6 +81,66 @@ static void st__fill(float* v, int64_t n, uint64_t seed, const char* kind) {
   }
 }
 
+static int st__cmp_double(const void* a, const void* b) {
+  double x = *(const double*)a, y = *(const double*)b;
+  return x < y ? -1 : x > y;
+}
+
+/* The median wall time of one call (launch to the last output ready), over
+ * |runs| runs after two warm-up runs; the inputs stay on the device. */
+static st_status st__time(st__case* k, st_runtime* rt, int runs, double* out_s) {
+  st_buffer* in[ST__MAX_IO] = {0};
+  st_status s = ST_OK;
+  for (int i = 0; i < k->n_in && !s; ++i) {
+    int64_t n = st_tensor_type_elements(&k->in[i]);
+    float* v = st_xmalloc((size_t)n * sizeof(float));
+    st__fill(v, n, (uint64_t)(i + 1), k->kinds[i]);
+    s = st_buffer_from_host(rt, 0, &k->in[i], v, &in[i]);
+    free(v);
+  }
+  double* t = st_xcalloc((size_t)runs + 2, sizeof(double));
+  for (int r = 0; r < runs + 2 && !s; ++r) {
+    st_buffer* out[ST__MAX_IO] = {0};
+    st_event* done = NULL;
+    double t0 = st_now();
+    s = st_program_execute(k->program, 0, in, k->n_in, out, k->n_out, &done);
+    if (!s) s = st_event_await(done);
+    t[r] = st_now() - t0;
+    st_event_destroy(done);
+    for (int i = 0; i < k->n_out; ++i) st_buffer_destroy(out[i]);
+  }
+  if (!s) {
+    qsort(t + 2, (size_t)runs, sizeof(double), st__cmp_double);
+    *out_s = t[2 + runs / 2];
+  }
+  free(t);
+  for (int i = 0; i < k->n_in; ++i) st_buffer_destroy(in[i]);
+  return s;
+}
+
+static st_status st__bench(st__case* ks, size_t n, st_runtime* rt, const st_kernels_verify_options* o) {
+  int runs = o->bench_runs > 0 ? o->bench_runs : 20;
+  double* secs = st_xcalloc(n + 1, sizeof(double));
+  st_status s = ST_OK;
+  /* pallas runs in interpret mode on CPU: a verification aid, not timed
+   * (its loop copies whole buffers per grid step: minutes per call here). */
+  for (size_t i = 0; i < n && !s; ++i)
+    if (strcmp(ks[i].impl, "pallas")) s = st__time(&ks[i], rt, runs, &secs[i]);
+  for (size_t i = 0; i < n && !s; ++i) {
+    if (!strcmp(ks[i].impl, "pallas")) continue;
+    double ref = 0;
+    for (size_t j = 0; j < n; ++j)
+      if (!strcmp(ks[j].impl, "xla") && !strcmp(ks[j].op, ks[i].op) && !strcmp(ks[j].dir, ks[i].dir) &&
+          !strcmp(ks[j].shape, ks[i].shape))
+        ref = secs[j];
+    if (o->out)
+      fprintf(o->out, "%-8s %s %-18s %-7s %10.1f us  %5.2fx xla\n", ks[i].op, ks[i].dir, ks[i].shape, ks[i].impl,
+              secs[i] * 1e6, ref > 0 ? secs[i] / ref : 0.0);
+  }
+  free(secs);
+  return s;
+}
+
 static st_status st__run(st__case* k, st_runtime* rt, float** outs) {
   st_buffer* in[ST__MAX_IO] = {0};
   st_buffer* out[ST__MAX_IO] = {0};
@@ -106,11 +166,13 @@ static st_status st__run(st__case* k, st_runtime* rt, float** outs) {
 }
 
 static st_status st__export(const st_kernels_verify_options* o) {
-  const char* args[4] = {o->workdir, NULL, NULL, NULL};
+  const char* args[5] = {o->workdir, NULL, NULL, NULL, NULL};
+  int n = 1;
   if (o->op && o->op[0]) {
-    args[1] = "--op";
-    args[2] = o->op;
+    args[n++] = "--op";
+    args[n++] = o->op;
   }
+  if (o->bench) args[n++] = "--bench";
   char* log = st_path_join(o->workdir, "export.log");
   st_python_job job = {.what = "exporting the kernel verification programs",
                        .module = "strata_jax.kernel_verify",
@@ -155,8 +217,9 @@ static st_status st__verify(const st_kernels_verify_options* o, st_runtime* rt, 
   if (!s) s = st_program_compile_files(rt, jobs, (int)n);
   for (size_t i = 0; i < n && !s; ++i) ks[i].program = jobs[i].program;
 
+  if (!s && o->bench) s = st__bench(ks, n, rt, o);
   double scale = o->tolerance_scale;
-  for (size_t i = 0; i < n && !s; ++i) {
+  for (size_t i = 0; i < n && !s && !o->bench; ++i) {
     st__case* k = &ks[i];
     if (!strcmp(k->impl, "xla")) continue;
     const st__case* ref = NULL;

@@ -33,6 +33,8 @@ check "verify prints a line per case, ffi and pallas, fwd and bwd" \
 expect_exit 2 "no such kernel op" kernels verify --op attention
 expect_exit 4 "kernel 'swiglu', implementation (ffi|pallas), (fwd|bwd), shape f32\[[0-9,]+\]: largest error [0-9.e-]+" \
   kernels verify --op swiglu --tolerance-scale 0
+expect_exit 0 "^swiglu +bwd f32\[8,256,4096\] +ffi +[0-9.]+ us +[0-9.]+x xla$" kernels bench --runs 2
+check "bench does not time pallas (interpret mode)" "! grep -q pallas '$TMP/out'"
 STRATA_KERNELS_ISA=portable "$STRATA" kernels verify --op swiglu >"$TMP/out" 2>&1
 check "verify with the portable path forced" "grep -q 'C kernels use portable' '$TMP/out' && grep -q '16 cases within' '$TMP/out'"
 
