@@ -263,6 +263,7 @@ static const st__cfg_section kSections[] = {
     {"recovery", "The supervisor (strata run): restarts, backoff, hang timeout."},
     {"faults", "Fault injection for recovery drills; all off by default."},
     {"diag", "Diagnostics: what a non-finite loss or gradient does, numerics health, the hang watchdog, loss spikes (docs/diagnostics.md)."},
+    {"kernels", "Which implementation serves each kernel op: xla, ffi or pallas (docs/kernels.md)."},
 };
 
 static const st__cfg_env kEnvs[] = {
