@@ -67,6 +67,7 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
     st_json_put_num(m, "moe_aux_weight", st_config_float(c, "model.moe_aux_weight"));
   if (st_config_float(c, "model.moe_z_weight") != 0.001)
     st_json_put_num(m, "moe_z_weight", st_config_float(c, "model.moe_z_weight"));
+  if (st_config_int(c, "model.vocab_padded") > 0) st_json_put_int(m, "vocab_padded", st_config_int(c, "model.vocab_padded"));
   /* Compute programs see one device's share of a microbatch (the config
    * rules make it divide evenly; docs/parallelism.md). */
   int64_t shares = st_config_int(c, "parallel.data") * st_config_int(c, "parallel.fsdp");
