@@ -23,10 +23,6 @@ static const st__cfg_key kKeys[] = {
     {"model.vocab_size", ST__CFG_INT, "256", .lo = 2, .hi = 1048576,
      .doc = "Vocabulary size of the model; at least 256 (unless data.synthetic), and at least the tokenizer's "
             "(data.vocab_size) with data.tokenizer=bpe."},
-    {"model.vocab_padded", ST__CFG_INT, "0", .lo = 0, .hi = 1048576,
-     .doc = "Rows of the embedding (and of an untied output projection): model.vocab_size padded up, e.g. to a "
-            "multiple of 64 (GPT-2: 50257 -> 50304); the padding ids' logits are masked out of the loss and never "
-            "sampled; 0: no padding. At least model.vocab_size when set."},
     {"model.d_model", ST__CFG_INT, "128", .lo = 8, .hi = 65536, .doc = "Residual stream width."},
     {"model.n_layers", ST__CFG_INT, "2", .lo = 1, .hi = 1024, .doc = "Number of transformer blocks."},
     {"model.n_heads", ST__CFG_INT, "4", .lo = 1, .hi = 1024,
@@ -59,6 +55,10 @@ static const st__cfg_key kKeys[] = {
     {"model.rope_theta", ST__CFG_FLOAT, "10000", .lo = 0, .lo_open = true, .hi = 1e9, .doc = "RoPE base frequency."},
     {"model.init_std", ST__CFG_FLOAT, "0.02", .lo = 0, .lo_open = true, .hi = 10,
      .doc = "Standard deviation of the normal parameter init."},
+    {"model.vocab_padded", ST__CFG_INT, "0", .lo = 0, .hi = 1048576,
+     .doc = "Rows of the embedding (and of an untied output projection): model.vocab_size padded up, e.g. to a "
+            "multiple of 64 (GPT-2: 50257 -> 50304); the padding ids' logits are masked out of the loss and never "
+            "sampled; 0: no padding. At least model.vocab_size when set."},
 
     {"train.steps", ST__CFG_INT, "100", .lo = 1, .hi = 100000000, .doc = "Optimizer steps to run."},
     {"train.batch_size", ST__CFG_INT, "8", .lo = 1, .hi = 1048576,

@@ -92,6 +92,12 @@ def test_model_flops() -> None:
     assert FL.forward_flops_per_token(m) == 8 * per_layer + 2 * 256 * 256
     cfg = {"model": m, "train": {"batch_size": 8}}
     assert FL.step_flops(cfg) == 3 * 8 * 256 * FL.forward_flops_per_token(m)
+    # gpt2: two MLP matrices; grouped-query attention: k and v at n_kv_heads
+    g = {**m, "block": "gpt2", "n_heads": 8, "n_kv_heads": 2}
+    per_layer = 2 * (2 * 256 * 256 + 2 * 256 * 64 + 2 * 256 * 1024) + 4 * 256 * 256
+    assert FL.forward_flops_per_token(g) == 8 * per_layer + 2 * 256 * 256
+    mix = {**m, "layers": ["llama", "gpt2"] * 4}
+    assert FL.forward_flops_per_token(mix) == FL.forward_flops_per_token(m) - 4 * 2 * 256 * 1024
 
 
 def test_markdown_report_renders_every_section() -> None:
