@@ -114,8 +114,73 @@ def gpt2_decode(cfg: ModelConfig, p: Params, x: Array, k_cache: Array, v_cache: 
     return x + _mlp(cfg, p, x), k_cache, v_cache
 
 
+# --- the residual-keeping pair (sched.remat; docs/bundle.md) ------------------------
+#
+# Saved, as llama's block_fwd_res does: the matmul outputs the backward reads
+# (q, k, v with their biases, the attention output before wo, the MLP's
+# pre-GELU activation fc), the residual stream between the halves (x_mid)
+# and the attention log-sum-exp; LayerNorm outputs and GELU are recomputed.
+# Per token: 3 D (q, attn_out, x_mid) + 2 KV·Dh (k, v) + F (fc) + H (lse)
+# values: 5 D + F + H without GQA, against llama's 5 D + 2 F + H (one fc, no gate/up pair).
+
+GPT2_RESIDUALS: tuple[str, ...] = ("q", "k", "v", "attn_out", "attn_lse", "x_mid", "fc")
+
+
+def gpt2_residuals(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], str]]:
+    from . import programs as PR
+    mb, T, D, H, Dh, F, KV = (cfg.microbatch_size, cfg.seq_len, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff,
+                              cfg.kv_heads)
+    shapes = {"q": (mb, T, H, Dh), "k": (mb, T, KV, Dh), "v": (mb, T, KV, Dh), "attn_out": (mb, T, D),
+              "attn_lse": (mb, H, T), "x_mid": (mb, T, D), "fc": (mb, T, F)}
+    return [(n, shapes[n], PR.residual_dtype(cfg, n)) for n in GPT2_RESIDUALS]
+
+
+def gpt2_fwd_res(cfg: ModelConfig, p: Params, x: Array) -> tuple[Array, tuple[Array, ...]]:
+    """y with gpt2_fwd's operations, and the residuals (GPT2_RESIDUALS order)."""
+    from . import programs as PR
+    B, T, D = x.shape
+    q, k, v = _qkv(cfg, p, M.layer_norm(x, p["attn_norm"], p["attn_norm_bias"]))
+    scores = PR._scores(cfg, q, k)
+    probs = jax.nn.softmax(scores, axis=-1)
+    lse = jax.nn.logsumexp(scores, axis=-1)
+    c = cfg.cdtype
+    o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), M.expand_kv(cfg, v).astype(c),
+                   preferred_element_type=jnp.float32).reshape(B, T, D)
+    x_mid = x + _lin(cfg, o, p["wo"], p["bo"])
+    fc = _lin(cfg, M.layer_norm(x_mid, p["mlp_norm"], p["mlp_norm_bias"]), p["w_fc"], p["b_fc"])
+    y = x_mid + _lin(cfg, jax.nn.gelu(fc, approximate=True), p["w_proj"], p["b_proj"])
+    return y, (q, k, v, o, lse, x_mid, fc)
+
+
+def gpt2_bwd_res(cfg: ModelConfig, p: Params, x: Array, res: tuple[Array, ...],
+                 dy: Array) -> tuple[Params, Array]:
+    """(param grads, dx) from the residuals, stage by stage (each jax.vjp's
+    primal matmuls are dead code XLA removes); the attention core's backward
+    is llama's (programs._attention_core_bwd: no RoPE inside it)."""
+    from . import programs as PR
+    q, k, v, o, lse, x_mid, fc = (r.astype(x.dtype) for r in res)  # f32 (bf16 residuals upcast)
+    _, vjp = jax.vjp(lambda f_, w, b: _lin(cfg, jax.nn.gelu(f_, approximate=True), w, b), fc, p["w_proj"], p["b_proj"])
+    dfc, dw_proj, db_proj = vjp(dy)
+    _, vjp = jax.vjp(lambda x_, g, gb, w, b: _lin(cfg, M.layer_norm(x_, g, gb), w, b),
+                     x_mid, p["mlp_norm"], p["mlp_norm_bias"], p["w_fc"], p["b_fc"])
+    dx_mid_n, dmlp_norm, dmlp_norm_bias, dw_fc, db_fc = vjp(dfc)
+    dx_mid = dy + dx_mid_n
+    _, vjp = jax.vjp(lambda o_, w, b: _lin(cfg, o_, w, b), o, p["wo"], p["bo"])
+    do, dwo, dbo = vjp(dx_mid)
+    dq, dk, dv = (t.astype(x.dtype) for t in PR._attention_core_bwd(cfg, q, k, v, o, lse, do))
+    names = ("attn_norm", "attn_norm_bias", "wq", "bq", "wk", "bk", "wv", "bv")
+    _, vjp = jax.vjp(lambda x_, *w: _qkv(cfg, dict(zip(names[2:], w[2:])),
+                                          M.layer_norm(x_, w[0], w[1])), x, *(p[n] for n in names))
+    dx_n, *dattn = vjp((dq, dk, dv))
+    grads = dict(zip(names, dattn))
+    grads.update({"wo": dwo, "bo": dbo, "mlp_norm": dmlp_norm, "mlp_norm_bias": dmlp_norm_bias, "w_fc": dw_fc,
+                  "b_fc": db_fc, "w_proj": dw_proj, "b_proj": db_proj})
+    return grads, dx_mid + dx_n
+
+
 KIND = blocks.register(blocks.BlockKind(
     name="gpt2", params=lambda cfg: GPT2_PARAMS, init=gpt2_init, fwd=gpt2_fwd, shape=gpt2_shape,
+    fwd_res=gpt2_fwd_res, bwd_res=gpt2_bwd_res, residuals=gpt2_residuals,
     prefill=gpt2_prefill, decode=gpt2_decode, family="gpt2", zeros=GPT2_ZEROS,
     residual_out=GPT2_RESIDUAL_OUT,
     doc="x += attn(layernorm(x)) (biases, no RoPE); x += gelu_tanh(layernorm(x)@w_fc + b_fc)@w_proj + b_proj"))

@@ -129,8 +129,13 @@ def test_backward_matches_finite_differences(case: str) -> None:
     for got in (got_res, got_bwd):
         an = sum(float(jnp.vdot(g, u[n])) for n, g in zip(names, got[:-1])) + float(jnp.vdot(got[-1], w))
         assert abs(an - fd) <= 3e-3 * abs(fd), (case, an, fd)
+    # bwd_res against bwd: f32 rounding of two orders of the same sums, so
+    # the absolute tolerance follows the tensor's scale (gpt2's w_fc
+    # gradient reaches 18 here and differs by 1.5e-5 in near-cancelling
+    # elements; in float64 with f64 matmuls the two agree to 3e-14).
     for a, b in zip(got_res, got_bwd):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4,
+                                   atol=max(1e-5, 2e-6 * float(np.max(np.abs(np.asarray(b))))))
 
 
 def test_gqa_with_n_kv_heads_equal_to_n_heads_is_plain_attention() -> None:
