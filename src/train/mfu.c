@@ -32,7 +32,7 @@ double st_train_model_flops_per_token(const st_bundle* b) {
     const st_tensor_type* t = &b->params[i].type;
     if (b->params[i].layer < 0 || t->rank < 2) continue;
     double n = (double)st_tensor_type_elements(t);
-    matrices += t->rank == 2 ? n : n / (double)t->dims[0];
+    matrices += t->rank == 2 ? n : t->dims[0] > 0 ? n / (double)t->dims[0] : 0;
   }
   return 3 * (2 * matrices + L * 2 * 2 * T * D + 2 * D * V);
 }

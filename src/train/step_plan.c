@@ -167,6 +167,16 @@ static st_status st__instances(const st_bundle* b, st__instance** out, int* out_
   int n = b->layer_count + 2;
   st__instance* v = st_xcalloc((size_t)n, sizeof(*v));
   st_status s = st__instance_make(b, &b->embed, &v[0]);
+  /* The embedding's programs take its group's parameters (wte first), then
+   * tokens (and dx); the plan indexes them by the group's count. */
+  const st_bundle_stage* E = &b->embed;
+  const int ne = v[0].count;
+  if (!s && (ne < 1 || E->fwd->input_count != ne + 1 || E->fwd->output_count != 1 || E->bwd->input_count != ne + 2 ||
+             E->bwd->output_count != ne ||
+             (E->accum_tied && (E->accum_tied->input_count != 2 || E->accum_tied->output_count != 1))))
+    s = st_status_make(ST_CODE_RUNTIME, "bundle %s: the embedding's programs do not match its group's %d parameters "
+                       "(fwd: params, tokens -> x; bwd: params, tokens, dx -> grads; accum_tied: 2 -> 1; "
+                       "docs/bundle.md, \"Program tables\")", b->dir, ne);
   for (int l = 0; !s && l < b->layer_count; ++l) {
     s = st__instance_make(b, &b->layers[l], &v[1 + l]);
     if (!s) s = st__check_block(b, &v[1 + l]);
