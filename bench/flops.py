@@ -12,10 +12,24 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 
+def layer_matrix_elements(m: Mapping[str, Any], kind: str) -> int:
+    """Elements of one layer's matrices (what src/train/mfu.c sums from the
+    parameter table: rank-2 tensors, a rank-3 stack of experts as one expert)."""
+    D, F, H = int(m["d_model"]), int(m["d_ff"]), int(m.get("n_heads", 1))
+    kv = int(m.get("n_kv_heads") or 0) or H
+    attn = 2 * D * D + 2 * D * (D // H) * kv  # wq, wo; wk, wv (grouped-query: kv heads)
+    if kind == "gpt2":
+        return attn + 2 * D * F  # w_fc, w_proj
+    if kind == "moe":
+        return attn + D * int(m.get("n_experts", 8)) + 3 * D * F  # router; one expert's SwiGLU
+    return attn + 3 * D * F  # llama, parallel: w_gate, w_up, w_down
+
+
 def forward_flops_per_token(m: Mapping[str, Any]) -> int:
-    D, F, T, V, L = (int(m[k]) for k in ("d_model", "d_ff", "seq_len", "vocab_size", "n_layers"))
-    per_layer = 2 * (4 * D * D + 3 * D * F) + 2 * 2 * T * D  # projections + MLP, QK^T and PV
-    return L * per_layer + 2 * D * V  # + the output projection (tied or not)
+    D, T, V, L = (int(m[k]) for k in ("d_model", "seq_len", "vocab_size", "n_layers"))
+    kinds = list(m.get("layers") or []) or [m.get("block") or "llama"] * L
+    matmuls = sum(2 * layer_matrix_elements(m, k) for k in kinds)
+    return matmuls + L * 2 * 2 * T * D + 2 * D * V  # + QK^T and PV, + the output projection (tied or not)
 
 
 def step_flops(config: Mapping[str, Any]) -> int:

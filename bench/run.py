@@ -122,10 +122,17 @@ class Plan:
     remat: RematPreset | None = None
 
 
+# GPT-2 small (configs/gpt2-124m.yml) at a short context: its shape (12
+# layers of 768, vocabulary 50257 padded to 50304) at seq 64 and batch 4,
+# 256 tokens a step, on synthetic tokens (the preset's BPE needs a corpus).
+GPT2_SHORT = ["model.seq_len=64", "train.batch_size=4", "train.microbatches=1", "data.synthetic=true",
+              "data.tokenizer=byte"]
+
 FULL = Plan(
     presets={"tiny": Preset("configs/tiny.yml", [], steps=25, warmup=5, retry_s=45),
              "small": Preset("configs/small.yml", [], steps=23, warmup=3, diagnostics=True, diag_steps=13,
-                             retry_s=120)},
+                             retry_s=120),
+             "gpt2-124m": Preset("configs/gpt2-124m.yml", GPT2_SHORT, steps=8, warmup=2)},
     rounds=2, quiet_load=0.25,
     depth_config=("configs/small.yml", []), depths=[2, 8, 32], compile_rounds=2,
     overhead_preset="small", overhead_steps=14, overhead_warmup=3,
@@ -558,6 +565,7 @@ def section_step(b: Bench) -> dict[str, Any]:
                                "warmup": preset.warmup, "diag_steps": preset.diag_steps or preset.steps,
                                "retries": retries, "errors": res_errors,
                                "model_flops_per_step": FL.step_flops(cfg),
+                               "tokens_per_step": int(cfg["train"]["batch_size"]) * int(cfg["model"]["seq_len"]),
                                "diagnostic": [v.name for v in vs if v.diagnostic], "runs": runs, "best": {}}
         # Other processes only ever slow a run down, so each variant is
         # represented by its fastest run's median (every run is kept).
@@ -1140,6 +1148,7 @@ def markdown(res: dict[str, Any]) -> str:
          + (f", `strata doctor` matmul {env['doctor_matmul_gflops']} GFLOP/s" if env.get("doctor_matmul_gflops") else "")
          + f"; bench took {res.get('seconds', 0):.0f} s" + (" (--quick)" if res.get("quick") else ""), ""]
     st = res.get("step")
+    peak = env.get("doctor_matmul_gflops")
     if st:
         L += [f"### Step time (median after warm-up; best of {st['rounds']} interleaved rounds, diagnostics one round)",
               ""]
@@ -1161,13 +1170,15 @@ def markdown(res: dict[str, Any]) -> str:
                              fmt(d.get("cpu_s_per_step")), "" if v == "strata" else fmt(pr["cpu_ratio"].get(v)),
                              fmt(d.get("minor_faults_per_step"), "", 2),
                              f"{pr['model_flops_per_step'] / d['median_s'] / 1e9:.1f}",
+                             fmt(pr["tokens_per_step"] / d["median_s"], "", 4) if pr.get("tokens_per_step") else "–",
+                             f"{pr['model_flops_per_step'] / d['median_s'] / 1e9 / peak:.1%}" if peak else "–",
                              fmt_bytes(d["maxrss_bytes"]),
                              fmt_bytes(runs[0].get("peak_live_bytes") if v.startswith("strata")
                                        else runs[0].get("xla_peak_bytes_estimate")),
                              ", ".join(f"{r['other_load']:.2f}" for r in runs)])
         L += [md_table(["preset (steps+warm-up)", "run", "step", "medians per round (ms)", "strata / this",
                         "per round", "CPU s / step", "strata / this (CPU)", "minor faults / step", "model GFLOP/s",
-                        "peak RSS", "device bytes¹", "other load²"], rows), "",
+                        "tokens/s", "of matmul peak³", "peak RSS", "device bytes¹", "other load²"], rows), "",
               *[f"**{k} ({v}) failed:** {e[-300:]}  " for k, pr in st["presets"].items()
                 for v, e in (pr.get("errors") or {}).items()],
               "*Italics*: diagnostic runs (one round), each isolating one cause of the difference.  ",
@@ -1175,7 +1186,9 @@ def markdown(res: dict[str, Any]) -> str:
               + ", ".join(f"{k} {v.get('retries', 0)}" for k, v in st["presets"].items()) + ".  ",
               "¹ strata: accounted peak live bytes (metrics `peak_live_bytes`); anchors: XLA's memory analysis "
               "of the compiled step (arguments + outputs − aliased + temporaries).  ",
-              "² CPUs kept busy by other processes during each run (/proc/stat minus the run's own CPU time).", ""]
+              "² CPUs kept busy by other processes during each run (/proc/stat minus the run's own CPU time).  ",
+              "³ model FLOP/s (bench/flops.py) over `strata doctor`'s measured matmul peak"
+              + (f" ({peak:g} GFLOP/s)" if peak else " (not measured: –)") + ": the MFU of the run.", ""]
     co = res.get("compile")
     if co:
         L += [f"### Start-up and compile time against depth ({co['config']} {' '.join(co['overrides'])}, "
@@ -1341,6 +1354,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     ap.add_argument("--rounds", type=int, help="interleaved rounds of the step-time runs")
     ap.add_argument("--steps", type=int, help="steps per step-time run (warm-up included)")
+    ap.add_argument("--presets", help="step section: a comma-separated subset of its presets (full plan: "
+                    "tiny, small, gpt2-124m)")
     ap.add_argument("--no-save", action="store_true", help="print the Markdown only")
     ap.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     ap.add_argument("--keep", action="store_true", help="keep the work folder (run dirs, JSON of every run)")
@@ -1353,6 +1368,12 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"unknown section(s) {bad}; choose from {SECTIONS}")
     plan = QUICK if args.quick else FULL
+    if args.presets:
+        keep = [p.strip() for p in args.presets.split(",") if p.strip()]
+        unknown = [p for p in keep if p not in plan.presets]
+        if unknown:
+            ap.error(f"unknown preset(s) {unknown}; the step section has {sorted(plan.presets)}")
+        plan.presets = {k: v for k, v in plan.presets.items() if k in keep}
     if args.rounds:
         plan.rounds = args.rounds
     if args.steps:

@@ -117,6 +117,10 @@ typedef struct st_bundle_stage {
   /* block, optional (diag.numerics=layer): x [mb,T,D] -> f32[3] sum of
    * squares, largest |x|, non-finite count */
   const st_bundle_program* act_stats;
+  /* embedding of a tied model whose group has more parameters than wte (the
+   * gpt2 family's wpe): (grad wte, the head's grad wte) -> grad wte, in place
+   * of the group's accum for the tied gradient; NULL otherwise. */
+  const st_bundle_program* accum_tied;
 } st_bundle_stage;
 
 typedef struct st_bundle_model {

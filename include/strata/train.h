@@ -104,9 +104,12 @@ enum { ST_NSTAT_PARAM_SQ, ST_NSTAT_UPDATE_SQ, ST_NSTAT_UPDATE_MAX, ST_NSTAT_UPDA
 st_status st_train_options_from_config(const st_config* config, st_train_options* out);
 
 /* Model FLOPs of one token of a training step, bench/flops.py's formula:
- * 3 x (n_layers x (2 (4 d^2 + 3 d d_ff) + 4 seq_len d) + 2 d vocab). The
- * one formula of the summary, metrics.jsonl's mfu and `strata analyze`. */
-double st_train_model_flops_per_token(const st_bundle_model* model);
+ * 3 x (2 x (the layers' matrix elements: the parameter table's rank-2
+ * tensors, a rank-3 stack of experts as one) + n_layers x 4 seq_len d +
+ * 2 d vocab); for llama 3 x (n_layers x (2 (4 d^2 + 3 d d_ff) + 4 seq_len d)
+ * + 2 d vocab). The one formula of the summary, metrics.jsonl's mfu and
+ * `strata analyze`. */
+double st_train_model_flops_per_token(const st_bundle* bundle);
 
 /* The peak a run's MFU is measured against, per device (src/train/mfu.c). */
 typedef struct st_train_peak {

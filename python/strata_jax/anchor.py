@@ -82,7 +82,7 @@ def unstack_blocks(params: dict[str, Any], n_layers: int) -> M.FullParams:
 def scan_model_loss(cfg: ModelConfig, params: dict[str, Any], tokens: Array, targets: Array,
                     mask: Array) -> Array:
     wte = params["embed"]["wte"]
-    x = M.embed_fwd(cfg, wte, tokens)
+    x = M.embed(cfg, params["embed"], tokens)
     fwd = _scan_kind(cfg).fwd
     x, _ = jax.lax.scan(lambda h, p: (fwd(cfg, p, h), None), x, params["blocks"])
     return M.head_loss(cfg, params["head"], wte if cfg.tie_embeddings else None, x, targets, mask)
@@ -91,7 +91,7 @@ def scan_model_loss(cfg: ModelConfig, params: dict[str, Any], tokens: Array, tar
 def remat_model_loss(cfg: ModelConfig, params: M.FullParams, tokens: Array, targets: Array,
                      mask: Array) -> Array:
     wte = params["embed"]["wte"]
-    x = M.embed_fwd(cfg, wte, tokens)
+    x = M.embed(cfg, params["embed"], tokens)
     from . import blocks
     for kind, p in zip(cfg.layer_kinds(), params["blocks"], strict=True):
         x = jax.checkpoint(lambda p_, h, f=blocks.KINDS[kind].fwd: f(cfg, p_, h))(p, x)

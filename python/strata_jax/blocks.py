@@ -80,6 +80,16 @@ class BlockKind:
     metrics: Callable[[ModelConfig], list[tuple[str, tuple[int, ...]]]] | None = None
     fwd_metrics: Callable[[ModelConfig, Params, Array], tuple[Array, tuple[Array, ...]]] | None = None
     objective: Callable[[ModelConfig, tuple[Array, ...]], Array] | None = None
+    # The family: which embedding and head the kind's layers go with
+    # (docs/model.md, "Families"): "llama" (token embedding; RMSNorm head)
+    # or "gpt2" (token plus learned position embedding; LayerNorm head with
+    # a bias). Every layer of a stack must be of one family.
+    family: str = "llama"
+    # Parameters initialised to zeros (biases); the manifest's "init" says so.
+    zeros: frozenset[str] = frozenset()
+    # Matrices initialised with init_std / sqrt(2 n_layers) (the manifest's
+    # "init"); default llama's (wo, w_down).
+    residual_out: frozenset[str] | None = None
     doc: str = ""
 
     @property
@@ -194,3 +204,4 @@ register(_llama())
 register(_parallel())
 
 from . import moe  # noqa: E402,F401  (registers "moe")
+from . import gpt2  # noqa: E402,F401  (registers "gpt2")

@@ -78,12 +78,11 @@ def _flops(lowered: Any) -> float:
 def param_table(cfg: ModelConfig) -> list[dict[str, Any]]:
     def entry(name: str, group: str, layer: int, local: str) -> dict[str, Any]:
         shape = M.param_shape(cfg, local, group)
-        std = M.param_init_std(cfg, local, group)
         return {"name": name, "group": group, "layer": layer, "local": local, "shape": list(shape),
-                "dtype": "f32", "init": "ones" if std is None else f"normal({std!r})",
+                "dtype": "f32", "init": M.param_init_text(cfg, local, group),
                 "decay": len(shape) >= 2}
 
-    rows = [entry("wte", "embed", -1, "wte")]
+    rows = [entry(n, "embed", -1, n) for n in M.embed_param_names(cfg)]
     for i, kind in enumerate(cfg.layer_kinds()):
         k = blocks.KINDS[kind]
         rows += [entry(f"layers.{i}.{n}", k.group_name, i, n) for n in k.params(cfg)]
@@ -103,6 +102,8 @@ def program_tables(cfg: ModelConfig, names: set[str], fsdp: int = 1, tensor: int
     """
     embed = {"group": "embed", "programs": {"init": "embed_init", "fwd": "embed_fwd", "bwd": "embed_bwd",
                                             "prefill": "embed_prefill", "decode": "embed_decode"}}
+    if "embed_accum_tied" in names:
+        embed["programs"]["accum_tied"] = "embed_accum_tied"
     head = {"group": "head", "programs": {"init": "head_init", "loss": "head_loss", "eval": "head_eval",
                                           "logits": "head_logits"}}
     roles = {}
@@ -348,10 +349,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if mesh is not None and mesh.devices > 1:
         from . import blocks
-        with_metrics = [k.name for k in blocks.kinds_of(cfg) if k.metrics]
+        with_metrics = [k.name for k in blocks.kinds_of(cfg) if k.metrics or k.family != "llama"]
         if with_metrics:
             # Their auxiliary losses are per data shard, and no kind with
-            # metrics has collective or tensor-parallel programs yet.
+            # metrics has collective or tensor-parallel programs yet; nor
+            # has the gpt2 family (its embedding's wpe: not tried on a mesh).
             print(f"strata_jax.export: block kind {with_metrics[0]!r} (model.block/model.layers) does not run on "
                   f"a device mesh yet (--mesh {args.mesh}); set parallel.data, parallel.fsdp and parallel.tensor "
                   f"to 1 (docs/model.md, \"Block kinds\", moe)", file=sys.stderr)

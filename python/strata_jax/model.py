@@ -25,10 +25,11 @@ BLOCK_PARAMS: tuple[str, ...] = (
 BLOCK_MATRICES: tuple[str, ...] = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 RESIDUAL_OUT: frozenset[str] = frozenset({"wo", "w_down"})  # scaled by 1/sqrt(2 n_layers)
 NORM_EPS = 1e-6
+LN_EPS = 1e-5  # LayerNorm's epsilon (the gpt2 family: GPT-2's own value)
 
 
 _MOE_DEFAULTS: dict[str, Any] = {"n_experts": 8, "moe_top_k": 2, "moe_aux_weight": 0.01, "moe_z_weight": 0.001}
-_OPTIONAL: frozenset[str] = frozenset({"n_kv_heads", "block", "layers", "kernels", *_MOE_DEFAULTS})
+_OPTIONAL: frozenset[str] = frozenset({"n_kv_heads", "block", "layers", "kernels", "vocab_padded", *_MOE_DEFAULTS})
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,10 @@ class ModelConfig:
     # as sorted (op, impl) pairs; ops left out (and every op at "xla") use
     # the plain-jnp reference, and the key is left out of the model JSON.
     kernels: tuple[tuple[str, str], ...] = ()
+    # Rows of the embedding (and columns of an untied output projection):
+    # vocab_size padded up, e.g. to a multiple of 64; 0 = vocab_size. Logits
+    # of the padding ids are masked out of the loss and never sampled.
+    vocab_padded: int = 0
 
     def __post_init__(self) -> None:
         checks = [
@@ -78,6 +83,8 @@ class ModelConfig:
              f"model.n_kv_heads ({self.n_kv_heads}) must divide model.n_heads ({self.n_heads})"),
             (not self.layers or len(self.layers) == self.n_layers,
              f"model.layers has {len(self.layers)} entries for model.n_layers = {self.n_layers}"),
+            (self.vocab_padded == 0 or self.vocab_padded >= self.vocab_size,
+             f"model.vocab_padded ({self.vocab_padded}) must be 0 or at least model.vocab_size ({self.vocab_size})"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -90,6 +97,11 @@ class ModelConfig:
                                      f"{', '.join(sorted(blocks.KINDS))}; docs/model.md, \"Block kinds\")")
         from . import kernels as K
         K.check_selection(dict(self.kernels))
+        families = {k: blocks.KINDS[k].family for k in dict.fromkeys(self.layer_kinds())}
+        if len(set(families.values())) > 1:
+            raise ValueError(f"model.layers: block kinds of different families cannot share a stack "
+                             f"({', '.join(f'{k}: {f}' for k, f in families.items())}): the family decides the "
+                             f"embedding and the head (docs/model.md, \"Families\")")
         for kind in dict.fromkeys(self.layer_kinds()):
             check = blocks.KINDS[kind].validate
             if check is not None:
@@ -112,6 +124,7 @@ class ModelConfig:
             n_experts=int(d.get("n_experts", 8)), moe_top_k=int(d.get("moe_top_k", 2)),
             moe_aux_weight=float(d.get("moe_aux_weight", 0.01)), moe_z_weight=float(d.get("moe_z_weight", 0.001)),
             kernels=tuple(sorted((str(k), str(v)) for k, v in (d.get("kernels") or {}).items() if v != "xla")),
+            vocab_padded=int(d.get("vocab_padded", 0) or 0),
         )
 
     @classmethod
@@ -140,6 +153,8 @@ class ModelConfig:
             d["kernels"] = dict(self.kernels)
         else:
             del d["kernels"]
+        if not self.vocab_padded:
+            del d["vocab_padded"]
         return d
 
     def kernel(self, op: str) -> str:
@@ -155,6 +170,19 @@ class ModelConfig:
         """Key/value heads (grouped-query attention); n_heads without it."""
         return self.n_kv_heads or self.n_heads
 
+    @property
+    def vocab_rows(self) -> int:
+        """Rows of wte (columns of w_out): vocab_padded, or vocab_size without padding."""
+        return self.vocab_padded or self.vocab_size
+
+    @property
+    def family(self) -> str:
+        """The embedding and head the stack's kinds go with (blocks.BlockKind.family):
+        "llama" (token embedding; RMSNorm, then the output projection) or
+        "gpt2" (token plus learned position embedding; LayerNorm with bias)."""
+        from . import blocks
+        return blocks.KINDS[self.layer_kinds()[0]].family
+
     def layer_kinds(self) -> tuple[str, ...]:
         """The block kind of each layer, in order."""
         return self.layers if self.layers else (self.block,) * self.n_layers
@@ -167,12 +195,18 @@ class ModelConfig:
 # --- parameter structure -------------------------------------------------------
 
 def head_param_names(cfg: ModelConfig) -> tuple[str, ...]:
-    return ("final_norm",) if cfg.tie_embeddings else ("final_norm", "w_out")
+    norm = ("final_norm", "final_norm_bias") if cfg.family == "gpt2" else ("final_norm",)
+    return norm if cfg.tie_embeddings else norm + ("w_out",)
+
+
+def embed_param_names(cfg: ModelConfig) -> tuple[str, ...]:
+    """wte first (the tied head reads it), then the gpt2 family's positions."""
+    return ("wte", "wpe") if cfg.family == "gpt2" else ("wte",)
 
 
 def group_param_names(cfg: ModelConfig, group: str) -> tuple[str, ...]:
     if group == "embed":
-        return ("wte",)
+        return embed_param_names(cfg)
     if group == "head":
         return head_param_names(cfg)
     from . import blocks
@@ -190,22 +224,41 @@ def param_shape(cfg: ModelConfig, local: str, group: str | None = None) -> tuple
         kind = blocks.kind_of_group(group)
         if kind is not None and kind.shape is not None:
             return kind.shape(cfg, local)
-    V, D, F = cfg.vocab_size, cfg.d_model, cfg.d_ff
+    V, D, F = cfg.vocab_rows, cfg.d_model, cfg.d_ff
     KV = cfg.kv_heads * cfg.head_dim
     return {
-        "wte": (V, D), "attn_norm": (D,), "wq": (D, D), "wk": (D, KV), "wv": (D, KV),
+        "wte": (V, D), "wpe": (cfg.seq_len, D), "attn_norm": (D,), "wq": (D, D), "wk": (D, KV), "wv": (D, KV),
         "wo": (D, D), "mlp_norm": (D,), "w_gate": (D, F), "w_up": (D, F), "w_down": (F, D),
-        "final_norm": (D,), "w_out": (D, V),
+        "final_norm": (D,), "final_norm_bias": (D,), "w_out": (D, V),
     }[local]
 
 
 def param_init_std(cfg: ModelConfig, local: str, group: str | None = None) -> float | None:
-    """Std of the normal init, or None for norms (initialised to ones)."""
+    """Std of the normal init, or None for norms (initialised to ones) and biases (zeros)."""
     if len(param_shape(cfg, local, group)) < 2:
         return None
-    if local in RESIDUAL_OUT:
+    resid_out = RESIDUAL_OUT
+    if group not in (None, "embed", "head"):
+        from . import blocks
+        kind = blocks.kind_of_group(group)
+        if kind is not None and kind.residual_out is not None:
+            resid_out = kind.residual_out
+    if local in resid_out:
         return cfg.init_std / math.sqrt(2.0 * cfg.n_layers)
     return cfg.init_std
+
+
+def param_init_text(cfg: ModelConfig, local: str, group: str | None = None) -> str:
+    """The manifest's "init" of a parameter: "normal(std)", "ones" or "zeros"."""
+    std = param_init_std(cfg, local, group)
+    if std is not None:
+        return f"normal({std!r})"
+    zeros: frozenset[str] = frozenset({"final_norm_bias"})
+    if group not in (None, "embed", "head"):
+        from . import blocks
+        kind = blocks.kind_of_group(group)
+        zeros = kind.zeros if kind is not None else frozenset()
+    return "zeros" if local in zeros else "ones"
 
 
 # --- init ----------------------------------------------------------------------
@@ -215,8 +268,17 @@ def _normal(key: Array, shape: tuple[int, ...], std: float) -> Array:
 
 
 def init_embed(cfg: ModelConfig, seed: Array) -> Params:
+    """wte: normal rows for the vocabulary, zeros for the padding rows (no
+    token embeds them; masked out of the tied head's logits); the gpt2
+    family's wpe: normal, its own key (fold_in(root, 3))."""
     key = jax.random.fold_in(jax.random.PRNGKey(seed), 0)
-    return {"wte": _normal(key, param_shape(cfg, "wte"), cfg.init_std)}
+    wte = _normal(key, (cfg.vocab_size, cfg.d_model), cfg.init_std)
+    if cfg.vocab_rows > cfg.vocab_size:
+        wte = jnp.concatenate([wte, jnp.zeros((cfg.vocab_rows - cfg.vocab_size, cfg.d_model), jnp.float32)])
+    out = {"wte": wte}
+    if cfg.family == "gpt2":
+        out["wpe"] = _normal(jax.random.fold_in(jax.random.PRNGKey(seed), 3), param_shape(cfg, "wpe"), cfg.init_std)
+    return out
 
 
 def init_block(cfg: ModelConfig, seed: Array, layer: Array, n_layers: Array) -> Params:
@@ -244,9 +306,14 @@ def init_block(cfg: ModelConfig, seed: Array, layer: Array, n_layers: Array) -> 
 
 def init_head(cfg: ModelConfig, seed: Array) -> Params:
     out: Params = {"final_norm": jnp.ones(param_shape(cfg, "final_norm"), jnp.float32)}
+    if cfg.family == "gpt2":
+        out["final_norm_bias"] = jnp.zeros(param_shape(cfg, "final_norm_bias"), jnp.float32)
     if not cfg.tie_embeddings:
         key = jax.random.fold_in(jax.random.PRNGKey(seed), 2)
-        out["w_out"] = _normal(key, param_shape(cfg, "w_out"), cfg.init_std)
+        w_out = _normal(key, (cfg.d_model, cfg.vocab_size), cfg.init_std)
+        if cfg.vocab_rows > cfg.vocab_size:
+            w_out = jnp.concatenate([w_out, jnp.zeros((cfg.d_model, cfg.vocab_rows - cfg.vocab_size), jnp.float32)], 1)
+        out["w_out"] = w_out
     return out
 
 
@@ -321,6 +388,14 @@ def _mm(cfg: ModelConfig, a: Array, b: Array) -> Array:
         return _einsum_bf16(f"{lead}k,kn->{lead}n", a, b)
     return jnp.matmul(a.astype(cfg.cdtype), b.astype(cfg.cdtype),
                       preferred_element_type=jnp.float32)
+
+
+def layer_norm(x: Array, gain: Array, bias: Array) -> Array:
+    """LayerNorm over the last axis, in f32 (biased variance, LN_EPS)."""
+    x = x.astype(jnp.float32)
+    mu = jnp.mean(x, axis=-1, keepdims=True)
+    xc = x - mu
+    return xc * jax.lax.rsqrt(jnp.mean(xc * xc, axis=-1, keepdims=True) + LN_EPS) * gain + bias
 
 
 def rms_norm(x: Array, gain: Array) -> Array:
@@ -399,8 +474,33 @@ def embed_fwd(cfg: ModelConfig, wte: Array, tokens: Array) -> Array:
     return jnp.take(wte, tokens, axis=0).astype(jnp.float32)
 
 
+def embed(cfg: ModelConfig, p: Params, tokens: Array, pos: Array | int = 0) -> Array:
+    """The embedding group's forward: wte[tokens], plus for the gpt2 family
+    the learned positions wpe[pos .. pos + S - 1] of tokens [B, S]."""
+    x = embed_fwd(cfg, p["wte"], tokens)
+    if cfg.family == "gpt2":
+        x = x + jax.lax.dynamic_slice_in_dim(p["wpe"], pos, tokens.shape[-1], 0)[None]
+    return x
+
+
+def final_norm(cfg: ModelConfig, p: Params, x: Array) -> Array:
+    if cfg.family == "gpt2":
+        return layer_norm(x, p["final_norm"], p["final_norm_bias"])
+    return norm(cfg, x, p["final_norm"])
+
+
+def mask_padding(cfg: ModelConfig, logits: Array) -> Array:
+    """Logits of the padding ids (vocab_size .. vocab_padded - 1) replaced by
+    -1e30: after the f32 log-softmax they weigh exactly 0 and get no gradient."""
+    if cfg.vocab_rows == cfg.vocab_size:
+        return logits
+    real = jnp.arange(cfg.vocab_rows) < cfg.vocab_size
+    return jnp.where(real, logits, jnp.float32(-1e30))
+
+
 def head_logits(cfg: ModelConfig, p: Params, wte: Array | None, x: Array) -> Array:
-    h = norm(cfg, x, p["final_norm"])
+    """Logits over vocab_rows ids (padding ids not masked: head_loss does that)."""
+    h = final_norm(cfg, p, x)
     w_out = wte.T if cfg.tie_embeddings else p["w_out"]
     assert w_out is not None
     return _mm(cfg, h, w_out)
@@ -416,7 +516,7 @@ def masked_ce(logits: Array, targets: Array, mask: Array) -> Array:
 
 def head_loss(cfg: ModelConfig, p: Params, wte: Array | None, x: Array,
               targets: Array, mask: Array) -> Array:
-    return masked_ce(head_logits(cfg, p, wte, x), targets, mask)
+    return masked_ce(mask_padding(cfg, head_logits(cfg, p, wte, x)), targets, mask)
 
 
 # --- the whole model (reference, tests) ---------------------------------------
@@ -445,7 +545,7 @@ def model_loss(cfg: ModelConfig, params: FullParams, tokens: Array, targets: Arr
     """The whole model's loss: each layer's kind's reference forward."""
     from . import blocks
     wte = params["embed"]["wte"]
-    x = embed_fwd(cfg, wte, tokens)
+    x = embed(cfg, params["embed"], tokens)
     for kind, p in zip(cfg.layer_kinds(), params["blocks"], strict=True):
         x = blocks.KINDS[kind].fwd(cfg, p, x)
     return head_loss(cfg, params["head"], wte if cfg.tie_embeddings else None, x, targets, mask)
@@ -459,7 +559,7 @@ def model_objective(cfg: ModelConfig, params: FullParams, tokens: Array, targets
     (loss, {metric name: [value per such layer]}))."""
     from . import blocks
     wte = params["embed"]["wte"]
-    x = embed_fwd(cfg, wte, tokens)
+    x = embed(cfg, params["embed"], tokens)
     extra: Array | None = None  # stays None (nothing added) for a stack without metrics
     metrics: dict[str, list[Array]] = {}
     for kind_name, p in zip(cfg.layer_kinds(), params["blocks"], strict=True):
@@ -480,7 +580,7 @@ def model_objective(cfg: ModelConfig, params: FullParams, tokens: Array, targets
 def flat_param_names(cfg: ModelConfig) -> list[str]:
     """Names of the manifest's parameter table, in table order."""
     from . import blocks
-    names = ["wte"]
+    names = list(embed_param_names(cfg))
     for i, kind in enumerate(cfg.layer_kinds()):
         names += [f"layers.{i}.{n}" for n in blocks.KINDS[kind].params(cfg)]
     return names + list(head_param_names(cfg))

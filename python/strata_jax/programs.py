@@ -96,20 +96,27 @@ def build_programs(cfg: ModelConfig) -> list[Program]:
     loss = TensorSpec("loss", (), "f32", "loss")
     wte = _specs(cfg, ("wte",), "param")
     grad_wte = _specs(cfg, ("wte",), "grad", "grad_")
+    # The embedding group: wte, and the gpt2 family's wpe (M.embed_param_names).
+    enames = M.embed_param_names(cfg)
+    ne = len(enames)
+    emb = _specs(cfg, enames, "param")
 
     def embed_init(s: Array) -> tuple[Array, ...]:
-        return (M.init_embed(cfg, s)["wte"],)
+        p = M.init_embed(cfg, s)
+        return tuple(p[n] for n in enames)
 
     def head_init(s: Array) -> tuple[Array, ...]:
         p = M.init_head(cfg, s)
         return tuple(p[n] for n in head)
 
-    def embed_fwd(w: Array, tok: Array) -> tuple[Array, ...]:
-        return (M.embed_fwd(cfg, w, tok),)
+    def embed_fwd(*args: Array) -> tuple[Array, ...]:
+        return (M.embed(cfg, dict(zip(enames, args[:ne])), args[ne]),)
 
-    def embed_bwd(w: Array, tok: Array, g: Array) -> tuple[Array, ...]:
-        _, vjp = jax.vjp(lambda w_: M.embed_fwd(cfg, w_, tok), w)
-        return vjp(g)
+    def embed_bwd(*args: Array) -> tuple[Array, ...]:
+        tok, g = args[ne], args[ne + 1]
+        _, vjp = jax.vjp(lambda p_: M.embed(cfg, p_, tok), dict(zip(enames, args[:ne])))
+        (dp,) = vjp(g)
+        return tuple(dp[n] for n in enames)
 
     def _head_args(args: tuple[Array, ...]) -> tuple[dict[str, Array], Array | None, Array, Array, Array]:
         params = dict(zip(head, args[:nh]))
@@ -133,15 +140,23 @@ def build_programs(cfg: ModelConfig) -> list[Program]:
         return [k[r] for k in kinds if r in k]
 
     head_in = _specs(cfg, head, "param") + (wte if tied else []) + [x, targets, mask]
-    progs = [Program("embed_init", embed_init, [seed], wte)] + role("init") + [
+    progs = [Program("embed_init", embed_init, [seed], emb)] + role("init") + [
         Program("head_init", head_init, [seed], _specs(cfg, head, "param")),
-        Program("embed_fwd", embed_fwd, wte + [tokens], [x]),
-        Program("embed_bwd", embed_bwd, wte + [tokens, dx], grad_wte),
+        Program("embed_fwd", embed_fwd, emb + [tokens], [x]),
+        Program("embed_bwd", embed_bwd, emb + [tokens, dx], _specs(cfg, enames, "grad", "grad_")),
     ] + [p for k in kinds for p in (k["fwd"], k["bwd"])] + [
         Program("head_loss", head_loss, head_in,
                 [loss] + _specs(cfg, head, "grad", "grad_") + (grad_wte if tied else []) + [dx]),
         Program("head_eval", head_eval, head_in, [loss]),
     ]
+    if tied and ne > 1:
+        # The tied head's dwte added to embed_bwd's: the group's accum_embed
+        # takes every parameter of the group (bundle.md, "Program tables").
+        def embed_accum_tied(a: Array, b: Array) -> tuple[Array, ...]:
+            return (a + b,)
+
+        progs.append(Program("embed_accum_tied", embed_accum_tied,
+                             _specs(cfg, ("wte",), "grad", "a_") + _specs(cfg, ("wte",), "grad", "b_"), grad_wte, (0,)))
     for g in groups_of(cfg):
         progs += _group_programs(cfg, g)
     progs += [p for k in kinds for p in (k["fwd_res"], k["bwd_res"])]
@@ -512,26 +527,39 @@ def sample_programs(cfg: ModelConfig, kinds: list[dict[str, Program]] | None = N
     head = M.head_param_names(cfg)
     nh = len(head)
     T, D, V = cfg.seq_len, cfg.d_model, cfg.vocab_size
+    enames = M.embed_param_names(cfg)
+    ne = len(enames)
+    emb = _specs(cfg, enames, "param")
     wte = _specs(cfg, ("wte",), "param")
     xs = TensorSpec("x", (1, T, D), "f32", "activation")
     x1 = TensorSpec("x", (1, 1, D), "f32", "activation")
+    # Learned positions: embed_decode takes the token's position (the block
+    # programs' |pos|); embed_prefill's tokens are at positions 0..T-1.
+    positions = cfg.family == "gpt2"
 
-    def embed_prefill(w: Array, tok: Array) -> tuple[Array, ...]:
-        return (M.embed_fwd(cfg, w, tok),)
+    def embed_prefill(*args: Array) -> tuple[Array, ...]:
+        return (M.embed(cfg, dict(zip(enames, args[:ne])), args[ne]),)
+
+    def embed_decode(*args: Array) -> tuple[Array, ...]:
+        return (M.embed(cfg, dict(zip(enames, args[:ne])), args[ne], args[ne + 1] if positions else 0),)
 
     def logits(*args: Array) -> tuple[Array, ...]:
+        # vocab_size logits: the padding ids (vocab_padded) are cut off, so
+        # the sampler never sees them.
         p = dict(zip(head, args[:nh]))
         if not cfg.tie_embeddings:
-            return (M.head_logits(cfg, p, None, args[-1]),)
+            return (M.head_logits(cfg, p, None, args[-1])[..., :V],)
         # model.head_logits's h @ wte.T as one dot_general over wte's second
         # dimension: no transpose op, so wte is read once (at batch 1 the
         # transposed copy of wte would be most of the program's bytes).
-        h, c = M.norm(cfg, args[-1], p["final_norm"]), cfg.cdtype
-        return (jnp.einsum("btd,vd->btv", h.astype(c), args[nh].astype(c), preferred_element_type=jnp.float32),)
+        h, c = M.final_norm(cfg, p, args[-1]), cfg.cdtype
+        w = args[nh] if V == cfg.vocab_rows else args[nh][:V]
+        return (jnp.einsum("btd,vd->btv", h.astype(c), w.astype(c), preferred_element_type=jnp.float32),)
 
     return [
-        Program("embed_prefill", embed_prefill, wte + [TensorSpec("tokens", (1, T), "s32", "batch")], [xs]),
-        Program("embed_decode", embed_prefill, wte + [TensorSpec("tokens", (1, 1), "s32", "batch")], [x1]),
+        Program("embed_prefill", embed_prefill, emb + [TensorSpec("tokens", (1, T), "s32", "batch")], [xs]),
+        Program("embed_decode", embed_decode if positions else embed_prefill, emb + [TensorSpec("tokens", (1, 1), "s32", "batch")]
+                + ([_scalar("pos", "s32")] if positions else []), [x1]),
     ] + [p for k in kinds for p in (k.get("prefill"), k.get("decode")) if p is not None] + [
         Program("head_logits", logits, _specs(cfg, head, "param") + (wte if cfg.tie_embeddings else []) + [x1],
                 [TensorSpec("logits", (1, 1, V), "f32", "logits")]),

@@ -145,6 +145,7 @@ static st_status st__stage_from_json(const st_bundle* b, const json_t* sj, const
   ST_RETURN(st__role_program(b, progs, "decode", where, &out->decode));
   ST_RETURN(st__role_program(b, progs, "logits", where, &out->logits));
   ST_RETURN(st__role_program(b, progs, "act_stats", where, &out->act_stats));
+  ST_RETURN(st__role_program(b, progs, "accum_tied", where, &out->accum_tied));
   char role[16];
   for (const char* r = required; *r;) {
     size_t n = strcspn(r, " ");

@@ -709,7 +709,7 @@ int st_cli_analyze(int argc, char** argv) {
       step_read += progs[i].launches * progs[i].st.arg_bytes;
       step_write += progs[i].launches * progs[i].st.result_bytes;
     }
-    double model_flops = is_run ? st_train_model_flops_per_token(&bundle->model) * steps.tokens : 0;
+    double model_flops = is_run ? st_train_model_flops_per_token(bundle) * steps.tokens : 0;
     double devices = step.devices > 1 ? step.devices : 1;
     /* Per device: each device runs the step's launches. */
     double bound_s = 0, mfu = -1;

@@ -32,7 +32,7 @@ static const st__cfg_key kKeys[] = {
             "model.n_kv_heads; must divide model.n_heads; 0: model.n_heads (plain multi-head attention)."},
     {"model.block", ST__CFG_STRING, "llama",
      .doc = "Block kind of every layer, a name the front-end registers (docs/model.md, \"Block kinds\": llama, "
-            "parallel); an unknown one is refused when the bundle is exported (exit 2)."},
+            "parallel, moe, gpt2); an unknown one is refused when the bundle is exported (exit 2)."},
     {"model.layers", ST__CFG_LIST, "[]",
      .doc = "A block kind per layer for a heterogeneous stack, e.g. [llama, parallel]: exactly model.n_layers "
             "names; empty: model.block for every layer."},
@@ -55,6 +55,10 @@ static const st__cfg_key kKeys[] = {
     {"model.rope_theta", ST__CFG_FLOAT, "10000", .lo = 0, .lo_open = true, .hi = 1e9, .doc = "RoPE base frequency."},
     {"model.init_std", ST__CFG_FLOAT, "0.02", .lo = 0, .lo_open = true, .hi = 10,
      .doc = "Standard deviation of the normal parameter init."},
+    {"model.vocab_padded", ST__CFG_INT, "0", .lo = 0, .hi = 1048576,
+     .doc = "Rows of the embedding (and of an untied output projection): model.vocab_size padded up, e.g. to a "
+            "multiple of 64 (GPT-2: 50257 -> 50304); the padding ids' logits are masked out of the loss and never "
+            "sampled; 0: no padding. At least model.vocab_size when set."},
 
     {"train.steps", ST__CFG_INT, "100", .lo = 1, .hi = 100000000, .doc = "Optimizer steps to run."},
     {"train.batch_size", ST__CFG_INT, "8", .lo = 1, .hi = 1048576,
@@ -345,6 +349,17 @@ static st_status st__rule_microbatches(const st_config* c) {
   return ST_OK;
 }
 
+static st_status st__rule_vocab_padded(const st_config* c) {
+  int64_t p = st_config_int(c, "model.vocab_padded"), v = st_config_int(c, "model.vocab_size");
+  if (p != 0 && p < v)
+    return st_status_make(ST_CODE_CONFIG,
+                          "model.vocab_padded (%lld, %s) is smaller than model.vocab_size (%lld, %s): it pads the "
+                          "vocabulary up; set it to 0 (no padding) or at least %lld",
+                          (long long)p, st_config_source(c, "model.vocab_padded"), (long long)v,
+                          st_config_source(c, "model.vocab_size"), (long long)v);
+  return ST_OK;
+}
+
 static st_status st__rule_vocab(const st_config* c) {
   int64_t v = st_config_int(c, "model.vocab_size");
   /* bpe: st__rule_tokenizer names data.vocab_size, the key that sets it. */
@@ -562,6 +577,7 @@ static const st__cfg_rule kRules[] = {
     {"model.moe_top_k is at most model.n_experts.", st__rule_moe},
     {"train.batch_size is divisible by train.microbatches.", st__rule_microbatches},
     {"model.vocab_size is at least 256 (the byte tokenizer) unless data.synthetic is true.", st__rule_vocab},
+    {"model.vocab_padded is 0 or at least model.vocab_size.", st__rule_vocab_padded},
     {"data.tokenizer=bpe: data.vocab_size (0: model.vocab_size) is from 256 to model.vocab_size, and data.synthetic "
      "is false; data.tokenizer=byte: data.vocab_size is 0 or 256.",
      st__rule_tokenizer},

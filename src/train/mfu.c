@@ -17,15 +17,24 @@
 #include "strata/train.h"
 #include "train/train_internal.h"
 
-double st_train_model_flops_per_token(const st_bundle_model* m) {
-  const double D = (double)m->d_model, F = (double)m->d_ff, T = (double)m->seq_len, V = (double)m->vocab_size,
-               L = (double)m->n_layers;
-  /* bench/flops.py: a multiply-add is 2 FLOPs; per layer the four
-   * attention projections and the three MLP matrices, QK^T and PV over
-   * the full T x T square; the output projection once (tied or not);
-   * backward = 2 x forward. */
-  double per_layer = 2 * (4 * D * D + 3 * D * F) + 2 * 2 * T * D;
-  return 3 * (L * per_layer + 2 * D * V);
+double st_train_model_flops_per_token(const st_bundle* b) {
+  const st_bundle_model* m = &b->model;
+  const double D = (double)m->d_model, T = (double)m->seq_len, V = (double)m->vocab_size, L = (double)m->n_layers;
+  /* bench/flops.py: a multiply-add is 2 FLOPs; per layer every matrix of
+   * its kind once (the parameter table's rank-2 tensors: llama's four
+   * attention projections and three MLP matrices, gpt2's two MLP ones,
+   * grouped-query k and v at their size), a stack of experts (rank 3) as
+   * one expert; QK^T and PV over the full T x T square; the output
+   * projection once over the real vocabulary (tied or not); backward =
+   * 2 x forward. Biases and norms are not matmuls. */
+  double matrices = 0;
+  for (int i = 0; i < b->param_count; ++i) {
+    const st_tensor_type* t = &b->params[i].type;
+    if (b->params[i].layer < 0 || t->rank < 2) continue;
+    double n = (double)st_tensor_type_elements(t);
+    matrices += t->rank == 2 ? n : t->dims[0] > 0 ? n / (double)t->dims[0] : 0;
+  }
+  return 3 * (2 * matrices + L * 2 * 2 * T * D + 2 * D * V);
 }
 
 /* Dense bf16 tensor-core peaks from the vendors' datasheets, per device,

@@ -79,6 +79,7 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   }
   if (json_object_size(kern) > 0) json_object_set_new(m, "kernels", kern);
   else json_decref(kern);
+  if (st_config_int(c, "model.vocab_padded") > 0) st_json_put_int(m, "vocab_padded", st_config_int(c, "model.vocab_padded"));
   /* Compute programs see one device's share of a microbatch (the config
    * rules make it divide evenly; docs/parallelism.md). */
   int64_t shares = st_config_int(c, "parallel.data") * st_config_int(c, "parallel.fsdp");

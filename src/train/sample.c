@@ -288,7 +288,11 @@ static st_status st__decode(st_train_sampler* s, int32_t token, int64_t pos, flo
   st_buffer *tok = NULL, *pb = NULL, *x = NULL;
   st_status st = st_buffer_from_host(s->rt, 0, &tt, &token, &tok);
   if (!st) st = st_buffer_from_host(s->rt, 0, &pt, &p32, &pb);
-  if (!st) st = st__launch(s, &b->embed, b->embed.decode, &tok, 1, &x);
+  /* A learned-position embedding (the gpt2 family) also takes the position. */
+  int embed_rest = 0;
+  for (int i = 0; i < b->embed.decode->input_count; ++i) embed_rest += strcmp(b->embed.decode->inputs[i].role, "param") != 0;
+  st_buffer* erest[2] = {tok, pb};
+  if (!st) st = st__launch(s, &b->embed, b->embed.decode, erest, embed_rest == 2 ? 2 : 1, &x);
   for (int l = 0; l < b->layer_count && !st; ++l) {
     st_buffer* rest[4] = {x, s->cache[2 * l], s->cache[2 * l + 1], pb};
     st_buffer* o[3] = {NULL, NULL, NULL};

@@ -167,6 +167,16 @@ static st_status st__instances(const st_bundle* b, st__instance** out, int* out_
   int n = b->layer_count + 2;
   st__instance* v = st_xcalloc((size_t)n, sizeof(*v));
   st_status s = st__instance_make(b, &b->embed, &v[0]);
+  /* The embedding's programs take its group's parameters (wte first), then
+   * tokens (and dx); the plan indexes them by the group's count. */
+  const st_bundle_stage* E = &b->embed;
+  const int ne = v[0].count;
+  if (!s && (ne < 1 || E->fwd->input_count != ne + 1 || E->fwd->output_count != 1 || E->bwd->input_count != ne + 2 ||
+             E->bwd->output_count != ne ||
+             (E->accum_tied && (E->accum_tied->input_count != 2 || E->accum_tied->output_count != 1))))
+    s = st_status_make(ST_CODE_RUNTIME, "bundle %s: the embedding's programs do not match its group's %d parameters "
+                       "(fwd: params, tokens -> x; bwd: params, tokens, dx -> grads; accum_tied: 2 -> 1; "
+                       "docs/bundle.md, \"Program tables\")", b->dir, ne);
   for (int l = 0; !s && l < b->layer_count; ++l) {
     s = st__instance_make(b, &b->layers[l], &v[1 + l]);
     if (!s) s = st__check_block(b, &v[1 + l]);
@@ -475,10 +485,10 @@ static void st__forward(st__builder* B, int m, bool eval, st__fwd_out* f) {
   const st_bundle_program* ef = E->stage->fwd;
   char name[160];
   snprintf(name, sizeof(name), "tokens[%d]", m);
-  f->tokens = st__xfer(B, name, &ef->inputs[1].type);
+  f->tokens = st__xfer(B, name, &ef->inputs[E->count].type);
   snprintf(name, sizeof(name), "targets[%d]", m);
-  f->targets = st__xfer(B, name, &ef->inputs[1].type);
-  st_tensor_type mt = ef->inputs[1].type;
+  f->targets = st__xfer(B, name, &ef->inputs[E->count].type);
+  st_tensor_type mt = ef->inputs[E->count].type;
   mt.dtype = ST_DTYPE_F32;
   snprintf(name, sizeof(name), "mask[%d]", m);
   f->mask = st__xfer(B, name, &mt);
@@ -486,13 +496,14 @@ static void st__forward(st__builder* B, int m, bool eval, st__fwd_out* f) {
   st_plan_add(B->plan, ST_OP_H2D, -1, -1, m, eval ? ST_TAG_EVAL_TARGETS : ST_TAG_TARGETS, 0, NULL, 1, &f->targets);
   st_plan_add(B->plan, ST_OP_H2D, -1, -1, m, eval ? ST_TAG_EVAL_MASK : ST_TAG_MASK, 0, NULL, 1, &f->mask);
 
-  /* embed fwd(wte, tokens) -> x[0] */
+  /* embed fwd(embed params, tokens) -> x[0]; the params: wte first (the
+   * tied head's), then any others of the group (learned positions) */
   int x = st__act(B, "x[0]", &ef->outputs[0].type);
   int in[ST__MAX_IO], out[ST__MAX_IO];
   st__use_begin(B);
-  in[0] = st__param_in(B, E->params[0]);
-  in[1] = f->tokens;
-  st__launch(B, ST_OP_LAUNCH, ef, -1, m, 2, in, 1, &x);
+  for (int k = 0; k < E->count; ++k) in[k] = st__param_in(B, E->params[k]);
+  in[E->count] = f->tokens;
+  st__launch(B, ST_OP_LAUNCH, ef, -1, m, E->count + 1, in, 1, &x);
   st__use_end(B);
   if (eval) st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 1, &f->tokens, 0, NULL);
 
@@ -559,6 +570,8 @@ static void st__accumulate(st__builder* B, const st__instance* I, const char* tm
                         : st__pslot(B, tmp_prefix, I->params[k], ST_SLOT_GRAD, false);
   }
   const st_bundle_program* acc = B->F > 1 && !whole ? I->group->shard_accum : I->group->accum;
+  /* The tied head's gradient of wte alone, in a group with more parameters */
+  if (only_param >= 0 && I->stage->accum_tied) acc = I->stage->accum_tied;
   st__launch(B, ST_OP_LAUNCH, acc, I->layer, m, 2 * n, in, n, out);
   st_plan_add(B->plan, ST_OP_FREE, -1, I->layer, m, 0, n, in + n, 0, NULL);
 }
@@ -856,14 +869,16 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
     }
   }
 
-  /* embed bwd(wte, tokens, dx) -> dwte; a tied head's dwte joins it
-   * (under FSDP before the reduce-scatter, while both are whole) */
+  /* embed bwd(embed params, tokens, dx) -> their grads; a tied head's dwte
+   * joins wte's (under FSDP before the reduce-scatter, while both are whole) */
   st__use_begin(B);
-  in[0] = st__param_in(B, E->params[0]);
-  in[1] = f->tokens;
-  in[2] = dx;
-  out[0] = st__grad_out(B, gp, E->params[0]);
-  st__launch(B, ST_OP_LAUNCH, E->stage->bwd, -1, m, 3, in, 1, out);
+  for (int k = 0; k < E->count; ++k) {
+    in[k] = st__param_in(B, E->params[k]);
+    out[k] = st__grad_out(B, gp, E->params[k]);
+  }
+  in[E->count] = f->tokens;
+  in[E->count + 1] = dx;
+  st__launch(B, ST_OP_LAUNCH, E->stage->bwd, -1, m, E->count + 2, in, E->count, out);
   st__use_end(B);
   int freed2[2] = {dx, f->tokens};
   st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 2, freed2, 0, NULL);

@@ -882,7 +882,7 @@ st_status st_train_main(const st_config* cfg) {
   int mesh_devices = o.parallel_data * o.parallel_fsdp * o.parallel_tensor;
   if (!s) {
     st_train_peak_resolve(t.runtime, o.cache_root, o.peak_flops, true, &t.peak);
-    t.model_flops_per_token = st_train_model_flops_per_token(&bundle->model);
+    t.model_flops_per_token = st_train_model_flops_per_token(bundle);
   }
   /* The task context: context.json, and the same facts as the first event. */
   if (!s) {

@@ -559,7 +559,7 @@ static void test_cross_field(void** state) {
   const char* exp = put(f, "v.yml", "model:\n  vocab_size: 100\n");
   load_fails(exp, 0, NULL,
              fmt("model.vocab_size (100, %s:2) must be at least 256 for the byte tokenizer when data.synthetic is "
-                 "false (configs/base.yml:47)",
+                 "false (configs/base.yml:48)",
                  exp));
   char* kv[] = {"model.n_kv_heads=3"};
   load_fails("configs/tiny.yml", 1, kv,

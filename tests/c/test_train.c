@@ -644,6 +644,46 @@ static void test_crafted_bundle_counts_are_bounded(void** state) {
   st_bundle_destroy(b);
 }
 
+/* The embedding's programs take its group's parameters, then tokens (and
+ * dx): the plan builder indexes their inputs by the group's count, so a
+ * crafted embed_fwd without its tokens input is a bundle error, not a read
+ * past the inputs (ASan: heap-buffer-overflow before the check). */
+static void test_embed_programs_must_match_the_embed_group(void** state) {
+  (void)state;
+  st_bundle* b = ensure_bundle(2, true);
+  char* dir = malloc(512);
+  snprintf(dir, 512, "%s/crafted-embed", g_tmp);
+  char* python = st_bundle_python();
+  char cmd[2048];
+  snprintf(cmd, sizeof(cmd),
+           "rm -rf '%s' && cp -r '%s' '%s' && '%s' - '%s/manifest.json' <<'EOF'\n"
+           "import json, sys\n"
+           "m = json.load(open(sys.argv[1]))\n"
+           "p = {q['name']: q for q in m['programs']}\n"
+           "p['embed_fwd']['inputs'] = p['embed_fwd']['inputs'][:1]\n"
+           "json.dump(m, open(sys.argv[1], 'w'))\n"
+           "EOF",
+           dir, b->dir, dir, python, dir);
+  free(python);
+  assert_int_equal(system(cmd), 0);
+  st_bundle* c = NULL;
+  ASSERT_OK(st_bundle_open(dir, &c));
+  st_train_options o;
+  memset(&o, 0, sizeof(o));
+  o.microbatches = 1;
+  o.batch_size = 2;
+  o.eval_batches = 1;
+  st_plan step, eval;
+  st_status s = st_train_build_plans(c, &o, &step, &eval);
+  assert_non_null(s);
+  assert_int_equal(st_status_code(s), ST_CODE_RUNTIME);
+  assert_non_null(strstr(st_status_message(s), "the embedding's programs do not match"));
+  st_status_free(s);
+  st_bundle_destroy(c);
+  st_bundle_destroy(b);
+  free(dir);
+}
+
 /* Greedy tokens of |b| with parameters |host| (by parameter index). */
 static void generate(st_runtime* rt, const st_bundle* b, void** host, int32_t* ids, int n) {
   st_train_sampler* sm = NULL;
@@ -763,6 +803,7 @@ int main(void) {
       cmocka_unit_test(test_plan_takes_program_names_from_the_bundle),
       cmocka_unit_test(test_plan_reads_block_metrics),
       cmocka_unit_test(test_crafted_bundle_counts_are_bounded),
+      cmocka_unit_test(test_embed_programs_must_match_the_embed_group),
       cmocka_unit_test(test_sampler_takes_program_names_from_the_bundle),
       cmocka_unit_test(test_sample_pick),
   };

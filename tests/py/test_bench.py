@@ -92,6 +92,12 @@ def test_model_flops() -> None:
     assert FL.forward_flops_per_token(m) == 8 * per_layer + 2 * 256 * 256
     cfg = {"model": m, "train": {"batch_size": 8}}
     assert FL.step_flops(cfg) == 3 * 8 * 256 * FL.forward_flops_per_token(m)
+    # gpt2: two MLP matrices; grouped-query attention: k and v at n_kv_heads
+    g = {**m, "block": "gpt2", "n_heads": 8, "n_kv_heads": 2}
+    per_layer = 2 * (2 * 256 * 256 + 2 * 256 * 64 + 2 * 256 * 1024) + 4 * 256 * 256
+    assert FL.forward_flops_per_token(g) == 8 * per_layer + 2 * 256 * 256
+    mix = {**m, "layers": ["llama", "gpt2"] * 4}
+    assert FL.forward_flops_per_token(mix) == FL.forward_flops_per_token(m) - 4 * 2 * 256 * 1024
 
 
 def test_markdown_report_renders_every_section() -> None:
@@ -105,7 +111,7 @@ def test_markdown_report_renders_every_section() -> None:
                         "jax": "0.11.2", "loadavg_start": (0.1, 0.2, 0.3), "doctor_matmul_gflops": 90.0},
         "step": {"rounds": 1, "presets": {"tiny": {
             "steps": 25, "warmup": 5, "diag_steps": 13, "retries": 0, "model_flops_per_step": 10**9,
-            "diagnostic": ["unroll malloc"],
+            "tokens_per_step": 256, "diagnostic": ["unroll malloc"],
             "runs": {"strata": [run], "unroll": [run], "unroll malloc": [run]},
             "best": {"strata": best, "unroll": {**best, "median_s": 0.1, "all_medians_s": [0.1], "cpu_s_per_step": 0.6},
                      "unroll malloc": best},
@@ -119,7 +125,8 @@ def test_markdown_report_renders_every_section() -> None:
     }
     res["targets"] = R.targets(res)
     md = R.markdown(res)
-    assert "| tiny (20+5) | unroll | 100 ms | 100 | 2 | 2 | 0.6 | 0.5 | 10 |" in md
+    assert "| tiny (20+5) | unroll | 100 ms | 100 | 2 | 2 | 0.6 | 0.5 | 10 | 10.0 | 2560 | 11.1% |" in md
+    assert "(90 GFLOP/s)" in md  # the peak the share is of: strata doctor's matmul
     assert "| tiny (8+5) | *unroll malloc* |" in md  # a diagnostic: its own step count, in italics
     assert "| step time strata/unroll (tiny) | 2 | 1.1 | **no** |" in md
     assert "| framework overhead (tiny) | 0.01 | 0.05 | yes |" in md  # metrics fallback without perf

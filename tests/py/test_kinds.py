@@ -90,7 +90,8 @@ def test_stack_matches_reference(name: str, tmp_path: Any) -> None:
 
 # --- finite differences of each kind's backward -----------------------------------
 
-KIND_CFGS = {"llama-gqa": ("llama", 2), "llama-mqa": ("llama", 1), "parallel-gqa": ("parallel", 2)}
+KIND_CFGS = {"llama-gqa": ("llama", 2), "llama-mqa": ("llama", 1), "parallel-gqa": ("parallel", 2),
+             "gpt2": ("gpt2", 4), "gpt2-gqa": ("gpt2", 2)}
 
 
 @pytest.mark.parametrize("case", sorted(KIND_CFGS))
@@ -128,8 +129,13 @@ def test_backward_matches_finite_differences(case: str) -> None:
     for got in (got_res, got_bwd):
         an = sum(float(jnp.vdot(g, u[n])) for n, g in zip(names, got[:-1])) + float(jnp.vdot(got[-1], w))
         assert abs(an - fd) <= 3e-3 * abs(fd), (case, an, fd)
+    # bwd_res against bwd: f32 rounding of two orders of the same sums, so
+    # the absolute tolerance follows the tensor's scale (gpt2's w_fc
+    # gradient reaches 18 here and differs by 1.5e-5 in near-cancelling
+    # elements; in float64 with f64 matmuls the two agree to 3e-14).
     for a, b in zip(got_res, got_bwd):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4,
+                                   atol=max(1e-5, 2e-6 * float(np.max(np.abs(np.asarray(b))))))
 
 
 def test_gqa_with_n_kv_heads_equal_to_n_heads_is_plain_attention() -> None:
@@ -143,7 +149,7 @@ def test_gqa_with_n_kv_heads_equal_to_n_heads_is_plain_attention() -> None:
 
 # --- layer-count independence, per kind --------------------------------------------
 
-@pytest.mark.parametrize("layers", [("parallel",) * 2, ("llama", "parallel")])
+@pytest.mark.parametrize("layers", [("parallel",) * 2, ("llama", "parallel"), ("gpt2",) * 2])
 def test_programs_do_not_depend_on_n_layers_per_kind(layers: tuple[str, ...]) -> None:
     """The same programs (texts) at depth 2 and 5, for a parallel stack and
     for a stack of both kinds (its pattern repeated): one set per kind, not
@@ -177,13 +183,13 @@ def test_no_block_program_name_in_train_or_sched() -> None:
     """Every program a block kind contributes (each registered kind, with
     and without the tensor-parallel prefix) is absent from src/train/ and
     src/sched/: the plan builder takes them from the layer table."""
-    cfg = cfg_of(n_layers=len(blocks.KINDS), layers=tuple(sorted(blocks.KINDS)))
     names = set()
     for k in blocks.KINDS.values():
+        cfg = cfg_of(block=k.name)  # one family a stack: each kind alone
         for role, n in PR.kind_roles(cfg, k).items():
             names |= {n, f"tp_{n}"}
         names |= {f"{r}_{k.group_name}" for r in ("accum", "sqnorm", "adamw")}
-    assert {"block_fwd", "block_bwd_res", "parallel_fwd", "adamw_block"} <= names
+    assert {"block_fwd", "block_bwd_res", "parallel_fwd", "adamw_block", "gpt2_fwd", "adamw_gpt2"} <= names
     pattern = re.compile(r"\b(" + "|".join(sorted(map(re.escape, names))) + r")\b")
     hits = []
     for path in glob.glob(os.path.join(ROOT, "src", "train", "*")) + glob.glob(os.path.join(ROOT, "src", "sched", "*")):
@@ -201,6 +207,7 @@ def test_no_block_program_name_in_train_or_sched() -> None:
     (["model.n_kv_heads=3"], ["model.n_kv_heads", "model.n_heads"]),
     (["model.layers=[llama,parallel,llama]"], ["model.layers", "model.n_layers"]),
     (["parallel.tensor=2", "model.n_kv_heads=1", "runtime.cpu_devices=2"], ["model.n_kv_heads", "parallel.tensor"]),
+    (["model.vocab_padded=255"], ["model.vocab_padded", "model.vocab_size"]),
 ])
 def test_bad_config_exits_2_naming_the_key(over: list[str], keys: list[str]) -> None:
     r = run([STRATA, "config", "configs/test.yml", *over], ok=False)
@@ -235,6 +242,14 @@ def test_a_kind_without_tensor_parallel_programs_exits_2(tmp_path: Any) -> None:
 PRESETS = sorted(glob.glob(os.path.join(ROOT, "configs", "llama-*.yml")))
 SHORT = ["model.seq_len=16", "train.batch_size=2", "train.steps=20", "train.eval_every=0", "train.eval_batches=1",
          "data.synthetic=true", "model.vocab_size=256"]
+# Every preset of a model family (issue 13): the size of each is planned as
+# it is; one too slow to train 20 steps on two CPU cores is trained with
+# |shrink| (its kinds, vocabulary and padding kept).
+ALL_PRESETS = {"gpt2-124m.yml": {"short": ["data.tokenizer=byte", "model.vocab_size=50257"],
+                                 "shrink": ["model.n_layers=2", "model.d_model=64", "model.n_heads=4", "model.d_ff=256",
+                                            "train.lr=3e-3", "train.warmup_steps=5"]},
+               "moe-tiny.yml": {"short": [], "shrink": []},
+               **{os.path.basename(p): {"short": [], "shrink": []} for p in PRESETS}}
 
 
 def test_there_are_llama_presets_with_gqa() -> None:
@@ -244,15 +259,27 @@ def test_there_are_llama_presets_with_gqa() -> None:
         assert 0 < r["model"]["n_kv_heads"] < r["model"]["n_heads"], p
 
 
-@pytest.mark.parametrize("preset", [os.path.basename(p) for p in PRESETS])
+def test_gpt2_preset_is_gpt2_small() -> None:
+    r = json.loads(run([STRATA, "config", "--json", "configs/gpt2-124m.yml"]).stdout)
+    m = r["model"]
+    assert (m["block"], m["n_layers"], m["d_model"], m["n_heads"], m["d_ff"], m["seq_len"]) == ("gpt2", 12, 768, 12, 3072, 1024)
+    assert (m["vocab_size"], m["vocab_padded"], m["tie_embeddings"], r["data"]["tokenizer"]) == (50257, 50304, True, "bpe")
+    cfg = M.ModelConfig.from_dict({**m, "microbatch_size": 1})
+    n = sum(int(np.prod(row["shape"])) for row in E.param_table(cfg))
+    # GPT-2 small's 124,439,808 parameters, plus the 47 padding rows of wte
+    assert (n, n - 47 * 768) == (124_475_904, 124_439_808)
+
+
+@pytest.mark.parametrize("preset", sorted(ALL_PRESETS))
 def test_preset_trains_and_plans(preset: str, tmp_path: Any) -> None:
     cfg = f"configs/{preset}"
-    out = run([STRATA, "plan", cfg, *SHORT]).stdout
+    short = SHORT + ALL_PRESETS[preset]["short"]
+    out = run([STRATA, "plan", cfg, *short]).stdout
     n = json.loads(run([STRATA, "config", "--json", cfg]).stdout)["model"]["n_layers"]
     rows = [line for line in out.splitlines() if re.match(r"# layer \d+ ", line)]
     assert len(rows) == n, out[:2000]
     assert all(re.search(r"params \d+ B  state \d+ B  residuals \d+ B", r) for r in rows), rows
-    run([STRATA, "train", cfg, *SHORT, f"run.dir={tmp_path / 'run'}"])
+    run([STRATA, "train", cfg, *short, *ALL_PRESETS[preset]["shrink"], f"run.dir={tmp_path / 'run'}"])
     losses = [json.loads(x)["loss"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
               if '"loss"' in x]
     assert len(losses) == 20 and all(np.isfinite(losses)) and losses[-1] < losses[0], losses

@@ -53,6 +53,16 @@ def test_mfu_with_a_configured_peak(tmp_path: Any) -> None:
     _check(steps, cfg, 2.5e11)
 
 
+def test_mfu_of_a_gpt2_gqa_stack(tmp_path: Any) -> None:
+    """The model FLOPs of other kinds: gpt2's two MLP matrices, k and v at
+    n_kv_heads, the real (not the padded) vocabulary."""
+    steps, _, cfg = _train(str(tmp_path / "run"), "obs.peak_flops=2.5e11", "model.block=gpt2", "model.n_kv_heads=2",
+                           "model.vocab_padded=320")
+    assert FL.forward_flops_per_token(cfg["model"]) < FL.forward_flops_per_token(
+        {**cfg["model"], "block": "llama", "n_kv_heads": 0})
+    _check(steps, cfg, 2.5e11)
+
+
 def test_mfu_with_the_measured_peak(tmp_path: Any) -> None:
     steps, ctx, cfg = _train(str(tmp_path / "run"))
     peak = ctx["peak"]
