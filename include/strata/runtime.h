@@ -236,6 +236,24 @@ const st_tensor_type* st_program_output_type(const st_program* program, int i);
 /* True when the program donates input |i| (aliases it to an output). */
 bool st_program_input_donated(const st_program* program, int i);
 
+/* XLA's memory analysis of a compiled program
+ * (PJRT_Executable_GetCompiledMemoryStats), per device it runs on: besides
+ * the buffers its caller passes and receives, a launch allocates
+ * |temp_bytes| of temporaries for as long as it runs. |known| is false when
+ * the plugin lacks the call or refuses it (every count is then 0). */
+typedef struct st_program_memory {
+  bool known;
+  int64_t temp_bytes;     /* XLA's temporaries while it runs */
+  int64_t argument_bytes; /* its inputs */
+  int64_t output_bytes;   /* its outputs */
+  int64_t alias_bytes;    /* inputs reused as outputs (donated) */
+  int64_t code_bytes;     /* generated code */
+  int64_t host_temp_bytes; /* temporaries in host memory spaces */
+} st_program_memory;
+/* Copies |program|'s analysis into |out| (read once, when it was compiled
+ * or loaded from the cache). */
+void st_program_memory_stats(const st_program* program, st_program_memory* out);
+
 /* Runs |program| on |device|. Inputs are checked (count, dtype, dims,
  * consumed) before launch; a mismatch names the input index, expected and
  * given. Donated inputs are consumed. |outputs| (array of

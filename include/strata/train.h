@@ -203,6 +203,11 @@ st_status st_train_build_plans(const st_bundle* bundle, const st_train_options* 
 st_status st_train_build_plans_ex(const st_bundle* bundle, const st_train_options* options, st_plan* out_step,
                                   st_plan* out_eval, st_remat_choice* out_choice);
 
+/* Compiles (through the executable cache of |runtime|) every program
+ * |plans| use and sets each plan's program_temps from XLA's analyses
+ * (st_plan_set_program_temps): what `strata plan --compile` shows. */
+st_status st_train_plan_temps(st_runtime* runtime, const st_bundle* bundle, st_plan* const* plans, int plan_count);
+
 /* What a path names for the commands that use a trained model (strata
  * eval, strata sample): the run, its config and the parameters to load.
  * Strings owned (st_trained_ref_deinit). */

@@ -24,7 +24,7 @@ static const st_cli_command kCommands[] = {
     {"ckpt", st_cli_ckpt, "ckpt list|verify|inspect PATH  checkpoints of a run: list, verify checksums, show manifest and tensors"},
     {"data", st_cli_data, "data CONFIG [k=v ...]       tokenize the corpus; print the token file, split sizes, tokenizer; --decode IDS: ids -> bytes"},
     {"sample", st_cli_sample, "sample RUN_DIR|CKPT_DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]  generate text"},
-    {"plan", st_cli_plan, "plan CONFIG [k=v ...]       print the step plan (the ops one step runs; --json, --explain)"},
+    {"plan", st_cli_plan, "plan CONFIG [k=v ...]       print the step plan (the ops one step runs; --json, --explain, --compile)"},
 };
 
 static void st_cli_usage(FILE* out) {

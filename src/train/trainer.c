@@ -222,6 +222,33 @@ st_status st__plan_programs(st__trainer* t, const st_plan* plan, st_program*** o
   return ST_OK;
 }
 
+st_status st_train_plan_temps(st_runtime* runtime, const st_bundle* bundle, st_plan* const* plans, int plan_count) {
+  st__trainer t;
+  memset(&t, 0, sizeof(t));
+  t.bundle = bundle;
+  t.runtime = runtime;
+  t.compiled = st_xcalloc((size_t)bundle->program_count + 1, sizeof(st_program*));
+  t.compile_s = st_xcalloc((size_t)bundle->program_count + 1, sizeof(double));
+  st_status s = st__compile_programs(&t, (const st_plan* const*)plans, plan_count, NULL, 0);
+  for (int p = 0; p < plan_count && !s; ++p) s = st__compile_collectives(&t, plans[p]);
+  for (int p = 0; p < plan_count && !s; ++p) {
+    st_program** progs = NULL;
+    s = st__plan_programs(&t, plans[p], &progs);
+    if (s) break;
+    int64_t* tmp = st_plan_temps_of_programs(plans[p], progs, NULL);
+    st_plan_set_program_temps(plans[p], tmp);
+    free(tmp);
+    free(progs);
+  }
+  for (int i = 0; i < bundle->program_count; ++i) st_program_destroy(t.compiled[i]);
+  if (t.compiled_coll)
+    for (int i = 0; i < bundle->collective_count; ++i) st_program_destroy(t.compiled_coll[i]);
+  free(t.compiled);
+  free(t.compile_s);
+  free(t.compiled_coll);
+  return s;
+}
+
 /* The stages in init order: the embedding, blocks 0..L-1, the head. */
 static const st_bundle_stage* st__stage(const st_bundle* b, int i) {
   return i == 0 ? &b->embed : i <= b->layer_count ? &b->layers[i - 1] : &b->head;
@@ -849,6 +876,16 @@ st_status st_train_main(const st_config* cfg) {
   if (!s) s = st__compile_collectives(&t, &t.eval_plan); /* its SPMD programs may differ (tensor: block fwd) */
   if (!s) s = st__plan_programs(&t, &t.step_plan, &t.step_programs);
   if (!s) s = st__plan_programs(&t, &t.eval_plan, &t.eval_programs);
+  /* XLA's temporaries of each program, now that they are compiled: the
+   * plan event and strata plan --compile show the same peak. */
+  if (!s) {
+    int64_t* tmp = st_plan_temps_of_programs(&t.step_plan, t.step_programs, NULL);
+    st_plan_set_program_temps(&t.step_plan, tmp);
+    free(tmp);
+    tmp = st_plan_temps_of_programs(&t.eval_plan, t.eval_programs, NULL);
+    st_plan_set_program_temps(&t.eval_plan, tmp);
+    free(tmp);
+  }
   if (!s) s = st_executor_create(&t.step_plan, t.runtime, t.step_programs, 0, &t.ex);
   if (!s) s = st_executor_create(&t.eval_plan, t.runtime, t.eval_programs, 0, &t.eval_ex);
   if (!s) s = st__check_hang_in(&t);

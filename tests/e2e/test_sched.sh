@@ -102,6 +102,10 @@ for d in runs:
         if m['live_mismatch_op'] != -1 or m['peak_live_bytes'] != m['peak_live_bytes_predicted']:
             bad.append(f'{os.path.basename(d)} step {m[\"step\"]}: accounted live bytes differ from the plan')
             break
+        # XLA's temporaries of the running program on top (issue 18): accounted = predicted, and above the slots alone
+        if m['peak_with_temps_bytes'] != m['peak_with_temps_bytes_predicted'] or m['peak_with_temps_bytes'] <= m['peak_live_bytes'] or m['peak_temps_bytes'] <= 0:
+            bad.append(f'{os.path.basename(d)} step {m[\"step\"]}: peak with temporaries {m[\"peak_with_temps_bytes\"]} (predicted {m[\"peak_with_temps_bytes_predicted\"]}, slots {m[\"peak_live_bytes\"]})')
+            break
     if off != 'none' and steps[0]['host_bytes'] <= 0:
         bad.append(f'{os.path.basename(d)}: offload {off} but no host bytes')
     if wait == 'eager' and steps[0]['waits'] <= steps[0]['launches']:
@@ -206,6 +210,27 @@ print(f'# trace: {len(ops)} ops on {len(tracks)} tracks, every op once, timestam
 PYEOF"
 
 # --- 3. strata plan with the new ops; config errors --------------------------------
+# --compile: XLA's temporaries per program, and the peak that includes them
+# equals what the default run (same config) predicted and accounted.
+"$STRATA" plan --compile --json "${BASE[@]}" >"$TMP/plan-temps.json" 2>"$TMP/err" || bad "plan --compile exited $?: $(tail -3 "$TMP/err")"
+"$STRATA" plan --compile "${BASE[@]}" >"$TMP/plan-temps.txt" 2>/dev/null
+check "plan --compile: block programs' temporaries > 0, the accounted peak includes them, = the run's" "grep -q '^# temporaries per program (bytes per device):.* block_fwd_res=[1-9]' '$TMP/plan-temps.txt' && grep -Eq '^ +[0-9]+ LAUNCH +block_bwd_res .* temp=[1-9][0-9]*$' '$TMP/plan-temps.txt' && $PY - '$TMP/plan-temps.json' '$TMP/m/auto-default' <<'PYEOF'
+import json, os, sys
+p = json.load(open(sys.argv[1]))['step']
+t = p['program_temp_bytes']
+assert all(t[k] > 0 for k in ('block_fwd_res', 'block_bwd_res', 'head_loss')), t
+# the peak with temporaries is the most, over ops, of live slots + the running program's temporaries
+best = max(sum(op['live_bytes'].values()) + (t[op['program']] if op['kind'] in ('LAUNCH', 'RECOMPUTE') else 0) for op in p['ops'])
+assert p['predicted_peak_with_temps_bytes'] == best > p['predicted_peak_bytes'], (p['predicted_peak_with_temps_bytes'], best, p['predicted_peak_bytes'])
+ev = [json.loads(l) for l in open(os.path.join(sys.argv[2], 'events.jsonl'))]
+plan_ev = [e for e in ev if e['event'] == 'plan'][0]
+assert plan_ev['predicted_peak_with_temps_bytes'] == best and plan_ev['program_temp_bytes'] == t, plan_ev
+m = [json.loads(l) for l in open(os.path.join(sys.argv[2], 'metrics.jsonl'))]
+m = [x for x in m if 'loss' in x]
+assert all(x['peak_with_temps_bytes'] == x['peak_with_temps_bytes_predicted'] == best for x in m), [x['peak_with_temps_bytes'] for x in m]
+fr, br, hl, sl = t['block_fwd_res'], t['block_bwd_res'], t['head_loss'], p['predicted_peak_bytes']
+print(f'# temporaries: block_fwd_res {fr} B, block_bwd_res {br} B, head_loss {hl} B; peak {sl} -> {best} B with them')
+PYEOF"
 if "$STRATA" plan "${BASE[@]}" "${TRACE_POL[@]}" sched.wait=eager >"$TMP/plan.txt" 2>"$TMP/err"; then ok; else bad "plan exited $?"; fi
 check "plan text shows policies, recompute, offload transfers, waits, deps" "grep -q '# policy: remat=every:2 offload=both prefetch_depth=1 wait=eager optimizer=per_layer' '$TMP/plan.txt' && grep -Eq 'RECOMPUTE +block_fwd_res layer=0' '$TMP/plan.txt' && grep -Eq 'H2D .*in=\[host:m:layers.1.wq' '$TMP/plan.txt' && grep -Eq 'D2H .*out=\[host:layers.0.wq\]' '$TMP/plan.txt' && grep -Eq 'WAIT .* deps=\[' '$TMP/plan.txt' && grep -Eq 'host-memory bytes [1-9]' '$TMP/plan.txt'"
 check "plan JSON: live bytes per op by category, host slots, peak = max" "$PY - '$TMP/plan.json' <<'PYEOF'
