@@ -74,6 +74,16 @@ typedef struct st_runtime_options {
   bool keep_optimized_hlo;
 } st_runtime_options;
 
+/* Whether this process runs with the host malloc policy
+ * (st_runtime_options.tune_host_malloc, applied at the first plugin load). */
+bool st_runtime_malloc_tuned(void);
+
+/* Gives the memory malloc holds freed back to the kernel (malloc_trim):
+ * for the end of a phase that will not come again soon (init, a
+ * checkpoint), whose freed blocks the policy above would otherwise keep for
+ * the rest of the run. The next step faults its own buffers in once more. */
+void st_runtime_release_host_memory(void);
+
 /* Defaults: search for the plugin, 2 CPU devices, not deterministic, no
  * XLA options, no cache, host malloc tuning on, compile threads automatic. */
 void st_runtime_options_init(st_runtime_options* options);

@@ -11,6 +11,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -52,6 +53,10 @@ struct st_ckpt_snapshot {
   st_ckpt_meta meta;
   char* strs[3];  /* owned copies behind meta's strings */
   json_t* trees[2]; /* owned copies behind meta's config and model */
+  /* Streaming (st_ckpt_snapshot_create_streaming): no data[]; the save
+   * fills one tensor at a time into a staging buffer of the largest. */
+  st_ckpt_fill_fn fill;
+  void* fill_user;
 };
 
 st_ckpt_snapshot* st_ckpt_snapshot_create(int count, const char* const* names, const char* const* files,
@@ -74,6 +79,38 @@ st_ckpt_snapshot* st_ckpt_snapshot_create(int count, const char* const* names, c
     s->bytes += (int64_t)n;
   }
   return s;
+}
+
+st_ckpt_snapshot* st_ckpt_snapshot_create_streaming(int count, const char* const* names, const char* const* files,
+                                                    const st_tensor_type* types, st_ckpt_fill_fn fill, void* user) {
+  st_ckpt_snapshot* s = st_xcalloc(1, sizeof(*s));
+  s->count = count;
+  s->names = st_xcalloc((size_t)count + 1, sizeof(char*));
+  s->files = st_xcalloc((size_t)count + 1, sizeof(char*));
+  s->types = st_xcalloc((size_t)count + 1, sizeof(st_tensor_type));
+  s->data = st_xcalloc((size_t)count + 1, sizeof(void*));
+  for (int i = 0; i < count; ++i) {
+    s->names[i] = st_xstrdup(names[i]);
+    s->files[i] = st_xstrdup(files[i]);
+    s->types[i] = types[i];
+    s->bytes += (int64_t)st_tensor_type_bytes(&types[i]);
+  }
+  s->fill = fill;
+  s->fill_user = user;
+  return s;
+}
+
+bool st_ckpt_snapshot_is_streaming(const st_ckpt_snapshot* s) { return s && s->fill; }
+
+int64_t st_ckpt_snapshot_staging_bytes(const st_ckpt_snapshot* s) {
+  if (!s) return 0;
+  if (!s->fill) return s->bytes;
+  int64_t most = 0;
+  for (int i = 0; i < s->count; ++i) {
+    int64_t n = (int64_t)st_tensor_type_bytes(&s->types[i]);
+    if (n > most) most = n;
+  }
+  return most;
 }
 
 void st_ckpt_snapshot_destroy(st_ckpt_snapshot* s) {
@@ -234,13 +271,36 @@ static st_status st__write_tensor_file(const st_ckpt_save_options* o, const st_c
   if (!s) s = st__write_all(&w, header, header_size);
   w.line = line;
   size_t offset = header_size;
+  /* A streaming snapshot: one staging buffer of the file's largest tensor,
+   * mapped for this file only so that it never stays in malloc's free
+   * pool (the host malloc policy keeps freed blocks: docs/runtime.md). */
+  void* stage = NULL;
+  size_t stage_size = 0;
+  if (snap->fill) {
+    for (int j = 0; j < n; ++j)
+      if (st_tensor_type_bytes(&ts[j].type) > stage_size) stage_size = st_tensor_type_bytes(&ts[j].type);
+    if (stage_size) {
+      stage = mmap(NULL, stage_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (stage == MAP_FAILED) {
+        stage = NULL;
+        if (!s) s = st__errno("mapping the checkpoint staging buffer for", path, errno);
+      }
+    }
+  }
   for (int j = 0; j < n && !s; ++j) {
     size_t bytes = st_tensor_type_bytes(&ts[j].type);
+    const void* data = ts[j].data;
+    if (snap->fill) {
+      s = snap->fill(snap->fill_user, idx[j], stage, bytes);
+      if (s) break;
+      data = stage;
+    }
     trec[idx[j]].offset = offset;
-    trec[idx[j]].xxh64 = st_hash64(ts[j].data, bytes, 0);
-    s = st__write_all(&w, ts[j].data, bytes);
+    trec[idx[j]].xxh64 = st_hash64(data, bytes, 0);
+    s = st__write_all(&w, data, bytes);
     offset += bytes;
   }
+  if (stage) munmap(stage, stage_size);
   if (!s && fsync(w.fd) != 0) s = st__errno("fsync of", path, errno);
   if (w.fd >= 0 && close(w.fd) != 0 && !s) s = st__errno("closing", path, errno);
   if (!s) {

@@ -51,6 +51,39 @@ static st_status st__plan_compile(st_train_options* o, const st_bundle* bundle, 
   return s;
 }
 
+/* --fit: the predicted peak against the device's memory, the policies
+ * that would fit, and exit 4 when it does not (unless
+ * sched.allow_overcommit). */
+static st_status st__plan_fit(st_train_options* o, const st_bundle* bundle, const st_plan* step, bool json) {
+  char* exe_cache = st_path_join(o->cache_root, "executables");
+  o->runtime.cache_dir = exe_cache;
+  st_runtime* rt = NULL;
+  st_status s = st_runtime_create(&o->runtime, &rt);
+  st_fit_report r;
+  if (!s) s = st_train_fit(rt, bundle, o, step, true, &r);
+  st_runtime_destroy(rt);
+  o->runtime.cache_dir = NULL;
+  free(exe_cache);
+  if (s) return s;
+  if (json) {
+    json_t* j = st_json_obj();
+    st_json_put_str(j, "bundle", bundle->dir);
+    st_json_put(j, "fit", st_train_fit_json(&r));
+    st_cli_print_json(j, 0);
+    json_decref(j);
+  } else {
+    printf("# bundle %s\n# policy: %s\n", bundle->dir, step->policy ? step->policy : "");
+    st_train_fit_print(&r, stdout);
+  }
+  s = st_train_fit_status(&r, o);
+  if (s && o->allow_overcommit) {
+    fprintf(stderr, "strata: warning: %s (sched.allow_overcommit=true: going on)\n", st_status_message(s));
+    st_status_free(s);
+    s = ST_OK;
+  }
+  return s;
+}
+
 /* Memory per layer, from the bundle's tables: its block kind, its
  * parameters (whole tensors; with their gradients and AdamW moments, four
  * times that), the residuals its training forward keeps per microbatch
@@ -74,10 +107,12 @@ static void st__print_layer_memory(const st_bundle* b, const st_remat_choice* re
 }
 
 int st_cli_plan(int argc, char** argv) {
-  bool json = false, explain = false, compile = false;
-  while (argc > 0 && (!strcmp(argv[0], "--json") || !strcmp(argv[0], "--explain") || !strcmp(argv[0], "--compile"))) {
+  bool json = false, explain = false, compile = false, fit = false;
+  while (argc > 0 && (!strcmp(argv[0], "--json") || !strcmp(argv[0], "--explain") || !strcmp(argv[0], "--compile") ||
+                      !strcmp(argv[0], "--fit"))) {
     if (!strcmp(argv[0], "--json")) json = true;
     else if (!strcmp(argv[0], "--compile")) compile = true;
+    else if (!strcmp(argv[0], "--fit")) fit = compile = true;
     else explain = true;
     --argc;
     ++argv;
@@ -99,7 +134,9 @@ int st_cli_plan(int argc, char** argv) {
     if (!s) s = st__plan_device_memory(&o);
     if (!s) s = st_train_build_plans_ex(bundle, &o, &step, &eval, &remat);
     if (!s && compile) s = st__plan_compile(&o, bundle, &step, &eval);
-    if (!s && explain) {
+    if (!s && fit) {
+      s = st__plan_fit(&o, bundle, &step, json);
+    } else if (!s && explain) {
       json_t* e = st_plan_explain_json(&step, &eval, &o);
       if (json) {
         json_t* j = st_json_obj();

@@ -268,6 +268,21 @@ FULL_PEAK=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["step"][
 check "plan, auto between none ($NONE_PEAK B) and full ($FULL_PEAK B): layer 0 recomputed, the why and the policy" "grep -qx '# remat auto: recompute 1 of 2 layers (0): predicted peak [0-9]* B <= budget $((NONE_PEAK - 1)) B (without remat $NONE_PEAK B, over it)' '$TMP/auto-mid.txt' && grep -q '^# policy: remat=auto:0 memory_budget=$((NONE_PEAK - 1)) offload=none' '$TMP/auto-mid.txt' && grep -Eq 'RECOMPUTE +block_fwd_res layer=0' '$TMP/auto-mid.txt' && ! grep -Eq 'RECOMPUTE +block_fwd_res layer=1' '$TMP/auto-mid.txt'"
 "$STRATA" plan "${BASE[@]}" sched.memory_budget=1000 >"$TMP/auto-tiny.txt" 2>&1
 check "plan, auto with a tiny budget: full, and it says it does not fit" "grep -qx '# remat auto: does not fit: even with every layer recomputed the predicted peak is $FULL_PEAK B > budget 1000 B (without remat $NONE_PEAK B); chose full' '$TMP/auto-tiny.txt' && grep -q '^# policy: remat=auto:full memory_budget=1000 ' '$TMP/auto-tiny.txt' && [ \$(grep -Ec '^ *[0-9]+ RECOMPUTE' '$TMP/auto-tiny.txt') = 4 ]"
+
+# --- will it fit (issue 18): the peak with temporaries against the device's memory
+LIMIT=$($PY -c "import json; print(json.load(open('$TMP/plan-temps.json'))['step']['predicted_peak_with_temps_bytes'] - 1)")
+"$STRATA" plan --fit "${BASE[@]}" runtime.device_memory_bytes=$LIMIT >"$TMP/fit.out" 2>"$TMP/fit.err"
+rc=$?
+check "plan --fit, one byte too little device memory: exit 4 naming the predicted peak, the limit and sched.remat=full" "[ $rc = 4 ] && grep -q 'predicted peak $((LIMIT + 1)) B (live buffers + XLA.s temporaries) > device memory $LIMIT B (runtime.device_memory_bytes)' '$TMP/fit.err' && grep -Eq 'Policies that fit: sched.remat=full \(predicted peak [0-9]+ B\)' '$TMP/fit.err' && grep -q '^# fit: DOES NOT FIT' '$TMP/fit.out'"
+"$STRATA" plan --fit "${BASE[@]}" runtime.device_memory_bytes=$LIMIT sched.remat=full >"$TMP/fit2.out" 2>&1
+rc=$?
+check "plan --fit with the advised sched.remat=full: fits, exit 0" "[ $rc = 0 ] && grep -q '^# fit: fits: [0-9]* <= $LIMIT bytes' '$TMP/fit2.out'"
+"$STRATA" train "${BASE[@]}" train.steps=2 runtime.device_memory_bytes=$LIMIT run.dir="$TMP/nofit" >/dev/null 2>"$TMP/nofit.err"
+rc=$?
+check "train too large for its stated memory: exit 4 before any step, with the advice" "[ $rc = 4 ] && grep -q 'predicted not to fit' '$TMP/nofit.err' && grep -q 'sched.remat=full' '$TMP/nofit.err' && ! grep -q '\"loss\"' '$TMP/nofit/metrics.jsonl' 2>/dev/null"
+"$STRATA" train "${BASE[@]}" train.steps=2 runtime.device_memory_bytes=$LIMIT sched.allow_overcommit=true run.dir="$TMP/overcommit" >/dev/null 2>"$TMP/over.err"
+rc=$?
+check "... with sched.allow_overcommit=true it trains, warning, and the fit event says so" "[ $rc = 0 ] && grep -q 'going on' '$TMP/over.err' && grep '\"event\": \"fit\"' '$TMP/overcommit/events.jsonl' | grep -q '\"fits\": false'"
 expect_exit 2 "sched.prefetch_depth" config "${BASE[@]}" sched.prefetch_depth=-1
 expect_exit 2 "trace.steps .*lists step 11, but train.steps is 10" config "${BASE[@]}" "trace.steps=[2, 11]"
 expect_exit 2 "trace.steps .*item 1 is 'x'" config "${BASE[@]}" "trace.steps=[x]"
