@@ -28,6 +28,14 @@ static json_t* st__memory_json(st__trainer* t, const char* at, const st_mem_usag
     device *= st_executor_devices(t->ex);
     homes = es->host_bytes;
   }
+  /* A CPU plugin's device memory is this process's host memory; a GPU's is not. */
+  st_runtime_info ri;
+  memset(&ri, 0, sizeof(ri));
+  if (t->runtime) st_runtime_get_info(t->runtime, &ri);
+  bool host_device = ri.platform_name && !strcmp(ri.platform_name, "cpu");
+  st_json_put_int(j, "device_buffers_bytes", device);
+  st_json_put_bool(j, "device_memory_is_host", host_device);
+  if (!host_device) device = 0;
   bool filled = false;
   int64_t staging = st_train_ckpt_staging_bytes(t->ckpt, &filled);
   int64_t code = 0;

@@ -689,10 +689,13 @@ static st_status st__run(st__trainer* t, bool progress) {
       st_json_put(f, "eval_loss", st_json_fixed(eval_loss, 6));
       ST_RETURN(st__event(t, "eval", f));
     }
-    ST_RETURN(st_train_ckpt_step_done(t->ckpt, t->step + 1));
-    /* After an evaluation or a checkpoint save: their buffers come back only in many steps. */
+    /* Before a checkpoint save and after an evaluation: what malloc holds
+     * for the step's buffers goes back to the kernel, so the save's
+     * staging comes on top of the state, not of the step's high-water mark
+     * (the next step faults its buffers in once more). */
     if (last || (o->eval_every > 0 && (t->step + 1) % o->eval_every == 0) || (o->ckpt.every > 0 && (t->step + 1) % o->ckpt.every == 0))
       st_runtime_release_host_memory();
+    ST_RETURN(st_train_ckpt_step_done(t->ckpt, t->step + 1));
     char at[48];
     snprintf(at, sizeof(at), "step %lld", (long long)t->step + 1);
     st__memory_sample(t, at);
