@@ -97,6 +97,8 @@ st_status st__memory_event(st__trainer* t, const char* phase) {
     e = st__memory_json(t, phase, &now);
   }
   st_json_put_str(e, "phase", phase);
-  st_json_put_int(e, "hwm_bytes", now.hwm); /* the kernel's peak RSS of the process so far */
+  /* The kernel's peak RSS so far; it updates VmHWM lazily, so a sampled RSS may exceed it. */
+  int64_t hwm = now.hwm > t->mem_peak_rss ? now.hwm : t->mem_peak_rss;
+  st_json_put_int(e, "hwm_bytes", hwm);
   return st__event(t, "memory", e);
 }
