@@ -72,10 +72,10 @@ st_ckpt_snapshot* st_ckpt_snapshot_create(int count, const char* const* names, c
     s->files[i] = st_xstrdup(files[i]);
     s->types[i] = types[i];
     size_t n = st_tensor_type_bytes(&types[i]);
-    /* Zero-filled now so the pages exist before the first save: the copy at
-     * the step boundary is on the training thread's clock. */
-    s->data[i] = st_xmalloc(n ? n : 1);
-    memset(s->data[i], 0, n ? n : 1);
+    /* Allocated at the first st_ckpt_snapshot_data, i.e. the first save:
+     * a run that saves only at its end does not hold a second copy of the
+     * state for all its steps (issue 18; the first save pays the page
+     * faults, later ones reuse the pages). */
     s->bytes += (int64_t)n;
   }
   return s;
@@ -129,7 +129,14 @@ void st_ckpt_snapshot_destroy(st_ckpt_snapshot* s) {
   free(s);
 }
 
-void* st_ckpt_snapshot_data(st_ckpt_snapshot* s, int i) { return s->data[i]; }
+void* st_ckpt_snapshot_data(st_ckpt_snapshot* s, int i) {
+  if (s->fill) return NULL; /* streaming: no copy */
+  if (!s->data[i]) {
+    size_t n = st_tensor_type_bytes(&s->types[i]);
+    s->data[i] = st_xcalloc(n ? n : 1, 1);
+  }
+  return s->data[i];
+}
 int st_ckpt_snapshot_count(const st_ckpt_snapshot* s) { return s->count; }
 int64_t st_ckpt_snapshot_bytes(const st_ckpt_snapshot* s) { return s->bytes; }
 const st_ckpt_meta* st_ckpt_snapshot_meta(const st_ckpt_snapshot* s) { return &s->meta; }
@@ -247,6 +254,7 @@ static st_status st__write_tensor_file(const st_ckpt_save_options* o, const st_c
   int n = 0;
   for (int i = 0; i < snap->count; ++i) n += !strcmp(snap->files[i], file);
   st_named_tensor* ts = st_xcalloc((size_t)n + 1, sizeof(*ts));
+  void** zeros = st_xcalloc((size_t)n + 1, sizeof(void*));
   int* idx = st_xcalloc((size_t)n + 1, sizeof(int));
   int k = 0;
   for (int i = 0; i < snap->count; ++i) {
@@ -255,6 +263,8 @@ static st_status st__write_tensor_file(const st_ckpt_save_options* o, const st_c
     ts[k].type = snap->types[i];
     ts[k].data = snap->data[i];
     idx[k++] = i;
+    if (!snap->fill && !ts[k - 1].data) /* never filled (st_ckpt_snapshot_data not called): zeros, as before */
+      ts[k - 1].data = zeros[k - 1] = st_xcalloc(st_tensor_type_bytes(&ts[k - 1].type) + 1, 1);
   }
   char* path = st_path_join(dir, file);
   char* header = NULL;
@@ -312,6 +322,8 @@ static st_status st__write_tensor_file(const st_ckpt_save_options* o, const st_c
   XXH64_freeState(w.hash);
   free(header);
   free(path);
+  for (int j = 0; j < n; ++j) free(zeros[j]);
+  free(zeros);
   free(ts);
   free(idx);
   return s;
