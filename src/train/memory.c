@@ -64,7 +64,7 @@ static json_t* st__memory_json(st__trainer* t, const char* at, const st_mem_usag
   }
   st_json_put_int(c, "other", now->rss - sum); /* negative: the categories overlap (see docs) */
   st_json_put(j, "categories", c);
-  st_json_put_int(j, "ckpt_staging_allocated_bytes", staging);
+  st_json_put_int(j, "ckpt_staging_save_bytes", staging);
   st_json_put_int(j, "executable_code_bytes", code);
   if (now->malloc_known) {
     json_t* m = st_json_obj();

@@ -62,10 +62,10 @@ def mem(path):
         assert e['rss_bytes'] == sum(c.values()), e
     return m
 chunked, full = mem(sys.argv[1]), mem(sys.argv[2])
-state = full['peak']['ckpt_staging_allocated_bytes']
+state = full['peak']['ckpt_staging_save_bytes']
 # full: the whole state staged once saved; chunked: the largest tensor, never the whole state
 assert full['peak']['categories']['ckpt_staging'] == state > 0, full['peak']
-assert chunked['peak']['ckpt_staging_allocated_bytes'] < state, chunked['peak']
+assert chunked['peak']['ckpt_staging_save_bytes'] < state, chunked['peak']
 PYEOF"
 check "metrics carry per-save numbers" "grep -q '\"ckpt_blocking_s\"' '$TMP/ref/metrics.jsonl' && grep -q '\"mb_per_s\"' '$TMP/ref/events.jsonl'"
 check "retention keeps the newest 3 (ckpt.keep)" "[ \"\$(ls '$TMP/ref/checkpoints' | tr '\n' ' ')\" = 'LATEST step_40 step_50 step_60 ' ]"
