@@ -58,6 +58,9 @@ typedef struct st_mem_usage {
   int64_t free_held_bytes; /* freed, kept by malloc */
 } st_mem_usage;
 void st_mem_usage_read(st_mem_usage* out);
+/* The resident set alone (/proc/self/statm; 0 where unknown): cheap
+ * enough for every step, unlike mallinfo2, which walks malloc's bins. */
+int64_t st_mem_rss(void);
 /* Copies of |s| (its first |n| bytes), NUL-terminated. st_xstrdup(NULL) is "". */
 char* st_xstrndup(const char* s, size_t n);
 char* st_xstrdup(const char* s);

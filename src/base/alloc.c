@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #if defined(__GLIBC__) || defined(__linux__)
 #include <malloc.h>
 #endif
@@ -52,6 +53,16 @@ void st_oom(const char* what) {
 /* The process's memory as the kernel and glibc's malloc see it (issue 18's
  * `memory` events). /proc/self/status is Linux's; mallinfo2 is glibc's
  * (2.33+) and sums every arena. */
+int64_t st_mem_rss(void) {
+  FILE* f = fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  long long size = 0, resident = 0;
+  int n = fscanf(f, "%lld %lld", &size, &resident);
+  fclose(f);
+  long page = sysconf(_SC_PAGESIZE);
+  return n == 2 && page > 0 ? (int64_t)resident * page : 0;
+}
+
 void st_mem_usage_read(st_mem_usage* out) {
   memset(out, 0, sizeof(*out));
   FILE* f = fopen("/proc/self/status", "r");

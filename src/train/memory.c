@@ -79,6 +79,7 @@ static json_t* st__memory_json(st__trainer* t, const char* at, const st_mem_usag
 }
 
 void st__memory_sample(st__trainer* t, const char* at) {
+  if (t->mem_peak && st_mem_rss() <= t->mem_peak_rss) return; /* the usual case: no mallinfo2 walk */
   st_mem_usage now;
   st_mem_usage_read(&now);
   if (t->mem_peak && now.rss <= t->mem_peak_rss) return;
