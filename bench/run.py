@@ -63,7 +63,7 @@ import flops as FL  # noqa: E402
 import perfsplit  # noqa: E402
 
 SECTIONS = ("step", "compile", "overhead", "remat", "parallel", "extra")
-OWN_HELPERS = {"bench_ckpt.py", "bench_sched.py"}  # not special: listed here only for the docs' sake
+OWN_HELPERS = {"bench_ckpt.py", "bench_memory.py", "bench_sched.py"}  # not special: listed here only for the docs' sake
 
 
 @dataclass

@@ -42,6 +42,25 @@ extern "C" {
 void* st_xmalloc(size_t n);
 void* st_xcalloc(size_t count, size_t size); /* aborts when count*size overflows */
 void* st_xrealloc(void* p, size_t n);
+
+/* The process's memory now (docs/performance.md, "Where the memory goes"):
+ * resident set from /proc/self/status (0 where unknown), and glibc
+ * malloc's own counts (mallinfo2, every arena; malloc_known false
+ * elsewhere). free_held_bytes is memory the program freed that the
+ * allocator keeps for reuse instead of returning it to the kernel; it is
+ * resident where it was touched before. */
+typedef struct st_mem_usage {
+  int64_t rss, hwm, rss_anon, rss_file; /* VmRSS, VmHWM (the peak so far), RssAnon, RssFile */
+  bool malloc_known;
+  int64_t heap_bytes;      /* in malloc's arenas (brk heap and arena heaps) */
+  int64_t mmap_bytes;      /* in blocks malloc mapped on their own */
+  int64_t in_use_bytes;    /* allocated and not freed */
+  int64_t free_held_bytes; /* freed, kept by malloc */
+} st_mem_usage;
+void st_mem_usage_read(st_mem_usage* out);
+/* The resident set alone (/proc/self/statm; 0 where unknown): cheap
+ * enough for every step, unlike mallinfo2, which walks malloc's bins. */
+int64_t st_mem_rss(void);
 /* Copies of |s| (its first |n| bytes), NUL-terminated. st_xstrdup(NULL) is "". */
 char* st_xstrndup(const char* s, size_t n);
 char* st_xstrdup(const char* s);

@@ -140,6 +140,19 @@ typedef struct st_ckpt_snapshot st_ckpt_snapshot;
 st_ckpt_snapshot* st_ckpt_snapshot_create(int count, const char* const* names, const char* const* files,
                                           const st_tensor_type* types);
 void st_ckpt_snapshot_destroy(st_ckpt_snapshot* snapshot); /* NULL is a no-op */
+/* A streaming snapshot (ckpt.staging=chunked, docs/checkpoints.md): it
+ * holds no copy of the state. st_ckpt_save calls |fill(user, i, dst,
+ * size)| for each tensor i as it writes it, with a staging buffer of the
+ * largest tensor of that file (mapped for the save, unmapped after), so a
+ * save needs one tensor of host memory instead of the whole state. It must
+ * be saved while the state it reads stays put (synchronously: the writer
+ * thread cannot take it). st_ckpt_snapshot_data returns NULL for it. */
+typedef st_status (*st_ckpt_fill_fn)(void* user, int i, void* dst, size_t size);
+st_ckpt_snapshot* st_ckpt_snapshot_create_streaming(int count, const char* const* names, const char* const* files,
+                                                    const st_tensor_type* types, st_ckpt_fill_fn fill, void* user);
+bool st_ckpt_snapshot_is_streaming(const st_ckpt_snapshot* snapshot);
+/* Host bytes the snapshot stages: the whole state, or (streaming) its largest tensor. */
+int64_t st_ckpt_snapshot_staging_bytes(const st_ckpt_snapshot* snapshot);
 /* Host memory of tensor |i| (st_tensor_type_bytes bytes), owned by the snapshot. */
 void* st_ckpt_snapshot_data(st_ckpt_snapshot* snapshot, int i);
 int st_ckpt_snapshot_count(const st_ckpt_snapshot* snapshot);

@@ -90,6 +90,16 @@ typedef struct st_runtime_options {
   int ffi_target_count;
 } st_runtime_options;
 
+/* Whether this process runs with the host malloc policy
+ * (st_runtime_options.tune_host_malloc, applied at the first plugin load). */
+bool st_runtime_malloc_tuned(void);
+
+/* Gives the memory malloc holds freed back to the kernel (malloc_trim):
+ * for the end of a phase that will not come again soon (init, a
+ * checkpoint), whose freed blocks the policy above would otherwise keep for
+ * the rest of the run. The next step faults its own buffers in once more. */
+void st_runtime_release_host_memory(void);
+
 /* Defaults: search for the plugin, 2 CPU devices, not deterministic, no
  * XLA options, no cache, host malloc tuning on, compile threads automatic. */
 void st_runtime_options_init(st_runtime_options* options);
@@ -258,6 +268,24 @@ const st_tensor_type* st_program_input_type(const st_program* program, int i);
 const st_tensor_type* st_program_output_type(const st_program* program, int i);
 /* True when the program donates input |i| (aliases it to an output). */
 bool st_program_input_donated(const st_program* program, int i);
+
+/* XLA's memory analysis of a compiled program
+ * (PJRT_Executable_GetCompiledMemoryStats), per device it runs on: besides
+ * the buffers its caller passes and receives, a launch allocates
+ * |temp_bytes| of temporaries for as long as it runs. |known| is false when
+ * the plugin lacks the call or refuses it (every count is then 0). */
+typedef struct st_program_memory {
+  bool known;
+  int64_t temp_bytes;     /* XLA's temporaries while it runs */
+  int64_t argument_bytes; /* its inputs */
+  int64_t output_bytes;   /* its outputs */
+  int64_t alias_bytes;    /* inputs reused as outputs (donated) */
+  int64_t code_bytes;     /* generated code */
+  int64_t host_temp_bytes; /* temporaries in host memory spaces */
+} st_program_memory;
+/* Copies |program|'s analysis into |out| (read once, when it was compiled
+ * or loaded from the cache). */
+void st_program_memory_stats(const st_program* program, st_program_memory* out);
 
 /* Runs |program| on |device|. Inputs are checked (count, dtype, dims,
  * consumed) before launch; a mismatch names the input index, expected and

@@ -158,6 +158,11 @@ typedef struct st_plan {
    * programs can start in different orders on different devices and wait
    * for each other forever (docs/parallelism.md, "Ordering"). */
   bool serialize_spmd;
+  /* XLA's temporaries of each program per device (index = st_op.program),
+   * from the compiled programs (st_program_memory_stats); NULL until
+   * st_plan_set_program_temps. A launch holds them, on top of the live
+   * slots, for as long as it runs (docs/scheduling.md, "Temporaries"). */
+  int64_t* program_temps;
 } st_plan;
 
 /* Axis bits of st_slot.sharding in a plan's mesh. */
@@ -190,6 +195,29 @@ st_status st_plan_finalize(st_plan* plan);
  * nothing exceeds the persistent state). */
 int64_t st_plan_predict_live(const st_plan* plan, int64_t* out /* may be NULL */,
                              int64_t* out_peak_by_category /* [ST_SLOT_CATEGORY_COUNT], may be NULL */);
+/* Sets the plan's program_temps (|temps| has program_count entries,
+ * copied; NULL clears them). */
+void st_plan_set_program_temps(st_plan* plan, const int64_t* temps);
+/* The compiled programs' temporaries by plan program index (a new array of
+ * program_count entries, owned by the caller; NULL programs count 0). Sets
+ * *out_known (may be NULL) to whether every program's analysis was known. */
+int64_t* st_plan_temps_of_programs(const st_plan* plan, st_program* const* programs, bool* out_known);
+
+/* The predicted peak with temporaries: the most, over the start and every
+ * op, of the live slot bytes after the op (st_plan_predict_live) plus, for a
+ * LAUNCH, RECOMPUTE or COLLECTIVE, the temporaries of its program
+ * (|temps| by program index; NULL: the plan's program_temps; neither: 0).
+ * |out| (may be NULL) receives the op where it is reached (-1: the start),
+ * the program temporaries there, and the slot bytes there. */
+typedef struct st_plan_temps_peak {
+  int64_t peak;  /* slots + temporaries */
+  int op;        /* -1: the persistent state at the start */
+  int64_t temps; /* the temporaries at that op */
+  int64_t slots; /* the live slot bytes at that op */
+  int64_t slots_peak; /* st_plan_predict_live's peak, for comparison */
+} st_plan_temps_peak;
+int64_t st_plan_predict_with_temps(const st_plan* plan, const int64_t* temps, st_plan_temps_peak* out);
+
 /* Bytes in host slots (offloaded homes), which are all persistent. */
 int64_t st_plan_host_bytes(const st_plan* plan);
 
@@ -307,6 +335,15 @@ typedef struct st_executor_stats {
   int64_t predicted_peak_by_category[ST_SLOT_CATEGORY_COUNT]; /* categories at the predicted peak */
   int live_mismatch_op; /* first op whose accounted live bytes differ from the prediction; -1: none */
   int64_t host_bytes;                         /* bytes held in host-memory slots */
+  /* With XLA's temporaries (docs/scheduling.md, "Temporaries"): at every
+   * launch the running program's temporaries are added to the live bytes.
+   * Accounted from the buffers held and the programs' analyses; predicted
+   * with st_plan_predict_with_temps over the same programs. */
+  int64_t peak_with_temps_bytes;           /* accounted */
+  int64_t peak_temps_bytes;                /* the temporaries at that peak */
+  int peak_with_temps_op;                  /* the op where it was reached; -1: the start */
+  int64_t predicted_peak_with_temps_bytes; /* predicted */
+  int64_t max_temps_bytes;                 /* the largest temporaries of any launched program */
   int64_t collectives;       /* COLLECTIVE ops */
   /* Their message bytes per device (NCCL's "size": the larger of the input
    * and the output slots' bytes, i.e. the whole tensors of an all-gather

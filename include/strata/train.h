@@ -31,6 +31,9 @@
 extern "C" {
 #endif
 
+/* ckpt.staging (docs/checkpoints.md, "Host staging"). */
+enum { ST_CKPT_STAGING_AUTO, ST_CKPT_STAGING_FULL, ST_CKPT_STAGING_CHUNKED };
+
 typedef struct st_train_options {
   int64_t steps, batch_size, microbatches, warmup_steps, eval_every, eval_batches;
   double lr, min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip;
@@ -55,6 +58,8 @@ typedef struct st_train_options {
    * and `strata plan` set it, and sched.remat=auto needs it only for a
    * fractional sched.memory_budget. */
   int64_t device_memory;
+  int64_t device_memory_config; /* runtime.device_memory_bytes: where the plugin reports none; 0: unknown */
+  bool allow_overcommit;        /* sched.allow_overcommit */
   int parallel_data, parallel_fsdp, parallel_tensor; /* parallel.*: the mesh axis sizes (docs/parallelism.md) */
   char mesh[64];          /* the mesh the bundle is exported for: "data=2"; "" for one device */
   int trace_step_count;   /* trace.steps: steps (1-based) written as Chrome traces */
@@ -68,6 +73,7 @@ typedef struct st_train_options {
     bool async;
     bool stop_on_error;       /* ckpt.on_error = stop */
     bool allow_bundle_change;
+    int staging;              /* ckpt.staging: ST_CKPT_STAGING_* */
   } ckpt;                     /* ckpt.* */
   st_faults_options faults;   /* faults.* */
   st_recovery_options recovery; /* recovery.* (strata run) */
@@ -224,6 +230,43 @@ st_status st_train_build_plans(const st_bundle* bundle, const st_train_options* 
  * the caller deinits it, also after an error). */
 st_status st_train_build_plans_ex(const st_bundle* bundle, const st_train_options* options, st_plan* out_step,
                                   st_plan* out_eval, st_remat_choice* out_choice);
+
+/* Compiles (through the executable cache of |runtime|) every program
+ * |plans| use and sets each plan's program_temps from XLA's analyses
+ * (st_plan_set_program_temps): what `strata plan --compile` shows. */
+st_status st_train_plan_temps(st_runtime* runtime, const st_bundle* bundle, st_plan* const* plans, int plan_count);
+
+/* Will it fit (src/train/fit.c; docs/scheduling.md, "Will it fit"). */
+typedef struct st_fit_candidate {
+  char policy[96];      /* the step plan's policy line, or the overrides of an alternative */
+  int64_t peak;         /* predicted peak device bytes per device: live slots + the running program's temporaries */
+  int64_t slots_peak;   /* the slots alone (st_plan_predict_live) */
+  int64_t temps;        /* the temporaries at the peak */
+  int64_t host_bytes;   /* host bytes strata holds: offload homes + checkpoint staging */
+  int64_t host_homes, ckpt_staging;
+  bool ckpt_chunked;    /* ckpt.staging resolves to chunked */
+  bool fits;            /* peak <= the device memory (or unknown) */
+} st_fit_candidate;
+typedef struct st_fit_report {
+  int64_t limit;          /* device memory per device; 0: unknown */
+  char limit_source[48];  /* "the PJRT plugin (bytes_limit)" or "runtime.device_memory_bytes" */
+  bool fits;
+  st_fit_candidate current;
+  int candidate_count;
+  st_fit_candidate candidates[8]; /* alternatives, when |current| does not fit */
+} st_fit_report;
+/* Predicts |step| (its program_temps set: st_train_plan_temps) against the
+ * device memory (the plugin's, else options->device_memory_config) and,
+ * when it does not fit and |candidates|, the same bundle's plans with
+ * sched.remat=full and sched.offload=optimizer/both (compiled through
+ * |runtime|'s cache). One-device plans only get alternatives. */
+st_status st_train_fit(st_runtime* runtime, const st_bundle* bundle, const st_train_options* options,
+                       const st_plan* step, bool candidates, st_fit_report* out);
+json_t* st_train_fit_json(const st_fit_report* report);
+void st_train_fit_print(const st_fit_report* report, FILE* out);
+/* ST_OK when it fits or the memory is unknown; else ST_CODE_RUNTIME (exit
+ * 4) naming the predicted peak, the limit and the alternatives that fit. */
+st_status st_train_fit_status(const st_fit_report* report, const st_train_options* options);
 
 /* What a path names for the commands that use a trained model (strata
  * eval, strata sample): the run, its config and the parameters to load.

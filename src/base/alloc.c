@@ -3,6 +3,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#if defined(__GLIBC__) || defined(__linux__)
+#include <malloc.h>
+#endif
 
 #include "strata/base.h"
 
@@ -44,4 +48,41 @@ char* st_xstrdup(const char* s) { return s ? st_xstrndup(s, strlen(s)) : st_xstr
 void st_oom(const char* what) {
   fprintf(stderr, "strata: out of memory (%s)\n", what ? what : "");
   abort();
+}
+
+/* The process's memory as the kernel and glibc's malloc see it (issue 18's
+ * `memory` events). /proc/self/status is Linux's; mallinfo2 is glibc's
+ * (2.33+) and sums every arena. */
+int64_t st_mem_rss(void) {
+  FILE* f = fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  long long size = 0, resident = 0;
+  int n = fscanf(f, "%lld %lld", &size, &resident);
+  fclose(f);
+  long page = sysconf(_SC_PAGESIZE);
+  return n == 2 && page > 0 ? (int64_t)resident * page : 0;
+}
+
+void st_mem_usage_read(st_mem_usage* out) {
+  memset(out, 0, sizeof(*out));
+  FILE* f = fopen("/proc/self/status", "r");
+  if (f) {
+    char line[256];
+    while (fgets(line, sizeof(line), f)) {
+      long long kb = 0;
+      if (sscanf(line, "VmRSS: %lld kB", &kb) == 1) out->rss = kb * 1024;
+      else if (sscanf(line, "VmHWM: %lld kB", &kb) == 1) out->hwm = kb * 1024;
+      else if (sscanf(line, "RssAnon: %lld kB", &kb) == 1) out->rss_anon = kb * 1024;
+      else if (sscanf(line, "RssFile: %lld kB", &kb) == 1) out->rss_file = kb * 1024;
+    }
+    fclose(f);
+  }
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+  struct mallinfo2 mi = mallinfo2();
+  out->malloc_known = true;
+  out->heap_bytes = (int64_t)mi.arena;
+  out->mmap_bytes = (int64_t)mi.hblkhd;
+  out->in_use_bytes = (int64_t)mi.uordblks + (int64_t)mi.hblkhd;
+  out->free_held_bytes = (int64_t)mi.fordblks;
+#endif
 }

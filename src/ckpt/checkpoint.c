@@ -11,6 +11,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -52,6 +53,10 @@ struct st_ckpt_snapshot {
   st_ckpt_meta meta;
   char* strs[3];  /* owned copies behind meta's strings */
   json_t* trees[2]; /* owned copies behind meta's config and model */
+  /* Streaming (st_ckpt_snapshot_create_streaming): no data[]; the save
+   * fills one tensor at a time into a staging buffer of the largest. */
+  st_ckpt_fill_fn fill;
+  void* fill_user;
 };
 
 st_ckpt_snapshot* st_ckpt_snapshot_create(int count, const char* const* names, const char* const* files,
@@ -67,13 +72,45 @@ st_ckpt_snapshot* st_ckpt_snapshot_create(int count, const char* const* names, c
     s->files[i] = st_xstrdup(files[i]);
     s->types[i] = types[i];
     size_t n = st_tensor_type_bytes(&types[i]);
-    /* Zero-filled now so the pages exist before the first save: the copy at
-     * the step boundary is on the training thread's clock. */
-    s->data[i] = st_xmalloc(n ? n : 1);
-    memset(s->data[i], 0, n ? n : 1);
+    /* Allocated at the first st_ckpt_snapshot_data, i.e. the first save:
+     * a run that saves only at its end does not hold a second copy of the
+     * state for all its steps (issue 18; the first save pays the page
+     * faults, later ones reuse the pages). */
     s->bytes += (int64_t)n;
   }
   return s;
+}
+
+st_ckpt_snapshot* st_ckpt_snapshot_create_streaming(int count, const char* const* names, const char* const* files,
+                                                    const st_tensor_type* types, st_ckpt_fill_fn fill, void* user) {
+  st_ckpt_snapshot* s = st_xcalloc(1, sizeof(*s));
+  s->count = count;
+  s->names = st_xcalloc((size_t)count + 1, sizeof(char*));
+  s->files = st_xcalloc((size_t)count + 1, sizeof(char*));
+  s->types = st_xcalloc((size_t)count + 1, sizeof(st_tensor_type));
+  s->data = st_xcalloc((size_t)count + 1, sizeof(void*));
+  for (int i = 0; i < count; ++i) {
+    s->names[i] = st_xstrdup(names[i]);
+    s->files[i] = st_xstrdup(files[i]);
+    s->types[i] = types[i];
+    s->bytes += (int64_t)st_tensor_type_bytes(&types[i]);
+  }
+  s->fill = fill;
+  s->fill_user = user;
+  return s;
+}
+
+bool st_ckpt_snapshot_is_streaming(const st_ckpt_snapshot* s) { return s && s->fill; }
+
+int64_t st_ckpt_snapshot_staging_bytes(const st_ckpt_snapshot* s) {
+  if (!s) return 0;
+  if (!s->fill) return s->bytes;
+  int64_t most = 0;
+  for (int i = 0; i < s->count; ++i) {
+    int64_t n = (int64_t)st_tensor_type_bytes(&s->types[i]);
+    if (n > most) most = n;
+  }
+  return most;
 }
 
 void st_ckpt_snapshot_destroy(st_ckpt_snapshot* s) {
@@ -92,7 +129,14 @@ void st_ckpt_snapshot_destroy(st_ckpt_snapshot* s) {
   free(s);
 }
 
-void* st_ckpt_snapshot_data(st_ckpt_snapshot* s, int i) { return s->data[i]; }
+void* st_ckpt_snapshot_data(st_ckpt_snapshot* s, int i) {
+  if (s->fill) return NULL; /* streaming: no copy */
+  if (!s->data[i]) {
+    size_t n = st_tensor_type_bytes(&s->types[i]);
+    s->data[i] = st_xcalloc(n ? n : 1, 1);
+  }
+  return s->data[i];
+}
 int st_ckpt_snapshot_count(const st_ckpt_snapshot* s) { return s->count; }
 int64_t st_ckpt_snapshot_bytes(const st_ckpt_snapshot* s) { return s->bytes; }
 const st_ckpt_meta* st_ckpt_snapshot_meta(const st_ckpt_snapshot* s) { return &s->meta; }
@@ -210,6 +254,7 @@ static st_status st__write_tensor_file(const st_ckpt_save_options* o, const st_c
   int n = 0;
   for (int i = 0; i < snap->count; ++i) n += !strcmp(snap->files[i], file);
   st_named_tensor* ts = st_xcalloc((size_t)n + 1, sizeof(*ts));
+  void** zeros = st_xcalloc((size_t)n + 1, sizeof(void*));
   int* idx = st_xcalloc((size_t)n + 1, sizeof(int));
   int k = 0;
   for (int i = 0; i < snap->count; ++i) {
@@ -218,6 +263,8 @@ static st_status st__write_tensor_file(const st_ckpt_save_options* o, const st_c
     ts[k].type = snap->types[i];
     ts[k].data = snap->data[i];
     idx[k++] = i;
+    if (!snap->fill && !ts[k - 1].data) /* never filled (st_ckpt_snapshot_data not called): zeros, as before */
+      ts[k - 1].data = zeros[k - 1] = st_xcalloc(st_tensor_type_bytes(&ts[k - 1].type) + 1, 1);
   }
   char* path = st_path_join(dir, file);
   char* header = NULL;
@@ -234,13 +281,36 @@ static st_status st__write_tensor_file(const st_ckpt_save_options* o, const st_c
   if (!s) s = st__write_all(&w, header, header_size);
   w.line = line;
   size_t offset = header_size;
+  /* A streaming snapshot: one staging buffer of the file's largest tensor,
+   * mapped for this file only so that it never stays in malloc's free
+   * pool (the host malloc policy keeps freed blocks: docs/runtime.md). */
+  void* stage = NULL;
+  size_t stage_size = 0;
+  if (snap->fill) {
+    for (int j = 0; j < n; ++j)
+      if (st_tensor_type_bytes(&ts[j].type) > stage_size) stage_size = st_tensor_type_bytes(&ts[j].type);
+    if (stage_size) {
+      stage = mmap(NULL, stage_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (stage == MAP_FAILED) {
+        stage = NULL;
+        if (!s) s = st__errno("mapping the checkpoint staging buffer for", path, errno);
+      }
+    }
+  }
   for (int j = 0; j < n && !s; ++j) {
     size_t bytes = st_tensor_type_bytes(&ts[j].type);
+    const void* data = ts[j].data;
+    if (snap->fill) {
+      s = snap->fill(snap->fill_user, idx[j], stage, bytes);
+      if (s) break;
+      data = stage;
+    }
     trec[idx[j]].offset = offset;
-    trec[idx[j]].xxh64 = st_hash64(ts[j].data, bytes, 0);
-    s = st__write_all(&w, ts[j].data, bytes);
+    trec[idx[j]].xxh64 = st_hash64(data, bytes, 0);
+    s = st__write_all(&w, data, bytes);
     offset += bytes;
   }
+  if (stage) munmap(stage, stage_size);
   if (!s && fsync(w.fd) != 0) s = st__errno("fsync of", path, errno);
   if (w.fd >= 0 && close(w.fd) != 0 && !s) s = st__errno("closing", path, errno);
   if (!s) {
@@ -252,6 +322,8 @@ static st_status st__write_tensor_file(const st_ckpt_save_options* o, const st_c
   XXH64_freeState(w.hash);
   free(header);
   free(path);
+  for (int j = 0; j < n; ++j) free(zeros[j]);
+  free(zeros);
   free(ts);
   free(idx);
   return s;

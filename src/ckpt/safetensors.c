@@ -95,18 +95,14 @@ st_status st_safetensors_write(const char* path, const st_named_tensor* tensors,
   char* header = NULL;
   size_t header_size = 0, data_size = 0;
   ST_RETURN(st_safetensors_header(tensors, count, path, &header, &header_size, &data_size));
-  size_t total = header_size + data_size;
-  unsigned char* buf = st_xmalloc(total);
-  memcpy(buf, header, header_size);
+  /* Written piece by piece from the caller's buffers: no second copy of
+   * the tensors in memory (a model's parameters can be gigabytes). */
+  st_fs_piece* pieces = st_xcalloc((size_t)count + 2, sizeof(*pieces));
+  pieces[0] = (st_fs_piece){header, header_size};
+  for (int i = 0; i < count; ++i) pieces[i + 1] = (st_fs_piece){tensors[i].data, st_tensor_type_bytes(&tensors[i].type)};
+  st_status s = st_fs_write_atomic_pieces(path, pieces, count + 1);
+  free(pieces);
   free(header);
-  size_t at = header_size;
-  for (int i = 0; i < count; ++i) {
-    size_t bytes = st_tensor_type_bytes(&tensors[i].type);
-    memcpy(buf + at, tensors[i].data, bytes);
-    at += bytes;
-  }
-  st_status s = st_fs_write_atomic(path, buf, total);
-  free(buf);
   return st_status_recode(s, ST_CODE_CKPT, "saving tensors");
 }
 

@@ -66,6 +66,8 @@ st_status st_ckpt_writer_create(const st_ckpt_save_options* options, st_ckpt_wri
 }
 
 st_status st_ckpt_writer_submit(st_ckpt_writer* w, const st_ckpt_snapshot* snapshot) {
+  if (st_ckpt_snapshot_is_streaming(snapshot))
+    return st_status_make(ST_CODE_INTERNAL, "a streaming checkpoint snapshot reads the live state: save it synchronously");
   pthread_mutex_lock(&w->mu);
   bool busy = w->pending || w->has_result;
   if (!busy) {

@@ -1,8 +1,9 @@
-/* cmd_plan.c — `strata plan [--json] [--explain] CONFIG [k=v ...]`: the ops
- * of one training step (and of one evaluation), with predicted live bytes;
- * or, with --explain, where the plan puts every tensor on the mesh and what
- * it communicates (plan_explain.c). Exports the bundle if needed; compiles
- * nothing. */
+/* cmd_plan.c — `strata plan [--json] [--explain] [--compile] CONFIG [k=v ...]`:
+ * the ops of one training step (and of one evaluation), with predicted live
+ * bytes; or, with --explain, where the plan puts every tensor on the mesh
+ * and what it communicates (plan_explain.c). Exports the bundle if needed;
+ * compiles nothing unless --compile, which compiles the plans' programs
+ * (through the executable cache) to add XLA's temporaries per program. */
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
@@ -36,6 +37,53 @@ static st_status st__plan_device_memory(st_train_options* o) {
   return ST_OK;
 }
 
+/* --compile: XLA's temporaries of every program the plans launch. */
+static st_status st__plan_compile(st_train_options* o, const st_bundle* bundle, st_plan* step, st_plan* eval) {
+  char* exe_cache = st_path_join(o->cache_root, "executables");
+  o->runtime.cache_dir = exe_cache;
+  st_runtime* rt = NULL;
+  st_status s = st_runtime_create(&o->runtime, &rt);
+  st_plan* plans[2] = {step, eval};
+  if (!s) s = st_train_plan_temps(rt, bundle, plans, 2);
+  st_runtime_destroy(rt);
+  o->runtime.cache_dir = NULL;
+  free(exe_cache);
+  return s;
+}
+
+/* --fit: the predicted peak against the device's memory, the policies
+ * that would fit, and exit 4 when it does not (unless
+ * sched.allow_overcommit). */
+static st_status st__plan_fit(st_train_options* o, const st_bundle* bundle, const st_plan* step, bool json) {
+  char* exe_cache = st_path_join(o->cache_root, "executables");
+  o->runtime.cache_dir = exe_cache;
+  st_runtime* rt = NULL;
+  st_status s = st_runtime_create(&o->runtime, &rt);
+  st_fit_report r;
+  if (!s) s = st_train_fit(rt, bundle, o, step, true, &r);
+  st_runtime_destroy(rt);
+  o->runtime.cache_dir = NULL;
+  free(exe_cache);
+  if (s) return s;
+  if (json) {
+    json_t* j = st_json_obj();
+    st_json_put_str(j, "bundle", bundle->dir);
+    st_json_put(j, "fit", st_train_fit_json(&r));
+    st_cli_print_json(j, 0);
+    json_decref(j);
+  } else {
+    printf("# bundle %s\n# policy: %s\n", bundle->dir, step->policy ? step->policy : "");
+    st_train_fit_print(&r, stdout);
+  }
+  s = st_train_fit_status(&r, o);
+  if (s && o->allow_overcommit) {
+    fprintf(stderr, "strata: warning: %s (sched.allow_overcommit=true: going on)\n", st_status_message(s));
+    st_status_free(s);
+    s = ST_OK;
+  }
+  return s;
+}
+
 /* Memory per layer, from the bundle's tables: its block kind, its
  * parameters (whole tensors; with their gradients and AdamW moments, four
  * times that), the residuals its training forward keeps per microbatch
@@ -59,9 +107,12 @@ static void st__print_layer_memory(const st_bundle* b, const st_remat_choice* re
 }
 
 int st_cli_plan(int argc, char** argv) {
-  bool json = false, explain = false;
-  while (argc > 0 && (!strcmp(argv[0], "--json") || !strcmp(argv[0], "--explain"))) {
+  bool json = false, explain = false, compile = false, fit = false;
+  while (argc > 0 && (!strcmp(argv[0], "--json") || !strcmp(argv[0], "--explain") || !strcmp(argv[0], "--compile") ||
+                      !strcmp(argv[0], "--fit"))) {
     if (!strcmp(argv[0], "--json")) json = true;
+    else if (!strcmp(argv[0], "--compile")) compile = true;
+    else if (!strcmp(argv[0], "--fit")) fit = compile = true;
     else explain = true;
     --argc;
     ++argv;
@@ -82,7 +133,10 @@ int st_cli_plan(int argc, char** argv) {
     if (!s) s = st_bundle_ensure_ex(&req, o.long_progress.on, &bundle, &exported);
     if (!s) s = st__plan_device_memory(&o);
     if (!s) s = st_train_build_plans_ex(bundle, &o, &step, &eval, &remat);
-    if (!s && explain) {
+    if (!s && compile) s = st__plan_compile(&o, bundle, &step, &eval);
+    if (!s && fit) {
+      s = st__plan_fit(&o, bundle, &step, json);
+    } else if (!s && explain) {
       json_t* e = st_plan_explain_json(&step, &eval, &o);
       if (json) {
         json_t* j = st_json_obj();

@@ -26,7 +26,7 @@ static const st_cli_command kCommands[] = {
     {"sample", st_cli_sample, "sample RUN_DIR|CKPT_DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]  generate text"},
     {"repro", st_cli_repro, "repro DIR [--json]          replay a non-finite bundle's program on its saved inputs: reproduces or not"},
     {"kernels", st_cli_kernels, "kernels list|verify|bench   the kernel contract; every implementation against the reference; time per call"},
-    {"plan", st_cli_plan, "plan CONFIG [k=v ...]       print the step plan (the ops one step runs; --json, --explain)"},
+    {"plan", st_cli_plan, "plan CONFIG [k=v ...]       print the step plan (the ops one step runs; --json, --explain, --compile)"},
 };
 
 static void st_cli_usage(FILE* out) {

@@ -113,6 +113,9 @@ static const st__cfg_key kKeys[] = {
     {"runtime.xla_options", ST__CFG_LIST, "[]", .doc = "Extra compile options, strings \"name=value\"."},
     {"runtime.cache_dir", ST__CFG_STRING, "",
      .doc = "Compile and bundle cache; empty: $STRATA_CACHE_DIR, else ~/.cache/strata."},
+    {"runtime.device_memory_bytes", ST__CFG_INT, "0", .lo = 0, .hi = 1125899906842624.0,
+     .doc = "Bytes each device holds, where the PJRT plugin does not report it (the CPU plugin); 0: unknown. "
+            "strata plan --fit and strata train check the predicted peak against it (docs/scheduling.md, \"Will it fit\")."},
 
     {"parallel.data", ST__CFG_INT, "1", .lo = 1, .hi = 4096,
      .doc = "Data-parallel mesh axis: devices that each train on their own share of every microbatch "
@@ -152,6 +155,9 @@ static const st__cfg_key kKeys[] = {
      .doc = "With parallel.fsdp > 1: free a layer's gathered parameters after its forward and gather them again for "
             "its backward (true), or keep them from the forward until the backward (false: more memory, fewer "
             "all-gathers)."},
+    {"sched.allow_overcommit", ST__CFG_BOOL, "false",
+     .doc = "Train even when the predicted peak (live buffers and XLA's temporaries) exceeds the device's memory; "
+            "false: strata train and strata plan --fit stop with exit 4 and the policies that would fit."},
 
     {"trace.steps", ST__CFG_LIST, "[]",
      .doc = "Steps (1-based) written as Chrome trace-event JSON to <run>/trace/step_<N>.json (Perfetto)."},
@@ -176,6 +182,10 @@ static const st__cfg_key kKeys[] = {
      .doc = "A failed save stops training (exit 7) or is logged and training continues."},
     {"ckpt.async", ST__CFG_BOOL, "true",
      .doc = "Write checkpoints on a writer thread; training only waits for the device-to-host copy."},
+    {"ckpt.staging", ST__CFG_ENUM, "auto", .choices = "auto|full|chunked",
+     .doc = "Host memory of a save: full (a host copy of the whole state, written on the writer thread while training "
+            "goes on) or chunked (one tensor at a time, the run waits for the save); auto: chunked on a CPU plugin "
+            "(its device memory is host memory) or when the copy would exceed a quarter of the host's memory."},
     {"ckpt.allow_bundle_change", ST__CFG_BOOL, "false",
      .doc = "Resume from checkpoints written with another bundle key (same model config, tensors, shapes, dtypes), e.g. after an exporter update."},
 

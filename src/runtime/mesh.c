@@ -205,7 +205,7 @@ st_status st_program_compile_spmd(st_runtime* rt, const char* name, const void* 
   }
   free(opts);
   int n_out = -1;
-  if (!s) s = st__num_outputs(rt, name, p->exe, &n_out);
+  if (!s) s = st__num_outputs(rt, name, p->exe, &n_out, &p->memory);
   if (!s && p->output_count >= 0 && p->output_count != n_out)
     s = st_status_make(ST_CODE_RUNTIME, "program '%s': the signature lists %d outputs, the compiled program has %d",
                        name, p->output_count, n_out);

@@ -347,6 +347,27 @@ typedef struct pj_optimized_program_args {
   pj_program* program; /* in/out */
 } pj_optimized_program_args;
 
+/* XLA's memory analysis of a compiled executable (xla::CompiledMemoryStats):
+ * what running it allocates besides the caller's buffers. All out. Declared
+ * up to the last field a minor-114 plugin knows (peak and total), which
+ * older plugins simply leave zero. */
+typedef struct pj_compiled_memory_stats_args {
+  PJ_HEAD;
+  pj_executable* executable;
+  int64_t code_bytes;     /* generated code */
+  int64_t argument_bytes;
+  int64_t output_bytes;
+  int64_t alias_bytes;    /* of the arguments, reused for outputs (donation) */
+  int64_t temp_bytes;     /* XLA's temporaries while it runs */
+  int64_t host_code_bytes; /* the same five in host memory spaces */
+  int64_t host_argument_bytes;
+  int64_t host_output_bytes;
+  int64_t host_alias_bytes;
+  int64_t host_temp_bytes;
+  int64_t peak_bytes;     /* the plugin's own peak estimate; 0 when unset */
+  int64_t total_bytes;
+} pj_compiled_memory_stats_args;
+
 typedef struct pj_serialize_args {
   PJ_HEAD;
   const pj_executable* executable;
@@ -564,6 +585,12 @@ typedef struct pj_api {
   /* Optional: callers check offsetof(pj_api, buffer_copy_to_memory) <
    * api->struct_size (st__api_has_copy_to_memory). */
   PJ_FN(buffer_copy_to_memory, pj_copy_to_memory_args);
+  PJ_UNUSED(client_create_view_of_device_buffer);
+  PJ_UNUSED(executable_fingerprint);
+  PJ_UNUSED(client_topology_description);
+  /* Optional too: callers check offsetof(pj_api,
+   * executable_compiled_memory_stats) < api->struct_size. */
+  PJ_FN(executable_compiled_memory_stats, pj_compiled_memory_stats_args);
   /* Later slots are not used by strata. */
 } pj_api;
 

@@ -60,12 +60,46 @@ st_status st__xla_compile(st_runtime* rt, const char* name, const void* code, si
   return ST_OK;
 }
 
-st_status st__num_outputs(st_runtime* rt, const char* name, pj_loaded_exe* exe, int* out) {
+/* XLA's memory analysis; a plugin without the call, or one that refuses
+ * it, leaves the program's temporaries unknown rather than failing it. */
+static void st__memory_stats(const pj_api* api, pj_executable* exe, st_program_memory* mem) {
+  memset(mem, 0, sizeof(*mem));
+  if (offsetof(pj_api, executable_compiled_memory_stats) >= api->struct_size || !api->executable_compiled_memory_stats)
+    return;
+  pj_compiled_memory_stats_args m;
+  memset(&m, 0, sizeof(m));
+  m.struct_size = sizeof(m);
+  m.executable = exe;
+  pj_error* e = api->executable_compiled_memory_stats(&m);
+  if (e) {
+    st__pj_error_free(api, e);
+    return;
+  }
+  /* Negative counts would be a plugin bug; they must not shrink a peak. */
+  mem->known = true;
+  mem->temp_bytes = m.temp_bytes > 0 ? m.temp_bytes : 0;
+  mem->argument_bytes = m.argument_bytes > 0 ? m.argument_bytes : 0;
+  mem->output_bytes = m.output_bytes > 0 ? m.output_bytes : 0;
+  mem->alias_bytes = m.alias_bytes > 0 ? m.alias_bytes : 0;
+  mem->code_bytes = m.code_bytes > 0 ? m.code_bytes : 0;
+  mem->host_temp_bytes = m.host_temp_bytes > 0 ? m.host_temp_bytes : 0;
+}
+
+void st_program_memory_stats(const st_program* p, st_program_memory* out) {
+  if (!p) {
+    memset(out, 0, sizeof(*out));
+    return;
+  }
+  *out = p->memory;
+}
+
+st_status st__num_outputs(st_runtime* rt, const char* name, pj_loaded_exe* exe, int* out, st_program_memory* mem) {
   const pj_api* api = rt->api;
   pj_get_executable_args g = {.struct_size = sizeof(g), .loaded = exe};
   ST_RETURN(st__pj_status(api, api->loaded_get_executable(&g), "program '%s': reading the executable", name));
   pj_num_outputs_args n = {.struct_size = sizeof(n), .executable = g.executable};
   pj_error* e = api->executable_num_outputs(&n);
+  st__memory_stats(api, g.executable, mem);
   pj_executable_args d = {.struct_size = sizeof(d), .executable = g.executable};
   st__pj_error_free(api, api->executable_destroy(&d));
   ST_RETURN(st__pj_status(api, e, "program '%s': counting outputs", name));
@@ -156,7 +190,7 @@ st_status st_program_compile(st_runtime* rt, const char* name, const void* code,
     }
   }
   int n_out = -1;
-  if (!s) s = st__num_outputs(rt, name, p->exe, &n_out);
+  if (!s) s = st__num_outputs(rt, name, p->exe, &n_out, &p->memory);
   if (!s && p->output_count >= 0 && p->output_count != n_out) {
     if (signature && signature->outputs) {
       s = st_status_make(ST_CODE_RUNTIME, "program '%s': the signature lists %d outputs, the compiled program has %d",

@@ -91,6 +91,7 @@ struct st_program {
   int mesh_device_count;
   int* mesh_devices;   /* [partition] -> runtime device index */
   int* mesh_positions; /* [partition] -> index of its argument list in Execute */
+  st_program_memory memory; /* XLA's memory analysis (st_program_memory_stats) */
 };
 
 /*--- runtime.c --------------------------------------------------------------*/
@@ -162,8 +163,9 @@ st_status st__compile_options_spmd(const uint8_t* base, size_t base_size, const 
 /* Compiles |code| with the serialized compile |options| (counts the compile). */
 st_status st__xla_compile(st_runtime* rt, const char* name, const void* code, size_t code_size,
                           const uint8_t* options, size_t options_size, pj_loaded_exe** out);
-/* The executable's output count. */
-st_status st__num_outputs(st_runtime* rt, const char* name, pj_loaded_exe* exe, int* out);
+/* The executable's output count and, when the plugin has the call, XLA's
+ * memory analysis of it (|mem| zeroed with known = false otherwise). */
+st_status st__num_outputs(st_runtime* rt, const char* name, pj_loaded_exe* exe, int* out, st_program_memory* mem);
 /* Checks one device's input list against the program (count, runtime,
  * consumed, device, aliasing of donated inputs, types when known). */
 st_status st__check_inputs(const st_program* p, int device, st_buffer* const* inputs, int input_count);

@@ -248,6 +248,19 @@ bool st__malloc_tuning_wanted(bool option, const char* strata_malloc_tuning, con
   return true;
 }
 
+/* Whether st__tune_host_malloc set the policy in this process. */
+static _Atomic bool g_malloc_tuned;
+
+bool st_runtime_malloc_tuned(void) { return atomic_load(&g_malloc_tuned); }
+
+void st_runtime_release_host_memory(void) {
+#if defined(__GLIBC__)
+  /* Not only the heap's top: malloc_trim also gives back the free pages
+   * inside it (madvise), which the 1 GiB trim threshold never does. */
+  malloc_trim(0);
+#endif
+}
+
 static void st__tune_host_malloc(bool option) {
   bool env = getenv("MALLOC_ARENA_MAX") || getenv("MALLOC_MMAP_THRESHOLD_") || getenv("MALLOC_TRIM_THRESHOLD_") ||
              getenv("MALLOC_TOP_PAD_");
@@ -263,6 +276,7 @@ static void st__tune_host_malloc(bool option) {
   mallopt(M_ARENA_MAX, 1);
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  atomic_store(&g_malloc_tuned, true);
 #endif
 }
 

@@ -45,6 +45,7 @@ struct st_executor {
   double* dev_issue;
   double* dev_start;
   double* dev_complete;
+  int64_t* temps;        /* [program_count]: XLA's temporaries of each program per device */
   int64_t* live_pred;    /* [op_count * categories] */
   int64_t* live_acct;
   double t0;
@@ -165,6 +166,8 @@ st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_progra
   ex->live_pred = st_xcalloc(n * ST_SLOT_CATEGORY_COUNT, sizeof(int64_t));
   ex->live_acct = st_xcalloc(n * ST_SLOT_CATEGORY_COUNT, sizeof(int64_t));
   ex->stats.predicted_peak_bytes = st_plan_predict_live(plan, ex->live_pred, ex->stats.predicted_peak_by_category);
+  ex->temps = st_plan_temps_of_programs(plan, programs, NULL);
+  ex->stats.predicted_peak_with_temps_bytes = st_plan_predict_with_temps(plan, ex->temps, NULL);
   pthread_mutex_init(&ex->mu, NULL);
   pthread_cond_init(&ex->cv, NULL);
   *out_executor = ex;
@@ -205,6 +208,7 @@ void st_executor_destroy(st_executor* ex) {
   free(ex->dev_start);
   free(ex->dev_complete);
   free(ex->live_pred);
+  free(ex->temps);
   free(ex->live_acct);
   free(ex);
 }
@@ -854,6 +858,7 @@ st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
   int64_t live[ST_SLOT_CATEGORY_COUNT];
   memcpy(live, ex->stats.live_bytes, sizeof(live));
   int64_t host_bytes = ex->stats.host_bytes, predicted = ex->stats.predicted_peak_bytes;
+  int64_t predicted_temps = ex->stats.predicted_peak_with_temps_bytes;
   int64_t predicted_cats[ST_SLOT_CATEGORY_COUNT];
   memcpy(predicted_cats, ex->stats.predicted_peak_by_category, sizeof(predicted_cats));
   memset(&ex->stats, 0, sizeof(ex->stats));
@@ -861,8 +866,11 @@ st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
   ex->stats.host_bytes = host_bytes;
   ex->stats.predicted_peak_bytes = predicted;
   memcpy(ex->stats.predicted_peak_by_category, predicted_cats, sizeof(predicted_cats));
+  ex->stats.predicted_peak_with_temps_bytes = predicted_temps;
   ex->stats.live_mismatch_op = -1;
   for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) ex->stats.peak_live_bytes += live[k];
+  ex->stats.peak_with_temps_bytes = ex->stats.peak_live_bytes;
+  ex->stats.peak_with_temps_op = -1;
   memcpy(ex->stats.peak_by_category, live, sizeof(live));
   memset(ex->timings, 0, (size_t)plan->op_count * sizeof(st_op_timing));
   size_t nd = (size_t)plan->op_count * (size_t)ex->ndev;
@@ -897,6 +905,16 @@ st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
     if (total > ex->stats.peak_live_bytes) {
       ex->stats.peak_live_bytes = total;
       memcpy(ex->stats.peak_by_category, ex->stats.live_bytes, sizeof(live));
+    }
+    /* The running program's temporaries, on top of what the op left live
+     * (its inputs are not freed before a later FREE op). */
+    const st_op* op = &plan->ops[i];
+    int64_t tb = st__is_program_op(op->kind) ? ex->temps[op->program] : 0;
+    if (tb > ex->stats.max_temps_bytes) ex->stats.max_temps_bytes = tb;
+    if (total + tb > ex->stats.peak_with_temps_bytes) {
+      ex->stats.peak_with_temps_bytes = total + tb;
+      ex->stats.peak_temps_bytes = tb;
+      ex->stats.peak_with_temps_op = i;
     }
   }
   /* Callbacks still reference this run's timings: never return before they

@@ -80,6 +80,7 @@ void st_plan_deinit(st_plan* plan) {
   for (int i = 0; i < plan->program_count; ++i) free(plan->programs[i]);
   free(plan->programs);
   free(plan->policy);
+  free(plan->program_temps);
   st_plan_init(plan);
 }
 
@@ -113,6 +114,10 @@ int st_plan_program(st_plan* plan, const char* name) {
     if (!strcmp(plan->programs[i], name)) return i;
   plan->programs = st_xrealloc(plan->programs, (size_t)(plan->program_count + 1) * sizeof(char*));
   plan->programs[plan->program_count] = st__xstrdup(name);
+  if (plan->program_temps) { /* a program added after the temporaries were set: none known */
+    plan->program_temps = st_xrealloc(plan->program_temps, (size_t)(plan->program_count + 2) * sizeof(int64_t));
+    plan->program_temps[plan->program_count] = 0;
+  }
   return plan->program_count++;
 }
 
@@ -166,6 +171,8 @@ void st_plan_copy(const st_plan* src, st_plan* dst) {
   dst->devices = src->devices;
   memcpy(dst->mesh, src->mesh, sizeof(dst->mesh));
   dst->serialize_spmd = src->serialize_spmd;
+  /* Program indices are interned in |src|'s order, so they line up. */
+  st_plan_set_program_temps(dst, src->program_temps);
 }
 
 bool st__op_is_async(st_op_kind k) {
@@ -334,6 +341,48 @@ int64_t st_plan_predict_live(const st_plan* plan, int64_t* out, int64_t* out_pea
   return peak;
 }
 
+void st_plan_set_program_temps(st_plan* plan, const int64_t* temps) {
+  free(plan->program_temps);
+  plan->program_temps = NULL;
+  if (!temps) return;
+  plan->program_temps = st_xcalloc((size_t)plan->program_count + 1, sizeof(int64_t));
+  memcpy(plan->program_temps, temps, (size_t)plan->program_count * sizeof(int64_t));
+}
+
+int64_t* st_plan_temps_of_programs(const st_plan* plan, st_program* const* programs, bool* out_known) {
+  int64_t* t = st_xcalloc((size_t)plan->program_count + 1, sizeof(int64_t));
+  bool known = true;
+  for (int i = 0; i < plan->program_count; ++i) {
+    st_program_memory m;
+    st_program_memory_stats(programs ? programs[i] : NULL, &m);
+    if (!m.known) known = false;
+    t[i] = m.temp_bytes;
+  }
+  if (out_known) *out_known = known;
+  return t;
+}
+
+int64_t st_plan_predict_with_temps(const st_plan* plan, const int64_t* temps, st_plan_temps_peak* out) {
+  if (!temps) temps = plan->program_temps;
+  int64_t* live = st_xcalloc((size_t)plan->op_count * ST_SLOT_CATEGORY_COUNT + 1, sizeof(int64_t));
+  int64_t slots_peak = st_plan_predict_live(plan, live, NULL);
+  /* The start: the persistent state alone (st_plan_predict_live's floor). */
+  int64_t start_total = 0;
+  for (int i = 0; i < plan->slot_count; ++i)
+    if (plan->slots[i].persistent && !plan->slots[i].host) start_total += (int64_t)st_tensor_type_bytes(&plan->slots[i].type);
+  st_plan_temps_peak r = {.peak = start_total, .op = -1, .temps = 0, .slots = start_total, .slots_peak = slots_peak};
+  for (int i = 0; i < plan->op_count; ++i) {
+    const st_op* op = &plan->ops[i];
+    int64_t slots = 0;
+    for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) slots += live[(size_t)i * ST_SLOT_CATEGORY_COUNT + (size_t)k];
+    int64_t tb = (temps && st__op_has_program(op->kind)) ? temps[op->program] : 0;
+    if (slots + tb > r.peak) r = (st_plan_temps_peak){slots + tb, i, tb, slots, slots_peak};
+  }
+  free(live);
+  if (out) *out = r;
+  return r.peak;
+}
+
 int64_t st_plan_host_bytes(const st_plan* plan) {
   int64_t n = 0;
   for (int i = 0; i < plan->slot_count; ++i)
@@ -356,6 +405,19 @@ void st_plan_print(const st_plan* plan, FILE* out) {
   int64_t peak = st_plan_predict_live(plan, live, NULL);
   fprintf(out, "# %d ops, %d slots, %d programs; predicted peak live device bytes %lld; host-memory bytes %lld\n",
           plan->op_count, plan->slot_count, plan->program_count, (long long)peak, (long long)st_plan_host_bytes(plan));
+  if (plan->program_temps) {
+    /* Only once the programs are compiled (strata plan --compile, a run). */
+    st_plan_temps_peak tp;
+    st_plan_predict_with_temps(plan, NULL, &tp);
+    fprintf(out, "# predicted peak with XLA's temporaries %lld (live slots %lld + temporaries %lld of %s at op %d)\n",
+            (long long)tp.peak, (long long)tp.slots, (long long)tp.temps,
+            tp.op >= 0 && st__op_has_program(plan->ops[tp.op].kind) ? plan->programs[plan->ops[tp.op].program] : "none",
+            tp.op);
+    fprintf(out, "# temporaries per program (bytes per device):");
+    for (int i = 0; i < plan->program_count; ++i)
+      fprintf(out, " %s=%lld", plan->programs[i], (long long)plan->program_temps[i]);
+    fprintf(out, "\n");
+  }
   if (plan->policy) fprintf(out, "# policy: %s\n", plan->policy);
   if (plan->devices > 1) {
     /* Only a multi-device plan says so: the one-device text stays as it was. */
@@ -407,6 +469,7 @@ void st_plan_print(const st_plan* plan, FILE* out) {
     fprintf(out, "%s  live=%lld/%lld/%lld/%lld/%lld", b.data, (long long)l[0], (long long)l[1], (long long)l[2],
             (long long)l[3], (long long)l[4]);
     if (fsdp) fprintf(out, "/%lld/%lld", (long long)l[ST_SLOT_GATHERED], (long long)l[ST_SLOT_UNREDUCED]);
+    if (plan->program_temps && st__op_has_program(op->kind)) fprintf(out, " temp=%lld", (long long)plan->program_temps[op->program]);
     fprintf(out, "\n");
   }
   st_strbuf_free(&b);
@@ -436,6 +499,16 @@ json_t* st_plan_json(const st_plan* plan) {
   json_t* programs = st_json_arr();
   for (int i = 0; i < plan->program_count; ++i) st_json_push(programs, st_json_str(plan->programs[i]));
   st_json_put(j, "programs", programs);
+  if (plan->program_temps) {
+    st_plan_temps_peak tp;
+    st_plan_predict_with_temps(plan, NULL, &tp);
+    json_t* t = st_json_obj();
+    for (int i = 0; i < plan->program_count; ++i) st_json_put_int(t, plan->programs[i], plan->program_temps[i]);
+    st_json_put(j, "program_temp_bytes", t);
+    st_json_put_int(j, "predicted_peak_with_temps_bytes", tp.peak);
+    st_json_put_int(j, "peak_with_temps_op", tp.op);
+    st_json_put_int(j, "peak_temps_bytes", tp.temps);
+  }
   json_t* slots = st_json_arr();
   for (int i = 0; i < plan->slot_count; ++i) {
     const st_slot* s = &plan->slots[i];

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "strata/base.h"
 #include "strata/bundle.h"
@@ -32,6 +33,8 @@ struct st_train_ckpt {
   const char** files;
   st_tensor_type* types;
   st_ckpt_snapshot* snap;
+  bool snap_filled; /* a snapshot was copied into it: its pages are resident */
+  bool streaming;   /* ckpt.staging resolved to chunked: snap is a streaming snapshot */
   st_event** events;
 
   st_faults* faults;
@@ -74,6 +77,8 @@ static bool st__is_state_slot(const st_plan* p, const st_slot* s) {
   return st_plan_slot_find(p, home) >= 0;
 }
 
+static st_status st__fill(void* user, int i, void* dst, size_t size);
+
 st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out) {
   *out = NULL;
   st_train_ckpt* c = st_xcalloc(1, sizeof(*c));
@@ -108,7 +113,17 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
       c->count++;
     }
   }
-  c->snap = st_ckpt_snapshot_create(c->count, c->names, c->files, c->types);
+  /* ckpt.staging (docs/checkpoints.md, "Host staging"): a full host copy
+   * lets the writer thread save while training goes on, at the price of a
+   * second copy of the state in host memory for the whole run; chunked
+   * streams one tensor at a time and saves synchronously. auto: chunked
+   * where the device's memory is host memory (a CPU plugin: the copy would
+   * double the state in RAM) or the copy would take over a quarter of it. */
+  int64_t state = 0;
+  for (int i = 0; i < c->count; ++i) state += (int64_t)st_tensor_type_bytes(&c->types[i]);
+  c->streaming = st_train_ckpt_streams(o, in->runtime, state);
+  c->snap = c->streaming ? st_ckpt_snapshot_create_streaming(c->count, c->names, c->files, c->types, st__fill, c)
+                         : st_ckpt_snapshot_create(c->count, c->names, c->files, c->types);
   c->events = st_xcalloc((size_t)c->count + 1, sizeof(st_event*));
 
   c->config = st_config_json(cfg);
@@ -372,7 +387,8 @@ static st_status st__report(st_train_ckpt* c, st_ckpt_save_result* r, double blo
     st_json_put_int(e, "bytes", r->bytes);
     st_json_put(e, "mb_per_s", st_json_fixed(mbps, 1));
     st_json_put_int(e, "removed", r->removed);
-    st_json_put_bool(e, "async", c->async);
+    st_json_put_bool(e, "async", c->async && !c->streaming);
+    st_json_put_str(e, "staging", c->streaming ? "chunked" : "full");
     c->last_saved_step = r->step;
     s = st_runlog_event(c->in.log, "ckpt_saved", e);
     json_t* m = st_json_obj();
@@ -418,12 +434,21 @@ static st_status st__collect(st_train_ckpt* c, bool wait, double* waited_s) {
   return st__report(c, &r, c->inflight_blocking_s, c->inflight_waited_s, false);
 }
 
+/* A streaming snapshot's tensor |i|, copied when the save writes it. */
+static st_status st__fill(void* user, int i, void* dst, size_t size) {
+  st_train_ckpt* c = user;
+  st_status s = st_executor_to_host(c->in.executor, c->slots[i], dst, size);
+  if (s) return st_status_recode(s, ST_CODE_CKPT, "checkpoint: copying state slot '%s'", c->names[i]);
+  return ST_OK;
+}
+
 /* Device -> host copy of the whole state into the snapshot: all copies are
- * started, then awaited, so they overlap each other. */
+ * started, then awaited, so they overlap each other. A streaming snapshot
+ * copies nothing now (st__fill does, tensor by tensor, while it is saved). */
 static st_status st__snapshot(st_train_ckpt* c, int64_t step) {
   st_status s = ST_OK;
   int started = 0;
-  for (int i = 0; i < c->count && !s; ++i) {
+  for (int i = 0; i < c->count && !s && !c->streaming; ++i) {
     const st_slot* sl = &c->in.plan->slots[c->slots[i]];
     if (c->in.plan->devices > 1 && sl->layout == ST_LAYOUT_SHARDED) {
       /* Reassembled from every device's block, synchronously. */
@@ -465,6 +490,7 @@ static st_status st__snapshot(st_train_ckpt* c, int64_t step) {
       .mesh_tensor = o->parallel_tensor,
   };
   st_ckpt_snapshot_set_meta(c->snap, &m);
+  c->snap_filled = !c->streaming;
   return ST_OK;
 }
 
@@ -475,7 +501,7 @@ static st_status st__save(st_train_ckpt* c, int64_t step, bool last) {
    * reads is overwritten. */
   ST_RETURN(st__collect(c, true, &waited));
   ST_RETURN(st__snapshot(c, step));
-  if (c->writer && !last) {
+  if (c->writer && !last && !c->streaming) {
     ST_RETURN(st_ckpt_writer_submit(c->writer, c->snap));
     c->inflight = true;
     c->inflight_step = step;
@@ -538,4 +564,19 @@ void st_train_ckpt_destroy(st_train_ckpt* c) {
   json_decref(c->model);
   free(c->root);
   free(c);
+}
+
+int64_t st_train_ckpt_staging_bytes(const st_train_ckpt* c, bool* out_filled) {
+  if (out_filled) *out_filled = c && c->snap_filled;
+  return c && c->snap ? st_ckpt_snapshot_staging_bytes(c->snap) : 0;
+}
+
+bool st_train_ckpt_streams(const st_train_options* o, st_runtime* runtime, int64_t state_bytes) {
+  if (o->ckpt.staging != ST_CKPT_STAGING_AUTO) return o->ckpt.staging == ST_CKPT_STAGING_CHUNKED;
+  st_runtime_info ri;
+  memset(&ri, 0, sizeof(ri));
+  if (runtime) st_runtime_get_info(runtime, &ri);
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  int64_t ram = pages > 0 && page > 0 ? (int64_t)pages * (int64_t)page : 0;
+  return (ri.platform_name && !strcmp(ri.platform_name, "cpu")) || (ram > 0 && state_bytes > ram / 4);
 }

@@ -68,6 +68,14 @@ st_status st_train_ckpt_rollback(st_train_ckpt* ckpt, int64_t before_step, int64
 /* The run's armed faults (borrowed; NULL when |ckpt| is): faults.hang_in
  * fires in a launch, faults.nan_at in a forward. */
 st_faults* st_train_ckpt_faults(st_train_ckpt* ckpt);
+/* The host staging of checkpoints: the bytes of the snapshot buffer, and
+ * (|out_filled|, may be NULL) whether a save has copied the state into it
+ * yet (until then its pages were never touched). 0 for NULL. */
+int64_t st_train_ckpt_staging_bytes(const st_train_ckpt* ckpt, bool* out_filled);
+/* ckpt.staging resolved: whether saves stream (chunked) for a state of
+ * |state_bytes| on |runtime| (auto: a CPU plugin, or over a quarter of the
+ * host's memory). */
+bool st_train_ckpt_streams(const st_train_options* options, st_runtime* runtime, int64_t state_bytes);
 /* Waits for a save in flight and reports it. NULL is a no-op. */
 void st_train_ckpt_destroy(st_train_ckpt* ckpt);
 

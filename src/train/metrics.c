@@ -43,6 +43,10 @@ static void st__sched_metrics(const st_executor_stats* es, int devices, json_t* 
   st_json_put(m, "peak_live_by_category_predicted", cats);
   st_json_put_int(m, "host_bytes", es->host_bytes);
   st_json_put_int(m, "live_mismatch_op", es->live_mismatch_op);
+  /* With XLA's temporaries of the program running (docs/scheduling.md, "Temporaries"). */
+  st_json_put_int(m, "peak_with_temps_bytes", es->peak_with_temps_bytes);
+  st_json_put_int(m, "peak_with_temps_bytes_predicted", es->predicted_peak_with_temps_bytes);
+  st_json_put_int(m, "peak_temps_bytes", es->peak_temps_bytes);
   if (devices > 1) {
     /* A mesh (docs/parallelism.md): its collectives, by kind too. */
     st_json_put_int(m, "devices", devices);
@@ -101,6 +105,14 @@ st_status st__plan_event(st__trainer* t) {
   for (int k = 0; k < kinds; ++k) st_json_put_int(c, st_op_kind_name((st_op_kind)k), counts[k]);
   st_json_put(e, "op_counts", c);
   st_json_put_int(e, "predicted_peak_bytes", st_plan_predict_live(p, NULL, NULL));
+  if (p->program_temps) {
+    st_plan_temps_peak tp;
+    st_plan_predict_with_temps(p, NULL, &tp);
+    st_json_put_int(e, "predicted_peak_with_temps_bytes", tp.peak);
+    json_t* tj = st_json_obj();
+    for (int i = 0; i < p->program_count; ++i) st_json_put_int(tj, p->programs[i], p->program_temps[i]);
+    st_json_put(e, "program_temp_bytes", tj);
+  }
   st_json_put(e, "remat", st_train_remat_choice_json(&t->remat));
   st_json_put_int(e, "host_bytes", st_plan_host_bytes(p));
   st_json_put_str(e, "host_memory", st_executor_host_memory(t->ex));

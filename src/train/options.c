@@ -119,6 +119,8 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   o->sched.grad_bucket_bytes = st_config_int(c, "sched.grad_bucket_bytes");
   o->sched.gather_prefetch = (int)st_config_int(c, "sched.gather_prefetch");
   o->sched.reshard_after_forward = st_config_bool(c, "sched.reshard_after_forward");
+  o->allow_overcommit = st_config_bool(c, "sched.allow_overcommit");
+  o->device_memory_config = st_config_int(c, "runtime.device_memory_bytes");
   o->parallel_data = (int)st_config_int(c, "parallel.data");
   o->parallel_fsdp = (int)st_config_int(c, "parallel.fsdp");
   o->parallel_tensor = (int)st_config_int(c, "parallel.tensor");
@@ -155,6 +157,9 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   o->ckpt.async = st_config_bool(c, "ckpt.async");
   o->ckpt.stop_on_error = !strcmp(st_config_string(c, "ckpt.on_error"), "stop");
   o->ckpt.allow_bundle_change = st_config_bool(c, "ckpt.allow_bundle_change");
+  const char* staging = st_config_string(c, "ckpt.staging");
+  o->ckpt.staging = !strcmp(staging, "full") ? ST_CKPT_STAGING_FULL
+                    : !strcmp(staging, "chunked") ? ST_CKPT_STAGING_CHUNKED : ST_CKPT_STAGING_AUTO;
   o->faults.crash_at_step = st_config_int(c, "faults.crash_at_step");
   o->faults.crash_in_save = st_config_int(c, "faults.crash_in_save");
   o->faults.corrupt_latest = st_config_int(c, "faults.corrupt_latest");

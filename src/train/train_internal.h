@@ -109,6 +109,13 @@ typedef struct st__trainer {
   st__watch_ex* watch_step, *watch_eval; /* the executors' monitors (owned) */
   int watch_compile_key, watch_step_key, watch_step_handle;
   st_spike* spike;         /* diag.spike_z > 0 (owned; NULL: off) */
+  /* Where the process's memory goes (memory.c, the `memory` events):
+   * snapshots before the plugin loaded, after it, after every program was
+   * compiled; the largest RSS sampled since (after each step and save) and
+   * the categories then. */
+  st_mem_usage mem_base, mem_plugin, mem_compiled;
+  int64_t mem_peak_rss;
+  json_t* mem_peak; /* owned; NULL until the first sample */
 } st__trainer;
 
 /* step_hooks.c: the executor's H2D / READ / HOST callbacks for a step or an
@@ -133,6 +140,13 @@ st_status st__eval_batches(st__trainer* t, double* out_loss);
 /* mfu.c: the summary's line "X GFLOP/s of model FLOPs = Y% of the
  * measured matmul peak (Z GFLOP/s, strata doctor)", against t->peak. */
 void st__summary_peak(const st__trainer* t, double model_gflops);
+
+/* memory.c: samples the process's memory now (|at| says where: "step 3",
+ * "checkpoint 10") and keeps the categories when its RSS is the largest
+ * so far; st__memory_event writes a `memory` event of phase "start" (the
+ * sample now) or "peak" (the kept one, with the kernel's high-water mark). */
+void st__memory_sample(st__trainer* t, const char* at);
+st_status st__memory_event(st__trainer* t, const char* phase);
 
 /* step_hooks.c: forgets the last step's block metrics. */
 void st__metrics_reset(st__trainer* t);

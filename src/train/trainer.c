@@ -223,6 +223,33 @@ st_status st__plan_programs(st__trainer* t, const st_plan* plan, st_program*** o
   return ST_OK;
 }
 
+st_status st_train_plan_temps(st_runtime* runtime, const st_bundle* bundle, st_plan* const* plans, int plan_count) {
+  st__trainer t;
+  memset(&t, 0, sizeof(t));
+  t.bundle = bundle;
+  t.runtime = runtime;
+  t.compiled = st_xcalloc((size_t)bundle->program_count + 1, sizeof(st_program*));
+  t.compile_s = st_xcalloc((size_t)bundle->program_count + 1, sizeof(double));
+  st_status s = st__compile_programs(&t, (const st_plan* const*)plans, plan_count, NULL, 0);
+  for (int p = 0; p < plan_count && !s; ++p) s = st__compile_collectives(&t, plans[p]);
+  for (int p = 0; p < plan_count && !s; ++p) {
+    st_program** progs = NULL;
+    s = st__plan_programs(&t, plans[p], &progs);
+    if (s) break;
+    int64_t* tmp = st_plan_temps_of_programs(plans[p], progs, NULL);
+    st_plan_set_program_temps(plans[p], tmp);
+    free(tmp);
+    free(progs);
+  }
+  for (int i = 0; i < bundle->program_count; ++i) st_program_destroy(t.compiled[i]);
+  if (t.compiled_coll)
+    for (int i = 0; i < bundle->collective_count; ++i) st_program_destroy(t.compiled_coll[i]);
+  free(t.compiled);
+  free(t.compile_s);
+  free(t.compiled_coll);
+  return s;
+}
+
 /* The stages in init order: the embedding, blocks 0..L-1, the head. */
 static const st_bundle_stage* st__stage(const st_bundle* b, int i) {
   return i == 0 ? &b->embed : i <= b->layer_count ? &b->layers[i - 1] : &b->head;
@@ -428,6 +455,8 @@ static st_status st__check_replicas(st__trainer* t, int* out_checked) {
 }
 
 static void st__trainer_free(st__trainer* t) {
+  json_decref(t->mem_peak);
+  t->mem_peak = NULL;
   st_executor_destroy(t->eval_ex);
   st_executor_destroy(t->ex);
   free(t->step_programs);
@@ -767,7 +796,16 @@ static st_status st__run(st__trainer* t, bool progress) {
       st_json_put(f, "eval_loss", st_json_fixed(eval_loss, 6));
       ST_RETURN(st__event(t, "eval", f));
     }
+    /* Before a checkpoint save and after an evaluation: what malloc holds
+     * for the step's buffers goes back to the kernel, so the save's
+     * staging comes on top of the state, not of the step's high-water mark
+     * (the next step faults its buffers in once more). */
+    if (last || (o->eval_every > 0 && (t->step + 1) % o->eval_every == 0) || (o->ckpt.every > 0 && (t->step + 1) % o->ckpt.every == 0))
+      st_runtime_release_host_memory();
     ST_RETURN(st_train_ckpt_step_done(t->ckpt, t->step + 1));
+    char at[48];
+    snprintf(at, sizeof(at), "step %lld", (long long)t->step + 1);
+    st__memory_sample(t, at);
     /* Polled once a step: the handler only sets a flag. After the last
      * step the run is complete anyway. */
     if (st_stop_signal() && t->step + 1 < o->steps) return st__stop(t, t->step + 1, progress);
@@ -863,7 +901,9 @@ st_status st_train_main(const st_config* cfg) {
   if (!s) {
     char* exe_cache = st_path_join(o.cache_root, "executables");
     o.runtime.cache_dir = exe_cache;
+    st_mem_usage_read(&t.mem_base); /* the data are open: what the plugin adds comes next */
     s = st_runtime_create(&o.runtime, &t.runtime);
+    st_mem_usage_read(&t.mem_plugin);
   }
   /* The config checks the mesh against runtime.cpu_devices; a GPU
    * plugin's device count is only known now. */
@@ -982,6 +1022,34 @@ st_status st_train_main(const st_config* cfg) {
   if (!s) s = st__compile_collectives(&t, &t.eval_plan); /* its SPMD programs may differ (tensor: block fwd) */
   if (!s) s = st__plan_programs(&t, &t.step_plan, &t.step_programs);
   if (!s) s = st__plan_programs(&t, &t.eval_plan, &t.eval_programs);
+  /* XLA's temporaries of each program, now that they are compiled: the
+   * plan event and strata plan --compile show the same peak. */
+  if (!s) {
+    int64_t* tmp = st_plan_temps_of_programs(&t.step_plan, t.step_programs, NULL);
+    st_plan_set_program_temps(&t.step_plan, tmp);
+    free(tmp);
+    tmp = st_plan_temps_of_programs(&t.eval_plan, t.eval_programs, NULL);
+    st_plan_set_program_temps(&t.eval_plan, tmp);
+    free(tmp);
+  }
+  /* Will it fit: the predicted peak with temporaries against the device's
+   * memory, before anything runs (docs/scheduling.md, "Will it fit"). */
+  if (!s) {
+    st_fit_report fr;
+    s = st_train_fit(t.runtime, bundle, &o, &t.step_plan, true, &fr);
+    st_status nofit = s ? ST_OK : st_train_fit_status(&fr, &o);
+    if (!s && (fr.limit > 0)) {
+      json_t* f = st_train_fit_json(&fr);
+      st_json_put_bool(f, "allow_overcommit", o.allow_overcommit);
+      st_status_free(st__event(&t, "fit", f));
+    }
+    if (nofit && o.allow_overcommit) {
+      fprintf(stderr, "strata: warning: %s (sched.allow_overcommit=true: going on)\n", st_status_message(nofit));
+      st_status_free(nofit);
+    } else if (nofit) {
+      s = nofit;
+    }
+  }
   if (!s) s = st_executor_create(&t.step_plan, t.runtime, t.step_programs, 0, &t.ex);
   if (!s) s = st_executor_create(&t.eval_plan, t.runtime, t.eval_programs, 0, &t.eval_ex);
   if (!s) s = st__check_hang_in(&t);
@@ -991,6 +1059,7 @@ st_status st_train_main(const st_config* cfg) {
   }
   if (!s) s = st__plan_event(&t);
   if (!s) s = st__compile_event(&t, st_now() - t_compile);
+  st_mem_usage_read(&t.mem_compiled);
 
   /* --- run ------------------------------------------------------------- */
   if (!s) {
@@ -1030,6 +1099,11 @@ st_status st_train_main(const st_config* cfg) {
   if (!s && o.resume) s = st__save_run_config(cfg, t.run_dir);
   if (!s && !restored) s = st__init_state(&t);
   if (!s) {
+    st_runtime_release_host_memory(); /* init's host buffers (zeroed m, v) are not needed again */
+    st__memory_sample(&t, "start");
+    s = st__memory_event(&t, "start");
+  }
+  if (!s) {
     json_t* f = st_json_obj();
     st_json_put(f, "startup_seconds", st_json_fixed(st_now() - t0, 3));
     s = st__event(&t, "run", f);
@@ -1051,6 +1125,9 @@ st_status st_train_main(const st_config* cfg) {
       s = st__event(&t, "saved", f);
     }
     free(path);
+    st__memory_sample(&t, "final save");
+    st_runtime_release_host_memory();
+    if (!s) s = st__memory_event(&t, "peak");
   }
   if (s && t.log && st_status_code(s) == ST_CODE_INTERRUPTED) {
     st__interrupted_event(&t, s);

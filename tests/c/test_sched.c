@@ -511,6 +511,44 @@ static void test_offload_pass(void** state) {
                  600 + 300 + 160);
 }
 
+/* XLA's temporaries (issue 18): a launch holds its program's temporaries
+ * on top of the slots live after it; the peak is the most of either. */
+static void test_peak_with_temps(void** state) {
+  (void)state;
+  st_plan p;
+  synthetic(&p);
+  ASSERT_OK(st_plan_finalize(&p));
+  st_plan_temps_peak tp;
+  /* No temporaries known: the slots' peak, first reached after f2 (op 3). */
+  assert_int_equal(st_plan_predict_with_temps(&p, NULL, &tp), 1060);
+  assert_int_equal(tp.op, 3);
+  assert_int_equal(tp.temps, 0);
+  /* f's 50 B on top of the 1060 B live after f2. */
+  int64_t small_upd[2] = {50, 100};
+  assert_int_equal(st_plan_predict_with_temps(&p, small_upd, &tp), 1110);
+  assert_int_equal(tp.op, 3);
+  assert_int_equal(tp.temps, 50);
+  assert_int_equal(tp.slots, 1060);
+  assert_int_equal(tp.slots_peak, 1060);
+  /* An optimizer update with large temporaries moves the peak to where the
+   * slots alone are lowest (900 B + 250 B at upd0, op 7). */
+  int64_t big_upd[2] = {10, 250};
+  st_plan_set_program_temps(&p, big_upd);
+  assert_int_equal(st_plan_predict_with_temps(&p, NULL, &tp), 1150);
+  assert_int_equal(tp.op, 7);
+  assert_int_equal(tp.slots, 900);
+  /* A copy keeps them; a program added later has none. */
+  st_plan c;
+  st_plan_copy(&p, &c);
+  assert_int_equal(st_plan_predict_with_temps(&c, NULL, NULL), 1150);
+  int g = st_plan_program(&c, "g");
+  assert_int_equal(c.program_temps[g], 0);
+  st_plan_deinit(&c);
+  st_plan_set_program_temps(&p, NULL);
+  assert_int_equal(st_plan_predict_with_temps(&p, NULL, NULL), 1060);
+  st_plan_deinit(&p);
+}
+
 static void test_wait_pass_and_deps(void** state) {
   (void)state;
   st_plan base, deferred, eager;
@@ -874,6 +912,7 @@ int main(void) {
       cmocka_unit_test(test_remat_auto_chooser),
       cmocka_unit_test(test_remat_auto_plans),
       cmocka_unit_test(test_offload_pass),
+      cmocka_unit_test(test_peak_with_temps),
       cmocka_unit_test(test_wait_pass_and_deps),
       cmocka_unit_test(test_finalize_rejects),
       cmocka_unit_test(test_copy_to_memory),

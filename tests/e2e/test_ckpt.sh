@@ -42,6 +42,31 @@ train "${R60[@]}" ckpt.every=10 run.dir="$TMP/ref2" && ok || bad "second referen
 check "an uninterrupted run repeated is bitwise identical" "cmp -s '$TMP/ref/params.safetensors' '$TMP/ref2/params.safetensors'"
 check "... including the optimizer state of its final checkpoint" \
   "cmp -s '$TMP/ref/checkpoints/step_60/optimizer.safetensors' '$TMP/ref2/checkpoints/step_60/optimizer.safetensors'"
+# ckpt.staging (issue 18): auto is chunked on the CPU plugin (the saves above
+# streamed one tensor at a time); a full host copy written on the writer
+# thread must give the very same checkpoint files.
+train "${R60[@]}" ckpt.every=10 ckpt.staging=full run.dir="$TMP/full" && ok || bad "ckpt.staging=full run failed"
+check "ckpt.staging: chunked (auto on CPU) and full write bitwise identical checkpoints" \
+  "(for s in 50 60; do for f in params optimizer; do cmp -s '$TMP/ref/checkpoints/step_'\$s/\$f.safetensors '$TMP/full/checkpoints/step_'\$s/\$f.safetensors || exit 1; done; done) && grep '\"ckpt_saved\"' '$TMP/ref/events.jsonl' | grep -q '\"staging\": \"chunked\"' && grep '\"ckpt_saved\"' '$TMP/full/events.jsonl' | grep -q '\"staging\": \"full\"'"
+check "memory events: at the start and at the peak, by category, and the staging the run held" "$PY - '$TMP/ref/events.jsonl' '$TMP/full/events.jsonl' <<'PYEOF'
+import json, sys
+def mem(path):
+    ev = [json.loads(l) for l in open(path)]
+    m = {e['phase']: e for e in ev if e['event'] == 'memory'}
+    assert set(m) == {'start', 'peak'}, m.keys()
+    assert m['peak']['rss_bytes'] >= m['start']['rss_bytes'] and m['peak']['hwm_bytes'] >= m['peak']['rss_bytes'], m
+    for e in m.values():
+        c = e['categories']
+        assert {'baseline', 'plugin', 'executables', 'device_buffers', 'ckpt_staging', 'malloc_free_held', 'other'} <= set(c), c
+        assert e['rss_bytes'] > 0 and c['device_buffers'] > 0 and e['device_memory_is_host'], e
+        assert e['rss_bytes'] == sum(c.values()), e
+    return m
+chunked, full = mem(sys.argv[1]), mem(sys.argv[2])
+state = full['peak']['ckpt_staging_save_bytes']
+# full: the whole state staged once saved; chunked: the largest tensor, never the whole state
+assert full['peak']['categories']['ckpt_staging'] == state > 0, full['peak']
+assert chunked['peak']['ckpt_staging_save_bytes'] < state, chunked['peak']
+PYEOF"
 check "metrics carry per-save numbers" "grep -q '\"ckpt_blocking_s\"' '$TMP/ref/metrics.jsonl' && grep -q '\"mb_per_s\"' '$TMP/ref/events.jsonl'"
 check "retention keeps the newest 3 (ckpt.keep)" "[ \"\$(ls '$TMP/ref/checkpoints' | tr '\n' ' ')\" = 'LATEST step_40 step_50 step_60 ' ]"
 expect_exit 0 "all 3 checkpoints verified" ckpt verify "$TMP/ref"

@@ -102,6 +102,10 @@ for d in runs:
         if m['live_mismatch_op'] != -1 or m['peak_live_bytes'] != m['peak_live_bytes_predicted']:
             bad.append(f'{os.path.basename(d)} step {m[\"step\"]}: accounted live bytes differ from the plan')
             break
+        # XLA's temporaries of the running program on top (issue 18): accounted = predicted, and above the slots alone
+        if m['peak_with_temps_bytes'] != m['peak_with_temps_bytes_predicted'] or m['peak_with_temps_bytes'] <= m['peak_live_bytes'] or m['peak_temps_bytes'] <= 0:
+            bad.append(f'{os.path.basename(d)} step {m[\"step\"]}: peak with temporaries {m[\"peak_with_temps_bytes\"]} (predicted {m[\"peak_with_temps_bytes_predicted\"]}, slots {m[\"peak_live_bytes\"]})')
+            break
     if off != 'none' and steps[0]['host_bytes'] <= 0:
         bad.append(f'{os.path.basename(d)}: offload {off} but no host bytes')
     if wait == 'eager' and steps[0]['waits'] <= steps[0]['launches']:
@@ -206,6 +210,27 @@ print(f'# trace: {len(ops)} ops on {len(tracks)} tracks, every op once, timestam
 PYEOF"
 
 # --- 3. strata plan with the new ops; config errors --------------------------------
+# --compile: XLA's temporaries per program, and the peak that includes them
+# equals what the default run (same config) predicted and accounted.
+"$STRATA" plan --compile --json "${BASE[@]}" >"$TMP/plan-temps.json" 2>"$TMP/err" || bad "plan --compile exited $?: $(tail -3 "$TMP/err")"
+"$STRATA" plan --compile "${BASE[@]}" >"$TMP/plan-temps.txt" 2>/dev/null
+check "plan --compile: block programs' temporaries > 0, the accounted peak includes them, = the run's" "grep -q '^# temporaries per program (bytes per device):.* block_fwd_res=[1-9]' '$TMP/plan-temps.txt' && grep -Eq '^ +[0-9]+ LAUNCH +block_bwd_res .* temp=[1-9][0-9]*$' '$TMP/plan-temps.txt' && $PY - '$TMP/plan-temps.json' '$TMP/m/auto-default' <<'PYEOF'
+import json, os, sys
+p = json.load(open(sys.argv[1]))['step']
+t = p['program_temp_bytes']
+assert all(t[k] > 0 for k in ('block_fwd_res', 'block_bwd_res', 'head_loss')), t
+# the peak with temporaries is the most, over ops, of live slots + the running program's temporaries
+best = max(sum(op['live_bytes'].values()) + (t[op['program']] if op['kind'] in ('LAUNCH', 'RECOMPUTE') else 0) for op in p['ops'])
+assert p['predicted_peak_with_temps_bytes'] == best > p['predicted_peak_bytes'], (p['predicted_peak_with_temps_bytes'], best, p['predicted_peak_bytes'])
+ev = [json.loads(l) for l in open(os.path.join(sys.argv[2], 'events.jsonl'))]
+plan_ev = [e for e in ev if e['event'] == 'plan'][0]
+assert plan_ev['predicted_peak_with_temps_bytes'] == best and plan_ev['program_temp_bytes'] == t, plan_ev
+m = [json.loads(l) for l in open(os.path.join(sys.argv[2], 'metrics.jsonl'))]
+m = [x for x in m if 'loss' in x]
+assert all(x['peak_with_temps_bytes'] == x['peak_with_temps_bytes_predicted'] == best for x in m), [x['peak_with_temps_bytes'] for x in m]
+fr, br, hl, sl = t['block_fwd_res'], t['block_bwd_res'], t['head_loss'], p['predicted_peak_bytes']
+print(f'# temporaries: block_fwd_res {fr} B, block_bwd_res {br} B, head_loss {hl} B; peak {sl} -> {best} B with them')
+PYEOF"
 if "$STRATA" plan "${BASE[@]}" "${TRACE_POL[@]}" sched.wait=eager >"$TMP/plan.txt" 2>"$TMP/err"; then ok; else bad "plan exited $?"; fi
 check "plan text shows policies, recompute, offload transfers, waits, deps" "grep -q '# policy: remat=every:2 offload=both prefetch_depth=1 wait=eager optimizer=per_layer' '$TMP/plan.txt' && grep -Eq 'RECOMPUTE +block_fwd_res layer=0' '$TMP/plan.txt' && grep -Eq 'H2D .*in=\[host:m:layers.1.wq' '$TMP/plan.txt' && grep -Eq 'D2H .*out=\[host:layers.0.wq\]' '$TMP/plan.txt' && grep -Eq 'WAIT .* deps=\[' '$TMP/plan.txt' && grep -Eq 'host-memory bytes [1-9]' '$TMP/plan.txt'"
 check "plan JSON: live bytes per op by category, host slots, peak = max" "$PY - '$TMP/plan.json' <<'PYEOF'
@@ -243,6 +268,21 @@ FULL_PEAK=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["step"][
 check "plan, auto between none ($NONE_PEAK B) and full ($FULL_PEAK B): layer 0 recomputed, the why and the policy" "grep -qx '# remat auto: recompute 1 of 2 layers (0): predicted peak [0-9]* B <= budget $((NONE_PEAK - 1)) B (without remat $NONE_PEAK B, over it)' '$TMP/auto-mid.txt' && grep -q '^# policy: remat=auto:0 memory_budget=$((NONE_PEAK - 1)) offload=none' '$TMP/auto-mid.txt' && grep -Eq 'RECOMPUTE +block_fwd_res layer=0' '$TMP/auto-mid.txt' && ! grep -Eq 'RECOMPUTE +block_fwd_res layer=1' '$TMP/auto-mid.txt'"
 "$STRATA" plan "${BASE[@]}" sched.memory_budget=1000 >"$TMP/auto-tiny.txt" 2>&1
 check "plan, auto with a tiny budget: full, and it says it does not fit" "grep -qx '# remat auto: does not fit: even with every layer recomputed the predicted peak is $FULL_PEAK B > budget 1000 B (without remat $NONE_PEAK B); chose full' '$TMP/auto-tiny.txt' && grep -q '^# policy: remat=auto:full memory_budget=1000 ' '$TMP/auto-tiny.txt' && [ \$(grep -Ec '^ *[0-9]+ RECOMPUTE' '$TMP/auto-tiny.txt') = 4 ]"
+
+# --- will it fit (issue 18): the peak with temporaries against the device's memory
+LIMIT=$($PY -c "import json; print(json.load(open('$TMP/plan-temps.json'))['step']['predicted_peak_with_temps_bytes'] - 1)")
+"$STRATA" plan --fit "${BASE[@]}" runtime.device_memory_bytes=$LIMIT >"$TMP/fit.out" 2>"$TMP/fit.err"
+rc=$?
+check "plan --fit, one byte too little device memory: exit 4 naming the predicted peak, the limit and sched.remat=full" "[ $rc = 4 ] && grep -q 'predicted peak $((LIMIT + 1)) B (live buffers + XLA.s temporaries) > device memory $LIMIT B (runtime.device_memory_bytes)' '$TMP/fit.err' && grep -Eq 'Policies that fit: sched.remat=full \(predicted peak [0-9]+ B\)' '$TMP/fit.err' && grep -q '^# fit: DOES NOT FIT' '$TMP/fit.out'"
+"$STRATA" plan --fit "${BASE[@]}" runtime.device_memory_bytes=$LIMIT sched.remat=full >"$TMP/fit2.out" 2>&1
+rc=$?
+check "plan --fit with the advised sched.remat=full: fits, exit 0" "[ $rc = 0 ] && grep -q '^# fit: fits: [0-9]* <= $LIMIT bytes' '$TMP/fit2.out'"
+"$STRATA" train "${BASE[@]}" train.steps=2 runtime.device_memory_bytes=$LIMIT run.dir="$TMP/nofit" >/dev/null 2>"$TMP/nofit.err"
+rc=$?
+check "train too large for its stated memory: exit 4 before any step, with the advice" "[ $rc = 4 ] && grep -q 'predicted not to fit' '$TMP/nofit.err' && grep -q 'sched.remat=full' '$TMP/nofit.err' && ! grep -q '\"loss\"' '$TMP/nofit/metrics.jsonl' 2>/dev/null"
+"$STRATA" train "${BASE[@]}" train.steps=2 runtime.device_memory_bytes=$LIMIT sched.allow_overcommit=true run.dir="$TMP/overcommit" >/dev/null 2>"$TMP/over.err"
+rc=$?
+check "... with sched.allow_overcommit=true it trains, warning, and the fit event says so" "[ $rc = 0 ] && grep -q 'going on' '$TMP/over.err' && grep '\"event\": \"fit\"' '$TMP/overcommit/events.jsonl' | grep -q '\"fits\": false'"
 expect_exit 2 "sched.prefetch_depth" config "${BASE[@]}" sched.prefetch_depth=-1
 expect_exit 2 "trace.steps .*lists step 11, but train.steps is 10" config "${BASE[@]}" "trace.steps=[2, 11]"
 expect_exit 2 "trace.steps .*item 1 is 'x'" config "${BASE[@]}" "trace.steps=[x]"
