@@ -202,7 +202,8 @@ def test_diff_of_two_bundles(bundle: str, tmp_path: Any) -> None:
     changed = {c["name"]: c for c in d["changed"]}
     # d_ff is inside the block only: its programs change, the embedding's and head's do not.
     assert set(changed) == {"block_init", "block_fwd", "block_bwd", "block_fwd_res", "block_bwd_res",
-                            "accum_block", "sqnorm_block", "adamw_block", "block_prefill", "block_decode"}
+                            "accum_block", "sqnorm_block", "adamw_block", "adamw_stats_block",
+                            "block_prefill", "block_decode"}
     a = {p["name"]: p for p in _json("analyze", bundle)["programs"]}
     b = {p["name"]: p for p in _json("analyze", wider)["programs"]}
     assert d["unchanged"] == len(a) - len(changed)
