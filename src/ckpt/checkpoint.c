@@ -59,30 +59,14 @@ struct st_ckpt_snapshot {
   void* fill_user;
 };
 
-st_ckpt_snapshot* st_ckpt_snapshot_create(int count, const char* const* names, const char* const* files,
+/* The tables of a snapshot of |count| tensors; no data is allocated here:
+ * a copying snapshot allocates each tensor at the first
+ * st_ckpt_snapshot_data, i.e. the first save, so a run that saves only at
+ * its end does not hold a second copy of the state for all its steps
+ * (issue 18; the first save pays the page faults, later ones reuse the
+ * pages), and a streaming one never does. */
+static st_ckpt_snapshot* st__snapshot_new(int count, const char* const* names, const char* const* files,
                                           const st_tensor_type* types) {
-  st_ckpt_snapshot* s = st_xcalloc(1, sizeof(*s));
-  s->count = count;
-  s->names = st_xcalloc((size_t)count + 1, sizeof(char*));
-  s->files = st_xcalloc((size_t)count + 1, sizeof(char*));
-  s->types = st_xcalloc((size_t)count + 1, sizeof(st_tensor_type));
-  s->data = st_xcalloc((size_t)count + 1, sizeof(void*));
-  for (int i = 0; i < count; ++i) {
-    s->names[i] = st_xstrdup(names[i]);
-    s->files[i] = st_xstrdup(files[i]);
-    s->types[i] = types[i];
-    size_t n = st_tensor_type_bytes(&types[i]);
-    /* Allocated at the first st_ckpt_snapshot_data, i.e. the first save:
-     * a run that saves only at its end does not hold a second copy of the
-     * state for all its steps (issue 18; the first save pays the page
-     * faults, later ones reuse the pages). */
-    s->bytes += (int64_t)n;
-  }
-  return s;
-}
-
-st_ckpt_snapshot* st_ckpt_snapshot_create_streaming(int count, const char* const* names, const char* const* files,
-                                                    const st_tensor_type* types, st_ckpt_fill_fn fill, void* user) {
   st_ckpt_snapshot* s = st_xcalloc(1, sizeof(*s));
   s->count = count;
   s->names = st_xcalloc((size_t)count + 1, sizeof(char*));
@@ -95,6 +79,17 @@ st_ckpt_snapshot* st_ckpt_snapshot_create_streaming(int count, const char* const
     s->types[i] = types[i];
     s->bytes += (int64_t)st_tensor_type_bytes(&types[i]);
   }
+  return s;
+}
+
+st_ckpt_snapshot* st_ckpt_snapshot_create(int count, const char* const* names, const char* const* files,
+                                          const st_tensor_type* types) {
+  return st__snapshot_new(count, names, files, types);
+}
+
+st_ckpt_snapshot* st_ckpt_snapshot_create_streaming(int count, const char* const* names, const char* const* files,
+                                                    const st_tensor_type* types, st_ckpt_fill_fn fill, void* user) {
+  st_ckpt_snapshot* s = st__snapshot_new(count, names, files, types);
   s->fill = fill;
   s->fill_user = user;
   return s;

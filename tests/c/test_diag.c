@@ -27,16 +27,12 @@ static char* g_tmp;
 
 static int setup(void** state) {
   (void)state;
-  g_tmp = tu_tmpdir("diag");
-  assert_non_null(g_tmp);
-  return 0;
+  return tu_group_tmp_setup(&g_tmp, "diag");
 }
 
 static int teardown(void** state) {
   (void)state;
-  if (!getenv("STRATA_KEEP_TEST_FILES")) tu_rmtree(g_tmp);
-  free(g_tmp);
-  return 0;
+  return tu_group_tmp_teardown(&g_tmp);
 }
 
 static void test_nan_at_parse(void** state) {

@@ -572,28 +572,48 @@ static void test_export_does_not_repeat_buffered_stdout(void** state) {
 
 /* A copy of |b| whose block_fwd_res keeps |extra| more residuals (and
  * block_bwd_res takes them), as a crafted manifest would. */
-static char* crafted_bundle(const st_bundle* b, int extra) {
+/* A copy of |b| named |name| under the scratch folder whose manifest the
+ * Python statements |edit| changed (they see the manifest as `m`, its
+ * programs by name as `p` and the integer |arg| as `arg`). Caller frees. */
+static char* edited_bundle_copy(const st_bundle* b, const char* name, const char* edit, int arg) {
   char* dir = malloc(512);
-  snprintf(dir, 512, "%s/crafted-%d", g_tmp, extra);
+  snprintf(dir, 512, "%s/%s", g_tmp, name);
   char* python = st_bundle_python();
-  char cmd[2048];
+  char cmd[4096];
   snprintf(cmd, sizeof(cmd),
            "rm -rf '%s' && cp -r '%s' '%s' && '%s' - '%s/manifest.json' %d <<'EOF'\n"
            "import json, sys\n"
-           "path, extra = sys.argv[1], int(sys.argv[2])\n"
+           "path, arg = sys.argv[1], int(sys.argv[2])\n"
            "m = json.load(open(path))\n"
            "p = {q['name']: q for q in m['programs']}\n"
-           "r = p['block_fwd_res']['outputs'][1]\n"
-           "more = [dict(r, name='crafted%%d' %% i) for i in range(extra)]\n"
-           "p['block_fwd_res']['outputs'] += more\n"
-           "bwd = p['block_bwd_res']['inputs']\n"
-           "p['block_bwd_res']['inputs'] = bwd[:-1] + more + bwd[-1:]\n"
+           "%s\n"
            "json.dump(m, open(path, 'w'))\n"
            "EOF",
-           dir, b->dir, dir, python, dir, extra);
+           dir, b->dir, dir, python, dir, arg, edit);
   free(python);
   assert_int_equal(system(cmd), 0);
   return dir;
+}
+
+/* |extra| more residuals between block_fwd_res and block_bwd_res. */
+static char* crafted_bundle(const st_bundle* b, int extra) {
+  char name[64];
+  snprintf(name, sizeof(name), "crafted-%d", extra);
+  return edited_bundle_copy(b, name,
+                            "r = p['block_fwd_res']['outputs'][1]\n"
+                            "more = [dict(r, name='crafted%d' % i) for i in range(arg)]\n"
+                            "p['block_fwd_res']['outputs'] += more\n"
+                            "bwd = p['block_bwd_res']['inputs']\n"
+                            "p['block_bwd_res']['inputs'] = bwd[:-1] + more + bwd[-1:]",
+                            extra);
+}
+
+/* Options for building (not running) one-microbatch plans. */
+static void plan_options(st_train_options* o) {
+  memset(o, 0, sizeof(*o));
+  o->microbatches = 1;
+  o->batch_size = 2;
+  o->eval_batches = 1;
 }
 
 /* Issue 11, item 9: step_plan.c kept residuals in fixed arrays (res[32],
@@ -611,10 +631,7 @@ static void test_crafted_bundle_counts_are_bounded(void** state) {
   st_bundle* c = NULL;
   ASSERT_OK(st_bundle_open(dir, &c));
   st_train_options o;
-  memset(&o, 0, sizeof(o));
-  o.microbatches = 1;
-  o.batch_size = 2;
-  o.eval_batches = 1;
+  plan_options(&o);
   st_plan step, eval;
   st_status s = st_train_build_plans(c, &o, &step, &eval);
   if (s) {
@@ -651,28 +668,11 @@ static void test_crafted_bundle_counts_are_bounded(void** state) {
 static void test_embed_programs_must_match_the_embed_group(void** state) {
   (void)state;
   st_bundle* b = ensure_bundle(2, true);
-  char* dir = malloc(512);
-  snprintf(dir, 512, "%s/crafted-embed", g_tmp);
-  char* python = st_bundle_python();
-  char cmd[2048];
-  snprintf(cmd, sizeof(cmd),
-           "rm -rf '%s' && cp -r '%s' '%s' && '%s' - '%s/manifest.json' <<'EOF'\n"
-           "import json, sys\n"
-           "m = json.load(open(sys.argv[1]))\n"
-           "p = {q['name']: q for q in m['programs']}\n"
-           "p['embed_fwd']['inputs'] = p['embed_fwd']['inputs'][:1]\n"
-           "json.dump(m, open(sys.argv[1], 'w'))\n"
-           "EOF",
-           dir, b->dir, dir, python, dir);
-  free(python);
-  assert_int_equal(system(cmd), 0);
+  char* dir = edited_bundle_copy(b, "crafted-embed", "p['embed_fwd']['inputs'] = p['embed_fwd']['inputs'][:1]", 0);
   st_bundle* c = NULL;
   ASSERT_OK(st_bundle_open(dir, &c));
   st_train_options o;
-  memset(&o, 0, sizeof(o));
-  o.microbatches = 1;
-  o.batch_size = 2;
-  o.eval_batches = 1;
+  plan_options(&o);
   st_plan step, eval;
   st_status s = st_train_build_plans(c, &o, &step, &eval);
   assert_non_null(s);

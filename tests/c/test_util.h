@@ -2,6 +2,7 @@
  * test_util.h — helpers shared by strata's C tests (header-only, static).
  *
  *   tu_tmpdir / tu_rmtree        scratch folders
+ *   tu_group_tmp_*               a test group's scratch folder
  *   tu_read_file / tu_write_file whole-file I/O
  *   tu_testprogs_*               the JAX-exported test programs
  *                                (python -m strata_jax.testprogs DIR)
@@ -92,6 +93,21 @@ static inline int tu__rm_one(const char* path, const struct stat* sb, int flag, 
 
 static inline void tu_rmtree(const char* path) {
   if (path && path[0]) nftw(path, tu__rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* A test group's scratch folder: created by the group's setup, removed by
+ * its teardown unless STRATA_KEEP_TEST_FILES is set (to look at it after a
+ * failure). */
+static inline int tu_group_tmp_setup(char** slot, const char* tag) {
+  *slot = tu_tmpdir(tag);
+  return *slot ? 0 : -1;
+}
+
+static inline int tu_group_tmp_teardown(char** slot) {
+  if (!getenv("STRATA_KEEP_TEST_FILES")) tu_rmtree(*slot);
+  free(*slot);
+  *slot = NULL;
+  return 0;
 }
 
 /* Reads a whole file; NULL when it cannot. Caller frees. */
