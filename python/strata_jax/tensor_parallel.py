@@ -130,7 +130,7 @@ def _qkv_local(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tuple[Array, 
     """programs._qkv on this device's heads (wq/wk/wv are its column blocks)."""
     B, T, _ = x.shape
     Dh = cfg.head_dim
-    h = copy_to_tp(M.rms_norm(x, p["attn_norm"]))
+    h = copy_to_tp(M.norm(cfg, x, p["attn_norm"]))
     q = M._mm(cfg, h, p["wq"]).reshape(B, T, -1, Dh)
     k = M._mm(cfg, h, p["wk"]).reshape(B, T, -1, Dh)
     v = M._mm(cfg, h, p["wv"]).reshape(B, T, -1, Dh)
@@ -150,9 +150,9 @@ def block_fwd_res_local(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tupl
     o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), M.expand_kv(cfg, v).astype(c),
                    preferred_element_type=jnp.float32).reshape(B, T, -1)
     x_mid = x + reduce_from_tp(M._mm(cfg, o, p["wo"]))
-    h2 = copy_to_tp(M.rms_norm(x_mid, p["mlp_norm"]))
+    h2 = copy_to_tp(M.norm(cfg, x_mid, p["mlp_norm"]))
     gate, up = M._mm(cfg, h2, p["w_gate"]), M._mm(cfg, h2, p["w_up"])
-    y = x_mid + reduce_from_tp(M._mm(cfg, jax.nn.silu(gate) * up, p["w_down"]))
+    y = x_mid + reduce_from_tp(M._mm(cfg, M.swiglu(cfg, gate, up), p["w_down"]))
     return y, (q, k, v, o, lse, x_mid, gate, up)
 
 
@@ -166,11 +166,11 @@ def block_bwd_res_local(cfg: ModelConfig, p: dict[str, Array], x: Array, res: tu
     the gradient into each normalised input is all-reduced (copy_to_tp's
     backward) before the RMSNorm backward."""
     q, k, v, o, lse, x_mid, gate, up = res
-    _, vjp = jax.vjp(lambda g_, u_, w: M._mm(cfg, jax.nn.silu(g_) * u_, w), gate, up, p["w_down"])
+    _, vjp = jax.vjp(lambda g_, u_, w: M._mm(cfg, M.swiglu(cfg, g_, u_), w), gate, up, p["w_down"])
     dgate, dup, dw_down = vjp(dy)
 
     def mlp_in(x_, gain, wg, wu):  # type: ignore[no-untyped-def]
-        h = copy_to_tp(M.rms_norm(x_, gain))
+        h = copy_to_tp(M.norm(cfg, x_, gain))
         return M._mm(cfg, h, wg), M._mm(cfg, h, wu)
 
     _, vjp = jax.vjp(mlp_in, x_mid, p["mlp_norm"], p["w_gate"], p["w_up"])

@@ -25,7 +25,11 @@ import pytest
 from test_data_parallel import OVERRIDES, STRATA, params, run, train
 
 MESHES = {"tensor2": ["parallel.tensor=2"], "data2_tensor2": ["parallel.data=2", "parallel.tensor=2"],
-          "fsdp2_tensor2": ["parallel.fsdp=2", "parallel.tensor=2"]}
+          "fsdp2_tensor2": ["parallel.fsdp=2", "parallel.tensor=2"],
+          # strata's C kernels inside the tensor-parallel programs (each device
+          # normalises whole rows and gates its own hidden units): against the
+          # one-device xla run, at the same bar.
+          "tensor2_ffi": ["parallel.tensor=2", "kernels.rmsnorm=ffi", "kernels.swiglu=ffi"]}
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +166,17 @@ def test_policies_on_fsdp_x_tensor(tmp_path, policy: list[str]) -> None:
     ft = train(tmp_path, "ft", *base, *policy, "parallel.fsdp=2", "parallel.tensor=2")
     np.testing.assert_allclose([m["loss"] for m in ft["steps"]], [m["loss"] for m in one["steps"]], rtol=1e-5)
     np.testing.assert_allclose([m["eval_loss"] for m in ft["evals"]], [m["eval_loss"] for m in one["evals"]], rtol=1e-5)
+
+
+def test_tensor_parallel_programs_call_the_kernels(runs: dict) -> None:
+    """kernels.*=ffi reaches the tp_block programs (they once called the jnp
+    ops whatever the config said, while the manifest named ffi)."""
+    from pathlib import Path
+    ev = [e for e in runs["tensor2_ffi"]["events"] if e.get("event") == "bundle"][0]
+    assert ev["kernels"]["rmsnorm"] == "ffi" and ev["kernels"]["swiglu"] == "ffi"
+    progs = Path(ev["dir"]) / "programs"
+    for prog in ("tp_block_fwd_res", "tp_block_bwd_res"):
+        text = (progs / f"{prog}.mlir").read_text()
+        assert "strata_rmsnorm_fwd_v1" in text and "strata_swiglu_fwd_v1" in text, prog
+    assert "strata_rmsnorm_bwd_v1" in (progs / "tp_block_bwd_res.mlir").read_text()
+    assert "strata_swiglu_bwd_v1" in (progs / "tp_block_bwd_res.mlir").read_text()
