@@ -77,6 +77,8 @@ json_t* st_kernel_contract_json(const st_kernel_contract* c);
 #define ST_KERNEL_RMSNORM_BWD "strata_rmsnorm_bwd_v1"
 #define ST_KERNEL_SWIGLU_FWD "strata_swiglu_fwd_v1"
 #define ST_KERNEL_SWIGLU_BWD "strata_swiglu_bwd_v1"
+#define ST_KERNEL_ATTENTION_FWD "strata_attention_fwd_v1"
+#define ST_KERNEL_ATTENTION_BWD "strata_attention_bwd_v1"
 
 /* A handler compiled into strata: the op, the contract version its code
  * implements, the direction ("fwd"/"bwd") and the target it serves. */
@@ -129,6 +131,23 @@ void st_kernel_rmsnorm_bwd(st_kernel_isa isa, const float* x, const float* gain,
 void st_kernel_swiglu_fwd(st_kernel_isa isa, const float* gate, const float* up, float* h, int64_t n);
 void st_kernel_swiglu_bwd(st_kernel_isa isa, const float* gate, const float* up, const float* dh, float* dgate,
                           float* dup, int64_t n);
+
+/* Causal attention v1 (src/kernels/attention.c): q, o, dout, dq [b, t, h, dh];
+ * k, v, dk, dv [b, t, kv, dh] (kv divides h; query head i reads key/value
+ * head i / (h / kv)); lse [b, h, t]. Scale 1/sqrt(dh). Every output is
+ * overwritten. Flash-style tiles, no [t, t] buffer; the work is split over
+ * |threads| threads started and joined within the call (st_kernels_threads()
+ * is the handlers' choice). Returns 0; -1 when no thread could allocate its
+ * scratch (a few hundred KiB); -2 for sizes outside the contract (a size
+ * below 1, or kv not dividing h). Buffers are borrowed. */
+int st_kernel_attention_fwd(st_kernel_isa isa, int threads, const float* q, const float* k, const float* v, float* o,
+                            float* lse, int64_t b, int64_t t, int64_t h, int64_t kv, int64_t dh);
+int st_kernel_attention_bwd(st_kernel_isa isa, int threads, const float* q, const float* k, const float* v,
+                            const float* o, const float* lse, const float* dout, float* dq, float* dk, float* dv,
+                            int64_t b, int64_t t, int64_t h, int64_t kv, int64_t dh);
+/* Threads a kernel call may use: STRATA_KERNELS_THREADS when set, else the
+ * online CPUs; clamped to 1..64. Read at each call (no cached state). */
+int st_kernels_threads(void);
 
 /*--- verification (`strata kernels verify`) -------------------------------*/
 

@@ -34,9 +34,25 @@ import jax.numpy as jnp
 from . import kernels as K
 
 
-def _shapes(op: dict[str, Any], shape: list[int]) -> list[tuple[int, ...]]:
-    """The op's input shapes for one verify shape (the first input's)."""
-    out = []
+def _per_input(shape: list[Any]) -> bool:
+    return bool(shape) and isinstance(shape[0], list)
+
+
+def _shapes(op: dict[str, Any], shape: list[Any]) -> list[tuple[int, ...]]:
+    """The op's input shapes for one verify shape. A flat shape is the first
+    input's, the others derived from it (``[D]``: its last dim; anything
+    else: the same). A list of shapes (attention's ``[q, k]``) gives the
+    inputs in order, skipping those whose shape is ``like <input>``, which
+    copy that input's."""
+    out: list[tuple[int, ...]] = []
+    if _per_input(shape):
+        given = iter(shape)
+        named: dict[str, tuple[int, ...]] = {}
+        for spec in op["inputs"]:
+            like = spec["shape"][5:] if spec["shape"].startswith("like ") else None
+            named[spec["name"]] = named[like] if like else tuple(next(given))
+            out.append(named[spec["name"]])
+        return out
     for spec in op["inputs"]:
         if spec["shape"] == "[D]":
             out.append((shape[-1],))
@@ -45,11 +61,13 @@ def _shapes(op: dict[str, Any], shape: list[int]) -> list[tuple[int, ...]]:
     return out
 
 
-def _programs(op: dict[str, Any], impl: str, shape: list[int]) -> dict[str, tuple[Any, list[tuple[int, ...]]]]:
+def _programs(op: dict[str, Any], impl: str, shape: list[Any]) -> dict[str, tuple[Any, list[tuple[int, ...]]]]:
     fn = K.IMPLEMENTATIONS[op["name"]][impl]
     ins = _shapes(op, shape)
 
     def fwd(*args):  # type: ignore[no-untyped-def]
+        if op["name"] == "attention":
+            return K.ATTENTION_FWD[impl](*args)  # o and lse: both are outputs of the contract
         return fn(*args)
 
     def bwd(*args):  # type: ignore[no-untyped-def]
@@ -57,7 +75,8 @@ def _programs(op: dict[str, Any], impl: str, shape: list[int]) -> dict[str, tupl
         _, vjp = jax.vjp(fn, *primals)
         return vjp(ct)
 
-    return {"fwd": (fwd, ins), "bwd": (bwd, ins + [tuple(shape)])}
+    # The cotangent of the first output, shaped like the first input (every op so far).
+    return {"fwd": (fwd, ins), "bwd": (bwd, ins + [ins[0]])}
 
 
 def export(outdir: str, only: str | None = None, bench: bool = False) -> dict[str, Any]:

@@ -118,6 +118,20 @@ static st_status st__time(st__case* k, st_runtime* rt, int runs, double* out_s) 
   return s;
 }
 
+/* Same inputs and outputs, every shape: the label (the first input's shape)
+ * does not tell apart cases with per-input shapes (attention's k and v). */
+static bool st__same_io(const st__case* a, const st__case* b) {
+  if (a->n_in != b->n_in || a->n_out != b->n_out) return false;
+  for (int i = 0; i < a->n_in + a->n_out; ++i) {
+    const st_tensor_type *x = i < a->n_in ? &a->in[i] : &a->out[i - a->n_in],
+                         *y = i < a->n_in ? &b->in[i] : &b->out[i - a->n_in];
+    if (x->rank != y->rank) return false;
+    for (int d = 0; d < x->rank; ++d)
+      if (x->dims[d] != y->dims[d]) return false;
+  }
+  return true;
+}
+
 static st_status st__bench(st__case* ks, size_t n, st_runtime* rt, const st_kernels_verify_options* o) {
   int runs = o->bench_runs > 0 ? o->bench_runs : 20;
   double* secs = st_xcalloc(n + 1, sizeof(double));
@@ -131,7 +145,7 @@ static st_status st__bench(st__case* ks, size_t n, st_runtime* rt, const st_kern
     double ref = 0;
     for (size_t j = 0; j < n; ++j)
       if (!strcmp(ks[j].impl, "xla") && !strcmp(ks[j].op, ks[i].op) && !strcmp(ks[j].dir, ks[i].dir) &&
-          !strcmp(ks[j].shape, ks[i].shape))
+          !strcmp(ks[j].shape, ks[i].shape) && st__same_io(&ks[j], &ks[i]))
         ref = secs[j];
     if (o->out)
       fprintf(o->out, "%-8s %s %-18s %-7s %10.1f us  %5.2fx xla\n", ks[i].op, ks[i].dir, ks[i].shape, ks[i].impl,
@@ -225,7 +239,7 @@ static st_status st__verify(const st_kernels_verify_options* o, st_runtime* rt, 
     const st__case* ref = NULL;
     for (size_t j = 0; j < n; ++j)
       if (!strcmp(ks[j].impl, "xla") && !strcmp(ks[j].op, k->op) && !strcmp(ks[j].dir, k->dir) &&
-          !strcmp(ks[j].shape, k->shape) && ks[j].n_in == k->n_in && ks[j].n_out == k->n_out)
+          !strcmp(ks[j].shape, k->shape) && st__same_io(&ks[j], k))
         ref = &ks[j];
     if (!ref) {
       s = st_status_make(ST_CODE_RUNTIME, "kernel '%s' %s %s %s: no xla reference case", k->op, k->impl, k->dir,
