@@ -5,7 +5,11 @@ reference, from the same seed and data; every step's loss agrees within rtol
 pallas (interpret mode) on a 2-layer model, 5 steps.
 
 Overrides for CPU speed: synthetic data, sequence 64, batch 8, no eval, no
-checkpoints; the architecture is configs/tiny.yml's."""
+checkpoints; the architecture is configs/tiny.yml's. sched.remat=every:2 (in
+both runs of a pair) so that every other layer recomputes its forward in the
+backward (block_bwd: the kernels' custom_vjp) and the others keep residuals
+(block_fwd_res / block_bwd_res: e.g. attention's forward and backward
+targets called directly)."""
 
 from __future__ import annotations
 
@@ -23,8 +27,9 @@ STRATA = os.path.join(ROOT, "build", "strata")
 COMMON = ["data.synthetic=true", "model.seq_len=64", "train.batch_size=8", "train.eval_every=0", "ckpt.every=0",
           "run.progress=off", "obs.tensorboard=false"]
 CASES = {
-    "ffi": (["train.steps=30"], ["kernels.rmsnorm=ffi", "kernels.swiglu=ffi"]),
-    "pallas": (["train.steps=5", "model.n_layers=2"], ["kernels.rmsnorm=pallas", "kernels.swiglu=pallas"]),
+    "ffi": (["train.steps=30", "sched.remat=every:2"], ["kernels.rmsnorm=ffi", "kernels.swiglu=ffi", "kernels.attention=ffi"]),
+    "pallas": (["train.steps=5", "model.n_layers=2", "sched.remat=every:2"],
+               ["kernels.rmsnorm=pallas", "kernels.swiglu=pallas", "kernels.attention=pallas"]),
 }
 
 
@@ -76,3 +81,4 @@ def test_the_run_used_the_kernels(runs: tuple[str, Path, Path]) -> None:
     bundles = [json.loads(line) for line in (got / "events.jsonl").read_text().splitlines()]
     ev = [e for e in bundles if e.get("event") == "bundle" or e.get("type") == "bundle"]
     assert ev and ev[0]["kernels"]["swiglu"] == impl and "kernel_fallbacks" not in ev[0]
+    assert ev[0]["kernels"]["attention"] == impl
