@@ -22,8 +22,8 @@ from strata_jax.model import ModelConfig
 
 
 def test_selection_is_checked_and_kept_out_of_the_json_at_xla() -> None:
-    with pytest.raises(ValueError, match="kernels.attention: no such kernel op"):
-        ModelConfig.from_dict(tiny_model(kernels={"attention": "ffi"}))
+    with pytest.raises(ValueError, match="kernels.conv2d: no such kernel op"):
+        ModelConfig.from_dict(tiny_model(kernels={"conv2d": "ffi"}))
     with pytest.raises(ValueError, match=r"kernels.rmsnorm='cuda': not an implementation"):
         ModelConfig.from_dict(tiny_model(kernels={"rmsnorm": "cuda"}))
     plain = ModelConfig.from_dict(tiny_model(kernels={"rmsnorm": "xla"}))
@@ -95,3 +95,95 @@ def test_exporter_writes_kernels_and_custom_calls(tmp_path) -> None:  # type: ig
     head = (tmp_path / "programs" / "head_loss.mlir").read_text()
     assert "custom_call @strata_rmsnorm_fwd_v1" in head and "custom_call @strata_rmsnorm_bwd_v1" in head
     assert json.loads((tmp_path / "manifest.json").read_text())["kernels"] == m["kernels"]
+
+
+# --- attention ----------------------------------------------------------------
+
+
+def _qkv(B: int, T: int, H: int, KV: int, Dh: int, seed: int) -> tuple[jax.Array, ...]:
+    rng = np.random.default_rng(seed)
+    q, do = (jnp.asarray(rng.uniform(-2, 2, (B, T, H, Dh)), jnp.float32) for _ in range(2))
+    k, v = (jnp.asarray(rng.uniform(-2, 2, (B, T, KV, Dh)), jnp.float32) for _ in range(2))
+    return q, k, v, do
+
+
+def test_attention_reference_backward_is_the_gradient() -> None:
+    """attention_bwd_xla (p from lse, delta = rowsum(do * o)) against JAX's
+    autodiff of the forward: the formula every other implementation is held to."""
+    q, k, v, do = _qkv(2, 19, 4, 2, 8, 3)
+    o, lse = K.attention_fwd_xla(q, k, v)
+    want = jax.vjp(K.attention_xla, q, k, v)[1](do)
+    got = K.attention_bwd_xla(q, k, v, o, lse, do)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    # lse is the log-sum-exp of the causal, scaled scores
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, jnp.repeat(k, 2, axis=2)) / np.sqrt(8)
+    s = jnp.where(jnp.tril(jnp.ones((19, 19), bool)), s, -jnp.inf)
+    np.testing.assert_allclose(lse, jax.nn.logsumexp(s, axis=-1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1, 8), (2, 33, 4, 2, 8), (1, 70, 2, 1, 16)])
+def test_pallas_attention_matches_reference(shape: tuple[int, ...]) -> None:
+    """Sequence lengths off the 32-tile (padded inside), GQA, one token."""
+    q, k, v, do = _qkv(*shape, seed=sum(shape))
+    t = _tol("attention", "fwd")
+    for a, b in zip(jax.jit(K.attention_fwd_pallas)(q, k, v), K.attention_fwd_xla(q, k, v)):
+        np.testing.assert_allclose(a, b, rtol=t["rtol"], atol=t["atol"])
+    t = _tol("attention", "bwd")
+    grads = jax.jit(lambda f, *a: jax.vjp(f, *a[:3])[1](a[3]), static_argnums=0)  # noqa: E731
+    want = grads(K.attention_xla, q, k, v, do)
+    got = grads(K.attention_pallas, q, k, v, do)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=t["rtol"], atol=t["atol"])
+
+
+def test_attention_residual_path_through_pallas_matches_xla() -> None:
+    """block_fwd_res / block_bwd_res with kernels.attention=pallas (the kernel's
+    two halves in place of the einsums) against the xla programs, with GQA."""
+    from strata_jax import programs as PR
+    from strata_jax.model import init_block
+
+    ref = ModelConfig.from_dict(tiny_model(n_kv_heads=2, seq_len=20))
+    got = ModelConfig.from_dict(tiny_model(n_kv_heads=2, seq_len=20, kernels={"attention": "pallas"}))
+    p = init_block(ref, jnp.uint32(5), jnp.int32(0), jnp.int32(2))
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(2, 20, 32)), jnp.float32)
+    dy = jnp.asarray(rng.normal(size=(2, 20, 32)), jnp.float32)
+    fwd = jax.jit(PR.block_fwd_res, static_argnums=0)
+    bwd = jax.jit(PR.block_bwd_res, static_argnums=0)
+    y0, r0 = fwd(ref, p, x)
+    y1, r1 = fwd(got, p, x)
+    np.testing.assert_allclose(y1, y0, rtol=1e-5, atol=1e-5)
+    for a, b in zip(r1, r0):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    g0, dx0 = bwd(ref, p, x, r0, dy)
+    g1, dx1 = bwd(got, p, x, r1, dy)
+    np.testing.assert_allclose(dx1, dx0, rtol=1e-4, atol=1e-5)
+    for name in g0:
+        np.testing.assert_allclose(g1[name], g0[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_attention_outside_the_contract_falls_back() -> None:
+    K.fallbacks_seen.clear()
+    q = jnp.ones((1, 3, 2, 4), jnp.bfloat16)
+    o, lse = K.attention_res("ffi", q, q, q)  # bf16: the contract is f32 only
+    assert o.shape == (1, 3, 2, 4) and lse.shape == (1, 2, 3)
+    at = [o for o in K.manifest_entry({"attention": "ffi"})["ops"] if o["name"] == "attention"][0]
+    assert at["fallback"] == "xla" and "bfloat16" in at["fallback_reasons"][0], at
+    K.fallbacks_seen.clear()
+
+
+def test_exporter_writes_attention_custom_calls(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg = ModelConfig.from_dict(tiny_model(n_layers=1, n_kv_heads=2, kernels={"attention": "ffi"}))
+    m = E.build_bundle(cfg, str(tmp_path), "k")
+    at = {o["name"]: o for o in m["kernels"]["ops"]}["attention"]
+    assert at["impl"] == "ffi" and at["targets"] == ["strata_attention_fwd_v1", "strata_attention_bwd_v1"]
+    progs = tmp_path / "programs"
+    fwd_res, bwd_res = (progs / "block_fwd_res.mlir").read_text(), (progs / "block_bwd_res.mlir").read_text()
+    assert "custom_call @strata_attention_fwd_v1" in fwd_res and "strata_attention_bwd_v1" not in fwd_res
+    assert "custom_call @strata_attention_bwd_v1" in bwd_res
+    # the plain path: the forward target in block_fwd, both (via custom_vjp) in block_bwd
+    assert "custom_call @strata_attention_fwd_v1" in (progs / "block_fwd.mlir").read_text()
+    assert "custom_call @strata_attention_bwd_v1" in (progs / "block_bwd.mlir").read_text()
+    # the other ops stay at xla
+    assert "strata_rmsnorm" not in fwd_res
