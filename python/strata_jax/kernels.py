@@ -457,9 +457,47 @@ def _att_impl(impl: str, *args: Array) -> str:
     return impl
 
 
+def _att_res_vjp(impl: str) -> Any:
+    """(q, k, v) -> (o, lse) through |impl|, differentiable: the
+    tensor-parallel plain block (block_fwd_local) differentiates its
+    residual forward. o's cotangent goes to the backward target; lse's own
+    gradient (ds += dlse p) is not in the contract's backward, so a nonzero
+    one (nothing in the model makes one) takes the reference's gradient."""
+    fwd, bwd = ATTENTION_FWD[impl], ATTENTION_BWD[impl]
+    from jax.custom_derivatives import SymbolicZero
+
+    @jax.custom_vjp
+    def f(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
+        return fwd(q, k, v)
+
+    def f_fwd(q: Any, k: Any, v: Any) -> tuple[tuple[Array, Array], tuple[Array, ...]]:
+        q, k, v = q.value, k.value, v.value
+        o, lse = fwd(q, k, v)
+        return (o, lse), (q, k, v, o, lse)
+
+    def f_bwd(res: tuple[Array, ...], cts: tuple[Any, Any]) -> tuple[Array, Array, Array]:
+        q, k, v, o, lse = res
+        do, dlse = cts
+        do = jnp.zeros_like(o) if isinstance(do, SymbolicZero) else do
+        if not isinstance(dlse, SymbolicZero):
+            return jax.vjp(attention_fwd_xla, q, k, v)[1]((do, dlse))
+        return bwd(q, k, v, o, lse, do)
+
+    f.defvjp(f_fwd, f_bwd, symbolic_zeros=True)
+    return f
+
+
+_ATT_RES: dict[str, Any] = {}
+
+
 def attention_res(impl: str, q: Array, k: Array, v: Array) -> tuple[Array, Array]:
     """The residual path's forward: (o, lse) through |impl| (programs.block_fwd_res)."""
-    return ATTENTION_FWD[_att_impl(impl, q, k, v)](q, k, v)
+    impl = _att_impl(impl, q, k, v)
+    if impl == "xla":
+        return attention_fwd_xla(q, k, v)
+    if impl not in _ATT_RES:
+        _ATT_RES[impl] = _att_res_vjp(impl)
+    return _ATT_RES[impl](q, k, v)
 
 
 def attention_res_bwd(impl: str, q: Array, k: Array, v: Array, o: Array, lse: Array,

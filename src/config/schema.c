@@ -261,8 +261,7 @@ static const st__cfg_key kKeys[] = {
             "kernels.rmsnorm."},
     {"kernels.attention", ST__CFG_ENUM, "xla", .choices = "xla|ffi|pallas",
      .doc = "Causal attention's implementation (q, k, v after RoPE -> o and the log-sum-exp; docs/kernels.md): xla, "
-            "ffi (flash-style C kernel, threads over batch and heads) or pallas, as kernels.rmsnorm. The "
-            "tensor-parallel programs keep xla."},
+            "ffi (flash-style C kernel, threads over batch and heads) or pallas, as kernels.rmsnorm."},
 };
 
 static const st__cfg_section kSections[] = {

@@ -187,3 +187,25 @@ def test_exporter_writes_attention_custom_calls(tmp_path) -> None:  # type: igno
     assert "custom_call @strata_attention_bwd_v1" in (progs / "block_bwd.mlir").read_text()
     # the other ops stay at xla
     assert "strata_rmsnorm" not in fwd_res
+
+
+def test_attention_residual_forward_is_differentiable() -> None:
+    """kernels.attention_res (o, lse) differentiates through the kernel's
+    backward for o's cotangent (the tensor-parallel plain block differentiates
+    its residual forward), and through the reference when lse has one."""
+    q, k, v, do = _qkv(1, 20, 4, 2, 8, 9)
+    dl = jnp.asarray(np.random.default_rng(1).uniform(-2, 2, (1, 4, 20)), jnp.float32)
+
+    def grads(impl: str, with_lse: bool):  # type: ignore[no-untyped-def]
+        f = lambda *a: K.attention_res(impl, *a)  # noqa: E731
+        if with_lse:
+            return jax.jit(lambda *a: jax.vjp(f, *a[:3])[1]((a[3], dl)))(q, k, v, do)
+        return jax.jit(lambda *a: jax.vjp(lambda *b: f(*b)[0], *a[:3])[1](a[3]))(q, k, v, do)
+
+    t = _tol("attention", "bwd")
+    for with_lse in (False, True):
+        for a, b in zip(grads("pallas", with_lse), grads("xla", with_lse)):
+            np.testing.assert_allclose(a, b, rtol=t["rtol"], atol=t["atol"])
+    text = jax.jit(lambda *a: jax.vjp(lambda *b: K.attention_res("ffi", *b)[0], *a[:3])[1](a[3])).lower(
+        q, k, v, do).as_text()
+    assert "custom_call @strata_attention_bwd_v1" in text
