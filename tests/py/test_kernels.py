@@ -209,3 +209,37 @@ def test_attention_residual_forward_is_differentiable() -> None:
     text = jax.jit(lambda *a: jax.vjp(lambda *b: K.attention_res("ffi", *b)[0], *a[:3])[1](a[3])).lower(
         q, k, v, do).as_text()
     assert "custom_call @strata_attention_bwd_v1" in text
+
+
+def test_gpt2_block_calls_the_attention_kernel() -> None:
+    """The gpt2 kind's attention (no RoPE, same causal attention) goes through
+    kernels.attention too: its plain block (through the custom_vjp) and its
+    residual pair match the xla programs with pallas, and export custom calls
+    with ffi (it once kept its einsums while the manifest named the kernel)."""
+    from strata_jax import gpt2 as G
+
+    base = tiny_model(block="gpt2", n_kv_heads=2, seq_len=20)
+    ref = ModelConfig.from_dict(base)
+    pal = ModelConfig.from_dict({**base, "kernels": {"attention": "pallas"}})
+    p = G.gpt2_init(ref, jnp.uint32(3), jnp.int32(0), jnp.int32(2))
+    p = {n: v + 0.01 if n in G.GPT2_ZEROS else v for n, v in p.items()}  # nonzero biases
+    rng = np.random.default_rng(2)
+    x, dy = (jnp.asarray(rng.normal(size=(2, 20, 32)), jnp.float32) for _ in range(2))
+    plain = jax.jit(lambda c, *a: jax.vjp(lambda p_, x_: G.gpt2_fwd(c, p_, x_), *a[:2])[1](a[2]), static_argnums=0)
+    for a, b in zip(jax.tree_util.tree_leaves(plain(pal, p, x, dy)), jax.tree_util.tree_leaves(plain(ref, p, x, dy))):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    fwd = jax.jit(G.gpt2_fwd_res, static_argnums=0)
+    bwd = jax.jit(G.gpt2_bwd_res, static_argnums=0)
+    (y0, r0), (y1, r1) = fwd(ref, p, x), fwd(pal, p, x)
+    np.testing.assert_allclose(y1, y0, rtol=1e-5, atol=1e-5)
+    g0, g1 = bwd(ref, p, x, r0, dy), bwd(pal, p, x, r1, dy)
+    for a, b in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g0)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    ffi = ModelConfig.from_dict({**base, "kernels": {"attention": "ffi"}})
+    spec = jax.ShapeDtypeStruct((2, 20, 32), jnp.float32)
+    pspec = {n: jax.ShapeDtypeStruct(v.shape, v.dtype) for n, v in p.items()}
+    assert "custom_call @strata_attention_fwd_v1" in jax.jit(
+        lambda p_, x_: G.gpt2_fwd(ffi, p_, x_)).lower(pspec, spec).as_text()
+    (_, res) = jax.eval_shape(lambda p_, x_: G.gpt2_fwd_res(ffi, p_, x_), pspec, spec)
+    assert "custom_call @strata_attention_bwd_v1" in jax.jit(
+        lambda p_, x_, r, d: G.gpt2_bwd_res(ffi, p_, x_, r, d)).lower(pspec, spec, res, spec).as_text()
