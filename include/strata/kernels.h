@@ -153,6 +153,7 @@ int st_kernels_threads(void);
 
 typedef struct st_kernels_verify_options {
   const char* op;         /* one op, or NULL/"" for all */
+  const char* impl;       /* one implementation (ffi, pallas) against the xla reference, or NULL/"" for all */
   double tolerance_scale; /* multiplies every tolerance (1: the contract's; 0: exact agreement) */
   const char* workdir;    /* where the exporter writes the programs (created; removed unless keep) */
   bool keep;              /* keep |workdir| */

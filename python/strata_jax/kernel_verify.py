@@ -79,7 +79,8 @@ def _programs(op: dict[str, Any], impl: str, shape: list[Any]) -> dict[str, tupl
     return {"fwd": (fwd, ins), "bwd": (bwd, ins + [ins[0]])}
 
 
-def export(outdir: str, only: str | None = None, bench: bool = False) -> dict[str, Any]:
+def export(outdir: str, only: str | None = None, bench: bool = False, impl: str | None = None) -> dict[str, Any]:
+    only_impl = impl
     os.makedirs(os.path.join(outdir, "programs"), exist_ok=True)
     cases = []
     for op in K.CONTRACT["ops"]:
@@ -90,6 +91,8 @@ def export(outdir: str, only: str | None = None, bench: bool = False) -> dict[st
             for impl in op["implementations"]:
                 if bench and impl == "pallas":
                     continue  # interpret mode on CPU: not timed (strata kernels bench)
+                if only_impl and impl not in ("xla", only_impl):
+                    continue  # --impl: that implementation and the xla reference
                 for d, (fn, ins) in _programs(op, impl, shape).items():
                     if d == "bwd" and not op["has_backward"]:
                         continue
@@ -115,13 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("outdir")
     ap.add_argument("--op", default=None)
     ap.add_argument("--bench", action="store_true", help="the contract's bench_shapes instead of verify_shapes")
+    ap.add_argument("--impl", default=None, choices=("ffi", "pallas"),
+                    help="only this implementation (and the xla reference)")
     args = ap.parse_args(argv)
     if args.op and args.op not in K.OPS:
         print(f"strata_jax.kernel_verify: --op {args.op}: no such kernel op (the contract has: "
               f"{', '.join(sorted(K.OPS))})", file=sys.stderr)
         return 2
     jax.config.update("jax_platforms", "cpu")
-    export(args.outdir, args.op, args.bench)
+    export(args.outdir, args.op, args.bench, args.impl)
     return 0
 
 

@@ -180,11 +180,15 @@ static st_status st__run(st__case* k, st_runtime* rt, float** outs) {
 }
 
 static st_status st__export(const st_kernels_verify_options* o) {
-  const char* args[5] = {o->workdir, NULL, NULL, NULL, NULL};
+  const char* args[7] = {o->workdir, NULL, NULL, NULL, NULL, NULL, NULL};
   int n = 1;
   if (o->op && o->op[0]) {
     args[n++] = "--op";
     args[n++] = o->op;
+  }
+  if (o->impl && o->impl[0]) {
+    args[n++] = "--impl";
+    args[n++] = o->impl;
   }
   if (o->bench) args[n++] = "--bench";
   char* log = st_path_join(o->workdir, "export.log");
@@ -217,15 +221,21 @@ static st_status st__verify(const st_kernels_verify_options* o, st_runtime* rt, 
   st__case* ks = st_xcalloc(n + 1, sizeof(st__case));
   st_program_compile_job* jobs = st_xcalloc(n + 1, sizeof(*jobs));
   char** paths = st_xcalloc(n + 1, sizeof(char*));
+  size_t kept = 0; /* with options->impl: that implementation's cases and the xla references */
   for (size_t i = 0; i < n && !s; ++i) {
     char where[300];
     snprintf(where, sizeof(where), "%s: cases[%zu]", index_path, i);
-    s = st__parse_case(json_array_get(cases, i), where, &ks[i]);
-    if (!s) {
-      paths[i] = st_path_join(o->workdir, ks[i].file);
-      jobs[i].path = paths[i];
+    s = st__parse_case(json_array_get(cases, i), where, &ks[kept]);
+    if (s) break;
+    if (o->impl && o->impl[0] && strcmp(ks[kept].impl, "xla") && strcmp(ks[kept].impl, o->impl)) {
+      memset(&ks[kept], 0, sizeof(ks[kept]));
+      continue;
     }
+    paths[kept] = st_path_join(o->workdir, ks[kept].file);
+    jobs[kept].path = paths[kept];
+    ++kept;
   }
+  n = kept;
   /* Every program at once: an unregistered target fails here, naming the
    * program, before anything runs. */
   if (!s) s = st_program_compile_files(rt, jobs, (int)n);

@@ -287,12 +287,15 @@ static void test_every_target_compiles_and_runs(void** state) {
   ASSERT_OK(st_runtime_create(&o, &rt));
   assert_int_equal(st_runtime_ffi_target_count(rt), 6);
   char* dir = tu_tmpdir("kverify");
-  st_kernels_verify_options vo = {.tolerance_scale = 1.0, .workdir = dir, .keep = true, .runtime = rt};
+  /* ffi only: the pallas programs (verified by tests/e2e/test_kernels.sh)
+   * compile and run several times slower under ASan, and prove nothing
+   * about registration. */
+  st_kernels_verify_options vo = {.tolerance_scale = 1.0, .workdir = dir, .keep = true, .runtime = rt, .impl = "ffi"};
   st_kernels_verify_result r;
   ASSERT_OK(st_kernels_verify(&vo, &r));
   /* (4 + 4 + 3 shapes) x fwd/bwd through ffi: each of the 6 targets ran. */
   assert_int_equal(r.ffi_cases, 22);
-  assert_int_equal(r.cases, 44);
+  assert_int_equal(r.cases, 22);
   assert_true(r.worst_ratio <= 1.0);
   /* Found, per target, in the programs that ran. */
   int n = 0;

@@ -33,6 +33,9 @@ check "verify prints a line per case, ffi and pallas, fwd and bwd" \
 check "verify runs attention's GQA and head-dim-128 cases, ffi and pallas" \
   "grep -Eq '^attention +ffi +bwd f32\[2,33,4,8\] .* ok$' '$TMP/out' && grep -Eq '^attention +pallas +fwd f32\[1,70,2,128\] .* ok$' '$TMP/out'"
 expect_exit 2 "no such kernel op" kernels verify --op conv2d
+expect_exit 0 "6 cases within tolerance \(6 through FFI handlers\)" kernels verify --op attention --impl ffi
+check "--impl ffi leaves pallas out" "! grep -q pallas '$TMP/out'"
+expect_exit 2 "--impl 'xla' is not ffi or pallas" kernels verify --impl xla
 expect_exit 4 "kernel 'swiglu', implementation (ffi|pallas), (fwd|bwd), shape f32\[[0-9,]+\]: largest error [0-9.e-]+" \
   kernels verify --op swiglu --tolerance-scale 0
 expect_exit 0 "^swiglu +bwd f32\[8,256,4096\] +ffi +[0-9.]+ us +[0-9.]+x xla$" kernels bench --runs 2
