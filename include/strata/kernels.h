@@ -77,6 +77,8 @@ json_t* st_kernel_contract_json(const st_kernel_contract* c);
 #define ST_KERNEL_RMSNORM_BWD "strata_rmsnorm_bwd_v1"
 #define ST_KERNEL_SWIGLU_FWD "strata_swiglu_fwd_v1"
 #define ST_KERNEL_SWIGLU_BWD "strata_swiglu_bwd_v1"
+#define ST_KERNEL_CROSS_ENTROPY_FWD "strata_cross_entropy_fwd_v1"
+#define ST_KERNEL_CROSS_ENTROPY_BWD "strata_cross_entropy_bwd_v1"
 
 /* A handler compiled into strata: the op, the contract version its code
  * implements, the direction ("fwd"/"bwd") and the target it serves. */
@@ -129,6 +131,18 @@ void st_kernel_rmsnorm_bwd(st_kernel_isa isa, const float* x, const float* gain,
 void st_kernel_swiglu_fwd(st_kernel_isa isa, const float* gate, const float* up, float* h, int64_t n);
 void st_kernel_swiglu_bwd(st_kernel_isa isa, const float* gate, const float* up, const float* dh, float* dgate,
                           float* dup, int64_t n);
+
+/* Softmax cross-entropy over the vocabulary (contract row cross_entropy):
+ * logits [rows, v] f32, targets [rows] (each in [0, v): the caller checks,
+ * st_kernel_cross_entropy_bad_target) -> ce [rows] = lse - logits[target]
+ * and lse [rows] = log(sum(exp(logits))). Rows may run on several threads. */
+void st_kernel_cross_entropy_fwd(st_kernel_isa isa, const float* logits, const int32_t* targets, float* ce,
+                                 float* lse, int64_t rows, int64_t v);
+/* dlogits [rows, v] = dce[row] * (exp(logits - lse[row]) - onehot(target)). */
+void st_kernel_cross_entropy_bwd(st_kernel_isa isa, const float* logits, const int32_t* targets, const float* lse,
+                                 const float* dce, float* dlogits, int64_t rows, int64_t v);
+/* The first row whose target is outside [0, v), or -1 when none is. */
+int64_t st_kernel_cross_entropy_bad_target(const int32_t* targets, int64_t rows, int64_t v);
 
 /*--- verification (`strata kernels verify`) -------------------------------*/
 
