@@ -9,10 +9,12 @@
  * should stop with a message, not a crash.
  */
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 
 #include "kernels/ffi_abi.h"
 #include "kernels/internal.h"
+#include "strata/base.h"
 #include "strata/kernels.h"
 
 /* XLA calls each handler once at registration with a metadata extension in
@@ -190,28 +192,55 @@ static xf_error* st__cross_entropy_bwd(xf_call_frame* f) {
   return NULL;
 }
 
+/* Every handler as the plugin calls it: the call counted and timed
+ * (stats.c) when it runs a kernel, not when XLA probes or prepares it. */
+static int st__is_probe(const xf_call_frame* f) {
+  for (const xf_ext* e = f->extension_start; e; e = e->next)
+    if (e->type == XF_EXT_METADATA) return 1;
+  return 0;
+}
+
+#define ST__TIMED(fn, target)                                                  \
+  static xf_error* fn##_timed(xf_call_frame* f) {                              \
+    if (st__is_probe(f) || f->stage != XF_STAGE_EXECUTE) return fn(f);        \
+    static _Atomic int index = -2; /* -2: not looked up yet */                 \
+    int i = atomic_load_explicit(&index, memory_order_relaxed);                \
+    if (i == -2) atomic_store(&index, i = st__kernel_handler_index(target));   \
+    double t0 = st_now();                                                      \
+    xf_error* e = fn(f);                                                       \
+    st__kernel_stats_record(i, t0, st_now());                                  \
+    return e;                                                                  \
+  }
+
+ST__TIMED(st__rmsnorm_fwd, ST_KERNEL_RMSNORM_FWD)
+ST__TIMED(st__rmsnorm_bwd, ST_KERNEL_RMSNORM_BWD)
+ST__TIMED(st__swiglu_fwd, ST_KERNEL_SWIGLU_FWD)
+ST__TIMED(st__swiglu_bwd, ST_KERNEL_SWIGLU_BWD)
+ST__TIMED(st__cross_entropy_fwd, ST_KERNEL_CROSS_ENTROPY_FWD)
+ST__TIMED(st__cross_entropy_bwd, ST_KERNEL_CROSS_ENTROPY_BWD)
+
 /* The handlers compiled into strata. The version is the contract version
  * the code implements; st_kernels_check_contract holds it equal to the
  * embedded contract's, and a bundle naming another is refused (exit 4). */
 const st_kernel_handler st__kernel_handlers[] = {
-    {"rmsnorm", 1, "fwd", ST_KERNEL_RMSNORM_FWD, (void*)st__rmsnorm_fwd},
-    {"rmsnorm", 1, "bwd", ST_KERNEL_RMSNORM_BWD, (void*)st__rmsnorm_bwd},
-    {"swiglu", 1, "fwd", ST_KERNEL_SWIGLU_FWD, (void*)st__swiglu_fwd},
-    {"swiglu", 1, "bwd", ST_KERNEL_SWIGLU_BWD, (void*)st__swiglu_bwd},
-    {"cross_entropy", 1, "fwd", ST_KERNEL_CROSS_ENTROPY_FWD, (void*)st__cross_entropy_fwd},
-    {"cross_entropy", 1, "bwd", ST_KERNEL_CROSS_ENTROPY_BWD, (void*)st__cross_entropy_bwd},
+    {"rmsnorm", 1, "fwd", ST_KERNEL_RMSNORM_FWD, (void*)st__rmsnorm_fwd_timed},
+    {"rmsnorm", 1, "bwd", ST_KERNEL_RMSNORM_BWD, (void*)st__rmsnorm_bwd_timed},
+    {"swiglu", 1, "fwd", ST_KERNEL_SWIGLU_FWD, (void*)st__swiglu_fwd_timed},
+    {"swiglu", 1, "bwd", ST_KERNEL_SWIGLU_BWD, (void*)st__swiglu_bwd_timed},
+    {"cross_entropy", 1, "fwd", ST_KERNEL_CROSS_ENTROPY_FWD, (void*)st__cross_entropy_fwd_timed},
+    {"cross_entropy", 1, "bwd", ST_KERNEL_CROSS_ENTROPY_BWD, (void*)st__cross_entropy_bwd_timed},
 };
 const int st__kernel_handler_count = (int)(sizeof(st__kernel_handlers) / sizeof(st__kernel_handlers[0]));
 
 /* The same, as the runtime's registration list (static: the runtime only
  * borrows it during creation, the plugin keeps the function pointers). */
 static const st_ffi_target kTargets[] = {
-    {ST_KERNEL_RMSNORM_FWD, (void*)st__rmsnorm_fwd},
-    {ST_KERNEL_RMSNORM_BWD, (void*)st__rmsnorm_bwd},
-    {ST_KERNEL_SWIGLU_FWD, (void*)st__swiglu_fwd},
-    {ST_KERNEL_SWIGLU_BWD, (void*)st__swiglu_bwd},
-    {ST_KERNEL_CROSS_ENTROPY_FWD, (void*)st__cross_entropy_fwd},
-    {ST_KERNEL_CROSS_ENTROPY_BWD, (void*)st__cross_entropy_bwd},
+    {ST_KERNEL_RMSNORM_FWD, (void*)st__rmsnorm_fwd_timed},
+    {ST_KERNEL_RMSNORM_BWD, (void*)st__rmsnorm_bwd_timed},
+    {ST_KERNEL_SWIGLU_FWD, (void*)st__swiglu_fwd_timed},
+    {ST_KERNEL_SWIGLU_BWD, (void*)st__swiglu_bwd_timed},
+    {ST_KERNEL_CROSS_ENTROPY_FWD, (void*)st__cross_entropy_fwd_timed},
+    {ST_KERNEL_CROSS_ENTROPY_BWD, (void*)st__cross_entropy_bwd_timed},
 };
 
 const st_ffi_target* st_kernels_ffi_target_table(int* count) {

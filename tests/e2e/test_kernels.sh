@@ -49,7 +49,33 @@ check "the manifest records each op's implementation and targets" \
 check "the programs call the targets" "grep -q 'custom_call @strata_swiglu_bwd_v1' '$TMP/b/programs/block_bwd_res.mlir'"
 check "the head's loss calls the cross-entropy targets" \
   "grep -q 'custom_call @strata_cross_entropy_fwd_v1' '$TMP/b/programs/head_loss.mlir' && grep -q 'custom_call @strata_cross_entropy_bwd_v1' '$TMP/b/programs/head_loss.mlir'"
-if "$STRATA" train "${RUN[@]}" bundle.dir="$TMP/b" run.dir="$TMP/r1" >/dev/null 2>"$TMP/err"; then ok; else bad "train with ffi kernels: $(tail -2 "$TMP/err")"; fi
+if "$STRATA" train "${RUN[@]}" bundle.dir="$TMP/b" run.dir="$TMP/r1" 'trace.steps=[2]' >/dev/null 2>"$TMP/err"; then ok; else bad "train with ffi kernels: $(tail -2 "$TMP/err")"; fi
+# Per-kernel observability: with trace.steps on, every step's metrics line
+# has calls and time of each ffi kernel, and the traced step's trace has a
+# slice per call, named by the kernel.
+check "trace.steps: every step's metrics count calls and time of each ffi kernel" \
+  "$PY -c '
+import json, sys
+rows = [r for r in map(json.loads, open(sys.argv[1])) if \"loss\" in r]
+assert len(rows) == 2, rows
+for r in rows:
+    k = r[\"kernels\"]
+    for op in (\"rmsnorm\", \"swiglu\", \"cross_entropy\"):
+        for d in (\"fwd\", \"bwd\"):
+            assert k[op + \".\" + d][\"calls\"] > 0 and k[op + \".\" + d][\"time_s\"] >= 0, (op, d, k)
+' '$TMP/r1/metrics.jsonl'"
+check "trace.steps: the trace names each ffi kernel's calls" \
+  "$PY -c '
+import json, sys
+t = json.load(open(sys.argv[1]))
+names = {e[\"name\"] for e in t[\"traceEvents\"] if e.get(\"cat\") == \"kernel\"}
+want = {\"kernel.%s %s\" % (o, d) for o in (\"rmsnorm\", \"swiglu\", \"cross_entropy\") for d in (\"fwd\", \"bwd\")}
+assert names == want, names
+' '$TMP/r1/trace/step_2.json'"
+"$STRATA" train configs/test.yml run.progress=off train.steps=2 train.eval_every=0 ckpt.every=0 'trace.steps=[2]' \
+  run.dir="$TMP/rx" >/dev/null 2>"$TMP/err" && ok || bad "train with xla kernels: $(tail -2 "$TMP/err")"
+check "with every kernel at xla: no kernels in the metrics, none in the trace" \
+  "! grep -q '\"kernels\"' '$TMP/rx/metrics.jsonl' && ! grep -q '\"cat\": *\"kernel\"' '$TMP/rx/trace/step_2.json' && grep -q '\"cat\"' '$TMP/rx/trace/step_2.json'"
 check "context.json records the kernels and the ISA" \
   "$PY -c 'import json,sys; k=json.load(open(sys.argv[1]))[\"kernels\"]; assert k[\"rmsnorm\"]==\"ffi\" and k[\"isa\"] in (\"avx512\",\"portable\"), k' '$TMP/r1/context.json'"
 # eval and sample open the same bundle and register the handlers too
