@@ -239,7 +239,25 @@ static void test_every_target_compiles_and_runs(void** state) {
   char* dir = tu_tmpdir("kverify");
   st_kernels_verify_options vo = {.tolerance_scale = 1.0, .workdir = dir, .keep = true, .runtime = rt};
   st_kernels_verify_result r;
+  st_kernels_stats_take(NULL, 0); /* from zero */
   ASSERT_OK(st_kernels_verify(&vo, &r));
+  /* Each handler counted the calls it served (docs/kernels.md,
+   * "Observability"): one per ffi case, none for XLA's probes at
+   * registration or for the xla references; a forward whose residual the
+   * backward needs (cross_entropy's lse) runs in the backward cases too. */
+  {
+    st_kernel_stat rows[64];
+    int m = st_kernels_stats_take(rows, 64);
+    assert_int_equal(m, n);
+    for (int i = 0; i < m; ++i) {
+      bool fwd_with_residual = !strcmp(rows[i].op, "cross_entropy") && !strcmp(rows[i].direction, "fwd");
+      if (rows[i].calls != (fwd_with_residual ? 8 : 4))
+        fail_msg("%s: %lld calls, want %d", rows[i].target, (long long)rows[i].calls, fwd_with_residual ? 8 : 4);
+      assert_true(rows[i].seconds > 0);
+    }
+    assert_int_equal(st_kernels_stats_take(rows, 64), n);
+    for (int i = 0; i < m; ++i) assert_int_equal(rows[i].calls, 0); /* the take reset them */
+  }
   /* Every op has 4 verify shapes, each fwd and bwd through ffi and pallas:
    * each target ran 4 times. */
   assert_int_equal(r.ffi_cases, 4 * n);
