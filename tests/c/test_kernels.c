@@ -348,6 +348,21 @@ static void test_bundle_check(void** state) {
                "registered version: none");
 }
 
+/* The kernel selection is part of the bundle key (docs/kernels.md,
+ * "Selection and fallback"): two selections never share a bundle. */
+static void test_bundle_key_hashes_the_selection(void** state) {
+  (void)state;
+  char a[17], b[17], c[17], d[17], e[17];
+  st_bundle_key("{\"d_model\": 8, \"kernels\": {\"rmsnorm\": \"ffi\"}}", a);
+  st_bundle_key("{\"d_model\": 8, \"kernels\": {\"rmsnorm\": \"pallas\"}}", b);
+  st_bundle_key("{\"d_model\": 8, \"kernels\": {\"rmsnorm\": \"ffi\", \"cross_entropy\": \"ffi\"}}", c);
+  st_bundle_key("{\"d_model\": 8, \"layers\": [\"llama\", \"moe\"]}", d);
+  st_bundle_key("{\"d_model\": 8, \"layers\": [\"moe\", \"llama\"]}", e);
+  assert_string_not_equal(a, b);
+  assert_string_not_equal(a, c);
+  assert_string_not_equal(d, e);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_contract_matches_handlers),
@@ -357,6 +372,7 @@ int main(void) {
       cmocka_unit_test(test_compile_without_registration_fails),
       cmocka_unit_test(test_every_target_compiles_and_runs),
       cmocka_unit_test(test_bundle_check),
+      cmocka_unit_test(test_bundle_key_hashes_the_selection),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
