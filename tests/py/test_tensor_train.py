@@ -28,8 +28,10 @@ MESHES = {"tensor2": ["parallel.tensor=2"], "data2_tensor2": ["parallel.data=2",
           "fsdp2_tensor2": ["parallel.fsdp=2", "parallel.tensor=2"],
           # strata's C kernels inside the tensor-parallel programs (each device
           # normalises whole rows and gates its own hidden units): against the
-          # one-device xla run, at the same bar.
-          "tensor2_ffi": ["parallel.tensor=2", "kernels.rmsnorm=ffi", "kernels.swiglu=ffi"]}
+          # one-device xla run, at the same bar; the head's cross-entropy
+          # kernel too (a one-device program on each device's rows).
+          "tensor2_ffi": ["parallel.tensor=2", "kernels.rmsnorm=ffi", "kernels.swiglu=ffi",
+                          "kernels.cross_entropy=ffi"]}
 
 
 @pytest.fixture(scope="module")
@@ -180,3 +182,5 @@ def test_tensor_parallel_programs_call_the_kernels(runs: dict) -> None:
         assert "strata_rmsnorm_fwd_v1" in text and "strata_swiglu_fwd_v1" in text, prog
     assert "strata_rmsnorm_bwd_v1" in (progs / "tp_block_bwd_res.mlir").read_text()
     assert "strata_swiglu_bwd_v1" in (progs / "tp_block_bwd_res.mlir").read_text()
+    head = (progs / "head_loss.mlir").read_text()
+    assert "strata_cross_entropy_fwd_v1" in head and "strata_cross_entropy_bwd_v1" in head
