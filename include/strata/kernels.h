@@ -77,6 +77,8 @@ json_t* st_kernel_contract_json(const st_kernel_contract* c);
 #define ST_KERNEL_RMSNORM_BWD "strata_rmsnorm_bwd_v1"
 #define ST_KERNEL_SWIGLU_FWD "strata_swiglu_fwd_v1"
 #define ST_KERNEL_SWIGLU_BWD "strata_swiglu_bwd_v1"
+#define ST_KERNEL_CROSS_ENTROPY_FWD "strata_cross_entropy_fwd_v1"
+#define ST_KERNEL_CROSS_ENTROPY_BWD "strata_cross_entropy_bwd_v1"
 #define ST_KERNEL_ATTENTION_FWD "strata_attention_fwd_v1"
 #define ST_KERNEL_ATTENTION_BWD "strata_attention_bwd_v1"
 
@@ -132,22 +134,65 @@ void st_kernel_swiglu_fwd(st_kernel_isa isa, const float* gate, const float* up,
 void st_kernel_swiglu_bwd(st_kernel_isa isa, const float* gate, const float* up, const float* dh, float* dgate,
                           float* dup, int64_t n);
 
+/* Softmax cross-entropy over the vocabulary (contract row cross_entropy):
+ * logits [rows, v] f32, targets [rows] (each in [0, v): the caller checks,
+ * st_kernel_cross_entropy_bad_target) -> ce [rows] = lse - logits[target]
+ * and lse [rows] = log(sum(exp(logits))). Rows may run on several threads. */
+void st_kernel_cross_entropy_fwd(st_kernel_isa isa, const float* logits, const int32_t* targets, float* ce,
+                                 float* lse, int64_t rows, int64_t v);
+/* dlogits [rows, v] = dce[row] * (exp(logits - lse[row]) - onehot(target)). */
+void st_kernel_cross_entropy_bwd(st_kernel_isa isa, const float* logits, const int32_t* targets, const float* lse,
+                                 const float* dce, float* dlogits, int64_t rows, int64_t v);
+/* The first row whose target is outside [0, v), or -1 when none is. */
+int64_t st_kernel_cross_entropy_bad_target(const int32_t* targets, int64_t rows, int64_t v);
+
 /* Causal attention v1 (src/kernels/attention.c): q, o, dout, dq [b, t, h, dh];
  * k, v, dk, dv [b, t, kv, dh] (kv divides h; query head i reads key/value
  * head i / (h / kv)); lse [b, h, t]. Scale 1/sqrt(dh). Every output is
  * overwritten. Flash-style tiles, no [t, t] buffer; the work is split over
- * |threads| threads started and joined within the call (st_kernels_threads()
- * is the handlers' choice). Returns 0; -1 when no thread could allocate its
- * scratch (a few hundred KiB); -2 for sizes outside the contract (a size
- * below 1, or kv not dividing h). Buffers are borrowed. */
+ * up to |threads| threads started and joined within the call (the handlers
+ * pass the kernels' thread count, src/kernels/pool.h). Returns 0; -1 when a
+ * thread could not allocate its scratch (a few hundred KiB); -2 for sizes
+ * outside the contract (a size below 1, or kv not dividing h). Buffers are
+ * borrowed. */
 int st_kernel_attention_fwd(st_kernel_isa isa, int threads, const float* q, const float* k, const float* v, float* o,
                             float* lse, int64_t b, int64_t t, int64_t h, int64_t kv, int64_t dh);
 int st_kernel_attention_bwd(st_kernel_isa isa, int threads, const float* q, const float* k, const float* v,
                             const float* o, const float* lse, const float* dout, float* dq, float* dk, float* dv,
                             int64_t b, int64_t t, int64_t h, int64_t kv, int64_t dh);
-/* Threads a kernel call may use: STRATA_KERNELS_THREADS when set, else the
- * online CPUs; clamped to 1..64. Read at each call (no cached state). */
-int st_kernels_threads(void);
+
+/*--- observability: calls and time per kernel (docs/kernels.md) ----------
+ * The handlers count every call they serve in one process-wide table
+ * (src/kernels/stats.c says why the FFI ABI forces it): calls and time per
+ * handler, and, while recording is on, each call's span. */
+
+typedef struct st_kernel_stat {
+  const char* op;        /* static storage, like the handler table */
+  const char* direction; /* "fwd" | "bwd" */
+  const char* target;
+  int64_t calls;
+  double seconds; /* summed over calls (threads of one call not added twice) */
+} st_kernel_stat;
+
+/* One row per handler (at most |cap|; |out| NULL: none written) with the
+ * calls since the last take; the counters are reset. Returns the rows. */
+int st_kernels_stats_take(st_kernel_stat* out, int cap);
+
+#define ST_KERNEL_MAX_SPANS 4096
+
+typedef struct st_kernel_span {
+  int handler;    /* index into st_kernels_handlers() */
+  double start_s; /* st_now() clock */
+  double dur_s;
+} st_kernel_span;
+
+/* Starts (on) or stops recording spans; either way the recorded ones are
+ * dropped. At most ST_KERNEL_MAX_SPANS are kept until the next take. */
+void st_kernels_spans_record(bool on);
+/* The spans recorded since recording started or the last take, in no
+ * particular order (at most |cap|); |dropped| gets those beyond
+ * ST_KERNEL_MAX_SPANS. Call when no kernel runs (after a step). */
+int st_kernels_spans_take(st_kernel_span* out, int cap, int64_t* dropped);
 
 /*--- verification (`strata kernels verify`) -------------------------------*/
 

@@ -53,6 +53,7 @@
 #include <stdio.h>
 
 #include "strata/base.h"
+#include "strata/kernels.h"
 #include "strata/mesh.h"
 #include "strata/runtime.h"
 #include "strata/status.h"
@@ -446,6 +447,11 @@ const int64_t* st_executor_live_accounted(const st_executor* executor);
  * launch and collective once per device instead, on a compute and a
  * communication track per device. |step| labels it. */
 st_status st_executor_write_trace(const st_executor* executor, const char* path, int64_t step);
+/* The same, with the FFI kernels' calls of the step (|spans|, from
+ * st_kernels_spans_take; |dropped| beyond its bound) as slices named
+ * kernel.<op> <fwd|bwd> on a "kernels (FFI handlers)" track. */
+st_status st_executor_write_trace_kernels(const st_executor* executor, const char* path, int64_t step,
+                                          const st_kernel_span* spans, int span_count, int64_t dropped);
 
 #ifdef __cplusplus
 }

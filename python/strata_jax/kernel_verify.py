@@ -16,7 +16,8 @@ implementation's own ``custom_vjp``), as StableHLO text under
 The ``xla`` case of each (op, shape, dir) is the reference the others are
 compared with; strata makes the inputs (seeded, the same for every
 implementation), runs every program and compares (src/cli/cmd_kernels.c).
-All f32: the contract's only dtype today. With ``--bench`` the shapes are the
+Inputs are f32 but for an integer operand (cross_entropy's targets: s32,
+``input_dtypes``; strata fills it with ids in [0, V)); outputs are f32. With ``--bench`` the shapes are the
 contract's ``bench_shapes`` (``strata kernels bench``).
 """
 
@@ -56,14 +57,22 @@ def _shapes(op: dict[str, Any], shape: list[Any]) -> list[tuple[int, ...]]:
     for spec in op["inputs"]:
         if spec["shape"] == "[D]":
             out.append((shape[-1],))
+        elif spec["shape"] == "[N]":  # per row of an [N, V] first input (cross_entropy's targets)
+            out.append((shape[0],))
         else:
             out.append(tuple(shape))
     return out
 
 
+def _dtypes(op: dict[str, Any]) -> list[str]:
+    """Each input's dtype in the verify programs: the contract's first."""
+    return [spec["dtypes"][0] for spec in op["inputs"]]
+
+
 def _programs(op: dict[str, Any], impl: str, shape: list[Any]) -> dict[str, tuple[Any, list[tuple[int, ...]]]]:
     fn = K.IMPLEMENTATIONS[op["name"]][impl]
     ins = _shapes(op, shape)
+    floats = [i for i, d in enumerate(_dtypes(op)) if d == "f32"]
 
     def fwd(*args):  # type: ignore[no-untyped-def]
         if op["name"] == "attention":
@@ -71,12 +80,21 @@ def _programs(op: dict[str, Any], impl: str, shape: list[Any]) -> dict[str, tupl
         return fn(*args)
 
     def bwd(*args):  # type: ignore[no-untyped-def]
-        primals, ct = args[:-1], args[-1]
-        _, vjp = jax.vjp(fn, *primals)
+        # The gradients of the float inputs only (integer targets have none).
+        primals, ct = list(args[:-1]), args[-1]
+
+        def f(*fl):  # type: ignore[no-untyped-def]
+            full = list(primals)
+            for i, v in zip(floats, fl):
+                full[i] = v
+            return fn(*full)
+
+        _, vjp = jax.vjp(f, *[primals[i] for i in floats])
         return vjp(ct)
 
-    # The cotangent of the first output, shaped like the first input (every op so far).
-    return {"fwd": (fwd, ins), "bwd": (bwd, ins + [ins[0]])}
+    # The cotangent of the first output: [N] for a per-row output (cross_entropy's ce), else like the first input.
+    out_shape = (ins[0][0],) if op["outputs"][0]["shape"] == "[N]" else ins[0]
+    return {"fwd": (fwd, ins), "bwd": (bwd, ins + [out_shape])}
 
 
 def export(outdir: str, only: str | None = None, bench: bool = False, impl: str | None = None) -> dict[str, Any]:
@@ -96,7 +114,9 @@ def export(outdir: str, only: str | None = None, bench: bool = False, impl: str 
                 for d, (fn, ins) in _programs(op, impl, shape).items():
                     if d == "bwd" and not op["has_backward"]:
                         continue
-                    specs = [jax.ShapeDtypeStruct(s, jnp.float32) for s in ins]
+                    dts = _dtypes(op) + (["f32"] if d == "bwd" else [])
+                    specs = [jax.ShapeDtypeStruct(s, jnp.int32 if dt == "s32" else jnp.float32)
+                             for s, dt in zip(ins, dts)]
                     lowered = jax.jit(fn).lower(*specs)
                     outs = jax.tree_util.tree_leaves(lowered.out_info)
                     name = f"{op['name']}_{impl}_{d}_{si}"
@@ -106,7 +126,7 @@ def export(outdir: str, only: str | None = None, bench: bool = False, impl: str 
                     kinds = [s["name"] for s in op["inputs"]] + (["d" + op["outputs"][0]["name"]] if d == "bwd" else [])
                     cases.append({"op": op["name"], "impl": impl, "dir": d, "shape": list(shape), "file": rel,
                                   "inputs": [list(s) for s in ins], "outputs": [list(o.shape) for o in outs],
-                                  "input_kinds": kinds, "rtol": tol[d]["rtol"], "atol": tol[d]["atol"]})
+                                  "input_kinds": kinds, "input_dtypes": dts, "rtol": tol[d]["rtol"], "atol": tol[d]["atol"]})
     index = {"contract_version": K.CONTRACT["contract_version"], "cases": cases}
     with open(os.path.join(outdir, "index.json"), "w", encoding="utf-8") as f:
         json.dump(index, f, indent=1)

@@ -53,10 +53,14 @@ def check_selection(kernels: dict[str, str]) -> None:
                              f"({'|'.join(OPS[op]['implementations'])})")
 
 
+_DTYPE_NAMES = {"float32": "f32", "bfloat16": "bf16", "int32": "s32"}
+
+
 def _in_contract(op: str, *arrays: Array) -> str | None:
     """None when the operands fit the contract's dtypes, else why not."""
     for spec, a in zip(OPS[op]["inputs"], arrays):
-        if jnp.dtype(a.dtype).name.replace("float32", "f32").replace("bfloat16", "bf16") not in spec["dtypes"]:
+        name = jnp.dtype(a.dtype).name
+        if _DTYPE_NAMES.get(name, name) not in spec["dtypes"]:
             return f"{spec['name']} is {a.dtype}, the contract allows {'|'.join(spec['dtypes'])}"
     return None
 
@@ -206,6 +210,139 @@ def swiglu_pallas(gate: Array, up: Array) -> Array:
 
 swiglu_pallas.defvjp(lambda g, u: (_swiglu_pallas_fwd_call(g, u), (g, u)),
                      lambda res, dh: _swiglu_pallas_bwd_call(res[0], res[1], dh))
+
+
+# --- cross_entropy ------------------------------------------------------------
+#
+# The operand boundary: logits [N, V] f32 and targets [N] s32 -> the per-row
+# loss ce [N]. The masked mean (sum(ce * mask) / sum(mask)) and the padding
+# ids' -1e30 (model.mask_padding) stay jnp glue around the call: the kernel
+# then has no mask operand, one output per row, and a backward whose only
+# large tensor is the logits gradient itself. Targets get no gradient.
+
+CE_CHUNK = 2048  # the vocabulary chunk of the pallas kernel (the C kernel's too)
+CE_ROWS = 8      # the pallas kernel's row block
+
+
+def cross_entropy_xla(logits: Array, targets: Array) -> Array:
+    """model.masked_ce's per-row loss: the reference."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.take_along_axis(logp, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def _ce_ffi_fwd_call(logits: Array, targets: Array) -> tuple[Array, Array]:
+    n = jax.ShapeDtypeStruct(targets.shape, jnp.float32)
+    ce, lse = _ffi(OPS["cross_entropy"]["ffi_targets"]["fwd"], (n, n), logits, targets)
+    return ce, lse
+
+
+@jax.custom_vjp
+def cross_entropy_ffi(logits: Array, targets: Array) -> Array:
+    return _ce_ffi_fwd_call(logits, targets)[0]
+
+
+def _ce_ffi_fwd(logits: Array, targets: Array) -> tuple[Array, tuple[Array, Array, Array]]:
+    ce, lse = _ce_ffi_fwd_call(logits, targets)
+    return ce, (logits, targets, lse)
+
+
+def _ce_ffi_bwd(res: tuple[Array, Array, Array], dce: Array) -> tuple[Array, None]:
+    logits, targets, lse = res
+    dl = _ffi(OPS["cross_entropy"]["ffi_targets"]["bwd"], jax.ShapeDtypeStruct(logits.shape, jnp.float32),
+              logits, targets, lse, dce)
+    return dl, None  # integer targets: no gradient
+
+
+cross_entropy_ffi.defvjp(_ce_ffi_fwd, _ce_ffi_bwd)
+
+
+def _ce_pad(logits: Array, targets: Array) -> tuple[Array, Array, int, int]:
+    """Rows padded to a multiple of CE_ROWS (zeros, target 0: sliced off
+    after) and the vocabulary to a multiple of the chunk (-1e30: weighs 0)."""
+    N, V = logits.shape
+    C = min(CE_CHUNK, V)
+    n_pad, v_pad = -N % CE_ROWS, -V % C
+    if v_pad:
+        logits = jnp.pad(logits, ((0, 0), (0, v_pad)), constant_values=-1e30)
+    if n_pad:
+        logits = jnp.pad(logits, ((0, n_pad), (0, 0)))
+        targets = jnp.pad(targets, (0, n_pad))
+    return logits, targets, C, N
+
+
+def _ce_pallas_fwd_call(logits: Array, targets: Array) -> tuple[Array, Array]:
+    pl = _pallas()
+    x, t, C, N = _ce_pad(logits.astype(jnp.float32), targets.astype(jnp.int32))
+    Np, Vp = x.shape
+    chunks = Vp // C
+
+    def kernel(x_ref, t_ref, ce_ref, lse_ref):  # type: ignore[no-untyped-def]
+        tgt = t_ref[...]  # [R, 1]
+
+        def body(c, carry):  # type: ignore[no-untyped-def]
+            m, s, xt = carry
+            v = x_ref[:, pl.ds(c * C, C)]
+            m_new = jnp.maximum(m, jnp.max(v, axis=-1, keepdims=True))
+            s = s * jnp.exp(m - m_new) + jnp.sum(jnp.exp(v - m_new), axis=-1, keepdims=True)
+            col = c * C + jax.lax.broadcasted_iota(jnp.int32, v.shape, 1)
+            xt = xt + jnp.sum(jnp.where(col == tgt, v, 0.0), axis=-1, keepdims=True)
+            return m_new, s, xt
+
+        init = (jnp.full((CE_ROWS, 1), -jnp.inf, jnp.float32), jnp.zeros((CE_ROWS, 1), jnp.float32),
+                jnp.zeros((CE_ROWS, 1), jnp.float32))
+        m, s, xt = jax.lax.fori_loop(0, chunks, body, init)
+        lse = m + jnp.log(s)
+        lse_ref[...] = lse
+        ce_ref[...] = lse - xt
+
+    rows = pl.BlockSpec((CE_ROWS, 1), lambda r: (r, 0))
+    ce, lse = pl.pallas_call(
+        kernel, out_shape=(jax.ShapeDtypeStruct((Np, 1), jnp.float32),) * 2, grid=(Np // CE_ROWS,),
+        in_specs=[pl.BlockSpec((CE_ROWS, Vp), lambda r: (r, 0)), rows], out_specs=(rows, rows),
+        interpret=True)(x, t.reshape(Np, 1))
+    return ce[:N, 0], lse[:N, 0]
+
+
+def _ce_pallas_bwd_call(logits: Array, targets: Array, lse: Array, dce: Array) -> Array:
+    pl = _pallas()
+    N, V = logits.shape
+    x, t, C, _ = _ce_pad(logits.astype(jnp.float32), targets.astype(jnp.int32))
+    Np, Vp = x.shape
+    chunks = Vp // C
+    lse_p = jnp.pad(lse, (0, Np - N)).reshape(Np, 1)
+    dce_p = jnp.pad(dce, (0, Np - N)).reshape(Np, 1)
+
+    def kernel(x_ref, t_ref, lse_ref, dce_ref, dl_ref):  # type: ignore[no-untyped-def]
+        tgt, l, g = t_ref[...], lse_ref[...], dce_ref[...]
+
+        def body(c, carry):  # type: ignore[no-untyped-def]
+            v = x_ref[:, pl.ds(c * C, C)]
+            col = c * C + jax.lax.broadcasted_iota(jnp.int32, v.shape, 1)
+            dl_ref[:, pl.ds(c * C, C)] = g * (jnp.exp(v - l) - (col == tgt).astype(jnp.float32))
+            return carry
+
+        jax.lax.fori_loop(0, chunks, body, 0)
+
+    rows = pl.BlockSpec((CE_ROWS, 1), lambda r: (r, 0))
+    full = pl.BlockSpec((CE_ROWS, Vp), lambda r: (r, 0))
+    dl = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((Np, Vp), jnp.float32), grid=(Np // CE_ROWS,),
+                        in_specs=[full, rows, rows, rows], out_specs=full,
+                        interpret=True)(x, t.reshape(Np, 1), lse_p, dce_p)
+    return dl[:N, :V]
+
+
+@jax.custom_vjp
+def cross_entropy_pallas(logits: Array, targets: Array) -> Array:
+    return _ce_pallas_fwd_call(logits, targets)[0]
+
+
+def _ce_pallas_fwd(logits: Array, targets: Array) -> tuple[Array, tuple[Array, Array, Array]]:
+    ce, lse = _ce_pallas_fwd_call(logits, targets)
+    return ce, (logits, targets, lse)
+
+
+cross_entropy_pallas.defvjp(_ce_pallas_fwd,
+                            lambda res, dce: (_ce_pallas_bwd_call(res[0], res[1], res[2], dce), None))
 
 
 # --- attention --------------------------------------------------------------
@@ -511,6 +648,9 @@ def attention_res_bwd(impl: str, q: Array, k: Array, v: Array, o: Array, lse: Ar
 IMPLEMENTATIONS: dict[str, dict[str, Callable[..., Array]]] = {
     "rmsnorm": {"xla": rmsnorm_xla, "ffi": rmsnorm_ffi, "pallas": rmsnorm_pallas},
     "swiglu": {"xla": swiglu_xla, "ffi": swiglu_ffi, "pallas": swiglu_pallas},
+    "cross_entropy": {"xla": cross_entropy_xla, "ffi": cross_entropy_ffi, "pallas": cross_entropy_pallas},
+
+
     "attention": {"xla": attention_xla, "ffi": attention_ffi, "pallas": attention_pallas},
 }
 

@@ -522,7 +522,18 @@ def masked_ce(logits: Array, targets: Array, mask: Array) -> Array:
 
 def head_loss(cfg: ModelConfig, p: Params, wte: Array | None, x: Array,
               targets: Array, mask: Array) -> Array:
-    return masked_ce(mask_padding(cfg, head_logits(cfg, p, wte, x)), targets, mask)
+    logits = mask_padding(cfg, head_logits(cfg, p, wte, x))
+    impl = cfg.kernel("cross_entropy")
+    if impl == "xla":
+        return masked_ce(logits, targets, mask)
+    # kernels.cross_entropy (docs/kernels.md): the per-row loss through the
+    # kernel on [B*T, V]; the padding ids' -1e30 above and the masked mean
+    # below stay jnp.
+    from . import kernels as K
+    V = logits.shape[-1]
+    ce = K.call("cross_entropy", impl, logits.astype(jnp.float32).reshape(-1, V), targets.astype(jnp.int32).reshape(-1))
+    mask = mask.astype(jnp.float32)
+    return jnp.sum(ce.reshape(mask.shape) * mask) / jnp.sum(mask)
 
 
 # --- the whole model (reference, tests) ---------------------------------------

@@ -701,6 +701,13 @@ static void st__key_model(const char* model_json, st_strbuf* s) {
       st_strbuf_append(s, json_is_true(v) ? "true" : "false");
     } else if (json_is_number(v)) {
       st__key_number(s, json_number_value(v));
+    } else if (json_is_object(v) || json_is_array(v)) {
+      /* kernels {"rmsnorm": "ffi"}, layers ["llama", "moe"]: their text,
+       * members in order (the trainer writes them in a fixed order), so
+       * two selections never share a key. */
+      char* text = st_json_dump(v, 0);
+      st_strbuf_append(s, text);
+      free(text);
     } else {
       st_strbuf_append(s, "?");
     }

@@ -259,6 +259,9 @@ static const st__cfg_key kKeys[] = {
     {"kernels.swiglu", ST__CFG_ENUM, "xla", .choices = "xla|ffi|pallas",
      .doc = "SwiGLU activation's implementation (silu(gate) * up; docs/kernels.md): xla, ffi or pallas, as "
             "kernels.rmsnorm."},
+    {"kernels.cross_entropy", ST__CFG_ENUM, "xla", .choices = "xla|ffi|pallas",
+     .doc = "The head's softmax cross-entropy over the vocabulary (per-row loss and its logits gradient; the masked "
+            "mean stays plain jnp; docs/kernels.md): xla, ffi or pallas, as kernels.rmsnorm."},
     {"kernels.attention", ST__CFG_ENUM, "xla", .choices = "xla|ffi|pallas",
      .doc = "Causal attention's implementation (q, k, v after RoPE -> o and the log-sum-exp; docs/kernels.md): xla, "
             "ffi (flash-style C kernel, threads over batch and heads) or pallas, as kernels.rmsnorm."},

@@ -18,20 +18,18 @@
  *
  * Threads: the work is split over (b, h, query tile) in the forward and
  * over (b, key/value head) in the backward (a key/value head's dk and dv
- * then have one writer), taken from a shared counter by |threads| threads
- * that live for the call only: started here, joined before returning, so
- * the module keeps no pool and no state between calls. Scratch (the
- * transposed tiles, one tile of scores, per-query sums) is malloc'ed per
- * thread per call: a few hundred KiB at most, tiny next to the tensors.
+ * then have one writer), in contiguous ranges on up to |threads| threads
+ * that live for the call only (pool.c: started and joined within it).
+ * Scratch (the transposed tiles, one tile of scores, per-query sums) is
+ * malloc'ed per thread per call: a few hundred KiB at most.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "kernels/internal.h"
+#include "kernels/pool.h"
 #include "strata/kernels.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -199,44 +197,30 @@ static st__att_ops st__ops(st_kernel_isa isa) {
 
 /*--- threads -------------------------------------------------------------------*/
 
-int st_kernels_threads(void) {
-  const char* e = getenv("STRATA_KERNELS_THREADS");
-  long n = e && *e ? strtol(e, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
-  return n < 1 ? 1 : n > 64 ? 64 : (int)n;
-}
-
-typedef struct st__pool_job {
-  int (*item)(void* ctx, void* scratch, int64_t i); /* 0, or -1 out of memory */
-  void* ctx;
+/* A range of work items on one thread (pool.c): its scratch allocated once
+ * for the range. A range whose scratch cannot be allocated is not run, and
+ * the call fails. */
+typedef struct st__att_job {
+  void (*item)(const void* ctx, void* scratch, int64_t i);
+  const void* ctx;
   size_t scratch_bytes;
-  int64_t items;
-  _Atomic int64_t next;
   _Atomic int failed;
-} st__pool_job;
+} st__att_job;
 
-static void* st__worker(void* arg) {
-  st__pool_job* j = arg;
+static void st__att_range(void* p, int64_t begin, int64_t end) {
+  st__att_job* j = p;
   void* scratch = malloc(j->scratch_bytes);
-  if (!scratch) return NULL; /* its share goes to the other threads */
-  for (int64_t i; (i = atomic_fetch_add(&j->next, 1)) < j->items;)
-    if (j->item(j->ctx, scratch, i)) atomic_store(&j->failed, 1);
+  if (!scratch) {
+    atomic_store(&j->failed, 1);
+    return;
+  }
+  for (int64_t i = begin; i < end; ++i) j->item(j->ctx, scratch, i);
   free(scratch);
-  return NULL;
 }
 
-/* Runs item(0..items-1) on up to |threads| threads (the caller's one of
- * them). A thread that cannot be started just leaves its share to the
- * others. Returns 0, or -1 when scratch could not be allocated. */
-static int st__parallel(st__pool_job* j, int threads) {
-  if (threads > j->items) threads = (int)j->items;
-  pthread_t tid[64];
-  int started = 0;
-  for (int t = 1; t < threads && t < 64; ++t)
-    if (!pthread_create(&tid[started], NULL, st__worker, j)) ++started;
-  st__worker(j);
-  for (int t = 0; t < started; ++t) pthread_join(tid[t], NULL);
-  /* Items are left untaken only when no thread got its scratch. */
-  return atomic_load(&j->failed) || atomic_load(&j->next) < j->items ? -1 : 0;
+static int st__att_run(st__att_job* j, int64_t items, int threads) {
+  st__parallel_for_threads(items, 1, threads < 1 ? 1 : threads, st__att_range, j);
+  return atomic_load(&j->failed) ? -1 : 0;
 }
 
 /*--- forward -------------------------------------------------------------------*/
@@ -267,10 +251,13 @@ static inline int64_t st__visible(int64_t qi, int64_t k0, int64_t w) { return qi
  * above it are skipped), s = scale q k^T; per query m' = max(m, max s),
  * p = exp(s - m'), l = l e^(m - m') + sum p, acc = acc e^(m - m') + p v.
  * Then o = acc / l and lse = m + log l. */
-static int st__fwd_item(void* ctx, void* scratch, int64_t it) {
+static void st__fwd_item(const void* ctx, void* scratch, int64_t it) {
   const st__att* a = ctx;
   const st__att_ops* op = &a->ops;
-  int64_t tile = it % a->nq, bh = it / a->nq, b = bh / a->h, h = bh % a->h;
+  /* Within a head the tiles go 0, nq-1, 1, nq-2, ...: a query tile costs its
+   * index + 1 key tiles, so any contiguous range of items is near even. */
+  int64_t j = it % a->nq, bh = it / a->nq, b = bh / a->h, h = bh % a->h;
+  int64_t tile = j % 2 ? a->nq - 1 - j / 2 : j / 2;
   int64_t kvh = h / (a->h / a->kv), dh = a->dh;
   int64_t ldq = a->h * dh, ldk = a->kv * dh;
   float* kt = scratch;
@@ -308,7 +295,6 @@ static int st__fwd_item(void* ctx, void* scratch, int64_t it) {
     op->scal(orow, dh, 1.f / sum[r]);
     a->out_lse[(b * a->h + h) * a->t + q0 + r] = mx[r] + logf(sum[r]);
   }
-  return 0;
 }
 
 int st_kernel_attention_fwd(st_kernel_isa isa, int threads, const float* q, const float* k, const float* v, float* o,
@@ -316,8 +302,8 @@ int st_kernel_attention_fwd(st_kernel_isa isa, int threads, const float* q, cons
   if (b < 1 || t < 1 || h < 1 || kv < 1 || dh < 1 || h % kv) return -2;
   st__att a = {.ops = st__ops(isa), .q = q, .k = k, .v = v, .out_o = o, .out_lse = lse, .b = b, .t = t, .h = h,
                .kv = kv, .dh = dh, .nq = (t + TQ - 1) / TQ, .scale = 1.f / sqrtf((float)dh)};
-  st__pool_job j = {.item = st__fwd_item, .ctx = &a, .scratch_bytes = st__fwd_scratch(dh), .items = b * h * a.nq};
-  return st__parallel(&j, threads);
+  st__att_job j = {.item = st__fwd_item, .ctx = &a, .scratch_bytes = st__fwd_scratch(dh)};
+  return st__att_run(&j, b * h * a.nq, threads);
 }
 
 /*--- backward ------------------------------------------------------------------*/
@@ -334,7 +320,7 @@ static size_t st__bwd_scratch(int64_t dh, int64_t t, int64_t g) {
  * group and each query tile on or below the diagonal:
  *   p = exp(scale q k^T - lse), ds = p (do v^T - delta),
  *   dq += scale ds k, dk += scale ds^T q, dv += p^T do. */
-static int st__bwd_item(void* ctx, void* scratch, int64_t it) {
+static void st__bwd_item(const void* ctx, void* scratch, int64_t it) {
   const st__att* a = ctx;
   const st__att_ops* op = &a->ops;
   int64_t b = it / a->kv, kvh = it % a->kv, g = a->h / a->kv, dh = a->dh, T = a->t;
@@ -387,7 +373,6 @@ static int st__bwd_item(void* ctx, void* scratch, int64_t it) {
       }
     }
   }
-  return 0;
 }
 
 int st_kernel_attention_bwd(st_kernel_isa isa, int threads, const float* q, const float* k, const float* v,
@@ -396,7 +381,6 @@ int st_kernel_attention_bwd(st_kernel_isa isa, int threads, const float* q, cons
   if (b < 1 || t < 1 || h < 1 || kv < 1 || dh < 1 || h % kv) return -2;
   st__att a = {.ops = st__ops(isa), .q = q, .k = k, .v = v, .o = o, .lse = lse, .dout = dout, .dq = dq, .dk = dk,
                .dv = dv, .b = b, .t = t, .h = h, .kv = kv, .dh = dh, .scale = 1.f / sqrtf((float)dh)};
-  st__pool_job j = {.item = st__bwd_item, .ctx = &a, .scratch_bytes = st__bwd_scratch(dh, t, h / kv),
-                    .items = b * kv};
-  return st__parallel(&j, threads);
+  st__att_job j = {.item = st__bwd_item, .ctx = &a, .scratch_bytes = st__bwd_scratch(dh, t, h / kv)};
+  return st__att_run(&j, b * kv, threads);
 }

@@ -58,7 +58,7 @@ typedef struct xf_metadata_ext {
 } xf_metadata_ext;
 
 /* Element types: xla::PrimitiveType's numbers. */
-enum { XF_F32 = 11 };
+enum { XF_S32 = 4, XF_F32 = 11 };
 
 typedef struct xf_buffer {
   size_t struct_size;

@@ -54,10 +54,22 @@ static st_status st__parse_case(const json_t* c, const char* where, st__case* k)
                           ST__MAX_IO);
   k->n_in = (int)json_array_size(ins);
   k->n_out = (int)json_array_size(outs);
+  const json_t* dts = json_object_get(c, "input_dtypes"); /* absent: all f32 */
+  if (dts && (!json_is_array(dts) || json_array_size(dts) != json_array_size(ins)))
+    return st_status_make(ST_CODE_RUNTIME, "%s: input_dtypes is not a list as long as inputs", where);
   for (int i = 0; i < k->n_in; ++i) {
     ST_RETURN(st__dims(json_array_get(ins, (size_t)i), where, &k->in[i]));
     k->kinds[i] = json_string_value(json_array_get(kinds, (size_t)i)) ?: "";
+    const char* dt = dts ? json_string_value(json_array_get(dts, (size_t)i)) : "f32";
+    if (!dt || (strcmp(dt, "f32") && strcmp(dt, "s32")))
+      return st_status_make(ST_CODE_RUNTIME, "%s: input %d has dtype '%s', verify knows f32 and s32", where, i,
+                            dt ? dt : "?");
+    k->in[i].dtype = st_dtype_parse(dt);
   }
+  /* An s32 input holds ids into the first input's last dim (targets). */
+  for (int i = 0; i < k->n_in; ++i)
+    if (k->in[i].dtype == ST_DTYPE_S32 && (i == 0 || k->in[0].rank < 1))
+      return st_status_make(ST_CODE_RUNTIME, "%s: an s32 input needs a first input whose last dim it indexes", where);
   for (int i = 0; i < k->n_out; ++i) ST_RETURN(st__dims(json_array_get(outs, (size_t)i), where, &k->out[i]));
   const json_t *rt = json_object_get(c, "rtol"), *at = json_object_get(c, "atol");
   if (!json_is_number(rt) || !json_is_number(at))
@@ -81,6 +93,29 @@ static void st__fill(float* v, int64_t n, uint64_t seed, const char* kind) {
   }
 }
 
+/* Input |i| of |k| on the device: f32 by st__fill, s32 ids in [0, V) for
+ * V the first input's last dim (cross_entropy's targets). */
+static st_status st__input(const st__case* k, st_runtime* rt, int i, st_buffer** out) {
+  int64_t n = st_tensor_type_elements(&k->in[i]);
+  float* v = st_xmalloc((size_t)(n ? n : 1) * sizeof(float));
+  st__fill(v, n, (uint64_t)(i + 1), k->kinds[i]);
+  void* host = v;
+  int32_t* ids = NULL;
+  if (k->in[i].dtype == ST_DTYPE_S32) {
+    int64_t vocab = k->in[0].dims[k->in[0].rank - 1];
+    ids = st_xmalloc((size_t)(n ? n : 1) * sizeof(int32_t));
+    for (int64_t e = 0; e < n; ++e) {
+      int64_t id = (int64_t)((v[e] + 2.0f) / 4.0f * (float)vocab); /* [-2, 2) back to [0, 1), times V */
+      ids[e] = (int32_t)(id < 0 ? 0 : id >= vocab ? vocab - 1 : id);
+    }
+    host = ids;
+  }
+  st_status s = st_buffer_from_host(rt, 0, &k->in[i], host, out);
+  free(ids);
+  free(v);
+  return s;
+}
+
 static int st__cmp_double(const void* a, const void* b) {
   double x = *(const double*)a, y = *(const double*)b;
   return x < y ? -1 : x > y;
@@ -91,13 +126,7 @@ static int st__cmp_double(const void* a, const void* b) {
 static st_status st__time(st__case* k, st_runtime* rt, int runs, double* out_s) {
   st_buffer* in[ST__MAX_IO] = {0};
   st_status s = ST_OK;
-  for (int i = 0; i < k->n_in && !s; ++i) {
-    int64_t n = st_tensor_type_elements(&k->in[i]);
-    float* v = st_xmalloc((size_t)n * sizeof(float));
-    st__fill(v, n, (uint64_t)(i + 1), k->kinds[i]);
-    s = st_buffer_from_host(rt, 0, &k->in[i], v, &in[i]);
-    free(v);
-  }
+  for (int i = 0; i < k->n_in && !s; ++i) s = st__input(k, rt, i, &in[i]);
   double* t = st_xcalloc((size_t)runs + 2, sizeof(double));
   for (int r = 0; r < runs + 2 && !s; ++r) {
     st_buffer* out[ST__MAX_IO] = {0};
@@ -159,13 +188,7 @@ static st_status st__run(st__case* k, st_runtime* rt, float** outs) {
   st_buffer* in[ST__MAX_IO] = {0};
   st_buffer* out[ST__MAX_IO] = {0};
   st_status s = ST_OK;
-  for (int i = 0; i < k->n_in && !s; ++i) {
-    int64_t n = st_tensor_type_elements(&k->in[i]);
-    float* v = st_xmalloc((size_t)n * sizeof(float));
-    st__fill(v, n, (uint64_t)(i + 1), k->kinds[i]);
-    s = st_buffer_from_host(rt, 0, &k->in[i], v, &in[i]);
-    free(v);
-  }
+  for (int i = 0; i < k->n_in && !s; ++i) s = st__input(k, rt, i, &in[i]);
   if (!s) s = st_program_execute(k->program, 0, in, k->n_in, out, k->n_out, NULL);
   for (int i = 0; i < k->n_out && !s; ++i) {
     size_t bytes = st_tensor_type_bytes(&k->out[i]);

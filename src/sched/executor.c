@@ -968,6 +968,11 @@ static int st__lane(st_trace* tr, st__track_group* g, double start, double end) 
 }
 
 st_status st_executor_write_trace(const st_executor* ex, const char* path, int64_t step) {
+  return st_executor_write_trace_kernels(ex, path, step, NULL, 0, 0);
+}
+
+st_status st_executor_write_trace_kernels(const st_executor* ex, const char* path, int64_t step,
+                                          const st_kernel_span* spans, int span_count, int64_t dropped) {
   const st_plan* plan = ex->plan;
   char title[64];
   snprintf(title, sizeof(title), "strata step %lld", (long long)step);
@@ -1068,6 +1073,26 @@ st_status st_executor_write_trace(const st_executor* ex, const char* path, int64
     json_t* predicted = st_json_obj();
     st_json_put_int(predicted, "bytes", pred);
     st_trace_counter(tr, "predicted live device bytes", t->issue_s * 1e6, predicted);
+  }
+  /* The FFI kernels' calls, inside their programs' launches: the
+   * handlers timed them on the same clock (docs/kernels.md). */
+  if (span_count > 0 || dropped > 0) {
+    int hn = 0;
+    const st_kernel_handler* h = st_kernels_handlers(&hn);
+    st__track_group kg = {6000, 0, NULL, "kernels (FFI handlers)"};
+    for (int i = 0; i < span_count; ++i) {
+      const st_kernel_span* k = &spans[i];
+      if (k->handler < 0 || k->handler >= hn) continue;
+      double ts = k->start_s - ex->t0;
+      st_strbuf_reset(&name);
+      st_strbuf_printf(&name, "kernel.%s %s", h[k->handler].op, h[k->handler].direction);
+      json_t* args = st_json_obj();
+      st_json_put_str(args, "target", h[k->handler].target);
+      int tid = st__lane(tr, &kg, ts, ts + k->dur_s);
+      st_trace_slice(tr, tid, name.data, "kernel", ts * 1e6, k->dur_s * 1e6, args);
+    }
+    free(kg.end);
+    if (dropped > 0) st_trace_meta(tr, "kernel_spans_dropped", st_json_int(dropped));
   }
   const st_executor_stats* s = &ex->stats;
   st_trace_meta(tr, "step", st_json_int(step));

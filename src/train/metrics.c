@@ -69,18 +69,62 @@ static void st__sched_metrics(const st_executor_stats* es, int devices, json_t* 
   }
 }
 
+/* Per-kernel observability (docs/kernels.md, "Observability"): on when
+ * trace.steps lists any step and the bundle calls FFI kernels. */
+static bool st__kernel_obs(const st__trainer* t) {
+  return t->o->trace_step_count > 0 && st_kernels_bundle_uses_ffi(t->bundle);
+}
+
+static bool st__traced(const st__trainer* t, int64_t step) {
+  bool want = false;
+  for (int i = 0; i < t->o->trace_step_count; ++i) want |= t->o->trace_steps[i] == step;
+  return want;
+}
+
+void st__kernels_step_begin(st__trainer* t) {
+  if (!st__kernel_obs(t)) return;
+  st_kernels_stats_take(NULL, 0);
+  st_kernels_spans_record(st__traced(t, t->step + 1));
+}
+
+/* "kernels": {"<op>.<fwd|bwd>": {"calls": n, "time_s": s}} of the handlers
+ * that ran in the step (time: summed over calls, on XLA's threads). */
+static void st__kernel_metrics(st__trainer* t, json_t* m) {
+  if (!st__kernel_obs(t)) return;
+  st_kernel_stat rows[64];
+  int n = st_kernels_stats_take(rows, 64);
+  json_t* k = st_json_obj();
+  for (int i = 0; i < n; ++i) {
+    if (rows[i].calls == 0) continue;
+    char key[96];
+    snprintf(key, sizeof(key), "%s.%s", rows[i].op, rows[i].direction);
+    json_t* e = st_json_obj();
+    st_json_put_int(e, "calls", rows[i].calls);
+    st_json_put(e, "time_s", st_json_fixed(rows[i].seconds, 6));
+    st_json_put(k, key, e);
+  }
+  st_json_put(m, "kernels", k);
+}
+
 /* trace.steps: the step just run as Chrome trace-event JSON under <run>/trace/. */
 static st_status st__maybe_trace(st__trainer* t) {
   int64_t step = t->step + 1;
-  bool want = false;
-  for (int i = 0; i < t->o->trace_step_count; ++i) want |= t->o->trace_steps[i] == step;
-  if (!want) return ST_OK;
+  if (!st__traced(t, step)) return ST_OK;
   char* dir = st_path_join(t->run_dir, "trace");
   st_status s = st_fs_mkdirs(dir);
   char file[64];
   snprintf(file, sizeof(file), "step_%lld.json", (long long)step);
   char* path = st_path_join(dir, file);
-  if (!s) s = st_executor_write_trace(t->ex, path, step);
+  st_kernel_span* spans = NULL;
+  int span_count = 0;
+  int64_t dropped = 0;
+  if (st__kernel_obs(t)) {
+    spans = st_xcalloc(ST_KERNEL_MAX_SPANS, sizeof(*spans));
+    span_count = st_kernels_spans_take(spans, ST_KERNEL_MAX_SPANS, &dropped);
+    st_kernels_spans_record(false);
+  }
+  if (!s) s = st_executor_write_trace_kernels(t->ex, path, step, spans, span_count, dropped);
+  free(spans);
   if (!s) {
     json_t* f = st_json_obj();
     st_json_put_int(f, "step", step);
@@ -244,6 +288,7 @@ st_status st__step_metrics(st__trainer* t, double loss, double dt) {
     st_json_put_num(m, key, t->metric_max[s]);
   }
   st__sched_metrics(es, t->step_plan.devices, m);
+  st__kernel_metrics(t, m);
   st_status s = st__metrics_line(t, m);
   if (!s) s = st__maybe_trace(t);
   return s;

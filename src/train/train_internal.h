@@ -171,6 +171,10 @@ st_status st__event(st__trainer* t, const char* name, json_t* fields);
 /* The metrics line of the step just run (t->step), its trace if trace.steps
  * asks for one. */
 st_status st__step_metrics(st__trainer* t, double loss, double step_seconds);
+/* Before step t->step runs: with trace.steps set and ffi kernels in the
+ * bundle, the kernels' counters reset (the step's metrics line reads them)
+ * and their spans recorded when this step is traced. */
+void st__kernels_step_begin(st__trainer* t);
 st_status st__eval_metrics(st__trainer* t, double eval_loss);
 /* The policies and what the plan predicts, once, before the run. */
 st_status st__plan_event(st__trainer* t);

@@ -747,6 +747,7 @@ static st_status st__run(st__trainer* t, bool progress) {
     st__fill_train_batch(t);
     st__metrics_reset(t);
     st__numerics_reset(t);
+    st__kernels_step_begin(t);
     st_status run = st_executor_run(t->ex, &hooks);
     st__watch_settle(t->watch_step);
     ST_RETURN_IF_ERROR(run, "step %lld", (long long)t->step + 1);

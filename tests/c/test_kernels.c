@@ -153,6 +153,57 @@ static void test_paths_match_double_reference(void** state) {
   }
 }
 
+/* The cross-entropy's two paths against the formulas in double: V odd and
+ * off the 16 lanes and the 2048 chunk, padding ids at -1e30 (weight and
+ * gradient exactly 0), and a call large enough to split its rows over
+ * threads (pool.c). */
+static void test_cross_entropy_matches_double_reference(void** state) {
+  (void)state;
+  const int64_t shapes[][3] = {/* rows, V, padding ids at the end */
+                               {1, 1, 0}, {3, 7, 0}, {3, 17, 0}, {5, 2049, 0}, {3, 5003, 47}, {65, 8191, 0}};
+  st_kernel_isa isas[2] = {ST_KERNEL_ISA_PORTABLE, st_kernels_isa()};
+  for (int ii = 0; ii < 2; ++ii) {
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); ++si) {
+      int64_t rows = shapes[si][0], v = shapes[si][1], pad = shapes[si][2], n = rows * v;
+      uint64_t seed = 11 + (uint64_t)v;
+      float *x = malloc(sizeof(float) * (size_t)n), *dl = malloc(sizeof(float) * (size_t)n);
+      float *ce = malloc(sizeof(float) * (size_t)rows), *lse = malloc(sizeof(float) * (size_t)rows),
+            *dce = malloc(sizeof(float) * (size_t)rows);
+      int32_t* t = malloc(sizeof(int32_t) * (size_t)rows);
+      double *wce = calloc((size_t)rows, sizeof(double)), *wdl = calloc((size_t)n, sizeof(double));
+      for (int64_t i = 0; i < n; ++i) x[i] = 3.0f * frand(&seed);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t i = v - pad; i < v; ++i) x[r * v + i] = -1e30f;
+        t[r] = (int32_t)((uint64_t)(frand(&seed) + 2.0f) * 977u % (uint64_t)(v - pad));
+        dce[r] = frand(&seed);
+        double m = -INFINITY, sum = 0;
+        for (int64_t i = 0; i < v; ++i) m = fmax(m, x[r * v + i]);
+        for (int64_t i = 0; i < v; ++i) sum += exp((double)x[r * v + i] - m);
+        double l = m + log(sum);
+        wce[r] = l - x[r * v + t[r]];
+        for (int64_t i = 0; i < v; ++i)
+          wdl[r * v + i] = dce[r] * (exp((double)x[r * v + i] - l) - (i == t[r] ? 1.0 : 0.0));
+      }
+      assert_int_equal(st_kernel_cross_entropy_bad_target(t, rows, v), -1);
+      st_kernel_cross_entropy_fwd(isas[ii], x, t, ce, lse, rows, v);
+      check_close(ce, wce, rows, 1e-5, 1e-5, "cross_entropy ce");
+      st_kernel_cross_entropy_bwd(isas[ii], x, t, lse, dce, dl, rows, v);
+      check_close(dl, wdl, n, 1e-4, 1e-7, "cross_entropy dlogits");
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = v - pad; i < v; ++i)
+          if (dl[r * v + i] != 0.0f) fail_msg("padding id %lld of row %lld has gradient %g", (long long)i, (long long)r,
+                                              (double)dl[r * v + i]);
+      free(x), free(dl), free(ce), free(lse), free(dce), free(t), free(wce), free(wdl);
+    }
+  }
+  int32_t bad[4] = {0, 5, -1, 9};
+  assert_int_equal(st_kernel_cross_entropy_bad_target(bad, 4, 10), 2);
+  bad[2] = 10;
+  assert_int_equal(st_kernel_cross_entropy_bad_target(bad, 4, 10), 2);
+  bad[2] = 9;
+  assert_int_equal(st_kernel_cross_entropy_bad_target(bad, 4, 10), -1);
+}
+
 /* Causal attention in double, straight from the definition (the whole [T, T]
  * score matrix of a head): o, lse, and the gradients of sum(o * dout). */
 static void attention_reference(const float* q, const float* k, const float* v, const float* dout, int64_t B,
@@ -285,33 +336,83 @@ static void test_every_target_compiles_and_runs(void** state) {
   o.ffi_targets = st_kernels_ffi_target_table(&o.ffi_target_count);
   st_runtime* rt = NULL;
   ASSERT_OK(st_runtime_create(&o, &rt));
-  assert_int_equal(st_runtime_ffi_target_count(rt), 6);
+  int n = 0;
+  const st_ffi_target* t = st_kernels_ffi_target_table(&n);
+  assert_int_equal(st_runtime_ffi_target_count(rt), n);
+  assert_true(n >= 6);
   char* dir = tu_tmpdir("kverify");
   /* ffi only: the pallas programs (verified by tests/e2e/test_kernels.sh)
    * compile and run several times slower under ASan, and prove nothing
    * about registration. */
   st_kernels_verify_options vo = {.tolerance_scale = 1.0, .workdir = dir, .keep = true, .runtime = rt, .impl = "ffi"};
   st_kernels_verify_result r;
+  st_kernels_stats_take(NULL, 0); /* from zero */
   ASSERT_OK(st_kernels_verify(&vo, &r));
-  /* (4 + 4 + 3 shapes) x fwd/bwd through ffi: each of the 6 targets ran. */
-  assert_int_equal(r.ffi_cases, 22);
-  assert_int_equal(r.cases, 22);
+  /* Each handler counted the calls it served (docs/kernels.md,
+   * "Observability"): one per ffi case (4 verify shapes per op, 3 for
+   * attention), none for XLA's probes at registration or for the xla
+   * references; a forward whose residual the backward needs
+   * (cross_entropy's lse, attention's o and lse) runs in the backward cases
+   * too. */
+  int want_cases = 0;
+  {
+    st_kernel_stat rows[64];
+    int m = st_kernels_stats_take(rows, 64);
+    assert_int_equal(m, n);
+    for (int i = 0; i < m; ++i) {
+      int shapes = !strcmp(rows[i].op, "attention") ? 3 : 4;
+      bool fwd_with_residual =
+          (!strcmp(rows[i].op, "cross_entropy") || !strcmp(rows[i].op, "attention")) && !strcmp(rows[i].direction, "fwd");
+      want_cases += shapes;
+      if (rows[i].calls != (fwd_with_residual ? 2 : 1) * shapes)
+        fail_msg("%s: %lld calls, want %d", rows[i].target, (long long)rows[i].calls,
+                 (fwd_with_residual ? 2 : 1) * shapes);
+      assert_true(rows[i].seconds > 0);
+    }
+    assert_int_equal(st_kernels_stats_take(rows, 64), n);
+    for (int i = 0; i < m; ++i) assert_int_equal(rows[i].calls, 0); /* the take reset them */
+  }
+  /* Each verify shape fwd and bwd through ffi (only: .impl): each target ran
+   * once per shape of its op. */
+  assert_int_equal(r.ffi_cases, want_cases);
+  assert_int_equal(r.cases, want_cases);
   assert_true(r.worst_ratio <= 1.0);
   /* Found, per target, in the programs that ran. */
-  int n = 0;
-  const st_ffi_target* t = st_kernels_ffi_target_table(&n);
-  const char* files[6] = {"rmsnorm_ffi_fwd_1.mlir",   "rmsnorm_ffi_bwd_1.mlir",  "swiglu_ffi_fwd_1.mlir",
-                          "swiglu_ffi_bwd_1.mlir",    "attention_ffi_fwd_1.mlir", "attention_ffi_bwd_1.mlir"};
-  assert_int_equal(n, 6);
+  int hn = 0;
+  const st_kernel_handler* h = st_kernels_handlers(&hn);
+  assert_int_equal(hn, n);
   for (int i = 0; i < n; ++i) {
+    assert_string_equal(h[i].target, t[i].name);
     char rel[128];
-    snprintf(rel, sizeof(rel), "programs/%s", files[i]);
+    snprintf(rel, sizeof(rel), "programs/%s_ffi_%s_1.mlir", h[i].op, h[i].direction);
     char* path = st_path_join(dir, rel);
     size_t size = 0;
     char* text = tu_read_file(path, &size);
     assert_non_null(text);
     assert_non_null(strstr(text, t[i].name));
     free(text);
+    free(path);
+  }
+  /* A target outside the vocabulary is an error naming it, not a result. */
+  {
+    char* path = st_path_join(dir, "programs/cross_entropy_ffi_fwd_1.mlir"); /* logits [5, 256] */
+    st_program* p = NULL;
+    ASSERT_OK(st_program_compile_file(rt, path, NULL, &p));
+    st_tensor_type lt = {.dtype = ST_DTYPE_F32, .rank = 2, .dims = {5, 256}};
+    st_tensor_type tt = {.dtype = ST_DTYPE_S32, .rank = 1, .dims = {5}};
+    float logits[5 * 256] = {0};
+    int32_t targets[5] = {1, 2, 3, 256, 4};
+    st_buffer* in[2] = {0};
+    st_buffer* out[2] = {0}; /* the program returns ce only (lse stays inside it) */
+    ASSERT_OK(st_buffer_from_host(rt, 0, &lt, logits, &in[0]));
+    ASSERT_OK(st_buffer_from_host(rt, 0, &tt, targets, &in[1]));
+    ASSERT_ERROR(st_program_execute(p, 0, in, 2, out, 1, NULL), ST_CODE_RUNTIME, ST_KERNEL_CROSS_ENTROPY_FWD,
+                 "target 256 (row 3)", "outside the vocabulary [0, 256)");
+    for (int i = 0; i < 2; ++i) {
+      st_buffer_destroy(in[i]);
+      st_buffer_destroy(out[i]);
+    }
+    st_program_destroy(p);
     free(path);
   }
   /* A tolerance of 0 makes the first inexact case fail, naming it. */
@@ -410,16 +511,33 @@ static void test_bundle_check(void** state) {
                "registered version: none");
 }
 
+/* The kernel selection is part of the bundle key (docs/kernels.md,
+ * "Selection and fallback"): two selections never share a bundle. */
+static void test_bundle_key_hashes_the_selection(void** state) {
+  (void)state;
+  char a[17], b[17], c[17], d[17], e[17];
+  st_bundle_key("{\"d_model\": 8, \"kernels\": {\"rmsnorm\": \"ffi\"}}", a);
+  st_bundle_key("{\"d_model\": 8, \"kernels\": {\"rmsnorm\": \"pallas\"}}", b);
+  st_bundle_key("{\"d_model\": 8, \"kernels\": {\"rmsnorm\": \"ffi\", \"cross_entropy\": \"ffi\"}}", c);
+  st_bundle_key("{\"d_model\": 8, \"layers\": [\"llama\", \"moe\"]}", d);
+  st_bundle_key("{\"d_model\": 8, \"layers\": [\"moe\", \"llama\"]}", e);
+  assert_string_not_equal(a, b);
+  assert_string_not_equal(a, c);
+  assert_string_not_equal(d, e);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_contract_matches_handlers),
       cmocka_unit_test(test_contract_version_drift_is_caught),
       cmocka_unit_test(test_paths_match_double_reference),
+      cmocka_unit_test(test_cross_entropy_matches_double_reference),
       cmocka_unit_test(test_attention_matches_double_reference),
       cmocka_unit_test(test_compile_without_registration_fails),
       cmocka_unit_test(test_every_target_compiles_and_runs),
       cmocka_unit_test(test_attention_handler_refuses_shapes_outside_contract),
       cmocka_unit_test(test_bundle_check),
+      cmocka_unit_test(test_bundle_key_hashes_the_selection),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -98,6 +98,26 @@ def test_gpt2_matches_reference(tmp_path: Any) -> None:
     assert man["embed"]["programs"]["accum_tied"] == "embed_accum_tied"
 
 
+def test_gpt2_padded_vocabulary_through_the_ffi_cross_entropy(tmp_path: Any) -> None:
+    """EQUIV (gpt2, vocabulary 250 padded to 320) trained with
+    kernels.cross_entropy=ffi against the same run on xla: every loss within
+    rtol 1e-4, the padding rows still zero (no gradient reached them)."""
+    from safetensors.numpy import load_file
+
+    short = [a for a in EQUIV if not a.startswith("train.steps=")] + ["train.steps=8"]
+    losses = {}
+    for ce in ("xla", "ffi"):
+        d = tmp_path / ce
+        run([STRATA, "train", "configs/test.yml", *short, f"kernels.cross_entropy={ce}", f"run.dir={d}"])
+        losses[ce] = [json.loads(x)["loss"] for x in (d / "metrics.jsonl").read_text().splitlines() if '"loss"' in x
+                      and "eval_loss" not in x]
+        assert json.loads((d / "context.json").read_text())["kernels"]["cross_entropy"] == ce
+    assert len(losses["ffi"]) == len(losses["xla"]) == 8
+    np.testing.assert_allclose(losses["ffi"], losses["xla"], rtol=1e-4)
+    p = load_file(str(tmp_path / "ffi" / "params.safetensors"))
+    assert p["wte"].shape == (320, 32) and not np.any(p["wte"][250:])
+
+
 # --- the block against an independent float64 implementation ---------------------
 
 def _np_block(cfg: M.ModelConfig, p: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
@@ -176,14 +196,17 @@ def test_embedding_adds_learned_positions_and_head_is_layer_norm() -> None:
 
 # --- the padded vocabulary ---------------------------------------------------------
 
+@pytest.mark.parametrize("ce", ["xla", "pallas"])
 @pytest.mark.parametrize("tied", [True, False])
-def test_padding_logits_are_masked_out_of_the_loss(tied: bool) -> None:
+def test_padding_logits_are_masked_out_of_the_loss(tied: bool, ce: str) -> None:
     """With large padding rows (as if trained), head_loss equals the
     cross-entropy over the vocab_size real ids only and gives the padding
     rows no gradient; head_logits returns vocab_size logits. Without the
-    mask the padding ids would take almost all the probability."""
+    mask the padding ids would take almost all the probability. The same
+    through the cross-entropy kernel (kernels.cross_entropy=pallas: the
+    padding ids reach it as -1e30)."""
     V, Vp = 60, 64
-    cfg = cfg_of(vocab_padded=Vp, tie_embeddings=tied)
+    cfg = cfg_of(vocab_padded=Vp, tie_embeddings=tied, kernels=(("cross_entropy", ce),) if ce != "xla" else ())
     rng = np.random.default_rng(2)
     D = cfg.d_model
     w = rng.normal(0, 1, (Vp, D)).astype(np.float32)

@@ -97,6 +97,62 @@ def test_exporter_writes_kernels_and_custom_calls(tmp_path) -> None:  # type: ig
     assert json.loads((tmp_path / "manifest.json").read_text())["kernels"] == m["kernels"]
 
 
+@pytest.mark.parametrize("n,v,pad", [(1, 1, 0), (5, 256, 0), (13, 300, 44), (3, 4099, 0)])
+def test_pallas_cross_entropy_matches_reference(n: int, v: int, pad: int) -> None:
+    """Rows off the row block, V off the chunk, padding ids at -1e30."""
+    rng = np.random.default_rng(n * v)
+    x = rng.uniform(-3, 3, (n, v)).astype(np.float32)
+    x[:, v - pad:] = -1e30
+    x = jnp.asarray(x)
+    tg = jnp.asarray(rng.integers(0, v - pad, (n,)), jnp.int32)
+    dce = jnp.asarray(rng.uniform(-2, 2, (n,)), jnp.float32)
+    t = _tol("cross_entropy", "fwd")
+    np.testing.assert_allclose(K.cross_entropy_pallas(x, tg), K.cross_entropy_xla(x, tg), rtol=t["rtol"], atol=t["atol"])
+    want = jax.vjp(lambda a: K.cross_entropy_xla(a, tg), x)[1](dce)[0]
+    got = jax.vjp(lambda a: K.cross_entropy_pallas(a, tg), x)[1](dce)[0]
+    t = _tol("cross_entropy", "bwd")
+    np.testing.assert_allclose(got, want, rtol=t["rtol"], atol=t["atol"])
+    assert not np.any(np.asarray(got)[:, v - pad:])  # padding ids: exactly no gradient
+
+
+def test_cross_entropy_head_loss_through_the_kernel_matches_jnp() -> None:
+    """model.head_loss's glue around the kernel (the [B*T, V] rows, the
+    padding ids' mask, the masked mean) against the jnp path, value and
+    gradients, on a padded vocabulary."""
+    from strata_jax import model as M
+    base = tiny_model(vocab_padded=320)
+    ref, ker = ModelConfig.from_dict(base), ModelConfig.from_dict({**base, "kernels": {"cross_entropy": "pallas"}})
+    p = M.init_params(ref, 3)["head"]
+    rng = np.random.default_rng(0)
+    B, T = 2, ref.seq_len
+    x = jnp.asarray(rng.normal(size=(B, T, ref.d_model)), jnp.float32)
+    tg = jnp.asarray(rng.integers(0, ref.vocab_size, (B, T)), jnp.int32)
+    mask = jnp.asarray(rng.integers(0, 2, (B, T)), jnp.float32).at[0, 0].set(1.0)
+    wte = jnp.asarray(rng.normal(size=(ref.vocab_rows, ref.d_model)) * 0.02, jnp.float32) if ref.tie_embeddings else None
+
+    def f(cfg):  # type: ignore[no-untyped-def]
+        return jax.value_and_grad(lambda p_, x_: M.head_loss(cfg, p_, wte, x_, tg, mask), argnums=(0, 1))(p, x)
+
+    (la, (ga, gxa)), (lb, (gb, gxb)) = f(ref), f(ker)
+    np.testing.assert_allclose(lb, la, rtol=1e-5)
+    np.testing.assert_allclose(gxb, gxa, rtol=1e-4, atol=1e-6)
+    for k in ga:
+        np.testing.assert_allclose(gb[k], ga[k], rtol=1e-4, atol=1e-6, err_msg=k)
+
+
+def test_cross_entropy_targets_fit_the_contract_and_bf16_logits_fall_back() -> None:
+    K.fallbacks_seen.clear()
+    x = jnp.zeros((2, 5), jnp.float32)
+    tg = jnp.array([0, 4], jnp.int32)
+    lowered = jax.jit(lambda a, b: K.call("cross_entropy", "ffi", a, b)).lower(x, tg).as_text()
+    assert "custom_call @strata_cross_entropy_fwd_v1" in lowered and not K.fallbacks_seen
+    y = K.call("cross_entropy", "ffi", x.astype(jnp.bfloat16), tg)
+    np.testing.assert_allclose(y, np.log(5.0) * np.ones(2), rtol=1e-6)
+    ce = [o for o in K.manifest_entry({"cross_entropy": "ffi"})["ops"] if o["name"] == "cross_entropy"][0]
+    assert ce["fallback"] == "xla" and "logits is bfloat16" in ce["fallback_reasons"][0], ce
+    K.fallbacks_seen.clear()
+
+
 # --- attention ----------------------------------------------------------------
 
 

@@ -1,8 +1,10 @@
 """Training equivalence of the kernel implementations (docs/kernels.md):
-strata trains the tiny model 30 steps with kernels.*=ffi and with the xla
+strata trains the tiny model 30 steps with kernels.*=ffi (rmsnorm, swiglu,
+cross_entropy, attention) and with the xla
 reference, from the same seed and data; every step's loss agrees within rtol
 1e-4 and the final parameters within rtol 1e-3 / atol 1e-5. The same for
-pallas (interpret mode) on a 2-layer model, 5 steps.
+pallas (interpret mode) on a 2-layer model, 5 steps, and for the ffi
+cross-entropy on a padded vocabulary (model.vocab_padded).
 
 Overrides for CPU speed: synthetic data, sequence 64, batch 8, no eval, no
 checkpoints; the architecture is configs/tiny.yml's. sched.remat=every:2 (in
@@ -27,9 +29,14 @@ STRATA = os.path.join(ROOT, "build", "strata")
 COMMON = ["data.synthetic=true", "model.seq_len=64", "train.batch_size=8", "train.eval_every=0", "ckpt.every=0",
           "run.progress=off", "obs.tensorboard=false"]
 CASES = {
-    "ffi": (["train.steps=30", "sched.remat=every:2"], ["kernels.rmsnorm=ffi", "kernels.swiglu=ffi", "kernels.attention=ffi"]),
+    "ffi": (["train.steps=30", "sched.remat=every:2"],
+            ["kernels.rmsnorm=ffi", "kernels.swiglu=ffi", "kernels.cross_entropy=ffi", "kernels.attention=ffi"]),
     "pallas": (["train.steps=5", "model.n_layers=2", "sched.remat=every:2"],
-               ["kernels.rmsnorm=pallas", "kernels.swiglu=pallas", "kernels.attention=pallas"]),
+               ["kernels.rmsnorm=pallas", "kernels.swiglu=pallas", "kernels.cross_entropy=pallas",
+                "kernels.attention=pallas"]),
+    # A padded vocabulary (gpt2's model.vocab_padded): the padding ids' -1e30
+    # logits go through the cross-entropy kernel and must weigh nothing.
+    "ffi-padded": (["train.steps=5", "model.n_layers=2", "model.vocab_padded=300"], ["kernels.cross_entropy=ffi"]),
 }
 
 
@@ -75,10 +82,12 @@ def test_final_parameters_match(runs: tuple[str, Path, Path]) -> None:
 
 
 def test_the_run_used_the_kernels(runs: tuple[str, Path, Path]) -> None:
-    impl, ref, got = runs
-    assert json.loads((got / "context.json").read_text())["kernels"]["rmsnorm"] == impl
-    assert json.loads((ref / "context.json").read_text())["kernels"]["rmsnorm"] == "xla"
+    case, ref, got = runs
+    want = {k.split("=")[0][len("kernels."):]: k.split("=")[1] for k in CASES[case][1]}
+    ctx = json.loads((got / "context.json").read_text())["kernels"]
+    assert {op: ctx[op] for op in want} == want
+    assert json.loads((ref / "context.json").read_text())["kernels"]["cross_entropy"] == "xla"
     bundles = [json.loads(line) for line in (got / "events.jsonl").read_text().splitlines()]
     ev = [e for e in bundles if e.get("event") == "bundle" or e.get("type") == "bundle"]
-    assert ev and ev[0]["kernels"]["swiglu"] == impl and "kernel_fallbacks" not in ev[0]
-    assert ev[0]["kernels"]["attention"] == impl
+    assert ev and "kernel_fallbacks" not in ev[0]
+    assert {op: ev[0]["kernels"][op] for op in want} == want
