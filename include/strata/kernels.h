@@ -79,6 +79,8 @@ json_t* st_kernel_contract_json(const st_kernel_contract* c);
 #define ST_KERNEL_SWIGLU_BWD "strata_swiglu_bwd_v1"
 #define ST_KERNEL_CROSS_ENTROPY_FWD "strata_cross_entropy_fwd_v1"
 #define ST_KERNEL_CROSS_ENTROPY_BWD "strata_cross_entropy_bwd_v1"
+#define ST_KERNEL_ATTENTION_FWD "strata_attention_fwd_v1"
+#define ST_KERNEL_ATTENTION_BWD "strata_attention_bwd_v1"
 
 /* A handler compiled into strata: the op, the contract version its code
  * implements, the direction ("fwd"/"bwd") and the target it serves. */
@@ -144,6 +146,21 @@ void st_kernel_cross_entropy_bwd(st_kernel_isa isa, const float* logits, const i
 /* The first row whose target is outside [0, v), or -1 when none is. */
 int64_t st_kernel_cross_entropy_bad_target(const int32_t* targets, int64_t rows, int64_t v);
 
+/* Causal attention v1 (src/kernels/attention.c): q, o, dout, dq [b, t, h, dh];
+ * k, v, dk, dv [b, t, kv, dh] (kv divides h; query head i reads key/value
+ * head i / (h / kv)); lse [b, h, t]. Scale 1/sqrt(dh). Every output is
+ * overwritten. Flash-style tiles, no [t, t] buffer; the work is split over
+ * up to |threads| threads started and joined within the call (the handlers
+ * pass the kernels' thread count, src/kernels/pool.h). Returns 0; -1 when a
+ * thread could not allocate its scratch (a few hundred KiB); -2 for sizes
+ * outside the contract (a size below 1, or kv not dividing h). Buffers are
+ * borrowed. */
+int st_kernel_attention_fwd(st_kernel_isa isa, int threads, const float* q, const float* k, const float* v, float* o,
+                            float* lse, int64_t b, int64_t t, int64_t h, int64_t kv, int64_t dh);
+int st_kernel_attention_bwd(st_kernel_isa isa, int threads, const float* q, const float* k, const float* v,
+                            const float* o, const float* lse, const float* dout, float* dq, float* dk, float* dv,
+                            int64_t b, int64_t t, int64_t h, int64_t kv, int64_t dh);
+
 /*--- observability: calls and time per kernel (docs/kernels.md) ----------
  * The handlers count every call they serve in one process-wide table
  * (src/kernels/stats.c says why the FFI ABI forces it): calls and time per
@@ -181,6 +198,7 @@ int st_kernels_spans_take(st_kernel_span* out, int cap, int64_t* dropped);
 
 typedef struct st_kernels_verify_options {
   const char* op;         /* one op, or NULL/"" for all */
+  const char* impl;       /* one implementation (ffi, pallas) against the xla reference, or NULL/"" for all */
   double tolerance_scale; /* multiplies every tolerance (1: the contract's; 0: exact agreement) */
   const char* workdir;    /* where the exporter writes the programs (created; removed unless keep) */
   bool keep;              /* keep |workdir| */

@@ -84,10 +84,18 @@ def _mlp(cfg: ModelConfig, p: Params, x: Array) -> Array:
 
 
 def _fwd_kv(cfg: ModelConfig, p: Params, x: Array) -> tuple[Array, Array, Array]:
-    T = x.shape[1]
+    B, T, D = x.shape
     q, k, v = _qkv(cfg, p, M.layer_norm(x, p["attn_norm"], p["attn_norm_bias"]))
-    causal = jnp.tril(jnp.ones((T, T), dtype=jnp.bool_))[None, None]
-    x = x + _lin(cfg, _attend(cfg, q, k, v, causal), p["wo"], p["bo"])
+    impl = cfg.kernel("attention")
+    if impl != "xla":
+        # kernels.attention: the same causal attention (its contract's q, k
+        # "after RoPE" are simply q and k here: gpt2 has no RoPE)
+        from . import kernels as K
+        a = K.call("attention", impl, q, k, v).reshape(B, T, D)
+    else:
+        causal = jnp.tril(jnp.ones((T, T), dtype=jnp.bool_))[None, None]
+        a = _attend(cfg, q, k, v, causal)
+    x = x + _lin(cfg, a, p["wo"], p["bo"])
     return x + _mlp(cfg, p, x), k, v
 
 
@@ -140,12 +148,18 @@ def gpt2_fwd_res(cfg: ModelConfig, p: Params, x: Array) -> tuple[Array, tuple[Ar
     from . import programs as PR
     B, T, D = x.shape
     q, k, v = _qkv(cfg, p, M.layer_norm(x, p["attn_norm"], p["attn_norm_bias"]))
-    scores = PR._scores(cfg, q, k)
-    probs = jax.nn.softmax(scores, axis=-1)
-    lse = jax.nn.logsumexp(scores, axis=-1)
-    c = cfg.cdtype
-    o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), M.expand_kv(cfg, v).astype(c),
-                   preferred_element_type=jnp.float32).reshape(B, T, D)
+    impl = cfg.kernel("attention")
+    if impl != "xla":
+        from . import kernels as K
+        o, lse = K.attention_res(impl, q, k, v)
+        o = o.reshape(B, T, D)
+    else:
+        scores = PR._scores(cfg, q, k)
+        probs = jax.nn.softmax(scores, axis=-1)
+        lse = jax.nn.logsumexp(scores, axis=-1)
+        c = cfg.cdtype
+        o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), M.expand_kv(cfg, v).astype(c),
+                       preferred_element_type=jnp.float32).reshape(B, T, D)
     x_mid = x + _lin(cfg, o, p["wo"], p["bo"])
     fc = _lin(cfg, M.layer_norm(x_mid, p["mlp_norm"], p["mlp_norm_bias"]), p["w_fc"], p["b_fc"])
     y = x_mid + _lin(cfg, jax.nn.gelu(fc, approximate=True), p["w_proj"], p["b_proj"])
@@ -167,7 +181,14 @@ def gpt2_bwd_res(cfg: ModelConfig, p: Params, x: Array, res: tuple[Array, ...],
     dx_mid = dy + dx_mid_n
     _, vjp = jax.vjp(lambda o_, w, b: _lin(cfg, o_, w, b), o, p["wo"], p["bo"])
     do, dwo, dbo = vjp(dx_mid)
-    dq, dk, dv = (t.astype(x.dtype) for t in PR._attention_core_bwd(cfg, q, k, v, o, lse, do))
+    impl = cfg.kernel("attention")
+    if impl != "xla":
+        from . import kernels as K
+        B, T, H, Dh = q.shape
+        dq, dk, dv = (t.astype(x.dtype) for t in K.attention_res_bwd(
+            impl, q, k, v, o.reshape(B, T, H, Dh), lse, do.astype(jnp.float32).reshape(B, T, H, Dh)))
+    else:
+        dq, dk, dv = (t.astype(x.dtype) for t in PR._attention_core_bwd(cfg, q, k, v, o, lse, do))
     names = ("attn_norm", "attn_norm_bias", "wq", "bq", "wk", "bk", "wv", "bv")
     _, vjp = jax.vjp(lambda x_, *w: _qkv(cfg, dict(zip(names[2:], w[2:])),
                                           M.layer_norm(x_, w[0], w[1])), x, *(p[n] for n in names))

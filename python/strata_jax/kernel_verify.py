@@ -35,9 +35,25 @@ import jax.numpy as jnp
 from . import kernels as K
 
 
-def _shapes(op: dict[str, Any], shape: list[int]) -> list[tuple[int, ...]]:
-    """The op's input shapes for one verify shape (the first input's)."""
-    out = []
+def _per_input(shape: list[Any]) -> bool:
+    return bool(shape) and isinstance(shape[0], list)
+
+
+def _shapes(op: dict[str, Any], shape: list[Any]) -> list[tuple[int, ...]]:
+    """The op's input shapes for one verify shape. A flat shape is the first
+    input's, the others derived from it (``[D]``: its last dim; anything
+    else: the same). A list of shapes (attention's ``[q, k]``) gives the
+    inputs in order, skipping those whose shape is ``like <input>``, which
+    copy that input's."""
+    out: list[tuple[int, ...]] = []
+    if _per_input(shape):
+        given = iter(shape)
+        named: dict[str, tuple[int, ...]] = {}
+        for spec in op["inputs"]:
+            like = spec["shape"][5:] if spec["shape"].startswith("like ") else None
+            named[spec["name"]] = named[like] if like else tuple(next(given))
+            out.append(named[spec["name"]])
+        return out
     for spec in op["inputs"]:
         if spec["shape"] == "[D]":
             out.append((shape[-1],))
@@ -53,12 +69,14 @@ def _dtypes(op: dict[str, Any]) -> list[str]:
     return [spec["dtypes"][0] for spec in op["inputs"]]
 
 
-def _programs(op: dict[str, Any], impl: str, shape: list[int]) -> dict[str, tuple[Any, list[tuple[int, ...]]]]:
+def _programs(op: dict[str, Any], impl: str, shape: list[Any]) -> dict[str, tuple[Any, list[tuple[int, ...]]]]:
     fn = K.IMPLEMENTATIONS[op["name"]][impl]
     ins = _shapes(op, shape)
     floats = [i for i, d in enumerate(_dtypes(op)) if d == "f32"]
 
     def fwd(*args):  # type: ignore[no-untyped-def]
+        if op["name"] == "attention":
+            return K.ATTENTION_FWD[impl](*args)  # o and lse: both are outputs of the contract
         return fn(*args)
 
     def bwd(*args):  # type: ignore[no-untyped-def]
@@ -74,11 +92,13 @@ def _programs(op: dict[str, Any], impl: str, shape: list[int]) -> dict[str, tupl
         _, vjp = jax.vjp(f, *[primals[i] for i in floats])
         return vjp(ct)
 
-    out_shape = tuple(shape) if op["outputs"][0]["shape"] != "[N]" else (shape[0],)
+    # The cotangent of the first output: [N] for a per-row output (cross_entropy's ce), else like the first input.
+    out_shape = (ins[0][0],) if op["outputs"][0]["shape"] == "[N]" else ins[0]
     return {"fwd": (fwd, ins), "bwd": (bwd, ins + [out_shape])}
 
 
-def export(outdir: str, only: str | None = None, bench: bool = False) -> dict[str, Any]:
+def export(outdir: str, only: str | None = None, bench: bool = False, impl: str | None = None) -> dict[str, Any]:
+    only_impl = impl
     os.makedirs(os.path.join(outdir, "programs"), exist_ok=True)
     cases = []
     for op in K.CONTRACT["ops"]:
@@ -89,6 +109,8 @@ def export(outdir: str, only: str | None = None, bench: bool = False) -> dict[st
             for impl in op["implementations"]:
                 if bench and impl == "pallas":
                     continue  # interpret mode on CPU: not timed (strata kernels bench)
+                if only_impl and impl not in ("xla", only_impl):
+                    continue  # --impl: that implementation and the xla reference
                 for d, (fn, ins) in _programs(op, impl, shape).items():
                     if d == "bwd" and not op["has_backward"]:
                         continue
@@ -116,13 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("outdir")
     ap.add_argument("--op", default=None)
     ap.add_argument("--bench", action="store_true", help="the contract's bench_shapes instead of verify_shapes")
+    ap.add_argument("--impl", default=None, choices=("ffi", "pallas"),
+                    help="only this implementation (and the xla reference)")
     args = ap.parse_args(argv)
     if args.op and args.op not in K.OPS:
         print(f"strata_jax.kernel_verify: --op {args.op}: no such kernel op (the contract has: "
               f"{', '.join(sorted(K.OPS))})", file=sys.stderr)
         return 2
     jax.config.update("jax_platforms", "cpu")
-    export(args.outdir, args.op, args.bench)
+    export(args.outdir, args.op, args.bench, args.impl)
     return 0
 
 

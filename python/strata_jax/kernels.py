@@ -25,6 +25,7 @@ exporter can say so in the manifest: never a silent wrong result.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -344,12 +345,313 @@ cross_entropy_pallas.defvjp(_ce_pallas_fwd,
                             lambda res, dce: (_ce_pallas_bwd_call(res[0], res[1], res[2], dce), None))
 
 
+# --- attention --------------------------------------------------------------
+#
+# Causal attention after RoPE (contract row "attention"): q [B, T, H, Dh],
+# k and v [B, T, KV, Dh] (KV divides H: query head h reads key/value head
+# h // (H // KV)), o like q and the log-sum-exp lse [B, H, T] of the masked,
+# scaled scores, which the residual path (programs.block_fwd_res) keeps for
+# the backward. v1 fixes the scale (1/sqrt(Dh)) and the causal mask, so the
+# custom calls carry no attributes. Each implementation has three entry
+# points: attention_<impl>(q, k, v) -> o (differentiable: what model.attention
+# calls), ATTENTION_FWD[impl](q, k, v) -> (o, lse) and
+# ATTENTION_BWD[impl](q, k, v, o, lse, do) -> (dq, dk, dv) (the residual
+# path's two halves).
+
+
+def _expand_heads(t: Array, h: int) -> Array:
+    g = h // t.shape[2]
+    return t if g == 1 else jnp.repeat(t, g, axis=2)
+
+
+def _att_scores(q: Array, k: Array) -> Array:
+    T, H, Dh = q.shape[1], q.shape[2], q.shape[3]
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, _expand_heads(k, H),
+                   preferred_element_type=jnp.float32) / jnp.float32(math.sqrt(Dh))
+    causal = jnp.tril(jnp.ones((T, T), dtype=jnp.bool_))
+    return jnp.where(causal[None, None], s, jnp.float32(-1e30))
+
+
+def attention_fwd_xla(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
+    """(o, lse): the reference, model.attention's math in f32."""
+    s = _att_scores(q, k)
+    o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), _expand_heads(v, q.shape[2]),
+                   preferred_element_type=jnp.float32)
+    return o, jax.nn.logsumexp(s, axis=-1)
+
+
+def attention_xla(q: Array, k: Array, v: Array) -> Array:
+    return attention_fwd_xla(q, k, v)[0]
+
+
+def attention_bwd_xla(q: Array, k: Array, v: Array, o: Array, lse: Array, do: Array) -> tuple[Array, Array, Array]:
+    """p = exp(s - lse), ds = p (dp - rowsum(do * o)) / sqrt(Dh): programs._attention_core_bwd's math in f32."""
+    B, T, H, Dh = q.shape
+    KV = k.shape[2]
+    p = jnp.exp(_att_scores(q, k) - lse[..., None])
+    dv = jnp.einsum("bhqk,bqhd->bkhd", p, do, preferred_element_type=jnp.float32)
+    dp = jnp.einsum("bqhd,bkhd->bhqk", do, _expand_heads(v, H), preferred_element_type=jnp.float32)
+    delta = jnp.transpose(jnp.sum(do * o, axis=-1), (0, 2, 1))
+    ds = p * (dp - delta[..., None]) / jnp.float32(math.sqrt(Dh))
+    dq = jnp.einsum("bhqk,bkhd->bqhd", ds, _expand_heads(k, H), preferred_element_type=jnp.float32)
+    dk = jnp.einsum("bhqk,bqhd->bkhd", ds, q, preferred_element_type=jnp.float32)
+    if KV != H:
+        dk = dk.reshape(B, T, KV, H // KV, Dh).sum(axis=3)
+        dv = dv.reshape(B, T, KV, H // KV, Dh).sum(axis=3)
+    return dq, dk, dv
+
+
+def _att_out_specs(q: Array) -> tuple[Any, Any]:
+    B, T, H, _ = q.shape
+    return jax.ShapeDtypeStruct(q.shape, jnp.float32), jax.ShapeDtypeStruct((B, H, T), jnp.float32)
+
+
+def attention_fwd_ffi(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
+    return tuple(_ffi(OPS["attention"]["ffi_targets"]["fwd"], _att_out_specs(q), q, k, v))
+
+
+def attention_bwd_ffi(q: Array, k: Array, v: Array, o: Array, lse: Array, do: Array) -> tuple[Array, Array, Array]:
+    specs = tuple(jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in (q, k, v))
+    return tuple(_ffi(OPS["attention"]["ffi_targets"]["bwd"], specs, q, k, v, o, lse, do))
+
+
+def _att_vjp(fwd: Callable[..., tuple[Array, Array]], bwd: Callable[..., tuple[Array, Array, Array]]) -> Any:
+    @jax.custom_vjp
+    def f(q: Array, k: Array, v: Array) -> Array:
+        return fwd(q, k, v)[0]
+
+    def f_fwd(q: Array, k: Array, v: Array) -> tuple[Array, tuple[Array, ...]]:
+        o, lse = fwd(q, k, v)
+        return o, (q, k, v, o, lse)
+
+    f.defvjp(f_fwd, lambda res, do: bwd(*res, do))
+    return f
+
+
+attention_ffi = _att_vjp(attention_fwd_ffi, attention_bwd_ffi)
+
+ATT_TILE = 32  # the pallas kernels' query and key tile (the contract's "tile")
+
+
+def _att_pallas_layout(q: Array, k: Array, v: Array) -> tuple[Array, Array, Array, int]:
+    """[B, T, h, Dh] -> [B*h, Tp, Dh], T padded with zeros to a multiple of
+    the tile. Padded keys sit after every real query, so the causal mask
+    hides them; padded queries are dropped by the caller."""
+    T = q.shape[1]
+    Tp = -(-T // ATT_TILE) * ATT_TILE
+
+    def lay(t: Array) -> Array:
+        B, _, h, Dh = t.shape
+        t = jnp.pad(t, ((0, 0), (0, Tp - T), (0, 0), (0, 0)))
+        return jnp.transpose(t, (0, 2, 1, 3)).reshape(B * h, Tp, Dh)
+
+    return lay(q), lay(k), lay(v), Tp
+
+
+def _att_mask(i: Any, j: Any) -> Array:
+    qi = i * ATT_TILE + jax.lax.broadcasted_iota(jnp.int32, (ATT_TILE, ATT_TILE), 0)
+    kj = j * ATT_TILE + jax.lax.broadcasted_iota(jnp.int32, (ATT_TILE, ATT_TILE), 1)
+    return kj <= qi
+
+
+def attention_fwd_pallas(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
+    """Flash-style: grid over (b*h, query tile); key tiles up to the diagonal
+    in a loop with an online softmax (running max m, sum l, unnormalised o)."""
+    pl = _pallas()
+    B, T, H, Dh = q.shape
+    KV = k.shape[2]
+    g = H // KV
+    scale = 1.0 / math.sqrt(Dh)
+    q3, k3, v3, Tp = _att_pallas_layout(q, k, v)
+    n = Tp // ATT_TILE
+
+    def kernel(q_ref, k_ref, v_ref, o_ref, lse_ref):  # type: ignore[no-untyped-def]
+        i = pl.program_id(1)
+        qb = q_ref[0]
+
+        def body(j, carry):  # type: ignore[no-untyped-def]
+            m, l, acc = carry
+            kb = k_ref[0, pl.ds(j * ATT_TILE, ATT_TILE), :]
+            vb = v_ref[0, pl.ds(j * ATT_TILE, ATT_TILE), :]
+            s = jnp.where(_att_mask(i, j), jnp.dot(qb, kb.T) * scale, jnp.float32(-1e30))
+            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+            p = jnp.exp(s - m_new[:, None])
+            alpha = jnp.exp(m - m_new)
+            return m_new, l * alpha + jnp.sum(p, axis=-1), acc * alpha[:, None] + jnp.dot(p, vb)
+
+        init = (jnp.full((ATT_TILE,), -1e30, jnp.float32), jnp.zeros((ATT_TILE,), jnp.float32),
+                jnp.zeros((ATT_TILE, Dh), jnp.float32))
+        m, l, acc = jax.lax.fori_loop(0, i + 1, body, init)
+        o_ref[0] = acc / l[:, None]
+        lse_ref[0] = m + jnp.log(l)
+
+    kv_map = lambda bh, i: ((bh // H) * KV + (bh % H) // g, 0, 0)  # noqa: E731
+    o3, lse2 = pl.pallas_call(
+        kernel, grid=(B * H, n),
+        out_shape=(jax.ShapeDtypeStruct((B * H, Tp, Dh), jnp.float32), jax.ShapeDtypeStruct((B * H, Tp), jnp.float32)),
+        in_specs=[pl.BlockSpec((1, ATT_TILE, Dh), lambda bh, i: (bh, i, 0)),
+                  pl.BlockSpec((1, Tp, Dh), kv_map), pl.BlockSpec((1, Tp, Dh), kv_map)],
+        out_specs=(pl.BlockSpec((1, ATT_TILE, Dh), lambda bh, i: (bh, i, 0)),
+                   pl.BlockSpec((1, ATT_TILE), lambda bh, i: (bh, i))),
+        interpret=True)(q3, k3, v3)
+    o = jnp.transpose(o3.reshape(B, H, Tp, Dh)[:, :, :T], (0, 2, 1, 3))
+    return o, lse2.reshape(B, H, Tp)[:, :, :T]
+
+
+def attention_bwd_pallas(q: Array, k: Array, v: Array, o: Array, lse: Array, do: Array) -> tuple[Array, Array, Array]:
+    """Two kernels, p recomputed from lse per tile: dq over (b*h, query
+    tile) looping over key tiles; dk and dv per query head over (b*h, key
+    tile) looping over query tiles, summed over each key/value group
+    outside the kernel. delta = rowsum(do * o) is computed once, outside."""
+    pl = _pallas()
+    B, T, H, Dh = q.shape
+    KV = k.shape[2]
+    g = H // KV
+    scale = 1.0 / math.sqrt(Dh)
+    q3, k3, v3, Tp = _att_pallas_layout(q, k, v)
+    o3, do3 = _att_pallas_layout(o, do, do)[:2]
+    n = Tp // ATT_TILE
+    pad = lambda t: jnp.pad(t.reshape(B * H, T), ((0, 0), (0, Tp - T)))  # noqa: E731
+    lse2 = pad(lse)
+    delta2 = jnp.sum(o3 * do3, axis=-1)
+    kv_map = lambda bh, i: ((bh // H) * KV + (bh % H) // g, 0, 0)  # noqa: E731
+
+    def tile_p(qb, kb, lb, i, j):  # type: ignore[no-untyped-def]
+        s = jnp.dot(qb, kb.T) * scale
+        return jnp.where(_att_mask(i, j), jnp.exp(s - lb[:, None]), jnp.float32(0))
+
+    def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, dq_ref):  # type: ignore[no-untyped-def]
+        i = pl.program_id(1)
+        qb, dob, lb, db = q_ref[0], do_ref[0], lse_ref[0], dl_ref[0]
+
+        def body(j, acc):  # type: ignore[no-untyped-def]
+            kb = k_ref[0, pl.ds(j * ATT_TILE, ATT_TILE), :]
+            vb = v_ref[0, pl.ds(j * ATT_TILE, ATT_TILE), :]
+            p = tile_p(qb, kb, lb, i, j)
+            ds = p * (jnp.dot(dob, vb.T) - db[:, None])
+            return acc + jnp.dot(ds, kb) * scale
+
+        dq_ref[0] = jax.lax.fori_loop(0, i + 1, body, jnp.zeros((ATT_TILE, Dh), jnp.float32))
+
+    qrow = pl.BlockSpec((1, ATT_TILE, Dh), lambda bh, i: (bh, i, 0))
+    vrow = pl.BlockSpec((1, ATT_TILE), lambda bh, i: (bh, i))
+    dq3 = pl.pallas_call(
+        dq_kernel, grid=(B * H, n), out_shape=jax.ShapeDtypeStruct((B * H, Tp, Dh), jnp.float32),
+        in_specs=[qrow, pl.BlockSpec((1, Tp, Dh), kv_map), pl.BlockSpec((1, Tp, Dh), kv_map), qrow, vrow, vrow],
+        out_specs=qrow, interpret=True)(q3, k3, v3, do3, lse2, delta2)
+
+    def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, dk_ref, dv_ref):  # type: ignore[no-untyped-def]
+        j = pl.program_id(1)
+        kb, vb = k_ref[0], v_ref[0]
+
+        def body(i, carry):  # type: ignore[no-untyped-def]
+            dk, dv = carry
+            qb = q_ref[0, pl.ds(i * ATT_TILE, ATT_TILE), :]
+            dob = do_ref[0, pl.ds(i * ATT_TILE, ATT_TILE), :]
+            lb = lse_ref[0, pl.ds(i * ATT_TILE, ATT_TILE)]
+            db = dl_ref[0, pl.ds(i * ATT_TILE, ATT_TILE)]
+            p = tile_p(qb, kb, lb, i, j)
+            ds = p * (jnp.dot(dob, vb.T) - db[:, None])
+            return dk + jnp.dot(ds.T, qb) * scale, dv + jnp.dot(p.T, dob)
+
+        z = jnp.zeros((ATT_TILE, Dh), jnp.float32)
+        dk_ref[0], dv_ref[0] = jax.lax.fori_loop(j, n, body, (z, z))
+
+    full = pl.BlockSpec((1, Tp, Dh), lambda bh, j: (bh, 0, 0))
+    fullv = pl.BlockSpec((1, Tp), lambda bh, j: (bh, 0))
+    kvtile = pl.BlockSpec((1, ATT_TILE, Dh), lambda bh, j: ((bh // H) * KV + (bh % H) // g, j, 0))
+    out = pl.BlockSpec((1, ATT_TILE, Dh), lambda bh, j: (bh, j, 0))
+    dk3, dv3 = pl.pallas_call(
+        dkv_kernel, grid=(B * H, n),
+        out_shape=(jax.ShapeDtypeStruct((B * H, Tp, Dh), jnp.float32),) * 2,
+        in_specs=[full, kvtile, kvtile, full, fullv, fullv], out_specs=(out, out),
+        interpret=True)(q3, k3, v3, do3, lse2, delta2)
+
+    def back(t: Array, h: int) -> Array:
+        return jnp.transpose(t.reshape(B, h, Tp, Dh)[:, :, :T], (0, 2, 1, 3))
+
+    dk = dk3.reshape(B, KV, g, Tp, Dh).sum(axis=2).reshape(B * KV, Tp, Dh)
+    dv = dv3.reshape(B, KV, g, Tp, Dh).sum(axis=2).reshape(B * KV, Tp, Dh)
+    return back(dq3, H), back(dk, KV), back(dv, KV)
+
+
+attention_pallas = _att_vjp(attention_fwd_pallas, attention_bwd_pallas)
+
+ATTENTION_FWD: dict[str, Callable[..., tuple[Array, Array]]] = {
+    "xla": attention_fwd_xla, "ffi": attention_fwd_ffi, "pallas": attention_fwd_pallas}
+ATTENTION_BWD: dict[str, Callable[..., tuple[Array, Array, Array]]] = {
+    "xla": attention_bwd_xla, "ffi": attention_bwd_ffi, "pallas": attention_bwd_pallas}
+
+
+def _att_impl(impl: str, *args: Array) -> str:
+    """|impl|, or the contract's fallback (recorded) for operands outside it."""
+    if impl != "xla":
+        why = _in_contract("attention", *args[:3])
+        if why is not None:
+            fb = OPS["attention"]["fallback"]
+            fallbacks_seen.append(("attention", impl, fb, why))
+            return fb
+    return impl
+
+
+def _att_res_vjp(impl: str) -> Any:
+    """(q, k, v) -> (o, lse) through |impl|, differentiable: the
+    tensor-parallel plain block (block_fwd_local) differentiates its
+    residual forward. o's cotangent goes to the backward target; lse's own
+    gradient (ds += dlse p) is not in the contract's backward, so a nonzero
+    one (nothing in the model makes one) takes the reference's gradient."""
+    fwd, bwd = ATTENTION_FWD[impl], ATTENTION_BWD[impl]
+    from jax.custom_derivatives import SymbolicZero
+
+    @jax.custom_vjp
+    def f(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
+        return fwd(q, k, v)
+
+    def f_fwd(q: Any, k: Any, v: Any) -> tuple[tuple[Array, Array], tuple[Array, ...]]:
+        q, k, v = q.value, k.value, v.value
+        o, lse = fwd(q, k, v)
+        return (o, lse), (q, k, v, o, lse)
+
+    def f_bwd(res: tuple[Array, ...], cts: tuple[Any, Any]) -> tuple[Array, Array, Array]:
+        q, k, v, o, lse = res
+        do, dlse = cts
+        do = jnp.zeros_like(o) if isinstance(do, SymbolicZero) else do
+        if not isinstance(dlse, SymbolicZero):
+            return jax.vjp(attention_fwd_xla, q, k, v)[1]((do, dlse))
+        return bwd(q, k, v, o, lse, do)
+
+    f.defvjp(f_fwd, f_bwd, symbolic_zeros=True)
+    return f
+
+
+_ATT_RES: dict[str, Any] = {}
+
+
+def attention_res(impl: str, q: Array, k: Array, v: Array) -> tuple[Array, Array]:
+    """The residual path's forward: (o, lse) through |impl| (programs.block_fwd_res)."""
+    impl = _att_impl(impl, q, k, v)
+    if impl == "xla":
+        return attention_fwd_xla(q, k, v)
+    if impl not in _ATT_RES:
+        _ATT_RES[impl] = _att_res_vjp(impl)
+    return _ATT_RES[impl](q, k, v)
+
+
+def attention_res_bwd(impl: str, q: Array, k: Array, v: Array, o: Array, lse: Array,
+                      do: Array) -> tuple[Array, Array, Array]:
+    """The residual path's backward: (dq, dk, dv) through |impl| (programs.block_bwd_res)."""
+    return ATTENTION_BWD[_att_impl(impl, q, k, v)](q, k, v, o, lse, do)
+
+
 # --- dispatch ---------------------------------------------------------------
 
 IMPLEMENTATIONS: dict[str, dict[str, Callable[..., Array]]] = {
     "rmsnorm": {"xla": rmsnorm_xla, "ffi": rmsnorm_ffi, "pallas": rmsnorm_pallas},
     "swiglu": {"xla": swiglu_xla, "ffi": swiglu_ffi, "pallas": swiglu_pallas},
     "cross_entropy": {"xla": cross_entropy_xla, "ffi": cross_entropy_ffi, "pallas": cross_entropy_pallas},
+
+
+    "attention": {"xla": attention_xla, "ffi": attention_ffi, "pallas": attention_pallas},
 }
 
 

@@ -450,6 +450,12 @@ def attention(cfg: ModelConfig, p: Params, x: Array) -> Array:
     v = _mm(cfg, x, p["wv"]).reshape(B, T, -1, Dh)
     cos, sin = rope_tables(cfg)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    impl = cfg.kernel("attention")
+    if impl != "xla":
+        # The kernel op (kernels.py, contract row "attention"): k and v keep
+        # their n_kv_heads heads; f32 whatever compute_dtype (q, k, v are f32 here).
+        from . import kernels as K
+        return _mm(cfg, K.call("attention", impl, q, k, v).reshape(B, T, D), p["wo"])
     k, v = expand_kv(cfg, k), expand_kv(cfg, v)
     scores = cdot(cfg, "bqhd,bkhd->bhqk", q, k) / jnp.float32(math.sqrt(Dh))
     causal = jnp.tril(jnp.ones((T, T), dtype=jnp.bool_))

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from . import kernels as K
 from . import model as M
 from .model import ModelConfig
 from .optim import adamw_update, sqnorm
@@ -397,12 +398,18 @@ def block_fwd_res(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tuple[Arra
     """y and the residuals (RESIDUALS order)."""
     B, T, D = x.shape
     q, k, v = _qkv(cfg, p, x)
-    scores = _scores(cfg, q, k)
-    probs = jax.nn.softmax(scores, axis=-1)
-    lse = jax.nn.logsumexp(scores, axis=-1)
-    c = cfg.cdtype
-    o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), M.expand_kv(cfg, v).astype(c),
-                   preferred_element_type=jnp.float32).reshape(B, T, D)
+    impl = cfg.kernel("attention")
+    if impl != "xla":
+        # The kernel's forward target gives o and lse (kernels.attention_res).
+        o, lse = K.attention_res(impl, q, k, v)
+        o = o.reshape(B, T, D)
+    else:
+        scores = _scores(cfg, q, k)
+        probs = jax.nn.softmax(scores, axis=-1)
+        lse = jax.nn.logsumexp(scores, axis=-1)
+        c = cfg.cdtype
+        o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), M.expand_kv(cfg, v).astype(c),
+                       preferred_element_type=jnp.float32).reshape(B, T, D)
     x_mid = x + M._mm(cfg, o, p["wo"])
     h2 = M.norm(cfg, x_mid, p["mlp_norm"])
     gate, up = M._mm(cfg, h2, p["w_gate"]), M._mm(cfg, h2, p["w_up"])
@@ -451,7 +458,13 @@ def block_bwd_res(cfg: ModelConfig, p: dict[str, Array], x: Array, res: tuple[Ar
     dx_mid = dy + dx_mid_n
     _, vjp = jax.vjp(lambda o_, w: M._mm(cfg, o_, w), o, p["wo"])
     do, dwo = vjp(dx_mid)
-    dq, dk, dv = _attention_core_bwd(cfg, q, k, v, o, lse, do)
+    impl = cfg.kernel("attention")
+    if impl != "xla":
+        # The kernel's backward target in place of _attention_core_bwd's einsums.
+        B, T, H, Dh = q.shape
+        dq, dk, dv = K.attention_res_bwd(impl, q, k, v, o.reshape(B, T, H, Dh), lse, do.reshape(B, T, H, Dh))
+    else:
+        dq, dk, dv = _attention_core_bwd(cfg, q, k, v, o, lse, do)
     _, vjp = jax.vjp(lambda x_, gain, wq, wk, wv: _qkv(cfg, {"attn_norm": gain, "wq": wq, "wk": wk, "wv": wv}, x_),
                      x, p["attn_norm"], p["wq"], p["wk"], p["wv"])
     dx_n, dattn_norm, dwq, dwk, dwv = vjp((dq, dk, dv))

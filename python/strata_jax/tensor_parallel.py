@@ -64,6 +64,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from . import kernels as K
 from . import model as M
 from . import programs as PR
 from .model import ModelConfig
@@ -143,12 +144,19 @@ def block_fwd_res_local(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tupl
     whole (all-reduced), the residuals are this device's part."""
     B, T, _ = x.shape
     q, k, v = _qkv_local(cfg, p, x)
-    scores = PR._scores(cfg, q, k)
-    probs = jax.nn.softmax(scores, axis=-1)
-    lse = jax.nn.logsumexp(scores, axis=-1)
-    c = cfg.cdtype
-    o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), M.expand_kv(cfg, v).astype(c),
-                   preferred_element_type=jnp.float32).reshape(B, T, -1)
+    impl = cfg.kernel("attention")
+    if impl != "xla":
+        # The device's heads are whole key/value groups (the contract's sharding):
+        # the kernel runs on them as on a model with H / tensor heads.
+        o, lse = K.attention_res(impl, q, k, v)
+        o = o.reshape(B, T, -1)
+    else:
+        scores = PR._scores(cfg, q, k)
+        probs = jax.nn.softmax(scores, axis=-1)
+        lse = jax.nn.logsumexp(scores, axis=-1)
+        c = cfg.cdtype
+        o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), M.expand_kv(cfg, v).astype(c),
+                       preferred_element_type=jnp.float32).reshape(B, T, -1)
     x_mid = x + reduce_from_tp(M._mm(cfg, o, p["wo"]))
     h2 = copy_to_tp(M.norm(cfg, x_mid, p["mlp_norm"]))
     gate, up = M._mm(cfg, h2, p["w_gate"]), M._mm(cfg, h2, p["w_up"])
@@ -178,7 +186,14 @@ def block_bwd_res_local(cfg: ModelConfig, p: dict[str, Array], x: Array, res: tu
     dx_mid = dy + dx_mid_n
     _, vjp = jax.vjp(lambda o_, w: M._mm(cfg, o_, w), o, p["wo"])
     do, dwo = vjp(dx_mid)
-    dq, dk, dv = PR._attention_core_bwd(cfg, q, k, v, o, lse, do)
+    impl = cfg.kernel("attention")
+    if impl != "xla":
+        B, T, Hl, Dh = q.shape
+        f32 = lambda t: t.astype(jnp.float32)  # noqa: E731  (bf16 residuals: the contract is f32)
+        dq, dk, dv = K.attention_res_bwd(impl, f32(q), f32(k), f32(v), f32(o).reshape(B, T, Hl, Dh), lse,
+                                         f32(do).reshape(B, T, Hl, Dh))
+    else:
+        dq, dk, dv = PR._attention_core_bwd(cfg, q, k, v, o, lse, do)
     _, vjp = jax.vjp(lambda x_, gain, wq, wk, wv: _qkv_local(
         cfg, {"attn_norm": gain, "wq": wq, "wk": wk, "wv": wv}, x_), x, p["attn_norm"], p["wq"], p["wk"], p["wv"])
     dx_n, dattn_norm, dwq, dwk, dwv = vjp((dq, dk, dv))

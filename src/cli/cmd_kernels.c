@@ -11,7 +11,7 @@
 
 static const char* kUsage =
     "usage: strata kernels list [--json]           the kernel contract: ops, versions, shapes, tolerances, targets\n"
-    "       strata kernels verify [--op NAME] [--tolerance-scale S] [--keep DIR]\n"
+    "       strata kernels verify [--op NAME] [--impl ffi|pallas] [--tolerance-scale S] [--keep DIR]\n"
     "           every implementation against the xla reference on the contract's shapes, forward and backward\n"
     "           (exit 4 naming op, implementation, shape and the largest error when one is outside tolerance)\n"
     "       strata kernels bench [--op NAME] [--runs N]\n"
@@ -51,6 +51,14 @@ static int st__verify(int argc, char** argv, bool bench) {
     const char* a = argv[i];
     if (!strcmp(a, "--op") && i + 1 < argc) o.op = argv[++i];
     else if (!strcmp(a, "--keep") && i + 1 < argc) keep = argv[++i];
+    else if (!strcmp(a, "--impl") && i + 1 < argc) {
+      o.impl = argv[++i];
+      if (strcmp(o.impl, "ffi") && strcmp(o.impl, "pallas")) {
+        fprintf(stderr, "strata kernels %s: --impl '%s' is not ffi or pallas (xla is the reference)\n",
+                bench ? "bench" : "verify", o.impl);
+        return 2;
+      }
+    }
     else if (bench && !strcmp(a, "--runs") && i + 1 < argc) {
       char* end = NULL;
       long v = strtol(argv[++i], &end, 10);

@@ -262,6 +262,9 @@ static const st__cfg_key kKeys[] = {
     {"kernels.cross_entropy", ST__CFG_ENUM, "xla", .choices = "xla|ffi|pallas",
      .doc = "The head's softmax cross-entropy over the vocabulary (per-row loss and its logits gradient; the masked "
             "mean stays plain jnp; docs/kernels.md): xla, ffi or pallas, as kernels.rmsnorm."},
+    {"kernels.attention", ST__CFG_ENUM, "xla", .choices = "xla|ffi|pallas",
+     .doc = "Causal attention's implementation (q, k, v after RoPE -> o and the log-sum-exp; docs/kernels.md): xla, "
+            "ffi (flash-style C kernel, threads over batch and heads) or pallas, as kernels.rmsnorm."},
 };
 
 static const st__cfg_section kSections[] = {

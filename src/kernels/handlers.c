@@ -2,7 +2,8 @@
  * handlers.c — the XLA FFI handlers that serve the kernels' custom calls
  * (ffi_abi.h; docs/kernels.md, "Registration"). Each answers XLA's metadata
  * probe, checks what it is handed against the contract (f32, matching
- * shapes) and runs math.c on the calling thread.
+ * shapes) and runs math.c on the calling thread (attention.c: on threads
+ * started and joined within the call).
  *
  * A handler returns an error, never aborts: a wrong shape reaches it only if
  * a bundle was hand-made or the exporter broke its contract, and the run
@@ -14,6 +15,7 @@
 
 #include "kernels/ffi_abi.h"
 #include "kernels/internal.h"
+#include "kernels/pool.h"
 #include "strata/base.h"
 #include "strata/kernels.h"
 
@@ -192,6 +194,54 @@ static xf_error* st__cross_entropy_bwd(xf_call_frame* f) {
   return NULL;
 }
 
+/* attention fwd: (q [B, T, H, Dh], k [B, T, KV, Dh], v like k) -> (o like q,
+ * lse [B, H, T]); KV divides H. */
+static xf_error* st__attention_shapes(xf_call_frame* f, const char* target, const xf_buffer* q, const xf_buffer* k,
+                                      const xf_buffer* v) {
+  if (q->rank != 4 || k->rank != 4 || !st__same_shape(k, v) || k->dims[0] != q->dims[0] ||
+      k->dims[1] != q->dims[1] || k->dims[3] != q->dims[3] || k->dims[2] < 1 || q->dims[2] % k->dims[2] ||
+      st__count(q) == 0)
+    return st__fail(f, "%s: shapes outside the contract (q [B, T, H, Dh], k and v [B, T, KV, Dh] with KV dividing "
+                    "H, every size at least 1)", target);
+  return NULL;
+}
+
+static xf_error* st__attention_fwd(xf_call_frame* f) {
+  ST__HANDLER_PROLOGUE(f);
+  xf_buffer *in[3], *out[2];
+  xf_error* e = st__operands(f, ST_KERNEL_ATTENTION_FWD, 3, 2, in, out);
+  if (e) return e;
+  xf_buffer *q = in[0], *k = in[1], *v = in[2], *o = out[0], *lse = out[1];
+  if ((e = st__attention_shapes(f, ST_KERNEL_ATTENTION_FWD, q, k, v))) return e;
+  if (!st__same_shape(q, o) || lse->rank != 3 || lse->dims[0] != q->dims[0] || lse->dims[1] != q->dims[2] ||
+      lse->dims[2] != q->dims[1])
+    return st__fail(f, "%s: results outside the contract (o like q, lse [B, H, T])", ST_KERNEL_ATTENTION_FWD);
+  if (st_kernel_attention_fwd(st_kernels_isa(), st__kernels_threads(), q->data, k->data, v->data, o->data, lse->data,
+                              q->dims[0], q->dims[1], q->dims[2], k->dims[2], q->dims[3]))
+    return st__fail(f, "%s: out of memory for the kernel's scratch", ST_KERNEL_ATTENTION_FWD);
+  return NULL;
+}
+
+/* attention bwd: (q, k, v, o, lse, do) -> (dq like q, dk like k, dv like v). */
+static xf_error* st__attention_bwd(xf_call_frame* f) {
+  ST__HANDLER_PROLOGUE(f);
+  xf_buffer *in[6], *out[3];
+  xf_error* e = st__operands(f, ST_KERNEL_ATTENTION_BWD, 6, 3, in, out);
+  if (e) return e;
+  xf_buffer *q = in[0], *k = in[1], *v = in[2], *o = in[3], *lse = in[4], *dout = in[5];
+  if ((e = st__attention_shapes(f, ST_KERNEL_ATTENTION_BWD, q, k, v))) return e;
+  if (!st__same_shape(q, o) || !st__same_shape(q, dout) || lse->rank != 3 || lse->dims[0] != q->dims[0] ||
+      lse->dims[1] != q->dims[2] || lse->dims[2] != q->dims[1] || !st__same_shape(q, out[0]) ||
+      !st__same_shape(k, out[1]) || !st__same_shape(k, out[2]))
+    return st__fail(f, "%s: shapes outside the contract (o, do, dq like q; lse [B, H, T]; dk, dv like k)",
+                    ST_KERNEL_ATTENTION_BWD);
+  if (st_kernel_attention_bwd(st_kernels_isa(), st__kernels_threads(), q->data, k->data, v->data, o->data, lse->data,
+                              dout->data, out[0]->data, out[1]->data, out[2]->data, q->dims[0], q->dims[1],
+                              q->dims[2], k->dims[2], q->dims[3]))
+    return st__fail(f, "%s: out of memory for the kernel's scratch", ST_KERNEL_ATTENTION_BWD);
+  return NULL;
+}
+
 /* Every handler as the plugin calls it: the call counted and timed
  * (stats.c) when it runs a kernel, not when XLA probes or prepares it. */
 static int st__is_probe(const xf_call_frame* f) {
@@ -218,6 +268,8 @@ ST__TIMED(st__swiglu_fwd, ST_KERNEL_SWIGLU_FWD)
 ST__TIMED(st__swiglu_bwd, ST_KERNEL_SWIGLU_BWD)
 ST__TIMED(st__cross_entropy_fwd, ST_KERNEL_CROSS_ENTROPY_FWD)
 ST__TIMED(st__cross_entropy_bwd, ST_KERNEL_CROSS_ENTROPY_BWD)
+ST__TIMED(st__attention_fwd, ST_KERNEL_ATTENTION_FWD)
+ST__TIMED(st__attention_bwd, ST_KERNEL_ATTENTION_BWD)
 
 /* The handlers compiled into strata. The version is the contract version
  * the code implements; st_kernels_check_contract holds it equal to the
@@ -229,6 +281,8 @@ const st_kernel_handler st__kernel_handlers[] = {
     {"swiglu", 1, "bwd", ST_KERNEL_SWIGLU_BWD, (void*)st__swiglu_bwd_timed},
     {"cross_entropy", 1, "fwd", ST_KERNEL_CROSS_ENTROPY_FWD, (void*)st__cross_entropy_fwd_timed},
     {"cross_entropy", 1, "bwd", ST_KERNEL_CROSS_ENTROPY_BWD, (void*)st__cross_entropy_bwd_timed},
+    {"attention", 1, "fwd", ST_KERNEL_ATTENTION_FWD, (void*)st__attention_fwd_timed},
+    {"attention", 1, "bwd", ST_KERNEL_ATTENTION_BWD, (void*)st__attention_bwd_timed},
 };
 const int st__kernel_handler_count = (int)(sizeof(st__kernel_handlers) / sizeof(st__kernel_handlers[0]));
 
@@ -241,6 +295,8 @@ static const st_ffi_target kTargets[] = {
     {ST_KERNEL_SWIGLU_BWD, (void*)st__swiglu_bwd_timed},
     {ST_KERNEL_CROSS_ENTROPY_FWD, (void*)st__cross_entropy_fwd_timed},
     {ST_KERNEL_CROSS_ENTROPY_BWD, (void*)st__cross_entropy_bwd_timed},
+    {ST_KERNEL_ATTENTION_FWD, (void*)st__attention_fwd_timed},
+    {ST_KERNEL_ATTENTION_BWD, (void*)st__attention_bwd_timed},
 };
 
 const st_ffi_target* st_kernels_ffi_target_table(int* count) {

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/internal.h"
 #include "strata/kernels.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -217,3 +218,18 @@ void st_kernel_swiglu_bwd(st_kernel_isa isa, const float* gate, const float* up,
                           float* dup, int64_t n) {
   ST__PICK(isa, swiglu_bwd, gate, up, dh, dgate, dup, n);
 }
+
+/*--- attention's row exp (attention.c) ---------------------------------------*/
+
+#ifdef ST_HAVE_AVX512_PATH
+AVX512 float st__exp_shift_sum_avx512(float* s, int64_t n, float shift) {
+  __m512 sh = _mm512_set1_ps(shift), acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    __mmask16 m = tail_mask(n - i);
+    __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + i), sh));
+    _mm512_mask_storeu_ps(s + i, m, e);
+    acc = _mm512_mask_add_ps(acc, m, acc, e);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+#endif

@@ -47,10 +47,14 @@ static void* st__range_main(void* p) {
 }
 
 void st__parallel_for(int64_t n, int64_t grain, st__range_fn fn, void* ctx) {
+  st__parallel_for_threads(n, grain, st__kernels_threads(), fn, ctx);
+}
+
+void st__parallel_for_threads(int64_t n, int64_t grain, int t, st__range_fn fn, void* ctx) {
   if (n <= 0) return;
   if (grain < 1) grain = 1;
   int64_t parts = n / grain;
-  int t = st__kernels_threads();
+  if (t > ST__MAX_THREADS) t = ST__MAX_THREADS;
   if (parts > t) parts = t;
   if (parts < 2) {
     fn(ctx, 0, n);

@@ -16,5 +16,8 @@ int st__kernels_threads(void);
  * two grains runs inline. A thread that cannot be created is no error: its
  * range runs on the calling thread. */
 void st__parallel_for(int64_t n, int64_t grain, st__range_fn fn, void* ctx);
+/* The same on at most |threads| threads (attention.c: its callers, tests
+ * among them, choose the count). */
+void st__parallel_for_threads(int64_t n, int64_t grain, int threads, st__range_fn fn, void* ctx);
 
 #endif

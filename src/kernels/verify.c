@@ -147,6 +147,20 @@ static st_status st__time(st__case* k, st_runtime* rt, int runs, double* out_s) 
   return s;
 }
 
+/* Same inputs and outputs, every shape: the label (the first input's shape)
+ * does not tell apart cases with per-input shapes (attention's k and v). */
+static bool st__same_io(const st__case* a, const st__case* b) {
+  if (a->n_in != b->n_in || a->n_out != b->n_out) return false;
+  for (int i = 0; i < a->n_in + a->n_out; ++i) {
+    const st_tensor_type *x = i < a->n_in ? &a->in[i] : &a->out[i - a->n_in],
+                         *y = i < a->n_in ? &b->in[i] : &b->out[i - a->n_in];
+    if (x->rank != y->rank) return false;
+    for (int d = 0; d < x->rank; ++d)
+      if (x->dims[d] != y->dims[d]) return false;
+  }
+  return true;
+}
+
 static st_status st__bench(st__case* ks, size_t n, st_runtime* rt, const st_kernels_verify_options* o) {
   int runs = o->bench_runs > 0 ? o->bench_runs : 20;
   double* secs = st_xcalloc(n + 1, sizeof(double));
@@ -160,7 +174,7 @@ static st_status st__bench(st__case* ks, size_t n, st_runtime* rt, const st_kern
     double ref = 0;
     for (size_t j = 0; j < n; ++j)
       if (!strcmp(ks[j].impl, "xla") && !strcmp(ks[j].op, ks[i].op) && !strcmp(ks[j].dir, ks[i].dir) &&
-          !strcmp(ks[j].shape, ks[i].shape))
+          !strcmp(ks[j].shape, ks[i].shape) && st__same_io(&ks[j], &ks[i]))
         ref = secs[j];
     if (o->out)
       fprintf(o->out, "%-8s %s %-18s %-7s %10.1f us  %5.2fx xla\n", ks[i].op, ks[i].dir, ks[i].shape, ks[i].impl,
@@ -189,11 +203,15 @@ static st_status st__run(st__case* k, st_runtime* rt, float** outs) {
 }
 
 static st_status st__export(const st_kernels_verify_options* o) {
-  const char* args[5] = {o->workdir, NULL, NULL, NULL, NULL};
+  const char* args[7] = {o->workdir, NULL, NULL, NULL, NULL, NULL, NULL};
   int n = 1;
   if (o->op && o->op[0]) {
     args[n++] = "--op";
     args[n++] = o->op;
+  }
+  if (o->impl && o->impl[0]) {
+    args[n++] = "--impl";
+    args[n++] = o->impl;
   }
   if (o->bench) args[n++] = "--bench";
   char* log = st_path_join(o->workdir, "export.log");
@@ -226,15 +244,21 @@ static st_status st__verify(const st_kernels_verify_options* o, st_runtime* rt, 
   st__case* ks = st_xcalloc(n + 1, sizeof(st__case));
   st_program_compile_job* jobs = st_xcalloc(n + 1, sizeof(*jobs));
   char** paths = st_xcalloc(n + 1, sizeof(char*));
+  size_t kept = 0; /* with options->impl: that implementation's cases and the xla references */
   for (size_t i = 0; i < n && !s; ++i) {
     char where[300];
     snprintf(where, sizeof(where), "%s: cases[%zu]", index_path, i);
-    s = st__parse_case(json_array_get(cases, i), where, &ks[i]);
-    if (!s) {
-      paths[i] = st_path_join(o->workdir, ks[i].file);
-      jobs[i].path = paths[i];
+    s = st__parse_case(json_array_get(cases, i), where, &ks[kept]);
+    if (s) break;
+    if (o->impl && o->impl[0] && strcmp(ks[kept].impl, "xla") && strcmp(ks[kept].impl, o->impl)) {
+      memset(&ks[kept], 0, sizeof(ks[kept]));
+      continue;
     }
+    paths[kept] = st_path_join(o->workdir, ks[kept].file);
+    jobs[kept].path = paths[kept];
+    ++kept;
   }
+  n = kept;
   /* Every program at once: an unregistered target fails here, naming the
    * program, before anything runs. */
   if (!s) s = st_program_compile_files(rt, jobs, (int)n);
@@ -248,7 +272,7 @@ static st_status st__verify(const st_kernels_verify_options* o, st_runtime* rt, 
     const st__case* ref = NULL;
     for (size_t j = 0; j < n; ++j)
       if (!strcmp(ks[j].impl, "xla") && !strcmp(ks[j].op, k->op) && !strcmp(ks[j].dir, k->dir) &&
-          !strcmp(ks[j].shape, k->shape) && ks[j].n_in == k->n_in && ks[j].n_out == k->n_out)
+          !strcmp(ks[j].shape, k->shape) && st__same_io(&ks[j], k))
         ref = &ks[j];
     if (!ref) {
       s = st_status_make(ST_CODE_RUNTIME, "kernel '%s' %s %s %s: no xla reference case", k->op, k->impl, k->dir,

@@ -70,7 +70,7 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   /* kernels.<op> likewise, only the ops not at xla (docs/kernels.md): the
    * selection is part of the model JSON, so of the bundle key. */
   json_t* kern = json_object();
-  static const char* const kKernelOps[] = {"rmsnorm", "swiglu", "cross_entropy"};
+  static const char* const kKernelOps[] = {"rmsnorm", "swiglu", "cross_entropy", "attention"};
   for (size_t i = 0; i < sizeof(kKernelOps) / sizeof(kKernelOps[0]); ++i) {
     char key[64];
     snprintf(key, sizeof(key), "kernels.%s", kKernelOps[i]);

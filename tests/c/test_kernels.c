@@ -204,6 +204,110 @@ static void test_cross_entropy_matches_double_reference(void** state) {
   assert_int_equal(st_kernel_cross_entropy_bad_target(bad, 4, 10), -1);
 }
 
+/* Causal attention in double, straight from the definition (the whole [T, T]
+ * score matrix of a head): o, lse, and the gradients of sum(o * dout). */
+static void attention_reference(const float* q, const float* k, const float* v, const float* dout, int64_t B,
+                                int64_t T, int64_t H, int64_t KV, int64_t Dh, double* o, double* lse, double* dq,
+                                double* dk, double* dv) {
+  double* p = calloc((size_t)(T * T), sizeof(double));
+  double* dp = calloc((size_t)(T * T), sizeof(double));
+  double scale = 1.0 / sqrt((double)Dh);
+  memset(dk, 0, sizeof(double) * (size_t)(B * T * KV * Dh));
+  memset(dv, 0, sizeof(double) * (size_t)(B * T * KV * Dh));
+#define QI(b, t, h, d) ((((b) * T + (t)) * H + (h)) * Dh + (d))
+#define KI(b, t, h, d) ((((b) * T + (t)) * KV + (h)) * Dh + (d))
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      int64_t g = h / (H / KV);
+      for (int64_t i = 0; i < T; ++i) {
+        double m = -INFINITY, sum = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          double s = 0;
+          for (int64_t d = 0; d < Dh; ++d) s += (double)q[QI(b, i, h, d)] * k[KI(b, j, g, d)];
+          p[i * T + j] = s * scale;
+          if (p[i * T + j] > m) m = p[i * T + j];
+        }
+        for (int64_t j = 0; j <= i; ++j) sum += exp(p[i * T + j] - m);
+        lse[(b * H + h) * T + i] = m + log(sum);
+        for (int64_t j = 0; j <= i; ++j) p[i * T + j] = exp(p[i * T + j] - m) / sum;
+        for (int64_t d = 0; d < Dh; ++d) {
+          double acc = 0;
+          for (int64_t j = 0; j <= i; ++j) acc += p[i * T + j] * v[KI(b, j, g, d)];
+          o[QI(b, i, h, d)] = acc;
+        }
+      }
+      /* dp = dout v^T; ds = p (dp - sum_j p dp); dq = scale ds k; dk = scale ds^T q; dv = p^T dout */
+      for (int64_t i = 0; i < T; ++i) {
+        double rs = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          double acc = 0;
+          for (int64_t d = 0; d < Dh; ++d) acc += (double)dout[QI(b, i, h, d)] * v[KI(b, j, g, d)];
+          dp[i * T + j] = acc;
+          rs += p[i * T + j] * acc;
+        }
+        for (int64_t j = 0; j <= i; ++j) dp[i * T + j] = p[i * T + j] * (dp[i * T + j] - rs) * scale;
+        for (int64_t d = 0; d < Dh; ++d) {
+          double acc = 0;
+          for (int64_t j = 0; j <= i; ++j) acc += dp[i * T + j] * k[KI(b, j, g, d)];
+          dq[QI(b, i, h, d)] = acc;
+        }
+        for (int64_t j = 0; j <= i; ++j)
+          for (int64_t d = 0; d < Dh; ++d) {
+            dk[KI(b, j, g, d)] += dp[i * T + j] * q[QI(b, i, h, d)];
+            dv[KI(b, j, g, d)] += p[i * T + j] * dout[QI(b, i, h, d)];
+          }
+      }
+    }
+#undef QI
+#undef KI
+  free(p);
+  free(dp);
+}
+
+/* The C attention (both paths, 1 and 3 threads) against the reference:
+ * sequence lengths off the 64-query/64-key tile and across several tiles,
+ * head dims off the 16 lanes and above 64, grouped-query attention. */
+static void test_attention_matches_double_reference(void** state) {
+  (void)state;
+  /* B, T, H, KV, Dh */
+  const int64_t shapes[][5] = {{1, 1, 1, 1, 8}, {2, 5, 2, 1, 3}, {1, 65, 4, 2, 17}, {1, 130, 2, 2, 64},
+                               {2, 70, 4, 1, 128}, {1, 129, 6, 3, 20}};
+  st_kernel_isa isas[2] = {ST_KERNEL_ISA_PORTABLE, st_kernels_isa()};
+  for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); ++si) {
+    int64_t B = shapes[si][0], T = shapes[si][1], H = shapes[si][2], KV = shapes[si][3], Dh = shapes[si][4];
+    size_t nq = (size_t)(B * T * H * Dh), nk = (size_t)(B * T * KV * Dh), nl = (size_t)(B * H * T);
+    float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)), *v = malloc(nk * sizeof(float)),
+          *dout = malloc(nq * sizeof(float)), *o = malloc(nq * sizeof(float)), *lse = malloc(nl * sizeof(float)),
+          *dq = malloc(nq * sizeof(float)), *dk = malloc(nk * sizeof(float)), *dv = malloc(nk * sizeof(float));
+    double *wo = malloc(nq * sizeof(double)), *wl = malloc(nl * sizeof(double)), *wdq = malloc(nq * sizeof(double)),
+           *wdk = malloc(nk * sizeof(double)), *wdv = malloc(nk * sizeof(double));
+    uint64_t seed = 11 + si;
+    for (size_t i = 0; i < nq; ++i) q[i] = frand(&seed), dout[i] = frand(&seed);
+    for (size_t i = 0; i < nk; ++i) k[i] = frand(&seed), v[i] = frand(&seed);
+    attention_reference(q, k, v, dout, B, T, H, KV, Dh, wo, wl, wdq, wdk, wdv);
+    for (int ii = 0; ii < 2; ++ii)
+      for (int threads = 1; threads <= 3; threads += 2) {
+        /* outputs are overwritten: start from garbage */
+        memset(o, 0x7f, nq * sizeof(float));
+        memset(dk, 0x7f, nk * sizeof(float));
+        assert_int_equal(st_kernel_attention_fwd(isas[ii], threads, q, k, v, o, lse, B, T, H, KV, Dh), 0);
+        check_close(o, wo, (int64_t)nq, 1e-5, 1e-5, "attention o");
+        check_close(lse, wl, (int64_t)nl, 1e-5, 1e-5, "attention lse");
+        assert_int_equal(
+            st_kernel_attention_bwd(isas[ii], threads, q, k, v, o, lse, dout, dq, dk, dv, B, T, H, KV, Dh), 0);
+        check_close(dq, wdq, (int64_t)nq, 1e-4, 1e-4, "attention dq");
+        check_close(dk, wdk, (int64_t)nk, 1e-4, 1e-4, "attention dk");
+        check_close(dv, wdv, (int64_t)nk, 1e-4, 1e-4, "attention dv");
+      }
+    free(q), free(k), free(v), free(dout), free(o), free(lse), free(dq), free(dk), free(dv);
+    free(wo), free(wl), free(wdq), free(wdk), free(wdv);
+  }
+  /* sizes outside the contract are refused, not run */
+  float x = 0;
+  assert_int_equal(st_kernel_attention_fwd(st_kernels_isa(), 1, &x, &x, &x, &x, &x, 1, 1, 3, 2, 1), -2);
+  assert_int_equal(st_kernel_attention_bwd(st_kernels_isa(), 1, &x, &x, &x, &x, &x, &x, &x, &x, &x, 1, 0, 1, 1, 1), -2);
+}
+
 /*--- registration -------------------------------------------------------------*/
 
 /* Without registration the plugin refuses a program that calls the target:
@@ -237,31 +341,41 @@ static void test_every_target_compiles_and_runs(void** state) {
   assert_int_equal(st_runtime_ffi_target_count(rt), n);
   assert_true(n >= 6);
   char* dir = tu_tmpdir("kverify");
-  st_kernels_verify_options vo = {.tolerance_scale = 1.0, .workdir = dir, .keep = true, .runtime = rt};
+  /* ffi only: the pallas programs (verified by tests/e2e/test_kernels.sh)
+   * compile and run several times slower under ASan, and prove nothing
+   * about registration. */
+  st_kernels_verify_options vo = {.tolerance_scale = 1.0, .workdir = dir, .keep = true, .runtime = rt, .impl = "ffi"};
   st_kernels_verify_result r;
   st_kernels_stats_take(NULL, 0); /* from zero */
   ASSERT_OK(st_kernels_verify(&vo, &r));
   /* Each handler counted the calls it served (docs/kernels.md,
-   * "Observability"): one per ffi case, none for XLA's probes at
-   * registration or for the xla references; a forward whose residual the
-   * backward needs (cross_entropy's lse) runs in the backward cases too. */
+   * "Observability"): one per ffi case (4 verify shapes per op, 3 for
+   * attention), none for XLA's probes at registration or for the xla
+   * references; a forward whose residual the backward needs
+   * (cross_entropy's lse, attention's o and lse) runs in the backward cases
+   * too. */
+  int want_cases = 0;
   {
     st_kernel_stat rows[64];
     int m = st_kernels_stats_take(rows, 64);
     assert_int_equal(m, n);
     for (int i = 0; i < m; ++i) {
-      bool fwd_with_residual = !strcmp(rows[i].op, "cross_entropy") && !strcmp(rows[i].direction, "fwd");
-      if (rows[i].calls != (fwd_with_residual ? 8 : 4))
-        fail_msg("%s: %lld calls, want %d", rows[i].target, (long long)rows[i].calls, fwd_with_residual ? 8 : 4);
+      int shapes = !strcmp(rows[i].op, "attention") ? 3 : 4;
+      bool fwd_with_residual =
+          (!strcmp(rows[i].op, "cross_entropy") || !strcmp(rows[i].op, "attention")) && !strcmp(rows[i].direction, "fwd");
+      want_cases += shapes;
+      if (rows[i].calls != (fwd_with_residual ? 2 : 1) * shapes)
+        fail_msg("%s: %lld calls, want %d", rows[i].target, (long long)rows[i].calls,
+                 (fwd_with_residual ? 2 : 1) * shapes);
       assert_true(rows[i].seconds > 0);
     }
     assert_int_equal(st_kernels_stats_take(rows, 64), n);
     for (int i = 0; i < m; ++i) assert_int_equal(rows[i].calls, 0); /* the take reset them */
   }
-  /* Every op has 4 verify shapes, each fwd and bwd through ffi and pallas:
-   * each target ran 4 times. */
-  assert_int_equal(r.ffi_cases, 4 * n);
-  assert_int_equal(r.cases, 8 * n);
+  /* Each verify shape fwd and bwd through ffi (only: .impl): each target ran
+   * once per shape of its op. */
+  assert_int_equal(r.ffi_cases, want_cases);
+  assert_int_equal(r.cases, want_cases);
   assert_true(r.worst_ratio <= 1.0);
   /* Found, per target, in the programs that ran. */
   int hn = 0;
@@ -311,6 +425,55 @@ static void test_every_target_compiles_and_runs(void** state) {
   st_runtime_destroy(rt);
 }
 
+/* A call outside the contract (3 query heads over 2 key/value heads: KV does
+ * not divide H) compiles, since XLA knows nothing of the contract, and then
+ * fails at run time with the handler's FFI error naming the target: an
+ * error, not a crash or a wrong result. */
+static void test_attention_handler_refuses_shapes_outside_contract(void** state) {
+  (void)state;
+  st_runtime_options o;
+  st_runtime_options_init(&o);
+  o.cpu_devices = 1;
+  o.ffi_targets = st_kernels_ffi_target_table(&o.ffi_target_count);
+  st_runtime* rt = NULL;
+  ASSERT_OK(st_runtime_create(&o, &rt));
+  const char* text =
+      "module @bad attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n"
+      "  func.func public @main(%q: tensor<1x4x3x8xf32>, %k: tensor<1x4x2x8xf32>, %v: tensor<1x4x2x8xf32>)"
+      " -> (tensor<1x4x3x8xf32>, tensor<1x3x4xf32>) {\n"
+      "    %0:2 = stablehlo.custom_call @strata_attention_fwd_v1(%q, %k, %v) {api_version = 4 : i32,"
+      " backend_config = {}} : (tensor<1x4x3x8xf32>, tensor<1x4x2x8xf32>, tensor<1x4x2x8xf32>)"
+      " -> (tensor<1x4x3x8xf32>, tensor<1x3x4xf32>)\n"
+      "    return %0#0, %0#1 : tensor<1x4x3x8xf32>, tensor<1x3x4xf32>\n"
+      "  }\n"
+      "}\n";
+  char* dir = tu_tmpdir("kbad");
+  char* path = st_path_join(dir, "bad.mlir");
+  FILE* f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+  st_program* p = NULL;
+  ASSERT_OK(st_program_compile_file(rt, path, NULL, &p));
+  st_tensor_type tq = {.dtype = ST_DTYPE_F32, .rank = 4, .dims = {1, 4, 3, 8}};
+  st_tensor_type tk = {.dtype = ST_DTYPE_F32, .rank = 4, .dims = {1, 4, 2, 8}};
+  float data[96] = {0};
+  st_buffer* in[3] = {0};
+  ASSERT_OK(st_buffer_from_host(rt, 0, &tq, data, &in[0]));
+  ASSERT_OK(st_buffer_from_host(rt, 0, &tk, data, &in[1]));
+  ASSERT_OK(st_buffer_from_host(rt, 0, &tk, data, &in[2]));
+  st_buffer* out[2] = {0};
+  ASSERT_ERROR(st_program_execute(p, 0, in, 3, out, 2, NULL), ST_CODE_RUNTIME, ST_KERNEL_ATTENTION_FWD,
+               "shapes outside the contract", "KV dividing H");
+  for (int i = 0; i < 3; ++i) st_buffer_destroy(in[i]);
+  for (int i = 0; i < 2; ++i) st_buffer_destroy(out[i]);
+  st_program_destroy(p);
+  tu_rmtree(dir);
+  free(dir);
+  free(path);
+  st_runtime_destroy(rt);
+}
+
 /*--- the bundle check ---------------------------------------------------------*/
 
 static void test_bundle_check(void** state) {
@@ -341,10 +504,10 @@ static void test_bundle_check(void** state) {
   k[0].targets[1] = "strata_rmsnorm_bwd_v9";
   ASSERT_ERROR(st_kernels_check_bundle(&b), ST_CODE_RUNTIME, "'rmsnorm'", "strata_rmsnorm_bwd_v9", "version 1");
   k[0].targets[1] = ST_KERNEL_RMSNORM_BWD;
-  k[1].name = "attention";
+  k[1].name = "conv2d";
   k[1].impl = "ffi";
   k[1].version = 1;
-  ASSERT_ERROR(st_kernels_check_bundle(&b), ST_CODE_RUNTIME, "'attention'", "contract version 1",
+  ASSERT_ERROR(st_kernels_check_bundle(&b), ST_CODE_RUNTIME, "'conv2d'", "contract version 1",
                "registered version: none");
 }
 
@@ -369,8 +532,10 @@ int main(void) {
       cmocka_unit_test(test_contract_version_drift_is_caught),
       cmocka_unit_test(test_paths_match_double_reference),
       cmocka_unit_test(test_cross_entropy_matches_double_reference),
+      cmocka_unit_test(test_attention_matches_double_reference),
       cmocka_unit_test(test_compile_without_registration_fails),
       cmocka_unit_test(test_every_target_compiles_and_runs),
+      cmocka_unit_test(test_attention_handler_refuses_shapes_outside_contract),
       cmocka_unit_test(test_bundle_check),
       cmocka_unit_test(test_bundle_key_hashes_the_selection),
   };

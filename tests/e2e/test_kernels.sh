@@ -20,10 +20,10 @@ source "$(dirname "$0")/lib.sh"
 # --- list -----------------------------------------------------------------------
 expect_exit 0 "^rmsnorm v1 " kernels list
 check "list names the ops' FFI targets and tolerances" \
-  "grep -q 'strata_swiglu_bwd_v1' '$TMP/out' && grep -q 'strata_cross_entropy_fwd_v1' '$TMP/out' && grep -q 'tolerance     f32 fwd rtol 1e-05' '$TMP/out'"
+  "grep -q 'strata_swiglu_bwd_v1' '$TMP/out' && grep -q 'strata_cross_entropy_fwd_v1' '$TMP/out' && grep -q 'tolerance     f32 fwd rtol 1e-05' '$TMP/out' && grep -q 'strata_attention_bwd_v1' '$TMP/out'"
 expect_exit 0 '"contract_version"' kernels list --json
 check "list --json parses, with every op" \
-  "$PY -c 'import json,sys; d=json.load(open(sys.argv[1])); assert [o[\"name\"] for o in d[\"ops\"]][:3]==[\"rmsnorm\",\"swiglu\",\"cross_entropy\"]' '$TMP/out'"
+  "$PY -c 'import json,sys; d=json.load(open(sys.argv[1])); assert [o[\"name\"] for o in d[\"ops\"]]==[\"rmsnorm\",\"swiglu\",\"cross_entropy\",\"attention\"]' '$TMP/out'"
 expect_exit 2 "unknown subcommand" kernels frobnicate
 
 # --- verify ---------------------------------------------------------------------
@@ -32,21 +32,30 @@ check "verify prints a line per case, ffi and pallas, fwd and bwd" \
   "grep -Eq '^rmsnorm +ffi +bwd f32\[2,33,257\] .* ok$' '$TMP/out' && grep -Eq '^swiglu +pallas +fwd f32\[3,5,1001\] .* ok$' '$TMP/out'"
 check "verify covers the cross-entropy at vocab 256 and 50304, ffi and pallas" \
   "grep -Eq '^cross_entropy +ffi +bwd f32\[5,256\] .* ok$' '$TMP/out' && grep -Eq '^cross_entropy +pallas +fwd f32\[3,50304\] .* ok$' '$TMP/out' && grep -Eq '^cross_entropy +ffi +bwd f32\[3,50304\] .* ok$' '$TMP/out'"
-expect_exit 2 "no such kernel op" kernels verify --op attention
+check "verify runs attention's GQA and head-dim-128 cases, ffi and pallas" \
+  "grep -Eq '^attention +ffi +bwd f32\[2,33,4,8\] .* ok$' '$TMP/out' && grep -Eq '^attention +pallas +fwd f32\[1,70,2,128\] .* ok$' '$TMP/out'"
+expect_exit 2 "no such kernel op" kernels verify --op conv2d
+expect_exit 0 "6 cases within tolerance \(6 through FFI handlers\)" kernels verify --op attention --impl ffi
+check "--impl ffi leaves pallas out" "! grep -q pallas '$TMP/out'"
+expect_exit 2 "--impl 'xla' is not ffi or pallas" kernels verify --impl xla
 expect_exit 4 "kernel 'swiglu', implementation (ffi|pallas), (fwd|bwd), shape f32\[[0-9,]+\]: largest error [0-9.e-]+" \
   kernels verify --op swiglu --tolerance-scale 0
 expect_exit 0 "^swiglu +bwd f32\[8,256,4096\] +ffi +[0-9.]+ us +[0-9.]+x xla$" kernels bench --runs 2
+check "bench times attention at seq 256 and 1024" \
+  "grep -Eq '^attention bwd f32\[4,256,8,64\] +ffi ' '$TMP/out' && grep -Eq '^attention fwd f32\[2,1024,8,64\] +ffi ' '$TMP/out'"
 check "bench does not time pallas (interpret mode)" "! grep -q pallas '$TMP/out'"
 STRATA_KERNELS_ISA=portable "$STRATA" kernels verify --op swiglu >"$TMP/out" 2>&1
 check "verify with the portable path forced" "grep -q 'C kernels use portable' '$TMP/out' && grep -q '16 cases within' '$TMP/out'"
 
 # --- a run with ffi kernels, and bundles this strata cannot serve ---------------
 RUN=(configs/test.yml run.progress=off train.steps=2 train.eval_every=0 ckpt.every=0 kernels.rmsnorm=ffi kernels.swiglu=ffi
-     kernels.cross_entropy=ffi)
+     kernels.cross_entropy=ffi kernels.attention=ffi)
 "$STRATA" export "${RUN[@]}" bundle.dir="$TMP/b" >/dev/null 2>"$TMP/err" && ok || bad "export with ffi kernels: $(tail -2 "$TMP/err")"
 check "the manifest records each op's implementation and targets" \
   "$PY -c 'import json,sys; k=json.load(open(sys.argv[1]))[\"kernels\"]; assert k[\"ops\"][0][\"impl\"]==\"ffi\" and k[\"ops\"][0][\"targets\"]==[\"strata_rmsnorm_fwd_v1\",\"strata_rmsnorm_bwd_v1\"], k' '$TMP/b/manifest.json'"
 check "the programs call the targets" "grep -q 'custom_call @strata_swiglu_bwd_v1' '$TMP/b/programs/block_bwd_res.mlir'"
+check "the residual path calls attention's targets" \
+  "grep -q 'custom_call @strata_attention_fwd_v1' '$TMP/b/programs/block_fwd_res.mlir' && grep -q 'custom_call @strata_attention_bwd_v1' '$TMP/b/programs/block_bwd_res.mlir'"
 check "the head's loss calls the cross-entropy targets" \
   "grep -q 'custom_call @strata_cross_entropy_fwd_v1' '$TMP/b/programs/head_loss.mlir' && grep -q 'custom_call @strata_cross_entropy_bwd_v1' '$TMP/b/programs/head_loss.mlir'"
 if "$STRATA" train "${RUN[@]}" bundle.dir="$TMP/b" run.dir="$TMP/r1" 'trace.steps=[2]' >/dev/null 2>"$TMP/err"; then ok; else bad "train with ffi kernels: $(tail -2 "$TMP/err")"; fi
@@ -60,7 +69,7 @@ rows = [r for r in map(json.loads, open(sys.argv[1])) if \"loss\" in r]
 assert len(rows) == 2, rows
 for r in rows:
     k = r[\"kernels\"]
-    for op in (\"rmsnorm\", \"swiglu\", \"cross_entropy\"):
+    for op in (\"rmsnorm\", \"swiglu\", \"cross_entropy\", \"attention\"):
         for d in (\"fwd\", \"bwd\"):
             assert k[op + \".\" + d][\"calls\"] > 0 and k[op + \".\" + d][\"time_s\"] >= 0, (op, d, k)
 ' '$TMP/r1/metrics.jsonl'"
@@ -69,7 +78,7 @@ check "trace.steps: the trace names each ffi kernel's calls" \
 import json, sys
 t = json.load(open(sys.argv[1]))
 names = {e[\"name\"] for e in t[\"traceEvents\"] if e.get(\"cat\") == \"kernel\"}
-want = {\"kernel.%s %s\" % (o, d) for o in (\"rmsnorm\", \"swiglu\", \"cross_entropy\") for d in (\"fwd\", \"bwd\")}
+want = {\"kernel.%s %s\" % (o, d) for o in (\"rmsnorm\", \"swiglu\", \"cross_entropy\", \"attention\") for d in (\"fwd\", \"bwd\")}
 assert names == want, names
 ' '$TMP/r1/trace/step_2.json'"
 "$STRATA" train configs/test.yml run.progress=off train.steps=2 train.eval_every=0 ckpt.every=0 'trace.steps=[2]' \

@@ -22,8 +22,8 @@ from strata_jax.model import ModelConfig
 
 
 def test_selection_is_checked_and_kept_out_of_the_json_at_xla() -> None:
-    with pytest.raises(ValueError, match="kernels.attention: no such kernel op"):
-        ModelConfig.from_dict(tiny_model(kernels={"attention": "ffi"}))
+    with pytest.raises(ValueError, match="kernels.conv2d: no such kernel op"):
+        ModelConfig.from_dict(tiny_model(kernels={"conv2d": "ffi"}))
     with pytest.raises(ValueError, match=r"kernels.rmsnorm='cuda': not an implementation"):
         ModelConfig.from_dict(tiny_model(kernels={"rmsnorm": "cuda"}))
     plain = ModelConfig.from_dict(tiny_model(kernels={"rmsnorm": "xla"}))
@@ -151,3 +151,151 @@ def test_cross_entropy_targets_fit_the_contract_and_bf16_logits_fall_back() -> N
     ce = [o for o in K.manifest_entry({"cross_entropy": "ffi"})["ops"] if o["name"] == "cross_entropy"][0]
     assert ce["fallback"] == "xla" and "logits is bfloat16" in ce["fallback_reasons"][0], ce
     K.fallbacks_seen.clear()
+
+
+# --- attention ----------------------------------------------------------------
+
+
+def _qkv(B: int, T: int, H: int, KV: int, Dh: int, seed: int) -> tuple[jax.Array, ...]:
+    rng = np.random.default_rng(seed)
+    q, do = (jnp.asarray(rng.uniform(-2, 2, (B, T, H, Dh)), jnp.float32) for _ in range(2))
+    k, v = (jnp.asarray(rng.uniform(-2, 2, (B, T, KV, Dh)), jnp.float32) for _ in range(2))
+    return q, k, v, do
+
+
+def test_attention_reference_backward_is_the_gradient() -> None:
+    """attention_bwd_xla (p from lse, delta = rowsum(do * o)) against JAX's
+    autodiff of the forward: the formula every other implementation is held to."""
+    q, k, v, do = _qkv(2, 19, 4, 2, 8, 3)
+    o, lse = K.attention_fwd_xla(q, k, v)
+    want = jax.vjp(K.attention_xla, q, k, v)[1](do)
+    got = K.attention_bwd_xla(q, k, v, o, lse, do)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    # lse is the log-sum-exp of the causal, scaled scores
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, jnp.repeat(k, 2, axis=2)) / np.sqrt(8)
+    s = jnp.where(jnp.tril(jnp.ones((19, 19), bool)), s, -jnp.inf)
+    np.testing.assert_allclose(lse, jax.nn.logsumexp(s, axis=-1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1, 8), (2, 33, 4, 2, 8), (1, 70, 2, 1, 16)])
+def test_pallas_attention_matches_reference(shape: tuple[int, ...]) -> None:
+    """Sequence lengths off the 32-tile (padded inside), GQA, one token."""
+    q, k, v, do = _qkv(*shape, seed=sum(shape))
+    t = _tol("attention", "fwd")
+    for a, b in zip(jax.jit(K.attention_fwd_pallas)(q, k, v), K.attention_fwd_xla(q, k, v)):
+        np.testing.assert_allclose(a, b, rtol=t["rtol"], atol=t["atol"])
+    t = _tol("attention", "bwd")
+    grads = jax.jit(lambda f, *a: jax.vjp(f, *a[:3])[1](a[3]), static_argnums=0)  # noqa: E731
+    want = grads(K.attention_xla, q, k, v, do)
+    got = grads(K.attention_pallas, q, k, v, do)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=t["rtol"], atol=t["atol"])
+
+
+def test_attention_residual_path_through_pallas_matches_xla() -> None:
+    """block_fwd_res / block_bwd_res with kernels.attention=pallas (the kernel's
+    two halves in place of the einsums) against the xla programs, with GQA."""
+    from strata_jax import programs as PR
+    from strata_jax.model import init_block
+
+    ref = ModelConfig.from_dict(tiny_model(n_kv_heads=2, seq_len=20))
+    got = ModelConfig.from_dict(tiny_model(n_kv_heads=2, seq_len=20, kernels={"attention": "pallas"}))
+    p = init_block(ref, jnp.uint32(5), jnp.int32(0), jnp.int32(2))
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(2, 20, 32)), jnp.float32)
+    dy = jnp.asarray(rng.normal(size=(2, 20, 32)), jnp.float32)
+    fwd = jax.jit(PR.block_fwd_res, static_argnums=0)
+    bwd = jax.jit(PR.block_bwd_res, static_argnums=0)
+    y0, r0 = fwd(ref, p, x)
+    y1, r1 = fwd(got, p, x)
+    np.testing.assert_allclose(y1, y0, rtol=1e-5, atol=1e-5)
+    for a, b in zip(r1, r0):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    g0, dx0 = bwd(ref, p, x, r0, dy)
+    g1, dx1 = bwd(got, p, x, r1, dy)
+    np.testing.assert_allclose(dx1, dx0, rtol=1e-4, atol=1e-5)
+    for name in g0:
+        np.testing.assert_allclose(g1[name], g0[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_attention_outside_the_contract_falls_back() -> None:
+    K.fallbacks_seen.clear()
+    q = jnp.ones((1, 3, 2, 4), jnp.bfloat16)
+    o, lse = K.attention_res("ffi", q, q, q)  # bf16: the contract is f32 only
+    assert o.shape == (1, 3, 2, 4) and lse.shape == (1, 2, 3)
+    at = [o for o in K.manifest_entry({"attention": "ffi"})["ops"] if o["name"] == "attention"][0]
+    assert at["fallback"] == "xla" and "bfloat16" in at["fallback_reasons"][0], at
+    K.fallbacks_seen.clear()
+
+
+def test_exporter_writes_attention_custom_calls(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg = ModelConfig.from_dict(tiny_model(n_layers=1, n_kv_heads=2, kernels={"attention": "ffi"}))
+    m = E.build_bundle(cfg, str(tmp_path), "k")
+    at = {o["name"]: o for o in m["kernels"]["ops"]}["attention"]
+    assert at["impl"] == "ffi" and at["targets"] == ["strata_attention_fwd_v1", "strata_attention_bwd_v1"]
+    progs = tmp_path / "programs"
+    fwd_res, bwd_res = (progs / "block_fwd_res.mlir").read_text(), (progs / "block_bwd_res.mlir").read_text()
+    assert "custom_call @strata_attention_fwd_v1" in fwd_res and "strata_attention_bwd_v1" not in fwd_res
+    assert "custom_call @strata_attention_bwd_v1" in bwd_res
+    # the plain path: the forward target in block_fwd, both (via custom_vjp) in block_bwd
+    assert "custom_call @strata_attention_fwd_v1" in (progs / "block_fwd.mlir").read_text()
+    assert "custom_call @strata_attention_bwd_v1" in (progs / "block_bwd.mlir").read_text()
+    # the other ops stay at xla
+    assert "strata_rmsnorm" not in fwd_res
+
+
+def test_attention_residual_forward_is_differentiable() -> None:
+    """kernels.attention_res (o, lse) differentiates through the kernel's
+    backward for o's cotangent (the tensor-parallel plain block differentiates
+    its residual forward), and through the reference when lse has one."""
+    q, k, v, do = _qkv(1, 20, 4, 2, 8, 9)
+    dl = jnp.asarray(np.random.default_rng(1).uniform(-2, 2, (1, 4, 20)), jnp.float32)
+
+    def grads(impl: str, with_lse: bool):  # type: ignore[no-untyped-def]
+        f = lambda *a: K.attention_res(impl, *a)  # noqa: E731
+        if with_lse:
+            return jax.jit(lambda *a: jax.vjp(f, *a[:3])[1]((a[3], dl)))(q, k, v, do)
+        return jax.jit(lambda *a: jax.vjp(lambda *b: f(*b)[0], *a[:3])[1](a[3]))(q, k, v, do)
+
+    t = _tol("attention", "bwd")
+    for with_lse in (False, True):
+        for a, b in zip(grads("pallas", with_lse), grads("xla", with_lse)):
+            np.testing.assert_allclose(a, b, rtol=t["rtol"], atol=t["atol"])
+    text = jax.jit(lambda *a: jax.vjp(lambda *b: K.attention_res("ffi", *b)[0], *a[:3])[1](a[3])).lower(
+        q, k, v, do).as_text()
+    assert "custom_call @strata_attention_bwd_v1" in text
+
+
+def test_gpt2_block_calls_the_attention_kernel() -> None:
+    """The gpt2 kind's attention (no RoPE, same causal attention) goes through
+    kernels.attention too: its plain block (through the custom_vjp) and its
+    residual pair match the xla programs with pallas, and export custom calls
+    with ffi (it once kept its einsums while the manifest named the kernel)."""
+    from strata_jax import gpt2 as G
+
+    base = tiny_model(block="gpt2", n_kv_heads=2, seq_len=20)
+    ref = ModelConfig.from_dict(base)
+    pal = ModelConfig.from_dict({**base, "kernels": {"attention": "pallas"}})
+    p = G.gpt2_init(ref, jnp.uint32(3), jnp.int32(0), jnp.int32(2))
+    p = {n: v + 0.01 if n in G.GPT2_ZEROS else v for n, v in p.items()}  # nonzero biases
+    rng = np.random.default_rng(2)
+    x, dy = (jnp.asarray(rng.normal(size=(2, 20, 32)), jnp.float32) for _ in range(2))
+    plain = jax.jit(lambda c, *a: jax.vjp(lambda p_, x_: G.gpt2_fwd(c, p_, x_), *a[:2])[1](a[2]), static_argnums=0)
+    for a, b in zip(jax.tree_util.tree_leaves(plain(pal, p, x, dy)), jax.tree_util.tree_leaves(plain(ref, p, x, dy))):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    fwd = jax.jit(G.gpt2_fwd_res, static_argnums=0)
+    bwd = jax.jit(G.gpt2_bwd_res, static_argnums=0)
+    (y0, r0), (y1, r1) = fwd(ref, p, x), fwd(pal, p, x)
+    np.testing.assert_allclose(y1, y0, rtol=1e-5, atol=1e-5)
+    g0, g1 = bwd(ref, p, x, r0, dy), bwd(pal, p, x, r1, dy)
+    for a, b in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g0)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    ffi = ModelConfig.from_dict({**base, "kernels": {"attention": "ffi"}})
+    spec = jax.ShapeDtypeStruct((2, 20, 32), jnp.float32)
+    pspec = {n: jax.ShapeDtypeStruct(v.shape, v.dtype) for n, v in p.items()}
+    assert "custom_call @strata_attention_fwd_v1" in jax.jit(
+        lambda p_, x_: G.gpt2_fwd(ffi, p_, x_)).lower(pspec, spec).as_text()
+    (_, res) = jax.eval_shape(lambda p_, x_: G.gpt2_fwd_res(ffi, p_, x_), pspec, spec)
+    assert "custom_call @strata_attention_bwd_v1" in jax.jit(
+        lambda p_, x_, r, d: G.gpt2_bwd_res(ffi, p_, x_, r, d)).lower(pspec, spec, res, spec).as_text()

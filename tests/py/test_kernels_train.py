@@ -1,13 +1,17 @@
 """Training equivalence of the kernel implementations (docs/kernels.md):
 strata trains the tiny model 30 steps with kernels.*=ffi (rmsnorm, swiglu,
-cross_entropy) and with the xla
+cross_entropy, attention) and with the xla
 reference, from the same seed and data; every step's loss agrees within rtol
 1e-4 and the final parameters within rtol 1e-3 / atol 1e-5. The same for
 pallas (interpret mode) on a 2-layer model, 5 steps, and for the ffi
 cross-entropy on a padded vocabulary (model.vocab_padded).
 
 Overrides for CPU speed: synthetic data, sequence 64, batch 8, no eval, no
-checkpoints; the architecture is configs/tiny.yml's."""
+checkpoints; the architecture is configs/tiny.yml's. sched.remat=every:2 (in
+both runs of a pair) so that every other layer recomputes its forward in the
+backward (block_bwd: the kernels' custom_vjp) and the others keep residuals
+(block_fwd_res / block_bwd_res: e.g. attention's forward and backward
+targets called directly)."""
 
 from __future__ import annotations
 
@@ -25,9 +29,11 @@ STRATA = os.path.join(ROOT, "build", "strata")
 COMMON = ["data.synthetic=true", "model.seq_len=64", "train.batch_size=8", "train.eval_every=0", "ckpt.every=0",
           "run.progress=off", "obs.tensorboard=false"]
 CASES = {
-    "ffi": (["train.steps=30"], ["kernels.rmsnorm=ffi", "kernels.swiglu=ffi", "kernels.cross_entropy=ffi"]),
-    "pallas": (["train.steps=5", "model.n_layers=2"],
-               ["kernels.rmsnorm=pallas", "kernels.swiglu=pallas", "kernels.cross_entropy=pallas"]),
+    "ffi": (["train.steps=30", "sched.remat=every:2"],
+            ["kernels.rmsnorm=ffi", "kernels.swiglu=ffi", "kernels.cross_entropy=ffi", "kernels.attention=ffi"]),
+    "pallas": (["train.steps=5", "model.n_layers=2", "sched.remat=every:2"],
+               ["kernels.rmsnorm=pallas", "kernels.swiglu=pallas", "kernels.cross_entropy=pallas",
+                "kernels.attention=pallas"]),
     # A padded vocabulary (gpt2's model.vocab_padded): the padding ids' -1e30
     # logits go through the cross-entropy kernel and must weigh nothing.
     "ffi-padded": (["train.steps=5", "model.n_layers=2", "model.vocab_padded=300"], ["kernels.cross_entropy=ffi"]),

@@ -29,9 +29,10 @@ MESHES = {"tensor2": ["parallel.tensor=2"], "data2_tensor2": ["parallel.data=2",
           # strata's C kernels inside the tensor-parallel programs (each device
           # normalises whole rows and gates its own hidden units): against the
           # one-device xla run, at the same bar; the head's cross-entropy
-          # kernel too (a one-device program on each device's rows).
+          # kernel too (a one-device program on each device's rows), and
+          # attention on each device's heads.
           "tensor2_ffi": ["parallel.tensor=2", "kernels.rmsnorm=ffi", "kernels.swiglu=ffi",
-                          "kernels.cross_entropy=ffi"]}
+                          "kernels.cross_entropy=ffi", "kernels.attention=ffi"]}
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +185,8 @@ def test_tensor_parallel_programs_call_the_kernels(runs: dict) -> None:
     assert "strata_swiglu_bwd_v1" in (progs / "tp_block_bwd_res.mlir").read_text()
     head = (progs / "head_loss.mlir").read_text()
     assert "strata_cross_entropy_fwd_v1" in head and "strata_cross_entropy_bwd_v1" in head
+    # attention on the device's heads: o and lse from the forward target, the
+    # backward target in place of the einsums
+    assert ev["kernels"]["attention"] == "ffi"
+    assert "strata_attention_fwd_v1" in (progs / "tp_block_fwd_res.mlir").read_text()
+    assert "strata_attention_bwd_v1" in (progs / "tp_block_bwd_res.mlir").read_text()

@@ -1,0 +1,386 @@
+/*
+ * attention.c — causal attention after RoPE (contract row "attention" v1),
+ * forward and backward, flash-style: tiles of 64 queries x 64 keys, an
+ * online softmax (running max and sum per query) in the forward, and in the
+ * backward the probabilities recomputed per tile from the forward's
+ * log-sum-exp, so no [T, T] matrix is ever held (docs/kernels.md, "The
+ * attention kernel").
+ *
+ * Layouts: q, o, do [B, T, H, Dh]; k, v [B, T, KV, Dh]; lse [B, H, T]. Query
+ * head h reads key/value head h / (H / KV) (grouped-query attention). The
+ * scale 1/sqrt(Dh) and the causal mask are fixed by v1.
+ *
+ * Vector work is one small matrix product (gemm: 4 rows x 64 columns per
+ * pass in 16 AVX-512 registers) plus row-wise exp, max and scaling: the
+ * scores of a query tile against a key tile (against the tile transposed to
+ * [Dh][64]), p times v, and the backward's five products all have that
+ * form. AVX-512 or portable, chosen by the caller's |isa|.
+ *
+ * Threads: the work is split over (b, h, query tile) in the forward and
+ * over (b, key/value head) in the backward (a key/value head's dk and dv
+ * then have one writer), in contiguous ranges on up to |threads| threads
+ * that live for the call only (pool.c: started and joined within it).
+ * Scratch (the transposed tiles, one tile of scores, per-query sums) is
+ * malloc'ed per thread per call: a few hundred KiB at most.
+ */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/internal.h"
+#include "kernels/pool.h"
+#include "strata/kernels.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define ST_HAVE_AVX512_PATH 1
+#include <immintrin.h>
+#endif
+
+#define TQ 64 /* query tile */
+#define TK 64 /* key tile; the backward's walk assumes TQ == TK */
+
+/*--- primitives ---------------------------------------------------------------*/
+
+/* The one product: out[r][j] = (acc ? out[r][j] : 0) + alpha * sum_{i<m}
+ * a[r*ars + i*ais] * M[i*ldm + j] for r < R, j < n; out rows ldo apart. The
+ * strides let one routine take a row block times a matrix (ars = row
+ * stride, ais = 1) and a transposed block times a matrix (ars = 1, ais =
+ * row stride), which is all the attention needs. */
+typedef void (*st__gemm_fn)(float* out, int64_t ldo, int acc, const float* a, int64_t ars, int64_t ais, int64_t R,
+                            int64_t m, const float* M, int64_t ldm, int64_t n, float alpha);
+
+typedef struct st__att_ops {
+  st__gemm_fn gemm;
+  float (*exprow)(float* s, int64_t n, float shift); /* s = exp(s - shift), returns the sum */
+  float (*rowmax)(const float* s, int64_t n);
+  void (*scal)(float* x, int64_t n, float alpha);                      /* x *= alpha */
+  void (*dsrow)(float* ds, const float* p, int64_t n, float delta);    /* ds = p (ds - delta) */
+} st__att_ops;
+
+static void gemm_portable(float* out, int64_t ldo, int acc, const float* a, int64_t ars, int64_t ais, int64_t R,
+                          int64_t m, const float* M, int64_t ldm, int64_t n, float alpha) {
+  float buf[64];
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t j0 = 0; j0 < n; j0 += 64) {
+      int64_t w = n - j0 < 64 ? n - j0 : 64;
+      memset(buf, 0, sizeof(buf));
+      for (int64_t i = 0; i < m; ++i) {
+        float ai = a[r * ars + i * ais];
+        const float* row = M + i * ldm + j0;
+        for (int64_t j = 0; j < w; ++j) buf[j] += ai * row[j];
+      }
+      float* o = out + r * ldo + j0;
+      for (int64_t j = 0; j < w; ++j) o[j] = (acc ? o[j] : 0.f) + alpha * buf[j];
+    }
+}
+
+static float exprow_portable(float* s, int64_t n, float shift) {
+  float sum = 0.f;
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = expf(s[j] - shift);
+    sum += s[j];
+  }
+  return sum;
+}
+
+static float rowmax_portable(const float* s, int64_t n) {
+  float m = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) m = s[j] > m ? s[j] : m;
+  return m;
+}
+
+static void scal_portable(float* x, int64_t n, float alpha) {
+  for (int64_t j = 0; j < n; ++j) x[j] *= alpha;
+}
+
+static void dsrow_portable(float* ds, const float* p, int64_t n, float delta) {
+  for (int64_t j = 0; j < n; ++j) ds[j] = p[j] * (ds[j] - delta);
+}
+
+#ifdef ST_HAVE_AVX512_PATH
+#define AVX512 __attribute__((target("avx512f")))
+
+static inline AVX512 __mmask16 lanes(int64_t left) {
+  return left <= 0 ? (__mmask16)0 : left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+}
+
+/* A 4 x 64 block of out per pass in 16 registers: per i, four loads of M's
+ * row and four broadcasts of a feed 16 FMAs. Masked loads of a partial
+ * block read nothing past the row (a zero mask suppresses the access); a
+ * block of fewer than 4 rows repeats its last row and drops the copies. */
+#define ST__FMA4(c, x, a)                 \
+  do {                                    \
+    c##0 = _mm512_fmadd_ps(a, x##0, c##0); \
+    c##1 = _mm512_fmadd_ps(a, x##1, c##1); \
+    c##2 = _mm512_fmadd_ps(a, x##2, c##2); \
+    c##3 = _mm512_fmadd_ps(a, x##3, c##3); \
+  } while (0)
+
+static inline AVX512 void st__store4(float* o, int acc, __m512 alpha, __mmask16 k0, __mmask16 k1, __mmask16 k2,
+                                     __mmask16 k3, __m512 c0, __m512 c1, __m512 c2, __m512 c3) {
+  __m512 cs[4] = {c0, c1, c2, c3};
+  __mmask16 ks[4] = {k0, k1, k2, k3};
+  for (int u = 0; u < 4 && ks[u]; ++u) {
+    __m512 prev = acc ? _mm512_maskz_loadu_ps(ks[u], o + 16 * u) : _mm512_setzero_ps();
+    _mm512_mask_storeu_ps(o + 16 * u, ks[u], _mm512_fmadd_ps(cs[u], alpha, prev));
+  }
+}
+
+static AVX512 void gemm_avx512(float* out, int64_t ldo, int acc, const float* a, int64_t ars, int64_t ais,
+                               int64_t R, int64_t m, const float* M, int64_t ldm, int64_t n, float alpha) {
+  __m512 al = _mm512_set1_ps(alpha);
+  for (int64_t r0 = 0; r0 < R; r0 += 4) {
+    int64_t rr = R - r0 < 4 ? R - r0 : 4;
+    const float* a0 = a + r0 * ars;
+    const float* a1 = a + (r0 + (rr > 1 ? 1 : 0)) * ars;
+    const float* a2 = a + (r0 + (rr > 2 ? 2 : rr - 1)) * ars;
+    const float* a3 = a + (r0 + (rr > 3 ? 3 : rr - 1)) * ars;
+    for (int64_t j0 = 0; j0 < n; j0 += 64) {
+      __mmask16 k0 = lanes(n - j0), k1 = lanes(n - j0 - 16), k2 = lanes(n - j0 - 32), k3 = lanes(n - j0 - 48);
+      __m512 z = _mm512_setzero_ps();
+      __m512 c00 = z, c01 = z, c02 = z, c03 = z, c10 = z, c11 = z, c12 = z, c13 = z;
+      __m512 c20 = z, c21 = z, c22 = z, c23 = z, c30 = z, c31 = z, c32 = z, c33 = z;
+      const float* row = M + j0;
+      for (int64_t i = 0; i < m; ++i, row += ldm) {
+        __m512 x0 = _mm512_maskz_loadu_ps(k0, row), x1 = _mm512_maskz_loadu_ps(k1, row + 16);
+        __m512 x2 = _mm512_maskz_loadu_ps(k2, row + 32), x3 = _mm512_maskz_loadu_ps(k3, row + 48);
+        int64_t ia = i * ais;
+        __m512 b0 = _mm512_set1_ps(a0[ia]), b1 = _mm512_set1_ps(a1[ia]);
+        __m512 b2 = _mm512_set1_ps(a2[ia]), b3 = _mm512_set1_ps(a3[ia]);
+        ST__FMA4(c0, x, b0);
+        ST__FMA4(c1, x, b1);
+        ST__FMA4(c2, x, b2);
+        ST__FMA4(c3, x, b3);
+      }
+      float* o = out + r0 * ldo + j0;
+      st__store4(o, acc, al, k0, k1, k2, k3, c00, c01, c02, c03);
+      if (rr > 1) st__store4(o + ldo, acc, al, k0, k1, k2, k3, c10, c11, c12, c13);
+      if (rr > 2) st__store4(o + 2 * ldo, acc, al, k0, k1, k2, k3, c20, c21, c22, c23);
+      if (rr > 3) st__store4(o + 3 * ldo, acc, al, k0, k1, k2, k3, c30, c31, c32, c33);
+    }
+  }
+}
+
+static AVX512 float rowmax_avx512(const float* s, int64_t n) {
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < n; j += 16) m = _mm512_mask_max_ps(m, lanes(n - j), m, _mm512_maskz_loadu_ps(lanes(n - j), s + j));
+  return _mm512_reduce_max_ps(m);
+}
+
+static AVX512 void scal_avx512(float* x, int64_t n, float alpha) {
+  __m512 al = _mm512_set1_ps(alpha);
+  for (int64_t j = 0; j < n; j += 16) {
+    __mmask16 k = lanes(n - j);
+    _mm512_mask_storeu_ps(x + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + j), al));
+  }
+}
+
+static AVX512 void dsrow_avx512(float* ds, const float* p, int64_t n, float delta) {
+  __m512 dl = _mm512_set1_ps(delta);
+  for (int64_t j = 0; j < n; j += 16) {
+    __mmask16 k = lanes(n - j);
+    __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, ds + j), dl);
+    _mm512_mask_storeu_ps(ds + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, p + j), d));
+  }
+}
+#endif
+
+static st__att_ops st__ops(st_kernel_isa isa) {
+#ifdef ST_HAVE_AVX512_PATH
+  if (isa == ST_KERNEL_ISA_AVX512)
+    return (st__att_ops){gemm_avx512, st__exp_shift_sum_avx512, rowmax_avx512, scal_avx512, dsrow_avx512};
+#endif
+  (void)isa;
+  return (st__att_ops){gemm_portable, exprow_portable, rowmax_portable, scal_portable, dsrow_portable};
+}
+
+/*--- threads -------------------------------------------------------------------*/
+
+/* A range of work items on one thread (pool.c): its scratch allocated once
+ * for the range. A range whose scratch cannot be allocated is not run, and
+ * the call fails. */
+typedef struct st__att_job {
+  void (*item)(const void* ctx, void* scratch, int64_t i);
+  const void* ctx;
+  size_t scratch_bytes;
+  _Atomic int failed;
+} st__att_job;
+
+static void st__att_range(void* p, int64_t begin, int64_t end) {
+  st__att_job* j = p;
+  void* scratch = malloc(j->scratch_bytes);
+  if (!scratch) {
+    atomic_store(&j->failed, 1);
+    return;
+  }
+  for (int64_t i = begin; i < end; ++i) j->item(j->ctx, scratch, i);
+  free(scratch);
+}
+
+static int st__att_run(st__att_job* j, int64_t items, int threads) {
+  st__parallel_for_threads(items, 1, threads < 1 ? 1 : threads, st__att_range, j);
+  return atomic_load(&j->failed) ? -1 : 0;
+}
+
+/*--- forward -------------------------------------------------------------------*/
+
+typedef struct st__att {
+  st__att_ops ops;
+  const float *q, *k, *v, *o, *lse, *dout;
+  float *out_o, *out_lse, *dq, *dk, *dv;
+  int64_t b, t, h, kv, dh, nq;
+  float scale;
+} st__att;
+
+/* Scratch of one forward thread: the key tile transposed [dh][TK], the
+ * scores of the query tile [TQ][TK], and per query the running max, sum
+ * and unnormalised output [TQ][dh]. */
+static size_t st__fwd_scratch(int64_t dh) { return sizeof(float) * (size_t)(dh * TK + TQ * TK + 2 * TQ + TQ * dh); }
+
+/* Copies rows k[0..w) of one head (row stride ld) to kt[d][c] (c < TK). */
+static void st__transpose(float* kt, const float* k, int64_t ld, int64_t w, int64_t dh) {
+  for (int64_t c = 0; c < w; ++c)
+    for (int64_t d = 0; d < dh; ++d) kt[d * TK + c] = k[c * ld + d];
+}
+
+/* Keys a query sees in the key tile [k0, k0 + w): those <= qi. */
+static inline int64_t st__visible(int64_t qi, int64_t k0, int64_t w) { return qi + 1 - k0 < w ? qi + 1 - k0 : w; }
+
+/* One (b, h, query tile): for each key tile up to the diagonal (those wholly
+ * above it are skipped), s = scale q k^T; per query m' = max(m, max s),
+ * p = exp(s - m'), l = l e^(m - m') + sum p, acc = acc e^(m - m') + p v.
+ * Then o = acc / l and lse = m + log l. */
+static void st__fwd_item(const void* ctx, void* scratch, int64_t it) {
+  const st__att* a = ctx;
+  const st__att_ops* op = &a->ops;
+  /* Within a head the tiles go 0, nq-1, 1, nq-2, ...: a query tile costs its
+   * index + 1 key tiles, so any contiguous range of items is near even. */
+  int64_t j = it % a->nq, bh = it / a->nq, b = bh / a->h, h = bh % a->h;
+  int64_t tile = j % 2 ? a->nq - 1 - j / 2 : j / 2;
+  int64_t kvh = h / (a->h / a->kv), dh = a->dh;
+  int64_t ldq = a->h * dh, ldk = a->kv * dh;
+  float* kt = scratch;
+  float* s = kt + dh * TK;
+  float *mx = s + TQ * TK, *sum = mx + TQ, *acc = sum + TQ;
+  int64_t q0 = tile * TQ, q1 = q0 + TQ < a->t ? q0 + TQ : a->t, rows = q1 - q0;
+  const float* qb = a->q + (b * a->t + q0) * ldq + h * dh;
+  const float* kb = a->k + (b * a->t) * ldk + kvh * dh;
+  const float* vb = a->v + (b * a->t) * ldk + kvh * dh;
+  for (int64_t r = 0; r < rows; ++r) {
+    mx[r] = -INFINITY;
+    sum[r] = 0.f;
+  }
+  memset(acc, 0, sizeof(float) * (size_t)(TQ * dh));
+  for (int64_t k0 = 0; k0 < q1; k0 += TK) {
+    int64_t w = k0 + TK < a->t ? TK : a->t - k0;
+    st__transpose(kt, kb + k0 * ldk, ldk, w, dh);
+    op->gemm(s, TK, 0, qb, ldq, 1, rows, dh, kt, TK, w, a->scale);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* sr = s + r * TK;
+      int64_t nv = st__visible(q0 + r, k0, w);
+      float m = op->rowmax(sr, nv);
+      m = m > mx[r] ? m : mx[r];
+      float alpha = expf(mx[r] - m); /* 0 on the first tile (mx = -inf) */
+      sum[r] = sum[r] * alpha + op->exprow(sr, nv, m);
+      mx[r] = m;
+      for (int64_t c = nv; c < w; ++c) sr[c] = 0.f; /* masked: p = 0 */
+      if (alpha != 1.f) op->scal(acc + r * dh, dh, alpha);
+    }
+    op->gemm(acc, dh, 1, s, TK, 1, rows, w, vb + k0 * ldk, ldk, dh, 1.f);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    float* orow = a->out_o + (b * a->t + q0 + r) * ldq + h * dh;
+    memcpy(orow, acc + r * dh, sizeof(float) * (size_t)dh);
+    op->scal(orow, dh, 1.f / sum[r]);
+    a->out_lse[(b * a->h + h) * a->t + q0 + r] = mx[r] + logf(sum[r]);
+  }
+}
+
+int st_kernel_attention_fwd(st_kernel_isa isa, int threads, const float* q, const float* k, const float* v, float* o,
+                            float* lse, int64_t b, int64_t t, int64_t h, int64_t kv, int64_t dh) {
+  if (b < 1 || t < 1 || h < 1 || kv < 1 || dh < 1 || h % kv) return -2;
+  st__att a = {.ops = st__ops(isa), .q = q, .k = k, .v = v, .out_o = o, .out_lse = lse, .b = b, .t = t, .h = h,
+               .kv = kv, .dh = dh, .nq = (t + TQ - 1) / TQ, .scale = 1.f / sqrtf((float)dh)};
+  st__att_job j = {.item = st__fwd_item, .ctx = &a, .scratch_bytes = st__fwd_scratch(dh)};
+  return st__att_run(&j, b * h * a.nq, threads);
+}
+
+/*--- backward ------------------------------------------------------------------*/
+
+/* Scratch of one backward thread: k and v tiles transposed [dh][TK] each,
+ * p and ds of a query tile against a key tile [TQ][TK] each, and delta =
+ * rowsum(do * o) of each query head of the group [g][T]. */
+static size_t st__bwd_scratch(int64_t dh, int64_t t, int64_t g) {
+  return sizeof(float) * (size_t)(2 * dh * TK + 2 * TQ * TK + g * t);
+}
+
+/* One (b, key/value head): every query head of its group, so dk and dv of
+ * that head have this one writer. For each key tile, each head of the
+ * group and each query tile on or below the diagonal:
+ *   p = exp(scale q k^T - lse), ds = p (do v^T - delta),
+ *   dq += scale ds k, dk += scale ds^T q, dv += p^T do. */
+static void st__bwd_item(const void* ctx, void* scratch, int64_t it) {
+  const st__att* a = ctx;
+  const st__att_ops* op = &a->ops;
+  int64_t b = it / a->kv, kvh = it % a->kv, g = a->h / a->kv, dh = a->dh, T = a->t;
+  int64_t ldq = a->h * dh, ldk = a->kv * dh;
+  float *kt = scratch, *vt = kt + dh * TK, *p = vt + dh * TK, *ds = p + TQ * TK, *delta = ds + TQ * TK;
+  const float* kb = a->k + (b * T) * ldk + kvh * dh;
+  const float* vb = a->v + (b * T) * ldk + kvh * dh;
+  float* dkb = a->dk + (b * T) * ldk + kvh * dh;
+  float* dvb = a->dv + (b * T) * ldk + kvh * dh;
+  for (int64_t t = 0; t < T; ++t) {
+    memset(dkb + t * ldk, 0, sizeof(float) * (size_t)dh);
+    memset(dvb + t * ldk, 0, sizeof(float) * (size_t)dh);
+  }
+  for (int64_t j = 0; j < g; ++j) {
+    int64_t h = kvh * g + j;
+    const float* ob = a->o + (b * T) * ldq + h * dh;
+    const float* db = a->dout + (b * T) * ldq + h * dh;
+    float* dqb = a->dq + (b * T) * ldq + h * dh;
+    for (int64_t t = 0; t < T; ++t) {
+      float acc = 0.f;
+      for (int64_t d = 0; d < dh; ++d) acc += db[t * ldq + d] * ob[t * ldq + d];
+      delta[j * T + t] = acc;
+      memset(dqb + t * ldq, 0, sizeof(float) * (size_t)dh);
+    }
+  }
+  for (int64_t k0 = 0; k0 < T; k0 += TK) {
+    int64_t w = k0 + TK < T ? TK : T - k0;
+    st__transpose(kt, kb + k0 * ldk, ldk, w, dh);
+    st__transpose(vt, vb + k0 * ldk, ldk, w, dh);
+    for (int64_t j = 0; j < g; ++j) {
+      int64_t h = kvh * g + j;
+      const float* qb = a->q + (b * T) * ldq + h * dh;
+      const float* db = a->dout + (b * T) * ldq + h * dh;
+      const float* lb = a->lse + (b * a->h + h) * T;
+      float* dqb = a->dq + (b * T) * ldq + h * dh;
+      for (int64_t q0 = k0; q0 < T; q0 += TQ) { /* TQ == TK: query tiles from the diagonal on */
+        int64_t rows = q0 + TQ < T ? TQ : T - q0;
+        op->gemm(p, TK, 0, qb + q0 * ldq, ldq, 1, rows, dh, kt, TK, w, a->scale);
+        op->gemm(ds, TK, 0, db + q0 * ldq, ldq, 1, rows, dh, vt, TK, w, 1.f);
+        for (int64_t r = 0; r < rows; ++r) {
+          int64_t qi = q0 + r, nv = st__visible(qi, k0, w);
+          float *pr = p + r * TK, *dr = ds + r * TK;
+          op->exprow(pr, nv, lb[qi]);
+          for (int64_t c = nv; c < w; ++c) pr[c] = 0.f; /* masked */
+          op->dsrow(dr, pr, w, delta[j * T + qi]);
+        }
+        op->gemm(dqb + q0 * ldq, ldq, 1, ds, TK, 1, rows, w, kb + k0 * ldk, ldk, dh, a->scale);
+        op->gemm(dvb + k0 * ldk, ldk, 1, p, 1, TK, w, rows, db + q0 * ldq, ldq, dh, 1.f);
+        op->gemm(dkb + k0 * ldk, ldk, 1, ds, 1, TK, w, rows, qb + q0 * ldq, ldq, dh, a->scale);
+      }
+    }
+  }
+}
+
+int st_kernel_attention_bwd(st_kernel_isa isa, int threads, const float* q, const float* k, const float* v,
+                            const float* o, const float* lse, const float* dout, float* dq, float* dk, float* dv,
+                            int64_t b, int64_t t, int64_t h, int64_t kv, int64_t dh) {
+  if (b < 1 || t < 1 || h < 1 || kv < 1 || dh < 1 || h % kv) return -2;
+  st__att a = {.ops = st__ops(isa), .q = q, .k = k, .v = v, .o = o, .lse = lse, .dout = dout, .dq = dq, .dk = dk,
+               .dv = dv, .b = b, .t = t, .h = h, .kv = kv, .dh = dh, .scale = 1.f / sqrtf((float)dh)};
+  st__att_job j = {.item = st__bwd_item, .ctx = &a, .scratch_bytes = st__bwd_scratch(dh, t, h / kv)};
+  return st__att_run(&j, b * kv, threads);
+}
