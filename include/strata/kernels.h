@@ -151,10 +151,10 @@ int64_t st_kernel_cross_entropy_bad_target(const int32_t* targets, int64_t rows,
  * head i / (h / kv)); lse [b, h, t]. Scale 1/sqrt(dh). Every output is
  * overwritten. Flash-style tiles, no [t, t] buffer; the work is split over
  * up to |threads| threads started and joined within the call (the handlers
- * pass the kernels' thread count, src/kernels/pool.h). Returns 0; -1 when a
- * thread could not allocate its scratch (a few hundred KiB); -2 for sizes
- * outside the contract (a size below 1, or kv not dividing h). Buffers are
- * borrowed. */
+ * pass the kernels' thread count, src/kernels/pool.h); each thread's
+ * scratch (a few hundred KiB) comes from st_xmalloc. Returns 0; -2 for
+ * sizes outside the contract (a size below 1, or kv not dividing h).
+ * Buffers are borrowed. */
 int st_kernel_attention_fwd(st_kernel_isa isa, int threads, const float* q, const float* k, const float* v, float* o,
                             float* lse, int64_t b, int64_t t, int64_t h, int64_t kv, int64_t dh);
 int st_kernel_attention_bwd(st_kernel_isa isa, int threads, const float* q, const float* k, const float* v,

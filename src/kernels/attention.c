@@ -21,15 +21,15 @@
  * then have one writer), in contiguous ranges on up to |threads| threads
  * that live for the call only (pool.c: started and joined within it).
  * Scratch (the transposed tiles, one tile of scores, per-query sums) is
- * malloc'ed per thread per call: a few hundred KiB at most.
+ * allocated per thread per call (st_xmalloc): a few hundred KiB at most.
  */
 #include <math.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/internal.h"
 #include "kernels/pool.h"
+#include "strata/base.h"
 #include "strata/kernels.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -198,29 +198,25 @@ static st__att_ops st__ops(st_kernel_isa isa) {
 /*--- threads -------------------------------------------------------------------*/
 
 /* A range of work items on one thread (pool.c): its scratch allocated once
- * for the range. A range whose scratch cannot be allocated is not run, and
- * the call fails. */
+ * for the range, through st_xmalloc like every allocation of strata (out of
+ * memory aborts there, with a message; test_base's one-allocation-path
+ * check). */
 typedef struct st__att_job {
   void (*item)(const void* ctx, void* scratch, int64_t i);
   const void* ctx;
   size_t scratch_bytes;
-  _Atomic int failed;
 } st__att_job;
 
 static void st__att_range(void* p, int64_t begin, int64_t end) {
   st__att_job* j = p;
-  void* scratch = malloc(j->scratch_bytes);
-  if (!scratch) {
-    atomic_store(&j->failed, 1);
-    return;
-  }
+  void* scratch = st_xmalloc(j->scratch_bytes);
   for (int64_t i = begin; i < end; ++i) j->item(j->ctx, scratch, i);
   free(scratch);
 }
 
 static int st__att_run(st__att_job* j, int64_t items, int threads) {
   st__parallel_for_threads(items, 1, threads < 1 ? 1 : threads, st__att_range, j);
-  return atomic_load(&j->failed) ? -1 : 0;
+  return 0;
 }
 
 /*--- forward -------------------------------------------------------------------*/

@@ -218,7 +218,7 @@ static xf_error* st__attention_fwd(xf_call_frame* f) {
     return st__fail(f, "%s: results outside the contract (o like q, lse [B, H, T])", ST_KERNEL_ATTENTION_FWD);
   if (st_kernel_attention_fwd(st_kernels_isa(), st__kernels_threads(), q->data, k->data, v->data, o->data, lse->data,
                               q->dims[0], q->dims[1], q->dims[2], k->dims[2], q->dims[3]))
-    return st__fail(f, "%s: out of memory for the kernel's scratch", ST_KERNEL_ATTENTION_FWD);
+    return st__fail(f, "%s: sizes outside the contract", ST_KERNEL_ATTENTION_FWD);
   return NULL;
 }
 
@@ -238,7 +238,7 @@ static xf_error* st__attention_bwd(xf_call_frame* f) {
   if (st_kernel_attention_bwd(st_kernels_isa(), st__kernels_threads(), q->data, k->data, v->data, o->data, lse->data,
                               dout->data, out[0]->data, out[1]->data, out[2]->data, q->dims[0], q->dims[1],
                               q->dims[2], k->dims[2], q->dims[3]))
-    return st__fail(f, "%s: out of memory for the kernel's scratch", ST_KERNEL_ATTENTION_BWD);
+    return st__fail(f, "%s: sizes outside the contract", ST_KERNEL_ATTENTION_BWD);
   return NULL;
 }
 
