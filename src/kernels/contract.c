@@ -62,10 +62,13 @@ static st_status st__op(const json_t* j, const char* where, st_kernel_op* op) {
   op->has_backward = json_is_true(json_object_get(j, "has_backward"));
   op->fallback = st__str(j, "fallback");
   op->profile_label = st__str(j, "profile_label");
+  /* Optional: a row without it resolves auto to xla everywhere. */
   const json_t* def = json_object_get(j, "default");
-  if (!json_is_object(def) || json_object_size(def) < 1 || json_object_size(def) > ST_KERNEL_MAX_DEFAULTS)
-    return st_status_make(ST_CODE_INTERNAL, "%s: default must map 1..%d platforms to an implementation", ctx,
-                          ST_KERNEL_MAX_DEFAULTS);
+  if (def && (!json_is_object(def) || json_object_size(def) > ST_KERNEL_MAX_DEFAULTS))
+    return st_status_make(ST_CODE_INTERNAL,
+                          "%s: default must be an object of at most %d platforms, each naming an implementation "
+                          "({\"cpu\": \"ffi\", \"other\": \"xla\"})",
+                          ctx, ST_KERNEL_MAX_DEFAULTS);
   const char* plat;
   const json_t* dv;
   json_object_foreach((json_t*)def, plat, dv) {

@@ -26,7 +26,11 @@ from safetensors.numpy import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STRATA = os.path.join(ROOT, "build", "strata")
-COMMON = ["data.synthetic=true", "model.seq_len=64", "train.batch_size=8", "train.eval_every=0", "ckpt.every=0",
+# Every op at xla first (the default, kernels.<op>=auto, is ffi on the CPU
+# plugin): the reference run is the xla one, and each case's overrides,
+# which come after, select what it tests.
+XLA = ["kernels.rmsnorm=xla", "kernels.swiglu=xla", "kernels.cross_entropy=xla", "kernels.attention=xla"]
+COMMON = [*XLA, "data.synthetic=true", "model.seq_len=64", "train.batch_size=8", "train.eval_every=0", "ckpt.every=0",
           "run.progress=off", "obs.tensorboard=false"]
 CASES = {
     "ffi": (["train.steps=30", "sched.remat=every:2"],
