@@ -88,6 +88,9 @@ check "with every kernel at xla: no kernels in the metrics, none in the trace" \
   "! grep -q '\"kernels\"' '$TMP/rx/metrics.jsonl' && ! grep -q '\"cat\": *\"kernel\"' '$TMP/rx/trace/step_2.json' && grep -q '\"cat\"' '$TMP/rx/trace/step_2.json'"
 check "context.json records the kernels and the ISA" \
   "$PY -c 'import json,sys; k=json.load(open(sys.argv[1]))[\"kernels\"]; assert k[\"rmsnorm\"]==\"ffi\" and k[\"isa\"] in (\"avx512\",\"portable\"), k' '$TMP/r1/context.json'"
+# plan --compile compiles the bundle's programs: it registers the handlers
+# too (before, "No FFI handler registered for strata_rmsnorm_fwd_v1").
+expect_exit 0 "temporaries per program" plan --compile "${RUN[@]}" bundle.dir="$TMP/b"
 # eval and sample open the same bundle and register the handlers too
 expect_exit 0 "perplexity" eval "$TMP/r1" bundle.dir="$TMP/b"
 expect_exit 0 "^1 2( [0-9]+){3}$" sample "$TMP/r1" --prompt "1 2" --tokens 3
