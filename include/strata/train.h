@@ -59,7 +59,7 @@ typedef struct st_train_options {
    * runtime's platform once there is one. Order: st_train_kernel_op_names. */
   char kernel_platform[16];
   char kernel_platform_basis[640];
-  const char* kernel_impl[ST_TRAIN_KERNEL_OPS]; /* static or contract strings copied: "xla", "ffi", "pallas" */
+  const char* kernel_impl[ST_TRAIN_KERNEL_OPS]; /* static strings: "xla", "ffi" or "pallas", never "auto" */
   bool kernel_auto[ST_TRAIN_KERNEL_OPS];        /* whether kernels.<op> was auto */
   st_data_options data;
   st_runtime_options runtime;
