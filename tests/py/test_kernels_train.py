@@ -70,6 +70,13 @@ def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     base, kern = CASES[request.param]
     ref = _train(tmp, "xla", COMMON + base)
     got = _train(tmp, request.param, COMMON + base + kern)
+    # The pair compares what it says: the reference at xla for every op, the
+    # other run at the case's implementations (and xla for the rest).
+    want = {op: "xla" for op in ("rmsnorm", "swiglu", "cross_entropy", "attention")}
+    ctx = {d: json.loads((d / "context.json").read_text())["kernels"] for d in (ref, got)}
+    assert {op: ctx[ref][op] for op in want} == want, ctx[ref]
+    asked = dict(k.removeprefix("kernels.").split("=") for k in kern)
+    assert {op: ctx[got][op] for op in want} == {**want, **asked}, ctx[got]
     return request.param, ref, got
 
 
