@@ -35,7 +35,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESET = "configs/small.yml"
 OPS = ("rmsnorm", "swiglu", "attention", "cross_entropy")
 SHAPES: dict[str, list[str]] = {"small": [], "small, vocab 32768": ["model.vocab_size=32768"]}
-IMPLS: dict[str, list[str]] = {"xla": [], "ffi": [f"kernels.{op}=ffi" for op in OPS]}
+# Both explicit: the default (kernels.<op>=auto) is ffi on the CPU plugin.
+IMPLS: dict[str, list[str]] = {impl: [f"kernels.{op}={impl}" for op in OPS] for impl in ("xla", "ffi")}
 
 
 def train(strata: str, tmp: str, tag: str, overrides: list[str], steps: int) -> list[dict]:

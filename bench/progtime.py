@@ -29,8 +29,15 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# The programs run on a jax client (jaxlib's, or the plugin through jax),
+# which has none of strata's FFI handlers: every kernel op at xla (the
+# default, kernels.<op>=auto, is ffi on a CPU plugin). First, so that an
+# explicit override still wins (and then fails to compile, saying why).
+KERNELS_XLA = [f"kernels.{op}=xla" for op in ("rmsnorm", "swiglu", "cross_entropy", "attention")]
+
+
 def plan_launches(strata: str, config: str, overrides: list[str]) -> tuple[str, dict[str, int]]:
-    r = subprocess.run([strata, "plan", "--json", config, *overrides], cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run([strata, "plan", "--json", config, *KERNELS_XLA, *overrides], cwd=ROOT, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"strata plan failed: {r.stderr.strip()}")
     plan = json.loads(r.stdout)

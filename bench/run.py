@@ -154,6 +154,13 @@ QUICK = Plan(
     remat=RematPreset("configs/test.yml", [], steps=8, warmup=2, rounds=1),
 )
 
+# Every kernel op at xla in this build's strata runs: the sections here set
+# strata against jax.jit anchors, which run plain jnp fused by XLA, so strata
+# must run the same math (kernels.<op>=auto, the default, takes strata's C
+# kernels on a CPU plugin). bench/bench_kernels.py measures ffi against xla.
+# First, so that a section's own overrides still win.
+KERNELS_XLA = [f"kernels.{op}=xla" for op in ("rmsnorm", "swiglu", "cross_entropy", "attention")]
+
 # The malloc policy strata's runtime applies to itself (docs/runtime.md,
 # "Host allocator"), for the anchor's like-for-like diagnostic run.
 MALLOC_TUNABLES = "glibc.malloc.arena_max=1:glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=1073741824"
@@ -388,7 +395,9 @@ class Bench:
         faults are sampled (not with perf: then the process is perf's).
         strata: another build's binary (the remat section's previous commit)."""
         run_dir = self.tmp(name)
-        cmd = [strata or self.strata, "train", config, *overrides, f"run.dir={run_dir}", "run.progress=off"]
+        # The previous commit's build (strata=) keeps its own defaults.
+        pin = KERNELS_XLA if (strata or self.strata) == self.strata else []
+        cmd = [strata or self.strata, "train", config, *pin, *overrides, f"run.dir={run_dir}", "run.progress=off"]
         if perf:
             cmd = perfsplit.record_prefix(perf) + cmd
         events_path = os.path.join(run_dir, "events.jsonl")
@@ -786,7 +795,8 @@ def remat_ratios(res: dict[str, Any]) -> None:
 
 
 def plan_peak(b: Bench, strata: str, config: str, overrides: list[str], env: dict[str, str]) -> dict[str, Any]:
-    r = subprocess.run([strata, "plan", "--json", config, *overrides], cwd=ROOT, env=env, capture_output=True, text=True)
+    pin = KERNELS_XLA if strata == b.strata else []  # the bundle the section's runs use (KERNELS_XLA)
+    r = subprocess.run([strata, "plan", "--json", config, *pin, *overrides], cwd=ROOT, env=env, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"strata plan {' '.join(overrides)} failed: {r.stderr.strip()[-1500:]}")
     return json.loads(r.stdout)["step"]

@@ -24,6 +24,7 @@ typedef struct st_kernel_tolerance {
 
 #define ST_KERNEL_MAX_TOLERANCES 4
 #define ST_KERNEL_MAX_IMPLS 4
+#define ST_KERNEL_MAX_DEFAULTS 8
 
 /* One row of the contract; every string is owned by the contract. */
 typedef struct st_kernel_op {
@@ -44,7 +45,12 @@ typedef struct st_kernel_op {
   char* profile_label;
   int impl_count;
   char* impls[ST_KERNEL_MAX_IMPLS];
-  char* default_impl;
+  /* "default": {platform: impl, ...}: what kernels.<op>=auto resolves to
+   * on each PJRT platform ("cpu", ...); "other" serves every platform not
+   * named. The fastest verified implementation there (docs/kernels.md). */
+  int default_count;
+  char default_platform[ST_KERNEL_MAX_DEFAULTS][16];
+  char* default_impl[ST_KERNEL_MAX_DEFAULTS];
   char* ffi_fwd; /* FFI target names; "" when the op has no ffi implementation */
   char* ffi_bwd;
 } st_kernel_op;
@@ -66,6 +72,15 @@ void st_kernel_contract_free(st_kernel_contract* c);
 const st_kernel_op* st_kernel_contract_find(const st_kernel_contract* c, const char* name);
 /* The tolerance row of |dtype|, or NULL. */
 const st_kernel_tolerance* st_kernel_op_tolerance(const st_kernel_op* op, const char* dtype);
+/* The implementation kernels.<op>=auto takes on PJRT platform |platform|
+ * ("cpu", "cuda", ...; NULL or "" as "other"): the row's entry for that
+ * platform, else its "other" entry, else "xla" (the reference, always
+ * available). Owned by the contract. */
+const char* st_kernel_op_default(const st_kernel_op* op, const char* platform);
+/* kernels.<op> as configured (xla|ffi|pallas|auto) -> the implementation
+ * used on |platform|: |configured| unless it is "auto". An op the contract
+ * lacks resolves auto to "xla". Static or contract-owned string. */
+const char* st_kernel_resolve(const st_kernel_contract* c, const char* op, const char* configured, const char* platform);
 /* `strata kernels list`: the table, one block per op. */
 void st_kernel_contract_print(const st_kernel_contract* c, FILE* out);
 /* The contract as JSON (`strata kernels list --json`); caller decrefs. */

@@ -106,6 +106,19 @@ void st_runtime_options_init(st_runtime_options* options);
 
 typedef struct st_runtime st_runtime;
 
+/* The PJRT platform the plugin |options| would load is expected to serve,
+ * without loading it (no client: commands that resolve kernels.<op>=auto
+ * before a runtime exists; docs/kernels.md, "Selection"). A plugin found by
+ * the .venv search is one of the CPU wheels strata knows: "cpu". An
+ * explicit runtime.plugin / $STRATA_PJRT_PLUGIN is judged by its file name:
+ * "cpu", "cuda", "rocm", "gpu" or "tpu" when the name says so, else
+ * "unknown". No plugin found: "cpu" (what the search looks for; the
+ * runtime's own error comes when one is created). |basis| gets a sentence
+ * saying what the guess rests on. The runtime's platform_name is the truth
+ * once it exists: callers check their guess against it. */
+void st_runtime_guess_platform(const st_runtime_options* options, char* platform, size_t platform_size, char* basis,
+                               size_t basis_size);
+
 st_status st_runtime_create(const st_runtime_options* options, st_runtime** out_runtime /* owned by caller */);
 
 /* The FFI targets registered at creation: count, and the i-th name (owned by

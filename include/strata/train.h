@@ -34,6 +34,8 @@ extern "C" {
 /* ckpt.staging (docs/checkpoints.md, "Host staging"). */
 enum { ST_CKPT_STAGING_AUTO, ST_CKPT_STAGING_FULL, ST_CKPT_STAGING_CHUNKED };
 
+#define ST_TRAIN_KERNEL_OPS 4
+
 typedef struct st_train_options {
   int64_t steps, batch_size, microbatches, warmup_steps, eval_every, eval_batches;
   double lr, min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip;
@@ -49,6 +51,16 @@ typedef struct st_train_options {
   const char* bundle_dir;
   char* cache_root;    /* owned */
   char* model_json;    /* owned: the bundle's "model" object */
+  /* kernels.<op> as resolved into model_json (docs/kernels.md,
+   * "Selection"): auto takes the contract's default for kernel_platform,
+   * the platform runtime.plugin is expected to serve (guessed before any
+   * runtime exists, st_runtime_guess_platform; kernel_platform_basis says
+   * on what). st_train_check_kernel_platform holds the guess against the
+   * runtime's platform once there is one. Order: st_train_kernel_op_names. */
+  char kernel_platform[16];
+  char kernel_platform_basis[640];
+  const char* kernel_impl[ST_TRAIN_KERNEL_OPS]; /* static strings: "xla", "ffi" or "pallas", never "auto" */
+  bool kernel_auto[ST_TRAIN_KERNEL_OPS];        /* whether kernels.<op> was auto */
   st_data_options data;
   st_runtime_options runtime;
   st_sched_policy sched;  /* sched.*: remat, offload, prefetch, waits, optimizer placement */
@@ -99,6 +111,24 @@ enum { ST_NUMERICS_OFF = 0, ST_NUMERICS_STEP, ST_NUMERICS_LAYER };
 /* Columns of adamw_stats_<group>'s f32[n, 8] output, one row a parameter. */
 enum { ST_NSTAT_PARAM_SQ, ST_NSTAT_UPDATE_SQ, ST_NSTAT_UPDATE_MAX, ST_NSTAT_UPDATE_BAD, ST_NSTAT_GRAD_SQ,
        ST_NSTAT_GRAD_MAX, ST_NSTAT_GRAD_BAD, ST_NSTAT_NUMEL, ST_NSTAT_COLUMNS };
+
+/* The kernel ops of kernels.<op>, in the order of kernel_impl. */
+extern const char* const st_train_kernel_op_names[ST_TRAIN_KERNEL_OPS];
+
+/* After the runtime exists: an error (exit 4) when some kernels.<op>=auto
+ * was resolved for a platform (o->kernel_platform) whose default differs
+ * from that of the runtime's real platform: the bundle was exported for
+ * the wrong one. Names the op, both platforms, and the fix (set it). */
+st_status st_train_check_kernel_platform(const st_train_options* options, const st_runtime* runtime);
+
+/* {"platform", "basis", "auto": [ops resolved from auto]}: the bundle
+ * event's kernel_selection. New reference, owned by the caller. */
+json_t* st_train_kernel_selection_json(const st_train_options* options);
+
+/* One line on |out| saying how kernels.<op>=auto was resolved and on what
+ * guess of the platform; nothing when no op is auto. For the commands that
+ * export without a runtime (export, plan). */
+void st_train_kernel_selection_note(const st_train_options* options, FILE* out);
 
 /* Fills |out| from a validated config. The typed options are the one
  * reader of config keys: the rest of strata (trainer, checkpoints, faults,

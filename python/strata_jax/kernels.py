@@ -17,6 +17,12 @@ Implementations, chosen per op by config ``kernels.<op>`` (the model JSON's
   (``interpret=True``: Pallas lowers the kernel body to plain StableHLO
   loops), for verification; it is not fast there.
 
+``auto`` (the config's default) is not an implementation: strata resolves it,
+in C, before the model JSON is built, to the contract row's ``default`` for
+the plugin's platform (``{"cpu": "ffi", "other": "xla"}``); so a model JSON
+never carries it. ``default_impl`` reads the same field (docs/kernels.md,
+"Selection").
+
 A call whose operands fall outside the contract (another dtype) takes the
 contract's fallback (``xla``) and is recorded (``fallbacks_seen``) so the
 exporter can say so in the manifest: never a silent wrong result.
@@ -43,11 +49,23 @@ NORM_EPS = 1e-6  # rmsnorm v1 fixes it (model.NORM_EPS)
 fallbacks_seen: list[tuple[str, str, str, str]] = []
 
 
+def default_impl(op: str, platform: str) -> str:
+    """What kernels.<op>=auto means on PJRT platform |platform| ("cpu", ...):
+    the row's "default" entry for it, else its "other" entry, else xla; the
+    rule of st_kernel_op_default (src/kernels/contract.c)."""
+    d = OPS[op].get("default") or {}
+    return str(d.get(platform) or d.get("other") or "xla")
+
+
 def check_selection(kernels: dict[str, str]) -> None:
     """Raises ValueError naming the key for an unknown op or implementation."""
     for op, impl in kernels.items():
         if op not in OPS:
             raise ValueError(f"kernels.{op}: no such kernel op (the contract has: {', '.join(sorted(OPS))})")
+        if impl == "auto":
+            raise ValueError(f"kernels.{op}='auto' reached the exporter: strata resolves auto for the plugin's "
+                             f"platform before it exports (default_impl); pass an implementation "
+                             f"({'|'.join(OPS[op]['implementations'])})")
         if impl not in OPS[op]["implementations"]:
             raise ValueError(f"kernels.{op}={impl!r}: not an implementation of {op} "
                              f"({'|'.join(OPS[op]['implementations'])})")

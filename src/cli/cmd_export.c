@@ -15,6 +15,7 @@ int st_cli_export(int argc, char** argv) {
     st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh};
     st_bundle* bundle = NULL;
     bool exported = false;
+    if (!s) st_train_kernel_selection_note(&o, stderr);
     if (!s) s = st_bundle_ensure_ex(&req, o.long_progress.on, &bundle, &exported);
     if (!s) printf("%s (%s, %d programs)\n", bundle->dir, exported ? "exported" : "up to date", bundle->program_count);
     st_bundle_destroy(bundle);

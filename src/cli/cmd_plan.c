@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "cli/plan_explain.h"
 #include "strata/base.h"
+#include "strata/kernels.h"
 #include "strata/train.h"
 
 /* sched.remat=auto with a fractional sched.memory_budget needs the
@@ -27,6 +28,11 @@ static st_status st__plan_device_memory(st_train_options* o) {
   }
   st_runtime* rt = NULL;
   ST_RETURN(st_runtime_create(&o->runtime, &rt));
+  st_status ks = st_train_check_kernel_platform(o, rt);
+  if (ks) {
+    st_runtime_destroy(rt);
+    return ks;
+  }
   int used = (o->parallel_data > 1 ? o->parallel_data : 1) * (o->parallel_fsdp > 1 ? o->parallel_fsdp : 1) *
              (o->parallel_tensor > 1 ? o->parallel_tensor : 1);
   for (int d = 0; d < used; ++d) {
@@ -43,6 +49,7 @@ static st_status st__plan_compile(st_train_options* o, const st_bundle* bundle, 
   o->runtime.cache_dir = exe_cache;
   st_runtime* rt = NULL;
   st_status s = st_runtime_create(&o->runtime, &rt);
+  if (!s) s = st_train_check_kernel_platform(o, rt);
   st_plan* plans[2] = {step, eval};
   if (!s) s = st_train_plan_temps(rt, bundle, plans, 2);
   st_runtime_destroy(rt);
@@ -59,6 +66,7 @@ static st_status st__plan_fit(st_train_options* o, const st_bundle* bundle, cons
   o->runtime.cache_dir = exe_cache;
   st_runtime* rt = NULL;
   st_status s = st_runtime_create(&o->runtime, &rt);
+  if (!s) s = st_train_check_kernel_platform(o, rt);
   st_fit_report r;
   if (!s) s = st_train_fit(rt, bundle, o, step, true, &r);
   st_runtime_destroy(rt);
@@ -130,7 +138,13 @@ int st_cli_plan(int argc, char** argv) {
   if (!s) {
     s = st_train_options_from_config(cfg, &o);
     st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh};
+    if (!s) st_train_kernel_selection_note(&o, stderr);
     if (!s) s = st_bundle_ensure_ex(&req, o.long_progress.on, &bundle, &exported);
+    /* --compile and --fit compile the bundle's programs: register the
+     * kernels they call before the client, as train does. */
+    if (!s) s = st_kernels_check_bundle(bundle);
+    if (!s && st_kernels_bundle_uses_ffi(bundle))
+      o.runtime.ffi_targets = st_kernels_ffi_target_table(&o.runtime.ffi_target_count);
     if (!s) s = st__plan_device_memory(&o);
     if (!s) s = st_train_build_plans_ex(bundle, &o, &step, &eval, &remat);
     if (!s && compile) s = st__plan_compile(&o, bundle, &step, &eval);

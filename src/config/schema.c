@@ -253,18 +253,19 @@ static const st__cfg_key kKeys[] = {
             "the RMS, largest |x| and non-finite count of block outputs, input gradients, parameter gradients and "
             "updates; docs/diagnostics.md). Needs parallel.fsdp=1 and parallel.tensor=1."},
 
-    {"kernels.rmsnorm", ST__CFG_ENUM, "xla", .choices = "xla|ffi|pallas",
-     .doc = "RMSNorm's implementation (docs/kernels.md): xla (plain jnp, the reference), ffi (strata's C kernel "
-            "through the plugin's FFI), pallas (Pallas; interpret mode on CPU: verification only, slow)."},
-    {"kernels.swiglu", ST__CFG_ENUM, "xla", .choices = "xla|ffi|pallas",
-     .doc = "SwiGLU activation's implementation (silu(gate) * up; docs/kernels.md): xla, ffi or pallas, as "
+    {"kernels.rmsnorm", ST__CFG_ENUM, "auto", .choices = "auto|xla|ffi|pallas",
+     .doc = "RMSNorm's implementation (docs/kernels.md): auto (the fastest verified on the plugin's platform: ffi "
+            "on cpu, xla elsewhere), xla (plain jnp, the reference), ffi (strata's C kernel through the plugin's "
+            "FFI; CPU plugin only), pallas (Pallas; interpret mode on CPU: verification only, slow)."},
+    {"kernels.swiglu", ST__CFG_ENUM, "auto", .choices = "auto|xla|ffi|pallas",
+     .doc = "SwiGLU activation's implementation (silu(gate) * up; docs/kernels.md): auto, xla, ffi or pallas, as "
             "kernels.rmsnorm."},
-    {"kernels.cross_entropy", ST__CFG_ENUM, "xla", .choices = "xla|ffi|pallas",
+    {"kernels.cross_entropy", ST__CFG_ENUM, "auto", .choices = "auto|xla|ffi|pallas",
      .doc = "The head's softmax cross-entropy over the vocabulary (per-row loss and its logits gradient; the masked "
-            "mean stays plain jnp; docs/kernels.md): xla, ffi or pallas, as kernels.rmsnorm."},
-    {"kernels.attention", ST__CFG_ENUM, "xla", .choices = "xla|ffi|pallas",
-     .doc = "Causal attention's implementation (q, k, v after RoPE -> o and the log-sum-exp; docs/kernels.md): xla, "
-            "ffi (flash-style C kernel, threads over batch and heads) or pallas, as kernels.rmsnorm."},
+            "mean stays plain jnp; docs/kernels.md): auto, xla, ffi or pallas, as kernels.rmsnorm."},
+    {"kernels.attention", ST__CFG_ENUM, "auto", .choices = "auto|xla|ffi|pallas",
+     .doc = "Causal attention's implementation (q, k, v after RoPE -> o and the log-sum-exp; docs/kernels.md): auto, "
+            "xla, ffi (flash-style C kernel, threads over batch and heads) or pallas, as kernels.rmsnorm."},
 };
 
 static const st__cfg_section kSections[] = {
@@ -283,7 +284,7 @@ static const st__cfg_section kSections[] = {
     {"recovery", "The supervisor (strata run): restarts, backoff, hang timeout."},
     {"faults", "Fault injection for recovery drills; all off by default."},
     {"diag", "Diagnostics: what a non-finite loss or gradient does, numerics health, the hang watchdog, loss spikes (docs/diagnostics.md)."},
-    {"kernels", "Which implementation serves each kernel op: xla, ffi or pallas (docs/kernels.md)."},
+    {"kernels", "Which implementation serves each kernel op: auto, xla, ffi or pallas (docs/kernels.md)."},
 };
 
 static const st__cfg_env kEnvs[] = {

@@ -62,7 +62,22 @@ static st_status st__op(const json_t* j, const char* where, st_kernel_op* op) {
   op->has_backward = json_is_true(json_object_get(j, "has_backward"));
   op->fallback = st__str(j, "fallback");
   op->profile_label = st__str(j, "profile_label");
-  op->default_impl = st__str(j, "default");
+  /* Optional: a row without it resolves auto to xla everywhere. */
+  const json_t* def = json_object_get(j, "default");
+  if (def && (!json_is_object(def) || json_object_size(def) > ST_KERNEL_MAX_DEFAULTS))
+    return st_status_make(ST_CODE_INTERNAL,
+                          "%s: default must be an object of at most %d platforms, each naming an implementation "
+                          "({\"cpu\": \"ffi\", \"other\": \"xla\"})",
+                          ctx, ST_KERNEL_MAX_DEFAULTS);
+  const char* plat;
+  const json_t* dv;
+  json_object_foreach((json_t*)def, plat, dv) {
+    if (!json_is_string(dv) || strlen(plat) >= sizeof(op->default_platform[0]))
+      return st_status_make(ST_CODE_INTERNAL, "%s: default.%s must name an implementation (platform names < 16 chars)",
+                            ctx, plat);
+    snprintf(op->default_platform[op->default_count], sizeof(op->default_platform[0]), "%s", plat);
+    op->default_impl[op->default_count++] = st_xstrdup(json_string_value(dv));
+  }
   const json_t* ft = json_object_get(j, "ffi_targets");
   op->ffi_fwd = st__str(ft, "fwd");
   op->ffi_bwd = st__str(ft, "bwd");
@@ -73,6 +88,13 @@ static st_status st__op(const json_t* j, const char* where, st_kernel_op* op) {
     const json_t* v = json_array_get(impls, i);
     if (!json_is_string(v)) return st_status_make(ST_CODE_INTERNAL, "%s: implementations[%zu] is not a name", ctx, i);
     op->impls[op->impl_count++] = st_xstrdup(json_string_value(v));
+  }
+  for (int d = 0; d < op->default_count; ++d) {
+    bool known = false;
+    for (int k = 0; k < op->impl_count; ++k) known = known || !strcmp(op->impls[k], op->default_impl[d]);
+    if (!known)
+      return st_status_make(ST_CODE_INTERNAL, "%s: default.%s=%s is not one of its implementations", ctx,
+                            op->default_platform[d], op->default_impl[d]);
   }
   const json_t* tol = json_object_get(j, "tolerance");
   if (!json_is_object(tol) || json_object_size(tol) < 1 || json_object_size(tol) > ST_KERNEL_MAX_TOLERANCES)
@@ -128,12 +150,28 @@ void st_kernel_contract_free(st_kernel_contract* c) {
   for (int i = 0; i < c->op_count; ++i) {
     st_kernel_op* o = &c->ops[i];
     char* strs[] = {o->name, o->math, o->inputs, o->outputs, o->layout, o->sharding, o->accumulator, o->padding,
-                    o->tile, o->fallback, o->profile_label, o->default_impl, o->ffi_fwd, o->ffi_bwd};
+                    o->tile, o->fallback, o->profile_label, o->ffi_fwd, o->ffi_bwd};
     for (size_t k = 0; k < sizeof(strs) / sizeof(strs[0]); ++k) free(strs[k]);
+    for (int k = 0; k < o->default_count; ++k) free(o->default_impl[k]);
     for (int k = 0; k < o->impl_count; ++k) free(o->impls[k]);
   }
   free(c->ops);
   memset(c, 0, sizeof(*c));
+}
+
+const char* st_kernel_op_default(const st_kernel_op* op, const char* platform) {
+  const char* other = "xla";
+  for (int d = 0; op && d < op->default_count; ++d) {
+    if (platform && platform[0] && !strcmp(op->default_platform[d], platform)) return op->default_impl[d];
+    if (!strcmp(op->default_platform[d], "other")) other = op->default_impl[d];
+  }
+  return other;
+}
+
+const char* st_kernel_resolve(const st_kernel_contract* c, const char* op, const char* configured, const char* platform) {
+  if (strcmp(configured, "auto")) return configured;
+  const st_kernel_op* row = st_kernel_contract_find(c, op);
+  return row ? st_kernel_op_default(row, platform) : "xla";
 }
 
 const st_kernel_op* st_kernel_contract_find(const st_kernel_contract* c, const char* name) {
@@ -178,7 +216,11 @@ void st_kernel_contract_print(const st_kernel_contract* c, FILE* out) {
       if (o->has_backward) fprintf(out, "; bwd rtol %g atol %g", x->bwd_rtol, x->bwd_atol);
       fprintf(out, "\n");
     }
-    fprintf(out, "  impls         %s (default %s, fallback %s)\n", impls, o->default_impl, o->fallback);
+    char defs[160] = "";
+    for (int d = 0; d < o->default_count; ++d)
+      snprintf(defs + strlen(defs), sizeof(defs) - strlen(defs), "%s%s %s", d ? ", " : "", o->default_platform[d],
+               o->default_impl[d]);
+    fprintf(out, "  impls         %s (auto: %s; fallback %s)\n", impls, defs, o->fallback);
     if (o->ffi_fwd[0]) fprintf(out, "  ffi targets   %s, %s\n", o->ffi_fwd, o->ffi_bwd[0] ? o->ffi_bwd : "-");
     fprintf(out, "  profile       %s\n", o->profile_label);
   }
@@ -219,7 +261,9 @@ json_t* st_kernel_contract_json(const st_kernel_contract* c) {
     json_t* impls = json_array();
     for (int k = 0; k < o->impl_count; ++k) json_array_append_new(impls, json_string(o->impls[k]));
     json_object_set_new(j, "implementations", impls);
-    st_json_put_str(j, "default", o->default_impl);
+    json_t* defs = st_json_obj();
+    for (int d = 0; d < o->default_count; ++d) st_json_put_str(defs, o->default_platform[d], o->default_impl[d]);
+    json_object_set_new(j, "default", defs);
     st_json_put_str(j, "fallback", o->fallback);
     st_json_put_str(j, "ffi_fwd", o->ffi_fwd);
     st_json_put_str(j, "ffi_bwd", o->ffi_bwd);

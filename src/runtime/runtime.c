@@ -218,6 +218,43 @@ static st_status st__find_plugin(const st_runtime_options* o, char** out_path) {
                         cwd_ok ? cwd : "?", searched.buf);
 }
 
+void st_runtime_guess_platform(const st_runtime_options* o, char* platform, size_t platform_size, char* basis,
+                               size_t basis_size) {
+  bool explicit_path = (o->plugin_path && o->plugin_path[0]) || (getenv("STRATA_PJRT_PLUGIN") && getenv("STRATA_PJRT_PLUGIN")[0]);
+  char* path = NULL;
+  st_status s = st__find_plugin(o, &path);
+  if (s) {
+    st_status_free(s);
+    snprintf(platform, platform_size, "cpu");
+    snprintf(basis, basis_size, "no PJRT plugin found; assumed the CPU plugin strata searches for");
+    return;
+  }
+  if (!explicit_path) {
+    snprintf(platform, platform_size, "cpu");
+    snprintf(basis, basis_size, "the CPU plugin found in a virtualenv (%s)", path);
+    free(path);
+    return;
+  }
+  const char* base = strrchr(path, '/');
+  base = base ? base + 1 : path;
+  char low[256];
+  size_t n = 0;
+  for (; base[n] && n + 1 < sizeof(low); ++n) low[n] = (char)((base[n] >= 'A' && base[n] <= 'Z') ? base[n] + 32 : base[n]);
+  low[n] = '\0';
+  /* The first name the file name carries; cpu last, so that a name like
+   * "cuda_cpu_fallback" does not pass for a CPU plugin. */
+  static const char* const kNames[] = {"cuda", "rocm", "gpu", "tpu", "cpu"};
+  const char* guess = "unknown";
+  for (size_t i = 0; i < sizeof(kNames) / sizeof(kNames[0]); ++i)
+    if (strstr(low, kNames[i])) {
+      guess = kNames[i];
+      break;
+    }
+  snprintf(platform, platform_size, "%s", guess);
+  snprintf(basis, basis_size, "the file name of the configured plugin %s", path);
+  free(path);
+}
+
 /*===-------------------------------------------------------------------===*/
 /* Loading                                                                  */
 /*===-------------------------------------------------------------------===*/

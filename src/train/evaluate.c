@@ -107,6 +107,7 @@ st_status st_train_evaluate(const st_config* cfg, const char* params_path, const
     o.runtime.cache_dir = st_path_join(o.cache_root, "executables");
     s = st_runtime_create(&o.runtime, &t.runtime);
   }
+  if (!s) s = st_train_check_kernel_platform(&o, t.runtime);
   if (!s) {
     o.device_memory = st_runtime_device_memory(t.runtime, 0);
     s = st_train_build_plans(bundle, &o, &step_plan, &t.eval_plan);

@@ -7,7 +7,55 @@
 #include <unistd.h>
 
 #include "strata/base.h"
+#include "strata/kernels.h"
+#include "strata/runtime.h"
 #include "strata/train.h"
+
+const char* const st_train_kernel_op_names[ST_TRAIN_KERNEL_OPS] = {"rmsnorm", "swiglu", "cross_entropy", "attention"};
+
+st_status st_train_check_kernel_platform(const st_train_options* o, const st_runtime* rt) {
+  st_runtime_info ri;
+  st_runtime_get_info(rt, &ri);
+  const char* real = ri.platform_name ? ri.platform_name : "";
+  if (!strcmp(real, o->kernel_platform)) return ST_OK;
+  st_kernel_contract contract;
+  ST_RETURN(st_kernel_contract_load(&contract));
+  st_status s = ST_OK;
+  for (int i = 0; i < ST_TRAIN_KERNEL_OPS && !s; ++i) {
+    if (!o->kernel_auto[i]) continue;
+    const char* want = st_kernel_resolve(&contract, st_train_kernel_op_names[i], "auto", real);
+    if (strcmp(want, o->kernel_impl[i]))
+      s = st_status_make(ST_CODE_RUNTIME,
+                         "kernels.%s=auto was resolved to %s for platform %s (guessed from %s), but the plugin's "
+                         "platform is %s, where auto means %s: set kernels.%s=%s (or name the plugin file after its "
+                         "platform, e.g. pjrt_c_api_%s_plugin.so)",
+                         st_train_kernel_op_names[i], o->kernel_impl[i], o->kernel_platform, o->kernel_platform_basis,
+                         real, want, st_train_kernel_op_names[i], want, real);
+  }
+  st_kernel_contract_free(&contract);
+  return s;
+}
+
+json_t* st_train_kernel_selection_json(const st_train_options* o) {
+  json_t* j = st_json_obj();
+  st_json_put_str(j, "platform", o->kernel_platform);
+  st_json_put_str(j, "basis", o->kernel_platform_basis);
+  json_t* a = json_array();
+  for (int i = 0; i < ST_TRAIN_KERNEL_OPS; ++i)
+    if (o->kernel_auto[i]) json_array_append_new(a, json_string(st_train_kernel_op_names[i]));
+  json_object_set_new(j, "auto", a);
+  return j;
+}
+
+void st_train_kernel_selection_note(const st_train_options* o, FILE* out) {
+  bool any = false;
+  for (int i = 0; i < ST_TRAIN_KERNEL_OPS; ++i) any = any || o->kernel_auto[i];
+  if (!any) return;
+  fprintf(out, "kernels: auto resolved for platform %s (guessed from %s):", o->kernel_platform, o->kernel_platform_basis);
+  for (int i = 0; i < ST_TRAIN_KERNEL_OPS; ++i)
+    if (o->kernel_auto[i]) fprintf(out, " %s=%s", st_train_kernel_op_names[i], o->kernel_impl[i]);
+  fprintf(out, "\n");
+}
 
 st_status st_train_options_from_config(const st_config* c, st_train_options* o) {
   memset(o, 0, sizeof(*o));
@@ -68,15 +116,33 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   if (st_config_float(c, "model.moe_z_weight") != 0.001)
     st_json_put_num(m, "moe_z_weight", st_config_float(c, "model.moe_z_weight"));
   /* kernels.<op> likewise, only the ops not at xla (docs/kernels.md): the
-   * selection is part of the model JSON, so of the bundle key. */
-  json_t* kern = json_object();
-  static const char* const kKernelOps[] = {"rmsnorm", "swiglu", "cross_entropy", "attention"};
-  for (size_t i = 0; i < sizeof(kKernelOps) / sizeof(kKernelOps[0]); ++i) {
-    char key[64];
-    snprintf(key, sizeof(key), "kernels.%s", kKernelOps[i]);
-    const char* impl = st_config_string(c, key);
-    if (strcmp(impl, "xla")) json_object_set_new(kern, kKernelOps[i], json_string(impl));
+   * selection is part of the model JSON, so of the bundle key. auto is
+   * resolved here, for the platform the configured plugin is expected to
+   * serve: the bundle (exported before the runtime exists, which registers
+   * the ffi handlers a bundle needs at its creation) carries what runs. */
+  st_runtime_options probe;
+  st_runtime_options_init(&probe);
+  probe.plugin_path = st_config_string(c, "runtime.plugin");
+  st_runtime_guess_platform(&probe, o->kernel_platform, sizeof(o->kernel_platform), o->kernel_platform_basis,
+                            sizeof(o->kernel_platform_basis));
+  st_kernel_contract contract;
+  st_status cs = st_kernel_contract_load(&contract);
+  if (cs) {
+    json_decref(m);
+    return cs;
   }
+  json_t* kern = json_object();
+  for (int i = 0; i < ST_TRAIN_KERNEL_OPS; ++i) {
+    char key[64];
+    snprintf(key, sizeof(key), "kernels.%s", st_train_kernel_op_names[i]);
+    const char* impl = st_config_string(c, key);
+    o->kernel_auto[i] = !strcmp(impl, "auto");
+    impl = st_kernel_resolve(&contract, st_train_kernel_op_names[i], impl, o->kernel_platform);
+    /* A static name: the contract is freed below. */
+    o->kernel_impl[i] = !strcmp(impl, "ffi") ? "ffi" : !strcmp(impl, "pallas") ? "pallas" : "xla";
+    if (strcmp(o->kernel_impl[i], "xla")) json_object_set_new(kern, st_train_kernel_op_names[i], json_string(o->kernel_impl[i]));
+  }
+  st_kernel_contract_free(&contract);
   if (json_object_size(kern) > 0) json_object_set_new(m, "kernels", kern);
   else json_decref(kern);
   if (st_config_int(c, "model.vocab_padded") > 0) st_json_put_int(m, "vocab_padded", st_config_int(c, "model.vocab_padded"));

@@ -16,6 +16,7 @@
 #include "strata/base.h"
 #include "strata/ckpt.h"
 #include "strata/config.h"
+#include "strata/kernels.h"
 #include "strata/runtime.h"
 #include "strata/train.h"
 
@@ -126,6 +127,15 @@ st_status st_train_repro(const char* dir, st_repro_result* out) {
   if (!s) s = st_config_load(cfg_path, 0, NULL, &cfg);
   if (!s) s = st_train_options_from_config(cfg, &o);
   st_runtime* rt = NULL;
+  /* A program of an ffi bundle calls strata's kernels: register them
+   * before the client, as the run did (docs/kernels.md). */
+  if (!s) {
+    char* text = NULL;
+    size_t len = 0;
+    if (!st_fs_read_file(mlir, &text, &len) && text && strstr(text, "custom_call @strata_"))
+      o.runtime.ffi_targets = st_kernels_ffi_target_table(&o.runtime.ffi_target_count);
+    free(text);
+  }
   if (!s) {
     o.runtime.cache_dir = st_path_join(o.cache_root, "executables");
     s = st_runtime_create(&o.runtime, &rt);

@@ -508,6 +508,7 @@ st_status st_train_sample_main(const char* path, const char* prompt, const st_tr
     o.runtime.cache_dir = exe_cache; /* freed by st_train_options_deinit */
     s = st_runtime_create(&o.runtime, &rt);
   }
+  if (!s) s = st_train_check_kernel_platform(&o, rt);
   if (!s) s = st_train_sampler_create(rt, bundle, data, &sampler);
   if (!s) {
     if (so.tokenizer) {

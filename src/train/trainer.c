@@ -906,6 +906,7 @@ st_status st_train_main(const st_config* cfg) {
     s = st_runtime_create(&o.runtime, &t.runtime);
     st_mem_usage_read(&t.mem_plugin);
   }
+  if (!s) s = st_train_check_kernel_platform(&o, t.runtime);
   /* The config checks the mesh against runtime.cpu_devices; a GPU
    * plugin's device count is only known now. */
   if (!s) {
@@ -974,6 +975,8 @@ st_status st_train_main(const st_config* cfg) {
     /* The kernels' implementations, and any fallback the exporter took
      * (docs/kernels.md, "Selection and fallback"). */
     st_json_put(f, "kernels", st_kernels_bundle_json(bundle));
+    /* How kernels.<op>=auto was resolved (docs/kernels.md, "Selection"). */
+    st_json_put(f, "kernel_selection", st_train_kernel_selection_json(&o));
     json_t* fb = json_array();
     for (int i = 0; i < bundle->kernel_count; ++i)
       if (bundle->kernels[i].fallback[0]) {

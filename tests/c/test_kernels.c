@@ -16,7 +16,9 @@
 #include <cmocka.h>
 
 #include "strata/base.h"
+#include "strata/config.h"
 #include "strata/kernels.h"
+#include "strata/train.h"
 #include "test_util.h"
 
 static char* g_dir; /* the verification programs of rmsnorm, exported once */
@@ -526,6 +528,101 @@ static void test_bundle_key_hashes_the_selection(void** state) {
   assert_string_not_equal(d, e);
 }
 
+
+/*--- kernels.<op>=auto (docs/kernels.md, "Selection") ----------------------*/
+
+static const char* const kOps[] = {"rmsnorm", "swiglu", "cross_entropy", "attention"};
+
+/* The contract's per-platform default: ffi on cpu, xla elsewhere. "cuda" is
+ * a stand-in for a GPU plugin's platform name (no GPU here): the resolver
+ * only compares names. An explicit implementation always wins. */
+static void test_auto_resolves_per_platform(void** state) {
+  (void)state;
+  st_kernel_contract c;
+  ASSERT_OK(st_kernel_contract_load(&c));
+  for (size_t i = 0; i < sizeof(kOps) / sizeof(kOps[0]); ++i) {
+    assert_string_equal(st_kernel_resolve(&c, kOps[i], "auto", "cpu"), "ffi");
+    assert_string_equal(st_kernel_resolve(&c, kOps[i], "auto", "cuda"), "xla");
+    assert_string_equal(st_kernel_resolve(&c, kOps[i], "auto", "rocm"), "xla");
+    assert_string_equal(st_kernel_resolve(&c, kOps[i], "auto", ""), "xla");
+    assert_string_equal(st_kernel_resolve(&c, kOps[i], "auto", NULL), "xla");
+    assert_string_equal(st_kernel_resolve(&c, kOps[i], "xla", "cpu"), "xla");
+    assert_string_equal(st_kernel_resolve(&c, kOps[i], "pallas", "cpu"), "pallas");
+    assert_string_equal(st_kernel_resolve(&c, kOps[i], "ffi", "cuda"), "ffi");
+  }
+  assert_string_equal(st_kernel_resolve(&c, "conv2d", "auto", "cpu"), "xla"); /* not in the contract */
+  st_kernel_contract_free(&c);
+  /* A row without "default" resolves auto to xla; one naming an
+   * implementation the row lacks, or not an object, is refused. */
+  const char* none =
+      "{\"contract_version\": 1, \"ops\": [{\"name\": \"swiglu\", \"version\": 1, \"has_backward\": false,"
+      " \"implementations\": [\"xla\", \"ffi\"], \"tolerance\": {\"f32\": {\"fwd\": {\"rtol\": 0, \"atol\": 0}}}}]}";
+  ASSERT_OK(st_kernel_contract_parse(none, strlen(none), "test", &c));
+  assert_string_equal(st_kernel_resolve(&c, "swiglu", "auto", "cpu"), "xla");
+  st_kernel_contract_free(&c);
+  const char* bad_impl =
+      "{\"contract_version\": 1, \"ops\": [{\"name\": \"swiglu\", \"version\": 1, \"has_backward\": false,"
+      " \"implementations\": [\"xla\", \"ffi\"], \"default\": {\"cpu\": \"pallas\", \"other\": \"xla\"},"
+      " \"tolerance\": {\"f32\": {\"fwd\": {\"rtol\": 0, \"atol\": 0}}}}]}";
+  ASSERT_ERROR(st_kernel_contract_parse(bad_impl, strlen(bad_impl), "test", &c), ST_CODE_INTERNAL, "default.cpu=pallas",
+               "not one of its implementations");
+  const char* bad_shape =
+      "{\"contract_version\": 1, \"ops\": [{\"name\": \"swiglu\", \"version\": 1, \"has_backward\": false,"
+      " \"implementations\": [\"xla\"], \"default\": \"xla\","
+      " \"tolerance\": {\"f32\": {\"fwd\": {\"rtol\": 0, \"atol\": 0}}}}]}";
+  ASSERT_ERROR(st_kernel_contract_parse(bad_shape, strlen(bad_shape), "test", &c), ST_CODE_INTERNAL,
+               "default must be an object");
+}
+
+/* The options builder resolves auto before the model JSON (so the bundle
+ * key) is built, for the platform guessed from runtime.plugin's file: a
+ * file named like a CUDA plugin (an empty stand-in; the guess does not load
+ * it) gives xla, one named like the CPU plugin ffi; an explicit value wins. */
+static void check_options(const char* plugin, const char* swiglu, const char* want_platform, const char* want_json) {
+  char pl[600], sw[64];
+  snprintf(pl, sizeof(pl), "runtime.plugin=%s", plugin);
+  snprintf(sw, sizeof(sw), "kernels.swiglu=%s", swiglu);
+  char* ov[] = {pl, "kernels.rmsnorm=auto", sw, "kernels.cross_entropy=auto", "kernels.attention=auto"};
+  st_config* cfg = NULL;
+  ASSERT_OK(st_config_load("configs/test.yml", 5, ov, &cfg));
+  st_train_options o;
+  ASSERT_OK(st_train_options_from_config(cfg, &o));
+  assert_string_equal(o.kernel_platform, want_platform);
+  assert_non_null(strstr(o.kernel_platform_basis, plugin));
+  json_t* m = json_loads(o.model_json, 0, NULL);
+  assert_non_null(m);
+  char* k = json_dumps(json_object_get(m, "kernels"), JSON_SORT_KEYS | JSON_COMPACT);
+  if (strcmp(k ? k : "null", want_json)) fail_msg("plugin %s, swiglu=%s: kernels %s, want %s", plugin, swiglu, k, want_json);
+  assert_true(o.kernel_auto[0] && o.kernel_auto[3]);
+  assert_int_equal(o.kernel_auto[1], !strcmp(swiglu, "auto"));
+  free(k);
+  json_decref(m);
+  st_train_options_deinit(&o);
+  st_config_destroy(cfg);
+}
+
+static void test_options_resolve_auto_for_the_plugin(void** state) {
+  (void)state;
+  char* dir = tu_tmpdir("plat");
+  char* cuda = st_path_join(dir, "pjrt_c_api_cuda_plugin.so");
+  char* cpu = st_path_join(dir, "pjrt_c_api_cpu_plugin.so");
+  char* other = st_path_join(dir, "libsomething.so");
+  assert_int_equal(tu_write_file(cuda, "", 0), 0);
+  assert_int_equal(tu_write_file(cpu, "", 0), 0);
+  assert_int_equal(tu_write_file(other, "", 0), 0);
+  check_options(cuda, "auto", "cuda", "null");
+  check_options(other, "auto", "unknown", "null");
+  check_options(cpu, "auto", "cpu",
+                "{\"attention\":\"ffi\",\"cross_entropy\":\"ffi\",\"rmsnorm\":\"ffi\",\"swiglu\":\"ffi\"}");
+  check_options(cpu, "xla", "cpu", "{\"attention\":\"ffi\",\"cross_entropy\":\"ffi\",\"rmsnorm\":\"ffi\"}");
+  check_options(cuda, "ffi", "cuda", "{\"swiglu\":\"ffi\"}");
+  tu_rmtree(dir);
+  free(cuda);
+  free(cpu);
+  free(other);
+  free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_contract_matches_handlers),
@@ -538,6 +635,8 @@ int main(void) {
       cmocka_unit_test(test_attention_handler_refuses_shapes_outside_contract),
       cmocka_unit_test(test_bundle_check),
       cmocka_unit_test(test_bundle_key_hashes_the_selection),
+      cmocka_unit_test(test_auto_resolves_per_platform),
+      cmocka_unit_test(test_options_resolve_auto_for_the_plugin),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

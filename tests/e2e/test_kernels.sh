@@ -4,7 +4,8 @@
 # against the reference (exit 4 naming op, implementation, shape and error
 # when outside tolerance), a run with ffi kernels, and a bundle whose
 # kernels this strata does not register (another contract version, an
-# unknown target) refused with exit 4 before any compile. The training
+# unknown target) refused with exit 4 before any compile; kernels.<op>=auto
+# (the default) resolved per platform. The training
 # equivalence of the implementations is tests/py/test_kernels_train.py.
 # Run from the repository root.
 set -uo pipefail
@@ -87,10 +88,56 @@ check "with every kernel at xla: no kernels in the metrics, none in the trace" \
   "! grep -q '\"kernels\"' '$TMP/rx/metrics.jsonl' && ! grep -q '\"cat\": *\"kernel\"' '$TMP/rx/trace/step_2.json' && grep -q '\"cat\"' '$TMP/rx/trace/step_2.json'"
 check "context.json records the kernels and the ISA" \
   "$PY -c 'import json,sys; k=json.load(open(sys.argv[1]))[\"kernels\"]; assert k[\"rmsnorm\"]==\"ffi\" and k[\"isa\"] in (\"avx512\",\"portable\"), k' '$TMP/r1/context.json'"
+# plan --compile compiles the bundle's programs: it registers the handlers
+# too (before, "No FFI handler registered for strata_rmsnorm_fwd_v1").
+expect_exit 0 "temporaries per program" plan --compile "${RUN[@]}" bundle.dir="$TMP/b"
 # eval and sample open the same bundle and register the handlers too
 expect_exit 0 "perplexity" eval "$TMP/r1" bundle.dir="$TMP/b"
 expect_exit 0 "^1 2( [0-9]+){3}$" sample "$TMP/r1" --prompt "1 2" --tokens 3
 check "config.yaml records the selection" "grep -A2 '^kernels:' '$TMP/r1/config.yaml' | grep -Eq 'rmsnorm: \"?ffi'"
+
+# --- kernels.<op>=auto (the default): the fastest verified on the platform -------
+# configs/test.yml pins every op at xla; these runs set auto back. On the CPU
+# plugin auto is ffi (docs/kernels.md, "Selection").
+AUTO=(configs/test.yml run.progress=off train.steps=2 train.eval_every=0 ckpt.every=0 kernels.rmsnorm=auto
+      kernels.swiglu=auto kernels.cross_entropy=auto kernels.attention=auto)
+"$STRATA" train "${AUTO[@]}" run.dir="$TMP/ra" >/dev/null 2>"$TMP/err" && ok || bad "train with auto kernels: $(tail -2 "$TMP/err")"
+check "auto on the CPU plugin: the bundle event shows ffi for every op, and how auto was resolved" \
+  "$PY -c '
+import json, sys
+ev = [e for e in map(json.loads, open(sys.argv[1])) if e.get(\"event\") == \"bundle\"][0]
+k, sel = ev[\"kernels\"], ev[\"kernel_selection\"]
+assert all(k[o] == \"ffi\" for o in (\"rmsnorm\", \"swiglu\", \"cross_entropy\", \"attention\")), k
+assert sel[\"platform\"] == \"cpu\" and sorted(sel[\"auto\"]) == [\"attention\", \"cross_entropy\", \"rmsnorm\", \"swiglu\"], sel
+' '$TMP/ra/events.jsonl'"
+check "auto: context.json records the resolved implementations, config.yaml keeps auto" \
+  "$PY -c 'import json,sys; k=json.load(open(sys.argv[1]))[\"kernels\"]; assert k[\"attention\"]==\"ffi\" and k[\"swiglu\"]==\"ffi\", k' '$TMP/ra/context.json' && grep -A2 '^kernels:' '$TMP/ra/config.yaml' | grep -Eq 'rmsnorm: \"?auto'"
+"$STRATA" train "${AUTO[@]}" kernels.swiglu=xla run.dir="$TMP/rb" >/dev/null 2>"$TMP/err" && ok || bad "train with auto and swiglu=xla: $(tail -2 "$TMP/err")"
+check "an explicit kernels.<op> wins over auto" \
+  "$PY -c '
+import json, sys
+ev = [e for e in map(json.loads, open(sys.argv[1])) if e.get(\"event\") == \"bundle\"][0]
+k, sel = ev[\"kernels\"], ev[\"kernel_selection\"]
+assert k[\"swiglu\"] == \"xla\" and k[\"rmsnorm\"] == k[\"attention\"] == k[\"cross_entropy\"] == \"ffi\", k
+assert \"swiglu\" not in sel[\"auto\"], sel
+' '$TMP/rb/events.jsonl'"
+# make run's config (configs/tiny.yml, no kernels keys): ffi on the CPU plugin.
+"$STRATA" export configs/tiny.yml bundle.dir="$TMP/bt" >/dev/null 2>"$TMP/err" && ok || bad "export tiny: $(tail -2 "$TMP/err")"
+check "configs/tiny.yml exports with every op at ffi, and export says what it assumed" \
+  "$PY -c 'import json,sys; ops=json.load(open(sys.argv[1]))[\"kernels\"][\"ops\"]; assert all(o[\"impl\"]==\"ffi\" for o in ops), ops' '$TMP/bt/manifest.json' && grep -q 'kernels: auto resolved for platform cpu' '$TMP/err'"
+# A plugin whose file name says another platform (the CPU plugin under a
+# CUDA plugin's name: a stand-in, no GPU here): export, which has no runtime,
+# resolves auto to xla for it and says so; train finds the runtime's
+# platform is cpu, where auto means ffi, and refuses (exit 4) naming the fix.
+CPU_PLUGIN=$(ls .venv/lib/python3*/site-packages/lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so 2>/dev/null | tail -1)
+mkdir -p "$TMP/plug" && ln -s "$(realpath "$CPU_PLUGIN")" "$TMP/plug/pjrt_c_api_cuda_plugin.so"
+"$STRATA" export "${AUTO[@]}" runtime.plugin="$TMP/plug/pjrt_c_api_cuda_plugin.so" bundle.dir="$TMP/bc" >/dev/null 2>"$TMP/err" \
+  && ok || bad "export for a cuda-named plugin: $(tail -2 "$TMP/err")"
+check "auto for a non-cpu platform: every op at xla, and export names the guess" \
+  "$PY -c 'import json,sys; ops=json.load(open(sys.argv[1]))[\"kernels\"][\"ops\"]; assert all(o[\"impl\"]==\"xla\" for o in ops), ops' '$TMP/bc/manifest.json' && grep -q 'platform cuda (guessed from the file name of the configured plugin' '$TMP/err'"
+expect_exit 4 "kernels.rmsnorm=auto was resolved to xla for platform cuda .*but the plugin's platform is cpu, where auto means ffi: set kernels.rmsnorm=ffi" \
+  train "${AUTO[@]}" runtime.plugin="$TMP/plug/pjrt_c_api_cuda_plugin.so" run.dir="$TMP/rc"
+check "refused before any compile (no compile event)" "! grep -q '\"compile\"' '$TMP/rc/events.jsonl' 2>/dev/null"
 
 edit() { # edit DIR PYTHON-STATEMENT-ON-k (the manifest's kernels.ops[0])
   cp -r "$TMP/b" "$1"

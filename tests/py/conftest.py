@@ -33,10 +33,18 @@ def run_ok(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess:
     return r
 
 
+# Every kernel op at xla (plain jnp, what the references compute): the
+# default, kernels.<op>=auto, is strata's C kernels (ffi) on the CPU plugin.
+# configs/test.yml sets this itself; a test of another config prepends it.
+KERNELS_XLA = ["kernels.rmsnorm=xla", "kernels.swiglu=xla", "kernels.cross_entropy=xla", "kernels.attention=xla"]
+
+
 def train_and_reference(config: str, over: list[str], out: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """`strata train CONFIG OVER...` into out/run, and strata_jax.reference_train
     on the same resolved config and token file into out/ref: the run's
-    metrics.jsonl lines and the reference's losses.json."""
+    metrics.jsonl lines and the reference's losses.json. strata runs every
+    kernel op at xla, as the reference does, unless |over| says otherwise."""
+    over = [*KERNELS_XLA, *over]
     if not os.path.exists(STRATA):
         raise AssertionError(f"{STRATA} is missing: run `make build` first (make test does)")
     run_ok([STRATA, "train", config, *over, f"run.dir={out / 'run'}"])

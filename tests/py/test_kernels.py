@@ -33,6 +33,18 @@ def test_selection_is_checked_and_kept_out_of_the_json_at_xla() -> None:
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
 
 
+def test_auto_is_resolved_before_export_by_the_contract_default() -> None:
+    """kernels.<op>=auto: the contract row's per-platform default, read here
+    as strata's C side reads it (tests/c/test_kernels.c checks the same
+    answers there). "cuda" stands in for a GPU platform: no GPU here."""
+    for op in ("rmsnorm", "swiglu", "cross_entropy", "attention"):
+        assert K.default_impl(op, "cpu") == "ffi"
+        assert K.default_impl(op, "cuda") == "xla" and K.default_impl(op, "tpu") == "xla"
+        assert K.OPS[op]["default"] == {"cpu": "ffi", "other": "xla"}
+    with pytest.raises(ValueError, match=r"kernels.swiglu='auto' reached the exporter"):
+        ModelConfig.from_dict(tiny_model(kernels={"swiglu": "auto"}))
+
+
 def _tol(op: str, d: str) -> dict[str, float]:
     return K.OPS[op]["tolerance"]["f32"][d]
 

@@ -26,7 +26,11 @@ from safetensors.numpy import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STRATA = os.path.join(ROOT, "build", "strata")
-COMMON = ["data.synthetic=true", "model.seq_len=64", "train.batch_size=8", "train.eval_every=0", "ckpt.every=0",
+# Every op at xla first (the default, kernels.<op>=auto, is ffi on the CPU
+# plugin): the reference run is the xla one, and each case's overrides,
+# which come after, select what it tests.
+XLA = ["kernels.rmsnorm=xla", "kernels.swiglu=xla", "kernels.cross_entropy=xla", "kernels.attention=xla"]
+COMMON = [*XLA, "data.synthetic=true", "model.seq_len=64", "train.batch_size=8", "train.eval_every=0", "ckpt.every=0",
           "run.progress=off", "obs.tensorboard=false"]
 CASES = {
     "ffi": (["train.steps=30", "sched.remat=every:2"],
@@ -66,6 +70,13 @@ def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     base, kern = CASES[request.param]
     ref = _train(tmp, "xla", COMMON + base)
     got = _train(tmp, request.param, COMMON + base + kern)
+    # The pair compares what it says: the reference at xla for every op, the
+    # other run at the case's implementations (and xla for the rest).
+    want = {op: "xla" for op in ("rmsnorm", "swiglu", "cross_entropy", "attention")}
+    ctx = {d: json.loads((d / "context.json").read_text())["kernels"] for d in (ref, got)}
+    assert {op: ctx[ref][op] for op in want} == want, ctx[ref]
+    asked = dict(k.removeprefix("kernels.").split("=") for k in kern)
+    assert {op: ctx[got][op] for op in want} == {**want, **asked}, ctx[got]
     return request.param, ref, got
 
 
