@@ -434,6 +434,7 @@ typedef struct st_repro_result {
   bool repeatable;                /* the replays' outputs were bitwise equal */
   bool injected;                  /* faults.nan_at put the value there: the replay puts it there again */
   int injected_value;             /* faults.nan_value: 0 nan, 1 inf, 2 max */
+  bool calls_kernels;             /* the program calls strata's ffi kernels (custom_call @strata_...) */
 } st_repro_result;
 /* Errors: DIR not a bundle, a file missing, altered (sha256) or malformed:
  * ST_CODE_CONFIG (exit 2); runtime or compile: exit 4. */

@@ -46,6 +46,7 @@ int st_cli_repro(int argc, char** argv) {
       st_json_put_int(j, "elements", r.elements);
       st_json_put_bool(j, "bitwise_repeatable", r.repeatable);
       st_json_put_bool(j, "injected", r.injected);
+      st_json_put_bool(j, "calls_kernels", r.calls_kernels);
       st_json_put(j, "reference", json_null());
       st_cli_print_json(j, 2);
       json_decref(j);
@@ -56,7 +57,13 @@ int st_cli_repro(int argc, char** argv) {
       if (r.injected)
         printf("note: the value was injected by faults.nan_at (a drill) and is injected again after each replay; the program "
                "itself did not produce it\n");
-      printf("reference: none (no kernel replaces this XLA program, so there is no other implementation to compare with)\n");
+      if (r.calls_kernels)
+        printf("reference: not compared (the program calls strata's ffi kernels; their xla reference is the same "
+               "program exported with kernels.<op>=xla, which repro does not build yet: `strata kernels verify` "
+               "checks the kernels against it on the contract's shapes)\n");
+      else
+        printf("reference: none (no kernel replaces this XLA program, so there is no other implementation to compare "
+               "with)\n");
     }
   }
   free(pos);

@@ -132,8 +132,10 @@ st_status st_train_repro(const char* dir, st_repro_result* out) {
   if (!s) {
     char* text = NULL;
     size_t len = 0;
-    if (!st_fs_read_file(mlir, &text, &len) && text && strstr(text, "custom_call @strata_"))
+    if (!st_fs_read_file(mlir, &text, &len) && text && strstr(text, "custom_call @strata_")) {
       o.runtime.ffi_targets = st_kernels_ffi_target_table(&o.runtime.ffi_target_count);
+      out->calls_kernels = true;
+    }
     free(text);
   }
   if (!s) {

@@ -102,6 +102,7 @@ check "bundle: the batch's sample indices (microbatch 1 of step 7: sequences 26,
 check "bundle: the injection is recorded" "grep -q '\"injected\": {\"fault\": \"faults.nan_at\"' '$NB/nonfinite.json'"
 check "bundle: README has the replay line" "grep -q 'strata repro $NB' '$NB/README.md'"
 expect_exit 0 '^reproduces: program block_fwd_res, output y: 2 of 2 replays non-finite' repro "$NB"
+check "xla: repro has no other implementation to compare" "grep -q '^reference: none (no kernel replaces' '$TMP/out'"
 # With the kernels at ffi the saved program calls strata's FFI targets: repro
 # registers them before compiling it (before: "No FFI handler registered").
 expect_exit 5 'step 3: the first non-finite value: block_fwd_res, layer 2' \
@@ -109,6 +110,9 @@ expect_exit 5 'step 3: the first non-finite value: block_fwd_res, layer 2' \
   faults.nan_at=3:2 run.dir="$TMP/locffi"
 check "ffi: the saved program calls the kernels" "grep -q 'custom_call @strata_' '$TMP/locffi/diag/nonfinite-step3/program.mlir'"
 expect_exit 0 '^reproduces: program block_fwd_res, output y' repro "$TMP/locffi/diag/nonfinite-step3"
+check "ffi: repro says the xla reference was not compared" "grep -q '^reference: not compared (the program calls strata' '$TMP/out'"
+check "ffi: repro --json says the program calls kernels" \
+  "'$STRATA' repro '$TMP/locffi/diag/nonfinite-step3' --json | grep -q '\"calls_kernels\": true'"
 # Without the record of the injection the program alone gives finite values.
 sed 's/"injected": {[^}]*}/"injected": null/' "$NB/nonfinite.json" >"$TMP/nf.json" && cp -r "$NB" "$TMP/noinj" && cp "$TMP/nf.json" "$TMP/noinj/nonfinite.json"
 expect_exit 0 '^does not reproduce: program block_fwd_res, output y: 0 of 2 replays' repro "$TMP/noinj"
