@@ -27,15 +27,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/avx512.h"
 #include "kernels/internal.h"
 #include "kernels/pool.h"
 #include "strata/base.h"
 #include "strata/kernels.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define ST_HAVE_AVX512_PATH 1
-#include <immintrin.h>
-#endif
 
 #define TQ 64 /* query tile */
 #define TK 64 /* key tile; the backward's walk assumes TQ == TK */
@@ -99,11 +96,6 @@ static void dsrow_portable(float* ds, const float* p, int64_t n, float delta) {
 }
 
 #ifdef ST_HAVE_AVX512_PATH
-#define AVX512 __attribute__((target("avx512f")))
-
-static inline AVX512 __mmask16 lanes(int64_t left) {
-  return left <= 0 ? (__mmask16)0 : left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
-}
 
 /* A 4 x 64 block of out per pass in 16 registers: per i, four loads of M's
  * row and four broadcasts of a feed 16 FMAs. Masked loads of a partial
@@ -137,7 +129,7 @@ static AVX512 void gemm_avx512(float* out, int64_t ldo, int acc, const float* a,
     const float* a2 = a + (r0 + (rr > 2 ? 2 : rr - 1)) * ars;
     const float* a3 = a + (r0 + (rr > 3 ? 3 : rr - 1)) * ars;
     for (int64_t j0 = 0; j0 < n; j0 += 64) {
-      __mmask16 k0 = lanes(n - j0), k1 = lanes(n - j0 - 16), k2 = lanes(n - j0 - 32), k3 = lanes(n - j0 - 48);
+      __mmask16 k0 = st__lanes(n - j0), k1 = st__lanes(n - j0 - 16), k2 = st__lanes(n - j0 - 32), k3 = st__lanes(n - j0 - 48);
       __m512 z = _mm512_setzero_ps();
       __m512 c00 = z, c01 = z, c02 = z, c03 = z, c10 = z, c11 = z, c12 = z, c13 = z;
       __m512 c20 = z, c21 = z, c22 = z, c23 = z, c30 = z, c31 = z, c32 = z, c33 = z;
@@ -164,14 +156,14 @@ static AVX512 void gemm_avx512(float* out, int64_t ldo, int acc, const float* a,
 
 static AVX512 float rowmax_avx512(const float* s, int64_t n) {
   __m512 m = _mm512_set1_ps(-INFINITY);
-  for (int64_t j = 0; j < n; j += 16) m = _mm512_mask_max_ps(m, lanes(n - j), m, _mm512_maskz_loadu_ps(lanes(n - j), s + j));
+  for (int64_t j = 0; j < n; j += 16) m = _mm512_mask_max_ps(m, st__lanes(n - j), m, _mm512_maskz_loadu_ps(st__lanes(n - j), s + j));
   return _mm512_reduce_max_ps(m);
 }
 
 static AVX512 void scal_avx512(float* x, int64_t n, float alpha) {
   __m512 al = _mm512_set1_ps(alpha);
   for (int64_t j = 0; j < n; j += 16) {
-    __mmask16 k = lanes(n - j);
+    __mmask16 k = st__lanes(n - j);
     _mm512_mask_storeu_ps(x + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + j), al));
   }
 }
@@ -179,7 +171,7 @@ static AVX512 void scal_avx512(float* x, int64_t n, float alpha) {
 static AVX512 void dsrow_avx512(float* ds, const float* p, int64_t n, float delta) {
   __m512 dl = _mm512_set1_ps(delta);
   for (int64_t j = 0; j < n; j += 16) {
-    __mmask16 k = lanes(n - j);
+    __mmask16 k = st__lanes(n - j);
     __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, ds + j), dl);
     _mm512_mask_storeu_ps(ds + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, p + j), d));
   }

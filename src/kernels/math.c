@@ -14,13 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/avx512.h"
 #include "kernels/internal.h"
 #include "strata/kernels.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define ST_HAVE_AVX512_PATH 1
-#include <immintrin.h>
-#endif
 
 static const float kEps = 1e-6f; /* the contract's (rmsnorm v1), model.NORM_EPS */
 
@@ -92,24 +89,19 @@ static void swiglu_bwd_portable(const float* a, const float* b, const float* dh,
 /*--- AVX-512 ----------------------------------------------------------------*/
 
 #ifdef ST_HAVE_AVX512_PATH
-#define AVX512 __attribute__((target("avx512f")))
-
-static inline AVX512 __mmask16 tail_mask(int64_t left) {
-  return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
-}
 
 static AVX512 void rms_fwd_avx512(const float* x, const float* g, float* y, int64_t rows, int64_t d) {
   for (int64_t r = 0; r < rows; ++r, x += d, y += d) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < d; i += 16) {
-      __mmask16 m = tail_mask(d - i);
+      __mmask16 m = st__lanes(d - i);
       __m512 v = _mm512_maskz_loadu_ps(m, x + i);
       acc = _mm512_fmadd_ps(v, v, acc);
     }
     float inv = 1.f / sqrtf(_mm512_reduce_add_ps(acc) / (float)d + kEps);
     __m512 vinv = _mm512_set1_ps(inv);
     for (int64_t i = 0; i < d; i += 16) {
-      __mmask16 m = tail_mask(d - i);
+      __mmask16 m = st__lanes(d - i);
       __m512 v = _mm512_maskz_loadu_ps(m, x + i), w = _mm512_maskz_loadu_ps(m, g + i);
       _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(_mm512_mul_ps(v, vinv), w));
     }
@@ -122,7 +114,7 @@ static AVX512 void rms_bwd_avx512(const float* x, const float* g, const float* d
   for (int64_t r = 0; r < rows; ++r, x += d, dy += d, dx += d) {
     __m512 ss = _mm512_setzero_ps(), dot = _mm512_setzero_ps();
     for (int64_t i = 0; i < d; i += 16) {
-      __mmask16 m = tail_mask(d - i);
+      __mmask16 m = st__lanes(d - i);
       __m512 v = _mm512_maskz_loadu_ps(m, x + i), w = _mm512_maskz_loadu_ps(m, g + i);
       __m512 e = _mm512_maskz_loadu_ps(m, dy + i);
       ss = _mm512_fmadd_ps(v, v, ss);
@@ -132,7 +124,7 @@ static AVX512 void rms_bwd_avx512(const float* x, const float* g, const float* d
     float c = inv * inv * inv * _mm512_reduce_add_ps(dot) / (float)d;
     __m512 vinv = _mm512_set1_ps(inv), vc = _mm512_set1_ps(c);
     for (int64_t i = 0; i < d; i += 16) {
-      __mmask16 m = tail_mask(d - i);
+      __mmask16 m = st__lanes(d - i);
       __m512 v = _mm512_maskz_loadu_ps(m, x + i), w = _mm512_maskz_loadu_ps(m, g + i);
       __m512 e = _mm512_maskz_loadu_ps(m, dy + i);
       __m512 ev = _mm512_mul_ps(e, vinv);
@@ -143,32 +135,14 @@ static AVX512 void rms_bwd_avx512(const float* x, const float* g, const float* d
   }
 }
 
-/* exp(v) for v in [-88, 88]: v = n ln2 + t, |t| <= ln2/2, e^t by a degree-6
- * Taylor polynomial (relative error below 2e-7 there), times 2^n by scalef. */
-static inline AVX512 __m512 exp_avx512(__m512 v) {
-  v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 t = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), v);
-  t = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), t);
-  __m512 p = _mm512_set1_ps(1.f / 720.f);
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.f / 120.f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.f / 24.f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.f / 6.f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
-
 static inline AVX512 __m512 sigmoid_avx512(__m512 a) {
   __m512 one = _mm512_set1_ps(1.f);
-  return _mm512_div_ps(one, _mm512_add_ps(one, exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), a))));
+  return _mm512_div_ps(one, _mm512_add_ps(one, st__exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), a))));
 }
 
 static AVX512 void swiglu_fwd_avx512(const float* a, const float* b, float* h, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
-    __mmask16 m = tail_mask(n - i);
+    __mmask16 m = st__lanes(n - i);
     __m512 va = _mm512_maskz_loadu_ps(m, a + i), vb = _mm512_maskz_loadu_ps(m, b + i);
     _mm512_mask_storeu_ps(h + i, m, _mm512_mul_ps(_mm512_mul_ps(va, sigmoid_avx512(va)), vb));
   }
@@ -178,7 +152,7 @@ static AVX512 void swiglu_bwd_avx512(const float* a, const float* b, const float
                                      int64_t n) {
   __m512 one = _mm512_set1_ps(1.f);
   for (int64_t i = 0; i < n; i += 16) {
-    __mmask16 m = tail_mask(n - i);
+    __mmask16 m = st__lanes(n - i);
     __m512 va = _mm512_maskz_loadu_ps(m, a + i), vb = _mm512_maskz_loadu_ps(m, b + i);
     __m512 e = _mm512_maskz_loadu_ps(m, dh + i);
     __m512 s = sigmoid_avx512(va);
@@ -225,8 +199,8 @@ void st_kernel_swiglu_bwd(st_kernel_isa isa, const float* gate, const float* up,
 AVX512 float st__exp_shift_sum_avx512(float* s, int64_t n, float shift) {
   __m512 sh = _mm512_set1_ps(shift), acc = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += 16) {
-    __mmask16 m = tail_mask(n - i);
-    __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + i), sh));
+    __mmask16 m = st__lanes(n - i);
+    __m512 e = st__exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + i), sh));
     _mm512_mask_storeu_ps(s + i, m, e);
     acc = _mm512_mask_add_ps(acc, m, acc, e);
   }

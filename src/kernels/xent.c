@@ -11,7 +11,7 @@
  * probabilities are never materialised beside the gradient.
  *
  * Logits of -1e30 (a padded vocabulary's padding ids, model.mask_padding)
- * weigh exactly 0 in both paths: the vector exp returns 0 below -87.3
+ * weigh exactly 0 in both paths: the vector exp returns 0 below -87
  * instead of clamping. Rows are split over threads (pool.c) when a call has
  * enough work to pay for them.
  */
@@ -19,13 +19,10 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "kernels/avx512.h"
 #include "kernels/pool.h"
 #include "strata/kernels.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define ST_CE_AVX512 1
-#include <immintrin.h>
-#endif
 
 #define ST__CE_CHUNK 2048
 /* Rows per thread at least this many logits: some 0.25 ms of work, well
@@ -75,31 +72,13 @@ static void ce_bwd_portable(const float* x, const int32_t* t, const float* lse, 
 
 /*--- AVX-512 ------------------------------------------------------------------*/
 
-#ifdef ST_CE_AVX512
-#define AVX512 __attribute__((target("avx512f")))
+#ifdef ST_HAVE_AVX512_PATH
 
-static inline AVX512 __mmask16 ce_tail(int64_t left) {
-  return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
-}
-
-/* exp(v): v = n ln2 + f, |f| <= ln2/2, e^f by its degree-6 Taylor
- * polynomial, times 2^n (scalef); 0 below -87.3 (where expf is 0 or
- * subnormal), so -1e30 weighs nothing; v <= 0 here (a max was subtracted). */
+/* exp(v), and exactly 0 below -87 (where expf is 0 or subnormal), so the
+ * padding ids' -1e30 weigh nothing; v <= 0 here (a max was subtracted). */
 static inline AVX512 __m512 ce_exp(__m512 v) {
-  __mmask16 live = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
-  v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.f));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), v);
-  f = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), f);
-  __m512 p = _mm512_set1_ps(1.f / 720.f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120.f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24.f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6.f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, n));
+  __mmask16 live = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-87.f), _CMP_GE_OQ);
+  return _mm512_maskz_mov_ps(live, st__exp_avx512(v));
 }
 
 static AVX512 void ce_fwd_avx512(const float* x, const int32_t* t, float* ce, float* lse, int64_t r0, int64_t r1,
@@ -112,12 +91,12 @@ static AVX512 void ce_fwd_avx512(const float* x, const int32_t* t, float* ce, fl
       int64_t e = c + ST__CE_CHUNK < v ? c + ST__CE_CHUNK : v;
       __m512 vm = lowest;
       for (int64_t i = c; i < e; i += 16)
-        vm = _mm512_max_ps(vm, _mm512_mask_loadu_ps(lowest, ce_tail(e - i), xr + i));
+        vm = _mm512_max_ps(vm, _mm512_mask_loadu_ps(lowest, st__lanes(e - i), xr + i));
       float cm = _mm512_reduce_max_ps(vm);
       float mn = cm > m ? cm : m;
       __m512 vmn = _mm512_set1_ps(mn), acc = _mm512_setzero_ps();
       for (int64_t i = c; i < e; i += 16) {
-        __mmask16 k = ce_tail(e - i);
+        __mmask16 k = st__lanes(e - i);
         __m512 ex = ce_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, xr + i), vmn));
         acc = _mm512_mask_add_ps(acc, k, acc, ex);
       }
@@ -137,7 +116,7 @@ static AVX512 void ce_bwd_avx512(const float* x, const int32_t* t, const float* 
     float* dr = dl + r * v;
     __m512 g = _mm512_set1_ps(dce[r]), l = _mm512_set1_ps(lse[r]);
     for (int64_t i = 0; i < v; i += 16) {
-      __mmask16 k = ce_tail(v - i);
+      __mmask16 k = st__lanes(v - i);
       __m512 ex = ce_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, xr + i), l));
       _mm512_mask_storeu_ps(dr + i, k, _mm512_mul_ps(g, ex));
     }
@@ -159,7 +138,7 @@ typedef struct ce_job {
 
 static void ce_fwd_range(void* p, int64_t r0, int64_t r1) {
   const ce_job* j = p;
-#ifdef ST_CE_AVX512
+#ifdef ST_HAVE_AVX512_PATH
   if (j->isa == ST_KERNEL_ISA_AVX512) {
     ce_fwd_avx512(j->x, j->t, j->ce, j->lse, r0, r1, j->v);
     return;
@@ -170,7 +149,7 @@ static void ce_fwd_range(void* p, int64_t r0, int64_t r1) {
 
 static void ce_bwd_range(void* p, int64_t r0, int64_t r1) {
   const ce_job* j = p;
-#ifdef ST_CE_AVX512
+#ifdef ST_HAVE_AVX512_PATH
   if (j->isa == ST_KERNEL_ISA_AVX512) {
     ce_bwd_avx512(j->x, j->t, j->lse_in, j->dce, j->dl, r0, r1, j->v);
     return;
