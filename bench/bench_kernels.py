@@ -22,7 +22,6 @@ Usage: python bench/bench_kernels.py [--steps N] [--skip K] [--reps R] [--strata
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -30,6 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from policy_runs import parse_args, train_steps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESET = "configs/small.yml"
@@ -40,31 +41,15 @@ IMPLS: dict[str, list[str]] = {impl: [f"kernels.{op}={impl}" for op in OPS] for 
 
 
 def train(strata: str, tmp: str, tag: str, overrides: list[str], steps: int) -> list[dict]:
-    run_dir = os.path.join(tmp, tag)
-    cmd = [strata, "train", PRESET, "data.synthetic=true", f"train.steps={steps}", "train.eval_every=0",
-           "train.eval_batches=1", "ckpt.every=0", "run.progress=off", "obs.tensorboard=false",
-           f"run.dir={run_dir}", *overrides]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+    return train_steps(strata, [PRESET, "data.synthetic=true", f"train.steps={steps}", "train.eval_every=0",
+                                "train.eval_batches=1", "ckpt.every=0", "run.progress=off", "obs.tensorboard=false",
+                                *overrides], os.path.join(tmp, tag),
                        env={**os.environ, "STRATA_CACHE_DIR": os.path.join(tmp, "cache")})
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}\n{r.stderr[-2000:]}")
-    with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
-        return [m for m in map(json.loads, f) if "loss" in m]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--strata", default=os.environ.get("STRATA", os.path.join(ROOT, "build", "strata")))
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--skip", type=int, default=2, help="warm-up steps left out of the median")
-    ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "bench_kernels.json"))
-    a = ap.parse_args()
-    if not os.path.exists(a.strata):
-        print(f"bench_kernels: {a.strata} is missing: run `make build` first", file=sys.stderr)
-        return 2
-    if a.steps <= a.skip:
-        print("bench_kernels: --steps must exceed --skip", file=sys.stderr)
+    a = parse_args("bench_kernels", __doc__)
+    if a is None:
         return 2
     t0 = time.monotonic()
     load_before = os.getloadavg()

@@ -33,7 +33,6 @@ Usage: python bench/bench_sched.py [--steps N] [--skip K] [--reps R] [--strata P
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -42,6 +41,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from policy_runs import parse_args, train_steps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESET = "configs/tiny.yml"
@@ -75,28 +76,13 @@ def git_commit() -> str:
 
 def run_policy(strata: str, tmp: str, name: str, overrides: list[str], steps: int, rep: int) -> list[dict]:
     run_dir = os.path.join(tmp, f"{rep}-{name.replace(' ', '_').replace(',', '').replace('=', '-')}")
-    cmd = [strata, "train", PRESET, f"train.steps={steps}", "train.eval_every=0", "train.eval_batches=1",
-           "run.progress=off", f"run.dir={run_dir}", "ckpt.every=0", *overrides]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}\n{r.stderr[-2000:]}")
-    with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
-        return [m for m in map(json.loads, f) if "loss" in m]
+    return train_steps(strata, [PRESET, f"train.steps={steps}", "train.eval_every=0", "train.eval_batches=1",
+                                "run.progress=off", "ckpt.every=0", *overrides], run_dir)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--strata", default=os.environ.get("STRATA", os.path.join(ROOT, "build", "strata")))
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--skip", type=int, default=2, help="warm-up steps left out of the median")
-    ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "bench_sched.json"))
-    a = ap.parse_args()
-    if not os.path.exists(a.strata):
-        print(f"bench_sched: {a.strata} is missing: run `make build` first", file=sys.stderr)
-        return 2
-    if a.steps <= a.skip:
-        print("bench_sched: --steps must exceed --skip", file=sys.stderr)
+    a = parse_args("bench_sched", __doc__)
+    if a is None:
         return 2
     t0 = time.monotonic()
     load_before = os.getloadavg()
