@@ -146,20 +146,8 @@ def gpt2_residuals(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], str]]:
 def gpt2_fwd_res(cfg: ModelConfig, p: Params, x: Array) -> tuple[Array, tuple[Array, ...]]:
     """y with gpt2_fwd's operations, and the residuals (GPT2_RESIDUALS order)."""
     from . import programs as PR
-    B, T, D = x.shape
     q, k, v = _qkv(cfg, p, M.layer_norm(x, p["attn_norm"], p["attn_norm_bias"]))
-    impl = cfg.kernel("attention")
-    if impl != "xla":
-        from . import kernels as K
-        o, lse = K.attention_res(impl, q, k, v)
-        o = o.reshape(B, T, D)
-    else:
-        scores = PR._scores(cfg, q, k)
-        probs = jax.nn.softmax(scores, axis=-1)
-        lse = jax.nn.logsumexp(scores, axis=-1)
-        c = cfg.cdtype
-        o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), M.expand_kv(cfg, v).astype(c),
-                       preferred_element_type=jnp.float32).reshape(B, T, D)
+    o, lse = PR.attention_fwd_res(cfg, q, k, v)
     x_mid = x + _lin(cfg, o, p["wo"], p["bo"])
     fc = _lin(cfg, M.layer_norm(x_mid, p["mlp_norm"], p["mlp_norm_bias"]), p["w_fc"], p["b_fc"])
     y = x_mid + _lin(cfg, jax.nn.gelu(fc, approximate=True), p["w_proj"], p["b_proj"])

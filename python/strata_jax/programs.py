@@ -394,22 +394,31 @@ def _scores(cfg: ModelConfig, q: Array, k: Array) -> Array:
     return jnp.where(_causal(q.shape[1])[None, None], s, jnp.float32(-1e30))
 
 
-def block_fwd_res(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tuple[Array, tuple[Array, ...]]:
-    """y and the residuals (RESIDUALS order)."""
-    B, T, D = x.shape
-    q, k, v = _qkv(cfg, p, x)
+def attention_fwd_res(cfg: ModelConfig, q: Array, k: Array, v: Array) -> tuple[Array, Array]:
+    """o [B, T, heads * Dh] and the log-sum-exp [B, heads, T] of causal
+    attention on q [B, T, heads, Dh] after RoPE (k, v: their key/value
+    heads), through kernels.attention: the residual forms of every kind's
+    block (llama, gpt2, and a tensor-parallel device's heads, which are
+    whole key/value groups: the contract's sharding)."""
+    B, T = q.shape[:2]
     impl = cfg.kernel("attention")
     if impl != "xla":
         # The kernel's forward target gives o and lse (kernels.attention_res).
         o, lse = K.attention_res(impl, q, k, v)
-        o = o.reshape(B, T, D)
-    else:
-        scores = _scores(cfg, q, k)
-        probs = jax.nn.softmax(scores, axis=-1)
-        lse = jax.nn.logsumexp(scores, axis=-1)
-        c = cfg.cdtype
-        o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), M.expand_kv(cfg, v).astype(c),
-                       preferred_element_type=jnp.float32).reshape(B, T, D)
+        return o.reshape(B, T, -1), lse
+    scores = _scores(cfg, q, k)
+    probs = jax.nn.softmax(scores, axis=-1)
+    lse = jax.nn.logsumexp(scores, axis=-1)
+    c = cfg.cdtype
+    o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), M.expand_kv(cfg, v).astype(c),
+                   preferred_element_type=jnp.float32).reshape(B, T, -1)
+    return o, lse
+
+
+def block_fwd_res(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tuple[Array, tuple[Array, ...]]:
+    """y and the residuals (RESIDUALS order)."""
+    q, k, v = _qkv(cfg, p, x)
+    o, lse = attention_fwd_res(cfg, q, k, v)
     x_mid = x + M._mm(cfg, o, p["wo"])
     h2 = M.norm(cfg, x_mid, p["mlp_norm"])
     gate, up = M._mm(cfg, h2, p["w_gate"]), M._mm(cfg, h2, p["w_up"])

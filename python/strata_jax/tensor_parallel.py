@@ -142,21 +142,8 @@ def _qkv_local(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tuple[Array, 
 def block_fwd_res_local(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tuple[Array, tuple[Array, ...]]:
     """programs.block_fwd_res on this device's heads and hidden units; y is
     whole (all-reduced), the residuals are this device's part."""
-    B, T, _ = x.shape
     q, k, v = _qkv_local(cfg, p, x)
-    impl = cfg.kernel("attention")
-    if impl != "xla":
-        # The device's heads are whole key/value groups (the contract's sharding):
-        # the kernel runs on them as on a model with H / tensor heads.
-        o, lse = K.attention_res(impl, q, k, v)
-        o = o.reshape(B, T, -1)
-    else:
-        scores = PR._scores(cfg, q, k)
-        probs = jax.nn.softmax(scores, axis=-1)
-        lse = jax.nn.logsumexp(scores, axis=-1)
-        c = cfg.cdtype
-        o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), M.expand_kv(cfg, v).astype(c),
-                       preferred_element_type=jnp.float32).reshape(B, T, -1)
+    o, lse = PR.attention_fwd_res(cfg, q, k, v)
     x_mid = x + reduce_from_tp(M._mm(cfg, o, p["wo"]))
     h2 = copy_to_tp(M.norm(cfg, x_mid, p["mlp_norm"]))
     gate, up = M._mm(cfg, h2, p["w_gate"]), M._mm(cfg, h2, p["w_up"])
