@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# make setup: idempotent set-up of everything strata's build and tests need.
+# make setup: idempotent set-up of everything strata's build and run need;
+# `scripts/setup.sh --test` (make setup-test, which make test calls) adds
+# what only the tests and reports need.
 #   1. Debian packages (apt-get) when a header or tool is missing;
 #   2. .venv with the pins of requirements.lock (jax needs Python >= 3.12);
 #   3. python/strata_jax installed editable into .venv.
@@ -7,7 +9,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBS="cmake make gcc clang pkg-config libyaml-dev libcmocka-dev libxxhash-dev libjansson-dev libssl-dev libclang-rt-14-dev fortunes libmicrohttpd-dev chromium libprotobuf-c-dev protobuf-c-compiler graphviz"
+# Building and running (make run): compiler, CMake, the libraries strata
+# links (static archives come with the -dev packages, for build-portable)
+# and the fortunes corpus the default run trains on.
+DEBS="cmake make gcc pkg-config libyaml-dev libxxhash-dev libjansson-dev libssl-dev fortunes libmicrohttpd-dev libprotobuf-c-dev protobuf-c-compiler"
+# Tests only: cmocka (C tests), clang and its runtime (libFuzzer, the
+# sanitizers' fuzz builds), chromium (report.html rendered headless in
+# test_report.py), graphviz (the --dot graphs checked by dot).
+TEST_DEBS="libcmocka-dev clang libclang-rt-14-dev chromium graphviz"
+if [ "${1:-}" = "--test" ]; then DEBS="$DEBS $TEST_DEBS"; fi
 missing=""
 for p in $DEBS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

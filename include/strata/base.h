@@ -85,6 +85,11 @@ const char* st_strbuf_cstr(const st_strbuf* b); /* "" when empty */
 /* Takes the bytes out (owned by the caller, free; never NULL) and leaves |b| empty. */
 char* st_strbuf_take(st_strbuf* b);
 void st_strbuf_reset(st_strbuf* b);              /* keeps capacity */
+/* |word| as one POSIX shell word: as is when it holds only characters no
+ * shell treats specially, else in single quotes. For commands strata prints
+ * for a person to paste (`strata resume DIR`, a supervisor's child command). */
+void st_strbuf_append_shell(st_strbuf* b, const char* word);
+char* st_shell_quote(const char* word); /* the same, owned by the caller (free) */
 void st_strbuf_free(st_strbuf* b);
 
 /* THE float formatter: the fewest %g digits that read back to exactly |x|

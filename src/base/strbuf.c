@@ -42,6 +42,37 @@ void st_strbuf_printf(st_strbuf* b, const char* fmt, ...) {
   va_end(ap);
 }
 
+/* Words made only of these need no quotes; anything else is wrapped in
+ * single quotes, the one quoting in which no character is special to sh
+ * (a ' inside becomes '\'' ). */
+static bool st__shell_plain(const char* s) {
+  if (!*s) return false;
+  for (const char* p = s; *p; ++p)
+    if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@%", *p)) return false;
+  return true;
+}
+
+void st_strbuf_append_shell(st_strbuf* b, const char* word) {
+  if (st__shell_plain(word)) {
+    st_strbuf_append(b, word);
+    return;
+  }
+  st_strbuf_append(b, "'");
+  for (const char* p = word; *p; ++p) {
+    if (*p == '\'')
+      st_strbuf_append(b, "'\\''");
+    else
+      st_strbuf_append_n(b, p, 1);
+  }
+  st_strbuf_append(b, "'");
+}
+
+char* st_shell_quote(const char* word) {
+  st_strbuf b = {0};
+  st_strbuf_append_shell(&b, word);
+  return st_strbuf_take(&b);
+}
+
 const char* st_strbuf_cstr(const st_strbuf* b) { return b->data ? b->data : ""; }
 
 void st_strbuf_reset(st_strbuf* b) {

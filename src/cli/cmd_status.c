@@ -143,12 +143,14 @@ static st_status st__status(const char* dir, json_t** out) {
   /* A torn last line is a write in progress while the run lives; once it
    * is over, what a crash left (the next resume cuts it). */
   if (!running) {
+    char* q = st_shell_quote(dir);
     if (events_torn)
       fprintf(stderr, "strata: warning: %s ends in a torn line (a crash mid-write); ignored here, `strata resume %s` cuts it\n",
-              events_path, dir);
+              events_path, q);
     if (metrics_torn)
       fprintf(stderr, "strata: warning: %s ends in a torn line (a crash mid-write); ignored here, `strata resume %s` cuts it\n",
-              metrics_path, dir);
+              metrics_path, q);
+    free(q);
   }
 
   o = st_json_obj();

@@ -417,11 +417,14 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
   S.hang_timeout_s = req->recovery.hang_timeout_s;
   S.outcome = "running";
   st_status s = ST_OK;
-  if (st_runlog_dir_has_run(S.dir) && !req->resume)
+  if (st_runlog_dir_has_run(S.dir) && !req->resume) {
+    char* q = st_shell_quote(S.dir);
     s = st_status_make(ST_CODE_CONFIG,
                        "run directory '%s' already holds a run (steps in metrics.jsonl, checkpoints); set run.dir to a new folder, or continue it "
                        "supervised with run.resume=true (or unsupervised: strata resume %s)",
-                       S.dir, S.dir);
+                       S.dir, q);
+    free(q);
+  }
   if (!s) s = st_fs_mkdirs(S.dir);
   /* The supervisor holds the run directory's lock across restarts (each
    * child inherits it), so nothing else can slip in between two attempts,
@@ -478,7 +481,10 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
     }
     argv[argc] = NULL;
     st_strbuf cmd = {0};
-    for (int i = 1; i < argc; ++i) st_strbuf_printf(&cmd, "%s%s", i > 1 ? " " : "", argv[i]);
+    for (int i = 1; i < argc; ++i) {
+      if (i > 1) st_strbuf_append(&cmd, " ");
+      st_strbuf_append_shell(&cmd, argv[i]);
+    }
     pid_t pid = 0;
     S.tail_offset = st__size(S.events_path);
     S.hang_dir[0] = S.hang_op[0] = '\0';
@@ -542,8 +548,10 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
       st_json_put_int(f, "exit_code", 8);
       st_json_put_str(f, "reason", "the trainer was stopped by a signal after writing a checkpoint");
       st__event(&S, "child_interrupted", f);
+      char* q = st_shell_quote(S.dir);
       fprintf(stderr, "strata run: the trainer was stopped by a signal (exit 8) after writing a checkpoint; not restarting "
-                      "(continue with strata resume %s)\n", S.dir);
+                      "(continue with strata resume %s)\n", q);
+      free(q);
       break;
     }
     if (code == 2 || code == 3 || code == 5) {

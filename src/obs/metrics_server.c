@@ -51,6 +51,11 @@ static void st__metric_name(st_strbuf* b, const char* field, const char* sub) {
   st_strbuf_append(b, "strata_");
   size_t n = strlen(field);
   const char* suffix = "";
+  /* Byte counts whose metrics.jsonl name carries no unit: Prometheus wants
+   * the base unit as the name's last word. */
+  static const char* const kBytes[] = {"peak_live_by_category", "peak_live_by_category_predicted"};
+  for (size_t i = 0; i < sizeof kBytes / sizeof kBytes[0]; ++i)
+    if (!strcmp(field, kBytes[i])) suffix = "_bytes";
   if (n > 6 && !strcmp(field + n - 6, "_per_s")) {
     n -= 6;
     suffix = "_per_second";

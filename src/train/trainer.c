@@ -72,11 +72,14 @@ static st_status st__make_run_dir(const st_config* cfg, const st_train_options* 
   char* events = st_path_join(d.data, "events.jsonl");
   *out_reused = !used && st_fs_exists(events); /* an earlier attempt stopped before its first step */
   free(events);
-  if (!s && used && !o->resume)
+  if (!s && used && !o->resume) {
+    char* q = st_shell_quote(d.data);
     s = st_status_make(ST_CODE_CONFIG,
                        "run directory '%s' already holds a run (steps in metrics.jsonl, checkpoints); set run.dir to a new folder, or "
                        "continue it with `strata resume %s`",
-                       d.data, d.data);
+                       d.data, q);
+    free(q);
+  }
   /* A resume writes the run's config only once its checkpoint accepted it
    * (st__save_run_config after the restore): a refused resume (another
    * tokenizer, another model) must leave the run as it was. */
@@ -500,11 +503,15 @@ static st_status st__stop(st__trainer* t, int64_t done, bool progress) {
             (long long)done);
     ST_RETURN_IF_ERROR(st_train_ckpt_save_now(t->ckpt, done), "stopping on %s after step %lld", sig, (long long)done);
     t->stop_saved = true;
-    return st_status_make(ST_CODE_INTERRUPTED, "stopped by %s after step %lld, checkpoint step_%lld written; continue with `strata resume %s`",
-                          sig, (long long)done, (long long)done, t->run_dir);
   }
-  return st_status_make(ST_CODE_INTERRUPTED, "stopped by %s before the first step of this attempt (nothing new to save); continue with `strata resume %s`",
-                        sig, t->run_dir);
+  char* q = st_shell_quote(t->run_dir);
+  st_status s = done > t->start_step
+                    ? st_status_make(ST_CODE_INTERRUPTED, "stopped by %s after step %lld, checkpoint step_%lld written; continue with `strata resume %s`",
+                                     sig, (long long)done, (long long)done, q)
+                    : st_status_make(ST_CODE_INTERRUPTED,
+                                     "stopped by %s before the first step of this attempt (nothing new to save); continue with `strata resume %s`", sig, q);
+  free(q);
+  return s;
 }
 
 /* The end-of-run summary on the console (run.progress: a terminal, or
@@ -609,9 +616,11 @@ static st_status st__end_sample_try(st__trainer* t, double* out_seconds, double*
     }
     /* The text as written, not the raw bytes: a byte the model drew could
      * be half of a terminal's escape sequence. */
+    char* q = st_shell_quote(t->run_dir);
     fprintf(stderr, "  sample (temperature %.1f, seed %llu; `strata sample %s` for more)%s:\n%s%s", so.temperature,
-            (unsigned long long)so.seed, t->run_dir, bytes ? "" : ", synthetic data (no text): token ids",
+            (unsigned long long)so.seed, q, bytes ? "" : ", synthetic data (no text): token ids",
             text.data ? text.data : "", bytes ? "\n" : "");
+    free(q);
     char* out = st_path_join(t->run_dir, "sample.txt");
     s = st_fs_write_atomic(out, text.data ? text.data : "", text.len);
     free(out);

@@ -294,6 +294,35 @@ static void test_json_getters(void** state) {
   json_decref(j);
 }
 
+/* Every hint strata prints for pasting (`strata resume DIR`) must be one
+ * shell word whatever the directory is called: checked by running sh. */
+static void test_shell_quote(void** state) {
+  (void)state;
+  const char* plain = "runs/a-b_c.1=x:y";
+  char* q = st_shell_quote(plain);
+  assert_string_equal(q, plain);
+  free(q);
+  q = st_shell_quote("");
+  assert_string_equal(q, "''");
+  free(q);
+  const char* odd[] = {"my run", "it's", "a;b", "$(echo x)", "`x`", "a\\b", "tab\there", "*", "~user", "\"q\""};
+  for (size_t i = 0; i < sizeof odd / sizeof odd[0]; ++i) {
+    q = st_shell_quote(odd[i]);
+    st_strbuf cmd = {0};
+    st_strbuf_append(&cmd, "printf %s ");
+    st_strbuf_append(&cmd, q);
+    FILE* f = popen(cmd.data, "r");
+    assert_non_null(f);
+    char got[256] = {0};
+    size_t n = fread(got, 1, sizeof got - 1, f);
+    got[n] = '\0';
+    assert_int_equal(pclose(f), 0);
+    assert_string_equal(got, odd[i]);
+    st_strbuf_free(&cmd);
+    free(q);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_oom_aborts_with_message),
@@ -304,6 +333,7 @@ int main(void) {
       cmocka_unit_test(test_json_numbers),
       cmocka_unit_test(test_json_reader_bounds),
       cmocka_unit_test(test_json_getters),
+      cmocka_unit_test(test_shell_quote),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

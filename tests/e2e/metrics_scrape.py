@@ -125,6 +125,8 @@ def scalar(fams, name):
 
 
 def metric_name(field):
+    if field in ("peak_live_by_category", "peak_live_by_category_predicted"):
+        return "strata_" + field + "_bytes"
     if field.endswith("_per_s"):
         return "strata_" + field[:-6] + "_per_second"
     if field.endswith("_s"):

@@ -79,8 +79,8 @@ for _ in $(seq 300); do
 done
 check "the step grows between two scrapes ($step1, then $step2)" "[ '$step2' -gt '$step1' ]"
 check "Content-Type is text/plain; version=0.0.4" "grep -qi '^content-type: text/plain; version=0.0.4' '$TMP/h2'"
-check "names: strata_loss, strata_tokens_per_second, strata_step_time_seconds, strata_peak_live_by_category{category=\"params\"}, run label" \
-  "grep -q '^strata_loss{run=\"run\"} ' '$TMP/s2' && grep -q '^strata_tokens_per_second{' '$TMP/s2' && grep -q '^strata_step_time_seconds{' '$TMP/s2' && grep -q '^strata_peak_live_by_category{run=\"run\",category=\"params\"} [0-9]' '$TMP/s2' && grep -q '^# TYPE strata_loss gauge$' '$TMP/s2'"
+check "names: strata_loss, strata_tokens_per_second, strata_step_time_seconds, strata_peak_live_by_category_bytes{category=\"params\"}, run label" \
+  "grep -q '^strata_loss{run=\"run\"} ' '$TMP/s2' && grep -q '^strata_tokens_per_second{' '$TMP/s2' && grep -q '^strata_step_time_seconds{' '$TMP/s2' && grep -q '^strata_peak_live_by_category_bytes{run=\"run\",category=\"params\"} [0-9]' '$TMP/s2' && grep -q '^# TYPE strata_loss gauge$' '$TMP/s2'"
 code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/")
 check "another path is 404 (got $code)" "[ '$code' = 404 ]"
 code=$(curl -s -o /dev/null -w '%{http_code}' -X POST "$URL")
