@@ -169,6 +169,11 @@ typedef struct st_python_job {
   int code;                       /* the st_status code of a failure */
   int code_on_exit2;              /* the code when the child exits 2 (its config error); 0: |code| */
   const char* jax_platforms;      /* JAX_PLATFORMS for the child; NULL: inherited */
+  /* Polled while the child runs (NULL: never): a non-zero signal number
+   * (a stop signal strata received, st_stop_signal) ends the child with
+   * SIGTERM, then SIGKILL after 5 s, and the job with ST_CODE_INTERRUPTED.
+   * A stop during a minute-long export is acted on at once, not after it. */
+  int (*stop_signal)(void);
 } st_python_job;
 /* Runs |job| with the source tree's python/ first on PYTHONPATH and waits.
  * File descriptors not marked close-on-exec are inherited (the exporter's

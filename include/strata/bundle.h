@@ -248,6 +248,8 @@ typedef struct st_bundle_request {
   /* The device mesh to export collectives for ("data=2"), NULL or "" for
    * one device. Part of the bundle key only when set. */
   const char* mesh;
+  /* Polled while the exporter runs (st_python_job.stop_signal); NULL: never. */
+  int (*stop_signal)(void);
 } st_bundle_request;
 
 /* Bundle key: hash of the model JSON, the schema version and the exporter's

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import sys
 from typing import Any
 
@@ -328,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--progress-fd", type=int, default=None,
                     help="draw 'export: k/n programs' on this open file descriptor (strata passes its stderr)")
     args = ap.parse_args(argv)
+    # strata ends an export it was told to stop with SIGTERM: as an
+    # exception, so export_bundle removes its half-written folder.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     mesh = None
     if args.mesh:
         from . import parallel as PP

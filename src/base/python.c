@@ -7,10 +7,12 @@
  * child's output in a log beside what it writes, and a failure that names
  * the command, its exit and the log's last lines. */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "strata/base.h"
@@ -25,6 +27,32 @@ static char* st__log_tail(const char* path, size_t max) {
   }
   if (size > max) memmove(data, data + size - max, max + 1);
   return data;
+}
+
+/* Waits for |pid|. With |stop|, polls it every 20 ms; once it names a
+ * signal the child gets SIGTERM (then SIGKILL after 5 s) and the signal is
+ * returned; 0 when the child ended on its own. */
+static int st__wait(pid_t pid, int (*stop)(void), int* status) {
+  if (!stop) {
+    while (waitpid(pid, status, 0) < 0 && errno == EINTR) {
+    }
+    return 0;
+  }
+  int sig = 0;
+  double killed_at = 0;
+  for (;;) {
+    pid_t r = waitpid(pid, status, WNOHANG);
+    if (r == pid || (r < 0 && errno != EINTR)) return sig;
+    if (!sig && (sig = stop()) != 0) {
+      kill(pid, SIGTERM);
+      killed_at = st_now();
+    } else if (sig && killed_at > 0 && st_now() - killed_at > 5.0) {
+      kill(pid, SIGKILL);
+      killed_at = -1;
+    }
+    struct timespec ts = {0, 20 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
 }
 
 st_status st_python_run(const st_python_job* job) {
@@ -63,10 +91,12 @@ st_status st_python_run(const st_python_job* job) {
   }
   free(argv);
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  int stopped = st__wait(pid, job->stop_signal, &status);
   st_status s = ST_OK;
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+  if (stopped) {
+    s = st_status_make(ST_CODE_INTERRUPTED, "%s: stopped by signal %d (%s), which ended the child %s -m %s (log %s)",
+                       job->what, stopped, strsignal(stopped), python, job->module, job->log_path);
+  } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     char* tail = st__log_tail(job->log_path, 1500);
     bool two = WIFEXITED(status) && WEXITSTATUS(status) == 2;
     s = st_status_make(two && job->code_on_exit2 ? job->code_on_exit2 : job->code,

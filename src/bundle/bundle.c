@@ -819,7 +819,15 @@ st_status st_bundle_export_mesh(const char* model_json, const char* mesh, const 
   return st_bundle_export_ex(model_json, mesh, key, dir, false);
 }
 
+static st_status st__export(const char* model_json, const char* mesh, const char* key, const char* dir, bool progress,
+                            int (*stop_signal)(void));
+
 st_status st_bundle_export_ex(const char* model_json, const char* mesh, const char* key, const char* dir, bool progress) {
+  return st__export(model_json, mesh, key, dir, progress, NULL);
+}
+
+static st_status st__export(const char* model_json, const char* mesh, const char* key, const char* dir, bool progress,
+                            int (*stop_signal)(void)) {
   /* The parent folder must exist for the exporter's rename into place. */
   char* parent = st_xstrdup(dir);
   char* slash = strrchr(parent, '/');
@@ -855,7 +863,7 @@ st_status st_bundle_export_ex(const char* model_json, const char* mesh, const ch
    * Export is trace + lower only: JAX stays off any accelerator. */
   st_python_job job = {.what = "exporting the bundle", .module = "strata_jax.export", .args = args,
                        .log_path = log.data, .code = ST_CODE_RUNTIME, .code_on_exit2 = ST_CODE_CONFIG,
-                       .jax_platforms = "cpu"};
+                       .jax_platforms = "cpu", .stop_signal = stop_signal};
   st_status s = st_python_run(&job);
   if (tty >= 0) close(tty);
   st_strbuf_free(&log);
@@ -1003,7 +1011,7 @@ st_status st_bundle_ensure_ex(const st_bundle_request* req, bool progress, st_bu
     }
   }
   if (!b) {
-    s = st_bundle_export_ex(req->model_json, req->mesh, key, dir, progress);
+    s = st__export(req->model_json, req->mesh, key, dir, progress, req->stop_signal);
     if (!s) s = st_bundle_open(dir, &b);
     if (!s && strcmp(b->key, key) != 0)
       s = st_status_make(ST_CODE_RUNTIME, "exporter wrote bundle key '%s' into '%s', expected '%s'", b->key, dir, key);

@@ -12,7 +12,7 @@ int st_cli_export(int argc, char** argv) {
   if (!s) {
     st_train_options o;
     s = st_train_options_from_config(cfg, &o);
-    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh};
+    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh, NULL};
     st_bundle* bundle = NULL;
     bool exported = false;
     if (!s) st_train_kernel_selection_note(&o, stderr);

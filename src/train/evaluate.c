@@ -92,7 +92,7 @@ st_status st_train_evaluate(const st_config* cfg, const char* params_path, const
   double t0 = st_now();
   if (!s) s = st_dataset_open(&o.data, &t.data);
   if (!s) {
-    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh};
+    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh, NULL};
     bool exported = false;
     s = st_bundle_ensure_ex(&req, o.long_progress.on, &bundle, &exported);
   }

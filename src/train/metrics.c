@@ -327,6 +327,9 @@ void st__failed_event(st__trainer* t, st_status s) {
 }
 
 void st__interrupted_event(st__trainer* t, st_status s) {
+  /* Stopped before the step loop (an export the signal ended): the signal
+   * is still the one recorded. */
+  if (!t->stop_signal) t->stop_signal = st_stop_signal();
   json_t* f = st_json_obj();
   st_json_put_int(f, "signal", t->stop_signal);
   st_json_put_str(f, "signal_name", st_signal_name(t->stop_signal));

@@ -473,7 +473,7 @@ st_status st_train_sample_main(const char* path, const char* prompt, const st_tr
   }
   if (!s) s = st_status_recode(st_safetensors_read(ref.params_path, &file), ST_CODE_CKPT, "the trained parameters");
   if (!s) {
-    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, ""};
+    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, "", NULL};
     bool exported = false;
     s = st_bundle_ensure(&req, &bundle, &exported);
   }

@@ -388,6 +388,23 @@ for sig in TERM INT HUP; do
   check "SIG$sig: a checkpoint of the last recorded step, LATEST names it, it verifies" \
     "[ \"\$(cat '$d/checkpoints/LATEST')\" = step_$n ] && '$STRATA' ckpt verify '$d/checkpoints/step_$n' >/dev/null 2>&1"
 done
+# SIGTERM during a cold export (its own empty cache: the exporter runs for
+# seconds): acted on at once, not after the export and compile; exit 8, the
+# exporter's half-written bundle folder removed.
+d="$TMP/stop-export"
+STRATA_CACHE_DIR="$TMP/cache-cold" "$STRATA" train "${LONG[@]}" run.dir="$d" >/dev/null 2>"$TMP/stop.err" &
+pid=$!
+for _ in $(seq 600); do ls -d "$TMP"/cache-cold/bundles/*.tmp-* >/dev/null 2>&1 && break; sleep 0.05; done
+ls -d "$TMP"/cache-cold/bundles/*.tmp-* >/dev/null 2>&1 || bad "the cold run's exporter did not start writing"
+t0=$SECONDS
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+check "SIGTERM during a cold export: exit 8 within 10 s (rc $rc, $((SECONDS - t0)) s), the exporter ended, no step" \
+  "[ $rc = 8 ] && [ $((SECONDS - t0)) -le 10 ] && grep -q 'exporting the bundle: stopped by signal 15' '$TMP/stop.err' && [ ! -s '$d/metrics.jsonl' ]"
+check "... the final event is 'interrupted' naming SIGTERM, no half-written bundle folder left" \
+  "tail -1 '$d/events.jsonl' | grep -q '\"event\": \"interrupted\", \"signal\": 15, \"signal_name\": \"SIGTERM\"' && ! ls -d '$TMP'/cache-cold/bundles/*.tmp-* >/dev/null 2>&1"
+
 d="$TMP/stop-TERM"
 n=$(last_step "$d")
 if "$STRATA" resume "$d" train.steps=$((n + 3)) >/dev/null 2>"$TMP/err"; then ok; else bad "resume after SIGTERM exited $?: $(tail -2 "$TMP/err")"; fi
