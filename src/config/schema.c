@@ -181,7 +181,9 @@ static const st__cfg_key kKeys[] = {
     {"ckpt.on_error", ST__CFG_ENUM, "stop", .choices = "stop|continue",
      .doc = "A failed save stops training (exit 7) or is logged and training continues."},
     {"ckpt.async", ST__CFG_BOOL, "true",
-     .doc = "Write checkpoints on a writer thread; training only waits for the device-to-host copy."},
+     .doc = "With ckpt.staging=full, write checkpoints on a writer thread while training goes on (it waits only for "
+            "the device-to-host copy); chunked staging (auto's choice on a CPU plugin) saves synchronously whatever "
+            "this says."},
     {"ckpt.staging", ST__CFG_ENUM, "auto", .choices = "auto|full|chunked",
      .doc = "Host memory of a save: full (a host copy of the whole state, written on the writer thread while training "
             "goes on) or chunked (one tensor at a time, the run waits for the save); auto: chunked on a CPU plugin "
@@ -254,8 +256,8 @@ static const st__cfg_key kKeys[] = {
             "updates; docs/diagnostics.md). Needs parallel.fsdp=1 and parallel.tensor=1."},
 
     {"kernels.rmsnorm", ST__CFG_ENUM, "auto", .choices = "auto|xla|ffi|pallas",
-     .doc = "RMSNorm's implementation (docs/kernels.md): auto (the fastest verified on the plugin's platform: ffi "
-            "on cpu, xla elsewhere), xla (plain jnp, the reference), ffi (strata's C kernel through the plugin's "
+     .doc = "RMSNorm's implementation (docs/kernels.md): auto (a static per-platform table in the kernel contract, "
+            "from measurements: ffi on cpu, xla elsewhere; not chosen by timing at run time), xla (plain jnp, the reference), ffi (strata's C kernel through the plugin's "
             "FFI; CPU plugin only), pallas (Pallas; interpret mode on CPU: verification only, slow)."},
     {"kernels.swiglu", ST__CFG_ENUM, "auto", .choices = "auto|xla|ffi|pallas",
      .doc = "SwiGLU activation's implementation (silu(gate) * up; docs/kernels.md): auto, xla, ffi or pallas, as "
