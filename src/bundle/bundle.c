@@ -7,8 +7,11 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "strata/base.h"
@@ -971,7 +974,66 @@ st_status st_bundle_ensure(const st_bundle_request* req, st_bundle** out_bundle,
   return st_bundle_ensure_ex(req, false, out_bundle, out_exported);
 }
 
+/* Two strata processes on one machine share the cache: two runs started
+ * together, or the test suite's parallel runners. Without a lock both see
+ * the bundle missing and export it, and one can open the folder in the
+ * moment the other's exporter swaps it into place. An exclusive flock on
+ * <dir>.lock around the check, the export and the open serialises them; the
+ * second finds the first's bundle and exports nothing. Polled, so a stop
+ * signal while waiting ends the wait. -1 (no lock) when the lock file cannot
+ * be created: a read-only cache still serves its bundles. */
+static int st__lock_cache_entry(const char* dir, int (*stop_signal)(void), st_status* out_status) {
+  *out_status = ST_OK;
+  st_strbuf path = {0};
+  st_strbuf_printf(&path, "%s.lock", dir);
+  char* parent = st_xstrdup(dir);
+  char* slash = strrchr(parent, '/');
+  if (slash && slash != parent) {
+    *slash = '\0';
+    st_status_free(st_fs_mkdirs(parent));
+  }
+  free(parent);
+  int fd = open(path.data, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  st_strbuf_free(&path);
+  if (fd < 0) return -1;
+  for (;;) {
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
+    if (errno != EWOULDBLOCK && errno != EINTR) {
+      close(fd);
+      return -1;
+    }
+    int sig = stop_signal ? stop_signal() : 0;
+    if (sig) {
+      close(fd);
+      *out_status = st_status_make(ST_CODE_INTERRUPTED, "stopped by signal %d while waiting for another strata process to export '%s'",
+                                   sig, dir);
+      return -1;
+    }
+    struct timespec ts = {0, 50 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+static st_status st__ensure_locked(const st_bundle_request* req, bool progress, st_bundle** out_bundle, bool* out_exported);
+
 st_status st_bundle_ensure_ex(const st_bundle_request* req, bool progress, st_bundle** out_bundle, bool* out_exported) {
+  *out_bundle = NULL;
+  *out_exported = false;
+  if (req->dir && req->dir[0]) return st__ensure_locked(req, progress, out_bundle, out_exported); /* never exported into */
+  char key[17];
+  st_bundle_key_mesh(req->model_json, req->mesh, key);
+  st_strbuf dir = {0};
+  st_strbuf_printf(&dir, "%s/bundles/%s", req->cache_root, key);
+  st_status s = ST_OK;
+  int fd = st__lock_cache_entry(dir.data, req->stop_signal, &s);
+  st_strbuf_free(&dir);
+  if (s) return s;
+  s = st__ensure_locked(req, progress, out_bundle, out_exported);
+  if (fd >= 0) close(fd); /* releases the flock */
+  return s;
+}
+
+static st_status st__ensure_locked(const st_bundle_request* req, bool progress, st_bundle** out_bundle, bool* out_exported) {
   *out_bundle = NULL;
   *out_exported = false;
   char key[17];

@@ -221,4 +221,13 @@ assert text == clean(cli), (text, cli)
 PYEOF"
 check "no sample.txt without progress (run.progress=off)" "[ ! -e '$TMP/r1/sample.txt' ] && ! grep -q 'sample (temperature' '$TMP/err1'"
 
+# Three exports of one new bundle at once into one cache (two runs started
+# together share it): the cache entry's lock lets one export and the others
+# find its bundle; every one succeeds.
+for i in 1 2 3; do STRATA_CACHE_DIR="$TMP/cache-race" "$STRATA" export configs/test.yml >"$TMP/race$i" 2>&1 & done
+rcs=""
+for j in $(jobs -p); do wait "$j"; rcs="$rcs$?"; done
+check "three concurrent exports of one bundle: all exit 0 ($rcs), one exports, two find it up to date" \
+  "[ '$rcs' = 000 ] && [ \$(cat '$TMP'/race[123] | grep -c '(exported,') = 1 ] && [ \$(cat '$TMP'/race[123] | grep -c '(up to date,') = 2 ]"
+
 finish test_train.sh

@@ -174,7 +174,7 @@ def test_signature_changed_against_the_same_key(tmp_path: Any) -> None:
     env = {"STRATA_CACHE_DIR": str(tmp_path / "cache")}
     r = _strata("export", "configs/test.yml", env=env)
     assert r.returncode == 0, r.stderr
-    (key,) = [k for k in os.listdir(tmp_path / "cache" / "bundles") if not k.endswith(".log")]
+    (key,) = [k for k in os.listdir(tmp_path / "cache" / "bundles") if not k.endswith((".log", ".lock"))]
     cached = str(tmp_path / "cache" / "bundles" / key)
     handed = str(tmp_path / "handed")
     shutil.copytree(cached, handed)
