@@ -32,18 +32,35 @@ run: build
 	@./build/strata train configs/tiny.yml
 
 # Each runner prints its own summary; the first failure fails the target,
-# but every runner still runs so the summaries are complete. The last line
-# is the wall time of the whole target, set-up and builds included (the
-# budget is 12 minutes on 2 cores: tests/README.md).
+# but every runner still runs so the summaries are complete. Two streams run
+# side by side (TEST_STREAMS=1: one after the other): pytest, and the C
+# tests, the end-to-end scripts and the fuzz smoke; each stream's output is
+# kept in build/test-logs/ and printed when it ends. Each stream is mostly
+# one process at a time that uses one core (export, tracing, a small
+# model's steps), so two streams fill two cores. The last line is the wall
+# time of the whole target, set-up and builds included (the budget: under
+# 12 minutes on 2 cores; tests/README.md).
+TEST_STREAMS ?= 2
 test:
 	@start=$$(date +%s); rc=0; \
 	$(MAKE) --no-print-directory setup-test build build-asan build-portable || rc=1; \
 	built=$$(date +%s); \
 	if [ $$rc = 0 ]; then \
-	  $(MAKE) --no-print-directory test-c || rc=1; \
-	  $(MAKE) --no-print-directory test-py || rc=1; \
-	  $(MAKE) --no-print-directory test-e2e || rc=1; \
-	  $(MAKE) --no-print-directory test-fuzz || rc=1; \
+	  mkdir -p build/test-logs; \
+	  if [ "$(TEST_STREAMS)" = 1 ]; then \
+	    $(MAKE) --no-print-directory test-c || rc=1; \
+	    $(MAKE) --no-print-directory test-py || rc=1; \
+	    $(MAKE) --no-print-directory test-e2e || rc=1; \
+	    $(MAKE) --no-print-directory test-fuzz || rc=1; \
+	  else \
+	    ( $(MAKE) --no-print-directory test-py > build/test-logs/py.log 2>&1; echo $$? > build/test-logs/py.rc ) & \
+	    ( r=0; $(MAKE) --no-print-directory test-c || r=1; $(MAKE) --no-print-directory test-e2e || r=1; \
+	      $(MAKE) --no-print-directory test-fuzz || r=1; echo $$r > build/test-logs/rest.rc ) > build/test-logs/rest.log 2>&1; \
+	    wait; \
+	    echo "==== C tests, end-to-end scripts, fuzz smoke (build/test-logs/rest.log)"; cat build/test-logs/rest.log; \
+	    echo "==== pytest (build/test-logs/py.log)"; cat build/test-logs/py.log; \
+	    [ "$$(cat build/test-logs/py.rc)" = 0 ] || rc=1; [ "$$(cat build/test-logs/rest.rc)" = 0 ] || rc=1; \
+	  fi; \
 	fi; \
 	end=$$(date +%s); \
 	echo "make test: $$((end - start)) s in all ($$((built - start)) s set-up and builds), $$([ $$rc = 0 ] && echo passed || echo FAILED)"; \
@@ -59,8 +76,19 @@ test-py:
 
 # The long drills (tests/README.md): what make test leaves out, each with a
 # shorter test of the same thing that make test keeps.
+# Then the numeric tests again with XLA's CPU code generation limited to
+# AVX2 and to SSE4.2, and strata's C kernels on their portable path: every
+# tolerance must hold for another machine's code (tests/README.md,
+# "Tolerances").
+NUMERIC_TESTS ?= tests/py
 test-long: build build-portable
-	@$(PY) -m pytest -q --durations=20 -m long tests/py
+	@rc=0; \
+	$(PY) -m pytest -q --durations=20 -m long tests/py || rc=1; \
+	for isa in AVX2 SSE4_2; do \
+	  echo "== numeric tests with XLA_FLAGS=--xla_cpu_max_isa=$$isa STRATA_KERNELS_ISA=portable"; \
+	  XLA_FLAGS=--xla_cpu_max_isa=$$isa STRATA_KERNELS_ISA=portable $(PY) -m pytest -q -m "not long" $(NUMERIC_TESTS) || rc=1; \
+	done; \
+	exit $$rc
 
 test-e2e:
 	@tests/e2e/run_all.sh
