@@ -73,3 +73,18 @@ def assert_rounding_close(got: Any, want: Any, *, n: int, scale: float, dtype: s
             f"{what}: {int(over.sum())} of {diff.size} elements differ beyond rounding; worst at {i}: "
             f"{g[i]!r} vs {w[i]!r}, |diff| {diff[i]:.3g} > bound {bound[i]:.3g} "
             f"({evaluations} x gamma({n}, {dtype}) x max(scale {scale:.3g}, |want|))")
+
+
+def assert_all_rounding_close(got: Any, want: Any, *, n: int, dtype: str = "float32", what: str = "") -> None:
+    """assert_rounding_close over matching leaves of two pytrees (a program's
+    outputs, a gradient dict), the scale of the summed magnitudes taken as the
+    largest RMS among |want|'s leaves: the terms that meet in one output's sums
+    are other outputs' sizes (a bias gradient that is 0 in exact arithmetic is
+    the sum of terms the size of the other gradients)."""
+    import jax
+
+    g_leaves, w_leaves = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
+    assert len(g_leaves) == len(w_leaves), (what, len(g_leaves), len(w_leaves))
+    scale = max((rms(w) for w in w_leaves), default=0.0)
+    for i, (g, w) in enumerate(zip(g_leaves, w_leaves)):
+        assert_rounding_close(g, w, n=n, scale=scale, dtype=dtype, what=f"{what} [{i}]")
