@@ -55,11 +55,12 @@ def test_state_and_loss_stay_f32() -> None:
 
 # --- drift against f32, and strata against the reference, in training --------------
 
-# configs/tiny.yml (byte corpus, real text) at 2 layers and 60 steps: the
-# quick version of docs/model.md's 300-step table.
+# configs/tiny.yml (byte corpus, real text) at 2 layers and 30 steps: the
+# quick version of docs/model.md's 300-step table (the bounds were measured
+# over 60 steps; the drift grows with the steps, so they hold over 30).
 # Kernels at xla (KERNELS_XLA; the default is ffi on CPU, f32 only): the
 # bounds below were measured with the jnp ops, in both runs.
-DRIFT = [*KERNELS_XLA, "model.n_layers=2", "train.steps=60", "train.warmup_steps=10", "train.eval_every=0",
+DRIFT = [*KERNELS_XLA, "model.n_layers=2", "train.steps=30", "train.warmup_steps=10", "train.eval_every=0",
          "train.eval_batches=1", "seed=3"]
 
 
@@ -93,7 +94,7 @@ def drift_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray
 
 def test_bf16_drift_against_f32_is_bounded(drift_runs: dict[str, np.ndarray]) -> None:
     f32, bf16 = drift_runs["f32"], drift_runs["bf16"]
-    assert len(f32) == len(bf16) == 60
+    assert len(f32) == len(bf16) == 30
     rel = np.abs(bf16 - f32) / f32
     print(f"bf16 vs f32 over {len(rel)} steps: max {rel.max():.3e}, final {rel[-1]:.3e}")
     assert rel[0] > 0, "bf16 and f32 give the same first loss: bf16 is not in use"
