@@ -565,13 +565,13 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
       /* Exit 5 (a non-finite loss or gradient norm that diag.on_nonfinite
        * did not absorb) is a numeric fault of the run, not a crash: a
        * restart resumes the same state on the same data and meets it again. */
-      const char* what = oom ? "out of memory" : code == 2 ? "config error" : code == 3 ? "data error" : "non-finite numerics error";
+      const char* what = oom ? st_code_name(ST_CODE_MEMORY) : code == 2 ? "config error" : code == 3 ? "data error" : "non-finite numerics error";
       S.outcome = "not_restartable";
       json_t* f = st_json_obj();
       st_json_put_int(f, "exit_code", code);
       if (oom) st_json_put_str(f, "class", "memory");
-      st_json_put_str(f, "reason", oom         ? "out of memory (predicted not to fit, or an allocation failed): a restart "
-                                                 "would ask for the same memory and fail the same way"
+      st_json_put_str(f, "reason", oom         ? "memory: the step was predicted not to fit, or an allocation failed; a "
+                                                 "restart would ask for the same memory and fail the same way"
                                    : code == 2 ? "config error: a restart would fail the same way"
                                    : code == 3 ? "data error: a restart would fail the same way"
                                                : "non-finite numerics (diag.on_nonfinite): a restart would resume the same "
