@@ -12,14 +12,15 @@
  * Out of memory: strata has ONE policy. Every heap allocation in src/ goes
  * through st_xmalloc / st_xcalloc / st_xrealloc / st_xstrdup /
  * st_xstrndup, which print a message and abort() when the allocator fails,
- * as Redis's zmalloc does. So no function returns an "out of memory"
- * st_status and callers never test an allocation for NULL. An OOM on a host
- * is not a condition strata can report usefully (reporting itself
- * allocates), and a half-handled one is worse than a clean abort. The
+ * as Redis's zmalloc does. So callers never test an allocation for NULL,
+ * and none turns a failed allocation into a returned st_status: a
+ * half-handled OOM deep in a call chain is worse than a clean end (the
+ * ST_CODE_MEMORY statuses come from a prediction, the fit check, and
+ * from PJRT's RESOURCE_EXHAUSTED, never from a NULL). The
  * corollary: a reader of untrusted bytes bounds every count and size BEFORE
  * it allocates from them, so a corrupt file is an st_status, never an
  * abort. Memory that third-party libraries allocate (libyaml, PJRT) is
- * checked where they report it, and reported as the same abort.
+ * checked where they report it, and reported through the same path.
  *
  * The trainer needs its run's final event even then (docs/architecture.md,
  * "Out of memory aborts, in one place"): while an st_oom_hook is installed,
