@@ -4,19 +4,29 @@
  * (jansson) reading and writing. Helpers more than one module needs live
  * here, once.
  *
- * Nothing here keeps global state; everything is reentrant.
+ * Nothing here keeps global state; everything is reentrant. The one
+ * exception is the out-of-memory hook below: one pointer, because malloc's
+ * failure is the process's, installed and removed by whoever owns the
+ * process's lifecycle (the trainer), as a signal handler is.
  *
  * Out of memory: strata has ONE policy. Every heap allocation in src/ goes
  * through st_xmalloc / st_xcalloc / st_xrealloc / st_xstrdup /
  * st_xstrndup, which print a message and abort() when the allocator fails,
- * as Redis's zmalloc does. So no function returns an "out of memory"
- * st_status and callers never test an allocation for NULL. An OOM on a host
- * is not a condition strata can report usefully (reporting itself
- * allocates), and a half-handled one is worse than a clean abort. The
+ * as Redis's zmalloc does. So callers never test an allocation for NULL,
+ * and none turns a failed allocation into a returned st_status: a
+ * half-handled OOM deep in a call chain is worse than a clean end (the
+ * ST_CODE_MEMORY statuses come from a prediction, the fit check, and
+ * from PJRT's RESOURCE_EXHAUSTED, never from a NULL). The
  * corollary: a reader of untrusted bytes bounds every count and size BEFORE
  * it allocates from them, so a corrupt file is an st_status, never an
  * abort. Memory that third-party libraries allocate (libyaml, PJRT) is
- * checked where they report it, and reported as the same abort.
+ * checked where they report it, and reported through the same path.
+ *
+ * The trainer needs its run's final event even then (docs/architecture.md,
+ * "Out of memory aborts, in one place"): while an st_oom_hook is installed,
+ * the failing call runs the hook once (after freeing the hook's reserve,
+ * so that the hook can format and write one event) and then _exit()s with
+ * exit code 4 (ST_CODE_MEMORY) instead of aborting.
  */
 #ifndef STRATA_BASE_H
 #define STRATA_BASE_H
@@ -67,6 +77,44 @@ char* st_xstrdup(const char* s);
 /* Aborts through the same path: for third-party allocation failures
  * (libyaml's memory error, a PJRT buffer that could not be wrapped). */
 _Noreturn void st_oom(const char* what);
+
+/* The out-of-memory hook. |fn| gets |ctx|, the bytes asked for and what
+ * asked ("" for st_xmalloc & co, st_oom's |what|); it runs at most once
+ * per process, in the thread whose allocation failed, and must not return
+ * control anywhere else: when it returns, the process _exit()s with
+ * st_code_exit_code(ST_CODE_MEMORY) (4), without atexit handlers or stdio
+ * flushes (other threads may be mid-allocation). Another thread whose
+ * allocation fails meanwhile waits for that exit; an allocation failure
+ * inside the hook itself aborts. Before |fn| runs, the hook's reserve
+ * (ST_OOM_RESERVE_BYTES, allocated by st_oom_hook_install) is freed, so
+ * |fn| may allocate a little (format a status, write a JSON line).
+ *
+ * Install and remove in one thread, in nesting order (install returns with
+ * the previous hook saved in |hook|, remove puts it back); |hook| is the
+ * caller's and must outlive the installation. */
+typedef void (*st_oom_fn)(void* ctx, size_t bytes, const char* what);
+typedef struct st_oom_hook {
+  st_oom_fn fn;
+  void* ctx;
+  void* reserve;              /* owned while installed */
+  struct st_oom_hook* previous;
+  bool installed;
+} st_oom_hook;
+#define ST_OOM_RESERVE_BYTES ((size_t)4 << 20)
+void st_oom_hook_install(st_oom_hook* hook, st_oom_fn fn, void* ctx);
+void st_oom_hook_remove(st_oom_hook* hook);
+
+/* The host's memory as the kernel reports it (/proc/meminfo, Linux):
+ * MemTotal and MemAvailable, each lowered to the limit of this process's
+ * cgroup (v2: memory.max, less memory.current for the available part)
+ * where one is set. known is false where /proc/meminfo is unreadable. */
+typedef struct st_host_memory {
+  bool known;
+  int64_t total_bytes, available_bytes;
+  int64_t meminfo_available_bytes; /* MemAvailable as read, before the cgroup */
+  bool cgroup_limited;             /* a cgroup limit lowered one of the two */
+} st_host_memory;
+void st_host_memory_read(st_host_memory* out);
 
 /*===-------------------------------------------------------------------===*/
 /* st_strbuf: THE growable buffer (text or bytes), always NUL-terminated    */

@@ -159,6 +159,11 @@ st_status st_runtime_device_info(const st_runtime* runtime, int device, st_devic
  * does not report it (the CPU plugin) or |device| does not exist. */
 int64_t st_runtime_device_memory(const st_runtime* runtime, int device);
 
+/* Whether the devices' memory is this process's host memory (the CPU
+ * plugin: every device buffer is host RAM, shared by all its devices and
+ * with everything else on the host). NULL: false. */
+bool st_runtime_device_memory_is_host(const st_runtime* runtime);
+
 /* Counters, for tests and metrics. Monotonic over the runtime's life. */
 typedef struct st_runtime_stats {
   int64_t compiles;        /* programs compiled by XLA */

@@ -12,6 +12,12 @@
  *   ST_CODE_CONFIG   usage or configuration error (bad key, value, argument)  exit 2
  *   ST_CODE_DATA     corpus / token file / batch problems                      exit 3
  *   ST_CODE_RUNTIME  plugin, compile, execute, bundle or device errors         exit 4
+ *   ST_CODE_MEMORY   out of memory, a runtime-class failure with its own class:
+ *                    the step is predicted not to fit the device's memory (on
+ *                    the CPU plugin the host's), an allocation failed on the
+ *                    host (the st_xmalloc hook, strata/base.h) or PJRT said
+ *                    RESOURCE_EXHAUSTED. `strata run` does not restart it
+ *                    (the failed event's "class" is "memory")                exit 4
  *   ST_CODE_NUMERICS non-finite loss or gradients                              exit 5
  *   ST_CODE_HANG     a watchdog deadline passed                                exit 6
  *   ST_CODE_CKPT     checkpoint write, read or verification failure            exit 7
@@ -43,6 +49,7 @@ typedef enum st_code {
   ST_CODE_IO,
   ST_CODE_INTERNAL,
   ST_CODE_INTERRUPTED, /* not a failure of the run: stopped by a signal after a checkpoint */
+  ST_CODE_MEMORY,      /* out of memory, predicted or real: exit 4 like ST_CODE_RUNTIME */
 } st_code;
 
 typedef struct st_status_s* st_status; /* NULL means OK */
@@ -74,7 +81,12 @@ st_status st_status_join(st_status first, st_status second);
 
 /* Process exit code for a status class (0 for OK). */
 int st_status_exit_code(st_status status);
+int st_code_exit_code(st_code code);
+/* The class for people ("runtime error", "out of memory") and for files:
+ * st_code_key is a stable lower-case word ("runtime", "memory"), the
+ * failed event's "class". */
 const char* st_code_name(st_code code);
+const char* st_code_key(st_code code);
 
 /* Returns |expr|'s failure to the caller, with context prefixed. */
 #define ST_RETURN_IF_ERROR(expr, ...)                         \

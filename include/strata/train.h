@@ -275,27 +275,43 @@ typedef struct st_fit_candidate {
   int64_t host_bytes;   /* host bytes strata holds: offload homes + checkpoint staging */
   int64_t host_homes, ckpt_staging;
   bool ckpt_chunked;    /* ckpt.staging resolves to chunked */
-  bool fits;            /* peak <= the device memory (or unknown) */
+  int64_t need;         /* what is compared with the limit: |peak|, or on the host peak x devices + host_bytes */
+  bool fits;            /* need <= the limit (or the limit is unknown) */
 } st_fit_candidate;
 typedef struct st_fit_report {
-  int64_t limit;          /* device memory per device; 0: unknown */
-  char limit_source[48];  /* "the PJRT plugin (bytes_limit)" or "runtime.device_memory_bytes" */
+  int64_t limit;          /* device memory per device, or (host) the bytes this run may take of the host; 0: unknown */
+  char limit_source[160]; /* "the PJRT plugin (bytes_limit)", "runtime.device_memory_bytes" or the host's memory */
+  /* The limit is the host's memory (a plugin whose device memory is host
+   * memory, no bytes_limit and no runtime.device_memory_bytes): |limit| is
+   * the host's available memory less |kept_free|, and each candidate's
+   * need is its peak on each of |devices| devices plus its host bytes. */
+  bool host;
+  int devices;
+  st_host_memory host_memory;
+  int64_t kept_free;
   bool fits;
   st_fit_candidate current;
   int candidate_count;
   st_fit_candidate candidates[8]; /* alternatives, when |current| does not fit */
 } st_fit_report;
+/* The host's share that a run whose device memory is host memory leaves
+ * free: the larger of 10 % of the host's memory and 1 GiB, but never more
+ * than half of what is available (docs/scheduling.md, "Will it fit"). */
+int64_t st_train_host_kept_free(const st_host_memory* host);
 /* Predicts |step| (its program_temps set: st_train_plan_temps) against the
- * device memory (the plugin's, else options->device_memory_config) and,
- * when it does not fit and |candidates|, the same bundle's plans with
- * sched.remat=full and sched.offload=optimizer/both (compiled through
- * |runtime|'s cache). One-device plans only get alternatives. */
+ * device memory (the plugin's, else options->device_memory_config, else,
+ * where the device memory is host memory, the host's available memory less
+ * st_train_host_kept_free) and, when it does not fit and |candidates|, the
+ * same bundle's plans with sched.remat=full and sched.offload=optimizer/both
+ * (compiled through |runtime|'s cache). One-device plans only get
+ * alternatives. */
 st_status st_train_fit(st_runtime* runtime, const st_bundle* bundle, const st_train_options* options,
                        const st_plan* step, bool candidates, st_fit_report* out);
 json_t* st_train_fit_json(const st_fit_report* report);
 void st_train_fit_print(const st_fit_report* report, FILE* out);
-/* ST_OK when it fits or the memory is unknown; else ST_CODE_RUNTIME (exit
- * 4) naming the predicted peak, the limit and the alternatives that fit. */
+/* ST_OK when it fits or the memory is unknown; else ST_CODE_MEMORY (exit
+ * 4, not restarted by strata run) naming the predicted need, the limit and
+ * the alternatives that fit. */
 st_status st_train_fit_status(const st_fit_report* report, const st_train_options* options);
 
 /* What a path names for the commands that use a trained model (strata

@@ -93,8 +93,10 @@ st_status st_status_join(st_status first, st_status second) {
   return second;
 }
 
-int st_status_exit_code(st_status status) {
-  switch (st_status_code(status)) {
+int st_status_exit_code(st_status status) { return st_code_exit_code(st_status_code(status)); }
+
+int st_code_exit_code(st_code code) {
+  switch (code) {
     case ST_CODE_OK: return 0;
     case ST_CODE_CONFIG: return 2;
     case ST_CODE_DATA: return 3;
@@ -105,6 +107,7 @@ int st_status_exit_code(st_status status) {
     case ST_CODE_IO: return 9;
     case ST_CODE_INTERNAL: return 1;
     case ST_CODE_INTERRUPTED: return 8;
+    case ST_CODE_MEMORY: return 4;
   }
   return 1;
 }
@@ -121,6 +124,24 @@ const char* st_code_name(st_code code) {
     case ST_CODE_IO: return "i/o error";
     case ST_CODE_INTERNAL: return "internal error";
     case ST_CODE_INTERRUPTED: return "interrupted";
+    case ST_CODE_MEMORY: return "out of memory";
   }
   return "unknown error";
+}
+
+const char* st_code_key(st_code code) {
+  switch (code) {
+    case ST_CODE_OK: return "ok";
+    case ST_CODE_CONFIG: return "config";
+    case ST_CODE_DATA: return "data";
+    case ST_CODE_RUNTIME: return "runtime";
+    case ST_CODE_NUMERICS: return "numerics";
+    case ST_CODE_HANG: return "hang";
+    case ST_CODE_CKPT: return "checkpoint";
+    case ST_CODE_IO: return "io";
+    case ST_CODE_INTERNAL: return "internal";
+    case ST_CODE_INTERRUPTED: return "interrupted";
+    case ST_CODE_MEMORY: return "memory";
+  }
+  return "unknown";
 }

@@ -114,8 +114,10 @@ static const st__cfg_key kKeys[] = {
     {"runtime.cache_dir", ST__CFG_STRING, "",
      .doc = "Compile and bundle cache; empty: $STRATA_CACHE_DIR, else ~/.cache/strata."},
     {"runtime.device_memory_bytes", ST__CFG_INT, "0", .lo = 0, .hi = 1125899906842624.0,
-     .doc = "Bytes each device holds, where the PJRT plugin does not report it (the CPU plugin); 0: unknown. "
-            "strata plan --fit and strata train check the predicted peak against it (docs/scheduling.md, \"Will it fit\")."},
+     .doc = "Bytes each device holds, where the PJRT plugin does not report it (the CPU plugin); strata plan --fit and "
+            "strata train check the predicted peak per device against it (docs/scheduling.md, \"Will it fit\"). 0: the "
+            "plugin's, else on the CPU plugin (device memory is host memory) the host's available memory less "
+            "max(10 % of the host, 1 GiB), against every device's peak plus strata's host bytes."},
 
     {"parallel.data", ST__CFG_INT, "1", .lo = 1, .hi = 4096,
      .doc = "Data-parallel mesh axis: devices that each train on their own share of every microbatch "
@@ -156,8 +158,9 @@ static const st__cfg_key kKeys[] = {
             "its backward (true), or keep them from the forward until the backward (false: more memory, fewer "
             "all-gathers)."},
     {"sched.allow_overcommit", ST__CFG_BOOL, "false",
-     .doc = "Train even when the predicted peak (live buffers and XLA's temporaries) exceeds the device's memory; "
-            "false: strata train and strata plan --fit stop with exit 4 and the policies that would fit."},
+     .doc = "Train even when the predicted peak (live buffers and XLA's temporaries) exceeds the device's memory (on "
+            "the CPU plugin the host's); false: strata train and strata plan --fit stop with exit 4 (out of memory, "
+            "not restarted by strata run) and the policies that would fit."},
 
     {"trace.steps", ST__CFG_LIST, "[]",
      .doc = "Steps (1-based) written as Chrome trace-event JSON to <run>/trace/step_<N>.json (Perfetto)."},

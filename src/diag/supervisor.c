@@ -91,6 +91,9 @@ typedef struct {
    * bundle and the op, for the incident of its exit 6. */
   char hang_dir[512];
   char hang_op[320];
+  /* The current child's "failed" event's class ("": none yet), which says
+   * more than its exit code: exit 4 "memory" is not restarted. */
+  char failed_class[32];
 } st__sup;
 
 /*===-------------------------------------------------------------------===*/
@@ -224,6 +227,14 @@ static void st__tail_events(st__sup* S) {
         snprintf(S->hang_dir, sizeof(S->hang_dir), "%s", dir);
         snprintf(S->hang_op, sizeof(S->hang_op), "%s", op ? op : "");
       }
+      st_status_free(r);
+      json_decref(j);
+    }
+    if (strstr(line, "\"event\": \"failed\"")) {
+      json_t* j = NULL;
+      st_status r = st_json_parse(line, strlen(line), S->events_path, &j);
+      const char* cls = r ? NULL : json_string_value(json_object_get(j, "class"));
+      snprintf(S->failed_class, sizeof(S->failed_class), "%s", cls ? cls : "");
       st_status_free(r);
       json_decref(j);
     }
@@ -487,7 +498,7 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
     }
     pid_t pid = 0;
     S.tail_offset = st__size(S.events_path);
-    S.hang_dir[0] = S.hang_op[0] = '\0';
+    S.hang_dir[0] = S.hang_op[0] = S.failed_class[0] = '\0';
     s = st__spawn(argv, S.lock_fd, &pid);
     free(argv);
     if (s || !pid) {
@@ -554,20 +565,27 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
       free(q);
       break;
     }
-    if (code == 2 || code == 3 || code == 5) {
+    /* Exit 4 with the failed event's class "memory": predicted not to fit,
+     * or an allocation failed; the same config on the same host asks for
+     * the same memory again. Other exit 4s (a plugin crash) are restarted. */
+    bool oom = code == 4 && !strcmp(S.failed_class, "memory");
+    if (code == 2 || code == 3 || code == 5 || oom) {
       /* Exit 5 (a non-finite loss or gradient norm that diag.on_nonfinite
        * did not absorb) is a numeric fault of the run, not a crash: a
        * restart resumes the same state on the same data and meets it again. */
-      const char* what = code == 2 ? "config" : code == 3 ? "data" : "non-finite numerics";
+      const char* what = oom ? st_code_name(ST_CODE_MEMORY) : code == 2 ? "config error" : code == 3 ? "data error" : "non-finite numerics error";
       S.outcome = "not_restartable";
       json_t* f = st_json_obj();
       st_json_put_int(f, "exit_code", code);
-      st_json_put_str(f, "reason", code == 2   ? "config error: a restart would fail the same way"
+      if (oom) st_json_put_str(f, "class", "memory");
+      st_json_put_str(f, "reason", oom         ? "memory: the step was predicted not to fit, or an allocation failed; a "
+                                                 "restart would ask for the same memory and fail the same way"
+                                   : code == 2 ? "config error: a restart would fail the same way"
                                    : code == 3 ? "data error: a restart would fail the same way"
                                                : "non-finite numerics (diag.on_nonfinite): a restart would resume the same "
                                                  "state and data and fail the same way");
       st__event(&S, "giving_up", f);
-      fprintf(stderr, "strata run: the trainer exited %d (%s error); not restarting\n", code, what);
+      fprintf(stderr, "strata run: the trainer exited %d (%s); not restarting\n", code, what);
       break;
     }
     /* An incident. */

@@ -54,14 +54,23 @@ char* st__pj_message(const pj_api* api, const pj_error* error) {
 st_status st__pj_status(const pj_api* api, pj_error* error, const char* fmt, ...) {
   if (!error) return ST_OK;
   char* msg = st__pj_message(api, error);
-  st__pj_error_free(api, error);
   char context[1536];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(context, sizeof(context), fmt, ap);
   va_end(ap);
-  st_status s = st_status_make(ST_CODE_RUNTIME, "%s: %s", context, msg ? msg : "(no message)");
+  /* RESOURCE_EXHAUSTED (absl code 8): a buffer the plugin could not
+   * allocate is out of memory, which `strata run` does not restart. */
+  int code = 0;
+  if (offsetof(pj_api, error_get_code) < api->struct_size && api->error_get_code) {
+    pj_error_code_args ca = {.struct_size = sizeof(ca), .error = error};
+    pj_error* ce = api->error_get_code(&ca);
+    if (ce) st__pj_error_free(api, ce);
+    else code = ca.code;
+  }
+  st_status s = st_status_make(code == 8 ? ST_CODE_MEMORY : ST_CODE_RUNTIME, "%s: %s", context, msg ? msg : "(no message)");
   free(msg);
+  st__pj_error_free(api, error);
   return s;
 }
 
@@ -665,6 +674,13 @@ int64_t st_runtime_device_memory(const st_runtime* rt, int device) {
     return 0;
   }
   return ms.bytes_limit_is_set && ms.bytes_limit > 0 ? ms.bytes_limit : 0;
+}
+
+bool st_runtime_device_memory_is_host(const st_runtime* rt) {
+  st_runtime_info ri;
+  memset(&ri, 0, sizeof(ri));
+  if (rt) st_runtime_get_info(rt, &ri);
+  return ri.platform_name && !strcmp(ri.platform_name, "cpu");
 }
 
 void st_runtime_get_stats(const st_runtime* rt, st_runtime_stats* out) {

@@ -573,10 +573,7 @@ int64_t st_train_ckpt_staging_bytes(const st_train_ckpt* c, bool* out_filled) {
 
 bool st_train_ckpt_streams(const st_train_options* o, st_runtime* runtime, int64_t state_bytes) {
   if (o->ckpt.staging != ST_CKPT_STAGING_AUTO) return o->ckpt.staging == ST_CKPT_STAGING_CHUNKED;
-  st_runtime_info ri;
-  memset(&ri, 0, sizeof(ri));
-  if (runtime) st_runtime_get_info(runtime, &ri);
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   int64_t ram = pages > 0 && page > 0 ? (int64_t)pages * (int64_t)page : 0;
-  return (ri.platform_name && !strcmp(ri.platform_name, "cpu")) || (ram > 0 && state_bytes > ram / 4);
+  return st_runtime_device_memory_is_host(runtime) || (ram > 0 && state_bytes > ram / 4);
 }

@@ -29,10 +29,7 @@ static json_t* st__memory_json(st__trainer* t, const char* at, const st_mem_usag
     homes = es->host_bytes;
   }
   /* A CPU plugin's device memory is this process's host memory; a GPU's is not. */
-  st_runtime_info ri;
-  memset(&ri, 0, sizeof(ri));
-  if (t->runtime) st_runtime_get_info(t->runtime, &ri);
-  bool host_device = ri.platform_name && !strcmp(ri.platform_name, "cpu");
+  bool host_device = st_runtime_device_memory_is_host(t->runtime);
   st_json_put_int(j, "device_buffers_bytes", device);
   st_json_put_bool(j, "device_memory_is_host", host_device);
   if (!host_device) device = 0;

@@ -323,6 +323,9 @@ void st__failed_event(st__trainer* t, st_status s) {
   json_t* f = st_json_obj();
   st_json_put_str(f, "error", st_status_message(s));
   st_json_put_int(f, "exit_code", st_status_exit_code(s));
+  /* The failure class, for readers that need more than the exit code:
+   * `strata run` does not restart "memory" (exit 4 like "runtime"). */
+  st_json_put_str(f, "class", st_code_key(st_status_code(s)));
   st_status_free(st_runlog_event(t->log, "failed", f));
 }
 

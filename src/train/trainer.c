@@ -834,6 +834,24 @@ static st_status st__run(st__trainer* t, bool progress) {
   return ST_OK;
 }
 
+/* An allocation that failed after all (st_xmalloc & co, strata/base.h):
+ * the run's final event, then base exits 4. Runs in the failing thread:
+ * t->log is NULL until the run log is open (then stderr alone says it),
+ * is closed only after the hook is removed, and each event is one
+ * write(2) of its own, so another thread's event cannot be torn by it. */
+static void st__on_oom(void* ctx, size_t bytes, const char* what) {
+  st__trainer* t = ctx;
+  st_status s = st_status_make(
+      ST_CODE_MEMORY,
+      "allocating %zu bytes of host memory failed%s%s%s. The memory check before the run (docs/scheduling.md, \"Will it "
+      "fit\") predicts strata's buffers, not every allocation, and reads neither ulimit -v nor a cgroup v1 limit: set "
+      "runtime.device_memory_bytes to what this run may really use, or see strata plan --fit for policies that need less",
+      bytes, what[0] ? " (" : "", what, what[0] ? ")" : "");
+  fprintf(stderr, "strata: %s: %s\n", st_code_name(st_status_code(s)), st_status_message(s));
+  if (t->log) st__failed_event(t, s);
+  st_status_free(s);
+}
+
 st_status st_train_main(const st_config* cfg) {
   st_train_options o;
   st_status s = st_train_options_from_config(cfg, &o);
@@ -861,6 +879,10 @@ st_status st_train_main(const st_config* cfg) {
   /* SIGTERM, SIGINT, SIGHUP: finish the step, checkpoint, exit 8. */
   st_stop_guard stop_guard;
   st_stop_signals_install(&stop_guard);
+  /* An allocation failure from here on writes the failed event and exits 4
+   * instead of aborting without one (docs/architecture.md). */
+  st_oom_hook oom_hook;
+  st_oom_hook_install(&oom_hook, st__on_oom, &t);
 
   /* --- init ------------------------------------------------------------ */
   int lock_fd = -1;
@@ -1163,6 +1185,7 @@ st_status st_train_main(const st_config* cfg) {
   st_dataset_destroy(t.data);
   st_bundle_destroy(bundle);
   st_metrics_server_stop(t.metrics);
+  st_oom_hook_remove(&oom_hook); /* before the log it writes to is closed */
   st_runlog_close(t.log);
   if (lock_fd >= 0) close(lock_fd); /* last: everything the run writes is written */
   free(t.run_dir);
