@@ -30,6 +30,15 @@ STEPS = 6
 # (variant, mesh) pairs the child runs
 CASES = (("unroll", "data=2"), ("unroll", "fsdp=2"), ("unroll", "tensor=2"), ("unroll", "data=2,tensor=2"),
          ("scan", "fsdp=2,tensor=2"))
+# make test runs the two meshes that hold every axis (data x tensor with the
+# unrolled anchor, fsdp x tensor with the scanned one); the one-axis meshes
+# are long drills (make test-long).
+QUICK = (("unroll", "data=2,tensor=2"), ("scan", "fsdp=2,tensor=2"))
+
+
+def _long_session(config: pytest.Config) -> bool:
+    expr = config.option.markexpr or ""
+    return "long" in expr and "not long" not in expr
 
 
 def _env(devices: int | None) -> dict[str, str]:
@@ -52,14 +61,16 @@ def _config(steps: int) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def child() -> dict:
-    r = subprocess.run([PY, os.path.abspath(__file__), "--child"], env=_env(4), capture_output=True, text=True,
+def child(request: pytest.FixtureRequest) -> dict:
+    cases = CASES if _long_session(request.config) else QUICK
+    arg = ";".join(f"{v} {m}" for v, m in cases)
+    r = subprocess.run([PY, os.path.abspath(__file__), "--child", arg], env=_env(4), capture_output=True, text=True,
                        timeout=900)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("variant,mesh", CASES)
+@pytest.mark.parametrize("variant,mesh", [c if c in QUICK else pytest.param(*c, marks=pytest.mark.long) for c in CASES])
 def test_meshed_anchor_matches_one_device(child: dict, variant: str, mesh: str) -> None:
     one = child["one"][variant]
     r = child["mesh"][f"{variant} {mesh}"]
@@ -126,7 +137,10 @@ def _child() -> None:
     out["reference_mesh"] = {"losses": hist["losses"], "eval_losses": hist["eval_losses"]}
     _, hist = train(config, tokens)
     out["reference_one"] = {"losses": hist["losses"], "eval_losses": hist["eval_losses"]}
+    wanted = sys.argv[sys.argv.index("--child") + 1].split(";")
     for variant, m in CASES:
+        if f"{variant} {m}" not in wanted:
+            continue
         spec = parse_mesh(m)
         r = A.run(config, tokens, variant, mesh=spec)
         out["mesh"][f"{variant} {m}"] = {"losses": r["losses"], "param_devices": r["param_devices"],

@@ -61,7 +61,10 @@ def _losses(run_dir: Path) -> np.ndarray:
 # ffi-padded is a long drill (make test-long): test_gpt2.py's
 # test_gpt2_padded_vocabulary_through_the_ffi_cross_entropy keeps a padded
 # vocabulary through the ffi cross-entropy in make test.
-@pytest.fixture(scope="module", params=[pytest.param(c, marks=pytest.mark.long) if c == "ffi-padded" else c
+# pallas (interpret mode) training is a long drill too: test_kernels.py keeps
+# every pallas kernel against the reference, forward and backward, and the
+# residual paths through it in whole blocks.
+@pytest.fixture(scope="module", params=[pytest.param(c, marks=pytest.mark.long) if c in ("ffi-padded", "pallas") else c
                                         for c in sorted(CASES)])
 def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Path]:
     if not os.path.exists(STRATA):

@@ -45,7 +45,10 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return r
 
 
-@pytest.fixture(scope="module", params=sorted(STACKS))
+# The alternating (llama, moe) stack is a long drill: make test keeps the
+# moe stack, and test_kinds.py's heterogeneous llama/parallel stack.
+@pytest.fixture(scope="module", params=[pytest.param(k, marks=pytest.mark.long) if k == "alternating" else k
+                                        for k in sorted(STACKS)])
 def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
     over = COMMON + STACKS[request.param]
     tmp = tmp_path_factory.mktemp("moe-" + request.param)
