@@ -323,6 +323,8 @@ void st__failed_event(st__trainer* t, st_status s) {
   json_t* f = st_json_obj();
   st_json_put_str(f, "error", st_status_message(s));
   st_json_put_int(f, "exit_code", st_status_exit_code(s));
+  if (t->faults_unfired && json_array_size(t->faults_unfired) > 0)
+    st_json_put(f, "faults_unfired", json_incref(t->faults_unfired));
   st_status_free(st_runlog_event(t->log, "failed", f));
 }
 
