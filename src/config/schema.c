@@ -485,14 +485,15 @@ static st_status st__rule_fault_steps(const st_config* c) {
   char* end = NULL;
   errno = 0;
   long long step = isdigit((unsigned char)colon[1]) ? strtoll(colon + 1, &end, 10) : -1;
+  st_status s = ST_OK;
   if (step < 1 || errno || !end || *end)
-    return st_status_make(ST_CODE_CONFIG, "faults.hang_in=%s (%s): the part after ':' must be a step (1-based), e.g. %.*s:3", v,
-                          st_config_source(c, "faults.hang_in"), (int)(colon - v), v);
-  if (step > steps)
-    return st_status_make(ST_CODE_CONFIG, "faults.hang_in=%s (%s) names step %lld, but train.steps is %lld (%s): the drill would "
-                          "never fire",
-                          v, st_config_source(c, "faults.hang_in"), step, (long long)steps, st_config_source(c, "train.steps"));
-  return ST_OK;
+    s = st_status_make(ST_CODE_CONFIG, "faults.hang_in=%s: the part after ':' must be a step (1-based), e.g. %.*s:3", v,
+                       (int)(colon - v), v);
+  else if (step > steps)
+    s = st_status_make(ST_CODE_CONFIG, "faults.hang_in=%s names step %lld, but train.steps is %lld (%s): the drill would never fire",
+                       v, step, (long long)steps, st_config_source(c, "train.steps"));
+  if (s) s = st_status_annotate(s, "faults.hang_in (%s)", st_config_source(c, "faults.hang_in"));
+  return s;
 }
 
 static st_status st__rule_numerics(const st_config* c) {

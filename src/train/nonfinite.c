@@ -161,11 +161,6 @@ static st_status st__write_bundle(st__trainer* t, const st_op* op, int k, int64_
   st_json_put_int(r, "microbatch", op->micro);
   st_json_put_str(r, "output", bp->outputs[k].name);
   st_json_put_int(r, "output_index", k);
-  /* The hooks see device index 0: with an SPMD program its inputs and
-   * outputs are that device's shards, which strata repro cannot replay. */
-  st_json_put_int(r, "device_index", 0);
-  if (spmd) st_json_put_int(r, "spmd_devices", t->step_plan.devices);
-  else st_json_put(r, "spmd_devices", json_null());
   st_json_put_int(r, "nonfinite", bad);
   st_json_put_int(r, "elements", n);
   st_json_put_bool(r, "inputs_finite", inputs_finite);
@@ -192,6 +187,11 @@ static st_status st__write_bundle(st__trainer* t, const st_op* op, int k, int64_
   st_json_put_str(r, "bundle_key", t->bundle->key);
   st_json_put_str(r, "bundle_dir", t->bundle->dir);
   st_json_put_str(r, "program_sha256", bp->sha256);
+  /* The hooks see device index 0: with an SPMD program its inputs and
+   * outputs are that device's shards, which strata repro cannot replay. */
+  st_json_put_int(r, "device_index", 0);
+  if (spmd) st_json_put_int(r, "spmd_devices", t->step_plan.devices);
+  else st_json_put(r, "spmd_devices", json_null());
   if (injected) {
     /* Not the program's doing: faults.nan_at put it there after the
      * launch. strata repro puts it there again, and says so. */

@@ -334,8 +334,8 @@ st_status st__check_nan_at(const st__trainer* t) {
     if (k < 0) {
       st_strbuf names = {0};
       for (int j = 0; j < p->output_count; ++j) st_strbuf_printf(&names, "%s%s", j ? ", " : "", p->outputs[j].name);
-      st_status s = st_status_make(ST_CODE_CONFIG, "%s: program '%s' (layer %d's training forward) has no output '%s'; its outputs are %s",
-                                   spec, p->name, L, fo->nan_tensor, st_strbuf_cstr(&names));
+      st_status s = st_status_make(ST_CODE_CONFIG, "%s: program '%s' has no output '%s' (it is layer %d's training forward); its outputs are %s",
+                                   spec, p->name, fo->nan_tensor, L, st_strbuf_cstr(&names));
       st_strbuf_free(&names);
       return s;
     }
