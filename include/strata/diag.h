@@ -86,6 +86,22 @@ const char* st_faults_hang_in_program(const st_faults* faults);
  * ("" = the first output) in *out_tensor (owned by |faults|). */
 bool st_faults_nan_fire(st_faults* faults, int64_t step, int layer, int micro, const char** out_tensor);
 
+/* Whether every drill armed in this process can fire in a run that
+ * executes steps |first_step|..|last_step| (1-based: a resume starts after
+ * its checkpoint) and begins at most |max_saves| checkpoint saves
+ * (|saves_why| says how that bound was counted, for the message): a
+ * CONFIG status (exit 2) naming the key, its value and why, so a drill is
+ * never armed and silent. */
+st_status st_faults_check_run(const st_faults* faults, int64_t first_step, int64_t last_step, int64_t max_saves,
+                              const char* saves_why);
+/* Whether any drill is armed in this process. */
+bool st_faults_any_armed(const st_faults* faults);
+/* The drills armed in this process that have not fired in it, as
+ * "faults.KEY=VALUE" strings (a new array; empty when all fired). */
+json_t* st_faults_unfired(const st_faults* faults);
+/* Checkpoint saves this process began (what the save faults count). */
+int64_t st_faults_saves(const st_faults* faults);
+
 /* An st_ckpt_hook_fn (user = the st_faults). Counts saves (the N of
  * crash_in_save / io_error_at_save / corrupt_latest is the N-th save of
  * this process) and fires the save faults at their points. Called on the

@@ -291,13 +291,17 @@ typedef struct st_executor_hooks {
   st_status (*h2d)(void* user, const st_op* op, int index, int device, st_buffer** out_buffer);
   st_status (*read)(void* user, const st_op* op, int index, st_buffer* buffer);
   st_status (*host)(void* user, const st_op* op);
-  /* Optional (NULL: none). After a one-device LAUNCH or RECOMPUTE was
-   * issued on device index |index|, before its outputs go into their
-   * slots: |outputs| (op->output_count) may be replaced, the hook then
-   * destroying the one it replaces (the faults.nan_at drill). */
+  /* Optional (NULL: none). After a LAUNCH or RECOMPUTE was issued on
+   * device index |index|, before its outputs go into their slots:
+   * |outputs| (op->output_count, that device's) may be replaced, the hook
+   * then destroying the one it replaces (the faults.nan_at drill). An SPMD
+   * program (tensor parallelism) is issued once over every device; the
+   * hook is then called for each device index in order, with that
+   * device's shards. Not called for COLLECTIVE ops. */
   st_status (*launched)(void* user, const st_op* op, int index, st_buffer** outputs);
-  /* Optional (NULL: none). Before a one-device LAUNCH or RECOMPUTE is
-   * issued on device index |index|, with its |inputs| (op->input_count,
+  /* Optional (NULL: none). Before a LAUNCH or RECOMPUTE is issued on
+   * device index |index| (an SPMD one: for each device index before the
+   * one issue), with its |inputs| (op->input_count,
    * borrowed): the checking re-execution of a non-finite step keeps a
    * copy of them (docs/diagnostics.md). */
   st_status (*launching)(void* user, const st_op* op, int index, st_buffer* const* inputs);

@@ -336,7 +336,7 @@ static void st__print(const json_t* o) {
   int64_t recent = 0;
   st_json_as_int(json_object_get(o, "step_time_steps"), &recent);
   if (dt && json_is_number(dt))
-    printf("step time    %.3f s (mean of the last %lld steps)\n", json_number_value(dt), (long long)recent);
+    printf("step time    %.3f s (mean of the last %lld step%s)\n", json_number_value(dt), (long long)recent, recent == 1 ? "" : "s");
   const json_t* eta = json_object_get(o, "eta_s");
   if (eta && json_is_number(eta)) {
     st__human_secs(json_number_value(eta), buf, sizeof(buf));

@@ -10,6 +10,8 @@
  * covers every key with the schema default), then regenerate docs/config.md:
  *   ./build/strata config --schema > docs/config.md
  */
+#include <ctype.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -471,6 +473,34 @@ static st_status st__rule_nan_at(const st_config* c) {
   return s;
 }
 
+/* The step drills name a step the run has: one beyond train.steps never
+ * fires, and a drill that does not fire reads as a pass. */
+static st_status st__rule_fault_steps(const st_config* c) {
+  const int64_t steps = st_config_int(c, "train.steps");
+  const char* const keys[] = {"faults.crash_at_step", "faults.hang_at_step"};
+  for (int i = 0; i < 2; ++i) {
+    int64_t n = st_config_int(c, keys[i]);
+    if (n > steps)
+      return st_status_make(ST_CODE_CONFIG, "%s (%s) names step %lld, but train.steps is %lld (%s): the drill would never fire",
+                            keys[i], st_config_source(c, keys[i]), (long long)n, (long long)steps, st_config_source(c, "train.steps"));
+  }
+  const char* v = st_config_string(c, "faults.hang_in");
+  const char* colon = v ? strrchr(v, ':') : NULL;
+  if (!colon) return ST_OK;
+  char* end = NULL;
+  errno = 0;
+  long long step = isdigit((unsigned char)colon[1]) ? strtoll(colon + 1, &end, 10) : -1;
+  st_status s = ST_OK;
+  if (step < 1 || errno || !end || *end)
+    s = st_status_make(ST_CODE_CONFIG, "faults.hang_in=%s: the part after ':' must be a step (1-based), e.g. %.*s:3", v,
+                       (int)(colon - v), v);
+  else if (step > steps)
+    s = st_status_make(ST_CODE_CONFIG, "faults.hang_in=%s names step %lld, but train.steps is %lld (%s): the drill would never fire",
+                       v, step, (long long)steps, st_config_source(c, "train.steps"));
+  if (s) s = st_status_annotate(s, "faults.hang_in (%s)", st_config_source(c, "faults.hang_in"));
+  return s;
+}
+
 static st_status st__rule_numerics(const st_config* c) {
   if (!strcmp(st_config_string(c, "diag.numerics"), "off")) return ST_OK;
   if (st_config_int(c, "parallel.fsdp") <= 1 && st_config_int(c, "parallel.tensor") <= 1) return ST_OK;
@@ -613,6 +643,9 @@ static const st__cfg_rule kRules[] = {
     {"faults.nan_at is empty or STEP:LAYER[:TENSOR] with STEP at most train.steps, LAYER below model.n_layers and "
      "faults.nan_micro below train.microbatches.",
      st__rule_nan_at},
+    {"faults.crash_at_step and faults.hang_at_step are at most train.steps; faults.hang_in is PROGRAM or PROGRAM:STEP "
+     "with STEP from 1 to train.steps.",
+     st__rule_fault_steps},
     {"diag.on_nonfinite=skip needs sched.optimizer=after_backward.", st__rule_skip},
     {"diag.numerics other than off needs parallel.fsdp=1 and parallel.tensor=1.", st__rule_numerics},
     {"run.id is empty or a plain name: letters, digits, '.', '_' and '-', at most 128, not starting with '.'.",

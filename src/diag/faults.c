@@ -28,6 +28,8 @@ enum { F_CRASH_STEP, F_CRASH_SAVE, F_CORRUPT, F_IO_ERROR, F_HANG, F_HANG_SAVE,
 static const char* const kNames[F_COUNT] = {"crash_at_step",    "crash_in_save", "corrupt_latest",
                                             "io_error_at_save", "hang_at_step",  "hang_in_save",
                                             "nan_at"};
+/* What N counts: a step (1-based) or the N-th checkpoint save of this process. */
+static const bool kIsStep[F_COUNT] = {true, false, false, false, true, false, true};
 
 struct st_faults {
   int64_t at[F_COUNT]; /* 0 = off (or disarmed) */
@@ -44,6 +46,13 @@ struct st_faults {
   /* faults.hang_in: the program and the step (0: its first launch) */
   char hang_in[128];
   int64_t hang_in_step;
+  char hang_in_spec[128]; /* as configured, while armed in this process ("" otherwise) */
+  /* Armed in this process (at[] and hang_in_spec) and fired since: a run
+   * that ends with one armed and not fired drilled nothing. The save
+   * faults fire on the writer thread. */
+  int64_t armed_at[F_COUNT];
+  atomic_bool fired[F_COUNT];
+  atomic_bool hang_in_fired;
 };
 
 /* Kinds listed in diag/faults.fired ("<kind> <n> <unix time> <pid>" lines). */
@@ -103,7 +112,13 @@ st_status st_faults_create(const st_faults_options* o, const char* run_dir, st_f
     st_strbuf* b = (!f->repeat && text && st__already_fired(text, "hang_in")) ? &d : &a;
     st_strbuf_printf(b, "%shang_in=%s", b->len ? ", " : "", o->hang_in);
     if (b == &d) f->hang_in[0] = '\0';
+    else snprintf(f->hang_in_spec, sizeof(f->hang_in_spec), "%s", o->hang_in);
   }
+  for (int i = 0; i < F_COUNT; ++i) {
+    f->armed_at[i] = f->at[i];
+    atomic_init(&f->fired[i], false);
+  }
+  atomic_init(&f->hang_in_fired, false);
   if (a.len && f->repeat) st_strbuf_append(&a, ", repeat");
   snprintf(f->armed, sizeof(f->armed), "%s", st_strbuf_cstr(&a));
   snprintf(f->disarmed, sizeof(f->disarmed), "%s", st_strbuf_cstr(&d));
@@ -156,7 +171,10 @@ static void st__fire_named(st_faults* f, const char* kind, int64_t n, const char
   }
 }
 
-static void st__fire(st_faults* f, int kind, int64_t n, const char* detail) { st__fire_named(f, kNames[kind], n, detail); }
+static void st__fire(st_faults* f, int kind, int64_t n, const char* detail) {
+  atomic_store(&f->fired[kind], true);
+  st__fire_named(f, kNames[kind], n, detail);
+}
 
 static void st__die(void) {
   /* SIGKILL: no handlers, no atexit, no flushing: the harshest crash. */
@@ -197,6 +215,7 @@ void st_faults_in_launch(st_faults* f, const char* program, int64_t step, int la
   char d[512];
   snprintf(d, sizeof(d), "the launch of %s (step %lld, layer %d, microbatch %d, device %d) never returns (sleeps until a stop signal)",
            program, (long long)step, layer, micro, device);
+  atomic_store(&f->hang_in_fired, true);
   st__fire_named(f, "hang_in", step, d);
   f->hang_in[0] = '\0'; /* once, even when a stop signal ends it */
   /* Polled, as hang_at_step: the in-process watchdog (exit 6), the
@@ -218,6 +237,74 @@ bool st_faults_nan_fire(st_faults* f, int64_t step, int layer, int micro, const 
   if (out_tensor) *out_tensor = f->nan_tensor;
   return true;
 }
+
+/* "faults.KEY=VALUE" of armed kind |i|, as the config spells it. */
+static void st__spec(const st_faults* f, int i, char* out, size_t size) {
+  if (i == F_NAN)
+    snprintf(out, size, "faults.nan_at=%lld:%d%s%s", (long long)f->armed_at[i], f->nan_layer, f->nan_tensor[0] ? ":" : "",
+             f->nan_tensor);
+  else
+    snprintf(out, size, "faults.%s=%lld", kNames[i], (long long)f->armed_at[i]);
+}
+
+st_status st_faults_check_run(const st_faults* f, int64_t first_step, int64_t last_step, int64_t max_saves, const char* saves_why) {
+  if (!f) return ST_OK;
+  char spec[200];
+  for (int i = 0; i < F_COUNT; ++i) {
+    int64_t n = f->armed_at[i];
+    if (!n) continue;
+    st__spec(f, i, spec, sizeof(spec));
+    if (first_step > last_step)
+      return st_status_make(ST_CODE_CONFIG, "%s cannot fire: this run resumes after step %lld and train.steps is %lld, so it "
+                            "runs no step; raise train.steps, or set it to 0 (off)",
+                            spec, (long long)first_step - 1, (long long)last_step);
+    if (kIsStep[i] && (n < first_step || n > last_step)) {
+      if (first_step > 1 && n < first_step)
+        return st_status_make(ST_CODE_CONFIG,
+                              "%s cannot fire: this run resumes after step %lld, so step %lld never runs in it (and "
+                              "diag/faults.fired has no record of it firing); name a step from %lld to %lld, or 0 (off)",
+                              spec, (long long)first_step - 1, (long long)n, (long long)first_step, (long long)last_step);
+      return st_status_make(ST_CODE_CONFIG, "%s cannot fire: the run's steps are %lld to %lld (train.steps); name a step in "
+                            "that range, or 0 (off)",
+                            spec, (long long)first_step, (long long)last_step);
+    }
+    if (!kIsStep[i] && n > max_saves)
+      return st_status_make(ST_CODE_CONFIG, "%s cannot fire: it counts this process's checkpoint saves, and this run begins at "
+                            "most %lld (%s); name a save from 1 to %lld, or 0 (off)",
+                            spec, (long long)max_saves, saves_why ? saves_why : "", (long long)max_saves);
+  }
+  if (f->hang_in_spec[0] && f->hang_in_step > 0 && (f->hang_in_step < first_step || f->hang_in_step > last_step))
+    return st_status_make(ST_CODE_CONFIG, "faults.hang_in=%s cannot fire: the run's steps are %lld to %lld%s; name a step in that "
+                          "range, or the program alone (its first launch)",
+                          f->hang_in_spec, (long long)first_step, (long long)last_step,
+                          first_step > 1 ? " (it resumes after a checkpoint)" : "");
+  return ST_OK;
+}
+
+json_t* st_faults_unfired(const st_faults* f) {
+  json_t* a = json_array();
+  if (!f) return a;
+  char spec[200];
+  for (int i = 0; i < F_COUNT; ++i) {
+    if (!f->armed_at[i] || atomic_load(&f->fired[i])) continue;
+    st__spec(f, i, spec, sizeof(spec));
+    json_array_append_new(a, st_json_str(spec));
+  }
+  if (f->hang_in_spec[0] && !atomic_load(&f->hang_in_fired)) {
+    snprintf(spec, sizeof(spec), "faults.hang_in=%s", f->hang_in_spec);
+    json_array_append_new(a, st_json_str(spec));
+  }
+  return a;
+}
+
+bool st_faults_any_armed(const st_faults* f) {
+  if (!f) return false;
+  for (int i = 0; i < F_COUNT; ++i)
+    if (f->armed_at[i]) return true;
+  return f->hang_in_spec[0] != '\0';
+}
+
+int64_t st_faults_saves(const st_faults* f) { return f ? atomic_load(&((st_faults*)f)->saves) : 0; }
 
 st_status st_faults_corrupt_checkpoint(const char* dir, char** out_file) {
   if (out_file) *out_file = NULL;

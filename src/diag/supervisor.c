@@ -257,9 +257,9 @@ static void st__tail_events(st__sup* S) {
         I->recovered_at = when;
         I->recovered = true;
         st__event(S, "recovered", st__incident_json(I));
-        fprintf(stderr, "strata run: recovered from incident %d: resumed at step %lld, %lld steps lost, first good step %.2f s after detection\n",
-                I->n, (long long)I->from_step, (long long)(I->last_step > I->from_step ? I->last_step - I->from_step : 0),
-                I->recovered_at - I->detected_at);
+        const long long lost = (long long)(I->last_step > I->from_step ? I->last_step - I->from_step : 0);
+        fprintf(stderr, "strata run: recovered from incident %d: resumed at step %lld, %lld step%s lost, first good step %.2f s after detection\n",
+                I->n, (long long)I->from_step, lost, lost == 1 ? "" : "s", I->recovered_at - I->detected_at);
         st__write_summary(S);
       }
       st_status_free(r);

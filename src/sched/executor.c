@@ -440,7 +440,7 @@ static st_status st__track_buffer(st_executor* ex, int i, int d, st_buffer* b) {
 
 static bool st__has_event(const st_executor* ex, int i) { return ex->events[(size_t)i * (size_t)ex->ndev] != NULL; }
 
-static st_status st__spmd(st_executor* ex, int index, const st_op* op);
+static st_status st__spmd(st_executor* ex, int index, const st_op* op, bool hooked);
 
 /* A compute program: launched once per device on that device's buffers
  * (an SPMD one once over all of them). */
@@ -448,7 +448,7 @@ static st_status st__launch(st_executor* ex, int index, const st_op* op) {
   const st_plan* plan = ex->plan;
   st_program* prog = ex->programs[op->program];
   if (st_program_device_count(prog) > 1) {
-    ST_RETURN(st__spmd(ex, index, op));
+    ST_RETURN(st__spmd(ex, index, op, true));
     ex->stats.launches++;
     if (op->kind == ST_OP_RECOMPUTE) ex->stats.recomputes++;
     return ST_OK;
@@ -493,8 +493,11 @@ static st_status st__launch(st_executor* ex, int index, const st_op* op) {
   return ST_OK;
 }
 
-/* An SPMD program over every device's buffers at once. */
-static st_status st__spmd(st_executor* ex, int index, const st_op* op) {
+/* An SPMD program over every device's buffers at once. |hooked|: a
+ * compute program, whose launching/launched hooks run per device index as
+ * a one-device launch's do (the faults.nan_at drill and the non-finite
+ * locator work under tensor parallelism too); a collective has none. */
+static st_status st__spmd(st_executor* ex, int index, const st_op* op, bool hooked) {
   const st_plan* plan = ex->plan;
   st_program* prog = ex->programs[op->program];
   const int ni = op->input_count, no = op->output_count, nd = ex->ndev;
@@ -505,6 +508,11 @@ static st_status st__spmd(st_executor* ex, int index, const st_op* op) {
         return st_status_make(ST_CODE_INTERNAL, "plan op %d (%s layer %d): input slot '%s' is empty on device index %d", index,
                               plan->programs[op->program], op->layer, plan->slots[op->inputs[j]].name, d);
     }
+  const st_executor_hooks* hooks = hooked ? ex->hooks : NULL;
+  if (hooks && hooks->launching)
+    for (int d = 0; d < nd; ++d)
+      ST_RETURN_IF_ERROR(hooks->launching(hooks->user, op, d, ex->in + (size_t)d * (size_t)ni),
+                         "before launching %s (layer %d, microbatch %d)", plan->programs[op->program], op->layer, op->micro);
   st_event* done[ST_MESH_MAX_DEVICES] = {0};
   for (int d = 0; d < nd; ++d) st__mon_issue(ex, index, d);
   double now = st_now() - ex->t0;
@@ -512,6 +520,11 @@ static st_status st__spmd(st_executor* ex, int index, const st_op* op) {
   st_status s = st_program_execute_spmd(prog, ex->in, ni, ex->out, no, done);
   if (s) return st_status_annotate(s, "%s %s (layer %d, microbatch %d)", op->kind == ST_OP_COLLECTIVE ? "collective" : "launching",
                                    plan->programs[op->program], op->layer, op->micro);
+  /* The hook's error is returned once the outputs are in their slots (then
+   * freed with the executor, not leaked), as in st__launch. */
+  st_status hs = ST_OK;
+  if (hooks && hooks->launched)
+    for (int d = 0; d < nd && !hs; ++d) hs = hooks->launched(hooks->user, op, d, ex->out + (size_t)d * (size_t)no);
   for (int d = 0; d < nd; ++d) {
     for (int j = 0; j < ni; ++j)
       if (st_buffer_is_consumed(ex->in[(size_t)d * (size_t)ni + (size_t)j])) st__slot_put(ex, op->inputs[j], d, NULL);
@@ -521,9 +534,12 @@ static st_status st__spmd(st_executor* ex, int index, const st_op* op) {
     st_status ts = st__track(ex, index, d, done[d]);
     if (ts) {
       for (int k = d + 1; k < nd; ++k) st_event_destroy(done[k]);
+      st_status_free(hs);
       return ts;
     }
   }
+  if (hs)
+    return st_status_annotate(hs, "after launching %s (layer %d, microbatch %d)", plan->programs[op->program], op->layer, op->micro);
   return ST_OK;
 }
 
@@ -531,7 +547,7 @@ static st_status st__collective(st_executor* ex, int index, const st_op* op) {
   int64_t in = 0, out = 0;
   for (int j = 0; j < op->input_count; ++j) in += (int64_t)st_tensor_type_bytes(&ex->plan->slots[op->inputs[j]].type);
   for (int j = 0; j < op->output_count; ++j) out += (int64_t)st_tensor_type_bytes(&ex->plan->slots[op->outputs[j]].type);
-  ST_RETURN(st__spmd(ex, index, op));
+  ST_RETURN(st__spmd(ex, index, op, false));
   const int64_t bytes = in > out ? in : out;
   const int kind = op->tag > 0 && op->tag < ST_COLL_KIND_COUNT ? op->tag : ST_COLL_OTHER;
   ex->stats.collectives++;

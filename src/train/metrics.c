@@ -326,6 +326,8 @@ void st__failed_event(st__trainer* t, st_status s) {
   /* The failure class, for readers that need more than the exit code:
    * `strata run` does not restart "memory" (exit 4 like "runtime"). */
   st_json_put_str(f, "class", st_code_key(st_status_code(s)));
+  if (t->faults_unfired && json_array_size(t->faults_unfired) > 0)
+    st_json_put(f, "faults_unfired", json_incref(t->faults_unfired));
   st_status_free(st_runlog_event(t->log, "failed", f));
 }
 

@@ -58,6 +58,16 @@ static int64_t st__count_nonfinite(st_dtype dtype, const void* data, int64_t n) 
   return -1;
 }
 
+/* ", layer L, microbatch M", with only the parts that apply: the
+ * embedding and the head have no layer, the optimizer's programs (norms,
+ * updates) no microbatch (both -1 in the plan). */
+static void st__nf_where(int layer, int micro, char* out, size_t size) {
+  int n = 0;
+  out[0] = '\0';
+  if (layer >= 0) n = snprintf(out, size, ", layer %d", layer);
+  if (micro >= 0 && n >= 0 && (size_t)n < size) snprintf(out + n, size - (size_t)n, ", microbatch %d", micro);
+}
+
 static bool st__program_op(const st_op* op) { return op->kind == ST_OP_LAUNCH || op->kind == ST_OP_RECOMPUTE; }
 
 st_status st__nf_check_inputs(st__trainer* t, const st_op* op, int index, st_buffer* const* inputs) {
@@ -91,7 +101,10 @@ static st_status st__copy_file(const char* src, const char* dst) {
 static st_status st__write_bundle(st__trainer* t, const st_op* op, int k, int64_t bad, int64_t n) {
   st__check* c = t->check;
   const char* name = t->step_plan.programs[op->program];
+  /* A tensor-parallel block's programs are the bundle's SPMD programs;
+   * their tensor types are the per-device ones, as the hooks saw them. */
   const st_bundle_program* bp = st_bundle_program_find(t->bundle, name);
+  const bool spmd = !bp && (bp = st_bundle_collective_find(t->bundle, name)) != NULL;
   if (!bp || bp->input_count != op->input_count || bp->output_count != op->output_count || c->n_in != op->input_count)
     return st_status_make(ST_CODE_INTERNAL, "locating: program '%s' of the plan is not the bundle's", name);
   int64_t step = t->step + 1;
@@ -174,6 +187,11 @@ static st_status st__write_bundle(st__trainer* t, const st_op* op, int k, int64_
   st_json_put_str(r, "bundle_key", t->bundle->key);
   st_json_put_str(r, "bundle_dir", t->bundle->dir);
   st_json_put_str(r, "program_sha256", bp->sha256);
+  /* The hooks see device index 0: with an SPMD program its inputs and
+   * outputs are that device's shards, which strata repro cannot replay. */
+  st_json_put_int(r, "device_index", 0);
+  if (spmd) st_json_put_int(r, "spmd_devices", t->step_plan.devices);
+  else st_json_put(r, "spmd_devices", json_null());
   if (injected) {
     /* Not the program's doing: faults.nan_at put it there after the
      * launch. strata repro puts it there again, and says so. */
@@ -193,23 +211,33 @@ static st_status st__write_bundle(st__trainer* t, const st_op* op, int k, int64_
     free(path);
   }
   if (!s) {
+    char where[64];
+    st__nf_where(op->layer, op->micro, where, sizeof(where));
+    char replay[4200];
+    if (spmd)
+      snprintf(replay, sizeof(replay),
+               "The program is a tensor-parallel SPMD program over %d devices and `inputs.safetensors` holds device "
+               "index 0's shards: `strata repro` replays one-device programs only, not this one.\n\n",
+               t->step_plan.devices);
+    else
+      snprintf(replay, sizeof(replay), "Replay the program alone on these inputs:\n\n    strata repro %s\n\n", dir);
     st_strbuf rd = {0};
     st_strbuf_printf(&rd,
                      "# Non-finite value at step %lld\n\n"
-                     "The first non-finite value of step %lld of run %s came out of program `%s` (%s, plan op %lld), "
-                     "layer %d, microbatch %d: output `%s` (index %d), %lld of %lld elements not finite. Its inputs "
+                     "The first non-finite value of step %lld of run %s came out of program `%s` (%s, plan op %lld)%s: "
+                     "output `%s` (index %d), %lld of %lld elements not finite. Its inputs "
                      "were %s.%s\n\n"
                      "Files: `inputs.safetensors` (the program's inputs, in order: nonfinite.json \"inputs\"), "
                      "`program.mlir` (its StableHLO, sha256 %s, bundle %s), `config.yaml` (the run's resolved config), "
                      "`nonfinite.json` (all of the above, and the batch: training sequences %lld..%lld).\n\n"
-                     "Replay the program alone on these inputs:\n\n    strata repro %s\n\n"
+                     "%s"
                      "(docs/diagnostics.md, \"Reading a NaN bundle\").\n",
                      (long long)step, (long long)step, t->run_dir, bp->name, st_op_kind_name(op->kind),
-                     (long long)(op - t->step_plan.ops), op->layer, op->micro, bp->outputs[k].name, k, (long long)bad,
+                     (long long)(op - t->step_plan.ops), where, bp->outputs[k].name, k, (long long)bad,
                      (long long)n, inputs_finite ? "all finite" : "not all finite (nonfinite.json \"nonfinite_inputs\")",
                      injected ? " The value was injected by faults.nan_at (a drill), not produced by the program." : "",
                      bp->sha256, t->bundle->key, (long long)first,
-                     (long long)(first + (op->micro >= 0 ? t->mb : t->o->batch_size) - 1), dir);
+                     (long long)(first + (op->micro >= 0 ? t->mb : t->o->batch_size) - 1), replay);
     path = st_path_join(dir, "README.md");
     s = st_fs_write_atomic(path, rd.data, rd.len);
     free(path);
@@ -283,14 +311,14 @@ st_status st__locate_nonfinite(st__trainer* t, char** out_dir) {
   st_json_put_bool(e, "reexecution_nonfinite", reproduced);
   st_json_put(e, "seconds", st_json_fixed(st_now() - t0, 3));
   st_json_put(e, "dir", c.dir ? st_json_str(c.dir) : json_null());
-  if (c.result)
-    fprintf(stderr, "strata: step %lld: the first non-finite value: %s, layer %d, microbatch %d, output %s (inputs %s); %s\n",
-            (long long)t->step + 1, json_string_value(json_object_get(c.result, "program")),
-            (int)json_integer_value(json_object_get(c.result, "layer")),
-            (int)json_integer_value(json_object_get(c.result, "microbatch")),
-            json_string_value(json_object_get(c.result, "output")),
+  if (c.result) {
+    char where[64];
+    st__nf_where((int)json_integer_value(json_object_get(c.result, "layer")),
+                 (int)json_integer_value(json_object_get(c.result, "microbatch")), where, sizeof(where));
+    fprintf(stderr, "strata: step %lld: the first non-finite value: %s%s, output %s (inputs %s); %s\n", (long long)t->step + 1,
+            json_string_value(json_object_get(c.result, "program")), where, json_string_value(json_object_get(c.result, "output")),
             json_is_true(json_object_get(c.result, "inputs_finite")) ? "finite" : "not finite", c.dir);
-  else
+  } else
     fprintf(stderr, "strata: step %lld: re-executed from the state before it, no program produced a non-finite value "
                     "(transient: not reproduced)\n", (long long)t->step + 1);
   json_decref(c.result);

@@ -80,6 +80,14 @@ st_status st_train_repro(const char* dir, st_repro_result* out) {
   if (!s && (n_in > ST__REPRO_MAX_IO || n_out > ST__REPRO_MAX_IO || n_out == 0 || k < 0 || (size_t)k >= n_out))
     s = st_status_make(ST_CODE_CONFIG, "%s: %zu inputs, %zu outputs, output_index %lld: not a bundle strata wrote", meta_path, n_in,
                        n_out, (long long)k);
+  /* The locator saw device index 0 of an SPMD program: its shards alone
+   * are not the program's inputs, and one device cannot run it. */
+  const json_t* spmd = meta ? json_object_get(meta, "spmd_devices") : NULL;
+  if (!s && json_is_integer(spmd))
+    s = st_status_make(ST_CODE_CONFIG,
+                       "%s: program %s is a tensor-parallel SPMD program over %lld devices, and inputs.safetensors holds "
+                       "device index 0's shards only; strata repro replays one-device programs (docs/diagnostics.md)",
+                       dir, program, (long long)json_integer_value(spmd));
   if (!s) {
     snprintf(out->program, sizeof(out->program), "%s", program);
     snprintf(out->output, sizeof(out->output), "%s", output);

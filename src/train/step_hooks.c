@@ -299,6 +299,53 @@ static st_status st__inject(st__trainer* t, const st_op* op, st_buffer** outputs
   return s;
 }
 
+st_status st__check_nan_at(const st__trainer* t) {
+  const st_faults_options* fo = &t->o->faults;
+  if (fo->nan_at_step <= 0) return ST_OK;
+  const int L = fo->nan_layer, M = fo->nan_micro;
+  char spec[160];
+  snprintf(spec, sizeof(spec), "faults.nan_at=%lld:%d%s%s", (long long)fo->nan_at_step, L, fo->nan_tensor[0] ? ":" : "",
+           fo->nan_tensor);
+  if (L < 0 || L >= t->bundle->layer_count)
+    return st_status_make(ST_CODE_CONFIG, "%s: the model has %d layers (0 to %d): layer %d does not exist", spec,
+                          t->bundle->layer_count, t->bundle->layer_count - 1, L);
+  const st_bundle_stage* st = &t->bundle->layers[L];
+  const st_bundle_program* p = NULL;
+  for (int i = 0; i < t->step_plan.op_count && !p; ++i) {
+    const st_op* op = &t->step_plan.ops[i];
+    if (op->kind != ST_OP_LAUNCH || op->layer != L || op->micro != M) continue;
+    const char* name = t->step_plan.programs[op->program];
+    if (st->fwd && !strcmp(name, st->fwd->name)) p = st->fwd;
+    else if (st->fwd_res && !strcmp(name, st->fwd_res->name)) p = st->fwd_res;
+  }
+  /* What st__inject poisons: a drill this plan never reaches would be
+   * armed and silent. */
+  if (!p)
+    return st_status_make(ST_CODE_CONFIG,
+                          "%s (faults.nan_micro=%d) cannot fire: the step plan launches no training forward of layer %d (%s%s%s) "
+                          "in microbatch %d; see strata plan",
+                          spec, M, L, st->fwd ? st->fwd->name : "", st->fwd && st->fwd_res ? " or " : "",
+                          st->fwd_res ? st->fwd_res->name : "", M);
+  int k = 0;
+  if (fo->nan_tensor[0]) {
+    k = -1;
+    for (int j = 0; j < p->output_count; ++j)
+      if (!strcmp(p->outputs[j].name, fo->nan_tensor)) k = j;
+    if (k < 0) {
+      st_strbuf names = {0};
+      for (int j = 0; j < p->output_count; ++j) st_strbuf_printf(&names, "%s%s", j ? ", " : "", p->outputs[j].name);
+      st_status s = st_status_make(ST_CODE_CONFIG, "%s: program '%s' has no output '%s' (it is layer %d's training forward); its outputs are %s",
+                                   spec, p->name, fo->nan_tensor, L, st_strbuf_cstr(&names));
+      st_strbuf_free(&names);
+      return s;
+    }
+  }
+  if (p->output_count < 1 || (p->outputs[k].type.dtype != ST_DTYPE_F32 && p->outputs[k].type.dtype != ST_DTYPE_BF16))
+    return st_status_make(ST_CODE_CONFIG, "%s: output '%s' of '%s' is not a float tensor (f32 or bf16): it cannot hold a NaN", spec,
+                          p->output_count > 0 ? p->outputs[k].name : "", p->name);
+  return ST_OK;
+}
+
 static st_status st__launched(void* user, const st_op* op, int index, st_buffer** outputs) {
   st__trainer* t = user;
   if (index == 0) ST_RETURN(st__inject(t, op, outputs));

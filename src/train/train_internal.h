@@ -88,6 +88,9 @@ typedef struct st__trainer {
   int nan_fired_layer, nan_fired_micro;
   char nan_fired_tensor[64]; /* as configured ("" = the first output) */
   char nan_fired_output[64]; /* the output's name */
+  /* The drills armed in this process that had not fired when the last
+   * step was done (st_faults_unfired; owned, NULL: no drill armed). */
+  json_t* faults_unfired;
   /* The checking re-execution of a non-finite step (nonfinite.c). */
   bool checking;
   struct st__check* check;
@@ -201,6 +204,10 @@ int st__watch_compile_begin(st__trainer* t, int programs);
 /* Step t->step + 1 begins / ends (the step as a whole, host work included). */
 void st__watch_step_begin(st__trainer* t);
 void st__watch_step_end(st__trainer* t);
+/* faults.nan_at names a layer whose training forward the step plan
+ * launches in microbatch faults.nan_micro, and a float output of it
+ * (exit 2 otherwise): checked before the first step. */
+st_status st__check_nan_at(const st__trainer* t);
 /* faults.hang_in names a program a plan launches, and a valid step (exit 2). */
 st_status st__check_hang_in(const st__trainer* t);
 /* Scores the step's loss against the recent ones; a loss_spike event when

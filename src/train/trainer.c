@@ -457,9 +457,29 @@ static st_status st__check_replicas(st__trainer* t, int* out_checked) {
   return s;
 }
 
+/* The armed drills against the steps this run executes and the
+ * checkpoint saves it can begin: those of the schedule (every ckpt.every
+ * steps and the last), and one more when a stop signal ends it early. */
+static st_status st__check_drills(const st__trainer* t) {
+  const st_train_options* o = t->o;
+  const int64_t first = t->start_step + 1, last = o->steps;
+  int64_t saves = 0;
+  if (first <= last) {
+    if (o->ckpt.every > 0) saves = last / o->ckpt.every - t->start_step / o->ckpt.every;
+    if (o->ckpt.every <= 0 || last % o->ckpt.every != 0) saves++; /* the last step's */
+    saves++;                                                     /* a stop's */
+  }
+  char why[200];
+  snprintf(why, sizeof(why), "steps %lld to %lld with ckpt.every=%lld, the last step's save, and one if a stop signal ends it",
+           (long long)first, (long long)last, (long long)o->ckpt.every);
+  return st_faults_check_run(st_train_ckpt_faults(t->ckpt), first, last, saves, why);
+}
+
 static void st__trainer_free(st__trainer* t) {
   json_decref(t->mem_peak);
   t->mem_peak = NULL;
+  json_decref(t->faults_unfired);
+  t->faults_unfired = NULL;
   st_executor_destroy(t->eval_ex);
   st_executor_destroy(t->ex);
   free(t->step_programs);
@@ -527,8 +547,8 @@ static void st__summary(const st__trainer* t) {
   const double tokens = (double)t->steps_run * (double)o->batch_size * (double)t->T;
   const double tps = t->train_s > 0 ? tokens / t->train_s : 0;
   const double flop_per_token = t->model_flops_per_token;
-  fprintf(stderr, "strata: trained %lld steps in %.1f s of steps (%lld this run, %lld parameters)\n", (long long)o->steps,
-          t->train_s, (long long)t->steps_run, (long long)n_params);
+  fprintf(stderr, "strata: trained %lld step%s in %.1f s of steps (%lld this run, %lld parameters)\n", (long long)o->steps,
+          o->steps == 1 ? "" : "s", t->train_s, (long long)t->steps_run, (long long)n_params);
   if (isfinite(t->last_loss)) fprintf(stderr, "  final train loss %.4f", t->last_loss);
   if (isfinite(t->last_eval_loss)) {
     fprintf(stderr, ", eval loss %.4f", t->last_eval_loss);
@@ -830,6 +850,14 @@ static st_status st__run(st__trainer* t, bool progress) {
     st_json_put_int(f, "rollbacks", t->rollbacks);
   }
   st_json_put(f, "seconds", st_json_fixed(st_now() - t_start, 3));
+  /* Every save of the run is done (the last one is synchronous): a drill
+   * still unfired never will fire in this process. */
+  st_faults* faults = st_train_ckpt_faults(t->ckpt);
+  if (st_faults_any_armed(faults)) {
+    json_decref(t->faults_unfired);
+    t->faults_unfired = st_faults_unfired(faults);
+    st_json_put(f, "faults_unfired", json_incref(t->faults_unfired));
+  }
   ST_RETURN(st__event(t, "run_done", f));
   return ST_OK;
 }
@@ -1042,6 +1070,8 @@ st_status st_train_main(const st_config* cfg) {
     }
     s = st_train_build_plans_ex(bundle, &o, &t.step_plan, &t.eval_plan, &t.remat);
   }
+  /* Before anything is compiled: a drill the plan never reaches is refused. */
+  if (!s) s = st__check_nan_at(&t);
   /* Every program the run needs, compiled as one batch. A resume usually
    * restores every parameter from a checkpoint, so it leaves the init
    * programs out and compiles them later only if no checkpoint is found. */
@@ -1135,6 +1165,8 @@ st_status st_train_main(const st_config* cfg) {
   if (!s) s = st__copy_tokenizer(&t);
   if (!s && o.resume) s = st__save_run_config(cfg, t.run_dir);
   if (!s && !restored) s = st__init_state(&t);
+  /* Now the first step is known: every armed drill can fire in this run. */
+  if (!s) s = st__check_drills(&t);
   if (!s) {
     st_runtime_release_host_memory(); /* init's host buffers (zeroed m, v) are not needed again */
     st__memory_sample(&t, "start");
@@ -1165,6 +1197,21 @@ st_status st_train_main(const st_config* cfg) {
     st__memory_sample(&t, "final save");
     st_runtime_release_host_memory();
     if (!s) s = st__memory_event(&t, "peak");
+  }
+  /* The run completed but a drill never fired: it drilled nothing, and a
+   * zero exit would read as a pass (exit 2: the drill does not fit this
+   * run; a restart would not fire it either). */
+  if (!s && t.faults_unfired && json_array_size(t.faults_unfired) > 0) {
+    const int64_t saves = st_faults_saves(st_train_ckpt_faults(t.ckpt));
+    st_strbuf b = {0};
+    for (size_t i = 0; i < json_array_size(t.faults_unfired); ++i)
+      st_strbuf_printf(&b, "%s%s", i ? ", " : "", json_string_value(json_array_get(t.faults_unfired, i)));
+    s = st_status_make(ST_CODE_CONFIG,
+                       "the run completed (steps %lld to %lld, %lld checkpoint save%s) but %s never fired: the drill tested "
+                       "nothing; make it name a step or save this run reaches (docs/checkpoints.md, \"Fault injection\")",
+                       (long long)t.start_step + 1, (long long)o.steps, (long long)saves, saves == 1 ? "" : "s",
+                       st_strbuf_cstr(&b));
+    st_strbuf_free(&b);
   }
   if (s && t.log && st_status_code(s) == ST_CODE_INTERRUPTED) {
     st__interrupted_event(&t, s);

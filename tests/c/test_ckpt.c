@@ -733,6 +733,15 @@ static st_status faults_from(const st_config* cfg, const char* run, st_faults** 
   return s;
 }
 
+/* st_faults_check_run's refusal: a config error (exit 2) with both parts. */
+static void expect_drill_refused(st_status s, const char* a, const char* b) {
+  if (!s) fail_msg("the drill was not refused (want \"%s\")", a);
+  const char* msg = st_status_message(s);
+  assert_int_equal(st_status_code(s), ST_CODE_CONFIG);
+  if (!strstr(msg, a) || !strstr(msg, b)) fail_msg("message lacks \"%s\" or \"%s\": %s", a, b, msg);
+  st_status_free(s);
+}
+
 static void test_faults(void** state) {
   (void)state;
   char* run = tu_tmpdir("faults");
@@ -766,6 +775,11 @@ static void test_faults(void** state) {
   ASSERT_OK(faults_from(cfg, run, &f));
   assert_string_equal(st_faults_armed(f), "");
   assert_string_equal(st_faults_disarmed(f), "crash_in_save=1");
+  /* disarmed is not armed: nothing can be left unfired */
+  assert_false(st_faults_any_armed(f));
+  json_t* unfired = st_faults_unfired(f);
+  assert_int_equal(json_array_size(unfired), 0);
+  json_decref(unfired);
   st_ckpt_snapshot* s = make_snapshot(20);
   st_ckpt_save_options o = {root, 5, 0, st_faults_ckpt_hook, f, {0}};
   ASSERT_OK(st_ckpt_save(&o, s, NULL));
@@ -781,6 +795,14 @@ static void test_faults(void** state) {
   cfg = faults_config("faults.io_error_at_save=2 faults.io_error=EIO");
   ASSERT_OK(faults_from(cfg, run, &f));
   assert_string_equal(st_faults_armed(f), "io_error_at_save=2 (EIO)");
+  /* a run that can begin one save only cannot fire it; two can */
+  st_status r = st_faults_check_run(f, 1, 10, 1, "the test's bound");
+  expect_drill_refused(r, "faults.io_error_at_save=2 cannot fire", "at most 1 (the test's bound)");
+  ASSERT_OK(st_faults_check_run(f, 1, 10, 2, ""));
+  unfired = st_faults_unfired(f);
+  assert_int_equal(json_array_size(unfired), 1);
+  assert_string_equal(json_string_value(json_array_get(unfired, 0)), "faults.io_error_at_save=2");
+  json_decref(unfired);
   o.hook_user = f;
   for (int64_t step = 30; step <= 50; step += 10) {
     st_ckpt_meta m = *st_ckpt_snapshot_meta(s);
@@ -795,6 +817,19 @@ static void test_faults(void** state) {
     }
   }
   assert_int_equal(newest_valid_step(root), 50);
+  unfired = st_faults_unfired(f); /* fired at the second save */
+  assert_int_equal(json_array_size(unfired), 0);
+  json_decref(unfired);
+  st_faults_destroy(f);
+  st_config_destroy(cfg);
+  /* a step drill: refused before a resume's checkpoint and beyond the last step */
+  cfg = faults_config("faults.crash_at_step=5");
+  ASSERT_OK(faults_from(cfg, run, &f));
+  ASSERT_OK(st_faults_check_run(f, 1, 20, 0, ""));
+  r = st_faults_check_run(f, 11, 20, 5, "");
+  expect_drill_refused(r, "faults.crash_at_step=5 cannot fire", "resumes after step 10");
+  r = st_faults_check_run(f, 21, 20, 5, "");
+  expect_drill_refused(r, "faults.crash_at_step=5 cannot fire", "runs no step");
   st_faults_destroy(f);
   st_config_destroy(cfg);
   /* corrupt_checkpoint: detected as a checksum mismatch, fallback works */

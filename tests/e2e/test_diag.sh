@@ -15,6 +15,11 @@
 #      genuine overflow (faults.nan_value=max) located in the program that
 #      overflows and reproduced; an altered program refused
 #   5. config: faults.nan_at syntax and range, skip with per_layer: exit 2
+#   6. drills checked up front (issue 24): faults.nan_at under
+#      parallel.tensor=2 fires and is located (exit 5); a bad TENSOR is
+#      refused before anything compiles; a step or save the run never
+#      reaches is refused (exit 2); a completed run whose drill never fired
+#      exits 2 with faults_unfired in run_done and failed
 # Run from the repository root.
 set -uo pipefail
 
@@ -61,6 +66,7 @@ done
 check "skip: metrics line of step 7 says update_skipped" \
   "grep '\"step\": 7,' '$TMP/skip/metrics.jsonl' | grep -q '\"loss\": null.*\"update_skipped\": true, \"skipped_steps\": 1'"
 check "skip: the run ran to the end" "ev '$TMP/skip' run_done | grep -q '\"steps\": 10,.*\"skipped_steps\": 1'"
+check "skip: the drill fired: faults_unfired is empty" "ev '$TMP/skip' run_done | grep -q '\"faults_unfired\": \[\]'"
 expect_exit 5 'step 7: loss of microbatch 1 is not finite.*diag.on_nonfinite=skip: diag.max_skipped=0' \
   train "${BASE[@]}" "${NAN[@]}" diag.on_nonfinite=skip diag.max_skipped=0 run.dir="$TMP/skip_max"
 
@@ -118,7 +124,7 @@ sed 's/"injected": {[^}]*}/"injected": null/' "$NB/nonfinite.json" >"$TMP/nf.jso
 expect_exit 0 '^does not reproduce: program block_fwd_res, output y: 0 of 2 replays' repro "$TMP/noinj"
 # A genuine one: the largest finite f32 in layer 1's residual 'gate' makes a
 # program overflow by itself (the embedding's squared gradient norm).
-expect_exit 5 'the first non-finite value: sqnorm_embed, layer -1, microbatch -1, output sqnorm \(inputs finite\)' \
+expect_exit 5 'the first non-finite value: sqnorm_embed, output sqnorm \(inputs finite\)' \
   train "${L3[@]}" faults.nan_at=7:1:gate faults.nan_value=max run.dir="$TMP/big"
 check "genuine: not injected" "grep -q '\"injected\": null' '$TMP/big/diag/nonfinite-step7/nonfinite.json'"
 expect_exit 0 '^reproduces: program sqnorm_embed, output sqnorm: 2 of 2 replays non-finite' repro "$TMP/big/diag/nonfinite-step7"
@@ -137,5 +143,47 @@ expect_exit 2 'faults.nan_micro .* is 2, but train.microbatches is 2' \
 expect_exit 2 'diag.on_nonfinite=skip drops a step.s update' \
   train "${BASE[@]}" train.grad_clip=0 sched.optimizer=per_layer diag.on_nonfinite=skip run.dir="$TMP/c5"
 expect_exit 2 "program '[a-z_]+' has no output 'nope'" train "${BASE[@]}" faults.nan_at=2:0:nope run.dir="$TMP/c6"
+
+# --- 6. drills checked up front ---------------------------------------------------
+# Tensor parallelism: the block is one SPMD program over both devices; the
+# drill poisons device index 0's output and the locator names it (before:
+# armed, never fired, exit 0).
+TP=(configs/test.yml runtime.deterministic=true runtime.cpu_devices=2 parallel.tensor=2 run.progress=off train.steps=3)
+expect_exit 5 'step 2: the first non-finite value: tp_block_fwd_res, layer 1, microbatch 1, output y \(inputs finite\)' \
+  train "${TP[@]}" faults.nan_at=2:1 faults.nan_micro=1 run.dir="$TMP/tp"
+check "tensor=2: the drill fired" "grep -q 'FAULT INJECTED: nan_at=2' '$TMP/err' && grep -q '^nan_at 2 ' '$TMP/tp/diag/faults.fired'"
+check "tensor=2: the bundle records the injection and the SPMD program" \
+  "grep -q '\"injected\": {\"fault\": \"faults.nan_at\"' '$TMP/tp/diag/nonfinite-step2/nonfinite.json' && grep -q '\"spmd_devices\": 2' '$TMP/tp/diag/nonfinite-step2/nonfinite.json'"
+expect_exit 2 'tp_block_fwd_res is a tensor-parallel SPMD program over 2 devices.*strata repro replays one-device programs' \
+  repro "$TMP/tp/diag/nonfinite-step2"
+# A bad output name: refused once the plan is known, before anything compiles
+# or runs (before: at step 5).
+expect_exit 2 "faults.nan_at=5:1:bogus: program 'block_fwd_res' has no output 'bogus' \(it is layer 1's training forward\); its outputs are y, q, k" \
+  train "${BASE[@]}" faults.nan_at=5:1:bogus run.dir="$TMP/bogus"
+check "bad TENSOR: nothing compiled, no step ran" \
+  "! grep -q '\"event\": \"compile\"' '$TMP/bogus/events.jsonl' && ! grep -q '\"first_step\"' '$TMP/bogus/events.jsonl' && [ ! -s '$TMP/bogus/metrics.jsonl' ]"
+expect_exit 2 "faults.nan_at=2:1:bogus: program 'tp_block_fwd_res' has no output 'bogus'" \
+  train "${TP[@]}" faults.nan_at=2:1:bogus run.dir="$TMP/tp_bogus"
+# Steps beyond train.steps: refused by the config rules, before a run directory exists.
+expect_exit 2 'faults.crash_at_step \(command line\) names step 11, but train.steps is 10 .*: the drill would never fire' \
+  train "${BASE[@]}" faults.crash_at_step=11 run.dir="$TMP/c7"
+expect_exit 2 'faults.hang_in \(command line\): faults.hang_in=block_fwd_res:11 names step 11, but train.steps is 10' \
+  train "${BASE[@]}" faults.hang_in=block_fwd_res:11 run.dir="$TMP/c8"
+check "steps beyond train.steps: no run directory" "[ ! -e '$TMP/c7' ] && [ ! -e '$TMP/c8' ]"
+# A save beyond the saves the run can begin (3 steps, ckpt.every=50: the last
+# step's, and one for a stop).
+expect_exit 2 'faults.io_error_at_save=5 cannot fire: it counts this process.s checkpoint saves, and this run begins at most 2' \
+  train "${BASE[@]}" train.steps=3 faults.io_error_at_save=5 run.dir="$TMP/c9"
+check "save beyond the run's: no step ran" "[ ! -s '$TMP/c9/metrics.jsonl' ]"
+# The stop's save is allowed for; without a stop the drill never fires: the
+# run completes, says so and exits 2.
+expect_exit 2 'the run completed \(steps 1 to 3, 1 checkpoint save\) but faults.io_error_at_save=2 never fired' \
+  train "${BASE[@]}" train.steps=3 faults.io_error_at_save=2 run.dir="$TMP/unfired"
+check "unfired: run_done and failed name it, failed says exit 2" \
+  "ev '$TMP/unfired' run_done | grep -q '\"faults_unfired\": \[\"faults.io_error_at_save=2\"\]' && ev '$TMP/unfired' failed | grep -q '\"exit_code\": 2, \"faults_unfired\": \[\"faults.io_error_at_save=2\"\]'"
+check "unfired: the run itself completed (final parameters saved)" "[ -s '$TMP/unfired/params.safetensors' ]"
+# A resume starts after its checkpoint: a step drill before it never runs.
+expect_exit 2 'faults.crash_at_step=2 cannot fire: this run resumes after step 3, so step 2 never runs in it' \
+  resume "$TMP/unfired" train.steps=5 faults.io_error_at_save=0 faults.crash_at_step=2
 
 finish test_diag.sh
