@@ -71,10 +71,8 @@ test-c:
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/c/lsan.supp:print_suppressions=0 \
 	  ctest --output-on-failure -j 1
 
-# PYTEST_WORKERS: pytest-xdist workers, each running whole files (loadfile).
-PYTEST_WORKERS ?= 2
 test-py:
-	@$(PY) -m pytest -q --durations=40 -m "not long" -n $(PYTEST_WORKERS) --dist loadfile tests/py
+	@$(PY) -m pytest -q --durations=40 -m "not long" tests/py
 
 # The long drills (tests/README.md): what make test leaves out, each with a
 # shorter test of the same thing that make test keeps.
