@@ -28,13 +28,18 @@ check "list --json parses, with every op" \
 expect_exit 2 "unknown subcommand" kernels frobnicate
 
 # --- verify ---------------------------------------------------------------------
-expect_exit 0 "[0-9]+ cases within tolerance \([0-9]+ through FFI handlers\)" kernels verify
-check "verify prints a line per case, ffi and pallas, fwd and bwd" \
-  "grep -Eq '^rmsnorm +ffi +bwd f32\[2,33,257\] .* ok$' '$TMP/out' && grep -Eq '^swiglu +pallas +fwd f32\[3,5,1001\] .* ok$' '$TMP/out'"
-check "verify covers the cross-entropy at vocab 256 and 50304, ffi and pallas" \
-  "grep -Eq '^cross_entropy +ffi +bwd f32\[5,256\] .* ok$' '$TMP/out' && grep -Eq '^cross_entropy +pallas +fwd f32\[3,50304\] .* ok$' '$TMP/out' && grep -Eq '^cross_entropy +ffi +bwd f32\[3,50304\] .* ok$' '$TMP/out'"
-check "verify runs attention's GQA and head-dim-128 cases, ffi and pallas" \
-  "grep -Eq '^attention +ffi +bwd f32\[2,33,4,8\] .* ok$' '$TMP/out' && grep -Eq '^attention +pallas +fwd f32\[1,70,2,128\] .* ok$' '$TMP/out'"
+# Every op's ffi kernel on every contract shape; pallas (interpret mode, slow)
+# through the command for one op here, every op's pallas kernel against the
+# reference in tests/py/test_kernels.py.
+expect_exit 0 "30 cases within tolerance \(30 through FFI handlers\)" kernels verify --impl ffi
+check "verify prints a line per case, fwd and bwd" "grep -Eq '^rmsnorm +ffi +bwd f32\[2,33,257\] .* ok$' '$TMP/out'"
+check "verify covers the cross-entropy at vocab 256 and 50304" \
+  "grep -Eq '^cross_entropy +ffi +bwd f32\[5,256\] .* ok$' '$TMP/out' && grep -Eq '^cross_entropy +ffi +bwd f32\[3,50304\] .* ok$' '$TMP/out'"
+check "verify runs attention's GQA and head-dim-128 cases" \
+  "grep -Eq '^attention +ffi +bwd f32\[2,33,4,8\] .* ok$' '$TMP/out' && grep -Eq '^attention +ffi +fwd f32\[1,70,2,128\] .* ok$' '$TMP/out'"
+expect_exit 0 "[0-9]+ cases within tolerance" kernels verify --op swiglu
+check "verify runs ffi and pallas when no --impl is given" \
+  "grep -Eq '^swiglu +pallas +fwd f32\[3,5,1001\] .* ok$' '$TMP/out' && grep -Eq '^swiglu +ffi +fwd f32\[3,5,1001\] .* ok$' '$TMP/out'"
 expect_exit 2 "no such kernel op" kernels verify --op conv2d
 expect_exit 0 "6 cases within tolerance \(6 through FFI handlers\)" kernels verify --op attention --impl ffi
 check "--impl ffi leaves pallas out" "! grep -q pallas '$TMP/out'"
