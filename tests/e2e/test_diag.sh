@@ -180,7 +180,7 @@ check "save beyond the run's: no step ran" "[ ! -s '$TMP/c9/metrics.jsonl' ]"
 expect_exit 2 'the run completed \(steps 1 to 3, 1 checkpoint save\) but faults.io_error_at_save=2 never fired' \
   train "${BASE[@]}" train.steps=3 faults.io_error_at_save=2 run.dir="$TMP/unfired"
 check "unfired: run_done and failed name it, failed says exit 2" \
-  "ev '$TMP/unfired' run_done | grep -q '\"faults_unfired\": \[\"faults.io_error_at_save=2\"\]' && ev '$TMP/unfired' failed | grep -q '\"exit_code\": 2, \"faults_unfired\": \[\"faults.io_error_at_save=2\"\]'"
+  "ev '$TMP/unfired' run_done | grep -q '\"faults_unfired\": \[\"faults.io_error_at_save=2\"\]' && ev '$TMP/unfired' failed | grep -q '\"exit_code\": 2, \"class\": \"config\", \"faults_unfired\": \[\"faults.io_error_at_save=2\"\]'"
 check "unfired: the run itself completed (final parameters saved)" "[ -s '$TMP/unfired/params.safetensors' ]"
 # A resume starts after its checkpoint: a step drill before it never runs.
 expect_exit 2 'faults.crash_at_step=2 cannot fire: this run resumes after step 3, so step 2 never runs in it' \
