@@ -1,7 +1,7 @@
 # Thin wrapper over CMake and pytest: these targets are what README.md promises.
 #   make run    set up, build, train configs/tiny.yml on the fortunes corpus
 #   make test   set up, build, run every test (C under ASan+UBSan, pytest, e2e)
-.PHONY: setup setup-test build build-asan build-portable run test test-c test-py test-e2e test-long bench clean
+.PHONY: test-py-stream1 test-py-stream2 setup setup-test build build-asan build-portable run test test-c test-py test-e2e test-long bench clean
 
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PY := .venv/bin/python
@@ -33,8 +33,9 @@ run: build
 
 # Each runner prints its own summary; the first failure fails the target,
 # but every runner still runs so the summaries are complete. Two streams run
-# side by side (TEST_STREAMS=1: one after the other): pytest, and the C
-# tests, the end-to-end scripts and the fuzz smoke; each stream's output is
+# side by side (TEST_STREAMS=1: one after the other): pytest but for
+# PY_STREAM2, and the C tests, the end-to-end scripts, the fuzz smoke and
+# PY_STREAM2's pytest files; each stream's output is
 # kept in build/test-logs/ and printed when it ends. Each stream is mostly
 # one process at a time that uses one core (export, tracing, a small
 # model's steps), so two streams fill two cores. The last line is the wall
@@ -53,11 +54,12 @@ test:
 	    $(MAKE) --no-print-directory test-e2e || rc=1; \
 	    $(MAKE) --no-print-directory test-fuzz || rc=1; \
 	  else \
-	    ( $(MAKE) --no-print-directory test-py > build/test-logs/py.log 2>&1; echo $$? > build/test-logs/py.rc ) & \
+	    ( $(MAKE) --no-print-directory test-py-stream1 > build/test-logs/py.log 2>&1; echo $$? > build/test-logs/py.rc ) & \
 	    ( r=0; $(MAKE) --no-print-directory test-c || r=1; $(MAKE) --no-print-directory test-e2e || r=1; \
-	      $(MAKE) --no-print-directory test-fuzz || r=1; echo $$r > build/test-logs/rest.rc ) > build/test-logs/rest.log 2>&1; \
+	      $(MAKE) --no-print-directory test-fuzz || r=1; $(MAKE) --no-print-directory test-py-stream2 || r=1; \
+	      echo $$r > build/test-logs/rest.rc ) > build/test-logs/rest.log 2>&1; \
 	    wait; \
-	    echo "==== C tests, end-to-end scripts, fuzz smoke (build/test-logs/rest.log)"; cat build/test-logs/rest.log; \
+	    echo "==== C tests, end-to-end scripts, fuzz smoke, pytest of the anchors and bench (build/test-logs/rest.log)"; cat build/test-logs/rest.log; \
 	    echo "==== pytest (build/test-logs/py.log)"; cat build/test-logs/py.log; \
 	    [ "$$(cat build/test-logs/py.rc)" = 0 ] || rc=1; [ "$$(cat build/test-logs/rest.rc)" = 0 ] || rc=1; \
 	  fi; \
@@ -71,8 +73,18 @@ test-c:
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/c/lsan.supp:print_suppressions=0 \
 	  ctest --output-on-failure -j 1
 
+# The pytest files the second stream runs after the C tests, the e2e scripts
+# and the fuzz smoke (the anchors and the bench pipeline), so both streams
+# end at about the same time; `make test-py` runs them all.
+PY_STREAM2 ?= tests/py/test_anchor.py tests/py/test_anchor_mesh.py tests/py/test_bench.py
 test-py:
 	@$(PY) -m pytest -q --durations=40 -m "not long" tests/py
+
+test-py-stream1:
+	@$(PY) -m pytest -q --durations=40 -m "not long" $(addprefix --ignore=,$(PY_STREAM2)) tests/py
+
+test-py-stream2:
+	@$(PY) -m pytest -q --durations=10 -m "not long" $(PY_STREAM2)
 
 # The long drills (tests/README.md): what make test leaves out, each with a
 # shorter test of the same thing that make test keeps.

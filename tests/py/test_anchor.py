@@ -20,7 +20,9 @@ from strata_jax.model import ModelConfig
 from strata_jax.reference_train import load_config, train
 
 
-@pytest.mark.parametrize("tied", [True, False])
+# untied is a long drill: the tied case runs every variant, the untied one
+# only scan (the weight layout that differs).
+@pytest.mark.parametrize("tied", [True, pytest.param(False, marks=pytest.mark.long)])
 def test_anchor_variants_match_reference(tied: bool) -> None:
     config = load_config(json.dumps(tiny_config(steps=4, n_layers=3, tie_embeddings=tied, init_std=0.1)))
     config["train"]["grad_clip"] = 0.5  # below the early norms: the clip path is exercised
@@ -69,6 +71,7 @@ def test_anchor_cli_compile_only_and_errors(tmp_path: Any) -> None:
     assert r.returncode == 2 and "nope.tok" in r.stderr and not out2.exists()
 
 
+@pytest.mark.long
 def test_anchor_knows_every_block_kind() -> None:
     """scan on a stack of one kind (parallel, GQA), unroll and unroll_remat
     on a mixed stack: the same losses as the reference; scan refuses a mixed
