@@ -268,8 +268,9 @@ typedef struct st_ckpt_identity_options {
 st_status st_ckpt_identity_check(const st_ckpt_identity* recorded, const st_ckpt_identity* given,
                                  const st_ckpt_identity_options* options, json_t** out_report, bool* out_tokenizer_mismatch);
 /* One line for stderr of the report's notes and overrides ("" when none;
- * caller frees): "model.block not recorded (an older format), taken as
- * \"llama\"; overridden: model.rope_theta 10000 in the checkpoint, 500 given". */
+ * caller frees): "not recorded in the checkpoint (an older format), taken
+ * as: model.block "llama", ...; overridden (--allow-mismatch):
+ * model.rope_theta 10000.0 in the checkpoint, 500.0 given". */
 char* st_ckpt_identity_notes(const json_t* report, const char* recorded);
 
 /* What the reader expects (the model being trained). Borrowed. */

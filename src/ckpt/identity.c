@@ -199,22 +199,26 @@ st_status st_ckpt_identity_check(const st_ckpt_identity* recorded, const st_ckpt
 }
 
 char* st_ckpt_identity_notes(const json_t* report, const char* recorded) {
-  st_strbuf b = {0};
+  st_strbuf taken = {0}, skipped = {0}, b = {0};
   const json_t* nr = json_object_get(report, "not_recorded");
   size_t i;
   json_t* e;
   json_array_foreach((json_t*)nr, i, e) {
     const char* field = json_string_value(json_object_get(e, "field"));
     const json_t* as = json_object_get(e, "taken_as");
-    st_strbuf_append(&b, b.len ? ", " : "");
-    if (json_is_null(as) || !as) {
-      st_strbuf_printf(&b, "%s not recorded %s (an older format), not compared", field ? field : "?", recorded);
-    } else {
-      char* v = st__dump(as);
-      st_strbuf_printf(&b, "%s not recorded %s (an older format), taken as %s", field ? field : "?", recorded, v);
-      free(v);
+    if (!as || json_is_null(as)) {
+      st_strbuf_printf(&skipped, "%s%s", skipped.len ? ", " : "", field ? field : "?");
+      continue;
     }
+    char* v = st__dump(as);
+    st_strbuf_printf(&taken, "%s%s %s", taken.len ? ", " : "", field ? field : "?", v);
+    free(v);
   }
+  if (taken.len) st_strbuf_printf(&b, "not recorded %s (an older format), taken as: %s", recorded, taken.data);
+  if (skipped.len)
+    st_strbuf_printf(&b, "%snot recorded %s (an older format), not compared: %s", b.len ? "; " : "", recorded, skipped.data);
+  st_strbuf_free(&taken);
+  st_strbuf_free(&skipped);
   const json_t* ov = json_object_get(report, "overridden");
   json_array_foreach((json_t*)ov, i, e) {
     char* a = st__dump(json_object_get(e, "recorded"));
