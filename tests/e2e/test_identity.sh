@@ -106,5 +106,8 @@ expect_exit 0 'note: not recorded in the checkpoint \(an older format\), taken a
   sample "$TMP/old" --tokens 2 --prompt 3
 expect_exit 7 'model.block not recorded in the checkpoint \(an older format: it meant "llama"\), "parallel" given' \
   eval "$TMP/old" model.block=parallel
+# strata ckpt inspect compares a run's checkpoint with the run's config.yaml by the same check.
+expect_exit 0 'identity +.*identity mismatch: tokenizer "[0-9a-f]{16}" in the checkpoint, "[0-9a-f]{16}" given' ckpt inspect "$TMP/swapped/checkpoints/step_2"
+expect_exit 0 'not recorded in the checkpoint \(an older format\), taken as: model.n_kv_heads 2, model.block "llama"' ckpt inspect "$TMP/old/checkpoints/step_2"
 
 finish test_identity
