@@ -221,18 +221,70 @@ st_status st_ckpt_remove_temporaries(const char* root, char** out_names);
 /* Checkpoints: reading and verification                                    */
 /*===-------------------------------------------------------------------===*/
 
+/*===-------------------------------------------------------------------===*/
+/* Identity: is this the model the command is about to run?                 */
+/*===-------------------------------------------------------------------===*/
+
+/* What identifies a trained model (docs/checkpoints.md, "Identity"): the
+ * tokenizer of its tokens and its model description (every model.* field,
+ * block kind and the kernel selection included). Borrowed. */
+typedef struct st_ckpt_identity {
+  const json_t* model;        /* the "model" object; NULL: not recorded (nothing model-wise is compared) */
+  const char* tokenizer_hash; /* "byte", "none" or BPE's hash; NULL: not recorded / not known (not compared) */
+} st_ckpt_identity;
+
+/* model.microbatch_size is compared only with this flag (resume: it fixes
+ * the programs' shapes and the data position); eval, sample and repro pick
+ * their own batch. */
+#define ST_CKPT_IDENTITY_MICROBATCH 1u
+
+typedef struct st_ckpt_identity_options {
+  const char* where;    /* the record in messages: a manifest's path, ... */
+  const char* recorded; /* how the record is named in messages: "in the checkpoint" */
+  /* What an older record implies by leaving a field out (it omitted fields
+   * at their default): flattened names ("block", "kernels.attention") to
+   * values, or {"same_as": "n_heads"} for the record's own value of
+   * another field. NULL: a missing field is only noted, not compared. */
+  const json_t* implied;
+  /* --allow-mismatch: comma-separated fields allowed to differ
+   * ("tokenizer", "model.rope_theta", "model.kernels", "model", "all");
+   * NULL or "": none. Each allowed difference is recorded in the report. */
+  const char* allow;
+  const char* fix; /* the likely fix, the end of a mismatch's message */
+  unsigned flags;  /* ST_CKPT_IDENTITY_* */
+} st_ckpt_identity_options;
+
+/* Compares |given| against |recorded|, field by field (the tokenizer first,
+ * then every model field; a nested object such as kernels field by field:
+ * "model.kernels.attention"). A difference not allowed is ST_CODE_CKPT
+ * (exit 7) naming every differing field with its recorded and given value.
+ * A field the record lacks is compared against what |implied| says it
+ * meant, or not compared at all, and noted either way. An |allow| entry
+ * that names no field is ST_CODE_CONFIG. *out_report (may be NULL; a new
+ * object, also on failure) gets {"mismatched": [fields], "overridden":
+ * [{"field", "recorded", "given"}], "not_recorded": [{"field", "taken_as"
+ * (null: not compared)}]}; *out_tokenizer_mismatch (may be NULL) whether
+ * the tokenizer differs. */
+st_status st_ckpt_identity_check(const st_ckpt_identity* recorded, const st_ckpt_identity* given,
+                                 const st_ckpt_identity_options* options, json_t** out_report, bool* out_tokenizer_mismatch);
+/* One line for stderr of the report's notes and overrides ("" when none;
+ * caller frees): "not recorded in the checkpoint (an older format), taken
+ * as: model.block "llama", ...; overridden (--allow-mismatch):
+ * model.rope_theta 10000.0 in the checkpoint, 500.0 given". */
+char* st_ckpt_identity_notes(const json_t* report, const char* recorded);
+
 /* What the reader expects (the model being trained). Borrowed. */
 typedef struct st_ckpt_expect {
   const char* bundle_key; /* NULL: not checked */
-  const json_t* model;    /* the "model" object; NULL: not checked */
   int count;              /* 0: tensor set not checked */
   const char* const* names;
   const st_tensor_type* types;
-  /* The run's tokenizer; NULL: not checked. A checkpoint of another
-   * tokenizer is not skipped as corrupt: st_ckpt_open and
-   * st_ckpt_find_valid fail with ST_CODE_DATA naming both hashes. A
-   * manifest without the field (written before it existed) is not checked. */
-  const char* tokenizer_hash;
+  /* The model's identity (st_ckpt_identity_check; identity.model NULL: not
+   * checked). A checkpoint of another tokenizer is not skipped as corrupt:
+   * st_ckpt_find_valid stops there with the error, since every checkpoint
+   * of the run has it; one of another model is skipped (a foreign folder). */
+  st_ckpt_identity identity;
+  st_ckpt_identity_options identity_options;
 } st_ckpt_expect;
 
 typedef struct st_ckpt_tensor_info {
@@ -261,6 +313,7 @@ typedef struct st_ckpt {
   char* tokenizer_hash; /* NULL: the manifest has none (written before tokenizers were recorded) */
   json_t* model;  /* the manifest's "model" object (owned reference) */
   json_t* config; /* the manifest's "config" object (owned reference) */
+  json_t* identity_report; /* opened with an expected identity: st_ckpt_identity_check's report (owned); else NULL */
   /* The manifest's "mesh" (axis sizes, devices = their product); all 0 in a
    * checkpoint written before meshes were recorded (one device). */
   int mesh_data, mesh_fsdp, mesh_tensor, mesh_devices;

@@ -157,6 +157,7 @@ typedef struct st_context_facts {
   const st_context_runtime* runtime; /* NULL: no runtime facts */
   json_t* peak;                      /* borrowed: the peak MFU is measured against ("peak"); NULL: none */
   json_t* kernels;                   /* borrowed: each kernel op's implementation and the C kernels' ISA; NULL: none */
+  json_t* model;                     /* borrowed: the model description (the identity of params.safetensors); NULL: none */
 } st_context_facts;
 
 /* Builds the context as one JSON object (a new reference, owned by the caller):

@@ -50,7 +50,12 @@ typedef struct st_train_options {
   st_progress_options long_progress;
   const char* bundle_dir;
   char* cache_root;    /* owned */
-  char* model_json;    /* owned: the bundle's "model" object */
+  char* model_json;    /* owned: the bundle's "model" object (fields at their default left out: the bundle key hashes it) */
+  /* owned: the model description, every model.* field (block kind and
+   * per-op kernel selection included) and microbatch_size: what a
+   * checkpoint records as "model" and st_ckpt_identity_check compares
+   * (docs/checkpoints.md, "Identity") */
+  char* model_desc;
   /* kernels.<op> as resolved into model_json (docs/kernels.md,
    * "Selection"): auto takes the contract's default for kernel_platform,
    * the platform runtime.plugin is expected to serve (guessed before any
@@ -124,6 +129,10 @@ st_status st_train_check_kernel_platform(const st_train_options* options, const 
 /* {"platform", "basis", "auto": [ops resolved from auto]}: the bundle
  * event's kernel_selection. New reference, owned by the caller. */
 json_t* st_train_kernel_selection_json(const st_train_options* options);
+/* st_ckpt_identity_options.implied for a record written before the model
+ * description (a new object, caller owns): the value each field that the
+ * older sparse "model" object left out had (docs/checkpoints.md, "Identity"). */
+json_t* st_train_model_implied(void);
 
 /* One line on |out| saying how kernels.<op>=auto was resolved and on what
  * guess of the platform; nothing when no op is auto. For the commands that
@@ -317,11 +326,24 @@ st_status st_train_fit_status(const st_fit_report* report, const st_train_option
 /* What a path names for the commands that use a trained model (strata
  * eval, strata sample): the run, its config and the parameters to load.
  * Strings owned (st_trained_ref_deinit). */
+/* What trained parameters were trained as (docs/checkpoints.md, "Identity"). */
+typedef struct st_train_record {
+  json_t* model;        /* owned: the recorded model description; NULL: not recorded */
+  char* tokenizer_hash; /* owned: the recorded tokenizer; NULL: not recorded */
+  char* source;         /* owned: the file read (a checkpoint's manifest.json, context.json, nonfinite.json); NULL: none */
+  const char* label;    /* static: how messages name it ("in the checkpoint") */
+  /* borrowed: a config.yaml taken as the model's record when |model| is
+   * NULL (a run or bundle written before the description was recorded) */
+  const char* fallback_config;
+} st_train_record;
+void st_train_record_deinit(st_train_record* record); /* NULL is a no-op */
+
 typedef struct st_trained_ref {
   char* run_dir;     /* the run directory (absolute) */
   char* config_path; /* <run_dir>/config.yaml */
   char* params_path; /* the params.safetensors to load */
   int64_t step;      /* optimizer steps the parameters hold; -1 when no record says */
+  st_train_record record; /* the checkpoint's manifest, or context.json for the final parameters */
 } st_trained_ref;
 
 /* |path| names a run directory (it holds config.yaml) or one checkpoint
@@ -337,7 +359,25 @@ typedef struct st_trained_ref {
  * has no final parameters (ST_CODE_CKPT, exit 7).
  * |out| is zeroed first and left zeroed on error. */
 st_status st_train_locate(const char* path, st_trained_ref* out);
+/* The tokenizer hash the options would give their tokens, known before
+ * any data is read: "none" (data.synthetic), "byte", or for bpe the hash of
+ * |tokenizer_json| (the tokenizer that will be applied; a missing file is
+ * ST_CODE_DATA naming it); "" when bpe and |tokenizer_json| is NULL. */
+st_status st_train_given_tokenizer(const st_train_options* options, const char* tokenizer_json, char out[65]);
+/* The identity check of eval, sample and repro: |record| (a missing model
+ * description read from record->fallback_config) against |given|'s model
+ * description and |given_tokenizer| ("" or NULL: not compared), through
+ * st_ckpt_identity_check (model.microbatch_size not compared). |allow|:
+ * --allow-mismatch; |fix|: the end of a mismatch's message. *out_report
+ * (caller owns; also on a mismatch) is the check's report plus
+ * "recorded_in" (and "model_recorded_in" when the fallback was read).
+ * Mismatch: ST_CODE_CKPT (exit 7). */
+st_status st_train_check_identity(const st_train_record* record, const st_train_options* given, const char* given_tokenizer,
+                                  const char* allow, const char* fix, json_t** out_report /* owned by caller */);
 void st_trained_ref_deinit(st_trained_ref* ref); /* frees the strings; NULL is a no-op */
+/* The likely fix of an identity mismatch in eval, sample and repro (the
+ * end of its message): drop the override, or --allow-mismatch. */
+extern const char* const st_train_identity_fix;
 
 /* What `strata eval` measured (docs/using.md, "strata eval"). */
 typedef struct st_eval_result {
@@ -351,6 +391,7 @@ typedef struct st_eval_result {
   char* token_file;     /* the token file evaluated (owned) */
   int64_t split_tokens; /* tokens in its validation split */
   double seconds;       /* data, bundle, compile and evaluation */
+  json_t* identity;     /* owned: the identity check's report (st_train_check_identity), also on a mismatch */
 } st_eval_result;
 
 /* Evaluates the parameters in |params_path| (a safetensors file, whole
@@ -363,9 +404,11 @@ typedef struct st_eval_result {
  * With data.tokenizer=bpe the corpus is tokenized with |tokenizer_json|
  * (the run's; a missing one is ST_CODE_DATA), never a newly trained
  * vocabulary, and a token file must be of that tokenizer (exit 3); other
- * tokenizers ignore it.
+ * tokenizers ignore it. Before any of that, |cfg|'s model and tokenizer
+ * are checked against what |ref| records (st_train_check_identity; |allow|
+ * is --allow-mismatch): a mismatch is ST_CODE_CKPT (exit 7).
  * |out| is filled on success; st_eval_result_deinit it either way. */
-st_status st_train_evaluate(const st_config* cfg, const char* params_path, const char* tokenizer_json, st_eval_result* out);
+st_status st_train_evaluate(const st_config* cfg, const st_trained_ref* ref, const char* allow, st_eval_result* out);
 void st_eval_result_deinit(st_eval_result* result);
 
 /*===-------------------------------------------------------------------===*/
@@ -434,10 +477,14 @@ void st_train_sampler_destroy(st_train_sampler* sampler); /* NULL is a no-op */
  * device (parallel.* = 1), the bundle (exported when missing), the
  * parameters, and streams the prompt and the generated text to
  * options->out. |prompt| NULL: a newline (byte data) or "0" (synthetic
- * data: space-separated ids). Exit classes: 2 bad PATH or prompt, 7 a
- * checkpoint that does not verify or tensors of another model, 4
- * bundle/runtime. */
-st_status st_train_sample_main(const char* path, const char* prompt, const st_train_sample_options* options);
+ * data: space-separated ids). |overrides| (|n_overrides| key=value,
+ * borrowed) apply on top of the run's config; its tokenizer and model
+ * are checked against what the parameters record (st_train_check_identity;
+ * |allow|: --allow-mismatch). Exit classes: 2 bad PATH, override or
+ * prompt, 7 a checkpoint that does not verify, an identity mismatch or
+ * tensors of another model, 4 bundle/runtime. */
+st_status st_train_sample_main(const char* path, int n_overrides, char** overrides, const char* allow, const char* prompt,
+                               const st_train_sample_options* options);
 
 /* `strata repro DIR` (src/train/repro.c, docs/diagnostics.md): the program
  * of a non-finite bundle (<run>/diag/nonfinite-step<N>/) replayed alone on
@@ -449,12 +496,28 @@ typedef struct st_repro_result {
   bool reproduces;                /* every replay was non-finite: deterministic */
   bool repeatable;                /* the replays' outputs were bitwise equal */
   bool injected;                  /* faults.nan_at put the value there: the replay puts it there again */
+  json_t* identity;               /* owned: the identity check's report (st_repro_result_deinit) */
   int injected_value;             /* faults.nan_value: 0 nan, 1 inf, 2 max */
   bool calls_kernels;             /* the program calls strata's ffi kernels (custom_call @strata_...) */
 } st_repro_result;
-/* Errors: DIR not a bundle, a file missing, altered (sha256) or malformed:
- * ST_CODE_CONFIG (exit 2); runtime or compile: exit 4. */
-st_status st_train_repro(const char* dir, st_repro_result* out);
+/* The config of the replay: |overrides| (key=value, borrowed) on the
+ * bundle's config.yaml (a runtime.* to replay elsewhere), and |allow|
+ * (--allow-mismatch) for identity fields let differ. */
+typedef struct st_repro_options {
+  int n_overrides;
+  char** overrides;
+  const char* allow;
+} st_repro_options;
+/* |options| may be NULL (none). The given config's tokenizer and model
+ * are checked against nonfinite.json's record (st_train_check_identity;
+ * a bundle without one: against its config.yaml): the program replayed is
+ * the recorded one whatever the config says, so a difference is refused
+ * (ST_CODE_CKPT, exit 7) unless allowed; out->identity gets the report.
+ * Errors: DIR not a bundle, a file missing, altered (sha256) or malformed,
+ * an override that does not validate: ST_CODE_CONFIG (exit 2); runtime or
+ * compile: exit 4. */
+st_status st_train_repro(const char* dir, const st_repro_options* options, st_repro_result* out);
+void st_repro_result_deinit(st_repro_result* result); /* frees identity */
 
 /* Runs `strata train`: the whole lifecycle. Prints the run directory. */
 st_status st_train_main(const st_config* config);

@@ -32,6 +32,7 @@ void st_ckpt_free(st_ckpt* c) {
   free(c->tokenizer_hash);
   json_decref(c->model);
   json_decref(c->config);
+  json_decref(c->identity_report);
   free(c);
 }
 
@@ -48,28 +49,6 @@ const void* st_ckpt_tensor_data(const st_ckpt* c, const char* name, const st_ckp
     }
   }
   return NULL;
-}
-
-/* "d_model 64 in the checkpoint, 32 now; n_layers ..." for the keys that differ. */
-static void st__model_diff(const json_t* have, const json_t* want, st_strbuf* out) {
-  const char* key;
-  json_t* w;
-  json_object_foreach((json_t*)want, key, w) {
-    const json_t* h = json_object_get(have, key);
-    if (h && st_json_same(h, w)) continue;
-    char* a = h ? st_json_dump(h, 0) : NULL;
-    char* b = st_json_dump(w, 0);
-    if (out->len) st_strbuf_append(out, ", ");
-    st_strbuf_printf(out, "model.%s %s in the checkpoint, %s now", key, a ? a : "(absent)", b);
-    free(a);
-    free(b);
-  }
-  json_t* h;
-  json_object_foreach((json_t*)have, key, h) {
-    if (json_object_get(want, key)) continue;
-    if (out->len) st_strbuf_append(out, ", ");
-    st_strbuf_printf(out, "model.%s only in the checkpoint", key);
-  }
 }
 
 static bool st__plain_file_name(const char* s) {
@@ -355,29 +334,20 @@ st_status st_ckpt_parse_manifest(const char* dir, const char* text, size_t size,
   return ST_OK;
 }
 
-/* Is this the checkpoint of the model being trained? */
-static st_status st__check_expect(const st_ckpt* c, const json_t* manifest, const st_ckpt_expect* e) {
+/* Is this the checkpoint of the model being trained? *out_stop: the
+ * tokenizer differs, which every checkpoint of the run shares. */
+static st_status st__check_expect(st_ckpt* c, const st_ckpt_expect* e, bool* out_stop) {
   st_status s = ST_OK;
   char* mpath = st_path_join(c->dir, ST_CKPT_MANIFEST);
-  /* First: another tokenizer also changes the model's vocabulary, and the
-   * tokenizer is the cause to name. */
-  if (e->tokenizer_hash && c->tokenizer_hash && strcmp(e->tokenizer_hash, c->tokenizer_hash) != 0) {
-    s = st_status_make(ST_CODE_DATA,
-                       "'%s': trained on tokens of tokenizer %s, but this run's tokens are of tokenizer %s (data.tokenizer, "
-                       "data.vocab_size, data.path): its ids would mean other text. Resume with the data settings the "
-                       "checkpoint was written with, or start a new run.dir",
-                       mpath, c->tokenizer_hash, e->tokenizer_hash);
-    goto done;
-  }
-  if (e->model) {
-    const json_t* have = json_object_get(manifest, "model");
-    if (!st_json_same(have, e->model)) {
-      st_strbuf d = {0};
-      st__model_diff(have, e->model, &d);
-      s = st_status_make(ST_CODE_CKPT, "'%s': written for a different model config (%s)", mpath, d.data ? d.data : "?");
-      st_strbuf_free(&d);
-      goto done;
-    }
+  if (e->identity.model || e->identity.tokenizer_hash) {
+    st_ckpt_identity rec = {c->model, c->tokenizer_hash};
+    st_ckpt_identity_options o = e->identity_options;
+    o.where = mpath;
+    if (!o.recorded) o.recorded = "in the checkpoint";
+    json_decref(c->identity_report);
+    c->identity_report = NULL;
+    s = st_ckpt_identity_check(&rec, &e->identity, &o, &c->identity_report, out_stop);
+    if (s) goto done;
   }
   if (e->bundle_key && strcmp(e->bundle_key, c->bundle_key))
     ST__FAIL("'%s': written with bundle %s, this run uses bundle %s (same model config, different exporter or bundle schema)", mpath,
@@ -464,15 +434,16 @@ done:
   return ST_OK;
 }
 
-st_status st_ckpt_open(const char* dir, const st_ckpt_expect* expect, st_ckpt** out) {
+static st_status st__open(const char* dir, const st_ckpt_expect* expect, st_ckpt** out, bool* out_stop) {
   *out = NULL;
+  *out_stop = false;
   st_ckpt* c = st_xcalloc(1, sizeof(*c));
   c->dir = st_xstrdup(dir);
   size_t n = strlen(c->dir);
   while (n > 1 && c->dir[n - 1] == '/') c->dir[--n] = '\0';
   json_t* manifest = NULL;
   st_status s = st__read_manifest(c->dir, c, &manifest);
-  if (!s && expect) s = st__check_expect(c, manifest, expect);
+  if (!s && expect) s = st__check_expect(c, expect, out_stop);
   if (!s) {
     c->loaded = st_xcalloc((size_t)c->file_count + 1, sizeof(st_safetensors*));
     for (int f = 0; f < c->file_count && !s; ++f) s = st__check_file(c, f, &c->loaded[f]);
@@ -486,6 +457,11 @@ st_status st_ckpt_open(const char* dir, const st_ckpt_expect* expect, st_ckpt** 
   return ST_OK;
 }
 
+st_status st_ckpt_open(const char* dir, const st_ckpt_expect* expect, st_ckpt** out) {
+  bool stop = false;
+  return st__open(dir, expect, out, &stop);
+}
+
 st_status st_ckpt_find_valid(const char* root, const st_ckpt_expect* expect, st_ckpt_skip_fn on_skip, void* user, st_ckpt** out,
                              int* out_skipped) {
   *out = NULL;
@@ -495,10 +471,11 @@ st_status st_ckpt_find_valid(const char* root, const st_ckpt_expect* expect, st_
   ST_RETURN(st_ckpt_list(root, &v, &n));
   for (int i = 0; i < n && !*out; ++i) {
     st_ckpt* c = NULL;
-    st_status s = st_ckpt_open(v[i].dir, expect, &c);
+    bool stop = false;
+    st_status s = st__open(v[i].dir, expect, &c, &stop);
     /* Another tokenizer is no corruption to skip past: every checkpoint of
      * the run has it, and the fix is in the config. */
-    if (s && st_status_code(s) == ST_CODE_DATA) {
+    if (s && stop) {
       st_ckpt_entries_free(v, n);
       return s;
     }

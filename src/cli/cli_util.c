@@ -33,6 +33,33 @@ bool st_cli_json_args(int argc, char** argv, const char* usage, bool* out_json, 
   return false;
 }
 
+st_status st_cli_take_allow(int* argc, char** argv, const char** out_allow) {
+  static const char kFlag[] = "--allow-mismatch";
+  const size_t n = sizeof(kFlag) - 1;
+  *out_allow = NULL;
+  int k = 0;
+  for (int i = 0; i < *argc; ++i) {
+    const char* a = argv[i];
+    const char* v = NULL;
+    if (!strncmp(a, kFlag, n) && a[n] == '=') {
+      v = a + n + 1;
+    } else if (!strcmp(a, kFlag)) {
+      if (i + 1 >= *argc)
+        return st_status_make(ST_CODE_CONFIG, "--allow-mismatch needs the identity fields allowed to differ, e.g. "
+                                              "--allow-mismatch=tokenizer or --allow-mismatch=model.rope_theta,model.block");
+      v = argv[++i];
+    } else {
+      argv[k++] = argv[i];
+      continue;
+    }
+    if (*out_allow) return st_status_make(ST_CODE_CONFIG, "--allow-mismatch is given twice; name every field in one list, comma-separated");
+    if (!v[0]) return st_status_make(ST_CODE_CONFIG, "--allow-mismatch is empty; name the identity fields allowed to differ");
+    *out_allow = v;
+  }
+  *argc = k;
+  return ST_OK;
+}
+
 void st_cli_print_json(const json_t* j, int indent) {
   char* text = st_json_dump(j, indent);
   printf("%s\n", text);

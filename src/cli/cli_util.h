@@ -20,6 +20,13 @@ st_status st_cli_load_config(const char* command, int argc, char** argv, st_conf
  * command then exits 0. */
 bool st_cli_json_args(int argc, char** argv, const char* usage, bool* out_json, const char** pos, int max, int* out_count);
 
+/* Takes --allow-mismatch=FIELDS or --allow-mismatch FIELDS out of argv
+ * (*argc shrinks; the rest keep their order): *out_allow (borrowed from
+ * argv; NULL when absent) is the comma-separated list of identity fields
+ * allowed to differ (docs/checkpoints.md, "Identity"). Given twice, or
+ * without a value: ST_CODE_CONFIG. */
+st_status st_cli_take_allow(int* argc, char** argv, const char** out_allow);
+
 /* Prints |j| as JSON and a newline to stdout (|indent| as st_json_dump);
  * borrows |j|. */
 void st_cli_print_json(const json_t* j, int indent);

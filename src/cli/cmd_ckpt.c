@@ -14,6 +14,9 @@
 #include "cli/commands.h"
 #include "strata/base.h"
 #include "strata/ckpt.h"
+#include "strata/train.h"
+
+static void st__inspect_identity(const st_ckpt* c);
 
 static const char* kUsage =
     "usage: strata ckpt list|verify|inspect PATH [--json]\n"
@@ -181,6 +184,7 @@ static int st__inspect(const char* path, bool json) {
   char* model = st_json_dump(c->model, 0);
   printf("  model           %s\n", model);
   free(model);
+  st__inspect_identity(c);
   printf("  files           %d, %s\n", c->file_count, size);
   for (int i = 0; i < c->file_count; ++i)
     printf("    %-24s %12zu bytes  xxh64 %016llx\n", c->files[i].file, c->files[i].bytes, (unsigned long long)c->files[i].xxh64);
@@ -196,6 +200,44 @@ static int st__inspect(const char* path, bool json) {
   }
   st_ckpt_free(c);
   return 0;
+}
+
+/* A checkpoint inside a run (<run>/checkpoints/step_N): its identity
+ * against the run's config.yaml, by the check resume and eval make, and
+ * what an older manifest does not record. Informational: never an error. */
+static void st__inspect_identity(const st_ckpt* c) {
+  char* yaml = st_path_join(c->dir, "../../config.yaml");
+  if (!st_fs_exists(yaml)) {
+    free(yaml);
+    return;
+  }
+  st_config* cfg = NULL;
+  st_train_options o;
+  memset(&o, 0, sizeof(o));
+  st_status s = st_config_load(yaml, 0, NULL, &cfg);
+  if (!s) s = st_train_options_from_config(cfg, &o);
+  json_t* report = NULL;
+  if (!s) {
+    char* manifest = st_path_join(c->dir, ST_CKPT_MANIFEST);
+    st_train_record rec = {.model = c->model, .tokenizer_hash = c->tokenizer_hash, .source = manifest, .label = "in the checkpoint"};
+    char tok[65] = "";
+    char* tj = st_path_join(c->dir, "../../tokenizer.json");
+    st_status ts = st_train_given_tokenizer(&o, st_fs_exists(tj) ? tj : NULL, tok);
+    st_status_free(ts);
+    free(tj);
+    s = st_train_check_identity(&rec, &o, tok, NULL, "the run's config.yaml is not the model of this checkpoint", &report);
+    free(manifest);
+  }
+  if (s) printf("  identity        %s\n", st_status_message(s));
+  else printf("  identity        the model and tokenizer of %s\n", yaml);
+  char* notes = report ? st_ckpt_identity_notes(report, "in the checkpoint") : NULL;
+  if (notes && notes[0]) printf("                  %s\n", notes);
+  free(notes);
+  json_decref(report);
+  st_status_free(s);
+  st_train_options_deinit(&o);
+  st_config_destroy(cfg);
+  free(yaml);
 }
 
 int st_cli_ckpt(int argc, char** argv) {

@@ -9,28 +9,40 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "strata/base.h"
+#include "strata/ckpt.h"
 #include "strata/train.h"
 
 static const char* kUsage =
-    "usage: strata repro DIR [--json]\n"
+    "usage: strata repro DIR [key=value ...] [--allow-mismatch=FIELD[,FIELD...]] [--json]\n"
     "  DIR: a non-finite bundle, <run>/diag/nonfinite-step<N>/; its program runs alone on its saved inputs, twice,\n"
     "  on the runtime of its config.yaml; prints \"reproduces\" (every replay's recorded output is non-finite:\n"
-    "  deterministic) or \"does not reproduce\" (transient); exit 0 either way";
+    "  deterministic) or \"does not reproduce\" (transient); exit 0 either way. key=value overrides the config\n"
+    "  (runtime.*: replay elsewhere); a tokenizer or model.* other than nonfinite.json records is exit 7 unless\n"
+    "  --allow-mismatch names it (the program replayed is the recorded one either way)";
 
 int st_cli_repro(int argc, char** argv) {
   bool json = false;
   int npos = 0;
+  const char* allow = NULL;
+  st_status ts = st_cli_take_allow(&argc, argv, &allow);
+  if (ts) return st_cli_report(ts);
   const char** pos = st_xcalloc((size_t)argc + 1, sizeof(char*));
   if (st_cli_json_args(argc, argv, kUsage, &json, pos, argc, &npos)) {
     free(pos);
     return 0;
   }
-  if (npos != 1) {
+  bool overrides_only = npos >= 1;
+  for (int i = 1; i < npos; ++i) overrides_only = overrides_only && strchr(pos[i], '=') != NULL;
+  if (npos < 1 || strchr(pos[0], '=') != NULL || !overrides_only) {
     free(pos);
     return st_cli_report(st_status_make(ST_CODE_CONFIG, "%s", kUsage));
   }
   st_repro_result r;
-  st_status s = st_train_repro(pos[0], &r);
+  st_repro_options ro = {npos - 1, (char**)(pos + 1), allow};
+  st_status s = st_train_repro(pos[0], &ro, &r);
+  char* notes = r.identity ? st_ckpt_identity_notes(r.identity, "in nonfinite.json") : NULL;
+  if (notes && notes[0]) fprintf(stderr, "strata: note: %s\n", notes);
+  free(notes);
   if (!s) {
     const char* verdict = r.reproduces ? "reproduces" : "does not reproduce";
     if (json) {
@@ -48,6 +60,7 @@ int st_cli_repro(int argc, char** argv) {
       st_json_put_bool(j, "injected", r.injected);
       st_json_put_bool(j, "calls_kernels", r.calls_kernels);
       st_json_put(j, "reference", json_null());
+      st_json_put(j, "identity", r.identity ? json_incref(r.identity) : json_null());
       st_cli_print_json(j, 2);
       json_decref(j);
     } else {
@@ -66,6 +79,7 @@ int st_cli_repro(int argc, char** argv) {
                "with)\n");
     }
   }
+  st_repro_result_deinit(&r);
   free(pos);
   return st_cli_report(s);
 }

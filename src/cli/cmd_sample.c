@@ -7,11 +7,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "strata/base.h"
 #include "strata/train.h"
 
 static const char* kUsage =
-    "usage: strata sample RUN_DIR|CHECKPOINT_DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
+    "usage: strata sample RUN_DIR|CHECKPOINT_DIR [key=value ...] [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K]\n"
+    "                     [--top-p P] [--seed S] [--allow-mismatch=FIELD[,FIELD...]]\n"
+    "  key=value          overrides on the run's config.yaml; a tokenizer or model.* that differs from the\n"
+    "                     checkpoint's is exit 7 unless --allow-mismatch names it (tokenizer, model.<key>, model, all)\n"
     "  --prompt TEXT      text to continue (default: a newline; synthetic-data runs: token ids, default \"0\")\n"
     "  --tokens N         tokens to generate, 1..1000000 (default 256)\n"
     "  --temperature T    >= 0; 0 is greedy (default 0.8)\n"
@@ -45,12 +50,20 @@ int st_cli_sample(int argc, char** argv) {
   st_train_sample_options o = {.tokens = 256, .temperature = 0.8, .top_k = 0, .top_p = 1.0, .seed = 0, .out = stdout};
   const char* path = NULL;
   const char* prompt = NULL;
-  st_status s = ST_OK;
+  const char* allow = NULL;
+  st_status s = st_cli_take_allow(&argc, argv, &allow);
+  char** ov = st_xcalloc((size_t)argc + 1, sizeof(char*));
+  int n_ov = 0;
   for (int i = 0; i < argc && !s; ++i) {
     const char* a = argv[i];
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       fputs(kUsage, stdout);
+      free(ov);
       return 0;
+    }
+    if (strncmp(a, "--", 2) != 0 && path && strchr(a, '=')) {
+      ov[n_ov++] = argv[i];
+      continue;
     }
     if (strncmp(a, "--", 2) != 0) {
       if (path) s = st_status_make(ST_CODE_CONFIG, "strata sample: one RUN_DIR or CHECKPOINT_DIR, got '%s' and '%s'", path, a);
@@ -65,7 +78,8 @@ int st_cli_sample(int argc, char** argv) {
     if (strcmp(flag, "--prompt") && strcmp(flag, "--tokens") && strcmp(flag, "--temperature") && strcmp(flag, "--top-k") &&
         strcmp(flag, "--top-p") && strcmp(flag, "--seed")) {
       s = st_status_make(ST_CODE_CONFIG,
-                         "strata sample: unknown flag '%s'; the flags are --prompt, --tokens, --temperature, --top-k, --top-p, --seed",
+                         "strata sample: unknown flag '%s'; the flags are --prompt, --tokens, --temperature, --top-k, --top-p, --seed, "
+                         "--allow-mismatch",
                          a);
       break;
     }
@@ -103,6 +117,7 @@ int st_cli_sample(int argc, char** argv) {
   }
   if (!s && !path)
     s = st_status_make(ST_CODE_CONFIG, "strata sample needs a run directory or a checkpoint folder: strata sample runs/NAME [--prompt TEXT]");
-  if (!s) s = st_train_sample_main(path, prompt, &o);
+  if (!s) s = st_train_sample_main(path, n_ov, ov, allow, prompt, &o);
+  free(ov);
   return st_cli_report(s);
 }

@@ -130,5 +130,6 @@ json_t* st_context_json(const st_context_facts* f) {
   if (f->tokenizer_hash) st_json_put_str(c, "tokenizer_hash", f->tokenizer_hash);
   if (f->peak) st_json_put(c, "peak", json_incref(f->peak));
   if (f->kernels) st_json_put(c, "kernels", json_incref(f->kernels));
+  if (f->model) st_json_put(c, "model", json_incref(f->model));
   return c;
 }

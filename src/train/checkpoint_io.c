@@ -52,7 +52,9 @@ struct st_train_ckpt {
   double inflight_blocking_s, inflight_waited_s;
 
   json_t* config; /* the resolved config, for the manifest */
-  json_t* model;  /* the model's identity, for the manifest: the model JSON with the whole microbatch */
+  json_t* model;  /* the sparse model JSON with the whole microbatch: its key is the one-device bundle key */
+  json_t* desc;   /* the model description with the whole microbatch: the manifest's "model", the identity */
+  json_t* implied; /* st_train_model_implied: what an older manifest's missing fields meant */
   char key[17];   /* the one-device bundle key of |model|: the same on every mesh */
   char config_hash[17];
   int64_t last_saved_step; /* of the newest save that succeeded; 0: none yet */
@@ -135,7 +137,10 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
    * (which is this run's own key on one device, so checkpoints written
    * before meshes existed still match); the mesh goes in "mesh". */
   c->model = json_loads(in->options->model_json, 0, NULL);
-  st_status s = c->model ? ST_OK : st_status_make(ST_CODE_INTERNAL, "the model JSON does not parse: %s", in->options->model_json);
+  c->desc = json_loads(in->options->model_desc, 0, NULL);
+  c->implied = st_train_model_implied();
+  st_status s = c->model && c->desc ? ST_OK : st_status_make(ST_CODE_INTERNAL, "the model JSON does not parse: %s", in->options->model_json);
+  if (!s) st_json_put_int(c->desc, "microbatch_size", o->batch_size / (o->microbatches > 0 ? o->microbatches : 1));
   if (!s && o->mesh[0]) {
     st_json_put_int(c->model, "microbatch_size", o->batch_size / (o->microbatches > 0 ? o->microbatches : 1));
     char* text = st_json_dump(c->model, 0);
@@ -211,6 +216,24 @@ static void st__on_skip(void* user, const st_ckpt_entry* entry, st_status why) {
   st_status_free(st_runlog_event(c->in.log, "ckpt_skipped", e));
 }
 
+/* What a checkpoint of this run must be: its bundle (unless
+ * ckpt.allow_bundle_change), its state tensors, and its identity, the
+ * microbatch included (it fixes the data position and the programs). */
+static void st__expect(const st_train_ckpt* c, st_ckpt_expect* e) {
+  memset(e, 0, sizeof(*e));
+  e->bundle_key = c->allow_bundle_change ? NULL : c->key;
+  e->count = c->count;
+  e->names = c->names;
+  e->types = c->types;
+  e->identity = (st_ckpt_identity){c->desc, st_dataset_tokenizer_hash(c->in.data)};
+  e->identity_options = (st_ckpt_identity_options){
+      .recorded = "in the checkpoint",
+      .implied = c->implied,
+      .fix = "resume with the settings the checkpoint was written with (data.tokenizer, data.vocab_size, data.path, model.*, "
+             "kernels.*, train.microbatches), or start a new run.dir",
+      .flags = ST_CKPT_IDENTITY_MICROBATCH};
+}
+
 /* Every state tensor of the verified checkpoint |ck| into its slot. */
 static st_status st__load_state(st_train_ckpt* c, st_ckpt* ck) {
   st_status s = ST_OK;
@@ -245,8 +268,8 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
 
   /* The bundle key also hashes the exporter's sources; with
    * ckpt.allow_bundle_change only the model config and the tensors must match. */
-  st_ckpt_expect expect = {c->allow_bundle_change ? NULL : c->key, c->model, c->count, c->names, c->types,
-                           st_dataset_tokenizer_hash(c->in.data)};
+  st_ckpt_expect expect;
+  st__expect(c, &expect);
   st_ckpt* ck = NULL;
   int skipped = 0;
   ST_RETURN(st_ckpt_find_valid(c->root, &expect, st__on_skip, c, &ck, &skipped));
@@ -300,9 +323,13 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
             ck->dir, was[0], was[1], was[2], was[0] * was[1] * was[2], now[0], now[1], now[2], now[0] * now[1] * now[2]);
   fprintf(stderr, "strata: resuming from %s (step %lld)%s\n", ck->dir, (long long)ck->step,
           changed ? "; the config differs from the checkpoint's (see the resumed event)" : "");
+  char* notes = ck->identity_report ? st_ckpt_identity_notes(ck->identity_report, "in the checkpoint") : NULL;
+  if (notes && notes[0]) fprintf(stderr, "strata: note: %s: %s\n", ck->dir, notes);
+  free(notes);
   json_t* e = st_json_obj();
   st_json_put_int(e, "from_step", ck->step);
   st_json_put_str(e, "checkpoint", ck->dir);
+  if (ck->identity_report) st_json_put(e, "identity", json_incref(ck->identity_report));
   st_json_put(e, "restore_s", st_json_fixed(restore_s, 6));
   st_json_put_int(e, "skipped", skipped);
   st_json_put(e, "latest", latest ? st_json_str(latest) : json_null());
@@ -344,8 +371,8 @@ st_status st_train_ckpt_rollback(st_train_ckpt* c, int64_t before_step, int64_t*
   *out_dir = NULL;
   /* A save in flight may be the newest checkpoint: let it land first. */
   ST_RETURN(st__collect(c, true, NULL));
-  st_ckpt_expect expect = {c->allow_bundle_change ? NULL : c->key, c->model, c->count, c->names, c->types,
-                           st_dataset_tokenizer_hash(c->in.data)};
+  st_ckpt_expect expect;
+  st__expect(c, &expect);
   st_ckpt* ck = NULL;
   int skipped = 0;
   ST_RETURN(st_ckpt_find_valid(c->root, &expect, st__on_skip, c, &ck, &skipped));
@@ -484,7 +511,7 @@ static st_status st__snapshot(st_train_ckpt* c, int64_t step) {
       .config_hash = c->config_hash,
       .bundle_key = c->key,
       .tokenizer_hash = st_dataset_tokenizer_hash(c->in.data),
-      .model = c->model,
+      .model = c->desc,
       .mesh_data = o->parallel_data,
       .mesh_fsdp = o->parallel_fsdp,
       .mesh_tensor = o->parallel_tensor,
@@ -562,6 +589,8 @@ void st_train_ckpt_destroy(st_train_ckpt* c) {
   free(c->types);
   json_decref(c->config);
   json_decref(c->model);
+  json_decref(c->desc);
+  json_decref(c->implied);
   free(c->root);
   free(c);
 }

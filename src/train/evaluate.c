@@ -71,15 +71,30 @@ static st_status st__load_params(st__trainer* t, const char* path) {
   return s;
 }
 
-st_status st_train_evaluate(const st_config* cfg, const char* params_path, const char* tokenizer_json, st_eval_result* out) {
+const char* const st_train_identity_fix =
+    "drop the override, or restore the run's config.yaml and tokenizer.json; to run it anyway, name the fields in "
+    "--allow-mismatch=FIELD[,FIELD...] (tokenizer, model.<key>, model, all), which the output records";
+
+st_status st_train_evaluate(const st_config* cfg, const st_trained_ref* ref, const char* allow, st_eval_result* out) {
   memset(out, 0, sizeof(*out));
   out->loss = NAN;
+  const char* params_path = ref->params_path;
+  char* tokenizer_json = st_path_join(ref->run_dir, "tokenizer.json");
   st_train_options o;
   st_status s = st_train_options_from_config(cfg, &o);
   /* A BPE model is evaluated on its own tokenizer's ids, whatever the corpus. */
   if (!s && !strcmp(o.data.tokenizer, "bpe")) o.data.tokenizer_from = tokenizer_json;
   if (!s && (o.parallel_data > 1 || o.parallel_fsdp > 1 || o.parallel_tensor > 1))
     s = st_status_make(ST_CODE_CONFIG, "evaluation runs on one device: set parallel.data, parallel.fsdp and parallel.tensor to 1");
+  /* The model about to be evaluated is the one the parameters were trained
+   * as, and its tokens mean the same text: checked before anything is read. */
+  char given_tok[65] = "";
+  if (!s) s = st_train_given_tokenizer(&o, o.data.tokenizer_from, given_tok);
+  if (!s) {
+    st_train_record rec = ref->record;
+    rec.fallback_config = ref->config_path;
+    s = st_train_check_identity(&rec, &o, given_tok, allow, st_train_identity_fix, &out->identity);
+  }
   /* Parameters come whole from a file into device slots: no host homes
    * (sched.offload is a training-memory policy; the loss is the same). */
   o.sched.offload = 0;
@@ -161,6 +176,7 @@ st_status st_train_evaluate(const st_config* cfg, const char* params_path, const
   st_dataset_destroy(t.data);
   st_bundle_destroy(bundle);
   st_train_options_deinit(&o);
+  free(tokenizer_json);
   return s;
 }
 
@@ -168,5 +184,6 @@ void st_eval_result_deinit(st_eval_result* r) {
   if (!r) return;
   free(r->data_path);
   free(r->token_file);
+  json_decref(r->identity);
   memset(r, 0, sizeof(*r));
 }

@@ -19,6 +19,7 @@ void st_trained_ref_deinit(st_trained_ref* ref) {
   free(ref->run_dir);
   free(ref->config_path);
   free(ref->params_path);
+  st_train_record_deinit(&ref->record);
   memset(ref, 0, sizeof(*ref));
 }
 
@@ -61,6 +62,33 @@ static char* st__parent(const char* path) {
   return p;
 }
 
+/* The identity a checkpoint's manifest records. */
+static void st__record_of_ckpt(const st_ckpt* c, st_train_record* r) {
+  r->model = json_incref(c->model);
+  r->tokenizer_hash = c->tokenizer_hash ? st_xstrdup(c->tokenizer_hash) : NULL;
+  r->source = st_path_join(c->dir, ST_CKPT_MANIFEST);
+  r->label = "in the checkpoint";
+}
+
+/* The final parameters have no manifest: the run's context.json records
+ * the tokenizer and (since the description existed) the model. */
+static void st__record_of_run(const char* run_dir, st_train_record* r) {
+  r->source = st_path_join(run_dir, "context.json");
+  r->label = "in context.json";
+  json_t* j = NULL;
+  char* text = NULL;
+  size_t size = 0;
+  st_status s = st_fs_read_file(r->source, &text, &size);
+  if (!s) s = st_json_parse(text, size, r->source, &j);
+  st_status_free(s);
+  free(text);
+  const json_t* m = json_object_get(j, "model");
+  const char* tok = json_string_value(json_object_get(j, "tokenizer_hash"));
+  if (json_is_object(m)) r->model = json_incref((json_t*)m);
+  if (tok) r->tokenizer_hash = st_xstrdup(tok);
+  json_decref(j);
+}
+
 static st_status st__from_run(char* run_dir, st_trained_ref* out) {
   char* root = st_path_join(run_dir, "checkpoints");
   st_ckpt* c = NULL;
@@ -76,10 +104,12 @@ static st_status st__from_run(char* run_dir, st_trained_ref* out) {
   if (c && !(final_steps > c->step)) {
     out->params_path = st_path_join(c->dir, "params.safetensors");
     out->step = c->step;
+    st__record_of_ckpt(c, &out->record);
     free(final);
   } else if (final_steps != -2) {
     out->params_path = final;
     out->step = final_steps;
+    st__record_of_run(run_dir, &out->record);
   } else {
     free(final);
     /* Checkpoints that all fail verification are a checkpoint problem
@@ -107,6 +137,7 @@ static st_status st__from_checkpoint(char* dir, st_trained_ref* out) {
     return s;
   }
   int64_t step = c->step;
+  st__record_of_ckpt(c, &out->record);
   st_ckpt_free(c);
   char* parent = st__parent(dir);
   char* run_dir = st__parent(parent);
@@ -121,6 +152,7 @@ static st_status st__from_checkpoint(char* dir, st_trained_ref* out) {
     free(run_dir);
     free(config);
     free(dir);
+    st_train_record_deinit(&out->record);
     return s;
   }
   free(parent);

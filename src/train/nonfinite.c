@@ -149,6 +149,14 @@ static st_status st__write_bundle(st__trainer* t, const st_op* op, int k, int64_
     free(src);
     free(path);
   }
+  /* A BPE run's tokenizer goes along: the bundle's identity names it. */
+  char* tok_src = st_path_join(t->run_dir, "tokenizer.json");
+  if (!s && st_fs_exists(tok_src)) {
+    path = st_path_join(dir, "tokenizer.json");
+    s = st__copy_file(tok_src, path);
+    free(path);
+  }
+  free(tok_src);
   bool inputs_finite = json_array_size(bad_inputs) == 0;
   bool injected = t->nan_fired_step == step && op->kind == ST_OP_LAUNCH && op->layer == t->nan_fired_layer &&
                   op->micro == t->nan_fired_micro && !strcmp(bp->outputs[k].name, t->nan_fired_output);
@@ -192,6 +200,12 @@ static st_status st__write_bundle(st__trainer* t, const st_op* op, int k, int64_
   st_json_put_int(r, "device_index", 0);
   if (spmd) st_json_put_int(r, "spmd_devices", t->step_plan.devices);
   else st_json_put(r, "spmd_devices", json_null());
+  /* What the run was (docs/checkpoints.md, "Identity"): strata repro
+   * checks the config it is given against it. */
+  json_t* desc = json_loads(t->o->model_desc, 0, NULL);
+  st_json_put(r, "model", desc ? desc : json_null());
+  const char* tok_hash = st_dataset_tokenizer_hash(t->data);
+  st_json_put(r, "tokenizer_hash", tok_hash ? st_json_str(tok_hash) : json_null());
   if (injected) {
     /* Not the program's doing: faults.nan_at put it there after the
      * launch. strata repro puts it there again, and says so. */

@@ -36,6 +36,29 @@ st_status st_train_check_kernel_platform(const st_train_options* o, const st_run
   return s;
 }
 
+json_t* st_train_model_implied(void) {
+  /* The sparse model object (st_train_options_from_config's model_json),
+   * which checkpoints recorded before the description, left these out at
+   * their default: that is what their absence means. */
+  json_t* j = st_json_obj();
+  json_t* same = st_json_obj();
+  st_json_put_str(same, "same_as", "n_heads");
+  st_json_put(j, "n_kv_heads", same);
+  st_json_put_str(j, "block", "llama");
+  st_json_put(j, "layers", json_array());
+  st_json_put_int(j, "n_experts", 8);
+  st_json_put_int(j, "moe_top_k", 2);
+  st_json_put_num(j, "moe_aux_weight", 0.01);
+  st_json_put_num(j, "moe_z_weight", 0.001);
+  st_json_put_int(j, "vocab_padded", 0);
+  for (int i = 0; i < ST_TRAIN_KERNEL_OPS; ++i) {
+    char key[64];
+    snprintf(key, sizeof(key), "kernels.%s", st_train_kernel_op_names[i]);
+    st_json_put_str(j, key, "xla");
+  }
+  return j;
+}
+
 json_t* st_train_kernel_selection_json(const st_train_options* o) {
   json_t* j = st_json_obj();
   st_json_put_str(j, "platform", o->kernel_platform);
@@ -153,6 +176,37 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   o->model_json = st_json_dump(m, 0);
   json_decref(m);
 
+  /* The model description: every field, at its default too, so that a
+   * checkpoint names its block kind and kernels instead of leaving them out
+   * (the bundle key keeps hashing the sparse object above, unchanged). */
+  json_t* d = st_json_obj();
+  st_json_put_int(d, "vocab_size", st_config_int(c, "model.vocab_size"));
+  st_json_put_int(d, "d_model", st_config_int(c, "model.d_model"));
+  st_json_put_int(d, "n_layers", st_config_int(c, "model.n_layers"));
+  st_json_put_int(d, "n_heads", st_config_int(c, "model.n_heads"));
+  st_json_put_int(d, "d_ff", st_config_int(c, "model.d_ff"));
+  st_json_put_int(d, "seq_len", st_config_int(c, "model.seq_len"));
+  st_json_put_bool(d, "tie_embeddings", st_config_bool(c, "model.tie_embeddings"));
+  st_json_put_str(d, "compute_dtype", st_config_string(c, "model.compute_dtype"));
+  st_json_put_num(d, "rope_theta", st_config_float(c, "model.rope_theta"));
+  st_json_put_num(d, "init_std", st_config_float(c, "model.init_std"));
+  st_json_put_int(d, "n_kv_heads", kv > 0 ? kv : st_config_int(c, "model.n_heads"));
+  st_json_put_str(d, "block", st_config_string(c, "model.block"));
+  json_t* kinds = json_array();
+  for (int i = 0; i < nk; ++i) json_array_append_new(kinds, json_string(st_config_list_item(c, "model.layers", i)));
+  json_object_set_new(d, "layers", kinds);
+  st_json_put_int(d, "n_experts", st_config_int(c, "model.n_experts"));
+  st_json_put_int(d, "moe_top_k", st_config_int(c, "model.moe_top_k"));
+  st_json_put_num(d, "moe_aux_weight", st_config_float(c, "model.moe_aux_weight"));
+  st_json_put_num(d, "moe_z_weight", st_config_float(c, "model.moe_z_weight"));
+  st_json_put_int(d, "vocab_padded", st_config_int(c, "model.vocab_padded"));
+  json_t* all = json_object();
+  for (int i = 0; i < ST_TRAIN_KERNEL_OPS; ++i) json_object_set_new(all, st_train_kernel_op_names[i], json_string(o->kernel_impl[i]));
+  json_object_set_new(d, "kernels", all);
+  st_json_put_int(d, "microbatch_size", o->batch_size / o->microbatches / (shares > 0 ? shares : 1));
+  o->model_desc = st_json_dump(d, 0);
+  json_decref(d);
+
   o->data.path = st_config_string(c, "data.path");
   o->data.synthetic = st_config_bool(c, "data.synthetic");
   o->data.tokenizer = st_config_string(c, "data.tokenizer");
@@ -263,6 +317,7 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
 void st_train_options_deinit(st_train_options* o) {
   free(o->cache_root);
   free(o->model_json);
+  free(o->model_desc);
   free((void*)o->runtime.xla_options);
   free((void*)o->runtime.cache_dir);
   free(o->trace_steps);

@@ -56,8 +56,29 @@ static st_status st__type_of(const json_t* o, const char* where, st_tensor_type*
   return ST_OK;
 }
 
-st_status st_train_repro(const char* dir, st_repro_result* out) {
+void st_repro_result_deinit(st_repro_result* r) {
+  if (!r) return;
+  json_decref(r->identity);
+  r->identity = NULL;
+}
+
+/* The tokenizer the replay's config names: a BPE run's tokenizer.json in
+ * the bundle (written with it), else beside the run two levels up; NULL
+ * when neither (not compared). Caller frees. */
+static char* st__bundle_tokenizer(const char* dir) {
+  char* p = st_path_join(dir, "tokenizer.json");
+  if (st_fs_exists(p)) return p;
+  free(p);
+  p = st_path_join(dir, "../../tokenizer.json");
+  if (st_fs_exists(p)) return p;
+  free(p);
+  return NULL;
+}
+
+st_status st_train_repro(const char* dir, const st_repro_options* ro, st_repro_result* out) {
   memset(out, 0, sizeof(*out));
+  st_repro_options none = {0};
+  if (!ro) ro = &none;
   char* meta_path = st_path_join(dir, "nonfinite.json");
   char* text = NULL;
   size_t size = 0;
@@ -132,8 +153,23 @@ st_status st_train_repro(const char* dir, st_repro_result* out) {
   st_train_options o;
   memset(&o, 0, sizeof(o));
   char* cfg_path = st_path_join(dir, "config.yaml");
-  if (!s) s = st_config_load(cfg_path, 0, NULL, &cfg);
+  if (!s) s = st_config_load(cfg_path, ro->n_overrides, ro->overrides, &cfg);
   if (!s) s = st_train_options_from_config(cfg, &o);
+  /* The program replayed is the recorded one whatever the config says: a
+   * config of another model or tokenizer would be a false premise. */
+  if (!s) {
+    st_train_record rec = {.label = "in nonfinite.json", .fallback_config = cfg_path};
+    const json_t* m = json_object_get(meta, "model");
+    const char* th = json_string_value(json_object_get(meta, "tokenizer_hash"));
+    if (json_is_object(m)) rec.model = (json_t*)m;
+    rec.tokenizer_hash = (char*)th;
+    rec.source = meta_path;
+    char* tj = strcmp(o.data.tokenizer, "bpe") || o.data.synthetic ? NULL : st__bundle_tokenizer(dir);
+    char given[65] = "";
+    s = st_train_given_tokenizer(&o, tj, given);
+    free(tj);
+    if (!s) s = st_train_check_identity(&rec, &o, given, ro->allow, st_train_identity_fix, &out->identity);
+  }
   st_runtime* rt = NULL;
   /* A program of an ffi bundle calls strata's kernels: register them
    * before the client, as the run did (docs/kernels.md). */

@@ -399,7 +399,12 @@ static st_status st__prompt_ids(const char* prompt, bool bytes, bool bpe, int64_
       char* end = NULL;
       errno = 0;
       long long v = strtoll(p, &end, 10);
-      if (end == p || errno || v < 0 || v >= vocab || (*end && *end != ' ' && *end != ',')) {
+      if (end != p && !errno && (!*end || *end == ' ' || *end == ',') && (v < 0 || v >= vocab)) {
+        free(ids);
+        return st_status_make(ST_CODE_CONFIG, "--prompt '%s': token id %lld is outside this run's vocabulary of %lld %s (ids 0..%lld)",
+                              prompt, v, (long long)vocab, bpe ? "BPE tokens" : "tokens", (long long)vocab - 1);
+      }
+      if (end == p || errno || (*end && *end != ' ' && *end != ',')) {
         free(ids);
         return st_status_make(ST_CODE_CONFIG, "--prompt '%s': %s, so a prompt is token ids 0..%lld separated by spaces, e.g. "
                                               "--prompt '3 14 15'", prompt,
@@ -420,7 +425,8 @@ static st_status st__prompt_ids(const char* prompt, bool bytes, bool bpe, int64_
   return ST_OK;
 }
 
-st_status st_train_sample_main(const char* path, const char* prompt, const st_train_sample_options* opts) {
+st_status st_train_sample_main(const char* path, int n_overrides, char** overrides, const char* allow, const char* prompt,
+                               const st_train_sample_options* opts) {
   st_trained_ref ref;
   ST_RETURN(st_train_locate(path, &ref));
   st_config* cfg = NULL;
@@ -433,7 +439,7 @@ st_status st_train_sample_main(const char* path, const char* prompt, const st_tr
   const void** data = NULL;
   int32_t* ids = NULL;
   int64_t n_ids = 0;
-  st_status s = st_config_load(ref.config_path, 0, NULL, &cfg);
+  st_status s = st_config_load(ref.config_path, n_overrides, overrides, &cfg);
   if (s) s = st_status_annotate(s, "the run's config (%s)", ref.config_path);
   /* One device whatever the run's mesh: checkpoints and params.safetensors
    * hold whole tensors. */
@@ -460,6 +466,21 @@ st_status st_train_sample_main(const char* path, const char* prompt, const st_tr
       s = st_status_make(ST_CODE_DATA, "run %s trained with data.tokenizer=bpe but its tokenizer.json is missing; copy the "
                                        "token file's X.tokenizer.json there as tokenizer.json", ref.run_dir);
     so.tokenizer = tok;
+  }
+  /* The model about to run is the one the parameters were trained as, and
+   * its ids mean the text they were trained on. */
+  if (!s) {
+    char given[65] = "";
+    if (tok) snprintf(given, sizeof(given), "%s", st_tokenizer_hash(tok));
+    else s = st_train_given_tokenizer(&o, NULL, given);
+    st_train_record rec = ref.record;
+    rec.fallback_config = ref.config_path;
+    json_t* report = NULL;
+    if (!s) s = st_train_check_identity(&rec, &o, given, allow, st_train_identity_fix, &report);
+    char* notes = report ? st_ckpt_identity_notes(report, rec.label ? rec.label : "in the record") : NULL;
+    if (notes && notes[0]) fprintf(stderr, "strata: note: %s\n", notes);
+    free(notes);
+    json_decref(report);
   }
   if (!s && bpe && !prompt) {
     /* The default start, as for bytes: a newline (id 0 if no token is one). */

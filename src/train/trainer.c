@@ -1002,10 +1002,12 @@ st_status st_train_main(const st_config* cfg) {
                               .jaxlib_version = bundle->jaxlib_version,
                               .runtime = &rt,
                               .peak = st_train_peak_json(&t.peak, mesh_devices),
-                              .kernels = st_kernels_bundle_json(bundle)};
+                              .kernels = st_kernels_bundle_json(bundle),
+                              .model = json_loads(o.model_desc, 0, NULL)};
     json_t* ctx = st_context_json(&facts);
     json_decref(facts.peak);
     json_decref(facts.kernels);
+    json_decref(facts.model);
     char* path = st_path_join(t.run_dir, "context.json");
     s = st_json_write_file(path, ctx, 0);
     free(path);

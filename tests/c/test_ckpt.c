@@ -101,7 +101,9 @@ static st_ckpt_expect expect_model(void) {
   /* Parsed once and kept: the expectation borrows it. */
   static json_t* model;
   if (!model) model = json_loads(kModel, 0, NULL);
-  st_ckpt_expect e = {"bundlekey0000001", model, NT, kNames, types, "0123456789abcdef"};
+  st_ckpt_expect e = {.bundle_key = "bundlekey0000001", .count = NT, .names = kNames, .types = types,
+                      .identity = {model, "0123456789abcdef"},
+                      .identity_options = {.recorded = "in the checkpoint", .flags = ST_CKPT_IDENTITY_MICROBATCH}};
   return e;
 }
 
@@ -128,11 +130,88 @@ static int64_t newest_valid_step(const char* root) {
   return step;
 }
 
+/*--- identity ----------------------------------------------------------------*/
+
+/* st_ckpt_identity_check alone: every differing field is named with both
+ * values; an older record's missing field is read for what it meant
+ * (implied) or noted and not compared; --allow-mismatch lets named fields
+ * through and records them; an allow entry naming nothing is exit 2. */
+static void test_identity_check(void** state) {
+  (void)state;
+  json_t* full = json_loads("{\"d_model\": 8, \"block\": \"llama\", \"rope_theta\": 10000.0, \"n_heads\": 2, "
+                            "\"n_kv_heads\": 2, \"kernels\": {\"attention\": \"xla\"}, \"microbatch_size\": 2}",
+                            0, NULL);
+  json_t* given = json_deep_copy(full);
+  st_json_put_str(given, "block", "parallel");
+  st_json_put_num(given, "rope_theta", 500.0);
+  st_json_put_int(given, "microbatch_size", 4);
+  st_ckpt_identity rec = {full, "byte"}, giv = {given, "byte"};
+  st_ckpt_identity_options o = {.where = "M", .recorded = "in the checkpoint", .fix = "FIX"};
+  json_t* report = NULL;
+  bool tok = true;
+  ASSERT_ERROR(st_ckpt_identity_check(&rec, &giv, &o, &report, &tok), ST_CODE_CKPT,
+               "'M': identity mismatch: model.block \"llama\" in the checkpoint, \"parallel\" given; "
+               "model.rope_theta 10000.0 in the checkpoint, 500.0 given; FIX");
+  assert_false(tok);
+  assert_int_equal(json_array_size(json_object_get(report, "mismatched")), 2); /* microbatch_size not compared */
+  json_decref(report);
+  /* With the flag the microbatch counts too. */
+  o.flags = ST_CKPT_IDENTITY_MICROBATCH;
+  ASSERT_ERROR(st_ckpt_identity_check(&rec, &giv, &o, NULL, NULL), ST_CODE_CKPT, "model.microbatch_size 2 in the checkpoint, 4 given");
+  o.flags = 0;
+  /* Allowed: recorded, not refused; allowing one field leaves the other refused. */
+  o.allow = "model.block,model.rope_theta";
+  ASSERT_OK(st_ckpt_identity_check(&rec, &giv, &o, &report, NULL));
+  assert_int_equal(json_array_size(json_object_get(report, "overridden")), 2);
+  char* notes = st_ckpt_identity_notes(report, "in the checkpoint");
+  assert_non_null(strstr(notes, "overridden (--allow-mismatch): model.block \"llama\" in the checkpoint, \"parallel\" given"));
+  free(notes);
+  json_decref(report);
+  o.allow = "model.block";
+  ASSERT_ERROR(st_ckpt_identity_check(&rec, &giv, &o, NULL, NULL), ST_CODE_CKPT, "model.rope_theta 10000.0");
+  o.allow = "model";
+  ASSERT_OK(st_ckpt_identity_check(&rec, &giv, &o, NULL, NULL));
+  o.allow = "model.rope_teta";
+  ASSERT_ERROR(st_ckpt_identity_check(&rec, &giv, &o, NULL, NULL), ST_CODE_CONFIG, "'model.rope_teta' names no identity field");
+  o.allow = NULL;
+  /* The tokenizer, first, and flagged. */
+  giv = (st_ckpt_identity){full, "fedcba9876543210"};
+  ASSERT_ERROR(st_ckpt_identity_check(&rec, &giv, &o, NULL, &tok), ST_CODE_CKPT,
+               "identity mismatch: tokenizer \"byte\" in the checkpoint, \"fedcba9876543210\" given");
+  assert_true(tok);
+  /* An older record: no block, no n_kv_heads, no kernels. */
+  json_t* old = json_loads("{\"d_model\": 8, \"rope_theta\": 10000.0, \"n_heads\": 2, \"microbatch_size\": 2}", 0, NULL);
+  json_t* implied = json_loads("{\"block\": \"llama\", \"n_kv_heads\": {\"same_as\": \"n_heads\"}, "
+                               "\"kernels.attention\": \"xla\"}", 0, NULL);
+  rec = (st_ckpt_identity){old, NULL};
+  giv = (st_ckpt_identity){full, "byte"};
+  o.implied = implied;
+  ASSERT_OK(st_ckpt_identity_check(&rec, &giv, &o, &report, NULL));
+  notes = st_ckpt_identity_notes(report, "in the checkpoint");
+  assert_string_equal(notes, "not recorded in the checkpoint (an older format), taken as: model.block \"llama\", "
+                             "model.n_kv_heads 2, model.kernels.attention \"xla\"; not recorded in the checkpoint (an older "
+                             "format), not compared: tokenizer");
+  free(notes);
+  json_decref(report);
+  giv = (st_ckpt_identity){given, NULL};
+  ASSERT_ERROR(st_ckpt_identity_check(&rec, &giv, &o, NULL, NULL), ST_CODE_CKPT,
+               "model.block not recorded in the checkpoint (an older format: it meant \"llama\"), \"parallel\" given");
+  /* Nothing implied: noted, not compared. */
+  o.implied = NULL;
+  o.allow = "model.rope_theta";
+  ASSERT_OK(st_ckpt_identity_check(&rec, &giv, &o, NULL, NULL));
+  json_decref(implied);
+  json_decref(old);
+  json_decref(given);
+  json_decref(full);
+}
+
 /*--- the tokenizer -----------------------------------------------------------*/
 
-/* The manifest records the tokenizer; a checkpoint of another one is a data
- * error naming both hashes (exit 3), not a corrupt checkpoint skipped in
- * favour of an older one; a manifest without the field is not checked. */
+/* The manifest records the tokenizer; a checkpoint of another one is an
+ * identity mismatch naming both hashes (exit 7) that stops the search, not
+ * a corrupt checkpoint skipped in favour of an older one; without an
+ * expected tokenizer it is not checked. */
 static void test_tokenizer_hash(void** state) {
   (void)state;
   char* root = tu_tmpdir("tokhash");
@@ -143,16 +222,17 @@ static void test_tokenizer_hash(void** state) {
   assert_non_null(strstr(text, "\"tokenizer_hash\": \"0123456789abcdef\""));
   st_ckpt_expect e = expect_model();
   assert_int_equal(newest_valid_step(root), 2);
-  e.tokenizer_hash = "fedcba9876543210";
+  e.identity.tokenizer_hash = "fedcba9876543210";
   st_ckpt* c = NULL;
   int skipped = 0;
-  ASSERT_ERROR(st_ckpt_find_valid(root, &e, NULL, NULL, &c, &skipped), ST_CODE_DATA, "0123456789abcdef",
-               "fedcba9876543210");
+  ASSERT_ERROR(st_ckpt_find_valid(root, &e, NULL, NULL, &c, &skipped), ST_CODE_CKPT,
+               "tokenizer \"0123456789abcdef\" in the checkpoint, \"fedcba9876543210\" given");
   assert_null(c);
+  assert_int_equal(skipped, 0);
   char* dir = path2(root, "step_2");
-  ASSERT_ERROR(st_ckpt_open(dir, &e, &c), ST_CODE_DATA, "tokenizer");
+  ASSERT_ERROR(st_ckpt_open(dir, &e, &c), ST_CODE_CKPT, "identity mismatch: tokenizer");
   free(dir);
-  e.tokenizer_hash = NULL; /* not checked */
+  e.identity.tokenizer_hash = NULL; /* not checked */
   ASSERT_OK(st_ckpt_find_valid(root, &e, NULL, NULL, &c, &skipped));
   assert_non_null(c);
   assert_string_equal(c->tokenizer_hash, "0123456789abcdef");
@@ -504,12 +584,12 @@ static void test_corruption_matrix(void** state) {
   char* d40 = path2(root, "step_40");
   char* d30 = path2(root, "step_30");
   st_ckpt* c = NULL;
-  expect_ckpt_error(st_ckpt_open(d40, &e, &c), "different model", "written for a different model config",
-                    "model.d_model 4 in the checkpoint, 8 now", NULL);
+  expect_ckpt_error(st_ckpt_open(d40, &e, &c), "different model", "identity mismatch",
+                    "model.d_model 4 in the checkpoint, 8 given", NULL);
   expect_ckpt_error(st_ckpt_open(d30, &e, &c), "different bundle", "written with bundle otherbundle00002", "bundlekey0000001", NULL);
   /* Same model JSON, different tensor shape: the tensor is named. */
   st_ckpt_expect e2 = e;
-  e2.model = NULL;
+  e2.identity.model = NULL;
   expect_ckpt_error(st_ckpt_open(d40, &e2, &c), "shape mismatch vs model", "tensor 'layers.0.wq' is f32[8,4] in the checkpoint",
                     "the model needs f32[8,8]", NULL);
   int skipped = 0;
@@ -1030,6 +1110,7 @@ int main(void) {
       cmocka_unit_test(test_run_dir_lock),
       cmocka_unit_test(test_locate),
       cmocka_unit_test(test_tokenizer_hash),
+      cmocka_unit_test(test_identity_check),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -128,11 +128,12 @@ static void test_skip_with_offload(void** state) {
   assert_true(json_is_true(json_object_get(j, "inputs_finite")));
   json_decref(j);
   st_repro_result r;
-  ASSERT_OK(st_train_repro(dir, &r));
+  ASSERT_OK(st_train_repro(dir, NULL, &r));
   assert_true(r.reproduces);
   assert_true(r.injected);
   assert_int_equal(r.runs, 2);
   assert_int_equal(r.nonfinite, 1);
+  st_repro_result_deinit(&r);
 }
 
 static void test_rollback_per_layer(void** state) {

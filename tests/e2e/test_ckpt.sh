@@ -184,7 +184,7 @@ corrupt shape "params.safetensors: tensor 'layers.0.w_down' is f32\\[32,64\\] in
 corrupt dtype "params.safetensors: tensor 'wte' is s32\\[256,32\\] in the file but f32\\[256,32\\] in the manifest" \
   "$DRILL shape params.safetensors '\"wte\": {\"dtype\": \"F32\"' '\"wte\": {\"dtype\": \"I32\"'"
 corrupt other-bundle "written with bundle 0123456789abcdef, this run uses bundle" "$DRILL fixmanifest . bundle_key '\"0123456789abcdef\"'" model
-corrupt other-model "written for a different model config \\(model.d_model 64 in the checkpoint, 32 now" \
+corrupt other-model "identity mismatch: model.d_model 64 in the checkpoint, 32 given" \
   "rm -rf ./* && cp -a '$TMP/other/checkpoints/step_20/.' ." model
 corrupt missing-file "params.safetensors: tensor file is missing" "rm params.safetensors"
 # every count in a manifest is bounded (docs/checkpoints.md "Limits")

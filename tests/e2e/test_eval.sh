@@ -56,8 +56,11 @@ assert b['data_path'].endswith('/b.txt') and b['token_file'] != a['token_file'],
 assert abs(a['loss'] - b['loss']) > 1e-3, (a['loss'], b['loss'])
 assert len(glob.glob(d + '/r1/eval/step_10-*.json')) == 2
 PYEOF"
-if "$STRATA" eval "$TMP/r1" data.synthetic=true --json >"$TMP/evals.json" 2>"$TMP/err"; then ok; else bad "eval synthetic exited $?: $(tail -3 "$TMP/err")"; fi
-check "synthetic data: bits per byte is null" "$PY -c 'import json,sys; assert json.load(open(sys.argv[1]))[\"bits_per_byte\"] is None' '$TMP/evals.json'"
+# Synthetic tokens are another tokenizer's ("none"): refused unless allowed, and then recorded.
+expect_exit 7 'identity mismatch: tokenizer "byte" in the checkpoint, "none" given' eval "$TMP/r1" data.synthetic=true
+if "$STRATA" eval "$TMP/r1" data.synthetic=true --allow-mismatch=tokenizer --json >"$TMP/evals.json" 2>"$TMP/err"; then ok; else bad "eval synthetic exited $?: $(tail -3 "$TMP/err")"; fi
+check "synthetic data: bits per byte is null, the tokenizer override recorded" \
+  "$PY -c 'import json,sys; j = json.load(open(sys.argv[1])); assert j[\"bits_per_byte\"] is None and j[\"identity\"][\"overridden\"][0][\"field\"] == \"tokenizer\"' '$TMP/evals.json'"
 
 # --- memory and mesh policies do not change the loss -------------------------------
 if "$STRATA" eval "$TMP/r1" sched.offload=params --json >"$TMP/evalo.json" 2>"$TMP/err"; then ok; else bad "eval offload exited $?: $(tail -3 "$TMP/err")"; fi

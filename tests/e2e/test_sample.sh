@@ -73,7 +73,7 @@ rm "$TMP/bad/params.safetensors"
 expect_exit 7 "has no parameters to load: no valid checkpoint under checkpoints/ \\(every one failed verification" sample "$TMP/bad"
 
 cp -r "$TMP/run" "$TMP/other" && sed -i 's/^  d_model: 32$/  d_model: 64/' "$TMP/other/config.yaml"
-expect_exit 7 "tensor 'wte' is f32\\[256,32\\], the model of .*other/config.yaml needs f32\\[256,64\\]" sample "$TMP/other"
+expect_exit 7 "other/checkpoints/step_3/manifest.json': identity mismatch: model.d_model 32 in the checkpoint, 64 given" sample "$TMP/other"
 
 # --- synthetic data: token ids --------------------------------------------------------
 if "$STRATA" train configs/test.yml runtime.deterministic=true run.progress=off train.steps=2 run.dir="$TMP/syn" >/dev/null 2>"$TMP/err"; then ok; else bad "train synthetic: $(tail -3 "$TMP/err")"; fi
@@ -81,7 +81,7 @@ if "$STRATA" train configs/test.yml runtime.deterministic=true run.progress=off 
 check "synthetic data: the prompt ids then 6 ids on one line, a note on stderr" \
   "[ \$? = 0 ] && grep -Eq '^3 14 15( [0-9]+){6}\$' '$TMP/out' && grep -q 'synthetic data' '$TMP/err'"
 expect_exit 2 "this run has synthetic data \\(no text\\), so a prompt is token ids" sample "$TMP/syn" --prompt "abc"
-expect_exit 2 "token ids 0..255" sample "$TMP/syn" --prompt "256"
+expect_exit 2 "--prompt .256.: token id 256 is outside this run.s vocabulary of 256 tokens \\(ids 0..255\\)" sample "$TMP/syn" --prompt "256"
 
 # --- a data-parallel run is sampled on one device -------------------------------------
 if "$STRATA" train "${BYTES[@]}" parallel.data=2 run.dir="$TMP/dp" >/dev/null 2>"$TMP/err"; then ok; else bad "train data=2: $(tail -3 "$TMP/err")"; fi

@@ -182,18 +182,18 @@ def test_run_records_the_tokenizer_and_resume_refuses_another(corpus, tmp_path):
     assert r.returncode == 3 and "tokenizer.json is missing" in r.stderr.decode()
     os.rename(rd / "t.json", rd / "tokenizer.json")
 
-    # Another vocabulary size is another tokenizer: exit 3 naming both.
+    # Another vocabulary size is another tokenizer: an identity mismatch, exit 7 naming both.
     config_before = (rd / "config.yaml").read_bytes()
     other = run([*args, "train.steps=6", "run.resume=true", "data.vocab_size=400"], ok=False)
     err = other.stderr.decode()
     h400 = sha16(tokenizer_json(token_file(corpus, "data.vocab_size=400")))
-    assert other.returncode == 3, err
+    assert other.returncode == 7 and "identity mismatch: tokenizer" in err, err
     assert h in err and h400 in err and h != h400
-    # The byte tokenizer (the model's vocabulary unchanged): exit 3 too.
+    # The byte tokenizer (the model's vocabulary unchanged): exit 7 too.
     byte = run([*args[:2], "configs/test.yml", "data.synthetic=false", f"data.path={corpus}",
                 f"model.vocab_size={VOCAB}", "train.steps=6", "ckpt.every=2", "ckpt.async=false", "run.progress=off",
                 f"run.dir={rd}", "run.resume=true"], ok=False)
-    assert byte.returncode == 3 and h in byte.stderr.decode() and "tokenizer byte" in byte.stderr.decode()
+    assert byte.returncode == 7 and f'tokenizer "{h}" in the checkpoint, "byte" given' in byte.stderr.decode()
     # Neither refusal replaced the run's tokenizer or its config.yaml, and the same one resumes.
     assert sha16(rd / "tokenizer.json") == h
     assert (rd / "config.yaml").read_bytes() == config_before
