@@ -80,6 +80,22 @@ void st_train_kernel_selection_note(const st_train_options* o, FILE* out) {
   fprintf(out, "\n");
 }
 
+/* The fields every model object starts with, in the order the bundle key
+ * hashes them (docs/bundle.md): the model JSON and the model description
+ * (the checkpoint's identity) share them. */
+static void st__put_model_shape(json_t* m, const st_config* c) {
+  st_json_put_int(m, "vocab_size", st_config_int(c, "model.vocab_size"));
+  st_json_put_int(m, "d_model", st_config_int(c, "model.d_model"));
+  st_json_put_int(m, "n_layers", st_config_int(c, "model.n_layers"));
+  st_json_put_int(m, "n_heads", st_config_int(c, "model.n_heads"));
+  st_json_put_int(m, "d_ff", st_config_int(c, "model.d_ff"));
+  st_json_put_int(m, "seq_len", st_config_int(c, "model.seq_len"));
+  st_json_put_bool(m, "tie_embeddings", st_config_bool(c, "model.tie_embeddings"));
+  st_json_put_str(m, "compute_dtype", st_config_string(c, "model.compute_dtype"));
+  st_json_put_num(m, "rope_theta", st_config_float(c, "model.rope_theta"));
+  st_json_put_num(m, "init_std", st_config_float(c, "model.init_std"));
+}
+
 st_status st_train_options_from_config(const st_config* c, st_train_options* o) {
   memset(o, 0, sizeof(*o));
   o->steps = st_config_int(c, "train.steps");
@@ -109,16 +125,7 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   /* Canonical order: the exporter reads this object and the bundle key
    * hashes its values (docs/bundle.md). */
   json_t* m = st_json_obj();
-  st_json_put_int(m, "vocab_size", st_config_int(c, "model.vocab_size"));
-  st_json_put_int(m, "d_model", st_config_int(c, "model.d_model"));
-  st_json_put_int(m, "n_layers", st_config_int(c, "model.n_layers"));
-  st_json_put_int(m, "n_heads", st_config_int(c, "model.n_heads"));
-  st_json_put_int(m, "d_ff", st_config_int(c, "model.d_ff"));
-  st_json_put_int(m, "seq_len", st_config_int(c, "model.seq_len"));
-  st_json_put_bool(m, "tie_embeddings", st_config_bool(c, "model.tie_embeddings"));
-  st_json_put_str(m, "compute_dtype", st_config_string(c, "model.compute_dtype"));
-  st_json_put_num(m, "rope_theta", st_config_float(c, "model.rope_theta"));
-  st_json_put_num(m, "init_std", st_config_float(c, "model.init_std"));
+  st__put_model_shape(m, c);
   /* The block keys only when set, so that a config without them keeps its
    * bundle key (and its cached bundle). */
   int64_t kv = st_config_int(c, "model.n_kv_heads");
@@ -180,16 +187,7 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
    * checkpoint names its block kind and kernels instead of leaving them out
    * (the bundle key keeps hashing the sparse object above, unchanged). */
   json_t* d = st_json_obj();
-  st_json_put_int(d, "vocab_size", st_config_int(c, "model.vocab_size"));
-  st_json_put_int(d, "d_model", st_config_int(c, "model.d_model"));
-  st_json_put_int(d, "n_layers", st_config_int(c, "model.n_layers"));
-  st_json_put_int(d, "n_heads", st_config_int(c, "model.n_heads"));
-  st_json_put_int(d, "d_ff", st_config_int(c, "model.d_ff"));
-  st_json_put_int(d, "seq_len", st_config_int(c, "model.seq_len"));
-  st_json_put_bool(d, "tie_embeddings", st_config_bool(c, "model.tie_embeddings"));
-  st_json_put_str(d, "compute_dtype", st_config_string(c, "model.compute_dtype"));
-  st_json_put_num(d, "rope_theta", st_config_float(c, "model.rope_theta"));
-  st_json_put_num(d, "init_std", st_config_float(c, "model.init_std"));
+  st__put_model_shape(d, c);
   st_json_put_int(d, "n_kv_heads", kv > 0 ? kv : st_config_int(c, "model.n_heads"));
   st_json_put_str(d, "block", st_config_string(c, "model.block"));
   json_t* kinds = json_array();
