@@ -4,7 +4,7 @@
 # public header include/strata/M.h) may include the headers of M and of the
 # modules before M, never of a module after it, and never another module's
 # private headers (src/<other>/*.h). And only config itself and the typed
-# options (src/train/options.c) look config keys up by name. Run by ctest
+# options (src/plan/options.c) look config keys up by name. Run by ctest
 # (check_layers) and `make test`; exits 1 naming every violation.
 #
 #   scripts/check_layers.sh [ROOT]     ROOT defaults to the repository
@@ -12,7 +12,7 @@ set -uo pipefail
 ROOT=${1:-$(cd "$(dirname "$0")/.." && pwd)}
 
 # The order, lowest first. A module may use the ones before it.
-ORDER=(base ir config data bundle ckpt obs runtime kernels sched diag train cli)
+ORDER=(base ir config data bundle ckpt obs runtime kernels sched diag plan infer train cli)
 # Public headers that belong to a module of another name.
 declare -A OWNER=([status]=base [tensor]=base [mesh]=runtime)
 
@@ -70,12 +70,12 @@ for h in "$ROOT"/include/strata/*.h; do
   check "$h" "${OWNER[$n]:-$n}"
 done
 
-# The typed options (src/train/options.c) are the one reader of config
+# The typed options (src/plan/options.c) are the one reader of config
 # keys: nothing else looks a key up by name.
 while IFS= read -r hit; do
-  complain "$(cut -d: -f1,2 <<<"${hit#"$ROOT"/}"): reads a config key by name; take it from the typed options (st_train_options)"
+  complain "$(cut -d: -f1,2 <<<"${hit#"$ROOT"/}"): reads a config key by name; take it from the typed options (st_plan_options)"
 done < <(grep -nE 'st_config_(int|bool|float|string|list_count|list_item)[[:space:]]*\(' "$ROOT"/src/*/*.c "$ROOT"/src/*/*.h |
-         grep -vE "^$ROOT/src/config/|^$ROOT/src/train/options\.c:")
+         grep -vE "^$ROOT/src/config/|^$ROOT/src/plan/options\.c:")
 
 if [ "$bad" -ne 0 ]; then
   echo "check_layers: FAILED (the order is in docs/architecture.md, \"Modules\")" >&2

@@ -21,132 +21,14 @@
 
 #include "strata/bundle.h"
 #include "strata/config.h"
-#include "strata/data.h"
-#include "strata/diag.h"
+#include "strata/infer.h"
+#include "strata/plan.h"
 #include "strata/runtime.h"
-#include "strata/sched.h"
 #include "strata/status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* ckpt.staging (docs/checkpoints.md, "Host staging"). */
-enum { ST_CKPT_STAGING_AUTO, ST_CKPT_STAGING_FULL, ST_CKPT_STAGING_CHUNKED };
-
-#define ST_TRAIN_KERNEL_OPS 4
-
-typedef struct st_train_options {
-  int64_t steps, batch_size, microbatches, warmup_steps, eval_every, eval_batches;
-  double lr, min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip;
-  uint64_t seed;
-  const char* run_dir; /* run.dir ("" = runs/<run id>) */
-  const char* run_id;  /* run.id ("" = generated) */
-  int progress;        /* 0 off, 1 on, 2 when stderr is a terminal */
-  /* run.progress resolved (on, or auto on a terminal) and
-   * run.progress_min_bytes: what long operations (export, compile,
-   * checkpoint writing, tokenizing) are told; the same is in data.progress
-   * and runtime.progress. */
-  st_progress_options long_progress;
-  const char* bundle_dir;
-  char* cache_root;    /* owned */
-  char* model_json;    /* owned: the bundle's "model" object (fields at their default left out: the bundle key hashes it) */
-  /* owned: the model description, every model.* field (block kind and
-   * per-op kernel selection included) and microbatch_size: what a
-   * checkpoint records as "model" and st_ckpt_identity_check compares
-   * (docs/checkpoints.md, "Identity") */
-  char* model_desc;
-  /* kernels.<op> as resolved into model_json (docs/kernels.md,
-   * "Selection"): auto takes the contract's default for kernel_platform,
-   * the platform runtime.plugin is expected to serve (guessed before any
-   * runtime exists, st_runtime_guess_platform; kernel_platform_basis says
-   * on what). st_train_check_kernel_platform holds the guess against the
-   * runtime's platform once there is one. Order: st_train_kernel_op_names. */
-  char kernel_platform[16];
-  char kernel_platform_basis[640];
-  const char* kernel_impl[ST_TRAIN_KERNEL_OPS]; /* static strings: "xla", "ffi" or "pallas", never "auto" */
-  bool kernel_auto[ST_TRAIN_KERNEL_OPS];        /* whether kernels.<op> was auto */
-  st_data_options data;
-  st_runtime_options runtime;
-  st_sched_policy sched;  /* sched.*: remat, offload, prefetch, waits, optimizer placement */
-  /* Bytes each device can hold, as the PJRT plugin reports them
-   * (st_runtime_device_memory; the least over the devices used), 0 when
-   * not reported or no runtime exists yet. Not a config key: the trainer
-   * and `strata plan` set it, and sched.remat=auto needs it only for a
-   * fractional sched.memory_budget. */
-  int64_t device_memory;
-  int64_t device_memory_config; /* runtime.device_memory_bytes: where the plugin reports none; 0: unknown */
-  bool allow_overcommit;        /* sched.allow_overcommit */
-  int parallel_data, parallel_fsdp, parallel_tensor; /* parallel.*: the mesh axis sizes (docs/parallelism.md) */
-  char mesh[64];          /* the mesh the bundle is exported for: "data=2"; "" for one device */
-  int trace_step_count;   /* trace.steps: steps (1-based) written as Chrome traces */
-  int metrics_port;       /* obs.metrics_port: the live metrics endpoint's port on 127.0.0.1; 0: none */
-  int64_t* trace_steps;   /* owned */
-  bool resume;            /* run.resume */
-  bool tensorboard;       /* obs.tensorboard: <run>/tb/ event files */
-  double peak_flops;      /* obs.peak_flops: per-device peak FLOP/s for MFU; 0: measured or datasheet */
-  struct {
-    int64_t every, keep, keep_every;
-    bool async;
-    bool stop_on_error;       /* ckpt.on_error = stop */
-    bool allow_bundle_change;
-    int staging;              /* ckpt.staging: ST_CKPT_STAGING_* */
-  } ckpt;                     /* ckpt.* */
-  st_faults_options faults;   /* faults.* */
-  st_recovery_options recovery; /* recovery.* (strata run) */
-  struct {
-    double timeout_s, factor, floor_s, compile_s;
-  } hang;                     /* diag.hang_*: the watchdog (timeout_s 0: off) */
-  struct {
-    double z;                 /* 0: off */
-    int64_t window;
-  } spike;                    /* diag.spike_* */
-  struct {
-    int policy;                 /* diag.on_nonfinite: ST_NONFINITE_* */
-    int64_t max_skipped, max_rollbacks; /* diag.max_skipped, diag.max_rollbacks */
-  } nonfinite;
-  int numerics; /* diag.numerics: ST_NUMERICS_* */
-} st_train_options;
-
-/* diag.on_nonfinite (docs/diagnostics.md, "Policies"). */
-enum { ST_NONFINITE_STOP = 0, ST_NONFINITE_SKIP, ST_NONFINITE_ROLLBACK };
-const char* st_train_nonfinite_name(int policy); /* "stop", "skip", "rollback" */
-/* diag.numerics (docs/diagnostics.md, "What is measured"). */
-enum { ST_NUMERICS_OFF = 0, ST_NUMERICS_STEP, ST_NUMERICS_LAYER };
-/* Columns of adamw_stats_<group>'s f32[n, 8] output, one row a parameter. */
-enum { ST_NSTAT_PARAM_SQ, ST_NSTAT_UPDATE_SQ, ST_NSTAT_UPDATE_MAX, ST_NSTAT_UPDATE_BAD, ST_NSTAT_GRAD_SQ,
-       ST_NSTAT_GRAD_MAX, ST_NSTAT_GRAD_BAD, ST_NSTAT_NUMEL, ST_NSTAT_COLUMNS };
-
-/* The kernel ops of kernels.<op>, in the order of kernel_impl. */
-extern const char* const st_train_kernel_op_names[ST_TRAIN_KERNEL_OPS];
-
-/* After the runtime exists: an error (exit 4) when some kernels.<op>=auto
- * was resolved for a platform (o->kernel_platform) whose default differs
- * from that of the runtime's real platform: the bundle was exported for
- * the wrong one. Names the op, both platforms, and the fix (set it). */
-st_status st_train_check_kernel_platform(const st_train_options* options, const st_runtime* runtime);
-
-/* {"platform", "basis", "auto": [ops resolved from auto]}: the bundle
- * event's kernel_selection. New reference, owned by the caller. */
-json_t* st_train_kernel_selection_json(const st_train_options* options);
-/* st_ckpt_identity_options.implied for a record written before the model
- * description (a new object, caller owns): the value each field that the
- * older sparse "model" object left out had (docs/checkpoints.md, "Identity"). */
-json_t* st_train_model_implied(void);
-
-/* One line on |out| saying how kernels.<op>=auto was resolved and on what
- * guess of the platform; nothing when no op is auto. For the commands that
- * export without a runtime (export, plan). */
-void st_train_kernel_selection_note(const st_train_options* options, FILE* out);
-
-/* Fills |out| from a validated config. The typed options are the one
- * reader of config keys: the rest of strata (trainer, checkpoints, faults,
- * supervisor) reads these fields; only whole-config uses (config.yaml, the
- * config hash, the checkpoint manifest's copy) take the st_config itself.
- * Free with st_train_options_deinit, also after an error. (No key fails
- * today: the config was validated; the status is for rules that need more
- * than one key's type.) */
-st_status st_train_options_from_config(const st_config* config, st_train_options* out);
 
 /* Model FLOPs of one token of a training step, bench/flops.py's formula:
  * 3 x (2 x (the layers' matrix elements: the parameter table's rank-2
@@ -174,210 +56,6 @@ void st_train_peak_resolve(st_runtime* runtime, const char* cache_root, double o
 /* {"flops_per_s", "bytes_per_s" (null when 0), "devices", "source",
  * "detail"}: a new reference, owned by the caller. */
 json_t* st_train_peak_json(const st_train_peak* peak, int devices);
-void st_train_options_deinit(st_train_options* options);
-
-/* Learning rate of optimizer step t (1-based): linear warm-up, then cosine
- * decay to lr * min_lr_ratio (docs/model.md). */
-double st_train_lr(const st_train_options* options, int64_t t);
-
-/* Tags the trainer's callbacks use to recognise H2D / READ / HOST ops. */
-enum {
-  ST_TAG_TOKENS = 1,
-  ST_TAG_TARGETS,
-  ST_TAG_MASK,
-  ST_TAG_STEP,
-  ST_TAG_LR,
-  ST_TAG_GSCALE,
-  ST_TAG_HYPER,
-  ST_TAG_LOSS,
-  ST_TAG_SQNORM,
-  ST_TAG_CLIP,
-  ST_TAG_EVAL_TOKENS,
-  ST_TAG_EVAL_TARGETS,
-  ST_TAG_EVAL_MASK,
-  ST_TAG_EVAL_LOSS,
-  ST_TAG_SCHEDULE, /* HOST: lr and gscale before the backward (sched.optimizer=per_layer) */
-  /* READ, diag.numerics: a group instance's adamw_stats (micro = the
-   * instance), a block's output and its input gradient's act_stats. */
-  ST_TAG_NUM_OPT,
-  ST_TAG_NUM_OUT,
-  ST_TAG_NUM_DX,
-  /* READ: ST_TAG_METRIC + s is the block metric st_train_block_metrics
-   * lists s-th (docs/bundle.md, "Block metrics"); keep it last. */
-  ST_TAG_METRIC,
-};
-
-/* Block metrics: outputs of role "metric" that a layer's fwd and fwd_res
- * return right after y (an auxiliary loss, expert loads). At most
- * ST_TRAIN_MAX_METRICS distinct names over all layers. */
-#define ST_TRAIN_MAX_METRICS 16
-/* The number of metric outputs right after y of |p|'s outputs. */
-int st_train_metric_outputs(const st_bundle_program* p);
-/* The distinct metric names of |bundle|'s layers, first seen first (layer
- * order, then output order): fills |names| (borrowed from the bundle; may
- * be NULL) and |ranks| (each metric's tensor rank: 0 a scalar, 1 a vector;
- * may be NULL) and returns how many. */
-int st_train_block_metrics(const st_bundle* bundle, const char** names, int* ranks);
-
-/* What sched.remat chose for the step plan, and why (docs/scheduling.md,
- * "sched.remat=auto"). */
-typedef struct st_remat_choice {
-  bool automatic;          /* sched.remat=auto */
-  int layers;              /* blocks */
-  bool* remat;             /* [layers]: the layers that recompute (owned) */
-  int recomputed;          /* how many do */
-  int64_t budget;          /* auto: sched.memory_budget in bytes per device; 0: no limit */
-  double budget_fraction;  /* auto: the budget as configured, a fraction of device_memory; 0 when given in bytes */
-  int64_t device_memory;   /* auto: the device memory the fraction is of (0: not reported) */
-  int64_t predicted_peak;  /* the chosen step plan's predicted peak live bytes per device */
-  int64_t none_peak;       /* auto: the same without any remat */
-  bool fits;               /* auto: predicted_peak <= budget, or no budget */
-  int plans_built;         /* auto: candidate step plans predicted to choose */
-  char why[256];           /* auto: one sentence: budget, peak, choice */
-} st_remat_choice;
-void st_remat_choice_deinit(st_remat_choice* choice); /* frees remat; NULL is a no-op */
-/* The recomputing layers as text: "none", "full" or "0,1,3" (ending in
- * ",..." when they do not fit |size|). */
-void st_train_remat_text(const bool* remat, int layers, char* out, size_t size);
-
-/* The choice as the plan event's "remat" object (docs/scheduling.md): a
- * new reference owned by the caller. */
-json_t* st_train_remat_choice_json(const st_remat_choice* choice);
-
-/* Predicts the step plan's peak live bytes per device for the layers
- * |remat| (one flag a block). */
-typedef st_status (*st_remat_peak_fn)(void* user, const bool* remat, int64_t* out_peak);
-
-/* sched.remat=auto (src/train/remat_auto.c): fills |out_choice| (and its
- * remat[layers], owned by it) with the fewest recomputing layers whose
- * plan's predicted peak, as |peak| predicts it, is within |budget| bytes
- * (0: no limit, so none); when even every layer does not fit, every layer,
- * with fits = false. Candidates are the lowest k layers (their residuals
- * live longest), k found by binary search (docs/scheduling.md). Fills
- * automatic, layers, remat, recomputed, budget, predicted_peak, none_peak,
- * fits, plans_built and why. */
-st_status st_train_remat_auto(int layers, int64_t budget, st_remat_peak_fn peak, void* user,
-                              st_remat_choice* out_choice);
-
-/* Builds the training-step plan and the evaluation plan for |bundle|.
- * sched.remat=auto chooses the layers here (st_train_remat_auto); a
- * fractional sched.memory_budget needs options->device_memory (exit 2
- * naming the key when it is 0). */
-st_status st_train_build_plans(const st_bundle* bundle, const st_train_options* options, st_plan* out_step,
-                               st_plan* out_eval);
-/* The same, and what sched.remat chose (|out_choice| may be NULL; else
- * the caller deinits it, also after an error). */
-st_status st_train_build_plans_ex(const st_bundle* bundle, const st_train_options* options, st_plan* out_step,
-                                  st_plan* out_eval, st_remat_choice* out_choice);
-
-/* Compiles (through the executable cache of |runtime|) every program
- * |plans| use and sets each plan's program_temps from XLA's analyses
- * (st_plan_set_program_temps): what `strata plan --compile` shows. */
-st_status st_train_plan_temps(st_runtime* runtime, const st_bundle* bundle, st_plan* const* plans, int plan_count);
-
-/* Will it fit (src/train/fit.c; docs/scheduling.md, "Will it fit"). */
-typedef struct st_fit_candidate {
-  char policy[96];      /* the step plan's policy line, or the overrides of an alternative */
-  int64_t peak;         /* predicted peak device bytes per device: live slots + the running program's temporaries */
-  int64_t slots_peak;   /* the slots alone (st_plan_predict_live) */
-  int64_t temps;        /* the temporaries at the peak */
-  int64_t host_bytes;   /* host bytes strata holds: offload homes + checkpoint staging */
-  int64_t host_homes, ckpt_staging;
-  bool ckpt_chunked;    /* ckpt.staging resolves to chunked */
-  int64_t need;         /* what is compared with the limit: |peak|, or on the host peak x devices + host_bytes */
-  bool fits;            /* need <= the limit (or the limit is unknown) */
-} st_fit_candidate;
-typedef struct st_fit_report {
-  int64_t limit;          /* device memory per device, or (host) the bytes this run may take of the host; 0: unknown */
-  char limit_source[160]; /* "the PJRT plugin (bytes_limit)", "runtime.device_memory_bytes" or the host's memory */
-  /* The limit is the host's memory (a plugin whose device memory is host
-   * memory, no bytes_limit and no runtime.device_memory_bytes): |limit| is
-   * the host's available memory less |kept_free|, and each candidate's
-   * need is its peak on each of |devices| devices plus its host bytes. */
-  bool host;
-  int devices;
-  st_host_memory host_memory;
-  int64_t kept_free;
-  bool fits;
-  st_fit_candidate current;
-  int candidate_count;
-  st_fit_candidate candidates[8]; /* alternatives, when |current| does not fit */
-} st_fit_report;
-/* The host's share that a run whose device memory is host memory leaves
- * free: the larger of 10 % of the host's memory and 1 GiB, but never more
- * than half of what is available (docs/scheduling.md, "Will it fit"). */
-int64_t st_train_host_kept_free(const st_host_memory* host);
-/* Predicts |step| (its program_temps set: st_train_plan_temps) against the
- * device memory (the plugin's, else options->device_memory_config, else,
- * where the device memory is host memory, the host's available memory less
- * st_train_host_kept_free) and, when it does not fit and |candidates|, the
- * same bundle's plans with sched.remat=full and sched.offload=optimizer/both
- * (compiled through |runtime|'s cache). One-device plans only get
- * alternatives. */
-st_status st_train_fit(st_runtime* runtime, const st_bundle* bundle, const st_train_options* options,
-                       const st_plan* step, bool candidates, st_fit_report* out);
-json_t* st_train_fit_json(const st_fit_report* report);
-void st_train_fit_print(const st_fit_report* report, FILE* out);
-/* ST_OK when it fits or the memory is unknown; else ST_CODE_MEMORY (exit
- * 4, not restarted by strata run) naming the predicted need, the limit and
- * the alternatives that fit. */
-st_status st_train_fit_status(const st_fit_report* report, const st_train_options* options);
-
-/* What a path names for the commands that use a trained model (strata
- * eval, strata sample): the run, its config and the parameters to load.
- * Strings owned (st_trained_ref_deinit). */
-/* What trained parameters were trained as (docs/checkpoints.md, "Identity"). */
-typedef struct st_train_record {
-  json_t* model;        /* owned: the recorded model description; NULL: not recorded */
-  char* tokenizer_hash; /* owned: the recorded tokenizer; NULL: not recorded */
-  char* source;         /* owned: the file read (a checkpoint's manifest.json, context.json, nonfinite.json); NULL: none */
-  const char* label;    /* static: how messages name it ("in the checkpoint") */
-  /* borrowed: a config.yaml taken as the model's record when |model| is
-   * NULL (a run or bundle written before the description was recorded) */
-  const char* fallback_config;
-} st_train_record;
-void st_train_record_deinit(st_train_record* record); /* NULL is a no-op */
-
-typedef struct st_trained_ref {
-  char* run_dir;     /* the run directory (absolute) */
-  char* config_path; /* <run_dir>/config.yaml */
-  char* params_path; /* the params.safetensors to load */
-  int64_t step;      /* optimizer steps the parameters hold; -1 when no record says */
-  st_train_record record; /* the checkpoint's manifest, or context.json for the final parameters */
-} st_trained_ref;
-
-/* |path| names a run directory (it holds config.yaml) or one checkpoint
- * folder (it holds manifest.json; its run is two levels up,
- * <run>/checkpoints/step_N). A run directory gives its newest checkpoint
- * that verifies (invalid ones skipped, as a resume does), unless the run's
- * final <run>/params.safetensors is newer (its last "run_done" event
- * counts more steps) or there is no valid checkpoint; a checkpoint folder
- * gives that checkpoint, verified. Errors: a path that is missing or
- * neither (ST_CODE_CONFIG, exit 2, naming the path and what was looked
- * for), or that has nothing to load yet (exit 2); a named checkpoint
- * that fails verification, or a run whose every checkpoint does and that
- * has no final parameters (ST_CODE_CKPT, exit 7).
- * |out| is zeroed first and left zeroed on error. */
-st_status st_train_locate(const char* path, st_trained_ref* out);
-/* The tokenizer hash the options would give their tokens, known before
- * any data is read: "none" (data.synthetic), "byte", or for bpe the hash of
- * |tokenizer_json| (the tokenizer that will be applied; a missing file is
- * ST_CODE_DATA naming it); "" when bpe and |tokenizer_json| is NULL. */
-st_status st_train_given_tokenizer(const st_train_options* options, const char* tokenizer_json, char out[65]);
-/* The identity check of eval, sample and repro: |record| (a missing model
- * description read from record->fallback_config) against |given|'s model
- * description and |given_tokenizer| ("" or NULL: not compared), through
- * st_ckpt_identity_check (model.microbatch_size not compared). |allow|:
- * --allow-mismatch; |fix|: the end of a mismatch's message. *out_report
- * (caller owns; also on a mismatch) is the check's report plus
- * "recorded_in" (and "model_recorded_in" when the fallback was read).
- * Mismatch: ST_CODE_CKPT (exit 7). */
-st_status st_train_check_identity(const st_train_record* record, const st_train_options* given, const char* given_tokenizer,
-                                  const char* allow, const char* fix, json_t** out_report /* owned by caller */);
-void st_trained_ref_deinit(st_trained_ref* ref); /* frees the strings; NULL is a no-op */
-/* The likely fix of an identity mismatch in eval, sample and repro (the
- * end of its message): drop the override, or --allow-mismatch. */
-extern const char* const st_train_identity_fix;
 
 /* What `strata eval` measured (docs/using.md, "strata eval"). */
 typedef struct st_eval_result {
@@ -391,7 +69,7 @@ typedef struct st_eval_result {
   char* token_file;     /* the token file evaluated (owned) */
   int64_t split_tokens; /* tokens in its validation split */
   double seconds;       /* data, bundle, compile and evaluation */
-  json_t* identity;     /* owned: the identity check's report (st_train_check_identity), also on a mismatch */
+  json_t* identity;     /* owned: the identity check's report (st_plan_check_identity), also on a mismatch */
 } st_eval_result;
 
 /* Evaluates the parameters in |params_path| (a safetensors file, whole
@@ -405,86 +83,11 @@ typedef struct st_eval_result {
  * (the run's; a missing one is ST_CODE_DATA), never a newly trained
  * vocabulary, and a token file must be of that tokenizer (exit 3); other
  * tokenizers ignore it. Before any of that, |cfg|'s model and tokenizer
- * are checked against what |ref| records (st_train_check_identity; |allow|
+ * are checked against what |ref| records (st_plan_check_identity; |allow|
  * is --allow-mismatch): a mismatch is ST_CODE_CKPT (exit 7).
  * |out| is filled on success; st_eval_result_deinit it either way. */
-st_status st_train_evaluate(const st_config* cfg, const st_trained_ref* ref, const char* allow, st_eval_result* out);
+st_status st_train_evaluate(const st_config* cfg, const st_plan_trained_ref* ref, const char* allow, st_eval_result* out);
 void st_eval_result_deinit(st_eval_result* result);
-
-/*===-------------------------------------------------------------------===*/
-/* Generation (strata sample; src/train/sample.c, docs/model.md "Sampling")  */
-/*===-------------------------------------------------------------------===*/
-
-/* How the next token is drawn from the head's f32 logits, on the host. */
-typedef struct st_train_sample_options {
-  int64_t tokens;     /* tokens to generate, 1 .. ST_TRAIN_SAMPLE_MAX_TOKENS */
-  double temperature; /* >= 0; 0: greedy (the first largest logit) */
-  int64_t top_k;      /* >= 0; 0: no cut */
-  double top_p;       /* in (0, 1]; 1: no cut */
-  uint64_t seed;      /* the PRNG's seed: the same seed draws the same tokens */
-  /* Ids are bytes (the byte tokenizer): ids >= 256 are never drawn and
-   * tokens are written raw. Else (synthetic data, no text) ids are
-   * written as decimal numbers, each after a space. */
-  bool byte_text;
-  /* A BPE run's tokenizer (borrowed; NULL otherwise): only its ids are
-   * drawn and each is written as its bytes (byte_text is ignored). */
-  const st_tokenizer* tokenizer;
-  FILE* out;          /* each generated token is written here and flushed; NULL: nowhere */
-} st_train_sample_options;
-
-#define ST_TRAIN_SAMPLE_MAX_TOKENS 1000000
-
-/* A seeded PRNG of strata's own (splitmix64), so a seed repeats exactly
- * on every platform. */
-typedef struct st_train_rng {
-  uint64_t state;
-} st_train_rng;
-void st_train_rng_seed(st_train_rng* rng, uint64_t seed);
-uint64_t st_train_rng_next(st_train_rng* rng);
-double st_train_rng_uniform(st_train_rng* rng); /* [0, 1), 53 bits */
-
-/* The next token from |logits| (|n| of them): greedy at temperature 0,
- * else softmax(logits / temperature) cut to the top_k largest, then to the
- * smallest set of largest whose probability reaches top_p, drawn with one
- * uniform of |rng|. Only ids < |allowed| (<= n) are candidates. */
-int32_t st_train_sample_pick(const float* logits, int n, int allowed, const st_train_sample_options* options,
-                             st_train_rng* rng);
-
-/* A model ready to generate on one device: the bundle's generation
- * programs (the embedding's, each distinct block's and the head's
- * prefill/decode/logits roles) compiled, the parameters on device 0. */
-typedef struct st_train_sampler st_train_sampler;
-
-/* |params|[i] is the data of bundle->params[i] (its type, dense), borrowed
- * for the call. |runtime| and |bundle| are borrowed and must outlive the
- * sampler. ST_CODE_RUNTIME when the bundle lacks the generation programs
- * (a bundle from an older exporter: re-export). */
-st_status st_train_sampler_create(st_runtime* runtime, const st_bundle* bundle, const void* const* params,
-                                  st_train_sampler** out /* owned by caller */);
-/* Seconds the programs took to compile (or load from the executable cache). */
-double st_train_sampler_compile_seconds(const st_train_sampler* sampler);
-/* Generates options->tokens tokens after |prompt| (|prompt_len| >= 1 ids <
- * vocab), streaming each to options->out. With the sequence full
- * (model.seq_len positions), the window slides: the newest seq_len / 2
- * tokens are prefilled again and generation goes on (docs/model.md). The
- * generated ids go to |out_ids| (options->tokens of them; may be NULL). */
-st_status st_train_sample_generate(st_train_sampler* sampler, const int32_t* prompt, int64_t prompt_len,
-                                   const st_train_sample_options* options, int32_t* out_ids);
-void st_train_sampler_destroy(st_train_sampler* sampler); /* NULL is a no-op */
-
-/* `strata sample PATH`: PATH as st_train_locate takes it (a run
- * directory or a checkpoint folder). Loads the run's config.yaml on one
- * device (parallel.* = 1), the bundle (exported when missing), the
- * parameters, and streams the prompt and the generated text to
- * options->out. |prompt| NULL: a newline (byte data) or "0" (synthetic
- * data: space-separated ids). |overrides| (|n_overrides| key=value,
- * borrowed) apply on top of the run's config; its tokenizer and model
- * are checked against what the parameters record (st_train_check_identity;
- * |allow|: --allow-mismatch). Exit classes: 2 bad PATH, override or
- * prompt, 7 a checkpoint that does not verify, an identity mismatch or
- * tensors of another model, 4 bundle/runtime. */
-st_status st_train_sample_main(const char* path, int n_overrides, char** overrides, const char* allow, const char* prompt,
-                               const st_train_sample_options* options);
 
 /* `strata repro DIR` (src/train/repro.c, docs/diagnostics.md): the program
  * of a non-finite bundle (<run>/diag/nonfinite-step<N>/) replayed alone on
@@ -509,7 +112,7 @@ typedef struct st_repro_options {
   const char* allow;
 } st_repro_options;
 /* |options| may be NULL (none). The given config's tokenizer and model
- * are checked against nonfinite.json's record (st_train_check_identity;
+ * are checked against nonfinite.json's record (st_plan_check_identity;
  * a bundle without one: against its config.yaml): the program replayed is
  * the recorded one whatever the config says, so a difference is refused
  * (ST_CODE_CKPT, exit 7) unless allowed; out->identity gets the report.

@@ -17,10 +17,10 @@ typedef struct st_analyze_target {
   bool is_bundle, is_run;
   st_bundle* bundle;
   st_config* cfg;
-  st_train_options o; /* is_run */
+  st_plan_options o; /* is_run */
   bool have_opts;
   st_plan step, eval; /* is_run: the plans the run built */
-  st_remat_choice remat;
+  st_plan_remat_choice remat;
 } st_analyze_target;
 
 /* Opens |dir|; a folder that is neither is ST_CODE_CONFIG (exit 2). |t|

@@ -528,7 +528,7 @@ static st_status st__read_traces(const char* run_dir, st__prog* progs, int n, st
  * it (st_train_peak_resolve: obs.peak_flops, a datasheet, doctor's stored
  * measurement), which needs the plugin's device kind: the runtime is
  * opened for it (about 0.3 s on the CPU plugin) and nothing is measured. */
-static void st__peak(const char* run_dir, const st_train_options* o, st_train_peak* out) {
+static void st__peak(const char* run_dir, const st_plan_options* o, st_train_peak* out) {
   memset(out, 0, sizeof(*out));
   snprintf(out->source, sizeof(out->source), "none");
   if (run_dir) {
@@ -597,7 +597,7 @@ st_status st_analyze_target_open(const char* dir, st_analyze_target* t) {
     char* args[1] = {config};
     s = st_cli_load_config("analyze", 1, args, &t->cfg);
     if (!s) {
-      s = st_train_options_from_config(t->cfg, &t->o);
+      s = st_plan_options_from_config(t->cfg, &t->o);
       t->have_opts = true;
     }
     bool exported = false;
@@ -605,7 +605,7 @@ st_status st_analyze_target_open(const char* dir, st_analyze_target* t) {
       st_bundle_request req = {t->o.model_json, t->o.cache_root, t->o.bundle_dir, t->o.mesh, NULL};
       s = st_bundle_ensure(&req, &t->bundle, &exported);
     }
-    if (!s) s = st_train_build_plans_ex(t->bundle, &t->o, &t->step, &t->eval, &t->remat);
+    if (!s) s = st_plan_build_ex(t->bundle, &t->o, &t->step, &t->eval, &t->remat);
   }
   free(config);
   return s;
@@ -614,8 +614,8 @@ st_status st_analyze_target_open(const char* dir, st_analyze_target* t) {
 void st_analyze_target_close(st_analyze_target* t) {
   st_plan_deinit(&t->step);
   st_plan_deinit(&t->eval);
-  st_remat_choice_deinit(&t->remat);
-  if (t->have_opts) st_train_options_deinit(&t->o);
+  st_plan_remat_choice_deinit(&t->remat);
+  if (t->have_opts) st_plan_options_deinit(&t->o);
   st_bundle_destroy(t->bundle);
   st_config_destroy(t->cfg);
   memset(t, 0, sizeof(*t));
@@ -659,7 +659,7 @@ int st_cli_analyze(int argc, char** argv) {
   st_status s = st_analyze_target_open(dir, &tg);
   bool is_run = tg.is_run;
   st_bundle* bundle = tg.bundle;
-  st_train_options o = tg.o;
+  st_plan_options o = tg.o;
   st_plan step = tg.step;
   int n = 0;
   st__prog* progs = NULL;

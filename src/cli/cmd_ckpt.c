@@ -212,20 +212,20 @@ static void st__inspect_identity(const st_ckpt* c) {
     return;
   }
   st_config* cfg = NULL;
-  st_train_options o;
+  st_plan_options o;
   memset(&o, 0, sizeof(o));
   st_status s = st_config_load(yaml, 0, NULL, &cfg);
-  if (!s) s = st_train_options_from_config(cfg, &o);
+  if (!s) s = st_plan_options_from_config(cfg, &o);
   json_t* report = NULL;
   if (!s) {
     char* manifest = st_path_join(c->dir, ST_CKPT_MANIFEST);
-    st_train_record rec = {.model = c->model, .tokenizer_hash = c->tokenizer_hash, .source = manifest, .label = "in the checkpoint"};
+    st_plan_record rec = {.model = c->model, .tokenizer_hash = c->tokenizer_hash, .source = manifest, .label = "in the checkpoint"};
     char tok[65] = "";
     char* tj = st_path_join(c->dir, "../../tokenizer.json");
-    st_status ts = st_train_given_tokenizer(&o, st_fs_exists(tj) ? tj : NULL, tok);
+    st_status ts = st_plan_given_tokenizer(&o, st_fs_exists(tj) ? tj : NULL, tok);
     st_status_free(ts);
     free(tj);
-    s = st_train_check_identity(&rec, &o, tok, NULL, "the run's config.yaml is not the model of this checkpoint", &report);
+    s = st_plan_check_identity(&rec, &o, tok, NULL, "the run's config.yaml is not the model of this checkpoint", &report);
     free(manifest);
   }
   if (s) printf("  identity        %s\n", st_status_message(s));
@@ -235,7 +235,7 @@ static void st__inspect_identity(const st_ckpt* c) {
   free(notes);
   json_decref(report);
   st_status_free(s);
-  st_train_options_deinit(&o);
+  st_plan_options_deinit(&o);
   st_config_destroy(cfg);
   free(yaml);
 }

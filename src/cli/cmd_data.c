@@ -101,8 +101,8 @@ int st_cli_data(int argc, char** argv) {
   st_config* cfg = NULL;
   if (!s) s = st_cli_load_config("data", n, args, &cfg);
   if (!s) {
-    st_train_options o;
-    s = st_train_options_from_config(cfg, &o);
+    st_plan_options o;
+    s = st_plan_options_from_config(cfg, &o);
     st_dataset* ds = NULL;
     if (!s) s = st_dataset_open(&o.data, &ds);
     if (!s && decode)
@@ -112,7 +112,7 @@ int st_cli_data(int argc, char** argv) {
              (unsigned long long)st_dataset_token_count(ds), (unsigned long long)st_dataset_split_tokens(ds, 0),
              (unsigned long long)st_dataset_split_tokens(ds, 1), st_dataset_tokenizer_hash(ds));
     st_dataset_destroy(ds);
-    st_train_options_deinit(&o);
+    st_plan_options_deinit(&o);
   }
   st_config_destroy(cfg);
   free(args);

@@ -26,7 +26,7 @@ static const char* kUsage =
  * hash for a tokenized corpus) and the given config's hash (overrides
  * included), so evaluations on other corpora or with other overrides sit
  * side by side and one never overwrites another's. */
-static char* st__eval_name(const st_trained_ref* ref, const st_eval_result* r, const char* config_hash) {
+static char* st__eval_name(const st_plan_trained_ref* ref, const st_eval_result* r, const char* config_hash) {
   const char* base = strrchr(r->token_file, '/');
   base = base ? base + 1 : r->token_file;
   size_t n = strlen(base);
@@ -37,7 +37,7 @@ static char* st__eval_name(const st_trained_ref* ref, const st_eval_result* r, c
   return b.data;
 }
 
-static json_t* st__eval_json(const st_trained_ref* ref, const st_eval_result* r, const char* config_hash, const char* const* ov,
+static json_t* st__eval_json(const st_plan_trained_ref* ref, const st_eval_result* r, const char* config_hash, const char* const* ov,
                              int n_ov) {
   json_t* j = st_json_obj();
   st_json_put_str(j, "run_dir", ref->run_dir);
@@ -80,8 +80,8 @@ int st_cli_eval(int argc, char** argv) {
     free(pos);
     return st_cli_report(st_status_make(ST_CODE_CONFIG, "%s", kUsage));
   }
-  st_trained_ref ref;
-  st_status s = st_train_locate(pos[0], &ref);
+  st_plan_trained_ref ref;
+  st_status s = st_plan_locate_trained(pos[0], &ref);
   /* Checkpoints hold whole tensors: the evaluation runs on one device, the
    * user's overrides first so a parallel.* of theirs is refused, not lost. */
   const char* one_device[] = {"parallel.data=1", "parallel.fsdp=1", "parallel.tensor=1"};
@@ -132,7 +132,7 @@ int st_cli_eval(int argc, char** argv) {
   }
   st_eval_result_deinit(&r);
   st_config_destroy(cfg);
-  st_trained_ref_deinit(&ref);
+  st_plan_trained_ref_deinit(&ref);
   free(ov);
   free(pos);
   return st_cli_report(s);

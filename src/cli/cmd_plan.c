@@ -18,7 +18,7 @@
 /* sched.remat=auto with a fractional sched.memory_budget needs the
  * devices' memory, which only the plugin knows: ask it (the plan itself
  * compiles nothing). */
-static st_status st__plan_device_memory(st_train_options* o) {
+static st_status st__plan_device_memory(st_plan_options* o) {
   double fraction = 0;
   if (!st_config_remat_is_auto(o->sched.remat)) return ST_OK;
   st_status bad = st_config_memory_budget_parse(o->sched.memory_budget, NULL, &fraction);
@@ -28,7 +28,7 @@ static st_status st__plan_device_memory(st_train_options* o) {
   }
   st_runtime* rt = NULL;
   ST_RETURN(st_runtime_create(&o->runtime, &rt));
-  st_status ks = st_train_check_kernel_platform(o, rt);
+  st_status ks = st_plan_check_kernel_platform(o, rt);
   if (ks) {
     st_runtime_destroy(rt);
     return ks;
@@ -44,14 +44,14 @@ static st_status st__plan_device_memory(st_train_options* o) {
 }
 
 /* --compile: XLA's temporaries of every program the plans launch. */
-static st_status st__plan_compile(st_train_options* o, const st_bundle* bundle, st_plan* step, st_plan* eval) {
+static st_status st__plan_compile(st_plan_options* o, const st_bundle* bundle, st_plan* step, st_plan* eval) {
   char* exe_cache = st_path_join(o->cache_root, "executables");
   o->runtime.cache_dir = exe_cache;
   st_runtime* rt = NULL;
   st_status s = st_runtime_create(&o->runtime, &rt);
-  if (!s) s = st_train_check_kernel_platform(o, rt);
+  if (!s) s = st_plan_check_kernel_platform(o, rt);
   st_plan* plans[2] = {step, eval};
-  if (!s) s = st_train_plan_temps(rt, bundle, plans, 2);
+  if (!s) s = st_plan_compile_temps(rt, bundle, plans, 2);
   st_runtime_destroy(rt);
   o->runtime.cache_dir = NULL;
   free(exe_cache);
@@ -61,14 +61,14 @@ static st_status st__plan_compile(st_train_options* o, const st_bundle* bundle, 
 /* --fit: the predicted peak against the device's memory, the policies
  * that would fit, and exit 4 when it does not (unless
  * sched.allow_overcommit). */
-static st_status st__plan_fit(st_train_options* o, const st_bundle* bundle, const st_plan* step, bool json) {
+static st_status st__plan_fit(st_plan_options* o, const st_bundle* bundle, const st_plan* step, bool json) {
   char* exe_cache = st_path_join(o->cache_root, "executables");
   o->runtime.cache_dir = exe_cache;
   st_runtime* rt = NULL;
   st_status s = st_runtime_create(&o->runtime, &rt);
-  if (!s) s = st_train_check_kernel_platform(o, rt);
-  st_fit_report r;
-  if (!s) s = st_train_fit(rt, bundle, o, step, true, &r);
+  if (!s) s = st_plan_check_kernel_platform(o, rt);
+  st_plan_fit_report r;
+  if (!s) s = st_plan_fit(rt, bundle, o, step, true, &r);
   st_runtime_destroy(rt);
   o->runtime.cache_dir = NULL;
   free(exe_cache);
@@ -76,14 +76,14 @@ static st_status st__plan_fit(st_train_options* o, const st_bundle* bundle, cons
   if (json) {
     json_t* j = st_json_obj();
     st_json_put_str(j, "bundle", bundle->dir);
-    st_json_put(j, "fit", st_train_fit_json(&r));
+    st_json_put(j, "fit", st_plan_fit_json(&r));
     st_cli_print_json(j, 0);
     json_decref(j);
   } else {
     printf("# bundle %s\n# policy: %s\n", bundle->dir, step->policy ? step->policy : "");
-    st_train_fit_print(&r, stdout);
+    st_plan_fit_print(&r, stdout);
   }
-  s = st_train_fit_status(&r, o);
+  s = st_plan_fit_status(&r, o);
   if (s && o->allow_overcommit) {
     fprintf(stderr, "strata: warning: %s (sched.allow_overcommit=true: going on)\n", st_status_message(s));
     st_status_free(s);
@@ -98,7 +98,7 @@ static st_status st__plan_fit(st_train_options* o, const st_bundle* bundle, cons
  * (per device), and whether the plan recomputes it instead. Layers of
  * different kinds differ here, which is what a heterogeneous stack needs
  * to see. */
-static void st__print_layer_memory(const st_bundle* b, const st_remat_choice* remat) {
+static void st__print_layer_memory(const st_bundle* b, const st_plan_remat_choice* remat) {
   printf("# per layer: kind, parameter bytes (x4 with gradients and AdamW m, v), residual bytes per microbatch\n");
   for (int l = 0; l < b->layer_count; ++l) {
     const st_bundle_stage* st = &b->layers[l];
@@ -106,7 +106,7 @@ static void st__print_layer_memory(const st_bundle* b, const st_remat_choice* re
     for (int i = 0; i < b->param_count; ++i)
       if (b->params[i].layer == l) params += st_tensor_type_bytes(&b->params[i].type);
     /* after y and the block's metrics (docs/bundle.md, "Block metrics"), which are read, not kept */
-    for (int i = st->fwd_res ? 1 + st_train_metric_outputs(st->fwd_res) : 1; st->fwd_res && i < st->fwd_res->output_count; ++i)
+    for (int i = st->fwd_res ? 1 + st_plan_metric_outputs(st->fwd_res) : 1; st->fwd_res && i < st->fwd_res->output_count; ++i)
       res += st_tensor_type_bytes(&st->fwd_res->outputs[i].type);
     bool recomputed = remat->remat && l < remat->layers && remat->remat[l];
     printf("# layer %-3d %-10s params %lld B  state %lld B  residuals %lld B%s\n", l, st->kind[0] ? st->kind : st->group->name,
@@ -127,18 +127,18 @@ int st_cli_plan(int argc, char** argv) {
   }
   st_config* cfg = NULL;
   st_status s = st_cli_load_config("plan", argc, argv, &cfg);
-  st_train_options o;
+  st_plan_options o;
   st_bundle* bundle = NULL;
   bool exported = false;
   st_plan step, eval;
   st_plan_init(&step);
   st_plan_init(&eval);
-  st_remat_choice remat;
+  st_plan_remat_choice remat;
   memset(&remat, 0, sizeof(remat));
   if (!s) {
-    s = st_train_options_from_config(cfg, &o);
+    s = st_plan_options_from_config(cfg, &o);
     st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh, NULL};
-    if (!s) st_train_kernel_selection_note(&o, stderr);
+    if (!s) st_plan_kernel_selection_note(&o, stderr);
     if (!s) s = st_bundle_ensure_ex(&req, o.long_progress.on, &bundle, &exported);
     /* --compile and --fit compile the bundle's programs: register the
      * kernels they call before the client, as train does. */
@@ -146,7 +146,7 @@ int st_cli_plan(int argc, char** argv) {
     if (!s && st_kernels_bundle_uses_ffi(bundle))
       o.runtime.ffi_targets = st_kernels_ffi_target_table(&o.runtime.ffi_target_count);
     if (!s) s = st__plan_device_memory(&o);
-    if (!s) s = st_train_build_plans_ex(bundle, &o, &step, &eval, &remat);
+    if (!s) s = st_plan_build_ex(bundle, &o, &step, &eval, &remat);
     if (!s && compile) s = st__plan_compile(&o, bundle, &step, &eval);
     if (!s && fit) {
       s = st__plan_fit(&o, bundle, &step, json);
@@ -167,7 +167,7 @@ int st_cli_plan(int argc, char** argv) {
       json_t* j = st_json_obj();
       st_json_put_str(j, "bundle", bundle->dir);
       json_t* sj = st_plan_json(&step);
-      st_json_put(sj, "remat", st_train_remat_choice_json(&remat));
+      st_json_put(sj, "remat", st_plan_remat_choice_json(&remat));
       st_json_put(j, "step", sj);
       st_json_put(j, "eval", st_plan_json(&eval));
       st_cli_print_json(j, 0);
@@ -180,11 +180,11 @@ int st_cli_plan(int argc, char** argv) {
       printf("# evaluation\n");
       st_plan_print(&eval, stdout);
     }
-    st_train_options_deinit(&o);
+    st_plan_options_deinit(&o);
   }
   st_plan_deinit(&step);
   st_plan_deinit(&eval);
-  st_remat_choice_deinit(&remat);
+  st_plan_remat_choice_deinit(&remat);
   st_bundle_destroy(bundle);
   st_config_destroy(cfg);
   return st_cli_report(s);

@@ -23,14 +23,14 @@ int st_cli_run(int argc, char** argv) {
       s = st_status_make(ST_CODE_IO, "strata run: cannot find its own executable (/proc/self/exe)");
     } else {
       exe[n] = '\0';
-      st_train_options o;
-      s = st_train_options_from_config(cfg, &o);
+      st_plan_options o;
+      s = st_plan_options_from_config(cfg, &o);
       if (!s) {
         st_supervisor_request req = {exe,      argv[0],   argc - 1, argv + 1,
                                      o.run_dir, o.run_id, o.resume, o.recovery};
         s = st_supervise(&req, &code);
       }
-      st_train_options_deinit(&o);
+      st_plan_options_deinit(&o);
     }
   }
   st_config_destroy(cfg);

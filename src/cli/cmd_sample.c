@@ -47,7 +47,7 @@ static bool st__num(const char* v, double* out) {
 }
 
 int st_cli_sample(int argc, char** argv) {
-  st_train_sample_options o = {.tokens = 256, .temperature = 0.8, .top_k = 0, .top_p = 1.0, .seed = 0, .out = stdout};
+  st_infer_sample_options o = {.tokens = 256, .temperature = 0.8, .top_k = 0, .top_p = 1.0, .seed = 0, .out = stdout};
   const char* path = NULL;
   const char* prompt = NULL;
   const char* allow = NULL;
@@ -96,7 +96,7 @@ int st_cli_sample(int argc, char** argv) {
     if (!strcmp(flag, "--prompt")) {
       prompt = v;
     } else if (!strcmp(flag, "--tokens")) {
-      if (!st__int(v, 1, ST_TRAIN_SAMPLE_MAX_TOKENS, &n)) s = st__bad(flag, v, "give a whole number of tokens from 1 to 1000000");
+      if (!st__int(v, 1, ST_INFER_MAX_TOKENS, &n)) s = st__bad(flag, v, "give a whole number of tokens from 1 to 1000000");
       o.tokens = n;
     } else if (!strcmp(flag, "--temperature")) {
       if (!st__num(v, &x) || x < 0) s = st__bad(flag, v, "give a number >= 0 (0 is greedy decoding)");
@@ -117,7 +117,7 @@ int st_cli_sample(int argc, char** argv) {
   }
   if (!s && !path)
     s = st_status_make(ST_CODE_CONFIG, "strata sample needs a run directory or a checkpoint folder: strata sample runs/NAME [--prompt TEXT]");
-  if (!s) s = st_train_sample_main(path, n_ov, ov, allow, prompt, &o);
+  if (!s) s = st_infer_sample_main(path, n_ov, ov, allow, prompt, &o);
   free(ov);
   return st_cli_report(s);
 }

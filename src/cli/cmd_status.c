@@ -228,15 +228,15 @@ static st_status st__status(const char* dir, json_t** out) {
   bool have_total = false;
   int metrics_port = 0;
   if (cfg) {
-    st_train_options opts;
-    st_status os = st_train_options_from_config(cfg, &opts);
+    st_plan_options opts;
+    st_status os = st_plan_options_from_config(cfg, &opts);
     if (!os) {
       total = opts.steps;
       have_total = true;
       metrics_port = opts.metrics_port;
     }
     st_status_free(os);
-    st_train_options_deinit(&opts);
+    st_plan_options_deinit(&opts);
   }
   int64_t step = 0;
   if (step_line) st_json_as_int(json_object_get(step_line, "step"), &step);

@@ -170,7 +170,7 @@ static json_t* st__groups(const st_plan* plan, int a) {
 /* Every slot of the step plan is a tensor of the explanation, batch
  * tensors and scalars ("transfer") and host homes (memory "host")
  * included. */
-json_t* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_train_options* o) {
+json_t* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_plan_options* o) {
   json_t* j = st_json_obj();
   const int nd = step->devices > 1 ? step->devices : 1;
   json_t* mesh = st_json_obj();

@@ -13,7 +13,7 @@
 
 /* Everything, every tensor listed (returned, owned by the caller). |step|
  * and |eval| are the finalized plans built from |o|. */
-json_t* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_train_options* o);
+json_t* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_plan_options* o);
 /* The same for a screen: tensors grouped by category, sharding and name
  * pattern. |j| is st_plan_explain_json's result for |step|. */
 void st_plan_explain_print(const st_plan* step, const json_t* j, FILE* out);

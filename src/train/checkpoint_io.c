@@ -54,7 +54,7 @@ struct st_train_ckpt {
   json_t* config; /* the resolved config, for the manifest */
   json_t* model;  /* the sparse model JSON with the whole microbatch: its key is the one-device bundle key */
   json_t* desc;   /* the model description with the whole microbatch: the manifest's "model", the identity */
-  json_t* implied; /* st_train_model_implied: what an older manifest's missing fields meant */
+  json_t* implied; /* st_plan_model_implied: what an older manifest's missing fields meant */
   char key[17];   /* the one-device bundle key of |model|: the same on every mesh */
   char config_hash[17];
   int64_t last_saved_step; /* of the newest save that succeeded; 0: none yet */
@@ -87,7 +87,7 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
   c->in = *in;
   c->t_created = st_now();
   const st_config* cfg = in->config;
-  const st_train_options* o = in->options;
+  const st_plan_options* o = in->options;
   c->root = st_path_join(in->run_dir, "checkpoints");
   c->every = o->ckpt.every;
   c->keep = o->ckpt.keep;
@@ -123,7 +123,7 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
    * double the state in RAM) or the copy would take over a quarter of it. */
   int64_t state = 0;
   for (int i = 0; i < c->count; ++i) state += (int64_t)st_tensor_type_bytes(&c->types[i]);
-  c->streaming = st_train_ckpt_streams(o, in->runtime, state);
+  c->streaming = st_plan_ckpt_streams(o, in->runtime, state);
   c->snap = c->streaming ? st_ckpt_snapshot_create_streaming(c->count, c->names, c->files, c->types, st__fill, c)
                          : st_ckpt_snapshot_create(c->count, c->names, c->files, c->types);
   c->events = st_xcalloc((size_t)c->count + 1, sizeof(st_event*));
@@ -138,7 +138,7 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
    * before meshes existed still match); the mesh goes in "mesh". */
   c->model = json_loads(in->options->model_json, 0, NULL);
   c->desc = json_loads(in->options->model_desc, 0, NULL);
-  c->implied = st_train_model_implied();
+  c->implied = st_plan_model_implied();
   st_status s = c->model && c->desc ? ST_OK : st_status_make(ST_CODE_INTERNAL, "the model JSON does not parse: %s", in->options->model_json);
   if (!s) st_json_put_int(c->desc, "microbatch_size", o->batch_size / (o->microbatches > 0 ? o->microbatches : 1));
   if (!s && o->mesh[0]) {
@@ -287,7 +287,7 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
     st_json_put_int(e, "skipped", 0);
     return st_runlog_event(c->in.log, "resumed", e);
   }
-  const st_train_options* o = c->in.options;
+  const st_plan_options* o = c->in.options;
   st_status s = ST_OK;
   if (ck->data_position != ck->step * o->batch_size)
     s = st_status_make(ST_CODE_CKPT,
@@ -498,14 +498,14 @@ static st_status st__snapshot(st_train_ckpt* c, int64_t step) {
     c->events[i] = NULL;
   }
   if (s) return st_status_recode(s, ST_CODE_CKPT, "checkpoint snapshot at step %lld", (long long)step);
-  const st_train_options* o = c->in.options;
+  const st_plan_options* o = c->in.options;
   st_ckpt_meta m = {
       .step = step,
       .optimizer_step = step,
       .data_position = step * o->batch_size,
       .batch_size = o->batch_size,
       .seed = o->seed,
-      .lr = st_train_lr(o, step),
+      .lr = st_plan_lr(o, step),
       .total_steps = o->steps,
       .config = c->config,
       .config_hash = c->config_hash,
@@ -598,11 +598,4 @@ void st_train_ckpt_destroy(st_train_ckpt* c) {
 int64_t st_train_ckpt_staging_bytes(const st_train_ckpt* c, bool* out_filled) {
   if (out_filled) *out_filled = c && c->snap_filled;
   return c && c->snap ? st_ckpt_snapshot_staging_bytes(c->snap) : 0;
-}
-
-bool st_train_ckpt_streams(const st_train_options* o, st_runtime* runtime, int64_t state_bytes) {
-  if (o->ckpt.staging != ST_CKPT_STAGING_AUTO) return o->ckpt.staging == ST_CKPT_STAGING_CHUNKED;
-  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  int64_t ram = pages > 0 && page > 0 ? (int64_t)pages * (int64_t)page : 0;
-  return st_runtime_device_memory_is_host(runtime) || (ram > 0 && state_bytes > ram / 4);
 }

@@ -30,7 +30,7 @@ typedef struct st_runlog st_runlog;
 /* Everything borrowed; must outlive the st_train_ckpt. */
 typedef struct st_train_ckpt_init {
   const st_config* config;          /* whole: its JSON and hash go into every checkpoint manifest */
-  const st_train_options* options;  /* every setting (ckpt.*, run.resume, faults.*) */
+  const st_plan_options* options;  /* every setting (ckpt.*, run.resume, faults.*) */
   const char* run_dir;
   const st_bundle* bundle;
   const st_plan* plan; /* the step plan: its persistent params and m/v slots are the state */
@@ -72,10 +72,6 @@ st_faults* st_train_ckpt_faults(st_train_ckpt* ckpt);
  * (|out_filled|, may be NULL) whether a save has copied the state into it
  * yet (until then its pages were never touched). 0 for NULL. */
 int64_t st_train_ckpt_staging_bytes(const st_train_ckpt* ckpt, bool* out_filled);
-/* ckpt.staging resolved: whether saves stream (chunked) for a state of
- * |state_bytes| on |runtime| (auto: a CPU plugin, or over a quarter of the
- * host's memory). */
-bool st_train_ckpt_streams(const st_train_options* options, st_runtime* runtime, int64_t state_bytes);
 /* Waits for a save in flight and reports it. NULL is a no-op. */
 void st_train_ckpt_destroy(st_train_ckpt* ckpt);
 

@@ -71,17 +71,13 @@ static st_status st__load_params(st__trainer* t, const char* path) {
   return s;
 }
 
-const char* const st_train_identity_fix =
-    "drop the override, or restore the run's config.yaml and tokenizer.json; to run it anyway, name the fields in "
-    "--allow-mismatch=FIELD[,FIELD...] (tokenizer, model.<key>, model, all), which the output records";
-
-st_status st_train_evaluate(const st_config* cfg, const st_trained_ref* ref, const char* allow, st_eval_result* out) {
+st_status st_train_evaluate(const st_config* cfg, const st_plan_trained_ref* ref, const char* allow, st_eval_result* out) {
   memset(out, 0, sizeof(*out));
   out->loss = NAN;
   const char* params_path = ref->params_path;
   char* tokenizer_json = st_path_join(ref->run_dir, "tokenizer.json");
-  st_train_options o;
-  st_status s = st_train_options_from_config(cfg, &o);
+  st_plan_options o;
+  st_status s = st_plan_options_from_config(cfg, &o);
   /* A BPE model is evaluated on its own tokenizer's ids, whatever the corpus. */
   if (!s && !strcmp(o.data.tokenizer, "bpe")) o.data.tokenizer_from = tokenizer_json;
   if (!s && (o.parallel_data > 1 || o.parallel_fsdp > 1 || o.parallel_tensor > 1))
@@ -89,11 +85,11 @@ st_status st_train_evaluate(const st_config* cfg, const st_trained_ref* ref, con
   /* The model about to be evaluated is the one the parameters were trained
    * as, and its tokens mean the same text: checked before anything is read. */
   char given_tok[65] = "";
-  if (!s) s = st_train_given_tokenizer(&o, o.data.tokenizer_from, given_tok);
+  if (!s) s = st_plan_given_tokenizer(&o, o.data.tokenizer_from, given_tok);
   if (!s) {
-    st_train_record rec = ref->record;
+    st_plan_record rec = ref->record;
     rec.fallback_config = ref->config_path;
-    s = st_train_check_identity(&rec, &o, given_tok, allow, st_train_identity_fix, &out->identity);
+    s = st_plan_check_identity(&rec, &o, given_tok, allow, st_plan_identity_fix, &out->identity);
   }
   /* Parameters come whole from a file into device slots: no host homes
    * (sched.offload is a training-memory policy; the loss is the same). */
@@ -122,10 +118,10 @@ st_status st_train_evaluate(const st_config* cfg, const st_trained_ref* ref, con
     o.runtime.cache_dir = st_path_join(o.cache_root, "executables");
     s = st_runtime_create(&o.runtime, &t.runtime);
   }
-  if (!s) s = st_train_check_kernel_platform(&o, t.runtime);
+  if (!s) s = st_plan_check_kernel_platform(&o, t.runtime);
   if (!s) {
     o.device_memory = st_runtime_device_memory(t.runtime, 0);
-    s = st_train_build_plans(bundle, &o, &step_plan, &t.eval_plan);
+    s = st_plan_build(bundle, &o, &step_plan, &t.eval_plan);
   }
   if (!s) {
     t.compiled = st_xcalloc((size_t)bundle->program_count + 1, sizeof(st_program*));
@@ -175,7 +171,7 @@ st_status st_train_evaluate(const st_config* cfg, const st_trained_ref* ref, con
   st_runtime_destroy(t.runtime);
   st_dataset_destroy(t.data);
   st_bundle_destroy(bundle);
-  st_train_options_deinit(&o);
+  st_plan_options_deinit(&o);
   free(tokenizer_json);
   return s;
 }

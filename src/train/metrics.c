@@ -157,7 +157,7 @@ st_status st__plan_event(st__trainer* t) {
     for (int i = 0; i < p->program_count; ++i) st_json_put_int(tj, p->programs[i], p->program_temps[i]);
     st_json_put(e, "program_temp_bytes", tj);
   }
-  st_json_put(e, "remat", st_train_remat_choice_json(&t->remat));
+  st_json_put(e, "remat", st_plan_remat_choice_json(&t->remat));
   st_json_put_int(e, "host_bytes", st_plan_host_bytes(p));
   st_json_put_str(e, "host_memory", st_executor_host_memory(t->ex));
   if (p->devices > 1) st_json_put_int(e, "devices", p->devices);

@@ -150,15 +150,15 @@ st_status st_train_repro(const char* dir, const st_repro_options* ro, st_repro_r
   }
   /* The run's runtime: its plugin, devices and determinism settings. */
   st_config* cfg = NULL;
-  st_train_options o;
+  st_plan_options o;
   memset(&o, 0, sizeof(o));
   char* cfg_path = st_path_join(dir, "config.yaml");
   if (!s) s = st_config_load(cfg_path, ro->n_overrides, ro->overrides, &cfg);
-  if (!s) s = st_train_options_from_config(cfg, &o);
+  if (!s) s = st_plan_options_from_config(cfg, &o);
   /* The program replayed is the recorded one whatever the config says: a
    * config of another model or tokenizer would be a false premise. */
   if (!s) {
-    st_train_record rec = {.label = "in nonfinite.json", .fallback_config = cfg_path};
+    st_plan_record rec = {.label = "in nonfinite.json", .fallback_config = cfg_path};
     const json_t* m = json_object_get(meta, "model");
     const char* th = json_string_value(json_object_get(meta, "tokenizer_hash"));
     if (json_is_object(m)) rec.model = (json_t*)m;
@@ -166,9 +166,9 @@ st_status st_train_repro(const char* dir, const st_repro_options* ro, st_repro_r
     rec.source = meta_path;
     char* tj = strcmp(o.data.tokenizer, "bpe") || o.data.synthetic ? NULL : st__bundle_tokenizer(dir);
     char given[65] = "";
-    s = st_train_given_tokenizer(&o, tj, given);
+    s = st_plan_given_tokenizer(&o, tj, given);
     free(tj);
-    if (!s) s = st_train_check_identity(&rec, &o, given, ro->allow, st_train_identity_fix, &out->identity);
+    if (!s) s = st_plan_check_identity(&rec, &o, given, ro->allow, st_plan_identity_fix, &out->identity);
   }
   st_runtime* rt = NULL;
   /* A program of an ffi bundle calls strata's kernels: register them
@@ -244,7 +244,7 @@ st_status st_train_repro(const char* dir, const st_repro_options* ro, st_repro_r
   free(outs);
   st_program_destroy(prog);
   st_runtime_destroy(rt);
-  st_train_options_deinit(&o); /* frees runtime.cache_dir too */
+  st_plan_options_deinit(&o); /* frees runtime.cache_dir too */
   st_config_destroy(cfg);
   free(cfg_path);
   free(in_types);

@@ -193,7 +193,7 @@ static st_status st__host(void* user, const st_op* op) {
   if (op->tag == ST_TAG_SCHEDULE) {
     /* sched.optimizer=per_layer (no clipping): known before the backward. */
     t->gscale = 1.0 / ((double)t->o->microbatches * st__data(t));
-    t->lr = st_train_lr(t->o, t->step + 1);
+    t->lr = st_plan_lr(t->o, t->step + 1);
     return ST_OK;
   }
   if (op->tag != ST_TAG_CLIP) return st_status_make(ST_CODE_INTERNAL, "HOST op with unknown tag %d", op->tag);
@@ -223,7 +223,7 @@ static st_status st__host(void* user, const st_op* op) {
   if (t->nonfinite) {
     st_executor_skip_launches(t->ex);
     t->gscale = 0;
-    t->lr = st_train_lr(t->o, t->step + 1);
+    t->lr = st_plan_lr(t->o, t->step + 1);
     return ST_OK;
   }
   double clip = 1.0;
@@ -232,7 +232,7 @@ static st_status st__host(void* user, const st_op* op) {
     if (clip > 1) clip = 1;
   }
   t->gscale = clip / n_micro;
-  t->lr = st_train_lr(t->o, t->step + 1);
+  t->lr = st_plan_lr(t->o, t->step + 1);
   return ST_OK;
 }
 

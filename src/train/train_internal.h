@@ -21,7 +21,7 @@
 typedef struct st__watch_ex st__watch_ex; /* watch.c */
 
 typedef struct st__trainer {
-  const st_train_options* o;
+  const st_plan_options* o;
   const st_bundle* bundle;
   st_runtime* runtime;
   st_dataset* data;
@@ -37,7 +37,7 @@ typedef struct st__trainer {
   int64_t compiles_before, cache_hits_before;
   st_program** compiled_coll; /* SPMD collectives by bundle collective index (owned; NULL without) */
   st_plan step_plan, eval_plan;
-  st_remat_choice remat; /* what sched.remat chose for step_plan, and why (the plan event) */
+  st_plan_remat_choice remat; /* what sched.remat chose for step_plan, and why (the plan event) */
   st_program** step_programs; /* borrowed from compiled, by plan program index */
   st_program** eval_programs;
   st_executor* ex;      /* owns the persistent state (params, m, v) */
@@ -53,16 +53,16 @@ typedef struct st__trainer {
   double* sqnorms;       /* [group instances] */
   int n_sq;
   int64_t step;          /* 0-based step being run */
-  /* The blocks' metrics (st_train_block_metrics; docs/bundle.md, "Block metrics"):
+  /* The blocks' metrics (st_plan_block_metrics; docs/bundle.md, "Block metrics"):
    * names borrowed from the bundle, and over the step's reads (layers,
    * microbatches, devices) the sum and count of a scalar's values, the
    * least and largest element of a vector's. step_hooks.c collects,
    * metrics.c writes; st__metrics_reset starts a step. */
   int n_metrics;
-  const char* metric_names[ST_TRAIN_MAX_METRICS];
-  int metric_ranks[ST_TRAIN_MAX_METRICS];
-  double metric_sum[ST_TRAIN_MAX_METRICS], metric_min[ST_TRAIN_MAX_METRICS], metric_max[ST_TRAIN_MAX_METRICS];
-  int64_t metric_reads[ST_TRAIN_MAX_METRICS];
+  const char* metric_names[ST_PLAN_MAX_METRICS];
+  int metric_ranks[ST_PLAN_MAX_METRICS];
+  double metric_sum[ST_PLAN_MAX_METRICS], metric_min[ST_PLAN_MAX_METRICS], metric_max[ST_PLAN_MAX_METRICS];
+  int64_t metric_reads[ST_PLAN_MAX_METRICS];
   double grad_norm, gscale, lr;
   /* diag.on_nonfinite (docs/diagnostics.md): the HOST clip op found a
    * non-finite loss or gradient norm in this step and skipped its update;

@@ -47,7 +47,7 @@ static st_status st__save_run_config(const st_config* cfg, const char* run_dir) 
  * processes training into one directory would interleave their metrics and
  * race each other's checkpoints, so the second is refused with exit 2. The
  * lock dies with the process, so a SIGKILLed run can be resumed at once. */
-static st_status st__make_run_dir(const st_config* cfg, const st_train_options* o, char** out_dir, int* out_lock_fd,
+static st_status st__make_run_dir(const st_config* cfg, const st_plan_options* o, char** out_dir, int* out_lock_fd,
                                   bool* out_reused) {
   *out_reused = false;
   st_strbuf d = {0};
@@ -226,7 +226,7 @@ st_status st__plan_programs(st__trainer* t, const st_plan* plan, st_program*** o
   return ST_OK;
 }
 
-st_status st_train_plan_temps(st_runtime* runtime, const st_bundle* bundle, st_plan* const* plans, int plan_count) {
+st_status st_plan_compile_temps(st_runtime* runtime, const st_bundle* bundle, st_plan* const* plans, int plan_count) {
   st__trainer t;
   memset(&t, 0, sizeof(t));
   t.bundle = bundle;
@@ -461,7 +461,7 @@ static st_status st__check_replicas(st__trainer* t, int* out_checked) {
  * checkpoint saves it can begin: those of the schedule (every ckpt.every
  * steps and the last), and one more when a stop signal ends it early. */
 static st_status st__check_drills(const st__trainer* t) {
-  const st_train_options* o = t->o;
+  const st_plan_options* o = t->o;
   const int64_t first = t->start_step + 1, last = o->steps;
   int64_t saves = 0;
   if (first <= last) {
@@ -495,7 +495,7 @@ static void st__trainer_free(st__trainer* t) {
   }
   st_plan_deinit(&t->step_plan);
   st_plan_deinit(&t->eval_plan);
-  st_remat_choice_deinit(&t->remat);
+  st_plan_remat_choice_deinit(&t->remat);
   free(t->tokens);
   free(t->targets);
   free(t->mask);
@@ -541,7 +541,7 @@ static st_status st__stop(st__trainer* t, int64_t done, bool progress) {
  * counts; bits per byte divide by the validation split's bytes per
  * token (1 for the byte tokenizer; none for synthetic data). */
 static void st__summary(const st__trainer* t) {
-  const st_train_options* o = t->o;
+  const st_plan_options* o = t->o;
   int64_t n_params = 0;
   for (int i = 0; i < t->bundle->param_count; ++i) n_params += st_tensor_type_elements(&t->bundle->params[i].type);
   const double tokens = (double)t->steps_run * (double)o->batch_size * (double)t->T;
@@ -575,12 +575,12 @@ static void st__summary(const st__trainer* t) {
  * sample RUN_DIR --tokens 128 --seed <seed>` prints. It never fails the
  * run: a problem is a warning. */
 static st_status st__end_sample_try(st__trainer* t, double* out_seconds, double* out_compile_s) {
-  const st_train_options* o = t->o;
+  const st_plan_options* o = t->o;
   const st_bundle* b = t->bundle;
   double t0 = st_now();
   char* path = st_path_join(t->run_dir, "params.safetensors");
   st_safetensors* file = NULL;
-  st_train_sampler* sm = NULL;
+  st_infer_sampler* sm = NULL;
   const void** data = st_xcalloc((size_t)b->param_count + 1, sizeof(void*));
   st_status s = st_safetensors_read(path, &file);
   for (int i = 0; i < b->param_count && !s; ++i) {
@@ -590,12 +590,12 @@ static st_status st__end_sample_try(st__trainer* t, double* out_seconds, double*
     else
       data[i] = file->data + e->offset;
   }
-  if (!s) s = st_train_sampler_create(t->runtime, b, data, &sm);
+  if (!s) s = st_infer_sampler_create(t->runtime, b, data, &sm);
   const bool bytes = !o->data.synthetic;
   /* BPE: 128 tokens decoded through the run's tokenizer, from its newline. */
   st_tokenizer* tok = NULL;
   if (!s && st_dataset_tokenizer_json(t->data)) s = st_tokenizer_open(st_dataset_token_path(t->data), &tok);
-  st_train_sample_options so = {.tokens = bytes ? 128 : 32, .temperature = 0.8, .top_k = 0, .top_p = 1.0,
+  st_infer_sample_options so = {.tokens = bytes ? 128 : 32, .temperature = 0.8, .top_k = 0, .top_p = 1.0,
                                 .seed = o->seed, .byte_text = bytes, .tokenizer = tok, .out = NULL};
   int32_t prompt = bytes ? '\n' : 0;
   if (tok) {
@@ -603,7 +603,7 @@ static st_status st__end_sample_try(st__trainer* t, double* out_seconds, double*
     prompt = nl >= 0 ? nl : 0;
   }
   int32_t* ids = st_xcalloc((size_t)so.tokens, sizeof(int32_t));
-  if (!s) s = st_train_sample_generate(sm, &prompt, 1, &so, ids);
+  if (!s) s = st_infer_generate(sm, &prompt, 1, &so, ids);
   if (!s) {
     st_strbuf text = {0};
     if (bytes) {
@@ -646,10 +646,10 @@ static st_status st__end_sample_try(st__trainer* t, double* out_seconds, double*
     free(out);
     st_strbuf_free(&text);
   }
-  if (sm) *out_compile_s = st_train_sampler_compile_seconds(sm);
+  if (sm) *out_compile_s = st_infer_sampler_compile_seconds(sm);
   *out_seconds = st_now() - t0;
   free(ids);
-  st_train_sampler_destroy(sm);
+  st_infer_sampler_destroy(sm);
   st_tokenizer_destroy(tok);
   st_safetensors_free(file);
   free(data);
@@ -675,7 +675,7 @@ static void st__end_sample(st__trainer* t) {
  * goes on (skip, rollback), else the exit-5 status; each action is a
  * "nonfinite" event. */
 static st_status st__nonfinite(st__trainer* t, double loss) {
-  const st_train_options* o = t->o;
+  const st_plan_options* o = t->o;
   int64_t step = t->step + 1;
   if (!t->nonfinite) {
     snprintf(t->nonfinite_what, sizeof(t->nonfinite_what), "loss");
@@ -712,7 +712,7 @@ static st_status st__nonfinite(st__trainer* t, double loss) {
   st_json_put_str(e, "what", t->nonfinite_what);
   st_json_put_num(e, "value", t->nonfinite_value); /* null: NaN or inf */
   st_json_put_str(e, "value_text", isnan(t->nonfinite_value) ? "nan" : t->nonfinite_value > 0 ? "inf" : "-inf");
-  st_json_put_str(e, "policy", st_train_nonfinite_name(policy));
+  st_json_put_str(e, "policy", st_plan_nonfinite_name(policy));
   st_json_put_bool(e, "update_applied", applied);
   /* The batch that led to it: training sequences [first, first + batch_size). */
   st_json_put_int(e, "first_sample", t->step * o->batch_size);
@@ -729,7 +729,7 @@ static st_status st__nonfinite(st__trainer* t, double loss) {
                           "or see docs/diagnostics.md",
                           (long long)step, t->nonfinite_what, isnan(t->nonfinite_value) ? "nan" : "inf",
                           applied ? "the update was applied (sched.optimizer=per_layer)" : "the update was not applied",
-                          st_train_nonfinite_name(policy), stop_why ? ": " : "", stop_why ? stop_why : "");
+                          st_plan_nonfinite_name(policy), stop_why ? ": " : "", stop_why ? stop_why : "");
   }
   if (policy == ST_NONFINITE_SKIP) {
     t->skipped_steps++;
@@ -765,7 +765,7 @@ static st_status st__nonfinite(st__trainer* t, double loss) {
 
 /* The run itself, once everything is compiled. */
 static st_status st__run(st__trainer* t, bool progress) {
-  const st_train_options* o = t->o;
+  const st_plan_options* o = t->o;
   st_executor_hooks hooks = st__train_hooks(t);
   double t_start = st_now();
   double last_loss = NAN;
@@ -881,10 +881,10 @@ static void st__on_oom(void* ctx, size_t bytes, const char* what) {
 }
 
 st_status st_train_main(const st_config* cfg) {
-  st_train_options o;
-  st_status s = st_train_options_from_config(cfg, &o);
+  st_plan_options o;
+  st_status s = st_plan_options_from_config(cfg, &o);
   if (s) {
-    st_train_options_deinit(&o);
+    st_plan_options_deinit(&o);
     return s;
   }
   /* All three axes at once are not built (the exporter refuses them too,
@@ -894,7 +894,7 @@ st_status st_train_main(const st_config* cfg) {
                                   "parallel.data=%d parallel.fsdp=%d parallel.tensor=%d: a mesh with all three axes above "
                                   "1 is not yet supported in training (any two are; docs/parallelism.md); set one of them to 1",
                                   o.parallel_data, o.parallel_fsdp, o.parallel_tensor);
-    st_train_options_deinit(&o);
+    st_plan_options_deinit(&o);
     return ps;
   }
   st__trainer t;
@@ -967,7 +967,7 @@ st_status st_train_main(const st_config* cfg) {
     s = st_runtime_create(&o.runtime, &t.runtime);
     st_mem_usage_read(&t.mem_plugin);
   }
-  if (!s) s = st_train_check_kernel_platform(&o, t.runtime);
+  if (!s) s = st_plan_check_kernel_platform(&o, t.runtime);
   /* The config checks the mesh against runtime.cpu_devices; a GPU
    * plugin's device count is only known now. */
   if (!s) {
@@ -1039,7 +1039,7 @@ st_status st_train_main(const st_config* cfg) {
      * (docs/kernels.md, "Selection and fallback"). */
     st_json_put(f, "kernels", st_kernels_bundle_json(bundle));
     /* How kernels.<op>=auto was resolved (docs/kernels.md, "Selection"). */
-    st_json_put(f, "kernel_selection", st_train_kernel_selection_json(&o));
+    st_json_put(f, "kernel_selection", st_plan_kernel_selection_json(&o));
     json_t* fb = json_array();
     for (int i = 0; i < bundle->kernel_count; ++i)
       if (bundle->kernels[i].fallback[0]) {
@@ -1070,7 +1070,7 @@ st_status st_train_main(const st_config* cfg) {
       int64_t m = st_runtime_device_memory(t.runtime, d);
       if (d == 0 || m < o.device_memory) o.device_memory = m;
     }
-    s = st_train_build_plans_ex(bundle, &o, &t.step_plan, &t.eval_plan, &t.remat);
+    s = st_plan_build_ex(bundle, &o, &t.step_plan, &t.eval_plan, &t.remat);
   }
   /* Before anything is compiled: a drill the plan never reaches is refused. */
   if (!s) s = st__check_nan_at(&t);
@@ -1104,11 +1104,11 @@ st_status st_train_main(const st_config* cfg) {
   /* Will it fit: the predicted peak with temporaries against the device's
    * memory, before anything runs (docs/scheduling.md, "Will it fit"). */
   if (!s) {
-    st_fit_report fr;
-    s = st_train_fit(t.runtime, bundle, &o, &t.step_plan, true, &fr);
-    st_status nofit = s ? ST_OK : st_train_fit_status(&fr, &o);
+    st_plan_fit_report fr;
+    s = st_plan_fit(t.runtime, bundle, &o, &t.step_plan, true, &fr);
+    st_status nofit = s ? ST_OK : st_plan_fit_status(&fr, &o);
     if (!s && (fr.limit > 0)) {
-      json_t* f = st_train_fit_json(&fr);
+      json_t* f = st_plan_fit_json(&fr);
       st_json_put_bool(f, "allow_overcommit", o.allow_overcommit);
       st_status_free(st__event(&t, "fit", f));
     }
@@ -1141,7 +1141,7 @@ st_status st_train_main(const st_config* cfg) {
     t.losses = st_xcalloc((size_t)(o.microbatches * (o.eval_batches > 1 ? o.eval_batches : 1)), sizeof(double));
     t.n_sq = (int)bundle->model.n_layers + 2;
     t.sqnorms = st_xcalloc((size_t)t.n_sq, sizeof(double));
-    t.n_metrics = st_train_block_metrics(bundle, t.metric_names, t.metric_ranks);
+    t.n_metrics = st_plan_block_metrics(bundle, t.metric_names, t.metric_ranks);
     if (o.numerics != ST_NUMERICS_OFF) {
       t.num_opt = st_xcalloc((size_t)t.n_sq, sizeof(*t.num_opt));
       t.num_opt_read = st_xcalloc((size_t)t.n_sq, sizeof(bool));
@@ -1238,7 +1238,7 @@ st_status st_train_main(const st_config* cfg) {
   st_runlog_close(t.log);
   if (lock_fd >= 0) close(lock_fd); /* last: everything the run writes is written */
   free(t.run_dir);
-  st_train_options_deinit(&o);
+  st_plan_options_deinit(&o);
   st_stop_signals_restore(&stop_guard);
   return s;
 }

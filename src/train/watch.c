@@ -86,7 +86,7 @@ void st__watch_ex_free(st__watch_ex* w) {
 }
 
 st_status st__watch_start(st__trainer* t) {
-  const st_train_options* o = t->o;
+  const st_plan_options* o = t->o;
   t->watch_step_handle = -1;
   t->watch_compile_key = -1;
   t->watch_step_key = -1;

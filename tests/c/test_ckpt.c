@@ -15,7 +15,7 @@
  *   - fault injection: crash_in_save kills with SIGKILL and is recorded,
  *     a second st_faults disarms it; io_error_at_save; corrupt_checkpoint;
  *   - the run directory lock, across processes, SIGKILL and hand-down;
- *   - st_train_locate: a run directory or a checkpoint folder to the
+ *   - st_plan_locate_trained: a run directory or a checkpoint folder to the
  *     parameters to load, falling back past a damaged checkpoint. */
 #include <setjmp.h>
 #include <signal.h>
@@ -806,10 +806,10 @@ static st_config* faults_config(const char* overrides) {
 
 /* The faults of |cfg|, read as the trainer reads them: through the typed options. */
 static st_status faults_from(const st_config* cfg, const char* run, st_faults** f) {
-  st_train_options o;
-  st_status s = st_train_options_from_config(cfg, &o);
+  st_plan_options o;
+  st_status s = st_plan_options_from_config(cfg, &o);
   if (!s) s = st_faults_create(&o.faults, run, f);
-  st_train_options_deinit(&o);
+  st_plan_options_deinit(&o);
   return s;
 }
 
@@ -1020,7 +1020,7 @@ static void test_run_dir_lock(void** state) {
   free(dir);
 }
 
-/*--- st_train_locate: a run directory or a checkpoint folder -> parameters ---*/
+/*--- st_plan_locate_trained: a run directory or a checkpoint folder -> parameters ---*/
 
 static void write_text(const char* dir, const char* name, const char* text) {
   char* p = path2(dir, name);
@@ -1029,14 +1029,14 @@ static void write_text(const char* dir, const char* name, const char* text) {
 }
 
 static void expect_params(const char* path, const char* want_suffix, int64_t want_step) {
-  st_trained_ref r;
-  ASSERT_OK(st_train_locate(path, &r));
+  st_plan_trained_ref r;
+  ASSERT_OK(st_plan_locate_trained(path, &r));
   size_t n = strlen(r.params_path), k = strlen(want_suffix);
   if (n < k || strcmp(r.params_path + n - k, want_suffix)) fail_msg("%s: params %s, want ...%s", path, r.params_path, want_suffix);
   assert_int_equal(r.step, want_step);
   assert_non_null(strstr(r.config_path, "/config.yaml"));
   assert_true(r.run_dir[0] == '/');
-  st_trained_ref_deinit(&r);
+  st_plan_trained_ref_deinit(&r);
 }
 
 static void test_locate(void** state) {
@@ -1044,12 +1044,12 @@ static void test_locate(void** state) {
   char* run = tu_tmpdir("locate");
   char* root = path2(run, "checkpoints");
   /* Not yet a run: no config.yaml, no manifest. */
-  ASSERT_ERROR(st_train_locate(run, &(st_trained_ref){0}), ST_CODE_CONFIG, "neither a run directory",
+  ASSERT_ERROR(st_plan_locate_trained(run, &(st_plan_trained_ref){0}), ST_CODE_CONFIG, "neither a run directory",
                "config.yaml", "manifest.json");
-  ASSERT_ERROR(st_train_locate("/nonexistent/strata-run", &(st_trained_ref){0}), ST_CODE_CONFIG, "/nonexistent/strata-run");
+  ASSERT_ERROR(st_plan_locate_trained("/nonexistent/strata-run", &(st_plan_trained_ref){0}), ST_CODE_CONFIG, "/nonexistent/strata-run");
   write_text(run, "config.yaml", "train:\n  steps: 30\n");
   /* A run with nothing to load yet. */
-  ASSERT_ERROR(st_train_locate(run, &(st_trained_ref){0}), ST_CODE_CONFIG, "no parameters to load", run);
+  ASSERT_ERROR(st_plan_locate_trained(run, &(st_plan_trained_ref){0}), ST_CODE_CONFIG, "no parameters to load", run);
   save_step(root, 10, 5);
   save_step(root, 20, 5);
   expect_params(run, "/checkpoints/step_20/params.safetensors", 20);
@@ -1058,7 +1058,7 @@ static void test_locate(void** state) {
   c_flip(s20);
   expect_params(run, "/checkpoints/step_10/params.safetensors", 10);
   /* ... but the damaged one named by itself is an error, never replaced. */
-  ASSERT_ERROR(st_train_locate(s20, &(st_trained_ref){0}), ST_CODE_CKPT, "step_20", "params.safetensors");
+  ASSERT_ERROR(st_plan_locate_trained(s20, &(st_plan_trained_ref){0}), ST_CODE_CKPT, "step_20", "params.safetensors");
   char* s10 = path2(root, "step_10");
   expect_params(s10, "/checkpoints/step_10/params.safetensors", 10);
   /* The final parameters of a finished run win over an older checkpoint;
@@ -1066,10 +1066,10 @@ static void test_locate(void** state) {
   write_text(run, "params.safetensors", "x");
   write_text(run, "events.jsonl", "{\"event\":\"run_done\",\"steps\":30}\n{\"event\":\"saved\"}\n");
   expect_params(run, "/params.safetensors", 30);
-  st_trained_ref r;
-  ASSERT_OK(st_train_locate(run, &r));
+  st_plan_trained_ref r;
+  ASSERT_OK(st_plan_locate_trained(run, &r));
   assert_null(strstr(r.params_path, "checkpoints"));
-  st_trained_ref_deinit(&r);
+  st_plan_trained_ref_deinit(&r);
   write_text(run, "events.jsonl", "{\"event\":\"run_done\",\"steps\":10}\n");
   expect_params(run, "/checkpoints/step_10/params.safetensors", 10);
   /* Every checkpoint damaged and no final parameters: a checkpoint error. */
@@ -1077,13 +1077,13 @@ static void test_locate(void** state) {
   unlink(fin);
   free(fin);
   c_flip(s10);
-  ASSERT_ERROR(st_train_locate(run, &(st_trained_ref){0}), ST_CODE_CKPT, "every one failed verification", run);
+  ASSERT_ERROR(st_plan_locate_trained(run, &(st_plan_trained_ref){0}), ST_CODE_CKPT, "every one failed verification", run);
   /* A checkpoint outside a run directory names what it looked for. */
   char* lone = tu_tmpdir("lone");
   char* lone_root = path2(lone, "checkpoints");
   save_step(lone_root, 10, 5);
   char* lone10 = path2(lone_root, "step_10");
-  ASSERT_ERROR(st_train_locate(lone10, &(st_trained_ref){0}), ST_CODE_CONFIG, "not inside a run directory", "config.yaml");
+  ASSERT_ERROR(st_plan_locate_trained(lone10, &(st_plan_trained_ref){0}), ST_CODE_CONFIG, "not inside a run directory", "config.yaml");
   tu_rmtree(lone);
   free(lone);
   free(lone_root);

@@ -585,8 +585,8 @@ static void check_options(const char* plugin, const char* swiglu, const char* wa
   char* ov[] = {pl, "kernels.rmsnorm=auto", sw, "kernels.cross_entropy=auto", "kernels.attention=auto"};
   st_config* cfg = NULL;
   ASSERT_OK(st_config_load("configs/test.yml", 5, ov, &cfg));
-  st_train_options o;
-  ASSERT_OK(st_train_options_from_config(cfg, &o));
+  st_plan_options o;
+  ASSERT_OK(st_plan_options_from_config(cfg, &o));
   assert_string_equal(o.kernel_platform, want_platform);
   assert_non_null(strstr(o.kernel_platform_basis, plugin));
   json_t* m = json_loads(o.model_json, 0, NULL);
@@ -597,7 +597,7 @@ static void check_options(const char* plugin, const char* swiglu, const char* wa
   assert_int_equal(o.kernel_auto[1], !strcmp(swiglu, "auto"));
   free(k);
   json_decref(m);
-  st_train_options_deinit(&o);
+  st_plan_options_deinit(&o);
   st_config_destroy(cfg);
 }
 

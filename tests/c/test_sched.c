@@ -114,7 +114,7 @@ static void test_per_layer_clip_rule(void** state) {
   st_status_free(s);
   st_config_destroy(cfg);
   st_bundle* b = test_bundle();
-  st_train_options o;
+  st_plan_options o;
   memset(&o, 0, sizeof(o));
   o.microbatches = 1;
   o.batch_size = 2;
@@ -122,13 +122,13 @@ static void test_per_layer_clip_rule(void** state) {
   o.sched.per_layer_optimizer = true;
   o.grad_clip = 1.0;
   st_plan step, eval;
-  s = st_train_build_plans(b, &o, &step, &eval);
+  s = st_plan_build(b, &o, &step, &eval);
   assert_non_null(s);
   assert_int_equal(st_status_code(s), ST_CODE_CONFIG);
   assert_non_null(strstr(st_status_message(s), "cannot clip"));
   st_status_free(s);
   o.grad_clip = 0;
-  ASSERT_OK(st_train_build_plans(b, &o, &step, &eval));
+  ASSERT_OK(st_plan_build(b, &o, &step, &eval));
   st_plan_deinit(&step);
   st_plan_deinit(&eval);
   st_bundle_destroy(b);
@@ -181,10 +181,10 @@ static st_status fake_peak(void* user, const bool* remat, int64_t* out) {
 static void expect_choice(int L, int64_t budget, const char* want_layers, int64_t want_peak, bool want_fits,
                           const char* why) {
   fake_model m = {L, 0, false};
-  st_remat_choice c;
-  ASSERT_OK(st_train_remat_auto(L, budget, fake_peak, &m, &c));
+  st_plan_remat_choice c;
+  ASSERT_OK(st_plan_remat_auto(L, budget, fake_peak, &m, &c));
   char got[128];
-  st_train_remat_text(c.remat, L, got, sizeof(got));
+  st_plan_remat_text(c.remat, L, got, sizeof(got));
   if (strcmp(got, want_layers) || c.predicted_peak != want_peak || c.fits != want_fits || !strstr(c.why, why))
     fail_msg("budget %lld over %d layers: chose %s (peak %lld, fits %d: %s); want %s (peak %lld, fits %d, '%s')",
              (long long)budget, L, got, (long long)c.predicted_peak, c.fits, c.why, want_layers, (long long)want_peak,
@@ -195,7 +195,7 @@ static void expect_choice(int L, int64_t budget, const char* want_layers, int64_
   int n = 0;
   for (int l = 0; l < L; ++l) n += c.remat[l];
   assert_int_equal(c.recomputed, n);
-  st_remat_choice_deinit(&c);
+  st_plan_remat_choice_deinit(&c);
 }
 
 static void test_remat_auto_chooser(void** state) {
@@ -216,21 +216,21 @@ static void test_remat_auto_chooser(void** state) {
    * found in 2 + log2(L) plans, not L^2. */
   for (int k = 1; k < 40; ++k) {
     fake_model m = {40, 0, false};
-    st_remat_choice c;
-    ASSERT_OK(st_train_remat_auto(40, 1000 + 100 * (40 - k), fake_peak, &m, &c));
+    st_plan_remat_choice c;
+    ASSERT_OK(st_plan_remat_auto(40, 1000 + 100 * (40 - k), fake_peak, &m, &c));
     assert_int_equal(c.recomputed, k);
     for (int l = 0; l < 40; ++l) assert_int_equal(c.remat[l], l < k);
     assert_true(c.plans_built <= 2 + 6);
-    st_remat_choice_deinit(&c);
+    st_plan_remat_choice_deinit(&c);
   }
   /* The builder's error comes back. */
   fake_model m = {6, 0, true};
-  st_remat_choice c;
-  st_status s = st_train_remat_auto(6, 1300, fake_peak, &m, &c);
+  st_plan_remat_choice c;
+  st_status s = st_plan_remat_auto(6, 1300, fake_peak, &m, &c);
   assert_non_null(s);
   assert_string_equal(st_status_message(s), "fake builder failed");
   st_status_free(s);
-  st_remat_choice_deinit(&c);
+  st_plan_remat_choice_deinit(&c);
 }
 
 static int count_ops(const st_plan* p, st_op_kind kind) {
@@ -255,12 +255,12 @@ static void expect_same_plan(const st_plan* a, const st_plan* b) {
   assert_int_equal(st_plan_predict_live(a, NULL, NULL), st_plan_predict_live(b, NULL, NULL));
 }
 
-static void build(const st_bundle* b, st_train_options* o, const char* remat, const char* budget, st_plan* step,
-                  st_remat_choice* c) {
+static void build(const st_bundle* b, st_plan_options* o, const char* remat, const char* budget, st_plan* step,
+                  st_plan_remat_choice* c) {
   o->sched.remat = remat;
   o->sched.memory_budget = budget;
   st_plan eval;
-  ASSERT_OK(st_train_build_plans_ex(b, o, step, &eval, c));
+  ASSERT_OK(st_plan_build_ex(b, o, step, &eval, c));
   st_plan_deinit(&eval);
 }
 
@@ -269,22 +269,22 @@ static void test_remat_auto_plans(void** state) {
   st_bundle* b = test_bundle();
   const int L = (int)b->model.n_layers;
   assert_int_equal(L, 3);
-  st_train_options o;
+  st_plan_options o;
   memset(&o, 0, sizeof(o));
   o.microbatches = 2;
   o.batch_size = 4;
   o.eval_batches = 1;
   o.grad_clip = 1.0;
   st_plan none, full, one, step;
-  st_remat_choice c;
+  st_plan_remat_choice c;
   build(b, &o, "none", NULL, &none, &c);
   assert_false(c.automatic);
-  st_remat_choice_deinit(&c);
+  st_plan_remat_choice_deinit(&c);
   build(b, &o, "full", NULL, &full, &c);
   assert_int_equal(c.recomputed, L);
-  st_remat_choice_deinit(&c);
+  st_plan_remat_choice_deinit(&c);
   build(b, &o, "0", NULL, &one, &c);
-  st_remat_choice_deinit(&c);
+  st_plan_remat_choice_deinit(&c);
   const int64_t none_peak = st_plan_predict_live(&none, NULL, NULL), full_peak = st_plan_predict_live(&full, NULL, NULL);
   printf("# 3 layers, 2 microbatches: peak none %lld B, full %lld B\n", (long long)none_peak, (long long)full_peak);
   assert_true(full_peak < none_peak);
@@ -300,7 +300,7 @@ static void test_remat_auto_plans(void** state) {
     snprintf(want, sizeof(want), "remat=auto:none memory_budget=%s offload=none", i == 2 ? "1000000000" : "0");
     if (strncmp(step.policy, want, strlen(want))) fail_msg("policy '%s', want '%s...'", step.policy, want);
     st_plan_deinit(&step);
-    st_remat_choice_deinit(&c);
+    st_plan_remat_choice_deinit(&c);
   }
 
   /* Between none's and full's peaks: some layers, not all, within the budget. */
@@ -322,14 +322,14 @@ static void test_remat_auto_plans(void** state) {
   assert_string_equal(c.why, want);
   assert_non_null(strstr(step.policy, "remat=auto:0 memory_budget="));
   st_plan_deinit(&step);
-  st_remat_choice_deinit(&c);
+  st_plan_remat_choice_deinit(&c);
   /* Exactly full's peak: every layer but the top one (it does not lower the peak). */
   snprintf(budget, sizeof(budget), "%lld", (long long)full_peak);
   build(b, &o, "auto", budget, &step, &c);
   assert_true(c.fits && c.recomputed == L - 1 && !c.remat[L - 1]);
   assert_int_equal(st_plan_predict_live(&step, NULL, NULL), full_peak);
   st_plan_deinit(&step);
-  st_remat_choice_deinit(&c);
+  st_plan_remat_choice_deinit(&c);
 
   /* A tiny budget: even full does not fit; full, and the choice says so. */
   build(b, &o, "auto", "1", &step, &c);
@@ -341,7 +341,7 @@ static void test_remat_auto_plans(void** state) {
            "B); chose full",
            (long long)full_peak, (long long)none_peak);
   assert_string_equal(c.why, want);
-  json_t* j = st_train_remat_choice_json(&c);
+  json_t* j = st_plan_remat_choice_json(&c);
   char* text = st_json_dump(j, 0);
   json_decref(j);
   snprintf(want, sizeof(want),
@@ -351,7 +351,7 @@ static void test_remat_auto_plans(void** state) {
   assert_string_equal(text, want);
   free(text);
   st_plan_deinit(&step);
-  st_remat_choice_deinit(&c);
+  st_plan_remat_choice_deinit(&c);
 
   /* A fraction: of the device memory the plugin reports; a config error
    * naming the key when it reports none (the CPU plugin). */
@@ -359,7 +359,7 @@ static void test_remat_auto_plans(void** state) {
   st_plan eval;
   o.sched.remat = "auto";
   o.sched.memory_budget = "0.5";
-  st_status s = st_train_build_plans_ex(b, &o, &step, &eval, &c);
+  st_status s = st_plan_build_ex(b, &o, &step, &eval, &c);
   assert_non_null(s);
   assert_int_equal(st_status_code(s), ST_CODE_CONFIG);
   assert_string_equal(st_status_message(s),
@@ -367,23 +367,23 @@ static void test_remat_auto_plans(void** state) {
                       "plugin does not report its devices' memory (PJRT_Device_MemoryStats gives no bytes_limit); give "
                       "the budget in bytes, e.g. sched.memory_budget=1000000000");
   st_status_free(s);
-  st_remat_choice_deinit(&c);
+  st_plan_remat_choice_deinit(&c);
   o.device_memory = 2 * none_peak; /* half of it: none fits exactly */
   build(b, &o, "auto", "0.5", &step, &c);
   assert_true(c.fits && c.recomputed == 0 && c.budget == none_peak && c.budget_fraction == 0.5);
   st_plan_deinit(&step);
-  st_remat_choice_deinit(&c);
+  st_plan_remat_choice_deinit(&c);
   o.device_memory = 2 * none_peak - 2; /* now one byte short */
   build(b, &o, "auto", "0.5", &step, &c);
   assert_true(c.fits && c.recomputed == 1 && c.budget == none_peak - 1);
   st_plan_deinit(&step);
-  st_remat_choice_deinit(&c);
+  st_plan_remat_choice_deinit(&c);
   /* Only auto reads the budget. */
   o.device_memory = 0;
   build(b, &o, "full", "0.5", &step, &c);
   expect_same_plan(&step, &full);
   st_plan_deinit(&step);
-  st_remat_choice_deinit(&c);
+  st_plan_remat_choice_deinit(&c);
 
   st_plan_deinit(&none);
   st_plan_deinit(&full);
@@ -767,13 +767,13 @@ static st_bundle* test_bundle(void) {
   char* ov[2] = {cache, "model.n_layers=3"};
   st_config* cfg = NULL;
   ASSERT_OK(st_config_load(STRATA_SOURCE_DIR "/configs/test.yml", 2, ov, &cfg));
-  st_train_options o;
-  ASSERT_OK(st_train_options_from_config(cfg, &o));
+  st_plan_options o;
+  ASSERT_OK(st_plan_options_from_config(cfg, &o));
   st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, NULL, NULL};
   st_bundle* b = NULL;
   bool exported = false;
   ASSERT_OK(st_bundle_ensure(&req, &b, &exported));
-  st_train_options_deinit(&o);
+  st_plan_options_deinit(&o);
   st_config_destroy(cfg);
   return b;
 }

@@ -75,13 +75,13 @@ static int64_t compile_all(const st_bundle* b, int microbatches, int* out_unique
   ro.cpu_devices = 1;
   st_runtime* rt = NULL;
   ASSERT_OK(st_runtime_create(&ro, &rt));
-  st_train_options o;
+  st_plan_options o;
   memset(&o, 0, sizeof(o));
   o.microbatches = microbatches;
   o.batch_size = 2 * microbatches;
   o.eval_batches = 1;
   st_plan step, eval;
-  ASSERT_OK(st_train_build_plans(b, &o, &step, &eval));
+  ASSERT_OK(st_plan_build(b, &o, &step, &eval));
   st_program** compiled = calloc((size_t)b->program_count, sizeof(st_program*));
   int unique = 0;
   const st_plan* plans[2] = {&step, &eval};
@@ -365,15 +365,15 @@ static void test_plan_takes_program_names_from_the_bundle(void** state) {
   st_bundle* b = ensure_bundle(2, true);
   st_bundle* r = open_renamed_copy(b, "renamed");
 
-  st_train_options o;
+  st_plan_options o;
   memset(&o, 0, sizeof(o));
   o.microbatches = 2;
   o.batch_size = 4;
   o.eval_batches = 1;
   o.sched.remat = "0"; /* layer 0 recomputes, layer 1 keeps its residuals */
   st_plan step, eval, step0, eval0;
-  ASSERT_OK(st_train_build_plans(r, &o, &step, &eval));
-  ASSERT_OK(st_train_build_plans(b, &o, &step0, &eval0));
+  ASSERT_OK(st_plan_build(r, &o, &step, &eval));
+  ASSERT_OK(st_plan_build(b, &o, &step0, &eval0));
   /* The same step, only the names differ. */
   assert_int_equal(step.op_count, step0.op_count);
   assert_int_equal(eval.op_count, eval0.op_count);
@@ -468,24 +468,24 @@ static void test_plan_reads_block_metrics(void** state) {
   (void)state;
   st_bundle* b = ensure_bundle(2, true);
   st_bundle* r = metric_bundle(b, "none");
-  const char* names[ST_TRAIN_MAX_METRICS];
-  int ranks[ST_TRAIN_MAX_METRICS];
-  assert_int_equal(st_train_block_metrics(b, names, ranks), 0);
-  assert_int_equal(st_train_block_metrics(r, names, ranks), 2);
+  const char* names[ST_PLAN_MAX_METRICS];
+  int ranks[ST_PLAN_MAX_METRICS];
+  assert_int_equal(st_plan_block_metrics(b, names, ranks), 0);
+  assert_int_equal(st_plan_block_metrics(r, names, ranks), 2);
   assert_string_equal(names[0], "aux_loss");
   assert_string_equal(names[1], "expert_load");
   assert_int_equal(ranks[0], 0);
   assert_int_equal(ranks[1], 1);
 
-  st_train_options o;
+  st_plan_options o;
   memset(&o, 0, sizeof(o));
   o.microbatches = 2;
   o.batch_size = 4;
   o.eval_batches = 1;
   o.sched.remat = "0"; /* layer 0 runs fwd and recomputes, layer 1 runs fwd_res */
   st_plan step, eval, step0, eval0;
-  ASSERT_OK(st_train_build_plans(r, &o, &step, &eval));
-  ASSERT_OK(st_train_build_plans(b, &o, &step0, &eval0));
+  ASSERT_OK(st_plan_build(r, &o, &step, &eval));
+  ASSERT_OK(st_plan_build(b, &o, &step0, &eval0));
   /* Per microbatch and layer: a WAIT, a READ and a FREE of each metric
    * (the recompute frees its two with y_re); the evaluation frees each
    * layer's two in one op. */
@@ -527,7 +527,7 @@ static void test_plan_reads_block_metrics(void** state) {
   /* fwd and fwd_res must agree on the metrics. */
   st_bundle* bad = metric_bundle(b, "block_fwd_res");
   st_plan s2, e2;
-  st_status s = st_train_build_plans(bad, &o, &s2, &e2);
+  st_status s = st_plan_build(bad, &o, &s2, &e2);
   assert_non_null(s);
   assert_non_null(strstr(st_status_message(s), "return different metrics"));
   st_status_free(s);
@@ -609,7 +609,7 @@ static char* crafted_bundle(const st_bundle* b, int extra) {
 }
 
 /* Options for building (not running) one-microbatch plans. */
-static void plan_options(st_train_options* o) {
+static void plan_options(st_plan_options* o) {
   memset(o, 0, sizeof(*o));
   o->microbatches = 1;
   o->batch_size = 2;
@@ -630,10 +630,10 @@ static void test_crafted_bundle_counts_are_bounded(void** state) {
   char* dir = crafted_bundle(b, 40);
   st_bundle* c = NULL;
   ASSERT_OK(st_bundle_open(dir, &c));
-  st_train_options o;
+  st_plan_options o;
   plan_options(&o);
   st_plan step, eval;
-  st_status s = st_train_build_plans(c, &o, &step, &eval);
+  st_status s = st_plan_build(c, &o, &step, &eval);
   if (s) {
     assert_int_equal(st_status_code(s), ST_CODE_RUNTIME);
     st_status_free(s);
@@ -649,7 +649,7 @@ static void test_crafted_bundle_counts_are_bounded(void** state) {
   s = st_bundle_open(dir, &c);
   if (!s) {
     /* What the unbounded reader did: hand the plan builder the bundle. */
-    st_status_free(st_train_build_plans(c, &o, &step, &eval));
+    st_status_free(st_plan_build(c, &o, &step, &eval));
     fail_msg("a bundle with %d residuals was accepted", ST_BUNDLE_MAX_PROGRAM_TENSORS + 8);
   }
   assert_int_equal(st_status_code(s), ST_CODE_RUNTIME);
@@ -671,10 +671,10 @@ static void test_embed_programs_must_match_the_embed_group(void** state) {
   char* dir = edited_bundle_copy(b, "crafted-embed", "p['embed_fwd']['inputs'] = p['embed_fwd']['inputs'][:1]", 0);
   st_bundle* c = NULL;
   ASSERT_OK(st_bundle_open(dir, &c));
-  st_train_options o;
+  st_plan_options o;
   plan_options(&o);
   st_plan step, eval;
-  st_status s = st_train_build_plans(c, &o, &step, &eval);
+  st_status s = st_plan_build(c, &o, &step, &eval);
   assert_non_null(s);
   assert_int_equal(st_status_code(s), ST_CODE_RUNTIME);
   assert_non_null(strstr(st_status_message(s), "the embedding's programs do not match"));
@@ -686,12 +686,12 @@ static void test_embed_programs_must_match_the_embed_group(void** state) {
 
 /* Greedy tokens of |b| with parameters |host| (by parameter index). */
 static void generate(st_runtime* rt, const st_bundle* b, void** host, int32_t* ids, int n) {
-  st_train_sampler* sm = NULL;
-  ASSERT_OK(st_train_sampler_create(rt, b, (const void* const*)host, &sm));
-  st_train_sample_options o = {.tokens = n, .temperature = 0, .top_p = 1, .seed = 1, .byte_text = true};
+  st_infer_sampler* sm = NULL;
+  ASSERT_OK(st_infer_sampler_create(rt, b, (const void* const*)host, &sm));
+  st_infer_sample_options o = {.tokens = n, .temperature = 0, .top_p = 1, .seed = 1, .byte_text = true};
   const int32_t prompt[3] = {'a', 'b', 'c'};
-  ASSERT_OK(st_train_sample_generate(sm, prompt, 3, &o, ids));
-  st_train_sampler_destroy(sm);
+  ASSERT_OK(st_infer_generate(sm, prompt, 3, &o, ids));
+  st_infer_sampler_destroy(sm);
 }
 
 /* The generation driver launches the programs the tables name for the
@@ -743,8 +743,8 @@ static void test_sampler_takes_program_names_from_the_bundle(void** state) {
 
   /* A bundle without the generation roles (an older exporter) is refused by name. */
   r->head.logits = NULL;
-  st_train_sampler* sm = NULL;
-  st_status s = st_train_sampler_create(rt, r, (const void* const*)host, &sm);
+  st_infer_sampler* sm = NULL;
+  st_status s = st_infer_sampler_create(rt, r, (const void* const*)host, &sm);
   assert_int_equal(st_status_code(s), ST_CODE_RUNTIME);
   assert_non_null(strstr(st_status_message(s), "re-export"));
   st_status_free(s);
@@ -759,22 +759,22 @@ static void test_sampler_takes_program_names_from_the_bundle(void** state) {
  * top-p, the temperature's distribution, and the PRNG. */
 static void test_sample_pick(void** state) {
   (void)state;
-  st_train_rng rng;
-  st_train_rng_seed(&rng, 0);
-  assert_true(st_train_rng_next(&rng) == UINT64_C(0xE220A8397B1DCDAF)); /* splitmix64's published first value */
+  st_infer_rng rng;
+  st_infer_rng_seed(&rng, 0);
+  assert_true(st_infer_rng_next(&rng) == UINT64_C(0xE220A8397B1DCDAF)); /* splitmix64's published first value */
   const float l[6] = {0.5f, 2.0f, 2.0f, -1.0f, 1.9f, 9.0f};
-  st_train_sample_options o = {.tokens = 1, .temperature = 0, .top_k = 0, .top_p = 1, .seed = 0};
-  assert_int_equal(st_train_sample_pick(l, 6, 6, &o, &rng), 5);
-  assert_int_equal(st_train_sample_pick(l, 6, 5, &o, &rng), 1); /* id 5 not a candidate; a tie goes to the smaller id */
+  st_infer_sample_options o = {.tokens = 1, .temperature = 0, .top_k = 0, .top_p = 1, .seed = 0};
+  assert_int_equal(st_infer_pick(l, 6, 6, &o, &rng), 5);
+  assert_int_equal(st_infer_pick(l, 6, 5, &o, &rng), 1); /* id 5 not a candidate; a tie goes to the smaller id */
   o.temperature = 1.0;
   o.top_k = 1;
-  for (int i = 0; i < 100; ++i) assert_int_equal(st_train_sample_pick(l, 6, 5, &o, &rng), 1);
+  for (int i = 0; i < 100; ++i) assert_int_equal(st_infer_pick(l, 6, 5, &o, &rng), 1);
   o.top_k = 0;
   o.top_p = 0.3; /* p(1) = p(2) ~ 0.33 each: 1 alone reaches 0.3 */
-  for (int i = 0; i < 100; ++i) assert_int_equal(st_train_sample_pick(l, 6, 5, &o, &rng), 1);
+  for (int i = 0; i < 100; ++i) assert_int_equal(st_infer_pick(l, 6, 5, &o, &rng), 1);
   o.top_p = 0.5; /* 1 and 2 */
   int seen[6] = {0};
-  for (int i = 0; i < 1000; ++i) seen[st_train_sample_pick(l, 6, 5, &o, &rng)]++;
+  for (int i = 0; i < 1000; ++i) seen[st_infer_pick(l, 6, 5, &o, &rng)]++;
   assert_true(seen[1] > 400 && seen[2] > 400 && seen[1] + seen[2] == 1000);
   /* Temperature: logits {0, ln 2} -> p = {1/3, 2/3}; at temperature 2, {0.414, 0.586}. */
   const float two[2] = {0.0f, (float)log(2.0)};
@@ -783,14 +783,14 @@ static void test_sample_pick(void** state) {
   for (int t = 0; t < 2; ++t) {
     o.temperature = temps[t];
     int ones = 0;
-    for (int i = 0; i < 20000; ++i) ones += st_train_sample_pick(two, 2, 2, &o, &rng);
+    for (int i = 0; i < 20000; ++i) ones += st_infer_pick(two, 2, 2, &o, &rng);
     assert_true(fabs(ones / 20000.0 - want[t]) < 0.015);
   }
   /* The same seed draws the same ids. */
   int32_t a[50], b[50];
   for (int r = 0; r < 2; ++r) {
-    st_train_rng_seed(&rng, 77);
-    for (int i = 0; i < 50; ++i) (r ? b : a)[i] = st_train_sample_pick(l, 6, 6, &o, &rng);
+    st_infer_rng_seed(&rng, 77);
+    for (int i = 0; i < 50; ++i) (r ? b : a)[i] = st_infer_pick(l, 6, 6, &o, &rng);
   }
   assert_memory_equal(a, b, sizeof(a));
 }

@@ -33,15 +33,15 @@
 #include <string.h>
 
 #include "strata/base.h"
-#include "strata/train.h"
+#include "strata/plan.h"
 
-void st_remat_choice_deinit(st_remat_choice* c) {
+void st_plan_remat_choice_deinit(st_plan_remat_choice* c) {
   if (!c) return;
   free(c->remat);
   c->remat = NULL;
 }
 
-void st_train_remat_text(const bool* remat, int L, char* out, size_t size) {
+void st_plan_remat_text(const bool* remat, int L, char* out, size_t size) {
   int n = 0;
   for (int l = 0; l < L; ++l) n += remat[l];
   if (n == 0 || n == L) {
@@ -63,7 +63,7 @@ void st_train_remat_text(const bool* remat, int L, char* out, size_t size) {
   }
 }
 
-st_status st_train_remat_auto(int L, int64_t budget, st_remat_peak_fn peak, void* user, st_remat_choice* c) {
+st_status st_plan_remat_auto(int L, int64_t budget, st_plan_remat_peak_fn peak, void* user, st_plan_remat_choice* c) {
   memset(c, 0, sizeof(*c));
   c->automatic = true;
   c->layers = L;
@@ -126,7 +126,7 @@ st_status st_train_remat_auto(int L, int64_t budget, st_remat_peak_fn peak, void
   c->predicted_peak = p;
   c->fits = p <= budget;
   char layers[128];
-  st_train_remat_text(c->remat, L, layers, sizeof(layers));
+  st_plan_remat_text(c->remat, L, layers, sizeof(layers));
   snprintf(c->why, sizeof(c->why),
            "recompute %d of %d layers (%s): predicted peak %" PRId64 " B <= budget %" PRId64 " B (without remat %" PRId64
            " B, over it)",
@@ -134,7 +134,7 @@ st_status st_train_remat_auto(int L, int64_t budget, st_remat_peak_fn peak, void
   return ST_OK;
 }
 
-json_t* st_train_remat_choice_json(const st_remat_choice* c) {
+json_t* st_plan_remat_choice_json(const st_plan_remat_choice* c) {
   json_t* j = st_json_obj();
   st_json_put_str(j, "mode", c->automatic ? "auto" : "fixed");
   json_t* layers = st_json_arr();

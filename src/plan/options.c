@@ -9,11 +9,11 @@
 #include "strata/base.h"
 #include "strata/kernels.h"
 #include "strata/runtime.h"
-#include "strata/train.h"
+#include "strata/plan.h"
 
-const char* const st_train_kernel_op_names[ST_TRAIN_KERNEL_OPS] = {"rmsnorm", "swiglu", "cross_entropy", "attention"};
+const char* const st_plan_kernel_op_names[ST_PLAN_KERNEL_OPS] = {"rmsnorm", "swiglu", "cross_entropy", "attention"};
 
-st_status st_train_check_kernel_platform(const st_train_options* o, const st_runtime* rt) {
+st_status st_plan_check_kernel_platform(const st_plan_options* o, const st_runtime* rt) {
   st_runtime_info ri;
   st_runtime_get_info(rt, &ri);
   const char* real = ri.platform_name ? ri.platform_name : "";
@@ -21,23 +21,23 @@ st_status st_train_check_kernel_platform(const st_train_options* o, const st_run
   st_kernel_contract contract;
   ST_RETURN(st_kernel_contract_load(&contract));
   st_status s = ST_OK;
-  for (int i = 0; i < ST_TRAIN_KERNEL_OPS && !s; ++i) {
+  for (int i = 0; i < ST_PLAN_KERNEL_OPS && !s; ++i) {
     if (!o->kernel_auto[i]) continue;
-    const char* want = st_kernel_resolve(&contract, st_train_kernel_op_names[i], "auto", real);
+    const char* want = st_kernel_resolve(&contract, st_plan_kernel_op_names[i], "auto", real);
     if (strcmp(want, o->kernel_impl[i]))
       s = st_status_make(ST_CODE_RUNTIME,
                          "kernels.%s=auto was resolved to %s for platform %s (guessed from %s), but the plugin's "
                          "platform is %s, where auto means %s: set kernels.%s=%s (or name the plugin file after its "
                          "platform, e.g. pjrt_c_api_%s_plugin.so)",
-                         st_train_kernel_op_names[i], o->kernel_impl[i], o->kernel_platform, o->kernel_platform_basis,
-                         real, want, st_train_kernel_op_names[i], want, real);
+                         st_plan_kernel_op_names[i], o->kernel_impl[i], o->kernel_platform, o->kernel_platform_basis,
+                         real, want, st_plan_kernel_op_names[i], want, real);
   }
   st_kernel_contract_free(&contract);
   return s;
 }
 
-json_t* st_train_model_implied(void) {
-  /* The sparse model object (st_train_options_from_config's model_json),
+json_t* st_plan_model_implied(void) {
+  /* The sparse model object (st_plan_options_from_config's model_json),
    * which checkpoints recorded before the description, left these out at
    * their default: that is what their absence means. */
   json_t* j = st_json_obj();
@@ -51,32 +51,32 @@ json_t* st_train_model_implied(void) {
   st_json_put_num(j, "moe_aux_weight", 0.01);
   st_json_put_num(j, "moe_z_weight", 0.001);
   st_json_put_int(j, "vocab_padded", 0);
-  for (int i = 0; i < ST_TRAIN_KERNEL_OPS; ++i) {
+  for (int i = 0; i < ST_PLAN_KERNEL_OPS; ++i) {
     char key[64];
-    snprintf(key, sizeof(key), "kernels.%s", st_train_kernel_op_names[i]);
+    snprintf(key, sizeof(key), "kernels.%s", st_plan_kernel_op_names[i]);
     st_json_put_str(j, key, "xla");
   }
   return j;
 }
 
-json_t* st_train_kernel_selection_json(const st_train_options* o) {
+json_t* st_plan_kernel_selection_json(const st_plan_options* o) {
   json_t* j = st_json_obj();
   st_json_put_str(j, "platform", o->kernel_platform);
   st_json_put_str(j, "basis", o->kernel_platform_basis);
   json_t* a = json_array();
-  for (int i = 0; i < ST_TRAIN_KERNEL_OPS; ++i)
-    if (o->kernel_auto[i]) json_array_append_new(a, json_string(st_train_kernel_op_names[i]));
+  for (int i = 0; i < ST_PLAN_KERNEL_OPS; ++i)
+    if (o->kernel_auto[i]) json_array_append_new(a, json_string(st_plan_kernel_op_names[i]));
   json_object_set_new(j, "auto", a);
   return j;
 }
 
-void st_train_kernel_selection_note(const st_train_options* o, FILE* out) {
+void st_plan_kernel_selection_note(const st_plan_options* o, FILE* out) {
   bool any = false;
-  for (int i = 0; i < ST_TRAIN_KERNEL_OPS; ++i) any = any || o->kernel_auto[i];
+  for (int i = 0; i < ST_PLAN_KERNEL_OPS; ++i) any = any || o->kernel_auto[i];
   if (!any) return;
   fprintf(out, "kernels: auto resolved for platform %s (guessed from %s):", o->kernel_platform, o->kernel_platform_basis);
-  for (int i = 0; i < ST_TRAIN_KERNEL_OPS; ++i)
-    if (o->kernel_auto[i]) fprintf(out, " %s=%s", st_train_kernel_op_names[i], o->kernel_impl[i]);
+  for (int i = 0; i < ST_PLAN_KERNEL_OPS; ++i)
+    if (o->kernel_auto[i]) fprintf(out, " %s=%s", st_plan_kernel_op_names[i], o->kernel_impl[i]);
   fprintf(out, "\n");
 }
 
@@ -96,7 +96,7 @@ static void st__put_model_shape(json_t* m, const st_config* c) {
   st_json_put_num(m, "init_std", st_config_float(c, "model.init_std"));
 }
 
-st_status st_train_options_from_config(const st_config* c, st_train_options* o) {
+st_status st_plan_options_from_config(const st_config* c, st_plan_options* o) {
   memset(o, 0, sizeof(*o));
   o->steps = st_config_int(c, "train.steps");
   o->batch_size = st_config_int(c, "train.batch_size");
@@ -162,15 +162,15 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
     return cs;
   }
   json_t* kern = json_object();
-  for (int i = 0; i < ST_TRAIN_KERNEL_OPS; ++i) {
+  for (int i = 0; i < ST_PLAN_KERNEL_OPS; ++i) {
     char key[64];
-    snprintf(key, sizeof(key), "kernels.%s", st_train_kernel_op_names[i]);
+    snprintf(key, sizeof(key), "kernels.%s", st_plan_kernel_op_names[i]);
     const char* impl = st_config_string(c, key);
     o->kernel_auto[i] = !strcmp(impl, "auto");
-    impl = st_kernel_resolve(&contract, st_train_kernel_op_names[i], impl, o->kernel_platform);
+    impl = st_kernel_resolve(&contract, st_plan_kernel_op_names[i], impl, o->kernel_platform);
     /* A static name: the contract is freed below. */
     o->kernel_impl[i] = !strcmp(impl, "ffi") ? "ffi" : !strcmp(impl, "pallas") ? "pallas" : "xla";
-    if (strcmp(o->kernel_impl[i], "xla")) json_object_set_new(kern, st_train_kernel_op_names[i], json_string(o->kernel_impl[i]));
+    if (strcmp(o->kernel_impl[i], "xla")) json_object_set_new(kern, st_plan_kernel_op_names[i], json_string(o->kernel_impl[i]));
   }
   st_kernel_contract_free(&contract);
   if (json_object_size(kern) > 0) json_object_set_new(m, "kernels", kern);
@@ -199,7 +199,7 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   st_json_put_num(d, "moe_z_weight", st_config_float(c, "model.moe_z_weight"));
   st_json_put_int(d, "vocab_padded", st_config_int(c, "model.vocab_padded"));
   json_t* all = json_object();
-  for (int i = 0; i < ST_TRAIN_KERNEL_OPS; ++i) json_object_set_new(all, st_train_kernel_op_names[i], json_string(o->kernel_impl[i]));
+  for (int i = 0; i < ST_PLAN_KERNEL_OPS; ++i) json_object_set_new(all, st_plan_kernel_op_names[i], json_string(o->kernel_impl[i]));
   json_object_set_new(d, "kernels", all);
   st_json_put_int(d, "microbatch_size", o->batch_size / o->microbatches / (shares > 0 ? shares : 1));
   o->model_desc = st_json_dump(d, 0);
@@ -312,7 +312,7 @@ st_status st_train_options_from_config(const st_config* c, st_train_options* o) 
   return ST_OK;
 }
 
-void st_train_options_deinit(st_train_options* o) {
+void st_plan_options_deinit(st_plan_options* o) {
   free(o->cache_root);
   free(o->model_json);
   free(o->model_desc);
@@ -322,11 +322,11 @@ void st_train_options_deinit(st_train_options* o) {
   memset(o, 0, sizeof(*o));
 }
 
-const char* st_train_nonfinite_name(int policy) {
+const char* st_plan_nonfinite_name(int policy) {
   return policy == ST_NONFINITE_SKIP ? "skip" : policy == ST_NONFINITE_ROLLBACK ? "rollback" : "stop";
 }
 
-double st_train_lr(const st_train_options* o, int64_t t) {
+double st_plan_lr(const st_plan_options* o, int64_t t) {
   if (o->warmup_steps > 0 && t <= o->warmup_steps) return o->lr * (double)t / (double)o->warmup_steps;
   int64_t span = o->steps - o->warmup_steps;
   double p = (double)(t - o->warmup_steps) / (double)(span > 1 ? span : 1);

@@ -6,7 +6,7 @@
  * each program's inputs and outputs, and this file is where their order is
  * relied on.
  *
- * One training step, as st_train_build_plans emits it:
+ * One training step, as st_plan_build emits it:
  *
  *   state          parameters, then optimizer state (slot numbers stable)
  *   for each microbatch m:
@@ -41,7 +41,7 @@
 #include <string.h>
 
 #include "strata/base.h"
-#include "strata/train.h"
+#include "strata/plan.h"
 
 #define ST__MAX_GROUP_PARAMS 32
 #define ST__MAX_RESIDUALS 32
@@ -79,22 +79,22 @@ static st_status st__instance_make(const st_bundle* b, const st_bundle_stage* st
   return ST_OK;
 }
 
-int st_train_metric_outputs(const st_bundle_program* p) {
+int st_plan_metric_outputs(const st_bundle_program* p) {
   int n = 0;
   while (1 + n < p->output_count && !strcmp(p->outputs[1 + n].role, "metric")) ++n;
   return n;
 }
 
-int st_train_block_metrics(const st_bundle* b, const char** names, int* ranks) {
-  const char* seen[ST_TRAIN_MAX_METRICS];
+int st_plan_block_metrics(const st_bundle* b, const char** names, int* ranks) {
+  const char* seen[ST_PLAN_MAX_METRICS];
   int n = 0;
   for (int l = 0; l < b->layer_count; ++l) {
     const st_bundle_program* f = b->layers[l].fwd;
-    for (int s = 0; s < st_train_metric_outputs(f); ++s) {
+    for (int s = 0; s < st_plan_metric_outputs(f); ++s) {
       const st_bundle_tensor* o = &f->outputs[1 + s];
       int k = 0;
       while (k < n && strcmp(seen[k], o->name) != 0) ++k;
-      if (k < n || n == ST_TRAIN_MAX_METRICS) continue;
+      if (k < n || n == ST_PLAN_MAX_METRICS) continue;
       seen[n] = o->name;
       if (names) names[n] = o->name;
       if (ranks) ranks[n] = o->type.rank;
@@ -111,10 +111,10 @@ static bool st__same_type(const st_tensor_type* a, const st_tensor_type* b) {
   return true;
 }
 
-/* The index of metric |name| in st_train_block_metrics' list, -1 if none. */
+/* The index of metric |name| in st_plan_block_metrics' list, -1 if none. */
 static int st__metric_index(const st_bundle* b, const char* name) {
-  const char* names[ST_TRAIN_MAX_METRICS];
-  int n = st_train_block_metrics(b, names, NULL);
+  const char* names[ST_PLAN_MAX_METRICS];
+  int n = st_plan_block_metrics(b, names, NULL);
   for (int k = 0; k < n; ++k)
     if (!strcmp(names[k], name)) return k;
   return -1;
@@ -131,13 +131,13 @@ static st_status st__check_block(const st_bundle* b, const st__instance* I) {
   const st_bundle_program* fwd = I->stage->fwd;
   const st_bundle_program* fr = I->stage->fwd_res;
   const st_bundle_program* br = I->stage->bwd_res;
-  const int S = st_train_metric_outputs(fr), R = fr->output_count - 1 - S;
+  const int S = st_plan_metric_outputs(fr), R = fr->output_count - 1 - S;
   if (fr->output_count < 1 || R > ST__MAX_RESIDUALS || fr->input_count != I->count + 1 ||
-      fwd->input_count != I->count + 1 || fwd->output_count != 1 + st_train_metric_outputs(fwd))
+      fwd->input_count != I->count + 1 || fwd->output_count != 1 + st_plan_metric_outputs(fwd))
     return st_status_make(ST_CODE_RUNTIME, "bundle %s: layer %d's programs '%s' and '%s' do not take its %d parameters and x, or "
                           "return more than %d residuals (docs/bundle.md)",
                           b->dir, I->layer, fwd->name, fr->name, I->count, ST__MAX_RESIDUALS);
-  if (st_train_metric_outputs(fwd) != S)
+  if (st_plan_metric_outputs(fwd) != S)
     return st_status_make(ST_CODE_RUNTIME, "bundle %s: layer %d's '%s' and '%s' return different metrics (docs/bundle.md, "
                           "\"Block metrics\")", b->dir, I->layer, fwd->name, fr->name);
   for (int s = 0; s < S; ++s) {
@@ -146,7 +146,7 @@ static st_status st__check_block(const st_bundle* b, const st__instance* I) {
         a->type.rank > 1 || st__metric_index(b, a->name) < 0)
       return st_status_make(ST_CODE_RUNTIME, "bundle %s: layer %d's metric output %d ('%s') is not the same f32 scalar or "
                             "vector in '%s' and '%s', or a name over 64 bytes or one too many (at most %d names; docs/bundle.md)",
-                            b->dir, I->layer, s, a->name, fwd->name, fr->name, ST_TRAIN_MAX_METRICS);
+                            b->dir, I->layer, s, a->name, fwd->name, fr->name, ST_PLAN_MAX_METRICS);
   }
   for (int r = 1 + S; r < fr->output_count; ++r)
     if (!strcmp(fr->outputs[r].role, "metric"))
@@ -519,7 +519,7 @@ static void st__forward(st__builder* B, int m, bool eval, st__fwd_out* f) {
     int y = st__act(B, name, &fwd->outputs[0].type);
     /* The block's metrics: read after the step (st__read_losses), or, in
      * an evaluation, dropped. */
-    const int S = st_train_metric_outputs(fwd);
+    const int S = st_plan_metric_outputs(fwd);
     out[0] = y;
     for (int s = 0; s < S; ++s) {
       if (eval)
@@ -824,7 +824,7 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
   for (int l = B->L - 1; l >= 0; --l) {
     const st__instance* I = &B->inst[1 + l];
     const st_bundle_program* fr = I->stage->fwd_res;
-    const int S = st_train_metric_outputs(fr), R = fr->output_count - 1 - S;
+    const int S = st_plan_metric_outputs(fr), R = fr->output_count - 1 - S;
     snprintf(name, sizeof(name), "x[%d]", l);
     int xl = st__act(B, name, &fr->inputs[I->count].type);
     int res[ST__MAX_RESIDUALS];
@@ -908,7 +908,7 @@ static void st__read_losses(st__builder* B, int M) {
   for (int m = 0; m < M; ++m)
     for (int l = 0; l < B->L; ++l) {
       const st_bundle_program* f = B->inst[1 + l].stage->fwd;
-      for (int s = 0; s < st_train_metric_outputs(f); ++s) {
+      for (int s = 0; s < st_plan_metric_outputs(f); ++s) {
         snprintf(name, sizeof(name), "metric[%d][%d].%s", m, l, f->outputs[1 + s].name);
         int slot = st_plan_slot_find(B->plan, name);
         int tag = ST_TAG_METRIC + st__metric_index(B->bundle, f->outputs[1 + s].name);
@@ -1032,7 +1032,7 @@ static void st__layouts(st_plan* plan) {
 /* Data and fully-sharded parallelism need a bundle exported for this mesh,
  * with each group's collectives (and, for fsdp, its optimizer programs on
  * fsdp blocks), and reductions that precede per-layer updates. */
-static st_status st__check_mesh(const st_bundle* b, const st_train_options* o) {
+static st_status st__check_mesh(const st_bundle* b, const st_plan_options* o) {
   const int D = o->parallel_data > 1 ? o->parallel_data : 1, F = o->parallel_fsdp > 1 ? o->parallel_fsdp : 1;
   const int T = o->parallel_tensor > 1 ? o->parallel_tensor : 1;
   if (D > 1 && F > 1 && T > 1)
@@ -1076,7 +1076,7 @@ static st_status st__check_mesh(const st_bundle* b, const st_train_options* o) {
   return ST_OK;
 }
 
-static void st__policy_line(const st_sched_policy* pol, const st_remat_choice* rc, int data, int fsdp, int tensor,
+static void st__policy_line(const st_sched_policy* pol, const st_plan_remat_choice* rc, int data, int fsdp, int tensor,
                             char* out, size_t size) {
   if (data > 1 || fsdp > 1 || tensor > 1) {
     char tail[192] = "";
@@ -1097,7 +1097,7 @@ static void st__policy_line(const st_sched_policy* pol, const st_remat_choice* r
   char remat[192];
   if (rc->automatic) {
     char layers[128];
-    st_train_remat_text(rc->remat, rc->layers, layers, sizeof(layers));
+    st_plan_remat_text(rc->remat, rc->layers, layers, sizeof(layers));
     snprintf(remat, sizeof(remat), "auto:%s memory_budget=%lld", layers, (long long)rc->budget);
   } else {
     snprintf(remat, sizeof(remat), "%s", pol->remat);
@@ -1115,7 +1115,7 @@ static void st__policy_line(const st_sched_policy* pol, const st_remat_choice* r
 /*===-------------------------------------------------------------------===*/
 
 /* A builder for |plan| on the config's mesh (the plan's mesh fields too). */
-static void st__builder_init(st__builder* B, st_plan* plan, const st_bundle* b, const st_train_options* o,
+static void st__builder_init(st__builder* B, st_plan* plan, const st_bundle* b, const st_plan_options* o,
                              const st__instance* inst, int n_inst, const bool* remat) {
   const st_sched_policy* pol = &o->sched;
   const int DATA = o->parallel_data > 1 ? o->parallel_data : 1, F = o->parallel_fsdp > 1 ? o->parallel_fsdp : 1;
@@ -1154,7 +1154,7 @@ static void st__builder_free(st__builder* B) {
 /* The training step for the layers |remat|: the logical plan, then the
  * policies (offload, waits), finalized into |out|. sched.remat=auto builds
  * one of these per candidate. */
-static st_status st__step(const st_bundle* b, const st_train_options* o, const st__instance* inst, int n_inst,
+static st_status st__step(const st_bundle* b, const st_plan_options* o, const st__instance* inst, int n_inst,
                           const bool* remat, st_plan* out) {
   st_plan_init(out);
   const st_sched_policy* pol = &o->sched;
@@ -1184,7 +1184,7 @@ static st_status st__step(const st_bundle* b, const st_train_options* o, const s
 
 typedef struct {
   const st_bundle* b;
-  const st_train_options* o;
+  const st_plan_options* o;
   const st__instance* inst;
   int n_inst;
 } st__candidates;
@@ -1200,7 +1200,7 @@ static st_status st__candidate_peak(void* user, const bool* remat, int64_t* out_
 
 /* sched.memory_budget in bytes: as given, or its fraction of the device
  * memory the plugin reports (a config error when it reports none). */
-static st_status st__memory_budget(const st_train_options* o, int64_t* out_bytes, double* out_fraction) {
+static st_status st__memory_budget(const st_plan_options* o, int64_t* out_bytes, double* out_fraction) {
   const char* spec = o->sched.memory_budget && o->sched.memory_budget[0] ? o->sched.memory_budget : "0";
   const char* src = o->sched.memory_budget_source ? o->sched.memory_budget_source : "options";
   st_status s = st_config_memory_budget_parse(spec, out_bytes, out_fraction);
@@ -1217,12 +1217,12 @@ static st_status st__memory_budget(const st_train_options* o, int64_t* out_bytes
   return ST_OK;
 }
 
-st_status st_train_build_plans(const st_bundle* b, const st_train_options* o, st_plan* step_out, st_plan* eval_out) {
-  return st_train_build_plans_ex(b, o, step_out, eval_out, NULL);
+st_status st_plan_build(const st_bundle* b, const st_plan_options* o, st_plan* step_out, st_plan* eval_out) {
+  return st_plan_build_ex(b, o, step_out, eval_out, NULL);
 }
 
-st_status st_train_build_plans_ex(const st_bundle* b, const st_train_options* o, st_plan* step_out, st_plan* eval_out,
-                                  st_remat_choice* choice_out) {
+st_status st_plan_build_ex(const st_bundle* b, const st_plan_options* o, st_plan* step_out, st_plan* eval_out,
+                                  st_plan_remat_choice* choice_out) {
   st_plan_init(step_out);
   st_plan_init(eval_out);
   if (choice_out) memset(choice_out, 0, sizeof(*choice_out));
@@ -1242,14 +1242,14 @@ st_status st_train_build_plans_ex(const st_bundle* b, const st_train_options* o,
   const int L = n_inst - 2;
 
   /* --- the training step: sched.remat's layers, or auto's choice --------- */
-  st_remat_choice rc;
+  st_plan_remat_choice rc;
   memset(&rc, 0, sizeof(rc));
   if (st_config_remat_is_auto(pol->remat)) {
     int64_t budget = 0;
     double fraction = 0;
     s = st__memory_budget(o, &budget, &fraction);
     st__candidates cand = {b, o, inst, n_inst};
-    if (!s) s = st_train_remat_auto(L, budget, st__candidate_peak, &cand, &rc);
+    if (!s) s = st_plan_remat_auto(L, budget, st__candidate_peak, &cand, &rc);
     rc.budget_fraction = fraction;
     rc.device_memory = o->device_memory;
   } else {
@@ -1277,7 +1277,7 @@ st_status st_train_build_plans_ex(const st_bundle* b, const st_train_options* o,
   if (s) {
     st_plan_deinit(step_out);
     st_plan_deinit(eval_out);
-    st_remat_choice_deinit(&rc);
+    st_plan_remat_choice_deinit(&rc);
     return s;
   }
   char policy[384];
@@ -1285,6 +1285,6 @@ st_status st_train_build_plans_ex(const st_bundle* b, const st_train_options* o,
   st_plan_set_policy(step_out, policy);
   st_plan_set_policy(eval_out, policy);
   if (choice_out) *choice_out = rc;
-  else st_remat_choice_deinit(&rc);
+  else st_plan_remat_choice_deinit(&rc);
   return ST_OK;
 }

@@ -10,9 +10,9 @@
 #include "strata/base.h"
 #include "strata/ckpt.h"
 #include "strata/config.h"
-#include "strata/train.h"
+#include "strata/plan.h"
 
-st_status st_train_given_tokenizer(const st_train_options* o, const char* tokenizer_json, char out[65]) {
+st_status st_plan_given_tokenizer(const st_plan_options* o, const char* tokenizer_json, char out[65]) {
   out[0] = '\0';
   if (o->data.synthetic) {
     snprintf(out, 65, "none");
@@ -34,7 +34,7 @@ st_status st_train_given_tokenizer(const st_train_options* o, const char* tokeni
   return ST_OK;
 }
 
-void st_train_record_deinit(st_train_record* r) {
+void st_plan_record_deinit(st_plan_record* r) {
   if (!r) return;
   json_decref(r->model);
   free(r->tokenizer_hash);
@@ -46,18 +46,18 @@ void st_train_record_deinit(st_train_record* r) {
  * of a run that wrote none): a new object, NULL on error (*out_status). */
 static json_t* st__desc_of_config(const char* path, st_status* out_status) {
   st_config* cfg = NULL;
-  st_train_options o;
+  st_plan_options o;
   memset(&o, 0, sizeof(o));
   st_status s = st_config_load(path, 0, NULL, &cfg);
-  if (!s) s = st_train_options_from_config(cfg, &o);
+  if (!s) s = st_plan_options_from_config(cfg, &o);
   json_t* d = s ? NULL : json_loads(o.model_desc, 0, NULL);
-  st_train_options_deinit(&o);
+  st_plan_options_deinit(&o);
   st_config_destroy(cfg);
   *out_status = s ? st_status_annotate(s, "the record of the model (%s)", path) : ST_OK;
   return d;
 }
 
-st_status st_train_check_identity(const st_train_record* rec, const st_train_options* given, const char* given_tokenizer,
+st_status st_plan_check_identity(const st_plan_record* rec, const st_plan_options* given, const char* given_tokenizer,
                                   const char* allow, const char* fix, json_t** out_report) {
   *out_report = NULL;
   st_status s = ST_OK;
@@ -69,7 +69,7 @@ st_status st_train_check_identity(const st_train_record* rec, const st_train_opt
     model_from = rec->fallback_config;
   }
   json_t* want = json_loads(given->model_desc, 0, NULL);
-  json_t* implied = st_train_model_implied();
+  json_t* implied = st_plan_model_implied();
   char recorded[700];
   snprintf(recorded, sizeof(recorded), "in %s", model_from ? model_from : "the record");
   st_ckpt_identity r = {rec->model ? rec->model : fallback, rec->tokenizer_hash};
@@ -95,3 +95,7 @@ st_status st_train_check_identity(const st_train_record* rec, const st_train_opt
   json_decref(fallback);
   return s;
 }
+
+const char* const st_plan_identity_fix =
+    "drop the override, or restore the run's config.yaml and tokenizer.json; to run it anyway, name the fields in "
+    "--allow-mismatch=FIELD[,FIELD...] (tokenizer, model.<key>, model, all), which the output records";

@@ -10,8 +10,7 @@
 #include <string.h>
 
 #include "strata/base.h"
-#include "strata/train.h"
-#include "train/checkpoint_io.h"
+#include "strata/plan.h"
 
 /* Bytes of the training state (parameters, m, v), whole tensors. */
 static int64_t st__state_bytes(const st_plan* p) {
@@ -37,10 +36,10 @@ static int64_t st__largest_state_tensor(const st_plan* p) {
 }
 
 /* Host bytes strata holds for |plan|: offload homes and checkpoint staging. */
-static void st__host(const st_train_options* o, st_runtime* rt, const st_plan* p, st_fit_candidate* c) {
+static void st__host(const st_plan_options* o, st_runtime* rt, const st_plan* p, st_plan_fit_candidate* c) {
   c->host_homes = st_plan_host_bytes(p);
   int64_t state = st__state_bytes(p);
-  c->ckpt_chunked = st_train_ckpt_streams(o, rt, state);
+  c->ckpt_chunked = st_plan_ckpt_streams(o, rt, state);
   c->ckpt_staging = c->ckpt_chunked ? st__largest_state_tensor(p) : state;
   c->host_bytes = c->host_homes + c->ckpt_staging;
 }
@@ -58,7 +57,7 @@ static const struct {
 };
 enum { ST__N_CANDIDATES = (int)(sizeof(st__candidates) / sizeof(st__candidates[0])) };
 
-int64_t st_train_host_kept_free(const st_host_memory* host) {
+int64_t st_plan_host_kept_free(const st_host_memory* host) {
   const int64_t gib = (int64_t)1 << 30;
   int64_t keep = host->total_bytes / 10 > gib ? host->total_bytes / 10 : gib;
   int64_t half = host->available_bytes / 2;
@@ -67,15 +66,15 @@ int64_t st_train_host_kept_free(const st_host_memory* host) {
 
 /* What |c| asks of the limit: per device, or on the host everything the
  * run holds there (every device's buffers are host memory there too). */
-static void st__need(const st_fit_report* r, st_fit_candidate* c) {
+static void st__need(const st_plan_fit_report* r, st_plan_fit_candidate* c) {
   c->need = r->host ? c->peak * (r->devices > 0 ? r->devices : 1) + c->host_bytes : c->peak;
   c->fits = r->limit <= 0 || c->need <= r->limit;
 }
 
 static double st__gib(int64_t b) { return (double)b / (double)((int64_t)1 << 30); }
 
-st_status st_train_fit(st_runtime* runtime, const st_bundle* bundle, const st_train_options* options,
-                       const st_plan* step, bool candidates, st_fit_report* out) {
+st_status st_plan_fit(st_runtime* runtime, const st_bundle* bundle, const st_plan_options* options,
+                       const st_plan* step, bool candidates, st_plan_fit_report* out) {
   memset(out, 0, sizeof(*out));
   out->devices = step->devices > 0 ? step->devices : 1;
   int64_t plugin = st_runtime_device_memory(runtime, 0);
@@ -93,7 +92,7 @@ st_status st_train_fit(st_runtime* runtime, const st_bundle* bundle, const st_tr
     st_host_memory_read(&out->host_memory);
     if (out->host_memory.known && out->host_memory.available_bytes > 0) {
       out->host = true;
-      out->kept_free = st_train_host_kept_free(&out->host_memory);
+      out->kept_free = st_plan_host_kept_free(&out->host_memory);
       out->limit = out->host_memory.available_bytes - out->kept_free;
       snprintf(out->limit_source, sizeof(out->limit_source),
                "the host's available memory: %s%.2f GiB less %.2f GiB kept free", out->host_memory.cgroup_limited
@@ -103,7 +102,7 @@ st_status st_train_fit(st_runtime* runtime, const st_bundle* bundle, const st_tr
   }
   st_plan_temps_peak tp;
   st_plan_predict_with_temps(step, NULL, &tp);
-  st_fit_candidate* me = &out->current;
+  st_plan_fit_candidate* me = &out->current;
   snprintf(me->policy, sizeof(me->policy), "%s", step->policy ? step->policy : "");
   me->peak = tp.peak;
   me->slots_peak = tp.slots_peak;
@@ -120,27 +119,27 @@ st_status st_train_fit(st_runtime* runtime, const st_bundle* bundle, const st_tr
   int built = 0;
   st_status s = ST_OK;
   for (int k = 0; k < ST__N_CANDIDATES && !s; ++k) {
-    st_train_options o = *options;
+    st_plan_options o = *options;
     if (st__candidates[k].remat) o.sched.remat = st__candidates[k].remat;
     if (st__candidates[k].offload >= 0) o.sched.offload = st__candidates[k].offload;
     st_plan_init(&plans[built]);
     st_plan_init(&evals[built]);
-    s = st_train_build_plans(bundle, &o, &plans[built], &evals[built]);
+    s = st_plan_build(bundle, &o, &plans[built], &evals[built]);
     if (s) {
       st_plan_deinit(&plans[built]);
       st_plan_deinit(&evals[built]);
       break;
     }
     ptrs[built] = &plans[built];
-    st_fit_candidate* c = &out->candidates[built];
+    st_plan_fit_candidate* c = &out->candidates[built];
     snprintf(c->policy, sizeof(c->policy), "%s", st__candidates[k].text);
     ++built;
   }
-  if (!s) s = st_train_plan_temps(runtime, bundle, ptrs, built);
+  if (!s) s = st_plan_compile_temps(runtime, bundle, ptrs, built);
   for (int k = 0; k < built; ++k) {
     if (!s) {
-      st_fit_candidate* c = &out->candidates[k];
-      st_train_options o = *options;
+      st_plan_fit_candidate* c = &out->candidates[k];
+      st_plan_options o = *options;
       st_plan_predict_with_temps(&plans[k], NULL, &tp);
       c->peak = tp.peak;
       c->slots_peak = tp.slots_peak;
@@ -155,7 +154,7 @@ st_status st_train_fit(st_runtime* runtime, const st_bundle* bundle, const st_tr
   return s;
 }
 
-static json_t* st__cand_json(const st_fit_candidate* c) {
+static json_t* st__cand_json(const st_plan_fit_candidate* c) {
   json_t* j = st_json_obj();
   st_json_put_str(j, "policy", c->policy);
   st_json_put_int(j, "predicted_peak_bytes", c->peak);
@@ -170,7 +169,7 @@ static json_t* st__cand_json(const st_fit_candidate* c) {
   return j;
 }
 
-json_t* st_train_fit_json(const st_fit_report* r) {
+json_t* st_plan_fit_json(const st_plan_fit_report* r) {
   json_t* j = st__cand_json(&r->current);
   st_json_put(j, "device_memory_bytes", r->limit > 0 ? st_json_int(r->limit) : json_null());
   st_json_put_str(j, "device_memory_source", r->limit > 0 ? r->limit_source : "unknown");
@@ -193,8 +192,8 @@ json_t* st_train_fit_json(const st_fit_report* r) {
   return j;
 }
 
-void st_train_fit_print(const st_fit_report* r, FILE* out) {
-  const st_fit_candidate* c = &r->current;
+void st_plan_fit_print(const st_plan_fit_report* r, FILE* out) {
+  const st_plan_fit_candidate* c = &r->current;
   fprintf(out, "# fit: predicted peak device bytes %" PRId64 " (live slots %" PRId64 " + XLA temporaries %" PRId64
                " at the peak); host bytes %" PRId64 " (offload homes %" PRId64 ", checkpoint staging %" PRId64 ", %s)\n",
           c->peak, c->peak - c->temps, c->temps, c->host_bytes, c->host_homes, c->ckpt_staging,
@@ -216,7 +215,7 @@ void st_train_fit_print(const st_fit_report* r, FILE* out) {
   }
 }
 
-st_status st_train_fit_status(const st_fit_report* r, const st_train_options* options) {
+st_status st_plan_fit_status(const st_plan_fit_report* r, const st_plan_options* options) {
   if (r->fits || r->limit <= 0) return ST_OK;
   st_strbuf b = {0};
   int fitting = 0;
@@ -246,4 +245,11 @@ st_status st_train_fit_status(const st_fit_report* r, const st_train_options* op
   (void)options;
   st_strbuf_free(&b);
   return s;
+}
+
+bool st_plan_ckpt_streams(const st_plan_options* o, st_runtime* runtime, int64_t state_bytes) {
+  if (o->ckpt.staging != ST_CKPT_STAGING_AUTO) return o->ckpt.staging == ST_CKPT_STAGING_CHUNKED;
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  int64_t ram = pages > 0 && page > 0 ? (int64_t)pages * (int64_t)page : 0;
+  return st_runtime_device_memory_is_host(runtime) || (ram > 0 && state_bytes > ram / 4);
 }

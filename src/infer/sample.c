@@ -17,22 +17,22 @@
 #include "strata/base.h"
 #include "strata/ckpt.h"
 #include "strata/kernels.h"
-#include "strata/train.h"
+#include "strata/infer.h"
 
 /*===-------------------------------------------------------------------===*/
 /* PRNG and the host-side draw                                              */
 /*===-------------------------------------------------------------------===*/
 
-void st_train_rng_seed(st_train_rng* rng, uint64_t seed) { rng->state = seed; }
+void st_infer_rng_seed(st_infer_rng* rng, uint64_t seed) { rng->state = seed; }
 
-uint64_t st_train_rng_next(st_train_rng* rng) {
+uint64_t st_infer_rng_next(st_infer_rng* rng) {
   uint64_t z = (rng->state += UINT64_C(0x9E3779B97F4A7C15));
   z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
   z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
   return z ^ (z >> 31);
 }
 
-double st_train_rng_uniform(st_train_rng* rng) { return (double)(st_train_rng_next(rng) >> 11) * 0x1.0p-53; }
+double st_infer_rng_uniform(st_infer_rng* rng) { return (double)(st_infer_rng_next(rng) >> 11) * 0x1.0p-53; }
 
 typedef struct {
   double z; /* logit / temperature */
@@ -47,7 +47,7 @@ static int st__cand_cmp(const void* a, const void* b) {
   return x->id < y->id ? -1 : x->id > y->id;
 }
 
-int32_t st_train_sample_pick(const float* logits, int n, int allowed, const st_train_sample_options* o, st_train_rng* rng) {
+int32_t st_infer_pick(const float* logits, int n, int allowed, const st_infer_sample_options* o, st_infer_rng* rng) {
   if (allowed > n) allowed = n;
   if (allowed < 1) allowed = 1;
   if (o->temperature <= 0) {
@@ -75,7 +75,7 @@ int32_t st_train_sample_pick(const float* logits, int n, int allowed, const st_t
     sum = 0;
     for (int i = 0; i < keep; ++i) sum += p[i];
   }
-  double u = st_train_rng_uniform(rng) * sum;
+  double u = st_infer_rng_uniform(rng) * sum;
   int32_t pick = c[keep - 1].id;
   double acc = 0;
   for (int i = 0; i < keep; ++i) {
@@ -100,7 +100,7 @@ typedef struct {
   st_program* exe;
 } st__gen_prog;
 
-struct st_train_sampler {
+struct st_infer_sampler {
   st_runtime* rt;
   const st_bundle* b;
   int n_progs;
@@ -112,7 +112,7 @@ struct st_train_sampler {
   int64_t T, V;
 };
 
-static st_program* st__exe(const st_train_sampler* s, const st_bundle_program* bp) {
+static st_program* st__exe(const st_infer_sampler* s, const st_bundle_program* bp) {
   for (int i = 0; i < s->n_progs; ++i)
     if (s->progs[i].bp == bp) return s->progs[i].exe;
   return NULL;
@@ -126,7 +126,7 @@ static int st__param_for(const st_bundle* b, const st_bundle_stage* st, const st
 /* Launches |bp| of stage |st|: its "param" inputs from the sampler's
  * parameters, the others from |rest| in order (|n_rest| of them; donated
  * ones are consumed). |outs| gets the outputs. */
-static st_status st__launch(st_train_sampler* s, const st_bundle_stage* st, const st_bundle_program* bp, st_buffer* const* rest,
+static st_status st__launch(st_infer_sampler* s, const st_bundle_stage* st, const st_bundle_program* bp, st_buffer* const* rest,
                             int n_rest, st_buffer** outs) {
   st_buffer* in[ST_BUNDLE_MAX_PROGRAM_TENSORS];
   int r = 0;
@@ -171,10 +171,10 @@ static st_status st__check_roles(const st_bundle* b) {
   return ST_OK;
 }
 
-st_status st_train_sampler_create(st_runtime* rt, const st_bundle* b, const void* const* params, st_train_sampler** out) {
+st_status st_infer_sampler_create(st_runtime* rt, const st_bundle* b, const void* const* params, st_infer_sampler** out) {
   *out = NULL;
   ST_RETURN(st__check_roles(b));
-  st_train_sampler* s = st_xcalloc(1, sizeof(*s));
+  st_infer_sampler* s = st_xcalloc(1, sizeof(*s));
   s->rt = rt;
   s->b = b;
   s->T = b->model.seq_len;
@@ -223,16 +223,16 @@ st_status st_train_sampler_create(st_runtime* rt, const st_bundle* b, const void
     st = st_buffer_from_host(rt, 0, &b->params[i].type, params[i], &s->params[i]);
   s->cache = st_xcalloc(2 * (size_t)b->layer_count + 1, sizeof(st_buffer*));
   if (st) {
-    st_train_sampler_destroy(s);
+    st_infer_sampler_destroy(s);
     return st_status_annotate(st, "preparing generation");
   }
   *out = s;
   return ST_OK;
 }
 
-double st_train_sampler_compile_seconds(const st_train_sampler* s) { return s->compile_s; }
+double st_infer_sampler_compile_seconds(const st_infer_sampler* s) { return s->compile_s; }
 
-void st_train_sampler_destroy(st_train_sampler* s) {
+void st_infer_sampler_destroy(st_infer_sampler* s) {
   if (!s) return;
   if (s->cache)
     for (int i = 0; i < 2 * s->b->layer_count; ++i) st_buffer_destroy(s->cache[i]);
@@ -247,7 +247,7 @@ void st_train_sampler_destroy(st_train_sampler* s) {
 
 /* Fills every layer's caches from |tokens| (|n| < T of them; positions
  * from n on hold padding that no query attends to). */
-static st_status st__prefill(st_train_sampler* s, const int32_t* tokens, int64_t n) {
+static st_status st__prefill(st_infer_sampler* s, const int32_t* tokens, int64_t n) {
   const st_bundle* b = s->b;
   int32_t* row = st_xcalloc((size_t)s->T, sizeof(int32_t));
   memcpy(row, tokens, (size_t)n * sizeof(int32_t));
@@ -280,7 +280,7 @@ static st_status st__prefill(st_train_sampler* s, const int32_t* tokens, int64_t
 
 /* Runs |token| at position |pos| through every layer (updating the caches)
  * and the head; |logits| gets vocab_size floats. */
-static st_status st__decode(st_train_sampler* s, int32_t token, int64_t pos, float* logits) {
+static st_status st__decode(st_infer_sampler* s, int32_t token, int64_t pos, float* logits) {
   const st_bundle* b = s->b;
   st_tensor_type tt = {.dtype = ST_DTYPE_S32, .rank = 2, .dims = {1, 1}};
   st_tensor_type pt = {.dtype = ST_DTYPE_S32, .rank = 0};
@@ -315,7 +315,7 @@ static st_status st__decode(st_train_sampler* s, int32_t token, int64_t pos, flo
   return st;
 }
 
-static void st__emit(const st_train_sample_options* o, int32_t id) {
+static void st__emit(const st_infer_sample_options* o, int32_t id) {
   if (!o->out) return;
   size_t len = 0;
   const unsigned char* b = o->tokenizer ? st_tokenizer_token(o->tokenizer, id, &len) : NULL;
@@ -328,11 +328,11 @@ static void st__emit(const st_train_sample_options* o, int32_t id) {
   fflush(o->out);
 }
 
-st_status st_train_sample_generate(st_train_sampler* s, const int32_t* prompt, int64_t prompt_len,
-                                   const st_train_sample_options* o, int32_t* out_ids) {
+st_status st_infer_generate(st_infer_sampler* s, const int32_t* prompt, int64_t prompt_len,
+                                   const st_infer_sample_options* o, int32_t* out_ids) {
   if (prompt_len < 1) return st_status_make(ST_CODE_CONFIG, "the prompt is empty; generation starts from at least one token");
-  if (o->tokens < 1 || o->tokens > ST_TRAIN_SAMPLE_MAX_TOKENS)
-    return st_status_make(ST_CODE_CONFIG, "tokens %lld: give 1 to %d", (long long)o->tokens, ST_TRAIN_SAMPLE_MAX_TOKENS);
+  if (o->tokens < 1 || o->tokens > ST_INFER_MAX_TOKENS)
+    return st_status_make(ST_CODE_CONFIG, "tokens %lld: give 1 to %d", (long long)o->tokens, ST_INFER_MAX_TOKENS);
   for (int64_t i = 0; i < prompt_len; ++i)
     if (prompt[i] < 0 || prompt[i] >= s->V)
       return st_status_make(ST_CODE_CONFIG, "prompt token %lld is id %d, outside the vocabulary 0..%lld", (long long)i,
@@ -341,8 +341,8 @@ st_status st_train_sample_generate(st_train_sampler* s, const int32_t* prompt, i
   int32_t* hist = st_xcalloc((size_t)total, sizeof(int32_t));
   memcpy(hist, prompt, (size_t)prompt_len * sizeof(int32_t));
   float* logits = st_xcalloc((size_t)s->V, sizeof(float));
-  st_train_rng rng;
-  st_train_rng_seed(&rng, o->seed);
+  st_infer_rng rng;
+  st_infer_rng_seed(&rng, o->seed);
   int allowed = o->byte_text && s->V > 256 ? 256 : (int)s->V;
   if (o->tokenizer && (int64_t)st_tokenizer_vocab_size(o->tokenizer) < s->V) allowed = (int)st_tokenizer_vocab_size(o->tokenizer);
   else if (o->tokenizer) allowed = (int)s->V;
@@ -369,7 +369,7 @@ st_status st_train_sample_generate(st_train_sampler* s, const int32_t* prompt, i
         break;
       }
     if (st) break;
-    int32_t id = st_train_sample_pick(logits, (int)s->V, allowed, o, &rng);
+    int32_t id = st_infer_pick(logits, (int)s->V, allowed, o, &rng);
     hist[n++] = id;
     if (out_ids) out_ids[g] = id;
     st__emit(o, id);
@@ -425,17 +425,17 @@ static st_status st__prompt_ids(const char* prompt, bool bytes, bool bpe, int64_
   return ST_OK;
 }
 
-st_status st_train_sample_main(const char* path, int n_overrides, char** overrides, const char* allow, const char* prompt,
-                               const st_train_sample_options* opts) {
-  st_trained_ref ref;
-  ST_RETURN(st_train_locate(path, &ref));
+st_status st_infer_sample_main(const char* path, int n_overrides, char** overrides, const char* allow, const char* prompt,
+                               const st_infer_sample_options* opts) {
+  st_plan_trained_ref ref;
+  ST_RETURN(st_plan_locate_trained(path, &ref));
   st_config* cfg = NULL;
-  st_train_options o;
+  st_plan_options o;
   memset(&o, 0, sizeof(o));
   st_bundle* bundle = NULL;
   st_runtime* rt = NULL;
   st_safetensors* file = NULL;
-  st_train_sampler* sampler = NULL;
+  st_infer_sampler* sampler = NULL;
   const void** data = NULL;
   int32_t* ids = NULL;
   int64_t n_ids = 0;
@@ -445,17 +445,17 @@ st_status st_train_sample_main(const char* path, int n_overrides, char** overrid
    * hold whole tensors. */
   bool one_device = true;
   if (!s) {
-    st_train_options probe;
-    s = st_train_options_from_config(cfg, &probe);
+    st_plan_options probe;
+    s = st_plan_options_from_config(cfg, &probe);
     one_device = !probe.mesh[0];
-    st_train_options_deinit(&probe);
+    st_plan_options_deinit(&probe);
   }
   const char* axes[3] = {"parallel.data", "parallel.fsdp", "parallel.tensor"};
   for (int a = 0; a < 3 && !s; ++a) s = st_config_set(cfg, axes[a], "1", "strata sample: one device");
   /* A bundle.dir of a mesh run holds that mesh's bundle; one device uses the cache. */
   if (!s && !one_device) s = st_config_set(cfg, "bundle.dir", "", "strata sample: one device");
-  if (!s) s = st_train_options_from_config(cfg, &o);
-  st_train_sample_options so = *opts;
+  if (!s) s = st_plan_options_from_config(cfg, &o);
+  st_infer_sample_options so = *opts;
   so.byte_text = !o.data.synthetic;
   /* A BPE run decodes through its tokenizer.json (docs/data.md). */
   st_tokenizer* tok = NULL;
@@ -472,11 +472,11 @@ st_status st_train_sample_main(const char* path, int n_overrides, char** overrid
   if (!s) {
     char given[65] = "";
     if (tok) snprintf(given, sizeof(given), "%s", st_tokenizer_hash(tok));
-    else s = st_train_given_tokenizer(&o, NULL, given);
-    st_train_record rec = ref.record;
+    else s = st_plan_given_tokenizer(&o, NULL, given);
+    st_plan_record rec = ref.record;
     rec.fallback_config = ref.config_path;
     json_t* report = NULL;
-    if (!s) s = st_train_check_identity(&rec, &o, given, allow, st_train_identity_fix, &report);
+    if (!s) s = st_plan_check_identity(&rec, &o, given, allow, st_plan_identity_fix, &report);
     char* notes = report ? st_ckpt_identity_notes(report, rec.label ? rec.label : "in the record") : NULL;
     if (notes && notes[0]) fprintf(stderr, "strata: note: %s\n", notes);
     free(notes);
@@ -526,11 +526,11 @@ st_status st_train_sample_main(const char* path, int n_overrides, char** overrid
     o.runtime.ffi_targets = st_kernels_ffi_target_table(&o.runtime.ffi_target_count);
   if (!s) {
     char* exe_cache = st_path_join(o.cache_root, "executables");
-    o.runtime.cache_dir = exe_cache; /* freed by st_train_options_deinit */
+    o.runtime.cache_dir = exe_cache; /* freed by st_plan_options_deinit */
     s = st_runtime_create(&o.runtime, &rt);
   }
-  if (!s) s = st_train_check_kernel_platform(&o, rt);
-  if (!s) s = st_train_sampler_create(rt, bundle, data, &sampler);
+  if (!s) s = st_plan_check_kernel_platform(&o, rt);
+  if (!s) s = st_infer_sampler_create(rt, bundle, data, &sampler);
   if (!s) {
     if (so.tokenizer) {
       st_strbuf text = {0};
@@ -545,18 +545,18 @@ st_status st_train_sample_main(const char* path, int n_overrides, char** overrid
         for (int64_t i = 0; i < n_ids; ++i) fprintf(so.out, i ? " %d" : "%d", (int)ids[i]);
     }
     if (so.out) fflush(so.out);
-    if (!s) s = st_train_sample_generate(sampler, ids, n_ids, &so, NULL);
+    if (!s) s = st_infer_generate(sampler, ids, n_ids, &so, NULL);
     if (so.out && ((!so.byte_text && !so.tokenizer) || isatty(fileno(so.out)))) fputc('\n', so.out);
   }
-  st_train_sampler_destroy(sampler);
+  st_infer_sampler_destroy(sampler);
   st_tokenizer_destroy(tok);
   st_runtime_destroy(rt);
   st_bundle_destroy(bundle);
   free(data);
   st_safetensors_free(file);
   free(ids);
-  st_train_options_deinit(&o);
+  st_plan_options_deinit(&o);
   st_config_destroy(cfg);
-  st_trained_ref_deinit(&ref);
+  st_plan_trained_ref_deinit(&ref);
   return s;
 }

@@ -12,14 +12,14 @@
 
 #include "strata/base.h"
 #include "strata/ckpt.h"
-#include "strata/train.h"
+#include "strata/plan.h"
 
-void st_trained_ref_deinit(st_trained_ref* ref) {
+void st_plan_trained_ref_deinit(st_plan_trained_ref* ref) {
   if (!ref) return;
   free(ref->run_dir);
   free(ref->config_path);
   free(ref->params_path);
-  st_train_record_deinit(&ref->record);
+  st_plan_record_deinit(&ref->record);
   memset(ref, 0, sizeof(*ref));
 }
 
@@ -63,7 +63,7 @@ static char* st__parent(const char* path) {
 }
 
 /* The identity a checkpoint's manifest records. */
-static void st__record_of_ckpt(const st_ckpt* c, st_train_record* r) {
+static void st__record_of_ckpt(const st_ckpt* c, st_plan_record* r) {
   r->model = json_incref(c->model);
   r->tokenizer_hash = c->tokenizer_hash ? st_xstrdup(c->tokenizer_hash) : NULL;
   r->source = st_path_join(c->dir, ST_CKPT_MANIFEST);
@@ -72,7 +72,7 @@ static void st__record_of_ckpt(const st_ckpt* c, st_train_record* r) {
 
 /* The final parameters have no manifest: the run's context.json records
  * the tokenizer and (since the description existed) the model. */
-static void st__record_of_run(const char* run_dir, st_train_record* r) {
+static void st__record_of_run(const char* run_dir, st_plan_record* r) {
   r->source = st_path_join(run_dir, "context.json");
   r->label = "in context.json";
   json_t* j = NULL;
@@ -89,7 +89,7 @@ static void st__record_of_run(const char* run_dir, st_train_record* r) {
   json_decref(j);
 }
 
-static st_status st__from_run(char* run_dir, st_trained_ref* out) {
+static st_status st__from_run(char* run_dir, st_plan_trained_ref* out) {
   char* root = st_path_join(run_dir, "checkpoints");
   st_ckpt* c = NULL;
   int skipped = 0;
@@ -129,7 +129,7 @@ static st_status st__from_run(char* run_dir, st_trained_ref* out) {
   return ST_OK;
 }
 
-static st_status st__from_checkpoint(char* dir, st_trained_ref* out) {
+static st_status st__from_checkpoint(char* dir, st_plan_trained_ref* out) {
   st_ckpt* c = NULL;
   st_status s = st_ckpt_open(dir, NULL, &c);
   if (s) {
@@ -152,7 +152,7 @@ static st_status st__from_checkpoint(char* dir, st_trained_ref* out) {
     free(run_dir);
     free(config);
     free(dir);
-    st_train_record_deinit(&out->record);
+    st_plan_record_deinit(&out->record);
     return s;
   }
   free(parent);
@@ -164,7 +164,7 @@ static st_status st__from_checkpoint(char* dir, st_trained_ref* out) {
   return ST_OK;
 }
 
-st_status st_train_locate(const char* path, st_trained_ref* out) {
+st_status st_plan_locate_trained(const char* path, st_plan_trained_ref* out) {
   memset(out, 0, sizeof(*out));
   if (!path || !path[0]) return st_status_make(ST_CODE_CONFIG, "no run directory or checkpoint folder given");
   char buf[PATH_MAX];
