@@ -149,6 +149,50 @@ void st_plan_options_deinit(st_plan_options* options);
  * decay to lr * min_lr_ratio (docs/model.md). */
 double st_plan_lr(const st_plan_options* options, int64_t t);
 
+/*===-------------------------------------------------------------------===*/
+/* Opening a run's bundle and runtime (src/plan/open.c)                      */
+/*===-------------------------------------------------------------------===*/
+
+/* What a command asks of st_plan_open. Zero-initialised means: no export
+ * progress, no stop signal, no mesh check. */
+typedef struct st_plan_open_options {
+  bool progress;       /* a cold export shows progress when run.progress says so (options->long_progress) */
+  /* Polled while a cold export runs (st_stop_signal; NULL: never): a
+   * stop signal ends the exporter at once (train: exit 8, nothing saved). */
+  int (*stop)(void);
+  bool check_mesh;     /* the mesh's device count against the plugin's devices (exit 2) */
+} st_plan_open_options;
+
+/* What is open. Owned by the struct; st_plan_close releases it. */
+typedef struct st_plan_opened {
+  st_bundle* bundle;    /* owned */
+  st_runtime* runtime;  /* owned; NULL until st_plan_open_runtime */
+  bool exported;        /* the bundle was exported by this open */
+  bool calls_kernels;   /* its programs call strata's FFI kernels: the handlers are registered with the client */
+  /* The process's memory just before and after the client was created:
+   * what the plugin adds (the trainer's `memory` events). */
+  st_mem_usage mem_before_runtime, mem_after_runtime;
+} st_plan_opened;
+
+/* The whole opening sequence, in the one order every command uses: the
+ * bundle for options->model_json and options->mesh (exported when missing
+ * or stale; exit 4 on an exporter or manifest error), its kernels checked
+ * against strata's handlers (exit 4), the handlers registered when its
+ * programs call them, the runtime (options->runtime, its executable cache
+ * under options->cache_root), the kernel platform check (exit 4) and, when
+ * asked, the mesh check (exit 2). Sets options->runtime's ffi_targets and
+ * cache_dir (freed by st_plan_options_deinit). |out| is zeroed first; on
+ * error it holds what was opened: st_plan_close it either way. */
+st_status st_plan_open(st_plan_options* options, const st_plan_open_options* how, st_plan_opened* out);
+/* The first half: the bundle and its kernel check (|out| zeroed by the
+ * caller). For commands that need no runtime (export, plan). */
+st_status st_plan_open_bundle(st_plan_options* options, const st_plan_open_options* how, st_plan_opened* out);
+/* The second half, after st_plan_open_bundle, or alone (out->bundle NULL,
+ * out->calls_kernels set by the caller) for a program without a bundle
+ * (strata repro) or a command that needs only the plugin. */
+st_status st_plan_open_runtime(st_plan_options* options, const st_plan_open_options* how, st_plan_opened* out);
+void st_plan_close(st_plan_opened* opened); /* NULL is a no-op */
+
 /* Tags the trainer's callbacks use to recognise H2D / READ / HOST ops. */
 enum {
   ST_TAG_TOKENS = 1,

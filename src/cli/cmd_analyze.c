@@ -600,10 +600,11 @@ st_status st_analyze_target_open(const char* dir, st_analyze_target* t) {
       s = st_plan_options_from_config(t->cfg, &t->o);
       t->have_opts = true;
     }
-    bool exported = false;
     if (!s) {
-      st_bundle_request req = {t->o.model_json, t->o.cache_root, t->o.bundle_dir, t->o.mesh, NULL};
-      s = st_bundle_ensure(&req, &t->bundle, &exported);
+      st_plan_opened opened;
+      memset(&opened, 0, sizeof(opened));
+      s = st_plan_open_bundle(&t->o, NULL, &opened);
+      t->bundle = opened.bundle; /* owned by the target from here */
     }
     if (!s) s = st_plan_build_ex(t->bundle, &t->o, &t->step, &t->eval, &t->remat);
   }

@@ -1,6 +1,7 @@
 /* cmd_export.c — `strata export CONFIG [k=v ...]`: writes (or validates)
  * the program bundle for the config and prints its folder. */
 #include <stdio.h>
+#include <string.h>
 
 #include "cli/cli_util.h"
 #include "cli/commands.h"
@@ -12,13 +13,15 @@ int st_cli_export(int argc, char** argv) {
   if (!s) {
     st_plan_options o;
     s = st_plan_options_from_config(cfg, &o);
-    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh, NULL};
-    st_bundle* bundle = NULL;
-    bool exported = false;
+    st_plan_open_options how = {.progress = true};
+    st_plan_opened opened;
+    memset(&opened, 0, sizeof(opened));
     if (!s) st_plan_kernel_selection_note(&o, stderr);
-    if (!s) s = st_bundle_ensure_ex(&req, o.long_progress.on, &bundle, &exported);
-    if (!s) printf("%s (%s, %d programs)\n", bundle->dir, exported ? "exported" : "up to date", bundle->program_count);
-    st_bundle_destroy(bundle);
+    if (!s) s = st_plan_open_bundle(&o, &how, &opened);
+    if (!s)
+      printf("%s (%s, %d programs)\n", opened.bundle->dir, opened.exported ? "exported" : "up to date",
+             opened.bundle->program_count);
+    st_plan_close(&opened);
     st_plan_options_deinit(&o);
   }
   st_config_destroy(cfg);

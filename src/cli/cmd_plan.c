@@ -16,62 +16,34 @@
 #include "strata/train.h"
 
 /* sched.remat=auto with a fractional sched.memory_budget needs the
- * devices' memory, which only the plugin knows: ask it (the plan itself
- * compiles nothing). */
-static st_status st__plan_device_memory(st_plan_options* o) {
+ * devices' memory, which only the plugin knows; --compile and --fit
+ * compile through it. Whether this plan needs the runtime at all. */
+static bool st__plan_needs_runtime(const st_plan_options* o, bool compile, bool fit) {
+  if (compile || fit) return true;
   double fraction = 0;
-  if (!st_config_remat_is_auto(o->sched.remat)) return ST_OK;
+  if (!st_config_remat_is_auto(o->sched.remat)) return false;
   st_status bad = st_config_memory_budget_parse(o->sched.memory_budget, NULL, &fraction);
-  if (bad || fraction <= 0) {
-    st_status_free(bad); /* the plan builder reports it */
-    return ST_OK;
-  }
-  st_runtime* rt = NULL;
-  ST_RETURN(st_runtime_create(&o->runtime, &rt));
-  st_status ks = st_plan_check_kernel_platform(o, rt);
-  if (ks) {
-    st_runtime_destroy(rt);
-    return ks;
-  }
+  st_status_free(bad); /* the plan builder reports it */
+  return !bad && fraction > 0;
+}
+
+/* The least device memory among the devices the plan uses. */
+static void st__plan_device_memory(st_plan_options* o, st_runtime* rt) {
   int used = (o->parallel_data > 1 ? o->parallel_data : 1) * (o->parallel_fsdp > 1 ? o->parallel_fsdp : 1) *
              (o->parallel_tensor > 1 ? o->parallel_tensor : 1);
   for (int d = 0; d < used; ++d) {
     int64_t m = st_runtime_device_memory(rt, d);
     if (d == 0 || m < o->device_memory) o->device_memory = m;
   }
-  st_runtime_destroy(rt);
-  return ST_OK;
-}
-
-/* --compile: XLA's temporaries of every program the plans launch. */
-static st_status st__plan_compile(st_plan_options* o, const st_bundle* bundle, st_plan* step, st_plan* eval) {
-  char* exe_cache = st_path_join(o->cache_root, "executables");
-  o->runtime.cache_dir = exe_cache;
-  st_runtime* rt = NULL;
-  st_status s = st_runtime_create(&o->runtime, &rt);
-  if (!s) s = st_plan_check_kernel_platform(o, rt);
-  st_plan* plans[2] = {step, eval};
-  if (!s) s = st_plan_compile_temps(rt, bundle, plans, 2);
-  st_runtime_destroy(rt);
-  o->runtime.cache_dir = NULL;
-  free(exe_cache);
-  return s;
 }
 
 /* --fit: the predicted peak against the device's memory, the policies
  * that would fit, and exit 4 when it does not (unless
  * sched.allow_overcommit). */
-static st_status st__plan_fit(st_plan_options* o, const st_bundle* bundle, const st_plan* step, bool json) {
-  char* exe_cache = st_path_join(o->cache_root, "executables");
-  o->runtime.cache_dir = exe_cache;
-  st_runtime* rt = NULL;
-  st_status s = st_runtime_create(&o->runtime, &rt);
-  if (!s) s = st_plan_check_kernel_platform(o, rt);
+static st_status st__plan_fit(st_plan_options* o, st_runtime* rt, const st_bundle* bundle, const st_plan* step,
+                              bool json) {
   st_plan_fit_report r;
-  if (!s) s = st_plan_fit(rt, bundle, o, step, true, &r);
-  st_runtime_destroy(rt);
-  o->runtime.cache_dir = NULL;
-  free(exe_cache);
+  st_status s = st_plan_fit(rt, bundle, o, step, true, &r);
   if (s) return s;
   if (json) {
     json_t* j = st_json_obj();
@@ -128,8 +100,10 @@ int st_cli_plan(int argc, char** argv) {
   st_config* cfg = NULL;
   st_status s = st_cli_load_config("plan", argc, argv, &cfg);
   st_plan_options o;
-  st_bundle* bundle = NULL;
-  bool exported = false;
+  st_plan_open_options how = {.progress = true};
+  st_plan_opened opened;
+  memset(&opened, 0, sizeof(opened));
+  const st_bundle* bundle = NULL;
   st_plan step, eval;
   st_plan_init(&step);
   st_plan_init(&eval);
@@ -137,19 +111,20 @@ int st_cli_plan(int argc, char** argv) {
   memset(&remat, 0, sizeof(remat));
   if (!s) {
     s = st_plan_options_from_config(cfg, &o);
-    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh, NULL};
     if (!s) st_plan_kernel_selection_note(&o, stderr);
-    if (!s) s = st_bundle_ensure_ex(&req, o.long_progress.on, &bundle, &exported);
-    /* --compile and --fit compile the bundle's programs: register the
-     * kernels they call before the client, as train does. */
-    if (!s) s = st_kernels_check_bundle(bundle);
-    if (!s && st_kernels_bundle_uses_ffi(bundle))
-      o.runtime.ffi_targets = st_kernels_ffi_target_table(&o.runtime.ffi_target_count);
-    if (!s) s = st__plan_device_memory(&o);
+    /* --compile and --fit compile the bundle's programs: the opener
+     * registers the kernels they call before the client, as train does. */
+    if (!s) s = st_plan_open_bundle(&o, &how, &opened);
+    bundle = opened.bundle;
+    if (!s && st__plan_needs_runtime(&o, compile, fit)) s = st_plan_open_runtime(&o, &how, &opened);
+    if (!s && opened.runtime) st__plan_device_memory(&o, opened.runtime);
     if (!s) s = st_plan_build_ex(bundle, &o, &step, &eval, &remat);
-    if (!s && compile) s = st__plan_compile(&o, bundle, &step, &eval);
+    if (!s && compile) {
+      st_plan* plans[2] = {&step, &eval};
+      s = st_plan_compile_temps(opened.runtime, bundle, plans, 2);
+    }
     if (!s && fit) {
-      s = st__plan_fit(&o, bundle, &step, json);
+      s = st__plan_fit(&o, opened.runtime, bundle, &step, json);
     } else if (!s && explain) {
       json_t* e = st_plan_explain_json(&step, &eval, &o);
       if (json) {
@@ -180,12 +155,12 @@ int st_cli_plan(int argc, char** argv) {
       printf("# evaluation\n");
       st_plan_print(&eval, stdout);
     }
+    st_plan_close(&opened); /* before the options: the runtime borrows their runtime.cache_dir */
     st_plan_options_deinit(&o);
   }
   st_plan_deinit(&step);
   st_plan_deinit(&eval);
   st_plan_remat_choice_deinit(&remat);
-  st_bundle_destroy(bundle);
   st_config_destroy(cfg);
   return st_cli_report(s);
 }

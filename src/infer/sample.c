@@ -493,11 +493,10 @@ st_status st_infer_sample_main(const char* path, int n_overrides, char** overrid
                        bpe ? (int64_t)st_tokenizer_vocab_size(tok) : (int64_t)o.data.vocab_size, &ids, &n_ids);
   }
   if (!s) s = st_status_recode(st_safetensors_read(ref.params_path, &file), ST_CODE_CKPT, "the trained parameters");
-  if (!s) {
-    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, "", NULL};
-    bool exported = false;
-    s = st_bundle_ensure(&req, &bundle, &exported);
-  }
+  st_plan_opened opened;
+  memset(&opened, 0, sizeof(opened));
+  if (!s) s = st_plan_open_bundle(&o, NULL, &opened);
+  bundle = opened.bundle;
   /* Every tensor of the model, with the bundle's type: a checkpoint of
    * another model is refused here, not by a launch. */
   if (!s) {
@@ -518,18 +517,8 @@ st_status st_infer_sample_main(const char* path, int n_overrides, char** overrid
         data[i] = file->data + e->offset;
     }
   }
-  /* The bundle's kernels against the handlers strata registers, before any
-   * compile (exit 4 naming kernel and versions); register them when its
-   * programs call them (docs/kernels.md). */
-  if (!s) s = st_kernels_check_bundle(bundle);
-  if (!s && st_kernels_bundle_uses_ffi(bundle))
-    o.runtime.ffi_targets = st_kernels_ffi_target_table(&o.runtime.ffi_target_count);
-  if (!s) {
-    char* exe_cache = st_path_join(o.cache_root, "executables");
-    o.runtime.cache_dir = exe_cache; /* freed by st_plan_options_deinit */
-    s = st_runtime_create(&o.runtime, &rt);
-  }
-  if (!s) s = st_plan_check_kernel_platform(&o, rt);
+  if (!s) s = st_plan_open_runtime(&o, NULL, &opened);
+  rt = opened.runtime;
   if (!s) s = st_infer_sampler_create(rt, bundle, data, &sampler);
   if (!s) {
     if (so.tokenizer) {
@@ -550,8 +539,7 @@ st_status st_infer_sample_main(const char* path, int n_overrides, char** overrid
   }
   st_infer_sampler_destroy(sampler);
   st_tokenizer_destroy(tok);
-  st_runtime_destroy(rt);
-  st_bundle_destroy(bundle);
+  st_plan_close(&opened);
   free(data);
   st_safetensors_free(file);
   free(ids);

@@ -103,22 +103,12 @@ st_status st_train_evaluate(const st_config* cfg, const st_plan_trained_ref* ref
   double t0 = st_now();
   if (!s) s = st_dataset_open(&o.data, &t.data);
   if (!s) {
-    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh, NULL};
-    bool exported = false;
-    s = st_bundle_ensure_ex(&req, o.long_progress.on, &bundle, &exported);
+    st_plan_open_options how = {.progress = true};
+    s = st_plan_open(&o, &how, &t.opened);
+    bundle = t.opened.bundle;
+    t.bundle = bundle;
+    t.runtime = t.opened.runtime;
   }
-  t.bundle = bundle;
-  /* The bundle's kernels against the handlers strata registers, before any
-   * compile (exit 4 naming kernel and versions); register them when its
-   * programs call them (docs/kernels.md). */
-  if (!s) s = st_kernels_check_bundle(bundle);
-  if (!s && st_kernels_bundle_uses_ffi(bundle))
-    o.runtime.ffi_targets = st_kernels_ffi_target_table(&o.runtime.ffi_target_count);
-  if (!s) {
-    o.runtime.cache_dir = st_path_join(o.cache_root, "executables");
-    s = st_runtime_create(&o.runtime, &t.runtime);
-  }
-  if (!s) s = st_plan_check_kernel_platform(&o, t.runtime);
   if (!s) {
     o.device_memory = st_runtime_device_memory(t.runtime, 0);
     s = st_plan_build(bundle, &o, &step_plan, &t.eval_plan);
@@ -168,9 +158,8 @@ st_status st_train_evaluate(const st_config* cfg, const st_plan_trained_ref* ref
   free(t.targets);
   free(t.mask);
   free(t.losses);
-  st_runtime_destroy(t.runtime);
+  st_plan_close(&t.opened);
   st_dataset_destroy(t.data);
-  st_bundle_destroy(bundle);
   st_plan_options_deinit(&o);
   free(tokenizer_json);
   return s;

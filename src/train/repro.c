@@ -171,21 +171,21 @@ st_status st_train_repro(const char* dir, const st_repro_options* ro, st_repro_r
     if (!s) s = st_plan_check_identity(&rec, &o, given, ro->allow, st_plan_identity_fix, &out->identity);
   }
   st_runtime* rt = NULL;
-  /* A program of an ffi bundle calls strata's kernels: register them
-   * before the client, as the run did (docs/kernels.md). */
+  st_plan_opened opened;
+  memset(&opened, 0, sizeof(opened));
+  /* A program of an ffi bundle calls strata's kernels: the opener
+   * registers them before the client, as the run did (docs/kernels.md). */
   if (!s) {
     char* text = NULL;
     size_t len = 0;
     if (!st_fs_read_file(mlir, &text, &len) && text && strstr(text, "custom_call @strata_")) {
-      o.runtime.ffi_targets = st_kernels_ffi_target_table(&o.runtime.ffi_target_count);
+      opened.calls_kernels = true;
       out->calls_kernels = true;
     }
     free(text);
   }
-  if (!s) {
-    o.runtime.cache_dir = st_path_join(o.cache_root, "executables");
-    s = st_runtime_create(&o.runtime, &rt);
-  }
+  if (!s) s = st_plan_open_runtime(&o, NULL, &opened);
+  rt = opened.runtime;
   st_program* prog = NULL;
   if (!s) {
     st_program_signature sig = {(int)n_in, in_types, (int)n_out, out_types};
@@ -243,7 +243,7 @@ st_status st_train_repro(const char* dir, const st_repro_options* ro, st_repro_r
   free(ins);
   free(outs);
   st_program_destroy(prog);
-  st_runtime_destroy(rt);
+  st_plan_close(&opened);
   st_plan_options_deinit(&o); /* frees runtime.cache_dir too */
   st_config_destroy(cfg);
   free(cfg_path);

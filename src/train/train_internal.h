@@ -22,6 +22,7 @@ typedef struct st__watch_ex st__watch_ex; /* watch.c */
 
 typedef struct st__trainer {
   const st_plan_options* o;
+  st_plan_opened opened; /* the bundle and runtime (st_plan_open); bundle and runtime below borrow them */
   const st_bundle* bundle;
   st_runtime* runtime;
   st_dataset* data;

@@ -880,28 +880,321 @@ static void st__on_oom(void* ctx, size_t bytes, const char* what) {
   st_status_free(s);
 }
 
+/* --- init: the run directory, its log, the metrics endpoint, the data --- */
+static st_status st__train_init(st__trainer* t, const st_config* cfg, st_plan_options* o, int* lock_fd) {
+  bool reused = false;
+  ST_RETURN(st__make_run_dir(cfg, o, &t->run_dir, lock_fd, &reused));
+  ST_RETURN(st_runlog_open(t->run_dir, &t->log));
+  if (o->tensorboard) {
+    char* tb = st_path_join(t->run_dir, "tb");
+    st_status s = st_runlog_tensorboard(t->log, tb);
+    free(tb);
+    ST_RETURN(s);
+  }
+  if (reused && !o->resume) {
+    json_t* f = st_json_obj();
+    st_json_put_str(f, "reason", "an earlier attempt in this directory stopped before its first step");
+    ST_RETURN(st_runlog_event(t->log, "run_dir_reused", f));
+  }
+  /* The endpoint first: a port in use fails the run (exit 2) before any
+   * data, compile, step or checkpoint. */
+  if (o->metrics_port > 0) {
+    const char* slash = strrchr(t->run_dir, '/');
+    ST_RETURN(st_metrics_server_start(o->metrics_port, slash ? slash + 1 : t->run_dir, &t->metrics));
+    char url[64];
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d/metrics", o->metrics_port);
+    json_t* f = st_json_obj();
+    st_json_put_str(f, "url", url);
+    st_json_put_int(f, "port", o->metrics_port);
+    ST_RETURN(st__event(t, "metrics_endpoint", f));
+    fprintf(stderr, "metrics at %s\n", url);
+  }
+  ST_RETURN(st_dataset_open(&o->data, &t->data));
+  return st__watch_start(t);
+}
+
+/* context.json, and the same facts as the init event. */
+static st_status st__context_event(st__trainer* t, const st_config* cfg) {
+  const st_plan_options* o = t->o;
+  char hash[17];
+  st_config_hash(cfg, NULL, 0, hash);
+  const char* slash = strrchr(t->run_dir, '/');
+  st_context_runtime rt;
+  st__context_runtime(t->runtime, &rt);
+  int mesh_devices = o->parallel_data * o->parallel_fsdp * o->parallel_tensor;
+  st_context_facts facts = {.run_id = slash ? slash + 1 : t->run_dir,
+                            .config_hash = hash,
+                            .bundle_key = t->bundle->key,
+                            .tokenizer_hash = st_dataset_tokenizer_hash(t->data),
+                            .jax_version = t->bundle->jax_version,
+                            .jaxlib_version = t->bundle->jaxlib_version,
+                            .runtime = &rt,
+                            .peak = st_train_peak_json(&t->peak, mesh_devices),
+                            .kernels = st_kernels_bundle_json(t->bundle),
+                            .model = json_loads(o->model_desc, 0, NULL)};
+  json_t* ctx = st_context_json(&facts);
+  json_decref(facts.peak);
+  json_decref(facts.kernels);
+  json_decref(facts.model);
+  char* path = st_path_join(t->run_dir, "context.json");
+  st_status s = st_json_write_file(path, ctx, 0);
+  free(path);
+  if (!s) {
+    json_t* f = st_json_obj();
+    st_json_put_str(f, "run_dir", t->run_dir);
+    st_json_put_int(f, "steps", o->steps);
+    st_json_put(f, "context", json_incref(ctx));
+    s = st__event(t, "init", f);
+  }
+  json_decref(ctx);
+  return s;
+}
+
+/* The bundle event: where it is, its lint warnings (its errors stopped the
+ * run before here), its kernels and any fallback the exporter took
+ * (docs/kernels.md, "Selection and fallback"), how auto was resolved. */
+static st_status st__bundle_event(st__trainer* t, bool exported) {
+  const st_bundle* bundle = t->bundle;
+  json_t* f = st_json_obj();
+  st_json_put_str(f, "dir", bundle->dir);
+  st_json_put_str(f, "key", bundle->key);
+  st_json_put_bool(f, "exported", exported);
+  st_json_put(f, "lint", st_lint_json(&bundle->lint));
+  st_json_put(f, "kernels", st_kernels_bundle_json(bundle));
+  st_json_put(f, "kernel_selection", st_plan_kernel_selection_json(t->o));
+  json_t* fb = json_array();
+  for (int i = 0; i < bundle->kernel_count; ++i)
+    if (bundle->kernels[i].fallback[0]) {
+      json_t* e = st_json_obj();
+      st_json_put_str(e, "op", bundle->kernels[i].name);
+      st_json_put_str(e, "asked", bundle->kernels[i].impl);
+      st_json_put_str(e, "fallback", bundle->kernels[i].fallback);
+      json_array_append_new(fb, e);
+    }
+  if (json_array_size(fb) > 0) st_json_put(f, "kernel_fallbacks", fb);
+  else json_decref(fb);
+  return st__event(t, "bundle", f);
+}
+
+/* --- open: bundle and runtime (st_plan_open), MFU's peak, the context --- */
+static st_status st__train_open(st__trainer* t, const st_config* cfg, st_plan_options* o) {
+  /* A stop signal during a cold export ends the exporter at once (exit 8,
+   * nothing saved: no step has run). */
+  st_plan_open_options how = {.progress = true, .stop = st_stop_signal, .check_mesh = true};
+  st_plan_opened* op = &t->opened;
+  st_status s = st_plan_open_bundle(o, &how, op);
+  t->bundle = op->bundle;
+  /* The data are open: what the plugin adds comes next (the memory events). */
+  if (!s) s = st_plan_open_runtime(o, &how, op);
+  t->runtime = op->runtime;
+  t->mem_base = op->mem_before_runtime;
+  t->mem_plugin = op->mem_after_runtime;
+  ST_RETURN(s);
+  /* MFU's peak (mfu.c), named in context.json; measured now only when
+   * nothing better is known and nothing is stored. */
+  st_train_peak_resolve(t->runtime, o->cache_root, o->peak_flops, true, &t->peak);
+  t->model_flops_per_token = st_train_model_flops_per_token(t->bundle);
+  ST_RETURN(st__context_event(t, cfg));
+  json_t* f = st_json_obj();
+  st_json_put_str(f, "token_file", st_dataset_token_path(t->data));
+  st_json_put_int(f, "tokens", (int64_t)st_dataset_token_count(t->data));
+  st_json_put_int(f, "train_tokens", (int64_t)st_dataset_split_tokens(t->data, 0));
+  st_json_put_int(f, "val_tokens", (int64_t)st_dataset_split_tokens(t->data, 1));
+  ST_RETURN(st__event(t, "data", f));
+  return st__bundle_event(t, op->exported);
+}
+
+/* Will it fit: the predicted peak with temporaries against the device's
+ * memory, before anything runs (docs/scheduling.md, "Will it fit"). */
+static st_status st__train_fit(st__trainer* t) {
+  const st_plan_options* o = t->o;
+  st_plan_fit_report fr;
+  ST_RETURN(st_plan_fit(t->runtime, t->bundle, o, &t->step_plan, true, &fr));
+  st_status nofit = st_plan_fit_status(&fr, o);
+  if (fr.limit > 0) {
+    json_t* f = st_plan_fit_json(&fr);
+    st_json_put_bool(f, "allow_overcommit", o->allow_overcommit);
+    st_status_free(st__event(t, "fit", f));
+  }
+  if (nofit && o->allow_overcommit) {
+    fprintf(stderr, "strata: warning: %s (sched.allow_overcommit=true: going on)\n", st_status_message(nofit));
+    st_status_free(nofit);
+    return ST_OK;
+  }
+  return nofit;
+}
+
+/* --- compile: the plans, every program they launch, the executors ------ */
+static st_status st__train_compile(st__trainer* t, st_plan_options* o) {
+  double t_compile = st_now();
+  st_runtime_stats rs;
+  st_runtime_get_stats(t->runtime, &rs);
+  t->compiles_before = rs.compiles;
+  t->cache_hits_before = rs.cache_hits;
+  /* A fractional sched.memory_budget is of the least memory among the
+   * devices the plan uses (0 when the plugin reports none). */
+  int used = (o->parallel_data > 1 ? o->parallel_data : 1) * (o->parallel_fsdp > 1 ? o->parallel_fsdp : 1) *
+             (o->parallel_tensor > 1 ? o->parallel_tensor : 1);
+  o->device_memory = 0;
+  for (int d = 0; d < used; ++d) {
+    int64_t m = st_runtime_device_memory(t->runtime, d);
+    if (d == 0 || m < o->device_memory) o->device_memory = m;
+  }
+  ST_RETURN(st_plan_build_ex(t->bundle, o, &t->step_plan, &t->eval_plan, &t->remat));
+  /* Before anything is compiled: a drill the plan never reaches is refused. */
+  ST_RETURN(st__check_nan_at(t));
+  /* Every program the run needs, compiled as one batch. A resume usually
+   * restores every parameter from a checkpoint, so it leaves the init
+   * programs out and compiles them later only if no checkpoint is found. */
+  t->compiled = st_xcalloc((size_t)t->bundle->program_count + 1, sizeof(st_program*));
+  t->compile_s = st_xcalloc((size_t)t->bundle->program_count + 1, sizeof(double));
+  const st_plan* plans[2] = {&t->step_plan, &t->eval_plan};
+  int n_init = 0;
+  const char** init = st__init_programs(t->bundle, &n_init);
+  st_status s = st__compile_programs(t, plans, 2, init, o->resume ? 0 : n_init);
+  free(init);
+  ST_RETURN(s);
+  ST_RETURN(st__compile_collectives(t, &t->step_plan));
+  ST_RETURN(st__compile_collectives(t, &t->eval_plan)); /* its SPMD programs may differ (tensor: block fwd) */
+  ST_RETURN(st__plan_programs(t, &t->step_plan, &t->step_programs));
+  ST_RETURN(st__plan_programs(t, &t->eval_plan, &t->eval_programs));
+  /* XLA's temporaries of each program, now that they are compiled: the
+   * plan event and strata plan --compile show the same peak. */
+  int64_t* tmp = st_plan_temps_of_programs(&t->step_plan, t->step_programs, NULL);
+  st_plan_set_program_temps(&t->step_plan, tmp);
+  free(tmp);
+  tmp = st_plan_temps_of_programs(&t->eval_plan, t->eval_programs, NULL);
+  st_plan_set_program_temps(&t->eval_plan, tmp);
+  free(tmp);
+  ST_RETURN(st__train_fit(t));
+  ST_RETURN(st_executor_create(&t->step_plan, t->runtime, t->step_programs, 0, &t->ex));
+  ST_RETURN(st_executor_create(&t->eval_plan, t->runtime, t->eval_programs, 0, &t->eval_ex));
+  ST_RETURN(st__check_hang_in(t));
+  t->watch_step = st__watch_executor(t, t->ex, &t->step_plan, "step");
+  t->watch_eval = st__watch_executor(t, t->eval_ex, &t->eval_plan, "eval");
+  ST_RETURN(st__plan_event(t));
+  return st__compile_event(t, st_now() - t_compile);
+}
+
+/* The host buffers of a step: batch, losses, norms, block metrics and, with
+ * diag.numerics, the statistics read back. */
+static st_status st__train_buffers(st__trainer* t) {
+  const st_plan_options* o = t->o;
+  const st_bundle* bundle = t->bundle;
+  t->mb = o->batch_size / o->microbatches;
+  t->T = o->data.seq_len;
+  int64_t rows = o->batch_size * (o->eval_batches > 1 ? o->eval_batches : 1);
+  t->tokens = st_xcalloc((size_t)(rows * t->T), sizeof(int32_t));
+  t->targets = st_xcalloc((size_t)(rows * t->T), sizeof(int32_t));
+  t->mask = st_xcalloc((size_t)(rows * t->T), sizeof(float));
+  t->losses = st_xcalloc((size_t)(o->microbatches * (o->eval_batches > 1 ? o->eval_batches : 1)), sizeof(double));
+  t->n_sq = (int)bundle->model.n_layers + 2;
+  t->sqnorms = st_xcalloc((size_t)t->n_sq, sizeof(double));
+  t->n_metrics = st_plan_block_metrics(bundle, t->metric_names, t->metric_ranks);
+  if (o->numerics == ST_NUMERICS_OFF) return ST_OK;
+  t->num_opt = st_xcalloc((size_t)t->n_sq, sizeof(*t->num_opt));
+  t->num_opt_read = st_xcalloc((size_t)t->n_sq, sizeof(bool));
+  if (o->numerics == ST_NUMERICS_LAYER) t->num_act = st_xcalloc((size_t)t->n_sq, sizeof(*t->num_act));
+  if (!bundle->groups[0].adamw_stats || !bundle->layers[0].act_stats)
+    return st_status_make(ST_CODE_RUNTIME,
+                          "diag.numerics=%s: bundle %s has no adamw_stats/act_stats programs (exported by an older "
+                          "strata_jax, or for a mesh); re-export it, or set diag.numerics=off",
+                          o->numerics == ST_NUMERICS_LAYER ? "layer" : "step", bundle->dir);
+  return ST_OK;
+}
+
+/* --- start: checkpoints, restore or init, the drills, the run event ---- */
+static st_status st__train_start(st__trainer* t, const st_config* cfg, double t0) {
+  const st_plan_options* o = t->o;
+  ST_RETURN(st__train_buffers(t));
+  st_train_ckpt_init ci = {cfg, o, t->run_dir, t->bundle, &t->step_plan, t->ex, t->runtime, t->log, t->data};
+  ST_RETURN(st_train_ckpt_create(&ci, &t->ckpt));
+  st_train_ckpt_set_watchdog(t->ckpt, t->watchdog);
+  /* Restore first: a checkpoint sets every parameter and optimizer slot, so
+   * a resume that finds one skips the init programs altogether. */
+  bool restored = false;
+  ST_RETURN(st_train_ckpt_restore(t->ckpt, &t->start_step, &restored));
+  /* After the restore, which refuses a checkpoint of another tokenizer
+   * (exit 3) before this could replace the run's tokenizer.json. */
+  ST_RETURN(st__copy_tokenizer(t));
+  if (o->resume) ST_RETURN(st__save_run_config(cfg, t->run_dir));
+  if (!restored) ST_RETURN(st__init_state(t));
+  /* Now the first step is known: every armed drill can fire in this run. */
+  ST_RETURN(st__check_drills(t));
+  st_runtime_release_host_memory(); /* init's host buffers (zeroed m, v) are not needed again */
+  st__memory_sample(t, "start");
+  ST_RETURN(st__memory_event(t, "start"));
+  json_t* f = st_json_obj();
+  st_json_put(f, "startup_seconds", st_json_fixed(st_now() - t0, 3));
+  return st__event(t, "run", f);
+}
+
+/* The run completed but a drill never fired: it drilled nothing, and a
+ * zero exit would read as a pass (exit 2: the drill does not fit this
+ * run; a restart would not fire it either). */
+static st_status st__check_unfired(st__trainer* t) {
+  if (!t->faults_unfired || json_array_size(t->faults_unfired) == 0) return ST_OK;
+  const int64_t saves = st_faults_saves(st_train_ckpt_faults(t->ckpt));
+  st_strbuf b = {0};
+  for (size_t i = 0; i < json_array_size(t->faults_unfired); ++i)
+    st_strbuf_printf(&b, "%s%s", i ? ", " : "", json_string_value(json_array_get(t->faults_unfired, i)));
+  st_status s = st_status_make(
+      ST_CODE_CONFIG,
+      "the run completed (steps %lld to %lld, %lld checkpoint save%s) but %s never fired: the drill tested "
+      "nothing; make it name a step or save this run reaches (docs/checkpoints.md, \"Fault injection\")",
+      (long long)t->start_step + 1, (long long)t->o->steps, (long long)saves, saves == 1 ? "" : "s", st_strbuf_cstr(&b));
+  st_strbuf_free(&b);
+  return s;
+}
+
+/* --- save: the final parameters, the peak memory event ----------------- */
+static st_status st__train_save(st__trainer* t) {
+  int replicas_checked = 0;
+  ST_RETURN(st__check_replicas(t, &replicas_checked));
+  char* path = st_path_join(t->run_dir, "params.safetensors");
+  st_status s = st__save_params(t, path);
+  if (!s) {
+    json_t* f = st_json_obj();
+    st_json_put_str(f, "path", path);
+    /* Data parallelism: how many replicated slots were found bitwise equal on every device. */
+    if (replicas_checked > 0) st_json_put_int(f, "replicas_bitwise_equal", replicas_checked);
+    s = st__event(t, "saved", f);
+  }
+  free(path);
+  st__memory_sample(t, "final save");
+  st_runtime_release_host_memory();
+  if (!s) s = st__memory_event(t, "peak");
+  if (!s) s = st__check_unfired(t);
+  return s;
+}
+
+/* All three axes at once are not built (the exporter refuses them too,
+ * docs/parallelism.md): refused before anything is created. */
+static st_status st__check_axes(const st_plan_options* o) {
+  if (o->parallel_data > 1 && o->parallel_fsdp > 1 && o->parallel_tensor > 1)
+    return st_status_make(ST_CODE_CONFIG,
+                          "parallel.data=%d parallel.fsdp=%d parallel.tensor=%d: a mesh with all three axes above "
+                          "1 is not yet supported in training (any two are; docs/parallelism.md); set one of them to 1",
+                          o->parallel_data, o->parallel_fsdp, o->parallel_tensor);
+  return ST_OK;
+}
+
+/* `strata train`, top to bottom: init -> open -> compile -> start -> run
+ * -> save, then the final event, the summary and a sample. Each phase
+ * returns at its first error; what was created is released here, in
+ * reverse order. */
 st_status st_train_main(const st_config* cfg) {
   st_plan_options o;
   st_status s = st_plan_options_from_config(cfg, &o);
+  if (!s) s = st__check_axes(&o);
   if (s) {
     st_plan_options_deinit(&o);
     return s;
-  }
-  /* All three axes at once are not built (the exporter refuses them too,
-   * docs/parallelism.md): refuse before anything is created. */
-  if (o.parallel_data > 1 && o.parallel_fsdp > 1 && o.parallel_tensor > 1) {
-    st_status ps = st_status_make(ST_CODE_CONFIG,
-                                  "parallel.data=%d parallel.fsdp=%d parallel.tensor=%d: a mesh with all three axes above "
-                                  "1 is not yet supported in training (any two are; docs/parallelism.md); set one of them to 1",
-                                  o.parallel_data, o.parallel_fsdp, o.parallel_tensor);
-    st_plan_options_deinit(&o);
-    return ps;
   }
   st__trainer t;
   memset(&t, 0, sizeof(t));
   t.last_loss = t.last_eval_loss = NAN;
   t.o = &o;
-  st_bundle* bundle = NULL;
   bool progress = o.progress == 1 || (o.progress == 2 && isatty(2));
   double t0 = st_now();
   /* SIGTERM, SIGINT, SIGHUP: finish the step, checkpoint, exit 8. */
@@ -911,310 +1204,17 @@ st_status st_train_main(const st_config* cfg) {
    * instead of aborting without one (docs/architecture.md). */
   st_oom_hook oom_hook;
   st_oom_hook_install(&oom_hook, st__on_oom, &t);
-
-  /* --- init ------------------------------------------------------------ */
   int lock_fd = -1;
-  bool reused = false;
-  s = st__make_run_dir(cfg, &o, &t.run_dir, &lock_fd, &reused);
-  if (!s) s = st_runlog_open(t.run_dir, &t.log);
-  if (!s && o.tensorboard) {
-    char* tb = st_path_join(t.run_dir, "tb");
-    s = st_runlog_tensorboard(t.log, tb);
-    free(tb);
-  }
-  if (!s && reused && !o.resume) {
-    json_t* f = st_json_obj();
-    st_json_put_str(f, "reason", "an earlier attempt in this directory stopped before its first step");
-    s = st_runlog_event(t.log, "run_dir_reused", f);
-  }
-  /* The endpoint first: a port in use fails the run (exit 2) before any
-   * data, compile, step or checkpoint. */
-  if (!s && o.metrics_port > 0) {
-    const char* slash = strrchr(t.run_dir, '/');
-    s = st_metrics_server_start(o.metrics_port, slash ? slash + 1 : t.run_dir, &t.metrics);
-    if (!s) {
-      char url[64];
-      snprintf(url, sizeof(url), "http://127.0.0.1:%d/metrics", o.metrics_port);
-      json_t* f = st_json_obj();
-      st_json_put_str(f, "url", url);
-      st_json_put_int(f, "port", o.metrics_port);
-      s = st__event(&t, "metrics_endpoint", f);
-      fprintf(stderr, "metrics at %s\n", url);
-    }
-  }
-  if (!s) s = st_dataset_open(&o.data, &t.data);
-  if (!s) s = st__watch_start(&t);
 
-  /* --- compile --------------------------------------------------------- */
-  bool exported = false;
-  if (!s) {
-    /* A stop signal during a cold export ends the exporter at once (exit 8,
-     * nothing saved: no step has run). */
-    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh, st_stop_signal};
-    s = st_bundle_ensure_ex(&req, o.long_progress.on, &bundle, &exported);
-  }
-  t.bundle = bundle;
-  /* The bundle's kernels against the handlers strata registers, before any
-   * compile (exit 4 naming kernel and versions); register them when its
-   * programs call them (docs/kernels.md). */
-  if (!s) s = st_kernels_check_bundle(bundle);
-  if (!s && st_kernels_bundle_uses_ffi(bundle))
-    o.runtime.ffi_targets = st_kernels_ffi_target_table(&o.runtime.ffi_target_count);
-  if (!s) {
-    char* exe_cache = st_path_join(o.cache_root, "executables");
-    o.runtime.cache_dir = exe_cache;
-    st_mem_usage_read(&t.mem_base); /* the data are open: what the plugin adds comes next */
-    s = st_runtime_create(&o.runtime, &t.runtime);
-    st_mem_usage_read(&t.mem_plugin);
-  }
-  if (!s) s = st_plan_check_kernel_platform(&o, t.runtime);
-  /* The config checks the mesh against runtime.cpu_devices; a GPU
-   * plugin's device count is only known now. */
-  if (!s) {
-    st_runtime_info ri;
-    st_runtime_get_info(t.runtime, &ri);
-    int64_t want = (int64_t)o.parallel_data * o.parallel_fsdp * o.parallel_tensor;
-    if (want > ri.device_count)
-      s = st_status_make(ST_CODE_CONFIG,
-                         "parallel.data=%d x parallel.fsdp=%d x parallel.tensor=%d needs %lld devices; the plugin exposes %d. "
-                         "Shrink the mesh",
-                         o.parallel_data, o.parallel_fsdp, o.parallel_tensor, (long long)want, ri.device_count);
-  }
-  /* MFU's peak (mfu.c), named in context.json; measured now only when
-   * nothing better is known and nothing is stored. */
-  int mesh_devices = o.parallel_data * o.parallel_fsdp * o.parallel_tensor;
-  if (!s) {
-    st_train_peak_resolve(t.runtime, o.cache_root, o.peak_flops, true, &t.peak);
-    t.model_flops_per_token = st_train_model_flops_per_token(bundle);
-  }
-  /* The task context: context.json, and the same facts as the first event. */
-  if (!s) {
-    char hash[17];
-    st_config_hash(cfg, NULL, 0, hash);
-    const char* slash = strrchr(t.run_dir, '/');
-    st_context_runtime rt;
-    st__context_runtime(t.runtime, &rt);
-    st_context_facts facts = {.run_id = slash ? slash + 1 : t.run_dir,
-                              .config_hash = hash,
-                              .bundle_key = bundle->key,
-                              .tokenizer_hash = st_dataset_tokenizer_hash(t.data),
-                              .jax_version = bundle->jax_version,
-                              .jaxlib_version = bundle->jaxlib_version,
-                              .runtime = &rt,
-                              .peak = st_train_peak_json(&t.peak, mesh_devices),
-                              .kernels = st_kernels_bundle_json(bundle),
-                              .model = json_loads(o.model_desc, 0, NULL)};
-    json_t* ctx = st_context_json(&facts);
-    json_decref(facts.peak);
-    json_decref(facts.kernels);
-    json_decref(facts.model);
-    char* path = st_path_join(t.run_dir, "context.json");
-    s = st_json_write_file(path, ctx, 0);
-    free(path);
-    if (!s) {
-      json_t* f = st_json_obj();
-      st_json_put_str(f, "run_dir", t.run_dir);
-      st_json_put_int(f, "steps", o.steps);
-      st_json_put(f, "context", json_incref(ctx));
-      s = st__event(&t, "init", f);
-    }
-    json_decref(ctx);
-  }
-  if (!s) {
-    json_t* f = st_json_obj();
-    st_json_put_str(f, "token_file", st_dataset_token_path(t.data));
-    st_json_put_int(f, "tokens", (int64_t)st_dataset_token_count(t.data));
-    st_json_put_int(f, "train_tokens", (int64_t)st_dataset_split_tokens(t.data, 0));
-    st_json_put_int(f, "val_tokens", (int64_t)st_dataset_split_tokens(t.data, 1));
-    s = st__event(&t, "data", f);
-  }
-  if (!s) {
-    json_t* f = st_json_obj();
-    st_json_put_str(f, "dir", bundle->dir);
-    st_json_put_str(f, "key", bundle->key);
-    st_json_put_bool(f, "exported", exported);
-    /* The lint's warnings (its errors stopped the run before here). */
-    st_json_put(f, "lint", st_lint_json(&bundle->lint));
-    /* The kernels' implementations, and any fallback the exporter took
-     * (docs/kernels.md, "Selection and fallback"). */
-    st_json_put(f, "kernels", st_kernels_bundle_json(bundle));
-    /* How kernels.<op>=auto was resolved (docs/kernels.md, "Selection"). */
-    st_json_put(f, "kernel_selection", st_plan_kernel_selection_json(&o));
-    json_t* fb = json_array();
-    for (int i = 0; i < bundle->kernel_count; ++i)
-      if (bundle->kernels[i].fallback[0]) {
-        json_t* e = st_json_obj();
-        st_json_put_str(e, "op", bundle->kernels[i].name);
-        st_json_put_str(e, "asked", bundle->kernels[i].impl);
-        st_json_put_str(e, "fallback", bundle->kernels[i].fallback);
-        json_array_append_new(fb, e);
-      }
-    if (json_array_size(fb) > 0) st_json_put(f, "kernel_fallbacks", fb);
-    else json_decref(fb);
-    s = st__event(&t, "bundle", f);
-  }
-  double t_compile = st_now();
-  if (!s && t.runtime) {
-    st_runtime_stats rs;
-    st_runtime_get_stats(t.runtime, &rs);
-    t.compiles_before = rs.compiles;
-    t.cache_hits_before = rs.cache_hits;
-  }
-  if (!s) {
-    /* A fractional sched.memory_budget is of the least memory among the
-     * devices the plan uses (0 when the plugin reports none). */
-    int used = (o.parallel_data > 1 ? o.parallel_data : 1) * (o.parallel_fsdp > 1 ? o.parallel_fsdp : 1) *
-               (o.parallel_tensor > 1 ? o.parallel_tensor : 1);
-    o.device_memory = 0;
-    for (int d = 0; d < used; ++d) {
-      int64_t m = st_runtime_device_memory(t.runtime, d);
-      if (d == 0 || m < o.device_memory) o.device_memory = m;
-    }
-    s = st_plan_build_ex(bundle, &o, &t.step_plan, &t.eval_plan, &t.remat);
-  }
-  /* Before anything is compiled: a drill the plan never reaches is refused. */
-  if (!s) s = st__check_nan_at(&t);
-  /* Every program the run needs, compiled as one batch. A resume usually
-   * restores every parameter from a checkpoint, so it leaves the init
-   * programs out and compiles them later only if no checkpoint is found. */
-  bool resume = o.resume;
-  if (!s) {
-    t.compiled = st_xcalloc((size_t)bundle->program_count + 1, sizeof(st_program*));
-    t.compile_s = st_xcalloc((size_t)bundle->program_count + 1, sizeof(double));
-    const st_plan* plans[2] = {&t.step_plan, &t.eval_plan};
-    int n_init = 0;
-    const char** init = st__init_programs(bundle, &n_init);
-    s = st__compile_programs(&t, plans, 2, init, resume ? 0 : n_init);
-    free(init);
-  }
-  if (!s) s = st__compile_collectives(&t, &t.step_plan);
-  if (!s) s = st__compile_collectives(&t, &t.eval_plan); /* its SPMD programs may differ (tensor: block fwd) */
-  if (!s) s = st__plan_programs(&t, &t.step_plan, &t.step_programs);
-  if (!s) s = st__plan_programs(&t, &t.eval_plan, &t.eval_programs);
-  /* XLA's temporaries of each program, now that they are compiled: the
-   * plan event and strata plan --compile show the same peak. */
-  if (!s) {
-    int64_t* tmp = st_plan_temps_of_programs(&t.step_plan, t.step_programs, NULL);
-    st_plan_set_program_temps(&t.step_plan, tmp);
-    free(tmp);
-    tmp = st_plan_temps_of_programs(&t.eval_plan, t.eval_programs, NULL);
-    st_plan_set_program_temps(&t.eval_plan, tmp);
-    free(tmp);
-  }
-  /* Will it fit: the predicted peak with temporaries against the device's
-   * memory, before anything runs (docs/scheduling.md, "Will it fit"). */
-  if (!s) {
-    st_plan_fit_report fr;
-    s = st_plan_fit(t.runtime, bundle, &o, &t.step_plan, true, &fr);
-    st_status nofit = s ? ST_OK : st_plan_fit_status(&fr, &o);
-    if (!s && (fr.limit > 0)) {
-      json_t* f = st_plan_fit_json(&fr);
-      st_json_put_bool(f, "allow_overcommit", o.allow_overcommit);
-      st_status_free(st__event(&t, "fit", f));
-    }
-    if (nofit && o.allow_overcommit) {
-      fprintf(stderr, "strata: warning: %s (sched.allow_overcommit=true: going on)\n", st_status_message(nofit));
-      st_status_free(nofit);
-    } else if (nofit) {
-      s = nofit;
-    }
-  }
-  if (!s) s = st_executor_create(&t.step_plan, t.runtime, t.step_programs, 0, &t.ex);
-  if (!s) s = st_executor_create(&t.eval_plan, t.runtime, t.eval_programs, 0, &t.eval_ex);
-  if (!s) s = st__check_hang_in(&t);
-  if (!s) {
-    t.watch_step = st__watch_executor(&t, t.ex, &t.step_plan, "step");
-    t.watch_eval = st__watch_executor(&t, t.eval_ex, &t.eval_plan, "eval");
-  }
-  if (!s) s = st__plan_event(&t);
-  if (!s) s = st__compile_event(&t, st_now() - t_compile);
+  s = st__train_init(&t, cfg, &o, &lock_fd);
+  if (!s) s = st__train_open(&t, cfg, &o);
+  if (!s) s = st__train_compile(&t, &o);
   st_mem_usage_read(&t.mem_compiled);
-
-  /* --- run ------------------------------------------------------------- */
-  if (!s) {
-    t.mb = o.batch_size / o.microbatches;
-    t.T = o.data.seq_len;
-    int64_t rows = o.batch_size * (o.eval_batches > 1 ? o.eval_batches : 1);
-    t.tokens = st_xcalloc((size_t)(rows * t.T), sizeof(int32_t));
-    t.targets = st_xcalloc((size_t)(rows * t.T), sizeof(int32_t));
-    t.mask = st_xcalloc((size_t)(rows * t.T), sizeof(float));
-    t.losses = st_xcalloc((size_t)(o.microbatches * (o.eval_batches > 1 ? o.eval_batches : 1)), sizeof(double));
-    t.n_sq = (int)bundle->model.n_layers + 2;
-    t.sqnorms = st_xcalloc((size_t)t.n_sq, sizeof(double));
-    t.n_metrics = st_plan_block_metrics(bundle, t.metric_names, t.metric_ranks);
-    if (o.numerics != ST_NUMERICS_OFF) {
-      t.num_opt = st_xcalloc((size_t)t.n_sq, sizeof(*t.num_opt));
-      t.num_opt_read = st_xcalloc((size_t)t.n_sq, sizeof(bool));
-      if (o.numerics == ST_NUMERICS_LAYER) t.num_act = st_xcalloc((size_t)t.n_sq, sizeof(*t.num_act));
-      if (!bundle->groups[0].adamw_stats || !bundle->layers[0].act_stats)
-        s = st_status_make(ST_CODE_RUNTIME,
-                           "diag.numerics=%s: bundle %s has no adamw_stats/act_stats programs (exported by an older "
-                           "strata_jax, or for a mesh); re-export it, or set diag.numerics=off",
-                           o.numerics == ST_NUMERICS_LAYER ? "layer" : "step", bundle->dir);
-    }
-  }
-  if (!s) {
-    st_train_ckpt_init ci = {cfg, &o, t.run_dir, bundle, &t.step_plan, t.ex, t.runtime, t.log, t.data};
-    s = st_train_ckpt_create(&ci, &t.ckpt);
-    if (!s) st_train_ckpt_set_watchdog(t.ckpt, t.watchdog);
-  }
-  /* Restore first: a checkpoint sets every parameter and optimizer slot, so
-   * a resume that finds one skips the init programs altogether. */
-  bool restored = false;
-  if (!s) s = st_train_ckpt_restore(t.ckpt, &t.start_step, &restored);
-  /* After the restore, which refuses a checkpoint of another tokenizer
-   * (exit 3) before this could replace the run's tokenizer.json. */
-  if (!s) s = st__copy_tokenizer(&t);
-  if (!s && o.resume) s = st__save_run_config(cfg, t.run_dir);
-  if (!s && !restored) s = st__init_state(&t);
-  /* Now the first step is known: every armed drill can fire in this run. */
-  if (!s) s = st__check_drills(&t);
-  if (!s) {
-    st_runtime_release_host_memory(); /* init's host buffers (zeroed m, v) are not needed again */
-    st__memory_sample(&t, "start");
-    s = st__memory_event(&t, "start");
-  }
-  if (!s) {
-    json_t* f = st_json_obj();
-    st_json_put(f, "startup_seconds", st_json_fixed(st_now() - t0, 3));
-    s = st__event(&t, "run", f);
-  }
+  if (!s) s = st__train_start(&t, cfg, t0);
   if (!s) s = st__run(&t, progress);
   st__watch_step_end(&t); /* a step that failed */
+  if (!s) s = st__train_save(&t);
 
-  /* --- save ------------------------------------------------------------ */
-  int replicas_checked = 0;
-  if (!s) s = st__check_replicas(&t, &replicas_checked);
-  if (!s) {
-    char* path = st_path_join(t.run_dir, "params.safetensors");
-    s = st__save_params(&t, path);
-    if (!s) {
-      json_t* f = st_json_obj();
-      st_json_put_str(f, "path", path);
-      /* Data parallelism: how many replicated slots were found bitwise equal on every device. */
-      if (replicas_checked > 0) st_json_put_int(f, "replicas_bitwise_equal", replicas_checked);
-      s = st__event(&t, "saved", f);
-    }
-    free(path);
-    st__memory_sample(&t, "final save");
-    st_runtime_release_host_memory();
-    if (!s) s = st__memory_event(&t, "peak");
-  }
-  /* The run completed but a drill never fired: it drilled nothing, and a
-   * zero exit would read as a pass (exit 2: the drill does not fit this
-   * run; a restart would not fire it either). */
-  if (!s && t.faults_unfired && json_array_size(t.faults_unfired) > 0) {
-    const int64_t saves = st_faults_saves(st_train_ckpt_faults(t.ckpt));
-    st_strbuf b = {0};
-    for (size_t i = 0; i < json_array_size(t.faults_unfired); ++i)
-      st_strbuf_printf(&b, "%s%s", i ? ", " : "", json_string_value(json_array_get(t.faults_unfired, i)));
-    s = st_status_make(ST_CODE_CONFIG,
-                       "the run completed (steps %lld to %lld, %lld checkpoint save%s) but %s never fired: the drill tested "
-                       "nothing; make it name a step or save this run reaches (docs/checkpoints.md, \"Fault injection\")",
-                       (long long)t.start_step + 1, (long long)o.steps, (long long)saves, saves == 1 ? "" : "s",
-                       st_strbuf_cstr(&b));
-    st_strbuf_free(&b);
-  }
   if (s && t.log && st_status_code(s) == ST_CODE_INTERRUPTED) {
     st__interrupted_event(&t, s);
   } else if (s && t.log) {
@@ -1230,9 +1230,8 @@ st_status st_train_main(const st_config* cfg) {
   st_train_ckpt_destroy(t.ckpt);
   st__watch_stop(&t); /* after the checkpoints: their last write is watched */
   st__trainer_free(&t);
-  st_runtime_destroy(t.runtime);
+  st_plan_close(&t.opened);
   st_dataset_destroy(t.data);
-  st_bundle_destroy(bundle);
   st_metrics_server_stop(t.metrics);
   st_oom_hook_remove(&oom_hook); /* before the log it writes to is closed */
   st_runlog_close(t.log);
