@@ -275,13 +275,10 @@ st_status st_plan_remat_auto(int layers, int64_t budget, st_plan_remat_peak_fn p
 /* Builds the training-step plan and the evaluation plan for |bundle|.
  * sched.remat=auto chooses the layers here (st_plan_remat_auto); a
  * fractional sched.memory_budget needs options->device_memory (exit 2
- * naming the key when it is 0). */
-st_status st_plan_build(const st_bundle* bundle, const st_plan_options* options, st_plan* out_step,
-                               st_plan* out_eval);
-/* The same, and what sched.remat chose (|out_choice| may be NULL; else
- * the caller deinits it, also after an error). */
-st_status st_plan_build_ex(const st_bundle* bundle, const st_plan_options* options, st_plan* out_step,
-                                  st_plan* out_eval, st_plan_remat_choice* out_choice);
+ * naming the key when it is 0). |out_choice| (may be NULL) gets what
+ * sched.remat chose and why; the caller deinits it, also after an error. */
+st_status st_plan_build(const st_bundle* bundle, const st_plan_options* options, st_plan* out_step, st_plan* out_eval,
+                        st_plan_remat_choice* out_choice);
 
 /* Compiles (through the executable cache of |runtime|) every program
  * |plans| use and sets each plan's program_temps from XLA's analyses

@@ -606,7 +606,7 @@ st_status st_analyze_target_open(const char* dir, st_analyze_target* t) {
       s = st_plan_open_bundle(&t->o, NULL, &opened);
       t->bundle = opened.bundle; /* owned by the target from here */
     }
-    if (!s) s = st_plan_build_ex(t->bundle, &t->o, &t->step, &t->eval, &t->remat);
+    if (!s) s = st_plan_build(t->bundle, &t->o, &t->step, &t->eval, &t->remat);
   }
   free(config);
   return s;

@@ -118,7 +118,7 @@ int st_cli_plan(int argc, char** argv) {
     bundle = opened.bundle;
     if (!s && st__plan_needs_runtime(&o, compile, fit)) s = st_plan_open_runtime(&o, &how, &opened);
     if (!s && opened.runtime) st__plan_device_memory(&o, opened.runtime);
-    if (!s) s = st_plan_build_ex(bundle, &o, &step, &eval, &remat);
+    if (!s) s = st_plan_build(bundle, &o, &step, &eval, &remat);
     if (!s && compile) {
       st_plan* plans[2] = {&step, &eval};
       s = st_plan_compile_temps(opened.runtime, bundle, plans, 2);

@@ -124,7 +124,7 @@ st_status st_plan_fit(st_runtime* runtime, const st_bundle* bundle, const st_pla
     if (st__candidates[k].offload >= 0) o.sched.offload = st__candidates[k].offload;
     st_plan_init(&plans[built]);
     st_plan_init(&evals[built]);
-    s = st_plan_build(bundle, &o, &plans[built], &evals[built]);
+    s = st_plan_build(bundle, &o, &plans[built], &evals[built], NULL);
     if (s) {
       st_plan_deinit(&plans[built]);
       st_plan_deinit(&evals[built]);

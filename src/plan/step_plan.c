@@ -1217,12 +1217,8 @@ static st_status st__memory_budget(const st_plan_options* o, int64_t* out_bytes,
   return ST_OK;
 }
 
-st_status st_plan_build(const st_bundle* b, const st_plan_options* o, st_plan* step_out, st_plan* eval_out) {
-  return st_plan_build_ex(b, o, step_out, eval_out, NULL);
-}
-
-st_status st_plan_build_ex(const st_bundle* b, const st_plan_options* o, st_plan* step_out, st_plan* eval_out,
-                                  st_plan_remat_choice* choice_out) {
+st_status st_plan_build(const st_bundle* b, const st_plan_options* o, st_plan* step_out, st_plan* eval_out,
+                        st_plan_remat_choice* choice_out) {
   st_plan_init(step_out);
   st_plan_init(eval_out);
   if (choice_out) memset(choice_out, 0, sizeof(*choice_out));

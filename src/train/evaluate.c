@@ -111,7 +111,7 @@ st_status st_train_evaluate(const st_config* cfg, const st_plan_trained_ref* ref
   }
   if (!s) {
     o.device_memory = st_runtime_device_memory(t.runtime, 0);
-    s = st_plan_build(bundle, &o, &step_plan, &t.eval_plan);
+    s = st_plan_build(bundle, &o, &step_plan, &t.eval_plan, NULL);
   }
   if (!s) {
     t.compiled = st_xcalloc((size_t)bundle->program_count + 1, sizeof(st_program*));

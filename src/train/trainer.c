@@ -1040,7 +1040,7 @@ static st_status st__train_compile(st__trainer* t, st_plan_options* o) {
     int64_t m = st_runtime_device_memory(t->runtime, d);
     if (d == 0 || m < o->device_memory) o->device_memory = m;
   }
-  ST_RETURN(st_plan_build_ex(t->bundle, o, &t->step_plan, &t->eval_plan, &t->remat));
+  ST_RETURN(st_plan_build(t->bundle, o, &t->step_plan, &t->eval_plan, &t->remat));
   /* Before anything is compiled: a drill the plan never reaches is refused. */
   ST_RETURN(st__check_nan_at(t));
   /* Every program the run needs, compiled as one batch. A resume usually

@@ -122,13 +122,13 @@ static void test_per_layer_clip_rule(void** state) {
   o.sched.per_layer_optimizer = true;
   o.grad_clip = 1.0;
   st_plan step, eval;
-  s = st_plan_build(b, &o, &step, &eval);
+  s = st_plan_build(b, &o, &step, &eval, NULL);
   assert_non_null(s);
   assert_int_equal(st_status_code(s), ST_CODE_CONFIG);
   assert_non_null(strstr(st_status_message(s), "cannot clip"));
   st_status_free(s);
   o.grad_clip = 0;
-  ASSERT_OK(st_plan_build(b, &o, &step, &eval));
+  ASSERT_OK(st_plan_build(b, &o, &step, &eval, NULL));
   st_plan_deinit(&step);
   st_plan_deinit(&eval);
   st_bundle_destroy(b);
@@ -260,7 +260,7 @@ static void build(const st_bundle* b, st_plan_options* o, const char* remat, con
   o->sched.remat = remat;
   o->sched.memory_budget = budget;
   st_plan eval;
-  ASSERT_OK(st_plan_build_ex(b, o, step, &eval, c));
+  ASSERT_OK(st_plan_build(b, o, step, &eval, c));
   st_plan_deinit(&eval);
 }
 
@@ -359,7 +359,7 @@ static void test_remat_auto_plans(void** state) {
   st_plan eval;
   o.sched.remat = "auto";
   o.sched.memory_budget = "0.5";
-  st_status s = st_plan_build_ex(b, &o, &step, &eval, &c);
+  st_status s = st_plan_build(b, &o, &step, &eval, &c);
   assert_non_null(s);
   assert_int_equal(st_status_code(s), ST_CODE_CONFIG);
   assert_string_equal(st_status_message(s),

@@ -81,7 +81,7 @@ static int64_t compile_all(const st_bundle* b, int microbatches, int* out_unique
   o.batch_size = 2 * microbatches;
   o.eval_batches = 1;
   st_plan step, eval;
-  ASSERT_OK(st_plan_build(b, &o, &step, &eval));
+  ASSERT_OK(st_plan_build(b, &o, &step, &eval, NULL));
   st_program** compiled = calloc((size_t)b->program_count, sizeof(st_program*));
   int unique = 0;
   const st_plan* plans[2] = {&step, &eval};
@@ -372,8 +372,8 @@ static void test_plan_takes_program_names_from_the_bundle(void** state) {
   o.eval_batches = 1;
   o.sched.remat = "0"; /* layer 0 recomputes, layer 1 keeps its residuals */
   st_plan step, eval, step0, eval0;
-  ASSERT_OK(st_plan_build(r, &o, &step, &eval));
-  ASSERT_OK(st_plan_build(b, &o, &step0, &eval0));
+  ASSERT_OK(st_plan_build(r, &o, &step, &eval, NULL));
+  ASSERT_OK(st_plan_build(b, &o, &step0, &eval0, NULL));
   /* The same step, only the names differ. */
   assert_int_equal(step.op_count, step0.op_count);
   assert_int_equal(eval.op_count, eval0.op_count);
@@ -484,8 +484,8 @@ static void test_plan_reads_block_metrics(void** state) {
   o.eval_batches = 1;
   o.sched.remat = "0"; /* layer 0 runs fwd and recomputes, layer 1 runs fwd_res */
   st_plan step, eval, step0, eval0;
-  ASSERT_OK(st_plan_build(r, &o, &step, &eval));
-  ASSERT_OK(st_plan_build(b, &o, &step0, &eval0));
+  ASSERT_OK(st_plan_build(r, &o, &step, &eval, NULL));
+  ASSERT_OK(st_plan_build(b, &o, &step0, &eval0, NULL));
   /* Per microbatch and layer: a WAIT, a READ and a FREE of each metric
    * (the recompute frees its two with y_re); the evaluation frees each
    * layer's two in one op. */
@@ -527,7 +527,7 @@ static void test_plan_reads_block_metrics(void** state) {
   /* fwd and fwd_res must agree on the metrics. */
   st_bundle* bad = metric_bundle(b, "block_fwd_res");
   st_plan s2, e2;
-  st_status s = st_plan_build(bad, &o, &s2, &e2);
+  st_status s = st_plan_build(bad, &o, &s2, &e2, NULL);
   assert_non_null(s);
   assert_non_null(strstr(st_status_message(s), "return different metrics"));
   st_status_free(s);
@@ -633,7 +633,7 @@ static void test_crafted_bundle_counts_are_bounded(void** state) {
   st_plan_options o;
   plan_options(&o);
   st_plan step, eval;
-  st_status s = st_plan_build(c, &o, &step, &eval);
+  st_status s = st_plan_build(c, &o, &step, &eval, NULL);
   if (s) {
     assert_int_equal(st_status_code(s), ST_CODE_RUNTIME);
     st_status_free(s);
@@ -649,7 +649,7 @@ static void test_crafted_bundle_counts_are_bounded(void** state) {
   s = st_bundle_open(dir, &c);
   if (!s) {
     /* What the unbounded reader did: hand the plan builder the bundle. */
-    st_status_free(st_plan_build(c, &o, &step, &eval));
+    st_status_free(st_plan_build(c, &o, &step, &eval, NULL));
     fail_msg("a bundle with %d residuals was accepted", ST_BUNDLE_MAX_PROGRAM_TENSORS + 8);
   }
   assert_int_equal(st_status_code(s), ST_CODE_RUNTIME);
@@ -674,7 +674,7 @@ static void test_embed_programs_must_match_the_embed_group(void** state) {
   st_plan_options o;
   plan_options(&o);
   st_plan step, eval;
-  st_status s = st_plan_build(c, &o, &step, &eval);
+  st_status s = st_plan_build(c, &o, &step, &eval, NULL);
   assert_non_null(s);
   assert_int_equal(st_status_code(s), ST_CODE_RUNTIME);
   assert_non_null(strstr(st_status_message(s), "the embedding's programs do not match"));
