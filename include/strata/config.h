@@ -93,7 +93,7 @@ st_status st_config_set(st_config* config, const char* key, const char* value, c
  * ("0,2,5"). NULL or "" means "auto", the default. With n_layers >= 0,
  * fills |out_remat| (n_layers entries, may be NULL) and rejects layers >=
  * n_layers; with n_layers < 0 checks only syntax. "auto" fills no layer
- * (the plan builder chooses: src/train/remat_auto.c). */
+ * (the plan builder chooses: src/plan/remat_auto.c). */
 st_status st_config_remat_parse(const char* spec, int n_layers, bool* out_remat);
 /* Whether |spec| is sched.remat=auto (NULL and "" included). */
 bool st_config_remat_is_auto(const char* spec);

@@ -31,7 +31,7 @@ extern "C" {
 typedef struct st_faults st_faults;
 typedef struct st_runlog st_runlog; /* strata/obs.h */
 
-/* faults.* (docs/config.md); 0 = off. The typed options (train/options.c)
+/* faults.* (docs/config.md); 0 = off. The typed options (plan/options.c)
  * fill it from the config. */
 typedef struct st_faults_options {
   int64_t crash_at_step, crash_in_save, corrupt_latest, io_error_at_save, hang_at_step, hang_in_save;

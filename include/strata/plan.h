@@ -261,7 +261,7 @@ json_t* st_plan_remat_choice_json(const st_plan_remat_choice* choice);
  * |remat| (one flag a block). */
 typedef st_status (*st_plan_remat_peak_fn)(void* user, const bool* remat, int64_t* out_peak);
 
-/* sched.remat=auto (src/train/remat_auto.c): fills |out_choice| (and its
+/* sched.remat=auto (src/plan/remat_auto.c): fills |out_choice| (and its
  * remat[layers], owned by it) with the fewest recomputing layers whose
  * plan's predicted peak, as |peak| predicts it, is within |budget| bytes
  * (0: no limit, so none); when even every layer does not fit, every layer,
@@ -285,7 +285,7 @@ st_status st_plan_build(const st_bundle* bundle, const st_plan_options* options,
  * (st_plan_set_program_temps): what `strata plan --compile` shows. */
 st_status st_plan_compile_temps(st_runtime* runtime, const st_bundle* bundle, st_plan* const* plans, int plan_count);
 
-/* Will it fit (src/train/fit.c; docs/scheduling.md, "Will it fit"). */
+/* Will it fit (src/plan/fit.c; docs/scheduling.md, "Will it fit"). */
 typedef struct st_plan_fit_candidate {
   char policy[96];      /* the step plan's policy line, or the overrides of an alternative */
   int64_t peak;         /* predicted peak device bytes per device: live slots + the running program's temporaries */

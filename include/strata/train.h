@@ -3,7 +3,7 @@
  * init -> compile -> run -> evaluate -> save, every transition an event in
  * <run>/events.jsonl.
  *
- * One step, top to bottom (src/train/step_plan.c builds it as a plan from
+ * One step, top to bottom (src/plan/step_plan.c builds it as a plan from
  * the bundle's program tables; docs/architecture.md shows what it emits):
  *   batch -> embed fwd -> block fwd (remat layers) or fwd_res x L
  *   -> head loss (loss + head grads + dx) -> per block in reverse:
