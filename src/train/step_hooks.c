@@ -2,6 +2,7 @@
  * evaluation: H2D fills the batch, the step number and the optimizer's
  * scalars; READ takes the losses and squared norms back; HOST turns the
  * norms into the clip scale and the learning rate (docs/bundle.md). */
+#include <assert.h>
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -60,6 +61,9 @@ static st_status st__h2d(void* user, const st_op* op, int index, int device, st_
       return st_buffer_from_host(t->runtime, device, &ht, h, out);
     }
     default:
+      /* The plan builder tags every H2D it emits with one of the cases
+       * above: another tag is a bug in strata, not bad input. */
+      assert(!"H2D op with a tag the plan builder never emits");
       return st_status_make(ST_CODE_INTERNAL, "H2D op with unknown tag %d", op->tag);
   }
 }
@@ -81,6 +85,8 @@ void st__metrics_reset(st__trainer* t) {
 /* A block metric (ST_TAG_METRIC + s): every device's value counts, as
  * every layer's and microbatch's does. */
 static st_status st__read_metric(st__trainer* t, int s, st_buffer* b) {
+  /* The plan reads only the metrics st_plan_block_metrics listed. */
+  assert(s >= 0 && s < t->n_metrics);
   if (s < 0 || s >= t->n_metrics) return st_status_make(ST_CODE_INTERNAL, "READ of block metric %d of %d", s, t->n_metrics);
   const st_tensor_type* type = st_buffer_type(b);
   int64_t n = st_tensor_type_elements(type);
@@ -180,6 +186,7 @@ static st_status st__read(void* user, const st_op* op, int index, st_buffer* b) 
       if (index < (F > 1 ? F * st__tensor(t) : 1)) t->sqnorms[op->micro] += v;
       return ST_OK;
     default:
+      assert(!"READ op with a tag the plan builder never emits");
       return st_status_make(ST_CODE_INTERNAL, "READ op with unknown tag %d", op->tag);
   }
 }
@@ -196,6 +203,7 @@ static st_status st__host(void* user, const st_op* op) {
     t->lr = st_plan_lr(t->o, t->step + 1);
     return ST_OK;
   }
+  assert(op->tag == ST_TAG_CLIP); /* the only other HOST op the builder emits */
   if (op->tag != ST_TAG_CLIP) return st_status_make(ST_CODE_INTERNAL, "HOST op with unknown tag %d", op->tag);
   double sum = 0;
   for (int i = 0; i < t->n_sq; ++i) sum += t->sqnorms[i];

@@ -8,6 +8,7 @@
  *
  * The executor callbacks that feed a step live in step_hooks.c, the metrics
  * lines and events in metrics.c. */
+#include <assert.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -218,6 +219,8 @@ st_status st__plan_programs(st__trainer* t, const st_plan* plan, st_program*** o
     v[i] = bp ? t->compiled[bp - t->bundle->programs]
               : (cp && t->compiled_coll) ? t->compiled_coll[cp - t->bundle->collectives] : NULL;
     if (!v[i]) {
+      /* st__compile_programs compiled every program of this plan first. */
+      assert(!"a program of the plan was not compiled");
       free(v);
       return st_status_make(ST_CODE_INTERNAL, "program '%s' of the plan was not compiled", plan->programs[i]);
     }
