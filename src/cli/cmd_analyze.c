@@ -602,7 +602,7 @@ st_status st_analyze_target_open(const char* dir, st_analyze_target* t) {
     }
     bool exported = false;
     if (!s) {
-      st_bundle_request req = {t->o.model_json, t->o.cache_root, t->o.bundle_dir, t->o.mesh, NULL};
+      st_bundle_request req = {t->o.model_json, t->o.cache_root, t->o.bundle_dir, t->o.mesh, NULL, false};
       s = st_bundle_ensure(&req, &t->bundle, &exported);
     }
     if (!s) s = st_train_build_plans_ex(t->bundle, &t->o, &t->step, &t->eval, &t->remat);

@@ -12,11 +12,11 @@ int st_cli_export(int argc, char** argv) {
   if (!s) {
     st_train_options o;
     s = st_train_options_from_config(cfg, &o);
-    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh, NULL};
+    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh, NULL, o.long_progress.on};
     st_bundle* bundle = NULL;
     bool exported = false;
     if (!s) st_train_kernel_selection_note(&o, stderr);
-    if (!s) s = st_bundle_ensure_ex(&req, o.long_progress.on, &bundle, &exported);
+    if (!s) s = st_bundle_ensure(&req, &bundle, &exported);
     if (!s) printf("%s (%s, %d programs)\n", bundle->dir, exported ? "exported" : "up to date", bundle->program_count);
     st_bundle_destroy(bundle);
     st_train_options_deinit(&o);

@@ -137,9 +137,9 @@ int st_cli_plan(int argc, char** argv) {
   memset(&remat, 0, sizeof(remat));
   if (!s) {
     s = st_train_options_from_config(cfg, &o);
-    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh, NULL};
+    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh, NULL, o.long_progress.on};
     if (!s) st_train_kernel_selection_note(&o, stderr);
-    if (!s) s = st_bundle_ensure_ex(&req, o.long_progress.on, &bundle, &exported);
+    if (!s) s = st_bundle_ensure(&req, &bundle, &exported);
     /* --compile and --fit compile the bundle's programs: register the
      * kernels they call before the client, as train does. */
     if (!s) s = st_kernels_check_bundle(bundle);

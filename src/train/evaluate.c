@@ -107,9 +107,9 @@ st_status st_train_evaluate(const st_config* cfg, const st_trained_ref* ref, con
   double t0 = st_now();
   if (!s) s = st_dataset_open(&o.data, &t.data);
   if (!s) {
-    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh, NULL};
+    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh, NULL, o.long_progress.on};
     bool exported = false;
-    s = st_bundle_ensure_ex(&req, o.long_progress.on, &bundle, &exported);
+    s = st_bundle_ensure(&req, &bundle, &exported);
   }
   t.bundle = bundle;
   /* The bundle's kernels against the handlers strata registers, before any

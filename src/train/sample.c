@@ -494,7 +494,7 @@ st_status st_train_sample_main(const char* path, int n_overrides, char** overrid
   }
   if (!s) s = st_status_recode(st_safetensors_read(ref.params_path, &file), ST_CODE_CKPT, "the trained parameters");
   if (!s) {
-    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, "", NULL};
+    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, "", NULL, false};
     bool exported = false;
     s = st_bundle_ensure(&req, &bundle, &exported);
   }

@@ -950,8 +950,8 @@ st_status st_train_main(const st_config* cfg) {
   if (!s) {
     /* A stop signal during a cold export ends the exporter at once (exit 8,
      * nothing saved: no step has run). */
-    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh, st_stop_signal};
-    s = st_bundle_ensure_ex(&req, o.long_progress.on, &bundle, &exported);
+    st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, o.mesh, st_stop_signal, o.long_progress.on};
+    s = st_bundle_ensure(&req, &bundle, &exported);
   }
   t.bundle = bundle;
   /* The bundle's kernels against the handlers strata registers, before any
