@@ -11,7 +11,7 @@
 #include "strata/base.h"
 #include "strata/bundle.h"
 
-static int st__cmp_str(const void* a, const void* b) { return strcmp(*(char* const*)a, *(char* const*)b); }
+static int st__key_cmp_str(const void* a, const void* b) { return strcmp(*(char* const*)a, *(char* const*)b); }
 
 /* The model JSON without its depth, members in their order, one per line.
  * No program depends on model.n_layers (block_init takes it as an input;
@@ -136,7 +136,7 @@ void st_bundle_key(const st_bundle_request* request, char out[17]) {
       names[n++] = st_xstrdup(e->d_name);
     }
     closedir(d);
-    qsort(names, n, sizeof(char*), st__cmp_str);
+    qsort(names, n, sizeof(char*), st__key_cmp_str);
     for (size_t i = 0; i < n; ++i) {
       char* path = st_path_join(folder, names[i]);
       char sha[65] = "";

@@ -41,7 +41,7 @@ static st_status st__tensor_type_from_json(const json_t* t, const char* where, s
 
 /* Every count read from the manifest is checked against its limit before
  * anything is sized from it. */
-static st_status st__count(const json_t* arr, size_t limit, const char* where, const char* what, const char* name) {
+static st_status st__manifest_count(const json_t* arr, size_t limit, const char* where, const char* what, const char* name) {
   if (json_array_size(arr) > limit)
     return st_status_make(ST_CODE_RUNTIME, "%s: %zu %s exceeds the limit of %zu (%s, docs/bundle.md \"Limits\")", where,
                           json_array_size(arr), what, limit, name);
@@ -50,7 +50,7 @@ static st_status st__count(const json_t* arr, size_t limit, const char* where, c
 
 static st_status st__tensors_from_json(const json_t* arr, const char* where, const char* what, int* out_count,
                                        st_bundle_tensor** out) {
-  ST_RETURN(st__count(arr, ST_BUNDLE_MAX_PROGRAM_TENSORS, where, what, "ST_BUNDLE_MAX_PROGRAM_TENSORS"));
+  ST_RETURN(st__manifest_count(arr, ST_BUNDLE_MAX_PROGRAM_TENSORS, where, what, "ST_BUNDLE_MAX_PROGRAM_TENSORS"));
   size_t n = json_array_size(arr);
   *out_count = (int)n;
   *out = st_xcalloc(n ? n : 1, sizeof(st_bundle_tensor));
@@ -371,7 +371,7 @@ static st_status st__kernels_parse(st_bundle* b, const json_t* root, const char*
   if (!k) return ST_OK;
   const json_t* ops = json_object_get(k, "ops");
   if (!json_is_array(ops)) return st_status_make(ST_CODE_RUNTIME, "%s: kernels.ops is not an array", mpath);
-  ST_RETURN(st__count(ops, ST_BUNDLE_MAX_KERNELS, mpath, "kernels", "ST_BUNDLE_MAX_KERNELS"));
+  ST_RETURN(st__manifest_count(ops, ST_BUNDLE_MAX_KERNELS, mpath, "kernels", "ST_BUNDLE_MAX_KERNELS"));
   size_t n = json_array_size(ops);
   b->kernels = st_xcalloc(n ? n : 1, sizeof(st_bundle_kernel));
   for (size_t i = 0; i < n; ++i) {
@@ -394,7 +394,7 @@ static st_status st__kernels_parse(st_bundle* b, const json_t* root, const char*
     kb->fallback = st_xstrdup(json_is_string(fb) ? json_string_value(fb) : "");
     const json_t* targets = json_object_get(kj, "targets");
     if (targets && !json_is_array(targets)) return st_status_make(ST_CODE_RUNTIME, "%s: targets is not an array", ctx);
-    ST_RETURN(st__count(targets, ST_BUNDLE_MAX_KERNEL_TARGETS, ctx, "targets", "ST_BUNDLE_MAX_KERNEL_TARGETS"));
+    ST_RETURN(st__manifest_count(targets, ST_BUNDLE_MAX_KERNEL_TARGETS, ctx, "targets", "ST_BUNDLE_MAX_KERNEL_TARGETS"));
     for (size_t t = 0; t < json_array_size(targets); ++t) {
       const json_t* v = json_array_get(targets, t);
       if (!json_is_string(v) || !json_string_value(v)[0])
@@ -425,7 +425,7 @@ static st_status st__bundle_parse(st_bundle* b, const json_t* root, const char* 
 
   const json_t* progs = NULL;
   ST_RETURN(st_json_get_array(root, "programs", mpath, &progs));
-  ST_RETURN(st__count(progs, ST_BUNDLE_MAX_PROGRAMS, mpath, "programs", "ST_BUNDLE_MAX_PROGRAMS"));
+  ST_RETURN(st__manifest_count(progs, ST_BUNDLE_MAX_PROGRAMS, mpath, "programs", "ST_BUNDLE_MAX_PROGRAMS"));
   size_t n_progs = json_array_size(progs);
   b->program_count = (int)n_progs;
   b->programs = st_xcalloc(n_progs ? n_progs : 1, sizeof(st_bundle_program));
@@ -463,7 +463,7 @@ static st_status st__bundle_parse(st_bundle* b, const json_t* root, const char* 
 
   const json_t* groups = NULL;
   ST_RETURN(st_json_get_array(root, "groups", mpath, &groups));
-  ST_RETURN(st__count(groups, ST_BUNDLE_MAX_GROUPS, mpath, "groups", "ST_BUNDLE_MAX_GROUPS"));
+  ST_RETURN(st__manifest_count(groups, ST_BUNDLE_MAX_GROUPS, mpath, "groups", "ST_BUNDLE_MAX_GROUPS"));
   size_t n_groups = json_array_size(groups);
   b->group_count = (int)n_groups;
   b->groups = st_xcalloc(n_groups ? n_groups : 1, sizeof(st_bundle_group));
@@ -473,7 +473,7 @@ static st_status st__bundle_parse(st_bundle* b, const json_t* root, const char* 
     const json_t* params = NULL;
     ST_RETURN(st_json_get_string(g, "name", mpath, &name));
     ST_RETURN(st_json_get_array(g, "params", mpath, &params));
-    ST_RETURN(st__count(params, ST_BUNDLE_MAX_GROUP_PARAMS, mpath, "parameters in a group", "ST_BUNDLE_MAX_GROUP_PARAMS"));
+    ST_RETURN(st__manifest_count(params, ST_BUNDLE_MAX_GROUP_PARAMS, mpath, "parameters in a group", "ST_BUNDLE_MAX_GROUP_PARAMS"));
     size_t n = json_array_size(params);
     b->groups[i].name = st_xstrdup(name);
     b->groups[i].param_count = (int)n;
@@ -487,7 +487,7 @@ static st_status st__bundle_parse(st_bundle* b, const json_t* root, const char* 
 
   const json_t* params = NULL;
   ST_RETURN(st_json_get_array(root, "params", mpath, &params));
-  ST_RETURN(st__count(params, ST_BUNDLE_MAX_PARAMS, mpath, "params", "ST_BUNDLE_MAX_PARAMS"));
+  ST_RETURN(st__manifest_count(params, ST_BUNDLE_MAX_PARAMS, mpath, "params", "ST_BUNDLE_MAX_PARAMS"));
   size_t n_params = json_array_size(params);
   b->param_count = (int)n_params;
   b->params = st_xcalloc(n_params ? n_params : 1, sizeof(st_bundle_param));

@@ -87,7 +87,7 @@ static double st__conv_per_output(const st__ir_op* op, const st__ir_sig* sig) {
 
 /* "axes=data,fsdp" from replica_group_mesh_axes, or the replica_groups /
  * source_target_pairs text, cut to fit. */
-static void st__groups(const st__ir_op* op, char* out, size_t cap) {
+static void st__cost_groups(const st__ir_op* op, char* out, size_t cap) {
   out[0] = '\0';
   const char* e = op->colon ? op->colon : op->e;
   const char* m = st_ir_find(op->after_name, e, "replica_group_mesh_axes");
@@ -308,7 +308,7 @@ static int64_t st__trip_count(const st__ir_op* op, const char* scope_b) {
   return trip;
 }
 
-static void st__walk(st__ir_ctx* c, const char* p, const char* e, double mult, int depth, int mode, st__cost* acc);
+static void st__cost_walk(st__ir_ctx* c, const char* p, const char* e, double mult, int depth, int mode, st__cost* acc);
 
 static void st__count_static(st__ir_ctx* c, const char* s) {
   st_ir_op_counts* k = &c->s->ops;
@@ -333,7 +333,7 @@ static void st__region_unit(st__ir_ctx* c, const st__ir_op* op, int depth, doubl
   *transc = 0;
   if (op->n_regions > 0) {
     st__cost sub = {0};
-    st__walk(c, op->rb[0], op->re[0], 1, depth + 1, ST__REGION, &sub);
+    st__cost_walk(c, op->rb[0], op->re[0], 1, depth + 1, ST__REGION, &sub);
     *flops = sub.dot + sub.conv + sub.elementwise + sub.reduce + sub.other;
     *transc = sub.transc;
     return;
@@ -436,7 +436,7 @@ static void st__op_cost(st__ir_ctx* c, const st__ir_op* op, const char* scope_b,
     }
     if (!strcmp(s, "while")) c->s->while_loops++;
     for (int i = 0; i < op->n_regions && !c->err; ++i)
-      st__walk(c, op->rb[i], op->re[i], 1, depth + 1, ST__STATIC, acc);
+      st__cost_walk(c, op->rb[i], op->re[i], 1, depth + 1, ST__STATIC, acc);
     return;
   }
   bool bytes = mode == ST__COST;
@@ -484,7 +484,7 @@ static void st__op_cost(st__ir_ctx* c, const st__ir_op* op, const char* scope_b,
   }
   if (st__ir_is_collective(s) && mode == ST__COST) {
     char g[128];
-    st__groups(op, g, sizeof(g));
+    st__cost_groups(op, g, sizeof(g));
     st__add_collective(c, s, g, mult, mult * sig.in_bytes);
   }
   if (!strcmp(s, "custom_call") && mode == ST__COST) {
@@ -514,7 +514,7 @@ static void st__op_cost(st__ir_ctx* c, const st__ir_op* op, const char* scope_b,
       st__ir_fail(c, op->b, "calls nested deeper than 32 (recursion?)");
       return;
     }
-    st__walk(c, f->body_b, f->body_e, mult, depth + 1, mode, acc);
+    st__cost_walk(c, f->body_b, f->body_e, mult, depth + 1, mode, acc);
     return;
   }
   if (!strcmp(s, "while")) {
@@ -522,7 +522,7 @@ static void st__op_cost(st__ir_ctx* c, const st__ir_op* op, const char* scope_b,
     if (trip < 0) c->s->while_unknown_trip++;
     else if ((double)trip > c->s->max_trip) c->s->max_trip = (double)trip;
     double m = mult * (double)(trip < 0 ? 1 : trip);
-    for (int i = 0; i < op->n_regions && !c->err; ++i) st__walk(c, op->rb[i], op->re[i], m, depth + 1, mode, acc);
+    for (int i = 0; i < op->n_regions && !c->err; ++i) st__cost_walk(c, op->rb[i], op->re[i], m, depth + 1, mode, acc);
     return;
   }
   if (!strcmp(s, "case") || !strcmp(s, "if")) {
@@ -530,7 +530,7 @@ static void st__op_cost(st__ir_ctx* c, const st__ir_op* op, const char* scope_b,
     st__cost most = {0};
     for (int i = 0; i < op->n_regions && !c->err; ++i) {
       st__cost b = {0};
-      st__walk(c, op->rb[i], op->re[i], mult, depth + 1, mode, &b);
+      st__cost_walk(c, op->rb[i], op->re[i], mult, depth + 1, mode, &b);
       double* m = &most.dot;
       const double* v = &b.dot;
       for (size_t k = 0; k < sizeof(most) / sizeof(double); ++k)
@@ -542,7 +542,7 @@ static void st__op_cost(st__ir_ctx* c, const st__ir_op* op, const char* scope_b,
     return;
   }
   if (!strncmp(op->name, "sdy.", 4)) { /* a manual computation's body is the program itself */
-    for (int i = 0; i < op->n_regions && !c->err; ++i) st__walk(c, op->rb[i], op->re[i], mult, depth + 1, mode, acc);
+    for (int i = 0; i < op->n_regions && !c->err; ++i) st__cost_walk(c, op->rb[i], op->re[i], mult, depth + 1, mode, acc);
     return;
   }
   if (!bytes) return;
@@ -625,7 +625,7 @@ static void st__mark_uses(const st__ir_op* op, st__names* used) {
   }
 }
 
-static void st__walk(st__ir_ctx* c, const char* p, const char* e, double mult, int depth, int mode, st__cost* acc) {
+static void st__cost_walk(st__ir_ctx* c, const char* p, const char* e, double mult, int depth, int mode, st__cost* acc) {
   if (depth > ST_IR_MAX_DEPTH) {
     st__ir_fail(c, p, "regions nested deeper than 32");
     return;
@@ -725,13 +725,13 @@ st_status st_ir_analyze(const char* text, size_t size, const char* name, st_ir_s
     out->funcs = c.n_funcs;
     for (int i = 0; i < c.n_funcs && !c.err; ++i) {
       c.cur_func = &c.funcs[i];
-      st__walk(&c, c.funcs[i].body_b, c.funcs[i].body_e, 1, 0, ST__STATIC, &static_cost);
+      st__cost_walk(&c, c.funcs[i].body_b, c.funcs[i].body_e, 1, 0, ST__STATIC, &static_cost);
     }
   }
   if (!c.err) st__main_io(&c, m);
   if (!c.err) {
     c.visits = 0;
-    st__walk(&c, m->body_b, m->body_e, 1, 0, ST__COST, &cost);
+    st__cost_walk(&c, m->body_b, m->body_e, 1, 0, ST__COST, &cost);
   }
   free(c.funcs);
   if (c.err) {

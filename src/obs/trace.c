@@ -14,7 +14,7 @@ struct st_trace {
 };
 
 /* {"name": ..., "ph": ..., "pid": 1, "tid": ...}: the members every event starts with. */
-static json_t* st__event(const char* name, const char* ph, int tid) {
+static json_t* st__trace_event(const char* name, const char* ph, int tid) {
   json_t* e = st_json_obj();
   st_json_put_str(e, "name", name);
   st_json_put_str(e, "ph", ph);
@@ -29,7 +29,7 @@ st_trace* st_trace_new(const char* process_name) {
   st_trace* t = st_xcalloc(1, sizeof(*t));
   t->events = st_json_arr();
   t->meta = st_json_obj();
-  json_t* e = st__event("process_name", "M", 0);
+  json_t* e = st__trace_event("process_name", "M", 0);
   json_t* args = st_json_obj();
   st_json_put_str(args, "name", process_name ? process_name : "strata");
   st_json_put(e, "args", args);
@@ -45,12 +45,12 @@ void st_trace_free(st_trace* t) {
 }
 
 void st_trace_track(st_trace* t, int tid, const char* name) {
-  json_t* e = st__event("thread_name", "M", tid);
+  json_t* e = st__trace_event("thread_name", "M", tid);
   json_t* args = st_json_obj();
   st_json_put_str(args, "name", name);
   st_json_put(e, "args", args);
   st_json_push(t->events, e);
-  e = st__event("thread_sort_index", "M", tid);
+  e = st__trace_event("thread_sort_index", "M", tid);
   args = st_json_obj();
   st_json_put_int(args, "sort_index", tid);
   st_json_put(e, "args", args);
@@ -73,7 +73,7 @@ void st_trace_slice(st_trace* t, int tid, const char* name, const char* category
 }
 
 void st_trace_counter(st_trace* t, const char* name, double ts_us, json_t* args) {
-  json_t* e = st__event(name, "C", 0);
+  json_t* e = st__trace_event(name, "C", 0);
   st_json_put(e, "ts", st_json_fixed(ts_us, 3));
   st_json_put(e, "args", st__args_or_empty(args));
   st_json_push(t->events, e);

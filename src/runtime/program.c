@@ -110,7 +110,7 @@ st_status st__num_outputs(st_runtime* rt, const char* name, pj_loaded_exe* exe, 
 /* Fills the program's interface from the caller's signature and/or the
  * MLIR text. The caller's types win; donation can only come from the text
  * (and, after each run, from the plugin itself). */
-static st_status st__program_signature(st_program* p, const void* code, size_t code_size,
+static st_status st__prog_signature(st_program* p, const void* code, size_t code_size,
                                        const st_program_signature* given) {
   st__signature parsed;
   bool have = st__mlir_parse_main(code, code_size, &parsed);
@@ -158,7 +158,7 @@ st_status st_program_compile(st_runtime* rt, const char* name, const void* code,
   st_program* p = st_xcalloc(1, sizeof(*p));
   p->rt = rt;
   p->name = st_xstrdup(name);
-  st_status s = st__program_signature(p, code, code_size, signature);
+  st_status s = st__prog_signature(p, code, code_size, signature);
 
   char key[65] = {0};
   bool cached = rt->cache_dir != NULL;
@@ -260,7 +260,7 @@ bool st_program_input_donated(const st_program* p, int i) {
 /* Execution                                                                */
 /*===-------------------------------------------------------------------===*/
 
-static bool st__same_type(const st_tensor_type* a, const st_tensor_type* b) {
+static bool st__prog_same_type(const st_tensor_type* a, const st_tensor_type* b) {
   if (a->dtype != b->dtype || a->rank != b->rank) return false;
   for (int i = 0; i < a->rank; ++i)
     if (a->dims[i] != b->dims[i]) return false;
@@ -294,7 +294,7 @@ st_status st__check_inputs(const st_program* p, int device, st_buffer* const* in
                               "program '%s': input %d: the same buffer is also input %d and one of them is donated",
                               p->name, i, j);
     }
-    if (p->inputs && !st__same_type(&p->inputs[i], &b->type))
+    if (p->inputs && !st__prog_same_type(&p->inputs[i], &b->type))
       return st_status_make(ST_CODE_RUNTIME, "program '%s': input %d: expected %s, given %s", p->name, i,
                             st_tensor_type_format(&p->inputs[i], want, sizeof(want)), given);
   }

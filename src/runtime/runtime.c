@@ -101,7 +101,7 @@ static void st__searched_add(st__searched* s, const char* fmt, ...) {
   if (s->n >= sizeof(s->buf)) s->n = sizeof(s->buf) - 1;
 }
 
-static bool st__is_file(const char* path) {
+static bool st__rt_is_file(const char* path) {
   struct stat st;
   return path && stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
@@ -114,7 +114,7 @@ static char* st__glob_last(const char* pattern) {
   char* found = NULL;
   if (glob(pattern, 0, NULL, &g) == 0) {
     for (size_t i = g.gl_pathc; i-- > 0;) {
-      if (st__is_file(g.gl_pathv[i])) {
+      if (st__rt_is_file(g.gl_pathv[i])) {
         found = st_xstrdup(g.gl_pathv[i]);
         break;
       }
@@ -170,7 +170,7 @@ static char* st__python_venv(void) {
 static st_status st__find_plugin(const st_runtime_options* o, char** out_path) {
   *out_path = NULL;
   if (o->plugin_path && o->plugin_path[0]) {
-    if (!st__is_file(o->plugin_path))
+    if (!st__rt_is_file(o->plugin_path))
       return st_status_make(ST_CODE_RUNTIME,
                             "PJRT plugin not found: runtime.plugin=%s does not name a file "
                             "(set runtime.plugin=PATH to an existing pjrt_c_api_*_plugin.so)",
@@ -180,7 +180,7 @@ static st_status st__find_plugin(const st_runtime_options* o, char** out_path) {
   }
   const char* env = getenv("STRATA_PJRT_PLUGIN");
   if (env && env[0]) {
-    if (!st__is_file(env))
+    if (!st__rt_is_file(env))
       return st_status_make(ST_CODE_RUNTIME,
                             "PJRT plugin not found: STRATA_PJRT_PLUGIN=%s does not name a file "
                             "(set STRATA_PJRT_PLUGIN or runtime.plugin=PATH to an existing plugin)",

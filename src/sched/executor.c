@@ -222,7 +222,7 @@ void st_executor_set_monitor(st_executor* ex, const st_executor_monitor* m) {
     memset(&ex->monitor, 0, sizeof(ex->monitor));
 }
 
-static void st__mon_issue(st_executor* ex, int op, int d) {
+static void st__exec_mon_issue(st_executor* ex, int op, int d) {
   if (ex->monitor.issue) ex->monitor.issue(ex->monitor.user, op, d);
 }
 
@@ -444,7 +444,7 @@ static st_status st__spmd(st_executor* ex, int index, const st_op* op, bool hook
 
 /* A compute program: launched once per device on that device's buffers
  * (an SPMD one once over all of them). */
-static st_status st__launch(st_executor* ex, int index, const st_op* op) {
+static st_status st__exec_launch(st_executor* ex, int index, const st_op* op) {
   const st_plan* plan = ex->plan;
   st_program* prog = ex->programs[op->program];
   if (st_program_device_count(prog) > 1) {
@@ -464,7 +464,7 @@ static st_status st__launch(st_executor* ex, int index, const st_op* op) {
     if (ex->hooks && ex->hooks->launching)
       ST_RETURN_IF_ERROR(ex->hooks->launching(ex->hooks->user, op, d, ex->in), "before launching %s (layer %d, microbatch %d)",
                          plan->programs[op->program], op->layer, op->micro);
-    st__mon_issue(ex, index, d);
+    st__exec_mon_issue(ex, index, d);
     ex->dev_issue[(size_t)index * (size_t)ex->ndev + (size_t)d] = st_now() - ex->t0;
     st_status s = st_program_execute(prog, ex->device + d, ex->in, op->input_count, ex->out, op->output_count, &done);
     if (s) {
@@ -514,14 +514,14 @@ static st_status st__spmd(st_executor* ex, int index, const st_op* op, bool hook
       ST_RETURN_IF_ERROR(hooks->launching(hooks->user, op, d, ex->in + (size_t)d * (size_t)ni),
                          "before launching %s (layer %d, microbatch %d)", plan->programs[op->program], op->layer, op->micro);
   st_event* done[ST_MESH_MAX_DEVICES] = {0};
-  for (int d = 0; d < nd; ++d) st__mon_issue(ex, index, d);
+  for (int d = 0; d < nd; ++d) st__exec_mon_issue(ex, index, d);
   double now = st_now() - ex->t0;
   for (int d = 0; d < nd; ++d) ex->dev_issue[(size_t)index * (size_t)nd + (size_t)d] = now;
   st_status s = st_program_execute_spmd(prog, ex->in, ni, ex->out, no, done);
   if (s) return st_status_annotate(s, "%s %s (layer %d, microbatch %d)", op->kind == ST_OP_COLLECTIVE ? "collective" : "launching",
                                    plan->programs[op->program], op->layer, op->micro);
   /* The hook's error is returned once the outputs are in their slots (then
-   * freed with the executor, not leaked), as in st__launch. */
+   * freed with the executor, not leaked), as in st__exec_launch. */
   st_status hs = ST_OK;
   if (hooks && hooks->launched)
     for (int d = 0; d < nd && !hs; ++d) hs = hooks->launched(hooks->user, op, d, ex->out + (size_t)d * (size_t)no);
@@ -557,7 +557,7 @@ static st_status st__collective(st_executor* ex, int index, const st_op* op) {
   return ST_OK;
 }
 
-static st_status st__wait(st_executor* ex, int i, const st_op* op) {
+static st_status st__exec_wait(st_executor* ex, int i, const st_op* op) {
   st_op_timing* t = &ex->timings[i];
   for (int d = 0; d < op->dep_count; ++d)
     for (int k = 0; k < ex->ndev; ++k) {
@@ -617,7 +617,7 @@ static st_status st__run_op(st_executor* ex, const st_executor_hooks* hooks, int
   switch (op->kind) {
     case ST_OP_LAUNCH:
     case ST_OP_RECOMPUTE:
-      return st__launch(ex, i, op);
+      return st__exec_launch(ex, i, op);
     case ST_OP_COLLECTIVE:
       return st__collective(ex, i, op);
     case ST_OP_H2D:
@@ -664,12 +664,12 @@ static st_status st__run_op(st_executor* ex, const st_executor_hooks* hooks, int
         for (int d = 0; d < ex->ndev; ++d) st__slot_put(ex, op->inputs[j], d, NULL);
       return ST_OK;
     case ST_OP_WAIT:
-      return st__wait(ex, i, op);
+      return st__exec_wait(ex, i, op);
   }
   return st_status_make(ST_CODE_INTERNAL, "plan op %d has unknown kind %d", i, (int)op->kind);
 }
 
-static int st__cmp_double(const void* a, const void* b) {
+static int st__exec_cmp_double(const void* a, const void* b) {
   double x = *(const double*)a, y = *(const double*)b;
   return x < y ? -1 : x > y;
 }
@@ -677,7 +677,7 @@ static int st__cmp_double(const void* a, const void* b) {
 /* Merges |n| [start, end] pairs in place into disjoint sorted intervals;
  * returns how many remain. */
 static int st__union(double* iv, int n) {
-  qsort(iv, (size_t)n, 2 * sizeof(double), st__cmp_double); /* by start */
+  qsort(iv, (size_t)n, 2 * sizeof(double), st__exec_cmp_double); /* by start */
   int m = 0;
   for (int k = 0; k < n; ++k) {
     if (m > 0 && iv[2 * k] <= iv[2 * (m - 1) + 1]) {
@@ -904,8 +904,8 @@ st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
     const bool per_device = kind == ST_OP_H2D || kind == ST_OP_D2H;
     const bool host_op = !per_device && !st__is_program_op(kind);
     if (per_device)
-      for (int d = 0; d < ex->ndev; ++d) st__mon_issue(ex, i, d);
-    if (host_op) st__mon_issue(ex, i, 0);
+      for (int d = 0; d < ex->ndev; ++d) st__exec_mon_issue(ex, i, d);
+    if (host_op) st__exec_mon_issue(ex, i, 0);
     s = st__run_op(ex, hooks, i);
     if (host_op && ex->monitor.done) ex->monitor.done(ex->monitor.user, i, 0);
     if (!st__has_event(ex, i)) t->complete_s = st_now() - ex->t0;
