@@ -1,5 +1,6 @@
 /* program.c — compiling StableHLO through PJRT (via the executable cache
  * when enabled), program signatures, and checked execution. */
+#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,10 +150,10 @@ static st_status st__prog_signature(st_program* p, const void* code, size_t code
 
 st_status st_program_compile(st_runtime* rt, const char* name, const void* code, size_t code_size,
                              const st_program_signature* signature, st_program** out_program) {
-  if (!out_program) return st_status_make(ST_CODE_INTERNAL, "st_program_compile: out_program is NULL");
+  assert(out_program); /* a caller's bug, not bad input */
   *out_program = NULL;
   if (!name || !name[0]) name = "(unnamed)";
-  if (!rt) return st_status_make(ST_CODE_INTERNAL, "program '%s': runtime is NULL", name);
+  assert(rt); /* a caller's bug, not bad input */
   if (!code || code_size == 0) return st_status_make(ST_CODE_RUNTIME, "program '%s': the program is empty", name);
 
   st_program* p = st_xcalloc(1, sizeof(*p));
@@ -211,9 +212,9 @@ st_status st_program_compile(st_runtime* rt, const char* name, const void* code,
 
 st_status st_program_compile_file(st_runtime* rt, const char* path, const st_program_signature* signature,
                                   st_program** out_program) {
-  if (!out_program) return st_status_make(ST_CODE_INTERNAL, "st_program_compile_file: out_program is NULL");
+  assert(out_program); /* a caller's bug, not bad input */
   *out_program = NULL;
-  if (!path) return st_status_make(ST_CODE_INTERNAL, "st_program_compile_file: path is NULL");
+  assert(path); /* a caller's bug, not bad input */
   char* data = NULL;
   size_t n = 0;
   ST_RETURN_IF_ERROR(st_fs_read_file(path, &data, &n), "program %s", path);
@@ -340,7 +341,7 @@ st_status st_program_execute(st_program* p, int device, st_buffer* const* inputs
   if (out_done) *out_done = NULL;
   if (outputs)
     for (int i = 0; i < output_count; ++i) outputs[i] = NULL;
-  if (!p) return st_status_make(ST_CODE_INTERNAL, "st_program_execute: program is NULL");
+  assert(p); /* a caller's bug, not bad input */
   st_runtime* rt = p->rt;
   const pj_api* api = rt->api;
   if (device < 0 || device >= rt->device_count)

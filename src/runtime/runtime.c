@@ -1,5 +1,6 @@
 /* runtime.c — plugin discovery and loading, the PJRT client, devices, facts
  * and counters, and the plugin-error -> st_status bridge. */
+#include <assert.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <glob.h>
@@ -558,7 +559,7 @@ static st_status st__validate_overrides(st_runtime* rt) {
 }
 
 st_status st_runtime_create(const st_runtime_options* options, st_runtime** out_runtime) {
-  if (!out_runtime) return st_status_make(ST_CODE_INTERNAL, "st_runtime_create: out_runtime is NULL");
+  assert(out_runtime); /* a caller's bug, not bad input */
   *out_runtime = NULL;
   st_runtime_options defaults;
   if (!options) {
@@ -646,7 +647,7 @@ void st_runtime_get_info(const st_runtime* rt, st_runtime_info* out) {
 }
 
 st_status st_runtime_device_info(const st_runtime* rt, int device, st_device_info* out) {
-  if (!rt || !out) return st_status_make(ST_CODE_INTERNAL, "st_runtime_device_info: NULL argument");
+  assert(rt && out); /* a caller's bug, not bad input */
   memset(out, 0, sizeof(*out));
   if (device < 0 || device >= rt->device_count)
     return st_status_make(ST_CODE_RUNTIME, "device %d does not exist (the runtime has %d device%s)", device,

@@ -2,6 +2,7 @@
  * blocks the host only in WAIT and READ ops, timestamps every op (PJRT
  * completion callbacks for device work), and accounts live device bytes by
  * category exactly as st_plan_predict_live predicts. */
+#include <assert.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -666,6 +667,7 @@ static st_status st__run_op(st_executor* ex, const st_executor_hooks* hooks, int
     case ST_OP_WAIT:
       return st__exec_wait(ex, i, op);
   }
+  assert(!"an op kind the switch above does not know"); /* st_op_kind is closed */
   return st_status_make(ST_CODE_INTERNAL, "plan op %d has unknown kind %d", i, (int)op->kind);
 }
 
