@@ -240,7 +240,8 @@ int st_bundle_param_index(const st_bundle* bundle, const char* name);
  * are not per layer) in bundle->params, -1 when absent. */
 int st_bundle_param_of(const st_bundle* bundle, const char* group, int layer, const char* local);
 
-/* What the exporter needs, and where the bundle should live. */
+/* What the exporter needs, and where the bundle should live: the one
+ * request st_bundle_key and st_bundle_ensure take. Borrowed strings. */
 typedef struct st_bundle_request {
   const char* model_json; /* the "model" object of docs/bundle.md */
   const char* cache_root; /* bundles go to <cache_root>/bundles/<key> unless |dir| is set */
@@ -250,16 +251,18 @@ typedef struct st_bundle_request {
   const char* mesh;
   /* Polled while the exporter runs (st_python_job.stop_signal); NULL: never. */
   int (*stop_signal)(void);
+  /* An export draws "export: k/n programs" on this process's stderr
+   * (run.progress; the exporter's own output goes to its log). */
+  bool progress;
 } st_bundle_request;
 
-/* Bundle key: hash of the model JSON, the schema version and the exporter's
- * source files (so a changed exporter re-exports): those of the strata_jax
- * folder the exporter imports (the source tree's python/, else the first on
- * $PYTHONPATH, else the site-packages of st_bundle_python's venv).
- * 16 hex chars + NUL. */
-void st_bundle_key(const char* model_json, char out[17]);
-/* The key of a bundle for |mesh| (NULL/"": st_bundle_key's). */
-void st_bundle_key_mesh(const char* model_json, const char* mesh, char out[17]);
+/* Bundle key of |request| (its model_json and mesh; the rest is unused):
+ * hash of the model JSON, the schema version, the mesh when set, and the
+ * exporter's source files (so a changed exporter re-exports): those of the
+ * strata_jax folder the exporter imports (the source tree's python/, else
+ * the first on $PYTHONPATH, else the site-packages of st_bundle_python's
+ * venv). 16 hex chars + NUL. */
+void st_bundle_key(const st_bundle_request* request, char out[17]);
 
 /* Opens the bundle for |request|, exporting it first when it is missing, its
  * key differs, or a program file is missing or altered (a stale bundle is
@@ -267,18 +270,20 @@ void st_bundle_key_mesh(const char* model_json, const char* mesh, char out[17]);
  * replaced but reported (ST_CODE_RUNTIME naming it). *out_exported tells
  * whether an export ran. */
 st_status st_bundle_ensure(const st_bundle_request* request, st_bundle** out_bundle, bool* out_exported);
-/* st_bundle_ensure; |progress|: an export draws "export: k/n programs" on
- * this process's stderr (run.progress; the exporter's own output goes to
- * its log). */
-st_status st_bundle_ensure_ex(const st_bundle_request* request, bool progress, st_bundle** out_bundle, bool* out_exported);
 
-/* Runs `python -m strata_jax.export` into |dir|. */
-st_status st_bundle_export(const char* model_json, const char* key, const char* dir);
-/* st_bundle_export with `--mesh |mesh|` (NULL/"": without). */
-st_status st_bundle_export_mesh(const char* model_json, const char* mesh, const char* key, const char* dir);
-/* st_bundle_export_mesh; |progress|: the exporter draws "export: k/n
- * programs" on this process's stderr (`--progress-fd`). */
-st_status st_bundle_export_ex(const char* model_json, const char* mesh, const char* key, const char* dir, bool progress);
+/* What one run of the exporter needs. Borrowed strings. */
+typedef struct st_bundle_export_args {
+  const char* model_json; /* the "model" object of docs/bundle.md */
+  const char* mesh;       /* `--mesh |mesh|`; NULL/"": one device */
+  const char* key;        /* the bundle key it writes into the manifest */
+  const char* dir;        /* where the bundle goes (its parent is created) */
+  bool progress;          /* the exporter draws "export: k/n programs" on this process's stderr (`--progress-fd`) */
+  int (*stop_signal)(void); /* polled while it runs (st_python_job.stop_signal); NULL: never */
+} st_bundle_export_args;
+
+/* Runs `python -m strata_jax.export` into |args->dir|; its output goes to
+ * <dir>.export.log. */
+st_status st_bundle_export(const st_bundle_export_args* args);
 
 /* The Python interpreter strata uses for export: $STRATA_PYTHON, else the
  * repo's .venv. New string owned by caller. */

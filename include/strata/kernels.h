@@ -12,6 +12,7 @@
 
 #include "strata/base.h"
 #include "strata/bundle.h"
+#include "strata/obs.h"
 #include "strata/runtime.h"
 #include "strata/status.h"
 
@@ -208,6 +209,11 @@ void st_kernels_spans_record(bool on);
  * particular order (at most |cap|); |dropped| gets those beyond
  * ST_KERNEL_MAX_SPANS. Call when no kernel runs (after a step). */
 int st_kernels_spans_take(st_kernel_span* out, int cap, int64_t* dropped);
+/* The same spans for a trace (st_executor_write_trace): each named
+ * kernel.<op> <fwd|bwd> with its target in args, on lanes named "kernels
+ * (FFI handlers)", those beyond the bound counted as kernel_spans_dropped.
+ * Free with st_trace_spans_free. */
+void st_kernels_spans_take_trace(st_trace_spans* out);
 
 /*--- verification (`strata kernels verify`) -------------------------------*/
 

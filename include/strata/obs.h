@@ -196,6 +196,48 @@ void st_trace_meta(st_trace* trace, const char* key, json_t* value);
 /* Writes the trace atomically to |path| (its folder must exist). */
 st_status st_trace_write(const st_trace* trace, const char* path);
 
+/* Lanes of one kind of slice: slices on one track must not overlap, so
+ * overlapping slices of one kind are spread over numbered tracks
+ * |base_tid|, |base_tid| + 1, ... named "<name>", "<name> (concurrent 2)",
+ * ..., each named when first used. Start as {.base_tid = t, .name = n};
+ * |name| is borrowed; free with st_trace_lanes_free. */
+typedef struct st_trace_lanes {
+  int base_tid;
+  const char* name;
+  int count;   /* lanes used so far */
+  double* end; /* [count]: the last end of each lane (owned) */
+} st_trace_lanes;
+
+/* The tid of the first lane free at |start| (a new one when none is),
+ * which is then busy until |end|. */
+int st_trace_lane(st_trace* trace, st_trace_lanes* lanes, double start, double end);
+void st_trace_lanes_free(st_trace_lanes* lanes);
+
+/* A timed span from outside a step plan (an FFI kernel's call), on the
+ * st_now() clock. */
+typedef struct st_trace_span {
+  char* name;           /* owned */
+  const char* category; /* static */
+  double start_s;
+  double dur_s;
+  json_t* args; /* owned; NULL: none */
+} st_trace_span;
+
+/* Spans of one source, drawn on lanes of their own (st_trace_add_spans). */
+typedef struct st_trace_spans {
+  const char* track;       /* the lanes' name (static) */
+  const char* dropped_key; /* otherData key of |dropped| when > 0 (static) */
+  st_trace_span* items;    /* [count], owned */
+  int count;
+  int64_t dropped; /* spans the source did not keep */
+} st_trace_spans;
+
+void st_trace_spans_free(st_trace_spans* spans); /* its items; NULL is a no-op */
+/* Draws |spans| as slices on lanes from |base_tid|, their times relative
+ * to |origin_s| (the trace's time origin, on the st_now() clock), and
+ * sets otherData[dropped_key] when some were dropped. */
+void st_trace_add_spans(st_trace* trace, const st_trace_spans* spans, int base_tid, double origin_s);
+
 /*===-------------------------------------------------------------------===*/
 /* The live metrics endpoint (obs.metrics_port, docs/using.md)              */
 /*===-------------------------------------------------------------------===*/

@@ -53,8 +53,8 @@
 #include <stdio.h>
 
 #include "strata/base.h"
-#include "strata/kernels.h"
 #include "strata/mesh.h"
+#include "strata/obs.h"
 #include "strata/runtime.h"
 #include "strata/status.h"
 
@@ -449,13 +449,11 @@ const int64_t* st_executor_live_accounted(const st_executor* executor);
  * launches, transfers and host waits on their own tracks, host ops on a
  * fourth, counters for live device bytes. A data-parallel plan draws each
  * launch and collective once per device instead, on a compute and a
- * communication track per device. |step| labels it. */
-st_status st_executor_write_trace(const st_executor* executor, const char* path, int64_t step);
-/* The same, with the FFI kernels' calls of the step (|spans|, from
- * st_kernels_spans_take; |dropped| beyond its bound) as slices named
- * kernel.<op> <fwd|bwd> on a "kernels (FFI handlers)" track. */
-st_status st_executor_write_trace_kernels(const st_executor* executor, const char* path, int64_t step,
-                                          const st_kernel_span* spans, int span_count, int64_t dropped);
+ * communication track per device. |step| labels it. |spans| (NULL: none;
+ * borrowed): slices from outside the plan on the same clock, on tracks of
+ * their own (the FFI kernels' calls: st_kernels_spans_take_trace). */
+st_status st_executor_write_trace(const st_executor* executor, const char* path, int64_t step,
+                                  const st_trace_spans* spans);
 
 #ifdef __cplusplus
 }

@@ -32,7 +32,7 @@ static char* st__log_tail(const char* path, size_t max) {
 /* Waits for |pid|. With |stop|, polls it every 20 ms; once it names a
  * signal the child gets SIGTERM (then SIGKILL after 5 s) and the signal is
  * returned; 0 when the child ended on its own. */
-static int st__wait(pid_t pid, int (*stop)(void), int* status) {
+static int st__python_wait(pid_t pid, int (*stop)(void), int* status) {
   if (!stop) {
     while (waitpid(pid, status, 0) < 0 && errno == EINTR) {
     }
@@ -91,7 +91,7 @@ st_status st_python_run(const st_python_job* job) {
   }
   free(argv);
   int status = 0;
-  int stopped = st__wait(pid, job->stop_signal, &status);
+  int stopped = st__python_wait(pid, job->stop_signal, &status);
   st_status s = ST_OK;
   if (stopped) {
     s = st_status_make(ST_CODE_INTERRUPTED, "%s: stopped by signal %d (%s), which ended the child %s -m %s (log %s)",

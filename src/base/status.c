@@ -7,6 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* An assert() in src/ is an invariant whose failure is a bug strata must not
+ * run past (docs/architecture.md, "assert"): every build keeps them. */
+#ifdef NDEBUG
+#error "strata is built with assert() on: do not define NDEBUG (CMakeLists.txt takes it out of the build types)"
+#endif
+
 struct st_status_s {
   st_code code;
   char* message; /* owned */

@@ -31,19 +31,19 @@ static const st__dtype_row kRows[] = {
 };
 #define ST__NROWS (sizeof(kRows) / sizeof(kRows[0]))
 
-static const st__dtype_row* st__row(st_dtype dtype) {
+static const st__dtype_row* st__tensor_row(st_dtype dtype) {
   for (size_t i = 0; i < ST__NROWS; ++i)
     if (kRows[i].dtype == dtype) return &kRows[i];
   return NULL;
 }
 
 size_t st_dtype_size(st_dtype dtype) {
-  const st__dtype_row* r = st__row(dtype);
+  const st__dtype_row* r = st__tensor_row(dtype);
   return r ? r->size : 0;
 }
 
 const char* st_dtype_name(st_dtype dtype) {
-  const st__dtype_row* r = st__row(dtype);
+  const st__dtype_row* r = st__tensor_row(dtype);
   return r ? r->name : "invalid";
 }
 

@@ -434,7 +434,7 @@ done:
   return ST_OK;
 }
 
-static st_status st__open(const char* dir, const st_ckpt_expect* expect, st_ckpt** out, bool* out_stop) {
+static st_status st__ckpt_verify_open(const char* dir, const st_ckpt_expect* expect, st_ckpt** out, bool* out_stop) {
   *out = NULL;
   *out_stop = false;
   st_ckpt* c = st_xcalloc(1, sizeof(*c));
@@ -459,7 +459,7 @@ static st_status st__open(const char* dir, const st_ckpt_expect* expect, st_ckpt
 
 st_status st_ckpt_open(const char* dir, const st_ckpt_expect* expect, st_ckpt** out) {
   bool stop = false;
-  return st__open(dir, expect, out, &stop);
+  return st__ckpt_verify_open(dir, expect, out, &stop);
 }
 
 st_status st_ckpt_find_valid(const char* root, const st_ckpt_expect* expect, st_ckpt_skip_fn on_skip, void* user, st_ckpt** out,
@@ -472,7 +472,7 @@ st_status st_ckpt_find_valid(const char* root, const st_ckpt_expect* expect, st_
   for (int i = 0; i < n && !*out; ++i) {
     st_ckpt* c = NULL;
     bool stop = false;
-    st_status s = st__open(v[i].dir, expect, &c, &stop);
+    st_status s = st__ckpt_verify_open(v[i].dir, expect, &c, &stop);
     /* Another tokenizer is no corruption to skip past: every checkpoint of
      * the run has it, and the fix is in the config. */
     if (s && stop) {

@@ -6,6 +6,7 @@
  *
  * Reentrant: all state lives in the st_config being built and in locals.
  */
+#include <assert.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -221,6 +222,7 @@ static st_status st__parse_value(const st__cfg_key* k, const st__cfg_entry* e, c
       }
       return ST_OK;
   }
+  assert(!"a schema type the switch above does not know"); /* the schema is compiled in */
   return st_status_make(ST_CODE_INTERNAL, "%s: unknown schema type", k->key);
 }
 
@@ -701,7 +703,7 @@ st_status st__cfg_load_text(const char* name, const char* text, size_t len, int 
 }
 
 st_status st_config_set(st_config* config, const char* key, const char* value, const char* source) {
-  if (!config || !key || !value) return st_status_make(ST_CODE_INTERNAL, "st_config_set: NULL argument");
+  assert(config && key && value); /* a caller's bug, not bad input */
   st_strbuf arg = {0};
   st_strbuf_printf(&arg, "%s=%s", key, value);
   /* Keep the old value so a rule violation leaves the config as it was. */
@@ -727,7 +729,7 @@ st_status st_config_set(st_config* config, const char* key, const char* value, c
 
 /* ---- getters ------------------------------------------------------------ */
 
-static const st__cfg_value* st__get(const st_config* c, const char* key, st__cfg_type want, st__cfg_type also,
+static const st__cfg_value* st__cfg_get(const st_config* c, const char* key, st__cfg_type want, st__cfg_type also,
                                     const char* fn) {
   if (!c || !key) st__cfg_die("%s: NULL config or key", fn);
   int idx = st__cfg_find(key, strlen(key));
@@ -740,22 +742,22 @@ static const st__cfg_value* st__get(const st_config* c, const char* key, st__cfg
 }
 
 int64_t st_config_int(const st_config* config, const char* key) {
-  return st__get(config, key, ST__CFG_INT, ST__CFG_INT, __func__)->i;
+  return st__cfg_get(config, key, ST__CFG_INT, ST__CFG_INT, __func__)->i;
 }
 double st_config_float(const st_config* config, const char* key) {
-  return st__get(config, key, ST__CFG_FLOAT, ST__CFG_FLOAT, __func__)->f;
+  return st__cfg_get(config, key, ST__CFG_FLOAT, ST__CFG_FLOAT, __func__)->f;
 }
 bool st_config_bool(const st_config* config, const char* key) {
-  return st__get(config, key, ST__CFG_BOOL, ST__CFG_BOOL, __func__)->b;
+  return st__cfg_get(config, key, ST__CFG_BOOL, ST__CFG_BOOL, __func__)->b;
 }
 const char* st_config_string(const st_config* config, const char* key) {
-  return st__get(config, key, ST__CFG_STRING, ST__CFG_ENUM, __func__)->s;
+  return st__cfg_get(config, key, ST__CFG_STRING, ST__CFG_ENUM, __func__)->s;
 }
 int st_config_list_count(const st_config* config, const char* key) {
-  return st__get(config, key, ST__CFG_LIST, ST__CFG_LIST, __func__)->n;
+  return st__cfg_get(config, key, ST__CFG_LIST, ST__CFG_LIST, __func__)->n;
 }
 const char* st_config_list_item(const st_config* config, const char* key, int index) {
-  const st__cfg_value* v = st__get(config, key, ST__CFG_LIST, ST__CFG_LIST, __func__);
+  const st__cfg_value* v = st__cfg_get(config, key, ST__CFG_LIST, ST__CFG_LIST, __func__);
   if (index < 0 || index >= v->n)
     st__cfg_die("st_config_list_item: index %d out of range for '%s' (%d items)", index, key, v->n);
   return v->items[index];

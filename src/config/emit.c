@@ -54,7 +54,7 @@ typedef struct {
   void (*leaf)(void* ctx, int index, const char* name, int depth);
 } st__walker;
 
-static void st__walk(const st__walker* w, void* ctx) {
+static void st__cfg_walk(const st__walker* w, void* ctx) {
   int count;
   const st__cfg_key* keys = st__cfg_schema(&count);
   int depth = 0;
@@ -85,7 +85,7 @@ typedef struct {
   bool failed;
 } st__yaml_ctx;
 
-static void st__emit(st__yaml_ctx* y, yaml_event_t* ev, int ok) {
+static void st__cfg_emit(st__yaml_ctx* y, yaml_event_t* ev, int ok) {
   /* yaml_emitter_emit takes ownership of the event, on failure too. */
   if (y->failed || !ok) {
     if (ok) yaml_event_delete(ev);
@@ -99,7 +99,7 @@ static void st__emit_scalar(st__yaml_ctx* y, const char* text, size_t len, bool 
   yaml_event_t ev;
   int ok = yaml_scalar_event_initialize(&ev, NULL, NULL, (yaml_char_t*)text, (int)len, !quoted, quoted,
                                         quoted ? YAML_DOUBLE_QUOTED_SCALAR_STYLE : YAML_PLAIN_SCALAR_STYLE);
-  st__emit(y, &ev, ok);
+  st__cfg_emit(y, &ev, ok);
 }
 
 static void st__yaml_open(void* ctx, const char* name, size_t len, int depth) {
@@ -107,14 +107,14 @@ static void st__yaml_open(void* ctx, const char* name, size_t len, int depth) {
   st__yaml_ctx* y = ctx;
   st__emit_scalar(y, name, len, false);
   yaml_event_t ev;
-  st__emit(y, &ev, yaml_mapping_start_event_initialize(&ev, NULL, NULL, 1, YAML_BLOCK_MAPPING_STYLE));
+  st__cfg_emit(y, &ev, yaml_mapping_start_event_initialize(&ev, NULL, NULL, 1, YAML_BLOCK_MAPPING_STYLE));
 }
 
 static void st__yaml_close(void* ctx, int depth) {
   (void)depth;
   st__yaml_ctx* y = ctx;
   yaml_event_t ev;
-  st__emit(y, &ev, yaml_mapping_end_event_initialize(&ev));
+  st__cfg_emit(y, &ev, yaml_mapping_end_event_initialize(&ev));
 }
 
 static void st__yaml_leaf(void* ctx, int index, const char* name, int depth) {
@@ -138,13 +138,13 @@ static void st__yaml_leaf(void* ctx, int index, const char* name, int depth) {
     }
     case ST__CFG_LIST: {
       yaml_event_t ev;
-      st__emit(y, &ev, yaml_sequence_start_event_initialize(&ev, NULL, NULL, 1, YAML_FLOW_SEQUENCE_STYLE));
+      st__cfg_emit(y, &ev, yaml_sequence_start_event_initialize(&ev, NULL, NULL, 1, YAML_FLOW_SEQUENCE_STYLE));
       int n = st_config_list_count(y->config, key);
       for (int j = 0; j < n; ++j) {
         const char* item = st_config_list_item(y->config, key, j);
         st__emit_scalar(y, item, strlen(item), true);
       }
-      st__emit(y, &ev, yaml_sequence_end_event_initialize(&ev));
+      st__cfg_emit(y, &ev, yaml_sequence_end_event_initialize(&ev));
       return;
     }
   }
@@ -168,14 +168,14 @@ st_status st_config_write_yaml(const st_config* config, FILE* out) {
   yaml_emitter_set_width(&y.emitter, -1); /* never fold long strings */
   yaml_emitter_set_indent(&y.emitter, 2);
   yaml_event_t ev;
-  st__emit(&y, &ev, yaml_stream_start_event_initialize(&ev, YAML_UTF8_ENCODING));
-  st__emit(&y, &ev, yaml_document_start_event_initialize(&ev, NULL, NULL, NULL, 1));
-  st__emit(&y, &ev, yaml_mapping_start_event_initialize(&ev, NULL, NULL, 1, YAML_BLOCK_MAPPING_STYLE));
+  st__cfg_emit(&y, &ev, yaml_stream_start_event_initialize(&ev, YAML_UTF8_ENCODING));
+  st__cfg_emit(&y, &ev, yaml_document_start_event_initialize(&ev, NULL, NULL, NULL, 1));
+  st__cfg_emit(&y, &ev, yaml_mapping_start_event_initialize(&ev, NULL, NULL, 1, YAML_BLOCK_MAPPING_STYLE));
   static const st__walker walker = {st__yaml_open, st__yaml_close, st__yaml_leaf};
-  st__walk(&walker, &y);
-  st__emit(&y, &ev, yaml_mapping_end_event_initialize(&ev));
-  st__emit(&y, &ev, yaml_document_end_event_initialize(&ev, 1));
-  st__emit(&y, &ev, yaml_stream_end_event_initialize(&ev));
+  st__cfg_walk(&walker, &y);
+  st__cfg_emit(&y, &ev, yaml_mapping_end_event_initialize(&ev));
+  st__cfg_emit(&y, &ev, yaml_document_end_event_initialize(&ev, 1));
+  st__cfg_emit(&y, &ev, yaml_stream_end_event_initialize(&ev));
   if (!y.failed && !yaml_emitter_flush(&y.emitter)) y.failed = true;
   st_status s = ST_OK;
   if (y.failed)
@@ -246,7 +246,7 @@ json_t* st_config_json(const st_config* config) {
   j.config = config;
   j.at[0] = st_json_obj();
   static const st__walker walker = {st__json_open, st__json_close, st__json_leaf};
-  st__walk(&walker, &j);
+  st__cfg_walk(&walker, &j);
   return j.at[0];
 }
 

@@ -48,17 +48,17 @@ uint64_t st_data_window_start(uint64_t seed, uint64_t stream, uint64_t index, ui
 /* Token files                                                              */
 /*===-------------------------------------------------------------------===*/
 
-static void st__put_u32(unsigned char* p, uint32_t v) {
+static void st__data_put_u32(unsigned char* p, uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = (unsigned char)(v >> (8 * i));
 }
-static void st__put_u64(unsigned char* p, uint64_t v) {
+static void st__data_put_u64(unsigned char* p, uint64_t v) {
   for (int i = 0; i < 8; ++i) p[i] = (unsigned char)(v >> (8 * i));
 }
-static uint32_t st__get_u32(const unsigned char* p) {
+static uint32_t st__data_get_u32(const unsigned char* p) {
   return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
-static uint64_t st__get_u64(const unsigned char* p) {
-  return (uint64_t)st__get_u32(p) | (uint64_t)st__get_u32(p + 4) << 32;
+static uint64_t st__data_get_u64(const unsigned char* p) {
+  return (uint64_t)st__data_get_u32(p) | (uint64_t)st__data_get_u32(p + 4) << 32;
 }
 
 st_status st_token_file_write(const char* path, uint32_t vocab_size, st_tokenizer_kind kind, const uint16_t* tokens,
@@ -67,11 +67,11 @@ st_status st_token_file_write(const char* path, uint32_t vocab_size, st_tokenize
   unsigned char* buf = st_xmalloc(size);
   memset(buf, 0, ST_TOKEN_FILE_HEADER_BYTES);
   memcpy(buf, ST_TOKEN_FILE_MAGIC, 8);
-  st__put_u32(buf + 8, ST_TOKEN_FILE_VERSION);
-  st__put_u32(buf + 12, vocab_size);
-  st__put_u32(buf + 16, 2);
-  st__put_u32(buf + 20, (uint32_t)kind);
-  st__put_u64(buf + 24, count); /* bytes 32..47: the BPE hash (zero here) and reserved zeros */
+  st__data_put_u32(buf + 8, ST_TOKEN_FILE_VERSION);
+  st__data_put_u32(buf + 12, vocab_size);
+  st__data_put_u32(buf + 16, 2);
+  st__data_put_u32(buf + 20, (uint32_t)kind);
+  st__data_put_u64(buf + 24, count); /* bytes 32..47: the BPE hash (zero here) and reserved zeros */
   for (uint64_t i = 0; i < count; ++i) {
     buf[ST_TOKEN_FILE_HEADER_BYTES + 2 * i] = (unsigned char)(tokens[i] & 0xFF);
     buf[ST_TOKEN_FILE_HEADER_BYTES + 2 * i + 1] = (unsigned char)(tokens[i] >> 8);
@@ -98,10 +98,10 @@ static st_status st__header(const char* path, const unsigned char* p, size_t siz
   if (size < ST_TOKEN_FILE_HEADER_BYTES_V1 || memcmp(p, ST_TOKEN_FILE_MAGIC, 8) != 0)
     return st_status_make(ST_CODE_DATA, "token file '%s': bad header (no '%s' magic); rebuild it from the text corpus", path,
                           ST_TOKEN_FILE_MAGIC);
-  info->version = st__get_u32(p + 8);
+  info->version = st__data_get_u32(p + 8);
   if (info->version != 1 && info->version != 2)
     return st_status_make(ST_CODE_DATA, "token file '%s': version %u, this strata reads versions 1 and 2", path, info->version);
-  info->vocab_size = st__get_u32(p + 12);
+  info->vocab_size = st__data_get_u32(p + 12);
   if (info->version == 1) {
     /* Version 1 predates BPE: every such file is the byte tokenizer's. */
     info->kind = ST_TOKENIZER_BYTE;
@@ -112,7 +112,7 @@ static st_status st__header(const char* path, const unsigned char* p, size_t siz
   if (size < ST_TOKEN_FILE_HEADER_BYTES)
     return st_status_make(ST_CODE_DATA, "token file '%s': %zu bytes, shorter than a version-2 header (%u bytes)", path, size,
                           ST_TOKEN_FILE_HEADER_BYTES);
-  uint32_t kind = st__get_u32(p + 20);
+  uint32_t kind = st__data_get_u32(p + 20);
   if (kind > ST_TOKENIZER_BPE)
     return st_status_make(ST_CODE_DATA, "token file '%s': tokenizer kind %u is unknown (0 none, 1 byte, 2 bpe)", path, kind);
   info->kind = (st_tokenizer_kind)kind;
@@ -142,12 +142,12 @@ st_status st_token_file_parse(const char* path, const unsigned char* p, size_t s
   size_t header = 0;
   ST_RETURN(st__header(path, p, size, &info, &header));
   if (out_info) *out_info = info;
-  uint32_t tb = st__get_u32(p + 16);
+  uint32_t tb = st__data_get_u32(p + 16);
   if (tb != 2 && tb != 4) return st_status_make(ST_CODE_DATA, "token file '%s': token_bytes is %u, expected 2 or 4", path, tb);
   if (info.vocab_size > vocab_size)
     return st_status_make(ST_CODE_DATA, "token file '%s': written for vocab_size %u, but model.vocab_size is %u", path,
                           info.vocab_size, vocab_size);
-  uint64_t count = st__get_u64(p + 24);
+  uint64_t count = st__data_get_u64(p + 24);
   if (count > (size - header) / tb || header + count * tb != size)
     return st_status_make(ST_CODE_DATA, "token file '%s': header says %" PRIu64 " tokens of %u bytes but the file has %zu bytes after the header (truncated?)",
                           path, count, tb, size - header);
@@ -155,7 +155,7 @@ st_status st_token_file_parse(const char* path, const unsigned char* p, size_t s
   uint16_t* tokens = st_xmalloc(count * sizeof(uint16_t));
   const unsigned char* t = p + header;
   for (uint64_t i = 0; i < count; ++i) {
-    uint32_t v = tb == 2 ? (uint32_t)t[2 * i] | (uint32_t)t[2 * i + 1] << 8 : st__get_u32(t + 4 * i);
+    uint32_t v = tb == 2 ? (uint32_t)t[2 * i] | (uint32_t)t[2 * i + 1] << 8 : st__data_get_u32(t + 4 * i);
     if (v >= vocab_size) {
       free(tokens);
       return st_status_make(ST_CODE_DATA, "token file '%s': token %" PRIu64 " is %u, not below model.vocab_size %u", path, i, v,
@@ -190,7 +190,7 @@ static st_status st__token_file_read(const char* path, uint32_t vocab_size, st_d
 /* Corpus -> token file                                                     */
 /*===-------------------------------------------------------------------===*/
 
-static int st__cmp_str(const void* a, const void* b) { return strcmp(*(char* const*)a, *(char* const*)b); }
+static int st__data_cmp_str(const void* a, const void* b) { return strcmp(*(char* const*)a, *(char* const*)b); }
 
 /* Lists the corpus files of |path| (a file, or a folder's regular files
  * that are not symlinks or *.dat indexes) sorted byte-wise. */
@@ -227,7 +227,7 @@ static st_status st__corpus_files(const char* path, char*** out_files, size_t* o
     files[n++] = full;
   }
   closedir(d);
-  qsort(files, n, sizeof(char*), st__cmp_str);
+  qsort(files, n, sizeof(char*), st__data_cmp_str);
   *out_files = files;
   *out_count = n;
   return ST_OK;

@@ -34,7 +34,7 @@ struct st_tokenizer {
 };
 
 /* The bytes GPT-2's alphabet writes as themselves. */
-static bool st__printable(uint32_t b) {
+static bool st__tok_printable(uint32_t b) {
   return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
 }
 
@@ -43,7 +43,7 @@ static bool st__printable(uint32_t b) {
 static void st__remap_table(unsigned char remap[68]) {
   int k = 0;
   for (uint32_t b = 0; b < 256; ++b)
-    if (!st__printable(b)) remap[k++] = (unsigned char)b;
+    if (!st__tok_printable(b)) remap[k++] = (unsigned char)b;
 }
 
 /* One UTF-8 character of s[0..n); returns its length, 0 when malformed. */
@@ -111,7 +111,7 @@ st_status st_tokenizer_decode(const st_tokenizer* t, const int32_t* ids, size_t 
   return ST_OK;
 }
 
-static const char* st__type_of(const json_t* obj) {
+static const char* st__tok_type_of(const json_t* obj) {
   const json_t* v = json_is_object(obj) ? json_object_get(obj, "type") : NULL;
   return json_is_string(v) ? json_string_value(v) : NULL;
 }
@@ -128,8 +128,8 @@ st_status st_tokenizer_from_json(const char* origin, const unsigned char* data, 
   const json_t* model = json_is_object(j) ? json_object_get(j, "model") : NULL;
   const json_t* vocab = json_is_object(model) ? json_object_get(model, "vocab") : NULL;
   const json_t* added = json_is_object(j) ? json_object_get(j, "added_tokens") : NULL;
-  const char* mtype = st__type_of(model);
-  const char* dtype = st__type_of(json_is_object(j) ? json_object_get(j, "decoder") : NULL);
+  const char* mtype = st__tok_type_of(model);
+  const char* dtype = st__tok_type_of(json_is_object(j) ? json_object_get(j, "decoder") : NULL);
   if (!json_is_object(j) || !json_is_object(vocab) || !mtype || strcmp(mtype, "BPE") != 0) {
     s = st_status_make(
         ST_CODE_DATA,
@@ -193,7 +193,7 @@ st_status st_tokenizer_from_json(const char* origin, const unsigned char* data, 
       size_t step = st__utf8_next(k + i, klen - i, &cp);
       if (step == 0)
         s = st_status_make(ST_CODE_DATA, "tokenizer '%s': vocabulary entry %lld is not UTF-8", origin, (long long)id);
-      else if (cp < 256 && st__printable(cp))
+      else if (cp < 256 && st__tok_printable(cp))
         out_bytes[m++] = (unsigned char)cp;
       else if (cp >= 256 && cp < 256 + 68)
         out_bytes[m++] = remap[cp - 256];

@@ -35,7 +35,7 @@ static void st__on_signal(int sig) {
   if (g_child > 0) kill((pid_t)g_child, sig);
 }
 
-static double st__wall(void) {
+static double st__supervisor_wall(void) {
   struct timeval tv;
   gettimeofday(&tv, NULL);
   return (double)tv.tv_sec + 1e-6 * (double)tv.tv_usec;
@@ -142,9 +142,9 @@ static void st__write_summary(st__sup* S);
  * creates metrics.jsonl, and a run directory with metrics.jsonl is one the
  * first child would refuse. One write(2) per line, O_APPEND: whole lines
  * even while a child appends too. */
-static void st__event(st__sup* S, const char* name, json_t* fields /* stolen; may be NULL */) {
+static void st__supervisor_event(st__sup* S, const char* name, json_t* fields /* stolen; may be NULL */) {
   json_t* e = st_json_obj();
-  st_json_put(e, "time", st_json_fixed(st__wall(), 3));
+  st_json_put(e, "time", st_json_fixed(st__supervisor_wall(), 3));
   st_json_put_str(e, "event", name);
   st_json_merge(e, fields);
   char* text = st_json_dump(e, 0);
@@ -244,7 +244,7 @@ static void st__tail_events(st__sup* S) {
       st_status r = st_json_parse(line, strlen(line), S->events_path, &j);
       const char* ev = json_string_value(json_object_get(j, "event")); /* NULL unless a string */
       const json_t* t = json_object_get(j, "time");
-      double when = json_is_number(t) ? json_number_value(t) : st__wall();
+      double when = json_is_number(t) ? json_number_value(t) : st__supervisor_wall();
       if (ev && !strcmp(ev, "resumed")) {
         int64_t from = 0;
         st_status_free(st_json_get_int(j, "from_step", "", &from));
@@ -256,7 +256,7 @@ static void st__tail_events(st__sup* S) {
       } else if (ev && !strcmp(ev, "first_step")) {
         I->recovered_at = when;
         I->recovered = true;
-        st__event(S, "recovered", st__incident_json(I));
+        st__supervisor_event(S, "recovered", st__incident_json(I));
         const long long lost = (long long)(I->last_step > I->from_step ? I->last_step - I->from_step : 0);
         fprintf(stderr, "strata run: recovered from incident %d: resumed at step %lld, %lld step%s lost, first good step %.2f s after detection\n",
                 I->n, (long long)I->from_step, lost, lost == 1 ? "" : "s", I->recovered_at - I->detected_at);
@@ -309,7 +309,7 @@ static void st__write_summary(st__sup* S) {
   st_json_put_num(j, "mean_rto_s", n_rec ? sum_rto / n_rec : NAN);
   st_json_put_int(j, "max_steps_lost", max_lost);
   st_json_put_int(j, "total_steps_lost", total_lost);
-  st_json_put(j, "wall_s", st_json_fixed(st__wall() - S->t_start, 3));
+  st_json_put(j, "wall_s", st_json_fixed(st__supervisor_wall() - S->t_start, 3));
   json_t* incidents = st_json_arr();
   for (int i = 0; i < S->inc_count; ++i) st_json_push(incidents, st__incident_json(&S->inc[i]));
   st_json_put(j, "incidents", incidents);
@@ -381,9 +381,9 @@ static int st__wait_child(st__sup* S, pid_t pid, double spawned_at, bool* out_hu
     st__tail_events(S);
     if (S->hang_timeout_s > 0 && !*out_hung) {
       double alive = fmax(spawned_at, fmax(st__mtime(S->events_path), st__mtime(S->metrics_path)));
-      if (st__wall() - alive > S->hang_timeout_s) {
+      if (st__supervisor_wall() - alive > S->hang_timeout_s) {
         fprintf(stderr, "strata run: no event or metrics line for %.1f s (recovery.hang_timeout_s); killing pid %ld as hung\n",
-                st__wall() - alive, (long)pid);
+                st__supervisor_wall() - alive, (long)pid);
         kill(pid, SIGKILL);
         *out_hung = true;
       }
@@ -418,7 +418,7 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
   memset(&S, 0, sizeof(S));
   S.lock_fd = -1;
   S.req = req;
-  S.t_start = st__wall();
+  S.t_start = st__supervisor_wall();
   S.dir = st__default_run_dir(req);
   S.events_path = st_path_join(S.dir, "events.jsonl");
   S.metrics_path = st_path_join(S.dir, "metrics.jsonl");
@@ -465,7 +465,7 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
     st_json_put(f, "backoff_s", st_json_fixed(S.backoff_s, 3));
     st_json_put(f, "backoff_max_s", st_json_fixed(S.backoff_max_s, 3));
     st_json_put(f, "hang_timeout_s", st_json_fixed(S.hang_timeout_s, 3));
-    st__event(&S, "supervisor_start", f);
+    st__supervisor_event(&S, "supervisor_start", f);
   }
   char dir_arg[4200];
   snprintf(dir_arg, sizeof(dir_arg), "run.dir=%s", S.dir);
@@ -506,7 +506,7 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
       st_strbuf_free(&cmd);
       break;
     }
-    double spawned_at = st__wall();
+    double spawned_at = st__supervisor_wall();
     S.attempts++;
     if (S.inc_count && !S.inc[S.inc_count - 1].restarted) {
       st__incident* I = &S.inc[S.inc_count - 1];
@@ -518,7 +518,7 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
       st_json_put_int(e, "attempt", S.attempts);
       st_json_put_int(e, "pid", (int64_t)pid);
       st_json_put_str(e, "command", cmd.data);
-      st__event(&S, S.attempts == 1 ? "child_start" : "restart", e);
+      st__supervisor_event(&S, S.attempts == 1 ? "child_start" : "restart", e);
     }
     fprintf(stderr, "strata run: attempt %d: strata %s (pid %ld)\n", S.attempts, cmd.data, (long)pid);
     st_strbuf_free(&cmd);
@@ -526,7 +526,7 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
     bool hung = false;
     int status = st__wait_child(&S, pid, spawned_at, &hung);
     g_child = 0;
-    double detected_at = st__wall();
+    double detected_at = st__supervisor_wall();
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     /* A restarted child that finished without running a step (the crash
@@ -546,7 +546,7 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
       json_t* f = st_json_obj();
       st_json_put_int(f, "signal", (int)g_stop_signal);
       st_json_put_int(f, "child_exit_code", code);
-      st__event(&S, "supervisor_interrupted", f);
+      st__supervisor_event(&S, "supervisor_interrupted", f);
       fprintf(stderr, "strata run: stopped by signal %d; not restarting\n", (int)g_stop_signal);
       break;
     }
@@ -558,7 +558,7 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
       json_t* f = st_json_obj();
       st_json_put_int(f, "exit_code", 8);
       st_json_put_str(f, "reason", "the trainer was stopped by a signal after writing a checkpoint");
-      st__event(&S, "child_interrupted", f);
+      st__supervisor_event(&S, "child_interrupted", f);
       char* q = st_shell_quote(S.dir);
       fprintf(stderr, "strata run: the trainer was stopped by a signal (exit 8) after writing a checkpoint; not restarting "
                       "(continue with strata resume %s)\n", q);
@@ -584,7 +584,7 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
                                    : code == 3 ? "data error: a restart would fail the same way"
                                                : "non-finite numerics (diag.on_nonfinite): a restart would resume the same "
                                                  "state and data and fail the same way");
-      st__event(&S, "giving_up", f);
+      st__supervisor_event(&S, "giving_up", f);
       fprintf(stderr, "strata run: the trainer exited %d (%s); not restarting\n", code, what);
       break;
     }
@@ -618,7 +618,7 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
       json_t* e = st__incident_json(I);
       st_json_put(e, "backoff_s", st_json_fixed(I->backoff_s, 3));
       st_json_put_bool(e, "will_restart", !give_up);
-      st__event(&S, "incident", e);
+      st__supervisor_event(&S, "incident", e);
     }
     if (I->hang_dir[0]) fprintf(stderr, "strata run: the trainer's watchdog named %s; bundle in %s\n", I->hang_op, I->hang_dir);
     fprintf(stderr, "strata run: incident %d: %s after step %lld; %s\n", I->n, I->cause, (long long)I->last_step,
@@ -628,7 +628,7 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
       json_t* f = st_json_obj();
       st_json_put_int(f, "restarts", S.restarts);
       st_json_put_int(f, "max_restarts", S.max_restarts);
-      st__event(&S, "giving_up", f);
+      st__supervisor_event(&S, "giving_up", f);
       break;
     }
     st__write_summary(&S);
@@ -648,7 +648,7 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
     st_json_put_int(e, "exit_code", S.exit_code);
     st_json_put_int(e, "attempts", S.attempts);
     st_json_put_int(e, "restarts", S.restarts);
-    st__event(&S, "supervisor_done", e);
+    st__supervisor_event(&S, "supervisor_done", e);
   }
   st__write_summary(&S);
   if (!s) *out_exit_code = S.exit_code;

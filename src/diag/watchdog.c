@@ -81,7 +81,7 @@ const char* st_watch_phase_name(st_watch_phase p) {
   }
 }
 
-static double st__wall(void) {
+static double st__watchdog_wall(void) {
   struct timeval tv;
   gettimeofday(&tv, NULL);
   return (double)tv.tv_sec + 1e-6 * (double)tv.tv_usec;
@@ -119,7 +119,7 @@ int st_watchdog_keys(st_watchdog* w, int count) {
 
 int st_watchdog_begin(st_watchdog* w, const st_watch_item* it) {
   if (!w) return -1;
-  double now = st_now(), wall = st__wall();
+  double now = st_now(), wall = st__watchdog_wall();
   pthread_mutex_lock(&w->mu);
   if (w->free_head < 0) {
     int old = w->cap;
@@ -155,7 +155,7 @@ int st_watchdog_begin(st_watchdog* w, const st_watch_item* it) {
 
 void st_watchdog_end(st_watchdog* w, int h) {
   if (!w || h < 0) return;
-  double now = st_now(), wall = st__wall();
+  double now = st_now(), wall = st__watchdog_wall();
   pthread_mutex_lock(&w->mu);
   if (h < w->cap && w->acts[h].used) {
     st__act* a = &w->acts[h];
@@ -391,9 +391,9 @@ static void st__maps(const char* dst) {
 
 /* Writes the bundle for |expired| (index into |acts|, a snapshot of the
  * |n| activities in flight); returns its folder (caller frees). */
-static char* st__write_bundle(st_watchdog* w, const st__act* acts, int n, int expired, const st__act* last, double last_end,
+static char* st__watchdog_write_bundle(st_watchdog* w, const st__act* acts, int n, int expired, const st__act* last, double last_end,
                               const st__act* last_op, double last_op_end, double now) {
-  double wall = st__wall();
+  double wall = st__watchdog_wall();
   time_t tt = (time_t)wall;
   struct tm tm;
   localtime_r(&tt, &tm);
@@ -542,7 +542,7 @@ static void* st__thread(void* arg) {
             "strata: HANG: %s has run %.2f s, past its deadline of %.2f s (max(floor, %.1f x slowest seen %.3f s) + "
             "diag.hang_timeout_s %.2f)\n",
             what, now - x->begin, x->deadline, w->o.factor, x->slowest, w->o.timeout_s);
-    char* dir = st__write_bundle(w, snap, n, expired, &last, last_end, &last_op, last_op_end, now);
+    char* dir = st__watchdog_write_bundle(w, snap, n, expired, &last, last_end, &last_op, last_op_end, now);
     free(snap);
     if (w->o.on_hang) {
       w->o.on_hang(w->o.user, dir);

@@ -1,5 +1,5 @@
 /* scan.c — bounded scanning of MLIR text: the one place both the analyzer
- * (analyze.c) and the runtime's @main signature reader use. */
+ * (reader.c, cost.c, graph.c) and the runtime's @main signature reader use. */
 #include <string.h>
 
 #include "strata/ir.h"

@@ -33,7 +33,7 @@ static char* st__tensors(const json_t* arr) {
   return st_strbuf_take(&b);
 }
 
-static st_status st__num(const json_t* o, const char* key, const char* where, double* out) {
+static st_status st__contract_num(const json_t* o, const char* key, const char* where, double* out) {
   const json_t* v = json_object_get(o, key);
   if (!json_is_number(v) || json_number_value(v) < 0)
     return st_status_make(ST_CODE_INTERNAL, "%s: %s is not a non-negative number", where, key);
@@ -105,11 +105,11 @@ static st_status st__op(const json_t* j, const char* where, st_kernel_op* op) {
     st_kernel_tolerance* t = &op->tolerances[op->tolerance_count++];
     snprintf(t->dtype, sizeof(t->dtype), "%s", dtype);
     const json_t *fwd = json_object_get(row, "fwd"), *bwd = json_object_get(row, "bwd");
-    ST_RETURN(st__num(fwd, "rtol", ctx, &t->fwd_rtol));
-    ST_RETURN(st__num(fwd, "atol", ctx, &t->fwd_atol));
+    ST_RETURN(st__contract_num(fwd, "rtol", ctx, &t->fwd_rtol));
+    ST_RETURN(st__contract_num(fwd, "atol", ctx, &t->fwd_atol));
     if (op->has_backward) {
-      ST_RETURN(st__num(bwd, "rtol", ctx, &t->bwd_rtol));
-      ST_RETURN(st__num(bwd, "atol", ctx, &t->bwd_atol));
+      ST_RETURN(st__contract_num(bwd, "rtol", ctx, &t->bwd_rtol));
+      ST_RETURN(st__contract_num(bwd, "atol", ctx, &t->bwd_atol));
     }
   }
   return ST_OK;

@@ -46,7 +46,7 @@ static xf_error* st__fail(xf_call_frame* f, const char* fmt, ...) {
   return f->api->error_create(&a);
 }
 
-static int64_t st__count(const xf_buffer* b) {
+static int64_t st__handlers_count(const xf_buffer* b) {
   int64_t n = 1;
   for (int64_t i = 0; i < b->rank; ++i) n *= b->dims[i];
   return n;
@@ -105,7 +105,7 @@ static xf_error* st__rmsnorm_fwd(xf_call_frame* f) {
   if (x->rank < 1 || g->rank != 1 || g->dims[0] != x->dims[x->rank - 1] || !st__same_shape(x, out[0]))
     return st__fail(f, "%s: shapes outside the contract (x [..., D], gain [D], y like x)", ST_KERNEL_RMSNORM_FWD);
   int64_t d = g->dims[0];
-  st_kernel_rmsnorm_fwd(st_kernels_isa(), x->data, g->data, out[0]->data, d ? st__count(x) / d : 0, d);
+  st_kernel_rmsnorm_fwd(st_kernels_isa(), x->data, g->data, out[0]->data, d ? st__handlers_count(x) / d : 0, d);
   return NULL;
 }
 
@@ -121,7 +121,7 @@ static xf_error* st__rmsnorm_bwd(xf_call_frame* f) {
     return st__fail(f, "%s: shapes outside the contract (x, dy, dx [..., D]; gain, dgain [D])", ST_KERNEL_RMSNORM_BWD);
   int64_t d = g->dims[0];
   st_kernel_rmsnorm_bwd(st_kernels_isa(), x->data, g->data, dy->data, out[0]->data, out[1]->data,
-                        d ? st__count(x) / d : 0, d);
+                        d ? st__handlers_count(x) / d : 0, d);
   return NULL;
 }
 
@@ -132,7 +132,7 @@ static xf_error* st__swiglu_fwd(xf_call_frame* f) {
   if (e) return e;
   if (!st__same_shape(in[0], in[1]) || !st__same_shape(in[0], out[0]))
     return st__fail(f, "%s: gate, up and h must have one shape", ST_KERNEL_SWIGLU_FWD);
-  st_kernel_swiglu_fwd(st_kernels_isa(), in[0]->data, in[1]->data, out[0]->data, st__count(in[0]));
+  st_kernel_swiglu_fwd(st_kernels_isa(), in[0]->data, in[1]->data, out[0]->data, st__handlers_count(in[0]));
   return NULL;
 }
 
@@ -146,7 +146,7 @@ static xf_error* st__swiglu_bwd(xf_call_frame* f) {
   if (!st__same_shape(in[0], out[0]) || !st__same_shape(in[0], out[1]))
     return st__fail(f, "%s: dgate and dup must have gate's shape", ST_KERNEL_SWIGLU_BWD);
   st_kernel_swiglu_bwd(st_kernels_isa(), in[0]->data, in[1]->data, in[2]->data, out[0]->data, out[1]->data,
-                       st__count(in[0]));
+                       st__handlers_count(in[0]));
   return NULL;
 }
 
@@ -200,7 +200,7 @@ static xf_error* st__attention_shapes(xf_call_frame* f, const char* target, cons
                                       const xf_buffer* v) {
   if (q->rank != 4 || k->rank != 4 || !st__same_shape(k, v) || k->dims[0] != q->dims[0] ||
       k->dims[1] != q->dims[1] || k->dims[3] != q->dims[3] || k->dims[2] < 1 || q->dims[2] % k->dims[2] ||
-      st__count(q) == 0)
+      st__handlers_count(q) == 0)
     return st__fail(f, "%s: shapes outside the contract (q [B, T, H, Dh], k and v [B, T, KV, Dh] with KV dividing "
                     "H, every size at least 1)", target);
   return NULL;

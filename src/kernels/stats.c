@@ -12,6 +12,7 @@
  * which is why the train loop resets them when a step begins.
  */
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/internal.h"
@@ -64,4 +65,23 @@ int st_kernels_spans_take(st_kernel_span* out, int cap, int64_t* dropped) {
   int n = 0;
   for (int64_t i = 0; i < kept && out && n < cap; ++i) out[n++] = g_spans[i];
   return n;
+}
+
+void st_kernels_spans_take_trace(st_trace_spans* out) {
+  *out = (st_trace_spans){.track = "kernels (FFI handlers)", .dropped_key = "kernel_spans_dropped"};
+  st_kernel_span* spans = st_xcalloc(ST_KERNEL_MAX_SPANS, sizeof(*spans));
+  int n = st_kernels_spans_take(spans, ST_KERNEL_MAX_SPANS, &out->dropped);
+  int hn = 0;
+  const st_kernel_handler* h = st_kernels_handlers(&hn);
+  out->items = st_xcalloc((size_t)(n ? n : 1), sizeof(*out->items));
+  for (int i = 0; i < n; ++i) {
+    const st_kernel_span* k = &spans[i];
+    if (k->handler < 0 || k->handler >= hn) continue;
+    st_strbuf name = {0};
+    st_strbuf_printf(&name, "kernel.%s %s", h[k->handler].op, h[k->handler].direction);
+    json_t* args = st_json_obj();
+    st_json_put_str(args, "target", h[k->handler].target);
+    out->items[out->count++] = (st_trace_span){name.data, "kernel", k->start_s, k->dur_s, args};
+  }
+  free(spans);
 }

@@ -83,7 +83,7 @@ static st_status st__parse_case(const json_t* c, const char* where, st__case* k)
 /* Inputs: uniform in [-2, 2) from a fixed LCG, except a norm's gain, which
  * is near 1 (as trained gains are); seeded by the input's position so every
  * implementation of a case sees the same values. */
-static void st__fill(float* v, int64_t n, uint64_t seed, const char* kind) {
+static void st__kverify_fill(float* v, int64_t n, uint64_t seed, const char* kind) {
   uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
   bool gain = !strcmp(kind, "gain");
   for (int64_t i = 0; i < n; ++i) {
@@ -93,12 +93,12 @@ static void st__fill(float* v, int64_t n, uint64_t seed, const char* kind) {
   }
 }
 
-/* Input |i| of |k| on the device: f32 by st__fill, s32 ids in [0, V) for
+/* Input |i| of |k| on the device: f32 by st__kverify_fill, s32 ids in [0, V) for
  * V the first input's last dim (cross_entropy's targets). */
 static st_status st__input(const st__case* k, st_runtime* rt, int i, st_buffer** out) {
   int64_t n = st_tensor_type_elements(&k->in[i]);
   float* v = st_xmalloc((size_t)(n ? n : 1) * sizeof(float));
-  st__fill(v, n, (uint64_t)(i + 1), k->kinds[i]);
+  st__kverify_fill(v, n, (uint64_t)(i + 1), k->kinds[i]);
   void* host = v;
   int32_t* ids = NULL;
   if (k->in[i].dtype == ST_DTYPE_S32) {
@@ -116,7 +116,7 @@ static st_status st__input(const st__case* k, st_runtime* rt, int i, st_buffer**
   return s;
 }
 
-static int st__cmp_double(const void* a, const void* b) {
+static int st__kverify_cmp_double(const void* a, const void* b) {
   double x = *(const double*)a, y = *(const double*)b;
   return x < y ? -1 : x > y;
 }
@@ -139,7 +139,7 @@ static st_status st__time(st__case* k, st_runtime* rt, int runs, double* out_s) 
     for (int i = 0; i < k->n_out; ++i) st_buffer_destroy(out[i]);
   }
   if (!s) {
-    qsort(t + 2, (size_t)runs, sizeof(double), st__cmp_double);
+    qsort(t + 2, (size_t)runs, sizeof(double), st__kverify_cmp_double);
     *out_s = t[2 + runs / 2];
   }
   free(t);
@@ -184,7 +184,7 @@ static st_status st__bench(st__case* ks, size_t n, st_runtime* rt, const st_kern
   return s;
 }
 
-static st_status st__run(st__case* k, st_runtime* rt, float** outs) {
+static st_status st__kverify_run(st__case* k, st_runtime* rt, float** outs) {
   st_buffer* in[ST__MAX_IO] = {0};
   st_buffer* out[ST__MAX_IO] = {0};
   st_status s = ST_OK;
@@ -228,7 +228,7 @@ static st_status st__export(const st_kernels_verify_options* o) {
   return s;
 }
 
-static st_status st__verify(const st_kernels_verify_options* o, st_runtime* rt, st_kernels_verify_result* r) {
+static st_status st__kverify_op(const st_kernels_verify_options* o, st_runtime* rt, st_kernels_verify_result* r) {
   ST_RETURN(st__export(o));
   char* index_path = st_path_join(o->workdir, "index.json");
   char* text = NULL;
@@ -280,8 +280,8 @@ static st_status st__verify(const st_kernels_verify_options* o, st_runtime* rt, 
       break;
     }
     float *got[ST__MAX_IO] = {0}, *want[ST__MAX_IO] = {0};
-    s = st__run(k, rt, got);
-    if (!s) s = st__run((st__case*)ref, rt, want);
+    s = st__kverify_run(k, rt, got);
+    if (!s) s = st__kverify_run((st__case*)ref, rt, want);
     double worst = 0, worst_err = 0;
     int worst_out = 0;
     int64_t worst_at = 0;
@@ -344,7 +344,7 @@ st_status st_kernels_verify(const st_kernels_verify_options* o, st_kernels_verif
     ro.ffi_targets = st_kernels_ffi_target_table(&ro.ffi_target_count);
     s = st_runtime_create(&ro, &rt);
   }
-  if (!s) s = st__verify(o, rt, r);
+  if (!s) s = st__kverify_op(o, rt, r);
   if (!o->runtime) st_runtime_destroy(rt);
   if (!o->keep) st_status_free(st_fs_remove_tree(o->workdir));
   return s;

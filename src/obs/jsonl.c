@@ -16,7 +16,7 @@
 
 #define ST__CHUNK (64 * 1024)
 
-static void st__bad(st_jsonl_stats* stats, int64_t at, const char* why) {
+static void st__jsonl_bad(st_jsonl_stats* stats, int64_t at, const char* why) {
   if (!stats->bad) {
     stats->first_bad_byte = at;
     stats->first_bad_why = why;
@@ -32,12 +32,12 @@ static bool st__line(const char* path, const char* p, size_t len, int64_t at, st
   st_status s = st_json_parse(p, len, path, &v);
   if (s) {
     st_status_free(s);
-    st__bad(stats, at, "not JSON");
+    st__jsonl_bad(stats, at, "not JSON");
     return true;
   }
   if (!json_is_object(v)) {
     json_decref(v);
-    st__bad(stats, at, "not a JSON object");
+    st__jsonl_bad(stats, at, "not a JSON object");
     return true;
   }
   stats->lines++;
@@ -92,10 +92,10 @@ st_status st_jsonl_read(const char* path, int64_t tail_bytes, size_t max_line, s
       if (!nl) break;
       size_t ll = (size_t)(nl - (buf + p));
       if (discard) {
-        if (overlong) st__bad(stats, overlong_at, "too long");
+        if (overlong) st__jsonl_bad(stats, overlong_at, "too long");
         discard = overlong = false;
       } else if (ll > max_line) {
-        st__bad(stats, buf_at + (int64_t)p, "too long");
+        st__jsonl_bad(stats, buf_at + (int64_t)p, "too long");
       } else {
         go = st__line(path, buf + p, ll, buf_at + (int64_t)p, fn, user, stats);
       }

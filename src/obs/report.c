@@ -128,12 +128,12 @@ typedef struct st__report {
   bool have_comm; /* some line has comm_wait_s (a mesh) */
 } st__report;
 
-static double st__get(const json_t* o, const char* key) {
+static double st__report_get(const json_t* o, const char* key) {
   const json_t* v = json_object_get(o, key);
   return v && json_is_number(v) ? json_number_value(v) : NAN;
 }
 
-static bool st__metrics_line(void* user, json_t* m, int64_t byte) {
+static bool st__report_metrics_line(void* user, json_t* m, int64_t byte) {
   (void)byte;
   st__report* r = user;
   int64_t step = 0;
@@ -147,7 +147,7 @@ static bool st__metrics_line(void* user, json_t* m, int64_t byte) {
   if (json_object_get(m, "eval_loss") && !json_object_get(m, "loss")) {
     /* An eval line follows the step line of its step: it gets that step's tokens. */
     v[F_TOKENS] = step == r->last_step ? r->tokens_cum : (double)step * (double)r->last_tokens;
-    v[F_LOSS] = st__get(m, "eval_loss");
+    v[F_LOSS] = st__report_get(m, "eval_loss");
     st__series_add(&r->evals, v);
     r->eval_lines++;
     return true;
@@ -165,20 +165,20 @@ static bool st__metrics_line(void* user, json_t* m, int64_t byte) {
   r->last_step = step;
   r->last_tokens = tokens;
   v[F_TOKENS] = r->tokens_cum;
-  v[F_LOSS] = st__get(m, "loss");
+  v[F_LOSS] = st__report_get(m, "loss");
   if (!isfinite(v[F_LOSS]) && !r->nonfinite_losses++) r->first_nonfinite_step = step;
-  v[F_LR] = st__get(m, "lr");
-  v[F_GNORM] = st__get(m, "grad_norm");
-  v[F_TPS] = st__get(m, "tokens_per_s");
-  v[F_STEP_TIME] = st__get(m, "step_time_s");
-  v[F_WAIT] = st__get(m, "wait_s");
+  v[F_LR] = st__report_get(m, "lr");
+  v[F_GNORM] = st__report_get(m, "grad_norm");
+  v[F_TPS] = st__report_get(m, "tokens_per_s");
+  v[F_STEP_TIME] = st__report_get(m, "step_time_s");
+  v[F_WAIT] = st__report_get(m, "wait_s");
   if (isfinite(v[F_STEP_TIME]) && isfinite(v[F_WAIT])) v[F_HOST] = fmax(0.0, v[F_STEP_TIME] - v[F_WAIT]);
-  v[F_RECOMPUTE] = st__get(m, "recompute_s");
-  v[F_TRANSFER] = st__get(m, "transfer_s");
-  v[F_COMM_WAIT] = st__get(m, "comm_wait_s");
+  v[F_RECOMPUTE] = st__report_get(m, "recompute_s");
+  v[F_TRANSFER] = st__report_get(m, "transfer_s");
+  v[F_COMM_WAIT] = st__report_get(m, "comm_wait_s");
   if (isfinite(v[F_COMM_WAIT])) r->have_comm = true;
-  v[F_PEAK] = st__get(m, "peak_live_bytes");
-  v[F_PEAK_PRED] = st__get(m, "peak_live_bytes_predicted");
+  v[F_PEAK] = st__report_get(m, "peak_live_bytes");
+  v[F_PEAK_PRED] = st__report_get(m, "peak_live_bytes_predicted");
   const json_t* cats = json_object_get(m, "peak_live_by_category");
   if (json_is_object(cats)) {
     const char* key;
@@ -214,7 +214,7 @@ static bool st__events_line(void* user, json_t* ev, int64_t byte) {
   (void)byte;
   st__report* r = user;
   const char* name = json_string_value(json_object_get(ev, "event"));
-  double t = st__get(ev, "time");
+  double t = st__report_get(ev, "time");
   st__event* e = st__event_slot(r);
   snprintf(e->name, sizeof(e->name), "%s", name ? name : "?");
   e->time = t;
@@ -295,12 +295,12 @@ static void st__utc(double t, char* out, size_t n) {
   strftime(out, n, "%Y-%m-%d %H:%M:%S UTC", &tm);
 }
 
-static void st__num(st_strbuf* o, double v, const char* fmt) {
+static void st__report_num(st_strbuf* o, double v, const char* fmt) {
   if (isfinite(v)) st_strbuf_printf(o, fmt, v);
   else st_strbuf_append(o, "–");
 }
 
-static void st__human_bytes(st_strbuf* o, double b) {
+static void st__report_human_bytes(st_strbuf* o, double b) {
   static const char* const u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   if (!isfinite(b)) {
     st_strbuf_append(o, "–");
@@ -435,7 +435,7 @@ static void st__timeline(st_strbuf* o, const st__report* r, const st__event* con
   free(marks);
 }
 
-static void st__row(st_strbuf* o, const char* key, const char* value) {
+static void st__report_row(st_strbuf* o, const char* key, const char* value) {
   st_strbuf_append(o, "<tr><th>");
   st__html_text(o, key);
   st_strbuf_append(o, "</th><td>");
@@ -454,7 +454,7 @@ static void st__bad_note(st_strbuf* o, const char* file, const st_jsonl_stats* j
     st_strbuf_printf(o, "<p class=\"note\">%s ends in an incomplete line (being written, or cut by a crash): not shown.</p>\n", file);
 }
 
-static void st__summary(st_strbuf* o, const st__report* r, const st__event* const* ev, int n, const json_t* ctx) {
+static void st__report_summary(st_strbuf* o, const st__report* r, const st__event* const* ev, int n, const json_t* ctx) {
   st_strbuf_append(o, "<h2>Summary</h2>\n<table>\n");
   const char* last = n ? ev[n - 1]->name : NULL;
   const char* state = !last                                   ? "unknown (no events)"
@@ -463,44 +463,44 @@ static void st__summary(st_strbuf* o, const st__report* r, const st__event* cons
                       : !strcmp(last, "interrupted")          ? "interrupted"
                       : !strcmp(last, "supervisor_done")      ? "ended under strata run (see the events)"
                                                               : "running, or ended without a final event";
-  st__row(o, "state", state);
-  if (r->failure) st__row(o, "failure", r->failure);
+  st__report_row(o, "state", state);
+  if (r->failure) st__report_row(o, "failure", r->failure);
   st_strbuf s = {0};
   const json_t* cid = ctx ? json_object_get(ctx, "run_id") : NULL;
-  if (json_is_string(cid)) st__row(o, "run id", json_string_value(cid));
+  if (json_is_string(cid)) st__report_row(o, "run id", json_string_value(cid));
   if (r->have_time) {
     char t[64];
     st__utc(r->first_time, t, sizeof(t));
-    st__row(o, "started", t);
+    st__report_row(o, "started", t);
   }
   const double* l = r->steps.have_last ? r->steps.last : NULL;
   st_strbuf_printf(&s, "%lld step lines", (long long)r->step_lines);
   if (l) st_strbuf_printf(&s, ", last step %.0f, %.0f tokens", l[F_STEP], l[F_TOKENS]);
-  st__row(o, "steps", st_strbuf_cstr(&s));
+  st__report_row(o, "steps", st_strbuf_cstr(&s));
   st_strbuf_reset(&s);
   if (l) {
-    st__num(&s, l[F_LOSS], "%.4f");
-    st__row(o, "final train loss", st_strbuf_cstr(&s));
+    st__report_num(&s, l[F_LOSS], "%.4f");
+    st__report_row(o, "final train loss", st_strbuf_cstr(&s));
     st_strbuf_reset(&s);
   }
   if (r->nonfinite_losses) {
     st_strbuf_printf(&s, "%lld step%s (the first at step %lld): gaps in the loss plots", (long long)r->nonfinite_losses,
                      r->nonfinite_losses == 1 ? "" : "s", (long long)r->first_nonfinite_step);
-    st__row(o, "non-finite loss", st_strbuf_cstr(&s));
+    st__report_row(o, "non-finite loss", st_strbuf_cstr(&s));
     st_strbuf_reset(&s);
   }
   if (r->evals.have_last) {
-    st__num(&s, r->evals.last[F_LOSS], "%.4f");
+    st__report_num(&s, r->evals.last[F_LOSS], "%.4f");
     st_strbuf_printf(&s, " (step %.0f; %lld evaluations)", r->evals.last[F_STEP], (long long)r->eval_lines);
-    st__row(o, "last eval loss", st_strbuf_cstr(&s));
+    st__report_row(o, "last eval loss", st_strbuf_cstr(&s));
     st_strbuf_reset(&s);
   }
   if (l) {
-    st__num(&s, l[F_TPS], "%.1f");
-    st__row(o, "tokens/s (last step)", st_strbuf_cstr(&s));
+    st__report_num(&s, l[F_TPS], "%.1f");
+    st__report_row(o, "tokens/s (last step)", st_strbuf_cstr(&s));
     st_strbuf_reset(&s);
-    st__human_bytes(&s, l[F_PEAK]);
-    st__row(o, "peak live device memory (last step)", st_strbuf_cstr(&s));
+    st__report_human_bytes(&s, l[F_PEAK]);
+    st__report_row(o, "peak live device memory (last step)", st_strbuf_cstr(&s));
     st_strbuf_reset(&s);
   }
   st_strbuf_free(&s);
@@ -626,11 +626,11 @@ static void st__checkpoints(st_strbuf* o, const char* dir) {
         st__utc(c->created, t, sizeof(t));
         st_strbuf_append(o, t);
         st_strbuf_append(o, "</td><td class=\"num\">");
-        st__num(o, c->lr, "%.3g");
+        st__report_num(o, c->lr, "%.3g");
         double bytes = 0;
         for (int f = 0; f < c->file_count; ++f) bytes += (double)c->files[f].bytes;
         st_strbuf_append(o, "</td><td class=\"num\">");
-        st__human_bytes(o, bytes);
+        st__report_human_bytes(o, bytes);
         st_strbuf_append(o, "</td><td>ok");
       } else {
         st_strbuf_append(o, "</td><td></td><td></td><td class=\"warn\">");
@@ -659,7 +659,7 @@ static void st__events_table(st_strbuf* o, const st__report* r, const st__event*
   st_strbuf_append(o, "<table class=\"list\"><tr><th>t (s)</th><th>event</th><th>details</th></tr>\n");
   for (int i = 0; i < n; ++i) {
     st_strbuf_append(o, "<tr><td class=\"num\">");
-    st__num(o, r->have_time ? ev[i]->time - r->first_time : NAN, "%.3f");
+    st__report_num(o, r->have_time ? ev[i]->time - r->first_time : NAN, "%.3f");
     st_strbuf_append(o, "</td><td>");
     st__html_text(o, ev[i]->name);
     st_strbuf_append(o, "</td><td class=\"ev\">");
@@ -687,7 +687,7 @@ st_status st_report_build(const char* dir, char** out_html, st_report_stats* out
   if (!r.have_metrics && !r.have_events)
     s = st_status_make(ST_CODE_CONFIG,
                        "strata report: '%s' is not a run directory: it has neither metrics.jsonl nor events.jsonl", dir);
-  if (!s && r.have_metrics) s = st_jsonl_read(metrics_path, 0, ST__MAX_LINE, st__metrics_line, &r, &r.metrics_stats);
+  if (!s && r.have_metrics) s = st_jsonl_read(metrics_path, 0, ST__MAX_LINE, st__report_metrics_line, &r, &r.metrics_stats);
   if (!s && r.have_events) s = st_jsonl_read(events_path, 0, ST__MAX_LINE, st__events_line, &r, &r.events_stats);
   if (s) s = st_status_annotate(s, "strata report");
   const st__event** ev = st_xcalloc(ST__MAX_EVENTS, sizeof(*ev));
@@ -712,7 +712,7 @@ st_status st_report_build(const char* dir, char** out_html, st_report_stats* out
     /* The context is read first (the summary names the run id) but shown later. */
     st_strbuf ctx_html = {0};
     st__context(&ctx_html, dir, &ctx);
-    st__summary(&o, &r, ev, nev, ctx);
+    st__report_summary(&o, &r, ev, nev, ctx);
 
     st_strbuf_append(&o, "<h2>Plots</h2>\n<div class=\"plots\">\n");
     st__loss_plot(&o, &r, "plot-loss-steps", F_STEP, "step");

@@ -155,7 +155,7 @@ static void st__axes(st_strbuf* o, const st_svg_plot* p, double x0, double x1, d
   }
 }
 
-static void st__open(st_strbuf* o, const st_svg_plot* p, double h, bool empty) {
+static void st__svg_open(st_strbuf* o, const st_svg_plot* p, double h, bool empty) {
   st_strbuf_append(o, "<svg class=\"plot\" id=\"");
   st__html_text(o, p->id);
   st_strbuf_printf(o, "\" viewBox=\"0 0 %.0f %.0f\" role=\"img\"%s aria-label=\"", ST__W, h, empty ? " data-empty=\"1\"" : "");
@@ -185,7 +185,7 @@ void st_svg_lines(st_strbuf* o, const st_svg_plot* p, const st_svg_series* serie
       ry.lo = fmin(ry.lo, y), ry.hi = fmax(ry.hi, y);
     }
   }
-  st__open(o, p, ST__H, !any);
+  st__svg_open(o, p, ST__H, !any);
   /* The legend's rows under the title: items wrap at the right edge. */
   double legend_x[64], legend_y[64];
   int rows = 1;
@@ -281,7 +281,7 @@ void st_svg_timeline(st_strbuf* o, const st_svg_plot* p, const char* const* lane
     if (isfinite(marks[i].t) && marks[i].lane >= 0 && marks[i].lane < lane_count)
       rx.lo = fmin(rx.lo, marks[i].t), rx.hi = fmax(rx.hi, marks[i].t);
   bool any = rx.lo <= rx.hi;
-  st__open(o, p, h, !any);
+  st__svg_open(o, p, h, !any);
   double x0 = ST__L + 60, x1 = ST__W - ST__R, y0 = h - ST__B, y1 = ST__T - 10;
   if (!any) {
     st__axes(o, p, x0, x1, y0, y1, NULL, NULL);

@@ -162,7 +162,7 @@ typedef struct st__scalars {
   size_t count, cap;
 } st__scalars;
 
-static void st__collect(const json_t* obj, const char* prefix, st__scalars* out) {
+static void st__tb_collect(const json_t* obj, const char* prefix, st__scalars* out) {
   const char* key;
   json_t* v;
   json_object_foreach((json_t*)obj, key, v) {
@@ -170,7 +170,7 @@ static void st__collect(const json_t* obj, const char* prefix, st__scalars* out)
     st_strbuf tag = {0};
     st_strbuf_printf(&tag, "%s%s%s", prefix, *prefix ? "/" : "", key);
     if (json_is_object(v)) {
-      st__collect(v, st_strbuf_cstr(&tag), out);
+      st__tb_collect(v, st_strbuf_cstr(&tag), out);
     } else if (json_is_number(v)) {
       if (out->count == out->cap) {
         out->cap = out->cap ? 2 * out->cap : 32;
@@ -195,7 +195,7 @@ static float st__to_float(double v) {
 
 st_status st_tb_write_metrics(st_tb_writer* writer, const json_t* object) {
   st__scalars sc = {0};
-  st__collect(object, "", &sc);
+  st__tb_collect(object, "", &sc);
   if (!sc.count) return ST_OK;
 
   StrataTb__Summary__Value* values = st_xcalloc(sc.count, sizeof(*values));

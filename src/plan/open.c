@@ -16,9 +16,9 @@
 #include "strata/plan.h"
 
 st_status st_plan_open_bundle(st_plan_options* o, const st_plan_open_options* how, st_plan_opened* out) {
-  st_bundle_request req = {o->model_json, o->cache_root, o->bundle_dir, o->mesh, how ? how->stop : NULL};
-  bool progress = how && how->progress ? o->long_progress.on : false;
-  ST_RETURN(st_bundle_ensure_ex(&req, progress, &out->bundle, &out->exported));
+  st_bundle_request req = {o->model_json, o->cache_root, o->bundle_dir, o->mesh, how ? how->stop : NULL,
+                           how && how->progress ? o->long_progress.on : false};
+  ST_RETURN(st_bundle_ensure(&req, &out->bundle, &out->exported));
   ST_RETURN(st_kernels_check_bundle(out->bundle));
   out->calls_kernels = st_kernels_bundle_uses_ffi(out->bundle);
   return ST_OK;

@@ -11,6 +11,7 @@
  * PJRT clients are thread-safe for compilation (JAX compiles from several
  * threads too); the runtime's counters are atomics, and the executable
  * cache writes each entry through a uniquely named temporary file. */
+#include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -78,7 +79,7 @@ int st_runtime_compile_threads(const st_runtime* rt) {
 }
 
 st_status st_program_compile_files(st_runtime* rt, st_program_compile_job* jobs, int count) {
-  if (!rt) return st_status_make(ST_CODE_INTERNAL, "st_program_compile_files: runtime is NULL");
+  assert(rt); /* a caller's bug, not bad input */
   if (count < 0 || (count > 0 && !jobs)) return st_status_make(ST_CODE_INTERNAL, "st_program_compile_files: bad job list");
   if (count == 0) return ST_OK;
   for (int i = 0; i < count; ++i) {

@@ -36,18 +36,18 @@
  * absurd allocation. */
 #define ST__CACHE_MAX_PAYLOAD ((uint64_t)4 << 30)
 
-static void st__put_u32(uint8_t* p, uint32_t v) {
+static void st__exe_put_u32(uint8_t* p, uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = (uint8_t)(v >> (8 * i));
 }
-static void st__put_u64(uint8_t* p, uint64_t v) {
+static void st__exe_put_u64(uint8_t* p, uint64_t v) {
   for (int i = 0; i < 8; ++i) p[i] = (uint8_t)(v >> (8 * i));
 }
-static uint32_t st__get_u32(const uint8_t* p) {
+static uint32_t st__exe_get_u32(const uint8_t* p) {
   uint32_t v = 0;
   for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
   return v;
 }
-static uint64_t st__get_u64(const uint8_t* p) {
+static uint64_t st__exe_get_u64(const uint8_t* p) {
   uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
   return v;
@@ -57,7 +57,7 @@ static uint64_t st__get_u64(const uint8_t* p) {
 
 static int st__digest_field(EVP_MD_CTX* ctx, const void* data, size_t n) {
   uint8_t len[8];
-  st__put_u64(len, (uint64_t)n);
+  st__exe_put_u64(len, (uint64_t)n);
   return EVP_DigestUpdate(ctx, len, sizeof(len)) && (n == 0 || EVP_DigestUpdate(ctx, data, n));
 }
 
@@ -69,8 +69,8 @@ st_status st__cache_key(const st_runtime* rt, const uint8_t* options, size_t opt
   EVP_MD_CTX* ctx = EVP_MD_CTX_new();
   if (!ctx) return st_status_make(ST_CODE_INTERNAL, "executable cache: cannot create a SHA-256 context");
   uint8_t nums[16];
-  st__put_u64(nums, (uint64_t)rt->plugin_size);
-  st__put_u64(nums + 8, (uint64_t)rt->plugin_mtime_ns);
+  st__exe_put_u64(nums, (uint64_t)rt->plugin_size);
+  st__exe_put_u64(nums + 8, (uint64_t)rt->plugin_mtime_ns);
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int md_len = 0;
   int ok = EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) && st__digest_str(ctx, "strata-xexe-key-v1") &&
@@ -113,13 +113,13 @@ static int st__read_entry(const char* path, uint8_t** out, size_t* out_size, cha
     snprintf(why, why_size, "truncated header");
   } else if (memcmp(h, ST__CACHE_MAGIC, 8)) {
     snprintf(why, why_size, "bad magic");
-  } else if (st__get_u32(h + 8) != ST__CACHE_VERSION) {
-    snprintf(why, why_size, "format version %u, expected %u", st__get_u32(h + 8), ST__CACHE_VERSION);
+  } else if (st__exe_get_u32(h + 8) != ST__CACHE_VERSION) {
+    snprintf(why, why_size, "format version %u, expected %u", st__exe_get_u32(h + 8), ST__CACHE_VERSION);
   } else if (fstat(fileno(f), &st) != 0) {
     snprintf(why, why_size, "cannot stat: %s", strerror(errno));
   } else {
-    uint64_t size = st__get_u64(h + 16);
-    uint64_t sum = st__get_u64(h + 24);
+    uint64_t size = st__exe_get_u64(h + 16);
+    uint64_t sum = st__exe_get_u64(h + 24);
     if (size == 0 || size > ST__CACHE_MAX_PAYLOAD || (uint64_t)st.st_size != ST__CACHE_HEADER + size) {
       snprintf(why, why_size, "payload size %llu does not match the file size %lld", (unsigned long long)size,
                (long long)st.st_size);
@@ -187,9 +187,9 @@ static st_status st__write_entry(const st_runtime* rt, const char* key, const vo
   char* final_path = st__entry_path(rt, key);
   uint8_t h[ST__CACHE_HEADER] = {0};
   memcpy(h, ST__CACHE_MAGIC, 8);
-  st__put_u32(h + 8, ST__CACHE_VERSION);
-  st__put_u64(h + 16, (uint64_t)size);
-  st__put_u64(h + 24, XXH64(payload, size, 0));
+  st__exe_put_u32(h + 8, ST__CACHE_VERSION);
+  st__exe_put_u64(h + 16, (uint64_t)size);
+  st__exe_put_u64(h + 24, XXH64(payload, size, 0));
   st_fs_piece pieces[2] = {{h, sizeof(h)}, {payload, size}};
   st_status s = st_fs_write_atomic_pieces(final_path, pieces, 2);
   free(final_path);

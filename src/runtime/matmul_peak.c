@@ -26,7 +26,7 @@ static const char kMatmulProgram[] =
     "  }\n"
     "}\n";
 
-static int st__cmp_double(const void* x, const void* y) {
+static int st__peak_cmp_double(const void* x, const void* y) {
   double a = *(const double*)x, b = *(const double*)y;
   return (a > b) - (a < b);
 }
@@ -50,7 +50,7 @@ static st_status st__time_runs(st_program* prog, st_buffer* const* in, double ma
     times[runs++] = dt;
     total += dt;
   }
-  if (runs > 0) qsort(times, (size_t)runs, sizeof(double), st__cmp_double);
+  if (runs > 0) qsort(times, (size_t)runs, sizeof(double), st__peak_cmp_double);
   *out_runs = runs;
   return s;
 }

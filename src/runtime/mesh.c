@@ -6,6 +6,7 @@
  * (compile_options.c), and one Execute call takes one argument list per
  * device. The plugin decides the order of those lists (its executable's
  * addressable devices); it is read back after compiling, never assumed. */
+#include <assert.h>
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +27,7 @@ static bool st__axis_name_ok(const char* s) {
 }
 
 st_status st_mesh_make(int axis_count, const char* const* names, const int* sizes, const int* devices, st_mesh* out) {
-  if (!out) return st_status_make(ST_CODE_INTERNAL, "st_mesh_make: out is NULL");
+  assert(out); /* a caller's bug, not bad input */
   memset(out, 0, sizeof(*out));
   if (axis_count < 1 || axis_count > ST_MESH_MAX_AXES || !names || !sizes)
     return st_status_make(ST_CODE_CONFIG, "mesh: %d axes given, a mesh has 1 to %d", axis_count, ST_MESH_MAX_AXES);
@@ -155,10 +156,10 @@ static st_status st__spmd_positions(st_program* p) {
 st_status st_program_compile_spmd(st_runtime* rt, const char* name, const void* code, size_t code_size,
                                   const st_mesh* mesh, const st_program_signature* local_signature,
                                   st_program** out_program) {
-  if (!out_program) return st_status_make(ST_CODE_INTERNAL, "st_program_compile_spmd: out_program is NULL");
+  assert(out_program); /* a caller's bug, not bad input */
   *out_program = NULL;
   if (!name || !name[0]) name = "(unnamed)";
-  if (!rt) return st_status_make(ST_CODE_INTERNAL, "program '%s': runtime is NULL", name);
+  assert(rt); /* a caller's bug, not bad input */
   if (!code || code_size == 0) return st_status_make(ST_CODE_RUNTIME, "program '%s': the program is empty", name);
   char what[160];
   snprintf(what, sizeof(what), "program '%s'", name);
@@ -221,9 +222,9 @@ st_status st_program_compile_spmd(st_runtime* rt, const char* name, const void* 
 
 st_status st_program_compile_spmd_file(st_runtime* rt, const char* path, const st_mesh* mesh,
                                        const st_program_signature* local_signature, st_program** out_program) {
-  if (!out_program) return st_status_make(ST_CODE_INTERNAL, "st_program_compile_spmd_file: out_program is NULL");
+  assert(out_program); /* a caller's bug, not bad input */
   *out_program = NULL;
-  if (!path) return st_status_make(ST_CODE_INTERNAL, "st_program_compile_spmd_file: path is NULL");
+  assert(path); /* a caller's bug, not bad input */
   char* data = NULL;
   size_t n = 0;
   ST_RETURN_IF_ERROR(st_fs_read_file(path, &data, &n), "program %s", path);
@@ -244,7 +245,7 @@ int st_program_partition_device(const st_program* p, int part) {
 
 st_status st_program_execute_spmd(st_program* p, st_buffer* const* inputs, int input_count, st_buffer** outputs,
                                   int output_count, st_event** out_done) {
-  if (!p) return st_status_make(ST_CODE_INTERNAL, "st_program_execute_spmd: program is NULL");
+  assert(p); /* a caller's bug, not bad input */
   int n = p->mesh_device_count;
   if (out_done)
     for (int d = 0; d < n; ++d) out_done[d] = NULL;
@@ -378,7 +379,7 @@ static int st__index_over(const st_mesh* m, uint32_t axes, int p) {
 
 st_status st_sharding_local_type(const st_mesh* m, const st_tensor_type* g, const st_sharding* sh,
                                  st_tensor_type* out) {
-  if (!m || !g || !sh || !out) return st_status_make(ST_CODE_INTERNAL, "st_sharding_local_type: NULL argument");
+  assert(m && g && sh && out); /* a caller's bug, not bad input */
   if (g->rank < 0 || g->rank > ST_MAX_RANK || st_dtype_size(g->dtype) == 0)
     return st_status_make(ST_CODE_INTERNAL, "sharding: bad tensor type");
   uint32_t all = m->axis_count >= 32 ? 0xffffffffu : ((1u << m->axis_count) - 1u);
@@ -533,9 +534,9 @@ static void st__copy_run(void* vctx, int64_t loff, int64_t goff, int64_t n) {
 
 st_status st_sharded_from_host(st_runtime* rt, const st_mesh* m, const st_tensor_type* g, const st_sharding* sh,
                                const void* data, st_sharded** out) {
-  if (!out) return st_status_make(ST_CODE_INTERNAL, "st_sharded_from_host: out is NULL");
+  assert(out); /* a caller's bug, not bad input */
   *out = NULL;
-  if (!rt || !data) return st_status_make(ST_CODE_INTERNAL, "st_sharded_from_host: NULL argument");
+  assert(rt && data); /* a caller's bug, not bad input */
   ST_RETURN(st__mesh_check(rt, m, "sharded tensor"));
   st_tensor_type local;
   ST_RETURN(st_sharding_local_type(m, g, sh, &local));
@@ -604,7 +605,7 @@ st_status st_sharded_wrap(st_runtime* rt, const st_mesh* m, const st_tensor_type
 }
 
 st_status st_sharded_to_host(st_sharded* t, void* dst, size_t dst_size) {
-  if (!t || !dst) return st_status_make(ST_CODE_INTERNAL, "st_sharded_to_host: NULL argument");
+  assert(t && dst); /* a caller's bug, not bad input */
   size_t gbytes = st_tensor_type_bytes(&t->global);
   if (dst_size != gbytes)
     return st_status_make(ST_CODE_INTERNAL, "sharded tensor: destination has %zu bytes, the tensor %zu", dst_size,
@@ -658,11 +659,11 @@ void st_sharded_release(st_sharded* t, st_buffer** out_shards) {
 
 st_status st_sharding_to_host(const st_mesh* m, const st_tensor_type* g, const st_sharding* sh,
                               st_buffer* const* shards, void* dst, size_t dst_size) {
-  if (!m || !g || !sh || !shards) return st_status_make(ST_CODE_INTERNAL, "st_sharding_to_host: NULL argument");
+  assert(m && g && sh && shards); /* a caller's bug, not bad input */
   st_sharded t = {.mesh = *m, .global = *g, .sharding = *sh, .shards = (st_buffer**)shards};
   ST_RETURN(st_sharding_local_type(m, g, sh, &t.local));
   for (int p = 0; p < m->device_count; ++p)
-    if (!shards[p]) return st_status_make(ST_CODE_INTERNAL, "st_sharding_to_host: shard %d is NULL", p);
+    assert(shards[p]); /* a caller's bug, not bad input */
   return st_sharded_to_host(&t, dst, dst_size);
 }
 

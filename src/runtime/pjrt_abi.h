@@ -632,4 +632,145 @@ typedef struct pj_ffi_ext {
 
 typedef const pj_api* (*pj_get_api_fn)(void);
 
+/*--- pins -------------------------------------------------------------------*/
+
+/* The layouts above, pinned: a field dropped, reordered or retyped here is a
+ * build error, not a plugin reading garbage. The numbers are upstream's
+ * <Name>_STRUCT_SIZE (PJRT_DEFINE_STRUCT_TRAITS: offsetof(last field) +
+ * its size) for LP64, and PJRT_Api's slot offsets (40 bytes of header: size,
+ * extension, PJRT_Api_Version; then 8 per slot, in upstream's order).
+ * Worked out from openxla/xla's xla/pjrt/c/pjrt_c_api.h as stored in this
+ * project's reference corpus (minor 94) and checked against the minor-114
+ * layout these declarations are written for: the ABI only appends, so
+ * minor 94's sizes and offsets hold at 114. Two structs grew after 94 and
+ * are pinned at 94's last field plus strata's 114 tail (execute options:
+ * multi_slice_config .. num_hlo_output_callbacks; deserialize:
+ * load_options). The FFI registration struct is the FFI extension
+ * header's, and 52 is what the CPU plugin checks (above). */
+_Static_assert(sizeof(void*) == 8 && sizeof(size_t) == 8 && sizeof(int) == 4 && sizeof(bool) == 1,
+               "pjrt_abi.h describes the LP64 layout");
+
+#define PJ_PIN(type, last, size) \
+  _Static_assert(PJ_SIZE(type, last) == (size), #type " through " #last " must be " #size " bytes (PJRT ABI)")
+#define PJ_AT(type, field, offset) \
+  _Static_assert(offsetof(type, field) == (offset), #type "." #field " must be at " #offset " (PJRT ABI)")
+#define PJ_SLOT(field, index) \
+  _Static_assert(offsetof(pj_api, field) == 40 + 8 * (index), "pj_api." #field " must be PJRT_Api slot " #index)
+
+PJ_PIN(pj_ext, next, 24);
+PJ_PIN(pj_version, minor, 24);
+PJ_PIN(pj_error_destroy_args, error, 24);
+PJ_PIN(pj_error_message_args, message_size, 40);
+PJ_PIN(pj_error_code_args, code, 28);
+PJ_AT(pj_named_value, type, 32);
+PJ_AT(pj_named_value, v, 40);
+PJ_PIN(pj_named_value, value_size, 56);
+PJ_PIN(pj_plugin_init_args, ext, 16);
+PJ_PIN(pj_plugin_attrs_args, num_attrs, 32);
+PJ_PIN(pj_event_args, event, 24);
+PJ_PIN(pj_event_ready_args, is_ready, 25);
+PJ_PIN(pj_event_on_ready_args, user, 40);
+PJ_AT(pj_client_create_args, client, 64);
+PJ_PIN(pj_client_create_args, kv_try_get_user, 88);
+PJ_PIN(pj_client_args, client, 24);
+PJ_PIN(pj_client_string_args, str_size, 40);
+PJ_PIN(pj_client_devices_args, num_devices, 40);
+PJ_PIN(pj_program, format_size, 48);
+PJ_AT(pj_compile_args, options, 32);
+PJ_PIN(pj_compile_args, executable, 56);
+PJ_AT(pj_from_host_args, type, 32);
+PJ_AT(pj_from_host_args, dims, 40);
+PJ_AT(pj_from_host_args, semantics, 72);
+PJ_AT(pj_from_host_args, device, 80);
+PJ_AT(pj_from_host_args, memory, 88);
+PJ_AT(pj_from_host_args, done_with_host_buffer, 104);
+PJ_PIN(pj_from_host_args, buffer, 120);
+PJ_PIN(pj_desc_id_args, id, 28);
+PJ_PIN(pj_desc_string_args, str_size, 40);
+PJ_PIN(pj_device_desc_args, desc, 32);
+PJ_PIN(pj_device_memories_args, num_memories, 40);
+PJ_PIN(pj_device_default_memory_args, memory, 32);
+PJ_AT(pj_device_memory_stats_args, bytes_in_use, 24);
+PJ_AT(pj_device_memory_stats_args, peak_bytes_in_use_is_set, 40);
+PJ_AT(pj_device_memory_stats_args, bytes_limit, 80);
+PJ_AT(pj_device_memory_stats_args, bytes_limit_is_set, 88);
+PJ_PIN(pj_device_memory_stats_args, peak_pool_bytes_is_set, 185);
+PJ_PIN(pj_memory_kind_args, kind_size, 40);
+PJ_PIN(pj_executable_args, executable, 24);
+PJ_PIN(pj_loaded_args, executable, 24);
+PJ_PIN(pj_loaded_devices_args, num_devices, 40);
+PJ_PIN(pj_get_executable_args, executable, 32);
+PJ_PIN(pj_num_outputs_args, num_outputs, 32);
+PJ_PIN(pj_optimized_program_args, program, 32);
+PJ_AT(pj_compiled_memory_stats_args, temp_bytes, 56);
+PJ_AT(pj_compiled_memory_stats_args, host_temp_bytes, 96);
+PJ_PIN(pj_compiled_memory_stats_args, total_bytes, 120);
+PJ_PIN(pj_serialize_args, deleter, 56);
+PJ_AT(pj_deserialize_args, executable, 40);
+PJ_PIN(pj_deserialize_args, override_options_size, 64); /* minor 94's last field */
+PJ_PIN(pj_deserialize_args, load_options, 72);
+PJ_AT(pj_execute_options, launch_id, 48);
+PJ_AT(pj_execute_options, non_donatable, 56);
+PJ_AT(pj_execute_options, context, 72);
+PJ_PIN(pj_execute_options, incarnation_ids, 112); /* minor 94's last field */
+PJ_PIN(pj_execute_options, num_hlo_output_callbacks, 144);
+PJ_AT(pj_execute_args, argument_lists, 32);
+PJ_AT(pj_execute_args, output_lists, 56);
+PJ_PIN(pj_execute_args, execute_device, 80);
+PJ_PIN(pj_buffer_args, buffer, 24);
+PJ_PIN(pj_buffer_type_args, type, 28);
+PJ_PIN(pj_buffer_dims_args, num_dims, 40);
+PJ_PIN(pj_buffer_bool_args, value, 25);
+PJ_PIN(pj_to_host_args, event, 56);
+PJ_PIN(pj_buffer_event_args, event, 32);
+PJ_PIN(pj_copy_to_memory_args, dst_buffer, 40);
+PJ_PIN(pj_ffi_register_args, traits, 52);
+PJ_AT(pj_ffi_ext, register_handler, 40);
+
+PJ_AT(pj_api, version, 16);
+PJ_SLOT(error_destroy, 0);
+PJ_SLOT(error_message, 1);
+PJ_SLOT(error_get_code, 2);
+PJ_SLOT(plugin_initialize, 3);
+PJ_SLOT(plugin_attributes, 4);
+PJ_SLOT(event_destroy, 5);
+PJ_SLOT(event_on_ready, 9);
+PJ_SLOT(client_create, 10);
+PJ_SLOT(client_platform_name, 12);
+PJ_SLOT(client_platform_version, 14);
+PJ_SLOT(client_devices, 15);
+PJ_SLOT(client_addressable_devices, 16);
+PJ_SLOT(client_compile, 20);
+PJ_SLOT(client_buffer_from_host, 22);
+PJ_SLOT(desc_id, 23);
+PJ_SLOT(desc_kind, 26);
+PJ_SLOT(desc_to_string, 28);
+PJ_SLOT(device_get_description, 29);
+PJ_SLOT(device_addressable_memories, 32);
+PJ_SLOT(device_default_memory, 33);
+PJ_SLOT(device_memory_stats, 34);
+PJ_SLOT(memory_kind, 36);
+PJ_SLOT(executable_destroy, 40);
+PJ_SLOT(executable_num_outputs, 44);
+PJ_SLOT(executable_optimized_program, 48);
+PJ_SLOT(executable_serialize, 49);
+PJ_SLOT(loaded_destroy, 50);
+PJ_SLOT(loaded_get_executable, 51);
+PJ_SLOT(loaded_addressable_devices, 52);
+PJ_SLOT(loaded_execute, 55);
+PJ_SLOT(executable_deserialize_and_load, 56);
+PJ_SLOT(buffer_destroy, 58);
+PJ_SLOT(buffer_element_type, 59);
+PJ_SLOT(buffer_dimensions, 60);
+PJ_SLOT(buffer_is_deleted, 68);
+PJ_SLOT(buffer_to_host, 70);
+PJ_SLOT(buffer_ready_event, 72);
+PJ_SLOT(compile, 89);
+PJ_SLOT(buffer_copy_to_memory, 92);
+PJ_SLOT(executable_compiled_memory_stats, 96);
+
+#undef PJ_PIN
+#undef PJ_AT
+#undef PJ_SLOT
+
 #endif /* STRATA_RUNTIME_PJRT_ABI_H */

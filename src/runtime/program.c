@@ -1,5 +1,6 @@
 /* program.c — compiling StableHLO through PJRT (via the executable cache
  * when enabled), program signatures, and checked execution. */
+#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,7 +111,7 @@ st_status st__num_outputs(st_runtime* rt, const char* name, pj_loaded_exe* exe, 
 /* Fills the program's interface from the caller's signature and/or the
  * MLIR text. The caller's types win; donation can only come from the text
  * (and, after each run, from the plugin itself). */
-static st_status st__program_signature(st_program* p, const void* code, size_t code_size,
+static st_status st__prog_signature(st_program* p, const void* code, size_t code_size,
                                        const st_program_signature* given) {
   st__signature parsed;
   bool have = st__mlir_parse_main(code, code_size, &parsed);
@@ -149,16 +150,16 @@ static st_status st__program_signature(st_program* p, const void* code, size_t c
 
 st_status st_program_compile(st_runtime* rt, const char* name, const void* code, size_t code_size,
                              const st_program_signature* signature, st_program** out_program) {
-  if (!out_program) return st_status_make(ST_CODE_INTERNAL, "st_program_compile: out_program is NULL");
+  assert(out_program); /* a caller's bug, not bad input */
   *out_program = NULL;
   if (!name || !name[0]) name = "(unnamed)";
-  if (!rt) return st_status_make(ST_CODE_INTERNAL, "program '%s': runtime is NULL", name);
+  assert(rt); /* a caller's bug, not bad input */
   if (!code || code_size == 0) return st_status_make(ST_CODE_RUNTIME, "program '%s': the program is empty", name);
 
   st_program* p = st_xcalloc(1, sizeof(*p));
   p->rt = rt;
   p->name = st_xstrdup(name);
-  st_status s = st__program_signature(p, code, code_size, signature);
+  st_status s = st__prog_signature(p, code, code_size, signature);
 
   char key[65] = {0};
   bool cached = rt->cache_dir != NULL;
@@ -211,9 +212,9 @@ st_status st_program_compile(st_runtime* rt, const char* name, const void* code,
 
 st_status st_program_compile_file(st_runtime* rt, const char* path, const st_program_signature* signature,
                                   st_program** out_program) {
-  if (!out_program) return st_status_make(ST_CODE_INTERNAL, "st_program_compile_file: out_program is NULL");
+  assert(out_program); /* a caller's bug, not bad input */
   *out_program = NULL;
-  if (!path) return st_status_make(ST_CODE_INTERNAL, "st_program_compile_file: path is NULL");
+  assert(path); /* a caller's bug, not bad input */
   char* data = NULL;
   size_t n = 0;
   ST_RETURN_IF_ERROR(st_fs_read_file(path, &data, &n), "program %s", path);
@@ -260,7 +261,7 @@ bool st_program_input_donated(const st_program* p, int i) {
 /* Execution                                                                */
 /*===-------------------------------------------------------------------===*/
 
-static bool st__same_type(const st_tensor_type* a, const st_tensor_type* b) {
+static bool st__prog_same_type(const st_tensor_type* a, const st_tensor_type* b) {
   if (a->dtype != b->dtype || a->rank != b->rank) return false;
   for (int i = 0; i < a->rank; ++i)
     if (a->dims[i] != b->dims[i]) return false;
@@ -294,7 +295,7 @@ st_status st__check_inputs(const st_program* p, int device, st_buffer* const* in
                               "program '%s': input %d: the same buffer is also input %d and one of them is donated",
                               p->name, i, j);
     }
-    if (p->inputs && !st__same_type(&p->inputs[i], &b->type))
+    if (p->inputs && !st__prog_same_type(&p->inputs[i], &b->type))
       return st_status_make(ST_CODE_RUNTIME, "program '%s': input %d: expected %s, given %s", p->name, i,
                             st_tensor_type_format(&p->inputs[i], want, sizeof(want)), given);
   }
@@ -340,7 +341,7 @@ st_status st_program_execute(st_program* p, int device, st_buffer* const* inputs
   if (out_done) *out_done = NULL;
   if (outputs)
     for (int i = 0; i < output_count; ++i) outputs[i] = NULL;
-  if (!p) return st_status_make(ST_CODE_INTERNAL, "st_program_execute: program is NULL");
+  assert(p); /* a caller's bug, not bad input */
   st_runtime* rt = p->rt;
   const pj_api* api = rt->api;
   if (device < 0 || device >= rt->device_count)

@@ -1,5 +1,6 @@
 /* runtime.c — plugin discovery and loading, the PJRT client, devices, facts
  * and counters, and the plugin-error -> st_status bridge. */
+#include <assert.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <glob.h>
@@ -101,7 +102,7 @@ static void st__searched_add(st__searched* s, const char* fmt, ...) {
   if (s->n >= sizeof(s->buf)) s->n = sizeof(s->buf) - 1;
 }
 
-static bool st__is_file(const char* path) {
+static bool st__rt_is_file(const char* path) {
   struct stat st;
   return path && stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
@@ -114,7 +115,7 @@ static char* st__glob_last(const char* pattern) {
   char* found = NULL;
   if (glob(pattern, 0, NULL, &g) == 0) {
     for (size_t i = g.gl_pathc; i-- > 0;) {
-      if (st__is_file(g.gl_pathv[i])) {
+      if (st__rt_is_file(g.gl_pathv[i])) {
         found = st_xstrdup(g.gl_pathv[i]);
         break;
       }
@@ -170,7 +171,7 @@ static char* st__python_venv(void) {
 static st_status st__find_plugin(const st_runtime_options* o, char** out_path) {
   *out_path = NULL;
   if (o->plugin_path && o->plugin_path[0]) {
-    if (!st__is_file(o->plugin_path))
+    if (!st__rt_is_file(o->plugin_path))
       return st_status_make(ST_CODE_RUNTIME,
                             "PJRT plugin not found: runtime.plugin=%s does not name a file "
                             "(set runtime.plugin=PATH to an existing pjrt_c_api_*_plugin.so)",
@@ -180,7 +181,7 @@ static st_status st__find_plugin(const st_runtime_options* o, char** out_path) {
   }
   const char* env = getenv("STRATA_PJRT_PLUGIN");
   if (env && env[0]) {
-    if (!st__is_file(env))
+    if (!st__rt_is_file(env))
       return st_status_make(ST_CODE_RUNTIME,
                             "PJRT plugin not found: STRATA_PJRT_PLUGIN=%s does not name a file "
                             "(set STRATA_PJRT_PLUGIN or runtime.plugin=PATH to an existing plugin)",
@@ -558,7 +559,7 @@ static st_status st__validate_overrides(st_runtime* rt) {
 }
 
 st_status st_runtime_create(const st_runtime_options* options, st_runtime** out_runtime) {
-  if (!out_runtime) return st_status_make(ST_CODE_INTERNAL, "st_runtime_create: out_runtime is NULL");
+  assert(out_runtime); /* a caller's bug, not bad input */
   *out_runtime = NULL;
   st_runtime_options defaults;
   if (!options) {
@@ -646,7 +647,7 @@ void st_runtime_get_info(const st_runtime* rt, st_runtime_info* out) {
 }
 
 st_status st_runtime_device_info(const st_runtime* rt, int device, st_device_info* out) {
-  if (!rt || !out) return st_status_make(ST_CODE_INTERNAL, "st_runtime_device_info: NULL argument");
+  assert(rt && out); /* a caller's bug, not bad input */
   memset(out, 0, sizeof(*out));
   if (device < 0 || device >= rt->device_count)
     return st_status_make(ST_CODE_RUNTIME, "device %d does not exist (the runtime has %d device%s)", device,

@@ -1,6 +1,7 @@
 /* transfer.c — st_event (a PJRT_Event plus context for its error) and
  * st_buffer (a PJRT_Buffer plus strata's view of its type and state):
  * host<->device copies and readiness. */
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +29,7 @@ st_status st__event_make(const pj_api* api, pj_event* handle, char* context_owne
 }
 
 st_status st_event_await(st_event* ev) {
-  if (!ev) return st_status_make(ST_CODE_INTERNAL, "st_event_await: NULL event");
+  assert(ev); /* a caller's bug, not bad input */
   if (!ev->handle) return ST_OK;
   pj_event_args a = {.struct_size = sizeof(a), .event = ev->handle};
   return st__pj_status(ev->api, ev->api->event_await(&a), "%s", ev->context ? ev->context : "event");
@@ -64,7 +65,7 @@ static void st__on_ready_trampoline(pj_error* error, void* user) {
 }
 
 st_status st_event_on_ready(st_event* ev, st_event_fn fn, void* user) {
-  if (!ev || !fn) return st_status_make(ST_CODE_INTERNAL, "st_event_on_ready: NULL argument");
+  assert(ev && fn); /* a caller's bug, not bad input */
   if (!ev->handle) { /* already complete: call at once, as PJRT would */
     fn(ST_OK, user);
     return ST_OK;
@@ -121,9 +122,9 @@ st_status st__buffer_wrap(st_runtime* rt, pj_buffer* handle, int device, const s
 
 st_status st_buffer_from_host(st_runtime* rt, int device, const st_tensor_type* type, const void* data,
                               st_buffer** out_buffer) {
-  if (!out_buffer) return st_status_make(ST_CODE_INTERNAL, "st_buffer_from_host: out_buffer is NULL");
+  assert(out_buffer); /* a caller's bug, not bad input */
   *out_buffer = NULL;
-  if (!rt) return st_status_make(ST_CODE_INTERNAL, "st_buffer_from_host: runtime is NULL");
+  assert(rt); /* a caller's bug, not bad input */
   ST_RETURN_IF_ERROR(st__check_type(type), "host->device copy");
   char tbuf[128];
   st_tensor_type_format(type, tbuf, sizeof(tbuf));
@@ -132,7 +133,7 @@ st_status st_buffer_from_host(st_runtime* rt, int device, const st_tensor_type* 
                           rt->device_count);
   size_t bytes = st_tensor_type_bytes(type);
   static const uint64_t kEmpty = 0; /* a valid pointer for zero-byte tensors */
-  if (!data && bytes) return st_status_make(ST_CODE_INTERNAL, "host->device copy of %s: data is NULL", tbuf);
+  assert(data || !bytes); /* a caller's bug, not bad input */
   pj_from_host_args a = {.struct_size = sizeof(a)};
   a.client = rt->client;
   a.data = data ? data : (const void*)&kEmpty;
@@ -160,9 +161,9 @@ static st_status st__consumed_error(const st_buffer* b, const char* what) {
 }
 
 st_status st_buffer_to_host_async(st_buffer* b, void* dst, size_t dst_size, st_event** out_event) {
-  if (!out_event) return st_status_make(ST_CODE_INTERNAL, "st_buffer_to_host_async: out_event is NULL");
+  assert(out_event); /* a caller's bug, not bad input */
   *out_event = NULL;
-  if (!b) return st_status_make(ST_CODE_INTERNAL, "st_buffer_to_host_async: buffer is NULL");
+  assert(b); /* a caller's bug, not bad input */
   if (b->consumed) return st__consumed_error(b, "device->host copy");
   char tbuf[128];
   st_tensor_type_format(&b->type, tbuf, sizeof(tbuf));
@@ -170,7 +171,7 @@ st_status st_buffer_to_host_async(st_buffer* b, void* dst, size_t dst_size, st_e
   if (dst_size != bytes)
     return st_status_make(ST_CODE_RUNTIME, "device->host copy of %s: destination has %zu bytes, the buffer %zu", tbuf,
                           dst_size, bytes);
-  if (!dst && bytes) return st_status_make(ST_CODE_INTERNAL, "device->host copy of %s: dst is NULL", tbuf);
+  assert(dst || !bytes); /* a caller's bug, not bad input */
   if (bytes == 0) return st__event_wrap(b->rt->api, NULL, st__sprintf("device->host copy of %s", tbuf), out_event);
   pj_to_host_args a = {.struct_size = sizeof(a), .src = b->handle, .dst = dst, .dst_size = dst_size};
   pj_error* e = b->rt->api->buffer_to_host(&a);
@@ -194,9 +195,9 @@ int st_buffer_device(const st_buffer* b) { return b ? b->device : -1; }
 bool st_buffer_is_consumed(const st_buffer* b) { return b && b->consumed; }
 
 st_status st_buffer_ready_event(st_buffer* b, st_event** out_event) {
-  if (!out_event) return st_status_make(ST_CODE_INTERNAL, "st_buffer_ready_event: out_event is NULL");
+  assert(out_event); /* a caller's bug, not bad input */
   *out_event = NULL;
-  if (!b) return st_status_make(ST_CODE_INTERNAL, "st_buffer_ready_event: buffer is NULL");
+  assert(b); /* a caller's bug, not bad input */
   if (b->consumed) return st__consumed_error(b, "ready event");
   char tbuf[128];
   st_tensor_type_format(&b->type, tbuf, sizeof(tbuf));
@@ -243,9 +244,9 @@ const char* st_buffer_memory_kind(const st_buffer* b) {
 }
 
 st_status st_buffer_copy_to_memory(st_buffer* b, const char* kind, st_buffer** out_buffer) {
-  if (!out_buffer) return st_status_make(ST_CODE_INTERNAL, "st_buffer_copy_to_memory: out_buffer is NULL");
+  assert(out_buffer); /* a caller's bug, not bad input */
   *out_buffer = NULL;
-  if (!b || !kind) return st_status_make(ST_CODE_INTERNAL, "st_buffer_copy_to_memory: NULL argument");
+  assert(b && kind); /* a caller's bug, not bad input */
   if (b->consumed) return st__consumed_error(b, "memory-space copy");
   st_runtime* rt = b->rt;
   char tbuf[128];

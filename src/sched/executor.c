@@ -2,6 +2,7 @@
  * blocks the host only in WAIT and READ ops, timestamps every op (PJRT
  * completion callbacks for device work), and accounts live device bytes by
  * category exactly as st_plan_predict_live predicts. */
+#include <assert.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -222,7 +223,7 @@ void st_executor_set_monitor(st_executor* ex, const st_executor_monitor* m) {
     memset(&ex->monitor, 0, sizeof(ex->monitor));
 }
 
-static void st__mon_issue(st_executor* ex, int op, int d) {
+static void st__exec_mon_issue(st_executor* ex, int op, int d) {
   if (ex->monitor.issue) ex->monitor.issue(ex->monitor.user, op, d);
 }
 
@@ -444,7 +445,7 @@ static st_status st__spmd(st_executor* ex, int index, const st_op* op, bool hook
 
 /* A compute program: launched once per device on that device's buffers
  * (an SPMD one once over all of them). */
-static st_status st__launch(st_executor* ex, int index, const st_op* op) {
+static st_status st__exec_launch(st_executor* ex, int index, const st_op* op) {
   const st_plan* plan = ex->plan;
   st_program* prog = ex->programs[op->program];
   if (st_program_device_count(prog) > 1) {
@@ -464,7 +465,7 @@ static st_status st__launch(st_executor* ex, int index, const st_op* op) {
     if (ex->hooks && ex->hooks->launching)
       ST_RETURN_IF_ERROR(ex->hooks->launching(ex->hooks->user, op, d, ex->in), "before launching %s (layer %d, microbatch %d)",
                          plan->programs[op->program], op->layer, op->micro);
-    st__mon_issue(ex, index, d);
+    st__exec_mon_issue(ex, index, d);
     ex->dev_issue[(size_t)index * (size_t)ex->ndev + (size_t)d] = st_now() - ex->t0;
     st_status s = st_program_execute(prog, ex->device + d, ex->in, op->input_count, ex->out, op->output_count, &done);
     if (s) {
@@ -514,14 +515,14 @@ static st_status st__spmd(st_executor* ex, int index, const st_op* op, bool hook
       ST_RETURN_IF_ERROR(hooks->launching(hooks->user, op, d, ex->in + (size_t)d * (size_t)ni),
                          "before launching %s (layer %d, microbatch %d)", plan->programs[op->program], op->layer, op->micro);
   st_event* done[ST_MESH_MAX_DEVICES] = {0};
-  for (int d = 0; d < nd; ++d) st__mon_issue(ex, index, d);
+  for (int d = 0; d < nd; ++d) st__exec_mon_issue(ex, index, d);
   double now = st_now() - ex->t0;
   for (int d = 0; d < nd; ++d) ex->dev_issue[(size_t)index * (size_t)nd + (size_t)d] = now;
   st_status s = st_program_execute_spmd(prog, ex->in, ni, ex->out, no, done);
   if (s) return st_status_annotate(s, "%s %s (layer %d, microbatch %d)", op->kind == ST_OP_COLLECTIVE ? "collective" : "launching",
                                    plan->programs[op->program], op->layer, op->micro);
   /* The hook's error is returned once the outputs are in their slots (then
-   * freed with the executor, not leaked), as in st__launch. */
+   * freed with the executor, not leaked), as in st__exec_launch. */
   st_status hs = ST_OK;
   if (hooks && hooks->launched)
     for (int d = 0; d < nd && !hs; ++d) hs = hooks->launched(hooks->user, op, d, ex->out + (size_t)d * (size_t)no);
@@ -557,7 +558,7 @@ static st_status st__collective(st_executor* ex, int index, const st_op* op) {
   return ST_OK;
 }
 
-static st_status st__wait(st_executor* ex, int i, const st_op* op) {
+static st_status st__exec_wait(st_executor* ex, int i, const st_op* op) {
   st_op_timing* t = &ex->timings[i];
   for (int d = 0; d < op->dep_count; ++d)
     for (int k = 0; k < ex->ndev; ++k) {
@@ -617,7 +618,7 @@ static st_status st__run_op(st_executor* ex, const st_executor_hooks* hooks, int
   switch (op->kind) {
     case ST_OP_LAUNCH:
     case ST_OP_RECOMPUTE:
-      return st__launch(ex, i, op);
+      return st__exec_launch(ex, i, op);
     case ST_OP_COLLECTIVE:
       return st__collective(ex, i, op);
     case ST_OP_H2D:
@@ -664,12 +665,13 @@ static st_status st__run_op(st_executor* ex, const st_executor_hooks* hooks, int
         for (int d = 0; d < ex->ndev; ++d) st__slot_put(ex, op->inputs[j], d, NULL);
       return ST_OK;
     case ST_OP_WAIT:
-      return st__wait(ex, i, op);
+      return st__exec_wait(ex, i, op);
   }
+  assert(!"an op kind the switch above does not know"); /* st_op_kind is closed */
   return st_status_make(ST_CODE_INTERNAL, "plan op %d has unknown kind %d", i, (int)op->kind);
 }
 
-static int st__cmp_double(const void* a, const void* b) {
+static int st__exec_cmp_double(const void* a, const void* b) {
   double x = *(const double*)a, y = *(const double*)b;
   return x < y ? -1 : x > y;
 }
@@ -677,7 +679,7 @@ static int st__cmp_double(const void* a, const void* b) {
 /* Merges |n| [start, end] pairs in place into disjoint sorted intervals;
  * returns how many remain. */
 static int st__union(double* iv, int n) {
-  qsort(iv, (size_t)n, 2 * sizeof(double), st__cmp_double); /* by start */
+  qsort(iv, (size_t)n, 2 * sizeof(double), st__exec_cmp_double); /* by start */
   int m = 0;
   for (int k = 0; k < n; ++k) {
     if (m > 0 && iv[2 * k] <= iv[2 * (m - 1) + 1]) {
@@ -904,8 +906,8 @@ st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
     const bool per_device = kind == ST_OP_H2D || kind == ST_OP_D2H;
     const bool host_op = !per_device && !st__is_program_op(kind);
     if (per_device)
-      for (int d = 0; d < ex->ndev; ++d) st__mon_issue(ex, i, d);
-    if (host_op) st__mon_issue(ex, i, 0);
+      for (int d = 0; d < ex->ndev; ++d) st__exec_mon_issue(ex, i, d);
+    if (host_op) st__exec_mon_issue(ex, i, 0);
     s = st__run_op(ex, hooks, i);
     if (host_op && ex->monitor.done) ex->monitor.done(ex->monitor.user, i, 0);
     if (!st__has_event(ex, i)) t->complete_s = st_now() - ex->t0;
@@ -952,183 +954,8 @@ st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
   return s;
 }
 
-/*===-------------------------------------------------------------------===*/
-/* Trace                                                                    */
-/*===-------------------------------------------------------------------===*/
-
-/* Slices on one Chrome-trace track must not overlap, so concurrent ops of
- * one kind are spread over numbered lanes of that track. */
-typedef struct {
-  int base;    /* first tid */
-  int lanes;   /* used so far */
-  double* end; /* [lanes]: last end of each lane (owned) */
-  const char* name;
-} st__track_group;
-
-static int st__lane(st_trace* tr, st__track_group* g, double start, double end) {
-  int k = 0;
-  while (k < g->lanes && g->end[k] > start) ++k;
-  if (k == g->lanes) {
-    g->end = st_xrealloc(g->end, (size_t)(k + 1) * sizeof(double));
-    g->end[k] = 0;
-    char name[64];
-    if (k == 0)
-      snprintf(name, sizeof(name), "%s", g->name);
-    else
-      snprintf(name, sizeof(name), "%s (concurrent %d)", g->name, k + 1);
-    st_trace_track(tr, g->base + k, name);
-    g->lanes = k + 1;
-  }
-  if (end > g->end[k]) g->end[k] = end;
-  return g->base + k;
-}
-
-st_status st_executor_write_trace(const st_executor* ex, const char* path, int64_t step) {
-  return st_executor_write_trace_kernels(ex, path, step, NULL, 0, 0);
-}
-
-st_status st_executor_write_trace_kernels(const st_executor* ex, const char* path, int64_t step,
-                                          const st_kernel_span* spans, int span_count, int64_t dropped) {
-  const st_plan* plan = ex->plan;
-  char title[64];
-  snprintf(title, sizeof(title), "strata step %lld", (long long)step);
-  st_trace* tr = st_trace_new(title);
-  /* tids: 1000 per group leaves room for any number of lanes */
-  st__track_group groups[5] = {{1000, 0, NULL, "launches"},
-                               {2000, 0, NULL, "transfers"},
-                               {3000, 0, NULL, "host waits"},
-                               {4000, 0, NULL, "host ops"},
-                               {5000, 0, NULL, "collectives"}};
-  /* Data parallelism: launches and collectives run on every device, so each
-   * device gets a compute track and a communication track of its own,
-   * named by its runtime device, in place of "launches" and "collectives". */
-  const int nd = ex->ndev;
-  st__track_group* dev_groups = st_xcalloc((size_t)nd * 2, sizeof(st__track_group));
-  char (*dev_names)[48] = st_xcalloc((size_t)nd * 2, sizeof(*dev_names));
-  for (int d = 0; d < nd && nd > 1; ++d) {
-    snprintf(dev_names[2 * d], sizeof(dev_names[0]), "device %d compute", ex->device + d);
-    snprintf(dev_names[2 * d + 1], sizeof(dev_names[0]), "device %d communication", ex->device + d);
-    dev_groups[2 * d] = (st__track_group){10000 + 2000 * d, 0, NULL, dev_names[2 * d]};
-    dev_groups[2 * d + 1] = (st__track_group){11000 + 2000 * d, 0, NULL, dev_names[2 * d + 1]};
-  }
-  st_strbuf name = {0};
-  for (int i = 0; i < plan->op_count; ++i) {
-    const st_op* op = &plan->ops[i];
-    const st_op_timing* t = &ex->timings[i];
-    int g = 3;
-    switch (op->kind) {
-      case ST_OP_LAUNCH:
-      case ST_OP_RECOMPUTE: g = 0; break;
-      case ST_OP_H2D:
-      case ST_OP_D2H: g = 1; break;
-      case ST_OP_WAIT:
-      case ST_OP_READ: g = 2; break;
-      case ST_OP_HOST:
-      case ST_OP_FREE: g = 3; break;
-      case ST_OP_COLLECTIVE: g = 4; break;
-    }
-    /* Device work is drawn from when it could start; host work from when
-     * the host issued it. */
-    double ts = (g <= 1 || g == 4) ? t->start_s : t->issue_s;
-    st_strbuf_reset(&name);
-    if (g == 0 || g == 4) {
-      st_strbuf_append(&name, plan->programs[op->program]);
-    } else {
-      st_strbuf_append(&name, st_op_kind_name(op->kind));
-      int slot = op->input_count ? op->inputs[0] : op->output_count ? op->outputs[0] : -1;
-      if (op->kind == ST_OP_H2D || op->kind == ST_OP_D2H) slot = op->kind == ST_OP_H2D ? op->outputs[0] : op->inputs[0];
-      if (slot >= 0) st_strbuf_printf(&name, " %s%s", plan->slots[slot].name, op->input_count > 1 ? " ..." : "");
-      if (op->kind == ST_OP_WAIT && op->input_count == 0) st_strbuf_append(&name, " all (step barrier)");
-    }
-    json_t* args = st_json_obj();
-    st_json_put_int(args, "op", i);
-    st_json_put_str(args, "kind", st_op_kind_name(op->kind));
-    st_json_put_int(args, "layer", op->layer);
-    st_json_put_int(args, "micro", op->micro);
-    st_json_put(args, "issue_us", st_json_fixed(t->issue_s * 1e6, 3));
-    st_json_put(args, "start_us", st_json_fixed(t->start_s * 1e6, 3));
-    st_json_put(args, "complete_us", st_json_fixed(t->complete_s * 1e6, 3));
-    json_t* deps = st_json_arr();
-    for (int d = 0; d < op->dep_count; ++d) st_json_push(deps, st_json_int(op->deps[d]));
-    st_json_put(args, "deps", deps);
-    if (g == 4) {
-      int64_t bytes = 0;
-      for (int j = 0; j < op->input_count; ++j) bytes += (int64_t)st_tensor_type_bytes(&plan->slots[op->inputs[j]].type);
-      st_json_put_int(args, "bytes", bytes);
-      st_json_put_int(args, "devices", ex->ndev);
-    }
-    if (g == 1) {
-      int slot = op->kind == ST_OP_H2D ? op->outputs[0] : op->inputs[0];
-      st_json_put_int(args, "bytes", (int64_t)st_tensor_type_bytes(&plan->slots[slot].type));
-    }
-    if (op->kind == ST_OP_WAIT) st_json_put_bool(args, "blocked", t->blocked);
-    if (op->kind == ST_OP_WAIT || op->kind == ST_OP_READ) st_json_put(args, "blocked_us", st_json_fixed(t->blocked_s * 1e6, 3));
-    const char* cat = g == 0 ? (op->kind == ST_OP_RECOMPUTE ? "recompute" : "launch")
-                             : g == 1 ? "transfer" : g == 2 ? "wait" : g == 4 ? "collective" : "host";
-    if (nd > 1 && (g == 0 || g == 4)) {
-      /* one slice per device, drawn from that device's own start and completion */
-      for (int d = 0; d < nd; ++d) {
-        size_t at = (size_t)i * (size_t)nd + (size_t)d;
-        json_t* a = d + 1 < nd ? json_deep_copy(args) : args;
-        st_json_put_int(a, "device", ex->device + d);
-        st_json_put(a, "device_start_us", st_json_fixed(ex->dev_start[at] * 1e6, 3));
-        st_json_put(a, "device_complete_us", st_json_fixed(ex->dev_complete[at] * 1e6, 3));
-        int tid = st__lane(tr, &dev_groups[2 * d + (g == 4)], ex->dev_start[at], ex->dev_complete[at]);
-        st_trace_slice(tr, tid, name.data, cat, ex->dev_start[at] * 1e6, (ex->dev_complete[at] - ex->dev_start[at]) * 1e6, a);
-      }
-    } else {
-      int tid = st__lane(tr, &groups[g], ts, t->complete_s);
-      st_trace_slice(tr, tid, name.data, cat, ts * 1e6, (t->complete_s - ts) * 1e6, args);
-    }
-    const int64_t* l = &ex->live_acct[(size_t)i * ST_SLOT_CATEGORY_COUNT];
-    json_t* live = st_json_obj();
-    for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) st_json_put_int(live, st_slot_category_name((st_slot_category)k), l[k]);
-    st_trace_counter(tr, "live device bytes", t->issue_s * 1e6, live);
-    int64_t pred = 0;
-    for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) pred += ex->live_pred[(size_t)i * ST_SLOT_CATEGORY_COUNT + (size_t)k];
-    json_t* predicted = st_json_obj();
-    st_json_put_int(predicted, "bytes", pred);
-    st_trace_counter(tr, "predicted live device bytes", t->issue_s * 1e6, predicted);
-  }
-  /* The FFI kernels' calls, inside their programs' launches: the
-   * handlers timed them on the same clock (docs/kernels.md). */
-  if (span_count > 0 || dropped > 0) {
-    int hn = 0;
-    const st_kernel_handler* h = st_kernels_handlers(&hn);
-    st__track_group kg = {6000, 0, NULL, "kernels (FFI handlers)"};
-    for (int i = 0; i < span_count; ++i) {
-      const st_kernel_span* k = &spans[i];
-      if (k->handler < 0 || k->handler >= hn) continue;
-      double ts = k->start_s - ex->t0;
-      st_strbuf_reset(&name);
-      st_strbuf_printf(&name, "kernel.%s %s", h[k->handler].op, h[k->handler].direction);
-      json_t* args = st_json_obj();
-      st_json_put_str(args, "target", h[k->handler].target);
-      int tid = st__lane(tr, &kg, ts, ts + k->dur_s);
-      st_trace_slice(tr, tid, name.data, "kernel", ts * 1e6, k->dur_s * 1e6, args);
-    }
-    free(kg.end);
-    if (dropped > 0) st_trace_meta(tr, "kernel_spans_dropped", st_json_int(dropped));
-  }
-  const st_executor_stats* s = &ex->stats;
-  st_trace_meta(tr, "step", st_json_int(step));
-  st_trace_meta(tr, "policy", plan->policy ? st_json_str(plan->policy) : json_null());
-  st_trace_meta(tr, "time_origin", st_json_str("the start of the step, in microseconds"));
-  st_trace_meta(tr, "op_count", st_json_int(plan->op_count));
-  st_trace_meta(tr, "predicted_peak_bytes", st_json_int(s->predicted_peak_bytes));
-  st_trace_meta(tr, "peak_live_bytes", st_json_int(s->peak_live_bytes));
-  st_trace_meta(tr, "host_memory", st_json_str(ex->host_kind));
-  if (nd > 1) {
-    json_t* devs = st_json_arr();
-    for (int d = 0; d < nd; ++d) st_json_push(devs, st_json_int(ex->device + d));
-    st_trace_meta(tr, "devices", devs);
-  }
-  st_strbuf_free(&name);
-  for (int g = 0; g < 5; ++g) free(groups[g].end);
-  for (int g = 0; g < 2 * nd; ++g) free(dev_groups[g].end);
-  free(dev_groups);
-  free(dev_names);
-  st_status st = st_trace_write(tr, path);
-  st_trace_free(tr);
-  return st;
+void st__executor_record(const st_executor* ex, st__exec_record* out) {
+  *out = (st__exec_record){.plan = ex->plan, .device = ex->device, .ndev = ex->ndev, .host_kind = ex->host_kind,
+                           .timings = ex->timings, .dev_start = ex->dev_start, .dev_complete = ex->dev_complete,
+                           .live_pred = ex->live_pred, .live_acct = ex->live_acct, .t0 = ex->t0, .stats = &ex->stats};
 }

@@ -21,7 +21,7 @@ typedef struct {
   bool* writes;
 } st__use;
 
-static void st__use_add(st__use* u, int unit, bool write) {
+static void st__passes_use_add(st__use* u, int unit, bool write) {
   for (int k = 0; k < u->count; ++k) {
     if (u->units[k] == unit) {
       u->writes[k] |= write;
@@ -111,9 +111,9 @@ st_status st_plan_offload(const st_plan* in, const int* unit_of_slot, int prefet
     const st_op* op = &in->ops[i];
     st__use u = {.op = i};
     for (int j = 0; j < op->input_count; ++j)
-      if (unit_of_slot[op->inputs[j]] >= 0) st__use_add(&u, unit_of_slot[op->inputs[j]], false);
+      if (unit_of_slot[op->inputs[j]] >= 0) st__passes_use_add(&u, unit_of_slot[op->inputs[j]], false);
     for (int j = 0; j < op->output_count; ++j)
-      if (unit_of_slot[op->outputs[j]] >= 0) st__use_add(&u, unit_of_slot[op->outputs[j]], true);
+      if (unit_of_slot[op->outputs[j]] >= 0) st__passes_use_add(&u, unit_of_slot[op->outputs[j]], true);
     if (u.count == 0) continue;
     if (op->kind != ST_OP_LAUNCH && op->kind != ST_OP_RECOMPUTE) {
       int slot = -1;

@@ -183,7 +183,7 @@ bool st__op_is_async(st_op_kind k) {
 /* Dependencies and validation                                              */
 /*===-------------------------------------------------------------------===*/
 
-static st_status st__bad(const st_plan* plan, int i, const char* what, int slot) {
+static st_status st__plan_bad(const st_plan* plan, int i, const char* what, int slot) {
   const st_op* op = &plan->ops[i];
   return st_status_make(ST_CODE_INTERNAL, "plan op %d (%s%s%s, layer %d): %s slot '%s'", i, st_op_kind_name(op->kind),
                         op->program >= 0 && op->program < plan->program_count ? " " : "",
@@ -214,7 +214,7 @@ st_status st_plan_finalize(st_plan* plan) {
         s = st_status_make(ST_CODE_INTERNAL, "plan op %d: input slot %d out of range", i, x);
         break;
       }
-      if (!live[x]) s = st__bad(plan, i, "reads the empty", x);
+      if (!live[x]) s = st__plan_bad(plan, i, "reads the empty", x);
       if (writer[x] >= 0) {
         bool seen = false;
         for (int d = 0; d < nd; ++d) seen |= deps[d] == writer[x];
@@ -229,34 +229,34 @@ st_status st_plan_finalize(st_plan* plan) {
       case ST_OP_LAUNCH:
       case ST_OP_RECOMPUTE:
       case ST_OP_COLLECTIVE:
-        if (op->kind == ST_OP_COLLECTIVE && plan->devices < 2) s = st__bad(plan, i, "is a collective in a one-device plan; first input", -1);
-        if (op->program < 0 || op->program >= plan->program_count) s = st__bad(plan, i, "names no program; first input", -1);
+        if (op->kind == ST_OP_COLLECTIVE && plan->devices < 2) s = st__plan_bad(plan, i, "is a collective in a one-device plan; first input", -1);
+        if (op->program < 0 || op->program >= plan->program_count) s = st__plan_bad(plan, i, "names no program; first input", -1);
         for (int j = 0; j < op->input_count && !s; ++j)
-          if (plan->slots[op->inputs[j]].host) s = st__bad(plan, i, "passes a program the host-memory", op->inputs[j]);
+          if (plan->slots[op->inputs[j]].host) s = st__plan_bad(plan, i, "passes a program the host-memory", op->inputs[j]);
         for (int j = 0; j < op->output_count && !s; ++j)
-          if (plan->slots[op->outputs[j]].host) s = st__bad(plan, i, "writes program output into the host-memory", op->outputs[j]);
+          if (plan->slots[op->outputs[j]].host) s = st__plan_bad(plan, i, "writes program output into the host-memory", op->outputs[j]);
         break;
       case ST_OP_H2D:
         if (op->output_count != 1 || op->input_count > 1) {
-          s = st__bad(plan, i, "needs one output (and at most one input); first output", op->output_count ? op->outputs[0] : -1);
+          s = st__plan_bad(plan, i, "needs one output (and at most one input); first output", op->output_count ? op->outputs[0] : -1);
         } else if (plan->slots[op->outputs[0]].host) {
-          s = st__bad(plan, i, "fills the host-memory", op->outputs[0]);
+          s = st__plan_bad(plan, i, "fills the host-memory", op->outputs[0]);
         } else if (op->input_count == 1 && plan->slots[op->inputs[0]].twin != op->outputs[0]) {
-          s = st__bad(plan, i, "copies from a slot that is not the home of", op->outputs[0]);
+          s = st__plan_bad(plan, i, "copies from a slot that is not the home of", op->outputs[0]);
         }
         break;
       case ST_OP_D2H:
         if (op->input_count != 1 || op->output_count != 1 || plan->slots[op->inputs[0]].twin != op->outputs[0] ||
             !plan->slots[op->outputs[0]].host)
-          s = st__bad(plan, i, "must copy a device slot to its host home; input", op->input_count ? op->inputs[0] : -1);
+          s = st__plan_bad(plan, i, "must copy a device slot to its host home; input", op->input_count ? op->inputs[0] : -1);
         break;
       case ST_OP_READ:
-        if (op->input_count != 1 || op->output_count != 0) s = st__bad(plan, i, "reads exactly one slot; first", -1);
-        else if (plan->slots[op->inputs[0]].host) s = st__bad(plan, i, "reads the host-memory", op->inputs[0]);
+        if (op->input_count != 1 || op->output_count != 0) s = st__plan_bad(plan, i, "reads exactly one slot; first", -1);
+        else if (plan->slots[op->inputs[0]].host) s = st__plan_bad(plan, i, "reads the host-memory", op->inputs[0]);
         break;
       case ST_OP_FREE:
         for (int j = 0; j < op->input_count && !s; ++j)
-          if (plan->slots[op->inputs[j]].persistent) s = st__bad(plan, i, "frees the persistent", op->inputs[j]);
+          if (plan->slots[op->inputs[j]].persistent) s = st__plan_bad(plan, i, "frees the persistent", op->inputs[j]);
         break;
       case ST_OP_WAIT:
         if (op->input_count == 0) { /* the barrier: everything issued so far */

@@ -144,7 +144,7 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
   if (!s && o->mesh[0]) {
     st_json_put_int(c->model, "microbatch_size", o->batch_size / (o->microbatches > 0 ? o->microbatches : 1));
     char* text = st_json_dump(c->model, 0);
-    st_bundle_key(text, c->key);
+    st_bundle_key(&(st_bundle_request){.model_json = text}, c->key);
     free(text);
   } else if (!s) {
     snprintf(c->key, sizeof(c->key), "%s", in->bundle->key);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "strata/base.h"
+#include "strata/kernels.h"
 #include "strata/diag.h"
 #include "strata/obs.h"
 #include "train/train_internal.h"
@@ -115,16 +116,13 @@ static st_status st__maybe_trace(st__trainer* t) {
   char file[64];
   snprintf(file, sizeof(file), "step_%lld.json", (long long)step);
   char* path = st_path_join(dir, file);
-  st_kernel_span* spans = NULL;
-  int span_count = 0;
-  int64_t dropped = 0;
+  st_trace_spans spans = {0};
   if (st__kernel_obs(t)) {
-    spans = st_xcalloc(ST_KERNEL_MAX_SPANS, sizeof(*spans));
-    span_count = st_kernels_spans_take(spans, ST_KERNEL_MAX_SPANS, &dropped);
+    st_kernels_spans_take_trace(&spans);
     st_kernels_spans_record(false);
   }
-  if (!s) s = st_executor_write_trace_kernels(t->ex, path, step, spans, span_count, dropped);
-  free(spans);
+  if (!s) s = st_executor_write_trace(t->ex, path, step, &spans);
+  st_trace_spans_free(&spans);
   if (!s) {
     json_t* f = st_json_obj();
     st_json_put_int(f, "step", step);

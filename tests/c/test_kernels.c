@@ -518,11 +518,11 @@ static void test_bundle_check(void** state) {
 static void test_bundle_key_hashes_the_selection(void** state) {
   (void)state;
   char a[17], b[17], c[17], d[17], e[17];
-  st_bundle_key("{\"d_model\": 8, \"kernels\": {\"rmsnorm\": \"ffi\"}}", a);
-  st_bundle_key("{\"d_model\": 8, \"kernels\": {\"rmsnorm\": \"pallas\"}}", b);
-  st_bundle_key("{\"d_model\": 8, \"kernels\": {\"rmsnorm\": \"ffi\", \"cross_entropy\": \"ffi\"}}", c);
-  st_bundle_key("{\"d_model\": 8, \"layers\": [\"llama\", \"moe\"]}", d);
-  st_bundle_key("{\"d_model\": 8, \"layers\": [\"moe\", \"llama\"]}", e);
+  st_bundle_key(&(st_bundle_request){.model_json = "{\"d_model\": 8, \"kernels\": {\"rmsnorm\": \"ffi\"}}"}, a);
+  st_bundle_key(&(st_bundle_request){.model_json = "{\"d_model\": 8, \"kernels\": {\"rmsnorm\": \"pallas\"}}"}, b);
+  st_bundle_key(&(st_bundle_request){.model_json = "{\"d_model\": 8, \"kernels\": {\"rmsnorm\": \"ffi\", \"cross_entropy\": \"ffi\"}}"}, c);
+  st_bundle_key(&(st_bundle_request){.model_json = "{\"d_model\": 8, \"layers\": [\"llama\", \"moe\"]}"}, d);
+  st_bundle_key(&(st_bundle_request){.model_json = "{\"d_model\": 8, \"layers\": [\"moe\", \"llama\"]}"}, e);
   assert_string_not_equal(a, b);
   assert_string_not_equal(a, c);
   assert_string_not_equal(d, e);

@@ -56,7 +56,7 @@ static int teardown(void** state) {
 static st_bundle* ensure_bundle_ex(int layers, bool tied, bool* out_exported) {
   char model[1024];
   snprintf(model, sizeof(model), kModelFmt, layers, tied ? "true" : "false");
-  st_bundle_request req = {model, g_tmp, NULL, NULL, NULL};
+  st_bundle_request req = {model, g_tmp, NULL, NULL, NULL, false};
   st_bundle* b = NULL;
   bool exported = false;
   ASSERT_OK(st_bundle_ensure(&req, &b, &exported));
@@ -410,7 +410,7 @@ static void test_plan_takes_program_names_from_the_bundle(void** state) {
    * refused, naming the layer, rather than served with layer 0's row. */
   char model[1024];
   snprintf(model, sizeof(model), kModelFmt, 3, "true");
-  st_bundle_request req = {model, g_tmp, r->dir, NULL, NULL};
+  st_bundle_request req = {model, g_tmp, r->dir, NULL, NULL, false};
   st_bundle* r3 = NULL;
   bool exported = false;
   st_status s = st_bundle_ensure(&req, &r3, &exported);
@@ -555,7 +555,7 @@ static void test_export_does_not_repeat_buffered_stdout(void** state) {
   assert_true(saved >= 0);
   assert_non_null(freopen(path, "w", stdout));
   printf("marker-line\n"); /* a file: fully buffered, still in the buffer at the fork */
-  st_status s = st_bundle_export("{not a model", "k", dir);
+  st_status s = st_bundle_export(&(st_bundle_export_args){.model_json = "{not a model", .key = "k", .dir = dir});
   fflush(stdout);
   dup2(saved, 1);
   close(saved);

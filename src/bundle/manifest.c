@@ -1,19 +1,12 @@
-/* bundle.c — read, validate and (re-)export the program bundle. */
-#include <dirent.h>
-#include <errno.h>
-#include <glob.h>
+/* manifest.c — reads and validates a bundle's manifest.json and program
+ * files (docs/bundle.md), and instantiates its parameter table for a depth. */
 #include <stdio.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
+#include "bundle/bundle_internal.h"
 #include "strata/base.h"
 #include "strata/bundle.h"
 
@@ -48,7 +41,7 @@ static st_status st__tensor_type_from_json(const json_t* t, const char* where, s
 
 /* Every count read from the manifest is checked against its limit before
  * anything is sized from it. */
-static st_status st__count(const json_t* arr, size_t limit, const char* where, const char* what, const char* name) {
+static st_status st__manifest_count(const json_t* arr, size_t limit, const char* where, const char* what, const char* name) {
   if (json_array_size(arr) > limit)
     return st_status_make(ST_CODE_RUNTIME, "%s: %zu %s exceeds the limit of %zu (%s, docs/bundle.md \"Limits\")", where,
                           json_array_size(arr), what, limit, name);
@@ -57,7 +50,7 @@ static st_status st__count(const json_t* arr, size_t limit, const char* where, c
 
 static st_status st__tensors_from_json(const json_t* arr, const char* where, const char* what, int* out_count,
                                        st_bundle_tensor** out) {
-  ST_RETURN(st__count(arr, ST_BUNDLE_MAX_PROGRAM_TENSORS, where, what, "ST_BUNDLE_MAX_PROGRAM_TENSORS"));
+  ST_RETURN(st__manifest_count(arr, ST_BUNDLE_MAX_PROGRAM_TENSORS, where, what, "ST_BUNDLE_MAX_PROGRAM_TENSORS"));
   size_t n = json_array_size(arr);
   *out_count = (int)n;
   *out = st_xcalloc(n ? n : 1, sizeof(st_bundle_tensor));
@@ -378,7 +371,7 @@ static st_status st__kernels_parse(st_bundle* b, const json_t* root, const char*
   if (!k) return ST_OK;
   const json_t* ops = json_object_get(k, "ops");
   if (!json_is_array(ops)) return st_status_make(ST_CODE_RUNTIME, "%s: kernels.ops is not an array", mpath);
-  ST_RETURN(st__count(ops, ST_BUNDLE_MAX_KERNELS, mpath, "kernels", "ST_BUNDLE_MAX_KERNELS"));
+  ST_RETURN(st__manifest_count(ops, ST_BUNDLE_MAX_KERNELS, mpath, "kernels", "ST_BUNDLE_MAX_KERNELS"));
   size_t n = json_array_size(ops);
   b->kernels = st_xcalloc(n ? n : 1, sizeof(st_bundle_kernel));
   for (size_t i = 0; i < n; ++i) {
@@ -401,7 +394,7 @@ static st_status st__kernels_parse(st_bundle* b, const json_t* root, const char*
     kb->fallback = st_xstrdup(json_is_string(fb) ? json_string_value(fb) : "");
     const json_t* targets = json_object_get(kj, "targets");
     if (targets && !json_is_array(targets)) return st_status_make(ST_CODE_RUNTIME, "%s: targets is not an array", ctx);
-    ST_RETURN(st__count(targets, ST_BUNDLE_MAX_KERNEL_TARGETS, ctx, "targets", "ST_BUNDLE_MAX_KERNEL_TARGETS"));
+    ST_RETURN(st__manifest_count(targets, ST_BUNDLE_MAX_KERNEL_TARGETS, ctx, "targets", "ST_BUNDLE_MAX_KERNEL_TARGETS"));
     for (size_t t = 0; t < json_array_size(targets); ++t) {
       const json_t* v = json_array_get(targets, t);
       if (!json_is_string(v) || !json_string_value(v)[0])
@@ -432,7 +425,7 @@ static st_status st__bundle_parse(st_bundle* b, const json_t* root, const char* 
 
   const json_t* progs = NULL;
   ST_RETURN(st_json_get_array(root, "programs", mpath, &progs));
-  ST_RETURN(st__count(progs, ST_BUNDLE_MAX_PROGRAMS, mpath, "programs", "ST_BUNDLE_MAX_PROGRAMS"));
+  ST_RETURN(st__manifest_count(progs, ST_BUNDLE_MAX_PROGRAMS, mpath, "programs", "ST_BUNDLE_MAX_PROGRAMS"));
   size_t n_progs = json_array_size(progs);
   b->program_count = (int)n_progs;
   b->programs = st_xcalloc(n_progs ? n_progs : 1, sizeof(st_bundle_program));
@@ -470,7 +463,7 @@ static st_status st__bundle_parse(st_bundle* b, const json_t* root, const char* 
 
   const json_t* groups = NULL;
   ST_RETURN(st_json_get_array(root, "groups", mpath, &groups));
-  ST_RETURN(st__count(groups, ST_BUNDLE_MAX_GROUPS, mpath, "groups", "ST_BUNDLE_MAX_GROUPS"));
+  ST_RETURN(st__manifest_count(groups, ST_BUNDLE_MAX_GROUPS, mpath, "groups", "ST_BUNDLE_MAX_GROUPS"));
   size_t n_groups = json_array_size(groups);
   b->group_count = (int)n_groups;
   b->groups = st_xcalloc(n_groups ? n_groups : 1, sizeof(st_bundle_group));
@@ -480,7 +473,7 @@ static st_status st__bundle_parse(st_bundle* b, const json_t* root, const char* 
     const json_t* params = NULL;
     ST_RETURN(st_json_get_string(g, "name", mpath, &name));
     ST_RETURN(st_json_get_array(g, "params", mpath, &params));
-    ST_RETURN(st__count(params, ST_BUNDLE_MAX_GROUP_PARAMS, mpath, "parameters in a group", "ST_BUNDLE_MAX_GROUP_PARAMS"));
+    ST_RETURN(st__manifest_count(params, ST_BUNDLE_MAX_GROUP_PARAMS, mpath, "parameters in a group", "ST_BUNDLE_MAX_GROUP_PARAMS"));
     size_t n = json_array_size(params);
     b->groups[i].name = st_xstrdup(name);
     b->groups[i].param_count = (int)n;
@@ -494,7 +487,7 @@ static st_status st__bundle_parse(st_bundle* b, const json_t* root, const char* 
 
   const json_t* params = NULL;
   ST_RETURN(st_json_get_array(root, "params", mpath, &params));
-  ST_RETURN(st__count(params, ST_BUNDLE_MAX_PARAMS, mpath, "params", "ST_BUNDLE_MAX_PARAMS"));
+  ST_RETURN(st__manifest_count(params, ST_BUNDLE_MAX_PARAMS, mpath, "params", "ST_BUNDLE_MAX_PARAMS"));
   size_t n_params = json_array_size(params);
   b->param_count = (int)n_params;
   b->params = st_xcalloc(n_params ? n_params : 1, sizeof(st_bundle_param));
@@ -662,221 +655,9 @@ int st_bundle_param_of(const st_bundle* b, const char* group, int layer, const c
   return -1;
 }
 
-/*===-------------------------------------------------------------------===*/
-/* Key, export, ensure                                                      */
-/*===-------------------------------------------------------------------===*/
 
-static int st__cmp_str(const void* a, const void* b) { return strcmp(*(char* const*)a, *(char* const*)b); }
-
-/* The model JSON without its depth, members in their order, one per line.
- * No program depends on model.n_layers (block_init takes it as an input;
- * tests/py/test_export.py holds that), so one bundle serves every depth.
- * Text that is not a JSON object is hashed as it is. */
-/* Frozen: this text is hashed, so changing it changes every bundle key. */
-static void st__key_number(st_strbuf* s, double v) {
-  if (!isfinite(v))
-    st_strbuf_append(s, "null");
-  else if (v == (double)(int64_t)v && fabs(v) < 9e15)
-    st_strbuf_printf(s, "%lld", (long long)v);
-  else
-    st_strbuf_printf(s, "%.17g", v);
-}
-
-static void st__key_model(const char* model_json, st_strbuf* s) {
-  json_t* m = NULL;
-  st_status ps = st_json_parse(model_json, strlen(model_json), "model", &m);
-  if (ps || !json_is_object(m)) {
-    st_status_free(ps);
-    json_decref(m);
-    st_strbuf_append(s, model_json);
-    return;
-  }
-  const char* key;
-  json_t* v;
-  json_object_foreach(m, key, v) {
-    if (!strcmp(key, "n_layers")) continue;
-    st_strbuf_printf(s, "%s=", key);
-    if (json_is_string(v)) {
-      char* text = st_json_dump(v, 0);
-      st_strbuf_append(s, text);
-      free(text);
-    } else if (json_is_boolean(v)) {
-      st_strbuf_append(s, json_is_true(v) ? "true" : "false");
-    } else if (json_is_number(v)) {
-      st__key_number(s, json_number_value(v));
-    } else if (json_is_object(v) || json_is_array(v)) {
-      /* kernels {"rmsnorm": "ffi"}, layers ["llama", "moe"]: their text,
-       * members in order (the trainer writes them in a fixed order), so
-       * two selections never share a key. */
-      char* text = st_json_dump(v, 0);
-      st_strbuf_append(s, text);
-      free(text);
-    } else {
-      st_strbuf_append(s, "?");
-    }
-    st_strbuf_append(s, "\n");
-  }
-  json_decref(m);
-}
-
-void st_bundle_key(const char* model_json, char out[17]) { st_bundle_key_mesh(model_json, NULL, out); }
-
-static bool st__is_dir(const char* path) {
-  struct stat st;
-  return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-/* The strata_jax folder the exporter will import, in Python's order for
- * st_bundle_export's child: the source tree's python/ (put first on its
- * PYTHONPATH), then $PYTHONPATH's entries, then the site-packages of the
- * exporter's venv (an installed strata with a pip-installed front-end,
- * docs/install.md). NULL when none exists. Caller frees. */
-static char* st__frontend_dir(void) {
-  char* dir = st_path_join(st_source_dir(), "python/strata_jax");
-  if (st__is_dir(dir)) return dir;
-  free(dir);
-  const char* pp = getenv("PYTHONPATH");
-  if (pp) {
-    char* copy = st_xstrdup(pp);
-    char* save = NULL;
-    for (char* e = strtok_r(copy, ":", &save); e; e = strtok_r(NULL, ":", &save)) {
-      dir = st_path_join(e, "strata_jax");
-      if (st__is_dir(dir)) {
-        free(copy);
-        return dir;
-      }
-      free(dir);
-    }
-    free(copy);
-  }
-  char* python = st_bundle_python();
-  /* V/bin/python -> V, unresolved: a venv's python links out of it. */
-  char* slash = strrchr(python, '/');
-  if (slash) *slash = '\0';
-  slash = strrchr(python, '/');
-  dir = NULL;
-  if (slash) {
-    *slash = '\0';
-    st_strbuf pattern = {0};
-    st_strbuf_printf(&pattern, "%s/lib/python3*/site-packages/strata_jax", python[0] ? python : "/");
-    glob_t g;
-    memset(&g, 0, sizeof(g));
-    if (glob(pattern.data, GLOB_ONLYDIR, NULL, &g) == 0 && g.gl_pathc > 0) dir = st_xstrdup(g.gl_pathv[g.gl_pathc - 1]);
-    globfree(&g);
-    st_strbuf_free(&pattern);
-  }
-  free(python);
-  return dir;
-}
-
-void st_bundle_key_mesh(const char* model_json, const char* mesh, char out[17]) {
-  st_strbuf s = {0};
-  st_strbuf_printf(&s, "schema=%d\nmodel:\n", ST_BUNDLE_SCHEMA_VERSION);
-  st__key_model(model_json, &s);
-  /* Only a mesh adds a line: one-device keys stay what they were. */
-  if (mesh && mesh[0]) st_strbuf_printf(&s, "mesh=%s\n", mesh);
-  /* The exporter's sources are part of the key: a changed model or export
-   * rule must never be served from an old bundle. */
-  char* folder = st__frontend_dir();
-  DIR* d = folder ? opendir(folder) : NULL;
-  if (d) {
-    char** names = NULL;
-    size_t n = 0;
-    struct dirent* e;
-    while ((e = readdir(d)) != NULL) {
-      size_t len = strlen(e->d_name);
-      /* .py and .json: the kernel contract (kernel_contract.json) is a source. */
-      bool py = len >= 3 && !strcmp(e->d_name + len - 3, ".py");
-      bool js = len >= 5 && !strcmp(e->d_name + len - 5, ".json");
-      if (!py && !js) continue;
-      names = st_xrealloc(names, (n + 1) * sizeof(char*));
-      names[n++] = st_xstrdup(e->d_name);
-    }
-    closedir(d);
-    qsort(names, n, sizeof(char*), st__cmp_str);
-    for (size_t i = 0; i < n; ++i) {
-      char* path = st_path_join(folder, names[i]);
-      char sha[65] = "";
-      st_status_free(st_sha256_file_hex(path, sha));
-      st_strbuf_printf(&s, "%s=%s\n", names[i], sha);
-      free(path);
-      free(names[i]);
-    }
-    free(names);
-  }
-  free(folder);
-  char sha[65];
-  st_sha256_hex(s.data, s.len, sha);
-  st_strbuf_free(&s);
-  memcpy(out, sha, 16);
-  out[16] = '\0';
-}
-
-char* st_bundle_python(void) { return st_python_path(); }
-
-st_status st_bundle_export(const char* model_json, const char* key, const char* dir) {
-  return st_bundle_export_mesh(model_json, NULL, key, dir);
-}
-
-st_status st_bundle_export_mesh(const char* model_json, const char* mesh, const char* key, const char* dir) {
-  return st_bundle_export_ex(model_json, mesh, key, dir, false);
-}
-
-static st_status st__export(const char* model_json, const char* mesh, const char* key, const char* dir, bool progress,
-                            int (*stop_signal)(void));
-
-st_status st_bundle_export_ex(const char* model_json, const char* mesh, const char* key, const char* dir, bool progress) {
-  return st__export(model_json, mesh, key, dir, progress, NULL);
-}
-
-static st_status st__export(const char* model_json, const char* mesh, const char* key, const char* dir, bool progress,
-                            int (*stop_signal)(void)) {
-  /* The parent folder must exist for the exporter's rename into place. */
-  char* parent = st_xstrdup(dir);
-  char* slash = strrchr(parent, '/');
-  if (slash && slash != parent) {
-    *slash = '\0';
-    st_status s = st_fs_mkdirs(parent);
-    if (s) {
-      free(parent);
-      return st_status_annotate(s, "creating the bundle folder");
-    }
-  }
-  free(parent);
-  /* The progress line goes to the stderr strata was given, which the log
-   * replaces in the child: a duplicate without close-on-exec survives exec. */
-  int tty = progress ? dup(2) : -1;
-  char tty_arg[16];
-  snprintf(tty_arg, sizeof(tty_arg), "%d", tty);
-  const char* args[12] = {"--model-json", model_json, "--out", dir, "--bundle-key", key};
-  int argc = 6;
-  if (mesh && mesh[0]) {
-    args[argc++] = "--mesh";
-    args[argc++] = mesh;
-  }
-  if (tty >= 0) {
-    args[argc++] = "--progress-fd";
-    args[argc++] = tty_arg;
-  }
-  args[argc] = NULL;
-  st_strbuf log = {0};
-  st_strbuf_printf(&log, "%s.export.log", dir);
-  /* The exporter's exit 2 is a model config it refuses (docs/model.md,
-   * "Export"): an unknown block kind, say, which only its registry knows.
-   * Export is trace + lower only: JAX stays off any accelerator. */
-  st_python_job job = {.what = "exporting the bundle", .module = "strata_jax.export", .args = args,
-                       .log_path = log.data, .code = ST_CODE_RUNTIME, .code_on_exit2 = ST_CODE_CONFIG,
-                       .jax_platforms = "cpu", .stop_signal = stop_signal};
-  st_status s = st_python_run(&job);
-  if (tty >= 0) close(tty);
-  st_strbuf_free(&log);
-  return s;
-}
-
-/* Instantiates the parameter table for |n_layers| layers: the block rows
- * of layer 0 are the template of every layer. The bundle's programs are
- * the same for every depth; only this table and model.n_layers are not. */
-static st_status st__bundle_set_depth(st_bundle* b, int64_t n_layers) {
+/* The block rows of layer 0 are the template of every layer (bundle_internal.h). */
+st_status st__bundle_set_depth(st_bundle* b, int64_t n_layers) {
   if (b->model.n_layers == n_layers) return ST_OK;
   if (n_layers > ST_BUNDLE_MAX_LAYERS)
     return st_status_make(ST_CODE_RUNTIME, "model.n_layers %lld exceeds the limit of %d (ST_BUNDLE_MAX_LAYERS)", (long long)n_layers,
@@ -942,22 +723,7 @@ static st_status st__bundle_set_depth(st_bundle* b, int64_t n_layers) {
   b->model.n_layers = n_layers;
   return ST_OK;
 }
-
-/* model.n_layers of the request's model JSON; -1 when it has none. */
-static int64_t st__requested_depth(const char* model_json) {
-  json_t* m = NULL;
-  int64_t n = -1;
-  st_status s = st_json_parse(model_json, strlen(model_json), "model", &m);
-  if (!s) s = st_json_get_int(m, "n_layers", "model", &n);
-  if (s) n = -1;
-  st_status_free(s);
-  json_decref(m);
-  return n;
-}
-
-/* <dir>/manifest.json parsed without its program files (NULL when it does
- * not): the tensors a bundle promised. */
-static st_bundle* st__parse_manifest_of(const char* dir) {
+st_bundle* st__bundle_manifest_of(const char* dir) {
   char* path = st_path_join(dir, "manifest.json");
   char* text = NULL;
   size_t size = 0;
@@ -968,139 +734,4 @@ static st_bundle* st__parse_manifest_of(const char* dir) {
   free(text);
   free(path);
   return b;
-}
-
-st_status st_bundle_ensure(const st_bundle_request* req, st_bundle** out_bundle, bool* out_exported) {
-  return st_bundle_ensure_ex(req, false, out_bundle, out_exported);
-}
-
-/* Two strata processes on one machine share the cache: two runs started
- * together, or the test suite's parallel runners. Without a lock both see
- * the bundle missing and export it, and one can open the folder in the
- * moment the other's exporter swaps it into place. An exclusive flock on
- * <dir>.lock around the check, the export and the open serialises them; the
- * second finds the first's bundle and exports nothing. Polled, so a stop
- * signal while waiting ends the wait. -1 (no lock) when the lock file cannot
- * be created: a read-only cache still serves its bundles. */
-static int st__lock_cache_entry(const char* dir, int (*stop_signal)(void), st_status* out_status) {
-  *out_status = ST_OK;
-  st_strbuf path = {0};
-  st_strbuf_printf(&path, "%s.lock", dir);
-  char* parent = st_xstrdup(dir);
-  char* slash = strrchr(parent, '/');
-  if (slash && slash != parent) {
-    *slash = '\0';
-    st_status_free(st_fs_mkdirs(parent));
-  }
-  free(parent);
-  int fd = open(path.data, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  st_strbuf_free(&path);
-  if (fd < 0) return -1;
-  for (;;) {
-    if (flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
-    if (errno != EWOULDBLOCK && errno != EINTR) {
-      close(fd);
-      return -1;
-    }
-    int sig = stop_signal ? stop_signal() : 0;
-    if (sig) {
-      close(fd);
-      *out_status = st_status_make(ST_CODE_INTERRUPTED, "stopped by signal %d while waiting for another strata process to export '%s'",
-                                   sig, dir);
-      return -1;
-    }
-    struct timespec ts = {0, 50 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
-}
-
-static st_status st__ensure_locked(const st_bundle_request* req, bool progress, st_bundle** out_bundle, bool* out_exported);
-
-st_status st_bundle_ensure_ex(const st_bundle_request* req, bool progress, st_bundle** out_bundle, bool* out_exported) {
-  *out_bundle = NULL;
-  *out_exported = false;
-  if (req->dir && req->dir[0]) return st__ensure_locked(req, progress, out_bundle, out_exported); /* never exported into */
-  char key[17];
-  st_bundle_key_mesh(req->model_json, req->mesh, key);
-  st_strbuf dir = {0};
-  st_strbuf_printf(&dir, "%s/bundles/%s", req->cache_root, key);
-  st_status s = ST_OK;
-  int fd = st__lock_cache_entry(dir.data, req->stop_signal, &s);
-  st_strbuf_free(&dir);
-  if (s) return s;
-  s = st__ensure_locked(req, progress, out_bundle, out_exported);
-  if (fd >= 0) close(fd); /* releases the flock */
-  return s;
-}
-
-static st_status st__ensure_locked(const st_bundle_request* req, bool progress, st_bundle** out_bundle, bool* out_exported) {
-  *out_bundle = NULL;
-  *out_exported = false;
-  char key[17];
-  st_bundle_key_mesh(req->model_json, req->mesh, key);
-  char* dir;
-  if (req->dir && req->dir[0]) {
-    dir = st_xstrdup(req->dir);
-  } else {
-    st_strbuf d = {0};
-    st_strbuf_printf(&d, "%s/bundles/%s", req->cache_root, key);
-    dir = d.data;
-  }
-  st_bundle* b = NULL;
-  st_bundle* previous = NULL;
-  st_status s = ST_OK;
-  if (st_fs_exists(dir)) {
-    s = st_bundle_open(dir, &b);
-    if (!s && strcmp(b->key, key) != 0) {
-      s = st_status_make(ST_CODE_RUNTIME, "bundle '%s' has key %s, the config needs %s", dir, b->key, key);
-      st_bundle_destroy(b);
-      b = NULL;
-    }
-    if (s && req->dir && req->dir[0]) {
-      /* A bundle the user named (bundle.dir) is never overwritten: it may be
-       * the artefact another team handed over. Say what is wrong with it. */
-      free(dir);
-      return st_status_annotate(s, "bundle.dir '%s' does not match this config (remove it, or unset bundle.dir to use the cache)",
-                                req->dir);
-    }
-    if (s) {
-      /* A cached bundle is ours to replace: stale means re-export. Its
-       * manifest, when it still parses, is what the lint compares with. */
-      previous = st__parse_manifest_of(dir);
-      fprintf(stderr, "strata: stale bundle, re-exporting: %s\n", st_status_message(s));
-      st_status_free(s);
-      s = ST_OK;
-    }
-  }
-  if (!b) {
-    s = st__export(req->model_json, req->mesh, key, dir, progress, req->stop_signal);
-    if (!s) s = st_bundle_open(dir, &b);
-    if (!s && strcmp(b->key, key) != 0)
-      s = st_status_make(ST_CODE_RUNTIME, "exporter wrote bundle key '%s' into '%s', expected '%s'", b->key, dir, key);
-    if (!s) *out_exported = true;
-  }
-  /* A bundle exported for another depth serves this one. */
-  int64_t depth = st__requested_depth(req->model_json);
-  if (!s && depth > 0) s = st__bundle_set_depth(b, depth);
-  /* The compile contract (lint.c), against the cache's bundle of the same
-   * key when this one is another (bundle.dir) or replaced it (re-export). */
-  if (!s) {
-    st_strbuf other = {0};
-    st_strbuf_printf(&other, "%s/bundles/%s", req->cache_root ? req->cache_root : "", key);
-    st_bundle* prev = previous;
-    previous = NULL;
-    if (!prev && req->dir && req->dir[0] && req->cache_root && strcmp(other.data, dir)) prev = st__parse_manifest_of(other.data);
-    st_lint_bundle(b, prev, &b->lint);
-    st_bundle_destroy(prev);
-    st_strbuf_free(&other);
-    s = st_lint_status(&b->lint, dir);
-  }
-  st_bundle_destroy(previous);
-  free(dir);
-  if (s) {
-    st_bundle_destroy(b);
-    return s;
-  }
-  *out_bundle = b;
-  return ST_OK;
 }
