@@ -46,9 +46,9 @@ def test_the_howto_names_at_most_six_files_and_says_how_many() -> None:
 
 # Each file of the fixture op, by the kind of file it stands for in the how-to.
 _FIXTURE_KINDS = {
-    "negate.json": "python/strata_jax/kernel_contract.json",  # the contract row (merged in by CMakeLists.txt)
+    "square.json": "python/strata_jax/kernel_contract.json",  # the contract row (merged in by CMakeLists.txt)
     "kernel_op_fixture.py": "python/strata_jax/kernels.py",   # the implementations, @implements
-    "negate.c": "src/kernels/<op>.c",                         # the C kernel and its handlers
+    "square.c": "src/kernels/<op>.c",                         # the C kernel and its handlers
 }
 _FIXTURE_DRIVERS = {"test_kernel_op.c"}  # the test itself
 
@@ -60,7 +60,7 @@ def test_the_fixture_op_touched_only_files_the_howto_names() -> None:
     for name, kind in _FIXTURE_KINDS.items():
         assert kind in paths, f"{name} stands for {kind}, which the how-to does not name"
     # The fixture's row is a complete contract row: every field a shipped row has.
-    row = json.loads((FIXTURE / "negate.json").read_text(encoding="utf-8"))
+    row = json.loads((FIXTURE / "square.json").read_text(encoding="utf-8"))
     assert set(K.CONTRACT["ops"][0]) <= set(row), set(K.CONTRACT["ops"][0]) - set(row)
 
 
@@ -96,17 +96,17 @@ sys.path.insert(0, {str(FIXTURE)!r})
 import kernel_op_fixture
 from strata_jax import kernels as K, kernel_verify
 assert K.unregistered() == [], K.unregistered()
-K.check_selection({{"negate": "ffi"}})
-index = kernel_verify.export({str(tmp_path)!r}, "negate")
+K.check_selection({{"square": "ffi"}})
+index = kernel_verify.export({str(tmp_path)!r}, "square")
 ffi = [c for c in index["cases"] if c["impl"] == "ffi"]
 text = open({str(tmp_path)!r} + "/" + ffi[0]["file"]).read()
-entry = [e for e in K.manifest_entry({{"negate": "ffi"}})["ops"] if e["name"] == "negate"][0]
-print(json.dumps({{"cases": len(index["cases"]), "ffi": len(ffi), "target": "strata_negate_fwd_v1" in text,
+entry = [e for e in K.manifest_entry({{"square": "ffi"}})["ops"] if e["name"] == "square"][0]
+print(json.dumps({{"cases": len(index["cases"]), "ffi": len(ffi), "target": "strata_square_fwd_v1" in text,
                   "targets": entry["targets"], "doc_kept_out": "config_doc" not in entry["contract"]}}))
 """
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
                          env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}).stdout
     got = json.loads(out.strip().splitlines()[-1])
     # 2 verify shapes x fwd/bwd x xla/ffi.
-    assert got == {"cases": 8, "ffi": 4, "target": True, "targets": ["strata_negate_fwd_v1", "strata_negate_bwd_v1"],
+    assert got == {"cases": 8, "ffi": 4, "target": True, "targets": ["strata_square_fwd_v1", "strata_square_bwd_v1"],
                    "doc_kept_out": True}
