@@ -69,6 +69,10 @@ typedef struct st_kernel_contract {
 st_status st_kernel_contract_parse(const char* text, size_t size, const char* where, st_kernel_contract* out);
 /* The contract compiled into this strata. */
 st_status st_kernel_contract_load(st_kernel_contract* out);
+/* Its op names, in its order (static storage, generated from the contract
+ * at build time: the list every kernels.<op> loop walks); |count| gets
+ * their number, at most ST_KERNEL_MAX_OPS. */
+const char* const* st_kernels_op_names(int* count);
 void st_kernel_contract_free(st_kernel_contract* c);
 const st_kernel_op* st_kernel_contract_find(const st_kernel_contract* c, const char* name);
 /* The tolerance row of |dtype|, or NULL. */
@@ -232,6 +236,11 @@ typedef struct st_kernels_verify_options {
    * and its ratio to xla printed; no comparison. */
   bool bench;
   int bench_runs;
+  /* The Python module that writes the programs (python -m MODULE WORKDIR
+   * [--op OP] [--impl IMPL] [--bench]); NULL: strata_jax.kernel_verify. A
+   * test fixture names its own, which adds its op first
+   * (tests/fixtures/kernel_op). */
+  const char* exporter_module;
 } st_kernels_verify_options;
 
 typedef struct st_kernels_verify_result {

@@ -18,6 +18,7 @@
 #include "strata/config.h"
 #include "strata/data.h"
 #include "strata/diag.h"
+#include "strata/kernels.h"
 #include "strata/runtime.h"
 #include "strata/sched.h"
 #include "strata/status.h"
@@ -29,7 +30,8 @@ extern "C" {
 /* ckpt.staging (docs/checkpoints.md, "Host staging"). */
 enum { ST_CKPT_STAGING_AUTO, ST_CKPT_STAGING_FULL, ST_CKPT_STAGING_CHUNKED };
 
-#define ST_PLAN_KERNEL_OPS 4
+/* Room for every op of the kernel contract (st_kernels_op_names). */
+#define ST_PLAN_KERNEL_OPS ST_KERNEL_MAX_OPS
 
 typedef struct st_plan_options {
   int64_t steps, batch_size, microbatches, warmup_steps, eval_every, eval_batches;
@@ -56,7 +58,7 @@ typedef struct st_plan_options {
    * the platform runtime.plugin is expected to serve (guessed before any
    * runtime exists, st_runtime_guess_platform; kernel_platform_basis says
    * on what). st_plan_check_kernel_platform holds the guess against the
-   * runtime's platform once there is one. Order: st_plan_kernel_op_names. */
+   * runtime's platform once there is one. Order: st_kernels_op_names. */
   char kernel_platform[16];
   char kernel_platform_basis[640];
   const char* kernel_impl[ST_PLAN_KERNEL_OPS]; /* static strings: "xla", "ffi" or "pallas", never "auto" */
@@ -111,9 +113,6 @@ enum { ST_NUMERICS_OFF = 0, ST_NUMERICS_STEP, ST_NUMERICS_LAYER };
 /* Columns of adamw_stats_<group>'s f32[n, 8] output, one row a parameter. */
 enum { ST_NSTAT_PARAM_SQ, ST_NSTAT_UPDATE_SQ, ST_NSTAT_UPDATE_MAX, ST_NSTAT_UPDATE_BAD, ST_NSTAT_GRAD_SQ,
        ST_NSTAT_GRAD_MAX, ST_NSTAT_GRAD_BAD, ST_NSTAT_NUMEL, ST_NSTAT_COLUMNS };
-
-/* The kernel ops of kernels.<op>, in the order of kernel_impl. */
-extern const char* const st_plan_kernel_op_names[ST_PLAN_KERNEL_OPS];
 
 /* After the runtime exists: an error (exit 4) when some kernels.<op>=auto
  * was resolved for a platform (o->kernel_platform) whose default differs

@@ -74,10 +74,12 @@ def _programs(op: dict[str, Any], impl: str, shape: list[Any]) -> dict[str, tupl
     ins = _shapes(op, shape)
     floats = [i for i, d in enumerate(_dtypes(op)) if d == "f32"]
 
+    # Every output of the contract's forward (attention's o and lse), where
+    # the differentiable op returns fewer.
+    contract_fwd = K.CONTRACT_FWD.get(op["name"], {}).get(impl, fn)
+
     def fwd(*args):  # type: ignore[no-untyped-def]
-        if op["name"] == "attention":
-            return K.ATTENTION_FWD[impl](*args)  # o and lse: both are outputs of the contract
-        return fn(*args)
+        return contract_fwd(*args)
 
     def bwd(*args):  # type: ignore[no-untyped-def]
         # The gradients of the float inputs only (integer targets have none).

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -47,6 +47,42 @@ NORM_EPS = 1e-6  # rmsnorm v1 fixes it (model.NORM_EPS)
 
 # (op, asked, used, why) for every call that fell back, in trace order.
 fallbacks_seen: list[tuple[str, str, str, str]] = []
+
+# The implementations, filled by @implements below: IMPLEMENTATIONS[op][impl]
+# is the differentiable function a block calls (the contract's first output);
+# CONTRACT_FWD/CONTRACT_BWD[op][impl], for an op whose contract forward has
+# more outputs than that (attention's o and lse), its two halves, which
+# verification and the residual path call.
+IMPLEMENTATIONS: dict[str, dict[str, Callable[..., Any]]] = {}
+CONTRACT_FWD: dict[str, dict[str, Callable[..., Any]]] = {}
+CONTRACT_BWD: dict[str, dict[str, Callable[..., Any]]] = {}
+_PARTS = {"": IMPLEMENTATIONS, "fwd": CONTRACT_FWD, "bwd": CONTRACT_BWD}
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def implements(op: str, impl: str, part: str = "") -> Callable[[_F], _F]:
+    """Registers the decorated function as implementation |impl| of contract
+    op |op| (part "": the differentiable op; "fwd"/"bwd": the contract's
+    forward and backward, when they differ from it). The op and the
+    implementation must be in the contract: a kernel op is listed once, in
+    kernel_contract.json (docs/kernels.md, "How to add a kernel op")."""
+    if op not in OPS or impl not in OPS[op]["implementations"]:
+        raise ValueError(f"@implements({op!r}, {impl!r}): the contract has no such op or implementation")
+
+    def register(fn: _F) -> _F:
+        _PARTS[part].setdefault(op, {})[impl] = fn
+        return fn
+
+    return register
+
+
+def unregistered() -> list[str]:
+    """"op/impl" for every implementation the contract lists that no
+    function registers (empty when the two agree)."""
+    return [f"{op}/{impl}" for op, row in OPS.items() for impl in row["implementations"]
+            if impl not in IMPLEMENTATIONS.get(op, {})]
 
 
 def default_impl(op: str, platform: str) -> str:
@@ -86,6 +122,7 @@ def _in_contract(op: str, *arrays: Array) -> str | None:
 # --- rmsnorm ----------------------------------------------------------------
 
 
+@implements("rmsnorm", "xla")
 def rmsnorm_xla(x: Array, gain: Array) -> Array:
     x = x.astype(jnp.float32)
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + NORM_EPS) * gain
@@ -95,6 +132,7 @@ def _ffi(target: str, results: Any, *args: Array) -> Any:
     return jax.ffi.ffi_call(target, results)(*args)
 
 
+@implements("rmsnorm", "ffi")
 @jax.custom_vjp
 def rmsnorm_ffi(x: Array, gain: Array) -> Array:
     return _ffi(OPS["rmsnorm"]["ffi_targets"]["fwd"], jax.ShapeDtypeStruct(x.shape, jnp.float32), x, gain)
@@ -161,6 +199,7 @@ def _rms_pallas_bwd_call(x: Array, gain: Array, dy: Array) -> tuple[Array, Array
     return dx.reshape(x.shape), jnp.sum(dg_rows, axis=0)
 
 
+@implements("rmsnorm", "pallas")
 @jax.custom_vjp
 def rmsnorm_pallas(x: Array, gain: Array) -> Array:
     return _rms_pallas_fwd_call(x, gain)
@@ -173,10 +212,12 @@ rmsnorm_pallas.defvjp(lambda x, g: (_rms_pallas_fwd_call(x, g), (x, g)),
 # --- swiglu -----------------------------------------------------------------
 
 
+@implements("swiglu", "xla")
 def swiglu_xla(gate: Array, up: Array) -> Array:
     return jax.nn.silu(gate) * up
 
 
+@implements("swiglu", "ffi")
 @jax.custom_vjp
 def swiglu_ffi(gate: Array, up: Array) -> Array:
     return _ffi(OPS["swiglu"]["ffi_targets"]["fwd"], jax.ShapeDtypeStruct(gate.shape, jnp.float32), gate, up)
@@ -221,6 +262,7 @@ def _swiglu_pallas_bwd_call(gate: Array, up: Array, dh: Array) -> tuple[Array, A
     return _elementwise_pallas(kernel, 2, gate, up, dh)
 
 
+@implements("swiglu", "pallas")
 @jax.custom_vjp
 def swiglu_pallas(gate: Array, up: Array) -> Array:
     return _swiglu_pallas_fwd_call(gate, up)
@@ -242,6 +284,7 @@ CE_CHUNK = 2048  # the vocabulary chunk of the pallas kernel (the C kernel's too
 CE_ROWS = 8      # the pallas kernel's row block
 
 
+@implements("cross_entropy", "xla")
 def cross_entropy_xla(logits: Array, targets: Array) -> Array:
     """model.masked_ce's per-row loss: the reference."""
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
@@ -254,6 +297,7 @@ def _ce_ffi_fwd_call(logits: Array, targets: Array) -> tuple[Array, Array]:
     return ce, lse
 
 
+@implements("cross_entropy", "ffi")
 @jax.custom_vjp
 def cross_entropy_ffi(logits: Array, targets: Array) -> Array:
     return _ce_ffi_fwd_call(logits, targets)[0]
@@ -349,6 +393,7 @@ def _ce_pallas_bwd_call(logits: Array, targets: Array, lse: Array, dce: Array) -
     return dl[:N, :V]
 
 
+@implements("cross_entropy", "pallas")
 @jax.custom_vjp
 def cross_entropy_pallas(logits: Array, targets: Array) -> Array:
     return _ce_pallas_fwd_call(logits, targets)[0]
@@ -390,6 +435,7 @@ def _att_scores(q: Array, k: Array) -> Array:
     return jnp.where(causal[None, None], s, jnp.float32(-1e30))
 
 
+@implements("attention", "xla", "fwd")
 def attention_fwd_xla(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
     """(o, lse): the reference, model.attention's math in f32."""
     s = _att_scores(q, k)
@@ -398,10 +444,12 @@ def attention_fwd_xla(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
     return o, jax.nn.logsumexp(s, axis=-1)
 
 
+@implements("attention", "xla")
 def attention_xla(q: Array, k: Array, v: Array) -> Array:
     return attention_fwd_xla(q, k, v)[0]
 
 
+@implements("attention", "xla", "bwd")
 def attention_bwd_xla(q: Array, k: Array, v: Array, o: Array, lse: Array, do: Array) -> tuple[Array, Array, Array]:
     """p = exp(s - lse), ds = p (dp - rowsum(do * o)) / sqrt(Dh): programs._attention_core_bwd's math in f32."""
     B, T, H, Dh = q.shape
@@ -424,10 +472,12 @@ def _att_out_specs(q: Array) -> tuple[Any, Any]:
     return jax.ShapeDtypeStruct(q.shape, jnp.float32), jax.ShapeDtypeStruct((B, H, T), jnp.float32)
 
 
+@implements("attention", "ffi", "fwd")
 def attention_fwd_ffi(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
     return tuple(_ffi(OPS["attention"]["ffi_targets"]["fwd"], _att_out_specs(q), q, k, v))
 
 
+@implements("attention", "ffi", "bwd")
 def attention_bwd_ffi(q: Array, k: Array, v: Array, o: Array, lse: Array, do: Array) -> tuple[Array, Array, Array]:
     specs = tuple(jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in (q, k, v))
     return tuple(_ffi(OPS["attention"]["ffi_targets"]["bwd"], specs, q, k, v, o, lse, do))
@@ -446,7 +496,7 @@ def _att_vjp(fwd: Callable[..., tuple[Array, Array]], bwd: Callable[..., tuple[A
     return f
 
 
-attention_ffi = _att_vjp(attention_fwd_ffi, attention_bwd_ffi)
+attention_ffi = implements("attention", "ffi")(_att_vjp(attention_fwd_ffi, attention_bwd_ffi))
 
 ATT_TILE = 32  # the pallas kernels' query and key tile (the contract's "tile")
 
@@ -472,6 +522,7 @@ def _att_mask(i: Any, j: Any) -> Array:
     return kj <= qi
 
 
+@implements("attention", "pallas", "fwd")
 def attention_fwd_pallas(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
     """Flash-style: grid over (b*h, query tile); key tiles up to the diagonal
     in a loop with an online softmax (running max m, sum l, unnormalised o)."""
@@ -516,6 +567,7 @@ def attention_fwd_pallas(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
     return o, lse2.reshape(B, H, Tp)[:, :, :T]
 
 
+@implements("attention", "pallas", "bwd")
 def attention_bwd_pallas(q: Array, k: Array, v: Array, o: Array, lse: Array, do: Array) -> tuple[Array, Array, Array]:
     """Two kernels, p recomputed from lse per tile: dq over (b*h, query
     tile) looping over key tiles; dk and dv per query head over (b*h, key
@@ -593,12 +645,10 @@ def attention_bwd_pallas(q: Array, k: Array, v: Array, o: Array, lse: Array, do:
     return back(dq3, H), back(dk, KV), back(dv, KV)
 
 
-attention_pallas = _att_vjp(attention_fwd_pallas, attention_bwd_pallas)
+attention_pallas = implements("attention", "pallas")(_att_vjp(attention_fwd_pallas, attention_bwd_pallas))
 
-ATTENTION_FWD: dict[str, Callable[..., tuple[Array, Array]]] = {
-    "xla": attention_fwd_xla, "ffi": attention_fwd_ffi, "pallas": attention_fwd_pallas}
-ATTENTION_BWD: dict[str, Callable[..., tuple[Array, Array, Array]]] = {
-    "xla": attention_bwd_xla, "ffi": attention_bwd_ffi, "pallas": attention_bwd_pallas}
+ATTENTION_FWD: dict[str, Callable[..., tuple[Array, Array]]] = CONTRACT_FWD["attention"]
+ATTENTION_BWD: dict[str, Callable[..., tuple[Array, Array, Array]]] = CONTRACT_BWD["attention"]
 
 
 def _att_impl(impl: str, *args: Array) -> str:
@@ -663,15 +713,6 @@ def attention_res_bwd(impl: str, q: Array, k: Array, v: Array, o: Array, lse: Ar
 
 # --- dispatch ---------------------------------------------------------------
 
-IMPLEMENTATIONS: dict[str, dict[str, Callable[..., Array]]] = {
-    "rmsnorm": {"xla": rmsnorm_xla, "ffi": rmsnorm_ffi, "pallas": rmsnorm_pallas},
-    "swiglu": {"xla": swiglu_xla, "ffi": swiglu_ffi, "pallas": swiglu_pallas},
-    "cross_entropy": {"xla": cross_entropy_xla, "ffi": cross_entropy_ffi, "pallas": cross_entropy_pallas},
-
-
-    "attention": {"xla": attention_xla, "ffi": attention_ffi, "pallas": attention_pallas},
-}
-
 
 def call(op: str, impl: str, *args: Array) -> Array:
     """The op through |impl|, or through the contract's fallback when the
@@ -694,7 +735,8 @@ def manifest_entry(kernels: dict[str, str]) -> dict[str, Any]:
         e: dict[str, Any] = {"name": op["name"], "version": op["version"], "impl": impl,
                              "profile_label": op["profile_label"],
                              # the contract row the programs were exported against
-                             "contract": {k: v for k, v in op.items() if k != "verify_shapes"}}
+                             # (config_doc is the C side's: the schema's doc of kernels.<op>)
+                             "contract": {k: v for k, v in op.items() if k not in ("verify_shapes", "config_doc")}}
         if impl == "ffi":
             e["targets"] = [op["ffi_targets"]["fwd"], op["ffi_targets"]["bwd"]]
         fb = sorted({f[3] for f in fallbacks_seen if f[0] == op["name"]})

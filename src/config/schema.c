@@ -7,7 +7,9 @@
  * To add a key: add one row to kKeys, keeping rows of one section together
  * (the YAML writer nests by section and a test checks they are contiguous),
  * add the key with its default to configs/base.yml (a test checks base.yml
- * covers every key with the schema default), then regenerate docs/config.md:
+ * covers every key with the schema default, but for kernels.<op>: those rows
+ * come from the kernel contract, docs/kernels.md, "How to add a kernel op"),
+ * then regenerate docs/config.md:
  *   ./build/strata config --schema > docs/config.md
  */
 #include <ctype.h>
@@ -17,6 +19,7 @@
 #include <string.h>
 
 #include "config/internal.h"
+#include "config/kernel_keys.h" /* generated: ST__KERNEL_KEYS */
 
 /* Rows: key, type, default (as text), then range/choices and doc. */
 static const st__cfg_key kKeys[] = {
@@ -260,19 +263,12 @@ static const st__cfg_key kKeys[] = {
             "the RMS, largest |x| and non-finite count of block outputs, input gradients, parameter gradients and "
             "updates; docs/diagnostics.md). Needs parallel.fsdp=1 and parallel.tensor=1."},
 
-    {"kernels.rmsnorm", ST__CFG_ENUM, "auto", .choices = "auto|xla|ffi|pallas",
-     .doc = "RMSNorm's implementation (docs/kernels.md): auto (a static per-platform table in the kernel contract, "
-            "from measurements: ffi on cpu, xla elsewhere; not chosen by timing at run time), xla (plain jnp, the reference), ffi (strata's C kernel through the plugin's "
-            "FFI; CPU plugin only), pallas (Pallas; interpret mode on CPU: verification only, slow)."},
-    {"kernels.swiglu", ST__CFG_ENUM, "auto", .choices = "auto|xla|ffi|pallas",
-     .doc = "SwiGLU activation's implementation (silu(gate) * up; docs/kernels.md): auto, xla, ffi or pallas, as "
-            "kernels.rmsnorm."},
-    {"kernels.cross_entropy", ST__CFG_ENUM, "auto", .choices = "auto|xla|ffi|pallas",
-     .doc = "The head's softmax cross-entropy over the vocabulary (per-row loss and its logits gradient; the masked "
-            "mean stays plain jnp; docs/kernels.md): auto, xla, ffi or pallas, as kernels.rmsnorm."},
-    {"kernels.attention", ST__CFG_ENUM, "auto", .choices = "auto|xla|ffi|pallas",
-     .doc = "Causal attention's implementation (q, k, v after RoPE -> o and the log-sum-exp; docs/kernels.md): auto, "
-            "xla, ffi (flash-style C kernel, threads over batch and heads) or pallas, as kernels.rmsnorm."},
+    /* kernels.<op>, one row per op of the kernel contract, in its order:
+     * generated from python/strata_jax/kernel_contract.json (each row's
+     * implementations and config_doc; cmake/KernelContract.cmake). */
+#define ST__KERNEL_KEY(name, impls, text) {"kernels." name, ST__CFG_ENUM, "auto", .choices = impls, .doc = text},
+    ST__KERNEL_KEYS(ST__KERNEL_KEY)
+#undef ST__KERNEL_KEY
 };
 
 static const st__cfg_section kSections[] = {

@@ -372,3 +372,53 @@ int st_kernel_attention_bwd(st_kernel_isa isa, int threads, const float* q, cons
   st__att_job j = {.item = st__bwd_item, .ctx = &a, .scratch_bytes = st__bwd_scratch(dh, t, h / kv)};
   return st__att_run(&j, b * kv, threads);
 }
+
+/*--- FFI handlers (handlers.c registers them) ----------------------------*/
+
+/* attention fwd: (q [B, T, H, Dh], k [B, T, KV, Dh], v like k) -> (o like q,
+ * lse [B, H, T]); KV divides H. */
+static xf_error* st__att_shapes(xf_call_frame* f, const char* target, const xf_buffer* q, const xf_buffer* k,
+                                      const xf_buffer* v) {
+  if (q->rank != 4 || k->rank != 4 || !st__ffi_same_shape(k, v) || k->dims[0] != q->dims[0] ||
+      k->dims[1] != q->dims[1] || k->dims[3] != q->dims[3] || k->dims[2] < 1 || q->dims[2] % k->dims[2] ||
+      st__ffi_count(q) == 0)
+    return st__ffi_fail(f, "%s: shapes outside the contract (q [B, T, H, Dh], k and v [B, T, KV, Dh] with KV dividing "
+                    "H, every size at least 1)", target);
+  return NULL;
+}
+
+xf_error* st__ffi_strata_attention_fwd_v1(xf_call_frame* f) {
+  ST__FFI_PROLOGUE(f);
+  xf_buffer *in[3], *out[2];
+  xf_error* e = st__ffi_operands(f, ST_KERNEL_ATTENTION_FWD, 3, 2, in, out);
+  if (e) return e;
+  xf_buffer *q = in[0], *k = in[1], *v = in[2], *o = out[0], *lse = out[1];
+  if ((e = st__att_shapes(f, ST_KERNEL_ATTENTION_FWD, q, k, v))) return e;
+  if (!st__ffi_same_shape(q, o) || lse->rank != 3 || lse->dims[0] != q->dims[0] || lse->dims[1] != q->dims[2] ||
+      lse->dims[2] != q->dims[1])
+    return st__ffi_fail(f, "%s: results outside the contract (o like q, lse [B, H, T])", ST_KERNEL_ATTENTION_FWD);
+  if (st_kernel_attention_fwd(st_kernels_isa(), st__kernels_threads(), q->data, k->data, v->data, o->data, lse->data,
+                              q->dims[0], q->dims[1], q->dims[2], k->dims[2], q->dims[3]))
+    return st__ffi_fail(f, "%s: sizes outside the contract", ST_KERNEL_ATTENTION_FWD);
+  return NULL;
+}
+
+/* attention bwd: (q, k, v, o, lse, do) -> (dq like q, dk like k, dv like v). */
+xf_error* st__ffi_strata_attention_bwd_v1(xf_call_frame* f) {
+  ST__FFI_PROLOGUE(f);
+  xf_buffer *in[6], *out[3];
+  xf_error* e = st__ffi_operands(f, ST_KERNEL_ATTENTION_BWD, 6, 3, in, out);
+  if (e) return e;
+  xf_buffer *q = in[0], *k = in[1], *v = in[2], *o = in[3], *lse = in[4], *dout = in[5];
+  if ((e = st__att_shapes(f, ST_KERNEL_ATTENTION_BWD, q, k, v))) return e;
+  if (!st__ffi_same_shape(q, o) || !st__ffi_same_shape(q, dout) || lse->rank != 3 || lse->dims[0] != q->dims[0] ||
+      lse->dims[1] != q->dims[2] || lse->dims[2] != q->dims[1] || !st__ffi_same_shape(q, out[0]) ||
+      !st__ffi_same_shape(k, out[1]) || !st__ffi_same_shape(k, out[2]))
+    return st__ffi_fail(f, "%s: shapes outside the contract (o, do, dq like q; lse [B, H, T]; dk, dv like k)",
+                    ST_KERNEL_ATTENTION_BWD);
+  if (st_kernel_attention_bwd(st_kernels_isa(), st__kernels_threads(), q->data, k->data, v->data, o->data, lse->data,
+                              dout->data, out[0]->data, out[1]->data, out[2]->data, q->dims[0], q->dims[1],
+                              q->dims[2], k->dims[2], q->dims[3]))
+    return st__ffi_fail(f, "%s: sizes outside the contract", ST_KERNEL_ATTENTION_BWD);
+  return NULL;
+}

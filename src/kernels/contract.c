@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kernels/contract_json.h" /* generated: kContractJson, kContractJsonSize */
+#include "kernels/contract_ops.h"  /* generated: ST__KERNEL_OPS */
 #include "strata/base.h"
 #include "strata/kernels.h"
 
@@ -143,6 +144,14 @@ st_status st_kernel_contract_load(st_kernel_contract* out) {
   return st_kernel_contract_parse((const char*)kContractJson, kContractJsonSize,
                                   "the kernel contract compiled into strata (python/strata_jax/kernel_contract.json)",
                                   out);
+}
+
+#define ST__OP_NAME(op) #op,
+static const char* const kOpNames[] = {ST__KERNEL_OPS(ST__OP_NAME)};
+
+const char* const* st_kernels_op_names(int* count) {
+  *count = (int)(sizeof(kOpNames) / sizeof(kOpNames[0]));
+  return kOpNames;
 }
 
 void st_kernel_contract_free(st_kernel_contract* c) {

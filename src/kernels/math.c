@@ -207,3 +207,60 @@ AVX512 float st__exp_shift_sum_avx512(float* s, int64_t n, float shift) {
   return _mm512_reduce_add_ps(acc);
 }
 #endif
+
+/*--- FFI handlers (handlers.c registers them) ----------------------------*/
+
+/* rmsnorm fwd: (x [..., D], gain [D]) -> y like x. */
+xf_error* st__ffi_strata_rmsnorm_fwd_v1(xf_call_frame* f) {
+  ST__FFI_PROLOGUE(f);
+  xf_buffer *in[2], *out[1];
+  xf_error* e = st__ffi_operands(f, ST_KERNEL_RMSNORM_FWD, 2, 1, in, out);
+  if (e) return e;
+  xf_buffer *x = in[0], *g = in[1];
+  if (x->rank < 1 || g->rank != 1 || g->dims[0] != x->dims[x->rank - 1] || !st__ffi_same_shape(x, out[0]))
+    return st__ffi_fail(f, "%s: shapes outside the contract (x [..., D], gain [D], y like x)", ST_KERNEL_RMSNORM_FWD);
+  int64_t d = g->dims[0];
+  st_kernel_rmsnorm_fwd(st_kernels_isa(), x->data, g->data, out[0]->data, d ? st__ffi_count(x) / d : 0, d);
+  return NULL;
+}
+
+/* rmsnorm bwd: (x, gain, dy) -> (dx like x, dgain [D]). */
+xf_error* st__ffi_strata_rmsnorm_bwd_v1(xf_call_frame* f) {
+  ST__FFI_PROLOGUE(f);
+  xf_buffer *in[3], *out[2];
+  xf_error* e = st__ffi_operands(f, ST_KERNEL_RMSNORM_BWD, 3, 2, in, out);
+  if (e) return e;
+  xf_buffer *x = in[0], *g = in[1], *dy = in[2];
+  if (x->rank < 1 || g->rank != 1 || g->dims[0] != x->dims[x->rank - 1] || !st__ffi_same_shape(x, dy) ||
+      !st__ffi_same_shape(x, out[0]) || !st__ffi_same_shape(g, out[1]))
+    return st__ffi_fail(f, "%s: shapes outside the contract (x, dy, dx [..., D]; gain, dgain [D])", ST_KERNEL_RMSNORM_BWD);
+  int64_t d = g->dims[0];
+  st_kernel_rmsnorm_bwd(st_kernels_isa(), x->data, g->data, dy->data, out[0]->data, out[1]->data,
+                        d ? st__ffi_count(x) / d : 0, d);
+  return NULL;
+}
+
+xf_error* st__ffi_strata_swiglu_fwd_v1(xf_call_frame* f) {
+  ST__FFI_PROLOGUE(f);
+  xf_buffer *in[2], *out[1];
+  xf_error* e = st__ffi_operands(f, ST_KERNEL_SWIGLU_FWD, 2, 1, in, out);
+  if (e) return e;
+  if (!st__ffi_same_shape(in[0], in[1]) || !st__ffi_same_shape(in[0], out[0]))
+    return st__ffi_fail(f, "%s: gate, up and h must have one shape", ST_KERNEL_SWIGLU_FWD);
+  st_kernel_swiglu_fwd(st_kernels_isa(), in[0]->data, in[1]->data, out[0]->data, st__ffi_count(in[0]));
+  return NULL;
+}
+
+xf_error* st__ffi_strata_swiglu_bwd_v1(xf_call_frame* f) {
+  ST__FFI_PROLOGUE(f);
+  xf_buffer *in[3], *out[2];
+  xf_error* e = st__ffi_operands(f, ST_KERNEL_SWIGLU_BWD, 3, 2, in, out);
+  if (e) return e;
+  for (int i = 1; i < 3; ++i)
+    if (!st__ffi_same_shape(in[0], in[i])) return st__ffi_fail(f, "%s: gate, up and dh must have one shape", ST_KERNEL_SWIGLU_BWD);
+  if (!st__ffi_same_shape(in[0], out[0]) || !st__ffi_same_shape(in[0], out[1]))
+    return st__ffi_fail(f, "%s: dgate and dup must have gate's shape", ST_KERNEL_SWIGLU_BWD);
+  st_kernel_swiglu_bwd(st_kernels_isa(), in[0]->data, in[1]->data, in[2]->data, out[0]->data, out[1]->data,
+                       st__ffi_count(in[0]));
+  return NULL;
+}

@@ -216,7 +216,7 @@ static st_status st__export(const st_kernels_verify_options* o) {
   if (o->bench) args[n++] = "--bench";
   char* log = st_path_join(o->workdir, "export.log");
   st_python_job job = {.what = "exporting the kernel verification programs",
-                       .module = "strata_jax.kernel_verify",
+                       .module = o->exporter_module ? o->exporter_module : "strata_jax.kernel_verify",
                        .args = args,
                        .log_path = log,
                        .code = ST_CODE_RUNTIME,

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "kernels/avx512.h"
+#include "kernels/internal.h"
 #include "kernels/pool.h"
 #include "strata/kernels.h"
 
@@ -172,4 +173,50 @@ void st_kernel_cross_entropy_bwd(st_kernel_isa isa, const float* logits, const i
   if (v < 1) return;
   ce_job j = {.isa = isa, .x = logits, .t = targets, .lse_in = lse, .dce = dce, .dl = dlogits, .v = v};
   st__parallel_for(rows, ce_grain(v), ce_bwd_range, &j);
+}
+
+/*--- FFI handlers (handlers.c registers them) ----------------------------*/
+
+/* cross_entropy fwd: (logits [N, V] f32, targets [N] s32) -> (ce [N], lse [N]). */
+static xf_error* st__ce_check_targets(xf_call_frame* f, const char* target, const xf_buffer* t, int64_t v) {
+  int64_t bad = st_kernel_cross_entropy_bad_target(t->data, t->dims[0], v);
+  if (bad < 0) return NULL;
+  return st__ffi_fail(f, "%s: target %d (row %lld) is outside the vocabulary [0, %lld): the data has a token id the "
+                  "model's vocabulary does not (model.vocab_size)",
+                  target, (int)((const int32_t*)t->data)[bad], (long long)bad, (long long)v);
+}
+
+xf_error* st__ffi_strata_cross_entropy_fwd_v1(xf_call_frame* f) {
+  ST__FFI_PROLOGUE(f);
+  static const int kTypes[] = {XF_F32, XF_S32, XF_F32, XF_F32};
+  xf_buffer *in[2], *out[2];
+  xf_error* e = st__ffi_operands_typed(f, ST_KERNEL_CROSS_ENTROPY_FWD, 2, 2, kTypes, in, out);
+  if (e) return e;
+  xf_buffer *x = in[0], *t = in[1];
+  if (x->rank != 2 || t->rank != 1 || t->dims[0] != x->dims[0] || !st__ffi_same_shape(t, out[0]) ||
+      !st__ffi_same_shape(t, out[1]) || x->dims[1] < 1)
+    return st__ffi_fail(f, "%s: shapes outside the contract (logits [N, V >= 1]; targets, ce, lse [N])",
+                    ST_KERNEL_CROSS_ENTROPY_FWD);
+  if ((e = st__ce_check_targets(f, ST_KERNEL_CROSS_ENTROPY_FWD, t, x->dims[1]))) return e;
+  st_kernel_cross_entropy_fwd(st_kernels_isa(), x->data, t->data, out[0]->data, out[1]->data, x->dims[0],
+                              x->dims[1]);
+  return NULL;
+}
+
+/* cross_entropy bwd: (logits, targets, lse, dce) -> dlogits like logits. */
+xf_error* st__ffi_strata_cross_entropy_bwd_v1(xf_call_frame* f) {
+  ST__FFI_PROLOGUE(f);
+  static const int kTypes[] = {XF_F32, XF_S32, XF_F32, XF_F32, XF_F32};
+  xf_buffer *in[4], *out[1];
+  xf_error* e = st__ffi_operands_typed(f, ST_KERNEL_CROSS_ENTROPY_BWD, 4, 1, kTypes, in, out);
+  if (e) return e;
+  xf_buffer *x = in[0], *t = in[1];
+  if (x->rank != 2 || t->rank != 1 || t->dims[0] != x->dims[0] || !st__ffi_same_shape(t, in[2]) ||
+      !st__ffi_same_shape(t, in[3]) || !st__ffi_same_shape(x, out[0]) || x->dims[1] < 1)
+    return st__ffi_fail(f, "%s: shapes outside the contract (logits, dlogits [N, V >= 1]; targets, lse, dce [N])",
+                    ST_KERNEL_CROSS_ENTROPY_BWD);
+  if ((e = st__ce_check_targets(f, ST_KERNEL_CROSS_ENTROPY_BWD, t, x->dims[1]))) return e;
+  st_kernel_cross_entropy_bwd(st_kernels_isa(), x->data, t->data, in[2]->data, in[3]->data, out[0]->data,
+                              x->dims[0], x->dims[1]);
+  return NULL;
 }

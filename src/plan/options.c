@@ -11,9 +11,9 @@
 #include "strata/runtime.h"
 #include "strata/plan.h"
 
-const char* const st_plan_kernel_op_names[ST_PLAN_KERNEL_OPS] = {"rmsnorm", "swiglu", "cross_entropy", "attention"};
-
 st_status st_plan_check_kernel_platform(const st_plan_options* o, const st_runtime* rt) {
+  int n_ops;
+  const char* const* op_names = st_kernels_op_names(&n_ops);
   st_runtime_info ri;
   st_runtime_get_info(rt, &ri);
   const char* real = ri.platform_name ? ri.platform_name : "";
@@ -21,22 +21,24 @@ st_status st_plan_check_kernel_platform(const st_plan_options* o, const st_runti
   st_kernel_contract contract;
   ST_RETURN(st_kernel_contract_load(&contract));
   st_status s = ST_OK;
-  for (int i = 0; i < ST_PLAN_KERNEL_OPS && !s; ++i) {
+  for (int i = 0; i < n_ops && !s; ++i) {
     if (!o->kernel_auto[i]) continue;
-    const char* want = st_kernel_resolve(&contract, st_plan_kernel_op_names[i], "auto", real);
+    const char* want = st_kernel_resolve(&contract, op_names[i], "auto", real);
     if (strcmp(want, o->kernel_impl[i]))
       s = st_status_make(ST_CODE_RUNTIME,
                          "kernels.%s=auto was resolved to %s for platform %s (guessed from %s), but the plugin's "
                          "platform is %s, where auto means %s: set kernels.%s=%s (or name the plugin file after its "
                          "platform, e.g. pjrt_c_api_%s_plugin.so)",
-                         st_plan_kernel_op_names[i], o->kernel_impl[i], o->kernel_platform, o->kernel_platform_basis,
-                         real, want, st_plan_kernel_op_names[i], want, real);
+                         op_names[i], o->kernel_impl[i], o->kernel_platform, o->kernel_platform_basis,
+                         real, want, op_names[i], want, real);
   }
   st_kernel_contract_free(&contract);
   return s;
 }
 
 json_t* st_plan_model_implied(void) {
+  int n_ops;
+  const char* const* op_names = st_kernels_op_names(&n_ops);
   /* The sparse model object (st_plan_options_from_config's model_json),
    * which checkpoints recorded before the description, left these out at
    * their default: that is what their absence means. */
@@ -51,32 +53,36 @@ json_t* st_plan_model_implied(void) {
   st_json_put_num(j, "moe_aux_weight", 0.01);
   st_json_put_num(j, "moe_z_weight", 0.001);
   st_json_put_int(j, "vocab_padded", 0);
-  for (int i = 0; i < ST_PLAN_KERNEL_OPS; ++i) {
+  for (int i = 0; i < n_ops; ++i) {
     char key[64];
-    snprintf(key, sizeof(key), "kernels.%s", st_plan_kernel_op_names[i]);
+    snprintf(key, sizeof(key), "kernels.%s", op_names[i]);
     st_json_put_str(j, key, "xla");
   }
   return j;
 }
 
 json_t* st_plan_kernel_selection_json(const st_plan_options* o) {
+  int n_ops;
+  const char* const* op_names = st_kernels_op_names(&n_ops);
   json_t* j = st_json_obj();
   st_json_put_str(j, "platform", o->kernel_platform);
   st_json_put_str(j, "basis", o->kernel_platform_basis);
   json_t* a = json_array();
-  for (int i = 0; i < ST_PLAN_KERNEL_OPS; ++i)
-    if (o->kernel_auto[i]) json_array_append_new(a, json_string(st_plan_kernel_op_names[i]));
+  for (int i = 0; i < n_ops; ++i)
+    if (o->kernel_auto[i]) json_array_append_new(a, json_string(op_names[i]));
   json_object_set_new(j, "auto", a);
   return j;
 }
 
 void st_plan_kernel_selection_note(const st_plan_options* o, FILE* out) {
+  int n_ops;
+  const char* const* op_names = st_kernels_op_names(&n_ops);
   bool any = false;
-  for (int i = 0; i < ST_PLAN_KERNEL_OPS; ++i) any = any || o->kernel_auto[i];
+  for (int i = 0; i < n_ops; ++i) any = any || o->kernel_auto[i];
   if (!any) return;
   fprintf(out, "kernels: auto resolved for platform %s (guessed from %s):", o->kernel_platform, o->kernel_platform_basis);
-  for (int i = 0; i < ST_PLAN_KERNEL_OPS; ++i)
-    if (o->kernel_auto[i]) fprintf(out, " %s=%s", st_plan_kernel_op_names[i], o->kernel_impl[i]);
+  for (int i = 0; i < n_ops; ++i)
+    if (o->kernel_auto[i]) fprintf(out, " %s=%s", op_names[i], o->kernel_impl[i]);
   fprintf(out, "\n");
 }
 
@@ -161,16 +167,18 @@ st_status st_plan_options_from_config(const st_config* c, st_plan_options* o) {
     json_decref(m);
     return cs;
   }
+  int n_ops;
+  const char* const* op_names = st_kernels_op_names(&n_ops);
   json_t* kern = json_object();
-  for (int i = 0; i < ST_PLAN_KERNEL_OPS; ++i) {
+  for (int i = 0; i < n_ops; ++i) {
     char key[64];
-    snprintf(key, sizeof(key), "kernels.%s", st_plan_kernel_op_names[i]);
+    snprintf(key, sizeof(key), "kernels.%s", op_names[i]);
     const char* impl = st_config_string(c, key);
     o->kernel_auto[i] = !strcmp(impl, "auto");
-    impl = st_kernel_resolve(&contract, st_plan_kernel_op_names[i], impl, o->kernel_platform);
+    impl = st_kernel_resolve(&contract, op_names[i], impl, o->kernel_platform);
     /* A static name: the contract is freed below. */
     o->kernel_impl[i] = !strcmp(impl, "ffi") ? "ffi" : !strcmp(impl, "pallas") ? "pallas" : "xla";
-    if (strcmp(o->kernel_impl[i], "xla")) json_object_set_new(kern, st_plan_kernel_op_names[i], json_string(o->kernel_impl[i]));
+    if (strcmp(o->kernel_impl[i], "xla")) json_object_set_new(kern, op_names[i], json_string(o->kernel_impl[i]));
   }
   st_kernel_contract_free(&contract);
   if (json_object_size(kern) > 0) json_object_set_new(m, "kernels", kern);
@@ -199,7 +207,7 @@ st_status st_plan_options_from_config(const st_config* c, st_plan_options* o) {
   st_json_put_num(d, "moe_z_weight", st_config_float(c, "model.moe_z_weight"));
   st_json_put_int(d, "vocab_padded", st_config_int(c, "model.vocab_padded"));
   json_t* all = json_object();
-  for (int i = 0; i < ST_PLAN_KERNEL_OPS; ++i) json_object_set_new(all, st_plan_kernel_op_names[i], json_string(o->kernel_impl[i]));
+  for (int i = 0; i < n_ops; ++i) json_object_set_new(all, op_names[i], json_string(o->kernel_impl[i]));
   json_object_set_new(d, "kernels", all);
   st_json_put_int(d, "microbatch_size", o->batch_size / o->microbatches / (shares > 0 ? shares : 1));
   o->model_desc = st_json_dump(d, 0);

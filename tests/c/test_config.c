@@ -165,7 +165,9 @@ static void test_defaults(void** state) {
 }
 
 /* configs/base.yml is the commented mirror of the schema: it sets every key,
- * to the schema's default. */
+ * to the schema's default; but kernels.<op>, whose rows come from the
+ * kernel contract (a new op's key is not written there, docs/kernels.md,
+ * "How to add a kernel op"): those it sets are at their default. */
 static void test_base_yml_mirrors_schema(void** state) {
   (void)state;
   st_config* d = load_ok(NULL, 0, NULL);
@@ -174,6 +176,7 @@ static void test_base_yml_mirrors_schema(void** state) {
   const st__cfg_key* keys = st__cfg_schema(&n);
   for (int i = 0; i < n; ++i) {
     const char* src = st_config_source(b, keys[i].key);
+    if (!strncmp(keys[i].key, "kernels.", 8)) continue; /* the hashes below hold their values */
     if (strncmp(src, "configs/base.yml:", 17)) fail_msg("configs/base.yml does not set %s", keys[i].key);
   }
   char hd[17], hb[17];
