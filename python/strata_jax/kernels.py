@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
 
 Array = jax.Array
 
@@ -619,8 +620,6 @@ def _att_res_vjp(impl: str) -> Any:
     gradient (ds += dlse p) is not in the contract's backward, so a nonzero
     one (nothing in the model makes one) takes the reference's gradient."""
     fwd, bwd = ATTENTION_FWD[impl], ATTENTION_BWD[impl]
-    from jax.custom_derivatives import SymbolicZero
-
     @jax.custom_vjp
     def f(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
         return fwd(q, k, v)
