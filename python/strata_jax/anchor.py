@@ -199,7 +199,7 @@ def run(config: dict[str, Any], tokens: np.ndarray, variant: str, steps: int | N
     unless compile_only, trains `steps` steps timing each one from the host
     batch to the losses on the host (what strata's step_time_s covers).
     `device`: where everything runs (default: JAX's default device).
-    `mesh` (parallel.MeshSpec): one jit over that many devices (of `device`'s
+    `mesh` (mesh.MeshSpec): one jit over that many devices (of `device`'s
     client, else JAX's default backend), sharded as mesh_shardings says."""
     jmesh = None
     if mesh is not None and mesh.devices > 1:

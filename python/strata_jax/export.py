@@ -149,7 +149,7 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
                  progress: Progress | None = None) -> dict[str, Any]:
     """Writes programs/ and manifest.json into out_dir (which must exist); returns the manifest.
 
-    With a mesh of more than one device (parallel.MeshSpec) the manifest also
+    With a mesh of more than one device (mesh.MeshSpec) the manifest also
     gets "mesh" and "collectives" (docs/parallelism.md), and with tensor > 1
     "spmd_programs", the tensor-parallel block programs (tensor_parallel.py);
     without one the bundle is exactly the one-device bundle."""

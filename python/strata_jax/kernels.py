@@ -404,7 +404,7 @@ def attention_xla(q: Array, k: Array, v: Array) -> Array:
 
 
 def attention_bwd_xla(q: Array, k: Array, v: Array, o: Array, lse: Array, do: Array) -> tuple[Array, Array, Array]:
-    """p = exp(s - lse), ds = p (dp - rowsum(do * o)) / sqrt(Dh): programs._attention_core_bwd's math in f32."""
+    """p = exp(s - lse), ds = p (dp - rowsum(do * o)) / sqrt(Dh): llama._attention_core_bwd's math in f32."""
     B, T, H, Dh = q.shape
     KV = k.shape[2]
     p = jnp.exp(_att_scores(q, k) - lse[..., None])
@@ -615,7 +615,7 @@ def _att_impl(impl: str, *args: Array) -> str:
 
 def _att_res_vjp(impl: str) -> Any:
     """(q, k, v) -> (o, lse) through |impl|, differentiable: the
-    tensor-parallel plain block (block_fwd_local) differentiates its
+    tensor-parallel plain block (tensor_parallel.block_fwd_local) differentiates its
     residual forward. o's cotangent goes to the backward target; lse's own
     gradient (ds += dlse p) is not in the contract's backward, so a nonzero
     one (nothing in the model makes one) takes the reference's gradient."""

@@ -189,7 +189,7 @@ def model_loss(cfg: ModelConfig, params: FullParams, tokens: Array, targets: Arr
 def model_objective(cfg: ModelConfig, params: FullParams, tokens: Array, targets: Array,
                     mask: Array) -> tuple[Array, tuple[Array, dict[str, list[Array]]]]:
     """What training differentiates: the head's loss plus, for every layer
-    whose kind has metrics (blocks.BlockKind.metrics: an MoE layer's
+    whose kind has metrics (registry.BlockKind.metrics: an MoE layer's
     auxiliary losses), its kind's objective of them. Returns (objective,
     (loss, {metric name: [value per such layer]}))."""
     wte = params["embed"]["wte"]

@@ -128,7 +128,7 @@ def _batch_arrays(b: Batch) -> tuple[Array, Array, Array]:
 def train(config: dict[str, Any], tokens: np.ndarray, steps: int | None = None,
           log: Callable[[str], None] | None = None, mesh: Any = None) -> tuple[FullParams, dict[str, Any]]:
     """Runs the reference; returns (final params, history as written to losses.json).
-    |mesh| (parallel.MeshSpec): the step as one jit over that many of JAX's
+    |mesh| (mesh.MeshSpec): the step as one jit over that many of JAX's
     devices, sharded as the anchor's (shardings.mesh_shardings)."""
     cfg = ModelConfig.from_dict(config["model"])
     tc = TrainConfig.from_dict(config["train"])
