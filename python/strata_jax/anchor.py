@@ -19,7 +19,7 @@ losses match the reference to float rounding (tests/py/test_anchor.py).
         [--mesh data=D,fsdp=F,tensor=T]
 
 With ``--mesh`` the step is one jit over D x F x T devices with in/out
-shardings, MaxText's way (mesh_shardings below; docs/parallelism.md).
+shardings, MaxText's way (shardings.py; docs/parallelism.md).
 
 Writes one JSON object: trace/lower/compile seconds, per-step seconds,
 XLA's memory analysis of the compiled step and the process's peak RSS.
@@ -42,11 +42,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax._src import xla_bridge as xb  # plugin registration has no public API in 0.11
+
 from . import model as M
+from . import registry as R
+from .config import ModelConfig, TrainConfig
 from .data import DataError, Sampler
-from .model import ModelConfig
+from .mesh import ParallelError, make_mesh, mesh_for_cli
 from .optim import adamw_update, lr_at, sqnorm
-from .reference_train import InputError, TrainConfig, add_input_args, load_inputs, make_train_step
+from .reference_train import InputError, add_input_args, load_inputs, make_train_step
+from .shardings import mesh_shardings, step_shardings  # noqa: F401  (anchor.<name>, as before shardings.py)
 
 Array = jax.Array
 VARIANTS = ("unroll", "scan")
@@ -59,12 +64,11 @@ DIAG_VARIANTS = ("unroll_remat",)
 
 def _scan_kind(cfg: ModelConfig) -> Any:
     """The one block kind of a stack the scan variant can stack."""
-    from . import blocks
     kinds = set(cfg.layer_kinds())
     if len(kinds) != 1:
         raise ValueError(f"the scan variant needs one block kind for every layer; model.layers has {sorted(kinds)} "
                          "(use the unroll variant)")
-    return blocks.KINDS[kinds.pop()]
+    return R.KINDS[kinds.pop()]
 
 
 def stack_blocks(params: M.FullParams, cfg: ModelConfig | None = None) -> dict[str, Any]:
@@ -92,9 +96,8 @@ def remat_model_loss(cfg: ModelConfig, params: M.FullParams, tokens: Array, targ
                      mask: Array) -> Array:
     wte = params["embed"]["wte"]
     x = M.embed(cfg, params["embed"], tokens)
-    from . import blocks
     for kind, p in zip(cfg.layer_kinds(), params["blocks"], strict=True):
-        x = jax.checkpoint(lambda p_, h, f=blocks.KINDS[kind].fwd: f(cfg, p_, h))(p, x)
+        x = jax.checkpoint(lambda p_, h, f=R.KINDS[kind].fwd: f(cfg, p_, h))(p, x)
     return M.head_loss(cfg, params["head"], wte if cfg.tie_embeddings else None, x, targets, mask)
 
 
@@ -150,57 +153,6 @@ def make_scan_train_step(cfg: ModelConfig, shardings: tuple[Any, Any] | None = N
     return jax.jit(step_fn, donate_argnums=(0, 1, 2))
 
 
-# --- the same step over a device mesh (MaxText's way) --------------------------
-#
-# One jax.jit over the mesh's devices: the batch is cut over data x fsdp, the
-# parameters (and so m and v, which have their shardings) over fsdp along
-# their d_model dimension, and over tensor along the heads / MLP hidden /
-# vocabulary dimension, as MaxText's logical axis rules do ("embed" -> fsdp,
-# "heads"/"mlp"/"vocab" -> tensor). XLA's partitioner inserts every
-# collective; the math is the one-device step's, only reduction orders differ.
-
-# Mesh axis of each dimension of each parameter (None: not cut).
-PARAM_AXES: dict[str, tuple[str | None, ...]] = {
-    "wte": ("tensor", "fsdp"), "attn_norm": ("fsdp",), "mlp_norm": ("fsdp",), "final_norm": ("fsdp",),
-    "wq": ("fsdp", "tensor"), "wk": ("fsdp", "tensor"), "wv": ("fsdp", "tensor"), "wo": ("tensor", "fsdp"),
-    "w_gate": ("fsdp", "tensor"), "w_up": ("fsdp", "tensor"), "w_down": ("tensor", "fsdp"),
-    "w_out": ("fsdp", "tensor"),
-}
-
-
-def param_pspec(name: str, shape: tuple[int, ...], mesh: Any, stacked: bool = False) -> Any:
-    """PartitionSpec of one parameter; a dimension an axis does not divide is
-    left whole (no padding in the anchor). |stacked|: a leading layer axis."""
-    from jax.sharding import PartitionSpec as P
-
-    dims = shape[1:] if stacked else shape
-    axes = []
-    for d, a in zip(dims, PARAM_AXES[name]):
-        axes.append(a if a is not None and mesh.shape[a] > 1 and d % mesh.shape[a] == 0 else None)
-    return P(*(([None] if stacked else []) + axes))
-
-
-def mesh_shardings(params: Any, mesh: Any) -> tuple[Any, Any, Any]:
-    """(parameter shardings (a tree like |params|), batch sharding, replicated)
-    for the unrolled (blocks: list) or scanned (blocks: stacked dict) layout."""
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    def tree(group: Any, stacked: bool) -> Any:
-        return {k: NamedSharding(mesh, param_pspec(k, tuple(a.shape), mesh, stacked)) for k, a in group.items()}
-
-    blocks = params["blocks"]
-    ps = {"embed": tree(params["embed"], False), "head": tree(params["head"], False),
-          "blocks": tree(blocks, True) if isinstance(blocks, dict) else [tree(b, False) for b in blocks]}
-    # tokens/targets/mask are [microbatches, microbatch, seq]: cut the microbatch
-    return ps, NamedSharding(mesh, P(None, ("data", "fsdp"))), NamedSharding(mesh, P())
-
-
-def step_shardings(params: Any, mesh: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    ps, bs, rep = mesh_shardings(params, mesh)
-    return (ps, ps, ps, bs, bs, bs, rep, rep, rep, rep), (ps, ps, ps, rep, rep)
-
-
 # --- measurement --------------------------------------------------------------
 
 def _peak_rss_bytes() -> int:
@@ -233,8 +185,6 @@ def plugin_device(path: str, cpu_devices: int = 0) -> Any:
     built-in CPU client. Must be called before JAX initialises its backends.
     cpu_devices > 0 passes cpu_device_count (CPU plugins only), as strata's
     runtime.cpu_devices does."""
-    from jax._src import xla_bridge as xb  # plugin registration has no public API in 0.11
-
     opts = {"cpu_device_count": cpu_devices} if cpu_devices > 0 else None
     xb.register_plugin("strata_plugin", library_path=path, priority=-1, options=opts)
     platforms = jax.config.jax_platforms
@@ -249,11 +199,10 @@ def run(config: dict[str, Any], tokens: np.ndarray, variant: str, steps: int | N
     unless compile_only, trains `steps` steps timing each one from the host
     batch to the losses on the host (what strata's step_time_s covers).
     `device`: where everything runs (default: JAX's default device).
-    `mesh` (parallel.MeshSpec): one jit over that many devices (of `device`'s
+    `mesh` (mesh.MeshSpec): one jit over that many devices (of `device`'s
     client, else JAX's default backend), sharded as mesh_shardings says."""
     jmesh = None
     if mesh is not None and mesh.devices > 1:
-        from .parallel import make_mesh
         jmesh = make_mesh(mesh, device.client.devices() if device is not None else None)
     if device is None:
         r = _run(config, tokens, variant, steps, compile_only, jmesh)
@@ -371,8 +320,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     mesh = None
     if args.mesh:
-        from .parallel import ParallelError, mesh_for_cli
-
         try:
             mesh = mesh_for_cli(args.mesh, set_cpu_devices=not args.plugin)
         except ParallelError as e:

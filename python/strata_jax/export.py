@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -20,8 +21,10 @@ import jaxlib
 from . import __version__
 from . import kernels as K
 from . import model as M
-from .model import ModelConfig
-from . import blocks
+from . import parallel as PP
+from . import registry as R
+from . import tensor_parallel as TP
+from .config import ModelConfig
 from .programs import Program, _group_programs, build_programs, fsdp_programs, groups_of, kind_roles
 
 SCHEMA_VERSION = 1
@@ -85,7 +88,7 @@ def param_table(cfg: ModelConfig) -> list[dict[str, Any]]:
 
     rows = [entry(n, "embed", -1, n) for n in M.embed_param_names(cfg)]
     for i, kind in enumerate(cfg.layer_kinds()):
-        k = blocks.KINDS[kind]
+        k = R.KINDS[kind]
         rows += [entry(f"layers.{i}.{n}", k.group_name, i, n) for n in k.params(cfg)]
     rows += [entry(n, "head", -1, n) for n in M.head_param_names(cfg)]
     return rows
@@ -108,11 +111,11 @@ def program_tables(cfg: ModelConfig, names: set[str], fsdp: int = 1, tensor: int
     head = {"group": "head", "programs": {"init": "head_init", "loss": "head_loss", "eval": "head_eval",
                                           "logits": "head_logits"}}
     roles = {}
-    for k in blocks.kinds_of(cfg):
+    for k in R.kinds_of(cfg):
         roles[k.name] = kind_roles(cfg, k)
         if tensor > 1:  # llama only (tensor_parallel._check_mesh)
             roles[k.name].update({r: f"tp_{roles[k.name][r]}" for r in ("fwd", "bwd", "fwd_res", "bwd_res")})
-    layers = [{"index": i, "kind": kind, "group": blocks.KINDS[kind].group_name, "programs": dict(roles[kind])}
+    layers = [{"index": i, "kind": kind, "group": R.KINDS[kind].group_name, "programs": dict(roles[kind])}
               for i, kind in enumerate(cfg.layer_kinds())]
     gnames = groups_of(cfg)
     groups = [{"name": g, "params": list(M.group_param_names(cfg, g)),
@@ -146,7 +149,7 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
                  progress: Progress | None = None) -> dict[str, Any]:
     """Writes programs/ and manifest.json into out_dir (which must exist); returns the manifest.
 
-    With a mesh of more than one device (parallel.MeshSpec) the manifest also
+    With a mesh of more than one device (mesh.MeshSpec) the manifest also
     gets "mesh" and "collectives" (docs/parallelism.md), and with tensor > 1
     "spmd_programs", the tensor-parallel block programs (tensor_parallel.py);
     without one the bundle is exactly the one-device bundle."""
@@ -212,8 +215,6 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
 def _write_spmd_programs(progs: Any, mesh: Any, out_dir: str, progress: Progress) -> list[dict[str, Any]]:
     """Lowers each SPMD program over |mesh|, writes its text and returns its
     manifest entry (with the text's sha256)."""
-    from . import parallel as PP
-
     try:
         jmesh = PP.make_mesh(mesh)
         entries = []
@@ -232,8 +233,6 @@ def _write_spmd_programs(progs: Any, mesh: Any, out_dir: str, progress: Progress
 
 
 def _collective_list(cfg: ModelConfig, mesh: Any) -> list[Any]:
-    from . import parallel as PP
-
     try:
         return list(PP.bundle_collectives(cfg, mesh))
     except PP.ParallelError as e:
@@ -252,15 +251,12 @@ def _export_collectives(cfg: ModelConfig, progs: list[Any], mesh: Any, out_dir: 
 
 def _tp_split_dim(group: str, name: str) -> int | None:
     """The dimension tensor parallelism cuts of a parameter (None: whole)."""
-    from . import tensor_parallel as TP
     return TP.PARAM_SPLIT_DIM[name] if group == "block" else None
 
 
 def _tp_accum_block(cfg: ModelConfig, tensor: int) -> Program:
     """The block's gradient accumulation on one device's tensor-cut blocks
     (elementwise, so a one-device program on every device)."""
-    from . import tensor_parallel as TP
-
     def local(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
         d = TP.PARAM_SPLIT_DIM[name]
         return shape if d is None else tuple(x // tensor if i == d else x for i, x in enumerate(shape))
@@ -269,11 +265,6 @@ def _tp_accum_block(cfg: ModelConfig, tensor: int) -> Program:
 
 
 def _tp_program_list(cfg: ModelConfig, mesh: Any) -> list[Any]:
-    import dataclasses
-
-    from . import parallel as PP
-    from . import tensor_parallel as TP
-
     # The C trainer exports one device's share of a microbatch (the data
     # and fsdp cut); the SPMD programs take the whole microbatch and cut it
     # over data and fsdp themselves.
@@ -334,8 +325,6 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     mesh = None
     if args.mesh:
-        from . import parallel as PP
-
         try:
             mesh = PP.parse_mesh(args.mesh)
         except PP.ParallelError as e:
@@ -352,8 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"strata_jax.export: bad model config: {e}", file=sys.stderr)
         return 2
     if mesh is not None and mesh.devices > 1:
-        from . import blocks
-        with_metrics = [k.name for k in blocks.kinds_of(cfg) if k.metrics or k.family != "llama"]
+        with_metrics = [k.name for k in R.kinds_of(cfg) if k.metrics or k.family != "llama"]
         if with_metrics:
             # Their auxiliary losses are per data shard, and no kind with
             # metrics has collective or tensor-parallel programs yet; nor
@@ -362,7 +350,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"a device mesh yet (--mesh {args.mesh}); set parallel.data, parallel.fsdp and parallel.tensor "
                   f"to 1 (docs/model.md, \"Block kinds\", moe)", file=sys.stderr)
             return 2
-        from . import tensor_parallel as TP
         kind_error = TP.unsupported_kind(cfg, mesh.tensor)
         if kind_error:
             print(f"strata_jax.export: {kind_error}", file=sys.stderr)

@@ -24,9 +24,12 @@ import math
 import jax
 import jax.numpy as jnp
 
-from . import blocks
-from . import model as M
-from .model import ModelConfig, Params
+from . import kernels as K
+from . import layers as L
+from . import llama
+from .config import ModelConfig
+from .layers import Params
+from .registry import BlockKind
 
 Array = jax.Array
 
@@ -43,19 +46,19 @@ def gpt2_shape(cfg: ModelConfig, local: str) -> tuple[int, ...]:
     D, F, KV = cfg.d_model, cfg.d_ff, cfg.kv_heads * cfg.head_dim
     own = {"attn_norm_bias": (D,), "bq": (D,), "bk": (KV,), "bv": (KV,), "bo": (D,), "mlp_norm_bias": (D,),
            "w_fc": (D, F), "b_fc": (F,), "w_proj": (F, D), "b_proj": (D,)}
-    return own[local] if local in own else M.param_shape(cfg, local)
+    return own[local] if local in own else L.param_shape(cfg, local)
 
 
 def gpt2_init(cfg: ModelConfig, seed: Array, layer: Array, n_layers: Array) -> Params:
-    """llama's scheme (blocks.init_matrices: one normal draw with the layer's
+    """llama's scheme (llama.init_matrices: one normal draw with the layer's
     key cut into GPT2_MATRICES, wo and w_proj scaled by 1/sqrt(2 N)); norm
     gains ones, biases zeros."""
-    p = blocks.init_matrices(cfg, KIND, seed, layer, n_layers, GPT2_MATRICES, GPT2_RESIDUAL_OUT)
+    p = llama.init_matrices(cfg, KIND, seed, layer, n_layers, GPT2_MATRICES, GPT2_RESIDUAL_OUT)
     return {n: jnp.zeros_like(v) if n in GPT2_ZEROS else v for n, v in p.items()}
 
 
 def _lin(cfg: ModelConfig, x: Array, w: Array, b: Array) -> Array:
-    return M._mm(cfg, x, w) + b
+    return L._mm(cfg, x, w) + b
 
 
 def _qkv(cfg: ModelConfig, p: Params, h: Array) -> tuple[Array, Array, Array]:
@@ -71,26 +74,25 @@ def _attend(cfg: ModelConfig, q: Array, k: Array, v: Array, seen: Array) -> Arra
     """softmax(q·k / sqrt(Dh), keys not |seen| at -1e30) · v, [B, S, D]; k, v
     with n_kv_heads heads (model.expand_kv)."""
     B, S, H, Dh = q.shape
-    k, v = M.expand_kv(cfg, k), M.expand_kv(cfg, v)
-    scores = M.cdot(cfg, "bqhd,bkhd->bhqk", q, k) / jnp.float32(math.sqrt(Dh))
+    k, v = L.expand_kv(cfg, k), L.expand_kv(cfg, v)
+    scores = L.cdot(cfg, "bqhd,bkhd->bhqk", q, k) / jnp.float32(math.sqrt(Dh))
     scores = jnp.where(seen, scores, jnp.float32(-1e30))
     probs = jax.nn.softmax(scores, axis=-1)
-    return M.cdot(cfg, "bhqk,bkhd->bqhd", probs, v).reshape(B, S, H * Dh)
+    return L.cdot(cfg, "bhqk,bkhd->bqhd", probs, v).reshape(B, S, H * Dh)
 
 
 def _mlp(cfg: ModelConfig, p: Params, x: Array) -> Array:
-    h = M.layer_norm(x, p["mlp_norm"], p["mlp_norm_bias"])
+    h = L.layer_norm(x, p["mlp_norm"], p["mlp_norm_bias"])
     return _lin(cfg, jax.nn.gelu(_lin(cfg, h, p["w_fc"], p["b_fc"]), approximate=True), p["w_proj"], p["b_proj"])
 
 
 def _fwd_kv(cfg: ModelConfig, p: Params, x: Array) -> tuple[Array, Array, Array]:
     B, T, D = x.shape
-    q, k, v = _qkv(cfg, p, M.layer_norm(x, p["attn_norm"], p["attn_norm_bias"]))
+    q, k, v = _qkv(cfg, p, L.layer_norm(x, p["attn_norm"], p["attn_norm_bias"]))
     impl = cfg.kernel("attention")
     if impl != "xla":
         # kernels.attention: the same causal attention (its contract's q, k
         # "after RoPE" are simply q and k here: gpt2 has no RoPE)
-        from . import kernels as K
         a = K.call("attention", impl, q, k, v).reshape(B, T, D)
     else:
         causal = jnp.tril(jnp.ones((T, T), dtype=jnp.bool_))[None, None]
@@ -112,8 +114,8 @@ def gpt2_prefill(cfg: ModelConfig, p: Params, x: Array) -> tuple[Array, Array, A
 def gpt2_decode(cfg: ModelConfig, p: Params, x: Array, k_cache: Array, v_cache: Array,
                 pos: Array) -> tuple[Array, Array, Array]:
     """One token x [1, 1, D] at position |pos|: its k and v written at |pos|,
-    keys after |pos| masked as the causal mask does (programs.attention_decode)."""
-    q, k, v = _qkv(cfg, p, M.layer_norm(x, p["attn_norm"], p["attn_norm_bias"]))
+    keys after |pos| masked as the causal mask does (llama.attention_decode)."""
+    q, k, v = _qkv(cfg, p, L.layer_norm(x, p["attn_norm"], p["attn_norm_bias"]))
     zero = jnp.int32(0)
     k_cache = jax.lax.dynamic_update_slice(k_cache, k, (zero, pos, zero, zero))
     v_cache = jax.lax.dynamic_update_slice(v_cache, v, (zero, pos, zero, zero))
@@ -135,21 +137,19 @@ GPT2_RESIDUALS: tuple[str, ...] = ("q", "k", "v", "attn_out", "attn_lse", "x_mid
 
 
 def gpt2_residuals(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], str]]:
-    from . import programs as PR
     mb, T, D, H, Dh, F, KV = (cfg.microbatch_size, cfg.seq_len, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff,
                               cfg.kv_heads)
     shapes = {"q": (mb, T, H, Dh), "k": (mb, T, KV, Dh), "v": (mb, T, KV, Dh), "attn_out": (mb, T, D),
               "attn_lse": (mb, H, T), "x_mid": (mb, T, D), "fc": (mb, T, F)}
-    return [(n, shapes[n], PR.residual_dtype(cfg, n)) for n in GPT2_RESIDUALS]
+    return [(n, shapes[n], llama.residual_dtype(cfg, n)) for n in GPT2_RESIDUALS]
 
 
 def gpt2_fwd_res(cfg: ModelConfig, p: Params, x: Array) -> tuple[Array, tuple[Array, ...]]:
     """y with gpt2_fwd's operations, and the residuals (GPT2_RESIDUALS order)."""
-    from . import programs as PR
-    q, k, v = _qkv(cfg, p, M.layer_norm(x, p["attn_norm"], p["attn_norm_bias"]))
-    o, lse = PR.attention_fwd_res(cfg, q, k, v)
+    q, k, v = _qkv(cfg, p, L.layer_norm(x, p["attn_norm"], p["attn_norm_bias"]))
+    o, lse = llama.attention_fwd_res(cfg, q, k, v)
     x_mid = x + _lin(cfg, o, p["wo"], p["bo"])
-    fc = _lin(cfg, M.layer_norm(x_mid, p["mlp_norm"], p["mlp_norm_bias"]), p["w_fc"], p["b_fc"])
+    fc = _lin(cfg, L.layer_norm(x_mid, p["mlp_norm"], p["mlp_norm_bias"]), p["w_fc"], p["b_fc"])
     y = x_mid + _lin(cfg, jax.nn.gelu(fc, approximate=True), p["w_proj"], p["b_proj"])
     return y, (q, k, v, o, lse, x_mid, fc)
 
@@ -158,12 +158,11 @@ def gpt2_bwd_res(cfg: ModelConfig, p: Params, x: Array, res: tuple[Array, ...],
                  dy: Array) -> tuple[Params, Array]:
     """(param grads, dx) from the residuals, stage by stage (each jax.vjp's
     primal matmuls are dead code XLA removes); the attention core's backward
-    is llama's (programs._attention_core_bwd: no RoPE inside it)."""
-    from . import programs as PR
+    is llama's (llama._attention_core_bwd: no RoPE inside it)."""
     q, k, v, o, lse, x_mid, fc = (r.astype(x.dtype) for r in res)  # f32 (bf16 residuals upcast)
     _, vjp = jax.vjp(lambda f_, w, b: _lin(cfg, jax.nn.gelu(f_, approximate=True), w, b), fc, p["w_proj"], p["b_proj"])
     dfc, dw_proj, db_proj = vjp(dy)
-    _, vjp = jax.vjp(lambda x_, g, gb, w, b: _lin(cfg, M.layer_norm(x_, g, gb), w, b),
+    _, vjp = jax.vjp(lambda x_, g, gb, w, b: _lin(cfg, L.layer_norm(x_, g, gb), w, b),
                      x_mid, p["mlp_norm"], p["mlp_norm_bias"], p["w_fc"], p["b_fc"])
     dx_mid_n, dmlp_norm, dmlp_norm_bias, dw_fc, db_fc = vjp(dfc)
     dx_mid = dy + dx_mid_n
@@ -171,15 +170,14 @@ def gpt2_bwd_res(cfg: ModelConfig, p: Params, x: Array, res: tuple[Array, ...],
     do, dwo, dbo = vjp(dx_mid)
     impl = cfg.kernel("attention")
     if impl != "xla":
-        from . import kernels as K
         B, T, H, Dh = q.shape
         dq, dk, dv = (t.astype(x.dtype) for t in K.attention_res_bwd(
             impl, q, k, v, o.reshape(B, T, H, Dh), lse, do.astype(jnp.float32).reshape(B, T, H, Dh)))
     else:
-        dq, dk, dv = (t.astype(x.dtype) for t in PR._attention_core_bwd(cfg, q, k, v, o, lse, do))
+        dq, dk, dv = (t.astype(x.dtype) for t in llama._attention_core_bwd(cfg, q, k, v, o, lse, do))
     names = ("attn_norm", "attn_norm_bias", "wq", "bq", "wk", "bk", "wv", "bv")
     _, vjp = jax.vjp(lambda x_, *w: _qkv(cfg, dict(zip(names[2:], w[2:])),
-                                          M.layer_norm(x_, w[0], w[1])), x, *(p[n] for n in names))
+                                          L.layer_norm(x_, w[0], w[1])), x, *(p[n] for n in names))
     dx_n, *dattn = vjp((dq, dk, dv))
     grads = dict(zip(names, dattn))
     grads.update({"wo": dwo, "bo": dbo, "mlp_norm": dmlp_norm, "mlp_norm_bias": dmlp_norm_bias, "w_fc": dw_fc,
@@ -187,9 +185,9 @@ def gpt2_bwd_res(cfg: ModelConfig, p: Params, x: Array, res: tuple[Array, ...],
     return grads, dx_mid + dx_n
 
 
-KIND = blocks.register(blocks.BlockKind(
+KIND = BlockKind(
     name="gpt2", params=lambda cfg: GPT2_PARAMS, init=gpt2_init, fwd=gpt2_fwd, shape=gpt2_shape,
     fwd_res=gpt2_fwd_res, bwd_res=gpt2_bwd_res, residuals=gpt2_residuals,
     prefill=gpt2_prefill, decode=gpt2_decode, family="gpt2", zeros=GPT2_ZEROS,
     residual_out=GPT2_RESIDUAL_OUT,
-    doc="x += attn(layernorm(x)) (biases, no RoPE); x += gelu_tanh(layernorm(x)@w_fc + b_fc)@w_proj + b_proj"))
+    doc="x += attn(layernorm(x)) (biases, no RoPE); x += gelu_tanh(layernorm(x)@w_fc + b_fc)@w_proj + b_proj")

@@ -37,6 +37,7 @@ from typing import Any, Callable, TypeVar
 
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
 
 Array = jax.Array
 
@@ -451,7 +452,7 @@ def attention_xla(q: Array, k: Array, v: Array) -> Array:
 
 @implements("attention", "xla", "bwd")
 def attention_bwd_xla(q: Array, k: Array, v: Array, o: Array, lse: Array, do: Array) -> tuple[Array, Array, Array]:
-    """p = exp(s - lse), ds = p (dp - rowsum(do * o)) / sqrt(Dh): programs._attention_core_bwd's math in f32."""
+    """p = exp(s - lse), ds = p (dp - rowsum(do * o)) / sqrt(Dh): llama._attention_core_bwd's math in f32."""
     B, T, H, Dh = q.shape
     KV = k.shape[2]
     p = jnp.exp(_att_scores(q, k) - lse[..., None])
@@ -664,13 +665,11 @@ def _att_impl(impl: str, *args: Array) -> str:
 
 def _att_res_vjp(impl: str) -> Any:
     """(q, k, v) -> (o, lse) through |impl|, differentiable: the
-    tensor-parallel plain block (block_fwd_local) differentiates its
+    tensor-parallel plain block (tensor_parallel.block_fwd_local) differentiates its
     residual forward. o's cotangent goes to the backward target; lse's own
     gradient (ds += dlse p) is not in the contract's backward, so a nonzero
     one (nothing in the model makes one) takes the reference's gradient."""
     fwd, bwd = ATTENTION_FWD[impl], ATTENTION_BWD[impl]
-    from jax.custom_derivatives import SymbolicZero
-
     @jax.custom_vjp
     def f(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
         return fwd(q, k, v)

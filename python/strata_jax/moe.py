@@ -35,8 +35,10 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from . import model as M
-from .model import ModelConfig
+from . import layers as L
+from . import llama
+from .config import ModelConfig
+from .registry import BlockKind
 
 Array = jax.Array
 Params = dict[str, Array]
@@ -76,7 +78,7 @@ class MoeConfig:
 def moe_param_shape(cfg: ModelConfig, mc: MoeConfig, local: str) -> tuple[int, ...]:
     D, F, E = cfg.d_model, cfg.d_ff, mc.n_experts
     experts = {"router": (D, E), "w_gate": (E, D, F), "w_up": (E, D, F), "w_down": (E, F, D)}
-    return experts[local] if local in experts else M.param_shape(cfg, local)
+    return experts[local] if local in experts else L.param_shape(cfg, local)
 
 
 def init_moe_block(cfg: ModelConfig, mc: MoeConfig, seed: Array, layer: Array,
@@ -131,7 +133,7 @@ def moe_mlp(cfg: ModelConfig, mc: MoeConfig, p: Params, h: Array) -> tuple[Array
     hn = h.reshape(-1, D)
     logits = jnp.matmul(hn, p["router"].astype(hn.dtype))  # f32 (or f64) whatever compute_dtype
     probs, combine, chosen = route(mc, logits)
-    hidden = M.swiglu(cfg, _emm(cfg, "nd,edf->enf", hn, p["w_gate"]), _emm(cfg, "nd,edf->enf", hn, p["w_up"]))
+    hidden = L.swiglu(cfg, _emm(cfg, "nd,edf->enf", hn, p["w_gate"]), _emm(cfg, "nd,edf->enf", hn, p["w_up"]))
     ye = _emm(cfg, "enf,efd->end", hidden, p["w_down"])
     out = jnp.einsum("ne,end->nd", combine, ye)
     aux, z, load = moe_losses(mc, logits, probs, chosen)
@@ -140,8 +142,8 @@ def moe_mlp(cfg: ModelConfig, mc: MoeConfig, p: Params, h: Array) -> tuple[Array
 
 def moe_block_fwd(cfg: ModelConfig, mc: MoeConfig, p: Params, x: Array) -> tuple[Array, Array, Array, Array]:
     """x [B,T,D] f32 -> y, aux, z, load [E]: llama's attention, then the MoE MLP."""
-    x = x + M.attention(cfg, p, M.norm(cfg, x, p["attn_norm"]))
-    out, aux, z, load = moe_mlp(cfg, mc, p, M.norm(cfg, x, p["mlp_norm"]))
+    x = x + L.attention(cfg, p, L.norm(cfg, x, p["attn_norm"]))
+    out, aux, z, load = moe_mlp(cfg, mc, p, L.norm(cfg, x, p["mlp_norm"]))
     return x + out, aux, z, load
 
 
@@ -160,12 +162,9 @@ def moe_block_bwd(cfg: ModelConfig, mc: MoeConfig, p: Params, x: Array, dy: Arra
     return dp, dx
 
 
-# --- the block kind (blocks.py) ---------------------------------------------------
+# --- the block kind (registry.py; blocks.py registers it) --------------------------
 
-def _kind() -> "Any":
-    from . import blocks
-    from . import programs as PR
-
+def _kind() -> BlockKind:
     def shape(cfg: ModelConfig, local: str) -> tuple[int, ...]:
         return moe_param_shape(cfg, MoeConfig.of(cfg), local)
 
@@ -186,26 +185,21 @@ def _kind() -> "Any":
         return [("aux_loss", ()), ("z_loss", ()), ("expert_load", (cfg.n_experts,))]
 
     def prefill(cfg: ModelConfig, p: Params, x: Array) -> tuple[Array, Array, Array]:
-        _, k, v = PR._qkv(cfg, p, x)
+        _, k, v = llama._qkv(cfg, p, x)
         return fwd(cfg, p, x), k, v
 
     def decode(cfg: ModelConfig, p: Params, x: Array, k_cache: Array, v_cache: Array,
                pos: Array) -> tuple[Array, Array, Array]:
-        a, k_cache, v_cache = PR.attention_decode(cfg, p, M.norm(cfg, x, p["attn_norm"]), k_cache, v_cache, pos)
+        a, k_cache, v_cache = llama.attention_decode(cfg, p, L.norm(cfg, x, p["attn_norm"]), k_cache, v_cache, pos)
         x = x + a
-        out = moe_mlp(cfg, MoeConfig.of(cfg), p, M.norm(cfg, x, p["mlp_norm"]))[0]
+        out = moe_mlp(cfg, MoeConfig.of(cfg), p, L.norm(cfg, x, p["mlp_norm"]))[0]
         return x + out, k_cache, v_cache
 
-    return blocks.BlockKind(
+    return BlockKind(
         name="moe", params=lambda cfg: MOE_PARAMS, init=init, fwd=fwd, shape=shape,
         validate=lambda cfg: MoeConfig.of(cfg) and None, metrics=metrics, fwd_metrics=fwd_metrics,
         objective=objective, prefill=prefill, decode=decode,
         doc="x += attn(rmsnorm(x)); x += top-k mixture of SwiGLU experts(rmsnorm(x))")
 
 
-def _register() -> None:
-    from . import blocks
-    blocks.register(_kind())
-
-
-_register()
+KIND = _kind()

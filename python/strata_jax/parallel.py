@@ -42,6 +42,7 @@ needs as many devices as the largest mesh when it lowers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -57,59 +58,15 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-MESH_AXES: tuple[str, ...] = ("data", "fsdp", "tensor")
+from . import model as M
+from .config import ModelConfig
+from . import tensor_parallel as TP
+from .mesh import MESH_AXES, MeshSpec, ParallelError, make_mesh, mesh_for_cli, parse_mesh  # noqa: F401
+from .programs import groups_of
+
 KINDS: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce")
 _DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "s32": jnp.int32}
 _DTYPE_BYTES = {"f32": 4, "bf16": 2, "s32": 4}
-
-
-class ParallelError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class MeshSpec:
-    data: int = 1
-    fsdp: int = 1
-    tensor: int = 1
-
-    def __post_init__(self) -> None:
-        for a in MESH_AXES:
-            v = getattr(self, a)
-            if not isinstance(v, int) or v < 1:
-                raise ParallelError(f"mesh axis {a} must be an integer >= 1, got {v!r}")
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(getattr(self, a) for a in MESH_AXES)
-
-    @property
-    def devices(self) -> int:
-        return math.prod(self.shape)
-
-    def size(self, axis: str) -> int:
-        if axis not in MESH_AXES:
-            raise ParallelError(f"unknown mesh axis {axis!r} (axes: {', '.join(MESH_AXES)})")
-        return getattr(self, axis)
-
-    def to_json(self) -> dict[str, int]:
-        return {a: getattr(self, a) for a in MESH_AXES}
-
-    def groups(self, axis: str) -> list[list[int]]:
-        """The mesh indices that communicate along |axis|, one list per group."""
-        idx = np.arange(self.devices).reshape(self.shape)
-        k = MESH_AXES.index(axis)
-        moved = np.moveaxis(idx, k, -1).reshape(-1, self.size(axis))
-        return [list(map(int, g)) for g in moved]
-
-
-def make_mesh(spec: MeshSpec, devices: Sequence[Any] | None = None) -> Mesh:
-    devs = list(devices) if devices is not None else jax.devices()
-    if len(devs) < spec.devices:
-        raise ParallelError(
-            f"mesh {spec.to_json()} needs {spec.devices} devices, JAX has {len(devs)} "
-            f"(set XLA_FLAGS=--xla_force_host_platform_device_count={spec.devices} before importing jax)")
-    return Mesh(np.array(devs[:spec.devices], dtype=object).reshape(spec.shape), MESH_AXES)
 
 
 @dataclass(frozen=True)
@@ -313,16 +270,13 @@ def layer_collectives(tensors: Sequence[Tensor], mesh: MeshSpec, prefix: str = "
     return progs
 
 
-def block_tensors(cfg: Any, mesh: MeshSpec) -> list[Tensor]:
+def block_tensors(cfg: ModelConfig, mesh: MeshSpec) -> list[Tensor]:
     """A transformer block's parameters (model.BLOCK_PARAMS) as one device
     holds them before any fsdp cut: with tensor > 1, the Megatron blocks of
     tensor_parallel.PARAM_SPLIT_DIM."""
-    from . import model as M
     if mesh.tensor == 1:
         return [Tensor(n, M.param_shape(cfg, n)) for n in M.BLOCK_PARAMS]
-    from . import tensor_parallel as TP
     # Only the heads and d_ff matter here: the parameters do not depend on the batch.
-    import dataclasses
     TP._check_mesh(dataclasses.replace(cfg, microbatch_size=cfg.microbatch_size * mesh.data * mesh.fsdp), mesh)
     out = []
     for n in M.BLOCK_PARAMS:
@@ -333,12 +287,12 @@ def block_tensors(cfg: Any, mesh: MeshSpec) -> list[Tensor]:
     return out
 
 
-def model_layer_collectives(cfg: Any, mesh: MeshSpec) -> list[CollectiveProgram]:
+def model_layer_collectives(cfg: ModelConfig, mesh: MeshSpec) -> list[CollectiveProgram]:
     """layer_collectives for a transformer block's parameters (block_tensors)."""
     return layer_collectives(block_tensors(cfg, mesh), mesh)
 
 
-def bundle_collectives(cfg: Any, mesh: MeshSpec) -> list[CollectiveProgram]:
+def bundle_collectives(cfg: ModelConfig, mesh: MeshSpec) -> list[CollectiveProgram]:
     """The collectives of every parameter group (embed, block, head): what a
     bundle exported for |mesh| carries. One block program serves every layer,
     as block_fwd does.
@@ -348,11 +302,9 @@ def bundle_collectives(cfg: Any, mesh: MeshSpec) -> list[CollectiveProgram]:
     replicated there, so theirs move whole tensors. On a tensor-only mesh
     there are none: the block's reductions are inside its tensor-parallel
     programs, and embed and head get the same inputs on every device."""
-    from . import model as M
     if mesh.tensor > 1 and mesh.data > 1 and mesh.fsdp > 1:
         raise ParallelError("a mesh with parallel.data, parallel.fsdp and parallel.tensor all above 1 is not "
                             "exported yet (docs/parallelism.md)")
-    from .programs import groups_of
     progs = []
     for group in groups_of(cfg):
         if group == "block":
@@ -361,31 +313,6 @@ def bundle_collectives(cfg: Any, mesh: MeshSpec) -> list[CollectiveProgram]:
             tensors = [Tensor(n, M.param_shape(cfg, n, group)) for n in M.group_param_names(cfg, group)]
         progs += layer_collectives(tensors, mesh, prefix=group)
     return progs
-
-
-def mesh_for_cli(text: str, set_cpu_devices: bool) -> MeshSpec:
-    """A command line's --mesh: parse_mesh, and with |set_cpu_devices| JAX's
-    CPU device count set to the mesh's (XLA_FLAGS is read when the backend
-    starts, which is after this) unless XLA_FLAGS already names one."""
-    mesh = parse_mesh(text)
-    flags = os.environ.get("XLA_FLAGS", "")
-    if set_cpu_devices and "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = (flags + f" --xla_force_host_platform_device_count={mesh.devices}").strip()
-    return mesh
-
-
-def parse_mesh(text: str) -> MeshSpec:
-    """'data=2,fsdp=2' (axes left out are 1) -> MeshSpec."""
-    sizes: dict[str, int] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, eq, value = part.partition("=")
-        if not eq or name not in MESH_AXES or name in sizes:
-            raise ParallelError(f"mesh {text!r}: expected axis=size items with axes {', '.join(MESH_AXES)}, each once")
-        try:
-            sizes[name] = int(value)
-        except ValueError:
-            raise ParallelError(f"mesh {text!r}: {name} size {value!r} is not an integer") from None
-    return MeshSpec(**sizes)
 
 
 # --- test programs for the C runtime ----------------------------------------

@@ -7,17 +7,19 @@ reference can call the very same functions.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
-from . import kernels as K
+from . import llama
 from . import model as M
-from .model import ModelConfig
+from . import registry as R
+from .config import ModelConfig
+from .llama import RESIDUALS, block_bwd_res, block_fwd_res  # noqa: F401  (programs.<name>, as before llama.py)
 from .optim import adamw_update, sqnorm
+from .registry import BlockKind
 
 Array = jax.Array
 _DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "s32": jnp.int32, "u32": jnp.uint32}
@@ -72,21 +74,19 @@ def shard_shape(shape: tuple[int, ...], fsdp: int) -> tuple[int, ...]:
 
 def groups_of(cfg: ModelConfig) -> tuple[str, ...]:
     """The parameter groups, in optimizer order: embed, one per distinct block kind, head."""
-    from . import blocks
-    return ("embed",) + tuple(k.group_name for k in blocks.kinds_of(cfg)) + ("head",)
+    return ("embed",) + tuple(k.group_name for k in R.kinds_of(cfg)) + ("head",)
 
 
 def build_programs(cfg: ModelConfig) -> list[Program]:
     """Every program of the bundle, in manifest order. Independent of n_layers.
 
     The block programs come from the block kinds the stack uses
-    (blocks.py), one set per distinct kind: kind_programs."""
-    from . import blocks
+    (registry.py), one set per distinct kind: kind_programs."""
     mb, T, D = cfg.microbatch_size, cfg.seq_len, cfg.d_model
     tied = cfg.tie_embeddings
     head = M.head_param_names(cfg)
     nh = len(head)
-    kinds = [kind_programs(cfg, k) for k in blocks.kinds_of(cfg)]
+    kinds = [kind_programs(cfg, k) for k in R.kinds_of(cfg)]
 
     seed = _scalar("seed", "s32")
     tokens = TensorSpec("tokens", (mb, T), "s32", "batch")
@@ -229,19 +229,15 @@ def _adamw_stats(cfg: ModelConfig, group: str) -> Program:
                    tuple(range(n)) + tuple(range(2 * n, 4 * n)))
 
 
-def kind_roles(cfg: ModelConfig, kind: object) -> dict[str, str]:
+def kind_roles(cfg: ModelConfig, kind: BlockKind) -> dict[str, str]:
     """Role -> program name of a block kind (the layer table's "programs")."""
-    from . import blocks
-    assert isinstance(kind, blocks.BlockKind)
     roles = ["init", "fwd", "bwd", "fwd_res", "bwd_res"] + (["prefill", "decode"] if kind.decode else [])
     return {r: f"{kind.program_prefix}_{r}" for r in roles}
 
 
-def kind_programs(cfg: ModelConfig, kind: object) -> dict[str, Program]:
+def kind_programs(cfg: ModelConfig, kind: BlockKind) -> dict[str, Program]:
     """A block kind's programs by role (docs/bundle.md, "Program tables"):
     init, fwd, bwd, fwd_res, bwd_res, and prefill/decode when the kind has them."""
-    from . import blocks
-    assert isinstance(kind, blocks.BlockKind)
     mb, T, D, Dh = cfg.microbatch_size, cfg.seq_len, cfg.d_model, cfg.head_dim
     names = kind.params(cfg)
     nb = len(names)
@@ -285,7 +281,7 @@ def kind_programs(cfg: ModelConfig, kind: object) -> dict[str, Program]:
         return tuple(dp[n] for n in names) + (dxin,)
 
     def fwd_res(*args: Array) -> tuple[Array, ...]:
-        if kind.fwd_res is None:  # keeps nothing: bwd_res recomputes (blocks.py)
+        if kind.fwd_res is None:  # keeps nothing: bwd_res recomputes (registry.py)
             return fwd(*args)
         yv, r = kind.fwd_res(cfg, dict(zip(names, args[:nb])), args[nb])
         # Residuals kept in the compute dtype are cast here (residual_dtype).
@@ -336,216 +332,18 @@ def kind_programs(cfg: ModelConfig, kind: object) -> dict[str, Program]:
 
 # --- residual-keeping block programs (sched.remat) -------------------------------
 #
-# block_fwd_res returns y and the residuals the backward needs; block_bwd_res
-# consumes them instead of recomputing the forward from x. What is saved: every
-# matmul output the backward reads (q and k after RoPE, v, the attention output
-# before wo, the MLP gate and up projections), the residual stream between the
-# two halves (x_mid) and the attention log-sum-exp (one f32 per query and head,
-# instead of the [T, T] probabilities). RMSNorm outputs and elementwise
-# functions are recomputed from x and x_mid: cheap, and it keeps the saved set
-# at 5 D + 2 F + H floats per token (JAX's "dots saveable" choice, with a
-# flash-attention style softmax backward). block_fwd_res computes y with the
-# very operations of model.block_fwd, in the same order.
-
-RESIDUALS: tuple[str, ...] = ("q", "k", "v", "attn_out", "attn_lse", "x_mid", "gate", "up")
-
+# llama's pair, block_fwd_res and block_bwd_res, is llama.py's (what it
+# saves and why is said there); its residuals as the contract's tensors:
 
 def residual_specs(cfg: ModelConfig) -> list[TensorSpec]:
-    mb, T, D, H, Dh, F = cfg.microbatch_size, cfg.seq_len, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff
-    KV = cfg.kv_heads  # k and v are kept before expand_kv: n_kv_heads heads
-    shapes = {"q": (mb, T, H, Dh), "k": (mb, T, KV, Dh), "v": (mb, T, KV, Dh), "attn_out": (mb, T, D),
-              "attn_lse": (mb, H, T), "x_mid": (mb, T, D), "gate": (mb, T, F), "up": (mb, T, F)}
-    return [TensorSpec(n, shapes[n], residual_dtype(cfg, n), "residual") for n in RESIDUALS]
-
-
-# Residuals that only ever reach a matmul as a bf16 operand (or, for gate and
-# up, the elementwise SwiGLU backward) are kept in the compute dtype: with bf16
-# they take half the bytes. The residual stream x_mid and the softmax's
-# log-sum-exp stay f32 (docs/model.md, "Mixed precision").
-_F32_RESIDUALS = frozenset({"attn_lse", "x_mid"})
-
-
-def residual_dtype(cfg: ModelConfig, name: str) -> str:
-    return "f32" if name in _F32_RESIDUALS else cfg.compute_dtype
-
-
-def _causal(T: int) -> Array:
-    return jnp.tril(jnp.ones((T, T), dtype=jnp.bool_))
-
-
-def _qkv(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tuple[Array, Array, Array]:
-    """RMSNorm, q/k/v projections and RoPE, as in model.attention."""
-    B, T, _ = x.shape
-    H, Dh = cfg.n_heads, cfg.head_dim
-    h = M.norm(cfg, x, p["attn_norm"])
-    q = M._mm(cfg, h, p["wq"]).reshape(B, T, H, Dh)
-    k = M._mm(cfg, h, p["wk"]).reshape(B, T, -1, Dh)
-    v = M._mm(cfg, h, p["wv"]).reshape(B, T, -1, Dh)
-    cos, sin = M.rope_tables(cfg)
-    return M.apply_rope(q, cos, sin), M.apply_rope(k, cos, sin), v
-
-
-def _scores(cfg: ModelConfig, q: Array, k: Array) -> Array:
-    """Masked scores; |k| has n_kv_heads heads (expanded here, model.expand_kv)."""
-    c = cfg.cdtype
-    k = M.expand_kv(cfg, k)
-    s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(c), k.astype(c),
-                   preferred_element_type=jnp.float32) / jnp.float32(math.sqrt(cfg.head_dim))
-    return jnp.where(_causal(q.shape[1])[None, None], s, jnp.float32(-1e30))
-
-
-def attention_fwd_res(cfg: ModelConfig, q: Array, k: Array, v: Array) -> tuple[Array, Array]:
-    """o [B, T, heads * Dh] and the log-sum-exp [B, heads, T] of causal
-    attention on q [B, T, heads, Dh] after RoPE (k, v: their key/value
-    heads), through kernels.attention: the residual forms of every kind's
-    block (llama, gpt2, and a tensor-parallel device's heads, which are
-    whole key/value groups: the contract's sharding)."""
-    B, T = q.shape[:2]
-    impl = cfg.kernel("attention")
-    if impl != "xla":
-        # The kernel's forward target gives o and lse (kernels.attention_res).
-        o, lse = K.attention_res(impl, q, k, v)
-        return o.reshape(B, T, -1), lse
-    scores = _scores(cfg, q, k)
-    probs = jax.nn.softmax(scores, axis=-1)
-    lse = jax.nn.logsumexp(scores, axis=-1)
-    c = cfg.cdtype
-    o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), M.expand_kv(cfg, v).astype(c),
-                   preferred_element_type=jnp.float32).reshape(B, T, -1)
-    return o, lse
-
-
-def block_fwd_res(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tuple[Array, tuple[Array, ...]]:
-    """y and the residuals (RESIDUALS order)."""
-    q, k, v = _qkv(cfg, p, x)
-    o, lse = attention_fwd_res(cfg, q, k, v)
-    x_mid = x + M._mm(cfg, o, p["wo"])
-    h2 = M.norm(cfg, x_mid, p["mlp_norm"])
-    gate, up = M._mm(cfg, h2, p["w_gate"]), M._mm(cfg, h2, p["w_up"])
-    y = x_mid + M._mm(cfg, M.swiglu(cfg, gate, up), p["w_down"])
-    return y, (q, k, v, o, lse, x_mid, gate, up)
-
-
-def _attention_core_bwd(cfg: ModelConfig, q: Array, k: Array, v: Array, o: Array, lse: Array,
-                        do: Array) -> tuple[Array, Array, Array]:
-    """Gradients of o = softmax(q k / sqrt(Dh) + causal) v from the saved log-sum-exp:
-    p = exp(s - lse), ds = p (dp - rowsum(do * o)) (the softmax Jacobian without [T, T] residuals).
-    k and v have n_kv_heads heads: their gradients are summed over the query
-    heads that share them (the transpose of model.expand_kv)."""
-    B, T, H, Dh = q.shape
-    KV = k.shape[2]
-    c = cfg.cdtype
-    ks, v = k, M.expand_kv(cfg, v)
-    do4, o4 = do.reshape(B, T, H, Dh), o.reshape(B, T, H, Dh)
-    probs = jnp.exp(_scores(cfg, q, k) - lse[..., None])
-    dv = jnp.einsum("bhqk,bqhd->bkhd", probs.astype(c), do4.astype(c), preferred_element_type=jnp.float32)
-    dp = jnp.einsum("bqhd,bkhd->bhqk", do4.astype(c), v.astype(c), preferred_element_type=jnp.float32)
-    delta = jnp.transpose(jnp.sum(do4 * o4, axis=-1), (0, 2, 1))  # [B, H, T]
-    ds = probs * (dp - delta[..., None]) / jnp.float32(math.sqrt(Dh))
-    dq = jnp.einsum("bhqk,bkhd->bqhd", ds.astype(c), M.expand_kv(cfg, ks).astype(c), preferred_element_type=jnp.float32)
-    dk = jnp.einsum("bhqk,bqhd->bkhd", ds.astype(c), q.astype(c), preferred_element_type=jnp.float32)
-    if KV != H:
-        dk = dk.reshape(B, T, KV, H // KV, Dh).sum(axis=3)
-        dv = dv.reshape(B, T, KV, H // KV, Dh).sum(axis=3)
-    return dq, dk, dv
-
-
-def block_bwd_res(cfg: ModelConfig, p: dict[str, Array], x: Array, res: tuple[Array, ...],
-                  dy: Array) -> tuple[dict[str, Array], Array]:
-    """(param grads, dx) from the residuals. Each jax.vjp below covers one stage whose
-    inputs are saved; its primal matmuls are dead code that XLA removes."""
-    q, k, v, o, lse, x_mid, gate, up = (r.astype(jnp.float32) for r in res)
-    _, vjp = jax.vjp(lambda g_, u_, w: M._mm(cfg, M.swiglu(cfg, g_, u_), w), gate, up, p["w_down"])
-    dgate, dup, dw_down = vjp(dy)
-
-    def mlp_in(x_, gain, wg, wu):  # type: ignore[no-untyped-def]
-        h = M.norm(cfg, x_, gain)
-        return M._mm(cfg, h, wg), M._mm(cfg, h, wu)
-
-    _, vjp = jax.vjp(mlp_in, x_mid, p["mlp_norm"], p["w_gate"], p["w_up"])
-    dx_mid_n, dmlp_norm, dw_gate, dw_up = vjp((dgate, dup))
-    dx_mid = dy + dx_mid_n
-    _, vjp = jax.vjp(lambda o_, w: M._mm(cfg, o_, w), o, p["wo"])
-    do, dwo = vjp(dx_mid)
-    impl = cfg.kernel("attention")
-    if impl != "xla":
-        # The kernel's backward target in place of _attention_core_bwd's einsums.
-        B, T, H, Dh = q.shape
-        dq, dk, dv = K.attention_res_bwd(impl, q, k, v, o.reshape(B, T, H, Dh), lse, do.reshape(B, T, H, Dh))
-    else:
-        dq, dk, dv = _attention_core_bwd(cfg, q, k, v, o, lse, do)
-    _, vjp = jax.vjp(lambda x_, gain, wq, wk, wv: _qkv(cfg, {"attn_norm": gain, "wq": wq, "wk": wk, "wv": wv}, x_),
-                     x, p["attn_norm"], p["wq"], p["wk"], p["wv"])
-    dx_n, dattn_norm, dwq, dwk, dwv = vjp((dq, dk, dv))
-    grads = {"attn_norm": dattn_norm, "wq": dwq, "wk": dwk, "wv": dwv, "wo": dwo, "mlp_norm": dmlp_norm,
-             "w_gate": dw_gate, "w_up": dw_up, "w_down": dw_down}
-    return grads, dx_mid + dx_n
-
-
-# --- batch-1 generation programs (strata sample) ----------------------------------
-#
-# Autoregressive generation with a per-layer KV cache, driven layer by layer
-# from C like training (docs/bundle.md, "Generation programs"): the prompt
-# but its last token goes through embed_prefill and every layer's
-# block_prefill, which return the layer's keys and values for all T
-# positions (positions past the prompt hold values of padding tokens that
-# no query ever attends to); then each token goes through embed_decode,
-# every layer's block_decode (writes its key and value at |pos|, attends
-# positions <= pos) and head_logits. Batch 1, whatever microbatch_size.
-
-def block_prefill(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tuple[Array, Array, Array]:
-    """y and the layer's k (after RoPE) and v caches [1, T, H, Dh], with
-    block_fwd_res's operations (its other residuals are dead code)."""
-    y, res = block_fwd_res(cfg, p, x)
-    return y, res[1], res[2]
-
-
-def attention_decode(cfg: ModelConfig, p: dict[str, Array], h: Array, k_cache: Array, v_cache: Array,
-                     pos: Array) -> tuple[Array, Array, Array]:
-    """Attention of one normalised token h [1, 1, D] at position |pos| (s32
-    scalar, < T), its output projection included, and the caches [1, T,
-    n_kv_heads, Dh] with this token's k and v written at |pos|. RoPE at
-    |pos|, and scores of keys after |pos| replaced by -1e30 before the
-    softmax, exactly as the causal mask does, so they weigh exactly 0."""
-    B, S, D = h.shape
-    H, Dh, T = cfg.n_heads, cfg.head_dim, cfg.seq_len
-    q = M._mm(cfg, h, p["wq"]).reshape(B, S, H, Dh)
-    k = M._mm(cfg, h, p["wk"]).reshape(B, S, -1, Dh)
-    v = M._mm(cfg, h, p["wv"]).reshape(B, S, -1, Dh)
-    cos, sin = M.rope_tables(cfg)
-    cos1, sin1 = jax.lax.dynamic_slice_in_dim(cos, pos, 1, 0), jax.lax.dynamic_slice_in_dim(sin, pos, 1, 0)
-    q, k = M.apply_rope(q, cos1, sin1), M.apply_rope(k, cos1, sin1)
-    zero = jnp.int32(0)
-    k_cache = jax.lax.dynamic_update_slice(k_cache, k, (zero, pos, zero, zero))
-    v_cache = jax.lax.dynamic_update_slice(v_cache, v, (zero, pos, zero, zero))
-    c = cfg.cdtype
-    s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(c), M.expand_kv(cfg, k_cache).astype(c),
-                   preferred_element_type=jnp.float32) / jnp.float32(math.sqrt(Dh))
-    seen = jnp.arange(T, dtype=jnp.int32) <= pos
-    s = jnp.where(seen[None, None, None, :], s, jnp.float32(-1e30))
-    probs = jax.nn.softmax(s, axis=-1)
-    o = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c), M.expand_kv(cfg, v_cache).astype(c),
-                   preferred_element_type=jnp.float32).reshape(B, S, D)
-    return M._mm(cfg, o, p["wo"]), k_cache, v_cache
-
-
-def block_decode(cfg: ModelConfig, p: dict[str, Array], x: Array, k_cache: Array, v_cache: Array,
-                 pos: Array) -> tuple[Array, Array, Array]:
-    """One token x [1, 1, D] at position |pos|: y and the caches with this
-    token's k and v written at |pos| (attention_decode); the same operations
-    as model.block_fwd for that token."""
-    a, k_cache, v_cache = attention_decode(cfg, p, M.norm(cfg, x, p["attn_norm"]), k_cache, v_cache, pos)
-    x_mid = x + a
-    y = x_mid + M.mlp(cfg, p, M.norm(cfg, x_mid, p["mlp_norm"]))
-    return y, k_cache, v_cache
+    return [TensorSpec(n, s, dt, "residual") for n, s, dt in llama.residuals(cfg)]
 
 
 def sample_programs(cfg: ModelConfig, kinds: list[dict[str, Program]] | None = None) -> list[Program]:
     """The generation programs: embed_prefill, embed_decode, each kind's
     prefill and decode (kind_programs), head_logits."""
     if kinds is None:
-        from . import blocks
-        kinds = [kind_programs(cfg, k) for k in blocks.kinds_of(cfg)]
+        kinds = [kind_programs(cfg, k) for k in R.kinds_of(cfg)]
     head = M.head_param_names(cfg)
     nh = len(head)
     T, D, V = cfg.seq_len, cfg.d_model, cfg.vocab_size
@@ -557,7 +355,7 @@ def sample_programs(cfg: ModelConfig, kinds: list[dict[str, Program]] | None = N
     x1 = TensorSpec("x", (1, 1, D), "f32", "activation")
     # Learned positions: embed_decode takes the token's position (the block
     # programs' |pos|); embed_prefill's tokens are at positions 0..T-1.
-    positions = cfg.family == "gpt2"
+    positions = R.family(cfg) == "gpt2"
 
     def embed_prefill(*args: Array) -> tuple[Array, ...]:
         return (M.embed(cfg, dict(zip(enames, args[:ne])), args[ne]),)

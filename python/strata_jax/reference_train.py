@@ -13,49 +13,25 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import blocks
 from . import model as M
+from . import registry as R
+from .config import ModelConfig, TrainConfig
 from .data import Batch, DataError, Sampler, read_token_file
-from .model import FullParams, ModelConfig
+from .mesh import ParallelError, make_mesh, mesh_for_cli
+from .model import FullParams
 from .optim import adamw_update, clip_scale, lr_at, sqnorm
+from .shardings import step_shardings
 
 Array = jax.Array
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    steps: int
-    batch_size: int
-    microbatches: int
-    lr: float
-    min_lr_ratio: float
-    warmup_steps: int
-    weight_decay: float
-    beta1: float
-    beta2: float
-    eps: float
-    grad_clip: float
-    eval_every: int
-    eval_batches: int
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
-        ints = {"steps", "batch_size", "microbatches", "warmup_steps", "eval_every", "eval_batches"}
-        kw = {k: (int(d[k]) if k in ints else float(d[k])) for k in cls.__dataclass_fields__}
-        return cls(**kw)
-
-    @property
-    def hyper(self) -> np.ndarray:
-        return np.array([self.beta1, self.beta2, self.eps, self.weight_decay], np.float32)
 
 
 def load_config(path_or_json: str) -> dict[str, Any]:
@@ -109,8 +85,7 @@ def make_train_step(cfg: ModelConfig, loss_fn: Callable[..., Array] = M.model_lo
         groups += [(params["blocks"][i], grads["blocks"][i], m["blocks"][i], v["blocks"][i])
                    for i in range(cfg.n_layers)]
         groups.append((params["head"], grads["head"], m["head"], v["head"]))
-        from . import blocks
-        order = [M.group_param_names(cfg, "embed")] + [blocks.KINDS[k].params(cfg) for k in cfg.layer_kinds()]
+        order = [M.group_param_names(cfg, "embed")] + [R.KINDS[k].params(cfg) for k in cfg.layer_kinds()]
         order.append(M.group_param_names(cfg, "head"))
         sqn = jnp.stack([sqnorm([g[k] for k in names]) for (_, g, _, _), names in zip(groups, order)])
         total = jnp.float32(0.0)
@@ -153,8 +128,8 @@ def _batch_arrays(b: Batch) -> tuple[Array, Array, Array]:
 def train(config: dict[str, Any], tokens: np.ndarray, steps: int | None = None,
           log: Callable[[str], None] | None = None, mesh: Any = None) -> tuple[FullParams, dict[str, Any]]:
     """Runs the reference; returns (final params, history as written to losses.json).
-    |mesh| (parallel.MeshSpec): the step as one jit over that many of JAX's
-    devices, sharded as the anchor's (anchor.mesh_shardings)."""
+    |mesh| (mesh.MeshSpec): the step as one jit over that many of JAX's
+    devices, sharded as the anchor's (shardings.mesh_shardings)."""
     cfg = ModelConfig.from_dict(config["model"])
     tc = TrainConfig.from_dict(config["train"])
     if steps is not None:
@@ -167,9 +142,6 @@ def train(config: dict[str, Any], tokens: np.ndarray, steps: int | None = None,
     shardings = None
     batch_arrays = _batch_arrays
     if mesh is not None and mesh.devices > 1:
-        from .anchor import step_shardings
-        from .parallel import make_mesh
-
         shardings = step_shardings(params, make_mesh(mesh))
         params = jax.device_put(params, shardings[0][0])
         bs = shardings[0][3]
@@ -178,7 +150,7 @@ def train(config: dict[str, Any], tokens: np.ndarray, steps: int | None = None,
             return jax.device_put(b.tokens, bs), jax.device_put(b.targets, bs), jax.device_put(b.mask, bs)
     m = jax.tree.map(jnp.zeros_like, params)
     v = jax.tree.map(jnp.zeros_like, params)
-    with_metrics = any(blocks.KINDS[k].metrics for k in cfg.layer_kinds())
+    with_metrics = any(R.KINDS[k].metrics for k in cfg.layer_kinds())
     step_fn, eval_fn = make_train_step(cfg, shardings=shardings, with_metrics=with_metrics), make_eval(cfg)
     hyper, clip = jnp.asarray(tc.hyper), jnp.float32(tc.grad_clip)
     eval_data = batch_arrays(sampler.eval_batch(tc.eval_batches)) if tc.eval_batches > 0 else None
@@ -224,14 +196,12 @@ def _record_metrics(hist: dict[str, Any], metrics: dict[str, list[Array]]) -> No
 
 
 def save_params(params: FullParams, path: str) -> None:
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save_file  # optional (strata_jax[reference]): only writing parameters needs it
     save_file({k: np.asarray(a) for k, a in M.flatten_params(params).items()}, path)
 
 
 def _strata(args: list[str]) -> str:
     """Runs the strata binary ($STRATA_BIN, else build/strata of this checkout)."""
-    import subprocess
-
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     exe = os.environ.get("STRATA_BIN", os.path.join(root, "build", "strata"))
     r = subprocess.run([exe, *args], capture_output=True, text=True)
@@ -295,8 +265,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     mesh = None
     if args.mesh:
-        from .parallel import ParallelError, mesh_for_cli
-
         try:
             mesh = mesh_for_cli(args.mesh, set_cpu_devices=True)
         except ParallelError as e:

@@ -64,12 +64,12 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import kernels as K
+from . import llama
 from . import model as M
 from . import programs as PR
-from .model import ModelConfig
+from .config import ModelConfig
+from .mesh import MESH_AXES, MeshSpec, ParallelError, make_mesh
 from .optim import adamw_update, sqnorm
-from .parallel import MESH_AXES, MeshSpec, ParallelError
 
 Array = jax.Array
 TENSOR = "tensor"
@@ -80,7 +80,7 @@ PARAM_SPLIT_DIM: dict[str, int | None] = {
     "attn_norm": None, "wq": 1, "wk": 1, "wv": 1, "wo": 0,
     "mlp_norm": None, "w_gate": 1, "w_up": 1, "w_down": 0,
 }
-# Dimension of each residual (programs.RESIDUALS) cut over `tensor`: the
+# Dimension of each residual (llama.RESIDUALS) cut over `tensor`: the
 # per-head tensors along their head dimension, the MLP hidden activations
 # along the hidden dimension; x_mid (the residual stream) is replicated.
 RESIDUAL_SPLIT_DIM: dict[str, int | None] = {
@@ -126,67 +126,16 @@ reduce_from_tp.defvjp(_reduce_fwd, _reduce_bwd)
 
 
 # --- the block on one device's heads and hidden units ----------------------------
+#
+# llama.py's block_fwd_res and block_bwd_res, with f and g at their places:
+# the same functions as the one-device programs', on fewer heads.
 
-def _qkv_local(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tuple[Array, Array, Array]:
-    """programs._qkv on this device's heads (wq/wk/wv are its column blocks)."""
-    B, T, _ = x.shape
-    Dh = cfg.head_dim
-    h = copy_to_tp(M.norm(cfg, x, p["attn_norm"]))
-    q = M._mm(cfg, h, p["wq"]).reshape(B, T, -1, Dh)
-    k = M._mm(cfg, h, p["wk"]).reshape(B, T, -1, Dh)
-    v = M._mm(cfg, h, p["wv"]).reshape(B, T, -1, Dh)
-    cos, sin = M.rope_tables(cfg)
-    return M.apply_rope(q, cos, sin), M.apply_rope(k, cos, sin), v
-
-
-def block_fwd_res_local(cfg: ModelConfig, p: dict[str, Array], x: Array) -> tuple[Array, tuple[Array, ...]]:
-    """programs.block_fwd_res on this device's heads and hidden units; y is
-    whole (all-reduced), the residuals are this device's part."""
-    q, k, v = _qkv_local(cfg, p, x)
-    o, lse = PR.attention_fwd_res(cfg, q, k, v)
-    x_mid = x + reduce_from_tp(M._mm(cfg, o, p["wo"]))
-    h2 = copy_to_tp(M.norm(cfg, x_mid, p["mlp_norm"]))
-    gate, up = M._mm(cfg, h2, p["w_gate"]), M._mm(cfg, h2, p["w_up"])
-    y = x_mid + reduce_from_tp(M._mm(cfg, M.swiglu(cfg, gate, up), p["w_down"]))
-    return y, (q, k, v, o, lse, x_mid, gate, up)
+MEGATRON = llama.Collectives(copy_in=copy_to_tp, reduce_out=reduce_from_tp)
 
 
 def block_fwd_local(cfg: ModelConfig, p: dict[str, Array], x: Array) -> Array:
-    return block_fwd_res_local(cfg, p, x)[0]
-
-
-def block_bwd_res_local(cfg: ModelConfig, p: dict[str, Array], x: Array, res: tuple[Array, ...],
-                        dy: Array) -> tuple[dict[str, Array], Array]:
-    """programs.block_bwd_res on this device's part: the stages are the same;
-    the gradient into each normalised input is all-reduced (copy_to_tp's
-    backward) before the RMSNorm backward."""
-    q, k, v, o, lse, x_mid, gate, up = res
-    _, vjp = jax.vjp(lambda g_, u_, w: M._mm(cfg, M.swiglu(cfg, g_, u_), w), gate, up, p["w_down"])
-    dgate, dup, dw_down = vjp(dy)
-
-    def mlp_in(x_, gain, wg, wu):  # type: ignore[no-untyped-def]
-        h = copy_to_tp(M.norm(cfg, x_, gain))
-        return M._mm(cfg, h, wg), M._mm(cfg, h, wu)
-
-    _, vjp = jax.vjp(mlp_in, x_mid, p["mlp_norm"], p["w_gate"], p["w_up"])
-    dx_mid_n, dmlp_norm, dw_gate, dw_up = vjp((dgate, dup))
-    dx_mid = dy + dx_mid_n
-    _, vjp = jax.vjp(lambda o_, w: M._mm(cfg, o_, w), o, p["wo"])
-    do, dwo = vjp(dx_mid)
-    impl = cfg.kernel("attention")
-    if impl != "xla":
-        B, T, Hl, Dh = q.shape
-        f32 = lambda t: t.astype(jnp.float32)  # noqa: E731  (bf16 residuals: the contract is f32)
-        dq, dk, dv = K.attention_res_bwd(impl, f32(q), f32(k), f32(v), f32(o).reshape(B, T, Hl, Dh), lse,
-                                         f32(do).reshape(B, T, Hl, Dh))
-    else:
-        dq, dk, dv = PR._attention_core_bwd(cfg, q, k, v, o, lse, do)
-    _, vjp = jax.vjp(lambda x_, gain, wq, wk, wv: _qkv_local(
-        cfg, {"attn_norm": gain, "wq": wq, "wk": wk, "wv": wv}, x_), x, p["attn_norm"], p["wq"], p["wk"], p["wv"])
-    dx_n, dattn_norm, dwq, dwk, dwv = vjp((dq, dk, dv))
-    grads = {"attn_norm": dattn_norm, "wq": dwq, "wk": dwk, "wv": dwv, "wo": dwo, "mlp_norm": dmlp_norm,
-             "w_gate": dw_gate, "w_up": dw_up, "w_down": dw_down}
-    return grads, dx_mid + dx_n
+    """The block's forward on this device's part; y is whole (all-reduced)."""
+    return llama.block_fwd_res(cfg, p, x, MEGATRON)[0]
 
 
 # --- SPMD programs and their manifest entries -----------------------------------
@@ -338,7 +287,7 @@ def block_programs(cfg: ModelConfig, mesh: MeshSpec) -> list[SpmdProgram]:
     (same inputs and outputs, in the same order, as the one-device programs)."""
     _check_mesh(cfg, mesh)
     blk = M.BLOCK_PARAMS
-    nb, nr = len(blk), len(PR.RESIDUALS)
+    nb, nr = len(blk), len(llama.RESIDUALS)
     mb, T, D = cfg.microbatch_size, cfg.seq_len, cfg.d_model
     batch = {0: BATCH_AXES}
     x = _spec("x", (mb, T, D), "activation", batch)
@@ -362,13 +311,13 @@ def block_programs(cfg: ModelConfig, mesh: MeshSpec) -> list[SpmdProgram]:
         return tuple(dp[n] for n in blk) + (dxin,)
 
     def fwd_res(*a: Array) -> tuple[Array, ...]:
-        yv, r = block_fwd_res_local(cfg, dict(zip(blk, a[:nb])), a[nb])
+        yv, r = llama.block_fwd_res(cfg, dict(zip(blk, a[:nb])), a[nb], MEGATRON)
         return (yv,) + r
 
     def bwd_res(*a: Array) -> tuple[Array, ...]:
         p, xin = dict(zip(blk, a[:nb])), a[nb]
         r, g = tuple(a[nb + 1:nb + 1 + nr]), a[nb + 1 + nr]
-        dp, dxin = block_bwd_res_local(cfg, p, xin, r, g)
+        dp, dxin = llama.block_bwd_res(cfg, p, xin, r, g, MEGATRON)
         return tuple(dp[n] for n in blk) + (dxin,)
 
     return [
@@ -480,7 +429,6 @@ TEST_MESHES: tuple[tuple[str, MeshSpec], ...] = (
 
 def export_programs(cfg: ModelConfig, mesh: MeshSpec, outdir: str, prefix: str = "") -> list[dict[str, Any]]:
     """Writes tp_programs(cfg, mesh) as OUTDIR/<prefix><name>.mlir; returns their manifest entries."""
-    from .parallel import make_mesh
     jmesh = make_mesh(mesh)
     entries = []
     for prog in tp_programs(cfg, mesh):
