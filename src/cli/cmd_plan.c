@@ -19,13 +19,7 @@
  * devices' memory, which only the plugin knows: ask it (the plan itself
  * compiles nothing). */
 static st_status st__plan_device_memory(st_plan_options* o) {
-  double fraction = 0;
-  if (!st_config_remat_is_auto(o->sched.remat)) return ST_OK;
-  st_status bad = st_config_memory_budget_parse(o->sched.memory_budget, NULL, &fraction);
-  if (bad || fraction <= 0) {
-    st_status_free(bad); /* the plan builder reports it */
-    return ST_OK;
-  }
+  if (o->sched.remat.kind != ST_CONFIG_REMAT_AUTO || o->sched.memory_budget_fraction <= 0) return ST_OK;
   st_runtime* rt = NULL;
   ST_RETURN(st_runtime_create(&o->runtime, &rt));
   st_status ks = st_plan_check_kernel_platform(o, rt);

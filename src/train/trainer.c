@@ -1003,7 +1003,7 @@ st_status st_train_main(const st_config* cfg) {
                               .runtime = &rt,
                               .peak = st_train_peak_json(&t.peak, mesh_devices),
                               .kernels = st_kernels_bundle_json(bundle),
-                              .model = json_loads(o.model_desc, 0, NULL)};
+                              .model = st_plan_model_desc(&o)};
     json_t* ctx = st_context_json(&facts);
     json_decref(facts.peak);
     json_decref(facts.kernels);
