@@ -11,7 +11,9 @@
  *   ./build/strata config --schema > docs/config.md
  * A model.* key enters the model JSON and the model description from its
  * row (.bundle: new keys take ST_CONFIG_BUNDLE_IF_SET, so that existing
- * bundle keys hold). docs/config.md, "Where to add a config key".
+ * bundle keys hold); the model JSON takes the rows in their order here, so
+ * moving a model.* row changes bundle keys. docs/architecture.md, "Where to
+ * add a config key".
  */
 #include <ctype.h>
 #include <errno.h>

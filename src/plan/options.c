@@ -166,7 +166,9 @@ st_status st_plan_options_from_config(const st_config* c, st_plan_options* o) {
   o->cache_root = st_cache_root(st_config_string(c, "runtime.cache_dir"));
 
   /* Canonical order: the exporter reads this object and the bundle key
-   * hashes its values (docs/bundle.md). */
+   * hashes its values in order (docs/bundle.md): the ALWAYS rows, the
+   * IF_SET rows, the kernels, the IF_SET_AFTER_KERNELS rows, each in schema
+   * order (moving a model.* row in the schema changes bundle keys). */
   json_t* m = st_json_obj();
   st__put_model_keys(m, c, ST_CONFIG_BUNDLE_ALWAYS, ST_CONFIG_BUNDLE_ALWAYS, true);
   /* The keys added later only when set, so that a config without them
