@@ -82,18 +82,80 @@ st_status st_config_save(const st_config* config, const char* path);
  * at run time (a generated run.id) that the snapshot must record. */
 st_status st_config_set(st_config* config, const char* key, const char* value, const char* source);
 
+/* The schema's rows, for readers that walk a section instead of naming
+ * each key (the model JSON and the model description: src/plan/options.c). */
+typedef enum st_config_type {
+  ST_CONFIG_INT,
+  ST_CONFIG_FLOAT,
+  ST_CONFIG_BOOL,
+  ST_CONFIG_STRING, /* enums too: read with st_config_string */
+  ST_CONFIG_LIST,
+} st_config_type;
+/* How a model.* key enters the model JSON that keys the bundle
+ * (docs/bundle.md, "Bundle key"); the model description has them all. */
+typedef enum st_config_bundle_use {
+  ST_CONFIG_BUNDLE_ALWAYS = 0, /* always, among the leading fields */
+  /* Only when it holds something other than what its default means, after
+   * those: a key added later leaves the bundle keys of configs written
+   * before it as they were. */
+  ST_CONFIG_BUNDLE_IF_SET,
+  ST_CONFIG_BUNDLE_IF_SET_AFTER_KERNELS, /* the same, after the kernel selection */
+} st_config_bundle_use;
+typedef struct st_config_key_info {
+  const char* key; /* dotted: "model.d_model" */
+  st_config_type type;
+  st_config_bundle_use bundle; /* model.* keys */
+  /* An int key whose 0 stands for another key's value ("model.n_heads"
+   * for model.n_kv_heads); NULL when 0 is just 0. */
+  const char* zero_means;
+} st_config_key_info;
+/* How many keys the schema has; st_config_key_at(0..count-1) in schema order. */
+int st_config_key_count(void);
+st_config_key_info st_config_key_at(int index);
+/* Whether |key|'s value is its schema default. */
+bool st_config_is_default(const st_config* config, const char* key);
+/* An int key's value, its 0 replaced by the value it stands for (the
+ * zero_means key's), e.g. model.n_kv_heads 0 -> model.n_heads. */
+int64_t st_config_int_resolved(const st_config* config, const char* key);
+
 /* Values with a syntax of their own, and rules between values, each stated
  * once (src/config/values.c): the schema's cross-field rules use them, and
  * so do the typed options and the plan builder for values that did not
  * come through a config file. Errors are ST_CODE_CONFIG and say what is
  * accepted. */
 
-/* Parses sched.remat: "auto", "none", "full", "every:K" (recompute layers
+/* sched.remat, read once (st_config_remat_read) into what the plan builder
+ * takes: a zeroed struct is auto. */
+#define ST_CONFIG_REMAT_MAX_LAYERS 1024 /* model.n_layers' upper bound in the schema */
+typedef enum st_config_remat_kind {
+  ST_CONFIG_REMAT_AUTO = 0, /* the plan builder chooses (src/plan/remat_auto.c) */
+  ST_CONFIG_REMAT_NONE,
+  ST_CONFIG_REMAT_FULL,
+  ST_CONFIG_REMAT_EVERY, /* layers 0, every, 2 x every, ... */
+  ST_CONFIG_REMAT_LIST,  /* the layers whose bit |list| sets */
+} st_config_remat_kind;
+typedef struct st_config_remat {
+  st_config_remat_kind kind;
+  int every;                                      /* EVERY: K >= 1 */
+  uint64_t list[ST_CONFIG_REMAT_MAX_LAYERS / 64]; /* LIST: bit l when layer l recomputes */
+  /* The value as written (borrowed: the config's string), for the plan's
+   * policy line and messages; NULL: the kind's name ("full", "every:K"). */
+  const char* text;
+} st_config_remat;
+
+/* Reads sched.remat: "auto", "none", "full", "every:K" (recompute layers
  * 0, K, 2K, ...; K >= 1) or a comma-separated list of layer indices
- * ("0,2,5"). NULL or "" means "auto", the default. With n_layers >= 0,
- * fills |out_remat| (n_layers entries, may be NULL) and rejects layers >=
- * n_layers; with n_layers < 0 checks only syntax. "auto" fills no layer
- * (the plan builder chooses: src/plan/remat_auto.c). */
+ * ("0,2,5"). NULL or "" means "auto", the default. With n_layers >= 0
+ * rejects listed layers >= n_layers; with n_layers < 0 checks the syntax
+ * (a list's layers then kept only below ST_CONFIG_REMAT_MAX_LAYERS).
+ * |out| borrows |spec| as its text. */
+st_status st_config_remat_read(const char* spec, int n_layers, st_config_remat* out);
+/* Which of |n_layers| layers |remat| recomputes, into |out| (n_layers
+ * entries): an error naming the value when it lists a layer >= n_layers.
+ * Auto fills no layer (the plan builder chooses). */
+st_status st_config_remat_layers(const st_config_remat* remat, int n_layers, bool* out);
+/* st_config_remat_read, then st_config_remat_layers into |out_remat|
+ * (NULL: none) when n_layers >= 0. */
 st_status st_config_remat_parse(const char* spec, int n_layers, bool* out_remat);
 /* Whether |spec| is sched.remat=auto (NULL and "" included). */
 bool st_config_remat_is_auto(const char* spec);

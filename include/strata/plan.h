@@ -33,6 +33,28 @@ enum { ST_CKPT_STAGING_AUTO, ST_CKPT_STAGING_FULL, ST_CKPT_STAGING_CHUNKED };
 /* Room for every op of the kernel contract (st_kernels_op_names). */
 #define ST_PLAN_KERNEL_OPS ST_KERNEL_MAX_OPS
 
+/* sched.*: what the plan builder applies (docs/scheduling.md), each read
+ * once from the config. A zeroed struct is the plain plan: remat auto with
+ * no budget (so none), nothing offloaded, deferred waits, the optimizer
+ * after the backward. */
+typedef struct st_plan_sched {
+  st_config_remat remat; /* sched.remat */
+  /* sched.memory_budget (sched.remat=auto): bytes per device (0: no
+   * limit), or a fraction of the device's memory (then bytes is 0). */
+  int64_t memory_budget_bytes;
+  double memory_budget_fraction;
+  const char* memory_budget_text;   /* as written, for messages; may be NULL */
+  const char* memory_budget_source; /* where it was set, for errors ("command line", "file:line"); may be NULL */
+  int offload;              /* sched.offload: ST_OFFLOAD_* bits */
+  int prefetch_depth;       /* sched.prefetch_depth */
+  bool eager;               /* sched.wait = eager */
+  bool per_layer_optimizer; /* sched.optimizer = per_layer */
+  bool bucketed_grad_reduce; /* sched.grad_reduce = bucketed (parallel.data > 1) */
+  int64_t grad_bucket_bytes; /* sched.grad_bucket_bytes (0: one bucket) */
+  int gather_prefetch;        /* sched.gather_prefetch (parallel.fsdp > 1) */
+  bool reshard_after_forward; /* sched.reshard_after_forward (parallel.fsdp > 1) */
+} st_plan_sched;
+
 typedef struct st_plan_options {
   int64_t steps, batch_size, microbatches, warmup_steps, eval_every, eval_batches;
   double lr, min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip;
@@ -53,6 +75,10 @@ typedef struct st_plan_options {
    * checkpoint records as "model" and st_ckpt_identity_check compares
    * (docs/checkpoints.md, "Identity") */
   char* model_desc;
+  /* owned, private to options.c: the JSON objects model_json and
+   * model_desc are the text of (st_plan_model_json, st_plan_model_desc):
+   * the model JSON is built once and never parsed back. */
+  struct st_plan_model_trees* model_trees;
   /* kernels.<op> as resolved into model_json (docs/kernels.md,
    * "Selection"): auto takes the contract's default for kernel_platform,
    * the platform runtime.plugin is expected to serve (guessed before any
@@ -65,7 +91,7 @@ typedef struct st_plan_options {
   bool kernel_auto[ST_PLAN_KERNEL_OPS];        /* whether kernels.<op> was auto */
   st_data_options data;
   st_runtime_options runtime;
-  st_sched_policy sched;  /* sched.*: remat, offload, prefetch, waits, optimizer placement */
+  st_plan_sched sched;    /* sched.*: remat, offload, prefetch, waits, optimizer placement */
   /* Bytes each device can hold, as the PJRT plugin reports them
    * (st_runtime_device_memory; the least over the devices used), 0 when
    * not reported or no runtime exists yet. Not a config key: the trainer
@@ -127,6 +153,13 @@ json_t* st_plan_kernel_selection_json(const st_plan_options* options);
  * description (a new object, caller owns): the value each field that the
  * older sparse "model" object left out had (docs/checkpoints.md, "Identity"). */
 json_t* st_plan_model_implied(void);
+
+/* The model JSON (model_json) and the model description (model_desc) as
+ * JSON objects: new objects, owned by the caller (copies of the trees the
+ * options built; the text is never parsed back). NULL for options that
+ * st_plan_options_from_config did not fill. */
+json_t* st_plan_model_json(const st_plan_options* options);
+json_t* st_plan_model_desc(const st_plan_options* options);
 
 /* One line on |out| saying how kernels.<op>=auto was resolved and on what
  * guess of the platform; nothing when no op is auto. For the commands that

@@ -237,20 +237,6 @@ enum {
   ST_OFFLOAD_PARAMS = 2,    /* block parameters live in host memory between uses */
 };
 
-typedef struct st_sched_policy {
-  const char* remat;        /* sched.remat (syntax: st_config_remat_parse); NULL or "" means "auto" */
-  const char* memory_budget;        /* sched.memory_budget (st_config_memory_budget_parse); NULL or "" means 0 */
-  const char* memory_budget_source; /* where it was set, for errors ("command line", "file:line"); may be NULL */
-  int offload;              /* ST_OFFLOAD_* bits */
-  int prefetch_depth;       /* sched.prefetch_depth */
-  bool eager;               /* sched.wait = eager */
-  bool per_layer_optimizer; /* sched.optimizer = per_layer */
-  bool bucketed_grad_reduce; /* sched.grad_reduce = bucketed (parallel.data > 1) */
-  int64_t grad_bucket_bytes; /* sched.grad_bucket_bytes (0: one bucket) */
-  int gather_prefetch;        /* sched.gather_prefetch (parallel.fsdp > 1) */
-  bool reshard_after_forward; /* sched.reshard_after_forward (parallel.fsdp > 1) */
-} st_sched_policy;
-
 
 /* "none" | "optimizer" | "params" | "both" -> ST_OFFLOAD_* bits; -1 when unknown. */
 int st_sched_offload_parse(const char* name);

@@ -20,11 +20,7 @@
  * compile through it. Whether this plan needs the runtime at all. */
 static bool st__plan_needs_runtime(const st_plan_options* o, bool compile, bool fit) {
   if (compile || fit) return true;
-  double fraction = 0;
-  if (!st_config_remat_is_auto(o->sched.remat)) return false;
-  st_status bad = st_config_memory_budget_parse(o->sched.memory_budget, NULL, &fraction);
-  st_status_free(bad); /* the plan builder reports it */
-  return !bad && fraction > 0;
+  return o->sched.remat.kind == ST_CONFIG_REMAT_AUTO && o->sched.memory_budget_fraction > 0;
 }
 
 /* The least device memory among the devices the plan uses. */

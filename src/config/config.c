@@ -770,6 +770,57 @@ const char* st_config_source(const st_config* config, const char* key) {
   return config->v[idx].source;
 }
 
+/* ---- the schema's rows ------------------------------------------------- */
+
+int st_config_key_count(void) {
+  int count;
+  st__cfg_schema(&count);
+  return count;
+}
+
+st_config_key_info st_config_key_at(int index) {
+  int count;
+  const st__cfg_key* keys = st__cfg_schema(&count);
+  if (index < 0 || index >= count) st__cfg_die("st_config_key_at: index %d out of range (%d keys)", index, count);
+  const st__cfg_key* k = &keys[index];
+  st_config_type type = ST_CONFIG_STRING;
+  switch (k->type) {
+    case ST__CFG_INT: type = ST_CONFIG_INT; break;
+    case ST__CFG_FLOAT: type = ST_CONFIG_FLOAT; break;
+    case ST__CFG_BOOL: type = ST_CONFIG_BOOL; break;
+    case ST__CFG_STRING:
+    case ST__CFG_ENUM: type = ST_CONFIG_STRING; break;
+    case ST__CFG_LIST: type = ST_CONFIG_LIST; break;
+  }
+  return (st_config_key_info){k->key, type, k->bundle, k->zero_means};
+}
+
+bool st_config_is_default(const st_config* config, const char* key) {
+  if (!config || !key) st__cfg_die("st_config_is_default: NULL config or key");
+  int idx = st__cfg_find(key, strlen(key));
+  if (idx < 0) st__cfg_die("st_config_is_default: '%s' is not a config key", key);
+  /* The canonical text (the config hash's) compares every type, a float
+   * by its exact value. */
+  st_config* d = NULL;
+  st_status s = st__defaults(&d);
+  if (s) st__cfg_die("st_config_is_default: %s", st_status_message(s));
+  st_strbuf a = {0}, b = {0};
+  st__cfg_value_text(config, idx, &a);
+  st__cfg_value_text(d, idx, &b);
+  bool same = a.len == b.len && !memcmp(a.data, b.data, a.len);
+  st_strbuf_free(&a);
+  st_strbuf_free(&b);
+  st_config_destroy(d);
+  return same;
+}
+
+int64_t st_config_int_resolved(const st_config* config, const char* key) {
+  int64_t v = st_config_int(config, key);
+  int count;
+  const st__cfg_key* k = &st__cfg_schema(&count)[st__cfg_find(key, strlen(key))];
+  return v == 0 && k->zero_means ? st_config_int(config, k->zero_means) : v;
+}
+
 /* ---- canonical text and hash -------------------------------------------- */
 
 void st__cfg_value_text(const st_config* c, int index, st_strbuf* out) {

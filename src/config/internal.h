@@ -37,6 +37,8 @@ typedef struct st__cfg_key {
   bool lo_open, hi_open;
   const char* choices; /* enum: "f32|bf16" */
   const char* doc;     /* one line */
+  st_config_bundle_use bundle; /* model.*: how it enters the model JSON (strata/config.h) */
+  const char* zero_means;      /* int: the key whose value a 0 stands for; NULL: none */
 } st__cfg_key;
 
 /* A rule across keys, checked after everything is applied. */

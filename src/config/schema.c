@@ -11,6 +11,11 @@
  * come from the kernel contract, docs/kernels.md, "How to add a kernel op"),
  * then regenerate docs/config.md:
  *   ./build/strata config --schema > docs/config.md
+ * A model.* key enters the model JSON and the model description from its
+ * row (.bundle: new keys take ST_CONFIG_BUNDLE_IF_SET, so that existing
+ * bundle keys hold); the model JSON takes the rows in their order here, so
+ * moving a model.* row changes bundle keys. docs/architecture.md, "Where to
+ * add a config key".
  */
 #include <ctype.h>
 #include <errno.h>
@@ -34,23 +39,30 @@ static const st__cfg_key kKeys[] = {
      .doc = "Attention heads; must divide model.d_model with an even head size (RoPE)."},
     {"model.n_kv_heads", ST__CFG_INT, "0", .lo = 0, .hi = 1024,
      .doc = "Key/value heads (grouped-query attention): query heads share them in groups of model.n_heads / "
-            "model.n_kv_heads; must divide model.n_heads; 0: model.n_heads (plain multi-head attention)."},
+            "model.n_kv_heads; must divide model.n_heads; 0: model.n_heads (plain multi-head attention).",
+     .bundle = ST_CONFIG_BUNDLE_IF_SET, .zero_means = "model.n_heads"},
     {"model.block", ST__CFG_STRING, "llama",
      .doc = "Block kind of every layer, a name the front-end registers (docs/model.md, \"Block kinds\": llama, "
-            "parallel, moe, gpt2); an unknown one is refused when the bundle is exported (exit 2)."},
+            "parallel, moe, gpt2); an unknown one is refused when the bundle is exported (exit 2).",
+     .bundle = ST_CONFIG_BUNDLE_IF_SET},
     {"model.layers", ST__CFG_LIST, "[]",
      .doc = "A block kind per layer for a heterogeneous stack, e.g. [llama, parallel]: exactly model.n_layers "
-            "names; empty: model.block for every layer."},
+            "names; empty: model.block for every layer.",
+     .bundle = ST_CONFIG_BUNDLE_IF_SET},
     {"model.n_experts", ST__CFG_INT, "8", .lo = 1, .hi = 1024,
-     .doc = "Experts of a moe layer (docs/model.md, \"Block kinds\", moe): each token goes to model.moe_top_k of them."},
+     .doc = "Experts of a moe layer (docs/model.md, \"Block kinds\", moe): each token goes to model.moe_top_k of them.",
+     .bundle = ST_CONFIG_BUNDLE_IF_SET},
     {"model.moe_top_k", ST__CFG_INT, "2", .lo = 1, .hi = 1024,
-     .doc = "Experts per token in a moe layer, at most model.n_experts."},
+     .doc = "Experts per token in a moe layer, at most model.n_experts.",
+     .bundle = ST_CONFIG_BUNDLE_IF_SET},
     {"model.moe_aux_weight", ST__CFG_FLOAT, "0.01", .lo = 0, .hi = 1e3,
      .doc = "Weight of a moe layer's load-balancing loss (Switch: n_experts x sum of load x mean router "
-            "probability) in the training loss, per moe layer."},
+            "probability) in the training loss, per moe layer.",
+     .bundle = ST_CONFIG_BUNDLE_IF_SET},
     {"model.moe_z_weight", ST__CFG_FLOAT, "0.001", .lo = 0, .hi = 1e3,
      .doc = "Weight of a moe layer's router z-loss (mean squared log-sum-exp of the router logits) in the training "
-            "loss, per moe layer."},
+            "loss, per moe layer.",
+     .bundle = ST_CONFIG_BUNDLE_IF_SET},
     {"model.d_ff", ST__CFG_INT, "512", .lo = 1, .hi = 1048576, .doc = "Hidden width of the MLP."},
     {"model.seq_len", ST__CFG_INT, "128", .lo = 2, .hi = 8192, .doc = "Tokens per training sequence."},
     {"model.tie_embeddings", ST__CFG_BOOL, "true", .doc = "Share the input embedding with the output projection."},
@@ -63,7 +75,8 @@ static const st__cfg_key kKeys[] = {
     {"model.vocab_padded", ST__CFG_INT, "0", .lo = 0, .hi = 1048576,
      .doc = "Rows of the embedding (and of an untied output projection): model.vocab_size padded up, e.g. to a "
             "multiple of 64 (GPT-2: 50257 -> 50304); the padding ids' logits are masked out of the loss and never "
-            "sampled; 0: no padding. At least model.vocab_size when set."},
+            "sampled; 0: no padding. At least model.vocab_size when set.",
+     .bundle = ST_CONFIG_BUNDLE_IF_SET_AFTER_KERNELS},
 
     {"train.steps", ST__CFG_INT, "100", .lo = 1, .hi = 100000000, .doc = "Optimizer steps to run."},
     {"train.batch_size", ST__CFG_INT, "8", .lo = 1, .hi = 1048576,
@@ -92,7 +105,8 @@ static const st__cfg_key kKeys[] = {
             "with Hugging Face tokenizers (docs/data.md)."},
     {"data.vocab_size", ST__CFG_INT, "0", .lo = 0, .hi = 65536,
      .doc = "data.tokenizer=bpe: the tokenizer's vocabulary, 256 (the bytes) to 65536 and at most model.vocab_size; "
-            "0: model.vocab_size. The byte tokenizer takes 0 or 256."},
+            "0: model.vocab_size. The byte tokenizer takes 0 or 256.",
+     .zero_means = "model.vocab_size"},
     {"data.val_fraction", ST__CFG_FLOAT, "0.05", .lo = 0, .lo_open = true, .hi = 0.5,
      .doc = "Fraction of the corpus held out for validation."},
 

@@ -1,7 +1,7 @@
 /* values.c — the syntax of the config values that are more than a type or
  * an enum, and the rules between values, each stated once: the schema's
  * cross-field rules call these, and so do the typed options and the plan
- * builder (src/train/), which take values that did not come through a
+ * builder (src/plan/), which take values that did not come through a
  * config file. Nothing here depends on a module above config. */
 #include <ctype.h>
 #include <errno.h>
@@ -15,11 +15,12 @@
 
 bool st_config_remat_is_auto(const char* spec) { return !spec || !spec[0] || !strcmp(spec, "auto"); }
 
-st_status st_config_remat_parse(const char* spec, int n_layers, bool* out) {
-  bool autom = st_config_remat_is_auto(spec);
-  bool all = !autom && !strcmp(spec, "full"), none = !autom && !strcmp(spec, "none");
-  if (all || none || autom) {
-    for (int l = 0; out && l < n_layers; ++l) out[l] = all;
+st_status st_config_remat_read(const char* spec, int n_layers, st_config_remat* out) {
+  memset(out, 0, sizeof(*out));
+  out->text = spec;
+  if (st_config_remat_is_auto(spec)) return ST_OK;
+  if (!strcmp(spec, "full") || !strcmp(spec, "none")) {
+    out->kind = !strcmp(spec, "full") ? ST_CONFIG_REMAT_FULL : ST_CONFIG_REMAT_NONE;
     return ST_OK;
   }
   if (!strncmp(spec, "every:", 6)) {
@@ -29,10 +30,12 @@ st_status st_config_remat_parse(const char* spec, int n_layers, bool* out) {
     long k = isdigit((unsigned char)*p) ? strtol(p, &end, 10) : -1;
     if (k < 1 || errno || !end || *end)
       return st_status_make(ST_CODE_CONFIG, "sched.remat '%s': K must be a whole number >= 1; " ST__REMAT_HELP, spec);
-    for (int l = 0; out && l < n_layers; ++l) out[l] = l % k == 0;
+    out->kind = ST_CONFIG_REMAT_EVERY;
+    /* Beyond every layer a model can have, K picks layer 0 alone, as the largest int does. */
+    out->every = k > ST_CONFIG_REMAT_MAX_LAYERS ? ST_CONFIG_REMAT_MAX_LAYERS : (int)k;
     return ST_OK;
   }
-  for (int l = 0; out && l < n_layers; ++l) out[l] = false;
+  out->kind = ST_CONFIG_REMAT_LIST;
   const char* p = spec;
   int count = 0;
   for (;;) {
@@ -42,12 +45,12 @@ st_status st_config_remat_parse(const char* spec, int n_layers, bool* out) {
     char* end = NULL;
     errno = 0;
     long l = strtol(p, &end, 10);
-    if (errno || l > 1000000)
+    if (errno || l > 1000000 || (n_layers > ST_CONFIG_REMAT_MAX_LAYERS && l >= ST_CONFIG_REMAT_MAX_LAYERS))
       return st_status_make(ST_CODE_CONFIG, "sched.remat '%s': layer index out of range; " ST__REMAT_HELP, spec);
     if (n_layers >= 0 && l >= n_layers)
       return st_status_make(ST_CODE_CONFIG, "sched.remat '%s' lists layer %ld, but the model has %d layers (0..%d)", spec,
                             l, n_layers, n_layers - 1);
-    if (out && n_layers >= 0) out[l] = true;
+    if (l < ST_CONFIG_REMAT_MAX_LAYERS) out->list[l / 64] |= (uint64_t)1 << (l % 64);
     ++count;
     p = end;
     while (*p == ' ') ++p;
@@ -56,6 +59,31 @@ st_status st_config_remat_parse(const char* spec, int n_layers, bool* out) {
     ++p;
   }
   return count ? ST_OK : st_status_make(ST_CODE_CONFIG, "sched.remat '%s': " ST__REMAT_HELP, spec);
+}
+
+st_status st_config_remat_layers(const st_config_remat* r, int n_layers, bool* out) {
+  for (int l = 0; l < n_layers; ++l) {
+    switch (r->kind) {
+      case ST_CONFIG_REMAT_AUTO:
+      case ST_CONFIG_REMAT_NONE: out[l] = false; break;
+      case ST_CONFIG_REMAT_FULL: out[l] = true; break;
+      case ST_CONFIG_REMAT_EVERY: out[l] = l % r->every == 0; break;
+      case ST_CONFIG_REMAT_LIST: out[l] = l < ST_CONFIG_REMAT_MAX_LAYERS && (r->list[l / 64] >> (l % 64) & 1); break;
+    }
+  }
+  if (r->kind != ST_CONFIG_REMAT_LIST) return ST_OK;
+  /* A list read for more layers than these (options built for another depth). */
+  for (int l = n_layers > 0 ? n_layers : 0; l < ST_CONFIG_REMAT_MAX_LAYERS; ++l)
+    if (r->list[l / 64] >> (l % 64) & 1)
+      return st_status_make(ST_CODE_CONFIG, "sched.remat '%s' lists layer %d, but the model has %d layers (0..%d)",
+                            r->text ? r->text : "", l, n_layers, n_layers - 1);
+  return ST_OK;
+}
+
+st_status st_config_remat_parse(const char* spec, int n_layers, bool* out) {
+  st_config_remat r;
+  ST_RETURN(st_config_remat_read(spec, n_layers, &r));
+  return out && n_layers >= 0 ? st_config_remat_layers(&r, n_layers, out) : ST_OK;
 }
 
 #define ST__BUDGET_HELP                                                                                         \

@@ -45,15 +45,15 @@ static void st__host(const st_plan_options* o, st_runtime* rt, const st_plan* p,
 }
 
 static const struct {
-  const char* remat; /* NULL: the config's */
+  bool remat;        /* true: sched.remat=full; false: the config's */
   int offload;       /* -1: the config's */
   const char* text;
 } st__candidates[] = {
-    {"full", -1, "sched.remat=full"},
-    {NULL, ST_OFFLOAD_OPTIMIZER, "sched.offload=optimizer"},
-    {NULL, ST_OFFLOAD_OPTIMIZER | ST_OFFLOAD_PARAMS, "sched.offload=both"},
-    {"full", ST_OFFLOAD_OPTIMIZER, "sched.remat=full sched.offload=optimizer"},
-    {"full", ST_OFFLOAD_OPTIMIZER | ST_OFFLOAD_PARAMS, "sched.remat=full sched.offload=both"},
+    {true, -1, "sched.remat=full"},
+    {false, ST_OFFLOAD_OPTIMIZER, "sched.offload=optimizer"},
+    {false, ST_OFFLOAD_OPTIMIZER | ST_OFFLOAD_PARAMS, "sched.offload=both"},
+    {true, ST_OFFLOAD_OPTIMIZER, "sched.remat=full sched.offload=optimizer"},
+    {true, ST_OFFLOAD_OPTIMIZER | ST_OFFLOAD_PARAMS, "sched.remat=full sched.offload=both"},
 };
 enum { ST__N_CANDIDATES = (int)(sizeof(st__candidates) / sizeof(st__candidates[0])) };
 
@@ -120,7 +120,7 @@ st_status st_plan_fit(st_runtime* runtime, const st_bundle* bundle, const st_pla
   st_status s = ST_OK;
   for (int k = 0; k < ST__N_CANDIDATES && !s; ++k) {
     st_plan_options o = *options;
-    if (st__candidates[k].remat) o.sched.remat = st__candidates[k].remat;
+    if (st__candidates[k].remat) o.sched.remat = (st_config_remat){.kind = ST_CONFIG_REMAT_FULL, .text = "full"};
     if (st__candidates[k].offload >= 0) o.sched.offload = st__candidates[k].offload;
     st_plan_init(&plans[built]);
     st_plan_init(&evals[built]);

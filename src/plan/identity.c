@@ -50,7 +50,7 @@ static json_t* st__desc_of_config(const char* path, st_status* out_status) {
   memset(&o, 0, sizeof(o));
   st_status s = st_config_load(path, 0, NULL, &cfg);
   if (!s) s = st_plan_options_from_config(cfg, &o);
-  json_t* d = s ? NULL : json_loads(o.model_desc, 0, NULL);
+  json_t* d = s ? NULL : st_plan_model_desc(&o);
   st_plan_options_deinit(&o);
   st_config_destroy(cfg);
   *out_status = s ? st_status_annotate(s, "the record of the model (%s)", path) : ST_OK;
@@ -68,7 +68,7 @@ st_status st_plan_check_identity(const st_plan_record* rec, const st_plan_option
     if (s) return s;
     model_from = rec->fallback_config;
   }
-  json_t* want = json_loads(given->model_desc, 0, NULL);
+  json_t* want = st_plan_model_desc(given);
   json_t* implied = st_plan_model_implied();
   char recorded[700];
   snprintf(recorded, sizeof(recorded), "in %s", model_from ? model_from : "the record");

@@ -36,29 +36,88 @@ st_status st_plan_check_kernel_platform(const st_plan_options* o, const st_runti
   return s;
 }
 
+/* The trees behind model_json and model_desc (st_plan_options.model_trees). */
+struct st_plan_model_trees {
+  json_t* model;
+  json_t* desc;
+};
+
+static bool st__is_model_key(const st_config_key_info* k) { return !strncmp(k->key, "model.", 6); }
+
+/* A model.* key's value in |obj|, under its name without "model.": an int
+ * whose 0 stands for another key's value (model.n_kv_heads) resolved. */
+static void st__put_model_key(json_t* obj, const st_config* c, const st_config_key_info* k) {
+  const char* name = k->key + strlen("model.");
+  switch (k->type) {
+    case ST_CONFIG_INT: st_json_put_int(obj, name, st_config_int_resolved(c, k->key)); return;
+    case ST_CONFIG_FLOAT: st_json_put_num(obj, name, st_config_float(c, k->key)); return;
+    case ST_CONFIG_BOOL: st_json_put_bool(obj, name, st_config_bool(c, k->key)); return;
+    case ST_CONFIG_STRING: st_json_put_str(obj, name, st_config_string(c, k->key)); return;
+    case ST_CONFIG_LIST: {
+      json_t* items = json_array();
+      for (int i = 0; i < st_config_list_count(c, k->key); ++i)
+        json_array_append_new(items, json_string(st_config_list_item(c, k->key, i)));
+      json_object_set_new(obj, name, items);
+      return;
+    }
+  }
+}
+
+/* Whether a model.* key holds what its default means: the default itself,
+ * or for a key whose 0 stands for another key's value, that value. */
+static bool st__model_key_unset(const st_config* c, const st_config_key_info* k) {
+  if (st_config_is_default(c, k->key)) return true;
+  return k->zero_means && st_config_int(c, k->key) == st_config_int(c, k->zero_means);
+}
+
+/* The model.* rows whose bundle use is from |first| to |last|, in schema
+ * order; |sparse|: the IF_SET ones only when set (the model JSON). */
+static void st__put_model_keys(json_t* obj, const st_config* c, st_config_bundle_use first, st_config_bundle_use last,
+                               bool sparse) {
+  for (int i = 0; i < st_config_key_count(); ++i) {
+    st_config_key_info k = st_config_key_at(i);
+    if (!st__is_model_key(&k) || k.bundle < first || k.bundle > last) continue;
+    if (sparse && k.bundle != ST_CONFIG_BUNDLE_ALWAYS && st__model_key_unset(c, &k)) continue;
+    st__put_model_key(obj, c, &k);
+  }
+}
+
 json_t* st_plan_model_implied(void) {
   int n_ops;
   const char* const* op_names = st_kernels_op_names(&n_ops);
   /* The sparse model object (st_plan_options_from_config's model_json),
-   * which checkpoints recorded before the description, left these out at
-   * their default: that is what their absence means. */
+   * which checkpoints recorded before the description, left the IF_SET
+   * keys out at their default: that is what their absence means. */
   json_t* j = st_json_obj();
-  json_t* same = st_json_obj();
-  st_json_put_str(same, "same_as", "n_heads");
-  st_json_put(j, "n_kv_heads", same);
-  st_json_put_str(j, "block", "llama");
-  st_json_put(j, "layers", json_array());
-  st_json_put_int(j, "n_experts", 8);
-  st_json_put_int(j, "moe_top_k", 2);
-  st_json_put_num(j, "moe_aux_weight", 0.01);
-  st_json_put_num(j, "moe_z_weight", 0.001);
-  st_json_put_int(j, "vocab_padded", 0);
+  st_config* d = NULL;
+  st_status s = st_config_load(NULL, 0, NULL, &d); /* the schema's defaults: reads no file */
+  for (int i = 0; !s && i < st_config_key_count(); ++i) {
+    st_config_key_info k = st_config_key_at(i);
+    if (!st__is_model_key(&k) || k.bundle == ST_CONFIG_BUNDLE_ALWAYS) continue;
+    if (k.zero_means) {
+      json_t* same = st_json_obj();
+      st_json_put_str(same, "same_as", k.zero_means + strlen("model."));
+      st_json_put(j, k.key + strlen("model."), same);
+    } else {
+      st__put_model_key(j, d, &k);
+    }
+  }
+  st_status_free(s); /* the schema's defaults always load (test_config loads them) */
+  st_config_destroy(d);
   for (int i = 0; i < n_ops; ++i) {
     char key[64];
     snprintf(key, sizeof(key), "kernels.%s", op_names[i]);
     st_json_put_str(j, key, "xla");
   }
   return j;
+}
+
+json_t* st_plan_model_json(const st_plan_options* o) {
+  return o->model_trees ? json_deep_copy(o->model_trees->model) : NULL;
+}
+
+json_t* st_plan_model_desc(const st_plan_options* o) {
+  return o->model_trees ? json_deep_copy(o->model_trees->desc) : NULL;
 }
 
 json_t* st_plan_kernel_selection_json(const st_plan_options* o) {
@@ -84,22 +143,6 @@ void st_plan_kernel_selection_note(const st_plan_options* o, FILE* out) {
   for (int i = 0; i < n_ops; ++i)
     if (o->kernel_auto[i]) fprintf(out, " %s=%s", op_names[i], o->kernel_impl[i]);
   fprintf(out, "\n");
-}
-
-/* The fields every model object starts with, in the order the bundle key
- * hashes them (docs/bundle.md): the model JSON and the model description
- * (the checkpoint's identity) share them. */
-static void st__put_model_shape(json_t* m, const st_config* c) {
-  st_json_put_int(m, "vocab_size", st_config_int(c, "model.vocab_size"));
-  st_json_put_int(m, "d_model", st_config_int(c, "model.d_model"));
-  st_json_put_int(m, "n_layers", st_config_int(c, "model.n_layers"));
-  st_json_put_int(m, "n_heads", st_config_int(c, "model.n_heads"));
-  st_json_put_int(m, "d_ff", st_config_int(c, "model.d_ff"));
-  st_json_put_int(m, "seq_len", st_config_int(c, "model.seq_len"));
-  st_json_put_bool(m, "tie_embeddings", st_config_bool(c, "model.tie_embeddings"));
-  st_json_put_str(m, "compute_dtype", st_config_string(c, "model.compute_dtype"));
-  st_json_put_num(m, "rope_theta", st_config_float(c, "model.rope_theta"));
-  st_json_put_num(m, "init_std", st_config_float(c, "model.init_std"));
 }
 
 st_status st_plan_options_from_config(const st_config* c, st_plan_options* o) {
@@ -129,28 +172,15 @@ st_status st_plan_options_from_config(const st_config* c, st_plan_options* o) {
   o->cache_root = st_cache_root(st_config_string(c, "runtime.cache_dir"));
 
   /* Canonical order: the exporter reads this object and the bundle key
-   * hashes its values (docs/bundle.md). */
+   * hashes its values in order (docs/bundle.md): the ALWAYS rows, the
+   * IF_SET rows, the kernels, the IF_SET_AFTER_KERNELS rows, each in schema
+   * order (moving a model.* row in the schema changes bundle keys). */
   json_t* m = st_json_obj();
-  st__put_model_shape(m, c);
-  /* The block keys only when set, so that a config without them keeps its
-   * bundle key (and its cached bundle). */
-  int64_t kv = st_config_int(c, "model.n_kv_heads");
-  if (kv > 0 && kv != st_config_int(c, "model.n_heads")) st_json_put_int(m, "n_kv_heads", kv);
-  if (strcmp(st_config_string(c, "model.block"), "llama")) st_json_put_str(m, "block", st_config_string(c, "model.block"));
-  int nk = st_config_list_count(c, "model.layers");
-  if (nk > 0) {
-    json_t* kinds = json_array();
-    for (int i = 0; i < nk; ++i) json_array_append_new(kinds, json_string(st_config_list_item(c, "model.layers", i)));
-    json_object_set_new(m, "layers", kinds);
-  }
-  /* The moe kind's keys likewise, each when not at its default (the
-   * front-end's ModelConfig has the same defaults). */
-  if (st_config_int(c, "model.n_experts") != 8) st_json_put_int(m, "n_experts", st_config_int(c, "model.n_experts"));
-  if (st_config_int(c, "model.moe_top_k") != 2) st_json_put_int(m, "moe_top_k", st_config_int(c, "model.moe_top_k"));
-  if (st_config_float(c, "model.moe_aux_weight") != 0.01)
-    st_json_put_num(m, "moe_aux_weight", st_config_float(c, "model.moe_aux_weight"));
-  if (st_config_float(c, "model.moe_z_weight") != 0.001)
-    st_json_put_num(m, "moe_z_weight", st_config_float(c, "model.moe_z_weight"));
+  st__put_model_keys(m, c, ST_CONFIG_BUNDLE_ALWAYS, ST_CONFIG_BUNDLE_ALWAYS, true);
+  /* The keys added later only when set, so that a config without them
+   * keeps its bundle key (and its cached bundle); the front-end's
+   * ModelConfig has the schema's defaults. */
+  st__put_model_keys(m, c, ST_CONFIG_BUNDLE_IF_SET, ST_CONFIG_BUNDLE_IF_SET, true);
   /* kernels.<op> likewise, only the ops not at xla (docs/kernels.md): the
    * selection is part of the model JSON, so of the bundle key. auto is
    * resolved here, for the platform the configured plugin is expected to
@@ -183,42 +213,33 @@ st_status st_plan_options_from_config(const st_config* c, st_plan_options* o) {
   st_kernel_contract_free(&contract);
   if (json_object_size(kern) > 0) json_object_set_new(m, "kernels", kern);
   else json_decref(kern);
-  if (st_config_int(c, "model.vocab_padded") > 0) st_json_put_int(m, "vocab_padded", st_config_int(c, "model.vocab_padded"));
+  st__put_model_keys(m, c, ST_CONFIG_BUNDLE_IF_SET_AFTER_KERNELS, ST_CONFIG_BUNDLE_IF_SET_AFTER_KERNELS, true);
   /* Compute programs see one device's share of a microbatch (the config
    * rules make it divide evenly; docs/parallelism.md). */
   int64_t shares = st_config_int(c, "parallel.data") * st_config_int(c, "parallel.fsdp");
-  st_json_put_int(m, "microbatch_size", o->batch_size / o->microbatches / (shares > 0 ? shares : 1));
-  o->model_json = st_json_dump(m, 0);
-  json_decref(m);
+  st_json_put_int(m, "microbatch_size", o->batch_size / o->microbatches / shares);
 
-  /* The model description: every field, at its default too, so that a
-   * checkpoint names its block kind and kernels instead of leaving them out
-   * (the bundle key keeps hashing the sparse object above, unchanged). */
+  /* The model description: every model.* key, at its default too, so that
+   * a checkpoint names its block kind and kernels instead of leaving them
+   * out (the bundle key keeps hashing the sparse object above, unchanged). */
   json_t* d = st_json_obj();
-  st__put_model_shape(d, c);
-  st_json_put_int(d, "n_kv_heads", kv > 0 ? kv : st_config_int(c, "model.n_heads"));
-  st_json_put_str(d, "block", st_config_string(c, "model.block"));
-  json_t* kinds = json_array();
-  for (int i = 0; i < nk; ++i) json_array_append_new(kinds, json_string(st_config_list_item(c, "model.layers", i)));
-  json_object_set_new(d, "layers", kinds);
-  st_json_put_int(d, "n_experts", st_config_int(c, "model.n_experts"));
-  st_json_put_int(d, "moe_top_k", st_config_int(c, "model.moe_top_k"));
-  st_json_put_num(d, "moe_aux_weight", st_config_float(c, "model.moe_aux_weight"));
-  st_json_put_num(d, "moe_z_weight", st_config_float(c, "model.moe_z_weight"));
-  st_json_put_int(d, "vocab_padded", st_config_int(c, "model.vocab_padded"));
+  st__put_model_keys(d, c, ST_CONFIG_BUNDLE_ALWAYS, ST_CONFIG_BUNDLE_ALWAYS, false);
+  st__put_model_keys(d, c, ST_CONFIG_BUNDLE_IF_SET, ST_CONFIG_BUNDLE_IF_SET_AFTER_KERNELS, false);
   json_t* all = json_object();
   for (int i = 0; i < n_ops; ++i) json_object_set_new(all, op_names[i], json_string(o->kernel_impl[i]));
   json_object_set_new(d, "kernels", all);
-  st_json_put_int(d, "microbatch_size", o->batch_size / o->microbatches / (shares > 0 ? shares : 1));
+  st_json_put_int(d, "microbatch_size", o->batch_size / o->microbatches / shares);
+  o->model_trees = st_xmalloc(sizeof(*o->model_trees));
+  o->model_trees->model = m;
+  o->model_trees->desc = d;
+  o->model_json = st_json_dump(m, 0);
   o->model_desc = st_json_dump(d, 0);
-  json_decref(d);
 
   o->data.path = st_config_string(c, "data.path");
   o->data.synthetic = st_config_bool(c, "data.synthetic");
   o->data.tokenizer = st_config_string(c, "data.tokenizer");
-  /* data.vocab_size 0: the model's vocabulary (the schema's rule bounds both). */
-  int64_t tv = st_config_int(c, "data.vocab_size");
-  o->data.tokenizer_vocab = !strcmp(o->data.tokenizer, "bpe") ? (uint32_t)(tv ? tv : st_config_int(c, "model.vocab_size")) : 256u;
+  /* data.vocab_size 0 is the model's vocabulary (the schema's rule bounds both). */
+  o->data.tokenizer_vocab = !strcmp(o->data.tokenizer, "bpe") ? (uint32_t)st_config_int_resolved(c, "data.vocab_size") : 256u;
   o->data.vocab_size = (uint32_t)st_config_int(c, "model.vocab_size");
   o->data.val_fraction = st_config_float(c, "data.val_fraction");
   o->data.seq_len = st_config_int(c, "model.seq_len");
@@ -233,11 +254,17 @@ st_status st_plan_options_from_config(const st_config* c, st_plan_options* o) {
   o->runtime.compile_threads = (int)st_config_int(c, "runtime.compile_threads");
   o->runtime.keep_optimized_hlo = st_config_bool(c, "runtime.keep_optimized_hlo");
   o->runtime.progress = o->long_progress.on;
-  o->sched.remat = st_config_string(c, "sched.remat");
-  o->sched.memory_budget = st_config_string(c, "sched.memory_budget");
+  /* sched.remat and sched.memory_budget read once: the plan builder takes
+   * the typed values (the schema's rules have checked both). */
+  st_status ss = st_config_remat_read(st_config_string(c, "sched.remat"), (int)st_config_int(c, "model.n_layers"),
+                                      &o->sched.remat);
+  if (ss) return st_status_annotate(ss, "sched.remat (%s)", st_config_source(c, "sched.remat"));
+  o->sched.memory_budget_text = st_config_string(c, "sched.memory_budget");
   o->sched.memory_budget_source = st_config_source(c, "sched.memory_budget");
-  o->sched.offload = st_sched_offload_parse(st_config_string(c, "sched.offload"));
-  if (o->sched.offload < 0) o->sched.offload = 0; /* the schema admits only known names */
+  ss = st_config_memory_budget_parse(o->sched.memory_budget_text, &o->sched.memory_budget_bytes,
+                                     &o->sched.memory_budget_fraction);
+  if (ss) return st_status_annotate(ss, "sched.memory_budget (%s)", o->sched.memory_budget_source);
+  o->sched.offload = st_sched_offload_parse(st_config_string(c, "sched.offload")); /* the schema admits only its names */
   o->sched.prefetch_depth = (int)st_config_int(c, "sched.prefetch_depth");
   o->sched.eager = !strcmp(st_config_string(c, "sched.wait"), "eager");
   o->sched.per_layer_optimizer = !strcmp(st_config_string(c, "sched.optimizer"), "per_layer");
@@ -324,6 +351,11 @@ void st_plan_options_deinit(st_plan_options* o) {
   free(o->cache_root);
   free(o->model_json);
   free(o->model_desc);
+  if (o->model_trees) {
+    json_decref(o->model_trees->model);
+    json_decref(o->model_trees->desc);
+    free(o->model_trees);
+  }
   free((void*)o->runtime.xla_options);
   free((void*)o->runtime.cache_dir);
   free(o->trace_steps);

@@ -983,7 +983,7 @@ static int* st__offload_units(const st_plan* plan, const st_bundle* b, const st_
 
 /* Logical plan -> offload pass -> wait pass -> finalize. Takes |logical|. */
 static st_status st__apply_policies(st_plan* logical, const st_bundle* b, const st__instance* inst, int n_inst,
-                                    const st_sched_policy* p, int offload, st_plan* out) {
+                                    const st_plan_sched* p, int offload, st_plan* out) {
   st_plan off;
   int* unit = st__offload_units(logical, b, inst, n_inst, offload);
   st_status s = st_plan_offload(logical, unit, p->prefetch_depth, &off);
@@ -1076,7 +1076,7 @@ static st_status st__check_mesh(const st_bundle* b, const st_plan_options* o) {
   return ST_OK;
 }
 
-static void st__policy_line(const st_sched_policy* pol, const st_plan_remat_choice* rc, int data, int fsdp, int tensor,
+static void st__policy_line(const st_plan_sched* pol, const st_plan_remat_choice* rc, int data, int fsdp, int tensor,
                             char* out, size_t size) {
   if (data > 1 || fsdp > 1 || tensor > 1) {
     char tail[192] = "";
@@ -1099,8 +1099,10 @@ static void st__policy_line(const st_sched_policy* pol, const st_plan_remat_choi
     char layers[128];
     st_plan_remat_text(rc->remat, rc->layers, layers, sizeof(layers));
     snprintf(remat, sizeof(remat), "auto:%s memory_budget=%lld", layers, (long long)rc->budget);
+  } else if (pol->remat.text) {
+    snprintf(remat, sizeof(remat), "%s", pol->remat.text); /* as written */
   } else {
-    snprintf(remat, sizeof(remat), "%s", pol->remat);
+    st_plan_remat_text(rc->remat, rc->layers, remat, sizeof(remat));
   }
   snprintf(out, size, "remat=%s offload=%s prefetch_depth=%d wait=%s optimizer=%s", remat,
            pol->offload == 3 ? "both" : pol->offload == ST_OFFLOAD_OPTIMIZER ? "optimizer"
@@ -1117,7 +1119,7 @@ static void st__policy_line(const st_sched_policy* pol, const st_plan_remat_choi
 /* A builder for |plan| on the config's mesh (the plan's mesh fields too). */
 static void st__builder_init(st__builder* B, st_plan* plan, const st_bundle* b, const st_plan_options* o,
                              const st__instance* inst, int n_inst, const bool* remat) {
-  const st_sched_policy* pol = &o->sched;
+  const st_plan_sched* pol = &o->sched;
   const int DATA = o->parallel_data > 1 ? o->parallel_data : 1, F = o->parallel_fsdp > 1 ? o->parallel_fsdp : 1;
   const int TP = o->parallel_tensor > 1 ? o->parallel_tensor : 1;
   plan->devices = DATA * F * TP;
@@ -1157,7 +1159,7 @@ static void st__builder_free(st__builder* B) {
 static st_status st__step(const st_bundle* b, const st_plan_options* o, const st__instance* inst, int n_inst,
                           const bool* remat, st_plan* out) {
   st_plan_init(out);
-  const st_sched_policy* pol = &o->sched;
+  const st_plan_sched* pol = &o->sched;
   st_plan step;
   st_plan_init(&step);
   st__builder B;
@@ -1201,17 +1203,16 @@ static st_status st__candidate_peak(void* user, const bool* remat, int64_t* out_
 /* sched.memory_budget in bytes: as given, or its fraction of the device
  * memory the plugin reports (a config error when it reports none). */
 static st_status st__memory_budget(const st_plan_options* o, int64_t* out_bytes, double* out_fraction) {
-  const char* spec = o->sched.memory_budget && o->sched.memory_budget[0] ? o->sched.memory_budget : "0";
-  const char* src = o->sched.memory_budget_source ? o->sched.memory_budget_source : "options";
-  st_status s = st_config_memory_budget_parse(spec, out_bytes, out_fraction);
-  if (s) return st_status_annotate(s, "sched.memory_budget (%s)", src);
+  *out_bytes = o->sched.memory_budget_bytes;
+  *out_fraction = o->sched.memory_budget_fraction;
   if (*out_fraction <= 0) return ST_OK;
   if (o->device_memory <= 0)
     return st_status_make(ST_CODE_CONFIG,
                           "sched.memory_budget '%s' (%s) is a fraction of the device's memory, but the PJRT plugin does "
                           "not report its devices' memory (PJRT_Device_MemoryStats gives no bytes_limit); give the "
                           "budget in bytes, e.g. sched.memory_budget=1000000000",
-                          spec, src);
+                          o->sched.memory_budget_text ? o->sched.memory_budget_text : "",
+                          o->sched.memory_budget_source ? o->sched.memory_budget_source : "options");
   *out_bytes = (int64_t)(*out_fraction * (double)o->device_memory);
   if (*out_bytes < 1) *out_bytes = 1;
   return ST_OK;
@@ -1222,7 +1223,7 @@ st_status st_plan_build(const st_bundle* b, const st_plan_options* o, st_plan* s
   st_plan_init(step_out);
   st_plan_init(eval_out);
   if (choice_out) memset(choice_out, 0, sizeof(*choice_out));
-  const st_sched_policy* pol = &o->sched;
+  const st_plan_sched* pol = &o->sched;
   st__instance* inst = NULL;
   int n_inst = 0;
   ST_RETURN(st__instances(b, &inst, &n_inst));
@@ -1240,7 +1241,7 @@ st_status st_plan_build(const st_bundle* b, const st_plan_options* o, st_plan* s
   /* --- the training step: sched.remat's layers, or auto's choice --------- */
   st_plan_remat_choice rc;
   memset(&rc, 0, sizeof(rc));
-  if (st_config_remat_is_auto(pol->remat)) {
+  if (pol->remat.kind == ST_CONFIG_REMAT_AUTO) {
     int64_t budget = 0;
     double fraction = 0;
     s = st__memory_budget(o, &budget, &fraction);
@@ -1251,7 +1252,7 @@ st_status st_plan_build(const st_bundle* b, const st_plan_options* o, st_plan* s
   } else {
     rc.layers = L;
     rc.remat = st_xcalloc((size_t)L + 1, sizeof(bool));
-    s = st_config_remat_parse(pol->remat, L, rc.remat);
+    s = st_config_remat_layers(&pol->remat, L, rc.remat);
     for (int l = 0; l < L; ++l) rc.recomputed += rc.remat[l];
   }
   if (!s) s = st__step(b, o, inst, n_inst, rc.remat, step_out);

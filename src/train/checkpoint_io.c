@@ -136,10 +136,10 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
    * whole microbatch and the key of the one-device bundle of that model
    * (which is this run's own key on one device, so checkpoints written
    * before meshes existed still match); the mesh goes in "mesh". */
-  c->model = json_loads(in->options->model_json, 0, NULL);
-  c->desc = json_loads(in->options->model_desc, 0, NULL);
+  c->model = st_plan_model_json(in->options);
+  c->desc = st_plan_model_desc(in->options);
   c->implied = st_plan_model_implied();
-  st_status s = c->model && c->desc ? ST_OK : st_status_make(ST_CODE_INTERNAL, "the model JSON does not parse: %s", in->options->model_json);
+  st_status s = c->model && c->desc ? ST_OK : st_status_make(ST_CODE_INTERNAL, "the options carry no model JSON (not built from a config)");
   if (!s) st_json_put_int(c->desc, "microbatch_size", o->batch_size / (o->microbatches > 0 ? o->microbatches : 1));
   if (!s && o->mesh[0]) {
     st_json_put_int(c->model, "microbatch_size", o->batch_size / (o->microbatches > 0 ? o->microbatches : 1));

@@ -202,7 +202,7 @@ static st_status st__write_bundle(st__trainer* t, const st_op* op, int k, int64_
   else st_json_put(r, "spmd_devices", json_null());
   /* What the run was (docs/checkpoints.md, "Identity"): strata repro
    * checks the config it is given against it. */
-  json_t* desc = json_loads(t->o->model_desc, 0, NULL);
+  json_t* desc = st_plan_model_desc(t->o);
   st_json_put(r, "model", desc ? desc : json_null());
   const char* tok_hash = st_dataset_tokenizer_hash(t->data);
   st_json_put(r, "tokenizer_hash", tok_hash ? st_json_str(tok_hash) : json_null());

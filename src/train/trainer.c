@@ -934,7 +934,7 @@ static st_status st__context_event(st__trainer* t, const st_config* cfg) {
                             .runtime = &rt,
                             .peak = st_train_peak_json(&t->peak, mesh_devices),
                             .kernels = st_kernels_bundle_json(t->bundle),
-                            .model = json_loads(o->model_desc, 0, NULL)};
+                            .model = st_plan_model_desc(o)};
   json_t* ctx = st_context_json(&facts);
   json_decref(facts.peak);
   json_decref(facts.kernels);

@@ -257,8 +257,12 @@ static void expect_same_plan(const st_plan* a, const st_plan* b) {
 
 static void build(const st_bundle* b, st_plan_options* o, const char* remat, const char* budget, st_plan* step,
                   st_plan_remat_choice* c) {
-  o->sched.remat = remat;
-  o->sched.memory_budget = budget;
+  /* As the typed options read them (st_plan_options_from_config). */
+  ASSERT_OK(st_config_remat_read(remat, (int)b->model.n_layers, &o->sched.remat));
+  o->sched.memory_budget_text = budget;
+  o->sched.memory_budget_bytes = 0;
+  o->sched.memory_budget_fraction = 0;
+  if (budget) ASSERT_OK(st_config_memory_budget_parse(budget, &o->sched.memory_budget_bytes, &o->sched.memory_budget_fraction));
   st_plan eval;
   ASSERT_OK(st_plan_build(b, o, step, &eval, c));
   st_plan_deinit(&eval);
@@ -357,8 +361,10 @@ static void test_remat_auto_plans(void** state) {
    * naming the key when it reports none (the CPU plugin). */
   o.sched.memory_budget_source = "command line";
   st_plan eval;
-  o.sched.remat = "auto";
-  o.sched.memory_budget = "0.5";
+  o.sched.remat = (st_config_remat){.kind = ST_CONFIG_REMAT_AUTO, .text = "auto"};
+  o.sched.memory_budget_text = "0.5";
+  o.sched.memory_budget_bytes = 0;
+  o.sched.memory_budget_fraction = 0.5;
   st_status s = st_plan_build(b, &o, &step, &eval, &c);
   assert_non_null(s);
   assert_int_equal(st_status_code(s), ST_CODE_CONFIG);

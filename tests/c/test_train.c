@@ -370,7 +370,7 @@ static void test_plan_takes_program_names_from_the_bundle(void** state) {
   o.microbatches = 2;
   o.batch_size = 4;
   o.eval_batches = 1;
-  o.sched.remat = "0"; /* layer 0 recomputes, layer 1 keeps its residuals */
+  ASSERT_OK(st_config_remat_read("0", 2, &o.sched.remat)); /* layer 0 recomputes, layer 1 keeps its residuals */
   st_plan step, eval, step0, eval0;
   ASSERT_OK(st_plan_build(r, &o, &step, &eval, NULL));
   ASSERT_OK(st_plan_build(b, &o, &step0, &eval0, NULL));
@@ -482,7 +482,7 @@ static void test_plan_reads_block_metrics(void** state) {
   o.microbatches = 2;
   o.batch_size = 4;
   o.eval_batches = 1;
-  o.sched.remat = "0"; /* layer 0 runs fwd and recomputes, layer 1 runs fwd_res */
+  ASSERT_OK(st_config_remat_read("0", 2, &o.sched.remat)); /* layer 0 runs fwd and recomputes, layer 1 runs fwd_res */
   st_plan step, eval, step0, eval0;
   ASSERT_OK(st_plan_build(r, &o, &step, &eval, NULL));
   ASSERT_OK(st_plan_build(b, &o, &step0, &eval0, NULL));
