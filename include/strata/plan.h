@@ -426,6 +426,16 @@ void st_plan_trained_ref_deinit(st_plan_trained_ref* ref); /* frees the strings;
  * end of its message): drop the override, or --allow-mismatch. */
 extern const char* const st_plan_identity_fix;
 
+/* `strata plan --explain` (docs/parallelism.md): the mesh, every tensor of
+ * the step plan with its sharding, the collectives per layer with their
+ * message and ring wire bytes, predicted per-device memory by category and
+ * the communication volume per step; every tensor listed (returned, owned
+ * by the caller). |step| and |eval| are the finalized plans built from |o|. */
+json_t* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_plan_options* o);
+/* The same for a screen: tensors grouped by category, sharding and name
+ * pattern. |j| is st_plan_explain_json's result for |step|. */
+void st_plan_explain_print(const st_plan* step, const json_t* j, FILE* out);
+
 #ifdef __cplusplus
 }
 #endif

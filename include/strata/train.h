@@ -122,6 +122,16 @@ typedef struct st_repro_options {
 st_status st_train_repro(const char* dir, const st_repro_options* options, st_repro_result* out);
 void st_repro_result_deinit(st_repro_result* result); /* frees identity */
 
+/* What run directory |dir| is doing or how it ended (`strata status`,
+ * docs/design.md §6), as a new object (*out, owned by the caller): state
+ * (running with its pid, finished, interrupted, failed) with exit code,
+ * class, error and signal; step, total steps, loss, tokens/s, mean step
+ * time, ETA, live metrics URL; the newest valid checkpoint; the lock's
+ * holder. Reads the logs' tails only and probes the lock without taking
+ * it: a live run is not disturbed. A torn last line of a finished run is
+ * warned about on stderr. A folder that is no run directory: ST_CODE_CONFIG. */
+st_status st_train_run_status(const char* dir, json_t** out);
+
 /* Runs `strata train`: the whole lifecycle. Prints the run directory. */
 st_status st_train_main(const st_config* config);
 

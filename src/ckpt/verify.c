@@ -81,18 +81,12 @@ static int st__cmp_name(const void* a, const void* b) {
   return strcmp((*(const st_ckpt_tensor_info* const*)a)->name, (*(const st_ckpt_tensor_info* const*)b)->name);
 }
 
-/* Manifest text (|size| bytes, not NUL-terminated) into |c|: self-checksum,
- * format, version, typed fields, every count within its limit. */
-static st_status st__parse_manifest(const char* path, const char* text, size_t size, st_ckpt* c, json_t** out_json) {
-  *out_json = NULL;
-  json_t* j = NULL;
+/* The manifest's own checks: its self-checksum (xxh64 of every byte before
+ * the line holding it), its format and a version this build reads. First,
+ * so nothing of a modified or foreign manifest is believed. */
+static st_status st__manifest_header(const char* path, const char* text, size_t size, const json_t* j, st_ckpt* c) {
   st_status s = ST_OK;
-  st_status r = st_json_parse(text, size, path, &j);
-  if (r) {
-    s = st_status_recode(r, ST_CODE_CKPT, "'%s' is malformed", path);
-    goto done;
-  }
-  if (!json_is_object(j)) ST__FAIL("'%s' is malformed: not a JSON object", path);
+  st_status r;
   /* Self-checksum: xxh64 of every byte before the line holding it. */
   const char* mh = json_string_value(json_object_get(j, "manifest_xxh64"));
   const char* mark = NULL;
@@ -121,7 +115,15 @@ static st_status st__parse_manifest(const char* path, const char* text, size_t s
     ST__FAIL("'%s': checkpoint format version %lld; this strata reads version %d (written by a %s strata)", path, (long long)version,
              ST_CKPT_VERSION, version > ST_CKPT_VERSION ? "newer" : "broken");
   c->version = (int)version;
+done:
+  return s;
+}
 
+/* The typed scalar fields (steps, data position, seed, schedule, hashes)
+ * and the model and config objects; a missing one names itself. */
+static st_status st__manifest_fields(const char* path, const json_t* j, st_ckpt* c) {
+  st_status s = ST_OK;
+  st_status r = ST_OK;
   /* Typed fields; a missing one names itself. */
   const char* ints[] = {"step", "optimizer_step"};
   int64_t* int_dst[] = {&c->step, &c->optimizer_step};
@@ -174,6 +176,13 @@ static st_status st__parse_manifest(const char* path, const char* text, size_t s
   if (!json_is_object(model) || !json_is_object(config)) ST__FAIL("'%s': \"model\" and \"config\" must be objects", path);
   c->model = json_incref(model);
   c->config = json_incref(config);
+done:
+  return s;
+}
+
+/* The optional mesh record, apart because its axes check each other. */
+static st_status st__manifest_mesh(const char* path, const json_t* j, st_ckpt* c) {
+  st_status s = ST_OK;
   const json_t* mesh = json_object_get(j, "mesh");
   if (mesh) {
     /* Bounded like every count read from disk; the axes must multiply to
@@ -195,7 +204,15 @@ static st_status st__parse_manifest(const char* path, const char* text, size_t s
     c->mesh_tensor = (int)v[2];
     c->mesh_devices = (int)v[3];
   }
+done:
+  return s;
+}
 
+/* "files" and "tensors" as arrays within their limits, then every file
+ * entry (a plain name, a size, an xxh64). */
+static st_status st__manifest_files(const char* path, const json_t* j, st_ckpt* c) {
+  st_status s = ST_OK;
+  st_status r;
   const json_t* files = json_object_get(j, "files");
   const json_t* tensors = json_object_get(j, "tensors");
   if (!json_is_array(files) || !json_is_array(tensors))
@@ -225,6 +242,16 @@ static st_status st__parse_manifest(const char* path, const char* text, size_t s
     fi->bytes = (size_t)bytes;
     if (bytes < 0 || !st__parse_hex64(hash, &fi->xxh64)) ST__FAIL("'%s': files[%zu] has a bad size or xxh64", path, i);
   }
+done:
+  return s;
+}
+
+/* Every tensor entry: typed, its bytes matching its shape, in a listed
+ * file, stored whole; then names unique. After the files, which it names. */
+static st_status st__manifest_tensors(const char* path, const json_t* j, st_ckpt* c) {
+  st_status s = ST_OK;
+  st_status r;
+  const json_t* tensors = json_object_get(j, "tensors");
   c->tensors = st_xcalloc(json_array_size(tensors) + 1, sizeof(*c->tensors));
   for (size_t i = 0; i < json_array_size(tensors); ++i) {
     const json_t* t = json_array_get(tensors, i);
@@ -283,6 +310,27 @@ static st_status st__parse_manifest(const char* path, const char* text, size_t s
     free(by_name);
     if (s) goto done;
   }
+done:
+  return s;
+}
+
+/* Manifest text (|size| bytes, not NUL-terminated) into |c|: self-checksum,
+ * format, version, typed fields, every count within its limit. */
+static st_status st__parse_manifest(const char* path, const char* text, size_t size, st_ckpt* c, json_t** out_json) {
+  *out_json = NULL;
+  json_t* j = NULL;
+  st_status s = ST_OK;
+  st_status r = st_json_parse(text, size, path, &j);
+  if (r) {
+    s = st_status_recode(r, ST_CODE_CKPT, "'%s' is malformed", path);
+    goto done;
+  }
+  if (!json_is_object(j)) ST__FAIL("'%s' is malformed: not a JSON object", path);
+  s = st__manifest_header(path, text, size, j, c);
+  if (!s) s = st__manifest_fields(path, j, c);
+  if (!s) s = st__manifest_mesh(path, j, c);
+  if (!s) s = st__manifest_files(path, j, c);
+  if (!s) s = st__manifest_tensors(path, j, c);
 done:
   if (s) {
     json_decref(j);

@@ -622,40 +622,222 @@ void st_analyze_target_close(st_analyze_target* t) {
   memset(t, 0, sizeof(*t));
 }
 
-int st_cli_analyze(int argc, char** argv) {
-  bool json = false, lint = false, dot = false;
-  const char* dot_program = NULL;
-  const char* diff_a = NULL;
+/* A run's step from its plan, measurements and the peak: the sums a
+ * screen and --json both show, computed once. */
+typedef struct st__step_totals {
+  double flops, dot, read, write; /* per device, the step's launches */
+  double model_flops;             /* the step's model FLOPs (run directories) */
+  double devices;
+  double bound_s; /* the launches' roofline bounds, per step */
+  double mfu;     /* -1: unknown */
+  int furthest;   /* the program furthest above its bound; -1 none */
+  double role_us[ST__ROLES]; /* measured launch time by role */
+} st__step_totals;
+
+/* Every program and collective of |bundle| analyzed (a new array of *out_n,
+ * each with its role); a program that does not read carries its error. */
+static st__prog* st__analyze_all(const st_bundle* bundle, int* out_n) {
+  int n = bundle->program_count + bundle->collective_count;
+  st__prog* progs = st_xcalloc((size_t)(n > 0 ? n : 1), sizeof(*progs));
+  for (int i = 0; i < bundle->program_count; ++i) st__analyze_one(bundle, &bundle->programs[i], "program", &progs[i]);
+  for (int i = 0; i < bundle->collective_count; ++i)
+    st__analyze_one(bundle, &bundle->collectives[i], "collective", &progs[bundle->program_count + i]);
+  for (int i = 0; i < n; ++i) progs[i].role = st__role(bundle, progs[i].name);
+  *out_n = n;
+  return progs;
+}
+
+/* A run directory's measurements: the launches per step from its plan,
+ * the step lines of metrics.jsonl, the launch times of its traces. */
+static st_status st__measure_run(const char* dir, const st_plan* step, st__prog* progs, int n, st__steps* steps,
+                                 st__trace_sum* traces) {
+  for (int k = 0; k < step->op_count; ++k) {
+    const st_op* op = &step->ops[k];
+    if (op->kind != ST_OP_LAUNCH && op->kind != ST_OP_RECOMPUTE && op->kind != ST_OP_COLLECTIVE) continue;
+    const char* name = step->programs[op->program];
+    for (int i = 0; i < n; ++i)
+      if (!strcmp(progs[i].name, name)) {
+        progs[i].launches += 1;
+        break;
+      }
+  }
+  st_status s = st__read_metrics(dir, steps);
+  if (!s) s = st__read_traces(dir, progs, n, traces);
+  return s;
+}
+
+/* The step's sums, its MFU against the peak, the program furthest above
+ * its bound and the measured time by role. */
+static void st__totals(const st__prog* progs, int n, bool is_run, const st_bundle* bundle, const st_plan* step,
+                       const st__steps* steps, const st_train_peak* peak, st__step_totals* t) {
+  memset(t, 0, sizeof(*t));
+  for (int i = 0; i < n; ++i) {
+    if (progs[i].error) continue;
+    t->flops += progs[i].launches * progs[i].st.flops;
+    t->dot += progs[i].launches * (progs[i].st.dot_flops + progs[i].st.conv_flops);
+    t->read += progs[i].launches * progs[i].st.arg_bytes;
+    t->write += progs[i].launches * progs[i].st.result_bytes;
+  }
+  t->model_flops = is_run ? st_train_model_flops_per_token(bundle) * steps->tokens : 0;
+  t->devices = step->devices > 1 ? step->devices : 1;
+  /* Per device: each device runs the step's launches. */
+  t->mfu = -1;
+  t->furthest = -1;
+  for (int i = 0; i < n; ++i) {
+    t->bound_s += progs[i].launches * progs[i].bound_us * 1e-6;
+    if (progs[i].bound_us > 0 && progs[i].measured_n > 0 &&
+        (t->furthest < 0 || progs[i].measured_us - progs[i].measured_n * progs[i].bound_us >
+                                progs[t->furthest].measured_us - progs[t->furthest].measured_n * progs[t->furthest].bound_us))
+      t->furthest = i;
+  }
+  if (peak->flops_per_s > 0 && steps->time_s > 0) t->mfu = t->model_flops / steps->time_s / (peak->flops_per_s * t->devices);
+  for (int i = 0; i < n; ++i)
+    for (int r = 0; r < ST__ROLES; ++r)
+      if (progs[i].role && !strcmp(progs[i].role, kRoles[r])) t->role_us[r] += progs[i].measured_us;
+}
+
+/* --json's "step" object of a run directory. */
+static json_t* st__step_json(const st__prog* progs, const st__step_totals* t, const st__steps* steps,
+                             const st__trace_sum* traces) {
+  json_t* sj = st_json_obj();
+  st_json_put_int(sj, "devices", (int64_t)t->devices);
+  st_json_put_num(sj, "flops", t->flops);
+  st_json_put_num(sj, "dot_flops", t->dot);
+  st_json_put_num(sj, "arg_bytes", t->read);
+  st_json_put_num(sj, "result_bytes", t->write);
+  st_json_put_num(sj, "tokens", steps->tokens);
+  st_json_put_num(sj, "model_flops", t->model_flops);
+  st_json_put_int(sj, "steps_measured", steps->count);
+  if (steps->time_s > 0) {
+    st_json_put_num(sj, "step_time_s", steps->time_s);
+    st_json_put_num(sj, "achieved_flops_per_s", t->flops * t->devices / steps->time_s);
+    st_json_put_num(sj, "model_flops_per_s", t->model_flops / steps->time_s);
+    st_json_put_num(sj, "wait_s", steps->wait_s);
+    st_json_put_num(sj, "host_s", steps->time_s - steps->wait_s);
+  }
+  st_json_put(sj, "mfu", t->mfu >= 0 ? json_real(t->mfu) : json_null());
+  if (t->bound_s > 0) {
+    st_json_put_num(sj, "bound_s", t->bound_s);
+    if (steps->time_s > 0) st_json_put_num(sj, "bound_share", t->bound_s / steps->time_s);
+  }
+  /* The program whose measured launches lose the most time to their bound. */
+  if (t->furthest >= 0) st_json_put_str(sj, "furthest_from_bound", progs[t->furthest].name);
+  if (traces->files > 0) {
+    json_t* tj = st_json_obj();
+    st_json_put_int(tj, "files", traces->files);
+    st_json_put_num(tj, "step_time_s", traces->span_us * 1e-6 / traces->files);
+    st_json_put_num(tj, "device_s", traces->launch_us * 1e-6 / traces->files);
+    /* Wait slices overlap (each runs from its issue): their sum is not a time. */
+    st_json_put_num(tj, "wait_slices_s", traces->wait_us * 1e-6 / traces->files);
+    st_json_put_num(tj, "host_ops_s", traces->host_us * 1e-6 / traces->files);
+    json_t* share = st_json_obj();
+    for (int r = 0; r < ST__ROLES; ++r)
+      if (t->role_us[r] > 0) st_json_put_num(share, kRoles[r], traces->launch_us > 0 ? t->role_us[r] / traces->launch_us : 0);
+    st_json_put(tj, "share_by_role", share);
+    st_json_put(sj, "trace", tj);
+  }
+  return sj;
+}
+
+/* The screen's lines of a run directory's step below the table. */
+static void st__print_step(const st__prog* progs, const st__step_totals* t, const st__steps* steps,
+                           const st__trace_sum* traces) {
+  char f[16], m[16], a[16];
+  st__si(t->flops * t->devices, f, sizeof(f));
+  st__si(t->model_flops, m, sizeof(m));
+  printf("step: %s FLOPs (%.0f%% dot) on %.0f device(s), model FLOPs %s (%.0f tokens)\n", f,
+         t->flops > 0 ? 100 * t->dot / t->flops : 0.0, t->devices, m, steps->tokens);
+  if (steps->time_s > 0) {
+    st__si(t->flops * t->devices / steps->time_s, a, sizeof(a));
+    printf("      %.4f s per step (mean of %d), %s FLOP/s achieved, host %.4f s, waiting on the device %.4f s\n",
+           steps->time_s, steps->count > 1 ? steps->count - 1 : steps->count, a, steps->time_s - steps->wait_s,
+           steps->wait_s);
+  } else {
+    printf("      no step in metrics.jsonl: no achieved FLOP/s\n");
+  }
+  if (t->mfu >= 0)
+    printf("      MFU %.4g%% (model FLOP/s over %.0f x the peak); the bound is %.4f s per step (%.1f%% of the step)\n",
+           100 * t->mfu, t->devices, t->bound_s, steps->time_s > 0 ? 100 * t->bound_s / steps->time_s : 0.0);
+  if (t->furthest >= 0) {
+    const st__prog* fp = &progs[t->furthest];
+    printf("      furthest from its bound: %s, %.1fx its %s bound (%.4f s per step above it)\n", fp->name,
+           fp->measured_us / fp->measured_n / fp->bound_us, fp->memory_bound ? "memory" : "compute",
+           (fp->measured_us - fp->measured_n * fp->bound_us) * 1e-6 / (traces->files > 0 ? traces->files : 1));
+  }
+  if (traces->files > 0) {
+    printf("trace (%d step%s): device work", traces->files, traces->files > 1 ? "s" : "");
+    for (int r = 0; r < ST__ROLES; ++r)
+      if (t->role_us[r] > 0 && traces->launch_us > 0) printf(" %s %.0f%%", kRoles[r], 100 * t->role_us[r] / traces->launch_us);
+    printf("; host ops %.4f s per step\n", traces->host_us * 1e-6 / traces->files);
+  } else {
+    printf("trace: none (trace.steps=[N] records one): no time per launch\n");
+  }
+}
+
+/* The screen: the table, the peak and bound legend, XLA's fusions and,
+ * for a run directory, its step. */
+static void st__print_text(const st_bundle* bundle, const st__prog* progs, int n, bool is_run, const st_train_peak* peak,
+                           const st__step_totals* t, const st__steps* steps, const st__trace_sum* traces) {
+  printf("bundle %s: %d programs, %d collectives\n", bundle->dir, bundle->program_count,
+         bundle->collective_count);
+  st__print_table(progs, n, is_run, traces->files > 0, peak->flops_per_s > 0);
+  if (peak->flops_per_s > 0) {
+    char pf[16], pb[16] = "-";
+    st__si(peak->flops_per_s, pf, sizeof(pf));
+    if (peak->bytes_per_s > 0) st__si(peak->bytes_per_s, pb, sizeof(pb));
+    printf("peak: %s FLOP/s, %sB/s per device (%s: %s)\n", pf, pb, peak->source, peak->detail);
+    printf("      bound = max(FLOPs / peak, (read + write B) / bandwidth): c compute, m memory; gap = measured / bound\n");
+  } else {
+    printf("peak: %s; no roofline bound\n", peak->detail[0] ? peak->detail : "not measured (run strata doctor)");
+  }
+  st__print_xla(progs, n);
+  if (is_run) st__print_step(progs, t, steps, traces);
+}
+
+/* The views' flags taken out of |argv|, the rest [--json] DIR parsed.
+ * Returns -1 to go on, else the exit code (help, a usage error). */
+static int st__analyze_args(int argc, char** argv, bool* json, bool* lint, bool* dot, const char** dot_program,
+                            const char** diff_a, const char** dir) {
   /* The views' flags first; the rest is [--json] DIR. */
   char** rest = st_xcalloc((size_t)argc + 1, sizeof(char*));
   int nrest = 0;
   for (int i = 0; i < argc; ++i) {
     if (!strcmp(argv[i], "--lint")) {
-      lint = true;
+      *lint = true;
     } else if (!strcmp(argv[i], "--dot")) {
-      dot = true;
+      *dot = true;
     } else if (!strncmp(argv[i], "--dot=", 6)) {
-      dot = true;
-      dot_program = argv[i] + 6;
+      *dot = true;
+      *dot_program = argv[i] + 6;
     } else if (!strcmp(argv[i], "--diff") && i + 1 < argc) {
-      diff_a = argv[++i];
+      *diff_a = argv[++i];
     } else {
       rest[nrest++] = argv[i];
     }
   }
   const char* pos[1];
   int npos = 0;
-  bool help = st_cli_json_args(nrest, rest, kUsage, &json, pos, 1, &npos);
+  bool help = st_cli_json_args(nrest, rest, kUsage, json, pos, 1, &npos);
   free(rest);
   if (help) return 0;
-  if (npos != 1 || (dot + lint + (diff_a != NULL)) > 1) {
+  if (npos != 1 || (*dot + *lint + (*diff_a != NULL)) > 1) {
     fprintf(stderr, "%s\n", kUsage);
     return 2;
   }
-  if (dot) return st_analyze_dot(pos[0], dot_program);
-  if (diff_a) return st_analyze_diff(diff_a, pos[0], json);
-  if (lint) return st_analyze_lint(pos[0], json);
-  const char* dir = pos[0];
+  *dir = pos[0];
+  return -1;
+}
+
+int st_cli_analyze(int argc, char** argv) {
+  bool json = false, lint = false, dot = false;
+  const char* dot_program = NULL;
+  const char* diff_a = NULL;
+  const char* dir = NULL;
+  int rc = st__analyze_args(argc, argv, &json, &lint, &dot, &dot_program, &diff_a, &dir);
+  if (rc >= 0) return rc;
+  if (dot) return st_analyze_dot(dir, dot_program);
+  if (diff_a) return st_analyze_diff(diff_a, dir, json);
+  if (lint) return st_analyze_lint(dir, json);
   st_analyze_target tg;
   st_status s = st_analyze_target_open(dir, &tg);
   bool is_run = tg.is_run;
@@ -666,30 +848,10 @@ int st_cli_analyze(int argc, char** argv) {
   st__prog* progs = NULL;
   st__steps steps;
   memset(&steps, 0, sizeof(steps));
-  if (!s) {
-    n = bundle->program_count + bundle->collective_count;
-    progs = st_xcalloc((size_t)(n > 0 ? n : 1), sizeof(*progs));
-    for (int i = 0; i < bundle->program_count; ++i) st__analyze_one(bundle, &bundle->programs[i], "program", &progs[i]);
-    for (int i = 0; i < bundle->collective_count; ++i)
-      st__analyze_one(bundle, &bundle->collectives[i], "collective", &progs[bundle->program_count + i]);
-    for (int i = 0; i < n; ++i) progs[i].role = st__role(bundle, progs[i].name);
-  }
+  if (!s) progs = st__analyze_all(bundle, &n);
   st__trace_sum traces;
   memset(&traces, 0, sizeof(traces));
-  if (!s && is_run) {
-    for (int k = 0; k < step.op_count; ++k) {
-      const st_op* op = &step.ops[k];
-      if (op->kind != ST_OP_LAUNCH && op->kind != ST_OP_RECOMPUTE && op->kind != ST_OP_COLLECTIVE) continue;
-      const char* name = step.programs[op->program];
-      for (int i = 0; i < n; ++i)
-        if (!strcmp(progs[i].name, name)) {
-          progs[i].launches += 1;
-          break;
-        }
-    }
-    s = st__read_metrics(dir, &steps);
-    if (!s) s = st__read_traces(dir, progs, n, &traces);
-  }
+  if (!s && is_run) s = st__measure_run(dir, &step, progs, n, &steps, &traces);
   if (!s) {
     char* root = is_run ? NULL : st_cache_root(NULL);
     st__read_xla(is_run ? o.cache_root : root, bundle, progs, n);
@@ -702,31 +864,8 @@ int st_cli_analyze(int argc, char** argv) {
     for (int i = 0; i < n; ++i) st__bound(&progs[i], &peak);
   }
   if (!s) {
-    double step_flops = 0, step_dot = 0, step_read = 0, step_write = 0;
-    for (int i = 0; i < n; ++i) {
-      if (progs[i].error) continue;
-      step_flops += progs[i].launches * progs[i].st.flops;
-      step_dot += progs[i].launches * (progs[i].st.dot_flops + progs[i].st.conv_flops);
-      step_read += progs[i].launches * progs[i].st.arg_bytes;
-      step_write += progs[i].launches * progs[i].st.result_bytes;
-    }
-    double model_flops = is_run ? st_train_model_flops_per_token(bundle) * steps.tokens : 0;
-    double devices = step.devices > 1 ? step.devices : 1;
-    /* Per device: each device runs the step's launches. */
-    double bound_s = 0, mfu = -1;
-    int furthest = -1;
-    for (int i = 0; i < n; ++i) {
-      bound_s += progs[i].launches * progs[i].bound_us * 1e-6;
-      if (progs[i].bound_us > 0 && progs[i].measured_n > 0 &&
-          (furthest < 0 || progs[i].measured_us - progs[i].measured_n * progs[i].bound_us >
-                               progs[furthest].measured_us - progs[furthest].measured_n * progs[furthest].bound_us))
-        furthest = i;
-    }
-    if (peak.flops_per_s > 0 && steps.time_s > 0) mfu = model_flops / steps.time_s / (peak.flops_per_s * devices);
-    double role_us[ST__ROLES] = {0}; /* measured launch time by role */
-    for (int i = 0; i < n; ++i)
-      for (int r = 0; r < ST__ROLES; ++r)
-        if (progs[i].role && !strcmp(progs[i].role, kRoles[r])) role_us[r] += progs[i].measured_us;
+    st__step_totals t;
+    st__totals(progs, n, is_run, bundle, &step, &steps, &peak, &t);
     if (json) {
       json_t* j = st_json_obj();
       st_json_put_str(j, "bundle", bundle->dir);
@@ -734,95 +873,12 @@ int st_cli_analyze(int argc, char** argv) {
       json_t* arr = st_json_arr();
       for (int i = 0; i < n; ++i) json_array_append_new(arr, st__prog_json(&progs[i]));
       st_json_put(j, "programs", arr);
-      st_json_put(j, "peak", st_train_peak_json(&peak, (int)devices));
-      if (is_run) {
-        json_t* sj = st_json_obj();
-        st_json_put_int(sj, "devices", (int64_t)devices);
-        st_json_put_num(sj, "flops", step_flops);
-        st_json_put_num(sj, "dot_flops", step_dot);
-        st_json_put_num(sj, "arg_bytes", step_read);
-        st_json_put_num(sj, "result_bytes", step_write);
-        st_json_put_num(sj, "tokens", steps.tokens);
-        st_json_put_num(sj, "model_flops", model_flops);
-        st_json_put_int(sj, "steps_measured", steps.count);
-        if (steps.time_s > 0) {
-          st_json_put_num(sj, "step_time_s", steps.time_s);
-          st_json_put_num(sj, "achieved_flops_per_s", step_flops * devices / steps.time_s);
-          st_json_put_num(sj, "model_flops_per_s", model_flops / steps.time_s);
-          st_json_put_num(sj, "wait_s", steps.wait_s);
-          st_json_put_num(sj, "host_s", steps.time_s - steps.wait_s);
-        }
-        st_json_put(sj, "mfu", mfu >= 0 ? json_real(mfu) : json_null());
-        if (bound_s > 0) {
-          st_json_put_num(sj, "bound_s", bound_s);
-          if (steps.time_s > 0) st_json_put_num(sj, "bound_share", bound_s / steps.time_s);
-        }
-        /* The program whose measured launches lose the most time to their bound. */
-        if (furthest >= 0) st_json_put_str(sj, "furthest_from_bound", progs[furthest].name);
-        if (traces.files > 0) {
-          json_t* tj = st_json_obj();
-          st_json_put_int(tj, "files", traces.files);
-          st_json_put_num(tj, "step_time_s", traces.span_us * 1e-6 / traces.files);
-          st_json_put_num(tj, "device_s", traces.launch_us * 1e-6 / traces.files);
-          /* Wait slices overlap (each runs from its issue): their sum is not a time. */
-          st_json_put_num(tj, "wait_slices_s", traces.wait_us * 1e-6 / traces.files);
-          st_json_put_num(tj, "host_ops_s", traces.host_us * 1e-6 / traces.files);
-          json_t* share = st_json_obj();
-          for (int r = 0; r < ST__ROLES; ++r)
-            if (role_us[r] > 0) st_json_put_num(share, kRoles[r], traces.launch_us > 0 ? role_us[r] / traces.launch_us : 0);
-          st_json_put(tj, "share_by_role", share);
-          st_json_put(sj, "trace", tj);
-        }
-        st_json_put(j, "step", sj);
-      }
+      st_json_put(j, "peak", st_train_peak_json(&peak, (int)t.devices));
+      if (is_run) st_json_put(j, "step", st__step_json(progs, &t, &steps, &traces));
       st_cli_print_json(j, 0);
       json_decref(j);
     } else {
-      printf("bundle %s: %d programs, %d collectives\n", bundle->dir, bundle->program_count,
-             bundle->collective_count);
-      st__print_table(progs, n, is_run, traces.files > 0, peak.flops_per_s > 0);
-      if (peak.flops_per_s > 0) {
-        char pf[16], pb[16] = "-";
-        st__si(peak.flops_per_s, pf, sizeof(pf));
-        if (peak.bytes_per_s > 0) st__si(peak.bytes_per_s, pb, sizeof(pb));
-        printf("peak: %s FLOP/s, %sB/s per device (%s: %s)\n", pf, pb, peak.source, peak.detail);
-        printf("      bound = max(FLOPs / peak, (read + write B) / bandwidth): c compute, m memory; gap = measured / bound\n");
-      } else {
-        printf("peak: %s; no roofline bound\n", peak.detail[0] ? peak.detail : "not measured (run strata doctor)");
-      }
-      st__print_xla(progs, n);
-      if (is_run) {
-        char f[16], m[16], a[16];
-        st__si(step_flops * devices, f, sizeof(f));
-        st__si(model_flops, m, sizeof(m));
-        printf("step: %s FLOPs (%.0f%% dot) on %.0f device(s), model FLOPs %s (%.0f tokens)\n", f,
-               step_flops > 0 ? 100 * step_dot / step_flops : 0.0, devices, m, steps.tokens);
-        if (steps.time_s > 0) {
-          st__si(step_flops * devices / steps.time_s, a, sizeof(a));
-          printf("      %.4f s per step (mean of %d), %s FLOP/s achieved, host %.4f s, waiting on the device %.4f s\n",
-                 steps.time_s, steps.count > 1 ? steps.count - 1 : steps.count, a, steps.time_s - steps.wait_s,
-                 steps.wait_s);
-        } else {
-          printf("      no step in metrics.jsonl: no achieved FLOP/s\n");
-        }
-        if (mfu >= 0)
-          printf("      MFU %.4g%% (model FLOP/s over %.0f x the peak); the bound is %.4f s per step (%.1f%% of the step)\n",
-                 100 * mfu, devices, bound_s, steps.time_s > 0 ? 100 * bound_s / steps.time_s : 0.0);
-        if (furthest >= 0) {
-          const st__prog* f = &progs[furthest];
-          printf("      furthest from its bound: %s, %.1fx its %s bound (%.4f s per step above it)\n", f->name,
-                 f->measured_us / f->measured_n / f->bound_us, f->memory_bound ? "memory" : "compute",
-                 (f->measured_us - f->measured_n * f->bound_us) * 1e-6 / (traces.files > 0 ? traces.files : 1));
-        }
-        if (traces.files > 0) {
-          printf("trace (%d step%s): device work", traces.files, traces.files > 1 ? "s" : "");
-          for (int r = 0; r < ST__ROLES; ++r)
-            if (role_us[r] > 0 && traces.launch_us > 0) printf(" %s %.0f%%", kRoles[r], 100 * role_us[r] / traces.launch_us);
-          printf("; host ops %.4f s per step\n", traces.host_us * 1e-6 / traces.files);
-        } else {
-          printf("trace: none (trace.steps=[N] records one): no time per launch\n");
-        }
-      }
+      st__print_text(bundle, progs, n, is_run, &peak, &t, &steps, &traces);
     }
   }
   for (int i = 0; i < n; ++i) {

@@ -1,7 +1,7 @@
 /* cmd_plan.c — `strata plan [--json] [--explain] [--compile] CONFIG [k=v ...]`:
  * the ops of one training step (and of one evaluation), with predicted live
  * bytes; or, with --explain, where the plan puts every tensor on the mesh
- * and what it communicates (plan_explain.c). Exports the bundle if needed;
+ * and what it communicates (src/plan/explain.c). Exports the bundle if needed;
  * compiles nothing unless --compile, which compiles the plans' programs
  * (through the executable cache) to add XLA's temporaries per program. */
 #include <stdlib.h>
@@ -10,7 +10,6 @@
 
 #include "cli/cli_util.h"
 #include "cli/commands.h"
-#include "cli/plan_explain.h"
 #include "strata/base.h"
 #include "strata/kernels.h"
 #include "strata/train.h"

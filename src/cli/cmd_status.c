@@ -1,11 +1,7 @@
 /* cmd_status.c — `strata status RUN_DIR [--json]`: what a run is doing or
- * how it ended, from its run directory alone (docs/design.md §6).
- *
- * Nothing here writes to the run directory or takes its lock: the lock is
- * probed (st_runlog_dir_holder), the logs are read from their tails only,
- * so a run being trained is never disturbed and a huge metrics.jsonl costs
- * at most ST__TAIL bytes. */
-#include <math.h>
+ * how it ended, from its run directory alone (docs/design.md §6). The
+ * reading is st_train_run_status's (src/train/run_status.c); this prints
+ * its object, for a screen or as JSON. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,81 +9,12 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "strata/base.h"
-#include "strata/ckpt.h"
-#include "strata/config.h"
-#include "strata/diag.h"
-#include "strata/obs.h"
 #include "strata/train.h"
 
 static const char* kUsage =
     "usage: strata status RUN_DIR [--json]\n"
     "  the state of a run (running with its pid, finished, failed with its exit class, interrupted by a signal),\n"
     "  its step, last loss, tokens/s, ETA, newest valid checkpoint and lock holder";
-
-/* Bytes read from the end of events.jsonl and metrics.jsonl. */
-#define ST__TAIL (64 * 1024)
-/* Step lines averaged for the ETA's step time. */
-#define ST__RECENT 10
-
-static bool st__keep_line(void* user, json_t* line, int64_t byte) {
-  (void)byte;
-  st_json_push((json_t*)user, json_incref(line));
-  return true;
-}
-
-/* The complete lines among the last ST__TAIL bytes of |path|, parsed, oldest
- * first (a new array). *out_torn: the file ends in bytes after its last
- * newline (a line being written, or cut by a crash). A line that is not a
- * JSON object is an error: this is not a strata run log. */
-static st_status st__tail_lines(const char* path, json_t** out, bool* out_torn) {
-  *out = NULL;
-  *out_torn = false;
-  json_t* lines = st_json_arr();
-  st_jsonl_stats js;
-  st_status s = st_jsonl_read(path, ST__TAIL, ST__TAIL, st__keep_line, lines, &js);
-  if (s) s = st_status_annotate(s, "strata status");
-  else if (js.bad && !strcmp(js.first_bad_why, "not a JSON object"))
-    s = st_status_make(ST_CODE_CONFIG, "strata status: '%s' holds a line that is not a JSON object; it is not a strata run log",
-                       path);
-  else if (js.bad)
-    s = st_status_make(ST_CODE_CONFIG,
-                       "strata status: '%s' holds a line that is not JSON (at byte %lld); it is not a strata run log, or "
-                       "was edited",
-                       path, (long long)js.first_bad_byte);
-  if (s) {
-    json_decref(lines);
-    return s;
-  }
-  *out_torn = js.torn;
-  *out = lines;
-  return ST_OK;
-}
-
-/* The class name of a process exit code (README, "Exit codes"). */
-static const char* st__exit_class(int64_t code) {
-  static const struct {
-    int exit;
-    st_code code;
-  } k[] = {{0, ST_CODE_OK},   {1, ST_CODE_INTERNAL}, {2, ST_CODE_CONFIG}, {3, ST_CODE_DATA},        {4, ST_CODE_RUNTIME},
-           {5, ST_CODE_NUMERICS}, {6, ST_CODE_HANG},   {7, ST_CODE_CKPT},   {8, ST_CODE_INTERRUPTED}, {9, ST_CODE_IO}};
-  for (size_t i = 0; i < sizeof(k) / sizeof(k[0]); ++i)
-    if (k[i].exit == code) return st_code_name(k[i].code);
-  return "unknown";
-}
-
-/* The newest event named |name| among |events| (borrowed), or NULL. */
-static const json_t* st__last_named(const json_t* events, const char* name) {
-  for (size_t i = json_array_size(events); i-- > 0;) {
-    const char* n = json_string_value(json_object_get(json_array_get(events, i), "event"));
-    if (n && !strcmp(n, name)) return json_array_get(events, i);
-  }
-  return NULL;
-}
-
-static void st__put_copy(json_t* out, const char* key, const json_t* from, const char* from_key) {
-  json_t* v = from ? json_object_get(from, from_key) : NULL;
-  st_json_put(out, key, v ? json_incref(v) : json_null());
-}
 
 static void st__human_rate(double v, char* out, size_t n) {
   if (v >= 1e6) snprintf(out, n, "%.1fM", v / 1e6);
@@ -100,202 +27,6 @@ static void st__human_secs(double s, char* out, size_t n) {
   if (t >= 3600) snprintf(out, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
   else if (t >= 60) snprintf(out, n, "%ldm%02lds", t / 60, t % 60);
   else snprintf(out, n, "%lds", t);
-}
-
-static double st__num(const json_t* obj, const char* key, bool* ok) {
-  const json_t* v = obj ? json_object_get(obj, key) : NULL;
-  *ok = v && json_is_number(v);
-  return *ok ? json_number_value(v) : 0.0;
-}
-
-/* Builds the status object of run directory |dir|. */
-static st_status st__status(const char* dir, json_t** out) {
-  *out = NULL;
-  if (!st_fs_exists(dir))
-    return st_status_make(ST_CODE_CONFIG, "strata status: '%s' does not exist; give the run directory strata train printed", dir);
-  if (!st_fs_is_dir(dir)) return st_status_make(ST_CODE_CONFIG, "strata status: '%s' is not a run directory: not a folder", dir);
-  char* events_path = st_path_join(dir, "events.jsonl");
-  char* metrics_path = st_path_join(dir, "metrics.jsonl");
-  char* config_path = st_path_join(dir, "config.yaml");
-  char* ckpt_root = st_path_join(dir, "checkpoints");
-  json_t *events = NULL, *metrics = NULL, *o = NULL;
-  st_config* cfg = NULL;
-  st_status s = ST_OK;
-  long holder = 0;
-  s = st_runlog_dir_holder(dir, &holder);
-  bool running = holder > 0 || holder == -2;
-  /* A run just starting holds the lock before it opens its logs. */
-  bool has_events = st_fs_exists(events_path);
-  if (!s && !has_events && !running)
-    s = st_status_make(ST_CODE_CONFIG,
-                       "strata status: '%s' is not a run directory: it has no events.jsonl (strata train and strata run "
-                       "write it when they start)",
-                       dir);
-  bool events_torn = false, metrics_torn = false;
-  if (!s && has_events) s = st__tail_lines(events_path, &events, &events_torn);
-  if (!s && st_fs_exists(metrics_path)) s = st__tail_lines(metrics_path, &metrics, &metrics_torn);
-  bool has_config = st_fs_exists(config_path);
-  if (!s && !has_config && !running)
-    s = st_status_make(ST_CODE_CONFIG, "strata status: '%s' is not a run directory: it has no config.yaml (strata train writes it first)",
-                       dir);
-  if (!s && has_config) s = st_status_annotate(st_config_load(config_path, 0, NULL, &cfg), "strata status: reading %s", config_path);
-  if (s) goto done;
-  /* A torn last line is a write in progress while the run lives; once it
-   * is over, what a crash left (the next resume cuts it). */
-  if (!running) {
-    char* q = st_shell_quote(dir);
-    if (events_torn)
-      fprintf(stderr, "strata: warning: %s ends in a torn line (a crash mid-write); ignored here, `strata resume %s` cuts it\n",
-              events_path, q);
-    if (metrics_torn)
-      fprintf(stderr, "strata: warning: %s ends in a torn line (a crash mid-write); ignored here, `strata resume %s` cuts it\n",
-              metrics_path, q);
-    free(q);
-  }
-
-  o = st_json_obj();
-  st_json_put_str(o, "run_dir", dir);
-  size_t ne = json_array_size(events);
-  const json_t* last = ne ? json_array_get(events, ne - 1) : NULL;
-  const char* last_name = last ? json_string_value(json_object_get(last, "event")) : NULL;
-  /* Under `strata run` the supervisor's summary comes last; the child's
-   * own final event before it has the details. */
-  const json_t* sup = last_name && !strcmp(last_name, "supervisor_done") ? last : NULL;
-  const char* outcome = sup ? json_string_value(json_object_get(sup, "outcome")) : NULL;
-  const char* state;
-  int64_t code = -1;
-  const char* reason = NULL;
-  const json_t* why = NULL; /* the event whose "error" explains a failure */
-  if (running) {
-    state = "running";
-  } else if (sup) {
-    if (!st_json_as_int(json_object_get(sup, "exit_code"), &code)) code = 1;
-    state = outcome && !strcmp(outcome, "completed") ? "finished" : outcome && !strcmp(outcome, "interrupted") ? "interrupted" : "failed";
-    why = st__last_named(events, "failed");
-    if (!why && !strcmp(state, "failed")) reason = "strata run stopped restarting it (see recovery.json)";
-  } else if (last_name && !strcmp(last_name, "done")) {
-    state = "finished";
-    code = 0;
-  } else if (last_name && !strcmp(last_name, "interrupted")) {
-    state = "interrupted";
-    code = 8;
-  } else if (last_name && !strcmp(last_name, "failed")) {
-    state = "failed";
-    if (!st_json_as_int(json_object_get(last, "exit_code"), &code)) code = 1;
-    why = last;
-  } else {
-    state = "failed";
-    reason = "ended without a final event: killed (SIGKILL, out of memory) or crashed";
-  }
-  st_json_put_str(o, "state", state);
-  st_json_put(o, "pid", running && holder > 0 ? st_json_int(holder) : json_null());
-  st_json_put(o, "exit_code", code >= 0 ? st_json_int(code) : json_null());
-  st_json_put(o, "exit_class", code >= 0 ? st_json_str(st__exit_class(code)) : json_null());
-  if (!strcmp(state, "failed") && why)
-    st__put_copy(o, "error", why, "error");
-  else
-    st_json_put(o, "error", !strcmp(state, "failed") && reason ? st_json_str(reason) : json_null());
-  const char* signal = NULL;
-  if (!strcmp(state, "interrupted")) {
-    const json_t* child = st__last_named(events, "interrupted");
-    const json_t* si = st__last_named(events, "supervisor_interrupted");
-    int64_t num = 0;
-    if (child) signal = json_string_value(json_object_get(child, "signal_name"));
-    if (!signal && si && st_json_as_int(json_object_get(si, "signal"), &num)) signal = st_signal_name((int)num);
-  }
-  st_json_put(o, "signal", signal ? st_json_str(signal) : json_null());
-  st_json_put(o, "supervisor_outcome", outcome ? st_json_str(outcome) : json_null());
-  st_json_put(o, "last_event", last_name ? st_json_str(last_name) : json_null());
-  st__put_copy(o, "last_event_time", last, "time");
-
-  /* Progress: the last step line, the mean step time of the recent ones. */
-  const json_t* step_line = NULL;
-  double sum = 0;
-  int recent = 0;
-  for (size_t i = json_array_size(metrics); i-- > 0;) {
-    const json_t* m = json_array_get(metrics, i);
-    if (!json_object_get(m, "loss")) continue; /* eval lines */
-    if (!step_line) step_line = m;
-    bool ok;
-    double dt = st__num(m, "step_time_s", &ok);
-    if (ok && recent < ST__RECENT) {
-      sum += dt;
-      ++recent;
-    }
-  }
-  /* train.steps through the typed options, the one reader of config keys. */
-  int64_t total = 0;
-  bool have_total = false;
-  int metrics_port = 0;
-  if (cfg) {
-    st_plan_options opts;
-    st_status os = st_plan_options_from_config(cfg, &opts);
-    if (!os) {
-      total = opts.steps;
-      have_total = true;
-      metrics_port = opts.metrics_port;
-    }
-    st_status_free(os);
-    st_plan_options_deinit(&opts);
-  }
-  int64_t step = 0;
-  if (step_line) st_json_as_int(json_object_get(step_line, "step"), &step);
-  st_json_put(o, "step", step_line ? st_json_int(step) : json_null());
-  st_json_put(o, "total_steps", have_total ? st_json_int(total) : json_null());
-  st__put_copy(o, "loss", step_line, "loss");
-  st__put_copy(o, "tokens_per_s", step_line, "tokens_per_s");
-  double step_time = recent ? sum / recent : 0;
-  st_json_put(o, "step_time_s", recent ? st_json_fixed(step_time, 6) : json_null());
-  st_json_put_int(o, "step_time_steps", recent);
-  bool eta = running && have_total && recent && total > step;
-  st_json_put(o, "eta_s", eta ? st_json_fixed((double)(total - step) * step_time, 1) : json_null());
-  /* The live endpoint serves while the process lives: config.yaml is
-   * rewritten by every attempt before it binds (a port it cannot bind ends
-   * the attempt, exit 2). */
-  if (running && metrics_port > 0) {
-    char url[64];
-    snprintf(url, sizeof(url), "http://127.0.0.1:%d/metrics", metrics_port);
-    st_json_put_str(o, "metrics_url", url);
-  } else {
-    st_json_put(o, "metrics_url", json_null());
-  }
-
-  /* The checkpoint a resume would take. */
-  st_ckpt* c = NULL;
-  int skipped = 0;
-  s = st_ckpt_find_valid(ckpt_root, NULL, NULL, NULL, &c, &skipped);
-  if (s) goto done;
-  if (c) {
-    const char* slash = strrchr(c->dir, '/');
-    st_json_put_str(o, "checkpoint", slash ? slash + 1 : c->dir);
-    st_json_put_int(o, "checkpoint_step", c->step);
-  } else {
-    st_json_put(o, "checkpoint", json_null());
-    st_json_put(o, "checkpoint_step", json_null());
-  }
-  st_json_put_int(o, "checkpoints_invalid", skipped);
-  st_ckpt_free(c);
-  json_t* lock = st_json_obj();
-  st_json_put_str(lock, "file", ".lock");
-  st_json_put_bool(lock, "held", running);
-  st_json_put(lock, "pid", holder > 0 ? st_json_int(holder) : json_null());
-  if (holder == -1) st_json_put_str(lock, "note", "this filesystem has no flock: a live run cannot be detected");
-  st_json_put(o, "lock", lock);
-
-done:
-  if (s) {
-    json_decref(o);
-    o = NULL;
-  }
-  *out = o;
-  json_decref(events);
-  json_decref(metrics);
-  st_config_destroy(cfg);
-  free(events_path);
-  free(metrics_path);
-  free(config_path);
-  free(ckpt_root);
-  return s;
 }
 
 static void st__print(const json_t* o) {
@@ -374,7 +105,7 @@ int st_cli_status(int argc, char** argv) {
     return st_cli_report(st_status_make(ST_CODE_CONFIG, "strata status: path too long"));
   for (size_t k = strlen(path); k > 1 && path[k - 1] == '/'; --k) path[k - 1] = '\0';
   json_t* o = NULL;
-  st_status s = st__status(path, &o);
+  st_status s = st_train_run_status(path, &o);
   if (s) return st_cli_report(s);
   if (json) {
     st_cli_print_json(o, 2);

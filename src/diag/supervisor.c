@@ -412,6 +412,251 @@ static char* st__default_run_dir(const st_supervisor_request* req) {
   return st_xstrdup(buf);
 }
 
+/* The run directory made ready for a supervised run, before any event:
+ * refused when it holds a run and this is no resume, created, locked for
+ * the supervisor's whole life, its events.jsonl's torn tail cut. A phase
+ * of its own because every failure here ends the supervisor before it
+ * installs handlers or writes anything. */
+static st_status st__open_run_dir(st__sup* S) {
+  const st_supervisor_request* req = S->req;
+  st_status s = ST_OK;
+  if (st_runlog_dir_has_run(S->dir) && !req->resume) {
+    char* q = st_shell_quote(S->dir);
+    s = st_status_make(ST_CODE_CONFIG,
+                       "run directory '%s' already holds a run (steps in metrics.jsonl, checkpoints); set run.dir to a new folder, or continue it "
+                       "supervised with run.resume=true (or unsupervised: strata resume %s)",
+                       S->dir, q);
+    free(q);
+  }
+  if (!s) s = st_fs_mkdirs(S->dir);
+  /* The supervisor holds the run directory's lock across restarts (each
+   * child inherits it), so nothing else can slip in between two attempts,
+   * and a second supervisor is refused before it writes an event. */
+  if (!s) s = st_runlog_lock_dir(S->dir, &S->lock_fd);
+  /* The child cuts a torn last line before it appends; the supervisor
+   * appends to events.jsonl first, so it does the same there. */
+  long cut = 0;
+  if (!s) s = st_runlog_repair_tail(S->events_path, &cut);
+  if (!s && cut) fprintf(stderr, "strata run: %s ended in a torn line (%ld bytes); cut it before appending\n", S->events_path, cut);
+  return s;
+}
+
+/* The next attempt's argv (NULL-terminated; the strings borrowed from
+ * |req| and |dir_arg|) and, in |cmd|, the same as a shell line for the
+ * event and the console. Apart from the spawn so the choice between a
+ * fresh train and a resume reads on its own. */
+static char** st__attempt_argv(const st__sup* S, char* dir_arg, st_strbuf* cmd) {
+  const st_supervisor_request* req = S->req;
+  /* First attempt: the user's command. Later ones resume from the
+   * snapshot config.yaml the first one wrote (if it got that far). */
+  char* config_yaml = st_path_join(S->dir, "config.yaml");
+  bool have_snapshot = st_fs_exists(config_yaml);
+  free(config_yaml);
+  int argc = 0;
+  char** argv = st_xcalloc((size_t)req->override_count + 8, sizeof(char*));
+  argv[argc++] = (char*)req->exe;
+  if (S->attempts > 0 && have_snapshot) {
+    argv[argc++] = "resume";
+    argv[argc++] = S->dir;
+  } else {
+    argv[argc++] = "train";
+    argv[argc++] = (char*)req->config_path;
+    /* The run directory is the supervisor's (same value, made explicit). */
+    for (int i = 0; i < req->override_count; ++i)
+      if (strncmp(req->overrides[i], "run.dir=", 8)) argv[argc++] = req->overrides[i];
+    argv[argc++] = dir_arg;
+    if (S->attempts > 0) argv[argc++] = "run.resume=true";
+  }
+  argv[argc] = NULL;
+  for (int i = 1; i < argc; ++i) {
+    if (i > 1) st_strbuf_append(cmd, " ");
+    st_strbuf_append_shell(cmd, argv[i]);
+  }
+  return argv;
+}
+
+/* Starts one attempt and records it (child_start or restart, the open
+ * incident marked restarted). *out_pid is 0, and the outcome
+ * "interrupted", when a stop signal came before the spawn. */
+static st_status st__start_attempt(st__sup* S, char* dir_arg, pid_t* out_pid, double* out_spawned_at) {
+  st_strbuf cmd = {0};
+  char** argv = st__attempt_argv(S, dir_arg, &cmd);
+  pid_t pid = 0;
+  S->tail_offset = st__size(S->events_path);
+  S->hang_dir[0] = S->hang_op[0] = S->failed_class[0] = '\0';
+  st_status s = st__spawn(argv, S->lock_fd, &pid);
+  free(argv);
+  *out_pid = pid;
+  if (s || !pid) {
+    if (!s) S->outcome = "interrupted"; /* a stop signal before the spawn */
+    st_strbuf_free(&cmd);
+    return s;
+  }
+  double spawned_at = st__supervisor_wall();
+  *out_spawned_at = spawned_at;
+  S->attempts++;
+  if (S->inc_count && !S->inc[S->inc_count - 1].restarted) {
+    st__incident* I = &S->inc[S->inc_count - 1];
+    I->restarted = true;
+    I->restarted_at = spawned_at;
+  }
+  {
+    json_t* e = st_json_obj();
+    st_json_put_int(e, "attempt", S->attempts);
+    st_json_put_int(e, "pid", (int64_t)pid);
+    st_json_put_str(e, "command", cmd.data);
+    st__supervisor_event(S, S->attempts == 1 ? "child_start" : "restart", e);
+  }
+  fprintf(stderr, "strata run: attempt %d: strata %s (pid %ld)\n", S->attempts, cmd.data, (long)pid);
+  st_strbuf_free(&cmd);
+  return ST_OK;
+}
+
+/* The ends of an attempt that stop the supervisor without an incident:
+ * success, a stop signal to the supervisor, a planned stop of the child
+ * (exit 8), a failure a restart would repeat. Returns true when the
+ * supervisor stops (S->outcome set); false: an incident follows. Apart
+ * from the incident so the restart policy reads as one list. */
+static bool st__stops_without_incident(st__sup* S, int code, double detected_at) {
+  /* A restarted child that finished without running a step (the crash
+   * came after the last step) has still recovered. */
+  if (code == 0 && S->inc_count && !S->inc[S->inc_count - 1].recovered && S->inc[S->inc_count - 1].restarted) {
+    S->inc[S->inc_count - 1].recovered = true;
+    S->inc[S->inc_count - 1].recovered_at = detected_at;
+  }
+  if (code == 0) {
+    S->outcome = "completed";
+    S->exit_code = 0;
+    return true;
+  }
+  S->exit_code = code >= 0 ? code : 1;
+  if (g_stop_signal) {
+    S->outcome = "interrupted";
+    json_t* f = st_json_obj();
+    st_json_put_int(f, "signal", (int)g_stop_signal);
+    st_json_put_int(f, "child_exit_code", code);
+    st__supervisor_event(S, "supervisor_interrupted", f);
+    fprintf(stderr, "strata run: stopped by signal %d; not restarting\n", (int)g_stop_signal);
+    return true;
+  }
+  if (code == 8) {
+    /* The child was stopped by a signal sent to it, not to us (a
+     * scheduler, a user): it saved a checkpoint and exited 8. A planned
+     * stop, not a crash: no incident, no restart. */
+    S->outcome = "interrupted";
+    json_t* f = st_json_obj();
+    st_json_put_int(f, "exit_code", 8);
+    st_json_put_str(f, "reason", "the trainer was stopped by a signal after writing a checkpoint");
+    st__supervisor_event(S, "child_interrupted", f);
+    char* q = st_shell_quote(S->dir);
+    fprintf(stderr, "strata run: the trainer was stopped by a signal (exit 8) after writing a checkpoint; not restarting "
+                    "(continue with strata resume %s)\n", q);
+    free(q);
+    return true;
+  }
+  /* Exit 4 with the failed event's class "memory": predicted not to fit,
+   * or an allocation failed; the same config on the same host asks for
+   * the same memory again. Other exit 4s (a plugin crash) are restarted. */
+  bool oom = code == 4 && !strcmp(S->failed_class, "memory");
+  if (code == 2 || code == 3 || code == 5 || oom) {
+    /* Exit 5 (a non-finite loss or gradient norm that diag.on_nonfinite
+     * did not absorb) is a numeric fault of the run, not a crash: a
+     * restart resumes the same state on the same data and meets it again. */
+    const char* what = oom ? st_code_name(ST_CODE_MEMORY) : code == 2 ? "config error" : code == 3 ? "data error" : "non-finite numerics error";
+    S->outcome = "not_restartable";
+    json_t* f = st_json_obj();
+    st_json_put_int(f, "exit_code", code);
+    if (oom) st_json_put_str(f, "class", "memory");
+    st_json_put_str(f, "reason", oom         ? "memory: the step was predicted not to fit, or an allocation failed; a "
+                                               "restart would ask for the same memory and fail the same way"
+                                 : code == 2 ? "config error: a restart would fail the same way"
+                                 : code == 3 ? "data error: a restart would fail the same way"
+                                             : "non-finite numerics (diag.on_nonfinite): a restart would resume the same "
+                                               "state and data and fail the same way");
+    st__supervisor_event(S, "giving_up", f);
+    fprintf(stderr, "strata run: the trainer exited %d (%s); not restarting\n", code, what);
+    return true;
+  }
+  return false;
+}
+
+/* Records a crash, a kill or a hang as an incident (event and console)
+ * with its backoff. Returns true when max_restarts is reached (outcome
+ * "gave_up"). Its own phase: what the recovery report is made of. */
+static bool st__record_incident(st__sup* S, int code, int sig, bool hung, double spawned_at, double detected_at) {
+  S->inc = st_xrealloc(S->inc, (size_t)(S->inc_count + 1) * sizeof(*S->inc));
+  st__incident* I = &S->inc[S->inc_count++];
+  memset(I, 0, sizeof(*I));
+  I->n = S->inc_count;
+  I->attempt = S->attempts;
+  I->exit_code = code;
+  I->signal = sig;
+  if (hung) {
+    snprintf(I->cause, sizeof(I->cause), "hang: no progress for %.1f s (recovery.hang_timeout_s), killed", S->hang_timeout_s);
+  } else if (sig) {
+    snprintf(I->cause, sizeof(I->cause), "killed by signal %d (%s)", sig, strsignal(sig));
+  } else if (code == 6) {
+    snprintf(I->cause, sizeof(I->cause), "exit 6 (hang detected by the trainer)");
+    snprintf(I->hang_dir, sizeof(I->hang_dir), "%s", S->hang_dir);
+    snprintf(I->hang_op, sizeof(I->hang_op), "%s", S->hang_op);
+  } else {
+    snprintf(I->cause, sizeof(I->cause), "exit %d", code);
+  }
+  I->detected_at = detected_at;
+  I->last_alive = fmax(spawned_at, fmax(st__mtime(S->events_path), st__mtime(S->metrics_path)));
+  if (I->last_alive > detected_at) I->last_alive = detected_at;
+  I->last_step = st__last_recorded_step(S);
+  if (I->last_step < 0) I->last_step = 0;
+  bool give_up = S->restarts >= S->max_restarts;
+  I->backoff_s = give_up ? 0 : fmin(S->backoff_s * pow(2.0, S->restarts), S->backoff_max_s);
+  {
+    json_t* e = st__incident_json(I);
+    st_json_put(e, "backoff_s", st_json_fixed(I->backoff_s, 3));
+    st_json_put_bool(e, "will_restart", !give_up);
+    st__supervisor_event(S, "incident", e);
+  }
+  if (I->hang_dir[0]) fprintf(stderr, "strata run: the trainer's watchdog named %s; bundle in %s\n", I->hang_op, I->hang_dir);
+  fprintf(stderr, "strata run: incident %d: %s after step %lld; %s\n", I->n, I->cause, (long long)I->last_step,
+          give_up ? "max_restarts reached, giving up" : "restarting");
+  if (give_up) {
+    S->outcome = "gave_up";
+    json_t* f = st_json_obj();
+    st_json_put_int(f, "restarts", S->restarts);
+    st_json_put_int(f, "max_restarts", S->max_restarts);
+    st__supervisor_event(S, "giving_up", f);
+  }
+  return give_up;
+}
+
+/* The attempts, until one ends the supervisor: start, wait, classify the
+ * end, back off. Returns a spawn failure's status. */
+static st_status st__attempts(st__sup* S) {
+  char dir_arg[4200];
+  snprintf(dir_arg, sizeof(dir_arg), "run.dir=%s", S->dir);
+  for (;;) {
+    pid_t pid = 0;
+    double spawned_at = 0;
+    st_status s = st__start_attempt(S, dir_arg, &pid, &spawned_at);
+    if (s || !pid) return s;
+
+    bool hung = false;
+    int status = st__wait_child(S, pid, spawned_at, &hung);
+    g_child = 0;
+    double detected_at = st__supervisor_wall();
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    if (st__stops_without_incident(S, code, detected_at)) return ST_OK;
+    if (st__record_incident(S, code, sig, hung, spawned_at, detected_at)) return ST_OK;
+    st__write_summary(S);
+    st__sleep(S->inc[S->inc_count - 1].backoff_s);
+    if (g_stop_signal) {
+      S->outcome = "interrupted";
+      return ST_OK;
+    }
+    S->restarts++;
+  }
+}
+
 st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
   *out_exit_code = 1;
   st__sup S;
@@ -427,25 +672,7 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
   S.backoff_max_s = req->recovery.backoff_max_s;
   S.hang_timeout_s = req->recovery.hang_timeout_s;
   S.outcome = "running";
-  st_status s = ST_OK;
-  if (st_runlog_dir_has_run(S.dir) && !req->resume) {
-    char* q = st_shell_quote(S.dir);
-    s = st_status_make(ST_CODE_CONFIG,
-                       "run directory '%s' already holds a run (steps in metrics.jsonl, checkpoints); set run.dir to a new folder, or continue it "
-                       "supervised with run.resume=true (or unsupervised: strata resume %s)",
-                       S.dir, q);
-    free(q);
-  }
-  if (!s) s = st_fs_mkdirs(S.dir);
-  /* The supervisor holds the run directory's lock across restarts (each
-   * child inherits it), so nothing else can slip in between two attempts,
-   * and a second supervisor is refused before it writes an event. */
-  if (!s) s = st_runlog_lock_dir(S.dir, &S.lock_fd);
-  /* The child cuts a torn last line before it appends; the supervisor
-   * appends to events.jsonl first, so it does the same there. */
-  long cut = 0;
-  if (!s) s = st_runlog_repair_tail(S.events_path, &cut);
-  if (!s && cut) fprintf(stderr, "strata run: %s ended in a torn line (%ld bytes); cut it before appending\n", S.events_path, cut);
+  st_status s = st__open_run_dir(&S);
   if (s) goto done;
   S.tail_offset = st__size(S.events_path);
 
@@ -467,178 +694,7 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
     st_json_put(f, "hang_timeout_s", st_json_fixed(S.hang_timeout_s, 3));
     st__supervisor_event(&S, "supervisor_start", f);
   }
-  char dir_arg[4200];
-  snprintf(dir_arg, sizeof(dir_arg), "run.dir=%s", S.dir);
-  for (;;) {
-    /* First attempt: the user's command. Later ones resume from the
-     * snapshot config.yaml the first one wrote (if it got that far). */
-    char* config_yaml = st_path_join(S.dir, "config.yaml");
-    bool have_snapshot = st_fs_exists(config_yaml);
-    free(config_yaml);
-    int argc = 0;
-    char** argv = st_xcalloc((size_t)req->override_count + 8, sizeof(char*));
-    argv[argc++] = (char*)req->exe;
-    if (S.attempts > 0 && have_snapshot) {
-      argv[argc++] = "resume";
-      argv[argc++] = S.dir;
-    } else {
-      argv[argc++] = "train";
-      argv[argc++] = (char*)req->config_path;
-      /* The run directory is the supervisor's (same value, made explicit). */
-      for (int i = 0; i < req->override_count; ++i)
-        if (strncmp(req->overrides[i], "run.dir=", 8)) argv[argc++] = req->overrides[i];
-      argv[argc++] = dir_arg;
-      if (S.attempts > 0) argv[argc++] = "run.resume=true";
-    }
-    argv[argc] = NULL;
-    st_strbuf cmd = {0};
-    for (int i = 1; i < argc; ++i) {
-      if (i > 1) st_strbuf_append(&cmd, " ");
-      st_strbuf_append_shell(&cmd, argv[i]);
-    }
-    pid_t pid = 0;
-    S.tail_offset = st__size(S.events_path);
-    S.hang_dir[0] = S.hang_op[0] = S.failed_class[0] = '\0';
-    s = st__spawn(argv, S.lock_fd, &pid);
-    free(argv);
-    if (s || !pid) {
-      if (!s) S.outcome = "interrupted"; /* a stop signal before the spawn */
-      st_strbuf_free(&cmd);
-      break;
-    }
-    double spawned_at = st__supervisor_wall();
-    S.attempts++;
-    if (S.inc_count && !S.inc[S.inc_count - 1].restarted) {
-      st__incident* I = &S.inc[S.inc_count - 1];
-      I->restarted = true;
-      I->restarted_at = spawned_at;
-    }
-    {
-      json_t* e = st_json_obj();
-      st_json_put_int(e, "attempt", S.attempts);
-      st_json_put_int(e, "pid", (int64_t)pid);
-      st_json_put_str(e, "command", cmd.data);
-      st__supervisor_event(&S, S.attempts == 1 ? "child_start" : "restart", e);
-    }
-    fprintf(stderr, "strata run: attempt %d: strata %s (pid %ld)\n", S.attempts, cmd.data, (long)pid);
-    st_strbuf_free(&cmd);
-
-    bool hung = false;
-    int status = st__wait_child(&S, pid, spawned_at, &hung);
-    g_child = 0;
-    double detected_at = st__supervisor_wall();
-    int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-    /* A restarted child that finished without running a step (the crash
-     * came after the last step) has still recovered. */
-    if (code == 0 && S.inc_count && !S.inc[S.inc_count - 1].recovered && S.inc[S.inc_count - 1].restarted) {
-      S.inc[S.inc_count - 1].recovered = true;
-      S.inc[S.inc_count - 1].recovered_at = detected_at;
-    }
-    if (code == 0) {
-      S.outcome = "completed";
-      S.exit_code = 0;
-      break;
-    }
-    S.exit_code = code >= 0 ? code : 1;
-    if (g_stop_signal) {
-      S.outcome = "interrupted";
-      json_t* f = st_json_obj();
-      st_json_put_int(f, "signal", (int)g_stop_signal);
-      st_json_put_int(f, "child_exit_code", code);
-      st__supervisor_event(&S, "supervisor_interrupted", f);
-      fprintf(stderr, "strata run: stopped by signal %d; not restarting\n", (int)g_stop_signal);
-      break;
-    }
-    if (code == 8) {
-      /* The child was stopped by a signal sent to it, not to us (a
-       * scheduler, a user): it saved a checkpoint and exited 8. A planned
-       * stop, not a crash: no incident, no restart. */
-      S.outcome = "interrupted";
-      json_t* f = st_json_obj();
-      st_json_put_int(f, "exit_code", 8);
-      st_json_put_str(f, "reason", "the trainer was stopped by a signal after writing a checkpoint");
-      st__supervisor_event(&S, "child_interrupted", f);
-      char* q = st_shell_quote(S.dir);
-      fprintf(stderr, "strata run: the trainer was stopped by a signal (exit 8) after writing a checkpoint; not restarting "
-                      "(continue with strata resume %s)\n", q);
-      free(q);
-      break;
-    }
-    /* Exit 4 with the failed event's class "memory": predicted not to fit,
-     * or an allocation failed; the same config on the same host asks for
-     * the same memory again. Other exit 4s (a plugin crash) are restarted. */
-    bool oom = code == 4 && !strcmp(S.failed_class, "memory");
-    if (code == 2 || code == 3 || code == 5 || oom) {
-      /* Exit 5 (a non-finite loss or gradient norm that diag.on_nonfinite
-       * did not absorb) is a numeric fault of the run, not a crash: a
-       * restart resumes the same state on the same data and meets it again. */
-      const char* what = oom ? st_code_name(ST_CODE_MEMORY) : code == 2 ? "config error" : code == 3 ? "data error" : "non-finite numerics error";
-      S.outcome = "not_restartable";
-      json_t* f = st_json_obj();
-      st_json_put_int(f, "exit_code", code);
-      if (oom) st_json_put_str(f, "class", "memory");
-      st_json_put_str(f, "reason", oom         ? "memory: the step was predicted not to fit, or an allocation failed; a "
-                                                 "restart would ask for the same memory and fail the same way"
-                                   : code == 2 ? "config error: a restart would fail the same way"
-                                   : code == 3 ? "data error: a restart would fail the same way"
-                                               : "non-finite numerics (diag.on_nonfinite): a restart would resume the same "
-                                                 "state and data and fail the same way");
-      st__supervisor_event(&S, "giving_up", f);
-      fprintf(stderr, "strata run: the trainer exited %d (%s); not restarting\n", code, what);
-      break;
-    }
-    /* An incident. */
-    S.inc = st_xrealloc(S.inc, (size_t)(S.inc_count + 1) * sizeof(*S.inc));
-    st__incident* I = &S.inc[S.inc_count++];
-    memset(I, 0, sizeof(*I));
-    I->n = S.inc_count;
-    I->attempt = S.attempts;
-    I->exit_code = code;
-    I->signal = sig;
-    if (hung) {
-      snprintf(I->cause, sizeof(I->cause), "hang: no progress for %.1f s (recovery.hang_timeout_s), killed", S.hang_timeout_s);
-    } else if (sig) {
-      snprintf(I->cause, sizeof(I->cause), "killed by signal %d (%s)", sig, strsignal(sig));
-    } else if (code == 6) {
-      snprintf(I->cause, sizeof(I->cause), "exit 6 (hang detected by the trainer)");
-      snprintf(I->hang_dir, sizeof(I->hang_dir), "%s", S.hang_dir);
-      snprintf(I->hang_op, sizeof(I->hang_op), "%s", S.hang_op);
-    } else {
-      snprintf(I->cause, sizeof(I->cause), "exit %d", code);
-    }
-    I->detected_at = detected_at;
-    I->last_alive = fmax(spawned_at, fmax(st__mtime(S.events_path), st__mtime(S.metrics_path)));
-    if (I->last_alive > detected_at) I->last_alive = detected_at;
-    I->last_step = st__last_recorded_step(&S);
-    if (I->last_step < 0) I->last_step = 0;
-    bool give_up = S.restarts >= S.max_restarts;
-    I->backoff_s = give_up ? 0 : fmin(S.backoff_s * pow(2.0, S.restarts), S.backoff_max_s);
-    {
-      json_t* e = st__incident_json(I);
-      st_json_put(e, "backoff_s", st_json_fixed(I->backoff_s, 3));
-      st_json_put_bool(e, "will_restart", !give_up);
-      st__supervisor_event(&S, "incident", e);
-    }
-    if (I->hang_dir[0]) fprintf(stderr, "strata run: the trainer's watchdog named %s; bundle in %s\n", I->hang_op, I->hang_dir);
-    fprintf(stderr, "strata run: incident %d: %s after step %lld; %s\n", I->n, I->cause, (long long)I->last_step,
-            give_up ? "max_restarts reached, giving up" : "restarting");
-    if (give_up) {
-      S.outcome = "gave_up";
-      json_t* f = st_json_obj();
-      st_json_put_int(f, "restarts", S.restarts);
-      st_json_put_int(f, "max_restarts", S.max_restarts);
-      st__supervisor_event(&S, "giving_up", f);
-      break;
-    }
-    st__write_summary(&S);
-    st__sleep(I->backoff_s);
-    if (g_stop_signal) {
-      S.outcome = "interrupted";
-      break;
-    }
-    S.restarts++;
-  }
+  s = st__attempts(&S);
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);
   sigaction(SIGHUP, &old_hup, NULL);

@@ -96,30 +96,19 @@ static st_status st__copy_file(const char* src, const char* dst) {
   return s;
 }
 
-/* The folder of the first non-finite output: output |k| of |op|, which
- * has |bad| non-finite elements of |n|. */
-static st_status st__write_bundle(st__trainer* t, const st_op* op, int k, int64_t bad, int64_t n) {
-  st__check* c = t->check;
-  const char* name = t->step_plan.programs[op->program];
-  /* A tensor-parallel block's programs are the bundle's SPMD programs;
-   * their tensor types are the per-device ones, as the hooks saw them. */
-  const st_bundle_program* bp = st_bundle_program_find(t->bundle, name);
-  const bool spmd = !bp && (bp = st_bundle_collective_find(t->bundle, name)) != NULL;
-  if (!bp || bp->input_count != op->input_count || bp->output_count != op->output_count || c->n_in != op->input_count)
-    return st_status_make(ST_CODE_INTERNAL, "locating: program '%s' of the plan is not the bundle's", name);
-  int64_t step = t->step + 1;
-  char leaf[64];
-  snprintf(leaf, sizeof(leaf), "nonfinite-step%lld", (long long)step);
-  char* diag = st_path_join(t->run_dir, "diag");
-  char* dir = st_path_join(diag, leaf);
-  free(diag);
-  st_status s = st_fs_mkdirs(dir);
-  /* The inputs, named as the program names them (an index added to a
-   * repeated name), and whether each is finite. */
+/* The first training sequence of |op|'s batch (its microbatch's under
+ * accumulation): nonfinite.json's "samples" and the README say the same. */
+static int64_t st__first_sample(const st__trainer* t, const st_op* op) {
+  return t->step * t->o->batch_size + (op->micro >= 0 ? op->micro * t->mb : 0);
+}
+
+/* The inputs, named as the program names them (an index added to a
+ * repeated name), written as inputs.safetensors unless |s| already failed;
+ * every name goes to |inputs|, a non-finite one's to |bad_inputs| too. */
+static st_status st__bundle_inputs(const st__check* c, const st_op* op, const st_bundle_program* bp, const char* dir,
+                                   json_t* inputs, json_t* bad_inputs, st_status s) {
   st_named_tensor* nt = st_xcalloc((size_t)op->input_count + 1, sizeof(*nt));
   char** names = st_xcalloc((size_t)op->input_count + 1, sizeof(char*));
-  json_t* inputs = json_array();
-  json_t* bad_inputs = json_array();
   for (int j = 0; j < op->input_count; ++j) {
     bool repeated = false;
     for (int i = 0; i < j; ++i) repeated = repeated || !strcmp(bp->inputs[i].name, bp->inputs[j].name);
@@ -137,6 +126,13 @@ static st_status st__write_bundle(st__trainer* t, const st_op* op, int k, int64_
   for (int j = 0; j < op->input_count; ++j) free(names[j]);
   free(names);
   free(nt);
+  return s;
+}
+
+/* The files copied beside the inputs: the program's StableHLO, the run's
+ * config and (a BPE run) its tokenizer, which the bundle's identity names. */
+static st_status st__bundle_copies(const st__trainer* t, const st_bundle_program* bp, const char* dir, st_status s) {
+  char* path = NULL;
   if (!s) {
     path = st_path_join(dir, "program.mlir");
     s = st__copy_file(bp->path, path);
@@ -157,9 +153,17 @@ static st_status st__write_bundle(st__trainer* t, const st_op* op, int k, int64_
     free(path);
   }
   free(tok_src);
+  return s;
+}
+
+/* nonfinite.json's object (returned, owned): where the value came out,
+ * the inputs (|inputs| and |bad_inputs| stolen), the outputs' types, the
+ * batch, the bundle, the run's identity and the drill's injection if any;
+ * what strata repro reads back. */
+static json_t* st__bundle_record(const st__trainer* t, const st_op* op, const st_bundle_program* bp, int k, int64_t bad,
+                                 int64_t n, bool spmd, bool injected, json_t* inputs, json_t* bad_inputs) {
+  int64_t step = t->step + 1;
   bool inputs_finite = json_array_size(bad_inputs) == 0;
-  bool injected = t->nan_fired_step == step && op->kind == ST_OP_LAUNCH && op->layer == t->nan_fired_layer &&
-                  op->micro == t->nan_fired_micro && !strcmp(bp->outputs[k].name, t->nan_fired_output);
   json_t* r = st_json_obj();
   st_json_put_int(r, "step", step);
   st_json_put_str(r, "program", bp->name);
@@ -187,8 +191,7 @@ static st_status st__write_bundle(st__trainer* t, const st_op* op, int k, int64_
   st_json_put(r, "outputs", outs);
   /* The batch: training sequences of this microbatch (all devices' rows). */
   json_t* samples = st_json_obj();
-  int64_t first = t->step * t->o->batch_size + (op->micro >= 0 ? op->micro * t->mb : 0);
-  st_json_put_int(samples, "first", first);
+  st_json_put_int(samples, "first", st__first_sample(t, op));
   st_json_put_int(samples, "count", op->micro >= 0 ? t->mb : t->o->batch_size);
   st_json_put_str(samples, "stream", "train");
   st_json_put(r, "samples", samples);
@@ -219,44 +222,81 @@ static st_status st__write_bundle(st__trainer* t, const st_op* op, int k, int64_
   } else {
     st_json_put(r, "injected", json_null());
   }
+  return r;
+}
+
+/* The bundle's README.md: the same facts as nonfinite.json in words, and
+ * how to replay it (or why strata repro cannot: an SPMD program). */
+static st_status st__bundle_readme(const st__trainer* t, const st_op* op, const st_bundle_program* bp, int k, int64_t bad,
+                                   int64_t n, bool spmd, bool injected, bool inputs_finite, const char* dir) {
+  int64_t step = t->step + 1;
+  int64_t first = st__first_sample(t, op);
+  char where[64];
+  st__nf_where(op->layer, op->micro, where, sizeof(where));
+  char replay[4200];
+  if (spmd)
+    snprintf(replay, sizeof(replay),
+             "The program is a tensor-parallel SPMD program over %d devices and `inputs.safetensors` holds device "
+             "index 0's shards: `strata repro` replays one-device programs only, not this one.\n\n",
+             t->step_plan.devices);
+  else
+    snprintf(replay, sizeof(replay), "Replay the program alone on these inputs:\n\n    strata repro %s\n\n", dir);
+  st_strbuf rd = {0};
+  st_strbuf_printf(&rd,
+                   "# Non-finite value at step %lld\n\n"
+                   "The first non-finite value of step %lld of run %s came out of program `%s` (%s, plan op %lld)%s: "
+                   "output `%s` (index %d), %lld of %lld elements not finite. Its inputs "
+                   "were %s.%s\n\n"
+                   "Files: `inputs.safetensors` (the program's inputs, in order: nonfinite.json \"inputs\"), "
+                   "`program.mlir` (its StableHLO, sha256 %s, bundle %s), `config.yaml` (the run's resolved config), "
+                   "`nonfinite.json` (all of the above, and the batch: training sequences %lld..%lld).\n\n"
+                   "%s"
+                   "(docs/diagnostics.md, \"Reading a NaN bundle\").\n",
+                   (long long)step, (long long)step, t->run_dir, bp->name, st_op_kind_name(op->kind),
+                   (long long)(op - t->step_plan.ops), where, bp->outputs[k].name, k, (long long)bad,
+                   (long long)n, inputs_finite ? "all finite" : "not all finite (nonfinite.json \"nonfinite_inputs\")",
+                   injected ? " The value was injected by faults.nan_at (a drill), not produced by the program." : "",
+                   bp->sha256, t->bundle->key, (long long)first,
+                   (long long)(first + (op->micro >= 0 ? t->mb : t->o->batch_size) - 1), replay);
+  char* path = st_path_join(dir, "README.md");
+  st_status s = st_fs_write_atomic(path, rd.data, rd.len);
+  free(path);
+  st_strbuf_free(&rd);
+  return s;
+}
+
+/* The folder of the first non-finite output: output |k| of |op|, which
+ * has |bad| non-finite elements of |n|. */
+static st_status st__write_bundle(st__trainer* t, const st_op* op, int k, int64_t bad, int64_t n) {
+  st__check* c = t->check;
+  const char* name = t->step_plan.programs[op->program];
+  /* A tensor-parallel block's programs are the bundle's SPMD programs;
+   * their tensor types are the per-device ones, as the hooks saw them. */
+  const st_bundle_program* bp = st_bundle_program_find(t->bundle, name);
+  const bool spmd = !bp && (bp = st_bundle_collective_find(t->bundle, name)) != NULL;
+  if (!bp || bp->input_count != op->input_count || bp->output_count != op->output_count || c->n_in != op->input_count)
+    return st_status_make(ST_CODE_INTERNAL, "locating: program '%s' of the plan is not the bundle's", name);
+  int64_t step = t->step + 1;
+  char leaf[64];
+  snprintf(leaf, sizeof(leaf), "nonfinite-step%lld", (long long)step);
+  char* diag = st_path_join(t->run_dir, "diag");
+  char* dir = st_path_join(diag, leaf);
+  free(diag);
+  st_status s = st_fs_mkdirs(dir);
+  json_t* inputs = json_array();
+  json_t* bad_inputs = json_array();
+  s = st__bundle_inputs(c, op, bp, dir, inputs, bad_inputs, s);
+  s = st__bundle_copies(t, bp, dir, s);
+  bool inputs_finite = json_array_size(bad_inputs) == 0;
+  bool injected = t->nan_fired_step == step && op->kind == ST_OP_LAUNCH && op->layer == t->nan_fired_layer &&
+                  op->micro == t->nan_fired_micro && !strcmp(bp->outputs[k].name, t->nan_fired_output);
+  json_t* r = st__bundle_record(t, op, bp, k, bad, n, spmd, injected, inputs, bad_inputs);
   if (!s) {
-    path = st_path_join(dir, "nonfinite.json");
+    char* path = st_path_join(dir, "nonfinite.json");
     s = st_json_write_file(path, r, 0);
     free(path);
   }
-  if (!s) {
-    char where[64];
-    st__nf_where(op->layer, op->micro, where, sizeof(where));
-    char replay[4200];
-    if (spmd)
-      snprintf(replay, sizeof(replay),
-               "The program is a tensor-parallel SPMD program over %d devices and `inputs.safetensors` holds device "
-               "index 0's shards: `strata repro` replays one-device programs only, not this one.\n\n",
-               t->step_plan.devices);
-    else
-      snprintf(replay, sizeof(replay), "Replay the program alone on these inputs:\n\n    strata repro %s\n\n", dir);
-    st_strbuf rd = {0};
-    st_strbuf_printf(&rd,
-                     "# Non-finite value at step %lld\n\n"
-                     "The first non-finite value of step %lld of run %s came out of program `%s` (%s, plan op %lld)%s: "
-                     "output `%s` (index %d), %lld of %lld elements not finite. Its inputs "
-                     "were %s.%s\n\n"
-                     "Files: `inputs.safetensors` (the program's inputs, in order: nonfinite.json \"inputs\"), "
-                     "`program.mlir` (its StableHLO, sha256 %s, bundle %s), `config.yaml` (the run's resolved config), "
-                     "`nonfinite.json` (all of the above, and the batch: training sequences %lld..%lld).\n\n"
-                     "%s"
-                     "(docs/diagnostics.md, \"Reading a NaN bundle\").\n",
-                     (long long)step, (long long)step, t->run_dir, bp->name, st_op_kind_name(op->kind),
-                     (long long)(op - t->step_plan.ops), where, bp->outputs[k].name, k, (long long)bad,
-                     (long long)n, inputs_finite ? "all finite" : "not all finite (nonfinite.json \"nonfinite_inputs\")",
-                     injected ? " The value was injected by faults.nan_at (a drill), not produced by the program." : "",
-                     bp->sha256, t->bundle->key, (long long)first,
-                     (long long)(first + (op->micro >= 0 ? t->mb : t->o->batch_size) - 1), replay);
-    path = st_path_join(dir, "README.md");
-    s = st_fs_write_atomic(path, rd.data, rd.len);
-    free(path);
-    st_strbuf_free(&rd);
-  }
+  if (!s) s = st__bundle_readme(t, op, bp, k, bad, n, spmd, injected, inputs_finite, dir);
   if (s) {
     json_decref(r);
     free(dir);

@@ -75,29 +75,53 @@ static char* st__bundle_tokenizer(const char* dir) {
   return NULL;
 }
 
-st_status st_train_repro(const char* dir, const st_repro_options* ro, st_repro_result* out) {
-  memset(out, 0, sizeof(*out));
-  st_repro_options none = {0};
-  if (!ro) ro = &none;
-  char* meta_path = st_path_join(dir, "nonfinite.json");
+/* What one replay holds between its phases; everything owned, freed by
+ * st__replay_free whether or not a phase failed. */
+typedef struct {
+  char* meta_path;
+  json_t* meta;
+  const char *program, *output, *sha; /* borrowed from meta */
+  int64_t k;                          /* the output recorded non-finite */
+  const json_t *inputs, *outputs;     /* borrowed from meta */
+  size_t n_in, n_out;
+  char* mlir;
+  char* in_path;
+  st_safetensors* file;
+  st_tensor_type* in_types;
+  const void** in_data; /* into file */
+  st_tensor_type* out_types;
+  st_config* cfg;
+  st_plan_options o;
+  char* cfg_path;
+  st_plan_opened opened;
+  st_program* prog;
+} st__replay;
+
+/* nonfinite.json, read as untrusted: the program, the output, the counts
+ * within bounds, not an SPMD program; what the result reports of it
+ * (names, the drill's injected value). */
+static st_status st__replay_meta(st__replay* R, const char* dir, st_repro_result* out) {
+  R->meta_path = st_path_join(dir, "nonfinite.json");
+  const char* meta_path = R->meta_path;
   char* text = NULL;
   size_t size = 0;
   st_status s = st_fs_read_file(meta_path, &text, &size);
   if (s) s = st_status_recode(s, ST_CODE_CONFIG, "%s is not a non-finite bundle (strata train writes them under <run>/diag/)", dir);
-  json_t* meta = NULL;
-  if (!s) s = st_json_parse(text, size, meta_path, &meta);
+  if (!s) s = st_json_parse(text, size, meta_path, &R->meta);
   if (s && st_status_code(s) != ST_CODE_CONFIG) s = st_status_recode(s, ST_CODE_CONFIG, "reading %s", meta_path);
   free(text);
-  const char *program = NULL, *output = NULL, *sha = NULL;
-  int64_t k = -1;
-  const json_t *inputs = NULL, *outputs = NULL;
-  if (!s) s = st_json_get_string(meta, "program", meta_path, &program);
-  if (!s) s = st_json_get_string(meta, "output", meta_path, &output);
-  if (!s) s = st_json_get_string(meta, "program_sha256", meta_path, &sha);
-  if (!s) s = st_json_get_int(meta, "output_index", meta_path, &k);
-  if (!s) s = st_json_get_array(meta, "inputs", meta_path, &inputs);
-  if (!s) s = st_json_get_array(meta, "outputs", meta_path, &outputs);
-  size_t n_in = inputs ? json_array_size(inputs) : 0, n_out = outputs ? json_array_size(outputs) : 0;
+  json_t* meta = R->meta;
+  R->k = -1;
+  if (!s) s = st_json_get_string(meta, "program", meta_path, &R->program);
+  if (!s) s = st_json_get_string(meta, "output", meta_path, &R->output);
+  if (!s) s = st_json_get_string(meta, "program_sha256", meta_path, &R->sha);
+  if (!s) s = st_json_get_int(meta, "output_index", meta_path, &R->k);
+  if (!s) s = st_json_get_array(meta, "inputs", meta_path, &R->inputs);
+  if (!s) s = st_json_get_array(meta, "outputs", meta_path, &R->outputs);
+  R->n_in = R->inputs ? json_array_size(R->inputs) : 0;
+  R->n_out = R->outputs ? json_array_size(R->outputs) : 0;
+  const size_t n_in = R->n_in, n_out = R->n_out;
+  const int64_t k = R->k;
   if (!s && (n_in > ST__REPRO_MAX_IO || n_out > ST__REPRO_MAX_IO || n_out == 0 || k < 0 || (size_t)k >= n_out))
     s = st_status_make(ST_CODE_CONFIG, "%s: %zu inputs, %zu outputs, output_index %lld: not a bundle strata wrote", meta_path, n_in,
                        n_out, (long long)k);
@@ -108,89 +132,109 @@ st_status st_train_repro(const char* dir, const st_repro_options* ro, st_repro_r
     s = st_status_make(ST_CODE_CONFIG,
                        "%s: program %s is a tensor-parallel SPMD program over %lld devices, and inputs.safetensors holds "
                        "device index 0's shards only; strata repro replays one-device programs (docs/diagnostics.md)",
-                       dir, program, (long long)json_integer_value(spmd));
+                       dir, R->program, (long long)json_integer_value(spmd));
   if (!s) {
-    snprintf(out->program, sizeof(out->program), "%s", program);
-    snprintf(out->output, sizeof(out->output), "%s", output);
+    snprintf(out->program, sizeof(out->program), "%s", R->program);
+    snprintf(out->output, sizeof(out->output), "%s", R->output);
     const json_t* inj = json_object_get(meta, "injected");
     out->injected = json_is_object(inj);
     const char* v = out->injected ? json_string_value(json_object_get(inj, "value")) : NULL;
     out->injected_value = v && !strcmp(v, "inf") ? 1 : v && !strcmp(v, "max") ? 2 : 0;
   }
+  return s;
+}
+
+/* The program as recorded (its sha256), the saved inputs in the recorded
+ * order and the outputs' types: the signature the program compiles to.
+ * |s| is the status so far: the paths and arrays exist either way. */
+static st_status st__replay_inputs(st__replay* R, const char* dir, st_status s) {
   /* The program, as recorded. */
-  char* mlir = st_path_join(dir, "program.mlir");
+  R->mlir = st_path_join(dir, "program.mlir");
   if (!s) {
     char got[65];
-    s = st_sha256_file_hex(mlir, got);
-    if (!s && strcmp(got, sha) != 0)
-      s = st_status_make(ST_CODE_CONFIG, "%s: sha256 %s, but nonfinite.json records %s: the program was changed", mlir, got, sha);
+    s = st_sha256_file_hex(R->mlir, got);
+    if (!s && strcmp(got, R->sha) != 0)
+      s = st_status_make(ST_CODE_CONFIG, "%s: sha256 %s, but nonfinite.json records %s: the program was changed", R->mlir, got, R->sha);
   }
   /* The inputs, in the recorded order. */
-  char* in_path = st_path_join(dir, "inputs.safetensors");
-  st_safetensors* file = NULL;
-  if (!s) s = st_safetensors_read(in_path, &file);
+  R->in_path = st_path_join(dir, "inputs.safetensors");
+  if (!s) s = st_safetensors_read(R->in_path, &R->file);
   if (s && st_status_code(s) == ST_CODE_CKPT) s = st_status_recode(s, ST_CODE_CONFIG, "reading the saved inputs");
-  st_tensor_type* in_types = st_xcalloc(n_in + 1, sizeof(st_tensor_type));
-  const void** in_data = st_xcalloc(n_in + 1, sizeof(void*));
-  st_tensor_type* out_types = st_xcalloc(n_out + 1, sizeof(st_tensor_type));
-  for (size_t j = 0; j < n_in && !s; ++j) {
-    const json_t* nm = json_array_get(inputs, j);
-    const st_safetensors_entry* e = json_is_string(nm) ? st_safetensors_find(file, json_string_value(nm)) : NULL;
+  R->in_types = st_xcalloc(R->n_in + 1, sizeof(st_tensor_type));
+  R->in_data = st_xcalloc(R->n_in + 1, sizeof(void*));
+  R->out_types = st_xcalloc(R->n_out + 1, sizeof(st_tensor_type));
+  for (size_t j = 0; j < R->n_in && !s; ++j) {
+    const json_t* nm = json_array_get(R->inputs, j);
+    const st_safetensors_entry* e = json_is_string(nm) ? st_safetensors_find(R->file, json_string_value(nm)) : NULL;
     if (!e) {
-      s = st_status_make(ST_CODE_CONFIG, "%s has no tensor for input %zu of %s", in_path, j, program);
+      s = st_status_make(ST_CODE_CONFIG, "%s has no tensor for input %zu of %s", R->in_path, j, R->program);
       break;
     }
-    in_types[j] = e->type;
-    in_data[j] = file->data + e->offset;
+    R->in_types[j] = e->type;
+    R->in_data[j] = R->file->data + e->offset;
   }
-  for (size_t j = 0; j < n_out && !s; ++j) {
+  for (size_t j = 0; j < R->n_out && !s; ++j) {
     char where[600];
-    snprintf(where, sizeof(where), "%s: outputs[%zu]", meta_path, j);
-    s = st__type_of(json_array_get(outputs, j), where, &out_types[j]);
+    snprintf(where, sizeof(where), "%s: outputs[%zu]", R->meta_path, j);
+    s = st__type_of(json_array_get(R->outputs, j), where, &R->out_types[j]);
   }
-  /* The run's runtime: its plugin, devices and determinism settings. */
-  st_config* cfg = NULL;
-  st_plan_options o;
-  memset(&o, 0, sizeof(o));
-  char* cfg_path = st_path_join(dir, "config.yaml");
-  if (!s) s = st_config_load(cfg_path, ro->n_overrides, ro->overrides, &cfg);
-  if (!s) s = st_plan_options_from_config(cfg, &o);
+  return s;
+}
+
+/* The run's config (its runtime: plugin, devices, determinism settings),
+ * checked against the identity nonfinite.json records. */
+static st_status st__replay_config(st__replay* R, const char* dir, const st_repro_options* ro, st_repro_result* out, st_status s) {
+  R->cfg_path = st_path_join(dir, "config.yaml");
+  if (!s) s = st_config_load(R->cfg_path, ro->n_overrides, ro->overrides, &R->cfg);
+  if (!s) s = st_plan_options_from_config(R->cfg, &R->o);
   /* The program replayed is the recorded one whatever the config says: a
    * config of another model or tokenizer would be a false premise. */
   if (!s) {
-    st_plan_record rec = {.label = "in nonfinite.json", .fallback_config = cfg_path};
-    const json_t* m = json_object_get(meta, "model");
-    const char* th = json_string_value(json_object_get(meta, "tokenizer_hash"));
+    st_plan_record rec = {.label = "in nonfinite.json", .fallback_config = R->cfg_path};
+    const json_t* m = json_object_get(R->meta, "model");
+    const char* th = json_string_value(json_object_get(R->meta, "tokenizer_hash"));
     if (json_is_object(m)) rec.model = (json_t*)m;
     rec.tokenizer_hash = (char*)th;
-    rec.source = meta_path;
-    char* tj = strcmp(o.data.tokenizer, "bpe") || o.data.synthetic ? NULL : st__bundle_tokenizer(dir);
+    rec.source = R->meta_path;
+    char* tj = strcmp(R->o.data.tokenizer, "bpe") || R->o.data.synthetic ? NULL : st__bundle_tokenizer(dir);
     char given[65] = "";
-    s = st_plan_given_tokenizer(&o, tj, given);
+    s = st_plan_given_tokenizer(&R->o, tj, given);
     free(tj);
-    if (!s) s = st_plan_check_identity(&rec, &o, given, ro->allow, st_plan_identity_fix, &out->identity);
+    if (!s) s = st_plan_check_identity(&rec, &R->o, given, ro->allow, st_plan_identity_fix, &out->identity);
   }
-  st_runtime* rt = NULL;
-  st_plan_opened opened;
-  memset(&opened, 0, sizeof(opened));
+  return s;
+}
+
+/* The runtime the run used (with strata's kernels when the program calls
+ * them) and the program compiled on it. */
+static st_status st__replay_compile(st__replay* R, st_repro_result* out, st_status s) {
   /* A program of an ffi bundle calls strata's kernels: the opener
    * registers them before the client, as the run did (docs/kernels.md). */
   if (!s) {
     char* text = NULL;
     size_t len = 0;
-    if (!st_fs_read_file(mlir, &text, &len) && text && strstr(text, "custom_call @strata_")) {
-      opened.calls_kernels = true;
+    if (!st_fs_read_file(R->mlir, &text, &len) && text && strstr(text, "custom_call @strata_")) {
+      R->opened.calls_kernels = true;
       out->calls_kernels = true;
     }
     free(text);
   }
-  if (!s) s = st_plan_open_runtime(&o, NULL, &opened);
-  rt = opened.runtime;
-  st_program* prog = NULL;
+  if (!s) s = st_plan_open_runtime(&R->o, NULL, &R->opened);
   if (!s) {
-    st_program_signature sig = {(int)n_in, in_types, (int)n_out, out_types};
-    s = st_program_compile_file(rt, mlir, &sig, &prog);
+    st_program_signature sig = {(int)R->n_in, R->in_types, (int)R->n_out, R->out_types};
+    s = st_program_compile_file(R->opened.runtime, R->mlir, &sig, &R->prog);
   }
+  return s;
+}
+
+/* The replays: the program run twice on fresh copies of the inputs, the
+ * recorded output counted for non-finite elements and compared between
+ * runs (reproduces, repeatable). */
+static st_status st__replay_runs(st__replay* R, st_repro_result* out, st_status s) {
+  const size_t n_in = R->n_in, n_out = R->n_out;
+  const int64_t k = R->k;
+  st_runtime* rt = R->opened.runtime;
+  st_tensor_type* out_types = R->out_types;
   st_buffer** ins = st_xcalloc(n_in + 1, sizeof(st_buffer*));
   st_buffer** outs = st_xcalloc(n_out + 1, sizeof(st_buffer*));
   size_t out_bytes = st_tensor_type_bytes(&out_types[k >= 0 && (size_t)k < n_out ? k : 0]);
@@ -199,8 +243,8 @@ st_status st_train_repro(const char* dir, const st_repro_options* ro, st_repro_r
   const int runs = 2;
   for (int r = 0; r < runs && !s; ++r) {
     /* Donated inputs are consumed: fresh buffers every run. */
-    for (size_t j = 0; j < n_in && !s; ++j) s = st_buffer_from_host(rt, 0, &in_types[j], in_data[j], &ins[j]);
-    if (!s) s = st_program_execute(prog, 0, ins, (int)n_in, outs, (int)n_out, NULL);
+    for (size_t j = 0; j < n_in && !s; ++j) s = st_buffer_from_host(rt, 0, &R->in_types[j], R->in_data[j], &ins[j]);
+    if (!s) s = st_program_execute(R->prog, 0, ins, (int)n_in, outs, (int)n_out, NULL);
     if (!s) s = st_buffer_to_host(outs[k], host, out_bytes);
     for (size_t j = 0; j < n_in; ++j) {
       st_buffer_destroy(ins[j]);
@@ -242,18 +286,36 @@ st_status st_train_repro(const char* dir, const st_repro_options* ro, st_repro_r
   free(host);
   free(ins);
   free(outs);
-  st_program_destroy(prog);
-  st_plan_close(&opened);
-  st_plan_options_deinit(&o); /* frees runtime.cache_dir too */
-  st_config_destroy(cfg);
-  free(cfg_path);
-  free(in_types);
-  free(in_data);
-  free(out_types);
-  st_safetensors_free(file);
-  free(in_path);
-  free(mlir);
-  json_decref(meta);
-  free(meta_path);
+  return s;
+}
+
+static void st__replay_free(st__replay* R) {
+  st_program_destroy(R->prog);
+  st_plan_close(&R->opened);
+  st_plan_options_deinit(&R->o); /* frees runtime.cache_dir too */
+  st_config_destroy(R->cfg);
+  free(R->cfg_path);
+  free(R->in_types);
+  free(R->in_data);
+  free(R->out_types);
+  st_safetensors_free(R->file);
+  free(R->in_path);
+  free(R->mlir);
+  json_decref(R->meta);
+  free(R->meta_path);
+}
+
+st_status st_train_repro(const char* dir, const st_repro_options* ro, st_repro_result* out) {
+  memset(out, 0, sizeof(*out));
+  st_repro_options none = {0};
+  if (!ro) ro = &none;
+  st__replay R;
+  memset(&R, 0, sizeof(R));
+  st_status s = st__replay_meta(&R, dir, out);
+  s = st__replay_inputs(&R, dir, s);
+  s = st__replay_config(&R, dir, ro, out, s);
+  s = st__replay_compile(&R, out, s);
+  s = st__replay_runs(&R, out, s);
+  st__replay_free(&R);
   return s;
 }

@@ -1,16 +1,20 @@
-/* plan_explain.c — `strata plan --explain`: what the step plan puts where on
+/* explain.c — `strata plan --explain`: what the step plan puts where on
  * the mesh (docs/parallelism.md, "strata plan --explain"). Everything is read
  * off the built plans, so the explanation cannot drift from what runs: the
  * slots (each tensor, its category, per-device type and layout), the
- * COLLECTIVE ops (per layer, with their bytes), the liveness prediction
- * (per-device memory by category) and their sum (communication per step). */
+ * COLLECTIVE ops (per layer, with their bytes: what a ring sends), the
+ * liveness prediction (per-device memory by category) and their sum
+ * (communication per step). The text form is here too, not in cli/: it
+ * groups tensors by the same sharding words and counts the fsdp padding
+ * from the plan, which the JSON does not carry. */
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli/plan_explain.h"
 #include "strata/base.h"
+#include "strata/plan.h"
+#include "strata/sched.h"
 
 static const char* const st__kinds[] = {"all_reduce", "all_gather", "reduce_scatter"};
 
@@ -167,11 +171,9 @@ static json_t* st__groups(const st_plan* plan, int a) {
   return groups;
 }
 
-/* Every slot of the step plan is a tensor of the explanation, batch
- * tensors and scalars ("transfer") and host homes (memory "host")
- * included. */
-json_t* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_plan_options* o) {
-  json_t* j = st_json_obj();
+/* The mesh: its axes, devices and, per axis above 1, the devices that
+ * talk along it. */
+static json_t* st__explain_mesh(const st_plan* step, const st_plan_options* o) {
   const int nd = step->devices > 1 ? step->devices : 1;
   json_t* mesh = st_json_obj();
   st_json_put_int(mesh, "data", o->parallel_data);
@@ -187,9 +189,13 @@ json_t* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_
   for (int a = 0; a < 3 && nd > 1; ++a)
     if (step->mesh[a] > 1) st_json_put(groups, axis_names[a], st__groups(step, a));
   st_json_put(mesh, "groups", groups);
-  st_json_put(j, "mesh", mesh);
-  st_json_put(j, "policy", step->policy ? st_json_str(step->policy) : json_null());
+  return mesh;
+}
 
+/* Every slot of the step plan: its category, memory, per-device and
+ * logical types, bytes, layout and sharding in words. */
+static json_t* st__explain_tensors(const st_plan* step) {
+  const int nd = step->devices > 1 ? step->devices : 1;
   json_t* tensors = st_json_arr();
   for (int i = 0; i < step->slot_count; ++i) {
     const st_slot* s = &step->slots[i];
@@ -210,8 +216,14 @@ json_t* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_
     if (nd > 1 && s->layout == ST_LAYOUT_SHARDED) st_json_put_int(e, "pad_rows", st__pad_rows(step, s));
     st_json_push(tensors, e);
   }
-  st_json_put(j, "tensors", tensors);
+  return tensors;
+}
 
+/* Every COLLECTIVE op with its message and ring wire bytes per device
+ * (the "collectives" array, returned) and their sums, by kind too
+ * (*out_comm, "communication_per_step"). */
+static json_t* st__explain_collectives(const st_plan* step, json_t** out_comm) {
+  const int nd = step->devices > 1 ? step->devices : 1;
   json_t* colls = st_json_arr();
   int64_t count = 0, msg = 0, wire = 0;
   int64_t kcount[3] = {0}, kmsg[3] = {0}, kwire[3] = {0}; /* by st__kinds */
@@ -260,7 +272,6 @@ json_t* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_
         kwire[k] += w;
       }
   }
-  st_json_put(j, "collectives", colls);
   json_t* comm = st_json_obj();
   st_json_put_int(comm, "collectives", count);
   st_json_put_int(comm, "bytes_per_device", msg);
@@ -276,10 +287,13 @@ json_t* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_
     st_json_put(by_kind, st__kinds[k], o);
   }
   st_json_put(comm, "by_kind", by_kind);
-  st_json_put(j, "communication_per_step", comm);
+  *out_comm = comm;
+  return colls;
+}
 
-  /* Memory per device: the persistent state every step starts from, and the
-   * categories at the predicted peak of the step and of an evaluation. */
+/* Memory per device: the persistent state every step starts from, and the
+ * categories at the predicted peak of the step and of an evaluation. */
+static json_t* st__explain_memory(const st_plan* step, const st_plan* eval) {
   json_t* mem = st_json_obj();
   int64_t state[ST_SLOT_CATEGORY_COUNT] = {0};
   for (int i = 0; i < step->slot_count; ++i)
@@ -316,7 +330,21 @@ json_t* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_
   st_json_put_int(mem, "eval_peak_bytes", eval_peak);
   st_json_put(mem, "eval_peak_by_category", c);
   st_json_put_int(mem, "host_bytes", st_plan_host_bytes(step));
-  st_json_put(j, "memory_per_device", mem);
+  return mem;
+}
+
+/* Every slot of the step plan is a tensor of the explanation, batch
+ * tensors and scalars ("transfer") and host homes (memory "host")
+ * included. */
+json_t* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_plan_options* o) {
+  json_t* j = st_json_obj();
+  st_json_put(j, "mesh", st__explain_mesh(step, o));
+  st_json_put(j, "policy", step->policy ? st_json_str(step->policy) : json_null());
+  st_json_put(j, "tensors", st__explain_tensors(step));
+  json_t* comm = NULL;
+  st_json_put(j, "collectives", st__explain_collectives(step, &comm));
+  st_json_put(j, "communication_per_step", comm);
+  st_json_put(j, "memory_per_device", st__explain_memory(step, eval));
   return j;
 }
 
