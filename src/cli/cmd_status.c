@@ -114,15 +114,15 @@ static st_status st__status(const char* dir, json_t** out) {
   if (!st_fs_exists(dir))
     return st_status_make(ST_CODE_CONFIG, "strata status: '%s' does not exist; give the run directory strata train printed", dir);
   if (!st_fs_is_dir(dir)) return st_status_make(ST_CODE_CONFIG, "strata status: '%s' is not a run directory: not a folder", dir);
-  char* events_path = st_path_join(dir, "events.jsonl");
-  char* metrics_path = st_path_join(dir, "metrics.jsonl");
-  char* config_path = st_path_join(dir, "config.yaml");
-  char* ckpt_root = st_path_join(dir, "checkpoints");
+  char* events_path = st_rundir_path(dir, ST_RUNDIR_EVENTS);
+  char* metrics_path = st_rundir_path(dir, ST_RUNDIR_METRICS);
+  char* config_path = st_rundir_path(dir, ST_RUNDIR_CONFIG);
+  char* ckpt_root = st_rundir_path(dir, ST_RUNDIR_CHECKPOINTS);
   json_t *events = NULL, *metrics = NULL, *o = NULL;
   st_config* cfg = NULL;
   st_status s = ST_OK;
   long holder = 0;
-  s = st_runlog_dir_holder(dir, &holder);
+  s = st_rundir_holder(dir, &holder);
   bool running = holder > 0 || holder == -2;
   /* A run just starting holds the lock before it opens its logs. */
   bool has_events = st_fs_exists(events_path);
@@ -276,7 +276,7 @@ static st_status st__status(const char* dir, json_t** out) {
   st_json_put_int(o, "checkpoints_invalid", skipped);
   st_ckpt_free(c);
   json_t* lock = st_json_obj();
-  st_json_put_str(lock, "file", ".lock");
+  st_json_put_str(lock, "file", st_rundir_name(ST_RUNDIR_LOCK));
   st_json_put_bool(lock, "held", running);
   st_json_put(lock, "pid", holder > 0 ? st_json_int(holder) : json_null());
   if (holder == -1) st_json_put_str(lock, "note", "this filesystem has no flock: a live run cannot be detected");

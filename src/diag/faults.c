@@ -79,9 +79,7 @@ st_status st_faults_create(const st_faults_options* o, const char* run_dir, st_f
   for (int i = 0; i < F_COUNT; ++i) f->at[i] = at[i];
   f->io_errno = o->io_errno ? o->io_errno : ENOSPC;
   f->repeat = o->repeat;
-  char* diag = st_path_join(run_dir, "diag");
-  f->fired_path = st_path_join(diag, "faults.fired");
-  free(diag);
+  f->fired_path = st_rundir_path_in(run_dir, ST_RUNDIR_DIAG, "faults.fired");
   char* text = NULL;
   size_t size = 0;
   st_status r = st_fs_read_file(f->fired_path, &text, &size);

@@ -88,7 +88,7 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
   c->t_created = st_now();
   const st_config* cfg = in->config;
   const st_plan_options* o = in->options;
-  c->root = st_path_join(in->run_dir, "checkpoints");
+  c->root = st_rundir_path(in->run_dir, ST_RUNDIR_CHECKPOINTS);
   c->every = o->ckpt.every;
   c->keep = o->ckpt.keep;
   c->keep_every = o->ckpt.keep_every;
