@@ -2,7 +2,7 @@
  * how it ended, from its run directory alone (docs/design.md §6).
  *
  * Nothing here writes to the run directory or takes its lock: the lock is
- * probed (st_runlog_dir_holder), the logs are read from their tails only,
+ * probed (st_rundir_holder), the logs are read from their tails only,
  * so a run being trained is never disturbed and a huge metrics.jsonl costs
  * at most ST__TAIL bytes. */
 #include <math.h>
