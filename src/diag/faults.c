@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "strata/base.h"
+#include "strata/ckpt.h"
 #include "strata/diag.h"
 #include "strata/obs.h"
 
@@ -307,7 +308,7 @@ int64_t st_faults_saves(const st_faults* f) { return f ? atomic_load(&((st_fault
 st_status st_faults_corrupt_checkpoint(const char* dir, char** out_file) {
   if (out_file) *out_file = NULL;
   /* The parameters file when present, else any tensor file. */
-  char* path = st_path_join(dir, "params.safetensors");
+  char* path = st_path_join(dir, ST_CKPT_PARAMS);
   if (!st_fs_exists(path)) {
     free(path);
     path = NULL;

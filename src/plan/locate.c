@@ -103,7 +103,7 @@ static st_status st__from_run(char* run_dir, st_plan_trained_ref* out) {
   char* final = st_rundir_path(run_dir, ST_RUNDIR_PARAMS);
   int64_t final_steps = st_fs_exists(final) ? st__run_done_steps(run_dir) : -2;
   if (c && !(final_steps > c->step)) {
-    out->params_path = st_path_join(c->dir, "params.safetensors");
+    out->params_path = st_path_join(c->dir, ST_CKPT_PARAMS);
     out->step = c->step;
     st__record_of_ckpt(c, &out->record);
     free(final);
@@ -159,7 +159,7 @@ static st_status st__from_checkpoint(char* dir, st_plan_trained_ref* out) {
   free(parent);
   out->run_dir = run_dir;
   out->config_path = config;
-  out->params_path = st_path_join(dir, "params.safetensors");
+  out->params_path = st_path_join(dir, ST_CKPT_PARAMS);
   out->step = step;
   free(dir);
   return ST_OK;

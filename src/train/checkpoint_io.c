@@ -109,7 +109,7 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
       if (!st__is_state_slot(p, s) || (pass == 0) != (s->category == ST_SLOT_PARAM)) continue;
       c->slots[c->count] = i;
       c->names[c->count] = s->name;
-      c->files[c->count] = pass == 0 ? "params.safetensors" : "optimizer.safetensors";
+      c->files[c->count] = pass == 0 ? ST_CKPT_PARAMS : ST_CKPT_OPTIMIZER;
       /* A sharded slot is saved whole (st_executor_to_host reassembles it). */
       c->types[c->count] = p->devices > 1 && s->layout == ST_LAYOUT_SHARDED ? s->logical : s->type;
       c->count++;
