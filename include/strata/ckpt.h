@@ -100,6 +100,9 @@ void st_safetensors_free(st_safetensors* file); /* NULL is a no-op */
 #define ST_CKPT_VERSION 1
 #define ST_CKPT_MANIFEST "manifest.json"
 #define ST_CKPT_LATEST "LATEST"
+/* The tensor files a training checkpoint holds (train/checkpoint_io.c). */
+#define ST_CKPT_PARAMS "params.safetensors"
+#define ST_CKPT_OPTIMIZER "optimizer.safetensors"
 #define ST_CKPT_TMP_PREFIX ".tmp-" /* folders of saves in progress (or crashed) */
 
 /* Bounds on the counts a manifest holds (docs/checkpoints.md, "Limits");

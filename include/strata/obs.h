@@ -7,6 +7,9 @@
  * object behind (a reader may at most miss the last line); a write cut
  * short by a full disk is taken back, and a torn line that survives (a
  * power loss) is cut when the log is next opened.
+ *
+ * Also the run directory's owner (src/obs/rundir.c, "The run directory"
+ * below): its place, its lock and the name of every file in it.
  */
 #ifndef STRATA_OBS_H
 #define STRATA_OBS_H
@@ -15,6 +18,7 @@
 #include <stdint.h>
 
 #include "strata/base.h"
+#include "strata/config.h"
 #include "strata/tensor.h"
 #include "strata/status.h"
 
@@ -22,26 +26,117 @@
 extern "C" {
 #endif
 
-typedef struct st_runlog st_runlog;
+/*===-------------------------------------------------------------------===*/
+/* The run directory (src/obs/rundir.c; docs/architecture.md mirrors this)  */
+/*===-------------------------------------------------------------------===*/
+
+/* Every file and folder of a run directory, with its writer and when it is
+ * written. Nothing else names them: a module gets a path from
+ * st_rundir_path and friends, never by joining a name by hand.
+ *
+ *   entry                  name                writer                         when
+ *   ST_RUNDIR_LOCK         .lock               obs/rundir.c st_rundir_claim   train, resume, run: held for the process's life
+ *   ST_RUNDIR_CONFIG       config.yaml         obs/rundir.c (train/trainer.c) train: at the start; resume: once its checkpoint accepted it
+ *   ST_RUNDIR_CONTEXT      context.json        obs/rundir.c (train/trainer.c) train, resume: once bundle and runtime are open
+ *   ST_RUNDIR_EVENTS       events.jsonl        obs/runlog.c; diag/supervisor.c appended at each lifecycle transition
+ *   ST_RUNDIR_METRICS      metrics.jsonl       obs/runlog.c (train/metrics.c) appended at each step and evaluation
+ *   ST_RUNDIR_TOKENIZER    tokenizer.json      train/trainer.c                a BPE run: copied before its first step
+ *   ST_RUNDIR_PARAMS       params.safetensors  train/trainer.c                the end of the run: final parameters
+ *   ST_RUNDIR_SAMPLE       sample.txt          train/trainer.c                the end of the run, after params.safetensors
+ *   ST_RUNDIR_CHECKPOINTS  checkpoints/        train/checkpoint_io.c (ckpt)   every ckpt.every steps, at a stop (docs/checkpoints.md)
+ *   ST_RUNDIR_TB           tb/                 obs/tensorboard.c              obs.tensorboard=true: with each metrics line
+ *   ST_RUNDIR_TRACE        trace/step_<N>.json train/metrics.c                trace.steps: after each traced step
+ *   ST_RUNDIR_DIAG         diag/               train/nonfinite.c (nonfinite-step<N>/), diag/watchdog.c (hang-<time>/),
+ *                                              diag/faults.c (faults.fired)   a non-finite value, a hang, a fault drill
+ *   ST_RUNDIR_EVAL         eval/<name>.json    cli/cmd_eval.c                 strata eval
+ *   ST_RUNDIR_RECOVERY     recovery.json       diag/supervisor.c              strata run: after each incident and at its end
+ *   ST_RUNDIR_REPORT       report.html         cli/cmd_report.c (obs/report.c) strata report (unless --out)
+ */
+typedef enum st_rundir_entry {
+  ST_RUNDIR_LOCK,
+  ST_RUNDIR_CONFIG,
+  ST_RUNDIR_CONTEXT,
+  ST_RUNDIR_EVENTS,
+  ST_RUNDIR_METRICS,
+  ST_RUNDIR_TOKENIZER,
+  ST_RUNDIR_PARAMS,
+  ST_RUNDIR_SAMPLE,
+  ST_RUNDIR_CHECKPOINTS,
+  ST_RUNDIR_TB,
+  ST_RUNDIR_TRACE,
+  ST_RUNDIR_DIAG,
+  ST_RUNDIR_EVAL,
+  ST_RUNDIR_RECOVERY,
+  ST_RUNDIR_REPORT,
+  ST_RUNDIR_ENTRY_COUNT
+} st_rundir_entry;
+
+/* The entry's name in the table above (static; a folder's without its
+ * slash); NULL for a value outside the enum. */
+const char* st_rundir_name(st_rundir_entry e);
+/* <dir>/<name> (new string, caller frees). */
+char* st_rundir_path(const char* dir, st_rundir_entry e);
+/* <dir>/<folder's name>/<leaf> (new string): a file its writer names inside
+ * one of the folders (trace/step_3.json, diag/faults.fired, eval/...). */
+char* st_rundir_path_in(const char* dir, st_rundir_entry folder, const char* leaf);
+/* <inner>/../../<name> (new string): the run's file seen from a folder two
+ * levels below it (a checkpoint, checkpoints/step_N; a non-finite bundle,
+ * diag/nonfinite-step<N>). The path is not resolved: messages show it so. */
+char* st_rundir_path_above(const char* inner, st_rundir_entry e);
+/* The run's id as the directory names it: its last path component
+ * (borrowed from |dir|). */
+const char* st_rundir_id(const char* dir);
+
+/* Where a run writes (new string): |run_dir| (run.dir) when set, else
+ * runs/<|run_id|> (run.id, validated as a plain name), else
+ * runs/<YYYYmmdd-HHMMSS>-<pid> in local time. NULL counts as empty. */
+char* st_rundir_default(const char* run_dir, const char* run_id);
+
+typedef struct st_rundir_claim_options {
+  /* Continue the run in the directory; else one that holds a run
+   * (st_rundir_has_run) is refused, ST_CODE_CONFIG (exit 2). */
+  bool resume;
+  /* `strata run`'s claim: the refusal comes before the folder is created
+   * or locked and names run.resume=true; no config.yaml is written (the
+   * trainer it starts writes it) and *out_reused stays false. */
+  bool supervisor;
+  /* Written as config.yaml once the directory is claimed, unless resume
+   * (borrowed; NULL: none). */
+  const st_config* config;
+} st_rundir_claim_options;
 
 /* Makes run directory |dir| this process's alone (docs/checkpoints.md,
- * "One process per run directory"): adopts the lock `strata run` handed
- * down, else takes <dir>/.lock. *out_fd (owned by caller; close it last, or
- * let exit release it) is -1 only when the filesystem has no flock, which
- * is warned about on stderr. Another live holder is ST_CODE_CONFIG (exit 2)
- * naming its pid. |dir| must exist. */
-st_status st_runlog_lock_dir(const char* dir, int* out_fd);
+ * "One process per run directory"): creates it (with its parents), adopts
+ * the lock `strata run` handed down or else takes <dir>/.lock, refuses a
+ * directory that already holds a run unless o->resume, and writes
+ * o->config as config.yaml. *out_lock_fd (owned by caller; close it last,
+ * or let exit release it) is -1 on an error, and on success only when the
+ * filesystem has no flock, which is warned about on stderr. Another live
+ * holder is ST_CODE_CONFIG (exit 2) naming its pid. *out_reused (may be
+ * NULL): the folder holds only what an earlier attempt that stopped before
+ * its first step left (events.jsonl, no step). */
+st_status st_rundir_claim(const char* dir, const st_rundir_claim_options* o, int* out_lock_fd, bool* out_reused);
 
-/* The process holding run directory |dir| (st_runlog_lock_dir's lock),
- * read without taking it: see st_fs_lock_probe for *out_holder. */
-st_status st_runlog_dir_holder(const char* dir, long* out_holder);
+/* The process holding run directory |dir| (st_rundir_claim's lock), read
+ * without taking it: see st_fs_lock_probe for *out_holder. */
+st_status st_rundir_holder(const char* dir, long* out_holder);
 
 /* Whether run directory |dir| holds a run that recorded something: a step
  * in metrics.jsonl, a checkpoint or final parameters. A folder that only
  * holds what a run failing before its first step leaves (config.yaml,
  * context.json, events.jsonl, an empty metrics.jsonl) is an empty run:
  * `strata train` and `strata run` may reuse it. */
-bool st_runlog_dir_has_run(const char* dir);
+bool st_rundir_has_run(const char* dir);
+
+/* Writes |config| (the resolved config the run trains with) as
+ * <dir>/config.yaml, atomically (st_config_save). */
+st_status st_rundir_write_config(const char* dir, const st_config* config);
+
+typedef struct st_runlog st_runlog;
+
+/*===-------------------------------------------------------------------===*/
+/* The run's logs (events.jsonl, metrics.jsonl)                            */
+/*===-------------------------------------------------------------------===*/
 
 /* Cuts a torn last line off the JSON-lines file |path| (bytes after its
  * last newline, left by a write cut short: a full disk, a power loss), so
@@ -166,6 +261,10 @@ typedef struct st_context_facts {
  * behaviour-changing environment variables, config hash, bundle key and
  * the peak MFU is measured against. */
 json_t* st_context_json(const st_context_facts* facts);
+/* Builds the context (st_context_json) and writes it as <dir>/context.json.
+ * On success *out_context is the object written (a new reference, owned by
+ * the caller: the trainer's init event carries it too); on an error NULL. */
+st_status st_rundir_write_context(const char* dir, const st_context_facts* facts, json_t** out_context);
 
 #define STRATA_VERSION "0.1.0"
 

@@ -22,6 +22,7 @@
 #include "strata/bundle.h"
 #include "strata/config.h"
 #include "strata/ir.h"
+#include "strata/obs.h"
 #include "strata/sched.h"
 #include "strata/train.h"
 
@@ -372,7 +373,7 @@ typedef struct st__steps {
 
 static st_status st__read_metrics(const char* run_dir, st__steps* out) {
   memset(out, 0, sizeof(*out));
-  char* path = st_path_join(run_dir, "metrics.jsonl");
+  char* path = st_rundir_path(run_dir, ST_RUNDIR_METRICS);
   char* data = NULL;
   size_t size = 0;
   st_status s = st__is_file(path) ? st_fs_read_file(path, &data, &size) : ST_OK;
@@ -458,7 +459,7 @@ typedef struct st__trace_sum {
  * after the program), per step the waits and host ops. */
 static st_status st__read_traces(const char* run_dir, st__prog* progs, int n, st__trace_sum* out) {
   memset(out, 0, sizeof(*out));
-  char* dir = st_path_join(run_dir, "trace");
+  char* dir = st_rundir_path(run_dir, ST_RUNDIR_TRACE);
   DIR* d = opendir(dir);
   if (!d) {
     free(dir);
@@ -532,7 +533,7 @@ static void st__peak(const char* run_dir, const st_plan_options* o, st_train_pea
   memset(out, 0, sizeof(*out));
   snprintf(out->source, sizeof(out->source), "none");
   if (run_dir) {
-    char* path = st_path_join(run_dir, "context.json");
+    char* path = st_rundir_path(run_dir, ST_RUNDIR_CONTEXT);
     char* data = NULL;
     size_t size = 0;
     json_t* j = NULL;
@@ -582,7 +583,7 @@ st_status st_analyze_target_open(const char* dir, st_analyze_target* t) {
   st_plan_init(&t->step);
   st_plan_init(&t->eval);
   char* manifest = st_path_join(dir, "manifest.json");
-  char* config = st_path_join(dir, "config.yaml");
+  char* config = st_rundir_path(dir, ST_RUNDIR_CONFIG);
   t->is_bundle = st__is_file(manifest);
   t->is_run = !t->is_bundle && st__is_file(config);
   free(manifest);

@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "strata/base.h"
 #include "strata/ckpt.h"
+#include "strata/obs.h"
 #include "strata/train.h"
 
 static void st__inspect_identity(const st_ckpt* c);
@@ -38,7 +39,7 @@ static bool st__is_ckpt_dir(const char* path) {
 
 /* The checkpoints folder for PATH (caller frees), or NULL. */
 static char* st__root_of(const char* path) {
-  char* sub = st_path_join(path, "checkpoints");
+  char* sub = st_rundir_path(path, ST_RUNDIR_CHECKPOINTS);
   if (st_fs_is_dir(sub)) return sub;
   free(sub);
   if (!st_fs_is_dir(path)) return NULL;
@@ -206,7 +207,7 @@ static int st__inspect(const char* path, bool json) {
  * against the run's config.yaml, by the check resume and eval make, and
  * what an older manifest does not record. Informational: never an error. */
 static void st__inspect_identity(const st_ckpt* c) {
-  char* yaml = st_path_join(c->dir, "../../config.yaml");
+  char* yaml = st_rundir_path_above(c->dir, ST_RUNDIR_CONFIG);
   if (!st_fs_exists(yaml)) {
     free(yaml);
     return;
@@ -221,7 +222,7 @@ static void st__inspect_identity(const st_ckpt* c) {
     char* manifest = st_path_join(c->dir, ST_CKPT_MANIFEST);
     st_plan_record rec = {.model = c->model, .tokenizer_hash = c->tokenizer_hash, .source = manifest, .label = "in the checkpoint"};
     char tok[65] = "";
-    char* tj = st_path_join(c->dir, "../../tokenizer.json");
+    char* tj = st_rundir_path_above(c->dir, ST_RUNDIR_TOKENIZER);
     st_status ts = st_plan_given_tokenizer(&o, st_fs_exists(tj) ? tj : NULL, tok);
     st_status_free(ts);
     free(tj);

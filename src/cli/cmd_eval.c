@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "strata/base.h"
 #include "strata/ckpt.h"
+#include "strata/obs.h"
 #include "strata/train.h"
 
 static const char* kUsage =
@@ -103,7 +104,7 @@ int st_cli_eval(int argc, char** argv) {
     char config_hash[17];
     st_config_hash(cfg, NULL, 0, config_hash);
     json_t* j = st__eval_json(&ref, &r, config_hash, pos + 1, npos - 1);
-    char* dir = st_path_join(ref.run_dir, "eval");
+    char* dir = st_rundir_path(ref.run_dir, ST_RUNDIR_EVAL);
     char* name = st__eval_name(&ref, &r, config_hash);
     char* path = st_path_join(dir, name);
     s = st_fs_mkdirs(dir);

@@ -36,7 +36,7 @@ int st_cli_make_report(int argc, char** argv) {
   if (!st_fs_exists(dir))
     return st_cli_report(
         st_status_make(ST_CODE_CONFIG, "strata report: '%s' does not exist; give the run directory strata train printed", dir));
-  char* path = out ? st_xstrdup(out) : st_path_join(dir, "report.html");
+  char* path = out ? st_xstrdup(out) : st_rundir_path(dir, ST_RUNDIR_REPORT);
   st_report_stats stats;
   st_status s = st_report_write(dir, path, &stats);
   if (!s) {

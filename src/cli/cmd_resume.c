@@ -8,13 +8,14 @@
 
 #include "cli/commands.h"
 #include "strata/base.h"
+#include "strata/obs.h"
 #include "strata/train.h"
 
 int st_cli_resume(int argc, char** argv) {
   if (argc < 1 || strchr(argv[0], '=') != NULL)
     return st_cli_report(st_status_make(ST_CODE_CONFIG, "usage: strata resume RUN_DIR [key=value ...] (e.g. strata resume runs/my-run)"));
   const char* dir = argv[0];
-  char* yaml = st_path_join(dir, "config.yaml");
+  char* yaml = st_rundir_path(dir, ST_RUNDIR_CONFIG);
   if (!st_fs_exists(yaml)) {
     st_status s = st_status_make(ST_CODE_CONFIG, "'%s' is not a run directory: it has no config.yaml (strata train writes it first)", dir);
     free(yaml);

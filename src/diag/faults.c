@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "strata/base.h"
+#include "strata/ckpt.h"
 #include "strata/diag.h"
 #include "strata/obs.h"
 
@@ -79,9 +80,7 @@ st_status st_faults_create(const st_faults_options* o, const char* run_dir, st_f
   for (int i = 0; i < F_COUNT; ++i) f->at[i] = at[i];
   f->io_errno = o->io_errno ? o->io_errno : ENOSPC;
   f->repeat = o->repeat;
-  char* diag = st_path_join(run_dir, "diag");
-  f->fired_path = st_path_join(diag, "faults.fired");
-  free(diag);
+  f->fired_path = st_rundir_path_in(run_dir, ST_RUNDIR_DIAG, "faults.fired");
   char* text = NULL;
   size_t size = 0;
   st_status r = st_fs_read_file(f->fired_path, &text, &size);
@@ -309,7 +308,7 @@ int64_t st_faults_saves(const st_faults* f) { return f ? atomic_load(&((st_fault
 st_status st_faults_corrupt_checkpoint(const char* dir, char** out_file) {
   if (out_file) *out_file = NULL;
   /* The parameters file when present, else any tensor file. */
-  char* path = st_path_join(dir, "params.safetensors");
+  char* path = st_path_join(dir, ST_CKPT_PARAMS);
   if (!st_fs_exists(path)) {
     free(path);
     path = NULL;

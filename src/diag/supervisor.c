@@ -23,7 +23,6 @@
 #include <unistd.h>
 
 #include "strata/base.h"
-#include "strata/config.h" /* ST_CONFIG_MAX_RUN_ID */
 #include "strata/diag.h"
 #include "strata/obs.h"
 
@@ -313,7 +312,7 @@ static void st__write_summary(st__sup* S) {
   json_t* incidents = st_json_arr();
   for (int i = 0; i < S->inc_count; ++i) st_json_push(incidents, st__incident_json(&S->inc[i]));
   st_json_put(j, "incidents", incidents);
-  char* path = st_path_join(S->dir, "recovery.json");
+  char* path = st_rundir_path(S->dir, ST_RUNDIR_RECOVERY);
   st_status s = st_json_write_file(path, j, 2);
   if (s) fprintf(stderr, "strata run: cannot write %s: %s\n", path, st_status_message(s));
   st_status_free(s);
@@ -394,45 +393,17 @@ static int st__wait_child(st__sup* S, pid_t pid, double spawned_at, bool* out_hu
   return status;
 }
 
-static char* st__default_run_dir(const st_supervisor_request* req) {
-  const char* dir = req->run_dir ? req->run_dir : "";
-  if (dir[0]) return st_xstrdup(dir);
-  const char* id = req->run_id ? req->run_id : "";
-  char buf[ST_CONFIG_MAX_RUN_ID + 64]; /* run.id is validated: a plain name, never longer */
-  if (id[0]) {
-    snprintf(buf, sizeof(buf), "runs/%s", id);
-  } else {
-    time_t now = time(NULL);
-    struct tm tm;
-    localtime_r(&now, &tm);
-    char stamp[64];
-    strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &tm);
-    snprintf(buf, sizeof(buf), "runs/%s-%d", stamp, (int)getpid());
-  }
-  return st_xstrdup(buf);
-}
-
 /* The run directory made ready for a supervised run, before any event:
  * refused when it holds a run and this is no resume, created, locked for
  * the supervisor's whole life, its events.jsonl's torn tail cut. A phase
  * of its own because every failure here ends the supervisor before it
  * installs handlers or writes anything. */
 static st_status st__open_run_dir(st__sup* S) {
-  const st_supervisor_request* req = S->req;
-  st_status s = ST_OK;
-  if (st_runlog_dir_has_run(S->dir) && !req->resume) {
-    char* q = st_shell_quote(S->dir);
-    s = st_status_make(ST_CODE_CONFIG,
-                       "run directory '%s' already holds a run (steps in metrics.jsonl, checkpoints); set run.dir to a new folder, or continue it "
-                       "supervised with run.resume=true (or unsupervised: strata resume %s)",
-                       S->dir, q);
-    free(q);
-  }
-  if (!s) s = st_fs_mkdirs(S->dir);
   /* The supervisor holds the run directory's lock across restarts (each
    * child inherits it), so nothing else can slip in between two attempts,
    * and a second supervisor is refused before it writes an event. */
-  if (!s) s = st_runlog_lock_dir(S->dir, &S->lock_fd);
+  st_rundir_claim_options claim = {.resume = S->req->resume, .supervisor = true};
+  st_status s = st_rundir_claim(S->dir, &claim, &S->lock_fd, NULL);
   /* The child cuts a torn last line before it appends; the supervisor
    * appends to events.jsonl first, so it does the same there. */
   long cut = 0;
@@ -449,7 +420,7 @@ static char** st__attempt_argv(const st__sup* S, char* dir_arg, st_strbuf* cmd) 
   const st_supervisor_request* req = S->req;
   /* First attempt: the user's command. Later ones resume from the
    * snapshot config.yaml the first one wrote (if it got that far). */
-  char* config_yaml = st_path_join(S->dir, "config.yaml");
+  char* config_yaml = st_rundir_path(S->dir, ST_RUNDIR_CONFIG);
   bool have_snapshot = st_fs_exists(config_yaml);
   free(config_yaml);
   int argc = 0;
@@ -664,9 +635,9 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
   S.lock_fd = -1;
   S.req = req;
   S.t_start = st__supervisor_wall();
-  S.dir = st__default_run_dir(req);
-  S.events_path = st_path_join(S.dir, "events.jsonl");
-  S.metrics_path = st_path_join(S.dir, "metrics.jsonl");
+  S.dir = st_rundir_default(req->run_dir, req->run_id);
+  S.events_path = st_rundir_path(S.dir, ST_RUNDIR_EVENTS);
+  S.metrics_path = st_rundir_path(S.dir, ST_RUNDIR_METRICS);
   S.max_restarts = req->recovery.max_restarts;
   S.backoff_s = req->recovery.backoff_s;
   S.backoff_max_s = req->recovery.backoff_max_s;

@@ -343,7 +343,7 @@ static void st__dump_threads(int fd, json_t* threads) {
 
 /* The last |max_lines| lines of <run>/events.jsonl into |dst|. */
 static void st__events_tail(const char* run_dir, const char* dst, int max_lines) {
-  char* src = st_path_join(run_dir, "events.jsonl");
+  char* src = st_rundir_path(run_dir, ST_RUNDIR_EVENTS);
   int fd = open(src, O_RDONLY | O_CLOEXEC);
   free(src);
   if (fd < 0) return;
@@ -399,16 +399,12 @@ static char* st__watchdog_write_bundle(st_watchdog* w, const st__act* acts, int 
   localtime_r(&tt, &tm);
   char stamp[64];
   strftime(stamp, sizeof(stamp), "hang-%Y%m%d-%H%M%S", &tm);
-  char* diag = st_path_join(w->run_dir, "diag");
-  char* dir = st_path_join(diag, stamp);
-  free(diag);
+  char* dir = st_rundir_path_in(w->run_dir, ST_RUNDIR_DIAG, stamp);
   if (st_fs_exists(dir)) {
     char more[96];
     snprintf(more, sizeof(more), "%s-%ld", stamp, (long)getpid());
-    char* d2 = st_path_join(w->run_dir, "diag");
     free(dir);
-    dir = st_path_join(d2, more);
-    free(d2);
+    dir = st_rundir_path_in(w->run_dir, ST_RUNDIR_DIAG, more);
   }
   st_status_free(st_fs_mkdirs(dir));
 

@@ -530,7 +530,7 @@ static void st__json_value(st_strbuf* o, const json_t* v) {
 static void st__context(st_strbuf* o, const char* dir, json_t** out_ctx) {
   *out_ctx = NULL;
   st_strbuf_append(o, "<h2>Context</h2>\n");
-  char* path = st_path_join(dir, "context.json");
+  char* path = st_rundir_path(dir, ST_RUNDIR_CONTEXT);
   char* text = NULL;
   size_t size = 0;
   bool cut = false;
@@ -567,9 +567,10 @@ static void st__context(st_strbuf* o, const char* dir, json_t** out_ctx) {
   *out_ctx = ctx;
 }
 
-static void st__text_file(st_strbuf* o, const char* dir, const char* name, const char* heading, const char* none) {
+static void st__text_file(st_strbuf* o, const char* dir, st_rundir_entry file, const char* heading, const char* none) {
   st_strbuf_printf(o, "<h2>%s</h2>\n", heading);
-  char* path = st_path_join(dir, name);
+  const char* name = st_rundir_name(file);
+  char* path = st_rundir_path(dir, file);
   char* text = NULL;
   size_t size = 0;
   bool cut = false;
@@ -587,7 +588,7 @@ static void st__text_file(st_strbuf* o, const char* dir, const char* name, const
 
 static void st__checkpoints(st_strbuf* o, const char* dir) {
   st_strbuf_append(o, "<h2>Checkpoints</h2>\n");
-  char* root = st_path_join(dir, "checkpoints");
+  char* root = st_rundir_path(dir, ST_RUNDIR_CHECKPOINTS);
   st_ckpt_entry* e = NULL;
   int n = 0;
   st_status s = st_fs_is_dir(root) ? st_ckpt_list(root, &e, &n) : ST_OK;
@@ -672,8 +673,8 @@ static void st__events_table(st_strbuf* o, const st__report* r, const st__event*
 st_status st_report_build(const char* dir, char** out_html, st_report_stats* out_stats) {
   *out_html = NULL;
   if (!st_fs_is_dir(dir)) return st_status_make(ST_CODE_CONFIG, "strata report: '%s' is not a folder; give a run directory", dir);
-  char* metrics_path = st_path_join(dir, "metrics.jsonl");
-  char* events_path = st_path_join(dir, "events.jsonl");
+  char* metrics_path = st_rundir_path(dir, ST_RUNDIR_METRICS);
+  char* events_path = st_rundir_path(dir, ST_RUNDIR_EVENTS);
   st__report r = {0};
   r.steps = (st__series){.cap = ST__MAX_POINTS, .stride = 1};
   r.evals = (st__series){.cap = ST__MAX_POINTS, .stride = 1};
@@ -736,11 +737,11 @@ st_status st_report_build(const char* dir, char** out_html, st_report_stats* out
                      "Memory: the accounted live bytes by category at the step's "
                      "peak (<code>peak_live_by_category</code>), the dashed line the plan's prediction.</p>\n");
 
-    st__text_file(&o, dir, "sample.txt", "Sample", "no sample");
+    st__text_file(&o, dir, ST_RUNDIR_SAMPLE, "Sample", "no sample");
     st__checkpoints(&o, dir);
     st_strbuf_append(&o, st_strbuf_cstr(&ctx_html));
     st_strbuf_free(&ctx_html);
-    st__text_file(&o, dir, "config.yaml", "Resolved config", "no config.yaml");
+    st__text_file(&o, dir, ST_RUNDIR_CONFIG, "Resolved config", "no config.yaml");
     st__events_table(&o, &r, ev, nev);
     char t[64];
     st__utc((double)time(NULL), t, sizeof(t));

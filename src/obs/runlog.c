@@ -1,5 +1,4 @@
 /* runlog.c — events.jsonl, metrics.jsonl and the progress line. */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -11,51 +10,6 @@
 
 #include "strata/base.h"
 #include "strata/obs.h"
-
-st_status st_runlog_lock_dir(const char* dir, int* out_fd) {
-  char* lock = st_path_join(dir, ".lock");
-  long holder = 0;
-  st_status s = ST_OK;
-  *out_fd = st_fs_lock_inherited(lock);
-  if (*out_fd < 0) s = st_fs_lock(lock, out_fd, &holder);
-  if (!s && *out_fd < 0 && holder == -1)
-    fprintf(stderr, "strata: warning: %s: this filesystem has no flock; nothing stops a second process from using %s\n",
-            lock, dir);
-  else if (!s && *out_fd < 0)
-    s = st_status_make(ST_CODE_CONFIG,
-                       "run directory '%s' is in use by another strata process (pid %ld holds %s); wait for it or stop "
-                       "it, or set run.dir to a new folder",
-                       dir, holder, lock);
-  free(lock);
-  return s;
-}
-
-st_status st_runlog_dir_holder(const char* dir, long* out_holder) {
-  char* lock = st_path_join(dir, ".lock");
-  st_status s = st_fs_lock_probe(lock, out_holder);
-  free(lock);
-  return s;
-}
-
-bool st_runlog_dir_has_run(const char* dir) {
-  /* metrics.jsonl gets its first line when the first step is recorded;
-   * checkpoints and params.safetensors come later still. Events and
-   * config.yaml alone are what a run that failed before its first step
-   * leaves: an empty run, which may be reused. */
-  char* metrics = st_path_join(dir, "metrics.jsonl");
-  char* params = st_path_join(dir, "params.safetensors");
-  char* ckpts = st_path_join(dir, "checkpoints");
-  struct stat st;
-  bool has = (stat(metrics, &st) == 0 && st.st_size > 0) || st_fs_exists(params);
-  DIR* d = has ? NULL : opendir(ckpts);
-  struct dirent* e;
-  while (d && !has && (e = readdir(d)) != NULL) has = strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
-  if (d) closedir(d);
-  free(metrics);
-  free(params);
-  free(ckpts);
-  return has;
-}
 
 struct st_runlog {
   int events_fd;
@@ -101,8 +55,8 @@ st_status st_runlog_repair_tail(const char* path, long* out_cut) {
   return s;
 }
 
-static st_status st__open_append(const char* dir, const char* name, int* out_fd, long* out_cut) {
-  char* path = st_path_join(dir, name);
+static st_status st__open_append(const char* dir, st_rundir_entry e, int* out_fd, long* out_cut) {
+  char* path = st_rundir_path(dir, e);
   st_status s = st_runlog_repair_tail(path, out_cut);
   *out_fd = s ? -1 : open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (!s && *out_fd < 0) s = st_status_make(ST_CODE_IO, "cannot open '%s' for appending: %s", path, strerror(errno));
@@ -115,9 +69,9 @@ st_status st_runlog_open(const char* dir, st_runlog** out_log) {
   st_runlog* log = st_xcalloc(1, sizeof(*log));
   log->events_fd = log->metrics_fd = -1;
   long cut[2] = {0, 0};
-  st_status s = st__open_append(dir, "events.jsonl", &log->events_fd, &cut[0]);
-  if (!s) s = st__open_append(dir, "metrics.jsonl", &log->metrics_fd, &cut[1]);
-  const char* names[2] = {"events.jsonl", "metrics.jsonl"};
+  st_status s = st__open_append(dir, ST_RUNDIR_EVENTS, &log->events_fd, &cut[0]);
+  if (!s) s = st__open_append(dir, ST_RUNDIR_METRICS, &log->metrics_fd, &cut[1]);
+  const char* names[2] = {st_rundir_name(ST_RUNDIR_EVENTS), st_rundir_name(ST_RUNDIR_METRICS)};
   for (int i = 0; i < 2 && !s; ++i) {
     if (!cut[i]) continue;
     fprintf(stderr, "strata: warning: %s/%s ended in a torn line (%ld bytes without a newline, from a write cut short); cut it "
@@ -187,13 +141,13 @@ st_status st_runlog_event(st_runlog* log, const char* name, json_t* fields) {
   st_json_put(e, "time", st_json_fixed((double)tv.tv_sec + 1e-6 * (double)tv.tv_usec, 3));
   st_json_put_str(e, "event", name);
   st_json_merge(e, fields);
-  st_status s = st__write_json_line(log->events_fd, e, "events.jsonl");
+  st_status s = st__write_json_line(log->events_fd, e, st_rundir_name(ST_RUNDIR_EVENTS));
   json_decref(e);
   return s;
 }
 
 st_status st_runlog_metrics(st_runlog* log, json_t* object) {
-  st_status s = st__write_json_line(log->metrics_fd, object, "metrics.jsonl");
+  st_status s = st__write_json_line(log->metrics_fd, object, st_rundir_name(ST_RUNDIR_METRICS));
   if (!s && log->tb) s = st_tb_write_metrics(log->tb, object);
   json_decref(object);
   return s;

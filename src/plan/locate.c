@@ -12,6 +12,7 @@
 
 #include "strata/base.h"
 #include "strata/ckpt.h"
+#include "strata/obs.h"
 #include "strata/plan.h"
 
 void st_plan_trained_ref_deinit(st_plan_trained_ref* ref) {
@@ -26,7 +27,7 @@ void st_plan_trained_ref_deinit(st_plan_trained_ref* ref) {
 /* The steps of the last "run_done" event in <run>/events.jsonl: the run
  * wrote params.safetensors right after it. -1 when there is none. */
 static int64_t st__run_done_steps(const char* run_dir) {
-  char* path = st_path_join(run_dir, "events.jsonl");
+  char* path = st_rundir_path(run_dir, ST_RUNDIR_EVENTS);
   char* text = NULL;
   size_t size = 0;
   st_status s = st_fs_read_file(path, &text, &size);
@@ -73,7 +74,7 @@ static void st__record_of_ckpt(const st_ckpt* c, st_plan_record* r) {
 /* The final parameters have no manifest: the run's context.json records
  * the tokenizer and (since the description existed) the model. */
 static void st__record_of_run(const char* run_dir, st_plan_record* r) {
-  r->source = st_path_join(run_dir, "context.json");
+  r->source = st_rundir_path(run_dir, ST_RUNDIR_CONTEXT);
   r->label = "in context.json";
   json_t* j = NULL;
   char* text = NULL;
@@ -90,7 +91,7 @@ static void st__record_of_run(const char* run_dir, st_plan_record* r) {
 }
 
 static st_status st__from_run(char* run_dir, st_plan_trained_ref* out) {
-  char* root = st_path_join(run_dir, "checkpoints");
+  char* root = st_rundir_path(run_dir, ST_RUNDIR_CHECKPOINTS);
   st_ckpt* c = NULL;
   int skipped = 0;
   st_status s = st_fs_is_dir(root) ? st_ckpt_find_valid(root, NULL, NULL, NULL, &c, &skipped) : ST_OK;
@@ -99,10 +100,10 @@ static st_status st__from_run(char* run_dir, st_plan_trained_ref* out) {
     free(run_dir);
     return s;
   }
-  char* final = st_path_join(run_dir, "params.safetensors");
+  char* final = st_rundir_path(run_dir, ST_RUNDIR_PARAMS);
   int64_t final_steps = st_fs_exists(final) ? st__run_done_steps(run_dir) : -2;
   if (c && !(final_steps > c->step)) {
-    out->params_path = st_path_join(c->dir, "params.safetensors");
+    out->params_path = st_path_join(c->dir, ST_CKPT_PARAMS);
     out->step = c->step;
     st__record_of_ckpt(c, &out->record);
     free(final);
@@ -125,7 +126,7 @@ static st_status st__from_run(char* run_dir, st_plan_trained_ref* out) {
     return s;
   }
   out->run_dir = run_dir;
-  out->config_path = st_path_join(run_dir, "config.yaml");
+  out->config_path = st_rundir_path(run_dir, ST_RUNDIR_CONFIG);
   return ST_OK;
 }
 
@@ -142,8 +143,8 @@ static st_status st__from_checkpoint(char* dir, st_plan_trained_ref* out) {
   char* parent = st__parent(dir);
   char* run_dir = st__parent(parent);
   const char* base = strrchr(parent, '/');
-  char* config = st_path_join(run_dir, "config.yaml");
-  if (!base || strcmp(base + 1, "checkpoints") || !st_fs_exists(config)) {
+  char* config = st_rundir_path(run_dir, ST_RUNDIR_CONFIG);
+  if (!base || strcmp(base + 1, st_rundir_name(ST_RUNDIR_CHECKPOINTS)) || !st_fs_exists(config)) {
     s = st_status_make(ST_CODE_CONFIG,
                        "checkpoint '%s' is not inside a run directory: looked for %s (a checkpoint is read from "
                        "<run>/checkpoints/step_N, next to the run's config.yaml)",
@@ -158,7 +159,7 @@ static st_status st__from_checkpoint(char* dir, st_plan_trained_ref* out) {
   free(parent);
   out->run_dir = run_dir;
   out->config_path = config;
-  out->params_path = st_path_join(dir, "params.safetensors");
+  out->params_path = st_path_join(dir, ST_CKPT_PARAMS);
   out->step = step;
   free(dir);
   return ST_OK;
@@ -173,7 +174,7 @@ st_status st_plan_locate_trained(const char* path, st_plan_trained_ref* out) {
   if (!st_fs_is_dir(buf))
     return st_status_make(ST_CODE_CONFIG, "'%s' is not a folder (expected a run directory or a checkpoint folder)", path);
   char* manifest = st_path_join(buf, ST_CKPT_MANIFEST);
-  char* config = st_path_join(buf, "config.yaml");
+  char* config = st_rundir_path(buf, ST_RUNDIR_CONFIG);
   bool is_ckpt = st_fs_exists(manifest), is_run = st_fs_exists(config);
   free(manifest);
   free(config);

@@ -88,7 +88,7 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
   c->t_created = st_now();
   const st_config* cfg = in->config;
   const st_plan_options* o = in->options;
-  c->root = st_path_join(in->run_dir, "checkpoints");
+  c->root = st_rundir_path(in->run_dir, ST_RUNDIR_CHECKPOINTS);
   c->every = o->ckpt.every;
   c->keep = o->ckpt.keep;
   c->keep_every = o->ckpt.keep_every;
@@ -109,7 +109,7 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
       if (!st__is_state_slot(p, s) || (pass == 0) != (s->category == ST_SLOT_PARAM)) continue;
       c->slots[c->count] = i;
       c->names[c->count] = s->name;
-      c->files[c->count] = pass == 0 ? "params.safetensors" : "optimizer.safetensors";
+      c->files[c->count] = pass == 0 ? ST_CKPT_PARAMS : ST_CKPT_OPTIMIZER;
       /* A sharded slot is saved whole (st_executor_to_host reassembles it). */
       c->types[c->count] = p->devices > 1 && s->layout == ST_LAYOUT_SHARDED ? s->logical : s->type;
       c->count++;

@@ -12,6 +12,7 @@
 #include "strata/base.h"
 #include "strata/ckpt.h"
 #include "strata/kernels.h"
+#include "strata/obs.h"
 #include "strata/train.h"
 #include "train/train_internal.h"
 
@@ -75,7 +76,7 @@ st_status st_train_evaluate(const st_config* cfg, const st_plan_trained_ref* ref
   memset(out, 0, sizeof(*out));
   out->loss = NAN;
   const char* params_path = ref->params_path;
-  char* tokenizer_json = st_path_join(ref->run_dir, "tokenizer.json");
+  char* tokenizer_json = st_rundir_path(ref->run_dir, ST_RUNDIR_TOKENIZER);
   st_plan_options o;
   st_status s = st_plan_options_from_config(cfg, &o);
   /* A BPE model is evaluated on its own tokenizer's ids, whatever the corpus. */

@@ -111,7 +111,7 @@ static void st__kernel_metrics(st__trainer* t, json_t* m) {
 static st_status st__maybe_trace(st__trainer* t) {
   int64_t step = t->step + 1;
   if (!st__traced(t, step)) return ST_OK;
-  char* dir = st_path_join(t->run_dir, "trace");
+  char* dir = st_rundir_path(t->run_dir, ST_RUNDIR_TRACE);
   st_status s = st_fs_mkdirs(dir);
   char file[64];
   snprintf(file, sizeof(file), "step_%lld.json", (long long)step);

@@ -139,16 +139,16 @@ static st_status st__bundle_copies(const st__trainer* t, const st_bundle_program
     free(path);
   }
   if (!s) {
-    char* src = st_path_join(t->run_dir, "config.yaml");
-    path = st_path_join(dir, "config.yaml");
+    char* src = st_rundir_path(t->run_dir, ST_RUNDIR_CONFIG);
+    path = st_path_join(dir, st_rundir_name(ST_RUNDIR_CONFIG));
     s = st__copy_file(src, path);
     free(src);
     free(path);
   }
   /* A BPE run's tokenizer goes along: the bundle's identity names it. */
-  char* tok_src = st_path_join(t->run_dir, "tokenizer.json");
+  char* tok_src = st_rundir_path(t->run_dir, ST_RUNDIR_TOKENIZER);
   if (!s && st_fs_exists(tok_src)) {
-    path = st_path_join(dir, "tokenizer.json");
+    path = st_path_join(dir, st_rundir_name(ST_RUNDIR_TOKENIZER));
     s = st__copy_file(tok_src, path);
     free(path);
   }
@@ -279,9 +279,7 @@ static st_status st__write_bundle(st__trainer* t, const st_op* op, int k, int64_
   int64_t step = t->step + 1;
   char leaf[64];
   snprintf(leaf, sizeof(leaf), "nonfinite-step%lld", (long long)step);
-  char* diag = st_path_join(t->run_dir, "diag");
-  char* dir = st_path_join(diag, leaf);
-  free(diag);
+  char* dir = st_rundir_path_in(t->run_dir, ST_RUNDIR_DIAG, leaf);
   st_status s = st_fs_mkdirs(dir);
   json_t* inputs = json_array();
   json_t* bad_inputs = json_array();

@@ -17,6 +17,7 @@
 #include "strata/ckpt.h"
 #include "strata/config.h"
 #include "strata/kernels.h"
+#include "strata/obs.h"
 #include "strata/runtime.h"
 #include "strata/train.h"
 
@@ -66,10 +67,10 @@ void st_repro_result_deinit(st_repro_result* r) {
  * the bundle (written with it), else beside the run two levels up; NULL
  * when neither (not compared). Caller frees. */
 static char* st__bundle_tokenizer(const char* dir) {
-  char* p = st_path_join(dir, "tokenizer.json");
+  char* p = st_path_join(dir, st_rundir_name(ST_RUNDIR_TOKENIZER));
   if (st_fs_exists(p)) return p;
   free(p);
-  p = st_path_join(dir, "../../tokenizer.json");
+  p = st_rundir_path_above(dir, ST_RUNDIR_TOKENIZER);
   if (st_fs_exists(p)) return p;
   free(p);
   return NULL;
@@ -184,7 +185,7 @@ static st_status st__replay_inputs(st__replay* R, const char* dir, st_status s) 
 /* The run's config (its runtime: plugin, devices, determinism settings),
  * checked against the identity nonfinite.json records. */
 static st_status st__replay_config(st__replay* R, const char* dir, const st_repro_options* ro, st_repro_result* out, st_status s) {
-  R->cfg_path = st_path_join(dir, "config.yaml");
+  R->cfg_path = st_path_join(dir, st_rundir_name(ST_RUNDIR_CONFIG));
   if (!s) s = st_config_load(R->cfg_path, ro->n_overrides, ro->overrides, &R->cfg);
   if (!s) s = st_plan_options_from_config(R->cfg, &R->o);
   /* The program replayed is the recorded one whatever the config says: a

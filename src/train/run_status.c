@@ -2,7 +2,7 @@
  * directory alone (docs/design.md §6): `strata status` prints it.
  *
  * Nothing here writes to the run directory or takes its lock: the lock is
- * probed (st_runlog_dir_holder), the logs are read from their tails only,
+ * probed (st_rundir_holder), the logs are read from their tails only,
  * so a run being trained is never disturbed and a huge metrics.jsonl costs
  * at most ST__TAIL bytes. In train/ because train.steps and the metrics
  * port come through the typed options (plan/), the one reader of config
@@ -93,7 +93,7 @@ static double st__status_num(const json_t* obj, const char* key, bool* ok) {
 
 /* What st_train_run_status reads of the directory before it judges. */
 typedef struct {
-  long holder;  /* st_runlog_dir_holder's */
+  long holder;  /* st_rundir_holder's */
   bool running; /* the lock is held */
   json_t* events;  /* owned; NULL without events.jsonl */
   json_t* metrics; /* owned; NULL without metrics.jsonl */
@@ -104,10 +104,10 @@ typedef struct {
  * folder that is no run directory is refused here, before anything is
  * judged, and a finished run's torn last line is warned about. */
 static st_status st__status_read(const char* dir, st__run_read* r) {
-  char* events_path = st_path_join(dir, "events.jsonl");
-  char* metrics_path = st_path_join(dir, "metrics.jsonl");
-  char* config_path = st_path_join(dir, "config.yaml");
-  st_status s = st_runlog_dir_holder(dir, &r->holder);
+  char* events_path = st_rundir_path(dir, ST_RUNDIR_EVENTS);
+  char* metrics_path = st_rundir_path(dir, ST_RUNDIR_METRICS);
+  char* config_path = st_rundir_path(dir, ST_RUNDIR_CONFIG);
+  st_status s = st_rundir_holder(dir, &r->holder);
   r->running = r->holder > 0 || r->holder == -2;
   const bool running = r->running;
   /* A run just starting holds the lock before it opens its logs. */
@@ -260,7 +260,7 @@ static void st__status_progress(json_t* o, const st__run_read* r) {
 
 /* The checkpoint a resume would take (verified), and the lock's holder. */
 static st_status st__status_checkpoint(json_t* o, const char* dir, const st__run_read* r) {
-  char* ckpt_root = st_path_join(dir, "checkpoints");
+  char* ckpt_root = st_rundir_path(dir, ST_RUNDIR_CHECKPOINTS);
   st_ckpt* c = NULL;
   int skipped = 0;
   st_status s = st_ckpt_find_valid(ckpt_root, NULL, NULL, NULL, &c, &skipped);
@@ -277,7 +277,7 @@ static st_status st__status_checkpoint(json_t* o, const char* dir, const st__run
   st_json_put_int(o, "checkpoints_invalid", skipped);
   st_ckpt_free(c);
   json_t* lock = st_json_obj();
-  st_json_put_str(lock, "file", ".lock");
+  st_json_put_str(lock, "file", st_rundir_name(ST_RUNDIR_LOCK));
   st_json_put_bool(lock, "held", r->running);
   st_json_put(lock, "pid", r->holder > 0 ? st_json_int(r->holder) : json_null());
   if (r->holder == -1) st_json_put_str(lock, "note", "this filesystem has no flock: a live run cannot be detected");

@@ -36,62 +36,19 @@
 /* Lifecycle pieces                                                         */
 /*===-------------------------------------------------------------------===*/
 
-/* <run_dir>/config.yaml: the resolved config the run trains with. */
-static st_status st__save_run_config(const st_config* cfg, const char* run_dir) {
-  char* path = st_path_join(run_dir, "config.yaml");
-  st_status s = st_config_save(cfg, path);
-  free(path);
-  return s;
-}
-
-/* Creates (or, on resume, reopens) the run directory and locks it: two
- * processes training into one directory would interleave their metrics and
- * race each other's checkpoints, so the second is refused with exit 2. The
- * lock dies with the process, so a SIGKILLed run can be resumed at once. */
+/* Creates (or, on resume, reopens) the run directory, locks it and writes
+ * its config.yaml (st_rundir_claim): a second process training into it is
+ * refused with exit 2. */
 static st_status st__make_run_dir(const st_config* cfg, const st_plan_options* o, char** out_dir, int* out_lock_fd,
                                   bool* out_reused) {
-  *out_reused = false;
-  st_strbuf d = {0};
-  if (o->run_dir[0]) {
-    st_strbuf_append(&d, o->run_dir);
-  } else {
-    char id[ST_CONFIG_MAX_RUN_ID + 1]; /* run.id is validated: a plain name, never longer */
-    if (o->run_id[0]) {
-      snprintf(id, sizeof(id), "%s", o->run_id);
-    } else {
-      time_t now = time(NULL);
-      struct tm tm;
-      localtime_r(&now, &tm);
-      strftime(id, sizeof(id), "%Y%m%d-%H%M%S", &tm);
-      snprintf(id + strlen(id), sizeof(id) - strlen(id), "-%d", (int)getpid());
-    }
-    st_strbuf_printf(&d, "runs/%s", id);
-  }
-  st_status s = st_fs_mkdirs(d.data);
-  if (!s) s = st_runlog_lock_dir(d.data, out_lock_fd);
-  bool used = st_runlog_dir_has_run(d.data);
-  char* events = st_path_join(d.data, "events.jsonl");
-  *out_reused = !used && st_fs_exists(events); /* an earlier attempt stopped before its first step */
-  free(events);
-  if (!s && used && !o->resume) {
-    char* q = st_shell_quote(d.data);
-    s = st_status_make(ST_CODE_CONFIG,
-                       "run directory '%s' already holds a run (steps in metrics.jsonl, checkpoints); set run.dir to a new folder, or "
-                       "continue it with `strata resume %s`",
-                       d.data, q);
-    free(q);
-  }
-  /* A resume writes the run's config only once its checkpoint accepted it
-   * (st__save_run_config after the restore): a refused resume (another
-   * tokenizer, another model) must leave the run as it was. */
-  if (!s && !o->resume) s = st__save_run_config(cfg, d.data);
+  char* dir = st_rundir_default(o->run_dir, o->run_id);
+  st_rundir_claim_options how = {.resume = o->resume, .config = cfg};
+  st_status s = st_rundir_claim(dir, &how, out_lock_fd, out_reused);
   if (s) {
-    if (*out_lock_fd >= 0) close(*out_lock_fd);
-    *out_lock_fd = -1;
-    st_strbuf_free(&d);
+    free(dir);
     return s;
   }
-  *out_dir = d.data;
+  *out_dir = dir;
   return ST_OK;
 }
 
@@ -283,7 +240,7 @@ static st_status st__copy_tokenizer(st__trainer* t) {
   size_t size = 0;
   st_status s = st_fs_read_file(src, &data, &size);
   if (s) return st_status_recode(s, ST_CODE_DATA, "copying the tokenizer into the run directory");
-  char* dst = st_path_join(t->run_dir, "tokenizer.json");
+  char* dst = st_rundir_path(t->run_dir, ST_RUNDIR_TOKENIZER);
   s = st_fs_write_atomic(dst, data, size);
   free(dst);
   free(data);
@@ -563,7 +520,7 @@ static void st__summary(const st__trainer* t) {
   int devices = st_executor_devices(t->ex);
   fprintf(stderr, "  peak device memory %.1f MiB%s (accounted by the plan's executor)\n", (double)t->peak_bytes / 1048576.0,
           devices > 1 ? " per device" : "");
-  char* root = st_path_join(t->run_dir, "checkpoints");
+  char* root = st_rundir_path(t->run_dir, ST_RUNDIR_CHECKPOINTS);
   char* latest = st_ckpt_read_latest(root);
   if (latest) fprintf(stderr, "  checkpoint %s/%s\n", root, latest);
   free(latest);
@@ -581,7 +538,7 @@ static st_status st__end_sample_try(st__trainer* t, double* out_seconds, double*
   const st_plan_options* o = t->o;
   const st_bundle* b = t->bundle;
   double t0 = st_now();
-  char* path = st_path_join(t->run_dir, "params.safetensors");
+  char* path = st_rundir_path(t->run_dir, ST_RUNDIR_PARAMS);
   st_safetensors* file = NULL;
   st_infer_sampler* sm = NULL;
   const void** data = st_xcalloc((size_t)b->param_count + 1, sizeof(void*));
@@ -644,7 +601,7 @@ static st_status st__end_sample_try(st__trainer* t, double* out_seconds, double*
             (unsigned long long)so.seed, q, bytes ? "" : ", synthetic data (no text): token ids",
             text.data ? text.data : "", bytes ? "\n" : "");
     free(q);
-    char* out = st_path_join(t->run_dir, "sample.txt");
+    char* out = st_rundir_path(t->run_dir, ST_RUNDIR_SAMPLE);
     s = st_fs_write_atomic(out, text.data ? text.data : "", text.len);
     free(out);
     st_strbuf_free(&text);
@@ -889,7 +846,7 @@ static st_status st__train_init(st__trainer* t, const st_config* cfg, st_plan_op
   ST_RETURN(st__make_run_dir(cfg, o, &t->run_dir, lock_fd, &reused));
   ST_RETURN(st_runlog_open(t->run_dir, &t->log));
   if (o->tensorboard) {
-    char* tb = st_path_join(t->run_dir, "tb");
+    char* tb = st_rundir_path(t->run_dir, ST_RUNDIR_TB);
     st_status s = st_runlog_tensorboard(t->log, tb);
     free(tb);
     ST_RETURN(s);
@@ -902,8 +859,7 @@ static st_status st__train_init(st__trainer* t, const st_config* cfg, st_plan_op
   /* The endpoint first: a port in use fails the run (exit 2) before any
    * data, compile, step or checkpoint. */
   if (o->metrics_port > 0) {
-    const char* slash = strrchr(t->run_dir, '/');
-    ST_RETURN(st_metrics_server_start(o->metrics_port, slash ? slash + 1 : t->run_dir, &t->metrics));
+    ST_RETURN(st_metrics_server_start(o->metrics_port, st_rundir_id(t->run_dir), &t->metrics));
     char url[64];
     snprintf(url, sizeof(url), "http://127.0.0.1:%d/metrics", o->metrics_port);
     json_t* f = st_json_obj();
@@ -921,11 +877,10 @@ static st_status st__context_event(st__trainer* t, const st_config* cfg) {
   const st_plan_options* o = t->o;
   char hash[17];
   st_config_hash(cfg, NULL, 0, hash);
-  const char* slash = strrchr(t->run_dir, '/');
   st_context_runtime rt;
   st__context_runtime(t->runtime, &rt);
   int mesh_devices = o->parallel_data * o->parallel_fsdp * o->parallel_tensor;
-  st_context_facts facts = {.run_id = slash ? slash + 1 : t->run_dir,
+  st_context_facts facts = {.run_id = st_rundir_id(t->run_dir),
                             .config_hash = hash,
                             .bundle_key = t->bundle->key,
                             .tokenizer_hash = st_dataset_tokenizer_hash(t->data),
@@ -935,13 +890,11 @@ static st_status st__context_event(st__trainer* t, const st_config* cfg) {
                             .peak = st_train_peak_json(&t->peak, mesh_devices),
                             .kernels = st_kernels_bundle_json(t->bundle),
                             .model = st_plan_model_desc(o)};
-  json_t* ctx = st_context_json(&facts);
+  json_t* ctx = NULL;
+  st_status s = st_rundir_write_context(t->run_dir, &facts, &ctx);
   json_decref(facts.peak);
   json_decref(facts.kernels);
   json_decref(facts.model);
-  char* path = st_path_join(t->run_dir, "context.json");
-  st_status s = st_json_write_file(path, ctx, 0);
-  free(path);
   if (!s) {
     json_t* f = st_json_obj();
     st_json_put_str(f, "run_dir", t->run_dir);
@@ -1120,7 +1073,7 @@ static st_status st__train_start(st__trainer* t, const st_config* cfg, double t0
   /* After the restore, which refuses a checkpoint of another tokenizer
    * (exit 3) before this could replace the run's tokenizer.json. */
   ST_RETURN(st__copy_tokenizer(t));
-  if (o->resume) ST_RETURN(st__save_run_config(cfg, t->run_dir));
+  if (o->resume) ST_RETURN(st_rundir_write_config(t->run_dir, cfg));
   if (!restored) ST_RETURN(st__init_state(t));
   /* Now the first step is known: every armed drill can fire in this run. */
   ST_RETURN(st__check_drills(t));
@@ -1154,7 +1107,7 @@ static st_status st__check_unfired(st__trainer* t) {
 static st_status st__train_save(st__trainer* t) {
   int replicas_checked = 0;
   ST_RETURN(st__check_replicas(t, &replicas_checked));
-  char* path = st_path_join(t->run_dir, "params.safetensors");
+  char* path = st_rundir_path(t->run_dir, ST_RUNDIR_PARAMS);
   st_status s = st__save_params(t, path);
   if (!s) {
     json_t* f = st_json_obj();

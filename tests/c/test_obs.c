@@ -3,7 +3,8 @@
  * wherever the previous newline is; whole lines are never touched; the
  * graceful-stop flag (strata/diag.h) records the first stop signal only;
  * the metrics endpoint's exposition text (escaping, nested objects,
- * non-finite values) and its refusal of a port in use. */
+ * non-finite values) and its refusal of a port in use; the run directory's
+ * owner (names, paths, where a run goes, the claim and its lock). */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -352,6 +353,97 @@ static void test_report_event_cut(void** state) {
   free(dir);
 }
 
+/* The run directory's table: every entry named, no two alike, and the
+ * paths built from it; where a run goes by default. */
+static void test_rundir_names(void** state) {
+  (void)state;
+  for (int i = 0; i < ST_RUNDIR_ENTRY_COUNT; ++i) {
+    const char* a = st_rundir_name((st_rundir_entry)i);
+    assert_non_null(a);
+    assert_null(strchr(a, '/'));
+    for (int j = 0; j < i; ++j) assert_string_not_equal(a, st_rundir_name((st_rundir_entry)j));
+  }
+  assert_null(st_rundir_name(ST_RUNDIR_ENTRY_COUNT));
+  char* p = st_rundir_path("runs/x", ST_RUNDIR_CONFIG);
+  assert_string_equal(p, "runs/x/config.yaml");
+  free(p);
+  p = st_rundir_path_in("runs/x/", ST_RUNDIR_DIAG, "faults.fired");
+  assert_string_equal(p, "runs/x/diag/faults.fired");
+  free(p);
+  p = st_rundir_path_above("runs/x/checkpoints/step_2", ST_RUNDIR_TOKENIZER);
+  assert_string_equal(p, "runs/x/checkpoints/step_2/../../tokenizer.json");
+  free(p);
+  assert_string_equal(st_rundir_id("a/runs/my-run"), "my-run");
+  assert_string_equal(st_rundir_id("my-run"), "my-run");
+  p = st_rundir_default("elsewhere/r", "ignored");
+  assert_string_equal(p, "elsewhere/r");
+  free(p);
+  p = st_rundir_default("", "my-run");
+  assert_string_equal(p, "runs/my-run");
+  free(p);
+  p = st_rundir_default(NULL, NULL);
+  char tail[32];
+  snprintf(tail, sizeof(tail), "-%d", (int)getpid());
+  assert_int_equal(strncmp(p, "runs/", 5), 0);
+  assert_int_equal(strlen(p), strlen("runs/YYYYmmdd-HHMMSS") + strlen(tail));
+  assert_string_equal(p + strlen(p) - strlen(tail), tail);
+  free(p);
+}
+
+/* A claim creates the folder, writes config.yaml and holds the lock; a
+ * second claim is refused while it is held (exit 2, naming the holder); a
+ * folder that holds a run is refused unless resumed, in each command's
+ * words. */
+static void test_rundir_claim(void** state) {
+  (void)state;
+  char* root = tu_tmpdir("rundir");
+  char* dir = st_path_join(root, "runs/r1");
+  st_config* cfg = NULL;
+  ASSERT_OK(st_config_load(STRATA_SOURCE_DIR "/configs/test.yml", 0, NULL, &cfg));
+  int fd = -1, fd2 = -1;
+  bool reused = true;
+  st_rundir_claim_options fresh = {.config = cfg};
+  ASSERT_OK(st_rundir_claim(dir, &fresh, &fd, &reused));
+  assert_true(fd >= 0);
+  assert_false(reused);
+  char* yaml = st_rundir_path(dir, ST_RUNDIR_CONFIG);
+  assert_true(st_fs_exists(yaml));
+  long holder = 0;
+  ASSERT_OK(st_rundir_holder(dir, &holder));
+  assert_int_equal(holder, (long)getpid());
+  char pid[32];
+  snprintf(pid, sizeof(pid), "pid %ld holds", (long)getpid());
+  ASSERT_ERROR(st_rundir_claim(dir, &fresh, &fd2, NULL), ST_CODE_CONFIG, "is in use by another strata process", pid);
+  assert_int_equal(fd2, -1);
+  close(fd);
+  /* Events only: an earlier attempt that stopped before its first step. */
+  char* events = st_rundir_path(dir, ST_RUNDIR_EVENTS);
+  assert_int_equal(tu_write_file(events, "{}\n", 3), 0);
+  ASSERT_OK(st_rundir_claim(dir, &fresh, &fd, &reused));
+  assert_true(reused);
+  close(fd);
+  /* A step recorded: the folder holds a run. */
+  char* metrics = st_rundir_path(dir, ST_RUNDIR_METRICS);
+  assert_int_equal(tu_write_file(metrics, "{\"step\": 1}\n", 12), 0);
+  assert_true(st_rundir_has_run(dir));
+  ASSERT_ERROR(st_rundir_claim(dir, &fresh, &fd, NULL), ST_CODE_CONFIG, "already holds a run", "`strata resume ");
+  assert_int_equal(fd, -1);
+  st_rundir_claim_options sup = {.supervisor = true};
+  ASSERT_ERROR(st_rundir_claim(dir, &sup, &fd, NULL), ST_CODE_CONFIG, "already holds a run", "run.resume=true");
+  st_rundir_claim_options resume = {.resume = true, .config = cfg};
+  assert_int_equal(unlink(yaml), 0);
+  ASSERT_OK(st_rundir_claim(dir, &resume, &fd, NULL));
+  assert_false(st_fs_exists(yaml)); /* a resume writes it only once its checkpoint accepted it */
+  close(fd);
+  st_config_destroy(cfg);
+  free(yaml);
+  free(events);
+  free(metrics);
+  free(dir);
+  tu_rmtree(root);
+  free(root);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_metrics_render),
@@ -361,6 +453,8 @@ int main(void) {
       cmocka_unit_test(test_stop_flag),
       cmocka_unit_test(test_jsonl_read),
       cmocka_unit_test(test_report_event_cut),
+      cmocka_unit_test(test_rundir_names),
+      cmocka_unit_test(test_rundir_claim),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
