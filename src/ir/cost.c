@@ -402,6 +402,33 @@ static bool st__op_text_has(const st__ir_op* op, bool f64) {
   return false;
 }
 
+/* The static pass over one op (mode ST__STATIC): op counts, the lint's
+ * findings (dynamic shapes, f64, custom calls, host callbacks), every
+ * callee checked to exist, and the op's regions, each once. */
+static void st__op_static(st__ir_ctx* c, const st__ir_op* op, const char* s, int depth, st__cost* acc) {
+  st__count_static(c, s);
+  if (st__ir_is_dynamic(s)) st__find(c, ST_IR_FIND_DYNAMIC_SHAPE, op, s);
+  else if (st__op_text_has(op, false)) st__find(c, ST_IR_FIND_DYNAMIC_SHAPE, op, "");
+  if (st__op_text_has(op, true)) st__find(c, ST_IR_FIND_F64, op, "");
+  if (!strcmp(s, "custom_call")) {
+    char t[64];
+    st__custom_target(op, t, sizeof(t));
+    st__find(c, strstr(t, "callback") ? ST_IR_FIND_HOST_CALLBACK : ST_IR_FIND_CUSTOM_CALL, op, t);
+  }
+  if (!strcmp(s, "call") || !strcmp(op->name, "func.call")) { /* every callee exists, live or not */
+    const char* at = st_ir_skip_ws(op->after_name, op->e);
+    const char* z = at < op->e && *at == '@' ? at + 1 : at;
+    while (z < op->e && st__ir_ident(*z)) ++z;
+    if (at >= op->e || *at != '@' || !st__ir_lookup(c, at + 1, (size_t)(z - at - 1))) {
+      st__ir_fail(c, op->b, "a call to a function the module does not define");
+      return;
+    }
+  }
+  if (!strcmp(s, "while")) c->s->while_loops++;
+  for (int i = 0; i < op->n_regions && !c->err; ++i)
+    st__cost_walk(c, op->rb[i], op->re[i], 1, depth + 1, ST__STATIC, acc);
+}
+
 static void st__op_cost(st__ir_ctx* c, const st__ir_op* op, const char* scope_b, double mult, int depth, int mode,
                         st__cost* acc) {
   const char* s = st__ir_short(op->name);
@@ -416,27 +443,7 @@ static void st__op_cost(st__ir_ctx* c, const st__ir_op* op, const char* scope_b,
   }
   if (st__ir_is_dynamic(s)) c->s->dynamic_shapes = true;
   if (mode == ST__STATIC) {
-    st__count_static(c, s);
-    if (st__ir_is_dynamic(s)) st__find(c, ST_IR_FIND_DYNAMIC_SHAPE, op, s);
-    else if (st__op_text_has(op, false)) st__find(c, ST_IR_FIND_DYNAMIC_SHAPE, op, "");
-    if (st__op_text_has(op, true)) st__find(c, ST_IR_FIND_F64, op, "");
-    if (!strcmp(s, "custom_call")) {
-      char t[64];
-      st__custom_target(op, t, sizeof(t));
-      st__find(c, strstr(t, "callback") ? ST_IR_FIND_HOST_CALLBACK : ST_IR_FIND_CUSTOM_CALL, op, t);
-    }
-    if (!strcmp(s, "call") || !strcmp(op->name, "func.call")) { /* every callee exists, live or not */
-      const char* at = st_ir_skip_ws(op->after_name, op->e);
-      const char* z = at < op->e && *at == '@' ? at + 1 : at;
-      while (z < op->e && st__ir_ident(*z)) ++z;
-      if (at >= op->e || *at != '@' || !st__ir_lookup(c, at + 1, (size_t)(z - at - 1))) {
-        st__ir_fail(c, op->b, "a call to a function the module does not define");
-        return;
-      }
-    }
-    if (!strcmp(s, "while")) c->s->while_loops++;
-    for (int i = 0; i < op->n_regions && !c->err; ++i)
-      st__cost_walk(c, op->rb[i], op->re[i], 1, depth + 1, ST__STATIC, acc);
+    st__op_static(c, op, s, depth, acc);
     return;
   }
   bool bytes = mode == ST__COST;

@@ -145,8 +145,8 @@ void st_plan_kernel_selection_note(const st_plan_options* o, FILE* out) {
   fprintf(out, "\n");
 }
 
-st_status st_plan_options_from_config(const st_config* c, st_plan_options* o) {
-  memset(o, 0, sizeof(*o));
+/* train.*, run.*, bundle.dir, the cache: the keys the rest derive from. */
+static void st__options_train(const st_config* c, st_plan_options* o) {
   o->steps = st_config_int(c, "train.steps");
   o->batch_size = st_config_int(c, "train.batch_size");
   o->microbatches = st_config_int(c, "train.microbatches");
@@ -170,7 +170,12 @@ st_status st_plan_options_from_config(const st_config* c, st_plan_options* o) {
   o->bundle_dir = st_config_string(c, "bundle.dir");
   o->tensorboard = st_config_bool(c, "obs.tensorboard");
   o->cache_root = st_cache_root(st_config_string(c, "runtime.cache_dir"));
+}
 
+/* The model JSON that keys the bundle and the model description a
+ * checkpoint records, both from the schema's model.* rows, with the
+ * kernels.<op> selection resolved for the platform. */
+static st_status st__options_model(const st_config* c, st_plan_options* o) {
   /* Canonical order: the exporter reads this object and the bundle key
    * hashes its values in order (docs/bundle.md): the ALWAYS rows, the
    * IF_SET rows, the kernels, the IF_SET_AFTER_KERNELS rows, each in schema
@@ -234,7 +239,11 @@ st_status st_plan_options_from_config(const st_config* c, st_plan_options* o) {
   o->model_trees->desc = d;
   o->model_json = st_json_dump(m, 0);
   o->model_desc = st_json_dump(d, 0);
+  return ST_OK;
+}
 
+/* data.* and runtime.* (the data and the runtime take their own option structs). */
+static void st__options_data_runtime(const st_config* c, st_plan_options* o) {
   o->data.path = st_config_string(c, "data.path");
   o->data.synthetic = st_config_bool(c, "data.synthetic");
   o->data.tokenizer = st_config_string(c, "data.tokenizer");
@@ -254,6 +263,11 @@ st_status st_plan_options_from_config(const st_config* c, st_plan_options* o) {
   o->runtime.compile_threads = (int)st_config_int(c, "runtime.compile_threads");
   o->runtime.keep_optimized_hlo = st_config_bool(c, "runtime.keep_optimized_hlo");
   o->runtime.progress = o->long_progress.on;
+}
+
+/* sched.* and parallel.*: the policies the plan builder reads, typed once,
+ * and the mesh the bundle is exported for. */
+static st_status st__options_sched(const st_config* c, st_plan_options* o) {
   /* sched.remat and sched.memory_budget read once: the plan builder takes
    * the typed values (the schema's rules have checked both). */
   st_status ss = st_config_remat_read(st_config_string(c, "sched.remat"), (int)st_config_int(c, "model.n_layers"),
@@ -285,6 +299,11 @@ st_status st_plan_options_from_config(const st_config* c, st_plan_options* o) {
     if (axis_sizes[a] > 1)
       snprintf(o->mesh + strlen(o->mesh), sizeof(o->mesh) - strlen(o->mesh), "%s%s=%d", o->mesh[0] ? "," : "",
                axis_names[a], axis_sizes[a]);
+  return ST_OK;
+}
+
+/* trace.*, obs.* and runtime.xla_options: lists and observability. */
+static void st__options_obs(const st_config* c, st_plan_options* o) {
   int nt = st_config_list_count(c, "trace.steps");
   if (nt > 0) {
     o->trace_steps = st_xcalloc((size_t)nt, sizeof(int64_t));
@@ -303,6 +322,10 @@ st_status st_plan_options_from_config(const st_config* c, st_plan_options* o) {
     o->runtime.xla_option_count = nx;
   }
 
+}
+
+/* ckpt.*, faults.*, diag.*, recovery.*: checkpoints and what watches a run. */
+static st_status st__options_ckpt_diag(const st_config* c, st_plan_options* o) {
   o->resume = st_config_bool(c, "run.resume");
   o->ckpt.every = st_config_int(c, "ckpt.every");
   o->ckpt.keep = st_config_int(c, "ckpt.keep");
@@ -345,6 +368,16 @@ st_status st_plan_options_from_config(const st_config* c, st_plan_options* o) {
   o->spike.window = st_config_int(c, "diag.spike_window");
 
   return ST_OK;
+}
+
+st_status st_plan_options_from_config(const st_config* c, st_plan_options* o) {
+  memset(o, 0, sizeof(*o));
+  st__options_train(c, o);
+  ST_RETURN(st__options_model(c, o));
+  st__options_data_runtime(c, o);
+  ST_RETURN(st__options_sched(c, o));
+  st__options_obs(c, o);
+  return st__options_ckpt_diag(c, o);
 }
 
 void st_plan_options_deinit(st_plan_options* o) {
