@@ -12,7 +12,7 @@ set -uo pipefail
 ROOT=${1:-$(cd "$(dirname "$0")/.." && pwd)}
 
 # The order, lowest first. A module may use the ones before it.
-ORDER=(base ir config data bundle ckpt obs runtime kernels sched diag plan infer train cli)
+ORDER=(base ir config data bundle ckpt obs runtime dist kernels sched diag plan infer train cli)
 # Public headers that belong to a module of another name.
 declare -A OWNER=([status]=base [tensor]=base [mesh]=runtime)
 

@@ -11,8 +11,10 @@ cd "$(dirname "$0")/.."
 
 # Building and running (make run): compiler, CMake, the libraries strata
 # links (static archives come with the -dev packages, for build-portable)
-# and the fortunes corpus the default run trains on.
-DEBS="cmake make gcc pkg-config libyaml-dev libxxhash-dev libjansson-dev libssl-dev fortunes libmicrohttpd-dev libprotobuf-c-dev protobuf-c-compiler"
+# and the fortunes corpus the default run trains on. Open MPI (mpirun and
+# libmpi, 4.1 on bookworm) for multi-process runs (docs/multiprocess.md);
+# Debian ships no static libmpi, so build-portable leaves MPI out.
+DEBS="cmake make gcc pkg-config libyaml-dev libxxhash-dev libjansson-dev libssl-dev fortunes libmicrohttpd-dev libprotobuf-c-dev protobuf-c-compiler openmpi-bin libopenmpi-dev"
 # Tests only: cmocka (C tests), clang and its runtime (libFuzzer, the
 # sanitizers' fuzz builds), chromium (report.html rendered headless in
 # test_report.py), graphviz (the --dot graphs checked by dot).
