@@ -51,7 +51,7 @@ static st_status st__parse_ids(const char* text, int32_t** out_ids, size_t* out_
   return ST_OK;
 }
 
-static st_status st__decode(const st_dataset* ds, const char* arg) {
+static st_status st__data_decode(const st_dataset* ds, const char* arg) {
   char* text = NULL;
   if (!strcmp(arg, "-")) {
     st_strbuf in = {0};
@@ -106,7 +106,7 @@ int st_cli_data(int argc, char** argv) {
     st_dataset* ds = NULL;
     if (!s) s = st_dataset_open(&o.data, &ds);
     if (!s && decode)
-      s = st__decode(ds, decode);
+      s = st__data_decode(ds, decode);
     else if (!s)
       printf("%s\ntokens %llu train %llu validation %llu\ntokenizer %s\n", st_dataset_token_path(ds),
              (unsigned long long)st_dataset_token_count(ds), (unsigned long long)st_dataset_split_tokens(ds, 0),

@@ -24,7 +24,7 @@ static const char* kUsage =
     "  --top-p P          keep the most likely tokens up to probability P, in (0, 1] (default 1)\n"
     "  --seed S           sampling seed, 0..2^64-1: the same seed repeats the same text (default 0)\n";
 
-static st_status st__bad(const char* flag, const char* value, const char* want) {
+static st_status st__sample_flag_bad(const char* flag, const char* value, const char* want) {
   return st_status_make(ST_CODE_CONFIG, "strata sample: %s '%s': %s (see `strata sample --help`)", flag, value, want);
 }
 
@@ -37,7 +37,7 @@ static bool st__int(const char* v, long long lo, long long hi, long long* out) {
   return true;
 }
 
-static bool st__num(const char* v, double* out) {
+static bool st__sample_num(const char* v, double* out) {
   char* end = NULL;
   errno = 0;
   double x = strtod(v, &end);
@@ -96,22 +96,22 @@ int st_cli_sample(int argc, char** argv) {
     if (!strcmp(flag, "--prompt")) {
       prompt = v;
     } else if (!strcmp(flag, "--tokens")) {
-      if (!st__int(v, 1, ST_INFER_MAX_TOKENS, &n)) s = st__bad(flag, v, "give a whole number of tokens from 1 to 1000000");
+      if (!st__int(v, 1, ST_INFER_MAX_TOKENS, &n)) s = st__sample_flag_bad(flag, v, "give a whole number of tokens from 1 to 1000000");
       o.tokens = n;
     } else if (!strcmp(flag, "--temperature")) {
-      if (!st__num(v, &x) || x < 0) s = st__bad(flag, v, "give a number >= 0 (0 is greedy decoding)");
+      if (!st__sample_num(v, &x) || x < 0) s = st__sample_flag_bad(flag, v, "give a number >= 0 (0 is greedy decoding)");
       o.temperature = x;
     } else if (!strcmp(flag, "--top-k")) {
-      if (!st__int(v, 0, 1LL << 31, &n)) s = st__bad(flag, v, "give a whole number >= 0 (0 keeps every token)");
+      if (!st__int(v, 0, 1LL << 31, &n)) s = st__sample_flag_bad(flag, v, "give a whole number >= 0 (0 keeps every token)");
       o.top_k = n;
     } else if (!strcmp(flag, "--top-p")) {
-      if (!st__num(v, &x) || !(x > 0 && x <= 1)) s = st__bad(flag, v, "give a probability in (0, 1] (1 keeps every token)");
+      if (!st__sample_num(v, &x) || !(x > 0 && x <= 1)) s = st__sample_flag_bad(flag, v, "give a probability in (0, 1] (1 keeps every token)");
       o.top_p = x;
     } else { /* --seed */
       char* end = NULL;
       errno = 0;
       unsigned long long u = strtoull(v, &end, 10);
-      if (end == v || *end || errno || v[0] == '-') s = st__bad(flag, v, "give a whole number from 0 to 18446744073709551615");
+      if (end == v || *end || errno || v[0] == '-') s = st__sample_flag_bad(flag, v, "give a whole number from 0 to 18446744073709551615");
       o.seed = (uint64_t)u;
     }
   }

@@ -126,7 +126,7 @@ static int st__param_for(const st_bundle* b, const st_bundle_stage* st, const st
 /* Launches |bp| of stage |st|: its "param" inputs from the sampler's
  * parameters, the others from |rest| in order (|n_rest| of them; donated
  * ones are consumed). |outs| gets the outputs. */
-static st_status st__launch(st_infer_sampler* s, const st_bundle_stage* st, const st_bundle_program* bp, st_buffer* const* rest,
+static st_status st__infer_launch(st_infer_sampler* s, const st_bundle_stage* st, const st_bundle_program* bp, st_buffer* const* rest,
                             int n_rest, st_buffer** outs) {
   st_buffer* in[ST_BUNDLE_MAX_PROGRAM_TENSORS];
   int r = 0;
@@ -262,11 +262,11 @@ static st_status st__prefill(st_infer_sampler* s, const int32_t* tokens, int64_t
                                       b->embed.prefill->name);
   if (!st) st = st_buffer_from_host(s->rt, 0, &tin->type, row, &tok);
   free(row);
-  if (!st) st = st__launch(s, &b->embed, b->embed.prefill, &tok, 1, &x);
+  if (!st) st = st__infer_launch(s, &b->embed, b->embed.prefill, &tok, 1, &x);
   st_buffer_destroy(tok);
   for (int l = 0; l < b->layer_count && !st; ++l) {
     st_buffer* o[3] = {NULL, NULL, NULL};
-    st = st__launch(s, &b->layers[l], b->layers[l].prefill, &x, 1, o);
+    st = st__infer_launch(s, &b->layers[l], b->layers[l].prefill, &x, 1, o);
     st_buffer_destroy(x);
     x = o[0];
     st_buffer_destroy(s->cache[2 * l]);
@@ -280,7 +280,7 @@ static st_status st__prefill(st_infer_sampler* s, const int32_t* tokens, int64_t
 
 /* Runs |token| at position |pos| through every layer (updating the caches)
  * and the head; |logits| gets vocab_size floats. */
-static st_status st__decode(st_infer_sampler* s, int32_t token, int64_t pos, float* logits) {
+static st_status st__infer_decode(st_infer_sampler* s, int32_t token, int64_t pos, float* logits) {
   const st_bundle* b = s->b;
   st_tensor_type tt = {.dtype = ST_DTYPE_S32, .rank = 2, .dims = {1, 1}};
   st_tensor_type pt = {.dtype = ST_DTYPE_S32, .rank = 0};
@@ -292,11 +292,11 @@ static st_status st__decode(st_infer_sampler* s, int32_t token, int64_t pos, flo
   int embed_rest = 0;
   for (int i = 0; i < b->embed.decode->input_count; ++i) embed_rest += strcmp(b->embed.decode->inputs[i].role, "param") != 0;
   st_buffer* erest[2] = {tok, pb};
-  if (!st) st = st__launch(s, &b->embed, b->embed.decode, erest, embed_rest == 2 ? 2 : 1, &x);
+  if (!st) st = st__infer_launch(s, &b->embed, b->embed.decode, erest, embed_rest == 2 ? 2 : 1, &x);
   for (int l = 0; l < b->layer_count && !st; ++l) {
     st_buffer* rest[4] = {x, s->cache[2 * l], s->cache[2 * l + 1], pb};
     st_buffer* o[3] = {NULL, NULL, NULL};
-    st = st__launch(s, &b->layers[l], b->layers[l].decode, rest, 4, o);
+    st = st__infer_launch(s, &b->layers[l], b->layers[l].decode, rest, 4, o);
     if (st) break;
     st_buffer_destroy(x);
     st_buffer_destroy(s->cache[2 * l]); /* donated: an empty handle now */
@@ -306,7 +306,7 @@ static st_status st__decode(st_infer_sampler* s, int32_t token, int64_t pos, flo
     s->cache[2 * l + 1] = o[2];
   }
   st_buffer* lg = NULL;
-  if (!st) st = st__launch(s, &b->head, b->head.logits, &x, 1, &lg);
+  if (!st) st = st__infer_launch(s, &b->head, b->head.logits, &x, 1, &lg);
   if (!st) st = st_buffer_to_host(lg, logits, (size_t)s->V * sizeof(float));
   st_buffer_destroy(lg);
   st_buffer_destroy(x);
@@ -360,7 +360,7 @@ st_status st_infer_generate(st_infer_sampler* s, const int32_t* prompt, int64_t 
       st = st__prefill(s, hist + start, n - 1 - start);
       filled = true;
     }
-    if (!st) st = st__decode(s, hist[n - 1], n - 1 - start, logits);
+    if (!st) st = st__infer_decode(s, hist[n - 1], n - 1 - start, logits);
     if (st) break;
     for (int64_t i = 0; i < s->V; ++i)
       if (!isfinite(logits[i])) {

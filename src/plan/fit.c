@@ -36,7 +36,7 @@ static int64_t st__largest_state_tensor(const st_plan* p) {
 }
 
 /* Host bytes strata holds for |plan|: offload homes and checkpoint staging. */
-static void st__host(const st_plan_options* o, st_runtime* rt, const st_plan* p, st_plan_fit_candidate* c) {
+static void st__fit_host(const st_plan_options* o, st_runtime* rt, const st_plan* p, st_plan_fit_candidate* c) {
   c->host_homes = st_plan_host_bytes(p);
   int64_t state = st__state_bytes(p);
   c->ckpt_chunked = st_plan_ckpt_streams(o, rt, state);
@@ -107,7 +107,7 @@ st_status st_plan_fit(st_runtime* runtime, const st_bundle* bundle, const st_pla
   me->peak = tp.peak;
   me->slots_peak = tp.slots_peak;
   me->temps = tp.temps;
-  st__host(options, runtime, step, me);
+  st__fit_host(options, runtime, step, me);
   st__need(out, me);
   out->fits = me->fits;
   if (!candidates || out->limit <= 0 || me->fits || step->devices > 1) return ST_OK;
@@ -144,7 +144,7 @@ st_status st_plan_fit(st_runtime* runtime, const st_bundle* bundle, const st_pla
       c->peak = tp.peak;
       c->slots_peak = tp.slots_peak;
       c->temps = tp.temps;
-      st__host(&o, runtime, &plans[k], c);
+      st__fit_host(&o, runtime, &plans[k], c);
       st__need(out, c);
     }
     st_plan_deinit(&plans[k]);

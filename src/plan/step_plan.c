@@ -104,7 +104,7 @@ int st_plan_block_metrics(const st_bundle* b, const char** names, int* ranks) {
   return n;
 }
 
-static bool st__same_type(const st_tensor_type* a, const st_tensor_type* b) {
+static bool st__plan_same_type(const st_tensor_type* a, const st_tensor_type* b) {
   if (a->dtype != b->dtype || a->rank != b->rank) return false;
   for (int d = 0; d < a->rank; ++d)
     if (a->dims[d] != b->dims[d]) return false;
@@ -142,7 +142,7 @@ static st_status st__check_block(const st_bundle* b, const st__instance* I) {
                           "\"Block metrics\")", b->dir, I->layer, fwd->name, fr->name);
   for (int s = 0; s < S; ++s) {
     const st_bundle_tensor *a = &fwd->outputs[1 + s], *c = &fr->outputs[1 + s];
-    if (strcmp(a->name, c->name) != 0 || !st__same_type(&a->type, &c->type) || strlen(a->name) > 64 || a->type.dtype != ST_DTYPE_F32 ||
+    if (strcmp(a->name, c->name) != 0 || !st__plan_same_type(&a->type, &c->type) || strlen(a->name) > 64 || a->type.dtype != ST_DTYPE_F32 ||
         a->type.rank > 1 || st__metric_index(b, a->name) < 0)
       return st_status_make(ST_CODE_RUNTIME, "bundle %s: layer %d's metric output %d ('%s') is not the same f32 scalar or "
                             "vector in '%s' and '%s', or a name over 64 bytes or one too many (at most %d names; docs/bundle.md)",
@@ -329,7 +329,7 @@ static int st__xfer(st__builder* B, const char* name, const st_tensor_type* t) {
   return st_plan_slot(B->plan, name, ST_SLOT_XFER, t, false);
 }
 
-static void st__launch(st__builder* B, st_op_kind kind, const st_bundle_program* p, int layer, int micro, int n_in,
+static void st__plan_launch(st__builder* B, st_op_kind kind, const st_bundle_program* p, int layer, int micro, int n_in,
                        const int* in, int n_out, const int* out) {
   st_plan_add(B->plan, kind, st_plan_program(B->plan, p->name), layer, micro, 0, n_in, in, n_out, out);
 }
@@ -341,7 +341,7 @@ static void st__act_stats(st__builder* B, const st_bundle_program* p, int x, int
   char name[160];
   snprintf(name, sizeof(name), "nstat.%s[%d][%d]", tag == ST_TAG_NUM_OUT ? "out" : "dx", micro, layer);
   int s = st__xfer(B, name, &p->outputs[0].type);
-  st__launch(B, ST_OP_LAUNCH, p, layer, micro, 1, &x, 1, &s);
+  st__plan_launch(B, ST_OP_LAUNCH, p, layer, micro, 1, &x, 1, &s);
   if (B->n_astat == B->cap_astat) {
     B->cap_astat = B->cap_astat ? 2 * B->cap_astat : 16;
     B->astat = st_xrealloc(B->astat, (size_t)B->cap_astat * 4 * sizeof(int));
@@ -503,7 +503,7 @@ static void st__forward(st__builder* B, int m, bool eval, st__fwd_out* f) {
   st__use_begin(B);
   for (int k = 0; k < E->count; ++k) in[k] = st__param_in(B, E->params[k]);
   in[E->count] = f->tokens;
-  st__launch(B, ST_OP_LAUNCH, ef, -1, m, E->count + 1, in, 1, &x);
+  st__plan_launch(B, ST_OP_LAUNCH, ef, -1, m, E->count + 1, in, 1, &x);
   st__use_end(B);
   if (eval) st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 1, &f->tokens, 0, NULL);
 
@@ -529,13 +529,13 @@ static void st__forward(st__builder* B, int m, bool eval, st__fwd_out* f) {
       out[1 + s] = st__xfer(B, name, &fwd->outputs[1 + s].type);
     }
     if (eval || B->remat[l]) {
-      st__launch(B, ST_OP_LAUNCH, fwd, l, m, I->count + 1, in, 1 + S, out);
+      st__plan_launch(B, ST_OP_LAUNCH, fwd, l, m, I->count + 1, in, 1 + S, out);
     } else {
       for (int r = 1 + S; r < fwd_res->output_count; ++r) {
         snprintf(name, sizeof(name), "res[%d].%s", l, fwd_res->outputs[r].name);
         out[r] = st__act(B, name, &fwd_res->outputs[r].type);
       }
-      st__launch(B, ST_OP_LAUNCH, fwd_res, l, m, I->count + 1, in, fwd_res->output_count, out);
+      st__plan_launch(B, ST_OP_LAUNCH, fwd_res, l, m, I->count + 1, in, fwd_res->output_count, out);
     }
     st__use_end(B);
     if (!eval) st__act_stats(B, I->stage->act_stats, y, ST_TAG_NUM_OUT, l, m);
@@ -572,7 +572,7 @@ static void st__accumulate(st__builder* B, const st__instance* I, const char* tm
   const st_bundle_program* acc = B->F > 1 && !whole ? I->group->shard_accum : I->group->accum;
   /* The tied head's gradient of wte alone, in a group with more parameters */
   if (only_param >= 0 && I->stage->accum_tied) acc = I->stage->accum_tied;
-  st__launch(B, ST_OP_LAUNCH, acc, I->layer, m, 2 * n, in, n, out);
+  st__plan_launch(B, ST_OP_LAUNCH, acc, I->layer, m, 2 * n, in, n, out);
   st_plan_add(B->plan, ST_OP_FREE, -1, I->layer, m, 0, n, in + n, 0, NULL);
 }
 
@@ -585,7 +585,7 @@ static void st__sqnorm(st__builder* B, int i) {
   for (int k = 0; k < I->count; ++k) in[k] = st__pslot(B, "grad:", I->params[k], ST_SLOT_GRAD, false);
   snprintf(name, sizeof(name), "sq[%d]", i);
   B->sq[i] = st__xfer(B, name, &scalar);
-  st__launch(B, ST_OP_LAUNCH, B->F > 1 ? I->group->shard_sqnorm : I->group->sqnorm, I->layer, -1, I->count, in, 1, &B->sq[i]);
+  st__plan_launch(B, ST_OP_LAUNCH, B->F > 1 ? I->group->shard_sqnorm : I->group->sqnorm, I->layer, -1, I->count, in, 1, &B->sq[i]);
 }
 
 /* The group's adamw(params, grads, m, v, step, lr, gscale, hyper) ->
@@ -608,11 +608,11 @@ static void st__adamw(st__builder* B, int i) {
     char name[160];
     snprintf(name, sizeof(name), "nstat.opt[%d]", i);
     B->nstat[i] = out[no++] = st__xfer(B, name, &stats->outputs[stats->output_count - 1].type);
-    st__launch(B, ST_OP_LAUNCH, stats, I->layer, -1, n, in, no, out);
+    st__plan_launch(B, ST_OP_LAUNCH, stats, I->layer, -1, n, in, no, out);
     st_plan_add(B->plan, ST_OP_FREE, -1, I->layer, -1, 0, I->count, in + I->count, 0, NULL);
     return;
   }
-  st__launch(B, ST_OP_LAUNCH, B->F > 1 ? I->group->shard_adamw : I->group->adamw, I->layer, -1, n, in, no, out);
+  st__plan_launch(B, ST_OP_LAUNCH, B->F > 1 ? I->group->shard_adamw : I->group->adamw, I->layer, -1, n, in, no, out);
   st_plan_add(B->plan, ST_OP_FREE, -1, I->layer, -1, 0, I->count, in + I->count, 0, NULL);
 }
 
@@ -806,7 +806,7 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
                          : st__pslot(B, "hgrad:", E->params[0], ST_SLOT_GRAD, false);
   int dx = st__act(B, "dx", &hl->outputs[hl->output_count - 1].type);
   out[no++] = dx;
-  st__launch(B, ST_OP_LAUNCH, hl, -1, m, n, in, no, out);
+  st__plan_launch(B, ST_OP_LAUNCH, hl, -1, m, n, in, no, out);
   st__use_end(B);
   int freed[3] = {f->x, f->targets, f->mask};
   st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 3, freed, 0, NULL);
@@ -844,7 +844,7 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
         out[1 + s] = st__xfer(B, name, &fr->outputs[1 + s].type);
       }
       for (int r = 0; r < R; ++r) out[1 + S + r] = res[r];
-      st__launch(B, ST_OP_RECOMPUTE, fr, l, m, n, in, 1 + S + R, out);
+      st__plan_launch(B, ST_OP_RECOMPUTE, fr, l, m, n, in, 1 + S + R, out);
       st_plan_add(B->plan, ST_OP_FREE, -1, l, m, 0, 1 + S, out, 0, NULL);
     }
     for (int r = 0; r < R; ++r) in[n++] = res[r];
@@ -852,7 +852,7 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
     no = 0;
     for (int k = 0; k < I->count; ++k) out[no++] = st__grad_out(B, gp, I->params[k]);
     out[no++] = dx;
-    st__launch(B, ST_OP_LAUNCH, I->stage->bwd_res, l, m, n, in, no, out);
+    st__plan_launch(B, ST_OP_LAUNCH, I->stage->bwd_res, l, m, n, in, no, out);
     st__use_end(B);
     st__act_stats(B, I->stage->act_stats, dx, ST_TAG_NUM_DX, l, m);
     int dead[1 + ST__MAX_RESIDUALS];
@@ -878,7 +878,7 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
   }
   in[E->count] = f->tokens;
   in[E->count + 1] = dx;
-  st__launch(B, ST_OP_LAUNCH, E->stage->bwd, -1, m, E->count + 2, in, E->count, out);
+  st__plan_launch(B, ST_OP_LAUNCH, E->stage->bwd, -1, m, E->count + 2, in, E->count, out);
   st__use_end(B);
   int freed2[2] = {dx, f->tokens};
   st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 2, freed2, 0, NULL);
@@ -944,7 +944,7 @@ static void st__evaluation(st__builder* B, int EM) {
     in[n++] = f.targets;
     in[n++] = f.mask;
     int loss = st__xfer(B, "eval_loss", &scalar);
-    st__launch(B, ST_OP_LAUNCH, H->stage->eval, -1, m, n, in, 1, &loss);
+    st__plan_launch(B, ST_OP_LAUNCH, H->stage->eval, -1, m, n, in, 1, &loss);
     st__use_end(B);
     int freed[3] = {f.x, f.targets, f.mask};
     st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 3, freed, 0, NULL);

@@ -31,7 +31,7 @@ st_status st__eval_batches(st__trainer* t, double* out_loss) {
   return ST_OK;
 }
 
-static bool st__same_type(const st_tensor_type* a, const st_tensor_type* b) {
+static bool st__eval_same_type(const st_tensor_type* a, const st_tensor_type* b) {
   if (a->dtype != b->dtype || a->rank != b->rank) return false;
   for (int k = 0; k < a->rank; ++k)
     if (a->dims[k] != b->dims[k]) return false;
@@ -56,7 +56,7 @@ static st_status st__load_params(st__trainer* t, const char* path) {
                          path, sl->name);
       break;
     }
-    if (!st__same_type(&e->type, &sl->type) || e->bytes != st_tensor_type_bytes(&sl->type)) {
+    if (!st__eval_same_type(&e->type, &sl->type) || e->bytes != st_tensor_type_bytes(&sl->type)) {
       char want[96], got[96];
       st_tensor_type_format(&sl->type, want, sizeof(want));
       st_tensor_type_format(&e->type, got, sizeof(got));

@@ -25,7 +25,7 @@
 #define ST__REPRO_MAX_BYTES ((int64_t)1 << 36)
 
 /* Non-finite elements among |n| of |dtype| (f32, bf16; else 0). */
-static int64_t st__bad(st_dtype dtype, const void* data, int64_t n) {
+static int64_t st__repro_bad(st_dtype dtype, const void* data, int64_t n) {
   int64_t bad = 0;
   if (dtype == ST_DTYPE_F32)
     for (int64_t i = 0; i < n; ++i) bad += !isfinite(((const float*)data)[i]);
@@ -269,7 +269,7 @@ static st_status st__replay_runs(st__replay* R, st_repro_result* out, st_status 
       }
     }
     int64_t n = st_tensor_type_elements(&out_types[k]);
-    int64_t bad = st__bad(out_types[k].dtype, host, n);
+    int64_t bad = st__repro_bad(out_types[k].dtype, host, n);
     out->runs++;
     out->elements = n;
     if (bad > 0) out->runs_nonfinite++;

@@ -195,7 +195,7 @@ static double st__data(const st__trainer* t) { return (double)st__shares(t); }
 
 /* The global norm and clip scale (docs/bundle.md): norms are summed in f64
  * in instance order, the mean over microbatches is folded into gscale. */
-static st_status st__host(void* user, const st_op* op) {
+static st_status st__hooks_host(void* user, const st_op* op) {
   st__trainer* t = user;
   if (op->tag == ST_TAG_SCHEDULE) {
     /* sched.optimizer=per_layer (no clipping): known before the backward. */
@@ -366,5 +366,5 @@ static st_status st__launching(void* user, const st_op* op, int index, st_buffer
 }
 
 st_executor_hooks st__train_hooks(st__trainer* t) {
-  return (st_executor_hooks){t, st__h2d, st__read, st__host, st__launched, st__launching};
+  return (st_executor_hooks){t, st__h2d, st__read, st__hooks_host, st__launched, st__launching};
 }
