@@ -35,9 +35,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <jansson.h>
-
 #include "strata/status.h"
+
+/* A JSON value: jansson's json_t, opaque here so that no public header
+ * carries a third-party type. The code that builds or reads JSON includes
+ * <jansson.h> itself (docs/architecture.md, "JSON is jansson"); a json_t*
+ * and an st_json* are the same pointer. */
+typedef struct json_t st_json;
 
 #ifdef __cplusplus
 extern "C" {
@@ -281,7 +285,7 @@ st_status st_sha256_file_hex(const char* path, char out[65]);
 uint64_t st_hash64(const void* data, size_t size, uint64_t seed); /* XXH64 */
 
 /*===-------------------------------------------------------------------===*/
-/* JSON writing: jansson's json_t, through these helpers                     */
+/* JSON writing: jansson's json_t (st_json), through these helpers           */
 /*===-------------------------------------------------------------------===*/
 
 /* Every JSON document strata writes is a jansson tree dumped by
@@ -291,28 +295,28 @@ uint64_t st_hash64(const void* data, size_t size, uint64_t seed); /* XXH64 */
  * U+FFFD). The builders never return NULL (out of memory aborts). "Steals"
  * means the call takes the caller's reference, like jansson's *_new calls:
  * st_json_put(o, "k", st_json_int(3)) leaks nothing. */
-json_t* st_json_str(const char* s); /* NULL is "" */
-json_t* st_json_strn(const char* s, size_t n);
-json_t* st_json_num(double v);                 /* non-finite (a NaN loss) is null */
-json_t* st_json_fixed(double v, int decimals); /* rounded like %.<decimals>f: times, rates */
-json_t* st_json_int(int64_t v);
-json_t* st_json_bool(bool v);
-json_t* st_json_obj(void);
-json_t* st_json_arr(void);
-void st_json_put(json_t* obj, const char* key, json_t* value); /* steals |value|; the last put of a key wins */
-void st_json_put_str(json_t* obj, const char* key, const char* s);
-void st_json_put_int(json_t* obj, const char* key, int64_t v);
-void st_json_put_num(json_t* obj, const char* key, double v);
-void st_json_put_bool(json_t* obj, const char* key, bool v);
-void st_json_push(json_t* arr, json_t* value); /* steals |value| */
+st_json* st_json_str(const char* s); /* NULL is "" */
+st_json* st_json_strn(const char* s, size_t n);
+st_json* st_json_num(double v);                 /* non-finite (a NaN loss) is null */
+st_json* st_json_fixed(double v, int decimals); /* rounded like %.<decimals>f: times, rates */
+st_json* st_json_int(int64_t v);
+st_json* st_json_bool(bool v);
+st_json* st_json_obj(void);
+st_json* st_json_arr(void);
+void st_json_put(st_json* obj, const char* key, st_json* value); /* steals |value|; the last put of a key wins */
+void st_json_put_str(st_json* obj, const char* key, const char* s);
+void st_json_put_int(st_json* obj, const char* key, int64_t v);
+void st_json_put_num(st_json* obj, const char* key, double v);
+void st_json_put_bool(st_json* obj, const char* key, bool v);
+void st_json_push(st_json* arr, st_json* value); /* steals |value| */
 /* Appends |other|'s members to |obj| in order; steals |other| (NULL is a no-op). */
-void st_json_merge(json_t* obj, json_t* other);
+void st_json_merge(st_json* obj, st_json* other);
 /* The text of |v|: one line ({"a": 1, "b": [2, 3]}) when |indent| is 0,
  * else |indent| spaces per level; keys in insertion order; every real
  * reads back to the same double. New string owned by the caller (free). */
-char* st_json_dump(const json_t* v, int indent);
+char* st_json_dump(const st_json* v, int indent);
 /* st_json_dump plus a newline, written with st_fs_write_atomic. */
-st_status st_json_write_file(const char* path, const json_t* v, int indent);
+st_status st_json_write_file(const char* path, const st_json* v, int indent);
 /* Whether |s| (|n| bytes) is well-formed UTF-8 (no overlong forms or surrogates). */
 bool st_utf8_valid(const char* s, size_t n);
 
@@ -328,19 +332,19 @@ enum { ST_JSON_MAX_DEPTH = 64 }; /* nesting of arrays and objects */
  * and integers outside int64. Errors are ST_CODE_RUNTIME
  * "<origin>:<line>:<column>: invalid JSON: <what>". The tree is a new
  * reference owned by the caller (json_decref). The caller bounds |size|. */
-st_status st_json_parse(const char* text, size_t size, const char* origin, json_t** out_json);
+st_status st_json_parse(const char* text, size_t size, const char* origin, st_json** out_json);
 /* |v| as an integer: a JSON integer, or a real with an integral value below
  * 2^53 (what a writer that has only doubles, e.g. Python's json for
  * float-typed fields, may write). */
-bool st_json_as_int(const json_t* v, int64_t* out);
+bool st_json_as_int(const st_json* v, int64_t* out);
 /* Typed members of an object (|obj| may be NULL or not an object); they
  * fail with ST_CODE_RUNTIME naming |origin| and |key|. Results are borrowed
  * from |obj|. */
-st_status st_json_get_int(const json_t* obj, const char* key, const char* origin, int64_t* out);
-st_status st_json_get_string(const json_t* obj, const char* key, const char* origin, const char** out);
-st_status st_json_get_array(const json_t* obj, const char* key, const char* origin, const json_t** out);
+st_status st_json_get_int(const st_json* obj, const char* key, const char* origin, int64_t* out);
+st_status st_json_get_string(const st_json* obj, const char* key, const char* origin, const char** out);
+st_status st_json_get_array(const st_json* obj, const char* key, const char* origin, const st_json** out);
 /* Equal values, numbers compared by value (1 == 1.0, unlike json_equal). */
-bool st_json_same(const json_t* a, const json_t* b);
+bool st_json_same(const st_json* a, const st_json* b);
 
 #ifdef __cplusplus
 }

@@ -11,10 +11,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include <jansson.h>
-
-#include "strata/tensor.h"
+#include "strata/base.h"
 #include "strata/status.h"
+#include "strata/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -219,7 +218,7 @@ bool st_bundle_same_signature(const st_bundle_program* a, const st_bundle_progra
 /* The first error as a bundle status (ST_CODE_RUNTIME, exit 4) naming
  * program, line and op; ST_OK when there is none. */
 st_status st_lint_status(const st_lint_report* report, const char* bundle_dir);
-json_t* st_lint_json(const st_lint_report* report); /* a new array */
+st_json* st_lint_json(const st_lint_report* report); /* a new array */
 void st_lint_report_free(st_lint_report* report);
 
 /* Reads and validates <dir>/manifest.json and the program files' sha256. */

@@ -121,13 +121,13 @@ typedef struct st_ckpt_meta {
   uint64_t seed;          /* the only RNG state: init and sampler are pure functions of it */
   double lr;              /* learning rate of the last completed step */
   int64_t total_steps;    /* train.steps, for the schedule */
-  const json_t* config;   /* the resolved config (an object; NULL writes {}) */
+  const st_json* config;   /* the resolved config (an object; NULL writes {}) */
   const char* config_hash;
   const char* bundle_key;
   /* The tokenizer of the training tokens ("tokenizer_hash"): "byte", "none"
    * or BPE's 16 hex digits (docs/data.md); NULL or "" writes none. */
   const char* tokenizer_hash;
-  const json_t* model;    /* the model's identity (NULL writes {}): mesh-independent, see docs/checkpoints.md */
+  const st_json* model;    /* the model's identity (NULL writes {}): mesh-independent, see docs/checkpoints.md */
   /* The mesh the state was trained on ("mesh" in the manifest; 0 counts as
    * 1). Every tensor is written whole (layout "whole") whatever the mesh,
    * so any mesh the model allows can read it back. */
@@ -232,7 +232,7 @@ st_status st_ckpt_remove_temporaries(const char* root, char** out_names);
  * tokenizer of its tokens and its model description (every model.* field,
  * block kind and the kernel selection included). Borrowed. */
 typedef struct st_ckpt_identity {
-  const json_t* model;        /* the "model" object; NULL: not recorded (nothing model-wise is compared) */
+  const st_json* model;        /* the "model" object; NULL: not recorded (nothing model-wise is compared) */
   const char* tokenizer_hash; /* "byte", "none" or BPE's hash; NULL: not recorded / not known (not compared) */
 } st_ckpt_identity;
 
@@ -248,7 +248,7 @@ typedef struct st_ckpt_identity_options {
    * at their default): flattened names ("block", "kernels.attention") to
    * values, or {"same_as": "n_heads"} for the record's own value of
    * another field. NULL: a missing field is only noted, not compared. */
-  const json_t* implied;
+  const st_json* implied;
   /* --allow-mismatch: comma-separated fields allowed to differ
    * ("tokenizer", "model.rope_theta", "model.kernels", "model", "all");
    * NULL or "": none. Each allowed difference is recorded in the report. */
@@ -269,12 +269,12 @@ typedef struct st_ckpt_identity_options {
  * (null: not compared)}]}; *out_tokenizer_mismatch (may be NULL) whether
  * the tokenizer differs. */
 st_status st_ckpt_identity_check(const st_ckpt_identity* recorded, const st_ckpt_identity* given,
-                                 const st_ckpt_identity_options* options, json_t** out_report, bool* out_tokenizer_mismatch);
+                                 const st_ckpt_identity_options* options, st_json** out_report, bool* out_tokenizer_mismatch);
 /* One line for stderr of the report's notes and overrides ("" when none;
  * caller frees): "not recorded in the checkpoint (an older format), taken
  * as: model.block "llama", ...; overridden (--allow-mismatch):
  * model.rope_theta 10000.0 in the checkpoint, 500.0 given". */
-char* st_ckpt_identity_notes(const json_t* report, const char* recorded);
+char* st_ckpt_identity_notes(const st_json* report, const char* recorded);
 
 /* What the reader expects (the model being trained). Borrowed. */
 typedef struct st_ckpt_expect {
@@ -314,9 +314,9 @@ typedef struct st_ckpt {
   char* config_hash;
   char* bundle_key;
   char* tokenizer_hash; /* NULL: the manifest has none (written before tokenizers were recorded) */
-  json_t* model;  /* the manifest's "model" object (owned reference) */
-  json_t* config; /* the manifest's "config" object (owned reference) */
-  json_t* identity_report; /* opened with an expected identity: st_ckpt_identity_check's report (owned); else NULL */
+  st_json* model;  /* the manifest's "model" object (owned reference) */
+  st_json* config; /* the manifest's "config" object (owned reference) */
+  st_json* identity_report; /* opened with an expected identity: st_ckpt_identity_check's report (owned); else NULL */
   /* The manifest's "mesh" (axis sizes, devices = their product); all 0 in a
    * checkpoint written before meshes were recorded (one device). */
   int mesh_data, mesh_fsdp, mesh_tensor, mesh_devices;

@@ -67,7 +67,7 @@ st_status st_config_write_schema_markdown(FILE* out);
 
 /* The resolved config as nested JSON objects in schema order: a new
  * reference owned by the caller (json_decref). */
-json_t* st_config_json(const st_config* config);
+st_json* st_config_json(const st_config* config);
 /* Writes st_config_json's tree, indented (`strata config --json`; for tools
  * outside C, e.g. the Python reference trainer). */
 st_status st_config_write_json(const st_config* config, FILE* out);

@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "strata/base.h"
 #include "strata/ckpt.h"
 #include "strata/status.h"
 
@@ -98,7 +99,7 @@ st_status st_faults_check_run(const st_faults* faults, int64_t first_step, int64
 bool st_faults_any_armed(const st_faults* faults);
 /* The drills armed in this process that have not fired in it, as
  * "faults.KEY=VALUE" strings (a new array; empty when all fired). */
-json_t* st_faults_unfired(const st_faults* faults);
+st_json* st_faults_unfired(const st_faults* faults);
 /* Checkpoint saves this process began (what the save faults count). */
 int64_t st_faults_saves(const st_faults* faults);
 

@@ -89,7 +89,7 @@ const char* st_kernel_resolve(const st_kernel_contract* c, const char* op, const
 /* `strata kernels list`: the table, one block per op. */
 void st_kernel_contract_print(const st_kernel_contract* c, FILE* out);
 /* The contract as JSON (`strata kernels list --json`); caller decrefs. */
-json_t* st_kernel_contract_json(const st_kernel_contract* c);
+st_json* st_kernel_contract_json(const st_kernel_contract* c);
 
 /*--- handlers ------------------------------------------------------------*/
 
@@ -122,7 +122,7 @@ const st_ffi_target* st_kernels_ffi_target_table(int* count);
 bool st_kernels_bundle_uses_ffi(const st_bundle* bundle);
 /* {"<op>": "<impl>", ..., "isa": "avx512"|"portable"}: the kernels a run
  * uses, for context.json and the bundle event. Caller decrefs. */
-json_t* st_kernels_bundle_json(const st_bundle* bundle);
+st_json* st_kernels_bundle_json(const st_bundle* bundle);
 /* Holds the handlers to the contract: every op with an ffi implementation
  * has a fwd (and a bwd when it has a backward) handler of the contract's
  * version and target names, and no handler serves an op the contract

@@ -153,9 +153,9 @@ void st_runlog_close(st_runlog* log); /* NULL is a no-op */
 
 /* Appends {"time": <unix s>, "event": <name>, <fields' members>} as one
  * line. |fields| (an object, or NULL for none) is stolen. */
-st_status st_runlog_event(st_runlog* log, const char* name, json_t* fields);
+st_status st_runlog_event(st_runlog* log, const char* name, st_json* fields);
 /* Appends |object| (stolen) as one line of metrics.jsonl. */
-st_status st_runlog_metrics(st_runlog* log, json_t* object);
+st_status st_runlog_metrics(st_runlog* log, st_json* object);
 
 /* Also writes every metrics line (st_runlog_metrics) to a new TensorBoard
  * event file in folder |tb_dir| (created when missing; st_tb_open), so
@@ -179,7 +179,7 @@ typedef struct st_jsonl_stats {
 
 /* Called per line with the parsed object (borrowed: json_incref to keep it)
  * and the line's file offset; returns false to stop reading. */
-typedef bool (*st_jsonl_fn)(void* user, json_t* line, int64_t byte);
+typedef bool (*st_jsonl_fn)(void* user, st_json* line, int64_t byte);
 
 /* Streams JSON-lines file |path| (untrusted): each complete line that is a
  * JSON object goes to |fn|, oldest first; empty lines are ignored, bad ones
@@ -250,9 +250,9 @@ typedef struct st_context_facts {
   const char* jax_version;           /* from the bundle manifest */
   const char* jaxlib_version;        /* from the bundle manifest (versions.jaxlib) */
   const st_context_runtime* runtime; /* NULL: no runtime facts */
-  json_t* peak;                      /* borrowed: the peak MFU is measured against ("peak"); NULL: none */
-  json_t* kernels;                   /* borrowed: each kernel op's implementation and the C kernels' ISA; NULL: none */
-  json_t* model;                     /* borrowed: the model description (the identity of params.safetensors); NULL: none */
+  st_json* peak;                      /* borrowed: the peak MFU is measured against ("peak"); NULL: none */
+  st_json* kernels;                   /* borrowed: each kernel op's implementation and the C kernels' ISA; NULL: none */
+  st_json* model;                     /* borrowed: the model description (the identity of params.safetensors); NULL: none */
 } st_context_facts;
 
 /* Builds the context as one JSON object (a new reference, owned by the caller):
@@ -260,11 +260,11 @@ typedef struct st_context_facts {
  * versions, PJRT platform, devices, host name, CPU model, cores, memory,
  * behaviour-changing environment variables, config hash, bundle key and
  * the peak MFU is measured against. */
-json_t* st_context_json(const st_context_facts* facts);
+st_json* st_context_json(const st_context_facts* facts);
 /* Builds the context (st_context_json) and writes it as <dir>/context.json.
  * On success *out_context is the object written (a new reference, owned by
  * the caller: the trainer's init event carries it too); on an error NULL. */
-st_status st_rundir_write_context(const char* dir, const st_context_facts* facts, json_t** out_context);
+st_status st_rundir_write_context(const char* dir, const st_context_facts* facts, st_json** out_context);
 
 #define STRATA_VERSION "0.1.0"
 
@@ -287,11 +287,11 @@ void st_trace_track(st_trace* trace, int tid, const char* name);
  * stolen and becomes the event's args. Slices of one track must nest or be
  * disjoint (the importer drops misnested ones). */
 void st_trace_slice(st_trace* trace, int tid, const char* name, const char* category, double ts_us, double dur_us,
-                    json_t* args);
+                    st_json* args);
 /* A counter sample: |args| (stolen) holds the series ({"params": 10}). */
-void st_trace_counter(st_trace* trace, const char* name, double ts_us, json_t* args);
+void st_trace_counter(st_trace* trace, const char* name, double ts_us, st_json* args);
 /* Sets otherData[key] = |value| (stolen). */
-void st_trace_meta(st_trace* trace, const char* key, json_t* value);
+void st_trace_meta(st_trace* trace, const char* key, st_json* value);
 /* Writes the trace atomically to |path| (its folder must exist). */
 st_status st_trace_write(const st_trace* trace, const char* path);
 
@@ -319,7 +319,7 @@ typedef struct st_trace_span {
   const char* category; /* static */
   double start_s;
   double dur_s;
-  json_t* args; /* owned; NULL: none */
+  st_json* args; /* owned; NULL: none */
 } st_trace_span;
 
 /* Spans of one source, drawn on lanes of their own (st_trace_add_spans). */
@@ -362,7 +362,7 @@ st_status st_metrics_server_start(int port, const char* run_id, st_metrics_serve
 /* Merges |metrics| (an object as written to metrics.jsonl; borrowed: deep-
  * copied, the caller keeps it) into the served snapshot. NULL |server| is a
  * no-op, so the caller needs no test of its own. */
-void st_metrics_server_publish(st_metrics_server* server, const json_t* metrics);
+void st_metrics_server_publish(st_metrics_server* server, const st_json* metrics);
 /* Stops serving (joins the server's thread) and frees. NULL is a no-op. */
 void st_metrics_server_stop(st_metrics_server* server);
 
@@ -375,7 +375,7 @@ void st_metrics_server_stop(st_metrics_server* server);
  * strata_<F>_count{<L>="k"}. null (a non-finite value in metrics.jsonl)
  * is NaN. Strings and lists are left out. Every series carries
  * run="|run_id|" (escaped: backslash, double quote, newline). */
-void st_metrics_render(const json_t* snapshot, const char* run_id, st_strbuf* out);
+void st_metrics_render(const st_json* snapshot, const char* run_id, st_strbuf* out);
 /* A sample value as the format writes it: shortest round-trip digits,
  * "NaN", "+Inf", "-Inf". */
 void st_metrics_format_value(double x, char out[ST_DOUBLE_CHARS]);
@@ -409,7 +409,7 @@ const char* st_tb_path(const st_tb_writer* writer); /* the file; borrowed */
  * float32, so each is the float nearest the double of metrics.jsonl
  * (integers exact up to 2^24; metrics.jsonl stays the exact record). An
  * object without numbers writes nothing. */
-st_status st_tb_write_metrics(st_tb_writer* writer, const json_t* object);
+st_status st_tb_write_metrics(st_tb_writer* writer, const st_json* object);
 
 /* The record framing, exposed for its tests: CRC-32C (Castagnoli,
  * reflected 0x82F63B78, init and final xor 0xFFFFFFFF: "123456789" ->

@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "strata/base.h"
 #include "strata/bundle.h"
 #include "strata/config.h"
 #include "strata/data.h"
@@ -148,18 +149,18 @@ st_status st_plan_check_kernel_platform(const st_plan_options* options, const st
 
 /* {"platform", "basis", "auto": [ops resolved from auto]}: the bundle
  * event's kernel_selection. New reference, owned by the caller. */
-json_t* st_plan_kernel_selection_json(const st_plan_options* options);
+st_json* st_plan_kernel_selection_json(const st_plan_options* options);
 /* st_ckpt_identity_options.implied for a record written before the model
  * description (a new object, caller owns): the value each field that the
  * older sparse "model" object left out had (docs/checkpoints.md, "Identity"). */
-json_t* st_plan_model_implied(void);
+st_json* st_plan_model_implied(void);
 
 /* The model JSON (model_json) and the model description (model_desc) as
  * JSON objects: new objects, owned by the caller (copies of the trees the
  * options built; the text is never parsed back). NULL for options that
  * st_plan_options_from_config did not fill. */
-json_t* st_plan_model_json(const st_plan_options* options);
-json_t* st_plan_model_desc(const st_plan_options* options);
+st_json* st_plan_model_json(const st_plan_options* options);
+st_json* st_plan_model_desc(const st_plan_options* options);
 
 /* One line on |out| saying how kernels.<op>=auto was resolved and on what
  * guess of the platform; nothing when no op is auto. For the commands that
@@ -287,7 +288,7 @@ void st_plan_remat_text(const bool* remat, int layers, char* out, size_t size);
 
 /* The choice as the plan event's "remat" object (docs/scheduling.md): a
  * new reference owned by the caller. */
-json_t* st_plan_remat_choice_json(const st_plan_remat_choice* choice);
+st_json* st_plan_remat_choice_json(const st_plan_remat_choice* choice);
 
 /* Predicts the step plan's peak live bytes per device for the layers
  * |remat| (one flag a block). */
@@ -363,7 +364,7 @@ bool st_plan_ckpt_streams(const st_plan_options* options, st_runtime* runtime, i
  * alternatives. */
 st_status st_plan_fit(st_runtime* runtime, const st_bundle* bundle, const st_plan_options* options,
                        const st_plan* step, bool candidates, st_plan_fit_report* out);
-json_t* st_plan_fit_json(const st_plan_fit_report* report);
+st_json* st_plan_fit_json(const st_plan_fit_report* report);
 void st_plan_fit_print(const st_plan_fit_report* report, FILE* out);
 /* ST_OK when it fits or the memory is unknown; else ST_CODE_MEMORY (exit
  * 4, not restarted by strata run) naming the predicted need, the limit and
@@ -375,7 +376,7 @@ st_status st_plan_fit_status(const st_plan_fit_report* report, const st_plan_opt
  * Strings owned (st_plan_trained_ref_deinit). */
 /* What trained parameters were trained as (docs/checkpoints.md, "Identity"). */
 typedef struct st_plan_record {
-  json_t* model;        /* owned: the recorded model description; NULL: not recorded */
+  st_json* model;        /* owned: the recorded model description; NULL: not recorded */
   char* tokenizer_hash; /* owned: the recorded tokenizer; NULL: not recorded */
   char* source;         /* owned: the file read (a checkpoint's manifest.json, context.json, nonfinite.json); NULL: none */
   const char* label;    /* static: how messages name it ("in the checkpoint") */
@@ -420,7 +421,7 @@ st_status st_plan_given_tokenizer(const st_plan_options* options, const char* to
  * "recorded_in" (and "model_recorded_in" when the fallback was read).
  * Mismatch: ST_CODE_CKPT (exit 7). */
 st_status st_plan_check_identity(const st_plan_record* record, const st_plan_options* given, const char* given_tokenizer,
-                                  const char* allow, const char* fix, json_t** out_report /* owned by caller */);
+                                  const char* allow, const char* fix, st_json** out_report /* owned by caller */);
 void st_plan_trained_ref_deinit(st_plan_trained_ref* ref); /* frees the strings; NULL is a no-op */
 /* The likely fix of an identity mismatch in eval, sample and repro (the
  * end of its message): drop the override, or --allow-mismatch. */
@@ -431,10 +432,10 @@ extern const char* const st_plan_identity_fix;
  * message and ring wire bytes, predicted per-device memory by category and
  * the communication volume per step; every tensor listed (returned, owned
  * by the caller). |step| and |eval| are the finalized plans built from |o|. */
-json_t* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_plan_options* o);
+st_json* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_plan_options* o);
 /* The same for a screen: tensors grouped by category, sharding and name
  * pattern. |j| is st_plan_explain_json's result for |step|. */
-void st_plan_explain_print(const st_plan* step, const json_t* j, FILE* out);
+void st_plan_explain_print(const st_plan* step, const st_json* j, FILE* out);
 
 #ifdef __cplusplus
 }

@@ -226,7 +226,7 @@ int64_t st_plan_host_bytes(const st_plan* plan);
 void st_plan_print(const st_plan* plan, FILE* out);
 /* The plan as a JSON object (docs/scheduling.md); a new reference owned by
  * the caller (json_decref). */
-json_t* st_plan_json(const st_plan* plan);
+st_json* st_plan_json(const st_plan* plan);
 
 /*===-------------------------------------------------------------------===*/
 /* Policies and the passes that apply them                                  */

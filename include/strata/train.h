@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "strata/base.h"
 #include "strata/bundle.h"
 #include "strata/config.h"
 #include "strata/infer.h"
@@ -55,7 +56,7 @@ void st_train_peak_resolve(st_runtime* runtime, const char* cache_root, double o
                            st_train_peak* out);
 /* {"flops_per_s", "bytes_per_s" (null when 0), "devices", "source",
  * "detail"}: a new reference, owned by the caller. */
-json_t* st_train_peak_json(const st_train_peak* peak, int devices);
+st_json* st_train_peak_json(const st_train_peak* peak, int devices);
 
 /* What `strata eval` measured (docs/using.md, "strata eval"). */
 typedef struct st_eval_result {
@@ -69,7 +70,7 @@ typedef struct st_eval_result {
   char* token_file;     /* the token file evaluated (owned) */
   int64_t split_tokens; /* tokens in its validation split */
   double seconds;       /* data, bundle, compile and evaluation */
-  json_t* identity;     /* owned: the identity check's report (st_plan_check_identity), also on a mismatch */
+  st_json* identity;     /* owned: the identity check's report (st_plan_check_identity), also on a mismatch */
 } st_eval_result;
 
 /* Evaluates the parameters in |params_path| (a safetensors file, whole
@@ -99,7 +100,7 @@ typedef struct st_repro_result {
   bool reproduces;                /* every replay was non-finite: deterministic */
   bool repeatable;                /* the replays' outputs were bitwise equal */
   bool injected;                  /* faults.nan_at put the value there: the replay puts it there again */
-  json_t* identity;               /* owned: the identity check's report (st_repro_result_deinit) */
+  st_json* identity;               /* owned: the identity check's report (st_repro_result_deinit) */
   int injected_value;             /* faults.nan_value: 0 nan, 1 inf, 2 max */
   bool calls_kernels;             /* the program calls strata's ffi kernels (custom_call @strata_...) */
 } st_repro_result;
@@ -130,7 +131,7 @@ void st_repro_result_deinit(st_repro_result* result); /* frees identity */
  * holder. Reads the logs' tails only and probes the lock without taking
  * it: a live run is not disturbed. A torn last line of a finished run is
  * warned about on stderr. A folder that is no run directory: ST_CODE_CONFIG. */
-st_status st_train_run_status(const char* dir, json_t** out);
+st_status st_train_run_status(const char* dir, st_json** out);
 
 /* Runs `strata train`: the whole lifecycle. Prints the run directory. */
 st_status st_train_main(const st_config* config);

@@ -11,6 +11,7 @@
 #include <sys/file.h>
 #include <time.h>
 #include <unistd.h>
+#include <jansson.h>
 
 #include "bundle/bundle_internal.h"
 #include "strata/base.h"

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <jansson.h>
 
 #include "bundle/bundle_internal.h"
 #include "strata/base.h"

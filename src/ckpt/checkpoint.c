@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
+#include <jansson.h>
 
 #include "strata/base.h"
 #include "strata/ckpt.h"

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <dirent.h>
 #include <sys/stat.h>
+#include <jansson.h>
 
 #include "cli/analyze_target.h"
 #include "cli/cli_util.h"

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <jansson.h>
 
 #include "cli/cli_util.h"
 #include "cli/commands.h"

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <yaml.h>
+#include <jansson.h>
 
 #include "config/internal.h"
 #include "strata/base.h"

@@ -1,6 +1,7 @@
 /* kv_store.c — the key-value store's keys and values in one process (rank
  * 0's, or a job of one's), with a condition variable so a local get can
  * wait for a put from another thread. mpi.c serves it to the other ranks. */
+#include <stdlib.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>

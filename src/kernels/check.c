@@ -6,6 +6,7 @@
  * version, run code the programs were not exported for).
  */
 #include <string.h>
+#include <jansson.h>
 
 #include "kernels/internal.h"
 #include "strata/base.h"

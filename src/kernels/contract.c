@@ -5,6 +5,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <jansson.h>
 
 #include "kernels/contract_json.h" /* generated: kContractJson, kContractJsonSize */
 #include "kernels/contract_ops.h"  /* generated: ST__KERNEL_OPS */

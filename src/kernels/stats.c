@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <jansson.h>
 
 #include "kernels/internal.h"
 #include "strata/base.h"

@@ -21,6 +21,7 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <jansson.h>
 #endif
 
 /* ---- rendering ----------------------------------------------------------- */

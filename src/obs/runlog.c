@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
+#include <jansson.h>
 
 #include "strata/base.h"
 #include "strata/obs.h"

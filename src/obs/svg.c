@@ -3,6 +3,7 @@
  * viewBox units. */
 #include "obs/svg.h"
 
+#include <stdlib.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>

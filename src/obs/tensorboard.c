@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/time.h>
 #include <unistd.h>
+#include <jansson.h>
 
 #include "strata/base.h"
 #include "strata/obs.h"

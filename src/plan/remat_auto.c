@@ -31,6 +31,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <jansson.h>
 
 #include "strata/base.h"
 #include "strata/plan.h"

@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
+#include <jansson.h>
 
 #include "runtime/rt_internal.h"
 

@@ -3,6 +3,7 @@
  * with which args; obs/trace.c writes the document. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <jansson.h>
 
 #include "sched/sched_internal.h"
 #include "strata/base.h"

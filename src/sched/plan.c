@@ -2,6 +2,7 @@
  * validation, liveness prediction and printing. */
 #include <stdlib.h>
 #include <string.h>
+#include <jansson.h>
 
 #include "sched/sched_internal.h"
 #include "strata/base.h"

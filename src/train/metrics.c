@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <jansson.h>
 
 #include "strata/base.h"
 #include "strata/kernels.h"

@@ -11,6 +11,7 @@
  * the next run. The CPU has no datasheet entry: its peak is measured. */
 #include <stdio.h>
 #include <string.h>
+#include <jansson.h>
 
 #include "strata/base.h"
 #include "strata/runtime.h"

@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <jansson.h>
 
 #include "strata/base.h"
 #include "strata/bundle.h"

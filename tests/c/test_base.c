@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <cmocka.h> /* after stddef.h, stdarg.h and setjmp.h, which it needs */
+#include <jansson.h>
 
 #include "strata/base.h"
 #include "test_util.h"

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "strata/base.h"
 #include "strata/ckpt.h"

@@ -13,6 +13,7 @@
 
 // clang-format off
 #include <cmocka.h> /* after stddef.h, stdarg.h and setjmp.h, which it needs */
+#include <jansson.h>
 // clang-format on
 
 #include "config/internal.h"

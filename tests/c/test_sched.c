@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "strata/base.h"
 #include "strata/bundle.h"

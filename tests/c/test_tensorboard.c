@@ -19,6 +19,7 @@
 #include <unistd.h>
 // clang-format off
 #include <cmocka.h> /* after stddef.h, stdarg.h and setjmp.h, which it needs */
+#include <jansson.h>
 // clang-format on
 #include "strata/base.h"
 #include "strata/obs.h"

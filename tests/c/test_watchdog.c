@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <cmocka.h> /* after stddef.h, stdarg.h and setjmp.h, which it needs */
+#include <jansson.h>
 #include "strata/base.h"
 #include "strata/diag.h"
 #include "test_util.h"
