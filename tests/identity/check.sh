@@ -46,10 +46,11 @@
 # (compare.py says so in its summary). With the same sources the keys must
 # be equal too.
 #
-# Time: about 7 minutes on this project's 2-core VM shared with other
-# sessions (each side about 3 minutes: 32 exports, 700 plans, 2 runs), plus
-# about 2 minutes the first time to build REF (build/identity-ref/ is kept
-# and reused for the same commit). Not part of `make test`.
+# Time, measured on this project's 2-core VM (other sessions sharing it):
+# 218 s in all (3 min of CPU; each side about 105 s: 17 exports, 371 plans,
+# 2 runs) with a light load, 12 minutes under a load average of 18; plus
+# about 2 minutes the first time, to build REF (build/identity-ref/ is kept
+# and reused for the same commit and build type). Not part of `make test`.
 #
 # Environment: KEEP=1 keeps build/identity-work/ (both sides' outputs,
 # caches and runs) for inspection; it is removed at the start of every run.
@@ -131,8 +132,8 @@ MESHES=(
 FFI="kernels.rmsnorm=ffi kernels.swiglu=ffi kernels.cross_entropy=ffi kernels.attention=ffi"
 PALLAS="kernels.rmsnorm=pallas kernels.swiglu=pallas kernels.cross_entropy=pallas kernels.attention=pallas"
 # The training runs: configs/test.yml on one device (xla kernels), and on
-# parallel.data=2 with the ffi kernels (strata's C kernels; its bundle is
-# the ffi export), remat every:2 and optimizer offload.
+# parallel.data=2 with the ffi kernels (strata's C kernels), remat every:2
+# and optimizer offload.
 TRAIN=(configs/test.yml runtime.deterministic=true run.progress=off train.steps=4 train.eval_every=2
   ckpt.every=2 ckpt.async=false)
 RUN2="parallel.data=2 runtime.cpu_devices=2 sched.remat=every:2 sched.offload=optimizer $FFI"
@@ -177,6 +178,8 @@ side() { # runs in the side's tree with BIN and OUT set
     # shellcheck disable=SC2086 # the overrides are words
     record exports "test-${m%%|*}" export configs/test.yml ${m#*|}
   done
+  # shellcheck disable=SC2086 # (also the key data2 + ffi checkpoints record: the one-device key of their model)
+  record exports test-ffi export configs/test.yml $FFI
   # shellcheck disable=SC2086
   record exports test-pallas export configs/test.yml $PALLAS
   # shellcheck disable=SC2086

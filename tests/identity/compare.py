@@ -76,23 +76,31 @@ class Side:
 
 
 class Report:
+    """What differs, by kind (plan, export, bundle, run), with each kind's first difference as a diff."""
+
     def __init__(self) -> None:
-        self.diffs: list[str] = []
-        self.first: str | None = None
+        self.diffs: dict[str, list[str]] = {}
+        self.first: dict[str, str] = {}
 
     def differ(self, what: str, a: bytes | str | None, b: bytes | str | None) -> None:
-        self.diffs.append(what)
-        if self.first is not None:
+        kind = what.split("/")[0].split(" ")[0]
+        self.diffs.setdefault(kind, []).append(what)
+        if kind in self.first:
             return
         if a is None or b is None:
-            self.first = f"{what}: only on the {'cur' if a is None else 'ref'} side"
+            self.first[kind] = f"{what}: only on the {'cur' if a is None else 'ref'} side"
+            return
+        if isinstance(a, bytes) and isinstance(b, bytes) and (b"\0" in a or b"\0" in b):
+            at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            self.first[kind] = (f"{what}: binary contents differ ({len(a)} bytes before, {len(b)} after; "
+                                f"first at byte {at})")
             return
         ta = a.decode("utf-8", errors="replace") if isinstance(a, bytes) else a
         tb = b.decode("utf-8", errors="replace") if isinstance(b, bytes) else b
         lines = list(difflib.unified_diff(ta.splitlines(), tb.splitlines(), f"ref/{what}", f"cur/{what}", lineterm="", n=2))
         if not lines:
-            lines = [f"{what}: binary contents differ ({len(a)} bytes before, {len(b)} after)"]
-        self.first = "\n".join(line[:300] for line in lines[:40])
+            lines = [f"{what}: contents differ ({len(a)} before, {len(b)} after) but not line by line"]
+        self.first[kind] = "\n".join(line[:300] for line in lines[:24])
 
 
 def files_under(d: Path) -> list[str]:
@@ -233,15 +241,16 @@ def main(argv: list[str]) -> int:
     if not rep.diffs:
         print("identity: identical")
         return 0
-    print(f"identity: DIFFERENT: {len(rep.diffs)} files differ:")
-    for d in rep.diffs[:25]:
-        print(f"  {d}")
-    if len(rep.diffs) > 25:
-        print(f"  ... and {len(rep.diffs) - 25} more")
-    print("identity: the first difference:")
-    print(rep.first)
+    total = sum(len(v) for v in rep.diffs.values())
+    print(f"identity: DIFFERENT: {total} files differ: "
+          + ", ".join(f"{len(v)} {k}" for k, v in rep.diffs.items()))
+    for kind, whats in rep.diffs.items():
+        print(f"identity: {kind}: {len(whats)} differ" + (", the first 10:" if len(whats) > 10 else ":"))
+        for w in whats[:10]:
+            print(f"  {w}")
+        print(f"identity: the first {kind} difference:")
+        print(rep.first[kind])
     return 1
-
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
