@@ -8,18 +8,18 @@
 #include "dist/dist_internal.h"
 #include "strata/base.h"
 
-static uint64_t mix(uint64_t h, const void* data, size_t size) {
+static uint64_t st__dist_mix(uint64_t h, const void* data, size_t size) {
   uint64_t len = size;
   h = st_hash64(&len, sizeof(len), h);
   return st_hash64(data, size, h);
 }
 
-uint64_t dist_agree_hash(const char* const* keys, const char* const* values, size_t n) {
+uint64_t st__dist_agree_hash(const char* const* keys, const char* const* values, size_t n) {
   uint64_t count = n;
   uint64_t h = st_hash64(&count, sizeof(count), 0x73747261u /* "stra" */);
   for (size_t i = 0; i < n; i++) {
-    h = mix(h, keys[i], strlen(keys[i]));
-    h = mix(h, values[i], strlen(values[i]));
+    h = st__dist_mix(h, keys[i], strlen(keys[i]));
+    h = st__dist_mix(h, values[i], strlen(values[i]));
   }
   return h;
 }
@@ -34,7 +34,7 @@ char* dist_agree_pack(const char* const* keys, const char* const* values, size_t
   return st_strbuf_take(&b);
 }
 
-st_status dist_agree_unpack(const char* buf, size_t size, const char*** keys, const char*** values, size_t* n) {
+st_status st__dist_agree_unpack(const char* buf, size_t size, const char*** keys, const char*** values, size_t* n) {
   size_t strings = 0;
   for (size_t i = 0; i < size; i++) strings += buf[i] == '\0';
   if (strings % 2 != 0 || (size > 0 && buf[size - 1] != '\0'))
@@ -55,19 +55,19 @@ st_status dist_agree_unpack(const char* buf, size_t size, const char*** keys, co
   return ST_OK;
 }
 
-static int64_t find(const char* const* keys, size_t n, const char* key) {
+static int64_t st__dist_find(const char* const* keys, size_t n, const char* key) {
   for (size_t i = 0; i < n; i++)
     if (strcmp(keys[i], key) == 0) return (int64_t)i;
   return -1;
 }
 
-int64_t dist_agree_first_difference(const char* const* keys0, const char* const* values0, size_t n0,
+int64_t st__dist_agree_first_difference(const char* const* keys0, const char* const* values0, size_t n0,
                                     const char* const* keys, const char* const* values, size_t n,
                                     const char** key, const char** value0, const char** value) {
   for (size_t i = 0; i < n0; i++) {
     /* Same position first: the lists are usually in the same order, so the
      * search by name runs only where they are not. */
-    int64_t j = (i < n && strcmp(keys[i], keys0[i]) == 0) ? (int64_t)i : find(keys, n, keys0[i]);
+    int64_t j = (i < n && strcmp(keys[i], keys0[i]) == 0) ? (int64_t)i : st__dist_find(keys, n, keys0[i]);
     if (j >= 0 && strcmp(values[j], values0[i]) == 0) continue;
     *key = keys0[i];
     *value0 = values0[i];
@@ -75,7 +75,7 @@ int64_t dist_agree_first_difference(const char* const* keys0, const char* const*
     return (int64_t)i;
   }
   for (size_t j = 0; j < n; j++) {
-    if (find(keys0, n0, keys[j]) >= 0) continue;
+    if (st__dist_find(keys0, n0, keys[j]) >= 0) continue;
     *key = keys[j];
     *value0 = NULL;
     *value = values[j];
@@ -87,13 +87,13 @@ int64_t dist_agree_first_difference(const char* const* keys0, const char* const*
     if (strcmp(keys0[i], keys[i]) == 0) continue;
     *key = keys0[i];
     *value0 = values0[i];
-    *value = values[find(keys, n, keys0[i])];
+    *value = values[st__dist_find(keys, n, keys0[i])];
     return (int64_t)i;
   }
   return -1;
 }
 
-st_status dist_agree_error(const char* key, const char* value0, int rank, const char* value) {
+st_status st__dist_agree_error(const char* key, const char* value0, int rank, const char* value) {
   st_strbuf b = {0};
   st_strbuf_printf(&b, "ranks resolved different runs: %s: ", key);
   if (value0)

@@ -18,7 +18,7 @@
 
 /* One hash of the whole list: counts, keys and values, each length-prefixed,
  * so ("ab","c") and ("a","bc") differ. */
-uint64_t dist_agree_hash(const char* const* keys, const char* const* values, size_t n);
+uint64_t st__dist_agree_hash(const char* const* keys, const char* const* values, size_t n);
 
 /* The list as one buffer: "key\0value\0" for each pair, to send rank 0's
  * list to every rank. Owned by the caller (free); *size its length. */
@@ -26,19 +26,19 @@ char* dist_agree_pack(const char* const* keys, const char* const* values, size_t
 /* Splits a packed list back into pointers into |buf| (which must outlive
  * them). ST_CODE_INTERNAL when |buf| is not a whole number of pairs. Arrays
  * owned by the caller (free). */
-st_status dist_agree_unpack(const char* buf, size_t size, const char*** keys, const char*** values, size_t* n);
+st_status st__dist_agree_unpack(const char* buf, size_t size, const char*** keys, const char*** values, size_t* n);
 
 /* Where a rank's list first differs from rank 0's: the position in rank 0's
  * order of the first key whose value differs or that the rank lacks; past
  * the end (n0 + i) for the rank's i-th key that rank 0 lacks; -1 when the
  * lists agree. The key (and each side's value, NULL where absent) come back
  * through the out-pointers, which point into the lists. */
-int64_t dist_agree_first_difference(const char* const* keys0, const char* const* values0, size_t n0,
+int64_t st__dist_agree_first_difference(const char* const* keys0, const char* const* values0, size_t n0,
                                     const char* const* keys, const char* const* values, size_t n,
                                     const char** key, const char** value0, const char** value);
 
 /* The error every rank returns. value0 / value NULL mean absent. */
-st_status dist_agree_error(const char* key, const char* value0, int rank, const char* value);
+st_status st__dist_agree_error(const char* key, const char* value0, int rank, const char* value);
 
 /*--- the store (kv_store.c) ------------------------------------------------*/
 
@@ -54,18 +54,18 @@ typedef struct dist_kv {
   size_t* sizes;
 } dist_kv;
 
-void dist_kv_init(dist_kv* kv);
-void dist_kv_destroy(dist_kv* kv);
-void dist_kv_put(dist_kv* kv, const char* key, const void* value, size_t size);
+void st__dist_kv_init(dist_kv* kv);
+void st__dist_kv_destroy(dist_kv* kv);
+void st__dist_kv_put(dist_kv* kv, const char* key, const void* value, size_t size);
 /* A copy of |key|'s value (NUL-terminated, free) or NULL when absent. */
 char* dist_kv_lookup(dist_kv* kv, const char* key, size_t* size);
 /* Waits on the condition until |key| exists or |deadline| (st_now seconds)
  * passes; NULL then. */
 char* dist_kv_wait(dist_kv* kv, const char* key, double deadline, size_t* size);
-uint64_t dist_kv_version(dist_kv* kv);
+uint64_t st__dist_kv_version(dist_kv* kv);
 
 /* The timeout error, the same text wherever the wait happened. */
-st_status dist_kv_timeout_error(const char* key, int64_t timeout_ms, int world_size);
+st_status st__dist_kv_timeout_error(const char* key, int64_t timeout_ms, int world_size);
 
 /*--- the process's place (dist.c) and the transport (mpi.c) ----------------*/
 
@@ -81,17 +81,17 @@ struct st_dist {
 
 /* The error when MPI gives less than MPI_THREAD_MULTIPLE (|provided|:
  * the level's name), ST_CODE_RUNTIME. */
-st_status dist_thread_level_error(const char* provided);
+st_status st__dist_thread_level_error(const char* provided);
 
 /* MPI_Init_thread and the checks; the store's service thread on rank 0.
  * Fills size, rank, local_rank. */
-st_status dist_mpi_init(st_dist* d);
-st_status dist_mpi_finalize(st_dist* d);
+st_status st__dist_mpi_init(st_dist* d);
+st_status st__dist_mpi_finalize(st_dist* d);
 /* Collective: st_dist_agree across ranks (the exchange; agree.c's logic). */
-st_status dist_mpi_agree(st_dist* d, const char* const* keys, const char* const* values, size_t n);
+st_status st__dist_mpi_agree(st_dist* d, const char* const* keys, const char* const* values, size_t n);
 /* A rank other than 0 asks rank 0. timeout_ms < 0: look once (try_get). */
-st_status dist_mpi_kv_put(st_dist* d, const char* key, const void* value, size_t size);
-st_status dist_mpi_kv_get(st_dist* d, const char* key, int64_t timeout_ms, bool* found, void** value,
+st_status st__dist_mpi_kv_put(st_dist* d, const char* key, const void* value, size_t size);
+st_status st__dist_mpi_kv_get(st_dist* d, const char* key, int64_t timeout_ms, bool* found, void** value,
                           size_t* size);
 
 #endif /* STRATA_DIST_INTERNAL_H */

@@ -11,7 +11,7 @@
 #include "dist/dist_internal.h"
 #include "strata/base.h"
 
-void dist_kv_init(dist_kv* kv) {
+void st__dist_kv_init(dist_kv* kv) {
   memset(kv, 0, sizeof(*kv));
   pthread_mutex_init(&kv->mu, NULL);
   pthread_condattr_t attr;
@@ -23,7 +23,7 @@ void dist_kv_init(dist_kv* kv) {
   pthread_condattr_destroy(&attr);
 }
 
-void dist_kv_destroy(dist_kv* kv) {
+void st__dist_kv_destroy(dist_kv* kv) {
   for (size_t i = 0; i < kv->n; i++) {
     free(kv->keys[i]);
     free(kv->values[i]);
@@ -36,7 +36,7 @@ void dist_kv_destroy(dist_kv* kv) {
   memset(kv, 0, sizeof(*kv));
 }
 
-static size_t find_locked(dist_kv* kv, const char* key) {
+static size_t st__dist_find_locked(dist_kv* kv, const char* key) {
   for (size_t i = 0; i < kv->n; i++)
     if (strcmp(kv->keys[i], key) == 0) return i;
   return kv->n;
@@ -49,10 +49,10 @@ static char* copy_value(const char* value, size_t size) {
   return c;
 }
 
-void dist_kv_put(dist_kv* kv, const char* key, const void* value, size_t size) {
+void st__dist_kv_put(dist_kv* kv, const char* key, const void* value, size_t size) {
   char* copy = copy_value(value, size);
   pthread_mutex_lock(&kv->mu);
-  size_t i = find_locked(kv, key);
+  size_t i = st__dist_find_locked(kv, key);
   if (i == kv->n) {
     if (kv->n == kv->cap) {
       kv->cap = kv->cap ? 2 * kv->cap : 16;
@@ -73,7 +73,7 @@ void dist_kv_put(dist_kv* kv, const char* key, const void* value, size_t size) {
 }
 
 static char* lookup_locked(dist_kv* kv, const char* key, size_t* size) {
-  size_t i = find_locked(kv, key);
+  size_t i = st__dist_find_locked(kv, key);
   if (i == kv->n) return NULL;
   *size = kv->sizes[i];
   return copy_value(kv->values[i], kv->sizes[i]);
@@ -105,14 +105,14 @@ char* dist_kv_wait(dist_kv* kv, const char* key, double deadline, size_t* size) 
   return v;
 }
 
-uint64_t dist_kv_version(dist_kv* kv) {
+uint64_t st__dist_kv_version(dist_kv* kv) {
   pthread_mutex_lock(&kv->mu);
   uint64_t v = kv->version;
   pthread_mutex_unlock(&kv->mu);
   return v;
 }
 
-st_status dist_kv_timeout_error(const char* key, int64_t timeout_ms, int world_size) {
+st_status st__dist_kv_timeout_error(const char* key, int64_t timeout_ms, int world_size) {
   return st_status_make(ST_CODE_RUNTIME,
                         "key-value store: no rank put '%s' within %" PRId64 " ms (%d rank%s; rank 0 holds the store)",
                         key, timeout_ms, world_size, world_size == 1 ? "" : "s");

@@ -37,26 +37,26 @@
 
 #ifdef STRATA_NO_MPI
 
-static st_status no_mpi(const st_dist* d) {
+static st_status st__dist_no_mpi(const st_dist* d) {
   return st_status_make(ST_CODE_RUNTIME,
                         "this binary was built without MPI (STRATA_NO_MPI, the portable build): it was started by %s "
                         "as rank %d of %d, but runs only as a single process; use a build with MPI (make build)",
                         st_dist_launcher_name(d->launch.launcher), d->launch.rank, d->launch.world_size);
 }
 
-st_status dist_mpi_init(st_dist* d) { return no_mpi(d); }
-st_status dist_mpi_finalize(st_dist* d) { return no_mpi(d); }
-st_status dist_mpi_agree(st_dist* d, const char* const* keys, const char* const* values, size_t n) {
+st_status st__dist_mpi_init(st_dist* d) { return st__dist_no_mpi(d); }
+st_status st__dist_mpi_finalize(st_dist* d) { return st__dist_no_mpi(d); }
+st_status st__dist_mpi_agree(st_dist* d, const char* const* keys, const char* const* values, size_t n) {
   (void)keys, (void)values, (void)n;
-  return no_mpi(d);
+  return st__dist_no_mpi(d);
 }
-st_status dist_mpi_kv_put(st_dist* d, const char* key, const void* value, size_t size) {
+st_status st__dist_mpi_kv_put(st_dist* d, const char* key, const void* value, size_t size) {
   (void)key, (void)value, (void)size;
-  return no_mpi(d);
+  return st__dist_no_mpi(d);
 }
-st_status dist_mpi_kv_get(st_dist* d, const char* key, int64_t timeout_ms, bool* found, void** value, size_t* size) {
+st_status st__dist_mpi_kv_get(st_dist* d, const char* key, int64_t timeout_ms, bool* found, void** value, size_t* size) {
   (void)key, (void)timeout_ms, (void)found, (void)value, (void)size;
-  return no_mpi(d);
+  return st__dist_no_mpi(d);
 }
 
 #else /* MPI */
@@ -101,8 +101,8 @@ struct dist_mpi {
   st_status server_error; /* the service thread's failure, read after join */
 };
 
-static st_status mpi_fail(int rc, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-static st_status mpi_fail(int rc, const char* fmt, ...) {
+static st_status st__dist_mpi_fail(int rc, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static st_status st__dist_mpi_fail(int rc, const char* fmt, ...) {
   char text[MPI_MAX_ERROR_STRING + 1];
   int len = 0;
   if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) len = snprintf(text, sizeof(text), "unknown MPI error");
@@ -123,19 +123,19 @@ static const char* level_name(int level) {
   return "an unknown level";
 }
 
-static void nap(double* backoff) {
+static void st__dist_nap(double* backoff) {
   struct timespec ts = {0, (long)(*backoff * 1e9)};
   nanosleep(&ts, NULL);
   *backoff = *backoff * 2 > 1e-3 ? 1e-3 : *backoff * 2;
 }
 
 /* Tests |req| until it completes or |deadline| passes (then cancels it). */
-static st_status wait_until(MPI_Request* req, double deadline, const char* what, const char* key) {
+static st_status st__dist_wait_until(MPI_Request* req, double deadline, const char* what, const char* key) {
   double backoff = 20e-6;
   for (;;) {
     int done = 0;
     int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) return mpi_fail(rc, "key-value store: %s '%s'", what, key);
+    if (rc != MPI_SUCCESS) return st__dist_mpi_fail(rc, "key-value store: %s '%s'", what, key);
     if (done) return ST_OK;
     if (st_now() >= deadline) {
       MPI_Cancel(req);
@@ -143,7 +143,7 @@ static st_status wait_until(MPI_Request* req, double deadline, const char* what,
       return st_status_make(ST_CODE_RUNTIME, "key-value store: %s '%s': rank 0 did not take it within %.0f s (is rank 0 alive?)",
                             what, key, kGraceSeconds);
     }
-    nap(&backoff);
+    st__dist_nap(&backoff);
   }
 }
 
@@ -157,7 +157,7 @@ typedef struct server_state {
   size_t n_sends, cap_sends;
 } server_state;
 
-static st_status reply(server_state* st, int dest, int tag, const char* value, size_t size, bool found) {
+static st_status st__dist_reply(server_state* st, int dest, int tag, const char* value, size_t size, bool found) {
   size_t len = sizeof(reply_head) + (found ? size : 0);
   char* buf = st_xmalloc(len);
   reply_head h = {.found = found ? 1 : 0, .value_len = found ? (uint32_t)size : 0};
@@ -173,17 +173,17 @@ static st_status reply(server_state* st, int dest, int tag, const char* value, s
   int rc = MPI_Isend(buf, (int)len, MPI_BYTE, dest, tag, st->d->mpi->kv, &ps->req);
   if (rc != MPI_SUCCESS) {
     free(buf);
-    return mpi_fail(rc, "key-value store: rank 0 answering rank %d", dest);
+    return st__dist_mpi_fail(rc, "key-value store: rank 0 answering rank %d", dest);
   }
   st->n_sends++;
   return ST_OK;
 }
 
-static st_status answer_get(server_state* st, int source, int tag, const char* key, int64_t timeout_ms) {
+static st_status st__dist_answer_get(server_state* st, int source, int tag, const char* key, int64_t timeout_ms) {
   size_t size = 0;
   char* v = dist_kv_lookup(&st->d->kv, key, &size);
   if (v || timeout_ms < 0) {
-    st_status s = reply(st, source, tag, v, size, v != NULL);
+    st_status s = st__dist_reply(st, source, tag, v, size, v != NULL);
     free(v);
     return s;
   }
@@ -196,13 +196,13 @@ static st_status answer_get(server_state* st, int source, int tag, const char* k
   return ST_OK;
 }
 
-static st_status serve_request(server_state* st, bool* served) {
+static st_status st__dist_serve_request(server_state* st, bool* served) {
   dist_mpi* m = st->d->mpi;
   int flag = 0;
   MPI_Message msg;
   MPI_Status status;
   int rc = MPI_Improbe(MPI_ANY_SOURCE, kReqTag, m->kv, &flag, &msg, &status);
-  if (rc != MPI_SUCCESS) return mpi_fail(rc, "key-value store: rank 0 probing for requests");
+  if (rc != MPI_SUCCESS) return st__dist_mpi_fail(rc, "key-value store: rank 0 probing for requests");
   *served = flag != 0;
   if (!flag) return ST_OK;
   int count = 0;
@@ -211,7 +211,7 @@ static st_status serve_request(server_state* st, bool* served) {
   rc = MPI_Mrecv(buf, count, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
   if (rc != MPI_SUCCESS) {
     free(buf);
-    return mpi_fail(rc, "key-value store: rank 0 receiving a request of rank %d", status.MPI_SOURCE);
+    return st__dist_mpi_fail(rc, "key-value store: rank 0 receiving a request of rank %d", status.MPI_SOURCE);
   }
   req_head h;
   st_status s = ST_OK;
@@ -225,10 +225,10 @@ static st_status serve_request(server_state* st, bool* served) {
   if (!s) {
     char* key = st_xstrndup(buf + sizeof(h), h.key_len);
     if (h.op == kOpPut) {
-      dist_kv_put(&st->d->kv, key, buf + sizeof(h) + h.key_len, h.value_len);
-      s = reply(st, status.MPI_SOURCE, h.reply_tag, NULL, 0, true);
+      st__dist_kv_put(&st->d->kv, key, buf + sizeof(h) + h.key_len, h.value_len);
+      s = st__dist_reply(st, status.MPI_SOURCE, h.reply_tag, NULL, 0, true);
     } else {
-      s = answer_get(st, status.MPI_SOURCE, h.reply_tag, key, h.timeout_ms);
+      s = st__dist_answer_get(st, status.MPI_SOURCE, h.reply_tag, key, h.timeout_ms);
     }
     free(key);
   }
@@ -237,7 +237,7 @@ static st_status serve_request(server_state* st, bool* served) {
 }
 
 /* Answers the waiting gets whose key has come or whose deadline has passed. */
-static st_status serve_pending(server_state* st) {
+static st_status st__dist_serve_pending(server_state* st) {
   double now = st_now();
   size_t kept = 0;
   st_status s = ST_OK;
@@ -246,7 +246,7 @@ static st_status serve_pending(server_state* st) {
     size_t size = 0;
     char* v = s ? NULL : dist_kv_lookup(&st->d->kv, g->key, &size);
     if (!s && (v || now >= g->deadline)) {
-      s = reply(st, g->source, g->tag, v, size, v != NULL);
+      s = st__dist_reply(st, g->source, g->tag, v, size, v != NULL);
       free(v);
       free(g->key);
       continue;
@@ -257,13 +257,13 @@ static st_status serve_pending(server_state* st) {
   return s;
 }
 
-static st_status reap_sends(server_state* st) {
+static st_status st__dist_reap_sends(server_state* st) {
   size_t kept = 0;
   st_status s = ST_OK;
   for (size_t i = 0; i < st->n_sends; i++) {
     int done = 0;
     int rc = MPI_Test(&st->sends[i].req, &done, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS && !s) s = mpi_fail(rc, "key-value store: rank 0 sending a reply");
+    if (rc != MPI_SUCCESS && !s) s = st__dist_mpi_fail(rc, "key-value store: rank 0 sending a reply");
     if (done || rc != MPI_SUCCESS) {
       free(st->sends[i].buf);
       continue;
@@ -279,30 +279,30 @@ static void* server_main(void* arg) {
   dist_mpi* m = st.d->mpi;
   st_status s = ST_OK;
   double backoff = 20e-6;
-  uint64_t seen = dist_kv_version(&st.d->kv);
+  uint64_t seen = st__dist_kv_version(&st.d->kv);
   while (!s && !atomic_load(&m->stop)) {
     bool served = false;
-    s = serve_request(&st, &served);
-    uint64_t version = dist_kv_version(&st.d->kv);
-    if (!s && st.n_gets) s = serve_pending(&st);
-    if (!s && st.n_sends) s = reap_sends(&st);
+    s = st__dist_serve_request(&st, &served);
+    uint64_t version = st__dist_kv_version(&st.d->kv);
+    if (!s && st.n_gets) s = st__dist_serve_pending(&st);
+    if (!s && st.n_sends) s = st__dist_reap_sends(&st);
     if (served || version != seen) {
       backoff = 20e-6;
       seen = version;
     } else {
-      nap(&backoff);
+      st__dist_nap(&backoff);
     }
   }
   /* Every rank is past finalize's barrier: no asker is left waiting. What
    * is still unsent is a reply to an asker that gave up. */
   double deadline = st_now() + 1.0;
   while (st.n_sends && st_now() < deadline) {
-    st_status r = reap_sends(&st);
+    st_status r = st__dist_reap_sends(&st);
     if (r) {
       s = st_status_join(s, r);
       break;
     }
-    if (st.n_sends) nap(&backoff);
+    if (st.n_sends) st__dist_nap(&backoff);
   }
   for (size_t i = 0; i < st.n_sends; i++) {
     MPI_Cancel(&st.sends[i].req);
@@ -318,10 +318,10 @@ static void* server_main(void* arg) {
 
 /*--- start and end ----------------------------------------------------------------*/
 
-static st_status init_checked(st_dist* d) {
+static st_status st__dist_init_checked(st_dist* d) {
   dist_mpi* m = d->mpi;
   int rc = MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI: setting MPI_ERRORS_RETURN");
+  if (rc != MPI_SUCCESS) return st__dist_mpi_fail(rc, "MPI: setting MPI_ERRORS_RETURN");
   int size = 0, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -335,15 +335,15 @@ static st_status init_checked(st_dist* d) {
   d->size = size;
   d->rank = rank;
   rc = MPI_Comm_dup(MPI_COMM_WORLD, &m->world);
-  if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI: duplicating the world communicator");
+  if (rc != MPI_SUCCESS) return st__dist_mpi_fail(rc, "MPI: duplicating the world communicator");
   rc = MPI_Comm_dup(MPI_COMM_WORLD, &m->kv);
-  if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI: duplicating the world communicator");
+  if (rc != MPI_SUCCESS) return st__dist_mpi_fail(rc, "MPI: duplicating the world communicator");
   if (l->local_rank >= 0) {
     d->local_rank = l->local_rank;
   } else {
     MPI_Comm node;
     rc = MPI_Comm_split_type(m->world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
-    if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI: grouping this host's ranks");
+    if (rc != MPI_SUCCESS) return st__dist_mpi_fail(rc, "MPI: grouping this host's ranks");
     MPI_Comm_rank(node, &d->local_rank);
     MPI_Comm_free(&node);
   }
@@ -360,7 +360,7 @@ static st_status init_checked(st_dist* d) {
   return ST_OK;
 }
 
-st_status dist_mpi_init(st_dist* d) {
+st_status st__dist_mpi_init(st_dist* d) {
   int inited = 0, finalized = 0;
   MPI_Initialized(&inited);
   MPI_Finalized(&finalized);
@@ -369,14 +369,14 @@ st_status dist_mpi_init(st_dist* d) {
                           finalized ? "finalised" : "initialised");
   int provided = MPI_THREAD_SINGLE;
   int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
-  if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Init_thread");
+  if (rc != MPI_SUCCESS) return st__dist_mpi_fail(rc, "MPI_Init_thread");
   d->mpi = st_xcalloc(1, sizeof(*d->mpi));
   d->mpi->world = MPI_COMM_NULL;
   d->mpi->kv = MPI_COMM_NULL;
   st_status s = ST_OK;
   if (provided < MPI_THREAD_MULTIPLE)
-    s = dist_thread_level_error(level_name(provided));
-  if (!s) s = init_checked(d);
+    s = st__dist_thread_level_error(level_name(provided));
+  if (!s) s = st__dist_init_checked(d);
   if (s) {
     /* Every rank meets the same failure (same MPI, same launch), so all of
      * them finalise; exiting without it makes mpirun report an abort. */
@@ -389,11 +389,11 @@ st_status dist_mpi_init(st_dist* d) {
   return s;
 }
 
-st_status dist_mpi_finalize(st_dist* d) {
+st_status st__dist_mpi_finalize(st_dist* d) {
   dist_mpi* m = d->mpi;
   /* No rank leaves while another may still ask rank 0's store. */
   int rc = MPI_Barrier(m->world);
-  st_status s = rc == MPI_SUCCESS ? ST_OK : mpi_fail(rc, "st_dist_finalize: waiting for every rank");
+  st_status s = rc == MPI_SUCCESS ? ST_OK : st__dist_mpi_fail(rc, "st_dist_finalize: waiting for every rank");
   if (m->server_running) {
     atomic_store(&m->stop, true);
     pthread_join(m->server, NULL);
@@ -402,7 +402,7 @@ st_status dist_mpi_finalize(st_dist* d) {
   MPI_Comm_free(&m->kv);
   MPI_Comm_free(&m->world);
   rc = MPI_Finalize();
-  if (rc != MPI_SUCCESS) s = st_status_join(s, mpi_fail(rc, "MPI_Finalize"));
+  if (rc != MPI_SUCCESS) s = st_status_join(s, st__dist_mpi_fail(rc, "MPI_Finalize"));
   free(m);
   d->mpi = NULL;
   return s;
@@ -411,10 +411,10 @@ st_status dist_mpi_finalize(st_dist* d) {
 /*--- the agreement's exchange ---------------------------------------------------------*/
 
 /* |root|'s bytes to every rank: the length, then the bytes. */
-static st_status bcast_bytes(MPI_Comm comm, int root, char** buf, size_t* size) {
+static st_status st__dist_bcast_bytes(MPI_Comm comm, int root, char** buf, size_t* size) {
   uint64_t len = *size;
   int rc = MPI_Bcast(&len, 1, MPI_UINT64_T, root, comm);
-  if (rc != MPI_SUCCESS) return mpi_fail(rc, "agreement: broadcast from rank %d", root);
+  if (rc != MPI_SUCCESS) return st__dist_mpi_fail(rc, "agreement: broadcast from rank %d", root);
   if (len > INT_MAX) return st_status_make(ST_CODE_CONFIG, "agreement: rank %d's list is %" PRIu64 " bytes", root, len);
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
@@ -423,18 +423,18 @@ static st_status bcast_bytes(MPI_Comm comm, int root, char** buf, size_t* size) 
     *size = len;
   }
   rc = MPI_Bcast(*buf, (int)len, MPI_BYTE, root, comm);
-  if (rc != MPI_SUCCESS) return mpi_fail(rc, "agreement: broadcast from rank %d", root);
+  if (rc != MPI_SUCCESS) return st__dist_mpi_fail(rc, "agreement: broadcast from rank %d", root);
   return ST_OK;
 }
 
-st_status dist_mpi_agree(st_dist* d, const char* const* keys, const char* const* values, size_t n) {
+st_status st__dist_mpi_agree(st_dist* d, const char* const* keys, const char* const* values, size_t n) {
   dist_mpi* m = d->mpi;
-  uint64_t h = dist_agree_hash(keys, values, n);
+  uint64_t h = st__dist_agree_hash(keys, values, n);
   uint64_t* all = st_xcalloc((size_t)d->size, sizeof(*all));
   int rc = MPI_Allgather(&h, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, m->world);
   if (rc != MPI_SUCCESS) {
     free(all);
-    return mpi_fail(rc, "agreement: exchanging the run's hash");
+    return st__dist_mpi_fail(rc, "agreement: exchanging the run's hash");
   }
   bool same = true;
   for (int r = 1; r < d->size; r++) same = same && all[r] == all[0];
@@ -449,15 +449,15 @@ st_status dist_mpi_agree(st_dist* d, const char* const* keys, const char* const*
   const char **keys0 = NULL, **values0 = NULL;
   size_t n0 = 0;
   char* mine = NULL;
-  st_status s = bcast_bytes(m->world, 0, &packed0, &size0);
-  if (!s) s = dist_agree_unpack(packed0, size0, &keys0, &values0, &n0);
+  st_status s = st__dist_bcast_bytes(m->world, 0, &packed0, &size0);
+  if (!s) s = st__dist_agree_unpack(packed0, size0, &keys0, &values0, &n0);
   const char *key = NULL, *value0 = NULL, *value = NULL;
   int64_t where = -1;
-  if (!s && mine_differs) where = dist_agree_first_difference(keys0, values0, n0, keys, values, n, &key, &value0, &value);
+  if (!s && mine_differs) where = st__dist_agree_first_difference(keys0, values0, n0, keys, values, n, &key, &value0, &value);
   int64_t* wheres = st_xcalloc((size_t)d->size, sizeof(*wheres));
   if (!s) {
     rc = MPI_Allgather(&where, 1, MPI_INT64_T, wheres, 1, MPI_INT64_T, m->world);
-    if (rc != MPI_SUCCESS) s = mpi_fail(rc, "agreement: exchanging where the ranks differ");
+    if (rc != MPI_SUCCESS) s = st__dist_mpi_fail(rc, "agreement: exchanging where the ranks differ");
   }
   int bad = -1;
   for (int r = 0; !s && r < d->size; r++)
@@ -476,7 +476,7 @@ st_status dist_mpi_agree(st_dist* d, const char* const* keys, const char* const*
       mine_size = b.len;
       mine = st_strbuf_take(&b);
     }
-    s = bcast_bytes(m->world, bad, &mine, &mine_size);
+    s = st__dist_bcast_bytes(m->world, bad, &mine, &mine_size);
   }
   if (!s) {
     mine[mine_size] = '\0'; /* bcast_bytes left room; the sender's own buffer ends in its NUL */
@@ -486,7 +486,7 @@ st_status dist_mpi_agree(st_dist* d, const char* const* keys, const char* const*
     const char* root_value = NULL;
     for (size_t i = 0; i < n0; i++)
       if (strcmp(keys0[i], bad_key) == 0) root_value = values0[i];
-    s = dist_agree_error(bad_key, root_value, bad, bad_value);
+    s = st__dist_agree_error(bad_key, root_value, bad, bad_value);
   }
   free(keys0);
   free(values0);
@@ -497,21 +497,21 @@ st_status dist_mpi_agree(st_dist* d, const char* const* keys, const char* const*
 
 /*--- the store, from a rank other than 0 ------------------------------------------------*/
 
-static int take_tag(dist_mpi* m) {
+static int st__dist_take_tag(dist_mpi* m) {
   int span = m->tag_ub - kFirstReplyTag + 1;
   int t = atomic_fetch_add(&m->next_tag, 1);
   return kFirstReplyTag + (int)((unsigned)(t - kFirstReplyTag) % (unsigned)span);
 }
 
-/* Sends one request and waits for its reply (*reply_buf: reply_head, value). */
-static st_status ask(st_dist* d, int op, const char* key, const void* value, size_t size, int64_t timeout_ms,
+/* Sends one request and waits for its st__dist_reply (*reply_buf: reply_head, value). */
+static st_status st__dist_ask(st_dist* d, int op, const char* key, const void* value, size_t size, int64_t timeout_ms,
                      char** reply_buf, int* reply_len) {
   dist_mpi* m = d->mpi;
   const char* what = op == kOpPut ? "put" : "get";
   size_t key_len = strlen(key);
   if (key_len > (size_t)INT_MAX / 2 || size > (size_t)INT_MAX / 2)
     return st_status_make(ST_CODE_INTERNAL, "key-value store: %s '%s': key or value over 1 GiB", what, key);
-  req_head h = {.op = op, .reply_tag = take_tag(m), .timeout_ms = timeout_ms, .key_len = (uint32_t)key_len,
+  req_head h = {.op = op, .reply_tag = st__dist_take_tag(m), .timeout_ms = timeout_ms, .key_len = (uint32_t)key_len,
                 .value_len = (uint32_t)size};
   size_t len = sizeof(h) + key_len + size;
   char* buf = st_xmalloc(len);
@@ -521,8 +521,8 @@ static st_status ask(st_dist* d, int op, const char* key, const void* value, siz
   double deadline = st_now() + (timeout_ms > 0 ? (double)timeout_ms / 1e3 : 0) + kGraceSeconds;
   MPI_Request req;
   int rc = MPI_Isend(buf, (int)len, MPI_BYTE, 0, kReqTag, m->kv, &req);
-  st_status s = rc == MPI_SUCCESS ? wait_until(&req, deadline, what, key)
-                                  : mpi_fail(rc, "key-value store: %s '%s' to rank 0", what, key);
+  st_status s = rc == MPI_SUCCESS ? st__dist_wait_until(&req, deadline, what, key)
+                                  : st__dist_mpi_fail(rc, "key-value store: %s '%s' to rank 0", what, key);
   free(buf);
   if (s) return s;
   double backoff = 20e-6;
@@ -531,7 +531,7 @@ static st_status ask(st_dist* d, int op, const char* key, const void* value, siz
     MPI_Message msg;
     MPI_Status status;
     rc = MPI_Improbe(0, h.reply_tag, m->kv, &flag, &msg, &status);
-    if (rc != MPI_SUCCESS) return mpi_fail(rc, "key-value store: %s '%s': waiting for rank 0", what, key);
+    if (rc != MPI_SUCCESS) return st__dist_mpi_fail(rc, "key-value store: %s '%s': waiting for rank 0", what, key);
     if (flag) {
       int count = 0;
       MPI_Get_count(&status, MPI_BYTE, &count);
@@ -541,7 +541,7 @@ static st_status ask(st_dist* d, int op, const char* key, const void* value, siz
       if (rc != MPI_SUCCESS) {
         free(*reply_buf);
         *reply_buf = NULL;
-        return mpi_fail(rc, "key-value store: %s '%s': receiving rank 0's answer", what, key);
+        return st__dist_mpi_fail(rc, "key-value store: %s '%s': receiving rank 0's answer", what, key);
       }
       return ST_OK;
     }
@@ -549,22 +549,22 @@ static st_status ask(st_dist* d, int op, const char* key, const void* value, siz
       return st_status_make(ST_CODE_RUNTIME,
                             "key-value store: %s '%s': rank 0 did not answer within %.0f s of the deadline (is rank 0 alive?)",
                             what, key, kGraceSeconds);
-    nap(&backoff);
+    st__dist_nap(&backoff);
   }
 }
 
-st_status dist_mpi_kv_put(st_dist* d, const char* key, const void* value, size_t size) {
+st_status st__dist_mpi_kv_put(st_dist* d, const char* key, const void* value, size_t size) {
   char* r = NULL;
   int len = 0;
-  ST_RETURN(ask(d, kOpPut, key, value, size, 0, &r, &len));
+  ST_RETURN(st__dist_ask(d, kOpPut, key, value, size, 0, &r, &len));
   free(r);
   return ST_OK;
 }
 
-st_status dist_mpi_kv_get(st_dist* d, const char* key, int64_t timeout_ms, bool* found, void** value, size_t* size) {
+st_status st__dist_mpi_kv_get(st_dist* d, const char* key, int64_t timeout_ms, bool* found, void** value, size_t* size) {
   char* r = NULL;
   int len = 0;
-  ST_RETURN(ask(d, kOpGet, key, NULL, 0, timeout_ms, &r, &len));
+  ST_RETURN(st__dist_ask(d, kOpGet, key, NULL, 0, timeout_ms, &r, &len));
   reply_head h;
   if ((size_t)len < sizeof(h)) {
     free(r);

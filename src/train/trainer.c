@@ -22,6 +22,7 @@
 #include "strata/base.h"
 #include "strata/ckpt.h"
 #include "strata/diag.h"
+#include "strata/dist.h"
 #include "strata/mesh.h"
 #include "strata/obs.h"
 #include "strata/kernels.h"
@@ -1125,6 +1126,21 @@ static st_status st__train_save(st__trainer* t) {
   return s;
 }
 
+/* One rank of a multi-process job (mpirun, srun): only the pieces of
+ * docs/multiprocess.md are built, not the training, so each rank would
+ * train alone into its own run directory. Refused before anything is
+ * created; a plain process or `mpirun -np 1` goes on (and never touches
+ * MPI). */
+static st_status st__check_single_process(void) {
+  st_dist_launch launch;
+  ST_RETURN(st_dist_detect(&launch));
+  if (!launch.multi) return ST_OK;
+  return st_status_make(ST_CODE_CONFIG,
+                        "strata train was started as rank %d of %d by %s, but multi-process training is not built yet "
+                        "(docs/multiprocess.md): run it as one process, with parallel.* over that process's devices",
+                        launch.rank, launch.world_size, st_dist_launcher_name(launch.launcher));
+}
+
 /* All three axes at once are not built (the exporter refuses them too,
  * docs/parallelism.md): refused before anything is created. */
 static st_status st__check_axes(const st_plan_options* o) {
@@ -1143,6 +1159,7 @@ static st_status st__check_axes(const st_plan_options* o) {
 st_status st_train_main(const st_config* cfg) {
   st_plan_options o;
   st_status s = st_plan_options_from_config(cfg, &o);
+  if (!s) s = st__check_single_process();
   if (!s) s = st__check_axes(&o);
   if (s) {
     st_plan_options_deinit(&o);

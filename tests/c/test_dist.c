@@ -117,14 +117,14 @@ static const char* kValues[] = {"b3f1", "0.001", "20"};
 
 static void test_hash(void** state) {
   (void)state;
-  uint64_t h = dist_agree_hash(kKeys, kValues, 3);
-  assert_true(h == dist_agree_hash(kKeys, kValues, 3));
+  uint64_t h = st__dist_agree_hash(kKeys, kValues, 3);
+  assert_true(h == st__dist_agree_hash(kKeys, kValues, 3));
   const char* v2[] = {"b3f1", "0.002", "20"};
-  assert_true(h != dist_agree_hash(kKeys, v2, 3));
-  assert_true(h != dist_agree_hash(kKeys, kValues, 2));
+  assert_true(h != st__dist_agree_hash(kKeys, v2, 3));
+  assert_true(h != st__dist_agree_hash(kKeys, kValues, 2));
   /* The boundary between key and value is part of the hash. */
   const char* ka[] = {"ab"}, *va[] = {"c"}, *kb[] = {"a"}, *vb[] = {"bc"};
-  assert_true(dist_agree_hash(ka, va, 1) != dist_agree_hash(kb, vb, 1));
+  assert_true(st__dist_agree_hash(ka, va, 1) != st__dist_agree_hash(kb, vb, 1));
 }
 
 static void test_pack_unpack(void** state) {
@@ -133,7 +133,7 @@ static void test_pack_unpack(void** state) {
   char* buf = dist_agree_pack(kKeys, kValues, 3, &size);
   const char **k = NULL, **v = NULL;
   size_t n = 0;
-  ASSERT_OK(dist_agree_unpack(buf, size, &k, &v, &n));
+  ASSERT_OK(st__dist_agree_unpack(buf, size, &k, &v, &n));
   assert_int_equal(n, 3);
   for (size_t i = 0; i < 3; i++) {
     assert_string_equal(k[i], kKeys[i]);
@@ -142,11 +142,11 @@ static void test_pack_unpack(void** state) {
   free(k);
   free(v);
   /* Torn: a key without its value; bytes without their NUL. */
-  tu_assert_error(dist_agree_unpack(buf, strlen(kKeys[0]) + 1, &k, &v, &n), ST_CODE_INTERNAL, "not whole", NULL);
-  tu_assert_error(dist_agree_unpack(buf, size - 1, &k, &v, &n), ST_CODE_INTERNAL, "not whole", NULL);
+  tu_assert_error(st__dist_agree_unpack(buf, strlen(kKeys[0]) + 1, &k, &v, &n), ST_CODE_INTERNAL, "not whole", NULL);
+  tu_assert_error(st__dist_agree_unpack(buf, size - 1, &k, &v, &n), ST_CODE_INTERNAL, "not whole", NULL);
   free(buf);
   buf = dist_agree_pack(NULL, NULL, 0, &size);
-  ASSERT_OK(dist_agree_unpack(buf, size, &k, &v, &n));
+  ASSERT_OK(st__dist_agree_unpack(buf, size, &k, &v, &n));
   assert_int_equal(n, 0);
   free(k);
   free(v);
@@ -156,23 +156,23 @@ static void test_pack_unpack(void** state) {
 static void test_first_difference(void** state) {
   (void)state;
   const char *key = NULL, *v0 = NULL, *v = NULL;
-  assert_int_equal(dist_agree_first_difference(kKeys, kValues, 3, kKeys, kValues, 3, &key, &v0, &v), -1);
+  assert_int_equal(st__dist_agree_first_difference(kKeys, kValues, 3, kKeys, kValues, 3, &key, &v0, &v), -1);
 
   const char* lr[] = {"b3f1", "0.002", "30"};
-  assert_int_equal(dist_agree_first_difference(kKeys, kValues, 3, kKeys, lr, 3, &key, &v0, &v), 1);
+  assert_int_equal(st__dist_agree_first_difference(kKeys, kValues, 3, kKeys, lr, 3, &key, &v0, &v), 1);
   assert_string_equal(key, "train.lr");
   assert_string_equal(v0, "0.001");
   assert_string_equal(v, "0.002");
 
   /* The rank lacks a key: its value is absent. */
-  assert_int_equal(dist_agree_first_difference(kKeys, kValues, 3, kKeys, kValues, 2, &key, &v0, &v), 2);
+  assert_int_equal(st__dist_agree_first_difference(kKeys, kValues, 3, kKeys, kValues, 2, &key, &v0, &v), 2);
   assert_string_equal(key, "train.steps");
   assert_null(v);
 
   /* The rank has a key rank 0 lacks: past rank 0's end. */
   const char* k4[] = {"bundle.key", "train.lr", "train.steps", "train.seed"};
   const char* v4[] = {"b3f1", "0.001", "20", "7"};
-  assert_int_equal(dist_agree_first_difference(kKeys, kValues, 3, k4, v4, 4, &key, &v0, &v), 6); /* n0 + its position in the rank's list */
+  assert_int_equal(st__dist_agree_first_difference(kKeys, kValues, 3, k4, v4, 4, &key, &v0, &v), 6); /* n0 + its position in the rank's list */
   assert_string_equal(key, "train.seed");
   assert_null(v0);
   assert_string_equal(v, "7");
@@ -181,19 +181,19 @@ static void test_first_difference(void** state) {
    * out-of-place key). */
   const char* kr[] = {"train.lr", "bundle.key", "train.steps"};
   const char* vr[] = {"0.001", "b3f1", "20"};
-  assert_int_equal(dist_agree_first_difference(kKeys, kValues, 3, kr, vr, 3, &key, &v0, &v), 0);
+  assert_int_equal(st__dist_agree_first_difference(kKeys, kValues, 3, kr, vr, 3, &key, &v0, &v), 0);
   assert_string_equal(key, "bundle.key");
 }
 
 static void test_errors(void** state) {
   (void)state;
-  tu_assert_error(dist_agree_error("train.lr", "0.001", 1, "0.002"), ST_CODE_CONFIG, "train.lr",
+  tu_assert_error(st__dist_agree_error("train.lr", "0.001", 1, "0.002"), ST_CODE_CONFIG, "train.lr",
                   "rank 0 has 0.001", "rank 1 has 0.002", NULL);
-  tu_assert_error(dist_agree_error("train.seed", NULL, 3, "7"), ST_CODE_CONFIG, "rank 0 has none", "rank 3 has 7", NULL);
-  tu_assert_error(dist_agree_error("train.seed", "7", 2, NULL), ST_CODE_CONFIG, "rank 2 has none", NULL);
-  tu_assert_error(dist_thread_level_error("MPI_THREAD_SERIALIZED"), ST_CODE_RUNTIME, "MPI_THREAD_SERIALIZED",
+  tu_assert_error(st__dist_agree_error("train.seed", NULL, 3, "7"), ST_CODE_CONFIG, "rank 0 has none", "rank 3 has 7", NULL);
+  tu_assert_error(st__dist_agree_error("train.seed", "7", 2, NULL), ST_CODE_CONFIG, "rank 2 has none", NULL);
+  tu_assert_error(st__dist_thread_level_error("MPI_THREAD_SERIALIZED"), ST_CODE_RUNTIME, "MPI_THREAD_SERIALIZED",
                   "needs MPI_THREAD_MULTIPLE", NULL);
-  tu_assert_error(dist_kv_timeout_error("gpu:topology/1", 300, 2), ST_CODE_RUNTIME, "'gpu:topology/1'", "300 ms",
+  tu_assert_error(st__dist_kv_timeout_error("gpu:topology/1", 300, 2), ST_CODE_RUNTIME, "'gpu:topology/1'", "300 ms",
                   NULL);
   assert_int_equal(st_code_exit_code(ST_CODE_CONFIG), 2);
 }
