@@ -44,6 +44,9 @@ CC=${FUZZ_CC:-clang}
 # obs's TensorBoard protos (src/obs/tb_event.proto), generated as CMake does.
 mkdir -p "$out/gen"
 protoc-c --c_out="$out/gen" --proto_path=src/obs tb_event.proto
+# The tables generated from the kernel contract (the config schema's
+# kernels.<op> rows), as CMake generates them.
+cmake -DPROJECT_SOURCE_DIR="$PWD" -DOUT="$out/gen" -P cmake/kernel_tables.cmake
 CFLAGS=(-g -O1 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fno-omit-frame-pointer
   -fsanitize=address,undefined -fno-sanitize-recover=all -Iinclude -Isrc -I"$out/gen" -DSTRATA_SOURCE_DIR="\"$PWD\"")
 # shellcheck disable=SC2207
