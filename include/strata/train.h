@@ -23,8 +23,10 @@
 #include "strata/bundle.h"
 #include "strata/config.h"
 #include "strata/infer.h"
+#include "strata/ir.h"
 #include "strata/plan.h"
 #include "strata/runtime.h"
+#include "strata/sched.h"
 #include "strata/status.h"
 
 #ifdef __cplusplus
@@ -132,6 +134,126 @@ void st_repro_result_deinit(st_repro_result* result); /* frees identity */
  * it: a live run is not disturbed. A torn last line of a finished run is
  * warned about on stderr. A folder that is no run directory: ST_CODE_CONFIG. */
 st_status st_train_run_status(const char* dir, st_json** out);
+
+/* ---------------------------------------------------------- `strata analyze`
+ * What `strata analyze` computes (src/train/analyze.c; src/cli/ prints it,
+ * docs/analysis.md). */
+
+/* A bundle directory (manifest.json), or a run directory (config.yaml):
+ * its bundle (the same key, exported when missing) and its rebuilt step
+ * plan. Everything is owned. */
+typedef struct st_train_analyze_target {
+  bool is_bundle, is_run;
+  st_bundle* bundle;
+  st_config* cfg;
+  st_plan_options o; /* is_run */
+  bool have_opts;
+  st_plan step, eval; /* is_run: the plans the run built */
+  st_plan_remat_choice remat;
+} st_train_analyze_target;
+
+/* Opens |dir|; a folder that is neither is ST_CODE_CONFIG (exit 2). |t|
+ * must be closed either way. */
+st_status st_train_analyze_target_open(const char* dir, st_train_analyze_target* t);
+void st_train_analyze_target_close(st_train_analyze_target* t);
+
+/* One program or collective of the bundle, analyzed. */
+typedef struct st_train_analyze_program {
+  const char* name;      /* borrowed from the bundle */
+  const char* kind;      /* "program" or "collective" */
+  double manifest_flops; /* the exporter's cost analysis (0 unknown) */
+  st_ir_stats st;
+  char* error; /* owned; NULL when analyzed */
+  double launches; /* per step (run directories) */
+  const char* role;   /* forward, backward, loss, optimizer, collective, init, other */
+  double measured_us; /* launch time in the run's traces, all launches together */
+  double measured_n;  /* launches seen in the traces */
+  double bound_us;    /* the roofline bound of one launch on this machine; 0: no peak */
+  bool memory_bound;  /* its memory side is the larger */
+  bool has_bound;     /* a peak is known (bound_us may be 0: nothing to do) */
+  bool has_xla;       /* XLA's optimized program was kept (runtime.keep_optimized_hlo) */
+  st_ir_hlo_summary xla;
+  char* xla_error;    /* owned: a kept program that did not read */
+} st_train_analyze_program;
+
+/* A run directory's metrics.jsonl step lines. */
+typedef struct st_train_analyze_steps {
+  int count;         /* step lines read */
+  double time_s;     /* mean step_time_s (steps after the first when more than one) */
+  double wait_s;     /* mean wait_s: time the host waited for the device */
+  double tokens;     /* tokens per step */
+} st_train_analyze_steps;
+
+/* A run directory's traces (<run>/trace/step_*.json), summed. */
+typedef struct st_train_analyze_traces {
+  int files;
+  double span_us;   /* summed step spans (first event to last completion) */
+  double wait_us;   /* host waits (WAIT, READ): time the host was blocked */
+  double host_us;   /* host ops (HOST, FREE) */
+  double launch_us; /* device work: launches, recomputes, collectives */
+} st_train_analyze_traces;
+
+/* The roles of a program in a step, in their order: forward, backward,
+ * loss, optimizer, collective, init, other. st_train_analyze_role(r) is
+ * the name of role r (a static string; NULL out of range). */
+#define ST_TRAIN_ANALYZE_ROLES 7
+const char* st_train_analyze_role(int r);
+
+/* A run's step from its plan, measurements and the peak: the sums a
+ * screen and --json both show, computed once. */
+typedef struct st_train_analyze_totals {
+  double flops, dot, read, write; /* per device, the step's launches */
+  double model_flops;             /* the step's model FLOPs (run directories) */
+  double devices;
+  double bound_s; /* the launches' roofline bounds, per step */
+  double mfu;     /* -1: unknown */
+  int furthest;   /* the program furthest above its bound; -1 none */
+  double role_us[ST_TRAIN_ANALYZE_ROLES]; /* measured launch time by role */
+} st_train_analyze_totals;
+
+typedef struct st_train_analyze_options {
+  const char* dir; /* a bundle directory or a run directory; borrowed */
+} st_train_analyze_options;
+
+/* Everything the table and --json show. Owned by the result (programs,
+ * the target) except dir, the options' borrowed path. */
+typedef struct st_train_analyze_result {
+  const char* dir;
+  st_train_analyze_target target;
+  st_train_analyze_program* programs; /* every program, then every collective */
+  int program_count;
+  st_train_analyze_steps steps;   /* run directories */
+  st_train_analyze_traces traces; /* run directories */
+  st_train_peak peak;
+  st_train_analyze_totals totals;
+} st_train_analyze_result;
+
+/* Analyzes |options->dir|: every program (a program that does not read
+ * carries its error), XLA's kept optimized programs, the peak and each
+ * program's roofline bound; for a run directory also the launches per step
+ * from its plan, its metrics and traces, and the step's totals. |out| must
+ * be freed with st_train_analyze_result_free either way. */
+st_status st_train_analyze(const st_train_analyze_options* options, st_train_analyze_result* out);
+void st_train_analyze_result_free(st_train_analyze_result* result);
+/* `strata analyze --json`'s object: a new reference, owned by the caller. */
+st_json* st_train_analyze_json(const st_train_analyze_result* result);
+/* FLOPs per argument and result byte (0 when it moves no bytes). */
+double st_train_analyze_intensity(const st_ir_stats* stats);
+
+/* Appends to |out| (the caller's) the DOT graph of |program|'s @main ops
+ * (|path| a bundle, a run directory or an .mlir file), or with |program|
+ * NULL or "" of a run directory's step plan (an .mlir file: its one program). */
+st_status st_train_analyze_dot(const char* path, const char* program, st_strbuf* out);
+/* Two bundles (or run directories' bundles) program by program: {"a", "b",
+ * "same_key", "added", "removed", "changed" (per program the counts that
+ * differ as [a, b]), "unchanged"} in *out, a new reference owned by the
+ * caller (NULL on an error). */
+st_status st_train_analyze_diff(const char* dir_a, const char* dir_b, st_json** out);
+/* The compile-contract lint of |path| (an .mlir file; a bundle, against
+ * the cache's bundle of the same key; a run directory's bundle) into |r|
+ * (the caller frees it with st_lint_report_free), and in *what (owned by
+ * the caller, always set) the name of what was linted. */
+st_status st_train_analyze_lint(const char* path, st_lint_report* r, char** what);
 
 /* Runs `strata train`: the whole lifecycle. Prints the run directory. */
 st_status st_train_main(const st_config* config);
