@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "strata/base.h"
 #include "strata/obs.h"
 
@@ -21,7 +23,6 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <jansson.h>
 #endif
 
 /* ---- rendering ----------------------------------------------------------- */
