@@ -6,15 +6,22 @@
  * launcher, `mpirun` or Slurm's `srun`, as one rank of several. This module
  * knows which (st_dist_detect, from the launcher's environment alone),
  * initialises MPI for the second kind, checks at start-up that every rank
- * resolved the same run (st_dist_agree), and serves the key-value store a
+ * resolved the same run (st_dist_agree), serves the key-value store a
  * GPU plugin's client uses to find its peers (st_dist_kv_*; one store, held
- * by rank 0, reached over MPI).
+ * by rank 0, reached over MPI), and carries the plan's cross-process
+ * collectives on host float buffers (st_dist_coll_*: queued by the caller,
+ * progressed by a thread of dist's own, waited on where the result is
+ * needed) and a few blocking exchanges (st_dist_allgather_f64, _barrier,
+ * _broadcast).
  *
  * Objects and lifetimes
  *   st_dist   the process's place in the job. st_dist_init makes it (at most
  *             once per process: MPI cannot be initialised twice), and
  *             st_dist_finalize ends it; every rank must call finalize, since
  *             it waits for all ranks before rank 0 stops serving the store.
+ *   st_dist_coll  one queued collective: st_dist_coll_start makes it, the
+ *             caller owns it until st_dist_coll_wait frees it; its buffer
+ *             is borrowed until then.
  *
  * Errors: a launcher environment that contradicts itself or MPI is
  * ST_CODE_CONFIG (exit 2); MPI failures (turned into statuses with MPI's own
@@ -27,7 +34,9 @@
  * Thread-safety: st_dist_kv_* may be called from any thread at any time
  * between init and finalize (PJRT calls its key-value callbacks from its
  * own threads). init, agree and finalize are collective: every rank calls
- * them, in the same order, from one thread.
+ * them, in the same order, from one thread; so are allgather_f64, barrier
+ * and broadcast. st_dist_coll_start is called from one thread at a time
+ * (its order is the order of issue); done, wait and pending from any.
  */
 #ifndef STRATA_DIST_H
 #define STRATA_DIST_H
@@ -89,9 +98,13 @@ typedef struct st_dist st_dist;
  * st_dist_detect's. On success *out is owned by the caller (st_dist_finalize). */
 st_status st_dist_init(const st_dist_launch* launch, st_dist** out);
 
-/* Waits for every rank (multi-process), stops rank 0's store, finalises MPI
- * and frees |dist|. No st_dist_kv_* call may be in progress or follow.
- * NULL is a no-op. Returns the first failure; |dist| is freed regardless. */
+/* Completes every queued collective (issuing those not yet issued, so no
+ * other rank is left waiting on this one) and stops the progress thread,
+ * frees the collectives not waited on (their handles die here; the failure
+ * of one of them is returned), waits for every rank (multi-process), stops
+ * rank 0's store, finalises MPI and frees |dist|. No st_dist_kv_* or
+ * st_dist_coll_* call may be in progress or follow. NULL is a no-op.
+ * Returns the first failure; |dist| is freed regardless. */
 st_status st_dist_finalize(st_dist* dist);
 
 bool st_dist_multi(const st_dist* dist);
@@ -122,6 +135,73 @@ st_status st_dist_kv_get(st_dist* dist, const char* key, int64_t timeout_ms, voi
 
 /* Looks once: *found false (and *value NULL) when no rank has put |key|. */
 st_status st_dist_kv_try_get(st_dist* dist, const char* key, bool* found, void** value, size_t* size);
+
+/*--- cross-process collectives -------------------------------------------*/
+
+/* Cross-process collectives: the plan's XPROC ops (docs/multiprocess.md). Every reduction sums in rank order
+ * 0..size-1 (so a fixed process count is bitwise reproducible): a reduce-scatter is an MPI_Ialltoall of the
+ * size blocks followed by a sum of the received blocks in rank order; an all-reduce is that reduce-scatter
+ * followed by an MPI_Iallgather of the reduced blocks; an all-gather is an MPI_Iallgather. */
+typedef enum st_dist_coll_kind {
+  ST_DIST_ALL_REDUCE,     /* data[0..count): this rank's contribution; after: the sum over ranks */
+  ST_DIST_REDUCE_SCATTER, /* data[0..count): this rank's contribution; after: block |rank| (count/size elements
+                             at data + rank*count/size) holds that block of the sum; the rest is unspecified */
+  ST_DIST_ALL_GATHER,     /* block |rank| of data holds this rank's part; after: every rank's block */
+} st_dist_coll_kind;
+const char* st_dist_coll_kind_name(st_dist_coll_kind kind); /* "all_reduce", "reduce_scatter", "all_gather" */
+
+typedef struct st_dist_coll_request {
+  st_dist_coll_kind kind;
+  float* data;   /* borrowed until st_dist_coll_wait returns */
+  size_t count;  /* elements; REDUCE_SCATTER / ALL_GATHER: a multiple of the world size (ALL_REDUCE: any count,
+                    the engine pads internally) */
+  /* Optional, called on the progress thread: before() right before the MPI operation is issued, in queue
+   * order (it may block, e.g. waiting for a device-to-host copy into |data|; nothing else progresses on this
+   * rank meanwhile); after() once the result is in |data|, as each collective completes (in queue order among
+   * collectives of one kind and count; a short all-gather may complete before a long all-reduce queued ahead
+   * of it). A failure of either fails the collective with that status (the collective is still carried out
+   * with the other ranks when before() failed, on whatever |data| holds, so no rank is left waiting; after()
+   * is then not called, nor when MPI failed). In a job of one both run inside st_dist_coll_start, on the
+   * caller's thread. */
+  st_status (*before)(void* user);
+  st_status (*after)(void* user);
+  void* user;
+  const char* name; /* copied; in errors and for the hang watchdog ("grad:layers.3.wq"); NULL: "unnamed" */
+} st_dist_coll_request;
+
+typedef struct st_dist_coll st_dist_coll;
+typedef struct st_dist_coll_timing {
+  double queued_s, started_s, completed_s; /* st_now() seconds: queued, MPI issued (after before()), result in data */
+  int64_t bytes_sent;                      /* bytes this rank sent for it: (size-1) blocks per phase (all-reduce:
+                                              two phases, blocks of the padded count); 0 in a job of one */
+} st_dist_coll_timing;
+
+/* Queues a collective. Never blocks on other ranks. Every rank must queue the same collectives (kind, count) in
+ * the same order; they are issued to MPI in queue order. In a job of one it completes at once (before/after still
+ * called, data unchanged). *out is the caller's until st_dist_coll_wait. A request that cannot be carried out (a
+ * count that is not a multiple of the world size, a block over INT_MAX elements, NULL data, after finalize has
+ * begun) is ST_CODE_INTERNAL and queues nothing: every rank refuses it alike. */
+st_status st_dist_coll_start(st_dist* dist, const st_dist_coll_request* req, st_dist_coll** out);
+bool st_dist_coll_done(const st_dist_coll* coll);   /* never blocks */
+/* Blocks until |coll| is complete, returns its status, fills |timing| (may be NULL) and frees |coll|. */
+st_status st_dist_coll_wait(st_dist_coll* coll, st_dist_coll_timing* timing);
+/* What the progress thread is doing now (for the hang watchdog's bundle): the name and kind of the oldest
+ * collective not yet complete, into buf; false when none. Thread-safe. The text is the kind, the quoted
+ * name and its state: "all_reduce 'grad:layers.3.wq': issued to MPI 12.3 s ago, waiting for the other ranks";
+ * truncated to fit |size| (NUL-terminated when size > 0). */
+bool st_dist_coll_pending(st_dist* dist, char* buf, size_t size);
+
+/*--- blocking exchanges (main thread, per step or at start-up) ------------*/
+
+/* Every rank's |n| doubles gathered, in rank order, into out[size*n] (MPI_Allgather on a communicator of its
+ * own, main thread). A job of one copies. Collective. */
+st_status st_dist_allgather_f64(st_dist* dist, const double* in, size_t n, double* out);
+/* A barrier over every rank (MPI_Barrier on the same communicator); OK at once in a job of one. */
+st_status st_dist_barrier(st_dist* dist);
+/* Rank 0's bytes to every rank: on rank 0 *data and *size are the input; on the others they receive a new allocation
+ * (the caller's, free; NUL-terminated after *size bytes, for text). A job of one returns at once. Collective.
+ * Rank 0 given NULL data of a non-zero size fails, and so does every other rank (ST_CODE_INTERNAL). */
+st_status st_dist_broadcast(st_dist* dist, void** data, size_t* size);
 
 #ifdef __cplusplus
 }

@@ -33,13 +33,16 @@ st_status st_dist_init(const st_dist_launch* launch, st_dist** out) {
   d->rank = 0;
   d->local_rank = 0;
   st__dist_kv_init(&d->kv);
-  if (d->multi) {
-    st_status s = st__dist_mpi_init(d);
-    if (s) {
-      st__dist_kv_destroy(&d->kv);
-      free(d);
-      return s;
-    }
+  st_status s = d->multi ? st__dist_mpi_init(d) : ST_OK;
+  if (!s) {
+    s = st__dist_coll_init(d);
+    /* Every rank meets the same failure: all of them end MPI. */
+    if (s && d->multi) st_status_free(st__dist_mpi_finalize(d));
+  }
+  if (s) {
+    st__dist_kv_destroy(&d->kv);
+    free(d);
+    return s;
   }
   *out = d;
   return ST_OK;
@@ -47,7 +50,10 @@ st_status st_dist_init(const st_dist_launch* launch, st_dist** out) {
 
 st_status st_dist_finalize(st_dist* d) {
   if (!d) return ST_OK;
-  st_status s = d->multi ? st__dist_mpi_finalize(d) : ST_OK;
+  /* Collectives first: a rank must not reach MPI's end while others still
+   * wait for its part of one. */
+  st_status s = st__dist_coll_finalize(d);
+  if (d->multi) s = st_status_join(s, st__dist_mpi_finalize(d));
   st__dist_kv_destroy(&d->kv);
   free(d);
   return s;

@@ -69,7 +69,8 @@ st_status st__dist_kv_timeout_error(const char* key, int64_t timeout_ms, int wor
 
 /*--- the process's place (dist.c) and the transport (mpi.c) ----------------*/
 
-typedef struct dist_mpi dist_mpi; /* mpi.c's state; NULL for a job of one */
+typedef struct dist_mpi dist_mpi;                 /* mpi.c's state; NULL for a job of one */
+typedef struct dist_coll_engine dist_coll_engine; /* coll.c's state */
 
 struct st_dist {
   st_dist_launch launch;
@@ -77,7 +78,12 @@ struct st_dist {
   int size, rank, local_rank;
   dist_kv kv; /* the store, on rank 0 and in a job of one */
   dist_mpi* mpi;
+  dist_coll_engine* coll;
 };
+
+/* A failed MPI call (|rc|) as ST_CODE_RUNTIME: what was being done, MPI's
+ * own text and the code. MPI builds only. */
+st_status st__dist_mpi_fail(int rc, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* The error when MPI gives less than MPI_THREAD_MULTIPLE (|provided|:
  * the level's name), ST_CODE_RUNTIME. */
@@ -93,5 +99,25 @@ st_status st__dist_mpi_agree(st_dist* d, const char* const* keys, const char* co
 st_status st__dist_mpi_kv_put(st_dist* d, const char* key, const void* value, size_t size);
 st_status st__dist_mpi_kv_get(st_dist* d, const char* key, int64_t timeout_ms, bool* found, void** value,
                           size_t* size);
+
+/*--- cross-process collectives and the blocking exchanges (coll.c) ----------*/
+
+/* The engine of a job (after st__dist_mpi_init for a multi-process one: its
+ * communicators are duplicated here, a collective call). No thread yet. */
+st_status st__dist_coll_init(st_dist* d);
+/* Completes what is queued, stops the thread, frees the collectives not
+ * waited on (returning the first failure among them) and the engine. */
+st_status st__dist_coll_finalize(st_dist* d);
+
+/* The pure parts, tested without MPI. Elements per rank's block: count/size,
+ * rounded up for an all-reduce (whose count need not divide). */
+size_t st__dist_coll_block(st_dist_coll_kind kind, size_t count, int size);
+/* Bytes one rank sends: (size-1) blocks per phase, two phases for an
+ * all-reduce. */
+int64_t st__dist_coll_bytes(st_dist_coll_kind kind, size_t count, int size);
+/* out[i] = ((recv[0][i] + recv[1][i]) + ...) + recv[size-1][i] for i <
+ * block, where recv[r] = recv + r*block: the fixed order. |out| may be any
+ * buffer that does not overlap |recv|. */
+void st__dist_coll_sum_ordered(const float* recv, size_t block, int size, float* out);
 
 #endif /* STRATA_DIST_INTERNAL_H */

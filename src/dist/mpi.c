@@ -101,8 +101,7 @@ struct dist_mpi {
   st_status server_error; /* the service thread's failure, read after join */
 };
 
-static st_status st__dist_mpi_fail(int rc, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-static st_status st__dist_mpi_fail(int rc, const char* fmt, ...) {
+st_status st__dist_mpi_fail(int rc, const char* fmt, ...) {
   char text[MPI_MAX_ERROR_STRING + 1];
   int len = 0;
   if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) len = snprintf(text, sizeof(text), "unknown MPI error");
