@@ -28,6 +28,9 @@
 extern "C" {
 #endif
 
+/* The mesh axis a job's processes span (st_plan_options.span_axis). */
+enum { ST_PLAN_SPAN_NONE = -1, ST_PLAN_SPAN_DATA = 0, ST_PLAN_SPAN_FSDP = 1, ST_PLAN_SPAN_TENSOR = 2 };
+
 /* ckpt.staging (docs/checkpoints.md, "Host staging"). */
 enum { ST_CKPT_STAGING_AUTO, ST_CKPT_STAGING_FULL, ST_CKPT_STAGING_CHUNKED };
 
@@ -101,8 +104,16 @@ typedef struct st_plan_options {
   int64_t device_memory;
   int64_t device_memory_config; /* runtime.device_memory_bytes: where the plugin reports none; 0: unknown */
   bool allow_overcommit;        /* sched.allow_overcommit */
-  int parallel_data, parallel_fsdp, parallel_tensor; /* parallel.*: the mesh axis sizes (docs/parallelism.md) */
+  /* parallel.*: the mesh axis sizes (docs/parallelism.md). In a job of
+   * several processes, after st_plan_options_span: this process's part of
+   * the mesh (the axis that spans processes divided by their count). */
+  int parallel_data, parallel_fsdp, parallel_tensor;
   char mesh[64];          /* the mesh the bundle is exported for: "data=2"; "" for one device */
+  /* A job of several processes (st_plan_options_span; docs/multiprocess.md):
+   * how many, this one's rank, and the mesh axis they span
+   * (ST_PLAN_SPAN_*). One process: procs 1, rank 0, span NONE. */
+  int procs, rank, span_axis;
+  int global_data, global_fsdp, global_tensor; /* parallel.* as configured (the whole job's mesh) */
   int trace_step_count;   /* trace.steps: steps (1-based) written as Chrome traces */
   int metrics_port;       /* obs.metrics_port: the live metrics endpoint's port on 127.0.0.1; 0: none */
   int64_t* trace_steps;   /* owned */

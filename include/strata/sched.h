@@ -53,6 +53,7 @@
 #include <stdio.h>
 
 #include "strata/base.h"
+#include "strata/dist.h"
 #include "strata/mesh.h"
 #include "strata/obs.h"
 #include "strata/runtime.h"
@@ -72,6 +73,13 @@ typedef enum st_op_kind {
   ST_OP_WAIT,
   ST_OP_RECOMPUTE,
   ST_OP_COLLECTIVE,
+  /* A collective across the processes of a multi-process job (tag: its
+   * st_collective_kind), in place on its slots: each device index's buffer
+   * is copied to the host, reduced or gathered with the same index of the
+   * other processes by MPI (st_dist_coll_*), and put back. Issued without
+   * blocking; the first op that touches one of its slots (or a WAIT on it)
+   * waits for it (docs/multiprocess.md, "Cross-process ops"). */
+  ST_OP_XPROC,
 } st_op_kind;
 
 const char* st_op_kind_name(st_op_kind kind); /* "LAUNCH", ... */
@@ -350,6 +358,15 @@ typedef struct st_executor_stats {
    * so comm_wait_s <= collective_s. comm_waits: ops that waited so. */
   double comm_wait_s;
   int64_t comm_waits;
+  /* XPROC ops (a multi-process job): how many, the bytes this process sent
+   * for them, the time some was in flight (union of issue..complete) and
+   * how much of it some launch ran too, and the host time blocked waiting
+   * for one at its consumer. */
+  int64_t xprocs;
+  int64_t xproc_bytes;
+  double xproc_s;
+  double xproc_hidden_s;
+  double xproc_wait_s;
 } st_executor_stats;
 
 /* |programs[i]| is the compiled program for plan->programs[i] (borrowed).
@@ -362,6 +379,10 @@ typedef struct st_executor_stats {
 st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_program* const* programs, int device,
                              st_executor** out_executor /* owned by caller */);
 void st_executor_destroy(st_executor* executor); /* frees every slot's buffer */
+
+/* The job an XPROC op communicates in (borrowed; must outlive the
+ * executor). A plan with XPROC ops fails to run without one. */
+void st_executor_set_dist(st_executor* executor, st_dist* dist);
 
 /* The memory space offloaded slots live in ("" when the plan has none). */
 const char* st_executor_host_memory(const st_executor* executor);

@@ -145,6 +145,9 @@ static const st__cfg_key kKeys[] = {
      .doc = "Fully-sharded mesh axis: parameters, gradients and optimizer state split over these devices."},
     {"parallel.tensor", ST__CFG_INT, "1", .lo = 1, .hi = 4096,
      .doc = "Tensor-parallel mesh axis: attention heads and the MLP hidden dimension split over these devices."},
+    {"parallel.processes", ST__CFG_INT, "1", .lo = 1, .hi = 65536,
+     .doc = "Processes of the job (docs/multiprocess.md): set by strata train from the launcher (mpirun, srun); "
+            "they span the outermost mesh axis above 1 (data, else fsdp), which must be divisible by it."},
 
     {"sched.remat", ST__CFG_STRING, "auto",
      .doc = "Layers that recompute their forward in the backward: auto (the fewest that keep the predicted peak "
@@ -595,12 +598,19 @@ static st_status st__rule_parallel(const st_config* c) {
           t = st_config_int(c, "parallel.tensor"), dev = st_config_int(c, "runtime.cpu_devices");
   const char *sd = st_config_source(c, "parallel.data"), *sf = st_config_source(c, "parallel.fsdp"),
              *stt = st_config_source(c, "parallel.tensor");
-  if (d * f * t > dev)
+  const int64_t procs = st_config_int(c, "parallel.processes");
+  if (d * f * t > dev * procs && procs == 1)
     return st_status_make(ST_CODE_CONFIG,
                           "parallel.data x parallel.fsdp x parallel.tensor = %lld x %lld x %lld = %lld devices (%s, %s, "
                           "%s), but runtime.cpu_devices is %lld (%s)",
                           (long long)d, (long long)f, (long long)t, (long long)(d * f * t), sd, sf, stt, (long long)dev,
                           st_config_source(c, "runtime.cpu_devices"));
+  if (d * f * t > dev * procs)
+    return st_status_make(ST_CODE_CONFIG,
+                          "parallel.data x parallel.fsdp x parallel.tensor = %lld x %lld x %lld = %lld devices (%s, %s, "
+                          "%s), but %lld processes x runtime.cpu_devices %lld (%s) have %lld",
+                          (long long)d, (long long)f, (long long)t, (long long)(d * f * t), sd, sf, stt, (long long)procs,
+                          (long long)dev, st_config_source(c, "runtime.cpu_devices"), (long long)(dev * procs));
   int64_t h = st_config_int(c, "model.n_heads"), ff = st_config_int(c, "model.d_ff");
   if (h % t != 0)
     return st_status_make(ST_CODE_CONFIG,
@@ -660,7 +670,7 @@ static const st__cfg_rule kRules[] = {
     {"diag.numerics other than off needs parallel.fsdp=1 and parallel.tensor=1.", st__rule_numerics},
     {"run.id is empty or a plain name: letters, digits, '.', '_' and '-', at most 128, not starting with '.'.",
      st__rule_run_id},
-    {"parallel.data x parallel.fsdp x parallel.tensor is at most runtime.cpu_devices; model.n_heads, "
+    {"parallel.data x parallel.fsdp x parallel.tensor is at most runtime.cpu_devices x parallel.processes; model.n_heads, "
      "model.n_kv_heads (when set) and model.d_ff are divisible by parallel.tensor; train.batch_size / train.microbatches is divisible by parallel.data x "
      "parallel.fsdp.",
      st__rule_parallel},

@@ -266,6 +266,47 @@ static void st__options_data_runtime(const st_config* c, st_plan_options* o) {
   o->runtime.progress = o->long_progress.on;
 }
 
+/* parallel.processes > 1 (docs/multiprocess.md, "Which axis spans
+ * processes"): the processes take the outermost mesh axis above 1, in the
+ * mesh's order data, fsdp, tensor, each process keeping its 1/procs of it;
+ * everything else (bundle, plan, executor) then sees this process's part.
+ * Refused, exit 2: an axis that does not divide, no axis to span, and the
+ * axes whose cross-process collectives are not built. */
+static st_status st__options_span(const st_config* c, st_plan_options* o) {
+  o->procs = (int)st_config_int(c, "parallel.processes");
+  o->rank = 0;
+  o->span_axis = ST_PLAN_SPAN_NONE;
+  if (o->procs <= 1) return ST_OK;
+  int* axes[3] = {&o->parallel_data, &o->parallel_fsdp, &o->parallel_tensor};
+  static const char* const names[3] = {"parallel.data", "parallel.fsdp", "parallel.tensor"};
+  int a = 0;
+  while (a < 3 && *axes[a] <= 1) ++a;
+  if (a == 3)
+    return st_status_make(ST_CODE_CONFIG,
+                          "parallel.processes=%d (%s) but every mesh axis is 1: each process would train alone; set "
+                          "parallel.data (or parallel.fsdp) to a multiple of %d",
+                          o->procs, st_config_source(c, "parallel.processes"), o->procs);
+  if (*axes[a] % o->procs != 0)
+    return st_status_make(ST_CODE_CONFIG,
+                          "%s=%d (%s) is the outermost mesh axis above 1, so it spans the %d processes, but is not "
+                          "divisible by %d; make it a multiple of parallel.processes",
+                          names[a], *axes[a], st_config_source(c, names[a]), o->procs, o->procs);
+  if (a == ST_PLAN_SPAN_TENSOR)
+    return st_status_make(ST_CODE_CONFIG,
+                          "parallel.tensor=%d would span the %d processes: tensor parallelism needs XLA collectives "
+                          "inside its programs across processes, which the CPU plugin has none of (and the cross-process "
+                          "GPU client is not built); put parallel.data or parallel.fsdp across processes",
+                          o->parallel_tensor, o->procs);
+  if (a == ST_PLAN_SPAN_FSDP)
+    return st_status_make(ST_CODE_CONFIG,
+                          "parallel.fsdp=%d would span the %d processes: fsdp across processes is not built yet "
+                          "(docs/multiprocess.md); put parallel.data across processes",
+                          o->parallel_fsdp, o->procs);
+  o->span_axis = a;
+  *axes[a] /= o->procs;
+  return ST_OK;
+}
+
 /* sched.* and parallel.*: the policies the plan builder reads, typed once,
  * and the mesh the bundle is exported for. */
 static st_status st__options_sched(const st_config* c, st_plan_options* o) {
@@ -289,9 +330,10 @@ static st_status st__options_sched(const st_config* c, st_plan_options* o) {
   o->sched.reshard_after_forward = st_config_bool(c, "sched.reshard_after_forward");
   o->allow_overcommit = st_config_bool(c, "sched.allow_overcommit");
   o->device_memory_config = st_config_int(c, "runtime.device_memory_bytes");
-  o->parallel_data = (int)st_config_int(c, "parallel.data");
-  o->parallel_fsdp = (int)st_config_int(c, "parallel.fsdp");
-  o->parallel_tensor = (int)st_config_int(c, "parallel.tensor");
+  o->parallel_data = o->global_data = (int)st_config_int(c, "parallel.data");
+  o->parallel_fsdp = o->global_fsdp = (int)st_config_int(c, "parallel.fsdp");
+  o->parallel_tensor = o->global_tensor = (int)st_config_int(c, "parallel.tensor");
+  ST_RETURN(st__options_span(c, o));
   /* The exporter's --mesh: the axes above 1 ("data=2,fsdp=2"), "" on one device. */
   o->mesh[0] = '\0';
   const char* axis_names[3] = {"data", "fsdp", "tensor"};

@@ -226,6 +226,10 @@ typedef struct {
   int* nstat;           /* [n_inst]; -1: none */
   int* astat;           /* [n_astat * 4]: slot, tag, layer, micro */
   int n_astat, cap_astat;
+  /* Data parallelism across processes (parallel.processes spanning data):
+   * after the local reduction (if any), each final gradient is all-reduced
+   * with the other processes by an XPROC op. 1: one process. */
+  int xdata;
 } st__builder;
 
 /* One launch (or a block's recompute and backward) that reads parameters:
@@ -713,14 +717,17 @@ static const st__optimizer st__per_layer = {st__per_layer_before, st__per_layer_
 /* Gradient reduction (parallel.data > 1, sched.grad_reduce)                */
 /*===-------------------------------------------------------------------===*/
 
-/* The group's data all-reduce on instance |i|'s gradients, in place. */
+/* The group's data all-reduce on instance |i|'s gradients, in place: over
+ * this process's devices (an XLA program), then over the processes (an
+ * XPROC op on each device's reduced copy; docs/multiprocess.md). */
 static void st__reduce(st__builder* B, int i) {
   const st__instance* I = &B->inst[i];
   int g[ST__MAX_GROUP_PARAMS];
   for (int k = 0; k < I->count; ++k) g[k] = st__pslot(B, "grad:", I->params[k], ST_SLOT_GRAD, false);
-  st_plan_add(B->plan, ST_OP_COLLECTIVE, st_plan_program(B->plan, I->group->data_all_reduce->name), I->layer, -1,
-              ST_COLL_ALL_REDUCE,
-              I->count, g, I->count, g);
+  if (B->data > 1)
+    st_plan_add(B->plan, ST_OP_COLLECTIVE, st_plan_program(B->plan, I->group->data_all_reduce->name), I->layer, -1,
+                ST_COLL_ALL_REDUCE, I->count, g, I->count, g);
+  if (B->xdata > 1) st_plan_add(B->plan, ST_OP_XPROC, -1, I->layer, -1, ST_COLL_ALL_REDUCE, I->count, g, I->count, g);
 }
 
 static void st__flush_reductions(st__builder* B) {
@@ -747,7 +754,7 @@ static int64_t st__instance_bytes(const st__builder* B, int i) {
  * Then the optimizer hears of it (per_layer updates need the reduced
  * gradient, so sched.optimizer=per_layer takes grad_reduce=per_layer). */
 static void st__grad_final(st__builder* B, const st__optimizer* opt, int i) {
-  if (B->data > 1) {
+  if (B->data > 1 || B->xdata > 1) {
     if (!B->bucketed) {
       st__reduce(B, i);
     } else {
@@ -1138,7 +1145,7 @@ static void st__builder_init(st__builder* B, st_plan* plan, const st_bundle* b, 
                       st_xcalloc((size_t)n_inst, sizeof(int)), pol->bucketed_grad_reduce, pol->grad_bucket_bytes,
                       st_xcalloc((size_t)n_inst, sizeof(int)), 0, 0, F, DATA, TP, pol->gather_prefetch,
                       pol->reshard_after_forward, NULL, 0, 0, st_xcalloc((size_t)n_inst, sizeof(bool)),
-                      o->numerics, NULL, NULL, 0, 0};
+                      o->numerics, NULL, NULL, 0, 0, o->procs > 1 && o->span_axis == ST_PLAN_SPAN_DATA ? o->procs : 1};
   *B = init;
   B->nstat = st_xmalloc((size_t)n_inst * sizeof(int));
   for (int i = 0; i < n_inst; ++i) B->nstat[i] = -1;
@@ -1278,7 +1285,10 @@ st_status st_plan_build(const st_bundle* b, const st_plan_options* o, st_plan* s
     return s;
   }
   char policy[384];
-  st__policy_line(pol, &rc, DATA, F, TP, policy, sizeof(policy));
+  const int xdata = o->procs > 1 && o->span_axis == ST_PLAN_SPAN_DATA ? o->procs : 1;
+  st__policy_line(pol, &rc, DATA * xdata, F, TP, policy, sizeof(policy));
+  if (o->procs > 1)
+    snprintf(policy + strlen(policy), sizeof(policy) - strlen(policy), " processes=%d across=data", o->procs);
   st_plan_set_policy(step_out, policy);
   st_plan_set_policy(eval_out, policy);
   if (choice_out) *choice_out = rc;

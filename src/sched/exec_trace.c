@@ -20,11 +20,12 @@ st_status st_executor_write_trace(const st_executor* executor, const char* path,
   snprintf(title, sizeof(title), "strata step %lld", (long long)step);
   st_trace* tr = st_trace_new(title);
   /* tids: 1000 per group leaves room for any number of lanes */
-  st_trace_lanes groups[5] = {{.base_tid = 1000, .name = "launches"},
+  st_trace_lanes groups[6] = {{.base_tid = 1000, .name = "launches"},
                                {.base_tid = 2000, .name = "transfers"},
                                {.base_tid = 3000, .name = "host waits"},
                                {.base_tid = 4000, .name = "host ops"},
-                               {.base_tid = 5000, .name = "collectives"}};
+                               {.base_tid = 5000, .name = "collectives"},
+                               {.base_tid = 7000, .name = "cross-process"}};
   /* Data parallelism: launches and collectives run on every device, so each
    * device gets a compute track and a communication track of its own,
    * named by its runtime device, in place of "launches" and "collectives". */
@@ -52,6 +53,7 @@ st_status st_executor_write_trace(const st_executor* executor, const char* path,
       case ST_OP_HOST:
       case ST_OP_FREE: g = 3; break;
       case ST_OP_COLLECTIVE: g = 4; break;
+      case ST_OP_XPROC: g = 5; break; /* drawn from issue to the result's arrival */
     }
     /* Device work is drawn from when it could start; host work from when
      * the host issued it. */
@@ -77,11 +79,12 @@ st_status st_executor_write_trace(const st_executor* executor, const char* path,
     json_t* deps = st_json_arr();
     for (int d = 0; d < op->dep_count; ++d) st_json_push(deps, st_json_int(op->deps[d]));
     st_json_put(args, "deps", deps);
-    if (g == 4) {
+    if (g == 4 || g == 5) {
       int64_t bytes = 0;
       for (int j = 0; j < op->input_count; ++j) bytes += (int64_t)st_tensor_type_bytes(&plan->slots[op->inputs[j]].type);
       st_json_put_int(args, "bytes", bytes);
       st_json_put_int(args, "devices", ex->ndev);
+      if (g == 5) st_json_put_str(args, "collective_kind", st_collective_kind_name((st_collective_kind)op->tag));
     }
     if (g == 1) {
       int slot = op->kind == ST_OP_H2D ? op->outputs[0] : op->inputs[0];
@@ -90,7 +93,7 @@ st_status st_executor_write_trace(const st_executor* executor, const char* path,
     if (op->kind == ST_OP_WAIT) st_json_put_bool(args, "blocked", t->blocked);
     if (op->kind == ST_OP_WAIT || op->kind == ST_OP_READ) st_json_put(args, "blocked_us", st_json_fixed(t->blocked_s * 1e6, 3));
     const char* cat = g == 0 ? (op->kind == ST_OP_RECOMPUTE ? "recompute" : "launch")
-                             : g == 1 ? "transfer" : g == 2 ? "wait" : g == 4 ? "collective" : "host";
+                             : g == 1 ? "transfer" : g == 2 ? "wait" : g == 4 ? "collective" : g == 5 ? "xproc" : "host";
     if (nd > 1 && (g == 0 || g == 4)) {
       /* one slice per device, drawn from that device's own start and completion */
       for (int d = 0; d < nd; ++d) {
@@ -134,7 +137,7 @@ st_status st_executor_write_trace(const st_executor* executor, const char* path,
     st_trace_meta(tr, "devices", devs);
   }
   st_strbuf_free(&name);
-  for (int g = 0; g < 5; ++g) st_trace_lanes_free(&groups[g]);
+  for (int g = 0; g < 6; ++g) st_trace_lanes_free(&groups[g]);
   for (int g = 0; g < 2 * nd; ++g) st_trace_lanes_free(&dev_groups[g]);
   free(dev_groups);
   free(dev_names);

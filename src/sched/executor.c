@@ -10,6 +10,7 @@
 
 #include "sched/sched_internal.h"
 #include "strata/base.h"
+#include "strata/dist.h"
 #include "strata/mesh.h"
 #include "strata/obs.h"
 #include "strata/sched.h"
@@ -19,6 +20,18 @@ typedef struct {
   int op;
   int d; /* device index */
 } st__cb;
+
+/* One device index's part of an XPROC op on one slot: the slot's buffer is
+ * copied to |host|, handed to the job's collective engine, and put back by
+ * st__xp_settle once the first consumer needs it. The slot keeps the old
+ * buffer until then (the copy reads it). */
+typedef struct st__xp {
+  int op;
+  st_event* copied; /* the device-to-host copy into |host| */
+  float* host;
+  size_t bytes;
+  st_dist_coll* coll;
+} st__xp;
 
 struct st_executor {
   const st_plan* plan;
@@ -60,6 +73,10 @@ struct st_executor {
   int pending;
   st_executor_monitor monitor; /* zero: none */
   st_status cb_error; /* first error reported by a callback */
+
+  st_dist* dist;  /* XPROC ops' job (borrowed); NULL: none */
+  st__xp** xp;    /* [slot_count * ndev]: the XPROC op in flight on that slot's buffer, NULL: none */
+  int* xp_left;   /* [op_count]: parts of that XPROC op not yet settled */
 };
 
 static bool st__is_program_op(st_op_kind k) {
@@ -73,6 +90,7 @@ static const char* st__op_program(const st_executor* ex, const st_op* op) {
 /* The buffer of |slot| on data-parallel index |d|. */
 #define ST__SLOT(ex, slot, d) ((ex)->slots[(size_t)(slot) * (size_t)(ex)->ndev + (size_t)(d)])
 #define ST__BORROWED(ex, slot, d) ((ex)->borrowed[(size_t)(slot) * (size_t)(ex)->ndev + (size_t)(d)])
+#define ST__XP(ex, slot, d) ((ex)->xp[(size_t)(slot) * (size_t)(ex)->ndev + (size_t)(d)])
 
 st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_program* const* programs, int device,
                              st_executor** out_executor) {
@@ -155,6 +173,8 @@ st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_progra
   snprintf(ex->host_kind, sizeof(ex->host_kind), "%s", host_kind);
   ex->slots = st_xcalloc(((size_t)plan->slot_count + 1) * (size_t)ndev, sizeof(st_buffer*));
   ex->borrowed = st_xcalloc(((size_t)plan->slot_count + 1) * (size_t)ndev, sizeof(bool));
+  ex->xp = st_xcalloc(((size_t)plan->slot_count + 1) * (size_t)ndev, sizeof(st__xp*));
+  ex->xp_left = st_xcalloc((size_t)plan->op_count + 1, sizeof(int));
   ex->in = st_xcalloc((size_t)widest * (size_t)ndev, sizeof(st_buffer*));
   ex->out = st_xcalloc((size_t)widest * (size_t)ndev, sizeof(st_buffer*));
   size_t n = (size_t)plan->op_count + 1;
@@ -189,8 +209,11 @@ static void st__events_free(st_executor* ex) {
   }
 }
 
+static st_status st__xp_settle_all(st_executor* ex);
+
 void st_executor_destroy(st_executor* ex) {
   if (!ex) return;
+  st_status_free(st__xp_settle_all(ex)); /* the engine writes into their host copies */
   st__drain(ex);
   st__events_free(ex);
   st_status_free(ex->cb_error);
@@ -200,6 +223,8 @@ void st_executor_destroy(st_executor* ex) {
   pthread_cond_destroy(&ex->cv);
   free(ex->slots);
   free(ex->borrowed);
+  free(ex->xp);
+  free(ex->xp_left);
   free(ex->in);
   free(ex->out);
   free(ex->timings);
@@ -215,6 +240,8 @@ void st_executor_destroy(st_executor* ex) {
 }
 
 const char* st_executor_host_memory(const st_executor* ex) { return ex->host_kind; }
+
+void st_executor_set_dist(st_executor* ex, st_dist* dist) { ex->dist = dist; }
 
 void st_executor_set_monitor(st_executor* ex, const st_executor_monitor* m) {
   if (m)
@@ -558,8 +585,128 @@ static st_status st__collective(st_executor* ex, int index, const st_op* op) {
   return ST_OK;
 }
 
+/*===-------------------------------------------------------------------===*/
+/* Cross-process ops (XPROC)                                                */
+/*===-------------------------------------------------------------------===*/
+
+/* On the engine's progress thread, right before MPI is asked: the copy to
+ * the host must be complete. */
+static st_status st__xp_before(void* user) {
+  st__xp* x = user;
+  return st_event_await(x->copied);
+}
+
+/* The op's part on (|slot|, |d|) is needed: wait for it, put the result
+ * back on the device in place of the old buffer. Host time blocked here is
+ * communication the plan did not hide. */
+static st_status st__xp_settle(st_executor* ex, int slot, int d) {
+  st__xp* x = ST__XP(ex, slot, d);
+  if (!x) return ST_OK;
+  ST__XP(ex, slot, d) = NULL;
+  double t0 = st_now();
+  st_dist_coll_timing tm = {0};
+  st_status s = st_dist_coll_wait(x->coll, &tm);
+  double now = st_now();
+  ex->stats.xproc_wait_s += now - t0;
+  ex->stats.xproc_bytes += tm.bytes_sent;
+  st_op_timing* t = &ex->timings[x->op];
+  double done = (tm.completed_s > 0 ? tm.completed_s : now) - ex->t0;
+  if (done > t->complete_s) t->complete_s = done;
+  size_t at = (size_t)x->op * (size_t)ex->ndev + (size_t)d;
+  if (done > ex->dev_complete[at]) ex->dev_complete[at] = done;
+  if (!s) {
+    st_buffer* old = ST__SLOT(ex, slot, d);
+    st_tensor_type type = *st_buffer_type(old);
+    st_buffer* b = NULL;
+    s = st_buffer_from_host(ex->runtime, ex->device + d, &type, x->host, &b);
+    if (!s) st__slot_put(ex, slot, d, b);
+  }
+  if (--ex->xp_left[x->op] == 0 && ex->monitor.done) ex->monitor.done(ex->monitor.user, x->op, 0);
+  if (s) {
+    const st_op* op = &ex->plan->ops[x->op];
+    s = st_status_annotate(s, "plan op %d (cross-process %s of '%s', layer %d, device index %d)", x->op,
+                           st_collective_kind_name((st_collective_kind)op->tag), ex->plan->slots[slot].name, op->layer, d);
+  }
+  st_event_destroy(x->copied);
+  free(x->host);
+  free(x);
+  return s;
+}
+
+/* Every part still in flight (the end of a run, an error, destroy): the
+ * engine must be done with the host copies before they are freed. */
+static st_status st__xp_settle_all(st_executor* ex) {
+  st_status first = ST_OK;
+  for (int k = 0; k < ex->plan->slot_count; ++k)
+    for (int d = 0; d < ex->ndev; ++d) {
+      st_status s = st__xp_settle(ex, k, d);
+      if (s && !first) first = s;
+      else st_status_free(s);
+    }
+  return first;
+}
+
+/* What op |i| reads or writes must not be in flight across processes. */
+static st_status st__xp_settle_op(st_executor* ex, const st_op* op) {
+  for (int j = 0; j < op->input_count; ++j)
+    for (int d = 0; d < ex->ndev; ++d) ST_RETURN(st__xp_settle(ex, op->inputs[j], d));
+  for (int j = 0; j < op->output_count; ++j)
+    for (int d = 0; d < ex->ndev; ++d) ST_RETURN(st__xp_settle(ex, op->outputs[j], d));
+  return ST_OK;
+}
+
+/* Issues op |i|: for each device index and slot, a copy to the host and a
+ * collective queued behind it, in plan order on every process (the engine
+ * issues them to MPI in queue order, which must be the same everywhere). */
+static st_status st__xproc(st_executor* ex, int i, const st_op* op) {
+  if (!ex->dist)
+    return st_status_make(ST_CODE_INTERNAL, "plan op %d: a cross-process op, but the executor has no job (st_executor_set_dist)", i);
+  st_dist_coll_kind kind = op->tag == ST_COLL_REDUCE_SCATTER ? ST_DIST_REDUCE_SCATTER
+                           : op->tag == ST_COLL_ALL_GATHER  ? ST_DIST_ALL_GATHER
+                                                            : ST_DIST_ALL_REDUCE;
+  st__exec_mon_issue(ex, i, 0);
+  ex->xp_left[i] = 0;
+  ex->stats.xprocs++;
+  for (int d = 0; d < ex->ndev; ++d)
+    for (int j = 0; j < op->input_count; ++j) {
+      const int slot = op->inputs[j];
+      st_buffer* b = ST__SLOT(ex, slot, d);
+      if (!b) return st_status_make(ST_CODE_INTERNAL, "plan op %d: cross-process op on empty slot '%s'", i, ex->plan->slots[slot].name);
+      st__xp* x = st_xcalloc(1, sizeof(*x));
+      x->op = i;
+      x->bytes = st_buffer_bytes(b);
+      x->host = st_xmalloc(x->bytes ? x->bytes : sizeof(float));
+      st_status s = st_buffer_to_host_async(b, x->host, x->bytes, &x->copied);
+      if (!s) {
+        st_dist_coll_request req = {.kind = kind, .data = x->host, .count = x->bytes / sizeof(float),
+                                    .before = st__xp_before, .user = x, .name = ex->plan->slots[slot].name};
+        s = st_dist_coll_start(ex->dist, &req, &x->coll);
+      }
+      if (s) {
+        if (x->copied) st_status_free(st_event_await(x->copied));
+        st_event_destroy(x->copied);
+        free(x->host);
+        free(x);
+        return st_status_annotate(s, "plan op %d: cross-process %s of '%s'", i, st_collective_kind_name((st_collective_kind)op->tag),
+                                  ex->plan->slots[slot].name);
+      }
+      ST__XP(ex, slot, d) = x;
+      ex->xp_left[i]++;
+    }
+  return ST_OK;
+}
+
 static st_status st__exec_wait(st_executor* ex, int i, const st_op* op) {
   st_op_timing* t = &ex->timings[i];
+  for (int d = 0; d < op->dep_count; ++d) {
+    const st_op* dep = &ex->plan->ops[op->deps[d]];
+    if (dep->kind != ST_OP_XPROC) continue;
+    for (int k = 0; k < dep->input_count; ++k)
+      for (int x = 0; x < ex->ndev; ++x) {
+        if (ST__XP(ex, dep->inputs[k], x)) t->blocked = true;
+        ST_RETURN(st__xp_settle(ex, dep->inputs[k], x));
+      }
+  }
   for (int d = 0; d < op->dep_count; ++d)
     for (int k = 0; k < ex->ndev; ++k) {
       st_event* ev = ex->events[(size_t)op->deps[d] * (size_t)ex->ndev + (size_t)k];
@@ -615,6 +762,7 @@ static st_status st__run_op(st_executor* ex, const st_executor_hooks* hooks, int
         if (!ST__SLOT(ex, op->inputs[j], 0)) return ST_OK;
   }
   if (plan->serialize_spmd && st__is_spmd_op(ex, op)) ST_RETURN(st__spmd_barrier(ex, i));
+  if (op->kind != ST_OP_WAIT) ST_RETURN(st__xp_settle_op(ex, op));
   switch (op->kind) {
     case ST_OP_LAUNCH:
     case ST_OP_RECOMPUTE:
@@ -666,6 +814,8 @@ static st_status st__run_op(st_executor* ex, const st_executor_hooks* hooks, int
       return ST_OK;
     case ST_OP_WAIT:
       return st__exec_wait(ex, i, op);
+    case ST_OP_XPROC:
+      return st__xproc(ex, i, op);
   }
   assert(!"an op kind the switch above does not know"); /* st_op_kind is closed */
   return st_status_make(ST_CODE_INTERNAL, "plan op %d has unknown kind %d", i, (int)op->kind);
@@ -696,6 +846,7 @@ static int st__union(double* iv, int n) {
 static bool st__kind_is_launch(st_op_kind k) { return k == ST_OP_LAUNCH || k == ST_OP_RECOMPUTE; }
 static bool st__kind_is_transfer(st_op_kind k) { return k == ST_OP_H2D || k == ST_OP_D2H; }
 static bool st__kind_is_collective(st_op_kind k) { return k == ST_OP_COLLECTIVE; }
+static bool st__kind_is_xproc(st_op_kind k) { return k == ST_OP_XPROC; }
 
 /* The union of [start, complete] over the first |ran| ops whose kind
  * |pick| accepts, into |iv| (two doubles an interval, room for ran + 1
@@ -761,7 +912,7 @@ static void st__derive(st_executor* ex, int ran) {
     for (int d = 0; d < op->dep_count; ++d) {
       double c = ex->timings[op->deps[d]].complete_s;
       if (c > start) start = c;
-      if (plan->ops[op->deps[d]].kind == ST_OP_COLLECTIVE)
+      if (plan->ops[op->deps[d]].kind == ST_OP_COLLECTIVE || plan->ops[op->deps[d]].kind == ST_OP_XPROC)
         on_comm = true;
       else if (c > ready)
         ready = c;
@@ -773,7 +924,7 @@ static void st__derive(st_executor* ex, int ran) {
       bool waited = false;
       for (int d = 0; d < op->dep_count; ++d) {
         const st_op_timing* k = &ex->timings[op->deps[d]];
-        if (plan->ops[op->deps[d]].kind != ST_OP_COLLECTIVE) continue;
+        if (plan->ops[op->deps[d]].kind != ST_OP_COLLECTIVE && plan->ops[op->deps[d]].kind != ST_OP_XPROC) continue;
         double lo = ready > k->start_s ? ready : k->start_s;
         if (k->complete_s <= lo) continue;
         wv[2 * nw] = lo;
@@ -841,6 +992,8 @@ static void st__derive(st_executor* ex, int ran) {
   int nl = st__busy(ex, ran, st__kind_is_launch, lv);
   int nc = st__busy(ex, ran, st__kind_is_collective, ov);
   st__overlap(ov, nc, lv, nl, &st->collective_s, &st->collective_hidden_s);
+  int nx = st__busy(ex, ran, st__kind_is_xproc, ov);
+  st__overlap(ov, nx, lv, nl, &st->xproc_s, &st->xproc_hidden_s);
   int nt = st__busy(ex, ran, st__kind_is_transfer, ov);
   st__overlap(ov, nt, lv, nl, &st->transfer_s, &st->transfer_hidden_s);
   free(lv);
@@ -904,7 +1057,8 @@ st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
     for (int d = 0; d < ex->ndev; ++d) ex->dev_issue[(size_t)i * (size_t)ex->ndev + (size_t)d] = t->issue_s;
     const st_op_kind kind = plan->ops[i].kind;
     const bool per_device = kind == ST_OP_H2D || kind == ST_OP_D2H;
-    const bool host_op = !per_device && !st__is_program_op(kind);
+    /* An XPROC op tells the monitor itself: it is done when settled. */
+    const bool host_op = !per_device && !st__is_program_op(kind) && kind != ST_OP_XPROC;
     if (per_device)
       for (int d = 0; d < ex->ndev; ++d) st__exec_mon_issue(ex, i, d);
     if (host_op) st__exec_mon_issue(ex, i, 0);
@@ -935,6 +1089,11 @@ st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
       ex->stats.peak_with_temps_op = i;
     }
   }
+  /* The plan's last WAIT settles every XPROC op; after an error some may
+   * still be in flight, and the engine writes into their host copies. */
+  st_status xs = st__xp_settle_all(ex);
+  if (!s) s = xs;
+  else st_status_free(xs);
   /* Callbacks still reference this run's timings: never return before they
    * have all run, error or not. */
   st__drain(ex);

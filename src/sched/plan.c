@@ -33,6 +33,7 @@ const char* st_op_kind_name(st_op_kind k) {
     case ST_OP_WAIT: return "WAIT";
     case ST_OP_RECOMPUTE: return "RECOMPUTE";
     case ST_OP_COLLECTIVE: return "COLLECTIVE";
+    case ST_OP_XPROC: return "XPROC";
   }
   return "?";
 }
@@ -177,7 +178,8 @@ void st_plan_copy(const st_plan* src, st_plan* dst) {
 }
 
 bool st__op_is_async(st_op_kind k) {
-  return k == ST_OP_LAUNCH || k == ST_OP_RECOMPUTE || k == ST_OP_H2D || k == ST_OP_D2H || k == ST_OP_COLLECTIVE;
+  return k == ST_OP_LAUNCH || k == ST_OP_RECOMPUTE || k == ST_OP_H2D || k == ST_OP_D2H || k == ST_OP_COLLECTIVE ||
+         k == ST_OP_XPROC;
 }
 
 /*===-------------------------------------------------------------------===*/
@@ -267,6 +269,19 @@ st_status st_plan_finalize(st_plan* plan) {
         }
         break;
       case ST_OP_HOST:
+        break;
+      case ST_OP_XPROC:
+        /* In place, on f32 device slots (what st_dist_coll sums). */
+        if (op->input_count < 1 || op->input_count != op->output_count) {
+          s = st__plan_bad(plan, i, "must have its slots as inputs and outputs; first input", op->input_count ? op->inputs[0] : -1);
+          break;
+        }
+        for (int j = 0; j < op->input_count && !s; ++j) {
+          const st_slot* sl = &plan->slots[op->inputs[j]];
+          if (op->outputs[j] != op->inputs[j]) s = st__plan_bad(plan, i, "is not in place on", op->inputs[j]);
+          else if (sl->host) s = st__plan_bad(plan, i, "communicates the host-memory", op->inputs[j]);
+          else if (sl->type.dtype != ST_DTYPE_F32) s = st__plan_bad(plan, i, "communicates a non-f32", op->inputs[j]);
+        }
         break;
     }
     if (s) break;
@@ -539,7 +554,8 @@ json_t* st_plan_json(const st_plan* plan) {
     st_json_put_int(o, "index", i);
     st_json_put_str(o, "kind", st_op_kind_name(op->kind));
     if (st__op_has_program(op->kind)) st_json_put_str(o, "program", plan->programs[op->program]);
-    if (op->kind == ST_OP_COLLECTIVE) st_json_put_str(o, "collective_kind", st_collective_kind_name((st_collective_kind)op->tag));
+    if (op->kind == ST_OP_COLLECTIVE || op->kind == ST_OP_XPROC)
+      st_json_put_str(o, "collective_kind", st_collective_kind_name((st_collective_kind)op->tag));
     st_json_put_int(o, "layer", op->layer);
     st_json_put_int(o, "micro", op->micro);
     json_t* v = st_json_arr();

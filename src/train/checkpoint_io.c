@@ -89,7 +89,7 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
   c->t_created = st_now();
   const st_config* cfg = in->config;
   const st_plan_options* o = in->options;
-  c->root = st_rundir_path(in->run_dir, ST_RUNDIR_CHECKPOINTS);
+  c->root = st_rundir_path(in->ckpt_run_dir ? in->ckpt_run_dir : in->run_dir, ST_RUNDIR_CHECKPOINTS);
   c->every = o->ckpt.every;
   c->keep = o->ckpt.keep;
   c->keep_every = o->ckpt.keep_every;
@@ -523,6 +523,10 @@ static st_status st__snapshot(st_train_ckpt* c, int64_t step) {
 }
 
 static st_status st__save(st_train_ckpt* c, int64_t step, bool last) {
+  if (c->in.no_save) {
+    c->last_saved_step = step; /* rank 0 saved it (st_train_ckpt_init.no_save) */
+    return ST_OK;
+  }
   double t0 = st_now();
   double waited = 0;
   /* Back-pressure: the previous save must be done before the snapshot it

@@ -38,6 +38,12 @@ typedef struct st_train_ckpt_init {
   st_runtime* runtime;
   st_runlog* log;
   const st_dataset* data; /* its tokenizer goes into every manifest and is checked on resume */
+  /* A job of several processes (docs/multiprocess.md): the run directory
+   * whose checkpoints/ this rank saves to and resumes from (NULL:
+   * run_dir), and whether it saves at all (a data-parallel job's state is
+   * the same on every rank: rank 0 alone writes it). */
+  const char* ckpt_run_dir;
+  bool no_save;
 } st_train_ckpt_init;
 
 st_status st_train_ckpt_create(const st_train_ckpt_init* init, st_train_ckpt** out /* owned by caller */);

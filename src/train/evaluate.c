@@ -18,14 +18,14 @@
 #include "train/train_internal.h"
 
 st_status st__eval_batches(st__trainer* t, double* out_loss) {
-  int64_t n_seq = t->o->eval_batches * t->o->batch_size;
-  st_dataset_fill(t->data, ST_STREAM_EVAL, 0, n_seq, t->tokens, t->targets, t->mask);
+  int64_t em = t->o->eval_batches * t->o->microbatches;
+  st__fill_share(t, ST_STREAM_EVAL, 0, em);
   st_executor_hooks hooks = st__train_hooks(t);
   hooks.launched = NULL; /* faults.nan_at poisons training steps only */
   hooks.launching = NULL;
   st_status s = st_executor_run(t->eval_ex, &hooks);
   if (s) return st_status_annotate(s, "evaluation");
-  int64_t em = t->o->eval_batches * t->o->microbatches;
+  ST_RETURN(st__losses_global(t, t->losses, em));
   double sum = 0;
   for (int64_t m = 0; m < em; ++m) sum += t->losses[m];
   *out_loss = sum / (double)em;

@@ -191,7 +191,12 @@ static st_status st__read(void* user, const st_op* op, int index, st_buffer* b) 
   }
 }
 
-static double st__data(const st__trainer* t) { return (double)st__shares(t); }
+/* The shares of each microbatch over the job: a job's processes that span
+ * data each hold these shares of their own rows. */
+static double st__data(const st__trainer* t) {
+  const st_plan_options* o = t->o;
+  return (double)st__shares(t) * (o->span_axis == ST_PLAN_SPAN_DATA ? o->procs : 1);
+}
 
 /* The global norm and clip scale (docs/bundle.md): norms are summed in f64
  * in instance order, the mean over microbatches is folded into gscale. */
@@ -205,6 +210,11 @@ static st_status st__hooks_host(void* user, const st_op* op) {
   }
   assert(op->tag == ST_TAG_CLIP); /* the only other HOST op the builder emits */
   if (op->tag != ST_TAG_CLIP) return st_status_make(ST_CODE_INTERNAL, "HOST op with unknown tag %d", op->tag);
+  /* The job's losses (a job of several processes): every rank must make
+   * the same decision below. The norms are of the reduced gradients, the
+   * same on every rank already. */
+  ST_RETURN(st__losses_global(t, t->losses, t->o->microbatches));
+  t->losses_global = true;
   double sum = 0;
   for (int i = 0; i < t->n_sq; ++i) sum += t->sqnorms[i];
   /* The reduced gradient is the sum over microbatches and data-parallel

@@ -10,6 +10,7 @@
 #include <jansson.h>
 
 #include "strata/base.h"
+#include "strata/dist.h"
 #include "strata/bundle.h"
 #include "strata/data.h"
 #include "strata/obs.h"
@@ -46,7 +47,7 @@ typedef struct st__trainer {
   st_executor* eval_ex; /* borrows the params from ex before every eval */
 
   /* per-step host state */
-  int64_t mb;            /* microbatch size */
+  int64_t mb;            /* microbatch rows this process trains on (of a job's several: its share) */
   int64_t T;
   int32_t* tokens;       /* [batch, T] (or eval batch) */
   int32_t* targets;
@@ -121,6 +122,13 @@ typedef struct st__trainer {
   st_mem_usage mem_base, mem_plugin, mem_compiled;
   int64_t mem_peak_rss;
   json_t* mem_peak; /* owned; NULL until the first sample */
+  /* A job of several processes (docs/multiprocess.md): the job (NULL: one
+   * process), whether this step's losses are already the job's mean (the
+   * clip hook exchanges them), and whether any rank was asked to stop. */
+  st_dist* dist;
+  char* job_dir; /* the job's run directory (rank 0's run_dir); NULL in one process */
+  bool losses_global;
+  bool stop_any;
 } st__trainer;
 
 /* step_hooks.c: the executor's H2D / READ / HOST callbacks for a step or an
@@ -136,6 +144,18 @@ st_status st__compile_programs(st__trainer* t, const st_plan* const* plans, int 
  * array, owned by the caller; the programs are borrowed). */
 st_status st__plan_programs(st__trainer* t, const st_plan* plan, st_program*** out);
 
+/* job.c. Joins the job when a launcher started this process (t->dist,
+ * o->rank), checking parallel.processes against it. */
+st_status st__job_init(st__trainer* t, st_plan_options* o);
+st_status st__job_rank0_first(st__trainer* t, bool before);
+st_status st__job_run_dir(st__trainer* t, const st_plan_options* o, bool rank0_ok, char** io_dir, char** out_job_dir);
+/* A job of several processes: the microbatch losses |losses| (|n|) become
+ * the mean over ranks (equal shares), and every rank learns whether any was
+ * asked to stop (t->stop_any). Collective; nothing in one process. */
+st_status st__losses_global(st__trainer* t, double* losses, int64_t n);
+/* The rows of |n_micro| microbatches from sequence |first| of |stream|
+ * that this process trains on (all of them in one process). */
+void st__fill_share(st__trainer* t, int stream, uint64_t first, int64_t n_micro);
 /* evaluate.c: runs t->eval_ex over the first eval_batches x batch_size
  * sequences of the validation stream (the same ones every time) and
  * averages the microbatch losses; the eval plan's parameter slots must be

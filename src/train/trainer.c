@@ -41,11 +41,19 @@
 /* Creates (or, on resume, reopens) the run directory, locks it and writes
  * its config.yaml (st_rundir_claim): a second process training into it is
  * refused with exit 2. */
-static st_status st__make_run_dir(const st_config* cfg, const st_plan_options* o, char** out_dir, int* out_lock_fd,
-                                  bool* out_reused) {
+static st_status st__make_run_dir(st__trainer* t, const st_config* cfg, const st_plan_options* o, char** out_dir,
+                                  int* out_lock_fd, bool* out_reused) {
   char* dir = st_rundir_default(o->run_dir, o->run_id);
   st_rundir_claim_options how = {.resume = o->resume, .config = cfg};
-  st_status s = st_rundir_claim(dir, &how, out_lock_fd, out_reused);
+  /* A job's ranks: rank 0 claims the job's directory first, the others
+   * then their own inside it (job.c). */
+  st_status s = o->rank == 0 ? st_rundir_claim(dir, &how, out_lock_fd, out_reused) : ST_OK;
+  if (t->dist) {
+    st_status js = st__job_run_dir(t, o, s == ST_OK, &dir, &t->job_dir);
+    if (!s) s = js;
+    else st_status_free(js);
+    if (!s && o->rank > 0) s = st_rundir_claim(dir, &how, out_lock_fd, out_reused);
+  }
   if (s) {
     free(dir);
     return s;
@@ -322,8 +330,7 @@ static st_status st__init_state(st__trainer* t) {
 }
 
 static void st__fill_train_batch(st__trainer* t) {
-  uint64_t first = (uint64_t)(t->step * t->o->batch_size);
-  st_dataset_fill(t->data, ST_STREAM_TRAIN, first, t->o->batch_size, t->tokens, t->targets, t->mask);
+  st__fill_share(t, ST_STREAM_TRAIN, (uint64_t)(t->step * t->o->batch_size), t->o->microbatches);
 }
 
 /* Evaluation: the same fixed validation sequences every time. */
@@ -736,6 +743,7 @@ static st_status st__run(st__trainer* t, bool progress) {
     double t0 = st_now();
     st__watch_step_begin(t);
     st__fill_train_batch(t);
+    t->losses_global = false;
     st__metrics_reset(t);
     st__numerics_reset(t);
     st__kernels_step_begin(t);
@@ -743,6 +751,7 @@ static st_status st__run(st__trainer* t, bool progress) {
     st__watch_settle(t->watch_step);
     ST_RETURN_IF_ERROR(run, "step %lld", (long long)t->step + 1);
     st_train_ckpt_step_ran(t->ckpt, t->step + 1);
+    if (!t->losses_global) ST_RETURN(st__losses_global(t, t->losses, o->microbatches));
     double loss = 0;
     for (int64_t m = 0; m < o->microbatches; ++m) loss += t->losses[m];
     loss /= (double)o->microbatches;
@@ -800,7 +809,8 @@ static st_status st__run(st__trainer* t, bool progress) {
     st__memory_sample(t, at);
     /* Polled once a step: the handler only sets a flag. After the last
      * step the run is complete anyway. */
-    if (st_stop_signal() && t->step + 1 < o->steps) return st__stop(t, t->step + 1, progress);
+    /* A job stops when any rank was asked to, all at the same step. */
+    if ((t->dist ? t->stop_any : st_stop_signal() != 0) && t->step + 1 < o->steps) return st__stop(t, t->step + 1, progress);
   }
   st_progress_end(progress);
   /* A resume at the last step runs no step: no loss to report. */
@@ -845,7 +855,7 @@ static void st__on_oom(void* ctx, size_t bytes, const char* what) {
 /* --- init: the run directory, its log, the metrics endpoint, the data --- */
 static st_status st__train_init(st__trainer* t, const st_config* cfg, st_plan_options* o, int* lock_fd) {
   bool reused = false;
-  ST_RETURN(st__make_run_dir(cfg, o, &t->run_dir, lock_fd, &reused));
+  ST_RETURN(st__make_run_dir(t, cfg, o, &t->run_dir, lock_fd, &reused));
   ST_RETURN(st_runlog_open(t->run_dir, &t->log));
   if (o->tensorboard) {
     char* tb = st_rundir_path(t->run_dir, ST_RUNDIR_TB);
@@ -1027,6 +1037,8 @@ static st_status st__train_compile(st__trainer* t, st_plan_options* o) {
   ST_RETURN(st__train_fit(t));
   ST_RETURN(st_executor_create(&t->step_plan, t->runtime, t->step_programs, 0, &t->ex));
   ST_RETURN(st_executor_create(&t->eval_plan, t->runtime, t->eval_programs, 0, &t->eval_ex));
+  st_executor_set_dist(t->ex, t->dist);
+  st_executor_set_dist(t->eval_ex, t->dist);
   ST_RETURN(st__check_hang_in(t));
   t->watch_step = st__watch_executor(t, t->ex, &t->step_plan, "step");
   t->watch_eval = st__watch_executor(t, t->eval_ex, &t->eval_plan, "eval");
@@ -1039,7 +1051,7 @@ static st_status st__train_compile(st__trainer* t, st_plan_options* o) {
 static st_status st__train_buffers(st__trainer* t) {
   const st_plan_options* o = t->o;
   const st_bundle* bundle = t->bundle;
-  t->mb = o->batch_size / o->microbatches;
+  t->mb = o->batch_size / o->microbatches / (o->span_axis == ST_PLAN_SPAN_DATA ? o->procs : 1);
   t->T = o->data.seq_len;
   int64_t rows = o->batch_size * (o->eval_batches > 1 ? o->eval_batches : 1);
   t->tokens = st_xcalloc((size_t)(rows * t->T), sizeof(int32_t));
@@ -1065,7 +1077,8 @@ static st_status st__train_buffers(st__trainer* t) {
 static st_status st__train_start(st__trainer* t, const st_config* cfg, double t0) {
   const st_plan_options* o = t->o;
   ST_RETURN(st__train_buffers(t));
-  st_train_ckpt_init ci = {cfg, o, t->run_dir, t->bundle, &t->step_plan, t->ex, t->runtime, t->log, t->data};
+  st_train_ckpt_init ci = {cfg, o, t->run_dir, t->bundle, &t->step_plan, t->ex, t->runtime, t->log, t->data,
+                           t->job_dir, o->rank > 0};
   ST_RETURN(st_train_ckpt_create(&ci, &t->ckpt));
   st_train_ckpt_set_watchdog(t->ckpt, t->watchdog);
   /* Restore first: a checkpoint sets every parameter and optimizer slot, so
@@ -1126,21 +1139,6 @@ static st_status st__train_save(st__trainer* t) {
   return s;
 }
 
-/* One rank of a multi-process job (mpirun, srun): only the pieces of
- * docs/multiprocess.md are built, not the training, so each rank would
- * train alone into its own run directory. Refused before anything is
- * created; a plain process or `mpirun -np 1` goes on (and never touches
- * MPI). */
-static st_status st__check_single_process(void) {
-  st_dist_launch launch;
-  ST_RETURN(st_dist_detect(&launch));
-  if (!launch.multi) return ST_OK;
-  return st_status_make(ST_CODE_CONFIG,
-                        "strata train was started as rank %d of %d by %s, but multi-process training is not built yet "
-                        "(docs/multiprocess.md): run it as one process, with parallel.* over that process's devices",
-                        launch.rank, launch.world_size, st_dist_launcher_name(launch.launcher));
-}
-
 /* All three axes at once are not built (the exporter refuses them too,
  * docs/parallelism.md): refused before anything is created. */
 static st_status st__check_axes(const st_plan_options* o) {
@@ -1158,15 +1156,16 @@ static st_status st__check_axes(const st_plan_options* o) {
  * reverse order. */
 st_status st_train_main(const st_config* cfg) {
   st_plan_options o;
+  st__trainer t;
+  memset(&t, 0, sizeof(t));
   st_status s = st_plan_options_from_config(cfg, &o);
-  if (!s) s = st__check_single_process();
   if (!s) s = st__check_axes(&o);
+  if (!s) s = st__job_init(&t, &o);
   if (s) {
+    st_status_free(st_dist_finalize(t.dist));
     st_plan_options_deinit(&o);
     return s;
   }
-  st__trainer t;
-  memset(&t, 0, sizeof(t));
   t.last_loss = t.last_eval_loss = NAN;
   t.o = &o;
   bool progress = o.progress == 1 || (o.progress == 2 && isatty(2));
@@ -1181,8 +1180,14 @@ st_status st_train_main(const st_config* cfg) {
   int lock_fd = -1;
 
   s = st__train_init(&t, cfg, &o, &lock_fd);
+  if (!s) s = st__job_rank0_first(&t, true);
   if (!s) s = st__train_open(&t, cfg, &o);
   if (!s) s = st__train_compile(&t, &o);
+  if (t.dist) {
+    st_status js = st__job_rank0_first(&t, false);
+    if (!s) s = js;
+    else st_status_free(js);
+  }
   st_mem_usage_read(&t.mem_compiled);
   if (!s) s = st__train_start(&t, cfg, t0);
   if (!s) s = st__run(&t, progress);
@@ -1211,6 +1216,11 @@ st_status st_train_main(const st_config* cfg) {
   st_runlog_close(t.log);
   if (lock_fd >= 0) close(lock_fd); /* last: everything the run writes is written */
   free(t.run_dir);
+  free(t.job_dir);
+  /* Every rank, failed or not: finalize waits for all of them. */
+  st_status fs = st_dist_finalize(t.dist);
+  if (!s) s = fs;
+  else st_status_free(fs);
   st_plan_options_deinit(&o);
   st_stop_signals_restore(&stop_guard);
   return s;

@@ -230,17 +230,17 @@ for j in $(jobs -p); do wait "$j"; rcs="$rcs$?"; done
 check "three concurrent exports of one bundle: all exit 0 ($rcs), one exports, two find it up to date" \
   "[ '$rcs' = 000 ] && [ \$(cat '$TMP'/race[123] | grep -c '(exported,') = 1 ] && [ \$(cat '$TMP'/race[123] | grep -c '(up to date,') = 2 ]"
 
-# Two ranks of mpirun: multi-process training is not built yet
-# (docs/multiprocess.md), so each rank refuses before it creates anything
-# (exit 2), instead of training alone. Running as root (CI) needs Open MPI's
-# consent, given here only.
+# Two ranks of mpirun on a mesh with no axis to span (docs/multiprocess.md):
+# each rank would train alone, so every rank refuses before it creates
+# anything (exit 2). Running as root (CI) needs Open MPI's consent, given
+# here only. (tests/py/test_multiprocess.py trains across processes.)
 if command -v mpirun >/dev/null 2>&1; then
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 \
     "$STRATA" train configs/test.yml run.dir="$TMP/mpi-run" run.progress=off >"$TMP/mpi.out" 2>&1
   rc=$?
   # (mpirun ends the other rank once one exits non-zero: at least one says why.)
-  check "mpirun -np 2 strata train: refused (exit $rc), naming the rank and docs/multiprocess.md, no run dir" \
-    "[ $rc = 2 ] && grep -q 'started as rank [01] of 2 by openmpi, but multi-process training is not built yet (docs/multiprocess.md)' '$TMP/mpi.out' && [ ! -e '$TMP/mpi-run' ]"
+  check "mpirun -np 2 strata train on one device's mesh: refused (exit $rc), naming parallel.processes, no run dir" \
+    "[ $rc = 2 ] && grep -q 'parallel.processes=2 (command line) but every mesh axis is 1: each process would train alone' '$TMP/mpi.out' && [ ! -e '$TMP/mpi-run' ]"
 else
   bad "mpirun not found: make setup installs openmpi-bin"
 fi

@@ -1,0 +1,119 @@
+/* job.c — the trainer's part of a job of several processes
+ * (docs/multiprocess.md): joining the job, the run directory every rank
+ * shares, the rows each rank trains on, and the per-step exchange that
+ * makes every rank see the job's losses and stop requests. In one process
+ * nothing here touches MPI. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "strata/base.h"
+#include "strata/diag.h"
+#include "strata/dist.h"
+#include "strata/obs.h"
+#include "train/train_internal.h"
+
+st_status st__job_init(st__trainer* t, st_plan_options* o) {
+  st_dist_launch launch;
+  ST_RETURN(st_dist_detect(&launch));
+  if (!launch.multi) {
+    if (o->procs > 1)
+      return st_status_make(ST_CODE_CONFIG,
+                            "parallel.processes=%d, but this process was not started by a launcher as one of %d: run "
+                            "`mpirun -np %d strata train ...` (or srun), or set parallel.processes=1",
+                            o->procs, o->procs, o->procs);
+    return ST_OK;
+  }
+  if (o->procs != launch.world_size)
+    return st_status_make(ST_CODE_CONFIG,
+                          "started as rank %d of %d processes by %s, but parallel.processes=%d: leave "
+                          "parallel.processes unset (strata train sets it from the launcher)",
+                          launch.rank, launch.world_size, st_dist_launcher_name(launch.launcher), o->procs);
+  ST_RETURN(st_dist_init(&launch, &t->dist));
+  o->rank = st_dist_rank(t->dist);
+  return ST_OK;
+}
+
+/* Rank 0 names the job's run directory (a generated run id differs per
+ * process) and every rank gets it, |rank0_ok| false sending none so that
+ * no rank waits for a directory that will not exist; rank r > 0 keeps its
+ * own files in <run>/ranks/<r>/ (docs/multiprocess.md, "Files").
+ * *out_job_dir is the job's directory, the caller's. */
+st_status st__job_run_dir(st__trainer* t, const st_plan_options* o, bool rank0_ok, char** io_dir, char** out_job_dir) {
+  *out_job_dir = NULL;
+  if (!t->dist) return ST_OK;
+  void* data = o->rank == 0 ? (rank0_ok ? *io_dir : "") : NULL;
+  size_t size = o->rank == 0 ? strlen(data) + 1 : 0;
+  ST_RETURN(st_dist_broadcast(t->dist, &data, &size));
+  if (o->rank == 0) {
+    *out_job_dir = st_xstrdup(*io_dir);
+    return ST_OK;
+  }
+  char* job = data;
+  if (size == 0 || job[size - 1] != '\0' || job[0] == '\0') {
+    free(data);
+    return st_status_make(ST_CODE_CONFIG, "rank 0 could not make the job's run directory (its error is on rank 0's stderr)");
+  }
+  char* ranks = st_path_join(job, "ranks");
+  st_status s = st_fs_mkdirs(ranks);
+  free(ranks);
+  if (s) {
+    free(job);
+    return s;
+  }
+  char sub[32];
+  snprintf(sub, sizeof(sub), "ranks/%d", o->rank);
+  free(*io_dir);
+  *io_dir = st_path_join(job, sub);
+  *out_job_dir = job;
+  return ST_OK;
+}
+
+void st__fill_share(st__trainer* t, int stream, uint64_t first, int64_t n_micro) {
+  const st_plan_options* o = t->o;
+  if (!t->dist || o->procs <= 1) {
+    st_dataset_fill(t->data, stream, first, n_micro * t->mb, t->tokens, t->targets, t->mask);
+    return;
+  }
+  /* Microbatch m of the job is sequences [m * mb_job, (m+1) * mb_job);
+   * rank r takes rows [r * mb, (r+1) * mb) of it, as mesh index r * local
+   * shares would in one process of the whole mesh. */
+  const int64_t mb_job = t->mb * o->procs;
+  for (int64_t m = 0; m < n_micro; ++m) {
+    size_t at = (size_t)(m * t->mb * t->T);
+    st_dataset_fill(t->data, stream, first + (uint64_t)(m * mb_job + (int64_t)o->rank * t->mb), t->mb, t->tokens + at,
+                    t->targets + at, t->mask + at);
+  }
+}
+
+st_status st__losses_global(st__trainer* t, double* losses, int64_t n) {
+  if (!t->dist || !st_dist_multi(t->dist)) return ST_OK;
+  const int P = st_dist_size(t->dist);
+  const size_t w = (size_t)n + 1;
+  double* in = st_xmalloc(w * sizeof(double));
+  double* all = st_xmalloc(w * (size_t)P * sizeof(double));
+  memcpy(in, losses, (size_t)n * sizeof(double));
+  in[n] = st_stop_signal() ? 1.0 : 0.0;
+  st_status s = st_dist_allgather_f64(t->dist, in, w, all);
+  /* In rank order, so every rank computes the same bits (NaN spreads). */
+  for (int64_t m = 0; !s && m < n; ++m) {
+    double sum = 0;
+    for (int r = 0; r < P; ++r) sum += all[(size_t)r * w + (size_t)m];
+    losses[m] = sum / (double)P;
+  }
+  for (int r = 0; !s && r < P; ++r) t->stop_any |= all[(size_t)r * w + (size_t)n] != 0;
+  free(in);
+  free(all);
+  return s ? st_status_annotate(s, "exchanging the step's losses between processes") : ST_OK;
+}
+
+/* Phases that fill the shared caches (the bundle export, the executable
+ * cache): rank 0 goes first and the others find what it made, instead of
+ * every rank on a host exporting and compiling the same programs at once.
+ * Call with |before| true before the phase and false after it; each rank
+ * meets one barrier. */
+st_status st__job_rank0_first(st__trainer* t, bool before) {
+  if (!t->dist || !st_dist_multi(t->dist)) return ST_OK;
+  if (before != (t->o->rank > 0)) return ST_OK;
+  return st_dist_barrier(t->dist);
+}
