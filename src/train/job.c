@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <jansson.h>
 
 #include "strata/base.h"
 #include "strata/diag.h"
@@ -116,4 +117,50 @@ st_status st__job_rank0_first(st__trainer* t, bool before) {
   if (!t->dist || !st_dist_multi(t->dist)) return ST_OK;
   if (before != (t->o->rank > 0)) return ST_OK;
   return st_dist_barrier(t->dist);
+}
+
+/* The job's figures of a step, on every rank's metrics line (rank 0's is
+ * the job's metrics.jsonl; docs/multiprocess.md, "Metrics"): the slowest
+ * and fastest rank's step time (a straggler shows as their gap), and the
+ * cross-process communication: bytes all ranks sent, the time some XPROC
+ * op was in flight (the slowest rank's), how much of it launches hid (over
+ * all ranks) and the host time blocked on it. Collective. */
+st_status st__job_step_metrics(st__trainer* t, double dt, json_t* m) {
+  if (!t->dist || !st_dist_multi(t->dist)) return ST_OK;
+  const st_executor_stats* es = st_executor_stats_get(t->ex);
+  enum { W = 5 };
+  const int P = st_dist_size(t->dist);
+  double in[W] = {dt, es->xproc_s, es->xproc_hidden_s, es->xproc_wait_s, (double)es->xproc_bytes};
+  double* all = st_xmalloc((size_t)P * W * sizeof(double));
+  st_status s = st_dist_allgather_f64(t->dist, in, W, all);
+  if (s) {
+    free(all);
+    return st_status_annotate(s, "exchanging the step's figures between processes");
+  }
+  double lo = all[0], hi = all[0], xs = 0, xs_max = 0, hidden = 0, wait_max = 0, bytes = 0;
+  int slowest = 0;
+  for (int r = 0; r < P; ++r) {
+    const double* v = all + (size_t)r * W;
+    if (v[0] < lo) lo = v[0];
+    if (v[0] > hi) {
+      hi = v[0];
+      slowest = r;
+    }
+    xs += v[1];
+    if (v[1] > xs_max) xs_max = v[1];
+    hidden += v[2];
+    if (v[3] > wait_max) wait_max = v[3];
+    bytes += v[4];
+  }
+  free(all);
+  st_json_put_int(m, "processes", P);
+  st_json_put(m, "step_time_s_min", st_json_fixed(lo, 6));
+  st_json_put(m, "step_time_s_max", st_json_fixed(hi, 6));
+  st_json_put_int(m, "slowest_rank", slowest);
+  st_json_put_int(m, "xprocs", es->xprocs);
+  st_json_put_int(m, "xproc_bytes", (int64_t)bytes);
+  st_json_put(m, "xproc_s", st_json_fixed(xs_max, 6));
+  st_json_put(m, "xproc_wait_s", st_json_fixed(wait_max, 6));
+  st_json_put(m, "xproc_overlap_ratio", xs > 0 ? st_json_fixed(hidden / xs, 4) : json_null());
+  return ST_OK;
 }

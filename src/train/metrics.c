@@ -137,10 +137,11 @@ static st_status st__maybe_trace(st__trainer* t) {
 
 st_status st__plan_event(st__trainer* t) {
   const st_plan* p = &t->step_plan;
-  int counts[ST_OP_COLLECTIVE + 1] = {0};
+  int counts[ST_OP_XPROC + 1] = {0};
   for (int i = 0; i < p->op_count; ++i) counts[p->ops[i].kind]++;
-  /* COLLECTIVE is listed only for a data-parallel plan: one-device runs keep their event. */
-  int kinds = p->devices > 1 ? ST_OP_COLLECTIVE + 1 : ST_OP_COLLECTIVE;
+  /* COLLECTIVE is listed only for a data-parallel plan, XPROC only for a
+   * job's: one-device runs keep their event. */
+  int kinds = t->o->procs > 1 ? ST_OP_XPROC + 1 : p->devices > 1 ? ST_OP_COLLECTIVE + 1 : ST_OP_COLLECTIVE;
   json_t* e = st_json_obj();
   st_json_put_str(e, "policy", p->policy ? p->policy : "");
   st_json_put_int(e, "ops", p->op_count);
@@ -160,6 +161,10 @@ st_status st__plan_event(st__trainer* t) {
   st_json_put_int(e, "host_bytes", st_plan_host_bytes(p));
   st_json_put_str(e, "host_memory", st_executor_host_memory(t->ex));
   if (p->devices > 1) st_json_put_int(e, "devices", p->devices);
+  if (t->o->procs > 1) {
+    st_json_put_int(e, "processes", t->o->procs);
+    st_json_put_int(e, "rank", t->o->rank);
+  }
   return st__event(t, "plan", e);
 }
 
@@ -258,7 +263,8 @@ st_status st__step_metrics(st__trainer* t, double loss, double dt) {
   st_json_put(m, "tokens_per_s", st_json_fixed((double)tokens / dt, 1));
   /* MFU against the peak context.json names (mfu.c), times the devices. */
   double model_fps = t->model_flops_per_token * (double)tokens / dt;
-  int devices = st_executor_devices(t->ex);
+  /* A job's tokens are every process's: so are its devices. */
+  int devices = st_executor_devices(t->ex) * (t->o->procs > 1 ? t->o->procs : 1);
   double peak = t->peak.flops_per_s * (devices > 1 ? devices : 1);
   st_json_put(m, "model_flops_per_s", st__sig9(model_fps));
   st_json_put(m, "mfu", peak > 0 ? st__sig9(model_fps / peak) : json_null());
@@ -288,7 +294,12 @@ st_status st__step_metrics(st__trainer* t, double loss, double dt) {
   }
   st__sched_metrics(es, t->step_plan.devices, m);
   st__kernel_metrics(t, m);
-  st_status s = st__metrics_line(t, m);
+  st_status s = st__job_step_metrics(t, dt, m);
+  if (s) {
+    json_decref(m);
+    return s;
+  }
+  s = st__metrics_line(t, m);
   if (!s) s = st__maybe_trace(t);
   return s;
 }
