@@ -57,7 +57,7 @@ st_status st_executor_write_trace(const st_executor* executor, const char* path,
     }
     /* Device work is drawn from when it could start; host work from when
      * the host issued it. */
-    double ts = (g <= 1 || g == 4) ? t->start_s : t->issue_s;
+    double ts = (g <= 1 || g >= 4) ? t->start_s : t->issue_s;
     st_strbuf_reset(&name);
     if (g == 0 || g == 4) {
       st_strbuf_append(&name, plan->programs[op->program]);
