@@ -9,6 +9,8 @@
 #include <jansson.h>
 
 #include "strata/base.h"
+#include "strata/config.h"
+#include "strata/kernels.h"
 #include "strata/diag.h"
 #include "strata/dist.h"
 #include "strata/obs.h"
@@ -163,4 +165,76 @@ st_status st__job_step_metrics(st__trainer* t, double dt, json_t* m) {
   st_json_put(m, "xproc_wait_s", st_json_fixed(wait_max, 6));
   st_json_put(m, "xproc_overlap_ratio", xs > 0 ? st_json_fixed(hidden / xs, 4) : json_null());
   return ST_OK;
+}
+
+/* The start-up agreement (docs/multiprocess.md, "The start-up
+ * agreement"): every rank must run the same job. |cfg| given: every key of
+ * the resolved config, before anything is created; |cfg| NULL: the bundle
+ * key, the kernel selection and a hash of the step plan, once compiled.
+ * A difference is exit 2 on every rank naming the first differing key. */
+static void st__agree_add(char*** keys, char*** values, size_t* n, size_t* cap, const char* k, char* v) {
+  if (*n == *cap) {
+    *cap = *cap ? 2 * *cap : 64;
+    *keys = st_xrealloc(*keys, *cap * sizeof(char*));
+    *values = st_xrealloc(*values, *cap * sizeof(char*));
+  }
+  (*keys)[*n] = st_xstrdup(k);
+  (*values)[(*n)++] = v;
+}
+
+static char* st__config_value_text(const json_t* root, const char* key) {
+  const json_t* v = root;
+  char part[128];
+  for (const char* p = key; v && *p;) {
+    const char* dot = strchr(p, '.');
+    size_t len = dot ? (size_t)(dot - p) : strlen(p);
+    if (len >= sizeof(part)) return st_xstrdup("(key too long)");
+    memcpy(part, p, len);
+    part[len] = '\0';
+    v = json_object_get(v, part);
+    p += len + (dot ? 1 : 0);
+  }
+  if (!v) return st_xstrdup("(none)");
+  char* text = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+  char* out = st_xstrdup(text ? text : "(unprintable)");
+  free(text);
+  return out;
+}
+
+st_status st__job_agree(st__trainer* t, const st_config* cfg) {
+  if (!t->dist || !st_dist_multi(t->dist)) return ST_OK;
+  char **keys = NULL, **values = NULL;
+  size_t n = 0, cap = 0;
+  if (cfg) {
+    json_t* root = st_config_json(cfg);
+    for (int i = 0; i < st_config_key_count(); ++i) {
+      const char* k = st_config_key_at(i).key;
+      st__agree_add(&keys, &values, &n, &cap, k, st__config_value_text(root, k));
+    }
+    json_decref(root);
+  } else {
+    st__agree_add(&keys, &values, &n, &cap, "bundle key", st_xstrdup(t->bundle->key));
+    int n_ops = 0;
+    const char* const* ops = st_kernels_op_names(&n_ops);
+    for (int i = 0; i < n_ops; ++i) {
+      char k[80];
+      snprintf(k, sizeof(k), "kernel selection %s", ops[i]);
+      st__agree_add(&keys, &values, &n, &cap, k, st_xstrdup(t->o->kernel_impl[i]));
+    }
+    json_t* pj = st_plan_json(&t->step_plan);
+    char* text = json_dumps(pj, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(pj);
+    char h[32];
+    snprintf(h, sizeof(h), "%016llx", (unsigned long long)st_hash64(text, text ? strlen(text) : 0, 0));
+    free(text);
+    st__agree_add(&keys, &values, &n, &cap, "step plan (hash)", st_xstrdup(h));
+  }
+  st_status s = st_dist_agree(t->dist, (const char* const*)keys, (const char* const*)values, n);
+  for (size_t i = 0; i < n; ++i) {
+    free(keys[i]);
+    free(values[i]);
+  }
+  free(keys);
+  free(values);
+  return s;
 }

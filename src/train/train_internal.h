@@ -12,6 +12,7 @@
 #include "strata/base.h"
 #include "strata/dist.h"
 #include "strata/bundle.h"
+#include "strata/config.h"
 #include "strata/data.h"
 #include "strata/obs.h"
 #include "strata/runtime.h"
@@ -148,6 +149,7 @@ st_status st__plan_programs(st__trainer* t, const st_plan* plan, st_program*** o
  * o->rank), checking parallel.processes against it. */
 st_status st__job_init(st__trainer* t, st_plan_options* o);
 st_status st__job_rank0_first(st__trainer* t, bool before);
+st_status st__job_agree(st__trainer* t, const st_config* cfg);
 st_status st__job_step_metrics(st__trainer* t, double dt, json_t* m);
 st_status st__job_run_dir(st__trainer* t, const st_plan_options* o, bool rank0_ok, char** io_dir, char** out_job_dir);
 /* A job of several processes: the microbatch losses |losses| (|n|) become

@@ -1161,6 +1161,7 @@ st_status st_train_main(const st_config* cfg) {
   st_status s = st_plan_options_from_config(cfg, &o);
   if (!s) s = st__check_axes(&o);
   if (!s) s = st__job_init(&t, &o);
+  if (!s) s = st__job_agree(&t, cfg);
   if (s) {
     st_status_free(st_dist_finalize(t.dist));
     st_plan_options_deinit(&o);
@@ -1187,6 +1188,7 @@ st_status st_train_main(const st_config* cfg) {
     st_status js = st__job_rank0_first(&t, false);
     if (!s) s = js;
     else st_status_free(js);
+    if (!s) s = st__job_agree(&t, NULL);
   }
   st_mem_usage_read(&t.mem_compiled);
   if (!s) s = st__train_start(&t, cfg, t0);

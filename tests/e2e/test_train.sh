@@ -241,6 +241,15 @@ if command -v mpirun >/dev/null 2>&1; then
   # (mpirun ends the other rank once one exits non-zero: at least one says why.)
   check "mpirun -np 2 strata train on one device's mesh: refused (exit $rc), naming parallel.processes, no run dir" \
     "[ $rc = 2 ] && grep -q 'parallel.processes=2 (command line) but every mesh axis is 1: each process would train alone' '$TMP/mpi.out' && [ ! -e '$TMP/mpi-run' ]"
+  # Ranks started with different configs (rank 1 another train.lr): the
+  # start-up agreement stops every rank with exit 2 naming the key and
+  # both values, before anything is created.
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 bash -c \
+    '"$0" train configs/test.yml parallel.data=2 runtime.cpu_devices=1 run.dir="$1" run.progress=off train.lr=0.00$((OMPI_COMM_WORLD_RANK + 1))' \
+    "$STRATA" "$TMP/mpi-mismatch" >"$TMP/mpi-mm.out" 2>&1
+  rc=$?
+  check "mpirun -np 2 with train.lr differing on rank 1: exit $rc (2) on every rank, naming train.lr and both values, no run dir" \
+    "[ $rc = 2 ] && [ \$(grep -c 'ranks resolved different runs: train.lr: rank 0 has 0.001, rank 1 has 0.002' '$TMP/mpi-mm.out') = 2 ] && [ ! -e '$TMP/mpi-mismatch' ]"
 else
   bad "mpirun not found: make setup installs openmpi-bin"
 fi
