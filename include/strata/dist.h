@@ -157,12 +157,12 @@ typedef struct st_dist_coll_request {
                     the engine pads internally) */
   /* Optional, called on the progress thread: before() right before the MPI operation is issued, in queue
    * order (it may block, e.g. waiting for a device-to-host copy into |data|; nothing else progresses on this
-   * rank meanwhile); after() once the result is in |data|, as each collective completes (in queue order among
-   * collectives of one kind and count; a short all-gather may complete before a long all-reduce queued ahead
-   * of it). A failure of either fails the collective with that status (the collective is still carried out
-   * with the other ranks when before() failed, on whatever |data| holds, so no rank is left waiting; after()
-   * is then not called, nor when MPI failed). In a job of one both run inside st_dist_coll_start, on the
-   * caller's thread. */
+   * rank meanwhile, so it must not wait for anything that needs an earlier collective's result); after() once
+   * the result is in |data|, as each collective completes (not necessarily in queue order: a short all-gather
+   * may complete before a long all-reduce queued ahead of it). A failure of either fails the collective with
+   * that status (the collective is still carried out with the other ranks when before() failed, on whatever
+   * |data| holds, so no rank is left waiting; after() is then not called, nor when MPI failed). In a job of
+   * one both run inside st_dist_coll_start, on the caller's thread. */
   st_status (*before)(void* user);
   st_status (*after)(void* user);
   void* user;
