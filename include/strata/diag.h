@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "strata/base.h"
+#include "strata/dist.h"
 #include "strata/ckpt.h"
 #include "strata/status.h"
 
@@ -144,6 +145,10 @@ typedef struct st_watchdog_options {
    * cannot be unwound, and exit() would run atexit handlers beside it. */
   void (*on_hang)(void* user, const char* bundle_dir);
   void* user;
+  /* A job of several processes (borrowed; NULL: one process): the bundle
+   * and the hang event name this process's rank and what its cross-process
+   * collectives are doing (st_dist_coll_pending). */
+  st_dist* dist;
 } st_watchdog_options;
 
 /* One activity. Strings are copied (truncated to 95 bytes). */

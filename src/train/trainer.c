@@ -687,6 +687,8 @@ static st_status st__nonfinite(st__trainer* t, double loss) {
   st_json_put_int(e, "first_sample", t->step * o->batch_size);
   st_json_put_int(e, "samples", o->batch_size);
   st_json_put(e, "located", located ? st_json_str(located) : json_null());
+  /* A job: the rank whose event this is (each rank locates in its own rows). */
+  if (t->o->procs > 1) st_json_put_int(e, "rank", t->o->rank);
   free(located);
   if (stop_why || policy == ST_NONFINITE_STOP) {
     st_json_put_str(e, "action", "stop");
