@@ -208,7 +208,9 @@ bool st_spike_push(st_spike* spike, double loss, double threshold, st_spike_resu
  * usually on its stack). */
 typedef struct st_stop_guard {
   struct sigaction old[3]; /* SIGTERM, SIGINT, SIGHUP */
+  struct sigaction old_usr1; /* when usr1 */
   bool installed;
+  bool usr1; /* st_stop_signals_add_usr1 */
 } st_stop_guard;
 
 /* Installs the stop handlers for SIGTERM, SIGINT and SIGHUP. The handler
@@ -218,14 +220,20 @@ typedef struct st_stop_guard {
  * its default action (the process ends at once: SA_RESETHAND). One guard
  * at a time per process; not for threads to share. */
 void st_stop_signals_install(st_stop_guard* guard);
+/* SIGUSR1 as a stop signal too, with the same handler, after
+ * st_stop_signals_install (no-op before it); restored with the others.
+ * For a job of several processes: Open MPI's mpirun forwards SIGUSR1 to
+ * every rank, whereas on SIGTERM it kills them (docs/multiprocess.md,
+ * "Failures"). A single process leaves SIGUSR1 alone. */
+void st_stop_signals_add_usr1(st_stop_guard* guard);
 /* The first stop signal received since st_stop_signals_install, or 0. */
 int st_stop_signal(void);
-/* Gives SIGTERM, SIGINT and SIGHUP their default action (end at once): for
+/* Gives SIGTERM, SIGINT and SIGHUP (and SIGUSR1 when added) their default action (end at once): for
  * the stop's own checkpoint, which a second signal must abort, never delay. */
 void st_stop_signals_default(void);
 /* Puts back the dispositions from before st_stop_signals_install. */
 void st_stop_signals_restore(st_stop_guard* guard);
-/* "SIGTERM", "SIGINT", "SIGHUP"; "a signal" for others. Static string. */
+/* "SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1"; "a signal" for others. Static string. */
 const char* st_signal_name(int sig);
 
 /*===-------------------------------------------------------------------===*/
