@@ -256,6 +256,11 @@ typedef struct st_supervisor_request {
   const char* run_id;      /* run.id */
   bool resume;             /* run.resume */
   st_recovery_options recovery;
+  /* A multi-process job (docs/multiprocess.md, "Failures"): the launcher's
+   * words (e.g. "mpirun", "-np", "2"), put before every attempt's
+   * `exe train CONFIG ...`; 0 words: one process, as before. */
+  int launcher_count;
+  char* const* launcher;
 } st_supervisor_request;
 
 /* Runs `strata train CONFIG k=v... run.dir=<dir>` as a child process and,
@@ -269,6 +274,14 @@ typedef struct st_supervisor_request {
  * the first good step) into events.jsonl and <dir>/recovery.json.
  * SIGTERM, SIGINT and SIGHUP to the supervisor are forwarded to the child
  * once (the child has a process group of its own) and end supervision.
+ * With a launcher: every attempt is `LAUNCHER exe train CONFIG k=v...
+ * run.dir=<dir>` (later ones with run.resume=true), a stop signal reaches
+ * the launcher as SIGUSR1 (mpirun forwards it to every rank; on SIGTERM it
+ * would kill them), a hang gets SIGTERM (mpirun then ends every rank) and
+ * SIGKILL 10 s later, and the ranks accept the run directory's lock held
+ * by this supervisor (STRATA_RUN_LOCK_PID: mpirun closes inherited file
+ * descriptors). A launcher's exit above 128 (mpirun: a rank killed by
+ * signal N exits 128+N) is an incident like a crash.
  * *out_exit_code: 0 when the run completed, else the last attempt's exit
  * code (1 when it died by a signal). The status reports the supervisor's
  * own failures (run directory, fork). */
