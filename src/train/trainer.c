@@ -495,13 +495,17 @@ static st_status st__stop_save(st__trainer* t, int64_t done, bool progress) {
     ST_RETURN_IF_ERROR(st_train_ckpt_save_now(t->ckpt, done), "stopping on %s after step %lld", sig, (long long)done);
     t->stop_saved = true;
   }
-  /* A job's ranks name the job's directory, which rank 0's checkpoint is in. */
+  /* A job continues as it was started, by its launcher (each rank names
+   * the job's directory, which rank 0's checkpoint is in). */
   char* q = st_shell_quote(t->job_dir ? t->job_dir : t->run_dir);
+  char how[4400];
+  if (t->job_dir) snprintf(how, sizeof(how), "the same launcher command with run.resume=true (run.dir=%s)", q);
+  else snprintf(how, sizeof(how), "`strata resume %s`", q);
   st_status s = done > t->start_step
-                    ? st_status_make(ST_CODE_INTERRUPTED, "stopped by %s after step %lld, checkpoint step_%lld written; continue with `strata resume %s`",
-                                     sig, (long long)done, (long long)done, q)
+                    ? st_status_make(ST_CODE_INTERRUPTED, "stopped by %s after step %lld, checkpoint step_%lld written; continue with %s",
+                                     sig, (long long)done, (long long)done, how)
                     : st_status_make(ST_CODE_INTERRUPTED,
-                                     "stopped by %s before the first step of this attempt (nothing new to save); continue with `strata resume %s`", sig, q);
+                                     "stopped by %s before the first step of this attempt (nothing new to save); continue with %s", sig, how);
   free(q);
   return s;
 }
