@@ -107,6 +107,17 @@ st_status st_dist_init(const st_dist_launch* launch, st_dist** out);
  * Returns the first failure; |dist| is freed regardless. */
 st_status st_dist_finalize(st_dist* dist);
 
+/* Ends the whole job now, for a failure the other ranks do not share
+ * (docs/multiprocess.md, "Failures"): without it they would wait for this
+ * rank in their next collective forever. In a multi-process job: stdout
+ * and stderr flushed, then MPI_Abort on the world with |exit_code|; Open
+ * MPI's mpirun kills every other rank and exits with that code. Does not
+ * return there (should MPI_Abort return, the process _exits with the
+ * code). A no-op that returns for NULL, a job of one and a binary built
+ * without MPI. The caller writes what must survive (its failed event, its
+ * error) before: nothing after is cleaned up. */
+void st_dist_abort(st_dist* dist, int exit_code);
+
 bool st_dist_multi(const st_dist* dist);
 int st_dist_size(const st_dist* dist);
 int st_dist_rank(const st_dist* dist);

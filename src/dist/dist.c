@@ -59,6 +59,10 @@ st_status st_dist_finalize(st_dist* d) {
   return s;
 }
 
+void st_dist_abort(st_dist* d, int exit_code) {
+  if (d && d->multi && d->mpi) st__dist_mpi_abort(d, exit_code);
+}
+
 bool st_dist_multi(const st_dist* d) { return d && d->multi; }
 int st_dist_size(const st_dist* d) { return d ? d->size : 1; }
 int st_dist_rank(const st_dist* d) { return d ? d->rank : 0; }

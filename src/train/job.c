@@ -55,6 +55,7 @@ st_status st__job_run_dir(st__trainer* t, const st_plan_options* o, bool rank0_o
   char* job = data;
   if (size == 0 || job[size - 1] != '\0' || job[0] == '\0') {
     free(data);
+    t->failed_together = true;
     return st_status_make(ST_CODE_CONFIG, "rank 0 could not make the job's run directory (its error is on rank 0's stderr)");
   }
   char* ranks = st_path_join(job, "ranks");
@@ -70,6 +71,16 @@ st_status st__job_run_dir(st__trainer* t, const st_plan_options* o, bool rank0_o
   *io_dir = st_path_join(job, sub);
   *out_job_dir = job;
   return ST_OK;
+}
+
+void st__job_fail(st__trainer* t, st_status s) {
+  if (!s || !t->dist || !st_dist_multi(t->dist) || t->failed_together) return;
+  const int code = st_status_exit_code(s);
+  fprintf(stderr, "strata: %s: rank %d of %d: %s\n", st_code_name(st_status_code(s)), st_dist_rank(t->dist),
+          st_dist_size(t->dist), st_status_message(s));
+  fprintf(stderr, "strata: rank %d of %d failed alone: ending the job with exit %d (MPI_Abort; docs/multiprocess.md, \"Failures\")\n",
+          st_dist_rank(t->dist), st_dist_size(t->dist), code);
+  st_dist_abort(t->dist, code);
 }
 
 void st__fill_share(st__trainer* t, int stream, uint64_t first, int64_t n_micro) {

@@ -130,6 +130,11 @@ typedef struct st__trainer {
   char* job_dir; /* the job's run directory (rank 0's run_dir); NULL in one process */
   bool losses_global;
   bool stop_any;
+  /* The run's failure is one every rank meets at the same point (the
+   * run directory rank 0 could not make, a stop all ranks agreed on): the
+   * ranks end together. Any other failure of a rank ends the job
+   * (st__job_fail). */
+  bool failed_together;
 } st__trainer;
 
 /* step_hooks.c: the executor's H2D / READ / HOST callbacks for a step or an
@@ -152,6 +157,13 @@ st_status st__job_rank0_first(st__trainer* t, bool before);
 st_status st__job_agree(st__trainer* t, const st_config* cfg);
 st_status st__job_step_metrics(st__trainer* t, double dt, json_t* m);
 st_status st__job_run_dir(st__trainer* t, const st_plan_options* o, bool rank0_ok, char** io_dir, char** out_job_dir);
+/* A rank's own failure |s| in a job of several processes (not
+ * t->failed_together): says it on stderr as `strata` would, naming the
+ * rank, and ends the whole job with its exit code (st_dist_abort): the
+ * other ranks would wait for this one in their next collective forever.
+ * The caller has written the failed event. Returns (doing nothing) in one
+ * process or for a failure every rank shares. */
+void st__job_fail(st__trainer* t, st_status s);
 /* A job of several processes: the microbatch losses |losses| (|n|) become
  * the mean over ranks (equal shares), and every rank learns whether any was
  * asked to stop (t->stop_any). Collective; nothing in one process. */

@@ -970,9 +970,19 @@ static void test_run_dir_lock(void** state) {
     long h = 0;
     if (st_fs_lock(path, &b, &h) || b != -1 || h != (long)getppid()) _exit(1);
     if (st_fs_lock_inherited(path) != -1) _exit(2); /* nothing handed down yet */
+    unsetenv("STRATA_RUN_LOCK_PID");
+    if (st_fs_lock_held_by_ancestor(h)) _exit(5);
     st_fs_lock_hand_down(fd);
     if (st_fs_lock_inherited(other) != -1) _exit(3);
     if (st_fs_lock_inherited(path) != fd) _exit(4);
+    /* The holder named in $STRATA_RUN_LOCK_PID and an ancestor (a rank under
+     * mpirun under strata run): held for us, also a generation further down;
+     * another pid is not. */
+    if (!st_fs_lock_held_by_ancestor(h) || st_fs_lock_held_by_ancestor((long)getpid())) _exit(6);
+    pid_t grandchild = fork();
+    if (grandchild == 0) _exit(st_fs_lock_held_by_ancestor(h) ? 0 : 1);
+    int gs = 0;
+    if (waitpid(grandchild, &gs, 0) != grandchild || !WIFEXITED(gs) || WEXITSTATUS(gs) != 0) _exit(7);
     _exit(0);
   }
   int status = 0;

@@ -231,6 +231,9 @@ static void test_job_of_one(void** state) {
   assert_true(waited >= 0.09 && waited < 2.0);
   tu_assert_error(st_dist_kv_get(d, "b", -1, &v, &n), ST_CODE_INTERNAL, "negative timeout", NULL);
   tu_assert_error(st_dist_kv_put(d, "", "x", 1), ST_CODE_INTERNAL, "empty key", NULL);
+  /* Nothing to abort in a job of one (or without one): it returns. */
+  st_dist_abort(d, 4);
+  st_dist_abort(NULL, 4);
   ASSERT_OK(st_dist_finalize(d));
   ASSERT_OK(st_dist_finalize(NULL));
 }
