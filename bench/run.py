@@ -1148,15 +1148,16 @@ def mp_ratios(row: dict[str, Any]) -> dict[str, Any]:
             "overlap_across_processes": job.get("xproc_overlap_ratio")}
 
 
-def fit_alpha_beta(points: list[dict[str, Any]]) -> dict[str, Any]:
+def fit_alpha_beta(points: list[dict[str, Any]], key: str = "median_s") -> dict[str, Any]:
     """Fits t = A + B * bytes to an all-reduce sweep (mpi_coll_bench's lines,
     2 ranks) by least squares on relative errors (weights 1/t^2, so the
     microsecond latencies count as much as the 64 MiB transfers). With the
     engine's algorithm (alltoall, then all-gather: 2(P-1) messages and
     2(P-1)/P of the bytes per rank) an all-reduce over P ranks takes
     2(P-1) alpha + 2(P-1)/P n beta, which at P=2 is 2 alpha + n beta:
-    alpha = A/2, beta = B."""
-    pts = [(float(p["bytes"]), float(p["median_s"])) for p in points if p.get("median_s")]
+    alpha = A/2, beta = B. key: which time of each size ("min_s": the
+    least-disturbed iteration on a shared machine)."""
+    pts = [(float(p["bytes"]), float(p[key])) for p in points if p.get(key)]
     if len(pts) < 2:
         raise ValueError(f"need two sizes or more to fit, got {len(pts)}")
     w = [1.0 / (t * t) for _, t in pts]
@@ -1224,8 +1225,12 @@ def mpi_sweep(b: Bench, procs: int, max_bytes: int, env: dict[str, str]) -> list
     exe = os.path.join(os.path.dirname(b.strata), "mpi_coll_bench")
     if not os.access(exe, os.X_OK):
         raise RuntimeError(f"{exe} is missing (built with STRATA_MPI by `make build`)")
-    r = subprocess.run([mpirun_path(), "--oversubscribe", "-np", str(procs), exe, str(max_bytes)], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=900)
+    # strata's runtime sets this malloc policy for itself (docs/runtime.md,
+    # "Host allocator"); without it every large collective's receive buffer
+    # is a fresh mmap, faulted in and zeroed (64 MiB: ~4x slower here).
+    env = {**env, "GLIBC_TUNABLES": MALLOC_TUNABLES}
+    r = subprocess.run([mpirun_path(), "--oversubscribe", "-np", str(procs), "-x", "GLIBC_TUNABLES", exe, str(max_bytes)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
         raise RuntimeError(f"mpi_coll_bench exited {r.returncode}: {r.stderr.strip()[-1500:]}")
     return [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
@@ -1294,6 +1299,7 @@ def section_multiprocess(b: Bench) -> dict[str, Any]:
     b.log(f"multiprocess: the dist engine's all-reduce, 4 B to {mp.sweep_max_bytes} B, 2 ranks")
     out["sweep"] = mpi_sweep(b, 2, mp.sweep_max_bytes, env)
     out["fit"] = fit_alpha_beta(out["sweep"])
+    out["fit_least"] = fit_alpha_beta(out["sweep"], "min_s")
     sc, sov = mp.scale
     x = explain_xproc(b, sc, [*sov, "parallel.data=2", "runtime.cpu_devices=1"], 2)
     out["scale"] = {"config": sc, "overrides": sov, "grad_bytes": x["bytes_per_process"],
@@ -1328,7 +1334,8 @@ def multiprocess_markdown(mpr: dict[str, Any]) -> list[str]:
     for name, row in mpr["meshes"].items():
         if row.get("not_built"):
             L.append(f"- {name} across processes: **not built** (strata train exits 2: {row['not_built']})")
-    L += ["", "¹ the job's step: the slowest rank's (metrics `step_time_s_max`), median over the measured steps.  ",
+    L += ["", "¹ the job's step: the slowest rank's (metrics `step_time_s_max`), median over the measured steps; "
+          "Open MPI's default binding puts each rank on one core of its own.  ",
           "² `comm_overlap_ratio`: the share of the in-process collectives' time a launch ran too.  ",
           "³ `xproc_overlap_ratio`: the same for the cross-process (MPI) ops, over all ranks.  ",
           "⁴ `xproc_bytes`: bytes every rank sent through MPI in the step, summed over ranks.  ",
@@ -1344,14 +1351,18 @@ def multiprocess_markdown(mpr: dict[str, Any]) -> list[str]:
               f"from 4 B): t = A + B·n fitted with relative weights: A = {fmt(fit['A_s'] * 1e6, ' µs')}, "
               f"B = {fmt(fit['B_s_per_byte'] * 1e9, ' ns/B')} ({fmt(fit['bandwidth_GBps'], ' GB/s')}); the model "
               f"2(P-1)α + 2(P-1)/P·n·β gives α = {fmt(fit['alpha_s'] * 1e6, ' µs')}, β = B; worst relative "
-              f"residual {fmt(fit['max_rel_residual'])}.", ""]
+              f"residual {fmt(fit['max_rel_residual'])}."
+              + (f" Fitted to each size's least time instead: α = {fmt(least['alpha_s'] * 1e6, ' µs')}, "
+                 f"β = {fmt(least['beta_s_per_byte'] * 1e9, ' ns/B')} ({fmt(least['bandwidth_GBps'], ' GB/s')})."
+                 if (least := mpr.get("fit_least")) else ""), ""]
         L += [md_table(["bytes", "median", "least", "sent per rank"],
                        [[p["bytes"], fmt(p["median_s"] * 1e6, " µs"), fmt(p["min_s"] * 1e6, " µs"), p["bytes_sent"]]
                         for p in mpr.get("sweep", [])]), ""]
     sc = mpr.get("scale")
     if sc:
         L += [f"Scaling estimate (a model on paper, not a measurement): data across H hosts, one process each, "
-              f"{sc['config']}'s gradients ({fmt_size(sc['grad_bytes'])} in {sc['collectives']} engine all-reduces "
+              f"{' '.join([sc['config'], *sc['overrides']])}'s gradients ({fmt_size(sc['grad_bytes'])} in "
+              f"{sc['collectives']} engine all-reduces "
               "per step, one after another): collectives·2(H-1)α + 2(H-1)/H·bytes·β.", ""]
         L += [md_table(["network", "hosts", "latency term", "bandwidth term", "all-reduce / step"],
                        [[e["network"], e["hosts"], ms(e["latency_s"]), ms(e["bandwidth_s"]), ms(e["total_s"])]

@@ -485,12 +485,14 @@ def test_multiprocess_summary_fit_and_report() -> None:
     row = {"one_process": one, "processes": s, "ratio": r, "explain": {"wire_bytes_all_processes": 1000}}
     res = {"config": "c.yml", "overrides": [], "steps": 6, "warmup": 2, "rounds": 1, "cpus": 2,
            "meshes": {"data=2": row, "fsdp=2": {"one_process": one, "not_built": "strata: config error: fsdp", "ratio": {}}},
-           "sweep": [{**p, "min_s": p["median_s"], "bytes_sent": p["bytes"]} for p in pts], "fit": f,
+           "sweep": [{**p, "min_s": p["median_s"], "bytes_sent": p["bytes"]} for p in pts], "fit": f, "fit_least": f,
            "scale": {"config": "g.yml", "overrides": [], "grad_bytes": 500_000_000, "collectives": 150, "estimate": est}}
     md = "\n".join(R.multiprocess_markdown(res))
     assert "| data=2 | 200 ms | 130 ms | 0.65 | 0.7 | 0.5 | 0.977 KiB | 0.977 KiB | 10 ms | 2 ms |" in md
     assert "| fsdp=2 | 200 ms | not built |" in md and "fsdp=2 across processes: **not built**" in md
     assert "A = 100 µs" in md and "α = 50 µs" in md and "| 100 Gb/s, 5 us | 512 |" in md
+    assert "least time instead: α = 50 µs, β = 1 ns/B (1 GB/s)" in md
+    assert R.fit_alpha_beta(res["sweep"], "min_s")["A_s"] == pytest.approx(1e-4)
     assert "a model on paper, not a measurement" in md and "previous default" in md
 
 
@@ -524,7 +526,8 @@ def test_quick_multiprocess_section_end_to_end(tmp_path: Any) -> None:
     sw = res["sweep"]
     assert [p["bytes"] for p in sw] == [4 ** k for k in range(1, 11)]
     assert all(p["bytes_sent"] == 2 * -(-p["bytes"] // 8) * 4 and p["median_s"] > 0 for p in sw)
-    assert res["fit"]["points"] == 10 and res["scale"]["grad_bytes"] > 0 and len(res["scale"]["estimate"]) >= 3
+    assert res["fit"]["points"] == res["fit_least"]["points"] == 10
+    assert res["scale"]["grad_bytes"] > 0 and len(res["scale"]["estimate"]) >= 3
     md = (tmp_path / "README.md").read_text()
     assert "### Multi-process: 1 process x 2 devices against 2 processes x 1 device" in md
     assert "| data=2 |" in md and "Scaling estimate (a model on paper" in md
