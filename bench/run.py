@@ -127,6 +127,7 @@ class MultiprocPreset:
     meshes: list[str]        # parse_mesh strings over 2 devices: "data=2", "fsdp=2"
     sweep_max_bytes: int     # mpi_coll_bench's largest all-reduce
     scale: tuple[str, list[str]]  # the config whose gradients the scaling estimate moves
+    refused_alone: bool = True  # time a mesh's 1-process runs even when its job is refused (not --quick: an export)
 
 
 @dataclass
@@ -183,7 +184,8 @@ QUICK = Plan(
                             meshes=["1", "data=2", "fsdp=2", "tensor=2"]),
     remat=RematPreset("configs/test.yml", [], steps=8, warmup=2, rounds=1),
     multiproc=MultiprocPreset("configs/test.yml", ["train.batch_size=8"], steps=6, warmup=2, rounds=1,
-                              meshes=["data=2", "fsdp=2"], sweep_max_bytes=1 << 20, scale=("configs/test.yml", [])),
+                              meshes=["data=2", "fsdp=2"], sweep_max_bytes=1 << 20, scale=("configs/test.yml", []),
+                              refused_alone=False),
 )
 
 # Every kernel op at xla in this build's strata runs: the sections here set
@@ -1249,9 +1251,7 @@ def _mp_runs(b: Bench, mp: MultiprocPreset, common: list[str], env: dict[str, st
     launch = [mpirun_path(), "--oversubscribe", "-np", "2"]
     for name, row in out["meshes"].items():
         m = parse_mesh(name)
-        b.log(f"multiprocess: {name}: warming the bundles (1 process x 2 devices, 2 processes x 1 device)")
-        b.strata_train(mp.config, [*common, *mesh_overrides(m), "runtime.cpu_devices=2", "train.steps=1"],
-                       f"mp-warm-one-{name.replace('=', '')}")
+        b.log(f"multiprocess: {name}: warming the bundles (2 processes x 1 device, 1 process x 2 devices)")
         try:
             b.strata_train(mp.config, [*common, *mesh_overrides(m), "runtime.cpu_devices=1", "train.steps=1"],
                            f"mp-warm-job-{name.replace('=', '')}", env=env, launcher=launch)
@@ -1262,13 +1262,19 @@ def _mp_runs(b: Bench, mp: MultiprocPreset, common: list[str], env: dict[str, st
             msg = next((ln.strip() for ln in str(e).splitlines() if ln.startswith("strata:")), str(e).splitlines()[-1])
             row["not_built"] = msg[-400:]
             b.log(f"multiprocess: {name} across processes: refused (exit 2), a 'not built' row")
+        if not row.get("not_built") or mp.refused_alone:
+            b.strata_train(mp.config, [*common, *mesh_overrides(m), "runtime.cpu_devices=2", "train.steps=1"],
+                           f"mp-warm-one-{name.replace('=', '')}")
     for rnd in range(mp.rounds):
         for name, row in out["meshes"].items():
             m = parse_mesh(name)
-            variants = [("one_process", ["runtime.cpu_devices=2"], b.env, None)]
+            variants = []
+            if not row.get("not_built") or mp.refused_alone:
+                variants.append(("one_process", ["runtime.cpu_devices=2"], b.env, None))
             if not row.get("not_built"):
                 variants.append(("processes", ["runtime.cpu_devices=1"], env, launch))
-            for key, dev, e, la in variants[rnd % len(variants):] + variants[:rnd % len(variants)]:
+            k = rnd % len(variants) if variants else 0
+            for key, dev, e, la in variants[k:] + variants[:k]:
                 b.log(f"multiprocess: round {rnd + 1}/{mp.rounds}: {name} {key}")
                 r = b.strata_train(mp.config, [*common, *mesh_overrides(m), *dev, f"train.steps={mp.steps}"],
                                    f"mp-{key}-{name.replace('=', '')}", env=e, launcher=la)

@@ -502,7 +502,8 @@ def test_quick_multiprocess_section_end_to_end(tmp_path: Any) -> None:
     `mpirun --oversubscribe -np 2` (with Open MPI's root consent, set by
     the section), the bytes the job sent equal to `strata plan --explain`'s
     count, fsdp=2 across processes either refused (a "not built" row) or
-    run; the engine's all-reduce sweep fitted. No timing is asserted. ~1 min."""
+    run; the engine's all-reduce sweep fitted. No timing is asserted. ~50 s
+    on the loaded 2-core VM, most of it the two data=2 bundles' exports."""
     env = {k: v for k, v in os.environ.items() if k != "STRATA_CACHE_DIR" and not k.startswith("OMPI_")}
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "run.py"), "--quick", "--sections", "multiprocess",
                         "--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -518,10 +519,10 @@ def test_quick_multiprocess_section_end_to_end(tmp_path: Any) -> None:
     assert 0 <= job["xproc_overlap_ratio"] <= 1 and job["xproc_s"] > 0 and job["xproc_wait_s"] >= 0
     assert d["ratio"]["step_time"] == pytest.approx(job["median_s"] / one["median_s"])
     fs = res["meshes"]["fsdp=2"]
-    assert fs["one_process"]["median_s"] > 0
-    if fs.get("not_built"):  # until fsdp spans processes: strata's own refusal, no number
-        assert "fsdp" in fs["not_built"] and "processes" not in fs, fs
+    if fs.get("not_built"):  # until fsdp spans processes: strata's own refusal, no number (--quick: no export either)
+        assert "fsdp" in fs["not_built"] and "processes" not in fs and "one_process" not in fs, fs
     else:
+        assert fs["one_process"]["median_s"] > 0
         assert fs["processes"]["xproc_bytes"] == fs["explain"]["wire_bytes_all_processes"] > 0
     sw = res["sweep"]
     assert [p["bytes"] for p in sw] == [4 ** k for k in range(1, 11)]
