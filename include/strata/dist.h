@@ -180,6 +180,12 @@ typedef struct st_dist_coll_request {
   const char* name; /* copied; in errors and for the hang watchdog ("grad:layers.3.wq"); NULL: "unnamed" */
 } st_dist_coll_request;
 
+/* Bytes one rank sends for a collective of |count| elements over |size| ranks, as st_dist_coll_timing.bytes_sent
+ * reports it: (size-1) blocks of count/size elements per phase, two phases (alltoall, then all-gather) and blocks
+ * of the padded count for an all-reduce, so about 2(size-1)/size of the message; 0 when size <= 1. For `strata
+ * plan --explain`, which counts the XPROC ops' traffic without running them. */
+int64_t st_dist_coll_bytes_sent(st_dist_coll_kind kind, size_t count, int size);
+
 typedef struct st_dist_coll st_dist_coll;
 typedef struct st_dist_coll_timing {
   double queued_s, started_s, completed_s; /* st_now() seconds: queued, MPI issued (after before()), result in data */

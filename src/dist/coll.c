@@ -122,6 +122,10 @@ int64_t st__dist_coll_bytes(st_dist_coll_kind kind, size_t count, int size) {
   return kind == ST_DIST_ALL_REDUCE ? 2 * phase : phase;
 }
 
+int64_t st_dist_coll_bytes_sent(st_dist_coll_kind kind, size_t count, int size) {
+  return st__dist_coll_bytes(kind, count, size);
+}
+
 void st__dist_coll_sum_ordered(const float* recv, size_t block, int size, float* out) {
   if (!block) return;
   /* Rank 0's value itself, not 0 + it: 0.0f + -0.0f would be +0.0f. */
