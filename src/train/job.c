@@ -121,6 +121,25 @@ st_status st__job_rank0_first(st__trainer* t, bool before) {
   return st_dist_barrier(t->dist);
 }
 
+/* The CPU plugin refuses node_id and has no collectives across processes
+ * to share a client for: its jobs keep one client per process, their
+ * cross-process traffic all MPI's. Any other plugin (by its file name,
+ * before it is loaded: st_runtime_guess_platform) shares one, unless
+ * runtime.shared_client says otherwise. */
+void st__job_runtime_kv(st__trainer* t, st_plan_options* o) {
+  t->shared_client = false;
+  if (!t->dist || !st_dist_multi(t->dist)) return;
+  bool shared = o->shared_client == 1;
+  if (o->shared_client < 0) {
+    char platform[32], basis[512];
+    st_runtime_guess_platform(&o->runtime, platform, sizeof(platform), basis, sizeof(basis));
+    shared = strcmp(platform, "cpu") != 0;
+  }
+  if (!shared) return;
+  st_dist_runtime_kv(t->dist, &o->runtime.kv);
+  t->shared_client = true;
+}
+
 /* The job's figures of a step, on every rank's metrics line (rank 0's is
  * the job's metrics.jsonl; docs/multiprocess.md, "Metrics"): the slowest
  * and fastest rank's step time (a straggler shows as their gap), and the
