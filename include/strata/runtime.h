@@ -118,7 +118,7 @@ typedef struct st_runtime_options {
    * these functions (copied; kv.user is borrowed for the runtime's life).
    * Zeroed (the default): a client of this process alone, as always. The
    * CPU plugin refuses node_id: the caller decides (the trainer: on for a
-   * job's non-CPU plugin, runtime.shared_client). */
+   * job's GPU or TPU plugin, runtime.shared_client). */
   st_runtime_kv kv;
 } st_runtime_options;
 

@@ -156,7 +156,7 @@ st_status st__plan_programs(st__trainer* t, const st_plan* plan, st_program*** o
 st_status st__job_init(st__trainer* t, st_plan_options* o);
 st_status st__job_rank0_first(st__trainer* t, bool before);
 /* In a job of several processes: whether its ranks share one PJRT client
- * (runtime.shared_client; auto: unless the plugin is the CPU plugin) and,
+ * (runtime.shared_client; auto: for a GPU or TPU plugin) and,
  * when they do, o->runtime.kv served from t->dist's store
  * (docs/multiprocess.md, "One PJRT client across processes"). Sets
  * t->shared_client. Nothing in one process. */
