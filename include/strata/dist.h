@@ -147,6 +147,16 @@ st_status st_dist_kv_get(st_dist* dist, const char* key, int64_t timeout_ms, voi
 /* Looks once: *found false (and *value NULL) when no rank has put |key|. */
 st_status st_dist_kv_try_get(st_dist* dist, const char* key, bool* found, void** value, size_t* size);
 
+/* The store as a PJRT client's key-value store (strata/runtime.h,
+ * st_runtime_options.kv): put, get (a wait that runs out is *found false,
+ * which the runtime answers the plugin with DEADLINE_EXCEEDED) and try_get
+ * on |dist|, node_id its rank, num_nodes the world size. |dist| must
+ * outlive the runtime created with it: finalize after st_runtime_destroy
+ * (the plugin may still use the store after the client exists). NULL
+ * |dist| zeroes *out (no store). */
+struct st_runtime_kv;
+void st_dist_runtime_kv(st_dist* dist, struct st_runtime_kv* out);
+
 /*--- cross-process collectives -------------------------------------------*/
 
 /* Cross-process collectives: the plan's XPROC ops (docs/multiprocess.md). Every reduction sums in rank order

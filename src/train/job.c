@@ -132,6 +132,26 @@ st_status st__job_rank0_first(st__trainer* t, bool before) {
   return st_dist_barrier(t->dist);
 }
 
+/* The CPU plugin refuses node_id and has no collectives across processes
+ * to share a client for: its jobs keep one client per process, their
+ * cross-process traffic all MPI's. A plugin whose file name says it is a
+ * GPU or TPU one (st_runtime_guess_platform, before it is loaded) shares
+ * one; a name that says nothing keeps today's client per process, since
+ * it may well be a CPU plugin. runtime.shared_client=on|off overrides. */
+void st__job_runtime_kv(st__trainer* t, st_plan_options* o) {
+  t->shared_client = false;
+  if (!t->dist || !st_dist_multi(t->dist)) return;
+  bool shared = o->shared_client == 1;
+  if (o->shared_client < 0) {
+    char platform[32], basis[512];
+    st_runtime_guess_platform(&o->runtime, platform, sizeof(platform), basis, sizeof(basis));
+    shared = strcmp(platform, "cpu") != 0 && strcmp(platform, "unknown") != 0;
+  }
+  if (!shared) return;
+  st_dist_runtime_kv(t->dist, &o->runtime.kv);
+  t->shared_client = true;
+}
+
 /* The job's figures of a step, on every rank's metrics line (rank 0's is
  * the job's metrics.jsonl; docs/multiprocess.md, "Metrics"): the slowest
  * and fastest rank's step time (a straggler shows as their gap), and the

@@ -975,8 +975,20 @@ static st_status st__train_open(st__trainer* t, const st_config* cfg, st_plan_op
   st_plan_opened* op = &t->opened;
   st_status s = st_plan_open_bundle(o, &how, op);
   t->bundle = op->bundle;
+  /* A client shared by the job's processes forms only when every rank
+   * creates it at once: rank 0 lets the others go now, not after it has
+   * compiled (st__job_rank0_first). */
+  st__job_runtime_kv(t, o);
+  if (!s && t->shared_client) {
+    t->rank0_released = true;
+    s = st__job_rank0_first(t, false);
+  }
   /* The data are open: what the plugin adds comes next (the memory events). */
   if (!s) s = st_plan_open_runtime(o, &how, op);
+  if (s && t->shared_client && st_status_code(s) == ST_CODE_RUNTIME)
+    s = st_status_annotate(s, "runtime.shared_client=%s: one PJRT client across the job's %d processes (off: one "
+                              "client per process)",
+                           o->shared_client == 1 ? "on" : "auto", o->procs);
   t->runtime = op->runtime;
   t->mem_base = op->mem_before_runtime;
   t->mem_plugin = op->mem_after_runtime;
@@ -1211,7 +1223,7 @@ st_status st_train_main(const st_config* cfg) {
   if (!s) s = st__train_open(&t, cfg, &o);
   if (!s) s = st__train_compile(&t, &o);
   if (t.dist) {
-    st_status js = st__job_rank0_first(&t, false);
+    st_status js = t.rank0_released ? ST_OK : st__job_rank0_first(&t, false);
     if (!s) s = js;
     else st_status_free(js);
     if (!s) {

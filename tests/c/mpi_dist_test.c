@@ -16,6 +16,13 @@
  *               meanwhile; before()/after() order and thread; a before()
  *               failing on one rank; pending naming a held collective;
  *               refusals; barrier, broadcast; finalize with one unwaited
+ *   pjrtkv      the PJRT key-value callbacks (src/runtime/kv_callbacks.c)
+ *               over dist's store (st_dist_runtime_kv), called as a GPU
+ *               plugin would (hand-built argument structs; the plugin's
+ *               callback_error is a stand-in: no GPU plugin here): put on
+ *               rank 1, get on rank 0 and the reverse, a get that waits
+ *               for a later put, a get that times out (DEADLINE_EXCEEDED
+ *               naming the key, bounded), try-get NOT_FOUND, then present
  *   plain       a job of one: no MPI, local store, silent
  *
  * Each rank prints only failures ("rank R: ...") and exits 1 on one; mpirun
@@ -31,8 +38,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "runtime/rt_internal.h" /* the PJRT key-value callbacks */
 #include "strata/base.h"
 #include "strata/dist.h"
+#include "strata/runtime.h"
 
 /* Under ASan: the slow unwinder, so a leak inside Open MPI shows the
  * libmpi / libopen-pal frames that tests/c/lsan.supp names (the
@@ -254,6 +263,123 @@ static int case_kv(void) {
   CHECK(waited >= 0.29 && waited < 3.0, "the missing key's get took %.2f s", waited);
   CHECK(v == NULL, "a failed get left a value");
   run_threads(d);
+  return finish(d);
+}
+
+/*--- pjrtkv -----------------------------------------------------------------------------*/
+
+/* The plugin's callback_error, as the plugin makes it: an error carrying a
+ * copy of the code and message (freed by pj_err_take). */
+typedef struct fake_pj_error {
+  int code;
+  char* message;
+} fake_pj_error;
+
+static pj_error* fake_callback_error(int code, const char* message, size_t size) {
+  fake_pj_error* e = malloc(sizeof(*e));
+  e->code = code;
+  e->message = strndup(message, size);
+  return (pj_error*)e;
+}
+static pj_callback_error_fn g_callback_error = fake_callback_error;
+
+/* |e| is an error of |code| whose message holds |needle|; frees it. */
+static void expect_pj(pj_error* e, int code, const char* needle, const char* what) {
+  fake_pj_error* f = (fake_pj_error*)e;
+  if (!f) {
+    fail("%s: expected PJRT error %d, got success", what, code);
+    return;
+  }
+  CHECK(f->code == code, "%s: PJRT error %d, wanted %d: %s", what, f->code, code, f->message);
+  CHECK(strstr(f->message, needle) != NULL, "%s: message lacks '%s': %s", what, needle, f->message);
+  free(f->message);
+  free(f);
+}
+
+/* A call that should have succeeded returned |e|: report it and free it. */
+static void unexpected_pj(pj_error* e, const char* what) {
+  fake_pj_error* f = (fake_pj_error*)e;
+  fail("%s: PJRT error %d: %s", what, f->code, f->message);
+  free(f->message);
+  free(f);
+}
+
+static void pj_put(st_runtime_kv* kv, const char* key, const char* value, size_t size) {
+  pj_kv_put_args a = {.struct_size = sizeof(a), .key = key, .key_size = strlen(key), .value = value,
+                      .value_size = size, .callback_error = &g_callback_error, .user = kv};
+  pj_error* e = st__pjrt_kv_put(&a);
+  if (e) unexpected_pj(e, key);
+}
+
+static pj_error* pj_get(st_runtime_kv* kv, const char* key, int timeout_ms, pj_kv_get_args* a) {
+  *a = (pj_kv_get_args){.struct_size = sizeof(*a), .key = key, .key_size = strlen(key), .timeout_in_ms = timeout_ms,
+                        .callback_error = &g_callback_error, .user = kv};
+  return st__pjrt_kv_get(a);
+}
+
+/* A get that succeeds with |want|; the value released through the deleter. */
+static void pj_expect(st_runtime_kv* kv, const char* key, int timeout_ms, const char* want, size_t want_size) {
+  pj_kv_get_args a;
+  pj_error* e = pj_get(kv, key, timeout_ms, &a);
+  if (e) {
+    unexpected_pj(e, key);
+    return;
+  }
+  CHECK(a.value_size == want_size && memcmp(a.value, want, want_size) == 0 && a.value_deleter,
+        "get '%s': %zu bytes, wanted %zu", key, a.value_size, want_size);
+  if (a.value_deleter) a.value_deleter(a.value);
+}
+
+static int case_pjrtkv(void) {
+  st_dist* d = start();
+  st_runtime_kv kv;
+  st_dist_runtime_kv(d, &kv);
+  CHECK(kv.node_id == g_rank && kv.num_nodes == 2 && kv.user == d, "st_dist_runtime_kv: node %d of %d", kv.node_id,
+        kv.num_nodes);
+  /* Put on rank 1, get on rank 0 (rank 0 holds the store: its get is
+   * local), and the reverse (rank 1's get goes over MPI). Binary values. */
+  if (g_rank == 1) pj_put(&kv, "topology:1", "t\0one", 5);
+  if (g_rank == 0) pj_put(&kv, "topology:0", "t\0zero", 6);
+  pj_expect(&kv, "topology:1", 5000, "t\0one", 5);
+  pj_expect(&kv, "topology:0", 5000, "t\0zero", 6);
+
+  /* A get waiting for a put rank 1 makes later. */
+  MPI_Barrier(MPI_COMM_WORLD);
+  double t0 = st_now();
+  if (g_rank == 1) {
+    sleep_s(0.3);
+    pj_put(&kv, "nccl_unique_id", "id", 2);
+  } else {
+    pj_expect(&kv, "nccl_unique_id", 10000, "id", 2);
+    double waited = st_now() - t0;
+    CHECK(waited >= 0.25 && waited < 5.0, "the late get waited %.2f s", waited);
+  }
+
+  /* A key nobody puts: DEADLINE_EXCEEDED naming it, within a bounded time,
+   * on both ranks (rank 0's wait is local, rank 1's is rank 0's). */
+  t0 = st_now();
+  pj_kv_get_args a;
+  expect_pj(pj_get(&kv, "never-put", 300, &a), PJ_CODE_DEADLINE_EXCEEDED, "'never-put'", "get of a missing key");
+  double waited = st_now() - t0;
+  CHECK(waited >= 0.29 && waited < 3.0, "the missing key's get took %.2f s", waited);
+  CHECK(a.value == NULL && a.value_size == 0, "a failed get left a value");
+
+  /* try-get: NOT_FOUND at once for a missing key, the value for a present one. */
+  pj_kv_try_get_args t = {.struct_size = sizeof(t), .key = "never-put", .key_size = 9,
+                          .callback_error = &g_callback_error, .user = &kv};
+  t0 = st_now();
+  expect_pj(st__pjrt_kv_try_get(&t), PJ_CODE_NOT_FOUND, "'never-put'", "try-get of a missing key");
+  CHECK(st_now() - t0 < 2.0, "try-get of a missing key took %.2f s", st_now() - t0);
+  t = (pj_kv_try_get_args){.struct_size = sizeof(t), .key = "topology:1", .key_size = 10,
+                           .callback_error = &g_callback_error, .user = &kv};
+  pj_error* e = st__pjrt_kv_try_get(&t);
+  if (e) {
+    unexpected_pj(e, "try-get of a present key");
+  } else {
+    CHECK(t.value_size == 5 && memcmp(t.value, "t\0one", 5) == 0, "try-get: %zu bytes", t.value_size);
+    t.value_deleter(t.value);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
   return finish(d);
 }
 
@@ -593,7 +719,8 @@ int main(int argc, char** argv) {
   if (strcmp(c, "agree") == 0) return case_agree();
   if (strcmp(c, "kv") == 0) return case_kv();
   if (strcmp(c, "coll") == 0) return case_coll();
+  if (strcmp(c, "pjrtkv") == 0) return case_pjrtkv();
   if (strcmp(c, "plain") == 0) return case_plain();
-  fprintf(stderr, "usage: mpi_dist_test agree|kv|coll|plain\n");
+  fprintf(stderr, "usage: mpi_dist_test agree|kv|pjrtkv|coll|plain\n");
   return 2;
 }

@@ -250,6 +250,16 @@ if command -v mpirun >/dev/null 2>&1; then
   rc=$?
   check "mpirun -np 2 with train.lr differing on rank 1: exit $rc (2) on every rank, naming train.lr and both values, no run dir" \
     "[ $rc = 2 ] && [ \$(grep -c 'ranks resolved different runs: train.lr: rank 0 has 0.001, rank 1 has 0.002' '$TMP/mpi-mm.out') = 2 ] && [ ! -e '$TMP/mpi-mismatch' ]"
+  # One PJRT client across the ranks forced on the CPU plugin, which
+  # refuses node_id/num_nodes: every rank reaches the client's creation
+  # (rank 0 lets the others go after the bundle, not after compiling) and
+  # stops with exit 4 quoting the plugin, none waiting forever.
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 mpirun --oversubscribe -np 2 \
+    "$STRATA" train configs/test.yml parallel.data=2 runtime.cpu_devices=1 runtime.shared_client=on \
+    run.dir="$TMP/mpi-shared" run.progress=off >"$TMP/mpi-shared.out" 2>&1
+  rc=$?
+  check "mpirun -np 2 with runtime.shared_client=on on the CPU plugin: exit $rc (4), both ranks at the client's creation" \
+    "[ $rc = 4 ] && grep -q 'runtime.shared_client=on: one PJRT client across the job.s 2 processes' '$TMP/mpi-shared.out' && grep -q 'creating one client across 2 processes (this one node 0)' '$TMP/mpi-shared.out' && grep -q 'creating one client across 2 processes (this one node 1)' '$TMP/mpi-shared.out'"
 else
   bad "mpirun not found: make setup installs openmpi-bin"
 fi
