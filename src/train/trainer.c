@@ -1113,7 +1113,7 @@ static st_status st__train_start(st__trainer* t, const st_config* cfg, double t0
   const st_plan_options* o = t->o;
   ST_RETURN(st__train_buffers(t));
   st_train_ckpt_init ci = {cfg, o, t->run_dir, t->bundle, &t->step_plan, t->ex, t->runtime, t->log, t->data,
-                           t->job_dir, o->rank > 0};
+                           t->job_dir, o->rank > 0, t->dist};
   ST_RETURN(st_train_ckpt_create(&ci, &t->ckpt));
   st_train_ckpt_set_watchdog(t->ckpt, t->watchdog);
   /* Restore first: a checkpoint sets every parameter and optimizer slot, so

@@ -412,6 +412,7 @@ static void test_save_open_round_trip(void** state) {
   assert_int_equal(c->mesh_fsdp, 1);
   assert_int_equal(c->mesh_tensor, 1);
   assert_int_equal(c->mesh_devices, 1);
+  assert_int_equal(c->mesh_processes, 0); /* one process: not recorded */
   st_ckpt_snapshot* want = make_snapshot(20);
   for (int i = 0; i < NT; ++i) {
     const st_ckpt_tensor_info* info = NULL;
@@ -426,6 +427,7 @@ static void test_save_open_round_trip(void** state) {
   m.step = 21;
   m.mesh_data = 2;
   m.mesh_tensor = 3;
+  m.mesh_processes = 2; /* a job of 2 processes (docs/multiprocess.md, "Checkpoints") */
   st_ckpt_snapshot_set_meta(want, &m);
   st_ckpt_save_options so = {root, 3, 0, NULL, NULL, {0}};
   ASSERT_OK(st_ckpt_save(&so, want, NULL));
@@ -437,6 +439,7 @@ static void test_save_open_round_trip(void** state) {
   assert_int_equal(c->mesh_fsdp, 1);
   assert_int_equal(c->mesh_tensor, 3);
   assert_int_equal(c->mesh_devices, 6);
+  assert_int_equal(c->mesh_processes, 2);
   st_ckpt_free(c);
   free(d21);
   char* latest = st_ckpt_read_latest(root);
