@@ -60,7 +60,9 @@ def _jax_costs(bundle: str) -> dict[str, tuple[str, dict[str, float]]]:
     return out
 
 
-@pytest.mark.parametrize("preset", ["tiny", "small"])
+# small is a long drill (make test-long): tiny keeps every program's count
+# against JAX's cost analysis in make test (the same programs, other sizes).
+@pytest.mark.parametrize("preset", ["tiny", pytest.param("small", marks=pytest.mark.long)])
 def test_flops_and_bytes_agree_with_jax_cost_analysis(preset: str, tmp_path: Any) -> None:
     bundle = str(tmp_path / "bundle")
     # The xla kernels: on CPU the default (kernels auto) is ffi, and a custom

@@ -425,31 +425,52 @@ def test_remat_ratios_budget_and_report() -> None:
     assert "Previous commit: not measured (git archive: no such commit)" in "\n".join(R.remat_markdown(res))
 
 
-def test_quick_remat_section_end_to_end(tmp_path: Any) -> None:
-    """`bench/run.py --quick --sections remat --base-commit HEAD` with real
-    processes: auto (no budget) trains none's plan, auto with a budget
-    recomputes some layers (fewer than full) within it, and HEAD built in a
-    scratch folder runs the same preset. No timing is asserted. ~2 min."""
+def _quick_remat(tmp_path: Any, *previous: str) -> dict[str, Any]:
+    """Runs `bench/run.py --quick --sections remat PREVIOUS...` and checks
+    this commit's part: auto (no budget) trains none's plan, auto with a
+    budget recomputes some layers (fewer than full) within it. No timing is
+    asserted. Returns the remat section's results."""
     env = {k: v for k, v in os.environ.items() if k != "STRATA_CACHE_DIR"}
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "run.py"), "--quick", "--sections", "remat",
-                        "--base-commit", "HEAD", "--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                        *previous, "--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     res = json.loads(next(tmp_path.glob("*.json")).read_text())["remat"]
     best, ch = res["best"], res["choices"]
-    assert sorted(best) == sorted(["auto", "none", "full", "auto with a budget", "previous default", "previous full"])
     assert best["auto"]["recomputes"] == best["none"]["recomputes"] == 0
     assert best["auto"]["peak_live_bytes"] == best["none"]["peak_live_bytes"] == res["none_peak_bytes"]
     assert 0 < best["auto with a budget"]["recomputes"] < best["full"]["recomputes"]
     assert best["auto with a budget"]["peak_live_bytes"] <= res["budget_bytes"] < res["none_peak_bytes"]
     assert ch["auto"]["remat"]["mode"] == "auto" and ch["auto"]["remat"]["recompute"] == []
     assert ch["auto with a budget"]["remat"]["fits"] is True
+    assert all(v is not None for v in res["ratio"]["vs_none"].values())
+    assert "### sched.remat on one device" in (tmp_path / "README.md").read_text()
+    return res
+
+
+def test_quick_remat_section_end_to_end(tmp_path: Any) -> None:
+    """`bench/run.py --quick --sections remat --no-previous` with real
+    processes: this commit's plans (the previous commit's build is
+    test_quick_remat_section_against_the_previous_commit, a long drill)."""
+    res = _quick_remat(tmp_path, "--no-previous")
+    assert sorted(res["best"]) == sorted(["auto", "none", "full", "auto with a budget"])
+    assert res["previous"] is None and res["ratio"]["default_vs_previous_default"] is None
+    assert "Previous commit: not measured (--no-previous)." in (tmp_path / "README.md").read_text()
+
+
+@pytest.mark.long
+def test_quick_remat_section_against_the_previous_commit(tmp_path: Any) -> None:
+    """A long drill (make test-long): `--base-commit HEAD`, HEAD built in a
+    scratch folder runs the same preset (make test runs the section without
+    it: test_quick_remat_section_end_to_end). ~2 min."""
+    res = _quick_remat(tmp_path, "--base-commit", "HEAD")
+    best, ch = res["best"], res["choices"]
+    assert sorted(best) == sorted(["auto", "none", "full", "auto with a budget", "previous default", "previous full"])
     assert ch["previous full"]["policy"].startswith("remat=full ")
     assert res["previous"]["rev"] == "HEAD" and len(res["previous"]["commit"]) == 40
-    assert all(v is not None for v in res["ratio"]["vs_none"].values())
     assert res["ratio"]["default_vs_previous_default"] is not None
-    md = (tmp_path / "README.md").read_text()
-    assert "### sched.remat on one device" in md and "This commit against the previous one" in md
+    assert "This commit against the previous one" in (tmp_path / "README.md").read_text()
+
 
 
 def test_multiprocess_summary_fit_and_report() -> None:

@@ -138,7 +138,7 @@ def test_fsdp4_state_is_a_quarter_accounted(tmp_path) -> None:
 def test_fsdp4_padding(tmp_path) -> None:
     """model.d_ff=66: w_down [66, 32] is cut in 17-row blocks, the last with 2
     zero rows; every other tensor divides. A device holds exactly the padded
-    blocks; the run trains like one device."""
+    blocks (training them: test_fsdp4_padding_trains_like_one_device)."""
     pad = ["model.d_ff=66"]
     one = plan_doc(*pad)["step"]
     doc = plan_doc(*pad, "parallel.fsdp=4", explain=True)
@@ -155,6 +155,15 @@ def test_fsdp4_padding(tmp_path) -> None:
     padded = {t["name"]: t["pad_rows"] for t in doc["explain"]["tensors"] if t.get("pad_rows")}
     assert set(padded) == {f"{p}layers.{l}.w_down" for l in range(N_LAYERS) for p in ("", "grad:", "gtmp:", "m:", "v:")}, padded
     assert set(padded.values()) == {2}
+
+
+@pytest.mark.long
+def test_fsdp4_padding_trains_like_one_device(tmp_path) -> None:
+    """A long drill (make test-long): the padded blocks of test_fsdp4_padding
+    trained on fsdp=4 against one device. make test keeps the padded plan
+    (above) and fsdp=4 training against one device without padding
+    (test_data_parallel.py's fsdp4)."""
+    pad = ["model.d_ff=66"]
     a, b = train(tmp_path, "one_pad", *pad, "train.steps=4"), train(tmp_path, "fsdp4_pad", *pad, "train.steps=4", "parallel.fsdp=4")
     np.testing.assert_allclose([m["loss"] for m in b["steps"]], [m["loss"] for m in a["steps"]], rtol=1e-5)
     np.testing.assert_allclose([m["grad_norm"] for m in b["steps"]], [m["grad_norm"] for m in a["steps"]], rtol=1e-4)

@@ -32,21 +32,28 @@ if not os.path.exists(PY):
     PY = sys.executable
 STEPS = 4
 MESHES = ("tensor=2", "data=2,tensor=2", "tensor=4")
+# make test drives the step on data=2 x tensor=2 (the tensor-parallel
+# programs and the 1/data scaling together); tensor=2 and tensor=4 are long
+# drills (make test-long), run by the child only in a session that asks for
+# them.
+QUICK = ("data=2,tensor=2",)
 
 
 @pytest.fixture(scope="module")
-def child() -> dict:
+def child(request: pytest.FixtureRequest) -> dict:
+    expr = request.config.option.markexpr or ""
+    meshes = MESHES if "long" in expr and "not long" not in expr else QUICK
     env = dict(os.environ)
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.path.join(ROOT, "python")
-    r = subprocess.run([PY, os.path.abspath(__file__), "--child"], env=env, capture_output=True, text=True,
-                       timeout=900)
+    r = subprocess.run([PY, os.path.abspath(__file__), "--child", ";".join(meshes)], env=env, capture_output=True,
+                       text=True, timeout=900)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("mesh", MESHES)
+@pytest.mark.parametrize("mesh", [m if m in QUICK else pytest.param(m, marks=pytest.mark.long) for m in MESHES])
 def test_tp_step_matches_reference(child: dict, mesh: str) -> None:
     ref, got = child["reference"], child["runs"][mesh]
     assert len(got["losses"]) == STEPS
@@ -197,7 +204,7 @@ def _child() -> None:
         out["params_max_excess"], out["params_worst"] = excess, worst
         return out
 
-    runs = {m: run_mesh(m) for m in MESHES}
+    runs = {m: run_mesh(m) for m in sys.argv[sys.argv.index("--child") + 1].split(";")}
     print(json.dumps({"reference": {"losses": hist["losses"], "grad_norms": hist["grad_norms"]}, "runs": runs,
                       "grad_clip": tc.grad_clip}))
 
