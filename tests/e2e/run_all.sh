@@ -5,6 +5,16 @@
 # ${STRATA:-./build/strata}.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
+# One bundle and executable cache for every script that does not test the
+# cache itself: the one pytest uses (STRATA_CACHE_DIR, else ~/.cache/strata),
+# so a config exported and compiled once is loaded everywhere after. The
+# scripts testing a cold export, concurrent exports, damaged or tampered
+# entries or the cache's path (test_train, test_progress, test_json,
+# test_config, test_install, test_ckpt's cold-export drill) keep private
+# ones. Entries are locked per bundle and renamed into place, so the two
+# streams of make test share it safely. STRATA_E2E_SHARED_CACHE=0: every
+# script its own empty cache, as when run alone.
+export STRATA_E2E_SHARED_CACHE=${STRATA_E2E_SHARED_CACHE:-1}
 
 passed=0
 failed=0

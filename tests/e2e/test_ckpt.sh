@@ -27,7 +27,8 @@ cleanup() {
 }
 trap cleanup EXIT
 # One cache for the whole file: compiled once, every restart loads it.
-export STRATA_CACHE_DIR="$TMP/cache"
+# The cache of the whole make test when run_all.sh shares one (tests/README.md, "Time"); alone, a private one.
+[ "${STRATA_E2E_SHARED_CACHE:-0}" = 1 ] || export STRATA_CACHE_DIR="$TMP/cache"
 
 source "$(dirname "$0")/lib.sh"
 

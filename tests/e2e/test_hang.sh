@@ -19,7 +19,8 @@ PY=$(realpath "${PY:-.venv/bin/python}")
 DRILL="$PY $(realpath tests/e2e/ckpt_drill.py)"
 TMP=$(mktemp -d /tmp/strata-e2e-hang-XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
-export STRATA_CACHE_DIR="$TMP/cache"
+# The cache of the whole make test when run_all.sh shares one (tests/README.md, "Time"); alone, a private one.
+[ "${STRATA_E2E_SHARED_CACHE:-0}" = 1 ] || export STRATA_CACHE_DIR="$TMP/cache"
 
 source "$(dirname "$0")/lib.sh"
 

@@ -24,7 +24,8 @@ STRATA=$(realpath "${STRATA:-./build/strata}")
 PY=${PY:-.venv/bin/python}
 TMP=$(mktemp -d /tmp/strata-e2e-sched-XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
-export STRATA_CACHE_DIR="$TMP/cache"
+# The cache of the whole make test when run_all.sh shares one (tests/README.md, "Time"); alone, a private one.
+[ "${STRATA_E2E_SHARED_CACHE:-0}" = 1 ] || export STRATA_CACHE_DIR="$TMP/cache"
 
 source "$(dirname "$0")/lib.sh"
 

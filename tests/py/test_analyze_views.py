@@ -270,6 +270,9 @@ def test_optimized_hlo_fusions(tmp_path: Any) -> None:
     # Without the key nothing is kept, and analyze says how to keep it.
     run2 = str(tmp_path / "run2")
     env2 = {"STRATA_CACHE_DIR": str(tmp_path / "cache2")}
+    # The same bundle (what is tested is the executable cache, which starts
+    # empty): no second export.
+    shutil.copytree(tmp_path / "cache" / "bundles", tmp_path / "cache2" / "bundles")
     r = _strata("train", "configs/test.yml", "train.steps=1", "run.progress=off", f"run.dir={run2}", env=env2)
     assert r.returncode == 0, r.stderr
     assert not [f for f in os.listdir(tmp_path / "cache2" / "executables") if ".hlo" in f]

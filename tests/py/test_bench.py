@@ -517,8 +517,12 @@ def test_multiprocess_summary_fit_and_report() -> None:
     assert "a model on paper, not a measurement" in md and "previous default" in md
 
 
+@pytest.mark.long
 def test_quick_multiprocess_section_end_to_end(tmp_path: Any) -> None:
-    """`bench/run.py --quick --sections multiprocess` with real processes:
+    """A long drill (make test-long; make test keeps
+    test_multiprocess_summary_fit_and_report, the section's summary, fit and
+    report, and test_multiprocess.py's jobs of two processes trained against
+    one): `bench/run.py --quick --sections multiprocess` with real processes:
     data=2 as 1 process x 2 devices and as 2 processes x 1 device under
     `mpirun --oversubscribe -np 2` (with Open MPI's root consent, set by
     the section), the bytes the job sent equal to `strata plan --explain`'s

@@ -92,6 +92,7 @@ def drift_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray
             "ref_bf16": np.array(ref["losses"])}
 
 
+@pytest.mark.long
 def test_bf16_drift_against_f32_is_bounded(drift_runs: dict[str, np.ndarray]) -> None:
     f32, bf16 = drift_runs["f32"], drift_runs["bf16"]
     assert len(f32) == len(bf16) == 30
@@ -102,6 +103,7 @@ def test_bf16_drift_against_f32_is_bounded(drift_runs: dict[str, np.ndarray]) ->
     assert rel.max() <= MAX_DRIFT and rel[-1] <= FINAL_DRIFT, (rel.max(), rel[-1])
 
 
+@pytest.mark.long
 def test_bf16_strata_matches_the_bf16_reference(drift_runs: dict[str, np.ndarray]) -> None:
     ours, ref = drift_runs["bf16"], drift_runs["ref_bf16"]
     rel = np.abs(ours - ref) / ref
@@ -111,6 +113,24 @@ def test_bf16_strata_matches_the_bf16_reference(drift_runs: dict[str, np.ndarray
     assert rel[0] <= 1e-6, rel[0]
     assert rel[:10].max() <= EARLY_REF, rel[:10]
     assert rel.max() <= MAX_REF, rel.max()
+
+
+def test_bf16_strata_matches_the_bf16_reference_first_steps(tmp_path: Path) -> None:
+    """The short version of the two 30-step drift tests above (make
+    test-long): strata's bf16 run against the reference's bf16 run over the
+    first 10 steps, where the trajectories are the same up to rounding
+    (EARLY_REF; step 1 the same loss). The only make-test training of a bf16
+    bundle by strata; the bf16 programs' gradients against jax.grad are
+    test_model.py::test_chained_programs_match_full_model_grad[True-bf16]."""
+    over = [o for o in DRIFT if not o.startswith("train.steps=")] + ["train.steps=10", "model.compute_dtype=bf16"]
+    metrics, ref = train_and_reference("configs/tiny.yml", over, tmp_path / "bf16")
+    ours = np.array([m["loss"] for m in metrics if "loss" in m and "step" in m])
+    want = np.array(ref["losses"])
+    assert len(ours) == len(want) == 10
+    rel = np.abs(ours - want) / want
+    print(f"strata bf16 vs reference bf16 over 10 steps: max {rel.max():.3e}")
+    assert rel[0] <= 1e-6, rel[0]
+    assert rel.max() <= EARLY_REF, rel
 
 
 @pytest.mark.long
