@@ -74,9 +74,10 @@ test-c:
 	  ctest --output-on-failure -j 1
 
 # The pytest files the second stream runs after the C tests, the e2e scripts
-# and the fuzz smoke (the anchors and the bench pipeline), so both streams
-# end at about the same time; `make test-py` runs them all.
-PY_STREAM2 ?= tests/py/test_anchor.py tests/py/test_anchor_mesh.py tests/py/test_bench.py
+# and the fuzz smoke (the anchors, the bench pipeline, the checkpoint
+# resharding and tensor-parallel training files), so both streams end at
+# about the same time; `make test-py` runs them all.
+PY_STREAM2 ?= tests/py/test_anchor.py tests/py/test_anchor_mesh.py tests/py/test_bench.py tests/py/test_ckpt_reshard.py tests/py/test_tensor_train.py
 test-py:
 	@$(PY) -m pytest -q --durations=40 -m "not long" tests/py
 
