@@ -410,6 +410,7 @@ static st_status st__to_host_xcut(st_executor* ex, int slot, void* dst, size_t s
   if (!ex->dist) return st_status_make(ST_CODE_INTERNAL, "slot '%s' is cut across processes, the executor has no job", s->name);
   const size_t P = (size_t)st_dist_size(ex->dist), rank = (size_t)st_dist_rank(ex->dist);
   const size_t bn = (size_t)st_tensor_type_elements(&s->type), wb = st_tensor_type_bytes(&s->xwhole);
+  const bool sharded = ex->ndev > 1 && s->layout == ST_LAYOUT_SHARDED;
   float* all = st_xcalloc(bn * P + 1, sizeof(float));
   st_buffer* wholes[ST_MESH_MAX_DEVICES] = {0};
   st_status st = ST_OK;
@@ -421,14 +422,15 @@ static st_status st__to_host_xcut(st_executor* ex, int slot, void* dst, size_t s
     st_dist_coll_request req = {.kind = ST_DIST_ALL_GATHER, .data = all, .count = bn * P, .name = s->name};
     if (!st) st = st_dist_coll_start(ex->dist, &req, &c);
     if (!st) st = st_dist_coll_wait(c, NULL);
-    if (!st && ex->ndev == 1) {
+    if (!st && !sharded && d == 0) {
+      /* replicated over this process's devices: index 0's is the value */
       if (size != wb) st = st_status_make(ST_CODE_INTERNAL, "slot '%s' holds %zu bytes whole, the destination %zu", s->name, wb, size);
       else memcpy(dst, all, wb);
-    } else if (!st) {
+    } else if (!st && sharded) {
       st = st_buffer_from_host(ex->runtime, ex->device + d, &s->xwhole, all, &wholes[d]);
     }
   }
-  if (!st && ex->ndev > 1) {
+  if (!st && sharded) {
     st_mesh mesh;
     st = st__mesh(ex, &mesh);
     if (!st) st = st_sharding_to_host(&mesh, &s->logical, &s->sharding, wholes, dst, size);
