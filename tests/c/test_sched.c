@@ -815,7 +815,7 @@ static st_bundle* test_bundle(void) {
   ASSERT_OK(st_config_load(STRATA_SOURCE_DIR "/configs/test.yml", 2, ov, &cfg));
   st_plan_options o;
   ASSERT_OK(st_plan_options_from_config(cfg, &o));
-  st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, NULL, NULL, false};
+  st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, NULL, NULL, false, 0};
   st_bundle* b = NULL;
   bool exported = false;
   ASSERT_OK(st_bundle_ensure(&req, &b, &exported));
