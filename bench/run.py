@@ -27,13 +27,26 @@ Measures (docs/performance.md explains the method and shows the numbers):
             the default policy, sched.wait=eager, sched.grad_reduce=bucketed
             (meshes with data > 1), sched.gather_prefetch=0 and
             sched.reshard_after_forward=false (meshes with fsdp > 1)
+  multiprocess
+            the same mesh (data=2, fsdp=2) on the same 2 cores as 1 process x
+            2 devices and as 2 processes x 1 device (mpirun --oversubscribe
+            -np 2): step time ratio, overlap ratio (comm_overlap_ratio in one
+            process, xproc_overlap_ratio across processes), bytes crossing
+            processes per step (xproc_bytes, against `strata plan --explain`)
+            and MPI time per step (xproc_s, xproc_wait_s); a mesh the trainer
+            refuses across processes (exit 2) is a "not built" row. Also the
+            dist engine's all-reduce against message size on 2 ranks
+            (build/mpi_coll_bench), an alpha-beta fit of it and the model's
+            scaling estimate (docs/multiprocess.md). The single-process
+            default path against the previous commit is the remat section's
+            "previous default" run.
   extra     every other bench/bench_*.py, whose Markdown output is folded in
 
 Results: bench/results/<date>-<host>.json and a Markdown section appended to
 bench/results/README.md (both skipped with --no-save). Speed targets are
 reported, never asserted.
 
-    .venv/bin/python bench/run.py [--quick] [--sections step,compile,overhead,remat,parallel,extra]
+    .venv/bin/python bench/run.py [--quick] [--sections step,compile,overhead,remat,parallel,multiprocess,extra]
         [--rounds N] [--no-save] [--base-commit REV | --no-previous]
 """
 
@@ -62,7 +75,7 @@ sys.path.insert(0, HERE)
 import flops as FL  # noqa: E402
 import perfsplit  # noqa: E402
 
-SECTIONS = ("step", "compile", "overhead", "remat", "parallel", "extra")
+SECTIONS = ("step", "compile", "overhead", "remat", "parallel", "multiprocess", "extra")
 OWN_HELPERS = {"bench_ckpt.py", "bench_memory.py", "bench_sched.py"}  # not special: listed here only for the docs' sake
 
 
@@ -103,6 +116,21 @@ class RematPreset:
 
 
 @dataclass
+class MultiprocPreset:
+    """The multiprocess section: each mesh as 1 process x N devices and as N
+    processes x 1 device, and the all-reduce sweep of the alpha-beta fit."""
+    config: str
+    overrides: list[str]
+    steps: int
+    warmup: int
+    rounds: int
+    meshes: list[str]        # parse_mesh strings over 2 devices: "data=2", "fsdp=2"
+    sweep_max_bytes: int     # mpi_coll_bench's largest all-reduce
+    scale: tuple[str, list[str]]  # the config whose gradients the scaling estimate moves
+    refused_alone: bool = True  # time a mesh's 1-process runs even when its job is refused (not --quick: an export)
+
+
+@dataclass
 class Plan:
     """What to run; --quick shrinks everything to check the pipeline in a minute or two."""
     presets: dict[str, Preset]
@@ -120,6 +148,7 @@ class Plan:
     extra_timeout_s: int
     parallel: ParallelPreset | None = None
     remat: RematPreset | None = None
+    multiproc: MultiprocPreset | None = None
 
 
 # GPT-2 small (configs/gpt2-124m.yml) at a short context: its shape (12
@@ -141,6 +170,8 @@ FULL = Plan(
                             meshes=["1", "data=2", "data=4", "fsdp=2", "fsdp=4", "tensor=2", "data=2,tensor=2",
                                     "data=2,fsdp=2", "fsdp=2,tensor=2"]),
     remat=RematPreset("configs/tiny.yml", [], steps=20, warmup=5, rounds=3),
+    multiproc=MultiprocPreset("configs/tiny.yml", [], steps=20, warmup=5, rounds=2, meshes=["data=2", "fsdp=2"],
+                              sweep_max_bytes=64 << 20, scale=("configs/gpt2-124m.yml", GPT2_SHORT)),
 )
 QUICK = Plan(
     presets={"test": Preset("configs/test.yml", [], steps=8, warmup=2, diagnostics=True)},
@@ -152,6 +183,9 @@ QUICK = Plan(
     parallel=ParallelPreset("configs/test.yml", ["train.batch_size=8"], steps=6, warmup=2, rounds=1,
                             meshes=["1", "data=2", "fsdp=2", "tensor=2"]),
     remat=RematPreset("configs/test.yml", [], steps=8, warmup=2, rounds=1),
+    multiproc=MultiprocPreset("configs/test.yml", ["train.batch_size=8"], steps=6, warmup=2, rounds=1,
+                              meshes=["data=2", "fsdp=2"], sweep_max_bytes=1 << 20, scale=("configs/test.yml", []),
+                              refused_alone=False),
 )
 
 # Every kernel op at xla in this build's strata runs: the sections here set
@@ -361,6 +395,14 @@ def run_proc(cmd: list[str], env: dict[str, str], timeout_s: float, stop_when: C
                       int(ru.ru_minflt), killed)
 
 
+class StrataFailed(RuntimeError):
+    """A strata run that exited non-zero; rc is its exit code (2: a config strata refuses)."""
+
+    def __init__(self, message: str, rc: int) -> None:
+        super().__init__(message)
+        self.rc = rc
+
+
 class Bench:
     def __init__(self, plan: Plan, work: str, log: Callable[[str], None], strata: str | None = None) -> None:
         self.plan, self.work, self.log = plan, work, log
@@ -390,16 +432,21 @@ class Bench:
     # --- one strata run ---
     def strata_train(self, config: str, overrides: list[str], name: str, env: dict[str, str] | None = None,
                      stop_at_run: bool = False, timeout_s: float = 900, perf: str | None = None,
-                     window: tuple[int, int] | None = None, strata: str | None = None) -> dict[str, Any]:
+                     window: tuple[int, int] | None = None, strata: str | None = None,
+                     launcher: list[str] | None = None) -> dict[str, Any]:
         """window: (first, last) step lines between which CPU time and page
         faults are sampled (not with perf: then the process is perf's).
-        strata: another build's binary (the remat section's previous commit)."""
+        strata: another build's binary (the remat section's previous commit).
+        launcher: a command the run is started under (mpirun ... -np 2):
+        the run dir is then rank 0's, the job's."""
         run_dir = self.tmp(name)
         # The previous commit's build (strata=) keeps its own defaults.
         pin = KERNELS_XLA if (strata or self.strata) == self.strata else []
         cmd = [strata or self.strata, "train", config, *pin, *overrides, f"run.dir={run_dir}", "run.progress=off"]
         if perf:
             cmd = perfsplit.record_prefix(perf) + cmd
+        if launcher:
+            cmd = [*launcher, *cmd]
         events_path = os.path.join(run_dir, "events.jsonl")
 
         def at_run() -> bool:
@@ -412,7 +459,7 @@ class Bench:
         events = read_jsonl(events_path)
         ok = pr.rc == 0 or (stop_at_run and pr.killed and "run" in events_by_name(events))
         if not ok:
-            raise RuntimeError(f"{' '.join(cmd)} exited {pr.rc}:\n{pr.stderr_tail}")
+            raise StrataFailed(f"{' '.join(cmd)} exited {pr.rc}:\n{pr.stderr_tail}", pr.rc)
         return {"proc": pr, "events": events, "metrics": read_jsonl(os.path.join(run_dir, "metrics.jsonl")),
                 "run_dir": run_dir}
 
@@ -1063,6 +1110,272 @@ def section_parallel(b: Bench) -> dict[str, Any]:
     return out
 
 
+# --- multiprocess: 1 process x 2 devices against 2 processes x 1 device ------------
+
+# Open MPI's consent to run as root (CI containers) and to put more ranks
+# than cores on a host: this section's environment only, never the docs'.
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def mp_summary(metrics: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+    """Medians over the measured steps of one run's metrics, one process or a
+    job: the step time is the job's (its slowest rank's, step_time_s_max,
+    when there are several), and every communication field the run has
+    (None where it has none: one process has no xproc_*, one device per
+    process no in-process collectives)."""
+    steps = step_metrics(metrics)[warmup:]
+
+    def med(key: str) -> float | None:
+        xs = [m.get(key) for m in steps]
+        xs = [x for x in xs if isinstance(x, (int, float))]
+        return median(xs) if xs else None
+
+    out = {k: med(k) for k in ("step_time_s", "step_time_s_min", "step_time_s_max", "processes", "xprocs", "xproc_bytes",
+                               "xproc_s", "xproc_wait_s", "xproc_overlap_ratio", "collectives", "collective_bytes",
+                               "collective_s", "comm_overlap_ratio")}
+    out["median_s"] = out["step_time_s_max"] if out["step_time_s_max"] is not None else out["step_time_s"]
+    slow = [m.get("slowest_rank") for m in steps if isinstance(m.get("slowest_rank"), int)]
+    out["slowest_rank_counts"] = {str(r): slow.count(r) for r in sorted(set(slow))}
+    out["n"] = len(steps)
+    return out
+
+
+def mp_ratios(row: dict[str, Any]) -> dict[str, Any]:
+    """One mesh's comparison: the job's step time over one process's, and
+    the overlap each reports (in one process the in-process collectives';
+    across processes the XPROC ops')."""
+    one, job = row.get("one_process") or {}, row.get("processes") or {}
+    return {"step_time": ratio(job.get("median_s"), one.get("median_s")),
+            "overlap_one_process": one.get("comm_overlap_ratio"),
+            "overlap_across_processes": job.get("xproc_overlap_ratio")}
+
+
+def fit_alpha_beta(points: list[dict[str, Any]], key: str = "median_s") -> dict[str, Any]:
+    """Fits t = A + B * bytes to an all-reduce sweep (mpi_coll_bench's lines,
+    2 ranks) by least squares on relative errors (weights 1/t^2, so the
+    microsecond latencies count as much as the 64 MiB transfers). With the
+    engine's algorithm (alltoall, then all-gather: 2(P-1) messages and
+    2(P-1)/P of the bytes per rank) an all-reduce over P ranks takes
+    2(P-1) alpha + 2(P-1)/P n beta, which at P=2 is 2 alpha + n beta:
+    alpha = A/2, beta = B. key: which time of each size ("min_s": the
+    least-disturbed iteration on a shared machine)."""
+    pts = [(float(p["bytes"]), float(p[key])) for p in points if p.get(key)]
+    if len(pts) < 2:
+        raise ValueError(f"need two sizes or more to fit, got {len(pts)}")
+    w = [1.0 / (t * t) for _, t in pts]
+    sw = sum(w)
+    sx = sum(wi * n for wi, (n, _) in zip(w, pts))
+    sy = sum(wi * t for wi, (_, t) in zip(w, pts))
+    sxx = sum(wi * n * n for wi, (n, _) in zip(w, pts))
+    sxy = sum(wi * n * t for wi, (n, t) in zip(w, pts))
+    det = sw * sxx - sx * sx
+    if det <= 0:
+        raise ValueError("all sizes equal: nothing to fit")
+    b = (sw * sxy - sx * sy) / det
+    a = (sy - b * sx) / sw
+    worst = max(abs(a + b * n - t) / t for n, t in pts)
+    return {"A_s": a, "B_s_per_byte": b, "alpha_s": a / 2, "beta_s_per_byte": b,
+            "bandwidth_GBps": (1 / b / 1e9) if b > 0 else None, "max_rel_residual": worst, "points": len(pts)}
+
+
+def allreduce_model_s(alpha: float, beta: float, nbytes: float, procs: int, collectives: int = 1) -> float:
+    """The engine's all-reduce of |nbytes| in |collectives| pieces over
+    |procs| ranks, one after another (no two in flight at once: an upper
+    bound): collectives * 2(P-1) alpha + 2(P-1)/P nbytes beta."""
+    if procs <= 1:
+        return 0.0
+    return collectives * 2 * (procs - 1) * alpha + 2 * (procs - 1) / procs * nbytes * beta
+
+
+# The scaling estimate's network (docs/multiprocess.md): a stated one, not measured.
+PAPER_NETWORK = {"name": "100 Gb/s, 5 us", "alpha_s": 5e-6, "beta_s_per_byte": 8 / 100e9}
+SCALE_HOSTS = (8, 64, 512)
+
+
+def scaling_estimate(fit: dict[str, Any] | None, grad_bytes: int, collectives: int) -> list[dict[str, Any]]:
+    """Per host count (one process per host, data across hosts): the model's
+    all-reduce time per step for the gradients, on the stated network and
+    on the fitted loopback figures, split into latency and bandwidth terms."""
+    nets = [PAPER_NETWORK]
+    if fit and fit.get("beta_s_per_byte", 0) > 0 and fit.get("alpha_s", 0) > 0:
+        nets.append({"name": "loopback fit", "alpha_s": fit["alpha_s"], "beta_s_per_byte": fit["beta_s_per_byte"]})
+    rows = []
+    for net in nets:
+        for h in SCALE_HOSTS:
+            lat = allreduce_model_s(net["alpha_s"], 0.0, grad_bytes, h, collectives)
+            bw = allreduce_model_s(0.0, net["beta_s_per_byte"], grad_bytes, h, 0)
+            rows.append({"network": net["name"], "hosts": h, "latency_s": lat, "bandwidth_s": bw, "total_s": lat + bw})
+    return rows
+
+
+def explain_xproc(b: Bench, config: str, overrides: list[str], procs: int) -> dict[str, Any]:
+    """`strata plan --explain --json` of a job of |procs| processes: what
+    crosses processes per step (cross_process_per_step), how many engine
+    collectives that is, and the parameter bytes."""
+    r = subprocess.run([b.strata, "plan", "--explain", "--json", config, *KERNELS_XLA, *overrides,
+                        f"parallel.processes={procs}"], cwd=ROOT, env=b.env, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise StrataFailed(f"strata plan --explain {' '.join(overrides)} failed: {r.stderr.strip()[-1500:]}", r.returncode)
+    e = json.loads(r.stdout)["explain"]
+    per = e["cross_process_per_step"]
+    return {**per, "collectives_per_process": sum(c["collectives_per_process"] for c in e["cross_process"]),
+            "span_axis": e["processes"]["span_axis"]}
+
+
+def mpi_sweep(b: Bench, procs: int, max_bytes: int, env: dict[str, str]) -> list[dict[str, Any]]:
+    """build/mpi_coll_bench over |procs| ranks: one line per size."""
+    exe = os.path.join(os.path.dirname(b.strata), "mpi_coll_bench")
+    if not os.access(exe, os.X_OK):
+        raise RuntimeError(f"{exe} is missing (built with STRATA_MPI by `make build`)")
+    # strata's runtime sets this malloc policy for itself (docs/runtime.md,
+    # "Host allocator"); without it every large collective's receive buffer
+    # is a fresh mmap, faulted in and zeroed (64 MiB: ~4x slower here).
+    env = {**env, "GLIBC_TUNABLES": MALLOC_TUNABLES}
+    r = subprocess.run([mpirun_path(), "--oversubscribe", "-np", str(procs), "-x", "GLIBC_TUNABLES", exe, str(max_bytes)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise RuntimeError(f"mpi_coll_bench exited {r.returncode}: {r.stderr.strip()[-1500:]}")
+    return [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+
+
+def mpirun_path() -> str:
+    p = shutil.which("mpirun")
+    if not p:
+        raise RuntimeError("mpirun not found: `make setup` installs Debian's openmpi-bin")
+    return p
+
+
+def _mp_runs(b: Bench, mp: MultiprocPreset, common: list[str], env: dict[str, str], out: dict[str, Any]) -> None:
+    """The timed runs of every mesh, interleaved per round; a mesh strata
+    refuses across processes (exit 2) is recorded as not built, once."""
+    launch = [mpirun_path(), "--oversubscribe", "-np", "2"]
+    for name, row in out["meshes"].items():
+        m = parse_mesh(name)
+        b.log(f"multiprocess: {name}: warming the bundles (2 processes x 1 device, 1 process x 2 devices)")
+        try:
+            b.strata_train(mp.config, [*common, *mesh_overrides(m), "runtime.cpu_devices=1", "train.steps=1"],
+                           f"mp-warm-job-{name.replace('=', '')}", env=env, launcher=launch)
+        except StrataFailed as e:
+            if e.rc != 2:
+                raise
+            # strata's own error line (every rank prints it; mpirun adds its banner)
+            msg = next((ln.strip() for ln in str(e).splitlines() if ln.startswith("strata:")), str(e).splitlines()[-1])
+            row["not_built"] = msg[-400:]
+            b.log(f"multiprocess: {name} across processes: refused (exit 2), a 'not built' row")
+        if not row.get("not_built") or mp.refused_alone:
+            b.strata_train(mp.config, [*common, *mesh_overrides(m), "runtime.cpu_devices=2", "train.steps=1"],
+                           f"mp-warm-one-{name.replace('=', '')}")
+    for rnd in range(mp.rounds):
+        for name, row in out["meshes"].items():
+            m = parse_mesh(name)
+            variants = []
+            if not row.get("not_built") or mp.refused_alone:
+                variants.append(("one_process", ["runtime.cpu_devices=2"], b.env, None))
+            if not row.get("not_built"):
+                variants.append(("processes", ["runtime.cpu_devices=1"], env, launch))
+            k = rnd % len(variants) if variants else 0
+            for key, dev, e, la in variants[k:] + variants[:k]:
+                b.log(f"multiprocess: round {rnd + 1}/{mp.rounds}: {name} {key}")
+                r = b.strata_train(mp.config, [*common, *mesh_overrides(m), *dev, f"train.steps={mp.steps}"],
+                                   f"mp-{key}-{name.replace('=', '')}", env=e, launcher=la)
+                s = mp_summary(r["metrics"], mp.warmup)
+                s.update({"round": rnd, "other_load": round(r["proc"].other_load, 3)})
+                row["runs"].setdefault(key, []).append(s)
+
+
+def section_multiprocess(b: Bench) -> dict[str, Any]:
+    mp = b.plan.multiproc
+    if mp is None:
+        raise RuntimeError("this plan has no multiprocess preset")
+    env = {**b.env, **MPI_ENV}
+    common = [*mp.overrides, "train.eval_every=0", "train.eval_batches=1"]
+    out: dict[str, Any] = {"config": mp.config, "overrides": mp.overrides, "steps": mp.steps, "warmup": mp.warmup,
+                           "rounds": mp.rounds, "cpus": os.cpu_count(),
+                           "meshes": {mesh_name(parse_mesh(t)): {"runs": {}} for t in mp.meshes}}
+    _mp_runs(b, mp, common, env, out)
+    for name, row in out["meshes"].items():
+        for key, rs in row["runs"].items():
+            ok = [r for r in rs if r.get("median_s") is not None]
+            if ok:
+                row[key] = {**min(ok, key=lambda r: r["median_s"]), "all_medians_s": [r["median_s"] for r in ok]}
+        row["ratio"] = mp_ratios(row)
+        if not row.get("not_built"):
+            row["explain"] = explain_xproc(b, mp.config, [*common, *mesh_overrides(parse_mesh(name)),
+                                                         "runtime.cpu_devices=1"], 2)
+    b.log(f"multiprocess: the dist engine's all-reduce, 4 B to {mp.sweep_max_bytes} B, 2 ranks")
+    out["sweep"] = mpi_sweep(b, 2, mp.sweep_max_bytes, env)
+    out["fit"] = fit_alpha_beta(out["sweep"])
+    out["fit_least"] = fit_alpha_beta(out["sweep"], "min_s")
+    sc, sov = mp.scale
+    x = explain_xproc(b, sc, [*sov, "parallel.data=2", "runtime.cpu_devices=1"], 2)
+    out["scale"] = {"config": sc, "overrides": sov, "grad_bytes": x["bytes_per_process"],
+                    "collectives": x["collectives_per_process"],
+                    "estimate": scaling_estimate(out["fit"], x["bytes_per_process"], x["collectives_per_process"])}
+    return out
+
+
+def multiprocess_markdown(mpr: dict[str, Any]) -> list[str]:
+    L = [f"### Multi-process: 1 process x 2 devices against 2 processes x 1 device ({mpr['config']} "
+         f"{' '.join(mpr['overrides'])}, {mpr['steps'] - mpr['warmup']}+{mpr['warmup']} steps, best of "
+         f"{mpr['rounds']} interleaved round(s), the same {mpr.get('cpus')} cores)", ""]
+
+    def ms(x: Any) -> str:
+        return fmt(x * 1e3 if isinstance(x, (int, float)) else None, " ms")
+
+    rows = []
+    for name, row in mpr["meshes"].items():
+        one, job, r = row.get("one_process") or {}, row.get("processes") or {}, row.get("ratio") or {}
+        if row.get("not_built"):
+            rows.append([name, ms(one.get("median_s")), "not built", "–", fmt(one.get("comm_overlap_ratio")), "–", "–",
+                         "–", "–", "–"])
+            continue
+        ex = row.get("explain") or {}
+        rows.append([name, ms(one.get("median_s")), ms(job.get("median_s")), fmt(r.get("step_time")),
+                     fmt(one.get("comm_overlap_ratio")), fmt(job.get("xproc_overlap_ratio")),
+                     fmt_size(job.get("xproc_bytes")), fmt_size(ex.get("wire_bytes_all_processes")),
+                     ms(job.get("xproc_s")), ms(job.get("xproc_wait_s"))])
+    L += [md_table(["mesh", "1 process x 2 devices step", "2 processes x 1 device step¹", "/ 1 process",
+                    "overlap, 1 process²", "overlap, 2 processes³", "bytes across processes / step⁴",
+                    "`plan --explain` says⁵", "MPI time / step⁶", "MPI wait / step⁷"], rows), ""]
+    for name, row in mpr["meshes"].items():
+        if row.get("not_built"):
+            L.append(f"- {name} across processes: **not built** (strata train exits 2: {row['not_built']})")
+    L += ["", "¹ the job's step: the slowest rank's (metrics `step_time_s_max`), median over the measured steps; "
+          "Open MPI's default binding puts each rank on one core of its own.  ",
+          "² `comm_overlap_ratio`: the share of the in-process collectives' time a launch ran too.  ",
+          "³ `xproc_overlap_ratio`: the same for the cross-process (MPI) ops, over all ranks.  ",
+          "⁴ `xproc_bytes`: bytes every rank sent through MPI in the step, summed over ranks.  ",
+          "⁵ `cross_process_per_step.wire_bytes_all_processes` of `strata plan --explain --json`.  ",
+          "⁶ `xproc_s`: the slowest rank's time with some cross-process op in flight.  ",
+          "⁷ `xproc_wait_s`: the longest host time a rank blocked on one (what the plan did not hide).", "",
+          "The single-process default path against the previous commit: the remat section's \"previous default\" "
+          "run (the previous commit built from `git archive` in a scratch folder, timed in the same interleaved "
+          "rounds; target \"1-device default step / previous commit's\").", ""]
+    fit = mpr.get("fit")
+    if fit:
+        L += [f"The dist engine's all-reduce on 2 ranks over loopback (build/mpi_coll_bench, {fit['points']} sizes "
+              f"from 4 B): t = A + B·n fitted with relative weights: A = {fmt(fit['A_s'] * 1e6, ' µs')}, "
+              f"B = {fmt(fit['B_s_per_byte'] * 1e9, ' ns/B')} ({fmt(fit['bandwidth_GBps'], ' GB/s')}); the model "
+              f"2(P-1)α + 2(P-1)/P·n·β gives α = {fmt(fit['alpha_s'] * 1e6, ' µs')}, β = B; worst relative "
+              f"residual {fmt(fit['max_rel_residual'])}."
+              + (f" Fitted to each size's least time instead: α = {fmt(least['alpha_s'] * 1e6, ' µs')}, "
+                 f"β = {fmt(least['beta_s_per_byte'] * 1e9, ' ns/B')} ({fmt(least['bandwidth_GBps'], ' GB/s')})."
+                 if (least := mpr.get("fit_least")) else ""), ""]
+        L += [md_table(["bytes", "median", "least", "sent per rank"],
+                       [[p["bytes"], fmt(p["median_s"] * 1e6, " µs"), fmt(p["min_s"] * 1e6, " µs"), p["bytes_sent"]]
+                        for p in mpr.get("sweep", [])]), ""]
+    sc = mpr.get("scale")
+    if sc:
+        L += [f"Scaling estimate (a model on paper, not a measurement): data across H hosts, one process each, "
+              f"{' '.join([sc['config'], *sc['overrides']])}'s gradients ({fmt_size(sc['grad_bytes'])} in "
+              f"{sc['collectives']} engine all-reduces "
+              "per step, one after another): collectives·2(H-1)α + 2(H-1)/H·bytes·β.", ""]
+        L += [md_table(["network", "hosts", "latency term", "bandwidth term", "all-reduce / step"],
+                       [[e["network"], e["hosts"], ms(e["latency_s"]), ms(e["bandwidth_s"]), ms(e["total_s"])]
+                        for e in sc["estimate"]]), ""]
+    return L
+
+
 def section_extra(b: Bench) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for path in sorted(glob.glob(os.path.join(HERE, "bench_*.py"))):
@@ -1274,6 +1587,9 @@ def markdown(res: dict[str, Any]) -> str:
     pa = res.get("parallel")
     if pa:
         L += parallel_markdown(pa)
+    mpr = res.get("multiprocess")
+    if mpr:
+        L += multiprocess_markdown(mpr)
     tg = res.get("targets")
     if tg:
         L += ["### Targets (reported, not asserted)", ""]
@@ -1407,7 +1723,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     for sec in sections:
         fn = {"step": section_step, "compile": section_compile, "overhead": section_overhead,
-              "remat": section_remat, "parallel": section_parallel, "extra": section_extra}[sec]
+              "remat": section_remat, "parallel": section_parallel, "multiprocess": section_multiprocess,
+              "extra": section_extra}[sec]
         try:
             res[sec] = fn(b)
         except Exception as e:  # noqa: BLE001 - one broken section must not lose the others' numbers

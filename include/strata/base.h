@@ -201,6 +201,12 @@ int st_fs_lock_inherited(const char* path);
  * open file description, so one flock covers both: the lock stays held
  * across the child's death and the parent's restart of it. */
 void st_fs_lock_hand_down(int fd);
+/* Whether the lock's |holder| (a pid from st_fs_lock) is the process that
+ * handed it down (its pid is in $STRATA_RUN_LOCK_PID, set by
+ * st_fs_lock_hand_down) and an ancestor of this one: a rank of a job that
+ * `strata run` launched through mpirun, which closes inherited descriptors
+ * (docs/multiprocess.md, "Failures"). The lock is then held for it. */
+bool st_fs_lock_held_by_ancestor(long holder);
 /* rm -rf; missing is fine. */
 st_status st_fs_remove_tree(const char* path);
 /* The strata repository (python/, configs/, .venv/): $STRATA_SOURCE_DIR

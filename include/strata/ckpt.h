@@ -130,8 +130,11 @@ typedef struct st_ckpt_meta {
   const st_json* model;    /* the model's identity (NULL writes {}): mesh-independent, see docs/checkpoints.md */
   /* The mesh the state was trained on ("mesh" in the manifest; 0 counts as
    * 1). Every tensor is written whole (layout "whole") whatever the mesh,
-   * so any mesh the model allows can read it back. */
-  int mesh_data, mesh_fsdp, mesh_tensor;
+   * so any mesh the model allows can read it back. In a job of several
+   * processes, the job's whole mesh, and |mesh_processes| how many
+   * processes it spanned ("processes" in "mesh"; 0 or 1 writes none, so a
+   * one-process manifest is as before). */
+  int mesh_data, mesh_fsdp, mesh_tensor, mesh_processes;
 } st_ckpt_meta;
 
 /* A host copy of the training state, ready to be written. The writer reads
@@ -318,8 +321,10 @@ typedef struct st_ckpt {
   st_json* config; /* the manifest's "config" object (owned reference) */
   st_json* identity_report; /* opened with an expected identity: st_ckpt_identity_check's report (owned); else NULL */
   /* The manifest's "mesh" (axis sizes, devices = their product); all 0 in a
-   * checkpoint written before meshes were recorded (one device). */
-  int mesh_data, mesh_fsdp, mesh_tensor, mesh_devices;
+   * checkpoint written before meshes were recorded (one device).
+   * mesh_processes: the processes of the job that wrote it; 0 when not
+   * recorded (one process). */
+  int mesh_data, mesh_fsdp, mesh_tensor, mesh_devices, mesh_processes;
   int tensor_count;
   st_ckpt_tensor_info* tensors;
   int file_count;

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "strata/base.h"
+#include "strata/dist.h"
 #include "strata/ckpt.h"
 #include "strata/status.h"
 
@@ -144,6 +145,10 @@ typedef struct st_watchdog_options {
    * cannot be unwound, and exit() would run atexit handlers beside it. */
   void (*on_hang)(void* user, const char* bundle_dir);
   void* user;
+  /* A job of several processes (borrowed; NULL: one process): the bundle
+   * and the hang event name this process's rank and what its cross-process
+   * collectives are doing (st_dist_coll_pending). */
+  st_dist* dist;
 } st_watchdog_options;
 
 /* One activity. Strings are copied (truncated to 95 bytes). */
@@ -208,7 +213,9 @@ bool st_spike_push(st_spike* spike, double loss, double threshold, st_spike_resu
  * usually on its stack). */
 typedef struct st_stop_guard {
   struct sigaction old[3]; /* SIGTERM, SIGINT, SIGHUP */
+  struct sigaction old_usr1; /* when usr1 */
   bool installed;
+  bool usr1; /* st_stop_signals_add_usr1 */
 } st_stop_guard;
 
 /* Installs the stop handlers for SIGTERM, SIGINT and SIGHUP. The handler
@@ -218,14 +225,20 @@ typedef struct st_stop_guard {
  * its default action (the process ends at once: SA_RESETHAND). One guard
  * at a time per process; not for threads to share. */
 void st_stop_signals_install(st_stop_guard* guard);
+/* SIGUSR1 as a stop signal too, with the same handler, after
+ * st_stop_signals_install (no-op before it); restored with the others.
+ * For a job of several processes: Open MPI's mpirun forwards SIGUSR1 to
+ * every rank, whereas on SIGTERM it kills them (docs/multiprocess.md,
+ * "Failures"). A single process leaves SIGUSR1 alone. */
+void st_stop_signals_add_usr1(st_stop_guard* guard);
 /* The first stop signal received since st_stop_signals_install, or 0. */
 int st_stop_signal(void);
-/* Gives SIGTERM, SIGINT and SIGHUP their default action (end at once): for
+/* Gives SIGTERM, SIGINT and SIGHUP (and SIGUSR1 when added) their default action (end at once): for
  * the stop's own checkpoint, which a second signal must abort, never delay. */
 void st_stop_signals_default(void);
 /* Puts back the dispositions from before st_stop_signals_install. */
 void st_stop_signals_restore(st_stop_guard* guard);
-/* "SIGTERM", "SIGINT", "SIGHUP"; "a signal" for others. Static string. */
+/* "SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1"; "a signal" for others. Static string. */
 const char* st_signal_name(int sig);
 
 /*===-------------------------------------------------------------------===*/
@@ -248,6 +261,11 @@ typedef struct st_supervisor_request {
   const char* run_id;      /* run.id */
   bool resume;             /* run.resume */
   st_recovery_options recovery;
+  /* A multi-process job (docs/multiprocess.md, "Failures"): the launcher's
+   * words (e.g. "mpirun", "-np", "2"), put before every attempt's
+   * `exe train CONFIG ...`; 0 words: one process, as before. */
+  int launcher_count;
+  char* const* launcher;
 } st_supervisor_request;
 
 /* Runs `strata train CONFIG k=v... run.dir=<dir>` as a child process and,
@@ -261,6 +279,14 @@ typedef struct st_supervisor_request {
  * the first good step) into events.jsonl and <dir>/recovery.json.
  * SIGTERM, SIGINT and SIGHUP to the supervisor are forwarded to the child
  * once (the child has a process group of its own) and end supervision.
+ * With a launcher: every attempt is `LAUNCHER exe train CONFIG k=v...
+ * run.dir=<dir>` (later ones with run.resume=true), a stop signal reaches
+ * the launcher as SIGUSR1 (mpirun forwards it to every rank; on SIGTERM it
+ * would kill them), a hang gets SIGTERM (mpirun then ends every rank) and
+ * SIGKILL 10 s later, and the ranks accept the run directory's lock held
+ * by this supervisor (STRATA_RUN_LOCK_PID: mpirun closes inherited file
+ * descriptors). A launcher's exit above 128 (mpirun: a rank killed by
+ * signal N exits 128+N) is an incident like a crash.
  * *out_exit_code: 0 when the run completed, else the last attempt's exit
  * code (1 when it died by a signal). The status reports the supervisor's
  * own failures (run directory, fork). */

@@ -107,6 +107,17 @@ st_status st_dist_init(const st_dist_launch* launch, st_dist** out);
  * Returns the first failure; |dist| is freed regardless. */
 st_status st_dist_finalize(st_dist* dist);
 
+/* Ends the whole job now, for a failure the other ranks do not share
+ * (docs/multiprocess.md, "Failures"): without it they would wait for this
+ * rank in their next collective forever. In a multi-process job: stdout
+ * and stderr flushed, then MPI_Abort on the world with |exit_code|; Open
+ * MPI's mpirun kills every other rank and exits with that code. Does not
+ * return there (should MPI_Abort return, the process _exits with the
+ * code). A no-op that returns for NULL, a job of one and a binary built
+ * without MPI. The caller writes what must survive (its failed event, its
+ * error) before: nothing after is cleaned up. */
+void st_dist_abort(st_dist* dist, int exit_code);
+
 bool st_dist_multi(const st_dist* dist);
 int st_dist_size(const st_dist* dist);
 int st_dist_rank(const st_dist* dist);
@@ -136,6 +147,16 @@ st_status st_dist_kv_get(st_dist* dist, const char* key, int64_t timeout_ms, voi
 /* Looks once: *found false (and *value NULL) when no rank has put |key|. */
 st_status st_dist_kv_try_get(st_dist* dist, const char* key, bool* found, void** value, size_t* size);
 
+/* The store as a PJRT client's key-value store (strata/runtime.h,
+ * st_runtime_options.kv): put, get (a wait that runs out is *found false,
+ * which the runtime answers the plugin with DEADLINE_EXCEEDED) and try_get
+ * on |dist|, node_id its rank, num_nodes the world size. |dist| must
+ * outlive the runtime created with it: finalize after st_runtime_destroy
+ * (the plugin may still use the store after the client exists). NULL
+ * |dist| zeroes *out (no store). */
+struct st_runtime_kv;
+void st_dist_runtime_kv(st_dist* dist, struct st_runtime_kv* out);
+
 /*--- cross-process collectives -------------------------------------------*/
 
 /* Cross-process collectives: the plan's XPROC ops (docs/multiprocess.md). Every reduction sums in rank order
@@ -157,17 +178,23 @@ typedef struct st_dist_coll_request {
                     the engine pads internally) */
   /* Optional, called on the progress thread: before() right before the MPI operation is issued, in queue
    * order (it may block, e.g. waiting for a device-to-host copy into |data|; nothing else progresses on this
-   * rank meanwhile); after() once the result is in |data|, as each collective completes (in queue order among
-   * collectives of one kind and count; a short all-gather may complete before a long all-reduce queued ahead
-   * of it). A failure of either fails the collective with that status (the collective is still carried out
-   * with the other ranks when before() failed, on whatever |data| holds, so no rank is left waiting; after()
-   * is then not called, nor when MPI failed). In a job of one both run inside st_dist_coll_start, on the
-   * caller's thread. */
+   * rank meanwhile, so it must not wait for anything that needs an earlier collective's result); after() once
+   * the result is in |data|, as each collective completes (not necessarily in queue order: a short all-gather
+   * may complete before a long all-reduce queued ahead of it). A failure of either fails the collective with
+   * that status (the collective is still carried out with the other ranks when before() failed, on whatever
+   * |data| holds, so no rank is left waiting; after() is then not called, nor when MPI failed). In a job of
+   * one both run inside st_dist_coll_start, on the caller's thread. */
   st_status (*before)(void* user);
   st_status (*after)(void* user);
   void* user;
   const char* name; /* copied; in errors and for the hang watchdog ("grad:layers.3.wq"); NULL: "unnamed" */
 } st_dist_coll_request;
+
+/* Bytes one rank sends for a collective of |count| elements over |size| ranks, as st_dist_coll_timing.bytes_sent
+ * reports it: (size-1) blocks of count/size elements per phase, two phases (alltoall, then all-gather) and blocks
+ * of the padded count for an all-reduce, so about 2(size-1)/size of the message; 0 when size <= 1. For `strata
+ * plan --explain`, which counts the XPROC ops' traffic without running them. */
+int64_t st_dist_coll_bytes_sent(st_dist_coll_kind kind, size_t count, int size);
 
 typedef struct st_dist_coll st_dist_coll;
 typedef struct st_dist_coll_timing {

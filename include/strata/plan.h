@@ -113,6 +113,11 @@ typedef struct st_plan_options {
    * how many, this one's rank, and the mesh axis they span
    * (ST_PLAN_SPAN_*). One process: procs 1, rank 0, span NONE. */
   int procs, rank, span_axis;
+  /* runtime.shared_client: in a job of several processes, one PJRT client
+   * across them (1), one per process (0), or -1 (auto): shared when the
+   * plugin's file name says GPU or TPU (the trainer decides:
+   * st__job_runtime_kv). */
+  int shared_client;
   int global_data, global_fsdp, global_tensor; /* parallel.* as configured (the whole job's mesh) */
   int trace_step_count;   /* trace.steps: steps (1-based) written as Chrome traces */
   int metrics_port;       /* obs.metrics_port: the live metrics endpoint's port on 127.0.0.1; 0: none */

@@ -48,6 +48,30 @@ typedef struct st_ffi_target {
   void* handler;    /* the handler function, cast to void* */
 } st_ffi_target;
 
+/* A key-value store shared by the processes of a job, for a plugin whose
+ * client spans them (a GPU plugin exchanges its devices and NCCL ids
+ * through it while PJRT_Client_Create runs, and later when it forms
+ * communicators; docs/multiprocess.md, "One PJRT client across
+ * processes"). The runtime serves the plugin's key-value callbacks from
+ * these functions; it knows nothing of who holds the store (the trainer
+ * passes dist's, st_dist_runtime_kv). Each may be called from any thread,
+ * at any time while a runtime created with them lives: |user| must outlive
+ * the runtime. Keys are NUL-terminated strings; values are bytes. */
+typedef struct st_runtime_kv {
+  /* Stores a copy of |size| bytes under |key|; a second put replaces it. */
+  st_status (*put)(void* user, const char* key, const void* value, size_t size);
+  /* Waits until some process has put |key|, up to |timeout_ms| (>= 0):
+   * OK with *found true and *value (malloc'd: the runtime frees it with
+   * free; NUL-terminated after *size bytes) or, when the wait ran out, OK
+   * with *found false. A status only for a failure of the store itself. */
+  st_status (*get)(void* user, const char* key, int64_t timeout_ms, bool* found, void** value, size_t* size);
+  /* Looks once; the same outputs as get. */
+  st_status (*try_get)(void* user, const char* key, bool* found, void** value, size_t* size);
+  void* user;
+  int node_id;   /* this process, 0 .. num_nodes-1: the plugin's node_id option */
+  int num_nodes; /* processes sharing the client: the plugin's num_nodes option */
+} st_runtime_kv;
+
 typedef struct st_runtime_options {
   /* Plugin path from config (runtime.plugin); NULL or "" to search:
    * then $STRATA_PJRT_PLUGIN, then the CPU plugin installed in .venv. */
@@ -88,6 +112,14 @@ typedef struct st_runtime_options {
    * error when any are given. */
   const st_ffi_target* ffi_targets;
   int ffi_target_count;
+  /* One client across the processes of a job: when kv.put is set (then
+   * get and try_get must be too), PJRT_Client_Create gets the named
+   * options node_id and num_nodes and key-value callbacks served from
+   * these functions (copied; kv.user is borrowed for the runtime's life).
+   * Zeroed (the default): a client of this process alone, as always. The
+   * CPU plugin refuses node_id: the caller decides (the trainer: on for a
+   * job's GPU or TPU plugin, runtime.shared_client). */
+  st_runtime_kv kv;
 } st_runtime_options;
 
 /* Whether this process runs with the host malloc policy

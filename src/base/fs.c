@@ -196,12 +196,43 @@ int st_fs_lock_inherited(const char* path) {
   return (int)fd;
 }
 
+#define ST__LOCK_PID_ENV "STRATA_RUN_LOCK_PID"
+
 void st_fs_lock_hand_down(int fd) {
   if (fd < 0) return;
   (void)fcntl(fd, F_SETFD, 0);
   char num[24];
   snprintf(num, sizeof(num), "%d", fd);
   setenv(ST__LOCK_FD_ENV, num, 1);
+  snprintf(num, sizeof(num), "%ld", (long)getppid());
+  setenv(ST__LOCK_PID_ENV, num, 1);
+}
+
+/* The parent of |pid| from /proc/<pid>/stat ("pid (comm) state ppid ..."; comm
+ * may hold spaces and parentheses, so after the last ')'); 0 when unknown. */
+static long st__parent_of(long pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+  FILE* f = fopen(path, "r");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char* close_paren = strrchr(buf, ')');
+  long ppid = 0;
+  char state = 0;
+  if (!close_paren || sscanf(close_paren + 1, " %c %ld", &state, &ppid) != 2) return 0;
+  return ppid;
+}
+
+bool st_fs_lock_held_by_ancestor(long holder) {
+  const char* e = getenv(ST__LOCK_PID_ENV);
+  if (holder <= 1 || !e || strtol(e, NULL, 10) != holder) return false;
+  /* A bounded walk: a process tree is never this deep. */
+  long pid = (long)getppid();
+  for (int i = 0; i < 64 && pid > 1; ++i, pid = st__parent_of(pid))
+    if (pid == holder) return true;
+  return false;
 }
 
 #ifndef STRATA_SOURCE_DIR

@@ -365,6 +365,7 @@ static char* st__manifest_text(const st_ckpt_snapshot* snap, const st__file_rec*
   st_json_put_int(mesh, "fsdp", axes[1]);
   st_json_put_int(mesh, "tensor", axes[2]);
   st_json_put_int(mesh, "devices", (int64_t)axes[0] * axes[1] * axes[2]);
+  if (m->mesh_processes > 1) st_json_put_int(mesh, "processes", m->mesh_processes);
   st_json_put(j, "mesh", mesh);
   char hex[17];
   json_t* fa = st_json_arr();

@@ -204,6 +204,14 @@ static st_status st__manifest_mesh(const char* path, const json_t* j, st_ckpt* c
     c->mesh_fsdp = (int)v[1];
     c->mesh_tensor = (int)v[2];
     c->mesh_devices = (int)v[3];
+    /* A job's processes (absent: one): each holds the same share of the
+     * devices, so their count divides them. */
+    const json_t* procs = json_object_get(mesh, "processes");
+    int64_t p = 0;
+    if (procs && (!st_json_as_int(procs, &p) || p < 1 || p > 65536 || v[3] % p != 0))
+      ST__FAIL("'%s': \"mesh\" records \"processes\" that is not a count in 1..65536 dividing its %lld devices", path,
+               (long long)v[3]);
+    c->mesh_processes = (int)p;
   }
 done:
   return s;

@@ -183,6 +183,12 @@ static int st__inspect(const char* path, bool json) {
   printf("  config hash     %s\n", c->config_hash);
   printf("  bundle key      %s\n", c->bundle_key);
   printf("  tokenizer       %s\n", c->tokenizer_hash ? c->tokenizer_hash : "(not recorded)");
+  if (c->mesh_devices > 0)
+    printf("  mesh            data=%d fsdp=%d tensor=%d (%d device%s, %d process%s)\n", c->mesh_data, c->mesh_fsdp, c->mesh_tensor,
+           c->mesh_devices, c->mesh_devices == 1 ? "" : "s", c->mesh_processes > 1 ? c->mesh_processes : 1,
+           c->mesh_processes > 1 ? "es" : "");
+  else
+    printf("  mesh            (not recorded: one device, one process)\n");
   char* model = st_json_dump(c->model, 0);
   printf("  model           %s\n", model);
   free(model);

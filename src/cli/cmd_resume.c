@@ -8,8 +8,28 @@
 
 #include "cli/commands.h"
 #include "strata/base.h"
+#include "strata/dist.h"
 #include "strata/obs.h"
 #include "strata/train.h"
+
+/* How many processes this resume runs in: the launcher's count (1 without
+ * one), not the count in config.yaml, which is how the run was started
+ * last time; a job saved on 2 processes resumes on 1 or 4
+ * (docs/multiprocess.md, "Checkpoints"). "" when the command line sets
+ * parallel.processes itself or the launch cannot be read (the trainer
+ * reports that). */
+static void st__resume_processes(int argc, char** argv, char* out, size_t size) {
+  out[0] = '\0';
+  for (int i = 1; i < argc; ++i)
+    if (!strncmp(argv[i], "parallel.processes=", 19)) return;
+  st_dist_launch launch;
+  st_status s = st_dist_detect(&launch);
+  if (s) {
+    st_status_free(s);
+    return;
+  }
+  snprintf(out, size, "parallel.processes=%d", launch.multi && launch.world_size > 1 ? launch.world_size : 1);
+}
 
 int st_cli_resume(int argc, char** argv) {
   if (argc < 1 || strchr(argv[0], '=') != NULL)
@@ -22,8 +42,11 @@ int st_cli_resume(int argc, char** argv) {
     return st_cli_report(s);
   }
   /* The user's overrides, then the two that make this a resume of |dir|. */
-  char** ov = st_xcalloc((size_t)argc + 2, sizeof(char*));
+  char** ov = st_xcalloc((size_t)argc + 3, sizeof(char*));
   int n = 0;
+  char procs[48];
+  st__resume_processes(argc, argv, procs, sizeof(procs));
+  if (procs[0]) ov[n++] = procs;
   for (int i = 1; i < argc; ++i) ov[n++] = argv[i];
   st_strbuf d = {0};
   st_strbuf_printf(&d, "run.dir=%s", dir);

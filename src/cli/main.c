@@ -16,7 +16,7 @@ static const st_cli_command kCommands[] = {
     {"export", st_cli_export, "export CONFIG [k=v ...]     write the program bundle"},
     {"train", st_cli_train, "train CONFIG [k=v ...]      train (exports the bundle if needed)"},
     {"resume", st_cli_resume, "resume RUN_DIR [k=v ...]     continue a run from its newest valid checkpoint"},
-    {"run", st_cli_run, "run CONFIG [k=v ...]        train supervised: restart on crash or hang, resume, record recovery.json"},
+    {"run", st_cli_run, "run [--np N] CONFIG [k=v ...] train supervised: restart on crash or hang, resume, record recovery.json"},
     {"status", st_cli_status, "status RUN_DIR [--json]     state of a run: running (pid), finished, failed, interrupted; step, loss, ETA, checkpoint"},
     {"report", st_cli_make_report, "report RUN_DIR [--out FILE]  write RUN_DIR/report.html: plots, sample, checkpoints, context, config"},
     {"analyze", st_cli_analyze, "analyze BUNDLE_DIR|RUN_DIR [--json]  per program FLOPs, bytes, intensity, collectives; per step totals"},

@@ -137,6 +137,11 @@ static const st__cfg_key kKeys[] = {
             "strata train check the predicted peak per device against it (docs/scheduling.md, \"Will it fit\"). 0: the "
             "plugin's, else on the CPU plugin (device memory is host memory) the host's available memory less "
             "max(10 % of the host, 1 GiB), against every device's peak plus strata's host bytes."},
+    {"runtime.shared_client", ST__CFG_ENUM, "auto", .choices = "auto|on|off",
+     .doc = "In a job of several processes: one PJRT client across them, bootstrapped through the job's key-value "
+            "store (on; a GPU plugin's collectives can then span processes), or one client per process (off; the CPU "
+            "plugin refuses to share); auto: on when the plugin's file name says cuda, rocm, gpu or tpu "
+            "(docs/multiprocess.md). One process: unused."},
 
     {"parallel.data", ST__CFG_INT, "1", .lo = 1, .hi = 4096,
      .doc = "Data-parallel mesh axis: devices that each train on their own share of every microbatch "

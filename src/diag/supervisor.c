@@ -29,10 +29,13 @@
 
 static volatile sig_atomic_t g_stop_signal = 0;
 static volatile sig_atomic_t g_child = 0;
+/* A launcher child (mpirun) gets every stop signal as SIGUSR1, which it
+ * forwards to the ranks; 0: the signal itself. */
+static volatile sig_atomic_t g_forward_as = 0;
 
 static void st__on_signal(int sig) {
   g_stop_signal = sig;
-  if (g_child > 0) kill((pid_t)g_child, sig);
+  if (g_child > 0) kill((pid_t)g_child, g_forward_as ? g_forward_as : sig);
 }
 
 static double st__supervisor_wall(void) {
@@ -359,7 +362,7 @@ static st_status st__spawn(char* const* argv, int lock_fd, pid_t* out) {
     setpgid(0, 0);
     sigprocmask(SIG_SETMASK, &old, NULL);
     st_fs_lock_hand_down(lock_fd);
-    execv(argv[0], argv);
+    execvp(argv[0], argv); /* the launcher from PATH; the binary is an absolute path */
     fprintf(stderr, "strata run: cannot execute %s: %s\n", argv[0], strerror(errno));
     _exit(127);
   }
@@ -374,6 +377,7 @@ static st_status st__spawn(char* const* argv, int lock_fd, pid_t* out) {
 static int st__wait_child(st__sup* S, pid_t pid, double spawned_at, bool* out_hung) {
   *out_hung = false;
   int status = 0;
+  double hung_at = 0; /* a launcher asked to end, not yet SIGKILLed */
   for (;;) {
     pid_t r = waitpid(pid, &status, WNOHANG);
     if (r == pid) break;
@@ -384,9 +388,15 @@ static int st__wait_child(st__sup* S, pid_t pid, double spawned_at, bool* out_hu
       if (st__supervisor_wall() - alive > S->hang_timeout_s) {
         fprintf(stderr, "strata run: no event or metrics line for %.1f s (recovery.hang_timeout_s); killing pid %ld as hung\n",
                 st__supervisor_wall() - alive, (long)pid);
-        kill(pid, SIGKILL);
+        /* A launcher is asked first: killed outright, mpirun would leave
+         * its ranks behind (each has a process group of its own). */
+        kill(pid, S->req->launcher_count ? SIGTERM : SIGKILL);
         *out_hung = true;
+        hung_at = st__supervisor_wall();
       }
+    } else if (*out_hung && hung_at > 0 && st__supervisor_wall() - hung_at > 10.0) {
+      kill(pid, SIGKILL);
+      hung_at = 0;
     }
     st__sleep(0.01);
   }
@@ -425,9 +435,13 @@ static char** st__attempt_argv(const st__sup* S, char* dir_arg, st_strbuf* cmd) 
   bool have_snapshot = st_fs_exists(config_yaml);
   free(config_yaml);
   int argc = 0;
-  char** argv = st_xcalloc((size_t)req->override_count + 8, sizeof(char*));
+  char** argv = st_xcalloc((size_t)req->override_count + (size_t)req->launcher_count + 8, sizeof(char*));
+  /* A job: the launcher starts every rank; each attempt is `train` (the
+   * resume of one process reads config.yaml alone, without the launcher's
+   * process count), later ones with run.resume=true. */
+  for (int i = 0; i < req->launcher_count; ++i) argv[argc++] = req->launcher[i];
   argv[argc++] = (char*)req->exe;
-  if (S->attempts > 0 && have_snapshot) {
+  if (S->attempts > 0 && have_snapshot && req->launcher_count == 0) {
     argv[argc++] = "resume";
     argv[argc++] = S->dir;
   } else {
@@ -440,8 +454,10 @@ static char** st__attempt_argv(const st__sup* S, char* dir_arg, st_strbuf* cmd) 
     if (S->attempts > 0) argv[argc++] = "run.resume=true";
   }
   argv[argc] = NULL;
-  for (int i = 1; i < argc; ++i) {
-    if (i > 1) st_strbuf_append(cmd, " ");
+  /* The command as the user reads it: "strata train ..." for one process,
+   * the launcher's words then the binary for a job. */
+  for (int i = req->launcher_count ? 0 : 1; i < argc; ++i) {
+    if (i > (req->launcher_count ? 0 : 1)) st_strbuf_append(cmd, " ");
     st_strbuf_append_shell(cmd, argv[i]);
   }
   return argv;
@@ -479,7 +495,8 @@ static st_status st__start_attempt(st__sup* S, char* dir_arg, pid_t* out_pid, do
     st_json_put_str(e, "command", cmd.data);
     st__supervisor_event(S, S->attempts == 1 ? "child_start" : "restart", e);
   }
-  fprintf(stderr, "strata run: attempt %d: strata %s (pid %ld)\n", S->attempts, cmd.data, (long)pid);
+  fprintf(stderr, "strata run: attempt %d: %s%s (pid %ld)\n", S->attempts, S->req->launcher_count ? "" : "strata ", cmd.data,
+          (long)pid);
   st_strbuf_free(&cmd);
   return ST_OK;
 }
@@ -571,6 +588,9 @@ static bool st__record_incident(st__sup* S, int code, int sig, bool hung, double
     snprintf(I->cause, sizeof(I->cause), "exit 6 (hang detected by the trainer)");
     snprintf(I->hang_dir, sizeof(I->hang_dir), "%s", S->hang_dir);
     snprintf(I->hang_op, sizeof(I->hang_op), "%s", S->hang_op);
+  } else if (S->req->launcher_count && code > 128 && code < 128 + 65) {
+    snprintf(I->cause, sizeof(I->cause), "exit %d from the launcher: a rank killed by signal %d (%s)", code, code - 128,
+             strsignal(code - 128));
   } else {
     snprintf(I->cause, sizeof(I->cause), "exit %d", code);
   }
@@ -644,6 +664,7 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
   S.backoff_max_s = req->recovery.backoff_max_s;
   S.hang_timeout_s = req->recovery.hang_timeout_s;
   S.outcome = "running";
+  g_forward_as = req->launcher_count ? SIGUSR1 : 0;
   st_status s = st__open_run_dir(&S);
   if (s) goto done;
   S.tail_offset = st__size(S.events_path);
@@ -664,6 +685,15 @@ st_status st_supervise(const st_supervisor_request* req, int* out_exit_code) {
     st_json_put(f, "backoff_s", st_json_fixed(S.backoff_s, 3));
     st_json_put(f, "backoff_max_s", st_json_fixed(S.backoff_max_s, 3));
     st_json_put(f, "hang_timeout_s", st_json_fixed(S.hang_timeout_s, 3));
+    if (req->launcher_count) {
+      st_strbuf b = {0};
+      for (int i = 0; i < req->launcher_count; ++i) {
+        if (i) st_strbuf_append(&b, " ");
+        st_strbuf_append_shell(&b, req->launcher[i]);
+      }
+      st_json_put_str(f, "launcher", b.data);
+      st_strbuf_free(&b);
+    }
     st__supervisor_event(&S, "supervisor_start", f);
   }
   s = st__attempts(&S);

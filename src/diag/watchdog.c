@@ -448,6 +448,14 @@ static char* st__watchdog_write_bundle(st_watchdog* w, const st__act* acts, int 
   st_json_put_num(cfg, "floor_s", w->o.floor_s);
   st_json_put_num(cfg, "compile_s", w->o.compile_s);
   st_json_put(j, "watchdog", cfg);
+  /* A job: which rank hung, and whether it waits on the other ranks. */
+  char coll[256] = "";
+  if (st_dist_multi(w->o.dist)) {
+    st_json_put_int(j, "rank", st_dist_rank(w->o.dist));
+    st_json_put_int(j, "processes", st_dist_size(w->o.dist));
+    if (st_dist_coll_pending(w->o.dist, coll, sizeof(coll))) st_json_put_str(j, "cross_process", coll);
+    else coll[0] = '\0';
+  }
 
   /* Backtraces before anything slower, while the stuck state is fresh. */
   char* tpath = st_path_join(dir, "threads.txt");
@@ -481,6 +489,8 @@ static char* st__watchdog_write_bundle(st_watchdog* w, const st__act* acts, int 
     st_json_put_str(e, "summary", what);
     st_json_put(e, "expired", st__act_json(x, now));
     st_json_put_int(e, "in_flight", n);
+    if (st_dist_multi(w->o.dist)) st_json_put_int(e, "rank", st_dist_rank(w->o.dist));
+    if (coll[0]) st_json_put_str(e, "cross_process", coll);
     st_status_free(st_runlog_event(w->o.log, "hang", e));
   }
   json_decref(j);

@@ -122,6 +122,10 @@ int64_t st__dist_coll_bytes(st_dist_coll_kind kind, size_t count, int size) {
   return kind == ST_DIST_ALL_REDUCE ? 2 * phase : phase;
 }
 
+int64_t st_dist_coll_bytes_sent(st_dist_coll_kind kind, size_t count, int size) {
+  return st__dist_coll_bytes(kind, count, size);
+}
+
 void st__dist_coll_sum_ordered(const float* recv, size_t block, int size, float* out) {
   if (!block) return;
   /* Rank 0's value itself, not 0 + it: 0.0f + -0.0f would be +0.0f. */
@@ -452,7 +456,8 @@ static st_status st__dist_coll_enqueue_locked(dist_coll_engine* e, st_dist_coll*
   (void)e, (void)c;
   return st_status_make(ST_CODE_INTERNAL, "cross-process collective in a binary built without MPI");
 #else
-  if (e->stopping) return st_status_make(ST_CODE_INTERNAL, "st_dist_coll_start '%s': after st_dist_finalize began", c->name);
+  if (e->stopping)
+    return st_status_make(ST_CODE_INTERNAL, "st_dist_coll_start '%s': after st_dist_finalize began", c->name);
   if (!e->thread_running) {
     if (pthread_create(&e->thread, NULL, st__dist_coll_main, e) != 0)
       return st_status_make(ST_CODE_RUNTIME, "collectives: cannot start the progress thread");
@@ -540,7 +545,8 @@ bool st_dist_coll_pending(st_dist* d, char* buf, size_t size) {
         snprintf(what, sizeof(what), "in its before() callback, queued %.1f s ago", now - c->timing.queued_s);
         break;
       case kCollIssued:
-        snprintf(what, sizeof(what), "issued to MPI %.1f s ago, waiting for the other ranks", now - c->timing.started_s);
+        snprintf(what, sizeof(what), "issued to MPI %.1f s ago, waiting for the other ranks",
+                 now - c->timing.started_s);
         break;
       default:
         snprintf(what, sizeof(what), "in its after() callback, completed %.1f s ago", now - c->timing.completed_s);

@@ -7,6 +7,7 @@
 
 #include "dist/dist_internal.h"
 #include "strata/base.h"
+#include "strata/runtime.h" /* st_runtime_kv */
 
 st_status st__dist_thread_level_error(const char* provided) {
   return st_status_make(ST_CODE_RUNTIME,
@@ -59,6 +60,10 @@ st_status st_dist_finalize(st_dist* d) {
   return s;
 }
 
+void st_dist_abort(st_dist* d, int exit_code) {
+  if (d && d->multi && d->mpi) st__dist_mpi_abort(d, exit_code);
+}
+
 bool st_dist_multi(const st_dist* d) { return d && d->multi; }
 int st_dist_size(const st_dist* d) { return d ? d->size : 1; }
 int st_dist_rank(const st_dist* d) { return d ? d->rank : 0; }
@@ -92,21 +97,30 @@ st_status st_dist_kv_put(st_dist* d, const char* key, const void* value, size_t 
   return st__dist_mpi_kv_put(d, key, value ? value : "", size);
 }
 
-st_status st_dist_kv_get(st_dist* d, const char* key, int64_t timeout_ms, void** value, size_t* size) {
+/* st_dist_kv_get with a wait that ran out as *found false, not an error:
+ * the PJRT adapter answers it with DEADLINE_EXCEEDED, other failures with
+ * INTERNAL. */
+static st_status st__dist_kv_wait(st_dist* d, const char* key, int64_t timeout_ms, bool* found, void** value,
+                                  size_t* size) {
   ST_RETURN(st__dist_check_key("st_dist_kv_get", d, key));
-  if (!value || !size) return st_status_make(ST_CODE_INTERNAL, "st_dist_kv_get '%s': NULL out", key);
+  if (!found || !value || !size) return st_status_make(ST_CODE_INTERNAL, "st_dist_kv_get '%s': NULL out", key);
   if (timeout_ms < 0)
     return st_status_make(ST_CODE_INTERNAL, "st_dist_kv_get '%s': negative timeout %lld ms", key, (long long)timeout_ms);
+  *found = false;
   *value = NULL;
   *size = 0;
   if (d->rank == 0) {
     char* v = dist_kv_wait(&d->kv, key, st_now() + (double)timeout_ms / 1e3, size);
-    if (!v) return st__dist_kv_timeout_error(key, timeout_ms, d->size);
+    *found = v != NULL;
     *value = v;
     return ST_OK;
   }
+  return st__dist_mpi_kv_get(d, key, timeout_ms, found, value, size);
+}
+
+st_status st_dist_kv_get(st_dist* d, const char* key, int64_t timeout_ms, void** value, size_t* size) {
   bool found = false;
-  ST_RETURN(st__dist_mpi_kv_get(d, key, timeout_ms, &found, value, size));
+  ST_RETURN(st__dist_kv_wait(d, key, timeout_ms, &found, value, size));
   if (!found) return st__dist_kv_timeout_error(key, timeout_ms, d->size);
   return ST_OK;
 }
@@ -124,4 +138,30 @@ st_status st_dist_kv_try_get(st_dist* d, const char* key, bool* found, void** va
     return ST_OK;
   }
   return st__dist_mpi_kv_get(d, key, -1, found, value, size);
+}
+
+/*--- the store as a PJRT client's (st_runtime_kv) ----------------------------------*/
+
+static st_status st__dist_rkv_put(void* user, const char* key, const void* value, size_t size) {
+  return st_dist_kv_put(user, key, value, size);
+}
+
+static st_status st__dist_rkv_get(void* user, const char* key, int64_t timeout_ms, bool* found, void** value,
+                                  size_t* size) {
+  return st__dist_kv_wait(user, key, timeout_ms, found, value, size);
+}
+
+static st_status st__dist_rkv_try_get(void* user, const char* key, bool* found, void** value, size_t* size) {
+  return st_dist_kv_try_get(user, key, found, value, size);
+}
+
+void st_dist_runtime_kv(st_dist* d, st_runtime_kv* out) {
+  memset(out, 0, sizeof(*out));
+  if (!d) return;
+  out->put = st__dist_rkv_put;
+  out->get = st__dist_rkv_get;
+  out->try_get = st__dist_rkv_try_get;
+  out->user = d;
+  out->node_id = d->rank;
+  out->num_nodes = d->size;
 }

@@ -93,6 +93,7 @@ st_status st__dist_thread_level_error(const char* provided);
  * Fills size, rank, local_rank. */
 st_status st__dist_mpi_init(st_dist* d);
 st_status st__dist_mpi_finalize(st_dist* d);
+void st__dist_mpi_abort(st_dist* d, int exit_code); /* does not return (MPI build) */
 /* Collective: st_dist_agree across ranks (the exchange; agree.c's logic). */
 st_status st__dist_mpi_agree(st_dist* d, const char* const* keys, const char* const* values, size_t n);
 /* A rank other than 0 asks rank 0. timeout_ms < 0: look once (try_get). */

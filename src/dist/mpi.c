@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dist/dist_internal.h"
 #include "strata/base.h"
@@ -46,6 +47,7 @@ static st_status st__dist_no_mpi(const st_dist* d) {
 
 st_status st__dist_mpi_init(st_dist* d) { return st__dist_no_mpi(d); }
 st_status st__dist_mpi_finalize(st_dist* d) { return st__dist_no_mpi(d); }
+void st__dist_mpi_abort(st_dist* d, int exit_code) { (void)d, (void)exit_code; }
 st_status st__dist_mpi_agree(st_dist* d, const char* const* keys, const char* const* values, size_t n) {
   (void)keys, (void)values, (void)n;
   return st__dist_no_mpi(d);
@@ -386,6 +388,16 @@ st_status st__dist_mpi_init(st_dist* d) {
     d->mpi = NULL;
   }
   return s;
+}
+
+void st__dist_mpi_abort(st_dist* d, int exit_code) {
+  (void)d;
+  fflush(stdout);
+  fflush(stderr);
+  /* The world itself, not dist's duplicates: MPI_Abort ends the processes of
+   * its communicator's group, and the whole job is what must end. */
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  _exit(exit_code);
 }
 
 st_status st__dist_mpi_finalize(st_dist* d) {

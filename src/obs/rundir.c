@@ -92,6 +92,11 @@ static st_status st__lock(const char* dir, int* out_fd) {
   st_status s = ST_OK;
   *out_fd = st_fs_lock_inherited(lock);
   if (*out_fd < 0) s = st_fs_lock(lock, out_fd, &holder);
+  /* Rank 0 of a job `strata run` launched: the supervisor holds the lock for it. */
+  if (!s && *out_fd < 0 && holder > 0 && st_fs_lock_held_by_ancestor(holder)) {
+    free(lock);
+    return ST_OK;
+  }
   if (!s && *out_fd < 0 && holder == -1)
     fprintf(stderr, "strata: warning: %s: this filesystem has no flock; nothing stops a second process from using %s\n",
             lock, dir);

@@ -4,7 +4,9 @@
  * slots (each tensor, its category, per-device type and layout), the
  * COLLECTIVE ops (per layer, with their bytes: what a ring sends), the
  * liveness prediction (per-device memory by category) and their sum
- * (communication per step). The text form is here too, not in cli/: it
+ * (communication per step), and in a job of several processes the XPROC
+ * ops with the bytes the MPI engine sends for them (what crosses processes
+ * per step). The text form is here too, not in cli/: it
  * groups tensors by the same sharding words and counts the fsdp padding
  * from the plan, which the JSON does not carry. */
 #include <ctype.h>
@@ -14,6 +16,7 @@
 #include <jansson.h>
 
 #include "strata/base.h"
+#include "strata/dist.h"
 #include "strata/plan.h"
 #include "strata/sched.h"
 
@@ -292,6 +295,100 @@ static json_t* st__explain_collectives(const st_plan* step, json_t** out_comm) {
   return colls;
 }
 
+/* A job of several processes (st_plan_options_span): how many, the job's
+ * mesh, and the axis that spans them; NULL for one process. */
+static json_t* st__explain_processes(const st_plan* step, const st_plan_options* o) {
+  if (o->procs <= 1) return NULL;
+  static const char* const names[3] = {"data", "fsdp", "tensor"};
+  const int nd = step->devices > 1 ? step->devices : 1;
+  json_t* p = st_json_obj();
+  st_json_put_int(p, "count", o->procs);
+  st_json_put_str(p, "span_axis", o->span_axis >= 0 && o->span_axis < 3 ? names[o->span_axis] : "none");
+  json_t* job = st_json_obj();
+  st_json_put_int(job, "data", o->global_data);
+  st_json_put_int(job, "fsdp", o->global_fsdp);
+  st_json_put_int(job, "tensor", o->global_tensor);
+  st_json_put(p, "job_mesh", job);
+  st_json_put_int(p, "devices_per_process", nd);
+  st_json_put_int(p, "devices_in_job", (int64_t)nd * o->procs);
+  return p;
+}
+
+/* Every XPROC op with the bytes it moves per process (the "cross_process"
+ * array, returned) and their sums, by kind too (*out_comm). The executor
+ * (st__xproc) starts one engine collective per local device and input
+ * slot, of the slot's f32 elements (an all-gather's or reduce-scatter's:
+ * the P blocks of the slot cut across processes); what each sends is the engine's own
+ * count (st_dist_coll_bytes_sent: alltoall + all-gather for an all-reduce,
+ * 2(P-1)/P of the message), so these figures equal the run's xproc_bytes. */
+static json_t* st__explain_xproc(const st_plan* step, const st_plan_options* o, json_t** out_comm) {
+  static const char* const names[3] = {"data", "fsdp", "tensor"};
+  const int nd = step->devices > 1 ? step->devices : 1;
+  const int P = o->procs;
+  const char* axis = o->span_axis >= 0 && o->span_axis < 3 ? names[o->span_axis] : "none";
+  json_t* ops = st_json_arr();
+  int64_t count = 0, msg = 0, wire = 0;
+  int64_t kcount[3] = {0}, kmsg[3] = {0}, kwire[3] = {0}; /* by st__kinds */
+  for (int i = 0; i < step->op_count; ++i) {
+    const st_op* op = &step->ops[i];
+    if (op->kind != ST_OP_XPROC) continue;
+    const char* kind = st_collective_kind_name((st_collective_kind)op->tag);
+    const st_dist_coll_kind dk = op->tag == ST_COLL_REDUCE_SCATTER ? ST_DIST_REDUCE_SCATTER
+                                 : op->tag == ST_COLL_ALL_GATHER   ? ST_DIST_ALL_GATHER
+                                                                   : ST_DIST_ALL_REDUCE;
+    int64_t bytes = 0, w = 0;
+    json_t* names_arr = st_json_arr();
+    for (int k = 0; k < op->input_count; ++k) {
+      /* The engine's message: an all-gather's or reduce-scatter's is the P
+       * blocks of the slot cut across the processes (padding included) */
+      const int64_t in = st_tensor_type_elements(&step->slots[op->inputs[k]].type);
+      const int64_t out = k < op->output_count ? st_tensor_type_elements(&step->slots[op->outputs[k]].type) : in;
+      const int64_t n = dk == ST_DIST_ALL_GATHER ? in * P : dk == ST_DIST_REDUCE_SCATTER ? out * P : in;
+      const int64_t b = n * (int64_t)sizeof(float);
+      bytes += b * nd;
+      w += nd * st_dist_coll_bytes_sent(dk, (size_t)n, P);
+      st_json_push(names_arr, st_json_str(step->slots[op->inputs[k]].name));
+    }
+    json_t* c = st_json_obj();
+    st_json_put_int(c, "op", i);
+    st_json_put_int(c, "layer", op->layer);
+    st_json_put_str(c, "kind", kind);
+    st_json_put_str(c, "axis", axis);
+    st_json_put_int(c, "processes", P);
+    st_json_put_int(c, "collectives_per_process", (int64_t)nd * op->input_count);
+    st_json_put(c, "tensors", names_arr);
+    st_json_put_int(c, "bytes_per_process", bytes);
+    st_json_put_int(c, "wire_bytes_per_process", w);
+    st_json_push(ops, c);
+    ++count;
+    msg += bytes;
+    wire += w;
+    for (size_t k = 0; k < sizeof(st__kinds) / sizeof(st__kinds[0]); ++k)
+      if (!strcmp(kind, st__kinds[k])) {
+        kcount[k]++;
+        kmsg[k] += bytes;
+        kwire[k] += w;
+      }
+  }
+  json_t* comm = st_json_obj();
+  st_json_put_int(comm, "ops", count);
+  st_json_put_int(comm, "bytes_per_process", msg);
+  st_json_put_int(comm, "wire_bytes_per_process", wire);
+  st_json_put_int(comm, "wire_bytes_all_processes", wire * P);
+  json_t* by_kind = st_json_obj();
+  for (size_t k = 0; k < sizeof(st__kinds) / sizeof(st__kinds[0]); ++k) {
+    if (!kcount[k]) continue;
+    json_t* e = st_json_obj();
+    st_json_put_int(e, "ops", kcount[k]);
+    st_json_put_int(e, "bytes_per_process", kmsg[k]);
+    st_json_put_int(e, "wire_bytes_per_process", kwire[k]);
+    st_json_put(by_kind, st__kinds[k], e);
+  }
+  st_json_put(comm, "by_kind", by_kind);
+  *out_comm = comm;
+  return ops;
+}
+
 /* Memory per device: the persistent state every step starts from, and the
  * categories at the predicted peak of the step and of an evaluation. */
 static json_t* st__explain_memory(const st_plan* step, const st_plan* eval) {
@@ -345,6 +442,14 @@ json_t* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_
   json_t* comm = NULL;
   st_json_put(j, "collectives", st__explain_collectives(step, &comm));
   st_json_put(j, "communication_per_step", comm);
+  json_t* procs = st__explain_processes(step, o);
+  if (procs) {
+    /* Only in a job: one process's explanation stays as it was. */
+    st_json_put(j, "processes", procs);
+    json_t* xcomm = NULL;
+    st_json_put(j, "cross_process", st__explain_xproc(step, o, &xcomm));
+    st_json_put(j, "cross_process_per_step", xcomm);
+  }
   st_json_put(j, "memory_per_device", st__explain_memory(step, eval));
   return j;
 }
@@ -406,6 +511,60 @@ static void st__print_bytes_by_category(FILE* out, const char* what, const json_
     fprintf(out, "\n");
 }
 
+/* A job's line under the mesh's: the mesh above is one process's part. */
+static void st__print_processes(const json_t* p, FILE* out) {
+  const json_t* job = json_object_get(p, "job_mesh");
+  const char* axis = json_string_value(json_object_get(p, "span_axis"));
+  fprintf(out,
+          "# processes: %lld; the job's mesh data=%lld fsdp=%lld tensor=%lld is %lld processes x %lld device%s; %s "
+          "spans the processes (the outermost mesh axis above 1), so the mesh above is one process's part of it\n",
+          (long long)json_integer_value(json_object_get(p, "count")),
+          (long long)json_integer_value(json_object_get(job, "data")),
+          (long long)json_integer_value(json_object_get(job, "fsdp")),
+          (long long)json_integer_value(json_object_get(job, "tensor")),
+          (long long)json_integer_value(json_object_get(p, "count")),
+          (long long)json_integer_value(json_object_get(p, "devices_per_process")),
+          json_integer_value(json_object_get(p, "devices_per_process")) == 1 ? "" : "s", axis);
+}
+
+/* The XPROC ops and their sums: what crosses processes each step. */
+static void st__print_xproc(const json_t* j, FILE* out) {
+  const json_t* ops = json_object_get(j, "cross_process");
+  const json_t* comm = json_object_get(j, "cross_process_per_step");
+  fprintf(out, "# cross-process ops, in plan order (bytes per process: the message, and what the MPI engine sends: "
+               "an alltoall and an all-gather, 2(P-1)/P of an all-reduce's message)\n");
+  if (json_array_size(ops) == 0) fprintf(out, "  none\n");
+  for (size_t i = 0; i < json_array_size(ops); ++i) {
+    const json_t* c = json_array_get(ops, i);
+    const long long layer = (long long)json_integer_value(json_object_get(c, "layer"));
+    const json_t* names = json_object_get(c, "tensors");
+    char where[48];
+    if (layer >= 0)
+      snprintf(where, sizeof(where), "layer %lld", layer);
+    else /* embed, head: the first tensor says which */
+      snprintf(where, sizeof(where), "%s", json_array_size(names) ? json_string_value(json_array_get(names, 0)) : "?");
+    fprintf(out, "  op %4lld %-18s %-14s over %-6s across %lld processes %3zu tensors %10lld B  sent %10lld B\n",
+            (long long)json_integer_value(json_object_get(c, "op")), where, json_string_value(json_object_get(c, "kind")),
+            json_string_value(json_object_get(c, "axis")), (long long)json_integer_value(json_object_get(c, "processes")),
+            json_array_size(names), (long long)json_integer_value(json_object_get(c, "bytes_per_process")),
+            (long long)json_integer_value(json_object_get(c, "wire_bytes_per_process")));
+  }
+  fprintf(out, "# across processes per step: %lld ops, %lld B per process (message), %lld B sent per process, %lld B "
+               "over all processes\n",
+          (long long)json_integer_value(json_object_get(comm, "ops")),
+          (long long)json_integer_value(json_object_get(comm, "bytes_per_process")),
+          (long long)json_integer_value(json_object_get(comm, "wire_bytes_per_process")),
+          (long long)json_integer_value(json_object_get(comm, "wire_bytes_all_processes")));
+  const char* kind;
+  const json_t* v;
+  json_object_foreach((json_t*)json_object_get(comm, "by_kind"), kind, v) {
+    fprintf(out, "  %-15s %4lld ops %10lld B per process (message) %10lld B sent per process\n", kind,
+            (long long)json_integer_value(json_object_get(v, "ops")),
+            (long long)json_integer_value(json_object_get(v, "bytes_per_process")),
+            (long long)json_integer_value(json_object_get(v, "wire_bytes_per_process")));
+  }
+}
+
 void st_plan_explain_print(const st_plan* step, const json_t* j, FILE* out) {
   const json_t* mesh = json_object_get(j, "mesh");
   const int nd = (int)json_integer_value(json_object_get(mesh, "devices"));
@@ -431,6 +590,8 @@ void st_plan_explain_print(const st_plan* step, const json_t* j, FILE* out) {
     fprintf(out, "]");
   }
   fprintf(out, "\n");
+  const json_t* procs = json_object_get(j, "processes");
+  if (procs) st__print_processes(procs, out);
   if (step->policy) fprintf(out, "# policy: %s\n", step->policy);
 
   /* Tensors, grouped: one line per category, memory, sharding and name pattern. */
@@ -533,6 +694,8 @@ void st_plan_explain_print(const st_plan* step, const json_t* j, FILE* out) {
               (long long)json_integer_value(json_object_get(v, "wire_bytes_per_device")));
     }
   }
+
+  if (procs) st__print_xproc(j, out);
 
   const json_t* mem = json_object_get(j, "memory_per_device");
   fprintf(out, "# predicted memory per device, bytes\n");

@@ -264,6 +264,8 @@ static void st__options_data_runtime(const st_config* c, st_plan_options* o) {
   o->runtime.compile_threads = (int)st_config_int(c, "runtime.compile_threads");
   o->runtime.keep_optimized_hlo = st_config_bool(c, "runtime.keep_optimized_hlo");
   o->runtime.progress = o->long_progress.on;
+  const char* shared = st_config_string(c, "runtime.shared_client");
+  o->shared_client = !strcmp(shared, "on") ? 1 : !strcmp(shared, "off") ? 0 : -1;
 }
 
 /* fsdp across processes (docs/multiprocess.md, "fsdp across processes"):

@@ -64,6 +64,17 @@ static int st__digest_field(EVP_MD_CTX* ctx, const void* data, size_t n) {
 
 static int st__digest_str(EVP_MD_CTX* ctx, const char* s) { return st__digest_field(ctx, s ? s : "", s ? strlen(s) : 0); }
 
+/* A client across processes (st_runtime_options.kv) keys its executables
+ * apart by the job's process count: what a client of one process
+ * serialized is never loaded into one spanning several, nor the reverse.
+ * A client of its own process adds nothing, so its keys are as before. */
+static int st__digest_shared(EVP_MD_CTX* ctx, const st_runtime* rt) {
+  if (!rt->kv.put) return 1;
+  char buf[48];
+  snprintf(buf, sizeof(buf), "shared-client:%d", rt->kv.num_nodes);
+  return st__digest_str(ctx, buf);
+}
+
 st_status st__cache_key(const st_runtime* rt, const uint8_t* options, size_t options_size, const void* code,
                         size_t code_size, char out_hex[65]) {
   out_hex[0] = '\0';
@@ -79,7 +90,7 @@ st_status st__cache_key(const st_runtime* rt, const uint8_t* options, size_t opt
            st__digest_field(ctx, options, options_size) &&
            st__digest_str(ctx, rt->plugin_path) && st__digest_field(ctx, nums, sizeof(nums)) &&
            st__digest_str(ctx, rt->platform_name) && st__digest_str(ctx, rt->platform_version) &&
-           st__digest_str(ctx, rt->xla_version) && EVP_DigestFinal_ex(ctx, md, &md_len);
+           st__digest_str(ctx, rt->xla_version) && st__digest_shared(ctx, rt) && EVP_DigestFinal_ex(ctx, md, &md_len);
   EVP_MD_CTX_free(ctx);
   if (!ok || md_len != 32) return st_status_make(ST_CODE_INTERNAL, "executable cache: SHA-256 failed");
   static const char kHex[] = "0123456789abcdef";

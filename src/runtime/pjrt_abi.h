@@ -147,16 +147,79 @@ typedef struct pj_event_on_ready_args {
 
 /*--- client ---------------------------------------------------------------*/
 
+/* Error codes (absl's numbering) strata hands back to the plugin from its
+ * key-value callbacks, or reads from the plugin's errors. */
+enum {
+  PJ_CODE_INVALID_ARGUMENT = 3,
+  PJ_CODE_DEADLINE_EXCEEDED = 4,
+  PJ_CODE_NOT_FOUND = 5,
+  PJ_CODE_RESOURCE_EXHAUSTED = 8,
+  PJ_CODE_INTERNAL = 13,
+};
+
+/* The key-value callbacks a multi-process client uses to find its peers
+ * (strata serves them from the job's store: kv_callbacks.c). The plugin
+ * calls them from threads of its own. Keys and values are (pointer, size)
+ * byte strings, not NUL-terminated. A callback fails by returning an error
+ * made through the plugin's |callback_error|, which is a POINTER to the
+ * plugin's function (called as (*callback_error)(code, msg, msg_size); the
+ * plugin copies the message). A get or try-get hands back a value the
+ * plugin copies and then passes to |value_deleter|, which the callback
+ * sets. */
+typedef pj_error* (*pj_callback_error_fn)(int code, const char* message, size_t message_size);
+typedef void (*pj_kv_value_deleter_fn)(char* value);
+
+typedef struct pj_kv_get_args {
+  PJ_HEAD;
+  const char* key;
+  size_t key_size;
+  int timeout_in_ms;
+  pj_callback_error_fn* callback_error;
+  void* user;
+  char* value;                          /* out */
+  size_t value_size;                    /* out */
+  pj_kv_value_deleter_fn value_deleter; /* out */
+} pj_kv_get_args;
+
+/* Like get, but looks once: a missing key is a NOT_FOUND error at once. */
+typedef struct pj_kv_try_get_args {
+  PJ_HEAD;
+  const char* key;
+  size_t key_size;
+  pj_callback_error_fn* callback_error;
+  void* user;
+  char* value;                          /* out */
+  size_t value_size;                    /* out */
+  pj_kv_value_deleter_fn value_deleter; /* out */
+} pj_kv_try_get_args;
+
+typedef struct pj_kv_put_args {
+  PJ_HEAD;
+  const char* key;
+  size_t key_size;
+  const char* value; /* lives for the call only */
+  size_t value_size;
+  pj_callback_error_fn* callback_error;
+  void* user;
+} pj_kv_put_args;
+
+typedef pj_error* (*pj_kv_get_fn)(pj_kv_get_args* args);
+typedef pj_error* (*pj_kv_try_get_fn)(pj_kv_try_get_args* args);
+typedef pj_error* (*pj_kv_put_fn)(pj_kv_put_args* args);
+
+/* Named create options: the CPU plugin takes cpu_device_count; the GPU
+ * plugin takes node_id and num_nodes (int64) for a client across
+ * processes. A plugin refuses a name it does not know. */
 typedef struct pj_client_create_args {
   PJ_HEAD;
   const pj_named_value* options;
   size_t num_options;
-  void* kv_get;
+  pj_kv_get_fn kv_get;
   void* kv_get_user;
-  void* kv_put;
+  pj_kv_put_fn kv_put;
   void* kv_put_user;
   pj_client* client; /* out */
-  void* kv_try_get;
+  pj_kv_try_get_fn kv_try_get; /* appended after |client|: older plugins ignore it */
   void* kv_try_get_user;
 } pj_client_create_args;
 
@@ -646,7 +709,12 @@ typedef const pj_api* (*pj_get_api_fn)(void);
  * are pinned at 94's last field plus strata's 114 tail (execute options:
  * multi_slice_config .. num_hlo_output_callbacks; deserialize:
  * load_options). The FFI registration struct is the FFI extension
- * header's, and 52 is what the CPU plugin checks (above). */
+ * header's, and 52 is what the CPU plugin checks (above). The key-value
+ * callbacks' structs (PJRT_KeyValueGetCallback_Args 80,
+ * PJRT_KeyValueTryGetCallback_Args 72, PJRT_KeyValuePutCallback_Args 64)
+ * and the create args' kv fields are checked against the same header: get
+ * and put have had these layouts since they appeared; try-get and its two
+ * create fields were appended later, before minor 114. */
 _Static_assert(sizeof(void*) == 8 && sizeof(size_t) == 8 && sizeof(int) == 4 && sizeof(bool) == 1,
                "pjrt_abi.h describes the LP64 layout");
 
@@ -670,8 +738,21 @@ PJ_PIN(pj_plugin_attrs_args, num_attrs, 32);
 PJ_PIN(pj_event_args, event, 24);
 PJ_PIN(pj_event_ready_args, is_ready, 25);
 PJ_PIN(pj_event_on_ready_args, user, 40);
+PJ_AT(pj_client_create_args, kv_get, 32);
+PJ_AT(pj_client_create_args, kv_put_user, 56);
 PJ_AT(pj_client_create_args, client, 64);
+PJ_AT(pj_client_create_args, kv_try_get, 72);
 PJ_PIN(pj_client_create_args, kv_try_get_user, 88);
+PJ_AT(pj_kv_get_args, timeout_in_ms, 32);
+PJ_AT(pj_kv_get_args, callback_error, 40);
+PJ_AT(pj_kv_get_args, value, 56);
+PJ_PIN(pj_kv_get_args, value_deleter, 80);
+PJ_AT(pj_kv_try_get_args, callback_error, 32);
+PJ_AT(pj_kv_try_get_args, value, 48);
+PJ_PIN(pj_kv_try_get_args, value_deleter, 72);
+PJ_AT(pj_kv_put_args, value, 32);
+PJ_AT(pj_kv_put_args, callback_error, 48);
+PJ_PIN(pj_kv_put_args, user, 64);
 PJ_PIN(pj_client_args, client, 24);
 PJ_PIN(pj_client_string_args, str_size, 40);
 PJ_PIN(pj_client_devices_args, num_devices, 40);

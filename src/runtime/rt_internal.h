@@ -50,6 +50,10 @@ struct st_runtime {
   bool keep_optimized_hlo; /* runtime.keep_optimized_hlo (exe_cache.c) */
   char** ffi_targets; /* names registered through the FFI extension (ffi.c) */
   int ffi_target_count;
+  /* A client across processes (st_runtime_options.kv; put NULL: this
+   * process's own). The plugin's key-value callbacks get &kv as their user
+   * argument, so it stays put for the client's life. */
+  st_runtime_kv kv;
 
   /* The serialized xla.CompileOptionsProto every compile uses (owned). */
   uint8_t* compile_options;
@@ -119,6 +123,19 @@ char* st__sprintf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 st_status st__event_make(const pj_api* api, pj_event* handle, char* context_owned, st_event** out);
 /* Wraps a plugin buffer (ownership moves in; destroyed on failure). */
 st_status st__buffer_wrap(st_runtime* rt, pj_buffer* handle, int device, const st_tensor_type* type, st_buffer** out);
+
+/*--- kv_callbacks.c ---------------------------------------------------------*/
+
+/* PJRT's key-value callbacks, served from the st_runtime_kv their user
+ * argument points to. Plugin-facing: they never fail but through
+ * *args->callback_error. get: a wait that ran out is DEADLINE_EXCEEDED;
+ * try-get: an absent key is NOT_FOUND; a key holding a NUL byte (or a
+ * negative timeout) is INVALID_ARGUMENT; a failing store is INTERNAL with
+ * its message. A value handed back is the store's malloc'd copy with a
+ * deleter that frees it. */
+pj_error* st__pjrt_kv_get(pj_kv_get_args* args);
+pj_error* st__pjrt_kv_try_get(pj_kv_try_get_args* args);
+pj_error* st__pjrt_kv_put(pj_kv_put_args* args);
 
 /*--- dtype.c ----------------------------------------------------------------*/
 

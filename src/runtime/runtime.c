@@ -69,7 +69,7 @@ st_status st__pj_status(const pj_api* api, pj_error* error, const char* fmt, ...
     if (ce) st__pj_error_free(api, ce);
     else code = ca.code;
   }
-  st_status s = st_status_make(code == 8 ? ST_CODE_MEMORY : ST_CODE_RUNTIME, "%s: %s", context, msg ? msg : "(no message)");
+  st_status s = st_status_make(code == PJ_CODE_RESOURCE_EXHAUSTED ? ST_CODE_MEMORY : ST_CODE_RUNTIME, "%s: %s", context, msg ? msg : "(no message)");
   free(msg);
   st__pj_error_free(api, error);
   return s;
@@ -490,26 +490,46 @@ static void st__plugin_file_facts(st_runtime* rt) {
 
 /* Creates the client. The CPU plugin takes `cpu_device_count`; other
  * plugins may reject it, so a creation that fails naming the option is
- * retried without options.
+ * retried without it. A client across processes (rt->kv) also gets
+ * node_id and num_nodes and the key-value callbacks: the plugin then
+ * exchanges its topology with the other processes inside this call, which
+ * returns once all of them have made theirs (or fails when one does not
+ * come within the plugin's own timeout).
  *
  * Deterministic mode pins the CPU intra-op pool to one thread by setting
  * PJRT_NPROC=1 for the duration of the create call (the CPU client sizes its
  * pool from it at creation), then restores the previous value. */
-static pj_error* st__try_create(const pj_api* api, const pj_named_value* opts, size_t n, pj_client** out) {
+static pj_error* st__try_create(st_runtime* rt, const pj_named_value* opts, size_t n, pj_client** out) {
   pj_client_create_args a = {.struct_size = sizeof(a), .options = n ? opts : NULL, .num_options = n};
-  pj_error* e = api->client_create(&a);
+  if (rt->kv.put) {
+    a.kv_get = st__pjrt_kv_get;
+    a.kv_get_user = &rt->kv;
+    a.kv_put = st__pjrt_kv_put;
+    a.kv_put_user = &rt->kv;
+    a.kv_try_get = st__pjrt_kv_try_get;
+    a.kv_try_get_user = &rt->kv;
+  }
+  pj_error* e = rt->api->client_create(&a);
   *out = e ? NULL : a.client;
   return e;
 }
 
+static pj_named_value st__int_option(const char* name, int64_t value) {
+  pj_named_value v = {.struct_size = sizeof(v), .name = name, .name_size = strlen(name), .type = PJ_NV_INT64};
+  v.v.i64 = value;
+  v.value_size = 1;
+  return v;
+}
+
 static st_status st__create_client(st_runtime* rt, const st_runtime_options* o) {
   const pj_api* api = rt->api;
-  pj_named_value opt = {.struct_size = sizeof(opt)};
-  opt.name = "cpu_device_count";
-  opt.name_size = strlen(opt.name);
-  opt.type = PJ_NV_INT64;
-  opt.v.i64 = o->cpu_devices > 0 ? o->cpu_devices : 2;
-  opt.value_size = 1;
+  pj_named_value opts[3];
+  size_t n = 0;
+  opts[n++] = st__int_option("cpu_device_count", o->cpu_devices > 0 ? o->cpu_devices : 2);
+  if (rt->kv.put) {
+    opts[n++] = st__int_option("node_id", rt->kv.node_id);
+    opts[n++] = st__int_option("num_nodes", rt->kv.num_nodes);
+  }
 
   char* saved_nproc = NULL;
   if (rt->deterministic) {
@@ -517,12 +537,12 @@ static st_status st__create_client(st_runtime* rt, const st_runtime_options* o) 
     if (cur) saved_nproc = st_xstrdup(cur);
     setenv("PJRT_NPROC", "1", 1);
   }
-  pj_error* e = st__try_create(api, &opt, 1, &rt->client);
+  pj_error* e = st__try_create(rt, opts, n, &rt->client);
   if (e) {
     char* msg = st__pj_message(api, e);
     if (msg && strstr(msg, "cpu_device_count")) {
       st__pj_error_free(api, e);
-      e = st__try_create(api, NULL, 0, &rt->client);
+      e = st__try_create(rt, opts + 1, n - 1, &rt->client);
     }
     free(msg);
   }
@@ -533,6 +553,9 @@ static st_status st__create_client(st_runtime* rt, const st_runtime_options* o) 
       unsetenv("PJRT_NPROC");
     free(saved_nproc);
   }
+  if (rt->kv.put)
+    return st__pj_status(api, e, "PJRT plugin %s: creating one client across %d processes (this one node %d)",
+                         rt->plugin_path, rt->kv.num_nodes, rt->kv.node_id);
   return st__pj_status(api, e, "PJRT plugin %s: creating the client", rt->plugin_path);
 }
 
@@ -573,11 +596,19 @@ st_status st_runtime_create(const st_runtime_options* options, st_runtime** out_
   if (options->compile_threads < 0 || options->compile_threads > 1024)
     return st_status_make(ST_CODE_CONFIG, "runtime.compile_threads=%d is out of range (0..1024; 0: one per CPU)",
                           options->compile_threads);
+  const st_runtime_kv* kv = &options->kv;
+  if ((kv->put || kv->get || kv->try_get) &&
+      (!kv->put || !kv->get || !kv->try_get || kv->num_nodes < 1 || kv->node_id < 0 || kv->node_id >= kv->num_nodes))
+    return st_status_make(ST_CODE_INTERNAL,
+                          "st_runtime_create: a key-value store needs put, get and try_get and 0 <= node_id (%d) < "
+                          "num_nodes (%d)",
+                          kv->node_id, kv->num_nodes);
 
   st_runtime* rt = st_xcalloc(1, sizeof(*rt));
   rt->deterministic = options->deterministic;
   rt->compile_threads = options->compile_threads;
   rt->progress = options->progress;
+  if (options->kv.put) rt->kv = options->kv;
   st_status s = st__find_plugin(options, &rt->plugin_path);
   /* Options are validated before the plugin is touched, so a typo in an XLA
    * option is reported even when the plugin is slow to load. */

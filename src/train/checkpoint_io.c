@@ -62,6 +62,7 @@ struct st_train_ckpt {
   bool first_step_logged;
   double t_created;
   int64_t start_step;
+  bool job; /* one rank of a job of several processes: saves and restores are collective */
 };
 
 static st_status st__save_hook(void* user, st_ckpt_point point, const char* path);
@@ -97,6 +98,7 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
   c->stop_on_error = o->ckpt.stop_on_error;
   c->resume = o->resume;
   c->allow_bundle_change = o->ckpt.allow_bundle_change;
+  c->job = in->dist && st_dist_multi(in->dist);
 
   const st_plan* p = in->plan;
   c->slots = st_xcalloc((size_t)p->slot_count + 1, sizeof(int));
@@ -142,7 +144,9 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
   c->implied = st_plan_model_implied();
   st_status s = c->model && c->desc ? ST_OK : st_status_make(ST_CODE_INTERNAL, "the options carry no model JSON (not built from a config)");
   if (!s) st_json_put_int(c->desc, "microbatch_size", o->batch_size / (o->microbatches > 0 ? o->microbatches : 1));
-  if (!s && o->mesh[0]) {
+  /* A job's bundle is cut for its processes' shares even where this
+   * process's own mesh is one device. */
+  if (!s && (o->mesh[0] || o->procs > 1)) {
     st_json_put_int(c->model, "microbatch_size", o->batch_size / (o->microbatches > 0 ? o->microbatches : 1));
     char* text = st_json_dump(c->model, 0);
     st_bundle_key(&(st_bundle_request){.model_json = text}, c->key);
@@ -152,7 +156,11 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
   }
   st_config_hash(cfg, NULL, 0, c->config_hash);
 
-  if (!s) s = st_faults_create(&o->faults, in->run_dir, &c->faults);
+  /* A rank that writes no checkpoint files cannot fire a save drill: it
+   * would end as a drill that never fired (docs/checkpoints.md). */
+  st_faults_options fo = o->faults;
+  if (in->no_save) fo.crash_in_save = fo.corrupt_latest = fo.io_error_at_save = fo.hang_in_save = 0;
+  if (!s) s = st_faults_create(&fo, in->run_dir, &c->faults);
   if (!s) {
     st_faults_set_log(c->faults, in->log);
     const char* armed = st_faults_armed(c->faults);
@@ -169,7 +177,7 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
   atomic_init(&c->watch_handle, -1);
   c->save_opts = (st_ckpt_save_options){
       .root = c->root, .keep = c->keep, .keep_every = c->keep_every, .hook = st__save_hook, .hook_user = c};
-  if (!s && c->async) s = st_ckpt_writer_create(&c->save_opts, &c->writer);
+  if (!s && c->async && !in->no_save) s = st_ckpt_writer_create(&c->save_opts, &c->writer);
   if (s) {
     st_train_ckpt_destroy(c);
     return s;
@@ -203,6 +211,57 @@ void st_train_ckpt_set_watchdog(st_train_ckpt* c, st_watchdog* w) {
 }
 
 st_faults* st_train_ckpt_faults(st_train_ckpt* c) { return c ? c->faults : NULL; }
+
+/*===-------------------------------------------------------------------===*/
+/* A job of several processes (docs/multiprocess.md, "Checkpoints")        */
+/*===-------------------------------------------------------------------===*/
+
+/* One vote of the commit protocol, at the same point on every rank: each
+ * rank gives the outcome of its own part of |what| (*io; a rank that
+ * writes nothing gives OK) and whether a failure of it ends the run
+ * whatever ckpt.on_error says (*io_fatal); |step| tags the point (the
+ * save's step), so ranks that got out of step fail instead of mixing up
+ * two saves. On return every rank holds the same verdict: *io stays this
+ * rank's own failure, or becomes one naming the first rank that failed,
+ * and *io_fatal is true when any failure was. The return value is the
+ * exchange's own failure. */
+static st_status st__job_vote(st_train_ckpt* c, int64_t step, const char* what, st_status* io, bool* io_fatal) {
+  if (!c->job) return ST_OK;
+  const int P = st_dist_size(c->in.dist);
+  double in[3] = {(double)step, (double)st_status_code(*io), *io_fatal ? 1.0 : 0.0};
+  double* all = st_xmalloc((size_t)P * 3 * sizeof(double));
+  st_status s = st_dist_allgather_f64(c->in.dist, in, 3, all);
+  int failed = -1;
+  for (int r = 0; !s && r < P; ++r) {
+    const double* v = all + 3 * (size_t)r;
+    if (v[0] != (double)step)
+      s = st_status_make(ST_CODE_INTERNAL, "rank %d is at %s (tag %lld), rank %d at tag %lld: the ranks' checkpoints are out of step",
+                         st_dist_rank(c->in.dist), what, (long long)step, r, (long long)v[0]);
+    if (v[1] != 0 && failed < 0) failed = r;
+    if (v[2] != 0) *io_fatal = true;
+  }
+  if (!s && failed >= 0 && !*io)
+    *io = st_status_make((st_code)(int)all[3 * (size_t)failed + 1],
+                         "rank %d failed %s (its error is on rank %d's stderr and in its events.jsonl)", failed, what, failed);
+  free(all);
+  return s ? st_status_annotate(s, "agreeing between processes on %s", what) : ST_OK;
+}
+
+/* A rank that wrote nothing learns that the job's checkpoint of a step is
+ * committed: its own record, in its run directory's events.jsonl. */
+static st_status st__report_committed(st_train_ckpt* c, st_ckpt_save_result* r) {
+  c->last_saved_step = r->step;
+  char name[40];
+  snprintf(name, sizeof(name), "step_%lld", (long long)r->step);
+  char* dir = st_path_join(c->root, name);
+  json_t* e = st_json_obj();
+  st_json_put_int(e, "step", r->step);
+  st_json_put_str(e, "dir", dir);
+  st_json_put_int(e, "written_by_rank", 0);
+  free(dir);
+  st_ckpt_save_result_clear(r);
+  return st_runlog_event(c->in.log, "ckpt_committed", e);
+}
 
 /*===-------------------------------------------------------------------===*/
 /* Restore                                                                  */
@@ -252,11 +311,26 @@ static st_status st__load_state(st_train_ckpt* c, st_ckpt* ck) {
   return s;
 }
 
-st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_restored) {
-  *out_step = 0;
-  *out_restored = false;
-  if (!c->resume) return ST_OK;
-  double t0 = st_now();
+/* The checks of a found checkpoint that need only its manifest. */
+static st_status st__check_found(const st_train_ckpt* c, const st_ckpt* ck) {
+  const st_plan_options* o = c->in.options;
+  if (ck->data_position != ck->step * o->batch_size)
+    return st_status_make(ST_CODE_CKPT,
+                          "%s: consumed %lld training sequences in %lld steps; with train.batch_size=%lld the sampler would be at %lld. "
+                          "Resume with the batch size the checkpoint was written with (%lld)",
+                          ck->dir, (long long)ck->data_position, (long long)ck->step, (long long)o->batch_size,
+                          (long long)(ck->step * o->batch_size), (long long)ck->batch_size);
+  if (ck->step > o->steps)
+    return st_status_make(ST_CODE_CKPT, "%s: is at step %lld, past train.steps=%lld; raise train.steps to continue", ck->dir,
+                          (long long)ck->step, (long long)o->steps);
+  return ST_OK;
+}
+
+/* This process's choice of the checkpoint to resume from (*out NULL: none
+ * yet): leftovers of crashed saves removed, the newest valid one found,
+ * its manifest checked. |restoring| says whether an error is one of
+ * restoring (annotated so) or of finding. */
+static st_status st__pick_here(st_train_ckpt* c, st_ckpt** out, int* skipped, bool* restoring) {
   char* removed = NULL;
   ST_RETURN(st_ckpt_remove_temporaries(c->root, &removed));
   if (removed && removed[0]) {
@@ -271,16 +345,113 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
    * ckpt.allow_bundle_change only the model config and the tensors must match. */
   st_ckpt_expect expect;
   st__expect(c, &expect);
+  ST_RETURN(st_ckpt_find_valid(c->root, &expect, st__on_skip, c, out, skipped));
+  if (!*out && *skipped > 0)
+    return st_status_make(ST_CODE_CKPT,
+                          "no valid checkpoint in '%s': all %d were skipped (reasons above and in events.jsonl); corrupt data is "
+                          "never loaded. To start over, use a new run.dir (or move '%s' away)",
+                          c->root, *skipped, c->root);
+  st_status s = *out ? st__check_found(c, *out) : ST_OK;
+  if (s) {
+    *restoring = true;
+    st_ckpt_free(*out);
+    *out = NULL;
+  }
+  return s;
+}
+
+/* In a job, rank 0's pick of a checkpoint (|s| its error, *io its
+ * checkpoint, NULL: none) made every rank's: rank 0 sends the folder's
+ * name and every other rank opens and verifies that very folder (*io),
+ * so no two ranks can load different steps (a checkpoint committed between
+ * their looks, a file one of them reads damaged). *out_opening says an
+ * error is this rank's opening of it. Collective in a job. */
+static st_status st__job_share(st_train_ckpt* c, st_status s, st_ckpt** io, bool* out_opening) {
+  *out_opening = false;
+  if (!c->job) return s;
+  const bool rank0 = st_dist_rank(c->in.dist) == 0;
+  /* "" none, "!" rank 0 failed (its error is its own), else the folder. */
+  char pick[64] = "";
+  const char* slash = *io ? strrchr((*io)->dir, '/') : NULL;
+  if (rank0) snprintf(pick, sizeof(pick), "%s", s ? "!" : *io ? (slash ? slash + 1 : (*io)->dir) : "");
+  void* data = rank0 ? pick : NULL;
+  size_t size = rank0 ? strlen(pick) + 1 : 0;
+  st_status b = st_dist_broadcast(c->in.dist, &data, &size);
+  if (b) b = st_status_annotate(b, "sending the checkpoint to load to every process");
+  if (rank0 || b) {
+    if (!rank0) free(data);
+    if (!s && b) {
+      st_ckpt_free(*io);
+      *io = NULL;
+      return b;
+    }
+    st_status_free(b);
+    return s;
+  }
+  const char* name = data;
+  if (!strcmp(name, "!")) {
+    s = st_status_make(ST_CODE_CKPT, "rank 0 could not pick a checkpoint to load in '%s' (its error is on rank 0's stderr)", c->root);
+  } else if (name[0]) {
+    st_ckpt_expect expect;
+    st__expect(c, &expect);
+    char* dir = st_path_join(c->root, name);
+    s = st_ckpt_open(dir, &expect, io);
+    if (s) s = st_status_annotate(s, "opening %s, the checkpoint rank 0 loads", dir);
+    *out_opening = s != ST_OK;
+    free(dir);
+  }
+  free(data);
+  return s;
+}
+
+/* The checkpoint every rank resumes from: rank 0 (or the one process)
+ * picks it, alone removing leftovers and reporting skipped checkpoints.
+ * Collective in a job. */
+static st_status st__pick(st_train_ckpt* c, st_ckpt** out, int* skipped, bool* restoring) {
+  *out = NULL;
+  *skipped = 0;
+  *restoring = false;
+  const bool rank0 = !c->job || st_dist_rank(c->in.dist) == 0;
+  st_status s = rank0 ? st__pick_here(c, out, skipped, restoring) : ST_OK;
+  bool opening = false;
+  s = st__job_share(c, s, out, &opening);
+  if (opening) *restoring = true;
+  return s;
+}
+
+/* In a job, every rank's restore must succeed or none goes on: a rank
+ * that failed keeps its error, the others get one naming it. Collective. */
+static st_status st__job_restored(st_train_ckpt* c, st_status s, int64_t step) {
+  bool fatal = s != ST_OK;
+  st_status v = st__job_vote(c, step, "loading the checkpoint", &s, &fatal);
+  if (v) {
+    st_status_free(s);
+    return v;
+  }
+  return s;
+}
+
+st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_restored) {
+  *out_step = 0;
+  *out_restored = false;
+  if (!c->resume) return ST_OK;
+  double t0 = st_now();
   st_ckpt* ck = NULL;
   int skipped = 0;
-  ST_RETURN(st_ckpt_find_valid(c->root, &expect, st__on_skip, c, &ck, &skipped));
+  bool restoring = false;
+  st_status s = st__pick(c, &ck, &skipped, &restoring);
+  if (!s && ck) {
+    s = st__load_state(c, ck);
+    restoring = true;
+  }
+  s = st__job_restored(c, s, -1);
+  if (s) {
+    st_ckpt_free(ck);
+    return restoring ? st_status_annotate(s, "restoring") : s;
+  }
+  const bool quiet = c->job && st_dist_rank(c->in.dist) > 0; /* rank 0 says it for the job */
   if (!ck) {
-    if (skipped > 0)
-      return st_status_make(ST_CODE_CKPT,
-                            "no valid checkpoint in '%s': all %d were skipped (reasons above and in events.jsonl); corrupt data is "
-                            "never loaded. To start over, use a new run.dir (or move '%s' away)",
-                            c->root, skipped, c->root);
-    fprintf(stderr, "strata: resume: no checkpoint in '%s' yet; starting from step 0\n", c->root);
+    if (!quiet) fprintf(stderr, "strata: resume: no checkpoint in '%s' yet; starting from step 0\n", c->root);
     json_t* e = st_json_obj();
     st_json_put_int(e, "from_step", 0);
     st_json_put(e, "checkpoint", json_null());
@@ -289,43 +460,41 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
     return st_runlog_event(c->in.log, "resumed", e);
   }
   const st_plan_options* o = c->in.options;
-  st_status s = ST_OK;
-  if (ck->data_position != ck->step * o->batch_size)
-    s = st_status_make(ST_CODE_CKPT,
-                       "%s: consumed %lld training sequences in %lld steps; with train.batch_size=%lld the sampler would be at %lld. "
-                       "Resume with the batch size the checkpoint was written with (%lld)",
-                       ck->dir, (long long)ck->data_position, (long long)ck->step, (long long)o->batch_size,
-                       (long long)(ck->step * o->batch_size), (long long)ck->batch_size);
-  if (!s && ck->step > o->steps)
-    s = st_status_make(ST_CODE_CKPT, "%s: is at step %lld, past train.steps=%lld; raise train.steps to continue", ck->dir,
-                       (long long)ck->step, (long long)o->steps);
-  if (!s) s = st__load_state(c, ck);
-  if (s) {
-    st_ckpt_free(ck);
-    return st_status_annotate(s, "restoring");
-  }
   double restore_s = st_now() - t0;
   char* latest = st_ckpt_read_latest(c->root);
   const char* slash = strrchr(ck->dir, '/');
   const char* name = slash ? slash + 1 : ck->dir;
   bool changed = strcmp(ck->config_hash, c->config_hash) != 0;
   bool bundle_changed = strcmp(ck->bundle_key, c->key) != 0;
-  if (bundle_changed)
+  if (bundle_changed && !quiet)
     fprintf(stderr, "strata: warning: %s was written with bundle %s, this run uses %s (allowed by ckpt.allow_bundle_change)\n", ck->dir,
             ck->bundle_key, c->key);
   /* Every tensor is whole in the file, and st_executor_put gives each device
-   * its replica: any mesh the config accepts lays it out (docs/checkpoints.md). */
-  int now[3] = {o->parallel_data > 0 ? o->parallel_data : 1, o->parallel_fsdp > 0 ? o->parallel_fsdp : 1,
-                o->parallel_tensor > 0 ? o->parallel_tensor : 1};
-  int was[3] = {ck->mesh_data > 0 ? ck->mesh_data : 1, ck->mesh_fsdp > 0 ? ck->mesh_fsdp : 1, ck->mesh_tensor > 0 ? ck->mesh_tensor : 1};
-  if (memcmp(now, was, sizeof(now)))
-    fprintf(stderr, "strata: %s was written on mesh data=%d fsdp=%d tensor=%d (%d devices); this run: data=%d fsdp=%d tensor=%d (%d devices). "
+   * its replica: any mesh the config accepts lays it out (docs/checkpoints.md).
+   * The meshes compared are jobs' whole meshes, with their process counts. */
+  const bool job_mesh = o->procs > 1;
+  int now[4] = {job_mesh ? o->global_data : o->parallel_data, job_mesh ? o->global_fsdp : o->parallel_fsdp,
+                job_mesh ? o->global_tensor : o->parallel_tensor, o->procs};
+  int was[4] = {ck->mesh_data, ck->mesh_fsdp, ck->mesh_tensor, ck->mesh_processes};
+  for (int a = 0; a < 4; ++a) {
+    if (now[a] < 1) now[a] = 1;
+    if (was[a] < 1) was[a] = 1;
+  }
+  if (memcmp(now, was, sizeof(now)) && !quiet) {
+    char pn[40] = "", pw[40] = "";
+    if (now[3] > 1 || was[3] > 1) {
+      snprintf(pn, sizeof(pn), ", %d process%s", now[3], now[3] == 1 ? "" : "es");
+      snprintf(pw, sizeof(pw), ", %d process%s", was[3], was[3] == 1 ? "" : "es");
+    }
+    fprintf(stderr, "strata: %s was written on mesh data=%d fsdp=%d tensor=%d (%d devices%s); this run: data=%d fsdp=%d tensor=%d (%d devices%s). "
             "Its tensors are whole, so each device gets its replica; losses continue within rounding, not bitwise\n",
-            ck->dir, was[0], was[1], was[2], was[0] * was[1] * was[2], now[0], now[1], now[2], now[0] * now[1] * now[2]);
-  fprintf(stderr, "strata: resuming from %s (step %lld)%s\n", ck->dir, (long long)ck->step,
-          changed ? "; the config differs from the checkpoint's (see the resumed event)" : "");
+            ck->dir, was[0], was[1], was[2], was[0] * was[1] * was[2], pw, now[0], now[1], now[2], now[0] * now[1] * now[2], pn);
+  }
+  if (!quiet)
+    fprintf(stderr, "strata: resuming from %s (step %lld)%s\n", ck->dir, (long long)ck->step,
+            changed ? "; the config differs from the checkpoint's (see the resumed event)" : "");
   char* notes = ck->identity_report ? st_ckpt_identity_notes(ck->identity_report, "in the checkpoint") : NULL;
-  if (notes && notes[0]) fprintf(stderr, "strata: note: %s: %s\n", ck->dir, notes);
+  if (notes && notes[0] && !quiet) fprintf(stderr, "strata: note: %s: %s\n", ck->dir, notes);
   free(notes);
   json_t* e = st_json_obj();
   st_json_put_int(e, "from_step", ck->step);
@@ -348,6 +517,9 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
   }
   st_json_put_int(mesh_now, "devices", now[0] * now[1] * now[2]);
   st_json_put_int(mesh_was, "devices", was[0] * was[1] * was[2]);
+  /* Only for a job, as in the manifest: a one-process record is as before. */
+  if (now[3] > 1) st_json_put_int(mesh_now, "processes", now[3]);
+  if (was[3] > 1) st_json_put_int(mesh_was, "processes", was[3]);
   st_json_put(e, "mesh", mesh_now);
   /* null: written before manifests recorded the mesh (one device) */
   if (ck->mesh_devices > 0)
@@ -376,14 +548,15 @@ st_status st_train_ckpt_rollback(st_train_ckpt* c, int64_t before_step, int64_t*
   st__expect(c, &expect);
   st_ckpt* ck = NULL;
   int skipped = 0;
-  ST_RETURN(st_ckpt_find_valid(c->root, &expect, st__on_skip, c, &ck, &skipped));
-  if (!ck) return ST_OK;
-  st_status s = ST_OK;
-  if (ck->step >= before_step)
+  st_status s = !c->job || st_dist_rank(c->in.dist) == 0 ? st_ckpt_find_valid(c->root, &expect, st__on_skip, c, &ck, &skipped) : ST_OK;
+  bool opening = false;
+  s = st__job_share(c, s, &ck, &opening);
+  if (!s && ck && ck->step >= before_step)
     s = st_status_make(ST_CODE_INTERNAL, "rollback before step %lld found %s of step %lld", (long long)before_step, ck->dir,
                        (long long)ck->step);
-  if (!s) s = st__load_state(c, ck);
-  if (!s) {
+  if (!s && ck) s = st__load_state(c, ck);
+  s = st__job_restored(c, s, -1 - before_step); /* load tags are negative, save tags the step */
+  if (!s && ck) {
     *out_step = ck->step;
     *out_dir = st_xstrdup(ck->dir);
   }
@@ -450,16 +623,40 @@ static st_status st__report(st_train_ckpt* c, st_ckpt_save_result* r, double blo
   return s;
 }
 
-/* Reports a save the writer finished; |wait| blocks for one in flight. */
+/* A save's end: in a job the ranks vote on it (the commit protocol's
+ * last vote: every rank learns the checkpoint is committed, or that it
+ * failed, at the same point), then it is reported, and ckpt.on_error
+ * applied, alike on every rank. */
+static st_status st__finish(st_train_ckpt* c, st_ckpt_save_result* r, double blocking_s, double waited_s, bool last, bool fatal) {
+  char what[64];
+  snprintf(what, sizeof(what), "the checkpoint of step %lld", (long long)r->step);
+  st_status v = st__job_vote(c, r->step, what, &r->status, &fatal);
+  if (v || fatal) {
+    /* The exchange failed, or some rank's snapshot did: the run stops. */
+    st__watch_end(c);
+    st_status e = v ? v : r->status;
+    if (v) st_status_free(r->status);
+    r->status = ST_OK;
+    st_ckpt_save_result_clear(r);
+    return e;
+  }
+  if (c->in.no_save && !r->status) return st__report_committed(c, r);
+  return st__report(c, r, blocking_s, waited_s, last);
+}
+
+/* Reports a save the writer finished; |wait| blocks for one in flight. In
+ * a job a background save is reported only where every rank waits for it
+ * (the next save, a stop's save, a rollback): a look between steps would
+ * find it done on some ranks and not on others. */
 static st_status st__collect(st_train_ckpt* c, bool wait, double* waited_s) {
   if (waited_s) *waited_s = 0;
-  if (!c->writer || !c->inflight) return ST_OK;
+  if (!c->inflight || (c->job && !wait)) return ST_OK;
   double t0 = st_now();
-  st_ckpt_save_result r;
-  if (!st_ckpt_writer_take(c->writer, wait, &r)) return ST_OK;
+  st_ckpt_save_result r = {.step = c->inflight_step};
+  if (c->writer && !st_ckpt_writer_take(c->writer, wait, &r)) return ST_OK;
   if (waited_s) *waited_s = st_now() - t0;
   c->inflight = false;
-  return st__report(c, &r, c->inflight_blocking_s, c->inflight_waited_s, false);
+  return st__finish(c, &r, c->inflight_blocking_s, c->inflight_waited_s, false, false);
 }
 
 /* A streaming snapshot's tensor |i|, copied when the save writes it. */
@@ -513,9 +710,11 @@ static st_status st__snapshot(st_train_ckpt* c, int64_t step) {
       .bundle_key = c->key,
       .tokenizer_hash = st_dataset_tokenizer_hash(c->in.data),
       .model = c->desc,
-      .mesh_data = o->parallel_data,
-      .mesh_fsdp = o->parallel_fsdp,
-      .mesh_tensor = o->parallel_tensor,
+      /* The job's whole mesh, not this process's part of it. */
+      .mesh_data = o->procs > 1 ? o->global_data : o->parallel_data,
+      .mesh_fsdp = o->procs > 1 ? o->global_fsdp : o->parallel_fsdp,
+      .mesh_tensor = o->procs > 1 ? o->global_tensor : o->parallel_tensor,
+      .mesh_processes = o->procs,
   };
   st_ckpt_snapshot_set_meta(c->snap, &m);
   c->snap_filled = !c->streaming;
@@ -523,33 +722,52 @@ static st_status st__snapshot(st_train_ckpt* c, int64_t step) {
 }
 
 static st_status st__save(st_train_ckpt* c, int64_t step, bool last) {
-  if (c->in.no_save) {
-    c->last_saved_step = step; /* rank 0 saved it (st_train_ckpt_init.no_save) */
-    return ST_OK;
-  }
   double t0 = st_now();
   double waited = 0;
   /* Back-pressure: the previous save must be done before the snapshot it
    * reads is overwritten. */
   ST_RETURN(st__collect(c, true, &waited));
-  ST_RETURN(st__snapshot(c, step));
-  if (c->writer && !last && !c->streaming) {
-    ST_RETURN(st_ckpt_writer_submit(c->writer, c->snap));
+  /* On the writer thread, or on this one: the same choice on every rank of
+   * a job (ckpt.async and the staging are). */
+  const bool background = c->async && !last && !c->streaming;
+  /* A rank that writes no files (st_train_ckpt_init.no_save) has done its
+   * part at once; it takes part in the job's votes all the same. */
+  st_status s = c->in.no_save ? ST_OK : st__snapshot(c, step);
+  if (!s && background && !c->in.no_save) s = st_ckpt_writer_submit(c->writer, c->snap);
+  /* A snapshot or hand-off that failed stops the run whatever
+   * ckpt.on_error says; in a job every rank learns it in the save's vote. */
+  const bool fatal = s != ST_OK;
+  if (background && c->job) {
+    /* The first vote of a background save: every rank's state is in its
+     * snapshot and on its writer (the last comes where it is collected). */
+    char what[64];
+    snprintf(what, sizeof(what), "the snapshot for the checkpoint of step %lld", (long long)step);
+    bool any_fatal = fatal;
+    st_status v = st__job_vote(c, step, what, &s, &any_fatal);
+    if (v) {
+      st_status_free(s);
+      return v;
+    }
+  }
+  if (s && (!c->job || background)) return s;
+  if (background) {
     c->inflight = true;
     c->inflight_step = step;
     c->inflight_blocking_s = st_now() - t0;
     c->inflight_waited_s = waited;
     return ST_OK;
   }
-  /* The last save, or ckpt.async=false: the run waits for it, so it runs
-   * on this thread (the writer is idle: collected above) and may draw its
-   * progress, which a background save must not (it would cut into the
-   * step line). */
-  st_ckpt_save_options so = c->save_opts;
-  so.progress = c->in.options->long_progress;
-  st_ckpt_save_result r;
-  r.status = st_ckpt_save(&so, c->snap, &r);
-  return st__report(c, &r, st_now() - t0, waited, last);
+  st_ckpt_save_result r = {.step = step, .status = s};
+  if (!s && !c->in.no_save) {
+    /* The last save, or ckpt.async=false: the run waits for it, so it runs
+     * on this thread (the writer is idle: collected above) and may draw its
+     * progress, which a background save must not (it would cut into the
+     * step line). */
+    st_ckpt_save_options so = c->save_opts;
+    so.progress = c->in.options->long_progress;
+    r.status = st_ckpt_save(&so, c->snap, &r);
+  }
+  return st__finish(c, &r, st_now() - t0, waited, last, fatal);
 }
 
 st_status st_train_ckpt_step_done(st_train_ckpt* c, int64_t step) {
@@ -561,6 +779,7 @@ st_status st_train_ckpt_step_done(st_train_ckpt* c, int64_t step) {
     st_json_put(f, "since_start_s", st_json_fixed(st_now() - c->t_created, 6));
     ST_RETURN(st_runlog_event(c->in.log, "first_step", f));
   }
+  if (c->in.disabled) return ST_OK;
   ST_RETURN(st__collect(c, false, NULL));
   bool last = step >= c->in.options->steps;
   if (last || (c->every > 0 && step % c->every == 0)) return st__save(c, step, last);
@@ -568,6 +787,7 @@ st_status st_train_ckpt_step_done(st_train_ckpt* c, int64_t step) {
 }
 
 st_status st_train_ckpt_save_now(st_train_ckpt* c, int64_t step) {
+  if (c->in.disabled) return ST_OK;
   /* A save of this very step may be in flight (it was due): wait for it
    * rather than write the same checkpoint twice. */
   ST_RETURN(st__collect(c, true, NULL));

@@ -18,6 +18,7 @@
 
 #include "strata/bundle.h"
 #include "strata/config.h"
+#include "strata/dist.h"
 #include "strata/runtime.h"
 #include "strata/sched.h"
 #include "strata/status.h"
@@ -38,12 +39,20 @@ typedef struct st_train_ckpt_init {
   st_runtime* runtime;
   st_runlog* log;
   const st_dataset* data; /* its tokenizer goes into every manifest and is checked on resume */
-  /* A job of several processes (docs/multiprocess.md): the run directory
-   * whose checkpoints/ this rank saves to and resumes from (NULL:
-   * run_dir), and whether it saves at all (a data-parallel job's state is
-   * the same on every rank: rank 0 alone writes it). */
+  /* A job of several processes (docs/multiprocess.md, "Checkpoints"): the
+   * run directory whose checkpoints/ this rank saves to and resumes from
+   * (NULL: run_dir), whether it writes files at all (a data-parallel job's
+   * state is the same on every rank: rank 0 alone writes it), and the job
+   * (NULL or a job of one: one process). In a job every save, restore and
+   * rollback is collective: every rank calls them at the same steps, and
+   * learns the same outcome (the commit protocol of the docs). */
   const char* ckpt_run_dir;
   bool no_save;
+  st_dist* dist;
+  /* No checkpoint is saved at all (fsdp across processes: no rank holds
+   * the whole state and per-rank checkpoints are not built; the options
+   * refuse periodic saves and resuming). */
+  bool disabled;
 } st_train_ckpt_init;
 
 st_status st_train_ckpt_create(const st_train_ckpt_init* init, st_train_ckpt** out /* owned by caller */);
@@ -78,7 +87,9 @@ st_faults* st_train_ckpt_faults(st_train_ckpt* ckpt);
  * (|out_filled|, may be NULL) whether a save has copied the state into it
  * yet (until then its pages were never touched). 0 for NULL. */
 int64_t st_train_ckpt_staging_bytes(const st_train_ckpt* ckpt, bool* out_filled);
-/* Waits for a save in flight and reports it. NULL is a no-op. */
+/* Waits for a save in flight and reports it (in a job, on this rank only:
+ * never collective, so that a rank ending on an error cannot hang in it).
+ * NULL is a no-op. */
 void st_train_ckpt_destroy(st_train_ckpt* ckpt);
 
 #endif

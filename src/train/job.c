@@ -55,6 +55,7 @@ st_status st__job_run_dir(st__trainer* t, const st_plan_options* o, bool rank0_o
   char* job = data;
   if (size == 0 || job[size - 1] != '\0' || job[0] == '\0') {
     free(data);
+    t->failed_together = true;
     return st_status_make(ST_CODE_CONFIG, "rank 0 could not make the job's run directory (its error is on rank 0's stderr)");
   }
   char* ranks = st_path_join(job, "ranks");
@@ -70,6 +71,16 @@ st_status st__job_run_dir(st__trainer* t, const st_plan_options* o, bool rank0_o
   *io_dir = st_path_join(job, sub);
   *out_job_dir = job;
   return ST_OK;
+}
+
+void st__job_fail(st__trainer* t, st_status s) {
+  if (!s || !t->dist || !st_dist_multi(t->dist) || t->failed_together) return;
+  const int code = st_status_exit_code(s);
+  fprintf(stderr, "strata: %s: rank %d of %d: %s\n", st_code_name(st_status_code(s)), st_dist_rank(t->dist),
+          st_dist_size(t->dist), st_status_message(s));
+  fprintf(stderr, "strata: rank %d of %d failed alone: ending the job with exit %d (MPI_Abort; docs/multiprocess.md, \"Failures\")\n",
+          st_dist_rank(t->dist), st_dist_size(t->dist), code);
+  st_dist_abort(t->dist, code);
 }
 
 void st__fill_share(st__trainer* t, int stream, uint64_t first, int64_t n_micro) {
@@ -138,6 +149,26 @@ st_status st__job_rank0_first(st__trainer* t, bool before) {
   if (!t->dist || !st_dist_multi(t->dist)) return ST_OK;
   if (before != (t->o->rank > 0)) return ST_OK;
   return st_dist_barrier(t->dist);
+}
+
+/* The CPU plugin refuses node_id and has no collectives across processes
+ * to share a client for: its jobs keep one client per process, their
+ * cross-process traffic all MPI's. A plugin whose file name says it is a
+ * GPU or TPU one (st_runtime_guess_platform, before it is loaded) shares
+ * one; a name that says nothing keeps today's client per process, since
+ * it may well be a CPU plugin. runtime.shared_client=on|off overrides. */
+void st__job_runtime_kv(st__trainer* t, st_plan_options* o) {
+  t->shared_client = false;
+  if (!t->dist || !st_dist_multi(t->dist)) return;
+  bool shared = o->shared_client == 1;
+  if (o->shared_client < 0) {
+    char platform[32], basis[512];
+    st_runtime_guess_platform(&o->runtime, platform, sizeof(platform), basis, sizeof(basis));
+    shared = strcmp(platform, "cpu") != 0 && strcmp(platform, "unknown") != 0;
+  }
+  if (!shared) return;
+  st_dist_runtime_kv(t->dist, &o->runtime.kv);
+  t->shared_client = true;
 }
 
 /* The job's figures of a step, on every rank's metrics line (rank 0's is

@@ -130,6 +130,17 @@ typedef struct st__trainer {
   char* job_dir; /* the job's run directory (rank 0's run_dir); NULL in one process */
   bool losses_global;
   bool stop_any;
+  /* The run's failure is one every rank meets at the same point (the
+   * run directory rank 0 could not make, a stop all ranks agreed on): the
+   * ranks end together. Any other failure of a rank ends the job
+   * (st__job_fail). */
+  bool failed_together;
+  /* One PJRT client across the job's processes (st__job_runtime_kv), and
+   * whether rank 0 has already let the others go (st__job_rank0_first):
+   * such a client is created by all ranks at once, so rank 0 releases them
+   * after the bundle, before the client. */
+  bool shared_client;
+  bool rank0_released;
 } st__trainer;
 
 /* step_hooks.c: the executor's H2D / READ / HOST callbacks for a step or an
@@ -149,9 +160,22 @@ st_status st__plan_programs(st__trainer* t, const st_plan* plan, st_program*** o
  * o->rank), checking parallel.processes against it. */
 st_status st__job_init(st__trainer* t, st_plan_options* o);
 st_status st__job_rank0_first(st__trainer* t, bool before);
+/* In a job of several processes: whether its ranks share one PJRT client
+ * (runtime.shared_client; auto: for a GPU or TPU plugin) and,
+ * when they do, o->runtime.kv served from t->dist's store
+ * (docs/multiprocess.md, "One PJRT client across processes"). Sets
+ * t->shared_client. Nothing in one process. */
+void st__job_runtime_kv(st__trainer* t, st_plan_options* o);
 st_status st__job_agree(st__trainer* t, const st_config* cfg);
 st_status st__job_step_metrics(st__trainer* t, double dt, json_t* m);
 st_status st__job_run_dir(st__trainer* t, const st_plan_options* o, bool rank0_ok, char** io_dir, char** out_job_dir);
+/* A rank's own failure |s| in a job of several processes (not
+ * t->failed_together): says it on stderr as `strata` would, naming the
+ * rank, and ends the whole job with its exit code (st_dist_abort): the
+ * other ranks would wait for this one in their next collective forever.
+ * The caller has written the failed event. Returns (doing nothing) in one
+ * process or for a failure every rank shares. */
+void st__job_fail(st__trainer* t, st_status s);
 /* A job of several processes: the microbatch losses |losses| (|n|) become
  * the mean over ranks (equal shares), and every rank learns whether any was
  * asked to stop (t->stop_any). Collective; nothing in one process. */

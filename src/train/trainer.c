@@ -50,6 +50,8 @@ static st_status st__make_run_dir(st__trainer* t, const st_config* cfg, const st
   st_status s = o->rank == 0 ? st_rundir_claim(dir, &how, out_lock_fd, out_reused) : ST_OK;
   if (t->dist) {
     st_status js = st__job_run_dir(t, o, s == ST_OK, &dir, &t->job_dir);
+    /* Rank 0 told the others it failed: every rank returns its error. */
+    if (s && !js) t->failed_together = true;
     if (!s) s = js;
     else st_status_free(js);
     if (!s && o->rank > 0) s = st_rundir_claim(dir, &how, out_lock_fd, out_reused);
@@ -484,7 +486,7 @@ static void st__trainer_free(st__trainer* t) {
  * run with ST_CODE_INTERRUPTED (exit 8). From here on a further signal
  * ends the process at once; the previous checkpoint stays valid, since a
  * save only becomes visible by its final rename. */
-static st_status st__stop(st__trainer* t, int64_t done, bool progress) {
+static st_status st__stop_save(st__trainer* t, int64_t done, bool progress) {
   st_stop_signals_default();
   st_progress_end(progress);
   t->stop_signal = st_stop_signal();
@@ -496,13 +498,26 @@ static st_status st__stop(st__trainer* t, int64_t done, bool progress) {
     ST_RETURN_IF_ERROR(st_train_ckpt_save_now(t->ckpt, done), "stopping on %s after step %lld", sig, (long long)done);
     t->stop_saved = true;
   }
-  char* q = st_shell_quote(t->run_dir);
+  /* A job continues as it was started, by its launcher (each rank names
+   * the job's directory, which rank 0's checkpoint is in). */
+  char* q = st_shell_quote(t->job_dir ? t->job_dir : t->run_dir);
+  char how[4400];
+  if (t->job_dir) snprintf(how, sizeof(how), "the same launcher command with run.resume=true (run.dir=%s)", q);
+  else snprintf(how, sizeof(how), "`strata resume %s`", q);
   st_status s = done > t->start_step
-                    ? st_status_make(ST_CODE_INTERRUPTED, "stopped by %s after step %lld, checkpoint step_%lld written; continue with `strata resume %s`",
-                                     sig, (long long)done, (long long)done, q)
+                    ? st_status_make(ST_CODE_INTERRUPTED, "stopped by %s after step %lld, checkpoint step_%lld written; continue with %s",
+                                     sig, (long long)done, (long long)done, how)
                     : st_status_make(ST_CODE_INTERRUPTED,
-                                     "stopped by %s before the first step of this attempt (nothing new to save); continue with `strata resume %s`", sig, q);
+                                     "stopped by %s before the first step of this attempt (nothing new to save); continue with %s", sig, how);
   free(q);
+  return s;
+}
+
+static st_status st__stop(st__trainer* t, int64_t done, bool progress) {
+  st_status s = st__stop_save(t, done, progress);
+  /* Every rank of a job stops here at the same step (t->stop_any): they
+   * end together, unless this rank's save failed. */
+  if (t->dist && st_status_code(s) == ST_CODE_INTERRUPTED) t->failed_together = true;
   return s;
 }
 
@@ -690,6 +705,8 @@ static st_status st__nonfinite(st__trainer* t, double loss) {
   st_json_put_int(e, "first_sample", t->step * o->batch_size);
   st_json_put_int(e, "samples", o->batch_size);
   st_json_put(e, "located", located ? st_json_str(located) : json_null());
+  /* A job: the rank whose event this is (each rank locates in its own rows). */
+  if (t->o->procs > 1) st_json_put_int(e, "rank", t->o->rank);
   free(located);
   if (stop_why || policy == ST_NONFINITE_STOP) {
     st_json_put_str(e, "action", "stop");
@@ -741,7 +758,13 @@ static st_status st__run(st__trainer* t, bool progress) {
   st_executor_hooks hooks = st__train_hooks(t);
   double t_start = st_now();
   double last_loss = NAN;
-  if (st_stop_signal() && t->start_step < o->steps) return st__stop(t, t->start_step, progress);
+  /* A job agrees on a stop before its first step too: a rank stopping
+   * alone would leave the others in the step's first collective. */
+  if (t->dist) {
+    double none = 0;
+    ST_RETURN(st__losses_global(t, &none, 0));
+  }
+  if ((t->dist ? t->stop_any : st_stop_signal() != 0) && t->start_step < o->steps) return st__stop(t, t->start_step, progress);
   for (t->step = t->start_step; t->step < o->steps; ++t->step) {
     double t0 = st_now();
     st__watch_step_begin(t);
@@ -955,8 +978,20 @@ static st_status st__train_open(st__trainer* t, const st_config* cfg, st_plan_op
   st_plan_opened* op = &t->opened;
   st_status s = st_plan_open_bundle(o, &how, op);
   t->bundle = op->bundle;
+  /* A client shared by the job's processes forms only when every rank
+   * creates it at once: rank 0 lets the others go now, not after it has
+   * compiled (st__job_rank0_first). */
+  st__job_runtime_kv(t, o);
+  if (!s && t->shared_client) {
+    t->rank0_released = true;
+    s = st__job_rank0_first(t, false);
+  }
   /* The data are open: what the plugin adds comes next (the memory events). */
   if (!s) s = st_plan_open_runtime(o, &how, op);
+  if (s && t->shared_client && st_status_code(s) == ST_CODE_RUNTIME)
+    s = st_status_annotate(s, "runtime.shared_client=%s: one PJRT client across the job's %d processes (off: one "
+                              "client per process)",
+                           o->shared_client == 1 ? "on" : "auto", o->procs);
   t->runtime = op->runtime;
   t->mem_base = op->mem_before_runtime;
   t->mem_plugin = op->mem_after_runtime;
@@ -1090,7 +1125,7 @@ static st_status st__train_start(st__trainer* t, const st_config* cfg, double t0
                     "not built; docs/multiprocess.md); the final parameters go to params.safetensors\n",
             o->global_fsdp, o->procs);
   st_train_ckpt_init ci = {cfg, o, t->run_dir, t->bundle, &t->step_plan, t->ex, t->runtime, t->log, t->data,
-                           t->job_dir, o->rank > 0 || xfsdp};
+                           t->job_dir, o->rank > 0, t->dist, xfsdp};
   ST_RETURN(st_train_ckpt_create(&ci, &t->ckpt));
   st_train_ckpt_set_watchdog(t->ckpt, t->watchdog);
   /* Restore first: a checkpoint sets every parameter and optimizer slot, so
@@ -1186,6 +1221,9 @@ st_status st_train_main(const st_config* cfg) {
   /* SIGTERM, SIGINT, SIGHUP: finish the step, checkpoint, exit 8. */
   st_stop_guard stop_guard;
   st_stop_signals_install(&stop_guard);
+  /* A job: SIGUSR1 too, which mpirun forwards to every rank (on SIGTERM it
+   * kills them; docs/multiprocess.md, "Failures"). */
+  if (t.dist) st_stop_signals_add_usr1(&stop_guard);
   /* An allocation failure from here on writes the failed event and exits 4
    * instead of aborting without one (docs/architecture.md). */
   st_oom_hook oom_hook;
@@ -1197,10 +1235,14 @@ st_status st_train_main(const st_config* cfg) {
   if (!s) s = st__train_open(&t, cfg, &o);
   if (!s) s = st__train_compile(&t, &o);
   if (t.dist) {
-    st_status js = st__job_rank0_first(&t, false);
+    st_status js = t.rank0_released ? ST_OK : st__job_rank0_first(&t, false);
     if (!s) s = js;
     else st_status_free(js);
-    if (!s) s = st__job_agree(&t, NULL);
+    if (!s) {
+      s = st__job_agree(&t, NULL);
+      /* Every rank got the same mismatch; an MPI failure is no verdict. */
+      if (st_status_code(s) == ST_CODE_CONFIG) t.failed_together = true;
+    }
   }
   st_mem_usage_read(&t.mem_compiled);
   if (!s) s = st__train_start(&t, cfg, t0);
@@ -1212,7 +1254,12 @@ st_status st_train_main(const st_config* cfg) {
     st__interrupted_event(&t, s);
   } else if (s && t.log) {
     st__failed_event(&t, s);
-  } else if (!s) {
+  }
+  /* A rank failing alone ends the job here, before the clean-up below:
+   * freeing the executor settles its cross-process ops, which the other
+   * ranks will never join. */
+  if (s) st__job_fail(&t, s);
+  if (!s) {
     st_status_free(st_runlog_event(t.log, "done", NULL));
     if (progress) {
       st__summary(&t);

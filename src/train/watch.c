@@ -101,7 +101,8 @@ st_status st__watch_start(st__trainer* t) {
                             .floor_s = o->hang.floor_s,
                             .compile_s = o->hang.compile_s,
                             .run_dir = t->run_dir,
-                            .log = t->log};
+                            .log = t->log,
+                            .dist = t->dist};
   ST_RETURN(st_watchdog_create(&wo, &t->watchdog));
   t->watch_compile_key = st_watchdog_keys(t->watchdog, 1);
   t->watch_step_key = st_watchdog_keys(t->watchdog, 1);

@@ -412,6 +412,7 @@ static void test_save_open_round_trip(void** state) {
   assert_int_equal(c->mesh_fsdp, 1);
   assert_int_equal(c->mesh_tensor, 1);
   assert_int_equal(c->mesh_devices, 1);
+  assert_int_equal(c->mesh_processes, 0); /* one process: not recorded */
   st_ckpt_snapshot* want = make_snapshot(20);
   for (int i = 0; i < NT; ++i) {
     const st_ckpt_tensor_info* info = NULL;
@@ -426,6 +427,7 @@ static void test_save_open_round_trip(void** state) {
   m.step = 21;
   m.mesh_data = 2;
   m.mesh_tensor = 3;
+  m.mesh_processes = 2; /* a job of 2 processes (docs/multiprocess.md, "Checkpoints") */
   st_ckpt_snapshot_set_meta(want, &m);
   st_ckpt_save_options so = {root, 3, 0, NULL, NULL, {0}};
   ASSERT_OK(st_ckpt_save(&so, want, NULL));
@@ -437,6 +439,7 @@ static void test_save_open_round_trip(void** state) {
   assert_int_equal(c->mesh_fsdp, 1);
   assert_int_equal(c->mesh_tensor, 3);
   assert_int_equal(c->mesh_devices, 6);
+  assert_int_equal(c->mesh_processes, 2);
   st_ckpt_free(c);
   free(d21);
   char* latest = st_ckpt_read_latest(root);
@@ -970,9 +973,19 @@ static void test_run_dir_lock(void** state) {
     long h = 0;
     if (st_fs_lock(path, &b, &h) || b != -1 || h != (long)getppid()) _exit(1);
     if (st_fs_lock_inherited(path) != -1) _exit(2); /* nothing handed down yet */
+    unsetenv("STRATA_RUN_LOCK_PID");
+    if (st_fs_lock_held_by_ancestor(h)) _exit(5);
     st_fs_lock_hand_down(fd);
     if (st_fs_lock_inherited(other) != -1) _exit(3);
     if (st_fs_lock_inherited(path) != fd) _exit(4);
+    /* The holder named in $STRATA_RUN_LOCK_PID and an ancestor (a rank under
+     * mpirun under strata run): held for us, also a generation further down;
+     * another pid is not. */
+    if (!st_fs_lock_held_by_ancestor(h) || st_fs_lock_held_by_ancestor((long)getpid())) _exit(6);
+    pid_t grandchild = fork();
+    if (grandchild == 0) _exit(st_fs_lock_held_by_ancestor(h) ? 0 : 1);
+    int gs = 0;
+    if (waitpid(grandchild, &gs, 0) != grandchild || !WIFEXITED(gs) || WEXITSTATUS(gs) != 0) _exit(7);
     _exit(0);
   }
   int status = 0;

@@ -1,8 +1,11 @@
 /* test_dist.c — strata/dist.h without MPI: launch detection from a given
  * environment, the agreement's hash, packing and first-difference logic,
- * the error texts, and a job of one (local store, agreement always OK).
+ * the error texts, and a job of one (local store, agreement always OK),
+ * and the collectives' pure parts (blocks, bytes, the ordered sum) and a
+ * job of one's collectives and blocking exchanges.
  * The same module across real MPI processes: tests/c/mpi_dist_test.c. */
 #include <setjmp.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -228,8 +231,131 @@ static void test_job_of_one(void** state) {
   assert_true(waited >= 0.09 && waited < 2.0);
   tu_assert_error(st_dist_kv_get(d, "b", -1, &v, &n), ST_CODE_INTERNAL, "negative timeout", NULL);
   tu_assert_error(st_dist_kv_put(d, "", "x", 1), ST_CODE_INTERNAL, "empty key", NULL);
+  /* Nothing to abort in a job of one (or without one): it returns. */
+  st_dist_abort(d, 4);
+  st_dist_abort(NULL, 4);
   ASSERT_OK(st_dist_finalize(d));
   ASSERT_OK(st_dist_finalize(NULL));
+}
+
+/*--- collectives: the pure parts and a job of one ---------------------------------------*/
+
+static void test_coll_pure(void** state) {
+  (void)state;
+  assert_string_equal(st_dist_coll_kind_name(ST_DIST_ALL_REDUCE), "all_reduce");
+  assert_string_equal(st_dist_coll_kind_name(ST_DIST_REDUCE_SCATTER), "reduce_scatter");
+  assert_string_equal(st_dist_coll_kind_name(ST_DIST_ALL_GATHER), "all_gather");
+  /* An all-reduce pads to whole blocks; the others take multiples. */
+  assert_int_equal(st__dist_coll_block(ST_DIST_ALL_REDUCE, 7, 3), 3);
+  assert_int_equal(st__dist_coll_block(ST_DIST_ALL_REDUCE, 6, 3), 2);
+  assert_int_equal(st__dist_coll_block(ST_DIST_ALL_REDUCE, 1, 3), 1);
+  assert_int_equal(st__dist_coll_block(ST_DIST_ALL_REDUCE, 0, 3), 0);
+  assert_int_equal(st__dist_coll_block(ST_DIST_REDUCE_SCATTER, 6, 3), 2);
+  assert_int_equal(st__dist_coll_block(ST_DIST_ALL_GATHER, 1000, 2), 500);
+  /* (size-1) blocks per phase, two phases for an all-reduce. */
+  assert_int_equal(st__dist_coll_bytes(ST_DIST_ALL_REDUCE, 7, 3), 2 * 2 * 3 * 4);
+  assert_int_equal(st__dist_coll_bytes(ST_DIST_REDUCE_SCATTER, 6, 3), 2 * 2 * 4);
+  assert_int_equal(st__dist_coll_bytes(ST_DIST_ALL_GATHER, 1000, 2), 500 * 4);
+  assert_int_equal(st__dist_coll_bytes(ST_DIST_ALL_REDUCE, 1000, 1), 0);
+
+  /* Rank order: (1e8 + 1) - 1e8 is 0 in floats, 1 in any order that adds
+   * the 1 last; rank 0's -0 stays -0 when alone. */
+  const float recv[] = {1e8f, 1.0f, /* rank 1 */ 1.0f, 2.0f, /* rank 2 */ -1e8f, 3.0f};
+  float out[2] = {42, 42};
+  st__dist_coll_sum_ordered(recv, 2, 3, out);
+  assert_true(out[0] == 0.0f);
+  assert_true(out[1] == 6.0f);
+  const float minus_zero[] = {-0.0f};
+  st__dist_coll_sum_ordered(minus_zero, 1, 1, out);
+  assert_true(out[0] == 0.0f && signbit(out[0]));
+}
+
+typedef struct coll_calls {
+  int before, after;
+  bool fail_before, fail_after;
+} coll_calls;
+
+static st_status coll_before(void* user) {
+  coll_calls* c = user;
+  c->before++;
+  return c->fail_before ? st_status_make(ST_CODE_RUNTIME, "the copy to the host failed") : ST_OK;
+}
+
+static st_status coll_after(void* user) {
+  coll_calls* c = user;
+  c->after++;
+  return c->fail_after ? st_status_make(ST_CODE_RUNTIME, "the copy back failed") : ST_OK;
+}
+
+static void test_coll_job_of_one(void** state) {
+  (void)state;
+  st_dist_launch plain = {.launcher = ST_DIST_LAUNCHER_NONE, .world_size = 1, .local_rank = 0};
+  st_dist* d = NULL;
+  ASSERT_OK(st_dist_init(&plain, &d));
+  float data[7] = {1, 2, 3, 4, 5, 6, 7};
+  coll_calls calls = {0};
+  st_dist_coll_request req = {.kind = ST_DIST_ALL_REDUCE, .data = data, .count = 7, .before = coll_before,
+                              .after = coll_after, .user = &calls, .name = "grad:w"};
+  char text[128];
+  for (int k = 0; k < 3; k++) {
+    req.kind = (st_dist_coll_kind)k;
+    st_dist_coll* c = NULL;
+    ASSERT_OK(st_dist_coll_start(d, &req, &c));
+    assert_true(st_dist_coll_done(c)); /* at once */
+    assert_false(st_dist_coll_pending(d, text, sizeof(text)));
+    st_dist_coll_timing t;
+    ASSERT_OK(st_dist_coll_wait(c, &t));
+    assert_true(t.queued_s <= t.started_s && t.started_s <= t.completed_s);
+    assert_int_equal(t.bytes_sent, 0);
+  }
+  assert_int_equal(calls.before, 3);
+  assert_int_equal(calls.after, 3);
+  for (int i = 0; i < 7; i++) assert_true(data[i] == (float)(i + 1));
+
+  /* A failing before(): the collective fails naming it; after() is not called. */
+  calls = (coll_calls){.fail_before = true};
+  st_dist_coll* c = NULL;
+  ASSERT_OK(st_dist_coll_start(d, &req, &c));
+  tu_assert_error(st_dist_coll_wait(c, NULL), ST_CODE_RUNTIME, "all_gather 'grad:w'", "before()",
+                  "the copy to the host failed", NULL);
+  assert_int_equal(calls.after, 0);
+  calls = (coll_calls){.fail_after = true};
+  ASSERT_OK(st_dist_coll_start(d, &req, &c));
+  tu_assert_error(st_dist_coll_wait(c, NULL), ST_CODE_RUNTIME, "after()", "the copy back failed", NULL);
+
+  /* Requests that cannot be carried out queue nothing. */
+  st_dist_coll_request bad = req;
+  bad.data = NULL;
+  tu_assert_error(st_dist_coll_start(d, &bad, &c), ST_CODE_INTERNAL, "NULL data", "grad:w", NULL);
+  assert_null(c);
+  bad = req;
+  bad.kind = (st_dist_coll_kind)9;
+  tu_assert_error(st_dist_coll_start(d, &bad, &c), ST_CODE_INTERNAL, "unknown kind", NULL);
+  tu_assert_error(st_dist_coll_start(d, &req, NULL), ST_CODE_INTERNAL, "NULL", NULL);
+  tu_assert_error(st_dist_coll_wait(NULL, NULL), ST_CODE_INTERNAL, "NULL", NULL);
+  bad = (st_dist_coll_request){.kind = ST_DIST_ALL_REDUCE, .count = 0}; /* nothing to do, no name */
+  ASSERT_OK(st_dist_coll_start(d, &bad, &c));
+  ASSERT_OK(st_dist_coll_wait(c, NULL));
+
+  /* The blocking exchanges alone. */
+  double in[2] = {1.5, -2}, out[2] = {0, 0};
+  ASSERT_OK(st_dist_allgather_f64(d, in, 2, out));
+  assert_true(out[0] == 1.5 && out[1] == -2);
+  ASSERT_OK(st_dist_barrier(d));
+  void* bytes = (void*)"abc";
+  size_t n = 3;
+  ASSERT_OK(st_dist_broadcast(d, &bytes, &n));
+  assert_int_equal(n, 3);
+  assert_string_equal((char*)bytes, "abc");
+  tu_assert_error(st_dist_broadcast(d, NULL, &n), ST_CODE_INTERNAL, "NULL", NULL);
+
+  /* Two not waited on: finalize frees them (ASan's leak check) and returns
+   * the failed one's failure. */
+  calls = (coll_calls){0};
+  ASSERT_OK(st_dist_coll_start(d, &req, &c));
+  calls.fail_before = true;
+  ASSERT_OK(st_dist_coll_start(d, &req, &c));
+  tu_assert_error(st_dist_finalize(d), ST_CODE_RUNTIME, "not waited on", "before()", NULL);
 }
 
 int main(void) {
@@ -239,7 +365,8 @@ int main(void) {
       cmocka_unit_test(test_detect_job_of_one), cmocka_unit_test(test_detect_errors),
       cmocka_unit_test(test_hash),             cmocka_unit_test(test_pack_unpack),
       cmocka_unit_test(test_first_difference), cmocka_unit_test(test_errors),
-      cmocka_unit_test(test_job_of_one),
+      cmocka_unit_test(test_job_of_one),       cmocka_unit_test(test_coll_pure),
+      cmocka_unit_test(test_coll_job_of_one),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -317,4 +317,46 @@ tpj=$("$STRATA" plan --explain --json configs/test.yml parallel.data=2 parallel.
 check "explain --json data=2 x tensor=2: the logical batch is the data shares' rows (not x tensor)" "$PY -c 'import json,sys; e=json.loads(sys.argv[1])[\"explain\"]; t={x[\"name\"]:x for x in e[\"tensors\"]}; assert t[\"x[0]\"][\"type\"]==\"f32[2,16,32]\", t[\"x[0]\"]' \"\$tpj\""
 check "explain data=2 x tensor=2: the block's all-reduce moves its tensor blocks (20736 B, not 41216)" "grep -qE '^  op +[0-9]+ layer 1 +block_data_all_reduce +all_reduce over data +9 tensors +20736 B' <<<\"\$tp\""
 
+# --- a job of several processes: the axis that spans them, what crosses them -------
+# (docs/multiprocess.md, "What crosses the network"). `strata plan` needs no
+# launcher: parallel.processes alone gives the job's plan (rank 0's; every
+# rank's is the same).
+jp=$("$STRATA" plan --explain configs/test.yml parallel.processes=2 parallel.data=2 runtime.cpu_devices=1 2>/dev/null)
+check "explain 2 processes x data=2: data spans the processes, one device each" "grep -qF \"# processes: 2; the job's mesh data=2 fsdp=1 tensor=1 is 2 processes x 1 device; data spans the processes (the outermost mesh axis above 1), so the mesh above is one process's part of it\" <<<\"\$jp\" && grep -qF '# mesh: data=1 fsdp=1 tensor=1: 1 device (runtime device 0)' <<<\"\$jp\""
+check "explain 2 processes x data=2: every gradient all-reduced across processes once, 2(P-1)/P of it sent" "grep -qF '# across processes per step: 4 ops, 115328 B per process (message), 115328 B sent per process, 230656 B over all processes' <<<\"\$jp\" && grep -qE '^  op +[0-9]+ layer 1 +all_reduce +over data +across 2 processes +9 tensors +41216 B  sent +41216 B$' <<<\"\$jp\""
+check "explain of one process says nothing about processes" "! grep -q '^# processes\\|^# cross-process\\|^# across processes' \"\$TMP/data2.out\" \"\$TMP/one.out\""
+for c in "2 2 1" "2 4 2" "4 4 1"; do
+  read -r P D N <<<"$c"
+  args=(configs/test.yml parallel.processes=$P parallel.data=$D runtime.cpu_devices=$N train.batch_size=$((2 * D)))
+  "$STRATA" plan --explain --json "${args[@]}" >"$TMP/job$P$D.json" 2>/dev/null || bad "plan --explain --json processes=$P data=$D failed"
+  "$STRATA" plan --json "${args[@]}" >"$TMP/job$P$D.plan.json" 2>/dev/null || bad "plan --json processes=$P data=$D failed"
+  check "explain --json $P processes x data=$D: XPROC ops with the engine's bytes (alltoall + all-gather of ceil(n/P) blocks)" "$PY - '$TMP/job$P$D.json' '$TMP/job$P$D.plan.json' $P $D <<'PYEOF'
+import json, sys
+e = json.load(open(sys.argv[1]))['explain']
+step = json.load(open(sys.argv[2]))['step']
+P, D = int(sys.argv[3]), int(sys.argv[4])
+nd = D // P  # this process's devices: data spans the processes
+assert e['processes'] == {'count': P, 'span_axis': 'data', 'job_mesh': {'data': D, 'fsdp': 1, 'tensor': 1},
+                          'devices_per_process': nd, 'devices_in_job': D}, e['processes']
+assert e['mesh']['data'] == nd and e['mesh']['devices'] == nd
+xs = [o for o in step['ops'] if o['kind'] == 'XPROC']
+assert [c['op'] for c in e['cross_process']] == [o['index'] for o in xs] and len(xs) == 4
+slots = step['slots']
+for c, o in zip(e['cross_process'], xs):
+    assert (c['kind'], c['axis'], c['processes']) == ('all_reduce', 'data', P), c
+    assert c['tensors'] == [slots[i]['name'] for i in o['inputs']] and c['collectives_per_process'] == nd * len(o['inputs'])
+    assert c['bytes_per_process'] == nd * sum(slots[i]['bytes'] for i in o['inputs']), c
+    # src/dist/coll.c: an alltoall of P blocks of ceil(n/P) floats, then an all-gather of them: (P-1) blocks sent per phase
+    assert c['wire_bytes_per_process'] == nd * sum(2 * (P - 1) * -(-(slots[i]['bytes'] // 4) // P) * 4 for i in o['inputs']), c
+x = e['cross_process_per_step']
+params = sum(s['bytes'] for s in slots if s['category'] == 'params' and s['persistent'])
+assert x['ops'] == 4 and x['bytes_per_process'] == nd * params, x
+assert x['wire_bytes_per_process'] == sum(c['wire_bytes_per_process'] for c in e['cross_process'])
+assert x['wire_bytes_all_processes'] == P * x['wire_bytes_per_process']
+assert x['by_kind'] == {'all_reduce': {'ops': 4, 'bytes_per_process': x['bytes_per_process'],
+                                       'wire_bytes_per_process': x['wire_bytes_per_process']}}, x
+PYEOF"
+done
+check "explain --json of one process has no processes key" "$PY -c 'import json,sys; e=json.load(open(sys.argv[1]))[\"explain\"]; assert \"processes\" not in e and \"cross_process\" not in e' '$TMP/data2.json'"
+
 finish test_explain.sh

@@ -265,6 +265,16 @@ if command -v mpirun >/dev/null 2>&1; then
   rc=$?
   check "mpirun -np 2 with parallel.fsdp=4: refused (exit $rc), one fsdp block per process" \
     "[ $rc = 2 ] && grep -q 'parallel.fsdp=4 (command line) spans the 2 processes, leaving fsdp=2 inside each' '$TMP/mpi-f4.out' && [ ! -e '$TMP/mpi-fsdp4' ]"
+  # One PJRT client across the ranks forced on the CPU plugin, which
+  # refuses node_id/num_nodes: every rank reaches the client's creation
+  # (rank 0 lets the others go after the bundle, not after compiling) and
+  # stops with exit 4 quoting the plugin, none waiting forever.
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 mpirun --oversubscribe -np 2 \
+    "$STRATA" train configs/test.yml parallel.data=2 runtime.cpu_devices=1 runtime.shared_client=on \
+    run.dir="$TMP/mpi-shared" run.progress=off >"$TMP/mpi-shared.out" 2>&1
+  rc=$?
+  check "mpirun -np 2 with runtime.shared_client=on on the CPU plugin: exit $rc (4), both ranks at the client's creation" \
+    "[ $rc = 4 ] && grep -q 'runtime.shared_client=on: one PJRT client across the job.s 2 processes' '$TMP/mpi-shared.out' && grep -q 'creating one client across 2 processes (this one node 0)' '$TMP/mpi-shared.out' && grep -q 'creating one client across 2 processes (this one node 1)' '$TMP/mpi-shared.out'"
 else
   bad "mpirun not found: make setup installs openmpi-bin"
 fi

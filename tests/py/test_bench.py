@@ -450,3 +450,85 @@ def test_quick_remat_section_end_to_end(tmp_path: Any) -> None:
     assert res["ratio"]["default_vs_previous_default"] is not None
     md = (tmp_path / "README.md").read_text()
     assert "### sched.remat on one device" in md and "This commit against the previous one" in md
+
+
+def test_multiprocess_summary_fit_and_report() -> None:
+    job = [{"step": i + 1, "loss": 1.0, "step_time_s": 0.1, "step_time_s_min": 0.09, "step_time_s_max": t,
+            "slowest_rank": r, "processes": 2, "xprocs": 4, "xproc_bytes": 1000, "xproc_s": 0.01, "xproc_wait_s": 0.002,
+            "xproc_overlap_ratio": o} for i, (t, r, o) in enumerate([(0.9, 0, 0.1), (0.12, 1, 0.5), (0.14, 1, None)])]
+    s = R.mp_summary(job, warmup=1)
+    assert s["median_s"] == pytest.approx(0.13) and s["step_time_s"] == pytest.approx(0.1)  # the slowest rank's
+    assert s["xproc_overlap_ratio"] == pytest.approx(0.5) and s["slowest_rank_counts"] == {"1": 2} and s["n"] == 2
+    assert s["comm_overlap_ratio"] is None  # one device per process: no in-process collectives
+    one = R.mp_summary([{"step": 1, "step_time_s": 0.2, "comm_overlap_ratio": 0.7}], 0)
+    assert one["median_s"] == pytest.approx(0.2) and one["xproc_bytes"] is None
+    r = R.mp_ratios({"one_process": one, "processes": s})
+    assert r == {"step_time": pytest.approx(0.65), "overlap_one_process": 0.7, "overlap_across_processes": 0.5}
+    # t = A + B n recovered exactly from points on the line; alpha = A / 2 (2 ranks: two messages)
+    pts = [{"bytes": n, "median_s": 1e-4 + 1e-9 * n} for n in (4, 1024, 1 << 20, 64 << 20)]
+    f = R.fit_alpha_beta(pts)
+    assert f["A_s"] == pytest.approx(1e-4) and f["B_s_per_byte"] == pytest.approx(1e-9)
+    assert f["alpha_s"] == pytest.approx(5e-5) and f["bandwidth_GBps"] == pytest.approx(1.0)
+    assert f["max_rel_residual"] < 1e-9
+    with pytest.raises(ValueError):
+        R.fit_alpha_beta(pts[:1])
+    # the model at P=2 is the fitted line; at 512 hosts the latency term grows with 2(P-1) per collective
+    assert R.allreduce_model_s(f["alpha_s"], f["beta_s_per_byte"], 1 << 20, 2) == pytest.approx(1e-4 + 1e-9 * (1 << 20))
+    assert R.allreduce_model_s(5e-6, 0, 0, 512, collectives=10) == pytest.approx(10 * 2 * 511 * 5e-6)
+    assert R.allreduce_model_s(1, 1, 100, 1) == 0
+    est = R.scaling_estimate(f, 500_000_000, 150)
+    assert [(e["network"], e["hosts"]) for e in est] == [(n, h) for n in ("100 Gb/s, 5 us", "loopback fit")
+                                                         for h in (8, 64, 512)]
+    e8 = est[0]
+    assert e8["bandwidth_s"] == pytest.approx(2 * 7 / 8 * 500_000_000 * 8 / 100e9)
+    assert e8["latency_s"] == pytest.approx(150 * 2 * 7 * 5e-6) and e8["total_s"] == e8["latency_s"] + e8["bandwidth_s"]
+    row = {"one_process": one, "processes": s, "ratio": r, "explain": {"wire_bytes_all_processes": 1000}}
+    res = {"config": "c.yml", "overrides": [], "steps": 6, "warmup": 2, "rounds": 1, "cpus": 2,
+           "meshes": {"data=2": row, "fsdp=2": {"one_process": one, "not_built": "strata: config error: fsdp", "ratio": {}}},
+           "sweep": [{**p, "min_s": p["median_s"], "bytes_sent": p["bytes"]} for p in pts], "fit": f, "fit_least": f,
+           "scale": {"config": "g.yml", "overrides": [], "grad_bytes": 500_000_000, "collectives": 150, "estimate": est}}
+    md = "\n".join(R.multiprocess_markdown(res))
+    assert "| data=2 | 200 ms | 130 ms | 0.65 | 0.7 | 0.5 | 0.977 KiB | 0.977 KiB | 10 ms | 2 ms |" in md
+    assert "| fsdp=2 | 200 ms | not built |" in md and "fsdp=2 across processes: **not built**" in md
+    assert "A = 100 µs" in md and "α = 50 µs" in md and "| 100 Gb/s, 5 us | 512 |" in md
+    assert "least time instead: α = 50 µs, β = 1 ns/B (1 GB/s)" in md
+    assert R.fit_alpha_beta(res["sweep"], "min_s")["A_s"] == pytest.approx(1e-4)
+    assert "a model on paper, not a measurement" in md and "previous default" in md
+
+
+def test_quick_multiprocess_section_end_to_end(tmp_path: Any) -> None:
+    """`bench/run.py --quick --sections multiprocess` with real processes:
+    data=2 as 1 process x 2 devices and as 2 processes x 1 device under
+    `mpirun --oversubscribe -np 2` (with Open MPI's root consent, set by
+    the section), the bytes the job sent equal to `strata plan --explain`'s
+    count, fsdp=2 across processes either refused (a "not built" row) or
+    run; the engine's all-reduce sweep fitted. No timing is asserted. ~50 s
+    on the loaded 2-core VM, most of it the two data=2 bundles' exports."""
+    env = {k: v for k, v in os.environ.items() if k != "STRATA_CACHE_DIR" and not k.startswith("OMPI_")}
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "run.py"), "--quick", "--sections", "multiprocess",
+                        "--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads(next(tmp_path.glob("*.json")).read_text())["multiprocess"]
+    assert list(res["meshes"]) == ["data=2", "fsdp=2"]
+    d = res["meshes"]["data=2"]
+    one, job = d["one_process"], d["processes"]
+    assert one["median_s"] > 0 and one["collectives"] == 4 and one["xproc_bytes"] is None
+    assert job["median_s"] > 0 and job["processes"] == 2 and job["xprocs"] == 4
+    # what the two ranks sent through MPI per step is what --explain counts
+    assert job["xproc_bytes"] == d["explain"]["wire_bytes_all_processes"] > 0, (job, d["explain"])
+    assert 0 <= job["xproc_overlap_ratio"] <= 1 and job["xproc_s"] > 0 and job["xproc_wait_s"] >= 0
+    assert d["ratio"]["step_time"] == pytest.approx(job["median_s"] / one["median_s"])
+    fs = res["meshes"]["fsdp=2"]
+    if fs.get("not_built"):  # until fsdp spans processes: strata's own refusal, no number (--quick: no export either)
+        assert "fsdp" in fs["not_built"] and "processes" not in fs and "one_process" not in fs, fs
+    else:
+        assert fs["one_process"]["median_s"] > 0
+        assert fs["processes"]["xproc_bytes"] == fs["explain"]["wire_bytes_all_processes"] > 0
+    sw = res["sweep"]
+    assert [p["bytes"] for p in sw] == [4 ** k for k in range(1, 11)]
+    assert all(p["bytes_sent"] == 2 * -(-p["bytes"] // 8) * 4 and p["median_s"] > 0 for p in sw)
+    assert res["fit"]["points"] == res["fit_least"]["points"] == 10
+    assert res["scale"]["grad_bytes"] > 0 and len(res["scale"]["estimate"]) >= 3
+    md = (tmp_path / "README.md").read_text()
+    assert "### Multi-process: 1 process x 2 devices against 2 processes x 1 device" in md
+    assert "| data=2 |" in md and "Scaling estimate (a model on paper" in md
