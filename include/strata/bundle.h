@@ -186,6 +186,9 @@ typedef struct st_bundle {
    * (manifest "spmd_programs", which the program tables may name). Tensor
    * types are the per-device (local) ones. */
   int mesh_data, mesh_fsdp, mesh_tensor;
+  /* Manifest "process_fsdp" (1 without): the processes an fsdp axis spans,
+   * for whom the shard programs were exported (blocks of 1/process_fsdp). */
+  int process_fsdp;
   int collective_count;
   st_bundle_program* collectives;
   /* The manifest's "kernels" (none in a bundle without them). */
@@ -253,6 +256,10 @@ typedef struct st_bundle_request {
   /* An export draws "export: k/n programs" on this process's stderr
    * (run.progress; the exporter's own output goes to its log). */
   bool progress;
+  /* fsdp across this many processes (docs/multiprocess.md): the groups'
+   * shard programs on blocks of 1/process_fsdp. 0 or 1: none; part of the
+   * bundle key only when above 1. */
+  int process_fsdp;
 } st_bundle_request;
 
 /* Bundle key of |request| (its model_json and mesh; the rest is unused):
@@ -274,6 +281,7 @@ st_status st_bundle_ensure(const st_bundle_request* request, st_bundle** out_bun
 typedef struct st_bundle_export_args {
   const char* model_json; /* the "model" object of docs/bundle.md */
   const char* mesh;       /* `--mesh |mesh|`; NULL/"": one device */
+  int process_fsdp;       /* `--process-fsdp N` when above 1 */
   const char* key;        /* the bundle key it writes into the manifest */
   const char* dir;        /* where the bundle goes (its parent is created) */
   bool progress;          /* the exporter draws "export: k/n programs" on this process's stderr (`--progress-fd`) */

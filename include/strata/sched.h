@@ -74,11 +74,15 @@ typedef enum st_op_kind {
   ST_OP_RECOMPUTE,
   ST_OP_COLLECTIVE,
   /* A collective across the processes of a multi-process job (tag: its
-   * st_collective_kind), in place on its slots: each device index's buffer
-   * is copied to the host, reduced or gathered with the same index of the
-   * other processes by MPI (st_dist_coll_*), and put back. Issued without
-   * blocking; the first op that touches one of its slots (or a WAIT on it)
-   * waits for it (docs/multiprocess.md, "Cross-process ops"). */
+   * st_collective_kind): each device index's buffer of input j is copied to
+   * the host, reduced or gathered with the same index of the other
+   * processes by MPI (st_dist_coll_*), and put into output j. An
+   * all-reduce is in place (output j = input j); an all-gather goes from a
+   * slot cut across the processes (st_slot.xblocks = plan->procs) to its
+   * whole, a reduce-scatter the other way. Issued without blocking; the
+   * first op that touches an output (or a WAIT on it) waits for it, and a
+   * FREE of an input whose copy is still running hands that buffer to the
+   * op (docs/multiprocess.md, "Cross-process ops"). */
   ST_OP_XPROC,
 } st_op_kind;
 
@@ -133,6 +137,15 @@ typedef struct st_slot {
    * is then one device's block, zero-padded (st_sharding_local_type). */
   st_tensor_type logical;
   st_sharding sharding;
+  /* fsdp across processes (plan->procs > 1; docs/multiprocess.md): dim 0 of
+   * |xwhole|, the tensor this device would hold in a process of its own, is
+   * cut in |xblocks| blocks of ceil(d0 / xblocks) rows, the last
+   * zero-padded, and this process keeps block |rank| (its dist rank) as
+   * |type|. st_executor_put takes the whole value and keeps the block;
+   * st_executor_to_host gathers every process's block (collective). 0: not
+   * cut across processes. */
+  int xblocks;
+  st_tensor_type xwhole;
 } st_slot;
 
 typedef struct st_op {
@@ -167,6 +180,10 @@ typedef struct st_plan {
    * programs can start in different orders on different devices and wait
    * for each other forever (docs/parallelism.md, "Ordering"). */
   bool serialize_spmd;
+  /* The processes the XPROC ops span (0 or 1: none). An XPROC all-gather
+   * or reduce-scatter moves between a slot cut across them (st_slot.xblocks
+   * = procs) and a whole one. */
+  int procs;
   /* XLA's temporaries of each program per device (index = st_op.program),
    * from the compiled programs (st_program_memory_stats); NULL until
    * st_plan_set_program_temps. A launch holds them, on top of the live

@@ -1,6 +1,7 @@
 """Writes a program bundle (docs/bundle.md).
 
-    python -m strata_jax.export --model-json FILE_OR_JSON --out DIR [--bundle-key KEY] [--mesh MESH] [--progress-fd FD]
+    python -m strata_jax.export --model-json FILE_OR_JSON --out DIR [--bundle-key KEY] [--mesh MESH] [--process-fsdp N]
+        [--progress-fd FD]
 """
 
 from __future__ import annotations
@@ -94,13 +95,16 @@ def param_table(cfg: ModelConfig) -> list[dict[str, Any]]:
     return rows
 
 
-def program_tables(cfg: ModelConfig, names: set[str], fsdp: int = 1, tensor: int = 1) -> dict[str, Any]:
+def program_tables(cfg: ModelConfig, names: set[str], fsdp: int = 1, tensor: int = 1,
+                   process_fsdp: int = 1) -> dict[str, Any]:
     """Which program plays which role (docs/bundle.md, "Program tables").
 
     The C plan builder takes every program name from these tables and names
     none itself. Every name must be one of |names| (the exported programs).
     With fsdp > 1 each group also gets "shard_programs": its optimizer
-    programs on one device's fsdp block of every tensor. With tensor > 1 the
+    programs on one device's fsdp block of every tensor; so they do with
+    process_fsdp > 1, fsdp across processes (each process one block of
+    1/process_fsdp, its devices none of fsdp). With tensor > 1 the
     block's roles name the tensor-parallel SPMD programs (spmd_programs),
     and its accumulation a one-device program on the tensor-cut blocks.
     """
@@ -121,7 +125,7 @@ def program_tables(cfg: ModelConfig, names: set[str], fsdp: int = 1, tensor: int
     groups = [{"name": g, "params": list(M.group_param_names(cfg, g)),
                "programs": {"accum": f"accum_{g}", "sqnorm": f"sqnorm_{g}", "adamw": f"adamw_{g}"}}
               for g in gnames]
-    if fsdp == 1 and tensor == 1:  # diag.numerics (docs/diagnostics.md): one device only
+    if fsdp == 1 and tensor == 1 and process_fsdp == 1:  # diag.numerics (docs/diagnostics.md): one device only
         for g in groups:
             g["programs"]["adamw_stats"] = f"adamw_stats_{g['name']}"
         for row in layers:
@@ -129,8 +133,9 @@ def program_tables(cfg: ModelConfig, names: set[str], fsdp: int = 1, tensor: int
     if tensor > 1 and fsdp == 1:  # fsdp x tensor has no optimizer programs yet (tensor_parallel.optimizer_programs)
         groups[gnames.index("block")]["programs"] = {"accum": f"accum_block_tp{tensor}", "sqnorm": "tp_sqnorm_block",
                                                      "adamw": "tp_adamw_block"}
-    if fsdp > 1:
-        tail = f"_fsdp{fsdp}" + (f"_tp{tensor}" if tensor > 1 else "")
+    blocks = fsdp if fsdp > 1 else process_fsdp
+    if blocks > 1:
+        tail = f"_fsdp{blocks}" + (f"_tp{tensor}" if tensor > 1 else "")
         for g in groups:
             g["shard_programs"] = {r: f"{r}_{g['name']}{tail}" for r in ("accum", "sqnorm", "adamw")}
     for table in [embed, head, *layers, *groups]:
@@ -146,13 +151,17 @@ def default_bundle_key(cfg: ModelConfig) -> str:
 
 
 def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = None,
-                 progress: Progress | None = None) -> dict[str, Any]:
+                 progress: Progress | None = None, process_fsdp: int = 1) -> dict[str, Any]:
     """Writes programs/ and manifest.json into out_dir (which must exist); returns the manifest.
 
     With a mesh of more than one device (mesh.MeshSpec) the manifest also
     gets "mesh" and "collectives" (docs/parallelism.md), and with tensor > 1
     "spmd_programs", the tensor-parallel block programs (tensor_parallel.py);
-    without one the bundle is exactly the one-device bundle."""
+    without one the bundle is exactly the one-device bundle. With
+    |process_fsdp| > 1 (fsdp across processes, docs/multiprocess.md) the
+    groups get shard_programs on blocks of 1/process_fsdp of each tensor
+    (of each tensor block under tensor > 1), and the manifest says
+    "process_fsdp"; the collectives between processes are strata's own."""
     K.fallbacks_seen.clear()  # this bundle's, recorded while its programs are traced
     prog_dir = os.path.join(out_dir, "programs")
     os.makedirs(prog_dir, exist_ok=True)
@@ -160,8 +169,10 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
     progs = build_programs(cfg)
     fsdp = mesh.fsdp if mesh is not None and mesh.devices > 1 else 1
     tensor = mesh.tensor if mesh is not None and mesh.devices > 1 else 1
-    if fsdp > 1:
-        progs += fsdp_programs(cfg, fsdp, tensor, _tp_split_dim)
+    if fsdp > 1 and process_fsdp > 1:
+        raise ExportError(f"--process-fsdp {process_fsdp} with fsdp={fsdp} inside each process is not built")
+    if fsdp > 1 or process_fsdp > 1:
+        progs += fsdp_programs(cfg, fsdp if fsdp > 1 else process_fsdp, tensor, _tp_split_dim)
     if tensor > 1:
         progs += [_tp_accum_block(cfg, tensor)]
     # Every program is listed before the first is lowered, so the progress
@@ -185,7 +196,7 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
         })
         progress.tick()
     spmd = _write_spmd_programs(tp_progs, mesh, out_dir, progress) if tp_progs else []
-    tables = program_tables(cfg, {e["name"] for e in entries + spmd}, fsdp, tensor)
+    tables = program_tables(cfg, {e["name"] for e in entries + spmd}, fsdp, tensor, process_fsdp)
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "bundle_key": bundle_key,
@@ -201,6 +212,8 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
         # After every program was lowered: the fallbacks taken while tracing them.
         "kernels": K.manifest_entry(dict(cfg.kernels)),
     }
+    if process_fsdp > 1:
+        manifest["process_fsdp"] = process_fsdp
     if mesh is not None and mesh.devices > 1:
         manifest["mesh"] = mesh.to_json()
         manifest["collectives"] = _export_collectives(cfg, coll_progs, mesh, out_dir, progress)
@@ -276,7 +289,7 @@ def _tp_program_list(cfg: ModelConfig, mesh: Any) -> list[Any]:
 
 
 def export_bundle(cfg: ModelConfig, out: str, bundle_key: str | None = None, mesh: Any = None,
-                  progress: Progress | None = None) -> dict[str, Any]:
+                  progress: Progress | None = None, process_fsdp: int = 1) -> dict[str, Any]:
     """Writes the bundle atomically: into <out>.tmp-<pid>, then renamed to <out> (replacing it)."""
     out = os.path.abspath(out)
     parent = os.path.dirname(out)
@@ -285,7 +298,8 @@ def export_bundle(cfg: ModelConfig, out: str, bundle_key: str | None = None, mes
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
-        manifest = build_bundle(cfg, tmp, bundle_key if bundle_key is not None else default_bundle_key(cfg), mesh, progress)
+        manifest = build_bundle(cfg, tmp, bundle_key if bundle_key is not None else default_bundle_key(cfg), mesh, progress,
+                                process_fsdp)
         if os.path.lexists(out):
             old = f"{out}.old-{os.getpid()}"
             os.rename(out, old)
@@ -317,12 +331,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bundle-key", default=None, help="echoed into manifest.json (default: hash of the model)")
     ap.add_argument("--mesh", default=None,
                     help="also export the collectives for a device mesh, e.g. data=2,fsdp=2 (docs/parallelism.md)")
+    ap.add_argument("--process-fsdp", type=int, default=1,
+                    help="fsdp spans this many processes: also export the optimizer programs on one process's "
+                         "block of 1/N of each tensor (docs/multiprocess.md)")
     ap.add_argument("--progress-fd", type=int, default=None,
                     help="draw 'export: k/n programs' on this open file descriptor (strata passes its stderr)")
     args = ap.parse_args(argv)
     # strata ends an export it was told to stop with SIGTERM: as an
     # exception, so export_bundle removes its half-written folder.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if args.process_fsdp < 1:
+        print(f"strata_jax.export: --process-fsdp {args.process_fsdp} is not a process count >= 1", file=sys.stderr)
+        return 2
     mesh = None
     if args.mesh:
         try:
@@ -360,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"strata_jax.export: --progress-fd {args.progress_fd}: {e}", file=sys.stderr)
         return 2
     try:
-        manifest = export_bundle(cfg, args.out, args.bundle_key, mesh, progress)
+        manifest = export_bundle(cfg, args.out, args.bundle_key, mesh, progress, args.process_fsdp)
     except ExportError as e:
         print(f"strata_jax.export: {e}", file=sys.stderr)
         return 1

@@ -125,7 +125,7 @@ static st_status st__ensure_locked(const st_bundle_request* req, st_bundle** out
     }
   }
   if (!b) {
-    st_bundle_export_args args = {.model_json = req->model_json, .mesh = req->mesh, .key = key, .dir = dir,
+    st_bundle_export_args args = {.model_json = req->model_json, .mesh = req->mesh, .process_fsdp = req->process_fsdp, .key = key, .dir = dir,
                                   .progress = req->progress, .stop_signal = req->stop_signal};
     s = st_bundle_export(&args);
     if (!s) s = st_bundle_open(dir, &b);

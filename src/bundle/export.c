@@ -30,11 +30,17 @@ st_status st_bundle_export(const st_bundle_export_args* args) {
   int tty = args->progress ? dup(2) : -1;
   char tty_arg[16];
   snprintf(tty_arg, sizeof(tty_arg), "%d", tty);
-  const char* argv[12] = {"--model-json", args->model_json, "--out", dir, "--bundle-key", args->key};
+  const char* argv[14] = {"--model-json", args->model_json, "--out", dir, "--bundle-key", args->key};
   int argc = 6;
   if (mesh && mesh[0]) {
     argv[argc++] = "--mesh";
     argv[argc++] = mesh;
+  }
+  char procs_arg[16];
+  if (args->process_fsdp > 1) {
+    snprintf(procs_arg, sizeof(procs_arg), "%d", args->process_fsdp);
+    argv[argc++] = "--process-fsdp";
+    argv[argc++] = procs_arg;
   }
   if (tty >= 0) {
     argv[argc++] = "--progress-fd";

@@ -119,6 +119,7 @@ void st_bundle_key(const st_bundle_request* request, char out[17]) {
   st__key_model(request->model_json, &s);
   /* Only a mesh adds a line: one-device keys stay what they were. */
   if (mesh && mesh[0]) st_strbuf_printf(&s, "mesh=%s\n", mesh);
+  if (request->process_fsdp > 1) st_strbuf_printf(&s, "process_fsdp=%d\n", request->process_fsdp);
   /* The exporter's sources are part of the key: a changed model or export
    * rule must never be served from an old bundle. */
   char* folder = st__frontend_dir();

@@ -281,6 +281,12 @@ static st_status st__collective_fits_group(const st_bundle* b, const st_bundle_p
 
 static st_status st__collectives_parse(st_bundle* b, const json_t* root, const char* mpath) {
   b->mesh_data = b->mesh_fsdp = b->mesh_tensor = 1;
+  b->process_fsdp = 1;
+  const json_t* pf = json_object_get(root, "process_fsdp");
+  int64_t pfv = 1;
+  if (pf && (!st_json_as_int(pf, &pfv) || pfv < 1 || pfv > 4096))
+    return st_status_make(ST_CODE_RUNTIME, "%s: process_fsdp is not a process count in 1..4096", mpath);
+  b->process_fsdp = (int)pfv;
   const json_t* mesh = json_object_get(root, "mesh");
   if (mesh) {
     int64_t v[3] = {1, 1, 1};

@@ -317,7 +317,8 @@ static json_t* st__explain_processes(const st_plan* step, const st_plan_options*
 /* Every XPROC op with the bytes it moves per process (the "cross_process"
  * array, returned) and their sums, by kind too (*out_comm). The executor
  * (st__xproc) starts one engine collective per local device and input
- * slot, of the slot's f32 elements; what each sends is the engine's own
+ * slot, of the slot's f32 elements (an all-gather's or reduce-scatter's:
+ * the P blocks of the slot cut across processes); what each sends is the engine's own
  * count (st_dist_coll_bytes_sent: alltoall + all-gather for an all-reduce,
  * 2(P-1)/P of the message), so these figures equal the run's xproc_bytes. */
 static json_t* st__explain_xproc(const st_plan* step, const st_plan_options* o, json_t** out_comm) {
@@ -338,9 +339,14 @@ static json_t* st__explain_xproc(const st_plan* step, const st_plan_options* o, 
     int64_t bytes = 0, w = 0;
     json_t* names_arr = st_json_arr();
     for (int k = 0; k < op->input_count; ++k) {
-      const int64_t b = (int64_t)st_tensor_type_bytes(&step->slots[op->inputs[k]].type);
+      /* The engine's message: an all-gather's or reduce-scatter's is the P
+       * blocks of the slot cut across the processes (padding included) */
+      const int64_t in = st_tensor_type_elements(&step->slots[op->inputs[k]].type);
+      const int64_t out = k < op->output_count ? st_tensor_type_elements(&step->slots[op->outputs[k]].type) : in;
+      const int64_t n = dk == ST_DIST_ALL_GATHER ? in * P : dk == ST_DIST_REDUCE_SCATTER ? out * P : in;
+      const int64_t b = n * (int64_t)sizeof(float);
       bytes += b * nd;
-      w += nd * st_dist_coll_bytes_sent(dk, (size_t)b / sizeof(float), P);
+      w += nd * st_dist_coll_bytes_sent(dk, (size_t)n, P);
       st_json_push(names_arr, st_json_str(step->slots[op->inputs[k]].name));
     }
     json_t* c = st_json_obj();

@@ -17,7 +17,8 @@
 
 st_status st_plan_open_bundle(st_plan_options* o, const st_plan_open_options* how, st_plan_opened* out) {
   st_bundle_request req = {o->model_json, o->cache_root, o->bundle_dir, o->mesh, how ? how->stop : NULL,
-                           how && how->progress ? o->long_progress.on : false};
+                           how && how->progress ? o->long_progress.on : false,
+                           o->span_axis == ST_PLAN_SPAN_FSDP ? o->procs : 0};
   ST_RETURN(st_bundle_ensure(&req, &out->bundle, &out->exported));
   ST_RETURN(st_kernels_check_bundle(out->bundle));
   out->calls_kernels = st_kernels_bundle_uses_ffi(out->bundle);

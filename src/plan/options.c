@@ -268,12 +268,40 @@ static void st__options_data_runtime(const st_config* c, st_plan_options* o) {
   o->shared_client = !strcmp(shared, "on") ? 1 : !strcmp(shared, "off") ? 0 : -1;
 }
 
+/* fsdp across processes (docs/multiprocess.md, "fsdp across processes"):
+ * one fsdp block per process, so parallel.fsdp must equal the process
+ * count; and each rank holds other blocks, which today's checkpoint (rank
+ * 0's state, whole) cannot hold: periodic saves and resuming are refused
+ * rather than written or read wrong. */
+static st_status st__options_fsdp_span(const st_config* c, st_plan_options* o) {
+  if (o->parallel_fsdp != o->procs)
+    return st_status_make(ST_CODE_CONFIG,
+                          "parallel.fsdp=%d (%s) spans the %d processes, leaving fsdp=%d inside each: fsdp across "
+                          "processes is built with one block per process; set parallel.fsdp=%d (docs/multiprocess.md)",
+                          o->parallel_fsdp, st_config_source(c, "parallel.fsdp"), o->procs, o->parallel_fsdp / o->procs,
+                          o->procs);
+  const int64_t every = st_config_int(c, "ckpt.every"), steps = st_config_int(c, "train.steps");
+  if (every > 0 && every < steps)
+    return st_status_make(ST_CODE_CONFIG,
+                          "ckpt.every=%lld (%s) with parallel.fsdp=%d across %d processes: each rank holds other fsdp "
+                          "blocks, and checkpoints of per-rank blocks are not built; set ckpt.every=0 (the final "
+                          "parameters are still written whole to params.safetensors; docs/multiprocess.md)",
+                          (long long)every, st_config_source(c, "ckpt.every"), o->parallel_fsdp, o->procs);
+  if (st_config_bool(c, "run.resume"))
+    return st_status_make(ST_CODE_CONFIG,
+                          "run.resume with parallel.fsdp=%d across %d processes: resuming into per-rank fsdp blocks is "
+                          "not built (docs/multiprocess.md)",
+                          o->parallel_fsdp, o->procs);
+  return ST_OK;
+}
+
 /* parallel.processes > 1 (docs/multiprocess.md, "Which axis spans
  * processes"): the processes take the outermost mesh axis above 1, in the
  * mesh's order data, fsdp, tensor, each process keeping its 1/procs of it;
  * everything else (bundle, plan, executor) then sees this process's part.
- * Refused, exit 2: an axis that does not divide, no axis to span, and the
- * axes whose cross-process collectives are not built. */
+ * Refused, exit 2: an axis that does not divide, no axis to span, tensor
+ * (its collectives are inside XLA's programs), and what fsdp across
+ * processes does not do (st__options_fsdp_span). */
 static st_status st__options_span(const st_config* c, st_plan_options* o) {
   o->procs = (int)st_config_int(c, "parallel.processes");
   o->rank = 0;
@@ -299,11 +327,7 @@ static st_status st__options_span(const st_config* c, st_plan_options* o) {
                           "inside its programs across processes, which the CPU plugin has none of (and the cross-process "
                           "GPU client is not built); put parallel.data or parallel.fsdp across processes",
                           o->parallel_tensor, o->procs);
-  if (a == ST_PLAN_SPAN_FSDP)
-    return st_status_make(ST_CODE_CONFIG,
-                          "parallel.fsdp=%d would span the %d processes: fsdp across processes is not built yet "
-                          "(docs/multiprocess.md); put parallel.data across processes",
-                          o->parallel_fsdp, o->procs);
+  if (a == ST_PLAN_SPAN_FSDP) ST_RETURN(st__options_fsdp_span(c, o));
   o->span_axis = a;
   *axes[a] /= o->procs;
   return ST_OK;

@@ -230,7 +230,15 @@ typedef struct {
    * after the local reduction (if any), each final gradient is all-reduced
    * with the other processes by an XPROC op. 1: one process. */
   int xdata;
+  /* fsdp across processes (parallel.fsdp spanning them): the state is cut
+   * in one block per process (st_slot.xblocks), gathered and
+   * reduce-scattered by XPROC ops. 1: one process, or data spans. */
+  int X;
 } st__builder;
+
+/* The state is cut in fsdp blocks: over this process's devices (F), or
+ * across the processes (X). */
+static bool st__fsdp(const st__builder* B) { return B->F > 1 || B->X > 1; }
 
 /* One launch (or a block's recompute and backward) that reads parameters:
  * the group instances whose parameters it reads. */
@@ -279,12 +287,18 @@ static int st__pslot(st__builder* B, const char* prefix, int param, st_slot_cate
   char name[256];
   snprintf(name, sizeof(name), "%s%s", prefix, p->name);
   const bool state = cat == ST_SLOT_PARAM || cat == ST_SLOT_GRAD || cat == ST_SLOT_OPT;
-  if (!state || (B->F <= 1 && B->T <= 1)) return st_plan_slot(B->plan, name, cat, &p->type, persistent);
+  if (!state || (B->F <= 1 && B->T <= 1 && B->X <= 1)) return st_plan_slot(B->plan, name, cat, &p->type, persistent);
   int cut = -1;
   st_tensor_type t = st__tensor_local(B, param, &cut);
-  const bool fsdp = B->F > 1 && t.rank > 0;
+  const st_tensor_type device_whole = t;
+  const bool fsdp = B->F > 1 && t.rank > 0, xcut = B->X > 1 && t.rank > 0;
   if (fsdp) t.dims[0] = (t.dims[0] + B->F - 1) / B->F;
+  if (xcut) t.dims[0] = (t.dims[0] + B->X - 1) / B->X;
   int slot = st_plan_slot(B->plan, name, cat, &t, persistent);
+  if (xcut) {
+    B->plan->slots[slot].xblocks = B->X;
+    B->plan->slots[slot].xwhole = device_whole;
+  }
   if (cut >= 0 || fsdp) {
     st_slot* sl = &B->plan->slots[slot];
     sl->logical = p->type;
@@ -312,7 +326,7 @@ static int st__whole(st__builder* B, const char* prefix, int param, st_slot_cate
 
 /* The slot a compute launch reads parameter |param| from. */
 static int st__param_in(st__builder* B, int param) {
-  if (B->F > 1) return st__whole(B, "full:", param, ST_SLOT_GATHERED);
+  if (st__fsdp(B)) return st__whole(B, "full:", param, ST_SLOT_GATHERED);
   return st__pslot(B, "", param, ST_SLOT_PARAM, true);
 }
 
@@ -321,7 +335,7 @@ static int st__param_in(st__builder* B, int param) {
  * or under FSDP the whole "ugrad:" that the reduce-scatter then cuts into
  * one of those. */
 static int st__grad_out(st__builder* B, const char* gp, int param) {
-  if (B->F > 1) return st__whole(B, "ugrad:", param, ST_SLOT_UNREDUCED);
+  if (st__fsdp(B)) return st__whole(B, "ugrad:", param, ST_SLOT_UNREDUCED);
   return st__pslot(B, gp, param, ST_SLOT_GRAD, false);
 }
 
@@ -405,8 +419,11 @@ static void st__gather(st__builder* B, int i, int micro) {
     in[k] = st__pslot(B, "", I->params[k], ST_SLOT_PARAM, true);
     out[k] = st__whole(B, "full:", I->params[k], ST_SLOT_GATHERED);
   }
-  st_plan_add(B->plan, ST_OP_COLLECTIVE, st_plan_program(B->plan, I->group->fsdp_all_gather->name), I->layer, micro, ST_COLL_ALL_GATHER,
-              I->count, in, I->count, out);
+  if (B->X > 1) /* across processes: strata's own collective (docs/multiprocess.md) */
+    st_plan_add(B->plan, ST_OP_XPROC, -1, I->layer, micro, ST_COLL_ALL_GATHER, I->count, in, I->count, out);
+  else
+    st_plan_add(B->plan, ST_OP_COLLECTIVE, st_plan_program(B->plan, I->group->fsdp_all_gather->name), I->layer, micro,
+                ST_COLL_ALL_GATHER, I->count, in, I->count, out);
   B->gathered[i] = true;
 }
 
@@ -426,7 +443,7 @@ static void st__gather_uses(st__builder* B, int from, int to) {
  * gather issued before the next launch would hold that launch until the
  * reduce-scatter is done, and the two would never overlap. */
 static void st__use_begin(st__builder* B) {
-  if (B->F <= 1) return;
+  if (!st__fsdp(B)) return;
   st__gather_uses(B, B->use_pos, B->use_pos + (B->uses[B->use_pos].forward ? B->gather_prefetch : 0));
 }
 
@@ -437,7 +454,7 @@ static void st__use_begin(st__builder* B) {
  * next sched.gather_prefetch uses' parameters are gathered first (see
  * st__use_begin). */
 static void st__use_end(st__builder* B) {
-  if (B->F <= 1) {
+  if (!st__fsdp(B)) {
     B->use_pos++;
     return;
   }
@@ -471,9 +488,11 @@ static void st__reduce_scatter(st__builder* B, int i, int m) {
     in[k] = st__whole(B, "ugrad:", I->params[k], ST_SLOT_UNREDUCED);
     out[k] = st__pslot(B, m == 0 ? "grad:" : "gtmp:", I->params[k], ST_SLOT_GRAD, false);
   }
-  st_plan_add(B->plan, ST_OP_COLLECTIVE, st_plan_program(B->plan, I->group->fsdp_reduce_scatter->name), I->layer, m,
-              ST_COLL_REDUCE_SCATTER,
-              I->count, in, I->count, out);
+  if (B->X > 1)
+    st_plan_add(B->plan, ST_OP_XPROC, -1, I->layer, m, ST_COLL_REDUCE_SCATTER, I->count, in, I->count, out);
+  else
+    st_plan_add(B->plan, ST_OP_COLLECTIVE, st_plan_program(B->plan, I->group->fsdp_reduce_scatter->name), I->layer, m,
+                ST_COLL_REDUCE_SCATTER, I->count, in, I->count, out);
   st_plan_add(B->plan, ST_OP_FREE, -1, I->layer, m, 0, I->count, in, 0, NULL);
 }
 
@@ -561,7 +580,7 @@ static void st__forward(st__builder* B, int m, bool eval, st__fwd_out* f) {
  * embedding ("hgrad:"), added to the whole "ugrad:" under FSDP. */
 static void st__accumulate(st__builder* B, const st__instance* I, const char* tmp_prefix, int m, int only_param) {
   int in[2 * ST__MAX_GROUP_PARAMS], out[ST__MAX_GROUP_PARAMS], n = 0;
-  const bool whole = B->F > 1 && only_param >= 0;
+  const bool whole = st__fsdp(B) && only_param >= 0;
   for (int k = 0; k < I->count; ++k) {
     if (only_param >= 0 && I->params[k] != only_param) continue;
     in[n] = whole ? st__whole(B, "ugrad:", I->params[k], ST_SLOT_UNREDUCED) : st__pslot(B, "grad:", I->params[k], ST_SLOT_GRAD, false);
@@ -573,7 +592,7 @@ static void st__accumulate(st__builder* B, const st__instance* I, const char* tm
     in[n + j++] = whole ? st__whole(B, tmp_prefix, I->params[k], ST_SLOT_UNREDUCED)
                         : st__pslot(B, tmp_prefix, I->params[k], ST_SLOT_GRAD, false);
   }
-  const st_bundle_program* acc = B->F > 1 && !whole ? I->group->shard_accum : I->group->accum;
+  const st_bundle_program* acc = st__fsdp(B) && !whole ? I->group->shard_accum : I->group->accum;
   /* The tied head's gradient of wte alone, in a group with more parameters */
   if (only_param >= 0 && I->stage->accum_tied) acc = I->stage->accum_tied;
   st__plan_launch(B, ST_OP_LAUNCH, acc, I->layer, m, 2 * n, in, n, out);
@@ -589,7 +608,7 @@ static void st__sqnorm(st__builder* B, int i) {
   for (int k = 0; k < I->count; ++k) in[k] = st__pslot(B, "grad:", I->params[k], ST_SLOT_GRAD, false);
   snprintf(name, sizeof(name), "sq[%d]", i);
   B->sq[i] = st__xfer(B, name, &scalar);
-  st__plan_launch(B, ST_OP_LAUNCH, B->F > 1 ? I->group->shard_sqnorm : I->group->sqnorm, I->layer, -1, I->count, in, 1, &B->sq[i]);
+  st__plan_launch(B, ST_OP_LAUNCH, st__fsdp(B) ? I->group->shard_sqnorm : I->group->sqnorm, I->layer, -1, I->count, in, 1, &B->sq[i]);
 }
 
 /* The group's adamw(params, grads, m, v, step, lr, gscale, hyper) ->
@@ -606,7 +625,7 @@ static void st__adamw(st__builder* B, int i) {
   for (int k = 0; k < I->count; ++k) out[no++] = in[k];
   for (int k = 0; k < I->count; ++k) out[no++] = in[2 * I->count + k];
   for (int k = 0; k < I->count; ++k) out[no++] = in[3 * I->count + k];
-  const st_bundle_program* stats = B->numerics && B->F == 1 ? I->group->adamw_stats : NULL;
+  const st_bundle_program* stats = B->numerics && !st__fsdp(B) ? I->group->adamw_stats : NULL;
   if (stats) {
     /* diag.numerics: the same update, and the group's statistics */
     char name[160];
@@ -616,7 +635,7 @@ static void st__adamw(st__builder* B, int i) {
     st_plan_add(B->plan, ST_OP_FREE, -1, I->layer, -1, 0, I->count, in + I->count, 0, NULL);
     return;
   }
-  st__plan_launch(B, ST_OP_LAUNCH, B->F > 1 ? I->group->shard_adamw : I->group->adamw, I->layer, -1, n, in, no, out);
+  st__plan_launch(B, ST_OP_LAUNCH, st__fsdp(B) ? I->group->shard_adamw : I->group->adamw, I->layer, -1, n, in, no, out);
   st_plan_add(B->plan, ST_OP_FREE, -1, I->layer, -1, 0, I->count, in + I->count, 0, NULL);
 }
 
@@ -741,7 +760,8 @@ static int64_t st__instance_bytes(const st__builder* B, int i) {
   int64_t n = 0;
   for (int k = 0; k < B->inst[i].count; ++k) {
     st_tensor_type t = B->bundle->params[B->inst[i].params[k]].type;
-    if (B->F > 1 && t.rank > 0) t.dims[0] = (t.dims[0] + B->F - 1) / B->F;
+    const int blocks = B->F * B->X;
+    if (blocks > 1 && t.rank > 0) t.dims[0] = (t.dims[0] + blocks - 1) / blocks;
     n += (int64_t)st_tensor_type_bytes(&t);
   }
   return n;
@@ -809,7 +829,7 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
   out[no++] = st__xfer(B, name, &hl->outputs[0].type);
   for (int k = 0; k < H->count; ++k) out[no++] = st__grad_out(B, gp, H->params[k]);
   if (B->tied)
-    out[no++] = B->F > 1 ? st__whole(B, "hgrad:", E->params[0], ST_SLOT_UNREDUCED)
+    out[no++] = st__fsdp(B) ? st__whole(B, "hgrad:", E->params[0], ST_SLOT_UNREDUCED)
                          : st__pslot(B, "hgrad:", E->params[0], ST_SLOT_GRAD, false);
   int dx = st__act(B, "dx", &hl->outputs[hl->output_count - 1].type);
   out[no++] = dx;
@@ -818,7 +838,7 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
   int freed[3] = {f->x, f->targets, f->mask};
   st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 3, freed, 0, NULL);
   int pending = -1; /* FSDP: the instance whose reduce-scatter is in flight (st__after_scatter) */
-  if (B->F > 1) {
+  if (st__fsdp(B)) {
     st__reduce_scatter(B, B->n_inst - 1, m);
     pending = B->n_inst - 1;
   } else {
@@ -866,7 +886,7 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
     dead[0] = xl;
     for (int r = 0; r < R; ++r) dead[1 + r] = res[r];
     st_plan_add(B->plan, ST_OP_FREE, -1, l, m, 0, 1 + R, dead, 0, NULL);
-    if (B->F > 1) {
+    if (st__fsdp(B)) {
       st__after_scatter(B, opt, pending, m, last);
       st__reduce_scatter(B, 1 + l, m);
       pending = 1 + l;
@@ -889,7 +909,7 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
   st__use_end(B);
   int freed2[2] = {dx, f->tokens};
   st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 2, freed2, 0, NULL);
-  if (B->F > 1) {
+  if (st__fsdp(B)) {
     st__after_scatter(B, opt, pending, m, last);
     if (B->tied) st__accumulate(B, E, "hgrad:", m, E->params[0]);
     st__reduce_scatter(B, 0, m);
@@ -936,7 +956,7 @@ static void st__evaluation(st__builder* B, int EM) {
   const st__instance* H = &B->inst[B->n_inst - 1];
   const st_tensor_type scalar = {ST_DTYPE_F32, 0, {0}};
   st__state_slots(B, false);
-  if (B->F > 1) {
+  if (st__fsdp(B)) {
     st__plan_uses(B, EM, true);
     memset(B->gathered, 0, (size_t)B->n_inst * sizeof(bool));
   }
@@ -1067,14 +1087,25 @@ static st_status st__check_mesh(const st_bundle* b, const st_plan_options* o) {
                             "shard_programs (manifest collectives, groups); re-export it",
                             b->dir, g->name);
   }
+  /* fsdp across processes: the shard programs on one process's block. */
+  const int X = o->procs > 1 && o->span_axis == ST_PLAN_SPAN_FSDP ? o->procs : 1;
+  if (X > 1 && b->process_fsdp != X)
+    return st_status_make(ST_CODE_RUNTIME, "bundle %s was exported for fsdp across %d processes, the job has %d; re-export "
+                          "it (unset bundle.dir to use the cache)",
+                          b->dir, b->process_fsdp, X);
+  for (int i = 0; X > 1 && i < b->group_count; ++i)
+    if (!b->groups[i].shard_adamw)
+      return st_status_make(ST_CODE_RUNTIME, "bundle %s: group '%s' lacks its shard_programs for fsdp across processes; "
+                            "re-export it",
+                            b->dir, b->groups[i].name);
   /* The offload pass moves parameters around LAUNCH ops only; under FSDP
    * the all-gathers read them too, and a gathered copy is what the
    * launches use anyway. */
-  if (F > 1 && (o->sched.offload & ST_OFFLOAD_PARAMS))
+  if (F * X > 1 && (o->sched.offload & ST_OFFLOAD_PARAMS))
     return st_status_make(ST_CODE_CONFIG,
                           "sched.offload=%s with parallel.fsdp=%d: parameter offload is not built for fully-sharded "
                           "parameters; set sched.offload to none or optimizer",
-                          o->sched.offload == 3 ? "both" : "params", F);
+                          o->sched.offload == 3 ? "both" : "params", F * X);
   if (o->sched.per_layer_optimizer && o->sched.bucketed_grad_reduce)
     return st_status_make(ST_CODE_CONFIG,
                           "sched.optimizer=per_layer updates each layer as soon as its gradient is reduced, so it needs "
@@ -1141,11 +1172,13 @@ static void st__builder_init(st__builder* B, st_plan* plan, const st_bundle* b, 
    * likewise; docs/parallelism.md, "Ordering"). Data parallelism alone was
    * never seen to, but nothing rules it out. */
   plan->serialize_spmd = plan->devices > 1;
+  plan->procs = o->procs > 1 ? o->procs : 1;
   st__builder init = {plan, b, inst, n_inst, n_inst - 2, remat, b->model.tie_embeddings, {-1, -1, -1, -1},
                       st_xcalloc((size_t)n_inst, sizeof(int)), pol->bucketed_grad_reduce, pol->grad_bucket_bytes,
                       st_xcalloc((size_t)n_inst, sizeof(int)), 0, 0, F, DATA, TP, pol->gather_prefetch,
                       pol->reshard_after_forward, NULL, 0, 0, st_xcalloc((size_t)n_inst, sizeof(bool)),
-                      o->numerics, NULL, NULL, 0, 0, o->procs > 1 && o->span_axis == ST_PLAN_SPAN_DATA ? o->procs : 1};
+                      o->numerics, NULL, NULL, 0, 0, o->procs > 1 && o->span_axis == ST_PLAN_SPAN_DATA ? o->procs : 1,
+                      o->procs > 1 && o->span_axis == ST_PLAN_SPAN_FSDP ? o->procs : 1};
   *B = init;
   B->nstat = st_xmalloc((size_t)n_inst * sizeof(int));
   for (int i = 0; i < n_inst; ++i) B->nstat[i] = -1;
@@ -1175,7 +1208,7 @@ static st_status st__step(const st_bundle* b, const st_plan_options* o, const st
 
   st__state_slots(&B, true);
   const int M = (int)o->microbatches;
-  if (B.F > 1) st__plan_uses(&B, M, false);
+  if (st__fsdp(&B)) st__plan_uses(&B, M, false);
   for (int m = 0; m < M; ++m) {
     const bool last = m == M - 1;
     st__fwd_out f;
@@ -1238,7 +1271,8 @@ st_status st_plan_build(const st_bundle* b, const st_plan_options* o, st_plan* s
   const int DATA = o->parallel_data > 1 ? o->parallel_data : 1, F = o->parallel_fsdp > 1 ? o->parallel_fsdp : 1;
   const int TP = o->parallel_tensor > 1 ? o->parallel_tensor : 1;
   const int D = DATA * F * TP;
-  if (!s && (D > 1 || o->parallel_tensor > 1)) s = st__check_mesh(b, o);
+  const bool xfsdp = o->procs > 1 && o->span_axis == ST_PLAN_SPAN_FSDP;
+  if (!s && (D > 1 || o->parallel_tensor > 1 || xfsdp)) s = st__check_mesh(b, o);
   if (s) {
     free(inst);
     return s;
@@ -1286,9 +1320,11 @@ st_status st_plan_build(const st_bundle* b, const st_plan_options* o, st_plan* s
   }
   char policy[384];
   const int xdata = o->procs > 1 && o->span_axis == ST_PLAN_SPAN_DATA ? o->procs : 1;
-  st__policy_line(pol, &rc, DATA * xdata, F, TP, policy, sizeof(policy));
+  const int xf = xfsdp ? o->procs : 1;
+  st__policy_line(pol, &rc, DATA * xdata, F * xf, TP, policy, sizeof(policy));
   if (o->procs > 1)
-    snprintf(policy + strlen(policy), sizeof(policy) - strlen(policy), " processes=%d across=data", o->procs);
+    snprintf(policy + strlen(policy), sizeof(policy) - strlen(policy), " processes=%d across=%s", o->procs,
+             xfsdp ? "fsdp" : "data");
   st_plan_set_policy(step_out, policy);
   st_plan_set_policy(eval_out, policy);
   if (choice_out) *choice_out = rc;

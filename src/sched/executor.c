@@ -21,15 +21,20 @@ typedef struct {
   int d; /* device index */
 } st__cb;
 
-/* One device index's part of an XPROC op on one slot: the slot's buffer is
- * copied to |host|, handed to the job's collective engine, and put back by
- * st__xp_settle once the first consumer needs it. The slot keeps the old
- * buffer until then (the copy reads it). */
+/* One device index's part of an XPROC op on one (input, output) pair: the
+ * input's buffer is copied into |host|, handed to the job's collective
+ * engine, and the output's part of the result (from element |out_at|) is
+ * put into the output by st__xp_settle once the first consumer needs it.
+ * In place (an all-reduce) the slot keeps the old buffer until then (the
+ * copy reads it); out of place a FREE of the input while the copy may
+ * still read it hands the buffer to |held|, freed at the settle. */
 typedef struct st__xp {
   int op;
+  int in_slot, out_slot;
   st_event* copied; /* the device-to-host copy into |host| */
-  float* host;
-  size_t bytes;
+  float* host;      /* |count| floats: the whole the engine works on */
+  size_t count, out_at;
+  st_buffer* held;
   st_dist_coll* coll;
 } st__xp;
 
@@ -75,7 +80,8 @@ struct st_executor {
   st_status cb_error; /* first error reported by a callback */
 
   st_dist* dist;  /* XPROC ops' job (borrowed); NULL: none */
-  st__xp** xp;    /* [slot_count * ndev]: the XPROC op in flight on that slot's buffer, NULL: none */
+  st__xp** xp;    /* [slot_count * ndev]: the XPROC op in flight into that output slot, NULL: none */
+  st__xp** xpin;  /* [slot_count * ndev]: an out-of-place XPROC op whose copy may still read that input slot */
   int* xp_left;   /* [op_count]: parts of that XPROC op not yet settled */
 };
 
@@ -91,6 +97,7 @@ static const char* st__op_program(const st_executor* ex, const st_op* op) {
 #define ST__SLOT(ex, slot, d) ((ex)->slots[(size_t)(slot) * (size_t)(ex)->ndev + (size_t)(d)])
 #define ST__BORROWED(ex, slot, d) ((ex)->borrowed[(size_t)(slot) * (size_t)(ex)->ndev + (size_t)(d)])
 #define ST__XP(ex, slot, d) ((ex)->xp[(size_t)(slot) * (size_t)(ex)->ndev + (size_t)(d)])
+#define ST__XPIN(ex, slot, d) ((ex)->xpin[(size_t)(slot) * (size_t)(ex)->ndev + (size_t)(d)])
 
 st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_program* const* programs, int device,
                              st_executor** out_executor) {
@@ -174,6 +181,7 @@ st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_progra
   ex->slots = st_xcalloc(((size_t)plan->slot_count + 1) * (size_t)ndev, sizeof(st_buffer*));
   ex->borrowed = st_xcalloc(((size_t)plan->slot_count + 1) * (size_t)ndev, sizeof(bool));
   ex->xp = st_xcalloc(((size_t)plan->slot_count + 1) * (size_t)ndev, sizeof(st__xp*));
+  ex->xpin = st_xcalloc(((size_t)plan->slot_count + 1) * (size_t)ndev, sizeof(st__xp*));
   ex->xp_left = st_xcalloc((size_t)plan->op_count + 1, sizeof(int));
   ex->in = st_xcalloc((size_t)widest * (size_t)ndev, sizeof(st_buffer*));
   ex->out = st_xcalloc((size_t)widest * (size_t)ndev, sizeof(st_buffer*));
@@ -224,6 +232,7 @@ void st_executor_destroy(st_executor* ex) {
   free(ex->slots);
   free(ex->borrowed);
   free(ex->xp);
+  free(ex->xpin);
   free(ex->xp_left);
   free(ex->in);
   free(ex->out);
@@ -333,8 +342,107 @@ static st_status st__put_sharded(st_executor* ex, int slot, int target, st_buffe
   return st;
 }
 
+/* A slot cut across processes (st_slot.xblocks): each device's whole
+ * (|xwhole|: on several devices a sharded slot's shard of the logical
+ * value) is |wholes| + d * bytes(xwhole) on the host. */
+static st_status st__xcut_wholes(st_executor* ex, int slot, const void* value, unsigned char* wholes) {
+  const st_slot* s = &ex->plan->slots[slot];
+  const size_t wb = st_tensor_type_bytes(&s->xwhole);
+  if (ex->ndev == 1 || s->layout != ST_LAYOUT_SHARDED) {
+    for (int d = 0; d < ex->ndev; ++d) memcpy(wholes + (size_t)d * wb, value, wb);
+    return ST_OK;
+  }
+  st_mesh mesh;
+  st_sharded* sh = NULL;
+  ST_RETURN(st__mesh(ex, &mesh));
+  ST_RETURN(st_sharded_from_host(ex->runtime, &mesh, &s->logical, &s->sharding, value, &sh));
+  st_buffer* shards[ST_MESH_MAX_DEVICES];
+  st_sharded_release(sh, shards);
+  st_status st = ST_OK;
+  for (int d = 0; d < ex->ndev; ++d) {
+    if (!st && st_buffer_bytes(shards[d]) != wb)
+      st = st_status_make(ST_CODE_INTERNAL, "slot '%s': a device's shard is %zu bytes, its whole %zu", s->name,
+                          st_buffer_bytes(shards[d]), wb);
+    if (!st) st = st_buffer_to_host(shards[d], wholes + (size_t)d * wb, wb);
+    st_buffer_destroy(shards[d]);
+  }
+  return st;
+}
+
+/* The whole value |buffer| (consumed) into a slot cut across processes:
+ * each device keeps rows [rank * b, (rank + 1) * b) of its whole, b its
+ * block's rows, zero-padded past the end. */
+static st_status st__put_xcut(st_executor* ex, int slot, int target, st_buffer* buffer) {
+  const st_slot* s = &ex->plan->slots[slot];
+  const bool sharded = ex->ndev > 1 && s->layout == ST_LAYOUT_SHARDED;
+  const size_t n = st_buffer_bytes(buffer), want = st_tensor_type_bytes(sharded ? &s->logical : &s->xwhole);
+  const size_t wb = st_tensor_type_bytes(&s->xwhole), bb = st_tensor_type_bytes(&s->type);
+  if (!ex->dist || n != want || s->xwhole.rank < 1 || s->xwhole.dims[0] < 1) {
+    st_buffer_destroy(buffer);
+    return st_status_make(ST_CODE_INTERNAL, "slot '%s' cut across processes: value of %zu bytes, the tensor has %zu%s", s->name,
+                          n, want, ex->dist ? "" : ", and the executor has no job (st_executor_set_dist)");
+  }
+  unsigned char* value = st_xmalloc(n ? n : 1);
+  unsigned char* wholes = st_xmalloc(wb * (size_t)ex->ndev + 1);
+  unsigned char* block = st_xmalloc(bb ? bb : 1);
+  st_status st = st_buffer_to_host(buffer, value, n);
+  st_buffer_destroy(buffer);
+  if (!st) st = st__xcut_wholes(ex, slot, value, wholes);
+  const size_t from = (size_t)st_dist_rank(ex->dist) * bb;
+  for (int d = 0; d < ex->ndev && !st; ++d) {
+    memset(block, 0, bb);
+    if (from < wb) memcpy(block, wholes + (size_t)d * wb + from, wb - from < bb ? wb - from : bb);
+    st_buffer* b = NULL;
+    st = st_buffer_from_host(ex->runtime, ex->device + d, &s->type, block, &b);
+    if (!st) st = st__put_one(ex, slot, target, d, b);
+  }
+  free(block);
+  free(wholes);
+  free(value);
+  return st ? st_status_annotate(st, "cutting slot '%s' across %d processes", s->name, s->xblocks) : ST_OK;
+}
+
+/* Every process's blocks of a slot cut across processes, gathered into
+ * the whole (a collective: every rank calls it for the same slots in the
+ * same order). */
+static st_status st__to_host_xcut(st_executor* ex, int slot, void* dst, size_t size) {
+  const st_slot* s = &ex->plan->slots[slot];
+  if (!ex->dist) return st_status_make(ST_CODE_INTERNAL, "slot '%s' is cut across processes, the executor has no job", s->name);
+  const size_t P = (size_t)st_dist_size(ex->dist), rank = (size_t)st_dist_rank(ex->dist);
+  const size_t bn = (size_t)st_tensor_type_elements(&s->type), wb = st_tensor_type_bytes(&s->xwhole);
+  const bool sharded = ex->ndev > 1 && s->layout == ST_LAYOUT_SHARDED;
+  float* all = st_xcalloc(bn * P + 1, sizeof(float));
+  st_buffer* wholes[ST_MESH_MAX_DEVICES] = {0};
+  st_status st = ST_OK;
+  for (int d = 0; d < ex->ndev && !st; ++d) {
+    st_buffer* b = st_executor_get_device(ex, slot, d);
+    if (!b) st = st_status_make(ST_CODE_INTERNAL, "slot '%s' is empty on device index %d", s->name, d);
+    if (!st) st = st_buffer_to_host(b, all + rank * bn, bn * sizeof(float));
+    st_dist_coll* c = NULL;
+    st_dist_coll_request req = {.kind = ST_DIST_ALL_GATHER, .data = all, .count = bn * P, .name = s->name};
+    if (!st) st = st_dist_coll_start(ex->dist, &req, &c);
+    if (!st) st = st_dist_coll_wait(c, NULL);
+    if (!st && !sharded && d == 0) {
+      /* replicated over this process's devices: index 0's is the value */
+      if (size != wb) st = st_status_make(ST_CODE_INTERNAL, "slot '%s' holds %zu bytes whole, the destination %zu", s->name, wb, size);
+      else memcpy(dst, all, wb);
+    } else if (!st && sharded) {
+      st = st_buffer_from_host(ex->runtime, ex->device + d, &s->xwhole, all, &wholes[d]);
+    }
+  }
+  if (!st && sharded) {
+    st_mesh mesh;
+    st = st__mesh(ex, &mesh);
+    if (!st) st = st_sharding_to_host(&mesh, &s->logical, &s->sharding, wholes, dst, size);
+  }
+  for (int d = 0; d < ex->ndev; ++d) st_buffer_destroy(wholes[d]);
+  free(all);
+  return st ? st_status_annotate(st, "gathering slot '%s' from %zu processes", s->name, P) : ST_OK;
+}
+
 st_status st_executor_to_host(st_executor* ex, int slot, void* dst, size_t size) {
   const st_slot* s = &ex->plan->slots[slot];
+  if (s->xblocks > 1) return st__to_host_xcut(ex, slot, dst, size);
   if (ex->ndev > 1 && s->layout == ST_LAYOUT_SHARDED) {
     st_buffer* shards[ST_MESH_MAX_DEVICES];
     for (int d = 0; d < ex->ndev; ++d) {
@@ -355,6 +463,7 @@ st_status st_executor_to_host(st_executor* ex, int slot, void* dst, size_t size)
 st_status st_executor_put(st_executor* ex, int slot, st_buffer* buffer) {
   const st_slot* s = &ex->plan->slots[slot];
   int target = (!s->host && s->twin >= 0) ? s->twin : slot;
+  if (buffer && s->xblocks > 1) return st__put_xcut(ex, slot, target, buffer);
   if (buffer && ex->ndev > 1 && s->layout == ST_LAYOUT_SHARDED) return st__put_sharded(ex, slot, target, buffer);
   /* Between steps, state is replicated: every other device gets a copy
    * (through the host: init and restore only). */
@@ -596,13 +705,14 @@ static st_status st__xp_before(void* user) {
   return st_event_await(x->copied);
 }
 
-/* The op's part on (|slot|, |d|) is needed: wait for it, put the result
- * back on the device in place of the old buffer. Host time blocked here is
- * communication the plan did not hide. */
+/* The op's part into (|slot|, |d|) is needed: wait for it, put the
+ * result into the output (in place of the old buffer for an all-reduce).
+ * Host time blocked here is communication the plan did not hide. */
 static st_status st__xp_settle(st_executor* ex, int slot, int d) {
   st__xp* x = ST__XP(ex, slot, d);
   if (!x) return ST_OK;
   ST__XP(ex, slot, d) = NULL;
+  if (x->in_slot != slot && ST__XPIN(ex, x->in_slot, d) == x) ST__XPIN(ex, x->in_slot, d) = NULL;
   double t0 = st_now();
   st_dist_coll_timing tm = {0};
   st_status s = st_dist_coll_wait(x->coll, &tm);
@@ -616,18 +726,19 @@ static st_status st__xp_settle(st_executor* ex, int slot, int d) {
   if (done > ex->dev_complete[at]) ex->dev_complete[at] = done;
   if (!s) {
     st_buffer* old = ST__SLOT(ex, slot, d);
-    st_tensor_type type = *st_buffer_type(old);
+    st_tensor_type type = old && x->in_slot == slot ? *st_buffer_type(old) : ex->plan->slots[slot].type;
     st_buffer* b = NULL;
-    s = st_buffer_from_host(ex->runtime, ex->device + d, &type, x->host, &b);
+    s = st_buffer_from_host(ex->runtime, ex->device + d, &type, x->host + x->out_at, &b);
     if (!s) st__slot_put(ex, slot, d, b);
   }
   if (--ex->xp_left[x->op] == 0 && ex->monitor.done) ex->monitor.done(ex->monitor.user, x->op, 0);
   if (s) {
     const st_op* op = &ex->plan->ops[x->op];
     s = st_status_annotate(s, "plan op %d (cross-process %s of '%s', layer %d, device index %d)", x->op,
-                           st_collective_kind_name((st_collective_kind)op->tag), ex->plan->slots[slot].name, op->layer, d);
+                           st_collective_kind_name((st_collective_kind)op->tag), ex->plan->slots[x->in_slot].name, op->layer, d);
   }
   st_event_destroy(x->copied);
+  st_buffer_destroy(x->held);
   free(x->host);
   free(x);
   return s;
@@ -646,53 +757,89 @@ static st_status st__xp_settle_all(st_executor* ex) {
   return first;
 }
 
-/* What op |i| reads or writes must not be in flight across processes. */
-static st_status st__xp_settle_op(st_executor* ex, const st_op* op) {
-  for (int j = 0; j < op->input_count; ++j)
-    for (int d = 0; d < ex->ndev; ++d) ST_RETURN(st__xp_settle(ex, op->inputs[j], d));
-  for (int j = 0; j < op->output_count; ++j)
-    for (int d = 0; d < ex->ndev; ++d) ST_RETURN(st__xp_settle(ex, op->outputs[j], d));
+/* What op |op| reads or writes must not be in flight across processes: an
+ * output of one is settled; an input one still copies from is settled too,
+ * except that a FREE hands that buffer to the op (so a whole gradient's
+ * FREE right after its reduce-scatter does not wait for it). */
+static st_status st__xp_settle_slot(st_executor* ex, const st_op* op, int slot) {
+  for (int d = 0; d < ex->ndev; ++d) {
+    ST_RETURN(st__xp_settle(ex, slot, d));
+    st__xp* x = ST__XPIN(ex, slot, d);
+    if (!x) continue;
+    ST__XPIN(ex, slot, d) = NULL;
+    if (op->kind == ST_OP_FREE) {
+      if (!ST__BORROWED(ex, slot, d) && ST__SLOT(ex, slot, d)) {
+        if (d == 0) st__account(ex, slot, -1);
+        x->held = ST__SLOT(ex, slot, d);
+        ST__SLOT(ex, slot, d) = NULL;
+      }
+    } else {
+      ST_RETURN(st__xp_settle(ex, x->out_slot, d));
+    }
+  }
   return ST_OK;
 }
 
-/* Issues op |i|: for each device index and slot, a copy to the host and a
- * collective queued behind it, in plan order on every process (the engine
- * issues them to MPI in queue order, which must be the same everywhere). */
-static st_status st__xproc(st_executor* ex, int i, const st_op* op) {
-  if (!ex->dist)
-    return st_status_make(ST_CODE_INTERNAL, "plan op %d: a cross-process op, but the executor has no job (st_executor_set_dist)", i);
+static st_status st__xp_settle_op(st_executor* ex, const st_op* op) {
+  for (int j = 0; j < op->input_count; ++j) ST_RETURN(st__xp_settle_slot(ex, op, op->inputs[j]));
+  for (int j = 0; j < op->output_count; ++j) ST_RETURN(st__xp_settle_slot(ex, op, op->outputs[j]));
+  return ST_OK;
+}
+
+/* Starts one part of XPROC op |i|: input |in| of device index |d| copied
+ * to the host, where the engine works on the whole: an all-gather's block
+ * goes to this rank's place in the P blocks, a reduce-scatter's whole is
+ * zero-padded to P blocks of the output's size, whose block |rank| is the
+ * result. */
+static st_status st__xp_start(st_executor* ex, int i, const st_op* op, int in, int out, int d) {
   st_dist_coll_kind kind = op->tag == ST_COLL_REDUCE_SCATTER ? ST_DIST_REDUCE_SCATTER
                            : op->tag == ST_COLL_ALL_GATHER  ? ST_DIST_ALL_GATHER
                                                             : ST_DIST_ALL_REDUCE;
+  st_buffer* b = ST__SLOT(ex, in, d);
+  if (!b) return st_status_make(ST_CODE_INTERNAL, "plan op %d: cross-process op on empty slot '%s'", i, ex->plan->slots[in].name);
+  const size_t P = (size_t)st_dist_size(ex->dist), rank = (size_t)st_dist_rank(ex->dist);
+  const size_t n_in = st_buffer_bytes(b) / sizeof(float);
+  const size_t n_out = (size_t)st_tensor_type_elements(&ex->plan->slots[out].type);
+  st__xp* x = st_xcalloc(1, sizeof(*x));
+  x->op = i;
+  x->in_slot = in;
+  x->out_slot = out;
+  x->count = kind == ST_DIST_ALL_GATHER ? n_in * P : kind == ST_DIST_REDUCE_SCATTER ? n_out * P : n_in;
+  x->out_at = kind == ST_DIST_REDUCE_SCATTER ? rank * n_out : 0;
+  x->host = st_xcalloc(x->count ? x->count : 1, sizeof(float)); /* zeros: a reduce-scatter's padding */
+  float* into = x->host + (kind == ST_DIST_ALL_GATHER ? rank * n_in : 0);
+  st_status s = st_buffer_to_host_async(b, into, n_in * sizeof(float), &x->copied);
+  if (!s) {
+    st_dist_coll_request req = {.kind = kind, .data = x->host, .count = x->count, .before = st__xp_before, .user = x,
+                                .name = ex->plan->slots[in].name};
+    s = st_dist_coll_start(ex->dist, &req, &x->coll);
+  }
+  if (s) {
+    if (x->copied) st_status_free(st_event_await(x->copied));
+    st_event_destroy(x->copied);
+    free(x->host);
+    free(x);
+    return st_status_annotate(s, "plan op %d: cross-process %s of '%s'", i, st_collective_kind_name((st_collective_kind)op->tag),
+                              ex->plan->slots[in].name);
+  }
+  ST__XP(ex, out, d) = x;
+  if (in != out) ST__XPIN(ex, in, d) = x;
+  ex->xp_left[i]++;
+  return ST_OK;
+}
+
+/* Issues op |i|: for each device index and slot pair, a copy to the host
+ * and a collective queued behind it, in plan order on every process (the
+ * engine issues them to MPI in queue order, which must be the same
+ * everywhere). */
+static st_status st__xproc(st_executor* ex, int i, const st_op* op) {
+  if (!ex->dist)
+    return st_status_make(ST_CODE_INTERNAL, "plan op %d: a cross-process op, but the executor has no job (st_executor_set_dist)", i);
   st__exec_mon_issue(ex, i, 0);
   ex->xp_left[i] = 0;
   ex->stats.xprocs++;
   for (int d = 0; d < ex->ndev; ++d)
-    for (int j = 0; j < op->input_count; ++j) {
-      const int slot = op->inputs[j];
-      st_buffer* b = ST__SLOT(ex, slot, d);
-      if (!b) return st_status_make(ST_CODE_INTERNAL, "plan op %d: cross-process op on empty slot '%s'", i, ex->plan->slots[slot].name);
-      st__xp* x = st_xcalloc(1, sizeof(*x));
-      x->op = i;
-      x->bytes = st_buffer_bytes(b);
-      x->host = st_xmalloc(x->bytes ? x->bytes : sizeof(float));
-      st_status s = st_buffer_to_host_async(b, x->host, x->bytes, &x->copied);
-      if (!s) {
-        st_dist_coll_request req = {.kind = kind, .data = x->host, .count = x->bytes / sizeof(float),
-                                    .before = st__xp_before, .user = x, .name = ex->plan->slots[slot].name};
-        s = st_dist_coll_start(ex->dist, &req, &x->coll);
-      }
-      if (s) {
-        if (x->copied) st_status_free(st_event_await(x->copied));
-        st_event_destroy(x->copied);
-        free(x->host);
-        free(x);
-        return st_status_annotate(s, "plan op %d: cross-process %s of '%s'", i, st_collective_kind_name((st_collective_kind)op->tag),
-                                  ex->plan->slots[slot].name);
-      }
-      ST__XP(ex, slot, d) = x;
-      ex->xp_left[i]++;
-    }
+    for (int j = 0; j < op->input_count; ++j) ST_RETURN(st__xp_start(ex, i, op, op->inputs[j], op->outputs[j], d));
   return ST_OK;
 }
 
@@ -701,10 +848,10 @@ static st_status st__exec_wait(st_executor* ex, int i, const st_op* op) {
   for (int d = 0; d < op->dep_count; ++d) {
     const st_op* dep = &ex->plan->ops[op->deps[d]];
     if (dep->kind != ST_OP_XPROC) continue;
-    for (int k = 0; k < dep->input_count; ++k)
+    for (int k = 0; k < dep->output_count; ++k)
       for (int x = 0; x < ex->ndev; ++x) {
-        if (ST__XP(ex, dep->inputs[k], x)) t->blocked = true;
-        ST_RETURN(st__xp_settle(ex, dep->inputs[k], x));
+        if (ST__XP(ex, dep->outputs[k], x)) t->blocked = true;
+        ST_RETURN(st__xp_settle(ex, dep->outputs[k], x));
       }
   }
   for (int d = 0; d < op->dep_count; ++d)

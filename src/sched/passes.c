@@ -99,6 +99,8 @@ st_status st_plan_offload(const st_plan* in, const int* unit_of_slot, int prefet
     out->slots[h].layout = in->slots[s].layout;
     out->slots[h].logical = in->slots[s].logical;
     out->slots[h].sharding = in->slots[s].sharding;
+    out->slots[h].xblocks = in->slots[s].xblocks;
+    out->slots[h].xwhole = in->slots[s].xwhole;
     out->slots[h].twin = s;
     out->slots[s].twin = h;
     out->slots[s].persistent = false;

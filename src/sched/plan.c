@@ -173,6 +173,7 @@ void st_plan_copy(const st_plan* src, st_plan* dst) {
   dst->devices = src->devices;
   memcpy(dst->mesh, src->mesh, sizeof(dst->mesh));
   dst->serialize_spmd = src->serialize_spmd;
+  dst->procs = src->procs;
   /* Program indices are interned in |src|'s order, so they line up. */
   st_plan_set_program_temps(dst, src->program_temps);
 }
@@ -192,6 +193,41 @@ static st_status st__plan_bad(const st_plan* plan, int i, const char* what, int 
                         op->program >= 0 && op->program < plan->program_count ? " " : "",
                         op->program >= 0 && op->program < plan->program_count ? plan->programs[op->program] : "",
                         op->layer, what, slot >= 0 ? plan->slots[slot].name : "?");
+}
+
+/* One slot's dim 0 cut across the processes into the other (whole). */
+static bool st__xproc_cut_of(const st_plan* plan, const st_slot* cut, const st_slot* whole) {
+  const st_tensor_type *c = &cut->type, *w = &whole->type;
+  if (cut->xblocks != plan->procs || c->rank < 1 || c->rank != w->rank) return false;
+  if (c->dims[0] != (w->dims[0] + plan->procs - 1) / plan->procs) return false;
+  for (int d = 1; d < c->rank; ++d)
+    if (c->dims[d] != w->dims[d]) return false;
+  return true;
+}
+
+/* An XPROC op moves f32 device slots (what st_dist_coll sums): an
+ * all-reduce in place, an all-gather from a slot cut across the processes
+ * to its whole, a reduce-scatter from a whole slot to its cut. */
+static st_status st__check_xproc(const st_plan* plan, int i) {
+  const st_op* op = &plan->ops[i];
+  if (op->input_count < 1 || op->input_count != op->output_count)
+    return st__plan_bad(plan, i, "must have as many outputs as inputs; first input", op->input_count ? op->inputs[0] : -1);
+  for (int j = 0; j < op->input_count; ++j) {
+    const st_slot *in = &plan->slots[op->inputs[j]], *out = &plan->slots[op->outputs[j]];
+    if (in->host || out->host) return st__plan_bad(plan, i, "communicates the host-memory", op->inputs[j]);
+    if (in->type.dtype != ST_DTYPE_F32 || out->type.dtype != ST_DTYPE_F32)
+      return st__plan_bad(plan, i, "communicates a non-f32", op->inputs[j]);
+    if (op->tag == ST_COLL_ALL_GATHER) {
+      if (!st__xproc_cut_of(plan, in, out))
+        return st__plan_bad(plan, i, "must gather a slot cut across the processes into its whole; input", op->inputs[j]);
+    } else if (op->tag == ST_COLL_REDUCE_SCATTER) {
+      if (!st__xproc_cut_of(plan, out, in))
+        return st__plan_bad(plan, i, "must reduce-scatter a whole slot into its cut across the processes; input", op->inputs[j]);
+    } else if (op->outputs[j] != op->inputs[j]) {
+      return st__plan_bad(plan, i, "is not in place on", op->inputs[j]);
+    }
+  }
+  return ST_OK;
 }
 
 st_status st_plan_finalize(st_plan* plan) {
@@ -271,17 +307,7 @@ st_status st_plan_finalize(st_plan* plan) {
       case ST_OP_HOST:
         break;
       case ST_OP_XPROC:
-        /* In place, on f32 device slots (what st_dist_coll sums). */
-        if (op->input_count < 1 || op->input_count != op->output_count) {
-          s = st__plan_bad(plan, i, "must have its slots as inputs and outputs; first input", op->input_count ? op->inputs[0] : -1);
-          break;
-        }
-        for (int j = 0; j < op->input_count && !s; ++j) {
-          const st_slot* sl = &plan->slots[op->inputs[j]];
-          if (op->outputs[j] != op->inputs[j]) s = st__plan_bad(plan, i, "is not in place on", op->inputs[j]);
-          else if (sl->host) s = st__plan_bad(plan, i, "communicates the host-memory", op->inputs[j]);
-          else if (sl->type.dtype != ST_DTYPE_F32) s = st__plan_bad(plan, i, "communicates a non-f32", op->inputs[j]);
-        }
+        s = st__check_xproc(plan, i);
         break;
     }
     if (s) break;

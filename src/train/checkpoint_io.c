@@ -779,6 +779,7 @@ st_status st_train_ckpt_step_done(st_train_ckpt* c, int64_t step) {
     st_json_put(f, "since_start_s", st_json_fixed(st_now() - c->t_created, 6));
     ST_RETURN(st_runlog_event(c->in.log, "first_step", f));
   }
+  if (c->in.disabled) return ST_OK;
   ST_RETURN(st__collect(c, false, NULL));
   bool last = step >= c->in.options->steps;
   if (last || (c->every > 0 && step % c->every == 0)) return st__save(c, step, last);
@@ -786,6 +787,7 @@ st_status st_train_ckpt_step_done(st_train_ckpt* c, int64_t step) {
 }
 
 st_status st_train_ckpt_save_now(st_train_ckpt* c, int64_t step) {
+  if (c->in.disabled) return ST_OK;
   /* A save of this very step may be in flight (it was due): wait for it
    * rather than write the same checkpoint twice. */
   ST_RETURN(st__collect(c, true, NULL));

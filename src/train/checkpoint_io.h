@@ -49,6 +49,10 @@ typedef struct st_train_ckpt_init {
   const char* ckpt_run_dir;
   bool no_save;
   st_dist* dist;
+  /* No checkpoint is saved at all (fsdp across processes: no rank holds
+   * the whole state and per-rank checkpoints are not built; the options
+   * refuse periodic saves and resuming). */
+  bool disabled;
 } st_train_ckpt_init;
 
 st_status st_train_ckpt_create(const st_train_ckpt_init* init, st_train_ckpt** out /* owned by caller */);

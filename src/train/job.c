@@ -121,6 +121,25 @@ st_status st__losses_global(st__trainer* t, double* losses, int64_t n) {
   return s ? st_status_annotate(s, "exchanging the step's losses between processes") : ST_OK;
 }
 
+/* fsdp across processes: each rank's squared norms are of its own blocks;
+ * the job's are their sums, in rank order, so that every rank computes
+ * the same bits and makes the same clip decision. Collective. Under data
+ * across processes the norms are of the reduced gradients, equal already. */
+st_status st__sqnorms_global(st__trainer* t) {
+  if (!t->dist || !st_dist_multi(t->dist) || t->o->span_axis != ST_PLAN_SPAN_FSDP) return ST_OK;
+  const int P = st_dist_size(t->dist);
+  const size_t n = (size_t)t->n_sq;
+  double* all = st_xmalloc((size_t)P * n * sizeof(double));
+  st_status s = st_dist_allgather_f64(t->dist, t->sqnorms, n, all);
+  for (size_t i = 0; !s && i < n; ++i) {
+    double sum = 0;
+    for (int r = 0; r < P; ++r) sum += all[(size_t)r * n + i];
+    t->sqnorms[i] = sum;
+  }
+  free(all);
+  return s ? st_status_annotate(s, "exchanging the step's gradient norms between processes") : ST_OK;
+}
+
 /* Phases that fill the shared caches (the bundle export, the executable
  * cache): rank 0 goes first and the others find what it made, instead of
  * every rank on a host exporting and compiling the same programs at once.

@@ -167,6 +167,9 @@ static st_status st__read(void* user, const st_op* op, int index, st_buffer* b) 
   /* Every device reports its share's loss (a tensor group the same one). */
   int D = st__shares(t) * st__tensor(t);
   int F = t->o->parallel_fsdp > 1 ? t->o->parallel_fsdp : 1;
+  /* fsdp across processes: this process's devices hold distinct blocks,
+   * like an fsdp group's (the processes' norms are added at the clip) */
+  if (t->o->procs > 1 && t->o->span_axis == ST_PLAN_SPAN_FSDP) F *= t->o->procs;
   switch (op->tag) {
     case ST_TAG_LOSS:
     case ST_TAG_EVAL_LOSS:
@@ -192,10 +195,11 @@ static st_status st__read(void* user, const st_op* op, int index, st_buffer* b) 
 }
 
 /* The shares of each microbatch over the job: a job's processes that span
- * data each hold these shares of their own rows. */
+ * data (or fsdp, which is data parallel in the batch) each hold these
+ * shares of their own rows. */
 static double st__data(const st__trainer* t) {
   const st_plan_options* o = t->o;
-  return (double)st__shares(t) * (o->span_axis == ST_PLAN_SPAN_DATA ? o->procs : 1);
+  return (double)st__shares(t) * (o->span_axis != ST_PLAN_SPAN_NONE ? o->procs : 1);
 }
 
 /* The global norm and clip scale (docs/bundle.md): norms are summed in f64
@@ -215,6 +219,7 @@ static st_status st__hooks_host(void* user, const st_op* op) {
    * same on every rank already. */
   ST_RETURN(st__losses_global(t, t->losses, t->o->microbatches));
   t->losses_global = true;
+  ST_RETURN(st__sqnorms_global(t)); /* fsdp across processes: each rank's blocks' norms */
   double sum = 0;
   for (int i = 0; i < t->n_sq; ++i) sum += t->sqnorms[i];
   /* The reduced gradient is the sum over microbatches and data-parallel

@@ -180,6 +180,7 @@ void st__job_fail(st__trainer* t, st_status s);
  * the mean over ranks (equal shares), and every rank learns whether any was
  * asked to stop (t->stop_any). Collective; nothing in one process. */
 st_status st__losses_global(st__trainer* t, double* losses, int64_t n);
+st_status st__sqnorms_global(st__trainer* t);
 /* The rows of |n_micro| microbatches from sequence |first| of |stream|
  * that this process trains on (all of them in one process). */
 void st__fill_share(st__trainer* t, int stream, uint64_t first, int64_t n_micro);

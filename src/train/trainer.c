@@ -322,8 +322,11 @@ static st_status st__init_state(st__trainer* t) {
     /* Persistent slots only: an offloaded slot's value lives in its host home. */
     if (sl->category != ST_SLOT_OPT || !sl->persistent) continue;
     st_buffer* z = NULL;
-    /* A sharded slot takes the whole tensor and keeps each device's block. */
-    const st_tensor_type* ty = t->step_plan.devices > 1 && sl->layout == ST_LAYOUT_SHARDED ? &sl->logical : &sl->type;
+    /* A sharded slot takes the whole tensor and keeps each device's block
+     * (so does a slot cut across processes, of its device's whole). */
+    const st_tensor_type* ty = t->step_plan.devices > 1 && sl->layout == ST_LAYOUT_SHARDED ? &sl->logical
+                               : sl->xblocks > 1                                          ? &sl->xwhole
+                                                                                          : &sl->type;
     s = st_buffer_from_host(t->runtime, 0, ty, zeros, &z);
     if (!s) st_executor_set(t->ex, i, z);
   }
@@ -1086,7 +1089,8 @@ static st_status st__train_compile(st__trainer* t, st_plan_options* o) {
 static st_status st__train_buffers(st__trainer* t) {
   const st_plan_options* o = t->o;
   const st_bundle* bundle = t->bundle;
-  t->mb = o->batch_size / o->microbatches / (o->span_axis == ST_PLAN_SPAN_DATA ? o->procs : 1);
+  /* data or fsdp across processes: each process trains on its rows */
+  t->mb = o->batch_size / o->microbatches / (o->span_axis != ST_PLAN_SPAN_NONE ? o->procs : 1);
   t->T = o->data.seq_len;
   int64_t rows = o->batch_size * (o->eval_batches > 1 ? o->eval_batches : 1);
   t->tokens = st_xcalloc((size_t)(rows * t->T), sizeof(int32_t));
@@ -1112,8 +1116,16 @@ static st_status st__train_buffers(st__trainer* t) {
 static st_status st__train_start(st__trainer* t, const st_config* cfg, double t0) {
   const st_plan_options* o = t->o;
   ST_RETURN(st__train_buffers(t));
+  /* fsdp across processes: no rank holds the whole state, and per-rank
+   * checkpoints are not built; the options refuse periodic saves and
+   * resuming, and the final parameters go whole to params.safetensors. */
+  const bool xfsdp = o->procs > 1 && o->span_axis == ST_PLAN_SPAN_FSDP;
+  if (xfsdp && o->rank == 0)
+    fprintf(stderr, "strata: parallel.fsdp=%d spans the %d processes: no checkpoint is written (per-rank checkpoints are "
+                    "not built; docs/multiprocess.md); the final parameters go to params.safetensors\n",
+            o->global_fsdp, o->procs);
   st_train_ckpt_init ci = {cfg, o, t->run_dir, t->bundle, &t->step_plan, t->ex, t->runtime, t->log, t->data,
-                           t->job_dir, o->rank > 0, t->dist};
+                           t->job_dir, o->rank > 0, t->dist, xfsdp};
   ST_RETURN(st_train_ckpt_create(&ci, &t->ckpt));
   st_train_ckpt_set_watchdog(t->ckpt, t->watchdog);
   /* Restore first: a checkpoint sets every parameter and optimizer slot, so

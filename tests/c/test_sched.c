@@ -636,6 +636,45 @@ static void test_finalize_rejects(void** state) {
   st_plan_deinit(&p);
 }
 
+/* XPROC ops across processes (docs/multiprocess.md, "fsdp across
+ * processes"): an all-reduce in place, an all-gather from a slot cut
+ * across the plan's processes into its whole, a reduce-scatter back. */
+static void xproc_plan(st_plan* p, int* cut, int* whole, int rows_cut) {
+  st_tensor_type w = {ST_DTYPE_F32, 2, {5, 3}}, c = {ST_DTYPE_F32, 2, {rows_cut, 3}};
+  st_plan_init(p);
+  p->procs = 2;
+  *cut = st_plan_slot(p, "w", ST_SLOT_PARAM, &c, true);
+  p->slots[*cut].xblocks = 2;
+  p->slots[*cut].xwhole = w;
+  *whole = st_plan_slot(p, "full:w", ST_SLOT_GATHERED, &w, false);
+}
+
+static void test_xproc_out_of_place(void** state) {
+  (void)state;
+  st_plan p;
+  int cut, whole;
+  xproc_plan(&p, &cut, &whole, 3); /* ceil(5 / 2) rows */
+  st_plan_add(&p, ST_OP_XPROC, -1, 0, 0, ST_COLL_ALL_GATHER, 1, &cut, 1, &whole);
+  st_plan_add(&p, ST_OP_XPROC, -1, 0, 0, ST_COLL_REDUCE_SCATTER, 1, &whole, 1, &cut);
+  st_plan_add(&p, ST_OP_FREE, -1, 0, 0, 0, 1, &whole, 0, NULL);
+  ASSERT_OK(st_plan_finalize(&p));
+  assert_int_equal(p.ops[1].dep_count, 1); /* the reduce-scatter reads the gather's output */
+  assert_int_equal(p.ops[1].deps[0], 0);
+  st_plan_deinit(&p);
+  xproc_plan(&p, &cut, &whole, 2); /* a block of the wrong size */
+  st_plan_add(&p, ST_OP_XPROC, -1, 0, 0, ST_COLL_ALL_GATHER, 1, &cut, 1, &whole);
+  st_plan_add(&p, ST_OP_FREE, -1, 0, 0, 0, 1, &whole, 0, NULL);
+  expect_rejected(&p, "must gather a slot cut across the processes into its whole; input slot 'w'");
+  xproc_plan(&p, &cut, &whole, 3); /* scattered into the whole */
+  st_plan_add(&p, ST_OP_XPROC, -1, 0, 0, ST_COLL_REDUCE_SCATTER, 1, &cut, 1, &whole);
+  st_plan_add(&p, ST_OP_FREE, -1, 0, 0, 0, 1, &whole, 0, NULL);
+  expect_rejected(&p, "must reduce-scatter a whole slot into its cut across the processes; input slot 'w'");
+  xproc_plan(&p, &cut, &whole, 3); /* an all-reduce out of place */
+  st_plan_add(&p, ST_OP_XPROC, -1, 0, 0, ST_COLL_ALL_REDUCE, 1, &cut, 1, &whole);
+  st_plan_add(&p, ST_OP_FREE, -1, 0, 0, 0, 1, &whole, 0, NULL);
+  expect_rejected(&p, "is not in place on slot 'w'");
+}
+
 /*===-------------------------------------------------------------------===*/
 /* Memory spaces on the CPU plugin                                          */
 /*===-------------------------------------------------------------------===*/
@@ -776,7 +815,7 @@ static st_bundle* test_bundle(void) {
   ASSERT_OK(st_config_load(STRATA_SOURCE_DIR "/configs/test.yml", 2, ov, &cfg));
   st_plan_options o;
   ASSERT_OK(st_plan_options_from_config(cfg, &o));
-  st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, NULL, NULL, false};
+  st_bundle_request req = {o.model_json, o.cache_root, o.bundle_dir, NULL, NULL, false, 0};
   st_bundle* b = NULL;
   bool exported = false;
   ASSERT_OK(st_bundle_ensure(&req, &b, &exported));
@@ -918,6 +957,7 @@ int main(void) {
       cmocka_unit_test(test_peak_with_temps),
       cmocka_unit_test(test_wait_pass_and_deps),
       cmocka_unit_test(test_finalize_rejects),
+      cmocka_unit_test(test_xproc_out_of_place),
       cmocka_unit_test(test_copy_to_memory),
       cmocka_unit_test(test_memory_accounting),
       cmocka_unit_test(test_data_parallel_accounting),

@@ -56,7 +56,7 @@ static int teardown(void** state) {
 static st_bundle* ensure_bundle_ex(int layers, bool tied, bool* out_exported) {
   char model[1024];
   snprintf(model, sizeof(model), kModelFmt, layers, tied ? "true" : "false");
-  st_bundle_request req = {model, g_tmp, NULL, NULL, NULL, false};
+  st_bundle_request req = {model, g_tmp, NULL, NULL, NULL, false, 0};
   st_bundle* b = NULL;
   bool exported = false;
   ASSERT_OK(st_bundle_ensure(&req, &b, &exported));
@@ -410,7 +410,7 @@ static void test_plan_takes_program_names_from_the_bundle(void** state) {
    * refused, naming the layer, rather than served with layer 0's row. */
   char model[1024];
   snprintf(model, sizeof(model), kModelFmt, 3, "true");
-  st_bundle_request req = {model, g_tmp, r->dir, NULL, NULL, false};
+  st_bundle_request req = {model, g_tmp, r->dir, NULL, NULL, false, 0};
   st_bundle* r3 = NULL;
   bool exported = false;
   st_status s = st_bundle_ensure(&req, &r3, &exported);

@@ -18,7 +18,7 @@ from conftest import ROOT, tiny_model
 
 from strata_jax import export as E
 from strata_jax.model import ModelConfig
-from strata_jax.programs import build_programs
+from strata_jax.programs import build_programs, fsdp_programs
 
 MLIR_DTYPE = {"f32": "f32", "bf16": "bf16", "s32": "i32", "u32": "ui32"}
 EXPECTED_PROGRAMS = [
@@ -104,6 +104,20 @@ def test_program_tables_name_only_exported_programs() -> None:
     assert E.program_tables(cfg, names)["layers"][0]["programs"]["bwd_res"] == "block_bwd_res"
     with pytest.raises(E.ExportError, match="block_bwd_res"):
         E.program_tables(cfg, names - {"block_bwd_res"})
+
+
+def test_process_fsdp_tables_name_block_programs() -> None:
+    """fsdp across processes (--process-fsdp 2): each group's shard_programs
+    are its optimizer programs on one process's block of 1/2 (dim 0 cut in
+    ceil(d0/2) rows), and the one-device statistics programs are left out."""
+    cfg = ModelConfig.from_dict(tiny_model())
+    progs = build_programs(cfg) + fsdp_programs(cfg, 2)
+    tables = E.program_tables(cfg, {p.name for p in progs}, process_fsdp=2)
+    for g in tables["groups"]:
+        assert g["shard_programs"] == {r: f"{r}_{g['name']}_fsdp2" for r in ("accum", "sqnorm", "adamw")}
+        assert "adamw_stats" not in g["programs"]
+    adamw = {p.name: p for p in progs}["adamw_embed_fsdp2"]
+    assert adamw.inputs[0].shape == (-(-cfg.vocab_size // 2), cfg.d_model)
 
 
 def test_programs_do_not_depend_on_n_layers(

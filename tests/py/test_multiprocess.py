@@ -16,7 +16,12 @@ happen in another order), but bitwise between two runs of the same job
 (runtime.deterministic=true, the reduction order fixed).
 
 Meshes: {2 processes x 1 device, data=2} and {2 processes x 2 devices,
-data=2 across x fsdp=2 inside}. Processes run on loopback with
+data=2 across x fsdp=2 inside}; and fsdp across processes (docs/
+multiprocess.md, "fsdp across processes"): {2 x 1, fsdp=2} and {2 x 2,
+fsdp=2 across x tensor=2 inside}, where each rank holds one block of 1/2
+of the state, all-gathers each layer's parameters before its use and
+reduce-scatters its gradients after each microbatch's backward (XPROC ops
+between a block and its whole), and trains on its own rows. Processes run on loopback with
 `mpirun --oversubscribe`; running as root (CI) needs Open MPI's consent,
 given in the environment of the test only.
 """
@@ -81,7 +86,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
             "p2_data2": train(tmp, "p2_data2", 2, "parallel.data=2", "runtime.cpu_devices=1", "trace.steps=[19]"),
             "p2_data2_again": train(tmp, "p2_data2_again", 2, "parallel.data=2", "runtime.cpu_devices=1"),
             "p2_data2_fsdp2": train(tmp, "p2_data2_fsdp2", 2, "parallel.data=2", "parallel.fsdp=2",
-                                    "runtime.cpu_devices=2")}
+                                    "runtime.cpu_devices=2"),
+            "p2_fsdp2": train(tmp, "p2_fsdp2", 2, "parallel.fsdp=2", "runtime.cpu_devices=1", "trace.steps=[19]"),
+            "p2_fsdp2_again": train(tmp, "p2_fsdp2_again", 2, "parallel.fsdp=2", "runtime.cpu_devices=1"),
+            "p2_fsdp2_tensor2": train(tmp, "p2_fsdp2_tensor2", 2, "parallel.fsdp=2", "parallel.tensor=2",
+                                      "runtime.cpu_devices=2")}
 
 
 def params(r: dict) -> dict:
@@ -89,7 +98,9 @@ def params(r: dict) -> dict:
     return load_file(str(r["dir"] / "params.safetensors"))
 
 
-MESHES = ["p2_data2", "p2_data2_fsdp2"]
+MESHES = ["p2_data2", "p2_data2_fsdp2", "p2_fsdp2", "p2_fsdp2_tensor2"]
+DATA_MESHES = ["p2_data2", "p2_data2_fsdp2"]
+FSDP_MESHES = ["p2_fsdp2", "p2_fsdp2_tensor2"]
 
 
 @pytest.mark.parametrize("mesh", MESHES)
@@ -114,8 +125,9 @@ def test_final_parameters_match_one_device(runs: dict, mesh: str) -> None:
         np.testing.assert_allclose(ours[name], one[name], rtol=1e-3, atol=1e-5, err_msg=name)
 
 
-def test_two_runs_of_a_job_are_bitwise_equal(runs: dict) -> None:
-    a, b = runs["p2_data2"], runs["p2_data2_again"]
+@pytest.mark.parametrize("mesh", ["p2_data2", "p2_fsdp2"])
+def test_two_runs_of_a_job_are_bitwise_equal(runs: dict, mesh: str) -> None:
+    a, b = runs[mesh], runs[f"{mesh}_again"]
     assert [m["loss"] for m in a["steps"]] == [m["loss"] for m in b["steps"]]
     assert [m["grad_norm"] for m in a["steps"]] == [m["grad_norm"] for m in b["steps"]]
     pa, pb = params(a), params(b)
@@ -123,7 +135,7 @@ def test_two_runs_of_a_job_are_bitwise_equal(runs: dict) -> None:
         assert pa[name].tobytes() == pb[name].tobytes(), name
 
 
-@pytest.mark.parametrize("mesh", MESHES)
+@pytest.mark.parametrize("mesh", DATA_MESHES)
 def test_job_files(runs: dict, mesh: str) -> None:
     """Rank 0 writes the job's run directory (metrics, events, checkpoint,
     parameters); rank 1 its own files in ranks/1/ and no checkpoint; both
@@ -165,3 +177,50 @@ def test_cross_process_reductions_overlap_later_launches(runs: dict) -> None:
     ratios = [m["xproc_overlap_ratio"] for m in r["steps"] if m.get("xproc_overlap_ratio") is not None]
     assert len(ratios) == 20 and max(ratios) > 0, ratios
     assert all(m["processes"] == 2 and m["xprocs"] == 4 and m["xproc_bytes"] > 0 for m in r["steps"])
+
+
+@pytest.mark.parametrize("mesh", FSDP_MESHES)
+def test_fsdp_job_files(runs: dict, mesh: str) -> None:
+    """fsdp across processes: no rank holds the whole state, so no
+    checkpoint is written (per-rank checkpoints are not built) while
+    params.safetensors is whole on every rank (gathered at the save); the
+    plan has XPROC all-gathers and reduce-scatters and no XLA collective
+    (one block per process: nothing is cut over this process's devices)."""
+    r = runs[mesh]
+    rank1 = r["dir"] / "ranks" / "1"
+    assert [m["loss"] for m in load(rank1)["steps"]] == [m["loss"] for m in r["steps"]]
+    assert not (r["dir"] / "checkpoints").exists() or not any((r["dir"] / "checkpoints").iterdir())
+    p0, p1 = params(r), load_params(rank1)
+    for name in p0:
+        assert p0[name].tobytes() == p1[name].tobytes(), name
+    plan = [e for e in r["events"] if e.get("event") == "plan"][0]
+    assert "fsdp=2 gather_prefetch=1 reshard_after_forward=true" in plan["policy"], plan["policy"]
+    assert plan["policy"].endswith("processes=2 across=fsdp"), plan["policy"]
+    # 2 microbatches x 4 instances reduce-scattered, and the gathers around
+    # the uses (the trace test below counts each kind)
+    assert plan["op_counts"].get("XPROC") == 23 and plan["op_counts"].get("COLLECTIVE") == 0, plan["op_counts"]
+
+
+def load_params(run_dir: Path) -> dict:
+    from safetensors.numpy import load_file
+    return load_file(str(run_dir / "params.safetensors"))
+
+
+def test_fsdp_gathers_run_ahead_of_their_use(runs: dict) -> None:
+    """sched.gather_prefetch=1 across processes: the next use's all-gather
+    is issued before this use's launch, and a reduce-scatter before the next
+    layer's backward, so some XPROC op is in flight while a later op's launch
+    runs (the same weak bound as the data reductions' test); every
+    microbatch reduce-scatters each of the 4 instances."""
+    r = runs["p2_fsdp2"]
+    traces = sorted((r["dir"] / "trace").glob("*.json"))
+    assert traces, sorted(os.listdir(r["dir"]))
+    ev = json.loads(traces[0].read_text())["traceEvents"]
+    xs = [e for e in ev if e.get("cat") == "xproc"]
+    kinds = [e["args"]["collective_kind"] for e in xs]
+    assert kinds.count("reduce_scatter") == 8 and kinds.count("all_gather") == 15, kinds
+    launches = [e for e in ev if e.get("cat") in ("launch", "recompute")]
+    overlapped = [x["name"] for x in xs
+                  if any(la["args"]["op"] > x["args"]["op"] and la["ts"] < x["ts"] + x["dur"] and la["ts"] + la["dur"] > x["ts"]
+                         for la in launches)]
+    assert overlapped, "no cross-process all-gather or reduce-scatter was in flight while a later launch ran"
