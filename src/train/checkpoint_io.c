@@ -627,7 +627,7 @@ static st_status st__report(st_train_ckpt* c, st_ckpt_save_result* r, double blo
  * last vote: every rank learns the checkpoint is committed, or that it
  * failed, at the same point), then it is reported, and ckpt.on_error
  * applied, alike on every rank. */
-static st_status st__finish(st_train_ckpt* c, st_ckpt_save_result* r, double blocking_s, double waited_s, bool last, bool fatal) {
+static st_status st__ckpt_finish(st_train_ckpt* c, st_ckpt_save_result* r, double blocking_s, double waited_s, bool last, bool fatal) {
   char what[64];
   snprintf(what, sizeof(what), "the checkpoint of step %lld", (long long)r->step);
   st_status v = st__job_vote(c, r->step, what, &r->status, &fatal);
@@ -656,7 +656,7 @@ static st_status st__collect(st_train_ckpt* c, bool wait, double* waited_s) {
   if (c->writer && !st_ckpt_writer_take(c->writer, wait, &r)) return ST_OK;
   if (waited_s) *waited_s = st_now() - t0;
   c->inflight = false;
-  return st__finish(c, &r, c->inflight_blocking_s, c->inflight_waited_s, false, false);
+  return st__ckpt_finish(c, &r, c->inflight_blocking_s, c->inflight_waited_s, false, false);
 }
 
 /* A streaming snapshot's tensor |i|, copied when the save writes it. */
@@ -767,7 +767,7 @@ static st_status st__save(st_train_ckpt* c, int64_t step, bool last) {
     so.progress = c->in.options->long_progress;
     r.status = st_ckpt_save(&so, c->snap, &r);
   }
-  return st__finish(c, &r, st_now() - t0, waited, last, fatal);
+  return st__ckpt_finish(c, &r, st_now() - t0, waited, last, fatal);
 }
 
 st_status st_train_ckpt_step_done(st_train_ckpt* c, int64_t step) {
