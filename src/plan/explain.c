@@ -223,14 +223,56 @@ static json_t* st__explain_tensors(const st_plan* step) {
   return tensors;
 }
 
+/* Sums of the communication ops of a step, in all and by st__kinds: what
+ * "communication_per_step" and "cross_process_per_step" report, per
+ * |unit| ("device" or "process"), the ops counted as |count_key|. */
+typedef struct st__tally {
+  int64_t count, msg, wire;
+  int64_t kcount[3], kmsg[3], kwire[3];
+} st__tally;
+
+static void st__tally_add(st__tally* t, const char* kind, int64_t bytes, int64_t wire) {
+  t->count++;
+  t->msg += bytes;
+  t->wire += wire;
+  for (size_t k = 0; k < sizeof(st__kinds) / sizeof(st__kinds[0]); ++k)
+    if (!strcmp(kind, st__kinds[k])) {
+      t->kcount[k]++;
+      t->kmsg[k] += bytes;
+      t->kwire[k] += wire;
+    }
+}
+
+static json_t* st__tally_json(const st__tally* t, const char* count_key, const char* unit, int64_t units) {
+  char bytes_key[48], wire_key[48], all_key[48];
+  snprintf(bytes_key, sizeof(bytes_key), "bytes_per_%s", unit);
+  snprintf(wire_key, sizeof(wire_key), "wire_bytes_per_%s", unit);
+  snprintf(all_key, sizeof(all_key), "wire_bytes_all_%s", strcmp(unit, "device") ? "processes" : "devices");
+  json_t* comm = st_json_obj();
+  st_json_put_int(comm, count_key, t->count);
+  st_json_put_int(comm, bytes_key, t->msg);
+  st_json_put_int(comm, wire_key, t->wire);
+  st_json_put_int(comm, all_key, t->wire * units);
+  json_t* by_kind = st_json_obj();
+  for (size_t k = 0; k < sizeof(st__kinds) / sizeof(st__kinds[0]); ++k) {
+    if (!t->kcount[k]) continue;
+    json_t* o = st_json_obj();
+    st_json_put_int(o, count_key, t->kcount[k]);
+    st_json_put_int(o, bytes_key, t->kmsg[k]);
+    st_json_put_int(o, wire_key, t->kwire[k]);
+    st_json_put(by_kind, st__kinds[k], o);
+  }
+  st_json_put(comm, "by_kind", by_kind);
+  return comm;
+}
+
 /* Every COLLECTIVE op with its message and ring wire bytes per device
  * (the "collectives" array, returned) and their sums, by kind too
  * (*out_comm, "communication_per_step"). */
 static json_t* st__explain_collectives(const st_plan* step, json_t** out_comm) {
   const int nd = step->devices > 1 ? step->devices : 1;
   json_t* colls = st_json_arr();
-  int64_t count = 0, msg = 0, wire = 0;
-  int64_t kcount[3] = {0}, kmsg[3] = {0}, kwire[3] = {0}; /* by st__kinds */
+  st__tally tally = {0};
   for (int i = 0; i < step->op_count; ++i) {
     const st_op* op = &step->ops[i];
     if (op->kind != ST_OP_COLLECTIVE) continue;
@@ -266,32 +308,9 @@ static json_t* st__explain_collectives(const st_plan* step, json_t** out_comm) {
     st_json_put_int(c, "bytes_per_device", bytes);
     st_json_put_int(c, "wire_bytes_per_device", w);
     st_json_push(colls, c);
-    ++count;
-    msg += bytes;
-    wire += w;
-    for (size_t k = 0; k < sizeof(st__kinds) / sizeof(st__kinds[0]); ++k)
-      if (!strcmp(kind, st__kinds[k])) {
-        kcount[k]++;
-        kmsg[k] += bytes;
-        kwire[k] += w;
-      }
+    st__tally_add(&tally, kind, bytes, w);
   }
-  json_t* comm = st_json_obj();
-  st_json_put_int(comm, "collectives", count);
-  st_json_put_int(comm, "bytes_per_device", msg);
-  st_json_put_int(comm, "wire_bytes_per_device", wire);
-  st_json_put_int(comm, "wire_bytes_all_devices", wire * nd);
-  json_t* by_kind = st_json_obj();
-  for (size_t k = 0; k < sizeof(st__kinds) / sizeof(st__kinds[0]); ++k) {
-    if (!kcount[k]) continue;
-    json_t* o = st_json_obj();
-    st_json_put_int(o, "collectives", kcount[k]);
-    st_json_put_int(o, "bytes_per_device", kmsg[k]);
-    st_json_put_int(o, "wire_bytes_per_device", kwire[k]);
-    st_json_put(by_kind, st__kinds[k], o);
-  }
-  st_json_put(comm, "by_kind", by_kind);
-  *out_comm = comm;
+  *out_comm = st__tally_json(&tally, "collectives", "device", nd);
   return colls;
 }
 
@@ -327,8 +346,7 @@ static json_t* st__explain_xproc(const st_plan* step, const st_plan_options* o, 
   const int P = o->procs;
   const char* axis = o->span_axis >= 0 && o->span_axis < 3 ? names[o->span_axis] : "none";
   json_t* ops = st_json_arr();
-  int64_t count = 0, msg = 0, wire = 0;
-  int64_t kcount[3] = {0}, kmsg[3] = {0}, kwire[3] = {0}; /* by st__kinds */
+  st__tally tally = {0};
   for (int i = 0; i < step->op_count; ++i) {
     const st_op* op = &step->ops[i];
     if (op->kind != ST_OP_XPROC) continue;
@@ -360,32 +378,9 @@ static json_t* st__explain_xproc(const st_plan* step, const st_plan_options* o, 
     st_json_put_int(c, "bytes_per_process", bytes);
     st_json_put_int(c, "wire_bytes_per_process", w);
     st_json_push(ops, c);
-    ++count;
-    msg += bytes;
-    wire += w;
-    for (size_t k = 0; k < sizeof(st__kinds) / sizeof(st__kinds[0]); ++k)
-      if (!strcmp(kind, st__kinds[k])) {
-        kcount[k]++;
-        kmsg[k] += bytes;
-        kwire[k] += w;
-      }
+    st__tally_add(&tally, kind, bytes, w);
   }
-  json_t* comm = st_json_obj();
-  st_json_put_int(comm, "ops", count);
-  st_json_put_int(comm, "bytes_per_process", msg);
-  st_json_put_int(comm, "wire_bytes_per_process", wire);
-  st_json_put_int(comm, "wire_bytes_all_processes", wire * P);
-  json_t* by_kind = st_json_obj();
-  for (size_t k = 0; k < sizeof(st__kinds) / sizeof(st__kinds[0]); ++k) {
-    if (!kcount[k]) continue;
-    json_t* e = st_json_obj();
-    st_json_put_int(e, "ops", kcount[k]);
-    st_json_put_int(e, "bytes_per_process", kmsg[k]);
-    st_json_put_int(e, "wire_bytes_per_process", kwire[k]);
-    st_json_put(by_kind, st__kinds[k], e);
-  }
-  st_json_put(comm, "by_kind", by_kind);
-  *out_comm = comm;
+  *out_comm = st__tally_json(&tally, "ops", "process", P);
   return ops;
 }
 
