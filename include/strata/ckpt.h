@@ -215,6 +215,52 @@ void st_ckpt_save_result_clear(st_ckpt_save_result* result); /* frees dir and st
  * (may be NULL) receives the timings and the folder; its status is not set. */
 st_status st_ckpt_save(const st_ckpt_save_options* options, const st_ckpt_snapshot* snapshot, st_ckpt_save_result* result);
 
+/* Per-rank shards (docs/checkpoints.md, "Per-rank shards"): in a job whose
+ * ranks each hold rows of the state (fsdp across processes), every rank
+ * writes one file, rank-<r>.safetensors, into the save's shared temporary
+ * folder; rank 0 then commits them with one manifest whose tensor entries
+ * have the layout "rows" (the file, and which rows of which whole tensor it
+ * holds). Tensor |i| of |count| is cut in |parts[i]| blocks of
+ * ceil(dim0 / parts[i]) rows; rank r holds block r (none when r >= parts[i]
+ * or the block is past dim 0). */
+#define ST_CKPT_RANK_FILE_FMT "rank-%d.safetensors"
+#define ST_CKPT_SHARDS_TMP_SUFFIX "-ranks" /* .tmp-step_<N>-ranks: a sharded save's folder, the same on every rank */
+
+/* Rows [*begin, *end) of a tensor of |dim0| rows cut in |parts| blocks
+ * that block |r| holds (empty: *begin == *end). */
+void st_ckpt_rows_of(int64_t dim0, int parts, int r, int64_t* begin, int64_t* end);
+
+/* What one rank's write left for the manifest: its file and, for each of
+ * the |count| tensors of the save (in the order of the whole list), the
+ * offset and xxh64 of its rows in the file (unused where it holds none). */
+typedef struct st_ckpt_part {
+  size_t bytes;
+  uint64_t xxh64;
+  size_t* offsets;  /* [count], owned */
+  uint64_t* hashes; /* [count], owned */
+} st_ckpt_part;
+void st_ckpt_part_clear(st_ckpt_part* part);
+
+/* One rank's share of a sharded save of step |step|: <root>/.tmp-step_<N>-ranks
+ * created when missing (every rank may), then |snapshot| (this rank's rows:
+ * one file, rank-<rank>.safetensors; its tensors are those of the whole
+ * list it holds rows of, |index|[k] the whole list's index of snapshot
+ * tensor k) written and fsynced. The hook sees AT_BEGIN, AT_FILE_MIDDLE and
+ * AT_FILE_DONE. |part| (count entries) receives the records. */
+st_status st_ckpt_save_rank(const st_ckpt_save_options* options, const st_ckpt_snapshot* snapshot, int64_t step, const int* index,
+                            int count, st_ckpt_part* part);
+
+/* Rank 0's commit of a sharded save, once every rank's file is durable:
+ * the manifest (meta from |meta|, the |count| whole tensors |names| and
+ * |types| cut as |parts| says, each of the |ranks| files with its part's
+ * records), fsync, rename of the folder to step_<N>, LATEST, retention, as
+ * st_ckpt_save's tail. On failure the folder is removed. */
+st_status st_ckpt_commit_ranks(const st_ckpt_save_options* options, const st_ckpt_meta* meta, int count, const char* const* names,
+                               const st_tensor_type* types, const int* parts, int ranks, const st_ckpt_part* recs,
+                               st_ckpt_save_result* result);
+/* Removes a sharded save's folder of step |step| (a save that failed). */
+void st_ckpt_abort_ranks(const char* root, int64_t step);
+
 /* Removes step_<N> folders beyond the newest |keep|, except multiples of
  * |keep_every| and the one LATEST names. Returns how many were removed. */
 int st_ckpt_retain(const char* root, int64_t keep, int64_t keep_every);
@@ -299,6 +345,10 @@ typedef struct st_ckpt_tensor_info {
   st_tensor_type type;
   size_t offset, bytes;
   uint64_t xxh64;
+  /* layout "rows" (per-rank shards): this entry is rows [row_begin,
+   * row_end) of a tensor of dim0 rows; |type| is the rows' own. */
+  bool rows;
+  int64_t row_begin, row_end, dim0;
 } st_ckpt_tensor_info;
 
 typedef struct st_ckpt_file_info {
@@ -330,6 +380,13 @@ typedef struct st_ckpt {
   int file_count;
   st_ckpt_file_info* files;
   st_safetensors** loaded; /* [file_count], NULL when opened without data */
+  /* The tensors stored in rows (per-rank shards), one entry each, whole
+   * (file "(rows)", offset 0); their data is assembled from the pieces once
+   * every file verified (whole_data, NULL when opened without data).
+   * st_ckpt_tensor_data finds them by name as if they were stored whole. */
+  int whole_count;
+  st_ckpt_tensor_info* wholes;
+  void** whole_data;
 } st_ckpt;
 
 /* Opens and verifies <dir>: manifest present, parseable, self-checksum,

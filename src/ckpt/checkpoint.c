@@ -329,8 +329,32 @@ static void st__hex64(uint64_t v, char out[17]) { snprintf(out, 17, "%016" PRIx6
 
 #define ST__MANIFEST_MARK "\"manifest_xxh64\""
 
-static char* st__manifest_text(const st_ckpt_snapshot* snap, const st__file_rec* files, int file_count, const st__tensor_rec* trec) {
-  const st_ckpt_meta* m = &snap->meta;
+/* The "tensors" entries of a snapshot written whole. */
+static json_t* st__tensors_whole(const st_ckpt_snapshot* snap, const st__tensor_rec* trec) {
+  char hex[17];
+  json_t* ta = st_json_arr();
+  for (int i = 0; i < snap->count; ++i) {
+    st__hex64(trec[i].xxh64, hex);
+    json_t* t = st_json_obj();
+    st_json_put_str(t, "name", snap->names[i]);
+    st_json_put_str(t, "file", snap->files[i]);
+    st_json_put_str(t, "dtype", st_safetensors_dtype_name(snap->types[i].dtype));
+    json_t* shape = st_json_arr();
+    for (int d = 0; d < snap->types[i].rank; ++d) st_json_push(shape, st_json_int(snap->types[i].dims[d]));
+    st_json_put(t, "shape", shape);
+    st_json_put_int(t, "offset", (int64_t)trec[i].offset);
+    st_json_put_int(t, "bytes", (int64_t)st_tensor_type_bytes(&snap->types[i]));
+    st_json_put_str(t, "xxh64", hex);
+    /* Whole on every mesh but fsdp across processes: the snapshot reads one
+     * replica of each tensor (per-rank shards write "rows" instead). */
+    st_json_put_str(t, "layout", "whole");
+    st_json_push(ta, t);
+  }
+  return ta;
+}
+
+/* |tensors| (consumed) is the "tensors" array. */
+static char* st__manifest_text(const st_ckpt_meta* m, const st__file_rec* files, int file_count, json_t* tensors) {
   struct timeval tv;
   gettimeofday(&tv, NULL);
   json_t* j = st_json_obj();
@@ -378,26 +402,7 @@ static char* st__manifest_text(const st_ckpt_snapshot* snap, const st__file_rec*
     st_json_push(fa, f);
   }
   st_json_put(j, "files", fa);
-  json_t* ta = st_json_arr();
-  for (int i = 0; i < snap->count; ++i) {
-    st__hex64(trec[i].xxh64, hex);
-    json_t* t = st_json_obj();
-    st_json_put_str(t, "name", snap->names[i]);
-    st_json_put_str(t, "file", snap->files[i]);
-    st_json_put_str(t, "dtype", st_safetensors_dtype_name(snap->types[i].dtype));
-    json_t* shape = st_json_arr();
-    for (int d = 0; d < snap->types[i].rank; ++d) st_json_push(shape, st_json_int(snap->types[i].dims[d]));
-    st_json_put(t, "shape", shape);
-    st_json_put_int(t, "offset", (int64_t)trec[i].offset);
-    st_json_put_int(t, "bytes", (int64_t)st_tensor_type_bytes(&snap->types[i]));
-    st_json_put_str(t, "xxh64", hex);
-    /* Whole on every mesh: the snapshot reads one replica of each tensor. A
-     * sharded layout would name its axis here, and readers that cannot
-     * reassemble it refuse the checkpoint naming the tensor. */
-    st_json_put_str(t, "layout", "whole");
-    st_json_push(ta, t);
-  }
-  st_json_put(j, "tensors", ta);
+  st_json_put(j, "tensors", tensors);
   /* The manifest checks itself: its last member is the xxh64 of every byte
    * before that member's line. jansson's indented text of a non-empty
    * object ends in "\n}"; the checksum member replaces that end. */
@@ -419,6 +424,61 @@ static st_status st__write_small(const char* path, const char* text) {
   st_status s = st__as_ckpt(st_fs_write_all(fd, text, strlen(text), path));
   if (!s && fsync(fd) != 0) s = st__errno("fsync of", path, errno);
   if (close(fd) != 0 && !s) s = st__errno("closing", path, errno);
+  return s;
+}
+
+/* A save's commit, once its tensor files are durable in |tmp|: the
+ * manifest |text| (consumed) written and fsynced with the folder, the
+ * folder renamed to |final| (<root>/|name|), <root> fsynced, LATEST
+ * replaced, retention. *bytes grows by the manifest's. */
+static st_status st__commit(const st_ckpt_save_options* o, const char* name, const char* tmp, const char* final, char* text,
+                            int64_t* bytes, bool* out_renamed, int* out_removed) {
+  char* mpath = st_path_join(tmp, ST_CKPT_MANIFEST);
+  st_status s = st__write_small(mpath, text);
+  *bytes += (int64_t)strlen(text);
+  free(mpath);
+  free(text);
+  if (!s) s = st__fsync_path(tmp);
+  if (!s) s = st__hook(o, ST_CKPT_AT_MANIFEST, tmp);
+  /* Visible from here on. An existing step_<N> (one a resume skipped as
+   * invalid, then re-reached) is moved aside first: rename(2) cannot
+   * replace a non-empty folder. */
+  bool renamed = false;
+  if (!s) {
+    char* old = NULL;
+    if (st_fs_exists(final)) {
+      char oldname[160];
+      snprintf(oldname, sizeof(oldname), "%sold-%s-%ld", ST_CKPT_TMP_PREFIX, name, (long)getpid());
+      old = st_path_join(o->root, oldname);
+      st_status_free(st_fs_remove_tree(old));
+      if (rename(final, old) != 0) s = st__errno("moving aside", final, errno);
+    }
+    if (!s && rename(tmp, final) != 0) {
+      s = st__errno("renaming to step folder", tmp, errno);
+      if (old) rename(old, final); /* put the previous one back */
+    }
+    if (!s) renamed = true;
+    if (old) {
+      if (renamed) st_status_free(st_fs_remove_tree(old));
+      free(old);
+    }
+  }
+  *out_renamed = renamed;
+  if (!s) s = st__fsync_path(o->root);
+  if (!s) s = st__hook(o, ST_CKPT_AT_RENAMED, final);
+  if (!s) {
+    char* latest = st_path_join(o->root, ST_CKPT_LATEST);
+    char line[80];
+    snprintf(line, sizeof(line), "%s\n", name);
+    st_status w = st_fs_write_atomic(latest, line, strlen(line));
+    if (w) {
+      s = st_status_make(ST_CODE_CKPT, "updating %s: %s (%s itself is complete and valid)", latest, st_status_message(w), final);
+      st_status_free(w);
+    }
+    free(latest);
+  }
+  if (!s) s = st__hook(o, ST_CKPT_AT_COMMITTED, final);
+  if (!s) *out_removed = st_ckpt_retain(o->root, o->keep, o->keep_every);
   return s;
 }
 
@@ -469,55 +529,10 @@ st_status st_ckpt_save(const st_ckpt_save_options* o, const st_ckpt_snapshot* sn
   else if (show && !line.ended) fputc('\n', stderr);
   int64_t bytes = 0;
   for (int f = 0; f < file_count; ++f) bytes += (int64_t)frec[f].bytes;
-  if (!s) {
-    char* text = st__manifest_text(snap, frec, file_count, trec);
-    char* mpath = st_path_join(tmp, ST_CKPT_MANIFEST);
-    s = st__write_small(mpath, text);
-    bytes += (int64_t)strlen(text);
-    free(mpath);
-    free(text);
-  }
-  if (!s) s = st__fsync_path(tmp);
-  if (!s) s = st__hook(o, ST_CKPT_AT_MANIFEST, tmp);
-  /* Visible from here on. An existing step_<N> (one a resume skipped as
-   * invalid, then re-reached) is moved aside first: rename(2) cannot
-   * replace a non-empty folder. */
   bool renamed = false;
-  if (!s) {
-    char* old = NULL;
-    if (st_fs_exists(final)) {
-      char oldname[160];
-      snprintf(oldname, sizeof(oldname), "%sold-%s-%ld", ST_CKPT_TMP_PREFIX, name, (long)getpid());
-      old = st_path_join(o->root, oldname);
-      st_status_free(st_fs_remove_tree(old));
-      if (rename(final, old) != 0) s = st__errno("moving aside", final, errno);
-    }
-    if (!s && rename(tmp, final) != 0) {
-      s = st__errno("renaming to step folder", tmp, errno);
-      if (old) rename(old, final); /* put the previous one back */
-    }
-    if (!s) renamed = true;
-    if (old) {
-      if (renamed) st_status_free(st_fs_remove_tree(old));
-      free(old);
-    }
-  }
-  if (!s) s = st__fsync_path(o->root);
-  if (!s) s = st__hook(o, ST_CKPT_AT_RENAMED, final);
-  if (!s) {
-    char* latest = st_path_join(o->root, ST_CKPT_LATEST);
-    char text[80];
-    snprintf(text, sizeof(text), "%s\n", name);
-    st_status w = st_fs_write_atomic(latest, text, strlen(text));
-    if (w) {
-      s = st_status_make(ST_CODE_CKPT, "updating %s: %s (%s itself is complete and valid)", latest, st_status_message(w), final);
-      st_status_free(w);
-    }
-    free(latest);
-  }
-  if (!s) s = st__hook(o, ST_CKPT_AT_COMMITTED, final);
   int removed = 0;
-  if (!s) removed = st_ckpt_retain(o->root, o->keep, o->keep_every);
+  if (!s) s = st__commit(o, name, tmp, final, st__manifest_text(&snap->meta, frec, file_count, st__tensors_whole(snap, trec)), &bytes,
+                         &renamed, &removed);
   if (s && created && !renamed) st_status_free(st_fs_remove_tree(tmp));
   if (result) {
     result->write_s = st_now() - t0;
@@ -528,6 +543,152 @@ st_status st_ckpt_save(const st_ckpt_save_options* o, const st_ckpt_snapshot* sn
   free(files);
   free(frec);
   free(trec);
+  free(tmp);
+  free(final);
+  if (s) return st_status_annotate(s, "checkpoint %s", name);
+  return ST_OK;
+}
+
+/*===-------------------------------------------------------------------===*/
+/* Per-rank shards (docs/checkpoints.md, "Per-rank shards")                 */
+/*===-------------------------------------------------------------------===*/
+
+void st_ckpt_rows_of(int64_t dim0, int parts, int r, int64_t* begin, int64_t* end) {
+  if (parts < 1) parts = 1;
+  const int64_t b = (dim0 + parts - 1) / parts;
+  *begin = r < parts ? (int64_t)r * b : dim0;
+  *end = r < parts ? (int64_t)(r + 1) * b : dim0;
+  if (*begin > dim0) *begin = dim0;
+  if (*end > dim0) *end = dim0;
+}
+
+void st_ckpt_part_clear(st_ckpt_part* p) {
+  free(p->offsets);
+  free(p->hashes);
+  memset(p, 0, sizeof(*p));
+}
+
+static char* st__ranks_tmp(const char* root, int64_t step) {
+  char name[128];
+  snprintf(name, sizeof(name), "%sstep_%lld%s", ST_CKPT_TMP_PREFIX, (long long)step, ST_CKPT_SHARDS_TMP_SUFFIX);
+  return st_path_join(root, name);
+}
+
+void st_ckpt_abort_ranks(const char* root, int64_t step) {
+  char* tmp = st__ranks_tmp(root, step);
+  st_status_free(st_fs_remove_tree(tmp));
+  free(tmp);
+}
+
+st_status st_ckpt_save_rank(const st_ckpt_save_options* o, const st_ckpt_snapshot* snap, int64_t step, const int* index, int count,
+                            st_ckpt_part* part) {
+  memset(part, 0, sizeof(*part));
+  part->offsets = st_xcalloc((size_t)count + 1, sizeof(size_t));
+  part->hashes = st_xcalloc((size_t)count + 1, sizeof(uint64_t));
+  st_status s = st_fs_mkdirs(o->root);
+  char* tmp = st__ranks_tmp(o->root, step);
+  /* Every rank may get here first; the folder is the same for all. */
+  if (!s && mkdir(tmp, 0755) != 0 && errno != EEXIST) s = st__errno("creating folder", tmp, errno);
+  if (!s) s = st__hook(o, ST_CKPT_AT_BEGIN, tmp);
+  st__tensor_rec* trec = st_xcalloc((size_t)snap->count + 1, sizeof(*trec));
+  st__file_rec frec = {0};
+  if (!s && snap->count > 0) {
+    /* A leftover of this very save's earlier try would block O_EXCL. */
+    char* path = st_path_join(tmp, snap->files[0]);
+    unlink(path);
+    free(path);
+    s = st__write_tensor_file(o, snap, tmp, snap->files[0], &frec, trec, NULL, &(int64_t){0});
+  }
+  for (int k = 0; !s && k < snap->count; ++k) {
+    part->offsets[index[k]] = trec[k].offset;
+    part->hashes[index[k]] = trec[k].xxh64;
+  }
+  part->bytes = frec.bytes;
+  part->xxh64 = frec.xxh64;
+  free(trec);
+  free(tmp);
+  if (s) return st_status_annotate(st__as_ckpt(s), "checkpoint step_%lld (this rank's file)", (long long)step);
+  return ST_OK;
+}
+
+/* The "tensors" entries of a sharded save: every tensor's rows, by rank. */
+static json_t* st__tensors_rows(int count, const char* const* names, const st_tensor_type* types, const int* parts, int ranks,
+                                const st_ckpt_part* recs) {
+  char hex[17], file[64];
+  json_t* ta = st_json_arr();
+  for (int i = 0; i < count; ++i) {
+    for (int r = 0; r < ranks; ++r) {
+      int64_t b = 0, e = 0;
+      st_ckpt_rows_of(types[i].dims[0], parts[i], r, &b, &e);
+      if (b == e) continue;
+      st_tensor_type t = types[i];
+      t.dims[0] = e - b;
+      snprintf(file, sizeof(file), ST_CKPT_RANK_FILE_FMT, r);
+      st__hex64(recs[r].hashes[i], hex);
+      json_t* j = st_json_obj();
+      st_json_put_str(j, "name", names[i]);
+      st_json_put_str(j, "file", file);
+      st_json_put_str(j, "dtype", st_safetensors_dtype_name(t.dtype));
+      json_t* shape = st_json_arr();
+      for (int d = 0; d < t.rank; ++d) st_json_push(shape, st_json_int(t.dims[d]));
+      st_json_put(j, "shape", shape);
+      st_json_put_int(j, "offset", (int64_t)recs[r].offsets[i]);
+      st_json_put_int(j, "bytes", (int64_t)st_tensor_type_bytes(&t));
+      st_json_put_str(j, "xxh64", hex);
+      st_json_put_str(j, "layout", "rows");
+      json_t* rows = st_json_arr();
+      st_json_push(rows, st_json_int(b));
+      st_json_push(rows, st_json_int(e));
+      st_json_put(j, "rows", rows);
+      st_json_put_int(j, "dim0", types[i].dims[0]);
+      st_json_push(ta, j);
+    }
+  }
+  return ta;
+}
+
+st_status st_ckpt_commit_ranks(const st_ckpt_save_options* o, const st_ckpt_meta* meta, int count, const char* const* names,
+                               const st_tensor_type* types, const int* parts, int ranks, const st_ckpt_part* recs,
+                               st_ckpt_save_result* result) {
+  double t0 = st_now();
+  char name[64];
+  snprintf(name, sizeof(name), "step_%lld", (long long)meta->step);
+  if (result) {
+    memset(result, 0, sizeof(*result));
+    result->step = meta->step;
+  }
+  if (ranks < 1 || ranks > ST_CKPT_MAX_FILES)
+    return st_status_make(ST_CODE_CKPT, "checkpoint %s: %d rank files, the manifest holds 1 to %d (ST_CKPT_MAX_FILES)", name, ranks,
+                          ST_CKPT_MAX_FILES);
+  char* tmp = st__ranks_tmp(o->root, meta->step);
+  char* final = st_path_join(o->root, name);
+  st__file_rec* frec = st_xcalloc((size_t)ranks + 1, sizeof(*frec));
+  char** fnames = st_xcalloc((size_t)ranks + 1, sizeof(char*));
+  int64_t bytes = 0;
+  for (int r = 0; r < ranks; ++r) {
+    char file[64];
+    snprintf(file, sizeof(file), ST_CKPT_RANK_FILE_FMT, r);
+    fnames[r] = st_xstrdup(file);
+    frec[r] = (st__file_rec){fnames[r], recs[r].bytes, recs[r].xxh64};
+    bytes += (int64_t)recs[r].bytes;
+  }
+  bool renamed = false;
+  int removed = 0;
+  /* Every rank's file is fsynced; the folder's entries are, with the
+   * manifest, by the commit's fsync of the folder. */
+  st_status s = st__commit(o, name, tmp, final,
+                           st__manifest_text(meta, frec, ranks, st__tensors_rows(count, names, types, parts, ranks, recs)), &bytes,
+                           &renamed, &removed);
+  if (s && !renamed) st_status_free(st_fs_remove_tree(tmp));
+  if (result) {
+    result->write_s = st_now() - t0;
+    result->bytes = bytes;
+    result->removed = removed;
+    if (!s) result->dir = st_xstrdup(final);
+  }
+  for (int r = 0; r < ranks; ++r) free(fnames[r]);
+  free(fnames);
+  free(frec);
   free(tmp);
   free(final);
   if (s) return st_status_annotate(s, "checkpoint %s", name);

@@ -21,6 +21,13 @@ void st_ckpt_free(st_ckpt* c) {
     free(c->tensors[i].file);
   }
   free(c->tensors);
+  for (int i = 0; i < c->whole_count; ++i) {
+    free(c->wholes[i].name);
+    free(c->wholes[i].file);
+    if (c->whole_data) free(c->whole_data[i]);
+  }
+  free(c->wholes);
+  free(c->whole_data);
   for (int i = 0; i < c->file_count; ++i) {
     free(c->files[i].file);
     if (c->loaded) st_safetensors_free(c->loaded[i]);
@@ -37,12 +44,22 @@ void st_ckpt_free(st_ckpt* c) {
   free(c);
 }
 
+static int st__cmp_whole(const void* key, const void* elem) { return strcmp(key, ((const st_ckpt_tensor_info*)elem)->name); }
+
 const void* st_ckpt_tensor_data(const st_ckpt* c, const char* name, const st_ckpt_tensor_info** out_info) {
   if (out_info) *out_info = NULL;
   if (!c->loaded) return NULL;
+  if (c->whole_data) {
+    /* c->wholes is in name order (st__manifest_wholes). */
+    const st_ckpt_tensor_info* w = bsearch(name, c->wholes, (size_t)c->whole_count, sizeof(*c->wholes), st__cmp_whole);
+    if (w) {
+      if (out_info) *out_info = w;
+      return c->whole_data[w - c->wholes];
+    }
+  }
   for (int i = 0; i < c->tensor_count; ++i) {
     const st_ckpt_tensor_info* t = &c->tensors[i];
-    if (strcmp(t->name, name)) continue;
+    if (t->rows || strcmp(t->name, name)) continue;
     for (int f = 0; f < c->file_count; ++f) {
       if (strcmp(c->files[f].file, t->file) || !c->loaded[f]) continue;
       if (out_info) *out_info = t;
@@ -78,10 +95,6 @@ static void st__type_str(const st_tensor_type* t, char* buf, size_t n) { st_tens
   } while (0)
 
 /* The manifest: present, self-consistent, readable by this build. */
-static int st__cmp_name(const void* a, const void* b) {
-  return strcmp((*(const st_ckpt_tensor_info* const*)a)->name, (*(const st_ckpt_tensor_info* const*)b)->name);
-}
-
 /* The manifest's own checks: its self-checksum (xxh64 of every byte before
  * the line holding it), its format and a version this build reads. First,
  * so nothing of a modified or foreign manifest is believed. */
@@ -255,6 +268,59 @@ done:
   return s;
 }
 
+/* By name, then by first row (a whole tensor's is 0). */
+static int st__cmp_name_rows(const void* a, const void* b) {
+  const st_ckpt_tensor_info* x = *(const st_ckpt_tensor_info* const*)a;
+  const st_ckpt_tensor_info* y = *(const st_ckpt_tensor_info* const*)b;
+  int k = strcmp(x->name, y->name);
+  if (k) return k;
+  return x->row_begin < y->row_begin ? -1 : x->row_begin > y->row_begin;
+}
+
+/* Names are unique, but for a tensor stored in rows, whose entries tile
+ * its dim 0 exactly (same dtype and other dims, no gap or overlap): each
+ * such tensor becomes one whole entry in c->wholes. Sorted, so a crafted
+ * manifest costs n log n here. */
+static st_status st__manifest_wholes(const char* path, st_ckpt* c) {
+  st_status s = ST_OK;
+  if (c->tensor_count < 1) return ST_OK;
+  const st_ckpt_tensor_info** v = st_xmalloc((size_t)c->tensor_count * sizeof(*v));
+  for (int k = 0; k < c->tensor_count; ++k) v[k] = &c->tensors[k];
+  qsort(v, (size_t)c->tensor_count, sizeof(*v), st__cmp_name_rows);
+  c->wholes = st_xcalloc((size_t)c->tensor_count + 1, sizeof(*c->wholes));
+  for (int k = 0; k < c->tensor_count;) {
+    int n = 1;
+    while (k + n < c->tensor_count && !strcmp(v[k]->name, v[k + n]->name)) ++n;
+    const st_ckpt_tensor_info* a = v[k];
+    if (!a->rows) {
+      if (n > 1) ST__FAIL("'%s': tensor '%s' is listed twice", path, a->name);
+      k += n;
+      continue;
+    }
+    int64_t next = 0;
+    for (int i = 0; i < n; ++i) {
+      const st_ckpt_tensor_info* p = v[k + i];
+      if (!p->rows || p->row_begin != next || p->dim0 != a->dim0 || p->type.dtype != a->type.dtype || p->type.rank != a->type.rank ||
+          memcmp(p->type.dims + 1, a->type.dims + 1, sizeof(int64_t) * (size_t)(a->type.rank - 1)))
+        ST__FAIL("'%s': tensor '%s': its entries do not tile rows 0 to %lld of one tensor (at row %lld: a gap, an overlap, a "
+                 "whole entry or another shape)",
+                 path, a->name, (long long)a->dim0, (long long)next);
+      next = p->row_end;
+    }
+    if (next != a->dim0) ST__FAIL("'%s': tensor '%s': rows %lld to %lld are in no file", path, a->name, (long long)next, (long long)a->dim0);
+    st_ckpt_tensor_info* w = &c->wholes[c->whole_count++];
+    w->name = st_xstrdup(a->name);
+    w->file = st_xstrdup("(rows)");
+    w->type = a->type;
+    w->type.dims[0] = a->dim0;
+    w->bytes = st_tensor_type_bytes(&w->type);
+    k += n;
+  }
+done:
+  free(v);
+  return s;
+}
+
 /* Every tensor entry: typed, its bytes matching its shape, in a listed
  * file, stored whole; then names unique. After the files, which it names. */
 static st_status st__manifest_tensors(const char* path, const json_t* j, st_ckpt* c) {
@@ -296,29 +362,34 @@ static st_status st__manifest_tensors(const char* path, const json_t* j, st_ckpt
       ti->type.dims[d] = x;
     }
     if (!st__parse_hex64(hash, &ti->xxh64)) ST__FAIL("'%s': tensor '%s' has a bad xxh64 \"%s\"", path, name, hash);
-    /* Absent in checkpoints written before layouts were recorded: those were whole. */
+    /* Absent in checkpoints written before layouts were recorded: those
+     * were whole. "rows": one rank's rows of a tensor (per-rank shards). */
     const json_t* layout = json_object_get(t, "layout");
-    if (layout && (!json_is_string(layout) || strcmp(json_string_value(layout), "whole")))
-      ST__FAIL("'%s': tensor '%s' is stored with layout \"%.64s\", which this strata cannot reassemble onto any mesh (it writes and "
-               "reads every tensor whole, \"layout\": \"whole\"); resume it with the strata that wrote it",
+    const bool rows = json_is_string(layout) && !strcmp(json_string_value(layout), "rows");
+    if (layout && !rows && (!json_is_string(layout) || strcmp(json_string_value(layout), "whole")))
+      ST__FAIL("'%s': tensor '%s' is stored with layout \"%.64s\", which this strata cannot reassemble onto any mesh (it reads "
+               "tensors stored whole, \"layout\": \"whole\", or in rows per rank, \"rows\"); resume it with the strata that wrote it",
                path, name, json_is_string(layout) ? json_string_value(layout) : "(not a string)");
+    if (rows) {
+      const json_t* span = json_object_get(t, "rows");
+      int64_t b = -1, e = -1, d0 = -1;
+      if (!json_is_array(span) || json_array_size(span) != 2 || !st_json_as_int(json_array_get(span, 0), &b) ||
+          !st_json_as_int(json_array_get(span, 1), &e) || !st_json_as_int(json_object_get(t, "dim0"), &d0) || ti->type.rank < 1 ||
+          b < 0 || e <= b || e > d0 || d0 > ((int64_t)1 << 53) || ti->type.dims[0] != e - b)
+        ST__FAIL("'%s': tensor '%s' in \"%s\": layout \"rows\" needs \"rows\": [begin, end] within \"dim0\", and end - begin "
+                 "rows in its shape",
+                 path, name, file);
+      ti->rows = true;
+      ti->row_begin = b;
+      ti->row_end = e;
+      ti->dim0 = d0;
+    }
     if (st_tensor_type_bytes(&ti->type) != ti->bytes) ST__FAIL("'%s': tensor '%s': bytes %zu do not match its shape", path, name, ti->bytes);
     bool known = false;
     for (int f = 0; f < c->file_count; ++f) known |= !strcmp(c->files[f].file, file);
     if (!known) ST__FAIL("'%s': tensor '%s' lives in \"%s\", which \"files\" does not list", path, name, file);
   }
-  /* Names are unique; sorted, so a crafted manifest costs n log n here. */
-  if (c->tensor_count > 1) {
-    const st_ckpt_tensor_info** by_name = st_xmalloc((size_t)c->tensor_count * sizeof(*by_name));
-    for (int k = 0; k < c->tensor_count; ++k) by_name[k] = &c->tensors[k];
-    qsort(by_name, (size_t)c->tensor_count, sizeof(*by_name), st__cmp_name);
-    const char* twice = NULL;
-    for (int k = 0; k + 1 < c->tensor_count && !twice; ++k)
-      if (!strcmp(by_name[k]->name, by_name[k + 1]->name)) twice = by_name[k]->name;
-    if (twice) s = st_status_make(ST_CODE_CKPT, "'%s': tensor '%s' is listed twice", path, twice);
-    free(by_name);
-    if (s) goto done;
-  }
+  s = st__manifest_wholes(path, c);
 done:
   return s;
 }
@@ -409,10 +480,15 @@ static st_status st__check_expect(st_ckpt* c, const st_ckpt_expect* e, bool* out
   if (e->bundle_key && strcmp(e->bundle_key, c->bundle_key))
     ST__FAIL("'%s': written with bundle %s, this run uses bundle %s (same model config, different exporter or bundle schema)", mpath,
              c->bundle_key, e->bundle_key);
+  /* The tensors as the model sees them: whole entries, and those stored in
+   * rows as their assembled whole. */
+  const int n = c->tensor_count + c->whole_count;
   for (int i = 0; i < e->count; ++i) {
     const st_ckpt_tensor_info* t = NULL;
-    for (int k = 0; k < c->tensor_count && !t; ++k)
-      if (!strcmp(c->tensors[k].name, e->names[i])) t = &c->tensors[k];
+    for (int k = 0; k < n && !t; ++k) {
+      const st_ckpt_tensor_info* x = k < c->tensor_count ? &c->tensors[k] : &c->wholes[k - c->tensor_count];
+      if (!x->rows && !strcmp(x->name, e->names[i])) t = x;
+    }
     if (!t) ST__FAIL("'%s': has no tensor '%s', which the model needs", mpath, e->names[i]);
     if (t->type.dtype != e->types[i].dtype || t->type.rank != e->types[i].rank ||
         memcmp(t->type.dims, e->types[i].dims, sizeof(int64_t) * (size_t)t->type.rank)) {
@@ -422,11 +498,14 @@ static st_status st__check_expect(st_ckpt* c, const st_ckpt_expect* e, bool* out
       ST__FAIL("%s/%s: tensor '%s' is %s in the checkpoint, the model needs %s (shape/dtype mismatch)", c->dir, t->file, t->name, a, b);
     }
   }
-  if (e->count > 0 && c->tensor_count != e->count) {
-    for (int k = 0; k < c->tensor_count; ++k) {
-      bool needed = false;
-      for (int i = 0; i < e->count && !needed; ++i) needed = !strcmp(c->tensors[k].name, e->names[i]);
-      if (!needed) ST__FAIL("%s/%s: tensor '%s' is not part of the model", c->dir, c->tensors[k].file, c->tensors[k].name);
+  int logical = c->whole_count;
+  for (int k = 0; k < c->tensor_count; ++k) logical += !c->tensors[k].rows;
+  if (e->count > 0 && logical != e->count) {
+    for (int k = 0; k < n; ++k) {
+      const st_ckpt_tensor_info* x = k < c->tensor_count ? &c->tensors[k] : &c->wholes[k - c->tensor_count];
+      bool needed = x->rows;
+      for (int i = 0; i < e->count && !needed; ++i) needed = !strcmp(x->name, e->names[i]);
+      if (!needed) ST__FAIL("%s/%s: tensor '%s' is not part of the model", c->dir, x->file, x->name);
     }
   }
 done:
@@ -491,6 +570,25 @@ done:
   return ST_OK;
 }
 
+/* Every tensor stored in rows, assembled whole from its verified pieces
+ * (st__manifest_wholes checked that they tile it). */
+static void st__assemble(st_ckpt* c) {
+  c->whole_data = st_xcalloc((size_t)c->whole_count + 1, sizeof(void*));
+  for (int w = 0; w < c->whole_count; ++w) c->whole_data[w] = st_xcalloc(c->wholes[w].bytes + 1, 1);
+  for (int k = 0; k < c->tensor_count; ++k) {
+    const st_ckpt_tensor_info* p = &c->tensors[k];
+    if (!p->rows) continue;
+    /* c->wholes is in name order (st__manifest_wholes). */
+    const st_ckpt_tensor_info* t = bsearch(p->name, c->wholes, (size_t)c->whole_count, sizeof(*c->wholes), st__cmp_whole);
+    if (!t) continue;
+    const size_t row = t->type.dims[0] > 0 ? t->bytes / (size_t)t->type.dims[0] : 0;
+    unsigned char* data = c->whole_data[t - c->wholes];
+    for (int f = 0; f < c->file_count; ++f)
+      if (!strcmp(c->files[f].file, p->file) && c->loaded[f])
+        memcpy(data + (size_t)p->row_begin * row, c->loaded[f]->data + p->offset, p->bytes);
+  }
+}
+
 static st_status st__ckpt_verify_open(const char* dir, const st_ckpt_expect* expect, st_ckpt** out, bool* out_stop) {
   *out = NULL;
   *out_stop = false;
@@ -505,6 +603,7 @@ static st_status st__ckpt_verify_open(const char* dir, const st_ckpt_expect* exp
     c->loaded = st_xcalloc((size_t)c->file_count + 1, sizeof(st_safetensors*));
     for (int f = 0; f < c->file_count && !s; ++f) s = st__check_file(c, f, &c->loaded[f]);
   }
+  if (!s && c->whole_count > 0) st__assemble(c);
   json_decref(manifest);
   if (s) {
     st_ckpt_free(c);

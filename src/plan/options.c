@@ -280,18 +280,20 @@ static st_status st__options_fsdp_span(const st_config* c, st_plan_options* o) {
                           "processes is built with one block per process; set parallel.fsdp=%d (docs/multiprocess.md)",
                           o->parallel_fsdp, st_config_source(c, "parallel.fsdp"), o->procs, o->parallel_fsdp / o->procs,
                           o->procs);
+  /* Per-rank checkpoints are built for one device per process. */
+  if (o->parallel_tensor == 1) return ST_OK;
   const int64_t every = st_config_int(c, "ckpt.every"), steps = st_config_int(c, "train.steps");
   if (every > 0 && every < steps)
     return st_status_make(ST_CODE_CONFIG,
-                          "ckpt.every=%lld (%s) with parallel.fsdp=%d across %d processes: each rank holds other fsdp "
-                          "blocks, and checkpoints of per-rank blocks are not built; set ckpt.every=0 (the final "
+                          "ckpt.every=%lld (%s) with parallel.fsdp=%d across %d processes and parallel.tensor=%d inside: "
+                          "per-rank checkpoints are built for one device per process; set ckpt.every=0 (the final "
                           "parameters are still written whole to params.safetensors; docs/multiprocess.md)",
-                          (long long)every, st_config_source(c, "ckpt.every"), o->parallel_fsdp, o->procs);
+                          (long long)every, st_config_source(c, "ckpt.every"), o->parallel_fsdp, o->procs, o->parallel_tensor);
   if (st_config_bool(c, "run.resume"))
     return st_status_make(ST_CODE_CONFIG,
-                          "run.resume with parallel.fsdp=%d across %d processes: resuming into per-rank fsdp blocks is "
-                          "not built (docs/multiprocess.md)",
-                          o->parallel_fsdp, o->procs);
+                          "run.resume with parallel.fsdp=%d across %d processes and parallel.tensor=%d inside: per-rank "
+                          "checkpoints are built for one device per process (docs/multiprocess.md)",
+                          o->parallel_fsdp, o->procs, o->parallel_tensor);
   return ST_OK;
 }
 

@@ -63,6 +63,14 @@ struct st_train_ckpt {
   double t_created;
   int64_t start_step;
   bool job; /* one rank of a job of several processes: saves and restores are collective */
+  /* Per-rank shards (st_train_ckpt_init.sharded): each tensor's blocks
+   * (parts[i]: the processes for a slot cut across them, else 1: rank 0
+   * holds it whole), this rank's snapshot (its rows only) and, for each of
+   * its tensors, the index in the whole list. */
+  bool rows;
+  int rank, nranks;
+  int* parts;
+  int* row_index;
 };
 
 static st_status st__save_hook(void* user, st_ckpt_point point, const char* path);
@@ -82,6 +90,41 @@ static bool st__is_state_slot(const st_plan* p, const st_slot* s) {
 }
 
 static st_status st__fill(void* user, int i, void* dst, size_t size);
+
+/* Per-rank shards: how each tensor is cut, and this rank's snapshot of
+ * its rows (one file, rank-<r>.safetensors; tensors it holds no row of are
+ * left out). */
+static st_status st__rows_create(st_train_ckpt* c) {
+  c->rank = st_dist_rank(c->in.dist);
+  c->nranks = st_dist_size(c->in.dist);
+  c->parts = st_xcalloc((size_t)c->count + 1, sizeof(int));
+  c->row_index = st_xcalloc((size_t)c->count + 1, sizeof(int));
+  const char** files = st_xcalloc((size_t)c->count + 1, sizeof(char*));
+  const char** names = st_xcalloc((size_t)c->count + 1, sizeof(char*));
+  st_tensor_type* types = st_xcalloc((size_t)c->count + 1, sizeof(st_tensor_type));
+  char file[64];
+  snprintf(file, sizeof(file), ST_CKPT_RANK_FILE_FMT, c->rank);
+  int n = 0;
+  for (int i = 0; i < c->count; ++i) {
+    const st_slot* sl = &c->in.plan->slots[c->slots[i]];
+    c->parts[i] = sl->xblocks > 1 ? sl->xblocks : 1;
+    int64_t b = 0, e = 0;
+    st_ckpt_rows_of(c->types[i].dims[0], c->parts[i], c->rank, &b, &e);
+    if (c->types[i].rank < 1)
+      return st_status_make(ST_CODE_INTERNAL, "state slot '%s' is a scalar: per-rank shards hold rows of tensors", c->names[i]);
+    if (b == e) continue;
+    names[n] = c->names[i];
+    files[n] = file;
+    types[n] = c->types[i];
+    types[n].dims[0] = e - b;
+    c->row_index[n++] = i;
+  }
+  c->snap = st_ckpt_snapshot_create(n, names, files, types);
+  free(files);
+  free(names);
+  free(types);
+  return ST_OK;
+}
 
 st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out) {
   *out = NULL;
@@ -113,8 +156,10 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
       c->slots[c->count] = i;
       c->names[c->count] = s->name;
       c->files[c->count] = pass == 0 ? ST_CKPT_PARAMS : ST_CKPT_OPTIMIZER;
-      /* A sharded slot is saved whole (st_executor_to_host reassembles it). */
+      /* A sharded slot is saved whole (st_executor_to_host reassembles it);
+       * a slot cut across processes is known by its whole too. */
       c->types[c->count] = p->devices > 1 && s->layout == ST_LAYOUT_SHARDED ? s->logical : s->type;
+      if (s->xblocks > 1 && p->devices == 1) c->types[c->count] = s->xwhole;
       c->count++;
     }
   }
@@ -127,8 +172,15 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
   int64_t state = 0;
   for (int i = 0; i < c->count; ++i) state += (int64_t)st_tensor_type_bytes(&c->types[i]);
   c->streaming = st_plan_ckpt_streams(o, in->runtime, state);
-  c->snap = c->streaming ? st_ckpt_snapshot_create_streaming(c->count, c->names, c->files, c->types, st__fill, c)
-                         : st_ckpt_snapshot_create(c->count, c->names, c->files, c->types);
+  c->rows = in->sharded && c->job;
+  st_status rs = ST_OK;
+  if (c->rows) {
+    c->async = c->streaming = false;
+    rs = st__rows_create(c);
+  } else {
+    c->snap = c->streaming ? st_ckpt_snapshot_create_streaming(c->count, c->names, c->files, c->types, st__fill, c)
+                           : st_ckpt_snapshot_create(c->count, c->names, c->files, c->types);
+  }
   c->events = st_xcalloc((size_t)c->count + 1, sizeof(st_event*));
 
   c->config = st_config_json(cfg);
@@ -142,7 +194,7 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
   c->model = st_plan_model_json(in->options);
   c->desc = st_plan_model_desc(in->options);
   c->implied = st_plan_model_implied();
-  st_status s = c->model && c->desc ? ST_OK : st_status_make(ST_CODE_INTERNAL, "the options carry no model JSON (not built from a config)");
+  st_status s = rs ? rs : c->model && c->desc ? ST_OK : st_status_make(ST_CODE_INTERNAL, "the options carry no model JSON (not built from a config)");
   if (!s) st_json_put_int(c->desc, "microbatch_size", o->batch_size / (o->microbatches > 0 ? o->microbatches : 1));
   /* A job's bundle is cut for its processes' shares even where this
    * process's own mesh is one device. */
@@ -640,7 +692,7 @@ static st_status st__ckpt_finish(st_train_ckpt* c, st_ckpt_save_result* r, doubl
     st_ckpt_save_result_clear(r);
     return e;
   }
-  if (c->in.no_save && !r->status) return st__report_committed(c, r);
+  if ((c->in.no_save || (c->rows && c->rank > 0)) && !r->status) return st__report_committed(c, r);
   return st__report(c, r, blocking_s, waited_s, last);
 }
 
@@ -664,6 +716,68 @@ static st_status st__fill(void* user, int i, void* dst, size_t size) {
   st_train_ckpt* c = user;
   st_status s = st_executor_to_host(c->in.executor, c->slots[i], dst, size);
   if (s) return st_status_recode(s, ST_CODE_CKPT, "checkpoint: copying state slot '%s'", c->names[i]);
+  return ST_OK;
+}
+
+/* What the manifest records besides tensors, for a save of |step|. */
+static void st__set_meta(st_train_ckpt* c, int64_t step) {
+  const st_plan_options* o = c->in.options;
+  st_ckpt_meta m = {
+      .step = step,
+      .optimizer_step = step,
+      .data_position = step * o->batch_size,
+      .batch_size = o->batch_size,
+      .seed = o->seed,
+      .lr = st_plan_lr(o, step),
+      .total_steps = o->steps,
+      .config = c->config,
+      .config_hash = c->config_hash,
+      .bundle_key = c->key,
+      .tokenizer_hash = st_dataset_tokenizer_hash(c->in.data),
+      .model = c->desc,
+      /* The job's whole mesh, not this process's part of it. */
+      .mesh_data = o->procs > 1 ? o->global_data : o->parallel_data,
+      .mesh_fsdp = o->procs > 1 ? o->global_fsdp : o->parallel_fsdp,
+      .mesh_tensor = o->procs > 1 ? o->global_tensor : o->parallel_tensor,
+      .mesh_processes = o->procs,
+  };
+  st_ckpt_snapshot_set_meta(c->snap, &m);
+}
+
+/* Per-rank shards: this rank's rows of every tensor it holds any of into
+ * its snapshot. Its block of a slot cut across the processes starts at its
+ * first row (the block is zero-padded past the tensor's end); a slot not
+ * cut is whole on rank 0. */
+static st_status st__snapshot_rows(st_train_ckpt* c, int64_t step) {
+  st_status s = ST_OK;
+  unsigned char* tmp = NULL;
+  size_t tmp_size = 0;
+  for (int k = 0; k < st_ckpt_snapshot_count(c->snap) && !s; ++k) {
+    const int i = c->row_index[k];
+    st_buffer* b = st_executor_get(c->in.executor, c->slots[i]);
+    if (!b) {
+      s = st_status_make(ST_CODE_INTERNAL, "checkpoint: state slot '%s' is empty at the end of step %lld", c->names[i], (long long)step);
+      break;
+    }
+    const size_t n = st_buffer_bytes(b);
+    if (n > tmp_size) {
+      free(tmp);
+      tmp = st_xmalloc(n);
+      tmp_size = n;
+    }
+    int64_t r0 = 0, r1 = 0;
+    st_ckpt_rows_of(c->types[i].dims[0], c->parts[i], c->rank, &r0, &r1);
+    st_tensor_type piece = c->types[i];
+    piece.dims[0] = r1 - r0;
+    const size_t want = st_tensor_type_bytes(&piece);
+    s = want <= n ? st_buffer_to_host(b, tmp, n)
+                  : st_status_make(ST_CODE_INTERNAL, "slot '%s' holds %zu bytes, its rows %zu", c->names[i], n, want);
+    if (!s) memcpy(st_ckpt_snapshot_data(c->snap, k), tmp, want);
+  }
+  free(tmp);
+  if (s) return st_status_recode(s, ST_CODE_CKPT, "checkpoint snapshot at step %lld", (long long)step);
+  st__set_meta(c, step);
+  c->snap_filled = true;
   return ST_OK;
 }
 
@@ -696,29 +810,93 @@ static st_status st__snapshot(st_train_ckpt* c, int64_t step) {
     c->events[i] = NULL;
   }
   if (s) return st_status_recode(s, ST_CODE_CKPT, "checkpoint snapshot at step %lld", (long long)step);
-  const st_plan_options* o = c->in.options;
-  st_ckpt_meta m = {
-      .step = step,
-      .optimizer_step = step,
-      .data_position = step * o->batch_size,
-      .batch_size = o->batch_size,
-      .seed = o->seed,
-      .lr = st_plan_lr(o, step),
-      .total_steps = o->steps,
-      .config = c->config,
-      .config_hash = c->config_hash,
-      .bundle_key = c->key,
-      .tokenizer_hash = st_dataset_tokenizer_hash(c->in.data),
-      .model = c->desc,
-      /* The job's whole mesh, not this process's part of it. */
-      .mesh_data = o->procs > 1 ? o->global_data : o->parallel_data,
-      .mesh_fsdp = o->procs > 1 ? o->global_fsdp : o->parallel_fsdp,
-      .mesh_tensor = o->procs > 1 ? o->global_tensor : o->parallel_tensor,
-      .mesh_processes = o->procs,
-  };
-  st_ckpt_snapshot_set_meta(c->snap, &m);
+  st__set_meta(c, step);
   c->snap_filled = !c->streaming;
   return ST_OK;
+}
+
+/* Per-rank shards, the commit protocol's vote (docs/multiprocess.md,
+ * "The commit protocol"): every rank gives its write's outcome and its
+ * file's records (size, xxh64, each tensor's offset and xxh64; doubles
+ * hold 64-bit hashes as two halves). On return every rank holds the same
+ * verdict, as st__job_vote's, and rank 0 (recs non-NULL) every rank's
+ * records. */
+static st_status st__rows_vote(st_train_ckpt* c, int64_t step, st_status* io, bool* io_fatal, const st_ckpt_part* mine,
+                               st_ckpt_part* recs) {
+  const int P = c->nranks;
+  const size_t n = 6 + 3 * (size_t)c->count;
+  double* in = st_xcalloc(n, sizeof(double));
+  in[0] = (double)step;
+  in[1] = (double)st_status_code(*io);
+  in[2] = *io_fatal ? 1.0 : 0.0;
+  in[3] = (double)mine->bytes;
+  in[4] = (double)(mine->xxh64 >> 32);
+  in[5] = (double)(mine->xxh64 & 0xffffffffu);
+  for (int i = 0; !*io && i < c->count; ++i) {
+    in[6 + 3 * (size_t)i] = (double)mine->offsets[i];
+    in[7 + 3 * (size_t)i] = (double)(mine->hashes[i] >> 32);
+    in[8 + 3 * (size_t)i] = (double)(mine->hashes[i] & 0xffffffffu);
+  }
+  double* all = st_xmalloc((size_t)P * n * sizeof(double));
+  st_status s = st_dist_allgather_f64(c->in.dist, in, n, all);
+  int failed = -1;
+  for (int r = 0; !s && r < P; ++r) {
+    const double* v = all + n * (size_t)r;
+    if (v[0] != (double)step)
+      s = st_status_make(ST_CODE_INTERNAL, "rank %d is at the checkpoint of step %lld, rank %d at tag %lld: the ranks' checkpoints "
+                         "are out of step", c->rank, (long long)step, r, (long long)v[0]);
+    if (v[1] != 0 && failed < 0) failed = r;
+    if (v[2] != 0) *io_fatal = true;
+    if (!recs) continue;
+    recs[r].bytes = (size_t)v[3];
+    recs[r].xxh64 = ((uint64_t)v[4] << 32) | (uint64_t)v[5];
+    recs[r].offsets = st_xcalloc((size_t)c->count + 1, sizeof(size_t));
+    recs[r].hashes = st_xcalloc((size_t)c->count + 1, sizeof(uint64_t));
+    for (int i = 0; i < c->count; ++i) {
+      recs[r].offsets[i] = (size_t)v[6 + 3 * (size_t)i];
+      recs[r].hashes[i] = ((uint64_t)v[7 + 3 * (size_t)i] << 32) | (uint64_t)v[8 + 3 * (size_t)i];
+    }
+  }
+  if (!s && failed >= 0 && !*io)
+    *io = st_status_make((st_code)(int)all[n * (size_t)failed + 1],
+                         "rank %d failed writing its part of the checkpoint of step %lld (its error is on rank %d's stderr and in its "
+                         "events.jsonl)",
+                         failed, (long long)step, failed);
+  free(in);
+  free(all);
+  return s ? st_status_annotate(s, "agreeing between processes on the checkpoint of step %lld", (long long)step) : ST_OK;
+}
+
+/* A save of per-rank shards, synchronous on every rank: snapshot of this
+ * rank's rows, its file written and fsynced, the vote; then rank 0 commits
+ * (manifest, rename, LATEST) or, when any rank failed, removes the folder;
+ * the last vote tells every rank the outcome (st__ckpt_finish). A rank
+ * killed before the vote leaves only a .tmp- folder: nobody commits. */
+static st_status st__save_rows(st_train_ckpt* c, int64_t step, bool last, double t0, double waited) {
+  st_status s = st__snapshot_rows(c, step);
+  bool fatal = s != ST_OK;
+  st_ckpt_part mine = {0};
+  if (!s) s = st_ckpt_save_rank(&c->save_opts, c->snap, step, c->row_index, c->count, &mine);
+  st_ckpt_part* recs = c->rank == 0 ? st_xcalloc((size_t)c->nranks + 1, sizeof(st_ckpt_part)) : NULL;
+  st_status v = st__rows_vote(c, step, &s, &fatal, &mine, recs);
+  st_ckpt_part_clear(&mine);
+  st_ckpt_save_result r = {.step = step, .status = s};
+  if (!v && c->rank == 0) {
+    if (!s && !fatal)
+      r.status = st_ckpt_commit_ranks(&c->save_opts, st_ckpt_snapshot_meta(c->snap), c->count, c->names, c->types, c->parts,
+                                      c->nranks, recs, &r);
+    else
+      st_ckpt_abort_ranks(c->root, step);
+  }
+  for (int q = 0; recs && q < c->nranks; ++q) st_ckpt_part_clear(&recs[q]);
+  free(recs);
+  if (v) {
+    st_ckpt_save_result_clear(&r);
+    return v;
+  }
+  /* The last vote: rank 0's commit decides; every other rank gives the
+   * write's verdict, which every rank holds alike already. */
+  return st__ckpt_finish(c, &r, st_now() - t0, waited, last, fatal);
 }
 
 static st_status st__save(st_train_ckpt* c, int64_t step, bool last) {
@@ -727,6 +905,7 @@ static st_status st__save(st_train_ckpt* c, int64_t step, bool last) {
   /* Back-pressure: the previous save must be done before the snapshot it
    * reads is overwritten. */
   ST_RETURN(st__collect(c, true, &waited));
+  if (c->rows) return st__save_rows(c, step, last, t0, waited);
   /* On the writer thread, or on this one: the same choice on every rank of
    * a job (ckpt.async and the staging are). */
   const bool background = c->async && !last && !c->streaming;
@@ -812,6 +991,8 @@ void st_train_ckpt_destroy(st_train_ckpt* c) {
   free(c->names);
   free(c->files);
   free(c->types);
+  free(c->parts);
+  free(c->row_index);
   json_decref(c->config);
   json_decref(c->model);
   json_decref(c->desc);

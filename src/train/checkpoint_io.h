@@ -53,6 +53,11 @@ typedef struct st_train_ckpt_init {
    * the whole state and per-rank checkpoints are not built; the options
    * refuse periodic saves and resuming). */
   bool disabled;
+  /* Per-rank shards (fsdp across processes, one device per process;
+   * docs/checkpoints.md, "Per-rank shards"): every rank writes its rows of
+   * each slot cut across the processes (st_slot.xblocks) to its own file,
+   * rank 0 commits them with one manifest. Saves are synchronous. */
+  bool sharded;
 } st_train_ckpt_init;
 
 st_status st_train_ckpt_create(const st_train_ckpt_init* init, st_train_ckpt** out /* owned by caller */);

@@ -1116,16 +1116,20 @@ static st_status st__train_buffers(st__trainer* t) {
 static st_status st__train_start(st__trainer* t, const st_config* cfg, double t0) {
   const st_plan_options* o = t->o;
   ST_RETURN(st__train_buffers(t));
-  /* fsdp across processes: no rank holds the whole state, and per-rank
-   * checkpoints are not built; the options refuse periodic saves and
-   * resuming, and the final parameters go whole to params.safetensors. */
+  /* fsdp across processes: no rank holds the whole state. With one device
+   * per process each rank saves its rows (per-rank shards); with tensor
+   * parallelism inside, per-rank checkpoints are not built: the options
+   * refuse periodic saves and resuming, and the final parameters go whole
+   * to params.safetensors. */
   const bool xfsdp = o->procs > 1 && o->span_axis == ST_PLAN_SPAN_FSDP;
-  if (xfsdp && o->rank == 0)
-    fprintf(stderr, "strata: parallel.fsdp=%d spans the %d processes: no checkpoint is written (per-rank checkpoints are "
-                    "not built; docs/multiprocess.md); the final parameters go to params.safetensors\n",
-            o->global_fsdp, o->procs);
+  const bool shards = xfsdp && t->step_plan.devices == 1;
+  if (xfsdp && !shards && o->rank == 0)
+    fprintf(stderr, "strata: parallel.fsdp=%d spans the %d processes with %d devices each: no checkpoint is written (per-rank "
+                    "checkpoints are built for one device per process; docs/multiprocess.md); the final parameters go to "
+                    "params.safetensors\n",
+            o->global_fsdp, o->procs, t->step_plan.devices);
   st_train_ckpt_init ci = {cfg, o, t->run_dir, t->bundle, &t->step_plan, t->ex, t->runtime, t->log, t->data,
-                           t->job_dir, o->rank > 0, t->dist, xfsdp};
+                           t->job_dir, o->rank > 0 && !shards, t->dist, xfsdp && !shards, shards};
   ST_RETURN(st_train_ckpt_create(&ci, &t->ckpt));
   st_train_ckpt_set_watchdog(t->ckpt, t->watchdog);
   /* Restore first: a checkpoint sets every parameter and optimizer slot, so
