@@ -196,14 +196,24 @@ static int st__inspect(const char* path, bool json) {
   printf("  files           %d, %s\n", c->file_count, size);
   for (int i = 0; i < c->file_count; ++i)
     printf("    %-24s %12zu bytes  xxh64 %016llx\n", c->files[i].file, c->files[i].bytes, (unsigned long long)c->files[i].xxh64);
-  printf("  tensors         %d\n", c->tensor_count);
+  if (c->whole_count > 0)
+    printf("  tensors         %d entries: %d tensors stored in rows, one file per rank (per-rank shards, layout \"rows\")\n",
+           c->tensor_count, c->whole_count);
+  else
+    printf("  tensors         %d\n", c->tensor_count);
   printf("    %-36s %-22s %-6s %-18s %12s %16s\n", "name", "file", "dtype", "shape", "bytes", "xxh64");
   for (int i = 0; i < c->tensor_count; ++i) {
     const st_ckpt_tensor_info* t = &c->tensors[i];
     char ty[96];
     st_tensor_type_format(&t->type, ty, sizeof(ty));
     const char* br = strchr(ty, '[');
-    printf("    %-36s %-22s %-6s %-18s %12zu %016llx\n", t->name, t->file, st_safetensors_dtype_name(t->type.dtype), br ? br : "[]",
+    /* Per-rank shards: which rows of the whole tensor the entry holds. */
+    char name[600];
+    if (t->rows)
+      snprintf(name, sizeof(name), "%s[%lld:%lld of %lld]", t->name, (long long)t->row_begin, (long long)t->row_end, (long long)t->dim0);
+    else
+      snprintf(name, sizeof(name), "%s", t->name);
+    printf("    %-36s %-22s %-6s %-18s %12zu %016llx\n", name, t->file, st_safetensors_dtype_name(t->type.dtype), br ? br : "[]",
            t->bytes, (unsigned long long)t->xxh64);
   }
   st_ckpt_free(c);

@@ -539,8 +539,10 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
       snprintf(pw, sizeof(pw), ", %d process%s", was[3], was[3] == 1 ? "" : "es");
     }
     fprintf(stderr, "strata: %s was written on mesh data=%d fsdp=%d tensor=%d (%d devices%s); this run: data=%d fsdp=%d tensor=%d (%d devices%s). "
-            "Its tensors are whole, so each device gets its replica; losses continue within rounding, not bitwise\n",
-            ck->dir, was[0], was[1], was[2], was[0] * was[1] * was[2], pw, now[0], now[1], now[2], now[0] * now[1] * now[2], pn);
+            "%s; losses continue within rounding, not bitwise\n",
+            ck->dir, was[0], was[1], was[2], was[0] * was[1] * was[2], pw, now[0], now[1], now[2], now[0] * now[1] * now[2], pn,
+            ck->whole_count > 0 ? "Its tensors are assembled whole from the ranks' rows, and each device gets its part"
+                                : "Its tensors are whole, so each device gets its replica");
   }
   if (!quiet)
     fprintf(stderr, "strata: resuming from %s (step %lld)%s\n", ck->dir, (long long)ck->step,

@@ -46,8 +46,17 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     bool listed = false;
     for (int f = 0; f < c->file_count; ++f) listed |= !strcmp(c->files[f].file, t->file);
     if (!listed) abort();
+    /* A name appears once, but for a tensor stored in rows: then once per
+     * row range, and the ranges tile its dim 0 (c->wholes). */
     for (int k = 0; k < i; ++k)
-      if (!strcmp(c->tensors[k].name, t->name)) abort();
+      if (!strcmp(c->tensors[k].name, t->name) && (!t->rows || !c->tensors[k].rows || c->tensors[k].row_begin == t->row_begin)) abort();
+    if (t->rows && (t->row_begin < 0 || t->row_end <= t->row_begin || t->row_end > t->dim0)) abort();
+  }
+  for (int w = 0; w < c->whole_count; ++w) {
+    int64_t rows = 0;
+    for (int i = 0; i < c->tensor_count; ++i)
+      if (c->tensors[i].rows && !strcmp(c->tensors[i].name, c->wholes[w].name)) rows += c->tensors[i].row_end - c->tensors[i].row_begin;
+    if (rows != c->wholes[w].type.dims[0] || st_tensor_type_bytes(&c->wholes[w].type) != c->wholes[w].bytes) abort();
   }
   st_ckpt_free(c);
   return 0;
