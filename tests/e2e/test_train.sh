@@ -251,14 +251,15 @@ if command -v mpirun >/dev/null 2>&1; then
   check "mpirun -np 2 with train.lr differing on rank 1: exit $rc (2) on every rank, naming train.lr and both values, no run dir" \
     "[ $rc = 2 ] && [ \$(grep -c 'ranks resolved different runs: train.lr: rank 0 has 0.001, rank 1 has 0.002' '$TMP/mpi-mm.out') = 2 ] && [ ! -e '$TMP/mpi-mismatch' ]"
   # fsdp across processes (docs/multiprocess.md, "fsdp across processes"):
-  # periodic checkpoints (each rank holds other blocks) and more than one
-  # block per process are refused on every rank before anything is created.
+  # periodic checkpoints with tensor parallelism inside (per-rank shards are
+  # built for one device per process) and more than one block per process
+  # are refused on every rank before anything is created.
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 \
-    "$STRATA" train configs/test.yml parallel.fsdp=2 runtime.cpu_devices=1 ckpt.every=5 run.dir="$TMP/mpi-fsdp-ckpt" \
+    "$STRATA" train configs/test.yml parallel.fsdp=2 parallel.tensor=2 runtime.cpu_devices=2 ckpt.every=5 run.dir="$TMP/mpi-fsdp-ckpt" \
     run.progress=off >"$TMP/mpi-fc.out" 2>&1
   rc=$?
-  check "mpirun -np 2 with fsdp across processes and ckpt.every=5 < train.steps: refused (exit $rc), naming ckpt.every, no run dir" \
-    "[ $rc = 2 ] && grep -q 'ckpt.every=5 (command line) with parallel.fsdp=2 across 2 processes: each rank holds other fsdp blocks' '$TMP/mpi-fc.out' && [ ! -e '$TMP/mpi-fsdp-ckpt' ]"
+  check "mpirun -np 2 with fsdp across processes x tensor=2 inside and ckpt.every=5 < train.steps: refused (exit $rc), naming ckpt.every, no run dir" \
+    "[ $rc = 2 ] && grep -q 'ckpt.every=5 (command line) with parallel.fsdp=2 across 2 processes and parallel.tensor=2 inside: per-rank checkpoints are built for one device per process' '$TMP/mpi-fc.out' && [ ! -e '$TMP/mpi-fsdp-ckpt' ]"
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 \
     "$STRATA" train configs/test.yml parallel.fsdp=4 train.batch_size=8 runtime.cpu_devices=2 run.dir="$TMP/mpi-fsdp4" \
     run.progress=off >"$TMP/mpi-f4.out" 2>&1

@@ -181,15 +181,23 @@ def test_cross_process_reductions_overlap_later_launches(runs: dict) -> None:
 
 @pytest.mark.parametrize("mesh", FSDP_MESHES)
 def test_fsdp_job_files(runs: dict, mesh: str) -> None:
-    """fsdp across processes: no rank holds the whole state, so no
-    checkpoint is written (per-rank checkpoints are not built) while
-    params.safetensors is whole on every rank (gathered at the save); the
-    plan has XPROC all-gathers and reduce-scatters and no XLA collective
-    (one block per process: nothing is cut over this process's devices)."""
+    """fsdp across processes: no rank holds the whole state, so with one
+    device per process the final checkpoint is per-rank shards (one file per
+    rank, tests/py/test_multiprocess_shards.py), and with tensor=2 inside
+    none is written (per-rank checkpoints are built for one device per
+    process), while params.safetensors is whole on every rank (gathered at
+    the save); the plan has XPROC all-gathers and reduce-scatters and no
+    XLA collective (one block per process: nothing is cut over this
+    process's devices)."""
     r = runs[mesh]
     rank1 = r["dir"] / "ranks" / "1"
     assert [m["loss"] for m in load(rank1)["steps"]] == [m["loss"] for m in r["steps"]]
-    assert not (r["dir"] / "checkpoints").exists() or not any((r["dir"] / "checkpoints").iterdir())
+    ckpts = r["dir"] / "checkpoints"
+    if mesh == "p2_fsdp2":
+        final = sorted(ckpts.glob("step_*"))[-1]
+        assert sorted(p.name for p in final.iterdir()) == ["manifest.json", "rank-0.safetensors", "rank-1.safetensors"]
+    else:
+        assert not ckpts.exists() or not any(ckpts.iterdir())
     p0, p1 = params(r), load_params(rank1)
     for name in p0:
         assert p0[name].tobytes() == p1[name].tobytes(), name
