@@ -1109,12 +1109,106 @@ static void test_locate(void** state) {
   free(run);
 }
 
+/*--- per-rank shards ---------------------------------------------------------*/
+
+/* Two ranks write their rows of the small state (layers.0.wq not cut: rank
+ * 0 holds it whole), rank 0 commits; the reader assembles each tensor
+ * whole, bit for bit; manifests whose rows leave a gap or overlap are
+ * refused naming the tensor. */
+static void test_rank_shards(void** state) {
+  (void)state;
+  char* root = tu_tmpdir("shards");
+  st_ckpt_snapshot* whole = make_snapshot(5);
+  st_tensor_type types[NT];
+  for (int i = 0; i < NT; ++i) types[i] = type_of(i);
+  const int parts[NT] = {2, 1, 2, 2};
+  st_ckpt_save_options o = {root, 3, 0, NULL, NULL, {0}};
+  st_ckpt_part recs[2];
+  for (int r = 0; r < 2; ++r) {
+    const char* names[NT];
+    const char* files[NT];
+    st_tensor_type pt[NT];
+    int index[NT], n = 0;
+    int64_t begin[NT];
+    char file[64];
+    snprintf(file, sizeof(file), ST_CKPT_RANK_FILE_FMT, r);
+    for (int i = 0; i < NT; ++i) {
+      int64_t b = 0, e = 0;
+      st_ckpt_rows_of(types[i].dims[0], parts[i], r, &b, &e);
+      if (b == e) continue;
+      names[n] = kNames[i];
+      files[n] = file;
+      pt[n] = types[i];
+      pt[n].dims[0] = e - b;
+      begin[n] = b;
+      index[n++] = i;
+    }
+    st_ckpt_snapshot* mine = st_ckpt_snapshot_create(n, names, files, pt);
+    for (int k = 0; k < n; ++k) {
+      const size_t row = st_tensor_type_bytes(&types[index[k]]) / (size_t)types[index[k]].dims[0];
+      memcpy(st_ckpt_snapshot_data(mine, k), (char*)st_ckpt_snapshot_data(whole, index[k]) + (size_t)begin[k] * row,
+             st_tensor_type_bytes(&pt[k]));
+    }
+    ASSERT_OK(st_ckpt_save_rank(&o, mine, 5, index, NT, &recs[r]));
+    st_ckpt_snapshot_destroy(mine);
+  }
+  /* Before the commit nothing is a checkpoint: a rank killed here leaves none. */
+  assert_int_equal(newest_valid_step(root), -1);
+  st_ckpt_save_result res;
+  ASSERT_OK(st_ckpt_commit_ranks(&o, st_ckpt_snapshot_meta(whole), NT, kNames, types, parts, 2, recs, &res));
+  st_ckpt_save_result_clear(&res);
+  for (int r = 0; r < 2; ++r) st_ckpt_part_clear(&recs[r]);
+  st_ckpt_expect e = expect_model();
+  st_ckpt* c = NULL;
+  char* dir = path2(root, "step_5");
+  ASSERT_OK(st_ckpt_open(dir, &e, &c));
+  assert_int_equal(c->file_count, 2);
+  assert_int_equal(c->whole_count, NT);
+  for (int i = 0; i < NT; ++i) {
+    const st_ckpt_tensor_info* info = NULL;
+    const void* d = st_ckpt_tensor_data(c, kNames[i], &info);
+    assert_non_null(d);
+    assert_int_equal(info->bytes, st_tensor_type_bytes(&types[i]));
+    assert_memory_equal(d, st_ckpt_snapshot_data(whole, i), info->bytes);
+  }
+  st_ckpt_free(c);
+  assert_int_equal(newest_valid_step(root), 5);
+  /* Rows that do not tile dim 0. */
+  const char* bad[2][2] = {{"[0, 8]", "[10, 16]"}, {"[0, 10]", "[8, 16]"}};
+  for (int k = 0; k < 2; ++k) {
+    st_strbuf b = {0};
+    st_strbuf_append(&b, kManifestHead);
+    st_strbuf_append(&b, "  \"files\": [{\"file\": \"rank-0.safetensors\", \"bytes\": 0, \"xxh64\": \"0000000000000000\"}],\n"
+                         "  \"tensors\": [");
+    for (int j = 0; j < 2; ++j) {
+      int b0 = 0, b1 = 0;
+      sscanf(bad[k][j], "[%d, %d]", &b0, &b1);
+      st_strbuf_printf(&b, "%s{\"name\": \"wte\", \"file\": \"rank-0.safetensors\", \"dtype\": \"F32\", \"shape\": [%d, 8], "
+                           "\"offset\": 0, \"bytes\": %d, \"xxh64\": \"0000000000000000\", \"layout\": \"rows\", \"rows\": %s, "
+                           "\"dim0\": 16}",
+                       j ? ", " : "", b1 - b0, (b1 - b0) * 32, bad[k][j]);
+    }
+    st_strbuf_append(&b, "],\n");
+    char* text = signed_manifest(b.data);
+    st_ckpt* m = NULL;
+    expect_ckpt_error(st_ckpt_parse_manifest("x", text, strlen(text), &m), "rows with a gap or an overlap", "tensor 'wte'",
+                      "do not tile rows 0 to 16", NULL);
+    free(text);
+    st_strbuf_free(&b);
+  }
+  free(dir);
+  st_ckpt_snapshot_destroy(whole);
+  tu_rmtree(root);
+  free(root);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_safetensors_round_trip_and_refusals),
       cmocka_unit_test(test_safetensors_hostile_headers),
       cmocka_unit_test(test_manifest_counts_bounded),
       cmocka_unit_test(test_save_open_round_trip),
+      cmocka_unit_test(test_rank_shards),
       cmocka_unit_test(test_corruption_matrix),
       cmocka_unit_test(test_crash_at_every_point),
       cmocka_unit_test(test_io_error_keeps_previous),
