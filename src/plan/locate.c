@@ -103,7 +103,16 @@ static st_status st__from_run(char* run_dir, st_plan_trained_ref* out) {
   }
   char* final = st_rundir_path(run_dir, ST_RUNDIR_PARAMS);
   int64_t final_steps = st_fs_exists(final) ? st__run_done_steps(run_dir) : -2;
-  if (c && !(final_steps > c->step)) {
+  /* A checkpoint of per-rank shards (fsdp across processes) has no
+   * params.safetensors; the run's own, whole, serves when it is as new. */
+  if (c && c->whole_count > 0 && !(final_steps >= c->step)) {
+    s = st_status_make(ST_CODE_CONFIG,
+                       "run directory '%s': its newest checkpoint %s is per-rank shards (fsdp across processes), which this "
+                       "command does not read (docs/checkpoints.md, \"Per-rank shards\"), and the run's params.safetensors is "
+                       "%s; resume the run to its end (it writes params.safetensors whole) and try again",
+                       run_dir, c->dir, final_steps == -2 ? "missing" : "older");
+    free(final);
+  } else if (c && c->whole_count == 0 && !(final_steps > c->step)) {
     out->params_path = st_path_join(c->dir, ST_CKPT_PARAMS);
     out->step = c->step;
     st__record_of_ckpt(c, &out->record);
