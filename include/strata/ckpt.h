@@ -397,6 +397,12 @@ typedef struct st_ckpt {
  * Corrupt data is never returned. */
 st_status st_ckpt_open(const char* dir, const st_ckpt_expect* expect, st_ckpt** out /* owned by caller */);
 void st_ckpt_free(st_ckpt* ckpt); /* NULL is a no-op */
+/* st_ckpt_open reading and verifying only the tensor file |file| (a rank's
+ * own file of per-rank shards; the manifest is checked whole): the other
+ * files are not read (loaded[f] NULL), and the rows they hold read as
+ * zeros in the assembled tensors. A |file| the manifest does not list
+ * reads no file at all. */
+st_status st_ckpt_open_file(const char* dir, const st_ckpt_expect* expect, const char* file, st_ckpt** out /* owned by caller */);
 /* The manifest checks of st_ckpt_open on text in memory (|size| bytes,
  * borrowed): self-checksum, format, version, fields, limits. No file is
  * read; |dir| names the checkpoint in messages. The result has no data

@@ -589,7 +589,7 @@ static void st__assemble(st_ckpt* c) {
   }
 }
 
-static st_status st__ckpt_verify_open(const char* dir, const st_ckpt_expect* expect, st_ckpt** out, bool* out_stop) {
+static st_status st__ckpt_verify_open(const char* dir, const st_ckpt_expect* expect, const char* only, st_ckpt** out, bool* out_stop) {
   *out = NULL;
   *out_stop = false;
   st_ckpt* c = st_xcalloc(1, sizeof(*c));
@@ -601,7 +601,8 @@ static st_status st__ckpt_verify_open(const char* dir, const st_ckpt_expect* exp
   if (!s && expect) s = st__check_expect(c, expect, out_stop);
   if (!s) {
     c->loaded = st_xcalloc((size_t)c->file_count + 1, sizeof(st_safetensors*));
-    for (int f = 0; f < c->file_count && !s; ++f) s = st__check_file(c, f, &c->loaded[f]);
+    for (int f = 0; f < c->file_count && !s; ++f)
+      if (!only || !strcmp(c->files[f].file, only)) s = st__check_file(c, f, &c->loaded[f]);
   }
   if (!s && c->whole_count > 0) st__assemble(c);
   json_decref(manifest);
@@ -615,7 +616,12 @@ static st_status st__ckpt_verify_open(const char* dir, const st_ckpt_expect* exp
 
 st_status st_ckpt_open(const char* dir, const st_ckpt_expect* expect, st_ckpt** out) {
   bool stop = false;
-  return st__ckpt_verify_open(dir, expect, out, &stop);
+  return st__ckpt_verify_open(dir, expect, NULL, out, &stop);
+}
+
+st_status st_ckpt_open_file(const char* dir, const st_ckpt_expect* expect, const char* file, st_ckpt** out) {
+  bool stop = false;
+  return st__ckpt_verify_open(dir, expect, file, out, &stop);
 }
 
 st_status st_ckpt_find_valid(const char* root, const st_ckpt_expect* expect, st_ckpt_skip_fn on_skip, void* user, st_ckpt** out,
@@ -628,7 +634,7 @@ st_status st_ckpt_find_valid(const char* root, const st_ckpt_expect* expect, st_
   for (int i = 0; i < n && !*out; ++i) {
     st_ckpt* c = NULL;
     bool stop = false;
-    st_status s = st__ckpt_verify_open(v[i].dir, expect, &c, &stop);
+    st_status s = st__ckpt_verify_open(v[i].dir, expect, NULL, &c, &stop);
     /* Another tokenizer is no corruption to skip past: every checkpoint of
      * the run has it, and the fix is in the config. */
     if (s && stop) {

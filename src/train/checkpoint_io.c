@@ -412,6 +412,38 @@ static st_status st__pick_here(st_train_ckpt* c, st_ckpt** out, int* skipped, bo
   return s;
 }
 
+/* Per-rank shards, a rank > 0 loading what rank 0 picked (and verified
+ * whole): when the checkpoint's rows in this rank's file are exactly its
+ * blocks (the same job's cut), only that file is read and verified; else
+ * (another process count, a checkpoint of whole tensors) every file is. */
+static st_status st__open_own_rows(st_train_ckpt* c, const char* dir, const st_ckpt_expect* expect, st_ckpt** out) {
+  char file[64];
+  snprintf(file, sizeof(file), ST_CKPT_RANK_FILE_FMT, c->rank);
+  st_ckpt* ck = NULL;
+  ST_RETURN(st_ckpt_open_file(dir, expect, file, &ck));
+  /* This rank's file holds, in the manifest's order (the writer's: the
+   * tensors in order), exactly its rows of every tensor it holds rows of;
+   * anything else (another writer's order too) reads every file. */
+  int mine = 0, matched = 0, in_file = 0, k = 0;
+  for (int i = 0; i < c->count; ++i) {
+    int64_t b = 0, e = 0;
+    st_ckpt_rows_of(c->types[i].dims[0], c->parts[i], c->rank, &b, &e);
+    if (b == e) continue;
+    ++mine;
+    while (k < ck->tensor_count && strcmp(ck->tensors[k].file, file)) ++k;
+    if (k == ck->tensor_count) break;
+    const st_ckpt_tensor_info* t = &ck->tensors[k++];
+    matched += t->rows && !strcmp(t->name, c->names[i]) && t->row_begin == b && t->row_end == e;
+  }
+  for (int q = 0; q < ck->tensor_count; ++q) in_file += !strcmp(ck->tensors[q].file, file);
+  if (mine > 0 && matched == mine && in_file == mine) {
+    *out = ck;
+    return ST_OK;
+  }
+  st_ckpt_free(ck);
+  return st_ckpt_open(dir, expect, out);
+}
+
 /* In a job, rank 0's pick of a checkpoint (|s| its error, *io its
  * checkpoint, NULL: none) made every rank's: rank 0 sends the folder's
  * name and every other rank opens and verifies that very folder (*io),
@@ -447,7 +479,7 @@ static st_status st__job_share(st_train_ckpt* c, st_status s, st_ckpt** io, bool
     st_ckpt_expect expect;
     st__expect(c, &expect);
     char* dir = st_path_join(c->root, name);
-    s = st_ckpt_open(dir, &expect, io);
+    s = c->rows ? st__open_own_rows(c, dir, &expect, io) : st_ckpt_open(dir, &expect, io);
     if (s) s = st_status_annotate(s, "opening %s, the checkpoint rank 0 loads", dir);
     *out_opening = s != ST_OK;
     free(dir);
