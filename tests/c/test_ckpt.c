@@ -1173,6 +1173,16 @@ static void test_rank_shards(void** state) {
   }
   st_ckpt_free(c);
   assert_int_equal(newest_valid_step(root), 5);
+  /* A rank reading its own file only: rank 1's rows of wte are there, rank
+   * 0's (never read) are zeros. */
+  c = NULL;
+  ASSERT_OK(st_ckpt_open_file(dir, &e, "rank-1.safetensors", &c));
+  assert_null(c->loaded[0]);
+  assert_non_null(c->loaded[1]);
+  const float* w = st_ckpt_tensor_data(c, "wte", NULL);
+  const float* want = st_ckpt_snapshot_data(whole, 0);
+  assert_true(w[0] == 0.0f && w[8 * 8] == want[8 * 8] && w[16 * 8 - 1] == want[16 * 8 - 1]);
+  st_ckpt_free(c);
   /* Rows that do not tile dim 0. */
   const char* bad[2][2] = {{"[0, 8]", "[10, 16]"}, {"[0, 10]", "[8, 16]"}};
   for (int k = 0; k < 2; ++k) {
