@@ -212,6 +212,9 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
    * would end as a drill that never fired (docs/checkpoints.md). */
   st_faults_options fo = o->faults;
   if (in->no_save) fo.crash_in_save = fo.corrupt_latest = fo.io_error_at_save = fo.hang_in_save = 0;
+  /* Per-rank shards: every rank writes (and can fire the save drills), but
+   * rank 0 alone commits, where faults.corrupt_latest fires. */
+  if (c->rows && c->rank > 0) fo.corrupt_latest = 0;
   if (!s) s = st_faults_create(&fo, in->run_dir, &c->faults);
   if (!s) {
     st_faults_set_log(c->faults, in->log);
@@ -309,7 +312,10 @@ static st_status st__report_committed(st_train_ckpt* c, st_ckpt_save_result* r) 
   json_t* e = st_json_obj();
   st_json_put_int(e, "step", r->step);
   st_json_put_str(e, "dir", dir);
-  st_json_put_int(e, "written_by_rank", 0);
+  if (c->rows)
+    st_json_put_bool(e, "shards", true); /* every rank wrote its file, rank 0 committed */
+  else
+    st_json_put_int(e, "written_by_rank", 0);
   free(dir);
   st_ckpt_save_result_clear(r);
   return st_runlog_event(c->in.log, "ckpt_committed", e);

@@ -145,7 +145,8 @@ def test_each_rank_writes_its_rows(runs: dict) -> None:
             assert t["shape"][0] == t["rows"][1] - t["rows"][0] and t["rows"][1] <= t["dim0"], t
     assert (full / "checkpoints" / "LATEST").read_text() == f"step_{STEPS}\n"
     # rank 1 learns both commits at the vote
-    assert [e["step"] for e in events(full / "ranks" / "1", "ckpt_committed")] == [CUT, STEPS]
+    committed = events(full / "ranks" / "1", "ckpt_committed")
+    assert [e["step"] for e in committed] == [CUT, STEPS] and all(e["shards"] for e in committed), committed
     assert not (full / "ranks" / "1" / "checkpoints").exists()
 
 
