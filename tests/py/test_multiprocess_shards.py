@@ -129,6 +129,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
                                           timeout=TIMEOUT_S)
     resume(killed, 2, *fsdp2)
     out["killed"] = killed
+    # Rank 1 alone fails writing its file (injected EIO), ckpt.on_error=continue.
+    failed = cut_copy(full, tmp / "failed")
+    (failed / "diag").mkdir(exist_ok=True)
+    (failed / "diag" / "faults.fired").write_text("io_error_at_save 1 0 0\n")
+    resume(failed, 2, *fsdp2, "faults.io_error_at_save=1", "faults.io_error=EIO", "ckpt.on_error=continue")
+    out["failed"] = failed
     return out
 
 
@@ -205,3 +211,16 @@ def test_rank_killed_before_the_vote(runs: dict) -> None:
     # the job's resume removes the unfinished write and continues bitwise
     assert losses(runs["killed"]) == losses(runs["full"])
     assert ((runs["killed"] / "params.safetensors").read_bytes() == (runs["full"] / "params.safetensors").read_bytes())
+
+
+def test_rank_failing_its_write(runs: dict) -> None:
+    """A write failing on rank 1 alone: the vote tells every rank, rank 0
+    commits nothing and removes the folder, ckpt.on_error applies alike."""
+    d = runs["failed"]
+    for rank_dir in (d, d / "ranks" / "1"):
+        failed = events(rank_dir, "ckpt_failed")
+        assert [e["step"] for e in failed] == [STEPS] and all(e["on_error"] == "continue" for e in failed), failed
+    assert "rank 1 failed writing its part of the checkpoint of step 6" in events(d, "ckpt_failed")[0]["error"]
+    assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["LATEST", f"step_{CUT}"]
+    assert (d / "checkpoints" / "LATEST").read_text() == f"step_{CUT}\n"
+    assert losses(d) == losses(runs["full"])
