@@ -232,3 +232,15 @@ def test_fsdp_gathers_run_ahead_of_their_use(runs: dict) -> None:
                   if any(la["args"]["op"] > x["args"]["op"] and la["ts"] < x["ts"] + x["dur"] and la["ts"] + la["dur"] > x["ts"]
                          for la in launches)]
     assert overlapped, "no cross-process all-gather or reduce-scatter was in flight while a later launch ran"
+
+
+def test_eval_and_sample_of_a_jobs_run(runs: dict) -> None:
+    """A job's run directory is evaluated and sampled from in one process,
+    on one device (its config says parallel.processes=2: the commands set
+    it back to 1 with the one-device mesh)."""
+    d = str(runs["p2_data2"]["dir"])
+    r = run([STRATA, "eval", d])
+    assert "written:" in r.stdout, r.stdout
+    # byte-level text: 8 bytes after the prompt, not necessarily UTF-8
+    r = subprocess.run([STRATA, "sample", d, "--tokens", "8", "--prompt", "The "], cwd=ROOT, capture_output=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.startswith(b"The ") and len(r.stdout) >= 5, (r.stdout, r.stderr[-2000:])
