@@ -21,7 +21,8 @@
 #include "strata/base.h"
 
 /* The value deleter handed to the plugin: values come from the store's
- * malloc (st_runtime_kv.get's contract). free itself has another type. */
+ * allocator (st_runtime_kv.get's contract: free releases them); free
+ * itself has another type. */
 static void st__kv_value_free(char* value) { free(value); }
 
 /* An error for the plugin. Without a callback_error (a plugin that breaks
