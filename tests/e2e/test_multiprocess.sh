@@ -90,6 +90,29 @@ check "SIGUSR1 to mpirun: exit $rc (8), one checkpoint (LATEST = the stop step),
    && echo '$e1' | grep -q '\"event\": \"interrupted\".*$s0.*\"exit_code\": 8' && [ -n '$s0' ]"
 check "SIGUSR1: the committed checkpoint verifies" "'$STRATA' ckpt verify '$d' >/dev/null 2>&1"
 
+# --- SIGTERM to mpirun, with the grace Open MPI allows ---------------------------
+# By default mpirun SIGTERMs the ranks and SIGKILLs them 1 s later; with
+# odls_base_sigkill_timeout raised (docs/multiprocess.md, "Failures") the
+# ranks have time to finish the step and commit: one checkpoint, every
+# rank exit 8; mpirun itself exits 1 once the grace has passed (Open MPI's
+# code for a job it was asked to end).
+d="$TMP/term"
+mpirun --oversubscribe --mca odls_base_sigkill_timeout 8 -np 2 "$STRATA" train "${JOB[@]}" train.steps=100000 ckpt.every=0 \
+  run.dir="$d" >"$TMP/term.out" 2>&1 &
+M=$!
+JOBS_PIDS+=("$M")
+wait_steps "$d" 3 || bad "SIGTERM to mpirun: the job made no 3 steps: $(tail -5 "$TMP/term.out")"
+kill -TERM "$M"
+wait_bounded "$M" 60
+rc=$?
+e0=$(last_event "$d")
+e1=$(last_event "$d/ranks/1")
+s0=$(echo "$e0" | grep -o '"step": [0-9]*')
+check "SIGTERM to mpirun (odls_base_sigkill_timeout 8): mpirun exit $rc (1), one checkpoint at the stop step $s0, both ranks interrupted with exit 8" \
+  "[ $rc = 1 ] && [ \$(ls '$d/checkpoints' | grep -c '^step_') = 1 ] && [ \"\$(cat '$d/checkpoints/LATEST')\" = step_\${s0#*: } ] \
+   && echo '$e0' | grep -q '\"event\": \"interrupted\".*\"signal_name\": \"SIGTERM\".*\"exit_code\": 8' \
+   && echo '$e1' | grep -q '\"event\": \"interrupted\".*$s0.*\"exit_code\": 8' && [ -n '$s0' ]"
+
 # --- a clean stop: SIGTERM to one rank ------------------------------------------
 # Rank 1 alone is asked; the stop flag travels with each step's losses, so
 # rank 0 stops after the same step.
