@@ -75,6 +75,16 @@ static int st__digest_shared(EVP_MD_CTX* ctx, const st_runtime* rt) {
   return st__digest_str(ctx, buf);
 }
 
+/* XLA reads XLA_FLAGS from the environment at compile time (e.g.
+ * --xla_cpu_max_isa=AVX2, how the tests check another CPU's code paths):
+ * an executable compiled under other flags is another program. Unset or
+ * empty adds nothing, so the keys of ordinary runs are as before. */
+static int st__digest_xla_flags(EVP_MD_CTX* ctx) {
+  const char* flags = getenv("XLA_FLAGS");
+  if (!flags || !*flags) return 1;
+  return st__digest_str(ctx, "xla-flags:") && st__digest_str(ctx, flags);
+}
+
 st_status st__cache_key(const st_runtime* rt, const uint8_t* options, size_t options_size, const void* code,
                         size_t code_size, char out_hex[65]) {
   out_hex[0] = '\0';
@@ -90,7 +100,8 @@ st_status st__cache_key(const st_runtime* rt, const uint8_t* options, size_t opt
            st__digest_field(ctx, options, options_size) &&
            st__digest_str(ctx, rt->plugin_path) && st__digest_field(ctx, nums, sizeof(nums)) &&
            st__digest_str(ctx, rt->platform_name) && st__digest_str(ctx, rt->platform_version) &&
-           st__digest_str(ctx, rt->xla_version) && st__digest_shared(ctx, rt) && EVP_DigestFinal_ex(ctx, md, &md_len);
+           st__digest_str(ctx, rt->xla_version) && st__digest_shared(ctx, rt) && st__digest_xla_flags(ctx) &&
+           EVP_DigestFinal_ex(ctx, md, &md_len);
   EVP_MD_CTX_free(ctx);
   if (!ok || md_len != 32) return st_status_make(ST_CODE_INTERNAL, "executable cache: SHA-256 failed");
   static const char kHex[] = "0123456789abcdef";

@@ -280,4 +280,19 @@ else
   bad "mpirun not found: make setup installs openmpi-bin"
 fi
 
+# The executable cache keys XLA_FLAGS (docs/runtime.md, "Executable cache"):
+# a run under --xla_cpu_max_isa=AVX2 compiles its own executables instead
+# of loading the default flags' (which would hide another CPU's code
+# paths), and a run without the variable finds the first entries again.
+XC="$TMP/cache-xla-flags"
+STRATA_CACHE_DIR="$XC" "$STRATA" train configs/test.yml train.steps=1 run.dir="$TMP/xf-a" run.progress=off >/dev/null 2>&1
+n1=$(ls "$XC/executables" 2>/dev/null | grep -c '\.xexe$')
+STRATA_CACHE_DIR="$XC" XLA_FLAGS=--xla_cpu_max_isa=AVX2 "$STRATA" train configs/test.yml train.steps=1 run.dir="$TMP/xf-b" run.progress=off >/dev/null 2>&1
+n2=$(ls "$XC/executables" 2>/dev/null | grep -c '\.xexe$')
+STRATA_CACHE_DIR="$XC" "$STRATA" train configs/test.yml train.steps=1 run.dir="$TMP/xf-c" run.progress=off >/dev/null 2>&1
+n3=$(ls "$XC/executables" 2>/dev/null | grep -c '\.xexe$')
+# (Not exactly twice: the first run also caches doctor's matmul peak probe.)
+check "XLA_FLAGS in the executable cache key: $n1 entries, $n2 after an AVX2 run, $n3 after a plain run again" \
+  "[ $n1 -gt 1 ] && [ $n2 -ge \$((2 * $n1 - 1)) ] && [ $n3 = $n2 ]"
+
 finish test_train.sh
