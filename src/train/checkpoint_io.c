@@ -175,6 +175,11 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
   c->rows = in->sharded && c->job;
   st_status rs = ST_OK;
   if (c->rows) {
+    /* Asked for in so many words (full staging, background saves): said,
+     * not dropped in silence. */
+    if (c->async && o->ckpt.staging == ST_CKPT_STAGING_FULL && o->rank == 0)
+      fprintf(stderr, "strata: note: ckpt.async=true and ckpt.staging=full: saves of per-rank shards (fsdp across "
+                      "processes) are synchronous on every rank (docs/checkpoints.md, \"Per-rank shards\")\n");
     c->async = c->streaming = false;
     rs = st__rows_create(c);
   } else {
