@@ -84,6 +84,14 @@ typedef enum st_op_kind {
    * FREE of an input whose copy is still running hands that buffer to the
    * op (docs/multiprocess.md, "Cross-process ops"). */
   ST_OP_XPROC,
+  /* Pipeline parallelism (plan->stages > 1; docs/parallelism.md,
+   * "Pipeline"): input j, a slot of one stage, copied device to device
+   * (st_buffer_copy_to_device) into output j, a slot of another stage
+   * (op->stage), each device index to the same index of the other stage.
+   * The input stays filled (a FREE follows where nothing else reads it).
+   * Issued without blocking; PJRT orders the copy after the input's
+   * producer and every later reader of the output after the copy. */
+  ST_OP_SEND,
 } st_op_kind;
 
 const char* st_op_kind_name(st_op_kind kind); /* "LAUNCH", ... */
@@ -146,6 +154,10 @@ typedef struct st_slot {
    * cut across processes. */
   int xblocks;
   st_tensor_type xwhole;
+  /* Pipeline parallelism: the stage whose devices back this slot (device
+   * index d of stage s is runtime device base + s * plan->devices + d); 0
+   * without a pipeline. A host slot has its twin's stage. */
+  int stage;
 } st_slot;
 
 typedef struct st_op {
@@ -160,6 +172,10 @@ typedef struct st_op {
   int* outputs; /* slots */
   int dep_count;
   int* deps; /* earlier ops whose results this op needs (st_plan_finalize) */
+  /* Pipeline parallelism: the stage whose devices run it (a SEND: the
+   * stage it copies to); 0 without a pipeline. Its device slots are all of
+   * this stage, except a SEND's inputs. */
+  int stage;
 } st_op;
 
 typedef struct st_plan {
@@ -189,7 +205,19 @@ typedef struct st_plan {
    * st_plan_set_program_temps. A launch holds them, on top of the live
    * slots, for as long as it runs (docs/scheduling.md, "Temporaries"). */
   int64_t* program_temps;
+  /* Pipeline parallelism (parallel.pipeline; docs/parallelism.md,
+   * "Pipeline"): the stages, each on |devices| devices of its own (the
+   * mesh above is one stage's), so the plan runs on stages * devices
+   * devices. 1: no pipeline. */
+  int stages;
+  /* The stage each program (index = st_op.program) is compiled for: an SPMD
+   * program runs on that stage's devices and is compiled once per stage
+   * that runs it, under one name each (st_plan_program_at); NULL: every
+   * program is stage 0's. */
+  int* program_stage;
 } st_plan;
+
+#define ST_PLAN_MAX_STAGES 16
 
 /* Axis bits of st_slot.sharding in a plan's mesh. */
 enum { ST_PLAN_AXIS_DATA = 1u << 0, ST_PLAN_AXIS_FSDP = 1u << 1, ST_PLAN_AXIS_TENSOR = 1u << 2 };
@@ -200,6 +228,11 @@ void st_plan_deinit(st_plan* plan);
 int st_plan_slot(st_plan* plan, const char* name, st_slot_category category, const st_tensor_type* type, bool persistent);
 int st_plan_slot_find(const st_plan* plan, const char* name); /* -1 when absent */
 int st_plan_program(st_plan* plan, const char* name);          /* interned */
+/* st_plan_program for the programs of stage |stage| (interned by name and
+ * stage: the same program on two stages has two indices). */
+int st_plan_program_at(st_plan* plan, const char* name, int stage);
+/* The stage of program index |i| (0 without a pipeline). */
+int st_plan_program_stage(const st_plan* plan, int i);
 st_op* st_plan_add(st_plan* plan, st_op_kind kind, int program, int layer, int micro, int tag, int input_count,
                    const int* inputs, int output_count, const int* outputs);
 void st_plan_set_policy(st_plan* plan, const char* policy);
@@ -221,6 +254,14 @@ st_status st_plan_finalize(st_plan* plan);
  * nothing exceeds the persistent state). */
 int64_t st_plan_predict_live(const st_plan* plan, int64_t* out /* may be NULL */,
                              int64_t* out_peak_by_category /* [ST_SLOT_CATEGORY_COUNT], may be NULL */);
+/* With a pipeline (plan->stages > 1) every stage's devices are counted
+ * apart: st_plan_predict_live's out[op] is then the live bytes of the op's
+ * own stage after it, and its peak the largest any stage reaches (the
+ * categories at that stage's peak). This gives, per stage s and category
+ * c, the most bytes of c live on s at once over the step, each category's
+ * own maximum (out_stage_peaks[s * ST_SLOT_CATEGORY_COUNT + c], stages *
+ * ST_SLOT_CATEGORY_COUNT entries), and returns the stage count. */
+int st_plan_predict_stage_peaks(const st_plan* plan, int64_t* out_stage_peaks);
 /* Sets the plan's program_temps (|temps| has program_count entries,
  * copied; NULL clears them). */
 void st_plan_set_program_temps(st_plan* plan, const int64_t* temps);
@@ -384,13 +425,35 @@ typedef struct st_executor_stats {
   double xproc_s;
   double xproc_hidden_s;
   double xproc_wait_s;
+  /* Pipeline parallelism (plan->stages > 1; else stages = 1 and the rest
+   * describe the one stage). SEND ops: how many, their bytes per device
+   * index, the time some was in flight (union of start..complete) and how
+   * much of it some launch ran too. Per stage: busy = the union of its
+   * LAUNCH / RECOMPUTE / COLLECTIVE start..complete intervals; the step's
+   * span = first op's issue to last op's completion; the bubble fraction =
+   * 1 - sum(busy) / (stages * span). Per stage and category the most bytes
+   * live at once, accounted (each category's own maximum, as
+   * st_plan_predict_stage_peaks predicts). */
+  int stages;
+  int64_t sends;
+  int64_t send_bytes;
+  double send_s;
+  double send_hidden_s;
+  double span_s;
+  double bubble_fraction;
+  double stage_busy_s[ST_PLAN_MAX_STAGES];
+  int64_t stage_peak_by_category[ST_PLAN_MAX_STAGES][ST_SLOT_CATEGORY_COUNT];
 } st_executor_stats;
 
 /* |programs[i]| is the compiled program for plan->programs[i] (borrowed).
  * |plan| must be finalized and outlive the executor. A data-parallel plan
  * (plan->devices = n > 1) runs index d on runtime device |device| + d:
  * its COLLECTIVE programs must be SPMD programs compiled for exactly those
- * devices in that order, every other program a one-device program. A plan with host slots
+ * devices in that order, every other program a one-device program. With
+ * a pipeline (plan->stages = S > 1) stage s's index d runs on runtime
+ * device |device| + s * n + d, and program i is compiled for the stage
+ * st_plan_program_stage(plan, i) names (an SPMD program on that stage's n
+ * devices in order). A plan with host slots
  * needs a host memory space on |device| ("pinned_host", else
  * "unpinned_host"); without one this fails naming the device's spaces. */
 st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_program* const* programs, int device,

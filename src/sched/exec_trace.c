@@ -54,6 +54,7 @@ st_status st_executor_write_trace(const st_executor* executor, const char* path,
       case ST_OP_FREE: g = 3; break;
       case ST_OP_COLLECTIVE: g = 4; break;
       case ST_OP_XPROC: g = 5; break; /* drawn from issue to the result's arrival */
+      case ST_OP_SEND: g = 1; break;
     }
     /* Device work is drawn from when it could start; host work from when
      * the host issued it. */

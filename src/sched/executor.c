@@ -963,6 +963,8 @@ static st_status st__run_op(st_executor* ex, const st_executor_hooks* hooks, int
       return st__exec_wait(ex, i, op);
     case ST_OP_XPROC:
       return st__xproc(ex, i, op);
+    case ST_OP_SEND:
+      return st_status_make(ST_CODE_INTERNAL, "plan op %d: SEND is not built in the executor yet", i);
   }
   assert(!"an op kind the switch above does not know"); /* st_op_kind is closed */
   return st_status_make(ST_CODE_INTERNAL, "plan op %d has unknown kind %d", i, (int)op->kind);

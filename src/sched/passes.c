@@ -96,6 +96,7 @@ st_status st_plan_offload(const st_plan* in, const int* unit_of_slot, int prefet
     snprintf(name, sizeof(name), "host:%s", in->slots[s].name);
     int h = st_plan_slot(out, name, in->slots[s].category, &in->slots[s].type, true);
     out->slots[h].host = true;
+    out->slots[h].stage = in->slots[s].stage;
     out->slots[h].layout = in->slots[s].layout;
     out->slots[h].logical = in->slots[s].logical;
     out->slots[h].sharding = in->slots[s].sharding;

@@ -34,6 +34,7 @@ const char* st_op_kind_name(st_op_kind k) {
     case ST_OP_RECOMPUTE: return "RECOMPUTE";
     case ST_OP_COLLECTIVE: return "COLLECTIVE";
     case ST_OP_XPROC: return "XPROC";
+    case ST_OP_SEND: return "SEND";
   }
   return "?";
 }
@@ -68,6 +69,7 @@ void st_plan_init(st_plan* plan) {
   memset(plan, 0, sizeof(*plan));
   plan->devices = 1;
   plan->mesh[0] = plan->mesh[1] = plan->mesh[2] = 1;
+  plan->stages = 1;
 }
 
 void st_plan_deinit(st_plan* plan) {
@@ -83,6 +85,7 @@ void st_plan_deinit(st_plan* plan) {
   free(plan->programs);
   free(plan->policy);
   free(plan->program_temps);
+  free(plan->program_stage);
   st_plan_init(plan);
 }
 
@@ -111,17 +114,29 @@ int st_plan_slot(st_plan* plan, const char* name, st_slot_category category, con
   return plan->slot_count++;
 }
 
-int st_plan_program(st_plan* plan, const char* name) {
+int st_plan_program_stage(const st_plan* plan, int i) {
+  return plan->program_stage && i >= 0 && i < plan->program_count ? plan->program_stage[i] : 0;
+}
+
+int st_plan_program_at(st_plan* plan, const char* name, int stage) {
   for (int i = 0; i < plan->program_count; ++i)
-    if (!strcmp(plan->programs[i], name)) return i;
+    if (!strcmp(plan->programs[i], name) && st_plan_program_stage(plan, i) == stage) return i;
   plan->programs = st_xrealloc(plan->programs, (size_t)(plan->program_count + 1) * sizeof(char*));
   plan->programs[plan->program_count] = st__xstrdup(name);
+  /* The stages array only once some program is not stage 0's. */
+  if (stage != 0 && !plan->program_stage) plan->program_stage = st_xcalloc((size_t)plan->program_count + 1, sizeof(int));
+  if (plan->program_stage) {
+    plan->program_stage = st_xrealloc(plan->program_stage, (size_t)(plan->program_count + 1) * sizeof(int));
+    plan->program_stage[plan->program_count] = stage;
+  }
   if (plan->program_temps) { /* a program added after the temporaries were set: none known */
     plan->program_temps = st_xrealloc(plan->program_temps, (size_t)(plan->program_count + 2) * sizeof(int64_t));
     plan->program_temps[plan->program_count] = 0;
   }
   return plan->program_count++;
 }
+
+int st_plan_program(st_plan* plan, const char* name) { return st_plan_program_at(plan, name, 0); }
 
 static int* st__ints(const int* v, int n) {
   int* p = st_xrealloc(NULL, (size_t)n * sizeof(int));
@@ -144,6 +159,11 @@ st_op* st_plan_add(st_plan* plan, st_op_kind kind, int program, int layer, int m
   op->output_count = output_count;
   op->outputs = st__ints(outputs, output_count);
   op->deps = st__ints(NULL, 0);
+  /* Where it runs: its first output's stage (a SEND's destination), else
+   * its first input's; the passes copy ops through here and keep it. */
+  op->stage = output_count > 0 && outputs[0] >= 0 && outputs[0] < plan->slot_count   ? plan->slots[outputs[0]].stage
+              : input_count > 0 && inputs[0] >= 0 && inputs[0] < plan->slot_count ? plan->slots[inputs[0]].stage
+                                                                                   : 0;
   return op;
 }
 
@@ -160,7 +180,7 @@ void st_plan_copy(const st_plan* src, st_plan* dst) {
     dst->slots[dst->slot_count] = *s;
     dst->slots[dst->slot_count++].name = st__xstrdup(s->name);
   }
-  for (int i = 0; i < src->program_count; ++i) st_plan_program(dst, src->programs[i]);
+  for (int i = 0; i < src->program_count; ++i) st_plan_program_at(dst, src->programs[i], st_plan_program_stage(src, i));
   for (int i = 0; i < src->op_count; ++i) {
     const st_op* o = &src->ops[i];
     st_op* n = st_plan_add(dst, o->kind, o->program, o->layer, o->micro, o->tag, o->input_count, o->inputs,
@@ -174,13 +194,14 @@ void st_plan_copy(const st_plan* src, st_plan* dst) {
   memcpy(dst->mesh, src->mesh, sizeof(dst->mesh));
   dst->serialize_spmd = src->serialize_spmd;
   dst->procs = src->procs;
+  dst->stages = src->stages;
   /* Program indices are interned in |src|'s order, so they line up. */
   st_plan_set_program_temps(dst, src->program_temps);
 }
 
 bool st__op_is_async(st_op_kind k) {
   return k == ST_OP_LAUNCH || k == ST_OP_RECOMPUTE || k == ST_OP_H2D || k == ST_OP_D2H || k == ST_OP_COLLECTIVE ||
-         k == ST_OP_XPROC;
+         k == ST_OP_XPROC || k == ST_OP_SEND;
 }
 
 /*===-------------------------------------------------------------------===*/
@@ -226,6 +247,49 @@ static st_status st__check_xproc(const st_plan* plan, int i) {
     } else if (op->outputs[j] != op->inputs[j]) {
       return st__plan_bad(plan, i, "is not in place on", op->inputs[j]);
     }
+  }
+  return ST_OK;
+}
+
+static bool st__same_type(const st_tensor_type* a, const st_tensor_type* b) {
+  if (a->dtype != b->dtype || a->rank != b->rank) return false;
+  for (int d = 0; d < a->rank; ++d)
+    if (a->dims[d] != b->dims[d]) return false;
+  return true;
+}
+
+/* A SEND copies device slots of one stage into same-typed device slots of
+ * another (op->stage, its outputs' stage). */
+static st_status st__check_send(const st_plan* plan, int i) {
+  const st_op* op = &plan->ops[i];
+  if (plan->stages < 2) return st__plan_bad(plan, i, "is a SEND in a plan without pipeline stages; first input", -1);
+  if (op->input_count < 1 || op->input_count != op->output_count)
+    return st__plan_bad(plan, i, "must have as many outputs as inputs; first input", op->input_count ? op->inputs[0] : -1);
+  for (int j = 0; j < op->input_count; ++j) {
+    const st_slot *in = &plan->slots[op->inputs[j]], *out = &plan->slots[op->outputs[j]];
+    if (in->host || out->host) return st__plan_bad(plan, i, "sends the host-memory", op->inputs[j]);
+    if (!st__same_type(&in->type, &out->type)) return st__plan_bad(plan, i, "sends into a slot of another type than", op->inputs[j]);
+    if (in->stage == out->stage) return st__plan_bad(plan, i, "sends within one stage", op->inputs[j]);
+    if (out->stage != op->stage) return st__plan_bad(plan, i, "sends to slots of two stages; second", op->outputs[j]);
+  }
+  return ST_OK;
+}
+
+/* Pipeline: every slot is one stage's, and an op other than a SEND, a WAIT
+ * or a HOST op touches slots and programs of its own stage only. */
+static st_status st__check_stages(const st_plan* plan, int i) {
+  const st_op* op = &plan->ops[i];
+  for (int j = 0; j < op->input_count + op->output_count; ++j) {
+    int x = j < op->input_count ? op->inputs[j] : op->outputs[j - op->input_count];
+    if (plan->slots[x].stage < 0 || plan->slots[x].stage >= plan->stages)
+      return st__plan_bad(plan, i, "uses a slot of no stage of the plan:", x);
+  }
+  if (op->kind == ST_OP_SEND || op->kind == ST_OP_WAIT || op->kind == ST_OP_HOST) return ST_OK;
+  if (st__op_has_program(op->kind) && st_plan_program_stage(plan, op->program) != op->stage)
+    return st__plan_bad(plan, i, "runs a program compiled for another stage; first input", op->input_count ? op->inputs[0] : -1);
+  for (int j = 0; j < op->input_count + op->output_count; ++j) {
+    int x = j < op->input_count ? op->inputs[j] : op->outputs[j - op->input_count];
+    if (plan->slots[x].stage != op->stage) return st__plan_bad(plan, i, "touches another stage's", x);
   }
   return ST_OK;
 }
@@ -309,7 +373,11 @@ st_status st_plan_finalize(st_plan* plan) {
       case ST_OP_XPROC:
         s = st__check_xproc(plan, i);
         break;
+      case ST_OP_SEND:
+        s = st__check_send(plan, i);
+        break;
     }
+    if (!s && plan->stages > 1) s = st__check_stages(plan, i);
     if (s) break;
     free(op->deps);
     op->deps = st__ints(deps, nd);
@@ -340,47 +408,73 @@ st_status st_plan_finalize(st_plan* plan) {
  * input's memory is reused by the output that aliases it — which the slot
  * model captures because the executor requires donated slots to be
  * refilled by the same op. Persistent device slots start live; host slots
- * are not device memory. */
-int64_t st_plan_predict_live(const st_plan* plan, int64_t* out, int64_t* out_peak_by_category) {
+ * are not device memory. Each stage's devices are counted apart (one
+ * stage without a pipeline). |stage_peaks| (stages * categories, may be
+ * NULL) receives each stage's per-category maxima. */
+static int64_t st__predict(const st_plan* plan, int64_t* out, int64_t* out_peak_by_category, int64_t* stage_peaks) {
+  enum { C = ST_SLOT_CATEGORY_COUNT };
+  const int S = plan->stages > 1 ? plan->stages : 1;
   bool* live = st_xcalloc((size_t)plan->slot_count + 1, sizeof(bool));
-  int64_t cat[ST_SLOT_CATEGORY_COUNT] = {0};
+  int64_t* cat = st_xcalloc((size_t)S * C, sizeof(int64_t)); /* [stage][category] */
   for (int i = 0; i < plan->slot_count; ++i) {
     const st_slot* sl = &plan->slots[i];
     if (sl->persistent && !sl->host) {
       live[i] = true;
-      cat[sl->category] += (int64_t)st_tensor_type_bytes(&sl->type);
+      cat[(size_t)sl->stage * C + sl->category] += (int64_t)st_tensor_type_bytes(&sl->type);
     }
   }
   int64_t peak = 0;
-  for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) peak += cat[k];
-  if (out_peak_by_category) memcpy(out_peak_by_category, cat, sizeof(cat));
+  for (int st = 0; st < S; ++st) {
+    int64_t total = 0;
+    for (int k = 0; k < C; ++k) total += cat[(size_t)st * C + k];
+    if (total > peak || st == 0) {
+      peak = total;
+      if (out_peak_by_category) memcpy(out_peak_by_category, cat + (size_t)st * C, C * sizeof(int64_t));
+    }
+  }
+  if (stage_peaks) memcpy(stage_peaks, cat, (size_t)S * C * sizeof(int64_t));
   for (int i = 0; i < plan->op_count; ++i) {
     const st_op* op = &plan->ops[i];
     if (op->kind == ST_OP_FREE) {
       for (int j = 0; j < op->input_count; ++j) {
         int s = op->inputs[j];
-        if (live[s]) cat[plan->slots[s].category] -= (int64_t)st_tensor_type_bytes(&plan->slots[s].type);
+        const st_slot* sl = &plan->slots[s];
+        if (live[s]) cat[(size_t)sl->stage * C + sl->category] -= (int64_t)st_tensor_type_bytes(&sl->type);
         live[s] = false;
       }
     }
     for (int j = 0; j < op->output_count; ++j) {
       int s = op->outputs[j];
-      if (plan->slots[s].host) continue;
-      if (!live[s]) cat[plan->slots[s].category] += (int64_t)st_tensor_type_bytes(&plan->slots[s].type);
+      const st_slot* sl = &plan->slots[s];
+      if (sl->host) continue;
+      if (!live[s]) cat[(size_t)sl->stage * C + sl->category] += (int64_t)st_tensor_type_bytes(&sl->type);
       live[s] = true;
     }
+    const int64_t* here = cat + (size_t)(S > 1 ? op->stage : 0) * C;
     int64_t total = 0;
-    for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) {
-      total += cat[k];
-      if (out) out[(size_t)i * ST_SLOT_CATEGORY_COUNT + (size_t)k] = cat[k];
+    for (int k = 0; k < C; ++k) {
+      total += here[k];
+      if (out) out[(size_t)i * C + (size_t)k] = here[k];
     }
     if (total > peak) {
       peak = total;
-      if (out_peak_by_category) memcpy(out_peak_by_category, cat, sizeof(cat));
+      if (out_peak_by_category) memcpy(out_peak_by_category, here, C * sizeof(int64_t));
     }
+    for (int k = 0; stage_peaks && k < S * C; ++k)
+      if (cat[k] > stage_peaks[k]) stage_peaks[k] = cat[k];
   }
   free(live);
+  free(cat);
   return peak;
+}
+
+int64_t st_plan_predict_live(const st_plan* plan, int64_t* out, int64_t* out_peak_by_category) {
+  return st__predict(plan, out, out_peak_by_category, NULL);
+}
+
+int st_plan_predict_stage_peaks(const st_plan* plan, int64_t* out_stage_peaks) {
+  st__predict(plan, NULL, NULL, out_stage_peaks);
+  return plan->stages > 1 ? plan->stages : 1;
 }
 
 void st_plan_set_program_temps(st_plan* plan, const int64_t* temps) {
@@ -410,8 +504,13 @@ int64_t st_plan_predict_with_temps(const st_plan* plan, const int64_t* temps, st
   int64_t slots_peak = st_plan_predict_live(plan, live, NULL);
   /* The start: the persistent state alone (st_plan_predict_live's floor). */
   int64_t start_total = 0;
-  for (int i = 0; i < plan->slot_count; ++i)
-    if (plan->slots[i].persistent && !plan->slots[i].host) start_total += (int64_t)st_tensor_type_bytes(&plan->slots[i].type);
+  for (int st = 0; st < (plan->stages > 1 ? plan->stages : 1); ++st) { /* the fullest stage's */
+    int64_t n = 0;
+    for (int i = 0; i < plan->slot_count; ++i)
+      if (plan->slots[i].persistent && !plan->slots[i].host && plan->slots[i].stage == st)
+        n += (int64_t)st_tensor_type_bytes(&plan->slots[i].type);
+    if (n > start_total) start_total = n;
+  }
   st_plan_temps_peak r = {.peak = start_total, .op = -1, .temps = 0, .slots = start_total, .slots_peak = slots_peak};
   for (int i = 0; i < plan->op_count; ++i) {
     const st_op* op = &plan->ops[i];
@@ -483,6 +582,9 @@ void st_plan_print(const st_plan* plan, FILE* out) {
               n[ST_LAYOUT_SHARDED], n[ST_LAYOUT_REPLICATED], n[ST_LAYOUT_SPLIT], n[ST_LAYOUT_PARTIAL]);
     }
   }
+  if (plan->stages > 1)
+    fprintf(out, "# pipeline of %d stages, each on %d device(s) of its own: live bytes are the op's stage's, per device\n",
+            plan->stages, plan->devices);
   /* The FSDP categories only where they can be nonzero: other texts stay as they were. */
   const bool fsdp = plan->mesh[1] > 1;
   fprintf(out, "# live bytes after each op: params/grads/optimizer/activations/transfer%s\n", fsdp ? "/gathered/unreduced" : "");
@@ -491,6 +593,7 @@ void st_plan_print(const st_plan* plan, FILE* out) {
     const st_op* op = &plan->ops[i];
     st_strbuf_reset(&b);
     st_strbuf_printf(&b, "%5d %-9s", i, st_op_kind_name(op->kind));
+    if (plan->stages > 1) st_strbuf_printf(&b, " stage=%d", op->stage);
     if (st__op_has_program(op->kind)) st_strbuf_printf(&b, " %s", plan->programs[op->program]);
     if (op->layer >= 0) st_strbuf_printf(&b, " layer=%d", op->layer);
     if (op->micro >= 0) st_strbuf_printf(&b, " micro=%d", op->micro);
@@ -541,6 +644,23 @@ json_t* st_plan_json(const st_plan* plan) {
   json_t* programs = st_json_arr();
   for (int i = 0; i < plan->program_count; ++i) st_json_push(programs, st_json_str(plan->programs[i]));
   st_json_put(j, "programs", programs);
+  if (plan->stages > 1) {
+    st_json_put_int(j, "stages", plan->stages);
+    json_t* ps = st_json_arr();
+    for (int i = 0; i < plan->program_count; ++i) st_json_push(ps, st_json_int(st_plan_program_stage(plan, i)));
+    st_json_put(j, "program_stages", ps);
+    int64_t* sp = st_xcalloc((size_t)plan->stages * ST_SLOT_CATEGORY_COUNT, sizeof(int64_t));
+    st_plan_predict_stage_peaks(plan, sp);
+    json_t* stages = st_json_arr();
+    for (int st = 0; st < plan->stages; ++st) {
+      json_t* o = st_json_obj();
+      for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k)
+        st_json_put_int(o, st_slot_category_name((st_slot_category)k), sp[(size_t)st * ST_SLOT_CATEGORY_COUNT + (size_t)k]);
+      st_json_push(stages, o);
+    }
+    st_json_put(j, "stage_peak_by_category", stages);
+    free(sp);
+  }
   if (plan->program_temps) {
     st_plan_temps_peak tp;
     st_plan_predict_with_temps(plan, NULL, &tp);
@@ -563,6 +683,7 @@ json_t* st_plan_json(const st_plan* plan) {
     st_json_put_bool(o, "persistent", s->persistent);
     st_json_put_str(o, "memory", s->host ? "host" : "device");
     st_json_put_int(o, "twin", s->twin);
+    if (plan->stages > 1) st_json_put_int(o, "stage", s->stage);
     if (plan->devices > 1) st_json_put_str(o, "layout", st_slot_layout_name(s->layout));
     if (plan->devices > 1 && s->layout == ST_LAYOUT_SHARDED) {
       st_json_put_str(o, "logical_type", st_tensor_type_format(&s->logical, t, sizeof(t)));
@@ -584,6 +705,7 @@ json_t* st_plan_json(const st_plan* plan) {
       st_json_put_str(o, "collective_kind", st_collective_kind_name((st_collective_kind)op->tag));
     st_json_put_int(o, "layer", op->layer);
     st_json_put_int(o, "micro", op->micro);
+    if (plan->stages > 1) st_json_put_int(o, "stage", op->stage);
     json_t* v = st_json_arr();
     for (int k = 0; k < op->input_count; ++k) st_json_push(v, st_json_int(op->inputs[k]));
     st_json_put(o, "inputs", v);
