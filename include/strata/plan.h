@@ -57,7 +57,12 @@ typedef struct st_plan_sched {
   int64_t grad_bucket_bytes; /* sched.grad_bucket_bytes (0: one bucket) */
   int gather_prefetch;        /* sched.gather_prefetch (parallel.fsdp > 1) */
   bool reshard_after_forward; /* sched.reshard_after_forward (parallel.fsdp > 1) */
+  int pipeline_schedule;      /* sched.pipeline_schedule: ST_PLAN_PIPE_* (parallel.pipeline > 1) */
+  int pipeline_virtual;       /* sched.pipeline_virtual: model chunks per stage (interleaved) */
 } st_plan_sched;
+
+/* sched.pipeline_schedule (docs/parallelism.md, "Pipeline"). */
+enum { ST_PLAN_PIPE_1F1B = 0, ST_PLAN_PIPE_GPIPE = 1, ST_PLAN_PIPE_INTERLEAVED = 2 };
 
 typedef struct st_plan_options {
   int64_t steps, batch_size, microbatches, warmup_steps, eval_every, eval_batches;
@@ -108,6 +113,12 @@ typedef struct st_plan_options {
    * several processes, after st_plan_options_span: this process's part of
    * the mesh (the axis that spans processes divided by their count). */
   int parallel_data, parallel_fsdp, parallel_tensor;
+  /* parallel.pipeline: stages, each on its own parallel_data x fsdp x
+   * tensor devices (1: no pipeline); parallel.pipeline_layers: layers per
+   * stage chunk (pipeline x sched.pipeline_virtual entries; NULL: balanced
+   * by predicted cost). Owned. */
+  int parallel_pipeline;
+  int* pipeline_layers;
   char mesh[64];          /* the mesh the bundle is exported for: "data=2"; "" for one device */
   /* A job of several processes (st_plan_options_span; docs/multiprocess.md):
    * how many, this one's rank, and the mesh axis they span

@@ -150,6 +150,14 @@ static const st__cfg_key kKeys[] = {
      .doc = "Fully-sharded mesh axis: parameters, gradients and optimizer state split over these devices."},
     {"parallel.tensor", ST__CFG_INT, "1", .lo = 1, .hi = 4096,
      .doc = "Tensor-parallel mesh axis: attention heads and the MLP hidden dimension split over these devices."},
+    {"parallel.pipeline", ST__CFG_INT, "1", .lo = 1, .hi = 16,
+     .doc = "Pipeline stages (docs/parallelism.md, \"Pipeline\"): each stage owns a contiguous range of layers (the "
+            "embedding on the first, the head and loss on the last) on data x fsdp x tensor devices of its own; "
+            "activations and their gradients are sent between neighbouring stages."},
+    {"parallel.pipeline_layers", ST__CFG_LIST, "[]",
+     .doc = "Layers of each pipeline stage in order (of each model chunk, parallel.pipeline x "
+            "sched.pipeline_virtual of them, with sched.pipeline_schedule=interleaved), e.g. [3, 5]; empty: split "
+            "to balance each stage's predicted cost (its programs' FLOPs, the embedding's and head's included)."},
     {"parallel.processes", ST__CFG_INT, "1", .lo = 1, .hi = 65536,
      .doc = "Processes of the job (docs/multiprocess.md): set by strata train from the launcher (mpirun, srun); "
             "they span the outermost mesh axis above 1 (data, else fsdp), which must be divisible by it."},
@@ -184,6 +192,14 @@ static const st__cfg_key kKeys[] = {
      .doc = "With parallel.fsdp > 1: free a layer's gathered parameters after its forward and gather them again for "
             "its backward (true), or keep them from the forward until the backward (false: more memory, fewer "
             "all-gathers)."},
+    {"sched.pipeline_schedule", ST__CFG_ENUM, "1f1b", .choices = "gpipe|1f1b|interleaved",
+     .doc = "With parallel.pipeline > 1: gpipe (every microbatch's forward, then every backward: holds all "
+            "microbatches' activations), 1f1b (one forward, one backward in the steady state: the first stage holds "
+            "at most parallel.pipeline microbatches' activations) or interleaved (1f1b over "
+            "sched.pipeline_virtual model chunks per stage: a smaller bubble, more sends)."},
+    {"sched.pipeline_virtual", ST__CFG_INT, "1", .lo = 1, .hi = 16,
+     .doc = "sched.pipeline_schedule=interleaved: model chunks per pipeline stage (at least 2; chunk c of "
+            "parallel.pipeline x this many lies on stage c mod parallel.pipeline)."},
     {"sched.allow_overcommit", ST__CFG_BOOL, "false",
      .doc = "Train even when the predicted peak (live buffers and XLA's temporaries) exceeds the device's memory (on "
             "the CPU plugin the host's); false: strata train and strata plan --fit stop with exit 4 (out of memory, "
@@ -539,6 +555,90 @@ static st_status st__rule_skip(const st_config* c) {
 
 /* Per-layer updates need each layer's reduced gradient the moment it is
  * final, which bucketed reduction postpones. */
+/* parallel.pipeline_layers: P x V whole numbers >= 1 summing to the layers. */
+static st_status st__pipeline_layers(const st_config* c, int64_t chunks, int64_t layers) {
+  const int n = st_config_list_count(c, "parallel.pipeline_layers");
+  const char* src = st_config_source(c, "parallel.pipeline_layers");
+  if (n == 0) return ST_OK;
+  if (n != chunks)
+    return st_status_make(ST_CODE_CONFIG,
+                          "parallel.pipeline_layers (%s) has %d entries; it needs one per stage chunk, parallel.pipeline "
+                          "x sched.pipeline_virtual = %lld (or leave it empty to balance the stages)",
+                          src, n, (long long)chunks);
+  int64_t sum = 0;
+  for (int i = 0; i < n; ++i) {
+    const char* v = st_config_list_item(c, "parallel.pipeline_layers", i);
+    char* end = NULL;
+    long long k = strtoll(v, &end, 10);
+    if (!*v || *end || k < 1 || k > layers)
+      return st_status_make(ST_CODE_CONFIG,
+                            "parallel.pipeline_layers (%s): entry %d '%s' is not a layer count from 1 to model.n_layers "
+                            "(%lld)",
+                            src, i + 1, v, (long long)layers);
+    sum += k;
+  }
+  if (sum != layers)
+    return st_status_make(ST_CODE_CONFIG, "parallel.pipeline_layers (%s) sums to %lld layers, but model.n_layers is %lld (%s)",
+                          src, (long long)sum, (long long)layers, st_config_source(c, "model.n_layers"));
+  return ST_OK;
+}
+
+/* What a pipeline needs of the step (docs/parallelism.md, "Pipeline"). */
+static st_status st__rule_pipeline(const st_config* c) {
+  const int64_t P = st_config_int(c, "parallel.pipeline"), V = st_config_int(c, "sched.pipeline_virtual"),
+                M = st_config_int(c, "train.microbatches"), L = st_config_int(c, "model.n_layers");
+  const char* sched = st_config_string(c, "sched.pipeline_schedule");
+  const bool inter = !strcmp(sched, "interleaved");
+  const char *sp = st_config_source(c, "parallel.pipeline"), *sv = st_config_source(c, "sched.pipeline_virtual"),
+             *ss = st_config_source(c, "sched.pipeline_schedule"), *sm = st_config_source(c, "train.microbatches");
+  if (V > 1 && !inter)
+    return st_status_make(ST_CODE_CONFIG,
+                          "sched.pipeline_virtual=%lld (%s) with sched.pipeline_schedule=%s (%s): model chunks per stage "
+                          "are for the interleaved schedule; set sched.pipeline_schedule=interleaved or "
+                          "sched.pipeline_virtual=1",
+                          (long long)V, sv, sched, ss);
+  if (P <= 1) return ST_OK;
+  if (inter && V < 2)
+    return st_status_make(ST_CODE_CONFIG,
+                          "sched.pipeline_schedule=interleaved (%s) needs sched.pipeline_virtual of 2 or more (%lld, %s): "
+                          "the model chunks each stage holds",
+                          ss, (long long)V, sv);
+  if (M < P)
+    return st_status_make(ST_CODE_CONFIG,
+                          "train.microbatches=%lld (%s) is less than parallel.pipeline=%lld (%s): every stage needs a "
+                          "microbatch of its own in flight; set train.microbatches to %lld or more",
+                          (long long)M, sm, (long long)P, sp, (long long)P);
+  if (inter && M % P != 0)
+    return st_status_make(ST_CODE_CONFIG,
+                          "sched.pipeline_schedule=interleaved (%s) needs train.microbatches (%lld, %s) divisible by "
+                          "parallel.pipeline (%lld, %s): microbatches go through the chunks in groups of one per stage",
+                          ss, (long long)M, sm, (long long)P, sp);
+  if (L < P * V)
+    return st_status_make(ST_CODE_CONFIG,
+                          "model.n_layers=%lld (%s) is fewer than parallel.pipeline x sched.pipeline_virtual = %lld x "
+                          "%lld = %lld: every stage chunk needs at least one layer",
+                          (long long)L, st_config_source(c, "model.n_layers"), (long long)P, (long long)V,
+                          (long long)(P * V));
+  ST_RETURN(st__pipeline_layers(c, P * V, L));
+  if (strcmp(st_config_string(c, "sched.offload"), "none") != 0)
+    return st_status_make(ST_CODE_CONFIG,
+                          "sched.offload=%s (%s) with parallel.pipeline=%lld (%s): offload within pipeline stages is not "
+                          "built yet; set sched.offload=none",
+                          st_config_string(c, "sched.offload"), st_config_source(c, "sched.offload"), (long long)P, sp);
+  if (!strcmp(st_config_string(c, "sched.optimizer"), "per_layer"))
+    return st_status_make(ST_CODE_CONFIG,
+                          "sched.optimizer=per_layer (%s) with parallel.pipeline=%lld (%s): per-layer updates inside a "
+                          "pipeline schedule are not built yet; set sched.optimizer=after_backward",
+                          st_config_source(c, "sched.optimizer"), (long long)P, sp);
+  if (st_config_int(c, "parallel.fsdp") > 1)
+    return st_status_make(ST_CODE_CONFIG,
+                          "parallel.fsdp=%lld (%s) with parallel.pipeline=%lld (%s): fsdp within pipeline stages is not "
+                          "built yet; use parallel.data or parallel.tensor inside the stages",
+                          (long long)st_config_int(c, "parallel.fsdp"), st_config_source(c, "parallel.fsdp"),
+                          (long long)P, sp);
+  return ST_OK;
+}
+
 static st_status st__rule_grad_reduce(const st_config* c) {
   if (st_config_int(c, "parallel.data") < 2 || strcmp(st_config_string(c, "sched.optimizer"), "per_layer") != 0 ||
       strcmp(st_config_string(c, "sched.grad_reduce"), "bucketed") != 0)
@@ -596,6 +696,29 @@ static st_status st__rule_run_id(const st_config* c) {
                         shown, why, n, ST_CONFIG_MAX_RUN_ID, st_config_source(c, "run.id"));
 }
 
+/* Pipeline stages (docs/parallelism.md, "Pipeline"): each stage has the
+ * data x fsdp x tensor devices of its own, in one process. */
+static st_status st__pipeline_devices(const st_config* c) {
+  int64_t d = st_config_int(c, "parallel.data"), f = st_config_int(c, "parallel.fsdp"),
+          t = st_config_int(c, "parallel.tensor"), p = st_config_int(c, "parallel.pipeline"),
+          dev = st_config_int(c, "runtime.cpu_devices");
+  if (st_config_int(c, "parallel.processes") > 1)
+    return st_status_make(ST_CODE_CONFIG,
+                          "parallel.pipeline=%lld (%s) in a job of %lld processes: pipeline stages across processes "
+                          "are not built yet; run the pipeline in one process (docs/parallelism.md, \"Pipeline\")",
+                          (long long)p, st_config_source(c, "parallel.pipeline"),
+                          (long long)st_config_int(c, "parallel.processes"));
+  if (d * f * t * p > dev)
+    return st_status_make(ST_CODE_CONFIG,
+                          "parallel.pipeline x parallel.data x parallel.fsdp x parallel.tensor = %lld x %lld x %lld x "
+                          "%lld = %lld devices (%s, %s, %s, %s), but runtime.cpu_devices is %lld (%s)",
+                          (long long)p, (long long)d, (long long)f, (long long)t, (long long)(p * d * f * t),
+                          st_config_source(c, "parallel.pipeline"), st_config_source(c, "parallel.data"),
+                          st_config_source(c, "parallel.fsdp"), st_config_source(c, "parallel.tensor"), (long long)dev,
+                          st_config_source(c, "runtime.cpu_devices"));
+  return ST_OK;
+}
+
 /* The mesh (docs/parallelism.md): it must fit the devices, and every split
  * it implies must come out even. */
 static st_status st__rule_parallel(const st_config* c) {
@@ -604,6 +727,7 @@ static st_status st__rule_parallel(const st_config* c) {
   const char *sd = st_config_source(c, "parallel.data"), *sf = st_config_source(c, "parallel.fsdp"),
              *stt = st_config_source(c, "parallel.tensor");
   const int64_t procs = st_config_int(c, "parallel.processes");
+  if (st_config_int(c, "parallel.pipeline") > 1) ST_RETURN(st__pipeline_devices(c));
   if (d * f * t > dev * procs && procs == 1)
     return st_status_make(ST_CODE_CONFIG,
                           "parallel.data x parallel.fsdp x parallel.tensor = %lld x %lld x %lld = %lld devices (%s, %s, "
@@ -675,10 +799,16 @@ static const st__cfg_rule kRules[] = {
     {"diag.numerics other than off needs parallel.fsdp=1 and parallel.tensor=1.", st__rule_numerics},
     {"run.id is empty or a plain name: letters, digits, '.', '_' and '-', at most 128, not starting with '.'.",
      st__rule_run_id},
-    {"parallel.data x parallel.fsdp x parallel.tensor is at most runtime.cpu_devices x parallel.processes; model.n_heads, "
+    {"parallel.pipeline x parallel.data x parallel.fsdp x parallel.tensor is at most runtime.cpu_devices x parallel.processes; model.n_heads, "
      "model.n_kv_heads (when set) and model.d_ff are divisible by parallel.tensor; train.batch_size / train.microbatches is divisible by parallel.data x "
      "parallel.fsdp.",
      st__rule_parallel},
+    {"parallel.pipeline > 1: train.microbatches is at least parallel.pipeline (and, interleaved, divisible by it); "
+     "model.n_layers is at least parallel.pipeline x sched.pipeline_virtual; parallel.pipeline_layers is empty or one "
+     "layer count per stage chunk summing to model.n_layers; sched.pipeline_virtual > 1 exactly when "
+     "sched.pipeline_schedule=interleaved; one process, sched.offload=none, sched.optimizer=after_backward, "
+     "parallel.fsdp=1.",
+     st__rule_pipeline},
 };
 
 /* ---- lookups ------------------------------------------------------------ */

@@ -361,6 +361,17 @@ static st_status st__options_sched(const st_config* c, st_plan_options* o) {
   o->parallel_data = o->global_data = (int)st_config_int(c, "parallel.data");
   o->parallel_fsdp = o->global_fsdp = (int)st_config_int(c, "parallel.fsdp");
   o->parallel_tensor = o->global_tensor = (int)st_config_int(c, "parallel.tensor");
+  o->parallel_pipeline = (int)st_config_int(c, "parallel.pipeline");
+  const char* ps = st_config_string(c, "sched.pipeline_schedule");
+  o->sched.pipeline_schedule = !strcmp(ps, "gpipe")         ? ST_PLAN_PIPE_GPIPE
+                               : !strcmp(ps, "interleaved") ? ST_PLAN_PIPE_INTERLEAVED
+                                                            : ST_PLAN_PIPE_1F1B;
+  o->sched.pipeline_virtual = (int)st_config_int(c, "sched.pipeline_virtual");
+  const int npl = st_config_list_count(c, "parallel.pipeline_layers");
+  if (npl > 0) { /* the schema's rule checked every entry */
+    o->pipeline_layers = st_xcalloc((size_t)npl, sizeof(int));
+    for (int i = 0; i < npl; ++i) o->pipeline_layers[i] = atoi(st_config_list_item(c, "parallel.pipeline_layers", i));
+  }
   ST_RETURN(st__options_span(c, o));
   /* The exporter's --mesh: the axes above 1 ("data=2,fsdp=2"), "" on one device. */
   o->mesh[0] = '\0';
@@ -463,6 +474,7 @@ void st_plan_options_deinit(st_plan_options* o) {
   free((void*)o->runtime.xla_options);
   free((void*)o->runtime.cache_dir);
   free(o->trace_steps);
+  free(o->pipeline_layers);
   memset(o, 0, sizeof(*o));
 }
 

@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "plan/plan_internal.h"
 #include "strata/base.h"
 #include "strata/plan.h"
 
@@ -191,6 +192,13 @@ static st_status st__instances(const st_bundle* b, st__instance** out, int* out_
   return ST_OK;
 }
 
+/* The slots of one microbatch that the forward hands to the backward. */
+typedef struct {
+  int tokens, targets, mask;
+  int x;  /* the last block's output (a pipeline: the next chunk's input, once sent) */
+  int dx; /* a pipeline: the gradient the next chunk's backward sent back; -1 */
+} st__fwd_out;
+
 typedef struct {
   st_plan* plan;
   const st_bundle* bundle;
@@ -199,7 +207,7 @@ typedef struct {
   int L;              /* blocks */
   const bool* remat;  /* [L] */
   bool tied;          /* the head uses the embedding */
-  int sc[4];          /* optimizer scalar slots: step, lr, gscale, hyper */
+  int sc[ST_PLAN_MAX_STAGES][4]; /* optimizer scalar slots per stage: step, lr, gscale, hyper */
   int* sq;            /* [n_inst] squared-norm slots */
   /* Data parallelism (plan->devices > 1): reductions not yet issued. */
   bool bucketed;
@@ -234,11 +242,34 @@ typedef struct {
    * in one block per process (st_slot.xblocks), gathered and
    * reduce-scattered by XPROC ops. 1: one process, or data spans. */
   int X;
+  /* Pipeline parallelism (parallel.pipeline > 1; docs/parallelism.md,
+   * "Pipeline"): P stages, C = P x V model chunks, chunk c = layers
+   * [first[c], first[c+1]) on stage c % P; the embedding on stage 0, the
+   * head on stage P - 1. |stage| and |micro| say where the ops being
+   * emitted run and for which microbatch (-1: none), which names and
+   * places the slots they create (st__slot). P = 1: none of this. */
+  int P, C;
+  int* first;       /* [C + 1] */
+  int* param_stage; /* [bundle params]: the stage of each parameter's instance */
+  int stage, micro;
+  int wte_copy;     /* tied embeddings: the last stage's copy of wte for the head; -1 */
+  st__fwd_out* fo;  /* [microbatches]: what each microbatch's forward hands on */
+  double *cfwd, *cbwd; /* [C]: each chunk's predicted forward and backward cost (st_plan_pipeline_layout) */
 } st__builder;
 
 /* The state is cut in fsdp blocks: over this process's devices (F), or
  * across the processes (X). */
 static bool st__fsdp(const st__builder* B) { return B->F > 1 || B->X > 1; }
+
+/* The stage group instance |i| lies on (0 without a pipeline). */
+static int st__inst_stage(const st__builder* B, int i) {
+  if (B->P <= 1) return 0;
+  if (i == 0) return 0;
+  if (i == B->n_inst - 1) return B->P - 1;
+  int c = 0;
+  while (B->first[c + 1] <= i - 1) ++c;
+  return c % B->P;
+}
 
 /* One launch (or a block's recompute and backward) that reads parameters:
  * the group instances whose parameters it reads. */
@@ -249,11 +280,28 @@ typedef struct st__use {
   int micro;
 } st__use;
 
-/* The slots of one microbatch that the forward hands to the backward. */
-typedef struct {
-  int tokens, targets, mask;
-  int x; /* the last block's output */
-} st__fwd_out;
+
+/* Every slot the builder makes: without a pipeline, |name| as it is. In a
+ * pipeline a slot lies on one stage, and a microbatch's tensors of
+ * different microbatches live at once (1F1B holds several in flight on a
+ * stage), so a non-state slot is named for its stage ("x[2]@1") and, while
+ * a microbatch's ops are emitted, its microbatch ("x[2]@1/m3"); state
+ * (parameters, gradients, m, v) keeps its name on its instance's stage. */
+static void st__qualify(const st__builder* B, const char* name, bool state, char* out, size_t size) {
+  if (B->P <= 1 || state) snprintf(out, size, "%s", name);
+  else if (B->micro >= 0) snprintf(out, size, "%s@%d/m%d", name, B->stage, B->micro);
+  else snprintf(out, size, "%s@%d", name, B->stage);
+}
+
+static int st__slot(st__builder* B, const char* name, st_slot_category cat, const st_tensor_type* t, bool persistent,
+                    bool state, int stage) {
+  char q[320];
+  st__qualify(B, name, state, q, sizeof(q));
+  const int before = B->plan->slot_count;
+  int k = st_plan_slot(B->plan, q, cat, t, persistent);
+  if (k == before) B->plan->slots[k].stage = stage;
+  return k;
+}
 
 /* Parameter |param| as one device holds it before any fsdp cut: under
  * tensor parallelism a block parameter is the block the tensor-parallel
@@ -287,14 +335,18 @@ static int st__pslot(st__builder* B, const char* prefix, int param, st_slot_cate
   char name[256];
   snprintf(name, sizeof(name), "%s%s", prefix, p->name);
   const bool state = cat == ST_SLOT_PARAM || cat == ST_SLOT_GRAD || cat == ST_SLOT_OPT;
-  if (!state || (B->F <= 1 && B->T <= 1 && B->X <= 1)) return st_plan_slot(B->plan, name, cat, &p->type, persistent);
+  /* A pipeline's tied head gradient of wte ("hgrad:") is one microbatch's,
+   * made on the last stage and sent to the first. */
+  const bool per_micro = B->P > 1 && !strcmp(prefix, "hgrad:");
+  const int stage = per_micro ? B->stage : B->param_stage[param];
+  if (!state || (B->F <= 1 && B->T <= 1 && B->X <= 1)) return st__slot(B, name, cat, &p->type, persistent, !per_micro, stage);
   int cut = -1;
   st_tensor_type t = st__tensor_local(B, param, &cut);
   const st_tensor_type device_whole = t;
   const bool fsdp = B->F > 1 && t.rank > 0, xcut = B->X > 1 && t.rank > 0;
   if (fsdp) t.dims[0] = (t.dims[0] + B->F - 1) / B->F;
   if (xcut) t.dims[0] = (t.dims[0] + B->X - 1) / B->X;
-  int slot = st_plan_slot(B->plan, name, cat, &t, persistent);
+  int slot = st__slot(B, name, cat, &t, persistent, !per_micro, stage);
   if (xcut) {
     B->plan->slots[slot].xblocks = B->X;
     B->plan->slots[slot].xwhole = device_whole;
@@ -340,16 +392,19 @@ static int st__grad_out(st__builder* B, const char* gp, int param) {
 }
 
 static int st__act(st__builder* B, const char* name, const st_tensor_type* t) {
-  return st_plan_slot(B->plan, name, ST_SLOT_ACT, t, false);
+  return st__slot(B, name, ST_SLOT_ACT, t, false, false, B->stage);
 }
 
 static int st__xfer(st__builder* B, const char* name, const st_tensor_type* t) {
-  return st_plan_slot(B->plan, name, ST_SLOT_XFER, t, false);
+  return st__slot(B, name, ST_SLOT_XFER, t, false, false, B->stage);
 }
+
+/* A program of the current stage (an SPMD program is compiled per stage). */
+static int st__program(st__builder* B, const char* name) { return st_plan_program_at(B->plan, name, B->stage); }
 
 static void st__plan_launch(st__builder* B, st_op_kind kind, const st_bundle_program* p, int layer, int micro, int n_in,
                        const int* in, int n_out, const int* out) {
-  st_plan_add(B->plan, kind, st_plan_program(B->plan, p->name), layer, micro, 0, n_in, in, n_out, out);
+  st_plan_add(B->plan, kind, st__program(B, p->name), layer, micro, 0, n_in, in, n_out, out);
 }
 
 /* diag.numerics=layer: act_stats of slot |x| (a block's output or input
@@ -422,7 +477,7 @@ static void st__gather(st__builder* B, int i, int micro) {
   if (B->X > 1) /* across processes: strata's own collective (docs/multiprocess.md) */
     st_plan_add(B->plan, ST_OP_XPROC, -1, I->layer, micro, ST_COLL_ALL_GATHER, I->count, in, I->count, out);
   else
-    st_plan_add(B->plan, ST_OP_COLLECTIVE, st_plan_program(B->plan, I->group->fsdp_all_gather->name), I->layer, micro,
+    st_plan_add(B->plan, ST_OP_COLLECTIVE, st__program(B, I->group->fsdp_all_gather->name), I->layer, micro,
                 ST_COLL_ALL_GATHER, I->count, in, I->count, out);
   B->gathered[i] = true;
 }
@@ -491,7 +546,7 @@ static void st__reduce_scatter(st__builder* B, int i, int m) {
   if (B->X > 1)
     st_plan_add(B->plan, ST_OP_XPROC, -1, I->layer, m, ST_COLL_REDUCE_SCATTER, I->count, in, I->count, out);
   else
-    st_plan_add(B->plan, ST_OP_COLLECTIVE, st_plan_program(B->plan, I->group->fsdp_reduce_scatter->name), I->layer, m,
+    st_plan_add(B->plan, ST_OP_COLLECTIVE, st__program(B, I->group->fsdp_reduce_scatter->name), I->layer, m,
                 ST_COLL_REDUCE_SCATTER, I->count, in, I->count, out);
   st_plan_add(B->plan, ST_OP_FREE, -1, I->layer, m, 0, I->count, in, 0, NULL);
 }
@@ -500,38 +555,58 @@ static void st__reduce_scatter(st__builder* B, int i, int m) {
 /* Forward                                                                  */
 /*===-------------------------------------------------------------------===*/
 
-/* Microbatch |m| up to the last block's output. Layers with remat[l] (and
- * every layer of an evaluation) run their fwd program and keep only x[l];
- * the others run fwd_res and keep their residuals for bwd_res. */
-static void st__forward(st__builder* B, int m, bool eval, st__fwd_out* f) {
+/* Microbatch |m|'s batch tensors: the tokens (|tokens|), the targets and
+ * the mask (|targets|), each an H2D the trainer fills. A pipeline puts the
+ * tokens on the first stage and the targets and mask on the last. */
+static void st__batch(st__builder* B, int m, bool eval, st__fwd_out* f, bool tokens, bool targets) {
   const st__instance* E = &B->inst[0];
   const st_bundle_program* ef = E->stage->fwd;
   char name[160];
-  snprintf(name, sizeof(name), "tokens[%d]", m);
-  f->tokens = st__xfer(B, name, &ef->inputs[E->count].type);
-  snprintf(name, sizeof(name), "targets[%d]", m);
-  f->targets = st__xfer(B, name, &ef->inputs[E->count].type);
   st_tensor_type mt = ef->inputs[E->count].type;
   mt.dtype = ST_DTYPE_F32;
-  snprintf(name, sizeof(name), "mask[%d]", m);
-  f->mask = st__xfer(B, name, &mt);
-  st_plan_add(B->plan, ST_OP_H2D, -1, -1, m, eval ? ST_TAG_EVAL_TOKENS : ST_TAG_TOKENS, 0, NULL, 1, &f->tokens);
-  st_plan_add(B->plan, ST_OP_H2D, -1, -1, m, eval ? ST_TAG_EVAL_TARGETS : ST_TAG_TARGETS, 0, NULL, 1, &f->targets);
-  st_plan_add(B->plan, ST_OP_H2D, -1, -1, m, eval ? ST_TAG_EVAL_MASK : ST_TAG_MASK, 0, NULL, 1, &f->mask);
+  if (tokens) {
+    snprintf(name, sizeof(name), "tokens[%d]", m);
+    f->tokens = st__xfer(B, name, &ef->inputs[E->count].type);
+  }
+  if (targets) {
+    snprintf(name, sizeof(name), "targets[%d]", m);
+    f->targets = st__xfer(B, name, &ef->inputs[E->count].type);
+    snprintf(name, sizeof(name), "mask[%d]", m);
+    f->mask = st__xfer(B, name, &mt);
+  }
+  if (tokens)
+    st_plan_add(B->plan, ST_OP_H2D, -1, -1, m, eval ? ST_TAG_EVAL_TOKENS : ST_TAG_TOKENS, 0, NULL, 1, &f->tokens);
+  if (targets) {
+    st_plan_add(B->plan, ST_OP_H2D, -1, -1, m, eval ? ST_TAG_EVAL_TARGETS : ST_TAG_TARGETS, 0, NULL, 1, &f->targets);
+    st_plan_add(B->plan, ST_OP_H2D, -1, -1, m, eval ? ST_TAG_EVAL_MASK : ST_TAG_MASK, 0, NULL, 1, &f->mask);
+  }
+}
 
-  /* embed fwd(embed params, tokens) -> x[0]; the params: wte first (the
-   * tied head's), then any others of the group (learned positions) */
+/* embed fwd(embed params, tokens) -> x[0]; the params: wte first (the
+ * tied head's), then any others of the group (learned positions). */
+static int st__embed_forward(st__builder* B, int m, bool eval, const st__fwd_out* f) {
+  const st__instance* E = &B->inst[0];
+  const st_bundle_program* ef = E->stage->fwd;
   int x = st__act(B, "x[0]", &ef->outputs[0].type);
-  int in[ST__MAX_IO], out[ST__MAX_IO];
+  int in[ST__MAX_IO];
   st__use_begin(B);
   for (int k = 0; k < E->count; ++k) in[k] = st__param_in(B, E->params[k]);
   in[E->count] = f->tokens;
   st__plan_launch(B, ST_OP_LAUNCH, ef, -1, m, E->count + 1, in, 1, &x);
   st__use_end(B);
   if (eval) st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 1, &f->tokens, 0, NULL);
+  return x;
+}
 
+/* Blocks [l0, l1) of microbatch |m| from their input |x|; returns the last
+ * one's output. Layers with remat[l] (and every layer of an evaluation)
+ * run their fwd program and keep only x[l]; the others run fwd_res and
+ * keep their residuals for bwd_res. */
+static int st__blocks_forward(st__builder* B, int m, bool eval, int l0, int l1, int x) {
+  int in[ST__MAX_IO], out[ST__MAX_IO];
+  char name[160];
   /* block fwd(params, x[l]) -> x[l+1], or fwd_res -> x[l+1], residuals */
-  for (int l = 0; l < B->L; ++l) {
+  for (int l = l0; l < l1; ++l) {
     const st__instance* I = &B->inst[1 + l];
     const st_bundle_program* fwd = I->stage->fwd;
     const st_bundle_program* fwd_res = I->stage->fwd_res;
@@ -567,7 +642,14 @@ static void st__forward(st__builder* B, int m, bool eval, st__fwd_out* f) {
     if (eval) st_plan_add(B->plan, ST_OP_FREE, -1, l, m, 0, 1, &x, 0, NULL);
     x = y;
   }
-  f->x = x;
+  return x;
+}
+
+/* Microbatch |m| up to the last block's output, on one stage. */
+static void st__forward(st__builder* B, int m, bool eval, st__fwd_out* f) {
+  st__batch(B, m, eval, f, true, true);
+  int x = st__embed_forward(B, m, eval, f);
+  f->x = st__blocks_forward(B, m, eval, 0, B->L, x);
 }
 
 /*===-------------------------------------------------------------------===*/
@@ -605,6 +687,7 @@ static void st__sqnorm(st__builder* B, int i) {
   const st_tensor_type scalar = {ST_DTYPE_F32, 0, {0}};
   int in[ST__MAX_GROUP_PARAMS];
   char name[160];
+  B->stage = st__inst_stage(B, i);
   for (int k = 0; k < I->count; ++k) in[k] = st__pslot(B, "grad:", I->params[k], ST_SLOT_GRAD, false);
   snprintf(name, sizeof(name), "sq[%d]", i);
   B->sq[i] = st__xfer(B, name, &scalar);
@@ -617,11 +700,12 @@ static void st__adamw(st__builder* B, int i) {
   const st__instance* I = &B->inst[i];
   int in[ST__MAX_IO], out[ST__MAX_IO];
   int n = 0, no = 0;
+  B->stage = st__inst_stage(B, i);
   for (int k = 0; k < I->count; ++k) in[n++] = st__pslot(B, "", I->params[k], ST_SLOT_PARAM, true);
   for (int k = 0; k < I->count; ++k) in[n++] = st__pslot(B, "grad:", I->params[k], ST_SLOT_GRAD, false);
   for (int k = 0; k < I->count; ++k) in[n++] = st__pslot(B, "m:", I->params[k], ST_SLOT_OPT, true);
   for (int k = 0; k < I->count; ++k) in[n++] = st__pslot(B, "v:", I->params[k], ST_SLOT_OPT, true);
-  for (int j = 0; j < 4; ++j) in[n++] = B->sc[j];
+  for (int j = 0; j < 4; ++j) in[n++] = B->sc[B->stage][j];
   for (int k = 0; k < I->count; ++k) out[no++] = in[k];
   for (int k = 0; k < I->count; ++k) out[no++] = in[2 * I->count + k];
   for (int k = 0; k < I->count; ++k) out[no++] = in[3 * I->count + k];
@@ -639,16 +723,25 @@ static void st__adamw(st__builder* B, int i) {
   st_plan_add(B->plan, ST_OP_FREE, -1, I->layer, -1, 0, I->count, in + I->count, 0, NULL);
 }
 
-/* The four optimizer scalars, filled by the trainer once lr and gscale are known. */
+/* The four optimizer scalars, filled by the trainer once lr and gscale are
+ * known: on every stage of a pipeline. */
 static void st__scalars(st__builder* B) {
   const st_tensor_type scalar = {ST_DTYPE_F32, 0, {0}};
   const st_tensor_type hyper = {ST_DTYPE_F32, 1, {4}};
-  B->sc[0] = st__xfer(B, "step", &scalar);
-  B->sc[1] = st__xfer(B, "lr", &scalar);
-  B->sc[2] = st__xfer(B, "gscale", &scalar);
-  B->sc[3] = st__xfer(B, "hyper", &hyper);
-  const int tags[4] = {ST_TAG_STEP, ST_TAG_LR, ST_TAG_GSCALE, ST_TAG_HYPER};
-  for (int j = 0; j < 4; ++j) st_plan_add(B->plan, ST_OP_H2D, -1, -1, -1, tags[j], 0, NULL, 1, &B->sc[j]);
+  for (B->stage = 0; B->stage < B->P; ++B->stage) {
+    int* sc = B->sc[B->stage];
+    sc[0] = st__xfer(B, "step", &scalar);
+    sc[1] = st__xfer(B, "lr", &scalar);
+    sc[2] = st__xfer(B, "gscale", &scalar);
+    sc[3] = st__xfer(B, "hyper", &hyper);
+    const int tags[4] = {ST_TAG_STEP, ST_TAG_LR, ST_TAG_GSCALE, ST_TAG_HYPER};
+    for (int j = 0; j < 4; ++j) st_plan_add(B->plan, ST_OP_H2D, -1, -1, -1, tags[j], 0, NULL, 1, &sc[j]);
+  }
+  B->stage = 0;
+}
+
+static void st__free_scalars(st__builder* B) {
+  for (int st = 0; st < B->P; ++st) st_plan_add(B->plan, ST_OP_FREE, -1, -1, -1, 0, 4, B->sc[st], 0, NULL);
 }
 
 /* READ every squared norm, then the host's clip scale and learning rate. */
@@ -705,7 +798,7 @@ static void st__after_backward_finish(st__builder* B) {
   st__scalars(B);
   for (int i = 0; i < B->n_inst; ++i) st__adamw(B, i);
   st__read_update_stats(B);
-  st_plan_add(B->plan, ST_OP_FREE, -1, -1, -1, 0, 4, B->sc, 0, NULL);
+  st__free_scalars(B);
 }
 
 static const st__optimizer st__after_backward = {st__nothing, st__nothing_i, st__after_backward_finish};
@@ -727,7 +820,7 @@ static void st__per_layer_grad_final(st__builder* B, int i) {
 static void st__per_layer_finish(st__builder* B) {
   st__read_norms_and_clip(B);
   st__read_update_stats(B);
-  st_plan_add(B->plan, ST_OP_FREE, -1, -1, -1, 0, 4, B->sc, 0, NULL);
+  st__free_scalars(B);
 }
 
 static const st__optimizer st__per_layer = {st__per_layer_before, st__per_layer_grad_final, st__per_layer_finish};
@@ -741,12 +834,15 @@ static const st__optimizer st__per_layer = {st__per_layer_before, st__per_layer_
  * XPROC op on each device's reduced copy; docs/multiprocess.md). */
 static void st__reduce(st__builder* B, int i) {
   const st__instance* I = &B->inst[i];
+  const int stage = B->stage;
+  B->stage = st__inst_stage(B, i);
   int g[ST__MAX_GROUP_PARAMS];
   for (int k = 0; k < I->count; ++k) g[k] = st__pslot(B, "grad:", I->params[k], ST_SLOT_GRAD, false);
   if (B->data > 1)
-    st_plan_add(B->plan, ST_OP_COLLECTIVE, st_plan_program(B->plan, I->group->data_all_reduce->name), I->layer, -1,
+    st_plan_add(B->plan, ST_OP_COLLECTIVE, st__program(B, I->group->data_all_reduce->name), I->layer, -1,
                 ST_COLL_ALL_REDUCE, I->count, g, I->count, g);
   if (B->xdata > 1) st_plan_add(B->plan, ST_OP_XPROC, -1, I->layer, -1, ST_COLL_ALL_REDUCE, I->count, g, I->count, g);
+  B->stage = stage;
 }
 
 static void st__flush_reductions(st__builder* B) {
@@ -802,26 +898,21 @@ static void st__after_scatter(st__builder* B, const st__optimizer* opt, int i, i
   if (last) st__grad_final(B, opt, i);
 }
 
-/* Microbatch |m|'s backward from the forward's |f|. The first microbatch
- * writes the gradients ("grad:"), later ones write "gtmp:" and accumulate.
- * Under FSDP each launch writes whole gradients ("ugrad:") that are
- * reduce-scattered into those blocks at once (st__reduce_scatter), so a
- * whole gradient lives only from its backward to its reduce-scatter.
- * On the |last| microbatch every instance's gradient becomes final in turn:
- * head, blocks L-1..0, embedding, and |opt| hears of each. */
-static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool last, const st__fwd_out* f) {
+/* The head's loss(head params, [wte], x, targets, mask) -> loss, head
+ * grads, [dwte], dx for microbatch |m|: the backward's start. Returns dx.
+ * |pending|: FSDP's reduce-scatter in flight (st__after_scatter). */
+static int st__head_backward(st__builder* B, const st__optimizer* opt, int m, bool last, const st__fwd_out* f,
+                             int* pending) {
   const st__instance* E = &B->inst[0];
   const st__instance* H = &B->inst[B->n_inst - 1];
   const st_bundle_program* hl = H->stage->loss;
   const char* gp = m == 0 ? "grad:" : "gtmp:";
   char name[160];
   int in[ST__MAX_IO], out[ST__MAX_IO];
-
-  /* head loss(head params, [wte], x, targets, mask) -> loss, head grads, [dwte], dx */
   int n = 0, no = 0;
   st__use_begin(B);
   for (int k = 0; k < H->count; ++k) in[n++] = st__param_in(B, H->params[k]);
-  if (B->tied) in[n++] = st__param_in(B, E->params[0]);
+  if (B->tied) in[n++] = B->wte_copy >= 0 ? B->wte_copy : st__param_in(B, E->params[0]);
   in[n++] = f->x;
   in[n++] = f->targets;
   in[n++] = f->mask;
@@ -837,18 +928,35 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
   st__use_end(B);
   int freed[3] = {f->x, f->targets, f->mask};
   st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 3, freed, 0, NULL);
-  int pending = -1; /* FSDP: the instance whose reduce-scatter is in flight (st__after_scatter) */
+  if (B->P > 1 && B->tied) { /* the tied gradient goes to the embedding's stage at once */
+    const int here = B->stage, hg = out[1 + H->count];
+    B->stage = 0;
+    int to = st__pslot(B, "hgrad:", E->params[0], ST_SLOT_GRAD, false);
+    B->stage = here;
+    st_plan_add(B->plan, ST_OP_SEND, -1, -1, m, 0, 1, &hg, 1, &to);
+    st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 1, &hg, 0, NULL);
+  }
+  *pending = -1;
   if (st__fsdp(B)) {
     st__reduce_scatter(B, B->n_inst - 1, m);
-    pending = B->n_inst - 1;
+    *pending = B->n_inst - 1;
   } else {
     if (m > 0) st__accumulate(B, H, "gtmp:", m, -1);
     if (last) st__grad_final(B, opt, B->n_inst - 1);
   }
+  return dx;
+}
 
-  /* Blocks in reverse: bwd_res(params, x, residuals, dy) -> grads..., dx.
-   * A remat layer first recomputes its residuals with fwd_res. */
-  for (int l = B->L - 1; l >= 0; --l) {
+/* Blocks l1-1 .. l0 of microbatch |m| in reverse from the gradient |dx|
+ * of block l1-1's output: bwd_res(params, x, residuals, dy) -> grads...,
+ * dx. A remat layer first recomputes its residuals with fwd_res. Returns
+ * the gradient of block l0's input. */
+static int st__blocks_backward(st__builder* B, const st__optimizer* opt, int m, bool last, int l0, int l1, int dx,
+                               int* pending) {
+  const char* gp = m == 0 ? "grad:" : "gtmp:";
+  char name[160];
+  int in[ST__MAX_IO], out[ST__MAX_IO];
+  for (int l = l1 - 1; l >= l0; --l) {
     const st__instance* I = &B->inst[1 + l];
     const st_bundle_program* fr = I->stage->fwd_res;
     const int S = st_plan_metric_outputs(fr), R = fr->output_count - 1 - S;
@@ -859,7 +967,7 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
       snprintf(name, sizeof(name), "res[%d].%s", l, fr->outputs[1 + S + r].name);
       res[r] = st__act(B, name, &fr->outputs[1 + S + r].type);
     }
-    n = 0;
+    int n = 0;
     st__use_begin(B);
     for (int k = 0; k < I->count; ++k) in[n++] = st__param_in(B, I->params[k]);
     in[n++] = xl;
@@ -876,7 +984,7 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
     }
     for (int r = 0; r < R; ++r) in[n++] = res[r];
     in[n++] = dx;
-    no = 0;
+    int no = 0;
     for (int k = 0; k < I->count; ++k) out[no++] = st__grad_out(B, gp, I->params[k]);
     out[no++] = dx;
     st__plan_launch(B, ST_OP_LAUNCH, I->stage->bwd_res, l, m, n, in, no, out);
@@ -887,17 +995,24 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
     for (int r = 0; r < R; ++r) dead[1 + r] = res[r];
     st_plan_add(B->plan, ST_OP_FREE, -1, l, m, 0, 1 + R, dead, 0, NULL);
     if (st__fsdp(B)) {
-      st__after_scatter(B, opt, pending, m, last);
+      st__after_scatter(B, opt, *pending, m, last);
       st__reduce_scatter(B, 1 + l, m);
-      pending = 1 + l;
+      *pending = 1 + l;
     } else {
       if (m > 0) st__accumulate(B, I, "gtmp:", m, -1);
       if (last) st__grad_final(B, opt, 1 + l);
     }
   }
+  return dx;
+}
 
-  /* embed bwd(embed params, tokens, dx) -> their grads; a tied head's dwte
-   * joins wte's (under FSDP before the reduce-scatter, while both are whole) */
+/* embed bwd(embed params, tokens, dx) -> their grads; a tied head's dwte
+ * joins wte's (under FSDP before the reduce-scatter, while both are whole). */
+static void st__embed_backward(st__builder* B, const st__optimizer* opt, int m, bool last, const st__fwd_out* f, int dx,
+                               int* pending) {
+  const st__instance* E = &B->inst[0];
+  const char* gp = m == 0 ? "grad:" : "gtmp:";
+  int in[ST__MAX_IO], out[ST__MAX_IO];
   st__use_begin(B);
   for (int k = 0; k < E->count; ++k) {
     in[k] = st__param_in(B, E->params[k]);
@@ -910,7 +1025,7 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
   int freed2[2] = {dx, f->tokens};
   st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 2, freed2, 0, NULL);
   if (st__fsdp(B)) {
-    st__after_scatter(B, opt, pending, m, last);
+    st__after_scatter(B, opt, *pending, m, last);
     if (B->tied) st__accumulate(B, E, "hgrad:", m, E->params[0]);
     st__reduce_scatter(B, 0, m);
     st__after_scatter(B, opt, 0, m, last);
@@ -921,12 +1036,38 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
   if (last) st__grad_final(B, opt, 0);
 }
 
+/* Microbatch |m|'s backward from the forward's |f|. The first microbatch
+ * writes the gradients ("grad:"), later ones write "gtmp:" and accumulate.
+ * Under FSDP each launch writes whole gradients ("ugrad:") that are
+ * reduce-scattered into those blocks at once (st__reduce_scatter), so a
+ * whole gradient lives only from its backward to its reduce-scatter.
+ * On the |last| microbatch every instance's gradient becomes final in turn:
+ * head, blocks L-1..0, embedding, and |opt| hears of each. */
+static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool last, const st__fwd_out* f) {
+  int pending = -1; /* FSDP: the instance whose reduce-scatter is in flight (st__after_scatter) */
+  int dx = st__head_backward(B, opt, m, last, f, &pending);
+  dx = st__blocks_backward(B, opt, m, last, 0, B->L, dx, &pending);
+  st__embed_backward(B, opt, m, last, f, dx, &pending);
+}
+
 /* READ every microbatch's loss. */
+/* The slot |name| that microbatch |m|'s ops made on |stage| (st__qualify). */
+static int st__find(st__builder* B, const char* name, int stage, int m) {
+  char q[320];
+  const int s0 = B->stage, m0 = B->micro;
+  B->stage = stage;
+  B->micro = m;
+  st__qualify(B, name, false, q, sizeof(q));
+  B->stage = s0;
+  B->micro = m0;
+  return st_plan_slot_find(B->plan, q);
+}
+
 static void st__read_losses(st__builder* B, int M) {
   char name[160];
   for (int m = 0; m < M; ++m) {
     snprintf(name, sizeof(name), "loss[%d]", m);
-    int ls = st_plan_slot_find(B->plan, name);
+    int ls = st__find(B, name, B->P - 1, m);
     st_plan_add(B->plan, ST_OP_READ, -1, -1, m, ST_TAG_LOSS, 1, &ls, 0, NULL);
     st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 1, &ls, 0, NULL);
   }
@@ -937,7 +1078,7 @@ static void st__read_losses(st__builder* B, int M) {
       const st_bundle_program* f = B->inst[1 + l].stage->fwd;
       for (int s = 0; s < st_plan_metric_outputs(f); ++s) {
         snprintf(name, sizeof(name), "metric[%d][%d].%s", m, l, f->outputs[1 + s].name);
-        int slot = st_plan_slot_find(B->plan, name);
+        int slot = st__find(B, name, st__inst_stage(B, 1 + l), m);
         int tag = ST_TAG_METRIC + st__metric_index(B->bundle, f->outputs[1 + s].name);
         st_plan_add(B->plan, ST_OP_READ, -1, l, m, tag, 1, &slot, 0, NULL);
         st_plan_add(B->plan, ST_OP_FREE, -1, l, m, 0, 1, &slot, 0, NULL);
@@ -946,37 +1087,220 @@ static void st__read_losses(st__builder* B, int M) {
 }
 
 /*===-------------------------------------------------------------------===*/
+/* Pipeline parallelism (parallel.pipeline > 1)                             */
+/*===-------------------------------------------------------------------===*/
+
+static void st__head_eval(st__builder* B, int m, const st__fwd_out* f); /* Evaluation, below */
+
+static double st__flops(const st_bundle_program* p) { return p && p->flops > 0 ? p->flops : 0; }
+
+/* Each layer's forward and backward cost (the manifest's FLOPs; 1 and 2
+ * per layer when it has none), the embedding's (forward, backward) and the
+ * head's loss (its forward and backward: it runs in the last chunk's
+ * backward task). A remat layer's backward recomputes its forward. */
+static void st__layer_costs(const st_bundle* b, const bool* remat, double* fwd, double* bwd, double* embed_fwd,
+                            double* embed_bwd, double* head) {
+  const int L = b->layer_count;
+  bool known = true;
+  for (int l = 0; l < L; ++l) known = known && st__flops(b->layers[l].fwd_res) > 0 && st__flops(b->layers[l].bwd_res) > 0;
+  for (int l = 0; l < L; ++l) {
+    const bool re = remat && remat[l];
+    const double fr = known ? st__flops(b->layers[l].fwd_res) : 1, f = known ? st__flops(b->layers[l].fwd) : 1;
+    fwd[l] = re ? f : fr;
+    bwd[l] = (known ? st__flops(b->layers[l].bwd_res) : 2) + (re ? fr : 0);
+  }
+  *embed_fwd = known ? st__flops(b->embed.fwd) : 0;
+  *embed_bwd = known ? st__flops(b->embed.bwd) : 0;
+  *head = known ? st__flops(b->head.loss) : 0;
+}
+
+st_status st_plan_pipeline_layout(const st_bundle* b, const st_plan_options* o, const bool* remat, int* first,
+                                  double* fwd, double* bwd) {
+  const int P = o->parallel_pipeline, L = b->layer_count;
+  const int V = o->sched.pipeline_schedule == ST_PLAN_PIPE_INTERLEAVED ? o->sched.pipeline_virtual : 1, C = P * V;
+  if (C > L)
+    return st_status_make(ST_CODE_CONFIG, "parallel.pipeline x sched.pipeline_virtual = %d chunks for %d layers: every "
+                          "chunk needs a layer", C, L);
+  double* lf = st_xcalloc((size_t)L + 1, sizeof(double));
+  double* lb = st_xcalloc((size_t)L + 1, sizeof(double));
+  double ef, eb, head;
+  st__layer_costs(b, remat, lf, lb, &ef, &eb, &head);
+  if (o->pipeline_layers) {
+    first[0] = 0;
+    for (int c = 0; c < C; ++c) first[c + 1] = first[c] + o->pipeline_layers[c];
+  } else {
+    double* cost = st_xcalloc((size_t)L + 1, sizeof(double));
+    for (int l = 0; l < L; ++l) cost[l] = lf[l] + lb[l];
+    st_pipe_balance(L, C, cost, ef + eb, head, first);
+    free(cost);
+  }
+  for (int c = 0; c < C; ++c) {
+    fwd[c] = c == 0 ? ef : 0;
+    bwd[c] = (c == 0 ? eb : 0) + (c == C - 1 ? head : 0);
+    for (int l = first[c]; l < first[c + 1]; ++l) fwd[c] += lf[l], bwd[c] += lb[l];
+  }
+  free(lf);
+  free(lb);
+  return first[C] == L ? ST_OK
+                       : st_status_make(ST_CODE_CONFIG, "parallel.pipeline_layers covers %d layers of %d", first[C], L);
+}
+
+/* The builder's pipeline: the chunk table and costs, each parameter's
+ * stage (before any slot is made). */
+static st_status st__pipeline_init(st__builder* B, const st_plan_options* o) {
+  B->P = o->parallel_pipeline;
+  B->C = B->P * (o->sched.pipeline_schedule == ST_PLAN_PIPE_INTERLEAVED ? o->sched.pipeline_virtual : 1);
+  B->first = st_xcalloc((size_t)B->C + 1, sizeof(int));
+  B->cfwd = st_xcalloc((size_t)B->C, sizeof(double));
+  B->cbwd = st_xcalloc((size_t)B->C, sizeof(double));
+  ST_RETURN(st_plan_pipeline_layout(B->bundle, o, B->remat, B->first, B->cfwd, B->cbwd));
+  for (int i = 0; i < B->n_inst; ++i)
+    for (int k = 0; k < B->inst[i].count; ++k) B->param_stage[B->inst[i].params[k]] = st__inst_stage(B, i);
+  B->plan->stages = B->P;
+  return ST_OK;
+}
+
+/* Slot |src| of this stage copied to stage |to| as |name| (a SEND), and
+ * freed here: the copy is what the next stage reads. */
+static int st__send(st__builder* B, int src, int to, const char* name, int layer) {
+  const int here = B->stage;
+  B->stage = to;
+  int dst = st__act(B, name, &B->plan->slots[src].type);
+  B->stage = here;
+  st_plan_add(B->plan, ST_OP_SEND, -1, layer, B->micro, 0, 1, &src, 1, &dst);
+  st_plan_add(B->plan, ST_OP_FREE, -1, layer, B->micro, 0, 1, &src, 0, NULL);
+  return dst;
+}
+
+/* Tied embeddings: the head on the last stage reads a copy of wte, sent
+ * at the start of the step (after the last step's update) and freed at
+ * the end. */
+static void st__wte_copy(st__builder* B, bool make) {
+  if (!B->tied) return;
+  const int w = st__pslot(B, "", B->inst[0].params[0], ST_SLOT_PARAM, true);
+  B->stage = B->P - 1;
+  B->micro = -1;
+  if (make) {
+    B->wte_copy = st__slot(B, B->plan->slots[w].name, ST_SLOT_PARAM, &B->plan->slots[w].type, false, false, B->P - 1);
+    st_plan_add(B->plan, ST_OP_SEND, -1, -1, -1, 0, 1, &w, 1, &B->wte_copy);
+  } else {
+    st_plan_add(B->plan, ST_OP_FREE, -1, -1, -1, 0, 1, &B->wte_copy, 0, NULL);
+  }
+}
+
+/* Microbatch |m|'s forward through chunk |c| on its stage, its output sent
+ * on to the next chunk's stage. */
+static void st__chunk_forward(st__builder* B, int m, int c, bool eval) {
+  st__fwd_out* f = &B->fo[m];
+  int x = f->x;
+  if (c == 0) {
+    st__batch(B, m, eval, f, true, false);
+    x = st__embed_forward(B, m, eval, f);
+  }
+  x = st__blocks_forward(B, m, eval, B->first[c], B->first[c + 1], x);
+  if (c < B->C - 1) {
+    char name[64];
+    snprintf(name, sizeof(name), "x[%d]", B->first[c + 1]);
+    x = st__send(B, x, (c + 1) % B->P, name, B->first[c + 1]);
+  }
+  f->x = x;
+}
+
+/* Microbatch |m|'s backward through chunk |c| (the last: from the head's
+ * loss), its input gradient sent back to the previous chunk's stage. */
+static void st__chunk_backward(st__builder* B, const st__optimizer* opt, int m, bool last, int c) {
+  st__fwd_out* f = &B->fo[m];
+  int pending = -1, dx = f->dx;
+  if (c == B->C - 1) {
+    st__batch(B, m, false, f, false, true);
+    dx = st__head_backward(B, opt, m, last, f, &pending);
+  }
+  dx = st__blocks_backward(B, opt, m, last, B->first[c], B->first[c + 1], dx, &pending);
+  if (c == 0) st__embed_backward(B, opt, m, last, f, dx, &pending);
+  else f->dx = st__send(B, dx, (c - 1) % B->P, "dx", B->first[c] - 1);
+}
+
+/* The step's microbatches in the schedule's order (st_pipe_schedule_make):
+ * each task's ops on its stage. */
+static st_status st__pipeline_step(st__builder* B, const st_plan_options* o, const st__optimizer* opt, int M) {
+  st_pipe_schedule S;
+  ST_RETURN(st_pipe_schedule_make(o->sched.pipeline_schedule, B->P, B->C / B->P, M, B->cfwd, B->cbwd, &S));
+  B->fo = st_xcalloc((size_t)M, sizeof(st__fwd_out));
+  st__wte_copy(B, true);
+  for (int k = 0; k < S.n; ++k) {
+    const st_pipe_task* t = &S.tasks[k];
+    B->stage = t->stage;
+    B->micro = t->micro;
+    if (t->backward) st__chunk_backward(B, opt, t->micro, t->micro == M - 1, t->chunk);
+    else st__chunk_forward(B, t->micro, t->chunk, false);
+  }
+  st__wte_copy(B, false);
+  B->stage = 0;
+  B->micro = -1;
+  st_pipe_schedule_free(&S);
+  return ST_OK;
+}
+
+static void st__pipeline_evaluation(st__builder* B, int EM) {
+  B->fo = st_xcalloc((size_t)EM, sizeof(st__fwd_out));
+  st__wte_copy(B, true);
+  for (int m = 0; m < EM; ++m) {
+    B->micro = m;
+    for (int c = 0; c < B->C; ++c) {
+      B->stage = c % B->P;
+      st__chunk_forward(B, m, c, true);
+    }
+    st__batch(B, m, true, &B->fo[m], false, true);
+    st__head_eval(B, m, &B->fo[m]);
+  }
+  st__wte_copy(B, false);
+  B->stage = 0;
+  B->micro = -1;
+}
+
+/*===-------------------------------------------------------------------===*/
 /* Evaluation                                                               */
 /*===-------------------------------------------------------------------===*/
 
-/* Per microbatch: the forward, the head's eval(head params, [wte], x,
- * targets, mask) -> loss, READ the loss. */
-static void st__evaluation(st__builder* B, int EM) {
+/* The head's eval(head params, [wte], x, targets, mask) -> loss of
+ * microbatch |m|, then READ the loss. */
+static void st__head_eval(st__builder* B, int m, const st__fwd_out* f) {
   const st__instance* E = &B->inst[0];
   const st__instance* H = &B->inst[B->n_inst - 1];
   const st_tensor_type scalar = {ST_DTYPE_F32, 0, {0}};
+  int in[ST__MAX_IO], n = 0;
+  st__use_begin(B);
+  for (int k = 0; k < H->count; ++k) in[n++] = st__param_in(B, H->params[k]);
+  if (B->tied) in[n++] = B->wte_copy >= 0 ? B->wte_copy : st__param_in(B, E->params[0]);
+  in[n++] = f->x;
+  in[n++] = f->targets;
+  in[n++] = f->mask;
+  int loss = st__xfer(B, "eval_loss", &scalar);
+  st__plan_launch(B, ST_OP_LAUNCH, H->stage->eval, -1, m, n, in, 1, &loss);
+  st__use_end(B);
+  int freed[3] = {f->x, f->targets, f->mask};
+  st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 3, freed, 0, NULL);
+  st_plan_add(B->plan, ST_OP_READ, -1, -1, m, ST_TAG_EVAL_LOSS, 1, &loss, 0, NULL);
+  st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 1, &loss, 0, NULL);
+}
+
+/* Per microbatch: the forward, the head's eval, READ the loss. A pipeline
+ * passes each microbatch through the stages in turn (the executor overlaps
+ * the next microbatch's first stages with it: st_pipe). */
+static void st__evaluation(st__builder* B, int EM) {
   st__state_slots(B, false);
   if (st__fsdp(B)) {
     st__plan_uses(B, EM, true);
     memset(B->gathered, 0, (size_t)B->n_inst * sizeof(bool));
   }
+  if (B->P > 1) {
+    st__pipeline_evaluation(B, EM);
+    return;
+  }
   for (int m = 0; m < EM; ++m) {
     st__fwd_out f;
     st__forward(B, m, true, &f);
-    int in[ST__MAX_IO], n = 0;
-    st__use_begin(B);
-    for (int k = 0; k < H->count; ++k) in[n++] = st__param_in(B, H->params[k]);
-    if (B->tied) in[n++] = st__param_in(B, E->params[0]);
-    in[n++] = f.x;
-    in[n++] = f.targets;
-    in[n++] = f.mask;
-    int loss = st__xfer(B, "eval_loss", &scalar);
-    st__plan_launch(B, ST_OP_LAUNCH, H->stage->eval, -1, m, n, in, 1, &loss);
-    st__use_end(B);
-    int freed[3] = {f.x, f.targets, f.mask};
-    st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 3, freed, 0, NULL);
-    st_plan_add(B->plan, ST_OP_READ, -1, -1, m, ST_TAG_EVAL_LOSS, 1, &loss, 0, NULL);
-    st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 1, &loss, 0, NULL);
+    st__head_eval(B, m, &f);
   }
 }
 
@@ -1155,8 +1479,8 @@ static void st__policy_line(const st_plan_sched* pol, const st_plan_remat_choice
 /*===-------------------------------------------------------------------===*/
 
 /* A builder for |plan| on the config's mesh (the plan's mesh fields too). */
-static void st__builder_init(st__builder* B, st_plan* plan, const st_bundle* b, const st_plan_options* o,
-                             const st__instance* inst, int n_inst, const bool* remat) {
+static st_status st__builder_init(st__builder* B, st_plan* plan, const st_bundle* b, const st_plan_options* o,
+                                  const st__instance* inst, int n_inst, const bool* remat) {
   const st_plan_sched* pol = &o->sched;
   const int DATA = o->parallel_data > 1 ? o->parallel_data : 1, F = o->parallel_fsdp > 1 ? o->parallel_fsdp : 1;
   const int TP = o->parallel_tensor > 1 ? o->parallel_tensor : 1;
@@ -1173,18 +1497,30 @@ static void st__builder_init(st__builder* B, st_plan* plan, const st_bundle* b, 
    * never seen to, but nothing rules it out. */
   plan->serialize_spmd = plan->devices > 1;
   plan->procs = o->procs > 1 ? o->procs : 1;
-  st__builder init = {plan, b, inst, n_inst, n_inst - 2, remat, b->model.tie_embeddings, {-1, -1, -1, -1},
-                      st_xcalloc((size_t)n_inst, sizeof(int)), pol->bucketed_grad_reduce, pol->grad_bucket_bytes,
-                      st_xcalloc((size_t)n_inst, sizeof(int)), 0, 0, F, DATA, TP, pol->gather_prefetch,
-                      pol->reshard_after_forward, NULL, 0, 0, st_xcalloc((size_t)n_inst, sizeof(bool)),
-                      o->numerics, NULL, NULL, 0, 0, o->procs > 1 && o->span_axis == ST_PLAN_SPAN_DATA ? o->procs : 1,
-                      o->procs > 1 && o->span_axis == ST_PLAN_SPAN_FSDP ? o->procs : 1};
+  st__builder init = {.plan = plan, .bundle = b, .inst = inst, .n_inst = n_inst, .L = n_inst - 2, .remat = remat,
+                      .tied = b->model.tie_embeddings, .sq = st_xcalloc((size_t)n_inst, sizeof(int)),
+                      .bucketed = pol->bucketed_grad_reduce, .bucket_bytes = pol->grad_bucket_bytes,
+                      .pending = st_xcalloc((size_t)n_inst, sizeof(int)), .F = F, .data = DATA, .T = TP,
+                      .gather_prefetch = pol->gather_prefetch, .reshard = pol->reshard_after_forward,
+                      .gathered = st_xcalloc((size_t)n_inst, sizeof(bool)), .numerics = o->numerics,
+                      .xdata = o->procs > 1 && o->span_axis == ST_PLAN_SPAN_DATA ? o->procs : 1,
+                      .X = o->procs > 1 && o->span_axis == ST_PLAN_SPAN_FSDP ? o->procs : 1,
+                      .P = 1, .C = 1, .micro = -1, .wte_copy = -1};
   *B = init;
+  memset(B->sc, -1, sizeof(B->sc));
+  B->param_stage = st_xcalloc((size_t)b->param_count + 1, sizeof(int));
   B->nstat = st_xmalloc((size_t)n_inst * sizeof(int));
   for (int i = 0; i < n_inst; ++i) B->nstat[i] = -1;
+  if (o->parallel_pipeline > 1) return st__pipeline_init(B, o);
+  return ST_OK;
 }
 
 static void st__builder_free(st__builder* B) {
+  free(B->first);
+  free(B->cfwd);
+  free(B->cbwd);
+  free(B->param_stage);
+  free(B->fo);
   free(B->nstat);
   free(B->astat);
   free(B->uses);
@@ -1203,18 +1539,24 @@ static st_status st__step(const st_bundle* b, const st_plan_options* o, const st
   st_plan step;
   st_plan_init(&step);
   st__builder B;
-  st__builder_init(&B, &step, b, o, inst, n_inst, remat);
+  st_status s = st__builder_init(&B, &step, b, o, inst, n_inst, remat);
   const st__optimizer* opt = pol->per_layer_optimizer ? &st__per_layer : &st__after_backward;
 
-  st__state_slots(&B, true);
+  if (!s) st__state_slots(&B, true);
   const int M = (int)o->microbatches;
-  if (st__fsdp(&B)) st__plan_uses(&B, M, false);
-  for (int m = 0; m < M; ++m) {
+  if (!s && st__fsdp(&B)) st__plan_uses(&B, M, false);
+  if (!s && B.P > 1) s = st__pipeline_step(&B, o, opt, M);
+  for (int m = 0; !s && B.P <= 1 && m < M; ++m) {
     const bool last = m == M - 1;
     st__fwd_out f;
     st__forward(&B, m, false, &f);
     if (last) opt->before_last_backward(&B);
     st__backward(&B, opt, m, last, &f);
+  }
+  if (s) {
+    st__builder_free(&B);
+    st_plan_deinit(&step);
+    return s;
   }
   st__flush_reductions(&B); /* bucketed: what is left after the backward */
   st__read_losses(&B, M);
@@ -1304,12 +1646,13 @@ st_status st_plan_build(const st_bundle* b, const st_plan_options* o, st_plan* s
     st_plan eval;
     st_plan_init(&eval);
     st__builder B;
-    st__builder_init(&B, &eval, b, o, inst, n_inst, rc.remat);
-    st__evaluation(&B, (int)(o->eval_batches * o->microbatches));
+    s = st__builder_init(&B, &eval, b, o, inst, n_inst, rc.remat);
+    if (!s) st__evaluation(&B, (int)(o->eval_batches * o->microbatches));
     if (D > 1) st__layouts(&eval);
     st__builder_free(&B);
     /* Evaluation has no optimizer state; offloaded parameters stream as in training. */
-    s = st__apply_policies(&eval, b, inst, n_inst, pol, pol->offload & ST_OFFLOAD_PARAMS, eval_out);
+    if (!s) s = st__apply_policies(&eval, b, inst, n_inst, pol, pol->offload & ST_OFFLOAD_PARAMS, eval_out);
+    else st_plan_deinit(&eval);
   }
   free(inst);
   if (s) {
@@ -1325,6 +1668,13 @@ st_status st_plan_build(const st_bundle* b, const st_plan_options* o, st_plan* s
   if (o->procs > 1)
     snprintf(policy + strlen(policy), sizeof(policy) - strlen(policy), " processes=%d across=%s", o->procs,
              xfsdp ? "fsdp" : "data");
+  if (o->parallel_pipeline > 1) {
+    static const char* const names[3] = {"1f1b", "gpipe", "interleaved"};
+    snprintf(policy + strlen(policy), sizeof(policy) - strlen(policy), " pipeline=%d schedule=%s", o->parallel_pipeline,
+             names[o->sched.pipeline_schedule]);
+    if (o->sched.pipeline_schedule == ST_PLAN_PIPE_INTERLEAVED)
+      snprintf(policy + strlen(policy), sizeof(policy) - strlen(policy), " virtual=%d", o->sched.pipeline_virtual);
+  }
   st_plan_set_policy(step_out, policy);
   st_plan_set_policy(eval_out, policy);
   if (choice_out) *choice_out = rc;
