@@ -215,7 +215,26 @@ typedef struct st_plan {
    * that runs it, under one name each (st_plan_program_at); NULL: every
    * program is stage 0's. */
   int* program_stage;
+  /* The pipeline schedule the plan was built from (NULL without a
+   * pipeline): its tasks in plan order, each microbatch's forward or
+   * backward through one model chunk on one stage, with the start and end
+   * its simulation predicted from the chunks' FLOPs (st_pipe_schedule_make
+   * in src/plan/pipeline.c); `strata plan --explain` draws them. Chunk c
+   * is layers [pipe_first[c], pipe_first[c+1]) on stage c % stages. */
+  int pipe_task_count;
+  struct st_plan_pipe_task* pipe_tasks;
+  int pipe_chunks;
+  int* pipe_first; /* [pipe_chunks + 1] */
 } st_plan;
+
+typedef struct st_plan_pipe_task {
+  int stage, chunk, micro;
+  bool backward;
+  double start, end;
+} st_plan_pipe_task;
+
+/* Sets |plan|'s pipeline schedule (copied). */
+void st_plan_set_pipeline(st_plan* plan, const st_plan_pipe_task* tasks, int count, const int* first, int chunks);
 
 #define ST_PLAN_MAX_STAGES 16
 

@@ -11,6 +11,7 @@
  * from the plan, which the JSON does not carry. */
 #include <ctype.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <jansson.h>
@@ -426,6 +427,71 @@ static json_t* st__explain_memory(const st_plan* step, const st_plan* eval) {
   return mem;
 }
 
+/* A pipeline (docs/parallelism.md, "Pipeline"): each stage's devices, layers
+ * and predicted peak by category, and the schedule's tasks with the times
+ * its simulation predicted; the bubble next to its theory for equal
+ * stages, (P-1) / (M+P-1), with V chunks per stage (P-1) / (V M + P-1). */
+static json_t* st__explain_pipeline(const st_plan* step) {
+  if (step->stages <= 1 || !step->pipe_tasks) return NULL;
+  const int P = step->stages, C = step->pipe_chunks, V = C / P;
+  int M = 0;
+  double makespan = 0, busy_all = 0;
+  double* busy = st_xcalloc((size_t)P, sizeof(double));
+  json_t* tasks = st_json_arr();
+  for (int k = 0; k < step->pipe_task_count; ++k) {
+    const st_plan_pipe_task* t = &step->pipe_tasks[k];
+    if (t->micro + 1 > M) M = t->micro + 1;
+    if (t->end > makespan) makespan = t->end;
+    busy[t->stage] += t->end - t->start;
+    busy_all += t->end - t->start;
+    json_t* o = st_json_obj();
+    st_json_put_int(o, "stage", t->stage);
+    st_json_put_int(o, "chunk", t->chunk);
+    st_json_put_int(o, "micro", t->micro);
+    st_json_put_str(o, "pass", t->backward ? "backward" : "forward");
+    st_json_put(o, "start", json_real(t->start));
+    st_json_put(o, "end", json_real(t->end));
+    st_json_push(tasks, o);
+  }
+  int64_t* peaks = st_xcalloc((size_t)P * ST_SLOT_CATEGORY_COUNT, sizeof(int64_t));
+  st_plan_predict_stage_peaks(step, peaks);
+  json_t* stages = st_json_arr();
+  for (int st = 0; st < P; ++st) {
+    json_t* o = st_json_obj();
+    json_t* dev = st_json_arr();
+    for (int d = 0; d < step->devices; ++d) st_json_push(dev, st_json_int(st * step->devices + d));
+    st_json_put(o, "devices", dev);
+    json_t* chunks = st_json_arr();
+    for (int c = st; c < C; c += P) {
+      json_t* r = st_json_arr();
+      st_json_push(r, st_json_int(step->pipe_first[c]));
+      st_json_push(r, st_json_int(step->pipe_first[c + 1] - 1));
+      st_json_push(chunks, r);
+    }
+    st_json_put(o, "layers", chunks);
+    st_json_put_bool(o, "embedding", st == 0);
+    st_json_put_bool(o, "head", st == P - 1);
+    json_t* pk = st_json_obj();
+    for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k)
+      st_json_put_int(pk, st_slot_category_name((st_slot_category)k), peaks[(size_t)st * ST_SLOT_CATEGORY_COUNT + (size_t)k]);
+    st_json_put(o, "peak_by_category", pk);
+    st_json_put(o, "predicted_busy", json_real(busy[st]));
+    st_json_push(stages, o);
+  }
+  json_t* j = st_json_obj();
+  st_json_put_int(j, "stages", P);
+  st_json_put_int(j, "chunks_per_stage", V);
+  st_json_put_int(j, "microbatches", M);
+  st_json_put(j, "stage", stages);
+  st_json_put(j, "tasks", tasks);
+  st_json_put(j, "predicted_makespan", json_real(makespan));
+  st_json_put(j, "predicted_bubble", json_real(makespan > 0 ? 1.0 - busy_all / ((double)P * makespan) : 0));
+  st_json_put(j, "theory_bubble", json_real(V > 1 ? (double)(P - 1) / ((double)V * M + P - 1) : (double)(P - 1) / (double)(M + P - 1)));
+  free(busy);
+  free(peaks);
+  return j;
+}
+
 /* Every slot of the step plan is a tensor of the explanation, batch
  * tensors and scalars ("transfer") and host homes (memory "host")
  * included. */
@@ -446,6 +512,8 @@ json_t* st_plan_explain_json(const st_plan* step, const st_plan* eval, const st_
     st_json_put(j, "cross_process_per_step", xcomm);
   }
   st_json_put(j, "memory_per_device", st__explain_memory(step, eval));
+  json_t* pipe = st__explain_pipeline(step);
+  if (pipe) st_json_put(j, "pipeline", pipe); /* only a pipeline's explanation has one */
   return j;
 }
 
@@ -558,6 +626,85 @@ static void st__print_xproc(const json_t* j, FILE* out) {
             (long long)json_integer_value(json_object_get(v, "bytes_per_process")),
             (long long)json_integer_value(json_object_get(v, "wire_bytes_per_process")));
   }
+}
+
+/* The stage x time grid: each task drawn over its predicted time, "F3"
+ * (microbatch 3's forward, padded with '-') or "B3" (backward, '='), '.'
+ * idle; chunk c of an interleaved stage is told by its letter's case: the
+ * first chunk's F/B, the next f/b, then F/B again. At most |width|
+ * columns. */
+static void st__print_pipeline_grid(const json_t* p, FILE* out, int width) {
+  const json_t* tasks = json_object_get(p, "tasks");
+  const int P = (int)json_integer_value(json_object_get(p, "stages"));
+  const double span = json_real_value(json_object_get(p, "predicted_makespan"));
+  double shortest = span;
+  for (size_t k = 0; k < json_array_size(tasks); ++k) {
+    const json_t* t = json_array_get(tasks, k);
+    double d = json_real_value(json_object_get(t, "end")) - json_real_value(json_object_get(t, "start"));
+    if (d > 0 && d < shortest) shortest = d;
+  }
+  /* A forward gets at least 3 columns ("F12") when the width allows. */
+  double unit = shortest / 3;
+  if (span / unit > width) unit = span / width;
+  const int cols = (int)ceil(span / unit - 1e-9);
+  char* row = st_xmalloc((size_t)cols + 1);
+  for (int st = 0; st < P; ++st) {
+    memset(row, '.', (size_t)cols);
+    row[cols] = '\0';
+    for (size_t k = 0; k < json_array_size(tasks); ++k) {
+      const json_t* t = json_array_get(tasks, k);
+      if (json_integer_value(json_object_get(t, "stage")) != st) continue;
+      const bool bwd = !strcmp(json_string_value(json_object_get(t, "pass")), "backward");
+      const bool odd = (json_integer_value(json_object_get(t, "chunk")) / P) % 2 == 1;
+      int a = (int)floor(json_real_value(json_object_get(t, "start")) / unit + 1e-9);
+      int b = (int)floor(json_real_value(json_object_get(t, "end")) / unit + 1e-9);
+      if (b <= a) b = a + 1;
+      if (b > cols) b = cols;
+      char label[16];
+      snprintf(label, sizeof(label), "%c%lld", bwd ? (odd ? 'b' : 'B') : (odd ? 'f' : 'F'),
+               (long long)json_integer_value(json_object_get(t, "micro")));
+      for (int x = a; x < b; ++x) row[x] = x - a < (int)strlen(label) ? label[x - a] : bwd ? '=' : '-';
+    }
+    fprintf(out, "  stage %-2d |%s|\n", st, row);
+  }
+  free(row);
+}
+
+static void st__print_pipeline(const json_t* p, FILE* out) {
+  const json_t* stages = json_object_get(p, "stage");
+  fprintf(out, "# pipeline: %lld stages x %lld chunk(s), %lld microbatches; per stage: devices, layers, predicted peak "
+               "bytes per device (params/grads/optimizer/activations/transfer), predicted busy time\n",
+          (long long)json_integer_value(json_object_get(p, "stages")),
+          (long long)json_integer_value(json_object_get(p, "chunks_per_stage")),
+          (long long)json_integer_value(json_object_get(p, "microbatches")));
+  for (size_t st = 0; st < json_array_size(stages); ++st) {
+    const json_t* s = json_array_get(stages, st);
+    st_strbuf b = {0};
+    const json_t* dev = json_object_get(s, "devices");
+    for (size_t d = 0; d < json_array_size(dev); ++d)
+      st_strbuf_printf(&b, "%s%lld", d ? "," : "", (long long)json_integer_value(json_array_get(dev, d)));
+    st_strbuf_append(&b, "  layers");
+    const json_t* ch = json_object_get(s, "layers");
+    for (size_t c = 0; c < json_array_size(ch); ++c)
+      st_strbuf_printf(&b, " %lld-%lld", (long long)json_integer_value(json_array_get(json_array_get(ch, c), 0)),
+                       (long long)json_integer_value(json_array_get(json_array_get(ch, c), 1)));
+    if (json_is_true(json_object_get(s, "embedding"))) st_strbuf_append(&b, " +embedding");
+    if (json_is_true(json_object_get(s, "head"))) st_strbuf_append(&b, " +head");
+    const json_t* pk = json_object_get(s, "peak_by_category");
+    fprintf(out, "  stage %-2zu devices %s  peak %lld/%lld/%lld/%lld/%lld  busy %.4g\n", st, b.data,
+            (long long)json_integer_value(json_object_get(pk, "params")),
+            (long long)json_integer_value(json_object_get(pk, "grads")),
+            (long long)json_integer_value(json_object_get(pk, "optimizer")),
+            (long long)json_integer_value(json_object_get(pk, "activations")),
+            (long long)json_integer_value(json_object_get(pk, "transfer")),
+            json_real_value(json_object_get(s, "predicted_busy")));
+    st_strbuf_free(&b);
+  }
+  fprintf(out, "# schedule, stage x predicted time (F3 / B3: microbatch 3's forward / backward; f, b: the next chunk "
+               "of an interleaved stage; '.': idle)\n");
+  st__print_pipeline_grid(p, out, 160);
+  fprintf(out, "# predicted bubble %.4f (idle share of the stages' time over the step; theory for equal stages %.4f)\n",
+          json_real_value(json_object_get(p, "predicted_bubble")), json_real_value(json_object_get(p, "theory_bubble")));
 }
 
 void st_plan_explain_print(const st_plan* step, const json_t* j, FILE* out) {
@@ -706,4 +853,6 @@ void st_plan_explain_print(const st_plan* step, const json_t* j, FILE* out) {
   if (cols > ST_SLOT_GATHERED)
     st__print_bytes_by_category(out, "largest in the step", json_object_get(mem, "max_by_category"), cols, false);
   fprintf(out, "  host memory (offloaded homes): %lld\n", (long long)json_integer_value(json_object_get(mem, "host_bytes")));
+  const json_t* pipe = json_object_get(j, "pipeline");
+  if (pipe) st__print_pipeline(pipe, out);
 }

@@ -120,7 +120,8 @@ st_status st_pipe_schedule_make(int kind, int P, int V, int M, const double* fwd
     const int c = q->v * P + best;
     const double cost = q->backward ? (bwd ? bwd[c] : 2.0) : (fwd ? fwd[c] : 1.0);
     st_pipe_task* t = &out->tasks[out->n++];
-    *t = (st_pipe_task){best, c, q->m, q->backward, best_start, best_start + cost};
+    *t = (st_pipe_task){.stage = best, .chunk = c, .micro = q->m, .backward = q->backward, .start = best_start,
+                        .end = best_start + cost};
     done[st__key(C, q->m, c, q->backward)] = t->end;
     free_at[best] = t->end;
     out->busy += cost;

@@ -7,16 +7,13 @@
 #include <stdbool.h>
 
 #include "strata/plan.h"
+#include "strata/sched.h"
 #include "strata/status.h"
 
 /* One unit of pipeline work: microbatch |micro|'s forward or backward
- * through model chunk |chunk| (layers [first, last) of the chunk table),
- * which lies on stage chunk % P. */
-typedef struct st_pipe_task {
-  int stage, chunk, micro;
-  bool backward;
-  double start, end; /* simulated, in the cost unit of st_pipe_schedule_make */
-} st_pipe_task;
+ * through model chunk |chunk|, which lies on stage chunk % P, with its
+ * simulated start and end in the cost unit of st_pipe_schedule_make. */
+typedef st_plan_pipe_task st_pipe_task;
 
 /* A schedule: every stage's task sequence (1F1B, GPipe or interleaved
  * 1F1B), and one global order consistent with each stage's sequence and

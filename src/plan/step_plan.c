@@ -1237,6 +1237,7 @@ static st_status st__pipeline_step(st__builder* B, const st_plan_options* o, con
   st__wte_copy(B, false);
   B->stage = 0;
   B->micro = -1;
+  st_plan_set_pipeline(B->plan, S.tasks, S.n, B->first, B->C);
   st_pipe_schedule_free(&S);
   return ST_OK;
 }

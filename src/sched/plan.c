@@ -86,6 +86,8 @@ void st_plan_deinit(st_plan* plan) {
   free(plan->policy);
   free(plan->program_temps);
   free(plan->program_stage);
+  free(plan->pipe_tasks);
+  free(plan->pipe_first);
   st_plan_init(plan);
 }
 
@@ -167,6 +169,21 @@ st_op* st_plan_add(st_plan* plan, st_op_kind kind, int program, int layer, int m
   return op;
 }
 
+void st_plan_set_pipeline(st_plan* plan, const st_plan_pipe_task* tasks, int count, const int* first, int chunks) {
+  free(plan->pipe_tasks);
+  free(plan->pipe_first);
+  plan->pipe_tasks = NULL;
+  plan->pipe_first = NULL;
+  plan->pipe_task_count = plan->pipe_chunks = 0;
+  if (!tasks || count <= 0) return;
+  plan->pipe_tasks = st_xcalloc((size_t)count, sizeof(*tasks));
+  memcpy(plan->pipe_tasks, tasks, (size_t)count * sizeof(*tasks));
+  plan->pipe_task_count = count;
+  plan->pipe_first = st_xcalloc((size_t)chunks + 1, sizeof(int));
+  memcpy(plan->pipe_first, first, ((size_t)chunks + 1) * sizeof(int));
+  plan->pipe_chunks = chunks;
+}
+
 void st_plan_set_policy(st_plan* plan, const char* policy) {
   free(plan->policy);
   plan->policy = policy ? st__xstrdup(policy) : NULL;
@@ -195,6 +212,7 @@ void st_plan_copy(const st_plan* src, st_plan* dst) {
   dst->serialize_spmd = src->serialize_spmd;
   dst->procs = src->procs;
   dst->stages = src->stages;
+  st_plan_set_pipeline(dst, src->pipe_tasks, src->pipe_task_count, src->pipe_first, src->pipe_chunks);
   /* Program indices are interned in |src|'s order, so they line up. */
   st_plan_set_program_temps(dst, src->program_temps);
 }
