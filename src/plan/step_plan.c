@@ -1052,7 +1052,7 @@ static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool l
 
 /* READ every microbatch's loss. */
 /* The slot |name| that microbatch |m|'s ops made on |stage| (st__qualify). */
-static int st__find(st__builder* B, const char* name, int stage, int m) {
+static int st__find_slot(st__builder* B, const char* name, int stage, int m) {
   char q[320];
   const int s0 = B->stage, m0 = B->micro;
   B->stage = stage;
@@ -1067,7 +1067,7 @@ static void st__read_losses(st__builder* B, int M) {
   char name[160];
   for (int m = 0; m < M; ++m) {
     snprintf(name, sizeof(name), "loss[%d]", m);
-    int ls = st__find(B, name, B->P - 1, m);
+    int ls = st__find_slot(B, name, B->P - 1, m);
     st_plan_add(B->plan, ST_OP_READ, -1, -1, m, ST_TAG_LOSS, 1, &ls, 0, NULL);
     st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 1, &ls, 0, NULL);
   }
@@ -1078,7 +1078,7 @@ static void st__read_losses(st__builder* B, int M) {
       const st_bundle_program* f = B->inst[1 + l].stage->fwd;
       for (int s = 0; s < st_plan_metric_outputs(f); ++s) {
         snprintf(name, sizeof(name), "metric[%d][%d].%s", m, l, f->outputs[1 + s].name);
-        int slot = st__find(B, name, st__inst_stage(B, 1 + l), m);
+        int slot = st__find_slot(B, name, st__inst_stage(B, 1 + l), m);
         int tag = ST_TAG_METRIC + st__metric_index(B->bundle, f->outputs[1 + s].name);
         st_plan_add(B->plan, ST_OP_READ, -1, l, m, tag, 1, &slot, 0, NULL);
         st_plan_add(B->plan, ST_OP_FREE, -1, l, m, 0, 1, &slot, 0, NULL);
