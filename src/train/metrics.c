@@ -71,6 +71,54 @@ static void st__sched_metrics(const st_executor_stats* es, int devices, json_t* 
   }
 }
 
+/* A pipeline's step (docs/parallelism.md, "Pipeline"): the sends, each
+ * stage's busy time (the union of its launches, from the executor's
+ * timestamps), the measured bubble next to the plan's predicted one and
+ * the theory for equal stages, and each stage's accounted peak by
+ * category next to the prediction. */
+static void st__pipeline_metrics(const st_plan* p, const st_executor_stats* es, json_t* m) {
+  if (p->stages <= 1) return;
+  json_t* pm = st_json_obj();
+  st_json_put_int(pm, "stages", p->stages);
+  st_json_put_int(pm, "sends", es->sends);
+  st_json_put_int(pm, "send_bytes", es->send_bytes);
+  st_json_put(pm, "send_s", st_json_fixed(es->send_s, 6));
+  st_json_put(pm, "send_overlap_ratio", es->send_s > 0 ? st_json_fixed(es->send_hidden_s / es->send_s, 4) : json_null());
+  st_json_put(pm, "span_s", st_json_fixed(es->span_s, 6));
+  st_json_put(pm, "bubble", st_json_fixed(es->bubble_fraction, 4));
+  double makespan = 0, busy = 0;
+  int M = 0;
+  for (int k = 0; k < p->pipe_task_count; ++k) {
+    const st_plan_pipe_task* task = &p->pipe_tasks[k];
+    if (task->end > makespan) makespan = task->end;
+    busy += task->end - task->start;
+    if (task->micro + 1 > M) M = task->micro + 1;
+  }
+  const int P = p->stages, V = p->pipe_chunks / (P > 0 ? P : 1);
+  st_json_put(pm, "bubble_predicted", st_json_fixed(makespan > 0 ? 1.0 - busy / ((double)P * makespan) : 0, 4));
+  st_json_put(pm, "bubble_theory", st_json_fixed(V > 1 ? (double)(P - 1) / ((double)V * M + P - 1)
+                                                        : (double)(P - 1) / (double)(M + P - 1), 4));
+  int64_t* predicted = st_xcalloc((size_t)P * ST_SLOT_CATEGORY_COUNT, sizeof(int64_t));
+  st_plan_predict_stage_peaks(p, predicted);
+  json_t* stages = st_json_arr();
+  for (int st = 0; st < P && st < ST_PLAN_MAX_STAGES; ++st) {
+    json_t* o = st_json_obj();
+    st_json_put(o, "busy_s", st_json_fixed(es->stage_busy_s[st], 6));
+    json_t* a = st_json_obj();
+    json_t* b = st_json_obj();
+    for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) {
+      st_json_put_int(a, st_slot_category_name((st_slot_category)k), es->stage_peak_by_category[st][k]);
+      st_json_put_int(b, st_slot_category_name((st_slot_category)k), predicted[(size_t)st * ST_SLOT_CATEGORY_COUNT + (size_t)k]);
+    }
+    st_json_put(o, "peak_by_category", a);
+    st_json_put(o, "peak_by_category_predicted", b);
+    st_json_push(stages, o);
+  }
+  free(predicted);
+  st_json_put(pm, "stage", stages);
+  st_json_put(m, "pipeline", pm);
+}
+
 /* Per-kernel observability (docs/kernels.md, "Observability"): on when
  * trace.steps lists any step and the bundle calls FFI kernels. */
 static bool st__kernel_obs(const st__trainer* t) {
@@ -137,16 +185,17 @@ static st_status st__maybe_trace(st__trainer* t) {
 
 st_status st__plan_event(st__trainer* t) {
   const st_plan* p = &t->step_plan;
-  int counts[ST_OP_XPROC + 1] = {0};
+  int counts[ST_OP_SEND + 1] = {0};
   for (int i = 0; i < p->op_count; ++i) counts[p->ops[i].kind]++;
   /* COLLECTIVE is listed only for a data-parallel plan, XPROC only for a
-   * job's: one-device runs keep their event. */
+   * job's, SEND only for a pipeline's: one-device runs keep their event. */
   int kinds = t->o->procs > 1 ? ST_OP_XPROC + 1 : p->devices > 1 ? ST_OP_COLLECTIVE + 1 : ST_OP_COLLECTIVE;
   json_t* e = st_json_obj();
   st_json_put_str(e, "policy", p->policy ? p->policy : "");
   st_json_put_int(e, "ops", p->op_count);
   json_t* c = st_json_obj();
   for (int k = 0; k < kinds; ++k) st_json_put_int(c, st_op_kind_name((st_op_kind)k), counts[k]);
+  if (p->stages > 1) st_json_put_int(c, st_op_kind_name(ST_OP_SEND), counts[ST_OP_SEND]);
   st_json_put(e, "op_counts", c);
   st_json_put_int(e, "predicted_peak_bytes", st_plan_predict_live(p, NULL, NULL));
   if (p->program_temps) {
@@ -293,6 +342,7 @@ st_status st__step_metrics(st__trainer* t, double loss, double dt) {
     st_json_put_num(m, key, t->metric_max[s]);
   }
   st__sched_metrics(es, t->step_plan.devices, m);
+  st__pipeline_metrics(&t->step_plan, es, m);
   st__kernel_metrics(t, m);
   st_status s = st__job_step_metrics(t, dt, m);
   if (s) {
