@@ -731,6 +731,9 @@ void st_plan_explain_print(const st_plan* step, const json_t* j, FILE* out) {
     }
     fprintf(out, "]");
   }
+  if (step->stages > 1)
+    fprintf(out, "; per pipeline stage: %d stages, each on a mesh of its own (%d devices in all)", step->stages,
+            step->stages * nd);
   fprintf(out, "\n");
   const json_t* procs = json_object_get(j, "processes");
   if (procs) st__print_processes(procs, out);

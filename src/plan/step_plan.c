@@ -1165,7 +1165,8 @@ static st_status st__pipeline_init(st__builder* B, const st_plan_options* o) {
 static int st__send(st__builder* B, int src, int to, const char* name, int layer) {
   const int here = B->stage;
   B->stage = to;
-  int dst = st__act(B, name, &B->plan->slots[src].type);
+  const st_tensor_type t = B->plan->slots[src].type; /* a copy: making a slot may move the table */
+  int dst = st__act(B, name, &t);
   B->stage = here;
   st_plan_add(B->plan, ST_OP_SEND, -1, layer, B->micro, 0, 1, &src, 1, &dst);
   st_plan_add(B->plan, ST_OP_FREE, -1, layer, B->micro, 0, 1, &src, 0, NULL);
@@ -1181,7 +1182,10 @@ static void st__wte_copy(st__builder* B, bool make) {
   B->stage = B->P - 1;
   B->micro = -1;
   if (make) {
-    B->wte_copy = st__slot(B, B->plan->slots[w].name, ST_SLOT_PARAM, &B->plan->slots[w].type, false, false, B->P - 1);
+    const st_tensor_type t = B->plan->slots[w].type; /* copies: making a slot may move the table */
+    char name[256];
+    snprintf(name, sizeof(name), "%s", B->plan->slots[w].name);
+    B->wte_copy = st__slot(B, name, ST_SLOT_PARAM, &t, false, false, B->P - 1);
     st_plan_add(B->plan, ST_OP_SEND, -1, -1, -1, 0, 1, &w, 1, &B->wte_copy);
   } else {
     st_plan_add(B->plan, ST_OP_FREE, -1, -1, -1, 0, 1, &B->wte_copy, 0, NULL);
