@@ -630,12 +630,6 @@ static st_status st__rule_pipeline(const st_config* c) {
                           "sched.optimizer=per_layer (%s) with parallel.pipeline=%lld (%s): per-layer updates inside a "
                           "pipeline schedule are not built yet; set sched.optimizer=after_backward",
                           st_config_source(c, "sched.optimizer"), (long long)P, sp);
-  if (st_config_int(c, "parallel.fsdp") > 1)
-    return st_status_make(ST_CODE_CONFIG,
-                          "parallel.fsdp=%lld (%s) with parallel.pipeline=%lld (%s): fsdp within pipeline stages is not "
-                          "built yet; use parallel.data or parallel.tensor inside the stages",
-                          (long long)st_config_int(c, "parallel.fsdp"), st_config_source(c, "parallel.fsdp"),
-                          (long long)P, sp);
   return ST_OK;
 }
 
@@ -806,8 +800,7 @@ static const st__cfg_rule kRules[] = {
     {"parallel.pipeline > 1: train.microbatches is at least parallel.pipeline (and, interleaved, divisible by it); "
      "model.n_layers is at least parallel.pipeline x sched.pipeline_virtual; parallel.pipeline_layers is empty or one "
      "layer count per stage chunk summing to model.n_layers; sched.pipeline_virtual > 1 exactly when "
-     "sched.pipeline_schedule=interleaved; one process, sched.offload=none, sched.optimizer=after_backward, "
-     "parallel.fsdp=1.",
+     "sched.pipeline_schedule=interleaved; one process, sched.offload=none, sched.optimizer=after_backward.",
      st__rule_pipeline},
 };
 

@@ -373,7 +373,10 @@ static int st__whole(st__builder* B, const char* prefix, int param, st_slot_cate
   snprintf(name, sizeof(name), "%s%s", prefix, p->name);
   int cut = -1;
   st_tensor_type t = st__tensor_local(B, param, &cut);
-  return st_plan_slot(B->plan, name, cat, &t, false);
+  /* A pipeline's tied head gradient is one microbatch's, sent between
+   * stages (as st__pslot's "hgrad:"); the rest lie on their parameter's stage. */
+  const bool per_micro = B->P > 1 && !strcmp(prefix, "hgrad:");
+  return st__slot(B, name, cat, &t, false, !per_micro, per_micro ? B->stage : B->param_stage[param]);
 }
 
 /* The slot a compute launch reads parameter |param| from. */
@@ -467,9 +470,36 @@ static void st__plan_uses(st__builder* B, int M, bool eval) {
   }
 }
 
+/* A pipeline's parameter uses, in the order its tasks emit their launches
+ * (st__chunk_forward, st__chunk_backward, st__pipeline_evaluation); the
+ * head reads the tied wte from its copy (st__wte_copy), not a gather. */
+static void st__plan_uses_pipeline(st__builder* B, const st_plan_pipe_task* tasks, int n, int EM) {
+  const int H = B->n_inst - 1;
+  B->n_uses = B->use_pos = 0;
+  for (int k = 0; k < n; ++k) {
+    const st_plan_pipe_task* t = &tasks[k];
+    const int l0 = B->first[t->chunk], l1 = B->first[t->chunk + 1];
+    if (!t->backward) {
+      if (t->chunk == 0) st__use_add(B, 0, -1, true, t->micro);
+      for (int l = l0; l < l1; ++l) st__use_add(B, 1 + l, -1, true, t->micro);
+      continue;
+    }
+    if (t->chunk == B->C - 1) st__use_add(B, H, -1, false, t->micro);
+    for (int l = l1 - 1; l >= l0; --l) st__use_add(B, 1 + l, -1, false, t->micro);
+    if (t->chunk == 0) st__use_add(B, 0, -1, false, t->micro);
+  }
+  for (int m = 0; m < EM; ++m) { /* an evaluation: each microbatch through every chunk, then the head */
+    st__use_add(B, 0, -1, true, m);
+    for (int l = 0; l < B->L; ++l) st__use_add(B, 1 + l, -1, true, m);
+    st__use_add(B, H, -1, true, m);
+  }
+}
+
 static void st__gather(st__builder* B, int i, int micro) {
   const st__instance* I = &B->inst[i];
   int in[ST__MAX_GROUP_PARAMS], out[ST__MAX_GROUP_PARAMS];
+  const int stage = B->stage;
+  B->stage = st__inst_stage(B, i);
   for (int k = 0; k < I->count; ++k) {
     in[k] = st__pslot(B, "", I->params[k], ST_SLOT_PARAM, true);
     out[k] = st__whole(B, "full:", I->params[k], ST_SLOT_GATHERED);
@@ -480,6 +510,7 @@ static void st__gather(st__builder* B, int i, int micro) {
     st_plan_add(B->plan, ST_OP_COLLECTIVE, st__program(B, I->group->fsdp_all_gather->name), I->layer, micro,
                 ST_COLL_ALL_GATHER, I->count, in, I->count, out);
   B->gathered[i] = true;
+  B->stage = stage;
 }
 
 /* Gathers the parameters of uses [from, to] that are not gathered yet. */
@@ -539,6 +570,8 @@ static void st__use_end(st__builder* B) {
 static void st__reduce_scatter(st__builder* B, int i, int m) {
   const st__instance* I = &B->inst[i];
   int in[ST__MAX_GROUP_PARAMS], out[ST__MAX_GROUP_PARAMS];
+  const int stage = B->stage;
+  B->stage = st__inst_stage(B, i);
   for (int k = 0; k < I->count; ++k) {
     in[k] = st__whole(B, "ugrad:", I->params[k], ST_SLOT_UNREDUCED);
     out[k] = st__pslot(B, m == 0 ? "grad:" : "gtmp:", I->params[k], ST_SLOT_GRAD, false);
@@ -549,6 +582,7 @@ static void st__reduce_scatter(st__builder* B, int i, int m) {
     st_plan_add(B->plan, ST_OP_COLLECTIVE, st__program(B, I->group->fsdp_reduce_scatter->name), I->layer, m,
                 ST_COLL_REDUCE_SCATTER, I->count, in, I->count, out);
   st_plan_add(B->plan, ST_OP_FREE, -1, I->layer, m, 0, I->count, in, 0, NULL);
+  B->stage = stage;
 }
 
 /*===-------------------------------------------------------------------===*/
@@ -931,7 +965,8 @@ static int st__head_backward(st__builder* B, const st__optimizer* opt, int m, bo
   if (B->P > 1 && B->tied) { /* the tied gradient goes to the embedding's stage at once */
     const int here = B->stage, hg = out[1 + H->count];
     B->stage = 0;
-    int to = st__pslot(B, "hgrad:", E->params[0], ST_SLOT_GRAD, false);
+    int to = st__fsdp(B) ? st__whole(B, "hgrad:", E->params[0], ST_SLOT_UNREDUCED)
+                         : st__pslot(B, "hgrad:", E->params[0], ST_SLOT_GRAD, false);
     B->stage = here;
     st_plan_add(B->plan, ST_OP_SEND, -1, -1, m, 0, 1, &hg, 1, &to);
     st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 1, &hg, 0, NULL);
@@ -1178,15 +1213,26 @@ static int st__send(st__builder* B, int src, int to, const char* name, int layer
  * the end. */
 static void st__wte_copy(st__builder* B, bool make) {
   if (!B->tied) return;
-  const int w = st__pslot(B, "", B->inst[0].params[0], ST_SLOT_PARAM, true);
-  B->stage = B->P - 1;
   B->micro = -1;
+  int w = st__pslot(B, "", B->inst[0].params[0], ST_SLOT_PARAM, true);
+  if (make && st__fsdp(B)) { /* fsdp blocks: the whole wte is gathered on the first stage and sent */
+    st__gather(B, 0, -1);
+    w = st__whole(B, "full:", B->inst[0].params[0], ST_SLOT_GATHERED);
+  }
+  B->stage = B->P - 1;
   if (make) {
     const st_tensor_type t = B->plan->slots[w].type; /* copies: making a slot may move the table */
     char name[256];
     snprintf(name, sizeof(name), "%s", B->plan->slots[w].name);
     B->wte_copy = st__slot(B, name, ST_SLOT_PARAM, &t, false, false, B->P - 1);
     st_plan_add(B->plan, ST_OP_SEND, -1, -1, -1, 0, 1, &w, 1, &B->wte_copy);
+    if (st__fsdp(B)) { /* gathered again at the embedding's first use */
+      int full[ST__MAX_GROUP_PARAMS];
+      const st__instance* E = &B->inst[0];
+      for (int k = 0; k < E->count; ++k) full[k] = st__whole(B, "full:", E->params[k], ST_SLOT_GATHERED);
+      st_plan_add(B->plan, ST_OP_FREE, -1, -1, -1, 0, E->count, full, 0, NULL);
+      B->gathered[0] = false;
+    }
   } else {
     st_plan_add(B->plan, ST_OP_FREE, -1, -1, -1, 0, 1, &B->wte_copy, 0, NULL);
   }
@@ -1220,8 +1266,12 @@ static void st__chunk_backward(st__builder* B, const st__optimizer* opt, int m, 
     dx = st__head_backward(B, opt, m, last, f, &pending);
   }
   dx = st__blocks_backward(B, opt, m, last, B->first[c], B->first[c + 1], dx, &pending);
-  if (c == 0) st__embed_backward(B, opt, m, last, f, dx, &pending);
-  else f->dx = st__send(B, dx, (c - 1) % B->P, "dx", B->first[c] - 1);
+  if (c == 0) {
+    st__embed_backward(B, opt, m, last, f, dx, &pending);
+  } else {
+    f->dx = st__send(B, dx, (c - 1) % B->P, "dx", B->first[c] - 1);
+    if (st__fsdp(B)) st__after_scatter(B, opt, pending, m, last); /* the chunk's first layer's */
+  }
 }
 
 /* The step's microbatches in the schedule's order (st_pipe_schedule_make):
@@ -1229,6 +1279,7 @@ static void st__chunk_backward(st__builder* B, const st__optimizer* opt, int m, 
 static st_status st__pipeline_step(st__builder* B, const st_plan_options* o, const st__optimizer* opt, int M) {
   st_pipe_schedule S;
   ST_RETURN(st_pipe_schedule_make(o->sched.pipeline_schedule, B->P, B->C / B->P, M, B->cfwd, B->cbwd, &S));
+  if (st__fsdp(B)) st__plan_uses_pipeline(B, S.tasks, S.n, 0);
   B->fo = st_xcalloc((size_t)M, sizeof(st__fwd_out));
   st__wte_copy(B, true);
   for (int k = 0; k < S.n; ++k) {
@@ -1247,6 +1298,10 @@ static st_status st__pipeline_step(st__builder* B, const st_plan_options* o, con
 }
 
 static void st__pipeline_evaluation(st__builder* B, int EM) {
+  if (st__fsdp(B)) {
+    st__plan_uses_pipeline(B, NULL, 0, EM);
+    memset(B->gathered, 0, (size_t)B->n_inst * sizeof(bool));
+  }
   B->fo = st_xcalloc((size_t)EM, sizeof(st__fwd_out));
   st__wte_copy(B, true);
   for (int m = 0; m < EM; ++m) {
@@ -1294,13 +1349,13 @@ static void st__head_eval(st__builder* B, int m, const st__fwd_out* f) {
  * the next microbatch's first stages with it: st_pipe). */
 static void st__evaluation(st__builder* B, int EM) {
   st__state_slots(B, false);
-  if (st__fsdp(B)) {
-    st__plan_uses(B, EM, true);
-    memset(B->gathered, 0, (size_t)B->n_inst * sizeof(bool));
-  }
   if (B->P > 1) {
     st__pipeline_evaluation(B, EM);
     return;
+  }
+  if (st__fsdp(B)) {
+    st__plan_uses(B, EM, true);
+    memset(B->gathered, 0, (size_t)B->n_inst * sizeof(bool));
   }
   for (int m = 0; m < EM; ++m) {
     st__fwd_out f;
@@ -1549,7 +1604,7 @@ static st_status st__step(const st_bundle* b, const st_plan_options* o, const st
 
   if (!s) st__state_slots(&B, true);
   const int M = (int)o->microbatches;
-  if (!s && st__fsdp(&B)) st__plan_uses(&B, M, false);
+  if (!s && st__fsdp(&B) && B.P <= 1) st__plan_uses(&B, M, false);
   if (!s && B.P > 1) s = st__pipeline_step(&B, o, opt, M);
   for (int m = 0; !s && B.P <= 1 && m < M; ++m) {
     const bool last = m == M - 1;
