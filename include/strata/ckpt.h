@@ -133,8 +133,10 @@ typedef struct st_ckpt_meta {
    * so any mesh the model allows can read it back. In a job of several
    * processes, the job's whole mesh, and |mesh_processes| how many
    * processes it spanned ("processes" in "mesh"; 0 or 1 writes none, so a
-   * one-process manifest is as before). */
-  int mesh_data, mesh_fsdp, mesh_tensor, mesh_processes;
+   * one-process manifest is as before). |mesh_pipeline|: the pipeline
+   * stages, each on its own data x fsdp x tensor devices ("pipeline" in
+   * "mesh"; 0 or 1 writes none). */
+  int mesh_data, mesh_fsdp, mesh_tensor, mesh_processes, mesh_pipeline;
 } st_ckpt_meta;
 
 /* A host copy of the training state, ready to be written. The writer reads
@@ -373,8 +375,9 @@ typedef struct st_ckpt {
   /* The manifest's "mesh" (axis sizes, devices = their product); all 0 in a
    * checkpoint written before meshes were recorded (one device).
    * mesh_processes: the processes of the job that wrote it; 0 when not
-   * recorded (one process). */
-  int mesh_data, mesh_fsdp, mesh_tensor, mesh_devices, mesh_processes;
+   * recorded (one process). mesh_pipeline: its pipeline stages; 0 when not
+   * recorded (none). devices = data x fsdp x tensor x stages. */
+  int mesh_data, mesh_fsdp, mesh_tensor, mesh_devices, mesh_processes, mesh_pipeline;
   int tensor_count;
   st_ckpt_tensor_info* tensors;
   int file_count;

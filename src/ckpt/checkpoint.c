@@ -388,7 +388,9 @@ static char* st__manifest_text(const st_ckpt_meta* m, const st__file_rec* files,
   st_json_put_int(mesh, "data", axes[0]);
   st_json_put_int(mesh, "fsdp", axes[1]);
   st_json_put_int(mesh, "tensor", axes[2]);
-  st_json_put_int(mesh, "devices", (int64_t)axes[0] * axes[1] * axes[2]);
+  const int stages = m->mesh_pipeline > 1 ? m->mesh_pipeline : 1;
+  st_json_put_int(mesh, "devices", (int64_t)axes[0] * axes[1] * axes[2] * stages);
+  if (stages > 1) st_json_put_int(mesh, "pipeline", stages);
   if (m->mesh_processes > 1) st_json_put_int(mesh, "processes", m->mesh_processes);
   st_json_put(j, "mesh", mesh);
   char hex[17];

@@ -209,10 +209,17 @@ static st_status st__manifest_mesh(const char* path, const json_t* j, st_ckpt* c
         ST__FAIL("'%s': \"mesh\" needs integer \"data\", \"fsdp\", \"tensor\" and \"devices\" in 1..65536 (\"%s\" is not)", path,
                  axis_names[a]);
     }
-    if (v[0] * v[1] * v[2] != v[3])
-      ST__FAIL("'%s': \"mesh\" is data %lld x fsdp %lld x tensor %lld = %lld devices, but records devices %lld: the mesh record is "
-               "inconsistent",
-               path, (long long)v[0], (long long)v[1], (long long)v[2], (long long)(v[0] * v[1] * v[2]), (long long)v[3]);
+    /* Pipeline stages (absent: none), each with the data x fsdp x tensor devices. */
+    const json_t* pipe = json_object_get(mesh, "pipeline");
+    int64_t stages = 1;
+    if (pipe && (!st_json_as_int(pipe, &stages) || stages < 1 || stages > 65536))
+      ST__FAIL("'%s': \"mesh\" records \"pipeline\" that is not a stage count in 1..65536", path);
+    if (v[0] * v[1] * v[2] * stages != v[3])
+      ST__FAIL("'%s': \"mesh\" is data %lld x fsdp %lld x tensor %lld x pipeline %lld = %lld devices, but records devices "
+               "%lld: the mesh record is inconsistent",
+               path, (long long)v[0], (long long)v[1], (long long)v[2], (long long)stages,
+               (long long)(v[0] * v[1] * v[2] * stages), (long long)v[3]);
+    c->mesh_pipeline = pipe ? (int)stages : 0;
     c->mesh_data = (int)v[0];
     c->mesh_fsdp = (int)v[1];
     c->mesh_tensor = (int)v[2];

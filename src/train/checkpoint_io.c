@@ -568,22 +568,27 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
    * its replica: any mesh the config accepts lays it out (docs/checkpoints.md).
    * The meshes compared are jobs' whole meshes, with their process counts. */
   const bool job_mesh = o->procs > 1;
-  int now[4] = {job_mesh ? o->global_data : o->parallel_data, job_mesh ? o->global_fsdp : o->parallel_fsdp,
-                job_mesh ? o->global_tensor : o->parallel_tensor, o->procs};
-  int was[4] = {ck->mesh_data, ck->mesh_fsdp, ck->mesh_tensor, ck->mesh_processes};
-  for (int a = 0; a < 4; ++a) {
+  int now[5] = {job_mesh ? o->global_data : o->parallel_data, job_mesh ? o->global_fsdp : o->parallel_fsdp,
+                job_mesh ? o->global_tensor : o->parallel_tensor, o->procs, o->parallel_pipeline};
+  int was[5] = {ck->mesh_data, ck->mesh_fsdp, ck->mesh_tensor, ck->mesh_processes, ck->mesh_pipeline};
+  for (int a = 0; a < 5; ++a) {
     if (now[a] < 1) now[a] = 1;
     if (was[a] < 1) was[a] = 1;
   }
   if (memcmp(now, was, sizeof(now)) && !quiet) {
-    char pn[40] = "", pw[40] = "";
+    char pn[40] = "", pw[40] = "", sn[24] = "", sw[24] = "";
     if (now[3] > 1 || was[3] > 1) {
       snprintf(pn, sizeof(pn), ", %d process%s", now[3], now[3] == 1 ? "" : "es");
       snprintf(pw, sizeof(pw), ", %d process%s", was[3], was[3] == 1 ? "" : "es");
     }
-    fprintf(stderr, "strata: %s was written on mesh data=%d fsdp=%d tensor=%d (%d devices%s); this run: data=%d fsdp=%d tensor=%d (%d devices%s). "
+    if (now[4] > 1 || was[4] > 1) {
+      snprintf(sn, sizeof(sn), " pipeline=%d", now[4]);
+      snprintf(sw, sizeof(sw), " pipeline=%d", was[4]);
+    }
+    fprintf(stderr, "strata: %s was written on mesh data=%d fsdp=%d tensor=%d%s (%d devices%s); this run: data=%d fsdp=%d tensor=%d%s (%d devices%s). "
             "%s; losses continue within rounding, not bitwise\n",
-            ck->dir, was[0], was[1], was[2], was[0] * was[1] * was[2], pw, now[0], now[1], now[2], now[0] * now[1] * now[2], pn,
+            ck->dir, was[0], was[1], was[2], sw, was[0] * was[1] * was[2] * was[4], pw, now[0], now[1], now[2], sn,
+            now[0] * now[1] * now[2] * now[4], pn,
             ck->whole_count > 0 ? "Its tensors are assembled whole from the ranks' rows, and each device gets its part"
                                 : "Its tensors are whole, so each device gets its replica");
   }
@@ -612,8 +617,10 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
     st_json_put_int(mesh_now, axis[a], now[a]);
     st_json_put_int(mesh_was, axis[a], was[a]);
   }
-  st_json_put_int(mesh_now, "devices", now[0] * now[1] * now[2]);
-  st_json_put_int(mesh_was, "devices", was[0] * was[1] * was[2]);
+  st_json_put_int(mesh_now, "devices", now[0] * now[1] * now[2] * now[4]);
+  st_json_put_int(mesh_was, "devices", was[0] * was[1] * was[2] * was[4]);
+  if (now[4] > 1) st_json_put_int(mesh_now, "pipeline", now[4]);
+  if (was[4] > 1) st_json_put_int(mesh_was, "pipeline", was[4]);
   /* Only for a job, as in the manifest: a one-process record is as before. */
   if (now[3] > 1) st_json_put_int(mesh_now, "processes", now[3]);
   if (was[3] > 1) st_json_put_int(mesh_was, "processes", was[3]);
@@ -784,6 +791,7 @@ static void st__set_meta(st_train_ckpt* c, int64_t step) {
       .mesh_data = o->procs > 1 ? o->global_data : o->parallel_data,
       .mesh_fsdp = o->procs > 1 ? o->global_fsdp : o->parallel_fsdp,
       .mesh_tensor = o->procs > 1 ? o->global_tensor : o->parallel_tensor,
+      .mesh_pipeline = o->parallel_pipeline,
       .mesh_processes = o->procs,
   };
   st_ckpt_snapshot_set_meta(c->snap, &m);
