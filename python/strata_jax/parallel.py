@@ -301,10 +301,11 @@ def bundle_collectives(cfg: ModelConfig, mesh: MeshSpec) -> list[CollectiveProgr
     (block_tensors); embed and head are not cut over tensor and run
     replicated there, so theirs move whole tensors. On a tensor-only mesh
     there are none: the block's reductions are inside its tensor-parallel
-    programs, and embed and head get the same inputs on every device."""
-    if mesh.tensor > 1 and mesh.data > 1 and mesh.fsdp > 1:
-        raise ParallelError("a mesh with parallel.data, parallel.fsdp and parallel.tensor all above 1 is not "
-                            "exported yet (docs/parallelism.md)")
+    programs, and embed and head get the same inputs on every device.
+    With all three axes above 1 the same programs compose: the fsdp
+    collectives cut and rebuild the tensor blocks within each (data,
+    tensor) coordinate, and the data all-reduce moves their fsdp shards
+    within each (fsdp, tensor) coordinate."""
     progs = []
     for group in groups_of(cfg):
         if group == "block":

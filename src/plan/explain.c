@@ -91,8 +91,9 @@ static void st__sharding(const st_plan* plan, const st_slot* s, char* out, size_
       if (s->category == ST_SLOT_UNREDUCED)
         snprintf(out, n, "unreduced: %s, partial over %s (sum over devices until reduce-scattered)",
                  plan->mesh[2] > 1 ? "the tensor-parallel block" : "whole", axes);
-      else if (s->category == ST_SLOT_XFER) /* a squared norm under fsdp */
-        snprintf(out, n, "partial over fsdp (the device's blocks; the host adds them)%s", data ? ", replicated over data" : "");
+      else if (s->category == ST_SLOT_XFER) /* a squared norm under fsdp (x tensor: of the device's tensor blocks too) */
+        snprintf(out, n, "partial over fsdp%s (the device's blocks; the host adds them)%s",
+                 plan->mesh[2] > 1 ? " and tensor" : "", data ? ", replicated over data" : "");
       else if (!data && plan->mesh[2] > 1) /* tensor alone: whole tensors' gradients are equal in a group */
         snprintf(out, n, "replicated over tensor (every device of a group computes the same)");
       else

@@ -1446,11 +1446,6 @@ static void st__layouts(st_plan* plan) {
 static st_status st__check_mesh(const st_bundle* b, const st_plan_options* o) {
   const int D = o->parallel_data > 1 ? o->parallel_data : 1, F = o->parallel_fsdp > 1 ? o->parallel_fsdp : 1;
   const int T = o->parallel_tensor > 1 ? o->parallel_tensor : 1;
-  if (D > 1 && F > 1 && T > 1)
-    return st_status_make(ST_CODE_CONFIG,
-                          "parallel.data=%d parallel.fsdp=%d parallel.tensor=%d: a mesh with all three axes above 1 is "
-                          "not built yet (docs/parallelism.md); set one of them to 1",
-                          D, F, T);
   if (b->mesh_data != D || b->mesh_fsdp != F || b->mesh_tensor != T)
     return st_status_make(ST_CODE_RUNTIME, "bundle %s was exported for mesh data=%d fsdp=%d tensor=%d, the config has "
                           "parallel.data=%d parallel.fsdp=%d parallel.tensor=%d; re-export it (unset bundle.dir to use the cache)",

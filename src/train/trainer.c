@@ -1190,17 +1190,6 @@ static st_status st__train_save(st__trainer* t) {
   return s;
 }
 
-/* All three axes at once are not built (the exporter refuses them too,
- * docs/parallelism.md): refused before anything is created. */
-static st_status st__check_axes(const st_plan_options* o) {
-  if (o->parallel_data > 1 && o->parallel_fsdp > 1 && o->parallel_tensor > 1)
-    return st_status_make(ST_CODE_CONFIG,
-                          "parallel.data=%d parallel.fsdp=%d parallel.tensor=%d: a mesh with all three axes above "
-                          "1 is not yet supported in training (any two are; docs/parallelism.md); set one of them to 1",
-                          o->parallel_data, o->parallel_fsdp, o->parallel_tensor);
-  return ST_OK;
-}
-
 /* `strata train`, top to bottom: init -> open -> compile -> start -> run
  * -> save, then the final event, the summary and a sample. Each phase
  * returns at its first error; what was created is released here, in
@@ -1210,7 +1199,6 @@ st_status st_train_main(const st_config* cfg) {
   st__trainer t;
   memset(&t, 0, sizeof(t));
   st_status s = st_plan_options_from_config(cfg, &o);
-  if (!s) s = st__check_axes(&o);
   if (!s) s = st__job_init(&t, &o);
   if (!s) s = st__job_agree(&t, cfg);
   if (s) {

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # test_parallel.sh — the parallel.* keys (docs/parallelism.md): every mesh
 # rule gives exit 2 with its exact message naming the keys, their values
-# and where they were set; a valid mesh passes `strata config`; and
-# `strata train` refuses a mesh with all three axes above 1 (not built yet)
-# with exit 2 before it creates anything, and parameter offload under fsdp
-# with exit 2, while parallel.data > 1 and parallel.fsdp > 1 train (their equivalence
-# with one device: tests/py/test_data_parallel.py; FSDP memory and order:
-# tests/py/test_fsdp.py). Run from the repository root.
+# and where they were set; a valid mesh passes `strata config`; `strata
+# train` refuses parameter offload under fsdp with exit 2, while
+# parallel.data > 1 and parallel.fsdp > 1 train (their equivalence with one
+# device: tests/py/test_data_parallel.py; FSDP memory and order:
+# tests/py/test_fsdp.py; all three axes at once: tests/py/test_tensor_train.py).
+# Run from the repository root.
 set -uo pipefail
 
 STRATA=$(realpath "${STRATA:-./build/strata}")
@@ -45,11 +45,7 @@ out=$("$STRATA" config --yaml configs/test.yml 2>/dev/null)
 check "the YAML snapshot has the parallel section with its defaults" \
   "grep -A3 '^parallel:' <<<\"\$out\" | grep -q '  tensor: 1'"
 
-# --- the trainer refuses all three axes at once, creating nothing; and fsdp with parameter offload
-expect_error "parallel.data=2 parallel.fsdp=2 parallel.tensor=2: a mesh with all three axes above 1 is not yet supported in training (any two are; docs/parallelism.md); set one of them to 1" \
-  train configs/test.yml parallel.data=2 parallel.fsdp=2 parallel.tensor=2 runtime.cpu_devices=8 train.batch_size=8 run.dir="$TMP/run"
-check "the refused run created no run directory" "[ ! -e '$TMP/run' ]"
-# The step plan refuses it (st__check_mesh), so `strata plan` does too.
+# --- fsdp with parameter offload: refused by the step plan (st__check_mesh), so `strata plan` does too
 for off in params both; do
   expect_error "sched.offload=$off with parallel.fsdp=2: parameter offload is not built for fully-sharded parameters; set sched.offload to none or optimizer" \
     train configs/test.yml parallel.fsdp=2 sched.offload=$off run.dir="$TMP/off_$off"

@@ -1,9 +1,9 @@
 """strata_jax.parallel: the SPMD collective programs and their manifest entries.
 
 JAX fixes its device count when its backend starts, and the rest of the suite
-starts it with one CPU device, so everything that needs 4 devices runs in a
-child process (this file run as a script, with XLA_FLAGS set) and reports
-back as JSON.
+starts it with one CPU device, so everything that needs 4 (or, for the mesh
+with all three axes, 8) devices runs in a child process (this file run as a
+script, with XLA_FLAGS set) and reports back as JSON.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ if not os.path.exists(PY):
     PY = sys.executable
 
 
-def _child_env() -> dict[str, str]:
+def _child_env(devices: int = 4) -> dict[str, str]:
     env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.path.join(ROOT, "python")
     return env
@@ -41,7 +41,9 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
 
 @pytest.fixture(scope="module")
 def child_results() -> dict:
-    r = subprocess.run([PY, os.path.abspath(__file__), "--child"], env=_child_env(), capture_output=True, text=True,
+    # 8 devices: the layer collectives of data=2 x fsdp=2 x tensor=2 (the
+    # smaller meshes take the first devices, as they do with 4)
+    r = subprocess.run([PY, os.path.abspath(__file__), "--child"], env=_child_env(8), capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -116,11 +118,13 @@ def test_exported_text_is_spmd(exported: tuple[str, dict]) -> None:
 
 def test_collectives_match_reference(child_results: dict) -> None:
     """Every test program and a tiny model's layer collectives (on data=2 x
-    fsdp=2, and the tensor-local blocks on fsdp=2 x tensor=2 and data=2 x
-    tensor=2), run by JAX on 4 CPU devices, equal the collective computed
-    with numpy."""
+    fsdp=2, and the tensor-local blocks on fsdp=2 x tensor=2, data=2 x
+    tensor=2 and data=2 x fsdp=2 x tensor=2), run by JAX on CPU devices,
+    equal the collective computed with numpy (within each group of the
+    collective's axis: a wrong group on the three-axis mesh fails here)."""
     res = child_results["programs"]
-    assert len(res) == 19 + 3 + 2 + 1
+    assert len(res) == 19 + 3 + 2 + 1 + 3
+    assert {"block_fsdp_all_gather@2x2x2", "block_fsdp_reduce_scatter@2x2x2", "block_data_all_reduce@2x2x2"} <= set(res)
     bad = {k: v for k, v in res.items() if v != "ok"}
     assert not bad, bad
 
@@ -134,6 +138,12 @@ def test_layer_collectives_bytes(child_results: dict) -> None:
     assert layer["block_fsdp_reduce_scatter"] == params * 4
     # HSDP: the data all-reduce runs on the fsdp shards, half of each tensor
     assert layer["block_data_all_reduce"] == params * 4 // 2
+    # data=2 x fsdp=2 x tensor=2: the fsdp collectives move the tensor blocks
+    # (the norm gains whole), the data all-reduce their fsdp halves
+    tblocks = 2 * 32 + (4 * 32 * 32 + 2 * 32 * 64 + 64 * 32) // 2
+    three = child_results["layer3"]
+    assert three["block_fsdp_all_gather"] == three["block_fsdp_reduce_scatter"] == tblocks * 4
+    assert three["block_data_all_reduce"] == tblocks * 4 // 2
 
 
 def test_bundle_with_mesh(tmp_path) -> None:  # noqa: ANN001
@@ -179,18 +189,59 @@ def test_bundle_with_mesh(tmp_path) -> None:  # noqa: ANN001
         assert hashlib.sha256(data).hexdigest() == c["sha256"]
         assert b"mhlo.num_partitions = 4 : i32" in data
 
-    # all three axes at once are not exported yet (tensor with one of the
-    # others is: test_tensor_parallel.py); a bad mesh is a usage error
-    r = subprocess.run([PY, "-m", "strata_jax.export", "--model-json", json.dumps(model), "--out", str(tmp_path / "t"),
-                        "--mesh", "data=2,fsdp=2,tensor=2"], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 1
-    assert ("a mesh with parallel.data, parallel.fsdp and parallel.tensor all above 1 is not exported yet "
-            "(docs/parallelism.md)") in r.stderr
-    assert not os.path.exists(tmp_path / "t")
+    # a bad mesh is a usage error
     r = subprocess.run([PY, "-m", "strata_jax.export", "--model-json", json.dumps(model), "--out", str(tmp_path / "u"),
                         "--mesh", "pipe=2"], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 2
     assert "expected axis=size items with axes data, fsdp, tensor, each once" in r.stderr
+
+
+def test_bundle_with_all_three_axes(tmp_path) -> None:  # noqa: ANN001
+    """--mesh data=2,fsdp=2,tensor=2 (8 devices, set by the exporter): every
+    group's fsdp all-gather and reduce-scatter and data all-reduce, the
+    block's on its tensor blocks; the fsdp collectives within each (data,
+    tensor) coordinate, the data all-reduce on the fsdp shards within each
+    (fsdp, tensor) coordinate; the tensor-parallel block programs over all 8."""
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from conftest import tiny_model
+
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.path.join(ROOT, "python")
+    out = str(tmp_path / "b")
+    r = subprocess.run([PY, "-m", "strata_jax.export", "--model-json", json.dumps(tiny_model()), "--out", out,
+                        "--mesh", "data=2,fsdp=2,tensor=2"], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
+        m = json.load(f)
+    assert m["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert [p["name"] for p in m["spmd_programs"]] == [
+        "tp_block_fwd", "tp_block_bwd", "tp_block_fwd_res", "tp_block_bwd_res"]
+    assert all(p["num_partitions"] == 8 for p in m["spmd_programs"])
+    assert {g["name"]: g["shard_programs"]["adamw"] for g in m["groups"]} == {
+        g: f"adamw_{g}_fsdp2_tp2" for g in ("embed", "block", "head")}
+    c = {e["name"]: e for e in m["collectives"]}
+    assert list(c) == [f"{g}_{k}" for g in ("embed", "block", "head")
+                       for k in ("fsdp_all_gather", "fsdp_reduce_scatter", "data_all_reduce")]
+    assert all(e["num_partitions"] == 8 for e in c.values())
+    ag, rs, ar = c["block_fsdp_all_gather"], c["block_fsdp_reduce_scatter"], c["block_data_all_reduce"]
+    assert ag["groups"] == rs["groups"] == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert ar["groups"] == c["embed_data_all_reduce"]["groups"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    # wo f32[32,32]: dim 0 over tensor -> [16,32], fsdp blocks of 8 rows,
+    # which the data all-reduce moves; wq [32,16] -> [16,16]; the gains whole
+    wq, wo, gain = ar["inputs"][1], ar["inputs"][4], ar["inputs"][0]
+    assert (wo["name"], wo["shape"], wo["local_shape"], wo["tensor_cut"]) == (
+        "wo", [8, 32], [8, 32], {"axis": "tensor", "dim": 0})
+    assert (ag["inputs"][4]["shape"], ag["inputs"][4]["local_shape"]) == ([16, 32], [8, 32])
+    assert (wq["name"], wq["local_shape"], wq["tensor_cut"]) == ("wq", [16, 16], {"axis": "tensor", "dim": 1})
+    assert gain["name"] == "attn_norm" and "tensor_cut" not in gain and gain["local_shape"] == [16]
+    tblocks = 2 * 32 + (4 * 32 * 32 + 3 * 32 * 64) // 2
+    assert ag["bytes_per_device"] == rs["bytes_per_device"] == tblocks * 4
+    assert ar["bytes_per_device"] == tblocks * 4 // 2
+    for e in c.values():
+        with open(os.path.join(out, e["file"]), "rb") as f:
+            assert b"mhlo.num_partitions = 8 : i32" in f.read()
 
 
 def test_bad_mesh() -> None:
@@ -219,8 +270,9 @@ def _child() -> None:
     progs = PP.test_programs()
     cfg = ModelConfig.from_dict(TINY_MODEL)
     layer = PP.model_layer_collectives(cfg, PP.MeshSpec(data=2, fsdp=2))
+    three = PP.model_layer_collectives(cfg, PP.MeshSpec(data=2, fsdp=2, tensor=2))
     tp_layers = PP.model_layer_collectives(cfg, PP.MeshSpec(fsdp=2, tensor=2)) + \
-        PP.model_layer_collectives(cfg, PP.MeshSpec(data=2, tensor=2))
+        PP.model_layer_collectives(cfg, PP.MeshSpec(data=2, tensor=2)) + three
     results: dict[str, str] = {}
     for prog in progs + layer + tp_layers:
         mesh = PP.make_mesh(prog.mesh)
@@ -238,7 +290,8 @@ def _child() -> None:
                     status = f"partition {p} output {i}: max diff {np.max(np.abs(g - w))}"
         m = prog.mesh
         results[prog.name if prog in progs else f"{prog.name}@{m.data}x{m.fsdp}x{m.tensor}"] = status
-    print(json.dumps({"programs": results, "layer": {p.name: p.bytes_per_device() for p in layer}}))
+    print(json.dumps({"programs": results, "layer": {p.name: p.bytes_per_device() for p in layer},
+                      "layer3": {p.name: p.bytes_per_device() for p in three}}))
 
 
 if __name__ == "__main__" and "--child" in sys.argv:
