@@ -708,39 +708,8 @@ static void st__print_pipeline(const json_t* p, FILE* out) {
           json_real_value(json_object_get(p, "predicted_bubble")), json_real_value(json_object_get(p, "theory_bubble")));
 }
 
-void st_plan_explain_print(const st_plan* step, const json_t* j, FILE* out) {
-  const json_t* mesh = json_object_get(j, "mesh");
-  const int nd = (int)json_integer_value(json_object_get(mesh, "devices"));
-  fprintf(out, "# mesh: data=%lld fsdp=%lld tensor=%lld: %d device%s (runtime device%s",
-          (long long)json_integer_value(json_object_get(mesh, "data")),
-          (long long)json_integer_value(json_object_get(mesh, "fsdp")),
-          (long long)json_integer_value(json_object_get(mesh, "tensor")), nd, nd == 1 ? "" : "s", nd == 1 ? "" : "s");
-  for (int d = 0; d < nd; ++d) fprintf(out, " %d", d);
-  fprintf(out, ")");
-  /* Each axis's groups, as st__groups listed them. */
-  const json_t* groups = json_object_get(mesh, "groups");
-  const char* axis;
-  const json_t* list;
-  json_object_foreach((json_t*)groups, axis, list) {
-    fprintf(out, "; %s groups [", axis);
-    for (size_t i = 0; i < json_array_size(list); ++i) {
-      const json_t* one = json_array_get(list, i);
-      fprintf(out, "%s[", i ? " " : "");
-      for (size_t k = 0; k < json_array_size(one); ++k)
-        fprintf(out, "%s%lld", k ? " " : "", (long long)json_integer_value(json_array_get(one, k)));
-      fprintf(out, "]");
-    }
-    fprintf(out, "]");
-  }
-  if (step->stages > 1)
-    fprintf(out, "; per pipeline stage: %d stages, each on a mesh of its own (%d devices in all)", step->stages,
-            step->stages * nd);
-  fprintf(out, "\n");
-  const json_t* procs = json_object_get(j, "processes");
-  if (procs) st__print_processes(procs, out);
-  if (step->policy) fprintf(out, "# policy: %s\n", step->policy);
-
-  /* Tensors, grouped: one line per category, memory, sharding and name pattern. */
+/* Tensors, grouped: one line per category, memory, sharding and name pattern. */
+static void st__print_tensors(const st_plan* step, FILE* out) {
   st__group* g = st_xcalloc((size_t)step->slot_count + 1, sizeof(st__group));
   int ng = 0;
   for (int i = 0; i < step->slot_count; ++i) {
@@ -780,6 +749,41 @@ void st_plan_explain_print(const st_plan* step, const json_t* j, FILE* out) {
               g[k].sharding);
     }
   free(g);
+}
+
+void st_plan_explain_print(const st_plan* step, const json_t* j, FILE* out) {
+  const json_t* mesh = json_object_get(j, "mesh");
+  const int nd = (int)json_integer_value(json_object_get(mesh, "devices"));
+  fprintf(out, "# mesh: data=%lld fsdp=%lld tensor=%lld: %d device%s (runtime device%s",
+          (long long)json_integer_value(json_object_get(mesh, "data")),
+          (long long)json_integer_value(json_object_get(mesh, "fsdp")),
+          (long long)json_integer_value(json_object_get(mesh, "tensor")), nd, nd == 1 ? "" : "s", nd == 1 ? "" : "s");
+  for (int d = 0; d < nd; ++d) fprintf(out, " %d", d);
+  fprintf(out, ")");
+  /* Each axis's groups, as st__groups listed them. */
+  const json_t* groups = json_object_get(mesh, "groups");
+  const char* axis;
+  const json_t* list;
+  json_object_foreach((json_t*)groups, axis, list) {
+    fprintf(out, "; %s groups [", axis);
+    for (size_t i = 0; i < json_array_size(list); ++i) {
+      const json_t* one = json_array_get(list, i);
+      fprintf(out, "%s[", i ? " " : "");
+      for (size_t k = 0; k < json_array_size(one); ++k)
+        fprintf(out, "%s%lld", k ? " " : "", (long long)json_integer_value(json_array_get(one, k)));
+      fprintf(out, "]");
+    }
+    fprintf(out, "]");
+  }
+  if (step->stages > 1)
+    fprintf(out, "; per pipeline stage: %d stages, each on a mesh of its own (%d devices in all)", step->stages,
+            step->stages * nd);
+  fprintf(out, "\n");
+  const json_t* procs = json_object_get(j, "processes");
+  if (procs) st__print_processes(procs, out);
+  if (step->policy) fprintf(out, "# policy: %s\n", step->policy);
+
+  st__print_tensors(step, out);
   if (step->mesh[1] > 1) {
     /* The zero rows a block carries (docs/parallelism.md, "Padding"). */
     int sharded = 0, padded = 0;
