@@ -1048,7 +1048,10 @@ static st_status st__send(st_executor* ex, int i, const st_op* op) {
    * is empty: it is not sent (nor waited for). */
   int parts = 0;
   for (int j = 0; j < op->input_count; ++j) parts += !ex->skip_launches || ST__SLOT(ex, op->inputs[j], 0);
-  if (parts == 0) return ST_OK;
+  if (parts == 0) { /* nothing to send: done at once on every index (the monitor heard of each) */
+    for (int d = 0; d < ex->ndev && ex->monitor.done; ++d) ex->monitor.done(ex->monitor.user, i, d);
+    return ST_OK;
+  }
   pthread_mutex_lock(&ex->mu);
   for (int d = 0; d < ex->ndev; ++d) ex->parts[(size_t)i * (size_t)ex->ndev + (size_t)d] = parts;
   pthread_mutex_unlock(&ex->mu);
@@ -1237,10 +1240,36 @@ static void st__derive_stages(st_executor* ex, int ran, double* iv) {
   st->bubble_fraction = f < 0 ? 0 : f > 1 ? 1 : f;
 }
 
+/* A WAIT's host saw every dep of it done when it resumed (it awaited
+ * their events), so none completed later than that, whatever its
+ * completion callback says: callbacks can come late (on the CPU plugin a
+ * copy's comes after the launch that consumed it has run on the thread
+ * that finished the copy), and a late one would otherwise push the start
+ * of every consumer past its real start. */
+static void st__derive_waited(st_executor* ex, int ran) {
+  const st_plan* plan = ex->plan;
+  for (int i = 0; i < ran; ++i) {
+    const st_op* op = &plan->ops[i];
+    if (op->kind != ST_OP_WAIT) continue;
+    const double seen = ex->timings[i].issue_s + ex->timings[i].blocked_s; /* as the host measured it */
+    for (int k = 0; k < op->dep_count; ++k) {
+      const int dep = op->deps[k];
+      if (!st__op_is_async(plan->ops[dep].kind) || plan->ops[dep].kind == ST_OP_XPROC) continue;
+      st_op_timing* t = &ex->timings[dep];
+      if (t->complete_s > seen) t->complete_s = seen;
+      for (int d = 0; d < ex->ndev; ++d) {
+        double* c = &ex->dev_complete[(size_t)dep * (size_t)ex->ndev + (size_t)d];
+        if (*c > seen) *c = seen;
+      }
+    }
+  }
+}
+
 /* Start times, causal clean-up and the derived statistics of a run. */
 static void st__derive(st_executor* ex, int ran) {
   const st_plan* plan = ex->plan;
   st_executor_stats* st = &ex->stats;
+  st__derive_waited(ex, ran);
   /* PJRT reports when work completes, not when it starts. An op can start
    * once it is issued and its deps are complete; a launch also waits for
    * the launch before it (one execution queue per device, as a GPU stream;
