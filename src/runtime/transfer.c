@@ -304,8 +304,9 @@ st_status st_buffer_copy_to_device(st_buffer* b, int device, st_buffer** out_buf
                           "default memory",
                           tbuf, b->device, st_buffer_memory_kind(b));
   if (!st__api_has_copy_to_device(rt->api))
-    return st_status_make(ST_CODE_RUNTIME, "device->device copy of %s from device %d to %d: the plugin lacks PJRT_Buffer_CopyToDevice",
-                          tbuf, b->device, device);
+    return st_status_make(ST_CODE_RUNTIME,
+                          "device->device copy of %s from device %d to %d: the plugin lacks PJRT_Buffer_CopyToDevice", tbuf,
+                          b->device, device);
   pj_copy_to_device_args a = {.struct_size = sizeof(a), .buffer = b->handle, .dst_device = rt->devices[device].handle};
   ST_RETURN(st__pj_status(rt->api, rt->api->buffer_copy_to_device(&a), "device->device copy of %s from device %d to %d", tbuf,
                           b->device, device));

@@ -1524,7 +1524,7 @@ st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
 }
 
 void st__executor_record(const st_executor* ex, st__exec_record* out) {
-  *out = (st__exec_record){.plan = ex->plan, .device = ex->device, .ndev = ex->ndev, .stages = ex->stages, .host_kind = ex->host_kind,
-                           .timings = ex->timings, .dev_start = ex->dev_start, .dev_complete = ex->dev_complete,
+  *out = (st__exec_record){.plan = ex->plan, .device = ex->device, .ndev = ex->ndev, .stages = ex->stages,
+                           .host_kind = ex->host_kind, .timings = ex->timings, .dev_start = ex->dev_start, .dev_complete = ex->dev_complete,
                            .live_pred = ex->live_pred, .live_acct = ex->live_acct, .t0 = ex->t0, .stats = &ex->stats};
 }

@@ -935,9 +935,10 @@ static void test_pipeline_two_stages(void** state) {
     }
     free(c.got[0]);
     const st_executor_stats* s = st_executor_stats_get(ex);
-    printf("# pipeline from device %d (%s waits): busy %.3f + %.3f ms in a span of %.3f ms, bubble %.2f; send %.3f ms (%.3f hidden)\n",
-           base, base ? "eager" : "deferred", s->stage_busy_s[0] * 1e3, s->stage_busy_s[1] * 1e3, s->span_s * 1e3, s->bubble_fraction, s->send_s * 1e3,
-           s->send_hidden_s * 1e3);
+    printf("# pipeline from device %d (%s waits): busy %.3f + %.3f ms in a span of %.3f ms, bubble %.2f; "
+           "send %.3f ms (%.3f hidden)\n",
+           base, base ? "eager" : "deferred", s->stage_busy_s[0] * 1e3, s->stage_busy_s[1] * 1e3, s->span_s * 1e3,
+           s->bubble_fraction, s->send_s * 1e3, s->send_hidden_s * 1e3);
     char path[1200];
     snprintf(path, sizeof(path), "%s/pipe_trace_%d.json", g_tmp, base);
     ASSERT_OK(st_executor_write_trace(ex, path, 1, NULL));
