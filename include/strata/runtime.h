@@ -266,6 +266,17 @@ const char* st_buffer_memory_kind(const st_buffer* buffer); /* "device", "pinned
 /* True when |device| has memory space |memory_kind| and the plugin can copy into it. */
 bool st_runtime_can_copy_to_memory(const st_runtime* runtime, int device, const char* memory_kind);
 
+/* Copies |buffer| to another device of the same runtime
+ * (PJRT_Buffer_CopyToDevice), into that device's default memory, and
+ * returns the copy without waiting: PJRT orders the copy after |buffer|'s
+ * producer and later executions on |device| after the copy; its ready
+ * event says when it is done. |buffer| is left as it was, still owned by
+ * the caller, who may destroy it at once (the plugin keeps what the copy
+ * reads alive until it is done). Errors: a consumed buffer, a device that
+ * does not exist or is the buffer's own, a buffer outside its device's
+ * default memory, a plugin that lacks the call. Pipeline stages' SEND ops. */
+st_status st_buffer_copy_to_device(st_buffer* buffer, int device, st_buffer** out_buffer /* owned by caller */);
+
 /*===-------------------------------------------------------------------===*/
 /* Programs                                                                 */
 /*===-------------------------------------------------------------------===*/

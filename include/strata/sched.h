@@ -355,8 +355,8 @@ typedef struct st_executor st_executor;
  * output slot on runtime device |device| in *out_buffer), READ (receives
  * the slot's buffer; copy it to the host) and HOST ops. With a
  * data-parallel plan, h2d and read are called once per device, |index| =
- * 0..devices-1 in order (|device| is its runtime device); otherwise once
- * with index 0. */
+ * 0..devices-1 in order (|device| is its runtime device: with a pipeline,
+ * index |index| of the op's stage); otherwise once with index 0. */
 typedef struct st_executor_hooks {
   void* user;
   st_status (*h2d)(void* user, const st_op* op, int index, int device, st_buffer** out_buffer);
@@ -404,8 +404,12 @@ typedef struct st_executor_stats {
   double transfer_s;        /* time some H2D or D2H op was in flight (union of start..complete) */
   double transfer_hidden_s; /* ... of it while some launch was running too */
   int max_inflight;         /* most issued-but-not-complete device ops at once */
-  int64_t live_bytes[ST_SLOT_CATEGORY_COUNT]; /* device bytes live now, by category */
-  int64_t peak_live_bytes;                    /* accounted peak over the run, all categories */
+  /* Device bytes live now, by category (one device index; with a pipeline
+   * summed over the stages, one index of each). */
+  int64_t live_bytes[ST_SLOT_CATEGORY_COUNT];
+  /* Accounted peak over the run, all categories (with a pipeline: of the
+   * fullest stage, as st_plan_predict_live predicts it). */
+  int64_t peak_live_bytes;
   int64_t peak_by_category[ST_SLOT_CATEGORY_COUNT]; /* categories at the accounted peak */
   int64_t predicted_peak_bytes;               /* st_plan_predict_live of the plan */
   int64_t predicted_peak_by_category[ST_SLOT_CATEGORY_COUNT]; /* categories at the predicted peak */
@@ -472,9 +476,12 @@ typedef struct st_executor_stats {
  * a pipeline (plan->stages = S > 1) stage s's index d runs on runtime
  * device |device| + s * n + d, and program i is compiled for the stage
  * st_plan_program_stage(plan, i) names (an SPMD program on that stage's n
- * devices in order). A plan with host slots
+ * devices in order; an error names program, stage and devices). The
+ * runtime must have devices |device| .. |device| + S * n - 1 (an error
+ * names runtime.cpu_devices). A plan with host slots
  * needs a host memory space on |device| ("pinned_host", else
- * "unpinned_host"); without one this fails naming the device's spaces. */
+ * "unpinned_host"; the same on every device of a stage with host slots);
+ * without one this fails naming the device's spaces. */
 st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_program* const* programs, int device,
                              st_executor** out_executor /* owned by caller */);
 void st_executor_destroy(st_executor* executor); /* frees every slot's buffer */
@@ -487,7 +494,9 @@ void st_executor_set_dist(st_executor* executor, st_dist* dist);
 const char* st_executor_host_memory(const st_executor* executor);
 
 /* Puts |buffer| into slot |slot| between runs (takes ownership; frees what
- * was there). With a data-parallel plan the value is replicated: device
+ * was there). A buffer on another device than the slot's (its stage's
+ * index 0) is first copied there (st_buffer_copy_to_device). With a
+ * data-parallel plan the value is replicated: device
  * index 0 gets |buffer|, every other device a copy (through the host). An offloaded slot's value lives in its host home, so for
  * such a slot (or a host slot) the buffer is copied into host memory and
  * stored there, and |buffer| is destroyed. Errors only for that copy. */
@@ -505,7 +514,8 @@ void st_executor_set(st_executor* executor, int slot, st_buffer* buffer);
  * empty): the device buffer, or for an offloaded slot its host home. */
 st_buffer* st_executor_get(st_executor* executor, int slot);
 /* Puts |buffer| into |slot| without taking ownership (another executor owns
- * it); NULL empties the slot without freeing. Used to share parameters. */
+ * it); NULL empties the slot without freeing. Used to share parameters.
+ * The buffer must be on the slot's device (with a pipeline, its stage's). */
 void st_executor_set_borrowed(st_executor* executor, int slot, st_buffer* buffer); /* device index 0 */
 void st_executor_set_borrowed_device(st_executor* executor, int slot, int index, st_buffer* buffer);
 /* st_executor_get of device index |index| (NULL when out of range). */

@@ -531,6 +531,13 @@ typedef struct pj_copy_to_memory_args {
   pj_buffer* dst_buffer; /* out, caller destroys */
 } pj_copy_to_memory_args;
 
+typedef struct pj_copy_to_device_args {
+  PJ_HEAD;
+  pj_buffer* buffer;
+  pj_device* dst_device;
+  pj_buffer* dst_buffer; /* out, caller destroys */
+} pj_copy_to_device_args;
+
 /*--- the function table ---------------------------------------------------*/
 
 #define PJ_FN(name, args_type) pj_error* (*name)(args_type * args)
@@ -619,7 +626,8 @@ typedef struct pj_api {
   PJ_UNUSED(buffer_memory);
   PJ_UNUSED(buffer_delete);
   PJ_FN(buffer_is_deleted, pj_buffer_bool_args);
-  PJ_UNUSED(buffer_copy_to_device);
+  /* May be NULL in a plugin that lacks it (st__api_has_copy_to_device). */
+  PJ_FN(buffer_copy_to_device, pj_copy_to_device_args);
   PJ_FN(buffer_to_host, pj_to_host_args);
   PJ_UNUSED(buffer_is_on_cpu);
   PJ_FN(buffer_ready_event, pj_buffer_event_args);
@@ -805,6 +813,7 @@ PJ_PIN(pj_buffer_bool_args, value, 25);
 PJ_PIN(pj_to_host_args, event, 56);
 PJ_PIN(pj_buffer_event_args, event, 32);
 PJ_PIN(pj_copy_to_memory_args, dst_buffer, 40);
+PJ_PIN(pj_copy_to_device_args, dst_buffer, 40);
 PJ_PIN(pj_ffi_register_args, traits, 52);
 PJ_AT(pj_ffi_ext, register_handler, 40);
 
@@ -844,6 +853,7 @@ PJ_SLOT(buffer_destroy, 58);
 PJ_SLOT(buffer_element_type, 59);
 PJ_SLOT(buffer_dimensions, 60);
 PJ_SLOT(buffer_is_deleted, 68);
+PJ_SLOT(buffer_copy_to_device, 69);
 PJ_SLOT(buffer_to_host, 70);
 PJ_SLOT(buffer_ready_event, 72);
 PJ_SLOT(compile, 89);

@@ -273,3 +273,42 @@ st_status st_buffer_copy_to_memory(st_buffer* b, const char* kind, st_buffer** o
     atomic_fetch_add(&rt->n_d2h_bytes, bytes);
   return ST_OK;
 }
+
+/*===-------------------------------------------------------------------===*/
+/* Device to device                                                         */
+/*===-------------------------------------------------------------------===*/
+
+/* Also optional: a plugin may leave the slot NULL. */
+static bool st__api_has_copy_to_device(const pj_api* api) {
+  return api->struct_size >= PJ_SIZE(pj_api, buffer_copy_to_device) && api->buffer_copy_to_device != NULL;
+}
+
+st_status st_buffer_copy_to_device(st_buffer* b, int device, st_buffer** out_buffer) {
+  assert(out_buffer); /* a caller's bug, not bad input */
+  *out_buffer = NULL;
+  assert(b); /* a caller's bug, not bad input */
+  if (b->consumed) return st__consumed_error(b, "device->device copy");
+  st_runtime* rt = b->rt;
+  char tbuf[128];
+  st_tensor_type_format(&b->type, tbuf, sizeof(tbuf));
+  if (device < 0 || device >= rt->device_count)
+    return st_status_make(ST_CODE_RUNTIME, "device->device copy of %s from device %d: device %d does not exist (%d devices)",
+                          tbuf, b->device, device, rt->device_count);
+  if (device == b->device)
+    return st_status_make(ST_CODE_RUNTIME, "device->device copy of %s: the buffer is already on device %d", tbuf, device);
+  /* The copy lands in the destination's default memory; a buffer parked
+   * in a host memory space comes back to its own device first. */
+  if (b->memory >= 0 && b->memory != rt->devices[b->device].default_memory)
+    return st_status_make(ST_CODE_RUNTIME,
+                          "device->device copy of %s from device %d: the buffer is in memory '%s', not the device's "
+                          "default memory",
+                          tbuf, b->device, st_buffer_memory_kind(b));
+  if (!st__api_has_copy_to_device(rt->api))
+    return st_status_make(ST_CODE_RUNTIME,
+                          "device->device copy of %s from device %d to %d: the plugin lacks PJRT_Buffer_CopyToDevice", tbuf,
+                          b->device, device);
+  pj_copy_to_device_args a = {.struct_size = sizeof(a), .buffer = b->handle, .dst_device = rt->devices[device].handle};
+  ST_RETURN(st__pj_status(rt->api, rt->api->buffer_copy_to_device(&a), "device->device copy of %s from device %d to %d", tbuf,
+                          b->device, device));
+  return st__buffer_wrap(rt, a.dst_buffer, device, &b->type, out_buffer);
+}

@@ -42,13 +42,19 @@ struct st_executor {
   const st_plan* plan;
   st_runtime* runtime;
   st_program* const* programs;
-  int device; /* runtime device of data-parallel index 0; index d runs on device + d */
+  /* Runtime device of stage 0's data-parallel index 0: stage s's index d
+   * runs on device + s * ndev + d (st__dev). */
+  int device;
   int ndev;   /* plan->devices: buffers per device slot */
+  int stages; /* plan->stages, at least 1 */
   char device_kind[32]; /* the device's default memory space */
   char host_kind[32];   /* where host slots live; "" when the plan has none */
   st_buffer** slots;    /* [slot_count * ndev] (slot-major), owned unless borrowed[] */
   bool* borrowed;
   st_executor_stats stats;
+  /* Device bytes live now per stage and category (one device index of the
+   * stage); stats.live_bytes is their sum over the stages. */
+  int64_t stage_live[ST_PLAN_MAX_STAGES][ST_SLOT_CATEGORY_COUNT];
   /* scratch arrays sized for the widest op */
   st_buffer** in;
   st_buffer** out;
@@ -57,6 +63,14 @@ struct st_executor {
   st_op_timing* timings; /* [op_count] */
   st_event** events;     /* [op_count * ndev]: completion of each async op on each device, NULL otherwise */
   st__cb* cbs;           /* [op_count * ndev]: callback contexts */
+  /* A SEND of k slots makes k copies per device index: the first's
+   * completion is events[], the others' here, at sub_first[op] + (j - 1) *
+   * ndev + d for input j >= 1. parts[op * ndev + d]: completions of that
+   * SEND still to come before the monitor hears it is done (0: one). */
+  st_event** sub_events;
+  st__cb* sub_cbs;
+  int* sub_first; /* [op_count] */
+  int* parts;     /* [op_count * ndev] */
   /* Per device index (op-major, [op_count * ndev]): when the host issued
    * the op's work for that device, when that device's part completed, and
    * the estimated start (st__derive). The per-device trace tracks use them;
@@ -99,17 +113,10 @@ static const char* st__op_program(const st_executor* ex, const st_op* op) {
 #define ST__XP(ex, slot, d) ((ex)->xp[(size_t)(slot) * (size_t)(ex)->ndev + (size_t)(d)])
 #define ST__XPIN(ex, slot, d) ((ex)->xpin[(size_t)(slot) * (size_t)(ex)->ndev + (size_t)(d)])
 
-st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_program* const* programs, int device,
-                             st_executor** out_executor) {
-  *out_executor = NULL;
-  int widest = 1;
-  for (int i = 0; i < plan->op_count; ++i) {
-    if (plan->ops[i].input_count > widest) widest = plan->ops[i].input_count;
-    if (plan->ops[i].output_count > widest) widest = plan->ops[i].output_count;
-  }
-  const int ndev = plan->devices > 1 ? plan->devices : 1;
-  if (ndev > ST_MESH_MAX_DEVICES)
-    return st_status_make(ST_CODE_INTERNAL, "plan: %d devices, more than the %d a mesh has", ndev, ST_MESH_MAX_DEVICES);
+/* Every program op's compiled program fits the plan: SPMD programs run on
+ * the devices of the stage they were compiled for, in index order; outputs,
+ * inputs and donations as the plan has them. */
+static st_status st__exec_check_programs(const st_plan* plan, st_program* const* programs, int device, int ndev) {
   for (int i = 0; i < plan->op_count; ++i) {
     const st_op* op = &plan->ops[i];
     if (!st__is_program_op(op->kind)) continue;
@@ -124,10 +131,17 @@ st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_progra
         return st_status_make(ST_CODE_RUNTIME, "plan op %d: %s '%s' runs on %d devices, the plan has %d", i,
                               op->kind == ST_OP_COLLECTIVE ? "collective" : "SPMD program", name,
                               st_program_device_count(p), ndev);
-      for (int d = 0; d < ndev; ++d)
-        if (st_program_partition_device(p, d) != device + d)
-          return st_status_make(ST_CODE_RUNTIME, "plan op %d: collective '%s' runs partition %d on device %d, the plan on %d", i,
-                                name, d, st_program_partition_device(p, d), device + d);
+      const int stage = st_plan_program_stage(plan, op->program), base = device + stage * ndev;
+      for (int d = 0; d < ndev; ++d) {
+        if (st_program_partition_device(p, d) == base + d) continue;
+        if (plan->stages > 1)
+          return st_status_make(ST_CODE_RUNTIME,
+                                "plan op %d: SPMD program '%s' of pipeline stage %d runs partition %d on device %d; stage %d "
+                                "runs on devices %d..%d (compile it for that stage's devices)",
+                                i, name, stage, d, st_program_partition_device(p, d), stage, base, base + ndev - 1);
+        return st_status_make(ST_CODE_RUNTIME, "plan op %d: collective '%s' runs partition %d on device %d, the plan on %d", i,
+                              name, d, st_program_partition_device(p, d), base + d);
+      }
     }
     if (st_program_output_count(p) != op->output_count)
       return st_status_make(ST_CODE_RUNTIME, "plan op %d: program '%s' has %d outputs, the plan expects %d", i, name,
@@ -146,35 +160,94 @@ st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_progra
                               name, j, plan->slots[op->inputs[j]].name);
     }
   }
+  return ST_OK;
+}
+
+/* The stages: each slot and op on one of the plan's, and the runtime has
+ * every stage's devices. */
+static st_status st__exec_check_stages(const st_plan* plan, st_runtime* runtime, int device, int ndev) {
+  const int stages = plan->stages > 1 ? plan->stages : 1;
+  if (stages > ST_PLAN_MAX_STAGES)
+    return st_status_make(ST_CODE_INTERNAL, "plan: %d pipeline stages, more than the %d the executor runs", stages,
+                          ST_PLAN_MAX_STAGES);
+  for (int i = 0; i < plan->slot_count; ++i)
+    if (plan->slots[i].stage < 0 || plan->slots[i].stage >= stages)
+      return st_status_make(ST_CODE_INTERNAL, "plan: slot '%s' is on stage %d, the plan has %d", plan->slots[i].name,
+                            plan->slots[i].stage, stages);
+  for (int i = 0; i < plan->op_count; ++i)
+    if (plan->ops[i].stage < 0 || plan->ops[i].stage >= stages)
+      return st_status_make(ST_CODE_INTERNAL, "plan op %d is on stage %d, the plan has %d", i, plan->ops[i].stage, stages);
+  st_runtime_info info;
+  st_runtime_get_info(runtime, &info);
+  const int need = device + stages * ndev;
+  if (device < 0 || need > info.device_count) {
+    if (stages > 1)
+      return st_status_make(ST_CODE_RUNTIME,
+                            "the plan's %d pipeline stages of %d device(s) each need runtime devices %d..%d; the runtime has "
+                            "%d (runtime.cpu_devices sets how many on the CPU plugin)",
+                            stages, ndev, device, need - 1, info.device_count);
+    for (int d = 0; d < ndev; ++d)
+      ST_RETURN_IF_ERROR(st_runtime_device_info(runtime, device + d, &(st_device_info){0}), "data-parallel index %d of %d", d,
+                         ndev);
+  }
+  return ST_OK;
+}
+
+/* The host memory space host slots live in (|out| "" when the plan has
+ * none): on every device of a stage that has host slots. */
+static st_status st__exec_host_kind(const st_plan* plan, st_runtime* runtime, int device, int ndev, char* out, size_t size) {
+  out[0] = '\0';
+  bool has[ST_PLAN_MAX_STAGES] = {false}, any = false;
+  for (int i = 0; i < plan->slot_count; ++i)
+    if (plan->slots[i].host) has[plan->slots[i].stage] = any = true;
+  if (!any) return ST_OK;
+  const char* prefs[2] = {"pinned_host", "unpinned_host"};
+  for (int k = 0; k < 2 && !out[0]; ++k)
+    if (st_runtime_can_copy_to_memory(runtime, device, prefs[k])) snprintf(out, size, "%s", prefs[k]);
+  if (!out[0]) {
+    st_device_info di;
+    ST_RETURN(st_runtime_device_info(runtime, device, &di));
+    char kinds[256] = "";
+    for (int k = 0; k < di.memory_count; ++k)
+      snprintf(kinds + strlen(kinds), sizeof(kinds) - strlen(kinds), "%s%s", k ? ", " : "", di.memory_kinds[k]);
+    return st_status_make(ST_CODE_RUNTIME,
+                          "sched.offload needs a host memory space (pinned_host or unpinned_host) that the plugin can copy "
+                          "into; device %d has: %s. Set sched.offload=none",
+                          device, kinds[0] ? kinds : "none listed");
+  }
+  const int stages = plan->stages > 1 ? plan->stages : 1;
+  for (int s = 0; s < stages; ++s)
+    for (int d = 0; has[s] && d < ndev; ++d)
+      if (!st_runtime_can_copy_to_memory(runtime, device + s * ndev + d, out))
+        return st_status_make(ST_CODE_RUNTIME, "sched.offload: device %d (stage %d) has no '%s' memory space, device %d has",
+                              device + s * ndev + d, s, out, device);
+  return ST_OK;
+}
+
+st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_program* const* programs, int device,
+                             st_executor** out_executor) {
+  *out_executor = NULL;
+  int widest = 1;
+  for (int i = 0; i < plan->op_count; ++i) {
+    if (plan->ops[i].input_count > widest) widest = plan->ops[i].input_count;
+    if (plan->ops[i].output_count > widest) widest = plan->ops[i].output_count;
+  }
+  const int ndev = plan->devices > 1 ? plan->devices : 1;
+  if (ndev > ST_MESH_MAX_DEVICES)
+    return st_status_make(ST_CODE_INTERNAL, "plan: %d devices, more than the %d a mesh has", ndev, ST_MESH_MAX_DEVICES);
+  ST_RETURN(st__exec_check_stages(plan, runtime, device, ndev));
+  ST_RETURN(st__exec_check_programs(plan, programs, device, ndev));
   st_device_info di;
   ST_RETURN(st_runtime_device_info(runtime, device, &di));
-  for (int d = 1; d < ndev; ++d) {
-    st_device_info other;
-    ST_RETURN_IF_ERROR(st_runtime_device_info(runtime, device + d, &other), "data-parallel index %d of %d", d, ndev);
-  }
-  char host_kind[32] = "";
-  bool has_host = false;
-  for (int i = 0; i < plan->slot_count; ++i) has_host |= plan->slots[i].host;
-  if (has_host) {
-    const char* prefs[2] = {"pinned_host", "unpinned_host"};
-    for (int k = 0; k < 2 && !host_kind[0]; ++k)
-      if (st_runtime_can_copy_to_memory(runtime, device, prefs[k])) snprintf(host_kind, sizeof(host_kind), "%s", prefs[k]);
-    if (!host_kind[0]) {
-      char kinds[256] = "";
-      for (int k = 0; k < di.memory_count; ++k)
-        snprintf(kinds + strlen(kinds), sizeof(kinds) - strlen(kinds), "%s%s", k ? ", " : "", di.memory_kinds[k]);
-      return st_status_make(ST_CODE_RUNTIME,
-                            "sched.offload needs a host memory space (pinned_host or unpinned_host) that the plugin can copy "
-                            "into; device %d has: %s. Set sched.offload=none",
-                            device, kinds[0] ? kinds : "none listed");
-    }
-  }
+  char host_kind[32];
+  ST_RETURN(st__exec_host_kind(plan, runtime, device, ndev, host_kind, sizeof(host_kind)));
   st_executor* ex = st_xcalloc(1, sizeof(*ex));
   ex->plan = plan;
   ex->runtime = runtime;
   ex->programs = programs;
   ex->device = device;
   ex->ndev = ndev;
+  ex->stages = plan->stages > 1 ? plan->stages : 1;
   snprintf(ex->device_kind, sizeof(ex->device_kind), "%s",
            di.default_memory < di.memory_count ? di.memory_kinds[di.default_memory] : "device");
   snprintf(ex->host_kind, sizeof(ex->host_kind), "%s", host_kind);
@@ -189,6 +262,17 @@ st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_progra
   ex->timings = st_xcalloc(n, sizeof(st_op_timing));
   ex->events = st_xcalloc(n * (size_t)ndev, sizeof(st_event*));
   ex->cbs = st_xcalloc(n * (size_t)ndev, sizeof(st__cb));
+  ex->sub_first = st_xcalloc(n, sizeof(int));
+  ex->parts = st_xcalloc(n * (size_t)ndev, sizeof(int));
+  size_t subs = 0;
+  for (int i = 0; i < plan->op_count; ++i) {
+    ex->sub_first[i] = (int)subs;
+    if (plan->ops[i].kind == ST_OP_SEND && plan->ops[i].input_count > 1)
+      subs += (size_t)(plan->ops[i].input_count - 1) * (size_t)ndev;
+  }
+  ex->sub_first[plan->op_count] = (int)subs;
+  ex->sub_events = st_xcalloc(subs + 1, sizeof(st_event*));
+  ex->sub_cbs = st_xcalloc(subs + 1, sizeof(st__cb));
   ex->dev_issue = st_xcalloc(n * (size_t)ndev, sizeof(double));
   ex->dev_start = st_xcalloc(n * (size_t)ndev, sizeof(double));
   ex->dev_complete = st_xcalloc(n * (size_t)ndev, sizeof(double));
@@ -197,6 +281,7 @@ st_status st_executor_create(const st_plan* plan, st_runtime* runtime, st_progra
   ex->stats.predicted_peak_bytes = st_plan_predict_live(plan, ex->live_pred, ex->stats.predicted_peak_by_category);
   ex->temps = st_plan_temps_of_programs(plan, programs, NULL);
   ex->stats.predicted_peak_with_temps_bytes = st_plan_predict_with_temps(plan, ex->temps, NULL);
+  ex->stats.stages = ex->stages;
   pthread_mutex_init(&ex->mu, NULL);
   pthread_cond_init(&ex->cv, NULL);
   *out_executor = ex;
@@ -214,6 +299,11 @@ static void st__events_free(st_executor* ex) {
   for (int i = 0; i < ex->plan->op_count * ex->ndev; ++i) {
     st_event_destroy(ex->events[i]);
     ex->events[i] = NULL;
+  }
+  const int subs = ex->sub_first[ex->plan->op_count];
+  for (int i = 0; i < subs; ++i) {
+    st_event_destroy(ex->sub_events[i]);
+    ex->sub_events[i] = NULL;
   }
 }
 
@@ -239,6 +329,10 @@ void st_executor_destroy(st_executor* ex) {
   free(ex->timings);
   free(ex->events);
   free(ex->cbs);
+  free(ex->sub_events);
+  free(ex->sub_cbs);
+  free(ex->sub_first);
+  free(ex->parts);
   free(ex->dev_issue);
   free(ex->dev_start);
   free(ex->dev_complete);
@@ -267,17 +361,26 @@ static void st__exec_mon_issue(st_executor* ex, int op, int d) {
 /* Slots                                                                    */
 /*===-------------------------------------------------------------------===*/
 
+/* The runtime device of device index |d| of pipeline stage |stage|. */
+static int st__dev(const st_executor* ex, int stage, int d) { return ex->device + stage * ex->ndev + d; }
+
+/* ... and of |slot|'s buffer on index |d| (a host slot: its device's). */
+static int st__slot_dev(const st_executor* ex, int slot, int d) { return st__dev(ex, ex->plan->slots[slot].stage, d); }
+
 static void st__account(st_executor* ex, int slot, int sign) {
   const st_slot* s = &ex->plan->slots[slot];
   int64_t bytes = sign * (int64_t)st_tensor_type_bytes(&s->type);
-  if (s->host)
+  if (s->host) {
     ex->stats.host_bytes += bytes;
-  else
+  } else {
     ex->stats.live_bytes[s->category] += bytes;
+    ex->stage_live[s->stage][s->category] += bytes;
+  }
 }
 
-/* Live bytes are accounted per device: every device holds the same slots
- * (data parallelism), so index 0 stands for each of them. */
+/* Live bytes are accounted per device: every device of a stage holds the
+ * same slots (data parallelism), so index 0 stands for each of them; a
+ * pipeline's stages apart (stage_live). */
 static void st__slot_put(st_executor* ex, int slot, int d, st_buffer* buffer) {
   if (ST__SLOT(ex, slot, d) && d == 0) st__account(ex, slot, -1);
   if (!ST__BORROWED(ex, slot, d)) st_buffer_destroy(ST__SLOT(ex, slot, d));
@@ -302,11 +405,11 @@ static st_status st__put_one(st_executor* ex, int slot, int target, int d, st_bu
   return ST_OK;
 }
 
-/* The plan's mesh on this executor's devices (index p on device + p). */
-static st_status st__mesh(const st_executor* ex, st_mesh* out) {
+/* The plan's mesh on stage |stage|'s devices (index p on st__dev(stage, p)). */
+static st_status st__mesh(const st_executor* ex, int stage, st_mesh* out) {
   static const char* const names[3] = {"data", "fsdp", "tensor"};
   int devices[ST_MESH_MAX_DEVICES];
-  for (int d = 0; d < ex->ndev; ++d) devices[d] = ex->device + d;
+  for (int d = 0; d < ex->ndev; ++d) devices[d] = st__dev(ex, stage, d);
   ST_RETURN(st_mesh_make(3, names, ex->plan->mesh, devices, out));
   if (out->device_count != ex->ndev)
     return st_status_make(ST_CODE_INTERNAL, "plan: mesh %dx%dx%d is not its %d devices", ex->plan->mesh[0],
@@ -329,7 +432,7 @@ static st_status st__put_sharded(st_executor* ex, int slot, int target, st_buffe
   st_buffer_destroy(buffer);
   st_mesh mesh;
   st_sharded* sh = NULL;
-  if (!st) st = st__mesh(ex, &mesh);
+  if (!st) st = st__mesh(ex, s->stage, &mesh);
   if (!st) st = st_sharded_from_host(ex->runtime, &mesh, &s->logical, &s->sharding, host, &sh);
   free(host);
   if (st) return st_status_annotate(st, "sharding slot '%s' over %d devices", s->name, ex->ndev);
@@ -354,7 +457,7 @@ static st_status st__xcut_wholes(st_executor* ex, int slot, const void* value, u
   }
   st_mesh mesh;
   st_sharded* sh = NULL;
-  ST_RETURN(st__mesh(ex, &mesh));
+  ST_RETURN(st__mesh(ex, s->stage, &mesh));
   ST_RETURN(st_sharded_from_host(ex->runtime, &mesh, &s->logical, &s->sharding, value, &sh));
   st_buffer* shards[ST_MESH_MAX_DEVICES];
   st_sharded_release(sh, shards);
@@ -393,7 +496,7 @@ static st_status st__put_xcut(st_executor* ex, int slot, int target, st_buffer* 
     memset(block, 0, bb);
     if (from < wb) memcpy(block, wholes + (size_t)d * wb + from, wb - from < bb ? wb - from : bb);
     st_buffer* b = NULL;
-    st = st_buffer_from_host(ex->runtime, ex->device + d, &s->type, block, &b);
+    st = st_buffer_from_host(ex->runtime, st__slot_dev(ex, slot, d), &s->type, block, &b);
     if (!st) st = st__put_one(ex, slot, target, d, b);
   }
   free(block);
@@ -427,12 +530,12 @@ static st_status st__to_host_xcut(st_executor* ex, int slot, void* dst, size_t s
       if (size != wb) st = st_status_make(ST_CODE_INTERNAL, "slot '%s' holds %zu bytes whole, the destination %zu", s->name, wb, size);
       else memcpy(dst, all, wb);
     } else if (!st && sharded) {
-      st = st_buffer_from_host(ex->runtime, ex->device + d, &s->xwhole, all, &wholes[d]);
+      st = st_buffer_from_host(ex->runtime, st__slot_dev(ex, slot, d), &s->xwhole, all, &wholes[d]);
     }
   }
   if (!st && sharded) {
     st_mesh mesh;
-    st = st__mesh(ex, &mesh);
+    st = st__mesh(ex, s->stage, &mesh);
     if (!st) st = st_sharding_to_host(&mesh, &s->logical, &s->sharding, wholes, dst, size);
   }
   for (int d = 0; d < ex->ndev; ++d) st_buffer_destroy(wholes[d]);
@@ -450,7 +553,7 @@ st_status st_executor_to_host(st_executor* ex, int slot, void* dst, size_t size)
       if (!shards[d]) return st_status_make(ST_CODE_INTERNAL, "slot '%s' is empty on device index %d", s->name, d);
     }
     st_mesh mesh;
-    ST_RETURN(st__mesh(ex, &mesh));
+    ST_RETURN(st__mesh(ex, s->stage, &mesh));
     return st_sharding_to_host(&mesh, &s->logical, &s->sharding, shards, dst, size);
   }
   st_buffer* b = st_executor_get(ex, slot);
@@ -465,6 +568,16 @@ st_status st_executor_put(st_executor* ex, int slot, st_buffer* buffer) {
   int target = (!s->host && s->twin >= 0) ? s->twin : slot;
   if (buffer && s->xblocks > 1) return st__put_xcut(ex, slot, target, buffer);
   if (buffer && ex->ndev > 1 && s->layout == ST_LAYOUT_SHARDED) return st__put_sharded(ex, slot, target, buffer);
+  /* Index 0 of the slot's stage holds it: a buffer made elsewhere (stage
+   * 0's device, by an init program) is moved there. */
+  const int home = st__slot_dev(ex, slot, 0);
+  if (buffer && st_buffer_device(buffer) != home) {
+    st_buffer* moved = NULL;
+    st_status ms = st_buffer_copy_to_device(buffer, home, &moved);
+    st_buffer_destroy(buffer);
+    if (ms) return st_status_annotate(ms, "moving slot '%s' to its stage %d's device %d", s->name, s->stage, home);
+    buffer = moved;
+  }
   /* Between steps, state is replicated: every other device gets a copy
    * (through the host: init and restore only). */
   st_status st = ST_OK;
@@ -474,7 +587,7 @@ st_status st_executor_put(st_executor* ex, int slot, st_buffer* buffer) {
     st = st_buffer_to_host(buffer, host, n);
     for (int d = 1; d < ex->ndev && !st; ++d) {
       st_buffer* b = NULL;
-      st = st_buffer_from_host(ex->runtime, ex->device + d, st_buffer_type(buffer), host, &b);
+      st = st_buffer_from_host(ex->runtime, st__slot_dev(ex, slot, d), st_buffer_type(buffer), host, &b);
       if (!st) st = st__put_one(ex, slot, target, d, b);
     }
     free(host);
@@ -536,7 +649,9 @@ static void st__on_complete(st_status status, void* user) {
   if (t - ex->t0 > ex->timings[cb->op].complete_s) ex->timings[cb->op].complete_s = t - ex->t0;
   size_t at = (size_t)cb->op * (size_t)ex->ndev + (size_t)cb->d;
   if (t - ex->t0 > ex->dev_complete[at]) ex->dev_complete[at] = t - ex->t0;
-  if (ex->monitor.done) ex->monitor.done(ex->monitor.user, cb->op, cb->d);
+  /* A SEND of several slots is done on |d| once its last copy is. */
+  bool last = ex->parts[at] == 0 || --ex->parts[at] == 0;
+  if (last && ex->monitor.done) ex->monitor.done(ex->monitor.user, cb->op, cb->d);
   if (status && !ex->cb_error) {
     const st_op* op = &ex->plan->ops[cb->op];
     ex->cb_error = st_status_annotate(status, "plan op %d (%s, layer %d, microbatch %d)", cb->op, st__op_program(ex, op),
@@ -549,18 +664,17 @@ static void st__on_complete(st_status status, void* user) {
   pthread_mutex_unlock(&ex->mu);
 }
 
-/* Keeps |ev| as op |i|'s completion event on device index |d| and
- * timestamps it when it fires. */
-static st_status st__track(st_executor* ex, int i, int d, st_event* ev) {
-  size_t at = (size_t)i * (size_t)ex->ndev + (size_t)d;
-  ex->events[at] = ev;
-  ex->cbs[at].ex = ex;
-  ex->cbs[at].op = i;
-  ex->cbs[at].d = d;
+/* Keeps |ev| in *|slot| as a completion event of op |i| on device index
+ * |d| and timestamps it when it fires (|cb|: its callback's context). */
+static st_status st__track_in(st_executor* ex, int i, int d, st_event* ev, st_event** slot, st__cb* cb) {
+  *slot = ev;
+  cb->ex = ex;
+  cb->op = i;
+  cb->d = d;
   pthread_mutex_lock(&ex->mu);
   ex->pending++;
   pthread_mutex_unlock(&ex->mu);
-  st_status s = st_event_on_ready(ev, st__on_complete, &ex->cbs[at]);
+  st_status s = st_event_on_ready(ev, st__on_complete, cb);
   if (s) {
     pthread_mutex_lock(&ex->mu);
     ex->pending--;
@@ -569,11 +683,35 @@ static st_status st__track(st_executor* ex, int i, int d, st_event* ev) {
   return s;
 }
 
-static st_status st__track_buffer(st_executor* ex, int i, int d, st_buffer* b) {
+/* Op |i|'s completion event on device index |d|. */
+static st_status st__track(st_executor* ex, int i, int d, st_event* ev) {
+  size_t at = (size_t)i * (size_t)ex->ndev + (size_t)d;
+  return st__track_in(ex, i, d, ev, &ex->events[at], &ex->cbs[at]);
+}
+
+/* Where op |i|'s part |j| on device index |d| keeps its event: part 0 is
+ * events[]; a SEND's input j >= 1 has one of its own. */
+static st_event** st__part_event(st_executor* ex, int i, int j, int d) {
+  if (j == 0) return &ex->events[(size_t)i * (size_t)ex->ndev + (size_t)d];
+  return &ex->sub_events[(size_t)ex->sub_first[i] + (size_t)(j - 1) * (size_t)ex->ndev + (size_t)d];
+}
+
+/* How many parts op |i| has per device index (st__part_event). */
+static int st__parts(const st_executor* ex, int i) {
+  const st_op* op = &ex->plan->ops[i];
+  return op->kind == ST_OP_SEND && op->input_count > 1 ? op->input_count : 1;
+}
+
+/* Tracks part |j| of op |i| on index |d| by |b|'s readiness. */
+static st_status st__track_buffer_part(st_executor* ex, int i, int j, int d, st_buffer* b) {
   st_event* ev = NULL;
   ST_RETURN(st_buffer_ready_event(b, &ev));
-  return st__track(ex, i, d, ev);
+  if (j == 0) return st__track(ex, i, d, ev);
+  size_t at = (size_t)ex->sub_first[i] + (size_t)(j - 1) * (size_t)ex->ndev + (size_t)d;
+  return st__track_in(ex, i, d, ev, &ex->sub_events[at], &ex->sub_cbs[at]);
 }
+
+static st_status st__track_buffer(st_executor* ex, int i, int d, st_buffer* b) { return st__track_buffer_part(ex, i, 0, d, b); }
 
 static bool st__has_event(const st_executor* ex, int i) { return ex->events[(size_t)i * (size_t)ex->ndev] != NULL; }
 
@@ -603,10 +741,10 @@ static st_status st__exec_launch(st_executor* ex, int index, const st_op* op) {
                          plan->programs[op->program], op->layer, op->micro);
     st__exec_mon_issue(ex, index, d);
     ex->dev_issue[(size_t)index * (size_t)ex->ndev + (size_t)d] = st_now() - ex->t0;
-    st_status s = st_program_execute(prog, ex->device + d, ex->in, op->input_count, ex->out, op->output_count, &done);
+    st_status s = st_program_execute(prog, st__dev(ex, op->stage, d), ex->in, op->input_count, ex->out, op->output_count, &done);
     if (s) {
       return st_status_annotate(s, "launching %s (layer %d, microbatch %d, device %d)", plan->programs[op->program],
-                                op->layer, op->micro, ex->device + d);
+                                op->layer, op->micro, st__dev(ex, op->stage, d));
     }
     /* The hook's error is returned once the outputs are in their slots
      * (then freed with the executor, not leaked). */
@@ -728,7 +866,7 @@ static st_status st__xp_settle(st_executor* ex, int slot, int d) {
     st_buffer* old = ST__SLOT(ex, slot, d);
     st_tensor_type type = old && x->in_slot == slot ? *st_buffer_type(old) : ex->plan->slots[slot].type;
     st_buffer* b = NULL;
-    s = st_buffer_from_host(ex->runtime, ex->device + d, &type, x->host + x->out_at, &b);
+    s = st_buffer_from_host(ex->runtime, st__slot_dev(ex, slot, d), &type, x->host + x->out_at, &b);
     if (!s) st__slot_put(ex, slot, d, b);
   }
   if (--ex->xp_left[x->op] == 0 && ex->monitor.done) ex->monitor.done(ex->monitor.user, x->op, 0);
@@ -855,15 +993,15 @@ static st_status st__exec_wait(st_executor* ex, int i, const st_op* op) {
       }
   }
   for (int d = 0; d < op->dep_count; ++d)
-    for (int k = 0; k < ex->ndev; ++k) {
-      st_event* ev = ex->events[(size_t)op->deps[d] * (size_t)ex->ndev + (size_t)k];
+    for (int k = 0; k < ex->ndev * st__parts(ex, op->deps[d]); ++k) {
+      st_event* ev = *st__part_event(ex, op->deps[d], k / ex->ndev, k % ex->ndev);
       if (!ev) continue;
       if (!st_event_is_ready(ev)) t->blocked = true;
       st_status s = st_event_await(ev);
       if (s) {
         const st_op* dep = &ex->plan->ops[op->deps[d]];
         return st_status_annotate(s, "plan op %d (%s, layer %d, microbatch %d, device index %d)", op->deps[d],
-                                  st__op_program(ex, dep), dep->layer, dep->micro, k);
+                                  st__op_program(ex, dep), dep->layer, dep->micro, k % ex->ndev);
       }
     }
   ex->stats.waits++;
@@ -897,6 +1035,49 @@ static st_status st__spmd_barrier(st_executor* ex, int i) {
   return ST_OK;
 }
 
+/* A SEND: every input's buffer on each device index copied device to
+ * device to the same index of the destination stage, into its output.
+ * Nothing blocks: PJRT orders the copy after the input's producer and the
+ * output's readers after the copy. The input stays in its slot; a FREE of
+ * it right after is safe, as PJRT keeps a buffer alive until the copies
+ * reading it are done (the CPU plugin holds a usage event on the source:
+ * tests/c/test_runtime.c frees it at once). */
+static st_status st__send(st_executor* ex, int i, const st_op* op) {
+  const st_plan* plan = ex->plan;
+  /* After st_executor_skip_launches an input whose producer was skipped
+   * is empty: it is not sent (nor waited for). */
+  int parts = 0;
+  for (int j = 0; j < op->input_count; ++j) parts += !ex->skip_launches || ST__SLOT(ex, op->inputs[j], 0);
+  if (parts == 0) { /* nothing to send: done at once on every index (the monitor heard of each) */
+    for (int d = 0; d < ex->ndev && ex->monitor.done; ++d) ex->monitor.done(ex->monitor.user, i, d);
+    return ST_OK;
+  }
+  pthread_mutex_lock(&ex->mu);
+  for (int d = 0; d < ex->ndev; ++d) ex->parts[(size_t)i * (size_t)ex->ndev + (size_t)d] = parts;
+  pthread_mutex_unlock(&ex->mu);
+  int64_t bytes = 0;
+  for (int d = 0; d < ex->ndev; ++d) {
+    const int to = st__dev(ex, op->stage, d);
+    for (int j = 0; j < op->input_count; ++j) {
+      const st_slot *in = &plan->slots[op->inputs[j]], *out = &plan->slots[op->outputs[j]];
+      st_buffer* src = ST__SLOT(ex, op->inputs[j], d);
+      if (!src && ex->skip_launches && !ST__SLOT(ex, op->inputs[j], 0)) continue;
+      if (!src)
+        return st_status_make(ST_CODE_INTERNAL, "plan op %d: SEND of empty slot '%s' (stage %d, device index %d)", i, in->name,
+                              in->stage, d);
+      st_buffer* b = NULL;
+      ST_RETURN_IF_ERROR(st_buffer_copy_to_device(src, to, &b), "plan op %d: sending '%s' from stage %d to '%s' on stage %d", i,
+                         in->name, in->stage, out->name, op->stage);
+      if (d == 0) bytes += (int64_t)st_buffer_bytes(b);
+      st__slot_put(ex, op->outputs[j], d, b);
+      ST_RETURN(st__track_buffer_part(ex, i, j, d, b));
+    }
+  }
+  ex->stats.sends++;
+  ex->stats.send_bytes += bytes;
+  return ST_OK;
+}
+
 static st_status st__run_op(st_executor* ex, const st_executor_hooks* hooks, int i) {
   const st_plan* plan = ex->plan;
   const st_op* op = &plan->ops[i];
@@ -920,7 +1101,7 @@ static st_status st__run_op(st_executor* ex, const st_executor_hooks* hooks, int
       for (int d = 0; d < ex->ndev; ++d) {
         st_buffer* b = NULL;
         if (op->input_count == 0) {
-          ST_RETURN(hooks->h2d(hooks->user, op, d, ex->device + d, &b));
+          ST_RETURN(hooks->h2d(hooks->user, op, d, st__dev(ex, op->stage, d), &b));
         } else {
           st_buffer* home = ST__SLOT(ex, op->inputs[0], d);
           if (!home) return st_status_make(ST_CODE_INTERNAL, "plan op %d: H2D from empty slot '%s'", i, plan->slots[op->inputs[0]].name);
@@ -964,7 +1145,7 @@ static st_status st__run_op(st_executor* ex, const st_executor_hooks* hooks, int
     case ST_OP_XPROC:
       return st__xproc(ex, i, op);
     case ST_OP_SEND:
-      return st_status_make(ST_CODE_INTERNAL, "plan op %d: SEND is not built in the executor yet", i);
+      return st__send(ex, i, op);
   }
   assert(!"an op kind the switch above does not know"); /* st_op_kind is closed */
   return st_status_make(ST_CODE_INTERNAL, "plan op %d has unknown kind %d", i, (int)op->kind);
@@ -996,14 +1177,18 @@ static bool st__kind_is_launch(st_op_kind k) { return k == ST_OP_LAUNCH || k == 
 static bool st__kind_is_transfer(st_op_kind k) { return k == ST_OP_H2D || k == ST_OP_D2H; }
 static bool st__kind_is_collective(st_op_kind k) { return k == ST_OP_COLLECTIVE; }
 static bool st__kind_is_xproc(st_op_kind k) { return k == ST_OP_XPROC; }
+static bool st__kind_is_send(st_op_kind k) { return k == ST_OP_SEND; }
+static bool st__kind_is_compute(st_op_kind k) { return st__is_program_op(k); } /* a stage's busy time */
 
 /* The union of [start, complete] over the first |ran| ops whose kind
- * |pick| accepts, into |iv| (two doubles an interval, room for ran + 1
- * intervals); returns how many intervals. */
-static int st__busy(const st_executor* ex, int ran, bool (*pick)(st_op_kind), double* iv) {
+ * |pick| accepts (and, |stage| >= 0, that run on that stage), into |iv|
+ * (two doubles an interval, room for ran + 1 intervals); returns how many
+ * intervals. */
+static int st__busy(const st_executor* ex, int ran, bool (*pick)(st_op_kind), int stage, double* iv) {
   int n = 0;
   for (int i = 0; i < ran; ++i) {
     if (!pick(ex->plan->ops[i].kind)) continue;
+    if (stage >= 0 && ex->plan->ops[i].stage != stage) continue;
     iv[2 * n] = ex->timings[i].start_s;
     iv[2 * n + 1] = ex->timings[i].complete_s;
     ++n;
@@ -1035,10 +1220,56 @@ static int st__cmp_edge(const void* a, const void* b) {
   return x->delta - y->delta; /* completions before issues at the same instant */
 }
 
+/* The pipeline's statistics: each stage's busy time (the union of its
+ * programs' start..complete), the span from the first issue to the last
+ * completion, the bubble fraction. |iv|: scratch for ran + 1 intervals. */
+static void st__derive_stages(st_executor* ex, int ran, double* iv) {
+  st_executor_stats* st = &ex->stats;
+  double first = 0, last = 0, busy = 0;
+  for (int i = 0; i < ran; ++i) {
+    if (i == 0 || ex->timings[i].issue_s < first) first = ex->timings[i].issue_s;
+    if (ex->timings[i].complete_s > last) last = ex->timings[i].complete_s;
+  }
+  st->span_s = ran > 0 ? last - first : 0;
+  for (int s = 0; s < ex->stages; ++s) {
+    int n = st__busy(ex, ran, st__kind_is_compute, ex->stages > 1 ? s : -1, iv);
+    for (int k = 0; k < n; ++k) st->stage_busy_s[s] += iv[2 * k + 1] - iv[2 * k];
+    busy += st->stage_busy_s[s];
+  }
+  double f = st->span_s > 0 ? 1.0 - busy / ((double)ex->stages * st->span_s) : 0;
+  st->bubble_fraction = f < 0 ? 0 : f > 1 ? 1 : f;
+}
+
+/* A WAIT's host saw every dep of it done when it resumed (it awaited
+ * their events), so none completed later than that, whatever its
+ * completion callback says: callbacks can come late (on the CPU plugin a
+ * copy's comes after the launch that consumed it has run on the thread
+ * that finished the copy), and a late one would otherwise push the start
+ * of every consumer past its real start. */
+static void st__derive_waited(st_executor* ex, int ran) {
+  const st_plan* plan = ex->plan;
+  for (int i = 0; i < ran; ++i) {
+    const st_op* op = &plan->ops[i];
+    if (op->kind != ST_OP_WAIT) continue;
+    const double seen = ex->timings[i].issue_s + ex->timings[i].blocked_s; /* as the host measured it */
+    for (int k = 0; k < op->dep_count; ++k) {
+      const int dep = op->deps[k];
+      if (!st__op_is_async(plan->ops[dep].kind) || plan->ops[dep].kind == ST_OP_XPROC) continue;
+      st_op_timing* t = &ex->timings[dep];
+      if (t->complete_s > seen) t->complete_s = seen;
+      for (int d = 0; d < ex->ndev; ++d) {
+        double* c = &ex->dev_complete[(size_t)dep * (size_t)ex->ndev + (size_t)d];
+        if (*c > seen) *c = seen;
+      }
+    }
+  }
+}
+
 /* Start times, causal clean-up and the derived statistics of a run. */
 static void st__derive(st_executor* ex, int ran) {
   const st_plan* plan = ex->plan;
   st_executor_stats* st = &ex->stats;
+  st__derive_waited(ex, ran);
   /* PJRT reports when work completes, not when it starts. An op can start
    * once it is issued and its deps are complete; a launch also waits for
    * the launch before it (one execution queue per device, as a GPU stream;
@@ -1046,7 +1277,7 @@ static void st__derive(st_executor* ex, int ran) {
    * either). Callbacks of different ops can be delivered out of order, and
    * a callback may run after a waiter has already resumed: clamp so that no
    * op starts before its deps complete nor completes before it starts. */
-  double prev_launch = 0;
+  double prev_launch[ST_PLAN_MAX_STAGES] = {0}; /* per stage: its devices' queue */
   /* Unhidden communication wait: [when op i could have started but for its
    * COLLECTIVE deps, when such a dep completed], cut to the collective's own
    * start..complete (so the union never exceeds collective_s). */
@@ -1067,8 +1298,9 @@ static void st__derive(st_executor* ex, int ran) {
         ready = c;
     }
     bool launch = op->kind == ST_OP_LAUNCH || op->kind == ST_OP_RECOMPUTE;
-    if (launch && prev_launch > start) start = prev_launch;
-    if (launch && prev_launch > ready) ready = prev_launch;
+    const int os = ex->stages > 1 ? op->stage : 0;
+    if (launch && prev_launch[os] > start) start = prev_launch[os];
+    if (launch && prev_launch[os] > ready) ready = prev_launch[os];
     if (on_comm) {
       bool waited = false;
       for (int d = 0; d < op->dep_count; ++d) {
@@ -1095,7 +1327,7 @@ static void st__derive(st_executor* ex, int ran) {
       t->start_s = start;
     }
     if (t->complete_s < t->start_s) t->complete_s = t->start_s;
-    if (launch) prev_launch = t->complete_s;
+    if (launch) prev_launch[os] = t->complete_s;
     if (op->kind == ST_OP_WAIT || op->kind == ST_OP_READ) st->wait_s += t->blocked_s;
     if (op->kind == ST_OP_RECOMPUTE) st->recompute_s += t->complete_s - t->start_s;
   }
@@ -1104,9 +1336,10 @@ static void st__derive(st_executor* ex, int ran) {
   free(wv);
   /* The same estimate per device index, for the per-device trace tracks:
    * device d's part of an op starts once the host issued it to d and its
-   * deps' parts on d are done (and, for a launch, d's previous launch). */
+   * deps' parts on d are done (and, for a launch, d's previous launch on
+   * its stage). */
   const int nd = ex->ndev;
-  double* prev_on = st_xcalloc((size_t)nd, sizeof(double));
+  double* prev_on = st_xcalloc((size_t)nd * (size_t)ex->stages, sizeof(double));
   for (int i = 0; i < ran; ++i) {
     const st_op* op = &plan->ops[i];
     const st_op_timing* t = &ex->timings[i];
@@ -1123,12 +1356,13 @@ static void st__derive(st_executor* ex, int ran) {
         double c = ex->dev_complete[(size_t)op->deps[k] * (size_t)nd + (size_t)d];
         if (c > start) start = c;
       }
-      if (launch && prev_on[d] > start) start = prev_on[d];
+      double* q = &prev_on[(size_t)(ex->stages > 1 ? op->stage : 0) * (size_t)nd + (size_t)d];
+      if (launch && *q > start) start = *q;
       ex->dev_start[at] = start;
       if (ex->dev_complete[at] < start) ex->dev_complete[at] = start;
       if (ex->dev_complete[at] > t->complete_s) ex->dev_complete[at] = t->complete_s;
       if (ex->dev_start[at] > ex->dev_complete[at]) ex->dev_start[at] = ex->dev_complete[at];
-      if (launch) prev_on[d] = ex->dev_complete[at];
+      if (launch) *q = ex->dev_complete[at];
     }
   }
   free(prev_on);
@@ -1138,13 +1372,16 @@ static void st__derive(st_executor* ex, int ran) {
    * the same for transfers. Unions, so concurrent ops count once. */
   double* lv = st_xmalloc(((size_t)ran + 1) * 2 * sizeof(double));
   double* ov = st_xmalloc(((size_t)ran + 1) * 2 * sizeof(double));
-  int nl = st__busy(ex, ran, st__kind_is_launch, lv);
-  int nc = st__busy(ex, ran, st__kind_is_collective, ov);
+  int nl = st__busy(ex, ran, st__kind_is_launch, -1, lv);
+  int nc = st__busy(ex, ran, st__kind_is_collective, -1, ov);
   st__overlap(ov, nc, lv, nl, &st->collective_s, &st->collective_hidden_s);
-  int nx = st__busy(ex, ran, st__kind_is_xproc, ov);
+  int nx = st__busy(ex, ran, st__kind_is_xproc, -1, ov);
   st__overlap(ov, nx, lv, nl, &st->xproc_s, &st->xproc_hidden_s);
-  int nt = st__busy(ex, ran, st__kind_is_transfer, ov);
+  int nt = st__busy(ex, ran, st__kind_is_transfer, -1, ov);
   st__overlap(ov, nt, lv, nl, &st->transfer_s, &st->transfer_hidden_s);
+  int ns = st__busy(ex, ran, st__kind_is_send, -1, ov);
+  st__overlap(ov, ns, lv, nl, &st->send_s, &st->send_hidden_s);
+  st__derive_stages(ex, ran, ov);
   free(lv);
   free(ov);
   /* Queue depth: device ops issued and not yet complete. */
@@ -1167,6 +1404,71 @@ static void st__derive(st_executor* ex, int ran) {
 void st_executor_skip_launches(st_executor* ex) { ex->skip_launches = true; }
 bool st_executor_skipped(const st_executor* ex) { return ex->skip_launches; }
 
+/* The stats of a new run: the live bytes carried over, the predictions
+ * kept, the peaks starting from the persistent state (the fullest stage's,
+ * as st_plan_predict_live starts). */
+static void st__run_reset(st_executor* ex) {
+  const st_plan* plan = ex->plan;
+  enum { C = ST_SLOT_CATEGORY_COUNT };
+  const st_executor_stats old = ex->stats;
+  memset(&ex->stats, 0, sizeof(ex->stats));
+  memcpy(ex->stats.live_bytes, old.live_bytes, sizeof(old.live_bytes));
+  ex->stats.host_bytes = old.host_bytes;
+  ex->stats.predicted_peak_bytes = old.predicted_peak_bytes;
+  memcpy(ex->stats.predicted_peak_by_category, old.predicted_peak_by_category, sizeof(old.predicted_peak_by_category));
+  ex->stats.predicted_peak_with_temps_bytes = old.predicted_peak_with_temps_bytes;
+  ex->stats.live_mismatch_op = -1;
+  ex->stats.stages = ex->stages;
+  for (int st = 0; st < ex->stages; ++st) {
+    int64_t total = 0;
+    for (int k = 0; k < C; ++k) total += ex->stage_live[st][k];
+    if (total > ex->stats.peak_live_bytes || st == 0) {
+      ex->stats.peak_live_bytes = total;
+      memcpy(ex->stats.peak_by_category, ex->stage_live[st], sizeof(ex->stats.peak_by_category));
+    }
+    memcpy(ex->stats.stage_peak_by_category[st], ex->stage_live[st], sizeof(ex->stats.stage_peak_by_category[st]));
+  }
+  ex->stats.peak_with_temps_bytes = ex->stats.peak_live_bytes;
+  ex->stats.peak_with_temps_op = -1;
+  memset(ex->timings, 0, (size_t)plan->op_count * sizeof(st_op_timing));
+  size_t nd = (size_t)plan->op_count * (size_t)ex->ndev;
+  memset(ex->dev_issue, 0, nd * sizeof(double));
+  memset(ex->dev_start, 0, nd * sizeof(double));
+  memset(ex->dev_complete, 0, nd * sizeof(double));
+  memset(ex->parts, 0, nd * sizeof(int));
+}
+
+/* The live bytes after op |i| (its stage's, as st_plan_predict_live
+ * counts them), the peaks and the temporaries. */
+static void st__run_account(st_executor* ex, int i) {
+  const st_op* op = &ex->plan->ops[i];
+  const int64_t* here = ex->stage_live[ex->stages > 1 ? op->stage : 0];
+  int64_t total = 0;
+  for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) {
+    size_t at = (size_t)i * ST_SLOT_CATEGORY_COUNT + (size_t)k;
+    ex->live_acct[at] = here[k];
+    total += here[k];
+    if (ex->live_acct[at] != ex->live_pred[at] && ex->stats.live_mismatch_op < 0) ex->stats.live_mismatch_op = i;
+  }
+  if (total > ex->stats.peak_live_bytes) {
+    ex->stats.peak_live_bytes = total;
+    memcpy(ex->stats.peak_by_category, here, sizeof(ex->stats.peak_by_category));
+  }
+  for (int st = 0; st < ex->stages; ++st)
+    for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k)
+      if (ex->stage_live[st][k] > ex->stats.stage_peak_by_category[st][k])
+        ex->stats.stage_peak_by_category[st][k] = ex->stage_live[st][k];
+  /* The running program's temporaries, on top of what the op left live
+   * (its inputs are not freed before a later FREE op). */
+  int64_t tb = st__is_program_op(op->kind) ? ex->temps[op->program] : 0;
+  if (tb > ex->stats.max_temps_bytes) ex->stats.max_temps_bytes = tb;
+  if (total + tb > ex->stats.peak_with_temps_bytes) {
+    ex->stats.peak_with_temps_bytes = total + tb;
+    ex->stats.peak_temps_bytes = tb;
+    ex->stats.peak_with_temps_op = i;
+  }
+}
+
 st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
   const st_plan* plan = ex->plan;
   ex->skip_launches = false;
@@ -1175,28 +1477,7 @@ st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
   st__events_free(ex);
   st_status_free(ex->cb_error);
   ex->cb_error = NULL;
-  int64_t live[ST_SLOT_CATEGORY_COUNT];
-  memcpy(live, ex->stats.live_bytes, sizeof(live));
-  int64_t host_bytes = ex->stats.host_bytes, predicted = ex->stats.predicted_peak_bytes;
-  int64_t predicted_temps = ex->stats.predicted_peak_with_temps_bytes;
-  int64_t predicted_cats[ST_SLOT_CATEGORY_COUNT];
-  memcpy(predicted_cats, ex->stats.predicted_peak_by_category, sizeof(predicted_cats));
-  memset(&ex->stats, 0, sizeof(ex->stats));
-  memcpy(ex->stats.live_bytes, live, sizeof(live));
-  ex->stats.host_bytes = host_bytes;
-  ex->stats.predicted_peak_bytes = predicted;
-  memcpy(ex->stats.predicted_peak_by_category, predicted_cats, sizeof(predicted_cats));
-  ex->stats.predicted_peak_with_temps_bytes = predicted_temps;
-  ex->stats.live_mismatch_op = -1;
-  for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) ex->stats.peak_live_bytes += live[k];
-  ex->stats.peak_with_temps_bytes = ex->stats.peak_live_bytes;
-  ex->stats.peak_with_temps_op = -1;
-  memcpy(ex->stats.peak_by_category, live, sizeof(live));
-  memset(ex->timings, 0, (size_t)plan->op_count * sizeof(st_op_timing));
-  size_t nd = (size_t)plan->op_count * (size_t)ex->ndev;
-  memset(ex->dev_issue, 0, nd * sizeof(double));
-  memset(ex->dev_start, 0, nd * sizeof(double));
-  memset(ex->dev_complete, 0, nd * sizeof(double));
+  st__run_reset(ex);
   ex->t0 = st_now();
   st_status s = ST_OK;
   int i = 0;
@@ -1205,7 +1486,7 @@ st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
     t->issue_s = st_now() - ex->t0;
     for (int d = 0; d < ex->ndev; ++d) ex->dev_issue[(size_t)i * (size_t)ex->ndev + (size_t)d] = t->issue_s;
     const st_op_kind kind = plan->ops[i].kind;
-    const bool per_device = kind == ST_OP_H2D || kind == ST_OP_D2H;
+    const bool per_device = kind == ST_OP_H2D || kind == ST_OP_D2H || kind == ST_OP_SEND;
     /* An XPROC op tells the monitor itself: it is done when settled. */
     const bool host_op = !per_device && !st__is_program_op(kind) && kind != ST_OP_XPROC;
     if (per_device)
@@ -1216,27 +1497,7 @@ st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
     if (!st__has_event(ex, i)) t->complete_s = st_now() - ex->t0;
     /* As the host saw it, before any causal clean-up of the timestamps. */
     if (plan->ops[i].kind == ST_OP_WAIT || plan->ops[i].kind == ST_OP_READ) t->blocked_s = t->complete_s - t->issue_s;
-    int64_t total = 0;
-    for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k) {
-      size_t at = (size_t)i * ST_SLOT_CATEGORY_COUNT + (size_t)k;
-      ex->live_acct[at] = ex->stats.live_bytes[k];
-      total += ex->stats.live_bytes[k];
-      if (ex->live_acct[at] != ex->live_pred[at] && ex->stats.live_mismatch_op < 0) ex->stats.live_mismatch_op = i;
-    }
-    if (total > ex->stats.peak_live_bytes) {
-      ex->stats.peak_live_bytes = total;
-      memcpy(ex->stats.peak_by_category, ex->stats.live_bytes, sizeof(live));
-    }
-    /* The running program's temporaries, on top of what the op left live
-     * (its inputs are not freed before a later FREE op). */
-    const st_op* op = &plan->ops[i];
-    int64_t tb = st__is_program_op(op->kind) ? ex->temps[op->program] : 0;
-    if (tb > ex->stats.max_temps_bytes) ex->stats.max_temps_bytes = tb;
-    if (total + tb > ex->stats.peak_with_temps_bytes) {
-      ex->stats.peak_with_temps_bytes = total + tb;
-      ex->stats.peak_temps_bytes = tb;
-      ex->stats.peak_with_temps_op = i;
-    }
+    st__run_account(ex, i);
   }
   /* The plan's last WAIT settles every XPROC op; after an error some may
    * still be in flight, and the engine writes into their host copies. */
@@ -1263,7 +1524,7 @@ st_status st_executor_run(st_executor* ex, const st_executor_hooks* hooks) {
 }
 
 void st__executor_record(const st_executor* ex, st__exec_record* out) {
-  *out = (st__exec_record){.plan = ex->plan, .device = ex->device, .ndev = ex->ndev, .host_kind = ex->host_kind,
-                           .timings = ex->timings, .dev_start = ex->dev_start, .dev_complete = ex->dev_complete,
+  *out = (st__exec_record){.plan = ex->plan, .device = ex->device, .ndev = ex->ndev, .stages = ex->stages,
+                           .host_kind = ex->host_kind, .timings = ex->timings, .dev_start = ex->dev_start, .dev_complete = ex->dev_complete,
                            .live_pred = ex->live_pred, .live_acct = ex->live_acct, .t0 = ex->t0, .stats = &ex->stats};
 }

@@ -16,6 +16,7 @@ typedef struct st__exec_record {
   const st_plan* plan;
   int device; /* runtime device of data-parallel index 0 */
   int ndev;   /* buffers per slot: the per-device arrays' stride */
+  int stages; /* pipeline stages (1: none); stage s's index d is runtime device device + s * ndev + d */
   const char* host_kind;
   const st_op_timing* timings; /* [op_count] */
   /* [op_count * ndev], op-major: when each device's part could start and completed */

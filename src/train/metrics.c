@@ -313,7 +313,7 @@ st_status st__step_metrics(st__trainer* t, double loss, double dt) {
   /* MFU against the peak context.json names (mfu.c), times the devices. */
   double model_fps = t->model_flops_per_token * (double)tokens / dt;
   /* A job's tokens are every process's: so are its devices. */
-  int devices = st_executor_devices(t->ex) * (t->o->procs > 1 ? t->o->procs : 1);
+  int devices = st_executor_devices(t->ex) * es->stages * (t->o->procs > 1 ? t->o->procs : 1); /* every stage's */
   double peak = t->peak.flops_per_s * (devices > 1 ? devices : 1);
   st_json_put(m, "model_flops_per_s", st__sig9(model_fps));
   st_json_put(m, "mfu", peak > 0 ? st__sig9(model_fps / peak) : json_null());

@@ -113,7 +113,7 @@ json_t* st_train_peak_json(const st_train_peak* p, int devices) {
 }
 
 void st__summary_peak(const st__trainer* t, double model_gflops) {
-  int devices = st_executor_devices(t->ex);
+  int devices = st_executor_devices(t->ex) * st_executor_stats_get(t->ex)->stages; /* every pipeline stage's */
   if (devices < 1) devices = 1;
   const st_train_peak* p = &t->peak;
   if (p->flops_per_s <= 0) {

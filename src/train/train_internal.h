@@ -39,7 +39,10 @@ typedef struct st__trainer {
   /* The runtime's counters when the step's compile began: the compile event
    * counts from here, not MFU's matmul-peak measurement before it. */
   int64_t compiles_before, cache_hits_before;
-  st_program** compiled_coll; /* SPMD collectives by bundle collective index (owned; NULL without) */
+  /* SPMD collectives by pipeline stage and bundle collective index:
+   * [stage * collective_count + c], ST_PLAN_MAX_STAGES stages (owned; NULL
+   * without); stage 0 only without a pipeline. */
+  st_program** compiled_coll;
   st_plan step_plan, eval_plan;
   st_plan_remat_choice remat; /* what sched.remat chose for step_plan, and why (the plan event) */
   st_program** step_programs; /* borrowed from compiled, by plan program index */

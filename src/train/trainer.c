@@ -153,30 +153,59 @@ st_status st__compile_programs(st__trainer* t, const st_plan* const* plans, int 
   return s;
 }
 
+/* Where the SPMD program of bundle collective |c| compiled for pipeline
+ * stage |stage| is kept in t->compiled_coll. */
+static st_program** st__coll_at(st__trainer* t, const st_bundle_program* c, int stage) {
+  const st_bundle* b = t->bundle;
+  return &t->compiled_coll[(size_t)stage * (size_t)b->collective_count + (size_t)(c - b->collectives)];
+}
+
 /* The SPMD programs |plan| names (collectives and tensor-parallel compute
- * programs), each compiled once over the plan's mesh on devices 0..n-1
- * (docs/parallelism.md), with the per-device signature from the manifest. */
+ * programs), each compiled once per pipeline stage that runs it
+ * (st_plan_program_stage; stage 0 without a pipeline) over the plan's
+ * mesh on that stage's devices s * n .. s * n + n - 1, n = plan->devices
+ * (docs/parallelism.md), with the per-device signature from the manifest.
+ * One-device programs are portable: st__compile_programs compiles each
+ * once for every stage. */
 static st_status st__compile_collectives(st__trainer* t, const st_plan* plan) {
   const st_bundle* b = t->bundle;
   if (b->collective_count == 0) return ST_OK;
-  if (!t->compiled_coll) t->compiled_coll = st_xcalloc((size_t)b->collective_count, sizeof(st_program*));
+  if (!t->compiled_coll) t->compiled_coll = st_xcalloc((size_t)b->collective_count * ST_PLAN_MAX_STAGES, sizeof(st_program*));
   const char* names[3] = {"data", "fsdp", "tensor"};
-  int sizes[3] = {plan->mesh[0], plan->mesh[1], plan->mesh[2]};
-  st_mesh mesh;
-  ST_RETURN(st_mesh_make(3, names, sizes, NULL, &mesh));
+  const int sizes[3] = {plan->mesh[0], plan->mesh[1], plan->mesh[2]}, n = plan->devices > 1 ? plan->devices : 1;
   for (int i = 0; i < plan->program_count; ++i) {
     const st_bundle_program* c = st_bundle_collective_find(b, plan->programs[i]);
-    if (!c || t->compiled_coll[c - b->collectives]) continue;
+    const int stage = st_plan_program_stage(plan, i);
+    if (!c) continue;
+    if (stage < 0 || stage >= ST_PLAN_MAX_STAGES)
+      return st_status_make(ST_CODE_INTERNAL, "program '%s' is compiled for stage %d, at most %d stages", c->name, stage,
+                            ST_PLAN_MAX_STAGES);
+    if (*st__coll_at(t, c, stage)) continue;
+    int devices[ST_MESH_MAX_DEVICES];
+    for (int d = 0; d < n && d < ST_MESH_MAX_DEVICES; ++d) devices[d] = stage * n + d;
+    st_mesh mesh;
+    ST_RETURN(st_mesh_make(3, names, sizes, devices, &mesh));
     st_tensor_type* types = st_xcalloc((size_t)c->input_count + (size_t)c->output_count + 1, sizeof(st_tensor_type));
     st_program_signature sig;
     st__program_signature(c, types, types + c->input_count, &sig);
     int watch = st__watch_compile_begin(t, 1);
-    st_status s = st_program_compile_spmd_file(t->runtime, c->path, &mesh, &sig, &t->compiled_coll[c - b->collectives]);
+    st_status s = st_program_compile_spmd_file(t->runtime, c->path, &mesh, &sig, st__coll_at(t, c, stage));
     st_watchdog_end(t->watchdog, watch);
     free(types);
+    if (s && plan->stages > 1)
+      return st_status_annotate(s, "compiling collective '%s' for pipeline stage %d (devices %d..%d)", c->name, stage,
+                                stage * n, stage * n + n - 1);
     if (s) return st_status_annotate(s, "compiling collective '%s'", c->name);
   }
   return ST_OK;
+}
+
+/* Destroys every compiled SPMD program (of every stage). */
+static void st__free_collectives(st__trainer* t) {
+  if (!t->compiled_coll) return;
+  for (size_t i = 0; i < (size_t)t->bundle->collective_count * ST_PLAN_MAX_STAGES; ++i) st_program_destroy(t->compiled_coll[i]);
+  free(t->compiled_coll);
+  t->compiled_coll = NULL;
 }
 
 /* Maps a plan's program indices to the compiled programs (all compiled). */
@@ -185,8 +214,10 @@ st_status st__plan_programs(st__trainer* t, const st_plan* plan, st_program*** o
   for (int i = 0; i < plan->program_count; ++i) {
     const st_bundle_program* bp = st_bundle_program_find(t->bundle, plan->programs[i]);
     const st_bundle_program* cp = st_bundle_collective_find(t->bundle, plan->programs[i]);
+    const int stage = st_plan_program_stage(plan, i);
     v[i] = bp ? t->compiled[bp - t->bundle->programs]
-              : (cp && t->compiled_coll) ? t->compiled_coll[cp - t->bundle->collectives] : NULL;
+           : (cp && t->compiled_coll && stage >= 0 && stage < ST_PLAN_MAX_STAGES) ? *st__coll_at(t, cp, stage)
+                                                                                   : NULL;
     if (!v[i]) {
       /* st__compile_programs compiled every program of this plan first. */
       assert(!"a program of the plan was not compiled");
@@ -217,11 +248,9 @@ st_status st_plan_compile_temps(st_runtime* runtime, const st_bundle* bundle, st
     free(progs);
   }
   for (int i = 0; i < bundle->program_count; ++i) st_program_destroy(t.compiled[i]);
-  if (t.compiled_coll)
-    for (int i = 0; i < bundle->collective_count; ++i) st_program_destroy(t.compiled_coll[i]);
+  st__free_collectives(&t);
   free(t.compiled);
   free(t.compile_s);
-  free(t.compiled_coll);
   return s;
 }
 
@@ -327,7 +356,9 @@ static st_status st__init_state(st__trainer* t) {
     const st_tensor_type* ty = t->step_plan.devices > 1 && sl->layout == ST_LAYOUT_SHARDED ? &sl->logical
                                : sl->xblocks > 1                                          ? &sl->xwhole
                                                                                           : &sl->type;
-    s = st_buffer_from_host(t->runtime, 0, ty, zeros, &z);
+    /* made on the first device of its pipeline stage, where the slot lives */
+    const int dev = sl->stage * (t->step_plan.devices > 1 ? t->step_plan.devices : 1);
+    s = st_buffer_from_host(t->runtime, dev, ty, zeros, &z);
     if (!s) st_executor_set(t->ex, i, z);
   }
   free(zeros);
@@ -341,7 +372,17 @@ static void st__fill_train_batch(st__trainer* t) {
 /* Evaluation: the same fixed validation sequences every time. */
 static st_status st__evaluate(st__trainer* t, double* out_loss) {
   const st_plan* ep = &t->eval_plan;
-  /* The eval executor borrows the current parameters for the run. */
+  /* The eval executor borrows the current parameters for the run: every
+   * one in the step plan, on the same pipeline stage (its devices). */
+  for (int i = 0; i < ep->slot_count; ++i) {
+    if (ep->slots[i].category != ST_SLOT_PARAM || !ep->slots[i].persistent) continue;
+    int src = st_plan_slot_find(&t->step_plan, ep->slots[i].name);
+    if (src < 0)
+      return st_status_make(ST_CODE_INTERNAL, "evaluation: parameter slot '%s' is not in the step plan", ep->slots[i].name);
+    if (t->step_plan.slots[src].stage != ep->slots[i].stage)
+      return st_status_make(ST_CODE_INTERNAL, "evaluation: parameter slot '%s' is on stage %d, in the step plan on stage %d",
+                            ep->slots[i].name, ep->slots[i].stage, t->step_plan.slots[src].stage);
+  }
   for (int i = 0; i < ep->slot_count; ++i) {
     /* Persistent slots only: offloaded parameters are borrowed through their
      * host homes and streamed by the eval plan itself. */
@@ -463,10 +504,7 @@ static void st__trainer_free(st__trainer* t) {
     free(t->compiled);
     free(t->compile_s);
   }
-  if (t->compiled_coll) {
-    for (int i = 0; i < t->bundle->collective_count; ++i) st_program_destroy(t->compiled_coll[i]);
-    free(t->compiled_coll);
-  }
+  st__free_collectives(t);
   st_plan_deinit(&t->step_plan);
   st_plan_deinit(&t->eval_plan);
   st_plan_remat_choice_deinit(&t->remat);
@@ -544,7 +582,7 @@ static void st__summary(const st__trainer* t) {
   }
   fprintf(stderr, "\n  %.0f tokens/s (%.3g model FLOP per token)\n", tps, flop_per_token);
   st__summary_peak(t, tps * flop_per_token / 1e9);
-  int devices = st_executor_devices(t->ex);
+  int devices = st_executor_devices(t->ex) * st_executor_stats_get(t->ex)->stages; /* every pipeline stage's */
   fprintf(stderr, "  peak device memory %.1f MiB%s (accounted by the plan's executor)\n", (double)t->peak_bytes / 1048576.0,
           devices > 1 ? " per device" : "");
   char* root = st_rundir_path(t->run_dir, ST_RUNDIR_CHECKPOINTS);

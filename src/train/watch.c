@@ -24,6 +24,12 @@ struct st__watch_ex {
   int* handles; /* [op_count * ndev]: the watchdog's handle of each issued part; -1: none */
 };
 
+/* The runtime device of |o|'s part on device index |index|: its pipeline
+ * stage's (stage s's index d is device s * ndev + d from the first). */
+static int st__watch_device(const st__watch_ex* w, const st_op* o, int index) {
+  return w->device + (w->plan->stages > 1 ? o->stage : 0) * w->ndev + index;
+}
+
 static void st__mon_issue(void* user, int op, int index) {
   st__watch_ex* w = user;
   const st_op* o = &w->plan->ops[op];
@@ -39,12 +45,12 @@ static void st__mon_issue(void* user, int op, int index) {
                         .op = op,
                         .layer = o->layer,
                         .micro = o->micro,
-                        .device = w->device + index,
+                        .device = st__watch_device(w, o, index),
                         .step = step};
     w->handles[(size_t)op * (size_t)w->ndev + (size_t)index] = st_watchdog_begin(w->t->watchdog, &it);
   }
   if (o->kind == ST_OP_LAUNCH || o->kind == ST_OP_RECOMPUTE)
-    st_faults_in_launch(st_train_ckpt_faults(w->t->ckpt), name, step, o->layer, o->micro, w->device + index);
+    st_faults_in_launch(st_train_ckpt_faults(w->t->ckpt), name, step, o->layer, o->micro, st__watch_device(w, o, index));
 }
 
 static void st__mon_done(void* user, int op, int index) {

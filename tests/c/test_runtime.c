@@ -332,6 +332,64 @@ static void test_donation(void** state) {
   st_program_destroy(p);
 }
 
+/* Device to device (pipeline stages' SEND): the copy is on the other
+ * device with the same values, and the source may be destroyed before the
+ * copy is done (PJRT keeps what it reads alive). */
+static void test_copy_to_device(void** state) {
+  (void)state;
+  const tu_prog* mp = prog("matmul");
+  st_buffer* a = upload(g_rt, 0, &mp->in[0]);
+  st_buffer* c = NULL;
+  ASSERT_OK(st_buffer_copy_to_device(a, 1, &c));
+  assert_int_equal(st_buffer_device(c), 1);
+  assert_int_equal(st_buffer_device(a), 0); /* the source stays as it was */
+  expect_output(c, &mp->in[0], "copy of matmul's input 0 to device 1");
+  expect_output(a, &mp->in[0], "matmul's input 0 after its copy");
+  st_buffer_destroy(c);
+
+  /* A program's output, copied while it may still be computed and freed at once. */
+  st_program* p = compile(g_rt, mp);
+  st_buffer* b = upload(g_rt, 0, &mp->in[1]);
+  for (int k = 0; k < 8; ++k) {
+    st_buffer* in[2] = {a, b};
+    st_buffer* out[1];
+    ASSERT_OK(st_program_execute(p, 0, in, 2, out, 1, NULL));
+    st_buffer* moved = NULL;
+    ASSERT_OK(st_buffer_copy_to_device(out[0], 1, &moved));
+    st_buffer_destroy(out[0]);
+    assert_int_equal(st_buffer_device(moved), 1);
+    expect_output(moved, &mp->out[0], "matmul's output copied to device 1");
+    /* ... and back again, to the other device */
+    st_buffer* back = NULL;
+    ASSERT_OK(st_buffer_copy_to_device(moved, 0, &back));
+    st_buffer_destroy(moved);
+    assert_int_equal(st_buffer_device(back), 0);
+    expect_output(back, &mp->out[0], "matmul's output copied back to device 0");
+    st_buffer_destroy(back);
+  }
+
+  /* Errors name the devices and the buffer. */
+  st_buffer* x = NULL;
+  ASSERT_ERROR(st_buffer_copy_to_device(a, 0, &x), ST_CODE_RUNTIME, "f32[4,8]", "already on device 0");
+  ASSERT_ERROR(st_buffer_copy_to_device(a, 7, &x), ST_CODE_RUNTIME, "device 7 does not exist", "2 devices");
+  ASSERT_ERROR(st_buffer_copy_to_device(a, -1, &x), ST_CODE_RUNTIME, "device -1 does not exist");
+  assert_null(x);
+  const tu_prog* dp = prog("donate");
+  st_program* dprog = compile(g_rt, dp);
+  st_buffer* din[2] = {upload(g_rt, 0, &dp->in[0]), upload(g_rt, 0, &dp->in[1])};
+  st_buffer* dout[1];
+  ASSERT_OK(st_program_execute(dprog, 0, din, 2, dout, 1, NULL));
+  ASSERT_ERROR(st_buffer_copy_to_device(din[0], 1, &x), ST_CODE_RUNTIME, "device->device copy", "consumed");
+  assert_null(x);
+  st_buffer_destroy(dout[0]);
+  st_buffer_destroy(din[0]);
+  st_buffer_destroy(din[1]);
+  st_program_destroy(dprog);
+  st_buffer_destroy(a);
+  st_buffer_destroy(b);
+  st_program_destroy(p);
+}
+
 static void test_input_errors(void** state) {
   (void)state;
   const tu_prog* mp = prog("matmul");
@@ -661,6 +719,7 @@ int main(void) {
       cmocka_unit_test(test_multi_device),
       cmocka_unit_test(test_async_and_events),
       cmocka_unit_test(test_donation),
+      cmocka_unit_test(test_copy_to_device),
       cmocka_unit_test(test_input_errors),
       cmocka_unit_test(test_bad_programs),
       cmocka_unit_test(test_xla_options),

@@ -5,6 +5,10 @@
  *   - the wait pass (eager / deferred) and the dependencies finalize
  *     computes; the plans finalize rejects;
  *   - st_buffer_copy_to_memory on the real CPU plugin;
+ *   - pipeline stages on CPU devices: a hand-built 2-stage plan (one and
+ *     two devices a stage) run by the executor, SEND ops, per-stage
+ *     accounting, busy time and bubble, the trace's tracks; the pipelines
+ *     finalize and the executor refuse;
  *   - the memory test: real training runs (exporter, CPU plugin) whose
  *     accounted peak live device bytes equal the plan's prediction at every
  *     op, and fall by exactly the predicted, independently derived amounts
@@ -29,6 +33,7 @@
 #include "strata/base.h"
 #include "strata/bundle.h"
 #include "strata/config.h"
+#include "strata/mesh.h"
 #include "strata/runtime.h"
 #include "strata/sched.h"
 #include "strata/train.h"
@@ -728,6 +733,328 @@ static void test_copy_to_memory(void** state) {
 }
 
 /*===-------------------------------------------------------------------===*/
+/* Pipeline stages on the CPU plugin                                        */
+/*===-------------------------------------------------------------------===*/
+
+/* Every slot of the pipeline tests: a 256 x 256 matrix, so that each
+ * launch (a matmul, milliseconds) ends well after the copy that feeds it
+ * and a stage's busy time is never rounded away. */
+enum { PIPE_N = 256, PIPE_BYTES = PIPE_N * PIPE_N * 4 };
+static const st_tensor_type kPipeT = {ST_DTYPE_F32, 2, {PIPE_N, PIPE_N}};
+
+/* One device's matmul, compiled once and shared by both stages. */
+static const char kPipeMatmul[] =
+    "module @mm {\n"
+    "  func.func public @main(%a: tensor<256x256xf32>, %b: tensor<256x256xf32>) -> tensor<256x256xf32> {\n"
+    "    %0 = \"stablehlo.dot_general\"(%a, %b) {dot_dimension_numbers = #stablehlo.dot<lhs_contracting_dimensions = [1], "
+    "rhs_contracting_dimensions = [0]>} : (tensor<256x256xf32>, tensor<256x256xf32>) -> tensor<256x256xf32>\n"
+    "    return %0 : tensor<256x256xf32>\n"
+    "  }\n"
+    "}\n";
+
+/* The all-reduce over data of one f32[256,256] per device, on 2 devices
+ * (the exporter's form, strata_jax.parallel). */
+static const char kPipeAllReduce[] =
+    "module @ar attributes {mhlo.num_partitions = 2 : i32, mhlo.num_replicas = 1 : i32} {\n"
+    "  sdy.mesh @mesh = <[\"data\"=2, \"fsdp\"=1, \"tensor\"=1]>\n"
+    "  func.func public @main(%arg0: tensor<512x256xf32> {sdy.sharding = #sdy.sharding<@mesh, [{\"data\", \"fsdp\", \"tensor\"}, {}]>})"
+    " -> (tensor<512x256xf32> {sdy.sharding = #sdy.sharding<@mesh, [{\"data\", \"fsdp\", \"tensor\"}, {}]>}) {\n"
+    "    %0 = sdy.manual_computation(%arg0) in_shardings=[<@mesh, [{\"data\", \"fsdp\", \"tensor\"}, {}]>]"
+    " out_shardings=[<@mesh, [{\"data\", \"fsdp\", \"tensor\"}, {}]>] manual_axes={\"data\", \"fsdp\", \"tensor\"}"
+    " (%arg1: tensor<256x256xf32>) {\n"
+    "      %1 = \"stablehlo.all_reduce\"(%arg1) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>,"
+    " replica_groups = #stablehlo.replica_group_mesh_axes<mesh = @mesh, axes = [#stablehlo.axis_ref<name = \"data\">]>,"
+    " use_global_device_ids}> ({\n"
+    "      ^bb0(%a: tensor<f32>, %b: tensor<f32>):\n"
+    "        %2 = stablehlo.add %a, %b : tensor<f32>\n"
+    "        stablehlo.return %2 : tensor<f32>\n"
+    "      }) : (tensor<256x256xf32>) -> tensor<256x256xf32>\n"
+    "      sdy.return %1 : tensor<256x256xf32>\n"
+    "    } : (tensor<512x256xf32>) -> tensor<512x256xf32>\n"
+    "    return %0 : tensor<512x256xf32>\n"
+    "  }\n"
+    "}\n";
+
+static st_program* pipe_all_reduce(st_runtime* rt, int first_device) {
+  static const char* const axes[3] = {"data", "fsdp", "tensor"};
+  const int sizes[3] = {2, 1, 1}, devices[2] = {first_device, first_device + 1};
+  st_mesh m;
+  ASSERT_OK(st_mesh_make(3, axes, sizes, devices, &m));
+  st_program_signature sig = {.input_count = 1, .inputs = &kPipeT, .output_count = 1, .outputs = &kPipeT};
+  st_program* p = NULL;
+  ASSERT_OK(st_program_compile_spmd(rt, "ar", kPipeAllReduce, sizeof(kPipeAllReduce) - 1, &m, &sig, &p));
+  return p;
+}
+
+/* x (stage 0, from the hook) @ w0 -> a0; SEND a0 to a1 on stage 1, a0
+ * freed at once (while the copy may still run, with deferred waits); a1 @
+ * w1 -> z; with |collective| z all-reduced over the stage's devices; READ
+ * z. |ndev| devices a stage; |eager| waits (sched.wait) or deferred. */
+static void pipe_plan(st_plan* out, int ndev, bool collective, bool eager) {
+  st_plan p;
+  st_plan_init(&p);
+  p.stages = 2;
+  p.devices = ndev;
+  p.mesh[0] = ndev;
+  int w0 = st_plan_slot(&p, "w0", ST_SLOT_PARAM, &kPipeT, true);
+  int w1 = st_plan_slot(&p, "w1", ST_SLOT_PARAM, &kPipeT, true);
+  int x = st_plan_slot(&p, "x", ST_SLOT_XFER, &kPipeT, false);
+  int a0 = st_plan_slot(&p, "a0", ST_SLOT_ACT, &kPipeT, false);
+  int a1 = st_plan_slot(&p, "a1", ST_SLOT_ACT, &kPipeT, false);
+  int z = st_plan_slot(&p, "z", ST_SLOT_ACT, &kPipeT, false);
+  p.slots[w1].stage = p.slots[a1].stage = p.slots[z].stage = 1;
+  int f0 = st_plan_program_at(&p, "mm", 0), f1 = st_plan_program_at(&p, "mm", 1);
+  st_plan_add(&p, ST_OP_H2D, -1, -1, 0, 1, 0, NULL, 1, &x);
+  int in0[2] = {x, w0}, in1[2] = {a1, w1};
+  st_plan_add(&p, ST_OP_LAUNCH, f0, 0, 0, 0, 2, in0, 1, &a0);
+  st_plan_add(&p, ST_OP_FREE, -1, -1, 0, 0, 1, &x, 0, NULL);
+  st_plan_add(&p, ST_OP_SEND, -1, 0, 0, 0, 1, &a0, 1, &a1);
+  st_plan_add(&p, ST_OP_FREE, -1, -1, 0, 0, 1, &a0, 0, NULL);
+  st_plan_add(&p, ST_OP_LAUNCH, f1, 1, 0, 0, 2, in1, 1, &z);
+  st_plan_add(&p, ST_OP_FREE, -1, -1, 0, 0, 1, &a1, 0, NULL);
+  if (collective) st_plan_add(&p, ST_OP_COLLECTIVE, st_plan_program_at(&p, "ar", 1), 1, 0, ST_COLL_ALL_REDUCE, 1, &z, 1, &z);
+  st_plan_add(&p, ST_OP_READ, -1, -1, 0, 2, 1, &z, 0, NULL);
+  st_plan_add(&p, ST_OP_FREE, -1, -1, 0, 0, 1, &z, 0, NULL);
+  st_plan_add_waits(&p, eager, out);
+  st_plan_deinit(&p);
+  ASSERT_OK(st_plan_finalize(out));
+}
+
+typedef struct {
+  st_runtime* rt;
+  int h2d_device[4], read_device[4];
+  float* got[4]; /* PIPE_N * PIPE_N each */
+} pipe_ctx;
+
+/* x of device index |index|: small integers, so every product below is exact in f32. */
+static float pipe_x(int index, int e) { return (float)((e % 7) + 3 * index); }
+
+static st_status pipe_h2d(void* user, const st_op* op, int index, int device, st_buffer** out) {
+  (void)op;
+  pipe_ctx* c = user;
+  c->h2d_device[index] = device;
+  float* v = malloc(PIPE_BYTES);
+  for (int e = 0; e < PIPE_N * PIPE_N; ++e) v[e] = pipe_x(index, e);
+  st_status s = st_buffer_from_host(c->rt, device, &kPipeT, v, out);
+  free(v);
+  return s;
+}
+
+static st_status pipe_read(void* user, const st_op* op, int index, st_buffer* b) {
+  (void)op;
+  pipe_ctx* c = user;
+  c->read_device[index] = st_buffer_device(b);
+  return st_buffer_to_host(b, c->got[index], PIPE_BYTES);
+}
+
+static st_status pipe_host(void* user, const st_op* op) {
+  (void)user;
+  (void)op;
+  return ST_OK;
+}
+
+/* w0 = 2 I on stage 0, w1 = 3 I on stage 1 (so z = 6 x), both made on
+ * device 0 (st_executor_put moves w1 to its stage). */
+static void pipe_params(st_executor* ex, st_runtime* rt, const st_plan* p) {
+  float* w0 = calloc(PIPE_N * PIPE_N, sizeof(float));
+  float* w1 = calloc(PIPE_N * PIPE_N, sizeof(float));
+  for (int i = 0; i < PIPE_N; ++i) {
+    w0[i * PIPE_N + i] = 2;
+    w1[i * PIPE_N + i] = 3;
+  }
+  st_buffer *b0 = NULL, *b1 = NULL;
+  ASSERT_OK(st_buffer_from_host(rt, 0, &kPipeT, w0, &b0));
+  ASSERT_OK(st_buffer_from_host(rt, 0, &kPipeT, w1, &b1));
+  free(w0);
+  free(w1);
+  ASSERT_OK(st_executor_put(ex, st_plan_slot_find(p, "w0"), b0));
+  ASSERT_OK(st_executor_put(ex, st_plan_slot_find(p, "w1"), b1));
+}
+
+/* The per-stage statistics of a pipelined run. Each stage is busy some
+ * time; with deferred waits only stage 0's is sure to be measured above 0
+ * on the CPU plugin: a copy's completion callback can come after the
+ * launch that consumed it (it ran first, on the thread that finished the
+ * copy), and the executor then draws that launch from the copy's reported
+ * completion to its own, which may be nothing. |eager|: both stages. */
+static void expect_pipe_stats(const st_executor* ex, const st_plan* p, int64_t sends, bool eager) {
+  const st_executor_stats* s = st_executor_stats_get(ex);
+  assert_int_equal(s->stages, 2);
+  assert_int_equal(s->sends, sends);
+  assert_int_equal(s->send_bytes, (int64_t)PIPE_BYTES * sends);
+  assert_int_equal(s->live_mismatch_op, -1);
+  assert_int_equal(s->peak_live_bytes, s->predicted_peak_bytes);
+  int64_t want[2 * ST_SLOT_CATEGORY_COUNT];
+  assert_int_equal(st_plan_predict_stage_peaks(p, want), 2);
+  for (int st = 0; st < 2; ++st)
+    for (int k = 0; k < ST_SLOT_CATEGORY_COUNT; ++k)
+      if (s->stage_peak_by_category[st][k] != want[st * ST_SLOT_CATEGORY_COUNT + k])
+        fail_msg("stage %d %s: accounted peak %lld, predicted %lld", st, st_slot_category_name((st_slot_category)k),
+                 (long long)s->stage_peak_by_category[st][k], (long long)want[st * ST_SLOT_CATEGORY_COUNT + k]);
+  /* stage 0: w0, x, a0 at once; stage 1: w1, a1 and z */
+  assert_int_equal(want[ST_SLOT_ACT], PIPE_BYTES);
+  assert_int_equal(want[ST_SLOT_XFER], PIPE_BYTES);
+  assert_int_equal(want[ST_SLOT_CATEGORY_COUNT + ST_SLOT_ACT], 2 * PIPE_BYTES);
+  assert_int_equal(want[ST_SLOT_CATEGORY_COUNT + ST_SLOT_PARAM], PIPE_BYTES);
+  assert_true(s->stage_busy_s[0] > 0 && s->stage_busy_s[1] >= 0);
+  if (eager && !(s->stage_busy_s[1] > 0)) fail_msg("stage 1 busy %g s with eager waits", s->stage_busy_s[1]);
+  assert_true(s->span_s >= s->stage_busy_s[0] && s->span_s >= s->stage_busy_s[1]);
+  assert_true(s->bubble_fraction >= 0 && s->bubble_fraction < 1);
+  assert_true(s->send_s >= 0 && s->send_hidden_s <= s->send_s + 1e-9);
+  assert_int_equal(s->launches, 2);
+}
+
+/* Two stages of one device each: stage s on runtime device base + s. */
+static void test_pipeline_two_stages(void** state) {
+  (void)state;
+  st_runtime* rt = NULL;
+  assert_int_equal(tu_runtime_create(4, &rt), 0);
+  st_program* mm = NULL;
+  ASSERT_OK(st_program_compile(rt, "mm", kPipeMatmul, sizeof(kPipeMatmul) - 1, NULL, &mm));
+  st_plan p, eager;
+  pipe_plan(&p, 1, false, false);
+  pipe_plan(&eager, 1, false, true);
+  st_program* progs[2] = {mm, mm};
+  /* Deferred waits from device 0, eager ones from device 2. */
+  for (int base = 0; base <= 2; base += 2) {
+    const st_plan* plan = base ? &eager : &p;
+    st_executor* ex = NULL;
+    ASSERT_OK(st_executor_create(plan, rt, progs, base, &ex));
+    pipe_params(ex, rt, plan);
+    assert_int_equal(st_buffer_device(st_executor_get(ex, st_plan_slot_find(plan, "w1"))), base + 1);
+    pipe_ctx c = {.rt = rt, .got = {calloc(PIPE_N * PIPE_N, sizeof(float))}};
+    st_executor_hooks h = {.user = &c, .h2d = pipe_h2d, .read = pipe_read, .host = pipe_host};
+    for (int step = 0; step < 2; ++step) {
+      memset(c.got[0], 0, PIPE_BYTES);
+      ASSERT_OK(st_executor_run(ex, &h));
+      assert_int_equal(c.h2d_device[0], base);
+      assert_int_equal(c.read_device[0], base + 1);
+      for (int e = 0; e < PIPE_N * PIPE_N; ++e)
+        if (c.got[0][e] != 6 * pipe_x(0, e)) fail_msg("z[%d] = %g, want %g", e, c.got[0][e], 6 * pipe_x(0, e));
+      expect_pipe_stats(ex, plan, 1, base != 0);
+    }
+    free(c.got[0]);
+    const st_executor_stats* s = st_executor_stats_get(ex);
+    printf("# pipeline from device %d (%s waits): busy %.3f + %.3f ms in a span of %.3f ms, bubble %.2f; "
+           "send %.3f ms (%.3f hidden)\n",
+           base, base ? "eager" : "deferred", s->stage_busy_s[0] * 1e3, s->stage_busy_s[1] * 1e3, s->span_s * 1e3,
+           s->bubble_fraction, s->send_s * 1e3, s->send_hidden_s * 1e3);
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/pipe_trace_%d.json", g_tmp, base);
+    ASSERT_OK(st_executor_write_trace(ex, path, 1, NULL));
+    size_t n = 0;
+    char* raw = tu_read_file(path, &n);
+    char* text = calloc(n + 1, 1);
+    memcpy(text, raw, n);
+    assert_non_null(strstr(text, "stage 0 compute"));
+    assert_non_null(strstr(text, "stage 1 compute"));
+    assert_non_null(strstr(text, "pipeline sends"));
+    free(raw);
+    free(text);
+    st_executor_destroy(ex);
+  }
+  /* Stages need devices: 2 from device 3 is one more than 4. */
+  st_executor* ex = NULL;
+  ASSERT_ERROR(st_executor_create(&p, rt, progs, 3, &ex), ST_CODE_RUNTIME, "2 pipeline stages", "runtime devices 3..4",
+               "runtime.cpu_devices");
+  assert_null(ex);
+  st_plan_deinit(&p);
+  st_plan_deinit(&eager);
+  st_program_destroy(mm);
+  st_runtime_destroy(rt);
+}
+
+/* Two stages of two devices (data-parallel indices) each: stage s's index
+ * d on device 2 s + d; an all-reduce of z compiled for stage 1's devices. */
+static void test_pipeline_data_parallel(void** state) {
+  (void)state;
+  st_runtime* rt = NULL;
+  assert_int_equal(tu_runtime_create(4, &rt), 0);
+  st_program* mm = NULL;
+  ASSERT_OK(st_program_compile(rt, "mm", kPipeMatmul, sizeof(kPipeMatmul) - 1, NULL, &mm));
+  st_program* ar1 = pipe_all_reduce(rt, 2);
+  st_program* ar0 = pipe_all_reduce(rt, 0);
+  st_plan p;
+  pipe_plan(&p, 2, true, false);
+  assert_int_equal(p.program_count, 3);
+  /* The stage 1 collective compiled for stage 0's devices is refused. */
+  st_program* wrong[3] = {mm, mm, ar0};
+  st_executor* ex = NULL;
+  ASSERT_ERROR(st_executor_create(&p, rt, wrong, 0, &ex), ST_CODE_RUNTIME, "'ar'", "stage 1", "device 0", "devices 2..3");
+  assert_null(ex);
+  st_program* progs[3] = {mm, mm, ar1};
+  ASSERT_OK(st_executor_create(&p, rt, progs, 0, &ex));
+  pipe_params(ex, rt, &p);
+  const int w1 = st_plan_slot_find(&p, "w1");
+  assert_int_equal(st_buffer_device(st_executor_get_device(ex, w1, 0)), 2);
+  assert_int_equal(st_buffer_device(st_executor_get_device(ex, w1, 1)), 3);
+  pipe_ctx c = {.rt = rt, .got = {calloc(PIPE_N * PIPE_N, sizeof(float)), calloc(PIPE_N * PIPE_N, sizeof(float))}};
+  st_executor_hooks h = {.user = &c, .h2d = pipe_h2d, .read = pipe_read, .host = pipe_host};
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_OK(st_executor_run(ex, &h));
+    for (int d = 0; d < 2; ++d) {
+      assert_int_equal(c.h2d_device[d], d);
+      assert_int_equal(c.read_device[d], 2 + d);
+      /* the sum over both indices of 6 x_d */
+      for (int e = 0; e < PIPE_N * PIPE_N; ++e)
+        if (c.got[d][e] != 6 * (pipe_x(0, e) + pipe_x(1, e))) fail_msg("index %d: z[%d] = %g", d, e, c.got[d][e]);
+    }
+    expect_pipe_stats(ex, &p, 1, false);
+    assert_int_equal(st_executor_stats_get(ex)->collectives, 1);
+  }
+  char path[1200];
+  snprintf(path, sizeof(path), "%s/pipe_trace_dp.json", g_tmp);
+  ASSERT_OK(st_executor_write_trace(ex, path, 1, NULL));
+  size_t n = 0;
+  char* raw = tu_read_file(path, &n);
+  char* text = calloc(n + 1, 1);
+  memcpy(text, raw, n);
+  assert_non_null(strstr(text, "stage 1 device 3 compute"));
+  assert_non_null(strstr(text, "stage 1 device 2 communication"));
+  free(raw);
+  free(text);
+  st_executor_destroy(ex);
+  free(c.got[0]);
+  free(c.got[1]);
+  st_plan_deinit(&p);
+  st_program_destroy(ar0);
+  st_program_destroy(ar1);
+  st_program_destroy(mm);
+  st_runtime_destroy(rt);
+}
+
+/* What st_plan_finalize refuses in a pipeline. */
+static void test_pipeline_rejects(void** state) {
+  (void)state;
+  st_plan p;
+  /* A SEND within one stage. */
+  st_plan_init(&p);
+  p.stages = 2;
+  int a = st_plan_slot(&p, "a", ST_SLOT_ACT, &kPipeT, true), b = st_plan_slot(&p, "b", ST_SLOT_ACT, &kPipeT, false);
+  st_plan_add(&p, ST_OP_SEND, -1, 0, 0, 0, 1, &a, 1, &b);
+  st_plan_add(&p, ST_OP_FREE, -1, -1, 0, 0, 1, &b, 0, NULL);
+  expect_rejected(&p, "sends within one stage");
+  /* A LAUNCH reading another stage's slot. */
+  st_plan_init(&p);
+  p.stages = 2;
+  a = st_plan_slot(&p, "a", ST_SLOT_ACT, &kPipeT, true);
+  int w = st_plan_slot(&p, "w1", ST_SLOT_PARAM, &kPipeT, true);
+  b = st_plan_slot(&p, "b", ST_SLOT_ACT, &kPipeT, false);
+  p.slots[w].stage = 1;
+  int in[2] = {a, w};
+  st_plan_add(&p, ST_OP_LAUNCH, st_plan_program(&p, "f"), 0, 0, 0, 2, in, 1, &b);
+  st_plan_add(&p, ST_OP_FREE, -1, -1, 0, 0, 1, &b, 0, NULL);
+  expect_rejected(&p, "touches another stage's slot 'w1'");
+  /* A SEND without stages. */
+  st_plan_init(&p);
+  a = st_plan_slot(&p, "a", ST_SLOT_ACT, &kPipeT, true);
+  b = st_plan_slot(&p, "b", ST_SLOT_ACT, &kPipeT, false);
+  st_plan_add(&p, ST_OP_SEND, -1, 0, 0, 0, 1, &a, 1, &b);
+  st_plan_add(&p, ST_OP_FREE, -1, -1, 0, 0, 1, &b, 0, NULL);
+  expect_rejected(&p, "SEND in a plan without pipeline stages");
+}
+
+/*===-------------------------------------------------------------------===*/
 /* The memory test: real runs                                               */
 /*===-------------------------------------------------------------------===*/
 
@@ -959,6 +1286,9 @@ int main(void) {
       cmocka_unit_test(test_finalize_rejects),
       cmocka_unit_test(test_xproc_out_of_place),
       cmocka_unit_test(test_copy_to_memory),
+      cmocka_unit_test(test_pipeline_two_stages),
+      cmocka_unit_test(test_pipeline_data_parallel),
+      cmocka_unit_test(test_pipeline_rejects),
       cmocka_unit_test(test_memory_accounting),
       cmocka_unit_test(test_data_parallel_accounting),
   };
