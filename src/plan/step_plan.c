@@ -1197,7 +1197,7 @@ static st_status st__pipeline_init(st__builder* B, const st_plan_options* o) {
 
 /* Slot |src| of this stage copied to stage |to| as |name| (a SEND), and
  * freed here: the copy is what the next stage reads. */
-static int st__send(st__builder* B, int src, int to, const char* name, int layer) {
+static int st__send_to(st__builder* B, int src, int to, const char* name, int layer) {
   const int here = B->stage;
   B->stage = to;
   const st_tensor_type t = B->plan->slots[src].type; /* a copy: making a slot may move the table */
@@ -1251,7 +1251,7 @@ static void st__chunk_forward(st__builder* B, int m, int c, bool eval) {
   if (c < B->C - 1) {
     char name[64];
     snprintf(name, sizeof(name), "x[%d]", B->first[c + 1]);
-    x = st__send(B, x, (c + 1) % B->P, name, B->first[c + 1]);
+    x = st__send_to(B, x, (c + 1) % B->P, name, B->first[c + 1]);
   }
   f->x = x;
 }
@@ -1269,7 +1269,7 @@ static void st__chunk_backward(st__builder* B, const st__optimizer* opt, int m, 
   if (c == 0) {
     st__embed_backward(B, opt, m, last, f, dx, &pending);
   } else {
-    f->dx = st__send(B, dx, (c - 1) % B->P, "dx", B->first[c] - 1);
+    f->dx = st__send_to(B, dx, (c - 1) % B->P, "dx", B->first[c] - 1);
     if (st__fsdp(B)) st__after_scatter(B, opt, pending, m, last); /* the chunk's first layer's */
   }
 }
