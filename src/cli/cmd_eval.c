@@ -87,7 +87,8 @@ int st_cli_eval(int argc, char** argv) {
   /* Checkpoints hold whole tensors: the evaluation runs on one device in
    * one process (a job's run too), the user's overrides first so a
    * parallel.* of theirs is refused, not lost. */
-  const char* one_device[] = {"parallel.data=1", "parallel.fsdp=1", "parallel.tensor=1", "parallel.processes=1"};
+  const char* one_device[] = {"parallel.data=1", "parallel.fsdp=1", "parallel.tensor=1", "parallel.processes=1",
+                              "parallel.pipeline=1"};
   int n_forced = (int)(sizeof(one_device) / sizeof(one_device[0]));
   char** ov = st_xcalloc((size_t)(npos + n_forced) + 1, sizeof(char*));
   int n = 0;

@@ -452,8 +452,8 @@ st_status st_infer_sample_main(const char* path, int n_overrides, char** overrid
     st_plan_options_deinit(&probe);
   }
   /* A job's run too: one process. */
-  const char* axes[4] = {"parallel.data", "parallel.fsdp", "parallel.tensor", "parallel.processes"};
-  for (int a = 0; a < 4 && !s; ++a) s = st_config_set(cfg, axes[a], "1", "strata sample: one device");
+  const char* axes[5] = {"parallel.data", "parallel.fsdp", "parallel.tensor", "parallel.processes", "parallel.pipeline"};
+  for (int a = 0; a < 5 && !s; ++a) s = st_config_set(cfg, axes[a], "1", "strata sample: one device");
   /* A bundle.dir of a mesh run holds that mesh's bundle; one device uses the cache. */
   if (!s && !one_device) s = st_config_set(cfg, "bundle.dir", "", "strata sample: one device");
   if (!s) s = st_plan_options_from_config(cfg, &o);

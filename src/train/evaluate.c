@@ -82,8 +82,9 @@ st_status st_train_evaluate(const st_config* cfg, const st_plan_trained_ref* ref
   st_status s = st_plan_options_from_config(cfg, &o);
   /* A BPE model is evaluated on its own tokenizer's ids, whatever the corpus. */
   if (!s && !strcmp(o.data.tokenizer, "bpe")) o.data.tokenizer_from = tokenizer_json;
-  if (!s && (o.parallel_data > 1 || o.parallel_fsdp > 1 || o.parallel_tensor > 1))
-    s = st_status_make(ST_CODE_CONFIG, "evaluation runs on one device: set parallel.data, parallel.fsdp and parallel.tensor to 1");
+  if (!s && (o.parallel_data > 1 || o.parallel_fsdp > 1 || o.parallel_tensor > 1 || o.parallel_pipeline > 1))
+    s = st_status_make(ST_CODE_CONFIG, "evaluation runs on one device: set parallel.data, parallel.fsdp, parallel.tensor "
+                       "and parallel.pipeline to 1");
   /* The model about to be evaluated is the one the parameters were trained
    * as, and its tokens mean the same text: checked before anything is read. */
   char given_tok[65] = "";

@@ -313,3 +313,19 @@ def test_pipeline_checkpoint_resumes_on_another_mesh(ckpt_runs: dict, saved: str
         assert "pipeline=" in r.stderr, r.stderr
     m2 = json.loads((dst / "checkpoints" / "step_6" / "manifest.json").read_text())
     assert m2["mesh"] == mesh_record(on)
+
+
+def test_eval_and_sample_of_a_pipeline_run_use_one_device(runs: dict) -> None:
+    """strata eval and strata sample read a pipeline run's whole tensors on one
+    device: the evaluation of P=4's parameters equals that of one device's
+    (the parameters are bitwise equal, test_pipeline_is_bitwise_one_device)."""
+    def eval_loss(d) -> float:
+        run([STRATA, "eval", str(d)])
+        (f,) = sorted((d / "eval").glob("*.json"))
+        return json.loads(f.read_text())["loss"]
+    assert eval_loss(runs["p4_1f1b_m8"]["dir"]) == eval_loss(runs["one_m8"]["dir"])
+    # bytes: a byte-level model's text need not be UTF-8
+    r = subprocess.run([STRATA, "sample", str(runs["p4_1f1b_m8"]["dir"]), "--tokens", "4", "--prompt", "The "],
+                       cwd=ROOT, capture_output=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(b"The ")
