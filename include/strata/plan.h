@@ -454,6 +454,14 @@ void st_plan_trained_ref_deinit(st_plan_trained_ref* ref); /* frees the strings;
  * end of its message): drop the override, or --allow-mismatch. */
 extern const char* const st_plan_identity_fix;
 
+/* A pipeline plan's schedule replayed with measured task durations
+ * (|seconds|: one per st_plan.pipe_tasks entry, e.g. each task's launches'
+ * summed run time): every task starts once its stage is free and its
+ * inputs exist, as with one device per stage and free transfers. Returns
+ * the bubble, 1 - the tasks' summed time / (stages x the makespan), and
+ * the makespan in |out_makespan| (may be NULL); 0 without a pipeline. */
+double st_plan_pipeline_replay(const st_plan* plan, const double* seconds, double* out_makespan);
+
 /* `strata plan --explain` (docs/parallelism.md): the mesh, every tensor of
  * the step plan with its sharding, the collectives per layer with their
  * message and ring wire bytes, predicted per-device memory by category and

@@ -176,6 +176,10 @@ typedef struct st_op {
    * stage it copies to); 0 without a pipeline. Its device slots are all of
    * this stage, except a SEND's inputs. */
   int stage;
+  /* Pipeline parallelism: the schedule's task (index into
+   * st_plan.pipe_tasks) whose work this op is; -1 for the rest (state,
+   * the optimizer, the waits and transfers the passes weave in). */
+  int task;
 } st_op;
 
 typedef struct st_plan {

@@ -175,3 +175,30 @@ void st_pipe_balance(int L, int C, const double* cost, double first_extra, doubl
   free(best);
   free(cut);
 }
+
+double st_plan_pipeline_replay(const st_plan* plan, const double* seconds, double* out_makespan) {
+  const int P = plan->stages, C = plan->pipe_chunks, n = plan->pipe_task_count;
+  if (out_makespan) *out_makespan = 0;
+  if (P <= 1 || n <= 0 || C <= 0) return 0;
+  int M = 0;
+  for (int k = 0; k < n; ++k)
+    if (plan->pipe_tasks[k].micro + 1 > M) M = plan->pipe_tasks[k].micro + 1;
+  double* done = st_xcalloc((size_t)(2 * M * C), sizeof(double));
+  double* free_at = st_xcalloc((size_t)P, sizeof(double));
+  double makespan = 0, busy = 0;
+  /* The plan's order is a topological order of the tasks: one pass. */
+  for (int k = 0; k < n; ++k) {
+    const st_plan_pipe_task* t = &plan->pipe_tasks[k];
+    double ready = st__ready(done, C, t->micro, t->chunk, t->backward);
+    double start = ready > free_at[t->stage] ? ready : free_at[t->stage];
+    double end = start + (seconds[k] > 0 ? seconds[k] : 0);
+    done[st__key(C, t->micro, t->chunk, t->backward)] = end;
+    free_at[t->stage] = end;
+    busy += end - start;
+    if (end > makespan) makespan = end;
+  }
+  free(done);
+  free(free_at);
+  if (out_makespan) *out_makespan = makespan;
+  return makespan > 0 ? 1.0 - busy / ((double)P * makespan) : 0;
+}

@@ -1286,8 +1286,10 @@ static st_status st__pipeline_step(st__builder* B, const st_plan_options* o, con
     const st_pipe_task* t = &S.tasks[k];
     B->stage = t->stage;
     B->micro = t->micro;
+    const int first_op = B->plan->op_count;
     if (t->backward) st__chunk_backward(B, opt, t->micro, t->micro == M - 1, t->chunk);
     else st__chunk_forward(B, t->micro, t->chunk, false);
+    for (int i = first_op; i < B->plan->op_count; ++i) B->plan->ops[i].task = k;
   }
   st__wte_copy(B, false);
   B->stage = 0;

@@ -146,7 +146,7 @@ st_status st_plan_offload(const st_plan* in, const int* unit_of_slot, int prefet
           for (int k = 0; k < uses[t].count; ++k) st__fetch(&o, uses[t].units[k], &ops[uses[t].op]);
       }
       st_plan_add(out, op->kind, op->program, op->layer, op->micro, op->tag, op->input_count, op->inputs,
-                  op->output_count, op->outputs);
+                  op->output_count, op->outputs)->task = op->task;
       if (!is_use) continue;
       for (int k = 0; k < uses[j].count; ++k) {
         int unit = uses[j].units[k];
@@ -194,7 +194,7 @@ void st_plan_add_waits(const st_plan* in, bool eager, st_plan* out) {
      * so the wait (the unhidden part) and the copy are timed apart. */
     if (op->kind == ST_OP_READ) st_plan_add(out, ST_OP_WAIT, -1, op->layer, op->micro, 0, op->input_count, op->inputs, 0, NULL);
     st_plan_add(out, op->kind, op->program, op->layer, op->micro, op->tag, op->input_count, op->inputs, op->output_count,
-                op->outputs);
+                op->outputs)->task = op->task;
     if (eager && st__op_is_async(op->kind))
       st_plan_add(out, ST_OP_WAIT, -1, op->layer, op->micro, 0, op->output_count, op->outputs, 0, NULL);
   }

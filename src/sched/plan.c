@@ -161,6 +161,7 @@ st_op* st_plan_add(st_plan* plan, st_op_kind kind, int program, int layer, int m
   op->output_count = output_count;
   op->outputs = st__ints(outputs, output_count);
   op->deps = st__ints(NULL, 0);
+  op->task = -1;
   /* Where it runs: its first output's stage (a SEND's destination), else
    * its first input's; the passes copy ops through here and keep it. */
   op->stage = output_count > 0 && outputs[0] >= 0 && outputs[0] < plan->slot_count   ? plan->slots[outputs[0]].stage
@@ -205,6 +206,7 @@ void st_plan_copy(const st_plan* src, st_plan* dst) {
     free(n->deps);
     n->deps = st__ints(o->deps, o->dep_count);
     n->dep_count = o->dep_count;
+    n->task = o->task;
   }
   st_plan_set_policy(dst, src->policy);
   dst->devices = src->devices;

@@ -76,7 +76,7 @@ static void st__sched_metrics(const st_executor_stats* es, int devices, json_t* 
  * timestamps), the measured bubble next to the plan's predicted one and
  * the theory for equal stages, and each stage's accounted peak by
  * category next to the prediction. */
-static void st__pipeline_metrics(const st_plan* p, const st_executor_stats* es, json_t* m) {
+static void st__pipeline_metrics(const st_plan* p, const st_executor_stats* es, const st_op_timing* tm, json_t* m) {
   if (p->stages <= 1) return;
   json_t* pm = st_json_obj();
   st_json_put_int(pm, "stages", p->stages);
@@ -86,6 +86,20 @@ static void st__pipeline_metrics(const st_plan* p, const st_executor_stats* es, 
   st_json_put(pm, "send_overlap_ratio", es->send_s > 0 ? st_json_fixed(es->send_hidden_s / es->send_s, 4) : json_null());
   st_json_put(pm, "span_s", st_json_fixed(es->span_s, 6));
   st_json_put(pm, "bubble", st_json_fixed(es->bubble_fraction, 4));
+  /* The schedule replayed with each task's measured run time (its
+   * launches' start..complete, summed): the bubble of one device per stage
+   * at these speeds, which the shared CPU cannot show directly. */
+  if (tm && p->pipe_task_count > 0) {
+    double* secs = st_xcalloc((size_t)p->pipe_task_count, sizeof(double));
+    for (int i = 0; i < p->op_count; ++i) {
+      const st_op* op = &p->ops[i];
+      const bool compute = op->kind == ST_OP_LAUNCH || op->kind == ST_OP_RECOMPUTE || op->kind == ST_OP_COLLECTIVE;
+      if (compute && op->task >= 0 && op->task < p->pipe_task_count && tm[i].complete_s > tm[i].start_s)
+        secs[op->task] += tm[i].complete_s - tm[i].start_s;
+    }
+    st_json_put(pm, "bubble_replayed", st_json_fixed(st_plan_pipeline_replay(p, secs, NULL), 4));
+    free(secs);
+  }
   double makespan = 0, busy = 0;
   int M = 0;
   for (int k = 0; k < p->pipe_task_count; ++k) {
@@ -342,7 +356,7 @@ st_status st__step_metrics(st__trainer* t, double loss, double dt) {
     st_json_put_num(m, key, t->metric_max[s]);
   }
   st__sched_metrics(es, t->step_plan.devices, m);
-  st__pipeline_metrics(&t->step_plan, es, m);
+  st__pipeline_metrics(&t->step_plan, es, st_executor_timings(t->ex), m);
   st__kernel_metrics(t, m);
   st_status s = st__job_step_metrics(t, dt, m);
   if (s) {

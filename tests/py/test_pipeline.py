@@ -136,7 +136,7 @@ def test_accounting_matches_the_plan_per_stage(runs: dict, name: str) -> None:
         for st in p["stage"]:
             assert st["peak_by_category"] == st["peak_by_category_predicted"]
             assert st["busy_s"] > 0
-        assert 0 <= p["bubble"] < 1
+        assert 0 <= p["bubble"] < 1 and 0 <= p["bubble_replayed"] < 1
 
 
 def plan_json(*extra: str) -> dict:
