@@ -932,6 +932,21 @@ static void st__after_scatter(st__builder* B, const st__optimizer* opt, int i, i
   if (last) st__grad_final(B, opt, i);
 }
 
+/* The inputs of the head's loss and eval programs into |in|: its
+ * parameters, [wte] (a pipeline's copy on the head's stage), x, targets,
+ * mask. Returns how many. */
+static int st__head_inputs(st__builder* B, const st__fwd_out* f, int* in) {
+  const st__instance* E = &B->inst[0];
+  const st__instance* H = &B->inst[B->n_inst - 1];
+  int n = 0;
+  for (int k = 0; k < H->count; ++k) in[n++] = st__param_in(B, H->params[k]);
+  if (B->tied) in[n++] = B->wte_copy >= 0 ? B->wte_copy : st__param_in(B, E->params[0]);
+  in[n++] = f->x;
+  in[n++] = f->targets;
+  in[n++] = f->mask;
+  return n;
+}
+
 /* The head's loss(head params, [wte], x, targets, mask) -> loss, head
  * grads, [dwte], dx for microbatch |m|: the backward's start. Returns dx.
  * |pending|: FSDP's reduce-scatter in flight (st__after_scatter). */
@@ -943,13 +958,9 @@ static int st__head_backward(st__builder* B, const st__optimizer* opt, int m, bo
   const char* gp = m == 0 ? "grad:" : "gtmp:";
   char name[160];
   int in[ST__MAX_IO], out[ST__MAX_IO];
-  int n = 0, no = 0;
+  int no = 0;
   st__use_begin(B);
-  for (int k = 0; k < H->count; ++k) in[n++] = st__param_in(B, H->params[k]);
-  if (B->tied) in[n++] = B->wte_copy >= 0 ? B->wte_copy : st__param_in(B, E->params[0]);
-  in[n++] = f->x;
-  in[n++] = f->targets;
-  in[n++] = f->mask;
+  const int n = st__head_inputs(B, f, in);
   snprintf(name, sizeof(name), "loss[%d]", m);
   out[no++] = st__xfer(B, name, &hl->outputs[0].type);
   for (int k = 0; k < H->count; ++k) out[no++] = st__grad_out(B, gp, H->params[k]);
@@ -1327,16 +1338,11 @@ static void st__pipeline_evaluation(st__builder* B, int EM) {
 /* The head's eval(head params, [wte], x, targets, mask) -> loss of
  * microbatch |m|, then READ the loss. */
 static void st__head_eval(st__builder* B, int m, const st__fwd_out* f) {
-  const st__instance* E = &B->inst[0];
   const st__instance* H = &B->inst[B->n_inst - 1];
   const st_tensor_type scalar = {ST_DTYPE_F32, 0, {0}};
-  int in[ST__MAX_IO], n = 0;
+  int in[ST__MAX_IO];
   st__use_begin(B);
-  for (int k = 0; k < H->count; ++k) in[n++] = st__param_in(B, H->params[k]);
-  if (B->tied) in[n++] = B->wte_copy >= 0 ? B->wte_copy : st__param_in(B, E->params[0]);
-  in[n++] = f->x;
-  in[n++] = f->targets;
-  in[n++] = f->mask;
+  const int n = st__head_inputs(B, f, in);
   int loss = st__xfer(B, "eval_loss", &scalar);
   st__plan_launch(B, ST_OP_LAUNCH, H->stage->eval, -1, m, n, in, 1, &loss);
   st__use_end(B);
