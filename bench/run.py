@@ -27,6 +27,15 @@ Measures (docs/performance.md explains the method and shows the numbers):
             the default policy, sched.wait=eager, sched.grad_reduce=bucketed
             (meshes with data > 1), sched.gather_prefetch=0 and
             sched.reshard_after_forward=false (meshes with fsdp > 1)
+  pipeline  one device, parallel.pipeline=2 and 4 under each
+            sched.pipeline_schedule (gpipe, 1f1b, interleaved with
+            sched.pipeline_virtual=2) and fsdp=2 and 4 on the same 4 CPU
+            devices (8 layers, 8 microbatches): step time as ratios to one
+            device and to fsdp on as many devices, per-device peak bytes,
+            each stage's busy time and peak bytes by category (metrics
+            `pipeline.stage`, against the plan's prediction), the measured
+            bubble next to the plan's and the theory's, sends and
+            send_overlap_ratio
   multiprocess
             the same mesh (data=2, fsdp=2) on the same 2 cores as 1 process x
             2 devices and as 2 processes x 1 device (mpirun --oversubscribe
@@ -46,7 +55,8 @@ Results: bench/results/<date>-<host>.json and a Markdown section appended to
 bench/results/README.md (both skipped with --no-save). Speed targets are
 reported, never asserted.
 
-    .venv/bin/python bench/run.py [--quick] [--sections step,compile,overhead,remat,parallel,multiprocess,extra]
+    .venv/bin/python bench/run.py [--quick] [--sections step,compile,overhead,remat,parallel,pipeline,
+        multiprocess,extra]
         [--rounds N] [--no-save] [--base-commit REV | --no-previous]
 """
 
@@ -75,7 +85,7 @@ sys.path.insert(0, HERE)
 import flops as FL  # noqa: E402
 import perfsplit  # noqa: E402
 
-SECTIONS = ("step", "compile", "overhead", "remat", "parallel", "multiprocess", "extra")
+SECTIONS = ("step", "compile", "overhead", "remat", "parallel", "pipeline", "multiprocess", "extra")
 OWN_HELPERS = {"bench_ckpt.py", "bench_memory.py", "bench_sched.py"}  # not special: listed here only for the docs' sake
 
 
@@ -101,6 +111,23 @@ class ParallelPreset:
     rounds: int
     cpu_devices: int = 4  # runtime.cpu_devices; 0: not set (a GPU plugin's devices)
     strata_overrides: list[str] = field(default_factory=list)  # strata's alone (runtime.plugin=...)
+
+
+@dataclass
+class PipelinePreset:
+    """The pipeline section: one device, each pipeline (stages x schedule)
+    and fsdp over as many devices as each pipeline, on one client of
+    `cpu_devices` CPU devices. Every variant trains the same global batch in
+    the same microbatches (the config's), so only the placement differs."""
+    config: str
+    overrides: list[str]
+    steps: int
+    warmup: int
+    rounds: int
+    stages: list[int]     # parallel.pipeline values; each also gives an fsdp=P baseline
+    schedules: list[str]  # sched.pipeline_schedule values
+    virtual: int = 2      # sched.pipeline_virtual of the interleaved schedule
+    cpu_devices: int = 4
 
 
 @dataclass
@@ -147,9 +174,18 @@ class Plan:
     overhead_warmup: int
     extra_timeout_s: int
     parallel: ParallelPreset | None = None
+    pipeline: PipelinePreset | None = None
     remat: RematPreset | None = None
     multiproc: MultiprocPreset | None = None
 
+
+# The pipeline section's model: the test model at 8 layers (P=4 x V=2 is
+# one layer per chunk), 8 microbatches of 4 rows (fsdp=4 cuts a microbatch's
+# rows; interleaved needs the microbatches divisible by P), every
+# activation kept (sched.remat=none), so the stages' activation peaks are
+# the schedules' own.
+PIPELINE_MODEL = ["model.n_layers=8", "train.batch_size=32", "train.microbatches=8", "sched.remat=none"]
+PIPELINE_SCHEDULES = ["gpipe", "1f1b", "interleaved"]
 
 # GPT-2 small (configs/gpt2-124m.yml) at a short context: its shape (12
 # layers of 768, vocabulary 50257 padded to 50304) at seq 64 and batch 4,
@@ -169,6 +205,8 @@ FULL = Plan(
     parallel=ParallelPreset("configs/tiny.yml", [], steps=20, warmup=5, rounds=2,
                             meshes=["1", "data=2", "data=4", "fsdp=2", "fsdp=4", "tensor=2", "data=2,tensor=2",
                                     "data=2,fsdp=2", "fsdp=2,tensor=2"]),
+    pipeline=PipelinePreset("configs/test.yml", PIPELINE_MODEL, steps=20, warmup=5, rounds=2, stages=[2, 4],
+                            schedules=PIPELINE_SCHEDULES),
     remat=RematPreset("configs/tiny.yml", [], steps=20, warmup=5, rounds=3),
     multiproc=MultiprocPreset("configs/tiny.yml", [], steps=20, warmup=5, rounds=2, meshes=["data=2", "fsdp=2"],
                               sweep_max_bytes=64 << 20, scale=("configs/gpt2-124m.yml", GPT2_SHORT)),
@@ -182,6 +220,8 @@ QUICK = Plan(
     # batch 8 in 2 microbatches: 4 rows, which data=2 and fsdp=2 can cut
     parallel=ParallelPreset("configs/test.yml", ["train.batch_size=8"], steps=6, warmup=2, rounds=1,
                             meshes=["1", "data=2", "fsdp=2", "tensor=2"]),
+    pipeline=PipelinePreset("configs/test.yml", PIPELINE_MODEL, steps=8, warmup=3, rounds=1, stages=[2, 4],
+                            schedules=PIPELINE_SCHEDULES),
     remat=RematPreset("configs/test.yml", [], steps=8, warmup=2, rounds=1),
     multiproc=MultiprocPreset("configs/test.yml", ["train.batch_size=8"], steps=6, warmup=2, rounds=1,
                               meshes=["data=2", "fsdp=2"], sweep_max_bytes=1 << 20, scale=("configs/test.yml", []),
@@ -1110,6 +1150,144 @@ def section_parallel(b: Bench) -> dict[str, Any]:
     return out
 
 
+# --- pipeline: stages and schedules against one device and fsdp -------------------
+
+# Memory categories in `strata plan --explain`'s order (the metrics' keys).
+MEM_CATEGORIES = ("params", "grads", "optimizer", "activations", "transfer", "gathered", "unreduced")
+PIPELINE_FIELDS = ("sends", "send_bytes", "send_s", "send_overlap_ratio", "span_s", "bubble", "bubble_predicted",
+                   "bubble_theory")
+
+
+def pipeline_variants(pp: PipelinePreset) -> list[dict[str, Any]]:
+    """The section's runs in report order: one device, then for each stage
+    count its pipelines (one per schedule) and fsdp over as many devices.
+    Every variant pins every parallel and pipeline key, so a config file's
+    own cannot leak in."""
+    def pin(pipeline: int = 1, schedule: str = "1f1b", virtual: int = 1, fsdp: int = 1) -> list[str]:
+        return [f"parallel.pipeline={pipeline}", "parallel.data=1", f"parallel.fsdp={fsdp}", "parallel.tensor=1",
+                f"sched.pipeline_schedule={schedule}", f"sched.pipeline_virtual={virtual}"]
+
+    out = [{"name": "1 device", "kind": "one", "devices": 1, "stages": 1, "schedule": None, "virtual": 1,
+            "overrides": pin()}]
+    for p in pp.stages:
+        for sch in pp.schedules:
+            v = pp.virtual if sch == "interleaved" else 1
+            out.append({"name": f"pipeline={p} {sch}" + (f" V={v}" if v > 1 else ""), "kind": "pipeline",
+                        "devices": p, "stages": p, "schedule": sch, "virtual": v, "overrides": pin(p, sch, v)})
+        out.append({"name": f"fsdp={p}", "kind": "fsdp", "devices": p, "stages": 1, "schedule": None, "virtual": 1,
+                    "overrides": pin(fsdp=p)})
+    return out
+
+
+def pipeline_summary(metrics: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+    """The metrics' `pipeline` object over the measured steps: medians of
+    its scalars and of each stage's busy time; each stage's peak of each
+    category (and the plan's prediction of it) is the largest over every
+    step line, warm-up included, as peak_live_bytes is. Also the category
+    split at the device peak (peak_live_by_category), which a run without a
+    pipeline has too. Fields a build does not report are None."""
+    every = step_metrics(metrics)
+    steps = every[warmup:]
+    pipes = [m["pipeline"] for m in steps if isinstance(m.get("pipeline"), dict)]
+
+    def med(xs: list[Any]) -> float | None:
+        xs = [x for x in xs if isinstance(x, (int, float))]
+        return median(xs) if xs else None
+
+    def stage_of(m: dict[str, Any], s: int) -> dict[str, Any]:
+        st = (m.get("pipeline") or {}).get("stage") or []
+        return st[s] if s < len(st) and isinstance(st[s], dict) else {}
+
+    def peaks(key: str, s: int) -> dict[str, int] | None:
+        cats = [c for c in (stage_of(m, s).get(key) for m in every) if isinstance(c, dict)]
+        if not cats:
+            return None
+        return {k: max(int(c.get(k) or 0) for c in cats) for k in sorted({k for c in cats for k in c})}
+
+    out: dict[str, Any] = {k: med([p.get(k) for p in pipes]) for k in PIPELINE_FIELDS}
+    n = max((len(p.get("stage") or []) for p in pipes), default=0)
+    out["stage"] = []
+    for s in range(n):
+        got, want = peaks("peak_by_category", s), peaks("peak_by_category_predicted", s)
+        out["stage"].append({"busy_s": med([stage_of(m, s).get("busy_s") for m in steps]),
+                             "peak_by_category": got, "peak_by_category_predicted": want,
+                             "matches_prediction": got == want if got is not None and want is not None else None})
+    # the category split at the device peak: the step line with the largest peak_live_bytes
+    at = [m for m in every if isinstance(m.get("peak_live_bytes"), (int, float))
+          and isinstance(m.get("peak_live_by_category"), dict)]
+    out["peak_live_by_category"] = max(at, key=lambda m: m["peak_live_bytes"])["peak_live_by_category"] if at else None
+    return out
+
+
+def pipeline_activations_peak(st: dict[str, Any]) -> int | None:
+    """The largest activation bytes of one device: a pipeline's largest
+    stage peak, otherwise the activations at the device peak."""
+    pl = st.get("pipeline") or {}
+    stages = [s["peak_by_category"].get("activations") for s in pl.get("stage") or [] if s.get("peak_by_category")]
+    stages = [x for x in stages if isinstance(x, (int, float))]
+    if stages:
+        return int(max(stages))
+    at = pl.get("peak_live_by_category") or {}
+    x = at.get("activations")
+    return int(x) if isinstance(x, (int, float)) else None
+
+
+def pipeline_ratios(res: dict[str, Any]) -> None:
+    """Fills each variant's ratios in place: step time and per-device peak
+    against one device and against fsdp over the same number of devices."""
+    vs = res["variants"]
+    one = (vs.get("1 device") or {}).get("best") or {}
+    for row in vs.values():
+        st = row.get("best") or {}
+        fs = next((r.get("best") or {} for r in vs.values() if r["kind"] == "fsdp" and r["devices"] == row["devices"]),
+                  {})
+        row["ratio"] = {
+            "step_vs_one_device": ratio(st.get("median_s"), one.get("median_s")),
+            "step_vs_fsdp": ratio(st.get("median_s"), fs.get("median_s")),
+            "peak_vs_one_device": ratio(st.get("peak_live_bytes"), one.get("peak_live_bytes")),
+            "peak_vs_fsdp": ratio(st.get("peak_live_bytes"), fs.get("peak_live_bytes")),
+        }
+
+
+def section_pipeline(b: Bench) -> dict[str, Any]:
+    pp = b.plan.pipeline
+    if pp is None:
+        raise RuntimeError("this plan has no pipeline preset")
+    vs = pipeline_variants(pp)
+    common = [*pp.overrides, f"runtime.cpu_devices={pp.cpu_devices}", "train.eval_every=0", "train.eval_batches=1"]
+    out: dict[str, Any] = {"config": pp.config, "overrides": pp.overrides, "steps": pp.steps, "warmup": pp.warmup,
+                           "rounds": pp.rounds, "cpu_devices": pp.cpu_devices, "cpus": os.cpu_count(),
+                           "variants": {}}
+
+    def tag(name: str) -> str:  # a run folder's name
+        return name.replace(" ", "_").replace("=", "")
+
+    for v in vs:
+        # each variant has its own bundle and executables (stage programs, shard programs)
+        b.log(f"pipeline: {v['name']}: warming the bundle and executable caches")
+        b.strata_train(pp.config, [*common, *v["overrides"], "train.steps=1"], f"pipe-warm-{tag(v['name'])}")
+        out["variants"][v["name"]] = {**{k: v[k] for k in ("kind", "devices", "stages", "schedule", "virtual",
+                                                           "overrides")}, "best": None, "runs": []}
+    for rnd in range(pp.rounds):
+        for v in vs:
+            b.log(f"pipeline: round {rnd + 1}/{pp.rounds}: {v['name']}")
+            r = b.strata_train(pp.config, [*common, *v["overrides"], f"train.steps={pp.steps}"],
+                               f"pipe-{tag(v['name'])}", window=(pp.warmup, pp.steps))
+            s = strata_step_summary(r["metrics"], pp.warmup)
+            s.update(comm_summary(r["metrics"], pp.warmup))
+            s["pipeline"] = pipeline_summary(r["metrics"], pp.warmup)
+            s.update({"round": rnd, "other_load": round(r["proc"].other_load, 3),
+                      "maxrss_bytes": r["proc"].maxrss_bytes})
+            out["variants"][v["name"]]["runs"].append(s)
+    # fastest run of each variant, as in the step and parallel sections
+    for row in out["variants"].values():
+        ok = [r for r in row["runs"] if r.get("median_s") is not None]
+        if ok:
+            row["best"] = {**min(ok, key=lambda r: r["median_s"]), "all_medians_s": [r["median_s"] for r in ok]}
+    pipeline_ratios(out)
+    return out
+
+
 # --- multiprocess: 1 process x 2 devices against 2 processes x 1 device ------------
 
 # Open MPI's consent to run as root (CI containers) and to put more ranks
@@ -1587,6 +1765,9 @@ def markdown(res: dict[str, Any]) -> str:
     pa = res.get("parallel")
     if pa:
         L += parallel_markdown(pa)
+    pl = res.get("pipeline")
+    if pl:
+        L += pipeline_markdown(pl)
     mpr = res.get("multiprocess")
     if mpr:
         L += multiprocess_markdown(mpr)
@@ -1648,6 +1829,81 @@ def parallel_markdown(pa: dict[str, Any]) -> list[str]:
           "⁶ medians over the measured steps of the metrics fields; the part of the collectives' time during "
           "which a launch ran too (docs/parallelism.md). Collectives are the ones strata issues (data and fsdp); "
           "a tensor axis's all-reduces run inside its programs and are not counted.", ""]
+    return L
+
+
+def pipeline_markdown(pl: dict[str, Any]) -> list[str]:
+    cpus = pl.get("cpus") or "?"
+    L = [f"### Pipeline: stages and schedules on {pl['cpu_devices']} CPU devices, against one device and fsdp "
+         f"({pl['config']} {' '.join(pl['overrides'])}, {pl['steps'] - pl['warmup']}+{pl['warmup']} steps, "
+         f"best of {pl['rounds']} interleaved round(s))", ""]
+
+    def ms(x: Any) -> str:
+        return fmt(x * 1e3 if x is not None else None, " ms")
+
+    rows = []
+    for name, row in pl["variants"].items():
+        st = row.get("best") or {}
+        p = st.get("pipeline") or {}
+        r = row.get("ratio") or {}
+        if row["kind"] == "pipeline":
+            moved = f"{fmt(p.get('sends'))} sends, {fmt_size(p.get('send_bytes'))}"
+            overlap = p.get("send_overlap_ratio")
+        elif row["kind"] == "fsdp":
+            moved = f"{fmt(st.get('collectives'))} collectives, {fmt_size(st.get('collective_bytes'))}"
+            overlap = st.get("comm_overlap_ratio")
+        else:
+            moved, overlap = "–", None
+        rows.append([name, row["devices"], ms(st.get("median_s")), fmt(r.get("step_vs_one_device")),
+                     fmt(r.get("step_vs_fsdp")), fmt_size(st.get("peak_live_bytes")),
+                     fmt(r.get("peak_vs_one_device")), fmt(r.get("peak_vs_fsdp")),
+                     fmt_size(pipeline_activations_peak(st)), fmt(p.get("bubble")), fmt(p.get("bubble_predicted")),
+                     fmt(p.get("bubble_theory")), moved, fmt(overlap),
+                     ", ".join(f"{x['other_load']:.2f}" for x in row["runs"])])
+    L += [md_table(["variant", "devices", "step¹", "/ 1 device", "/ fsdp, same devices", "peak per device²",
+                    "/ 1 device", "/ fsdp", "activations peak³", "bubble measured⁴", "predicted⁴", "theory⁴",
+                    "transfers / step⁵", "overlap⁶", "other load⁷"], rows), ""]
+    rows = []
+    for name, row in pl["variants"].items():
+        stages = ((row.get("best") or {}).get("pipeline") or {}).get("stage") or []
+        for i, s in enumerate(stages):
+            got = s.get("peak_by_category") or {}
+            same = s.get("matches_prediction")
+            rows.append([name, i, ms(s.get("busy_s")), fmt_size(got.get("activations")),
+                         " / ".join(fmt_size(got.get(k)) for k in MEM_CATEGORIES),
+                         "–" if same is None else ("yes" if same else "**no**")])
+    if rows:
+        L += [md_table(["variant", "stage", "busy⁸", "activations peak", "peak by category⁹ (" +
+                        " / ".join(MEM_CATEGORIES) + ")", "= plan's prediction"], rows), ""]
+    L += ["¹ median step time after warm-up, the fastest round's; every variant trains the same global batch in the "
+          "same microbatches.  ",
+          "² metrics `peak_live_bytes`: the executor's accounted live bytes of the fullest device (a pipeline: "
+          "of its fullest stage; fsdp: every device holds as much).  ",
+          "³ a pipeline: the largest stage's activation peak (`pipeline.stage[].peak_by_category`); one device "
+          "and fsdp: the activations at the device peak (`peak_live_by_category`).  ",
+          "⁴ measured: 1 − the stages' summed busy time / (P × the step's span) (metrics `pipeline.bubble`); "
+          "predicted: the plan's simulation, one device per stage (`bubble_predicted`); theory for equal "
+          "stages: (P−1)/(M+P−1), interleaved (P−1)/(V·M+P−1) (`bubble_theory`).  ",
+          "⁵ a pipeline: SEND ops between stages and their bytes per step (all stages); fsdp: its all-gathers "
+          "and reduce-scatters and their bytes per device.  ",
+          "⁶ a pipeline: `send_overlap_ratio`; fsdp: `comm_overlap_ratio` (medians over the measured steps).  ",
+          "⁷ CPUs kept busy by other processes during each run.  ",
+          "⁸ the union of the stage's launches' start..complete, median over the measured steps.  ",
+          "⁹ each category's own maximum on the stage's device over the run (the categories peak at different "
+          "ops, so they do not add up to the peak); the last column compares them with the plan's "
+          "`peak_by_category_predicted`.", "",
+          f"What {cpus} CPU cores shared by {pl['cpu_devices']} CPU devices can and cannot show. The devices are "
+          "threads of one process on the same cores, so every variant runs the same arithmetic on the same "
+          "hardware: a step ratio below 1 means the stages' launches kept the cores busier than one device's "
+          "small launches do, not that stages scale, and the ratios cannot grow with P beyond the cores. Stages do "
+          "not wait for each other as real devices do: a stage with nothing ready leaves the cores to the others, "
+          "and a stage's busy time counts launches slowed by sharing the cores, so the measured bubble reflects how "
+          "the cores were shared, not the schedule's bubble. The predicted bubble is the plan's simulation of one "
+          "device per stage and is the one to compare with the theory. Sends and fsdp's collectives are memory "
+          "copies between devices of one process, so their overlap ratios show that the executor issues them "
+          "without blocking, not how much link time they would hide. The per-stage peaks are exact: the "
+          "executor's ledger, independent of the load and equal to the plan's prediction, and they carry over to "
+          "real devices.", ""]
     return L
 
 
@@ -1723,7 +1979,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     for sec in sections:
         fn = {"step": section_step, "compile": section_compile, "overhead": section_overhead,
-              "remat": section_remat, "parallel": section_parallel, "multiprocess": section_multiprocess,
+              "remat": section_remat, "parallel": section_parallel, "pipeline": section_pipeline,
+              "multiprocess": section_multiprocess,
               "extra": section_extra}[sec]
         try:
             res[sec] = fn(b)

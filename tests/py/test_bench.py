@@ -391,6 +391,136 @@ def test_quick_parallel_section_end_to_end(tmp_path: Any) -> None:
     assert "| fsdp=2 | gather_prefetch=0 |" in md and "| tensor=2 | default |" in md
 
 
+def _pipe_step(i: int, busy: list[float], acts: list[int], predicted_acts: list[int] | None = None) -> dict[str, Any]:
+    """One metrics step line of a pipeline run: stage s holds acts[s] activation bytes."""
+    predicted_acts = predicted_acts or acts
+
+    def cats(a: int) -> dict[str, int]:
+        return {"params": 100, "grads": 200, "optimizer": 300, "activations": a, "transfer": 8, "gathered": 0,
+                "unreduced": 0}
+
+    return {"step": i + 1, "loss": 1.0, "step_time_s": 0.02 + 0.001 * i, "peak_live_bytes": 600 + max(acts),
+            "peak_live_by_category": cats(max(acts)),
+            "pipeline": {"stages": len(busy), "sends": 25, "send_bytes": 4096, "send_s": 0.001,
+                         "send_overlap_ratio": 0.5 + 0.1 * i, "span_s": 0.02, "bubble": 0.3, "bubble_predicted": 0.164,
+                         "bubble_theory": 1 / 9,
+                         "stage": [{"busy_s": b, "peak_by_category": cats(a), "peak_by_category_predicted": cats(p)}
+                                   for b, a, p in zip(busy, acts, predicted_acts)]}}
+
+
+def test_pipeline_variants_summary_ratios_and_report() -> None:
+    assert "pipeline" in R.SECTIONS and R.SECTIONS.index("pipeline") == R.SECTIONS.index("parallel") + 1
+    for plan in (R.FULL, R.QUICK):
+        pp = plan.pipeline
+        assert pp is not None and pp.stages == [2, 4] and pp.schedules == ["gpipe", "1f1b", "interleaved"]
+        assert "model.n_layers=8" in pp.overrides and "train.microbatches=8" in pp.overrides
+        assert "sched.remat=none" in pp.overrides and pp.cpu_devices >= max(pp.stages) and pp.steps > pp.warmup
+    vs = R.pipeline_variants(R.QUICK.pipeline)
+    assert [v["name"] for v in vs] == ["1 device", "pipeline=2 gpipe", "pipeline=2 1f1b", "pipeline=2 interleaved V=2",
+                                       "fsdp=2", "pipeline=4 gpipe", "pipeline=4 1f1b", "pipeline=4 interleaved V=2",
+                                       "fsdp=4"]
+    by = {v["name"]: v for v in vs}
+    assert by["1 device"]["overrides"] == ["parallel.pipeline=1", "parallel.data=1", "parallel.fsdp=1",
+                                           "parallel.tensor=1", "sched.pipeline_schedule=1f1b",
+                                           "sched.pipeline_virtual=1"]
+    assert "sched.pipeline_virtual=2" in by["pipeline=4 interleaved V=2"]["overrides"]
+    assert "sched.pipeline_virtual=1" in by["pipeline=4 gpipe"]["overrides"]  # V > 1 is refused off interleaved
+    assert "parallel.fsdp=4" in by["fsdp=4"]["overrides"] and "parallel.pipeline=1" in by["fsdp=4"]["overrides"]
+    assert [(v["kind"], v["devices"]) for v in vs if v["kind"] != "pipeline"] == [("one", 1), ("fsdp", 2), ("fsdp", 4)]
+
+    # summary: medians over the measured steps, peaks the largest over every line (warm-up included)
+    metrics = [_pipe_step(0, [0.9, 0.9], [5000, 100]), _pipe_step(1, [0.010, 0.012], [2000, 1000]),
+               _pipe_step(2, [0.014, 0.016], [2000, 1000]), _pipe_step(3, [0.012, 0.020], [2000, 1000]),
+               {"step": 4, "eval_loss": 2.0}]
+    s = R.pipeline_summary(metrics, warmup=1)
+    assert s["sends"] == 25 and s["send_overlap_ratio"] == pytest.approx(0.7) and s["bubble_theory"] == pytest.approx(1 / 9)
+    assert [st["busy_s"] for st in s["stage"]] == [pytest.approx(0.012), pytest.approx(0.016)]
+    assert [st["peak_by_category"]["activations"] for st in s["stage"]] == [5000, 1000]
+    assert all(st["matches_prediction"] for st in s["stage"])
+    assert s["peak_live_by_category"]["activations"] == 5000  # the line of the largest peak_live_bytes
+    off = R.pipeline_summary([*metrics[:3], _pipe_step(3, [0.01, 0.01], [2000, 1001], [2000, 1000])], warmup=1)
+    assert [st["matches_prediction"] for st in off["stage"]] == [True, False]
+    one = R.pipeline_summary([{"step": 1, "step_time_s": 0.1, "peak_live_bytes": 900,
+                               "peak_live_by_category": {"activations": 300}}], 0)
+    assert one["stage"] == [] and one["bubble"] is None and one["peak_live_by_category"] == {"activations": 300}
+    assert R.pipeline_activations_peak({"pipeline": s}) == 5000
+    assert R.pipeline_activations_peak({"pipeline": one}) == 300 and R.pipeline_activations_peak({}) is None
+
+    # ratios against one device and against fsdp over as many devices
+    def row(v: dict[str, Any], median_s: float, peak: int, **extra: Any) -> dict[str, Any]:
+        best = {"median_s": median_s, "peak_live_bytes": peak, "pipeline": one, **extra}
+        return {**{k: v[k] for k in ("kind", "devices", "stages", "schedule", "virtual", "overrides")},
+                "best": best, "runs": [{"other_load": 0.1}]}
+
+    res = {"config": "c.yml", "overrides": ["model.n_layers=8"], "steps": 8, "warmup": 3, "rounds": 1,
+           "cpu_devices": 4, "cpus": 2, "variants": {
+               "1 device": row(by["1 device"], 0.1, 4000),
+               "pipeline=2 gpipe": row(by["pipeline=2 gpipe"], 0.2, 6000, pipeline=s),
+               "fsdp=2": row(by["fsdp=2"], 0.4, 2000, collectives=233, collective_bytes=2**20,
+                             comm_overlap_ratio=0.43),
+               "pipeline=4 1f1b": {**row(by["pipeline=4 1f1b"], 0.05, 1000), "best": None}}}
+    R.pipeline_ratios(res)
+    r = res["variants"]["pipeline=2 gpipe"]["ratio"]
+    assert r["step_vs_one_device"] == pytest.approx(2.0) and r["step_vs_fsdp"] == pytest.approx(0.5)
+    assert r["peak_vs_one_device"] == pytest.approx(1.5) and r["peak_vs_fsdp"] == pytest.approx(3.0)
+    assert res["variants"]["fsdp=2"]["ratio"]["step_vs_fsdp"] == pytest.approx(1.0)
+    assert res["variants"]["1 device"]["ratio"]["step_vs_fsdp"] is None  # no fsdp over one device
+    assert res["variants"]["pipeline=4 1f1b"]["ratio"]["step_vs_one_device"] is None  # no run, no fsdp=4
+    md = "\n".join(R.pipeline_markdown(res))
+    assert "### Pipeline: stages and schedules on 4 CPU devices, against one device and fsdp" in md
+    assert "| 1 device | 1 | 100 ms | 1 | – | 3.91 KiB | 1 | – | 0.293 KiB | – | – | – | – | – | 0.10 |" in md
+    assert ("| pipeline=2 gpipe | 2 | 200 ms | 2 | 0.5 | 5.86 KiB | 1.5 | 3 | 4.88 KiB | 0.3 | 0.164 | 0.111 | "
+            "25 sends, 4 KiB | 0.7 | 0.10 |") in md
+    assert "| fsdp=2 | 2 | 400 ms | 4 | 1 | 1.95 KiB | 0.5 | 1 | 0.293 KiB | – | – | – | 233 collectives, 1 MiB | 0.43 |" in md
+    assert "| pipeline=4 1f1b | 4 | – | – | – |" in md
+    assert ("| pipeline=2 gpipe | 0 | 12 ms | 4.88 KiB | 0.0977 KiB / 0.195 KiB / 0.293 KiB / 4.88 KiB / "
+            "0.00781 KiB / 0 KiB / 0 KiB | yes |") in md
+    assert "| pipeline=2 gpipe | 1 | 16 ms | 0.977 KiB |" in md and "| 1 device | 0 |" not in md
+    assert "What 2 CPU cores shared by 4 CPU devices can and cannot show" in md
+    assert "the measured bubble reflects how the cores were shared" in md and "The per-stage peaks are exact" in md
+    # the whole report carries the section
+    env = {"date": "d", "host": "h", "cpus": 2, "cpu": "c", "git_commit": "abc", "git_dirty": False, "jax": "j",
+           "loadavg_start": (0.1, 0.2, 0.3)}
+    assert "### Pipeline: stages and schedules" in R.markdown({"environment": env, "pipeline": res, "targets": []})
+
+
+@pytest.mark.long
+def test_quick_pipeline_section_end_to_end(tmp_path: Any) -> None:
+    """`bench/run.py --quick --sections pipeline` with real processes on 4
+    CPU devices: one device, P=2 and P=4 under each schedule, fsdp=2 and 4.
+    Checks what does not depend on the load: each stage's peaks equal the
+    plan's, the schedules' activation peaks order as their theory says, the
+    theory bubble's formula, the sends. No timing is asserted. ~40 s."""
+    env = {k: v for k, v in os.environ.items() if k != "STRATA_CACHE_DIR"}
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "run.py"), "--quick", "--sections", "pipeline",
+                        "--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads(next(tmp_path.glob("*.json")).read_text())["pipeline"]
+    vs = res["variants"]
+    assert list(vs) == [v["name"] for v in R.pipeline_variants(R.QUICK.pipeline)]
+    for name, row in vs.items():
+        st = row["best"]
+        assert st["median_s"] > 0 and st["peak_live_bytes"] > 0, name
+        pl = st["pipeline"]
+        if row["kind"] != "pipeline":
+            assert pl["stage"] == [] and pl["sends"] is None, name
+            continue
+        p, v, m = row["stages"], row["virtual"], 8
+        assert len(pl["stage"]) == p and all(s["matches_prediction"] for s in pl["stage"]), name
+        assert pl["sends"] > 0 and pl["send_bytes"] > 0 and 0 <= pl["send_overlap_ratio"] <= 1, name
+        assert pl["bubble_theory"] == pytest.approx((p - 1) / (v * m + p - 1), abs=1e-4), name
+        assert 0 <= pl["bubble"] < 1 and pl["bubble_predicted"] >= pl["bubble_theory"] - 1e-4, name
+    acts = {n: [s["peak_by_category"]["activations"] for s in row["best"]["pipeline"]["stage"]]
+            for n, row in vs.items() if row["kind"] == "pipeline"}
+    # 1F1B: stage s holds P - s microbatches, GPipe every one of the M on every stage
+    assert acts["pipeline=4 1f1b"] == sorted(acts["pipeline=4 1f1b"], reverse=True)
+    assert acts["pipeline=4 gpipe"][0] > 1.5 * acts["pipeline=4 1f1b"][0]
+    assert vs["fsdp=2"]["best"]["collectives"] > 0 and vs["fsdp=4"]["ratio"]["step_vs_fsdp"] == pytest.approx(1.0)
+    assert vs["pipeline=2 1f1b"]["ratio"]["step_vs_fsdp"] is not None
+    md = (tmp_path / "README.md").read_text()
+    assert "### Pipeline: stages and schedules on 4 CPU devices" in md and "| pipeline=4 interleaved V=2 | 3 |" in md
+
+
 def test_remat_ratios_budget_and_report() -> None:
     assert R.remat_budget_between(1000, 900) == 999
     with pytest.raises(ValueError):
