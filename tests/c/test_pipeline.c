@@ -115,7 +115,10 @@ static void test_interleaved(void** state) {
   check_valid(&s);
   st_pipe_schedule_free(&s);
   /* M not divisible by P: refused, not deadlocked. */
-  assert_int_not_equal(st_pipe_schedule_make(ST_PLAN_PIPE_INTERLEAVED, 4, 2, 6, NULL, NULL, &s), 0);
+  st_status bad = st_pipe_schedule_make(ST_PLAN_PIPE_INTERLEAVED, 4, 2, 6, NULL, NULL, &s);
+  assert_non_null(bad);
+  assert_int_equal(st_status_code(bad), ST_CODE_CONFIG);
+  st_status_free(bad);
 }
 
 static void test_every_shape_is_valid(void** state) {

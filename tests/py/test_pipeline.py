@@ -1,9 +1,11 @@
 """Pipeline parallelism as plans (docs/parallelism.md, "Pipeline"): strata's
 trainer with parallel.pipeline = 2 and 4 under each schedule (GPipe, 1F1B,
 interleaved with 2 chunks per stage on 8 layers), 4 and 8 microbatches, tied
-and untied embeddings, pipeline=2 x data=2, pipeline=2 x fsdp=2 (tied and
-untied) and pipeline=2 x data=2 x tensor=2 (8 CPU devices), against the same
-config on one device. 20 steps, f32, clipping active.
+and untied embeddings, remat, pipeline=2 x data=2, pipeline=2 x fsdp=2 (tied:
+the wte gathered and sent to the head) and pipeline=2 x data=2 x tensor=2 (8
+CPU devices), against the same config on one device. 20 steps, f32, clipping
+active. Every run has 2 rows a microbatch, so they share one bundle per mesh
+(a test's cost is mostly exports and compiles).
 
 A pipeline without another axis runs the very programs of one device on the
 same rows, each gradient accumulated over the microbatches in the same order
@@ -60,7 +62,7 @@ def train(tmp, name: str, *extra: str) -> dict:
 # name: (base, extra overrides); the base is the one-device run with the same microbatches and embeddings
 RUNS = {
     "one_m4": (None, ["train.microbatches=4"]),
-    "one_m8": (None, ["train.microbatches=8"]),
+    "one_m8": (None, ["train.microbatches=8", "train.batch_size=16"]),
     "one_m4_untied": (None, ["train.microbatches=4", "model.tie_embeddings=false"]),
     "one_m4_remat": (None, ["train.microbatches=4", "sched.remat=every:2"]),
     "p2_gpipe_m4": ("one_m4", ["train.microbatches=4", "parallel.pipeline=2", "sched.pipeline_schedule=gpipe"]),
@@ -70,14 +72,13 @@ RUNS = {
     "p2_1f1b_m4_remat": ("one_m4_remat", ["train.microbatches=4", "parallel.pipeline=2", "sched.remat=every:2"]),
     "p2_1f1b_m4_untied": ("one_m4_untied", ["train.microbatches=4", "parallel.pipeline=2",
                                             "model.tie_embeddings=false"]),
-    "p4_1f1b_m8": ("one_m8", ["train.microbatches=8", "parallel.pipeline=4"]),
-    "p4_gpipe_m8": ("one_m8", ["train.microbatches=8", "parallel.pipeline=4", "sched.pipeline_schedule=gpipe"]),
-    "p4_inter_m8": ("one_m8", ["train.microbatches=8", "parallel.pipeline=4", "sched.pipeline_schedule=interleaved",
-                               "sched.pipeline_virtual=2"]),
+    "p4_1f1b_m8": ("one_m8", ["train.microbatches=8", "train.batch_size=16", "parallel.pipeline=4"]),
+    "p4_gpipe_m8": ("one_m8", ["train.microbatches=8", "train.batch_size=16", "parallel.pipeline=4",
+                               "sched.pipeline_schedule=gpipe"]),
+    "p4_inter_m8": ("one_m8", ["train.microbatches=8", "train.batch_size=16", "parallel.pipeline=4",
+                               "sched.pipeline_schedule=interleaved", "sched.pipeline_virtual=2"]),
     "p2_data2_m4": ("one_m4", ["train.microbatches=4", "parallel.pipeline=2", "parallel.data=2"]),
     "p2_fsdp2_m4": ("one_m4", ["train.microbatches=4", "parallel.pipeline=2", "parallel.fsdp=2"]),
-    "p2_fsdp2_m4_untied": ("one_m4_untied", ["train.microbatches=4", "parallel.pipeline=2", "parallel.fsdp=2",
-                                             "model.tie_embeddings=false"]),
     "p2_data2_tensor2_m4": ("one_m4", ["train.microbatches=4", "parallel.pipeline=2", "parallel.data=2",
                                        "parallel.tensor=2", "runtime.cpu_devices=8"]),
 }
@@ -147,30 +148,28 @@ def plan_json(*extra: str) -> dict:
 
 
 def test_activation_memory_follows_the_schedule() -> None:
-    """P=4, M=8, one layer per stage: the first stage's activation peak is
-    k x A + T, with A one microbatch's activations held between its forward
-    and backward (the inputs and residuals of the stage's layers, read from
-    the plan's slots), T the backward's transient (the same for both), k = P
-    for 1F1B and M for GPipe; and every other stage s holds P - s (1F1B) or
-    M (GPipe) microbatches and less than one more."""
-    extra = ["model.n_layers=4", "train.microbatches=8", "parallel.pipeline=4"]
+    """P=4, M=8, two layers a stage: stage s's activation peak is k x A + T,
+    with A one microbatch's activations held between its forward and
+    backward (the inputs and residuals of the stage's layers, read from the
+    plan's slots), k = P - s for 1F1B (the first stage: P) and M for GPipe,
+    and T, what a backward or a forward in flight adds, less than A."""
+    extra = ["train.microbatches=8", "train.batch_size=16", "parallel.pipeline=4"]
     peaks = {}
     held = {}
     for sched in ("1f1b", "gpipe"):
         j = plan_json(*extra, f"sched.pipeline_schedule={sched}")
         peaks[sched] = [s["activations"] for s in j["stage_peak_by_category"]]
-        held[sched] = {st: sum(s["bytes"] for s in j["slots"] if s["category"] == "activations"
-                               and s.get("stage") == st and s["name"].endswith("/m0")
-                               and (s["name"].startswith("res[") or s["name"].startswith(f"x[{st}]")))
-                       for st in range(4)}
-    A = held["1f1b"][0]
-    assert A > 0 and A == held["gpipe"][0]
+        m0 = [s for s in j["slots"] if s["category"] == "activations" and s["name"].endswith("/m0")]
+        held[sched] = {}
+        for st in range(4):
+            mine = [s for s in m0 if s.get("stage") == st]
+            layers = {s["name"][4:s["name"].index("]")] for s in mine if s["name"].startswith("res[")}
+            held[sched][st] = sum(s["bytes"] for s in mine if s["name"].startswith("res[")
+                                  or (s["name"].startswith("x[") and s["name"][2:s["name"].index("]")] in layers))
+            assert len(layers) == 2, (st, layers)
+    assert held["1f1b"] == held["gpipe"]
     P, M = 4, 8
-    T1 = peaks["1f1b"][0] - P * A
-    Tg = peaks["gpipe"][0] - M * A
-    assert T1 == Tg, (peaks, A)
-    assert 0 <= T1 < A
-    for st in range(1, 4):  # the other stages: P - s microbatches (1F1B), M (GPipe), and less than one more
+    for st in range(4):  # P - s microbatches (1F1B), M (GPipe), and less than one more
         A_s = held["1f1b"][st]
         assert A_s > 0
         assert 0 <= peaks["1f1b"][st] - (P - st) * A_s < A_s, (st, peaks, A_s)
@@ -178,24 +177,23 @@ def test_activation_memory_follows_the_schedule() -> None:
 
 
 def test_predicted_bubble_against_theory() -> None:
-    """The plan's simulated 1F1B schedule (strata plan --explain --json), P=4,
-    M=8, one layer per stage, each task's time from its programs' FLOPs.
-    Theory, (P-1)/(M+P-1), is for equal stages; here the head makes the last
-    stage heavier (the busy times say by how much), and the bubble must lie
-    between the theory and the bubble of every stage as slow as the slowest,
-    1 - sum(busy) / (P (M+P-1) max(busy)/M): both bounds meet for equal
-    stages. What the CPU devices measure is another matter
-    (docs/parallelism.md, "Pipeline": two cores shared by four devices)."""
-    r = run([STRATA, "plan", "--explain", "--json", "configs/test.yml", *OVERRIDES, "model.n_layers=4",
-             "model.d_model=128", "model.d_ff=512", "train.microbatches=8", "parallel.pipeline=4"])
+    """The plan's simulated 1F1B schedule (strata plan --explain --json), P=2,
+    M=8 on the 8-layer model, each task's time from its programs' FLOPs and
+    the layers balanced by them (4 and 4: the head adds 0.65 of a block to
+    the last stage, less than moving a layer would). Theory, (P-1)/(M+P-1), is for equal stages; the
+    bubble must lie between it and the bubble of every stage as slow as the
+    slowest, 1 - sum(busy) / (P (M+P-1) max(busy)/M): both bounds meet for
+    equal stages. What the CPU devices measure is another matter
+    (docs/parallelism.md, "Pipeline": two cores shared by the devices)."""
+    r = run([STRATA, "plan", "--explain", "--json", "configs/test.yml", *OVERRIDES, "train.microbatches=8",
+             "train.batch_size=16", "parallel.pipeline=2"])
     p = json.loads(r.stdout)["explain"]["pipeline"]
-    P, M = 4, 8
+    P, M = 2, 8
     busy = [s["predicted_busy"] for s in p["stage"]]
     assert p["theory_bubble"] == pytest.approx((P - 1) / (M + P - 1))
     slowest = 1 - sum(busy) / (P * (M + P - 1) * max(busy) / M)
     assert p["theory_bubble"] - 1e-9 <= p["predicted_bubble"] <= slowest + 1e-9, (p["predicted_bubble"], busy)
-    assert max(busy) / min(busy) < 1.15  # nearly equal: the bounds are within a few percent
-
+    assert max(busy) / min(busy) < 1.2  # nearly equal (the head's 0.65 of a block on the last stage)
 
 # Each validation rule: exit 2 and its message (sources of keys set here read "command line").
 BAD = [
@@ -246,7 +244,7 @@ def test_bad_pipeline_config_exits_2(extra: list[str], message: str) -> None:
 # Checkpoints across meshes (issue 27, deliverable 7): a pipeline's checkpoint holds every tensor whole,
 # so it resumes on any mesh; cut at step 3 of 6 and resumed.
 CKPT_MESHES = {"one": [], "p2": ["parallel.pipeline=2"], "p4": ["parallel.pipeline=4"], "f2": ["parallel.fsdp=2"]}
-CKPT_CASES = [("p4", "one"), ("p2", "f2"), ("one", "p2"), ("p2", "p2")]
+CKPT_CASES = [("p4", "one"), ("p2", "f2"), ("one", "p2")]
 CKPT_OVERRIDES = ["train.microbatches=4", "ckpt.every=3", "ckpt.async=false", "train.eval_every=0"]
 
 
