@@ -1,7 +1,9 @@
 """Data and fully-sharded parallelism through the step plan (docs/parallelism.md):
 strata's trainer on parallel.data=2 and =4, parallel.fsdp=2 and =4 and
 data=2 x fsdp=2 (4 CPU devices) against the same config on one device, and
-data=2 and fsdp=2 with sched.optimizer=per_layer against one device with it.
+data=2 and fsdp=2 with sched.optimizer=per_layer against one device with it
+(those three runs in make test-long; make test keeps per-layer updates on a
+mesh in test_tensor_train.py, fsdp x tensor).
 
 20 steps, f32, 2 microbatches, clipping active. Each device runs the one-device
 programs on its rows of every microbatch; the plan all-reduces each layer's
@@ -76,24 +78,41 @@ def train(tmp, name: str, *extra: str) -> dict:
             "evals": [m for m in lines if "eval_loss" in m], "events": events}
 
 
+PER_LAYER = ["sched.optimizer=per_layer", "train.grad_clip=0"]
+RUN_ARGS = {
+    "one": [], "data2": ["parallel.data=2"],
+    "data4": ["parallel.data=4", "sched.grad_reduce=bucketed"],
+    # per-layer updates: each instance's all-reduce, then its AdamW, inside the backward
+    "one_per_layer": PER_LAYER, "data2_per_layer": ["parallel.data=2", *PER_LAYER],
+    # FSDP with the default policies (gather_prefetch=1, reshard_after_forward=true),
+    # fsdp=4 with the other gather placement
+    "fsdp2": ["parallel.fsdp=2"],
+    "fsdp4": ["parallel.fsdp=4", "sched.gather_prefetch=2", "sched.reshard_after_forward=false"],
+    "data2_fsdp2": ["parallel.data=2", "parallel.fsdp=2"],
+    # per-layer updates on fsdp blocks: each instance's AdamW after its last reduce-scatter
+    "fsdp2_per_layer": ["parallel.fsdp=2", *PER_LAYER],
+}
+
+
+class Runs(dict):
+    """Each run trained when a test first asks for it, so the runs only the
+    long tests read (the per-layer ones: make test-long) cost make test
+    nothing."""
+
+    def __init__(self, tmp) -> None:
+        super().__init__()
+        self.tmp = tmp
+
+    def __missing__(self, name: str) -> dict:
+        self[name] = train(self.tmp, name, *RUN_ARGS[name])
+        return self[name]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     if not os.path.exists(STRATA):
         raise AssertionError(f"{STRATA} is missing: run `make build` first (make test does)")
-    tmp = tmp_path_factory.mktemp("dp")
-    per_layer = ["sched.optimizer=per_layer", "train.grad_clip=0"]
-    return {"one": train(tmp, "one"), "data2": train(tmp, "data2", "parallel.data=2"),
-            "data4": train(tmp, "data4", "parallel.data=4", "sched.grad_reduce=bucketed"),
-            # per-layer updates: each instance's all-reduce, then its AdamW, inside the backward
-            "one_per_layer": train(tmp, "one_per_layer", *per_layer),
-            "data2_per_layer": train(tmp, "data2_per_layer", "parallel.data=2", *per_layer),
-            # FSDP with the default policies (gather_prefetch=1, reshard_after_forward=true),
-            # fsdp=4 with the other gather placement
-            "fsdp2": train(tmp, "fsdp2", "parallel.fsdp=2"),
-            "fsdp4": train(tmp, "fsdp4", "parallel.fsdp=4", "sched.gather_prefetch=2", "sched.reshard_after_forward=false"),
-            "data2_fsdp2": train(tmp, "data2_fsdp2", "parallel.data=2", "parallel.fsdp=2"),
-            # per-layer updates on fsdp blocks: each instance's AdamW after its last reduce-scatter
-            "fsdp2_per_layer": train(tmp, "fsdp2_per_layer", "parallel.fsdp=2", *per_layer)}
+    return Runs(tmp_path_factory.mktemp("dp"))
 
 
 def params(r: dict) -> dict:
@@ -103,11 +122,14 @@ def params(r: dict) -> dict:
 
 BASE = {"data2": "one", "data4": "one", "data2_per_layer": "one_per_layer",
         "fsdp2": "one", "fsdp4": "one", "data2_fsdp2": "one", "fsdp2_per_layer": "one_per_layer"}
+# The per-layer optimizer's meshes run in make test-long (tests/README.md); make test keeps
+# per-layer updates on a mesh against one device in test_tensor_train.py (fsdp x tensor).
+MESHES = [pytest.param(m, marks=pytest.mark.long) if m.endswith("_per_layer") else m for m in sorted(BASE)]
 MESH = {"data2": (2, 1), "data4": (4, 1), "data2_per_layer": (2, 1), "fsdp2": (1, 2), "fsdp4": (1, 4),
         "data2_fsdp2": (2, 2), "fsdp2_per_layer": (1, 2)}  # (data, fsdp)
 
 
-@pytest.mark.parametrize("mesh", sorted(BASE))
+@pytest.mark.parametrize("mesh", MESHES)
 def test_losses_match_one_device_every_step(runs: dict, mesh: str) -> None:
     base = runs[BASE[mesh]]
     ours = [m["loss"] for m in runs[mesh]["steps"]]
@@ -130,7 +152,7 @@ def test_clipping_was_active(runs: dict) -> None:
     assert any(n > 0.5 for n in norms), f"grad_clip=0.5 never engaged: {norms}"
 
 
-@pytest.mark.parametrize("mesh", sorted(BASE))
+@pytest.mark.parametrize("mesh", MESHES)
 def test_final_parameters_match_one_device(runs: dict, mesh: str) -> None:
     ours, one = params(runs[mesh]), params(runs[BASE[mesh]])
     assert sorted(ours) == sorted(one)
@@ -140,7 +162,7 @@ def test_final_parameters_match_one_device(runs: dict, mesh: str) -> None:
         np.testing.assert_allclose(ours[name], one[name], rtol=1e-3, atol=1e-5, err_msg=name)
 
 
-@pytest.mark.parametrize("mesh", sorted(BASE))
+@pytest.mark.parametrize("mesh", MESHES)
 def test_replicas_bitwise_equal(runs: dict, mesh: str) -> None:
     saved = [e for e in runs[mesh]["events"] if e.get("event") == "saved"]
     assert len(saved) == 1, runs[mesh]["events"][-3:]
