@@ -620,16 +620,6 @@ static st_status st__rule_pipeline(const st_config* c) {
                           (long long)L, st_config_source(c, "model.n_layers"), (long long)P, (long long)V,
                           (long long)(P * V));
   ST_RETURN(st__pipeline_layers(c, P * V, L));
-  if (strcmp(st_config_string(c, "sched.offload"), "none") != 0)
-    return st_status_make(ST_CODE_CONFIG,
-                          "sched.offload=%s (%s) with parallel.pipeline=%lld (%s): offload within pipeline stages is not "
-                          "built yet; set sched.offload=none",
-                          st_config_string(c, "sched.offload"), st_config_source(c, "sched.offload"), (long long)P, sp);
-  if (!strcmp(st_config_string(c, "sched.optimizer"), "per_layer"))
-    return st_status_make(ST_CODE_CONFIG,
-                          "sched.optimizer=per_layer (%s) with parallel.pipeline=%lld (%s): per-layer updates inside a "
-                          "pipeline schedule are not built yet; set sched.optimizer=after_backward",
-                          st_config_source(c, "sched.optimizer"), (long long)P, sp);
   return ST_OK;
 }
 
@@ -800,7 +790,7 @@ static const st__cfg_rule kRules[] = {
     {"parallel.pipeline > 1: train.microbatches is at least parallel.pipeline (and, interleaved, divisible by it); "
      "model.n_layers is at least parallel.pipeline x sched.pipeline_virtual; parallel.pipeline_layers is empty or one "
      "layer count per stage chunk summing to model.n_layers; sched.pipeline_virtual > 1 exactly when "
-     "sched.pipeline_schedule=interleaved; one process, sched.offload=none, sched.optimizer=after_backward.",
+     "sched.pipeline_schedule=interleaved; one process.",
      st__rule_pipeline},
 };
 

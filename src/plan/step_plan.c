@@ -1293,8 +1293,14 @@ static st_status st__pipeline_step(st__builder* B, const st_plan_options* o, con
   if (st__fsdp(B)) st__plan_uses_pipeline(B, S.tasks, S.n, 0);
   B->fo = st_xcalloc((size_t)M, sizeof(st__fwd_out));
   st__wte_copy(B, true);
+  bool before_last = false;
   for (int k = 0; k < S.n; ++k) {
     const st_pipe_task* t = &S.tasks[k];
+    if (t->backward && t->micro == M - 1 && !before_last) { /* per_layer: lr and scalars before any final gradient */
+      B->micro = -1;
+      opt->before_last_backward(B);
+      before_last = true;
+    }
     B->stage = t->stage;
     B->micro = t->micro;
     const int first_op = B->plan->op_count;

@@ -1274,16 +1274,18 @@ static void test_data_parallel_accounting(void** state) {
 }
 
 /* Pipelines trained in-process, for the sanitizers and the accounting:
- * 3 stages under 1F1B with partial remat, eager waits, a trace and the
- * hang watchdog; 2 stages x fsdp=2 under GPipe (tied embeddings: the wte
- * gathered and sent to the head's stage; pipeline x data trains against one
- * device in tests/py/test_pipeline.py). Each step's
- * accounted peak equals the plan's, op for op (train() checks). */
+ * 3 stages under 1F1B with partial remat, offload of both, per-layer
+ * updates, eager waits, a trace and the hang watchdog; 2 stages x fsdp=2
+ * under GPipe (tied embeddings: the wte gathered and sent to the head's
+ * stage). Pipeline x data trains against one device in
+ * tests/py/test_pipeline.py. Each step's accounted peak equals the plan's,
+ * op for op (train() checks). */
 static void test_pipeline_trains(void** state) {
   (void)state;
   run_metrics p3, p2f2;
   const char* r_p3[] = {"parallel.pipeline=3", "runtime.cpu_devices=3", "train.microbatches=3", "train.batch_size=6",
-                        "sched.remat=every:2", "sched.wait=eager", "trace.steps=[2]", "diag.hang_timeout_s=600", NULL};
+                        "sched.remat=every:2", "sched.wait=eager", "trace.steps=[2]", "diag.hang_timeout_s=600",
+                        "sched.offload=both", "sched.optimizer=per_layer", "train.grad_clip=0", NULL};
   const char* r_p2f2[] = {"parallel.pipeline=2", "parallel.fsdp=2", "runtime.cpu_devices=4", "train.microbatches=2",
                           "train.batch_size=8", "sched.pipeline_schedule=gpipe", NULL};
   train("pp3", r_p3, &p3);

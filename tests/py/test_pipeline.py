@@ -1,7 +1,7 @@
 """Pipeline parallelism as plans (docs/parallelism.md, "Pipeline"): strata's
 trainer with parallel.pipeline = 2 and 4 under each schedule (GPipe, 1F1B,
 interleaved with 2 chunks per stage on 8 layers), 4 and 8 microbatches, tied
-and untied embeddings, remat, pipeline=2 x data=2, pipeline=2 x fsdp=2 (tied:
+and untied embeddings, remat, offload with per-layer updates, pipeline=2 x data=2, pipeline=2 x fsdp=2 (tied:
 the wte gathered and sent to the head) and pipeline=2 x data=2 x tensor=2 (8
 CPU devices), against the same config on one device. 20 steps, f32, clipping
 active. Every run has 2 rows a microbatch, so they share one bundle per mesh
@@ -59,17 +59,22 @@ def train(tmp, name: str, *extra: str) -> dict:
     return {"dir": run_dir, "steps": [m for m in lines if "loss" in m], "evals": [m for m in lines if "eval_loss" in m]}
 
 
+# Offload of parameters and optimizer state, and per-layer updates (no clipping), inside the stages.
+POLICIES = ["sched.offload=both", "sched.prefetch_depth=2", "sched.optimizer=per_layer", "train.grad_clip=0"]
+
 # name: (base, extra overrides); the base is the one-device run with the same microbatches and embeddings
 RUNS = {
     "one_m4": (None, ["train.microbatches=4"]),
     "one_m8": (None, ["train.microbatches=8", "train.batch_size=16"]),
     "one_m4_untied": (None, ["train.microbatches=4", "model.tie_embeddings=false"]),
     "one_m4_remat": (None, ["train.microbatches=4", "sched.remat=every:2"]),
+    "one_m4_policies": (None, ["train.microbatches=4", *POLICIES]),
     "p2_gpipe_m4": ("one_m4", ["train.microbatches=4", "parallel.pipeline=2", "sched.pipeline_schedule=gpipe"]),
     "p2_1f1b_m4": ("one_m4", ["train.microbatches=4", "parallel.pipeline=2"]),
     "p2_inter_m4": ("one_m4", ["train.microbatches=4", "parallel.pipeline=2", "sched.pipeline_schedule=interleaved",
                                "sched.pipeline_virtual=2"]),
     "p2_1f1b_m4_remat": ("one_m4_remat", ["train.microbatches=4", "parallel.pipeline=2", "sched.remat=every:2"]),
+    "p2_1f1b_m4_policies": ("one_m4_policies", ["train.microbatches=4", "parallel.pipeline=2", *POLICIES]),
     "p2_1f1b_m4_untied": ("one_m4_untied", ["train.microbatches=4", "parallel.pipeline=2",
                                             "model.tie_embeddings=false"]),
     "p4_1f1b_m8": ("one_m8", ["train.microbatches=8", "train.batch_size=16", "parallel.pipeline=4"]),
@@ -226,12 +231,6 @@ BAD = [
      "sched.pipeline_virtual = 2 (or leave it empty to balance the stages)"),
     (["model.n_layers=2", "parallel.pipeline=2", "parallel.pipeline_layers=[0,2]", "train.microbatches=2"],
      "parallel.pipeline_layers (command line): entry 1 '0' is not a layer count from 1 to model.n_layers (2)"),
-    (["parallel.pipeline=2", "sched.offload=optimizer", "train.microbatches=2"],
-     "sched.offload=optimizer (command line) with parallel.pipeline=2 (command line): offload within pipeline stages "
-     "is not built yet; set sched.offload=none"),
-    (["parallel.pipeline=2", "sched.optimizer=per_layer", "train.grad_clip=0", "train.microbatches=2"],
-     "sched.optimizer=per_layer (command line) with parallel.pipeline=2 (command line): per-layer updates inside a "
-     "pipeline schedule are not built yet; set sched.optimizer=after_backward"),
 ]
 
 
@@ -330,3 +329,21 @@ def test_eval_and_sample_of_a_pipeline_run_use_one_device(runs: dict) -> None:
                        cwd=ROOT, capture_output=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(b"The ")
+
+
+def test_explain_draws_the_schedule() -> None:
+    """strata plan --explain (text): the stage table, one grid row a stage
+    with every microbatch's forward and backward, the bubble line."""
+    r = run([STRATA, "plan", "--explain", "configs/test.yml", *OVERRIDES, "train.microbatches=4",
+             "parallel.pipeline=2", "sched.pipeline_schedule=gpipe"])
+    out = r.stdout
+    assert "; per pipeline stage: 2 stages, each on a mesh of its own (2 devices in all)" in out
+    assert "# pipeline: 2 stages x 1 chunk(s), 4 microbatches" in out
+    rows = [line for line in out.splitlines() if line.startswith("  stage ") and "|" in line]
+    assert len(rows) == 2
+    for row in rows:
+        for m in range(4):
+            assert f"F{m}" in row and f"B{m}" in row, row
+    # GPipe: every forward before the first backward on each stage
+    assert all(row.index("F3") < row.index("B0") for row in rows)
+    assert "# predicted bubble " in out and "theory for equal stages 0.2000" in out
