@@ -66,6 +66,19 @@ def tiny_model(**over: Any) -> dict[str, Any]:
     return {**TINY_MODEL, **over}
 
 
+def export_tiny_manifest(out: str, mesh: str) -> dict[str, Any]:
+    """`strata_jax.export` of the tiny model for |mesh| ("tensor=2",
+    "data=2,fsdp=2,tensor=2") into |out| (XLA_FLAGS dropped: the exporter
+    sets its own device count); its manifest."""
+    env = {k: v for k, v in PY_ENV.items() if k != "XLA_FLAGS"}
+    r = subprocess.run([os.path.join(ROOT, ".venv", "bin", "python"), "-m", "strata_jax.export", "--model-json",
+                        json.dumps(tiny_model()), "--out", out, "--mesh", mesh], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
 def tiny_config(steps: int = 30, **model_over: Any) -> dict[str, Any]:
     """A resolved config (model, train, data, seed) for the reference."""
     return {

@@ -202,19 +202,10 @@ def test_bundle_with_all_three_axes(tmp_path) -> None:  # noqa: ANN001
     block's on its tensor blocks; the fsdp collectives within each (data,
     tensor) coordinate, the data all-reduce on the fsdp shards within each
     (fsdp, tensor) coordinate; the tensor-parallel block programs over all 8."""
-    sys.path.insert(0, os.path.join(ROOT, "python"))
-    from conftest import tiny_model
+    from conftest import export_tiny_manifest
 
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.path.join(ROOT, "python")
     out = str(tmp_path / "b")
-    r = subprocess.run([PY, "-m", "strata_jax.export", "--model-json", json.dumps(tiny_model()), "--out", out,
-                        "--mesh", "data=2,fsdp=2,tensor=2"], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
-    with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
-        m = json.load(f)
+    m = export_tiny_manifest(out, "data=2,fsdp=2,tensor=2")
     assert m["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
     assert [p["name"] for p in m["spmd_programs"]] == [
         "tp_block_fwd", "tp_block_bwd", "tp_block_fwd_res", "tp_block_bwd_res"]

@@ -31,6 +31,8 @@ import subprocess
 
 import numpy as np
 import pytest
+import trainrun
+from trainrun import run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STRATA = os.path.join(ROOT, "build", "strata")
@@ -45,18 +47,8 @@ OVERRIDES = [
 ]
 
 
-def run(cmd: list[str]) -> subprocess.CompletedProcess:
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}")
-    return r
-
-
 def train(tmp, name: str, *extra: str) -> dict:
-    run_dir = tmp / name
-    run([STRATA, "train", "configs/test.yml", *OVERRIDES, *extra, f"run.dir={run_dir}"])
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {"dir": run_dir, "steps": [m for m in lines if "loss" in m], "evals": [m for m in lines if "eval_loss" in m]}
+    return trainrun.train(tmp / name, "configs/test.yml", *OVERRIDES, *extra)
 
 
 # Offload of parameters and optimizer state, and per-layer updates (no clipping), inside the stages.

@@ -135,19 +135,11 @@ def test_bundle_with_tensor_mesh(tmp_path) -> None:  # noqa: ANN001
     (manifest "spmd_programs") and no inter-layer collectives."""
     import hashlib
 
-    sys.path.insert(0, os.path.join(ROOT, "python"))
-    from conftest import tiny_model
+    from conftest import PY_ENV, export_tiny_manifest, tiny_model
 
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.path.join(ROOT, "python")
+    env = {k: v for k, v in PY_ENV.items() if k != "XLA_FLAGS"}
     out = str(tmp_path / "b")
-    r = subprocess.run([PY, "-m", "strata_jax.export", "--model-json", json.dumps(tiny_model()), "--out", out,
-                        "--mesh", "tensor=2"], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
-    with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
-        m = json.load(f)
+    m = export_tiny_manifest(out, "tensor=2")
     assert m["mesh"] == {"data": 1, "fsdp": 1, "tensor": 2}
     assert m["collectives"] == []
     assert [p["name"] for p in m["spmd_programs"]] == [
