@@ -121,6 +121,10 @@ typedef struct st_ckpt_meta {
   uint64_t seed;          /* the only RNG state: init and sampler are pure functions of it */
   double lr;              /* learning rate of the last completed step */
   int64_t total_steps;    /* train.steps, for the schedule */
+  /* The schedule's definition (an object, NULL writes none): its members
+   * join "step", "total_steps" and "lr" in the manifest's "lr_schedule"
+   * (st_plan_lr_schedule_json; docs/checkpoints.md). */
+  const st_json* lr_schedule;
   const st_json* config;   /* the resolved config (an object; NULL writes {}) */
   const char* config_hash;
   const char* bundle_key;
@@ -371,6 +375,7 @@ typedef struct st_ckpt {
   char* tokenizer_hash; /* NULL: the manifest has none (written before tokenizers were recorded) */
   st_json* model;  /* the manifest's "model" object (owned reference) */
   st_json* config; /* the manifest's "config" object (owned reference) */
+  st_json* lr_schedule; /* the manifest's "lr_schedule" object (owned reference) */
   st_json* identity_report; /* opened with an expected identity: st_ckpt_identity_check's report (owned); else NULL */
   /* The manifest's "mesh" (axis sizes, devices = their product); all 0 in a
    * checkpoint written before meshes were recorded (one device).

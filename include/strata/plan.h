@@ -64,9 +64,14 @@ typedef struct st_plan_sched {
 /* sched.pipeline_schedule (docs/parallelism.md, "Pipeline"). */
 enum { ST_PLAN_PIPE_1F1B = 0, ST_PLAN_PIPE_GPIPE = 1, ST_PLAN_PIPE_INTERLEAVED = 2 };
 
+/* train.lr_schedule (docs/model.md, "Learning-rate schedules"). */
+enum { ST_PLAN_LR_COSINE = 0, ST_PLAN_LR_CONSTANT = 1, ST_PLAN_LR_LINEAR = 2, ST_PLAN_LR_WSD = 3 };
+
 typedef struct st_plan_options {
   int64_t steps, batch_size, microbatches, warmup_steps, eval_every, eval_batches;
   double lr, min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip;
+  int lr_schedule;       /* train.lr_schedule: ST_PLAN_LR_* */
+  double decay_fraction; /* train.decay_fraction (wsd) */
   uint64_t seed;
   const char* run_dir; /* run.dir ("" = runs/<run id>) */
   const char* run_id;  /* run.id ("" = generated) */
@@ -205,9 +210,32 @@ st_status st_plan_options_from_config(const st_config* config, st_plan_options* 
 
 void st_plan_options_deinit(st_plan_options* options);
 
-/* Learning rate of optimizer step t (1-based): linear warm-up, then cosine
- * decay to lr * min_lr_ratio (docs/model.md). */
+/* Learning rate of optimizer step t (1-based): linear warm-up over
+ * train.warmup_steps, then train.lr_schedule: constant at train.lr, or a
+ * cosine, linear or warmup-stable-decay (wsd) decay to lr * min_lr_ratio
+ * at train.steps (docs/model.md, "Learning-rate schedules"). A pure
+ * function of t and the options, so a resume continues the curve. */
 double st_plan_lr(const st_plan_options* options, int64_t t);
+
+/* "constant", "linear", "cosine" or "wsd". */
+const char* st_plan_lr_schedule_name(int schedule);
+
+/* The steps at the end of the run over which linear and wsd decay
+ * (linear: every step after the warm-up; wsd: decay_fraction of them,
+ * rounded to nearest, at least 1); 0 for constant and cosine. */
+int64_t st_plan_lr_decay_steps(const st_plan_options* options);
+
+/* The schedule's definition as the checkpoint manifest records it in its
+ * "lr_schedule" object (docs/checkpoints.md): "schedule", "peak_lr",
+ * "warmup_steps", "total_steps", and what the schedule uses of
+ * "min_lr_ratio", "decay_fraction", "decay_steps". A new object. */
+st_json* st_plan_lr_schedule_json(const st_plan_options* options);
+
+/* |base| with the schedule that |record| (a manifest's "lr_schedule")
+ * defines, into |out| (a shallow copy, only for st_plan_lr; never deinit
+ * it). False when |record| holds no definition (written before schedules
+ * were recorded) or one strata cannot read. */
+bool st_plan_lr_schedule_from_json(const st_json* record, const st_plan_options* base, st_plan_options* out);
 
 /*===-------------------------------------------------------------------===*/
 /* Opening a run's bundle and runtime (src/plan/open.c)                      */

@@ -53,7 +53,7 @@ struct st_ckpt_snapshot {
   int64_t bytes;
   st_ckpt_meta meta;
   char* strs[3];  /* owned copies behind meta's strings */
-  json_t* trees[2]; /* owned copies behind meta's config and model */
+  json_t* trees[3]; /* owned copies behind meta's config, model and lr_schedule */
   /* Streaming (st_ckpt_snapshot_create_streaming): no data[]; the save
    * fills one tensor at a time into a staging buffer of the largest. */
   st_ckpt_fill_fn fill;
@@ -121,7 +121,7 @@ void st_ckpt_snapshot_destroy(st_ckpt_snapshot* s) {
   free(s->types);
   free(s->data);
   for (int i = 0; i < 3; ++i) free(s->strs[i]);
-  for (int i = 0; i < 2; ++i) json_decref(s->trees[i]);
+  for (int i = 0; i < 3; ++i) json_decref(s->trees[i]);
   free(s);
 }
 
@@ -147,8 +147,8 @@ void st_ckpt_snapshot_set_meta(st_ckpt_snapshot* s, const st_ckpt_meta* meta) {
   }
   /* Private deep copies: the writer thread dumps them while the caller's
    * trees may change or go. */
-  const json_t* trees[2] = {meta->config, meta->model};
-  for (int i = 0; i < 2; ++i) {
+  const json_t* trees[3] = {meta->config, meta->model, meta->lr_schedule};
+  for (int i = 0; i < 3; ++i) {
     if (s->trees[i] && trees[i] && json_equal(s->trees[i], (json_t*)trees[i])) continue;
     json_decref(s->trees[i]);
     s->trees[i] = trees[i] ? json_deep_copy(trees[i]) : st_json_obj();
@@ -160,6 +160,7 @@ void st_ckpt_snapshot_set_meta(st_ckpt_snapshot* s, const st_ckpt_meta* meta) {
   s->meta.tokenizer_hash = s->strs[2];
   s->meta.config = s->trees[0];
   s->meta.model = s->trees[1];
+  s->meta.lr_schedule = meta->lr_schedule ? s->trees[2] : NULL;
 }
 
 void st_ckpt_save_result_clear(st_ckpt_save_result* r) {
@@ -377,6 +378,13 @@ static char* st__manifest_text(const st_ckpt_meta* m, const st__file_rec* files,
   st_json_put_int(lr, "step", m->step);
   st_json_put_int(lr, "total_steps", m->total_steps);
   st_json_put_num(lr, "lr", m->lr);
+  if (m->lr_schedule) {
+    /* After step and lr, which the object always had; the definition's own
+     * total_steps is the same number. */
+    const char* key;
+    json_t* v;
+    json_object_foreach((json_t*)m->lr_schedule, key, v) st_json_put(lr, key, json_incref(v));
+  }
   st_json_put(j, "lr_schedule", lr);
   st_json_put_str(j, "config_hash", m->config_hash);
   st_json_put_str(j, "bundle_key", m->bundle_key);

@@ -40,6 +40,7 @@ void st_ckpt_free(st_ckpt* c) {
   free(c->tokenizer_hash);
   json_decref(c->model);
   json_decref(c->config);
+  json_decref(c->lr_schedule);
   json_decref(c->identity_report);
   free(c);
 }
@@ -166,6 +167,7 @@ static st_status st__manifest_fields(const char* path, const json_t* j, st_ckpt*
     ST__FAIL("'%s': \"lr_schedule\" needs a number \"lr\" and an integer \"total_steps\"", path);
   }
   c->lr = json_number_value(lrv);
+  c->lr_schedule = json_incref((json_t*)lr);
   const json_t* created = json_object_get(j, "created");
   c->created = json_is_number(created) ? json_number_value(created) : 0;
   const char* str;

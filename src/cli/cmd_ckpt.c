@@ -179,7 +179,9 @@ static int st__inspect(const char* path, bool json) {
   printf("  optimizer step  %lld\n", (long long)c->optimizer_step);
   printf("  data position   %lld sequences (batch size %lld)\n", (long long)c->data_position, (long long)c->batch_size);
   printf("  rng             seed %llu (init and sampler are stateless)\n", (unsigned long long)c->seed);
-  printf("  lr schedule     lr %.6g at step %lld of %lld\n", c->lr, (long long)c->step, (long long)c->total_steps);
+  const json_t* sched = json_object_get(c->lr_schedule, "schedule");
+  printf("  lr schedule     %s, lr %.6g at step %lld of %lld\n", json_is_string(sched) ? json_string_value(sched) : "(not recorded)",
+         c->lr, (long long)c->step, (long long)c->total_steps);
   printf("  config hash     %s\n", c->config_hash);
   printf("  bundle key      %s\n", c->bundle_key);
   printf("  tokenizer       %s\n", c->tokenizer_hash ? c->tokenizer_hash : "(not recorded)");

@@ -84,9 +84,19 @@ static const st__cfg_key kKeys[] = {
     {"train.microbatches", ST__CFG_INT, "1", .lo = 1, .hi = 65536,
      .doc = "Gradient-accumulation microbatches per step."},
     {"train.lr", ST__CFG_FLOAT, "0.003", .lo = 0, .hi = 10, .doc = "Peak learning rate."},
+    {"train.lr_schedule", ST__CFG_ENUM, "cosine", .choices = "constant|linear|cosine|wsd",
+     .doc = "Learning rate after the warmup: constant at train.lr; linear or cosine decay from train.lr at the end "
+            "of the warmup to train.lr * train.min_lr_ratio at train.steps; wsd (warmup-stable-decay): train.lr, "
+            "then a linear decay to train.lr * train.min_lr_ratio over the last train.decay_fraction of the steps "
+            "after the warmup (docs/model.md)."},
     {"train.min_lr_ratio", ST__CFG_FLOAT, "0.1", .lo = 0, .hi = 1,
-     .doc = "Final learning rate of the cosine decay, as a fraction of train.lr."},
-    {"train.warmup_steps", ST__CFG_INT, "10", .lo = 0, .hi = 100000000, .doc = "Linear warmup steps."},
+     .doc = "Final learning rate of the linear, cosine and wsd schedules, as a fraction of train.lr (unused by "
+            "constant)."},
+    {"train.decay_fraction", ST__CFG_FLOAT, "0.1", .lo = 0, .lo_open = true, .hi = 1,
+     .doc = "train.lr_schedule=wsd: the fraction of the steps after the warmup that decay, at the end of the run "
+            "(rounded to the nearest step, at least 1); 1 is the linear schedule."},
+    {"train.warmup_steps", ST__CFG_INT, "10", .lo = 0, .hi = 100000000,
+     .doc = "Linear warmup steps: step t <= train.warmup_steps trains at train.lr * t / train.warmup_steps."},
     {"train.weight_decay", ST__CFG_FLOAT, "0.1", .lo = 0, .hi = 10, .doc = "AdamW decoupled weight decay."},
     {"train.beta1", ST__CFG_FLOAT, "0.9", .lo = 0, .hi = 1, .hi_open = true, .doc = "Adam first-moment decay."},
     {"train.beta2", ST__CFG_FLOAT, "0.95", .lo = 0, .hi = 1, .hi_open = true, .doc = "Adam second-moment decay."},

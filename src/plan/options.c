@@ -1,5 +1,5 @@
-/* options.c — typed trainer options from the validated config, the model
- * JSON that keys the bundle, and the learning-rate schedule. */
+/* options.c — typed trainer options from the validated config, and the model
+ * JSON that keys the bundle. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -156,6 +156,12 @@ static void st__options_train(const st_config* c, st_plan_options* o) {
   o->eval_batches = st_config_int(c, "train.eval_batches");
   o->lr = st_config_float(c, "train.lr");
   o->min_lr_ratio = st_config_float(c, "train.min_lr_ratio");
+  const char* sched = st_config_string(c, "train.lr_schedule");
+  o->lr_schedule = !strcmp(sched, "constant") ? ST_PLAN_LR_CONSTANT
+                   : !strcmp(sched, "linear") ? ST_PLAN_LR_LINEAR
+                   : !strcmp(sched, "wsd")    ? ST_PLAN_LR_WSD
+                                              : ST_PLAN_LR_COSINE;
+  o->decay_fraction = st_config_float(c, "train.decay_fraction");
   o->weight_decay = st_config_float(c, "train.weight_decay");
   o->beta1 = st_config_float(c, "train.beta1");
   o->beta2 = st_config_float(c, "train.beta2");
@@ -480,13 +486,4 @@ void st_plan_options_deinit(st_plan_options* o) {
 
 const char* st_plan_nonfinite_name(int policy) {
   return policy == ST_NONFINITE_SKIP ? "skip" : policy == ST_NONFINITE_ROLLBACK ? "rollback" : "stop";
-}
-
-double st_plan_lr(const st_plan_options* o, int64_t t) {
-  if (o->warmup_steps > 0 && t <= o->warmup_steps) return o->lr * (double)t / (double)o->warmup_steps;
-  int64_t span = o->steps - o->warmup_steps;
-  double p = (double)(t - o->warmup_steps) / (double)(span > 1 ? span : 1);
-  if (p > 1) p = 1;
-  double min_lr = o->lr * o->min_lr_ratio;
-  return min_lr + (o->lr - min_lr) * 0.5 * (1.0 + cos(M_PI * p));
 }

@@ -53,6 +53,7 @@ struct st_train_ckpt {
   double inflight_blocking_s, inflight_waited_s;
 
   json_t* config; /* the resolved config, for the manifest */
+  json_t* lr_schedule; /* st_plan_lr_schedule_json: the schedule's definition, for the manifest and the resume */
   json_t* model;  /* the sparse model JSON with the whole microbatch: its key is the one-device bundle key */
   json_t* desc;   /* the model description with the whole microbatch: the manifest's "model", the identity */
   json_t* implied; /* st_plan_model_implied: what an older manifest's missing fields meant */
@@ -189,6 +190,7 @@ st_status st_train_ckpt_create(const st_train_ckpt_init* in, st_train_ckpt** out
   c->events = st_xcalloc((size_t)c->count + 1, sizeof(st_event*));
 
   c->config = st_config_json(cfg);
+  c->lr_schedule = st_plan_lr_schedule_json(in->options);
   /* A checkpoint identifies the model, not how it was cut over devices: the
    * model JSON the bundle is exported with carries one device's share of a
    * microbatch and the bundle key hashes the mesh, so both would make a
@@ -526,6 +528,41 @@ static st_status st__job_restored(st_train_ckpt* c, st_status s, int64_t step) {
   return s;
 }
 
+/* The schedule a resume continues with against the one the checkpoint
+ * records (docs/checkpoints.md, "lr_schedule"). The same definition
+ * continues the curve bitwise: st_plan_lr is a pure function of the step.
+ * Another one is allowed, like any train.* change on resume (train.steps
+ * moves cosine's curve too), and said: stderr names both and the lr of the
+ * next step under each; the resumed event records both definitions. */
+static void st__lr_schedule_resumed(const st_train_ckpt* c, const st_ckpt* ck, bool quiet, json_t* e) {
+  json_t* rec = json_deep_copy(ck->lr_schedule);
+  if (!rec) st_oom("the checkpoint's lr schedule");
+  json_object_del(rec, "step");
+  json_object_del(rec, "lr");
+  st_json_put(e, "lr_schedule", json_incref(c->lr_schedule));
+  st_plan_options was;
+  if (!st_plan_lr_schedule_from_json(ck->lr_schedule, c->in.options, &was)) {
+    /* written before schedules were recorded (train.lr_schedule was cosine) */
+    json_decref(rec);
+    st_json_put(e, "checkpoint_lr_schedule", json_null());
+    st_json_put(e, "lr_schedule_changed", json_null());
+    return;
+  }
+  const bool changed = !st_json_same(rec, c->lr_schedule);
+  st_json_put(e, "checkpoint_lr_schedule", rec);
+  st_json_put_bool(e, "lr_schedule_changed", changed);
+  if (!changed || quiet) return;
+  char* then = st_json_dump(rec, 0);
+  char* now = st_json_dump(c->lr_schedule, 0);
+  const int64_t t = ck->step + 1;
+  fprintf(stderr,
+          "strata: note: the lr schedule differs from the checkpoint's: %s in the checkpoint, %s now; from step %lld the lr "
+          "follows this run's (%.9g; the checkpoint's would be %.9g)\n",
+          then, now, (long long)t, st_plan_lr(c->in.options, t), st_plan_lr(&was, t));
+  free(then);
+  free(now);
+}
+
 st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_restored) {
   *out_step = 0;
   *out_restored = false;
@@ -610,6 +647,7 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
   st_json_put_str(e, "checkpoint_config_hash", ck->config_hash);
   st_json_put_str(e, "bundle_key", c->key);
   st_json_put_str(e, "checkpoint_bundle_key", ck->bundle_key);
+  st__lr_schedule_resumed(c, ck, quiet, e);
   const char* axis[3] = {"data", "fsdp", "tensor"};
   json_t* mesh_now = st_json_obj();
   json_t* mesh_was = st_json_obj();
@@ -782,6 +820,7 @@ static void st__set_meta(st_train_ckpt* c, int64_t step) {
       .seed = o->seed,
       .lr = st_plan_lr(o, step),
       .total_steps = o->steps,
+      .lr_schedule = c->lr_schedule,
       .config = c->config,
       .config_hash = c->config_hash,
       .bundle_key = c->key,
@@ -1047,6 +1086,7 @@ void st_train_ckpt_destroy(st_train_ckpt* c) {
   free(c->parts);
   free(c->row_index);
   json_decref(c->config);
+  json_decref(c->lr_schedule);
   json_decref(c->model);
   json_decref(c->desc);
   json_decref(c->implied);

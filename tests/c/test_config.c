@@ -16,8 +16,11 @@
 #include <jansson.h>
 // clang-format on
 
+#include <math.h>
+
 #include "config/internal.h"
 #include "strata/config.h"
+#include "strata/plan.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -621,7 +624,7 @@ static void test_cross_field(void** state) {
   const char* exp = put(f, "v.yml", "model:\n  vocab_size: 100\n");
   load_fails(exp, 0, NULL,
              fmt("model.vocab_size (100, %s:2) must be at least 256 for the byte tokenizer when data.synthetic is "
-                 "false (configs/base.yml:48)",
+                 "false (configs/base.yml:50)",
                  exp));
   char* kv[] = {"model.n_kv_heads=3"};
   load_fails("configs/tiny.yml", 1, kv,
@@ -901,6 +904,90 @@ static void test_format_helpers(void** state) {
   assert_false(st_utf8_valid("\xc0\x80", 2));     /* overlong */
 }
 
+/* ---- train.lr_schedule (src/plan/lr_schedule.c) ------------------------- */
+
+/* The schedule before train.lr_schedule existed, as it was written: the
+ * default must stay it bit for bit (docs/model.md). */
+static double old_cosine(const st_plan_options* o, int64_t t) {
+  if (o->warmup_steps > 0 && t <= o->warmup_steps) return o->lr * (double)t / (double)o->warmup_steps;
+  int64_t span = o->steps - o->warmup_steps;
+  double p = (double)(t - o->warmup_steps) / (double)(span > 1 ? span : 1);
+  if (p > 1) p = 1;
+  double min_lr = o->lr * o->min_lr_ratio;
+  return min_lr + (o->lr - min_lr) * 0.5 * (1.0 + cos(M_PI * p));
+}
+
+static st_plan_options schedule_options(const char* schedule, const char* steps, const char* warmup, const char* fraction) {
+  char a[64], b[64], c2[64], d[64];
+  snprintf(a, sizeof(a), "train.lr_schedule=%s", schedule);
+  snprintf(b, sizeof(b), "train.steps=%s", steps);
+  snprintf(c2, sizeof(c2), "train.warmup_steps=%s", warmup);
+  snprintf(d, sizeof(d), "train.decay_fraction=%s", fraction);
+  char* ov[] = {a, b, c2, d, "train.lr=0.003", "train.min_lr_ratio=0.1"};
+  st_config* c = load_ok("configs/test.yml", 6, ov);
+  st_plan_options o;
+  st_status s = st_plan_options_from_config(c, &o);
+  if (s) fail_msg("options: %s", st_status_message(s));
+  st_config_destroy(c);
+  return o;
+}
+
+static void test_lr_schedules(void** state) {
+  (void)state;
+  const char* steps[] = {"1", "10", "40"};
+  const char* warmups[] = {"0", "5", "10", "50"};
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 4; ++j) {
+      st_plan_options cos_o = schedule_options("cosine", steps[i], warmups[j], "0.1");
+      st_plan_options lin = schedule_options("linear", steps[i], warmups[j], "0.1");
+      st_plan_options wsd1 = schedule_options("wsd", steps[i], warmups[j], "1");
+      st_plan_options cst = schedule_options("constant", steps[i], warmups[j], "0.1");
+      assert_int_equal(cos_o.lr_schedule, ST_PLAN_LR_COSINE);
+      for (int64_t t = 1; t <= cos_o.steps + 2; ++t) {
+        double want = old_cosine(&cos_o, t), got = st_plan_lr(&cos_o, t);
+        assert_memory_equal(&want, &got, sizeof(double));
+        want = st_plan_lr(&lin, t), got = st_plan_lr(&wsd1, t);
+        assert_memory_equal(&want, &got, sizeof(double)); /* decay_fraction 1 is linear */
+        assert_true(t <= cst.warmup_steps || st_plan_lr(&cst, t) == cst.lr);
+        if (t <= cos_o.warmup_steps) assert_true(st_plan_lr(&lin, t) == st_plan_lr(&cos_o, t));
+      }
+      if (cos_o.steps > cos_o.warmup_steps) assert_true(st_plan_lr(&lin, lin.steps) == lin.lr * lin.min_lr_ratio);
+      st_plan_options_deinit(&cos_o);
+      st_plan_options_deinit(&lin);
+      st_plan_options_deinit(&wsd1);
+      st_plan_options_deinit(&cst);
+    }
+  /* wsd: D = round(fraction * (T - W)), to nearest (0.2 * 30 is 6.000000000000001, 0.1 * 35 is 3.5) */
+  const char* fr[] = {"0.25", "0.1", "0.2", "0.001"};
+  const char* st[] = {"40", "40", "35", "40"};
+  const int64_t want_d[] = {9, 4, 6, 1};
+  for (int i = 0; i < 4; ++i) {
+    st_plan_options o = schedule_options("wsd", st[i], "5", fr[i]);
+    int64_t d = st_plan_lr_decay_steps(&o);
+    assert_int_equal(d, want_d[i]);
+    assert_true(st_plan_lr(&o, o.steps - d) == o.lr);
+    assert_true(st_plan_lr(&o, o.steps - d + 1) < o.lr);
+    assert_true(st_plan_lr(&o, o.steps) == o.lr * o.min_lr_ratio);
+    /* the manifest's record gives back the same schedule */
+    st_json* rec = st_plan_lr_schedule_json(&o);
+    st_plan_options back;
+    st_plan_options other = schedule_options("constant", "7", "1", "0.5");
+    assert_true(st_plan_lr_schedule_from_json(rec, &other, &back));
+    for (int64_t t = 1; t <= o.steps; ++t) assert_true(st_plan_lr(&back, t) == st_plan_lr(&o, t));
+    json_object_del(rec, "schedule");
+    assert_false(st_plan_lr_schedule_from_json(rec, &other, &back)); /* written before schedules were recorded */
+    json_object_set_new(rec, "schedule", json_string("step"));
+    assert_false(st_plan_lr_schedule_from_json(rec, &other, &back));
+    json_decref(rec);
+    st_plan_options_deinit(&other);
+    st_plan_options_deinit(&o);
+  }
+  override_fails("train.decay_fraction=0",
+                 "train.decay_fraction: 0 is out of range (0, 1] (command line)");
+  override_fails("train.lr_schedule=step",
+                 "train.lr_schedule: 'step' is not an allowed value (expected one of constant, linear, cosine, wsd) (command line)");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_schema_table),
@@ -908,6 +995,7 @@ int main(void) {
       cmocka_unit_test(test_base_yml_mirrors_schema),
       cmocka_unit_test(test_schema_rows_and_defaults),
       cmocka_unit_test(test_remat_read),
+      cmocka_unit_test(test_lr_schedules),
       cmocka_unit_test(test_presets),
       cmocka_unit_test_setup_teardown(test_composition, setup, teardown),
       cmocka_unit_test_setup_teardown(test_unknown_key, setup, teardown),
