@@ -49,7 +49,7 @@ from . import registry as R
 from .config import ModelConfig, TrainConfig
 from .data import DataError, Sampler
 from .mesh import ParallelError, make_mesh, mesh_for_cli
-from .optim import adamw_update, lr_of, sqnorm
+from .optim import adamw_update, lr_at, sqnorm
 from .reference_train import InputError, add_input_args, load_inputs, make_train_step
 from .shardings import mesh_shardings, step_shardings  # noqa: F401  (anchor.<name>, as before shardings.py)
 
@@ -277,7 +277,8 @@ def _run(config: dict[str, Any], tokens: np.ndarray, variant: str, steps: int | 
     if not compile_only:
         for k in range(tc.steps):
             t = k + 1
-            lr = lr_of(tc, t)
+            lr = lr_at(t, lr=tc.lr, min_lr_ratio=tc.min_lr_ratio, warmup_steps=tc.warmup_steps,
+                       steps=tc.steps)
             result["step_start_unix"].append(time.time())
             c0, f0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t0 = time.perf_counter()

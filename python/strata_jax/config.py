@@ -185,17 +185,11 @@ class TrainConfig:
     grad_clip: float
     eval_every: int
     eval_batches: int
-    # train.lr_schedule and train.decay_fraction; a dict without them (a
-    # config from before they existed) means their defaults.
-    lr_schedule: str = "cosine"
-    decay_fraction: float = 0.1
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
         ints = {"steps", "batch_size", "microbatches", "warmup_steps", "eval_every", "eval_batches"}
-        strs = {"lr_schedule"}
-        kw = {k: (int(d[k]) if k in ints else str(d[k]) if k in strs else float(d[k]))
-              for k in cls.__dataclass_fields__ if k in d or k not in {"lr_schedule", "decay_fraction"}}
+        kw = {k: (int(d[k]) if k in ints else float(d[k])) for k in cls.__dataclass_fields__}
         return cls(**kw)
 
     @property

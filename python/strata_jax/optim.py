@@ -7,7 +7,7 @@ also what the reference applies, so both do the same arithmetic.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -47,43 +47,13 @@ def sqnorm(grads: Sequence[Array]) -> Array:
     return total
 
 
-def lr_decay_steps(*, schedule: str, decay_fraction: float, warmup_steps: int, steps: int) -> int:
-    """The steps at the end over which linear and wsd decay (st_plan_lr_decay_steps); 0 otherwise."""
-    span = max(1, steps - warmup_steps)
-    if schedule == "linear":
-        return span
-    if schedule != "wsd":
-        return 0
-    x = decay_fraction * span
-    d = int(x) + (1 if x - int(x) >= 0.5 else 0)  # C's llround: halves away from zero
-    return min(max(d, 1), span)
-
-
-def lr_at(t: int, *, lr: float, min_lr_ratio: float, warmup_steps: int, steps: int,
-          schedule: str = "cosine", decay_fraction: float = 0.1) -> float:
-    """Learning rate of optimizer step t (1-based), float64 on host: the
-    same operations as st_plan_lr (src/plan/lr_schedule.c), so the same
-    double."""
+def lr_at(t: int, *, lr: float, min_lr_ratio: float, warmup_steps: int, steps: int) -> float:
+    """Learning rate of optimizer step t (1-based), float64 on host."""
     if t <= warmup_steps:
         return lr * t / warmup_steps
-    if schedule == "constant":
-        return lr
+    p = (t - warmup_steps) / max(1, steps - warmup_steps)
     min_lr = lr * min_lr_ratio
-    if schedule == "cosine":
-        p = min(1.0, (t - warmup_steps) / max(1, steps - warmup_steps))
-        return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * p))
-    d = lr_decay_steps(schedule=schedule, decay_fraction=decay_fraction, warmup_steps=warmup_steps, steps=steps)
-    k = t - (steps - d)
-    if k <= 0:
-        return lr
-    k = min(k, d)
-    return min_lr + (lr - min_lr) * ((d - k) / d)
-
-
-def lr_of(tc: Any, t: int) -> float:
-    """lr_at with a TrainConfig's schedule."""
-    return lr_at(t, lr=tc.lr, min_lr_ratio=tc.min_lr_ratio, warmup_steps=tc.warmup_steps, steps=tc.steps,
-                 schedule=tc.lr_schedule, decay_fraction=tc.decay_fraction)
+    return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * p))
 
 
 def clip_scale(norm: float, grad_clip: float) -> float:

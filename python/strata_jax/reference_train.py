@@ -28,7 +28,7 @@ from .config import ModelConfig, TrainConfig
 from .data import Batch, DataError, Sampler, read_token_file
 from .mesh import ParallelError, make_mesh, mesh_for_cli
 from .model import FullParams
-from .optim import adamw_update, clip_scale, lr_of, sqnorm
+from .optim import adamw_update, clip_scale, lr_at, sqnorm
 from .shardings import step_shardings
 
 Array = jax.Array
@@ -158,7 +158,7 @@ def train(config: dict[str, Any], tokens: np.ndarray, steps: int | None = None,
     hist: dict[str, Any] = {"losses": [], "grad_norms": [], "lrs": [], "step_time_s": [], "eval_losses": []}
     for k in range(tc.steps):
         t = k + 1
-        lr = lr_of(tc, t)
+        lr = lr_at(t, lr=tc.lr, min_lr_ratio=tc.min_lr_ratio, warmup_steps=tc.warmup_steps, steps=tc.steps)
         t0 = time.perf_counter()
         out = step_fn(params, m, v, *batch_arrays(sampler.batch(k)), jnp.float32(t), jnp.float32(lr), hyper, clip)
         params, m, v, losses, sqn = out[:5]

@@ -552,7 +552,9 @@ static void st__lr_schedule_resumed(const st_train_ckpt* c, const st_ckpt* ck, b
   st_json_put(e, "checkpoint_lr_schedule", rec);
   st_json_put_bool(e, "lr_schedule_changed", changed);
   if (!changed || quiet) return;
-  char* then = st_json_dump(rec, 0);
+  json_t* then_j = st_plan_lr_schedule_json(&was); /* the record in this run's key order, for reading side by side */
+  char* then = st_json_dump(then_j, 0);
+  json_decref(then_j);
   char* now = st_json_dump(c->lr_schedule, 0);
   const int64_t t = ck->step + 1;
   fprintf(stderr,

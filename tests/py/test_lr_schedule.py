@@ -1,8 +1,9 @@
 """train.lr_schedule against optax (issue 29, docs/model.md "Learning-rate
 schedules"): each schedule's per-step lr in a short `strata train` run's
-metrics.jsonl equals optax's schedule at the same steps, the JAX reference's
-lr_at gives the same doubles, the manifest records the definition, and a wsd
-run killed in its decay and resumed continues the curve bitwise.
+metrics.jsonl equals optax's schedule at the same steps and docs/model.md's
+formulas (in Python doubles: the same doubles), the manifest records the
+definition, and a wsd run killed in its decay and resumed continues the curve
+bitwise.
 
 Where the definitions differ, the test applies strata's to both:
 - Step indexing. strata's optimizer step t is 1-based and trains at
@@ -27,6 +28,7 @@ together by 32 * 2^-53 * peak = 2^-48 * peak.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -39,13 +41,39 @@ import optax
 import pytest
 
 from conftest import ROOT, STRATA, run_ok
-from strata_jax.optim import lr_at, lr_decay_steps
 
 STEPS, WARMUP, PEAK, RATIO, FRACTION = 40, 5, 3e-3, 0.1, 0.25
 BASE = ["configs/test.yml", f"train.steps={STEPS}", f"train.warmup_steps={WARMUP}", f"train.lr={PEAK}",
         f"train.min_lr_ratio={RATIO}", f"train.decay_fraction={FRACTION}", "train.eval_every=0",
         "runtime.deterministic=true", "runtime.cpu_devices=1", "ckpt.every=17", "ckpt.async=false"]
 SCHEDULES = ["constant", "linear", "cosine", "wsd"]
+
+
+def decay_steps(name: str, fraction: float = FRACTION, warmup: int = WARMUP, steps: int = STEPS) -> int:
+    """docs/model.md: linear decays every step after the warmup, wsd the
+    last round(fraction * (steps - warmup)) (C's llround: halves up)."""
+    span = max(1, steps - warmup)
+    if name == "linear":
+        return span
+    x = fraction * span
+    d = int(x) + (1 if x - int(x) >= 0.5 else 0)
+    return min(max(d, 1), span)
+
+
+def strata_lr(name: str, t: int, lr: float = PEAK, ratio: float = RATIO, warmup: int = WARMUP, steps: int = STEPS,
+              fraction: float = FRACTION) -> float:
+    """docs/model.md's formulas with st_plan_lr's operations, in doubles."""
+    if warmup > 0 and t <= warmup:
+        return lr * t / warmup
+    if name == "constant":
+        return lr
+    min_lr = lr * ratio
+    if name == "cosine":
+        p = min(1.0, (t - warmup) / max(1, steps - warmup))
+        return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * p))
+    d = decay_steps(name, fraction, warmup, steps)
+    k = t - (steps - d)
+    return lr if k <= 0 else min_lr + (lr - min_lr) * ((d - min(k, d)) / d)
 
 
 def optax_schedule(name: str) -> optax.Schedule:
@@ -58,7 +86,7 @@ def optax_schedule(name: str) -> optax.Schedule:
         return optax.join_schedules([warm, optax.linear_schedule(PEAK, end, STEPS - WARMUP)], [WARMUP])
     if name == "cosine":
         return optax.warmup_cosine_decay_schedule(0.0, PEAK, WARMUP, STEPS, end)
-    d = lr_decay_steps(schedule="wsd", decay_fraction=FRACTION, warmup_steps=WARMUP, steps=STEPS)
+    d = decay_steps("wsd")
     return optax.join_schedules([warm, optax.constant_schedule(PEAK), optax.linear_schedule(PEAK, end, d)],
                                 [WARMUP, STEPS - d])
 
@@ -89,10 +117,8 @@ def test_schedule_equals_optax(runs: dict[str, Path], name: str) -> None:
     np.testing.assert_allclose(got, ref64, rtol=0, atol=2.0**-48 * PEAK)
     ref32 = np.asarray(optax_schedule(name)(t), np.float64)
     np.testing.assert_allclose(got, ref32, rtol=0, atol=2.0**-19 * PEAK)
-    # The JAX reference trainer's lr_at does strata's operations: the same doubles.
-    ours = [lr_at(int(k), lr=PEAK, min_lr_ratio=RATIO, warmup_steps=WARMUP, steps=STEPS, schedule=name,
-                  decay_fraction=FRACTION) for k in t]
-    assert list(got) == ours
+    # The documented formulas with the same operations give the same doubles.
+    assert list(got) == [strata_lr(name, int(k)) for k in t]
     # Shape: the peak after the warmup, the floor at the end (constant stays at the peak).
     assert got[WARMUP - 1] == pytest.approx(PEAK, rel=1e-15)
     assert got[-1] == pytest.approx(PEAK if name == "constant" else PEAK * RATIO, rel=1e-12)
@@ -145,7 +171,7 @@ def test_resume_with_another_schedule_is_said(runs: dict[str, Path], tmp_path: P
         shutil.rmtree(d / "checkpoints" / f"step_{s}")
     (d / "checkpoints" / "LATEST").write_text("step_17\n")
     r = run_ok([STRATA, "resume", str(d), "train.lr_schedule=cosine"])
-    nxt = lr_at(18, lr=PEAK, min_lr_ratio=RATIO, warmup_steps=WARMUP, steps=STEPS)
+    nxt = strata_lr("cosine", 18)
     assert "the lr schedule differs from the checkpoint's" in r.stderr
     assert '"schedule": "wsd"' in r.stderr and '"schedule": "cosine"' in r.stderr
     assert f"from step 18 the lr follows this run's ({nxt:.9g}; the checkpoint's would be {PEAK:.9g})" in r.stderr
