@@ -112,6 +112,26 @@ def test_plan_launches_the_tensor_parallel_programs_on_cut_slots() -> None:
     assert slots["m:layers.1.w_up"]["layout"] == "sharded"
 
 
+def resume_cut_elsewhere(tmp_path, args: list[str], target: list[str]) -> None:  # noqa: ANN001
+    """Trains |args| for 6 steps whole and cut at step 3; resumes one copy of
+    the cut on |target| (within rtol 1e-5 of the whole run) and one on the
+    saving mesh (bit for bit)."""
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    run([STRATA, "train", *args, f"run.dir={whole}"])
+    run([STRATA, "train", *args, "train.steps=3", f"run.dir={cut}"])
+    same = tmp_path / "same"
+    shutil.copytree(cut, same)
+    run([STRATA, "resume", str(cut), "train.steps=6", *target])
+    run([STRATA, "resume", str(same), "train.steps=6"])
+
+    def losses(d):  # noqa: ANN001, ANN202
+        return [json.loads(x)["loss"] for x in (d / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+
+    assert len(losses(cut)) == 6
+    np.testing.assert_allclose(losses(cut), losses(whole), rtol=1e-5)
+    assert losses(same) == losses(whole)
+
+
 @pytest.mark.parametrize("target", [[], ["parallel.data=2"], ["parallel.fsdp=2"]],
                          ids=["one_device", "data2", "fsdp2"])
 def test_resume_tensor2_on_another_mesh(tmp_path, target: list[str]) -> None:
@@ -119,20 +139,7 @@ def test_resume_tensor2_on_another_mesh(tmp_path, target: list[str]) -> None:
     one device, data=2 and fsdp=2 continue it within rtol 1e-5 of the
     uninterrupted tensor=2 run; on tensor=2 itself, bit for bit."""
     args = ["configs/test.yml", *OVERRIDES, "parallel.tensor=2", "train.steps=6", "ckpt.every=3"]
-    whole, cut = tmp_path / "whole", tmp_path / "cut"
-    run([STRATA, "train", *args, f"run.dir={whole}"])
-    run([STRATA, "train", *args, "train.steps=3", f"run.dir={cut}"])
-    same = tmp_path / "same"
-    shutil.copytree(cut, same)
-    run([STRATA, "resume", str(cut), "train.steps=6", "parallel.tensor=1", *target])
-    run([STRATA, "resume", str(same), "train.steps=6"])
-
-    def losses(d):
-        return [json.loads(x)["loss"] for x in (d / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
-
-    assert len(losses(cut)) == 6
-    np.testing.assert_allclose(losses(cut), losses(whole), rtol=1e-5)
-    assert losses(same) == losses(whole)
+    resume_cut_elsewhere(tmp_path, args, ["parallel.tensor=1", *target])
 
 
 def test_fsdp_tensor_plan_cuts_tensor_blocks_in_fsdp_blocks() -> None:
@@ -177,20 +184,7 @@ def test_resume_three_axes(tmp_path) -> None:
     are whole)."""
     args = ["configs/test.yml", *OVERRIDES, "runtime.cpu_devices=8", "parallel.data=2", "parallel.fsdp=2",
             "parallel.tensor=2", "train.steps=6", "ckpt.every=3"]
-    whole, cut = tmp_path / "whole", tmp_path / "cut"
-    run([STRATA, "train", *args, f"run.dir={whole}"])
-    run([STRATA, "train", *args, "train.steps=3", f"run.dir={cut}"])
-    same = tmp_path / "same"
-    shutil.copytree(cut, same)
-    run([STRATA, "resume", str(cut), "train.steps=6", "parallel.data=1", "parallel.fsdp=1", "parallel.tensor=1"])
-    run([STRATA, "resume", str(same), "train.steps=6"])
-
-    def losses(d):
-        return [json.loads(x)["loss"] for x in (d / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
-
-    assert len(losses(cut)) == 6
-    np.testing.assert_allclose(losses(cut), losses(whole), rtol=1e-5)
-    assert losses(same) == losses(whole)
+    resume_cut_elsewhere(tmp_path, args, ["parallel.data=1", "parallel.fsdp=1", "parallel.tensor=1"])
 
 
 @pytest.mark.parametrize("policy", [["sched.remat=none"], ["sched.optimizer=per_layer", "train.grad_clip=0"],
