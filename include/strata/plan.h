@@ -490,6 +490,13 @@ extern const char* const st_plan_identity_fix;
  * the makespan in |out_makespan| (may be NULL); 0 without a pipeline. */
 double st_plan_pipeline_replay(const st_plan* plan, const double* seconds, double* out_makespan);
 
+/* A pipeline plan's bubble as its schedule's simulation predicted it (1 -
+ * the tasks' summed time / (stages x the makespan)), the theory for equal
+ * stages in |out_theory| ((P-1)/(M+P-1); with V chunks a stage
+ * (P-1)/(V M + P-1)) and the makespan in |out_makespan| (either may be
+ * NULL); all 0 without a pipeline. */
+double st_plan_pipeline_bubble(const st_plan* plan, double* out_theory, double* out_makespan);
+
 /* `strata plan --explain` (docs/parallelism.md): the mesh, every tensor of
  * the step plan with its sharding, the collectives per layer with their
  * message and ring wire bytes, predicted per-device memory by category and

@@ -607,6 +607,11 @@ static st_status st__rule_pipeline(const st_config* c) {
                           "are for the interleaved schedule; set sched.pipeline_schedule=interleaved or "
                           "sched.pipeline_virtual=1",
                           (long long)V, sv, sched, ss);
+  if (P <= 1 && st_config_list_count(c, "parallel.pipeline_layers") > 0)
+    return st_status_make(ST_CODE_CONFIG,
+                          "parallel.pipeline_layers (%s) splits the layers into stages, but parallel.pipeline is 1 (%s): "
+                          "set parallel.pipeline to the stage count or leave parallel.pipeline_layers empty",
+                          st_config_source(c, "parallel.pipeline_layers"), sp);
   if (P <= 1) return ST_OK;
   if (inter && V < 2)
     return st_status_make(ST_CODE_CONFIG,
@@ -799,7 +804,7 @@ static const st__cfg_rule kRules[] = {
      st__rule_parallel},
     {"parallel.pipeline > 1: train.microbatches is at least parallel.pipeline (and, interleaved, divisible by it); "
      "model.n_layers is at least parallel.pipeline x sched.pipeline_virtual; parallel.pipeline_layers is empty or one "
-     "layer count per stage chunk summing to model.n_layers; sched.pipeline_virtual > 1 exactly when "
+     "layer count per stage chunk summing to model.n_layers, and empty without a pipeline; sched.pipeline_virtual > 1 exactly when "
      "sched.pipeline_schedule=interleaved; one process.",
      st__rule_pipeline},
 };

@@ -436,15 +436,12 @@ static json_t* st__explain_pipeline(const st_plan* step) {
   if (step->stages <= 1 || !step->pipe_tasks) return NULL;
   const int P = step->stages, C = step->pipe_chunks, V = C / P;
   int M = 0;
-  double makespan = 0, busy_all = 0;
   double* busy = st_xcalloc((size_t)P, sizeof(double));
   json_t* tasks = st_json_arr();
   for (int k = 0; k < step->pipe_task_count; ++k) {
     const st_plan_pipe_task* t = &step->pipe_tasks[k];
     if (t->micro + 1 > M) M = t->micro + 1;
-    if (t->end > makespan) makespan = t->end;
     busy[t->stage] += t->end - t->start;
-    busy_all += t->end - t->start;
     json_t* o = st_json_obj();
     st_json_put_int(o, "stage", t->stage);
     st_json_put_int(o, "chunk", t->chunk);
@@ -485,9 +482,11 @@ static json_t* st__explain_pipeline(const st_plan* step) {
   st_json_put_int(j, "microbatches", M);
   st_json_put(j, "stage", stages);
   st_json_put(j, "tasks", tasks);
+  double theory = 0, makespan = 0;
+  const double bubble = st_plan_pipeline_bubble(step, &theory, &makespan);
   st_json_put(j, "predicted_makespan", json_real(makespan));
-  st_json_put(j, "predicted_bubble", json_real(makespan > 0 ? 1.0 - busy_all / ((double)P * makespan) : 0));
-  st_json_put(j, "theory_bubble", json_real(V > 1 ? (double)(P - 1) / ((double)V * M + P - 1) : (double)(P - 1) / (double)(M + P - 1)));
+  st_json_put(j, "predicted_bubble", json_real(bubble));
+  st_json_put(j, "theory_bubble", json_real(theory));
   free(busy);
   free(peaks);
   return j;

@@ -202,3 +202,23 @@ double st_plan_pipeline_replay(const st_plan* plan, const double* seconds, doubl
   if (out_makespan) *out_makespan = makespan;
   return makespan > 0 ? 1.0 - busy / ((double)P * makespan) : 0;
 }
+
+double st_plan_pipeline_bubble(const st_plan* plan, double* out_theory, double* out_makespan) {
+  const int P = plan->stages, n = plan->pipe_task_count;
+  double makespan = 0, busy = 0;
+  int M = 0;
+  for (int k = 0; k < n; ++k) {
+    const st_plan_pipe_task* t = &plan->pipe_tasks[k];
+    if (t->end > makespan) makespan = t->end;
+    busy += t->end - t->start;
+    if (t->micro + 1 > M) M = t->micro + 1;
+  }
+  const bool pipe = P > 1 && n > 0;
+  const int V = pipe ? plan->pipe_chunks / P : 1;
+  if (out_theory)
+    *out_theory = !pipe  ? 0
+                  : V > 1 ? (double)(P - 1) / ((double)V * M + P - 1)
+                          : (double)(P - 1) / (double)(M + P - 1);
+  if (out_makespan) *out_makespan = pipe ? makespan : 0;
+  return pipe && makespan > 0 ? 1.0 - busy / ((double)P * makespan) : 0;
+}

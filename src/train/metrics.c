@@ -100,18 +100,11 @@ static void st__pipeline_metrics(const st_plan* p, const st_executor_stats* es, 
     st_json_put(pm, "bubble_replayed", st_json_fixed(st_plan_pipeline_replay(p, secs, NULL), 4));
     free(secs);
   }
-  double makespan = 0, busy = 0;
-  int M = 0;
-  for (int k = 0; k < p->pipe_task_count; ++k) {
-    const st_plan_pipe_task* task = &p->pipe_tasks[k];
-    if (task->end > makespan) makespan = task->end;
-    busy += task->end - task->start;
-    if (task->micro + 1 > M) M = task->micro + 1;
-  }
-  const int P = p->stages, V = p->pipe_chunks / (P > 0 ? P : 1);
-  st_json_put(pm, "bubble_predicted", st_json_fixed(makespan > 0 ? 1.0 - busy / ((double)P * makespan) : 0, 4));
-  st_json_put(pm, "bubble_theory", st_json_fixed(V > 1 ? (double)(P - 1) / ((double)V * M + P - 1)
-                                                        : (double)(P - 1) / (double)(M + P - 1), 4));
+  const int P = p->stages;
+  double theory = 0;
+  const double predicted_bubble = st_plan_pipeline_bubble(p, &theory, NULL);
+  st_json_put(pm, "bubble_predicted", st_json_fixed(predicted_bubble, 4));
+  st_json_put(pm, "bubble_theory", st_json_fixed(theory, 4));
   int64_t* predicted = st_xcalloc((size_t)P * ST_SLOT_CATEGORY_COUNT, sizeof(int64_t));
   st_plan_predict_stage_peaks(p, predicted);
   json_t* stages = st_json_arr();

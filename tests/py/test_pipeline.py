@@ -218,6 +218,9 @@ BAD = [
      "command line, command line, command line), but runtime.cpu_devices is 2 (command line)"),
     (["model.n_layers=2", "parallel.pipeline=2", "parallel.pipeline_layers=[1,2]", "train.microbatches=2"],
      "parallel.pipeline_layers (command line) sums to 3 layers, but model.n_layers is 2 (command line)"),
+    (["parallel.pipeline=1", "parallel.pipeline_layers=[1,1]"],
+     "parallel.pipeline_layers (command line) splits the layers into stages, but parallel.pipeline is 1 (command "
+     "line): set parallel.pipeline to the stage count or leave parallel.pipeline_layers empty"),
     (["parallel.pipeline=2", "parallel.pipeline_layers=[2]", "train.microbatches=2"],
      "parallel.pipeline_layers (command line) has 1 entries; it needs one per stage chunk, parallel.pipeline x "
      "sched.pipeline_virtual = 2 (or leave it empty to balance the stages)"),
