@@ -39,6 +39,9 @@ typedef enum st_tokenizer_kind {
  * of the first 8 bytes of SHA-256 of its tokenizer.json. */
 #define ST_TOKENIZER_HASH_CHARS 17 /* with the NUL */
 
+/* data.packing (docs/data.md, "Packing"). */
+enum { ST_DATA_PACKING_CONCAT = 0, ST_DATA_PACKING_NONE, ST_DATA_PACKING_PACK };
+
 typedef struct st_data_options {
   const char* path;      /* data.path: text file, folder or token file; "" = default corpus */
   bool synthetic;        /* data.synthetic */
@@ -51,6 +54,7 @@ typedef struct st_data_options {
   const char* tokenizer_from;
   uint32_t vocab_size;   /* model.vocab_size */
   double val_fraction;   /* data.val_fraction */
+  int packing;           /* data.packing: ST_DATA_PACKING_* */
   int64_t seq_len;       /* model.seq_len (T) */
   uint64_t seed;         /* seed */
   const char* cache_dir; /* where tokenized corpora are cached (<cache>/tokens) */
@@ -83,7 +87,7 @@ enum { ST_STREAM_TRAIN = 0, ST_STREAM_EVAL = 1 };
 /* Fills |count| sequences of |stream| starting at sampler index |first|:
  * inputs[count*T] and targets[count*T] (s32), mask[count*T] (f32, ones). */
 void st_dataset_fill(const st_dataset* dataset, int stream, uint64_t first, int64_t count, int32_t* inputs,
-                     int32_t* targets, float* mask);
+                     int32_t* targets, float* mask, int32_t* positions /* may be NULL */);
 
 /* The sampler rule of docs/data.md, exposed for tests. */
 uint64_t st_data_window_start(uint64_t seed, uint64_t stream, uint64_t index, uint64_t n_tokens, uint64_t seq_len);

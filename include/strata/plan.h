@@ -303,6 +303,10 @@ enum {
   ST_TAG_NUM_OPT,
   ST_TAG_NUM_OUT,
   ST_TAG_NUM_DX,
+  /* H2D, data.packing=pack: each token's position in its document
+   * (docs/data.md); one per stage that runs blocks. */
+  ST_TAG_POSITIONS,
+  ST_TAG_EVAL_POSITIONS,
   /* READ: ST_TAG_METRIC + s is the block metric st_plan_block_metrics
    * lists s-th (docs/bundle.md, "Block metrics"); keep it last. */
   ST_TAG_METRIC,

@@ -84,6 +84,7 @@ static st_status st__data_decode(const st_dataset* ds, const char* arg) {
 }
 
 int st_cli_data(int argc, char** argv) {
+  if (argc > 0 && !strcmp(argv[0], "inspect")) return st_cli_data_inspect(argc - 1, argv + 1);
   const char* decode = NULL;
   char** args = st_xcalloc((size_t)argc + 1, sizeof(char*));
   int n = 0;

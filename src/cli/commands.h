@@ -13,6 +13,7 @@ int st_cli_export(int argc, char** argv);
 int st_cli_train(int argc, char** argv);
 int st_cli_plan(int argc, char** argv);
 int st_cli_data(int argc, char** argv);
+int st_cli_data_inspect(int argc, char** argv); /* `strata data inspect ...` (cmd_data_inspect.c) */
 int st_cli_resume(int argc, char** argv);
 int st_cli_run(int argc, char** argv);
 int st_cli_ckpt(int argc, char** argv);

@@ -22,7 +22,7 @@ static const st_cli_command kCommands[] = {
     {"analyze", st_cli_analyze, "analyze BUNDLE_DIR|RUN_DIR [--json]  per program FLOPs, bytes, intensity, collectives; per step totals"},
     {"eval", st_cli_eval, "eval RUN_DIR|CKPT_DIR [k=v ...] [--json]  loss, perplexity, bits per byte on the validation split (or data.path=)"},
     {"ckpt", st_cli_ckpt, "ckpt list|verify|inspect PATH  checkpoints of a run: list, verify checksums, show manifest and tensors"},
-    {"data", st_cli_data, "data CONFIG [k=v ...]       tokenize the corpus; print the token file, split sizes, tokenizer; --decode IDS: ids -> bytes"},
+    {"data", st_cli_data, "data CONFIG [k=v ...]       tokenize the corpus; print the token file, split sizes, tokenizer; --decode IDS: ids -> bytes; data inspect CONFIG --step N: a step's batch"},
     {"sample", st_cli_sample, "sample RUN_DIR|CKPT_DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]  generate text"},
     {"repro", st_cli_repro, "repro DIR [--json]          replay a non-finite bundle's program on its saved inputs: reproduces or not"},
     {"kernels", st_cli_kernels, "kernels list|verify|bench   the kernel contract; every implementation against the reference; time per call"},

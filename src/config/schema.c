@@ -119,6 +119,9 @@ static const st__cfg_key kKeys[] = {
      .zero_means = "model.vocab_size"},
     {"data.val_fraction", ST__CFG_FLOAT, "0.05", .lo = 0, .lo_open = true, .hi = 0.5,
      .doc = "Fraction of the corpus held out for validation."},
+    {"data.packing", ST__CFG_ENUM, "concat", .choices = "concat|none|pack",
+     .doc = "concat: windows of the concatenated corpus; none: one document per sequence, padded; pack: whole "
+            "documents packed into each sequence, attention within each (docs/data.md)."},
 
     {"run.dir", ST__CFG_STRING, "", .doc = "Run directory; empty: runs/<run.id>."},
     {"run.id", ST__CFG_STRING, "",

@@ -578,7 +578,7 @@ uint64_t st_dataset_split_tokens(const st_dataset* ds, int stream) {
 }
 
 void st_dataset_fill(const st_dataset* ds, int stream, uint64_t first, int64_t count, int32_t* inputs, int32_t* targets,
-                     float* mask) {
+                     float* mask, int32_t* positions) {
   const uint16_t* base = stream == ST_STREAM_TRAIN ? ds->tokens : ds->tokens + ds->n_train;
   uint64_t n = st_dataset_split_tokens(ds, stream);
   int64_t T = ds->seq_len;
@@ -588,6 +588,7 @@ void st_dataset_fill(const st_dataset* ds, int stream, uint64_t first, int64_t c
       inputs[i * T + t] = base[s + (uint64_t)t];
       targets[i * T + t] = base[s + (uint64_t)t + 1];
       if (mask) mask[i * T + t] = 1.0f;
+      if (positions) positions[i * T + t] = (int32_t)t;
     }
   }
 }

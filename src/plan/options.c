@@ -230,6 +230,12 @@ static st_status st__options_model(const st_config* c, st_plan_options* o) {
    * rules make it divide evenly; docs/parallelism.md). */
   int64_t shares = st_config_int(c, "parallel.data") * st_config_int(c, "parallel.fsdp");
   st_json_put_int(m, "microbatch_size", o->batch_size / o->microbatches / shares);
+  /* data.packing shapes the programs (none, pack: the loss is a sum over
+   * the batch's weights; pack: positions enter the blocks, docs/data.md),
+   * so it is part of the model; concat, the default, leaves the object as
+   * it was. */
+  const char* packing = st_config_string(c, "data.packing");
+  if (strcmp(packing, "concat")) st_json_put_str(m, "packing", packing);
 
   /* The model description: every model.* key, at its default too, so that
    * a checkpoint names its block kind and kernels instead of leaving them
@@ -241,6 +247,7 @@ static st_status st__options_model(const st_config* c, st_plan_options* o) {
   for (int i = 0; i < n_ops; ++i) json_object_set_new(all, op_names[i], json_string(o->kernel_impl[i]));
   json_object_set_new(d, "kernels", all);
   st_json_put_int(d, "microbatch_size", o->batch_size / o->microbatches / shares);
+  if (strcmp(packing, "concat")) st_json_put_str(d, "packing", packing);
   o->model_trees = st_xmalloc(sizeof(*o->model_trees));
   o->model_trees->model = m;
   o->model_trees->desc = d;
@@ -258,6 +265,10 @@ static void st__options_data_runtime(const st_config* c, st_plan_options* o) {
   o->data.tokenizer_vocab = !strcmp(o->data.tokenizer, "bpe") ? (uint32_t)st_config_int_resolved(c, "data.vocab_size") : 256u;
   o->data.vocab_size = (uint32_t)st_config_int(c, "model.vocab_size");
   o->data.val_fraction = st_config_float(c, "data.val_fraction");
+  const char* packing = st_config_string(c, "data.packing");
+  o->data.packing = !strcmp(packing, "pack")   ? ST_DATA_PACKING_PACK
+                    : !strcmp(packing, "none") ? ST_DATA_PACKING_NONE
+                                               : ST_DATA_PACKING_CONCAT;
   o->data.seq_len = st_config_int(c, "model.seq_len");
   o->data.seed = o->seed;
   o->data.progress = o->long_progress;

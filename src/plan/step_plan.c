@@ -121,6 +121,16 @@ static int st__metric_index(const st_bundle* b, const char* name) {
   return -1;
 }
 
+/* data.packing=pack (docs/data.md): the embedding's forward takes each
+ * token's position after the tokens, and so does every block after x
+ * (their attention stays inside each document). 1 if so, else 0. */
+static int st__takes_positions(const st_bundle* b) {
+  const st_bundle_program* ef = b->embed.fwd;
+  if (!ef || ef->input_count < 2) return 0;
+  const st_bundle_tensor* last = &ef->inputs[ef->input_count - 1];
+  return !strcmp(last->name, "positions") ? 1 : 0;
+}
+
 /* The programs a block's training needs fit together: fwd returns y and
  * the block's metrics, fwd_res the same then its residuals, and bwd_res
  * takes the block's parameters, x, the residuals and dy, and returns the
@@ -133,11 +143,12 @@ static st_status st__check_block(const st_bundle* b, const st__instance* I) {
   const st_bundle_program* fr = I->stage->fwd_res;
   const st_bundle_program* br = I->stage->bwd_res;
   const int S = st_plan_metric_outputs(fr), R = fr->output_count - 1 - S;
-  if (fr->output_count < 1 || R > ST__MAX_RESIDUALS || fr->input_count != I->count + 1 ||
-      fwd->input_count != I->count + 1 || fwd->output_count != 1 + st_plan_metric_outputs(fwd))
-    return st_status_make(ST_CODE_RUNTIME, "bundle %s: layer %d's programs '%s' and '%s' do not take its %d parameters and x, or "
+  const int pos = st__takes_positions(b);
+  if (fr->output_count < 1 || R > ST__MAX_RESIDUALS || fr->input_count != I->count + 1 + pos ||
+      fwd->input_count != I->count + 1 + pos || fwd->output_count != 1 + st_plan_metric_outputs(fwd))
+    return st_status_make(ST_CODE_RUNTIME, "bundle %s: layer %d's programs '%s' and '%s' do not take its %d parameters and x%s, or "
                           "return more than %d residuals (docs/bundle.md)",
-                          b->dir, I->layer, fwd->name, fr->name, I->count, ST__MAX_RESIDUALS);
+                          b->dir, I->layer, fwd->name, fr->name, I->count, pos ? " and positions" : "", ST__MAX_RESIDUALS);
   if (st_plan_metric_outputs(fwd) != S)
     return st_status_make(ST_CODE_RUNTIME, "bundle %s: layer %d's '%s' and '%s' return different metrics (docs/bundle.md, "
                           "\"Block metrics\")", b->dir, I->layer, fwd->name, fr->name);
@@ -153,7 +164,7 @@ static st_status st__check_block(const st_bundle* b, const st__instance* I) {
     if (!strcmp(fr->outputs[r].role, "metric"))
       return st_status_make(ST_CODE_RUNTIME, "bundle %s: layer %d's '%s' returns metric '%s' among its residuals; metrics "
                             "come right after y (docs/bundle.md)", b->dir, I->layer, fr->name, fr->outputs[r].name);
-  if (br->input_count != I->count + R + 2 || br->output_count != I->count + 1)
+  if (br->input_count != I->count + R + 2 + pos || br->output_count != I->count + 1)
     return st_status_make(ST_CODE_RUNTIME, "bundle %s: layer %d's '%s' does not take '%s''s residuals (docs/bundle.md)",
                           b->dir, I->layer, br->name, fr->name);
   return ST_OK;
@@ -171,12 +182,12 @@ static st_status st__instances(const st_bundle* b, st__instance** out, int* out_
   /* The embedding's programs take its group's parameters (wte first), then
    * tokens (and dx); the plan indexes them by the group's count. */
   const st_bundle_stage* E = &b->embed;
-  const int ne = v[0].count;
-  if (!s && (ne < 1 || E->fwd->input_count != ne + 1 || E->fwd->output_count != 1 || E->bwd->input_count != ne + 2 ||
+  const int ne = v[0].count, pos = st__takes_positions(b);
+  if (!s && (ne < 1 || E->fwd->input_count != ne + 1 + pos || E->fwd->output_count != 1 || E->bwd->input_count != ne + 2 + pos ||
              E->bwd->output_count != ne ||
              (E->accum_tied && (E->accum_tied->input_count != 2 || E->accum_tied->output_count != 1))))
     s = st_status_make(ST_CODE_RUNTIME, "bundle %s: the embedding's programs do not match its group's %d parameters "
-                       "(fwd: params, tokens -> x; bwd: params, tokens, dx -> grads; accum_tied: 2 -> 1; "
+                       "(fwd: params, tokens[, positions] -> x; bwd: params, tokens[, positions], dx -> grads; accum_tied: 2 -> 1; "
                        "docs/bundle.md, \"Program tables\")", b->dir, ne);
   for (int l = 0; !s && l < b->layer_count; ++l) {
     s = st__instance_make(b, &b->layers[l], &v[1 + l]);
@@ -195,6 +206,9 @@ static st_status st__instances(const st_bundle* b, st__instance** out, int* out_
 /* The slots of one microbatch that the forward hands to the backward. */
 typedef struct {
   int tokens, targets, mask;
+  /* data.packing=pack: the positions slot + 1 on each stage (0: none yet;
+   * st__positions makes it at its first use there). */
+  int pos1[ST_PLAN_MAX_STAGES];
   int x;  /* the last block's output (a pipeline: the next chunk's input, once sent) */
   int dx; /* a pipeline: the gradient the next chunk's backward sent back; -1 */
 } st__fwd_out;
@@ -207,6 +221,7 @@ typedef struct {
   int L;              /* blocks */
   const bool* remat;  /* [L] */
   bool tied;          /* the head uses the embedding */
+  bool positions;     /* data.packing=pack: embedding and blocks take positions (st__takes_positions) */
   int sc[ST_PLAN_MAX_STAGES][4]; /* optimizer scalar slots per stage: step, lr, gscale, hyper */
   int* sq;            /* [n_inst] squared-norm slots */
   /* Data parallelism (plan->devices > 1): reductions not yet issued. */
@@ -616,17 +631,42 @@ static void st__batch(st__builder* B, int m, bool eval, st__fwd_out* f, bool tok
   }
 }
 
+/* data.packing=pack: microbatch |m|'s positions on the current stage, an
+ * H2D the trainer fills at the stage's first use (the embedding, or its
+ * first block). Returns -1 when the bundle takes none. */
+static int st__positions(st__builder* B, int m, bool eval, st__fwd_out* f) {
+  if (!B->positions) return -1;
+  if (f->pos1[B->stage] > 0) return f->pos1[B->stage] - 1;
+  const st_bundle_program* ef = B->inst[0].stage->fwd;
+  char name[64];
+  snprintf(name, sizeof(name), "positions[%d]", m);
+  int p = st__xfer(B, name, &ef->inputs[ef->input_count - 1].type);
+  st_plan_add(B->plan, ST_OP_H2D, -1, -1, m, eval ? ST_TAG_EVAL_POSITIONS : ST_TAG_POSITIONS, 0, NULL, 1, &p);
+  f->pos1[B->stage] = p + 1;
+  return p;
+}
+
+/* The positions of microbatch |m| on the current stage are used no more. */
+static void st__positions_free(st__builder* B, int m, st__fwd_out* f) {
+  if (f->pos1[B->stage] <= 0) return;
+  int p = f->pos1[B->stage] - 1;
+  st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 1, &p, 0, NULL);
+  f->pos1[B->stage] = 0;
+}
+
 /* embed fwd(embed params, tokens) -> x[0]; the params: wte first (the
  * tied head's), then any others of the group (learned positions). */
-static int st__embed_forward(st__builder* B, int m, bool eval, const st__fwd_out* f) {
+static int st__embed_forward(st__builder* B, int m, bool eval, st__fwd_out* f) {
   const st__instance* E = &B->inst[0];
   const st_bundle_program* ef = E->stage->fwd;
+  const int pos = st__positions(B, m, eval, f);
   int x = st__act(B, "x[0]", &ef->outputs[0].type);
-  int in[ST__MAX_IO];
+  int in[ST__MAX_IO], n = 0;
   st__use_begin(B);
-  for (int k = 0; k < E->count; ++k) in[k] = st__param_in(B, E->params[k]);
-  in[E->count] = f->tokens;
-  st__plan_launch(B, ST_OP_LAUNCH, ef, -1, m, E->count + 1, in, 1, &x);
+  for (int k = 0; k < E->count; ++k) in[n++] = st__param_in(B, E->params[k]);
+  in[n++] = f->tokens;
+  if (pos >= 0) in[n++] = pos;
+  st__plan_launch(B, ST_OP_LAUNCH, ef, -1, m, n, in, 1, &x);
   st__use_end(B);
   if (eval) st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 1, &f->tokens, 0, NULL);
   return x;
@@ -636,9 +676,11 @@ static int st__embed_forward(st__builder* B, int m, bool eval, const st__fwd_out
  * one's output. Layers with remat[l] (and every layer of an evaluation)
  * run their fwd program and keep only x[l]; the others run fwd_res and
  * keep their residuals for bwd_res. */
-static int st__blocks_forward(st__builder* B, int m, bool eval, int l0, int l1, int x) {
+static int st__blocks_forward(st__builder* B, int m, bool eval, int l0, int l1, int x, st__fwd_out* f) {
   int in[ST__MAX_IO], out[ST__MAX_IO];
   char name[160];
+  const int pos = l0 < l1 ? st__positions(B, m, eval, f) : -1;
+  const int np = pos >= 0 ? 1 : 0;
   /* block fwd(params, x[l]) -> x[l+1], or fwd_res -> x[l+1], residuals */
   for (int l = l0; l < l1; ++l) {
     const st__instance* I = &B->inst[1 + l];
@@ -647,6 +689,7 @@ static int st__blocks_forward(st__builder* B, int m, bool eval, int l0, int l1, 
     st__use_begin(B);
     for (int k = 0; k < I->count; ++k) in[k] = st__param_in(B, I->params[k]);
     in[I->count] = x;
+    if (np) in[I->count + 1] = pos;
     snprintf(name, sizeof(name), "x[%d]", l + 1);
     int y = st__act(B, name, &fwd->outputs[0].type);
     /* The block's metrics: read after the step (st__read_losses), or, in
@@ -661,13 +704,13 @@ static int st__blocks_forward(st__builder* B, int m, bool eval, int l0, int l1, 
       out[1 + s] = st__xfer(B, name, &fwd->outputs[1 + s].type);
     }
     if (eval || B->remat[l]) {
-      st__plan_launch(B, ST_OP_LAUNCH, fwd, l, m, I->count + 1, in, 1 + S, out);
+      st__plan_launch(B, ST_OP_LAUNCH, fwd, l, m, I->count + 1 + np, in, 1 + S, out);
     } else {
       for (int r = 1 + S; r < fwd_res->output_count; ++r) {
         snprintf(name, sizeof(name), "res[%d].%s", l, fwd_res->outputs[r].name);
         out[r] = st__act(B, name, &fwd_res->outputs[r].type);
       }
-      st__plan_launch(B, ST_OP_LAUNCH, fwd_res, l, m, I->count + 1, in, fwd_res->output_count, out);
+      st__plan_launch(B, ST_OP_LAUNCH, fwd_res, l, m, I->count + 1 + np, in, fwd_res->output_count, out);
     }
     st__use_end(B);
     if (!eval) st__act_stats(B, I->stage->act_stats, y, ST_TAG_NUM_OUT, l, m);
@@ -683,7 +726,8 @@ static int st__blocks_forward(st__builder* B, int m, bool eval, int l0, int l1, 
 static void st__forward(st__builder* B, int m, bool eval, st__fwd_out* f) {
   st__batch(B, m, eval, f, true, true);
   int x = st__embed_forward(B, m, eval, f);
-  f->x = st__blocks_forward(B, m, eval, 0, B->L, x);
+  f->x = st__blocks_forward(B, m, eval, 0, B->L, x, f);
+  if (eval) st__positions_free(B, m, f);
 }
 
 /*===-------------------------------------------------------------------===*/
@@ -998,10 +1042,11 @@ static int st__head_backward(st__builder* B, const st__optimizer* opt, int m, bo
  * dx. A remat layer first recomputes its residuals with fwd_res. Returns
  * the gradient of block l0's input. */
 static int st__blocks_backward(st__builder* B, const st__optimizer* opt, int m, bool last, int l0, int l1, int dx,
-                               int* pending) {
+                               int* pending, st__fwd_out* f) {
   const char* gp = m == 0 ? "grad:" : "gtmp:";
   char name[160];
   int in[ST__MAX_IO], out[ST__MAX_IO];
+  const int pos = l0 < l1 ? st__positions(B, m, false, f) : -1;
   for (int l = l1 - 1; l >= l0; --l) {
     const st__instance* I = &B->inst[1 + l];
     const st_bundle_program* fr = I->stage->fwd_res;
@@ -1017,6 +1062,7 @@ static int st__blocks_backward(st__builder* B, const st__optimizer* opt, int m, 
     st__use_begin(B);
     for (int k = 0; k < I->count; ++k) in[n++] = st__param_in(B, I->params[k]);
     in[n++] = xl;
+    if (pos >= 0) in[n++] = pos;
     if (B->remat[l]) {
       /* y and the metrics again: the forward's were kept and read */
       out[0] = st__act(B, "y_re", &fr->outputs[0].type);
@@ -1054,22 +1100,25 @@ static int st__blocks_backward(st__builder* B, const st__optimizer* opt, int m, 
 
 /* embed bwd(embed params, tokens, dx) -> their grads; a tied head's dwte
  * joins wte's (under FSDP before the reduce-scatter, while both are whole). */
-static void st__embed_backward(st__builder* B, const st__optimizer* opt, int m, bool last, const st__fwd_out* f, int dx,
+static void st__embed_backward(st__builder* B, const st__optimizer* opt, int m, bool last, st__fwd_out* f, int dx,
                                int* pending) {
   const st__instance* E = &B->inst[0];
   const char* gp = m == 0 ? "grad:" : "gtmp:";
-  int in[ST__MAX_IO], out[ST__MAX_IO];
+  int in[ST__MAX_IO], out[ST__MAX_IO], n = 0;
+  const int pos = st__positions(B, m, false, f);
   st__use_begin(B);
   for (int k = 0; k < E->count; ++k) {
-    in[k] = st__param_in(B, E->params[k]);
+    in[n++] = st__param_in(B, E->params[k]);
     out[k] = st__grad_out(B, gp, E->params[k]);
   }
-  in[E->count] = f->tokens;
-  in[E->count + 1] = dx;
-  st__plan_launch(B, ST_OP_LAUNCH, E->stage->bwd, -1, m, E->count + 2, in, E->count, out);
+  in[n++] = f->tokens;
+  if (pos >= 0) in[n++] = pos;
+  in[n++] = dx;
+  st__plan_launch(B, ST_OP_LAUNCH, E->stage->bwd, -1, m, n, in, E->count, out);
   st__use_end(B);
   int freed2[2] = {dx, f->tokens};
   st_plan_add(B->plan, ST_OP_FREE, -1, -1, m, 0, 2, freed2, 0, NULL);
+  st__positions_free(B, m, f);
   if (st__fsdp(B)) {
     st__after_scatter(B, opt, *pending, m, last);
     if (B->tied) st__accumulate(B, E, "hgrad:", m, E->params[0]);
@@ -1089,10 +1138,10 @@ static void st__embed_backward(st__builder* B, const st__optimizer* opt, int m, 
  * whole gradient lives only from its backward to its reduce-scatter.
  * On the |last| microbatch every instance's gradient becomes final in turn:
  * head, blocks L-1..0, embedding, and |opt| hears of each. */
-static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool last, const st__fwd_out* f) {
+static void st__backward(st__builder* B, const st__optimizer* opt, int m, bool last, st__fwd_out* f) {
   int pending = -1; /* FSDP: the instance whose reduce-scatter is in flight (st__after_scatter) */
   int dx = st__head_backward(B, opt, m, last, f, &pending);
-  dx = st__blocks_backward(B, opt, m, last, 0, B->L, dx, &pending);
+  dx = st__blocks_backward(B, opt, m, last, 0, B->L, dx, &pending, f);
   st__embed_backward(B, opt, m, last, f, dx, &pending);
 }
 
@@ -1258,7 +1307,9 @@ static void st__chunk_forward(st__builder* B, int m, int c, bool eval) {
     st__batch(B, m, eval, f, true, false);
     x = st__embed_forward(B, m, eval, f);
   }
-  x = st__blocks_forward(B, m, eval, B->first[c], B->first[c + 1], x);
+  x = st__blocks_forward(B, m, eval, B->first[c], B->first[c + 1], x, f);
+  /* An evaluation's last chunk on this stage: its positions are done. */
+  if (eval && c + B->P >= B->C) st__positions_free(B, m, f);
   if (c < B->C - 1) {
     char name[64];
     snprintf(name, sizeof(name), "x[%d]", B->first[c + 1]);
@@ -1276,7 +1327,10 @@ static void st__chunk_backward(st__builder* B, const st__optimizer* opt, int m, 
     st__batch(B, m, false, f, false, true);
     dx = st__head_backward(B, opt, m, last, f, &pending);
   }
-  dx = st__blocks_backward(B, opt, m, last, B->first[c], B->first[c + 1], dx, &pending);
+  dx = st__blocks_backward(B, opt, m, last, B->first[c], B->first[c + 1], dx, &pending, f);
+  /* The stage's first chunk (not the embedding's: it frees its own) ends
+   * its use of the positions in this step. */
+  if (c != 0 && c < B->P) st__positions_free(B, m, f);
   if (c == 0) {
     st__embed_backward(B, opt, m, last, f, dx, &pending);
   } else {
@@ -1372,7 +1426,7 @@ static void st__evaluation(st__builder* B, int EM) {
     memset(B->gathered, 0, (size_t)B->n_inst * sizeof(bool));
   }
   for (int m = 0; m < EM; ++m) {
-    st__fwd_out f;
+    st__fwd_out f = {0};
     st__forward(B, m, true, &f);
     st__head_eval(B, m, &f);
   }
@@ -1438,7 +1492,7 @@ static void st__layouts(st_plan* plan) {
   for (int k = 0; k < plan->slot_count; ++k) {
     st_slot* sl = &plan->slots[k];
     if (sl->category == ST_SLOT_ACT || !strncmp(sl->name, "tokens[", 7) || !strncmp(sl->name, "targets[", 8) ||
-        !strncmp(sl->name, "mask[", 5) || !strncmp(sl->name, "loss[", 5) || !strcmp(sl->name, "eval_loss") ||
+        !strncmp(sl->name, "mask[", 5) || !strncmp(sl->name, "positions[", 10) || !strncmp(sl->name, "loss[", 5) || !strcmp(sl->name, "eval_loss") ||
         !strncmp(sl->name, "metric", 6))
       sl->layout = ST_LAYOUT_SPLIT;
     else if (sl->logical.rank > 0 && st__is_split(&sl->sharding))
@@ -1567,7 +1621,7 @@ static st_status st__builder_init(st__builder* B, st_plan* plan, const st_bundle
   plan->serialize_spmd = plan->devices > 1;
   plan->procs = o->procs > 1 ? o->procs : 1;
   st__builder init = {.plan = plan, .bundle = b, .inst = inst, .n_inst = n_inst, .L = n_inst - 2, .remat = remat,
-                      .tied = b->model.tie_embeddings, .sq = st_xcalloc((size_t)n_inst, sizeof(int)),
+                      .tied = b->model.tie_embeddings, .positions = st__takes_positions(b), .sq = st_xcalloc((size_t)n_inst, sizeof(int)),
                       .bucketed = pol->bucketed_grad_reduce, .bucket_bytes = pol->grad_bucket_bytes,
                       .pending = st_xcalloc((size_t)n_inst, sizeof(int)), .F = F, .data = DATA, .T = TP,
                       .gather_prefetch = pol->gather_prefetch, .reshard = pol->reshard_after_forward,
@@ -1617,7 +1671,7 @@ static st_status st__step(const st_bundle* b, const st_plan_options* o, const st
   if (!s && B.P > 1) s = st__pipeline_step(&B, o, opt, M);
   for (int m = 0; !s && B.P <= 1 && m < M; ++m) {
     const bool last = m == M - 1;
-    st__fwd_out f;
+    st__fwd_out f = {0};
     st__forward(&B, m, false, &f);
     if (last) opt->before_last_backward(&B);
     st__backward(&B, opt, m, last, &f);

@@ -19,16 +19,14 @@
 
 st_status st__eval_batches(st__trainer* t, double* out_loss) {
   int64_t em = t->o->eval_batches * t->o->microbatches;
-  st__fill_share(t, ST_STREAM_EVAL, 0, em);
+  ST_RETURN(st__fill_share(t, ST_STREAM_EVAL, 0, em));
   st_executor_hooks hooks = st__train_hooks(t);
   hooks.launched = NULL; /* faults.nan_at poisons training steps only */
   hooks.launching = NULL;
   st_status s = st_executor_run(t->eval_ex, &hooks);
   if (s) return st_status_annotate(s, "evaluation");
   ST_RETURN(st__losses_global(t, t->losses, em));
-  double sum = 0;
-  for (int64_t m = 0; m < em; ++m) sum += t->losses[m];
-  *out_loss = sum / (double)em;
+  *out_loss = st__batch_loss(t, ST_STREAM_EVAL, t->losses, em);
   return ST_OK;
 }
 
@@ -132,6 +130,7 @@ st_status st_train_evaluate(const st_config* cfg, const st_plan_trained_ref* ref
     t.tokens = st_xcalloc((size_t)(rows * t.T), sizeof(int32_t));
     t.targets = st_xcalloc((size_t)(rows * t.T), sizeof(int32_t));
     t.mask = st_xcalloc((size_t)(rows * t.T), sizeof(float));
+    if (o.data.packing == ST_DATA_PACKING_PACK) t.positions = st_xcalloc((size_t)(rows * t.T), sizeof(int32_t));
     t.losses = st_xcalloc((size_t)(o.microbatches * o.eval_batches), sizeof(double));
     s = st__eval_batches(&t, &out->loss);
   }
@@ -160,6 +159,7 @@ st_status st_train_evaluate(const st_config* cfg, const st_plan_trained_ref* ref
   free(t.tokens);
   free(t.targets);
   free(t.mask);
+  free(t.positions);
   free(t.losses);
   st_plan_close(&t.opened);
   st_dataset_destroy(t.data);

@@ -83,21 +83,37 @@ void st__job_fail(st__trainer* t, st_status s) {
   st_dist_abort(t->dist, code);
 }
 
-void st__fill_share(st__trainer* t, int stream, uint64_t first, int64_t n_micro) {
+st_status st__fill_share(st__trainer* t, int stream, uint64_t first, int64_t n_micro) {
   const st_plan_options* o = t->o;
   if (!t->dist || o->procs <= 1) {
-    st_dataset_fill(t->data, stream, first, n_micro * t->mb, t->tokens, t->targets, t->mask);
-    return;
+    st_dataset_fill(t->data, stream, first, n_micro * t->mb, t->tokens, t->targets, t->mask, t->positions);
+  } else {
+    /* Microbatch m of the job is sequences [m * mb_job, (m+1) * mb_job);
+     * rank r takes rows [r * mb, (r+1) * mb) of it, as mesh index r * local
+     * shares would in one process of the whole mesh. */
+    const int64_t mb_job = t->mb * o->procs;
+    for (int64_t m = 0; m < n_micro; ++m) {
+      size_t at = (size_t)(m * t->mb * t->T);
+      st_dataset_fill(t->data, stream, first + (uint64_t)(m * mb_job + (int64_t)o->rank * t->mb), t->mb, t->tokens + at,
+                      t->targets + at, t->mask + at, t->positions ? t->positions + at : NULL);
+    }
   }
-  /* Microbatch m of the job is sequences [m * mb_job, (m+1) * mb_job);
-   * rank r takes rows [r * mb, (r+1) * mb) of it, as mesh index r * local
-   * shares would in one process of the whole mesh. */
-  const int64_t mb_job = t->mb * o->procs;
-  for (int64_t m = 0; m < n_micro; ++m) {
-    size_t at = (size_t)(m * t->mb * t->T);
-    st_dataset_fill(t->data, stream, first + (uint64_t)(m * mb_job + (int64_t)o->rank * t->mb), t->mb, t->tokens + at,
-                    t->targets + at, t->mask + at);
+  if (o->data.packing == ST_DATA_PACKING_CONCAT) return ST_OK;
+  /* The loss is normalised by the weights of the whole batch (docs/data.md):
+   * this process's rows, then, in a job, every rank's in rank order. */
+  double w = 0;
+  for (int64_t i = 0; i < n_micro * t->mb * t->T; ++i) w += t->mask[i];
+  if (t->dist && st_dist_multi(t->dist)) {
+    const int P = st_dist_size(t->dist);
+    double* all = st_xmalloc((size_t)P * sizeof(double));
+    st_status s = st_dist_allgather_f64(t->dist, &w, 1, all);
+    w = 0;
+    for (int r = 0; !s && r < P; ++r) w += all[r];
+    free(all);
+    if (s) return st_status_annotate(s, "exchanging the batch's loss weights between processes");
   }
+  t->weight_sum[stream] = w;
+  return ST_OK;
 }
 
 st_status st__losses_global(st__trainer* t, double* losses, int64_t n) {

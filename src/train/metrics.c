@@ -263,7 +263,9 @@ static void st__numerics_metrics(st__trainer* t, json_t* m) {
   if (numerics < ST_NUMERICS_LAYER) return;
   /* Gradients as the programs hold them are sums over microbatches (and
    * data-parallel devices) of means: scaled to the mean, as grad_norm is. */
-  const double gmean = 1.0 / ((double)t->o->microbatches * (double)(t->o->parallel_data > 1 ? t->o->parallel_data : 1));
+  const double gmean = t->o->data.packing == ST_DATA_PACKING_CONCAT
+                          ? 1.0 / ((double)t->o->microbatches * (double)(t->o->parallel_data > 1 ? t->o->parallel_data : 1))
+                          : 1.0 / st__loss_divisor(t, ST_STREAM_TRAIN, t->o->microbatches);
   char key[96];
   for (int s = 0; s < t->n_sq; ++s) {
     char stage[32];

@@ -49,6 +49,10 @@ static st_status st__h2d(void* user, const st_op* op, int index, int device, st_
     case ST_TAG_EVAL_MASK:
       bt.dtype = ST_DTYPE_F32;
       return st_buffer_from_host(t->runtime, device, &bt, t->mask + at, out);
+    case ST_TAG_POSITIONS:
+    case ST_TAG_EVAL_POSITIONS:
+      if (!t->positions) return st_status_make(ST_CODE_INTERNAL, "the plan feeds positions, the trainer has none");
+      return st_buffer_from_host(t->runtime, device, &bt, t->positions + at, out);
     case ST_TAG_STEP:
       return st__scalar_buffer(t, device, (float)(t->step + 1), out);
     case ST_TAG_LR:
@@ -202,13 +206,29 @@ static double st__data(const st__trainer* t) {
   return (double)st__shares(t) * (o->span_axis != ST_PLAN_SPAN_NONE ? o->procs : 1);
 }
 
+double st__loss_divisor(const st__trainer* t, int stream, int64_t n_micro) {
+  if (t->o->data.packing == ST_DATA_PACKING_CONCAT) return (double)n_micro * st__data(t);
+  /* Each program's loss is sum(ce * w) / (its rows x T) (docs/data.md). */
+  const double per_program = (double)(t->mb / st__shares(t)) * (double)t->T;
+  return t->weight_sum[stream] / per_program;
+}
+
+double st__batch_loss(const st__trainer* t, int stream, const double* losses, int64_t n_micro) {
+  double sum = 0;
+  for (int64_t m = 0; m < n_micro; ++m) sum += losses[m];
+  if (t->o->data.packing == ST_DATA_PACKING_CONCAT) return sum / (double)n_micro;
+  /* losses[m] is the mean over the job's devices of their sums: times
+   * their number is the sum of every program's. */
+  return sum * st__data(t) / st__loss_divisor(t, stream, n_micro);
+}
+
 /* The global norm and clip scale (docs/bundle.md): norms are summed in f64
  * in instance order, the mean over microbatches is folded into gscale. */
 static st_status st__hooks_host(void* user, const st_op* op) {
   st__trainer* t = user;
   if (op->tag == ST_TAG_SCHEDULE) {
     /* sched.optimizer=per_layer (no clipping): known before the backward. */
-    t->gscale = 1.0 / ((double)t->o->microbatches * st__data(t));
+    t->gscale = 1.0 / st__loss_divisor(t, ST_STREAM_TRAIN, t->o->microbatches);
     t->lr = st_plan_lr(t->o, t->step + 1);
     return ST_OK;
   }
@@ -224,7 +244,7 @@ static st_status st__hooks_host(void* user, const st_op* op) {
   for (int i = 0; i < t->n_sq; ++i) sum += t->sqnorms[i];
   /* The reduced gradient is the sum over microbatches and data-parallel
    * devices of per-device mean gradients: the mean divides by both. */
-  double n_micro = (double)t->o->microbatches * st__data(t);
+  double n_micro = st__loss_divisor(t, ST_STREAM_TRAIN, t->o->microbatches);
   t->grad_norm = sqrt(sum) / n_micro;
   /* The losses were read before the norms: either one not finite drops
    * this step's update (whatever diag.on_nonfinite says next, the state

@@ -56,6 +56,11 @@ typedef struct st__trainer {
   int32_t* tokens;       /* [batch, T] (or eval batch) */
   int32_t* targets;
   float* mask;
+  int32_t* positions;    /* data.packing=pack: each token's position in its document; else NULL */
+  /* data.packing none or pack: the sum of the weights (mask) of the batch
+   * last filled for each stream, over the whole job (docs/data.md, "Loss
+   * normalisation"). */
+  double weight_sum[2];
   double* losses;        /* [microbatches] or [eval microbatches] */
   double* sqnorms;       /* [group instances] */
   int n_sq;
@@ -186,7 +191,16 @@ st_status st__losses_global(st__trainer* t, double* losses, int64_t n);
 st_status st__sqnorms_global(st__trainer* t);
 /* The rows of |n_micro| microbatches from sequence |first| of |stream|
  * that this process trains on (all of them in one process). */
-void st__fill_share(st__trainer* t, int stream, uint64_t first, int64_t n_micro);
+st_status st__fill_share(st__trainer* t, int stream, uint64_t first, int64_t n_micro);
+/* What the summed microbatch means of a step (or an evaluation of
+ * |stream|) are divided by: today's count of them (microbatches x
+ * data-parallel shares) with data.packing=concat; with none or pack the
+ * batch's weight sum over one program's token count, so that the loss is
+ * sum(ce * w) / sum(w) over the whole batch (docs/data.md). */
+double st__loss_divisor(const st__trainer* t, int stream, int64_t n_micro);
+/* The mean loss of |n_micro| microbatch losses (each the job's mean over
+ * its devices), normalised as st__loss_divisor says. */
+double st__batch_loss(const st__trainer* t, int stream, const double* losses, int64_t n_micro);
 /* evaluate.c: runs t->eval_ex over the first eval_batches x batch_size
  * sequences of the validation stream (the same ones every time) and
  * averages the microbatch losses; the eval plan's parameter slots must be

@@ -365,8 +365,8 @@ static st_status st__init_state(st__trainer* t) {
   return s;
 }
 
-static void st__fill_train_batch(st__trainer* t) {
-  st__fill_share(t, ST_STREAM_TRAIN, (uint64_t)(t->step * t->o->batch_size), t->o->microbatches);
+static st_status st__fill_train_batch(st__trainer* t) {
+  return st__fill_share(t, ST_STREAM_TRAIN, (uint64_t)(t->step * t->o->batch_size), t->o->microbatches);
 }
 
 /* Evaluation: the same fixed validation sequences every time. */
@@ -511,6 +511,7 @@ static void st__trainer_free(st__trainer* t) {
   free(t->tokens);
   free(t->targets);
   free(t->mask);
+  free(t->positions);
   free(t->losses);
   free(t->sqnorms);
   free(t->num_opt);
@@ -806,7 +807,7 @@ static st_status st__run(st__trainer* t, bool progress) {
   for (t->step = t->start_step; t->step < o->steps; ++t->step) {
     double t0 = st_now();
     st__watch_step_begin(t);
-    st__fill_train_batch(t);
+    ST_RETURN(st__fill_train_batch(t));
     t->losses_global = false;
     st__metrics_reset(t);
     st__numerics_reset(t);
@@ -816,9 +817,7 @@ static st_status st__run(st__trainer* t, bool progress) {
     ST_RETURN_IF_ERROR(run, "step %lld", (long long)t->step + 1);
     st_train_ckpt_step_ran(t->ckpt, t->step + 1);
     if (!t->losses_global) ST_RETURN(st__losses_global(t, t->losses, o->microbatches));
-    double loss = 0;
-    for (int64_t m = 0; m < o->microbatches; ++m) loss += t->losses[m];
-    loss /= (double)o->microbatches;
+    double loss = st__batch_loss(t, ST_STREAM_TRAIN, t->losses, o->microbatches);
     bool dropped = false;
     if (t->nonfinite || !isfinite(loss)) {
       ST_RETURN(st__nonfinite(t, loss));
@@ -1134,6 +1133,7 @@ static st_status st__train_buffers(st__trainer* t) {
   t->tokens = st_xcalloc((size_t)(rows * t->T), sizeof(int32_t));
   t->targets = st_xcalloc((size_t)(rows * t->T), sizeof(int32_t));
   t->mask = st_xcalloc((size_t)(rows * t->T), sizeof(float));
+  if (o->data.packing == ST_DATA_PACKING_PACK) t->positions = st_xcalloc((size_t)(rows * t->T), sizeof(int32_t));
   t->losses = st_xcalloc((size_t)(o->microbatches * (o->eval_batches > 1 ? o->eval_batches : 1)), sizeof(double));
   t->n_sq = (int)bundle->model.n_layers + 2;
   t->sqnorms = st_xcalloc((size_t)t->n_sq, sizeof(double));
