@@ -318,6 +318,9 @@ st_status st__step_metrics(st__trainer* t, double loss, double dt) {
   st_json_put_num(m, "grad_norm", t->grad_norm);
   st_json_put_int(m, "tokens", tokens);
   st_json_put(m, "step_time_s", st_json_fixed(dt, 6));
+  st_json_put(m, "data_s", st_json_fixed(t->data_s, 6));
+  /* none, pack: the targets that count (padding and prompts weigh 0). */
+  if (t->o->data.packing != ST_DATA_PACKING_CONCAT) st_json_put_num(m, "loss_weight", t->weight_sum[ST_STREAM_TRAIN]);
   st_json_put(m, "tokens_per_s", st_json_fixed((double)tokens / dt, 1));
   /* MFU against the peak context.json names (mfu.c), times the devices. */
   double model_fps = t->model_flops_per_token * (double)tokens / dt;

@@ -61,6 +61,7 @@ typedef struct st__trainer {
    * last filled for each stream, over the whole job (docs/data.md, "Loss
    * normalisation"). */
   double weight_sum[2];
+  double data_s;         /* the step's batch fill (st__fill_share), seconds: "data_s" */
   double* losses;        /* [microbatches] or [eval microbatches] */
   double* sqnorms;       /* [group instances] */
   int n_sq;

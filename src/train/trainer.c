@@ -808,6 +808,7 @@ static st_status st__run(st__trainer* t, bool progress) {
     double t0 = st_now();
     st__watch_step_begin(t);
     ST_RETURN(st__fill_train_batch(t));
+    t->data_s = st_now() - t0;
     t->losses_global = false;
     st__metrics_reset(t);
     st__numerics_reset(t);
