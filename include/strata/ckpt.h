@@ -125,6 +125,11 @@ typedef struct st_ckpt_meta {
    * join "step", "total_steps" and "lr" in the manifest's "lr_schedule"
    * (st_plan_lr_schedule_json; docs/checkpoints.md). */
   const st_json* lr_schedule;
+  /* The data contract (an object, NULL writes none): its members ("packing",
+   * "sources": per source its name, content hash, documents, tokenizer and
+   * documents drawn so far) join "position", "unit" and "batch_size" in the
+   * manifest's "data" (docs/checkpoints.md, docs/data.md "Data contract"). */
+  const st_json* data_contract;
   const st_json* config;   /* the resolved config (an object; NULL writes {}) */
   const char* config_hash;
   const char* bundle_key;
@@ -363,6 +368,8 @@ typedef struct st_ckpt_file_info {
   uint64_t xxh64;
 } st_ckpt_file_info;
 
+#define ST_CKPT_MAX_DATA_SOURCES 64
+
 /* A verified checkpoint: manifest fields, and the tensor data when loaded. */
 typedef struct st_ckpt {
   char* dir;
@@ -376,6 +383,11 @@ typedef struct st_ckpt {
   st_json* model;  /* the manifest's "model" object (owned reference) */
   st_json* config; /* the manifest's "config" object (owned reference) */
   st_json* lr_schedule; /* the manifest's "lr_schedule" object (owned reference) */
+  /* The manifest's "data" object (owned reference), its contract checked:
+   * "sources" (when present) an array of at most ST_CKPT_MAX_DATA_SOURCES
+   * objects with a string "name" and "content_hash" and integer
+   * "documents" and "drawn"; written before data contracts: no "sources". */
+  st_json* data;
   st_json* identity_report; /* opened with an expected identity: st_ckpt_identity_check's report (owned); else NULL */
   /* The manifest's "mesh" (axis sizes, devices = their product); all 0 in a
    * checkpoint written before meshes were recorded (one device).

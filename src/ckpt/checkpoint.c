@@ -53,7 +53,7 @@ struct st_ckpt_snapshot {
   int64_t bytes;
   st_ckpt_meta meta;
   char* strs[3];  /* owned copies behind meta's strings */
-  json_t* trees[3]; /* owned copies behind meta's config, model and lr_schedule */
+  json_t* trees[4]; /* owned copies behind meta's config, model, lr_schedule and data_contract */
   /* Streaming (st_ckpt_snapshot_create_streaming): no data[]; the save
    * fills one tensor at a time into a staging buffer of the largest. */
   st_ckpt_fill_fn fill;
@@ -121,7 +121,7 @@ void st_ckpt_snapshot_destroy(st_ckpt_snapshot* s) {
   free(s->types);
   free(s->data);
   for (int i = 0; i < 3; ++i) free(s->strs[i]);
-  for (int i = 0; i < 3; ++i) json_decref(s->trees[i]);
+  for (int i = 0; i < 4; ++i) json_decref(s->trees[i]);
   free(s);
 }
 
@@ -147,8 +147,8 @@ void st_ckpt_snapshot_set_meta(st_ckpt_snapshot* s, const st_ckpt_meta* meta) {
   }
   /* Private deep copies: the writer thread dumps them while the caller's
    * trees may change or go. */
-  const json_t* trees[3] = {meta->config, meta->model, meta->lr_schedule};
-  for (int i = 0; i < 3; ++i) {
+  const json_t* trees[4] = {meta->config, meta->model, meta->lr_schedule, meta->data_contract};
+  for (int i = 0; i < 4; ++i) {
     if (s->trees[i] && trees[i] && json_equal(s->trees[i], (json_t*)trees[i])) continue;
     json_decref(s->trees[i]);
     s->trees[i] = trees[i] ? json_deep_copy(trees[i]) : st_json_obj();
@@ -161,6 +161,7 @@ void st_ckpt_snapshot_set_meta(st_ckpt_snapshot* s, const st_ckpt_meta* meta) {
   s->meta.config = s->trees[0];
   s->meta.model = s->trees[1];
   s->meta.lr_schedule = meta->lr_schedule ? s->trees[2] : NULL;
+  s->meta.data_contract = meta->data_contract ? s->trees[3] : NULL;
 }
 
 void st_ckpt_save_result_clear(st_ckpt_save_result* r) {
@@ -368,6 +369,11 @@ static char* st__manifest_text(const st_ckpt_meta* m, const st__file_rec* files,
   st_json_put_int(data, "position", m->data_position);
   st_json_put_str(data, "unit", "sequences");
   st_json_put_int(data, "batch_size", m->batch_size);
+  if (m->data_contract) {
+    const char* key;
+    json_t* v;
+    json_object_foreach((json_t*)m->data_contract, key, v) st_json_put(data, key, json_incref(v));
+  }
   st_json_put(j, "data", data);
   json_t* rng = st_json_obj();
   st_json_put_int(rng, "seed", (int64_t)m->seed);

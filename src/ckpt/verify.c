@@ -41,6 +41,7 @@ void st_ckpt_free(st_ckpt* c) {
   json_decref(c->model);
   json_decref(c->config);
   json_decref(c->lr_schedule);
+  json_decref(c->data);
   json_decref(c->identity_report);
   free(c);
 }
@@ -96,6 +97,35 @@ static void st__type_str(const st_tensor_type* t, char* buf, size_t n) { st_tens
   } while (0)
 
 /* The manifest: present, self-consistent, readable by this build. */
+/* The data contract in "data" (docs/checkpoints.md): optional (written
+ * before contracts), else bounded like the rest of the manifest. */
+static st_status st__manifest_data(const char* path, const json_t* data) {
+  const json_t* packing = json_object_get(data, "packing");
+  if (packing && (!json_is_string(packing) || json_string_length(packing) > 16))
+    return st_status_make(ST_CODE_CKPT, "'%s': \"data\".\"packing\" must be a string of at most 16 characters", path);
+  const json_t* src = json_object_get(data, "sources");
+  if (!src) return ST_OK;
+  if (!json_is_array(src) || json_array_size(src) < 1 || json_array_size(src) > ST_CKPT_MAX_DATA_SOURCES)
+    return st_status_make(ST_CODE_CKPT, "'%s': \"data\".\"sources\" must be an array of 1 to %d sources", path,
+                          ST_CKPT_MAX_DATA_SOURCES);
+  size_t i;
+  const json_t* e;
+  json_array_foreach(src, i, e) {
+    const json_t* name = json_object_get(e, "name");
+    const json_t* hash = json_object_get(e, "content_hash");
+    const json_t* docs = json_object_get(e, "documents");
+    const json_t* drawn = json_object_get(e, "drawn");
+    if (!json_is_object(e) || !json_is_string(name) || json_string_length(name) > 4096 || !json_is_string(hash) ||
+        json_string_length(hash) < 1 || json_string_length(hash) > 64 || !json_is_integer(docs) ||
+        json_integer_value(docs) < 0 || !json_is_integer(drawn) || json_integer_value(drawn) < 0)
+      return st_status_make(ST_CODE_CKPT,
+                            "'%s': data source %zu needs a \"name\" (at most 4096 bytes), a \"content_hash\" (1 to 64 "
+                            "characters) and whole numbers \"documents\" and \"drawn\" >= 0",
+                            path, i);
+  }
+  return ST_OK;
+}
+
 /* The manifest's own checks: its self-checksum (xxh64 of every byte before
  * the line holding it), its format and a version this build reads. First,
  * so nothing of a modified or foreign manifest is believed. */
@@ -168,6 +198,8 @@ static st_status st__manifest_fields(const char* path, const json_t* j, st_ckpt*
   }
   c->lr = json_number_value(lrv);
   c->lr_schedule = json_incref((json_t*)lr);
+  if ((s = st__manifest_data(path, data))) goto done;
+  c->data = json_incref((json_t*)data);
   const json_t* created = json_object_get(j, "created");
   c->created = json_is_number(created) ? json_number_value(created) : 0;
   const char* str;
