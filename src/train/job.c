@@ -86,7 +86,7 @@ void st__job_fail(st__trainer* t, st_status s) {
 void st__fill_share(st__trainer* t, int stream, uint64_t first, int64_t n_micro) {
   const st_plan_options* o = t->o;
   if (!t->dist || o->procs <= 1) {
-    st_dataset_fill(t->data, stream, first, n_micro * t->mb, t->tokens, t->targets, t->mask);
+    st_dataset_fill(t->data, stream, first, n_micro * t->mb, t->tokens, t->targets, t->mask, NULL);
     return;
   }
   /* Microbatch m of the job is sequences [m * mb_job, (m+1) * mb_job);
@@ -96,7 +96,7 @@ void st__fill_share(st__trainer* t, int stream, uint64_t first, int64_t n_micro)
   for (int64_t m = 0; m < n_micro; ++m) {
     size_t at = (size_t)(m * t->mb * t->T);
     st_dataset_fill(t->data, stream, first + (uint64_t)(m * mb_job + (int64_t)o->rank * t->mb), t->mb, t->tokens + at,
-                    t->targets + at, t->mask + at);
+                    t->targets + at, t->mask + at, NULL);
   }
 }
 
