@@ -22,8 +22,9 @@ extern "C" {
 #endif
 
 #define ST_TOKEN_FILE_MAGIC "STRATOK1"
-#define ST_TOKEN_FILE_VERSION 2u           /* written; version 1 is still read (as the byte tokenizer's) */
-#define ST_TOKEN_FILE_HEADER_BYTES 48u     /* version 2 */
+#define ST_TOKEN_FILE_VERSION 2u           /* written without documents; version 1 is still read (as the byte tokenizer's) */
+#define ST_TOKEN_FILE_VERSION_DOCS 3u      /* written with documents (data.packing none or pack): a document table after the tokens */
+#define ST_TOKEN_FILE_HEADER_BYTES 48u     /* versions 2 and 3 */
 #define ST_TOKEN_FILE_HEADER_BYTES_V1 32u
 #define ST_DATA_DEFAULT_CORPUS "/usr/share/games/fortunes"
 
@@ -40,10 +41,24 @@ typedef enum st_tokenizer_kind {
 #define ST_TOKENIZER_HASH_CHARS 17 /* with the NUL */
 
 /* data.packing (docs/data.md, "Packing"). */
-enum { ST_DATA_PACKING_CONCAT = 0, ST_DATA_PACKING_NONE, ST_DATA_PACKING_PACK };
+typedef enum st_data_packing {
+  ST_DATA_PACKING_CONCAT = 0, /* random windows over the concatenated corpus (the default) */
+  ST_DATA_PACKING_NONE = 1,   /* one document per sequence, padded */
+  ST_DATA_PACKING_PACK = 2,   /* whole documents packed greedily, padded */
+} st_data_packing;
+
+#define ST_DATA_MAX_SOURCES 64 /* data.sources entries */
 
 typedef struct st_data_options {
   const char* path;      /* data.path: text file, folder or token file; "" = default corpus */
+  int packing;           /* data.packing: st_data_packing */
+  const char* separator;   /* data.separator: a line that separates documents; NULL or "": one document per file */
+  const char* jsonl_field; /* data.jsonl_field: a *.jsonl line's field holding the document; NULL: "text" */
+  /* data.sources / data.weights (packing none or pack): when n_sources > 0
+   * they replace |path|; the weights are > 0 and need not sum to 1. */
+  int n_sources;
+  const char* sources[ST_DATA_MAX_SOURCES];
+  double weights[ST_DATA_MAX_SOURCES];
   bool synthetic;        /* data.synthetic */
   const char* tokenizer; /* data.tokenizer: "byte" or "bpe" */
   uint32_t tokenizer_vocab; /* bpe: data.vocab_size (0 there: model.vocab_size), the tokens BPE trains to */
@@ -54,7 +69,6 @@ typedef struct st_data_options {
   const char* tokenizer_from;
   uint32_t vocab_size;   /* model.vocab_size */
   double val_fraction;   /* data.val_fraction */
-  int packing;           /* data.packing: ST_DATA_PACKING_* */
   int64_t seq_len;       /* model.seq_len (T) */
   uint64_t seed;         /* seed */
   const char* cache_dir; /* where tokenized corpora are cached (<cache>/tokens) */
@@ -85,9 +99,36 @@ uint64_t st_dataset_split_tokens(const st_dataset* dataset, int stream); /* 0 tr
 enum { ST_STREAM_TRAIN = 0, ST_STREAM_EVAL = 1 };
 
 /* Fills |count| sequences of |stream| starting at sampler index |first|:
- * inputs[count*T] and targets[count*T] (s32), mask[count*T] (f32, ones). */
+ * inputs[count*T] and targets[count*T] (s32), mask[count*T] (f32: the
+ * loss weights, 1 or 0 for padding), positions[count*T] (s32: 0 at each
+ * segment start; concat: 0..T-1). mask and positions may be NULL.
+ * packing none/pack: sequence i depends on the ones before it; a cursor
+ * per stream makes in-order fills cost only the new sequences, and an
+ * index before the cursor replays the stream from 0. Not thread-safe
+ * (the cursor), though |dataset| is const for its callers. */
 void st_dataset_fill(const st_dataset* dataset, int stream, uint64_t first, int64_t count, int32_t* inputs,
-                     int32_t* targets, float* mask, int32_t* positions /* may be NULL */);
+                     int32_t* targets, float* mask, int32_t* positions);
+
+/* The packing mode the dataset was opened with (st_data_packing). */
+int st_dataset_packing(const st_dataset* dataset);
+
+/* One source of the dataset (data.sources[i], or data.path) as checkpoints
+ * and context.json record it. */
+typedef struct st_data_source_info {
+  const char* path;       /* as given (data.sources[i] or data.path; "synthetic"); borrowed */
+  const char* token_path; /* its token file; borrowed */
+  char hash[ST_TOKENIZER_HASH_CHARS]; /* the first 16 hex digits of the SHA-256 of the token file's bytes */
+  uint64_t documents;     /* documents in the token file (version 1/2: 1) */
+  uint64_t drawn;         /* documents the training stream drew from it to make sequences 0..N-1 (concat: 0) */
+  double weight;          /* normalised: the weights sum to 1 */
+} st_data_source_info;
+
+int st_dataset_source_count(const st_dataset* dataset);
+/* Fills out[0 .. st_dataset_source_count()-1] for training-stream sequence
+ * index |next_index| (the sampler position a checkpoint saves). Hashes the
+ * token files (ST_CODE_DATA when one cannot be read). Moves the training
+ * stream's cursor to |next_index| (replaying from 0 when it is past it). */
+st_status st_dataset_sources(const st_dataset* dataset, uint64_t next_index, st_data_source_info* out);
 
 /* The sampler rule of docs/data.md, exposed for tests. */
 uint64_t st_data_window_start(uint64_t seed, uint64_t stream, uint64_t index, uint64_t n_tokens, uint64_t seq_len);
@@ -97,10 +138,16 @@ uint64_t st_data_window_start(uint64_t seed, uint64_t stream, uint64_t index, ui
  * strata_jax.tokenize, so C writes only byte and none files). */
 st_status st_token_file_write(const char* path, uint32_t vocab_size, st_tokenizer_kind kind, const uint16_t* tokens,
                               uint64_t count);
+/* The same with documents: |n_docs| > 0 writes version 3 with the
+ * document table |doc_starts| (first 0, strictly ascending, < count);
+ * |n_docs| == 0 is st_token_file_write. */
+st_status st_token_file_write_docs(const char* path, uint32_t vocab_size, st_tokenizer_kind kind, const uint16_t* tokens,
+                                   uint64_t count, const uint64_t* doc_starts, uint64_t n_docs);
 
 /* What a token file's header says about its tokenizer. */
 typedef struct st_token_file_info {
-  uint32_t version;    /* 1 or 2 */
+  uint32_t version;    /* 1, 2 or 3 */
+  uint64_t documents;  /* version 3: the documents in its table (>= 1); versions 1 and 2: 0 */
   uint32_t vocab_size; /* the header's: every token is below it */
   st_tokenizer_kind kind;                /* version 1: ST_TOKENIZER_BYTE */
   char hash[ST_TOKENIZER_HASH_CHARS];    /* "byte", "none" or BPE's 16 hex digits */
@@ -115,6 +162,14 @@ typedef struct st_token_file_info {
 st_status st_token_file_parse(const char* origin, const unsigned char* data, size_t size, uint32_t vocab_size,
                               uint16_t** out_tokens /* owned by caller */, uint64_t* out_count,
                               st_token_file_info* out_info);
+
+/* st_token_file_parse that also returns a version-3 file's document table
+ * (*out_doc_starts, caller frees; *out_n_docs >= 1); a version 1 or 2
+ * file gives NULL and 0. */
+st_status st_token_file_parse_docs(const char* origin, const unsigned char* data, size_t size, uint32_t vocab_size,
+                                   uint16_t** out_tokens /* owned by caller */, uint64_t* out_count,
+                                   uint64_t** out_doc_starts /* owned by caller */, uint64_t* out_n_docs,
+                                   st_token_file_info* out_info);
 
 /* Reads only the header of the token file at |path| (ST_CODE_DATA when it
  * is not one). */

@@ -118,10 +118,21 @@ static const st__cfg_key kKeys[] = {
             "0: model.vocab_size. The byte tokenizer takes 0 or 256.",
      .zero_means = "model.vocab_size"},
     {"data.val_fraction", ST__CFG_FLOAT, "0.05", .lo = 0, .lo_open = true, .hi = 0.5,
-     .doc = "Fraction of the corpus held out for validation."},
+     .doc = "Fraction of the corpus held out for validation (packing none/pack: of each source's documents)."},
     {"data.packing", ST__CFG_ENUM, "concat", .choices = "concat|none|pack",
-     .doc = "concat: windows of the concatenated corpus; none: one document per sequence, padded; pack: whole "
-            "documents packed into each sequence, attention within each (docs/data.md)."},
+     .doc = "concat: random windows over the concatenated corpus; none: one document per sequence, padded; pack: "
+            "whole documents packed into sequences, padded, positions restarting at each (docs/data.md)."},
+    {"data.separator", ST__CFG_STRING, "",
+     .doc = "packing none/pack: a line consisting exactly of this separates documents inside a text file (fortunes: "
+            "%); empty: each file is one document."},
+    {"data.jsonl_field", ST__CFG_STRING, "text",
+     .doc = "packing none/pack: a *.jsonl corpus file holds one JSON object per line, one document each: this "
+            "string field."},
+    {"data.sources", ST__CFG_LIST, "[]",
+     .doc = "packing none/pack: corpora (text files, folders or token files) mixed by data.weights; replaces "
+            "data.path when not empty."},
+    {"data.weights", ST__CFG_LIST, "[]",
+     .doc = "One number > 0 per data.sources entry: the share of documents drawn from it (normalised)."},
 
     {"run.dir", ST__CFG_STRING, "", .doc = "Run directory; empty: runs/<run.id>."},
     {"run.id", ST__CFG_STRING, "",
@@ -481,6 +492,40 @@ static st_status st__rule_tokenizer(const st_config* c) {
   return ST_OK;
 }
 
+/* Documents and mixing (docs/data.md, "Packing" and "Mixing"). */
+static st_status st__rule_packing(const st_config* c) {
+  const bool concat = !strcmp(st_config_string(c, "data.packing"), "concat");
+  const int n = st_config_list_count(c, "data.sources"), nw = st_config_list_count(c, "data.weights");
+  if (!concat && !strcmp(st_config_string(c, "data.tokenizer"), "bpe"))
+    return st_status_make(ST_CODE_CONFIG,
+                          "data.tokenizer=bpe (%s) with data.packing=%s (%s): BPE token files carry no documents yet; "
+                          "use data.tokenizer=byte or data.packing=concat",
+                          st_config_source(c, "data.tokenizer"), st_config_string(c, "data.packing"),
+                          st_config_source(c, "data.packing"));
+  if (n > 0 && concat)
+    return st_status_make(ST_CODE_CONFIG,
+                          "data.sources (%s) mixes documents, but data.packing is concat (%s): set data.packing to none "
+                          "or pack",
+                          st_config_source(c, "data.sources"), st_config_source(c, "data.packing"));
+  if (n > 0 && st_config_bool(c, "data.synthetic"))
+    return st_status_make(ST_CODE_CONFIG, "data.sources (%s) and data.synthetic (%s) both choose the corpus: set one",
+                          st_config_source(c, "data.sources"), st_config_source(c, "data.synthetic"));
+  if (n > 64)
+    return st_status_make(ST_CODE_CONFIG, "data.sources (%s) has %d entries, at most 64", st_config_source(c, "data.sources"), n);
+  if (nw != n)
+    return st_status_make(ST_CODE_CONFIG, "data.weights (%s) has %d entries, data.sources (%s) %d: one weight per source",
+                          st_config_source(c, "data.weights"), nw, st_config_source(c, "data.sources"), n);
+  for (int i = 0; i < nw; ++i) {
+    const char* w = st_config_list_item(c, "data.weights", i);
+    char* end = NULL;
+    double v = strtod(w, &end);
+    if (end == w || *end || !(v > 0) || !(v < 1e300))
+      return st_status_make(ST_CODE_CONFIG, "data.weights (%s): entry %d '%s' is not a number > 0",
+                            st_config_source(c, "data.weights"), i, w);
+  }
+  return ST_OK;
+}
+
 static st_status st__rule_remat(const st_config* c) {
   st_status s = st_config_remat_parse(st_config_string(c, "sched.remat"), (int)st_config_int(c, "model.n_layers"), NULL);
   if (s) s = st_status_annotate(s, "sched.remat (%s), model.n_layers (%s)", st_config_source(c, "sched.remat"),
@@ -784,6 +829,9 @@ static const st__cfg_rule kRules[] = {
     {"data.tokenizer=bpe: data.vocab_size (0: model.vocab_size) is from 256 to model.vocab_size, and data.synthetic "
      "is false; data.tokenizer=byte: data.vocab_size is 0 or 256.",
      st__rule_tokenizer},
+    {"data.sources (at most 64) needs data.packing none or pack and data.synthetic false, with one data.weights "
+     "number > 0 each; data.packing none or pack needs data.tokenizer=byte.",
+     st__rule_packing},
     {"sched.remat is auto, none, full, every:K (K >= 1) or a list of layers below model.n_layers.", st__rule_remat},
     {"sched.memory_budget is bytes (a whole number, 0: no limit) or a fraction in (0, 1] such as 0.9.",
      st__rule_memory_budget},

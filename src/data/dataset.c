@@ -15,24 +15,12 @@
 #include "strata/base.h"
 #include "strata/data.h"
 
-struct st_dataset {
-  char* token_path;
-  char* tokenizer_json; /* BPE: the verified tokenizer.json beside the token file */
-  double bytes_per_token[2]; /* per split; 0: no text (synthetic) */
-  st_token_file_info info;
-  uint32_t vocab_size;
-  uint64_t count;
-  uint16_t* tokens; /* owned; all tokens (u32 files are narrowed after the range check) */
-  uint64_t n_train;  /* tokens [0, n_train) train, [n_train, count) validation */
-  uint64_t seed;
-  int64_t seq_len;
-};
 
 /*===-------------------------------------------------------------------===*/
 /* Sampler                                                                  */
 /*===-------------------------------------------------------------------===*/
 
-static uint64_t st__splitmix64(uint64_t x) {
+uint64_t st__data_splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   uint64_t z = x;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -41,7 +29,7 @@ static uint64_t st__splitmix64(uint64_t x) {
 }
 
 uint64_t st_data_window_start(uint64_t seed, uint64_t stream, uint64_t index, uint64_t n_tokens, uint64_t seq_len) {
-  return st__splitmix64(st__splitmix64(seed ^ (stream << 32)) ^ index) % (n_tokens - seq_len);
+  return st__data_splitmix64(st__data_splitmix64(seed ^ (stream << 32)) ^ index) % (n_tokens - seq_len);
 }
 
 /*===-------------------------------------------------------------------===*/
@@ -63,11 +51,19 @@ static uint64_t st__data_get_u64(const unsigned char* p) {
 
 st_status st_token_file_write(const char* path, uint32_t vocab_size, st_tokenizer_kind kind, const uint16_t* tokens,
                               uint64_t count) {
-  size_t size = ST_TOKEN_FILE_HEADER_BYTES + (size_t)count * 2;
+  return st_token_file_write_docs(path, vocab_size, kind, tokens, count, NULL, 0);
+}
+
+st_status st_token_file_write_docs(const char* path, uint32_t vocab_size, st_tokenizer_kind kind, const uint16_t* tokens,
+                                   uint64_t count, const uint64_t* doc_starts, uint64_t n_docs) {
+  size_t size = ST_TOKEN_FILE_HEADER_BYTES + (size_t)count * 2 + (size_t)n_docs * 8;
   unsigned char* buf = st_xmalloc(size);
   memset(buf, 0, ST_TOKEN_FILE_HEADER_BYTES);
   memcpy(buf, ST_TOKEN_FILE_MAGIC, 8);
-  st__data_put_u32(buf + 8, ST_TOKEN_FILE_VERSION);
+  st__data_put_u32(buf + 8, n_docs ? ST_TOKEN_FILE_VERSION_DOCS : ST_TOKEN_FILE_VERSION);
+  /* Version 3: the document count in the reserved field, the table after the tokens. */
+  st__data_put_u64(buf + 40, n_docs);
+  for (uint64_t d = 0; d < n_docs; ++d) st__data_put_u64(buf + ST_TOKEN_FILE_HEADER_BYTES + (size_t)count * 2 + 8 * d, doc_starts[d]);
   st__data_put_u32(buf + 12, vocab_size);
   st__data_put_u32(buf + 16, 2);
   st__data_put_u32(buf + 20, (uint32_t)kind);
@@ -99,8 +95,8 @@ static st_status st__header(const char* path, const unsigned char* p, size_t siz
     return st_status_make(ST_CODE_DATA, "token file '%s': bad header (no '%s' magic); rebuild it from the text corpus", path,
                           ST_TOKEN_FILE_MAGIC);
   info->version = st__data_get_u32(p + 8);
-  if (info->version != 1 && info->version != 2)
-    return st_status_make(ST_CODE_DATA, "token file '%s': version %u, this strata reads versions 1 and 2", path, info->version);
+  if (info->version < 1 || info->version > ST_TOKEN_FILE_VERSION_DOCS)
+    return st_status_make(ST_CODE_DATA, "token file '%s': version %u, this strata reads versions 1 to 3", path, info->version);
   info->vocab_size = st__data_get_u32(p + 12);
   if (info->version == 1) {
     /* Version 1 predates BPE: every such file is the byte tokenizer's. */
@@ -110,8 +106,8 @@ static st_status st__header(const char* path, const unsigned char* p, size_t siz
     return ST_OK;
   }
   if (size < ST_TOKEN_FILE_HEADER_BYTES)
-    return st_status_make(ST_CODE_DATA, "token file '%s': %zu bytes, shorter than a version-2 header (%u bytes)", path, size,
-                          ST_TOKEN_FILE_HEADER_BYTES);
+    return st_status_make(ST_CODE_DATA, "token file '%s': %zu bytes, shorter than a version-%u header (%u bytes)", path, size,
+                          info->version, ST_TOKEN_FILE_HEADER_BYTES);
   uint32_t kind = st__data_get_u32(p + 20);
   if (kind > ST_TOKENIZER_BPE)
     return st_status_make(ST_CODE_DATA, "token file '%s': tokenizer kind %u is unknown (0 none, 1 byte, 2 bpe)", path, kind);
@@ -120,6 +116,11 @@ static st_status st__header(const char* path, const unsigned char* p, size_t siz
     for (int i = 0; i < 8; ++i) snprintf(info->hash + 2 * i, 3, "%02x", p[32 + i]);
   else
     snprintf(info->hash, sizeof(info->hash), "%s", kind == ST_TOKENIZER_BYTE ? "byte" : "none");
+  if (info->version == ST_TOKEN_FILE_VERSION_DOCS) {
+    info->documents = st__data_get_u64(p + 40);
+    if (info->documents == 0)
+      return st_status_make(ST_CODE_DATA, "token file '%s': version 3 with a document count of 0 (at least 1)", path);
+  }
   *out_header = ST_TOKEN_FILE_HEADER_BYTES;
   return ST_OK;
 }
@@ -136,8 +137,41 @@ st_status st_token_file_info_read(const char* path, st_token_file_info* out_info
 
 st_status st_token_file_parse(const char* path, const unsigned char* p, size_t size, uint32_t vocab_size, uint16_t** out_tokens,
                               uint64_t* out_count, st_token_file_info* out_info) {
+  uint64_t* docs = NULL;
+  uint64_t n_docs = 0;
+  st_status s = st_token_file_parse_docs(path, p, size, vocab_size, out_tokens, out_count, &docs, &n_docs, out_info);
+  free(docs);
+  return s;
+}
+
+/* A version-3 document table (|n| entries at |t|): first 0, strictly
+ * ascending, each below |count|. */
+static st_status st__doc_table(const char* path, const unsigned char* t, uint64_t n, uint64_t count, uint64_t** out) {
+  uint64_t* docs = st_xmalloc((size_t)n * sizeof(uint64_t));
+  for (uint64_t d = 0; d < n; ++d) {
+    docs[d] = st__data_get_u64(t + 8 * d);
+    const char* why = d == 0 && docs[d] != 0                ? "is not 0 (the first document starts the tokens)"
+                      : d > 0 && docs[d] <= docs[d - 1]     ? "is not above the one before (documents are not empty)"
+                      : docs[d] >= count                    ? "is not below the token count"
+                                                            : NULL;
+    if (why) {
+      st_status s = st_status_make(ST_CODE_DATA, "token file '%s': document %" PRIu64 " starts at %" PRIu64 ", which %s",
+                                   path, d, docs[d], why);
+      free(docs);
+      return s;
+    }
+  }
+  *out = docs;
+  return ST_OK;
+}
+
+st_status st_token_file_parse_docs(const char* path, const unsigned char* p, size_t size, uint32_t vocab_size,
+                                   uint16_t** out_tokens, uint64_t* out_count, uint64_t** out_doc_starts,
+                                   uint64_t* out_n_docs, st_token_file_info* out_info) {
   *out_tokens = NULL;
   *out_count = 0;
+  *out_doc_starts = NULL;
+  *out_n_docs = 0;
   st_token_file_info info;
   size_t header = 0;
   ST_RETURN(st__header(path, p, size, &info, &header));
@@ -148,22 +182,32 @@ st_status st_token_file_parse(const char* path, const unsigned char* p, size_t s
     return st_status_make(ST_CODE_DATA, "token file '%s': written for vocab_size %u, but model.vocab_size is %u", path,
                           info.vocab_size, vocab_size);
   uint64_t count = st__data_get_u64(p + 24);
-  if (count > (size - header) / tb || header + count * tb != size)
-    return st_status_make(ST_CODE_DATA, "token file '%s': header says %" PRIu64 " tokens of %u bytes but the file has %zu bytes after the header (truncated?)",
-                          path, count, tb, size - header);
+  /* Version 3: |documents| u64 offsets after the tokens; both counts are
+   * bounded by the bytes there before any product is formed. */
+  const uint64_t nd = info.documents;
+  const size_t body = size - header;
+  if (count > body / tb || nd > (body - count * tb) / 8 || count * tb + nd * 8 != body)
+    return st_status_make(ST_CODE_DATA, "token file '%s': header says %" PRIu64 " tokens of %u bytes%s but the file has %zu bytes after the header (truncated?)",
+                          path, count, tb, nd ? " and a document table" : "", body);
   if (count == 0) return st_status_make(ST_CODE_DATA, "token file '%s' holds no tokens", path);
+  if (nd > count)
+    return st_status_make(ST_CODE_DATA, "token file '%s': %" PRIu64 " documents but %" PRIu64 " tokens", path, nd, count);
+  uint64_t* docs = NULL;
+  if (nd) ST_RETURN(st__doc_table(path, p + header + count * tb, nd, count, &docs));
   uint16_t* tokens = st_xmalloc(count * sizeof(uint16_t));
   const unsigned char* t = p + header;
   for (uint64_t i = 0; i < count; ++i) {
     uint32_t v = tb == 2 ? (uint32_t)t[2 * i] | (uint32_t)t[2 * i + 1] << 8 : st__data_get_u32(t + 4 * i);
     if (v >= vocab_size) {
       free(tokens);
+      free(docs);
       return st_status_make(ST_CODE_DATA, "token file '%s': token %" PRIu64 " is %u, not below model.vocab_size %u", path, i, v,
                             vocab_size);
     }
     /* Tokens are kept as u16: a larger one must not be silently narrowed. */
     if (v > UINT16_MAX) {
       free(tokens);
+      free(docs);
       return st_status_make(ST_CODE_DATA, "token file '%s': token %" PRIu64 " is %u; strata keeps tokens as u16, so ids above 65535 are not supported",
                             path, i, v);
     }
@@ -171,17 +215,20 @@ st_status st_token_file_parse(const char* path, const unsigned char* p, size_t s
   }
   *out_tokens = tokens;
   *out_count = count;
+  *out_doc_starts = docs;
+  *out_n_docs = nd;
   return ST_OK;
 }
 
 /* Reads and validates a token file (docs/data.md) into |ds|. */
-static st_status st__token_file_read(const char* path, uint32_t vocab_size, st_dataset* ds) {
+static st_status st__token_file_read(const char* path, uint32_t vocab_size, st__data_source* src) {
   char* data = NULL;
   size_t size = 0;
   st_status s = st_fs_read_file(path, &data, &size);
   /* A missing or unreadable token file is a data error (exit 3), not a generic I/O one. */
   if (s) return st_status_recode(s, ST_CODE_DATA, "cannot read token file");
-  s = st_token_file_parse(path, (const unsigned char*)data, size, vocab_size, &ds->tokens, &ds->count, &ds->info);
+  s = st_token_file_parse_docs(path, (const unsigned char*)data, size, vocab_size, &src->tokens, &src->count, &src->docs,
+                               &src->n_docs, &src->info);
   free(data);
   return s;
 }
@@ -280,6 +327,33 @@ static st_status st__run_bpe(uint32_t vocab, const char* from, const char* token
   return s;
 }
 
+/* The byte tokenizer's version-3 token file of |files|' documents at |out|. */
+static st_status st__tokenize_documents(const st_data_options* o, const char* path, char** files, size_t n, uint64_t total,
+                                        const char* out) {
+  st__data_docbuf b = {.tokens = st_xmalloc(total * sizeof(uint16_t)), .cap = total};
+  st_status s = ST_OK;
+  for (size_t i = 0; i < n && !s; ++i) {
+    char* data = NULL;
+    size_t size = 0;
+    s = st_fs_read_file(files[i], &data, &size);
+    if (s) s = st_status_recode(s, ST_CODE_DATA, "reading corpus file");
+    if (!s) s = st__data_file_documents(o, files[i], data, size, &b);
+    free(data);
+  }
+  if (!s && b.n_docs == 0)
+    s = st_status_make(ST_CODE_DATA, "corpus '%s' holds no documents (every one is empty)%s", path,
+                       o->separator && o->separator[0] ? " after cutting at data.separator" : "");
+  if (!s) {
+    char* folder = st_path_join(o->cache_dir, "tokens");
+    s = st_fs_mkdirs(folder);
+    free(folder);
+  }
+  if (!s) s = st_token_file_write_docs(out, 256, ST_TOKENIZER_BYTE, b.tokens, b.n, b.starts, b.n_docs);
+  free(b.tokens);
+  free(b.starts);
+  return s;
+}
+
 /* Tokenizes the corpus at |path| into <cache>/tokens/<hash>.tok unless a
  * token file for the same names, sizes and mtimes is already there. */
 static st_status st__tokenize_corpus(const st_data_options* o, const char* path, char** out_token_path) {
@@ -315,6 +389,14 @@ static st_status st__tokenize_corpus(const st_data_options* o, const char* path,
     }
   } else
     st_strbuf_append(&ident, "byte-tokenizer-v1\n");
+  /* Documents (packing none/pack) make another token file (version 3, no
+   * separator lines); concat keeps today's key and file. */
+  const bool docs = o->packing != ST_DATA_PACKING_CONCAT;
+  if (docs) {
+    const char* sep = o->separator ? o->separator : "";
+    const char* field = o->jsonl_field && o->jsonl_field[0] ? o->jsonl_field : "text";
+    st_strbuf_printf(&ident, "documents-v3 separator=%zu:%s jsonl_field=%zu:%s\n", strlen(sep), sep, strlen(field), field);
+  }
   uint64_t total = 0;
   for (size_t i = 0; i < n; ++i) {
     struct stat st;
@@ -354,6 +436,16 @@ static st_status st__tokenize_corpus(const st_data_options* o, const char* path,
   }
   if (st__is_token_file(out)) {
     st__free_list(files, n);
+    *out_token_path = out;
+    return ST_OK;
+  }
+  if (docs) {
+    st_status s = st__tokenize_documents(o, path, files, n, total, out);
+    st__free_list(files, n);
+    if (s) {
+      free(out);
+      return s;
+    }
     *out_token_path = out;
     return ST_OK;
   }
@@ -399,18 +491,28 @@ static st_status st__tokenize_corpus(const st_data_options* o, const char* path,
   return ST_OK;
 }
 
+/* data.synthetic; with documents (packing none/pack), document d holds
+ * 8 + (d * 7919) % 249 tokens (the last one the rest). */
 static st_status st__synthetic(const st_data_options* o, const char* cache_dir, char** out_token_path) {
   const uint64_t n = 65536;
+  const bool docs = o->packing != ST_DATA_PACKING_CONCAT;
   uint16_t* tokens = st_xmalloc(n * sizeof(uint16_t));
   for (uint64_t i = 0; i < n; ++i) tokens[i] = (uint16_t)((i % 97 + 3 * ((i / 97) % 13)) % o->vocab_size);
+  uint64_t* starts = NULL;
+  uint64_t n_docs = 0;
+  for (uint64_t at = 0; docs && at < n; at += 8 + (n_docs * 7919) % 249) {
+    starts = st_xrealloc(starts, (n_docs + 1) * sizeof(uint64_t));
+    starts[n_docs++] = at;
+  }
   char name[64];
-  snprintf(name, sizeof(name), "tokens/synthetic-v%u.tok", o->vocab_size);
+  snprintf(name, sizeof(name), "tokens/synthetic-v%u%s.tok", o->vocab_size, docs ? "-docs" : "");
   char* out = st_path_join(cache_dir, name);
   char* folder = st_path_join(cache_dir, "tokens");
   st_status s = st_fs_mkdirs(folder);
   free(folder);
-  if (!s) s = st_token_file_write(out, o->vocab_size, ST_TOKENIZER_NONE, tokens, n);
+  if (!s) s = st_token_file_write_docs(out, o->vocab_size, ST_TOKENIZER_NONE, tokens, n, starts, n_docs);
   free(tokens);
+  free(starts);
   if (s) {
     free(out);
     return s;
@@ -422,7 +524,7 @@ static st_status st__synthetic(const st_data_options* o, const char* cache_dir, 
 /* The token file must come from the tokenizer the config names: a token
  * file of another tokenizer would train on ids that mean other text. BPE's
  * tokenizer.json beside the token file must be the one the header names. */
-static st_status st__check_tokenizer(const st_data_options* o, st_dataset* ds) {
+static st_status st__check_tokenizer(const st_data_options* o, st__data_source* ds) {
   st_token_file_info info;
   ST_RETURN(st_token_file_info_read(ds->token_path, &info));
   bool bpe = o->tokenizer && !strcmp(o->tokenizer, "bpe");
@@ -474,112 +576,228 @@ static st_status st__check_tokenizer(const st_data_options* o, st_dataset* ds) {
   return ST_OK;
 }
 
+/* Where source |src|'s validation tokens begin. */
+static uint64_t st__val_start(const st_dataset* ds, const st__data_source* src) {
+  if (ds->packing == ST_DATA_PACKING_CONCAT) return ds->n_split[0];
+  return src->n_train_docs < src->n_docs ? src->docs[src->n_train_docs] : src->count;
+}
+
 /* Bytes of text per token in each split (after the split is set). BPE
  * decodes through the tokenizer.json checked against the header. */
 static st_status st__bytes_per_token(st_dataset* ds) {
-  ds->bytes_per_token[0] = ds->bytes_per_token[1] = ds->info.kind == ST_TOKENIZER_NONE ? 0.0 : 1.0;
-  if (ds->info.kind != ST_TOKENIZER_BPE) return ST_OK;
-  st_tokenizer* t = NULL;
-  ST_RETURN(st_tokenizer_open(ds->token_path, &t));
+  ds->bytes_per_token[0] = ds->bytes_per_token[1] = ds->src[0].info.kind == ST_TOKENIZER_NONE ? 0.0 : 1.0;
+  if (ds->src[0].info.kind != ST_TOKENIZER_BPE) return ST_OK;
   uint64_t bytes[2] = {0, 0};
-  for (uint64_t i = 0; i < ds->count; ++i) {
-    size_t len = 0;
-    if (!st_tokenizer_token(t, ds->tokens[i], &len)) {
-      uint32_t vocab = st_tokenizer_vocab_size(t);
-      st_tokenizer_destroy(t);
-      return st_status_make(ST_CODE_DATA, "token file '%s': token %" PRIu64 " is %u, outside its tokenizer's %u entries",
-                            ds->token_path, i, ds->tokens[i], vocab);
+  for (int k = 0; k < ds->n_src; ++k) {
+    const st__data_source* src = &ds->src[k];
+    st_tokenizer* t = NULL;
+    ST_RETURN(st_tokenizer_open(src->token_path, &t));
+    const uint64_t val = st__val_start(ds, src);
+    for (uint64_t i = 0; i < src->count; ++i) {
+      size_t len = 0;
+      if (!st_tokenizer_token(t, src->tokens[i], &len)) {
+        uint32_t vocab = st_tokenizer_vocab_size(t);
+        st_tokenizer_destroy(t);
+        return st_status_make(ST_CODE_DATA, "token file '%s': token %" PRIu64 " is %u, outside its tokenizer's %u entries",
+                              src->token_path, i, src->tokens[i], vocab);
+      }
+      bytes[i >= val] += len;
     }
-    bytes[i >= ds->n_train] += len;
+    st_tokenizer_destroy(t);
   }
-  st_tokenizer_destroy(t);
-  uint64_t n[2] = {ds->n_train, ds->count - ds->n_train};
-  for (int k = 0; k < 2; ++k) ds->bytes_per_token[k] = n[k] ? (double)bytes[k] / (double)n[k] : 0.0;
+  for (int k = 0; k < 2; ++k) ds->bytes_per_token[k] = ds->n_split[k] ? (double)bytes[k] / (double)ds->n_split[k] : 0.0;
+  return ST_OK;
+}
+
+/* Opens source |given| (data.path or data.sources[i]) into |src|. */
+static st_status st__source_open(const st_data_options* o, const char* given, st__data_source* src) {
+  const char* path = given && given[0] ? given : ST_DATA_DEFAULT_CORPUS;
+  src->given = st_xstrdup(o->synthetic ? "synthetic" : path);
+  struct stat pst;
+  /* Opening a FIFO blocks until a writer comes (forever, for a training
+   * run); sockets and devices are no corpus either. Checked before any open. */
+  if (!o->synthetic && stat(path, &pst) == 0 && !S_ISREG(pst.st_mode) && !S_ISDIR(pst.st_mode))
+    return st_status_make(ST_CODE_DATA,
+                          "data.path '%s' is a %s, not a regular file or a folder; point data.path at a text file, a "
+                          "folder of text files or a token file",
+                          path,
+                          S_ISFIFO(pst.st_mode)                          ? "FIFO"
+                          : S_ISSOCK(pst.st_mode)                        ? "socket"
+                          : S_ISCHR(pst.st_mode) || S_ISBLK(pst.st_mode) ? "device"
+                                                                         : "special file");
+  st_status s = ST_OK;
+  if (o->synthetic)
+    s = st__synthetic(o, o->cache_dir, &src->token_path);
+  else if (!st_fs_is_dir(path) && st__is_token_file(path))
+    src->token_path = st_xstrdup(path);
+  else
+    s = st__tokenize_corpus(o, path, &src->token_path);
+  if (!s && !o->synthetic) s = st__check_tokenizer(o, src);
+  if (!s) s = st__token_file_read(src->token_path, o->vocab_size, src);
+  return s;
+}
+
+/* Names what the user gave (data.path) and what was read (the token file,
+ * often a cache file they never named). Caller frees. */
+static char* st__source_name(const st_data_options* o, const st__data_source* src) {
+  st_strbuf what = {0};
+  if (o->synthetic)
+    st_strbuf_printf(&what, "the synthetic corpus (token file '%s')", src->token_path);
+  else if (!strcmp(src->given, src->token_path))
+    st_strbuf_printf(&what, "token file '%s' (%s)", src->given, o->n_sources ? "data.sources" : "data.path");
+  else
+    st_strbuf_printf(&what, "corpus '%s' (%s; tokenized into '%s')", src->given, o->n_sources ? "data.sources" : "data.path",
+                     src->token_path);
+  return st_strbuf_take(&what);
+}
+
+/* concat: the last floor(N * f) tokens are validation; both splits hold a window. */
+static st_status st__split_tokens(const st_data_options* o, st_dataset* ds) {
+  const st__data_source* src = &ds->src[0];
+  uint64_t n_val = (uint64_t)((double)src->count * o->val_fraction);
+  ds->n_split[0] = src->count - n_val;
+  ds->n_split[1] = n_val;
+  uint64_t need = (uint64_t)o->seq_len + 1;
+  if (ds->n_split[0] >= need && n_val >= need) return ST_OK;
+  char* what = st__source_name(o, src);
+  st_status s = st_status_make(ST_CODE_DATA,
+                               "%s has %" PRIu64 " tokens: too few for a training and a validation split of at least model.seq_len+1 = %" PRIu64
+                               " tokens each (data.val_fraction=%g); use a larger corpus or a shorter model.seq_len",
+                               what, src->count, need, o->val_fraction);
+  free(what);
+  return s;
+}
+
+/* An empty split, or one of documents that are all shorter than 2 tokens,
+ * would leave the stream nothing to draw. */
+static bool st__split_has_pairs(const st__data_source* src, uint64_t first, uint64_t n) {
+  for (uint64_t g = first; g < first + n; ++g) {
+    uint64_t end = g + 1 < src->n_docs ? src->docs[g + 1] : src->count;
+    if (end - src->docs[g] >= 2) return true;
+  }
+  return false;
+}
+
+/* none/pack: per source, the last floor(n_docs * f) documents are
+ * validation; each split holds a document of at least 2 tokens. */
+static st_status st__split_documents(const st_data_options* o, st_dataset* ds) {
+  for (int k = 0; k < ds->n_src; ++k) {
+    st__data_source* src = &ds->src[k];
+    if (!src->docs) {
+      return st_status_make(ST_CODE_DATA,
+                            "token file '%s' (%s) is version %u, without documents: data.packing=%s needs a version-3 "
+                            "token file; point %s at the text corpus (strata tokenizes it with its documents) or set "
+                            "data.packing=concat",
+                            src->token_path, src->given, src->info.version,
+                            o->packing == ST_DATA_PACKING_PACK ? "pack" : "none", o->n_sources ? "data.sources" : "data.path");
+    }
+    if (k > 0 && strcmp(src->info.hash, ds->src[0].info.hash) != 0)
+      return st_status_make(ST_CODE_DATA, "source '%s' holds tokens of tokenizer %s, but source '%s' of tokenizer %s: "
+                            "the sources of a run share one tokenizer", src->given, src->info.hash, ds->src[0].given,
+                            ds->src[0].info.hash);
+    uint64_t n_val = (uint64_t)((double)src->n_docs * o->val_fraction);
+    src->n_train_docs = src->n_docs - n_val;
+    if (!n_val || !st__split_has_pairs(src, 0, src->n_train_docs) ||
+        !st__split_has_pairs(src, src->n_train_docs, n_val)) {
+      char* what = st__source_name(o, src);
+      st_status s = st_status_make(ST_CODE_DATA,
+                                   "%s has %" PRIu64 " documents: too few for a training and a validation split each "
+                                   "holding a document of at least 2 tokens (the last floor(%" PRIu64 " * %g) = %" PRIu64
+                                   " documents are validation); use a larger corpus, a larger data.val_fraction or "
+                                   "check data.separator",
+                                   what, src->n_docs, src->n_docs, o->val_fraction, n_val);
+      free(what);
+      return s;
+    }
+    const uint64_t val = st__val_start(ds, src);
+    ds->n_split[0] += val;
+    ds->n_split[1] += src->count - val;
+  }
   return ST_OK;
 }
 
 st_status st_dataset_open(const st_data_options* o, st_dataset** out_dataset) {
   *out_dataset = NULL;
+  if (o->n_sources < 0 || o->n_sources > ST_DATA_MAX_SOURCES || (o->n_sources && o->packing == ST_DATA_PACKING_CONCAT))
+    return st_status_make(ST_CODE_CONFIG, "data.sources (%d of them) needs data.packing none or pack and at most %d sources",
+                          o->n_sources, ST_DATA_MAX_SOURCES);
   st_dataset* ds = st_xcalloc(1, sizeof(*ds));
-  ds->vocab_size = o->vocab_size;
   ds->seed = o->seed;
   ds->seq_len = o->seq_len;
-  const char* path = o->path && o->path[0] ? o->path : ST_DATA_DEFAULT_CORPUS;
+  ds->packing = o->packing;
+  ds->n_src = o->n_sources ? o->n_sources : 1;
+  ds->src = st_xcalloc((size_t)ds->n_src, sizeof(st__data_source));
+  double total = 0;
+  for (int k = 0; k < ds->n_src; ++k) total += o->n_sources ? o->weights[k] : 1.0;
+  /* Cumulative in order, as the Python mirror sums them. */
+  double run = 0;
+  for (int k = 0; k < ds->n_src; ++k) {
+    const double w = o->n_sources ? o->weights[k] : 1.0;
+    ds->src[k].weight = w / total;
+    run += w;
+    ds->cum[k] = run / total;
+  }
   st_status s = ST_OK;
-  struct stat pst;
-  /* Opening a FIFO blocks until a writer comes (forever, for a training
-   * run); sockets and devices are no corpus either. Checked before any open. */
-  if (!o->synthetic && stat(path, &pst) == 0 && !S_ISREG(pst.st_mode) && !S_ISDIR(pst.st_mode))
-    s = st_status_make(ST_CODE_DATA,
-                       "data.path '%s' is a %s, not a regular file or a folder; point data.path at a text file, a folder "
-                       "of text files or a token file",
-                       path,
-                       S_ISFIFO(pst.st_mode)                          ? "FIFO"
-                       : S_ISSOCK(pst.st_mode)                        ? "socket"
-                       : S_ISCHR(pst.st_mode) || S_ISBLK(pst.st_mode) ? "device"
-                                                                      : "special file");
-  if (!s && o->synthetic) {
-    s = st__synthetic(o, o->cache_dir, &ds->token_path);
-  } else if (s) {
-    /* refused above */
-  } else if (!st_fs_is_dir(path) && st__is_token_file(path)) {
-    ds->token_path = st_xstrdup(path);
-    s = ST_OK;
-  } else {
-    s = st__tokenize_corpus(o, path, &ds->token_path);
-  }
-  if (!s && !o->synthetic) s = st__check_tokenizer(o, ds);
-  if (!s) s = st__token_file_read(ds->token_path, o->vocab_size, ds);
-  if (!s) {
-    uint64_t n_val = (uint64_t)((double)ds->count * o->val_fraction);
-    ds->n_train = ds->count - n_val;
-    uint64_t need = (uint64_t)o->seq_len + 1;
-    if (ds->n_train < need || n_val < need) {
-      /* Name what the user gave (data.path) and what was read (the token
-       * file, often a cache file they never named). */
-      st_strbuf what = {0};
-      if (o->synthetic)
-        st_strbuf_printf(&what, "the synthetic corpus (token file '%s')", ds->token_path);
-      else if (!strcmp(path, ds->token_path))
-        st_strbuf_printf(&what, "token file '%s' (data.path)", path);
-      else
-        st_strbuf_printf(&what, "corpus '%s' (data.path; tokenized into '%s')", path, ds->token_path);
-      s = st_status_make(ST_CODE_DATA,
-                         "%s has %" PRIu64 " tokens: too few for a training and a validation split of at least model.seq_len+1 = %" PRIu64
-                         " tokens each (data.val_fraction=%g); use a larger corpus or a shorter model.seq_len",
-                         what.data, ds->count, need, o->val_fraction);
-      st_strbuf_free(&what);
-    }
-  }
+  for (int k = 0; k < ds->n_src && !s; ++k) s = st__source_open(o, o->n_sources ? o->sources[k] : o->path, &ds->src[k]);
+  for (int k = 0; k < ds->n_src && !s; ++k) ds->count += ds->src[k].count;
+  if (!s) s = ds->packing == ST_DATA_PACKING_CONCAT ? st__split_tokens(o, ds) : st__split_documents(o, ds);
   if (!s) s = st__bytes_per_token(ds);
   if (s) {
     st_dataset_destroy(ds);
     return s;
   }
+  if (ds->packing != ST_DATA_PACKING_CONCAT)
+    for (int i = 0; i < 2; ++i) ds->cursor[i] = st__data_cursor_new(ds);
   *out_dataset = ds;
   return ST_OK;
 }
 
 void st_dataset_destroy(st_dataset* ds) {
   if (!ds) return;
-  free(ds->token_path);
-  free(ds->tokenizer_json);
-  free(ds->tokens);
+  for (int k = 0; k < ds->n_src; ++k) {
+    free(ds->src[k].given);
+    free(ds->src[k].token_path);
+    free(ds->src[k].tokenizer_json);
+    free(ds->src[k].tokens);
+    free(ds->src[k].docs);
+  }
+  free(ds->src);
+  for (int i = 0; i < 2; ++i) st__data_cursor_free(ds->cursor[i]);
   free(ds);
 }
 
-const char* st_dataset_token_path(const st_dataset* ds) { return ds->token_path; }
-const char* st_dataset_tokenizer_hash(const st_dataset* ds) { return ds->info.hash; }
-const char* st_dataset_tokenizer_json(const st_dataset* ds) { return ds->tokenizer_json; }
+const char* st_dataset_token_path(const st_dataset* ds) { return ds->src[0].token_path; }
+const char* st_dataset_tokenizer_hash(const st_dataset* ds) { return ds->src[0].info.hash; }
+const char* st_dataset_tokenizer_json(const st_dataset* ds) { return ds->src[0].tokenizer_json; }
 double st_dataset_bytes_per_token(const st_dataset* ds, int stream) { return ds->bytes_per_token[stream == ST_STREAM_TRAIN ? 0 : 1]; }
 uint64_t st_dataset_token_count(const st_dataset* ds) { return ds->count; }
-uint64_t st_dataset_split_tokens(const st_dataset* ds, int stream) {
-  return stream == ST_STREAM_TRAIN ? ds->n_train : ds->count - ds->n_train;
+uint64_t st_dataset_split_tokens(const st_dataset* ds, int stream) { return ds->n_split[stream == ST_STREAM_TRAIN ? 0 : 1]; }
+int st_dataset_packing(const st_dataset* ds) { return ds->packing; }
+int st_dataset_source_count(const st_dataset* ds) { return ds->n_src; }
+
+st_status st_dataset_sources(const st_dataset* ds, uint64_t next_index, st_data_source_info* out) {
+  const uint64_t* drawn = ds->packing == ST_DATA_PACKING_CONCAT ? NULL : st__data_drawn_at(ds, ST_STREAM_TRAIN, next_index);
+  for (int k = 0; k < ds->n_src; ++k) {
+    const st__data_source* src = &ds->src[k];
+    char sha[65];
+    st_status s = st_sha256_file_hex(src->token_path, sha);
+    if (s) return st_status_recode(s, ST_CODE_DATA, "hashing the token file of source '%s'", src->given);
+    out[k] = (st_data_source_info){.path = src->given, .token_path = src->token_path,
+                                   .documents = src->docs ? src->n_docs : 1, .drawn = drawn ? drawn[k] : 0,
+                                   .weight = src->weight};
+    snprintf(out[k].hash, sizeof(out[k].hash), "%.16s", sha);
+  }
+  return ST_OK;
 }
 
 void st_dataset_fill(const st_dataset* ds, int stream, uint64_t first, int64_t count, int32_t* inputs, int32_t* targets,
                      float* mask, int32_t* positions) {
-  const uint16_t* base = stream == ST_STREAM_TRAIN ? ds->tokens : ds->tokens + ds->n_train;
+  if (ds->packing != ST_DATA_PACKING_CONCAT) {
+    st__data_fill_docs(ds, stream, first, count, inputs, targets, mask, positions);
+    return;
+  }
+  const st__data_source* src = &ds->src[0];
+  const uint16_t* base = stream == ST_STREAM_TRAIN ? src->tokens : src->tokens + ds->n_split[0];
   uint64_t n = st_dataset_split_tokens(ds, stream);
   int64_t T = ds->seq_len;
   for (int64_t i = 0; i < count; ++i) {

@@ -265,14 +265,22 @@ static void st__options_data_runtime(const st_config* c, st_plan_options* o) {
   o->data.tokenizer_vocab = !strcmp(o->data.tokenizer, "bpe") ? (uint32_t)st_config_int_resolved(c, "data.vocab_size") : 256u;
   o->data.vocab_size = (uint32_t)st_config_int(c, "model.vocab_size");
   o->data.val_fraction = st_config_float(c, "data.val_fraction");
-  const char* packing = st_config_string(c, "data.packing");
-  o->data.packing = !strcmp(packing, "pack")   ? ST_DATA_PACKING_PACK
-                    : !strcmp(packing, "none") ? ST_DATA_PACKING_NONE
-                                               : ST_DATA_PACKING_CONCAT;
   o->data.seq_len = st_config_int(c, "model.seq_len");
   o->data.seed = o->seed;
   o->data.progress = o->long_progress;
   o->data.cache_dir = o->cache_root;
+  const char* packing = st_config_string(c, "data.packing");
+  o->data.packing = !strcmp(packing, "pack") ? ST_DATA_PACKING_PACK
+                    : !strcmp(packing, "none") ? ST_DATA_PACKING_NONE
+                                               : ST_DATA_PACKING_CONCAT;
+  o->data.separator = st_config_string(c, "data.separator");
+  o->data.jsonl_field = st_config_string(c, "data.jsonl_field");
+  /* The schema's rule bounds the count and checks every weight. */
+  o->data.n_sources = st_config_list_count(c, "data.sources");
+  for (int i = 0; i < o->data.n_sources && i < ST_DATA_MAX_SOURCES; ++i) {
+    o->data.sources[i] = st_config_list_item(c, "data.sources", i);
+    o->data.weights[i] = strtod(st_config_list_item(c, "data.weights", i), NULL);
+  }
 
   st_runtime_options_init(&o->runtime);
   o->runtime.plugin_path = st_config_string(c, "runtime.plugin");
