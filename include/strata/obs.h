@@ -253,6 +253,7 @@ typedef struct st_context_facts {
   st_json* peak;                      /* borrowed: the peak MFU is measured against ("peak"); NULL: none */
   st_json* kernels;                   /* borrowed: each kernel op's implementation and the C kernels' ISA; NULL: none */
   st_json* model;                     /* borrowed: the model description (the identity of params.safetensors); NULL: none */
+  st_json* data;                      /* borrowed: the data contract at the run's start ("data"; docs/data.md); NULL: none */
 } st_context_facts;
 
 /* Builds the context as one JSON object (a new reference, owned by the caller):

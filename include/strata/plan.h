@@ -104,6 +104,7 @@ typedef struct st_plan_options {
   const char* kernel_impl[ST_PLAN_KERNEL_OPS]; /* static strings: "xla", "ffi" or "pallas", never "auto" */
   bool kernel_auto[ST_PLAN_KERNEL_OPS];        /* whether kernels.<op> was auto */
   st_data_options data;
+  bool data_allow_changed; /* data.allow_changed: resume on changed data sources (docs/data.md, "Data contract") */
   st_runtime_options runtime;
   st_plan_sched sched;    /* sched.*: remat, offload, prefetch, waits, optimizer placement */
   /* Bytes each device can hold, as the PJRT plugin reports them

@@ -128,6 +128,9 @@ static const st__cfg_key kKeys[] = {
     {"data.jsonl_field", ST__CFG_STRING, "text",
      .doc = "packing none/pack: a *.jsonl corpus file holds one JSON object per line, one document each: this "
             "string field."},
+    {"data.allow_changed", ST__CFG_BOOL, "false",
+     .doc = "Resume even though a data source changed since the checkpoint (its content hash or documents): the change "
+            "is said and recorded in the resumed event; false refuses (exit 3, docs/data.md \"Data contract\")."},
     {"data.sources", ST__CFG_LIST, "[]",
      .doc = "packing none/pack: corpora (text files, folders or token files) mixed by data.weights; replaces "
             "data.path when not empty."},

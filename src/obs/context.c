@@ -132,5 +132,6 @@ json_t* st_context_json(const st_context_facts* f) {
   if (f->peak) st_json_put(c, "peak", json_incref(f->peak));
   if (f->kernels) st_json_put(c, "kernels", json_incref(f->kernels));
   if (f->model) st_json_put(c, "model", json_incref(f->model));
+  if (f->data) st_json_put(c, "data", json_incref(f->data));
   return c;
 }

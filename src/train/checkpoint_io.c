@@ -376,6 +376,17 @@ static st_status st__load_state(st_train_ckpt* c, st_ckpt* ck) {
   return s;
 }
 
+/* The data the checkpoint recorded against this run's (data_contract.c). */
+static st_status st__data_check(const st_train_ckpt* c, const st_ckpt* ck, json_t** out_change) {
+  json_t* now = NULL;
+  ST_RETURN(st_train_data_contract(c->in.data, (uint64_t)ck->data_position, &now));
+  char where[600];
+  snprintf(where, sizeof(where), "checkpoint %s (step %lld)", ck->dir, (long long)ck->step);
+  st_status s = st_train_data_contract_check(ck->data, now, c->in.options->data_allow_changed, where, out_change);
+  json_decref(now);
+  return s;
+}
+
 /* The checks of a found checkpoint that need only its manifest. */
 static st_status st__check_found(const st_train_ckpt* c, const st_ckpt* ck) {
   const st_plan_options* o = c->in.options;
@@ -574,6 +585,8 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
   int skipped = 0;
   bool restoring = false;
   st_status s = st__pick(c, &ck, &skipped, &restoring);
+  json_t* data_change = NULL;
+  if (!s && ck) s = st__data_check(c, ck, &data_change);
   if (!s && ck) {
     s = st__load_state(c, ck);
     restoring = true;
@@ -581,6 +594,7 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
   s = st__job_restored(c, s, -1);
   if (s) {
     st_ckpt_free(ck);
+    json_decref(data_change);
     return restoring ? st_status_annotate(s, "restoring") : s;
   }
   const bool quiet = c->job && st_dist_rank(c->in.dist) > 0; /* rank 0 says it for the job */
@@ -650,6 +664,7 @@ st_status st_train_ckpt_restore(st_train_ckpt* c, int64_t* out_step, bool* out_r
   st_json_put_str(e, "bundle_key", c->key);
   st_json_put_str(e, "checkpoint_bundle_key", ck->bundle_key);
   st__lr_schedule_resumed(c, ck, quiet, e);
+  if (data_change) st_json_put(e, "data_changed", data_change);
   const char* axis[3] = {"data", "fsdp", "tensor"};
   json_t* mesh_now = st_json_obj();
   json_t* mesh_was = st_json_obj();
@@ -812,8 +827,10 @@ static st_status st__fill(void* user, int i, void* dst, size_t size) {
 }
 
 /* What the manifest records besides tensors, for a save of |step|. */
-static void st__set_meta(st_train_ckpt* c, int64_t step) {
+static st_status st__set_meta(st_train_ckpt* c, int64_t step) {
   const st_plan_options* o = c->in.options;
+  json_t* contract = NULL;
+  ST_RETURN(st_train_data_contract(c->in.data, (uint64_t)(step * o->batch_size), &contract));
   st_ckpt_meta m = {
       .step = step,
       .optimizer_step = step,
@@ -823,6 +840,7 @@ static void st__set_meta(st_train_ckpt* c, int64_t step) {
       .lr = st_plan_lr(o, step),
       .total_steps = o->steps,
       .lr_schedule = c->lr_schedule,
+      .data_contract = contract,
       .config = c->config,
       .config_hash = c->config_hash,
       .bundle_key = c->key,
@@ -835,7 +853,9 @@ static void st__set_meta(st_train_ckpt* c, int64_t step) {
       .mesh_pipeline = o->parallel_pipeline,
       .mesh_processes = o->procs,
   };
-  st_ckpt_snapshot_set_meta(c->snap, &m);
+  st_ckpt_snapshot_set_meta(c->snap, &m); /* copies the contract */
+  json_decref(contract);
+  return ST_OK;
 }
 
 /* Per-rank shards: this rank's rows of every tensor it holds any of into
@@ -870,7 +890,7 @@ static st_status st__snapshot_rows(st_train_ckpt* c, int64_t step) {
   }
   free(tmp);
   if (s) return st_status_recode(s, ST_CODE_CKPT, "checkpoint snapshot at step %lld", (long long)step);
-  st__set_meta(c, step);
+  ST_RETURN(st__set_meta(c, step));
   c->snap_filled = true;
   return ST_OK;
 }
@@ -904,7 +924,7 @@ static st_status st__snapshot(st_train_ckpt* c, int64_t step) {
     c->events[i] = NULL;
   }
   if (s) return st_status_recode(s, ST_CODE_CKPT, "checkpoint snapshot at step %lld", (long long)step);
-  st__set_meta(c, step);
+  ST_RETURN(st__set_meta(c, step));
   c->snap_filled = !c->streaming;
   return ST_OK;
 }

@@ -61,6 +61,16 @@ typedef struct st_train_ckpt_init {
 } st_train_ckpt_init;
 
 st_status st_train_ckpt_create(const st_train_ckpt_init* init, st_train_ckpt** out /* owned by caller */);
+
+/* data_contract.c (docs/data.md, "Data contract"): the contract of |data|
+ * at training position |position| (sequences consumed), an object with
+ * "packing" and "sources", into *out (owned by caller); and the check of
+ * a checkpoint's recorded "data" against |now|: a changed source is
+ * ST_CODE_DATA naming it and |where| unless |allow|, then *out_change
+ * (owned by caller; NULL when nothing changed) lists the changes. */
+st_status st_train_data_contract(const st_dataset* data, uint64_t position, json_t** out);
+st_status st_train_data_contract_check(const json_t* recorded, const json_t* now, bool allow, const char* where,
+                                       json_t** out_change);
 /* With run.resume: removes temporaries of crashed saves, loads the newest
  * valid checkpoint into the executor (reporting every one it skips and
  * why) and sets *out_step to its step; 0 when starting fresh.

@@ -966,8 +966,15 @@ static st_status st__context_event(st__trainer* t, const st_config* cfg) {
                             .peak = st_train_peak_json(&t->peak, mesh_devices),
                             .kernels = st_kernels_bundle_json(t->bundle),
                             .model = st_plan_model_desc(o)};
+  /* The sources as this process found them (written before a resume's
+   * restore: "drawn" counts from the stream's start; checkpoints record
+   * the position they were taken at). */
+  json_t* data = NULL;
+  st_status s = st_train_data_contract(t->data, 0, &data);
+  facts.data = data;
   json_t* ctx = NULL;
-  st_status s = st_rundir_write_context(t->run_dir, &facts, &ctx);
+  if (!s) s = st_rundir_write_context(t->run_dir, &facts, &ctx);
+  json_decref(data);
   json_decref(facts.peak);
   json_decref(facts.kernels);
   json_decref(facts.model);
