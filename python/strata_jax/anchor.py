@@ -50,7 +50,8 @@ from .config import ModelConfig, TrainConfig
 from .data import DataError, Sampler
 from .mesh import ParallelError, make_mesh, mesh_for_cli
 from .optim import adamw_update, lr_at, sqnorm
-from .reference_train import InputError, add_input_args, load_inputs, make_train_step
+from .reference_train import (InputError, add_input_args, batch_tuple, host_loss, load_inputs, make_train_step,
+                              weight_scale)
 from .shardings import mesh_shardings, step_shardings  # noqa: F401  (anchor.<name>, as before shardings.py)
 
 Array = jax.Array
@@ -84,41 +85,49 @@ def unstack_blocks(params: dict[str, Any], n_layers: int) -> M.FullParams:
 
 
 def scan_model_loss(cfg: ModelConfig, params: dict[str, Any], tokens: Array, targets: Array,
-                    mask: Array) -> Array:
+                    mask: Array, positions: Array | None = None) -> Array:
+    """model.model_loss with the blocks under lax.scan (|positions|: as model_loss)."""
+    pos = positions if cfg.packed else None
     wte = params["embed"]["wte"]
-    x = M.embed(cfg, params["embed"], tokens)
-    fwd = _scan_kind(cfg).fwd
-    x, _ = jax.lax.scan(lambda h, p: (fwd(cfg, p, h), None), x, params["blocks"])
+    with M.packed(pos):
+        x = M.embed(cfg, params["embed"], tokens, positions=pos)
+        fwd = _scan_kind(cfg).fwd
+        x, _ = jax.lax.scan(lambda h, p: (fwd(cfg, p, h), None), x, params["blocks"])
     return M.head_loss(cfg, params["head"], wte if cfg.tie_embeddings else None, x, targets, mask)
 
 
 def remat_model_loss(cfg: ModelConfig, params: M.FullParams, tokens: Array, targets: Array,
-                     mask: Array) -> Array:
+                     mask: Array, positions: Array | None = None) -> Array:
+    """model.model_loss with each block under jax.checkpoint."""
+    pos = positions if cfg.packed else None
     wte = params["embed"]["wte"]
-    x = M.embed(cfg, params["embed"], tokens)
-    for kind, p in zip(cfg.layer_kinds(), params["blocks"], strict=True):
-        x = jax.checkpoint(lambda p_, h, f=R.KINDS[kind].fwd: f(cfg, p_, h))(p, x)
+    with M.packed(pos):
+        x = M.embed(cfg, params["embed"], tokens, positions=pos)
+        for kind, p in zip(cfg.layer_kinds(), params["blocks"], strict=True):
+            x = jax.checkpoint(lambda p_, h, f=R.KINDS[kind].fwd: f(cfg, p_, h))(p, x)
     return M.head_loss(cfg, params["head"], wte if cfg.tie_embeddings else None, x, targets, mask)
 
 
 def make_scan_train_step(cfg: ModelConfig, shardings: tuple[Any, Any] | None = None) -> Callable[..., Any]:
     """Like reference_train.make_train_step, on stacked block parameters:
     jit(params, m, v, tokens, targets, mask, step, lr, hyper, grad_clip) ->
-    (params, m, v, micro_losses, group_sqnorms[embed, layers..., head])."""
-    loss_and_grad = jax.value_and_grad(lambda p, t, y, k: scan_model_loss(cfg, p, t, y, k))
+    (params, m, v, micro_losses, group_sqnorms[embed, layers..., head]);
+    under packing none or pack positions after mask and the global
+    normalisation, as make_train_step."""
+    loss_and_grad = jax.value_and_grad(lambda p, *xs: scan_model_loss(cfg, p, *xs))
     emb_names = M.group_param_names(cfg, "embed")
     head_names = M.group_param_names(cfg, "head")
 
-    def step_fn(params: Any, m: Any, v: Any, tokens: Array, targets: Array, mask: Array,
-                step: Array, lr: Array, hyper: Array, grad_clip: Array) -> Any:
-        n_micro = tokens.shape[0]
+    def step_core(params: Any, m: Any, v: Any, batch: tuple[Array, ...],
+                  step: Array, lr: Array, hyper: Array, grad_clip: Array) -> Any:
+        n_micro = batch[0].shape[0]
 
-        def micro(gsum: Any, xs: tuple[Array, Array, Array]) -> tuple[Any, Array]:
+        def micro(gsum: Any, xs: tuple[Array, ...]) -> tuple[Any, Array]:
             loss, g = loss_and_grad(params, *xs)
             return jax.tree.map(jnp.add, gsum, g), loss
 
         zeros = jax.tree.map(jnp.zeros_like, params)
-        grads, losses = jax.lax.scan(micro, zeros, (tokens, targets, mask))
+        grads, losses = jax.lax.scan(micro, zeros, batch)
         g_emb, g_blk, g_head = grads["embed"], grads["blocks"], grads["head"]
         # Per-layer norms of the stacked gradients, in the reference's group order.
         blk_names = _scan_kind(cfg).params(cfg)
@@ -128,9 +137,15 @@ def make_scan_train_step(cfg: ModelConfig, shardings: tuple[Any, Any] | None = N
         total = jnp.float32(0.0)
         for i in range(sqn.shape[0]):
             total = total + sqn[i]
-        norm = jnp.sqrt(total) / n_micro
-        clip = jnp.where(grad_clip > 0, jnp.minimum(1.0, grad_clip / (norm + 1e-6)), 1.0)
-        gscale = clip / n_micro
+        if cfg.weighted_loss:
+            scale = weight_scale(cfg, batch[2])
+            norm = jnp.sqrt(total) * scale
+            clip = jnp.where(grad_clip > 0, jnp.minimum(1.0, grad_clip / (norm + 1e-6)), 1.0)
+            gscale = clip * scale
+        else:
+            norm = jnp.sqrt(total) / n_micro
+            clip = jnp.where(grad_clip > 0, jnp.minimum(1.0, grad_clip / (norm + 1e-6)), 1.0)
+            gscale = clip / n_micro
 
         out: dict[str, tuple[dict[str, Array], ...]] = {}
         for group, names, lead in (("embed", emb_names, 0), ("blocks", blk_names, 1),
@@ -147,6 +162,15 @@ def make_scan_train_step(cfg: ModelConfig, shardings: tuple[Any, Any] | None = N
             return {g: out[g][j] for g in ("embed", "blocks", "head")}
 
         return regroup(0), regroup(1), regroup(2), losses, sqn
+
+    if cfg.weighted_loss:
+        def step_fn(params: Any, m: Any, v: Any, tokens: Array, targets: Array, mask: Array, positions: Array,
+                    step: Array, lr: Array, hyper: Array, grad_clip: Array) -> Any:
+            return step_core(params, m, v, (tokens, targets, mask, positions), step, lr, hyper, grad_clip)
+    else:
+        def step_fn(params: Any, m: Any, v: Any, tokens: Array, targets: Array, mask: Array,  # type: ignore[misc]
+                    step: Array, lr: Array, hyper: Array, grad_clip: Array) -> Any:
+            return step_core(params, m, v, (tokens, targets, mask), step, lr, hyper, grad_clip)
 
     if shardings is not None:
         return jax.jit(step_fn, donate_argnums=(0, 1, 2), in_shardings=shardings[0], out_shardings=shardings[1])
@@ -234,7 +258,7 @@ def _run(config: dict[str, Any], tokens: np.ndarray, variant: str, steps: int | 
         params = stack_blocks(params, cfg)
     shardings = batch_sharding = None
     if jmesh is not None:
-        shardings = step_shardings(params, jmesh)
+        shardings = step_shardings(params, jmesh, n_batch=len(batch_tuple(cfg, sampler.batch(0))))
         params = jax.device_put(params, shardings[0][0])
         batch_sharding = shardings[0][3]
     jax.block_until_ready(params)
@@ -252,10 +276,10 @@ def _run(config: dict[str, Any], tokens: np.ndarray, variant: str, steps: int | 
     hyper, clip = jnp.asarray(tc.hyper), jnp.float32(tc.grad_clip)
 
     def batch(k: int) -> tuple[Array, ...]:
-        b = sampler.batch(k)
+        b = batch_tuple(cfg, sampler.batch(k))
         if batch_sharding is not None:  # straight from the host to each device's part
-            return tuple(jax.device_put(a, batch_sharding) for a in (b.tokens, b.targets, b.mask))
-        return jnp.asarray(b.tokens), jnp.asarray(b.targets), jnp.asarray(b.mask)
+            return tuple(jax.device_put(a, batch_sharding) for a in b)
+        return tuple(jnp.asarray(a) for a in b)
 
     t0 = time.perf_counter()
     lowered = step_fn.lower(params, m, v, *batch(0), jnp.float32(1), jnp.float32(0), hyper, clip)
@@ -279,12 +303,14 @@ def _run(config: dict[str, Any], tokens: np.ndarray, variant: str, steps: int | 
             t = k + 1
             lr = lr_at(t, lr=tc.lr, min_lr_ratio=tc.min_lr_ratio, warmup_steps=tc.warmup_steps,
                        steps=tc.steps)
+            mask_k = sampler.batch(k).mask if cfg.weighted_loss else None  # for the loss's W, outside the timing
             result["step_start_unix"].append(time.time())
             c0, f0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t0 = time.perf_counter()
             params, m, v, losses, sqn = compiled(params, m, v, *batch(k), jnp.float32(t),
                                                  jnp.float32(lr), hyper, clip)
-            loss = float(np.mean(np.asarray(losses, np.float64)))
+            loss = (host_loss(cfg, np.asarray(losses), mask_k) if mask_k is not None
+                    else float(np.mean(np.asarray(losses, np.float64))))
             np.asarray(sqn)
             result["step_time_s"].append(time.perf_counter() - t0)
             # CPU time of all threads and minor page faults: less sensitive

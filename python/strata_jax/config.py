@@ -19,7 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 _MOE_DEFAULTS: dict[str, Any] = {"n_experts": 8, "moe_top_k": 2, "moe_aux_weight": 0.01, "moe_z_weight": 0.001}
-_OPTIONAL: frozenset[str] = frozenset({"n_kv_heads", "block", "layers", "kernels", "vocab_padded", *_MOE_DEFAULTS})
+_OPTIONAL: frozenset[str] = frozenset({"n_kv_heads", "block", "layers", "kernels", "vocab_padded", "packing",
+                                        *_MOE_DEFAULTS})
+PACKINGS: tuple[str, ...] = ("concat", "none", "pack")  # data.packing (docs/model.md, "Packing")
 
 
 # Checks of a whole ModelConfig added by the modules that know more than
@@ -65,6 +67,13 @@ class ModelConfig:
     # vocab_size padded up, e.g. to a multiple of 64; 0 = vocab_size. Logits
     # of the padding ids are masked out of the loss and never sampled.
     vocab_padded: int = 0
+    # data.packing (docs/model.md, "Packing"): "concat" (windows over the
+    # concatenated corpus: today's programs, byte for byte), "none" (one
+    # document per sequence, padding weighted 0) or "pack" (several
+    # documents per sequence: the block and embedding programs take their
+    # positions, attention stays inside each document). none and pack
+    # normalise the loss by the global batch's sum of weights.
+    packing: str = "concat"
 
     def __post_init__(self) -> None:
         checks = [
@@ -86,6 +95,7 @@ class ModelConfig:
              f"model.layers has {len(self.layers)} entries for model.n_layers = {self.n_layers}"),
             (self.vocab_padded == 0 or self.vocab_padded >= self.vocab_size,
              f"model.vocab_padded ({self.vocab_padded}) must be 0 or at least model.vocab_size ({self.vocab_size})"),
+            (self.packing in PACKINGS, f"packing must be one of {'|'.join(PACKINGS)}, got {self.packing!r}"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -111,6 +121,7 @@ class ModelConfig:
             moe_aux_weight=float(d.get("moe_aux_weight", 0.01)), moe_z_weight=float(d.get("moe_z_weight", 0.001)),
             kernels=tuple(sorted((str(k), str(v)) for k, v in (d.get("kernels") or {}).items() if v != "xla")),
             vocab_padded=int(d.get("vocab_padded", 0) or 0),
+            packing=str(d.get("packing", "concat") or "concat"),
         )
 
     @classmethod
@@ -141,11 +152,24 @@ class ModelConfig:
             del d["kernels"]
         if not self.vocab_padded:
             del d["vocab_padded"]
+        if self.packing == "concat":
+            del d["packing"]
         return d
 
     def kernel(self, op: str) -> str:
         """The implementation of kernel op |op| (kernels.py): "xla" unless set."""
         return dict(self.kernels).get(op, "xla")
+
+    @property
+    def packed(self) -> bool:
+        """packing == "pack": the block and embedding programs take positions."""
+        return self.packing == "pack"
+
+    @property
+    def weighted_loss(self) -> bool:
+        """packing none or pack: the head returns sum(ce * mask) / (mb * T), the
+        trainer scales by (mb * T) / (the global batch's sum of weights)."""
+        return self.packing != "concat"
 
     @property
     def head_dim(self) -> int:

@@ -24,7 +24,6 @@ import math
 import jax
 import jax.numpy as jnp
 
-from . import kernels as K
 from . import layers as L
 from . import llama
 from .config import ModelConfig
@@ -91,12 +90,12 @@ def _fwd_kv(cfg: ModelConfig, p: Params, x: Array) -> tuple[Array, Array, Array]
     q, k, v = _qkv(cfg, p, L.layer_norm(x, p["attn_norm"], p["attn_norm_bias"]))
     impl = cfg.kernel("attention")
     if impl != "xla":
-        # kernels.attention: the same causal attention (its contract's q, k
-        # "after RoPE" are simply q and k here: gpt2 has no RoPE)
-        a = K.call("attention", impl, q, k, v).reshape(B, T, D)
+        # kernels.attention: the same causal attention, segmented under
+        # packing (its contract's q, k "after RoPE" are simply q and k here:
+        # gpt2 has no RoPE)
+        a = L.kernel_attention(impl, q, k, v).reshape(B, T, D)
     else:
-        causal = jnp.tril(jnp.ones((T, T), dtype=jnp.bool_))[None, None]
-        a = _attend(cfg, q, k, v, causal)
+        a = _attend(cfg, q, k, v, L.attention_mask(T))
     x = x + _lin(cfg, a, p["wo"], p["bo"])
     return x + _mlp(cfg, p, x), k, v
 
@@ -171,7 +170,7 @@ def gpt2_bwd_res(cfg: ModelConfig, p: Params, x: Array, res: tuple[Array, ...],
     impl = cfg.kernel("attention")
     if impl != "xla":
         B, T, H, Dh = q.shape
-        dq, dk, dv = (t.astype(x.dtype) for t in K.attention_res_bwd(
+        dq, dk, dv = (t.astype(x.dtype) for t in llama.kernel_attention_res_bwd(
             impl, q, k, v, o.reshape(B, T, H, Dh), lse, do.astype(jnp.float32).reshape(B, T, H, Dh)))
     else:
         dq, dk, dv = (t.astype(x.dtype) for t in llama._attention_core_bwd(cfg, q, k, v, o, lse, do))

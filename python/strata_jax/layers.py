@@ -6,12 +6,27 @@ monolithic reference (model.py's whole model, reference_train.py). This is
 the maths every block kind is built from (llama's block itself: block_fwd);
 the whole model, which needs the registered kinds, is model.py's. See
 docs/model.md.
+
+Packed sequences (ModelConfig.packing == "pack", docs/model.md "Packing"):
+the positions of a batch ([B, T] s32, 0 at each document's start) reach
+the attention and RoPE through a trace-time context, not through every
+kind's forward: `with packed(positions): ...` around the tracing of a
+block (programs.py, the reference) makes `positions()` return them, and
+rope_for / attention_mask / segment_ids read it. Outside such a block
+`positions()` is None and every function traces exactly what it did before
+packing existed (positions 0..T-1, the plain causal mask): so the concat
+programs, generation (one sequence from position 0) and every kind that
+never asks are unchanged. Only the forward's tracing reads the context:
+custom-VJP backward rules get what they need as operands or residuals.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
+from typing import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -180,10 +195,74 @@ def rope_tables(cfg: ModelConfig) -> tuple[Array, Array]:
 
 
 def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
-    """x: [B, T, H, Dh] f32; cos/sin: [T, Dh]."""
+    """x: [B, T, H, Dh] f32; cos/sin: [T, Dh], or [B, T, Dh] (per-token
+    positions: rope_for under packing)."""
     half = x.shape[-1] // 2
     rot = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    if cos.ndim == 3:
+        return x * cos[:, :, None, :] + rot * sin[:, :, None, :]
     return x * cos[None, :, None, :] + rot * sin[None, :, None, :]
+
+
+# --- packed sequences: positions, the segment mask ------------------------------
+
+_POSITIONS: contextvars.ContextVar[Array | None] = contextvars.ContextVar("strata_positions", default=None)
+
+
+@contextlib.contextmanager
+def packed(pos: Array | None) -> Iterator[None]:
+    """While tracing inside it, attention and RoPE use |pos| ([B, T] s32, the
+    position of each token in its document; None: 0..T-1 and plain causal)."""
+    token = _POSITIONS.set(pos)
+    try:
+        yield
+    finally:
+        _POSITIONS.reset(token)
+
+
+def positions() -> Array | None:
+    """The positions set by the enclosing packed(), or None."""
+    return _POSITIONS.get()
+
+
+def rope_for(cfg: ModelConfig) -> tuple[Array, Array]:
+    """cos, sin for the tokens being traced: rope_tables as they are ([T, Dh])
+    without positions, else gathered at each token's position ([B, T, Dh])."""
+    cos, sin = rope_tables(cfg)
+    pos = positions()
+    if pos is None:
+        return cos, sin
+    return jnp.take(cos, pos, axis=0), jnp.take(sin, pos, axis=0)
+
+
+def attention_mask(T: int) -> Array:
+    """Where query i may read key j, broadcastable against scores [B, H, T, T]:
+    causal (j <= i), and under packing also j >= i - pos[i] (the same
+    document: a document starts exactly where its position is 0)."""
+    causal = jnp.tril(jnp.ones((T, T), dtype=jnp.bool_))
+    pos = positions()
+    if pos is None:
+        return causal[None, None]
+    i = jnp.arange(T, dtype=jnp.int32)
+    start = i[None, :] - pos.astype(jnp.int32)  # [B, T]: the first key each query reads
+    return (causal[None] & (i[None, None, :] >= start[:, :, None]))[:, None]
+
+
+def segment_ids() -> Array | None:
+    """The kernels' segment ids [B, T] s32 of the traced positions
+    (cumsum(pos == 0) - 1, the contract's "segment_ids"), or None."""
+    pos = positions()
+    if pos is None:
+        return None
+    return (jnp.cumsum((pos == 0).astype(jnp.int32), axis=1) - 1).astype(jnp.int32)
+
+
+def kernel_attention(impl: str, q: Array, k: Array, v: Array) -> Array:
+    """kernels.attention through |impl|: the segmented form under packing."""
+    seg = segment_ids()
+    if seg is None:
+        return K.call("attention", impl, q, k, v)
+    return K.call("attention", impl, q, k, v, seg)
 
 
 def expand_kv(cfg: ModelConfig, t: Array) -> Array:
@@ -201,17 +280,16 @@ def attention(cfg: ModelConfig, p: Params, x: Array) -> Array:
     q = _mm(cfg, x, p["wq"]).reshape(B, T, H, Dh)
     k = _mm(cfg, x, p["wk"]).reshape(B, T, -1, Dh)
     v = _mm(cfg, x, p["wv"]).reshape(B, T, -1, Dh)
-    cos, sin = rope_tables(cfg)
+    cos, sin = rope_for(cfg)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     impl = cfg.kernel("attention")
     if impl != "xla":
         # The kernel op (kernels.py, contract row "attention"): k and v keep
         # their n_kv_heads heads; f32 whatever compute_dtype (q, k, v are f32 here).
-        return _mm(cfg, K.call("attention", impl, q, k, v).reshape(B, T, D), p["wo"])
+        return _mm(cfg, kernel_attention(impl, q, k, v).reshape(B, T, D), p["wo"])
     k, v = expand_kv(cfg, k), expand_kv(cfg, v)
     scores = cdot(cfg, "bqhd,bkhd->bhqk", q, k) / jnp.float32(math.sqrt(Dh))
-    causal = jnp.tril(jnp.ones((T, T), dtype=jnp.bool_))
-    scores = jnp.where(causal[None, None], scores, jnp.float32(-1e30))
+    scores = jnp.where(attention_mask(T), scores, jnp.float32(-1e30))
     probs = jax.nn.softmax(scores, axis=-1)
     out = cdot(cfg, "bhqk,bkhd->bqhd", probs, v).reshape(B, T, D)
     return _mm(cfg, out, p["wo"])
@@ -247,3 +325,11 @@ def masked_ce(logits: Array, targets: Array, mask: Array) -> Array:
     ce = -jnp.take_along_axis(logp, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
     mask = mask.astype(jnp.float32)
     return jnp.sum(ce * mask) / jnp.sum(mask)
+
+
+def weighted_ce(logits: Array, targets: Array, mask: Array) -> Array:
+    """sum(cross_entropy * mask) / mask.size (packing none or pack: the trainer
+    scales by mask.size / the global batch's sum of weights)."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    ce = -jnp.take_along_axis(logp, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return jnp.sum(ce * mask.astype(jnp.float32)) / jnp.float32(mask.size)

@@ -98,10 +98,6 @@ def residual_dtype(cfg: ModelConfig, name: str) -> str:
     return "f32" if name in _F32_RESIDUALS else cfg.compute_dtype
 
 
-def _causal(T: int) -> Array:
-    return jnp.tril(jnp.ones((T, T), dtype=jnp.bool_))
-
-
 def _qkv(cfg: ModelConfig, p: dict[str, Array], x: Array,
          tp: Collectives = ONE_DEVICE) -> tuple[Array, Array, Array]:
     """RMSNorm, q/k/v projections and RoPE, as in layers.attention (with
@@ -113,17 +109,36 @@ def _qkv(cfg: ModelConfig, p: dict[str, Array], x: Array,
     q = L._mm(cfg, h, p["wq"]).reshape(B, T, -1, Dh)
     k = L._mm(cfg, h, p["wk"]).reshape(B, T, -1, Dh)
     v = L._mm(cfg, h, p["wv"]).reshape(B, T, -1, Dh)
-    cos, sin = L.rope_tables(cfg)
+    cos, sin = L.rope_for(cfg)
     return L.apply_rope(q, cos, sin), L.apply_rope(k, cos, sin), v
 
 
 def _scores(cfg: ModelConfig, q: Array, k: Array) -> Array:
-    """Masked scores; |k| has n_kv_heads heads (expanded here, model.expand_kv)."""
+    """Masked scores (causal; under packing also within the document:
+    layers.attention_mask); |k| has n_kv_heads heads (expanded here, model.expand_kv)."""
     c = cfg.cdtype
     k = L.expand_kv(cfg, k)
     s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(c), k.astype(c),
                    preferred_element_type=jnp.float32) / jnp.float32(math.sqrt(cfg.head_dim))
-    return jnp.where(_causal(q.shape[1])[None, None], s, jnp.float32(-1e30))
+    return jnp.where(L.attention_mask(q.shape[1]), s, jnp.float32(-1e30))
+
+
+def kernel_attention_res(impl: str, q: Array, k: Array, v: Array) -> tuple[Array, Array]:
+    """kernels.attention_res (o, lse) through |impl|; under packing with the
+    segment ids of the traced positions (layers.segment_ids) as a last operand."""
+    seg = L.segment_ids()
+    if seg is None:
+        return K.attention_res(impl, q, k, v)
+    return K.attention_res(impl, q, k, v, seg)
+
+
+def kernel_attention_res_bwd(impl: str, q: Array, k: Array, v: Array, o: Array, lse: Array,
+                             do: Array) -> tuple[Array, Array, Array]:
+    """kernels.attention_res_bwd (dq, dk, dv), with the segment ids under packing."""
+    seg = L.segment_ids()
+    if seg is None:
+        return K.attention_res_bwd(impl, q, k, v, o, lse, do)
+    return K.attention_res_bwd(impl, q, k, v, o, lse, do, seg)
 
 
 def attention_fwd_res(cfg: ModelConfig, q: Array, k: Array, v: Array) -> tuple[Array, Array]:
@@ -136,7 +151,7 @@ def attention_fwd_res(cfg: ModelConfig, q: Array, k: Array, v: Array) -> tuple[A
     impl = cfg.kernel("attention")
     if impl != "xla":
         # The kernel's forward target gives o and lse (kernels.attention_res).
-        o, lse = K.attention_res(impl, q, k, v)
+        o, lse = kernel_attention_res(impl, q, k, v)
         return o.reshape(B, T, -1), lse
     scores = _scores(cfg, q, k)
     probs = jax.nn.softmax(scores, axis=-1)
@@ -163,7 +178,7 @@ def block_fwd_res(cfg: ModelConfig, p: dict[str, Array], x: Array,
 
 def _attention_core_bwd(cfg: ModelConfig, q: Array, k: Array, v: Array, o: Array, lse: Array,
                         do: Array) -> tuple[Array, Array, Array]:
-    """Gradients of o = softmax(q k / sqrt(Dh) + causal) v from the saved log-sum-exp:
+    """Gradients of o = softmax(q k / sqrt(Dh) + mask) v from the saved log-sum-exp:
     p = exp(s - lse), ds = p (dp - rowsum(do * o)) (the softmax Jacobian without [T, T] residuals).
     k and v have n_kv_heads heads: their gradients are summed over the query
     heads that share them (the transpose of model.expand_kv)."""
@@ -209,7 +224,7 @@ def block_bwd_res(cfg: ModelConfig, p: dict[str, Array], x: Array, res: tuple[Ar
     if impl != "xla":
         # The kernel's backward target in place of _attention_core_bwd's einsums.
         B, T, H, Dh = q.shape
-        dq, dk, dv = K.attention_res_bwd(impl, q, k, v, o.reshape(B, T, H, Dh), lse, do.reshape(B, T, H, Dh))
+        dq, dk, dv = kernel_attention_res_bwd(impl, q, k, v, o.reshape(B, T, H, Dh), lse, do.reshape(B, T, H, Dh))
     else:
         dq, dk, dv = _attention_core_bwd(cfg, q, k, v, o, lse, do)
     _, vjp = jax.vjp(lambda x_, gain, wq, wk, wv: _qkv(cfg, {"attn_norm": gain, "wq": wq, "wk": wk, "wv": wv}, x_, tp),

@@ -23,8 +23,8 @@ from . import registry as R
 from .config import ModelConfig
 from .layers import (  # noqa: F401  (the layers' names, as model.<name>)
     BLOCK_MATRICES, BLOCK_PARAMS, LN_EPS, NORM_EPS, RESIDUAL_OUT, Array, Params, apply_rope, attention, block_fwd,
-    cdot, embed_fwd, expand_kv, init_block, layer_norm, mask_padding, masked_ce, mlp, norm, rms_norm, rope_tables,
-    swiglu,
+    cdot, embed_fwd, expand_kv, init_block, layer_norm, mask_padding, masked_ce, mlp, norm, packed, rms_norm,
+    rope_tables, swiglu, weighted_ce,
 )
 
 
@@ -118,11 +118,15 @@ def init_head(cfg: ModelConfig, seed: Array) -> Params:
 
 # --- embedding and head ----------------------------------------------------------
 
-def embed(cfg: ModelConfig, p: Params, tokens: Array, pos: Array | int = 0) -> Array:
+def embed(cfg: ModelConfig, p: Params, tokens: Array, pos: Array | int = 0,
+          positions: Array | None = None) -> Array:
     """The embedding group's forward: wte[tokens], plus for the gpt2 family
-    the learned positions wpe[pos .. pos + S - 1] of tokens [B, S]."""
+    the learned positions wpe[pos .. pos + S - 1] of tokens [B, S], or with
+    |positions| ([B, S] s32, packing "pack") wpe[positions]."""
     x = L.embed_fwd(cfg, p["wte"], tokens)
     if R.family(cfg) == "gpt2":
+        if positions is not None:
+            return x + jnp.take(p["wpe"], positions, axis=0)
         x = x + jax.lax.dynamic_slice_in_dim(p["wpe"], pos, tokens.shape[-1], 0)[None]
     return x
 
@@ -143,16 +147,21 @@ def head_logits(cfg: ModelConfig, p: Params, wte: Array | None, x: Array) -> Arr
 
 def head_loss(cfg: ModelConfig, p: Params, wte: Array | None, x: Array,
               targets: Array, mask: Array) -> Array:
+    """packing concat: the masked mean sum(ce * mask) / sum(mask); none and
+    pack: sum(ce * mask) / (mb * T), the constant size of |mask| (the trainer
+    scales by (mb * T) / W, W the global batch's sum of weights)."""
     logits = mask_padding(cfg, head_logits(cfg, p, wte, x))
     impl = cfg.kernel("cross_entropy")
     if impl == "xla":
-        return masked_ce(logits, targets, mask)
+        return weighted_ce(logits, targets, mask) if cfg.weighted_loss else masked_ce(logits, targets, mask)
     # kernels.cross_entropy (docs/kernels.md): the per-row loss through the
     # kernel on [B*T, V]; the padding ids' -1e30 above and the masked mean
     # below stay jnp.
     V = logits.shape[-1]
     ce = K.call("cross_entropy", impl, logits.astype(jnp.float32).reshape(-1, V), targets.astype(jnp.int32).reshape(-1))
     mask = mask.astype(jnp.float32)
+    if cfg.weighted_loss:
+        return jnp.sum(ce.reshape(mask.shape) * mask) / jnp.float32(mask.size)
     return jnp.sum(ce.reshape(mask.shape) * mask) / jnp.sum(mask)
 
 
@@ -176,24 +185,54 @@ def init_params(cfg: ModelConfig, seed: int) -> FullParams:
             "head": head(s)}
 
 
+def _pack_positions(cfg: ModelConfig, positions: Array | None) -> Array | None:
+    """The positions the forward uses: |positions| under packing "pack", else
+    None (concat and none: 0..T-1 in every sequence, today's programs)."""
+    return positions if cfg.packed else None
+
+
+def _stack(cfg: ModelConfig, params: FullParams, tokens: Array, positions: Array | None) -> Array:
+    """Embedding and every layer's kind's reference forward: the last layer's output."""
+    pos = _pack_positions(cfg, positions)
+    with packed(pos):
+        x = embed(cfg, params["embed"], tokens, positions=pos)
+        for kind, p in zip(cfg.layer_kinds(), params["blocks"], strict=True):
+            x = R.KINDS[kind].fwd(cfg, p, x)
+    return x
+
+
 def model_loss(cfg: ModelConfig, params: FullParams, tokens: Array, targets: Array,
-               mask: Array) -> Array:
-    """The whole model's loss: each layer's kind's reference forward."""
+               mask: Array, positions: Array | None = None) -> Array:
+    """The whole model's loss: each layer's kind's reference forward.
+    |positions| ([B, T] s32) are used under packing "pack" only."""
     wte = params["embed"]["wte"]
-    x = embed(cfg, params["embed"], tokens)
-    for kind, p in zip(cfg.layer_kinds(), params["blocks"], strict=True):
-        x = R.KINDS[kind].fwd(cfg, p, x)
+    x = _stack(cfg, params, tokens, positions)
     return head_loss(cfg, params["head"], wte if cfg.tie_embeddings else None, x, targets, mask)
 
 
+def model_logits(cfg: ModelConfig, params: FullParams, tokens: Array, positions: Array | None = None) -> Array:
+    """The whole model's logits [B, T, vocab_rows] (padding ids masked), f32:
+    for tests (a packed document's logits do not see the others')."""
+    wte = params["embed"]["wte"]
+    x = _stack(cfg, params, tokens, positions)
+    return mask_padding(cfg, head_logits(cfg, params["head"], wte if cfg.tie_embeddings else None, x))
+
+
 def model_objective(cfg: ModelConfig, params: FullParams, tokens: Array, targets: Array,
-                    mask: Array) -> tuple[Array, tuple[Array, dict[str, list[Array]]]]:
+                    mask: Array, positions: Array | None = None) -> tuple[Array, tuple[Array, dict[str, list[Array]]]]:
     """What training differentiates: the head's loss plus, for every layer
     whose kind has metrics (registry.BlockKind.metrics: an MoE layer's
     auxiliary losses), its kind's objective of them. Returns (objective,
-    (loss, {metric name: [value per such layer]}))."""
+    (loss, {metric name: [value per such layer]})). |positions|: as model_loss."""
+    pos = _pack_positions(cfg, positions)
+    with packed(pos):
+        return _objective(cfg, params, tokens, targets, mask, pos)
+
+
+def _objective(cfg: ModelConfig, params: FullParams, tokens: Array, targets: Array, mask: Array,
+               pos: Array | None) -> tuple[Array, tuple[Array, dict[str, list[Array]]]]:
     wte = params["embed"]["wte"]
-    x = embed(cfg, params["embed"], tokens)
+    x = embed(cfg, params["embed"], tokens, positions=pos)
     extra: Array | None = None  # stays None (nothing added) for a stack without metrics
     metrics: dict[str, list[Array]] = {}
     for kind_name, p in zip(cfg.layer_kinds(), params["blocks"], strict=True):

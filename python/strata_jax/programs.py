@@ -13,6 +13,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from . import layers as L
 from . import llama
 from . import model as M
 from . import registry as R
@@ -72,6 +73,16 @@ def shard_shape(shape: tuple[int, ...], fsdp: int) -> tuple[int, ...]:
     return (-(-shape[0] // fsdp),) + tuple(shape[1:])
 
 
+def positions_spec(cfg: ModelConfig, mb: int | None = None) -> list[TensorSpec]:
+    """[positions] under packing "pack" (s32 [mb, T], role "batch": each
+    token's position in its document, docs/model.md "Packing"), else []:
+    the block programs take it right after x, embed_fwd/embed_bwd right
+    after tokens."""
+    if not cfg.packed:
+        return []
+    return [TensorSpec("positions", (cfg.microbatch_size if mb is None else mb, cfg.seq_len), "s32", "batch")]
+
+
 def groups_of(cfg: ModelConfig) -> tuple[str, ...]:
     """The parameter groups, in optimizer order: embed, one per distinct block kind, head."""
     return ("embed",) + tuple(k.group_name for k in R.kinds_of(cfg)) + ("head",)
@@ -101,6 +112,8 @@ def build_programs(cfg: ModelConfig) -> list[Program]:
     enames = M.embed_param_names(cfg)
     ne = len(enames)
     emb = _specs(cfg, enames, "param")
+    pos = positions_spec(cfg)
+    npos = len(pos)
 
     def embed_init(s: Array) -> tuple[Array, ...]:
         p = M.init_embed(cfg, s)
@@ -111,11 +124,14 @@ def build_programs(cfg: ModelConfig) -> list[Program]:
         return tuple(p[n] for n in head)
 
     def embed_fwd(*args: Array) -> tuple[Array, ...]:
+        if npos:
+            return (M.embed(cfg, dict(zip(enames, args[:ne])), args[ne], positions=args[ne + 1]),)
         return (M.embed(cfg, dict(zip(enames, args[:ne])), args[ne]),)
 
     def embed_bwd(*args: Array) -> tuple[Array, ...]:
-        tok, g = args[ne], args[ne + 1]
-        _, vjp = jax.vjp(lambda p_: M.embed(cfg, p_, tok), dict(zip(enames, args[:ne])))
+        tok, g = args[ne], args[ne + 1 + npos]
+        ps = args[ne + 1] if npos else None
+        _, vjp = jax.vjp(lambda p_: M.embed(cfg, p_, tok, positions=ps), dict(zip(enames, args[:ne])))
         (dp,) = vjp(g)
         return tuple(dp[n] for n in enames)
 
@@ -143,8 +159,8 @@ def build_programs(cfg: ModelConfig) -> list[Program]:
     head_in = _specs(cfg, head, "param") + (wte if tied else []) + [x, targets, mask]
     progs = [Program("embed_init", embed_init, [seed], emb)] + role("init") + [
         Program("head_init", head_init, [seed], _specs(cfg, head, "param")),
-        Program("embed_fwd", embed_fwd, emb + [tokens], [x]),
-        Program("embed_bwd", embed_bwd, emb + [tokens, dx], _specs(cfg, enames, "grad", "grad_")),
+        Program("embed_fwd", embed_fwd, emb + [tokens] + pos, [x]),
+        Program("embed_bwd", embed_bwd, emb + [tokens] + pos + [dx], _specs(cfg, enames, "grad", "grad_")),
     ] + [p for k in kinds for p in (k["fwd"], k["bwd"])] + [
         Program("head_loss", head_loss, head_in,
                 [loss] + _specs(cfg, head, "grad", "grad_") + (grad_wte if tied else []) + [dx]),
@@ -259,31 +275,42 @@ def kind_programs(cfg: ModelConfig, kind: BlockKind) -> dict[str, Program]:
         p = kind.init(cfg, s, layer, n_layers)
         return tuple(p[n] for n in names)
 
+    # Under packing "pack" every program below takes positions right after x
+    # (np_ = 1) and traces its body inside layers.packed(positions).
+    pos = positions_spec(cfg)
+    np_ = len(pos)
+
+    def _at(args: tuple[Array, ...]) -> Any:
+        return L.packed(args[nb + 1] if np_ else None)
+
     def fwd(*args: Array) -> tuple[Array, ...]:
         p, xin = dict(zip(names, args[:nb])), args[nb]
-        if kind.fwd_metrics is not None:
-            yv, m = kind.fwd_metrics(cfg, p, xin)
-            return (yv,) + tuple(m)
-        return (kind.fwd(cfg, p, xin),)
+        with _at(args):
+            if kind.fwd_metrics is not None:
+                yv, m = kind.fwd_metrics(cfg, p, xin)
+                return (yv,) + tuple(m)
+            return (kind.fwd(cfg, p, xin),)
 
     def bwd(*args: Array) -> tuple[Array, ...]:
-        p, xin, g = dict(zip(names, args[:nb])), args[nb], args[nb + 1]
-        if kind.fwd_metrics is not None:
-            # The layer's share of the loss is differentiated here: its seed is 1.
-            def f(p_: dict[str, Array], x_: Array) -> tuple[Array, Array]:
-                yv, m = kind.fwd_metrics(cfg, p_, x_)  # type: ignore[misc]
-                return yv, kind.objective(cfg, m)  # type: ignore[misc]
-            _, vjp = jax.vjp(f, p, xin)
-            dp, dxin = vjp((g, jnp.float32(1.0)))
-        else:
-            _, vjp = jax.vjp(lambda p_, x_: kind.fwd(cfg, p_, x_), p, xin)
-            dp, dxin = vjp(g)
+        p, xin, g = dict(zip(names, args[:nb])), args[nb], args[nb + 1 + np_]
+        with _at(args):
+            if kind.fwd_metrics is not None:
+                # The layer's share of the loss is differentiated here: its seed is 1.
+                def f(p_: dict[str, Array], x_: Array) -> tuple[Array, Array]:
+                    yv, m = kind.fwd_metrics(cfg, p_, x_)  # type: ignore[misc]
+                    return yv, kind.objective(cfg, m)  # type: ignore[misc]
+                _, vjp = jax.vjp(f, p, xin)
+                dp, dxin = vjp((g, jnp.float32(1.0)))
+            else:
+                _, vjp = jax.vjp(lambda p_, x_: kind.fwd(cfg, p_, x_), p, xin)
+                dp, dxin = vjp(g)
         return tuple(dp[n] for n in names) + (dxin,)
 
     def fwd_res(*args: Array) -> tuple[Array, ...]:
         if kind.fwd_res is None:  # keeps nothing: bwd_res recomputes (registry.py)
             return fwd(*args)
-        yv, r = kind.fwd_res(cfg, dict(zip(names, args[:nb])), args[nb])
+        with _at(args):
+            yv, r = kind.fwd_res(cfg, dict(zip(names, args[:nb])), args[nb])
         # Residuals kept in the compute dtype are cast here (residual_dtype).
         return (yv,) + tuple(v.astype(_DTYPES[s.dtype]) for v, s in zip(r, res, strict=True))
 
@@ -291,8 +318,9 @@ def kind_programs(cfg: ModelConfig, kind: BlockKind) -> dict[str, Program]:
         if kind.bwd_res is None:
             return bwd(*args)
         p, xin = dict(zip(names, args[:nb])), args[nb]
-        r, g = tuple(args[nb + 1:nb + 1 + nr]), args[nb + 1 + nr]
-        dp, dxin = kind.bwd_res(cfg, p, xin, r, g)
+        r, g = tuple(args[nb + 1 + np_:nb + 1 + np_ + nr]), args[nb + 1 + np_ + nr]
+        with _at(args):
+            dp, dxin = kind.bwd_res(cfg, p, xin, r, g)
         return tuple(dp[n] for n in names) + (dxin,)
 
     # The lowered module is named after the function (module @jit_<name>):
@@ -303,10 +331,10 @@ def kind_programs(cfg: ModelConfig, kind: BlockKind) -> dict[str, Program]:
     out = {
         "init": Program(name["init"], init, [_scalar("seed", "s32"), _scalar("layer", "s32"), _scalar("n_layers", "s32")],
                         params),
-        "fwd": Program(name["fwd"], fwd, params + [x], [y] + mets),
-        "bwd": Program(name["bwd"], bwd, params + [x, dy], grads + [dx]),
-        "fwd_res": Program(name["fwd_res"], fwd_res, params + [x], [y] + mets + res),
-        "bwd_res": Program(name["bwd_res"], bwd_res, params + [x] + res + [dy], grads + [dx]),
+        "fwd": Program(name["fwd"], fwd, params + [x] + pos, [y] + mets),
+        "bwd": Program(name["bwd"], bwd, params + [x] + pos + [dy], grads + [dx]),
+        "fwd_res": Program(name["fwd_res"], fwd_res, params + [x] + pos, [y] + mets + res),
+        "bwd_res": Program(name["bwd_res"], bwd_res, params + [x] + pos + res + [dy], grads + [dx]),
     }
     if kind.decode is not None and kind.prefill is not None:
         prefill_fn, decode_fn = kind.prefill, kind.decode

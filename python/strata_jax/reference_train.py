@@ -48,6 +48,11 @@ def load_config(path_or_json: str) -> dict[str, Any]:
     if "microbatch_size" in model and int(model["microbatch_size"]) != mb:
         raise ValueError(f"model.microbatch_size {model['microbatch_size']} != batch_size/microbatches {mb}")
     model["microbatch_size"] = mb
+    # data.packing is the model's too (docs/model.md, "Packing"): strata puts
+    # it in the model JSON it exports from; a resolved config has it in data.
+    packing = (cfg.get("data") or {}).get("packing")
+    if packing is not None and "packing" not in model:
+        model["packing"] = packing
     cfg["model"] = model
     return cfg
 
@@ -59,27 +64,32 @@ def make_train_step(cfg: ModelConfig, loss_fn: Callable[..., Array] = M.model_lo
     |with_metrics| the block metrics too ({name: [per layer: [n_micro, ...]]}).
     The gradient is model.model_objective's (the head's loss plus the layers'
     auxiliary losses); the losses reported are the head's.
-    loss_fn(cfg, params, tokens, targets, mask) is only replaced by the
-    benchmark anchors (anchor.py), with the same math; so are |shardings|
+    Under packing none or pack the step takes positions ([n_micro, mb, T]
+    s32) after mask, and the summed gradients are scaled by (mb * T) / W,
+    W the sum of the whole batch's mask, instead of 1 / n_micro
+    (docs/model.md, "Packing": the loss is sum(ce * w) / sum(w) over the
+    global batch); the micro_losses are the head's sum(ce * mask) / (mb * T).
+    loss_fn(cfg, params, tokens, targets, mask[, positions]) is only replaced
+    by the benchmark anchors (anchor.py), with the same math; so are |shardings|
     ((in_shardings, out_shardings) of the jit, for a device mesh)."""
     if loss_fn is M.model_loss:
-        objective = lambda p, t, y, k: M.model_objective(cfg, p, t, y, k)  # noqa: E731
+        objective = lambda p, *xs: M.model_objective(cfg, p, *xs)  # noqa: E731
     else:
-        def objective(p: Any, t: Array, y: Array, k: Array) -> tuple[Array, Any]:
-            value = loss_fn(cfg, p, t, y, k)
+        def objective(p: Any, *xs: Array) -> tuple[Array, Any]:
+            value = loss_fn(cfg, p, *xs)
             return value, (value, {})
     loss_and_grad = jax.value_and_grad(objective, has_aux=True)
 
-    def step_fn(params: FullParams, m: FullParams, v: FullParams, tokens: Array, targets: Array,
-                mask: Array, step: Array, lr: Array, hyper: Array, grad_clip: Array) -> Any:
-        n_micro = tokens.shape[0]
+    def step_core(params: FullParams, m: FullParams, v: FullParams, batch: tuple[Array, ...],
+                  step: Array, lr: Array, hyper: Array, grad_clip: Array) -> Any:
+        n_micro = batch[0].shape[0]
 
-        def micro(gsum: FullParams, xs: tuple[Array, Array, Array]) -> tuple[FullParams, Any]:
+        def micro(gsum: FullParams, xs: tuple[Array, ...]) -> tuple[FullParams, Any]:
             (_, (loss, mets)), g = loss_and_grad(params, *xs)
             return jax.tree.map(jnp.add, gsum, g), (loss, mets)
 
         zeros = jax.tree.map(jnp.zeros_like, params)
-        grads, (losses, metrics) = jax.lax.scan(micro, zeros, (tokens, targets, mask))
+        grads, (losses, metrics) = jax.lax.scan(micro, zeros, batch)
 
         groups = [(params["embed"], grads["embed"], m["embed"], v["embed"])]
         groups += [(params["blocks"][i], grads["blocks"][i], m["blocks"][i], v["blocks"][i])
@@ -91,9 +101,15 @@ def make_train_step(cfg: ModelConfig, loss_fn: Callable[..., Array] = M.model_lo
         total = jnp.float32(0.0)
         for i in range(sqn.shape[0]):  # in group order, like the C trainer (which sums in f64)
             total = total + sqn[i]
-        norm = jnp.sqrt(total) / n_micro
-        clip = jnp.where(grad_clip > 0, jnp.minimum(1.0, grad_clip / (norm + 1e-6)), 1.0)
-        gscale = clip / n_micro
+        if cfg.weighted_loss:
+            scale = weight_scale(cfg, batch[2])
+            norm = jnp.sqrt(total) * scale
+            clip = jnp.where(grad_clip > 0, jnp.minimum(1.0, grad_clip / (norm + 1e-6)), 1.0)
+            gscale = clip * scale
+        else:
+            norm = jnp.sqrt(total) / n_micro
+            clip = jnp.where(grad_clip > 0, jnp.minimum(1.0, grad_clip / (norm + 1e-6)), 1.0)
+            gscale = clip / n_micro
 
         new = []
         for (p, g, mi, vi), names in zip(groups, order):
@@ -109,20 +125,62 @@ def make_train_step(cfg: ModelConfig, loss_fn: Callable[..., Array] = M.model_lo
             return regroup(0), regroup(1), regroup(2), losses, sqn, metrics
         return regroup(0), regroup(1), regroup(2), losses, sqn
 
+    if cfg.weighted_loss:
+        def step_fn(params: FullParams, m: FullParams, v: FullParams, tokens: Array, targets: Array,
+                    mask: Array, positions: Array, step: Array, lr: Array, hyper: Array, grad_clip: Array) -> Any:
+            return step_core(params, m, v, (tokens, targets, mask, positions), step, lr, hyper, grad_clip)
+    else:
+        def step_fn(params: FullParams, m: FullParams, v: FullParams, tokens: Array, targets: Array,  # type: ignore[misc]
+                    mask: Array, step: Array, lr: Array, hyper: Array, grad_clip: Array) -> Any:
+            return step_core(params, m, v, (tokens, targets, mask), step, lr, hyper, grad_clip)
+
     if shardings is not None:
         return jax.jit(step_fn, donate_argnums=(0, 1, 2), in_shardings=shardings[0], out_shardings=shardings[1])
     return jax.jit(step_fn, donate_argnums=(0, 1, 2))
 
 
+def weight_scale(cfg: ModelConfig, mask: Array) -> Array:
+    """(mb * T) / W, f32, W = the sum of |mask| (the whole batch's weights,
+    every microbatch and data shard): what the summed gradients and the sum of
+    the microbatch losses are multiplied by under packing none or pack. A
+    batch without weight (W = 0) trains nothing: 0."""
+    w = jnp.sum(mask.astype(jnp.float32))
+    return jnp.where(w > 0, jnp.float32(cfg.microbatch_size * cfg.seq_len) / jnp.maximum(w, 1.0), jnp.float32(0.0))
+
+
+def host_loss(cfg: ModelConfig, micro_losses: np.ndarray, mask: np.ndarray) -> float:
+    """The step's (or the eval set's) loss from the per-microbatch losses, in
+    float64 on the host as the C trainer does: their mean under concat, else
+    their sum times (mb * T) / W, i.e. sum(ce * w) / sum(w) over the batch."""
+    losses = np.asarray(micro_losses, np.float64)
+    if not cfg.weighted_loss:
+        return float(np.sum(losses) / len(losses))
+    w = float(np.sum(np.asarray(mask, np.float64)))
+    return float(np.sum(losses) * (cfg.microbatch_size * cfg.seq_len) / w) if w > 0 else 0.0
+
+
 def make_eval(cfg: ModelConfig) -> Callable[..., Array]:
-    """jit(params, tokens, targets, mask) -> per-microbatch losses."""
-    def fn(params: FullParams, tokens: Array, targets: Array, mask: Array) -> Array:
-        return jax.lax.map(lambda xs: M.model_loss(cfg, params, *xs), (tokens, targets, mask))
+    """jit(params, tokens, targets, mask[, positions]) -> per-microbatch losses
+    (positions under packing none or pack, as make_train_step)."""
+    def fn(params: FullParams, *batch: Array) -> Array:
+        return jax.lax.map(lambda xs: M.model_loss(cfg, params, *xs), batch)
     return jax.jit(fn)
 
 
-def _batch_arrays(b: Batch) -> tuple[Array, Array, Array]:
-    return jnp.asarray(b.tokens), jnp.asarray(b.targets), jnp.asarray(b.mask)
+def batch_positions(b: Batch) -> np.ndarray:
+    """The batch's positions ([n_micro, mb, T] int32); 0..T-1 in every
+    sequence for a batch that has none (concat windows)."""
+    pos = getattr(b, "positions", None)
+    if pos is not None:
+        return np.asarray(pos, np.int32)
+    return np.broadcast_to(np.arange(b.tokens.shape[-1], dtype=np.int32), b.tokens.shape).copy()
+
+
+def batch_tuple(cfg: ModelConfig, b: Batch) -> tuple[np.ndarray, ...]:
+    """What the step and the eval take of a batch: tokens, targets, mask, and
+    under packing none or pack its positions."""
+    out = (b.tokens, b.targets, b.mask)
+    return out + (batch_positions(b),) if cfg.weighted_loss else out
 
 
 def train(config: dict[str, Any], tokens: np.ndarray, steps: int | None = None,
@@ -140,46 +198,59 @@ def train(config: dict[str, Any], tokens: np.ndarray, steps: int | None = None,
 
     params = M.init_params(cfg, seed)
     shardings = None
-    batch_arrays = _batch_arrays
+
+    def batch_arrays(b: Batch) -> tuple[Array, ...]:
+        return tuple(jnp.asarray(a) for a in batch_tuple(cfg, b))
     if mesh is not None and mesh.devices > 1:
-        shardings = step_shardings(params, make_mesh(mesh))
+        shardings = step_shardings(params, make_mesh(mesh), n_batch=len(batch_tuple(cfg, sampler.batch(0))))
         params = jax.device_put(params, shardings[0][0])
         bs = shardings[0][3]
 
-        def batch_arrays(b: Batch) -> tuple[Array, Array, Array]:
-            return jax.device_put(b.tokens, bs), jax.device_put(b.targets, bs), jax.device_put(b.mask, bs)
+        def batch_arrays(b: Batch) -> tuple[Array, ...]:
+            return tuple(jax.device_put(a, bs) for a in batch_tuple(cfg, b))
     m = jax.tree.map(jnp.zeros_like, params)
     v = jax.tree.map(jnp.zeros_like, params)
     with_metrics = any(R.KINDS[k].metrics for k in cfg.layer_kinds())
     step_fn, eval_fn = make_train_step(cfg, shardings=shardings, with_metrics=with_metrics), make_eval(cfg)
     hyper, clip = jnp.asarray(tc.hyper), jnp.float32(tc.grad_clip)
-    eval_data = batch_arrays(sampler.eval_batch(tc.eval_batches)) if tc.eval_batches > 0 else None
+    eval_batch = sampler.eval_batch(tc.eval_batches) if tc.eval_batches > 0 else None
+    eval_data = batch_arrays(eval_batch) if eval_batch is not None else None
 
     hist: dict[str, Any] = {"losses": [], "grad_norms": [], "lrs": [], "step_time_s": [], "eval_losses": []}
     for k in range(tc.steps):
         t = k + 1
         lr = lr_at(t, lr=tc.lr, min_lr_ratio=tc.min_lr_ratio, warmup_steps=tc.warmup_steps, steps=tc.steps)
         t0 = time.perf_counter()
-        out = step_fn(params, m, v, *batch_arrays(sampler.batch(k)), jnp.float32(t), jnp.float32(lr), hyper, clip)
+        b = sampler.batch(k)
+        out = step_fn(params, m, v, *batch_arrays(b), jnp.float32(t), jnp.float32(lr), hyper, clip)
         params, m, v, losses, sqn = out[:5]
         if with_metrics:
             _record_metrics(hist, out[5])
-        losses_h = np.asarray(losses, np.float64)
         sqn_h = np.asarray(sqn, np.float64)
         hist["step_time_s"].append(time.perf_counter() - t0)
-        loss = float(np.sum(losses_h) / len(losses_h))
-        norm = math.sqrt(float(sum(sqn_h))) / tc.microbatches
+        loss = host_loss(cfg, np.asarray(losses), b.mask)
+        norm = host_norm(cfg, tc, float(sum(sqn_h)), b.mask)
         hist["losses"].append(loss)
         hist["grad_norms"].append(norm)
         hist["lrs"].append(lr)
         line = f"step {t} loss {loss:.6f} grad_norm {norm:.4f} lr {lr:.3e} clip {clip_scale(norm, tc.grad_clip):.3f}"
         if eval_data is not None and ((tc.eval_every > 0 and t % tc.eval_every == 0) or t == tc.steps):
-            ev = np.asarray(eval_fn(params, *eval_data), np.float64)
-            hist["eval_losses"].append([t, float(np.sum(ev) / len(ev))])
+            assert eval_batch is not None
+            hist["eval_losses"].append([t, host_loss(cfg, np.asarray(eval_fn(params, *eval_data)), eval_batch.mask)])
             line += f" eval {hist['eval_losses'][-1][1]:.6f}"
         if log:
             log(line)
     return params, hist
+
+
+def host_norm(cfg: ModelConfig, tc: TrainConfig, sqnorm_sum: float, mask: np.ndarray) -> float:
+    """The reported grad_norm from the summed gradients' squared norm (float64,
+    the host's): divided by the microbatches under concat, else times
+    (mb * T) / W (weight_scale)."""
+    if not cfg.weighted_loss:
+        return math.sqrt(sqnorm_sum) / tc.microbatches
+    w = float(np.sum(np.asarray(mask, np.float64)))
+    return math.sqrt(sqnorm_sum) * (cfg.microbatch_size * cfg.seq_len / w) if w > 0 else 0.0
 
 
 def _record_metrics(hist: dict[str, Any], metrics: dict[str, list[Array]]) -> None:

@@ -50,10 +50,12 @@ def mesh_shardings(params: Any, mesh: Any) -> tuple[Any, Any, Any]:
     blocks = params["blocks"]
     ps = {"embed": tree(params["embed"], False), "head": tree(params["head"], False),
           "blocks": tree(blocks, True) if isinstance(blocks, dict) else [tree(b, False) for b in blocks]}
-    # tokens/targets/mask are [microbatches, microbatch, seq]: cut the microbatch
+    # tokens/targets/mask/positions are [microbatches, microbatch, seq]: cut the microbatch
     return ps, NamedSharding(mesh, P(None, ("data", "fsdp"))), NamedSharding(mesh, P())
 
 
-def step_shardings(params: Any, mesh: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+def step_shardings(params: Any, mesh: Any, n_batch: int = 3) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The step's (in, out) shardings; |n_batch| batch arrays (tokens, targets,
+    mask, and positions under packing none or pack: 4)."""
     ps, bs, rep = mesh_shardings(params, mesh)
-    return (ps, ps, ps, bs, bs, bs, rep, rep, rep, rep), (ps, ps, ps, rep, rep)
+    return (ps, ps, ps) + (bs,) * n_batch + (rep, rep, rep, rep), (ps, ps, ps, rep, rep)

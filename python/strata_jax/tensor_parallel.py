@@ -64,6 +64,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from . import layers as L
 from . import llama
 from . import model as M
 from . import programs as PR
@@ -301,30 +302,42 @@ def block_programs(cfg: ModelConfig, mesh: MeshSpec) -> list[SpmdProgram]:
         d = RESIDUAL_SPLIT_DIM[r.name]
         res.append(_spec(r.name, r.shape, "residual", {0: BATCH_AXES, **({} if d is None else {d: (TENSOR,)})}))
 
+    # Under packing "pack" each program takes positions right after x (cut
+    # over the batch like x) and traces its body inside layers.packed.
+    pos = [_spec("positions", (mb, T), "batch", batch, dtype="s32")] if cfg.packed else []
+    npos = len(pos)
+
+    def at(a: tuple[Array, ...]) -> Any:
+        return L.packed(a[nb + 1] if npos else None)
+
     def fwd(*a: Array) -> tuple[Array, ...]:
-        return (block_fwd_local(cfg, dict(zip(blk, a[:nb])), a[nb]),)
+        with at(a):
+            return (block_fwd_local(cfg, dict(zip(blk, a[:nb])), a[nb]),)
 
     def bwd(*a: Array) -> tuple[Array, ...]:
-        p, xin, g = dict(zip(blk, a[:nb])), a[nb], a[nb + 1]
-        _, vjp = jax.vjp(lambda p_, x_: block_fwd_local(cfg, p_, x_), p, xin)
-        dp, dxin = vjp(g)
+        p, xin, g = dict(zip(blk, a[:nb])), a[nb], a[nb + 1 + npos]
+        with at(a):
+            _, vjp = jax.vjp(lambda p_, x_: block_fwd_local(cfg, p_, x_), p, xin)
+            dp, dxin = vjp(g)
         return tuple(dp[n] for n in blk) + (dxin,)
 
     def fwd_res(*a: Array) -> tuple[Array, ...]:
-        yv, r = llama.block_fwd_res(cfg, dict(zip(blk, a[:nb])), a[nb], MEGATRON)
+        with at(a):
+            yv, r = llama.block_fwd_res(cfg, dict(zip(blk, a[:nb])), a[nb], MEGATRON)
         return (yv,) + r
 
     def bwd_res(*a: Array) -> tuple[Array, ...]:
         p, xin = dict(zip(blk, a[:nb])), a[nb]
-        r, g = tuple(a[nb + 1:nb + 1 + nr]), a[nb + 1 + nr]
-        dp, dxin = llama.block_bwd_res(cfg, p, xin, r, g, MEGATRON)
+        r, g = tuple(a[nb + 1 + npos:nb + 1 + npos + nr]), a[nb + 1 + npos + nr]
+        with at(a):
+            dp, dxin = llama.block_bwd_res(cfg, p, xin, r, g, MEGATRON)
         return tuple(dp[n] for n in blk) + (dxin,)
 
     return [
-        SpmdProgram("tp_block_fwd", mesh, fwd, tuple(params + [x]), (y,)),
-        SpmdProgram("tp_block_bwd", mesh, bwd, tuple(params + [x, dy]), tuple(grads + [dx])),
-        SpmdProgram("tp_block_fwd_res", mesh, fwd_res, tuple(params + [x]), tuple([y] + res)),
-        SpmdProgram("tp_block_bwd_res", mesh, bwd_res, tuple(params + [x] + res + [dy]), tuple(grads + [dx])),
+        SpmdProgram("tp_block_fwd", mesh, fwd, tuple(params + [x] + pos), (y,)),
+        SpmdProgram("tp_block_bwd", mesh, bwd, tuple(params + [x] + pos + [dy]), tuple(grads + [dx])),
+        SpmdProgram("tp_block_fwd_res", mesh, fwd_res, tuple(params + [x] + pos), tuple([y] + res)),
+        SpmdProgram("tp_block_bwd_res", mesh, bwd_res, tuple(params + [x] + pos + res + [dy]), tuple(grads + [dx])),
     ]
 
 
