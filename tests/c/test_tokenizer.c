@@ -176,8 +176,8 @@ static void test_token_file_versions(void** state) {
   n = make_tok(buf, 2, 256, ST_TOKENIZER_BYTE, NULL, toks, 0);
   ASSERT_ERROR(st_token_file_parse("v2.tok", buf, 40, 256, &out, &count, &info), ST_CODE_DATA, "version-2 header");
   assert_null(out);
-  buf[8] = 3;
-  ASSERT_ERROR(st_token_file_parse("v3.tok", buf, n, 256, &out, &count, &info), ST_CODE_DATA, "version 3");
+  buf[8] = 4;
+  ASSERT_ERROR(st_token_file_parse("v4.tok", buf, n, 256, &out, &count, &info), ST_CODE_DATA, "version 4");
 }
 
 static void test_open_finds_the_tokenizer(void** state) {

@@ -89,4 +89,4 @@ json_syntax=('{' '}' '[' ']' ':' ',' '"' '\' '\u0000' '\ud83d\ude00' 'true' 'fal
     dict_line "$t"
   done
 } >"$out/ir.dict"
-{ dict_line 'STRATOK1'; for t in '\x01\x00\x00\x00' '\x02\x00\x00\x00' '\x04\x00\x00\x00' '\x00\x01\x00\x00' '\xff\xff\xff\xff'; do printf '"%s"\n' "$t"; done; } >"$out/tokens.dict"
+{ dict_line 'STRATOK1'; for t in '\x01\x00\x00\x00' '\x02\x00\x00\x00' '\x03\x00\x00\x00' '\x04\x00\x00\x00' '\x00\x01\x00\x00' '\xff\xff\xff\xff'; do printf '"%s"\n' "$t"; done; } >"$out/tokens.dict"

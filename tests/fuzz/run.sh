@@ -53,7 +53,7 @@ CFLAGS=(-g -O1 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fno-omit-frame-poin
 LIBS=($(pkg-config --cflags --libs yaml-0.1 jansson libxxhash libcrypto libprotobuf-c) -lpthread -ldl -lm)
 
 # The parsers, built once into an archive: each target pulls what it uses.
-sources=(src/base/*.c src/config/*.c src/ckpt/*.c src/bundle/*.c src/data/dataset.c src/data/tokenizer.c
+sources=(src/base/*.c src/config/*.c src/ckpt/*.c src/bundle/*.c src/data/*.c
   src/runtime/dtype.c src/runtime/mlir_sig.c src/obs/*.c src/ir/*.c "$out/gen/tb_event.pb-c.c")
 rm -f "$out"/obj/*.o "$out/libparsers.a"
 jobs_max=$(nproc 2>/dev/null || echo 2)
