@@ -17,7 +17,11 @@ The ``xla`` case of each (op, shape, dir) is the reference the others are
 compared with; strata makes the inputs (seeded, the same for every
 implementation), runs every program and compares (src/cli/cmd_kernels.c).
 Inputs are f32 but for an integer operand (cross_entropy's targets: s32,
-``input_dtypes``; strata fills it with ids in [0, V)); outputs are f32. With ``--bench`` the shapes are the
+``input_dtypes``; strata fills it with ids in [0, V); attention's optional
+segment_ids with runs of segment ids); outputs are f32. An op with an
+optional input is exported in both forms: the plain one, and the form that
+takes it (``"form": "seg"`` in its cases, files
+``<op>_<impl>_<form>_<dir>_<i>.mlir``). With ``--bench`` the shapes are the
 contract's ``bench_shapes`` (``strata kernels bench``).
 """
 
