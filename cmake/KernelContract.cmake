@@ -7,7 +7,10 @@
 #   OUT/kernels/contract_ops.h   ST__KERNEL_OPS(X): X(op) per op, in the
 #                                contract's order; ST__KERNEL_FFI_HANDLERS(X):
 #                                X(op, version, dir, target) per FFI handler
-#                                (the handler table, src/kernels/handlers.c)
+#                                (the handler table, src/kernels/handlers.c):
+#                                dir fwd, bwd, then any other key of the
+#                                row's ffi_targets (an optional operand's
+#                                form: attention's seg_fwd, seg_bwd)
 #   OUT/config/kernel_keys.h     ST__KERNEL_KEYS(X): X("op", "auto|impls...",
 #                                "doc") per op (the kernels.<op> rows of the
 #                                config schema, src/config/schema.c)
@@ -72,6 +75,20 @@ function(strata_kernel_contract_tables contract out)
         if(has_bwd)
           list(APPEND dirs bwd)
         endif()
+        # Then the targets of an optional operand's form (attention's
+        # seg_fwd, seg_bwd): every other key of ffi_targets, in the
+        # object's order as CMake lists it.
+        string(JSON ntargets LENGTH "${json}" ops ${i} ffi_targets)
+        math(EXPR lasttarget "${ntargets} - 1")
+        foreach(k RANGE ${lasttarget})
+          string(JSON key MEMBER "${json}" ops ${i} ffi_targets ${k})
+          if(NOT key STREQUAL "fwd" AND NOT key STREQUAL "bwd")
+            if(NOT key MATCHES "^[a-z][a-z0-9_]*$")
+              message(FATAL_ERROR "${where}: op '${name}': ffi_targets key '${key}' is not [a-z][a-z0-9_]* (it names the handler's direction)")
+            endif()
+            list(APPEND dirs ${key})
+          endif()
+        endforeach()
         foreach(dir ${dirs})
           string(JSON target GET "${json}" ops ${i} ffi_targets ${dir})
           if(NOT target MATCHES "^[A-Za-z_][A-Za-z0-9_]*$")

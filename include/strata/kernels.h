@@ -26,6 +26,7 @@ typedef struct st_kernel_tolerance {
 #define ST_KERNEL_MAX_TOLERANCES 4
 #define ST_KERNEL_MAX_IMPLS 4
 #define ST_KERNEL_MAX_DEFAULTS 8
+#define ST_KERNEL_MAX_TARGETS 8
 
 /* One row of the contract; every string is owned by the contract. */
 typedef struct st_kernel_op {
@@ -54,6 +55,12 @@ typedef struct st_kernel_op {
   char* default_impl[ST_KERNEL_MAX_DEFAULTS];
   char* ffi_fwd; /* FFI target names; "" when the op has no ffi implementation */
   char* ffi_bwd;
+  /* Every FFI target of the row, fwd and bwd first, then an optional
+   * operand's form (attention's seg_fwd, seg_bwd): its key in ffi_targets
+   * (the handler's direction) and the target. */
+  int target_count;
+  char target_dir[ST_KERNEL_MAX_TARGETS][16];
+  char* targets[ST_KERNEL_MAX_TARGETS];
 } st_kernel_op;
 
 typedef struct st_kernel_contract {
@@ -101,6 +108,8 @@ st_json* st_kernel_contract_json(const st_kernel_contract* c);
 #define ST_KERNEL_CROSS_ENTROPY_BWD "strata_cross_entropy_bwd_v1"
 #define ST_KERNEL_ATTENTION_FWD "strata_attention_fwd_v1"
 #define ST_KERNEL_ATTENTION_BWD "strata_attention_bwd_v1"
+#define ST_KERNEL_ATTENTION_SEG_FWD "strata_attention_seg_fwd_v1" /* the form with segment_ids */
+#define ST_KERNEL_ATTENTION_SEG_BWD "strata_attention_seg_bwd_v1"
 
 /* A handler compiled into strata: the op, the contract version its code
  * implements, the direction ("fwd"/"bwd") and the target it serves. */
@@ -180,6 +189,16 @@ int st_kernel_attention_fwd(st_kernel_isa isa, int threads, const float* q, cons
 int st_kernel_attention_bwd(st_kernel_isa isa, int threads, const float* q, const float* k, const float* v,
                             const float* o, const float* lse, const float* dout, float* dq, float* dk, float* dv,
                             int64_t b, int64_t t, int64_t h, int64_t kv, int64_t dh);
+/* The same with segment ids |seg| [b, t] (the contract's seg form): query i
+ * attends key j iff j <= i and seg[i] == seg[j] within its sequence. Any
+ * ids work; key tiles whose ids cannot meet a query tile's are skipped.
+ * |seg| NULL is the plain form above. */
+int st_kernel_attention_seg_fwd(st_kernel_isa isa, int threads, const float* q, const float* k, const float* v,
+                                const int32_t* seg, float* o, float* lse, int64_t b, int64_t t, int64_t h, int64_t kv,
+                                int64_t dh);
+int st_kernel_attention_seg_bwd(st_kernel_isa isa, int threads, const float* q, const float* k, const float* v,
+                                const int32_t* seg, const float* o, const float* lse, const float* dout, float* dq,
+                                float* dk, float* dv, int64_t b, int64_t t, int64_t h, int64_t kv, int64_t dh);
 
 /*--- observability: calls and time per kernel (docs/kernels.md) ----------
  * The handlers count every call they serve in one process-wide table

@@ -421,6 +421,16 @@ cross_entropy_pallas.defvjp(_ce_pallas_fwd,
 # calls), ATTENTION_FWD[impl](q, k, v) -> (o, lse) and
 # ATTENTION_BWD[impl](q, k, v, o, lse, do) -> (dq, dk, dv) (the residual
 # path's two halves).
+#
+# The optional operand segment_ids (s32 [B, T], the contract's "seg" form)
+# is a trailing argument of all three: attention_<impl>(q, k, v, segment_ids),
+# ATTENTION_FWD[impl](q, k, v, segment_ids), ATTENTION_BWD[impl](q, k, v, o,
+# lse, do, segment_ids); query i then attends key j iff j <= i and both carry
+# the same id (a packed sequence's documents). Without it every function
+# traces exactly what it traced before the operand existed (the plain
+# programs, their targets and bundles stay byte-identical); with it the ffi
+# form calls its own targets (ffi_targets' seg_fwd / seg_bwd), whose operand
+# lists insert segment_ids after v.
 
 
 def _expand_heads(t: Array, h: int) -> Array:
@@ -428,34 +438,42 @@ def _expand_heads(t: Array, h: int) -> Array:
     return t if g == 1 else jnp.repeat(t, g, axis=2)
 
 
-def _att_scores(q: Array, k: Array) -> Array:
+def _att_scores(q: Array, k: Array, seg: Array | None = None) -> Array:
     T, H, Dh = q.shape[1], q.shape[2], q.shape[3]
     s = jnp.einsum("bqhd,bkhd->bhqk", q, _expand_heads(k, H),
                    preferred_element_type=jnp.float32) / jnp.float32(math.sqrt(Dh))
     causal = jnp.tril(jnp.ones((T, T), dtype=jnp.bool_))
-    return jnp.where(causal[None, None], s, jnp.float32(-1e30))
+    if seg is None:
+        return jnp.where(causal[None, None], s, jnp.float32(-1e30))
+    same = seg[:, None, :, None] == seg[:, None, None, :]  # [B, 1, Tq, Tk]
+    return jnp.where(causal[None, None] & same, s, jnp.float32(-1e30))
 
 
 @implements("attention", "xla", "fwd")
-def attention_fwd_xla(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
-    """(o, lse): the reference, model.attention's math in f32."""
-    s = _att_scores(q, k)
+def attention_fwd_xla(q: Array, k: Array, v: Array, segment_ids: Array | None = None) -> tuple[Array, Array]:
+    """(o, lse): the reference, model.attention's math in f32. A masked score
+    is -1e30, so it weighs exactly 0 next to the query's own key (always
+    visible), and lse is today's log-sum-exp over the visible keys."""
+    s = _att_scores(q, k, segment_ids)
     o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), _expand_heads(v, q.shape[2]),
                    preferred_element_type=jnp.float32)
     return o, jax.nn.logsumexp(s, axis=-1)
 
 
 @implements("attention", "xla")
-def attention_xla(q: Array, k: Array, v: Array) -> Array:
-    return attention_fwd_xla(q, k, v)[0]
+def attention_xla(q: Array, k: Array, v: Array, segment_ids: Array | None = None) -> Array:
+    if segment_ids is None:
+        return attention_fwd_xla(q, k, v)[0]
+    return attention_fwd_xla(q, k, v, segment_ids)[0]
 
 
 @implements("attention", "xla", "bwd")
-def attention_bwd_xla(q: Array, k: Array, v: Array, o: Array, lse: Array, do: Array) -> tuple[Array, Array, Array]:
+def attention_bwd_xla(q: Array, k: Array, v: Array, o: Array, lse: Array, do: Array,
+                      segment_ids: Array | None = None) -> tuple[Array, Array, Array]:
     """p = exp(s - lse), ds = p (dp - rowsum(do * o)) / sqrt(Dh): llama._attention_core_bwd's math in f32."""
     B, T, H, Dh = q.shape
     KV = k.shape[2]
-    p = jnp.exp(_att_scores(q, k) - lse[..., None])
+    p = jnp.exp(_att_scores(q, k, segment_ids) - lse[..., None])
     dv = jnp.einsum("bhqk,bqhd->bkhd", p, do, preferred_element_type=jnp.float32)
     dp = jnp.einsum("bqhd,bkhd->bhqk", do, _expand_heads(v, H), preferred_element_type=jnp.float32)
     delta = jnp.transpose(jnp.sum(do * o, axis=-1), (0, 2, 1))
@@ -473,15 +491,26 @@ def _att_out_specs(q: Array) -> tuple[Any, Any]:
     return jax.ShapeDtypeStruct(q.shape, jnp.float32), jax.ShapeDtypeStruct((B, H, T), jnp.float32)
 
 
+def _att_target(d: str, seg: Array | None) -> str:
+    """The ffi target of direction |d| ("fwd"/"bwd"), of the seg form when
+    there are segment ids."""
+    return OPS["attention"]["ffi_targets"][d if seg is None else "seg_" + d]
+
+
 @implements("attention", "ffi", "fwd")
-def attention_fwd_ffi(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
-    return tuple(_ffi(OPS["attention"]["ffi_targets"]["fwd"], _att_out_specs(q), q, k, v))
+def attention_fwd_ffi(q: Array, k: Array, v: Array, segment_ids: Array | None = None) -> tuple[Array, Array]:
+    if segment_ids is None:
+        return tuple(_ffi(_att_target("fwd", None), _att_out_specs(q), q, k, v))
+    return tuple(_ffi(_att_target("fwd", segment_ids), _att_out_specs(q), q, k, v, segment_ids))
 
 
 @implements("attention", "ffi", "bwd")
-def attention_bwd_ffi(q: Array, k: Array, v: Array, o: Array, lse: Array, do: Array) -> tuple[Array, Array, Array]:
+def attention_bwd_ffi(q: Array, k: Array, v: Array, o: Array, lse: Array, do: Array,
+                      segment_ids: Array | None = None) -> tuple[Array, Array, Array]:
     specs = tuple(jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in (q, k, v))
-    return tuple(_ffi(OPS["attention"]["ffi_targets"]["bwd"], specs, q, k, v, o, lse, do))
+    if segment_ids is None:
+        return tuple(_ffi(_att_target("bwd", None), specs, q, k, v, o, lse, do))
+    return tuple(_ffi(_att_target("bwd", segment_ids), specs, q, k, v, segment_ids, o, lse, do))
 
 
 def _att_vjp(fwd: Callable[..., tuple[Array, Array]], bwd: Callable[..., tuple[Array, Array, Array]]) -> Any:
@@ -497,7 +526,36 @@ def _att_vjp(fwd: Callable[..., tuple[Array, Array]], bwd: Callable[..., tuple[A
     return f
 
 
-attention_ffi = implements("attention", "ffi")(_att_vjp(attention_fwd_ffi, attention_bwd_ffi))
+def _att_vjp_seg(fwd: Callable[..., tuple[Array, Array]], bwd: Callable[..., tuple[Array, Array, Array]]) -> Any:
+    """_att_vjp's seg form: segment_ids is an integer operand, so no gradient."""
+    @jax.custom_vjp
+    def f(q: Array, k: Array, v: Array, seg: Array) -> Array:
+        return fwd(q, k, v, seg)[0]
+
+    def f_fwd(q: Array, k: Array, v: Array, seg: Array) -> tuple[Array, tuple[Array, ...]]:
+        o, lse = fwd(q, k, v, seg)
+        return o, (q, k, v, o, lse, seg)
+
+    def f_bwd(res: tuple[Array, ...], do: Array) -> tuple[Any, ...]:
+        q, k, v, o, lse, seg = res
+        return (*bwd(q, k, v, o, lse, do, seg), None)
+
+    f.defvjp(f_fwd, f_bwd)
+    return f
+
+
+def _att_differentiable(fwd: Callable[..., tuple[Array, Array]], bwd: Callable[..., tuple[Array, Array, Array]]) -> Any:
+    """attention_<impl>(q, k, v, segment_ids=None) over the two halves: the
+    plain custom_vjp exactly as before the seg form, or the seg one."""
+    plain, seg = _att_vjp(fwd, bwd), _att_vjp_seg(fwd, bwd)
+
+    def attention(q: Array, k: Array, v: Array, segment_ids: Array | None = None) -> Array:
+        return plain(q, k, v) if segment_ids is None else seg(q, k, v, segment_ids)
+
+    return attention
+
+
+attention_ffi = implements("attention", "ffi")(_att_differentiable(attention_fwd_ffi, attention_bwd_ffi))
 
 ATT_TILE = 32  # the pallas kernels' query and key tile (the contract's "tile")
 
@@ -523,10 +581,24 @@ def _att_mask(i: Any, j: Any) -> Array:
     return kj <= qi
 
 
+def _att_seg_pallas(seg: Array, Tp: int) -> Array:
+    """segment_ids [B, T] -> [B, Tp] s32; the padding (-1) is a key after
+    every real query, hidden by the causal mask like the padded keys."""
+    return jnp.pad(seg.astype(jnp.int32), ((0, 0), (0, Tp - seg.shape[1])), constant_values=-1)
+
+
+def _att_seg_mask(i: Any, j: Any, sq: Array, sk: Array) -> Array:
+    """The seg form's mask of query tile i against key tile j: causal and
+    the same segment (sq, sk: the tiles' ids, [ATT_TILE] each)."""
+    return _att_mask(i, j) & (sq[:, None] == sk[None, :])
+
+
 @implements("attention", "pallas", "fwd")
-def attention_fwd_pallas(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
+def attention_fwd_pallas(q: Array, k: Array, v: Array, segment_ids: Array | None = None) -> tuple[Array, Array]:
     """Flash-style: grid over (b*h, query tile); key tiles up to the diagonal
-    in a loop with an online softmax (running max m, sum l, unnormalised o)."""
+    in a loop with an online softmax (running max m, sum l, unnormalised o).
+    The seg form masks p itself (not only the scores): a key tile before the
+    query's segment starts then adds nothing while m is still -1e30."""
     pl = _pallas()
     B, T, H, Dh = q.shape
     KV = k.shape[2]
@@ -534,8 +606,13 @@ def attention_fwd_pallas(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
     scale = 1.0 / math.sqrt(Dh)
     q3, k3, v3, Tp = _att_pallas_layout(q, k, v)
     n = Tp // ATT_TILE
+    seg = segment_ids is not None
 
-    def kernel(q_ref, k_ref, v_ref, o_ref, lse_ref):  # type: ignore[no-untyped-def]
+    def kernel(q_ref, k_ref, v_ref, *refs):  # type: ignore[no-untyped-def]
+        if seg:
+            sq_ref, sk_ref, o_ref, lse_ref = refs
+        else:
+            o_ref, lse_ref = refs
         i = pl.program_id(1)
         qb = q_ref[0]
 
@@ -543,9 +620,15 @@ def attention_fwd_pallas(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
             m, l, acc = carry
             kb = k_ref[0, pl.ds(j * ATT_TILE, ATT_TILE), :]
             vb = v_ref[0, pl.ds(j * ATT_TILE, ATT_TILE), :]
-            s = jnp.where(_att_mask(i, j), jnp.dot(qb, kb.T) * scale, jnp.float32(-1e30))
+            if seg:
+                mask = _att_seg_mask(i, j, sq_ref[0], sk_ref[0, pl.ds(j * ATT_TILE, ATT_TILE)])
+            else:
+                mask = _att_mask(i, j)
+            s = jnp.where(mask, jnp.dot(qb, kb.T) * scale, jnp.float32(-1e30))
             m_new = jnp.maximum(m, jnp.max(s, axis=-1))
             p = jnp.exp(s - m_new[:, None])
+            if seg:
+                p = jnp.where(mask, p, jnp.float32(0))
             alpha = jnp.exp(m - m_new)
             return m_new, l * alpha + jnp.sum(p, axis=-1), acc * alpha[:, None] + jnp.dot(p, vb)
 
@@ -556,24 +639,33 @@ def attention_fwd_pallas(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
         lse_ref[0] = m + jnp.log(l)
 
     kv_map = lambda bh, i: ((bh // H) * KV + (bh % H) // g, 0, 0)  # noqa: E731
+    in_specs = [pl.BlockSpec((1, ATT_TILE, Dh), lambda bh, i: (bh, i, 0)),
+                pl.BlockSpec((1, Tp, Dh), kv_map), pl.BlockSpec((1, Tp, Dh), kv_map)]
+    args = [q3, k3, v3]
+    if seg:
+        s2 = _att_seg_pallas(segment_ids, Tp)
+        in_specs += [pl.BlockSpec((1, ATT_TILE), lambda bh, i: (bh // H, i)),
+                     pl.BlockSpec((1, Tp), lambda bh, i: (bh // H, 0))]
+        args += [s2, s2]
     o3, lse2 = pl.pallas_call(
         kernel, grid=(B * H, n),
         out_shape=(jax.ShapeDtypeStruct((B * H, Tp, Dh), jnp.float32), jax.ShapeDtypeStruct((B * H, Tp), jnp.float32)),
-        in_specs=[pl.BlockSpec((1, ATT_TILE, Dh), lambda bh, i: (bh, i, 0)),
-                  pl.BlockSpec((1, Tp, Dh), kv_map), pl.BlockSpec((1, Tp, Dh), kv_map)],
+        in_specs=in_specs,
         out_specs=(pl.BlockSpec((1, ATT_TILE, Dh), lambda bh, i: (bh, i, 0)),
                    pl.BlockSpec((1, ATT_TILE), lambda bh, i: (bh, i))),
-        interpret=True)(q3, k3, v3)
+        interpret=True)(*args)
     o = jnp.transpose(o3.reshape(B, H, Tp, Dh)[:, :, :T], (0, 2, 1, 3))
     return o, lse2.reshape(B, H, Tp)[:, :, :T]
 
 
 @implements("attention", "pallas", "bwd")
-def attention_bwd_pallas(q: Array, k: Array, v: Array, o: Array, lse: Array, do: Array) -> tuple[Array, Array, Array]:
+def attention_bwd_pallas(q: Array, k: Array, v: Array, o: Array, lse: Array, do: Array,
+                         segment_ids: Array | None = None) -> tuple[Array, Array, Array]:
     """Two kernels, p recomputed from lse per tile: dq over (b*h, query
     tile) looping over key tiles; dk and dv per query head over (b*h, key
     tile) looping over query tiles, summed over each key/value group
-    outside the kernel. delta = rowsum(do * o) is computed once, outside."""
+    outside the kernel. delta = rowsum(do * o) is computed once, outside.
+    The seg form adds each tile's segment ids to the mask."""
     pl = _pallas()
     B, T, H, Dh = q.shape
     KV = k.shape[2]
@@ -586,19 +678,27 @@ def attention_bwd_pallas(q: Array, k: Array, v: Array, o: Array, lse: Array, do:
     lse2 = pad(lse)
     delta2 = jnp.sum(o3 * do3, axis=-1)
     kv_map = lambda bh, i: ((bh // H) * KV + (bh % H) // g, 0, 0)  # noqa: E731
+    seg = segment_ids is not None
+    s2 = _att_seg_pallas(segment_ids, Tp) if seg else None
 
-    def tile_p(qb, kb, lb, i, j):  # type: ignore[no-untyped-def]
+    def tile_p(qb, kb, lb, i, j, segs=None):  # type: ignore[no-untyped-def]
         s = jnp.dot(qb, kb.T) * scale
-        return jnp.where(_att_mask(i, j), jnp.exp(s - lb[:, None]), jnp.float32(0))
+        mask = _att_mask(i, j) if segs is None else _att_seg_mask(i, j, *segs)
+        return jnp.where(mask, jnp.exp(s - lb[:, None]), jnp.float32(0))
 
-    def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, dq_ref):  # type: ignore[no-untyped-def]
+    def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, *refs):  # type: ignore[no-untyped-def]
+        if seg:
+            sq_ref, sk_ref, dq_ref = refs
+        else:
+            (dq_ref,) = refs
         i = pl.program_id(1)
         qb, dob, lb, db = q_ref[0], do_ref[0], lse_ref[0], dl_ref[0]
 
         def body(j, acc):  # type: ignore[no-untyped-def]
             kb = k_ref[0, pl.ds(j * ATT_TILE, ATT_TILE), :]
             vb = v_ref[0, pl.ds(j * ATT_TILE, ATT_TILE), :]
-            p = tile_p(qb, kb, lb, i, j)
+            segs = (sq_ref[0], sk_ref[0, pl.ds(j * ATT_TILE, ATT_TILE)]) if seg else None
+            p = tile_p(qb, kb, lb, i, j, segs)
             ds = p * (jnp.dot(dob, vb.T) - db[:, None])
             return acc + jnp.dot(ds, kb) * scale
 
@@ -606,12 +706,21 @@ def attention_bwd_pallas(q: Array, k: Array, v: Array, o: Array, lse: Array, do:
 
     qrow = pl.BlockSpec((1, ATT_TILE, Dh), lambda bh, i: (bh, i, 0))
     vrow = pl.BlockSpec((1, ATT_TILE), lambda bh, i: (bh, i))
+    in_specs = [qrow, pl.BlockSpec((1, Tp, Dh), kv_map), pl.BlockSpec((1, Tp, Dh), kv_map), qrow, vrow, vrow]
+    args = [q3, k3, v3, do3, lse2, delta2]
+    if seg:
+        in_specs += [pl.BlockSpec((1, ATT_TILE), lambda bh, i: (bh // H, i)),
+                     pl.BlockSpec((1, Tp), lambda bh, i: (bh // H, 0))]
+        args += [s2, s2]
     dq3 = pl.pallas_call(
         dq_kernel, grid=(B * H, n), out_shape=jax.ShapeDtypeStruct((B * H, Tp, Dh), jnp.float32),
-        in_specs=[qrow, pl.BlockSpec((1, Tp, Dh), kv_map), pl.BlockSpec((1, Tp, Dh), kv_map), qrow, vrow, vrow],
-        out_specs=qrow, interpret=True)(q3, k3, v3, do3, lse2, delta2)
+        in_specs=in_specs, out_specs=qrow, interpret=True)(*args)
 
-    def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, dk_ref, dv_ref):  # type: ignore[no-untyped-def]
+    def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, *refs):  # type: ignore[no-untyped-def]
+        if seg:
+            sq_ref, sk_ref, dk_ref, dv_ref = refs
+        else:
+            dk_ref, dv_ref = refs
         j = pl.program_id(1)
         kb, vb = k_ref[0], v_ref[0]
 
@@ -621,7 +730,8 @@ def attention_bwd_pallas(q: Array, k: Array, v: Array, o: Array, lse: Array, do:
             dob = do_ref[0, pl.ds(i * ATT_TILE, ATT_TILE), :]
             lb = lse_ref[0, pl.ds(i * ATT_TILE, ATT_TILE)]
             db = dl_ref[0, pl.ds(i * ATT_TILE, ATT_TILE)]
-            p = tile_p(qb, kb, lb, i, j)
+            segs = (sq_ref[0, pl.ds(i * ATT_TILE, ATT_TILE)], sk_ref[0]) if seg else None
+            p = tile_p(qb, kb, lb, i, j, segs)
             ds = p * (jnp.dot(dob, vb.T) - db[:, None])
             return dk + jnp.dot(ds.T, qb) * scale, dv + jnp.dot(p.T, dob)
 
@@ -632,11 +742,17 @@ def attention_bwd_pallas(q: Array, k: Array, v: Array, o: Array, lse: Array, do:
     fullv = pl.BlockSpec((1, Tp), lambda bh, j: (bh, 0))
     kvtile = pl.BlockSpec((1, ATT_TILE, Dh), lambda bh, j: ((bh // H) * KV + (bh % H) // g, j, 0))
     out = pl.BlockSpec((1, ATT_TILE, Dh), lambda bh, j: (bh, j, 0))
+    in_specs = [full, kvtile, kvtile, full, fullv, fullv]
+    args = [q3, k3, v3, do3, lse2, delta2]
+    if seg:
+        in_specs += [pl.BlockSpec((1, Tp), lambda bh, j: (bh // H, 0)),
+                     pl.BlockSpec((1, ATT_TILE), lambda bh, j: (bh // H, j))]
+        args += [s2, s2]
     dk3, dv3 = pl.pallas_call(
         dkv_kernel, grid=(B * H, n),
         out_shape=(jax.ShapeDtypeStruct((B * H, Tp, Dh), jnp.float32),) * 2,
-        in_specs=[full, kvtile, kvtile, full, fullv, fullv], out_specs=(out, out),
-        interpret=True)(q3, k3, v3, do3, lse2, delta2)
+        in_specs=in_specs, out_specs=(out, out),
+        interpret=True)(*args)
 
     def back(t: Array, h: int) -> Array:
         return jnp.transpose(t.reshape(B, h, Tp, Dh)[:, :, :T], (0, 2, 1, 3))
@@ -646,16 +762,17 @@ def attention_bwd_pallas(q: Array, k: Array, v: Array, o: Array, lse: Array, do:
     return back(dq3, H), back(dk, KV), back(dv, KV)
 
 
-attention_pallas = implements("attention", "pallas")(_att_vjp(attention_fwd_pallas, attention_bwd_pallas))
+attention_pallas = implements("attention", "pallas")(_att_differentiable(attention_fwd_pallas, attention_bwd_pallas))
 
 ATTENTION_FWD: dict[str, Callable[..., tuple[Array, Array]]] = CONTRACT_FWD["attention"]
 ATTENTION_BWD: dict[str, Callable[..., tuple[Array, Array, Array]]] = CONTRACT_BWD["attention"]
 
 
 def _att_impl(impl: str, *args: Array) -> str:
-    """|impl|, or the contract's fallback (recorded) for operands outside it."""
+    """|impl|, or the contract's fallback (recorded) for operands outside it
+    (q, k, v, and segment_ids when given)."""
     if impl != "xla":
-        why = _in_contract("attention", *args[:3])
+        why = _in_contract("attention", *args)
         if why is not None:
             fb = OPS["attention"]["fallback"]
             fallbacks_seen.append(("attention", impl, fb, why))
@@ -663,51 +780,81 @@ def _att_impl(impl: str, *args: Array) -> str:
     return impl
 
 
-def _att_res_vjp(impl: str) -> Any:
-    """(q, k, v) -> (o, lse) through |impl|, differentiable: the
+def _att_res_vjp(impl: str, with_seg: bool) -> Any:
+    """(q, k, v[, segment_ids]) -> (o, lse) through |impl|, differentiable: the
     tensor-parallel plain block (tensor_parallel.block_fwd_local) differentiates its
     residual forward. o's cotangent goes to the backward target; lse's own
     gradient (ds += dlse p) is not in the contract's backward, so a nonzero
     one (nothing in the model makes one) takes the reference's gradient."""
     fwd, bwd = ATTENTION_FWD[impl], ATTENTION_BWD[impl]
+    if not with_seg:
+        @jax.custom_vjp
+        def f(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
+            return fwd(q, k, v)
+
+        def f_fwd(q: Any, k: Any, v: Any) -> tuple[tuple[Array, Array], tuple[Array, ...]]:
+            q, k, v = q.value, k.value, v.value
+            o, lse = fwd(q, k, v)
+            return (o, lse), (q, k, v, o, lse)
+
+        def f_bwd(res: tuple[Array, ...], cts: tuple[Any, Any]) -> tuple[Array, Array, Array]:
+            q, k, v, o, lse = res
+            do, dlse = cts
+            do = jnp.zeros_like(o) if isinstance(do, SymbolicZero) else do
+            if not isinstance(dlse, SymbolicZero):
+                return jax.vjp(attention_fwd_xla, q, k, v)[1]((do, dlse))
+            return bwd(q, k, v, o, lse, do)
+
+        f.defvjp(f_fwd, f_bwd, symbolic_zeros=True)
+        return f
+
     @jax.custom_vjp
-    def f(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
-        return fwd(q, k, v)
+    def g(q: Array, k: Array, v: Array, seg: Array) -> tuple[Array, Array]:
+        return fwd(q, k, v, seg)
 
-    def f_fwd(q: Any, k: Any, v: Any) -> tuple[tuple[Array, Array], tuple[Array, ...]]:
-        q, k, v = q.value, k.value, v.value
-        o, lse = fwd(q, k, v)
-        return (o, lse), (q, k, v, o, lse)
+    def g_fwd(q: Any, k: Any, v: Any, seg: Any) -> tuple[tuple[Array, Array], tuple[Array, ...]]:
+        q, k, v, seg = q.value, k.value, v.value, seg.value
+        o, lse = fwd(q, k, v, seg)
+        return (o, lse), (q, k, v, o, lse, seg)
 
-    def f_bwd(res: tuple[Array, ...], cts: tuple[Any, Any]) -> tuple[Array, Array, Array]:
-        q, k, v, o, lse = res
+    def g_bwd(res: tuple[Array, ...], cts: tuple[Any, Any]) -> tuple[Any, ...]:
+        q, k, v, o, lse, seg = res
         do, dlse = cts
         do = jnp.zeros_like(o) if isinstance(do, SymbolicZero) else do
         if not isinstance(dlse, SymbolicZero):
-            return jax.vjp(attention_fwd_xla, q, k, v)[1]((do, dlse))
-        return bwd(q, k, v, o, lse, do)
+            return (*jax.vjp(lambda a, b, c: attention_fwd_xla(a, b, c, seg), q, k, v)[1]((do, dlse)), None)
+        return (*bwd(q, k, v, o, lse, do, seg), None)
 
-    f.defvjp(f_fwd, f_bwd, symbolic_zeros=True)
-    return f
-
-
-_ATT_RES: dict[str, Any] = {}
+    g.defvjp(g_fwd, g_bwd, symbolic_zeros=True)
+    return g
 
 
-def attention_res(impl: str, q: Array, k: Array, v: Array) -> tuple[Array, Array]:
+_ATT_RES: dict[tuple[str, bool], Any] = {}
+
+
+def attention_res(impl: str, q: Array, k: Array, v: Array, segment_ids: Array | None = None) -> tuple[Array, Array]:
     """The residual path's forward: (o, lse) through |impl| (programs.block_fwd_res)."""
-    impl = _att_impl(impl, q, k, v)
+    if segment_ids is None:
+        impl = _att_impl(impl, q, k, v)
+        if impl == "xla":
+            return attention_fwd_xla(q, k, v)
+        if (impl, False) not in _ATT_RES:
+            _ATT_RES[impl, False] = _att_res_vjp(impl, False)
+        return _ATT_RES[impl, False](q, k, v)
+    impl = _att_impl(impl, q, k, v, segment_ids)
     if impl == "xla":
-        return attention_fwd_xla(q, k, v)
-    if impl not in _ATT_RES:
-        _ATT_RES[impl] = _att_res_vjp(impl)
-    return _ATT_RES[impl](q, k, v)
+        return attention_fwd_xla(q, k, v, segment_ids)
+    if (impl, True) not in _ATT_RES:
+        _ATT_RES[impl, True] = _att_res_vjp(impl, True)
+    return _ATT_RES[impl, True](q, k, v, segment_ids)
 
 
 def attention_res_bwd(impl: str, q: Array, k: Array, v: Array, o: Array, lse: Array,
-                      do: Array) -> tuple[Array, Array, Array]:
+                      do: Array, segment_ids: Array | None = None) -> tuple[Array, Array, Array]:
     """The residual path's backward: (dq, dk, dv) through |impl| (programs.block_bwd_res)."""
-    return ATTENTION_BWD[_att_impl(impl, q, k, v)](q, k, v, o, lse, do)
+    if segment_ids is None:
+        return ATTENTION_BWD[_att_impl(impl, q, k, v)](q, k, v, o, lse, do)
+    return ATTENTION_BWD[_att_impl(impl, q, k, v, segment_ids)](q, k, v, o, lse, do, segment_ids)
 
 
 # --- dispatch ---------------------------------------------------------------
@@ -737,7 +884,9 @@ def manifest_entry(kernels: dict[str, str]) -> dict[str, Any]:
                              # (config_doc is the C side's: the schema's doc of kernels.<op>)
                              "contract": {k: v for k, v in op.items() if k not in ("verify_shapes", "config_doc")}}
         if impl == "ffi":
-            e["targets"] = [op["ffi_targets"]["fwd"], op["ffi_targets"]["bwd"]]
+            # every target the op's programs may call: fwd and bwd, then an
+            # optional operand's form (attention's seg_fwd, seg_bwd)
+            e["targets"] = list(op["ffi_targets"].values())
         fb = sorted({f[3] for f in fallbacks_seen if f[0] == op["name"]})
         if fb:
             # Some calls took the fallback (the others, if any, still use impl).

@@ -16,6 +16,14 @@
  * [Dh][64]), p times v, and the backward's five products all have that
  * form. AVX-512 or portable, chosen by the caller's |isa|.
  *
+ * The seg form (contract input segment_ids [B, T] s32, targets
+ * strata_attention_seg_fwd_v1 / _bwd_v1) adds to the causal mask "same
+ * segment id". A query tile and a key tile whose id ranges cannot meet are
+ * skipped like tiles above the diagonal; tiles inside one segment run the
+ * plain code; only tiles with several segments mask per element. Without
+ * segment ids (the v1 targets) nothing here runs: the plain form computes
+ * exactly what it did before the operand existed.
+ *
  * Threads: the work is split over (b, h, query tile) in the forward and
  * over (b, key/value head) in the backward (a key/value head's dk and dv
  * then have one writer), in contiguous ranges on up to |threads| threads
@@ -215,6 +223,7 @@ static int st__att_run(st__att_job* j, int64_t items, int threads) {
 
 typedef struct st__att {
   st__att_ops ops;
+  const int32_t* seg; /* [b, t] segment ids; NULL: the plain (causal only) form */
   const float *q, *k, *v, *o, *lse, *dout;
   float *out_o, *out_lse, *dq, *dk, *dv;
   int64_t b, t, h, kv, dh, nq;
@@ -234,6 +243,76 @@ static void st__transpose(float* kt, const float* k, int64_t ld, int64_t w, int6
 
 /* Keys a query sees in the key tile [k0, k0 + w): those <= qi. */
 static inline int64_t st__visible(int64_t qi, int64_t k0, int64_t w) { return qi + 1 - k0 < w ? qi + 1 - k0 : w; }
+
+/*--- the seg form's masks ---------------------------------------------------*/
+
+enum { ST__SEG_NONE = 0, ST__SEG_ONE = 1, ST__SEG_MIXED = 2 };
+
+static void st__id_range(const int32_t* ids, int64_t n, int32_t* lo, int32_t* hi) {
+  *lo = *hi = ids[0];
+  for (int64_t i = 1; i < n; ++i) {
+    *lo = ids[i] < *lo ? ids[i] : *lo;
+    *hi = ids[i] > *hi ? ids[i] : *hi;
+  }
+}
+
+/* How queries [q0, q1) meet keys [k0, k1) of one sequence's ids |sb|: NONE
+ * (no id in common: the pair is skipped), ONE (all of them one segment: the
+ * causal mask alone), MIXED (masked per element). Ranges, so any ids work,
+ * contiguous segments or not; a packed batch's are contiguous, which makes
+ * the test exact for all but the tiles a boundary crosses. */
+static int st__seg_meet(const int32_t* sb, int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
+  int32_t qlo, qhi, klo, khi;
+  st__id_range(sb + q0, q1 - q0, &qlo, &qhi);
+  st__id_range(sb + k0, k1 - k0, &klo, &khi);
+  if (khi < qlo || klo > qhi) return ST__SEG_NONE;
+  return qlo == qhi && klo == khi ? ST__SEG_ONE : ST__SEG_MIXED;
+}
+
+/* Scores of keys of another segment than |id| among the first |nv| of a row
+ * to -inf (max and exp then pass them over); returns how many keys are left. */
+static int64_t st__seg_mask_row(float* sr, const int32_t* kid, int32_t id, int64_t nv) {
+  int64_t left = 0;
+  for (int64_t c = 0; c < nv; ++c) {
+    if (kid[c] != id) sr[c] = -INFINITY;
+    else ++left;
+  }
+  return left;
+}
+
+/* After exprow on a masked row: the masked keys' p to exactly 0 (the vector
+ * exp clamps its argument at -87, so exp(-inf) is 1.6e-38 there, not 0) and
+ * the row's sum over the others only. */
+static float st__seg_p_row(float* pr, const int32_t* kid, int32_t id, int64_t nv) {
+  float sum = 0.f;
+  for (int64_t c = 0; c < nv; ++c) {
+    if (kid[c] != id) pr[c] = 0.f;
+    else sum += pr[c];
+  }
+  return sum;
+}
+
+/* One forward row against one key tile: the online softmax's update of
+ * query r (running max mx, sum, unnormalised acc) with its scores sr of the
+ * tile's first nv keys (those <= the query); the rest of the row to 0. With
+ * |kid| (a MIXED tile of the seg form) keys of another segment than |id|
+ * count as masked; a row left with none keeps its state and p = 0. */
+static void st__fwd_row(const st__att_ops* op, float* sr, int64_t nv, int64_t w, float* mx, float* sum, float* acc,
+                        int64_t dh, const int32_t* kid, int32_t id) {
+  if (kid && !st__seg_mask_row(sr, kid, id, nv)) {
+    memset(sr, 0, sizeof(float) * (size_t)w);
+    return;
+  }
+  float m = op->rowmax(sr, nv);
+  m = m > *mx ? m : *mx;
+  float alpha = expf(*mx - m); /* 0 on the first tile (mx = -inf) */
+  float e = op->exprow(sr, nv, m);
+  if (kid) e = st__seg_p_row(sr, kid, id, nv);
+  *sum = *sum * alpha + e;
+  *mx = m;
+  for (int64_t c = nv; c < w; ++c) sr[c] = 0.f; /* masked: p = 0 */
+  if (alpha != 1.f) op->scal(acc, dh, alpha);
+}
 
 /* One (b, h, query tile): for each key tile up to the diagonal (those wholly
  * above it are skipped), s = scale q k^T; per query m' = max(m, max s),
@@ -260,38 +339,45 @@ static void st__fwd_item(const void* ctx, void* scratch, int64_t it) {
     sum[r] = 0.f;
   }
   memset(acc, 0, sizeof(float) * (size_t)(TQ * dh));
+  const int32_t* sb = a->seg ? a->seg + b * a->t : NULL;
   for (int64_t k0 = 0; k0 < q1; k0 += TK) {
     int64_t w = k0 + TK < a->t ? TK : a->t - k0;
+    int meet = sb ? st__seg_meet(sb, q0, q1, k0, k0 + w) : ST__SEG_ONE;
+    if (meet == ST__SEG_NONE) continue; /* no query of the tile sees a key of it */
     st__transpose(kt, kb + k0 * ldk, ldk, w, dh);
     op->gemm(s, TK, 0, qb, ldq, 1, rows, dh, kt, TK, w, a->scale);
-    for (int64_t r = 0; r < rows; ++r) {
-      float* sr = s + r * TK;
-      int64_t nv = st__visible(q0 + r, k0, w);
-      float m = op->rowmax(sr, nv);
-      m = m > mx[r] ? m : mx[r];
-      float alpha = expf(mx[r] - m); /* 0 on the first tile (mx = -inf) */
-      sum[r] = sum[r] * alpha + op->exprow(sr, nv, m);
-      mx[r] = m;
-      for (int64_t c = nv; c < w; ++c) sr[c] = 0.f; /* masked: p = 0 */
-      if (alpha != 1.f) op->scal(acc + r * dh, dh, alpha);
-    }
+    for (int64_t r = 0; r < rows; ++r)
+      st__fwd_row(op, s + r * TK, st__visible(q0 + r, k0, w), w, &mx[r], &sum[r], acc + r * dh, dh,
+                  meet == ST__SEG_MIXED ? sb + k0 : NULL, sb ? sb[q0 + r] : 0);
     op->gemm(acc, dh, 1, s, TK, 1, rows, w, vb + k0 * ldk, ldk, dh, 1.f);
   }
   for (int64_t r = 0; r < rows; ++r) {
     float* orow = a->out_o + (b * a->t + q0 + r) * ldq + h * dh;
+    float* lrow = &a->out_lse[(b * a->h + h) * a->t + q0 + r];
+    if (!(sum[r] > 0.f)) { /* no visible key: cannot happen (a query sees itself); o = 0, not 0/0 */
+      memset(orow, 0, sizeof(float) * (size_t)dh);
+      *lrow = -INFINITY;
+      continue;
+    }
     memcpy(orow, acc + r * dh, sizeof(float) * (size_t)dh);
     op->scal(orow, dh, 1.f / sum[r]);
-    a->out_lse[(b * a->h + h) * a->t + q0 + r] = mx[r] + logf(sum[r]);
+    *lrow = mx[r] + logf(sum[r]);
   }
+}
+
+int st_kernel_attention_seg_fwd(st_kernel_isa isa, int threads, const float* q, const float* k, const float* v,
+                                const int32_t* seg, float* o, float* lse, int64_t b, int64_t t, int64_t h, int64_t kv,
+                                int64_t dh) {
+  if (b < 1 || t < 1 || h < 1 || kv < 1 || dh < 1 || h % kv) return -2;
+  st__att a = {.ops = st__ops(isa), .seg = seg, .q = q, .k = k, .v = v, .out_o = o, .out_lse = lse, .b = b, .t = t, .h = h,
+               .kv = kv, .dh = dh, .nq = (t + TQ - 1) / TQ, .scale = 1.f / sqrtf((float)dh)};
+  st__att_job j = {.item = st__fwd_item, .ctx = &a, .scratch_bytes = st__fwd_scratch(dh)};
+  return st__att_run(&j, b * h * a.nq, threads);
 }
 
 int st_kernel_attention_fwd(st_kernel_isa isa, int threads, const float* q, const float* k, const float* v, float* o,
                             float* lse, int64_t b, int64_t t, int64_t h, int64_t kv, int64_t dh) {
-  if (b < 1 || t < 1 || h < 1 || kv < 1 || dh < 1 || h % kv) return -2;
-  st__att a = {.ops = st__ops(isa), .q = q, .k = k, .v = v, .out_o = o, .out_lse = lse, .b = b, .t = t, .h = h,
-               .kv = kv, .dh = dh, .nq = (t + TQ - 1) / TQ, .scale = 1.f / sqrtf((float)dh)};
-  st__att_job j = {.item = st__fwd_item, .ctx = &a, .scratch_bytes = st__fwd_scratch(dh)};
-  return st__att_run(&j, b * h * a.nq, threads);
+  return st_kernel_attention_seg_fwd(isa, threads, q, k, v, NULL, o, lse, b, t, h, kv, dh);
 }
 
 /*--- backward ------------------------------------------------------------------*/
@@ -318,6 +404,7 @@ static void st__bwd_item(const void* ctx, void* scratch, int64_t it) {
   const float* vb = a->v + (b * T) * ldk + kvh * dh;
   float* dkb = a->dk + (b * T) * ldk + kvh * dh;
   float* dvb = a->dv + (b * T) * ldk + kvh * dh;
+  const int32_t* sb = a->seg ? a->seg + b * T : NULL;
   for (int64_t t = 0; t < T; ++t) {
     memset(dkb + t * ldk, 0, sizeof(float) * (size_t)dh);
     memset(dvb + t * ldk, 0, sizeof(float) * (size_t)dh);
@@ -346,12 +433,20 @@ static void st__bwd_item(const void* ctx, void* scratch, int64_t it) {
       float* dqb = a->dq + (b * T) * ldq + h * dh;
       for (int64_t q0 = k0; q0 < T; q0 += TQ) { /* TQ == TK: query tiles from the diagonal on */
         int64_t rows = q0 + TQ < T ? TQ : T - q0;
+        int meet = sb ? st__seg_meet(sb, q0, q0 + rows, k0, k0 + w) : ST__SEG_ONE;
+        if (meet == ST__SEG_NONE) continue; /* p = 0 on the whole pair: nothing to add */
+        const int32_t* kid = meet == ST__SEG_MIXED ? sb + k0 : NULL;
         op->gemm(p, TK, 0, qb + q0 * ldq, ldq, 1, rows, dh, kt, TK, w, a->scale);
         op->gemm(ds, TK, 0, db + q0 * ldq, ldq, 1, rows, dh, vt, TK, w, 1.f);
         for (int64_t r = 0; r < rows; ++r) {
           int64_t qi = q0 + r, nv = st__visible(qi, k0, w);
           float *pr = p + r * TK, *dr = ds + r * TK;
-          op->exprow(pr, nv, lb[qi]);
+          if (kid && !st__seg_mask_row(pr, kid, sb[qi], nv)) {
+            nv = 0; /* no key of its segment here: p = 0 */
+          } else {
+            op->exprow(pr, nv, lb[qi]);
+            if (kid) st__seg_p_row(pr, kid, sb[qi], nv);
+          }
           for (int64_t c = nv; c < w; ++c) pr[c] = 0.f; /* masked */
           op->dsrow(dr, pr, w, delta[j * T + qi]);
         }
@@ -363,14 +458,20 @@ static void st__bwd_item(const void* ctx, void* scratch, int64_t it) {
   }
 }
 
-int st_kernel_attention_bwd(st_kernel_isa isa, int threads, const float* q, const float* k, const float* v,
-                            const float* o, const float* lse, const float* dout, float* dq, float* dk, float* dv,
-                            int64_t b, int64_t t, int64_t h, int64_t kv, int64_t dh) {
+int st_kernel_attention_seg_bwd(st_kernel_isa isa, int threads, const float* q, const float* k, const float* v,
+                                const int32_t* seg, const float* o, const float* lse, const float* dout, float* dq,
+                                float* dk, float* dv, int64_t b, int64_t t, int64_t h, int64_t kv, int64_t dh) {
   if (b < 1 || t < 1 || h < 1 || kv < 1 || dh < 1 || h % kv) return -2;
-  st__att a = {.ops = st__ops(isa), .q = q, .k = k, .v = v, .o = o, .lse = lse, .dout = dout, .dq = dq, .dk = dk,
+  st__att a = {.ops = st__ops(isa), .seg = seg, .q = q, .k = k, .v = v, .o = o, .lse = lse, .dout = dout, .dq = dq, .dk = dk,
                .dv = dv, .b = b, .t = t, .h = h, .kv = kv, .dh = dh, .scale = 1.f / sqrtf((float)dh)};
   st__att_job j = {.item = st__bwd_item, .ctx = &a, .scratch_bytes = st__bwd_scratch(dh, t, h / kv)};
   return st__att_run(&j, b * kv, threads);
+}
+
+int st_kernel_attention_bwd(st_kernel_isa isa, int threads, const float* q, const float* k, const float* v,
+                            const float* o, const float* lse, const float* dout, float* dq, float* dk, float* dv,
+                            int64_t b, int64_t t, int64_t h, int64_t kv, int64_t dh) {
+  return st_kernel_attention_seg_bwd(isa, threads, q, k, v, NULL, o, lse, dout, dq, dk, dv, b, t, h, kv, dh);
 }
 
 /*--- FFI handlers (handlers.c registers them) ----------------------------*/
@@ -420,5 +521,54 @@ xf_error* st__ffi_strata_attention_bwd_v1(xf_call_frame* f) {
                               dout->data, out[0]->data, out[1]->data, out[2]->data, q->dims[0], q->dims[1],
                               q->dims[2], k->dims[2], q->dims[3]))
     return st__ffi_fail(f, "%s: sizes outside the contract", ST_KERNEL_ATTENTION_BWD);
+  return NULL;
+}
+
+/* The seg form: the plain operands with segment_ids [B, T] s32 after v. */
+static const int kSegFwdTypes[] = {XF_F32, XF_F32, XF_F32, XF_S32, XF_F32, XF_F32};
+static const int kSegBwdTypes[] = {XF_F32, XF_F32, XF_F32, XF_S32, XF_F32, XF_F32, XF_F32, XF_F32, XF_F32, XF_F32};
+
+static xf_error* st__seg_shape(xf_call_frame* f, const char* target, const xf_buffer* q, const xf_buffer* seg) {
+  if (seg->rank != 2 || seg->dims[0] != q->dims[0] || seg->dims[1] != q->dims[1])
+    return st__ffi_fail(f, "%s: segment_ids outside the contract ([B, T] s32, B and T those of q)", target);
+  return NULL;
+}
+
+/* attention seg fwd: (q, k, v, segment_ids [B, T] s32) -> (o like q, lse [B, H, T]). */
+xf_error* st__ffi_strata_attention_seg_fwd_v1(xf_call_frame* f) {
+  ST__FFI_PROLOGUE(f);
+  xf_buffer *in[4], *out[2];
+  xf_error* e = st__ffi_operands_typed(f, ST_KERNEL_ATTENTION_SEG_FWD, 4, 2, kSegFwdTypes, in, out);
+  if (e) return e;
+  xf_buffer *q = in[0], *k = in[1], *v = in[2], *seg = in[3], *o = out[0], *lse = out[1];
+  if ((e = st__att_shapes(f, ST_KERNEL_ATTENTION_SEG_FWD, q, k, v))) return e;
+  if ((e = st__seg_shape(f, ST_KERNEL_ATTENTION_SEG_FWD, q, seg))) return e;
+  if (!st__ffi_same_shape(q, o) || lse->rank != 3 || lse->dims[0] != q->dims[0] || lse->dims[1] != q->dims[2] ||
+      lse->dims[2] != q->dims[1])
+    return st__ffi_fail(f, "%s: results outside the contract (o like q, lse [B, H, T])", ST_KERNEL_ATTENTION_SEG_FWD);
+  if (st_kernel_attention_seg_fwd(st_kernels_isa(), st__kernels_threads(), q->data, k->data, v->data, seg->data,
+                                  o->data, lse->data, q->dims[0], q->dims[1], q->dims[2], k->dims[2], q->dims[3]))
+    return st__ffi_fail(f, "%s: sizes outside the contract", ST_KERNEL_ATTENTION_SEG_FWD);
+  return NULL;
+}
+
+/* attention seg bwd: (q, k, v, segment_ids, o, lse, do) -> (dq like q, dk like k, dv like v). */
+xf_error* st__ffi_strata_attention_seg_bwd_v1(xf_call_frame* f) {
+  ST__FFI_PROLOGUE(f);
+  xf_buffer *in[7], *out[3];
+  xf_error* e = st__ffi_operands_typed(f, ST_KERNEL_ATTENTION_SEG_BWD, 7, 3, kSegBwdTypes, in, out);
+  if (e) return e;
+  xf_buffer *q = in[0], *k = in[1], *v = in[2], *seg = in[3], *o = in[4], *lse = in[5], *dout = in[6];
+  if ((e = st__att_shapes(f, ST_KERNEL_ATTENTION_SEG_BWD, q, k, v))) return e;
+  if ((e = st__seg_shape(f, ST_KERNEL_ATTENTION_SEG_BWD, q, seg))) return e;
+  if (!st__ffi_same_shape(q, o) || !st__ffi_same_shape(q, dout) || lse->rank != 3 || lse->dims[0] != q->dims[0] ||
+      lse->dims[1] != q->dims[2] || lse->dims[2] != q->dims[1] || !st__ffi_same_shape(q, out[0]) ||
+      !st__ffi_same_shape(k, out[1]) || !st__ffi_same_shape(k, out[2]))
+    return st__ffi_fail(f, "%s: shapes outside the contract (o, do, dq like q; lse [B, H, T]; dk, dv like k)",
+                        ST_KERNEL_ATTENTION_SEG_BWD);
+  if (st_kernel_attention_seg_bwd(st_kernels_isa(), st__kernels_threads(), q->data, k->data, v->data, seg->data,
+                                  o->data, lse->data, dout->data, out[0]->data, out[1]->data, out[2]->data,
+                                  q->dims[0], q->dims[1], q->dims[2], k->dims[2], q->dims[3]))
+    return st__ffi_fail(f, "%s: sizes outside the contract", ST_KERNEL_ATTENTION_SEG_BWD);
   return NULL;
 }

@@ -53,24 +53,36 @@ st_status st_kernels_check_contract(const st_kernel_contract* c) {
   for (int i = 0; i < c->op_count; ++i) {
     const st_kernel_op* o = &c->ops[i];
     if (!st__has_impl(o, "ffi")) continue;
-    const char* dirs[2] = {"fwd", "bwd"};
-    const char* names[2] = {o->ffi_fwd, o->ffi_bwd};
-    for (int d = 0; d < (o->has_backward ? 2 : 1); ++d) {
-      const st_kernel_handler* h = st__handler(o->name, dirs[d]);
+    /* fwd, bwd (with a backward), then an optional operand's form's targets */
+    for (int d = 0; d < o->target_count; ++d) {
+      const char* dir = o->target_dir[d];
+      if (!strcmp(dir, "bwd") && !o->has_backward) continue;
+      const st_kernel_handler* h = st__handler(o->name, dir);
       if (!h)
         return st_status_make(ST_CODE_INTERNAL, "kernel '%s' (contract v%d) lists ffi but strata has no %s handler",
-                              o->name, o->version, dirs[d]);
-      if (h->version != o->version || strcmp(h->target, names[d]))
+                              o->name, o->version, dir);
+      if (h->version != o->version || strcmp(h->target, o->targets[d]))
         return st_status_make(ST_CODE_INTERNAL,
                               "kernel '%s': the contract says version %d, %s target '%s'; the compiled handler is "
                               "version %d, target '%s' (src/kernels/handlers.c and kernel_contract.json disagree)",
-                              o->name, o->version, dirs[d], names[d], h->version, h->target);
+                              o->name, o->version, dir, o->targets[d], h->version, h->target);
     }
+    if (!st__handler(o->name, "fwd"))
+      return st_status_make(ST_CODE_INTERNAL, "kernel '%s' (contract v%d) lists ffi but strata has no fwd handler",
+                            o->name, o->version);
   }
-  for (int i = 0; i < st__kernel_handler_count; ++i)
-    if (!st_kernel_contract_find(c, st__kernel_handlers[i].op))
+  for (int i = 0; i < st__kernel_handler_count; ++i) {
+    const st_kernel_handler* h = &st__kernel_handlers[i];
+    const st_kernel_op* o = st_kernel_contract_find(c, h->op);
+    if (!o)
       return st_status_make(ST_CODE_INTERNAL, "handler '%s' serves op '%s', which the contract does not have",
-                            st__kernel_handlers[i].target, st__kernel_handlers[i].op);
+                            h->target, h->op);
+    bool listed = false;
+    for (int d = 0; d < o->target_count; ++d) listed = listed || !strcmp(o->targets[d], h->target);
+    if (!listed)
+      return st_status_make(ST_CODE_INTERNAL, "handler '%s' (%s %s) is not among the contract's ffi_targets of '%s'",
+                            h->target, h->op, h->direction, h->op);
+  }
   return ST_OK;
 }
 

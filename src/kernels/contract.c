@@ -23,7 +23,8 @@ static char* st__tensors(const json_t* arr) {
   for (size_t i = 0; i < json_array_size(arr) && i < 16; ++i) {
     const json_t* t = json_array_get(arr, i);
     const json_t* dt = json_object_get(t, "dtypes");
-    st_strbuf_printf(&b, "%s%s %s ", i ? "; " : "", json_string_value(json_object_get(t, "name")) ?: "?",
+    st_strbuf_printf(&b, "%s%s%s %s ", i ? "; " : "", json_is_true(json_object_get(t, "optional")) ? "optional " : "",
+                     json_string_value(json_object_get(t, "name")) ?: "?",
                      json_string_value(json_object_get(t, "shape")) ?: "?");
     if (json_is_array(dt)) {
       for (size_t k = 0; k < json_array_size(dt) && k < 8; ++k)
@@ -40,6 +41,29 @@ static st_status st__contract_num(const json_t* o, const char* key, const char* 
   if (!json_is_number(v) || json_number_value(v) < 0)
     return st_status_make(ST_CODE_INTERNAL, "%s: %s is not a non-negative number", where, key);
   *out = json_number_value(v);
+  return ST_OK;
+}
+
+/* Every target of ffi_targets: fwd, bwd, then the other keys (an optional
+ * operand's form) in the file's order, as the handler table has them
+ * (cmake/KernelContract.cmake). */
+static st_status st__targets(const json_t* ft, const char* ctx, st_kernel_op* op) {
+  if (ft && (!json_is_object(ft) || json_object_size(ft) > ST_KERNEL_MAX_TARGETS))
+    return st_status_make(ST_CODE_INTERNAL, "%s: ffi_targets must be an object of at most %d targets", ctx,
+                          ST_KERNEL_MAX_TARGETS);
+  const char* firsts[2] = {"fwd", "bwd"};
+  for (int pass = 0; pass < 3; ++pass) {
+    const char* key;
+    const json_t* v;
+    json_object_foreach((json_t*)ft, key, v) {
+      bool first = !strcmp(key, "fwd") || !strcmp(key, "bwd");
+      if (pass < 2 ? strcmp(key, firsts[pass]) : first) continue;
+      if (!json_is_string(v) || strlen(key) >= sizeof(op->target_dir[0]))
+        return st_status_make(ST_CODE_INTERNAL, "%s: ffi_targets.%s must name a target (keys < 16 chars)", ctx, key);
+      snprintf(op->target_dir[op->target_count], sizeof(op->target_dir[0]), "%s", key);
+      op->targets[op->target_count++] = st_xstrdup(json_string_value(v));
+    }
+  }
   return ST_OK;
 }
 
@@ -83,6 +107,7 @@ static st_status st__op(const json_t* j, const char* where, st_kernel_op* op) {
   const json_t* ft = json_object_get(j, "ffi_targets");
   op->ffi_fwd = st__str(ft, "fwd");
   op->ffi_bwd = st__str(ft, "bwd");
+  ST_RETURN(st__targets(ft, ctx, op));
   const json_t* impls = json_object_get(j, "implementations");
   if (!json_is_array(impls) || json_array_size(impls) < 1 || json_array_size(impls) > ST_KERNEL_MAX_IMPLS)
     return st_status_make(ST_CODE_INTERNAL, "%s: implementations must list 1..%d names", ctx, ST_KERNEL_MAX_IMPLS);
@@ -164,6 +189,7 @@ void st_kernel_contract_free(st_kernel_contract* c) {
     for (size_t k = 0; k < sizeof(strs) / sizeof(strs[0]); ++k) free(strs[k]);
     for (int k = 0; k < o->default_count; ++k) free(o->default_impl[k]);
     for (int k = 0; k < o->impl_count; ++k) free(o->impls[k]);
+    for (int k = 0; k < o->target_count; ++k) free(o->targets[k]);
   }
   free(c->ops);
   memset(c, 0, sizeof(*c));
@@ -231,7 +257,13 @@ void st_kernel_contract_print(const st_kernel_contract* c, FILE* out) {
       snprintf(defs + strlen(defs), sizeof(defs) - strlen(defs), "%s%s %s", d ? ", " : "", o->default_platform[d],
                o->default_impl[d]);
     fprintf(out, "  impls         %s (auto: %s; fallback %s)\n", impls, defs, o->fallback);
-    if (o->ffi_fwd[0]) fprintf(out, "  ffi targets   %s, %s\n", o->ffi_fwd, o->ffi_bwd[0] ? o->ffi_bwd : "-");
+    if (o->ffi_fwd[0]) {
+      fprintf(out, "  ffi targets   %s, %s", o->ffi_fwd, o->ffi_bwd[0] ? o->ffi_bwd : "-");
+      for (int k = 0; k < o->target_count; ++k)
+        if (strcmp(o->target_dir[k], "fwd") && strcmp(o->target_dir[k], "bwd"))
+          fprintf(out, "%s%s", k == 2 ? "; with the optional input: " : ", ", o->targets[k]);
+      fprintf(out, "\n");
+    }
     fprintf(out, "  profile       %s\n", o->profile_label);
   }
 }
@@ -277,6 +309,9 @@ json_t* st_kernel_contract_json(const st_kernel_contract* c) {
     st_json_put_str(j, "fallback", o->fallback);
     st_json_put_str(j, "ffi_fwd", o->ffi_fwd);
     st_json_put_str(j, "ffi_bwd", o->ffi_bwd);
+    json_t* targets = st_json_obj();
+    for (int k = 0; k < o->target_count; ++k) st_json_put_str(targets, o->target_dir[k], o->targets[k]);
+    json_object_set_new(j, "ffi_targets", targets);
     st_json_put_str(j, "profile_label", o->profile_label);
     json_array_append_new(ops, j);
   }

@@ -14,10 +14,11 @@
 #include "strata/kernels.h"
 #include "strata/tensor.h"
 
-#define ST__MAX_IO 4
+#define ST__MAX_IO 8 /* attention's seg backward: q, k, v, segment_ids, do */
 
 typedef struct st__case {
   const char *op, *impl, *dir, *file;
+  const char* form; /* "" for the plain form, else an optional input's ("seg": attention with segment_ids) */
   char shape[64];
   int n_in, n_out;
   st_tensor_type in[ST__MAX_IO], out[ST__MAX_IO];
@@ -49,6 +50,9 @@ static st_status st__parse_case(const json_t* c, const char* where, st__case* k)
   ST_RETURN(st_json_get_string(c, "impl", where, &k->impl));
   ST_RETURN(st_json_get_string(c, "dir", where, &k->dir));
   ST_RETURN(st_json_get_string(c, "file", where, &k->file));
+  const json_t* form = json_object_get(c, "form"); /* absent: the plain form */
+  if (form && !json_is_string(form)) return st_status_make(ST_CODE_RUNTIME, "%s: form is not a name", where);
+  k->form = form ? json_string_value(form) : "";
   if (!json_is_array(ins) || !json_is_array(outs) || json_array_size(ins) > ST__MAX_IO ||
       json_array_size(outs) > ST__MAX_IO || json_array_size(kinds) != json_array_size(ins))
     return st_status_make(ST_CODE_RUNTIME, "%s: inputs/outputs/input_kinds are not lists of at most %d", where,
@@ -67,9 +71,10 @@ static st_status st__parse_case(const json_t* c, const char* where, st__case* k)
                             dt ? dt : "?");
     k->in[i].dtype = st_dtype_parse(dt);
   }
-  /* An s32 input holds ids into the first input's last dim (targets). */
+  /* An s32 input holds ids into the first input's last dim (targets), or
+   * segment ids along its last dim (segment_ids). */
   for (int i = 0; i < k->n_in; ++i)
-    if (k->in[i].dtype == ST_DTYPE_S32 && (i == 0 || k->in[0].rank < 1))
+    if (k->in[i].dtype == ST_DTYPE_S32 && strcmp(k->kinds[i], "segment_ids") && (i == 0 || k->in[0].rank < 1))
       return st_status_make(ST_CODE_RUNTIME, "%s: an s32 input needs a first input whose last dim it indexes", where);
   for (int i = 0; i < k->n_out; ++i) ST_RETURN(st__dims(json_array_get(outs, (size_t)i), where, &k->out[i]));
   const json_t *rt = json_object_get(c, "rtol"), *at = json_object_get(c, "atol");
@@ -78,6 +83,8 @@ static st_status st__parse_case(const json_t* c, const char* where, st__case* k)
   k->rtol = json_number_value(rt);
   k->atol = json_number_value(at);
   st_tensor_type_format(&k->in[0], k->shape, sizeof(k->shape));
+  if (k->form[0]) /* the label says which form: "f32[2,33,4,8] seg" */
+    snprintf(k->shape + strlen(k->shape), sizeof(k->shape) - strlen(k->shape), " %s", k->form);
   return ST_OK;
 }
 
@@ -94,15 +101,39 @@ static void st__kverify_fill(float* v, int64_t n, uint64_t seed, const char* kin
   }
 }
 
+/* Segment ids along the last dim of [rows, T] (per row its own layout, from
+ * the same LCG): ids 0, 1, 2, ... in runs whose lengths mix single tokens
+ * (a quarter of the segments), short runs and long ones that cross the C
+ * kernel's 64-token tiles and pallas' 32, so every kind of tile (one
+ * segment, several, none in common) occurs at the verify shapes. */
+static void st__kverify_segments(int32_t* ids, int64_t n, int64_t T, uint64_t seed) {
+  uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
+  for (int64_t r = 0; r * T < n; ++r) {
+    int32_t id = 0;
+    for (int64_t t = 0; t < T;) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      uint64_t u = (s >> 33) % 8;
+      int64_t len = u < 2 ? 1 : u < 5 ? 1 + (int64_t)((s >> 20) % 8) : 1 + (int64_t)((s >> 20) % (uint64_t)T);
+      for (int64_t e = 0; e < len && t < T; ++e, ++t) ids[r * T + t] = id;
+      ++id;
+    }
+  }
+}
+
 /* Input |i| of |k| on the device: f32 by st__kverify_fill, s32 ids in [0, V) for
- * V the first input's last dim (cross_entropy's targets). */
+ * V the first input's last dim (cross_entropy's targets), or segment ids
+ * (st__kverify_segments: attention's segment_ids). */
 static st_status st__input(const st__case* k, st_runtime* rt, int i, st_buffer** out) {
   int64_t n = st_tensor_type_elements(&k->in[i]);
   float* v = st_xmalloc((size_t)(n ? n : 1) * sizeof(float));
   st__kverify_fill(v, n, (uint64_t)(i + 1), k->kinds[i]);
   void* host = v;
   int32_t* ids = NULL;
-  if (k->in[i].dtype == ST_DTYPE_S32) {
+  if (k->in[i].dtype == ST_DTYPE_S32 && !strcmp(k->kinds[i], "segment_ids")) {
+    ids = st_xmalloc((size_t)(n ? n : 1) * sizeof(int32_t));
+    st__kverify_segments(ids, n, k->in[i].dims[k->in[i].rank - 1], (uint64_t)(i + 1));
+    host = ids;
+  } else if (k->in[i].dtype == ST_DTYPE_S32) {
     int64_t vocab = k->in[0].dims[k->in[0].rank - 1];
     ids = st_xmalloc((size_t)(n ? n : 1) * sizeof(int32_t));
     for (int64_t e = 0; e < n; ++e) {
@@ -175,7 +206,7 @@ static st_status st__bench(st__case* ks, size_t n, st_runtime* rt, const st_kern
     double ref = 0;
     for (size_t j = 0; j < n; ++j)
       if (!strcmp(ks[j].impl, "xla") && !strcmp(ks[j].op, ks[i].op) && !strcmp(ks[j].dir, ks[i].dir) &&
-          !strcmp(ks[j].shape, ks[i].shape) && st__same_io(&ks[j], &ks[i]))
+          !strcmp(ks[j].shape, ks[i].shape) && !strcmp(ks[j].form, ks[i].form) && st__same_io(&ks[j], &ks[i]))
         ref = secs[j];
     if (o->out)
       fprintf(o->out, "%-8s %s %-18s %-7s %10.1f us  %5.2fx xla\n", ks[i].op, ks[i].dir, ks[i].shape, ks[i].impl,
@@ -273,7 +304,7 @@ static st_status st__kverify_op(const st_kernels_verify_options* o, st_runtime* 
     const st__case* ref = NULL;
     for (size_t j = 0; j < n; ++j)
       if (!strcmp(ks[j].impl, "xla") && !strcmp(ks[j].op, k->op) && !strcmp(ks[j].dir, k->dir) &&
-          !strcmp(ks[j].shape, k->shape) && st__same_io(&ks[j], k))
+          !strcmp(ks[j].shape, k->shape) && !strcmp(ks[j].form, k->form) && st__same_io(&ks[j], k))
         ref = &ks[j];
     if (!ref) {
       s = st_status_make(ST_CODE_RUNTIME, "kernel '%s' %s %s %s: no xla reference case", k->op, k->impl, k->dir,

@@ -208,10 +208,12 @@ static void test_cross_entropy_matches_double_reference(void** state) {
 }
 
 /* Causal attention in double, straight from the definition (the whole [T, T]
- * score matrix of a head): o, lse, and the gradients of sum(o * dout). */
-static void attention_reference(const float* q, const float* k, const float* v, const float* dout, int64_t B,
-                                int64_t T, int64_t H, int64_t KV, int64_t Dh, double* o, double* lse, double* dq,
-                                double* dk, double* dv) {
+ * score matrix of a head): o, lse, and the gradients of sum(o * dout). With
+ * |seg| ([B, T]; NULL: none) a key of another segment than the query's is
+ * masked as a later key is (its score -inf, so its p is 0). */
+static void attention_reference(const float* q, const float* k, const float* v, const int32_t* seg,
+                                const float* dout, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t Dh, double* o,
+                                double* lse, double* dq, double* dk, double* dv) {
   double* p = calloc((size_t)(T * T), sizeof(double));
   double* dp = calloc((size_t)(T * T), sizeof(double));
   double scale = 1.0 / sqrt((double)Dh);
@@ -227,7 +229,7 @@ static void attention_reference(const float* q, const float* k, const float* v, 
         for (int64_t j = 0; j <= i; ++j) {
           double s = 0;
           for (int64_t d = 0; d < Dh; ++d) s += (double)q[QI(b, i, h, d)] * k[KI(b, j, g, d)];
-          p[i * T + j] = s * scale;
+          p[i * T + j] = seg && seg[b * T + i] != seg[b * T + j] ? -INFINITY : s * scale;
           if (p[i * T + j] > m) m = p[i * T + j];
         }
         for (int64_t j = 0; j <= i; ++j) sum += exp(p[i * T + j] - m);
@@ -287,7 +289,7 @@ static void test_attention_matches_double_reference(void** state) {
     uint64_t seed = 11 + si;
     for (size_t i = 0; i < nq; ++i) q[i] = frand(&seed), dout[i] = frand(&seed);
     for (size_t i = 0; i < nk; ++i) k[i] = frand(&seed), v[i] = frand(&seed);
-    attention_reference(q, k, v, dout, B, T, H, KV, Dh, wo, wl, wdq, wdk, wdv);
+    attention_reference(q, k, v, NULL, dout, B, T, H, KV, Dh, wo, wl, wdq, wdk, wdv);
     for (int ii = 0; ii < 2; ++ii)
       for (int threads = 1; threads <= 3; threads += 2) {
         /* outputs are overwritten: start from garbage */
@@ -309,6 +311,121 @@ static void test_attention_matches_double_reference(void** state) {
   float x = 0;
   assert_int_equal(st_kernel_attention_fwd(st_kernels_isa(), 1, &x, &x, &x, &x, &x, 1, 1, 3, 2, 1), -2);
   assert_int_equal(st_kernel_attention_bwd(st_kernels_isa(), 1, &x, &x, &x, &x, &x, &x, &x, &x, &x, 1, 0, 1, 1, 1), -2);
+}
+
+/* Segment layouts [B, T]: row 0 of a sequence of 70 or more fixed (two
+ * single tokens, then a segment over the 64-key tile boundary, then runs
+ * to the end), the others random (a third single tokens, the rest up to
+ * T/2 long); with |scattered| the last row's ids come back (0 0 1 1 0 0
+ * ...: a "segment" need not be contiguous in the contract, and the tile
+ * skipping must not assume it). */
+static void segment_layout(int32_t* ids, int64_t B, int64_t T, uint64_t* seed, bool scattered) {
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t* row = ids + b * T;
+    int32_t id = 0;
+    for (int64_t t = 0; t < T; ++id) {
+      int64_t len;
+      if (b == 0 && T >= 70) len = t < 2 ? 1 : t == 2 ? 58 : 1 + (int64_t)((frand(seed) + 2.f) * 8.f); /* [2, 60), [60, ...) */
+      else len = frand(seed) < -0.67f ? 1 : 1 + (int64_t)((frand(seed) + 2.f) / 4.f * (float)(T / 2));
+      for (int64_t e = 0; e < len && t < T; ++e, ++t) row[t] = id;
+    }
+    if (scattered && b == B - 1 && B > 1)
+      for (int64_t t = 0; t < T; ++t) row[t] = (int32_t)((t / 2) % 2);
+  }
+}
+
+/* Outputs of the tokens outside segment |id| of sequence 0 are bitwise
+ * unchanged when that segment's q, k and v change: no token reads across a
+ * segment boundary (rows of |width| floats, token-major [B, T, ...] or, for
+ * lse, [B, H, T]). */
+static void check_untouched(const float* a, const float* b, const int32_t* seg, int32_t id, int64_t B, int64_t T,
+                            int64_t rows_per_token, int64_t width, bool head_major, const char* what) {
+  for (int64_t bb = 0; bb < B; ++bb)
+    for (int64_t t = 0; t < T; ++t) {
+      if (bb == 0 && seg[t] == id) continue;
+      for (int64_t r = 0; r < rows_per_token; ++r) {
+        int64_t at = head_major ? ((bb * rows_per_token + r) * T + t) * width : ((bb * T + t) * rows_per_token + r) * width;
+        if (memcmp(a + at, b + at, sizeof(float) * (size_t)width))
+          fail_msg("%s: token %lld of sequence %lld (segment %d) changed with segment %d", what, (long long)t,
+                   (long long)bb, seg[bb * T + t], id);
+      }
+    }
+}
+
+/* The seg form (st_kernel_attention_seg_fwd/bwd; strata_attention_seg_*_v1)
+ * on both paths, 1 and 3 threads, against the double reference with the
+ * same masks, within the contract's attention tolerance; then one segment
+ * of sequence 0 perturbed leaves every other token's o, lse, dq, dk and dv
+ * bitwise as they were. */
+static void test_attention_segments_match_double_reference(void** state) {
+  (void)state;
+  st_kernel_contract c;
+  ASSERT_OK(st_kernel_contract_load(&c));
+  const st_kernel_tolerance* tol = st_kernel_op_tolerance(st_kernel_contract_find(&c, "attention"), "f32");
+  assert_non_null(tol);
+  /* B, T, H, KV, Dh */
+  const int64_t shapes[][5] = {{1, 1, 1, 1, 8}, {2, 5, 2, 1, 3}, {2, 130, 4, 2, 17}, {1, 200, 2, 2, 64},
+                               {3, 70, 4, 1, 128}, {2, 129, 6, 3, 20}};
+  st_kernel_isa isas[2] = {ST_KERNEL_ISA_PORTABLE, st_kernels_isa()};
+  for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); ++si) {
+    int64_t B = shapes[si][0], T = shapes[si][1], H = shapes[si][2], KV = shapes[si][3], Dh = shapes[si][4];
+    size_t nq = (size_t)(B * T * H * Dh), nk = (size_t)(B * T * KV * Dh), nl = (size_t)(B * H * T);
+    float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)), *v = malloc(nk * sizeof(float)),
+          *dout = malloc(nq * sizeof(float)), *o = malloc(nq * sizeof(float)), *lse = malloc(nl * sizeof(float)),
+          *dq = malloc(nq * sizeof(float)), *dk = malloc(nk * sizeof(float)), *dv = malloc(nk * sizeof(float));
+    float *o2 = malloc(nq * sizeof(float)), *lse2 = malloc(nl * sizeof(float)), *dq2 = malloc(nq * sizeof(float)),
+          *dk2 = malloc(nk * sizeof(float)), *dv2 = malloc(nk * sizeof(float));
+    double *wo = malloc(nq * sizeof(double)), *wl = malloc(nl * sizeof(double)), *wdq = malloc(nq * sizeof(double)),
+           *wdk = malloc(nk * sizeof(double)), *wdv = malloc(nk * sizeof(double));
+    int32_t* seg = malloc((size_t)(B * T) * sizeof(int32_t));
+    uint64_t seed = 101 + si;
+    for (size_t i = 0; i < nq; ++i) q[i] = frand(&seed), dout[i] = frand(&seed);
+    for (size_t i = 0; i < nk; ++i) k[i] = frand(&seed), v[i] = frand(&seed);
+    segment_layout(seg, B, T, &seed, si % 2 == 0);
+    attention_reference(q, k, v, seg, dout, B, T, H, KV, Dh, wo, wl, wdq, wdk, wdv);
+    for (int ii = 0; ii < 2; ++ii)
+      for (int threads = 1; threads <= 3; threads += 2) {
+        memset(o, 0x7f, nq * sizeof(float));
+        memset(dk, 0x7f, nk * sizeof(float));
+        assert_int_equal(st_kernel_attention_seg_fwd(isas[ii], threads, q, k, v, seg, o, lse, B, T, H, KV, Dh), 0);
+        check_close(o, wo, (int64_t)nq, tol->fwd_rtol, tol->fwd_atol, "seg attention o");
+        check_close(lse, wl, (int64_t)nl, tol->fwd_rtol, tol->fwd_atol, "seg attention lse");
+        assert_int_equal(st_kernel_attention_seg_bwd(isas[ii], threads, q, k, v, seg, o, lse, dout, dq, dk, dv, B, T,
+                                                     H, KV, Dh), 0);
+        check_close(dq, wdq, (int64_t)nq, tol->bwd_rtol, tol->bwd_atol, "seg attention dq");
+        check_close(dk, wdk, (int64_t)nk, tol->bwd_rtol, tol->bwd_atol, "seg attention dk");
+        check_close(dv, wdv, (int64_t)nk, tol->bwd_rtol, tol->bwd_atol, "seg attention dv");
+      }
+    /* perturb sequence 0's middle token's segment (its q, k, v) */
+    int32_t id = seg[T / 2];
+    for (int64_t t = 0; t < T; ++t) {
+      if (seg[t] != id) continue;
+      for (int64_t e = 0; e < H * Dh; ++e) q[t * H * Dh + e] += 0.5f;
+      for (int64_t e = 0; e < KV * Dh; ++e) k[t * KV * Dh + e] -= 0.25f, v[t * KV * Dh + e] *= 1.5f;
+    }
+    st_kernel_isa isa = st_kernels_isa();
+    assert_int_equal(st_kernel_attention_seg_fwd(isa, 3, q, k, v, seg, o2, lse2, B, T, H, KV, Dh), 0);
+    assert_int_equal(st_kernel_attention_seg_bwd(isa, 3, q, k, v, seg, o2, lse2, dout, dq2, dk2, dv2, B, T, H, KV, Dh), 0);
+    check_untouched(o, o2, seg, id, B, T, H, Dh, false, "o");
+    check_untouched(lse, lse2, seg, id, B, T, H, 1, true, "lse");
+    check_untouched(dq, dq2, seg, id, B, T, H, Dh, false, "dq");
+    check_untouched(dk, dk2, seg, id, B, T, KV, Dh, false, "dk");
+    check_untouched(dv, dv2, seg, id, B, T, KV, Dh, false, "dv");
+    free(q), free(k), free(v), free(dout), free(o), free(lse), free(dq), free(dk), free(dv), free(seg);
+    free(o2), free(lse2), free(dq2), free(dk2), free(dv2);
+    free(wo), free(wl), free(wdq), free(wdk), free(wdv);
+  }
+  /* Every token its own segment: attention to itself only, o = v exactly
+   * up to the softmax's 1/1, lse = its own score. */
+  {
+    float q[2 * 3] = {1, 2, 3, -1, 0.5f, 2}, kk[2 * 3] = {0.5f, -1, 2, 1, 1, 1}, vv[2 * 3] = {3, 4, 5, 6, 7, 8};
+    int32_t seg[2] = {7, 8};
+    float o[6], lse[2];
+    assert_int_equal(st_kernel_attention_seg_fwd(st_kernels_isa(), 1, q, kk, vv, seg, o, lse, 1, 2, 1, 1, 3), 0);
+    for (int i = 0; i < 6; ++i) assert_true(o[i] == vv[i]);
+    assert_true(fabs(lse[1] - (-1 + 0.5 + 2) / sqrt(3.0)) < 1e-6);
+  }
+  st_kernel_contract_free(&c);
 }
 
 /*--- registration -------------------------------------------------------------*/
@@ -353,7 +470,8 @@ static void test_every_target_compiles_and_runs(void** state) {
   ASSERT_OK(st_kernels_verify(&vo, &r));
   /* Each handler counted the calls it served (docs/kernels.md,
    * "Observability"): one per ffi case (4 verify shapes per op, 3 for
-   * attention), none for XLA's probes at registration or for the xla
+   * attention, whose seg form has its own handlers and cases), none for
+   * XLA's probes at registration or for the xla
    * references; a forward whose residual the backward needs
    * (cross_entropy's lse, attention's o and lse) runs in the backward cases
    * too. */
@@ -364,8 +482,9 @@ static void test_every_target_compiles_and_runs(void** state) {
     assert_int_equal(m, n);
     for (int i = 0; i < m; ++i) {
       int shapes = !strcmp(rows[i].op, "attention") ? 3 : 4;
-      bool fwd_with_residual =
-          (!strcmp(rows[i].op, "cross_entropy") || !strcmp(rows[i].op, "attention")) && !strcmp(rows[i].direction, "fwd");
+      const char* dir = rows[i].direction; /* fwd, bwd, or a form's: attention's seg_fwd, seg_bwd */
+      bool is_fwd = strlen(dir) >= 3 && !strcmp(dir + strlen(dir) - 3, "fwd");
+      bool fwd_with_residual = (!strcmp(rows[i].op, "cross_entropy") || !strcmp(rows[i].op, "attention")) && is_fwd;
       want_cases += shapes;
       if (rows[i].calls != (fwd_with_residual ? 2 : 1) * shapes)
         fail_msg("%s: %lld calls, want %d", rows[i].target, (long long)rows[i].calls,
@@ -469,6 +588,32 @@ static void test_attention_handler_refuses_shapes_outside_contract(void** state)
   ASSERT_ERROR(st_program_execute(p, 0, in, 3, out, 2, NULL), ST_CODE_RUNTIME, ST_KERNEL_ATTENTION_FWD,
                "shapes outside the contract", "KV dividing H");
   for (int i = 0; i < 3; ++i) st_buffer_destroy(in[i]);
+  for (int i = 0; i < 2; ++i) st_buffer_destroy(out[i]);
+  st_program_destroy(p);
+  /* The seg form's handler: segment ids of 3 tokens for a sequence of 4. */
+  const char* seg_text =
+      "module @badseg attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n"
+      "  func.func public @main(%q: tensor<1x4x2x8xf32>, %s: tensor<1x3xi32>)"
+      " -> (tensor<1x4x2x8xf32>, tensor<1x2x4xf32>) {\n"
+      "    %0:2 = stablehlo.custom_call @strata_attention_seg_fwd_v1(%q, %q, %q, %s) {api_version = 4 : i32,"
+      " backend_config = {}} : (tensor<1x4x2x8xf32>, tensor<1x4x2x8xf32>, tensor<1x4x2x8xf32>, tensor<1x3xi32>)"
+      " -> (tensor<1x4x2x8xf32>, tensor<1x2x4xf32>)\n"
+      "    return %0#0, %0#1 : tensor<1x4x2x8xf32>, tensor<1x2x4xf32>\n"
+      "  }\n"
+      "}\n";
+  f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(seg_text, f);
+  fclose(f);
+  ASSERT_OK(st_program_compile_file(rt, path, NULL, &p));
+  st_tensor_type ts = {.dtype = ST_DTYPE_S32, .rank = 2, .dims = {1, 3}};
+  int32_t ids[3] = {0, 0, 1};
+  ASSERT_OK(st_buffer_from_host(rt, 0, &tk, data, &in[0]));
+  ASSERT_OK(st_buffer_from_host(rt, 0, &ts, ids, &in[1]));
+  in[2] = NULL;
+  ASSERT_ERROR(st_program_execute(p, 0, in, 2, out, 2, NULL), ST_CODE_RUNTIME, ST_KERNEL_ATTENTION_SEG_FWD,
+               "segment_ids outside the contract");
+  for (int i = 0; i < 2; ++i) st_buffer_destroy(in[i]);
   for (int i = 0; i < 2; ++i) st_buffer_destroy(out[i]);
   st_program_destroy(p);
   tu_rmtree(dir);
@@ -631,6 +776,7 @@ int main(void) {
       cmocka_unit_test(test_paths_match_double_reference),
       cmocka_unit_test(test_cross_entropy_matches_double_reference),
       cmocka_unit_test(test_attention_matches_double_reference),
+      cmocka_unit_test(test_attention_segments_match_double_reference),
       cmocka_unit_test(test_compile_without_registration_fails),
       cmocka_unit_test(test_every_target_compiles_and_runs),
       cmocka_unit_test(test_attention_handler_refuses_shapes_outside_contract),

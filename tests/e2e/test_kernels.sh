@@ -32,12 +32,14 @@ expect_exit 2 "unknown subcommand" kernels frobnicate
 # Every op's ffi kernel on every contract shape; pallas (interpret mode, slow)
 # through the command for one op here, every op's pallas kernel against the
 # reference in tests/py/test_kernels.py.
-expect_exit 0 "30 cases within tolerance \(30 through FFI handlers\)" kernels verify --impl ffi
+expect_exit 0 "36 cases within tolerance \(36 through FFI handlers\)" kernels verify --impl ffi
 check "verify prints a line per case, fwd and bwd" "grep -Eq '^rmsnorm +ffi +bwd f32\[2,33,257\] .* ok$' '$TMP/out'"
 check "verify covers the cross-entropy at vocab 256 and 50304" \
   "grep -Eq '^cross_entropy +ffi +bwd f32\[5,256\] .* ok$' '$TMP/out' && grep -Eq '^cross_entropy +ffi +bwd f32\[3,50304\] .* ok$' '$TMP/out'"
 check "verify runs attention's GQA and head-dim-128 cases" \
   "grep -Eq '^attention +ffi +bwd f32\[2,33,4,8\] .* ok$' '$TMP/out' && grep -Eq '^attention +ffi +fwd f32\[1,70,2,128\] .* ok$' '$TMP/out'"
+check "verify runs attention's seg form (segment_ids) through its own targets" \
+  "grep -Eq '^attention +ffi +bwd f32\[2,33,4,8\] seg .* ok$' '$TMP/out' && grep -Eq '^attention +ffi +fwd f32\[1,70,2,128\] seg .* ok$' '$TMP/out'"
 expect_exit 0 "[0-9]+ cases within tolerance" kernels verify --op swiglu
 check "verify runs ffi and pallas when no --impl is given" \
   "grep -Eq '^swiglu +pallas +fwd f32\[3,5,1001\] .* ok$' '$TMP/out' && grep -Eq '^swiglu +ffi +fwd f32\[3,5,1001\] .* ok$' '$TMP/out'"
@@ -64,7 +66,7 @@ check "bench does not time pallas (interpret mode)" "! grep -q pallas '$TMP/out'
 # op's ffi kernel: a tolerance met only by the AVX-512 code would show here.
 STRATA_KERNELS_ISA=portable "$STRATA" kernels verify --impl ffi >"$TMP/out" 2>&1
 check "verify with the portable path forced: every op's ffi kernel" \
-  "grep -q 'C kernels use portable' '$TMP/out' && grep -Eq '^kernels verify: 30 cases within tolerance \(30 through FFI handlers\)' '$TMP/out'"
+  "grep -q 'C kernels use portable' '$TMP/out' && grep -Eq '^kernels verify: 36 cases within tolerance \(36 through FFI handlers\)' '$TMP/out'"
 
 # --- a run with ffi kernels, and bundles this strata cannot serve ---------------
 RUN=(configs/test.yml run.progress=off train.steps=2 train.eval_every=0 ckpt.every=0 kernels.rmsnorm=ffi kernels.swiglu=ffi

@@ -248,7 +248,8 @@ def test_exporter_writes_attention_custom_calls(tmp_path) -> None:  # type: igno
     cfg = ModelConfig.from_dict(tiny_model(n_layers=1, n_kv_heads=2, kernels={"attention": "ffi"}))
     m = E.build_bundle(cfg, str(tmp_path), "k")
     at = {o["name"]: o for o in m["kernels"]["ops"]}["attention"]
-    assert at["impl"] == "ffi" and at["targets"] == ["strata_attention_fwd_v1", "strata_attention_bwd_v1"]
+    assert at["impl"] == "ffi" and at["targets"] == ["strata_attention_fwd_v1", "strata_attention_bwd_v1",
+                                                     "strata_attention_seg_fwd_v1", "strata_attention_seg_bwd_v1"]
     progs = tmp_path / "programs"
     fwd_res, bwd_res = (progs / "block_fwd_res.mlir").read_text(), (progs / "block_bwd_res.mlir").read_text()
     assert "custom_call @strata_attention_fwd_v1" in fwd_res and "strata_attention_bwd_v1" not in fwd_res
@@ -256,8 +257,8 @@ def test_exporter_writes_attention_custom_calls(tmp_path) -> None:  # type: igno
     # the plain path: the forward target in block_fwd, both (via custom_vjp) in block_bwd
     assert "custom_call @strata_attention_fwd_v1" in (progs / "block_fwd.mlir").read_text()
     assert "custom_call @strata_attention_bwd_v1" in (progs / "block_bwd.mlir").read_text()
-    # the other ops stay at xla
-    assert "strata_rmsnorm" not in fwd_res
+    # the other ops stay at xla; without segment ids no seg target is called
+    assert "strata_rmsnorm" not in fwd_res and "strata_attention_seg" not in fwd_res + bwd_res
 
 
 def test_attention_residual_forward_is_differentiable() -> None:
@@ -315,3 +316,113 @@ def test_gpt2_block_calls_the_attention_kernel() -> None:
     (_, res) = jax.eval_shape(lambda p_, x_: G.gpt2_fwd_res(ffi, p_, x_), pspec, spec)
     assert "custom_call @strata_attention_bwd_v1" in jax.jit(
         lambda p_, x_, r, d: G.gpt2_bwd_res(ffi, p_, x_, r, d)).lower(pspec, spec, res, spec).as_text()
+
+
+# --- attention's seg form (optional segment_ids) ------------------------------
+
+
+def _segments(B: int, T: int, seed: int, scattered: bool = False) -> jax.Array:
+    """[B, T] ids in runs: single tokens, short runs and runs across the
+    32-token pallas tile; |scattered|: the last row's ids come back (a
+    segment need not be contiguous in the contract)."""
+    rng = np.random.default_rng(seed)
+    ids = np.zeros((B, T), np.int32)
+    for b in range(B):
+        t, i = 0, 0
+        while t < T:
+            n = 1 if rng.random() < 0.3 else int(rng.integers(1, max(2, T // 2)))
+            ids[b, t:t + n] = i
+            t, i = t + n, i + 1
+    if scattered and B > 1:
+        ids[-1] = (np.arange(T) // 2) % 2
+    return jnp.asarray(ids)
+
+
+def _attention_f64(q: jax.Array, k: jax.Array, v: jax.Array, seg: jax.Array) -> tuple[np.ndarray, np.ndarray]:
+    """The contract's definition in float64: key j visible to query i iff
+    j <= i and seg[b, i] == seg[b, j]."""
+    H, KV, T, Dh = q.shape[2], k.shape[2], q.shape[1], q.shape[3]
+    qq, kk, vv = (np.asarray(a, np.float64) for a in (q, np.repeat(k, H // KV, 2), np.repeat(v, H // KV, 2)))
+    s = np.einsum("bqhd,bkhd->bhqk", qq, kk) / np.sqrt(Dh)
+    sg = np.asarray(seg)
+    vis = np.tril(np.ones((T, T), bool))[None, None] & (sg[:, None, :, None] == sg[:, None, None, :])
+    s = np.where(vis, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    p = np.exp(s - m)
+    return np.einsum("bhqk,bkhd->bqhd", p / p.sum(-1, keepdims=True), vv), (m + np.log(p.sum(-1, keepdims=True)))[..., 0]
+
+
+def test_attention_segments_reference_is_the_definition() -> None:
+    """attention_fwd_xla with segment ids against the definition in float64,
+    its backward formula against autodiff, and one token per segment
+    attending itself only."""
+    q, k, v, do = _qkv(2, 45, 4, 2, 8, 5)
+    seg = _segments(2, 45, 1, scattered=True)
+    o, lse = K.attention_fwd_xla(q, k, v, seg)
+    wo, wl = _attention_f64(q, k, v, seg)
+    TOL.assert_all_rounding_close((o, lse), (wo, wl), n=45 + 8, what="seg attention vs float64")
+    want = jax.vjp(lambda *a: K.attention_xla(*a, seg), q, k, v)[1](do)
+    TOL.assert_all_rounding_close(K.attention_bwd_xla(q, k, v, o, lse, do, seg), want, n=45 + 8,
+                                  what="seg attention bwd formula vs autodiff")
+    own = jnp.arange(45, dtype=jnp.int32)[None].repeat(2, 0)
+    np.testing.assert_allclose(K.attention_xla(q, k, v, own), jnp.repeat(v, 2, axis=2), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1, 8), (2, 33, 4, 2, 8),
+                                   pytest.param((2, 70, 2, 1, 16), marks=pytest.mark.long)])
+def test_pallas_attention_segments_match_reference(shape: tuple[int, ...]) -> None:
+    """The seg form through pallas (forward, gradients, the residual halves)
+    against xla at the contract's tolerance."""
+    q, k, v, do = _qkv(*shape, seed=sum(shape) + 1)
+    seg = _segments(shape[0], shape[1], sum(shape), scattered=True)
+    t = _tol("attention", "fwd")
+    for a, b in zip(jax.jit(K.attention_fwd_pallas)(q, k, v, seg), K.attention_fwd_xla(q, k, v, seg)):
+        np.testing.assert_allclose(a, b, rtol=t["rtol"], atol=t["atol"])
+    t = _tol("attention", "bwd")
+    grads = jax.jit(lambda f, *a: jax.vjp(lambda x, y, z: f(x, y, z, a[3]), *a[:3])[1](a[4]),  # noqa: E731
+                    static_argnums=0)
+    want = grads(K.attention_xla, q, k, v, seg, do)
+    for a, b in zip(grads(K.attention_pallas, q, k, v, seg, do), want):
+        np.testing.assert_allclose(a, b, rtol=t["rtol"], atol=t["atol"])
+    res = jax.jit(lambda *a: jax.vjp(lambda x, y, z: K.attention_res("pallas", x, y, z, a[3])[0], *a[:3])[1](a[4]))
+    for a, b in zip(res(q, k, v, seg, do), want):
+        np.testing.assert_allclose(a, b, rtol=t["rtol"], atol=t["atol"])
+
+
+def test_attention_segments_call_their_own_targets_and_leave_the_plain_form_alone() -> None:
+    """K.call with segment_ids lowers to the seg targets (the segment ids an
+    s32 operand after v); without them, the same program as the plain form's
+    halves always gave; s32 is the contract's dtype, another falls back."""
+    import re
+    q, k, v, do = _qkv(1, 20, 4, 2, 8, 9)
+    seg = _segments(1, 20, 2)
+    targets = lambda text: sorted(set(re.findall(r"custom_call @(\w+)", text)))  # noqa: E731
+    seg_vjp = jax.jit(lambda *a: jax.vjp(lambda x, y, z: K.call("attention", "ffi", x, y, z, a[3]), *a[:3])[1](a[4]))
+    text = seg_vjp.lower(q, k, v, seg, do).as_text()
+    assert targets(text) == ["strata_attention_seg_bwd_v1", "strata_attention_seg_fwd_v1"], targets(text)
+    assert re.search(r"custom_call @strata_attention_seg_fwd_v1\(%\S+, %\S+, %\S+, %\S+\).*tensor<1x20xi32>", text)
+    res_bwd = jax.jit(lambda *a: K.attention_res_bwd("ffi", *a)).lower(q, k, v, q, jnp.zeros((1, 4, 20)), do, seg)
+    assert targets(res_bwd.as_text()) == ["strata_attention_seg_bwd_v1"]
+    plain = jax.jit(lambda *a: jax.vjp(lambda x, y, z: K.call("attention", "ffi", x, y, z), *a[:3])[1](a[3]))
+    assert targets(plain.lower(q, k, v, do).as_text()) == ["strata_attention_bwd_v1", "strata_attention_fwd_v1"]
+    K.fallbacks_seen.clear()
+    K.call("attention", "ffi", q, k, v, seg.astype(jnp.uint32))
+    assert K.fallbacks_seen and "segment_ids is uint32" in K.fallbacks_seen[0][3], K.fallbacks_seen
+    K.fallbacks_seen.clear()
+
+
+def test_verify_exports_the_seg_form(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """strata kernels verify's programs: per shape and implementation, the
+    seg form's fwd and bwd cases beside the plain ones (segment_ids [B, T]
+    s32 from q's shape, the attention tolerance), files named by the seg
+    targets' keys."""
+    from strata_jax import kernel_verify as KV
+    index = KV.export(str(tmp_path), "attention", impl="ffi")
+    seg = [c for c in index["cases"] if c.get("form") == "seg"]
+    plain = [c for c in index["cases"] if "form" not in c]
+    assert len(seg) == len(plain) == 2 * 2 * len(K.OPS["attention"]["verify_shapes"])
+    c = [c for c in seg if c["impl"] == "ffi" and c["dir"] == "bwd"][1]
+    assert c["input_kinds"] == ["q", "k", "v", "segment_ids", "do"]
+    assert c["input_dtypes"] == ["f32", "f32", "f32", "s32", "f32"] and c["inputs"][3] == [2, 33]
+    assert c["file"] == "programs/attention_ffi_seg_bwd_1.mlir" and len(c["outputs"]) == 3
+    assert (c["rtol"], c["atol"]) == (_tol("attention", "bwd")["rtol"], _tol("attention", "bwd")["atol"])
