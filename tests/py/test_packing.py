@@ -116,13 +116,10 @@ def test_pack_program_signatures(stack: str) -> None:
 # --- the segment mask: no token reads another document ----------------------
 
 def _impl_params() -> list[Any]:
-    return [
-        "xla",
-        pytest.param("pallas", marks=pytest.mark.skip(
-            reason="needs the segmented kernels.attention of branch segkern: enable after the merge")),
-        pytest.param("ffi", marks=pytest.mark.skip(
-            reason="ffi kernels run only inside strata (not in JAX): the C-side test covers them after the merge")),
-    ]
+    # ffi kernels run only inside strata (not in JAX): test_packing_train.py
+    # checks them through the C trainer, and tests/c/test_kernels.c the
+    # kernel's segment isolation bit for bit.
+    return ["xla", "pallas"]
 
 
 @pytest.mark.parametrize("impl", _impl_params())
