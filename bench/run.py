@@ -1367,6 +1367,7 @@ def packing_ratios(res: dict[str, Any]) -> None:
             "step_vs_concat": ratio(st.get("median_s"), c.get("median_s")),
             "tokens_per_s_vs_concat": ratio(st.get("tokens_per_s"), c.get("tokens_per_s")),
             "effective_vs_concat": ratio(st.get("effective_tokens_per_s"), c.get("effective_tokens_per_s")),
+            "cpu_vs_concat": ratio(st.get("cpu_s_per_step"), c.get("cpu_s_per_step")),
             "effective_vs_concat_per_round": [
                 ratio(r.get("effective_tokens_per_s"), by_round.get(r["round"], {}).get("effective_tokens_per_s"))
                 for r in row.get("runs") or []],
@@ -1392,6 +1393,7 @@ def section_packing(b: Bench) -> dict[str, Any]:
             r = b.strata_train(pk.config, [*common, f"data.packing={mode}", f"train.steps={pk.steps}"],
                                f"pack-{mode}", window=(pk.warmup, pk.steps), kernels_xla=False)
             s = packing_summary(r["metrics"], pk.warmup, mode)
+            s.update(r["proc"].extra)  # CPU seconds per step: steadier than wall time on a shared machine
             s.update({"round": rnd, "other_load": round(r["proc"].other_load, 3),
                       "maxrss_bytes": r["proc"].maxrss_bytes})
             out["variants"][mode]["runs"].append(s)
@@ -1422,21 +1424,24 @@ def packing_markdown(pk: dict[str, Any]) -> list[str]:
                      fmt(r.get("step_vs_concat")), fmt(r.get("tokens_per_s_vs_concat")),
                      fmt(r.get("effective_vs_concat")),
                      ", ".join(fmt(x) for x in r.get("effective_vs_concat_per_round") or []),
+                     fmt(st.get("cpu_s_per_step")), fmt(r.get("cpu_vs_concat")),
                      fmt(st["data_s_median"] * 1e6 if st.get("data_s_median") is not None else None, " µs"),
                      f"{pct(st.get('data_fraction'))}, {pct(st.get('data_fraction_max'))}",
                      ", ".join(f"{x['other_load']:.2f}" for x in row["runs"])])
     L += [md_table(["data.packing", "step¹", "tokens/s²", "targets / step³", "effective tokens/s⁴",
-                    "step / concat", "tokens/s / concat", "effective / concat", "per round", "batch fill⁵",
-                    "fill / step (median, max)⁵", "other load⁶"], rows), "",
+                    "step / concat", "tokens/s / concat", "effective / concat", "per round", "CPU s / step⁵",
+                    "CPU / concat", "batch fill⁶", "fill / step (median, max)⁶", "other load⁷"], rows), "",
           "¹ median step time after warm-up, the fastest round's; every variant trains the same number of "
           "sequences of the same length, on the same model and kernels.  ",
           "² tokens per step (batch × sequence, padding included) over the step.  ",
           "³ the targets that count, mean over the measured steps (metrics `loss_weight`: padding weighs 0; "
           "concat has no padding, every target counts), and their share of the tokens.  ",
           "⁴ the targets that count per second: targets / step over the step.  ",
-          "⁵ metrics `data_s`, the step's batch fill on the host (sampling, packing, segment ids, positions, "
+          "⁵ strata's CPU time (all threads) per measured step, of the fastest round's run: far less "
+          "sensitive than wall time to other processes on the machine.  ",
+          "⁶ metrics `data_s`, the step's batch fill on the host (sampling, packing, segment ids, positions, "
           "weights), its median, and its share of each step (median and largest over the measured steps).  ",
-          "⁶ CPUs kept busy by other processes during each run.", ""]
+          "⁷ CPUs kept busy by other processes during each run.", ""]
     return L
 
 
