@@ -36,6 +36,12 @@ Measures (docs/performance.md explains the method and shows the numbers):
             `pipeline.stage`, against the plan's prediction), the measured
             bubble next to the plan's and the theory's, sends and
             send_overlap_ratio
+  packing   configs/tiny.yml on fortunes split into documents at `%` lines
+            (data.separator), under each data.packing (concat, none, pack),
+            in interleaved rounds: step time, tokens per second, the targets
+            that count per second (metrics loss_weight / step time) and the
+            batch fill's time (data_s) as a share of the step, with pack and
+            none as ratios to concat
   multiprocess
             the same mesh (data=2, fsdp=2) on the same 2 cores as 1 process x
             2 devices and as 2 processes x 1 device (mpirun --oversubscribe
@@ -56,7 +62,7 @@ bench/results/README.md (both skipped with --no-save). Speed targets are
 reported, never asserted.
 
     .venv/bin/python bench/run.py [--quick] [--sections step,compile,overhead,remat,parallel,pipeline,
-        multiprocess,extra]
+        packing,multiprocess,extra]
         [--rounds N] [--no-save] [--base-commit REV | --no-previous]
 """
 
@@ -85,7 +91,7 @@ sys.path.insert(0, HERE)
 import flops as FL  # noqa: E402
 import perfsplit  # noqa: E402
 
-SECTIONS = ("step", "compile", "overhead", "remat", "parallel", "pipeline", "multiprocess", "extra")
+SECTIONS = ("step", "compile", "overhead", "remat", "parallel", "pipeline", "packing", "multiprocess", "extra")
 OWN_HELPERS = {"bench_ckpt.py", "bench_memory.py", "bench_sched.py"}  # not special: listed here only for the docs' sake
 
 
@@ -128,6 +134,20 @@ class PipelinePreset:
     schedules: list[str]  # sched.pipeline_schedule values
     virtual: int = 2      # sched.pipeline_virtual of the interleaved schedule
     cpu_devices: int = 4
+
+
+@dataclass
+class PackingPreset:
+    """The packing section: one model on one corpus split into documents
+    (`overrides` set data.separator), trained under each data.packing mode.
+    Every variant draws the same number of sequences of the same length, so
+    the step shapes are equal and only the batches' contents differ."""
+    config: str
+    overrides: list[str]
+    steps: int
+    warmup: int
+    rounds: int
+    modes: list[str] = field(default_factory=lambda: list(PACKING_MODES))
 
 
 @dataclass
@@ -175,6 +195,7 @@ class Plan:
     extra_timeout_s: int
     parallel: ParallelPreset | None = None
     pipeline: PipelinePreset | None = None
+    packing: PackingPreset | None = None
     remat: RematPreset | None = None
     multiproc: MultiprocPreset | None = None
 
@@ -186,6 +207,9 @@ class Plan:
 # the schedules' own.
 PIPELINE_MODEL = ["model.n_layers=8", "train.batch_size=32", "train.microbatches=8", "sched.remat=none"]
 PIPELINE_SCHEDULES = ["gpipe", "1f1b", "interleaved"]
+
+# The packing section: concat first, the baseline of the ratios.
+PACKING_MODES = ["concat", "none", "pack"]
 
 # GPT-2 small (configs/gpt2-124m.yml) at a short context: its shape (12
 # layers of 768, vocabulary 50257 padded to 50304) at seq 64 and batch 4,
@@ -207,6 +231,7 @@ FULL = Plan(
                                     "data=2,fsdp=2", "fsdp=2,tensor=2"]),
     pipeline=PipelinePreset("configs/test.yml", PIPELINE_MODEL, steps=20, warmup=5, rounds=2, stages=[2, 4],
                             schedules=PIPELINE_SCHEDULES),
+    packing=PackingPreset("configs/tiny.yml", ["data.separator=%"], steps=25, warmup=5, rounds=3),
     remat=RematPreset("configs/tiny.yml", [], steps=20, warmup=5, rounds=3),
     multiproc=MultiprocPreset("configs/tiny.yml", [], steps=20, warmup=5, rounds=2, meshes=["data=2", "fsdp=2"],
                               sweep_max_bytes=64 << 20, scale=("configs/gpt2-124m.yml", GPT2_SHORT)),
@@ -222,6 +247,10 @@ QUICK = Plan(
                             meshes=["1", "data=2", "fsdp=2", "tensor=2"]),
     pipeline=PipelinePreset("configs/test.yml", PIPELINE_MODEL, steps=8, warmup=3, rounds=1, stages=[2, 4],
                             schedules=PIPELINE_SCHEDULES),
+    # test.yml's model on the fortunes corpus (not its synthetic tokens, which have no documents), at a
+    # sequence length that leaves pack some padding
+    packing=PackingPreset("configs/test.yml", ["data.synthetic=false", "data.separator=%", "model.seq_len=64"],
+                          steps=8, warmup=2, rounds=1),
     remat=RematPreset("configs/test.yml", [], steps=8, warmup=2, rounds=1),
     multiproc=MultiprocPreset("configs/test.yml", ["train.batch_size=8"], steps=6, warmup=2, rounds=1,
                               meshes=["data=2", "fsdp=2"], sweep_max_bytes=1 << 20, scale=("configs/test.yml", []),
@@ -234,6 +263,14 @@ QUICK = Plan(
 # kernels on a CPU plugin). bench/bench_kernels.py measures ffi against xla.
 # First, so that a section's own overrides still win.
 KERNELS_XLA = [f"kernels.{op}=xla" for op in ("rmsnorm", "swiglu", "cross_entropy", "attention")]
+
+# The packing section has no anchor: it runs strata's default kernels
+# (kernels.<op>=auto: ffi on a CPU plugin), which is what a user of packing
+# gets, except attention. The ffi attention has no segment form yet (pack
+# and none refuse it), so every packing variant, concat too for a like
+# comparison, runs attention at xla. Drop this once the ffi attention takes
+# segment ids.
+PACKING_KERNELS = ["kernels.attention=xla"]
 
 # The malloc policy strata's runtime applies to itself (docs/runtime.md,
 # "Host allocator"), for the anchor's like-for-like diagnostic run.
@@ -473,15 +510,16 @@ class Bench:
     def strata_train(self, config: str, overrides: list[str], name: str, env: dict[str, str] | None = None,
                      stop_at_run: bool = False, timeout_s: float = 900, perf: str | None = None,
                      window: tuple[int, int] | None = None, strata: str | None = None,
-                     launcher: list[str] | None = None) -> dict[str, Any]:
+                     launcher: list[str] | None = None, kernels_xla: bool = True) -> dict[str, Any]:
         """window: (first, last) step lines between which CPU time and page
         faults are sampled (not with perf: then the process is perf's).
         strata: another build's binary (the remat section's previous commit).
         launcher: a command the run is started under (mpirun ... -np 2):
-        the run dir is then rank 0's, the job's."""
+        the run dir is then rank 0's, the job's. kernels_xla=False: the
+        config's kernels (KERNELS_XLA not pinned; the packing section)."""
         run_dir = self.tmp(name)
         # The previous commit's build (strata=) keeps its own defaults.
-        pin = KERNELS_XLA if (strata or self.strata) == self.strata else []
+        pin = KERNELS_XLA if kernels_xla and (strata or self.strata) == self.strata else []
         cmd = [strata or self.strata, "train", config, *pin, *overrides, f"run.dir={run_dir}", "run.progress=off"]
         if perf:
             cmd = perfsplit.record_prefix(perf) + cmd
@@ -1288,6 +1326,125 @@ def section_pipeline(b: Bench) -> dict[str, Any]:
     return out
 
 
+# --- packing: data.packing concat, none and pack on one corpus ------------------------
+
+def packing_summary(metrics: list[dict[str, Any]], warmup: int, mode: str) -> dict[str, Any]:
+    """One run's figures over the measured steps: the step summary, tokens
+    per step and per second, the targets that count (metrics loss_weight,
+    their mean; concat reports none because every target weighs 1) per step
+    and per second, and the batch fill (data_s) in seconds and as a share of
+    each step. Fields a build does not report are None."""
+    s = strata_step_summary(metrics, warmup)
+    steps = step_metrics(metrics)[warmup:]
+
+    def nums(key: str) -> list[float]:
+        return [m[key] for m in steps if isinstance(m.get(key), (int, float))]
+
+    tokens = nums("tokens")
+    tok = median(tokens)
+    weights = tokens if mode == "concat" else nums("loss_weight")
+    weight = statistics.fmean(weights) if weights else None
+    fill = [m["data_s"] / m["step_time_s"] for m in steps
+            if isinstance(m.get("data_s"), (int, float)) and m["step_time_s"] > 0]
+    s.update({"tokens_per_step": tok, "tokens_per_s": ratio(tok, s["median_s"]),
+              "loss_weight_per_step": weight, "weight_fraction": ratio(weight, tok),
+              "effective_tokens_per_s": ratio(weight, s["median_s"]),
+              "data_s_median": median(nums("data_s")), "data_fraction": median(fill),
+              "data_fraction_max": max(fill) if fill else None})
+    return s
+
+
+def packing_ratios(res: dict[str, Any]) -> None:
+    """Fills each variant's ratios to concat in place, of the best runs and
+    of each round's runs (same round: the same state of the machine)."""
+    vs = res["variants"]
+    base = vs.get("concat") or {}
+    c = base.get("best") or {}
+    for row in vs.values():
+        st = row.get("best") or {}
+        by_round = {r["round"]: r for r in base.get("runs") or []}
+        row["ratio"] = {
+            "step_vs_concat": ratio(st.get("median_s"), c.get("median_s")),
+            "tokens_per_s_vs_concat": ratio(st.get("tokens_per_s"), c.get("tokens_per_s")),
+            "effective_vs_concat": ratio(st.get("effective_tokens_per_s"), c.get("effective_tokens_per_s")),
+            "cpu_vs_concat": ratio(st.get("cpu_s_per_step"), c.get("cpu_s_per_step")),
+            "effective_vs_concat_per_round": [
+                ratio(r.get("effective_tokens_per_s"), by_round.get(r["round"], {}).get("effective_tokens_per_s"))
+                for r in row.get("runs") or []],
+        }
+
+
+def section_packing(b: Bench) -> dict[str, Any]:
+    pk = b.plan.packing
+    if pk is None:
+        raise RuntimeError("this plan has no packing preset")
+    common = [*PACKING_KERNELS, *pk.overrides, "train.eval_every=0", "train.eval_batches=1"]
+    out: dict[str, Any] = {"config": pk.config, "overrides": pk.overrides, "kernels": PACKING_KERNELS,
+                           "steps": pk.steps, "warmup": pk.warmup, "rounds": pk.rounds, "variants": {}}
+    for mode in pk.modes:
+        # each mode has its own bundle (pack and none feed positions) and token file (documents)
+        b.log(f"packing: {mode}: warming the bundle, executable and token caches")
+        b.strata_train(pk.config, [*common, f"data.packing={mode}", "train.steps=1"], f"pack-warm-{mode}",
+                       kernels_xla=False)
+        out["variants"][mode] = {"overrides": [f"data.packing={mode}"], "best": None, "runs": []}
+    for rnd in range(pk.rounds):
+        for mode in pk.modes:
+            b.log(f"packing: round {rnd + 1}/{pk.rounds}: data.packing={mode}")
+            r = b.strata_train(pk.config, [*common, f"data.packing={mode}", f"train.steps={pk.steps}"],
+                               f"pack-{mode}", window=(pk.warmup, pk.steps), kernels_xla=False)
+            s = packing_summary(r["metrics"], pk.warmup, mode)
+            s.update(r["proc"].extra)  # CPU seconds per step: steadier than wall time on a shared machine
+            s.update({"round": rnd, "other_load": round(r["proc"].other_load, 3),
+                      "maxrss_bytes": r["proc"].maxrss_bytes})
+            out["variants"][mode]["runs"].append(s)
+    # fastest run of each variant, as in the other sections: other processes only slow a run down
+    for row in out["variants"].values():
+        ok = [r for r in row["runs"] if r.get("median_s") is not None]
+        if ok:
+            row["best"] = {**min(ok, key=lambda r: r["median_s"]), "all_medians_s": [r["median_s"] for r in ok]}
+    packing_ratios(out)
+    return out
+
+
+def packing_markdown(pk: dict[str, Any]) -> list[str]:
+    L = [f"### Packing: data.packing on one corpus ({pk['config']} {' '.join(pk['overrides'])}, "
+         f"{' '.join(pk.get('kernels') or [])}, {pk['steps'] - pk['warmup']}+{pk['warmup']} steps, "
+         f"best of {pk['rounds']} interleaved round(s))", ""]
+
+    def pct(x: Any) -> str:
+        return fmt(x * 100 if x is not None else None, " %")
+
+    rows = []
+    for mode, row in pk["variants"].items():
+        st = row.get("best") or {}
+        r = row.get("ratio") or {}
+        rows.append([mode, fmt(st["median_s"] * 1e3 if st.get("median_s") else None, " ms"),
+                     fmt(st.get("tokens_per_s"), "", 4), f"{fmt(st.get('loss_weight_per_step'), '', 4)} "
+                     f"({pct(st.get('weight_fraction'))})", fmt(st.get("effective_tokens_per_s"), "", 4),
+                     fmt(r.get("step_vs_concat")), fmt(r.get("tokens_per_s_vs_concat")),
+                     fmt(r.get("effective_vs_concat")),
+                     ", ".join(fmt(x) for x in r.get("effective_vs_concat_per_round") or []),
+                     fmt(st.get("cpu_s_per_step")), fmt(r.get("cpu_vs_concat")),
+                     fmt(st["data_s_median"] * 1e6 if st.get("data_s_median") is not None else None, " µs"),
+                     f"{pct(st.get('data_fraction'))}, {pct(st.get('data_fraction_max'))}",
+                     ", ".join(f"{x['other_load']:.2f}" for x in row["runs"])])
+    L += [md_table(["data.packing", "step¹", "tokens/s²", "targets / step³", "effective tokens/s⁴",
+                    "step / concat", "tokens/s / concat", "effective / concat", "per round", "CPU s / step⁵",
+                    "CPU / concat", "batch fill⁶", "fill / step (median, max)⁶", "other load⁷"], rows), "",
+          "¹ median step time after warm-up, the fastest round's; every variant trains the same number of "
+          "sequences of the same length, on the same model and kernels.  ",
+          "² tokens per step (batch × sequence, padding included) over the step.  ",
+          "³ the targets that count, mean over the measured steps (metrics `loss_weight`: padding weighs 0; "
+          "concat has no padding, every target counts), and their share of the tokens.  ",
+          "⁴ the targets that count per second: targets / step over the step.  ",
+          "⁵ strata's CPU time (all threads) per measured step, of the fastest round's run: far less "
+          "sensitive than wall time to other processes on the machine.  ",
+          "⁶ metrics `data_s`, the step's batch fill on the host (sampling, packing, segment ids, positions, "
+          "weights), its median, and its share of each step (median and largest over the measured steps).  ",
+          "⁷ CPUs kept busy by other processes during each run.", ""]
+    return L
+
+
 # --- multiprocess: 1 process x 2 devices against 2 processes x 1 device ------------
 
 # Open MPI's consent to run as root (CI containers) and to put more ranks
@@ -1632,6 +1789,11 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                              r.get("default_vs_previous_default"), 1.05, "le"))
         t.append(target_line(f"1-device full-remat step / previous commit's ({rm['config']})",
                              r.get("full_vs_previous_full"), 1.05, "le"))
+    pk = res.get("packing")
+    if pk:
+        for mode, row in pk["variants"].items():
+            t.append(target_line(f"batch fill / step, data.packing={mode} ({pk['config']})",
+                                 (row.get("best") or {}).get("data_fraction"), 0.01, "le"))
     ov = res.get("overhead", {})
     hf = (ov.get("strata") or {}).get("main_thread_fraction")
     if hf is None:
@@ -1768,6 +1930,9 @@ def markdown(res: dict[str, Any]) -> str:
     pl = res.get("pipeline")
     if pl:
         L += pipeline_markdown(pl)
+    pk = res.get("packing")
+    if pk:
+        L += packing_markdown(pk)
     mpr = res.get("multiprocess")
     if mpr:
         L += multiprocess_markdown(mpr)
@@ -1980,7 +2145,7 @@ def main(argv: list[str] | None = None) -> int:
     for sec in sections:
         fn = {"step": section_step, "compile": section_compile, "overhead": section_overhead,
               "remat": section_remat, "parallel": section_parallel, "pipeline": section_pipeline,
-              "multiprocess": section_multiprocess,
+              "packing": section_packing, "multiprocess": section_multiprocess,
               "extra": section_extra}[sec]
         try:
             res[sec] = fn(b)

@@ -521,6 +521,115 @@ def test_quick_pipeline_section_end_to_end(tmp_path: Any) -> None:
     assert "### Pipeline: stages and schedules on 4 CPU devices" in md and "| pipeline=4 interleaved V=2 | 3 |" in md
 
 
+def _pack_metrics(times: list[float], data_s: list[float], weights: list[float] | None) -> list[dict[str, Any]]:
+    """Metrics step lines of a packing run (2048 tokens a step), then the final evaluation's line."""
+    out: list[dict[str, Any]] = []
+    for i, (t, d) in enumerate(zip(times, data_s)):
+        m = {"step": i + 1, "loss": 1.0, "tokens": 2048, "step_time_s": t, "data_s": d, "wait_s": t / 2}
+        if weights is not None:
+            m["loss_weight"] = weights[i]
+        out.append(m)
+    return [*out, {"step": len(times), "eval_loss": 2.0}]
+
+
+def test_packing_summary_ratios_and_report() -> None:
+    assert R.SECTIONS.index("packing") == R.SECTIONS.index("pipeline") + 1
+    for plan in (R.FULL, R.QUICK):
+        pk = plan.packing
+        assert pk is not None and pk.modes == ["concat", "none", "pack"] and "data.separator=%" in pk.overrides
+        assert pk.steps > pk.warmup and pk.rounds >= 1
+    assert R.FULL.packing.config == "configs/tiny.yml" and R.FULL.packing.overrides == ["data.separator=%"]
+    assert "data.synthetic=false" in R.QUICK.packing.overrides  # synthetic tokens have no documents
+    assert R.PACKING_KERNELS == ["kernels.attention=xla"]
+    times, data = [0.9, 0.5, 0.1, 0.3, 0.2], [0.01, 0.01, 0.0001, 0.0003, 0.0004]
+    s = R.packing_summary(_pack_metrics(times, data, [0, 0, 1800, 1900, 2000]), warmup=2, mode="pack")
+    assert s["n"] == 3 and s["median_s"] == pytest.approx(0.2) and s["tokens_per_step"] == 2048
+    assert s["tokens_per_s"] == pytest.approx(10240) and s["loss_weight_per_step"] == pytest.approx(1900)
+    assert s["effective_tokens_per_s"] == pytest.approx(9500) and s["weight_fraction"] == pytest.approx(1900 / 2048)
+    assert s["data_s_median"] == pytest.approx(0.0003)
+    assert s["data_fraction"] == pytest.approx(0.001) and s["data_fraction_max"] == pytest.approx(0.002)
+    # concat reports no loss_weight: every target counts
+    c = R.packing_summary(_pack_metrics(times, data, None), warmup=2, mode="concat")
+    assert c["loss_weight_per_step"] == 2048 and c["effective_tokens_per_s"] == pytest.approx(10240)
+    # none/pack from a build without loss_weight: not measured, not taken for every target
+    bare = R.packing_summary(_pack_metrics(times, data, None), warmup=2, mode="none")
+    assert bare["loss_weight_per_step"] is None and bare["effective_tokens_per_s"] is None
+    assert bare["tokens_per_s"] == pytest.approx(10240)
+    nodata = R.packing_summary([{"step": 1, "step_time_s": 0.2, "tokens": 8}], warmup=0, mode="concat")
+    assert nodata["data_fraction"] is None and nodata["data_s_median"] is None and nodata["tokens_per_s"] == 40
+
+    def run(rnd: int, median_s: float, eff: float, **extra: Any) -> dict[str, Any]:
+        return {"round": rnd, "median_s": median_s, "tokens_per_s": 2048 / median_s, "effective_tokens_per_s": eff,
+                "other_load": 0.1 * rnd, **extra}
+
+    cr = [run(0, 0.2, 10240, cpu_s_per_step=0.4), run(1, 0.21, 2048 / 0.21)]
+    pr = [run(0, 0.25, 7600, cpu_s_per_step=0.38), run(1, 0.26, 7000)]
+    best = {"loss_weight_per_step": 1900, "weight_fraction": 1900 / 2048, "data_s_median": 1.6e-5,
+            "data_fraction": 8e-5, "data_fraction_max": 1e-4}
+    res = {"config": "configs/tiny.yml", "overrides": ["data.separator=%"], "kernels": R.PACKING_KERNELS,
+           "steps": 25, "warmup": 5, "rounds": 2,
+           "variants": {"concat": {"overrides": ["data.packing=concat"], "runs": cr,
+                                   "best": {**cr[0], **best, "loss_weight_per_step": 2048, "weight_fraction": 1.0,
+                                            "data_fraction": 5e-5}},
+                        "none": {"overrides": ["data.packing=none"], "runs": [], "best": None},
+                        "pack": {"overrides": ["data.packing=pack"], "runs": pr, "best": {**pr[0], **best}}}}
+    R.packing_ratios(res)
+    r = res["variants"]["pack"]["ratio"]
+    assert r["step_vs_concat"] == pytest.approx(1.25) and r["tokens_per_s_vs_concat"] == pytest.approx(0.8)
+    assert r["effective_vs_concat"] == pytest.approx(0.7421875) and r["cpu_vs_concat"] == pytest.approx(0.95)
+    assert r["effective_vs_concat_per_round"] == pytest.approx([0.7421875, 7000 / (2048 / 0.21)])
+    assert res["variants"]["concat"]["ratio"]["effective_vs_concat"] == 1
+    assert res["variants"]["none"]["ratio"] == {"step_vs_concat": None, "tokens_per_s_vs_concat": None,
+                                                "effective_vs_concat": None, "cpu_vs_concat": None,
+                                                "effective_vs_concat_per_round": []}
+    md = "\n".join(R.packing_markdown(res))
+    assert ("### Packing: data.packing on one corpus (configs/tiny.yml data.separator=%, kernels.attention=xla, "
+            "20+5 steps, best of 2 interleaved round(s))") in md
+    assert ("| pack | 250 ms | 8192 | 1900 (92.8 %) | 7600 | 1.25 | 0.8 | 0.742 | 0.742, 0.718 | 0.38 | 0.95 | "
+            "16 µs | 0.008 %, 0.01 % | 0.00, 0.10 |") in md
+    assert "| concat | 200 ms | 10240 | 2048 (100 %) | 10240 | 1 | 1 | 1 | 1, 1 | 0.4 | 1 |" in md
+    assert "| none | – | – | – (–) | – | – | – | – |  | – | – | – | –, – |  |" in md
+    t = {x["target"]: x for x in R.targets({"packing": res})}
+    assert t["batch fill / step, data.packing=concat (configs/tiny.yml)"]["value"] == pytest.approx(5e-5)
+    assert t["batch fill / step, data.packing=pack (configs/tiny.yml)"]["met"] is True
+    assert t["batch fill / step, data.packing=none (configs/tiny.yml)"]["met"] is None  # no run: not measured
+    env = {"date": "d", "host": "h", "cpus": 2, "cpu": "c", "git_commit": "abc", "git_dirty": False, "jax": "j",
+           "loadavg_start": (0.1, 0.2, 0.3)}
+    full = R.markdown({"environment": env, "packing": res, "targets": R.targets({"packing": res})})
+    assert "### Packing: data.packing on one corpus" in full
+    assert "| batch fill / step, data.packing=pack (configs/tiny.yml) | 8e-05 | 0.01 | yes |" in full
+
+
+def test_quick_packing_section_end_to_end(tmp_path: Any) -> None:
+    """`bench/run.py --quick --sections packing` with real processes,
+    test.yml's model on fortunes split at `%` under concat, none and pack.
+    Checks what does not depend on the load: the tokens per step, the
+    targets that count (every one under concat, fewer under none than under
+    pack: one document per sequence pads more), a batch fill measured for
+    every variant. No timing is asserted. ~15 s (six short runs, three
+    exports)."""
+    env = {k: v for k, v in os.environ.items() if k != "STRATA_CACHE_DIR"}
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "run.py"), "--quick", "--sections", "packing",
+                        "--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads(next(tmp_path.glob("*.json")).read_text())["packing"]
+    vs = res["variants"]
+    assert list(vs) == ["concat", "none", "pack"] and res["kernels"] == ["kernels.attention=xla"]
+    tokens = 4 * 64  # test.yml's batch at the quick preset's model.seq_len
+    for mode, row in vs.items():
+        st = row["best"]
+        assert st["median_s"] > 0 and st["tokens_per_step"] == tokens, mode
+        assert st["data_s_median"] is not None and 0 <= st["data_fraction"] <= st["data_fraction_max"] < 1, mode
+        assert 0 < st["loss_weight_per_step"] <= tokens, mode
+    assert vs["concat"]["best"]["loss_weight_per_step"] == tokens
+    assert vs["none"]["best"]["loss_weight_per_step"] < vs["pack"]["best"]["loss_weight_per_step"] < tokens
+    for mode in ("none", "pack"):
+        assert vs[mode]["ratio"]["effective_vs_concat"] is not None, mode
+    md = (tmp_path / "README.md").read_text()
+    assert "### Packing: data.packing on one corpus (configs/test.yml" in md and "| pack |" in md
+    assert "batch fill / step, data.packing=pack (configs/test.yml)" in md
+
+
 def test_remat_ratios_budget_and_report() -> None:
     assert R.remat_budget_between(1000, 900) == 999
     with pytest.raises(ValueError):
