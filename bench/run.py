@@ -265,12 +265,10 @@ QUICK = Plan(
 KERNELS_XLA = [f"kernels.{op}=xla" for op in ("rmsnorm", "swiglu", "cross_entropy", "attention")]
 
 # The packing section has no anchor: it runs strata's default kernels
-# (kernels.<op>=auto: ffi on a CPU plugin), which is what a user of packing
-# gets, except attention. The ffi attention has no segment form yet (pack
-# and none refuse it), so every packing variant, concat too for a like
-# comparison, runs attention at xla. Drop this once the ffi attention takes
-# segment ids.
-PACKING_KERNELS = ["kernels.attention=xla"]
+# (kernels.<op>=auto: ffi on a CPU plugin, the attention's segment form
+# under pack), which is what a user of packing gets. A kernel override for
+# every variant goes here.
+PACKING_KERNELS: list[str] = []
 
 # The malloc policy strata's runtime applies to itself (docs/runtime.md,
 # "Host allocator"), for the anchor's like-for-like diagnostic run.

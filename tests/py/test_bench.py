@@ -600,6 +600,7 @@ def test_packing_summary_ratios_and_report() -> None:
     assert "| batch fill / step, data.packing=pack (configs/tiny.yml) | 8e-05 | 0.01 | yes |" in full
 
 
+@pytest.mark.long  # ~15 s of training; make test-long
 def test_quick_packing_section_end_to_end(tmp_path: Any) -> None:
     """`bench/run.py --quick --sections packing` with real processes,
     test.yml's model on fortunes split at `%` under concat, none and pack.
