@@ -47,11 +47,11 @@ from jax._src import xla_bridge as xb  # plugin registration has no public API i
 from . import model as M
 from . import registry as R
 from .config import ModelConfig, TrainConfig
-from .data import DataError, Sampler
+from .data import DataError, Source
 from .mesh import ParallelError, make_mesh, mesh_for_cli
 from .optim import adamw_update, lr_at, sqnorm
-from .reference_train import (InputError, add_input_args, batch_tuple, host_loss, load_inputs, make_train_step,
-                              weight_scale)
+from .reference_train import (InputError, add_input_args, batch_tuple, host_loss, load_inputs, make_sampler,
+                              make_train_step, weight_scale)
 from .shardings import mesh_shardings, step_shardings  # noqa: F401  (anchor.<name>, as before shardings.py)
 
 Array = jax.Array
@@ -217,7 +217,7 @@ def plugin_device(path: str, cpu_devices: int = 0) -> Any:
     return jax.devices("strata_plugin")[0]
 
 
-def run(config: dict[str, Any], tokens: np.ndarray, variant: str, steps: int | None = None,
+def run(config: dict[str, Any], tokens: np.ndarray | list[Source], variant: str, steps: int | None = None,
         compile_only: bool = False, device: Any = None, mesh: Any = None) -> dict[str, Any]:
     """Compiles the chosen step (timed: trace+lower, then XLA compile) and,
     unless compile_only, trains `steps` steps timing each one from the host
@@ -243,15 +243,14 @@ def run(config: dict[str, Any], tokens: np.ndarray, variant: str, steps: int | N
     return r
 
 
-def _run(config: dict[str, Any], tokens: np.ndarray, variant: str, steps: int | None,
+def _run(config: dict[str, Any], tokens: np.ndarray | list[Source], variant: str, steps: int | None,
          compile_only: bool, jmesh: Any = None) -> dict[str, Any]:
     if variant not in VARIANTS + DIAG_VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS + DIAG_VARIANTS}, got {variant!r}")
     cfg = ModelConfig.from_dict(config["model"])
     tc = TrainConfig.from_dict({**config["train"], **({"steps": steps} if steps is not None else {})})
     seed = int(config["seed"])
-    sampler = Sampler(tokens, seed=seed, val_fraction=float(config["data"]["val_fraction"]),
-                      seq_len=cfg.seq_len, batch_size=tc.batch_size, microbatches=tc.microbatches)
+    sampler = make_sampler(config, tokens, cfg, tc)
     t0 = time.perf_counter()
     params = M.init_params(cfg, seed)
     if variant == "scan":

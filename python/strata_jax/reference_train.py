@@ -25,7 +25,7 @@ import numpy as np
 from . import model as M
 from . import registry as R
 from .config import ModelConfig, TrainConfig
-from .data import Batch, DataError, Sampler, read_token_file
+from .data import Batch, DataError, Sampler, Source, read_token_file, read_token_file_docs
 from .mesh import ParallelError, make_mesh, mesh_for_cli
 from .model import FullParams
 from .optim import adamw_update, clip_scale, lr_at, sqnorm
@@ -183,7 +183,34 @@ def batch_tuple(cfg: ModelConfig, b: Batch) -> tuple[np.ndarray, ...]:
     return out + (batch_positions(b),) if cfg.weighted_loss else out
 
 
-def train(config: dict[str, Any], tokens: np.ndarray, steps: int | None = None,
+def make_sampler(config: dict[str, Any], tokens: np.ndarray | list[Source], cfg: ModelConfig,
+                 tc: TrainConfig) -> Sampler:
+    """docs/data.md's batches of |config|: windows of |tokens| (packing
+    concat), or the document stream over the |tokens| sources (none, pack)."""
+    packing = str(config["data"].get("packing", "concat"))
+    common = dict(seed=int(config["seed"]), val_fraction=float(config["data"]["val_fraction"]), seq_len=cfg.seq_len,
+                  batch_size=tc.batch_size, microbatches=tc.microbatches, packing=packing)
+    if isinstance(tokens, list):
+        return Sampler(None, sources=tokens, **common)
+    return Sampler(tokens, **common)
+
+
+def read_sources(config: dict[str, Any], paths: list[str]) -> list[Source]:
+    """The version-3 token files |paths| (one per source, in data.sources
+    order, as `strata data` lists them) with data.weights' weights."""
+    weights = [float(w) for w in config["data"].get("weights") or []] or [1.0] * len(paths)
+    if len(weights) != len(paths):
+        raise DataError(f"{len(paths)} token files for {len(weights)} data.weights")
+    out = []
+    for path, w in zip(paths, weights, strict=True):
+        tok, _, starts = read_token_file_docs(path)
+        if starts is None:
+            raise DataError(f"{path}: packing none/pack needs a version-3 token file (document starts)")
+        out.append(Source(tok, starts, w))
+    return out
+
+
+def train(config: dict[str, Any], tokens: np.ndarray | list[Source], steps: int | None = None,
           log: Callable[[str], None] | None = None, mesh: Any = None) -> tuple[FullParams, dict[str, Any]]:
     """Runs the reference; returns (final params, history as written to losses.json).
     |mesh| (mesh.MeshSpec): the step as one jit over that many of JAX's
@@ -193,8 +220,7 @@ def train(config: dict[str, Any], tokens: np.ndarray, steps: int | None = None,
     if steps is not None:
         tc = TrainConfig.from_dict({**config["train"], "steps": steps})
     seed = int(config["seed"])
-    sampler = Sampler(tokens, seed=seed, val_fraction=float(config["data"]["val_fraction"]),
-                      seq_len=cfg.seq_len, batch_size=tc.batch_size, microbatches=tc.microbatches)
+    sampler = make_sampler(config, tokens, cfg, tc)
 
     params = M.init_params(cfg, seed)
     shardings = None
@@ -295,31 +321,47 @@ def add_input_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("config", nargs="?", help="strata config file (resolved with `strata config --json`)")
     ap.add_argument("overrides", nargs="*", help="key=value overrides, as for `strata train`")
     ap.add_argument("--config-json", help="resolved config (JSON file or string) instead of CONFIG")
-    ap.add_argument("--tokens", help="token file (.tok, docs/data.md); default: `strata data CONFIG`")
+    ap.add_argument("--tokens", action="append",
+                    help="token file (.tok, docs/data.md); with data.packing none/pack one per source, in "
+                         "data.sources order (repeat the flag); default: `strata data CONFIG`")
 
 
-def load_inputs(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[dict[str, Any], np.ndarray]:
-    """(resolved config, tokens) from the arguments of add_input_args.
+def token_files(data_output: str) -> list[str]:
+    """The token files `strata data` names: one per source (its "source ...
+    token_file PATH" lines, packing none/pack), else its first line."""
+    srcs = [line.rsplit(" token_file ", 1)[1] for line in data_output.splitlines()
+            if line.startswith("source ") and " token_file " in line]
+    return srcs or data_output.splitlines()[:1]
+
+
+def load_inputs(ap: argparse.ArgumentParser,
+                args: argparse.Namespace) -> tuple[dict[str, Any], np.ndarray | list[Source]]:
+    """(resolved config, tokens) from the arguments of add_input_args; the
+    tokens are the sources (Source) under data.packing none/pack.
     Raises InputError; a missing input is a usage error (ap.error)."""
     if args.config:
         # The C side is the one source of truth for config resolution and
         # tokenization: ask the strata binary rather than re-implementing them.
         try:
             args.config_json = args.config_json or _strata(["config", "--json", args.config, *args.overrides])
-            args.tokens = args.tokens or _strata(["data", args.config, *args.overrides]).splitlines()[0]
+            args.tokens = args.tokens or token_files(_strata(["data", args.config, *args.overrides]))
         except RuntimeError as e:
             raise InputError(2, str(e)) from e
     if not args.config_json or not args.tokens:
         ap.error("give CONFIG [k=v ...], or both --config-json and --tokens")
     try:
         config = load_config(args.config_json)
-        tokens, vocab = read_token_file(args.tokens)
+        if str(config["data"].get("packing", "concat")) != "concat":
+            return config, read_sources(config, args.tokens)
+        if len(args.tokens) != 1:
+            raise InputError(2, f"data.packing=concat reads one token file, {len(args.tokens)} given")
+        tokens, vocab = read_token_file(args.tokens[0])
     except (OSError, ValueError, KeyError) as e:
         raise InputError(2, f"bad config: {e}") from e
     except DataError as e:
         raise InputError(3, f"data error: {e}") from e
     if vocab > int(config["model"]["vocab_size"]):
-        raise InputError(3, f"data error: {args.tokens}: vocab {vocab} > model.vocab_size")
+        raise InputError(3, f"data error: {args.tokens[0]}: vocab {vocab} > model.vocab_size")
     return config, tokens
 
 

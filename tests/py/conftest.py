@@ -49,9 +49,11 @@ def train_and_reference(config: str, over: list[str], out: Path) -> tuple[list[d
         raise AssertionError(f"{STRATA} is missing: run `make build` first (make test does)")
     run_ok([STRATA, "train", config, *over, f"run.dir={out / 'run'}"])
     (out / "config.json").write_text(run_ok([STRATA, "config", "--json", config, *over]).stdout)
-    tokens = run_ok([STRATA, "data", config, *over]).stdout.splitlines()[0]
+    from strata_jax.reference_train import token_files  # jax: imported where used
+    # One token file, or one per source (data.packing none/pack)
+    tokens = token_files(run_ok([STRATA, "data", config, *over]).stdout)
     run_ok([sys.executable, "-m", "strata_jax.reference_train", "--config-json", str(out / "config.json"),
-            "--tokens", tokens, "--out", str(out / "ref"), "--quiet"], env=PY_ENV)
+            *[a for t in tokens for a in ("--tokens", t)], "--out", str(out / "ref"), "--quiet"], env=PY_ENV)
     metrics = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     return metrics, json.loads((out / "ref" / "losses.json").read_text())
 
