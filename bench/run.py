@@ -1405,8 +1405,9 @@ def section_packing(b: Bench) -> dict[str, Any]:
 
 
 def packing_markdown(pk: dict[str, Any]) -> list[str]:
-    L = [f"### Packing: data.packing on one corpus ({pk['config']} {' '.join(pk['overrides'])}, "
-         f"{' '.join(pk.get('kernels') or [])}, {pk['steps'] - pk['warmup']}+{pk['warmup']} steps, "
+    setup = ", ".join(x for x in (f"{pk['config']} {' '.join(pk['overrides'])}".strip(),
+                                  " ".join(pk.get("kernels") or []) or "default kernels") if x)
+    L = [f"### Packing: data.packing on one corpus ({setup}, {pk['steps'] - pk['warmup']}+{pk['warmup']} steps, "
          f"best of {pk['rounds']} interleaved round(s))", ""]
 
     def pct(x: Any) -> str:

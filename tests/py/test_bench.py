@@ -540,7 +540,7 @@ def test_packing_summary_ratios_and_report() -> None:
         assert pk.steps > pk.warmup and pk.rounds >= 1
     assert R.FULL.packing.config == "configs/tiny.yml" and R.FULL.packing.overrides == ["data.separator=%"]
     assert "data.synthetic=false" in R.QUICK.packing.overrides  # synthetic tokens have no documents
-    assert R.PACKING_KERNELS == ["kernels.attention=xla"]
+    assert R.PACKING_KERNELS == []  # strata's default kernels: the ffi attention's segment form under pack
     times, data = [0.9, 0.5, 0.1, 0.3, 0.2], [0.01, 0.01, 0.0001, 0.0003, 0.0004]
     s = R.packing_summary(_pack_metrics(times, data, [0, 0, 1800, 1900, 2000]), warmup=2, mode="pack")
     assert s["n"] == 3 and s["median_s"] == pytest.approx(0.2) and s["tokens_per_step"] == 2048
@@ -583,7 +583,7 @@ def test_packing_summary_ratios_and_report() -> None:
                                                 "effective_vs_concat": None, "cpu_vs_concat": None,
                                                 "effective_vs_concat_per_round": []}
     md = "\n".join(R.packing_markdown(res))
-    assert ("### Packing: data.packing on one corpus (configs/tiny.yml data.separator=%, kernels.attention=xla, "
+    assert ("### Packing: data.packing on one corpus (configs/tiny.yml data.separator=%, default kernels, "
             "20+5 steps, best of 2 interleaved round(s))") in md
     assert ("| pack | 250 ms | 8192 | 1900 (92.8 %) | 7600 | 1.25 | 0.8 | 0.742 | 0.742, 0.718 | 0.38 | 0.95 | "
             "16 µs | 0.008 %, 0.01 % | 0.00, 0.10 |") in md

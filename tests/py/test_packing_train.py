@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import train_and_reference
+from conftest import KERNELS_XLA as KERNELS
+from conftest import STRATA, train_and_reference
 
 SOURCES = "[/usr/share/games/fortunes/fortunes,/usr/share/games/fortunes/literature]"
 OVERRIDES = [
@@ -95,3 +96,19 @@ def test_ffi_attention_segments_through_the_trainer(tmp_path: Path) -> None:
     np.testing.assert_allclose(ours, ref["losses"], rtol=1e-4)
     bundle = json.loads((tmp_path / "run" / "context.json").read_text())["kernels"]
     assert bundle["attention"] == "ffi", bundle
+
+
+def test_the_normalisation_spans_processes(tmp_path: Path) -> None:
+    """`mpirun -np 2` with data spanning the processes: each rank fills its
+    rows, the ranks' weight sums are exchanged (st__fill_share), and the job
+    trains what one process of one device does, within rounding."""
+    from mpjob import run as mp_run
+
+    def losses(procs: int, *extra: str) -> list[float]:
+        d = tmp_path / f"p{procs}"
+        mp_run([STRATA, "train", "configs/test.yml", *KERNELS, *OVERRIDES, *extra, "run.progress=off",
+                f"run.dir={d}"], procs)
+        return [json.loads(x)["loss"] for x in (d / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+
+    one = losses(1, "runtime.cpu_devices=1")
+    np.testing.assert_allclose(losses(2, "parallel.data=2", "runtime.cpu_devices=1"), one, rtol=1e-5)
