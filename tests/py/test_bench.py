@@ -615,7 +615,7 @@ def test_quick_packing_section_end_to_end(tmp_path: Any) -> None:
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     res = json.loads(next(tmp_path.glob("*.json")).read_text())["packing"]
     vs = res["variants"]
-    assert list(vs) == ["concat", "none", "pack"] and res["kernels"] == ["kernels.attention=xla"]
+    assert list(vs) == ["concat", "none", "pack"] and res["kernels"] == R.PACKING_KERNELS
     tokens = 4 * 64  # test.yml's batch at the quick preset's model.seq_len
     for mode, row in vs.items():
         st = row["best"]
