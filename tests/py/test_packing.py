@@ -115,15 +115,11 @@ def test_pack_program_signatures(stack: str) -> None:
 
 # --- the segment mask: no token reads another document ----------------------
 
-def _impl_params() -> list[Any]:
-    # ffi kernels run only inside strata (not in JAX): test_packing_train.py
-    # checks them through the C trainer, and tests/c/test_kernels.c the
-    # kernel's segment isolation bit for bit.
-    return ["xla", "pallas"]
-
-
-@pytest.mark.parametrize("impl", _impl_params())
-@pytest.mark.parametrize("stack", ["llama", "mixed", "gpt2"])
+# make test: every stack at xla, llama at pallas; the other pallas stacks
+# (~12 s of interpreted kernels) in make test-long.
+@pytest.mark.parametrize("stack,impl", [
+    ("llama", "xla"), ("mixed", "xla"), ("gpt2", "xla"), ("llama", "pallas"),
+    pytest.param("mixed", "pallas", marks=pytest.mark.long), pytest.param("gpt2", "pallas", marks=pytest.mark.long)])
 def test_no_token_attends_across_documents(stack: str, impl: str) -> None:
     """Perturbing one document's tokens leaves every other document's logits,
     and every other token's block outputs (block_fwd, block_fwd_res programs),
@@ -202,7 +198,7 @@ def test_rope_rotates_by_position_in_the_document() -> None:
                                            rtol=1e-5, atol=1e-6, err_msg=f"{n}, row {r} document {a}..{b}")
 
 
-@pytest.mark.parametrize("stack", ["llama", "gpt2"])
+@pytest.mark.parametrize("stack", ["llama", pytest.param("gpt2", marks=pytest.mark.long)])
 def test_pack_bwd_res_equals_bwd(stack: str) -> None:
     """The residual pair's backward (the attention core's segment mask from
     the context) against JAX's differentiation of the forward (bwd)."""
@@ -226,7 +222,8 @@ def test_pack_bwd_res_equals_bwd(stack: str) -> None:
 
 # --- the reference: pack with uniform positions is concat; global normalisation ---
 
-@pytest.mark.parametrize("block,packing", [("llama", "pack"), ("gpt2", "pack"), ("llama", "none")])
+@pytest.mark.parametrize("block,packing", [("llama", "pack"), pytest.param("gpt2", "pack", marks=pytest.mark.long),
+                                           pytest.param("llama", "none", marks=pytest.mark.long)])
 def test_reference_pack_with_uniform_positions_is_concat(block: str, packing: str) -> None:
     """Positions 0..T-1 and weights 1 (the concat sampler's batches): the
     packed reference trains as the concat one, up to rounding ((mb*T)/W =
@@ -234,7 +231,9 @@ def test_reference_pack_with_uniform_positions_is_concat(block: str, packing: st
     base = tiny_config(steps=5, block=block)
     tokens = D.synthetic_tokens(64, 4096)
     _, ref = RT.train(RT.load_config(json.dumps(base)), tokens)
-    p, got = RT.train(RT.load_config(json.dumps({**base, "data": {**base["data"], "packing": packing}})), tokens)
+    # The pack programs on the concat sampler's batches (the model's
+    # packing set apart from data.packing's, which would draw documents).
+    p, got = RT.train(RT.load_config(json.dumps({**base, "model": {**base["model"], "packing": packing}})), tokens)
     assert ModelConfig.from_dict(RT.load_config(json.dumps({**base, "data": {"packing": packing}}))["model"]).packing \
         == packing
     np.testing.assert_allclose(got["losses"], ref["losses"], rtol=1e-5)
@@ -260,7 +259,7 @@ def _weighted_batch(cfg: ModelConfig, n_micro: int) -> tuple[np.ndarray, ...]:
     return tokens, targets, mask, positions
 
 
-@pytest.mark.parametrize("packing", ["pack", "none"])
+@pytest.mark.parametrize("packing", ["pack", pytest.param("none", marks=pytest.mark.long)])
 def test_reference_normalises_by_the_global_sum_of_weights(packing: str) -> None:
     """loss = sum(ce * w) / sum(w) over the whole batch (every microbatch),
     computed directly in float64 from the model's logits; the gradient norm
