@@ -70,7 +70,7 @@ typedef struct {
   int64_t T;
 } st__seq;
 
-static int32_t st__pos(const st__seq* q, int64_t i) { return q->pos ? q->pos[i] : (int32_t)i; }
+static int32_t st__inspect_pos(const st__seq* q, int64_t i) { return q->pos ? q->pos[i] : (int32_t)i; }
 
 /* The attention mask of |q|: query i sees key j iff i - pos[i] <= j <= i.
  * A picture of at most ST__PICTURE_CELLS cells a side; a cell stands for a
@@ -88,7 +88,7 @@ static void st__picture(const st__seq* q, st_strbuf* out) {
       for (int64_t i = r * cell; i < (r + 1) * cell && i < T; ++i)
         for (int64_t j = c * cell; j < (c + 1) * cell && j < T; ++j) {
           ++all;
-          seen += j <= i && j >= i - st__pos(q, i);
+          seen += j <= i && j >= i - st__inspect_pos(q, i);
         }
       st_strbuf_append(out, seen == 0 ? "." : seen == all ? "#" : "+");
     }
@@ -117,9 +117,9 @@ static void st__row(st_strbuf* out, const char* label, const st__seq* q, int wha
   st_strbuf_printf(out, "  %-9s", label);
   int32_t seg = -1;
   for (int64_t i = 0; i < q->T; ++i) {
-    if (st__pos(q, i) == 0) ++seg;
+    if (st__inspect_pos(q, i) == 0) ++seg;
     if (what == 0) st_strbuf_printf(out, " %d", seg);
-    else if (what == 1) st_strbuf_printf(out, " %d", st__pos(q, i));
+    else if (what == 1) st_strbuf_printf(out, " %d", st__inspect_pos(q, i));
     else if (what == 2) st_strbuf_printf(out, " %d", q->tgt[i]);
     else st_strbuf_printf(out, " %g", (double)q->w[i]);
   }
@@ -133,7 +133,7 @@ static void st__text(const st__seq* q, const st_tokenizer* tok, uint64_t index, 
   st_strbuf_printf(out, "sequence %llu: loss weight %g of %lld targets\n", (unsigned long long)index, w, (long long)q->T);
   for (int64_t a = 0, k = 0; a < q->T; ++k) {
     int64_t b = a + 1;
-    while (b < q->T && st__pos(q, b) != 0) ++b;
+    while (b < q->T && st__inspect_pos(q, b) != 0) ++b;
     double sw = 0;
     for (int64_t i = a; i < b; ++i) sw += q->w[i];
     st_strbuf_printf(out, "  segment %lld: tokens %lld..%lld, weight %g: ", (long long)k, (long long)a, (long long)b - 1, sw);
@@ -148,7 +148,7 @@ static void st__text(const st__seq* q, const st_tokenizer* tok, uint64_t index, 
   st__picture(q, out);
 }
 
-static json_t* st__ints(const int32_t* v, int64_t n) {
+static json_t* st__inspect_ints(const int32_t* v, int64_t n) {
   json_t* a = st_json_arr();
   for (int64_t i = 0; i < n; ++i) st_json_push(a, st_json_int(v[i]));
   return a;
@@ -160,14 +160,14 @@ static json_t* st__json(const st__seq* q, const st_tokenizer* tok, uint64_t inde
   json_t *seg = st_json_arr(), *pos = st_json_arr(), *w = st_json_arr(), *segs = st_json_arr();
   int32_t s = -1;
   for (int64_t i = 0; i < q->T; ++i) {
-    if (st__pos(q, i) == 0) ++s;
+    if (st__inspect_pos(q, i) == 0) ++s;
     st_json_push(seg, st_json_int(s));
-    st_json_push(pos, st_json_int(st__pos(q, i)));
+    st_json_push(pos, st_json_int(st__inspect_pos(q, i)));
     st_json_push(w, st_json_num(q->w[i]));
   }
   for (int64_t a = 0; a < q->T;) {
     int64_t b = a + 1;
-    while (b < q->T && st__pos(q, b) != 0) ++b;
+    while (b < q->T && st__inspect_pos(q, b) != 0) ++b;
     st_strbuf raw = {0};
     st_status_free(st_tokenizer_decode(tok, q->in + a, (size_t)(b - a), &raw));
     json_t* o = st_json_obj();
@@ -179,8 +179,8 @@ static json_t* st__json(const st__seq* q, const st_tokenizer* tok, uint64_t inde
     a = b;
   }
   st_json_put(j, "segments", segs);
-  st_json_put(j, "inputs", st__ints(q->in, q->T));
-  st_json_put(j, "targets", st__ints(q->tgt, q->T));
+  st_json_put(j, "inputs", st__inspect_ints(q->in, q->T));
+  st_json_put(j, "targets", st__inspect_ints(q->tgt, q->T));
   st_json_put(j, "segment_ids", seg);
   st_json_put(j, "positions", pos);
   st_json_put(j, "weights", w);
