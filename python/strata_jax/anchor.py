@@ -51,7 +51,7 @@ from .data import DataError, Source
 from .mesh import ParallelError, make_mesh, mesh_for_cli
 from .optim import adamw_update, lr_at, sqnorm
 from .reference_train import (InputError, add_input_args, batch_tuple, host_loss, load_inputs, make_sampler,
-                              make_train_step, weight_scale)
+                              make_train_step, norm_and_gscale)
 from .shardings import mesh_shardings, step_shardings  # noqa: F401  (anchor.<name>, as before shardings.py)
 
 Array = jax.Array
@@ -137,15 +137,7 @@ def make_scan_train_step(cfg: ModelConfig, shardings: tuple[Any, Any] | None = N
         total = jnp.float32(0.0)
         for i in range(sqn.shape[0]):
             total = total + sqn[i]
-        if cfg.weighted_loss:
-            scale = weight_scale(cfg, batch[2])
-            norm = jnp.sqrt(total) * scale
-            clip = jnp.where(grad_clip > 0, jnp.minimum(1.0, grad_clip / (norm + 1e-6)), 1.0)
-            gscale = clip * scale
-        else:
-            norm = jnp.sqrt(total) / n_micro
-            clip = jnp.where(grad_clip > 0, jnp.minimum(1.0, grad_clip / (norm + 1e-6)), 1.0)
-            gscale = clip / n_micro
+        norm, gscale = norm_and_gscale(cfg, total, batch[2], n_micro, grad_clip)
 
         out: dict[str, tuple[dict[str, Array], ...]] = {}
         for group, names, lead in (("embed", emb_names, 0), ("blocks", blk_names, 1),

@@ -57,6 +57,21 @@ def load_config(path_or_json: str) -> dict[str, Any]:
     return cfg
 
 
+def norm_and_gscale(cfg: ModelConfig, total: Array, mask: Array, n_micro: int, grad_clip: Array) -> tuple[Array, Array]:
+    """The global gradient norm and the optimizer's gradient scale (clip
+    included) from the summed squared norms |total|: over the microbatch
+    means (concat), or normalised by the batch's weights |mask| (packing
+    none/pack, docs/data.md "Loss normalisation"), as the C trainer."""
+    if cfg.weighted_loss:
+        scale = weight_scale(cfg, mask)
+        norm = jnp.sqrt(total) * scale
+        clip = jnp.where(grad_clip > 0, jnp.minimum(1.0, grad_clip / (norm + 1e-6)), 1.0)
+        return norm, clip * scale
+    norm = jnp.sqrt(total) / n_micro
+    clip = jnp.where(grad_clip > 0, jnp.minimum(1.0, grad_clip / (norm + 1e-6)), 1.0)
+    return norm, clip / n_micro
+
+
 def make_train_step(cfg: ModelConfig, loss_fn: Callable[..., Array] = M.model_loss,
                     shardings: tuple[Any, Any] | None = None, with_metrics: bool = False) -> Callable[..., Any]:
     """jit(params, m, v, tokens, targets, mask, step, lr, hyper, grad_clip) ->
@@ -101,15 +116,7 @@ def make_train_step(cfg: ModelConfig, loss_fn: Callable[..., Array] = M.model_lo
         total = jnp.float32(0.0)
         for i in range(sqn.shape[0]):  # in group order, like the C trainer (which sums in f64)
             total = total + sqn[i]
-        if cfg.weighted_loss:
-            scale = weight_scale(cfg, batch[2])
-            norm = jnp.sqrt(total) * scale
-            clip = jnp.where(grad_clip > 0, jnp.minimum(1.0, grad_clip / (norm + 1e-6)), 1.0)
-            gscale = clip * scale
-        else:
-            norm = jnp.sqrt(total) / n_micro
-            clip = jnp.where(grad_clip > 0, jnp.minimum(1.0, grad_clip / (norm + 1e-6)), 1.0)
-            gscale = clip / n_micro
+        norm, gscale = norm_and_gscale(cfg, total, batch[2], n_micro, grad_clip)
 
         new = []
         for (p, g, mi, vi), names in zip(groups, order):
