@@ -26,6 +26,9 @@ extern "C" {
 #define ST_TOKEN_FILE_VERSION_DOCS 3u      /* written with documents (data.packing none or pack): a document table after the tokens */
 #define ST_TOKEN_FILE_HEADER_BYTES 48u     /* versions 2 and 3 */
 #define ST_TOKEN_FILE_HEADER_BYTES_V1 32u
+/* Version 3's flags: the high 16 bits of the u32 at offset 20 (the low 16
+ * are the tokenizer kind; versions 1 and 2 have no flags). */
+#define ST_TOKEN_FILE_FLAG_PROMPTS 0x1u /* a table of D u64 prompt lengths follows the document table */
 #define ST_DATA_DEFAULT_CORPUS "/usr/share/games/fortunes"
 
 /* The tokenizer kinds of a version-2 token file header (offset 20). */
@@ -54,6 +57,10 @@ typedef struct st_data_options {
   int packing;           /* data.packing: st_data_packing */
   const char* separator;   /* data.separator: a line that separates documents; NULL or "": one document per file */
   const char* jsonl_field; /* data.jsonl_field: a *.jsonl line's field holding the document; NULL: "text" */
+  /* data.prompt_marker: a document with a line exactly this splits into a
+   * prompt (before it; its targets weigh 0) and a completion (after it);
+   * the line is dropped. NULL or "": off. */
+  const char* prompt_marker;
   /* data.sources / data.weights (packing none or pack): when n_sources > 0
    * they replace |path|; the weights are > 0 and need not sum to 1. */
   int n_sources;
@@ -100,7 +107,8 @@ enum { ST_STREAM_TRAIN = 0, ST_STREAM_EVAL = 1 };
 
 /* Fills |count| sequences of |stream| starting at sampler index |first|:
  * inputs[count*T] and targets[count*T] (s32), mask[count*T] (f32: the
- * loss weights, 1 or 0 for padding), positions[count*T] (s32: 0 at each
+ * loss weights, 1, or 0 for padding and for targets inside a document's
+ * prompt), positions[count*T] (s32: 0 at each
  * segment start; concat: 0..T-1). mask and positions may be NULL.
  * packing none/pack: sequence i depends on the ones before it; a cursor
  * per stream makes in-order fills cost only the new sequences, and an
@@ -143,11 +151,18 @@ st_status st_token_file_write(const char* path, uint32_t vocab_size, st_tokenize
  * |n_docs| == 0 is st_token_file_write. */
 st_status st_token_file_write_docs(const char* path, uint32_t vocab_size, st_tokenizer_kind kind, const uint16_t* tokens,
                                    uint64_t count, const uint64_t* doc_starts, uint64_t n_docs);
+/* st_token_file_write_docs with a prompt table: |prompt_lens| (n_docs of
+ * them, each <= its document's length; NULL: none) sets the
+ * ST_TOKEN_FILE_FLAG_PROMPTS flag and follows the document table. */
+st_status st_token_file_write_prompts(const char* path, uint32_t vocab_size, st_tokenizer_kind kind,
+                                      const uint16_t* tokens, uint64_t count, const uint64_t* doc_starts,
+                                      uint64_t n_docs, const uint64_t* prompt_lens);
 
 /* What a token file's header says about its tokenizer. */
 typedef struct st_token_file_info {
   uint32_t version;    /* 1, 2 or 3 */
   uint64_t documents;  /* version 3: the documents in its table (>= 1); versions 1 and 2: 0 */
+  bool prompts;        /* version 3 with ST_TOKEN_FILE_FLAG_PROMPTS: a prompt length per document */
   uint32_t vocab_size; /* the header's: every token is below it */
   st_tokenizer_kind kind;                /* version 1: ST_TOKENIZER_BYTE */
   char hash[ST_TOKENIZER_HASH_CHARS];    /* "byte", "none" or BPE's 16 hex digits */
@@ -165,11 +180,18 @@ st_status st_token_file_parse(const char* origin, const unsigned char* data, siz
 
 /* st_token_file_parse that also returns a version-3 file's document table
  * (*out_doc_starts, caller frees; *out_n_docs >= 1); a version 1 or 2
- * file gives NULL and 0. */
+ * file gives NULL and 0. A prompt table is checked too (then dropped). */
 st_status st_token_file_parse_docs(const char* origin, const unsigned char* data, size_t size, uint32_t vocab_size,
                                    uint16_t** out_tokens /* owned by caller */, uint64_t* out_count,
                                    uint64_t** out_doc_starts /* owned by caller */, uint64_t* out_n_docs,
                                    st_token_file_info* out_info);
+/* st_token_file_parse_docs that also returns the prompt table
+ * (*out_prompt_lens, caller frees; *out_n_docs entries, each <= its
+ * document's length), or NULL when the file has none. */
+st_status st_token_file_parse_prompts(const char* origin, const unsigned char* data, size_t size, uint32_t vocab_size,
+                                      uint16_t** out_tokens /* owned by caller */, uint64_t* out_count,
+                                      uint64_t** out_doc_starts /* owned by caller */, uint64_t* out_n_docs,
+                                      uint64_t** out_prompt_lens /* owned by caller */, st_token_file_info* out_info);
 
 /* Reads only the header of the token file at |path| (ST_CODE_DATA when it
  * is not one). */

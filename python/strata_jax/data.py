@@ -17,6 +17,7 @@ HEADER = struct.Struct("<8sIIIIQ")  # version 1: magic, version, vocab, token_by
 HEADER_V2 = struct.Struct("<8sIIIIQ8s8s")
 KIND_NONE, KIND_BYTE, KIND_BPE = 0, 1, 2  # the tokenizer kinds of a version-2 header
 VERSION_DOCS = 3  # version 3: the version-2 header, document count at offset 40, a u64 table after the tokens
+FLAG_PROMPTS = 0x1  # version 3: flags in the kind field's high 16 bits; this one: a u64 prompt table follows
 PACKINGS = ("concat", "none", "pack")
 MASK64 = (1 << 64) - 1
 TRAIN_STREAM = 0
@@ -37,6 +38,8 @@ def token_file_tokenizer(path: str) -> str:
     if version == 1:
         return "byte"
     kind, digest = HEADER_V2.unpack_from(raw)[4], HEADER_V2.unpack_from(raw)[6]
+    if version == VERSION_DOCS:
+        kind &= 0xFFFF  # the high half is version 3's flags
     return {KIND_NONE: "none", KIND_BYTE: "byte"}.get(kind, digest.hex())
 
 
@@ -49,6 +52,14 @@ def read_token_file(path: str) -> tuple[np.ndarray, int]:
 def read_token_file_docs(path: str) -> tuple[np.ndarray, int, np.ndarray | None]:
     """(tokens as int64, vocab_size, document starts as int64 or None for
     versions 1 and 2); validates the whole file as st_token_file_parse does."""
+    tokens, vocab, starts, _ = read_token_file_prompts(path)
+    return tokens, vocab, starts
+
+
+def read_token_file_prompts(path: str) -> tuple[np.ndarray, int, np.ndarray | None, np.ndarray | None]:
+    """read_token_file_docs and the prompt lengths per document (int64;
+    None when the file has no prompt table, i.e. every document is all
+    completion)."""
     with open(path, "rb") as f:
         raw = f.read()
     if len(raw) < HEADER.size:
@@ -61,6 +72,11 @@ def read_token_file_docs(path: str) -> tuple[np.ndarray, int, np.ndarray | None]
     header = HEADER.size if version == 1 else HEADER_V2.size
     if len(raw) < header:
         raise DataError(f"{path}: too short for a version-{version} token file header")
+    flags = kind >> 16 if version == VERSION_DOCS else 0
+    if version == VERSION_DOCS:
+        kind &= 0xFFFF
+    if flags & ~FLAG_PROMPTS:
+        raise DataError(f"{path}: unknown version-3 flags {flags:#x}")
     if version >= 2 and kind not in (KIND_NONE, KIND_BYTE, KIND_BPE):
         raise DataError(f"{path}: unknown tokenizer kind {kind}")
     if token_bytes not in (2, 4):
@@ -68,8 +84,9 @@ def read_token_file_docs(path: str) -> tuple[np.ndarray, int, np.ndarray | None]
     n_docs = struct.unpack_from("<Q", raw, 40)[0] if version == VERSION_DOCS else 0
     if version == VERSION_DOCS and n_docs == 0:
         raise DataError(f"{path}: version 3 with no documents")
-    if len(raw) != header + count * token_bytes + 8 * n_docs:
-        raise DataError(f"{path}: size {len(raw)} != {header} + {count} * {token_bytes} + 8 * {n_docs}")
+    tables = 2 if flags & FLAG_PROMPTS else 1
+    if len(raw) != header + count * token_bytes + 8 * n_docs * tables:
+        raise DataError(f"{path}: size {len(raw)} != {header} + {count} * {token_bytes} + 8 * {n_docs} * {tables}")
     if count == 0:
         raise DataError(f"{path}: no tokens")
     dtype = np.dtype("<u2" if token_bytes == 2 else "<u4")
@@ -81,23 +98,36 @@ def read_token_file_docs(path: str) -> tuple[np.ndarray, int, np.ndarray | None]
         starts = np.frombuffer(raw, dtype="<u8", offset=header + count * token_bytes, count=n_docs).astype(np.int64)
         if starts[0] != 0 or (np.diff(starts) <= 0).any() or int(starts[-1]) >= count:
             raise DataError(f"{path}: the document table is not 0, strictly ascending, below {count}")
-    return tokens, int(vocab), starts
+    prompts = None
+    if n_docs and flags & FLAG_PROMPTS:
+        prompts = np.frombuffer(raw, dtype="<u8", offset=header + count * token_bytes + 8 * n_docs,
+                                count=n_docs).astype(np.uint64)
+        lengths = np.diff(np.append(starts, count))
+        if (prompts > lengths.astype(np.uint64)).any():
+            raise DataError(f"{path}: a prompt is longer than its document")
+        prompts = prompts.astype(np.int64)
+    return tokens, int(vocab), starts, prompts
 
 
 def write_token_file(path: str, tokens: np.ndarray, vocab_size: int, kind: int = KIND_BYTE,
-                     digest: bytes = bytes(8), starts: np.ndarray | None = None) -> None:
-    """A version-2 token file, or version 3 with the document |starts|;
-    |digest| is the tokenizer hash (KIND_BPE only)."""
+                     digest: bytes = bytes(8), starts: np.ndarray | None = None,
+                     prompts: np.ndarray | None = None) -> None:
+    """A version-2 token file, or version 3 with the document |starts| (and
+    the prompt lengths |prompts|, flagged); |digest| is the tokenizer hash
+    (KIND_BPE only)."""
     tokens = np.asarray(tokens)
     token_bytes = 2 if vocab_size <= 1 << 16 else 4
     dtype = np.dtype("<u2" if token_bytes == 2 else "<u4")
     n_docs = 0 if starts is None else len(starts)
+    flags = FLAG_PROMPTS if n_docs and prompts is not None else 0
     with open(path, "wb") as f:
-        f.write(HEADER_V2.pack(MAGIC, VERSION_DOCS if n_docs else 2, vocab_size, token_bytes, kind, len(tokens), digest,
-                               struct.pack("<Q", n_docs)))
+        f.write(HEADER_V2.pack(MAGIC, VERSION_DOCS if n_docs else 2, vocab_size, token_bytes, kind | flags << 16,
+                               len(tokens), digest, struct.pack("<Q", n_docs)))
         f.write(tokens.astype(dtype).tobytes())
         if n_docs:
             f.write(np.asarray(starts, dtype="<u8").tobytes())
+        if flags:
+            f.write(np.asarray(prompts, dtype="<u8").tobytes())
 
 
 def synthetic_tokens(vocab_size: int, n: int = 65536) -> np.ndarray:
@@ -152,10 +182,12 @@ def sequences(split_tokens: np.ndarray, seed: int, stream: int, first_index: int
 
 @dataclass
 class Source:
-    """A corpus of documents: tokens and document starts (a version-3 token file)."""
+    """A corpus of documents: tokens, document starts and (optionally) each
+    document's prompt length (a version-3 token file; read_token_file_prompts)."""
     tokens: np.ndarray
     starts: np.ndarray
     weight: float = 1.0
+    prompts: np.ndarray | None = None
 
 
 class DocStream:
@@ -165,7 +197,7 @@ class DocStream:
 
     def __init__(self, sources: list[tuple[np.ndarray, list[tuple[int, int]]]], weights: list[float], seed: int,
                  stream: int, seq_len: int, pack: bool) -> None:
-        # sources: per source (tokens, the split's documents as (start, end) in tokens).
+        # sources: per source (tokens, the split's documents as (start, end, prompt length) in tokens).
         self.sources, self.seq_len, self.pack = sources, seq_len, pack
         total = 0.0
         for w in weights:
@@ -196,15 +228,17 @@ class DocStream:
         return s, d
 
     def _pairs(self, s: int, d: int) -> int:
-        a, b = self.sources[s][1][d]
+        a, b, _ = self.sources[s][1][d]
         return max(b - a - 1, 0)
 
     def _place(self, row, s: int, d: int, off: int, at: int, n: int) -> None:
-        a = self.sources[s][1][d][0] + off
+        start, _, prompt = self.sources[s][1][d]
+        a = start + off
         t = self.sources[s][0]
         row[0][at: at + n] = t[a: a + n]
         row[1][at: at + n] = t[a + 1: a + n + 1]
-        row[2][at: at + n] = 1.0
+        # Pair i predicts token i + 1: 0 while that target is in the prompt.
+        row[2][at: at + n] = np.where(off + np.arange(n) + 1 < prompt, 0.0, 1.0)
         row[3][at: at + n] = np.arange(n)
 
     def make(self):
@@ -247,16 +281,18 @@ class DocStream:
         return tuple(np.stack([r[k] for r in rows]) for k in range(4))
 
 
-def doc_split(tokens: np.ndarray, starts: np.ndarray, val_fraction: float, name: str = "source"):
-    """(train, validation) documents as (start, end) pairs: the last
-    floor(n_docs * f) documents are validation; each split holds a document
-    of at least 2 tokens."""
+def doc_split(tokens: np.ndarray, starts: np.ndarray, val_fraction: float, name: str = "source",
+              prompts: np.ndarray | None = None):
+    """(train, validation) documents as (start, end, prompt length)
+    triples: the last floor(n_docs * f) documents are validation; each split
+    holds a document of at least 2 tokens."""
     ends = list(starts[1:]) + [len(tokens)]
-    docs = [(int(a), int(b)) for a, b in zip(starts, ends)]
+    pl = [0] * len(starts) if prompts is None else [int(p) for p in prompts]
+    docs = [(int(a), int(b), p) for a, b, p in zip(starts, ends, pl)]
     n_val = int(math.floor(float(len(docs)) * val_fraction))
     train, val = docs[: len(docs) - n_val], docs[len(docs) - n_val:]
     for part in (train, val):
-        if not any(b - a >= 2 for a, b in part):
+        if not any(b - a >= 2 for a, b, _ in part):
             raise DataError(f"{name} has {len(docs)} documents: too few for a training and a validation split")
     return train, val
 
@@ -266,11 +302,11 @@ class Sampler:
 
     packing "concat" (the default) samples windows of |tokens|; "none" and
     "pack" draw documents from |sources| (Source objects; default: |tokens|
-    with document |starts|) by weight."""
+    with document |starts| and prompt lengths |prompts|) by weight."""
 
     def __init__(self, tokens: np.ndarray | None, *, seed: int, val_fraction: float, seq_len: int,
                  batch_size: int, microbatches: int, packing: str = "concat", starts: np.ndarray | None = None,
-                 sources: list[Source] | None = None) -> None:
+                 sources: list[Source] | None = None, prompts: np.ndarray | None = None) -> None:
         if batch_size % microbatches:
             raise ValueError("train.batch_size must be a multiple of train.microbatches")
         if packing not in PACKINGS:
@@ -284,8 +320,9 @@ class Sampler:
         if sources is None:
             if starts is None:
                 raise DataError("packing none/pack needs a version-3 token file (document starts)")
-            sources = [Source(tokens, starts)]
-        splits = [doc_split(src.tokens, src.starts, val_fraction, f"source {i}") for i, src in enumerate(sources)]
+            sources = [Source(tokens, starts, prompts=prompts)]
+        splits = [doc_split(src.tokens, src.starts, val_fraction, f"source {i}", src.prompts)
+                  for i, src in enumerate(sources)]
         weights = [float(src.weight) for src in sources]
         self.streams = [DocStream([(src.tokens, sp[k]) for src, sp in zip(sources, splits)], weights, seed, k,
                                   seq_len, packing == "pack") for k in (TRAIN_STREAM, EVAL_STREAM)]

@@ -25,7 +25,7 @@ import numpy as np
 from . import model as M
 from . import registry as R
 from .config import ModelConfig, TrainConfig
-from .data import Batch, DataError, Sampler, Source, read_token_file, read_token_file_docs
+from .data import Batch, DataError, Sampler, Source, read_token_file, read_token_file_prompts
 from .mesh import ParallelError, make_mesh, mesh_for_cli
 from .model import FullParams
 from .optim import adamw_update, clip_scale, lr_at, sqnorm
@@ -210,10 +210,10 @@ def read_sources(config: dict[str, Any], paths: list[str]) -> list[Source]:
         raise DataError(f"{len(paths)} token files for {len(weights)} data.weights")
     out = []
     for path, w in zip(paths, weights, strict=True):
-        tok, _, starts = read_token_file_docs(path)
+        tok, _, starts, prompts = read_token_file_prompts(path)
         if starts is None:
             raise DataError(f"{path}: packing none/pack needs a version-3 token file (document starts)")
-        out.append(Source(tok, starts, w))
+        out.append(Source(tok, starts, w, prompts))
     return out
 
 

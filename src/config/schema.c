@@ -128,6 +128,9 @@ static const st__cfg_key kKeys[] = {
     {"data.jsonl_field", ST__CFG_STRING, "text",
      .doc = "packing none/pack: a *.jsonl corpus file holds one JSON object per line, one document each: this "
             "string field."},
+    {"data.prompt_marker", ST__CFG_STRING, "",
+     .doc = "packing none/pack: a document with a line consisting exactly of this is a prompt (the tokens before "
+            "it: their targets weigh 0 in the loss) and a completion (after it); the line is dropped. Empty: off."},
     {"data.allow_changed", ST__CFG_BOOL, "false",
      .doc = "Resume even though a data source changed since the checkpoint (its content hash or documents): the change "
             "is said and recorded in the resumed event; false refuses (exit 3, docs/data.md \"Data contract\")."},
@@ -505,6 +508,17 @@ static st_status st__rule_packing(const st_config* c) {
                           "use data.tokenizer=byte or data.packing=concat",
                           st_config_source(c, "data.tokenizer"), st_config_string(c, "data.packing"),
                           st_config_source(c, "data.packing"));
+  const char* marker = st_config_string(c, "data.prompt_marker");
+  if (marker[0] && concat)
+    return st_status_make(ST_CODE_CONFIG,
+                          "data.prompt_marker (%s) weighs a document's prompt, but data.packing is concat (%s), which "
+                          "has no documents: set data.packing to none or pack",
+                          st_config_source(c, "data.prompt_marker"), st_config_source(c, "data.packing"));
+  if (strchr(marker, '\n') || (marker[0] && !strcmp(marker, st_config_string(c, "data.separator"))))
+    return st_status_make(ST_CODE_CONFIG,
+                          "data.prompt_marker (%s) must be one line, other than data.separator (%s): it is matched "
+                          "against a document's lines",
+                          st_config_source(c, "data.prompt_marker"), st_config_source(c, "data.separator"));
   if (n > 0 && concat)
     return st_status_make(ST_CODE_CONFIG,
                           "data.sources (%s) mixes documents, but data.packing is concat (%s): set data.packing to none "
@@ -833,7 +847,8 @@ static const st__cfg_rule kRules[] = {
      "is false; data.tokenizer=byte: data.vocab_size is 0 or 256.",
      st__rule_tokenizer},
     {"data.sources (at most 64) needs data.packing none or pack and data.synthetic false, with one data.weights "
-     "number > 0 each; data.packing none or pack needs data.tokenizer=byte.",
+     "number > 0 each; data.packing none or pack needs data.tokenizer=byte; data.prompt_marker needs data.packing "
+     "none or pack, one line other than data.separator.",
      st__rule_packing},
     {"sched.remat is auto, none, full, every:K (K >= 1) or a list of layers below model.n_layers.", st__rule_remat},
     {"sched.memory_budget is bytes (a whole number, 0: no limit) or a fraction in (0, 1] such as 0.9.",

@@ -51,22 +51,32 @@ static uint64_t st__data_get_u64(const unsigned char* p) {
 
 st_status st_token_file_write(const char* path, uint32_t vocab_size, st_tokenizer_kind kind, const uint16_t* tokens,
                               uint64_t count) {
-  return st_token_file_write_docs(path, vocab_size, kind, tokens, count, NULL, 0);
+  return st_token_file_write_prompts(path, vocab_size, kind, tokens, count, NULL, 0, NULL);
 }
 
 st_status st_token_file_write_docs(const char* path, uint32_t vocab_size, st_tokenizer_kind kind, const uint16_t* tokens,
                                    uint64_t count, const uint64_t* doc_starts, uint64_t n_docs) {
-  size_t size = ST_TOKEN_FILE_HEADER_BYTES + (size_t)count * 2 + (size_t)n_docs * 8;
+  return st_token_file_write_prompts(path, vocab_size, kind, tokens, count, doc_starts, n_docs, NULL);
+}
+
+st_status st_token_file_write_prompts(const char* path, uint32_t vocab_size, st_tokenizer_kind kind,
+                                      const uint16_t* tokens, uint64_t count, const uint64_t* doc_starts,
+                                      uint64_t n_docs, const uint64_t* prompt_lens) {
+  const uint64_t n_prompts = n_docs && prompt_lens ? n_docs : 0;
+  const size_t docs_at = ST_TOKEN_FILE_HEADER_BYTES + (size_t)count * 2;
+  size_t size = docs_at + (size_t)(n_docs + n_prompts) * 8;
   unsigned char* buf = st_xmalloc(size);
   memset(buf, 0, ST_TOKEN_FILE_HEADER_BYTES);
   memcpy(buf, ST_TOKEN_FILE_MAGIC, 8);
   st__data_put_u32(buf + 8, n_docs ? ST_TOKEN_FILE_VERSION_DOCS : ST_TOKEN_FILE_VERSION);
-  /* Version 3: the document count in the reserved field, the table after the tokens. */
+  /* Version 3: the document count in the reserved field, the table after
+   * the tokens, then the prompt lengths when flagged. */
   st__data_put_u64(buf + 40, n_docs);
-  for (uint64_t d = 0; d < n_docs; ++d) st__data_put_u64(buf + ST_TOKEN_FILE_HEADER_BYTES + (size_t)count * 2 + 8 * d, doc_starts[d]);
+  for (uint64_t d = 0; d < n_docs; ++d) st__data_put_u64(buf + docs_at + 8 * d, doc_starts[d]);
+  for (uint64_t d = 0; d < n_prompts; ++d) st__data_put_u64(buf + docs_at + 8 * (n_docs + d), prompt_lens[d]);
   st__data_put_u32(buf + 12, vocab_size);
   st__data_put_u32(buf + 16, 2);
-  st__data_put_u32(buf + 20, (uint32_t)kind);
+  st__data_put_u32(buf + 20, (uint32_t)kind | (n_prompts ? ST_TOKEN_FILE_FLAG_PROMPTS << 16 : 0u));
   st__data_put_u64(buf + 24, count); /* bytes 32..47: the BPE hash (zero here) and reserved zeros */
   for (uint64_t i = 0; i < count; ++i) {
     buf[ST_TOKEN_FILE_HEADER_BYTES + 2 * i] = (unsigned char)(tokens[i] & 0xFF);
@@ -109,6 +119,16 @@ static st_status st__header(const char* path, const unsigned char* p, size_t siz
     return st_status_make(ST_CODE_DATA, "token file '%s': %zu bytes, shorter than a version-%u header (%u bytes)", path, size,
                           info->version, ST_TOKEN_FILE_HEADER_BYTES);
   uint32_t kind = st__data_get_u32(p + 20);
+  if (info->version == ST_TOKEN_FILE_VERSION_DOCS) {
+    /* Version 3 keeps flags in the high half of the kind field (zero in
+     * files without prompts, so those read as before). */
+    const uint32_t flags = kind >> 16;
+    kind &= 0xFFFFu;
+    if (flags & ~ST_TOKEN_FILE_FLAG_PROMPTS)
+      return st_status_make(ST_CODE_DATA, "token file '%s': version-3 flags 0x%x are unknown (0x1: prompt lengths)", path,
+                            flags);
+    info->prompts = (flags & ST_TOKEN_FILE_FLAG_PROMPTS) != 0;
+  }
   if (kind > ST_TOKENIZER_BPE)
     return st_status_make(ST_CODE_DATA, "token file '%s': tokenizer kind %u is unknown (0 none, 1 byte, 2 bpe)", path, kind);
   info->kind = (st_tokenizer_kind)kind;
@@ -165,13 +185,44 @@ static st_status st__doc_table(const char* path, const unsigned char* t, uint64_
   return ST_OK;
 }
 
+/* A prompt table (|n| entries at |t|): each at most its document's length. */
+static st_status st__prompt_table(const char* path, const unsigned char* t, const uint64_t* docs, uint64_t n, uint64_t count,
+                                  uint64_t** out) {
+  uint64_t* prompts = st_xmalloc((size_t)n * sizeof(uint64_t));
+  for (uint64_t d = 0; d < n; ++d) {
+    prompts[d] = st__data_get_u64(t + 8 * d);
+    const uint64_t len = (d + 1 < n ? docs[d + 1] : count) - docs[d];
+    if (prompts[d] > len) {
+      st_status s = st_status_make(ST_CODE_DATA,
+                                   "token file '%s': document %" PRIu64 " has a prompt of %" PRIu64
+                                   " tokens, longer than its %" PRIu64 " tokens",
+                                   path, d, prompts[d], len);
+      free(prompts);
+      return s;
+    }
+  }
+  *out = prompts;
+  return ST_OK;
+}
+
 st_status st_token_file_parse_docs(const char* path, const unsigned char* p, size_t size, uint32_t vocab_size,
                                    uint16_t** out_tokens, uint64_t* out_count, uint64_t** out_doc_starts,
                                    uint64_t* out_n_docs, st_token_file_info* out_info) {
+  uint64_t* prompts = NULL;
+  st_status s = st_token_file_parse_prompts(path, p, size, vocab_size, out_tokens, out_count, out_doc_starts, out_n_docs,
+                                            &prompts, out_info);
+  free(prompts);
+  return s;
+}
+
+st_status st_token_file_parse_prompts(const char* path, const unsigned char* p, size_t size, uint32_t vocab_size,
+                                      uint16_t** out_tokens, uint64_t* out_count, uint64_t** out_doc_starts,
+                                      uint64_t* out_n_docs, uint64_t** out_prompt_lens, st_token_file_info* out_info) {
   *out_tokens = NULL;
   *out_count = 0;
   *out_doc_starts = NULL;
   *out_n_docs = 0;
+  *out_prompt_lens = NULL;
   st_token_file_info info;
   size_t header = 0;
   ST_RETURN(st__header(path, p, size, &info, &header));
@@ -182,18 +233,29 @@ st_status st_token_file_parse_docs(const char* path, const unsigned char* p, siz
     return st_status_make(ST_CODE_DATA, "token file '%s': written for vocab_size %u, but model.vocab_size is %u", path,
                           info.vocab_size, vocab_size);
   uint64_t count = st__data_get_u64(p + 24);
-  /* Version 3: |documents| u64 offsets after the tokens; both counts are
-   * bounded by the bytes there before any product is formed. */
+  /* Version 3: |documents| u64 offsets after the tokens (and as many
+   * prompt lengths when flagged); both counts are bounded by the bytes
+   * there before any product is formed. */
   const uint64_t nd = info.documents;
+  const uint64_t tables = info.prompts ? 2 : 1;
   const size_t body = size - header;
-  if (count > body / tb || nd > (body - count * tb) / 8 || count * tb + nd * 8 != body)
+  if (count > body / tb || nd > (body - count * tb) / (8 * tables) || count * tb + nd * 8 * tables != body)
     return st_status_make(ST_CODE_DATA, "token file '%s': header says %" PRIu64 " tokens of %u bytes%s but the file has %zu bytes after the header (truncated?)",
-                          path, count, tb, nd ? " and a document table" : "", body);
+                          path, count, tb, !nd ? "" : info.prompts ? ", a document and a prompt table" : " and a document table",
+                          body);
   if (count == 0) return st_status_make(ST_CODE_DATA, "token file '%s' holds no tokens", path);
   if (nd > count)
     return st_status_make(ST_CODE_DATA, "token file '%s': %" PRIu64 " documents but %" PRIu64 " tokens", path, nd, count);
   uint64_t* docs = NULL;
+  uint64_t* prompts = NULL;
   if (nd) ST_RETURN(st__doc_table(path, p + header + count * tb, nd, count, &docs));
+  if (nd && info.prompts) {
+    st_status s = st__prompt_table(path, p + header + count * tb + nd * 8, docs, nd, count, &prompts);
+    if (s) {
+      free(docs);
+      return s;
+    }
+  }
   uint16_t* tokens = st_xmalloc(count * sizeof(uint16_t));
   const unsigned char* t = p + header;
   for (uint64_t i = 0; i < count; ++i) {
@@ -201,6 +263,7 @@ st_status st_token_file_parse_docs(const char* path, const unsigned char* p, siz
     if (v >= vocab_size) {
       free(tokens);
       free(docs);
+      free(prompts);
       return st_status_make(ST_CODE_DATA, "token file '%s': token %" PRIu64 " is %u, not below model.vocab_size %u", path, i, v,
                             vocab_size);
     }
@@ -208,6 +271,7 @@ st_status st_token_file_parse_docs(const char* path, const unsigned char* p, siz
     if (v > UINT16_MAX) {
       free(tokens);
       free(docs);
+      free(prompts);
       return st_status_make(ST_CODE_DATA, "token file '%s': token %" PRIu64 " is %u; strata keeps tokens as u16, so ids above 65535 are not supported",
                             path, i, v);
     }
@@ -217,6 +281,7 @@ st_status st_token_file_parse_docs(const char* path, const unsigned char* p, siz
   *out_count = count;
   *out_doc_starts = docs;
   *out_n_docs = nd;
+  *out_prompt_lens = prompts;
   return ST_OK;
 }
 
@@ -227,8 +292,8 @@ static st_status st__token_file_read(const char* path, uint32_t vocab_size, st__
   st_status s = st_fs_read_file(path, &data, &size);
   /* A missing or unreadable token file is a data error (exit 3), not a generic I/O one. */
   if (s) return st_status_recode(s, ST_CODE_DATA, "cannot read token file");
-  s = st_token_file_parse_docs(path, (const unsigned char*)data, size, vocab_size, &src->tokens, &src->count, &src->docs,
-                               &src->n_docs, &src->info);
+  s = st_token_file_parse_prompts(path, (const unsigned char*)data, size, vocab_size, &src->tokens, &src->count,
+                                  &src->docs, &src->n_docs, &src->prompts, &src->info);
   free(data);
   return s;
 }
@@ -348,9 +413,12 @@ static st_status st__tokenize_documents(const st_data_options* o, const char* pa
     s = st_fs_mkdirs(folder);
     free(folder);
   }
-  if (!s) s = st_token_file_write_docs(out, 256, ST_TOKENIZER_BYTE, b.tokens, b.n, b.starts, b.n_docs);
+  /* A marker writes the prompt table (zeros where a document has none). */
+  const bool marked = o->prompt_marker && o->prompt_marker[0];
+  if (!s) s = st_token_file_write_prompts(out, 256, ST_TOKENIZER_BYTE, b.tokens, b.n, b.starts, b.n_docs, marked ? b.prompts : NULL);
   free(b.tokens);
   free(b.starts);
+  free(b.prompts);
   return s;
 }
 
@@ -396,6 +464,10 @@ static st_status st__tokenize_corpus(const st_data_options* o, const char* path,
     const char* sep = o->separator ? o->separator : "";
     const char* field = o->jsonl_field && o->jsonl_field[0] ? o->jsonl_field : "text";
     st_strbuf_printf(&ident, "documents-v3 separator=%zu:%s jsonl_field=%zu:%s\n", strlen(sep), sep, strlen(field), field);
+    /* A marker changes the tokens (its line dropped) and adds the prompt
+     * table; without one the key is as before. */
+    const char* marker = o->prompt_marker ? o->prompt_marker : "";
+    if (marker[0]) st_strbuf_printf(&ident, "prompt_marker=%zu:%s\n", strlen(marker), marker);
   }
   uint64_t total = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -760,6 +832,7 @@ void st_dataset_destroy(st_dataset* ds) {
     free(ds->src[k].tokenizer_json);
     free(ds->src[k].tokens);
     free(ds->src[k].docs);
+    free(ds->src[k].prompts);
   }
   free(ds->src);
   for (int i = 0; i < 2; ++i) st__data_cursor_free(ds->cursor[i]);

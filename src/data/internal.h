@@ -2,6 +2,7 @@
 #ifndef STRATA_DATA_INTERNAL_H
 #define STRATA_DATA_INTERNAL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "strata/data.h"
@@ -20,6 +21,7 @@ typedef struct st__data_source {
   uint16_t* tokens;     /* owned; u32 files are narrowed after the range check */
   uint64_t* docs;       /* version 3: document start offsets (owned); else NULL */
   uint64_t n_docs;
+  uint64_t* prompts;    /* version 3 with the prompts flag: each document's prompt length (owned); else NULL */
   uint64_t n_train_docs; /* documents [0, n_train_docs) train, the rest validation */
   double weight;         /* normalised */
 } st__data_source;
@@ -46,7 +48,10 @@ typedef struct st__data_docbuf {
   uint64_t n, cap;
   uint64_t open; /* where the current document began */
   uint64_t* starts;
+  uint64_t* prompts; /* per document: its prompt's tokens (data.prompt_marker; 0: none) */
   uint64_t n_docs, cap_docs;
+  uint64_t prompt;     /* the open document's prompt length so far */
+  bool marked;         /* the open document's marker line was seen */
 } st__data_docbuf;
 st_status st__data_file_documents(const st_data_options* o, const char* file, const char* data, size_t size,
                                   st__data_docbuf* b);

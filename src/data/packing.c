@@ -82,14 +82,16 @@ typedef struct st__row {
 } st__row;
 
 /* Places |len| pairs of document |g| of source |s| from pair |off| at
- * slot |at|: a segment, positions from 0. */
+ * slot |at|: a segment, positions from 0. Pair i (target token i + 1)
+ * weighs 0 when that target lies in the document's prompt. */
 static void st__place(const st_dataset* ds, const st__row* r, int s, uint64_t g, uint64_t off, int64_t at, int64_t len) {
   if (!r->in) return;
   const uint16_t* t = ds->src[s].tokens + ds->src[s].docs[g] + off;
+  const uint64_t prompt = ds->src[s].prompts ? ds->src[s].prompts[g] : 0;
   for (int64_t j = 0; j < len; ++j) {
     r->in[at + j] = t[j];
     r->tg[at + j] = t[j + 1];
-    r->w[at + j] = 1.0f;
+    r->w[at + j] = off + (uint64_t)j + 1 < prompt ? 0.0f : 1.0f;
     r->pos[at + j] = (int32_t)j;
   }
 }

@@ -275,6 +275,7 @@ static void st__options_data_runtime(const st_config* c, st_plan_options* o) {
                                                : ST_DATA_PACKING_CONCAT;
   o->data.separator = st_config_string(c, "data.separator");
   o->data.jsonl_field = st_config_string(c, "data.jsonl_field");
+  o->data.prompt_marker = st_config_string(c, "data.prompt_marker");
   o->data_allow_changed = st_config_bool(c, "data.allow_changed");
   /* The schema's rule bounds the count and checks every weight. */
   o->data.n_sources = st_config_list_count(c, "data.sources");

@@ -1,6 +1,7 @@
 /*
  * test_data.c — documents, packing and mixing (docs/data.md, "Packing",
- * "Document stream", "Mixing") and the version-3 token file's bounds.
+ * "Document stream", "Mixing"), prompt weights (data.prompt_marker) and
+ * the version-3 token file's bounds.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -90,6 +91,82 @@ static void test_v3_parse_bounds(void** state) {
   const uint64_t many[] = {0, 1, 2};
   n = make_v3(buf, 2, many, 3);
   ASSERT_ERROR(st_token_file_parse_docs("v3.tok", buf, n, 256, &toks, &count, &docs, &nd, &info), ST_CODE_DATA, "");
+}
+
+/* The prompt table: flagged in the kind field's high half, D u64 after the
+ * document table, each at most its document's length. */
+static void test_v3_prompt_table(void** state) {
+  (void)state;
+  unsigned char buf[512];
+  uint16_t* toks = NULL;
+  uint64_t count = 0, *docs = NULL, nd = 0, *prompts = NULL;
+  st_token_file_info info;
+  const uint64_t starts[] = {0, 3, 7};
+  size_t n = make_v3(buf, 10, starts, 3);
+  buf[22] = ST_TOKEN_FILE_FLAG_PROMPTS; /* offset 20's u32, bit 16 */
+  const uint64_t good[] = {3, 0, 3};    /* document 0 all prompt; 2: 3 of 3 */
+  for (int d = 0; d < 3; ++d) put_u64(buf + n + 8 * d, good[d]);
+  n += 24;
+  ASSERT_OK(st_token_file_parse_prompts("p.tok", buf, n, 256, &toks, &count, &docs, &nd, &prompts, &info));
+  assert_true(info.prompts);
+  assert_int_equal(info.kind, ST_TOKENIZER_BYTE);
+  assert_int_equal(prompts[0], 3);
+  assert_int_equal(prompts[2], 3);
+  free(toks);
+  free(docs);
+  free(prompts);
+  /* st_token_file_parse_docs checks the table too. */
+  ASSERT_OK(st_token_file_parse_docs("p.tok", buf, n, 256, &toks, &count, &docs, &nd, &info));
+  free(toks);
+  free(docs);
+  /* A prompt longer than its document; a missing or extra table; unknown flags. */
+  put_u64(buf + n - 24 + 8, 5); /* document 1 has 4 tokens */
+  ASSERT_ERROR(st_token_file_parse_prompts("p.tok", buf, n, 256, &toks, &count, &docs, &nd, &prompts, &info), ST_CODE_DATA,
+               "document 1 has a prompt of 5 tokens");
+  assert_null(toks);
+  assert_null(docs);
+  assert_null(prompts);
+  put_u64(buf + n - 24 + 8, 4);
+  ASSERT_OK(st_token_file_parse_prompts("p.tok", buf, n, 256, &toks, &count, &docs, &nd, &prompts, &info));
+  free(toks);
+  free(docs);
+  free(prompts);
+  ASSERT_ERROR(st_token_file_parse_prompts("p.tok", buf, n - 8, 256, &toks, &count, &docs, &nd, &prompts, &info),
+               ST_CODE_DATA, "truncated");
+  buf[22] = 0;
+  ASSERT_ERROR(st_token_file_parse_prompts("p.tok", buf, n, 256, &toks, &count, &docs, &nd, &prompts, &info), ST_CODE_DATA,
+               "truncated");
+  buf[22] = 2;
+  ASSERT_ERROR(st_token_file_parse_prompts("p.tok", buf, n, 256, &toks, &count, &docs, &nd, &prompts, &info), ST_CODE_DATA,
+               "flags 0x2");
+  /* Version 2 has no flags: the high half makes an unknown kind. */
+  buf[8] = 2;
+  buf[22] = 1;
+  put_u64(buf + 40, 0);
+  ASSERT_ERROR(st_token_file_parse_prompts("p.tok", buf, 48 + 20, 256, &toks, &count, &docs, &nd, &prompts, &info),
+               ST_CODE_DATA, "kind");
+  /* A file without prompts gives NULL; the writer round-trips. */
+  n = make_v3(buf, 10, starts, 3);
+  ASSERT_OK(st_token_file_parse_prompts("p.tok", buf, n, 256, &toks, &count, &docs, &nd, &prompts, &info));
+  assert_null(prompts);
+  assert_false(info.prompts);
+  char* dir = tu_tmpdir("data");
+  char* path = st_path_join(dir, "w.tok");
+  ASSERT_OK(st_token_file_write_prompts(path, 256, ST_TOKENIZER_BYTE, toks, count, docs, nd, good));
+  free(toks);
+  free(docs);
+  size_t size = 0;
+  unsigned char* raw = tu_read_file(path, &size);
+  assert_int_equal(size, n + 24);
+  ASSERT_OK(st_token_file_parse_prompts("w.tok", raw, size, 256, &toks, &count, &docs, &nd, &prompts, &info));
+  assert_memory_equal(prompts, good, sizeof(good));
+  free(raw);
+  free(toks);
+  free(docs);
+  free(prompts);
+  free(path);
+  tu_rmtree(dir);
+  free(dir);
 }
 
 /* A corpus of |nd| documents with lengths from |len|: document d is 255
@@ -271,6 +348,104 @@ static void test_mixing_share(void** state) {
   free(dir);
 }
 
+/* data.prompt_marker on a folder of a separated text file and a JSONL
+ * file. A marked document's prompt is lines of 'p' (its completion lines
+ * of 'C'), an unmarked one's first lines are 'q': a target is in a prompt
+ * exactly when it is 'p' or the '\n' ending a 'p' line. */
+static void check_prompt_weights(int packing) {
+  char* dir = tu_tmpdir("data");
+  char* corpus = st_path_join(dir, "corpus");
+  ASSERT_OK(st_fs_mkdirs(corpus));
+  st_strbuf txt = {0}, jsl = {0};
+  for (int d = 0; d < 120; ++d) {
+    st_strbuf* b = d % 4 == 3 ? &jsl : &txt;
+    /* Unmarked ('q' lines), an empty prompt (the marker first), or 'p' lines then the marker. */
+    const int kind = d % 5 == 4 ? 0 : d % 7 == 0 ? 1 : 2;
+    st_strbuf line = {0};
+    if (kind == 1) st_strbuf_append(&line, "@@@\n");
+    for (int l = 0; kind != 1 && l < 1 + d % 3; ++l) {
+      for (int i = 0; i < 1 + (d * 7 + l) % 13; ++i) st_strbuf_append(&line, kind == 2 ? "p" : "q");
+      st_strbuf_append(&line, "\n");
+    }
+    if (kind == 2) st_strbuf_append(&line, "@@@\n");
+    for (int i = 0; i < 1 + d % 9; ++i) st_strbuf_append(&line, "C");
+    st_strbuf_append(&line, "\n");
+    if (b == &jsl) {
+      st_strbuf_append(b, "{\"text\": \"");
+      for (size_t i = 0; i < line.len; ++i) st_strbuf_append(b, line.data[i] == '\n' ? "\\n" : (char[]){line.data[i], 0});
+      st_strbuf_append(b, "\"}\n");
+    } else {
+      st_strbuf_append_n(b, line.data, line.len);
+      st_strbuf_append(b, "%\n");
+    }
+    st_strbuf_free(&line);
+  }
+  char* a = st_path_join(corpus, "a.txt");
+  char* j = st_path_join(corpus, "b.jsonl");
+  assert_int_equal(tu_write_file(a, txt.data, txt.len), 0);
+  assert_int_equal(tu_write_file(j, jsl.data, jsl.len), 0);
+  st_data_options o = {.path = corpus, .tokenizer = "byte", .tokenizer_vocab = 256, .vocab_size = 256,
+                       .val_fraction = 0.1, .seq_len = T, .seed = 2, .cache_dir = dir, .packing = packing,
+                       .separator = "%", .prompt_marker = "@@@"};
+  st_dataset* ds = NULL;
+  ASSERT_OK(st_dataset_open(&o, &ds));
+  st_token_file_info info;
+  ASSERT_OK(st_token_file_info_read(st_dataset_token_path(ds), &info));
+  assert_true(info.prompts);
+  static rows r;
+  int prompt_targets = 0, completion_starts = 0, split_prompts = 0;
+  for (int stream = 0; stream < 2; ++stream) {
+    st_dataset_fill(ds, stream, 0, 64, r.in, r.tg, r.w, r.pos);
+    for (int k = 0; k < 64 * T; ++k) {
+      assert_int_not_equal(r.in[k], '@'); /* the marker line is in no document */
+      if (r.in[k] == 0 && r.tg[k] == 0) {
+        assert_true(r.w[k] == 0.0f); /* padding */
+        continue;
+      }
+      const bool in_prompt = r.tg[k] == 'p' || (r.tg[k] == '\n' && r.in[k] == 'p');
+      if (r.w[k] != (in_prompt ? 0.0f : 1.0f))
+        fail_msg("slot %d: input %d target %d weight %g", k, r.in[k], r.tg[k], (double)r.w[k]);
+      prompt_targets += in_prompt;
+      completion_starts += r.in[k] == '\n' && r.tg[k] == 'C' && k > 0 && r.in[k - 1] == 'p';
+      split_prompts += in_prompt && r.pos[k] == 0 && k % T == 0; /* a long prompt continued in the next sequence */
+    }
+  }
+  assert_true(prompt_targets > 0 && completion_starts > 0);
+  if (packing == ST_DATA_PACKING_NONE) assert_true(split_prompts > 0);
+  /* The marker is in the cache key: without it, another token file, no prompts. */
+  o.prompt_marker = NULL;
+  st_dataset* plain = NULL;
+  ASSERT_OK(st_dataset_open(&o, &plain));
+  assert_string_not_equal(st_dataset_token_path(plain), st_dataset_token_path(ds));
+  ASSERT_OK(st_token_file_info_read(st_dataset_token_path(plain), &info));
+  assert_false(info.prompts);
+  st_dataset_fill(plain, ST_STREAM_TRAIN, 0, 64, r.in, r.tg, r.w, r.pos);
+  int markers = 0;
+  for (int k = 0; k < 64 * T; ++k) {
+    markers += r.in[k] == '@';
+    if (r.in[k] || r.tg[k]) assert_true(r.w[k] == 1.0f);
+  }
+  assert_true(markers > 0);
+  st_dataset_destroy(plain);
+  st_dataset_destroy(ds);
+  st_strbuf_free(&txt);
+  st_strbuf_free(&jsl);
+  free(a);
+  free(j);
+  free(corpus);
+  tu_rmtree(dir);
+  free(dir);
+}
+
+static void test_prompt_weights_none(void** state) {
+  (void)state;
+  check_prompt_weights(ST_DATA_PACKING_NONE);
+}
+static void test_prompt_weights_pack(void** state) {
+  (void)state;
+  check_prompt_weights(ST_DATA_PACKING_PACK);
+}
+
 /* A version-2 file with packing pack is refused naming it; too few
  * documents is refused naming the source. */
 static void test_refusals(void** state) {
@@ -299,6 +474,8 @@ int main(void) {
       cmocka_unit_test(test_v3_parse_bounds), cmocka_unit_test(test_packing_none),
       cmocka_unit_test(test_packing_pack),    cmocka_unit_test(test_pack_keeps_short_documents_whole),
       cmocka_unit_test(test_mixing_share),    cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_v3_prompt_table), cmocka_unit_test(test_prompt_weights_none),
+      cmocka_unit_test(test_prompt_weights_pack),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -91,8 +91,8 @@ printf 'sched:\n  memory_budget: 2.5\n' >"$TMP/budget.yml"
 expect_config_error "$TMP" 2 "sched.memory_budget (budget.yml:2): sched.memory_budget '2.5': $BUDGET_HELP" -- config budget.yml
 expect_config_error "$ROOT" 2 "sched.remat (command line), model.n_layers (configs/tiny.yml:6): sched.remat 'auto:1': unexpected 'auto:1'; expected auto, none, full, every:K (K >= 1) or a comma-separated list of layers such as 0,2,5" \
   -- config configs/tiny.yml sched.remat=auto:1
-expect_ok "$ROOT" "sched.remat \"auto\" configs/base.yml:91" -- config configs/tiny.yml
-expect_ok "$ROOT" "sched.memory_budget \"0\" configs/base.yml:92" -- config configs/tiny.yml
+expect_ok "$ROOT" "sched.remat \"auto\" configs/base.yml:92" -- config configs/tiny.yml
+expect_ok "$ROOT" "sched.memory_budget \"0\" configs/base.yml:93" -- config configs/tiny.yml
 expect_ok "$ROOT" "sched.memory_budget \"0.9\" command line" -- config configs/tiny.yml sched.memory_budget=0.9
 expect_ok "$ROOT" "sched.memory_budget \"123456789\" command line" -- config configs/tiny.yml sched.memory_budget=123456789
 

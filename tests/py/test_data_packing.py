@@ -47,7 +47,33 @@ def corpora(tmp_path_factory) -> dict:
     js.mkdir()
     lines = [json.dumps({"body": text(int(rng.integers(1, 4))), "id": i}) for i in range(40)]
     (js / "a.jsonl").write_text("\n".join(lines) + "\n\n")
-    return {"fort": str(fort), "js": str(js), "cache": str(d / "cache")}
+    # Prompt/completion documents (data.prompt_marker=@@@): some with the
+    # marker line, some without, one with it first (empty prompt), one with
+    # it last (empty completion), some with prompts longer than T.
+    qa, prompts = d / "qa.txt", []
+    docs = []
+    for i in range(60):
+        q, a = "Q: " + text(int(rng.integers(1, 12))), "A: " + text(int(rng.integers(1, 8)))
+        if i % 3 == 2:
+            docs.append(q + a)
+            prompts.append(0)
+        elif i == 4:
+            docs.append("@@@\n" + a)
+            prompts.append(0)
+        elif i == 7:
+            docs.append(q + "@@@\n")
+            prompts.append(len(q))
+        else:
+            docs.append(q + "@@@\n" + a)
+            prompts.append(len(q))
+    qa.write_text("".join(doc + "%\n" for doc in docs))
+    qjs = d / "qjs"
+    qjs.mkdir()
+    jdocs = ["Q: " + text(int(rng.integers(1, 5))) + ("@@@\n" if i % 2 else "") + "A: " + text(2) for i in range(40)]
+    (qjs / "q.jsonl").write_text("".join(json.dumps({"body": t}) + "\n" for t in jdocs))
+    jprompts = [t.index("@@@\n") if "@@@\n" in t else 0 for t in jdocs]
+    return {"fort": str(fort), "js": str(js), "qa": str(qa), "qa_prompts": prompts, "qjs": str(qjs),
+            "qjs_prompts": jprompts, "cache": str(d / "cache")}
 
 
 def base_args(*extra: str) -> list[str]:
@@ -73,9 +99,9 @@ def sources_of(args: list[str], cache: str) -> list[tuple[str, float]]:
 def py_sampler(args: list[str], cache: str, packing: str, weights: list[float] | None = None) -> D.Sampler:
     sources = []
     for i, (tok, _) in enumerate(sources_of(args, cache)):
-        tokens, _, starts = D.read_token_file_docs(tok)
+        tokens, _, starts, prompts = D.read_token_file_prompts(tok)
         assert starts is not None, "packing none/pack writes version 3"
-        sources.append(D.Source(tokens, starts, weights[i] if weights else 1.0))
+        sources.append(D.Source(tokens, starts, weights[i] if weights else 1.0, prompts))
     return D.Sampler(None, seed=7, val_fraction=0.2, seq_len=T, batch_size=4, microbatches=2, packing=packing,
                      sources=sources)
 
@@ -114,6 +140,44 @@ def test_c_and_python_make_the_same_sequences(corpora, tmp_path, packing):
     assert b.positions.shape == (2, 2, T) and b.positions.dtype == np.int32
 
 
+@pytest.mark.parametrize("packing", ["none", "pack"])
+def test_prompt_marker(corpora, tmp_path, packing):
+    """data.prompt_marker: the token file records each document's prompt,
+    the marker line is in no document, and C and Python weigh the prompt's
+    targets 0 alike."""
+    args = base_args(f"data.packing={packing}", f"data.sources=[{corpora['qa']}, {corpora['qjs']}]",
+                     "data.weights=[2, 1]", "data.separator=%", "data.jsonl_field=body", "data.prompt_marker=@@@")
+    (qa_tok, _), (qjs_tok, _) = sources_of(args, corpora["cache"])
+    for tok, want in ((qa_tok, corpora["qa_prompts"]), (qjs_tok, corpora["qjs_prompts"])):
+        tokens, _, starts, prompts = D.read_token_file_prompts(tok)
+        assert prompts is not None and list(prompts) == want
+        assert b"@@@" not in bytes(tokens.astype(np.uint8))
+    # The marker is in the cache key: without it the same corpus makes another file, without prompts.
+    plain = base_args(f"data.packing={packing}", f"data.sources=[{corpora['qa']}]", "data.weights=[1]",
+                      "data.separator=%")
+    (plain_tok, _), = sources_of(plain, corpora["cache"])
+    assert plain_tok != qa_tok and D.read_token_file_prompts(plain_tok)[3] is None
+    assert b"@@@" in bytes(D.read_token_file(plain_tok)[0].astype(np.uint8))
+    py = py_sampler(args, corpora["cache"], packing, [2, 1])
+    for stream, first, count in ((0, 0, 24), (0, 24, 16), (0, 3, 9), (1, 0, 12)):
+        c = c_fill(args, corpora["cache"], stream, first, count, str(tmp_path / "f.bin"))
+        for a, b in zip(c, py.fill(stream, first, count)):
+            np.testing.assert_array_equal(a, b)
+    x, y, w, pos = c_fill(args, corpora["cache"], 0, 0, 48, str(tmp_path / "f.bin"))
+    # Inside a segment the weights are 0 (prompt targets) then 1 (completion): never 1 then 0.
+    zero_in_doc = 0
+    for i in range(x.shape[0]):
+        for t in range(1, T):
+            if pos[i, t] != 0:
+                assert not (w[i, t - 1] == 1 and w[i, t] == 0)
+                assert x[i, t] == y[i, t - 1]
+                zero_in_doc += int(w[i, t] == 0 and x[i, t] != 0)
+    assert zero_in_doc > 0 and (w == 1).any()
+    # A completion's first target ("A" after a question's line) weighs 1: its input is the prompt's last token.
+    first_a = (x == ord("\n")) & (y == ord("A"))
+    assert first_a.any() and (w[first_a] == 1).all()
+
+
 def test_concat_positions_and_batches(corpora, tmp_path):
     args = base_args(f"data.path={corpora['fort']}")
     tok = strata(["data", *args], corpora["cache"]).stdout.decode().splitlines()[0]
@@ -149,6 +213,13 @@ def test_refusals(corpora, tmp_path):
     one.write_text("just one document\n")
     r = strata(["data", *base_args(f"data.sources=[{one}]", "data.weights=[1]", "data.packing=none")], cache, ok=False)
     assert r.returncode == 3 and str(one) in r.stderr.decode()
+    # A marker with concat: exit 2 naming both keys; one equal to the separator or of two lines too.
+    r = strata(["data", *base_args("data.prompt_marker=@@@")], cache, ok=False)
+    assert r.returncode == 2 and "data.prompt_marker" in r.stderr.decode() and "data.packing" in r.stderr.decode()
+    for marker in ("%", "a\nb"):  # a real newline
+        r = strata(["data", *base_args("data.packing=pack", "data.separator=%", f"data.prompt_marker={marker}")], cache,
+                   ok=False)
+        assert r.returncode == 2 and "data.prompt_marker" in r.stderr.decode(), r.stderr.decode()
     # data.sources with concat, mismatched weights, bpe with pack: exit 2 naming the keys.
     for extra, key in (([f"data.sources=[{one}]", "data.weights=[1]"], "data.packing"),
                        ([f"data.sources=[{one}]", "data.weights=[1, 2]", "data.packing=pack"], "data.weights"),
