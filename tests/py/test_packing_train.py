@@ -142,3 +142,27 @@ def test_resume_after_a_kill_continues_the_document_stream(tmp_path: Path) -> No
         return json.loads((d / "checkpoints" / "step_12" / "manifest.json").read_text())["data"]["sources"]
 
     assert sources(whole) == sources(cut)
+
+
+def test_prompt_targets_weigh_nothing_in_both_trainers(tmp_path: Path) -> None:
+    """data.prompt_marker: a corpus of question/answer documents; the
+    prompts' targets weigh 0 in the C trainer's batches as in the
+    reference's, and the two train alike (5 steps, rtol 1e-5)."""
+    rng = np.random.default_rng(3)
+    words = ["red", "green", "blue", "north", "south", "seven", "eleven", "river", "stone", "cloud"]
+    docs = []
+    for _ in range(300):
+        q = " ".join(rng.choice(words, size=int(rng.integers(2, 6))))
+        a = " ".join(rng.choice(words, size=int(rng.integers(1, 9))))
+        docs.append(f"Q: {q}?\n###\nA: {a}.\n")
+    corpus = tmp_path / "qa.txt"
+    corpus.write_text("%\n".join(docs))
+    over = [o for o in OVERRIDES if not o.startswith(("train.steps", "train.eval_every", "data.sources",
+                                                      "data.weights"))]
+    metrics, ref = train_and_reference("configs/test.yml", [*over, f"data.path={corpus}", "data.prompt_marker=###",
+                                                            "train.steps=5", "train.eval_every=5"], tmp_path)
+    ours = [m["loss"] for m in metrics if "loss" in m]
+    np.testing.assert_allclose(ours, ref["losses"], rtol=1e-5)
+    # Every document is prompt then answer: far fewer targets count than
+    # the padding alone would leave.
+    assert all(m["loss_weight"] < 0.8 * 4 * 32 for m in metrics if "loss" in m)
