@@ -54,10 +54,12 @@ test:
 	    $(MAKE) --no-print-directory test-e2e || rc=1; \
 	    $(MAKE) --no-print-directory test-fuzz || rc=1; \
 	  else \
-	    ( $(MAKE) --no-print-directory test-py-stream1 > build/test-logs/py.log 2>&1; echo $$? > build/test-logs/py.rc ) & \
+	    ( $(MAKE) --no-print-directory test-py-stream1 > build/test-logs/py.log 2>&1; echo $$? > build/test-logs/py.rc; \
+	      echo "stream 1 (pytest): $$(( $$(date +%s) - built )) s" >> build/test-logs/py.log ) & \
 	    ( r=0; $(MAKE) --no-print-directory test-c || r=1; $(MAKE) --no-print-directory test-e2e || r=1; \
 	      $(MAKE) --no-print-directory test-fuzz || r=1; $(MAKE) --no-print-directory test-py-stream2 || r=1; \
-	      echo $$r > build/test-logs/rest.rc ) > build/test-logs/rest.log 2>&1; \
+	      echo $$r > build/test-logs/rest.rc; \
+	      echo "stream 2 (C, e2e, fuzz, pytest of PY_STREAM2): $$(( $$(date +%s) - built )) s" ) > build/test-logs/rest.log 2>&1; \
 	    wait; \
 	    echo "==== C tests, end-to-end scripts, fuzz smoke, pytest of the anchors and bench (build/test-logs/rest.log)"; cat build/test-logs/rest.log; \
 	    echo "==== pytest (build/test-logs/py.log)"; cat build/test-logs/py.log; \
@@ -75,9 +77,10 @@ test-c:
 
 # The pytest files the second stream runs after the C tests, the e2e scripts
 # and the fuzz smoke (the anchors, the bench pipeline, the checkpoint
-# resharding and tensor-parallel training files), so both streams end at
+# resharding and tensor-parallel training files, packing), so both streams end at
 # about the same time; `make test-py` runs them all.
-PY_STREAM2 ?= tests/py/test_anchor.py tests/py/test_anchor_mesh.py tests/py/test_bench.py tests/py/test_tensor_train.py
+PY_STREAM2 ?= tests/py/test_anchor.py tests/py/test_anchor_mesh.py tests/py/test_bench.py tests/py/test_tensor_train.py \
+  tests/py/test_packing.py tests/py/test_packing_train.py
 test-py:
 	@$(PY) -m pytest -q --durations=40 -m "not long" tests/py
 
