@@ -80,7 +80,7 @@ test-c:
 # resharding and tensor-parallel training files, packing), so both streams end at
 # about the same time; `make test-py` runs them all.
 PY_STREAM2 ?= tests/py/test_anchor.py tests/py/test_anchor_mesh.py tests/py/test_bench.py tests/py/test_tensor_train.py \
-  tests/py/test_packing.py tests/py/test_packing_train.py
+  tests/py/test_packing_train.py
 test-py:
 	@$(PY) -m pytest -q --durations=40 -m "not long" tests/py
 

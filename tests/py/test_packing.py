@@ -222,8 +222,10 @@ def test_pack_bwd_res_equals_bwd(stack: str) -> None:
 
 # --- the reference: pack with uniform positions is concat; global normalisation ---
 
-@pytest.mark.parametrize("block,packing", [("llama", "pack"), pytest.param("gpt2", "pack", marks=pytest.mark.long),
-                                           pytest.param("llama", "none", marks=pytest.mark.long)])
+# All in make test-long (~15 s): make test keeps the normalisation test
+# below and the trainer's equivalence (test_packing_train.py).
+@pytest.mark.long
+@pytest.mark.parametrize("block,packing", [("llama", "pack"), ("gpt2", "pack"), ("llama", "none")])
 def test_reference_pack_with_uniform_positions_is_concat(block: str, packing: str) -> None:
     """Positions 0..T-1 and weights 1 (the concat sampler's batches): the
     packed reference trains as the concat one, up to rounding ((mb*T)/W =

@@ -42,9 +42,12 @@ MESHES = {
     "data=2": ["parallel.data=2", "runtime.cpu_devices=2"],
     "fsdp=2": ["parallel.fsdp=2", "runtime.cpu_devices=2"],
 }
+# make test: one device and data=2 (and a job of 2 processes below); fsdp=2,
+# the same normalisation over the batch's rows, in make test-long.
+MESH_PARAMS = [pytest.param(m, marks=pytest.mark.long) if m == "fsdp=2" else m for m in MESHES]
 
 
-@pytest.fixture(scope="module", params=list(MESHES))
+@pytest.fixture(scope="module", params=MESH_PARAMS)
 def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("pack-" + request.param.replace("=", ""))
     metrics, ref = train_and_reference("configs/test.yml", [*OVERRIDES, *MESHES[request.param]], tmp)
@@ -144,6 +147,7 @@ def test_resume_after_a_kill_continues_the_document_stream(tmp_path: Path) -> No
     assert sources(whole) == sources(cut)
 
 
+@pytest.mark.long  # ~17 s; make test keeps test_data_packing.py's C-vs-Python prompt weights (bitwise)
 def test_prompt_targets_weigh_nothing_in_both_trainers(tmp_path: Path) -> None:
     """data.prompt_marker: a corpus of question/answer documents; the
     prompts' targets weigh 0 in the C trainer's batches as in the
