@@ -142,12 +142,10 @@ def test_update_equals_optax(case: str) -> None:
     ours = _registry_step(cfg)
     hyper = jnp.asarray([tc["beta1"], tc["beta2"], tc["eps"], tc["weight_decay"]], jnp.float32)
     opt_update = jax.jit(tx.update)
-    key = jax.random.PRNGKey(0)
+    rng = np.random.default_rng(0)
+    leaves, tree = jax.tree.flatten(params)
     for t in range(1, STEPS + 1):
-        key, sub = jax.random.split(key)
-        leaves, tree = jax.tree.flatten(params)
-        ks = jax.random.split(sub, len(leaves))
-        grads = jax.tree.unflatten(tree, [0.02 * jax.random.normal(k, x.shape) for k, x in zip(ks, leaves)])
+        grads = jax.tree.unflatten(tree, [(0.02 * rng.standard_normal(x.shape)).astype(np.float32) for x in leaves])
         gscale = jnp.float32(0.5 + 0.05 * t)
         lr = lr_at(t, lr=tc["lr"], min_lr_ratio=tc["min_lr_ratio"], warmup_steps=tc["warmup_steps"], steps=STEPS)
         params, states = ours(params, states, grads, jnp.float32(t), jnp.float32(lr), gscale, hyper)
@@ -155,7 +153,7 @@ def test_update_equals_optax(case: str) -> None:
         oparams = optax.apply_updates(oparams, upd)
     first = M.flatten_params(M.init_params(cfg, 7))
     moved = max(float(jnp.max(jnp.abs(a - first[k]))) for k, a in M.flatten_params(params).items())
-    assert moved > 10 * tc["lr"] * 0.1, moved  # the parameters did move
+    assert moved > 100 * 1e-5, moved  # the parameters moved well beyond atol
     _close(params, oparams)
 
 
@@ -188,12 +186,12 @@ def _optax_train(config: dict[str, Any], tokens: np.ndarray, steps: int) -> tupl
     return params, losses
 
 
-@pytest.mark.parametrize("case", ["lion", "muon"])
-def test_reference_equals_optax_train(case: str) -> None:
-    """The JAX reference (reference_train.train, train.optimizer=...) against
-    an optax-driven loop on the same batches: losses rtol 1e-5, params 1e-3 / 1e-5."""
+def test_reference_equals_optax_train() -> None:
+    """The JAX reference (reference_train.train, train.optimizer=muon: muon on
+    the hidden matrices, adamw on the rest; sgd on the norms) against an
+    optax-driven loop on the same batches: losses rtol 1e-5, params 1e-3 / 1e-5."""
     config = tiny_config(steps=STEPS)
-    spec = CASES[case]
+    spec = OptimizerSpec("muon", momentum=0.95, groups=("vectors=sgd",))
     config["train"].update({"optimizer": spec.default, "momentum": spec.momentum, "nesterov": spec.nesterov,
                             "optimizer_groups": list(spec.groups), "eval_batches": 0})
     tokens = D.synthetic_tokens(64, 4096)
