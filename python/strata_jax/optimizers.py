@@ -37,6 +37,8 @@ from .optim import adamw_update
 
 Array = jax.Array
 Shape = tuple[int, ...]
+States = Sequence[dict[str, Array]]  # one {kind: array} per parameter
+Result = tuple[list[Array], list[dict[str, Array]]]  # (params, states)
 
 # Adafactor's constants (Shazeer & Stern 2018; optax.adafactor's defaults
 # but min_dim_size_to_factor, which strata sets to 0: every parameter of
@@ -104,8 +106,8 @@ def register(opt: Optimizer) -> Optimizer:
 
 # --- the optimizers ---------------------------------------------------------------
 
-def _adamw(p: Sequence[Array], g: Sequence[Array], s: Sequence[dict[str, Array]], decay: Sequence[bool],
-           step: Array, lr: Array, gscale: Array, hyper: Array, c: Constants) -> tuple[list[Array], list[dict[str, Array]]]:
+def _adamw(p: Sequence[Array], g: Sequence[Array], s: States, decay: Sequence[bool],
+           step: Array, lr: Array, gscale: Array, hyper: Array, c: Constants) -> Result:
     new_p, m, v = adamw_update(p, g, [x["m"] for x in s], [x["v"] for x in s], decay, step, lr, gscale, hyper)
     return new_p, [{"m": a, "v": b} for a, b in zip(m, v, strict=True)]
 
@@ -114,8 +116,8 @@ def _decayed(u: Array, p: Array, dec: bool, wd: Array) -> Array:
     return u + wd * p if dec else u
 
 
-def _sgd(p: Sequence[Array], g: Sequence[Array], s: Sequence[dict[str, Array]], decay: Sequence[bool],
-         step: Array, lr: Array, gscale: Array, hyper: Array, c: Constants) -> tuple[list[Array], list[dict[str, Array]]]:
+def _sgd(p: Sequence[Array], g: Sequence[Array], s: States, decay: Sequence[bool],
+         step: Array, lr: Array, gscale: Array, hyper: Array, c: Constants) -> Result:
     """buf = mu buf + g; u = buf, or g + mu buf (Nesterov); p -= lr (u + wd p)."""
     wd = hyper[3]
     new_p, new_s = [], []
@@ -132,8 +134,8 @@ def _sgd(p: Sequence[Array], g: Sequence[Array], s: Sequence[dict[str, Array]], 
     return new_p, new_s
 
 
-def _lion(p: Sequence[Array], g: Sequence[Array], s: Sequence[dict[str, Array]], decay: Sequence[bool],
-          step: Array, lr: Array, gscale: Array, hyper: Array, c: Constants) -> tuple[list[Array], list[dict[str, Array]]]:
+def _lion(p: Sequence[Array], g: Sequence[Array], s: States, decay: Sequence[bool],
+          step: Array, lr: Array, gscale: Array, hyper: Array, c: Constants) -> Result:
     """u = sign((1 - b1) g + b1 m); m = (1 - b2) g + b2 m; p -= lr (u + wd p)."""
     b1, b2, wd = hyper[0], hyper[1], hyper[3]
     new_p, new_s = [], []
@@ -164,9 +166,9 @@ def _adafactor_states(shape: Shape, c: Constants) -> list[StateSpec]:
             StateSpec("vc", tuple(x for i, x in enumerate(shape) if i != d1))]
 
 
-def _adafactor(p: Sequence[Array], g: Sequence[Array], s: Sequence[dict[str, Array]], decay: Sequence[bool],
+def _adafactor(p: Sequence[Array], g: Sequence[Array], s: States, decay: Sequence[bool],
                step: Array, lr: Array, gscale: Array, hyper: Array,
-               c: Constants) -> tuple[list[Array], list[dict[str, Array]]]:
+               c: Constants) -> Result:
     """optax.scale_by_factored_rms, then clip_by_block_rms(1), decay, lr."""
     wd = hyper[3]
     rho = 1.0 - jnp.power(step, -ADAFACTOR_DECAY)
@@ -206,8 +208,8 @@ def newton_schulz(x: Array) -> Array:
     return x.T if tall else x
 
 
-def _muon(p: Sequence[Array], g: Sequence[Array], s: Sequence[dict[str, Array]], decay: Sequence[bool],
-          step: Array, lr: Array, gscale: Array, hyper: Array, c: Constants) -> tuple[list[Array], list[dict[str, Array]]]:
+def _muon(p: Sequence[Array], g: Sequence[Array], s: States, decay: Sequence[bool],
+          step: Array, lr: Array, gscale: Array, hyper: Array, c: Constants) -> Result:
     """optax.contrib.scale_by_muon (Nesterov, beta = momentum) and its width
     scale sqrt(max(1, fan_out / fan_in)) (fan_in = dim 0, the input of
     x @ W), then decay and lr."""
