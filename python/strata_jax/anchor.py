@@ -50,8 +50,8 @@ from .config import ModelConfig, TrainConfig
 from .data import DataError, Source
 from .mesh import ParallelError, make_mesh, mesh_for_cli
 from .optim import adamw_update, lr_at, sqnorm
-from .reference_train import (InputError, add_input_args, batch_tuple, host_loss, load_inputs, make_sampler,
-                              make_train_step, norm_and_gscale)
+from .reference_train import (InputError, add_input_args, batch_tuple, host_loss, init_opt_state, load_inputs,
+                              make_sampler, make_train_step, model_config, norm_and_gscale)
 from .shardings import mesh_shardings, step_shardings  # noqa: F401  (anchor.<name>, as before shardings.py)
 
 Array = jax.Array
@@ -239,7 +239,12 @@ def _run(config: dict[str, Any], tokens: np.ndarray | list[Source], variant: str
          compile_only: bool, jmesh: Any = None) -> dict[str, Any]:
     if variant not in VARIANTS + DIAG_VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS + DIAG_VARIANTS}, got {variant!r}")
-    cfg = ModelConfig.from_dict(config["model"])
+    cfg = model_config(config)
+    if cfg.optimizer is not None and (variant == "scan" or jmesh is not None):
+        # The scan variant's stacked layers would need each optimizer's
+        # update over a layer axis; the mesh its state's shardings.
+        raise ValueError(f"anchor: train.optimizer other than AdamW everywhere runs only unrolled on one device "
+                         f"(variant {variant!r}{', --mesh' if jmesh is not None else ''})")
     tc = TrainConfig.from_dict({**config["train"], **({"steps": steps} if steps is not None else {})})
     seed = int(config["seed"])
     sampler = make_sampler(config, tokens, cfg, tc)
@@ -256,8 +261,7 @@ def _run(config: dict[str, Any], tokens: np.ndarray | list[Source], variant: str
     init_s = time.perf_counter() - t0
     # Where the step really runs (a plugin device prints like jaxlib's own).
     leaf_devices = {d for leaf in jax.tree.leaves(params) for d in leaf.devices()}
-    m = jax.tree.map(jnp.zeros_like, params)
-    v = jax.tree.map(jnp.zeros_like, params)
+    m, v = init_opt_state(cfg, params)
     if variant == "scan":
         step_fn = make_scan_train_step(cfg, shardings)
     elif variant == "unroll_remat":

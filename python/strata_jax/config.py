@@ -20,7 +20,7 @@ import numpy as np
 
 _MOE_DEFAULTS: dict[str, Any] = {"n_experts": 8, "moe_top_k": 2, "moe_aux_weight": 0.01, "moe_z_weight": 0.001}
 _OPTIONAL: frozenset[str] = frozenset({"n_kv_heads", "block", "layers", "kernels", "vocab_padded", "packing",
-                                        *_MOE_DEFAULTS})
+                                        "optimizer", *_MOE_DEFAULTS})
 PACKINGS: tuple[str, ...] = ("concat", "none", "pack")  # data.packing (docs/model.md, "Packing")
 
 
@@ -33,6 +33,35 @@ def add_check(check: Callable[["ModelConfig"], None]) -> None:
     """Runs |check| on every ModelConfig built from now on (it raises ValueError)."""
     if check not in _CHECKS:
         _CHECKS.append(check)
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """The model JSON's "optimizer" object (train.optimizer, momentum,
+    nesterov, optimizer_groups; docs/model.md, "Optimizers"). Which
+    optimizer updates which parameter is optimizers.assignment's."""
+    default: str = "adamw"
+    momentum: float = 0.9
+    nesterov: bool = False
+    groups: tuple[str, ...] = ()  # "SELECTOR=OPTIMIZER", applied in order
+
+    @classmethod
+    def from_json(cls, d: Any) -> "OptimizerSpec":
+        if not isinstance(d, Mapping):
+            raise ValueError(f"model config: optimizer must be an object, got {d!r}")
+        unknown = sorted(set(d) - {"default", "momentum", "nesterov", "groups"})
+        if unknown:
+            raise ValueError(f"model config: optimizer: unknown keys {unknown}")
+        groups = d.get("groups") or []
+        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+            raise ValueError(f"model config: optimizer.groups must be a list of \"SELECTOR=OPTIMIZER\" strings, "
+                             f"got {groups!r}")
+        return cls(default=str(d.get("default", "adamw")), momentum=float(d.get("momentum", 0.9)),
+                   nesterov=bool(d.get("nesterov", False)), groups=tuple(groups))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"default": self.default, "momentum": self.momentum, "nesterov": self.nesterov,
+                "groups": list(self.groups)}
 
 
 @dataclass(frozen=True)
@@ -74,6 +103,10 @@ class ModelConfig:
     # positions, attention stays inside each document). none and pack
     # normalise the loss by the global batch's sum of weights.
     packing: str = "concat"
+    # The model JSON's "optimizer" object, present only when some parameter
+    # is not updated by AdamW; None: AdamW everywhere (today's adamw_<group>
+    # programs, byte for byte), and the key is left out of the model JSON.
+    optimizer: OptimizerSpec | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -96,6 +129,8 @@ class ModelConfig:
             (self.vocab_padded == 0 or self.vocab_padded >= self.vocab_size,
              f"model.vocab_padded ({self.vocab_padded}) must be 0 or at least model.vocab_size ({self.vocab_size})"),
             (self.packing in PACKINGS, f"packing must be one of {'|'.join(PACKINGS)}, got {self.packing!r}"),
+            (self.optimizer is None or 0.0 <= self.optimizer.momentum < 1.0,
+             f"optimizer.momentum must be in [0, 1), got {self.optimizer and self.optimizer.momentum}"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -122,6 +157,7 @@ class ModelConfig:
             kernels=tuple(sorted((str(k), str(v)) for k, v in (d.get("kernels") or {}).items() if v != "xla")),
             vocab_padded=int(d.get("vocab_padded", 0) or 0),
             packing=str(d.get("packing", "concat") or "concat"),
+            optimizer=OptimizerSpec.from_json(d["optimizer"]) if d.get("optimizer") is not None else None,
         )
 
     @classmethod
@@ -154,6 +190,10 @@ class ModelConfig:
             del d["vocab_padded"]
         if self.packing == "concat":
             del d["packing"]
+        if self.optimizer is None:
+            del d["optimizer"]
+        else:
+            d["optimizer"] = self.optimizer.to_json()
         return d
 
     def kernel(self, op: str) -> str:

@@ -22,6 +22,7 @@ import jaxlib
 from . import __version__
 from . import kernels as K
 from . import model as M
+from . import optimizers as O
 from . import parallel as PP
 from . import registry as R
 from . import tensor_parallel as TP
@@ -122,22 +123,25 @@ def program_tables(cfg: ModelConfig, names: set[str], fsdp: int = 1, tensor: int
     layers = [{"index": i, "kind": kind, "group": R.KINDS[kind].group_name, "programs": dict(roles[kind])}
               for i, kind in enumerate(cfg.layer_kinds())]
     gnames = groups_of(cfg)
+    # The update's role and program prefix: "adamw" (AdamW everywhere, no
+    # optimizer object: today's tables) or "update" (docs/model.md, "Optimizers").
+    upd = "adamw" if cfg.optimizer is None else "update"
     groups = [{"name": g, "params": list(M.group_param_names(cfg, g)),
-               "programs": {"accum": f"accum_{g}", "sqnorm": f"sqnorm_{g}", "adamw": f"adamw_{g}"}}
+               "programs": {"accum": f"accum_{g}", "sqnorm": f"sqnorm_{g}", upd: f"{upd}_{g}"}}
               for g in gnames]
     if fsdp == 1 and tensor == 1 and process_fsdp == 1:  # diag.numerics (docs/diagnostics.md): one device only
         for g in groups:
-            g["programs"]["adamw_stats"] = f"adamw_stats_{g['name']}"
+            g["programs"][f"{upd}_stats"] = f"{upd}_stats_{g['name']}"
         for row in layers:
             row["programs"]["act_stats"] = "act_stats"
     if tensor > 1 and fsdp == 1:  # fsdp x tensor has no optimizer programs yet (tensor_parallel.optimizer_programs)
         groups[gnames.index("block")]["programs"] = {"accum": f"accum_block_tp{tensor}", "sqnorm": "tp_sqnorm_block",
-                                                     "adamw": "tp_adamw_block"}
+                                                     upd: f"tp_{upd}_block"}
     blocks = fsdp if fsdp > 1 else process_fsdp
     if blocks > 1:
         tail = f"_fsdp{blocks}" + (f"_tp{tensor}" if tensor > 1 else "")
         for g in groups:
-            g["shard_programs"] = {r: f"{r}_{g['name']}{tail}" for r in ("accum", "sqnorm", "adamw")}
+            g["shard_programs"] = {r: f"{r}_{g['name']}{tail}" for r in ("accum", "sqnorm", upd)}
     for table in [embed, head, *layers, *groups]:
         for role, name in [*table["programs"].items(), *table.get("shard_programs", {}).items()]:
             if name not in names:
@@ -374,6 +378,11 @@ def main(argv: list[str] | None = None) -> int:
         if kind_error:
             print(f"strata_jax.export: {kind_error}", file=sys.stderr)
             return 2
+    blocks = max(mesh.fsdp if mesh is not None else 1, args.process_fsdp)
+    opt_error = O.unsupported_parallel(cfg, blocks, mesh.tensor if mesh is not None else 1)
+    if opt_error:
+        print(f"strata_jax.export: {opt_error}", file=sys.stderr)
+        return 2
     try:
         progress = Progress(args.progress_fd)
     except OSError as e:

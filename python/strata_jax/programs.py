@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from . import layers as L
 from . import llama
 from . import model as M
+from . import optimizers as O
 from . import registry as R
 from .config import ModelConfig
 from .llama import RESIDUALS, block_bwd_res, block_fwd_res  # noqa: F401  (programs.<name>, as before llama.py)
@@ -214,7 +215,7 @@ def numerics_programs(cfg: ModelConfig) -> list[Program]:
     progs = [Program("act_stats", act_stats, [TensorSpec("x", (mb, T, D), "f32", "activation")],
                      [TensorSpec("stats", (len(ACT_STATS_COLUMNS),), "f32", "metric")])]
     for g in groups_of(cfg):
-        progs.append(_adamw_stats(cfg, g))
+        progs.append(_adamw_stats(cfg, g) if cfg.optimizer is None else _update_program(cfg, g, stats=True))
     return progs
 
 
@@ -452,15 +453,81 @@ def _group_programs(cfg: ModelConfig, group: str, fsdp: int = 1, local: ShapeFn 
                TensorSpec("hyper", (4,), "f32", "scalar")]
     if tail is None:
         tail = f"_fsdp{fsdp}" if fsdp > 1 else ""
+    if cfg.optimizer is not None:
+        upd = _update_program(cfg, group, fsdp, local, tail)
+    else:
+        upd = Program(f"adamw_{group}{tail}", adamw, params + grads + m + v + scalars, params + m + v,
+                      tuple(range(n)) + tuple(range(2 * n, 4 * n)))
     return [
         Program(f"accum_{group}{tail}", accum,
                 _specs(cfg, names, "grad", "a_", fsdp=fsdp, local=local, group=group)
                 + _specs(cfg, names, "grad", "b_", fsdp=fsdp, local=local, group=group),
                 grads, tuple(range(n))),
         Program(f"sqnorm_{group}{tail}", sqn, grads, [TensorSpec("sqnorm", (), "f32", "metric")]),
-        Program(f"adamw_{group}{tail}", adamw, params + grads + m + v + scalars, params + m + v,
-                tuple(range(n)) + tuple(range(2 * n, 4 * n))),
+        upd,
     ]
+
+
+def update_state_specs(cfg: ModelConfig, group: str, fsdp: int = 1,
+                       local: ShapeFn | None = None) -> tuple[list[O.StateSlot], list[TensorSpec]]:
+    """The group's optimizer state tensors (optimizers.state_layout) and
+    their specs: role "opt_<kind>", name "<kind>_<local>". On fsdp blocks or
+    tensor cuts (elementwise optimizers only) a state has its parameter's
+    local shape."""
+    names = M.group_param_names(cfg, group)
+    shapes = [M.param_shape(cfg, p, group) for p in names]
+    opts = O.assignment(cfg)[group]
+    if (fsdp > 1 or local is not None) and not O.elementwise(opts):
+        bad = sorted({o for o in opts if not O.OPTIMIZERS[o].elementwise})
+        raise ValueError(f"optimizer {', '.join(bad)} ({group} group) on fsdp blocks or tensor-parallel cuts is "
+                         f"not built (parallel.fsdp = 1 and parallel.tensor = 1 only)")
+    layout = O.state_layout(shapes, opts, O.constants(cfg.optimizer))
+    specs = []
+    for slot in layout:
+        shape = slot.shape
+        if fsdp > 1 or local is not None:
+            assert shape == shapes[slot.index], (group, slot)  # elementwise: the parameter's shape
+            shape = _specs(cfg, (names[slot.index],), "param", fsdp=fsdp, local=local, group=group)[0].shape
+        specs.append(TensorSpec(f"{slot.kind}_{names[slot.index]}", shape, slot.dtype, f"opt_{slot.kind}"))
+    return layout, specs
+
+
+def _update_program(cfg: ModelConfig, group: str, fsdp: int = 1, local: ShapeFn | None = None, tail: str = "",
+                    stats: bool = False) -> Program:
+    """update_<group><tail> (or update_stats_<group>, diag.numerics: also the
+    f32[n, 8] NUMERICS_COLUMNS): params, grads, the state tensors
+    (update_state_specs), step, lr, gscale, hyper -> params, states."""
+    names = M.group_param_names(cfg, group)
+    n = len(names)
+    decay = [len(M.param_shape(cfg, p, group)) >= 2 for p in names]
+    opts = O.assignment(cfg)[group]
+    c = O.constants(cfg.optimizer)
+    layout, states = update_state_specs(cfg, group, fsdp, local)
+    ns = len(states)
+
+    def update(*args: Array) -> tuple[Array, ...]:
+        p, g, s = args[:n], args[n:2 * n], args[2 * n:2 * n + ns]
+        step, lr, gscale, hyper = args[2 * n + ns:]
+        new_p, new_s = O.group_update(opts, layout, p, g, s, decay, step, lr, gscale, hyper, c)
+        if not stats:
+            return tuple(new_p) + tuple(new_s)
+        rows = []
+        for old, new, gi in zip(p, new_p, g, strict=True):
+            u_sq, u_max, u_bad = tensor_stats(new - old)
+            g_sq, g_max, g_bad = tensor_stats(gi)
+            rows.append(jnp.stack([tensor_stats(new)[0], u_sq, u_max, u_bad, g_sq, g_max, g_bad,
+                                   jnp.float32(new.size)]))
+        return tuple(new_p) + tuple(new_s) + (jnp.stack(rows),)
+
+    params = _specs(cfg, names, "param", fsdp=fsdp, local=local, group=group)
+    grads = _specs(cfg, names, "grad", "grad_", fsdp=fsdp, local=local, group=group)
+    scalars = [_scalar("step"), _scalar("lr"), _scalar("gscale"), TensorSpec("hyper", (4,), "f32", "scalar")]
+    outs = params + states
+    if stats:
+        outs = outs + [TensorSpec("stats", (n, len(NUMERICS_COLUMNS)), "f32", "metric")]
+    name = f"update_stats_{group}" if stats else f"update_{group}{tail}"
+    return Program(name, update, params + grads + states + scalars, outs,
+                   tuple(range(n)) + tuple(range(2 * n, 2 * n + ns)))
 
 
 def fsdp_programs(cfg: ModelConfig, fsdp: int, tensor: int = 1,

@@ -23,8 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import model as M
+from . import optimizers as O
 from . import registry as R
-from .config import ModelConfig, TrainConfig
+from .config import ModelConfig, OptimizerSpec, TrainConfig
 from .data import Batch, DataError, Sampler, Source, read_token_file, read_token_file_prompts
 from .mesh import ParallelError, make_mesh, mesh_for_cli
 from .model import FullParams
@@ -57,6 +58,51 @@ def load_config(path_or_json: str) -> dict[str, Any]:
     return cfg
 
 
+def optimizer_spec(config: dict[str, Any]) -> OptimizerSpec | None:
+    """The optimizer object of a resolved config: the model section's
+    "optimizer" (the model JSON's), else train.optimizer, momentum, nesterov
+    and optimizer_groups; None for AdamW everywhere (docs/model.md, "Optimizers")."""
+    model = config.get("model") or {}
+    if model.get("optimizer") is not None:
+        return OptimizerSpec.from_json(model["optimizer"])
+    train = config.get("train") or {}
+    groups = train.get("optimizer_groups") or []
+    if isinstance(groups, str):
+        groups = [g.strip() for g in groups.split(",") if g.strip()]
+    default = str(train.get("optimizer", "adamw") or "adamw")
+    if default == "adamw" and not groups:
+        return None
+    return OptimizerSpec(default, float(train.get("momentum", 0.9)), bool(train.get("nesterov", False)),
+                         tuple(str(g) for g in groups))
+
+
+def model_config(config: dict[str, Any]) -> ModelConfig:
+    """The ModelConfig of a resolved config, its optimizer object included."""
+    model = dict(config["model"])
+    spec = optimizer_spec(config)
+    if spec is not None:
+        model["optimizer"] = spec.to_json()
+    return ModelConfig.from_dict(model)
+
+
+def init_opt_state(cfg: ModelConfig, params: FullParams) -> tuple[Any, Any]:
+    """The step's (m, v) at step 0: AdamW's zero moments like |params|
+    (cfg.optimizer None), or under an optimizer object the state tensors of
+    each group instance in program order (optimizers.state_layout) as m and
+    empty lists as v."""
+    if cfg.optimizer is None:
+        return jax.tree.map(jnp.zeros_like, params), jax.tree.map(jnp.zeros_like, params)
+    assign, c = O.assignment(cfg), O.constants(cfg.optimizer)
+
+    def zeros(group: str) -> list[Array]:
+        shapes = [M.param_shape(cfg, n, group) for n in M.group_param_names(cfg, group)]
+        return [jnp.zeros(s.shape, jnp.float32) for s in O.state_layout(shapes, assign[group], c)]
+
+    kinds = [R.KINDS[k].group_name for k in cfg.layer_kinds()]
+    m = {"embed": zeros("embed"), "blocks": [zeros(g) for g in kinds], "head": zeros("head")}
+    return m, {"embed": [], "blocks": [[] for _ in kinds], "head": []}
+
+
 def norm_and_gscale(cfg: ModelConfig, total: Array, mask: Array, n_micro: int, grad_clip: Array) -> tuple[Array, Array]:
     """The global gradient norm and the optimizer's gradient scale (clip
     included) from the summed squared norms |total|: over the microbatch
@@ -86,7 +132,10 @@ def make_train_step(cfg: ModelConfig, loss_fn: Callable[..., Array] = M.model_lo
     global batch); the micro_losses are the head's sum(ce * mask) / (mb * T).
     loss_fn(cfg, params, tokens, targets, mask[, positions]) is only replaced
     by the benchmark anchors (anchor.py), with the same math; so are |shardings|
-    ((in_shardings, out_shardings) of the jit, for a device mesh)."""
+    ((in_shardings, out_shardings) of the jit, for a device mesh).
+    With cfg.optimizer (docs/model.md, "Optimizers") m is the tree of each
+    group instance's state tensors and v empty lists (init_opt_state), and
+    each group is updated by optimizers.group_update, as update_<group>."""
     if loss_fn is M.model_loss:
         objective = lambda p, *xs: M.model_objective(cfg, p, *xs)  # noqa: E731
     else:
@@ -94,6 +143,11 @@ def make_train_step(cfg: ModelConfig, loss_fn: Callable[..., Array] = M.model_lo
             value = loss_fn(cfg, p, *xs)
             return value, (value, {})
     loss_and_grad = jax.value_and_grad(objective, has_aux=True)
+    gnames = ["embed"] + [R.KINDS[k].group_name for k in cfg.layer_kinds()] + ["head"]
+    if cfg.optimizer is not None:
+        assign, consts = O.assignment(cfg), O.constants(cfg.optimizer)
+        layouts = {g: O.state_layout([M.param_shape(cfg, n, g) for n in M.group_param_names(cfg, g)], assign[g],
+                                     consts) for g in set(gnames)}
 
     def step_core(params: FullParams, m: FullParams, v: FullParams, batch: tuple[Array, ...],
                   step: Array, lr: Array, hyper: Array, grad_clip: Array) -> Any:
@@ -119,7 +173,12 @@ def make_train_step(cfg: ModelConfig, loss_fn: Callable[..., Array] = M.model_lo
         norm, gscale = norm_and_gscale(cfg, total, batch[2], n_micro, grad_clip)
 
         new = []
-        for (p, g, mi, vi), names in zip(groups, order):
+        for (p, g, mi, vi), names, gname in zip(groups, order, gnames):
+            if cfg.optimizer is not None:  # the registry's update, as update_<group>
+                np_, ns = O.group_update(assign[gname], layouts[gname], [p[k] for k in names], [g[k] for k in names],
+                                         mi, [p[k].ndim >= 2 for k in names], step, lr, gscale, hyper, consts)
+                new.append((dict(zip(names, np_)), ns, vi))
+                continue
             np_, nm, nv = adamw_update([p[k] for k in names], [g[k] for k in names],
                                        [mi[k] for k in names], [vi[k] for k in names],
                                        [p[k].ndim >= 2 for k in names], step, lr, gscale, hyper)
@@ -222,8 +281,10 @@ def train(config: dict[str, Any], tokens: np.ndarray | list[Source], steps: int 
     """Runs the reference; returns (final params, history as written to losses.json).
     |mesh| (mesh.MeshSpec): the step as one jit over that many of JAX's
     devices, sharded as the anchor's (shardings.mesh_shardings)."""
-    cfg = ModelConfig.from_dict(config["model"])
+    cfg = model_config(config)
     tc = TrainConfig.from_dict(config["train"])
+    if cfg.optimizer is not None and mesh is not None and mesh.devices > 1:
+        raise ValueError("reference_train: --mesh with an optimizer other than AdamW everywhere is not built")
     if steps is not None:
         tc = TrainConfig.from_dict({**config["train"], "steps": steps})
     seed = int(config["seed"])
@@ -241,8 +302,7 @@ def train(config: dict[str, Any], tokens: np.ndarray | list[Source], steps: int 
 
         def batch_arrays(b: Batch) -> tuple[Array, ...]:
             return tuple(jax.device_put(a, bs) for a in batch_tuple(cfg, b))
-    m = jax.tree.map(jnp.zeros_like, params)
-    v = jax.tree.map(jnp.zeros_like, params)
+    m, v = init_opt_state(cfg, params)
     with_metrics = any(R.KINDS[k].metrics for k in cfg.layer_kinds())
     step_fn, eval_fn = make_train_step(cfg, shardings=shardings, with_metrics=with_metrics), make_eval(cfg)
     hyper, clip = jnp.asarray(tc.hyper), jnp.float32(tc.grad_clip)
@@ -400,6 +460,9 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as e:
         print(f"reference_train: data error: {e}", file=sys.stderr)
         return 3
+    except ValueError as e:  # a bad model or optimizer config (ModelConfig, optimizers.assignment)
+        print(f"reference_train: bad config: {e}", file=sys.stderr)
+        return 2
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "losses.json"), "w", encoding="utf-8") as f:
         json.dump(hist, f, indent=1)

@@ -48,6 +48,7 @@ parameters.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -67,6 +68,7 @@ from jax.sharding import PartitionSpec as P
 from . import layers as L
 from . import llama
 from . import model as M
+from . import optimizers as O
 from . import programs as PR
 from .config import ModelConfig
 from .mesh import MESH_AXES, MeshSpec, ParallelError, make_mesh
@@ -373,11 +375,40 @@ def optimizer_programs(cfg: ModelConfig, mesh: MeshSpec) -> list[SpmdProgram]:
         new_p, new_m, new_v = adamw_update(p, g, mi, vi, decay, step, lr, gscale, hyp)
         return tuple(new_p) + tuple(new_m) + tuple(new_v)
 
+    sq = SpmdProgram("tp_sqnorm_block", mesh, sqn, tuple(grads), (_spec("sqnorm", (), "metric"),))
+    if cfg.optimizer is not None:
+        return [sq, _tp_update_block(cfg, mesh, params, grads, scalars + [hyper], decay)]
     return [
-        SpmdProgram("tp_sqnorm_block", mesh, sqn, tuple(grads), (_spec("sqnorm", (), "metric"),)),
+        sq,
         SpmdProgram("tp_adamw_block", mesh, adamw, tuple(params + grads + m + v + scalars + [hyper]),
                     tuple(params + m + v), tuple(range(n)) + tuple(range(2 * n, 4 * n))),
     ]
+
+
+def _tp_update_block(cfg: ModelConfig, mesh: MeshSpec, params: list[ShardedSpec], grads: list[ShardedSpec],
+                     scalars: list[ShardedSpec], decay: list[bool]) -> SpmdProgram:
+    """tp_update_block (the model JSON's optimizer object): the block's
+    update (optimizers.py) on its tensor-cut tensors. Elementwise optimizers
+    only (optimizers.unsupported_parallel): each state is cut as its parameter."""
+    blk = M.BLOCK_PARAMS
+    n = len(blk)
+    opts = O.assignment(cfg)["block"]
+    if not O.elementwise(opts):
+        raise ParallelError(O.unsupported_parallel(cfg, 1, mesh.tensor) or "not elementwise")
+    layout = O.state_layout([M.param_shape(cfg, k) for k in blk], opts, O.constants(cfg.optimizer))
+    states = [dataclasses.replace(params[s.index], name=f"{s.kind}_{blk[s.index]}", role=f"opt_{s.kind}")
+              for s in layout]
+    ns = len(states)
+    c = O.constants(cfg.optimizer)
+
+    def update(*a: Array) -> tuple[Array, ...]:
+        p, g, st = a[:n], a[n:2 * n], a[2 * n:2 * n + ns]
+        step, lr, gscale, hyp = a[2 * n + ns:]
+        new_p, new_s = O.group_update(opts, layout, p, g, st, decay, step, lr, gscale, hyp, c)
+        return tuple(new_p) + tuple(new_s)
+
+    return SpmdProgram("tp_update_block", mesh, update, tuple(params + grads + states + scalars),
+                       tuple(params + states), tuple(range(n)) + tuple(range(2 * n, 2 * n + ns)))
 
 
 def tp_programs(cfg: ModelConfig, mesh: MeshSpec) -> list[SpmdProgram]:
