@@ -165,18 +165,23 @@ static st_status st__tables_parse(st_bundle* b, const json_t* root, const char* 
                             where);
     ST_RETURN(st__role_program(b, progs, "accum", where, &g->accum));
     ST_RETURN(st__role_program(b, progs, "sqnorm", where, &g->sqnorm));
-    ST_RETURN(st__role_program(b, progs, "adamw", where, &g->adamw));
-    ST_RETURN(st__role_program(b, progs, "adamw_stats", where, &g->adamw_stats));
-    if (!g->accum || !g->sqnorm || !g->adamw)
-      return st_status_make(ST_CODE_RUNTIME, "%s: programs needs accum, sqnorm and adamw", where);
+    /* The update: "update" (any optimizer, docs/scheduling.md "Optimizer state"),
+     * else "adamw" (a bundle of adamw everywhere, as every bundle before). */
+    ST_RETURN(st__role_program(b, progs, "update", where, &g->update));
+    if (!g->update) ST_RETURN(st__role_program(b, progs, "adamw", where, &g->update));
+    ST_RETURN(st__role_program(b, progs, "update_stats", where, &g->update_stats));
+    if (!g->update_stats) ST_RETURN(st__role_program(b, progs, "adamw_stats", where, &g->update_stats));
+    if (!g->accum || !g->sqnorm || !g->update)
+      return st_status_make(ST_CODE_RUNTIME, "%s: programs needs accum, sqnorm and update (or adamw)", where);
     const json_t* shard = json_object_get(json_array_get(groups, (size_t)i), "shard_programs");
     if (shard) {
       if (!json_is_object(shard)) return st_status_make(ST_CODE_RUNTIME, "%s: shard_programs is not an object", where);
       ST_RETURN(st__role_program(b, shard, "accum", where, &g->shard_accum));
       ST_RETURN(st__role_program(b, shard, "sqnorm", where, &g->shard_sqnorm));
-      ST_RETURN(st__role_program(b, shard, "adamw", where, &g->shard_adamw));
-      if (!g->shard_accum || !g->shard_sqnorm || !g->shard_adamw)
-        return st_status_make(ST_CODE_RUNTIME, "%s: shard_programs needs accum, sqnorm and adamw", where);
+      ST_RETURN(st__role_program(b, shard, "update", where, &g->shard_update));
+      if (!g->shard_update) ST_RETURN(st__role_program(b, shard, "adamw", where, &g->shard_update));
+      if (!g->shard_accum || !g->shard_sqnorm || !g->shard_update)
+        return st_status_make(ST_CODE_RUNTIME, "%s: shard_programs needs accum, sqnorm and update (or adamw)", where);
     }
   }
   b->embed.index = b->head.index = -1;
