@@ -964,7 +964,7 @@ static void test_optimizers(void** state) {
                  "(rank 2, outside the embedding and the head), and vectors has none; give vectors another optimizer, "
                  "and muon to matrices or a block group");
   override_fails("train.optimizer=adam",
-                 "train.optimizer: 'adam' is not one of adamw, sgd, lion, adafactor, muon (command line)");
+                 "train.optimizer: 'adam' is not an allowed value (expected one of adamw, sgd, lion, adafactor, muon) (command line)");
   char* fsdp[] = {"train.optimizer=adafactor", "parallel.fsdp=2"};
   load_fails("configs/test.yml", 2, fsdp,
              "train.optimizer (command line) uses adafactor with parallel.fsdp=2 (command line) and parallel.tensor=1 "
