@@ -216,7 +216,11 @@ static st_status st__tables_parse(st_bundle* b, const json_t* root, const char* 
 /*===-------------------------------------------------------------------===*/
 
 /* One collective's tensors: name, dtype and the per-device local_shape. */
-static st_status st__collective_tensors(const json_t* arr, const char* where, int* out_count, st_bundle_tensor** out) {
+/* |roles|: an SPMD compute program's tensors keep the exporter's roles (the
+ * plan reads an update's "opt_<kind>" state by them); a collective's are
+ * all "grad". */
+static st_status st__collective_tensors(const json_t* arr, const char* where, bool roles, int* out_count,
+                                        st_bundle_tensor** out) {
   size_t n = json_array_size(arr);
   if (n > 4096) return st_status_make(ST_CODE_RUNTIME, "%s: %zu tensors, more than 4096", where, n);
   *out_count = (int)n;
@@ -230,7 +234,8 @@ static st_status st__collective_tensors(const json_t* arr, const char* where, in
     const json_t* shape = NULL;
     ST_RETURN(st_json_get_string(t, "name", ctx, &name));
     (*out)[i].name = st_xstrdup(name);
-    (*out)[i].role = st_xstrdup("grad");
+    const json_t* role = roles ? json_object_get(t, "role") : NULL;
+    (*out)[i].role = st_xstrdup(json_is_string(role) ? json_string_value(role) : "grad");
     ST_RETURN(st_json_get_string(t, "dtype", ctx, &dtype));
     ST_RETURN(st_json_get_array(t, "local_shape", ctx, &shape));
     st_tensor_type* ty = &(*out)[i].type;
@@ -332,9 +337,9 @@ static st_status st__collectives_parse(st_bundle* b, const json_t* root, const c
     c->path = st_path_join(b->dir, file);
     const json_t* arr = NULL;
     ST_RETURN(st_json_get_array(cj, "inputs", ctx, &arr));
-    ST_RETURN(st__collective_tensors(arr, ctx, &c->input_count, &c->inputs));
+    ST_RETURN(st__collective_tensors(arr, ctx, is_tp, &c->input_count, &c->inputs));
     ST_RETURN(st_json_get_array(cj, "outputs", ctx, &arr));
-    ST_RETURN(st__collective_tensors(arr, ctx, &c->output_count, &c->outputs));
+    ST_RETURN(st__collective_tensors(arr, ctx, is_tp, &c->output_count, &c->outputs));
     c->donated = st_xcalloc((size_t)c->input_count + 1, sizeof(bool));
     const json_t* don = json_object_get(cj, "donated");
     for (size_t k = 0; k < json_array_size(don); ++k) {
