@@ -109,7 +109,8 @@ static const st__cfg_key kKeys[] = {
     {"train.optimizer_groups", ST__CFG_LIST, "[]",
      .doc = "Per-parameter overrides of train.optimizer, \"SELECTOR=OPTIMIZER\", applied in order; SELECTOR: embed, "
             "head, vectors (every 1-D parameter), matrices (rank >= 2 outside embed and head) or a block group's name "
-            "(block, moe_block, ...), e.g. [matrices=muon]. muon only on matrices or a block group's matrices."},
+            "(block, moe_block, ...; one the model lacks is refused when the bundle is exported, exit 2), e.g. "
+            "[matrices=muon]. muon only on matrices or a block group's matrices."},
     {"train.momentum", ST__CFG_FLOAT, "0.9", .lo = 0, .hi = 1, .hi_open = true,
      .doc = "Momentum of sgd and muon (muon's beta)."},
     {"train.nesterov", ST__CFG_BOOL, "false", .doc = "sgd: Nesterov momentum (muon is always Nesterov)."},
