@@ -56,14 +56,18 @@ typedef struct st_bundle_group {
   char** params; /* local names, in program order */
   /* The group's optimizer programs (groups[].programs; point into
    * st_bundle.programs): accumulate two gradients, sum of squares of the
-   * gradients, AdamW update. */
+   * gradients, the update (role "update", or "adamw" in a bundle of adamw
+   * everywhere): params, grads, the optimizer state tensors (role
+   * "opt_<kind>", named "<kind>_<local>"), step, lr, gscale, hyper ->
+   * params, state (docs/bundle.md). */
   const st_bundle_program* accum;
   const st_bundle_program* sqnorm;
-  const st_bundle_program* adamw;
-  /* diag.numerics (docs/diagnostics.md): adamw that also returns the
-   * group's f32[n, 8] statistics; NULL in a bundle without it (a mesh
-   * with fsdp or tensor > 1, an older exporter). */
-  const st_bundle_program* adamw_stats;
+  const st_bundle_program* update;
+  /* diag.numerics (docs/diagnostics.md): the update that also returns the
+   * group's f32[n, 8] statistics ("update_stats", else "adamw_stats"); NULL
+   * in a bundle without it (a mesh with fsdp or tensor > 1, an older
+   * exporter). */
+  const st_bundle_program* update_stats;
   /* Bundles exported for a mesh with data > 1: the all-reduce of the
    * group's gradients over the data axis (points into
    * st_bundle.collectives; NULL otherwise). Its inputs and outputs are the
@@ -80,7 +84,7 @@ typedef struct st_bundle_group {
   const st_bundle_program* fsdp_reduce_scatter;
   const st_bundle_program* shard_accum;
   const st_bundle_program* shard_sqnorm;
-  const st_bundle_program* shard_adamw;
+  const st_bundle_program* shard_update;
 } st_bundle_group;
 
 typedef struct st_bundle_param {

@@ -170,7 +170,7 @@ enum { ST_NONFINITE_STOP = 0, ST_NONFINITE_SKIP, ST_NONFINITE_ROLLBACK };
 const char* st_plan_nonfinite_name(int policy); /* "stop", "skip", "rollback" */
 /* diag.numerics (docs/diagnostics.md, "What is measured"). */
 enum { ST_NUMERICS_OFF = 0, ST_NUMERICS_STEP, ST_NUMERICS_LAYER };
-/* Columns of adamw_stats_<group>'s f32[n, 8] output, one row a parameter. */
+/* Columns of the update_stats (adamw_stats_<group>) f32[n, 8] output, one row a parameter. */
 enum { ST_NSTAT_PARAM_SQ, ST_NSTAT_UPDATE_SQ, ST_NSTAT_UPDATE_MAX, ST_NSTAT_UPDATE_BAD, ST_NSTAT_GRAD_SQ,
        ST_NSTAT_GRAD_MAX, ST_NSTAT_GRAD_BAD, ST_NSTAT_NUMEL, ST_NSTAT_COLUMNS };
 
@@ -299,7 +299,7 @@ enum {
   ST_TAG_EVAL_MASK,
   ST_TAG_EVAL_LOSS,
   ST_TAG_SCHEDULE, /* HOST: lr and gscale before the backward (sched.optimizer=per_layer) */
-  /* READ, diag.numerics: a group instance's adamw_stats (micro = the
+  /* READ, diag.numerics: a group instance's update_stats (micro = the
    * instance), a block's output and its input gradient's act_stats. */
   ST_TAG_NUM_OPT,
   ST_TAG_NUM_OUT,
@@ -324,6 +324,11 @@ int st_plan_metric_outputs(const st_bundle_program* p);
  * be NULL) and |ranks| (each metric's tensor rank: 0 a scalar, 1 a vector;
  * may be NULL) and returns how many. */
 int st_plan_block_metrics(const st_bundle* bundle, const char** names, int* ranks);
+/* Bytes of the optimizer state of layer |layer|'s parameters, whole
+ * tensors: its group's update program's state inputs (docs/scheduling.md,
+ * "Optimizer state"), a state of its parameter's type counted at the
+ * whole parameter's bytes (AdamW: twice the parameters). */
+int64_t st_plan_layer_state_bytes(const st_bundle* bundle, int layer);
 
 /* What sched.remat chose for the step plan, and why (docs/scheduling.md,
  * "sched.remat=auto"). */

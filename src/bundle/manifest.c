@@ -165,18 +165,23 @@ static st_status st__tables_parse(st_bundle* b, const json_t* root, const char* 
                             where);
     ST_RETURN(st__role_program(b, progs, "accum", where, &g->accum));
     ST_RETURN(st__role_program(b, progs, "sqnorm", where, &g->sqnorm));
-    ST_RETURN(st__role_program(b, progs, "adamw", where, &g->adamw));
-    ST_RETURN(st__role_program(b, progs, "adamw_stats", where, &g->adamw_stats));
-    if (!g->accum || !g->sqnorm || !g->adamw)
-      return st_status_make(ST_CODE_RUNTIME, "%s: programs needs accum, sqnorm and adamw", where);
+    /* The update: "update" (any optimizer, docs/scheduling.md "Optimizer state"),
+     * else "adamw" (a bundle of adamw everywhere, as every bundle before). */
+    ST_RETURN(st__role_program(b, progs, "update", where, &g->update));
+    if (!g->update) ST_RETURN(st__role_program(b, progs, "adamw", where, &g->update));
+    ST_RETURN(st__role_program(b, progs, "update_stats", where, &g->update_stats));
+    if (!g->update_stats) ST_RETURN(st__role_program(b, progs, "adamw_stats", where, &g->update_stats));
+    if (!g->accum || !g->sqnorm || !g->update)
+      return st_status_make(ST_CODE_RUNTIME, "%s: programs needs accum, sqnorm and update (or adamw)", where);
     const json_t* shard = json_object_get(json_array_get(groups, (size_t)i), "shard_programs");
     if (shard) {
       if (!json_is_object(shard)) return st_status_make(ST_CODE_RUNTIME, "%s: shard_programs is not an object", where);
       ST_RETURN(st__role_program(b, shard, "accum", where, &g->shard_accum));
       ST_RETURN(st__role_program(b, shard, "sqnorm", where, &g->shard_sqnorm));
-      ST_RETURN(st__role_program(b, shard, "adamw", where, &g->shard_adamw));
-      if (!g->shard_accum || !g->shard_sqnorm || !g->shard_adamw)
-        return st_status_make(ST_CODE_RUNTIME, "%s: shard_programs needs accum, sqnorm and adamw", where);
+      ST_RETURN(st__role_program(b, shard, "update", where, &g->shard_update));
+      if (!g->shard_update) ST_RETURN(st__role_program(b, shard, "adamw", where, &g->shard_update));
+      if (!g->shard_accum || !g->shard_sqnorm || !g->shard_update)
+        return st_status_make(ST_CODE_RUNTIME, "%s: shard_programs needs accum, sqnorm and update (or adamw)", where);
     }
   }
   b->embed.index = b->head.index = -1;
@@ -211,7 +216,11 @@ static st_status st__tables_parse(st_bundle* b, const json_t* root, const char* 
 /*===-------------------------------------------------------------------===*/
 
 /* One collective's tensors: name, dtype and the per-device local_shape. */
-static st_status st__collective_tensors(const json_t* arr, const char* where, int* out_count, st_bundle_tensor** out) {
+/* |roles|: an SPMD compute program's tensors keep the exporter's roles (the
+ * plan reads an update's "opt_<kind>" state by them); a collective's are
+ * all "grad". */
+static st_status st__collective_tensors(const json_t* arr, const char* where, bool roles, int* out_count,
+                                        st_bundle_tensor** out) {
   size_t n = json_array_size(arr);
   if (n > 4096) return st_status_make(ST_CODE_RUNTIME, "%s: %zu tensors, more than 4096", where, n);
   *out_count = (int)n;
@@ -225,7 +234,8 @@ static st_status st__collective_tensors(const json_t* arr, const char* where, in
     const json_t* shape = NULL;
     ST_RETURN(st_json_get_string(t, "name", ctx, &name));
     (*out)[i].name = st_xstrdup(name);
-    (*out)[i].role = st_xstrdup("grad");
+    const json_t* role = roles ? json_object_get(t, "role") : NULL;
+    (*out)[i].role = st_xstrdup(json_is_string(role) ? json_string_value(role) : "grad");
     ST_RETURN(st_json_get_string(t, "dtype", ctx, &dtype));
     ST_RETURN(st_json_get_array(t, "local_shape", ctx, &shape));
     st_tensor_type* ty = &(*out)[i].type;
@@ -327,9 +337,9 @@ static st_status st__collectives_parse(st_bundle* b, const json_t* root, const c
     c->path = st_path_join(b->dir, file);
     const json_t* arr = NULL;
     ST_RETURN(st_json_get_array(cj, "inputs", ctx, &arr));
-    ST_RETURN(st__collective_tensors(arr, ctx, &c->input_count, &c->inputs));
+    ST_RETURN(st__collective_tensors(arr, ctx, is_tp, &c->input_count, &c->inputs));
     ST_RETURN(st_json_get_array(cj, "outputs", ctx, &arr));
-    ST_RETURN(st__collective_tensors(arr, ctx, &c->output_count, &c->outputs));
+    ST_RETURN(st__collective_tensors(arr, ctx, is_tp, &c->output_count, &c->outputs));
     c->donated = st_xcalloc((size_t)c->input_count + 1, sizeof(bool));
     const json_t* don = json_object_get(cj, "donated");
     for (size_t k = 0; k < json_array_size(don); ++k) {

@@ -61,13 +61,21 @@ static st_status st__plan_fit(st_plan_options* o, st_runtime* rt, const st_bundl
 }
 
 /* Memory per layer, from the bundle's tables: its block kind, its
- * parameters (whole tensors; with their gradients and AdamW moments, four
- * times that), the residuals its training forward keeps per microbatch
- * (per device), and whether the plan recomputes it instead. Layers of
- * different kinds differ here, which is what a heterogeneous stack needs
- * to see. */
+ * parameters (whole tensors) and its state (with their gradients and
+ * optimizer state: AdamW's moments make it four times the parameters), the
+ * residuals its training forward keeps per microbatch (per device), and
+ * whether the plan recomputes it instead. Layers of different kinds differ
+ * here, which is what a heterogeneous stack needs to see. */
 static void st__print_layer_memory(const st_bundle* b, const st_plan_remat_choice* remat) {
-  printf("# per layer: kind, parameter bytes (x4 with gradients and AdamW m, v), residual bytes per microbatch\n");
+  bool x4 = true; /* AdamW everywhere: the header says so, as it always did */
+  for (int l = 0; l < b->layer_count; ++l) {
+    int64_t params = 0;
+    for (int i = 0; i < b->param_count; ++i)
+      if (b->params[i].layer == l) params += st_tensor_type_bytes(&b->params[i].type);
+    x4 = x4 && st_plan_layer_state_bytes(b, l) == 2 * params;
+  }
+  printf("# per layer: kind, parameter bytes (%s), residual bytes per microbatch\n",
+         x4 ? "x4 with gradients and AdamW m, v" : "state: with gradients and optimizer state");
   for (int l = 0; l < b->layer_count; ++l) {
     const st_bundle_stage* st = &b->layers[l];
     int64_t params = 0, res = 0;
@@ -78,7 +86,7 @@ static void st__print_layer_memory(const st_bundle* b, const st_plan_remat_choic
       res += st_tensor_type_bytes(&st->fwd_res->outputs[i].type);
     bool recomputed = remat->remat && l < remat->layers && remat->remat[l];
     printf("# layer %-3d %-10s params %lld B  state %lld B  residuals %lld B%s\n", l, st->kind[0] ? st->kind : st->group->name,
-           (long long)params, (long long)(4 * params), (long long)res, recomputed ? " (recomputed: not kept)" : "");
+           (long long)params, (long long)(2 * params + st_plan_layer_state_bytes(b, l)), (long long)res, recomputed ? " (recomputed: not kept)" : "");
   }
 }
 

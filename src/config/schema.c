@@ -97,10 +97,23 @@ static const st__cfg_key kKeys[] = {
             "(rounded to the nearest step, at least 1); 1 is the linear schedule."},
     {"train.warmup_steps", ST__CFG_INT, "10", .lo = 0, .hi = 100000000,
      .doc = "Linear warmup steps: step t <= train.warmup_steps trains at train.lr * t / train.warmup_steps."},
-    {"train.weight_decay", ST__CFG_FLOAT, "0.1", .lo = 0, .hi = 10, .doc = "AdamW decoupled weight decay."},
-    {"train.beta1", ST__CFG_FLOAT, "0.9", .lo = 0, .hi = 1, .hi_open = true, .doc = "Adam first-moment decay."},
-    {"train.beta2", ST__CFG_FLOAT, "0.95", .lo = 0, .hi = 1, .hi_open = true, .doc = "Adam second-moment decay."},
+    {"train.weight_decay", ST__CFG_FLOAT, "0.1", .lo = 0, .hi = 10,
+     .doc = "Decoupled weight decay of the parameters of rank >= 2 (every optimizer)."},
+    {"train.beta1", ST__CFG_FLOAT, "0.9", .lo = 0, .hi = 1, .hi_open = true, .doc = "Adam first-moment decay (lion: its beta1)."},
+    {"train.beta2", ST__CFG_FLOAT, "0.95", .lo = 0, .hi = 1, .hi_open = true, .doc = "Adam second-moment decay (lion: its beta2)."},
     {"train.eps", ST__CFG_FLOAT, "1e-8", .lo = 0, .lo_open = true, .hi = 1, .doc = "Adam epsilon."},
+    {"train.optimizer", ST__CFG_ENUM, "adamw", .choices = "adamw|sgd|lion|adafactor|muon",
+     .doc = "The update rule of every parameter (docs/scheduling.md, \"Optimizer state\"); muon: muon for the parameters of "
+            "rank >= 2 outside the embedding and the head (matrices), adamw for the rest. adafactor and muon need "
+            "parallel.fsdp=1 and parallel.tensor=1."},
+    {"train.optimizer_groups", ST__CFG_LIST, "[]",
+     .doc = "Per-parameter overrides of train.optimizer, \"SELECTOR=OPTIMIZER\", applied in order; SELECTOR: embed, "
+            "head, vectors (every 1-D parameter), matrices (rank >= 2 outside embed and head) or a block group's name "
+            "(block, moe_block, ...; one the model lacks is refused when the bundle is exported, exit 2), e.g. "
+            "[matrices=muon]. muon only on matrices or a block group's matrices."},
+    {"train.momentum", ST__CFG_FLOAT, "0.9", .lo = 0, .hi = 1, .hi_open = true,
+     .doc = "Momentum of sgd and muon (muon's beta)."},
+    {"train.nesterov", ST__CFG_BOOL, "false", .doc = "sgd: Nesterov momentum (muon is always Nesterov)."},
     {"train.grad_clip", ST__CFG_FLOAT, "1.0", .lo = 0, .hi = 1e9,
      .doc = "Global gradient-norm clip; 0 disables clipping."},
     {"train.eval_every", ST__CFG_INT, "50", .lo = 0, .hi = 100000000,
@@ -201,7 +214,7 @@ static const st__cfg_key kKeys[] = {
             "every layer's residuals) or a fraction of the device's memory such as 0.9 (only where the PJRT plugin "
             "reports it; the CPU plugin does not)."},
     {"sched.offload", ST__CFG_ENUM, "none", .choices = "none|optimizer|params|both",
-     .doc = "What lives in host memory between uses: optimizer state (m, v), block parameters, or both."},
+     .doc = "What lives in host memory between uses: optimizer state (AdamW's m, v), block parameters, or both."},
     {"sched.prefetch_depth", ST__CFG_INT, "1", .lo = 0, .hi = 64,
      .doc = "How many launches ahead offloaded buffers are brought back to the device."},
     {"sched.wait", ST__CFG_ENUM, "deferred", .choices = "deferred|eager",
@@ -620,6 +633,86 @@ static st_status st__rule_numerics(const st_config* c) {
                         (long long)st_config_int(c, "parallel.fsdp"), (long long)st_config_int(c, "parallel.tensor"));
 }
 
+/* train.optimizer_groups' entries (docs/scheduling.md, "Optimizer state"): SELECTOR=OPTIMIZER
+ * with a known optimizer; the selector embed, head, vectors, matrices or a
+ * block group's name, which only the exporter knows (it refuses an unknown
+ * one, exit 2): here only its spelling is checked. */
+static const char* const kOptimizers[] = {"adamw", "sgd", "lion", "adafactor", "muon"};
+
+static bool st__optimizer_known(const char* name, size_t n) {
+  for (size_t i = 0; i < sizeof(kOptimizers) / sizeof(kOptimizers[0]); ++i)
+    if (strlen(kOptimizers[i]) == n && !strncmp(kOptimizers[i], name, n)) return true;
+  return false;
+}
+
+static bool st__selector_spelled(const char* sel, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (!islower((unsigned char)sel[i]) && !isdigit((unsigned char)sel[i]) && sel[i] != '_') return false;
+  return n > 0 && islower((unsigned char)sel[0]);
+}
+
+static st_status st__optimizer_entry(const st_config* c, int i, const char* e) {
+  const char* src = st_config_source(c, "train.optimizer_groups");
+  const char* eq = strchr(e, '=');
+  if (!eq || eq == e || !eq[1] || strchr(eq + 1, '='))
+    return st_status_make(ST_CODE_CONFIG,
+                          "train.optimizer_groups (%s): entry %d '%s' is not SELECTOR=OPTIMIZER (e.g. matrices=muon)", src,
+                          i + 1, e);
+  const size_t ns = (size_t)(eq - e);
+  if (!st__selector_spelled(e, ns))
+    return st_status_make(ST_CODE_CONFIG,
+                          "train.optimizer_groups (%s): entry %d '%s': unknown selector '%.*s'; one of embed, head, "
+                          "vectors, matrices or a block group's name (lowercase letters, digits and '_', e.g. block)",
+                          src, i + 1, e, (int)ns, e);
+  if (!st__optimizer_known(eq + 1, strlen(eq + 1)))
+    return st_status_make(ST_CODE_CONFIG,
+                          "train.optimizer_groups (%s): entry %d '%s': unknown optimizer '%s'; one of adamw, sgd, lion, "
+                          "adafactor, muon",
+                          src, i + 1, e, eq + 1);
+  const bool not_matrix = (ns == 5 && !strncmp(e, "embed", 5)) || (ns == 4 && !strncmp(e, "head", 4)) ||
+                          (ns == 7 && !strncmp(e, "vectors", 7));
+  if (not_matrix && !strcmp(eq + 1, "muon"))
+    return st_status_make(ST_CODE_CONFIG,
+                          "train.optimizer_groups (%s): entry %d '%s': muon updates hidden matrices only (rank 2, outside "
+                          "the embedding and the head), and %.*s has none; give %.*s another optimizer, and muon to "
+                          "matrices or a block group",
+                          src, i + 1, e, (int)ns, e, (int)ns, e);
+  return ST_OK;
+}
+
+/* adafactor's factored moments and muon's orthogonalisation need each
+ * parameter whole on a device: their updates are exported for one device's
+ * whole tensors only (elementwise adamw, sgd and lion have fsdp and tensor
+ * variants). "Used": train.optimizer or any entry names it. */
+static st_status st__optimizer_sharded(const st_config* c) {
+  const int64_t f = st_config_int(c, "parallel.fsdp"), t = st_config_int(c, "parallel.tensor");
+  if (f <= 1 && t <= 1) return ST_OK;
+  const char* def = st_config_string(c, "train.optimizer");
+  const char* hit = NULL;
+  const char* key = "train.optimizer";
+  if (!strcmp(def, "adafactor") || !strcmp(def, "muon")) hit = def;
+  for (int i = 0; !hit && i < st_config_list_count(c, "train.optimizer_groups"); ++i) {
+    const char* eq = strchr(st_config_list_item(c, "train.optimizer_groups", i), '=');
+    if (!strcmp(eq + 1, "adafactor") || !strcmp(eq + 1, "muon")) {
+      hit = eq + 1;
+      key = "train.optimizer_groups";
+    }
+  }
+  if (!hit) return ST_OK;
+  return st_status_make(ST_CODE_CONFIG,
+                        "%s (%s) uses %s with parallel.fsdp=%lld (%s) and parallel.tensor=%lld (%s): %s's update is not "
+                        "built for sharded parameters (it needs each parameter whole on a device); use adamw, sgd or "
+                        "lion there, or parallel.fsdp=1 and parallel.tensor=1",
+                        key, st_config_source(c, key), hit, (long long)f, st_config_source(c, "parallel.fsdp"),
+                        (long long)t, st_config_source(c, "parallel.tensor"), hit);
+}
+
+static st_status st__rule_optimizer(const st_config* c) {
+  const int n = st_config_list_count(c, "train.optimizer_groups");
+  for (int i = 0; i < n; ++i) ST_RETURN(st__optimizer_entry(c, i, st_config_list_item(c, "train.optimizer_groups", i)));
+  return st__optimizer_sharded(c);
+}
+
 static st_status st__rule_skip(const st_config* c) {
   st_status s = st_config_check_skip_per_layer(!strcmp(st_config_string(c, "diag.on_nonfinite"), "skip"),
                                                !strcmp(st_config_string(c, "sched.optimizer"), "per_layer"));
@@ -863,6 +956,10 @@ static const st__cfg_rule kRules[] = {
     {"faults.crash_at_step and faults.hang_at_step are at most train.steps; faults.hang_in is PROGRAM or PROGRAM:STEP "
      "with STEP from 1 to train.steps.",
      st__rule_fault_steps},
+    {"train.optimizer_groups entries are SELECTOR=OPTIMIZER: SELECTOR embed, head, vectors, matrices or a block "
+     "group's name, OPTIMIZER one of train.optimizer's; muon not on embed, head or vectors; adafactor and muon "
+     "(in train.optimizer or an entry) need parallel.fsdp=1 and parallel.tensor=1.",
+     st__rule_optimizer},
     {"diag.on_nonfinite=skip needs sched.optimizer=after_backward.", st__rule_skip},
     {"diag.numerics other than off needs parallel.fsdp=1 and parallel.tensor=1.", st__rule_numerics},
     {"run.id is empty or a plain name: letters, digits, '.', '_' and '-', at most 128, not starting with '.'.",

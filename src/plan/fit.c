@@ -13,7 +13,7 @@
 #include "strata/base.h"
 #include "strata/plan.h"
 
-/* Bytes of the training state (parameters, m, v), whole tensors. */
+/* Bytes of the training state (parameters, optimizer state), whole tensors. */
 static int64_t st__state_bytes(const st_plan* p) {
   int64_t n = 0;
   for (int i = 0; i < p->slot_count; ++i) {

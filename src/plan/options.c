@@ -110,6 +110,11 @@ json_t* st_plan_model_implied(void) {
     snprintf(key, sizeof(key), "kernels.%s", op_names[i]);
     st_json_put_str(j, key, "xla");
   }
+  /* Before the description named the optimizer, adamw was every
+   * parameter's; momentum and nesterov were not used by it, so they imply
+   * nothing (not compared). */
+  st_json_put_str(j, "optimizer.default", "adamw");
+  st_json_put(j, "optimizer.groups", json_array());
   return j;
 }
 
@@ -179,6 +184,33 @@ static void st__options_train(const st_config* c, st_plan_options* o) {
   o->cache_root = st_cache_root(st_config_string(c, "runtime.cache_dir"));
 }
 
+/* The optimizer assignment (docs/scheduling.md, "Optimizer state"): train.optimizer,
+ * its overrides in order, and the constants baked into the update
+ * programs. *out_adamw: adamw for every parameter (no override names
+ * another), today's programs. */
+static json_t* st__optimizer_json(const st_config* c, bool* out_adamw) {
+  const char* def = st_config_string(c, "train.optimizer");
+  bool adamw = !strcmp(def, "adamw");
+  json_t* j = st_json_obj();
+  st_json_put_str(j, "default", def);
+  st_json_put_num(j, "momentum", st_config_float(c, "train.momentum"));
+  st_json_put_bool(j, "nesterov", st_config_bool(c, "train.nesterov"));
+  json_t* groups = json_array();
+  for (int i = 0; i < st_config_list_count(c, "train.optimizer_groups"); ++i) {
+    const char* e = st_config_list_item(c, "train.optimizer_groups", i);
+    const char* eq = strchr(e, '='); /* the schema's rule checked the form */
+    adamw = adamw && eq && !strcmp(eq + 1, "adamw");
+    json_array_append_new(groups, json_string(e));
+  }
+  /* adamw everywhere is one assignment however it is spelled: the
+   * description compares it as such (an override naming adamw changes
+   * nothing). */
+  if (adamw) json_array_clear(groups);
+  json_object_set_new(j, "groups", groups);
+  *out_adamw = adamw;
+  return j;
+}
+
 /* The model JSON that keys the bundle and the model description a
  * checkpoint records, both from the schema's model.* rows, with the
  * kernels.<op> selection resolved for the platform. */
@@ -236,6 +268,14 @@ static st_status st__options_model(const st_config* c, st_plan_options* o) {
    * it was. */
   const char* packing = st_config_string(c, "data.packing");
   if (strcmp(packing, "concat")) st_json_put_str(m, "packing", packing);
+  /* The optimizer: in the model JSON (so the bundle key) only when it is
+   * not adamw everywhere, so that every existing bundle keeps its key and
+   * its programs; in the description always, so that a resume with
+   * another assignment is refused naming both (a checkpoint without it
+   * meant adamw everywhere: st_plan_model_implied). */
+  bool adamw_everywhere = true;
+  json_t* opt = st__optimizer_json(c, &adamw_everywhere);
+  if (!adamw_everywhere) st_json_put(m, "optimizer", json_deep_copy(opt));
 
   /* The model description: every model.* key, at its default too, so that
    * a checkpoint names its block kind and kernels instead of leaving them
@@ -248,6 +288,7 @@ static st_status st__options_model(const st_config* c, st_plan_options* o) {
   json_object_set_new(d, "kernels", all);
   st_json_put_int(d, "microbatch_size", o->batch_size / o->microbatches / shares);
   if (strcmp(packing, "concat")) st_json_put_str(d, "packing", packing);
+  st_json_put(d, "optimizer", opt);
   o->model_trees = st_xmalloc(sizeof(*o->model_trees));
   o->model_trees->model = m;
   o->model_trees->desc = d;

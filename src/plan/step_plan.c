@@ -30,7 +30,8 @@
  *
  * Slot names: parameters by their bundle name ("layers.1.wq"); "grad:",
  * "gtmp:" (a later microbatch's gradient before accumulation), "hgrad:"
- * (the tied embedding's gradient from the head), "m:", "v:" prefixes;
+ * (the tied embedding's gradient from the head), "<kind>:" optimizer
+ * state (AdamW's "m:", "v:"; the update program's state inputs);
  * activations "x[l]" (block l's input), "res[l].<name>" (block l's
  * residuals), "y_re" (a recomputed output nobody reads) and "dx"; batch
  * tensors "tokens[m]", "targets[m]", "mask[m]"; block metrics
@@ -242,7 +243,7 @@ typedef struct {
   int n_uses, use_pos;
   bool* gathered;       /* [n_inst]: its "full:" slots hold the parameters now */
   /* diag.numerics (docs/diagnostics.md): ST_NUMERICS_*; the statistics
-   * slots launched and not yet read: each instance's adamw_stats, and
+   * slots launched and not yet read: each instance's update_stats, and
    * (layer) each block output's and input gradient's act_stats with the
    * READ tag, layer and microbatch they are read with. */
   int numerics;
@@ -444,17 +445,130 @@ static void st__act_stats(st__builder* B, const st_bundle_program* p, int x, int
   a[3] = micro;
 }
 
-/* Parameters (and with |optimizer|, m and v) first, so slot numbering is
- * stable and readable. */
+/*===-------------------------------------------------------------------===*/
+/* Optimizer state: the update program's state inputs                       */
+/*===-------------------------------------------------------------------===*/
+
+/* The plan knows no optimizer: a group's update program takes its params
+ * (n), grads (n), then its state tensors, then step, lr, gscale and hyper,
+ * and returns the params and the state in the same order (docs/scheduling.md,
+ * "Optimizer state"). A state input of role "opt_<kind>" named
+ * "<kind>_<local>" is the state of the group's parameter <local>, kept in
+ * the persistent slot "<kind>:<parameter>" (AdamW's "m:", "v:"). */
+static const st_bundle_program* st__update_program(const st__builder* B, const st__instance* I) {
+  return st__fsdp(B) ? I->group->shard_update : I->group->update;
+}
+
+/* State input |j| (program input 2n + j) of |p|: its kind into |kind| and
+ * the index of its parameter in the group (-1: not a state input). */
+static int st__opt_input(const st_bundle_program* p, const st_bundle_group* g, int j, char* kind, size_t size) {
+  const st_bundle_tensor* in = &p->inputs[2 * g->param_count + j];
+  if (strncmp(in->role, "opt_", 4) != 0) return -1;
+  const char* k = in->role + 4;
+  const size_t nk = strlen(k);
+  if (nk == 0 || nk >= size || strncmp(in->name, k, nk) != 0 || in->name[nk] != '_') return -1;
+  for (size_t c = 0; c < nk; ++c)
+    if (!((k[c] >= 'a' && k[c] <= 'z') || (k[c] >= '0' && k[c] <= '9'))) return -1;
+  snprintf(kind, size, "%s", k);
+  for (int q = 0; q < g->param_count; ++q)
+    if (!strcmp(g->params[q], in->name + nk + 1)) return q;
+  return -1;
+}
+
+/* The slot of state input |j| of instance |I|'s update. A state of its
+ * parameter's type (elementwise: AdamW's m and v) is cut as the parameter
+ * (st__pslot: tensor and fsdp blocks); another (Adafactor's factored
+ * rows and columns) is the input's type, on one device's whole tensors
+ * (the schema refuses such optimizers on a sharded mesh; st__check_update
+ * the bundle that would need it). */
+static int st__opt_slot(st__builder* B, const st__instance* I, int j) {
+  const st_bundle_program* p = st__update_program(B, I);
+  char kind[32], prefix[40], name[320];
+  const int q = st__opt_input(p, I->group, j, kind, sizeof(kind));
+  const int param = I->params[q];
+  const st_bundle_tensor* in = &p->inputs[2 * I->count + j];
+  snprintf(prefix, sizeof(prefix), "%s:", kind);
+  if (st__plan_same_type(&in->type, &p->inputs[q].type)) return st__pslot(B, prefix, param, ST_SLOT_OPT, true);
+  snprintf(name, sizeof(name), "%s%s", prefix, B->bundle->params[param].name);
+  return st__slot(B, name, ST_SLOT_OPT, &in->type, true, true, B->param_stage[param]);
+}
+
+/* The number of state inputs of |p| for a group of |n| parameters. */
+static int st__opt_count(const st_bundle_program* p, int n) { return p->input_count - 2 * n - 4; }
+
+/* An update program fits the plan's reading of it (above): every input
+ * between the gradients and the four scalars a parameter's state, returned
+ * in order after the parameters (then the statistics, |stats|). A state
+ * whose type is not its parameter's needs the parameter whole on one
+ * device (|sharded|: fsdp or tensor blocks). */
+static st_status st__check_update(const st_bundle* b, const st_bundle_group* g, const st_bundle_program* p, bool stats,
+                                  bool sharded) {
+  const int n = g->param_count, S = p ? st__opt_count(p, n) : 0;
+  if (!p) return ST_OK;
+  if (S < 0 || 2 * n + S + 4 > ST__MAX_IO || p->output_count != n + S + (stats ? 1 : 0))
+    return st_status_make(ST_CODE_RUNTIME,
+                          "bundle %s: group '%s''s update '%s' does not take params, grads, state, step, lr, gscale, "
+                          "hyper and return params, state%s (at most %d inputs; docs/scheduling.md, \"Optimizer state\")",
+                          b->dir, g->name, p->name, stats ? ", stats" : "", ST__MAX_IO);
+  for (int j = 0; j < S; ++j) {
+    char kind[32];
+    const st_bundle_tensor* in = &p->inputs[2 * n + j];
+    const int q = st__opt_input(p, g, j, kind, sizeof(kind));
+    if (q < 0)
+      return st_status_make(ST_CODE_RUNTIME,
+                            "bundle %s: group '%s''s update '%s': input '%s' (role '%s') is not a parameter's state: role "
+                            "opt_<kind>, name <kind>_<parameter> (docs/scheduling.md, \"Optimizer state\")",
+                            b->dir, g->name, p->name, in->name, in->role);
+    if (!st__plan_same_type(&in->type, &p->outputs[n + j].type) ||
+        (sharded && !st__plan_same_type(&in->type, &p->inputs[q].type)))
+      return st_status_make(ST_CODE_RUNTIME,
+                            "bundle %s: group '%s''s update '%s': state '%s' is not returned with its type, or is not its "
+                            "parameter's shape on a sharded mesh (not built)",
+                            b->dir, g->name, p->name, in->name);
+  }
+  return ST_OK;
+}
+
+static st_status st__check_updates(const st_bundle* b, bool fsdp, bool sharded) {
+  for (int i = 0; i < b->group_count; ++i) {
+    const st_bundle_group* g = &b->groups[i];
+    ST_RETURN(st__check_update(b, g, fsdp ? g->shard_update : g->update, false, sharded));
+    if (!fsdp) ST_RETURN(st__check_update(b, g, g->update_stats, true, sharded));
+  }
+  return ST_OK;
+}
+
+int64_t st_plan_layer_state_bytes(const st_bundle* b, int layer) {
+  const st_bundle_group* g = b->layers[layer].group;
+  const st_bundle_program* p = g->update;
+  int64_t bytes = 0;
+  char kind[32];
+  for (int j = 0; j < st__opt_count(p, g->param_count); ++j) {
+    const int q = st__opt_input(p, g, j, kind, sizeof(kind));
+    const int param = q < 0 ? -1 : st_bundle_param_of(b, g->name, layer, g->params[q]);
+    const st_tensor_type* t = &p->inputs[2 * g->param_count + j].type;
+    if (param >= 0 && st__plan_same_type(t, &p->inputs[q].type)) t = &b->params[param].type;
+    bytes += st_tensor_type_bytes(t);
+  }
+  return bytes;
+}
+
+/* Parameters (and with |optimizer|, their optimizer state) first, so slot
+ * numbering is stable and readable: each parameter's state follows the
+ * kinds' order in its group's update (m, v for AdamW). */
 static void st__state_slots(st__builder* B, bool optimizer) {
   for (int i = 0; i < B->n_inst; ++i)
     for (int k = 0; k < B->inst[i].count; ++k) st__pslot(B, "", B->inst[i].params[k], ST_SLOT_PARAM, true);
   if (!optimizer) return;
-  for (int i = 0; i < B->n_inst; ++i)
-    for (int k = 0; k < B->inst[i].count; ++k) {
-      st__pslot(B, "m:", B->inst[i].params[k], ST_SLOT_OPT, true);
-      st__pslot(B, "v:", B->inst[i].params[k], ST_SLOT_OPT, true);
-    }
+  for (int i = 0; i < B->n_inst; ++i) {
+    const st__instance* I = &B->inst[i];
+    const st_bundle_program* p = st__update_program(B, I);
+    const int S = st__opt_count(p, I->count);
+    char kind[32];
+    for (int k = 0; k < I->count; ++k)
+      for (int j = 0; j < S; ++j)
+        if (st__opt_input(p, I->group, j, kind, sizeof(kind)) == k) st__opt_slot(B, I, j);
+  }
 }
 
 /*===-------------------------------------------------------------------===*/
@@ -772,22 +886,22 @@ static void st__sqnorm(st__builder* B, int i) {
   st__plan_launch(B, ST_OP_LAUNCH, st__fsdp(B) ? I->group->shard_sqnorm : I->group->sqnorm, I->layer, -1, I->count, in, 1, &B->sq[i]);
 }
 
-/* The group's adamw(params, grads, m, v, step, lr, gscale, hyper) ->
- * params, m, v for group instance |i|; then its gradients are freed. */
-static void st__adamw(st__builder* B, int i) {
+/* The group's update(params, grads, state..., step, lr, gscale, hyper) ->
+ * params, state for group instance |i|; then its gradients are freed. */
+static void st__update(st__builder* B, int i) {
   const st__instance* I = &B->inst[i];
   int in[ST__MAX_IO], out[ST__MAX_IO];
   int n = 0, no = 0;
+  const st_bundle_program* up = st__update_program(B, I);
+  const int S = st__opt_count(up, I->count); /* st__check_update bounded it */
   B->stage = st__inst_stage(B, i);
   for (int k = 0; k < I->count; ++k) in[n++] = st__pslot(B, "", I->params[k], ST_SLOT_PARAM, true);
   for (int k = 0; k < I->count; ++k) in[n++] = st__pslot(B, "grad:", I->params[k], ST_SLOT_GRAD, false);
-  for (int k = 0; k < I->count; ++k) in[n++] = st__pslot(B, "m:", I->params[k], ST_SLOT_OPT, true);
-  for (int k = 0; k < I->count; ++k) in[n++] = st__pslot(B, "v:", I->params[k], ST_SLOT_OPT, true);
+  for (int j = 0; j < S; ++j) in[n++] = st__opt_slot(B, I, j);
   for (int j = 0; j < 4; ++j) in[n++] = B->sc[B->stage][j];
   for (int k = 0; k < I->count; ++k) out[no++] = in[k];
-  for (int k = 0; k < I->count; ++k) out[no++] = in[2 * I->count + k];
-  for (int k = 0; k < I->count; ++k) out[no++] = in[3 * I->count + k];
-  const st_bundle_program* stats = B->numerics && !st__fsdp(B) ? I->group->adamw_stats : NULL;
+  for (int j = 0; j < S; ++j) out[no++] = in[2 * I->count + j];
+  const st_bundle_program* stats = B->numerics && !st__fsdp(B) ? I->group->update_stats : NULL;
   if (stats) {
     /* diag.numerics: the same update, and the group's statistics */
     char name[160];
@@ -797,7 +911,7 @@ static void st__adamw(st__builder* B, int i) {
     st_plan_add(B->plan, ST_OP_FREE, -1, I->layer, -1, 0, I->count, in + I->count, 0, NULL);
     return;
   }
-  st__plan_launch(B, ST_OP_LAUNCH, st__fsdp(B) ? I->group->shard_adamw : I->group->adamw, I->layer, -1, n, in, no, out);
+  st__plan_launch(B, ST_OP_LAUNCH, up, I->layer, -1, n, in, no, out);
   st_plan_add(B->plan, ST_OP_FREE, -1, I->layer, -1, 0, I->count, in + I->count, 0, NULL);
 }
 
@@ -860,7 +974,7 @@ static void st__nothing_i(st__builder* B, int i) {
 /* after_backward: every gradient is final once the backward is done. All
  * norms are launched before the first read (one wait, not n_inst), the
  * host clips, then AdamW updates every group instance. */
-/* diag.numerics: READ each instance's adamw_stats (after its update). */
+/* diag.numerics: READ each instance's update_stats (after its update). */
 static void st__read_update_stats(st__builder* B) {
   for (int i = 0; i < B->n_inst; ++i) {
     if (B->nstat[i] < 0) continue;
@@ -874,7 +988,7 @@ static void st__after_backward_finish(st__builder* B) {
   for (int i = 0; i < B->n_inst; ++i) st__sqnorm(B, i);
   st__read_norms_and_clip(B);
   st__scalars(B);
-  for (int i = 0; i < B->n_inst; ++i) st__adamw(B, i);
+  for (int i = 0; i < B->n_inst; ++i) st__update(B, i);
   st__read_update_stats(B);
   st__free_scalars(B);
 }
@@ -892,7 +1006,7 @@ static void st__per_layer_before(st__builder* B) {
 
 static void st__per_layer_grad_final(st__builder* B, int i) {
   st__sqnorm(B, i);
-  st__adamw(B, i);
+  st__update(B, i);
 }
 
 static void st__per_layer_finish(st__builder* B) {
@@ -1448,13 +1562,15 @@ static int* st__offload_units(const st_plan* plan, const st_bundle* b, const st_
     int u_opt = opt ? next++ : -1, u_par = par ? next++ : -1;
     for (int k = 0; k < inst[i].count; ++k) {
       const char* pname = b->params[inst[i].params[k]].name;
-      char name[300];
       int s;
       if (par && (s = st_plan_slot_find(plan, pname)) >= 0) unit[s] = u_par;
-      snprintf(name, sizeof(name), "m:%s", pname);
-      if (opt && (s = st_plan_slot_find(plan, name)) >= 0) unit[s] = u_opt;
-      snprintf(name, sizeof(name), "v:%s", pname);
-      if (opt && (s = st_plan_slot_find(plan, name)) >= 0) unit[s] = u_opt;
+    }
+    /* The instance's optimizer state: its update's state slots,
+     * "<kind>:<parameter>" (st__opt_slot), whatever the kinds. */
+    for (int s = 0; opt && s < plan->slot_count; ++s) {
+      const char* colon = plan->slots[s].category == ST_SLOT_OPT ? strchr(plan->slots[s].name, ':') : NULL;
+      for (int k = 0; colon && k < inst[i].count; ++k)
+        if (!strcmp(colon + 1, b->params[inst[i].params[k]].name)) unit[s] = u_opt;
     }
   }
   return unit;
@@ -1529,7 +1645,7 @@ static st_status st__check_mesh(const st_bundle* b, const st_plan_options* o) {
     if (D > 1 && !g->data_all_reduce)
       return st_status_make(ST_CODE_RUNTIME, "bundle %s: group '%s' has no data all-reduce (manifest collectives); re-export it",
                             b->dir, g->name);
-    if (F > 1 && (!g->fsdp_all_gather || !g->fsdp_reduce_scatter || !g->shard_adamw))
+    if (F > 1 && (!g->fsdp_all_gather || !g->fsdp_reduce_scatter || !g->shard_update))
       return st_status_make(ST_CODE_RUNTIME, "bundle %s: group '%s' lacks its fsdp all-gather, reduce-scatter or "
                             "shard_programs (manifest collectives, groups); re-export it",
                             b->dir, g->name);
@@ -1541,7 +1657,7 @@ static st_status st__check_mesh(const st_bundle* b, const st_plan_options* o) {
                           "it (unset bundle.dir to use the cache)",
                           b->dir, b->process_fsdp, X);
   for (int i = 0; X > 1 && i < b->group_count; ++i)
-    if (!b->groups[i].shard_adamw)
+    if (!b->groups[i].shard_update)
       return st_status_make(ST_CODE_RUNTIME, "bundle %s: group '%s' lacks its shard_programs for fsdp across processes; "
                             "re-export it",
                             b->dir, b->groups[i].name);
@@ -1738,6 +1854,7 @@ st_status st_plan_build(const st_bundle* b, const st_plan_options* o, st_plan* s
   const int D = DATA * F * TP;
   const bool xfsdp = o->procs > 1 && o->span_axis == ST_PLAN_SPAN_FSDP;
   if (!s && (D > 1 || o->parallel_tensor > 1 || xfsdp)) s = st__check_mesh(b, o);
+  if (!s) s = st__check_updates(b, F > 1 || xfsdp, F > 1 || TP > 1 || xfsdp);
   if (s) {
     free(inst);
     return s;

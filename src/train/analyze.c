@@ -313,8 +313,8 @@ static const char* st__role(const st_bundle* b, const char* name) {
   }
   for (int g = 0; g < b->group_count; ++g) {
     const st_bundle_group* gr = &b->groups[g];
-    if (ST__IS(gr->accum) || ST__IS(gr->sqnorm) || ST__IS(gr->adamw) || ST__IS(gr->shard_accum) ||
-        ST__IS(gr->shard_sqnorm) || ST__IS(gr->shard_adamw))
+    if (ST__IS(gr->accum) || ST__IS(gr->sqnorm) || ST__IS(gr->update) || ST__IS(gr->shard_accum) ||
+        ST__IS(gr->shard_sqnorm) || ST__IS(gr->shard_update))
       return "optimizer";
   }
 #undef ST__IS

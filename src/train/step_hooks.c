@@ -111,7 +111,7 @@ static st_status st__read_metric(st__trainer* t, int s, st_buffer* b) {
 /* A largest |x| into a running maximum: NaN wins, so it is seen. */
 static double st__max_nan(double acc, double v) { return isnan(acc) || isnan(v) ? NAN : v > acc ? v : acc; }
 
-/* diag.numerics: adamw_stats of group instance op->micro (device index 0:
+/* diag.numerics: update_stats of group instance op->micro (device index 0:
  * parameters and reduced gradients are the same on every device). */
 static st_status st__read_num_opt(st__trainer* t, const st_op* op, int index, st_buffer* b) {
   int i = op->micro;
@@ -120,7 +120,7 @@ static st_status st__read_num_opt(st__trainer* t, const st_op* op, int index, st
   const st_tensor_type* type = st_buffer_type(b);
   int64_t n = st_tensor_type_elements(type);
   if (type->dtype != ST_DTYPE_F32 || type->rank != 2 || type->dims[1] != ST_NSTAT_COLUMNS)
-    return st_status_make(ST_CODE_INTERNAL, "adamw_stats output is not f32[n, %d]", ST_NSTAT_COLUMNS);
+    return st_status_make(ST_CODE_INTERNAL, "update_stats output is not f32[n, %d]", ST_NSTAT_COLUMNS);
   float* v = st_xmalloc((size_t)n * sizeof(float));
   st_status s = st_buffer_to_host(b, v, (size_t)n * sizeof(float));
   double* acc = t->num_opt[i];

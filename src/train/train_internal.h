@@ -88,7 +88,7 @@ typedef struct st__trainer {
   bool update_dropped; /* the step just run changed no state (skip, rollback) */
   /* diag.numerics (docs/diagnostics.md), this step's, per stage s = 0
    * embed, 1..L blocks, L+1 head (the instance order): the columns of
-   * adamw_stats summed over the stage's parameters (maxima for the _MAX
+   * update_stats summed over the stage's parameters (maxima for the _MAX
    * columns; NaN stays NaN), whether they were read; and per block its
    * output's (out) and input gradient's (dx) act_stats over microbatches
    * and devices: sum of squares, largest |x|, non-finite count, elements. */

@@ -339,11 +339,20 @@ static st_status st__init_state(st__trainer* t) {
   st_buffer_destroy(seed_buf);
   st_buffer_destroy(depth_buf);
   if (s) return s;
-  /* Optimizer state starts at zero. */
+  /* Optimizer state starts at zero (every optimizer's: docs/scheduling.md,
+   * "Optimizer state"), whatever its shape: a parameter's, or another
+   * (Adafactor's factored rows and columns). */
   size_t biggest = 0;
   for (int i = 0; i < b->param_count; ++i) {
     size_t n = st_tensor_type_bytes(&b->params[i].type);
     if (n > biggest) biggest = n;
+  }
+  for (int i = 0; i < t->step_plan.slot_count; ++i) {
+    const st_slot* sl = &t->step_plan.slots[i];
+    if (sl->category != ST_SLOT_OPT) continue;
+    const st_tensor_type* ty = sl->logical.rank > 0 ? &sl->logical : sl->xblocks > 1 ? &sl->xwhole : &sl->type;
+    if (st_tensor_type_bytes(ty) > biggest) biggest = st_tensor_type_bytes(ty);
+    if (st_tensor_type_bytes(&sl->type) > biggest) biggest = st_tensor_type_bytes(&sl->type);
   }
   void* zeros = st_xcalloc(1, biggest ? biggest : 1);
   for (int i = 0; i < t->step_plan.slot_count && !s; ++i) {
@@ -1150,9 +1159,9 @@ static st_status st__train_buffers(st__trainer* t) {
   t->num_opt = st_xcalloc((size_t)t->n_sq, sizeof(*t->num_opt));
   t->num_opt_read = st_xcalloc((size_t)t->n_sq, sizeof(bool));
   if (o->numerics == ST_NUMERICS_LAYER) t->num_act = st_xcalloc((size_t)t->n_sq, sizeof(*t->num_act));
-  if (!bundle->groups[0].adamw_stats || !bundle->layers[0].act_stats)
+  if (!bundle->groups[0].update_stats || !bundle->layers[0].act_stats)
     return st_status_make(ST_CODE_RUNTIME,
-                          "diag.numerics=%s: bundle %s has no adamw_stats/act_stats programs (exported by an older "
+                          "diag.numerics=%s: bundle %s has no update_stats (adamw_stats)/act_stats programs (exported by an older "
                           "strata_jax, or for a mesh); re-export it, or set diag.numerics=off",
                           o->numerics == ST_NUMERICS_LAYER ? "layer" : "step", bundle->dir);
   return ST_OK;

@@ -20,6 +20,7 @@
 
 #include "config/internal.h"
 #include "strata/config.h"
+#include "strata/ckpt.h"
 #include "strata/plan.h"
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -624,7 +625,7 @@ static void test_cross_field(void** state) {
   const char* exp = put(f, "v.yml", "model:\n  vocab_size: 100\n");
   load_fails(exp, 0, NULL,
              fmt("model.vocab_size (100, %s:2) must be at least 256 for the byte tokenizer when data.synthetic is "
-                 "false (configs/base.yml:50)",
+                 "false (configs/base.yml:54)",
                  exp));
   char* kv[] = {"model.n_kv_heads=3"};
   load_fails("configs/tiny.yml", 1, kv,
@@ -932,6 +933,101 @@ static st_plan_options schedule_options(const char* schedule, const char* steps,
   return o;
 }
 
+
+/* train.optimizer and its overrides: the rule's refusals (exit 2, naming
+ * the key and the value), the model JSON (the optimizer only when not adamw
+ * everywhere, so today's bundle keys hold), the description (always), and
+ * the identity check refusing a resume with another assignment. */
+static st_plan_options optimizer_options(int n, char** ov) {
+  st_config* c = load_ok("configs/test.yml", n, ov);
+  st_plan_options o;
+  st_status s = st_plan_options_from_config(c, &o);
+  if (s) fail_msg("options: %s", st_status_message(s));
+  st_config_destroy(c);
+  return o;
+}
+
+static void test_optimizers(void** state) {
+  (void)state;
+  override_fails("train.optimizer_groups=[embed]",
+                 "train.optimizer_groups (command line): entry 1 'embed' is not SELECTOR=OPTIMIZER (e.g. matrices=muon)");
+  override_fails("train.optimizer_groups=[matrices=muon, =sgd]",
+                 "train.optimizer_groups (command line): entry 2 '=sgd' is not SELECTOR=OPTIMIZER (e.g. matrices=muon)");
+  override_fails("train.optimizer_groups=[Embed=sgd]",
+                 "train.optimizer_groups (command line): entry 1 'Embed=sgd': unknown selector 'Embed'; one of embed, "
+                 "head, vectors, matrices or a block group's name (lowercase letters, digits and '_', e.g. block)");
+  override_fails("train.optimizer_groups=[head=adam]",
+                 "train.optimizer_groups (command line): entry 1 'head=adam': unknown optimizer 'adam'; one of adamw, "
+                 "sgd, lion, adafactor, muon");
+  override_fails("train.optimizer_groups=[vectors=muon]",
+                 "train.optimizer_groups (command line): entry 1 'vectors=muon': muon updates hidden matrices only "
+                 "(rank 2, outside the embedding and the head), and vectors has none; give vectors another optimizer, "
+                 "and muon to matrices or a block group");
+  override_fails("train.optimizer=adam",
+                 "train.optimizer: 'adam' is not an allowed value (expected one of adamw, sgd, lion, adafactor, muon) (command line)");
+  char* fsdp[] = {"train.optimizer=adafactor", "parallel.fsdp=2"};
+  load_fails("configs/test.yml", 2, fsdp,
+             "train.optimizer (command line) uses adafactor with parallel.fsdp=2 (command line) and parallel.tensor=1 "
+             "(configs/base.yml:87): adafactor's update is not built for sharded parameters (it needs each parameter "
+             "whole on a device); use adamw, sgd or lion there, or parallel.fsdp=1 and parallel.tensor=1");
+  char* tp[] = {"train.optimizer_groups=[embed=sgd, matrices=muon]", "parallel.tensor=2"};
+  load_fails("configs/test.yml", 2, tp,
+             "train.optimizer_groups (command line) uses muon with parallel.fsdp=1 (configs/base.yml:86) and "
+             "parallel.tensor=2 (command line): muon's update is not built for sharded parameters (it needs each "
+             "parameter whole on a device); use adamw, sgd or lion there, or parallel.fsdp=1 and parallel.tensor=1");
+  char* lion_fsdp[] = {"train.optimizer=lion", "parallel.fsdp=2"};
+  st_config_destroy(load_ok("configs/test.yml", 2, lion_fsdp));
+
+  /* adamw everywhere (also spelled out): the model JSON as before, the description names it. */
+  st_plan_options base = optimizer_options(0, NULL);
+  char* same[] = {"train.optimizer_groups=[embed=adamw, block=adamw]", "train.momentum=0.5"};
+  st_plan_options spelled = optimizer_options(2, same);
+  assert_string_equal(base.model_json, spelled.model_json);
+  assert_null(strstr(base.model_json, "optimizer"));
+  assert_non_null(strstr(base.model_desc,
+                         "\"optimizer\": {\"default\": \"adamw\", \"momentum\": 0.9, \"nesterov\": false, \"groups\": []}"));
+  char* mixed[] = {"train.optimizer=sgd", "train.optimizer_groups=[matrices=muon, embed=adamw]", "train.nesterov=true"};
+  st_plan_options other = optimizer_options(3, mixed);
+  const char* want = "\"optimizer\": {\"default\": \"sgd\", \"momentum\": 0.9, \"nesterov\": true, \"groups\": "
+                     "[\"matrices=muon\", \"embed=adamw\"]}";
+  assert_non_null(strstr(other.model_json, want));
+  assert_non_null(strstr(other.model_desc, want));
+
+  /* A resume with another assignment: exit 7 naming both; a checkpoint
+   * from before the field meant adamw everywhere. */
+  json_t* rec = st_plan_model_desc(&base);
+  json_t* giv = st_plan_model_desc(&other);
+  json_t* implied = st_plan_model_implied();
+  st_ckpt_identity_options io = {.where = "M", .recorded = "in the checkpoint", .implied = implied};
+  st_ckpt_identity r = {rec, NULL}, g = {giv, NULL};
+  st_status s = st_ckpt_identity_check(&r, &g, &io, NULL, NULL);
+  assert_non_null(s);
+  assert_int_equal(st_status_exit_code(s), 7);
+  if (!strstr(st_status_message(s), "model.optimizer.default \"adamw\" in the checkpoint, \"sgd\" given; "
+                                    "model.optimizer.nesterov false in the checkpoint, true given; "
+                                    "model.optimizer.groups [] in the checkpoint, [\"matrices=muon\", \"embed=adamw\"] given"))
+    fail_msg("unexpected: %s", st_status_message(s));
+  st_status_free(s);
+  json_object_del(rec, "optimizer"); /* an older checkpoint */
+  s = st_ckpt_identity_check(&r, &g, &io, NULL, NULL);
+  assert_non_null(s);
+  if (!strstr(st_status_message(s), "model.optimizer.default not recorded in the checkpoint (an older format: it meant "
+                                    "\"adamw\"), \"sgd\" given"))
+    fail_msg("unexpected: %s", st_status_message(s));
+  st_status_free(s);
+  json_t* giv0 = st_plan_model_desc(&spelled); /* adamw everywhere, momentum 0.5: accepted */
+  st_ckpt_identity g0 = {giv0, NULL};
+  s = st_ckpt_identity_check(&r, &g0, &io, NULL, NULL);
+  if (s) fail_msg("unexpected: %s", st_status_message(s));
+  json_decref(giv0);
+  json_decref(implied);
+  json_decref(rec);
+  json_decref(giv);
+  st_plan_options_deinit(&base);
+  st_plan_options_deinit(&spelled);
+  st_plan_options_deinit(&other);
+}
+
 static void test_lr_schedules(void** state) {
   (void)state;
   const char* steps[] = {"1", "10", "40"};
@@ -996,6 +1092,7 @@ int main(void) {
       cmocka_unit_test(test_schema_rows_and_defaults),
       cmocka_unit_test(test_remat_read),
       cmocka_unit_test(test_lr_schedules),
+      cmocka_unit_test(test_optimizers),
       cmocka_unit_test(test_presets),
       cmocka_unit_test_setup_teardown(test_composition, setup, teardown),
       cmocka_unit_test_setup_teardown(test_unknown_key, setup, teardown),

@@ -1294,10 +1294,140 @@ static void test_pipeline_trains(void** state) {
   assert_true(p2f2.collectives > 3 + 2); /* gathers and reduce-scatters of every group instance, on its stage */
 }
 
+
+/*===-------------------------------------------------------------------===*/
+/* Optimizer state from the update program (docs/bundle.md, "Optimizer state") */
+/*===-------------------------------------------------------------------===*/
+
+/* Rewrites a copy of a bundle's manifest (argv[1]) as an exporter of
+ * another optimizer would write it: the groups' "adamw" roles become
+ * "update"/"update_stats", and each update's state becomes kinds mu (every
+ * parameter), nu (parameters of rank < 2), vr and vc (rank >= 2: f32 vectors
+ * of dim 0 and of the rest, as Adafactor's factored moments). */
+static const char* kOptimizerScript =
+    "import json, sys\n"
+    "p = sys.argv[1]\n"
+    "m = json.load(open(p))\n"
+    "upd = set()\n"
+    "for g in m['groups']:\n"
+    "    pr = g['programs']\n"
+    "    for old, new in (('adamw', 'update'), ('adamw_stats', 'update_stats')):\n"
+    "        if old in pr: pr[new] = pr.pop(old); upd.add(pr[new])\n"
+    "def spec(kind, t, shape): return dict(t, name=kind + '_' + t['name'], shape=shape, role='opt_' + kind)\n"
+    "for e in m['programs']:\n"
+    "    if e['name'] not in upd: continue\n"
+    "    ps = [t for t in e['inputs'] if t['role'] == 'param']\n"
+    "    n = len(ps)\n"
+    "    st = [spec('mu', t, t['shape']) for t in ps]\n"
+    "    st += [spec('nu', t, t['shape']) for t in ps if len(t['shape']) < 2]\n"
+    "    st += [spec('vr', t, t['shape'][:1]) for t in ps if len(t['shape']) >= 2]\n"
+    "    st += [spec('vc', t, [max(1, __import__('math').prod(t['shape'][1:]))]) for t in ps if len(t['shape']) >= 2]\n"
+    "    e['inputs'] = e['inputs'][:2 * n] + st + e['inputs'][-4:]\n"
+    "    stats = [t for t in e['outputs'] if t['role'] == 'metric']\n"
+    "    e['outputs'] = e['outputs'][:n] + st + stats\n"
+    "    e['donated'] = list(range(n)) + list(range(2 * n, 2 * n + len(st)))\n"
+    "json.dump(m, open(p, 'w'), indent=2)\n";
+
+static st_bundle* optimizer_copy(const st_bundle* b) {
+  char dir[512], cmd[4096];
+  snprintf(dir, sizeof(dir), "%s/optimizer_copy", g_tmp);
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s' && cp -r '%s' '%s' && '%s/.venv/bin/python' -c \"$STRATA_REWRITE\" '%s/manifest.json'",
+           dir, b->dir, dir, STRATA_SOURCE_DIR, dir);
+  setenv("STRATA_REWRITE", kOptimizerScript, 1);
+  assert_int_equal(system(cmd), 0);
+  unsetenv("STRATA_REWRITE");
+  st_bundle* r = NULL;
+  ASSERT_OK(st_bundle_open(dir, &r));
+  return r;
+}
+
+static int slot_of(const st_plan* p, const char* prefix, const char* name) {
+  char full[320];
+  snprintf(full, sizeof(full), "%s%s", prefix, name);
+  return st_plan_slot_find(p, full);
+}
+
+static bool same_type(const st_tensor_type* a, const st_tensor_type* b) {
+  if (a->dtype != b->dtype || a->rank != b->rank) return false;
+  for (int d = 0; d < a->rank; ++d)
+    if (a->dims[d] != b->dims[d]) return false;
+  return true;
+}
+
+static void test_optimizer_state_slots(void** state) {
+  (void)state;
+  st_bundle* b = test_bundle();
+  st_bundle* r = optimizer_copy(b);
+  assert_non_null(r->groups[0].update);
+  assert_non_null(strstr(r->groups[0].update->name, "adamw_"));
+  st_plan_options o;
+  memset(&o, 0, sizeof(o));
+  o.microbatches = 2;
+  o.batch_size = 4;
+  o.eval_batches = 1;
+  ASSERT_OK(st_config_remat_read("none", 3, &o.sched.remat));
+  st_plan step, eval, step0, eval0;
+  ASSERT_OK(st_plan_build(b, &o, &step0, &eval0, NULL));
+  ASSERT_OK(st_plan_build(r, &o, &step, &eval, NULL));
+  /* Every parameter's state under its kinds' names and types, nothing of AdamW's. */
+  int n_opt = 0, want = 0;
+  for (int s = 0; s < step.slot_count; ++s) n_opt += step.slots[s].category == ST_SLOT_OPT;
+  for (int i = 0; i < r->param_count; ++i) {
+    const st_bundle_param* p = &r->params[i];
+    assert_true(slot_of(&step, "m:", p->name) < 0 && slot_of(&step, "v:", p->name) < 0);
+    int mu = slot_of(&step, "mu:", p->name);
+    assert_true(mu >= 0 && same_type(&step.slots[mu].type, &p->type) && step.slots[mu].persistent);
+    assert_int_equal(step.slots[mu].category, ST_SLOT_OPT);
+    if (p->type.rank < 2) {
+      int nu = slot_of(&step, "nu:", p->name);
+      assert_true(nu >= 0 && same_type(&step.slots[nu].type, &p->type));
+      want += 2;
+      continue;
+    }
+    int vr = slot_of(&step, "vr:", p->name), vc = slot_of(&step, "vc:", p->name);
+    assert_true(vr >= 0 && vc >= 0);
+    assert_int_equal(step.slots[vr].type.rank, 1);
+    assert_int_equal(step.slots[vr].type.dims[0], p->type.dims[0]);
+    assert_int_equal(step.slots[vc].type.dims[0], st_tensor_type_elements(&p->type) / p->type.dims[0]);
+    assert_true(mu < vr && vr < vc); /* a parameter's state in the kinds' order */
+    want += 3;
+  }
+  assert_int_equal(n_opt, want);
+  /* The same step otherwise: one update launch per group instance. */
+  assert_int_equal(step.op_count, step0.op_count);
+  assert_int_equal(eval.op_count, eval0.op_count);
+  st_plan_deinit(&step);
+  st_plan_deinit(&eval);
+  /* Offloaded optimizer state: every state slot has its host home. */
+  o.sched.offload = ST_OFFLOAD_OPTIMIZER;
+  ASSERT_OK(st_plan_build(r, &o, &step, &eval, NULL));
+  for (int s = 0; s < step.slot_count; ++s)
+    if (step.slots[s].category == ST_SLOT_OPT && strncmp(step.slots[s].name, "host:", 5))
+      assert_true(slot_of(&step, "host:", step.slots[s].name) >= 0);
+  st_plan_deinit(&step);
+  st_plan_deinit(&eval);
+  /* A state input that names no parameter of the group is refused. */
+  st_bundle_tensor* t = &((st_bundle_program*)r->groups[0].update)->inputs[2 * r->groups[0].param_count];
+  char* keep = t->name;
+  t->name = "mu_nothing";
+  st_status s = st_plan_build(r, &o, &step, &eval, NULL);
+  t->name = keep;
+  assert_non_null(s);
+  assert_int_equal(st_status_code(s), ST_CODE_RUNTIME);
+  if (!strstr(st_status_message(s), "input 'mu_nothing' (role 'opt_mu') is not a parameter's state"))
+    fail_msg("unexpected: %s", st_status_message(s));
+  st_status_free(s);
+  st_plan_deinit(&step0);
+  st_plan_deinit(&eval0);
+  st_bundle_destroy(r);
+  st_bundle_destroy(b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_remat_parse),
       cmocka_unit_test(test_per_layer_clip_rule),
+      cmocka_unit_test(test_optimizer_state_slots),
       cmocka_unit_test(test_memory_budget_parse),
       cmocka_unit_test(test_remat_auto_chooser),
       cmocka_unit_test(test_remat_auto_plans),

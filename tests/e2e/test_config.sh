@@ -91,8 +91,8 @@ printf 'sched:\n  memory_budget: 2.5\n' >"$TMP/budget.yml"
 expect_config_error "$TMP" 2 "sched.memory_budget (budget.yml:2): sched.memory_budget '2.5': $BUDGET_HELP" -- config budget.yml
 expect_config_error "$ROOT" 2 "sched.remat (command line), model.n_layers (configs/tiny.yml:6): sched.remat 'auto:1': unexpected 'auto:1'; expected auto, none, full, every:K (K >= 1) or a comma-separated list of layers such as 0,2,5" \
   -- config configs/tiny.yml sched.remat=auto:1
-expect_ok "$ROOT" "sched.remat \"auto\" configs/base.yml:92" -- config configs/tiny.yml
-expect_ok "$ROOT" "sched.memory_budget \"0\" configs/base.yml:93" -- config configs/tiny.yml
+expect_ok "$ROOT" "sched.remat \"auto\" configs/base.yml:96" -- config configs/tiny.yml
+expect_ok "$ROOT" "sched.memory_budget \"0\" configs/base.yml:97" -- config configs/tiny.yml
 expect_ok "$ROOT" "sched.memory_budget \"0.9\" command line" -- config configs/tiny.yml sched.memory_budget=0.9
 expect_ok "$ROOT" "sched.memory_budget \"123456789\" command line" -- config configs/tiny.yml sched.memory_budget=123456789
 
@@ -143,8 +143,13 @@ expect_config_error "$ROOT" 2 "model.d_model (128, configs/tiny.yml:5) is not di
   -- config configs/tiny.yml model.n_heads=3
 expect_config_error "$ROOT" 2 "train.batch_size (16, configs/tiny.yml:13) is not divisible by train.microbatches (3, command line)" \
   -- config configs/tiny.yml train.microbatches=3
-expect_config_error "$ROOT" 2 "model.vocab_size (100, command line) must be at least 256 for the byte tokenizer when data.synthetic is false (configs/base.yml:50)" \
+expect_config_error "$ROOT" 2 "model.vocab_size (100, command line) must be at least 256 for the byte tokenizer when data.synthetic is false (configs/base.yml:54)" \
   -- config configs/tiny.yml model.vocab_size=100
+# train.optimizer_groups (issue 29; every refusal's text: tests/c/test_config.c, test_optimizers)
+expect_config_error "$ROOT" 2 "train.optimizer_groups (command line): entry 1 'embed=muon': muon updates hidden matrices only (rank 2, outside the embedding and the head), and embed has none; give embed another optimizer, and muon to matrices or a block group" \
+  -- config configs/tiny.yml "train.optimizer_groups=[embed=muon]"
+expect_config_error "$ROOT" 2 "train.optimizer (command line) uses muon with parallel.fsdp=2 (command line) and parallel.tensor=1 (configs/base.yml:87): muon's update is not built for sharded parameters (it needs each parameter whole on a device); use adamw, sgd or lion there, or parallel.fsdp=1 and parallel.tensor=1" \
+  -- plan configs/tiny.yml train.optimizer=muon parallel.fsdp=2
 
 # --- usage -------------------------------------------------------------------------
 expect_config_error "$ROOT" 2 "missing CONFIG (a YAML file, e.g. configs/tiny.yml; see strata config --help)" -- config

@@ -95,18 +95,23 @@ expect_exit 0 '^reproduces: program block_fwd_res' repro "$NB"
 expect_exit 2 "--prompt '3 600': token id 600 is outside this run's vocabulary of 512 BPE tokens \\(ids 0..511\\)" \
   sample "$R" --prompt "3 600"
 
-# --- an older manifest (no block, no kernels): read as llama and xla, and said so -----
+# --- an older manifest (no block, no kernels, no optimizer): read as llama, xla and adamw everywhere, and said so
 cp -r "$R" "$TMP/old"
 (cd "$TMP/old/checkpoints/step_2" && $DRILL fixmanifest . model "$($PY -c '
 import json, sys
 m = json.load(open("manifest.json"))["model"]
-for k in ("block", "n_kv_heads", "layers", "n_experts", "moe_top_k", "moe_aux_weight", "moe_z_weight", "vocab_padded", "kernels"):
+for k in ("block", "n_kv_heads", "layers", "n_experts", "moe_top_k", "moe_aux_weight", "moe_z_weight", "vocab_padded", "kernels",
+          "optimizer"):
     m.pop(k)
 print(json.dumps(m))')" >/dev/null)
-expect_exit 0 'note: not recorded in the checkpoint \(an older format\), taken as: model.n_kv_heads 2, model.block "llama", .*model.kernels.attention "xla"$' \
+expect_exit 0 'note: not recorded in the checkpoint \(an older format\), taken as: model.n_kv_heads 2, model.block "llama", .*model.kernels.attention "xla", model.optimizer.default "adamw", model.optimizer.groups \[\]; not recorded in the checkpoint \(an older format\), not compared: model.optimizer.momentum, model.optimizer.nesterov$' \
   sample "$TMP/old" --tokens 2 --prompt 3
 expect_exit 7 'model.block not recorded in the checkpoint \(an older format: it meant "llama"\), "parallel" given' \
   eval "$TMP/old" model.block=parallel
+# issue 29: another optimizer than the checkpoint's (recorded, or implied by an older one) is refused, naming both
+expect_exit 7 'model.optimizer.default "adamw" in the checkpoint, "sgd" given' eval "$R" train.optimizer=sgd
+expect_exit 7 'model.optimizer.default not recorded in the checkpoint \(an older format: it meant "adamw"\), "lion" given; model.optimizer.groups not recorded in the checkpoint \(an older format: it meant \[\]\), \["embed=sgd"\] given' \
+  eval "$TMP/old" train.optimizer=lion "train.optimizer_groups=[embed=sgd]"
 # strata ckpt inspect compares a run's checkpoint with the run's config.yaml by the same check.
 expect_exit 0 'identity +.*identity mismatch: tokenizer "[0-9a-f]{16}" in the checkpoint, "[0-9a-f]{16}" given' ckpt inspect "$TMP/swapped/checkpoints/step_2"
 expect_exit 0 'not recorded in the checkpoint \(an older format\), taken as: model.n_kv_heads 2, model.block "llama"' ckpt inspect "$TMP/old/checkpoints/step_2"

@@ -25,7 +25,7 @@ expect_error() {
 }
 
 # --- the rules --------------------------------------------------------------
-expect_error "parallel.data x parallel.fsdp x parallel.tensor = 1 x 4 x 1 = 4 devices (configs/base.yml:81, command line, configs/base.yml:83), but runtime.cpu_devices is 2 (configs/base.yml:71)" \
+expect_error "parallel.data x parallel.fsdp x parallel.tensor = 1 x 4 x 1 = 4 devices (configs/base.yml:85, command line, configs/base.yml:87), but runtime.cpu_devices is 2 (configs/base.yml:75)" \
   config configs/test.yml parallel.fsdp=4
 expect_error "parallel.data x parallel.fsdp x parallel.tensor = 2 x 2 x 2 = 8 devices (command line, command line, command line), but runtime.cpu_devices is 4 (command line)" \
   config configs/test.yml parallel.data=2 parallel.fsdp=2 parallel.tensor=2 runtime.cpu_devices=4
@@ -40,7 +40,7 @@ expect_error "parallel.fsdp: 0 is out of range [1, 4096] (command line)" config 
 # --- a valid mesh ---------------------------------------------------------------
 out=$("$STRATA" config configs/test.yml parallel.data=2 parallel.fsdp=2 train.microbatches=1 runtime.cpu_devices=4 2>"$TMP/stderr")
 check "a valid 2 x 2 mesh passes strata config (stderr: $(cat "$TMP/stderr"))" \
-  "grep -Eq '^parallel.fsdp +2 +command line' <<<\"\$out\" && grep -Eq '^parallel.tensor +1 +configs/base.yml:83' <<<\"\$out\""
+  "grep -Eq '^parallel.fsdp +2 +command line' <<<\"\$out\" && grep -Eq '^parallel.tensor +1 +configs/base.yml:87' <<<\"\$out\""
 out=$("$STRATA" config --yaml configs/test.yml 2>/dev/null)
 check "the YAML snapshot has the parallel section with its defaults" \
   "grep -A3 '^parallel:' <<<\"\$out\" | grep -q '  tensor: 1'"
