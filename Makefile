@@ -77,10 +77,10 @@ test-c:
 
 # The pytest files the second stream runs after the C tests, the e2e scripts
 # and the fuzz smoke (the anchors, the bench pipeline, the checkpoint
-# resharding and tensor-parallel training files, packing, optimizers), so both streams end at
+# resharding and tensor-parallel training files, packing and the data contract), so both streams end at
 # about the same time; `make test-py` runs them all.
 PY_STREAM2 ?= tests/py/test_anchor.py tests/py/test_anchor_mesh.py tests/py/test_bench.py tests/py/test_tensor_train.py \
-  tests/py/test_packing_train.py tests/py/test_optimizer_train.py
+  tests/py/test_packing_train.py tests/py/test_data_contract.py tests/py/test_data_inspect.py
 test-py:
 	@$(PY) -m pytest -q --durations=40 -m "not long" tests/py
 

@@ -248,8 +248,11 @@ if command -v mpirun >/dev/null 2>&1; then
     '"$0" train configs/test.yml parallel.data=2 runtime.cpu_devices=1 run.dir="$1" run.progress=off train.lr=0.00$((OMPI_COMM_WORLD_RANK + 1))' \
     "$STRATA" "$TMP/mpi-mismatch" >"$TMP/mpi-mm.out" 2>&1
   rc=$?
-  check "mpirun -np 2 with train.lr differing on rank 1: exit $rc (2) on every rank, naming train.lr and both values, no run dir" \
-    "[ $rc = 2 ] && [ \$(grep -c 'ranks resolved different runs: train.lr: rank 0 has 0.001, rank 1 has 0.002' '$TMP/mpi-mm.out') = 2 ] && [ ! -e '$TMP/mpi-mismatch' ]"
+  # Every rank refuses after the agreement, but mpirun ends the job as soon
+  # as the first one exits, so the other may be killed before it prints
+  # (seen in CI): one message at least, from either rank.
+  check "mpirun -np 2 with train.lr differing on rank 1: exit $rc (2), naming train.lr and both values, no run dir" \
+    "[ $rc = 2 ] && [ \$(grep -c 'ranks resolved different runs: train.lr: rank 0 has 0.001, rank 1 has 0.002' '$TMP/mpi-mm.out') -ge 1 ] && [ ! -e '$TMP/mpi-mismatch' ]"
   # fsdp across processes (docs/multiprocess.md, "fsdp across processes"):
   # periodic checkpoints with tensor parallelism inside (per-rank shards are
   # built for one device per process) and more than one block per process

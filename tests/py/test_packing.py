@@ -115,12 +115,12 @@ def test_pack_program_signatures(stack: str) -> None:
 
 # --- the segment mask: no token reads another document ----------------------
 
-# make test: llama (RoPE) and gpt2 (learned positions) at xla; the mixed
-# stack and pallas (~25 s of interpreted kernels; `strata kernels verify`
+# make test: llama at xla (gpt2's learned positions: the packed-document test
+# below); gpt2, the mixed stack and pallas (~25 s of interpreted kernels; `strata kernels verify`
 # checks the pallas segment form in make test) in make test-long.
 LONG = pytest.mark.long
 @pytest.mark.parametrize("stack,impl", [
-    ("llama", "xla"), ("gpt2", "xla"), pytest.param("mixed", "xla", marks=LONG),
+    ("llama", "xla"), pytest.param("gpt2", "xla", marks=LONG), pytest.param("mixed", "xla", marks=LONG),
     pytest.param("llama", "pallas", marks=LONG), pytest.param("mixed", "pallas", marks=LONG),
     pytest.param("gpt2", "pallas", marks=LONG)])
 def test_no_token_attends_across_documents(stack: str, impl: str) -> None:

@@ -88,6 +88,7 @@ def test_the_batches_hold_padding_and_both_sources(runs: dict) -> None:
     assert data["sources"][0]["drawn"] > data["sources"][1]["drawn"]  # weights 0.7 and 0.3
 
 
+@pytest.mark.long  # ~8 s; make test keeps the kernel's segment form: tests/c/test_kernels.c, test_kernels.sh's verify
 def test_ffi_attention_segments_through_the_trainer(tmp_path: Path) -> None:
     """kernels.attention=ffi (strata_attention_seg_*_v1) against the xla
     reference: the C kernel's own isolation is tests/c/test_kernels.c's;

@@ -75,7 +75,10 @@ def expected(run_dir) -> list[tuple[int, list[tuple[str, float]]]]:
 
 
 def tb_files(run_dir) -> list:
-    return sorted((run_dir / "tb").iterdir())
+    # In the order the runs wrote them: the names (time in seconds, host,
+    # pid) do not sort so when a crash and its resume start in the same
+    # second and the pids cross a power of ten (9991 then 10000).
+    return sorted((run_dir / "tb").iterdir(), key=lambda f: f.stat().st_mtime_ns)
 
 
 def read_events(path) -> tuple[list, list[tuple[int, list[tuple[str, float]]]]]:
