@@ -2,6 +2,8 @@
 --fill`, st_dataset_fill) and the Python mirror (strata_jax.data) make the
 same sequences bit for bit from the same token files (docs/data.md,
 "Packing", "Document stream", "Mixing"); concat keeps positions 0..T-1.
+data.tokenizer=bpe makes the byte tokenizer's documents and prompts, each
+encoded on its own ("BPE documents").
 """
 
 from __future__ import annotations
