@@ -515,12 +515,6 @@ static st_status st__rule_tokenizer(const st_config* c) {
 static st_status st__rule_packing(const st_config* c) {
   const bool concat = !strcmp(st_config_string(c, "data.packing"), "concat");
   const int n = st_config_list_count(c, "data.sources"), nw = st_config_list_count(c, "data.weights");
-  if (!concat && !strcmp(st_config_string(c, "data.tokenizer"), "bpe"))
-    return st_status_make(ST_CODE_CONFIG,
-                          "data.tokenizer=bpe (%s) with data.packing=%s (%s): BPE token files carry no documents yet; "
-                          "use data.tokenizer=byte or data.packing=concat",
-                          st_config_source(c, "data.tokenizer"), st_config_string(c, "data.packing"),
-                          st_config_source(c, "data.packing"));
   const char* marker = st_config_string(c, "data.prompt_marker");
   if (marker[0] && concat)
     return st_status_make(ST_CODE_CONFIG,
@@ -940,7 +934,7 @@ static const st__cfg_rule kRules[] = {
      "is false; data.tokenizer=byte: data.vocab_size is 0 or 256.",
      st__rule_tokenizer},
     {"data.sources (at most 64) needs data.packing none or pack and data.synthetic false, with one data.weights "
-     "number > 0 each; data.packing none or pack needs data.tokenizer=byte; data.prompt_marker needs data.packing "
+     "number > 0 each; data.prompt_marker needs data.packing "
      "none or pack, one line other than data.separator.",
      st__rule_packing},
     {"sched.remat is auto, none, full, every:K (K >= 1) or a list of layers below model.n_layers.", st__rule_remat},

@@ -359,27 +359,37 @@ char* st__data_tokenizer_json_path(const char* token_path) {
   return st_strbuf_take(&b);
 }
 
-/* Trains BPE on |files| and writes |token_path| and |json_path| with
- * `python -m strata_jax.tokenize` (as the exporter runs: the interpreter
- * of st_python_path, the source tree's python/ first on PYTHONPATH), its
- * output in <token_path>.log. */
-static st_status st__run_bpe(uint32_t vocab, const char* from, const char* token_path, const char* json_path, char** files,
-                             size_t n) {
+/* Trains BPE on |files| (or applies |from|) and writes |token_path| and
+ * |json_path| with `python -m strata_jax.tokenize` (as the exporter runs:
+ * the interpreter of st_python_path, the source tree's python/ first on
+ * PYTHONPATH), its output in <token_path>.log. |documents| (packing
+ * none/pack): the byte tokenizer's version-3 file of the corpus's
+ * documents, which the script encodes one by one (NULL: the corpus as one
+ * stream, version 2). */
+static st_status st__run_bpe(uint32_t vocab, const char* from, const char* documents, const char* token_path,
+                             const char* json_path, char** files, size_t n) {
   st_strbuf log = {0};
   st_strbuf_printf(&log, "%s.log", token_path);
   char vocab_text[16];
   snprintf(vocab_text, sizeof(vocab_text), "%u", vocab);
-  const char* fixed[] = {"--vocab-size", vocab_text, "--out", token_path, "--tokenizer-out", json_path,
-                         "--tokenizer-in", from, "--"};
-  size_t nf = sizeof(fixed) / sizeof(fixed[0]);
-  if (!from) {
-    /* No tokenizer to apply: drop "--tokenizer-in FILE". */
-    fixed[nf - 3] = "--";
-    nf -= 2;
+  const char** args = st_xcalloc(11 + n, sizeof(char*));
+  size_t k = 0;
+  args[k++] = "--vocab-size";
+  args[k++] = vocab_text;
+  args[k++] = "--out";
+  args[k++] = token_path;
+  args[k++] = "--tokenizer-out";
+  args[k++] = json_path;
+  if (from) {
+    args[k++] = "--tokenizer-in";
+    args[k++] = from;
   }
-  const char** args = st_xcalloc(nf + n + 1, sizeof(char*));
-  for (size_t i = 0; i < nf; ++i) args[i] = fixed[i];
-  for (size_t i = 0; i < n; ++i) args[nf + i] = files[i];
+  if (documents) {
+    args[k++] = "--documents";
+    args[k++] = documents;
+  }
+  args[k++] = "--";
+  for (size_t i = 0; i < n; ++i) args[k++] = files[i];
   if (from)
     fprintf(stderr, "strata: tokenizing the corpus (%zu files) with the BPE tokenizer %s\n", n, from);
   else
@@ -419,6 +429,33 @@ static st_status st__tokenize_documents(const st_data_options* o, const char* pa
   free(b.tokens);
   free(b.starts);
   free(b.prompts);
+  return s;
+}
+
+/* BPE's token file |out| (and its tokenizer.json) unless both are there.
+ * With documents (packing none/pack) the split is the byte tokenizer's,
+ * exactly: C writes the byte file of the documents beside |out| and the
+ * script encodes each document (and its prompt) from it. */
+static st_status st__tokenize_bpe(const st_data_options* o, const char* path, char** files, size_t n, uint64_t total,
+                                  const char* out) {
+  char* json = st__data_tokenizer_json_path(out);
+  st_status s = ST_OK;
+  if (!st__is_token_file(out) || access(json, R_OK) != 0) {
+    char* folder = st_path_join(o->cache_dir, "tokens");
+    s = st_fs_mkdirs(folder);
+    free(folder);
+    char* documents = NULL;
+    if (!s && o->packing != ST_DATA_PACKING_CONCAT) {
+      st_strbuf b = {0};
+      st_strbuf_printf(&b, "%s.bytes-%ld", out, (long)getpid());
+      documents = st_strbuf_take(&b);
+      s = st__tokenize_documents(o, path, files, n, total, documents);
+    }
+    if (!s) s = st__run_bpe(o->tokenizer_vocab, o->tokenizer_from, documents, out, json, files, n);
+    if (documents) remove(documents);
+    free(documents);
+  }
+  free(json);
   return s;
 }
 
@@ -489,15 +526,7 @@ static st_status st__tokenize_corpus(const st_data_options* o, const char* path,
   snprintf(name, sizeof(name), "tokens/%.16s.tok", hash);
   char* out = st_path_join(cache_dir, name);
   if (bpe) {
-    char* json = st__data_tokenizer_json_path(out);
-    st_status s = ST_OK;
-    if (!st__is_token_file(out) || access(json, R_OK) != 0) {
-      char* folder = st_path_join(cache_dir, "tokens");
-      s = st_fs_mkdirs(folder);
-      free(folder);
-      if (!s) s = st__run_bpe(o->tokenizer_vocab, o->tokenizer_from, out, json, files, n);
-    }
-    free(json);
+    st_status s = st__tokenize_bpe(o, path, files, n, total, out);
     st__free_list(files, n);
     if (s) {
       free(out);

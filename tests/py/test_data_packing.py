@@ -2,6 +2,8 @@
 --fill`, st_dataset_fill) and the Python mirror (strata_jax.data) make the
 same sequences bit for bit from the same token files (docs/data.md,
 "Packing", "Document stream", "Mixing"); concat keeps positions 0..T-1.
+data.tokenizer=bpe makes the byte tokenizer's documents and prompts, each
+encoded on its own ("BPE documents").
 """
 
 from __future__ import annotations
@@ -220,10 +222,108 @@ def test_refusals(corpora, tmp_path):
         r = strata(["data", *base_args("data.packing=pack", "data.separator=%", f"data.prompt_marker={marker}")], cache,
                    ok=False)
         assert r.returncode == 2 and "data.prompt_marker" in r.stderr.decode(), r.stderr.decode()
-    # data.sources with concat, mismatched weights, bpe with pack: exit 2 naming the keys.
+    # data.sources with concat, mismatched weights: exit 2 naming the keys.
     for extra, key in (([f"data.sources=[{one}]", "data.weights=[1]"], "data.packing"),
                        ([f"data.sources=[{one}]", "data.weights=[1, 2]", "data.packing=pack"], "data.weights"),
-                       ([f"data.sources=[{one}]", "data.weights=[0]", "data.packing=pack"], "data.weights"),
-                       (["data.tokenizer=bpe", "data.packing=pack"], "data.tokenizer")):
+                       ([f"data.sources=[{one}]", "data.weights=[0]", "data.packing=pack"], "data.weights")):
         r = strata(["data", *base_args(*extra)], cache, ok=False)
         assert r.returncode == 2 and key in r.stderr.decode(), r.stderr.decode()
+
+
+# data.tokenizer=bpe with packing none/pack: the documents (and prompts) are
+# the byte tokenizer's, each encoded on its own by a small BPE.
+BPE_VOCAB = 300
+
+
+def bpe_args(path: str, packing: str, *extra: str) -> list[str]:
+    return ["configs/test.yml", "data.synthetic=false", f"model.vocab_size={BPE_VOCAB}", f"model.seq_len={T}",
+            "data.val_fraction=0.2", "seed=7", f"data.path={path}", f"data.packing={packing}", *extra]
+
+
+@pytest.fixture(scope="module")
+def bpe_corpora(tmp_path_factory) -> dict:
+    d = tmp_path_factory.mktemp("bpe")
+    with open("/usr/share/games/fortunes/debian", "rb") as f:
+        fortunes = f.read()
+    # Separated documents, with text that is not ASCII and bytes that are not UTF-8.
+    (d / "sep.txt").write_bytes(fortunes + "Naïve café, 東京 🙂\n%\n".encode() + b"stray \xff\xfe bytes\n%\n")
+    # Prompt/completion documents from the same fortunes: a text file (the first
+    # line the prompt; every third without a marker; one with an empty prompt)
+    # and a JSONL file beside it, one folder.
+    docs = [t for t in fortunes.decode().split("%\n") if t.count("\n") >= 2]
+    qa = d / "qa"
+    qa.mkdir()
+    text = []
+    for i, t in enumerate(docs):
+        first, rest = t.split("\n", 1)
+        text.append(t if i % 3 == 2 else "@@@\n" + t if i == 4 else first + "\n@@@\n" + rest)
+    (qa / "a.txt").write_text("".join(t + "%\n" for t in text))
+    (qa / "b.jsonl").write_text("".join(json.dumps({"body": t.replace("\n", "\n@@@\n", 1)}) + "\n" for t in docs[:20]))
+    return {"sep": str(d / "sep.txt"), "qa": str(qa), "cache": str(d / "cache")}
+
+
+def bpe_decoder(token_file: str):
+    """id -> its exact bytes, from the tokenizer.json beside |token_file|."""
+    from strata_jax.tokenize import bytes_to_unicode
+
+    inverse = {s: b for b, s in bytes_to_unicode().items()}
+    with open(token_file[: -len(".tok")] + ".tokenizer.json") as f:
+        vocab = json.load(f)["model"]["vocab"]
+    table = {i: bytes(inverse[c] for c in s) for s, i in vocab.items()}
+    return lambda ids: b"".join(table[int(i)] for i in ids)
+
+
+def split_docs(tokens: np.ndarray, starts: np.ndarray) -> list[np.ndarray]:
+    return [tokens[a:b] for a, b in zip(starts, list(starts[1:]) + [len(tokens)])]
+
+
+@pytest.mark.parametrize("corpus,extra", [("sep", ["data.separator=%"]),
+                                          ("qa", ["data.separator=%", "data.jsonl_field=body",
+                                                  "data.prompt_marker=@@@"])])
+@pytest.mark.parametrize("packing", ["none", "pack"])
+def test_bpe_documents(bpe_corpora, tmp_path, corpus, extra, packing):
+    """BPE token files of documents: the same documents and prompts as the
+    byte tokenizer's, each document's tokens (and its prompt's) decode to
+    exactly its bytes, segments start at documents, and C and Python fill
+    the same batches bit for bit."""
+    cache, path = bpe_corpora["cache"], bpe_corpora[corpus]
+    args = bpe_args(path, packing, "data.tokenizer=bpe", *extra)
+    (tok, _), = sources_of(args, cache)
+    (byte_tok, _), = sources_of(bpe_args(path, packing, *extra), cache)
+    tokens, vocab, starts, prompts = D.read_token_file_prompts(tok)
+    btokens, _, bstarts, bprompts = D.read_token_file_prompts(byte_tok)
+    assert vocab == BPE_VOCAB and D.token_file_tokenizer(tok) not in ("byte", "none")
+    assert (prompts is None) == (bprompts is None) == ("data.prompt_marker=@@@" not in extra)
+    decode = bpe_decoder(tok)
+    docs, bdocs = split_docs(tokens, starts), split_docs(btokens, bstarts)
+    assert len(docs) == len(bdocs) > 20 and len(tokens) < 0.8 * len(btokens)  # BPE merged
+    for d, (ids, raw) in enumerate(zip(docs, bdocs)):
+        assert decode(ids) == bytes(raw.astype(np.uint8))
+        if prompts is not None:
+            assert decode(ids[: prompts[d]]) == bytes(raw[: bprompts[d]].astype(np.uint8))
+    if prompts is not None:
+        assert (prompts > 0).sum() > 10 and (prompts == 0).sum() > 5
+    # Segments: each is a slice of one document, from its start unless it
+    # continues one at a sequence's start; a prompt's targets weigh 0.
+    x, y, w, pos = c_fill(args, cache, 0, 0, 24, str(tmp_path / "f.bin"))
+    if prompts is None:
+        check_invariants(x, y, w, pos)  # (its constant weights per segment do not hold with prompts)
+    seen = 0
+    for i in range(x.shape[0]):
+        cuts = [t for t in range(T) if pos[i, t] == 0] + [T]
+        for a, b in zip(cuts, cuts[1:]):
+            seg = np.append(x[i, a:b], y[i, b - 1])
+            if not w[i, a:b].any() and not seg.any():
+                continue  # padding
+            where = [(d, k) for d, doc in enumerate(docs) for k in ([0] if a else range(len(doc)))
+                     if k + len(seg) <= len(doc) and (doc[k: k + len(seg)] == seg).all()]
+            assert where, f"sequence {i} segment {a}:{b} is in no document"
+            if prompts is not None:
+                assert any((w[i, a:b] == (k + np.arange(b - a) + 1 >= prompts[d])).all() for d, k in where)
+            seen += 1
+    assert seen > 10
+    py = py_sampler(args, cache, packing)
+    for stream, first, count in ((0, 0, 24), (0, 30, 8), (1, 0, 12)):
+        c = c_fill(args, cache, stream, first, count, str(tmp_path / "f.bin"))
+        for a, b in zip(c, py.fill(stream, first, count)):
+            np.testing.assert_array_equal(a, b)
