@@ -822,6 +822,12 @@ st_status st_dataset_open(const st_data_options* o, st_dataset** out_dataset) {
   if (o->n_sources < 0 || o->n_sources > ST_DATA_MAX_SOURCES || (o->n_sources && o->packing == ST_DATA_PACKING_CONCAT))
     return st_status_make(ST_CODE_CONFIG, "data.sources (%d of them) needs data.packing none or pack and at most %d sources",
                           o->n_sources, ST_DATA_MAX_SOURCES);
+  /* Documents matter to none and pack only: say so rather than ignore the
+   * keys (data.prompt_marker and data.sources are refused by the schema). */
+  const bool sep = o->separator && o->separator[0], field = o->jsonl_field && strcmp(o->jsonl_field, "text");
+  if (o->packing == ST_DATA_PACKING_CONCAT && (sep || field))
+    fprintf(stderr, "strata: warning: %s has no effect with data.packing=concat (windows over the whole corpus); "
+            "documents are read by data.packing none or pack\n", sep ? "data.separator" : "data.jsonl_field");
   st_dataset* ds = st_xcalloc(1, sizeof(*ds));
   ds->seed = o->seed;
   ds->seq_len = o->seq_len;

@@ -76,3 +76,10 @@ def test_bad_step_is_a_usage_error() -> None:
         r = inspect(*args)
         assert r.returncode == 2, (args, r.stderr)
         assert "--step" in r.stderr or "--sequence" in r.stderr
+
+
+def test_document_keys_under_concat_are_said_to_do_nothing() -> None:
+    r = subprocess.run([STRATA, "data", "configs/tiny.yml", "data.separator=%"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "data.separator has no effect with data.packing=concat" in r.stderr
