@@ -363,6 +363,13 @@ static double st__cmp_budget(const st__cmp_model* m, const char* cls, st_dtype d
 
 /*--- errors ---------------------------------------------------------------*/
 
+static bool st__cmp_same_type(const st_tensor_type* a, const st_tensor_type* b) {
+  if (a->dtype != b->dtype || a->rank != b->rank) return false;
+  for (int r = 0; r < a->rank; ++r)
+    if (a->dims[r] != b->dims[r]) return false;
+  return true;
+}
+
 static double st__cmp_value(st_dtype dt, const unsigned char* p, int64_t i) {
   switch (dt) {
     case ST_DTYPE_F32: {
@@ -455,41 +462,80 @@ static bool st__cmp_scalars(const st__cmp_tensor* x, int64_t n, double* out) {
   return true;
 }
 
-/* AdamW's parameter outputs (docs/diagnostics.md, "Budgets"): the update
+/* AdamW's parameters (docs/diagnostics.md, "Budgets"): the update
  * m^/(sqrt(v^) + eps) of an element whose gradient is within the
  * gradient budget of zero may move by up to 2 lr (at the first step it is
- * g/(|g| + eps): a sign). Each element gets lr * min(2, d / (sqrt(v^) +
- * eps)), d the gradient budget in gscale'd units; NULL when |a| is not an
- * AdamW update's parameter (an entry without lr, gscale, hyper, step, the
- * gradient and v of the same name). */
-static double* st__cmp_adamw_allowance(const st__cmp_dump* A, const st__cmp_tensor* a, double grad_budget) {
-  const char* name = json_string_value(json_object_get(a->tensor, "name"));
+ * g/(|g| + eps): a sign). |u| is a parameter of an AdamW update's entry
+ * (with lr, gscale, hyper, step, the gradient and v of the same name).
+ * Each update adds lr min(2, d / (sqrt(v^) + eps)) per element, d the
+ * gradient budget in gscale'd units: the input (the state the step starts
+ * from: |input|) holds step - 1 of them, with v^ from the input v (this
+ * step's lr standing for the earlier ones'); the output one more, with
+ * v^ from the output v. NULL: not AdamW's, or step 1's input (no update
+ * before it). */
+static double* st__cmp_adamw_allowance(const st__cmp_dump* A, const st__cmp_tensor* u, double grad_budget, bool input) {
+  const char* name = json_string_value(json_object_get(u->tensor, "name"));
   char gname[160], vname[160];
   snprintf(gname, sizeof(gname), "grad_%s", name);
   snprintf(vname, sizeof(vname), "v_%s", name);
   double lr, gscale, step, hyper[4];
-  const st__cmp_tensor* g = st__cmp_sibling(A, a, "in", gname);
-  const st__cmp_tensor* v = st__cmp_sibling(A, a, "out", vname);
-  if (!st__cmp_scalars(st__cmp_sibling(A, a, "in", "lr"), 1, &lr) ||
-      !st__cmp_scalars(st__cmp_sibling(A, a, "in", "gscale"), 1, &gscale) ||
-      !st__cmp_scalars(st__cmp_sibling(A, a, "in", "step"), 1, &step) ||
-      !st__cmp_scalars(st__cmp_sibling(A, a, "in", "hyper"), 4, hyper) || !g || !v)
+  const st__cmp_tensor* g = st__cmp_sibling(A, u, "in", gname);
+  const st__cmp_tensor* v_in = st__cmp_sibling(A, u, "in", vname);
+  const st__cmp_tensor* v_out = st__cmp_sibling(A, u, "out", vname);
+  if (!st__cmp_scalars(st__cmp_sibling(A, u, "in", "lr"), 1, &lr) ||
+      !st__cmp_scalars(st__cmp_sibling(A, u, "in", "gscale"), 1, &gscale) ||
+      !st__cmp_scalars(st__cmp_sibling(A, u, "in", "step"), 1, &step) ||
+      !st__cmp_scalars(st__cmp_sibling(A, u, "in", "hyper"), 4, hyper) || !g || !v_in || !v_out)
     return NULL;
-  const int64_t n = st_tensor_type_elements(&a->type);
-  if (st_tensor_type_elements(&g->type) != n || st_tensor_type_elements(&v->type) != n || step < 1) return NULL;
+  const int64_t n = st_tensor_type_elements(&u->type);
+  if (st_tensor_type_elements(&g->type) != n || st_tensor_type_elements(&v_in->type) != n ||
+      st_tensor_type_elements(&v_out->type) != n || step < 1 || step > 1e9 || (input && step < 2))
+    return NULL;
   double gmax = 0;
   for (int64_t i = 0; i < n; ++i) {
     double x = fabs(st__cmp_value(g->type.dtype, g->data, i));
     if (isfinite(x) && x > gmax) gmax = x;
   }
-  const double delta = grad_budget * gmax * fabs(gscale), eps = hyper[2], corr = 1 - pow(hyper[1], step);
+  const double delta = grad_budget * gmax * fabs(gscale), eps = hyper[2];
+  const double corr_in = 1 - pow(hyper[1], step - 1), corr_out = 1 - pow(hyper[1], step);
   double* allow = st_xmalloc((size_t)(n > 0 ? n : 1) * sizeof(double));
   for (int64_t i = 0; i < n; ++i) {
-    double vh = st__cmp_value(v->type.dtype, v->data, i) / (corr > 0 ? corr : 1);
-    double k = delta / (sqrt(vh > 0 ? vh : 0) + eps);
-    allow[i] = fabs(lr) * (k < 2 && isfinite(k) ? k : 2);
+    double a = 0;
+    for (int part = 0; part < (input ? 1 : 2); ++part) {
+      const st__cmp_tensor* v = part == 0 ? v_in : v_out;
+      const double corr = part == 0 ? corr_in : corr_out, times = part == 0 ? step - 1 : 1;
+      if (times <= 0 || corr <= 0) continue;
+      double vh = st__cmp_value(v->type.dtype, v->data, i) / corr;
+      double k = delta / (sqrt(vh > 0 ? vh : 0) + eps);
+      a += times * fabs(lr) * (k < 2 && isfinite(k) ? k : 2);
+    }
+    allow[i] = a;
   }
   return allow;
+}
+
+/* The allowance of a parameter tensor |a| of A (above): an update's
+ * output; or an input anywhere, through the same-named input of its
+ * update (the entry's stage, else the embedding's or the head's: the tied
+ * wte is an input of the head). */
+static double* st__cmp_param_allowance(const st__cmp_dump* A, const st__cmp_tensor* a, double grad_budget) {
+  const json_t* e = a->entry;
+  const bool out = !strcmp(json_string_value(json_object_get(a->tensor, "io")), "out");
+  if (!strcmp(a->cls, "param_updated")) return out ? st__cmp_adamw_allowance(A, a, grad_budget, false) : NULL;
+  if (strcmp(a->cls, "param") || out) return NULL;
+  const char* stage = json_string_value(json_object_get(e, "stage"));
+  const char* stages[] = {stage ? stage : "", "embed", "head"};
+  for (int k = 0; k < 3; ++k) {
+    char key[256];
+    snprintf(key, sizeof(key), "update|%s|%lld|-1|in|%s|0", stages[k], (long long)json_integer_value(json_object_get(e, "layer")),
+             json_string_value(json_object_get(a->tensor, "name")));
+    const json_t* at = json_object_get(A->by_match, key);
+    if (!at) continue;
+    const st__cmp_tensor* u = &A->t[json_integer_value(at)];
+    if (!st__cmp_same_type(&u->type, &a->type)) return NULL;
+    return st__cmp_adamw_allowance(A, u, grad_budget, true);
+  }
+  return NULL;
 }
 
 /*--- the walk -------------------------------------------------------------*/
@@ -589,9 +635,7 @@ static void st__cmp_walk_dumps(const st__cmp_dump* A, const st__cmp_dump* B, con
     }
     const st__cmp_tensor* b = &B->t[json_integer_value(at)];
     w->compared++;
-    bool same = a->type.dtype == b->type.dtype && a->type.rank == b->type.rank;
-    for (int r = 0; same && r < a->type.rank; ++r) same = a->type.dims[r] == b->type.dims[r];
-    if (!same) {
+    if (!st__cmp_same_type(&a->type, &b->type)) {
       char ta[96], tb[96], why[220];
       snprintf(why, sizeof(why), "%s in A, %s in B", st_tensor_type_format(&a->type, ta, sizeof(ta)),
                st_tensor_type_format(&b->type, tb, sizeof(tb)));
@@ -602,9 +646,7 @@ static void st__cmp_walk_dumps(const st__cmp_dump* A, const st__cmp_dump* B, con
       continue;
     }
     double budget = st__cmp_budget(m, a->cls, a->type.dtype);
-    double* allow = !strcmp(a->cls, "param_updated")
-                        ? st__cmp_adamw_allowance(A, a, st__cmp_budget(m, "gradient", a->type.dtype))
-                        : NULL;
+    double* allow = st__cmp_param_allowance(A, a, st__cmp_budget(m, "gradient", a->type.dtype));
     st__cmp_err err = st__cmp_error(a, b, budget, allow);
     bool allowed = allow != NULL;
     free(allow);
