@@ -219,7 +219,8 @@ static st_status st__cmp_read_index(st__cmp_dump* d) {
   free(path);
   if (s) return s;
   const char* format = NULL;
-  if (st_json_get_string(d->index, "format", "index.json", &format) == ST_OK && strcmp(format, ST__CMP_FORMAT)) {
+  st_status_free(st_json_get_string(d->index, "format", "index.json", &format)); /* missing: said below */
+  if (format && strcmp(format, ST__CMP_FORMAT)) {
     char w[200];
     snprintf(w, sizeof(w), "format is \"%.64s\", this strata reads \"" ST__CMP_FORMAT "\"", format);
     return st__cmp_bad(d, w);
@@ -705,6 +706,10 @@ static json_t* st__cmp_budgets(const st__cmp_model* m) {
   return b;
 }
 
+/* A new reference to |v|, or null when the index has none (a field only
+ * reported, not needed). */
+static json_t* st__cmp_copy(json_t* v) { return v ? json_incref(v) : json_null(); }
+
 st_status st_compare_dumps(const char* run_a, const char* run_b, int64_t step, st_json** out_report) {
   *out_report = NULL;
   st__cmp_dump A, B;
@@ -739,10 +744,10 @@ st_status st_compare_dumps(const char* run_a, const char* run_b, int64_t step, s
   st_json_put_str(r, "a", A.dir);
   st_json_put_str(r, "b", B.dir);
   st_json_put_int(r, "step", A.step);
-  st_json_put(r, "kernels_a", json_incref(json_object_get(json_object_get(A.index, "config"), "kernels")));
-  st_json_put(r, "kernels_b", json_incref(json_object_get(json_object_get(B.index, "config"), "kernels")));
-  st_json_put(r, "mesh_a", json_incref(json_object_get(A.index, "mesh")));
-  st_json_put(r, "mesh_b", json_incref(json_object_get(B.index, "mesh")));
+  st_json_put(r, "kernels_a", st__cmp_copy(json_object_get(json_object_get(A.index, "config"), "kernels")));
+  st_json_put(r, "kernels_b", st__cmp_copy(json_object_get(json_object_get(B.index, "config"), "kernels")));
+  st_json_put(r, "mesh_a", st__cmp_copy(json_object_get(A.index, "mesh")));
+  st_json_put(r, "mesh_b", st__cmp_copy(json_object_get(B.index, "mesh")));
   st_json_put_int(r, "compared", w.compared);
   st_json_put_int(r, "over_budget", w.over);
   st_json_put_int(r, "mismatched", w.mismatched);
