@@ -239,14 +239,33 @@ static void st__dump_scale(const st_tensor_type* type, void* data, double k) {
  * logical tensors are those of one device's run: gradients and
  * activation gradients over D, squared norms over D^2, gscale times D
  * (exact for D a power of two). */
-static void st__dump_normalize(const st__trainer* t, const char* cls, const char* name, const st_tensor_type* type,
-                               void* data) {
-  const double D = (double)(t->step_plan.mesh[0] > 0 ? t->step_plan.mesh[0] : 1) *
-                   (double)(t->step_plan.mesh[1] > 0 ? t->step_plan.mesh[1] : 1);
+static void st__dump_normalize(double D, const char* cls, const char* name, const st_tensor_type* type, void* data) {
   if (D == 1) return;
   if (!strcmp(cls, "gradient") || !strcmp(cls, "activation_grad")) st__dump_scale(type, data, 1.0 / D);
   else if (!strcmp(cls, "metric") && !strcmp(name, "sqnorm")) st__dump_scale(type, data, 1.0 / (D * D));
   else if (!strcmp(cls, "scalar") && !strcmp(name, "gscale")) st__dump_scale(type, data, D);
+}
+
+/* The devices sharing each microbatch's rows in this process (data x fsdp). */
+static double st__dump_shares(const st__trainer* t) {
+  return (double)(t->step_plan.mesh[0] > 0 ? t->step_plan.mesh[0] : 1) *
+         (double)(t->step_plan.mesh[1] > 0 ? t->step_plan.mesh[1] : 1);
+}
+
+/* How a job's ranks' tensors (data across the processes: each rank holds
+ * its rows of every microbatch, rank 0's first) make the job's logical
+ * one: "concat" (rows), "mean" (a loss or a block metric: each rank's is a
+ * mean over its rows), "sum" (a gradient before the cross-process
+ * all-reduce), "first" (the same on every rank: state, scalars, reduced
+ * gradients and their norms). Recorded in one process too. */
+static const char* st__dump_combine(const st__trainer* t, int k, int slot, const char* cls, const char* name,
+                                    const st_tensor_type* lt) {
+  if (!strcmp(cls, "batch") || !strcmp(cls, "activation") || !strcmp(cls, "activation_grad"))
+    return lt->rank > 0 ? "concat" : "mean";
+  if (!strcmp(cls, "loss")) return "mean";
+  if (!strcmp(cls, "gradient")) return st__dump_reduced(&t->step_plan, k, slot) ? "first" : "sum";
+  if (!strcmp(cls, "metric") && strcmp(name, "sqnorm") && strcmp(name, "stats")) return "mean";
+  return "first";
 }
 
 /* The key of a tensor with these bytes: an earlier one's when the bytes
@@ -339,7 +358,7 @@ static st_status st__dump_take(st__trainer* t, const st_op* op, int index, st_bu
     if (!bt) snprintf(tname, sizeof(tname), "%s%d", out ? "out" : "in", j);
     snprintf(key, sizeof(key), "%d.%s%d.%s", seq, out ? "out" : "in", j, bt ? bt->name : tname);
     const char* cls = st__dump_class(bt ? bt->role : NULL, out, phase);
-    st__dump_normalize(t, cls, bt ? bt->name : tname, &lt, data);
+    st__dump_normalize(st__dump_shares(t), cls, bt ? bt->name : tname, &lt, data);
     const char* dt = st_safetensors_dtype_name(lt.dtype);
     json_t* e = st_json_obj();
     st_json_put_str(e, "io", out ? "out" : "in");
@@ -349,6 +368,7 @@ static st_status st__dump_take(st__trainer* t, const st_op* op, int index, st_bu
     st_json_put_str(e, "class", cls);
     st_json_put_str(e, "slot", t->step_plan.slots[slot].name);
     st_json_put_str(e, "layout", d->ndev > 1 ? st_slot_layout_name(t->step_plan.slots[slot].layout) : "replicated");
+    st_json_put_str(e, "combine", st__dump_combine(t, (int)(op - t->step_plan.ops), slot, cls, bt ? bt->name : tname, &lt));
     st_json_put_str(e, "dtype", st_dtype_name(lt.dtype));
     json_t* shape = st_json_arr();
     for (int r = 0; r < lt.rank; ++r) st_json_push(shape, st_json_int(lt.dims[r]));
@@ -413,6 +433,7 @@ static json_t* st__dump_index(st__trainer* t, st__dump* d) {
   st_json_put_str(j, "format", ST__DUMP_FORMAT);
   st_json_put_int(j, "step", t->step + 1);
   st_json_put_int(j, "processes", o->procs > 1 ? o->procs : 1);
+  st_json_put_int(j, "rank", t->dist ? st_dist_rank(t->dist) : 0);
   json_t* mesh = st_json_obj();
   st_json_put_int(mesh, "data", t->step_plan.mesh[0] > 0 ? t->step_plan.mesh[0] : 1);
   st_json_put_int(mesh, "fsdp", t->step_plan.mesh[1] > 0 ? t->step_plan.mesh[1] : 1);
@@ -450,10 +471,9 @@ static json_t* st__dump_index(st__trainer* t, st__dump* d) {
   return j;
 }
 
-st_status st__dump_end(st__trainer* t) {
-  st__dump* d = t->dump;
-  if (!d) return ST_OK;
-  t->dump = NULL;
+/* Writes |d| (consumed) as <run_dir>/dump/step_<N>/, atomically, and the
+ * "dump" event. */
+static st_status st__dump_write(st__trainer* t, st__dump* d) {
   char leaf[64], tmp_leaf[96];
   snprintf(leaf, sizeof(leaf), "step_%lld", (long long)t->step + 1);
   snprintf(tmp_leaf, sizeof(tmp_leaf), ".step_%lld.tmp-%ld", (long long)t->step + 1, (long)getpid());
@@ -494,10 +514,177 @@ st_status st__dump_end(st__trainer* t) {
   }
   free(tmp);
   free(dir);
+  return s;
+}
+
+/* One rank's dump as rank 0 reads it back (a job; its own files). */
+typedef struct st__dump_rank {
+  json_t* index;
+  st_safetensors* st;
+} st__dump_rank;
+
+static st_status st__dump_rank_read(const st__trainer* t, int r, st__dump_rank* out) {
+  char leaf[96];
+  snprintf(leaf, sizeof(leaf), "ranks/%d/dump/step_%lld", r, (long long)t->step + 1);
+  char* dir = st_path_join(t->job_dir, leaf);
+  char* ipath = st_path_join(dir, "index.json");
+  char* tpath = st_path_join(dir, "tensors.safetensors");
+  char* text = NULL;
+  size_t size = 0;
+  st_status s = st_fs_read_file(ipath, &text, &size);
+  if (!s) s = st_json_parse(text, size, ipath, &out->index);
+  if (!s) s = st_safetensors_read(tpath, &out->st);
+  free(text);
+  free(ipath);
+  free(tpath);
+  if (s) s = st_status_annotate(s, "rank 0 merging rank %d's part of the dump (%s)", r, dir);
+  free(dir);
+  return s;
+}
+
+/* Tensor |j| of entry |i| of rank |r|'s dump: its bytes and type. */
+static st_status st__dump_rank_tensor(const st__dump_rank* rk, int r, size_t i, size_t j, const void** data,
+                                      st_tensor_type* type) {
+  const json_t* e = json_array_get(json_object_get(rk->index, "entries"), i);
+  const json_t* x = json_array_get(json_object_get(e, "tensors"), j);
+  const json_t* key = json_object_get(x, "key");
+  const st_safetensors_entry* se = json_is_string(key) ? st_safetensors_find(rk->st, json_string_value(key)) : NULL;
+  if (!se) return st_status_make(ST_CODE_INTERNAL, "dump: rank %d has no tensor %zu of entry %zu", r, j, i);
+  *data = rk->st->data + se->offset;
+  *type = se->type;
+  return ST_OK;
+}
+
+/* The job's tensor from the ranks' |parts| (|P| of type |type|, rank 0's
+ * first) as |how| says: a new buffer, its type in *out_type. */
+static st_status st__dump_join(const char* how, int P, const void* const* parts, const st_tensor_type* type,
+                               st_tensor_type* out_type, void** out) {
+  const size_t n = st_tensor_type_bytes(type);
+  const int64_t el = st_tensor_type_elements(type);
+  *out_type = *type;
+  if (!strcmp(how, "concat") && type->rank > 0) {
+    out_type->dims[0] *= P;
+    unsigned char* b = st_xmalloc(n * (size_t)P + 1);
+    for (int r = 0; r < P; ++r) memcpy(b + (size_t)r * n, parts[r], n);
+    *out = b;
+    return ST_OK;
+  }
+  unsigned char* b = st_xmalloc(n + 1);
+  memcpy(b, parts[0], n);
+  *out = b;
+  const bool sum = !strcmp(how, "sum"), mean = !strcmp(how, "mean");
+  if (!sum && !mean) return ST_OK;
+  if (type->dtype != ST_DTYPE_F32)
+    return st_status_make(ST_CODE_INTERNAL, "dump: cannot %s %s tensors over ranks", how, st_dtype_name(type->dtype));
+  float* f = (float*)b;
+  for (int64_t i = 0; i < el; ++i) {
+    double acc = 0; /* in rank order, as the cross-process sums are */
+    for (int r = 0; r < P; ++r) acc += (double)((const float*)parts[r])[i];
+    f[i] = (float)(mean ? acc / P : acc);
+  }
+  return ST_OK;
+}
+
+/* Rank 0 of a job (data across the processes): |d|, its own part, joined
+ * with every other rank's written one into the job's dump (*out, owned). */
+static st_status st__dump_merge(st__trainer* t, st__dump* d, st__dump** out) {
+  const int P = t->o->procs;
+  st__dump_rank* rk = st_xcalloc((size_t)P, sizeof(*rk));
+  st_status s = ST_OK;
+  for (int r = 1; r < P && !s; ++r) s = st__dump_rank_read(t, r, &rk[r]);
+  st__dump* m = st_xcalloc(1, sizeof(st__dump));
+  m->ndev = d->ndev;
+  m->entries = st_json_arr();
+  json_t* keys = st_json_obj(); /* rank 0's key -> its tensor */
+  for (int i = 0; i < d->n_tensors; ++i) st_json_put_int(keys, d->tensors[i].key, i);
+  const void** parts = st_xcalloc((size_t)P, sizeof(void*));
+  for (size_t i = 0; !s && i < json_array_size(d->entries); ++i) {
+    json_t* e = json_deep_copy(json_array_get(d->entries, i));
+    json_array_append_new(m->entries, e);
+    json_t* list = json_object_get(e, "tensors");
+    for (size_t j = 0; !s && j < json_array_size(list); ++j) {
+      json_t* x = json_array_get(list, j);
+      const json_t* at = json_object_get(keys, json_string_value(json_object_get(x, "key")));
+      if (!at) continue; /* not stored */
+      const st__dump_tensor* own = &d->tensors[json_integer_value(at)];
+      parts[0] = own->data;
+      for (int r = 1; r < P && !s; ++r) {
+        st_tensor_type ty;
+        s = st__dump_rank_tensor(&rk[r], r, i, j, &parts[r], &ty);
+        if (!s && (ty.dtype != own->type.dtype || st_tensor_type_bytes(&ty) != st_tensor_type_bytes(&own->type)))
+          s = st_status_make(ST_CODE_INTERNAL, "dump: rank %d's tensor %zu of entry %zu is not rank 0's type", r, j, i);
+      }
+      st_tensor_type jt;
+      void* data = NULL;
+      if (!s) s = st__dump_join(json_string_value(json_object_get(x, "combine")), P, parts, &own->type, &jt, &data);
+      if (s) {
+        free(data);
+        break;
+      }
+      /* Each rank's part is normalised to its own devices; the job's
+       * gradients are P times more (st__dump_normalize). */
+      st__dump_normalize((double)P, json_string_value(json_object_get(x, "class")), json_string_value(json_object_get(x, "name")),
+                         &jt, data);
+      json_t* shape = st_json_arr();
+      for (int r = 0; r < jt.rank; ++r) st_json_push(shape, st_json_int(jt.dims[r]));
+      st_json_put(x, "shape", shape);
+      st_json_put_str(x, "key", st__dump_store(m, &jt, data, own->key));
+    }
+  }
+  free(parts);
+  json_decref(keys);
+  for (int r = 1; r < P; ++r) {
+    json_decref(rk[r].index);
+    st_safetensors_free(rk[r].st);
+  }
+  free(rk);
+  if (s) {
+    st__dump_free(m);
+    return s;
+  }
+  *out = m;
+  return ST_OK;
+}
+
+st_status st__dump_end(st__trainer* t) {
+  st__dump* d = t->dump;
+  if (!d) return ST_OK;
+  t->dump = NULL;
+  st_status s = ST_OK;
+  if (t->dist && t->o->procs > 1) {
+    /* Every rank writes its part into its own folder (rank 0 keeps its
+     * own in memory); once all have (the barrier), rank 0 joins them into
+     * the job's dump. A rank that failed to write still meets the barrier:
+     * rank 0 then fails naming its folder. */
+    const bool rank0 = st_dist_rank(t->dist) == 0;
+    if (!rank0) s = st__dump_write(t, d);
+    st_status b = st_dist_barrier(t->dist);
+    s = s ? (st_status_free(b), s) : b;
+    if (rank0 && !s) {
+      st__dump* m = NULL;
+      s = st__dump_merge(t, d, &m);
+      st__dump_free(d);
+      if (!s) s = st__dump_write(t, m);
+    } else if (rank0) {
+      st__dump_free(d);
+    }
+  } else {
+    s = st__dump_write(t, d);
+  }
   return s ? st_status_annotate(s, "diag.dump: writing the dump of step %lld", (long long)t->step + 1) : ST_OK;
 }
 
+static st_status st__dump_refusals(st__trainer* t);
+
 st_status st__dump_check(st__trainer* t) {
+  /* Every refusal follows from the config and the plan, the same on every
+   * rank of a job: the ranks end together. */
+  st_status s = st__dump_refusals(t);
+  if (s) t->failed_together = true;
+  return s;
+}
+
+static st_status st__dump_refusals(st__trainer* t) {
   const st_plan_options* o = t->o;
   if (o->faults.wrong_kernel == ST_FAULT_WRONG_ATTENTION) {
     const char* impl = NULL;
@@ -517,12 +704,13 @@ st_status st__dump_check(st__trainer* t) {
                           "tensors is not built (docs/diagnostics.md, \"Dump and compare\"); dump a run with "
                           "parallel.tensor=1",
                           o->parallel_tensor);
-  if (o->procs > 1)
+  if (o->procs > 1 && o->span_axis != ST_PLAN_SPAN_DATA)
     return st_status_make(ST_CODE_CONFIG,
-                          "diag.dump in a job of %d processes: the dump of a multi-process run is not built "
+                          "diag.dump in a job of %d processes spanning %s: the dump is built for jobs whose processes "
+                          "span parallel.data (each rank holds its rows), not fsdp or tensor blocks across processes "
                           "(docs/diagnostics.md, \"Dump and compare\"); dump a one-process run with the same mesh on "
                           "runtime.cpu_devices",
-                          o->procs);
+                          o->procs, o->span_axis == ST_PLAN_SPAN_FSDP ? "parallel.fsdp" : "parallel.tensor");
   if (o->dump.step <= t->start_step)
     return st_status_make(ST_CODE_CONFIG,
                           "diag.dump=step:%lld, but this run resumes after step %lld: the step will not run again; dump a "

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from mpjob import MPI_ENV, MPIRUN
 from test_data_parallel import OVERRIDES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -210,6 +211,21 @@ def test_compare_bad_input(runs: dict[str, Path], tmp_path: Path) -> None:
     index["entries"][0]["tensors"][0]["key"] = "nowhere"
     (other / "index.json").write_text(json.dumps(index))
     bad(runs["ffi"] / "dump" / "step_1", other, "has no tensor 'nowhere'")
+
+
+def test_compare_a_job_of_two_processes(runs: dict[str, Path], tmp_path: Path) -> None:
+    """parallel.data across two processes (one device each): every rank
+    writes its rows, rank 0 joins them; the job's dump meets the
+    one-device run's within budget, tensor for tensor."""
+    assert MPIRUN, "mpirun not found: make setup installs openmpi-bin"
+    job = tmp_path / "job"
+    cmd = [MPIRUN, "-np", "2", STRATA, "train", *BASE, "parallel.data=2", "runtime.cpu_devices=1", "diag.dump=step:1",
+           f"run.dir={job}"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=MPI_ENV, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _index(job)["processes"] == 2 and (job / "ranks" / "1" / "dump" / "step_1" / "index.json").exists()
+    code, rep, text = _compare(job, runs["xla"])
+    assert code == 0 and rep["compared"] > 300 and rep["only_a"] == 0 and rep["max_ratio"] < 0.5, text
 
 
 def test_wrong_kernel_needs_ffi_attention(tmp_path: Path) -> None:
