@@ -66,6 +66,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "xla": _train(tmp / "xla", "diag.dump=step:1"),
         "wrong": _train(tmp / "wrong", *FFI, "faults.wrong_kernel=attention", "diag.dump=step:1"),
         "fsdp": _train(tmp / "fsdp", "runtime.cpu_devices=2", "parallel.fsdp=2", "diag.dump=step:1"),
+        "remat": _train(tmp / "remat", "sched.remat=full", "diag.dump=step:1"),
     }
 
 
@@ -169,6 +170,16 @@ def test_compare_within_budget(runs: dict[str, Path], other: str) -> None:
     assert r["compared"] > 300 and r["only_a"] == 0 and r["only_b"] == 0, text
     assert 0 <= r["max_ratio"] < 0.5, text
     assert "no tensor over budget" in text
+
+
+def test_compare_across_remat(runs: dict[str, Path]) -> None:
+    """sched.remat=full against residuals kept: the RECOMPUTE's residuals
+    meet the forward's (a recompute matches as a forward); only its
+    repeated inputs and output y, a second occurrence, have no match."""
+    code, r, text = _compare(runs["remat"], runs["xla"])
+    assert code == 0 and r["over_budget"] == 0 and r["compared"] > 300 and r["only_b"] == 0, text
+    assert r["only_a"] > 0 and all(k.startswith("fwd|block|") and k.endswith("|1") for k in r["only_a_examples"]), text
+    assert any(e["kind"] == "RECOMPUTE" for e in _index(runs["remat"])["entries"])
 
 
 def test_compare_names_the_wrong_kernel(runs: dict[str, Path]) -> None:
