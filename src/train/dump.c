@@ -696,6 +696,14 @@ static st_status st__dump_refusals(st__trainer* t) {
                             "attention=%s: set kernels.attention=ffi or faults.wrong_kernel=off",
                             impl ? impl : "(none: the bundle names no attention kernel)");
     st_kernels_set_wrong(ST_KERNEL_WRONG_ATTENTION);
+    /* Loud, like every armed drill: a run with it is wrong on purpose. */
+    if (!t->dist || st_dist_rank(t->dist) == 0)
+      fprintf(stderr, "strata: faults.wrong_kernel=attention is armed: the ffi attention kernel's output is scaled by "
+                      "1 + 2^-10 in every call (a test-only drill; docs/diagnostics.md)\n");
+    json_t* f = st_json_obj();
+    st_json_put_str(f, "fault", "faults.wrong_kernel");
+    st_json_put_str(f, "kernel", "attention");
+    ST_RETURN(st__event(t, "fault_armed", f));
   }
   if (o->dump.step <= 0) return ST_OK;
   if (o->parallel_tensor > 1)
