@@ -675,12 +675,16 @@ static st_status st__optimizer_entry(const st_config* c, int i, const char* e) {
 }
 
 /* adafactor's factored moments and muon's orthogonalisation need each
- * parameter whole on a device: their updates are exported for one device's
- * whole tensors only (elementwise adamw, sgd and lion have fsdp and tensor
- * variants). "Used": train.optimizer or any entry names it. */
+ * parameter whole: on a device mesh of one process their update is an SPMD
+ * program that all-gathers the blocks (docs/model.md, "Optimizers"); an
+ * fsdp axis across processes would need those gathers between processes,
+ * around one-device programs, which is not built (elementwise adamw, sgd
+ * and lion update their blocks alone). "Used": train.optimizer or any entry
+ * names it. */
 static st_status st__optimizer_sharded(const st_config* c) {
-  const int64_t f = st_config_int(c, "parallel.fsdp"), t = st_config_int(c, "parallel.tensor");
-  if (f <= 1 && t <= 1) return ST_OK;
+  const int64_t f = st_config_int(c, "parallel.fsdp"), d = st_config_int(c, "parallel.data");
+  const int64_t procs = st_config_int(c, "parallel.processes");
+  if (procs <= 1 || f <= 1 || d > 1) return ST_OK; /* fsdp spans the processes only when data is 1 */
   const char* def = st_config_string(c, "train.optimizer");
   const char* hit = NULL;
   const char* key = "train.optimizer";
@@ -694,11 +698,11 @@ static st_status st__optimizer_sharded(const st_config* c) {
   }
   if (!hit) return ST_OK;
   return st_status_make(ST_CODE_CONFIG,
-                        "%s (%s) uses %s with parallel.fsdp=%lld (%s) and parallel.tensor=%lld (%s): %s's update is not "
-                        "built for sharded parameters (it needs each parameter whole on a device); use adamw, sgd or "
-                        "lion there, or parallel.fsdp=1 and parallel.tensor=1",
+                        "%s (%s) uses %s with parallel.fsdp=%lld (%s) across parallel.processes=%lld (%s): %s's update "
+                        "needs each parameter whole, gathered across processes, which is not built; use adamw, sgd or "
+                        "lion there, or put parallel.data across the processes (fsdp inside each)",
                         key, st_config_source(c, key), hit, (long long)f, st_config_source(c, "parallel.fsdp"),
-                        (long long)t, st_config_source(c, "parallel.tensor"), hit);
+                        (long long)procs, st_config_source(c, "parallel.processes"), hit);
 }
 
 static st_status st__rule_optimizer(const st_config* c) {
