@@ -104,8 +104,8 @@ static const st__cfg_key kKeys[] = {
     {"train.eps", ST__CFG_FLOAT, "1e-8", .lo = 0, .lo_open = true, .hi = 1, .doc = "Adam epsilon."},
     {"train.optimizer", ST__CFG_ENUM, "adamw", .choices = "adamw|sgd|lion|adafactor|muon",
      .doc = "The update rule of every parameter (docs/scheduling.md, \"Optimizer state\"); muon: muon for the parameters of "
-            "rank >= 2 outside the embedding and the head (matrices), adamw for the rest. adafactor and muon need "
-            "parallel.fsdp=1 and parallel.tensor=1."},
+            "rank >= 2 outside the embedding and the head (matrices), adamw for the rest. adafactor and muon gather "
+            "whole tensors on a mesh (docs/model.md, \"Optimizers\"); not with fsdp across processes."},
     {"train.optimizer_groups", ST__CFG_LIST, "[]",
      .doc = "Per-parameter overrides of train.optimizer, \"SELECTOR=OPTIMIZER\", applied in order; SELECTOR: embed, "
             "head, vectors (every 1-D parameter), matrices (rank >= 2 outside embed and head) or a block group's name "
@@ -956,7 +956,7 @@ static const st__cfg_rule kRules[] = {
      st__rule_fault_steps},
     {"train.optimizer_groups entries are SELECTOR=OPTIMIZER: SELECTOR embed, head, vectors, matrices or a block "
      "group's name, OPTIMIZER one of train.optimizer's; muon not on embed, head or vectors; adafactor and muon "
-     "(in train.optimizer or an entry) need parallel.fsdp=1 and parallel.tensor=1.",
+     "(in train.optimizer or an entry) not with parallel.fsdp across parallel.processes (parallel.data=1).",
      st__rule_optimizer},
     {"diag.on_nonfinite=skip needs sched.optimizer=after_backward.", st__rule_skip},
     {"diag.numerics other than off needs parallel.fsdp=1 and parallel.tensor=1.", st__rule_numerics},
