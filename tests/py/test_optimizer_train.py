@@ -87,6 +87,8 @@ MESH_CASES = {
     "mixed_fsdp2": (MIXED, ["parallel.fsdp=2", "runtime.cpu_devices=2"], True),
     "lion_fsdp2": (["train.optimizer=lion", "train.lr=0.0003"], ["parallel.fsdp=2", "runtime.cpu_devices=2"], False),
     "adafactor_fsdp2": (["train.optimizer=adafactor"], ["parallel.fsdp=2", "runtime.cpu_devices=2"], False),
+    "sgd_nesterov_fsdp2": (["train.optimizer=sgd", "train.nesterov=true"], ["parallel.fsdp=2", "runtime.cpu_devices=2"],
+                           False),
     "mixed_tensor2": (MIXED, ["parallel.tensor=2", "runtime.cpu_devices=2"], False),
     "mixed_fsdp2_tensor2": (MIXED, ["parallel.fsdp=2", "parallel.tensor=2", "runtime.cpu_devices=4"], False),
 }
@@ -106,7 +108,8 @@ def test_optimizer_on_a_mesh_equals_one_device_and_resumes_there(case: str, tmp_
     np.testing.assert_allclose(losses(sharded), losses(one), rtol=1e-5)
     manifest = json.loads((cut / "checkpoints" / "step_3" / "manifest.json").read_text())
     kinds = {t["name"].split(":")[0] for t in manifest["tensors"] if ":" in t["name"]}
-    want = {"mom", "vr", "vc", "m"} if opt is MIXED else {"m"} if "lion" in case else {"vr", "vc", "v"}
+    want = ({"mom", "vr", "vc", "m"} if opt is MIXED else {"m"} if "lion" in case else {"mom"} if "sgd" in case
+            else {"vr", "vc", "v"})
     assert want <= kinds, kinds
     r = strata("resume", str(cut), "parallel.fsdp=1", "parallel.tensor=1", "train.steps=6")
     assert r.returncode == 0, r.stderr
