@@ -160,3 +160,19 @@ def test_plan_predicts_each_optimizers_state() -> None:
     assert plan_optimizer_bytes("train.optimizer=adafactor")[0] == fact
     muon, _ = plan_optimizer_bytes("train.optimizer=muon")
     assert params < muon < adamw
+
+
+@pytest.mark.long
+def test_gathering_update_with_data_across_processes(tmp_path: Path) -> None:
+    """mpirun -np 2, data across the processes and fsdp=2 inside each: the
+    gathering updates (muon, adafactor) run within each process and the job
+    equals one process on one device (losses rtol 1e-5)."""
+    import mpjob
+
+    over = ["model.seq_len=16", "train.batch_size=8", "train.steps=4", "train.warmup_steps=2", *MIXED]
+    one, job = tmp_path / "one", tmp_path / "job"
+    r = strata("train", "configs/test.yml", *SHORT, *over, f"run.dir={one}")
+    assert r.returncode == 0, r.stderr
+    mpjob.run([STRATA, "train", "configs/test.yml", *SHORT, *over, "parallel.data=2", "parallel.fsdp=2",
+               "runtime.cpu_devices=2", f"run.dir={job}"], 2)
+    np.testing.assert_allclose(losses(job), losses(one), rtol=1e-5)
