@@ -171,7 +171,8 @@ static const st__cfg_key kKeys[] = {
      .doc = "Keep XLA's optimized program of every compiled program beside its executable cache entry "
             "(<cache>/executables/<key>.hlo) for strata analyze's fusion counts (docs/analysis.md)."},
     {"runtime.compile_threads", ST__CFG_INT, "0", .lo = 0, .hi = 1024,
-     .doc = "Programs compiled at once on a cold start; 0: one per two online CPUs."},
+     .doc = "Programs compiled at once on a cold start; 0: one per two online CPUs on a CPU plugin, 1 on a GPU plugin "
+            "(docs/performance.md, \"GPU\")."},
     {"runtime.xla_options", ST__CFG_LIST, "[]", .doc = "Extra compile options, strings \"name=value\"."},
     {"runtime.cache_dir", ST__CFG_STRING, "",
      .doc = "Compile and bundle cache; empty: $STRATA_CACHE_DIR, else ~/.cache/strata."},
