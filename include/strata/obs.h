@@ -254,10 +254,20 @@ typedef struct st_context_facts {
   st_json* kernels;                   /* borrowed: each kernel op's implementation and the C kernels' ISA; NULL: none */
   st_json* model;                     /* borrowed: the model description (the identity of params.safetensors); NULL: none */
   st_json* data;                      /* borrowed: the data contract at the run's start ("data"; docs/data.md); NULL: none */
+  const char* author;                 /* obs.author: who ran it; NULL or "": found by st_context_author */
 } st_context_facts;
 
+/* Who runs this (context.json "author", a note's "author"): |override|
+ * when not empty (source "config"); else git's user.name and user.email of
+ * the current folder ("Name <email>", either alone when only one is set;
+ * source "git"); else $USER or $LOGNAME ("env"); else "unknown"
+ * ("unknown"). Runs git without a shell and never fails: no git, no
+ * identity, no repository just fall through. Writes at most |n| bytes
+ * (cut) to |out|; returns the source (static). */
+const char* st_context_author(const char* override, char* out, size_t n);
+
 /* Builds the context as one JSON object (a new reference, owned by the caller):
- * run id, strata version, git commit and dirtiness, jax/jaxlib/plugin
+ * run id, strata version, author and its source (st_context_author), git commit and dirtiness, jax/jaxlib/plugin
  * versions, PJRT platform, devices, host name, CPU model, cores, memory,
  * behaviour-changing environment variables, config hash, bundle key and
  * the peak MFU is measured against. */
