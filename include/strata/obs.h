@@ -51,6 +51,7 @@ extern "C" {
  *   ST_RUNDIR_EVAL         eval/<name>.json    cli/cmd_eval.c                 strata eval
  *   ST_RUNDIR_RECOVERY     recovery.json       diag/supervisor.c              strata run: after each incident and at its end
  *   ST_RUNDIR_REPORT       report.html         cli/cmd_report.c (obs/report.c) strata report (unless --out)
+ *   ST_RUNDIR_NOTES        notes.json          obs/notes.c (cli/cmd_note.c)   strata note: each note appended (never the trainer)
  */
 typedef enum st_rundir_entry {
   ST_RUNDIR_LOCK,
@@ -68,6 +69,7 @@ typedef enum st_rundir_entry {
   ST_RUNDIR_EVAL,
   ST_RUNDIR_RECOVERY,
   ST_RUNDIR_REPORT,
+  ST_RUNDIR_NOTES,
   ST_RUNDIR_ENTRY_COUNT
 } st_rundir_entry;
 
@@ -214,6 +216,38 @@ typedef struct st_report_stats {
 st_status st_report_build(const char* dir, char** out_html, st_report_stats* out_stats);
 /* st_report_build, written atomically to |out_path|. */
 st_status st_report_write(const char* dir, const char* out_path, st_report_stats* out_stats);
+
+/*===-------------------------------------------------------------------===*/
+/* The experiment record: notes.json (strata note, src/obs/notes.c)          */
+/*===-------------------------------------------------------------------===*/
+
+/* notes.json: {"schema": 1, "entries": [{"time": <unix s>, "kind":
+ * "note"|"hypothesis"|"conclusion", "author": "...", "text": "..."}, ...]},
+ * oldest first. Entries are only appended: a run's hypothesis is its
+ * newest "hypothesis" entry, and so for the conclusion. Written by
+ * `strata note` alone (never the trainer, which rewrites context.json at
+ * each start), atomically, with concurrent notes serialised. */
+typedef enum st_note_kind { ST_NOTE_TEXT, ST_NOTE_HYPOTHESIS, ST_NOTE_CONCLUSION } st_note_kind;
+
+#define ST_NOTES_MAX_TEXT (64 * 1024)  /* bytes of one entry's text */
+#define ST_NOTES_MAX_ENTRIES 10000     /* entries of one run */
+#define ST_NOTES_MAX_FILE (16 << 20)   /* notes.json read back */
+
+/* "note", "hypothesis", "conclusion"; NULL outside the enum. */
+const char* st_note_kind_name(st_note_kind kind);
+/* Run directory |dir|'s notes.json, checked (untrusted: size, shape, every
+ * entry). Missing: ST_OK and *out_notes NULL. Not JSON, the wrong shape or
+ * too large: ST_CODE_CONFIG naming the file. */
+st_status st_notes_read(const char* dir, st_json** out_notes /* owned by caller */);
+/* The newest entry of |kind| in |notes| (from st_notes_read; borrowed), or NULL. */
+const st_json* st_notes_latest(const st_json* notes, st_note_kind kind);
+/* Appends an entry to <dir>/notes.json (created when missing), rewriting it
+ * atomically under an flock on |dir| (waits up to 10 s for another note).
+ * An existing notes.json that st_notes_read refuses is left untouched and
+ * the error returned. |text| empty or longer than ST_NOTES_MAX_TEXT:
+ * ST_CODE_CONFIG. |out_entry| (may be NULL): the entry written (owned by
+ * the caller). The caller checks that |dir| is a run directory. */
+st_status st_notes_add(const char* dir, st_note_kind kind, const char* text, const char* author, st_json** out_entry);
 
 /* Progress line on stderr when it is a terminal (or |force|):
  * "step 120/600  loss 1.234  4.1k tok/s  ETA 1m52s". */

@@ -1,0 +1,2 @@
+#include "cli/commands.h"
+int st_cli_diff(int argc, char** argv) { (void)argc; (void)argv; return 2; }
