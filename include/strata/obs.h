@@ -249,6 +249,39 @@ const st_json* st_notes_latest(const st_json* notes, st_note_kind kind);
  * the caller). The caller checks that |dir| is a run directory. */
 st_status st_notes_add(const char* dir, st_note_kind kind, const char* text, const char* author, st_json** out_entry);
 
+/*===-------------------------------------------------------------------===*/
+/* strata diff: two runs side by side (src/obs/diff.c, docs/using.md)       */
+/*===-------------------------------------------------------------------===*/
+
+typedef struct st_diff_options {
+  double rtol; /* the relative loss difference reported as the first real divergence; 0 is taken as 1e-6 */
+  int samples; /* steps in the side-by-side table (evenly spaced, plus the first differing ones); 0 is taken as 10 */
+} st_diff_options;
+
+typedef struct st_diff st_diff;
+
+/* Reads run directories |dir_a| and |dir_b| (untrusted: every file is
+ * bounded and checked) and compares them: the resolved configs
+ * (config.yaml, required), the contexts (context.json), the notes
+ * (notes.json), and the step and eval lines of metrics.jsonl (required; a
+ * resume's repeated steps replace the earlier ones; an incomplete last
+ * line, a run being written, is left out and said). A missing or damaged
+ * file is ST_CODE_CONFIG naming it (and the byte of a damaged log line). */
+st_status st_diff_open(const char* dir_a, const char* dir_b, const st_diff_options* options, st_diff** out /* owned by caller */);
+void st_diff_free(st_diff* diff); /* NULL is a no-op */
+/* Everything found, as strata diff --json prints it (borrowed; format in
+ * docs/using.md "strata diff"): config keys that differ first (the
+ * experiment's, then run.* and obs.*), context keys that differ, notes,
+ * the first step whose loss differs bitwise and the first whose relative
+ * difference exceeds rtol, sampled steps side by side, evals, throughput. */
+const st_json* st_diff_json(const st_diff* diff);
+/* The same as text for a terminal, appended to |out|. */
+void st_diff_text(const st_diff* diff, st_strbuf* out);
+/* The same as one self-contained HTML page (report's style, no script,
+ * nothing loaded) with the curves of both runs overlaid as inline SVG; a
+ * new string owned by the caller. */
+char* st_diff_html(const st_diff* diff);
+
 /* Progress line on stderr when it is a terminal (or |force|):
  * "step 120/600  loss 1.234  4.1k tok/s  ETA 1m52s". */
 void st_progress_print(bool enabled, int64_t step, int64_t total, double loss, double tokens_per_s, double eta_s);
