@@ -103,13 +103,15 @@ static void st__diff_html_pairs(st_strbuf* o, const char* id, const json_t* pair
     const json_t* p = json_array_get(pairs, i);
     st_strbuf_append(o, "<tr><th>");
     st__html_text(o, json_string_value(json_object_get(p, "key")));
+    st_strbuf_append(o, "</th>");
     for (int r = 0; r < 2; ++r) {
       const json_t* v = json_object_get(p, r ? "b" : "a");
-      st_strbuf_append(o, "</th><td class=\"ev\">");
+      st_strbuf_append(o, "<td class=\"ev\">");
       if (v) st_page_json_value(o, v);
       else st_strbuf_append(o, "<i>absent</i>");
+      st_strbuf_append(o, "</td>");
     }
-    st_strbuf_append(o, "</td></tr>\n");
+    st_strbuf_append(o, "</tr>\n");
   }
   st_strbuf_append(o, "</table>\n");
 }
