@@ -33,6 +33,8 @@ static double st__diff_html_value(const st_diff* d, int r, int64_t k, int field)
 
 /* One series, thinned to at most ST__DIFF_MAX_POINTS (owned arrays in |out|). */
 static void st__diff_html_series(const st_diff* d, int r, int field, const char* name, bool dashed, st_svg_series* out) {
+  /* A is the palette's first colour and B its second in every plot; eval
+   * losses are their run's colour, dashed. */
   int64_t n = field == ST__DF_EVAL ? d->run[r].n_evals : field == ST__DF_REL ? d->n_all : d->run[r].n_steps;
   int64_t stride = n > ST__DIFF_MAX_POINTS ? (n + ST__DIFF_MAX_POINTS - 2) / (ST__DIFF_MAX_POINTS - 1) : 1;
   double* x = st_xmalloc(sizeof(double) * (ST__DIFF_MAX_POINTS + 1));
@@ -44,7 +46,7 @@ static void st__diff_html_series(const st_diff* d, int r, int field, const char*
     y[m++] = st__diff_html_value(d, r, k, field);
     if (k + stride >= n && k != n - 1) k = n - 1 - stride; /* the last point too */
   }
-  *out = (st_svg_series){.name = name, .x = x, .y = y, .n = m, .dashed = dashed};
+  *out = (st_svg_series){.name = name, .x = x, .y = y, .n = m, .dashed = dashed, .color = r + 1};
 }
 
 static void st__diff_html_free(st_svg_series* s, int n) {
@@ -80,7 +82,8 @@ static void st__diff_html_plots(st_strbuf* o, const st_diff* d) {
   /* The threshold as a flat line over the same steps. */
   double* ty = st_xmalloc(sizeof(double) * (size_t)(s[0].n ? s[0].n : 1));
   for (int i = 0; i < s[0].n; ++i) ty[i] = d->options.rtol;
-  s[1] = (st_svg_series){.name = "rtol", .x = s[0].x, .y = ty, .n = s[0].n, .dashed = true};
+  s[0].color = 5; /* neither run's colour: it is both */
+  s[1] = (st_svg_series){.name = "rtol", .x = s[0].x, .y = ty, .n = s[0].n, .dashed = true, .color = 6};
   st_svg_plot rel = {.id = "plot-loss-rel", .title = "Relative loss difference, steps in both runs", .x_label = "step",
                      .y_label = "relative difference", .y_zero = true};
   st_svg_lines(o, &rel, s, 2);
