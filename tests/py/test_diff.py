@@ -189,6 +189,9 @@ def test_note_round_trip(runs: tuple[Path, Path], tmp_path: Path) -> None:
     assert "notes.json: 'entries' is missing or not a list" in r.stderr and "move the file aside" in r.stderr
     assert (run / "notes.json").read_text() == '{"entries": "not a list"}'
     _strata("note", str(run), code=2)  # printing refuses it too
+    _strata("report", str(run))  # the report says so and goes on
+    html = (run / "report.html").read_text(encoding="utf-8")
+    assert "notes.json: &#39;entries&#39; is missing or not a list" in html, html[html.index("<h2>Notes</h2>"):][:400]
     r = _strata("note", str(tmp_path), "text", code=2)
     assert "is not a run directory" in r.stderr
 
