@@ -117,7 +117,7 @@ static st_status st__diff_read_metrics(st_diff_run* run) {
     s = st_status_make(ST_CODE_CONFIG, "%s: missing; strata diff compares the step lines of two runs that trained", path);
   } else {
     st__diff_reader r = {.run = run, .path = path};
-    st_jsonl_stats stats;
+    st_jsonl_stats stats = {0};
     s = st_jsonl_read(path, 0, ST__DIFF_MAX_LINE, st__diff_metrics_line, &r, &stats);
     if (!s) s = r.error;
     else st_status_free(r.error);
@@ -339,6 +339,11 @@ static json_t* st__diff_loss(const st_diff* d, int64_t* out_first_bits, int64_t*
   return o;
 }
 
+static int st__diff_cmp_double(const void* x, const void* y) {
+  double a = *(const double*)x, b = *(const double*)y; /* finite: the caller keeps no NaN */
+  return (a > b) - (a < b);
+}
+
 static int st__diff_cmp_i64(const void* x, const void* y) {
   int64_t a = *(const int64_t*)x, b = *(const int64_t*)y;
   return (a > b) - (a < b);
@@ -403,12 +408,7 @@ static double st__diff_median(const st_diff_run* r, bool step_time) {
     double x = step_time ? r->steps[i].step_time_s : r->steps[i].tokens_per_s;
     if (isfinite(x)) v[n++] = x;
   }
-  for (int64_t i = 1; i < n; ++i) /* insertion sort: small n; larger n are rare and still fine */
-    for (int64_t j = i; j > 0 && v[j - 1] > v[j]; --j) {
-      double t = v[j];
-      v[j] = v[j - 1];
-      v[j - 1] = t;
-    }
+  qsort(v, (size_t)n, sizeof(double), st__diff_cmp_double);
   double m = n == 0 ? NAN : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
   free(v);
   return m;
