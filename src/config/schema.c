@@ -260,6 +260,9 @@ static const st__cfg_key kKeys[] = {
     {"obs.tensorboard", ST__CFG_BOOL, "true",
      .doc = "Also write every metrics.jsonl line as TensorBoard scalars, to event files under <run>/tb/ "
             "(`tensorboard --logdir runs/`; docs/using.md)."},
+    {"obs.author", ST__CFG_STRING, "",
+     .doc = "Who runs the experiment, recorded as context.json author (author_source \"config\"); empty: git's "
+            "user.name <user.email> of the folder strata runs in, else $USER (docs/using.md, \"strata note\")."},
 
     {"bundle.dir", ST__CFG_STRING, "", .doc = "Program bundle folder; empty: <cache>/bundles/<bundle key>."},
 
