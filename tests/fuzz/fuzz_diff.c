@@ -25,6 +25,7 @@
 
 #include "strata/base.h"
 #include "strata/obs.h"
+#include "fuzz_text.h"
 
 static char g_root[64];
 static char g_dir[2][96];
@@ -57,30 +58,13 @@ static void put(const char* dir, const char* name, const void* p, size_t n) {
   fclose(f);
 }
 
-static bool valid_utf8(const unsigned char* s, size_t n) {
-  for (size_t i = 0; i < n;) {
-    unsigned c = s[i];
-    if (c < 0x80) {
-      if (c < 0x20 && c != '\n' && c != '\t') return false;
-      ++i;
-      continue;
-    }
-    size_t k = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 0;
-    if (!k || i + k > n) return false;
-    for (size_t j = 1; j < k; ++j)
-      if ((s[i + j] & 0xc0) != 0x80) return false;
-    i += k;
-  }
-  return true;
-}
-
 static void check_outputs(st_diff* d) {
   st_strbuf text = {0};
   st_diff_text(d, &text);
-  if (!valid_utf8((const unsigned char*)st_strbuf_cstr(&text), strlen(st_strbuf_cstr(&text)))) abort();
+  if (!fuzz_valid_utf8((const unsigned char*)st_strbuf_cstr(&text), strlen(st_strbuf_cstr(&text)))) abort();
   st_strbuf_free(&text);
   char* html = st_diff_html(d);
-  if (!valid_utf8((const unsigned char*)html, strlen(html)) || strstr(html, "<script")) abort();
+  if (!fuzz_valid_utf8((const unsigned char*)html, strlen(html)) || strstr(html, "<script")) abort();
   int plots = 0;
   for (const char* p = html; (p = strstr(p, "<svg class=\"plot\"")); ++p) ++plots;
   if (plots != 5) abort();
