@@ -45,7 +45,13 @@ typedef struct st_faults_options {
   int nan_layer, nan_micro;
   char nan_tensor[64]; /* "" = the forward's first output */
   int nan_value;       /* faults.nan_value: 0 NaN, 1 +inf, 2 the largest finite f32 */
+  int wrong_kernel;    /* faults.wrong_kernel: 0 off, ST_FAULT_WRONG_ATTENTION */
 } st_faults_options;
+
+/* faults.wrong_kernel=attention (test-only): the ffi attention kernel's
+ * output is scaled by 1 + 2^-10 (st_kernels_set_wrong, strata compare's
+ * tests). */
+#define ST_FAULT_WRONG_ATTENTION 1
 
 /* Arms the faults of |options|. Faults already recorded in
  * <run_dir>/diag/faults.fired are disarmed (unless options->repeat). */
