@@ -240,38 +240,102 @@ def record_of(case: Case, resolved: dict[str, Any], run_dir: Path) -> dict[str, 
     }
     dump_dir = run_dir / "dump" / "step_1"
     if (dump_dir / "index.json").exists():
-        rec["tensors"] = dump_stats(dump_dir)
+        rec["tensors"] = dump_stats(dump_dir, Shape.of(rec["model"], rec["train"]))
     return rec
 
 
-def _tensor_class(entry: dict[str, Any], t: dict[str, Any]) -> str:
-    phase, name, role = entry.get("phase", ""), t.get("name", ""), t.get("role", "")
-    if phase == "update":
-        return "update"
-    if name.startswith("grad") or name.startswith("d") and phase == "bwd":
-        return "gradient"
-    if phase == "loss":
-        return "loss"
-    return "activation" if "param" not in role else "param"
+def _row(e: dict[str, Any], t: dict[str, Any], a: np.ndarray, cls: str) -> dict[str, Any]:
+    row = {"seq": e["seq"], "program": e["program"], "stage": e["stage"], "layer": e["layer"], "micro": e["micro"],
+           "phase": e["phase"],
+           "name": t["name"], "class": cls, "dtype": t["dtype"], "shape": t["shape"]}
+    row.update(tensor_stats(a))
+    return row
 
 
-def dump_stats(dump_dir: Path) -> list[dict[str, Any]]:
-    """Every dumped output of step 1 (inputs are earlier outputs or
-    parameters), in plan order, as summary statistics."""
-    from safetensors.numpy import load_file
+def _update_row(shape: Shape, e: dict[str, Any], t: dict[str, Any], tensors: dict[str, np.ndarray]) -> dict[str, Any]:
+    """An optimizer update (new minus old parameter) with its tolerances,
+    from the launch's own inputs: AdamW's first step is
+    lr (g/(|g|+eps) + wd p) with g the clipped gradient, which is not smooth
+    where |g| is near 0: an element whose gradient is within rounding of 0 may
+    flip its sign (2 lr), the others move by lr eps dg/(|g|-dg+eps)^2; and
+    the new parameter is rounded to f32, so new - old is known to one ulp of
+    the parameter (README.md, "Updates")."""
+    ins = {x["name"]: x for x in e["tensors"] if x["io"] == "in"}
+    old = tensors[ins[t["name"]]["key"]].astype(np.float64)
+    new = tensors[t["key"]].astype(np.float64)
+    row = _row(e, t, new - old, "update")
+    g = tensors[ins["grad_" + t["name"]]["key"]].astype(np.float64).reshape(-1)
+    lr = float(tensors[ins["lr"]["key"]])
+    gscale = float(tensors[ins["gscale"]["key"]])
+    eps = float(tensors[ins["hyper"]["key"]].reshape(-1)[2])
+    grads = [tensors[x["key"]] for x in e["tensors"] if x["io"] == "in" and x["class"] == "gradient"]
+    scale_g = max(float(np.sqrt(np.mean(np.square(x.astype(np.float64))))) for x in grads)
+    layer = e["layer"] if e["layer"] >= 0 else -1
+    # the clip scale errs as the global norm does
+    a = gscale * np.abs(g)
+    da = gscale * (rel_tol(shape, "grad", layer) * np.maximum(np.abs(g), scale_g)
+                   + step_tol(shape, "grad_norm", 1) * np.abs(g))
+    smooth = lr * eps * da / np.square(np.maximum(a - da, 0.0) + eps)
+    # + the update's own arithmetic (a few roundings), and the new parameter
+    # is rounded to f32: new - old is known to one ulp of the parameter
+    du = np.where(a <= da, 2 * lr, smooth) + 8 * U["f32"] * np.abs((new - old).reshape(-1)) + \
+        2 * U["f32"] * np.maximum(np.abs(old), np.abs(new)).reshape(-1)
+    row["norm_tol"] = float(np.sqrt(np.sum(du * du)))
+    row["maxabs_tol"] = float(np.max(du)) if du.size else 0.0
+    row["value_tols"] = [float(du[i]) for i in row["idx"]]
+    return row
 
+
+_ST_DTYPES = {"F32": np.float32, "F64": np.float64, "I32": np.int32, "I64": np.int64, "U8": np.uint8,
+              "BF16": np.uint16, "F16": np.float16}
+
+
+def load_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """A safetensors file's tensors; bf16 widened to f32 exactly (numpy has
+    no bf16, and the safetensors package's numpy loader refuses it)."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, h in header.items():
+        if name == "__metadata__":
+            continue
+        lo, hi = h["data_offsets"]
+        a = np.frombuffer(raw[base + lo:base + hi], dtype=np.dtype(_ST_DTYPES[h["dtype"]]).newbyteorder("<"))
+        if h["dtype"] == "BF16":
+            a = (a.astype(np.uint32) << 16).view(np.float32)
+        out[name] = a.reshape(h["shape"])
+    return out
+
+
+def dump_stats(dump_dir: Path, shape: Shape) -> list[dict[str, Any]]:
+    """Step 1 from its dump, in plan order: microbatch 0's forward outputs
+    (block outputs and residuals), loss-program and backward outputs, each
+    parameter group's complete gradient (the last accumulation, or the
+    backward's with one microbatch) and each parameter's update."""
     index = json.loads((dump_dir / "index.json").read_text())
-    tensors = load_file(str(dump_dir / "tensors.safetensors"))
+    tensors = load_safetensors(dump_dir / "tensors.safetensors")
+    entries = index["entries"]
+    last_accum = {}
+    for e in entries:
+        if e["phase"] == "accum":
+            last_accum[(e["program"], e["layer"])] = e["seq"]
     out = []
-    for e in index["entries"]:
-        for t in e.get("tensors", []):
-            if t.get("io") != "out" or t.get("key") not in tensors:
+    for e in entries:
+        ph = e["phase"]
+        keep = (ph in ("fwd", "loss", "bwd") and e["micro"] == 0) or \
+            (ph == "accum" and last_accum[(e["program"], e["layer"])] == e["seq"]) or ph == "update"
+        if not keep:
+            continue
+        for t in e["tensors"]:
+            if t["io"] != "out" or t["dtype"] not in ("f32", "bf16"):
                 continue
-            row = {"program": e.get("program"), "layer": e.get("layer"), "micro": e.get("micro"),
-                   "phase": e.get("phase"), "name": t.get("name"), "dtype": t.get("dtype"),
-                   "shape": t.get("shape"), "class": _tensor_class(e, t)}
-            row.update(tensor_stats(tensors[t["key"]]))
-            out.append(row)
+            if ph == "update":
+                if t["class"] == "param_updated":
+                    out.append(_update_row(shape, e, t, tensors))
+                continue
+            out.append(_row(e, t, tensors[t["key"]], t["class"]))
     return out
 
 
@@ -294,7 +358,15 @@ def load(name: str) -> dict[str, Any]:
 def save(rec: dict[str, Any]) -> Path:
     RECORDS.mkdir(parents=True, exist_ok=True)
     p = RECORDS / f"{rec['case']}.json"
-    p.write_text(json.dumps(rec, indent=1, sort_keys=False) + "\n")
+    # one line a step, stage or tensor: small diffs when a record changes
+    parts = []
+    for k, v in rec.items():
+        if isinstance(v, list) and v and isinstance(v[0], dict):
+            body = ",\n".join("  " + json.dumps(x) for x in v)
+            parts.append(f" {json.dumps(k)}: [\n{body}\n ]")
+        else:
+            parts.append(f" {json.dumps(k)}: {json.dumps(v)}")
+    p.write_text("{\n" + ",\n".join(parts) + "\n}\n")
     return p
 
 
@@ -351,7 +423,8 @@ def compare(want: dict[str, Any], got: dict[str, Any]) -> list[Check]:
     shape = Shape.of(model, want["train"])
     L = model["n_layers"]
     kinds = model.get("layers") or [model["block"]] * L
-    checks: list[Check] = []
+    # the dump's tensors (plan order) first: they name the program and tensor
+    checks: list[Check] = _compare_tensors(want, got, shape)
     w1, g1 = want["steps"][0], got["steps"][0]
     rows = []
     for r in want["layers"]:
@@ -378,7 +451,6 @@ def compare(want: dict[str, Any], got: dict[str, Any]) -> list[Check]:
                 continue
             tol = 0.0 if stat == "nonfinite" else t * abs(r[stat])
             checks.append(Check(where, r["stage"], r["tensor"], stat, r[stat], g.get(stat, math.nan), tol))
-    checks += _compare_tensors(want, got, shape)
     for w, g in zip(want["steps"][1:], got["steps"][1:]):
         k = w["step"]
         for key in ("loss", "grad_norm"):
@@ -388,43 +460,47 @@ def compare(want: dict[str, Any], got: dict[str, Any]) -> list[Check]:
     return checks
 
 
+_DUMP_CHAIN = {"activation": "out", "loss": "loss", "gradient": "grad", "activation_grad": "dx", "update": "grad"}
+
+
 def _compare_tensors(want: dict[str, Any], got: dict[str, Any], shape: Shape) -> list[Check]:
     """The step dump's tensors, in the dump's (plan) order."""
     if "tensors" not in want or "tensors" not in got:
         return []
     L = want["model"]["n_layers"]
     kinds = want["model"].get("layers") or [want["model"]["block"]] * L
-    key = lambda r: (r["program"], r["layer"], r["micro"], r["name"])  # noqa: E731
+    key = lambda r: (r["program"], r["layer"], r["micro"], r["phase"], r["name"])  # noqa: E731
     got_rows = {key(r): r for r in got["tensors"]}
-    # the scale of the summed magnitudes of an element: the largest RMS
-    # among its program launch's outputs (a gradient that cancels to ~0 is a
-    # sum of terms the size of the other gradients)
+    # The scale of an element's summed magnitudes: the largest RMS among its
+    # launch's outputs of its class (a gradient that cancels to ~0 is a sum of
+    # terms the size of the other gradients: gpt2's key bias).
     launch_rms: dict[tuple, float] = {}
     for r in want["tensors"]:
-        n = max(1, int(np.prod(r["shape"] or [1])))
-        k = (r["program"], r["layer"], r["micro"])
-        launch_rms[k] = max(launch_rms.get(k, 0.0), r["norm"] / math.sqrt(n))
+        k = (r["seq"], r["class"])
+        launch_rms[k] = max(launch_rms.get(k, 0.0), r["norm"] / math.sqrt(max(1, math.prod(r["shape"]))))
     out = []
     for r in want["tensors"]:
         g = got_rows.get(key(r))
-        layer = r["layer"] if r["layer"] is not None else -1
-        where = f"step 1, {r['program']}" + (f", layer {layer} ({kinds[layer]})" if 0 <= layer < L else "") + \
-            f", micro {r['micro']}, {r['name']} ({r['class']})"
+        layer = r["layer"]
+        stage = f"layer{layer}" if r["stage"] == "block" else r["stage"]
+        where = f"step 1, {r['program']}" + (f", layer {layer} ({kinds[layer]})" if stage.startswith("layer") else "") + \
+            (f", micro {r['micro']}" if r["micro"] >= 0 else "") + f", {r['name']} ({r['class']})"
         if g is None:
-            out.append(Check(where, f"layer{layer}", r["name"], "missing", 0.0, math.nan, 0.0))
+            out.append(Check(where, stage, r["name"], "missing", 0.0, math.nan, 0.0))
             continue
-        kind = {"activation": "out", "gradient": "dx" if r["phase"] == "bwd" and not r["name"].startswith("grad")
-                else "grad", "update": "grad", "param": "grad", "loss": "loss"}.get(r["class"], "grad")
-        t = rel_tol(shape, kind, min(max(layer, -1), L))
-        n = max(1, int(np.prod(r["shape"] or [1])))
-        scale = launch_rms[(r["program"], r["layer"], r["micro"])]
-        info = "" if g["bf16_sha256"] == r["bf16_sha256"] else "(bf16 hash changed)"
-        out.append(Check(where, f"layer{layer}", r["name"], "norm", r["norm"], g["norm"],
-                         t * (r["norm"] + math.sqrt(n) * scale), info))
-        out.append(Check(where, f"layer{layer}", r["name"], "maxabs", r["maxabs"], g["maxabs"],
-                         t * max(r["maxabs"], scale)))
-        for i, wv, gv in zip(r["idx"], r["values"], g["values"]):
-            out.append(Check(where, f"layer{layer}", r["name"], f"value[{i}]", wv, gv, t * max(abs(wv), scale)))
+        chain_layer = layer if stage.startswith("layer") else (-1 if stage == "embed" else L)
+        t = rel_tol(shape, _DUMP_CHAIN.get(r["class"], "grad"), chain_layer)
+        n = max(1, math.prod(r["shape"]))
+        scale = launch_rms[(r["seq"], r["class"])]
+        info = "" if g["bf16_sha256"] == r["bf16_sha256"] else "(its bf16 hash changed too)"
+        upd = r["class"] == "update"
+        out.append(Check(where, stage, r["name"], "norm", r["norm"], g["norm"],
+                         r["norm_tol"] if upd else t * (r["norm"] + math.sqrt(n) * scale), info))
+        out.append(Check(where, stage, r["name"], "maxabs", r["maxabs"], g["maxabs"],
+                         r["maxabs_tol"] if upd else t * max(r["maxabs"], scale), info))
+        tols = r["value_tols"] if upd else [t * max(abs(v), scale) for v in r["values"]]
+        for i, wv, gv, tol in zip(r["idx"], r["values"], g["values"], tols):
+            out.append(Check(where, stage, r["name"], f"value[{i}]", wv, gv, tol, info))
     return out
 
 
