@@ -174,13 +174,19 @@ def bf16_bits(a: np.ndarray) -> np.ndarray:
 
 
 def tensor_stats(a: np.ndarray) -> dict[str, Any]:
-    """norm (f64 sum of squares), largest |x|, fixed-index values, sha256 of
-    the little-endian bf16-rounded tensor (first 16 hex digits)."""
+    """norm (f64 sum of squares) and largest |x| of the finite elements, the
+    count of the others, the values at fixed_indices (None where not
+    finite), sha256 of the little-endian bf16-rounded tensor (first 16 hex
+    digits). src/train/input_stats.c computes the same for a repro
+    package's inputs, bit for bit: both sum the squares in order (cumsum;
+    numpy's sum is pairwise and differs in the last bits)."""
     f = np.asarray(a, dtype=np.float64).reshape(-1)
+    fin = f[np.isfinite(f)]
     idx = fixed_indices(f.size)
     bits = bf16_bits(np.asarray(a, dtype=np.float32).reshape(-1))
-    return {"norm": float(np.sqrt(np.sum(f * f))), "maxabs": float(np.max(np.abs(f))) if f.size else 0.0,
-            "idx": idx, "values": [float(f[i]) for i in idx],
+    return {"norm": float(np.sqrt(np.cumsum(fin * fin)[-1])) if fin.size else 0.0, "maxabs": float(np.max(np.abs(fin))) if fin.size else 0.0,
+            "nonfinite": int(f.size - fin.size), "idx": idx,
+            "values": [float(f[i]) if np.isfinite(f[i]) else None for i in idx],
             "bf16_sha256": hashlib.sha256(bits.astype("<u2").tobytes()).hexdigest()[:16]}
 
 

@@ -118,3 +118,34 @@ def test_mutated_block_constant_is_named(tmp_path: Path) -> None:
     assert bad[0].stage == "layer1" and bad[0].tensor == first["name"], bad[0].line()
     # layer 0 (llama) is before the change: nothing of its forward differs
     assert not [c for c in bad if c.stage == "layer0" and "_fwd" in c.where], bad[:5]
+
+
+def test_repro_package_records_its_inputs_golden_statistics(tmp_path: Path) -> None:
+    """Issue 30 item 4b: a non-finite bundle (the NaN drill on configs/
+    test.yml's shared bundle) records each input's golden statistics, the
+    same numbers tensor_stats gives for inputs.safetensors (bit for bit);
+    `strata repro` recomputes them before replaying, and refuses (exit 2)
+    inputs that were changed."""
+    import json
+
+    run = tmp_path / "run"
+    r = subprocess.run([str(G.STRATA), "train", "configs/test.yml", "model.n_layers=3", "train.steps=4",
+                        "faults.nan_at=3:2", "faults.nan_micro=1", "run.progress=off", f"run.dir={run}"],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 5, r.stderr
+    nb = run / "diag" / "nonfinite-step3"
+    meta = json.loads((nb / "nonfinite.json").read_text())
+    saved = G.load_safetensors(nb / "inputs.safetensors")
+    assert [s["name"] for s in meta["input_stats"]] == meta["inputs"]
+    for rec in meta["input_stats"]:
+        want = G.tensor_stats(saved[rec["name"]])
+        assert {k: v for k, v in rec.items() if k != "name"} == want, rec["name"]
+    r = subprocess.run([str(G.STRATA), "repro", str(nb)], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert f"inputs: all {len(meta['inputs'])} have the statistics the bundle records" in r.stdout, r.stdout
+    # one input element changed: the replay would not be of the recorded inputs
+    raw = bytearray((nb / "inputs.safetensors").read_bytes())
+    raw[-2] ^= 0x40
+    (nb / "inputs.safetensors").write_bytes(bytes(raw))
+    r = subprocess.run([str(G.STRATA), "repro", str(nb)], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and "the saved inputs were changed" in r.stderr, (r.returncode, r.stderr[-2000:])
