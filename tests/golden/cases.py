@@ -51,11 +51,22 @@ CASES: list[Case] = [
          why="llama and moe layers, kernels auto (ffi): test_moe_equivalence.py's preset bundle"),
     Case("llama-mix-tiny", "configs/llama-mix-tiny.yml", PRESET_SHORT,
          why="llama and parallel layers, kernels auto (ffi): a bundle of its own"),
+    # gpt2 in make test on tests/py/test_gpt2.py's equivalence bundle (its
+    # model, xla kernels, synthetic tokens: a vocabulary of 250 is below the
+    # byte tokenizer's 256); the preset's own data path, a BPE vocabulary
+    # trained on the corpus, with the C kernels, in make test-long (its
+    # export and the tokenizer's training: ~20 s on the loaded 2-core VM).
     Case("gpt2-124m", "configs/gpt2-124m.yml",
+         XLA + ["model.n_layers=2", "model.d_model=32", "model.n_heads=4", "model.d_ff=64", "model.seq_len=16",
+                "model.vocab_size=250", "model.vocab_padded=320", "train.batch_size=4", "train.microbatches=2",
+                "data.tokenizer=byte", "data.synthetic=true"],
+         why="gpt2 blocks, vocabulary 250 padded to 320, synthetic tokens, xla: test_gpt2.py's bundle"),
+    Case("gpt2-124m-bpe", "configs/gpt2-124m.yml",
          ["model.n_layers=2", "model.d_model=32", "model.n_heads=4", "model.d_ff=64", "model.seq_len=16",
           "model.vocab_size=320", "model.vocab_padded=384", "train.batch_size=4", "train.microbatches=2"],
-         why="gpt2 blocks, a BPE vocabulary (320, trained on the corpus) padded to 384, kernels auto (ffi): "
-             "a bundle of its own"),
+         quick=False,
+         why="gpt2 blocks on the preset's corpus with a BPE vocabulary (320, trained on it) padded to 384, "
+             "kernels auto (ffi): a bundle of its own"),
 ]
 
 BY_NAME = {c.name: c for c in CASES}
