@@ -31,7 +31,7 @@ from cases import CASES  # noqa: E402
 def _hash_changes(old: dict, new: dict) -> int:
     if "tensors" not in old or "tensors" not in new:
         return 0
-    key = lambda r: (r["program"], r["layer"], r["micro"], r["name"])  # noqa: E731
+    key = lambda r: (r["phase"], r["stage"], r["layer"], r["micro"], r["name"])  # noqa: E731
     o = {key(r): r["bf16_sha256"] for r in old["tensors"]}
     return sum(1 for r in new["tensors"] if o.get(key(r)) not in (None, r["bf16_sha256"]))
 
