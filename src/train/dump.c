@@ -213,6 +213,42 @@ static bool st__dump_same_type(const st_tensor_type* a, const st_tensor_type* b)
   return true;
 }
 
+/* Multiplies |n| elements of |type| at |data| by |k| (f32, bf16 through
+ * f32 rounded to nearest even; other dtypes are left alone). */
+static void st__dump_scale(const st_tensor_type* type, void* data, double k) {
+  const int64_t n = st_tensor_type_elements(type);
+  if (type->dtype == ST_DTYPE_F32) {
+    float* f = data;
+    for (int64_t i = 0; i < n; ++i) f[i] = (float)((double)f[i] * k);
+  } else if (type->dtype == ST_DTYPE_BF16) {
+    uint16_t* h = data;
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t u = (uint32_t)h[i] << 16;
+      float f;
+      memcpy(&f, &u, 4);
+      f = (float)((double)f * k);
+      memcpy(&u, &f, 4);
+      h[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+  }
+}
+
+/* A program's loss is the mean over its own rows, so with D devices
+ * sharing each microbatch's rows (data x fsdp) every gradient of it is D
+ * times the one-device run's (docs/bundle.md: gscale divides by D). The
+ * logical tensors are those of one device's run: gradients and
+ * activation gradients over D, squared norms over D^2, gscale times D
+ * (exact for D a power of two). */
+static void st__dump_normalize(const st__trainer* t, const char* cls, const char* name, const st_tensor_type* type,
+                               void* data) {
+  const double D = (double)(t->step_plan.mesh[0] > 0 ? t->step_plan.mesh[0] : 1) *
+                   (double)(t->step_plan.mesh[1] > 0 ? t->step_plan.mesh[1] : 1);
+  if (D == 1) return;
+  if (!strcmp(cls, "gradient") || !strcmp(cls, "activation_grad")) st__dump_scale(type, data, 1.0 / D);
+  else if (!strcmp(cls, "metric") && !strcmp(name, "sqnorm")) st__dump_scale(type, data, 1.0 / (D * D));
+  else if (!strcmp(cls, "scalar") && !strcmp(name, "gscale")) st__dump_scale(type, data, D);
+}
+
 /* The key of a tensor with these bytes: an earlier one's when the bytes
  * and type are the same, else |key| (data and key taken over). */
 static const char* st__dump_store(st__dump* d, const st_tensor_type* type, void* data, const char* key) {
@@ -302,13 +338,15 @@ static st_status st__dump_take(st__trainer* t, const st_op* op, int index, st_bu
     char tname[32], key[256];
     if (!bt) snprintf(tname, sizeof(tname), "%s%d", out ? "out" : "in", j);
     snprintf(key, sizeof(key), "%d.%s%d.%s", seq, out ? "out" : "in", j, bt ? bt->name : tname);
+    const char* cls = st__dump_class(bt ? bt->role : NULL, out, phase);
+    st__dump_normalize(t, cls, bt ? bt->name : tname, &lt, data);
     const char* dt = st_safetensors_dtype_name(lt.dtype);
     json_t* e = st_json_obj();
     st_json_put_str(e, "io", out ? "out" : "in");
     st_json_put_int(e, "index", j);
     st_json_put_str(e, "name", bt ? bt->name : tname);
     st_json_put_str(e, "role", bt ? bt->role : "");
-    st_json_put_str(e, "class", st__dump_class(bt ? bt->role : NULL, out, phase));
+    st_json_put_str(e, "class", cls);
     st_json_put_str(e, "slot", t->step_plan.slots[slot].name);
     st_json_put_str(e, "layout", d->ndev > 1 ? st_slot_layout_name(t->step_plan.slots[slot].layout) : "replicated");
     st_json_put_str(e, "dtype", st_dtype_name(lt.dtype));
@@ -393,6 +431,17 @@ static json_t* st__dump_index(st__trainer* t, st__dump* d) {
   } else {
     st_json_put(j, "layers", json_null());
   }
+  /* What strata compare sizes its budgets by (docs/diagnostics.md). */
+  const st_bundle_model* bm = &t->bundle->model;
+  json_t* model = st_json_obj();
+  st_json_put_int(model, "n_layers", bm->n_layers);
+  st_json_put_int(model, "d_model", bm->d_model);
+  st_json_put_int(model, "d_ff", bm->d_ff);
+  st_json_put_int(model, "seq_len", bm->seq_len);
+  st_json_put_int(model, "vocab_size", bm->vocab_size);
+  st_json_put_int(model, "microbatch_rows", t->o->microbatches > 0 ? t->o->batch_size / t->o->microbatches : t->o->batch_size);
+  st_json_put_str(model, "compute_dtype", bm->compute_dtype[0] ? bm->compute_dtype : "f32");
+  st_json_put(j, "model", model);
   st_json_put_str(j, "bundle_key", t->bundle->key);
   st_json_put_int(j, "tensors_stored", d->n_tensors);
   st_json_put_int(j, "bytes", d->bytes);
