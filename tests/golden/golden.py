@@ -154,9 +154,7 @@ def step_tol(shape: Shape, what: str, step: int) -> float:
     return step * rel_tol(shape, "grad", -1) + sumsq_tol(shape)
 
 
-# --- statistics of one tensor (also src/train/repro.c's, issue 30 item 4b) -------
-
-N_VALUES = 4
+# --- statistics of one tensor (also src/train/input_stats.c's, issue 30 item 4b) ---
 
 
 def fixed_indices(n: int) -> list[int]:
@@ -184,8 +182,8 @@ def tensor_stats(a: np.ndarray) -> dict[str, Any]:
     fin = f[np.isfinite(f)]
     idx = fixed_indices(f.size)
     bits = bf16_bits(np.asarray(a, dtype=np.float32).reshape(-1))
-    return {"norm": float(np.sqrt(np.cumsum(fin * fin)[-1])) if fin.size else 0.0, "maxabs": float(np.max(np.abs(fin))) if fin.size else 0.0,
-            "nonfinite": int(f.size - fin.size), "idx": idx,
+    return {"norm": float(np.sqrt(np.cumsum(fin * fin)[-1])) if fin.size else 0.0,
+            "maxabs": float(np.max(np.abs(fin))) if fin.size else 0.0, "nonfinite": int(f.size - fin.size), "idx": idx,
             "values": [float(f[i]) if np.isfinite(f[i]) else None for i in idx],
             "bf16_sha256": hashlib.sha256(bits.astype("<u2").tobytes()).hexdigest()[:16]}
 
@@ -200,25 +198,14 @@ def _run(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return r
 
 
-def run_case(case: Case, out: Path, env: dict[str, str] | None = None, dump: bool | None = None) -> dict[str, Any]:
-    """strata train of |case| into out/run; its record."""
+def run_case(case: Case, out: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """strata train of |case| into out/run, step 1 dumped; its record."""
     env = {**os.environ, **(env or {})}
-    if dump is None:
-        dump = dump_supported()
-    over = [*case.overrides, *COMMON, *(["diag.dump=step:1"] if dump else [])]
+    over = [*case.overrides, *COMMON, "diag.dump=step:1"]
     resolved = json.loads(_run([str(STRATA), "config", "--json", case.config, *over], env).stdout)
     run_dir = out / "run"
     _run([str(STRATA), "train", case.config, *over, f"run.dir={run_dir}"], env)
     return record_of(case, resolved, run_dir)
-
-
-def dump_supported() -> bool:
-    """Whether this strata knows diag.dump (issue 30 item 2)."""
-    r = subprocess.run([str(STRATA), "config", "--json", "configs/test.yml"], cwd=ROOT, capture_output=True, text=True)
-    return r.returncode == 0 and "dump" in json.loads(r.stdout).get("diag", {})
-
-
-NUMERICS_TENSORS = ("out", "dx", "grad", "update", "param")
 
 
 def record_of(case: Case, resolved: dict[str, Any], run_dir: Path) -> dict[str, Any]:
