@@ -6,14 +6,15 @@ A record holds, for one fixed-seed run of one case:
 - `layers`: step 1's per-stage statistics of diag.numerics=layer (RMS and
   largest |x| of every block's output and input gradient, of each stage's
   parameter gradients, updates and parameters; docs/diagnostics.md);
-- `tensors` (when the run wrote a step dump, diag.dump=step:1): every dumped
-  program output of step 1 as summary statistics (`tensor_stats`): norm,
-  largest |x|, a few fixed-index values and a hash of the bf16-rounded tensor.
+- `tensors`: step 1's dump (diag.dump=step:1) in plan order: forward,
+  loss-program and backward outputs, complete gradients and updates, as
+  summary statistics (`tensor_stats`): norm, largest |x|, a few fixed-index
+  values and a hash of the bf16-rounded tensor.
 
-`compare` walks step 1 in plan order (forward outputs layer by layer, the
-loss, the backward from the last layer down, gradients, updates), then steps 2..20,
-and returns every comparison; the first one over its tolerance is the
-report's headline (`describe`).
+`compare` walks the dump's tensors in plan order, then the per-stage
+statistics (forward outputs up the layers, the loss, the backward down,
+gradients, updates), then steps 2..20, and returns every comparison; the
+first one over its tolerance is the report's headline (`describe`).
 """
 
 from __future__ import annotations
