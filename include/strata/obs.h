@@ -52,6 +52,7 @@ extern "C" {
  *   ST_RUNDIR_RECOVERY     recovery.json       diag/supervisor.c              strata run: after each incident and at its end
  *   ST_RUNDIR_REPORT       report.html         cli/cmd_report.c (obs/report.c) strata report (unless --out)
  *   ST_RUNDIR_NOTES        notes.json          obs/notes.c (cli/cmd_note.c)   strata note: each note appended (never the trainer)
+ *   ST_RUNDIR_DUMP         dump/step_<N>/      train/dump.c                   diag.dump=step:N: after step N (strata compare)
  */
 typedef enum st_rundir_entry {
   ST_RUNDIR_LOCK,
@@ -70,6 +71,7 @@ typedef enum st_rundir_entry {
   ST_RUNDIR_RECOVERY,
   ST_RUNDIR_REPORT,
   ST_RUNDIR_NOTES,
+  ST_RUNDIR_DUMP,
   ST_RUNDIR_ENTRY_COUNT
 } st_rundir_entry;
 

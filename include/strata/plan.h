@@ -164,6 +164,12 @@ typedef struct st_plan_options {
     int64_t max_skipped, max_rollbacks; /* diag.max_skipped, diag.max_rollbacks */
   } nonfinite;
   int numerics; /* diag.numerics: ST_NUMERICS_* */
+  /* diag.dump (docs/diagnostics.md, "Dump and compare"): step 0 = off;
+   * layer_lo..layer_hi the block layers kept (-1 both: every launch). */
+  struct {
+    int64_t step;
+    int layer_lo, layer_hi;
+  } dump;
 } st_plan_options;
 
 /* diag.on_nonfinite (docs/diagnostics.md, "Policies"). */

@@ -27,6 +27,7 @@ static const st_cli_command kCommands[] = {
     {"data", st_cli_data, "data CONFIG [k=v ...]       tokenize the corpus; print the token file, split sizes, tokenizer; --decode IDS: ids -> bytes; data inspect CONFIG --step N: a step's batch"},
     {"sample", st_cli_sample, "sample RUN_DIR|CKPT_DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]  generate text"},
     {"repro", st_cli_repro, "repro DIR [--json]          replay a non-finite bundle's program on its saved inputs: reproduces or not"},
+    {"compare", st_cli_compare, "compare RUN_A RUN_B [--json]  two step dumps (diag.dump): the first tensor over its budget, then by layer; exit 1 if any"},
     {"kernels", st_cli_kernels, "kernels list|verify|bench   the kernel contract; every implementation against the reference; time per call"},
     {"plan", st_cli_plan, "plan CONFIG [k=v ...]       print the step plan (the ops one step runs; --json, --explain, --compile)"},
 };

@@ -318,6 +318,10 @@ static const st__cfg_key kKeys[] = {
     {"faults.nan_value", ST__CFG_ENUM, "nan", .choices = "nan|inf|max",
      .doc = "Drill: what faults.nan_at puts there: NaN, +inf, or the largest finite f32 (3.4e38), which a later "
             "program turns into a non-finite value itself."},
+    {"faults.wrong_kernel", ST__CFG_ENUM, "off", .choices = "off|attention",
+     .doc = "Test-only drill: attention makes the ffi attention kernel's forward output o slightly wrong (scaled by "
+            "1 + 2^-10), for tests of strata compare (docs/diagnostics.md, \"Dump and compare\"); needs "
+            "kernels.attention=ffi (exit 2 otherwise)."},
 
     {"diag.hang_timeout_s", ST__CFG_FLOAT, "0", .lo = 0, .hi = 604800,
      .doc = "Hang watchdog in the trainer: an op, compile, checkpoint write or step running longer than max(floor, "
@@ -347,6 +351,11 @@ static const st__cfg_key kKeys[] = {
      .doc = "Numerics health in metrics.jsonl: step (parameter and update norms, their ratio), layer (also per layer "
             "the RMS, largest |x| and non-finite count of block outputs, input gradients, parameter gradients and "
             "updates; docs/diagnostics.md). Needs parallel.fsdp=1 and parallel.tensor=1."},
+    {"diag.dump", ST__CFG_STRING, "",
+     .doc = "step:N writes every program's inputs and outputs of step N, as logical tensors, with the plan op that "
+            "ran each, to <run>/dump/step_N/ (index.json, tensors.safetensors); step:N,layers:A-B only the launches "
+            "of block layers A to B; strata compare RUN_A RUN_B finds the first tensor that differs "
+            "(docs/diagnostics.md, \"Dump and compare\"); empty: off."},
 
     /* kernels.<op>, one row per op of the kernel contract, in its order:
      * generated from python/strata_jax/kernel_contract.json (each row's
@@ -618,6 +627,20 @@ static st_status st__rule_fault_steps(const st_config* c) {
     s = st_status_make(ST_CODE_CONFIG, "faults.hang_in=%s names step %lld, but train.steps is %lld (%s): the drill would never fire",
                        v, step, (long long)steps, st_config_source(c, "train.steps"));
   if (s) s = st_status_annotate(s, "faults.hang_in (%s)", st_config_source(c, "faults.hang_in"));
+  return s;
+}
+
+static st_status st__rule_dump(const st_config* c) {
+  int64_t step = 0;
+  int lo = -1, hi = -1;
+  st_status s = st_config_dump_parse(st_config_string(c, "diag.dump"), &step, &lo, &hi);
+  if (!s && step > st_config_int(c, "train.steps"))
+    s = st_status_make(ST_CODE_CONFIG, "diag.dump names step %lld, but train.steps is %lld (%s): nothing would be dumped",
+                       (long long)step, (long long)st_config_int(c, "train.steps"), st_config_source(c, "train.steps"));
+  if (!s && step > 0 && hi >= st_config_int(c, "model.n_layers"))
+    s = st_status_make(ST_CODE_CONFIG, "diag.dump names layers %d-%d, but model.n_layers is %lld (%s); layers count from 0", lo,
+                       hi, (long long)st_config_int(c, "model.n_layers"), st_config_source(c, "model.n_layers"));
+  if (s) s = st_status_annotate(s, "diag.dump (%s)", st_config_source(c, "diag.dump"));
   return s;
 }
 
@@ -964,6 +987,8 @@ static const st__cfg_rule kRules[] = {
      st__rule_optimizer},
     {"diag.on_nonfinite=skip needs sched.optimizer=after_backward.", st__rule_skip},
     {"diag.numerics other than off needs parallel.fsdp=1 and parallel.tensor=1.", st__rule_numerics},
+    {"diag.dump is empty, step:N or step:N,layers:A-B with N from 1 to train.steps and A <= B below model.n_layers.",
+     st__rule_dump},
     {"run.id is empty or a plain name: letters, digits, '.', '_' and '-', at most 128, not starting with '.'.",
      st__rule_run_id},
     {"parallel.pipeline x parallel.data x parallel.fsdp x parallel.tensor is at most runtime.cpu_devices x parallel.processes; model.n_heads, "

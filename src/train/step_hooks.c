@@ -392,11 +392,13 @@ st_status st__check_nan_at(const st__trainer* t) {
 static st_status st__launched(void* user, const st_op* op, int index, st_buffer** outputs) {
   st__trainer* t = user;
   if (index == 0) ST_RETURN(st__inject(t, op, outputs));
+  if (t->dump) ST_RETURN(st__dump_outputs(t, op, index, outputs));
   return t->checking ? st__nf_check_outputs(t, op, index, outputs) : ST_OK;
 }
 
 static st_status st__launching(void* user, const st_op* op, int index, st_buffer* const* inputs) {
   st__trainer* t = user;
+  if (t->dump) ST_RETURN(st__dump_inputs(t, op, index, inputs));
   return t->checking ? st__nf_check_inputs(t, op, index, inputs) : ST_OK;
 }
 
