@@ -111,6 +111,18 @@ test-long: build build-portable
 test-e2e:
 	@tests/e2e/run_all.sh
 
+# Golden numerics (tests/golden/README.md): rerun every case, print what
+# changed, write the records with the reason (the commit repeats it).
+# GOLDEN_CASES="moe-tiny gpt2-124m" limits it; `make golden-check` writes nothing.
+.PHONY: golden golden-check
+GOLDEN_CASES ?=
+golden: build
+	@if [ -z "$(REASON)" ]; then echo 'make golden: say why the numbers may change: make golden REASON="..."' >&2; exit 2; fi
+	@$(PY) tests/golden/regen.py --reason "$(REASON)" $(GOLDEN_CASES)
+
+golden-check: build
+	@$(PY) tests/golden/regen.py --check $(GOLDEN_CASES)
+
 # Benchmarks against the monolithic jax.jit anchors (docs/performance.md):
 # ≈ 10-15 min on 2 cores; results in bench/results/. BENCH_ARGS="--quick"
 # checks the pipeline in ~2 min, "--sections step,compile" runs a subset.

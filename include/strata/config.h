@@ -188,6 +188,10 @@ st_status st_config_check_skip_per_layer(bool skip, bool per_layer);
  * and which views of its metrics it writes do not change the experiment).
  * Used for the config hash and bundle key. */
 void st_config_hash(const st_config* config, const char* const* prefixes, int prefix_count, char out[17]);
+/* Whether |key| is part of the whole-config hash (the experiment): all but
+ * run.* (where and how a run is written) and obs.* (extra views of its
+ * metrics, who ran it). strata diff lists the others apart. */
+bool st_config_key_identifies(const char* key);
 
 #ifdef __cplusplus
 }

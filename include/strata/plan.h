@@ -142,6 +142,7 @@ typedef struct st_plan_options {
   bool resume;            /* run.resume */
   bool tensorboard;       /* obs.tensorboard: <run>/tb/ event files */
   double peak_flops;      /* obs.peak_flops: per-device peak FLOP/s for MFU; 0: measured or datasheet */
+  const char* author;     /* obs.author (borrowed from the config): context.json author; "": found (st_context_author) */
   struct {
     int64_t every, keep, keep_every;
     bool async;

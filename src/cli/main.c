@@ -19,6 +19,8 @@ static const st_cli_command kCommands[] = {
     {"run", st_cli_run, "run [--np N] CONFIG [k=v ...] train supervised: restart on crash or hang, resume, record recovery.json"},
     {"status", st_cli_status, "status RUN_DIR [--json]     state of a run: running (pid), finished, failed, interrupted; step, loss, ETA, checkpoint"},
     {"report", st_cli_make_report, "report RUN_DIR [--out FILE]  write RUN_DIR/report.html: plots, sample, checkpoints, context, config"},
+    {"note", st_cli_note, "note RUN_DIR [--hypothesis|--conclusion] TEXT  record a note, hypothesis or conclusion (RUN_DIR/notes.json); no TEXT: print them"},
+    {"diff", st_cli_diff, "diff RUN_A RUN_B [--html OUT] [--json] [--rtol R]  config, context and notes differences, curves side by side, first differing loss step"},
     {"analyze", st_cli_analyze, "analyze BUNDLE_DIR|RUN_DIR [--json]  per program FLOPs, bytes, intensity, collectives; per step totals"},
     {"eval", st_cli_eval, "eval RUN_DIR|CKPT_DIR [k=v ...] [--json]  loss, perplexity, bits per byte on the validation split (or data.path=)"},
     {"ckpt", st_cli_ckpt, "ckpt list|verify|inspect PATH  checkpoints of a run: list, verify checksums, show manifest and tensors"},

@@ -104,8 +104,8 @@ static const st__cfg_key kKeys[] = {
     {"train.eps", ST__CFG_FLOAT, "1e-8", .lo = 0, .lo_open = true, .hi = 1, .doc = "Adam epsilon."},
     {"train.optimizer", ST__CFG_ENUM, "adamw", .choices = "adamw|sgd|lion|adafactor|muon",
      .doc = "The update rule of every parameter (docs/scheduling.md, \"Optimizer state\"); muon: muon for the parameters of "
-            "rank >= 2 outside the embedding and the head (matrices), adamw for the rest. adafactor and muon need "
-            "parallel.fsdp=1 and parallel.tensor=1."},
+            "rank >= 2 outside the embedding and the head (matrices), adamw for the rest. adafactor and muon gather "
+            "whole tensors on a mesh (docs/model.md, \"Optimizers\"); not with fsdp across processes."},
     {"train.optimizer_groups", ST__CFG_LIST, "[]",
      .doc = "Per-parameter overrides of train.optimizer, \"SELECTOR=OPTIMIZER\", applied in order; SELECTOR: embed, "
             "head, vectors (every 1-D parameter), matrices (rank >= 2 outside embed and head) or a block group's name "
@@ -171,7 +171,8 @@ static const st__cfg_key kKeys[] = {
      .doc = "Keep XLA's optimized program of every compiled program beside its executable cache entry "
             "(<cache>/executables/<key>.hlo) for strata analyze's fusion counts (docs/analysis.md)."},
     {"runtime.compile_threads", ST__CFG_INT, "0", .lo = 0, .hi = 1024,
-     .doc = "Programs compiled at once on a cold start; 0: one per two online CPUs."},
+     .doc = "Programs compiled at once on a cold start; 0: one per two online CPUs on a CPU plugin, 1 on a GPU plugin "
+            "(docs/performance.md, \"GPU\")."},
     {"runtime.xla_options", ST__CFG_LIST, "[]", .doc = "Extra compile options, strings \"name=value\"."},
     {"runtime.cache_dir", ST__CFG_STRING, "",
      .doc = "Compile and bundle cache; empty: $STRATA_CACHE_DIR, else ~/.cache/strata."},
@@ -259,6 +260,9 @@ static const st__cfg_key kKeys[] = {
     {"obs.tensorboard", ST__CFG_BOOL, "true",
      .doc = "Also write every metrics.jsonl line as TensorBoard scalars, to event files under <run>/tb/ "
             "(`tensorboard --logdir runs/`; docs/using.md)."},
+    {"obs.author", ST__CFG_STRING, "",
+     .doc = "Who runs the experiment, recorded as context.json author (author_source \"config\"); empty: git's "
+            "user.name <user.email> of the folder strata runs in, else $USER (docs/using.md, \"strata note\")."},
 
     {"bundle.dir", ST__CFG_STRING, "", .doc = "Program bundle folder; empty: <cache>/bundles/<bundle key>."},
 
@@ -698,12 +702,16 @@ static st_status st__optimizer_entry(const st_config* c, int i, const char* e) {
 }
 
 /* adafactor's factored moments and muon's orthogonalisation need each
- * parameter whole on a device: their updates are exported for one device's
- * whole tensors only (elementwise adamw, sgd and lion have fsdp and tensor
- * variants). "Used": train.optimizer or any entry names it. */
+ * parameter whole: on a device mesh of one process their update is an SPMD
+ * program that all-gathers the blocks (docs/model.md, "Optimizers"); an
+ * fsdp axis across processes would need those gathers between processes,
+ * around one-device programs, which is not built (elementwise adamw, sgd
+ * and lion update their blocks alone). "Used": train.optimizer or any entry
+ * names it. */
 static st_status st__optimizer_sharded(const st_config* c) {
-  const int64_t f = st_config_int(c, "parallel.fsdp"), t = st_config_int(c, "parallel.tensor");
-  if (f <= 1 && t <= 1) return ST_OK;
+  const int64_t f = st_config_int(c, "parallel.fsdp"), d = st_config_int(c, "parallel.data");
+  const int64_t procs = st_config_int(c, "parallel.processes");
+  if (procs <= 1 || f <= 1 || d > 1) return ST_OK; /* fsdp spans the processes only when data is 1 */
   const char* def = st_config_string(c, "train.optimizer");
   const char* hit = NULL;
   const char* key = "train.optimizer";
@@ -717,11 +725,11 @@ static st_status st__optimizer_sharded(const st_config* c) {
   }
   if (!hit) return ST_OK;
   return st_status_make(ST_CODE_CONFIG,
-                        "%s (%s) uses %s with parallel.fsdp=%lld (%s) and parallel.tensor=%lld (%s): %s's update is not "
-                        "built for sharded parameters (it needs each parameter whole on a device); use adamw, sgd or "
-                        "lion there, or parallel.fsdp=1 and parallel.tensor=1",
+                        "%s (%s) uses %s with parallel.fsdp=%lld (%s) across parallel.processes=%lld (%s): %s's update "
+                        "needs each parameter whole, gathered across processes, which is not built; use adamw, sgd or "
+                        "lion there, or put parallel.data across the processes (fsdp inside each)",
                         key, st_config_source(c, key), hit, (long long)f, st_config_source(c, "parallel.fsdp"),
-                        (long long)t, st_config_source(c, "parallel.tensor"), hit);
+                        (long long)procs, st_config_source(c, "parallel.processes"), hit);
 }
 
 static st_status st__rule_optimizer(const st_config* c) {
@@ -975,7 +983,7 @@ static const st__cfg_rule kRules[] = {
      st__rule_fault_steps},
     {"train.optimizer_groups entries are SELECTOR=OPTIMIZER: SELECTOR embed, head, vectors, matrices or a block "
      "group's name, OPTIMIZER one of train.optimizer's; muon not on embed, head or vectors; adafactor and muon "
-     "(in train.optimizer or an entry) need parallel.fsdp=1 and parallel.tensor=1.",
+     "(in train.optimizer or an entry) not with parallel.fsdp across parallel.processes (parallel.data=1).",
      st__rule_optimizer},
     {"diag.on_nonfinite=skip needs sched.optimizer=after_backward.", st__rule_skip},
     {"diag.numerics other than off needs parallel.fsdp=1 and parallel.tensor=1.", st__rule_numerics},

@@ -463,6 +463,7 @@ static void st__options_obs(const st_config* c, st_plan_options* o) {
 
   o->metrics_port = (int)st_config_int(c, "obs.metrics_port");
   o->peak_flops = st_config_float(c, "obs.peak_flops");
+  o->author = st_config_string(c, "obs.author");
 
   int nx = st_config_list_count(c, "runtime.xla_options");
   if (nx > 0) {

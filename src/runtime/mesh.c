@@ -192,6 +192,7 @@ st_status st_program_compile_spmd(st_runtime* rt, const char* name, const void* 
       cached = false;
     } else {
       st__cache_lookup(rt, key, &p->exe);
+      p->from_cache = p->exe != NULL;
     }
   }
   if (!s && !p->exe) {

@@ -299,5 +299,9 @@ st_status st__check_hang_in(const st__trainer* t);
 /* Scores the step's loss against the recent ones; a loss_spike event when
  * it is diag.spike_z standard deviations above their mean. */
 st_status st__loss_spike(st__trainer* t, double loss);
+/* Golden statistics of a tensor of |n| elements (input_stats.c; the
+ * definitions of tests/golden/golden.py's tensor_stats): a new object
+ * {norm, maxabs, nonfinite, idx, values, bf16_sha256 (float) or sha256}. */
+json_t* st__tensor_stats_json(st_dtype dtype, const void* data, int64_t n);
 
 #endif

@@ -979,7 +979,8 @@ static st_status st__context_event(st__trainer* t, const st_config* cfg) {
                             .runtime = &rt,
                             .peak = st_train_peak_json(&t->peak, mesh_devices),
                             .kernels = st_kernels_bundle_json(t->bundle),
-                            .model = st_plan_model_desc(o)};
+                            .model = st_plan_model_desc(o),
+                            .author = o->author};
   /* The sources as this process found them (written before a resume's
    * restore: "drawn" counts from the stream's start; checkpoints record
    * the position they were taken at). */

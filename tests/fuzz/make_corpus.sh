@@ -37,7 +37,7 @@ dict_line() { printf '"%s"\n' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'
 } >"$out/config.dict"
 
 # --- committed seeds ------------------------------------------------------
-for t in safetensors ckpt_manifest bundle tokens tokenizer json mlir_sig ir config report compare; do
+for t in safetensors ckpt_manifest bundle tokens tokenizer json mlir_sig ir config report diff compare; do
   mkdir -p "$out/$t"
   if [ -d "tests/fuzz/corpus/$t" ]; then cp tests/fuzz/corpus/"$t"/* "$out/$t/"; fi
 done
@@ -80,6 +80,13 @@ json_syntax=('{' '}' '[' ']' ':' ',' '"' '\' '\u0000' '\ud83d\ude00' 'true' 'fal
     dict_line "$t"
   done
 } >"$out/report.dict"
+{
+  for t in "${json_syntax[@]}" '\n' '"step"' '"loss"' '"eval_loss"' '"lr"' '"grad_norm"' '"tokens_per_s"' '"step_time_s"' \
+    '"entries"' '"kind"' '"hypothesis"' '"conclusion"' '"note"' '"author"' '"text"' '"time"' '"schema"' '"run_id"' '"peak"' \
+    '"flops"' '<' '&' '\xff'; do
+    dict_line "$t"
+  done
+} >"$out/diff.dict"
 {
   for t in 'func.func public @main(' 'func.func @main(' '%arg0: ' 'tensor<' '>' 'x' 'xf32' 'xbf16' 'xi32' 'xi1' 'xui32' '?x' \
     ' -> ' '(' ')' '{' '}' ', ' 'tf.aliasing_output = 0 : i32' 'jax.buffer_donor = true' 'jax.result_info = "result[0]"' \

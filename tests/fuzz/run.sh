@@ -11,6 +11,7 @@
 #   json           the JSON reader                    (fuzz_json.c)
 #   mlir_sig       MLIR `@main` signatures             (fuzz_mlir_sig.c)
 #   report         run logs and the report page         (fuzz_report.c)
+#   diff           two run directories and strata diff  (fuzz_diff.c)
 #   ir             StableHLO programs (the analyzer)   (fuzz_ir.c)
 #   compare        step dumps (strata compare)         (fuzz_compare.c)
 #
@@ -25,7 +26,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${FUZZ_OUT:-build-fuzz}
-all=(config safetensors ckpt_manifest bundle tokens tokenizer json mlir_sig report ir compare)
+all=(config safetensors ckpt_manifest bundle tokens tokenizer json mlir_sig report diff ir compare)
 if [ $# -gt 0 ]; then targets=("$@"); else targets=("${all[@]}"); fi
 seconds=${FUZZ_SECONDS:-60}
 runs=${FUZZ_RUNS:-}
