@@ -224,6 +224,11 @@ int st_kernels_stats_take(st_kernel_stat* out, int cap);
  * default) turns it off. Process-wide, like the counters. */
 #define ST_KERNEL_WRONG_ATTENTION 1
 void st_kernels_set_wrong(int what);
+/* The drill faults.wrong_kernel's value |op| names: the ST_KERNEL_WRONG_*
+ * of the one kernel op that has one, 0 for "off" or any other name. The
+ * kernels module owns which ops have a drill, so no other module names
+ * an op (tests/py/test_kernel_op_files.py). */
+int st_kernels_wrong_drill(const char* op);
 
 #define ST_KERNEL_MAX_SPANS 4096
 

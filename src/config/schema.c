@@ -320,8 +320,8 @@ static const st__cfg_key kKeys[] = {
             "program turns into a non-finite value itself."},
     {"faults.wrong_kernel", ST__CFG_ENUM, "off", .choices = "off|attention",
      .doc = "Test-only drill: attention makes the ffi attention kernel's forward output o slightly wrong (scaled by "
-            "1 + 2^-10), for tests of strata compare (docs/diagnostics.md, \"Dump and compare\"); needs "
-            "kernels.attention=ffi (exit 2 otherwise)."},
+            "1 + 2^-10), for tests of strata compare (docs/diagnostics.md, \"Dump and compare\"); needs the "
+            "attention op's kernel to be ffi (exit 2 otherwise)."},
 
     {"diag.hang_timeout_s", ST__CFG_FLOAT, "0", .lo = 0, .hi = 604800,
      .doc = "Hang watchdog in the trainer: an op, compile, checkpoint write or step running longer than max(floor, "

@@ -32,6 +32,7 @@ static st_kernel_span g_spans[ST_KERNEL_MAX_SPANS];
 static _Atomic int g_wrong;
 
 void st_kernels_set_wrong(int what) { atomic_store(&g_wrong, what); }
+int st_kernels_wrong_drill(const char* op) { return op && !strcmp(op, "attention") ? ST_KERNEL_WRONG_ATTENTION : 0; }
 bool st__kernel_wrong_attention(void) { return atomic_load_explicit(&g_wrong, memory_order_relaxed) == ST_KERNEL_WRONG_ATTENTION; }
 
 int st__kernel_handler_index(const char* target) {

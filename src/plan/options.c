@@ -500,7 +500,7 @@ static st_status st__options_ckpt_diag(const st_config* c, st_plan_options* o) {
   o->faults.nan_micro = (int)st_config_int(c, "faults.nan_micro");
   const char* nv = st_config_string(c, "faults.nan_value");
   o->faults.nan_value = !strcmp(nv, "inf") ? 1 : !strcmp(nv, "max") ? 2 : 0;
-  o->faults.wrong_kernel = !strcmp(st_config_string(c, "faults.wrong_kernel"), "attention") ? ST_FAULT_WRONG_ATTENTION : 0;
+  o->faults.wrong_kernel = st_kernels_wrong_drill(st_config_string(c, "faults.wrong_kernel")) ? ST_FAULT_WRONG_ATTENTION : 0;
   ST_RETURN(st_config_dump_parse(st_config_string(c, "diag.dump"), &o->dump.step, &o->dump.layer_lo, &o->dump.layer_hi));
   const char* nf = st_config_string(c, "diag.on_nonfinite");
   o->nonfinite.policy = !strcmp(nf, "skip") ? ST_NONFINITE_SKIP : !strcmp(nf, "rollback") ? ST_NONFINITE_ROLLBACK : ST_NONFINITE_STOP;
