@@ -45,6 +45,9 @@ typedef struct st_faults_options {
   int nan_layer, nan_micro;
   char nan_tensor[64]; /* "" = the forward's first output */
   int nan_value;       /* faults.nan_value: 0 NaN, 1 +inf, 2 the largest finite f32 */
+  /* faults.slow_program=PROGRAM:FRACTION: "" = off. */
+  char slow_program[128];
+  double slow_fraction;
 } st_faults_options;
 
 /* Arms the faults of |options|. Faults already recorded in

@@ -314,6 +314,11 @@ static const st__cfg_key kKeys[] = {
     {"faults.nan_value", ST__CFG_ENUM, "nan", .choices = "nan|inf|max",
      .doc = "Drill: what faults.nan_at puts there: NaN, +inf, or the largest finite f32 (3.4e38), which a later "
             "program turns into a non-finite value itself."},
+    {"faults.slow_program", ST__CFG_STRING, "",
+     .doc = "Drill (performance): PROGRAM:FRACTION makes every training launch of PROGRAM take FRACTION x its own "
+            "measured duration longer (the trainer waits that long after it completes), e.g. block_fwd_res:0.3; "
+            "`make bench-check` must then fail naming it (docs/performance.md, \"Baselines\"); a program no step "
+            "plan launches is refused (exit 2); empty: off."},
 
     {"diag.hang_timeout_s", ST__CFG_FLOAT, "0", .lo = 0, .hi = 604800,
      .doc = "Hang watchdog in the trainer: an op, compile, checkpoint write or step running longer than max(floor, "
