@@ -172,9 +172,10 @@ def machine_class() -> dict[str, Any]:
 
 
 def same_class(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """One machine class: as many CPUs, the same CPU family name (its first
-    three words: 'AMD EPYC 7B13' and 'AMD EPYC 7B12' are one class)."""
-    fam = lambda m: " ".join(str(m.get("cpu_model", "")).split()[:3])  # noqa: E731
+    """One machine class: as many CPUs of one architecture and vendor family
+    (the model name's first two words: 'AMD EPYC 7B13' and 'AMD EPYC 7B12'
+    are one class, as are the cloud VMs CI draws)."""
+    fam = lambda m: " ".join(str(m.get("cpu_model", "")).split()[:2])  # noqa: E731
     return a.get("cpus") == b.get("cpus") and a.get("machine") == b.get("machine") and fam(a) == fam(b)
 
 
