@@ -67,7 +67,7 @@ import run as R  # noqa: E402  (bench/run.py: the runs, processes and summaries 
 
 BASELINES = os.path.join(HERE, "baselines", "baselines.json")
 CONFIG = "configs/tiny.yml"
-STEPS, WARMUP, ROUNDS = 14, 4, 3
+STEPS, WARMUP, ROUNDS = 24, 4, 3
 # The programs of tiny.yml's step with a large share of it (together > 90 %
 # of the launch time): the smaller ones last a few hundred microseconds,
 # where the clock and the dispatch are most of what is measured.
