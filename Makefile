@@ -111,6 +111,18 @@ test-long: build build-portable
 test-e2e:
 	@tests/e2e/run_all.sh
 
+# Golden numerics (tests/golden/README.md): rerun every case, print what
+# changed, write the records with the reason (the commit repeats it).
+# GOLDEN_CASES="moe-tiny gpt2-124m" limits it; `make golden-check` writes nothing.
+.PHONY: golden golden-check
+GOLDEN_CASES ?=
+golden: build
+	@if [ -z "$(REASON)" ]; then echo 'make golden: say why the numbers may change: make golden REASON="..."' >&2; exit 2; fi
+	@$(PY) tests/golden/regen.py --reason "$(REASON)" $(GOLDEN_CASES)
+
+golden-check: build
+	@$(PY) tests/golden/regen.py --check $(GOLDEN_CASES)
+
 # Benchmarks against the monolithic jax.jit anchors (docs/performance.md):
 # ≈ 10-15 min on 2 cores; results in bench/results/. BENCH_ARGS="--quick"
 # checks the pipeline in ~2 min, "--sections step,compile" runs a subset.
@@ -134,14 +146,14 @@ clean:
 
 # Fuzzing (tests/fuzz/run.sh, docs/fuzzing.md): libFuzzer + ASan + UBSan
 # over every parser of untrusted input (config, safetensors, checkpoint
-# manifest, bundle manifest, token file, JSON, MLIR signature). Crashes land
+# manifest, bundle manifest, token file, JSON, MLIR signature, step dump). Crashes land
 # in build-fuzz/. FUZZ_SECONDS is the total, split over the targets:
-# `make test` runs test-fuzz (20 s, the CI run's smoke: 2 s a target). `make fuzz-long` runs
+# `make test` runs test-fuzz (24 s, the CI run's smoke: 2 s a target, 12 targets). `make fuzz-long` runs
 # FUZZ_LONG_RUNS executions per target (10^6; about an hour on one core).
 # FUZZ_TARGETS="bundle json" limits a run to some targets.
 .PHONY: fuzz test-fuzz fuzz-long
 FUZZ_SECONDS ?= 60
-TEST_FUZZ_SECONDS ?= 20
+TEST_FUZZ_SECONDS ?= 24
 FUZZ_LONG_RUNS ?= 1000000
 FUZZ_TARGETS ?=
 

@@ -220,7 +220,12 @@ def main(argv: list[str] | None = None) -> int:
                       "device": ev.get("init", {}).get("context", {}).get("devices"),
                       # where a GPU cold start goes, program by program (one shot at a lent machine)
                       "program_seconds": ev.get("compile", {}).get("program_seconds"),
-                      "compile_threads": ev.get("compile", {}).get("threads")})
+                      "program_from_cache": ev.get("compile", {}).get("program_from_cache"),
+                      "autotune_cache_dir": ev.get("compile", {}).get("autotune_cache_dir"),
+                      "compile_threads": ev.get("compile", {}).get("threads"),
+                      # host RSS by category at the sampled peak (docs/performance.md, "Where the memory goes")
+                      "memory_peak": next((e for e in r["events"] if e.get("event") == "memory"
+                                           and e.get("phase") == "peak"), None)})
             return s
         res["strata"] = rep.part("strata_cold_and_steps", 60, strata_steps)
 

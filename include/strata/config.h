@@ -174,6 +174,9 @@ st_status st_config_check_per_layer_clip(bool per_layer, double grad_clip);
  * name of that layer's forward program (at most |tensor_size| - 1 chars;
  * "" when absent: the first output, y). Any out may be NULL. */
 st_status st_config_nan_at_parse(const char* spec, int64_t* out_step, int* out_layer, char* out_tensor, size_t tensor_size);
+/* diag.dump: "" (off: *out_step 0), "step:N" or "step:N,layers:A-B" (A, B
+ * inclusive; -1 both when no range). ST_CODE_CONFIG naming the form. */
+st_status st_config_dump_parse(const char* spec, int64_t* out_step, int* out_lo, int* out_hi);
 /* diag.on_nonfinite=skip drops the update after the global gradient norm
  * is known; sched.optimizer=per_layer has updated every layer by then: an
  * error when |skip| and |per_layer|. */
@@ -185,6 +188,10 @@ st_status st_config_check_skip_per_layer(bool skip, bool per_layer);
  * and which views of its metrics it writes do not change the experiment).
  * Used for the config hash and bundle key. */
 void st_config_hash(const st_config* config, const char* const* prefixes, int prefix_count, char out[17]);
+/* Whether |key| is part of the whole-config hash (the experiment): all but
+ * run.* (where and how a run is written) and obs.* (extra views of its
+ * metrics, who ran it). strata diff lists the others apart. */
+bool st_config_key_identifies(const char* key);
 
 #ifdef __cplusplus
 }

@@ -45,10 +45,16 @@ typedef struct st_faults_options {
   int nan_layer, nan_micro;
   char nan_tensor[64]; /* "" = the forward's first output */
   int nan_value;       /* faults.nan_value: 0 NaN, 1 +inf, 2 the largest finite f32 */
+  int wrong_kernel;    /* faults.wrong_kernel: 0 off, ST_FAULT_WRONG_ATTENTION */
   /* faults.slow_program=PROGRAM:FRACTION: "" = off. */
   char slow_program[128];
   double slow_fraction;
 } st_faults_options;
+
+/* faults.wrong_kernel=attention (test-only): the ffi attention kernel's
+ * output is scaled by 1 + 2^-10 (st_kernels_set_wrong, strata compare's
+ * tests). */
+#define ST_FAULT_WRONG_ATTENTION 1
 
 /* Arms the faults of |options|. Faults already recorded in
  * <run_dir>/diag/faults.fired are disarmed (unless options->repeat). */
@@ -294,6 +300,24 @@ typedef struct st_supervisor_request {
  * code (1 when it died by a signal). The status reports the supervisor's
  * own failures (run directory, fork). */
 st_status st_supervise(const st_supervisor_request* request, int* out_exit_code);
+
+/*===-------------------------------------------------------------------===*/
+/* strata compare (src/diag/compare.c; docs/diagnostics.md, "Dump and      */
+/* compare")                                                                */
+/*===-------------------------------------------------------------------===*/
+
+/* Compares two step dumps (diag.dump; |run_a| and |run_b| are run
+ * directories holding dump/step_<N>/, or dump folders; |step| 0: the one
+ * dump a run holds): A's tensors in plan order against B's matched by
+ * (phase, stage, layer, microbatch, in/out, name, occurrence), each
+ * against its budget by dtype and class. *out_report (a new object):
+ * "compared", "over_budget", "differ", "first" (the first launch with a
+ * tensor over budget and its worst tensor: program, layer, microbatch,
+ * tensor, max_abs, max_rel, budget; null when none), "by_layer", the
+ * unmatched counts, "budgets_f32". Bad input (not a dump, a damaged one,
+ * different steps or models, nothing in common) is ST_CODE_CONFIG naming
+ * the file and the fix. */
+st_status st_compare_dumps(const char* run_a, const char* run_b, int64_t step, st_json** out_report);
 
 #ifdef __cplusplus
 }

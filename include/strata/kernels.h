@@ -217,6 +217,14 @@ typedef struct st_kernel_stat {
  * calls since the last take; the counters are reset. Returns the rows. */
 int st_kernels_stats_take(st_kernel_stat* out, int cap);
 
+/* faults.wrong_kernel (test-only; docs/diagnostics.md, "Dump and compare"):
+ * ST_KERNEL_WRONG_ATTENTION makes the attention forward handlers scale
+ * their output o by 1 + 2^-10 after computing it, a kernel bug small
+ * enough to pass a loss check and large enough for strata compare; 0 (the
+ * default) turns it off. Process-wide, like the counters. */
+#define ST_KERNEL_WRONG_ATTENTION 1
+void st_kernels_set_wrong(int what);
+
 #define ST_KERNEL_MAX_SPANS 4096
 
 typedef struct st_kernel_span {

@@ -163,6 +163,12 @@ void st_sharded_release(st_sharded* sharded, st_buffer** out_shards);
  * index, borrowed; each of |global|'s local type under |sharding|). */
 st_status st_sharding_to_host(const st_mesh* mesh, const st_tensor_type* global, const st_sharding* sharding,
                               st_buffer* const* shards, void* dst, size_t dst_size);
+/* The same from shards already on the host: |shards| has mesh->device_count
+ * entries, shard p (|global| laid out by |sharding|: the local type's
+ * bytes) at p; only the ones that count are read (coordinate 0 of the
+ * replicated axes). The diag.dump writer gathers launches' tensors so. */
+st_status st_sharding_assemble(const st_mesh* mesh, const st_tensor_type* global, const st_sharding* sharding,
+                               const void* const* shards, void* dst, size_t dst_size);
 
 /* st_program_execute_spmd on sharded tensors: input i of partition p is
  * shard p of inputs[i] (all on the program's mesh). Output i is wrapped as

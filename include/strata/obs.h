@@ -51,6 +51,8 @@ extern "C" {
  *   ST_RUNDIR_EVAL         eval/<name>.json    cli/cmd_eval.c                 strata eval
  *   ST_RUNDIR_RECOVERY     recovery.json       diag/supervisor.c              strata run: after each incident and at its end
  *   ST_RUNDIR_REPORT       report.html         cli/cmd_report.c (obs/report.c) strata report (unless --out)
+ *   ST_RUNDIR_NOTES        notes.json          obs/notes.c (cli/cmd_note.c)   strata note: each note appended (never the trainer)
+ *   ST_RUNDIR_DUMP         dump/step_<N>/      train/dump.c                   diag.dump=step:N: after step N (strata compare)
  */
 typedef enum st_rundir_entry {
   ST_RUNDIR_LOCK,
@@ -68,6 +70,8 @@ typedef enum st_rundir_entry {
   ST_RUNDIR_EVAL,
   ST_RUNDIR_RECOVERY,
   ST_RUNDIR_REPORT,
+  ST_RUNDIR_NOTES,
+  ST_RUNDIR_DUMP,
   ST_RUNDIR_ENTRY_COUNT
 } st_rundir_entry;
 
@@ -215,6 +219,71 @@ st_status st_report_build(const char* dir, char** out_html, st_report_stats* out
 /* st_report_build, written atomically to |out_path|. */
 st_status st_report_write(const char* dir, const char* out_path, st_report_stats* out_stats);
 
+/*===-------------------------------------------------------------------===*/
+/* The experiment record: notes.json (strata note, src/obs/notes.c)          */
+/*===-------------------------------------------------------------------===*/
+
+/* notes.json: {"schema": 1, "entries": [{"time": <unix s>, "kind":
+ * "note"|"hypothesis"|"conclusion", "author": "...", "text": "..."}, ...]},
+ * oldest first. Entries are only appended: a run's hypothesis is its
+ * newest "hypothesis" entry, and so for the conclusion. Written by
+ * `strata note` alone (never the trainer, which rewrites context.json at
+ * each start), atomically, with concurrent notes serialised. */
+typedef enum st_note_kind { ST_NOTE_TEXT, ST_NOTE_HYPOTHESIS, ST_NOTE_CONCLUSION } st_note_kind;
+
+#define ST_NOTES_MAX_TEXT (64 * 1024)  /* bytes of one entry's text */
+#define ST_NOTES_MAX_ENTRIES 10000     /* entries of one run */
+#define ST_NOTES_MAX_FILE (16 << 20)   /* notes.json read back */
+
+/* "note", "hypothesis", "conclusion"; NULL outside the enum. */
+const char* st_note_kind_name(st_note_kind kind);
+/* Run directory |dir|'s notes.json, checked (untrusted: size, shape, every
+ * entry). Missing: ST_OK and *out_notes NULL. Not JSON, the wrong shape or
+ * too large: ST_CODE_CONFIG naming the file. */
+st_status st_notes_read(const char* dir, st_json** out_notes /* owned by caller */);
+/* The newest entry of |kind| in |notes| (from st_notes_read; borrowed), or NULL. */
+const st_json* st_notes_latest(const st_json* notes, st_note_kind kind);
+/* Appends an entry to <dir>/notes.json (created when missing), rewriting it
+ * atomically under an flock on |dir| (waits up to 10 s for another note).
+ * An existing notes.json that st_notes_read refuses is left untouched and
+ * the error returned. |text| empty or longer than ST_NOTES_MAX_TEXT:
+ * ST_CODE_CONFIG. |out_entry| (may be NULL): the entry written (owned by
+ * the caller). The caller checks that |dir| is a run directory. */
+st_status st_notes_add(const char* dir, st_note_kind kind, const char* text, const char* author, st_json** out_entry);
+
+/*===-------------------------------------------------------------------===*/
+/* strata diff: two runs side by side (src/obs/diff.c, docs/using.md)       */
+/*===-------------------------------------------------------------------===*/
+
+typedef struct st_diff_options {
+  double rtol; /* the relative loss difference reported as the first real divergence; 0 is taken as 1e-6 */
+  int samples; /* steps in the side-by-side table (evenly spaced, plus the first differing ones); 0 is taken as 10 */
+} st_diff_options;
+
+typedef struct st_diff st_diff;
+
+/* Reads run directories |dir_a| and |dir_b| (untrusted: every file is
+ * bounded and checked) and compares them: the resolved configs
+ * (config.yaml, required), the contexts (context.json), the notes
+ * (notes.json), and the step and eval lines of metrics.jsonl (required; a
+ * resume's repeated steps replace the earlier ones; an incomplete last
+ * line, a run being written, is left out and said). A missing or damaged
+ * file is ST_CODE_CONFIG naming it (and the byte of a damaged log line). */
+st_status st_diff_open(const char* dir_a, const char* dir_b, const st_diff_options* options, st_diff** out /* owned by caller */);
+void st_diff_free(st_diff* diff); /* NULL is a no-op */
+/* Everything found, as strata diff --json prints it (borrowed; format in
+ * docs/using.md "strata diff"): config keys that differ first (the
+ * experiment's, then run.* and obs.*), context keys that differ, notes,
+ * the first step whose loss differs bitwise and the first whose relative
+ * difference exceeds rtol, sampled steps side by side, evals, throughput. */
+const st_json* st_diff_json(const st_diff* diff);
+/* The same as text for a terminal, appended to |out|. */
+void st_diff_text(const st_diff* diff, st_strbuf* out);
+/* The same as one self-contained HTML page (report's style, no script,
+ * nothing loaded) with the curves of both runs overlaid as inline SVG; a
+ * new string owned by the caller. */
+char* st_diff_html(const st_diff* diff);
+
 /* Progress line on stderr when it is a terminal (or |force|):
  * "step 120/600  loss 1.234  4.1k tok/s  ETA 1m52s". */
 void st_progress_print(bool enabled, int64_t step, int64_t total, double loss, double tokens_per_s, double eta_s);
@@ -254,10 +323,20 @@ typedef struct st_context_facts {
   st_json* kernels;                   /* borrowed: each kernel op's implementation and the C kernels' ISA; NULL: none */
   st_json* model;                     /* borrowed: the model description (the identity of params.safetensors); NULL: none */
   st_json* data;                      /* borrowed: the data contract at the run's start ("data"; docs/data.md); NULL: none */
+  const char* author;                 /* obs.author: who ran it; NULL or "": found by st_context_author */
 } st_context_facts;
 
+/* Who runs this (context.json "author", a note's "author"): |override|
+ * when not empty (source "config"); else git's user.name and user.email of
+ * the current folder ("Name <email>", either alone when only one is set;
+ * source "git"); else $USER or $LOGNAME ("env"); else "unknown"
+ * ("unknown"). Runs git without a shell and never fails: no git, no
+ * identity, no repository just fall through. Writes at most |n| bytes
+ * (cut) to |out|; returns the source (static). */
+const char* st_context_author(const char* override, char* out, size_t n);
+
 /* Builds the context as one JSON object (a new reference, owned by the caller):
- * run id, strata version, git commit and dirtiness, jax/jaxlib/plugin
+ * run id, strata version, author and its source (st_context_author), git commit and dirtiness, jax/jaxlib/plugin
  * versions, PJRT platform, devices, host name, CPU model, cores, memory,
  * behaviour-changing environment variables, config hash, bundle key and
  * the peak MFU is measured against. */

@@ -142,6 +142,7 @@ typedef struct st_plan_options {
   bool resume;            /* run.resume */
   bool tensorboard;       /* obs.tensorboard: <run>/tb/ event files */
   double peak_flops;      /* obs.peak_flops: per-device peak FLOP/s for MFU; 0: measured or datasheet */
+  const char* author;     /* obs.author (borrowed from the config): context.json author; "": found (st_context_author) */
   struct {
     int64_t every, keep, keep_every;
     bool async;
@@ -163,6 +164,12 @@ typedef struct st_plan_options {
     int64_t max_skipped, max_rollbacks; /* diag.max_skipped, diag.max_rollbacks */
   } nonfinite;
   int numerics; /* diag.numerics: ST_NUMERICS_* */
+  /* diag.dump (docs/diagnostics.md, "Dump and compare"): step 0 = off;
+   * layer_lo..layer_hi the block layers kept (-1 both: every launch). */
+  struct {
+    int64_t step;
+    int layer_lo, layer_hi;
+  } dump;
 } st_plan_options;
 
 /* diag.on_nonfinite (docs/diagnostics.md, "Policies"). */

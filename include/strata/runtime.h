@@ -170,6 +170,10 @@ typedef struct st_runtime_info {
   const char* xla_version;      /* plugin attribute, "" when absent */
   int api_major, api_minor;     /* the plugin's PJRT C API version */
   int device_count;             /* addressable devices */
+  /* A GPU plugin with runtime.cache_dir: XLA's per-fusion autotuning cache
+   * (<cache_dir>/xla_autotune, or the user's xla_gpu_per_fusion_autotune_cache_dir);
+   * "" otherwise. */
+  const char* autotune_cache_dir;
 } st_runtime_info;
 void st_runtime_get_info(const st_runtime* runtime, st_runtime_info* out_info);
 
@@ -347,6 +351,9 @@ typedef struct st_program_memory {
 /* Copies |program|'s analysis into |out| (read once, when it was compiled
  * or loaded from the cache). */
 void st_program_memory_stats(const st_program* program, st_program_memory* out);
+/* Whether |program| was loaded from the executable cache (runtime.cache_dir)
+ * rather than compiled by XLA. */
+bool st_program_from_cache(const st_program* program);
 
 /* Runs |program| on |device|. Inputs are checked (count, dtype, dims,
  * consumed) before launch; a mismatch names the input index, expected and

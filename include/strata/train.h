@@ -101,6 +101,8 @@ typedef struct st_repro_result {
   int64_t nonfinite, elements;    /* the most non-finite elements of one replay, of so many */
   bool reproduces;                /* every replay was non-finite: deterministic */
   bool repeatable;                /* the replays' outputs were bitwise equal */
+  int input_stats_checked;        /* inputs whose recorded golden statistics (nonfinite.json input_stats) the
+                                   * saved ones have, all of them or the replay stops (exit 2); -1: none recorded */
   bool injected;                  /* faults.nan_at put the value there: the replay puts it there again */
   st_json* identity;               /* owned: the identity check's report (st_repro_result_deinit) */
   int injected_value;             /* faults.nan_value: 0 nan, 1 inf, 2 max */

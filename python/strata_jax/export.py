@@ -183,6 +183,8 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
     # line knows its total from the start.
     multi = mesh is not None and mesh.devices > 1
     tp_progs = _tp_program_list(cfg, mesh) if multi and mesh.tensor > 1 else []
+    if multi:  # updates that need whole tensors, on fsdp blocks (docs/model.md, "Optimizers")
+        tp_progs += TP.whole_update_programs(cfg, mesh, _tp_split_dim)
     coll_progs = _collective_list(cfg, mesh) if multi else []
     progress = progress if progress is not None else Progress()
     progress.total = len(progs) + len(tp_progs) + len(coll_progs)
@@ -221,7 +223,7 @@ def build_bundle(cfg: ModelConfig, out_dir: str, bundle_key: str, mesh: Any = No
     if mesh is not None and mesh.devices > 1:
         manifest["mesh"] = mesh.to_json()
         manifest["collectives"] = _export_collectives(cfg, coll_progs, mesh, out_dir, progress)
-        if mesh.tensor > 1:
+        if spmd:
             manifest["spmd_programs"] = spmd
     with open(os.path.join(out_dir, "manifest.json"), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=2)
@@ -378,8 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         if kind_error:
             print(f"strata_jax.export: {kind_error}", file=sys.stderr)
             return 2
-    blocks = max(mesh.fsdp if mesh is not None else 1, args.process_fsdp)
-    opt_error = O.unsupported_parallel(cfg, blocks, mesh.tensor if mesh is not None else 1)
+    opt_error = O.unsupported_parallel(cfg, args.process_fsdp)
     if opt_error:
         print(f"strata_jax.export: {opt_error}", file=sys.stderr)
         return 2

@@ -4,8 +4,9 @@ An optimizer is everything the bundle needs to update the parameters it is
 assigned: the state tensors it keeps per parameter (a kind, a shape and a
 dtype from the parameter's shape), whether its update is elementwise (then
 an fsdp block or a tensor-parallel cut of a tensor is updated exactly as its
-elements of the whole tensor would be, so it gets fsdp and tensor variants),
-and its update. The C side learns nothing optimizer-specific: it sees the
+elements of the whole tensor would be, so it gets one-device fsdp and tensor
+variants; otherwise its update on a sharded mesh is an SPMD program that
+gathers whole tensors, tensor_parallel.whole_update_program), and its update. The C side learns nothing optimizer-specific: it sees the
 state tensors as inputs of each group's update program (role
 "opt_<kind>", name "<kind>_<local>") and keeps one slot per such input.
 
@@ -80,7 +81,7 @@ class Optimizer:
     kinds: tuple[str, ...]  # every state kind it may declare, in its order
     states: Callable[[Shape, Constants], list[StateSpec]]  # per parameter, from its (full) shape
     update: UpdateFn
-    elementwise: bool  # fsdp / tensor variants are exported only then
+    elementwise: bool  # one-device programs on fsdp / tensor blocks; else SPMD updates on gathered tensors
     # Parameters it accepts (None: every one): (shape, group) -> why not, or None.
     refuses: Callable[[Shape, str], str | None] | None = None
     doc: str = ""
@@ -359,17 +360,21 @@ def group_update(opts: Sequence[str], layout: Sequence[StateSlot], params: Seque
     return [p for p in new_p if p is not None], [new_s[s.index][s.kind] for s in layout]
 
 
-def unsupported_parallel(cfg: ModelConfig, fsdp: int, tensor: int) -> str | None:
-    """Why |cfg|'s optimizers cannot run on fsdp blocks or tensor cuts, or
-    None: only elementwise ones (adamw, sgd, lion) have those variants."""
-    if fsdp == 1 and tensor == 1:
+def unsupported_parallel(cfg: ModelConfig, process_fsdp: int) -> str | None:
+    """Why |cfg|'s optimizers cannot run on an fsdp axis across
+    |process_fsdp| processes, or None. On devices of one process an
+    optimizer that is not elementwise (adafactor, muon) gathers whole
+    tensors inside an SPMD update (tensor_parallel.whole_update_program);
+    across processes the gathers would be strata's own collectives
+    between one-device programs, which are not built."""
+    if process_fsdp <= 1:
         return None
     bad = sorted({o for opts in assignment(cfg).values() for o in opts if not OPTIMIZERS[o].elementwise})
     if not bad:
         return None
-    return (f"optimizer {', '.join(bad)} with parallel.fsdp = {fsdp}, parallel.tensor = {tensor} is not built: "
-            f"only elementwise optimizers ({', '.join(n for n, o in OPTIMIZERS.items() if o.elementwise)}) have "
-            f"fsdp and tensor-parallel programs (docs/model.md, \"Optimizers\")")
+    return (f"optimizer {', '.join(bad)} with fsdp across {process_fsdp} processes is not built: its update needs "
+            f"whole tensors, gathered across processes; only elementwise optimizers "
+            f"({', '.join(n for n, o in OPTIMIZERS.items() if o.elementwise)}) run there (docs/model.md, \"Optimizers\")")
 
 
 def state_bytes(shape: Shape, opt: str, c: Constants = Constants()) -> int:

@@ -422,7 +422,10 @@ def _group_programs(cfg: ModelConfig, group: str, fsdp: int = 1, local: ShapeFn 
     <name>_fsdp<N>: AdamW and the accumulation are elementwise, so a block
     (padding rows stay zero: zero gradient, zero moments, zero update) is
     updated exactly as its rows of the whole tensor would be, and the
-    squared norms of the blocks sum to the whole one's. |local| maps a
+    squared norms of the blocks sum to the whole one's. An optimizer that
+    needs whole tensors (not elementwise) has no update here on blocks or
+    cuts: its update is an SPMD program that gathers them
+    (tensor_parallel.whole_update_program). |local| maps a
     parameter's shape to one device's (tensor_parallel's cut), |tail| names
     such a variant. |sq_weight| scales each tensor's squares in sqnorm (a
     tensor replicated over T devices weighs 1/T, so the host can add every
@@ -453,7 +456,9 @@ def _group_programs(cfg: ModelConfig, group: str, fsdp: int = 1, local: ShapeFn 
                TensorSpec("hyper", (4,), "f32", "scalar")]
     if tail is None:
         tail = f"_fsdp{fsdp}" if fsdp > 1 else ""
-    if cfg.optimizer is not None:
+    if cfg.optimizer is not None and (fsdp > 1 or local is not None) and not O.elementwise(O.assignment(cfg)[group]):
+        upd = None  # needs whole tensors: an SPMD program (tensor_parallel.whole_update_program)
+    elif cfg.optimizer is not None:
         upd = _update_program(cfg, group, fsdp, local, tail)
     else:
         upd = Program(f"adamw_{group}{tail}", adamw, params + grads + m + v + scalars, params + m + v,
@@ -464,8 +469,7 @@ def _group_programs(cfg: ModelConfig, group: str, fsdp: int = 1, local: ShapeFn 
                 + _specs(cfg, names, "grad", "b_", fsdp=fsdp, local=local, group=group),
                 grads, tuple(range(n))),
         Program(f"sqnorm_{group}{tail}", sqn, grads, [TensorSpec("sqnorm", (), "f32", "metric")]),
-        upd,
-    ]
+    ] + ([upd] if upd is not None else [])
 
 
 def update_state_specs(cfg: ModelConfig, group: str, fsdp: int = 1,

@@ -388,13 +388,14 @@ def optimizer_programs(cfg: ModelConfig, mesh: MeshSpec) -> list[SpmdProgram]:
 def _tp_update_block(cfg: ModelConfig, mesh: MeshSpec, params: list[ShardedSpec], grads: list[ShardedSpec],
                      scalars: list[ShardedSpec], decay: list[bool]) -> SpmdProgram:
     """tp_update_block (the model JSON's optimizer object): the block's
-    update (optimizers.py) on its tensor-cut tensors. Elementwise optimizers
-    only (optimizers.unsupported_parallel): each state is cut as its parameter."""
+    update (optimizers.py) on its tensor-cut tensors. Elementwise
+    optimizers update their blocks alone, each state cut as its parameter;
+    the others (adafactor, muon) get whole_update_program."""
     blk = M.BLOCK_PARAMS
     n = len(blk)
     opts = O.assignment(cfg)["block"]
     if not O.elementwise(opts):
-        raise ParallelError(O.unsupported_parallel(cfg, 1, mesh.tensor) or "not elementwise")
+        return whole_update_program(cfg, "block", mesh, "tp_update_block", lambda name: PARAM_SPLIT_DIM[name])
     layout = O.state_layout([M.param_shape(cfg, k) for k in blk], opts, O.constants(cfg.optimizer))
     states = [dataclasses.replace(params[s.index], name=f"{s.kind}_{blk[s.index]}", role=f"opt_{s.kind}")
               for s in layout]
@@ -409,6 +410,102 @@ def _tp_update_block(cfg: ModelConfig, mesh: MeshSpec, params: list[ShardedSpec]
 
     return SpmdProgram("tp_update_block", mesh, update, tuple(params + grads + states + scalars),
                        tuple(params + states), tuple(range(n)) + tuple(range(2 * n, 2 * n + ns)))
+
+
+def whole_update_program(cfg: ModelConfig, group: str, mesh: MeshSpec, name: str,
+                         split_dim: Callable[[str], int | None]) -> SpmdProgram:
+    """A group's update for optimizers that need each parameter whole
+    (adafactor's row and column statistics, muon's Newton-Schulz), on the
+    blocks the plan keeps: each parameter cut over `tensor` along
+    split_dim(name) (None: whole), then, with fsdp > 1, its dim 0 in
+    ceil(d0 / fsdp) zero-padded rows per device (programs.shard_shape).
+
+    Inside, every parameter, gradient and parameter-shaped state is
+    all-gathered to the whole tensor (the fsdp padding dropped), the
+    one-device update (optimizers.group_update) runs on the whole tensors
+    on every device of the group, and each device keeps its own block of
+    the results (padding rows zero again). A state of another shape
+    (adafactor's factored moments) is kept whole on every device: every
+    device computes the same value from the same whole gradient. The
+    gathers cost what the forward's parameter all-gather costs, plus the
+    gradients and states; the update's arithmetic is repeated fsdp x
+    tensor times (docs/model.md, "Optimizers")."""
+    names = M.group_param_names(cfg, group)
+    n = len(names)
+    shapes = [M.param_shape(cfg, p, group) for p in names]
+    decay = [len(s) >= 2 for s in shapes]
+    opts = O.assignment(cfg)[group]
+    c = O.constants(cfg.optimizer)
+    layout = O.state_layout(shapes, opts, c)
+    F, T = mesh.fsdp, mesh.tensor
+    dims = [split_dim(p) if T > 1 else None for p in names]
+
+    def cut_shape(shape: tuple[int, ...], d: int | None) -> tuple[int, ...]:
+        return shape if d is None else tuple(x // T if i == d else x for i, x in enumerate(shape))
+
+    def spec(nm: str, shape: tuple[int, ...], d: int | None, role: str) -> ShardedSpec:
+        # The logical shape of an fsdp-cut tensor is its padded one: F
+        # blocks of ceil(d0 / F) rows (the tensor-cut block's d0 under tensor).
+        loc = cut_shape(shape, d)
+        split: dict[int, tuple[str, ...]] = {} if d is None else {d: (TENSOR,)}
+        if F > 1 and shape:
+            rows = PR.shard_shape(loc, F)[0] * F * (T if d == 0 else 1)
+            shape = (rows,) + tuple(shape[1:])
+            split[0] = split.get(0, ()) + ("fsdp",)  # a tensor block's rows, then its fsdp blocks
+        return _spec(nm, shape, role, split)
+
+    params = [spec(p, s, d, "param") for p, s, d in zip(names, shapes, dims)]
+    grads = [spec("grad_" + p, s, d, "grad") for p, s, d in zip(names, shapes, dims)]
+    whole_state = [slot.shape != shapes[slot.index] for slot in layout]
+    states = [_spec(f"{sl.kind}_{names[sl.index]}", sl.shape, f"opt_{sl.kind}") if w else
+              spec(f"{sl.kind}_{names[sl.index]}", shapes[sl.index], dims[sl.index], f"opt_{sl.kind}")
+              for sl, w in zip(layout, whole_state)]
+    ns = len(states)
+    scalars = [_spec("step", (), "scalar"), _spec("lr", (), "scalar"), _spec("gscale", (), "scalar"),
+               _spec("hyper", (4,), "scalar")]
+
+    def gather(x: Array, i: int) -> Array:
+        if F > 1 and x.ndim:
+            x = lax.all_gather(x, "fsdp", axis=0, tiled=True)[:cut_shape(shapes[i], dims[i])[0]]
+        if dims[i] is not None:
+            x = lax.all_gather(x, TENSOR, axis=dims[i], tiled=True)
+        return x
+
+    def keep(x: Array, i: int) -> Array:
+        d = dims[i]
+        if d is not None:
+            k = x.shape[d] // T
+            x = lax.dynamic_slice_in_dim(x, lax.axis_index(TENSOR) * k, k, axis=d)
+        if F > 1 and x.ndim:
+            r = PR.shard_shape(x.shape, F)[0]
+            x = jnp.pad(x, [(0, r * F - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
+            x = lax.dynamic_slice_in_dim(x, lax.axis_index("fsdp") * r, r, axis=0)
+        return x
+
+    def update(*a: Array) -> tuple[Array, ...]:
+        p = [gather(x, i) for i, x in enumerate(a[:n])]
+        g = [gather(x, i) for i, x in enumerate(a[n:2 * n])]
+        st = [x if w else gather(x, sl.index) for x, sl, w in zip(a[2 * n:2 * n + ns], layout, whole_state)]
+        step, lr, gscale, hyp = a[2 * n + ns:]
+        new_p, new_s = O.group_update(opts, layout, p, g, st, decay, step, lr, gscale, hyp, c)
+        return (tuple(keep(x, i) for i, x in enumerate(new_p))
+                + tuple(x if w else keep(x, sl.index) for x, sl, w in zip(new_s, layout, whole_state)))
+
+    return SpmdProgram(name, mesh, update, tuple(params + grads + states + scalars), tuple(params + states),
+                       tuple(range(n)) + tuple(range(2 * n, 2 * n + ns)))
+
+
+def whole_update_programs(cfg: ModelConfig, mesh: MeshSpec, split_dim: Callable[[str, str], int | None]) -> list[SpmdProgram]:
+    """The fsdp shard programs' updates (update_<group>_fsdp<F>[_tp<T>]) of
+    the groups whose optimizers need whole tensors (whole_update_program),
+    as SPMD programs; none for elementwise ones (programs.fsdp_programs has
+    their one-device block updates) or without fsdp (tensor alone:
+    optimizer_programs' tp_update_block)."""
+    if mesh.fsdp == 1 or cfg.optimizer is None:
+        return []
+    tail = f"_fsdp{mesh.fsdp}" + (f"_tp{mesh.tensor}" if mesh.tensor > 1 else "")
+    return [whole_update_program(cfg, g, mesh, f"update_{g}{tail}", functools.partial(split_dim, g))
+            for g in PR.groups_of(cfg) if not O.elementwise(O.assignment(cfg)[g])]
 
 
 def tp_programs(cfg: ModelConfig, mesh: MeshSpec) -> list[SpmdProgram]:

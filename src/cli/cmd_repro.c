@@ -111,6 +111,7 @@ int st_cli_repro(int argc, char** argv) {
       st_json_put_int(j, "nonfinite", r.nonfinite);
       st_json_put_int(j, "elements", r.elements);
       st_json_put_bool(j, "bitwise_repeatable", r.repeatable);
+      st_json_put(j, "input_stats_checked", r.input_stats_checked >= 0 ? st_json_int(r.input_stats_checked) : json_null());
       st_json_put_bool(j, "injected", r.injected);
       st_json_put_bool(j, "calls_kernels", r.calls_kernels);
       st_json_put(j, "reference", json_null());
@@ -122,6 +123,11 @@ int st_cli_repro(int argc, char** argv) {
       printf("%s: program %s, output %s: %d of %d replays non-finite (%lld of %lld elements); outputs %s across replays\n",
              verdict, r.program, r.output, r.runs_nonfinite, r.runs, (long long)r.nonfinite, (long long)r.elements,
              r.repeatable ? "bitwise equal" : "differ");
+      if (r.input_stats_checked >= 0)
+        printf("inputs: all %d have the statistics the bundle records (norm, max |x|, fixed-index values, bf16 hash)\n",
+               r.input_stats_checked);
+      else
+        printf("inputs: no recorded statistics to check (a bundle written before strata recorded them)\n");
       if (r.injected)
         printf("note: the value was injected by faults.nan_at (a drill) and is injected again after each replay; the program "
                "itself did not produce it\n");

@@ -23,7 +23,10 @@ int st_cli_analyze(int argc, char** argv);
 int st_cli_eval(int argc, char** argv);
 int st_cli_sample(int argc, char** argv);
 int st_cli_repro(int argc, char** argv);
+int st_cli_compare(int argc, char** argv);
 int st_cli_kernels(int argc, char** argv);
+int st_cli_note(int argc, char** argv);
+int st_cli_diff(int argc, char** argv);
 
 /* Prints "strata: <class>: <message>" to stderr and returns the exit code. */
 int st_cli_report(st_status status);

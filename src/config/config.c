@@ -848,6 +848,12 @@ void st__cfg_value_text(const st_config* c, int index, st_strbuf* out) {
   }
 }
 
+/* The whole-config hash identifies the experiment: where a run is written
+ * and how it reports progress (run.*) and which extra views of its metrics
+ * it writes, and who ran it (obs.*) do not change it, so a run's
+ * config.yaml replayed into a new run.dir hashes the same. */
+bool st_config_key_identifies(const char* key) { return strncmp(key, "run.", 4) != 0 && strncmp(key, "obs.", 4) != 0; }
+
 void st_config_hash(const st_config* config, const char* const* prefixes, int prefix_count, char out[17]) {
   if (!config) st__cfg_die("st_config_hash: NULL config");
   int count;
@@ -856,11 +862,7 @@ void st_config_hash(const st_config* config, const char* const* prefixes, int pr
   XXH64_state_t state;
   XXH64_reset(&state, 0);
   for (int i = 0; i < count; ++i) {
-    /* The whole-config hash identifies the experiment: where a run is
-     * written and how it reports progress (run.*) and which extra views of
-     * its metrics it writes (obs.*) do not change it, so a run's
-     * config.yaml replayed into a new run.dir hashes the same. */
-    bool selected = prefix_count == 0 && strncmp(keys[i].key, "run.", 4) != 0 && strncmp(keys[i].key, "obs.", 4) != 0;
+    bool selected = prefix_count == 0 && st_config_key_identifies(keys[i].key);
     for (int p = 0; p < prefix_count && !selected; ++p)
       selected = !strncmp(keys[i].key, prefixes[p], strlen(prefixes[p]));
     if (!selected) continue;

@@ -104,8 +104,8 @@ static const st__cfg_key kKeys[] = {
     {"train.eps", ST__CFG_FLOAT, "1e-8", .lo = 0, .lo_open = true, .hi = 1, .doc = "Adam epsilon."},
     {"train.optimizer", ST__CFG_ENUM, "adamw", .choices = "adamw|sgd|lion|adafactor|muon",
      .doc = "The update rule of every parameter (docs/scheduling.md, \"Optimizer state\"); muon: muon for the parameters of "
-            "rank >= 2 outside the embedding and the head (matrices), adamw for the rest. adafactor and muon need "
-            "parallel.fsdp=1 and parallel.tensor=1."},
+            "rank >= 2 outside the embedding and the head (matrices), adamw for the rest. adafactor and muon gather "
+            "whole tensors on a mesh (docs/model.md, \"Optimizers\"); not with fsdp across processes."},
     {"train.optimizer_groups", ST__CFG_LIST, "[]",
      .doc = "Per-parameter overrides of train.optimizer, \"SELECTOR=OPTIMIZER\", applied in order; SELECTOR: embed, "
             "head, vectors (every 1-D parameter), matrices (rank >= 2 outside embed and head) or a block group's name "
@@ -171,7 +171,8 @@ static const st__cfg_key kKeys[] = {
      .doc = "Keep XLA's optimized program of every compiled program beside its executable cache entry "
             "(<cache>/executables/<key>.hlo) for strata analyze's fusion counts (docs/analysis.md)."},
     {"runtime.compile_threads", ST__CFG_INT, "0", .lo = 0, .hi = 1024,
-     .doc = "Programs compiled at once on a cold start; 0: one per two online CPUs."},
+     .doc = "Programs compiled at once on a cold start; 0: one per two online CPUs on a CPU plugin, 1 on a GPU plugin "
+            "(docs/performance.md, \"GPU\")."},
     {"runtime.xla_options", ST__CFG_LIST, "[]", .doc = "Extra compile options, strings \"name=value\"."},
     {"runtime.cache_dir", ST__CFG_STRING, "",
      .doc = "Compile and bundle cache; empty: $STRATA_CACHE_DIR, else ~/.cache/strata."},
@@ -259,6 +260,9 @@ static const st__cfg_key kKeys[] = {
     {"obs.tensorboard", ST__CFG_BOOL, "true",
      .doc = "Also write every metrics.jsonl line as TensorBoard scalars, to event files under <run>/tb/ "
             "(`tensorboard --logdir runs/`; docs/using.md)."},
+    {"obs.author", ST__CFG_STRING, "",
+     .doc = "Who runs the experiment, recorded as context.json author (author_source \"config\"); empty: git's "
+            "user.name <user.email> of the folder strata runs in, else $USER (docs/using.md, \"strata note\")."},
 
     {"bundle.dir", ST__CFG_STRING, "", .doc = "Program bundle folder; empty: <cache>/bundles/<bundle key>."},
 
@@ -314,6 +318,10 @@ static const st__cfg_key kKeys[] = {
     {"faults.nan_value", ST__CFG_ENUM, "nan", .choices = "nan|inf|max",
      .doc = "Drill: what faults.nan_at puts there: NaN, +inf, or the largest finite f32 (3.4e38), which a later "
             "program turns into a non-finite value itself."},
+    {"faults.wrong_kernel", ST__CFG_ENUM, "off", .choices = "off|attention",
+     .doc = "Test-only drill: attention makes the ffi attention kernel's forward output o slightly wrong (scaled by "
+            "1 + 2^-10), for tests of strata compare (docs/diagnostics.md, \"Dump and compare\"); needs "
+            "kernels.attention=ffi (exit 2 otherwise)."},
     {"faults.slow_program", ST__CFG_STRING, "",
      .doc = "Drill (performance): PROGRAM:FRACTION makes every training launch of PROGRAM take FRACTION x its own "
             "measured duration longer (the trainer waits that long after it completes), e.g. block_fwd_res:0.3; "
@@ -348,6 +356,11 @@ static const st__cfg_key kKeys[] = {
      .doc = "Numerics health in metrics.jsonl: step (parameter and update norms, their ratio), layer (also per layer "
             "the RMS, largest |x| and non-finite count of block outputs, input gradients, parameter gradients and "
             "updates; docs/diagnostics.md). Needs parallel.fsdp=1 and parallel.tensor=1."},
+    {"diag.dump", ST__CFG_STRING, "",
+     .doc = "step:N writes every program's inputs and outputs of step N, as logical tensors, with the plan op that "
+            "ran each, to <run>/dump/step_N/ (index.json, tensors.safetensors); step:N,layers:A-B only the launches "
+            "of block layers A to B; strata compare RUN_A RUN_B finds the first tensor that differs "
+            "(docs/diagnostics.md, \"Dump and compare\"); empty: off."},
 
     /* kernels.<op>, one row per op of the kernel contract, in its order:
      * generated from python/strata_jax/kernel_contract.json (each row's
@@ -622,6 +635,20 @@ static st_status st__rule_fault_steps(const st_config* c) {
   return s;
 }
 
+static st_status st__rule_dump(const st_config* c) {
+  int64_t step = 0;
+  int lo = -1, hi = -1;
+  st_status s = st_config_dump_parse(st_config_string(c, "diag.dump"), &step, &lo, &hi);
+  if (!s && step > st_config_int(c, "train.steps"))
+    s = st_status_make(ST_CODE_CONFIG, "diag.dump names step %lld, but train.steps is %lld (%s): nothing would be dumped",
+                       (long long)step, (long long)st_config_int(c, "train.steps"), st_config_source(c, "train.steps"));
+  if (!s && step > 0 && hi >= st_config_int(c, "model.n_layers"))
+    s = st_status_make(ST_CODE_CONFIG, "diag.dump names layers %d-%d, but model.n_layers is %lld (%s); layers count from 0", lo,
+                       hi, (long long)st_config_int(c, "model.n_layers"), st_config_source(c, "model.n_layers"));
+  if (s) s = st_status_annotate(s, "diag.dump (%s)", st_config_source(c, "diag.dump"));
+  return s;
+}
+
 static st_status st__rule_numerics(const st_config* c) {
   if (!strcmp(st_config_string(c, "diag.numerics"), "off")) return ST_OK;
   if (st_config_int(c, "parallel.fsdp") <= 1 && st_config_int(c, "parallel.tensor") <= 1) return ST_OK;
@@ -680,12 +707,16 @@ static st_status st__optimizer_entry(const st_config* c, int i, const char* e) {
 }
 
 /* adafactor's factored moments and muon's orthogonalisation need each
- * parameter whole on a device: their updates are exported for one device's
- * whole tensors only (elementwise adamw, sgd and lion have fsdp and tensor
- * variants). "Used": train.optimizer or any entry names it. */
+ * parameter whole: on a device mesh of one process their update is an SPMD
+ * program that all-gathers the blocks (docs/model.md, "Optimizers"); an
+ * fsdp axis across processes would need those gathers between processes,
+ * around one-device programs, which is not built (elementwise adamw, sgd
+ * and lion update their blocks alone). "Used": train.optimizer or any entry
+ * names it. */
 static st_status st__optimizer_sharded(const st_config* c) {
-  const int64_t f = st_config_int(c, "parallel.fsdp"), t = st_config_int(c, "parallel.tensor");
-  if (f <= 1 && t <= 1) return ST_OK;
+  const int64_t f = st_config_int(c, "parallel.fsdp"), d = st_config_int(c, "parallel.data");
+  const int64_t procs = st_config_int(c, "parallel.processes");
+  if (procs <= 1 || f <= 1 || d > 1) return ST_OK; /* fsdp spans the processes only when data is 1 */
   const char* def = st_config_string(c, "train.optimizer");
   const char* hit = NULL;
   const char* key = "train.optimizer";
@@ -699,11 +730,11 @@ static st_status st__optimizer_sharded(const st_config* c) {
   }
   if (!hit) return ST_OK;
   return st_status_make(ST_CODE_CONFIG,
-                        "%s (%s) uses %s with parallel.fsdp=%lld (%s) and parallel.tensor=%lld (%s): %s's update is not "
-                        "built for sharded parameters (it needs each parameter whole on a device); use adamw, sgd or "
-                        "lion there, or parallel.fsdp=1 and parallel.tensor=1",
+                        "%s (%s) uses %s with parallel.fsdp=%lld (%s) across parallel.processes=%lld (%s): %s's update "
+                        "needs each parameter whole, gathered across processes, which is not built; use adamw, sgd or "
+                        "lion there, or put parallel.data across the processes (fsdp inside each)",
                         key, st_config_source(c, key), hit, (long long)f, st_config_source(c, "parallel.fsdp"),
-                        (long long)t, st_config_source(c, "parallel.tensor"), hit);
+                        (long long)procs, st_config_source(c, "parallel.processes"), hit);
 }
 
 static st_status st__rule_optimizer(const st_config* c) {
@@ -957,10 +988,12 @@ static const st__cfg_rule kRules[] = {
      st__rule_fault_steps},
     {"train.optimizer_groups entries are SELECTOR=OPTIMIZER: SELECTOR embed, head, vectors, matrices or a block "
      "group's name, OPTIMIZER one of train.optimizer's; muon not on embed, head or vectors; adafactor and muon "
-     "(in train.optimizer or an entry) need parallel.fsdp=1 and parallel.tensor=1.",
+     "(in train.optimizer or an entry) not with parallel.fsdp across parallel.processes (parallel.data=1).",
      st__rule_optimizer},
     {"diag.on_nonfinite=skip needs sched.optimizer=after_backward.", st__rule_skip},
     {"diag.numerics other than off needs parallel.fsdp=1 and parallel.tensor=1.", st__rule_numerics},
+    {"diag.dump is empty, step:N or step:N,layers:A-B with N from 1 to train.steps and A <= B below model.n_layers.",
+     st__rule_dump},
     {"run.id is empty or a plain name: letters, digits, '.', '_' and '-', at most 128, not starting with '.'.",
      st__rule_run_id},
     {"parallel.pipeline x parallel.data x parallel.fsdp x parallel.tensor is at most runtime.cpu_devices x parallel.processes; model.n_heads, "

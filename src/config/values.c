@@ -157,6 +157,33 @@ st_status st_config_nan_at_parse(const char* spec, int64_t* out_step, int* out_l
   return ST_OK;
 }
 
+st_status st_config_dump_parse(const char* spec, int64_t* out_step, int* out_lo, int* out_hi) {
+  *out_step = 0;
+  *out_lo = *out_hi = -1;
+  if (!spec || !spec[0]) return ST_OK;
+#define ST__DUMP_HELP "expected step:N or step:N,layers:A-B, e.g. step:1 or step:3,layers:0-1 (N from 1, layers from 0)"
+  char* end = NULL;
+  errno = 0;
+  long long step = strncmp(spec, "step:", 5) || !isdigit((unsigned char)spec[5]) ? -1 : strtoll(spec + 5, &end, 10);
+  if (step < 1 || errno || !end || (*end && *end != ','))
+    return st_status_make(ST_CODE_CONFIG, "diag.dump '%s': " ST__DUMP_HELP, spec);
+  if (*end == ',') {
+    const char* p = end + 1;
+    errno = 0;
+    long lo = strncmp(p, "layers:", 7) || !isdigit((unsigned char)p[7]) ? -1 : strtol(p + 7, &end, 10);
+    long hi = -1;
+    if (lo >= 0 && !errno && end && *end == '-' && isdigit((unsigned char)end[1])) hi = strtol(end + 1, &end, 10);
+    if (lo < 0 || hi < lo || hi > 1000000 || errno || !end || *end)
+      return st_status_make(ST_CODE_CONFIG, "diag.dump '%s': the layer range must be layers:A-B with 0 <= A <= B; " ST__DUMP_HELP,
+                            spec);
+    *out_lo = (int)lo;
+    *out_hi = (int)hi;
+  }
+#undef ST__DUMP_HELP
+  *out_step = step;
+  return ST_OK;
+}
+
 st_status st_config_check_skip_per_layer(bool skip, bool per_layer) {
   if (skip && per_layer)
     return st_status_make(ST_CODE_CONFIG,

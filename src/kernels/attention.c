@@ -488,6 +488,15 @@ static xf_error* st__att_shapes(xf_call_frame* f, const char* target, const xf_b
   return NULL;
 }
 
+/* faults.wrong_kernel=attention: o scaled by 1 + 2^-10 (exact in f32), a
+ * deliberate bug for strata compare's tests; one load when off. */
+static void st__wrong_o(xf_buffer* o) {
+  if (!st__kernel_wrong_attention()) return;
+  float* x = o->data;
+  const int64_t n = st__ffi_count(o);
+  for (int64_t i = 0; i < n; ++i) x[i] *= 1.0f + 0x1p-10f;
+}
+
 xf_error* st__ffi_strata_attention_fwd_v1(xf_call_frame* f) {
   ST__FFI_PROLOGUE(f);
   xf_buffer *in[3], *out[2];
@@ -501,6 +510,7 @@ xf_error* st__ffi_strata_attention_fwd_v1(xf_call_frame* f) {
   if (st_kernel_attention_fwd(st_kernels_isa(), st__kernels_threads(), q->data, k->data, v->data, o->data, lse->data,
                               q->dims[0], q->dims[1], q->dims[2], k->dims[2], q->dims[3]))
     return st__ffi_fail(f, "%s: sizes outside the contract", ST_KERNEL_ATTENTION_FWD);
+  st__wrong_o(o);
   return NULL;
 }
 
@@ -549,6 +559,7 @@ xf_error* st__ffi_strata_attention_seg_fwd_v1(xf_call_frame* f) {
   if (st_kernel_attention_seg_fwd(st_kernels_isa(), st__kernels_threads(), q->data, k->data, v->data, seg->data,
                                   o->data, lse->data, q->dims[0], q->dims[1], q->dims[2], k->dims[2], q->dims[3]))
     return st__ffi_fail(f, "%s: sizes outside the contract", ST_KERNEL_ATTENTION_SEG_FWD);
+  st__wrong_o(o);
   return NULL;
 }
 

@@ -43,6 +43,8 @@ extern const int st__kernel_handler_count;
  * of handler |handler| from |start_s| to |end_s| (st_now() seconds). */
 int st__kernel_handler_index(const char* target);
 void st__kernel_stats_record(int handler, double start_s, double end_s);
+/* stats.c: faults.wrong_kernel=attention is set (st_kernels_set_wrong). */
+bool st__kernel_wrong_attention(void);
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 /* math.c's AVX-512 exp on a row (attention.c): s[j] = exp(s[j] - shift) for

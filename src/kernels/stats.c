@@ -27,6 +27,12 @@ static _Atomic int64_t g_ns[ST__MAX_HANDLERS];
 static _Atomic bool g_spans_on;
 static _Atomic int64_t g_span_next;
 static st_kernel_span g_spans[ST_KERNEL_MAX_SPANS];
+/* faults.wrong_kernel (a test-only drill): process-wide for the same
+ * reason as the counters, one relaxed load per attention call. */
+static _Atomic int g_wrong;
+
+void st_kernels_set_wrong(int what) { atomic_store(&g_wrong, what); }
+bool st__kernel_wrong_attention(void) { return atomic_load_explicit(&g_wrong, memory_order_relaxed) == ST_KERNEL_WRONG_ATTENTION; }
 
 int st__kernel_handler_index(const char* target) {
   for (int i = 0; i < st__kernel_handler_count && i < ST__MAX_HANDLERS; ++i)

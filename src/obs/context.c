@@ -75,11 +75,45 @@ static void st__proc_field(const char* file, const char* key, char* out, size_t 
   fclose(f);
 }
 
+/* Who ran it: an explicit name wins; else the git identity of the folder
+ * strata was started in (a checkout's own user.name, else the global one),
+ * else the login name. Never the network, never an error: a machine
+ * without git (execvp fails) or without a configured identity falls
+ * through to the next source. */
+const char* st_context_author(const char* override, char* out, size_t n) {
+  if (override && override[0]) {
+    snprintf(out, n, "%s", override);
+    return "config";
+  }
+  char name[256], email[256];
+  const char* qname[] = {"config", "user.name", NULL};
+  const char* qemail[] = {"config", "user.email", NULL};
+  st__git_line(".", qname, name, sizeof(name));
+  st__git_line(".", qemail, email, sizeof(email));
+  if (name[0] || email[0]) {
+    if (name[0] && email[0]) snprintf(out, n, "%s <%s>", name, email);
+    else snprintf(out, n, "%s", name[0] ? name : email);
+    return "git";
+  }
+  const char* user = getenv("USER");
+  if (!user || !user[0]) user = getenv("LOGNAME");
+  if (user && user[0]) {
+    snprintf(out, n, "%s", user);
+    return "env";
+  }
+  snprintf(out, n, "unknown");
+  return "unknown";
+}
+
 json_t* st_context_json(const st_context_facts* f) {
   json_t* c = st_json_obj();
   st_json_put_int(c, "schema", 1);
   st_json_put_str(c, "run_id", f->run_id);
   st_json_put_str(c, "strata_version", STRATA_VERSION);
+  char author[512];
+  const char* author_source = st_context_author(f->author, author, sizeof(author));
+  st_json_put_str(c, "author", author);
+  st_json_put_str(c, "author_source", author_source);
   char commit[128], dirty[256];
   const char* rev[] = {"rev-parse", "HEAD", NULL};
   const char* status[] = {"status", "--porcelain", "--untracked-files=no", NULL};

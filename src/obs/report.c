@@ -20,6 +20,8 @@
 #include <unistd.h>
 #include <jansson.h>
 
+#include "obs/page.h"
+#include "obs/readback.h"
 #include "obs/svg.h"
 #include "strata/base.h"
 #include "strata/ckpt.h"
@@ -255,86 +257,9 @@ static int st__events_ordered(const st__report* r, const st__event** out) {
 /* Files                                                                    */
 /*===-------------------------------------------------------------------===*/
 
-/* Up to |max| bytes of regular file |path| (NUL-terminated, owned by the
- * caller). *out_cut: the file was longer. False when absent or unreadable. */
-static bool st__read_bounded(const char* path, size_t max, char** out, size_t* out_size, bool* out_cut) {
-  *out = NULL;
-  *out_size = 0;
-  *out_cut = false;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
-    return false;
-  }
-  size_t want = (size_t)st.st_size < max ? (size_t)st.st_size : max;
-  *out_cut = (size_t)st.st_size > max;
-  char* buf = st_xmalloc(want + 1);
-  size_t got = 0;
-  while (got < want) {
-    ssize_t n = pread(fd, buf + got, want - got, (off_t)got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += (size_t)n;
-  }
-  close(fd);
-  buf[got] = '\0';
-  *out = buf;
-  *out_size = got;
-  return true;
-}
-
-static void st__utc(double t, char* out, size_t n) {
-  if (!isfinite(t) || t < 0 || t > 1e11) {
-    snprintf(out, n, "?");
-    return;
-  }
-  time_t tt = (time_t)t;
-  struct tm tm;
-  gmtime_r(&tt, &tm);
-  strftime(out, n, "%Y-%m-%d %H:%M:%S UTC", &tm);
-}
-
-static void st__report_num(st_strbuf* o, double v, const char* fmt) {
-  if (isfinite(v)) st_strbuf_printf(o, fmt, v);
-  else st_strbuf_append(o, "–");
-}
-
-static void st__report_human_bytes(st_strbuf* o, double b) {
-  static const char* const u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  if (!isfinite(b)) {
-    st_strbuf_append(o, "–");
-    return;
-  }
-  int k = 0;
-  while (b >= 1024 && k < 4) b /= 1024, ++k;
-  st_strbuf_printf(o, k ? "%.1f %s" : "%.0f %s", b, u[k]);
-}
-
 /*===-------------------------------------------------------------------===*/
 /* The page                                                                 */
 /*===-------------------------------------------------------------------===*/
-
-static const char* kStyle =
-    "body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;color:#222;margin:0 auto;max-width:1320px;"
-    "padding:12px 20px}\n"
-    "h1{font-size:22px;margin:8px 0}h2{font-size:17px;margin:22px 0 8px;border-bottom:1px solid #ddd}\n"
-    "table{border-collapse:collapse}td,th{padding:2px 10px 2px 0;text-align:left;vertical-align:top}\n"
-    "th{font-weight:600;color:#555}\n"
-    "table.list td,table.list th{border-bottom:1px solid #eee;padding:2px 12px 2px 4px}\n"
-    "td.num{text-align:right;font-variant-numeric:tabular-nums}\n"
-    "pre{background:#f6f6f6;border:1px solid #e2e2e2;padding:8px;overflow:auto;max-height:480px;white-space:pre-wrap;"
-    "word-break:break-word}\n"
-    ".plots{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:10px}\n"
-    "svg.plot{width:100%;height:auto;background:#fff;border:1px solid #e2e2e2}\n"
-    "svg .frame{fill:none;stroke:#999}svg .grid{stroke:#eee}\n"
-    "svg text{font-family:system-ui,sans-serif}svg .tick{font-size:11px;fill:#444}svg .legend{font-size:11px;fill:#333}\n"
-    "svg .title{font-size:14px;font-weight:600;fill:#222}svg .label{font-size:12px;fill:#555}\n"
-    "svg .line{fill:none;stroke-width:1.6;stroke-linejoin:round}svg .dashed{stroke-dasharray:5 3}\n"
-    "svg .band{fill-opacity:.55;stroke-width:.6}svg .mark{stroke:#fff;stroke-width:.5}\n"
-    ".note{color:#666;font-size:13px}.warn{color:#a40}\n"
-    "td.ev{font-family:ui-monospace,monospace;font-size:12px;word-break:break-all}\n";
 
 static void st__plot(st_strbuf* o, const st__report* r, const char* id, const char* title, const char* xlabel, const char* ylabel,
                      bool y_zero, const int* fields, const char* const* names, int count, int xfield) {
@@ -436,14 +361,6 @@ static void st__timeline(st_strbuf* o, const st__report* r, const st__event* con
   free(marks);
 }
 
-static void st__report_row(st_strbuf* o, const char* key, const char* value) {
-  st_strbuf_append(o, "<tr><th>");
-  st__html_text(o, key);
-  st_strbuf_append(o, "</th><td>");
-  st__html_text(o, value);
-  st_strbuf_append(o, "</td></tr>\n");
-}
-
 static void st__bad_note(st_strbuf* o, const char* file, const st_jsonl_stats* js) {
   if (js->bad) {
     st_strbuf_printf(o, "<p class=\"warn\">%s: %lld bad line%s skipped (the first at byte %lld: ", file, (long long)js->bad,
@@ -464,44 +381,44 @@ static void st__report_summary(st_strbuf* o, const st__report* r, const st__even
                       : !strcmp(last, "interrupted")          ? "interrupted"
                       : !strcmp(last, "supervisor_done")      ? "ended under strata run (see the events)"
                                                               : "running, or ended without a final event";
-  st__report_row(o, "state", state);
-  if (r->failure) st__report_row(o, "failure", r->failure);
+  st_page_row(o, "state", state);
+  if (r->failure) st_page_row(o, "failure", r->failure);
   st_strbuf s = {0};
   const json_t* cid = ctx ? json_object_get(ctx, "run_id") : NULL;
-  if (json_is_string(cid)) st__report_row(o, "run id", json_string_value(cid));
+  if (json_is_string(cid)) st_page_row(o, "run id", json_string_value(cid));
   if (r->have_time) {
     char t[64];
-    st__utc(r->first_time, t, sizeof(t));
-    st__report_row(o, "started", t);
+    st_page_utc(r->first_time, t, sizeof(t));
+    st_page_row(o, "started", t);
   }
   const double* l = r->steps.have_last ? r->steps.last : NULL;
   st_strbuf_printf(&s, "%lld step lines", (long long)r->step_lines);
   if (l) st_strbuf_printf(&s, ", last step %.0f, %.0f tokens", l[F_STEP], l[F_TOKENS]);
-  st__report_row(o, "steps", st_strbuf_cstr(&s));
+  st_page_row(o, "steps", st_strbuf_cstr(&s));
   st_strbuf_reset(&s);
   if (l) {
-    st__report_num(&s, l[F_LOSS], "%.4f");
-    st__report_row(o, "final train loss", st_strbuf_cstr(&s));
+    st_page_num(&s, l[F_LOSS], "%.4f");
+    st_page_row(o, "final train loss", st_strbuf_cstr(&s));
     st_strbuf_reset(&s);
   }
   if (r->nonfinite_losses) {
     st_strbuf_printf(&s, "%lld step%s (the first at step %lld): gaps in the loss plots", (long long)r->nonfinite_losses,
                      r->nonfinite_losses == 1 ? "" : "s", (long long)r->first_nonfinite_step);
-    st__report_row(o, "non-finite loss", st_strbuf_cstr(&s));
+    st_page_row(o, "non-finite loss", st_strbuf_cstr(&s));
     st_strbuf_reset(&s);
   }
   if (r->evals.have_last) {
-    st__report_num(&s, r->evals.last[F_LOSS], "%.4f");
+    st_page_num(&s, r->evals.last[F_LOSS], "%.4f");
     st_strbuf_printf(&s, " (step %.0f; %lld evaluations)", r->evals.last[F_STEP], (long long)r->eval_lines);
-    st__report_row(o, "last eval loss", st_strbuf_cstr(&s));
+    st_page_row(o, "last eval loss", st_strbuf_cstr(&s));
     st_strbuf_reset(&s);
   }
   if (l) {
-    st__report_num(&s, l[F_TPS], "%.1f");
-    st__report_row(o, "tokens/s (last step)", st_strbuf_cstr(&s));
+    st_page_num(&s, l[F_TPS], "%.1f");
+    st_page_row(o, "tokens/s (last step)", st_strbuf_cstr(&s));
     st_strbuf_reset(&s);
-    st__report_human_bytes(&s, l[F_PEAK]);
-    st__report_row(o, "peak live device memory (last step)", st_strbuf_cstr(&s));
+    st_page_human_bytes(&s, l[F_PEAK]);
+    st_page_row(o, "peak live device memory (last step)", st_strbuf_cstr(&s));
     st_strbuf_reset(&s);
   }
   st_strbuf_free(&s);
@@ -515,19 +432,6 @@ static void st__report_summary(st_strbuf* o, const st__report* r, const st__even
                      (long long)r->steps.seen);
 }
 
-static void st__json_value(st_strbuf* o, const json_t* v) {
-  if (json_is_string(v)) {
-    st__html_text(o, json_string_value(v));
-    return;
-  }
-  char* text = st_json_dump(v, 0);
-  size_t n = strlen(text);
-  if (n > 4000) n = 4000;
-  st__html_escape(o, text, n);
-  if (n < strlen(text)) st_strbuf_append(o, "…");
-  free(text);
-}
-
 static void st__context(st_strbuf* o, const char* dir, json_t** out_ctx) {
   *out_ctx = NULL;
   st_strbuf_append(o, "<h2>Context</h2>\n");
@@ -536,7 +440,7 @@ static void st__context(st_strbuf* o, const char* dir, json_t** out_ctx) {
   size_t size = 0;
   bool cut = false;
   json_t* ctx = NULL;
-  if (!st__read_bounded(path, ST__MAX_JSON, &text, &size, &cut)) {
+  if (!st_readback_bounded(path, ST__MAX_JSON, &text, &size, &cut)) {
     st_strbuf_append(o, "<p class=\"note\">no context.json</p>\n");
   } else if (cut) {
     st_strbuf_printf(o, "<p class=\"warn\">context.json is larger than %d bytes: not shown</p>\n", ST__MAX_JSON);
@@ -557,7 +461,7 @@ static void st__context(st_strbuf* o, const char* dir, json_t** out_ctx) {
         st_strbuf_append(o, "<tr><th>");
         st__html_text(o, key);
         st_strbuf_append(o, "</th><td class=\"ev\">");
-        st__json_value(o, val);
+        st_page_json_value(o, val);
         st_strbuf_append(o, "</td></tr>\n");
       }
       st_strbuf_append(o, "</table>\n");
@@ -568,6 +472,17 @@ static void st__context(st_strbuf* o, const char* dir, json_t** out_ctx) {
   *out_ctx = ctx;
 }
 
+/* The run's notes (strata note): a notes.json that cannot be read is
+ * said on the page, not fatal, like every other file here. */
+static void st__report_notes(st_strbuf* o, const char* dir) {
+  st_strbuf_append(o, "<h2>Notes</h2>\n");
+  json_t* notes = NULL;
+  st_status s = st_notes_read(dir, &notes);
+  st_page_notes(o, notes, s ? st_status_message(s) : NULL);
+  st_status_free(s);
+  json_decref(notes);
+}
+
 static void st__text_file(st_strbuf* o, const char* dir, st_rundir_entry file, const char* heading, const char* none) {
   st_strbuf_printf(o, "<h2>%s</h2>\n", heading);
   const char* name = st_rundir_name(file);
@@ -575,7 +490,7 @@ static void st__text_file(st_strbuf* o, const char* dir, st_rundir_entry file, c
   char* text = NULL;
   size_t size = 0;
   bool cut = false;
-  if (!st__read_bounded(path, ST__MAX_TEXT, &text, &size, &cut)) {
+  if (!st_readback_bounded(path, ST__MAX_TEXT, &text, &size, &cut)) {
     st_strbuf_printf(o, "<p class=\"note\">%s</p>\n", none);
   } else {
     st_strbuf_printf(o, "<pre id=\"%s\">", name);
@@ -613,7 +528,7 @@ static void st__checkpoints(st_strbuf* o, const char* dir) {
       bool cut = false;
       st_ckpt* c = NULL;
       st_status ms = ST_OK;
-      if (!st__read_bounded(mpath, ST__MAX_MANIFEST, &text, &size, &cut))
+      if (!st_readback_bounded(mpath, ST__MAX_MANIFEST, &text, &size, &cut))
         ms = st_status_make(ST_CODE_CKPT, "no manifest.json (not committed)");
       else if (cut)
         ms = st_status_make(ST_CODE_CKPT, "manifest.json larger than %d bytes", ST__MAX_MANIFEST);
@@ -625,14 +540,14 @@ static void st__checkpoints(st_strbuf* o, const char* dir) {
       st_strbuf_printf(o, "</td><td class=\"num\">%lld</td><td>", (long long)e[i].step);
       if (c) {
         char t[64];
-        st__utc(c->created, t, sizeof(t));
+        st_page_utc(c->created, t, sizeof(t));
         st_strbuf_append(o, t);
         st_strbuf_append(o, "</td><td class=\"num\">");
-        st__report_num(o, c->lr, "%.3g");
+        st_page_num(o, c->lr, "%.3g");
         double bytes = 0;
         for (int f = 0; f < c->file_count; ++f) bytes += (double)c->files[f].bytes;
         st_strbuf_append(o, "</td><td class=\"num\">");
-        st__report_human_bytes(o, bytes);
+        st_page_human_bytes(o, bytes);
         st_strbuf_append(o, "</td><td>ok");
       } else {
         st_strbuf_append(o, "</td><td></td><td></td><td class=\"warn\">");
@@ -661,7 +576,7 @@ static void st__events_table(st_strbuf* o, const st__report* r, const st__event*
   st_strbuf_append(o, "<table class=\"list\"><tr><th>t (s)</th><th>event</th><th>details</th></tr>\n");
   for (int i = 0; i < n; ++i) {
     st_strbuf_append(o, "<tr><td class=\"num\">");
-    st__report_num(o, r->have_time ? ev[i]->time - r->first_time : NAN, "%.3f");
+    st_page_num(o, r->have_time ? ev[i]->time - r->first_time : NAN, "%.3f");
     st_strbuf_append(o, "</td><td>");
     st__html_text(o, ev[i]->name);
     st_strbuf_append(o, "</td><td class=\"ev\">");
@@ -703,14 +618,12 @@ st_status st_report_build(const char* dir, char** out_html, st_report_stats* out
     /* The run's name: its folder's. */
     const char* base = strrchr(dir, '/');
     base = base && base[1] ? base + 1 : dir;
-    st_strbuf_append(&o,
-                     "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-                     "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">\n"
-                     "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>strata report: ");
-    st__html_text(&o, base);
-    st_strbuf_printf(&o, "</title>\n<style>\n%s</style>\n</head>\n<body>\n<h1>strata report: ", kStyle);
-    st__html_text(&o, dir);
-    st_strbuf_append(&o, "</h1>\n");
+    st_strbuf title = {0}, heading = {0};
+    st_strbuf_printf(&title, "strata report: %s", base);
+    st_strbuf_printf(&heading, "strata report: %s", dir);
+    st_page_begin(&o, st_strbuf_cstr(&title), st_strbuf_cstr(&heading));
+    st_strbuf_free(&title);
+    st_strbuf_free(&heading);
     /* The context is read first (the summary names the run id) but shown later. */
     st_strbuf ctx_html = {0};
     st__context(&ctx_html, dir, &ctx);
@@ -738,15 +651,14 @@ st_status st_report_build(const char* dir, char** out_html, st_report_stats* out
                      "Memory: the accounted live bytes by category at the step's "
                      "peak (<code>peak_live_by_category</code>), the dashed line the plan's prediction.</p>\n");
 
+    st__report_notes(&o, dir);
     st__text_file(&o, dir, ST_RUNDIR_SAMPLE, "Sample", "no sample");
     st__checkpoints(&o, dir);
     st_strbuf_append(&o, st_strbuf_cstr(&ctx_html));
     st_strbuf_free(&ctx_html);
     st__text_file(&o, dir, ST_RUNDIR_CONFIG, "Resolved config", "no config.yaml");
     st__events_table(&o, &r, ev, nev);
-    char t[64];
-    st__utc((double)time(NULL), t, sizeof(t));
-    st_strbuf_printf(&o, "<p class=\"note\">Written by strata %s report, %s.</p>\n</body>\n</html>\n", STRATA_VERSION, t);
+    st_page_end(&o, "report");
     if (out_stats) {
       *out_stats = (st_report_stats){.step_lines = r.step_lines,
                                      .eval_lines = r.eval_lines,

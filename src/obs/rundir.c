@@ -33,6 +33,8 @@ static const char* const kNames[ST_RUNDIR_ENTRY_COUNT] = {
     [ST_RUNDIR_EVAL] = "eval",
     [ST_RUNDIR_RECOVERY] = "recovery.json",
     [ST_RUNDIR_REPORT] = "report.html",
+    [ST_RUNDIR_NOTES] = "notes.json",
+    [ST_RUNDIR_DUMP] = "dump",
 };
 
 const char* st_rundir_name(st_rundir_entry e) {

@@ -216,7 +216,7 @@ void st_svg_lines(st_strbuf* o, const st_svg_plot* p, const st_svg_series* serie
 #define PX(x) (x0 + ((x) - rx.lo) / (rx.hi - rx.lo) * (x1 - x0))
 #define PY(y) (y0 - ((y) - ry.lo) / (ry.hi - ry.lo) * (y0 - y1))
   for (int s = 0; s < count && s < 64; ++s) {
-    const char* col = kColors[s % ST__NCOLORS];
+    const char* col = kColors[(series[s].color > 0 ? series[s].color - 1 : s) % ST__NCOLORS];
     st_strbuf_printf(o,
                      "<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"8\" fill=\"%s\"/><text class=\"legend\" x=\"%.1f\" "
                      "y=\"%.1f\">",
@@ -227,7 +227,7 @@ void st_svg_lines(st_strbuf* o, const st_svg_plot* p, const st_svg_series* serie
   if (sum) memset(sum, 0, (size_t)stack_n * sizeof(double));
   for (int s = 0; s < count; ++s) {
     const st_svg_series* se = &series[s];
-    const char* col = kColors[s % ST__NCOLORS];
+    const char* col = kColors[(se->color > 0 ? se->color - 1 : s) % ST__NCOLORS];
     if (se->n <= 0) continue;
     st_strbuf d = {0};
     if (se->stacked) {

@@ -26,6 +26,7 @@ typedef struct st_svg_series {
   int n;
   bool stacked;
   bool dashed;
+  int color; /* 1-based palette entry (two runs' curves of one kind share it); 0: by position */
 } st_svg_series;
 
 typedef struct st_svg_plot {

@@ -463,6 +463,7 @@ static void st__options_obs(const st_config* c, st_plan_options* o) {
 
   o->metrics_port = (int)st_config_int(c, "obs.metrics_port");
   o->peak_flops = st_config_float(c, "obs.peak_flops");
+  o->author = st_config_string(c, "obs.author");
 
   int nx = st_config_list_count(c, "runtime.xla_options");
   if (nx > 0) {
@@ -523,6 +524,8 @@ static st_status st__options_ckpt_diag(const st_config* c, st_plan_options* o) {
   o->faults.nan_micro = (int)st_config_int(c, "faults.nan_micro");
   const char* nv = st_config_string(c, "faults.nan_value");
   o->faults.nan_value = !strcmp(nv, "inf") ? 1 : !strcmp(nv, "max") ? 2 : 0;
+  o->faults.wrong_kernel = !strcmp(st_config_string(c, "faults.wrong_kernel"), "attention") ? ST_FAULT_WRONG_ATTENTION : 0;
+  ST_RETURN(st_config_dump_parse(st_config_string(c, "diag.dump"), &o->dump.step, &o->dump.layer_lo, &o->dump.layer_hi));
   ST_RETURN(st__options_slow_program(c, &o->faults));
   const char* nf = st_config_string(c, "diag.on_nonfinite");
   o->nonfinite.policy = !strcmp(nf, "skip") ? ST_NONFINITE_SKIP : !strcmp(nf, "rollback") ? ST_NONFINITE_ROLLBACK : ST_NONFINITE_STOP;

@@ -476,11 +476,11 @@ static int st__opt_input(const st_bundle_program* p, const st_bundle_group* g, i
 }
 
 /* The slot of state input |j| of instance |I|'s update. A state of its
- * parameter's type (elementwise: AdamW's m and v) is cut as the parameter
- * (st__pslot: tensor and fsdp blocks); another (Adafactor's factored
- * rows and columns) is the input's type, on one device's whole tensors
- * (the schema refuses such optimizers on a sharded mesh; st__check_update
- * the bundle that would need it). */
+ * parameter's type (AdamW's m and v, Muon's momentum) is cut as the
+ * parameter (st__pslot: tensor and fsdp blocks); another (Adafactor's
+ * factored rows and columns) is the input's type, whole and replicated on
+ * every device (on a sharded mesh only an SPMD update, which gathers the
+ * parameter, may declare one: st__check_update). */
 static int st__opt_slot(st__builder* B, const st__instance* I, int j) {
   const st_bundle_program* p = st__update_program(B, I);
   char kind[32], prefix[40], name[320];
@@ -499,8 +499,11 @@ static int st__opt_count(const st_bundle_program* p, int n) { return p->input_co
 /* An update program fits the plan's reading of it (above): every input
  * between the gradients and the four scalars a parameter's state, returned
  * in order after the parameters (then the statistics, |stats|). A state
- * whose type is not its parameter's needs the parameter whole on one
- * device (|sharded|: fsdp or tensor blocks). */
+ * whose type is not its parameter's needs the parameter whole: on a
+ * sharded mesh (|sharded|) a one-device update may have one only for a
+ * parameter it takes whole (as the group's one-device update does: the
+ * embedding under tensor parallelism); for a cut one only an SPMD update
+ * (manifest spmd_programs), which gathers it. */
 static st_status st__check_update(const st_bundle* b, const st_bundle_group* g, const st_bundle_program* p, bool stats,
                                   bool sharded) {
   const int n = g->param_count, S = p ? st__opt_count(p, n) : 0;
@@ -520,10 +523,12 @@ static st_status st__check_update(const st_bundle* b, const st_bundle_group* g, 
                             "opt_<kind>, name <kind>_<parameter> (docs/scheduling.md, \"Optimizer state\")",
                             b->dir, g->name, p->name, in->name, in->role);
     if (!st__plan_same_type(&in->type, &p->outputs[n + j].type) ||
-        (sharded && !st__plan_same_type(&in->type, &p->inputs[q].type)))
+        (sharded && !st__plan_same_type(&in->type, &p->inputs[q].type) && !st_bundle_collective_find(b, p->name) &&
+         !st__plan_same_type(&p->inputs[q].type, &g->update->inputs[q].type)))
       return st_status_make(ST_CODE_RUNTIME,
                             "bundle %s: group '%s''s update '%s': state '%s' is not returned with its type, or is not its "
-                            "parameter's shape on a sharded mesh (not built)",
+                            "parameter's shape in a one-device update on a sharded mesh (such a state needs an SPMD update that "
+                            "gathers its parameter)",
                             b->dir, g->name, p->name, in->name);
   }
   return ST_OK;

@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -71,10 +72,17 @@ static int st__by_size_desc(const void* a, const void* b) {
  * on 2 CPUs: 4.95 CPU-s in 3.23 s for the 17 programs of a cold start), so
  * two compiles per two CPUs only contend (3.62 s, 6.14 CPU-s). Hence one
  * compile per two CPUs. */
+/* runtime.compile_threads=0: on a CPU plugin one per two online CPUs (XLA's
+ * CPU compiler uses more threads of its own); on a GPU plugin one. There
+ * the programs share fusions, XLA autotunes each on the one GPU, and the
+ * H200 run measured 69 s of compile one at a time against 85 s with
+ * eight threads (docs/performance.md, "GPU"); one at a time, each program
+ * also finds the autotuning results of those before it in the per-fusion
+ * cache (st__gpu_compile_defaults). */
 int st_runtime_compile_threads(const st_runtime* rt) {
   if (!rt) return 1;
   long n = rt->compile_threads;
-  if (n <= 0) n = sysconf(_SC_NPROCESSORS_ONLN) / 2;
+  if (n <= 0) n = rt->platform_name && strcmp(rt->platform_name, "cpu") ? 1 : sysconf(_SC_NPROCESSORS_ONLN) / 2;
   return n < 1 ? 1 : (int)n;
 }
 

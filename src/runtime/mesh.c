@@ -192,6 +192,7 @@ st_status st_program_compile_spmd(st_runtime* rt, const char* name, const void* 
       cached = false;
     } else {
       st__cache_lookup(rt, key, &p->exe);
+      p->from_cache = p->exe != NULL;
     }
   }
   if (!s && !p->exe) {
@@ -655,6 +656,28 @@ void st_sharded_release(st_sharded* t, st_buffer** out_shards) {
   for (int p = 0; p < t->mesh.device_count; ++p) out_shards[p] = t->shards[p];
   free(t->shards);
   free(t);
+}
+
+st_status st_sharding_assemble(const st_mesh* m, const st_tensor_type* g, const st_sharding* sh, const void* const* shards,
+                               void* dst, size_t dst_size) {
+  assert(m && g && sh && shards && dst); /* a caller's bug, not bad input */
+  st_sharded t = {.mesh = *m, .global = *g, .sharding = *sh};
+  ST_RETURN(st_sharding_local_type(m, g, sh, &t.local));
+  if (dst_size != st_tensor_type_bytes(g))
+    return st_status_make(ST_CODE_INTERNAL, "sharded tensor: destination has %zu bytes, the tensor %zu", dst_size,
+                          st_tensor_type_bytes(g));
+  const st_dtype dt = g->dtype;
+  if (sh->partial && dt != ST_DTYPE_F32 && dt != ST_DTYPE_F64 && dt != ST_DTYPE_S32)
+    return st_status_make(ST_CODE_RUNTIME, "sharded tensor: cannot sum partial shards of %s on the host", st_dtype_name(dt));
+  memset(dst, 0, dst_size);
+  const uint32_t repl = st__replicated_axes(&t);
+  for (int p = 0; p < m->device_count; ++p) {
+    if (!st__is_first(&t, p, repl)) continue;
+    st__copy_ctx c = {.dst = dst, .src = shards[p], .es = st_dtype_size(dt), .to_global = true, .add = sh->partial != 0,
+                      .dtype = dt};
+    st__for_runs(&t, p, st__copy_run, &c);
+  }
+  return ST_OK;
 }
 
 st_status st_sharding_to_host(const st_mesh* m, const st_tensor_type* g, const st_sharding* sh,

@@ -94,6 +94,8 @@ void st_program_memory_stats(const st_program* p, st_program_memory* out) {
   *out = p->memory;
 }
 
+bool st_program_from_cache(const st_program* p) { return p && p->from_cache; }
+
 st_status st__num_outputs(st_runtime* rt, const char* name, pj_loaded_exe* exe, int* out, st_program_memory* mem) {
   const pj_api* api = rt->api;
   pj_get_executable_args g = {.struct_size = sizeof(g), .loaded = exe};
@@ -170,6 +172,7 @@ st_status st_program_compile(st_runtime* rt, const char* name, const void* code,
       cached = false;
     } else {
       st__cache_lookup(rt, key, &p->exe);
+      p->from_cache = p->exe != NULL;
     }
   }
   if (!s && !p->exe) {

@@ -47,6 +47,7 @@ struct st_runtime {
   int compile_threads; /* 0: one per online CPU */
   bool progress;       /* st_runtime_options.progress */
   char* cache_dir; /* NULL when the cache is off */
+  char* autotune_dir; /* a GPU plugin's per-fusion autotuning cache; NULL: none (st__gpu_compile_defaults) */
   bool keep_optimized_hlo; /* runtime.keep_optimized_hlo (exe_cache.c) */
   char** ffi_targets; /* names registered through the FFI extension (ffi.c) */
   int ffi_target_count;
@@ -96,9 +97,16 @@ struct st_program {
   int* mesh_devices;   /* [partition] -> runtime device index */
   int* mesh_positions; /* [partition] -> index of its argument list in Execute */
   st_program_memory memory; /* XLA's memory analysis (st_program_memory_stats) */
+  bool from_cache;          /* loaded from the executable cache, not compiled */
 };
 
 /*--- runtime.c --------------------------------------------------------------*/
+
+/* On a GPU plugin (platform_name other than "cpu"): records the user's
+ * xla_gpu_per_fusion_autotune_cache_dir, or with runtime.cache_dir adds
+ * <cache_dir>/xla_autotune to the compile options (rt->autotune_dir). A
+ * CPU plugin's options are left as they are. */
+st_status st__gpu_compile_defaults(st_runtime* rt, const st_runtime_options* options);
 
 /* Registers options->ffi_targets with the plugin (ffi.c). */
 st_status st__register_ffi_targets(st_runtime* rt, const st_runtime_options* options);

@@ -581,6 +581,63 @@ static st_status st__validate_overrides(st_runtime* rt) {
   return ST_OK;
 }
 
+#define ST__AUTOTUNE_OPTION "xla_gpu_per_fusion_autotune_cache_dir"
+
+/* A GPU plugin autotunes every fusion of every program it compiles (which
+ * kernel, which tiling), and strata's per-layer programs repeat the same
+ * fusions across programs (a block's forward inside its backward, every
+ * layer kind's matmuls): the first GPU run spent most of its 92 s cold
+ * start there (docs/performance.md, "GPU"). XLA keeps those results in a
+ * per-fusion cache directory when asked, shared by the programs of a run
+ * and by later runs (the executable cache only helps an identical program),
+ * so with runtime.cache_dir a GPU plugin gets <cache_dir>/xla_autotune
+ * unless runtime.xla_options names one. A CPU plugin does not autotune: its
+ * options stay as they were, byte for byte (they are in every cache key). */
+st_status st__gpu_compile_defaults(st_runtime* rt, const st_runtime_options* o) {
+  if (!rt->platform_name || !strcmp(rt->platform_name, "cpu")) return ST_OK;
+  const size_t n = strlen(ST__AUTOTUNE_OPTION);
+  for (int i = 0; i < o->xla_option_count; ++i) {
+    const char* v = o->xla_options[i];
+    while (*v == ' ') ++v;
+    if (!strncmp(v, ST__AUTOTUNE_OPTION, n) && strchr(v, '=')) {
+      const char* val = strchr(v, '=') + 1;
+      while (*val == ' ') ++val;
+      free(rt->autotune_dir);
+      rt->autotune_dir = st_xstrdup(val); /* the user's, the last one given */
+    }
+  }
+  if (rt->autotune_dir || !rt->cache_dir) return ST_OK;
+  char* dir = st_path_join(rt->cache_dir, "xla_autotune");
+  st_status s = st_fs_mkdirs(dir);
+  if (s) { /* no directory, no cache: compiling still works */
+    fprintf(stderr, "strata: warning: XLA autotuning cache %s: %s\n", dir, st_status_message(s));
+    st_status_free(s);
+    free(dir);
+    return ST_OK;
+  }
+  const char** opts = st_xcalloc((size_t)o->xla_option_count + 2, sizeof(char*));
+  for (int i = 0; i < o->xla_option_count; ++i) opts[i] = o->xla_options[i];
+  st_strbuf eb = {0};
+  st_strbuf_printf(&eb, "%s=%s", ST__AUTOTUNE_OPTION, dir);
+  char* extra = st_strbuf_take(&eb);
+  opts[o->xla_option_count] = extra;
+  uint8_t* bytes = NULL;
+  size_t size = 0;
+  s = st__compile_options_build(opts, o->xla_option_count + 1, o->deterministic, &bytes, &size);
+  free(extra);
+  free(opts);
+  if (s) {
+    free(dir);
+    return s;
+  }
+  free(rt->compile_options);
+  rt->compile_options = bytes;
+  rt->compile_options_size = size;
+  rt->autotune_dir = dir;
+  return ST_OK;
+}
+
+
 st_status st_runtime_create(const st_runtime_options* options, st_runtime** out_runtime) {
   assert(out_runtime); /* a caller's bug, not bad input */
   *out_runtime = NULL;
@@ -631,6 +688,7 @@ st_status st_runtime_create(const st_runtime_options* options, st_runtime** out_
   if (!s) s = st__client_string(rt, false, &rt->platform_name);
   if (!s) s = st__client_string(rt, true, &rt->platform_version);
   if (!s) s = st__read_devices(rt);
+  if (!s) s = st__gpu_compile_defaults(rt, options);
   if (!s && (options->xla_option_count > 0 || options->deterministic)) s = st__validate_overrides(rt);
   if (s) {
     st_runtime_destroy(rt);
@@ -658,6 +716,7 @@ void st_runtime_destroy(st_runtime* rt) {
   free(rt->platform_version);
   free(rt->xla_version);
   free(rt->cache_dir);
+  free(rt->autotune_dir);
   free(rt->compile_options);
   for (int i = 0; i < rt->ffi_target_count; ++i) free(rt->ffi_targets[i]);
   free(rt->ffi_targets);
@@ -675,6 +734,7 @@ void st_runtime_get_info(const st_runtime* rt, st_runtime_info* out) {
   out->api_major = rt->api_major;
   out->api_minor = rt->api_minor;
   out->device_count = rt->device_count;
+  out->autotune_cache_dir = rt->autotune_dir ? rt->autotune_dir : "";
 }
 
 st_status st_runtime_device_info(const st_runtime* rt, int device, st_device_info* out) {

@@ -379,8 +379,14 @@ st_status st__compile_event(st__trainer* t, double seconds) {
   st_runtime_get_stats(t->runtime, &rs);
   /* Per program: where a cold start's seconds go (docs/performance.md). */
   json_t* per = st_json_obj();
+  json_t* loaded = st_json_obj(); /* per program: loaded from the executable cache (true) or compiled */
   for (int i = 0; i < bundle->program_count; ++i)
-    if (t->compiled[i]) st_json_put(per, bundle->programs[i].name, st_json_fixed(t->compile_s[i], 3));
+    if (t->compiled[i]) {
+      st_json_put(per, bundle->programs[i].name, st_json_fixed(t->compile_s[i], 3));
+      st_json_put_bool(loaded, bundle->programs[i].name, st_program_from_cache(t->compiled[i]));
+    }
+  st_runtime_info ri;
+  st_runtime_get_info(t->runtime, &ri);
   json_t* f = st_json_obj();
   st_json_put(f, "seconds", st_json_fixed(seconds, 3));
   st_json_put_int(f, "compiled", rs.compiles - t->compiles_before);
@@ -388,6 +394,8 @@ st_status st__compile_event(st__trainer* t, double seconds) {
   st_json_put_int(f, "plan_ops", t->step_plan.op_count);
   st_json_put_int(f, "threads", st_runtime_compile_threads(t->runtime));
   st_json_put(f, "program_seconds", per);
+  st_json_put(f, "program_from_cache", loaded);
+  st_json_put_str(f, "autotune_cache_dir", ri.autotune_cache_dir);
   return st__event(t, "compile", f);
 }
 

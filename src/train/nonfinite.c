@@ -123,7 +123,7 @@ static int64_t st__first_sample(const st__trainer* t, const st_op* op) {
  * repeated name), written as inputs.safetensors unless |s| already failed;
  * every name goes to |inputs|, a non-finite one's to |bad_inputs| too. */
 static st_status st__bundle_inputs(const st__check* c, const st_op* op, const st_bundle_program* bp, const char* dir,
-                                   json_t* inputs, json_t* bad_inputs, st_status s) {
+                                   json_t* inputs, json_t* bad_inputs, json_t* stats, st_status s) {
   st_named_tensor* nt = st_xcalloc((size_t)op->input_count + 1, sizeof(*nt));
   char** names = st_xcalloc((size_t)op->input_count + 1, sizeof(char*));
   for (int j = 0; j < op->input_count; ++j) {
@@ -136,6 +136,11 @@ static st_status st__bundle_inputs(const st__check* c, const st_op* op, const st
     json_array_append_new(inputs, st_json_str(names[j]));
     int64_t nb_bad = st__count_nonfinite(c->in_types[j].dtype, c->in_data[j], st_tensor_type_elements(&c->in_types[j]));
     if (nb_bad > 0) json_array_append_new(bad_inputs, st_json_str(names[j]));
+    /* strata repro recomputes these from inputs.safetensors: the replay's
+     * inputs are the recorded ones (issue 30 item 4b) */
+    json_t* st1 = st__tensor_stats_json(c->in_types[j].dtype, c->in_data[j], st_tensor_type_elements(&c->in_types[j]));
+    st_json_put_str(st1, "name", names[j]);
+    json_array_append_new(stats, st1);
   }
   char* path = st_path_join(dir, "inputs.safetensors");
   if (!s) s = st_safetensors_write(path, nt, op->input_count);
@@ -300,12 +305,14 @@ static st_status st__write_bundle(st__trainer* t, const st_op* op, int k, int64_
   st_status s = st_fs_mkdirs(dir);
   json_t* inputs = json_array();
   json_t* bad_inputs = json_array();
-  s = st__bundle_inputs(c, op, bp, dir, inputs, bad_inputs, s);
+  json_t* stats = json_array();
+  s = st__bundle_inputs(c, op, bp, dir, inputs, bad_inputs, stats, s);
   s = st__bundle_copies(t, bp, dir, s);
   bool inputs_finite = json_array_size(bad_inputs) == 0;
   bool injected = t->nan_fired_step == step && op->kind == ST_OP_LAUNCH && op->layer == t->nan_fired_layer &&
                   op->micro == t->nan_fired_micro && !strcmp(bp->outputs[k].name, t->nan_fired_output);
   json_t* r = st__bundle_record(t, op, bp, k, bad, n, spmd, injected, inputs, bad_inputs);
+  st_json_put(r, "input_stats", stats);
   /* The launch's time as the locator measured it, for `strata repro --perf`. */
   json_t* lt = st_json_obj();
   st_json_put(lt, "seconds", c->launch_s >= 0 ? st_json_fixed(c->launch_s, 9) : json_null());

@@ -21,6 +21,7 @@
 #include "strata/obs.h"
 #include "strata/runtime.h"
 #include "strata/train.h"
+#include "train/train_internal.h"
 
 #define ST__REPRO_MAX_IO 4096
 #define ST__REPRO_MAX_BYTES ((int64_t)1 << 36)
@@ -97,7 +98,42 @@ typedef struct {
   char* cfg_path;
   st_plan_opened opened;
   st_program* prog;
+  int stats_checked; /* inputs whose recorded statistics the saved ones have; -1: none recorded */
 } st__replay;
+
+/* The saved inputs against nonfinite.json's input_stats (issue 30 item
+ * 4b): recomputed from inputs.safetensors, they must be the recorded ones
+ * (the same function of the same bytes), or the inputs were changed. A
+ * bundle written before they were recorded has none: -1. */
+static st_status st__replay_input_stats(st__replay* R, st_status s) {
+  const json_t* rec = R->meta ? json_object_get(R->meta, "input_stats") : NULL;
+  R->stats_checked = -1;
+  if (s || !json_is_array(rec)) return s;
+  if (json_array_size(rec) != R->n_in)
+    return st_status_make(ST_CODE_CONFIG, "%s: input_stats has %zu entries for %zu inputs: not a bundle strata wrote",
+                          R->meta_path, json_array_size(rec), R->n_in);
+  R->stats_checked = 0;
+  for (size_t j = 0; j < R->n_in; ++j) {
+    const json_t* want = json_array_get(rec, j);
+    json_t* got = st__tensor_stats_json(R->in_types[j].dtype, R->in_data[j], st_tensor_type_elements(&R->in_types[j]));
+    /* read as untrusted: an entry without a name simply differs */
+    json_t* nm = json_is_object(want) ? json_object_get(want, "name") : NULL;
+    if (nm) st_json_put(got, "name", json_incref(nm));
+    bool same = json_equal(got, (json_t*)want);
+    if (!same) {
+      char* g = st_json_dump(got, 0);
+      char* w = st_json_dump(want, 0);
+      s = st_status_make(ST_CODE_CONFIG, "%s: input %zu's statistics %s are not those nonfinite.json records (%s): the "
+                         "saved inputs were changed", R->in_path, j, g, w);
+      free(g);
+      free(w);
+    }
+    json_decref(got);
+    if (s) return s;
+    R->stats_checked++;
+  }
+  return s;
+}
 
 /* nonfinite.json, read as untrusted: the program, the output, the counts
  * within bounds, not an SPMD program; what the result reports of it
@@ -180,12 +216,13 @@ static st_status st__replay_inputs(st__replay* R, const char* dir, st_status s) 
     snprintf(where, sizeof(where), "%s: outputs[%zu]", R->meta_path, j);
     s = st__type_of(json_array_get(R->outputs, j), where, &R->out_types[j]);
   }
-  return s;
+  return st__replay_input_stats(R, s);
 }
 
 /* The run's config (its runtime: plugin, devices, determinism settings),
  * checked against the identity nonfinite.json records. */
 static st_status st__replay_config(st__replay* R, const char* dir, const st_repro_options* ro, st_repro_result* out, st_status s) {
+  out->input_stats_checked = R->stats_checked;
   R->cfg_path = st_path_join(dir, st_rundir_name(ST_RUNDIR_CONFIG));
   if (!s) s = st_config_load(R->cfg_path, ro->n_overrides, ro->overrides, &R->cfg);
   if (!s) s = st_plan_options_from_config(R->cfg, &R->o);

@@ -455,13 +455,16 @@ static st_status st__launched(void* user, const st_op* op, int index, st_buffer*
   ST_RETURN(st__slow_end(t, op, index, outputs));
   if (t->checking) st__nf_time_launch(t, op, index, outputs);
   if (index == 0) ST_RETURN(st__inject(t, op, outputs));
+  if (t->dump) ST_RETURN(st__dump_outputs(t, op, index, outputs));
   return t->checking ? st__nf_check_outputs(t, op, index, outputs) : ST_OK;
 }
 
 static st_status st__launching(void* user, const st_op* op, int index, st_buffer* const* inputs) {
   st__trainer* t = user;
-  ST_RETURN(st__slow_begin(t, op, index, inputs));
-  return t->checking ? st__nf_check_inputs(t, op, index, inputs) : ST_OK;
+  if (t->dump) ST_RETURN(st__dump_inputs(t, op, index, inputs));
+  if (t->checking) ST_RETURN(st__nf_check_inputs(t, op, index, inputs));
+  /* Last: the drill's clock starts right before the launch. */
+  return st__slow_begin(t, op, index, inputs);
 }
 
 st_executor_hooks st__train_hooks(st__trainer* t) {

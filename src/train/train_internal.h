@@ -112,6 +112,8 @@ typedef struct st__trainer {
   /* The checking re-execution of a non-finite step (nonfinite.c). */
   bool checking;
   struct st__check* check;
+  /* diag.dump: the step being dumped (dump.c); NULL in every other step. */
+  struct st__dump* dump;
   st_train_ckpt* ckpt;   /* checkpoints, resume, step faults (checkpoint_io.c) */
   int64_t start_step;    /* steps already done when resuming */
   /* What the end-of-run summary reports (trainer.c, st__summary). */
@@ -245,6 +247,22 @@ st_status st__nf_check_outputs(st__trainer* t, const st_op* op, int index, st_bu
 void st__nf_time_launch(st__trainer* t, const st_op* op, int index, st_buffer** outputs);
 st_status st__locate_nonfinite(st__trainer* t, char** out_dir);
 
+/* dump.c (docs/diagnostics.md, "Dump and compare"): diag.dump=step:N.
+ * st__dump_check, before the first step: refuses what the dump cannot
+ * gather (parallel.tensor > 1, several processes, a step before the
+ * resume) and arms faults.wrong_kernel (exit 2 without ffi attention).
+ * st__dump_begin before step t->step + 1 runs (nothing unless it is the
+ * dumped one), the hooks during it, st__dump_end after it (writes
+ * <run>/dump/step_<N>/ and a "dump" event), st__dump_discard after a
+ * failed step or at the end. */
+typedef struct st__dump st__dump;
+st_status st__dump_check(st__trainer* t);
+void st__dump_begin(st__trainer* t);
+st_status st__dump_inputs(st__trainer* t, const st_op* op, int index, st_buffer* const* inputs);
+st_status st__dump_outputs(st__trainer* t, const st_op* op, int index, st_buffer** outputs);
+st_status st__dump_end(st__trainer* t);
+void st__dump_discard(st__trainer* t);
+
 /* metrics.c: every line the run writes to metrics.jsonl and events.jsonl. */
 /* One events.jsonl line; |fields| (an object, or NULL) is stolen. */
 st_status st__event(st__trainer* t, const char* name, json_t* fields);
@@ -293,5 +311,9 @@ st_status st__check_hang_in(const st__trainer* t);
 /* Scores the step's loss against the recent ones; a loss_spike event when
  * it is diag.spike_z standard deviations above their mean. */
 st_status st__loss_spike(st__trainer* t, double loss);
+/* Golden statistics of a tensor of |n| elements (input_stats.c; the
+ * definitions of tests/golden/golden.py's tensor_stats): a new object
+ * {norm, maxabs, nonfinite, idx, values, bf16_sha256 (float) or sha256}. */
+json_t* st__tensor_stats_json(st_dtype dtype, const void* data, int64_t n);
 
 #endif

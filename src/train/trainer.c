@@ -500,6 +500,8 @@ static st_status st__check_drills(const st__trainer* t) {
 }
 
 static void st__trainer_free(st__trainer* t) {
+  st__dump_discard(t);
+  st_kernels_set_wrong(0); /* faults.wrong_kernel is this run's */
   json_decref(t->mem_peak);
   t->mem_peak = NULL;
   json_decref(t->faults_unfired);
@@ -822,9 +824,12 @@ static st_status st__run(st__trainer* t, bool progress) {
     st__metrics_reset(t);
     st__numerics_reset(t);
     st__kernels_step_begin(t);
+    st__dump_begin(t);
     st_status run = st_executor_run(t->ex, &hooks);
     st__watch_settle(t->watch_step);
+    if (run) st__dump_discard(t);
     ST_RETURN_IF_ERROR(run, "step %lld", (long long)t->step + 1);
+    ST_RETURN(st__dump_end(t));
     st_train_ckpt_step_ran(t->ckpt, t->step + 1);
     if (!t->losses_global) ST_RETURN(st__losses_global(t, t->losses, o->microbatches));
     double loss = st__batch_loss(t, ST_STREAM_TRAIN, t->losses, o->microbatches);
@@ -974,7 +979,8 @@ static st_status st__context_event(st__trainer* t, const st_config* cfg) {
                             .runtime = &rt,
                             .peak = st_train_peak_json(&t->peak, mesh_devices),
                             .kernels = st_kernels_bundle_json(t->bundle),
-                            .model = st_plan_model_desc(o)};
+                            .model = st_plan_model_desc(o),
+                            .author = o->author};
   /* The sources as this process found them (written before a resume's
    * restore: "drawn" counts from the stream's start; checkpoints record
    * the position they were taken at). */
@@ -1199,6 +1205,7 @@ static st_status st__train_start(st__trainer* t, const st_config* cfg, double t0
   if (!restored) ST_RETURN(st__init_state(t));
   /* Now the first step is known: every armed drill can fire in this run. */
   ST_RETURN(st__check_drills(t));
+  ST_RETURN(st__dump_check(t));
   st_runtime_release_host_memory(); /* init's host buffers (zeroed m, v) are not needed again */
   st__memory_sample(t, "start");
   ST_RETURN(st__memory_event(t, "start"));

@@ -965,16 +965,23 @@ static void test_optimizers(void** state) {
                  "and muon to matrices or a block group");
   override_fails("train.optimizer=adam",
                  "train.optimizer: 'adam' is not an allowed value (expected one of adamw, sgd, lion, adafactor, muon) (command line)");
-  char* fsdp[] = {"train.optimizer=adafactor", "parallel.fsdp=2"};
-  load_fails("configs/test.yml", 2, fsdp,
-             "train.optimizer (command line) uses adafactor with parallel.fsdp=2 (command line) and parallel.tensor=1 "
-             "(configs/base.yml:87): adafactor's update is not built for sharded parameters (it needs each parameter "
-             "whole on a device); use adamw, sgd or lion there, or parallel.fsdp=1 and parallel.tensor=1");
-  char* tp[] = {"train.optimizer_groups=[embed=sgd, matrices=muon]", "parallel.tensor=2"};
-  load_fails("configs/test.yml", 2, tp,
-             "train.optimizer_groups (command line) uses muon with parallel.fsdp=1 (configs/base.yml:86) and "
-             "parallel.tensor=2 (command line): muon's update is not built for sharded parameters (it needs each "
-             "parameter whole on a device); use adamw, sgd or lion there, or parallel.fsdp=1 and parallel.tensor=1");
+  /* On one process's devices they gather (an SPMD update); fsdp across processes is refused. */
+  char* fsdp_ok[] = {"train.optimizer=adafactor", "parallel.fsdp=2"};
+  st_config_destroy(load_ok("configs/test.yml", 2, fsdp_ok));
+  char* tp_ok[] = {"train.optimizer_groups=[embed=sgd, matrices=muon]", "parallel.tensor=2"};
+  st_config_destroy(load_ok("configs/test.yml", 2, tp_ok));
+  char* fsdp[] = {"train.optimizer=adafactor", "parallel.fsdp=2", "parallel.processes=2"};
+  load_fails("configs/test.yml", 3, fsdp,
+             "train.optimizer (command line) uses adafactor with parallel.fsdp=2 (command line) across "
+             "parallel.processes=2 (command line): adafactor's update needs each parameter whole, gathered across "
+             "processes, which is not built; use adamw, sgd or lion there, or put parallel.data across the processes "
+             "(fsdp inside each)");
+  char* tp[] = {"train.optimizer_groups=[embed=sgd, matrices=muon]", "parallel.fsdp=4", "parallel.processes=2"};
+  load_fails("configs/test.yml", 3, tp,
+             "train.optimizer_groups (command line) uses muon with parallel.fsdp=4 (command line) across "
+             "parallel.processes=2 (command line): muon's update needs each parameter whole, gathered across "
+             "processes, which is not built; use adamw, sgd or lion there, or put parallel.data across the processes "
+             "(fsdp inside each)");
   char* lion_fsdp[] = {"train.optimizer=lion", "parallel.fsdp=2"};
   st_config_destroy(load_ok("configs/test.yml", 2, lion_fsdp));
 

@@ -4,7 +4,8 @@
  * graceful-stop flag (strata/diag.h) records the first stop signal only;
  * the metrics endpoint's exposition text (escaping, nested objects,
  * non-finite values) and its refusal of a port in use; the run directory's
- * owner (names, paths, where a run goes, the claim and its lock). */
+ * owner (names, paths, where a run goes, the claim and its lock); who ran
+ * it (context.json's author). */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -354,6 +355,56 @@ static void test_report_event_cut(void** state) {
   free(dir);
 }
 
+/* Saves an environment variable and sets (|value|) or unsets (NULL) it. */
+static char* swap_env(const char* name, const char* value) {
+  const char* old = getenv(name);
+  char* saved = old ? strdup(old) : NULL;
+  if (value) setenv(name, value, 1);
+  else unsetenv(name);
+  return saved;
+}
+
+/* context.json's author, from each source in turn: the override, git's
+ * identity (given through git's own GIT_CONFIG_COUNT, which overrides every
+ * config file), the login name when git is absent (PATH without it), and
+ * "unknown" when even that is unset; never an error. */
+static void test_context_author(void** state) {
+  (void)state;
+  static const char* const names[] = {"GIT_CONFIG_COUNT", "GIT_CONFIG_KEY_0", "GIT_CONFIG_VALUE_0", "GIT_CONFIG_KEY_1",
+                                      "GIT_CONFIG_VALUE_1", "PATH", "USER", "LOGNAME"};
+  char* saved[8];
+  for (int i = 0; i < 8; ++i) saved[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
+  char out[256];
+  assert_string_equal(st_context_author("Ada <a@example.org>", out, sizeof(out)), "config");
+  assert_string_equal(out, "Ada <a@example.org>");
+  setenv("GIT_CONFIG_COUNT", "2", 1);
+  setenv("GIT_CONFIG_KEY_0", "user.name", 1);
+  setenv("GIT_CONFIG_VALUE_0", "Grace Git", 1);
+  setenv("GIT_CONFIG_KEY_1", "user.email", 1);
+  setenv("GIT_CONFIG_VALUE_1", "grace@example.org", 1);
+  assert_string_equal(st_context_author("", out, sizeof(out)), "git");
+  assert_string_equal(out, "Grace Git <grace@example.org>");
+  assert_string_equal(st_context_author(NULL, out, 8), "git"); /* cut to the buffer */
+  assert_string_equal(out, "Grace G");
+  setenv("PATH", "/nonexistent-strata-test", 1); /* no git */
+  setenv("USER", "tester", 1);
+  assert_string_equal(st_context_author(NULL, out, sizeof(out)), "env");
+  assert_string_equal(out, "tester");
+  unsetenv("USER");
+  unsetenv("LOGNAME");
+  assert_string_equal(st_context_author(NULL, out, sizeof(out)), "unknown");
+  assert_string_equal(out, "unknown");
+  st_context_facts facts = {.run_id = "r", .author = "Someone"};
+  json_t* ctx = st_context_json(&facts);
+  assert_string_equal(json_string_value(json_object_get(ctx, "author")), "Someone");
+  assert_string_equal(json_string_value(json_object_get(ctx, "author_source")), "config");
+  json_decref(ctx);
+  for (int i = 0; i < 8; ++i) {
+    free(swap_env(names[i], saved[i]));
+    free(saved[i]);
+  }
+}
+
 /* The run directory's table: every entry named, no two alike, and the
  * paths built from it; where a run goes by default. */
 static void test_rundir_names(void** state) {
@@ -455,6 +506,7 @@ int main(void) {
       cmocka_unit_test(test_jsonl_read),
       cmocka_unit_test(test_report_event_cut),
       cmocka_unit_test(test_rundir_names),
+      cmocka_unit_test(test_context_author),
       cmocka_unit_test(test_rundir_claim),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

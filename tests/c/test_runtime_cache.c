@@ -15,6 +15,7 @@
 #include <cmocka.h>
 #include <xxhash.h>
 
+#include "runtime/rt_internal.h"
 #include "strata/runtime.h"
 #include "test_util.h"
 
@@ -393,6 +394,79 @@ static int group_teardown(void** state) {
   return 0;
 }
 
+
+/* st_program_from_cache: false for XLA's compile, true for a cache load. */
+static void test_program_from_cache(void** state) {
+  (void)state;
+  char dir[] = "/tmp/strata_fromcache_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  const tu_prog* p = prog("matmul");
+  for (int round = 0; round < 2; ++round) {
+    st_runtime* rt = make_runtime(dir, NULL, 0, false, 1);
+    st_program* prg = NULL;
+    ASSERT_OK(st_program_compile_file(rt, p->file, NULL, &prg));
+    assert_int_equal(st_program_from_cache(prg), round == 1);
+    st_program_destroy(prg);
+    st_runtime_destroy(rt);
+  }
+  assert_false(st_program_from_cache(NULL));
+  tu_rmtree(dir);
+}
+
+static bool has_bytes(const uint8_t* hay, size_t n, const char* needle) {
+  size_t k = strlen(needle);
+  for (size_t i = 0; i + k <= n; ++i)
+    if (!memcmp(hay + i, needle, k)) return true;
+  return false;
+}
+
+/* A GPU plugin's compile defaults (st__gpu_compile_defaults): a GPU
+ * cannot run here, so the real CPU runtime's platform name is set to
+ * "cuda" by hand for the call (a mock of the platform, nothing else); the
+ * CPU runtime itself must keep its options byte for byte. */
+static void test_gpu_autotune_defaults(void** state) {
+  (void)state;
+  char dir[] = "/tmp/strata_autotune_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  st_runtime* rt = make_runtime(dir, NULL, 0, false, 1);
+  st_runtime_info info;
+  st_runtime_get_info(rt, &info);
+  assert_string_equal(info.autotune_cache_dir, ""); /* cpu: none */
+  assert_false(has_bytes(rt->compile_options, rt->compile_options_size, "autotune"));
+  assert_true(st_runtime_compile_threads(rt) >= 1);
+
+  char* cpu = rt->platform_name;
+  rt->platform_name = "cuda";
+  st_runtime_options o;
+  st_runtime_options_init(&o);
+  o.cache_dir = dir;
+  ASSERT_OK(st__gpu_compile_defaults(rt, &o));
+  char want[512];
+  snprintf(want, sizeof(want), "%s/xla_autotune", dir);
+  st_runtime_get_info(rt, &info);
+  assert_string_equal(info.autotune_cache_dir, want);
+  assert_true(has_bytes(rt->compile_options, rt->compile_options_size, "xla_gpu_per_fusion_autotune_cache_dir"));
+  assert_true(has_bytes(rt->compile_options, rt->compile_options_size, want));
+  struct stat st;
+  assert_int_equal(stat(want, &st), 0);
+  assert_int_equal(st_runtime_compile_threads(rt), 1); /* runtime.compile_threads=0 on a GPU */
+
+  /* The user's directory wins and the options are theirs. */
+  const char* mine[] = {"xla_gpu_per_fusion_autotune_cache_dir=/somewhere/else"};
+  o.xla_options = mine;
+  o.xla_option_count = 1;
+  free(rt->autotune_dir);
+  rt->autotune_dir = NULL;
+  size_t before = rt->compile_options_size;
+  ASSERT_OK(st__gpu_compile_defaults(rt, &o));
+  st_runtime_get_info(rt, &info);
+  assert_string_equal(info.autotune_cache_dir, "/somewhere/else");
+  assert_int_equal(rt->compile_options_size, before);
+  rt->platform_name = cpu;
+  st_runtime_destroy(rt);
+  tu_rmtree(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cache_hit),
@@ -401,6 +475,8 @@ int main(void) {
       cmocka_unit_test(test_deterministic_repeatable),
       cmocka_unit_test(test_batch_compile),
       cmocka_unit_test(test_batch_compile_errors),
+      cmocka_unit_test(test_program_from_cache),
+      cmocka_unit_test(test_gpu_autotune_defaults),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

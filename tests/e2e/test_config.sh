@@ -148,8 +148,8 @@ expect_config_error "$ROOT" 2 "model.vocab_size (100, command line) must be at l
 # train.optimizer_groups (issue 29; every refusal's text: tests/c/test_config.c, test_optimizers)
 expect_config_error "$ROOT" 2 "train.optimizer_groups (command line): entry 1 'embed=muon': muon updates hidden matrices only (rank 2, outside the embedding and the head), and embed has none; give embed another optimizer, and muon to matrices or a block group" \
   -- config configs/tiny.yml "train.optimizer_groups=[embed=muon]"
-expect_config_error "$ROOT" 2 "train.optimizer (command line) uses muon with parallel.fsdp=2 (command line) and parallel.tensor=1 (configs/base.yml:87): muon's update is not built for sharded parameters (it needs each parameter whole on a device); use adamw, sgd or lion there, or parallel.fsdp=1 and parallel.tensor=1" \
-  -- plan configs/tiny.yml train.optimizer=muon parallel.fsdp=2
+expect_config_error "$ROOT" 2 "train.optimizer (command line) uses muon with parallel.fsdp=2 (command line) across parallel.processes=2 (command line): muon's update needs each parameter whole, gathered across processes, which is not built; use adamw, sgd or lion there, or put parallel.data across the processes (fsdp inside each)" \
+  -- plan configs/tiny.yml train.optimizer=muon parallel.fsdp=2 parallel.processes=2
 
 # --- usage -------------------------------------------------------------------------
 expect_config_error "$ROOT" 2 "missing CONFIG (a YAML file, e.g. configs/tiny.yml; see strata config --help)" -- config

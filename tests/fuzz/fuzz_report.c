@@ -19,6 +19,7 @@
 
 #include "strata/base.h"
 #include "strata/obs.h"
+#include "fuzz_text.h"
 
 static char g_dir[64];
 
@@ -39,23 +40,6 @@ static void put(const char* name, const uint8_t* p, size_t n) {
   FILE* f = fopen(path, "wb");
   if (!f || (n && fwrite(p, 1, n, f) != n)) abort();
   fclose(f);
-}
-
-static bool valid_utf8(const unsigned char* s, size_t n) {
-  for (size_t i = 0; i < n;) {
-    unsigned c = s[i];
-    if (c < 0x80) {
-      if (c < 0x20 && c != '\n' && c != '\t') return false;
-      ++i;
-      continue;
-    }
-    size_t k = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 0;
-    if (!k || i + k > n) return false;
-    for (size_t j = 1; j < k; ++j)
-      if ((s[i + j] & 0xc0) != 0x80) return false;
-    i += k;
-  }
-  return true;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -89,7 +73,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     abort();
   }
   size_t n = strlen(html);
-  if (!valid_utf8((const unsigned char*)html, n)) abort();
+  if (!fuzz_valid_utf8((const unsigned char*)html, n)) abort();
   if (strstr(html, "<script")) abort();
   int plots = 0;
   for (const char* p = html; (p = strstr(p, "<svg class=\"plot\"")); ++p) ++plots;

@@ -37,7 +37,7 @@ dict_line() { printf '"%s"\n' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'
 } >"$out/config.dict"
 
 # --- committed seeds ------------------------------------------------------
-for t in safetensors ckpt_manifest bundle tokens tokenizer json mlir_sig ir config report; do
+for t in safetensors ckpt_manifest bundle tokens tokenizer json mlir_sig ir config report diff compare; do
   mkdir -p "$out/$t"
   if [ -d "tests/fuzz/corpus/$t" ]; then cp tests/fuzz/corpus/"$t"/* "$out/$t/"; fi
 done
@@ -65,12 +65,28 @@ json_syntax=('{' '}' '[' ']' ':' ',' '"' '\' '\u0000' '\ud83d\ude00' 'true' 'fal
 } >"$out/bundle.dict"
 { for t in "${json_syntax[@]}" '"k"' '\n' '\t' '1e-999'; do dict_line "$t"; done; } >"$out/json.dict"
 {
+  for t in "${json_syntax[@]}" '"format"' '"strata-dump/1"' '"step"' '"entries"' '"tensors"' '"model"' '"n_layers"' \
+    '"d_model"' '"d_ff"' '"seq_len"' '"vocab_size"' '"microbatch_rows"' '"compute_dtype"' '"program"' '"phase"' '"stage"' \
+    '"layer"' '"micro"' '"op"' '"io"' '"in"' '"out"' '"name"' '"class"' '"dtype"' '"shape"' '"key"' '"f32"' '"bf16"' '"s32"' \
+    '"fwd"' '"recompute"' '"accum"' '"update"' '"param"' '"param_updated"' '"gradient"' '"lr"' '"gscale"' '"hyper"' \
+    '"v_wte"' '"grad_wte"' '"wte"' '"k"' '"b"'; do
+    dict_line "$t"
+  done
+} >"$out/compare.dict"
+{
   for t in "${json_syntax[@]}" '\n' '"step"' '"loss"' '"eval_loss"' '"lr"' '"grad_norm"' '"tokens"' '"step_time_s"' \
     '"tokens_per_s"' '"wait_s"' '"recompute_s"' '"transfer_s"' '"peak_live_bytes"' '"peak_live_bytes_predicted"' \
     '"peak_live_by_category"' '"params"' '"time"' '"event"' '"error"' '"context"' 'NaN' '<' '&' '\xff'; do
     dict_line "$t"
   done
 } >"$out/report.dict"
+{
+  for t in "${json_syntax[@]}" '\n' '"step"' '"loss"' '"eval_loss"' '"lr"' '"grad_norm"' '"tokens_per_s"' '"step_time_s"' \
+    '"entries"' '"kind"' '"hypothesis"' '"conclusion"' '"note"' '"author"' '"text"' '"time"' '"schema"' '"run_id"' '"peak"' \
+    '"flops"' '<' '&' '\xff'; do
+    dict_line "$t"
+  done
+} >"$out/diff.dict"
 {
   for t in 'func.func public @main(' 'func.func @main(' '%arg0: ' 'tensor<' '>' 'x' 'xf32' 'xbf16' 'xi32' 'xi1' 'xui32' '?x' \
     ' -> ' '(' ')' '{' '}' ', ' 'tf.aliasing_output = 0 : i32' 'jax.buffer_donor = true' 'jax.result_info = "result[0]"' \

@@ -11,7 +11,9 @@
 #   json           the JSON reader                    (fuzz_json.c)
 #   mlir_sig       MLIR `@main` signatures             (fuzz_mlir_sig.c)
 #   report         run logs and the report page         (fuzz_report.c)
+#   diff           two run directories and strata diff  (fuzz_diff.c)
 #   ir             StableHLO programs (the analyzer)   (fuzz_ir.c)
+#   compare        step dumps (strata compare)         (fuzz_compare.c)
 #
 # Budget: FUZZ_SECONDS (default 60) is the total, split evenly over the
 # targets (`make test-fuzz`, the CI run); or FUZZ_RUNS executions per
@@ -24,7 +26,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${FUZZ_OUT:-build-fuzz}
-all=(config safetensors ckpt_manifest bundle tokens tokenizer json mlir_sig report ir)
+all=(config safetensors ckpt_manifest bundle tokens tokenizer json mlir_sig report diff ir compare)
 if [ $# -gt 0 ]; then targets=("$@"); else targets=("${all[@]}"); fi
 seconds=${FUZZ_SECONDS:-60}
 runs=${FUZZ_RUNS:-}
@@ -54,7 +56,7 @@ LIBS=($(pkg-config --cflags --libs yaml-0.1 jansson libxxhash libcrypto libproto
 
 # The parsers, built once into an archive: each target pulls what it uses.
 sources=(src/base/*.c src/config/*.c src/ckpt/*.c src/bundle/*.c src/data/*.c
-  src/runtime/dtype.c src/runtime/mlir_sig.c src/obs/*.c src/ir/*.c "$out/gen/tb_event.pb-c.c")
+  src/runtime/dtype.c src/runtime/mlir_sig.c src/obs/*.c src/ir/*.c src/diag/compare.c "$out/gen/tb_event.pb-c.c")
 rm -f "$out"/obj/*.o "$out/libparsers.a"
 jobs_max=$(nproc 2>/dev/null || echo 2)
 pids=()

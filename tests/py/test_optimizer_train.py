@@ -8,8 +8,10 @@ tests/py/test_optimizers.py holds to optax):
   rtol 1e-5, final parameters within rtol 1e-3 / atol 1e-5 (make test:
   muon with AdamW for the rest, the mixed-groups case; the others in make
   test-long);
-- an elementwise optimizer under fsdp=2 equals its one-device run, and its
-  fsdp=2 checkpoint resumes on one device;
+- each optimizer under fsdp=2 (and tensor=2, fsdp=2 x tensor=2) equals its
+  one-device run, and its checkpoint from the mesh resumes on one device
+  (make test: muon, adafactor, lion and adamw at once on fsdp=2; the rest
+  in make test-long);
 - a resume with another optimizer is refused (exit 7) naming both;
 - `strata plan` predicts the optimizer state bytes each optimizer's
   definition implies, and the run accounts exactly those.
@@ -75,17 +77,41 @@ def losses(run: Path) -> list[float]:
     return [json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
 
 
-def test_elementwise_optimizer_on_fsdp2_equals_one_device_and_resumes_there(tmp_path: Path) -> None:
-    opt = ["train.optimizer=lion", "train.lr=0.0003"]
-    one, fsdp, cut = tmp_path / "one", tmp_path / "fsdp", tmp_path / "cut"
-    for d, extra in ((one, []), (fsdp, ["parallel.fsdp=2", "runtime.cpu_devices=2"]),
-                     (cut, ["parallel.fsdp=2", "runtime.cpu_devices=2", "train.steps=3", "ckpt.every=3"])):
+# (optimizer overrides, mesh overrides, in make test). "mixed" is muon for
+# the matrices, adafactor for the (tied) embedding, lion for the vectors:
+# the embedding's and the block's updates are SPMD programs that gather
+# whole tensors (adafactor's factored moments whole on every device), the
+# head's (its final norm, lion) a one-device update of its fsdp block.
+MIXED = ["train.optimizer=muon", "train.optimizer_groups=[embed=adafactor, vectors=lion]"]
+MESH_CASES = {
+    "mixed_fsdp2": (MIXED, ["parallel.fsdp=2", "runtime.cpu_devices=2"], True),
+    "lion_fsdp2": (["train.optimizer=lion", "train.lr=0.0003"], ["parallel.fsdp=2", "runtime.cpu_devices=2"], False),
+    "adafactor_fsdp2": (["train.optimizer=adafactor"], ["parallel.fsdp=2", "runtime.cpu_devices=2"], False),
+    "sgd_nesterov_fsdp2": (["train.optimizer=sgd", "train.nesterov=true"], ["parallel.fsdp=2", "runtime.cpu_devices=2"],
+                           False),
+    "mixed_tensor2": (MIXED, ["parallel.tensor=2", "runtime.cpu_devices=2"], False),
+    "mixed_fsdp2_tensor2": (MIXED, ["parallel.fsdp=2", "parallel.tensor=2", "runtime.cpu_devices=4"], False),
+}
+
+
+@pytest.mark.parametrize("case", [c if fast else pytest.param(c, marks=pytest.mark.long)
+                                  for c, (_, _, fast) in MESH_CASES.items()])
+def test_optimizer_on_a_mesh_equals_one_device_and_resumes_there(case: str, tmp_path: Path) -> None:
+    """Each optimizer's sharded run equals its one-device run (losses rtol
+    1e-5: the gradients' reduction order differs), and a checkpoint taken on
+    the mesh, its state whole in the files, resumes on one device."""
+    opt, mesh, _ = MESH_CASES[case]
+    one, sharded, cut = tmp_path / "one", tmp_path / "sharded", tmp_path / "cut"
+    for d, extra in ((one, []), (sharded, mesh), (cut, [*mesh, "train.steps=3", "ckpt.every=3"])):
         r = strata("train", "configs/test.yml", *SHORT, *opt, *extra, f"run.dir={d}")
         assert r.returncode == 0, r.stderr
-    np.testing.assert_allclose(losses(fsdp), losses(one), rtol=1e-5)
+    np.testing.assert_allclose(losses(sharded), losses(one), rtol=1e-5)
     manifest = json.loads((cut / "checkpoints" / "step_3" / "manifest.json").read_text())
-    assert any(t["name"].startswith("m:") for t in manifest["tensors"]), "lion's momentum is not in the checkpoint"
-    r = strata("resume", str(cut), "parallel.fsdp=1", "train.steps=6")
+    kinds = {t["name"].split(":")[0] for t in manifest["tensors"] if ":" in t["name"]}
+    want = ({"mom", "vr", "vc", "m"} if opt is MIXED else {"m"} if "lion" in case else {"mom"} if "sgd" in case
+            else {"vr", "vc", "v"})
+    assert want <= kinds, kinds
+    r = strata("resume", str(cut), "parallel.fsdp=1", "parallel.tensor=1", "train.steps=6")
     assert r.returncode == 0, r.stderr
     np.testing.assert_allclose(losses(cut), losses(one), rtol=1e-5)
 
@@ -134,3 +160,19 @@ def test_plan_predicts_each_optimizers_state() -> None:
     assert plan_optimizer_bytes("train.optimizer=adafactor")[0] == fact
     muon, _ = plan_optimizer_bytes("train.optimizer=muon")
     assert params < muon < adamw
+
+
+@pytest.mark.long
+def test_gathering_update_with_data_across_processes(tmp_path: Path) -> None:
+    """mpirun -np 2, data across the processes and fsdp=2 inside each: the
+    gathering updates (muon, adafactor) run within each process and the job
+    equals one process on one device (losses rtol 1e-5)."""
+    import mpjob
+
+    over = ["model.seq_len=16", "train.batch_size=8", "train.steps=4", "train.warmup_steps=2", *MIXED]
+    one, job = tmp_path / "one", tmp_path / "job"
+    r = strata("train", "configs/test.yml", *SHORT, *over, f"run.dir={one}")
+    assert r.returncode == 0, r.stderr
+    mpjob.run([STRATA, "train", "configs/test.yml", *SHORT, *over, "parallel.data=2", "parallel.fsdp=2",
+               "runtime.cpu_devices=2", f"run.dir={job}"], 2)
+    np.testing.assert_allclose(losses(job), losses(one), rtol=1e-5)

@@ -27,6 +27,10 @@ manifest roles; the assignment's errors.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 from typing import Any
 
 import jax
@@ -42,8 +46,10 @@ from strata_jax import model as M
 from strata_jax import optimizers as O
 from strata_jax import programs as PR
 from strata_jax import registry as R
+from strata_jax import tensor_parallel as TP
 from strata_jax import reference_train as RT
 from strata_jax.config import ModelConfig, OptimizerSpec
+from strata_jax.mesh import MeshSpec
 from strata_jax.optim import lr_at
 
 STEPS = 20
@@ -254,11 +260,16 @@ def test_muon_matrices_and_fsdp_variants() -> None:
     blk = dict(zip(M.group_param_names(cfg, "block"), a["block"]))
     assert blk["wq"] == "muon" and blk["attn_norm"] == "adamw"
     E.lower_program(PR.programs_by_name(cfg)["update_block"])
-    assert O.unsupported_parallel(cfg, 2, 1) and O.unsupported_parallel(cfg, 1, 1) is None
-    with pytest.raises(ValueError, match="not built"):
-        PR.fsdp_programs(cfg, 2)
+    # Only fsdp across processes is refused: on one process's devices the
+    # update gathers (tensor_parallel.whole_update_program, below).
+    assert O.unsupported_parallel(cfg, 2) and O.unsupported_parallel(cfg, 1) is None
+    f = {p.name: p for p in PR.fsdp_programs(cfg, 2)}
+    assert "accum_block_fsdp2" in f and "update_block_fsdp2" not in f and "update_embed_fsdp2" in f
+    w = {p.name: p for p in TP.whole_update_programs(cfg, MeshSpec(fsdp=2), E._tp_split_dim)}
+    assert set(w) == {"update_block_fsdp2"}
+    assert [s.local_shape(w["update_block_fsdp2"].mesh) for s in w["update_block_fsdp2"].inputs[:2]] == [(16,), (16, 32)]
     lion = _cfg(OptimizerSpec("lion", groups=("vectors=sgd",)))
-    assert O.unsupported_parallel(lion, 2, 2) is None
+    assert O.unsupported_parallel(lion, 2) is None and not TP.whole_update_programs(lion, MeshSpec(fsdp=2), E._tp_split_dim)
     f = {p.name: p for p in PR.fsdp_programs(lion, 2)}
     u = f["update_embed_fsdp2"]
     assert [(s.name, s.shape) for s in u.inputs if s.role.startswith("opt_")] == [("m_wte", (32, 32))]
@@ -266,6 +277,100 @@ def test_muon_matrices_and_fsdp_variants() -> None:
     assert ("mom_attn_norm", (16,)) in [(s.name, s.shape) for s in hb.inputs]
     tables = E.program_tables(lion, {p.name for p in PR.build_programs(lion)} | set(f), fsdp=2)
     assert tables["groups"][0]["shard_programs"]["update"] == "update_embed_fsdp2"
+
+
+# Meshes of the whole-tensor update check: fsdp=3 pads every dimension 0 of
+# the tiny model (32, 64 rows), tensor=2 cuts, fsdp=2 x tensor=2 cuts wo's
+# and w_down's rows twice over.
+WHOLE_MESHES = {"f3": MeshSpec(fsdp=3), "t2": MeshSpec(tensor=2), "f2t2": MeshSpec(fsdp=2, tensor=2)}
+
+
+@pytest.fixture(scope="module")
+def whole_child(request: pytest.FixtureRequest) -> dict[str, dict[str, float]]:
+    """The child's errors per mesh and program: make test runs f3 (fsdp with
+    padding), make test-long every mesh (test_tensor_parallel.py's way)."""
+    expr = request.config.option.markexpr or ""
+    meshes = ["f3"] if "not long" in expr else list(WHOLE_MESHES)
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--whole-child", ",".join(meshes)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mesh", [m if m == "f3" else pytest.param(m, marks=pytest.mark.long) for m in WHOLE_MESHES])
+def test_whole_tensor_updates_on_blocks_equal_the_one_device_update(whole_child: dict, mesh: str) -> None:
+    """tensor_parallel.whole_update_program (adafactor for the embedding,
+    muon and lion in the block) run by JAX on forced CPU devices: every
+    device's output blocks equal the blocks of the one-device update of the
+    whole tensors, padding rows zero, factored moments whole everywhere."""
+    progs = whole_child[mesh]
+    assert progs, mesh
+    for name, err in progs.items():
+        # The same arithmetic on the same whole tensors, but XLA compiles the
+        # SPMD program's copy on its own (fusion, FMA contraction, the
+        # Newton-Schulz matmuls' blocking): within a few f32 ulps of the
+        # output's largest magnitude. Measured <= 1.05e-7 (about 1 ulp),
+        # default and AVX2; the bound is 8 ulps.
+        assert err <= 2 ** -20, (mesh, name, err)
+
+
+def _blocks(x: np.ndarray, d: int | None, mesh: MeshSpec, t: int, f: int) -> np.ndarray:
+    """Device (t, f)'s block: the tensor cut along d, then fsdp rows padded."""
+    if d is not None and mesh.tensor > 1:
+        k = x.shape[d] // mesh.tensor
+        x = np.take(x, range(t * k, (t + 1) * k), axis=d)
+    if mesh.fsdp > 1 and x.ndim:
+        r = PR.shard_shape(x.shape, mesh.fsdp)[0]
+        x = np.pad(x, [(0, r * mesh.fsdp - x.shape[0])] + [(0, 0)] * (x.ndim - 1))[f * r:(f + 1) * r]
+    return x
+
+
+def _whole_child() -> None:
+    from strata_jax.mesh import make_mesh
+    cfg = _cfg(OptimizerSpec("muon", momentum=0.9, groups=("embed=adafactor", "vectors=lion")))
+    rng = np.random.default_rng(0)
+    out: dict[str, dict[str, float]] = {}
+    for key in sys.argv[sys.argv.index("--whole-child") + 1].split(","):
+        mesh = WHOLE_MESHES[key]
+        progs = (TP.whole_update_programs(cfg, mesh, E._tp_split_dim) if mesh.fsdp > 1 else
+                 [p for p in TP.optimizer_programs(cfg, mesh) if p.name == "tp_update_block"])
+        jm = make_mesh(mesh)
+        out[key] = {}
+        for prog in progs:
+            group = "block" if "block" in prog.name else prog.name.split("_")[1]
+            names = M.group_param_names(cfg, group)
+            shapes = [M.param_shape(cfg, p, group) for p in names]
+            dims = [E._tp_split_dim(group, p) for p in names]
+            opts = O.assignment(cfg)[group]
+            layout = O.state_layout(shapes, opts, O.constants(cfg.optimizer))
+            p = [rng.standard_normal(s).astype(np.float32) * 0.1 for s in shapes]
+            g = [rng.standard_normal(s).astype(np.float32) * 0.01 for s in shapes]
+            st = [np.abs(rng.standard_normal(sl.shape)).astype(np.float32) * 1e-4 for sl in layout]
+            sc = [np.float32(3.0), np.float32(0.01), np.float32(0.5), np.array([0.9, 0.95, 1e-8, 0.1], np.float32)]
+            decay = [len(s) >= 2 for s in shapes]
+            want_p, want_s = jax.jit(lambda p, g, st, *sc: O.group_update(
+                opts, layout, p, g, st, decay, *sc, O.constants(cfg.optimizer)))(p, g, st, *sc)
+            whole = [sl.shape != shapes[sl.index] for sl in layout]
+            per_dev, expect = [], []
+            for dev in range(mesh.devices):
+                _, f, t = np.unravel_index(dev, mesh.shape)
+
+                def cut(x: Any, i: int) -> np.ndarray:
+                    return _blocks(np.asarray(x), dims[i], mesh, t, f)
+
+                per_dev.append([cut(x, i) for i, x in enumerate(p)] + [cut(x, i) for i, x in enumerate(g)]
+                               + [np.asarray(x) if w else cut(x, sl.index) for x, sl, w in zip(st, layout, whole)] + sc)
+                expect.append([cut(x, i) for i, x in enumerate(want_p)]
+                              + [np.asarray(x) if w else cut(x, sl.index) for x, sl, w in zip(want_s, layout, whole)])
+            got = prog.run(jm, per_dev)
+            err = 0.0
+            for gd, ed in zip(got, expect):
+                for a, b in zip(gd, ed):
+                    assert a.shape == b.shape, (prog.name, a.shape, b.shape)
+                    err = max(err, float(np.max(np.abs(a - b), initial=0.0) / max(float(np.max(np.abs(b))), 1e-30)))
+            out[key][prog.name] = err
+    print(json.dumps(out))
 
 
 @pytest.mark.parametrize("spec,match", [
@@ -288,3 +393,7 @@ def test_model_json_round_trip() -> None:
     assert ModelConfig.from_dict(d) == cfg
     assert "optimizer" not in _cfg(None).to_dict()
     assert dataclasses.replace(cfg, optimizer=None) == _cfg(None)
+
+
+if __name__ == "__main__" and "--whole-child" in sys.argv:
+    _whole_child()
