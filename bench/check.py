@@ -25,8 +25,9 @@ machine, lower is better, so a faster or slower machine moves both sides:
         its own figure by as much as P slowed
   kernel.<op>.<fwd|bwd>.ffi_vs_xla
         `strata kernels bench`'s time per call of strata's C kernel over the
-        XLA reference's on the contract's first bench shape of each op, each
-        the faster of KERNEL_PASSES passes (a pass: median of KERNEL_RUNS)
+        XLA reference's, geometric mean over the contract's bench shapes of
+        the op (not the segment forms); each time the fastest of
+        KERNEL_PASSES passes (a pass: the median of KERNEL_RUNS calls)
 
 A figure fails when it exceeds baseline x (1 + tolerance); the tolerances
 come from repeated runs of this same measurement (--update --repeat N:
@@ -72,11 +73,11 @@ STEPS, WARMUP, ROUNDS = 24, 4, 3
 # of the launch time): the smaller ones last a few hundred microseconds,
 # where the clock and the dispatch are most of what is measured.
 PROGRAMS = ("block_fwd_res", "block_bwd_res")
-# `strata kernels bench` rows: op, direction, the contract's first shape.
+# `strata kernels bench` rows: op and direction (every bench shape of it).
 KERNEL_ROWS = (("rmsnorm", "fwd"), ("rmsnorm", "bwd"), ("swiglu", "fwd"), ("swiglu", "bwd"),
                ("cross_entropy", "fwd"), ("cross_entropy", "bwd"), ("attention", "fwd"), ("attention", "bwd"))
 # `strata kernels bench` passes and calls per row of a pass (its median).
-KERNEL_PASSES, KERNEL_RUNS = 2, 7
+KERNEL_PASSES, KERNEL_RUNS = 3, 7
 FLOOR, SAFETY, STEP_TOL = 0.10, 2.0, 0.05
 
 
@@ -124,28 +125,29 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def kernel_times(text: str) -> dict[tuple[str, str, str], float]:
+def kernel_times(text: str) -> dict[tuple[str, str, str, str], float]:
     """`strata kernels bench` lines -> microseconds per call of (op, dir,
-    impl) on the first (non-segment) shape of each op."""
+    impl, shape), the segment rows left out."""
     row = re.compile(r"^(\w+)\s+(fwd|bwd)\s+(\S+)\s+(seg\s+)?(xla|ffi)\s+([0-9.]+) us")
-    first_shape: dict[str, str] = {}
-    us: dict[tuple[str, str, str], float] = {}
+    us: dict[tuple[str, str, str, str], float] = {}
     for line in text.splitlines():
         m = row.match(line.strip())
-        if not m or m.group(4):
-            continue
-        op, d, shape = m.group(1), m.group(2), m.group(3)
-        first_shape.setdefault(op, shape)
-        if shape == first_shape[op] and (op, d) in KERNEL_ROWS:
-            us[(op, d, m.group(5))] = float(m.group(6))
+        if m and not m.group(4) and (m.group(1), m.group(2)) in KERNEL_ROWS:
+            us[(m.group(1), m.group(2), m.group(5), m.group(3))] = float(m.group(6))
     return us
 
 
-def kernel_ratios(us: dict[tuple[str, str, str], float]) -> dict[str, float]:
-    """kernel.<op>.<dir>.ffi_vs_xla: ffi's microseconds over xla's (the
-    printed "0.28x" has two digits only)."""
-    return {f"kernel.{op}.{d}.ffi_vs_xla": us[(op, d, "ffi")] / us[(op, d, "xla")]
-            for op, d in KERNEL_ROWS if us.get((op, d, "xla")) and (op, d, "ffi") in us}
+def kernel_ratios(us: dict[tuple[str, str, str, str], float]) -> dict[str, float]:
+    """kernel.<op>.<dir>.ffi_vs_xla: the geometric mean over the op's bench
+    shapes of ffi's microseconds over xla's (the printed "0.28x" has two
+    digits only; several shapes average out a call that one burst hit)."""
+    out = {}
+    for op, d in KERNEL_ROWS:
+        logs = [math.log(us[(op, d, "ffi", sh)] / x) for (o, dd, impl, sh), x in us.items()
+                if (o, dd, impl) == (op, d, "xla") and x > 0 and us.get((op, d, "ffi", sh), 0) > 0]
+        if logs:
+            out[f"kernel.{op}.{d}.ffi_vs_xla"] = math.exp(sum(logs) / len(logs))
+    return out
 
 
 def parse_kernels_bench(text: str) -> dict[str, float]:
