@@ -1,7 +1,7 @@
 # Thin wrapper over CMake and pytest: these targets are what README.md promises.
 #   make run    set up, build, train configs/tiny.yml on the fortunes corpus
 #   make test   set up, build, run every test (C under ASan+UBSan, pytest, e2e)
-.PHONY: test-py-stream1 test-py-stream2 setup setup-test build build-asan build-portable run test test-c test-py test-e2e test-long bench clean
+.PHONY: test-py-stream1 test-py-stream2 setup setup-test build build-asan build-portable run test test-c test-py test-e2e test-long bench bench-check bench-baselines clean
 
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PY := .venv/bin/python
@@ -128,6 +128,18 @@ golden-check: build
 # checks the pipeline in ~2 min, "--sections step,compile" runs a subset.
 bench: build
 	@$(PY) bench/run.py $(BENCH_ARGS)
+
+# The committed performance baselines (bench/baselines/, docs/performance.md
+# "Baselines"): bench-check re-measures the short set (~2 min on 2 cores)
+# and exits 1 naming each figure beyond its tolerance; bench-baselines
+# regenerates them from BENCH_REPEAT runs (~7 min). BENCH_CHECK_ARGS="--slow
+# block_fwd_res:0.3" is the drill that must fail.
+BENCH_REPEAT ?= 5
+bench-check: build
+	@$(PY) bench/check.py $(BENCH_CHECK_ARGS)
+
+bench-baselines: build
+	@$(PY) bench/check.py --update --repeat $(BENCH_REPEAT)
 
 clean:
 	rm -rf build build-asan build-portable build-fuzz

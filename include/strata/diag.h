@@ -46,6 +46,9 @@ typedef struct st_faults_options {
   char nan_tensor[64]; /* "" = the forward's first output */
   int nan_value;       /* faults.nan_value: 0 NaN, 1 +inf, 2 the largest finite f32 */
   int wrong_kernel;    /* faults.wrong_kernel: 0 off, ST_FAULT_WRONG_ATTENTION */
+  /* faults.slow_program=PROGRAM:FRACTION: "" = off. */
+  char slow_program[128];
+  double slow_fraction;
 } st_faults_options;
 
 /* faults.wrong_kernel=attention (test-only): the ffi attention kernel's

@@ -107,6 +107,12 @@ typedef struct st_repro_result {
   st_json* identity;               /* owned: the identity check's report (st_repro_result_deinit) */
   int injected_value;             /* faults.nan_value: 0 nan, 1 inf, 2 max */
   bool calls_kernels;             /* the program calls strata's ffi kernels (custom_call @strata_...) */
+  /* --perf (options->perf_runs > 0): that many timed launches after one
+   * untimed, each from its inputs ready to its outputs ready; the recorded
+   * figure is nonfinite.json's launch_time.seconds (< 0: none recorded). */
+  int perf_runs;
+  double perf_median_s, perf_min_s, perf_max_s, perf_p10_s, perf_p90_s;
+  double perf_recorded_s;
 } st_repro_result;
 /* The config of the replay: |overrides| (key=value, borrowed) on the
  * bundle's config.yaml (a runtime.* to replay elsewhere), and |allow|
@@ -115,6 +121,7 @@ typedef struct st_repro_options {
   int n_overrides;
   char** overrides;
   const char* allow;
+  int perf_runs; /* --perf: timed launches (0: none) */
 } st_repro_options;
 /* |options| may be NULL (none). The given config's tokenizer and model
  * are checked against nonfinite.json's record (st_plan_check_identity;

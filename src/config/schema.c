@@ -322,6 +322,11 @@ static const st__cfg_key kKeys[] = {
      .doc = "Test-only drill: attention makes the ffi attention kernel's forward output o slightly wrong (scaled by "
             "1 + 2^-10), for tests of strata compare (docs/diagnostics.md, \"Dump and compare\"); needs the "
             "attention op's kernel to be ffi (exit 2 otherwise)."},
+    {"faults.slow_program", ST__CFG_STRING, "",
+     .doc = "Drill (performance): PROGRAM:FRACTION makes every training launch of PROGRAM take FRACTION x its own "
+            "measured duration longer (the trainer waits that long after it completes), e.g. block_fwd_res:0.3; "
+            "`make bench-check` must then fail naming it (docs/performance.md, \"Baselines\"); a program no step "
+            "plan launches is refused (exit 2); empty: off."},
 
     {"diag.hang_timeout_s", ST__CFG_FLOAT, "0", .lo = 0, .hi = 604800,
      .doc = "Hang watchdog in the trainer: an op, compile, checkpoint write or step running longer than max(floor, "

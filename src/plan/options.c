@@ -476,6 +476,30 @@ static void st__options_obs(const st_config* c, st_plan_options* o) {
 }
 
 /* ckpt.*, faults.*, diag.*, recovery.*: checkpoints and what watches a run. */
+/* faults.slow_program=PROGRAM:FRACTION (the bench drill, docs/performance.md
+ * "Baselines"): a name and a fraction in (0, 10]; "" is off. Whether a
+ * plan launches PROGRAM is the trainer's check (it knows the plans). */
+static st_status st__options_slow_program(const st_config* c, st_faults_options* f) {
+  const char* v = st_config_string(c, "faults.slow_program");
+  f->slow_program[0] = '\0';
+  f->slow_fraction = 0;
+  if (!v || !v[0]) return ST_OK;
+  const char* colon = strrchr(v, ':');
+  char* end = NULL;
+  errno = 0;
+  double frac = colon && colon[1] ? strtod(colon + 1, &end) : -1;
+  size_t n = colon ? (size_t)(colon - v) : 0;
+  if (!colon || n == 0 || n >= sizeof(f->slow_program) || errno || !end || *end || !(frac > 0 && frac <= 10))
+    return st_status_make(ST_CODE_CONFIG,
+                          "faults.slow_program=%s (%s): expected PROGRAM:FRACTION with FRACTION in (0, 10], e.g. "
+                          "block_fwd_res:0.3 (each launch of block_fwd_res takes 30 %% longer); empty: off",
+                          v, st_config_source(c, "faults.slow_program"));
+  memcpy(f->slow_program, v, n);
+  f->slow_program[n] = '\0';
+  f->slow_fraction = frac;
+  return ST_OK;
+}
+
 static st_status st__options_ckpt_diag(const st_config* c, st_plan_options* o) {
   o->resume = st_config_bool(c, "run.resume");
   o->ckpt.every = st_config_int(c, "ckpt.every");
@@ -502,6 +526,7 @@ static st_status st__options_ckpt_diag(const st_config* c, st_plan_options* o) {
   o->faults.nan_value = !strcmp(nv, "inf") ? 1 : !strcmp(nv, "max") ? 2 : 0;
   o->faults.wrong_kernel = st_kernels_wrong_drill(st_config_string(c, "faults.wrong_kernel")) ? ST_FAULT_WRONG_ATTENTION : 0;
   ST_RETURN(st_config_dump_parse(st_config_string(c, "diag.dump"), &o->dump.step, &o->dump.layer_lo, &o->dump.layer_hi));
+  ST_RETURN(st__options_slow_program(c, &o->faults));
   const char* nf = st_config_string(c, "diag.on_nonfinite");
   o->nonfinite.policy = !strcmp(nf, "skip") ? ST_NONFINITE_SKIP : !strcmp(nf, "rollback") ? ST_NONFINITE_ROLLBACK : ST_NONFINITE_STOP;
   o->nonfinite.max_skipped = st_config_int(c, "diag.max_skipped");

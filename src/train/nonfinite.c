@@ -29,6 +29,7 @@ typedef struct st__check {
   void** in_data;
   /* the result */
   bool found;
+  double launch_t0, launch_s; /* the current launch: inputs ready; its duration (<0: not measured) */
   char* dir; /* owned */
   json_t* result; /* the nonfinite.json object (owned) */
 } st__check;
@@ -84,7 +85,22 @@ st_status st__nf_check_inputs(st__trainer* t, const st_op* op, int index, st_buf
     c->n_in = j + 1;
     ST_RETURN(st_buffer_to_host(inputs[j], c->in_data[j], bytes));
   }
+  /* The copies waited for every input: the launch starts from here. */
+  c->launch_t0 = st_now();
+  c->launch_s = -1;
   return ST_OK;
+}
+
+void st__nf_time_launch(st__trainer* t, const st_op* op, int index, st_buffer** outputs) {
+  st__check* c = t->check;
+  if (!c || c->found || index != 0 || !st__program_op(op) || op->output_count < 1) return;
+  st_event* ev = NULL;
+  st_status s = st_buffer_ready_event(outputs[0], &ev);
+  if (!s) s = st_event_await(ev);
+  st_event_destroy(ev);
+  /* Untimed if the wait failed: the output check that follows reports the error. */
+  c->launch_s = s ? -1 : st_now() - c->launch_t0;
+  st_status_free(s);
 }
 
 /* Copies |src| (a file) to |dst|. */
@@ -297,6 +313,12 @@ static st_status st__write_bundle(st__trainer* t, const st_op* op, int k, int64_
                   op->micro == t->nan_fired_micro && !strcmp(bp->outputs[k].name, t->nan_fired_output);
   json_t* r = st__bundle_record(t, op, bp, k, bad, n, spmd, injected, inputs, bad_inputs);
   st_json_put(r, "input_stats", stats);
+  /* The launch's time as the locator measured it, for `strata repro --perf`. */
+  json_t* lt = st_json_obj();
+  st_json_put(lt, "seconds", c->launch_s >= 0 ? st_json_fixed(c->launch_s, 9) : json_null());
+  st_json_put_int(lt, "launches", c->launch_s >= 0 ? 1 : 0);
+  st_json_put_str(lt, "measured", "the locator's re-execution, device index 0: inputs ready (copied to the host) to outputs ready");
+  st_json_put(r, "launch_time", lt);
   if (!s) {
     char* path = st_path_join(dir, "nonfinite.json");
     s = st_json_write_file(path, r, 0);

@@ -328,6 +328,65 @@ static st_status st__replay_runs(st__replay* R, st_repro_result* out, st_status 
   return s;
 }
 
+static int st__perf_cmp(const void* x, const void* y) {
+  double a = *(const double*)x, b = *(const double*)y;
+  return (a > b) - (a < b);
+}
+
+/* --perf: the program launched 1 + |runs| times on fresh copies of the
+ * inputs, every input ready before the clock starts, the first launch
+ * untimed (first-touch of the output memory); the outputs awaited. The
+ * recorded figure is the locator's (nonfinite.json launch_time), measured
+ * the same way. */
+static st_status st__replay_perf(st__replay* R, int runs, st_repro_result* out, st_status s) {
+  const json_t* lt = R->meta ? json_object_get(R->meta, "launch_time") : NULL;
+  const json_t* rec = json_is_object(lt) ? json_object_get(lt, "seconds") : NULL;
+  out->perf_recorded_s = json_is_number(rec) && json_number_value(rec) > 0 ? json_number_value(rec) : -1;
+  if (s || runs <= 0) return s;
+  st_runtime* rt = R->opened.runtime;
+  st_buffer** ins = st_xcalloc(R->n_in + 1, sizeof(st_buffer*));
+  st_buffer** outs = st_xcalloc(R->n_out + 1, sizeof(st_buffer*));
+  double* times = st_xcalloc((size_t)runs + 1, sizeof(double));
+  int timed = 0;
+  for (int r = 0; r <= runs && !s; ++r) {
+    for (size_t j = 0; j < R->n_in && !s; ++j) {
+      s = st_buffer_from_host(rt, 0, &R->in_types[j], R->in_data[j], &ins[j]);
+      st_event* ev = NULL;
+      if (!s) s = st_buffer_ready_event(ins[j], &ev);
+      if (!s) s = st_event_await(ev);
+      st_event_destroy(ev);
+    }
+    st_event* done = NULL;
+    double t0 = st_now();
+    if (!s) s = st_program_execute(R->prog, 0, ins, (int)R->n_in, outs, (int)R->n_out, &done);
+    if (!s) s = st_event_await(done);
+    double dt = st_now() - t0;
+    st_event_destroy(done);
+    for (size_t j = 0; j < R->n_in; ++j) {
+      st_buffer_destroy(ins[j]);
+      ins[j] = NULL;
+    }
+    for (size_t j = 0; j < R->n_out; ++j) {
+      st_buffer_destroy(outs[j]);
+      outs[j] = NULL;
+    }
+    if (!s && r > 0) times[timed++] = dt;
+  }
+  if (!s && timed > 0) {
+    qsort(times, (size_t)timed, sizeof(double), st__perf_cmp);
+    out->perf_runs = timed;
+    out->perf_min_s = times[0];
+    out->perf_max_s = times[timed - 1];
+    out->perf_median_s = timed % 2 ? times[timed / 2] : 0.5 * (times[timed / 2 - 1] + times[timed / 2]);
+    out->perf_p10_s = times[(int)(0.1 * (timed - 1) + 0.5)];
+    out->perf_p90_s = times[(int)(0.9 * (timed - 1) + 0.5)];
+  }
+  free(times);
+  free(ins);
+  free(outs);
+  return s;
+}
+
 static void st__replay_free(st__replay* R) {
   st_program_destroy(R->prog);
   st_plan_close(&R->opened);
@@ -355,6 +414,7 @@ st_status st_train_repro(const char* dir, const st_repro_options* ro, st_repro_r
   s = st__replay_config(&R, dir, ro, out, s);
   s = st__replay_compile(&R, out, s);
   s = st__replay_runs(&R, out, s);
+  s = st__replay_perf(&R, ro->perf_runs, out, s);
   st__replay_free(&R);
   return s;
 }

@@ -3,11 +3,13 @@
  * scalars; READ takes the losses and squared norms back; HOST turns the
  * norms into the clip scale and the learning rate (docs/bundle.md). */
 #include <assert.h>
+#include <errno.h>
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "strata/base.h"
 #include "strata/diag.h"
@@ -389,8 +391,69 @@ st_status st__check_nan_at(const st__trainer* t) {
   return ST_OK;
 }
 
+st_status st__check_slow_program(st__trainer* t) {
+  const st_faults_options* fo = &t->o->faults;
+  t->slow_on = false;
+  t->slow_program = -1;
+  if (!fo->slow_program[0]) return ST_OK;
+  for (int i = 0; i < t->step_plan.program_count; ++i)
+    if (!strcmp(t->step_plan.programs[i], fo->slow_program)) t->slow_program = i;
+  if (t->slow_program < 0) {
+    st_strbuf names = {0};
+    for (int i = 0; i < t->step_plan.program_count; ++i)
+      st_strbuf_printf(&names, "%s%s", i ? ", " : "", t->step_plan.programs[i]);
+    st_status s = st_status_make(ST_CODE_CONFIG, "faults.slow_program=%s:%g: the step plan launches no program '%s'; its programs: %s",
+                                 fo->slow_program, fo->slow_fraction, fo->slow_program, st_strbuf_cstr(&names));
+    st_strbuf_free(&names);
+    return s;
+  }
+  t->slow_on = true;
+  fprintf(stderr, "strata: FAULT ARMED: faults.slow_program=%s:%g: every training launch of %s waits %g x its own duration "
+                  "after it completes (a performance drill)\n", fo->slow_program, fo->slow_fraction, fo->slow_program,
+          fo->slow_fraction);
+  return ST_OK;
+}
+
+/* Waits until |b|'s producer is done. */
+static st_status st__slow_await(st_buffer* b) {
+  st_event* ev = NULL;
+  ST_RETURN(st_buffer_ready_event(b, &ev));
+  st_status s = st_event_await(ev);
+  st_event_destroy(ev);
+  return s;
+}
+
+/* faults.slow_program, before a launch of the program (device index 0):
+ * its inputs awaited first, so that the duration measured after it is its
+ * own and not that of the launches queued before it. */
+static st_status st__slow_begin(st__trainer* t, const st_op* op, int index, st_buffer* const* inputs) {
+  if (!t->slow_on || index != 0 || op->program != t->slow_program || (op->kind != ST_OP_LAUNCH && op->kind != ST_OP_RECOMPUTE))
+    return ST_OK;
+  for (int j = 0; j < op->input_count; ++j) ST_RETURN(st__slow_await(inputs[j]));
+  t->slow_t0 = st_now();
+  return ST_OK;
+}
+
+/* ... and after it: its outputs awaited, then the drill's share of the
+ * measured duration slept, before the executor hears of its completion
+ * (its timing and the step's both carry the delay). */
+static st_status st__slow_end(st__trainer* t, const st_op* op, int index, st_buffer** outputs) {
+  if (!t->slow_on || index != 0 || op->program != t->slow_program || (op->kind != ST_OP_LAUNCH && op->kind != ST_OP_RECOMPUTE))
+    return ST_OK;
+  if (op->output_count > 0) ST_RETURN(st__slow_await(outputs[0]));
+  double wait = t->o->faults.slow_fraction * (st_now() - t->slow_t0);
+  if (wait > 0) {
+    struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+  }
+  return ST_OK;
+}
+
 static st_status st__launched(void* user, const st_op* op, int index, st_buffer** outputs) {
   st__trainer* t = user;
+  ST_RETURN(st__slow_end(t, op, index, outputs));
+  if (t->checking) st__nf_time_launch(t, op, index, outputs);
   if (index == 0) ST_RETURN(st__inject(t, op, outputs));
   if (t->dump) ST_RETURN(st__dump_outputs(t, op, index, outputs));
   return t->checking ? st__nf_check_outputs(t, op, index, outputs) : ST_OK;
@@ -399,7 +462,9 @@ static st_status st__launched(void* user, const st_op* op, int index, st_buffer*
 static st_status st__launching(void* user, const st_op* op, int index, st_buffer* const* inputs) {
   st__trainer* t = user;
   if (t->dump) ST_RETURN(st__dump_inputs(t, op, index, inputs));
-  return t->checking ? st__nf_check_inputs(t, op, index, inputs) : ST_OK;
+  if (t->checking) ST_RETURN(st__nf_check_inputs(t, op, index, inputs));
+  /* Last: the drill's clock starts right before the launch. */
+  return st__slow_begin(t, op, index, inputs);
 }
 
 st_executor_hooks st__train_hooks(st__trainer* t) {

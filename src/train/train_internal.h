@@ -104,6 +104,11 @@ typedef struct st__trainer {
   /* The drills armed in this process that had not fired when the last
    * step was done (st_faults_unfired; owned, NULL: no drill armed). */
   json_t* faults_unfired;
+  /* faults.slow_program (step_hooks.c): on, the step plan's program index,
+   * and when the current launch of it began (its inputs ready). */
+  bool slow_on;
+  int slow_program;
+  double slow_t0;
   /* The checking re-execution of a non-finite step (nonfinite.c). */
   bool checking;
   struct st__check* check;
@@ -236,6 +241,10 @@ void st__numerics_reset(st__trainer* t);
  * when the re-execution produced no non-finite value. */
 st_status st__nf_check_inputs(st__trainer* t, const st_op* op, int index, st_buffer* const* inputs);
 st_status st__nf_check_outputs(st__trainer* t, const st_op* op, int index, st_buffer** outputs);
+/* The checking re-execution's timing of the launch whose outputs are next
+ * checked: inputs ready (copied to the host) to outputs ready; nonfinite.json
+ * records the culprit's (strata repro --perf replays against it). */
+void st__nf_time_launch(st__trainer* t, const st_op* op, int index, st_buffer** outputs);
 st_status st__locate_nonfinite(st__trainer* t, char** out_dir);
 
 /* dump.c (docs/diagnostics.md, "Dump and compare"): diag.dump=step:N.
@@ -294,6 +303,9 @@ void st__watch_step_end(st__trainer* t);
  * launches in microbatch faults.nan_micro, and a float output of it
  * (exit 2 otherwise): checked before the first step. */
 st_status st__check_nan_at(const st__trainer* t);
+/* faults.slow_program names a program the step plan launches (exit 2);
+ * arms the drill (step_hooks.c). */
+st_status st__check_slow_program(st__trainer* t);
 /* faults.hang_in names a program a plan launches, and a valid step (exit 2). */
 st_status st__check_hang_in(const st__trainer* t);
 /* Scores the step's loss against the recent ones; a loss_spike event when

@@ -1109,6 +1109,7 @@ static st_status st__train_compile(st__trainer* t, st_plan_options* o) {
   ST_RETURN(st_plan_build(t->bundle, o, &t->step_plan, &t->eval_plan, &t->remat));
   /* Before anything is compiled: a drill the plan never reaches is refused. */
   ST_RETURN(st__check_nan_at(t));
+  ST_RETURN(st__check_slow_program(t));
   /* Every program the run needs, compiled as one batch. A resume usually
    * restores every parameter from a checkpoint, so it leaves the init
    * programs out and compiles them later only if no checkpoint is found. */

@@ -13,7 +13,8 @@
 #      layer, microbatch, tensor), its bundle complete; `strata repro`
 #      reproduces it, and does not without the injection's record; a
 #      genuine overflow (faults.nan_value=max) located in the program that
-#      overflows and reproduced; an altered program refused
+#      overflows and reproduced; an altered program refused; --perf times
+#      the program against the launch time the bundle records
 #   5. config: faults.nan_at syntax and range, skip with per_layer: exit 2
 #   6. drills checked up front (issue 24): faults.nan_at under
 #      parallel.tensor=2 fires and is located (exit 5); a bad TENSOR is
@@ -123,6 +124,16 @@ check "ffi: repro --json says the program calls kernels" \
 # Without the record of the injection the program alone gives finite values.
 sed 's/"injected": {[^}]*}/"injected": null/' "$NB/nonfinite.json" >"$TMP/nf.json" && cp -r "$NB" "$TMP/noinj" && cp "$TMP/nf.json" "$TMP/noinj/nonfinite.json"
 expect_exit 0 '^does not reproduce: program block_fwd_res, output y: 0 of 2 replays' repro "$TMP/noinj"
+# --perf (issue 30): timed launches against the launch time the bundle records.
+check "bundle: the culprit launch's time is recorded" \
+  "grep -Eq '\"launch_time\": \\{\"seconds\": [0-9.e-]+, \"launches\": 1' '$NB/nonfinite.json'"
+expect_exit 0 '^perf: block_fwd_res: 5 launches: median [0-9.]+ ms \(10th-90th percentile' repro "$NB" --perf=5
+check "perf: the replays against the recorded figure" \
+  "grep -Eq '^perf: recorded [0-9.]+ ms \(one launch, the run.s locator\): replay median / recorded = [0-9.]+; the recorded figure is (below|within|above)' '$TMP/out'"
+check "perf: --json" "'$STRATA' repro '$NB' --perf=3 --json | grep -q '\"runs\": 3,'"
+sed 's/"launch_time": {[^}]*}/"launch_time": null/' "$NB/nonfinite.json" >"$TMP/nf.json" && cp -r "$NB" "$TMP/noperf" && cp "$TMP/nf.json" "$TMP/noperf/nonfinite.json"
+expect_exit 0 '^perf: recorded: none \(this bundle records no launch time' repro "$TMP/noperf" --perf=2
+expect_exit 2 '--perf=0: expected a count of timed launches in 1..100000' repro "$NB" --perf=0
 # A genuine one: the largest finite f32 in layer 1's residual 'gate' makes a
 # program overflow by itself (the embedding's squared gradient norm).
 expect_exit 5 'the first non-finite value: sqnorm_embed, output sqnorm \(inputs finite\)' \
