@@ -688,6 +688,7 @@ def _quick_remat(tmp_path: Any, *previous: str) -> dict[str, Any]:
     return res
 
 
+@pytest.mark.long
 def test_quick_remat_section_end_to_end(tmp_path: Any) -> None:
     """`bench/run.py --quick --sections remat --no-previous` with real
     processes: this commit's plans (the previous commit's build is

@@ -57,17 +57,31 @@ def _steps(run_dir: Path) -> list[dict]:
     return [r for r in rows if "loss" in r]
 
 
+# The runs the tests compare, each trained on first use (make test-long's
+# fsdp, remat and two-process comparisons train theirs only there).
+RUNS: dict[str, list[str]] = {
+    "ffi": [*FFI, "diag.dump=step:1"],
+    "plain": [*FFI],
+    "xla": ["diag.dump=step:1"],
+    "wrong": [*FFI, "faults.wrong_kernel=attention", "diag.dump=step:1"],
+    "fsdp": ["runtime.cpu_devices=2", "parallel.fsdp=2", "diag.dump=step:1"],
+    "remat": ["sched.remat=full", "diag.dump=step:1"],
+}
+
+
+class _Runs(dict):
+    def __init__(self, tmp: Path) -> None:
+        super().__init__()
+        self.tmp = tmp
+
+    def __missing__(self, name: str) -> Path:
+        self[name] = _train(self.tmp / name, *RUNS[name])
+        return self[name]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    tmp = tmp_path_factory.mktemp("compare")
-    return {
-        "ffi": _train(tmp / "ffi", *FFI, "diag.dump=step:1"),
-        "plain": _train(tmp / "plain", *FFI),
-        "xla": _train(tmp / "xla", "diag.dump=step:1"),
-        "wrong": _train(tmp / "wrong", *FFI, "faults.wrong_kernel=attention", "diag.dump=step:1"),
-        "fsdp": _train(tmp / "fsdp", "runtime.cpu_devices=2", "parallel.fsdp=2", "diag.dump=step:1"),
-        "remat": _train(tmp / "remat", "sched.remat=full", "diag.dump=step:1"),
-    }
+    return _Runs(tmp_path_factory.mktemp("compare"))
 
 
 def _index(run_dir: Path, step: int = 1) -> dict:
@@ -148,6 +162,7 @@ def _compare(a: Path, b: Path, *extra: str) -> tuple[int, dict, str]:
     return r.returncode, json.loads(r.stdout), text.stdout
 
 
+@pytest.mark.long
 def test_fsdp_dump_is_logical(runs: dict[str, Path]) -> None:
     """fsdp=2's tensors have the one-device run's shapes (blocks joined
     without their padding, rows concatenated), program by program."""
@@ -160,7 +175,7 @@ def test_fsdp_dump_is_logical(runs: dict[str, Path]) -> None:
     assert shapes(two) == shapes(_index(runs["xla"]))
 
 
-@pytest.mark.parametrize("other", ["ffi", "fsdp"])
+@pytest.mark.parametrize("other", ["ffi", pytest.param("fsdp", marks=pytest.mark.long)])
 def test_compare_within_budget(runs: dict[str, Path], other: str) -> None:
     """ffi attention against xla, fsdp=2 against one device: no tensor over
     budget, every tensor matched; the closest stays below its budget by a
@@ -172,6 +187,7 @@ def test_compare_within_budget(runs: dict[str, Path], other: str) -> None:
     assert "no tensor over budget" in text
 
 
+@pytest.mark.long
 def test_compare_across_remat(runs: dict[str, Path]) -> None:
     """sched.remat=full against residuals kept: the RECOMPUTE's residuals
     meet the forward's (a recompute matches as a forward); only its
@@ -224,6 +240,7 @@ def test_compare_bad_input(runs: dict[str, Path], tmp_path: Path) -> None:
     bad(runs["ffi"] / "dump" / "step_1", other, "has no tensor 'nowhere'")
 
 
+@pytest.mark.long
 def test_compare_a_job_of_two_processes(runs: dict[str, Path], tmp_path: Path) -> None:
     """parallel.data across two processes (one device each): every rank
     writes its rows, rank 0 joins them; the job's dump meets the

@@ -317,7 +317,8 @@ MESH_CASES = {
 
 # stack_fsdp2 is a long drill (make test-long): a heterogeneous stack on a
 # mesh; gqa_tensor2 keeps a kind on a mesh in make test.
-@pytest.mark.parametrize("case", ["gqa_tensor2", pytest.param("stack_fsdp2", marks=pytest.mark.long)])
+@pytest.mark.parametrize("case", [pytest.param("gqa_tensor2", marks=pytest.mark.long),
+                                  pytest.param("stack_fsdp2", marks=pytest.mark.long)])
 def test_kinds_on_a_mesh_match_one_device(case: str, tmp_path: Any) -> None:
     from test_data_parallel import OVERRIDES, train
 

@@ -53,6 +53,7 @@ def test_mfu_with_a_configured_peak(tmp_path: Any) -> None:
     _check(steps, cfg, 2.5e11)
 
 
+@pytest.mark.long
 def test_mfu_of_a_gpt2_gqa_stack(tmp_path: Any) -> None:
     """The model FLOPs of other kinds: gpt2's two MLP matrices, k and v at
     n_kv_heads, the real (not the padded) vocabulary."""

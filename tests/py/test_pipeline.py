@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -85,12 +86,32 @@ BITWISE = [n for n, (base, extra) in RUNS.items() if base and not any(a in extra
 TOLERANCE = [n for n, (base, extra) in RUNS.items() if base and any(a in extra for a in SPLIT)]
 
 
+# make test compares these (and trains them and their bases); the other
+# schedules, policies and meshes of RUNS are make test-long's (tests/README.md).
+QUICK = ("p2_1f1b_m4", "p2_inter_m4", "p4_1f1b_m8", "p2_fsdp2_m4")
+
+
+def _quick(names: list[str]) -> list:
+    return [n if n in QUICK else pytest.param(n, marks=pytest.mark.long) for n in names]
+
+
+class _Runs(dict):
+    """RUNS trained on first use, so that a deselected comparison trains nothing."""
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__()
+        self.tmp = tmp
+
+    def __missing__(self, name: str) -> dict:
+        self[name] = train(self.tmp, name, *RUNS[name][1])
+        return self[name]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     if not os.path.exists(STRATA):
         raise AssertionError(f"{STRATA} is missing: run `make build` first (make test does)")
-    tmp = tmp_path_factory.mktemp("pipe")
-    return {name: train(tmp, name, *extra) for name, (_, extra) in RUNS.items()}
+    return _Runs(tmp_path_factory.mktemp("pipe"))
 
 
 def params(r: dict) -> dict:
@@ -98,7 +119,7 @@ def params(r: dict) -> dict:
     return load_file(str(r["dir"] / "params.safetensors"))
 
 
-@pytest.mark.parametrize("name", BITWISE)
+@pytest.mark.parametrize("name", _quick(BITWISE))
 def test_pipeline_is_bitwise_one_device(runs: dict, name: str) -> None:
     ours, base = runs[name], runs[RUNS[name][0]]
     assert len(ours["steps"]) == len(base["steps"]) == 20
@@ -111,7 +132,7 @@ def test_pipeline_is_bitwise_one_device(runs: dict, name: str) -> None:
         assert np.array_equal(a[k], b[k]), k
 
 
-@pytest.mark.parametrize("name", TOLERANCE)
+@pytest.mark.parametrize("name", _quick(TOLERANCE))
 def test_pipeline_with_data_matches_one_device(runs: dict, name: str) -> None:
     ours, base = runs[name], runs[RUNS[name][0]]
     np.testing.assert_allclose([m["loss"] for m in ours["steps"]], [m["loss"] for m in base["steps"]], rtol=1e-5)
@@ -127,7 +148,7 @@ def test_clipping_was_active(runs: dict) -> None:
     assert max(norms) > 0.5, norms
 
 
-@pytest.mark.parametrize("name", BITWISE + TOLERANCE)
+@pytest.mark.parametrize("name", _quick(BITWISE + TOLERANCE))
 def test_accounting_matches_the_plan_per_stage(runs: dict, name: str) -> None:
     for m in runs[name]["steps"]:
         assert m["live_mismatch_op"] == -1

@@ -133,6 +133,7 @@ def test_greedy_gqa_stack_equals_full_recompute(tmp_path: object) -> None:
     assert len(set(want)) > 3, f"a degenerate model makes the comparison weak: {want!r}"
 
 
+@pytest.mark.long
 def test_greedy_gpt2_equals_full_recompute(tmp_path: object) -> None:
     """The gpt2 family: learned positions (embed_decode takes the position,
     and restarts with the window past seq_len), the gpt2 kind's prefill and
