@@ -102,6 +102,7 @@ test-long: build build-portable
 	$(PY) -m pytest -q --durations=20 -m long tests/py || rc=1; \
 	STRATA_TEST_FULL=1 bash tests/e2e/test_sched.sh || rc=1; \
 	STRATA_TEST_FULL=1 bash tests/e2e/test_kernels.sh || rc=1; \
+	STRATA_TEST_FULL=1 bash tests/e2e/test_multiprocess.sh || rc=1; \
 	for isa in AVX2 SSE4_2; do \
 	  echo "== numeric tests with XLA_FLAGS=--xla_cpu_max_isa=$$isa STRATA_KERNELS_ISA=portable"; \
 	  XLA_FLAGS=--xla_cpu_max_isa=$$isa STRATA_KERNELS_ISA=portable $(PY) -m pytest -q -m "not long" $(NUMERIC_TESTS) || rc=1; \

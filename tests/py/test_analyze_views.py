@@ -234,6 +234,7 @@ def test_diff_of_two_bundles(bundle: str, tmp_path: Any) -> None:
 
 # ------------------------------------------------- what XLA did (item 7)
 
+@pytest.mark.long
 def test_optimized_hlo_fusions(tmp_path: Any) -> None:
     """runtime.keep_optimized_hlo keeps XLA's optimized program beside each
     executable cache entry; analyze reads its fusions per program."""

@@ -283,6 +283,7 @@ def test_attention_residual_forward_is_differentiable() -> None:
     assert "custom_call @strata_attention_bwd_v1" in text
 
 
+@pytest.mark.long
 def test_gpt2_block_calls_the_attention_kernel() -> None:
     """The gpt2 kind's attention (no RoPE, same causal attention) goes through
     kernels.attention too: its plain block (through the custom_vjp) and its

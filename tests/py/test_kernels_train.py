@@ -64,8 +64,13 @@ def _losses(run_dir: Path) -> np.ndarray:
 # pallas (interpret mode) training is a long drill too: test_kernels.py keeps
 # every pallas kernel against the reference, forward and backward, and the
 # residual paths through it in whole blocks.
-@pytest.fixture(scope="module", params=[pytest.param(c, marks=pytest.mark.long) if c in ("ffi-padded", "pallas") else c
-                                        for c in sorted(CASES)])
+# ffi itself (every op's C kernel through 20 trained steps against xla) is
+# a long drill too since issue 30: make test trains the C kernels in the
+# golden cases (llama-tiny-gqa, moe-tiny, llama-mix-tiny at kernels auto,
+# each step against its record), compares ffi attention with xla tensor by
+# tensor (test_compare.py), and verifies every kernel (test_kernels.sh).
+@pytest.fixture(scope="module", params=[pytest.param(c, marks=pytest.mark.long) if c in ("ffi", "ffi-padded", "pallas")
+                                        else c for c in sorted(CASES)])
 def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Path]:
     if not os.path.exists(STRATA):
         raise AssertionError(f"{STRATA} is missing: run `make build` first (make test does)")
