@@ -22,6 +22,7 @@
 #include "strata/base.h"
 #include "strata/ckpt.h"
 #include "strata/diag.h"
+#include "fuzz_util.h"
 
 static char g_dir[64];
 
@@ -32,14 +33,6 @@ static void cleanup(void) {
   snprintf(path, sizeof(path), "%s/tensors.safetensors", g_dir);
   unlink(path);
   rmdir(g_dir);
-}
-
-static void put(const char* name, const uint8_t* p, size_t n) {
-  char path[128];
-  snprintf(path, sizeof(path), "%s/%s", g_dir, name);
-  FILE* f = fopen(path, "wb");
-  if (!f || (n && fwrite(p, 1, n, f) != n)) abort();
-  fclose(f);
 }
 
 /* The fixed tensors: k = [1.5, -2], b = [3, 4]. */
@@ -61,8 +54,8 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   const uint8_t* nul = memchr(data, 0, size);
   size_t index_len = nul ? (size_t)(nul - data) : size;
-  put("index.json", data, index_len);
-  if (nul) put("tensors.safetensors", nul + 1, size - index_len - 1);
+  fuzz_put_file(g_dir, "index.json", data, index_len);
+  if (nul) fuzz_put_file(g_dir, "tensors.safetensors", nul + 1, size - index_len - 1);
   else put_default_tensors();
   json_t* r = NULL;
   st_status s = st_compare_dumps(g_dir, g_dir, 0, &r);

@@ -25,7 +25,7 @@
 
 #include "strata/base.h"
 #include "strata/obs.h"
-#include "fuzz_text.h"
+#include "fuzz_util.h"
 
 static char g_root[64];
 static char g_dir[2][96];
@@ -43,19 +43,6 @@ static void cleanup(void) {
     rmdir(g_dir[r]);
   }
   rmdir(g_root);
-}
-
-/* Writes <dir>/<name>; a NULL |p| removes it. */
-static void put(const char* dir, const char* name, const void* p, size_t n) {
-  char path[160];
-  snprintf(path, sizeof(path), "%s/%s", dir, name);
-  if (!p) {
-    unlink(path);
-    return;
-  }
-  FILE* f = fopen(path, "wb");
-  if (!f || (n && fwrite(p, 1, n, f) != n)) abort();
-  fclose(f);
 }
 
 static void check_outputs(st_diff* d) {
@@ -104,10 +91,10 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       snprintf(g_dir[r], sizeof(g_dir[r]), "%s/%s", g_root, r ? "b" : "a");
       if (mkdir(g_dir[r], 0700) != 0) abort();
       const char* cfg = r ? "train:\n  lr: 0.001\n" : "train:\n  lr: 0.003\n";
-      put(g_dir[r], "config.yaml", cfg, strlen(cfg));
+      fuzz_put_file(g_dir[r], "config.yaml", cfg, strlen(cfg));
     }
     static const char ctx[] = "{\"run_id\": \"a\", \"author\": \"x\", \"peak\": {\"flops\": 1}}";
-    put(g_dir[0], "context.json", ctx, sizeof(ctx) - 1);
+    fuzz_put_file(g_dir[0], "context.json", ctx, sizeof(ctx) - 1);
   }
   const uint8_t* parts[4] = {NULL, NULL, NULL, NULL};
   size_t lens[4] = {0, 0, 0, 0};
@@ -124,10 +111,10 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     left -= lens[i] + 1;
     p = nul + 1;
   }
-  put(g_dir[0], "metrics.jsonl", parts[0], lens[0]);
-  put(g_dir[1], "metrics.jsonl", parts[1] ? parts[1] : (const uint8_t*)"", lens[1]);
-  put(g_dir[1], "context.json", parts[2], lens[2]);
-  put(g_dir[1], "notes.json", parts[3], lens[3]);
+  fuzz_put_file(g_dir[0], "metrics.jsonl", parts[0], lens[0]);
+  fuzz_put_file(g_dir[1], "metrics.jsonl", parts[1] ? parts[1] : (const uint8_t*)"", lens[1]);
+  fuzz_put_file(g_dir[1], "context.json", parts[2], lens[2]);
+  fuzz_put_file(g_dir[1], "notes.json", parts[3], lens[3]);
   st_diff* d = NULL;
   st_diff_options o = {.rtol = 1e-6, .samples = 10};
   st_status s = st_diff_open(g_dir[0], g_dir[1], &o, &d);

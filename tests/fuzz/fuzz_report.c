@@ -19,7 +19,7 @@
 
 #include "strata/base.h"
 #include "strata/obs.h"
-#include "fuzz_text.h"
+#include "fuzz_util.h"
 
 static char g_dir[64];
 
@@ -32,14 +32,6 @@ static void cleanup(void) {
     unlink(path);
   }
   rmdir(g_dir);
-}
-
-static void put(const char* name, const uint8_t* p, size_t n) {
-  char path[128];
-  snprintf(path, sizeof(path), "%s/%s", g_dir, name);
-  FILE* f = fopen(path, "wb");
-  if (!f || (n && fwrite(p, 1, n, f) != n)) abort();
-  fclose(f);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -62,9 +54,9 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       lens[2] = size - (size_t)(parts[2] - data);
     }
   }
-  put("metrics.jsonl", parts[0], lens[0]);
-  put("events.jsonl", parts[1], lens[1]);
-  put("sample.txt", parts[2], lens[2]);
+  fuzz_put_file(g_dir, "metrics.jsonl", parts[0], lens[0]);
+  fuzz_put_file(g_dir, "events.jsonl", parts[1], lens[1]);
+  fuzz_put_file(g_dir, "sample.txt", parts[2], lens[2]);
   char* html = NULL;
   st_report_stats stats;
   st_status s = st_report_build(g_dir, &html, &stats);
